@@ -1,0 +1,125 @@
+//! The sessions queue on SQS FIFO: group id = session, dedup id from the task.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::types::{MessageSystemAttributeName, SendMessageBatchRequestEntry};
+
+use crate::domain::{Delivery, OutgoingTask};
+use crate::error::StoreError;
+use crate::ports::{SendReport, SessionQueue};
+
+/// An SQS FIFO queue.
+#[derive(Clone, Debug)]
+pub struct SqsQueue {
+    client: aws_sdk_sqs::Client,
+    url: String,
+}
+
+impl SqsQueue {
+    /// The queue at `url`.
+    pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+        }
+    }
+}
+
+fn err(op: &'static str) -> impl Fn(aws_sdk_sqs::error::BoxError) -> StoreError {
+    move |e| StoreError::backend("sqs", op, e)
+}
+
+/// SQS takes whole seconds, at most 12 hours.
+fn seconds(d: Duration) -> i32 {
+    d.as_secs().min(43_200) as i32
+}
+
+#[async_trait]
+impl SessionQueue for SqsQueue {
+    async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError> {
+        let mut report = SendReport::default();
+        for (chunk_no, chunk) in tasks.chunks(10).enumerate() {
+            let mut req = self.client.send_message_batch().queue_url(&self.url);
+            for (i, t) in chunk.iter().enumerate() {
+                req = req.entries(
+                    SendMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .message_group_id(t.group.as_str())
+                        .message_deduplication_id(&t.dedup_id)
+                        .message_body(t.envelope.encode())
+                        .build()
+                        .map_err(|e| err("send batch")(e.into()))?,
+                );
+            }
+            let out = req.send().await.map_err(|e| err("send batch")(e.into()))?;
+            for f in out.failed() {
+                let i: usize = f.id().parse().unwrap_or(0);
+                report.failed.push((
+                    chunk_no * 10 + i,
+                    format!("{}: {}", f.code(), f.message().unwrap_or("no message")),
+                ));
+            }
+        }
+        Ok(report)
+    }
+
+    async fn receive(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, StoreError> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .visibility_timeout(seconds(visibility).max(1))
+            .wait_time_seconds(0)
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(|e| err("receive")(e.into()))?;
+        Ok(out
+            .messages()
+            .iter()
+            .map(|m| {
+                let attr = |k: MessageSystemAttributeName| {
+                    m.attributes()
+                        .and_then(|a| a.get(&k))
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                Delivery {
+                    message_id: m.message_id().unwrap_or_default().to_owned(),
+                    receipt: m.receipt_handle().unwrap_or_default().to_owned(),
+                    group: attr(MessageSystemAttributeName::MessageGroupId),
+                    body: m.body().unwrap_or_default().to_owned(),
+                    receive_count: attr(MessageSystemAttributeName::ApproximateReceiveCount)
+                        .parse()
+                        .unwrap_or(1),
+                }
+            })
+            .collect())
+    }
+
+    async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+        self.client
+            .delete_message()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .send()
+            .await
+            .map_err(|e| err("delete message")(e.into()))?;
+        Ok(())
+    }
+
+    async fn release(&self, receipt: &str, delay: Duration) -> Result<(), StoreError> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .visibility_timeout(seconds(delay))
+            .send()
+            .await
+            .map_err(|e| err("change visibility")(e.into()))?;
+        Ok(())
+    }
+}

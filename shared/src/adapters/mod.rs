@@ -1,0 +1,67 @@
+//! Backends. Each module implements the ports for one set of services; [`connect`] picks
+//! one from the configuration — the only place that knows both exist.
+
+pub mod aws;
+pub mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Backend, Config};
+use crate::error::StoreError;
+use crate::ports::{Clock, SessionQueue, Store};
+
+/// A connected backend.
+#[derive(Clone)]
+pub struct Connected {
+    /// The records.
+    pub store: Arc<dyn Store>,
+    /// The sessions queue.
+    pub queue: Arc<dyn SessionQueue>,
+    /// For the AWS backend, the request counter of its clients.
+    pub aws_requests: Option<aws::RequestCounter>,
+}
+
+/// Connects the backend the configuration names. Opening SQLite creates and migrates the
+/// file; building AWS clients makes no network call.
+pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected, StoreError> {
+    match &config.backend {
+        Backend::Sqlite { path } => {
+            let path = path.clone();
+            let db = tokio::task::spawn_blocking(move || sqlite::Db::open(&path))
+                .await
+                .map_err(|e| StoreError::backend("sqlite", "open database", e))??;
+            Ok(Connected {
+                store: Arc::new(sqlite::SqliteStore::new(db.clone())),
+                queue: Arc::new(sqlite::SqliteQueue::new(db, clock)),
+                aws_requests: None,
+            })
+        }
+        Backend::Aws(settings) => {
+            let clients = aws::AwsClients::new(settings.endpoint_url.as_deref()).await;
+            Ok(Connected {
+                store: Arc::new(aws::DynamoStore::new(
+                    clients.dynamodb.clone(),
+                    &settings.table,
+                    event_write_timeout(config),
+                )),
+                queue: Arc::new(aws::SqsQueue::new(
+                    clients.sqs.clone(),
+                    &settings.sessions_queue_url,
+                )),
+                aws_requests: Some(clients.counter),
+            })
+        }
+    }
+}
+
+/// Three quarters of the settle time: an event write that has not succeeded by then is
+/// abandoned (and reported) rather than risk becoming visible behind a read window.
+pub fn event_write_timeout(config: &Config) -> Duration {
+    config
+        .engine
+        .event_settle
+        .unsigned_abs()
+        .mul_f64(0.75)
+        .max(Duration::from_millis(100))
+}

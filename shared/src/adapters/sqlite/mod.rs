@@ -1,0 +1,207 @@
+//! The embedded backend: one SQLite file (WAL) holding the records and a durable FIFO
+//! queue with the semantics of SQS FIFO, for `pulse serve` on one machine with no cloud.
+//!
+//! rusqlite is synchronous, so every operation runs on tokio's blocking pool holding the
+//! connection's mutex. One connection per [`Db`]: SQLite serialises writers anyway, and a
+//! process that wants parallel writers (tests, benchmarks) opens several `Db`s on one file;
+//! `busy_timeout` makes them wait for each other instead of failing.
+
+mod queue;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::Connection;
+
+pub use queue::SqliteQueue;
+pub use store::SqliteStore;
+
+use crate::error::StoreError;
+
+/// The schema version this release writes.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = r#"
+CREATE TABLE agents (
+    id          TEXT PRIMARY KEY,
+    created_ms  INTEGER NOT NULL,
+    doc         TEXT NOT NULL
+);
+
+CREATE TABLE heartbeats (
+    agent_id              TEXT NOT NULL,
+    beat                  INTEGER NOT NULL,
+    session               TEXT NOT NULL,
+    status                TEXT NOT NULL,
+    scheduled_ms          INTEGER NOT NULL,
+    claim                 INTEGER NOT NULL,
+    lease_ms              INTEGER,
+    started_ms            INTEGER,
+    completed_ms          INTEGER,
+    window_start          TEXT NOT NULL,
+    window_end            TEXT,
+    last_interaction_beat INTEGER NOT NULL,
+    interaction_seen_ms   INTEGER,
+    since_last            INTEGER,
+    consecutive_failures  INTEGER NOT NULL,
+    events_processed      INTEGER NOT NULL,
+    actions_triggered     INTEGER NOT NULL,
+    actions_failed        INTEGER NOT NULL,
+    cascade_capped        INTEGER NOT NULL,
+    error                 TEXT,
+    -- The due index: set while PENDING (to scheduled_ms) or EXECUTING (to lease_ms), NULL
+    -- once the heartbeat is over, so the partial index holds only live heartbeats.
+    due_ms                INTEGER,
+    PRIMARY KEY (agent_id, beat)
+) WITHOUT ROWID;
+CREATE INDEX heartbeats_due ON heartbeats (due_ms, agent_id, beat) WHERE due_ms IS NOT NULL;
+
+CREATE TABLE events (
+    agent_id  TEXT NOT NULL,
+    id        TEXT NOT NULL,
+    -- 1 for events a heartbeat made and processed itself; windows skip them.
+    own       INTEGER NOT NULL,
+    doc       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, id)
+) WITHOUT ROWID;
+
+CREATE TABLE actions (
+    id        TEXT PRIMARY KEY,
+    agent_id  TEXT NOT NULL,
+    event_id  TEXT NOT NULL,
+    tool      TEXT NOT NULL,
+    status    TEXT NOT NULL,
+    attempt   INTEGER NOT NULL,
+    doc       TEXT NOT NULL
+);
+CREATE INDEX actions_by_agent ON actions (agent_id, event_id, tool);
+
+CREATE TABLE tools (
+    name  TEXT PRIMARY KEY,
+    doc   TEXT NOT NULL
+);
+
+CREATE TABLE subscriptions (
+    id    TEXT PRIMARY KEY,
+    doc   TEXT NOT NULL
+);
+
+CREATE TABLE queue_messages (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id     TEXT NOT NULL UNIQUE,
+    group_id       TEXT NOT NULL,
+    body           TEXT NOT NULL,
+    sent_ms        INTEGER NOT NULL,
+    -- Not deliverable before this time. After a receive it is the end of the visibility
+    -- timeout: while it lies ahead and the message has a receipt, the message is in
+    -- flight and its group is locked.
+    visible_ms     INTEGER NOT NULL,
+    receipt        TEXT,
+    receive_count  INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX queue_by_group ON queue_messages (group_id, seq);
+
+CREATE TABLE queue_dedup (
+    dedup_id  TEXT PRIMARY KEY,
+    sent_ms   INTEGER NOT NULL
+);
+
+CREATE TABLE queue_dead (
+    seq            INTEGER PRIMARY KEY,
+    message_id     TEXT NOT NULL,
+    group_id       TEXT NOT NULL,
+    body           TEXT NOT NULL,
+    sent_ms        INTEGER NOT NULL,
+    receive_count  INTEGER NOT NULL,
+    dead_ms        INTEGER NOT NULL
+);
+"#;
+
+/// One connection to a Pulse database file.
+#[derive(Clone)]
+pub struct Db {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+fn sqlite_err(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::backend("sqlite", op, e)
+}
+
+impl Db {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let open = sqlite_err("open database");
+        let conn = Connection::open(path).map_err(|e| {
+            StoreError::backend(
+                "sqlite",
+                "open database",
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(&open)?;
+        // WAL lets readers (the CLI) work while `pulse serve` writes; NORMAL syncs at
+        // checkpoints, not every commit: a power cut may lose the last commits, never
+        // corrupt the file.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(&open)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(&open)?;
+        migrate(&conn, path)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_owned(),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` with the connection on the blocking pool.
+    async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::backend("sqlite", op, e))?
+    }
+}
+
+fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = sqlite_err("migrate schema");
+    // Under the write lock, so processes opening a new file at once migrate it once.
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(&err)?;
+    let result = (|| {
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(&err)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::backend(
+                "sqlite",
+                "migrate schema",
+                format!(
+                    "{} has schema version {version}, newer than this release's {SCHEMA_VERSION}; upgrade pulse",
+                    path.display()
+                ),
+            ));
+        }
+        if version < 1 {
+            conn.execute_batch(&format!("{SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};"))
+                .map_err(&err)?;
+        }
+        Ok(())
+    })();
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    conn.execute_batch(end).map_err(&err)?;
+    result
+}

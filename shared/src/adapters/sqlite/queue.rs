@@ -1,0 +1,212 @@
+//! A durable FIFO queue in SQLite with the semantics Pulse relies on from SQS FIFO:
+//!
+//! - order per group (the sequence number is assigned at send, in commit order);
+//! - one group is locked while any of its messages is in flight, so a session never runs
+//!   two tasks at once; other groups are delivered meanwhile;
+//! - a received message is hidden for its visibility timeout and comes back (same order,
+//!   higher receive count) if it is not deleted in time;
+//! - a deduplication id seen in the last five minutes is accepted but not enqueued;
+//! - a message received `max_receives` times without being deleted moves to a dead-letter
+//!   table, as an SQS redrive policy does.
+//!
+//! Time comes from the injected clock, so visibility and deduplication are testable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::SignedDuration;
+use rusqlite::{TransactionBehavior, params};
+use ulid::Ulid;
+
+use super::{Db, sqlite_err};
+use crate::domain::{Delivery, OutgoingTask, to_ms};
+use crate::error::StoreError;
+use crate::ports::{Clock, SendReport, SessionQueue};
+
+/// The sessions queue of `pulse serve`.
+#[derive(Clone)]
+pub struct SqliteQueue {
+    db: Db,
+    clock: Arc<dyn Clock>,
+    max_receives: u32,
+}
+
+/// How long a deduplication id is remembered (SQS: five minutes).
+const DEDUP_WINDOW: SignedDuration = SignedDuration::from_mins(5);
+
+impl SqliteQueue {
+    /// Receives before a message is dead-lettered, by default.
+    pub const DEFAULT_MAX_RECEIVES: u32 = 5;
+
+    /// The queue in `db`, timed by `clock`.
+    pub fn new(db: Db, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            db,
+            clock,
+            max_receives: Self::DEFAULT_MAX_RECEIVES,
+        }
+    }
+
+    /// Sets how many receives a message gets before it is dead-lettered.
+    pub fn with_max_receives(mut self, n: u32) -> Self {
+        self.max_receives = n.max(1);
+        self
+    }
+
+    /// Messages waiting or in flight.
+    pub async fn depth(&self) -> Result<u64, StoreError> {
+        self.count("SELECT COUNT(*) FROM queue_messages").await
+    }
+
+    /// Messages moved to the dead-letter table.
+    pub async fn dead_letters(&self) -> Result<u64, StoreError> {
+        self.count("SELECT COUNT(*) FROM queue_dead").await
+    }
+
+    async fn count(&self, sql: &'static str) -> Result<u64, StoreError> {
+        self.db
+            .call("count queue", move |conn| {
+                conn.query_row(sql, [], |r| r.get::<_, i64>(0))
+                    .map(|n| n as u64)
+                    .map_err(sqlite_err("count queue"))
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl SessionQueue for SqliteQueue {
+    async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError> {
+        let tasks = tasks.to_vec();
+        let now = self.clock.now();
+        let forget_before = to_ms(now.saturating_sub(DEDUP_WINDOW).unwrap_or(now));
+        let now = to_ms(now);
+        self.db
+            .call("send to queue", move |conn| {
+                let op = sqlite_err("send to queue");
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                tx.execute("DELETE FROM queue_dedup WHERE sent_ms < ?1", [forget_before])
+                    .map_err(&op)?;
+                for t in &tasks {
+                    let fresh = tx
+                        .execute(
+                            "INSERT INTO queue_dedup (dedup_id, sent_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                            params![t.dedup_id, now],
+                        )
+                        .map_err(&op)?;
+                    if fresh == 0 {
+                        // A duplicate within the window: accepted, not enqueued (as SQS).
+                        continue;
+                    }
+                    tx.execute(
+                        "INSERT INTO queue_messages (message_id, group_id, body, sent_ms, visible_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?4)",
+                        params![Ulid::new().to_string(), t.group.as_str(), t.envelope.encode(), now],
+                    )
+                    .map_err(&op)?;
+                }
+                tx.commit().map_err(&op)?;
+                Ok(SendReport::default())
+            })
+            .await
+    }
+
+    async fn receive(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, StoreError> {
+        let now = self.clock.now();
+        let hidden_until = to_ms(
+            now.saturating_add(SignedDuration::try_from(visibility).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(now),
+        );
+        let now = to_ms(now);
+        let max_receives = self.max_receives;
+        self.db
+            .call("receive from queue", move |conn| {
+                let op = sqlite_err("receive from queue");
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                // Messages that used up their receives and are not in flight go to the
+                // dead-letter table, unblocking their group.
+                tx.execute(
+                    "INSERT INTO queue_dead (seq, message_id, group_id, body, sent_ms, receive_count, dead_ms) \
+                     SELECT seq, message_id, group_id, body, sent_ms, receive_count, ?1 FROM queue_messages \
+                     WHERE receive_count >= ?2 AND visible_ms <= ?1",
+                    params![now, max_receives],
+                )
+                .map_err(&op)?;
+                tx.execute(
+                    "DELETE FROM queue_messages WHERE receive_count >= ?2 AND visible_ms <= ?1",
+                    params![now, max_receives],
+                )
+                .map_err(&op)?;
+                let picked: Vec<(i64, String, String, String, u32)> = {
+                    let mut stmt = tx
+                        .prepare_cached(
+                            "SELECT seq, message_id, group_id, body, receive_count FROM queue_messages m \
+                             WHERE m.visible_ms <= ?1 AND NOT EXISTS ( \
+                                 SELECT 1 FROM queue_messages l \
+                                 WHERE l.group_id = m.group_id AND l.receipt IS NOT NULL AND l.visible_ms > ?1) \
+                             ORDER BY seq LIMIT ?2",
+                        )
+                        .map_err(&op)?;
+                    let rows = stmt
+                        .query_map(params![now, max as i64], |r| {
+                            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                        })
+                        .map_err(&op)?;
+                    rows.collect::<Result<_, _>>().map_err(&op)?
+                };
+                let mut out = Vec::with_capacity(picked.len());
+                for (seq, message_id, group, body, count) in picked {
+                    let receipt = Ulid::new().to_string();
+                    tx.execute(
+                        "UPDATE queue_messages SET receipt = ?2, visible_ms = ?3, receive_count = receive_count + 1 \
+                         WHERE seq = ?1",
+                        params![seq, receipt, hidden_until],
+                    )
+                    .map_err(&op)?;
+                    out.push(Delivery {
+                        message_id,
+                        receipt,
+                        group,
+                        body,
+                        receive_count: count + 1,
+                    });
+                }
+                tx.commit().map_err(&op)?;
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+        let receipt = receipt.to_owned();
+        self.db
+            .call("delete from queue", move |conn| {
+                // A stale receipt (the message was delivered again since) deletes nothing,
+                // as with SQS: the newer delivery owns the message.
+                conn.execute("DELETE FROM queue_messages WHERE receipt = ?1", [receipt])
+                    .map_err(sqlite_err("delete from queue"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn release(&self, receipt: &str, delay: Duration) -> Result<(), StoreError> {
+        let receipt = receipt.to_owned();
+        let now = self.clock.now();
+        let at = to_ms(
+            now.saturating_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(now),
+        );
+        self.db
+            .call("release queue message", move |conn| {
+                conn.execute(
+                    "UPDATE queue_messages SET visible_ms = ?2 WHERE receipt = ?1",
+                    params![receipt, at],
+                )
+                .map_err(sqlite_err("release queue message"))?;
+                Ok(())
+            })
+            .await
+    }
+}

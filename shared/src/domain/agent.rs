@@ -1,0 +1,268 @@
+//! Agents and their heartbeats.
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use super::event::EventCursor;
+use super::ids::{AgentId, HeartbeatId, SessionId};
+use super::time::{ActiveHours, Interval, TimeZoneName};
+use crate::error::ValidationError;
+
+/// An autonomous agent: who it is, and when it wakes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Agent {
+    /// Its id.
+    pub id: AgentId,
+    /// Display name.
+    pub name: String,
+    /// Short handle (`@scout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// Persona (system prompt) used by its LLM tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persona: Option<String>,
+    /// What to look at when it wakes, like a HEARTBEAT.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// Time between the end of one heartbeat and the start of the next.
+    pub interval: Interval,
+    /// Hours of the day in which heartbeats may run; always when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_hours: Option<ActiveHours>,
+    /// The zone `active_hours` are read in.
+    pub timezone: TimeZoneName,
+    /// The session (FIFO message group) its work runs in.
+    pub session: SessionId,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// The last time its user interacted with it; beats are counted from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_interaction_at: Option<Timestamp>,
+}
+
+/// What a user gives to create an agent.
+#[derive(Clone, Debug)]
+pub struct NewAgent {
+    /// Display name (required).
+    pub name: String,
+    /// Short handle.
+    pub alias: Option<String>,
+    /// Persona.
+    pub persona: Option<String>,
+    /// Heartbeat instructions.
+    pub instructions: Option<String>,
+    /// Heartbeat interval.
+    pub interval: Interval,
+    /// Active hours.
+    pub active_hours: Option<ActiveHours>,
+    /// Time zone for the active hours.
+    pub timezone: TimeZoneName,
+}
+
+impl NewAgent {
+    /// An agent with a name and defaults for everything else.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            alias: None,
+            persona: None,
+            instructions: None,
+            interval: Interval::DEFAULT,
+            active_hours: None,
+            timezone: TimeZoneName::utc(),
+        }
+    }
+
+    /// Validates the input and creates the agent with its first heartbeat, due at once
+    /// (seed 001: a new agent wakes immediately).
+    pub fn create(self, now: Timestamp) -> Result<(Agent, Heartbeat), ValidationError> {
+        let name = self.name.trim().to_owned();
+        if name.is_empty() || name.chars().count() > 100 {
+            return Err(ValidationError::new(
+                "agent name",
+                "give a name of 1 to 100 characters",
+            ));
+        }
+        let id = AgentId::generate();
+        let agent = Agent {
+            session: SessionId::for_agent(&id),
+            id,
+            name,
+            alias: self.alias.filter(|a| !a.trim().is_empty()),
+            persona: self.persona,
+            instructions: self.instructions,
+            interval: self.interval,
+            active_hours: self.active_hours,
+            timezone: self.timezone,
+            created_at: now,
+            last_interaction_at: None,
+        };
+        let first = Heartbeat::pending(&agent, 1, now, EventCursor::origin(), 0, None, 0);
+        Ok((agent, first))
+    }
+}
+
+/// Where a heartbeat is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HeartbeatStatus {
+    /// Scheduled, waiting to be due and claimed.
+    Pending,
+    /// Claimed by a sweeper under a lease; a worker runs or will run it.
+    Executing,
+    /// Ran to the end; the next one is scheduled.
+    Completed,
+    /// The engine could not finish it; the error is recorded and the next one is scheduled.
+    Failed,
+    /// Stopped before it finished (its agent is gone).
+    Cancelled,
+}
+
+impl HeartbeatStatus {
+    /// The stored name (`PENDING`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Executing => "EXECUTING",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+    /// Reads a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "PENDING" => Self::Pending,
+            "EXECUTING" => Self::Executing,
+            "COMPLETED" => Self::Completed,
+            "FAILED" => Self::Failed,
+            "CANCELLED" => Self::Cancelled,
+            _ => return None,
+        })
+    }
+    /// Whether the heartbeat is over.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// One consciousness cycle of an agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The beat number: 1 for the first heartbeat, +1 for each next one.
+    pub beat: u64,
+    /// The session whose queue group runs it.
+    pub session: SessionId,
+    /// Its status.
+    pub status: HeartbeatStatus,
+    /// When it is due.
+    pub scheduled_at: Timestamp,
+    /// How many times it was claimed (1 normally; more after an expired lease). A worker
+    /// may only complete the claim it was given.
+    pub claim: u32,
+    /// Until when the current claim holds; after that a sweeper may reclaim it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until: Option<Timestamp>,
+    /// When it was first claimed. Kept across reclaims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Timestamp>,
+    /// Its event window starts after this cursor (the previous heartbeat's end).
+    pub window_start: EventCursor,
+    /// Its event window ends at this cursor; fixed at the first claim so a reclaimed run
+    /// reads the same window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_end: Option<EventCursor>,
+    /// The beat at which the user last interacted (0: never).
+    pub last_interaction_beat: u64,
+    /// The agent's `last_interaction_at` already counted into `last_interaction_beat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interaction_seen_at: Option<Timestamp>,
+    /// Beats since the last user interaction, as given to tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_last: Option<u64>,
+    /// Failed heartbeats in a row before this one; drives the retry backoff.
+    pub consecutive_failures: u32,
+    /// Events processed: window events, the HEARTBEAT event, and cascades.
+    pub events_processed: u32,
+    /// Actions run (or found already done) in this heartbeat.
+    pub actions_triggered: u32,
+    /// Of those, how many failed.
+    pub actions_failed: u32,
+    /// Tool output events beyond the cascade depth cap, recorded but not processed.
+    pub cascade_capped: u32,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Heartbeat {
+    /// A new PENDING heartbeat.
+    pub fn pending(
+        agent: &Agent,
+        beat: u64,
+        scheduled_at: Timestamp,
+        window_start: EventCursor,
+        last_interaction_beat: u64,
+        interaction_seen_at: Option<Timestamp>,
+        consecutive_failures: u32,
+    ) -> Self {
+        Self {
+            agent_id: agent.id.clone(),
+            beat,
+            session: agent.session.clone(),
+            status: HeartbeatStatus::Pending,
+            scheduled_at,
+            claim: 0,
+            lease_until: None,
+            started_at: None,
+            completed_at: None,
+            window_start,
+            window_end: None,
+            last_interaction_beat,
+            interaction_seen_at,
+            since_last: None,
+            consecutive_failures,
+            events_processed: 0,
+            actions_triggered: 0,
+            actions_failed: 0,
+            cascade_capped: 0,
+            error: None,
+        }
+    }
+
+    /// Its id.
+    pub fn id(&self) -> HeartbeatId {
+        HeartbeatId::new(self.agent_id.clone(), self.beat)
+    }
+
+    /// The id of the heartbeat scheduled after this one.
+    pub fn next_id(&self) -> HeartbeatId {
+        HeartbeatId::new(self.agent_id.clone(), self.beat + 1)
+    }
+
+    /// When the heartbeat should next be looked at by a sweeper: its schedule while
+    /// pending, its lease end while executing, never once it is over.
+    pub fn due_at(&self) -> Option<Timestamp> {
+        match self.status {
+            HeartbeatStatus::Pending => Some(self.scheduled_at),
+            HeartbeatStatus::Executing => self.lease_until,
+            _ => None,
+        }
+    }
+}
+
+/// What a sweeper asks of a claim.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The claim is valid only if the heartbeat is due at `now` (or its lease expired).
+    pub now: Timestamp,
+    /// How long the claim holds.
+    pub lease: SignedDuration,
+    /// The end of the event window, set only by the first claim.
+    pub window_end: EventCursor,
+}

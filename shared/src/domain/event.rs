@@ -1,0 +1,262 @@
+//! Events: the immutable log of what happened to an agent, and the cursor over it.
+
+use std::fmt;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use ulid::Ulid;
+
+use super::ids::{AgentId, EventId, EventType, HeartbeatId};
+use crate::error::ValidationError;
+
+/// How important an event is: 1 (highest) to 10 (lowest). A missing priority means 5; an
+/// explicit 0 is an error, never silently 5.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Priority(u8);
+
+impl Priority {
+    /// The priority of an event that does not give one.
+    pub const DEFAULT: Priority = Priority(5);
+    /// The highest priority.
+    pub const HIGHEST: Priority = Priority(1);
+
+    /// Validates a priority.
+    pub fn new(n: i64) -> Result<Self, ValidationError> {
+        if (1..=10).contains(&n) {
+            Ok(Self(n as u8))
+        } else {
+            Err(ValidationError::new(
+                "priority",
+                format!(
+                    "{n} is out of range; use 1 (highest) to 10 (lowest), or leave it out for 5"
+                ),
+            ))
+        }
+    }
+    /// A given priority, or the default when none was given.
+    pub fn or_default(n: Option<i64>) -> Result<Self, ValidationError> {
+        n.map_or(Ok(Self::DEFAULT), Self::new)
+    }
+    /// The number.
+    pub fn get(self) -> u8 {
+        self.0
+    }
+    /// Whether this priority is at least as important as `bound` (numerically ≤).
+    pub fn at_least(self, bound: Priority) -> bool {
+        self.0 <= bound.0
+    }
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for Priority {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Priority {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = i64::deserialize(d)?;
+        Self::new(n).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Marks an event that a heartbeat created and processed itself: its HEARTBEAT event and
+/// the events its tools returned (cascades). Such events are never part of a later window,
+/// so each is processed exactly once, by the heartbeat that made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cascade {
+    /// The heartbeat that created and processed the event.
+    pub heartbeat_id: HeartbeatId,
+    /// 0 for the HEARTBEAT event, parent's depth + 1 for a tool's output.
+    pub depth: u8,
+    /// True when the event was beyond the cascade depth cap and was therefore not
+    /// processed: the record of a stopped loop.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub capped: bool,
+}
+
+/// One immutable event in an agent's log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Time-ordered id; its timestamp is `created_at`.
+    pub id: EventId,
+    /// The agent whose log holds the event.
+    pub agent_id: AgentId,
+    /// What kind of event it is; subscriptions match on it.
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    /// 1 (highest) to 10.
+    pub priority: Priority,
+    /// Where it came from: `cli`, `system`, `tool:<name>`, `webhook`, ...
+    pub source: String,
+    /// Event-specific data, given to tools.
+    pub payload: Value,
+    /// Extra context (tags, delivery ids).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub metadata: Value,
+    /// The event whose tool produced this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<EventId>,
+    /// Set when a heartbeat created and processed this event itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cascade: Option<Cascade>,
+    /// When the event was appended.
+    pub created_at: Timestamp,
+}
+
+/// An event as given by a user, a webhook or a tool, before it gets an id and a time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    /// Its type.
+    pub event_type: EventType,
+    /// Its priority (already defaulted).
+    pub priority: Priority,
+    /// Its payload.
+    pub payload: Value,
+    /// Its metadata.
+    pub metadata: Value,
+}
+
+impl NewEvent {
+    /// Validates an event given from outside the engine. HEARTBEAT is reserved.
+    pub fn new(
+        event_type: &str,
+        payload: Value,
+        priority: Option<i64>,
+    ) -> Result<Self, ValidationError> {
+        let event_type = EventType::parse(event_type)?;
+        if event_type.is_heartbeat() {
+            return Err(ValidationError::new(
+                "event type",
+                "HEARTBEAT is emitted by the engine itself; choose another type",
+            ));
+        }
+        Ok(Self {
+            event_type,
+            priority: Priority::or_default(priority)?,
+            payload,
+            metadata: Value::Null,
+        })
+    }
+
+    /// Stamps the event into an agent's log at `now` with a fresh id.
+    pub fn into_event(self, agent_id: AgentId, source: impl Into<String>, now: Timestamp) -> Event {
+        Event {
+            id: EventId::generate(now.as_millisecond().max(0) as u64),
+            agent_id,
+            event_type: self.event_type,
+            priority: self.priority,
+            source: source.into(),
+            payload: self.payload,
+            metadata: self.metadata,
+            parent_id: None,
+            cascade: None,
+            created_at: now,
+        }
+    }
+}
+
+/// A position in an agent's event log. A heartbeat processes the events after its window's
+/// start cursor and up to (including) its end cursor, in id order.
+///
+/// A cursor is compared with event ids as a string: `origin` sorts before every id, and
+/// `through(t)` sorts after every id stamped at or before `t` and before every later one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventCursor(String);
+
+impl EventCursor {
+    /// Before the first event.
+    pub fn origin() -> Self {
+        Self(String::new())
+    }
+    /// Just after every event created at or before `t`.
+    pub fn through(t: Timestamp) -> Self {
+        let ms = t.as_millisecond().max(0) as u64;
+        Self(format!("ev_{}", Ulid::from_parts(ms, u128::MAX)))
+    }
+    /// Just after `event` (used when a window is cut short at a size limit).
+    pub fn after(event: &EventId) -> Self {
+        Self(event.as_str().to_owned())
+    }
+    /// Whether `id` comes after this cursor.
+    pub fn is_before(&self, id: &EventId) -> bool {
+        self.0.as_str() < id.as_str()
+    }
+    /// Whether `id` is at or before this cursor.
+    pub fn covers(&self, id: &EventId) -> bool {
+        id.as_str() <= self.0.as_str()
+    }
+    /// The cursor's key, comparable with event ids.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// Reads a cursor back from storage. Anything is accepted: cursors only compare.
+    pub fn from_stored(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+}
+
+impl fmt::Display for EventCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("origin")
+        } else {
+            f.write_str(&self.0)
+        }
+    }
+}
+
+impl Serialize for EventCursor {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for EventCursor {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self(String::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_priority_is_five_and_zero_is_an_error() {
+        assert_eq!(Priority::or_default(None).unwrap().get(), 5);
+        assert!(Priority::or_default(Some(0)).is_err());
+        assert!(Priority::new(11).is_err());
+        assert_eq!(Priority::new(1).unwrap(), Priority::HIGHEST);
+        assert!(serde_json::from_str::<Priority>("0").is_err());
+    }
+
+    #[test]
+    fn heartbeat_is_reserved_for_the_engine() {
+        assert!(NewEvent::new("HEARTBEAT", Value::Null, None).is_err());
+        assert!(NewEvent::new("NEW_MENTION", Value::Null, Some(3)).is_ok());
+    }
+
+    #[test]
+    fn a_cursor_through_a_time_splits_ids_at_that_millisecond() {
+        let t = Timestamp::from_millisecond(10_000).unwrap();
+        let c = EventCursor::through(t);
+        assert!(c.covers(&EventId::generate(10_000)));
+        assert!(c.covers(&EventId::generate(9_999)));
+        assert!(c.is_before(&EventId::generate(10_001)));
+        assert!(EventCursor::origin().is_before(&EventId::generate(0)));
+    }
+}

@@ -1,0 +1,400 @@
+//! Identifiers and names. Every id is a newtype so an agent id can never be passed where an
+//! event id is expected, and every one validates what it accepts from outside.
+//!
+//! Ids that need an order (events) or that are minted by users' commands are ULIDs with a
+//! prefix: they sort by creation time, which is what makes the event cursor work. Ids that
+//! must come out the same on a retry (a heartbeat's own events, actions) are derived from
+//! what they identify, so a redelivered job writes the same records again instead of new ones.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest, Sha256};
+use ulid::Ulid;
+
+use crate::error::ValidationError;
+
+/// Implements Display, FromStr, Serialize and Deserialize through `parse`, so every path in
+/// (CLI argument, JSON body, stored record) is validated the same way.
+macro_rules! string_newtype {
+    ($name:ident) => {
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl FromStr for $name {
+            type Err = ValidationError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::parse(s)
+            }
+        }
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+        impl $name {
+            /// The id as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::parse(&s).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+fn parse_prefixed_ulid(kind: &'static str, prefix: &str, s: &str) -> Result<Ulid, ValidationError> {
+    let rest = s.strip_prefix(prefix).ok_or_else(|| {
+        ValidationError::new(kind, format!("{s:?} does not start with {prefix:?}"))
+    })?;
+    Ulid::from_string(rest).map_err(|_| {
+        ValidationError::new(
+            kind,
+            format!("{s:?} is not {prefix} followed by a 26-character ULID"),
+        )
+    })
+}
+
+/// First 16 bytes of SHA-256 over the parts, separated so ("ab","c") and ("a","bc") differ.
+fn digest128(parts: &[&str]) -> u128 {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p.as_bytes());
+    }
+    let out = h.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&out[..16]);
+    u128::from_be_bytes(b)
+}
+
+/// An agent: `ag_` + ULID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentId(String);
+string_newtype!(AgentId);
+
+impl AgentId {
+    /// A new random id.
+    pub fn generate() -> Self {
+        Self(format!("ag_{}", Ulid::new()))
+    }
+    /// Validates an id given by a user or read back from storage.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("agent id", "ag_", s).map(|u| Self(format!("ag_{u}")))
+    }
+    /// A stable 16-bit hash, used to spread agents over index shards.
+    pub fn stable_hash(&self) -> u16 {
+        (digest128(&[&self.0]) >> 112) as u16
+    }
+}
+
+/// An event: `ev_` + ULID. The ULID's timestamp is the event's creation time in
+/// milliseconds, so ids sort in creation order; the event log's cursor relies on that.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(String);
+string_newtype!(EventId);
+
+impl EventId {
+    /// A new id stamped with `ms` (milliseconds since the Unix epoch) and random bits.
+    pub fn generate(ms: u64) -> Self {
+        Self::from_parts(ms, Ulid::new().random())
+    }
+    /// A deterministic id: the same `ms` and `parts` always give the same id.
+    pub fn derived(ms: u64, parts: &[&str]) -> Self {
+        Self::from_parts(ms, digest128(parts))
+    }
+    fn from_parts(ms: u64, random: u128) -> Self {
+        Self(format!("ev_{}", Ulid::from_parts(ms, random)))
+    }
+    /// Validates an id given by a user or read back from storage.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("event id", "ev_", s).map(|u| Self(format!("ev_{u}")))
+    }
+    /// The creation time encoded in the id, in milliseconds since the Unix epoch.
+    pub fn timestamp_ms(&self) -> u64 {
+        // Validated at construction, so the ULID part always parses.
+        Ulid::from_string(&self.0[3..]).map_or(0, |u| u.timestamp_ms())
+    }
+}
+
+/// A subscription: derived from its route (tool, event type, agent), so the same route
+/// cannot be subscribed twice.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubscriptionId(String);
+string_newtype!(SubscriptionId);
+
+impl SubscriptionId {
+    /// The id of the subscription routing `event_type` (of `agent`, or of every agent) to
+    /// `tool`.
+    pub fn for_route(tool: &ToolName, event_type: &EventType, agent: Option<&AgentId>) -> Self {
+        let agent = agent.map_or("*", AgentId::as_str);
+        Self(format!(
+            "sub_{:024x}",
+            digest128(&[tool.as_str(), event_type.as_str(), agent]) >> 32
+        ))
+    }
+    /// Validates an id given by a user or read back from storage.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let ok =
+            s.len() == 28 && s.starts_with("sub_") && s[4..].bytes().all(|b| b.is_ascii_hexdigit());
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(ValidationError::new(
+                "subscription id",
+                format!("{s:?} is not sub_ followed by 24 hex digits"),
+            ))
+        }
+    }
+}
+
+/// An action: one per (event, tool), so its id is derived from both. A job delivered twice,
+/// or a heartbeat retried after a crash, finds the same action instead of running the tool
+/// again.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActionId(String);
+string_newtype!(ActionId);
+
+impl ActionId {
+    /// The id of the action that runs `tool` for `event`.
+    pub fn for_event(event: &EventId, tool: &ToolName) -> Self {
+        Self(format!(
+            "act_{:032x}",
+            digest128(&[event.as_str(), tool.as_str()])
+        ))
+    }
+    /// Validates an id read back from storage or given by a user.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let ok =
+            s.len() == 36 && s.starts_with("act_") && s[4..].bytes().all(|b| b.is_ascii_hexdigit());
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(ValidationError::new(
+                "action id",
+                format!("{s:?} is not act_ followed by 32 hex digits"),
+            ))
+        }
+    }
+}
+
+/// A heartbeat: the agent and the beat number. Heartbeat `n + 1` is written by the
+/// completion of heartbeat `n`, so the id of the next one is known in advance and writing
+/// it again on a retry is harmless.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HeartbeatId {
+    agent: AgentId,
+    beat: u64,
+}
+
+impl HeartbeatId {
+    /// The id of beat `beat` of `agent`.
+    pub fn new(agent: AgentId, beat: u64) -> Self {
+        Self { agent, beat }
+    }
+    /// The agent this heartbeat belongs to.
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+    /// The beat number (1 for an agent's first heartbeat).
+    pub fn beat(&self) -> u64 {
+        self.beat
+    }
+    /// Validates `hb_<agent ulid>_<beat>`.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let bad = || {
+            ValidationError::new(
+                "heartbeat id",
+                format!("{s:?} is not hb_<agent ULID>_<beat number>"),
+            )
+        };
+        let rest = s.strip_prefix("hb_").ok_or_else(bad)?;
+        let (ulid, beat) = rest.split_once('_').ok_or_else(bad)?;
+        let agent = AgentId::parse(&format!("ag_{ulid}")).map_err(|_| bad())?;
+        let beat = beat.parse::<u64>().map_err(|_| bad())?;
+        Ok(Self { agent, beat })
+    }
+}
+
+impl fmt::Display for HeartbeatId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "hb_{}_{}", &self.agent.as_str()[3..], self.beat)
+    }
+}
+
+impl FromStr for HeartbeatId {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+impl Serialize for HeartbeatId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for HeartbeatId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A conversation session: the unit of ordering. All work of one session (heartbeat jobs
+/// now, conversation turns later) goes through one FIFO message group, so it never runs
+/// twice at once and keeps its order. The value is used as the SQS `MessageGroupId`, so it
+/// follows SQS's rules: 1–128 printable ASCII characters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(String);
+string_newtype!(SessionId);
+
+impl SessionId {
+    /// The default session of an agent, used until it is bound to e.g. a Discord channel.
+    pub fn for_agent(agent: &AgentId) -> Self {
+        Self(format!("agent:{agent}"))
+    }
+    /// Validates a session id (SQS MessageGroupId rules).
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let ok = !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic());
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(ValidationError::new(
+                "session id",
+                format!("{s:?} must be 1-128 printable ASCII characters without spaces"),
+            ))
+        }
+    }
+}
+
+/// A tool's unique name, chosen by the user (`FeedReader`, `snip-create`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ToolName(String);
+string_newtype!(ToolName);
+
+impl ToolName {
+    /// Validates a tool name: a letter, then letters, digits, `_` or `-`; at most 64.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let mut bytes = s.bytes();
+        let ok = s.len() <= 64
+            && bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+            && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(ValidationError::new(
+                "tool name",
+                format!(
+                    "{s:?} must start with a letter and contain only letters, digits, '_' or '-' (at most 64)"
+                ),
+            ))
+        }
+    }
+}
+
+/// An event type (`HEARTBEAT`, `FEED_SUMMARIZED`, `GITHUB_PUSH`, `invoice.paid`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventType(String);
+string_newtype!(EventType);
+
+impl EventType {
+    /// The type of the event every heartbeat appends for itself. Only the engine emits it.
+    pub const HEARTBEAT: &'static str = "HEARTBEAT";
+
+    /// The HEARTBEAT event type.
+    pub fn heartbeat() -> Self {
+        Self(Self::HEARTBEAT.to_owned())
+    }
+    /// Validates a type: a letter, then letters, digits, `_`, `.`, `:` or `-`; at most 128.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let mut bytes = s.bytes();
+        let ok = s.len() <= 128
+            && bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+            && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(ValidationError::new(
+                "event type",
+                format!(
+                    "{s:?} must start with a letter and contain only letters, digits, '_', '.', ':' or '-' (at most 128)"
+                ),
+            ))
+        }
+    }
+    /// Whether this is the engine's own HEARTBEAT type.
+    pub fn is_heartbeat(&self) -> bool {
+        self.0 == Self::HEARTBEAT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_sort_by_their_timestamp() {
+        let a = EventId::generate(1_000);
+        let b = EventId::generate(1_001);
+        assert!(a < b);
+        assert_eq!(a.timestamp_ms(), 1_000);
+    }
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        assert_eq!(
+            EventId::derived(5, &["a", "b"]),
+            EventId::derived(5, &["a", "b"])
+        );
+        assert_ne!(
+            EventId::derived(5, &["ab", ""]),
+            EventId::derived(5, &["a", "b"])
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_id_round_trips_through_its_text_form() {
+        let id = HeartbeatId::new(AgentId::generate(), 42);
+        let parsed = HeartbeatId::parse(&id.to_string()).unwrap();
+        assert_eq!(parsed, id);
+        assert!(HeartbeatId::parse("hb_nope_1").is_err());
+        assert!(HeartbeatId::parse(&format!("hb_{}_x", &id.agent().as_str()[3..])).is_err());
+    }
+
+    #[test]
+    fn names_and_types_reject_what_they_cannot_carry() {
+        assert!(ToolName::parse("SnipCreate").is_ok());
+        assert!(ToolName::parse("1tool").is_err());
+        assert!(ToolName::parse("has space").is_err());
+        assert!(EventType::parse("invoice.paid").is_ok());
+        assert!(EventType::parse("").is_err());
+        assert!(SessionId::parse("agent:ag_1").is_ok());
+        assert!(SessionId::parse("with space").is_err());
+        assert!(AgentId::parse("ag_zzz").is_err());
+    }
+
+    #[test]
+    fn an_action_id_depends_on_both_event_and_tool() {
+        let e = EventId::generate(1);
+        let t1 = ToolName::parse("a").unwrap();
+        let t2 = ToolName::parse("b").unwrap();
+        assert_eq!(ActionId::for_event(&e, &t1), ActionId::for_event(&e, &t1));
+        assert_ne!(ActionId::for_event(&e, &t1), ActionId::for_event(&e, &t2));
+        let id = ActionId::for_event(&e, &t1);
+        assert_eq!(ActionId::parse(id.as_str()).unwrap(), id);
+    }
+}

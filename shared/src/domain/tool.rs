@@ -1,0 +1,481 @@
+//! Tools, the subscriptions that route events to them, and the actions that record each run.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use url::Url;
+
+use super::agent::Agent;
+use super::event::{Event, NewEvent, Priority};
+use super::ids::{ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName};
+use crate::error::ValidationError;
+
+/// How a tool runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToolKind {
+    /// POST the tool request as JSON to `url`; the response body is the tool response.
+    Http {
+        /// Where to POST.
+        url: Url,
+        /// How long to wait for the whole exchange.
+        timeout_ms: u64,
+    },
+}
+
+/// A capability agents can use, registered once and shared by all agents.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    /// Unique name.
+    pub name: ToolName,
+    /// What it does, for humans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// How it runs.
+    pub kind: ToolKind,
+    /// Passed to the tool in every request as `tool_config`.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub config: Value,
+    /// A disabled tool matches no subscription.
+    pub active: bool,
+    /// When it was registered.
+    pub created_at: Timestamp,
+}
+
+impl Tool {
+    /// The default timeout of an HTTP tool.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// A new active HTTP tool. Only `http` and `https` URLs are accepted.
+    pub fn http(
+        name: ToolName,
+        url: &str,
+        timeout: Duration,
+        now: Timestamp,
+    ) -> Result<Self, ValidationError> {
+        let url = Url::parse(url)
+            .map_err(|e| ValidationError::new("tool url", format!("{url:?} is not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(ValidationError::new(
+                "tool url",
+                format!("{url} must be an http:// or https:// URL with a host"),
+            ));
+        }
+        if timeout.is_zero() || timeout > Duration::from_secs(900) {
+            return Err(ValidationError::new(
+                "tool timeout",
+                "use a timeout between 1ms and 15m",
+            ));
+        }
+        Ok(Self {
+            name,
+            description: None,
+            kind: ToolKind::Http {
+                url,
+                timeout_ms: timeout.as_millis() as u64,
+            },
+            config: Value::Null,
+            active: true,
+            created_at: now,
+        })
+    }
+}
+
+/// Conditions an event must meet, beyond its type, for a subscription to fire.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Filter {
+    /// Only events at least this important (priority number ≤ this), as in seed 001.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_priority: Option<Priority>,
+    /// The event's `payload.topics` array must contain at least one of these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub topics: Vec<String>,
+    /// Each dotted path into the payload (`repo.name`, `items.0.id`) must equal the value.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub payload: BTreeMap<String, Value>,
+}
+
+impl Filter {
+    /// Parses a filter given as JSON, naming unknown keys.
+    pub fn parse(json: &str) -> Result<Self, ValidationError> {
+        serde_json::from_str(json).map_err(|e| {
+            ValidationError::new(
+                "filter",
+                format!("{e}; expected {{\"min_priority\": N, \"topics\": [..], \"payload\": {{\"path\": value}}}}"),
+            )
+        })
+    }
+
+    /// Whether `event` passes the filter.
+    pub fn matches(&self, event: &Event) -> bool {
+        if let Some(bound) = self.min_priority
+            && !event.priority.at_least(bound)
+        {
+            return false;
+        }
+        if !self.topics.is_empty() {
+            let topics = event.payload.get("topics").and_then(Value::as_array);
+            let hit = topics.is_some_and(|ts| {
+                ts.iter()
+                    .filter_map(Value::as_str)
+                    .any(|t| self.topics.iter().any(|want| want == t))
+            });
+            if !hit {
+                return false;
+            }
+        }
+        self.payload
+            .iter()
+            .all(|(path, want)| lookup(&event.payload, path).is_some_and(|got| json_eq(got, want)))
+    }
+}
+
+fn lookup<'a>(mut v: &'a Value, path: &str) -> Option<&'a Value> {
+    for part in path.split('.') {
+        v = match v {
+            Value::Object(m) => m.get(part)?,
+            Value::Array(a) => a.get(part.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(v)
+}
+
+/// JSON equality where `1` equals `1.0`.
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x == y || x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+/// Routes events of one type to one tool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Subscription {
+    /// Its id.
+    pub id: SubscriptionId,
+    /// The tool to run.
+    pub tool: ToolName,
+    /// The event type it listens to.
+    pub event_type: EventType,
+    /// Only this agent's events, or every agent's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<AgentId>,
+    /// Further conditions.
+    #[serde(default)]
+    pub filter: Filter,
+    /// Lower runs first among the subscriptions of one event.
+    pub order: i32,
+    /// A disabled subscription never fires.
+    pub active: bool,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+/// The tools and subscriptions in force, read once per run.
+#[derive(Clone, Debug, Default)]
+pub struct Registry {
+    /// All tools.
+    pub tools: Vec<Tool>,
+    /// All subscriptions.
+    pub subscriptions: Vec<Subscription>,
+}
+
+impl Registry {
+    /// The active tools subscribed to `event` of `agent` whose filters pass, in execution
+    /// order (subscription order, then tool name).
+    pub fn matching<'a>(&'a self, event: &Event) -> Vec<(&'a Subscription, &'a Tool)> {
+        let mut out: Vec<_> = self
+            .subscriptions
+            .iter()
+            .filter(|s| s.active && s.event_type == event.event_type)
+            .filter(|s| s.agent_id.as_ref().is_none_or(|a| *a == event.agent_id))
+            .filter(|s| s.filter.matches(event))
+            .filter_map(|s| {
+                self.tools
+                    .iter()
+                    .find(|t| t.name == s.tool && t.active)
+                    .map(|t| (s, t))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.order.cmp(&b.0.order).then(a.1.name.cmp(&b.1.name)));
+        // Two subscriptions of one tool to one event still make one action.
+        out.dedup_by(|a, b| a.1.name == b.1.name);
+        out
+    }
+}
+
+/// Where an action is in its life. Actions are created when they start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ActionStatus {
+    /// The tool is being called.
+    Running,
+    /// The tool succeeded.
+    Completed,
+    /// The tool failed; `error` says why.
+    Failed,
+}
+
+impl ActionStatus {
+    /// Whether the action is over.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Running)
+    }
+}
+
+/// One run of one tool for one event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Action {
+    /// Derived from (event, tool).
+    pub id: ActionId,
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The heartbeat that ran it (the latest, if it ran again after a crash).
+    pub heartbeat_id: HeartbeatId,
+    /// The event that triggered it.
+    pub event_id: EventId,
+    /// The tool.
+    pub tool: ToolName,
+    /// Its status.
+    pub status: ActionStatus,
+    /// 1 on the first run; more if a worker died while the tool ran.
+    pub attempt: u32,
+    /// Cascade depth of the triggering event.
+    pub depth: u8,
+    /// What was sent to the tool.
+    pub request: Value,
+    /// What the tool answered (or what is known of a failed exchange).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<Value>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When this attempt started.
+    pub started_at: Timestamp,
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Timestamp>,
+    /// How long the tool took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Events the tool returned, appended to the log.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub new_events: Vec<EventId>,
+}
+
+/// What a tool receives: the event, the agent, the heartbeat's beats, and its config.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ToolRequest {
+    /// The action's id; a tool can use it as an idempotency key, since a retried action
+    /// keeps its id.
+    pub action_id: ActionId,
+    /// Which attempt this is.
+    pub attempt: u32,
+    /// The triggering event.
+    pub event: Event,
+    /// The agent.
+    pub agent: AgentContext,
+    /// The heartbeat, with its beats.
+    pub heartbeat: HeartbeatContext,
+    /// The tool's own configuration.
+    pub tool_config: Value,
+}
+
+/// The agent as tools see it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AgentContext {
+    /// Id.
+    pub id: AgentId,
+    /// Name.
+    pub name: String,
+    /// Alias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// Persona.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persona: Option<String>,
+    /// Heartbeat instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
+impl From<&Agent> for AgentContext {
+    fn from(a: &Agent) -> Self {
+        Self {
+            id: a.id.clone(),
+            name: a.name.clone(),
+            alias: a.alias.clone(),
+            persona: a.persona.clone(),
+            instructions: a.instructions.clone(),
+        }
+    }
+}
+
+/// The heartbeat as tools see it, with seed 003's beats.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeartbeatContext {
+    /// Id.
+    pub id: HeartbeatId,
+    /// `{"beat": N, "since_last": M}`.
+    pub beats: Beats,
+    /// When it was scheduled.
+    pub scheduled_at: Timestamp,
+    /// When it started.
+    pub started_at: Timestamp,
+}
+
+/// The agent's sense of time (seed 003): its beat counter, and beats since the user last
+/// interacted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Beats {
+    /// The beat number of this heartbeat.
+    pub beat: u64,
+    /// Beats since the last user interaction.
+    pub since_last: u64,
+}
+
+/// What a tool answers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolResponse {
+    /// Whether the tool did its job.
+    pub success: bool,
+    /// Its output.
+    pub output: Value,
+    /// Events to append to the agent's log; processed in the same heartbeat.
+    pub new_events: Vec<NewEvent>,
+    /// Usage figures (tokens, cost) as the tool reports them.
+    pub usage: Value,
+    /// The tool's own error message when `success` is false.
+    pub error: Option<String>,
+}
+
+impl ToolResponse {
+    /// Most events one action may append; a transaction carries them with the action.
+    pub const MAX_NEW_EVENTS: usize = 50;
+
+    /// Validates a tool's JSON answer: `{success, output, new_events, usage, error}`.
+    /// Anything malformed, including an event with priority 0, rejects the whole answer.
+    pub fn from_json(v: &Value) -> Result<Self, String> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| "the response is not a JSON object".to_owned())?;
+        let success = obj
+            .get("success")
+            .and_then(Value::as_bool)
+            .ok_or_else(|| "the response has no boolean \"success\" field".to_owned())?;
+        let raw_events = match obj.get("new_events") {
+            None | Some(Value::Null) => &[][..],
+            Some(Value::Array(a)) => a.as_slice(),
+            Some(_) => return Err("\"new_events\" is not an array".to_owned()),
+        };
+        if raw_events.len() > Self::MAX_NEW_EVENTS {
+            return Err(format!(
+                "the response has {} new events; at most {} are accepted per action",
+                raw_events.len(),
+                Self::MAX_NEW_EVENTS
+            ));
+        }
+        let mut new_events = Vec::with_capacity(raw_events.len());
+        for (i, e) in raw_events.iter().enumerate() {
+            new_events.push(parse_new_event(e).map_err(|m| format!("new_events[{i}]: {m}"))?);
+        }
+        Ok(Self {
+            success,
+            output: obj.get("output").cloned().unwrap_or(Value::Null),
+            new_events,
+            usage: obj
+                .get("usage")
+                .or_else(|| obj.get("usage_stats"))
+                .cloned()
+                .unwrap_or(Value::Null),
+            error: obj.get("error").and_then(Value::as_str).map(str::to_owned),
+        })
+    }
+}
+
+fn parse_new_event(e: &Value) -> Result<NewEvent, String> {
+    let obj = e.as_object().ok_or("is not an object")?;
+    let ty = obj
+        .get("type")
+        .or_else(|| obj.get("event_type"))
+        .and_then(Value::as_str)
+        .ok_or("has no \"type\"")?;
+    let priority = match obj.get("priority") {
+        None | Some(Value::Null) => None,
+        Some(p) => Some(p.as_i64().ok_or("\"priority\" is not an integer")?),
+    };
+    let mut ev = NewEvent::new(
+        ty,
+        obj.get("payload")
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Default::default())),
+        priority,
+    )
+    .map_err(|e| e.to_string())?;
+    ev.metadata = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    Ok(ev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(ty: &str, priority: u8, payload: Value) -> Event {
+        NewEvent::new(ty, payload, Some(priority as i64))
+            .unwrap()
+            .into_event(AgentId::generate(), "test", Timestamp::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn min_priority_keeps_events_at_least_that_important() {
+        let f = Filter::parse(r#"{"min_priority": 7}"#).unwrap();
+        assert!(f.matches(&event("A", 3, json!({}))));
+        assert!(f.matches(&event("A", 7, json!({}))));
+        assert!(!f.matches(&event("A", 8, json!({}))));
+    }
+
+    #[test]
+    fn topics_need_one_shared_topic() {
+        let f = Filter::parse(r#"{"topics": ["AI", "tech"]}"#).unwrap();
+        assert!(f.matches(&event("A", 5, json!({"topics": ["tech"]}))));
+        assert!(!f.matches(&event("A", 5, json!({"topics": ["cats"]}))));
+        assert!(!f.matches(&event("A", 5, json!({}))));
+    }
+
+    #[test]
+    fn payload_paths_compare_for_equality() {
+        let f = Filter::parse(r#"{"payload": {"repo.name": "pulse", "n": 1}}"#).unwrap();
+        assert!(f.matches(&event("A", 5, json!({"repo": {"name": "pulse"}, "n": 1.0}))));
+        assert!(!f.matches(&event("A", 5, json!({"repo": {"name": "other"}, "n": 1}))));
+        assert!(!f.matches(&event("A", 5, json!({"n": 1}))));
+    }
+
+    #[test]
+    fn unknown_filter_keys_are_an_error() {
+        let err = Filter::parse(r#"{"min_prio": 3}"#).unwrap_err();
+        assert!(err.message.contains("min_prio"), "{err}");
+    }
+
+    #[test]
+    fn a_tool_response_with_a_zero_priority_event_is_malformed() {
+        let err = ToolResponse::from_json(
+            &json!({"success": true, "new_events": [{"type": "B", "priority": 0}]}),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("new_events[0]") && err.contains("priority"),
+            "{err}"
+        );
+        assert!(ToolResponse::from_json(&json!({"output": 1})).is_err());
+        let ok =
+            ToolResponse::from_json(&json!({"success": true, "new_events": [{"event_type": "B"}]}))
+                .unwrap();
+        assert_eq!(ok.new_events[0].priority, Priority::DEFAULT);
+    }
+}

@@ -1,0 +1,575 @@
+//! Running one heartbeat job.
+//!
+//! The run reads the window `(window_start, window_end]` of the agent's log (both cursors
+//! are on the claimed record, so a retried run reads the same window), appends the
+//! HEARTBEAT event, and runs every subscribed tool for every event, breadth first: the
+//! events a level's tools return form the next level, up to the depth cap. Then one atomic
+//! write finishes the heartbeat, schedules the next one with `window_start` = this
+//! `window_end`, and stores the HEARTBEAT event.
+//!
+//! Why events are never lost or processed twice:
+//! - Events appended while the run goes on are stamped after `window_end` (which lies
+//!   `event_settle` before the claim), so the next heartbeat reads them.
+//! - Events the run makes itself (HEARTBEAT, tool outputs) are marked with this
+//!   heartbeat and skipped by every window: they are processed here, once.
+//! - Actions have ids derived from (event, tool). A redelivered job, or a rerun after a
+//!   crash or an engine failure, finds the finished action and reuses its result.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use tracing::{Instrument, error, info, info_span, warn};
+
+use super::EngineSettings;
+use super::schedule::next_run;
+use crate::domain::{
+    Action, ActionId, ActionStatus, Agent, AgentContext, Beats, Cascade, Event, EventCursor,
+    EventId, EventType, Heartbeat, HeartbeatContext, HeartbeatId, HeartbeatStatus, Priority,
+    Registry, Tool, ToolRequest,
+};
+use crate::error::{EngineError, StoreError, chain};
+use crate::ports::{Clock, Finish, FinishOutcome, Store, ToolRunner};
+
+/// How a heartbeat job ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunOutcome {
+    /// The heartbeat completed; the record as written.
+    Completed(Heartbeat),
+    /// The engine could not finish the work; recorded FAILED, the next one scheduled.
+    Failed(Heartbeat),
+    /// The agent no longer exists; recorded CANCELLED, nothing scheduled.
+    Cancelled,
+    /// This claim had already finished the heartbeat (a redelivered job).
+    AlreadyFinished,
+    /// A later claim owns the heartbeat; this run's result was dropped.
+    Superseded,
+}
+
+/// Runs heartbeat jobs.
+pub struct HeartbeatRunner {
+    store: Arc<dyn Store>,
+    tools: Arc<dyn ToolRunner>,
+    clock: Arc<dyn Clock>,
+    settings: EngineSettings,
+    registry: Mutex<Option<(Timestamp, Arc<Registry>)>>,
+}
+
+/// What a run knows once it has read its window.
+struct Plan {
+    heartbeat: Heartbeat,
+    agent: Agent,
+    beats: Beats,
+    last_interaction_beat: u64,
+    interaction_seen_at: Option<Timestamp>,
+    heartbeat_event: Event,
+    agent_context: AgentContext,
+    heartbeat_context: HeartbeatContext,
+}
+
+#[derive(Default)]
+struct Stats {
+    events_processed: u32,
+    actions_triggered: u32,
+    actions_failed: u32,
+    cascade_capped: u32,
+}
+
+struct ActionDone {
+    failed: bool,
+    cascade: Vec<Event>,
+    capped: u32,
+}
+
+impl HeartbeatRunner {
+    /// A runner over a store, the tools, and a clock.
+    pub fn new(
+        store: Arc<dyn Store>,
+        tools: Arc<dyn ToolRunner>,
+        clock: Arc<dyn Clock>,
+        settings: EngineSettings,
+    ) -> Self {
+        Self {
+            store,
+            tools,
+            clock,
+            settings,
+            registry: Mutex::new(None),
+        }
+    }
+
+    /// Runs a claimed heartbeat to its end. An `Err` means the outcome could not be
+    /// recorded (storage unavailable); the job should be delivered again.
+    pub async fn run(&self, heartbeat: &Heartbeat) -> Result<RunOutcome, EngineError> {
+        let span = info_span!(
+            "heartbeat",
+            agent_id = %heartbeat.agent_id,
+            heartbeat_id = %heartbeat.id(),
+            beat = heartbeat.beat,
+        );
+        self.run_inner(heartbeat).instrument(span).await
+    }
+
+    async fn run_inner(&self, hb: &Heartbeat) -> Result<RunOutcome, EngineError> {
+        let Some(window_end) = hb.window_end.clone() else {
+            return Err(EngineError::Missing(format!(
+                "heartbeat {} has no window end: the job was not made by a claim",
+                hb.id()
+            )));
+        };
+        info!(claim = hb.claim, window_start = %hb.window_start, window_end = %window_end, "heartbeat started");
+        let window = match self
+            .store
+            .read_window(
+                &hb.agent_id,
+                &hb.window_start,
+                &window_end,
+                self.settings.max_window_events,
+            )
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => return self.fail(hb, None, e.into()).await,
+        };
+        let Some(agent) = window.agent else {
+            return self.cancel(hb).await;
+        };
+        let next_start = match (window.truncated, window.events.last()) {
+            (true, Some(last)) => EventCursor::after(&last.id),
+            _ => window_end,
+        };
+        let plan = self.plan(hb, agent);
+        match self.process(&plan, window.events).await {
+            Ok(stats) => {
+                self.complete(plan, stats, next_start, window.truncated)
+                    .await
+            }
+            Err(e @ EngineError::Contended(_)) => Err(e),
+            Err(e) => {
+                let agent = plan.agent.clone();
+                self.fail(hb, Some(agent), e).await
+            }
+        }
+    }
+
+    fn plan(&self, hb: &Heartbeat, agent: Agent) -> Plan {
+        let started_at = hb.started_at.unwrap_or_else(|| self.clock.now());
+        // An interaction not yet counted happened since the previous heartbeat: it is
+        // dated to the previous beat, as in seed 003 (`since_last` = 1 right after one).
+        let (last_interaction_beat, interaction_seen_at) = match agent.last_interaction_at {
+            Some(t) if hb.interaction_seen_at.is_none_or(|seen| t > seen) => {
+                (hb.beat.saturating_sub(1), Some(t))
+            }
+            _ => (hb.last_interaction_beat, hb.interaction_seen_at),
+        };
+        let beats = Beats {
+            beat: hb.beat,
+            since_last: hb.beat.saturating_sub(last_interaction_beat),
+        };
+        let id = hb.id();
+        let heartbeat_event = Event {
+            id: EventId::derived(
+                started_at.as_millisecond().max(0) as u64,
+                &["heartbeat", &id.to_string()],
+            ),
+            agent_id: agent.id.clone(),
+            event_type: EventType::heartbeat(),
+            priority: Priority::DEFAULT,
+            source: "system".to_owned(),
+            payload: json!({
+                "heartbeat_id": id,
+                "beat": beats.beat,
+                "since_last": beats.since_last,
+                "scheduled_at": hb.scheduled_at,
+            }),
+            metadata: Value::Null,
+            parent_id: None,
+            cascade: Some(Cascade {
+                heartbeat_id: id.clone(),
+                depth: 0,
+                capped: false,
+            }),
+            created_at: started_at,
+        };
+        Plan {
+            agent_context: AgentContext::from(&agent),
+            heartbeat_context: HeartbeatContext {
+                id,
+                beats,
+                scheduled_at: hb.scheduled_at,
+                started_at,
+            },
+            heartbeat: hb.clone(),
+            agent,
+            beats,
+            last_interaction_beat,
+            interaction_seen_at,
+            heartbeat_event,
+        }
+    }
+
+    /// Processes the window and the HEARTBEAT event, then the cascades they cause, one
+    /// level at a time.
+    async fn process(&self, plan: &Plan, window: Vec<Event>) -> Result<Stats, EngineError> {
+        let registry = self.registry().await?;
+        let mut stats = Stats::default();
+        let mut level = window;
+        level.push(plan.heartbeat_event.clone());
+        let mut heartbeat_event_stored = false;
+        let mut depth = 0u8;
+        while !level.is_empty() {
+            let mut next = Vec::new();
+            for event in &level {
+                stats.events_processed += 1;
+                let matching = registry.matching(event);
+                // Actions refer to their event: store HEARTBEAT before its first action,
+                // not only with the finish.
+                if !matching.is_empty()
+                    && !heartbeat_event_stored
+                    && event.id == plan.heartbeat_event.id
+                {
+                    self.store.append(&plan.heartbeat_event).await?;
+                    heartbeat_event_stored = true;
+                }
+                for (_, tool) in matching {
+                    let done = self.run_action(plan, event, depth, tool).await?;
+                    stats.actions_triggered += 1;
+                    stats.actions_failed += u32::from(done.failed);
+                    stats.cascade_capped += done.capped;
+                    next.extend(done.cascade);
+                }
+            }
+            level = next;
+            depth = depth.saturating_add(1);
+        }
+        Ok(stats)
+    }
+
+    async fn run_action(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        depth: u8,
+        tool: &Tool,
+    ) -> Result<ActionDone, EngineError> {
+        let id = ActionId::for_event(&event.id, &tool.name);
+        let span = info_span!("action", action_id = %id, tool = %tool.name, event_id = %event.id);
+        async {
+            let mut request = ToolRequest {
+                action_id: id.clone(),
+                attempt: 1,
+                event: event.clone(),
+                agent: plan.agent_context.clone(),
+                heartbeat: plan.heartbeat_context.clone(),
+                tool_config: tool.config.clone(),
+            };
+            let mut action = Action {
+                id: id.clone(),
+                agent_id: plan.agent.id.clone(),
+                heartbeat_id: plan.heartbeat.id(),
+                event_id: event.id.clone(),
+                tool: tool.name.clone(),
+                status: ActionStatus::Running,
+                attempt: 1,
+                depth,
+                request: to_json(&request),
+                response: None,
+                error: None,
+                started_at: self.clock.now(),
+                completed_at: None,
+                duration_ms: None,
+                new_events: Vec::new(),
+            };
+            match self.store.start_action(&action).await? {
+                None => {}
+                Some(existing) if existing.status.is_final() => return self.replay(existing).await,
+                Some(existing) => {
+                    request.attempt = existing.attempt + 1;
+                    action.attempt = request.attempt;
+                    action.request = to_json(&request);
+                    if !self.store.restart_action(&action, existing.attempt).await? {
+                        return Err(EngineError::Contended(format!(
+                            "action {id} was taken over by another run of this heartbeat"
+                        )));
+                    }
+                    warn!(
+                        attempt = action.attempt,
+                        "an earlier run of this action did not finish; running it again"
+                    );
+                }
+            }
+
+            let began = Instant::now();
+            let call = self.tools.call(tool, &request).await;
+            let completed_at = self.clock.now();
+            action.completed_at = Some(completed_at);
+            action.duration_ms = Some(began.elapsed().as_millis() as u64);
+            action.response = call.response_meta;
+
+            let mut new_events = Vec::new();
+            match call.result {
+                Ok(resp) if resp.success => {
+                    action.status = ActionStatus::Completed;
+                    let child_depth = depth.saturating_add(1);
+                    let capped = child_depth > self.settings.cascade_depth;
+                    let ms = completed_at.as_millisecond().max(0) as u64;
+                    for (i, ne) in resp.new_events.into_iter().enumerate() {
+                        new_events.push(Event {
+                            id: EventId::derived(ms, &[id.as_str(), &i.to_string()]),
+                            agent_id: plan.agent.id.clone(),
+                            event_type: ne.event_type,
+                            priority: ne.priority,
+                            source: format!("tool:{}", tool.name),
+                            payload: ne.payload,
+                            metadata: ne.metadata,
+                            parent_id: Some(event.id.clone()),
+                            cascade: Some(Cascade {
+                                heartbeat_id: plan.heartbeat.id(),
+                                depth: child_depth,
+                                capped,
+                            }),
+                            created_at: completed_at,
+                        });
+                    }
+                    action.new_events = new_events.iter().map(|e| e.id.clone()).collect();
+                }
+                Ok(resp) => {
+                    action.status = ActionStatus::Failed;
+                    action.error = Some(
+                        resp.error
+                            .unwrap_or_else(|| "the tool answered \"success\": false".to_owned()),
+                    );
+                }
+                Err(why) => {
+                    action.status = ActionStatus::Failed;
+                    action.error = Some(why);
+                }
+            }
+            match self.store.finish_action(&action, &new_events).await {
+                Ok(()) => {}
+                Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
+                Err(e) => return Err(e.into()),
+            }
+            let done = self.settle(&action, new_events);
+            if let Some(err) = &action.error {
+                warn!(duration_ms = action.duration_ms, error = %err, "action failed");
+            } else {
+                info!(
+                    duration_ms = action.duration_ms,
+                    new_events = action.new_events.len(),
+                    "action completed"
+                );
+            }
+            Ok(done)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Reuses a finished action: its new events are read back and cascade as before.
+    async fn replay(&self, action: Action) -> Result<ActionDone, EngineError> {
+        let events = self
+            .store
+            .get_events(&action.agent_id, &action.new_events)
+            .await?;
+        if events.len() != action.new_events.len() {
+            return Err(EngineError::Missing(format!(
+                "action {} lists {} new events but {} are stored",
+                action.id,
+                action.new_events.len(),
+                events.len()
+            )));
+        }
+        info!(status = ?action.status, "action already finished; reusing its result");
+        Ok(self.settle(&action, events))
+    }
+
+    /// Splits an action's new events into the ones to process next and the ones the
+    /// depth cap stopped.
+    fn settle(&self, action: &Action, new_events: Vec<Event>) -> ActionDone {
+        let (capped, cascade): (Vec<Event>, Vec<Event>) = new_events
+            .into_iter()
+            .partition(|e| e.cascade.as_ref().is_some_and(|c| c.capped));
+        if !capped.is_empty() {
+            warn!(
+                depth = self.settings.cascade_depth,
+                events = capped.len(),
+                "cascade depth cap reached: these events are recorded but not processed"
+            );
+        }
+        ActionDone {
+            failed: action.status == ActionStatus::Failed,
+            cascade,
+            capped: capped.len() as u32,
+        }
+    }
+
+    async fn registry(&self) -> Result<Arc<Registry>, StoreError> {
+        let now = self.clock.now();
+        let ttl = self.settings.registry_ttl;
+        if ttl.is_positive()
+            && let Some((at, r)) = self
+                .registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+            && now.duration_since(at) < ttl
+        {
+            return Ok(r);
+        }
+        let r = Arc::new(self.store.load_registry().await?);
+        *self.registry.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, r.clone()));
+        Ok(r)
+    }
+
+    async fn complete(
+        &self,
+        plan: Plan,
+        stats: Stats,
+        next_start: EventCursor,
+        backlog: bool,
+    ) -> Result<RunOutcome, EngineError> {
+        let now = self.clock.now();
+        let mut done = plan.heartbeat.clone();
+        done.status = HeartbeatStatus::Completed;
+        done.completed_at = Some(now);
+        done.events_processed = stats.events_processed;
+        done.actions_triggered = stats.actions_triggered;
+        done.actions_failed = stats.actions_failed;
+        done.cascade_capped = stats.cascade_capped;
+        done.since_last = Some(plan.beats.since_last);
+        done.last_interaction_beat = plan.last_interaction_beat;
+        done.interaction_seen_at = plan.interaction_seen_at;
+        done.error = None;
+        // A window cut short at its size limit leaves a backlog: the next heartbeat is
+        // due at once rather than an interval later.
+        let at = if backlog {
+            now
+        } else {
+            next_run(&plan.agent, now, 0, self.settings.max_backoff)
+        };
+        let next = Heartbeat::pending(
+            &plan.agent,
+            done.beat + 1,
+            at,
+            next_start,
+            plan.last_interaction_beat,
+            plan.interaction_seen_at,
+            0,
+        );
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done.clone(),
+                next: Some(next),
+                heartbeat_event: Some(plan.heartbeat_event),
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                info!(
+                    events = stats.events_processed,
+                    actions = stats.actions_triggered,
+                    actions_failed = stats.actions_failed,
+                    cascade_capped = stats.cascade_capped,
+                    beat = plan.beats.beat,
+                    since_last = plan.beats.since_last,
+                    next_at = %at,
+                    backlog,
+                    "heartbeat completed"
+                );
+                RunOutcome::Completed(done)
+            }
+            other => self.not_finished(&plan.heartbeat.id(), other),
+        })
+    }
+
+    async fn fail(
+        &self,
+        hb: &Heartbeat,
+        agent: Option<Agent>,
+        err: EngineError,
+    ) -> Result<RunOutcome, EngineError> {
+        let message = chain(&err);
+        let agent = match agent {
+            Some(a) => a,
+            None => match self.store.get_agent(&hb.agent_id).await? {
+                Some(a) => a,
+                None => return self.cancel(hb).await,
+            },
+        };
+        let now = self.clock.now();
+        let failures = hb.consecutive_failures.saturating_add(1);
+        let at = next_run(&agent, now, failures, self.settings.max_backoff);
+        let mut done = hb.clone();
+        done.status = HeartbeatStatus::Failed;
+        done.completed_at = Some(now);
+        done.error = Some(message.clone());
+        // The window is handed on unprocessed: the next heartbeat reads it again, and
+        // the actions this run finished are reused, not repeated.
+        let next = Heartbeat::pending(
+            &agent,
+            hb.beat + 1,
+            at,
+            hb.window_start.clone(),
+            hb.last_interaction_beat,
+            hb.interaction_seen_at,
+            failures,
+        );
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done.clone(),
+                next: Some(next),
+                heartbeat_event: None,
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                error!(error = %message, consecutive_failures = failures, next_at = %at, "heartbeat failed; the next one is scheduled");
+                RunOutcome::Failed(done)
+            }
+            other => self.not_finished(&hb.id(), other),
+        })
+    }
+
+    async fn cancel(&self, hb: &Heartbeat) -> Result<RunOutcome, EngineError> {
+        let mut done = hb.clone();
+        done.status = HeartbeatStatus::Cancelled;
+        done.completed_at = Some(self.clock.now());
+        done.error = Some("the agent no longer exists".to_owned());
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done,
+                next: None,
+                heartbeat_event: None,
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                warn!("the agent no longer exists; heartbeat cancelled and none scheduled");
+                RunOutcome::Cancelled
+            }
+            other => self.not_finished(&hb.id(), other),
+        })
+    }
+
+    fn not_finished(&self, id: &HeartbeatId, outcome: FinishOutcome) -> RunOutcome {
+        match outcome {
+            FinishOutcome::Superseded { claim, status } => {
+                warn!(heartbeat_id = %id, current_claim = claim, status = status.as_str(), "a later claim owns this heartbeat; this run's result is dropped (its actions are reused)");
+                RunOutcome::Superseded
+            }
+            _ => {
+                info!(heartbeat_id = %id, "heartbeat already finished by this claim");
+                RunOutcome::AlreadyFinished
+            }
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}

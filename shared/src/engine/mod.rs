@@ -1,0 +1,65 @@
+//! The heartbeat engine: pure logic over the ports.
+//!
+//! - [`Sweeper`] finds due heartbeats, claims each with a conditional write and a lease,
+//!   and queues a job on the agent's session group.
+//! - [`HeartbeatRunner`] runs one job: reads the event window by cursor, appends the
+//!   HEARTBEAT event, runs the subscribed tools (cascading breadth-first up to a depth
+//!   cap), then finishes the heartbeat and schedules the next in one atomic write.
+//! - [`Worker`] takes a batch of queue messages and runs them in order per session,
+//!   reporting the messages that must be redelivered.
+
+mod heartbeat;
+mod schedule;
+mod sweep;
+mod worker;
+
+use jiff::SignedDuration;
+
+pub use heartbeat::{HeartbeatRunner, RunOutcome};
+pub use schedule::{failure_delay, next_run};
+pub use sweep::{SweepReport, Sweeper};
+pub use worker::{BatchOutcome, PollReport, Worker};
+
+/// Tunables of the engine. Defaults suit production; tests shorten them.
+#[derive(Clone, Debug)]
+pub struct EngineSettings {
+    /// How long a claim holds before another sweeper may take the heartbeat over. Must
+    /// exceed the time a job can wait in its queue group plus the worker's timeout, and be
+    /// at least five minutes so SQS deduplication never drops a reclaim's message.
+    pub lease: SignedDuration,
+    /// How far behind the claim time a window ends. Events become visible to readers a
+    /// moment after they are stamped; the window stops this far back so it never passes
+    /// an event that is still being written. Event writes are bounded well under it.
+    pub event_settle: SignedDuration,
+    /// Cascade depth cap: events produced at a greater depth are recorded, not processed.
+    pub cascade_depth: u8,
+    /// Most window events one heartbeat processes; the rest go to the next heartbeat,
+    /// which is then due at once.
+    pub max_window_events: usize,
+    /// Claims one sweep makes concurrently.
+    pub claim_concurrency: usize,
+    /// Most heartbeats one sweep claims; the rest wait for the next sweep.
+    pub sweep_max: usize,
+    /// Due heartbeats read per index query.
+    pub due_page_size: usize,
+    /// How long a worker keeps the tools and subscriptions it read (0: read every run).
+    pub registry_ttl: SignedDuration,
+    /// Longest delay after repeated failures.
+    pub max_backoff: SignedDuration,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            lease: SignedDuration::from_mins(10),
+            event_settle: SignedDuration::from_secs(2),
+            cascade_depth: 3,
+            max_window_events: 500,
+            claim_concurrency: 32,
+            sweep_max: 10_000,
+            due_page_size: 1_000,
+            registry_ttl: SignedDuration::from_secs(10),
+            max_backoff: SignedDuration::from_hours(24),
+        }
+    }
+}

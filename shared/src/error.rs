@@ -1,0 +1,133 @@
+//! Error types of the library. Each says what was wrong and, where the user can act, what to
+//! do; each keeps its source so the chain reaches the log.
+
+use std::error::Error as StdError;
+
+/// A value from outside (CLI flag, JSON body, tool response) that does not satisfy a rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what}: {message}")]
+pub struct ValidationError {
+    /// What was being validated ("priority", "event type", ...).
+    pub what: &'static str,
+    /// What was wrong with it.
+    pub message: String,
+}
+
+impl ValidationError {
+    /// A validation error for `what`.
+    pub fn new(what: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            what,
+            message: message.into(),
+        }
+    }
+}
+
+type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// A storage or queue operation that did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The record to update or read does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The record to create exists already.
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    /// A conditional write lost to a concurrent writer.
+    #[error("{0}")]
+    Conflict(String),
+    /// A stored record could not be decoded: written by a newer version, or damaged.
+    #[error("stored record {key} is unreadable: {message}")]
+    Corrupt {
+        /// Which record.
+        key: String,
+        /// Why it could not be read.
+        message: String,
+    },
+    /// The backend failed (network, throttling, I/O, SQLite busy beyond its timeout).
+    #[error("{backend} {operation} failed")]
+    Backend {
+        /// `sqlite`, `dynamodb` or `sqs`.
+        backend: &'static str,
+        /// The operation that failed, e.g. `claim heartbeat`.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// Wraps a backend error with the operation it interrupted.
+    pub fn backend(
+        backend: &'static str,
+        operation: &'static str,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self::Backend {
+            backend,
+            operation,
+            source: source.into(),
+        }
+    }
+    /// A record that could not be decoded.
+    pub fn corrupt(key: impl Into<String>, message: impl ToString) -> Self {
+        Self::Corrupt {
+            key: key.into(),
+            message: message.to_string(),
+        }
+    }
+}
+
+/// A heartbeat run could not finish its work. The engine records the heartbeat FAILED with
+/// this error and schedules the next one.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Storage or queue failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A record needed for the run is missing or inconsistent.
+    #[error("{0}")]
+    Missing(String),
+    /// Another run of the same heartbeat is working on it right now. Not a failure of
+    /// the heartbeat: the job is retried later, when the other run has finished.
+    #[error("{0}")]
+    Contended(String),
+}
+
+/// A configuration value from the environment that is missing or malformed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}: {message}")]
+pub struct ConfigError {
+    /// The environment variable at fault.
+    pub variable: &'static str,
+    /// What is wrong and what is expected.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// A configuration error naming `variable`.
+    pub fn new(variable: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            variable,
+            message: message.into(),
+        }
+    }
+}
+
+/// Formats an error and its chain of sources on one line: `a: b: c`.
+pub fn chain(err: &(dyn StdError + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let s = e.to_string();
+        // Some errors repeat their source's message; don't print it twice.
+        if !out.ends_with(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = e.source();
+    }
+    out
+}

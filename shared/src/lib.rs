@@ -1,0 +1,34 @@
+//! # Pulse: the shared engine
+//!
+//! Everything the `pulse` CLI and the Lambda functions run lives here, behind ports, so
+//! the same engine runs under Lambda (DynamoDB + SQS FIFO), under `pulse serve` (SQLite),
+//! and in tests.
+//!
+//! ## Layout
+//!
+//! - [`domain`]: agents, heartbeats, events, tools, subscriptions, actions, queue tasks —
+//!   types, newtypes and validation; no I/O.
+//! - [`ports`]: the traits the engine needs (stores, the sessions queue, the clock, tool
+//!   execution).
+//! - [`engine`]: the sweeper (due → claim → queue), the heartbeat runner (window by
+//!   cursor → tools and cascades → atomic finish and next schedule) and the worker (batches
+//!   in order per session, partial failures).
+//! - [`tools`]: tool execution; the generic HTTP tool.
+//! - [`adapters`]: `sqlite` and `aws` (DynamoDB, SQS) — the only place SQL or SDK types
+//!   appear — and [`adapters::connect`], which picks one from the configuration.
+//! - [`config`]: typed configuration from the environment.
+//! - [`lambda`]: Lambda event shapes to and from the engine's types.
+//! - [`telemetry`]: tracing setup (JSON under Lambda, readable lines in a terminal).
+//!
+//! Arrows point down: adapters implement ports, the engine uses ports, the domain uses
+//! nothing.
+
+pub mod adapters;
+pub mod config;
+pub mod domain;
+pub mod engine;
+pub mod error;
+pub mod lambda;
+pub mod ports;
+pub mod telemetry;
+pub mod tools;

@@ -1,0 +1,267 @@
+//! Ports: the small traits the engine needs from the outside world. Each backend (SQLite,
+//! DynamoDB + SQS) implements them in its adapter; the engine sees only these.
+//!
+//! Every write here is idempotent under retry: creates are conditional on the record's
+//! identity, and records whose ids are derived (heartbeats, a heartbeat's own events,
+//! actions) are rewritten with the same content.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::{SignedDuration, Timestamp};
+use serde_json::Value;
+
+use crate::domain::{
+    Action, Agent, AgentId, ClaimRequest, Delivery, Event, EventCursor, EventId, Heartbeat,
+    HeartbeatId, HeartbeatStatus, OutgoingTask, Registry, Subscription, SubscriptionId, Tool,
+    ToolName, ToolRequest, ToolResponse,
+};
+use crate::error::StoreError;
+
+/// Where the time comes from. Injected so tests and benchmarks control it.
+pub trait Clock: Send + Sync + 'static {
+    /// The current time.
+    fn now(&self) -> Timestamp;
+}
+
+/// The system's clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// A clock that only moves when told to.
+#[derive(Debug)]
+pub struct ManualClock(Mutex<Timestamp>);
+
+impl ManualClock {
+    /// A clock stopped at `t`.
+    pub fn new(t: Timestamp) -> Self {
+        Self(Mutex::new(t))
+    }
+    /// Moves the clock forward by `d`.
+    pub fn advance(&self, d: SignedDuration) {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *t = t.saturating_add(d).unwrap_or(*t);
+    }
+    /// Sets the clock.
+    pub fn set(&self, t: Timestamp) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = t;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Agents.
+#[async_trait]
+pub trait AgentStore: Send + Sync {
+    /// Creates the agent and its first heartbeat in one atomic write.
+    async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError>;
+    /// Reads an agent.
+    async fn get_agent(&self, id: &AgentId) -> Result<Option<Agent>, StoreError>;
+    /// All agents, oldest first.
+    async fn list_agents(&self) -> Result<Vec<Agent>, StoreError>;
+    /// Records that the user interacted with the agent at `at` (beats count from here).
+    async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError>;
+}
+
+/// An opaque position in a paged listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageToken(pub String);
+
+/// One page of due heartbeats.
+#[derive(Clone, Debug, Default)]
+pub struct DuePage {
+    /// Heartbeats that looked due (the claim re-checks on the record itself).
+    pub ids: Vec<HeartbeatId>,
+    /// Where the next page starts, if there is one.
+    pub next: Option<PageToken>,
+}
+
+/// How a heartbeat is finished.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    /// The heartbeat in its final state; `claim` is the claim that finishes it.
+    pub heartbeat: Heartbeat,
+    /// The next heartbeat to schedule, PENDING.
+    pub next: Option<Heartbeat>,
+    /// The heartbeat's own HEARTBEAT event.
+    pub heartbeat_event: Option<Event>,
+}
+
+/// What became of a finish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishOutcome {
+    /// Written now.
+    Finished,
+    /// This same claim had already finished it (a retried finish): nothing to do.
+    AlreadyFinished,
+    /// Another claim holds or finished the heartbeat; this run's result is dropped.
+    Superseded {
+        /// The heartbeat's claim number now.
+        claim: u32,
+        /// Its status now.
+        status: HeartbeatStatus,
+    },
+}
+
+/// Heartbeats: the due index, claims, and completion.
+#[async_trait]
+pub trait HeartbeatStore: Send + Sync {
+    /// How many shards the due index is spread over; a sweep reads each.
+    fn due_shards(&self) -> u16;
+    /// Heartbeats of `shard` that are due at `now`: PENDING and scheduled, or EXECUTING
+    /// with an expired lease.
+    async fn due(
+        &self,
+        shard: u16,
+        now: Timestamp,
+        page: Option<PageToken>,
+        limit: usize,
+    ) -> Result<DuePage, StoreError>;
+    /// Claims a heartbeat if, on the record itself, it is PENDING and due, or EXECUTING
+    /// with an expired lease. Returns the claimed record, or `None` if another sweeper won
+    /// or it is not due. Exactly one of any number of concurrent claims wins.
+    async fn claim(
+        &self,
+        id: &HeartbeatId,
+        req: &ClaimRequest,
+    ) -> Result<Option<Heartbeat>, StoreError>;
+    /// Finishes a heartbeat, schedules the next one and writes the HEARTBEAT event, in one
+    /// atomic write conditional on the heartbeat still being EXECUTING under this claim.
+    async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
+    /// Reads a heartbeat.
+    async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError>;
+    /// An agent's latest heartbeats, newest first.
+    async fn list_heartbeats(
+        &self,
+        agent: &AgentId,
+        limit: usize,
+    ) -> Result<Vec<Heartbeat>, StoreError>;
+}
+
+/// What a heartbeat reads when it starts: the agent's live record and its event window.
+#[derive(Clone, Debug)]
+pub struct Window {
+    /// The agent, or `None` if it no longer exists.
+    pub agent: Option<Agent>,
+    /// Events after the start cursor up to the end cursor, in id order, without events a
+    /// heartbeat made for itself.
+    pub events: Vec<Event>,
+    /// True when `limit` cut the window short; the rest is left for the next heartbeat.
+    pub truncated: bool,
+}
+
+/// The event log.
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Appends an event. Writing an event with an existing id replaces it; ids are only
+    /// reused for the engine's derived events, whose content is the same.
+    async fn append(&self, event: &Event) -> Result<(), StoreError>;
+    /// Reads the agent and at most `limit` events of the window `(start, end]`.
+    async fn read_window(
+        &self,
+        agent: &AgentId,
+        start: &EventCursor,
+        end: &EventCursor,
+        limit: usize,
+    ) -> Result<Window, StoreError>;
+    /// The given events of an agent, in id order; ids not found are left out.
+    async fn get_events(&self, agent: &AgentId, ids: &[EventId]) -> Result<Vec<Event>, StoreError>;
+    /// The agent's latest `limit` events, oldest first.
+    async fn list_events(&self, agent: &AgentId, limit: usize) -> Result<Vec<Event>, StoreError>;
+}
+
+/// Actions.
+#[async_trait]
+pub trait ActionLog: Send + Sync {
+    /// Creates the action (RUNNING) unless one with its id exists; returns the existing
+    /// one in that case.
+    async fn start_action(&self, action: &Action) -> Result<Option<Action>, StoreError>;
+    /// Takes over a RUNNING action left behind by a worker that died: writes `action`
+    /// (the next attempt) if the stored attempt is still `expected_attempt`. Returns
+    /// false if someone else took it over first.
+    async fn restart_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError>;
+    /// Records the action's outcome and appends the events its tool returned, atomically,
+    /// if the stored action is still RUNNING at `action.attempt`; `Conflict` otherwise
+    /// (another run took it over).
+    async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError>;
+    /// An agent's latest actions, newest first.
+    async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError>;
+}
+
+/// Tools and subscriptions.
+#[async_trait]
+pub trait ToolRegistry: Send + Sync {
+    /// Registers a tool; `AlreadyExists` if the name is taken.
+    async fn add_tool(&self, tool: &Tool) -> Result<(), StoreError>;
+    /// Enables or disables a tool; `NotFound` if there is none by that name.
+    async fn set_tool_active(&self, name: &ToolName, active: bool) -> Result<(), StoreError>;
+    /// Adds a subscription; `AlreadyExists` if its route is subscribed already.
+    async fn add_subscription(&self, sub: &Subscription) -> Result<(), StoreError>;
+    /// Enables or disables a subscription; `NotFound` if it does not exist.
+    async fn set_subscription_active(
+        &self,
+        id: &SubscriptionId,
+        active: bool,
+    ) -> Result<(), StoreError>;
+    /// Every tool and subscription.
+    async fn load_registry(&self) -> Result<Registry, StoreError>;
+}
+
+/// Everything the engine stores.
+pub trait Store: AgentStore + HeartbeatStore + EventLog + ActionLog + ToolRegistry {}
+impl<T: AgentStore + HeartbeatStore + EventLog + ActionLog + ToolRegistry> Store for T {}
+
+/// Tasks that could not be sent.
+#[derive(Clone, Debug, Default)]
+pub struct SendReport {
+    /// Index into the sent slice, and why.
+    pub failed: Vec<(usize, String)>,
+}
+
+/// The sessions queue: FIFO per group (session), one in-flight message per group,
+/// deduplication by id, redelivery after a visibility timeout.
+#[async_trait]
+pub trait SessionQueue: Send + Sync {
+    /// Sends tasks, in order. Tasks that could not be sent are reported, not retried.
+    async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError>;
+    /// Receives up to `max` messages, hiding them for `visibility`. Messages of a group
+    /// come in order, and none while another message of the group is in flight.
+    async fn receive(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, StoreError>;
+    /// Deletes a processed message.
+    async fn ack(&self, receipt: &str) -> Result<(), StoreError>;
+    /// Makes an in-flight message visible again after `delay`.
+    async fn release(&self, receipt: &str, delay: Duration) -> Result<(), StoreError>;
+}
+
+/// What came of calling a tool.
+#[derive(Clone, Debug)]
+pub struct ToolCall {
+    /// The validated response, or why the call failed.
+    pub result: Result<ToolResponse, String>,
+    /// What is recorded on the action as the response: the body received, or what is
+    /// known of a failed exchange (HTTP status, an excerpt of the body).
+    pub response_meta: Option<Value>,
+}
+
+/// Runs tools. Never returns an error: a tool's failure is an outcome recorded on its
+/// action, not a failure of the heartbeat.
+#[async_trait]
+pub trait ToolRunner: Send + Sync {
+    /// Calls `tool` with `request`.
+    async fn call(&self, tool: &Tool, request: &ToolRequest) -> ToolCall;
+}
