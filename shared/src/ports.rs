@@ -66,6 +66,10 @@ impl Clock for ManualClock {
 pub trait AgentStore: Send + Sync {
     /// Creates the agent and its first heartbeat in one atomic write.
     async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError>;
+    /// Creates many agents with their first heartbeats, for seeding a fleet. Faster than
+    /// one `create_agent` each, but not atomic per agent on DynamoDB and it overwrites
+    /// records with the same ids: if it fails, run it again with the same input.
+    async fn import_agents(&self, agents: &[(Agent, Heartbeat)]) -> Result<(), StoreError>;
     /// Reads an agent.
     async fn get_agent(&self, id: &AgentId) -> Result<Option<Agent>, StoreError>;
     /// All agents, oldest first.

@@ -1,1 +1,8 @@
-fn main() {}
+//! Integration tests, built as one binary. Each behaviour runs on both backends: SQLite
+//! (a fresh file per test) and DynamoDB + SQS FIFO on moto (a fresh table and queue per
+//! test). `scripts/test.sh` starts moto and sets `PULSE_TEST_MOTO_URL`.
+
+mod conformance;
+mod faulty;
+mod heartbeats;
+mod queue;

@@ -1,1 +1,487 @@
-//! support
+//! Test support: backends on real storage, a manual clock, and a fake HTTP tool server.
+//!
+//! Every test gets fresh storage: a new SQLite file in a temporary directory, or a new
+//! DynamoDB table and SQS FIFO queue (unique names) on the moto server that
+//! `scripts/test.sh` starts and names in `PULSE_TEST_MOTO_URL`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use jiff::{SignedDuration, Timestamp};
+use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsQueue};
+use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
+use pulse_shared::domain::{
+    Agent, EventType, Filter, Heartbeat, NewAgent, NewEvent, Subscription, SubscriptionId, Tool,
+    ToolName,
+};
+use pulse_shared::engine::{EngineSettings, HeartbeatRunner, Sweeper, Worker};
+use pulse_shared::ports::{Clock, ManualClock, SessionQueue, Store, ToolRunner};
+use pulse_shared::tools::Tools;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+/// Which backend a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// SQLite file + embedded queue.
+    Sqlite,
+    /// DynamoDB + SQS FIFO on the moto server.
+    Aws,
+}
+
+/// The moto server's URL. Tests on the AWS backend need it; `scripts/test.sh` starts the
+/// server and sets the variable.
+pub fn moto_url() -> String {
+    std::env::var("PULSE_TEST_MOTO_URL").unwrap_or_else(|_| {
+        panic!(
+            "PULSE_TEST_MOTO_URL is not set: run ./scripts/test.sh, which starts a moto server, \
+             or start one (moto_server -H 127.0.0.1 -p 5000) and set PULSE_TEST_MOTO_URL=http://127.0.0.1:5000"
+        )
+    })
+}
+
+/// A name no other test uses.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A clock for tests: 2026-03-02T09:00:00Z, moved by hand.
+pub fn test_clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new("2026-03-02T09:00:00Z".parse().unwrap()))
+}
+
+/// Engine settings for tests: registry never cached (tests add subscriptions between
+/// runs on a frozen clock).
+pub fn settings() -> EngineSettings {
+    EngineSettings {
+        registry_ttl: SignedDuration::ZERO,
+        ..EngineSettings::default()
+    }
+}
+
+/// Fresh storage and a queue on one backend, with the clock they share.
+pub struct Backend {
+    /// Which one.
+    pub kind: Kind,
+    /// The records.
+    pub store: Arc<dyn Store>,
+    /// The sessions queue.
+    pub queue: Arc<dyn SessionQueue>,
+    /// The clock of the engine and of the embedded queue.
+    pub clock: Arc<ManualClock>,
+    /// For AWS: the SDK clients (and their request counter).
+    pub aws: Option<AwsClients>,
+    sqlite_path: Option<std::path::PathBuf>,
+    table: Option<String>,
+    queue_url: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Backend {
+    /// Fresh storage of `kind`.
+    pub async fn new(kind: Kind) -> Self {
+        let clock = test_clock();
+        match kind {
+            Kind::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("pulse.db");
+                let db = Db::open(&path).unwrap();
+                Self {
+                    kind,
+                    store: Arc::new(SqliteStore::new(db.clone())),
+                    queue: Arc::new(SqliteQueue::new(db, clock.clone() as Arc<dyn Clock>)),
+                    clock,
+                    aws: None,
+                    sqlite_path: Some(path),
+                    table: None,
+                    queue_url: None,
+                    _dir: Some(dir),
+                }
+            }
+            Kind::Aws => {
+                let clients = AwsClients::for_emulator(&moto_url());
+                let table = unique("pulse");
+                aws::create_table(&clients.dynamodb, &table).await.unwrap();
+                let url = aws::create_sessions_queue(
+                    &clients.sqs,
+                    &format!("{}.fifo", unique("sessions")),
+                )
+                .await
+                .unwrap();
+                let store =
+                    DynamoStore::new(clients.dynamodb.clone(), &table, Duration::from_secs(20));
+                Self {
+                    kind,
+                    store: Arc::new(store),
+                    queue: Arc::new(SqsQueue::new(clients.sqs.clone(), &url)),
+                    clock,
+                    aws: Some(clients),
+                    sqlite_path: None,
+                    table: Some(table),
+                    queue_url: Some(url),
+                    _dir: None,
+                }
+            }
+        }
+    }
+
+    /// Another independent connection to the same storage and queue, as a second
+    /// process (or Lambda instance) would have.
+    pub fn connect_again(&self) -> (Arc<dyn Store>, Arc<dyn SessionQueue>) {
+        match self.kind {
+            Kind::Sqlite => {
+                let db = Db::open(self.sqlite_path.as_ref().unwrap()).unwrap();
+                (
+                    Arc::new(SqliteStore::new(db.clone())),
+                    Arc::new(SqliteQueue::new(db, self.clock.clone() as Arc<dyn Clock>)),
+                )
+            }
+            Kind::Aws => {
+                let clients = AwsClients::for_emulator(&moto_url());
+                (
+                    Arc::new(DynamoStore::new(
+                        clients.dynamodb.clone(),
+                        self.table.as_ref().unwrap(),
+                        Duration::from_secs(20),
+                    )),
+                    Arc::new(SqsQueue::new(clients.sqs, self.queue_url.as_ref().unwrap())),
+                )
+            }
+        }
+    }
+
+    /// Messages in the sessions queue (waiting or in flight).
+    pub async fn queued_messages(&self) -> u64 {
+        match self.kind {
+            Kind::Sqlite => {
+                let db = Db::open(self.sqlite_path.as_ref().unwrap()).unwrap();
+                SqliteQueue::new(db, self.clock.clone() as Arc<dyn Clock>)
+                    .depth()
+                    .await
+                    .unwrap()
+            }
+            Kind::Aws => {
+                let out = self
+                    .aws
+                    .as_ref()
+                    .unwrap()
+                    .sqs
+                    .get_queue_attributes()
+                    .queue_url(self.queue_url.as_ref().unwrap())
+                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+                    .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+                    .send()
+                    .await
+                    .unwrap();
+                out.attributes()
+                    .unwrap()
+                    .values()
+                    .map(|v| v.parse::<u64>().unwrap())
+                    .sum()
+            }
+        }
+    }
+
+    /// The current time.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Moves the clock.
+    pub fn advance(&self, d: SignedDuration) {
+        self.clock.advance(d)
+    }
+
+    /// A sweeper with `settings`.
+    pub fn sweeper(&self, settings: EngineSettings) -> Sweeper {
+        Sweeper::new(self.store.clone(), self.queue.clone(), settings)
+    }
+
+    /// A heartbeat runner with the real tool runner.
+    pub fn runner(&self, settings: EngineSettings) -> Arc<HeartbeatRunner> {
+        self.runner_with(self.store.clone(), Arc::new(Tools::new()), settings)
+    }
+
+    /// A heartbeat runner over a given store and tool runner.
+    pub fn runner_with(
+        &self,
+        store: Arc<dyn Store>,
+        tools: Arc<dyn ToolRunner>,
+        settings: EngineSettings,
+    ) -> Arc<HeartbeatRunner> {
+        Arc::new(HeartbeatRunner::new(
+            store,
+            tools,
+            self.clock.clone(),
+            settings,
+        ))
+    }
+
+    /// A worker with the real tool runner.
+    pub fn worker(&self, settings: EngineSettings) -> Worker {
+        Worker::new(self.runner(settings))
+    }
+
+    /// Creates an agent (interval `interval`) and returns it with its first heartbeat.
+    pub async fn agent(&self, name: &str, interval: &str) -> (Agent, Heartbeat) {
+        let mut new = NewAgent::named(name);
+        new.interval = interval.parse().unwrap();
+        let (agent, first) = new.create(self.now()).unwrap();
+        self.store.create_agent(&agent, &first).await.unwrap();
+        (agent, first)
+    }
+
+    /// Appends an event of `ty` with `payload` to the agent's log, stamped now.
+    pub async fn emit(
+        &self,
+        agent: &Agent,
+        ty: &str,
+        payload: Value,
+    ) -> pulse_shared::domain::Event {
+        let e = NewEvent::new(ty, payload, None).unwrap().into_event(
+            agent.id.clone(),
+            "test",
+            self.now(),
+        );
+        self.store.append(&e).await.unwrap();
+        e
+    }
+
+    /// Registers an HTTP tool at `url` and subscribes it to `event_type`.
+    pub async fn tool(&self, name: &str, url: &str, event_type: &str) {
+        self.tool_with(
+            name,
+            url,
+            Duration::from_secs(10),
+            event_type,
+            0,
+            Filter::default(),
+        )
+        .await
+    }
+
+    /// Registers an HTTP tool with a timeout, order and filter.
+    pub async fn tool_with(
+        &self,
+        name: &str,
+        url: &str,
+        timeout: Duration,
+        event_type: &str,
+        order: i32,
+        filter: Filter,
+    ) {
+        let name = ToolName::parse(name).unwrap();
+        let tool = Tool::http(name.clone(), url, timeout, self.now()).unwrap();
+        self.store.add_tool(&tool).await.unwrap();
+        self.subscribe(&name, event_type, order, filter).await;
+    }
+
+    /// Subscribes an existing tool to `event_type`.
+    pub async fn subscribe(
+        &self,
+        tool: &ToolName,
+        event_type: &str,
+        order: i32,
+        filter: Filter,
+    ) -> SubscriptionId {
+        let event_type = EventType::parse(event_type).unwrap();
+        let sub = Subscription {
+            id: SubscriptionId::for_route(tool, &event_type, None),
+            tool: tool.clone(),
+            event_type,
+            agent_id: None,
+            filter,
+            order,
+            active: true,
+            created_at: self.now(),
+        };
+        self.store.add_subscription(&sub).await.unwrap();
+        sub.id
+    }
+
+    /// Receives, runs and acknowledges queued tasks until none is left; returns how many
+    /// ran.
+    pub async fn drain(&self, worker: &Worker) -> usize {
+        let mut total = 0;
+        loop {
+            let r = worker
+                .poll_once(self.queue.as_ref(), 10, Duration::from_secs(60))
+                .await
+                .unwrap();
+            if r.received == 0 {
+                return total;
+            }
+            assert_eq!(r.failed, 0, "a queued task failed");
+            total += r.received;
+        }
+    }
+}
+
+/// What the fake tool answers to one request.
+#[derive(Clone)]
+pub enum Reply {
+    /// This status and JSON body.
+    Json(u16, Value),
+    /// This status and raw body.
+    Raw(u16, &'static str),
+    /// Never answer (until the server is dropped).
+    Hang,
+    /// Wait for a permit of the semaphore, then answer as the inner reply.
+    After(Arc<tokio::sync::Semaphore>, Box<Reply>),
+}
+
+/// `{"success": true, "output": ..}` with the given new events.
+pub fn ok_with_events(events: Value) -> Reply {
+    Reply::Json(
+        200,
+        json!({"success": true, "output": {"ok": true}, "new_events": events}),
+    )
+}
+
+type Behaviour = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
+
+struct ToolState {
+    requests: Mutex<Vec<Value>>,
+    behaviour: Mutex<Behaviour>,
+    received: Notify,
+}
+
+/// A tool server on 127.0.0.1: records every request and answers as its behaviour says.
+/// Stops when dropped.
+pub struct FakeTool {
+    addr: SocketAddr,
+    state: Arc<ToolState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeTool {
+    /// Starts a server that answers `{"success": true}` to everything.
+    pub async fn start() -> Self {
+        Self::answering(|_| ok_with_events(json!([]))).await
+    }
+
+    /// Starts a server with a behaviour.
+    pub async fn answering(f: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> Self {
+        let state = Arc::new(ToolState {
+            requests: Mutex::new(Vec::new()),
+            behaviour: Mutex::new(Arc::new(f)),
+            received: Notify::new(),
+        });
+        let app = Router::new()
+            .route("/", post(handle))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, state, task }
+    }
+
+    /// The URL to register.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// Changes how it answers from now on.
+    pub fn set(&self, f: impl Fn(&Value) -> Reply + Send + Sync + 'static) {
+        *self.state.behaviour.lock().unwrap() = Arc::new(f);
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<Value> {
+        self.state.requests.lock().unwrap().clone()
+    }
+
+    /// The event ids of the requests received so far.
+    pub fn event_ids(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .map(|r| r["event"]["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Waits until at least `n` requests have arrived.
+    pub async fn wait_for(&self, n: usize) {
+        let wait = async {
+            loop {
+                let notified = self.state.received.notified();
+                if self.state.requests.lock().unwrap().len() >= n {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .unwrap_or_else(|_| panic!("the tool did not receive {n} requests"));
+    }
+}
+
+impl Drop for FakeTool {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn handle(State(state): State<Arc<ToolState>>, Json(body): Json<Value>) -> Response {
+    let behaviour = state.behaviour.lock().unwrap().clone();
+    state.requests.lock().unwrap().push(body.clone());
+    state.received.notify_waiters();
+    let mut reply = behaviour(&body);
+    loop {
+        return match reply {
+            Reply::Json(status, v) => {
+                (StatusCode::from_u16(status).unwrap(), Json(v)).into_response()
+            }
+            Reply::Raw(status, s) => (StatusCode::from_u16(status).unwrap(), s).into_response(),
+            Reply::Hang => {
+                std::future::pending::<()>().await;
+                StatusCode::OK.into_response()
+            }
+            Reply::After(gate, inner) => {
+                gate.acquire().await.unwrap().forget();
+                reply = *inner;
+                continue;
+            }
+        };
+    }
+}
+
+/// A URL on 127.0.0.1 where nothing listens.
+pub async fn closed_port_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}/")
+}
+
+/// Runs a test body against both backends, as two tests named `sqlite` and `aws` in a
+/// module named for the behaviour.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$body($crate::Kind::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn aws() {
+                super::$body($crate::Kind::Aws).await
+            }
+        }
+    };
+}

@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Mutex;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
@@ -108,8 +109,19 @@ string_newtype!(EventId);
 
 impl EventId {
     /// A new id stamped with `ms` (milliseconds since the Unix epoch) and random bits.
+    /// Ids made by one process in the same millisecond increase, so events appended one
+    /// after another keep their order.
     pub fn generate(ms: u64) -> Self {
-        Self::from_parts(ms, Ulid::new().random())
+        static LAST: Mutex<(u64, u128)> = Mutex::new((0, 0));
+        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        // 80 random bits; keep headroom so increments never carry into the timestamp.
+        let random = if last.0 == ms && last.1 < (1u128 << 80) - (1u128 << 20) {
+            last.1 + 1
+        } else {
+            Ulid::new().random() >> 1
+        };
+        *last = (ms, random);
+        Self::from_parts(ms, random)
     }
     /// A deterministic id: the same `ms` and `parts` always give the same id.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
@@ -352,6 +364,13 @@ mod tests {
         let b = EventId::generate(1_001);
         assert!(a < b);
         assert_eq!(a.timestamp_ms(), 1_000);
+    }
+
+    #[test]
+    fn ids_made_in_one_millisecond_keep_their_order() {
+        let ids: Vec<EventId> = (0..100).map(|_| EventId::generate(7)).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        assert!(ids.iter().all(|id| id.timestamp_ms() == 7));
     }
 
     #[test]

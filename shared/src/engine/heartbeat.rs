@@ -15,7 +15,7 @@
 //! - Actions have ids derived from (event, tool). A redelivered job, or a rerun after a
 //!   crash or an engine failure, finds the finished action and reuses its result.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use jiff::Timestamp;
@@ -53,7 +53,9 @@ pub struct HeartbeatRunner {
     tools: Arc<dyn ToolRunner>,
     clock: Arc<dyn Clock>,
     settings: EngineSettings,
-    registry: Mutex<Option<(Timestamp, Arc<Registry>)>>,
+    /// The cached registry. An async mutex, held while loading, so runs that start
+    /// together share one read instead of each making their own.
+    registry: tokio::sync::Mutex<Option<(Timestamp, Arc<Registry>)>>,
 }
 
 /// What a run knows once it has read its window.
@@ -95,7 +97,7 @@ impl HeartbeatRunner {
             tools,
             clock,
             settings,
-            registry: Mutex::new(None),
+            registry: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -406,20 +408,17 @@ impl HeartbeatRunner {
     }
 
     async fn registry(&self) -> Result<Arc<Registry>, StoreError> {
+        let mut cache = self.registry.lock().await;
         let now = self.clock.now();
         let ttl = self.settings.registry_ttl;
-        if ttl.is_positive()
-            && let Some((at, r)) = self
-                .registry
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-            && now.duration_since(at) < ttl
+        if let Some((at, r)) = cache.as_ref()
+            && ttl.is_positive()
+            && now.duration_since(*at) < ttl
         {
-            return Ok(r);
+            return Ok(r.clone());
         }
         let r = Arc::new(self.store.load_registry().await?);
-        *self.registry.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, r.clone()));
+        *cache = Some((now, r.clone()));
         Ok(r)
     }
 

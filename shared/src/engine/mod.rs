@@ -38,6 +38,8 @@ pub struct EngineSettings {
     pub max_window_events: usize,
     /// Claims one sweep makes concurrently.
     pub claim_concurrency: usize,
+    /// Due-index shards one sweep works on at once.
+    pub shard_concurrency: usize,
     /// Most heartbeats one sweep claims; the rest wait for the next sweep.
     pub sweep_max: usize,
     /// Due heartbeats read per index query.
@@ -56,6 +58,7 @@ impl Default for EngineSettings {
             cascade_depth: 3,
             max_window_events: 500,
             claim_concurrency: 32,
+            shard_concurrency: 4,
             sweep_max: 10_000,
             due_page_size: 1_000,
             registry_ttl: SignedDuration::from_secs(10),

@@ -1,7 +1,7 @@
 //! The sweep: due heartbeats → conditional claims → jobs on their session groups.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
@@ -55,12 +55,23 @@ impl Sweeper {
     /// concurrently with other sweeps: each heartbeat is claimed by exactly one.
     pub async fn sweep_once(&self, now: Timestamp) -> SweepReport {
         let budget = AtomicUsize::new(self.settings.sweep_max);
-        let shards = self.store.due_shards();
-        let reports: Vec<SweepReport> = stream::iter(0..shards)
-            .map(|shard| self.sweep_shard(shard, now, &budget))
-            .buffer_unordered(usize::from(shards).max(1))
+        // Claims from every shard meet here, so jobs go out in full batches of ten.
+        let pending = Mutex::new(Vec::new());
+        // Shards are walked a few at a time from a random starting point, so sweeps that
+        // overlap (a slow sweep and the next minute's) mostly take different shards, and
+        // find the ones already swept empty, instead of racing for every heartbeat.
+        let shards = self.store.due_shards().max(1);
+        let start = (ulid::Ulid::new().random() % u128::from(shards)) as u16;
+        let order = (0..shards).map(|i| (start + i) % shards);
+        let mut reports: Vec<SweepReport> = stream::iter(order)
+            .map(|shard| self.sweep_shard(shard, now, &budget, &pending))
+            .buffer_unordered(self.settings.shard_concurrency.max(1))
             .collect()
             .await;
+        let rest = std::mem::take(&mut *lock(&pending));
+        let mut last = SweepReport::default();
+        self.queue_jobs(rest, &mut last).await;
+        reports.push(last);
         let mut total = SweepReport::default();
         for r in reports {
             total.due += r.due;
@@ -82,7 +93,13 @@ impl Sweeper {
         total
     }
 
-    async fn sweep_shard(&self, shard: u16, now: Timestamp, budget: &AtomicUsize) -> SweepReport {
+    async fn sweep_shard(
+        &self,
+        shard: u16,
+        now: Timestamp,
+        budget: &AtomicUsize,
+        pending: &Mutex<Vec<Heartbeat>>,
+    ) -> SweepReport {
         let mut report = SweepReport::default();
         let mut page = None;
         loop {
@@ -105,7 +122,13 @@ impl Sweeper {
             report.due += due.ids.len();
             let claimed = self.claim_all(due.ids, now, budget, &mut report).await;
             report.claimed += claimed.len();
-            self.queue_jobs(claimed, &mut report).await;
+            let full: Vec<Heartbeat> = {
+                let mut pending = lock(pending);
+                pending.extend(claimed);
+                let whole = pending.len() / 10 * 10;
+                pending.drain(..whole).collect()
+            };
+            self.queue_jobs(full, &mut report).await;
             match due.next {
                 Some(next) => page = Some(next),
                 None => break,
@@ -130,23 +153,7 @@ impl Sweeper {
             ),
         };
         let results: Vec<(HeartbeatId, Result<Option<Heartbeat>, StoreError>)> = stream::iter(ids)
-            .map(|id| {
-                let req = &req;
-                async move {
-                    // Stop claiming once the sweep's budget is spent.
-                    let take = budget
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
-                        .is_ok();
-                    if !take {
-                        return (id, Ok(None));
-                    }
-                    let r = self.store.claim(&id, req).await;
-                    if !matches!(r, Ok(Some(_))) {
-                        budget.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (id, r)
-                }
-            })
+            .map(|id| self.claim_one(id, &req, budget))
             .buffer_unordered(self.settings.claim_concurrency.max(1))
             .collect()
             .await;
@@ -164,39 +171,37 @@ impl Sweeper {
         claimed
     }
 
+    async fn claim_one(
+        &self,
+        id: HeartbeatId,
+        req: &ClaimRequest,
+        budget: &AtomicUsize,
+    ) -> (HeartbeatId, Result<Option<Heartbeat>, StoreError>) {
+        // Stop claiming once the sweep's budget is spent; give the unit back if the claim
+        // did not happen.
+        if budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
+            .is_err()
+        {
+            return (id, Ok(None));
+        }
+        let r = self.store.claim(&id, req).await;
+        if !matches!(r, Ok(Some(_))) {
+            budget.fetch_add(1, Ordering::Relaxed);
+        }
+        (id, r)
+    }
+
     async fn queue_jobs(&self, claimed: Vec<Heartbeat>, report: &mut SweepReport) {
         if claimed.is_empty() {
             return;
         }
         let tasks: Vec<OutgoingTask> = claimed.into_iter().map(OutgoingTask::heartbeat).collect();
-        // Batches of ten (one SQS SendMessageBatch each), a few in flight at once. Each
-        // batch yields how many were queued and what went wrong.
-        let results: Vec<(usize, Vec<String>)> = stream::iter(tasks.chunks(10))
-            .map(|chunk| async move {
-                match self.queue.send(chunk).await {
-                    Ok(r) => {
-                        let errors = r
-                            .failed
-                            .iter()
-                            .map(|(i, why)| {
-                                format!(
-                                    "job {} not queued ({why}); it is reclaimed when its lease expires",
-                                    chunk[*i].dedup_id
-                                )
-                            })
-                            .collect();
-                        (chunk.len() - r.failed.len(), errors)
-                    }
-                    Err(e) => (
-                        0,
-                        vec![format!(
-                            "sending {} jobs: {}; they are reclaimed when their leases expire",
-                            chunk.len(),
-                            chain(&e)
-                        )],
-                    ),
-                }
-            })
+        // Batches of ten (one SQS SendMessageBatch each), a few in flight at once.
+        let batches: Vec<Vec<OutgoingTask>> =
+            tasks.chunks(10).map(<[OutgoingTask]>::to_vec).collect();
+        let results: Vec<(usize, Vec<String>)> = stream::iter(batches)
+            .map(|batch| self.send_batch(batch))
             .buffer_unordered(4)
             .collect()
             .await;
@@ -205,4 +210,35 @@ impl Sweeper {
             report.errors.extend(errors);
         }
     }
+
+    /// Sends one batch; returns how many were queued and what went wrong.
+    async fn send_batch(&self, batch: Vec<OutgoingTask>) -> (usize, Vec<String>) {
+        match self.queue.send(&batch).await {
+            Ok(r) => {
+                let errors = r
+                    .failed
+                    .iter()
+                    .map(|(i, why)| {
+                        format!(
+                            "job {} not queued ({why}); it is reclaimed when its lease expires",
+                            batch[*i].dedup_id
+                        )
+                    })
+                    .collect();
+                (batch.len() - r.failed.len(), errors)
+            }
+            Err(e) => (
+                0,
+                vec![format!(
+                    "sending {} jobs: {}; they are reclaimed when their leases expire",
+                    batch.len(),
+                    chain(&e)
+                )],
+            ),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -28,9 +28,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-    Update,
+    AttributeValue, Put, PutRequest, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem, Update, WriteRequest,
 };
+use futures::StreamExt;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -319,13 +320,19 @@ impl DynamoStore {
         let mut items = Vec::new();
         let mut start = None;
         loop {
-            let out = self
+            let mut q = self
                 .client
                 .query()
                 .table_name(&self.table)
-                .key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
-                .expression_attribute_values(":pk", s(pk))
-                .expression_attribute_values(":prefix", s(prefix))
+                .expression_attribute_values(":pk", s(pk));
+            // DynamoDB rejects an empty begins_with operand: a whole partition is `pk =`.
+            q = if prefix.is_empty() {
+                q.key_condition_expression("pk = :pk")
+            } else {
+                q.key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                    .expression_attribute_values(":prefix", s(prefix))
+            };
+            let out = q
                 .scan_index_forward(!newest_first)
                 .set_limit(limit.map(|l| (l - items.len()).min(i32::MAX as usize) as i32))
                 .set_exclusive_start_key(start)
@@ -420,6 +427,46 @@ impl DynamoStore {
         }
     }
 
+    /// Writes up to 25 items, resubmitting what DynamoDB leaves unprocessed (throttling)
+    /// with a growing pause.
+    async fn batch_put(&self, batch: Vec<Item>) -> Result<(), StoreError> {
+        let mut requests: Vec<WriteRequest> = batch
+            .into_iter()
+            .map(|item| {
+                PutRequest::builder()
+                    .set_item(Some(item))
+                    .build()
+                    .map(|p| WriteRequest::builder().put_request(p).build())
+                    .map_err(backend("batch write"))
+            })
+            .collect::<Result<_, _>>()?;
+        for attempt in 0..10u32 {
+            let out = self
+                .client
+                .batch_write_item()
+                .request_items(&self.table, requests)
+                .send()
+                .await
+                .map_err(backend("batch write"))?;
+            requests = out
+                .unprocessed_items
+                .and_then(|mut m| m.remove(&self.table))
+                .unwrap_or_default();
+            if requests.is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
+        }
+        Err(StoreError::backend(
+            "dynamodb",
+            "batch write",
+            format!(
+                "{} items still unprocessed after 10 attempts; run the import again",
+                requests.len()
+            ),
+        ))
+    }
+
     fn put(&self, item: Item, condition: Option<&str>) -> Result<TransactWriteItem, StoreError> {
         let put = Put::builder()
             .table_name(&self.table)
@@ -483,6 +530,26 @@ impl AgentStore for DynamoStore {
             Ok(()) => Ok(()),
             Err(_) => Err(StoreError::AlreadyExists(format!("agent {}", agent.id))),
         }
+    }
+
+    async fn import_agents(&self, agents: &[(Agent, Heartbeat)]) -> Result<(), StoreError> {
+        let mut items = Vec::with_capacity(agents.len() * 3);
+        for (agent, first) in agents {
+            items.push(doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent));
+            items.push(doc_item(
+                DIRECTORY_PK.to_owned(),
+                agent.id.to_string(),
+                agent,
+            ));
+            items.push(heartbeat_item(first)?);
+        }
+        let batches: Vec<Vec<Item>> = items.chunks(25).map(<[Item]>::to_vec).collect();
+        let results: Vec<Result<(), StoreError>> = futures::stream::iter(batches)
+            .map(|batch| self.batch_put(batch))
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        results.into_iter().collect()
     }
 
     async fn get_agent(&self, id: &AgentId) -> Result<Option<Agent>, StoreError> {

@@ -189,6 +189,32 @@ impl AgentStore for SqliteStore {
             .await
     }
 
+    async fn import_agents(&self, agents: &[(Agent, Heartbeat)]) -> Result<(), StoreError> {
+        let agents = agents.to_vec();
+        self.db
+            .call("import agents", move |conn| {
+                let op = sqlite_err("import agents");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                for (agent, first) in &agents {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO agents (id, created_ms, doc) VALUES (?1, ?2, ?3)",
+                        params![agent.id.as_str(), to_ms(agent.created_at), to_doc(agent)],
+                    )
+                    .map_err(&op)?;
+                    tx.execute(
+                        "DELETE FROM heartbeats WHERE agent_id = ?1 AND beat = ?2",
+                        params![first.agent_id.as_str(), first.beat as i64],
+                    )
+                    .map_err(&op)?;
+                    insert_heartbeat(&tx, first)?;
+                }
+                tx.commit().map_err(&op)
+            })
+            .await
+    }
+
     async fn get_agent(&self, id: &AgentId) -> Result<Option<Agent>, StoreError> {
         let id = id.clone();
         self.db

@@ -1,0 +1,642 @@
+//! The store ports' conformance suite: one set of tests, run against every backend.
+
+use std::collections::HashSet;
+
+use jiff::SignedDuration;
+use pulse_shared::domain::{
+    Action, ActionId, ActionStatus, AgentId, Cascade, ClaimRequest, EventCursor, EventType, Filter,
+    HeartbeatId, HeartbeatStatus, NewEvent, Tool, ToolName,
+};
+use pulse_shared::error::StoreError;
+use pulse_shared::ports::{Finish, FinishOutcome};
+use pulse_tests::{Backend, Kind, on_both_backends};
+use serde_json::json;
+
+fn claim_req(b: &Backend) -> ClaimRequest {
+    ClaimRequest {
+        now: b.now(),
+        lease: SignedDuration::from_mins(10),
+        window_end: EventCursor::through(
+            b.now()
+                .saturating_sub(SignedDuration::from_secs(2))
+                .unwrap(),
+        ),
+    }
+}
+
+async fn all_due(b: &Backend) -> Vec<HeartbeatId> {
+    let mut out = Vec::new();
+    for shard in 0..b.store.due_shards() {
+        let mut page = None;
+        loop {
+            let p = b.store.due(shard, b.now(), page, 1000).await.unwrap();
+            out.extend(p.ids);
+            match p.next {
+                Some(n) => page = Some(n),
+                None => break,
+            }
+        }
+    }
+    out
+}
+
+on_both_backends!(agents_are_created_read_and_listed, agents);
+async fn agents(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (a1, first) = b.agent("scout", "15m").await;
+    b.advance(SignedDuration::from_secs(1));
+    let (a2, _) = b.agent("critic", "2s").await;
+    assert_eq!(b.store.get_agent(&a1.id).await.unwrap().unwrap(), a1);
+    let listed: Vec<AgentId> = b
+        .store
+        .list_agents()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(listed, vec![a1.id.clone(), a2.id.clone()]);
+    assert!(
+        b.store
+            .get_agent(&AgentId::generate())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let again = b.store.create_agent(&a1, &first).await.unwrap_err();
+    assert!(matches!(again, StoreError::AlreadyExists(_)), "{again}");
+
+    // Interactions only move forward.
+    let t = b.now();
+    b.store.record_interaction(&a1.id, t).await.unwrap();
+    b.store
+        .record_interaction(
+            &a1.id,
+            t.saturating_sub(SignedDuration::from_secs(60)).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        b.store
+            .get_agent(&a1.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_interaction_at,
+        Some(t)
+    );
+    let missing = b
+        .store
+        .record_interaction(&AgentId::generate(), t)
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, StoreError::NotFound(_)), "{missing}");
+}
+
+on_both_backends!(
+    a_new_agents_first_heartbeat_is_due_at_once_and_claimed_once,
+    first_claim
+);
+async fn first_claim(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    assert_eq!(first.status, HeartbeatStatus::Pending);
+    assert_eq!(all_due(&b).await, vec![first.id()]);
+
+    let claimed = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.status, HeartbeatStatus::Executing);
+    assert_eq!(claimed.claim, 1);
+    assert_eq!(claimed.started_at, Some(b.now()));
+    assert_eq!(claimed.window_end, Some(claim_req(&b).window_end));
+    assert_eq!(claimed.session, agent.session);
+    // Claimed under a lease: no longer due, and a second claim loses.
+    assert!(all_due(&b).await.is_empty());
+    assert!(
+        b.store
+            .claim(&first.id(), &claim_req(&b))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+on_both_backends!(
+    an_expired_lease_is_due_again_and_reclaimed_with_the_same_window,
+    reclaim
+);
+async fn reclaim(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (_, first) = b.agent("scout", "15m").await;
+    let c1 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(SignedDuration::from_mins(9));
+    assert!(all_due(&b).await.is_empty());
+    assert!(
+        b.store
+            .claim(&first.id(), &claim_req(&b))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    b.advance(SignedDuration::from_mins(2));
+    assert_eq!(all_due(&b).await, vec![first.id()]);
+    let c2 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c2.claim, 2);
+    assert_eq!(c2.started_at, c1.started_at, "the first start is kept");
+    assert_eq!(
+        c2.window_end, c1.window_end,
+        "the window is fixed at the first claim"
+    );
+    assert_eq!(
+        c2.lease_until,
+        Some(
+            b.now()
+                .saturating_add(SignedDuration::from_mins(10))
+                .unwrap()
+        )
+    );
+}
+
+on_both_backends!(a_heartbeat_that_is_not_yet_due_cannot_be_claimed, not_due);
+async fn not_due(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    let c = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut done = c.clone();
+    done.status = HeartbeatStatus::Completed;
+    done.completed_at = Some(b.now());
+    let later = b
+        .now()
+        .saturating_add(SignedDuration::from_mins(15))
+        .unwrap();
+    let next = pulse_shared::domain::Heartbeat::pending(
+        &agent,
+        2,
+        later,
+        c.window_end.clone().unwrap(),
+        0,
+        None,
+        0,
+    );
+    b.store
+        .finish(&Finish {
+            heartbeat: done,
+            next: Some(next.clone()),
+            heartbeat_event: None,
+        })
+        .await
+        .unwrap();
+    assert!(all_due(&b).await.is_empty());
+    assert!(
+        b.store
+            .claim(&next.id(), &claim_req(&b))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    b.advance(SignedDuration::from_mins(15));
+    assert_eq!(all_due(&b).await, vec![next.id()]);
+    assert!(
+        b.store
+            .claim(&next.id(), &claim_req(&b))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+on_both_backends!(
+    finishing_is_atomic_idempotent_and_fenced_by_the_claim,
+    finish
+);
+async fn finish(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    let c1 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(SignedDuration::from_mins(11));
+    let c2 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let hb_event = NewEvent::new("X", json!({}), None).unwrap().into_event(
+        agent.id.clone(),
+        "system",
+        b.now(),
+    );
+    let mut hb_event = hb_event;
+    hb_event.event_type = EventType::heartbeat();
+    hb_event.cascade = Some(Cascade {
+        heartbeat_id: first.id(),
+        depth: 0,
+        capped: false,
+    });
+    let finished = |claimed: &pulse_shared::domain::Heartbeat| {
+        let mut done = claimed.clone();
+        done.status = HeartbeatStatus::Completed;
+        done.completed_at = Some(b.now());
+        done.events_processed = 3;
+        done.actions_triggered = 2;
+        done.since_last = Some(1);
+        Finish {
+            heartbeat: done,
+            next: Some(pulse_shared::domain::Heartbeat::pending(
+                &agent,
+                2,
+                b.now()
+                    .saturating_add(SignedDuration::from_mins(15))
+                    .unwrap(),
+                claimed.window_end.clone().unwrap(),
+                0,
+                None,
+                0,
+            )),
+            heartbeat_event: Some(hb_event.clone()),
+        }
+    };
+
+    // The first claim's run is stale: it may not finish the heartbeat.
+    let stale = b.store.finish(&finished(&c1)).await.unwrap();
+    assert_eq!(
+        stale,
+        FinishOutcome::Superseded {
+            claim: 2,
+            status: HeartbeatStatus::Executing
+        }
+    );
+    assert!(
+        b.store
+            .get_heartbeat(&first.next_id())
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    assert_eq!(
+        b.store.finish(&finished(&c2)).await.unwrap(),
+        FinishOutcome::Finished
+    );
+    assert_eq!(
+        b.store.finish(&finished(&c2)).await.unwrap(),
+        FinishOutcome::AlreadyFinished
+    );
+
+    let done = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(done.status, HeartbeatStatus::Completed);
+    assert_eq!(
+        (
+            done.events_processed,
+            done.actions_triggered,
+            done.since_last
+        ),
+        (3, 2, Some(1))
+    );
+    let next = b
+        .store
+        .get_heartbeat(&first.next_id())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status, HeartbeatStatus::Pending);
+    assert_eq!(next.window_start, c2.window_end.clone().unwrap());
+    let listed = b.store.list_heartbeats(&agent.id, 10).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|h| h.beat).collect::<Vec<_>>(),
+        vec![2, 1]
+    );
+    // The HEARTBEAT event went in with the finish, and is not part of any window.
+    let events = b.store.list_events(&agent.id, 10).await.unwrap();
+    assert_eq!(events, vec![hb_event]);
+    let window = b
+        .store
+        .read_window(
+            &agent.id,
+            &EventCursor::origin(),
+            &EventCursor::through(b.now()),
+            10,
+        )
+        .await
+        .unwrap();
+    assert!(window.events.is_empty());
+    // Nothing is due until the next heartbeat's time.
+    assert!(all_due(&b).await.is_empty());
+}
+
+on_both_backends!(
+    a_window_holds_the_events_between_its_cursors_in_order,
+    window
+);
+async fn window(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let (other, _) = b.agent("other", "15m").await;
+    let before = b.emit(&agent, "A", json!({"n": 0})).await;
+    let start = EventCursor::through(b.now());
+    b.advance(SignedDuration::from_secs(1));
+    let e1 = b.emit(&agent, "A", json!({"n": 1})).await;
+    let e2 = b.emit(&agent, "B", json!({"n": 2})).await;
+    b.emit(&other, "A", json!({"n": 9})).await;
+    // An event the heartbeat made for itself is never part of a window.
+    let mut own = NewEvent::new("C", json!({}), None).unwrap().into_event(
+        agent.id.clone(),
+        "tool:x",
+        b.now(),
+    );
+    own.cascade = Some(Cascade {
+        heartbeat_id: HeartbeatId::new(agent.id.clone(), 1),
+        depth: 1,
+        capped: false,
+    });
+    b.store.append(&own).await.unwrap();
+    let end = EventCursor::through(b.now());
+    b.advance(SignedDuration::from_secs(1));
+    let after = b.emit(&agent, "A", json!({"n": 3})).await;
+
+    let w = b
+        .store
+        .read_window(&agent.id, &start, &end, 100)
+        .await
+        .unwrap();
+    assert_eq!(w.agent.as_ref().map(|a| &a.id), Some(&agent.id));
+    let ids: Vec<_> = w.events.iter().map(|e| e.id.clone()).collect();
+    let mut expected = vec![e1.id.clone(), e2.id.clone()];
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert!(!w.truncated);
+    assert_eq!(w.events.iter().find(|e| e.id == e1.id).unwrap(), &e1);
+
+    // Truncation at the limit, resumable from the last event read.
+    let w1 = b
+        .store
+        .read_window(&agent.id, &EventCursor::origin(), &end, 2)
+        .await
+        .unwrap();
+    assert!(w1.truncated);
+    assert_eq!(w1.events.len(), 2);
+    assert!(w1.agent.is_some());
+    let w2 = b
+        .store
+        .read_window(
+            &agent.id,
+            &EventCursor::after(&w1.events[1].id),
+            &EventCursor::through(b.now()),
+            10,
+        )
+        .await
+        .unwrap();
+    let mut all: Vec<_> = w1
+        .events
+        .iter()
+        .chain(w2.events.iter())
+        .map(|e| e.id.clone())
+        .collect();
+    all.sort();
+    let mut want = vec![before.id, e1.id, e2.id.clone(), after.id];
+    want.sort();
+    assert_eq!(all, want);
+
+    let gone = b
+        .store
+        .read_window(&AgentId::generate(), &start, &end, 10)
+        .await
+        .unwrap();
+    assert!(gone.agent.is_none() && gone.events.is_empty());
+
+    let got = b
+        .store
+        .get_events(&agent.id, &[e2.id.clone(), own.id.clone()])
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2);
+}
+
+on_both_backends!(
+    actions_are_created_once_and_finished_with_their_events,
+    actions
+);
+async fn actions(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    let event = b.emit(&agent, "A", json!({})).await;
+    let tool = ToolName::parse("echo").unwrap();
+    let action = Action {
+        id: ActionId::for_event(&event.id, &tool),
+        agent_id: agent.id.clone(),
+        heartbeat_id: first.id(),
+        event_id: event.id.clone(),
+        tool: tool.clone(),
+        status: ActionStatus::Running,
+        attempt: 1,
+        depth: 0,
+        request: json!({"hello": 1}),
+        response: None,
+        error: None,
+        started_at: b.now(),
+        completed_at: None,
+        duration_ms: None,
+        new_events: vec![],
+    };
+    assert!(b.store.start_action(&action).await.unwrap().is_none());
+    assert_eq!(
+        b.store.start_action(&action).await.unwrap(),
+        Some(action.clone())
+    );
+
+    // A dead worker's RUNNING action is taken over once.
+    let mut second = action.clone();
+    second.attempt = 2;
+    assert!(b.store.restart_action(&second, 1).await.unwrap());
+    assert!(!b.store.restart_action(&second, 1).await.unwrap());
+
+    // The first attempt can no longer finish it.
+    let mut stale = action.clone();
+    stale.status = ActionStatus::Completed;
+    assert!(matches!(
+        b.store.finish_action(&stale, &[]).await,
+        Err(StoreError::Conflict(_))
+    ));
+
+    let mut out = NewEvent::new("B", json!({"from": "echo"}), Some(2))
+        .unwrap()
+        .into_event(agent.id.clone(), "tool:echo", b.now());
+    out.parent_id = Some(event.id.clone());
+    out.cascade = Some(Cascade {
+        heartbeat_id: first.id(),
+        depth: 1,
+        capped: false,
+    });
+    let mut done = second.clone();
+    done.status = ActionStatus::Completed;
+    done.response = Some(json!({"success": true}));
+    done.new_events = vec![out.id.clone()];
+    b.store
+        .finish_action(&done, std::slice::from_ref(&out))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.store.start_action(&action).await.unwrap(),
+        Some(done.clone())
+    );
+    assert_eq!(
+        b.store
+            .get_events(&agent.id, &[out.id.clone()])
+            .await
+            .unwrap(),
+        vec![out]
+    );
+    assert_eq!(
+        b.store.list_actions(&agent.id, 10).await.unwrap(),
+        vec![done]
+    );
+}
+
+on_both_backends!(
+    tools_and_subscriptions_are_registered_once_and_switchable,
+    registry
+);
+async fn registry(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let name = ToolName::parse("FeedReader").unwrap();
+    let tool = Tool::http(
+        name.clone(),
+        "http://127.0.0.1:9/",
+        std::time::Duration::from_secs(3),
+        b.now(),
+    )
+    .unwrap();
+    b.store.add_tool(&tool).await.unwrap();
+    assert!(matches!(
+        b.store.add_tool(&tool).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    let sub = b
+        .subscribe(
+            &name,
+            "HEARTBEAT",
+            1,
+            Filter::parse(r#"{"min_priority": 3}"#).unwrap(),
+        )
+        .await;
+    let dup = pulse_shared::domain::Subscription {
+        id: sub.clone(),
+        tool: name.clone(),
+        event_type: EventType::heartbeat(),
+        agent_id: None,
+        filter: Filter::default(),
+        order: 0,
+        active: true,
+        created_at: b.now(),
+    };
+    assert!(matches!(
+        b.store.add_subscription(&dup).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+
+    b.store.set_tool_active(&name, false).await.unwrap();
+    b.store.set_subscription_active(&sub, false).await.unwrap();
+    let r = b.store.load_registry().await.unwrap();
+    assert_eq!(r.tools.len(), 1);
+    assert!(!r.tools[0].active);
+    assert_eq!(r.subscriptions.len(), 1);
+    assert!(!r.subscriptions[0].active);
+    assert_eq!(
+        r.subscriptions[0].filter.min_priority.map(|p| p.get()),
+        Some(3)
+    );
+
+    let missing = ToolName::parse("nope").unwrap();
+    assert!(matches!(
+        b.store.set_tool_active(&missing, true).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let missing_sub =
+        pulse_shared::domain::SubscriptionId::for_route(&missing, &EventType::heartbeat(), None);
+    assert!(matches!(
+        b.store.set_subscription_active(&missing_sub, true).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+on_both_backends!(the_due_index_pages_through_every_due_heartbeat_once, paging);
+async fn paging(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let mut want = HashSet::new();
+    for i in 0..25 {
+        let (_, first) = b.agent(&format!("a{i}"), "15m").await;
+        want.insert(first.id());
+    }
+    let mut seen = Vec::new();
+    for shard in 0..b.store.due_shards() {
+        let mut page = None;
+        loop {
+            let p = b.store.due(shard, b.now(), page, 3).await.unwrap();
+            assert!(p.ids.len() <= 3);
+            seen.extend(p.ids);
+            match p.next {
+                Some(n) => page = Some(n),
+                None => break,
+            }
+        }
+    }
+    assert_eq!(seen.len(), 25, "no heartbeat listed twice");
+    assert_eq!(seen.into_iter().collect::<HashSet<_>>(), want);
+}
+
+on_both_backends!(
+    imported_agents_are_stored_with_their_first_heartbeats_due,
+    import
+);
+async fn import(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let fleet: Vec<_> = (0..60)
+        .map(|i| {
+            pulse_shared::domain::NewAgent::named(format!("a{i}"))
+                .create(b.now())
+                .unwrap()
+        })
+        .collect();
+    b.store.import_agents(&fleet).await.unwrap();
+    // Idempotent: importing again changes nothing.
+    b.store.import_agents(&fleet).await.unwrap();
+    assert_eq!(b.store.list_agents().await.unwrap().len(), 60);
+    let due: HashSet<_> = all_due(&b).await.into_iter().collect();
+    assert_eq!(
+        due,
+        fleet.iter().map(|(_, h)| h.id()).collect::<HashSet<_>>()
+    );
+    let (agent, first) = &fleet[7];
+    assert_eq!(
+        b.store.get_agent(&agent.id).await.unwrap().as_ref(),
+        Some(agent)
+    );
+    assert_eq!(
+        b.store.get_heartbeat(&first.id()).await.unwrap().as_ref(),
+        Some(first)
+    );
+}

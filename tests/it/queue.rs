@@ -1,0 +1,215 @@
+//! The sessions queue's conformance suite: FIFO per group, the group lock, deduplication
+//! and redelivery, on SQS FIFO (moto) and on the embedded queue.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use jiff::SignedDuration;
+use pulse_shared::adapters::sqlite::{Db, SqliteQueue};
+use pulse_shared::domain::{
+    AgentId, EventCursor, Heartbeat, HeartbeatStatus, NewAgent, OutgoingTask, SessionId,
+    SessionTask, TaskEnvelope,
+};
+use pulse_shared::ports::{Clock, SessionQueue};
+use pulse_tests::{Backend, Kind, on_both_backends, test_clock};
+
+/// A task in `group` whose beat number tells messages apart.
+fn task(group: &str, beat: u64) -> OutgoingTask {
+    let (agent, _) = NewAgent::named("q")
+        .create(jiff::Timestamp::UNIX_EPOCH)
+        .unwrap();
+    let mut hb = Heartbeat::pending(
+        &agent,
+        beat,
+        jiff::Timestamp::UNIX_EPOCH,
+        EventCursor::origin(),
+        0,
+        None,
+        0,
+    );
+    hb.session = SessionId::parse(group).unwrap();
+    hb.status = HeartbeatStatus::Executing;
+    hb.claim = 1;
+    OutgoingTask::heartbeat(hb)
+}
+
+fn beat_of(body: &str) -> u64 {
+    match TaskEnvelope::decode(body).unwrap().task {
+        SessionTask::Heartbeat(j) => j.heartbeat.beat,
+    }
+}
+
+const VIS: Duration = Duration::from_secs(60);
+
+on_both_backends!(
+    messages_of_a_group_come_in_order_while_groups_interleave,
+    order
+);
+async fn order(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let tasks = vec![
+        task("a", 1),
+        task("b", 1),
+        task("a", 2),
+        task("b", 2),
+        task("a", 3),
+        task("c", 1),
+    ];
+    assert!(b.queue.send(&tasks).await.unwrap().failed.is_empty());
+    let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+    for _ in 0..20 {
+        let batch = b.queue.receive(10, VIS).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for d in batch {
+            seen.entry(d.group.clone())
+                .or_default()
+                .push(beat_of(&d.body));
+            b.queue.ack(&d.receipt).await.unwrap();
+        }
+    }
+    assert_eq!(seen["a"], vec![1, 2, 3]);
+    assert_eq!(seen["b"], vec![1, 2]);
+    assert_eq!(seen["c"], vec![1]);
+}
+
+on_both_backends!(
+    a_group_is_locked_while_one_of_its_messages_is_in_flight,
+    lock
+);
+async fn lock(kind: Kind) {
+    let b = Backend::new(kind).await;
+    b.queue.send(&[task("a", 1), task("a", 2)]).await.unwrap();
+    b.queue.send(&[task("b", 1)]).await.unwrap();
+    // Take a1 alone (one message per receive).
+    let first = loop {
+        let got = b.queue.receive(1, VIS).await.unwrap();
+        let d = got.into_iter().next().expect("a message");
+        if d.group == "a" {
+            break d;
+        }
+        b.queue.ack(&d.receipt).await.unwrap();
+    };
+    assert_eq!(beat_of(&first.body), 1);
+    // While a1 is in flight nothing more of group a is delivered; b is.
+    let mut others = Vec::new();
+    for _ in 0..3 {
+        for d in b.queue.receive(10, VIS).await.unwrap() {
+            others.push((d.group.clone(), beat_of(&d.body)));
+            b.queue.ack(&d.receipt).await.unwrap();
+        }
+    }
+    assert!(
+        others.iter().all(|(g, _)| g != "a"),
+        "group a leaked while locked: {others:?}"
+    );
+    b.queue.ack(&first.receipt).await.unwrap();
+    let next = b.queue.receive(10, VIS).await.unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!((next[0].group.as_str(), beat_of(&next[0].body)), ("a", 2));
+}
+
+on_both_backends!(a_repeated_deduplication_id_is_not_delivered_twice, dedup);
+async fn dedup(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let t = task("a", 7);
+    b.queue.send(std::slice::from_ref(&t)).await.unwrap();
+    b.queue.send(std::slice::from_ref(&t)).await.unwrap();
+    let got = b.queue.receive(10, VIS).await.unwrap();
+    assert_eq!(got.len(), 1);
+    b.queue.ack(&got[0].receipt).await.unwrap();
+    assert!(b.queue.receive(10, VIS).await.unwrap().is_empty());
+}
+
+on_both_backends!(
+    a_released_message_comes_back_first_with_its_receive_count,
+    release
+);
+async fn release(kind: Kind) {
+    let b = Backend::new(kind).await;
+    b.queue.send(&[task("a", 1), task("a", 2)]).await.unwrap();
+    let got = b.queue.receive(1, VIS).await.unwrap();
+    assert_eq!(got[0].receive_count, 1);
+    b.queue
+        .release(&got[0].receipt, Duration::ZERO)
+        .await
+        .unwrap();
+    let again = b.queue.receive(10, VIS).await.unwrap();
+    assert_eq!(beat_of(&again[0].body), 1);
+    assert_eq!(again[0].receive_count, 2);
+    assert_eq!(again[0].message_id, got[0].message_id);
+}
+
+/// The embedded queue's own timing (SQS's is AWS's): with the injected clock.
+#[tokio::test]
+async fn an_unacknowledged_embedded_message_reappears_after_its_visibility_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = test_clock();
+    let q = SqliteQueue::new(
+        Db::open(&dir.path().join("q.db")).unwrap(),
+        clock.clone() as std::sync::Arc<dyn Clock>,
+    );
+    q.send(&[task("a", 1), task("a", 2)]).await.unwrap();
+    let first = q.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        first.len(),
+        2,
+        "both messages of the group come in one batch, in order"
+    );
+    clock.advance(SignedDuration::from_secs(29));
+    assert!(
+        q.receive(10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    clock.advance(SignedDuration::from_secs(2));
+    let again = q.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        again.iter().map(|d| beat_of(&d.body)).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    // The old receipt no longer deletes anything.
+    q.ack(&first[0].receipt).await.unwrap();
+    assert_eq!(q.depth().await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn an_embedded_message_received_too_often_is_dead_lettered_and_unblocks_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = test_clock();
+    let q = SqliteQueue::new(
+        Db::open(&dir.path().join("q.db")).unwrap(),
+        clock.clone() as std::sync::Arc<dyn Clock>,
+    )
+    .with_max_receives(2);
+    q.send(&[task("a", 1), task("a", 2)]).await.unwrap();
+    for _ in 0..2 {
+        let got = q.receive(1, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(beat_of(&got[0].body), 1);
+        clock.advance(SignedDuration::from_secs(11));
+    }
+    let got = q.receive(1, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(beat_of(&got[0].body), 2);
+    assert_eq!(q.dead_letters().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn the_embedded_dedup_window_is_five_minutes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = test_clock();
+    let q = SqliteQueue::new(
+        Db::open(&dir.path().join("q.db")).unwrap(),
+        clock.clone() as std::sync::Arc<dyn Clock>,
+    );
+    let t = task("a", 1);
+    q.send(std::slice::from_ref(&t)).await.unwrap();
+    clock.advance(SignedDuration::from_mins(4));
+    q.send(std::slice::from_ref(&t)).await.unwrap();
+    assert_eq!(q.depth().await.unwrap(), 1);
+    clock.advance(SignedDuration::from_mins(2));
+    q.send(std::slice::from_ref(&t)).await.unwrap();
+    assert_eq!(q.depth().await.unwrap(), 2);
+    let _ = AgentId::generate();
+}

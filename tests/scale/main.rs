@@ -1,0 +1,135 @@
+//! Tests at scale, in their own binary: cargo runs test binaries one after another, so
+//! these (which keep the emulator busy for a while) never slow the functional suite down.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use jiff::SignedDuration;
+use pulse_shared::domain::{HeartbeatId, HeartbeatStatus, NewAgent};
+use pulse_shared::engine::{EngineSettings, Sweeper};
+use pulse_tests::{Backend, Kind, on_both_backends, settings};
+
+on_both_backends!(
+    eight_concurrent_sweepers_claim_each_of_a_thousand_heartbeats_exactly_once,
+    concurrent_sweepers
+);
+async fn concurrent_sweepers(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let fleet: Vec<_> = (0..1000)
+        .map(|i| {
+            NewAgent::named(format!("agent-{i}"))
+                .create(b.now())
+                .unwrap()
+        })
+        .collect();
+    b.store.import_agents(&fleet).await.unwrap();
+    let now = b.now();
+    let sweeps: Vec<_> = (0..8)
+        .map(|_| {
+            // Each sweeper has its own connection, as separate Lambda instances would.
+            let (store, queue) = b.connect_again();
+            // 8 × 4 claims in flight still race on every heartbeat; more would only
+            // overflow the single-process emulator's connection backlog.
+            let s = EngineSettings {
+                claim_concurrency: 4,
+                ..settings()
+            };
+            tokio::spawn(async move { Sweeper::new(store, queue, s).sweep_once(now).await })
+        })
+        .collect();
+    let mut claimed = 0;
+    let mut queued = 0;
+    for s in sweeps {
+        let r = s.await.unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        claimed += r.claimed;
+        queued += r.queued;
+    }
+    assert_eq!(
+        claimed, 1000,
+        "the sweepers' wins add up to one per heartbeat"
+    );
+    assert_eq!(queued, 1000);
+    assert_eq!(b.queued_messages().await, 1000);
+    // Each heartbeat was claimed once: a second claim would have raised its claim number.
+    for (_, first) in &fleet {
+        let hb = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+        assert_eq!(
+            (hb.status, hb.claim),
+            (HeartbeatStatus::Executing, 1),
+            "{}",
+            first.id()
+        );
+    }
+    // A later sweep finds nothing: all are leased.
+    assert_eq!(b.sweeper(settings()).sweep_once(b.now()).await.claimed, 0);
+}
+
+/// Requests per heartbeat cycle on AWS, counted by operation: the cost a user prices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transaction() {
+    let b = Backend::new(Kind::Aws).await;
+    let n = 200;
+    let fleet: Vec<_> = (0..n)
+        .map(|i| NewAgent::named(format!("a{i}")).create(b.now()).unwrap())
+        .collect();
+    b.store.import_agents(&fleet).await.unwrap();
+    b.advance(SignedDuration::from_secs(5));
+    let counter = b.aws.as_ref().unwrap().counter.clone();
+    let per = |ops: &BTreeMap<String, u64>, k: &str| *ops.get(k).unwrap_or(&0) as f64 / n as f64;
+
+    counter.reset();
+    let report = b.sweeper(settings()).sweep_once(b.now()).await;
+    assert_eq!(report.claimed, n);
+    let sweep = counter.snapshot();
+    assert_eq!(
+        per(&sweep, "DynamoDB.UpdateItem"),
+        1.0,
+        "one claim each: {sweep:?}"
+    );
+    assert!(
+        per(&sweep, "DynamoDB.Query") <= 0.1,
+        "due-index queries amortised: {sweep:?}"
+    );
+    assert!(
+        per(&sweep, "SQS.SendMessageBatch") <= 0.1,
+        "sends amortised: {sweep:?}"
+    );
+
+    let mut jobs = Vec::new();
+    loop {
+        let batch = b.queue.receive(10, Duration::from_secs(300)).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        jobs.extend(batch);
+    }
+    assert_eq!(jobs.len(), n);
+    let worker = b.worker(EngineSettings {
+        registry_ttl: SignedDuration::from_mins(1),
+        ..settings()
+    });
+    counter.reset();
+    let outcome = worker.process_batch(&jobs).await;
+    assert!(outcome.failed.is_empty());
+    let run = counter.snapshot();
+    // One window read each, plus one registry read shared by the whole batch.
+    assert_eq!(
+        run.get("DynamoDB.Query").copied(),
+        Some(n as u64 + 1),
+        "{run:?}"
+    );
+    assert_eq!(
+        per(&run, "DynamoDB.TransactWriteItems"),
+        1.0,
+        "one completion each: {run:?}"
+    );
+    assert_eq!(run.len(), 2, "nothing else: {run:?}");
+    let done: HashSet<HeartbeatId> = fleet.iter().map(|(_, h)| h.id()).collect();
+    for id in done {
+        assert_eq!(
+            b.store.get_heartbeat(&id).await.unwrap().unwrap().status,
+            HeartbeatStatus::Completed
+        );
+    }
+}
