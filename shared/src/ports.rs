@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
@@ -140,6 +141,22 @@ pub trait HeartbeatStore: Send + Sync {
         id: &HeartbeatId,
         req: &ClaimRequest,
     ) -> Result<Option<Heartbeat>, StoreError>;
+    /// Claims several heartbeats, as `claim` each; results in the order of `ids`. Backends
+    /// with cheap local transactions claim a whole page in one; the default makes up to
+    /// `concurrency` single claims at once (right for DynamoDB, which has no batch
+    /// conditional update).
+    async fn claim_many(
+        &self,
+        ids: &[HeartbeatId],
+        req: &ClaimRequest,
+        concurrency: usize,
+    ) -> Vec<Result<Option<Heartbeat>, StoreError>> {
+        futures::stream::iter(ids.to_vec())
+            .map(|id| async move { self.claim(&id, req).await })
+            .buffered(concurrency.max(1))
+            .collect()
+            .await
+    }
     /// Finishes a heartbeat, schedules the next one and writes the HEARTBEAT event, in one
     /// atomic write conditional on the heartbeat still being EXECUTING under this claim.
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;

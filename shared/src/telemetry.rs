@@ -2,6 +2,8 @@
 //! The filter comes from `RUST_LOG` (default `info`). Every line of a heartbeat carries
 //! its span's `agent_id` and `heartbeat_id`.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// How log lines look.
@@ -27,6 +29,7 @@ pub fn init(format: LogFormat) {
             .try_init(),
         LogFormat::Text => builder
             .with_target(false)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .try_init(),
     };

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::EngineSettings;
 use super::schedule::next_run;
@@ -120,7 +120,7 @@ impl HeartbeatRunner {
                 hb.id()
             )));
         };
-        info!(claim = hb.claim, window_start = %hb.window_start, window_end = %window_end, "heartbeat started");
+        debug!(claim = hb.claim, window_start = %hb.window_start, window_end = %window_end, "heartbeat started");
         let window = match self
             .store
             .read_window(

@@ -10,7 +10,7 @@ use tracing::{debug, info};
 
 use super::EngineSettings;
 use crate::domain::{ClaimRequest, EventCursor, Heartbeat, HeartbeatId, OutgoingTask};
-use crate::error::{StoreError, chain};
+use crate::error::chain;
 use crate::ports::{SessionQueue, Store};
 
 /// What one sweep did.
@@ -139,11 +139,19 @@ impl Sweeper {
 
     async fn claim_all(
         &self,
-        ids: Vec<HeartbeatId>,
+        mut ids: Vec<HeartbeatId>,
         now: Timestamp,
         budget: &AtomicUsize,
         report: &mut SweepReport,
     ) -> Vec<Heartbeat> {
+        // Reserve budget for this page; what is not claimed is given back.
+        let reserved = budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b - b.min(ids.len()))
+            })
+            .map_or(0, |before| before.min(ids.len()));
+        report.skipped += ids.len() - reserved;
+        ids.truncate(reserved);
         let req = ClaimRequest {
             now,
             lease: self.settings.lease,
@@ -152,13 +160,12 @@ impl Sweeper {
                     .unwrap_or(now),
             ),
         };
-        let results: Vec<(HeartbeatId, Result<Option<Heartbeat>, StoreError>)> = stream::iter(ids)
-            .map(|id| self.claim_one(id, &req, budget))
-            .buffer_unordered(self.settings.claim_concurrency.max(1))
-            .collect()
+        let results = self
+            .store
+            .claim_many(&ids, &req, self.settings.claim_concurrency)
             .await;
         let mut claimed = Vec::new();
-        for (id, r) in results {
+        for (id, r) in ids.into_iter().zip(results) {
             match r {
                 Ok(Some(hb)) => {
                     debug!(heartbeat_id = %id, claim = hb.claim, "claimed");
@@ -168,28 +175,8 @@ impl Sweeper {
                 Err(e) => report.errors.push(format!("claim of {id}: {}", chain(&e))),
             }
         }
+        budget.fetch_add(reserved - claimed.len(), Ordering::Relaxed);
         claimed
-    }
-
-    async fn claim_one(
-        &self,
-        id: HeartbeatId,
-        req: &ClaimRequest,
-        budget: &AtomicUsize,
-    ) -> (HeartbeatId, Result<Option<Heartbeat>, StoreError>) {
-        // Stop claiming once the sweep's budget is spent; give the unit back if the claim
-        // did not happen.
-        if budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
-            .is_err()
-        {
-            return (id, Ok(None));
-        }
-        let r = self.store.claim(&id, req).await;
-        if !matches!(r, Ok(Some(_))) {
-            budget.fetch_add(1, Ordering::Relaxed);
-        }
-        (id, r)
     }
 
     async fn queue_jobs(&self, claimed: Vec<Heartbeat>, report: &mut SweepReport) {

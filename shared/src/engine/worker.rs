@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use tracing::{Instrument, error, info_span};
+use tracing::error;
 
 use super::heartbeat::HeartbeatRunner;
 use crate::domain::{Delivery, SessionTask, TaskEnvelope};
@@ -75,9 +75,14 @@ impl Worker {
                 failed.push(d.message_id.clone());
                 continue;
             }
-            let span = info_span!("task", message_id = %d.message_id, group = %d.group, receive_count = d.receive_count);
-            if let Err(why) = self.run_one(d).instrument(span.clone()).await {
-                span.in_scope(|| error!(error = %why, "task failed; it and the rest of its group will be delivered again"));
+            if let Err(why) = self.run_one(d).await {
+                error!(
+                    message_id = %d.message_id,
+                    group = %d.group,
+                    receive_count = d.receive_count,
+                    error = %why,
+                    "task failed; it and the rest of its group will be delivered again"
+                );
                 failed.push(d.message_id.clone());
             }
         }

@@ -101,11 +101,14 @@ CREATE TABLE queue_messages (
     receive_count  INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX queue_by_group ON queue_messages (group_id, seq);
+-- Finds messages that used up their receives without scanning the queue.
+CREATE INDEX queue_by_receives ON queue_messages (receive_count, visible_ms);
 
 CREATE TABLE queue_dedup (
     dedup_id  TEXT PRIMARY KEY,
     sent_ms   INTEGER NOT NULL
 );
+CREATE INDEX queue_dedup_by_age ON queue_dedup (sent_ms);
 
 CREATE TABLE queue_dead (
     seq            INTEGER PRIMARY KEY,

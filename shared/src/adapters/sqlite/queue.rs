@@ -157,7 +157,10 @@ impl SessionQueue for SqliteQueue {
                 };
                 let mut out = Vec::with_capacity(picked.len());
                 for (seq, message_id, group, body, count) in picked {
-                    let receipt = Ulid::new().to_string();
+                    // The receipt leads with the sequence number, so acks and releases
+                    // find the message by its key; the random part makes stale receipts
+                    // (from an earlier delivery of the same message) match nothing.
+                    let receipt = format!("{seq}.{}", Ulid::new());
                     tx.execute(
                         "UPDATE queue_messages SET receipt = ?2, visible_ms = ?3, receive_count = receive_count + 1 \
                          WHERE seq = ?1",
@@ -179,13 +182,19 @@ impl SessionQueue for SqliteQueue {
     }
 
     async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+        let Some(seq) = receipt_seq(receipt) else {
+            return Ok(());
+        };
         let receipt = receipt.to_owned();
         self.db
             .call("delete from queue", move |conn| {
                 // A stale receipt (the message was delivered again since) deletes nothing,
                 // as with SQS: the newer delivery owns the message.
-                conn.execute("DELETE FROM queue_messages WHERE receipt = ?1", [receipt])
-                    .map_err(sqlite_err("delete from queue"))?;
+                conn.execute(
+                    "DELETE FROM queue_messages WHERE seq = ?1 AND receipt = ?2",
+                    params![seq, receipt],
+                )
+                .map_err(sqlite_err("delete from queue"))?;
                 Ok(())
             })
             .await
@@ -198,15 +207,23 @@ impl SessionQueue for SqliteQueue {
             now.saturating_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
                 .unwrap_or(now),
         );
+        let Some(seq) = receipt_seq(&receipt) else {
+            return Ok(());
+        };
         self.db
             .call("release queue message", move |conn| {
                 conn.execute(
-                    "UPDATE queue_messages SET visible_ms = ?2 WHERE receipt = ?1",
-                    params![receipt, at],
+                    "UPDATE queue_messages SET visible_ms = ?3 WHERE seq = ?1 AND receipt = ?2",
+                    params![seq, receipt, at],
                 )
                 .map_err(sqlite_err("release queue message"))?;
                 Ok(())
             })
             .await
     }
+}
+
+/// The sequence number a receipt starts with; `None` for anything this queue did not issue.
+fn receipt_seq(receipt: &str) -> Option<i64> {
+    receipt.split_once('.')?.0.parse().ok()
 }

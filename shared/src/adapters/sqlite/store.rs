@@ -334,29 +334,78 @@ impl HeartbeatStore for SqliteStore {
         id: &HeartbeatId,
         req: &ClaimRequest,
     ) -> Result<Option<Heartbeat>, StoreError> {
-        let (id, req) = (id.clone(), req.clone());
-        self.db
-            .call("claim heartbeat", move |conn| {
+        self.claim_many(std::slice::from_ref(id), req, 1)
+            .await
+            .pop()
+            .unwrap_or(Ok(None))
+    }
+
+    async fn claim_many(
+        &self,
+        ids: &[HeartbeatId],
+        req: &ClaimRequest,
+        _concurrency: usize,
+    ) -> Vec<Result<Option<Heartbeat>, StoreError>> {
+        let (owned, req) = (ids.to_vec(), req.clone());
+        // One transaction for the page: each UPDATE is still conditional on its row, so
+        // concurrent sweepers (other connections) still claim each heartbeat once.
+        let result = self
+            .db
+            .call("claim heartbeats", move |conn| {
+                let op = sqlite_err("claim heartbeats");
                 let now = to_ms(req.now);
                 let lease = to_ms(req.now.saturating_add(req.lease).unwrap_or(req.now));
-                let mut stmt = conn
-                    .prepare_cached(&format!(
-                        "UPDATE heartbeats SET status = 'EXECUTING', claim = claim + 1, lease_ms = ?3, due_ms = ?3, \
-                             started_ms = COALESCE(started_ms, ?4), window_end = COALESCE(window_end, ?5) \
-                         WHERE agent_id = ?1 AND beat = ?2 AND \
-                             ((status = 'PENDING' AND scheduled_ms <= ?4) OR (status = 'EXECUTING' AND lease_ms <= ?4)) \
-                         RETURNING {HB_COLS}"
-                    ))
-                    .map_err(sqlite_err("claim heartbeat"))?;
-                stmt.query_row(
-                    params![id.agent().as_str(), id.beat() as i64, lease, now, req.window_end.as_str()],
-                    heartbeat_row,
-                )
-                .optional()
-                .map_err(sqlite_err("claim heartbeat"))?
-                .transpose()
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                let mut out = Vec::with_capacity(owned.len());
+                {
+                    let mut stmt = tx
+                        .prepare_cached(&format!(
+                            "UPDATE heartbeats SET status = 'EXECUTING', claim = claim + 1, lease_ms = ?3, due_ms = ?3, \
+                                 started_ms = COALESCE(started_ms, ?4), window_end = COALESCE(window_end, ?5) \
+                             WHERE agent_id = ?1 AND beat = ?2 AND \
+                                 ((status = 'PENDING' AND scheduled_ms <= ?4) OR (status = 'EXECUTING' AND lease_ms <= ?4)) \
+                             RETURNING {HB_COLS}"
+                        ))
+                        .map_err(&op)?;
+                    for id in &owned {
+                        let claimed = stmt
+                            .query_row(
+                                params![
+                                    id.agent().as_str(),
+                                    id.beat() as i64,
+                                    lease,
+                                    now,
+                                    req.window_end.as_str()
+                                ],
+                                heartbeat_row,
+                            )
+                            .optional()
+                            .map_err(&op)?
+                            .transpose();
+                        out.push(claimed);
+                    }
+                }
+                tx.commit().map_err(&op)?;
+                Ok(out)
             })
-            .await
+            .await;
+        match result {
+            Ok(out) => out,
+            Err(e) => {
+                let why = crate::error::chain(&e);
+                ids.iter()
+                    .map(|_| {
+                        Err(StoreError::backend(
+                            "sqlite",
+                            "claim heartbeats",
+                            why.clone(),
+                        ))
+                    })
+                    .collect()
+            }
+        }
     }
 
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError> {

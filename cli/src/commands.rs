@@ -1,0 +1,547 @@
+//! The admin verbs. Each command is first turned into a [`Plan`] — every input parsed and
+//! validated — and only then is the backend opened, so bad input writes nothing (not even
+//! a new database file).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulse_shared::adapters::{Connected, connect};
+use pulse_shared::config::{Backend, Config, Env};
+use pulse_shared::domain::{
+    ActiveHours, AgentId, EventType, Filter, Interval, NewAgent, NewEvent, Subscription,
+    SubscriptionId, TimeZoneName, Tool, ToolName, parse_duration,
+};
+use pulse_shared::error::{StoreError, ValidationError};
+use pulse_shared::ports::{Clock, SystemClock};
+use pulse_shared::telemetry::{self, LogFormat};
+use serde_json::Value;
+
+use crate::output::{Out, short, when};
+use crate::{
+    ActionsCmd, AgentsCmd, BenchCmd, Cli, Command, EventsCmd, Failure, HeartbeatsCmd,
+    SubscriptionsCmd, ToolsCmd, bench, serve,
+};
+
+/// A validated command.
+enum Plan {
+    Serve { tick: Duration },
+    Sweep,
+    CreateAgent(NewAgent),
+    ListAgents,
+    ShowAgent(AgentId),
+    Emit { agent: AgentId, event: NewEvent },
+    ListEvents { agent: AgentId, limit: usize },
+    ListHeartbeats { agent: AgentId, limit: usize },
+    ListActions { agent: AgentId, limit: usize },
+    AddTool(Tool),
+    ListTools,
+    SetTool { name: ToolName, active: bool },
+    AddSubscription(Subscription),
+    ListSubscriptions,
+    SetSubscription { id: SubscriptionId, active: bool },
+}
+
+impl Plan {
+    /// Whether the command may create the database.
+    fn writes(&self) -> bool {
+        matches!(
+            self,
+            Plan::Serve { .. }
+                | Plan::Sweep
+                | Plan::CreateAgent(_)
+                | Plan::Emit { .. }
+                | Plan::AddTool(_)
+                | Plan::SetTool { .. }
+                | Plan::AddSubscription(_)
+                | Plan::SetSubscription { .. }
+        )
+    }
+}
+
+fn input(e: ValidationError) -> Failure {
+    Failure::Input(e.to_string())
+}
+
+fn json_arg(what: &str, s: &str) -> Result<Value, Failure> {
+    serde_json::from_str(s).map_err(|e| {
+        Failure::Input(format!(
+            "invalid {what}: {e}; give a JSON value, e.g. '{{\"key\": 1}}'"
+        ))
+    })
+}
+
+fn limit(n: usize) -> Result<usize, Failure> {
+    if (1..=10_000).contains(&n) {
+        Ok(n)
+    } else {
+        Err(Failure::Input(format!("invalid limit {n}: use 1 to 10000")))
+    }
+}
+
+fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
+    Ok(match command {
+        Command::Serve(a) => {
+            let tick = parse_duration("tick", &a.tick).map_err(input)?;
+            if tick < jiff::SignedDuration::from_millis(100) {
+                return Err(Failure::Input("invalid tick: use at least 100ms".into()));
+            }
+            Plan::Serve {
+                tick: tick.unsigned_abs(),
+            }
+        }
+        Command::Sweep => Plan::Sweep,
+        Command::Agents(AgentsCmd::Create(a)) => {
+            let mut new = NewAgent::named(a.name);
+            new.interval = a.interval.parse::<Interval>().map_err(input)?;
+            new.active_hours = a
+                .active_hours
+                .as_deref()
+                .map(str::parse::<ActiveHours>)
+                .transpose()
+                .map_err(input)?;
+            new.timezone = TimeZoneName::parse(&a.timezone).map_err(input)?;
+            new.instructions = a.instructions;
+            new.persona = a.persona;
+            new.alias = a.alias;
+            // Validate the name now, so a bad one is reported before anything is opened.
+            new.clone().create(now).map_err(input)?;
+            Plan::CreateAgent(new)
+        }
+        Command::Agents(AgentsCmd::List) => Plan::ListAgents,
+        Command::Agents(AgentsCmd::Show { id }) => {
+            Plan::ShowAgent(AgentId::parse(&id).map_err(input)?)
+        }
+        Command::Events(EventsCmd::Emit {
+            agent,
+            event_type,
+            payload,
+            priority,
+        }) => Plan::Emit {
+            agent: AgentId::parse(&agent).map_err(input)?,
+            event: NewEvent::new(&event_type, json_arg("payload", &payload)?, priority)
+                .map_err(input)?,
+        },
+        Command::Events(EventsCmd::List { agent, limit: n }) => Plan::ListEvents {
+            agent: AgentId::parse(&agent).map_err(input)?,
+            limit: limit(n)?,
+        },
+        Command::Heartbeats(HeartbeatsCmd::List { agent, limit: n }) => Plan::ListHeartbeats {
+            agent: AgentId::parse(&agent).map_err(input)?,
+            limit: limit(n)?,
+        },
+        Command::Actions(ActionsCmd::List { agent, limit: n }) => Plan::ListActions {
+            agent: AgentId::parse(&agent).map_err(input)?,
+            limit: limit(n)?,
+        },
+        Command::Tools(ToolsCmd::Add {
+            name,
+            url,
+            timeout,
+            config,
+            description,
+        }) => {
+            let timeout = parse_duration("tool timeout", &timeout).map_err(input)?;
+            if timeout.is_negative() {
+                return Err(Failure::Input(
+                    "invalid tool timeout: it is negative".into(),
+                ));
+            }
+            let mut tool = Tool::http(
+                ToolName::parse(&name).map_err(input)?,
+                &url,
+                timeout.unsigned_abs(),
+                now,
+            )
+            .map_err(input)?;
+            tool.config = config
+                .as_deref()
+                .map(|c| json_arg("config", c))
+                .transpose()?
+                .unwrap_or(Value::Null);
+            tool.description = description;
+            Plan::AddTool(tool)
+        }
+        Command::Tools(ToolsCmd::List) => Plan::ListTools,
+        Command::Tools(ToolsCmd::Enable { name }) => Plan::SetTool {
+            name: ToolName::parse(&name).map_err(input)?,
+            active: true,
+        },
+        Command::Tools(ToolsCmd::Disable { name }) => Plan::SetTool {
+            name: ToolName::parse(&name).map_err(input)?,
+            active: false,
+        },
+        Command::Subscriptions(SubscriptionsCmd::Add {
+            tool,
+            event,
+            order,
+            filter,
+            agent,
+        }) => {
+            let tool = ToolName::parse(&tool).map_err(input)?;
+            let event_type = EventType::parse(&event).map_err(input)?;
+            let agent = agent
+                .as_deref()
+                .map(AgentId::parse)
+                .transpose()
+                .map_err(input)?;
+            let filter = filter
+                .as_deref()
+                .map(Filter::parse)
+                .transpose()
+                .map_err(input)?
+                .unwrap_or_default();
+            Plan::AddSubscription(Subscription {
+                id: SubscriptionId::for_route(&tool, &event_type, agent.as_ref()),
+                tool,
+                event_type,
+                agent_id: agent,
+                filter,
+                order,
+                active: true,
+                created_at: now,
+            })
+        }
+        Command::Subscriptions(SubscriptionsCmd::List) => Plan::ListSubscriptions,
+        Command::Subscriptions(SubscriptionsCmd::Enable { id }) => Plan::SetSubscription {
+            id: SubscriptionId::parse(&id).map_err(input)?,
+            active: true,
+        },
+        Command::Subscriptions(SubscriptionsCmd::Disable { id }) => Plan::SetSubscription {
+            id: SubscriptionId::parse(&id).map_err(input)?,
+            active: false,
+        },
+        Command::Bench(_) => unreachable!("benchmarks are dispatched before planning"),
+    })
+}
+
+/// A record the user named does not exist, or already exists: the input was wrong.
+fn store(e: StoreError) -> Failure {
+    match e {
+        StoreError::NotFound(what) => Failure::Input(format!("{what} not found")),
+        StoreError::AlreadyExists(what) => Failure::Input(format!("{what} already exists")),
+        other => Failure::Runtime(other.into()),
+    }
+}
+
+/// Parses, validates, connects, runs.
+pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
+    let out = Out::new(cli.json);
+    if let Command::Bench(BenchCmd::Sweep {
+        heartbeats,
+        aws_endpoint,
+    }) = cli.command
+    {
+        return bench::sweep(heartbeats, aws_endpoint, &out).await;
+    }
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let plan = plan(cli.command, clock.now())?;
+    let config = Env::process()
+        .config(cli.db)
+        .map_err(|e| Failure::Input(format!("configuration: {e}")))?;
+    if let Backend::Sqlite { path } = &config.backend
+        && !plan.writes()
+        && !path.exists()
+    {
+        return Err(Failure::Input(format!(
+            "there is no Pulse database at {}; create an agent first, or point --db (PULSE_DB) at one",
+            path.display()
+        )));
+    }
+    if matches!(plan, Plan::Serve { .. } | Plan::Sweep) {
+        telemetry::init(LogFormat::Text);
+    }
+    let backend = connect(&config, clock.clone()).await?;
+    execute(plan, &config, &backend, clock, &out).await
+}
+
+async fn require_agent(
+    b: &Connected,
+    id: &AgentId,
+) -> Result<pulse_shared::domain::Agent, Failure> {
+    b.store.get_agent(id).await?.ok_or_else(|| {
+        Failure::Input(format!(
+            "agent {id} not found; `pulse agents list` shows the agents"
+        ))
+    })
+}
+
+async fn execute(
+    plan: Plan,
+    config: &Config,
+    b: &Connected,
+    clock: Arc<dyn Clock>,
+    out: &Out,
+) -> Result<(), Failure> {
+    match plan {
+        Plan::Serve { tick } => serve::serve(config, b, clock, tick).await,
+        Plan::Sweep => serve::sweep_and_drain(config, b, clock, out).await,
+        Plan::CreateAgent(new) => {
+            let (agent, first) = new.create(clock.now()).map_err(input)?;
+            b.store.create_agent(&agent, &first).await.map_err(store)?;
+            out.created(
+                &agent,
+                agent.id.as_str(),
+                &format!(
+                    "created agent {} ({}); its first heartbeat is due now",
+                    agent.name, agent.id
+                ),
+            );
+            Ok(())
+        }
+        Plan::ListAgents => {
+            let agents = b.store.list_agents().await?;
+            out.table(
+                &agents,
+                &["ID", "NAME", "INTERVAL", "ACTIVE HOURS", "TZ", "CREATED"],
+                |a| {
+                    vec![
+                        a.id.to_string(),
+                        a.name.clone(),
+                        a.interval.to_string(),
+                        a.active_hours.map_or("always".into(), |h| h.to_string()),
+                        a.timezone.to_string(),
+                        when(Some(a.created_at)),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        Plan::ShowAgent(id) => {
+            let agent = require_agent(b, &id).await?;
+            let recent = b.store.list_heartbeats(&id, 5).await?;
+            if out.json {
+                out.json_value(&serde_json::json!({ "agent": agent, "heartbeats": recent }));
+                return Ok(());
+            }
+            let field = |k: &str, v: String| println!("{k:<18}{v}");
+            field("id", agent.id.to_string());
+            field("name", agent.name.clone());
+            if let Some(a) = &agent.alias {
+                field("alias", a.clone());
+            }
+            field("interval", agent.interval.to_string());
+            field(
+                "active hours",
+                agent
+                    .active_hours
+                    .map_or("always".into(), |h| h.to_string()),
+            );
+            field("time zone", agent.timezone.to_string());
+            field("session", agent.session.to_string());
+            field("created", when(Some(agent.created_at)));
+            field("last interaction", when(agent.last_interaction_at));
+            if let Some(i) = &agent.instructions {
+                field("instructions", short(i, 200));
+            }
+            if let Some(p) = &agent.persona {
+                field("persona", short(p, 200));
+            }
+            println!();
+            heartbeat_table(out, &recent);
+            Ok(())
+        }
+        Plan::Emit { agent, event } => {
+            require_agent(b, &agent).await?;
+            let event = event.into_event(agent, "cli", clock.now());
+            b.store.append(&event).await?;
+            out.created(
+                &event,
+                event.id.as_str(),
+                &format!(
+                    "emitted {} {}; the next heartbeat processes it",
+                    event.event_type, event.id
+                ),
+            );
+            Ok(())
+        }
+        Plan::ListEvents { agent, limit } => {
+            require_agent(b, &agent).await?;
+            let events = b.store.list_events(&agent, limit).await?;
+            out.table(
+                &events,
+                &[
+                    "ID", "TYPE", "PRIO", "SOURCE", "CREATED", "PARENT", "PAYLOAD",
+                ],
+                |e| {
+                    let mut source = e.source.clone();
+                    if let Some(c) = &e.cascade {
+                        source = format!(
+                            "{source} (depth {}{})",
+                            c.depth,
+                            if c.capped { ", capped" } else { "" }
+                        );
+                    }
+                    vec![
+                        e.id.to_string(),
+                        e.event_type.to_string(),
+                        e.priority.to_string(),
+                        source,
+                        when(Some(e.created_at)),
+                        e.parent_id.as_ref().map_or("-".into(), |p| p.to_string()),
+                        short(&e.payload.to_string(), 60),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        Plan::ListHeartbeats { agent, limit } => {
+            require_agent(b, &agent).await?;
+            let hbs = b.store.list_heartbeats(&agent, limit).await?;
+            heartbeat_table(out, &hbs);
+            Ok(())
+        }
+        Plan::ListActions { agent, limit } => {
+            require_agent(b, &agent).await?;
+            let actions = b.store.list_actions(&agent, limit).await?;
+            out.table(
+                &actions,
+                &[
+                    "ID", "TOOL", "EVENT", "BEAT", "STATUS", "TRY", "MS", "ERROR",
+                ],
+                |a| {
+                    vec![
+                        a.id.to_string(),
+                        a.tool.to_string(),
+                        a.event_id.to_string(),
+                        a.heartbeat_id.beat().to_string(),
+                        format!("{:?}", a.status).to_uppercase(),
+                        a.attempt.to_string(),
+                        a.duration_ms.map_or("-".into(), |d| d.to_string()),
+                        a.error.as_deref().map_or("-".into(), |e| short(e, 80)),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        Plan::AddTool(tool) => {
+            b.store.add_tool(&tool).await.map_err(store)?;
+            out.created(
+                &tool,
+                tool.name.as_str(),
+                &format!("registered tool {}", tool.name),
+            );
+            Ok(())
+        }
+        Plan::ListTools => {
+            let mut tools = b.store.load_registry().await?.tools;
+            tools.sort_by(|a, b| a.name.cmp(&b.name));
+            out.table(
+                &tools,
+                &["NAME", "ACTIVE", "KIND", "URL", "TIMEOUT", "DESCRIPTION"],
+                |t| {
+                    let (kind, url, timeout) = match &t.kind {
+                        pulse_shared::domain::ToolKind::Http { url, timeout_ms } => {
+                            ("http", url.to_string(), format!("{timeout_ms}ms"))
+                        }
+                    };
+                    vec![
+                        t.name.to_string(),
+                        yes_no(t.active),
+                        kind.into(),
+                        url,
+                        timeout,
+                        t.description.clone().unwrap_or_else(|| "-".into()),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        Plan::SetTool { name, active } => {
+            b.store
+                .set_tool_active(&name, active)
+                .await
+                .map_err(store)?;
+            out.done(&format!(
+                "tool {name} {}",
+                if active { "enabled" } else { "disabled" }
+            ));
+            Ok(())
+        }
+        Plan::AddSubscription(sub) => {
+            let registry = b.store.load_registry().await?;
+            if !registry.tools.iter().any(|t| t.name == sub.tool) {
+                return Err(Failure::Input(format!(
+                    "tool {} is not registered; add it first with `pulse tools add`",
+                    sub.tool
+                )));
+            }
+            if let Some(agent) = &sub.agent_id {
+                require_agent(b, agent).await?;
+            }
+            b.store.add_subscription(&sub).await.map_err(store)?;
+            out.created(
+                &sub,
+                sub.id.as_str(),
+                &format!("subscribed {} to {} ({})", sub.tool, sub.event_type, sub.id),
+            );
+            Ok(())
+        }
+        Plan::ListSubscriptions => {
+            let mut subs = b.store.load_registry().await?.subscriptions;
+            subs.sort_by(|a, b| {
+                (&a.event_type, a.order, &a.tool).cmp(&(&b.event_type, b.order, &b.tool))
+            });
+            out.table(
+                &subs,
+                &["ID", "EVENT", "TOOL", "ORDER", "ACTIVE", "AGENT", "FILTER"],
+                |s| {
+                    vec![
+                        s.id.to_string(),
+                        s.event_type.to_string(),
+                        s.tool.to_string(),
+                        s.order.to_string(),
+                        yes_no(s.active),
+                        s.agent_id.as_ref().map_or("all".into(), |a| a.to_string()),
+                        serde_json::to_string(&s.filter).unwrap_or_default(),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        Plan::SetSubscription { id, active } => {
+            b.store
+                .set_subscription_active(&id, active)
+                .await
+                .map_err(store)?;
+            out.done(&format!(
+                "subscription {id} {}",
+                if active { "enabled" } else { "disabled" }
+            ));
+            Ok(())
+        }
+    }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
+}
+
+fn heartbeat_table(out: &Out, hbs: &[pulse_shared::domain::Heartbeat]) {
+    out.table(
+        hbs,
+        &[
+            "BEAT",
+            "STATUS",
+            "SCHEDULED",
+            "STARTED",
+            "COMPLETED",
+            "EVENTS",
+            "ACTIONS",
+            "FAILED",
+            "ERROR",
+        ],
+        |h| {
+            vec![
+                h.beat.to_string(),
+                h.status.as_str().to_owned(),
+                when(Some(h.scheduled_at)),
+                when(h.started_at),
+                when(h.completed_at),
+                h.events_processed.to_string(),
+                h.actions_triggered.to_string(),
+                h.actions_failed.to_string(),
+                h.error.as_deref().map_or("-".into(), |e| short(e, 60)),
+            ]
+        },
+    );
+}

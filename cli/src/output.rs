@@ -1,0 +1,100 @@
+//! Printing: aligned tables for people, JSON for programs (`--json`). Records go to
+//! stdout; messages meant for the person at the terminal go to stderr, so
+//! `ID=$(pulse agents create --name x)` captures just the id.
+
+use serde::Serialize;
+
+/// Where a command's results go.
+pub(crate) struct Out {
+    pub(crate) json: bool,
+}
+
+impl Out {
+    pub(crate) fn new(json: bool) -> Self {
+        Self { json }
+    }
+
+    /// A listing: a table, or a JSON array.
+    pub(crate) fn table<T: Serialize>(
+        &self,
+        rows: &[T],
+        headers: &[&str],
+        cells: impl Fn(&T) -> Vec<String>,
+    ) {
+        if self.json {
+            self.json_value(&rows);
+            return;
+        }
+        if rows.is_empty() {
+            eprintln!("(none)");
+            return;
+        }
+        let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
+        let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+        for row in &cells {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let line = |cols: Vec<&str>| {
+            let mut s = String::new();
+            for (i, (c, w)) in cols.iter().zip(&widths).enumerate() {
+                if i + 1 == cols.len() {
+                    s.push_str(c);
+                } else {
+                    s.push_str(&format!("{c:<w$}  "));
+                }
+            }
+            println!("{}", s.trim_end());
+        };
+        line(headers.to_vec());
+        for row in &cells {
+            line(row.iter().map(String::as_str).collect());
+        }
+    }
+
+    /// A created record: its id on stdout (or the record as JSON), a note on stderr.
+    pub(crate) fn created<T: Serialize>(&self, record: &T, id: &str, note: &str) {
+        if self.json {
+            self.json_value(record);
+        } else {
+            println!("{id}");
+            eprintln!("{note}");
+        }
+    }
+
+    /// A change with nothing to return.
+    pub(crate) fn done(&self, note: &str) {
+        if self.json {
+            self.json_value(&serde_json::json!({ "ok": true, "message": note }));
+        } else {
+            eprintln!("{note}");
+        }
+    }
+
+    pub(crate) fn json_value<T: Serialize + ?Sized>(&self, v: &T) {
+        match serde_json::to_string_pretty(v) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("error: cannot print JSON: {e}"),
+        }
+    }
+}
+
+/// A time to the second, in UTC; `-` when absent.
+pub(crate) fn when(t: Option<jiff::Timestamp>) -> String {
+    t.map_or("-".into(), |t| t.strftime("%Y-%m-%d %H:%M:%SZ").to_string())
+}
+
+/// At most `n` characters, with an ellipsis when cut.
+pub(crate) fn short(s: &str, n: usize) -> String {
+    let one_line = s.replace('\n', " ");
+    if one_line.chars().count() <= n {
+        one_line
+    } else {
+        one_line
+            .chars()
+            .take(n.saturating_sub(1))
+            .collect::<String>()
+            + "…"
+    }
+}

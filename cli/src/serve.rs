@@ -1,0 +1,158 @@
+//! `pulse serve` and `pulse sweep`: the engine's two steps (`sweep_once`, `poll_once`) in
+//! loops, on whichever backend the configuration names.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulse_shared::adapters::Connected;
+use pulse_shared::config::{Backend, Config};
+use pulse_shared::engine::{HeartbeatRunner, PollReport, Sweeper, Worker};
+use pulse_shared::error::chain;
+use pulse_shared::ports::Clock;
+use pulse_shared::tools::Tools;
+use tokio::sync::{Notify, watch};
+use tracing::{error, info, warn};
+
+use crate::Failure;
+use crate::output::Out;
+
+/// How long a received job stays hidden. The claim's lease (10 minutes by default) is
+/// longer, so a job that dies with its process comes back before its lease is reclaimed.
+const VISIBILITY: Duration = Duration::from_secs(300);
+
+fn engine(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> (Sweeper, Worker) {
+    let runner = HeartbeatRunner::new(
+        b.store.clone(),
+        Arc::new(Tools::new()),
+        clock,
+        config.engine.clone(),
+    );
+    (
+        Sweeper::new(b.store.clone(), b.queue.clone(), config.engine.clone()),
+        Worker::new(Arc::new(runner)),
+    )
+}
+
+fn describe(backend: &Backend) -> String {
+    match backend {
+        Backend::Sqlite { path } => format!("sqlite {}", path.display()),
+        Backend::Aws(a) => format!("aws table {} queue {}", a.table, a.sessions_queue_url),
+    }
+}
+
+/// Sweeps every `tick` and runs queued jobs as they come, until Ctrl-C or SIGTERM; the
+/// work in hand is finished before exiting.
+pub(crate) async fn serve(
+    config: &Config,
+    b: &Connected,
+    clock: Arc<dyn Clock>,
+    tick: Duration,
+) -> Result<(), Failure> {
+    let (sweeper, worker) = engine(config, b, clock.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let wake = Notify::new();
+    info!(backend = %describe(&config.backend), tick = ?tick, "pulse serve started; Ctrl-C stops it");
+
+    let sweeping = async {
+        let mut stop = stop_rx.clone();
+        let mut interval = tokio::time::interval(tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        while !*stop.borrow() {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = stop.changed() => break,
+            }
+            let report = sweeper.sweep_once(clock.now()).await;
+            for e in &report.errors {
+                warn!(error = %e, "sweep problem");
+            }
+            if report.queued > 0 {
+                wake.notify_one();
+            }
+        }
+    };
+    let working = async {
+        let mut stop = stop_rx.clone();
+        while !*stop.borrow() {
+            match worker.poll_once(b.queue.as_ref(), 10, VISIBILITY).await {
+                Ok(PollReport { received, .. }) if received > 0 => continue,
+                Ok(_) => {}
+                Err(e) => error!(error = %chain(&e), "cannot read the queue; retrying"),
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(tick) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    };
+    let signals = async {
+        shutdown_signal().await;
+        info!("stopping: finishing the work in hand");
+        let _ = stop_tx.send(true);
+    };
+    tokio::join!(sweeping, working, signals);
+    info!("pulse serve stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// One sweep, then every job that is ready now.
+pub(crate) async fn sweep_and_drain(
+    config: &Config,
+    b: &Connected,
+    clock: Arc<dyn Clock>,
+    out: &Out,
+) -> Result<(), Failure> {
+    let (sweeper, worker) = engine(config, b, clock.clone());
+    let report = sweeper.sweep_once(clock.now()).await;
+    let (mut ran, mut failed) = (0, 0);
+    loop {
+        let r = worker.poll_once(b.queue.as_ref(), 10, VISIBILITY).await?;
+        if r.received == 0 {
+            break;
+        }
+        ran += r.received;
+        failed += r.failed;
+    }
+    if out.json {
+        out.json_value(
+            &serde_json::json!({ "sweep": report, "jobs_run": ran, "jobs_failed": failed }),
+        );
+    } else {
+        eprintln!(
+            "swept: {} due, {} claimed, {} skipped; ran {ran} jobs ({failed} to retry)",
+            report.due, report.claimed, report.skipped
+        );
+    }
+    if report.errors.is_empty() && failed == 0 {
+        Ok(())
+    } else {
+        Err(Failure::Runtime(anyhow::anyhow!(
+            "the sweep met {} problems and {failed} jobs will be retried: {}",
+            report.errors.len(),
+            report.errors.join("; ")
+        )))
+    }
+}
