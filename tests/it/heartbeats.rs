@@ -32,19 +32,6 @@ async fn heartbeats(b: &Backend, agent: &Agent) -> Vec<pulse_shared::domain::Hea
     hbs
 }
 
-fn receive_all_jobs(b: &Backend) -> impl std::future::Future<Output = Vec<Delivery>> + '_ {
-    async move {
-        let mut out = Vec::new();
-        loop {
-            let batch = b.queue.receive(10, Duration::from_secs(300)).await.unwrap();
-            if batch.is_empty() {
-                return out;
-            }
-            out.extend(batch);
-        }
-    }
-}
-
 fn job_of(d: &Delivery) -> pulse_shared::domain::Heartbeat {
     match TaskEnvelope::decode(&d.body).unwrap().task {
         SessionTask::Heartbeat(j) => j.heartbeat,
@@ -694,7 +681,7 @@ async fn partial_batch(kind: Kind) {
     let (_agent_b, first_b) = b.agent("b", "15m").await;
     b.advance(SignedDuration::from_secs(5));
     b.sweeper(settings()).sweep_once(b.now()).await;
-    let jobs = receive_all_jobs(&b).await;
+    let jobs = b.receive_all().await;
     let find = |id: &HeartbeatId| jobs.iter().find(|d| job_of(d).id() == *id).unwrap().clone();
     let a1 = find(&first_a.id());
     let mut a2 = a1.clone();

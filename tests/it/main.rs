@@ -5,4 +5,5 @@
 mod conformance;
 mod faulty;
 mod heartbeats;
+mod lambda;
 mod queue;

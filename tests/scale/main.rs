@@ -2,7 +2,6 @@
 //! these (which keep the emulator busy for a while) never slow the functional suite down.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Duration;
 
 use jiff::SignedDuration;
 use pulse_shared::domain::{HeartbeatId, HeartbeatStatus, NewAgent};
@@ -96,14 +95,7 @@ async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transa
         "sends amortised: {sweep:?}"
     );
 
-    let mut jobs = Vec::new();
-    loop {
-        let batch = b.queue.receive(10, Duration::from_secs(300)).await.unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        jobs.extend(batch);
-    }
+    let jobs = b.receive_all().await;
     assert_eq!(jobs.len(), n);
     let worker = b.worker(EngineSettings {
         registry_ttl: SignedDuration::from_mins(1),

@@ -311,6 +311,22 @@ impl Backend {
         sub.id
     }
 
+    /// Receives every visible message (hidden for five minutes, not acknowledged).
+    pub async fn receive_all(&self) -> Vec<pulse_shared::domain::Delivery> {
+        let mut out = Vec::new();
+        loop {
+            let batch = self
+                .queue
+                .receive(10, Duration::from_secs(300))
+                .await
+                .unwrap();
+            if batch.is_empty() {
+                return out;
+            }
+            out.extend(batch);
+        }
+    }
+
     /// Receives, runs and acknowledges queued tasks until none is left; returns how many
     /// ran.
     pub async fn drain(&self, worker: &Worker) -> usize {

@@ -1,0 +1,288 @@
+//! The `pulse` binary as a user runs it: exit codes, nothing written on bad input, the
+//! quick start's flow, and `pulse serve` stopping cleanly.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use pulse_tests::FakeTool;
+use serde_json::Value;
+
+fn pulse(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pulse"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PULSE_DB")
+        .env_remove("PULSE_BACKEND")
+        .env("PULSE_EVENT_SETTLE", "0s")
+        .output()
+        .expect("pulse runs")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = pulse(dir, args);
+    assert!(
+        out.status.success(),
+        "pulse {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn json(dir: &Path, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    serde_json::from_str(&ok(dir, &all)).unwrap()
+}
+
+fn bad(dir: &Path, args: &[&str]) -> String {
+    let out = pulse(dir, args);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "pulse {args:?} should reject its input"
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn bad_input_exits_two_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert!(
+        bad(
+            d,
+            &["agents", "create", "--name", "x", "--interval", "soon"]
+        )
+        .contains("interval")
+    );
+    assert!(
+        bad(
+            d,
+            &["agents", "create", "--name", "x", "--timezone", "Mars/Base"]
+        )
+        .contains("time zone")
+    );
+    assert!(bad(d, &["agents", "list"]).contains("no Pulse database"));
+    assert!(!d.join("pulse.db").exists(), "no database was created");
+
+    let agent = ok(d, &["agents", "create", "--name", "scout"]);
+    assert!(
+        bad(
+            d,
+            &[
+                "events",
+                "emit",
+                "--agent",
+                &agent,
+                "--type",
+                "NOTE",
+                "--priority",
+                "0"
+            ]
+        )
+        .contains("priority")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "events",
+                "emit",
+                "--agent",
+                &agent,
+                "--type",
+                "NOTE",
+                "--payload",
+                "{nope"
+            ]
+        )
+        .contains("payload")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "events",
+                "emit",
+                "--agent",
+                "ag_01KJPWD6M00CDAJH58GEB7Q2ZP",
+                "--type",
+                "NOTE"
+            ]
+        )
+        .contains("not found")
+    );
+    assert!(
+        bad(
+            d,
+            &["tools", "add", "--name", "t", "--url", "file:///etc/passwd"]
+        )
+        .contains("http")
+    );
+    assert!(
+        bad(
+            d,
+            &["subscriptions", "add", "--tool", "t", "--event", "NOTE"]
+        )
+        .contains("not registered")
+    );
+    assert!(bad(d, &["no-such-command"]).contains("unrecognized"));
+    assert_eq!(
+        json(d, &["events", "list", "--agent", &agent]),
+        Value::Array(vec![])
+    );
+    assert_eq!(json(d, &["tools", "list"]), Value::Array(vec![]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade() {
+    let tool = FakeTool::answering(|req| {
+        if req["event"]["type"] == "NOTE" {
+            pulse_tests::ok_with_events(serde_json::json!([{"type": "SUMMARY", "priority": 3}]))
+        } else {
+            pulse_tests::ok_with_events(serde_json::json!([]))
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let url = tool.url();
+    let agent = tokio::task::spawn_blocking(move || {
+        ok(
+            &d,
+            &[
+                "tools",
+                "add",
+                "--name",
+                "echo",
+                "--url",
+                &url,
+                "--timeout",
+                "5s",
+            ],
+        );
+        ok(
+            &d,
+            &[
+                "subscriptions",
+                "add",
+                "--tool",
+                "echo",
+                "--event",
+                "HEARTBEAT",
+            ],
+        );
+        ok(
+            &d,
+            &[
+                "subscriptions",
+                "add",
+                "--tool",
+                "echo",
+                "--event",
+                "NOTE",
+                "--filter",
+                r#"{"min_priority": 3}"#,
+            ],
+        );
+        let agent = ok(
+            &d,
+            &["agents", "create", "--name", "scout", "--interval", "1h"],
+        );
+        ok(
+            &d,
+            &[
+                "events",
+                "emit",
+                "--agent",
+                &agent,
+                "--type",
+                "NOTE",
+                "--priority",
+                "2",
+                "--payload",
+                r#"{"text": "hi"}"#,
+            ],
+        );
+        ok(&d, &["sweep"]);
+        agent
+    })
+    .await
+    .unwrap();
+    let d = dir.path();
+    let heartbeats = json(d, &["heartbeats", "list", "--agent", &agent]);
+    assert_eq!(heartbeats[0]["status"], "PENDING");
+    assert_eq!(heartbeats[1]["status"], "COMPLETED");
+    assert_eq!(heartbeats[1]["actions_triggered"], 2);
+    let events = json(d, &["events", "list", "--agent", &agent]);
+    let types: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["NOTE", "HEARTBEAT", "SUMMARY"]);
+    assert_eq!(events[2]["parent_id"], events[0]["id"]);
+    let actions = json(d, &["actions", "list", "--agent", &agent]);
+    assert!(
+        actions
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["status"] == "COMPLETED")
+    );
+    assert_eq!(tool.requests().len(), 2);
+    let show = json(d, &["agents", "show", &agent]);
+    assert_eq!(show["agent"]["name"], "scout");
+}
+
+#[test]
+fn serve_runs_heartbeats_until_it_is_told_to_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "scout", "--interval", "1s"],
+    );
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_pulse"))
+        .args(["serve", "--tick", "100ms"])
+        .current_dir(d)
+        .env_remove("PULSE_DB")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let hbs = json(d, &["heartbeats", "list", "--agent", &agent]);
+        let done = hbs
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h["status"] == "COMPLETED")
+            .count();
+        if done >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve completed {done} heartbeats in a minute"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = serve.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "serve exited with {:?}: {log}",
+        out.status
+    );
+    assert!(log.contains("heartbeat completed"), "{log}");
+    assert!(log.contains("pulse serve stopped"), "{log}");
+}
