@@ -245,7 +245,7 @@ fn serve_runs_heartbeats_until_it_is_told_to_stop() {
         d,
         &["agents", "create", "--name", "scout", "--interval", "1s"],
     );
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_pulse"))
+    let serve = Command::new(env!("CARGO_BIN_EXE_pulse"))
         .args(["serve", "--tick", "100ms"])
         .current_dir(d)
         .env_remove("PULSE_DB")
