@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsQueue};
-use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
+use pulse_shared::adapters::{Connected, connect};
+use pulse_shared::config::{Backend, Config};
 use pulse_shared::domain::NewAgent;
-use pulse_shared::engine::{EngineSettings, HeartbeatRunner, Sweeper, Worker};
-use pulse_shared::ports::{AgentStore, Clock, SessionQueue, Store, SystemClock};
-use pulse_shared::tools::Tools;
+use pulse_shared::engine::{EngineSettings, Worker};
+use pulse_shared::ports::{AgentStore, Clock, SessionQueue, SystemClock};
 use serde_json::json;
 
 use crate::Failure;
@@ -65,6 +65,24 @@ fn fleet(
         .collect()
 }
 
+/// One sweep over `n` due heartbeats; fails unless it claimed and queued them all.
+/// Returns the seconds it took.
+async fn timed_sweep(backend: &Connected, clock: &dyn Clock, n: usize) -> Result<f64, Failure> {
+    let sweeper = backend.sweeper(&settings(n));
+    let started = Instant::now();
+    let report = sweeper.sweep_once(clock.now()).await;
+    let secs = started.elapsed().as_secs_f64();
+    if report.claimed != n || report.queued != n || !report.errors.is_empty() {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "the sweep claimed {} and queued {} of {n}: {:?}",
+            report.claimed,
+            report.queued,
+            report.errors
+        )));
+    }
+    Ok(secs)
+}
+
 /// Runs every queued job through `worker`, reading the queue with `queue`.
 async fn drain(worker: &Worker, queue: &dyn SessionQueue) -> Result<usize, Failure> {
     let mut ran = 0;
@@ -74,49 +92,38 @@ async fn drain(worker: &Worker, queue: &dyn SessionQueue) -> Result<usize, Failu
             return Ok(ran);
         }
         let outcome = worker.process_batch(&batch).await;
-        for d in &batch {
-            if !outcome.failed.contains(&d.message_id) {
-                queue.ack(&d.receipt).await?;
-                ran += 1;
-            }
-        }
         if !outcome.failed.is_empty() {
             return Err(Failure::Runtime(anyhow::anyhow!(
                 "{} jobs failed during the benchmark",
                 outcome.failed.len()
             )));
         }
+        for d in &batch {
+            queue.ack(&d.receipt).await?;
+        }
+        ran += batch.len();
     }
 }
 
 async fn embedded(n: usize) -> Result<serde_json::Value, Failure> {
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("bench.db");
-    let db = tokio::task::spawn_blocking(move || Db::open(&path)).await??;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::new(db.clone()));
-    let queue: Arc<dyn SessionQueue> = Arc::new(SqliteQueue::new(db, clock.clone()));
-    store.import_agents(&fleet(n, clock.as_ref())).await?;
+    let config = Config {
+        backend: Backend::Sqlite {
+            path: dir.path().join("bench.db"),
+        },
+        engine: settings(n),
+    };
+    let backend = connect(&config, clock.clone()).await?;
+    backend
+        .store
+        .import_agents(&fleet(n, clock.as_ref()))
+        .await?;
 
-    let sweeper = Sweeper::new(store.clone(), queue.clone(), settings(n));
+    let sweep_secs = timed_sweep(&backend, clock.as_ref(), n).await?;
+    let worker = backend.worker(clock, &config.engine);
     let started = Instant::now();
-    let report = sweeper.sweep_once(clock.now()).await;
-    let sweep_secs = started.elapsed().as_secs_f64();
-    if report.claimed != n || !report.errors.is_empty() {
-        return Err(Failure::Runtime(anyhow::anyhow!(
-            "the sweep claimed {} of {n}: {:?}",
-            report.claimed,
-            report.errors
-        )));
-    }
-    let worker = Worker::new(Arc::new(HeartbeatRunner::new(
-        store,
-        Arc::new(Tools::new()),
-        clock,
-        settings(n),
-    )));
-    let started = Instant::now();
-    let ran = drain(&worker, queue.as_ref()).await?;
+    let ran = drain(&worker, backend.queue.as_ref()).await?;
     let run_secs = started.elapsed().as_secs_f64();
 
     let claims_per_s = n as f64 / sweep_secs;
@@ -150,36 +157,20 @@ async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> 
     DynamoStore::new(setup.dynamodb.clone(), &table, Duration::from_secs(30))
         .import_agents(&fleet(n, clock.as_ref()))
         .await?;
+    let backend = Connected {
+        store: Arc::new(DynamoStore::new(
+            counted.dynamodb.clone(),
+            &table,
+            Duration::from_secs(30),
+        )),
+        queue: Arc::new(SqsQueue::new(counted.sqs.clone(), &url)),
+        aws_requests: Some(counted.counter.clone()),
+    };
 
-    let store: Arc<dyn Store> = Arc::new(DynamoStore::new(
-        counted.dynamodb.clone(),
-        &table,
-        Duration::from_secs(30),
-    ));
-    let sweeper = Sweeper::new(
-        store.clone(),
-        Arc::new(SqsQueue::new(counted.sqs.clone(), &url)),
-        settings(n),
-    );
     counted.counter.reset();
-    let started = Instant::now();
-    let report = sweeper.sweep_once(clock.now()).await;
-    let sweep_secs = started.elapsed().as_secs_f64();
+    let sweep_secs = timed_sweep(&backend, clock.as_ref(), n).await?;
     let sweep_ops = counted.counter.snapshot();
-    if report.claimed != n || !report.errors.is_empty() {
-        return Err(Failure::Runtime(anyhow::anyhow!(
-            "the sweep claimed {} of {n}: {:?}",
-            report.claimed,
-            report.errors
-        )));
-    }
-
-    let worker = Worker::new(Arc::new(HeartbeatRunner::new(
-        store,
-        Arc::new(Tools::new()),
-        clock,
-        settings(n),
-    )));
+    let worker = backend.worker(clock, &settings(n));
     counted.counter.reset();
     let ran = drain(&worker, &SqsQueue::new(setup.sqs.clone(), &url)).await?;
     let run_ops = counted.counter.snapshot();

@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use pulse_shared::adapters::Connected;
 use pulse_shared::config::{Backend, Config};
-use pulse_shared::engine::{HeartbeatRunner, PollReport, Sweeper, Worker};
+use pulse_shared::engine::{PollReport, Sweeper, Worker};
 use pulse_shared::error::chain;
 use pulse_shared::ports::Clock;
-use pulse_shared::tools::Tools;
 use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
@@ -21,16 +20,7 @@ use crate::output::Out;
 const VISIBILITY: Duration = Duration::from_secs(300);
 
 fn engine(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> (Sweeper, Worker) {
-    let runner = HeartbeatRunner::new(
-        b.store.clone(),
-        Arc::new(Tools::new()),
-        clock,
-        config.engine.clone(),
-    );
-    (
-        Sweeper::new(b.store.clone(), b.queue.clone(), config.engine.clone()),
-        Worker::new(Arc::new(runner)),
-    )
+    (b.sweeper(&config.engine), b.worker(clock, &config.engine))
 }
 
 fn describe(backend: &Backend) -> String {

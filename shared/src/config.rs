@@ -145,6 +145,14 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         }
     }
 
+    /// The configuration of a Lambda function: always the AWS backend.
+    pub fn lambda(&self) -> Result<Config, ConfigError> {
+        Ok(Config {
+            backend: Backend::Aws(self.aws()?),
+            engine: self.engine()?,
+        })
+    }
+
     /// The whole configuration.
     pub fn config(&self, db: Option<PathBuf>) -> Result<Config, ConfigError> {
         Ok(Config {

@@ -7,24 +7,18 @@ use std::sync::Arc;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use pulse_shared::adapters::connect;
-use pulse_shared::config::{Backend, Config, Env};
-use pulse_shared::engine::{HeartbeatRunner, Worker};
+use pulse_shared::config::Env;
 use pulse_shared::ports::SystemClock;
-use pulse_shared::tools::Tools;
 use pulse_shared::{lambda, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
-    let env = Env::process();
-    let config = Config {
-        backend: Backend::Aws(env.aws()?),
-        engine: env.engine()?,
-    };
+    let config = Env::process().lambda()?;
     let clock = Arc::new(SystemClock);
-    let backend = connect(&config, clock.clone()).await?;
-    let runner = HeartbeatRunner::new(backend.store, Arc::new(Tools::new()), clock, config.engine);
-    let worker = Worker::new(Arc::new(runner));
+    let worker = connect(&config, clock.clone())
+        .await?
+        .worker(clock, &config.engine);
     run(service_fn(|event: LambdaEvent<SqsEvent>| async {
         Ok::<_, Error>(lambda::sessions_batch(&worker, event.payload).await)
     }))

@@ -6,21 +6,17 @@ use std::sync::Arc;
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use pulse_shared::adapters::connect;
-use pulse_shared::config::{Backend, Config, Env};
-use pulse_shared::engine::Sweeper;
+use pulse_shared::config::Env;
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
-    let env = Env::process();
-    let config = Config {
-        backend: Backend::Aws(env.aws()?),
-        engine: env.engine()?,
-    };
-    let backend = connect(&config, Arc::new(SystemClock)).await?;
-    let sweeper = Sweeper::new(backend.store, backend.queue, config.engine);
+    let config = Env::process().lambda()?;
+    let sweeper = connect(&config, Arc::new(SystemClock))
+        .await?
+        .sweeper(&config.engine);
     run(service_fn(|event: LambdaEvent<CloudWatchEvent>| async {
         lambda::sweep(&sweeper, event.payload, jiff::Timestamp::now())
             .await

@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Backend, Config};
+use crate::engine::{EngineSettings, HeartbeatRunner, Sweeper, Worker};
 use crate::error::StoreError;
 use crate::ports::{Clock, SessionQueue, Store};
+use crate::tools::Tools;
 
 /// A connected backend.
 #[derive(Clone)]
@@ -20,6 +22,24 @@ pub struct Connected {
     pub queue: Arc<dyn SessionQueue>,
     /// For the AWS backend, the request counter of its clients.
     pub aws_requests: Option<aws::RequestCounter>,
+}
+
+impl Connected {
+    /// A sweeper over this backend.
+    pub fn sweeper(&self, settings: &EngineSettings) -> Sweeper {
+        Sweeper::new(self.store.clone(), self.queue.clone(), settings.clone())
+    }
+
+    /// A worker over this backend, running tools with the production tool runner.
+    pub fn worker(&self, clock: Arc<dyn Clock>, settings: &EngineSettings) -> Worker {
+        let runner = HeartbeatRunner::new(
+            self.store.clone(),
+            Arc::new(Tools::new()),
+            clock,
+            settings.clone(),
+        );
+        Worker::new(Arc::new(runner))
+    }
 }
 
 /// Connects the backend the configuration names. Opening SQLite creates and migrates the

@@ -34,7 +34,6 @@ use aws_sdk_dynamodb::types::{
 use futures::StreamExt;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::domain::{
     Action, ActionStatus, Agent, AgentId, ClaimRequest, Event, EventCursor, EventId, Heartbeat,
@@ -403,13 +402,11 @@ impl DynamoStore {
         &self,
         op: &'static str,
         items: Vec<TransactWriteItem>,
-        token: Option<String>,
     ) -> Result<Result<(), Vec<String>>, StoreError> {
         let r = self
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
-            .set_client_request_token(token)
             .send()
             .await;
         match r {
@@ -526,7 +523,7 @@ impl AgentStore for DynamoStore {
             )?,
             self.put(heartbeat_item(first)?, Some("attribute_not_exists(pk)"))?,
         ];
-        match self.transact("create agent", items, None).await? {
+        match self.transact("create agent", items).await? {
             Ok(()) => Ok(()),
             Err(_) => Err(StoreError::AlreadyExists(format!("agent {}", agent.id))),
         }
@@ -772,18 +769,11 @@ impl HeartbeatStore for DynamoStore {
         if let Some(e) = &finish.heartbeat_event {
             items.push(self.put(event_item(e), None)?);
         }
-        // The same token makes a retried transaction a no-op for ten minutes.
-        let token = {
-            let digest = Sha256::digest(format!("{}|{}|{}", hb.id(), hb.claim, hb.status.as_str()));
-            digest[..16]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        };
-        match self
-            .transact("finish heartbeat", items, Some(token))
-            .await?
-        {
+        // No client request token: a retry of a finish that went through fails its
+        // condition, and the record read back tells AlreadyFinished from Superseded. (A
+        // token would make DynamoDB reject a redelivered job's finish, whose content
+        // differs, for ten minutes.)
+        match self.transact("finish heartbeat", items).await? {
             Ok(()) => Ok(FinishOutcome::Finished),
             Err(reasons) if is_ccf(reasons.first()) => {
                 let current = self
@@ -1003,7 +993,7 @@ impl ActionLog for DynamoStore {
         for e in new_events {
             items.push(self.put(event_item(e), None)?);
         }
-        match self.transact("finish action", items, None).await? {
+        match self.transact("finish action", items).await? {
             Ok(()) => Ok(()),
             Err(reasons) if is_ccf(reasons.first()) => Err(conflict()),
             Err(reasons) => Err(StoreError::backend(
