@@ -96,6 +96,74 @@ pub enum EngineError {
     Contended(String),
 }
 
+/// A call to an LLM provider that did not succeed. Recorded on the action or turn.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LlmError {
+    /// The provider cannot be used as configured (no API key, bad base URL).
+    #[error("{provider} is not configured: {message}")]
+    NotConfigured {
+        /// `anthropic`, `openai` or `offline`.
+        provider: &'static str,
+        /// What is missing and how to give it.
+        message: String,
+    },
+    /// No answer: connection refused, timed out, TLS failure.
+    #[error("{provider} request failed: {message}")]
+    Transport {
+        /// The provider.
+        provider: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// The provider answered with an error status that retrying does not fix, or a
+    /// retryable one after the last attempt.
+    #[error("{provider} answered HTTP {status}: {body}")]
+    Status {
+        /// The provider.
+        provider: &'static str,
+        /// HTTP status.
+        status: u16,
+        /// An excerpt of the body (the provider's error message).
+        body: String,
+    },
+    /// The provider's answer could not be read.
+    #[error("{provider} sent an answer Pulse cannot read: {message}")]
+    Malformed {
+        /// The provider.
+        provider: &'static str,
+        /// What was wrong with it.
+        message: String,
+    },
+}
+
+/// A call to Discord's API that did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiscordError {
+    /// A setting needed for this call is missing (bot token, application id).
+    #[error("Discord is not configured: {0}")]
+    NotConfigured(String),
+    /// No answer: connection refused, timed out.
+    #[error("Discord request failed: {0}")]
+    Transport(String),
+    /// Discord kept answering 429 beyond the retry bound.
+    #[error("Discord rate limited the request {attempts} times; giving up")]
+    RateLimited {
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// Discord answered with an error status.
+    #[error("Discord answered HTTP {status}: {body}")]
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// An excerpt of the body.
+        body: String,
+    },
+    /// Discord's answer could not be read.
+    #[error("Discord sent an answer Pulse cannot read: {0}")]
+    Malformed(String),
+}
+
 /// A configuration value from the environment that is missing or malformed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{variable}: {message}")]

@@ -25,10 +25,12 @@
 
 pub mod adapters;
 pub mod config;
+pub mod discord;
 pub mod domain;
 pub mod engine;
 pub mod error;
 pub mod lambda;
+pub mod llm;
 pub mod ports;
 pub mod telemetry;
 pub mod tools;

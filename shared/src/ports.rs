@@ -14,11 +14,11 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
 use crate::domain::{
-    Action, Agent, AgentId, ClaimRequest, Delivery, Event, EventCursor, EventId, Heartbeat,
+    Action, Agent, AgentId, LlmRequest, LlmResponse, ClaimRequest, Delivery, Event, EventCursor, EventId, Heartbeat,
     HeartbeatId, HeartbeatStatus, OutgoingTask, Registry, Subscription, SubscriptionId, Tool,
     ToolName, ToolRequest, ToolResponse,
 };
-use crate::error::StoreError;
+use crate::error::{DiscordError, LlmError, StoreError};
 
 /// Where the time comes from. Injected so tests and benchmarks control it.
 pub trait Clock: Send + Sync + 'static {
@@ -285,4 +285,42 @@ pub struct ToolCall {
 pub trait ToolRunner: Send + Sync {
     /// Calls `tool` with `request`.
     async fn call(&self, tool: &Tool, request: &ToolRequest) -> ToolCall;
+}
+
+/// A language model behind some provider.
+#[async_trait]
+pub trait Llm: Send + Sync {
+    /// The provider's name (`anthropic`, `openai`, `offline`), for logs and records.
+    fn provider(&self) -> &'static str;
+    /// Sends one request. Transient failures (429, 5xx, timeouts) are retried inside,
+    /// within a bound; what is returned is final.
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
+}
+
+/// Picks the model client for an agent: the configured default, or the agent's own
+/// provider, model and base URL.
+pub trait LlmSelector: Send + Sync {
+    /// The client for `agent`; `NotConfigured` if its provider has no API key.
+    fn select(&self, agent: &Agent) -> Result<std::sync::Arc<dyn Llm>, LlmError>;
+}
+
+/// Discord's HTTP API, as far as replies need it. Each method returns the id of the
+/// message written. 429s are waited out (`retry_after`) and retried within a bound.
+#[async_trait]
+pub trait DiscordApi: Send + Sync {
+    /// Edits the deferred original response of an interaction (valid for 15 minutes
+    /// after the interaction).
+    async fn edit_original(&self, interaction_token: &str, content: &str)
+    -> Result<String, DiscordError>;
+    /// Sends a follow-up message through the interaction's webhook.
+    async fn follow_up(&self, interaction_token: &str, content: &str)
+    -> Result<String, DiscordError>;
+    /// Posts a message to a channel with the bot token. `nonce` (at most 25 characters)
+    /// is enforced, so a retried post with the same nonce does not post twice.
+    async fn create_message(
+        &self,
+        channel_id: &str,
+        content: &str,
+        nonce: &str,
+    ) -> Result<String, DiscordError>;
 }

@@ -5,5 +5,7 @@
 mod conformance;
 mod faulty;
 mod heartbeats;
+mod discord;
 mod lambda;
+mod llm;
 mod queue;

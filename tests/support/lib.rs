@@ -4,6 +4,9 @@
 //! DynamoDB table and SQS FIFO queue (unique names) on the moto server that
 //! `scripts/test.sh` starts and names in `PULSE_TEST_MOTO_URL`.
 
+pub mod fake_discord;
+pub mod fake_llm;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

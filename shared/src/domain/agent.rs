@@ -3,6 +3,7 @@
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
+use super::chat::ProviderKind;
 use super::event::EventCursor;
 use super::ids::{AgentId, HeartbeatId, SessionId};
 use super::time::{ActiveHours, Interval, TimeZoneName};
@@ -35,9 +36,72 @@ pub struct Agent {
     pub session: SessionId,
     /// When it was created.
     pub created_at: Timestamp,
-    /// The last time its user interacted with it; beats are counted from there.
+    /// The last time its user interacted with it; beats are counted from there. A
+    /// heartbeat that started before it and is still running is cancel-requested: the
+    /// user's message interrupts it (seed 004).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_interaction_at: Option<Timestamp>,
+    /// Its own LLM provider, model or base URL, over the configured defaults.
+    #[serde(default, skip_serializing_if = "AgentLlm::is_default")]
+    pub llm: AgentLlm,
+    /// Per-run limits of its heartbeat agent.
+    #[serde(default)]
+    pub budgets: Budgets,
+    /// How long after a user turn its next heartbeat waits; half the interval when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_period: Option<Interval>,
+    /// The Discord channel it speaks in when no interaction is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_channel: Option<String>,
+}
+
+impl Agent {
+    /// How long after a user turn the next heartbeat waits.
+    pub fn quiet_period(&self) -> SignedDuration {
+        match self.quiet_period {
+            Some(q) => q.duration(),
+            None => self.interval.duration() / 2,
+        }
+    }
+}
+
+/// An agent's own LLM settings; each unset field falls back to the configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentLlm {
+    /// Provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderKind>,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// API base URL (an OpenAI-compatible server, a proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<url::Url>,
+}
+
+impl AgentLlm {
+    /// True when nothing is overridden.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Limits on one heartbeat agent run. When one is hit the run stops and says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budgets {
+    /// Most LLM calls per run.
+    pub max_steps: u32,
+    /// Most tokens (input + output, summed over the run's calls) per run.
+    pub max_tokens: u64,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Self {
+            max_steps: 8,
+            max_tokens: 50_000,
+        }
+    }
 }
 
 /// What a user gives to create an agent.
@@ -57,6 +121,14 @@ pub struct NewAgent {
     pub active_hours: Option<ActiveHours>,
     /// Time zone for the active hours.
     pub timezone: TimeZoneName,
+    /// LLM overrides.
+    pub llm: AgentLlm,
+    /// Heartbeat agent budgets.
+    pub budgets: Budgets,
+    /// Quiet period after a user turn.
+    pub quiet_period: Option<Interval>,
+    /// Discord channel.
+    pub discord_channel: Option<String>,
 }
 
 impl NewAgent {
@@ -70,6 +142,10 @@ impl NewAgent {
             interval: Interval::DEFAULT,
             active_hours: None,
             timezone: TimeZoneName::utc(),
+            llm: AgentLlm::default(),
+            budgets: Budgets::default(),
+            quiet_period: None,
+            discord_channel: None,
         }
     }
 
@@ -81,6 +157,12 @@ impl NewAgent {
             return Err(ValidationError::new(
                 "agent name",
                 "give a name of 1 to 100 characters",
+            ));
+        }
+        if self.budgets.max_steps == 0 || self.budgets.max_tokens == 0 {
+            return Err(ValidationError::new(
+                "budgets",
+                "max steps and max tokens must be at least 1",
             ));
         }
         let id = AgentId::generate();
@@ -96,6 +178,10 @@ impl NewAgent {
             timezone: self.timezone,
             created_at: now,
             last_interaction_at: None,
+            llm: self.llm,
+            budgets: self.budgets,
+            quiet_period: self.quiet_period,
+            discord_channel: self.discord_channel.filter(|c| !c.trim().is_empty()),
         };
         let first = Heartbeat::pending(&agent, 1, now, EventCursor::origin(), 0, None, 0);
         Ok((agent, first))

@@ -2,13 +2,17 @@
 //! tasks. Types, newtypes and validation; no I/O.
 
 mod agent;
+mod chat;
 mod event;
 mod ids;
 mod task;
 mod time;
 mod tool;
 
-pub use agent::{Agent, ClaimRequest, Heartbeat, HeartbeatStatus, NewAgent};
+pub use agent::{Agent, AgentLlm, Budgets, ClaimRequest, Heartbeat, HeartbeatStatus, NewAgent};
+pub use chat::{
+    ChatMessage, LlmRequest, LlmResponse, ProviderKind, Secret, StopReason, ToolSpec, ToolUse, Usage,
+};
 pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
 pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, SessionId, SubscriptionId, ToolName,

@@ -1,0 +1,228 @@
+//! What the engine says to an LLM and hears back, independent of any provider's wire
+//! format. The `llm` module maps these to the Anthropic Messages API and to
+//! OpenAI-compatible chat completions.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One message of a conversation sent to an LLM.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum ChatMessage {
+    /// Instructions. The first one is the system prompt; later ones are notes inserted
+    /// into the conversation (the ephemeral Discord envelope).
+    System {
+        /// The text.
+        text: String,
+    },
+    /// What the user said.
+    User {
+        /// The text.
+        text: String,
+    },
+    /// What the agent said or thought, and the tools it asked for.
+    Assistant {
+        /// The text, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        /// Tool calls, in order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolUse>,
+    },
+    /// The result of one tool call.
+    ToolResult {
+        /// The `ToolUse::id` it answers.
+        call_id: String,
+        /// The result, as text (usually JSON).
+        content: String,
+        /// True when the tool failed.
+        #[serde(default)]
+        is_error: bool,
+    },
+}
+
+impl ChatMessage {
+    /// A system message.
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::System { text: text.into() }
+    }
+    /// A user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::User { text: text.into() }
+    }
+    /// An assistant message with text only.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::Assistant {
+            text: Some(text.into()),
+            tool_calls: Vec::new(),
+        }
+    }
+    /// The role's name: `system`, `user`, `assistant` or `tool`.
+    pub fn role(&self) -> &'static str {
+        match self {
+            Self::System { .. } => "system",
+            Self::User { .. } => "user",
+            Self::Assistant { .. } => "assistant",
+            Self::ToolResult { .. } => "tool",
+        }
+    }
+    /// The text, if the message has any.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Self::System { text } | Self::User { text } => Some(text),
+            Self::Assistant { text, .. } => text.as_deref(),
+            Self::ToolResult { content, .. } => Some(content),
+        }
+    }
+}
+
+/// A tool call the model asked for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolUse {
+    /// The provider's id of the call, echoed in the result.
+    pub id: String,
+    /// Which tool.
+    pub name: String,
+    /// Its arguments (a JSON object).
+    pub input: Value,
+}
+
+/// A tool offered to the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub parameters: Value,
+}
+
+/// Tokens used by one call (or summed over a run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Both together.
+    pub fn total(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+    /// Adds another call's usage.
+    pub fn add(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
+/// One request to a model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LlmRequest {
+    /// The model; the provider's configured default when `None`.
+    pub model: Option<String>,
+    /// The conversation, in order.
+    pub messages: Vec<ChatMessage>,
+    /// Tools the model may call.
+    pub tools: Vec<ToolSpec>,
+    /// Most tokens to generate.
+    pub max_tokens: u32,
+}
+
+/// Why the model stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// It finished its answer.
+    EndTurn,
+    /// It wants tool results.
+    ToolUse,
+    /// It hit `max_tokens`.
+    MaxTokens,
+    /// Anything else the provider reported.
+    Other,
+}
+
+/// A model's answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LlmResponse {
+    /// Its text, if any.
+    pub text: Option<String>,
+    /// Tool calls, in order.
+    pub tool_calls: Vec<ToolUse>,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Tokens used.
+    pub usage: Usage,
+    /// The model that answered, as the provider named it.
+    pub model: String,
+    /// Which provider (`anthropic`, `openai`, `offline`).
+    pub provider: &'static str,
+}
+
+/// The LLM providers Pulse speaks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// The Anthropic Messages API.
+    Anthropic,
+    /// An OpenAI-compatible chat completions API.
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// The built-in offline provider: deterministic replies and tool calls, no network.
+    /// For demos and tests; never chosen when a key is configured.
+    Offline,
+}
+
+impl ProviderKind {
+    /// The name used in configuration and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::OpenAi => "openai",
+            Self::Offline => "offline",
+        }
+    }
+    /// Reads a configured name.
+    pub fn parse(s: &str) -> Result<Self, crate::error::ValidationError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "anthropic" => Ok(Self::Anthropic),
+            "openai" => Ok(Self::OpenAi),
+            "offline" => Ok(Self::Offline),
+            other => Err(crate::error::ValidationError::new(
+                "LLM provider",
+                format!("{other:?} is not a provider; use anthropic, openai or offline"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A secret (API key, bot token). Never printed: `Debug` shows `Secret(***)`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    /// The value, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
