@@ -1,5 +1,7 @@
-//! `pulse bench sweep`: figures for the heartbeat path, printed, not asserted.
+//! `pulse bench sweep` and `pulse bench turn`: figures, printed, not asserted.
 //!
+//! `sweep` measures the heartbeat path (the built-in heartbeat agent is switched off, so
+//! it measures the engine, not a model).
 //! Embedded: a fleet of due heartbeats in a fresh SQLite file; one sweep claims them all
 //! (claims/s), then the worker runs every job (cycles/s). On an AWS emulator: the same
 //! steps with every SDK request counted, reported per heartbeat cycle by operation —
@@ -10,11 +12,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsQueue};
-use pulse_shared::adapters::{Connected, connect};
+use pulse_shared::adapters::{Connected, Services, connect};
 use pulse_shared::config::{Backend, Config};
-use pulse_shared::domain::NewAgent;
-use pulse_shared::engine::{EngineSettings, Worker};
-use pulse_shared::ports::{AgentStore, Clock, SessionQueue, SystemClock};
+use pulse_shared::domain::{
+    ConversationMessage, NewAgent, ProviderKind, ReplyTarget, Role, Signal, SignalId, SignalMeta,
+    Subscription, Turn, TurnId, TurnStatus, Usage,
+};
+use pulse_shared::engine::{EngineSettings, Worker, intake};
+use pulse_shared::llm::{LlmConfig, Router};
+use pulse_shared::ports::{AgentStore, Clock, SessionQueue, Store, SystemClock, ToolRegistry};
 use serde_json::json;
 
 use crate::Failure;
@@ -65,6 +71,26 @@ fn fleet(
         .collect()
 }
 
+/// Services with the offline model and no Discord: the benches measure Pulse, not a
+/// provider.
+fn offline_services() -> Services {
+    Services {
+        llm: Arc::new(Router::new(LlmConfig::offline())),
+        discord: None,
+    }
+}
+
+/// Switches the built-in heartbeat agent off: `bench sweep` measures the engine path.
+async fn without_heartbeat_agent(store: &dyn ToolRegistry) -> Result<(), Failure> {
+    store
+        .add_subscription(&Subscription {
+            active: false,
+            ..Subscription::heartbeat_agent()
+        })
+        .await?;
+    Ok(())
+}
+
 /// One sweep over `n` due heartbeats; fails unless it claimed and queued them all.
 /// Returns the seconds it took.
 async fn timed_sweep(backend: &Connected, clock: &dyn Clock, n: usize) -> Result<f64, Failure> {
@@ -113,15 +139,17 @@ async fn embedded(n: usize) -> Result<serde_json::Value, Failure> {
             path: dir.path().join("bench.db"),
         },
         engine: settings(n),
+        ..Config::defaults()
     };
     let backend = connect(&config, clock.clone()).await?;
     backend
         .store
         .import_agents(&fleet(n, clock.as_ref()))
         .await?;
+    without_heartbeat_agent(backend.store.as_ref()).await?;
 
     let sweep_secs = timed_sweep(&backend, clock.as_ref(), n).await?;
-    let worker = backend.worker(clock, &config.engine);
+    let worker = backend.worker(clock, &config.engine, &offline_services());
     let started = Instant::now();
     let ran = drain(&worker, backend.queue.as_ref()).await?;
     let run_secs = started.elapsed().as_secs_f64();
@@ -154,9 +182,9 @@ async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> 
     aws::create_table(&setup.dynamodb, &table).await?;
     let url = aws::create_sessions_queue(&setup.sqs, &format!("pulse-bench-{id}.fifo")).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    DynamoStore::new(setup.dynamodb.clone(), &table, Duration::from_secs(30))
-        .import_agents(&fleet(n, clock.as_ref()))
-        .await?;
+    let setup_store = DynamoStore::new(setup.dynamodb.clone(), &table, Duration::from_secs(30));
+    setup_store.import_agents(&fleet(n, clock.as_ref())).await?;
+    without_heartbeat_agent(&setup_store).await?;
     let backend = Connected {
         store: Arc::new(DynamoStore::new(
             counted.dynamodb.clone(),
@@ -170,7 +198,7 @@ async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> 
     counted.counter.reset();
     let sweep_secs = timed_sweep(&backend, clock.as_ref(), n).await?;
     let sweep_ops = counted.counter.snapshot();
-    let worker = backend.worker(clock, &settings(n));
+    let worker = backend.worker(clock, &settings(n), &offline_services());
     counted.counter.reset();
     let ran = drain(&worker, &SqsQueue::new(setup.sqs.clone(), &url)).await?;
     let run_ops = counted.counter.snapshot();
@@ -209,4 +237,143 @@ async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> 
         "sweep_seconds": sweep_secs,
         "per_cycle": { "sweep": per(&sweep_ops), "worker": per(&run_ops) },
     }))
+}
+
+/// `pulse bench turn`: the worker's own cost per conversation turn (receive, context,
+/// persist, ack; the offline model, no Discord) with histories of each size.
+pub(crate) async fn turn(sizes: &[usize], turns: usize, out: &Out) -> Result<(), Failure> {
+    if !(1..=10_000).contains(&turns) {
+        return Err(Failure::Input(format!(
+            "invalid --turns {turns}: use 1 to 10000"
+        )));
+    }
+    if sizes.is_empty() || sizes.iter().any(|&s| s > 1_000_000) {
+        return Err(Failure::Input(
+            "invalid --history: give sizes from 0 to 1000000, e.g. 10,1000,10000".into(),
+        ));
+    }
+    let mut rows = Vec::new();
+    eprintln!("conversation turns on the embedded store, offline model, {turns} turns per size:");
+    for &size in sizes {
+        let per_turn_ms = turns_with_history(size, turns).await?;
+        eprintln!("  history {size:>7} messages: {per_turn_ms:.3} ms per turn (target <= 5 ms)");
+        rows.push(json!({ "history": size, "ms_per_turn": per_turn_ms }));
+    }
+    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+        let ratio = last["ms_per_turn"].as_f64().unwrap_or(0.0)
+            / first["ms_per_turn"]
+                .as_f64()
+                .unwrap_or(1.0)
+                .max(f64::MIN_POSITIVE);
+        eprintln!(
+            "  largest / smallest history: {ratio:.2}x (flat is ~1x: a turn reads a bounded slice of history)"
+        );
+    }
+    if out.json {
+        out.json_value(&json!({ "turns": turns, "sizes": rows }));
+    }
+    Ok(())
+}
+
+async fn turns_with_history(size: usize, turns: usize) -> Result<f64, Failure> {
+    let dir = tempfile::tempdir()?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let config = Config {
+        backend: Backend::Sqlite {
+            path: dir.path().join("bench.db"),
+        },
+        ..Config::defaults()
+    };
+    let backend = connect(&config, clock.clone()).await?;
+    let (agent, first) = NewAgent::named("bench").create(clock.now())?;
+    backend.store.create_agent(&agent, &first).await?;
+    seed_history(backend.store.as_ref(), &agent, size, clock.now()).await?;
+    let worker = backend.worker(clock.clone(), &config.engine, &offline_services());
+    let mut busy = Duration::ZERO;
+    for i in 0..turns {
+        let signal = Signal::user_message(
+            &agent.id,
+            &agent.session,
+            &format!("message {i}: how is the project going?"),
+            SignalMeta::default(),
+            clock.now(),
+        )?;
+        intake::submit(backend.store.as_ref(), backend.queue.as_ref(), signal).await?;
+        let started = Instant::now();
+        let report = worker
+            .poll_once(backend.queue.as_ref(), 10, Duration::from_secs(300))
+            .await?;
+        busy += started.elapsed();
+        if report.received != 1 || report.failed != 0 {
+            return Err(Failure::Runtime(anyhow::anyhow!(
+                "turn {i}: received {} messages, {} failed",
+                report.received,
+                report.failed
+            )));
+        }
+    }
+    let answered = backend.store.recent_messages(&agent.id, 2 * turns).await?;
+    if answered
+        .iter()
+        .filter(|m| m.role == Role::Assistant)
+        .count()
+        < turns
+    {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "fewer replies than turns were stored"
+        )));
+    }
+    Ok(busy.as_secs_f64() * 1000.0 / turns as f64)
+}
+
+/// Writes `size` messages of history (user and reply in turns), older than now.
+async fn seed_history(
+    store: &dyn Store,
+    agent: &pulse_shared::domain::Agent,
+    size: usize,
+    now: jiff::Timestamp,
+) -> Result<(), Failure> {
+    let start_ms = now.as_millisecond() as u64 - size as u64 - 1_000;
+    for k in 0..size.div_ceil(2) {
+        let signal = SignalId::generate(start_ms + k as u64);
+        let id = TurnId::for_signal(&signal);
+        let turn = Turn {
+            id: id.clone(),
+            agent_id: agent.id.clone(),
+            session: agent.session.clone(),
+            signals: vec![signal],
+            status: TurnStatus::Done,
+            parts: vec!["ok".into()],
+            delivered: 1,
+            target: ReplyTarget::None,
+            discord_message_ids: Vec::new(),
+            provider: ProviderKind::Offline.to_string(),
+            model: "offline".into(),
+            usage: Usage::default(),
+            error: None,
+            created_at: now,
+            completed_at: Some(now),
+        };
+        let text =
+            "a message of history, about as long as a short chat line, to fill the context. "
+                .repeat(2);
+        let messages: Vec<ConversationMessage> = [Role::User, Role::Assistant]
+            .into_iter()
+            .take(if 2 * k + 1 == size { 1 } else { 2 })
+            .enumerate()
+            .map(|(n, role)| ConversationMessage {
+                id: format!("{id}.{n:02}"),
+                agent_id: agent.id.clone(),
+                turn_id: id.clone(),
+                role,
+                source: "bench".into(),
+                agent: None,
+                author: None,
+                content: text.clone(),
+                created_at: now,
+            })
+            .collect();
+        store.begin_turn(&turn, &messages).await?;
+    }
+    Ok(())
 }

@@ -8,9 +8,11 @@ use std::time::Duration;
 use pulse_shared::adapters::{Connected, connect};
 use pulse_shared::config::{Backend, Config, Env};
 use pulse_shared::domain::{
-    ActiveHours, AgentId, EventType, Filter, Interval, NewAgent, NewEvent, Subscription,
-    SubscriptionId, TimeZoneName, Tool, ToolName, parse_duration,
+    ActiveHours, AgentId, AgentLlm, Budgets, EventType, Filter, HEARTBEAT_AGENT, Interval,
+    NewAgent, NewEvent, ProviderKind, Role, Signal, SignalMeta, Subscription, SubscriptionId,
+    TimeZoneName, Tool, ToolKind, ToolName, builtin_tools, parse_duration,
 };
+use pulse_shared::engine::intake;
 use pulse_shared::error::{StoreError, ValidationError};
 use pulse_shared::ports::{Clock, SystemClock};
 use pulse_shared::telemetry::{self, LogFormat};
@@ -18,27 +20,60 @@ use serde_json::Value;
 
 use crate::output::{Out, short, when};
 use crate::{
-    ActionsCmd, AgentsCmd, BenchCmd, Cli, Command, EventsCmd, Failure, HeartbeatsCmd,
-    SubscriptionsCmd, ToolsCmd, bench, serve,
+    ActionsCmd, AgentsCmd, BenchCmd, Cli, Command, ConversationCmd, EventsCmd, Failure,
+    HeartbeatsCmd, MemoriesCmd, SubscriptionsCmd, ToolsCmd, bench, serve,
 };
 
 /// A validated command.
 enum Plan {
-    Serve { tick: Duration },
+    Serve {
+        tick: Duration,
+    },
     Sweep,
     CreateAgent(NewAgent),
     ListAgents,
     ShowAgent(AgentId),
-    Emit { agent: AgentId, event: NewEvent },
-    ListEvents { agent: AgentId, limit: usize },
-    ListHeartbeats { agent: AgentId, limit: usize },
-    ListActions { agent: AgentId, limit: usize },
+    Emit {
+        agent: AgentId,
+        event: NewEvent,
+    },
+    ListEvents {
+        agent: AgentId,
+        limit: usize,
+    },
+    ListHeartbeats {
+        agent: AgentId,
+        limit: usize,
+    },
+    ListActions {
+        agent: AgentId,
+        limit: usize,
+    },
     AddTool(Tool),
     ListTools,
-    SetTool { name: ToolName, active: bool },
+    SetTool {
+        name: ToolName,
+        active: bool,
+    },
     AddSubscription(Subscription),
     ListSubscriptions,
-    SetSubscription { id: SubscriptionId, active: bool },
+    SetSubscription {
+        id: SubscriptionId,
+        active: bool,
+    },
+    Say {
+        agent: AgentId,
+        user: String,
+        text: String,
+    },
+    ShowConversation {
+        agent: AgentId,
+        limit: usize,
+    },
+    ListMemories {
+        agent: AgentId,
+        limit: usize,
+    },
 }
 
 impl Plan {
@@ -54,6 +89,7 @@ impl Plan {
                 | Plan::SetTool { .. }
                 | Plan::AddSubscription(_)
                 | Plan::SetSubscription { .. }
+                | Plan::Say { .. }
         )
     }
 }
@@ -103,6 +139,34 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
             new.instructions = a.instructions;
             new.persona = a.persona;
             new.alias = a.alias;
+            new.llm = AgentLlm {
+                provider: a
+                    .llm_provider
+                    .as_deref()
+                    .map(ProviderKind::parse)
+                    .transpose()
+                    .map_err(input)?,
+                model: a.llm_model.filter(|m| !m.trim().is_empty()),
+                base_url: a
+                    .llm_base_url
+                    .as_deref()
+                    .map(|u| {
+                        url::Url::parse(u)
+                            .map_err(|e| Failure::Input(format!("invalid LLM base URL {u:?}: {e}")))
+                    })
+                    .transpose()?,
+            };
+            new.budgets = Budgets {
+                max_steps: a.max_steps,
+                max_tokens: a.max_tokens,
+            };
+            new.quiet_period = a
+                .quiet_period
+                .as_deref()
+                .map(str::parse::<Interval>)
+                .transpose()
+                .map_err(input)?;
+            new.discord_channel = a.discord_channel;
             // Validate the name now, so a bad one is reported before anything is opened.
             new.clone().create(now).map_err(input)?;
             Plan::CreateAgent(new)
@@ -210,6 +274,33 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
             id: SubscriptionId::parse(&id).map_err(input)?,
             active: false,
         },
+        Command::Say(a) => {
+            let agent = AgentId::parse(&a.agent).map_err(input)?;
+            // Validate the text now; the signal itself is made once the agent is read.
+            Signal::user_message(
+                &agent,
+                &pulse_shared::domain::SessionId::for_agent(&agent),
+                &a.text,
+                SignalMeta::default(),
+                now,
+            )
+            .map_err(input)?;
+            Plan::Say {
+                agent,
+                user: a.user,
+                text: a.text,
+            }
+        }
+        Command::Conversation(ConversationCmd::Show { agent, limit: n }) => {
+            Plan::ShowConversation {
+                agent: AgentId::parse(&agent).map_err(input)?,
+                limit: limit(n)?,
+            }
+        }
+        Command::Memories(MemoriesCmd::List { agent, limit: n }) => Plan::ListMemories {
+            agent: AgentId::parse(&agent).map_err(input)?,
+            limit: limit(n)?,
+        },
         Command::Bench(_) => unreachable!("benchmarks are dispatched before planning"),
     })
 }
@@ -232,6 +323,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     }) = cli.command
     {
         return bench::sweep(heartbeats, aws_endpoint, &out).await;
+    }
+    if let Command::Bench(BenchCmd::Turn { history, turns }) = &cli.command {
+        return bench::turn(history, *turns, &out).await;
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let plan = plan(cli.command, clock.now())?;
@@ -423,16 +517,22 @@ async fn execute(
             Ok(())
         }
         Plan::ListTools => {
-            let mut tools = b.store.load_registry().await?.tools;
+            let mut tools = b
+                .store
+                .load_registry()
+                .await?
+                .with_builtins(builtin_tools())
+                .tools;
             tools.sort_by(|a, b| a.name.cmp(&b.name));
             out.table(
                 &tools,
                 &["NAME", "ACTIVE", "KIND", "URL", "TIMEOUT", "DESCRIPTION"],
                 |t| {
                     let (kind, url, timeout) = match &t.kind {
-                        pulse_shared::domain::ToolKind::Http { url, timeout_ms } => {
+                        ToolKind::Http { url, timeout_ms } => {
                             ("http", url.to_string(), format!("{timeout_ms}ms"))
                         }
+                        ToolKind::HeartbeatAgent => ("built-in", "-".into(), "-".into()),
                     };
                     vec![
                         t.name.to_string(),
@@ -447,6 +547,13 @@ async fn execute(
             Ok(())
         }
         Plan::SetTool { name, active } => {
+            if name.as_str() == HEARTBEAT_AGENT {
+                // Built-ins are implicit until first switched: store the record to switch.
+                match b.store.add_tool(&Tool::heartbeat_agent()).await {
+                    Ok(()) | Err(StoreError::AlreadyExists(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
             b.store
                 .set_tool_active(&name, active)
                 .await
@@ -458,7 +565,11 @@ async fn execute(
             Ok(())
         }
         Plan::AddSubscription(sub) => {
-            let registry = b.store.load_registry().await?;
+            let registry = b
+                .store
+                .load_registry()
+                .await?
+                .with_builtins(builtin_tools());
             if !registry.tools.iter().any(|t| t.name == sub.tool) {
                 return Err(Failure::Input(format!(
                     "tool {} is not registered; add it first with `pulse tools add`",
@@ -477,7 +588,12 @@ async fn execute(
             Ok(())
         }
         Plan::ListSubscriptions => {
-            let mut subs = b.store.load_registry().await?.subscriptions;
+            let mut subs = b
+                .store
+                .load_registry()
+                .await?
+                .with_builtins(builtin_tools())
+                .subscriptions;
             subs.sort_by(|a, b| {
                 (&a.event_type, a.order, &a.tool).cmp(&(&b.event_type, b.order, &b.tool))
             });
@@ -499,6 +615,13 @@ async fn execute(
             Ok(())
         }
         Plan::SetSubscription { id, active } => {
+            let builtin = Subscription::heartbeat_agent();
+            if id == builtin.id {
+                match b.store.add_subscription(&builtin).await {
+                    Ok(()) | Err(StoreError::AlreadyExists(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
             b.store
                 .set_subscription_active(&id, active)
                 .await
@@ -507,6 +630,64 @@ async fn execute(
                 "subscription {id} {}",
                 if active { "enabled" } else { "disabled" }
             ));
+            Ok(())
+        }
+        Plan::Say { agent, user, text } => {
+            let a = require_agent(b, &agent).await?;
+            let signal = Signal::user_message(
+                &a.id,
+                &a.session,
+                &text,
+                SignalMeta {
+                    source: Some("cli".into()),
+                    user_name: Some(user),
+                    ..SignalMeta::default()
+                },
+                clock.now(),
+            )
+            .map_err(input)?;
+            intake::submit(b.store.as_ref(), b.queue.as_ref(), signal.clone()).await?;
+            out.created(
+                &signal,
+                signal.id.as_str(),
+                &format!(
+                    "queued for {}; `pulse serve` (or `pulse sweep`) answers it, `pulse conversation show --agent {}` shows the reply",
+                    a.name, a.id
+                ),
+            );
+            Ok(())
+        }
+        Plan::ShowConversation { agent, limit } => {
+            require_agent(b, &agent).await?;
+            let mut messages = b.store.recent_messages(&agent, limit).await?;
+            messages.reverse();
+            out.table(&messages, &["TIME", "WHO", "SOURCE", "TEXT"], |m| {
+                let who = match m.role {
+                    Role::User => m.author.clone().unwrap_or_else(|| "user".into()),
+                    Role::Assistant => m.agent.clone().unwrap_or_else(|| "agent".into()),
+                };
+                vec![
+                    when(Some(m.created_at)),
+                    who,
+                    m.source.clone(),
+                    short(&m.content, 120),
+                ]
+            });
+            Ok(())
+        }
+        Plan::ListMemories { agent, limit } => {
+            require_agent(b, &agent).await?;
+            let memories = b.store.memories(&agent, limit).await?;
+            out.table(&memories, &["ID", "TIME", "HEARTBEAT", "TEXT"], |m| {
+                vec![
+                    m.id.to_string(),
+                    when(Some(m.created_at)),
+                    m.heartbeat_id
+                        .as_ref()
+                        .map_or("-".into(), |h| h.beat().to_string()),
+                    short(&m.text, 120),
+                ]
+            });
             Ok(())
         }
     }

@@ -56,6 +56,14 @@ enum Command {
     /// Route event types to tools.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCmd),
+    /// Send a message to an agent, as if from Discord; the worker answers it.
+    Say(SayArgs),
+    /// Show an agent's conversation.
+    #[command(subcommand)]
+    Conversation(ConversationCmd),
+    /// List what agents remembered.
+    #[command(subcommand)]
+    Memories(MemoriesCmd),
     /// Measure the engine; prints figures.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -68,10 +76,48 @@ struct ServeArgs {
     tick: String,
 }
 
+#[derive(Args, Debug)]
+struct SayArgs {
+    /// The agent's id.
+    #[arg(long)]
+    agent: String,
+    /// Your name, as the agent sees it.
+    #[arg(long, default_value = "you")]
+    user: String,
+    /// What to say.
+    text: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum ConversationCmd {
+    /// The latest messages, oldest first.
+    Show {
+        /// The agent's id.
+        #[arg(long)]
+        agent: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum MemoriesCmd {
+    /// An agent's latest memories, newest first.
+    List {
+        /// The agent's id.
+        #[arg(long)]
+        agent: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
 #[derive(Subcommand, Debug)]
 enum AgentsCmd {
     /// Create an agent; its first heartbeat is due at once.
-    Create(CreateAgent),
+    Create(Box<CreateAgent>),
     /// List agents.
     List,
     /// Show one agent and its latest heartbeat.
@@ -104,6 +150,27 @@ struct CreateAgent {
     /// Short handle.
     #[arg(long)]
     alias: Option<String>,
+    /// LLM provider for this agent: anthropic, openai or offline (default: the configured one).
+    #[arg(long, value_name = "PROVIDER")]
+    llm_provider: Option<String>,
+    /// Model for this agent.
+    #[arg(long, value_name = "MODEL")]
+    llm_model: Option<String>,
+    /// API base URL for this agent (an OpenAI-compatible server, a proxy).
+    #[arg(long, value_name = "URL")]
+    llm_base_url: Option<String>,
+    /// Most LLM calls per heartbeat.
+    #[arg(long, default_value_t = 8)]
+    max_steps: u32,
+    /// Most tokens per heartbeat.
+    #[arg(long, default_value_t = 50_000)]
+    max_tokens: u64,
+    /// How long after a user turn the next heartbeat waits (default: half the interval).
+    #[arg(long, value_name = "DURATION")]
+    quiet_period: Option<String>,
+    /// The Discord channel the agent speaks in when no interaction is open.
+    #[arg(long, value_name = "CHANNEL_ID")]
+    discord_channel: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -239,6 +306,16 @@ enum BenchCmd {
         /// An AWS emulator (e.g. moto) to measure the AWS backend on as well.
         #[arg(long, value_name = "URL")]
         aws_endpoint: Option<String>,
+    },
+    /// The worker's cost per conversation turn with histories of several sizes (offline
+    /// model, no Discord).
+    Turn {
+        /// History sizes, in messages.
+        #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]
+        history: Vec<usize>,
+        /// Turns measured per size.
+        #[arg(long, default_value_t = 200)]
+        turns: usize,
     },
 }
 

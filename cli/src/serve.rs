@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pulse_shared::adapters::Connected;
+use pulse_shared::adapters::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::engine::{PollReport, Sweeper, Worker};
 use pulse_shared::error::chain;
@@ -20,7 +20,11 @@ use crate::output::Out;
 const VISIBILITY: Duration = Duration::from_secs(300);
 
 fn engine(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> (Sweeper, Worker) {
-    (b.sweeper(&config.engine), b.worker(clock, &config.engine))
+    let services = Services::from_config(config);
+    (
+        b.sweeper(&config.engine),
+        b.worker(clock, &config.engine, &services),
+    )
 }
 
 fn describe(backend: &Backend) -> String {
@@ -42,6 +46,12 @@ pub(crate) async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let wake = Notify::new();
     info!(backend = %describe(&config.backend), tick = ?tick, "pulse serve started; Ctrl-C stops it");
+    info!(llm = %config.llm.describe(), "language model");
+    if !config.discord.is_configured() {
+        info!(
+            "Discord is not configured (DISCORD_BOT_TOKEN, DISCORD_APPLICATION_ID): replies are stored only; `pulse conversation show` reads them"
+        );
+    }
 
     let sweeping = async {
         let mut stop = stop_rx.clone();

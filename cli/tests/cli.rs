@@ -14,6 +14,10 @@ fn pulse(dir: &Path, args: &[&str]) -> Output {
         .current_dir(dir)
         .env_remove("PULSE_DB")
         .env_remove("PULSE_BACKEND")
+        // The offline model and no Discord, whatever the developer's shell has.
+        .env("PULSE_LLM_PROVIDER", "offline")
+        .env_remove("DISCORD_BOT_TOKEN")
+        .env_remove("DISCORD_APPLICATION_ID")
         .env("PULSE_EVENT_SETTLE", "0s")
         .output()
         .expect("pulse runs")
@@ -132,7 +136,31 @@ fn bad_input_exits_two_and_writes_nothing() {
         json(d, &["events", "list", "--agent", &agent]),
         Value::Array(vec![])
     );
-    assert_eq!(json(d, &["tools", "list"]), Value::Array(vec![]));
+    let tools = json(d, &["tools", "list"]);
+    assert_eq!(
+        tools.as_array().unwrap().len(),
+        1,
+        "only the built-in: {tools}"
+    );
+    assert_eq!(tools[0]["name"], "heartbeat-agent");
+    assert!(bad(d, &["say", "--agent", &agent, "   "]).contains("empty"));
+    assert!(
+        bad(
+            d,
+            &[
+                "agents",
+                "create",
+                "--name",
+                "x",
+                "--llm-provider",
+                "gemini"
+            ]
+        )
+        .contains("anthropic, openai or offline")
+    );
+    assert!(
+        bad(d, &["agents", "create", "--name", "x", "--max-steps", "0"]).contains("at least 1")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,7 +242,8 @@ async fn the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade() {
     let heartbeats = json(d, &["heartbeats", "list", "--agent", &agent]);
     assert_eq!(heartbeats[0]["status"], "PENDING");
     assert_eq!(heartbeats[1]["status"], "COMPLETED");
-    assert_eq!(heartbeats[1]["actions_triggered"], 2);
+    // echo on NOTE and on HEARTBEAT, and the built-in heartbeat agent.
+    assert_eq!(heartbeats[1]["actions_triggered"], 3);
     let events = json(d, &["events", "list", "--agent", &agent]);
     let types: Vec<&str> = events
         .as_array()
@@ -235,6 +264,42 @@ async fn the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade() {
     assert_eq!(tool.requests().len(), 2);
     let show = json(d, &["agents", "show", &agent]);
     assert_eq!(show["agent"]["name"], "scout");
+
+    // The user speaks; the next sweep answers with the offline model and stores the turn.
+    let d2 = d.to_owned();
+    let a2 = agent.clone();
+    tokio::task::spawn_blocking(move || {
+        ok(
+            &d2,
+            &[
+                "say",
+                "--agent",
+                &a2,
+                "--user",
+                "ana",
+                "is the report done?",
+            ],
+        );
+        ok(&d2, &["sweep"]);
+    })
+    .await
+    .unwrap();
+    let conversation = json(d, &["conversation", "show", "--agent", &agent]);
+    let lines: Vec<(&str, &str)> = conversation
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("user", "is the report done?"),
+            ("assistant", "(offline) You said: \"is the report done?\".")
+        ]
+    );
+    assert_eq!(conversation[1]["source"], "conversation");
+    assert_eq!(conversation[0]["author"], "ana");
 }
 
 #[test]

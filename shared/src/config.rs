@@ -14,15 +14,30 @@
 //! | `PULSE_MAX_WINDOW_EVENTS` | window events per heartbeat | `500` |
 //! | `PULSE_SWEEP_MAX` | claims per sweep | `10000` |
 //! | `PULSE_REGISTRY_TTL` | how long a worker caches tools and subscriptions | `10s` |
+//! | `PULSE_LLM_PROVIDER` | `anthropic`, `openai` or `offline` | the provider whose key is set; `offline` (logged) when none is |
+//! | `PULSE_LLM_BASE_URL` | API base of the default provider | the provider's own |
+//! | `PULSE_LLM_MODEL` | model of the default provider | `claude-sonnet-4-5` / `gpt-4o-mini` |
+//! | `ANTHROPIC_API_KEY`, `OPENAI_API_KEY` | provider keys | unset |
+//! | `PULSE_LLM_TIMEOUT` | one LLM exchange | `60s` |
+//! | `PULSE_LLM_MAX_ATTEMPTS` | attempts per LLM request (429/5xx/timeouts retry) | `4` |
+//! | `DISCORD_BOT_TOKEN` | posts to channels | unset: replies are stored only |
+//! | `DISCORD_APPLICATION_ID` | answers interactions | unset |
+//! | `DISCORD_API_BASE` | Discord's API | `https://discord.com/api/v10` |
 
 use std::path::PathBuf;
 
 use jiff::SignedDuration;
 
+use std::time::Duration;
+
+use url::Url;
+
 use crate::adapters::aws::AwsSettings;
-use crate::domain::parse_duration;
+use crate::discord::DiscordConfig;
+use crate::domain::{ProviderKind, Secret, parse_duration};
 use crate::engine::EngineSettings;
 use crate::error::ConfigError;
+use crate::llm::LlmConfig;
 
 /// Which backend to use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +58,25 @@ pub struct Config {
     pub backend: Backend,
     /// Engine tunables.
     pub engine: EngineSettings,
+    /// The LLM providers.
+    pub llm: LlmConfig,
+    /// Discord.
+    pub discord: DiscordConfig,
+}
+
+impl Config {
+    /// The embedded backend at `./pulse.db`, default tunables, the offline model and no
+    /// Discord: for benchmarks and tests, which override what they need.
+    pub fn defaults() -> Self {
+        Self {
+            backend: Backend::Sqlite {
+                path: PathBuf::from("pulse.db"),
+            },
+            engine: EngineSettings::default(),
+            llm: LlmConfig::offline(),
+            discord: DiscordConfig::unconfigured(),
+        }
+    }
 }
 
 /// Reads variables through `lookup` (the process environment in production).
@@ -115,6 +149,77 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Ok(settings)
     }
 
+    fn url(&self, var: &'static str) -> Result<Option<Url>, ConfigError> {
+        self.get(var)
+            .map(|v| {
+                Url::parse(v.trim())
+                    .ok()
+                    .filter(|u| matches!(u.scheme(), "http" | "https"))
+                    .ok_or_else(|| {
+                        ConfigError::new(var, format!("{v:?} is not an http:// or https:// URL"))
+                    })
+            })
+            .transpose()
+    }
+
+    /// The LLM configuration. With no `PULSE_LLM_PROVIDER`, the provider whose key is set
+    /// is used; with no key either, the offline provider (the caller logs that loudly).
+    pub fn llm(&self) -> Result<LlmConfig, ConfigError> {
+        let anthropic_key = self.get("ANTHROPIC_API_KEY").map(Secret::new);
+        let openai_key = self.get("OPENAI_API_KEY").map(Secret::new);
+        let provider = match self.get("PULSE_LLM_PROVIDER") {
+            Some(p) => ProviderKind::parse(&p)
+                .map_err(|e| ConfigError::new("PULSE_LLM_PROVIDER", e.message))?,
+            None if anthropic_key.is_some() => ProviderKind::Anthropic,
+            None if openai_key.is_some() => ProviderKind::OpenAi,
+            None => ProviderKind::Offline,
+        };
+        match provider {
+            ProviderKind::Anthropic if anthropic_key.is_none() => {
+                return Err(ConfigError::new(
+                    "ANTHROPIC_API_KEY",
+                    "is not set but PULSE_LLM_PROVIDER is anthropic; set the key, or choose another provider",
+                ));
+            }
+            ProviderKind::OpenAi if openai_key.is_none() => {
+                return Err(ConfigError::new(
+                    "OPENAI_API_KEY",
+                    "is not set but PULSE_LLM_PROVIDER is openai; set the key, or choose another provider",
+                ));
+            }
+            _ => {}
+        }
+        let d = LlmConfig::offline();
+        Ok(LlmConfig {
+            provider,
+            explicit: self.get("PULSE_LLM_PROVIDER").is_some(),
+            base_url: self.url("PULSE_LLM_BASE_URL")?,
+            model: self.get("PULSE_LLM_MODEL"),
+            anthropic_key,
+            openai_key,
+            timeout: self
+                .duration(
+                    "PULSE_LLM_TIMEOUT",
+                    SignedDuration::try_from(d.timeout).unwrap_or_default(),
+                )?
+                .unsigned_abs()
+                .max(Duration::from_millis(1)),
+            max_attempts: self.number("PULSE_LLM_MAX_ATTEMPTS", d.max_attempts, 1)?,
+            max_retry_wait: d.max_retry_wait,
+        })
+    }
+
+    /// Discord's configuration; unset tokens leave replies stored only.
+    pub fn discord(&self) -> Result<DiscordConfig, ConfigError> {
+        let d = DiscordConfig::unconfigured();
+        Ok(DiscordConfig {
+            api_base: self.url("DISCORD_API_BASE")?.unwrap_or(d.api_base),
+            bot_token: self.get("DISCORD_BOT_TOKEN").map(Secret::new),
+            application_id: self.get("DISCORD_APPLICATION_ID"),
+            ..d
+        })
+    }
+
     /// The AWS resources.
     pub fn aws(&self) -> Result<AwsSettings, ConfigError> {
         let required = |var: &'static str, what: &str| {
@@ -150,6 +255,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Ok(Config {
             backend: Backend::Aws(self.aws()?),
             engine: self.engine()?,
+            llm: self.llm()?,
+            discord: self.discord()?,
         })
     }
 
@@ -158,6 +265,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Ok(Config {
             backend: self.backend(db)?,
             engine: self.engine()?,
+            llm: self.llm()?,
+            discord: self.discord()?,
         })
     }
 }
@@ -218,5 +327,47 @@ mod tests {
             .unwrap();
         assert_eq!(ok.event_settle, SignedDuration::from_secs(5));
         assert_eq!(ok.cascade_depth, 2);
+    }
+
+    #[test]
+    fn the_llm_provider_follows_the_key_that_is_set_and_offline_is_never_silent_over_a_key() {
+        assert_eq!(env(&[]).llm().unwrap().provider, ProviderKind::Offline);
+        assert_eq!(
+            env(&[("OPENAI_API_KEY", "k")]).llm().unwrap().provider,
+            ProviderKind::OpenAi
+        );
+        assert_eq!(
+            env(&[("OPENAI_API_KEY", "k"), ("ANTHROPIC_API_KEY", "k")])
+                .llm()
+                .unwrap()
+                .provider,
+            ProviderKind::Anthropic
+        );
+        let err = env(&[("PULSE_LLM_PROVIDER", "anthropic")])
+            .llm()
+            .unwrap_err();
+        assert_eq!(err.variable, "ANTHROPIC_API_KEY");
+        let err = env(&[("PULSE_LLM_PROVIDER", "gemini")]).llm().unwrap_err();
+        assert_eq!(err.variable, "PULSE_LLM_PROVIDER");
+        let err = env(&[("PULSE_LLM_BASE_URL", "nope")]).llm().unwrap_err();
+        assert_eq!(err.variable, "PULSE_LLM_BASE_URL");
+        let c = env(&[("ANTHROPIC_API_KEY", "sk-secret")]).llm().unwrap();
+        assert!(!format!("{c:?}").contains("sk-secret"), "keys never print");
+    }
+
+    #[test]
+    fn discord_settings_come_from_the_environment() {
+        let d = env(&[
+            ("DISCORD_API_BASE", "http://127.0.0.1:9/api/v10"),
+            ("DISCORD_BOT_TOKEN", "t"),
+        ])
+        .discord()
+        .unwrap();
+        assert_eq!(d.api_base.as_str(), "http://127.0.0.1:9/api/v10");
+        assert!(d.bot_token.is_some());
+        let err = env(&[("DISCORD_API_BASE", "ftp://x")])
+            .discord()
+            .unwrap_err();
+        assert_eq!(err.variable, "DISCORD_API_BASE");
     }
 }

@@ -90,6 +90,10 @@ pub enum EngineError {
     /// A record needed for the run is missing or inconsistent.
     #[error("{0}")]
     Missing(String),
+    /// An outside service (the model, Discord) is unavailable for now; the work is
+    /// delivered again later.
+    #[error("{0}")]
+    Unavailable(String),
     /// Another run of the same heartbeat is working on it right now. Not a failure of
     /// the heartbeat: the job is retried later, when the other run has finished.
     #[error("{0}")]

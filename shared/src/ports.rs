@@ -14,9 +14,10 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
 use crate::domain::{
-    Action, Agent, AgentId, LlmRequest, LlmResponse, ClaimRequest, Delivery, Event, EventCursor, EventId, Heartbeat,
-    HeartbeatId, HeartbeatStatus, OutgoingTask, Registry, Subscription, SubscriptionId, Tool,
-    ToolName, ToolRequest, ToolResponse,
+    Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery, Event, EventCursor,
+    EventId, Heartbeat, HeartbeatId, HeartbeatStatus, LlmRequest, LlmResponse, Memory,
+    OutgoingTask, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName, ToolRequest,
+    ToolResponse, Turn, TurnId,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -160,6 +161,11 @@ pub trait HeartbeatStore: Send + Sync {
     /// Finishes a heartbeat, schedules the next one and writes the HEARTBEAT event, in one
     /// atomic write conditional on the heartbeat still being EXECUTING under this claim.
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
+    /// Puts a claimed heartbeat back to PENDING, due at `until`, if it is still EXECUTING
+    /// under this claim (the quiet period after a user turn). The window end and start
+    /// time are cleared so the next claim reads a fresh window. False if the claim was
+    /// lost.
+    async fn defer(&self, heartbeat: &Heartbeat, until: Timestamp) -> Result<bool, StoreError>;
     /// Reads a heartbeat.
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError>;
     /// An agent's latest heartbeats, newest first.
@@ -243,9 +249,69 @@ pub trait ToolRegistry: Send + Sync {
     async fn load_registry(&self) -> Result<Registry, StoreError>;
 }
 
+/// What `begin_turn` found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnStart {
+    /// The turn was written now.
+    Created,
+    /// A turn with this id exists (an earlier delivery wrote it): here it is, unchanged.
+    Exists(Box<Turn>),
+}
+
+/// Conversations: turns, their persisted messages, and which signals they answered.
+#[async_trait]
+pub trait ConversationStore: Send + Sync {
+    /// Which of `signals` a turn answered already, as (signal, turn) pairs.
+    async fn answered(
+        &self,
+        agent: &AgentId,
+        signals: &[SignalId],
+    ) -> Result<Vec<(SignalId, TurnId)>, StoreError>;
+    /// Writes a turn, its messages, and the marks that its signals are answered, in one
+    /// atomic write, unless the turn exists (then it is returned unchanged). `Conflict` if
+    /// one of its signals belongs to another turn.
+    async fn begin_turn(
+        &self,
+        turn: &Turn,
+        messages: &[ConversationMessage],
+    ) -> Result<TurnStart, StoreError>;
+    /// Records a turn's delivery progress (status, parts delivered, message ids, error).
+    async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError>;
+    /// Reads a turn.
+    async fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Result<Option<Turn>, StoreError>;
+    /// The agent's latest `limit` messages, newest first. Reads only those, so the cost
+    /// of a turn does not grow with the length of the history.
+    async fn recent_messages(
+        &self,
+        agent: &AgentId,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError>;
+}
+
+/// Agents' memories.
+#[async_trait]
+pub trait MemoryStore: Send + Sync {
+    /// Stores a memory; writing one with an existing id replaces it.
+    async fn remember(&self, memory: &Memory) -> Result<(), StoreError>;
+    /// The agent's latest `limit` memories, newest first.
+    async fn memories(&self, agent: &AgentId, limit: usize) -> Result<Vec<Memory>, StoreError>;
+}
+
 /// Everything the engine stores.
-pub trait Store: AgentStore + HeartbeatStore + EventLog + ActionLog + ToolRegistry {}
-impl<T: AgentStore + HeartbeatStore + EventLog + ActionLog + ToolRegistry> Store for T {}
+pub trait Store:
+    AgentStore + HeartbeatStore + EventLog + ActionLog + ToolRegistry + ConversationStore + MemoryStore
+{
+}
+impl<T> Store for T where
+    T: AgentStore
+        + HeartbeatStore
+        + EventLog
+        + ActionLog
+        + ToolRegistry
+        + ConversationStore
+        + MemoryStore
+{
+}
 
 /// Tasks that could not be sent.
 #[derive(Clone, Debug, Default)]
@@ -274,6 +340,9 @@ pub trait SessionQueue: Send + Sync {
 pub struct ToolCall {
     /// The validated response, or why the call failed.
     pub result: Result<ToolResponse, String>,
+    /// Set when the tool stopped because its heartbeat was interrupted (a user message
+    /// arrived): the heartbeat ends CANCELLED and yields to the user's turn.
+    pub interrupted: Option<String>,
     /// What is recorded on the action as the response: the body received, or what is
     /// known of a failed exchange (HTTP status, an excerpt of the body).
     pub response_meta: Option<Value>,
@@ -285,6 +354,11 @@ pub struct ToolCall {
 pub trait ToolRunner: Send + Sync {
     /// Calls `tool` with `request`.
     async fn call(&self, tool: &Tool, request: &ToolRequest) -> ToolCall;
+    /// The built-in tools this runner provides, with their default subscriptions; the
+    /// engine adds them to the registry unless the store overrides them.
+    fn builtins(&self) -> Vec<(Tool, crate::domain::Subscription)> {
+        Vec::new()
+    }
 }
 
 /// A language model behind some provider.
@@ -310,11 +384,17 @@ pub trait LlmSelector: Send + Sync {
 pub trait DiscordApi: Send + Sync {
     /// Edits the deferred original response of an interaction (valid for 15 minutes
     /// after the interaction).
-    async fn edit_original(&self, interaction_token: &str, content: &str)
-    -> Result<String, DiscordError>;
+    async fn edit_original(
+        &self,
+        interaction_token: &str,
+        content: &str,
+    ) -> Result<String, DiscordError>;
     /// Sends a follow-up message through the interaction's webhook.
-    async fn follow_up(&self, interaction_token: &str, content: &str)
-    -> Result<String, DiscordError>;
+    async fn follow_up(
+        &self,
+        interaction_token: &str,
+        content: &str,
+    ) -> Result<String, DiscordError>;
     /// Posts a message to a channel with the bot token. `nonce` (at most 25 characters)
     /// is enforced, so a retried post with the same nonce does not post twice.
     async fn create_message(

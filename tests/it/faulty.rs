@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use jiff::Timestamp;
 use pulse_shared::domain::{
-    Action, Agent, AgentId, ClaimRequest, Event, EventCursor, EventId, Heartbeat, HeartbeatId,
-    Registry, Subscription, SubscriptionId, Tool, ToolName,
+    Action, Agent, AgentId, ClaimRequest, ConversationMessage, Event, EventCursor, EventId,
+    Heartbeat, HeartbeatId, Memory, Registry, SignalId, Subscription, SubscriptionId, Tool,
+    ToolName, Turn, TurnId,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
-    ActionLog, AgentStore, DuePage, EventLog, Finish, FinishOutcome, HeartbeatStore, PageToken,
-    Store, ToolRegistry, Window,
+    ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
+    HeartbeatStore, MemoryStore, PageToken, Store, ToolRegistry, TurnStart, Window,
 };
 
 pub(crate) struct FaultyStore {
@@ -77,6 +78,9 @@ impl HeartbeatStore for FaultyStore {
     }
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError> {
         self.inner.finish(finish).await
+    }
+    async fn defer(&self, hb: &Heartbeat, until: Timestamp) -> Result<bool, StoreError> {
+        self.inner.defer(hb, until).await
     }
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError> {
         self.inner.get_heartbeat(id).await
@@ -159,5 +163,46 @@ impl ToolRegistry for FaultyStore {
     }
     async fn load_registry(&self) -> Result<Registry, StoreError> {
         self.inner.load_registry().await
+    }
+}
+
+#[async_trait]
+impl ConversationStore for FaultyStore {
+    async fn answered(
+        &self,
+        agent: &AgentId,
+        signals: &[SignalId],
+    ) -> Result<Vec<(SignalId, TurnId)>, StoreError> {
+        self.inner.answered(agent, signals).await
+    }
+    async fn begin_turn(
+        &self,
+        turn: &Turn,
+        messages: &[ConversationMessage],
+    ) -> Result<TurnStart, StoreError> {
+        self.inner.begin_turn(turn, messages).await
+    }
+    async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError> {
+        self.inner.update_turn(turn).await
+    }
+    async fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Result<Option<Turn>, StoreError> {
+        self.inner.get_turn(agent, id).await
+    }
+    async fn recent_messages(
+        &self,
+        agent: &AgentId,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError> {
+        self.inner.recent_messages(agent, limit).await
+    }
+}
+
+#[async_trait]
+impl MemoryStore for FaultyStore {
+    async fn remember(&self, memory: &Memory) -> Result<(), StoreError> {
+        self.inner.remember(memory).await
+    }
+    async fn memories(&self, agent: &AgentId, limit: usize) -> Result<Vec<Memory>, StoreError> {
+        self.inner.memories(agent, limit).await
     }
 }

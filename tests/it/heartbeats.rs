@@ -35,6 +35,7 @@ async fn heartbeats(b: &Backend, agent: &Agent) -> Vec<pulse_shared::domain::Hea
 fn job_of(d: &Delivery) -> pulse_shared::domain::Heartbeat {
     match TaskEnvelope::decode(&d.body).unwrap().task {
         SessionTask::Heartbeat(j) => j.heartbeat,
+        other => panic!("expected a heartbeat job, got {other:?}"),
     }
 }
 
@@ -544,6 +545,8 @@ async fn beats(kind: Kind) {
         .record_interaction(&agent.id, b.now())
         .await
         .unwrap();
+    // Past the quiet period (half the interval) that follows a user interaction.
+    b.advance(SignedDuration::from_mins(3));
     for _ in 0..2 {
         assert_eq!(beat(&b).await, 1);
         b.advance(SignedDuration::from_mins(5));

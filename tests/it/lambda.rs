@@ -63,6 +63,7 @@ async fn sqs_batch(kind: Kind) {
         jobs.iter()
             .find(|d| match TaskEnvelope::decode(&d.body).unwrap().task {
                 SessionTask::Heartbeat(j) => j.heartbeat.id() == id,
+                _ => false,
             })
             .unwrap()
             .clone()

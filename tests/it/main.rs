@@ -3,9 +3,10 @@
 //! test). `scripts/test.sh` starts moto and sets `PULSE_TEST_MOTO_URL`.
 
 mod conformance;
+mod conversation_store;
+mod discord;
 mod faulty;
 mod heartbeats;
-mod discord;
 mod lambda;
 mod llm;
 mod queue;

@@ -36,6 +36,7 @@ fn task(group: &str, beat: u64) -> OutgoingTask {
 fn beat_of(body: &str) -> u64 {
     match TaskEnvelope::decode(body).unwrap().task {
         SessionTask::Heartbeat(j) => j.heartbeat.beat,
+        other => panic!("expected a heartbeat job, got {other:?}"),
     }
 }
 

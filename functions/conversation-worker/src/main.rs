@@ -1,12 +1,12 @@
-//! Lambda: SQS FIFO batch from the sessions queue → tasks run in order per session
-//! (heartbeat jobs for now); failures are reported per message so Lambda redelivers a
-//! failed message and the rest of its group, and nothing else.
+//! Lambda: SQS FIFO batch from the sessions queue → heartbeat jobs and conversation turns
+//! in order per session; failures are reported per message so Lambda redelivers a failed
+//! message and the rest of its group, and nothing else.
 
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use pulse_shared::adapters::connect;
+use pulse_shared::adapters::{Services, connect};
 use pulse_shared::config::Env;
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
@@ -16,9 +16,11 @@ async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
     let config = Env::process().lambda()?;
     let clock = Arc::new(SystemClock);
-    let worker = connect(&config, clock.clone())
-        .await?
-        .worker(clock, &config.engine);
+    let worker = connect(&config, clock.clone()).await?.worker(
+        clock,
+        &config.engine,
+        &Services::from_config(&config),
+    );
     run(service_fn(|event: LambdaEvent<SqsEvent>| async {
         Ok::<_, Error>(lambda::sessions_batch(&worker, event.payload).await)
     }))

@@ -8,10 +8,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Backend, Config};
-use crate::engine::{EngineSettings, HeartbeatRunner, Sweeper, Worker};
+use crate::engine::{
+    Conversation, ConversationSettings, EngineSettings, HeartbeatRunner, Sweeper, Worker,
+};
 use crate::error::StoreError;
-use crate::ports::{Clock, SessionQueue, Store};
-use crate::tools::Tools;
+use crate::ports::{Clock, DiscordApi, LlmSelector, SessionQueue, Store};
+use crate::tools::{HeartbeatAgent, Tools};
+
+/// The outside services a worker talks to.
+#[derive(Clone)]
+pub struct Services {
+    /// Picks each agent's model.
+    pub llm: Arc<dyn LlmSelector>,
+    /// Discord, when configured; replies are stored only otherwise.
+    pub discord: Option<Arc<dyn DiscordApi>>,
+}
 
 /// A connected backend.
 #[derive(Clone)]
@@ -30,15 +41,48 @@ impl Connected {
         Sweeper::new(self.store.clone(), self.queue.clone(), settings.clone())
     }
 
-    /// A worker over this backend, running tools with the production tool runner.
-    pub fn worker(&self, clock: Arc<dyn Clock>, settings: &EngineSettings) -> Worker {
+    /// A worker over this backend: heartbeat jobs with every tool (the heartbeat agent
+    /// included), and conversation turns.
+    pub fn worker(
+        &self,
+        clock: Arc<dyn Clock>,
+        settings: &EngineSettings,
+        services: &Services,
+    ) -> Worker {
+        let agent = HeartbeatAgent::new(
+            self.store.clone(),
+            self.queue.clone(),
+            services.llm.clone(),
+            clock.clone(),
+        );
         let runner = HeartbeatRunner::new(
             self.store.clone(),
-            Arc::new(Tools::new()),
-            clock,
+            Arc::new(Tools::with_heartbeat_agent(agent)),
+            clock.clone(),
             settings.clone(),
         );
-        Worker::new(Arc::new(runner))
+        let conversation = Conversation::new(
+            self.store.clone(),
+            services.llm.clone(),
+            services.discord.clone(),
+            clock,
+            ConversationSettings::default(),
+        );
+        Worker::new(Arc::new(runner)).with_conversation(Arc::new(conversation))
+    }
+}
+
+impl Services {
+    /// The services the configuration names: the model router, and Discord if a token
+    /// or application id is set.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            llm: Arc::new(crate::llm::Router::new(config.llm.clone())),
+            discord: config.discord.is_configured().then(|| {
+                Arc::new(crate::discord::DiscordClient::new(config.discord.clone()))
+                    as Arc<dyn DiscordApi>
+            }),
+        }
     }
 }
 

@@ -1,10 +1,13 @@
 //! Discord's HTTP API for replies: edit an interaction's deferred original, send
 //! follow-ups, post to a channel with the bot token. 429s wait `retry_after` and retry
-//! within a bound.
+//! within a bound; 5xx and transport errors retry with a short backoff; other errors are
+//! returned at once. Tokens are never logged.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde_json::{Value, json};
+use tracing::warn;
 use url::Url;
 
 use crate::domain::Secret;
@@ -31,24 +34,203 @@ pub struct DiscordConfig {
     pub max_retry_wait: Duration,
 }
 
-/// The Discord client.
+impl DiscordConfig {
+    /// Discord's public API with no credentials: nothing is sent.
+    pub fn unconfigured() -> Self {
+        Self {
+            api_base: Url::parse("https://discord.com/api/v10")
+                .unwrap_or_else(|_| unreachable!("a valid constant URL")),
+            bot_token: None,
+            application_id: None,
+            timeout: Duration::from_secs(10),
+            max_attempts: 4,
+            max_retry_wait: Duration::from_secs(10),
+        }
+    }
+
+    /// Whether replies can go anywhere (a bot token or an application id is set).
+    pub fn is_configured(&self) -> bool {
+        self.bot_token.is_some() || self.application_id.is_some()
+    }
+}
+
+/// The Discord client: one HTTP client, built once.
 #[derive(Clone)]
 pub struct DiscordClient {
     config: DiscordConfig,
+    http: reqwest::Client,
 }
 
 impl DiscordClient {
     /// A client for `config`.
     pub fn new(config: DiscordConfig) -> Self {
-        Self { config }
+        let http = reqwest::Client::builder()
+            .timeout(config.timeout)
+            // Discord asks bots to identify themselves this way.
+            .user_agent(concat!(
+                "DiscordBot (https://github.com/pulse-agents/pulse, ",
+                env!("CARGO_PKG_VERSION"),
+                ")"
+            ))
+            .build()
+            .unwrap_or_else(|e| panic!("cannot start the HTTP client: {e}"));
+        Self { config, http }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!(
+            "{}/{path}",
+            self.config.api_base.as_str().trim_end_matches('/')
+        )
+    }
+
+    fn application_id(&self) -> Result<&str, DiscordError> {
+        self.config.application_id.as_deref().ok_or_else(|| {
+            DiscordError::NotConfigured(
+                "DISCORD_APPLICATION_ID is not set; it is needed to answer interactions".into(),
+            )
+        })
+    }
+
+    /// Sends one request, waiting out 429s (`retry_after`) and retrying 5xx and transport
+    /// errors within the attempt budget; returns the written message's id.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        bot: bool,
+        body: Value,
+    ) -> Result<String, DiscordError> {
+        let content_len = body["content"].as_str().map_or(0, |c| c.chars().count());
+        if content_len > MESSAGE_LIMIT {
+            return Err(DiscordError::Status {
+                status: 400,
+                body: format!(
+                    "content is {content_len} characters; Discord allows {MESSAGE_LIMIT}: split it with split_message"
+                ),
+            });
+        }
+        let token = if bot {
+            Some(self.config.bot_token.as_ref().ok_or_else(|| {
+                DiscordError::NotConfigured(
+                    "DISCORD_BOT_TOKEN is not set; it is needed to post to channels".into(),
+                )
+            })?)
+        } else {
+            None
+        };
+        let attempts = self.config.max_attempts.max(1);
+        let mut last = DiscordError::Transport("no attempt was made".into());
+        for attempt in 1..=attempts {
+            let mut req = self.http.request(method.clone(), &url).json(&body);
+            if let Some(t) = token {
+                req = req.header("authorization", format!("Bot {}", t.expose()));
+            }
+            let wait = match req.send().await {
+                Err(e) => {
+                    last = DiscordError::Transport(crate::error::chain(&e));
+                    Duration::from_millis(200 << attempt.min(5))
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let header_wait = resp
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<f64>().ok());
+                    let text = resp.text().await.unwrap_or_default();
+                    if status.is_success() {
+                        let v: Value = serde_json::from_str(&text).map_err(|e| {
+                            DiscordError::Malformed(format!("the body is not JSON: {e}"))
+                        })?;
+                        return v
+                            .get("id")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                            .ok_or_else(|| {
+                                DiscordError::Malformed("the message has no id".into())
+                            });
+                    }
+                    if status.as_u16() == 429 {
+                        let secs = serde_json::from_str::<Value>(&text)
+                            .ok()
+                            .and_then(|v| v.get("retry_after").and_then(Value::as_f64))
+                            .or(header_wait)
+                            .unwrap_or(1.0)
+                            .max(0.0);
+                        let wait = Duration::from_secs_f64(secs);
+                        if wait > self.config.max_retry_wait {
+                            warn!(
+                                retry_after_s = secs,
+                                "Discord asks to wait longer than the bound; giving up"
+                            );
+                            return Err(DiscordError::RateLimited { attempts: attempt });
+                        }
+                        last = DiscordError::RateLimited { attempts: attempt };
+                        wait
+                    } else if status.is_server_error() {
+                        last = DiscordError::Status {
+                            status: status.as_u16(),
+                            body: excerpt(&text),
+                        };
+                        Duration::from_millis(200 << attempt.min(5))
+                    } else {
+                        return Err(DiscordError::Status {
+                            status: status.as_u16(),
+                            body: excerpt(&text),
+                        });
+                    }
+                }
+            };
+            if attempt < attempts {
+                warn!(attempt, wait_ms = wait.as_millis() as u64, error = %last, "Discord request failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+        }
+        Err(last)
     }
 }
 
+fn excerpt(s: &str) -> String {
+    s.chars().take(500).collect()
+}
+
 /// Splits `text` into pieces of at most `limit` characters, preferring to break at a
-/// paragraph, then a line, then a space; never inside a character.
+/// paragraph, then a line, then a space; never inside a character. Whitespace at a cut
+/// is dropped; no piece is empty.
 pub fn split_message(text: &str, limit: usize) -> Vec<String> {
-    let _ = limit;
-    vec![text.to_owned()]
+    let limit = limit.max(1);
+    let mut out = Vec::new();
+    let mut rest = text.trim();
+    while rest.chars().count() > limit {
+        // The byte offset just past `limit` characters.
+        let hard = rest
+            .char_indices()
+            .nth(limit)
+            .map_or(rest.len(), |(i, _)| i);
+        let window = &rest[..hard];
+        let cut = ["\n\n", "\n", " "]
+            .iter()
+            .find_map(|sep| window.rfind(sep).filter(|&i| i > 0))
+            .unwrap_or(hard);
+        let piece = rest[..cut].trim_end();
+        if !piece.is_empty() {
+            out.push(piece.to_owned());
+        }
+        rest = rest[cut..].trim_start();
+    }
+    if !rest.is_empty() {
+        out.push(rest.to_owned());
+    }
+    if out.is_empty() {
+        out.push(String::new());
+    }
+    out
+}
+
+fn body(content: &str) -> Value {
+    // An agent's reply must not ping @everyone or roles.
+    json!({"content": content, "allowed_mentions": {"parse": []}})
 }
 
 #[async_trait]
@@ -58,24 +240,69 @@ impl DiscordApi for DiscordClient {
         interaction_token: &str,
         content: &str,
     ) -> Result<String, DiscordError> {
-        let _ = (interaction_token, content, &self.config);
-        Err(DiscordError::NotConfigured("not built yet".into()))
+        let url = self.url(&format!(
+            "webhooks/{}/{interaction_token}/messages/@original",
+            self.application_id()?
+        ));
+        self.send(reqwest::Method::PATCH, url, false, body(content))
+            .await
     }
+
     async fn follow_up(
         &self,
         interaction_token: &str,
         content: &str,
     ) -> Result<String, DiscordError> {
-        let _ = (interaction_token, content);
-        Err(DiscordError::NotConfigured("not built yet".into()))
+        let url = self.url(&format!(
+            "webhooks/{}/{interaction_token}?wait=true",
+            self.application_id()?
+        ));
+        self.send(reqwest::Method::POST, url, false, body(content))
+            .await
     }
+
     async fn create_message(
         &self,
         channel_id: &str,
         content: &str,
         nonce: &str,
     ) -> Result<String, DiscordError> {
-        let _ = (channel_id, content, nonce);
-        Err(DiscordError::NotConfigured("not built yet".into()))
+        let mut b = body(content);
+        b["nonce"] = json!(nonce);
+        b["enforce_nonce"] = json!(true);
+        let url = self.url(&format!("channels/{channel_id}/messages"));
+        self.send(reqwest::Method::POST, url, true, b).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_text_is_one_piece() {
+        assert_eq!(split_message("hello", 2000), vec!["hello"]);
+    }
+
+    #[test]
+    fn long_text_breaks_at_paragraphs_then_lines_then_spaces() {
+        let para = "word ".repeat(300); // 1500 chars
+        let text = format!("{para}\n\n{para}\n{para}");
+        let parts = split_message(&text, MESSAGE_LIMIT);
+        assert!(parts.iter().all(|p| p.chars().count() <= MESSAGE_LIMIT));
+        assert_eq!(parts.len(), 3);
+        let words: usize = parts.iter().map(|p| p.split_whitespace().count()).sum();
+        assert_eq!(words, 900, "nothing lost");
+    }
+
+    #[test]
+    fn text_without_spaces_is_cut_between_characters() {
+        let text = "é".repeat(4_500);
+        let parts = split_message(&text, MESSAGE_LIMIT);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(
+            parts.iter().map(|p| p.chars().count()).sum::<usize>(),
+            4_500
+        );
     }
 }

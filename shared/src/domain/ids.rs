@@ -417,3 +417,66 @@ mod tests {
         assert_eq!(ActionId::parse(id.as_str()).unwrap(), id);
     }
 }
+
+/// A signal (a queued input of a session): `sg_` + ULID, so signals sort by creation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SignalId(String);
+string_newtype!(SignalId);
+
+impl SignalId {
+    /// A new id stamped with `ms`.
+    pub fn generate(ms: u64) -> Self {
+        Self(format!("sg_{}", Ulid::from_parts(ms, rand_bits())))
+    }
+    /// An id derived from `parts`, stamped with `ms`: the same parts give the same id, so
+    /// a retried send is deduplicated by the queue.
+    pub fn derived(ms: u64, parts: &[&str]) -> Self {
+        Self(format!("sg_{}", Ulid::from_parts(ms, digest128(parts))))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("signal id", "sg_", s).map(|u| Self(format!("sg_{u}")))
+    }
+    /// Its ULID part.
+    pub fn ulid(&self) -> &str {
+        &self.0[3..]
+    }
+}
+
+/// A conversation turn: `tn_` + the ULID of the first signal it answers, so a redelivered
+/// signal finds its turn and turns sort in the order of their signals.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TurnId(String);
+string_newtype!(TurnId);
+
+impl TurnId {
+    /// The turn that answers signals starting with `first`.
+    pub fn for_signal(first: &SignalId) -> Self {
+        Self(format!("tn_{}", first.ulid()))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("turn id", "tn_", s).map(|u| Self(format!("tn_{u}")))
+    }
+}
+
+/// A memory of an agent: `mem_` + ULID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemoryId(String);
+string_newtype!(MemoryId);
+
+impl MemoryId {
+    /// An id derived from `parts` (the action and call that made it), so a retried
+    /// `remember` writes the same memory again rather than a second one.
+    pub fn derived(ms: u64, parts: &[&str]) -> Self {
+        Self(format!("mem_{}", Ulid::from_parts(ms, digest128(parts))))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("memory id", "mem_", s).map(|u| Self(format!("mem_{u}")))
+    }
+}
+
+fn rand_bits() -> u128 {
+    Ulid::new().random()
+}

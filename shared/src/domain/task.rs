@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::agent::Heartbeat;
+use super::conversation::Signal;
 use super::ids::SessionId;
 
 /// The envelope version this release writes and reads.
@@ -16,6 +17,15 @@ pub const TASK_VERSION: u32 = 1;
 pub enum SessionTask {
     /// Run a claimed heartbeat.
     Heartbeat(HeartbeatJob),
+    /// Answer a signal (a user message, a spoken heartbeat thought, a webhook).
+    Signal(SignalJob),
+}
+
+/// A signal to answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SignalJob {
+    /// The signal.
+    pub signal: Signal,
 }
 
 /// A claimed heartbeat, as the claim returned it, so the worker does not read it again.
@@ -92,6 +102,17 @@ impl OutgoingTask {
             group: heartbeat.session.clone(),
             dedup_id: format!("{}.c{}", heartbeat.id(), heartbeat.claim),
             envelope: TaskEnvelope::new(SessionTask::Heartbeat(HeartbeatJob { heartbeat })),
+        }
+    }
+}
+
+impl OutgoingTask {
+    /// The message for a signal; its id is the deduplication id.
+    pub fn signal(signal: Signal) -> Self {
+        Self {
+            group: signal.session.clone(),
+            dedup_id: signal.id.to_string(),
+            envelope: TaskEnvelope::new(SessionTask::Signal(SignalJob { signal })),
         }
     }
 }

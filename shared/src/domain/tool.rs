@@ -9,7 +9,7 @@ use serde_json::Value;
 use url::Url;
 
 use super::agent::Agent;
-use super::event::{Event, NewEvent, Priority};
+use super::event::{Event, EventCursor, NewEvent, Priority};
 use super::ids::{ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName};
 use crate::error::ValidationError;
 
@@ -24,6 +24,9 @@ pub enum ToolKind {
         /// How long to wait for the whole exchange.
         timeout_ms: u64,
     },
+    /// The built-in heartbeat agent: an LLM tool loop with speak, remember, recall and
+    /// emit_event.
+    HeartbeatAgent,
 }
 
 /// A capability agents can use, registered once and shared by all agents.
@@ -209,6 +212,65 @@ impl Registry {
     }
 }
 
+/// The built-in heartbeat agent's tool name.
+pub const HEARTBEAT_AGENT: &str = "heartbeat-agent";
+
+impl Tool {
+    /// The built-in heartbeat agent, active.
+    pub fn heartbeat_agent() -> Self {
+        Self {
+            name: ToolName::parse(HEARTBEAT_AGENT).unwrap_or_else(|_| unreachable!()),
+            description: Some(
+                "Built in: wakes with the agent, reads its events and decides whether to speak"
+                    .to_owned(),
+            ),
+            kind: ToolKind::HeartbeatAgent,
+            config: Value::Null,
+            active: true,
+            created_at: Timestamp::UNIX_EPOCH,
+        }
+    }
+}
+
+impl Subscription {
+    /// The built-in subscription of the heartbeat agent to HEARTBEAT, for every agent.
+    pub fn heartbeat_agent() -> Self {
+        let tool = ToolName::parse(HEARTBEAT_AGENT).unwrap_or_else(|_| unreachable!());
+        let event_type = EventType::heartbeat();
+        Self {
+            id: SubscriptionId::for_route(&tool, &event_type, None),
+            tool,
+            event_type,
+            agent_id: None,
+            filter: Filter::default(),
+            order: 0,
+            active: true,
+            created_at: Timestamp::UNIX_EPOCH,
+        }
+    }
+}
+
+/// The built-in tools with their default subscriptions.
+pub fn builtin_tools() -> Vec<(Tool, Subscription)> {
+    vec![(Tool::heartbeat_agent(), Subscription::heartbeat_agent())]
+}
+
+impl Registry {
+    /// Adds built-in tools and their default subscriptions unless the store has records
+    /// by the same name or id (which may disable them).
+    pub fn with_builtins(mut self, builtins: Vec<(Tool, Subscription)>) -> Self {
+        for (tool, sub) in builtins {
+            if !self.tools.iter().any(|t| t.name == tool.name) {
+                self.tools.push(tool);
+            }
+            if !self.subscriptions.iter().any(|s| s.id == sub.id) {
+                self.subscriptions.push(sub);
+            }
+        }
+        self
+    }
+}
+
 /// Where an action is in its life. Actions are created when they start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -219,6 +281,8 @@ pub enum ActionStatus {
     Completed,
     /// The tool failed; `error` says why.
     Failed,
+    /// The tool stopped because a user message interrupted its heartbeat.
+    Cancelled,
 }
 
 impl ActionStatus {
@@ -327,6 +391,10 @@ pub struct HeartbeatContext {
     pub scheduled_at: Timestamp,
     /// When it started.
     pub started_at: Timestamp,
+    /// Its event window starts after this cursor.
+    pub window_start: EventCursor,
+    /// And ends at this one.
+    pub window_end: EventCursor,
 }
 
 /// The agent's sense of time (seed 003): its beat counter, and beats since the user last

@@ -41,6 +41,12 @@ pub enum RunOutcome {
     Failed(Heartbeat),
     /// The agent no longer exists; recorded CANCELLED, nothing scheduled.
     Cancelled,
+    /// A user message interrupted it; recorded CANCELLED with what it had done, the
+    /// window handed on, the next one scheduled.
+    Interrupted(Heartbeat),
+    /// The user talked to the agent within its quiet period: put back to PENDING, due
+    /// at this time.
+    Deferred(Timestamp),
     /// This claim had already finished the heartbeat (a redelivered job).
     AlreadyFinished,
     /// A later claim owns the heartbeat; this run's result was dropped.
@@ -76,12 +82,15 @@ struct Stats {
     actions_triggered: u32,
     actions_failed: u32,
     cascade_capped: u32,
+    /// Set when a tool stopped because a user message arrived: the run stops there.
+    interrupted: Option<String>,
 }
 
 struct ActionDone {
     failed: bool,
     cascade: Vec<Event>,
     capped: u32,
+    interrupted: Option<String>,
 }
 
 impl HeartbeatRunner {
@@ -137,12 +146,25 @@ impl HeartbeatRunner {
         let Some(agent) = window.agent else {
             return self.cancel(hb).await;
         };
+        // Seed 004, option D: right after the user talked to the agent, its next
+        // heartbeat waits out a quiet period instead of chiming in.
+        if let Some(at) = agent.last_interaction_at {
+            let until = at.saturating_add(agent.quiet_period()).unwrap_or(at);
+            if until > self.clock.now() {
+                if self.store.defer(hb, until).await? {
+                    info!(until = %until, "the user talked to the agent recently: heartbeat deferred to the end of its quiet period");
+                    return Ok(RunOutcome::Deferred(until));
+                }
+                return Ok(RunOutcome::Superseded);
+            }
+        }
         let next_start = match (window.truncated, window.events.last()) {
             (true, Some(last)) => EventCursor::after(&last.id),
             _ => window_end,
         };
         let plan = self.plan(hb, agent);
         match self.process(&plan, window.events).await {
+            Ok(stats) if stats.interrupted.is_some() => self.interrupt(plan, stats).await,
             Ok(stats) => {
                 self.complete(plan, stats, next_start, window.truncated)
                     .await
@@ -201,6 +223,11 @@ impl HeartbeatRunner {
                 beats,
                 scheduled_at: hb.scheduled_at,
                 started_at,
+                window_start: hb.window_start.clone(),
+                window_end: hb
+                    .window_end
+                    .clone()
+                    .unwrap_or_else(|| hb.window_start.clone()),
             },
             heartbeat: hb.clone(),
             agent,
@@ -240,6 +267,11 @@ impl HeartbeatRunner {
                     stats.actions_failed += u32::from(done.failed);
                     stats.cascade_capped += done.capped;
                     next.extend(done.cascade);
+                    if done.interrupted.is_some() {
+                        // Yield to the user's turn now: nothing else runs in this heartbeat.
+                        stats.interrupted = done.interrupted;
+                        return Ok(stats);
+                    }
                 }
             }
             level = next;
@@ -311,6 +343,10 @@ impl HeartbeatRunner {
 
             let mut new_events = Vec::new();
             match call.result {
+                _ if call.interrupted.is_some() => {
+                    action.status = ActionStatus::Cancelled;
+                    action.error = call.interrupted;
+                }
                 Ok(resp) if resp.success => {
                     action.status = ActionStatus::Completed;
                     let child_depth = depth.saturating_add(1);
@@ -404,6 +440,12 @@ impl HeartbeatRunner {
             failed: action.status == ActionStatus::Failed,
             cascade,
             capped: capped.len() as u32,
+            interrupted: (action.status == ActionStatus::Cancelled).then(|| {
+                action
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "interrupted".to_owned())
+            }),
         }
     }
 
@@ -417,7 +459,12 @@ impl HeartbeatRunner {
         {
             return Ok(r.clone());
         }
-        let r = Arc::new(self.store.load_registry().await?);
+        let r = Arc::new(
+            self.store
+                .load_registry()
+                .await?
+                .with_builtins(self.tools.builtins()),
+        );
         *cache = Some((now, r.clone()));
         Ok(r)
     }
@@ -479,6 +526,49 @@ impl HeartbeatRunner {
                     "heartbeat completed"
                 );
                 RunOutcome::Completed(done)
+            }
+            other => self.not_finished(&plan.heartbeat.id(), other),
+        })
+    }
+
+    /// Ends a heartbeat a user message interrupted: CANCELLED with what it had done. Its
+    /// window is handed on (the next heartbeat reads it again and reuses the actions that
+    /// finished), and the next heartbeat is scheduled as usual; the quiet period defers
+    /// it further once the user's turn has run.
+    async fn interrupt(&self, plan: Plan, stats: Stats) -> Result<RunOutcome, EngineError> {
+        let now = self.clock.now();
+        let reason = stats.interrupted.clone().unwrap_or_default();
+        let mut done = plan.heartbeat.clone();
+        done.status = HeartbeatStatus::Cancelled;
+        done.completed_at = Some(now);
+        done.events_processed = stats.events_processed;
+        done.actions_triggered = stats.actions_triggered;
+        done.actions_failed = stats.actions_failed;
+        done.cascade_capped = stats.cascade_capped;
+        done.since_last = Some(plan.beats.since_last);
+        done.error = Some(reason.clone());
+        let at = next_run(&plan.agent, now, 0, self.settings.max_backoff);
+        let next = Heartbeat::pending(
+            &plan.agent,
+            done.beat + 1,
+            at,
+            plan.heartbeat.window_start.clone(),
+            plan.heartbeat.last_interaction_beat,
+            plan.heartbeat.interaction_seen_at,
+            plan.heartbeat.consecutive_failures,
+        );
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done.clone(),
+                next: Some(next),
+                heartbeat_event: Some(plan.heartbeat_event),
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                info!(reason = %reason, actions = stats.actions_triggered, next_at = %at, "heartbeat interrupted by a user message; recorded CANCELLED");
+                RunOutcome::Interrupted(done)
             }
             other => self.not_finished(&plan.heartbeat.id(), other),
         })

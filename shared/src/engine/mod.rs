@@ -8,13 +8,18 @@
 //! - [`Worker`] takes a batch of queue messages and runs them in order per session,
 //!   reporting the messages that must be redelivered.
 
+mod conversation;
 mod heartbeat;
+pub mod intake;
 mod schedule;
 mod sweep;
 mod worker;
 
 use jiff::SignedDuration;
 
+pub use conversation::{
+    Conversation, ConversationSettings, TurnOutcome, build_context, estimate_tokens,
+};
 pub use heartbeat::{HeartbeatRunner, RunOutcome};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepReport, Sweeper};

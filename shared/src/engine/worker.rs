@@ -1,8 +1,9 @@
 //! The worker: a batch of queue messages in, the messages to redeliver out.
 //!
 //! Messages of one session (FIFO group) run in order; different sessions run
-//! concurrently. The first failure in a group stops that group: its later messages are not
-//! run and are reported failed with it, so the queue redelivers them in their order.
+//! concurrently. Consecutive signals of a group are answered as one conversation turn.
+//! The first failure in a group stops that group: its later messages are not run and are
+//! reported failed with it, so the queue redelivers them in their order.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,8 +12,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use tracing::error;
 
+use super::conversation::Conversation;
 use super::heartbeat::HeartbeatRunner;
-use crate::domain::{Delivery, SessionTask, TaskEnvelope};
+use crate::domain::{Delivery, SessionTask, Signal, TaskEnvelope};
 use crate::error::{StoreError, chain};
 use crate::ports::SessionQueue;
 
@@ -35,12 +37,23 @@ pub struct PollReport {
 /// Runs session tasks.
 pub struct Worker {
     runner: Arc<HeartbeatRunner>,
+    conversation: Option<Arc<Conversation>>,
 }
 
 impl Worker {
-    /// A worker running heartbeat jobs with `runner`.
+    /// A worker running heartbeat jobs with `runner`; signals fail (and are redelivered)
+    /// until a conversation engine is given with [`Worker::with_conversation`].
     pub fn new(runner: Arc<HeartbeatRunner>) -> Self {
-        Self { runner }
+        Self {
+            runner,
+            conversation: None,
+        }
+    }
+
+    /// The worker, answering signals with `conversation`.
+    pub fn with_conversation(mut self, conversation: Arc<Conversation>) -> Self {
+        self.conversation = Some(conversation);
+        self
     }
 
     /// Processes a batch in order per group; returns the messages to redeliver.
@@ -68,14 +81,34 @@ impl Worker {
     }
 
     async fn run_group(&self, msgs: Vec<&Delivery>) -> Vec<String> {
-        let mut failed = Vec::new();
-        for d in msgs {
-            if !failed.is_empty() {
-                // Never run a message before the one ahead of it in its group.
-                failed.push(d.message_id.clone());
-                continue;
-            }
-            if let Err(why) = self.run_one(d).await {
+        let mut i = 0;
+        while i < msgs.len() {
+            // A run of consecutive signals is one turn; anything else runs alone.
+            let (n, result) = match TaskEnvelope::decode(&msgs[i].body) {
+                Err(why) => (1, Err(why)),
+                Ok(envelope) => match envelope.task {
+                    SessionTask::Heartbeat(job) => (
+                        1,
+                        self.runner
+                            .run(&job.heartbeat)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| chain(&e)),
+                    ),
+                    SessionTask::Signal(job) => {
+                        let mut signals = vec![job.signal];
+                        for d in &msgs[i + 1..] {
+                            match TaskEnvelope::decode(&d.body).map(|e| e.task) {
+                                Ok(SessionTask::Signal(next)) => signals.push(next.signal),
+                                _ => break,
+                            }
+                        }
+                        (signals.len(), self.answer(&signals).await)
+                    }
+                },
+            };
+            if let Err(why) = result {
+                let d = msgs[i];
                 error!(
                     message_id = %d.message_id,
                     group = %d.group,
@@ -83,22 +116,23 @@ impl Worker {
                     error = %why,
                     "task failed; it and the rest of its group will be delivered again"
                 );
-                failed.push(d.message_id.clone());
+                // Never run a message before the one ahead of it in its group.
+                return msgs[i..].iter().map(|d| d.message_id.clone()).collect();
             }
+            i += n;
         }
-        failed
+        Vec::new()
     }
 
-    async fn run_one(&self, d: &Delivery) -> Result<(), String> {
-        let envelope = TaskEnvelope::decode(&d.body)?;
-        match envelope.task {
-            SessionTask::Heartbeat(job) => self
-                .runner
-                .run(&job.heartbeat)
-                .await
-                .map(|_| ())
-                .map_err(|e| chain(&e)),
-        }
+    async fn answer(&self, signals: &[Signal]) -> Result<(), String> {
+        let Some(conversation) = &self.conversation else {
+            return Err("this worker has no conversation engine; signals wait".to_owned());
+        };
+        conversation
+            .run(signals)
+            .await
+            .map(|_| ())
+            .map_err(|e| chain(&e))
     }
 
     /// Receives one batch from `queue`, runs it, deletes what succeeded and releases what

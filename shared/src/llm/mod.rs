@@ -1,13 +1,27 @@
 //! LLM providers: the Anthropic Messages API, OpenAI-compatible chat completions, and the
-//! offline provider. Each maps [`LlmRequest`] to its wire format and back, with
-//! timeouts and bounded retries on 429/5xx that honour `Retry-After`.
+//! offline provider. Each maps [`LlmRequest`] to its wire format and back; the HTTP ones
+//! share [`HttpLlm`]: one exchange timeout, and bounded retries on 429, 5xx (Anthropic's
+//! 529 included) and transport errors that honour `Retry-After`.
 //!
 //! [`Router`] picks the client for an agent from the configuration and the agent's own
-//! overrides.
+//! overrides, building each client once.
+//!
+//! The offline provider ([`offline`]) answers deterministically with no network: for
+//! demos and tests without a key. It is named `offline` in every response and log line
+//! and is never chosen when a key is configured.
 
-use std::sync::Arc;
+mod anthropic;
+pub mod offline;
+mod openai;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use reqwest::{Client, StatusCode};
+use serde_json::Value;
+use tracing::warn;
 use url::Url;
 
 use crate::domain::{Agent, LlmRequest, LlmResponse, ProviderKind, Secret};
@@ -33,11 +47,33 @@ pub struct ProviderSettings {
     pub max_retry_wait: Duration,
 }
 
+impl ProviderSettings {
+    /// The provider's public API base.
+    pub fn default_base_url(kind: ProviderKind) -> Url {
+        let s = match kind {
+            ProviderKind::Anthropic => "https://api.anthropic.com",
+            ProviderKind::OpenAi => "https://api.openai.com/v1",
+            ProviderKind::Offline => "http://offline.invalid",
+        };
+        Url::parse(s).unwrap_or_else(|_| unreachable!("a valid constant URL"))
+    }
+    /// The model used when none is configured.
+    pub fn default_model(kind: ProviderKind) -> &'static str {
+        match kind {
+            ProviderKind::Anthropic => "claude-sonnet-4-5",
+            ProviderKind::OpenAi => "gpt-4o-mini",
+            ProviderKind::Offline => "offline",
+        }
+    }
+}
+
 /// The LLM configuration: the default provider and what each provider needs.
 #[derive(Clone, Debug)]
 pub struct LlmConfig {
     /// The provider agents use unless they name their own.
     pub provider: ProviderKind,
+    /// Whether `provider` was named (`PULSE_LLM_PROVIDER`) rather than inferred.
+    pub explicit: bool,
     /// Base URL override (`PULSE_LLM_BASE_URL`) for the default provider.
     pub base_url: Option<Url>,
     /// Model override (`PULSE_LLM_MODEL`) for the default provider.
@@ -54,36 +90,331 @@ pub struct LlmConfig {
     pub max_retry_wait: Duration,
 }
 
+impl LlmConfig {
+    /// The offline provider and default tunables.
+    pub fn offline() -> Self {
+        Self {
+            provider: ProviderKind::Offline,
+            explicit: true,
+            base_url: None,
+            model: None,
+            anthropic_key: None,
+            openai_key: None,
+            timeout: Duration::from_secs(60),
+            max_attempts: 4,
+            max_retry_wait: Duration::from_secs(30),
+        }
+    }
+
+    /// One line for the start-up log; says loudly when the offline provider was chosen
+    /// because no key is configured.
+    pub fn describe(&self) -> String {
+        match (self.provider, self.explicit) {
+            (ProviderKind::Offline, false) => "offline (no PULSE_LLM_PROVIDER and no ANTHROPIC_API_KEY or OPENAI_API_KEY: replies are deterministic stand-ins, not a model's)".to_owned(),
+            (ProviderKind::Offline, true) => "offline (deterministic stand-in replies, as configured)".to_owned(),
+            (p, _) => format!(
+                "{p}, model {}",
+                self.model.as_deref().unwrap_or(ProviderSettings::default_model(p))
+            ),
+        }
+    }
+
+    fn key(&self, kind: ProviderKind) -> Option<Secret> {
+        match kind {
+            ProviderKind::Anthropic => self.anthropic_key.clone(),
+            ProviderKind::OpenAi => self.openai_key.clone(),
+            ProviderKind::Offline => None,
+        }
+    }
+}
+
 /// Builds the client for `settings`.
 pub fn client(settings: ProviderSettings) -> Result<Arc<dyn Llm>, LlmError> {
-    let _ = settings;
-    Err(LlmError::NotConfigured {
-        provider: "offline",
-        message: "not built yet".into(),
+    let kind = settings.kind;
+    if kind == ProviderKind::Offline {
+        return Ok(Arc::new(offline::Offline));
+    }
+    if settings.api_key.is_none() {
+        return Err(LlmError::NotConfigured {
+            provider: kind.as_str(),
+            message: format!(
+                "no API key; set {}",
+                match kind {
+                    ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+                    _ => "OPENAI_API_KEY",
+                }
+            ),
+        });
+    }
+    let http = HttpLlm::new(settings)?;
+    Ok(match kind {
+        ProviderKind::Anthropic => Arc::new(anthropic::Anthropic(http)),
+        _ => Arc::new(openai::OpenAi(http)),
     })
 }
+
+/// A client's identity: provider, base URL, model.
+type ClientKey = (ProviderKind, String, String);
 
 /// Chooses and caches clients per (provider, base URL, model).
 pub struct Router {
     config: LlmConfig,
+    clients: Mutex<HashMap<ClientKey, Arc<dyn Llm>>>,
 }
 
 impl Router {
     /// A router over `config`.
     pub fn new(config: LlmConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            clients: Mutex::new(HashMap::new()),
+        }
     }
 }
 
 impl LlmSelector for Router {
     fn select(&self, agent: &Agent) -> Result<Arc<dyn Llm>, LlmError> {
-        let _ = (agent, &self.config);
-        Err(LlmError::NotConfigured {
-            provider: "offline",
-            message: "not built yet".into(),
-        })
+        let c = &self.config;
+        let kind = agent.llm.provider.unwrap_or(c.provider);
+        let is_default = kind == c.provider;
+        let model = agent
+            .llm
+            .model
+            .clone()
+            .or_else(|| c.model.clone().filter(|_| is_default))
+            .unwrap_or_else(|| ProviderSettings::default_model(kind).to_owned());
+        let base_url = agent
+            .llm
+            .base_url
+            .clone()
+            .or_else(|| c.base_url.clone().filter(|_| is_default))
+            .unwrap_or_else(|| ProviderSettings::default_base_url(kind));
+        let key = (kind, base_url.to_string(), model.clone());
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = clients.get(&key) {
+            return Ok(found.clone());
+        }
+        let built = client(ProviderSettings {
+            kind,
+            base_url,
+            model,
+            api_key: c.key(kind),
+            timeout: c.timeout,
+            max_attempts: c.max_attempts,
+            max_retry_wait: c.max_retry_wait,
+        })?;
+        clients.insert(key, built.clone());
+        Ok(built)
     }
 }
 
-#[allow(dead_code)]
-fn unused(_: &LlmRequest, _: &LlmResponse) {}
+/// The HTTP side shared by the providers: a client built once, the settings, retries.
+pub(crate) struct HttpLlm {
+    client: Client,
+    settings: ProviderSettings,
+}
+
+impl HttpLlm {
+    fn new(settings: ProviderSettings) -> Result<Self, LlmError> {
+        let client = Client::builder()
+            .timeout(settings.timeout)
+            .user_agent(concat!("pulse/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| LlmError::NotConfigured {
+                provider: settings.kind.as_str(),
+                message: format!("cannot start an HTTP client: {e}"),
+            })?;
+        Ok(Self { client, settings })
+    }
+
+    fn provider(&self) -> &'static str {
+        self.settings.kind.as_str()
+    }
+
+    fn endpoint(&self, path: &str) -> String {
+        format!(
+            "{}/{path}",
+            self.settings.base_url.as_str().trim_end_matches('/')
+        )
+    }
+
+    fn key(&self) -> &str {
+        self.settings.api_key.as_ref().map_or("", Secret::expose)
+    }
+
+    /// POSTs `body` with `headers`, retrying what is worth retrying; returns the JSON
+    /// answer of the first 2xx.
+    async fn post(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> Result<Value, LlmError> {
+        let provider = self.provider();
+        let url = self.endpoint(path);
+        let attempts = self.settings.max_attempts.max(1);
+        let mut last = None;
+        for attempt in 1..=attempts {
+            let mut req = self.client.post(&url).json(body);
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            let (err, wait) = match req.send().await {
+                Err(e) => (
+                    LlmError::Transport {
+                        provider,
+                        message: if e.is_timeout() {
+                            format!("no answer from {url} within {:?}", self.settings.timeout)
+                        } else {
+                            format!("{url}: {}", crate::error::chain(&e))
+                        },
+                    },
+                    None,
+                ),
+                Ok(resp) => {
+                    let status = resp.status();
+                    let retry_after = resp
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(parse_retry_after);
+                    let text = resp.text().await.unwrap_or_default();
+                    if status.is_success() {
+                        return serde_json::from_str(&text).map_err(|e| LlmError::Malformed {
+                            provider,
+                            message: format!("the body is not JSON: {e}"),
+                        });
+                    }
+                    let err = LlmError::Status {
+                        provider,
+                        status: status.as_u16(),
+                        body: excerpt(&text),
+                    };
+                    if !retryable(status) {
+                        return Err(err);
+                    }
+                    (err, retry_after)
+                }
+            };
+            if attempt == attempts {
+                return Err(err);
+            }
+            let wait = wait
+                .unwrap_or_else(|| backoff(attempt))
+                .min(self.settings.max_retry_wait);
+            warn!(provider, attempt, wait_ms = wait.as_millis() as u64, error = %err, "LLM request failed; retrying");
+            last = Some(err);
+            tokio::time::sleep(wait).await;
+        }
+        Err(last.unwrap_or(LlmError::Transport {
+            provider,
+            message: "no attempt was made".to_owned(),
+        }))
+    }
+}
+
+fn retryable(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+}
+
+/// 500 ms, 1 s, 2 s … with up to 25 % jitter.
+fn backoff(attempt: u32) -> Duration {
+    let base = Duration::from_millis(500u64 << attempt.saturating_sub(1).min(6));
+    let jitter = (ulid::Ulid::new().random() % 250) as u32;
+    base + base * jitter / 1000
+}
+
+/// `Retry-After` as seconds or as an HTTP date.
+pub(crate) fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let at = jiff::fmt::rfc2822::parse(v).ok()?.timestamp();
+    let d = at.duration_since(jiff::Timestamp::now());
+    Some(d.unsigned_abs())
+        .filter(|_| !d.is_negative())
+        .or(Some(Duration::ZERO))
+}
+
+fn excerpt(s: &str) -> String {
+    let mut out: String = s.chars().take(500).collect();
+    if s.chars().count() > 500 {
+        out.push('…');
+    }
+    out
+}
+
+#[async_trait]
+impl Llm for anthropic::Anthropic {
+    fn provider(&self) -> &'static str {
+        "anthropic"
+    }
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let model = request
+            .model
+            .clone()
+            .unwrap_or_else(|| self.0.settings.model.clone());
+        let body = anthropic::request_body(request, &model);
+        let key = self.0.key().to_owned();
+        let v = self
+            .0
+            .post(
+                "v1/messages",
+                &[("x-api-key", &key), ("anthropic-version", "2023-06-01")],
+                &body,
+            )
+            .await?;
+        anthropic::parse_response(&v)
+    }
+}
+
+#[async_trait]
+impl Llm for openai::OpenAi {
+    fn provider(&self) -> &'static str {
+        "openai"
+    }
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let model = request
+            .model
+            .clone()
+            .unwrap_or_else(|| self.0.settings.model.clone());
+        let body = openai::request_body(request, &model);
+        let auth = format!("Bearer {}", self.0.key());
+        let v = self
+            .0
+            .post("chat/completions", &[("authorization", &auth)], &body)
+            .await?;
+        openai::parse_response(&v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_retry_after("0.5"), Some(Duration::from_millis(500)));
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO),
+            "a date in the past means now"
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+
+    #[test]
+    fn an_agent_without_a_key_for_its_provider_is_told_which_variable_to_set() {
+        let router = Router::new(LlmConfig::offline());
+        let mut agent = crate::domain::NewAgent::named("a")
+            .create(jiff::Timestamp::UNIX_EPOCH)
+            .unwrap()
+            .0;
+        assert_eq!(router.select(&agent).unwrap().provider(), "offline");
+        agent.llm.provider = Some(ProviderKind::OpenAi);
+        let err = router.select(&agent).err().unwrap();
+        assert!(err.to_string().contains("OPENAI_API_KEY"), "{err}");
+    }
+}

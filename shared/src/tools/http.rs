@@ -90,6 +90,7 @@ impl HttpTool {
             Ok(r) => ToolCall {
                 result: Ok(r),
                 response_meta: Some(json),
+                interrupted: None,
             },
             Err(why) => failure(
                 format!("the tool at {url} answered with a malformed response: {why}"),
@@ -103,6 +104,7 @@ fn failure(why: String, meta: Option<Value>) -> ToolCall {
     ToolCall {
         result: Err(why),
         response_meta: meta,
+        interrupted: None,
     }
 }
 

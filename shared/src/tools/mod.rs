@@ -1,28 +1,41 @@
-//! Tool execution. [`Tools`] dispatches on a tool's kind; for now the generic HTTP tool.
-//! Built-in tools (the heartbeat agent) join here as further kinds.
+//! Tool execution. [`Tools`] dispatches on a tool's kind: the generic HTTP tool, and the
+//! built-in heartbeat agent.
 
+mod heartbeat_agent;
 mod http;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use heartbeat_agent::HeartbeatAgent;
 pub use http::HttpTool;
 
-use crate::domain::{Tool, ToolKind, ToolRequest};
+use crate::domain::{Subscription, Tool, ToolKind, ToolRequest, builtin_tools};
 use crate::ports::{ToolCall, ToolRunner};
 
 /// Runs every kind of tool.
 #[derive(Clone)]
 pub struct Tools {
     http: HttpTool,
+    heartbeat_agent: Option<HeartbeatAgent>,
 }
 
 impl Tools {
-    /// The tool runner used in production: an HTTP client with no redirects.
+    /// HTTP tools only: an HTTP client with no redirects. The heartbeat agent fails with
+    /// a message saying it is not set up.
     pub fn new() -> Self {
         Self {
             http: HttpTool::new(Duration::from_secs(5)),
+            heartbeat_agent: None,
+        }
+    }
+
+    /// Every tool, the heartbeat agent included: the production runner.
+    pub fn with_heartbeat_agent(agent: HeartbeatAgent) -> Self {
+        Self {
+            heartbeat_agent: Some(agent),
+            ..Self::new()
         }
     }
 }
@@ -35,6 +48,14 @@ impl Default for Tools {
 
 #[async_trait]
 impl ToolRunner for Tools {
+    fn builtins(&self) -> Vec<(Tool, Subscription)> {
+        if self.heartbeat_agent.is_some() {
+            builtin_tools()
+        } else {
+            Vec::new()
+        }
+    }
+
     async fn call(&self, tool: &Tool, request: &ToolRequest) -> ToolCall {
         match &tool.kind {
             ToolKind::Http { url, timeout_ms } => {
@@ -42,6 +63,14 @@ impl ToolRunner for Tools {
                     .call(url, Duration::from_millis(*timeout_ms), request)
                     .await
             }
+            ToolKind::HeartbeatAgent => match &self.heartbeat_agent {
+                Some(agent) => agent.call(request).await,
+                None => ToolCall {
+                    result: Err("the heartbeat agent is not set up in this process".to_owned()),
+                    response_meta: None,
+                    interrupted: None,
+                },
+            },
         }
     }
 }

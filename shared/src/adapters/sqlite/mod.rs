@@ -20,7 +20,7 @@ pub use store::SqliteStore;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -121,6 +121,35 @@ CREATE TABLE queue_dead (
 );
 "#;
 
+/// Version 2: conversations (turns, their messages, the signals they answered) and
+/// memories.
+const SCHEMA_V2: &str = r#"
+CREATE TABLE turns (
+    agent_id  TEXT NOT NULL,
+    id        TEXT NOT NULL,
+    doc       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, id)
+) WITHOUT ROWID;
+CREATE TABLE signal_turns (
+    agent_id   TEXT NOT NULL,
+    signal_id  TEXT NOT NULL,
+    turn_id    TEXT NOT NULL,
+    PRIMARY KEY (agent_id, signal_id)
+) WITHOUT ROWID;
+CREATE TABLE messages (
+    agent_id  TEXT NOT NULL,
+    id        TEXT NOT NULL,
+    doc       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, id)
+) WITHOUT ROWID;
+CREATE TABLE memories (
+    agent_id  TEXT NOT NULL,
+    id        TEXT NOT NULL,
+    doc       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, id)
+) WITHOUT ROWID;
+"#;
+
 /// One connection to a Pulse database file.
 #[derive(Clone)]
 pub struct Db {
@@ -199,7 +228,13 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
             ));
         }
         if version < 1 {
-            conn.execute_batch(&format!("{SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};"))
+            conn.execute_batch(SCHEMA).map_err(&err)?;
+        }
+        if version < 2 {
+            conn.execute_batch(SCHEMA_V2).map_err(&err)?;
+        }
+        if version < SCHEMA_VERSION {
+            conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
                 .map_err(&err)?;
         }
         Ok(())

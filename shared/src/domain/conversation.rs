@@ -1,0 +1,305 @@
+//! Signals (queued inputs of a session), conversation turns and their persisted
+//! messages, and agents' memories.
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::chat::Usage;
+use super::ids::{AgentId, HeartbeatId, MemoryId, SessionId, SignalId, TurnId};
+use crate::error::ValidationError;
+
+/// What kind of input a signal is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalKind {
+    /// A user's message.
+    Message,
+    /// A thought the heartbeat agent decided to speak (seed 000).
+    Heartbeat,
+    /// Something an external system sent through a webhook.
+    Webhook,
+}
+
+impl SignalKind {
+    /// The name (`message`, `heartbeat`, `webhook`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Message => "message",
+            Self::Heartbeat => "heartbeat",
+            Self::Webhook => "webhook",
+        }
+    }
+}
+
+/// A piece of a signal's content.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image, by reference.
+    Image {
+        /// Where it is.
+        url: String,
+        /// Its media type, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        media_type: Option<String>,
+    },
+}
+
+/// An open Discord interaction a reply can answer through (its token is valid for 15
+/// minutes after `issued_at`).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct InteractionRef {
+    /// The interaction token. A secret: never logged.
+    pub token: String,
+    /// When Discord sent the interaction.
+    pub issued_at: Timestamp,
+}
+
+impl std::fmt::Debug for InteractionRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InteractionRef")
+            .field("token", &"***")
+            .field("issued_at", &self.issued_at)
+            .finish()
+    }
+}
+
+impl InteractionRef {
+    /// How long Discord accepts an interaction token.
+    pub const VALIDITY: SignedDuration = SignedDuration::from_mins(15);
+
+    /// Whether the token can still be used at `now`, with a minute to spare for the
+    /// exchange itself.
+    pub fn usable_at(&self, now: Timestamp) -> bool {
+        now.duration_since(self.issued_at) < Self::VALIDITY - SignedDuration::from_mins(1)
+    }
+}
+
+/// Who sent a signal and how it arrived.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SignalMeta {
+    /// Where it came from (`discord`, `cli`, `heartbeat`, a webhook's id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The user's id on that source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    /// The user's display name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_name: Option<String>,
+    /// The Discord channel it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_id: Option<String>,
+    /// The raw Discord envelope (seed 002): shown to the model once, never persisted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord: Option<Value>,
+    /// The interaction to answer through, if it came as one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interaction: Option<InteractionRef>,
+    /// The heartbeat that spoke it (heartbeat signals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_id: Option<HeartbeatId>,
+}
+
+/// A queued input of a session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Signal {
+    /// Its id; also the queue's deduplication id.
+    pub id: SignalId,
+    /// The agent it is for.
+    pub agent_id: AgentId,
+    /// The session (queue group).
+    pub session: SessionId,
+    /// What kind it is.
+    pub kind: SignalKind,
+    /// Its content.
+    pub content: Vec<ContentBlock>,
+    /// Who and how.
+    #[serde(default)]
+    pub meta: SignalMeta,
+    /// When it was made.
+    pub created_at: Timestamp,
+}
+
+/// Most characters of text one signal may carry.
+pub const MAX_SIGNAL_TEXT: usize = 16_000;
+
+impl Signal {
+    /// A user's text message, validated (non-empty, bounded).
+    pub fn user_message(
+        agent_id: &AgentId,
+        session: &SessionId,
+        text: &str,
+        meta: SignalMeta,
+        now: Timestamp,
+    ) -> Result<Self, ValidationError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(ValidationError::new("message", "the message is empty"));
+        }
+        if text.chars().count() > MAX_SIGNAL_TEXT {
+            return Err(ValidationError::new(
+                "message",
+                format!("the message is longer than {MAX_SIGNAL_TEXT} characters"),
+            ));
+        }
+        Ok(Self {
+            id: SignalId::generate(now.as_millisecond().max(0) as u64),
+            agent_id: agent_id.clone(),
+            session: session.clone(),
+            kind: SignalKind::Message,
+            content: vec![ContentBlock::Text {
+                text: text.to_owned(),
+            }],
+            meta,
+            created_at: now,
+        })
+    }
+
+    /// Its text blocks joined by newlines.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for b in &self.content {
+            match b {
+                ContentBlock::Text { text } => {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(text);
+                }
+                ContentBlock::Image { url, .. } => {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(&format!("[image: {url}]"));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Who said a persisted message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The user (or an external system, for webhook signals).
+    User,
+    /// The agent: its replies and its spoken heartbeat thoughts.
+    Assistant,
+}
+
+/// One persisted message of a conversation (seed 000 point 6: with source and agent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConversationMessage {
+    /// `<turn id>.<n>`: sorts by turn, then position in the turn.
+    pub id: String,
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The turn it belongs to.
+    pub turn_id: TurnId,
+    /// Who said it.
+    pub role: Role,
+    /// Where it came from: `discord`, `cli`, `webhook` for inbound messages, `heartbeat`
+    /// for a spoken thought, `conversation` for replies.
+    pub source: String,
+    /// Which of the agent's parts produced it (`conversation`, `heartbeat`); none for
+    /// the user's messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The user's name, for inbound messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// The text.
+    pub content: String,
+    /// When it was said (the signal's time for inbound messages).
+    pub created_at: Timestamp,
+}
+
+/// Where a turn is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TurnStatus {
+    /// The reply is written and being delivered; a redelivered signal resumes delivery
+    /// from `delivered` instead of asking the model again.
+    Delivering,
+    /// Delivered (or there was nowhere to deliver it: stored only).
+    Done,
+    /// Delivery failed for good; `error` says why.
+    Failed,
+}
+
+/// Where a reply goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ReplyTarget {
+    /// Edit the deferred original of an interaction, follow-ups for further parts.
+    Interaction(InteractionRef),
+    /// Post to a channel with the bot token.
+    Channel {
+        /// The channel.
+        channel_id: String,
+    },
+    /// Nowhere (Discord not configured, or no channel known): stored and logged only.
+    None,
+}
+
+/// One conversation turn: the signals it answers and its reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    /// Its id (from its first signal).
+    pub id: TurnId,
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The session.
+    pub session: SessionId,
+    /// The signals it answers, in order.
+    pub signals: Vec<SignalId>,
+    /// Where it is.
+    pub status: TurnStatus,
+    /// The reply, split into the parts sent one by one.
+    pub parts: Vec<String>,
+    /// How many parts were delivered.
+    pub delivered: u32,
+    /// Where the reply goes.
+    pub target: ReplyTarget,
+    /// Ids of the Discord messages written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub discord_message_ids: Vec<String>,
+    /// The provider and model that wrote the reply.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// Tokens used.
+    pub usage: Usage,
+    /// Why delivery failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When it was written.
+    pub created_at: Timestamp,
+    /// When delivery ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Timestamp>,
+}
+
+/// Something an agent chose to remember.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    /// Its id.
+    pub id: MemoryId,
+    /// The agent.
+    pub agent_id: AgentId,
+    /// What to remember.
+    pub text: String,
+    /// The heartbeat that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_id: Option<HeartbeatId>,
+    /// When.
+    pub created_at: Timestamp,
+}

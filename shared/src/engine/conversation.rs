@@ -1,0 +1,593 @@
+//! The conversation: consecutive signals of a session become one turn.
+//!
+//! A turn builds the context (seeds 000 and 002) — the persona as system prompt, the
+//! history within a token budget (oldest dropped first; only the latest messages are
+//! read, so a turn's cost does not grow with the history), all pending user messages as
+//! one time-stamped user message, one ephemeral system message with the raw Discord
+//! envelopes (never persisted), and the heartbeat's spoken thoughts last as one assistant
+//! message — asks the model, and writes the turn (its inbound messages, the reply, and
+//! marks that its signals are answered) in one atomic write *before* delivering the
+//! reply. Delivery then records each part sent. A redelivered signal finds its turn and
+//! resumes delivery where it stopped instead of asking the model again, so the same
+//! signals never produce a second Discord message. (Channel posts also carry a nonce
+//! Discord enforces, which closes the gap between sending a part and recording it.)
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::discord::{MESSAGE_LIMIT, split_message};
+use crate::domain::{
+    Agent, AgentId, ChatMessage, ConversationMessage, LlmRequest, ReplyTarget, Role, Signal,
+    SignalKind, Turn, TurnId, TurnStatus, Usage,
+};
+use crate::error::{DiscordError, EngineError, chain};
+use crate::ports::{Clock, DiscordApi, LlmSelector, Store, TurnStart};
+
+/// Tunables of conversation turns.
+#[derive(Clone, Debug)]
+pub struct ConversationSettings {
+    /// Most history tokens (estimated at 4 characters a token) put in a context.
+    pub history_tokens: usize,
+    /// Most history messages read per turn.
+    pub history_messages: usize,
+    /// Most tokens of a reply.
+    pub reply_max_tokens: u32,
+}
+
+impl Default for ConversationSettings {
+    fn default() -> Self {
+        Self {
+            history_tokens: 8_000,
+            history_messages: 100,
+            reply_max_tokens: 1_024,
+        }
+    }
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnOutcome {
+    /// The turns that answered the signals (one, or more when a redelivery found an
+    /// earlier turn for some of them).
+    pub turns: Vec<TurnId>,
+    /// Reply parts delivered by this call.
+    pub parts_sent: usize,
+    /// Whether the model was asked (false when everything was answered already).
+    pub asked_model: bool,
+}
+
+/// Runs conversation turns.
+pub struct Conversation {
+    store: Arc<dyn Store>,
+    llm: Arc<dyn LlmSelector>,
+    discord: Option<Arc<dyn DiscordApi>>,
+    clock: Arc<dyn Clock>,
+    settings: ConversationSettings,
+}
+
+/// Estimated tokens of a text: 4 characters a token, plus a little per message.
+pub fn estimate_tokens(text: &str) -> usize {
+    text.chars().count().div_ceil(4) + 4
+}
+
+/// Builds a turn's context. `history` is newest first, as read.
+pub fn build_context(
+    agent: &Agent,
+    history: &[ConversationMessage],
+    signals: &[Signal],
+    now: Timestamp,
+    history_tokens: usize,
+) -> Vec<ChatMessage> {
+    let mut messages = vec![ChatMessage::system(system_prompt(agent))];
+
+    // Newest first until the budget is spent, then back to oldest first.
+    let mut budget = history_tokens;
+    let mut kept = Vec::new();
+    for m in history {
+        let cost = estimate_tokens(&m.content);
+        if cost > budget {
+            break;
+        }
+        budget -= cost;
+        kept.push(m);
+    }
+    for m in kept.into_iter().rev() {
+        messages.push(match m.role {
+            Role::User => ChatMessage::user(m.content.clone()),
+            Role::Assistant => ChatMessage::assistant(m.content.clone()),
+        });
+    }
+
+    let mut user_parts = Vec::new();
+    let mut thoughts = Vec::new();
+    let mut envelopes = Vec::new();
+    for s in signals {
+        let text = s.text();
+        match s.kind {
+            SignalKind::Heartbeat => thoughts.push(text),
+            SignalKind::Message => user_parts.push(text),
+            SignalKind::Webhook => user_parts.push(format!(
+                "[webhook {}] {text}",
+                s.meta.source.as_deref().unwrap_or("external")
+            )),
+        }
+        if let Some(env) = &s.meta.discord {
+            envelopes.push(env.clone());
+        }
+    }
+    if !user_parts.is_empty() {
+        let at = signals
+            .iter()
+            .filter(|s| s.kind != SignalKind::Heartbeat)
+            .map(|s| s.created_at)
+            .max()
+            .unwrap_or(now);
+        messages.push(ChatMessage::user(format!(
+            "[{at}]\n{}",
+            user_parts.join("\n")
+        )));
+    }
+    if !envelopes.is_empty() {
+        messages.push(ChatMessage::system(format!(
+            "The user sent {} message(s) via Discord.\n\nRaw message envelopes:\n{}",
+            envelopes.len(),
+            serde_json::to_string_pretty(&envelopes).unwrap_or_default()
+        )));
+    }
+    if !thoughts.is_empty() {
+        messages.push(ChatMessage::assistant(thoughts.join("\n")));
+    }
+    messages
+}
+
+fn system_prompt(agent: &Agent) -> String {
+    agent.persona.clone().unwrap_or_else(|| {
+        format!(
+            "You are {}, an assistant talking with your user on Discord. Be warm and brief.",
+            agent.name
+        )
+    })
+}
+
+/// The messages a turn persists: each inbound signal (a spoken thought as the agent's
+/// own, with source `heartbeat`), then the reply (source and agent `conversation`).
+fn persisted(
+    turn: &Turn,
+    signals: &[Signal],
+    reply: &str,
+    now: Timestamp,
+) -> Vec<ConversationMessage> {
+    let mut out = Vec::with_capacity(signals.len() + 1);
+    for (i, s) in signals.iter().enumerate() {
+        let (role, source, agent) = match s.kind {
+            SignalKind::Heartbeat => (
+                Role::Assistant,
+                "heartbeat".to_owned(),
+                Some("heartbeat".to_owned()),
+            ),
+            SignalKind::Message => (
+                Role::User,
+                s.meta.source.clone().unwrap_or_else(|| "cli".to_owned()),
+                None,
+            ),
+            SignalKind::Webhook => (
+                Role::User,
+                s.meta
+                    .source
+                    .clone()
+                    .unwrap_or_else(|| "webhook".to_owned()),
+                None,
+            ),
+        };
+        out.push(ConversationMessage {
+            id: format!("{}.{i:02}", turn.id),
+            agent_id: turn.agent_id.clone(),
+            turn_id: turn.id.clone(),
+            role,
+            source,
+            agent,
+            author: s.meta.user_name.clone(),
+            content: s.text(),
+            created_at: s.created_at,
+        });
+    }
+    out.push(ConversationMessage {
+        id: format!("{}.{:02}", turn.id, signals.len()),
+        agent_id: turn.agent_id.clone(),
+        turn_id: turn.id.clone(),
+        role: Role::Assistant,
+        source: "conversation".to_owned(),
+        agent: Some("conversation".to_owned()),
+        author: None,
+        content: reply.to_owned(),
+        created_at: now,
+    });
+    out
+}
+
+/// Where a reply goes: the newest open interaction, else the newest channel the signals
+/// came from, else the agent's channel; nowhere when Discord is not configured.
+fn target(agent: &Agent, signals: &[Signal], now: Timestamp, discord: bool) -> ReplyTarget {
+    if !discord {
+        return ReplyTarget::None;
+    }
+    if let Some(i) = signals
+        .iter()
+        .rev()
+        .filter_map(|s| s.meta.interaction.as_ref())
+        .find(|i| i.usable_at(now))
+    {
+        return ReplyTarget::Interaction(i.clone());
+    }
+    signals
+        .iter()
+        .rev()
+        .find_map(|s| s.meta.channel_id.clone())
+        .or_else(|| agent.discord_channel.clone())
+        .map_or(ReplyTarget::None, |channel_id| ReplyTarget::Channel {
+            channel_id,
+        })
+}
+
+/// A nonce for a channel post (Discord allows 25 characters): the turn's ULID without
+/// its time prefix, and the part number.
+fn nonce(turn: &TurnId, part: usize) -> String {
+    let ulid = turn.as_str().trim_start_matches("tn_");
+    format!("{}{part:02}", &ulid[ulid.len().saturating_sub(22)..])
+}
+
+/// Whether a Discord error is worth retrying later (the queue redelivers).
+fn transient(e: &DiscordError) -> bool {
+    match e {
+        DiscordError::Transport(_) | DiscordError::RateLimited { .. } => true,
+        DiscordError::Status { status, .. } => *status >= 500,
+        DiscordError::NotConfigured(_) | DiscordError::Malformed(_) => false,
+    }
+}
+
+impl Conversation {
+    /// A conversation engine. `discord` is `None` when Discord is not configured: replies
+    /// are stored and logged only.
+    pub fn new(
+        store: Arc<dyn Store>,
+        llm: Arc<dyn LlmSelector>,
+        discord: Option<Arc<dyn DiscordApi>>,
+        clock: Arc<dyn Clock>,
+        settings: ConversationSettings,
+    ) -> Self {
+        Self {
+            store,
+            llm,
+            discord,
+            clock,
+            settings,
+        }
+    }
+
+    /// Answers consecutive signals of one session with one turn. An `Err` means the
+    /// signals should be delivered again (storage or the model unavailable, Discord down);
+    /// a redelivery resumes where this call stopped.
+    pub async fn run(&self, signals: &[Signal]) -> Result<TurnOutcome, EngineError> {
+        let Some(first) = signals.first() else {
+            return Ok(TurnOutcome {
+                turns: Vec::new(),
+                parts_sent: 0,
+                asked_model: false,
+            });
+        };
+        let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len());
+        self.run_inner(&first.agent_id.clone(), signals)
+            .instrument(span)
+            .await
+    }
+
+    async fn run_inner(
+        &self,
+        agent_id: &AgentId,
+        signals: &[Signal],
+    ) -> Result<TurnOutcome, EngineError> {
+        let ids: Vec<_> = signals.iter().map(|s| s.id.clone()).collect();
+        let answered = self.store.answered(agent_id, &ids).await?;
+        let mut outcome = TurnOutcome {
+            turns: Vec::new(),
+            parts_sent: 0,
+            asked_model: false,
+        };
+        // Finish delivering turns an earlier delivery of these signals began.
+        for (_, turn_id) in &answered {
+            if outcome.turns.contains(turn_id) {
+                continue;
+            }
+            outcome.turns.push(turn_id.clone());
+            if let Some(turn) = self.store.get_turn(agent_id, turn_id).await?
+                && turn.status == TurnStatus::Delivering
+            {
+                info!(turn_id = %turn.id, delivered = turn.delivered, "resuming the delivery of a turn begun earlier");
+                outcome.parts_sent += self.deliver(turn).await?;
+            }
+        }
+        let pending: Vec<Signal> = signals
+            .iter()
+            .filter(|s| !answered.iter().any(|(id, _)| *id == s.id))
+            .cloned()
+            .collect();
+        if pending.is_empty() {
+            return Ok(outcome);
+        }
+
+        let Some(agent) = self.store.get_agent(agent_id).await? else {
+            warn!("the agent no longer exists; its signals are dropped");
+            return Ok(outcome);
+        };
+        let history = self
+            .store
+            .recent_messages(agent_id, self.settings.history_messages)
+            .await?;
+        let now = self.clock.now();
+        let context = build_context(
+            &agent,
+            &history,
+            &pending,
+            now,
+            self.settings.history_tokens,
+        );
+        let (reply, provider, model, usage, failed) = self.ask(&agent, context).await?;
+        outcome.asked_model = true;
+
+        let parts = split_message(&reply, MESSAGE_LIMIT);
+        let mut turn = Turn {
+            id: TurnId::for_signal(&pending[0].id),
+            agent_id: agent_id.clone(),
+            session: pending[0].session.clone(),
+            signals: pending.iter().map(|s| s.id.clone()).collect(),
+            status: TurnStatus::Delivering,
+            parts,
+            delivered: 0,
+            target: target(&agent, &pending, now, self.discord.is_some()),
+            discord_message_ids: Vec::new(),
+            provider,
+            model,
+            usage,
+            error: failed,
+            created_at: now,
+            completed_at: None,
+        };
+        let messages = persisted(&turn, &pending, &reply, now);
+        match self.store.begin_turn(&turn, &messages).await? {
+            TurnStart::Created => {}
+            TurnStart::Exists(existing) => {
+                info!(turn_id = %existing.id, "the turn was written by an earlier delivery; resuming it");
+                turn = *existing;
+            }
+        }
+        outcome.turns.push(turn.id.clone());
+        let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
+        if turn.status == TurnStatus::Delivering {
+            outcome.parts_sent += self.deliver(turn).await?;
+        }
+        if user_spoke {
+            // The quiet period before the next heartbeat counts from the end of the turn.
+            self.store
+                .record_interaction(agent_id, self.clock.now())
+                .await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Asks the model. A failure that retrying cannot fix (no key, a rejected request)
+    /// becomes a reply saying so, recorded as the turn's error, rather than a message
+    /// that is redelivered until it is dead-lettered.
+    async fn ask(
+        &self,
+        agent: &Agent,
+        context: Vec<ChatMessage>,
+    ) -> Result<(String, String, String, Usage, Option<String>), EngineError> {
+        let llm = match self.llm.select(agent) {
+            Ok(l) => l,
+            Err(e) => {
+                let why = chain(&e);
+                error!(error = %why, "no model for this agent");
+                return Ok((
+                    apology(&why),
+                    "none".into(),
+                    "none".into(),
+                    Usage::default(),
+                    Some(why),
+                ));
+            }
+        };
+        let request = LlmRequest {
+            model: None,
+            messages: context,
+            tools: Vec::new(),
+            max_tokens: self.settings.reply_max_tokens,
+        };
+        match llm.complete(&request).await {
+            Ok(resp) => {
+                info!(
+                    provider = resp.provider,
+                    model = %resp.model,
+                    input_tokens = resp.usage.input_tokens,
+                    output_tokens = resp.usage.output_tokens,
+                    "reply written"
+                );
+                let text = resp.text.unwrap_or_default();
+                let text = if text.trim().is_empty() {
+                    "(no reply)".to_owned()
+                } else {
+                    text
+                };
+                Ok((text, resp.provider.to_owned(), resp.model, resp.usage, None))
+            }
+            Err(e) => {
+                let why = chain(&e);
+                let retry = match &e {
+                    crate::error::LlmError::Transport { .. } => true,
+                    crate::error::LlmError::Status { status, .. } => {
+                        *status == 429 || *status >= 500
+                    }
+                    _ => false,
+                };
+                if retry {
+                    return Err(EngineError::Unavailable(format!(
+                        "the model did not answer: {why}"
+                    )));
+                }
+                error!(error = %why, "the model rejected the turn");
+                Ok((
+                    apology(&why),
+                    llm.provider().to_owned(),
+                    String::new(),
+                    Usage::default(),
+                    Some(why),
+                ))
+            }
+        }
+    }
+
+    /// Delivers a turn's remaining parts, recording each; returns how many were sent.
+    async fn deliver(&self, mut turn: Turn) -> Result<usize, EngineError> {
+        let mut sent = 0;
+        while (turn.delivered as usize) < turn.parts.len() {
+            let i = turn.delivered as usize;
+            let part = turn.parts[i].clone();
+            let result = match (&turn.target, &self.discord) {
+                (ReplyTarget::None, _) | (_, None) => {
+                    info!(turn_id = %turn.id, reply = %part, "reply stored (no Discord destination configured)");
+                    Ok(None)
+                }
+                (ReplyTarget::Interaction(it), Some(d)) => {
+                    if i == 0 {
+                        d.edit_original(&it.token, &part).await.map(Some)
+                    } else {
+                        d.follow_up(&it.token, &part).await.map(Some)
+                    }
+                }
+                (ReplyTarget::Channel { channel_id }, Some(d)) => d
+                    .create_message(channel_id, &part, &nonce(&turn.id, i))
+                    .await
+                    .map(Some),
+            };
+            match result {
+                Ok(id) => {
+                    turn.discord_message_ids.extend(id);
+                    turn.delivered += 1;
+                    if turn.target != ReplyTarget::None {
+                        sent += 1;
+                    }
+                    if turn.delivered as usize == turn.parts.len() {
+                        turn.status = if turn.error.is_some() {
+                            TurnStatus::Failed
+                        } else {
+                            TurnStatus::Done
+                        };
+                        turn.completed_at = Some(self.clock.now());
+                    }
+                    self.store.update_turn(&turn).await?;
+                }
+                Err(e) => {
+                    let why = chain(&e);
+                    if transient(&e) {
+                        turn.error = Some(why.clone());
+                        self.store.update_turn(&turn).await?;
+                        return Err(EngineError::Unavailable(format!(
+                            "Discord did not take part {} of turn {}: {why}",
+                            i + 1,
+                            turn.id
+                        )));
+                    }
+                    error!(turn_id = %turn.id, error = %why, "Discord refused the reply; the turn is recorded FAILED");
+                    turn.status = TurnStatus::Failed;
+                    turn.error = Some(why);
+                    turn.completed_at = Some(self.clock.now());
+                    self.store.update_turn(&turn).await?;
+                    return Ok(sent);
+                }
+            }
+        }
+        if sent > 0 {
+            info!(turn_id = %turn.id, parts = sent, "reply delivered");
+        }
+        Ok(sent)
+    }
+}
+
+fn apology(why: &str) -> String {
+    format!(
+        "I could not think of a reply just now: {why}. An operator should check my LLM settings."
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{NewAgent, SignalMeta};
+    use serde_json::json;
+
+    fn agent() -> Agent {
+        let mut a = NewAgent::named("Scout");
+        a.persona = Some("You are Scout.".into());
+        a.create(Timestamp::UNIX_EPOCH).unwrap().0
+    }
+
+    fn history(agent: &Agent, n: usize, chars: usize) -> Vec<ConversationMessage> {
+        // Newest first, as read.
+        (0..n)
+            .rev()
+            .map(|i| ConversationMessage {
+                id: format!("m{i:05}"),
+                agent_id: agent.id.clone(),
+                turn_id: TurnId::parse("tn_01J00000000000000000000000").unwrap(),
+                role: if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                },
+                source: "cli".into(),
+                agent: None,
+                author: None,
+                content: format!("{i:05}{}", "x".repeat(chars.saturating_sub(5))),
+                created_at: Timestamp::UNIX_EPOCH,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn history_beyond_the_token_budget_is_dropped_oldest_first() {
+        let a = agent();
+        let h = history(&a, 50, 40); // 14 tokens each
+        let ctx = build_context(&a, &h, &[], Timestamp::UNIX_EPOCH, 14 * 10);
+        assert_eq!(ctx.len(), 11, "system + the 10 newest");
+        assert!(ctx[1].text().unwrap().starts_with("00040"));
+        assert!(ctx[10].text().unwrap().starts_with("00049"));
+    }
+
+    #[test]
+    fn thoughts_come_last_as_the_agents_own_words_and_envelopes_before_them() {
+        let a = agent();
+        let now = Timestamp::UNIX_EPOCH;
+        let mut m =
+            Signal::user_message(&a.id, &a.session, "hi", SignalMeta::default(), now).unwrap();
+        m.meta.discord = Some(json!({"attachments": [{"name": "a.ogg"}]}));
+        let mut t = m.clone();
+        t.kind = SignalKind::Heartbeat;
+        t.meta.discord = None;
+        t.content = vec![crate::domain::ContentBlock::Text {
+            text: "check in".into(),
+        }];
+        let ctx = build_context(&a, &[], &[t, m], now, 1000);
+        let roles: Vec<_> = ctx.iter().map(ChatMessage::role).collect();
+        assert_eq!(roles, ["system", "user", "system", "assistant"]);
+        assert!(ctx[2].text().unwrap().contains("a.ogg"));
+        assert_eq!(ctx[3].text(), Some("check in"));
+    }
+
+    #[test]
+    fn a_channel_nonce_fits_discords_limit_and_differs_per_part() {
+        let t = TurnId::parse("tn_01JABCDEFGHJKMNPQRSTVWXYZ0").unwrap();
+        assert!(nonce(&t, 0).len() <= 25);
+        assert_ne!(nonce(&t, 0), nonce(&t, 1));
+    }
+}

@@ -1,0 +1,195 @@
+//! The Anthropic Messages API wire format.
+//!
+//! The first system message becomes the top-level `system`; a later one (an ephemeral
+//! note such as the Discord envelope) becomes a user-role text block wrapped in
+//! `<system-note>` tags, since the API has no system role inside `messages`. Consecutive
+//! messages of one role are merged into one message of several blocks. A trailing
+//! assistant message is a prefill: the model continues from it.
+
+use serde_json::{Value, json};
+
+use super::HttpLlm;
+use crate::domain::{ChatMessage, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
+use crate::error::LlmError;
+
+pub(crate) struct Anthropic(pub(crate) HttpLlm);
+
+pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
+    let mut system = None;
+    let mut messages: Vec<(String, Vec<Value>)> = Vec::new();
+    let mut push = |role: &str, block: Value| match messages.last_mut() {
+        Some((r, blocks)) if r == role => blocks.push(block),
+        _ => messages.push((role.to_owned(), vec![block])),
+    };
+    for (i, m) in req.messages.iter().enumerate() {
+        match m {
+            ChatMessage::System { text } if i == 0 => system = Some(text.clone()),
+            ChatMessage::System { text } => push(
+                "user",
+                json!({"type": "text", "text": format!("<system-note>\n{text}\n</system-note>")}),
+            ),
+            ChatMessage::User { text } => push("user", json!({"type": "text", "text": text})),
+            ChatMessage::Assistant { text, tool_calls } => {
+                if let Some(t) = text.as_deref().filter(|t| !t.is_empty()) {
+                    push("assistant", json!({"type": "text", "text": t}));
+                }
+                for c in tool_calls {
+                    push(
+                        "assistant",
+                        json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input}),
+                    );
+                }
+            }
+            ChatMessage::ToolResult {
+                call_id,
+                content,
+                is_error,
+            } => push(
+                "user",
+                json!({"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error}),
+            ),
+        }
+    }
+    let mut body = json!({
+        "model": model,
+        "max_tokens": req.max_tokens,
+        "messages": messages
+            .into_iter()
+            .map(|(role, content)| json!({"role": role, "content": content}))
+            .collect::<Vec<_>>(),
+    });
+    if let Some(s) = system {
+        body["system"] = json!(s);
+    }
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+    }
+    body
+}
+
+pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
+    let malformed = |m: &str| LlmError::Malformed {
+        provider: "anthropic",
+        message: m.to_owned(),
+    };
+    let blocks = v
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| malformed("no \"content\" array"))?;
+    let mut text = String::new();
+    let mut tool_calls = Vec::new();
+    for b in blocks {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+            Some("tool_use") => tool_calls.push(ToolUse {
+                id: b
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| malformed("a tool_use block has no id"))?
+                    .to_owned(),
+                name: b
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| malformed("a tool_use block has no name"))?
+                    .to_owned(),
+                input: b.get("input").cloned().unwrap_or_else(|| json!({})),
+            }),
+            _ => {}
+        }
+    }
+    let stop = match v.get("stop_reason").and_then(Value::as_str) {
+        Some("end_turn") | Some("stop_sequence") => StopReason::EndTurn,
+        Some("tool_use") => StopReason::ToolUse,
+        Some("max_tokens") => StopReason::MaxTokens,
+        _ => StopReason::Other,
+    };
+    let usage = v.get("usage").cloned().unwrap_or(Value::Null);
+    Ok(LlmResponse {
+        text: (!text.is_empty()).then_some(text),
+        tool_calls,
+        stop,
+        usage: Usage {
+            input_tokens: usage
+                .get("input_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            output_tokens: usage
+                .get("output_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        },
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        provider: "anthropic",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::ToolSpec;
+
+    #[test]
+    fn system_goes_on_top_notes_go_in_user_blocks_and_roles_alternate() {
+        let req = LlmRequest {
+            model: None,
+            messages: vec![
+                ChatMessage::system("persona"),
+                ChatMessage::user("hi"),
+                ChatMessage::system("envelope"),
+                ChatMessage::Assistant {
+                    text: None,
+                    tool_calls: vec![ToolUse {
+                        id: "t1".into(),
+                        name: "speak".into(),
+                        input: json!({"thought": "x"}),
+                    }],
+                },
+                ChatMessage::ToolResult {
+                    call_id: "t1".into(),
+                    content: "{}".into(),
+                    is_error: false,
+                },
+            ],
+            tools: vec![ToolSpec {
+                name: "speak".into(),
+                description: "d".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            max_tokens: 10,
+        };
+        let body = request_body(&req, "m");
+        assert_eq!(body["system"], "persona");
+        let msgs = body["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[0]["role"], "user");
+        assert_eq!(
+            msgs[0]["content"][1]["text"],
+            "<system-note>\nenvelope\n</system-note>"
+        );
+        assert_eq!(msgs[1]["content"][0]["type"], "tool_use");
+        assert_eq!(msgs[2]["content"][0]["tool_use_id"], "t1");
+        assert_eq!(body["tools"][0]["input_schema"]["type"], "object");
+    }
+
+    #[test]
+    fn tool_use_answers_are_read_with_their_usage() {
+        let r = parse_response(&json!({
+            "model": "claude", "stop_reason": "tool_use",
+            "content": [{"type": "text", "text": "thinking"}, {"type": "tool_use", "id": "a", "name": "speak", "input": {"thought": "hi"}}],
+            "usage": {"input_tokens": 12, "output_tokens": 3}
+        }))
+        .unwrap();
+        assert_eq!(r.stop, StopReason::ToolUse);
+        assert_eq!(r.tool_calls[0].input["thought"], "hi");
+        assert_eq!(r.usage.total(), 15);
+        assert!(parse_response(&json!({"nothing": 1})).is_err());
+    }
+}

@@ -1,0 +1,218 @@
+//! The offline provider: deterministic answers, no network. For demos and tests without a
+//! key; every response says `provider: "offline"`.
+//!
+//! Rules:
+//! - Usage: input tokens = characters of all messages / 4, output = reply characters / 4
+//!   (rounded up).
+//! - With tools offered and a user message last (a heartbeat agent's first step): the
+//!   text is scanned for directives `speak: …`, `remember: …`, `recall: …`,
+//!   `emit_event: TYPE`, each at the start of a line or right after a `"`, its argument
+//!   running to the end of the line or the next `"`. Each directive naming an offered
+//!   tool becomes a tool call, in order. None: "(offline) nothing to say", no calls —
+//!   the silent outcome.
+//! - A tool result last (the loop came back): "(offline) done".
+//! - Otherwise (a conversation turn): `(offline) You said: "<last user line>".` and/or
+//!   `(offline) Following up on my thought: "<trailing assistant thought>".`, each quote
+//!   at most 200 characters; `(offline) Hello.` when there is neither.
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::domain::{ChatMessage, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
+use crate::error::LlmError;
+use crate::ports::Llm;
+
+/// The offline model.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Offline;
+
+const VERBS: [&str; 4] = ["speak", "remember", "recall", "emit_event"];
+
+/// The directives in `text`, in order: (verb, argument).
+pub fn directives(text: &str) -> Vec<(&'static str, String)> {
+    let mut found: Vec<(usize, &'static str, String)> = Vec::new();
+    for verb in VERBS {
+        let pat = format!("{verb}:");
+        let mut from = 0;
+        while let Some(pos) = text[from..].find(&pat) {
+            let at = from + pos;
+            from = at + pat.len();
+            let before = text[..at].chars().next_back();
+            if !matches!(before, None | Some('\n') | Some('"')) {
+                continue;
+            }
+            let rest = &text[at + pat.len()..];
+            let end = rest.find(['\n', '"']).unwrap_or(rest.len());
+            let arg = rest[..end].trim();
+            if !arg.is_empty() {
+                found.push((at, verb, arg.to_owned()));
+            }
+        }
+    }
+    found.sort_by_key(|(at, _, _)| *at);
+    found.into_iter().map(|(_, v, a)| (v, a)).collect()
+}
+
+fn quote(s: &str) -> String {
+    let s: String = s.chars().take(200).collect();
+    format!("\"{s}\"")
+}
+
+/// The offline answer to `req`.
+pub fn answer(req: &LlmRequest) -> LlmResponse {
+    let input_chars: usize = req
+        .messages
+        .iter()
+        .filter_map(|m| m.text())
+        .map(|t| t.chars().count())
+        .sum();
+    let mut tool_calls = Vec::new();
+    let text = match req.messages.last() {
+        Some(ChatMessage::User { text }) if !req.tools.is_empty() => {
+            for (verb, arg) in directives(text) {
+                if !req.tools.iter().any(|t| t.name == verb) {
+                    continue;
+                }
+                let input: Value = match verb {
+                    "speak" => json!({"thought": arg}),
+                    "remember" => json!({"text": arg}),
+                    "recall" => json!({"query": arg}),
+                    _ => json!({"type": arg, "payload": {}, "priority": 5}),
+                };
+                tool_calls.push(ToolUse {
+                    id: format!("offline_call_{}", tool_calls.len() + 1),
+                    name: verb.to_owned(),
+                    input,
+                });
+            }
+            if tool_calls.is_empty() {
+                "(offline) nothing to say".to_owned()
+            } else {
+                "(offline) calling tools".to_owned()
+            }
+        }
+        Some(ChatMessage::ToolResult { .. }) => "(offline) done".to_owned(),
+        last => {
+            let user = req.messages.iter().rev().find_map(|m| match m {
+                ChatMessage::User { text } => {
+                    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+                    let first = lines.next().unwrap_or("");
+                    // A `[timestamp]` header line is not what the user said.
+                    let said: Vec<&str> = if first.starts_with('[') && first.ends_with(']') {
+                        lines.collect()
+                    } else {
+                        text.lines().filter(|l| !l.trim().is_empty()).collect()
+                    };
+                    said.last().map(|l| l.trim().to_owned())
+                }
+                _ => None,
+            });
+            let thought = match last {
+                Some(ChatMessage::Assistant { text: Some(t), .. }) => Some(t.clone()),
+                _ => None,
+            };
+            let mut parts = Vec::new();
+            if let Some(u) = user {
+                parts.push(format!("(offline) You said: {}.", quote(&u)));
+            }
+            if let Some(t) = thought {
+                parts.push(format!(
+                    "(offline) Following up on my thought: {}.",
+                    quote(&t)
+                ));
+            }
+            if parts.is_empty() {
+                "(offline) Hello.".to_owned()
+            } else {
+                parts.join(" ")
+            }
+        }
+    };
+    LlmResponse {
+        usage: Usage {
+            input_tokens: input_chars.div_ceil(4) as u64,
+            output_tokens: text.chars().count().div_ceil(4) as u64,
+        },
+        stop: if tool_calls.is_empty() {
+            StopReason::EndTurn
+        } else {
+            StopReason::ToolUse
+        },
+        text: Some(text),
+        tool_calls,
+        model: "offline".to_owned(),
+        provider: "offline",
+    }
+}
+
+#[async_trait]
+impl Llm for Offline {
+    fn provider(&self) -> &'static str {
+        "offline"
+    }
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        Ok(answer(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::ToolSpec;
+
+    fn tools(names: &[&str]) -> Vec<ToolSpec> {
+        names
+            .iter()
+            .map(|n| ToolSpec {
+                name: n.to_string(),
+                description: String::new(),
+                parameters: json!({}),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn directives_start_a_line_or_follow_a_quote_and_run_to_the_line_end_or_a_quote() {
+        let text = "Instructions:\nspeak: check in about the deadline\n- [NOTE] {\"text\":\"remember: tea is green\"}\nnot speak: this";
+        assert_eq!(
+            directives(text),
+            vec![
+                ("speak", "check in about the deadline".to_owned()),
+                ("remember", "tea is green".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_with_nothing_to_say_calls_no_tool() {
+        let r = answer(&LlmRequest {
+            model: None,
+            messages: vec![ChatMessage::user("all quiet")],
+            tools: tools(&["speak"]),
+            max_tokens: 10,
+        });
+        assert!(r.tool_calls.is_empty());
+        assert_eq!(r.stop, StopReason::EndTurn);
+    }
+
+    #[test]
+    fn a_turn_echoes_the_last_user_line_and_the_thought() {
+        let r = answer(&LlmRequest {
+            model: None,
+            messages: vec![
+                ChatMessage::system("s"),
+                ChatMessage::user("[2026-01-01T00:00:00Z]\nhello\nhow are you?"),
+                ChatMessage::assistant("I should ask about the trip"),
+            ],
+            tools: Vec::new(),
+            max_tokens: 10,
+        });
+        assert_eq!(
+            r.text.as_deref(),
+            Some(
+                "(offline) You said: \"how are you?\". (offline) Following up on my thought: \"I should ask about the trip\"."
+            )
+        );
+        assert!(r.usage.input_tokens > 0 && r.usage.output_tokens > 0);
+    }
+}

@@ -1,0 +1,176 @@
+//! The OpenAI-compatible chat completions wire format. Roles map one to one (system
+//! messages stay where they are); tool calls carry their arguments as a JSON string.
+
+use serde_json::{Value, json};
+
+use super::HttpLlm;
+use crate::domain::{ChatMessage, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
+use crate::error::LlmError;
+
+pub(crate) struct OpenAi(pub(crate) HttpLlm);
+
+pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
+    let messages: Vec<Value> = req
+        .messages
+        .iter()
+        .map(|m| match m {
+            ChatMessage::System { text } => json!({"role": "system", "content": text}),
+            ChatMessage::User { text } => json!({"role": "user", "content": text}),
+            ChatMessage::Assistant { text, tool_calls } => {
+                let mut v = json!({"role": "assistant", "content": text});
+                if !tool_calls.is_empty() {
+                    v["tool_calls"] = tool_calls
+                        .iter()
+                        .map(|c| {
+                            json!({
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": c.input.to_string()},
+                            })
+                        })
+                        .collect();
+                }
+                v
+            }
+            ChatMessage::ToolResult {
+                call_id, content, ..
+            } => {
+                json!({"role": "tool", "tool_call_id": call_id, "content": content})
+            }
+        })
+        .collect();
+    let mut body = json!({"model": model, "max_tokens": req.max_tokens, "messages": messages});
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
+            .collect();
+    }
+    body
+}
+
+pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
+    let malformed = |m: String| LlmError::Malformed {
+        provider: "openai",
+        message: m,
+    };
+    let choice = v
+        .get("choices")
+        .and_then(|c| c.get(0))
+        .ok_or_else(|| malformed("no choices".into()))?;
+    let msg = choice
+        .get("message")
+        .ok_or_else(|| malformed("the choice has no message".into()))?;
+    let mut tool_calls = Vec::new();
+    for c in msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let f = c
+            .get("function")
+            .ok_or_else(|| malformed("a tool call has no function".into()))?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| malformed("a tool call has no name".into()))?;
+        let args = f.get("arguments").and_then(Value::as_str).unwrap_or("{}");
+        let input: Value = serde_json::from_str(if args.trim().is_empty() { "{}" } else { args })
+            .map_err(|e| {
+            malformed(format!(
+                "the arguments of tool call {name} are not JSON: {e}"
+            ))
+        })?;
+        tool_calls.push(ToolUse {
+            id: c.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
+            name: name.to_owned(),
+            input,
+        });
+    }
+    let stop = match choice.get("finish_reason").and_then(Value::as_str) {
+        Some("stop") => StopReason::EndTurn,
+        Some("tool_calls") | Some("function_call") => StopReason::ToolUse,
+        Some("length") => StopReason::MaxTokens,
+        _ if !tool_calls.is_empty() => StopReason::ToolUse,
+        _ => StopReason::Other,
+    };
+    let usage = v.get("usage").cloned().unwrap_or(Value::Null);
+    Ok(LlmResponse {
+        text: msg
+            .get("content")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
+        tool_calls,
+        stop,
+        usage: Usage {
+            input_tokens: usage
+                .get("prompt_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            output_tokens: usage
+                .get("completion_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        },
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        provider: "openai",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_calls_round_trip_with_string_arguments() {
+        let req = LlmRequest {
+            model: None,
+            messages: vec![
+                ChatMessage::system("s"),
+                ChatMessage::Assistant {
+                    text: None,
+                    tool_calls: vec![ToolUse {
+                        id: "c1".into(),
+                        name: "recall".into(),
+                        input: json!({"query": "q"}),
+                    }],
+                },
+                ChatMessage::ToolResult {
+                    call_id: "c1".into(),
+                    content: "[]".into(),
+                    is_error: false,
+                },
+                ChatMessage::system("note"),
+            ],
+            tools: Vec::new(),
+            max_tokens: 5,
+        };
+        let body = request_body(&req, "gpt");
+        assert_eq!(
+            body["messages"][1]["tool_calls"][0]["function"]["arguments"],
+            "{\"query\":\"q\"}"
+        );
+        assert_eq!(body["messages"][2]["role"], "tool");
+        assert_eq!(body["messages"][3]["role"], "system");
+        let r = parse_response(&json!({
+            "model": "gpt", "usage": {"prompt_tokens": 4, "completion_tokens": 2},
+            "choices": [{"finish_reason": "tool_calls", "message": {"content": null,
+              "tool_calls": [{"id": "x", "type": "function", "function": {"name": "speak", "arguments": "{\"thought\":\"t\"}"}}]}}]
+        }))
+        .unwrap();
+        assert_eq!(r.stop, StopReason::ToolUse);
+        assert_eq!(r.tool_calls[0].input["thought"], "t");
+        assert_eq!(r.usage.input_tokens, 4);
+        let bad = parse_response(
+            &json!({"choices": [{"message": {"tool_calls": [{"function": {"name": "x", "arguments": "{"}}]}}]}),
+        );
+        assert!(bad.is_err());
+    }
+}

@@ -1,0 +1,580 @@
+//! The built-in heartbeat agent (seeds 000, 003): a tool subscribed to HEARTBEAT that
+//! wakes with the agent, reads its instructions, beats, window events and a digest of
+//! the recent conversation, and runs an LLM tool loop with:
+//!
+//! - `speak({thought})`: queues a `heartbeat` signal on the agent's session and returns at
+//!   once. The conversation worker turns it into a reply; the heartbeat never posts to
+//!   Discord itself. Not calling `speak` is the silent outcome: nothing is sent.
+//! - `remember({text})` / `recall({query})` over the agent's memories.
+//! - `emit_event({type, payload, priority})`: events that cascade in the same heartbeat.
+//!
+//! Budgets (max steps, max tokens per run) stop the loop and are recorded. Before every
+//! LLM call and before every `speak`, the run checks whether a user message arrived
+//! after the heartbeat started (the agent's `last_interaction_at`, set on arrival); if
+//! so it stops and reports the interruption, and the heartbeat ends CANCELLED so the
+//! user's turn runs next (seed 004). Every step is logged and kept in the action's
+//! output.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::domain::{
+    Agent, ChatMessage, ContentBlock, Event, LlmRequest, Memory, MemoryId, NewEvent, OutgoingTask,
+    Role, Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse,
+    ToolSpec, ToolUse, Usage,
+};
+use crate::error::chain;
+use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall};
+
+/// Events shown to the model per run; the rest are counted.
+const MAX_EVENTS_SHOWN: usize = 50;
+/// Characters of one event's payload shown to the model.
+const MAX_PAYLOAD_CHARS: usize = 500;
+/// Conversation messages in the digest.
+const DIGEST_MESSAGES: usize = 6;
+/// Memories searched by `recall` (the most recent ones).
+const RECALL_SCAN: usize = 500;
+/// Tokens the model may write per step.
+const STEP_MAX_TOKENS: u32 = 1_024;
+
+/// The heartbeat agent and what it needs.
+#[derive(Clone)]
+pub struct HeartbeatAgent {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn SessionQueue>,
+    llm: Arc<dyn LlmSelector>,
+    clock: Arc<dyn Clock>,
+}
+
+/// What the run did, step by step: the action's output.
+#[derive(Default)]
+struct Transcript {
+    steps: Vec<Value>,
+    spoke: Vec<String>,
+    new_events: Vec<NewEvent>,
+    usage: Usage,
+    budget_stop: Option<String>,
+    provider: String,
+    model: String,
+}
+
+impl Transcript {
+    fn output(&self, interrupted: Option<&str>) -> Value {
+        json!({
+            "spoke": self.spoke,
+            "silent": self.spoke.is_empty(),
+            "steps": self.steps,
+            "budget_stop": self.budget_stop,
+            "interrupted": interrupted,
+            "provider": self.provider,
+            "model": self.model,
+        })
+    }
+    fn usage(&self) -> Value {
+        json!({
+            "input_tokens": self.usage.input_tokens,
+            "output_tokens": self.usage.output_tokens,
+            "llm_calls": self.steps.iter().filter(|s| s["kind"] == "llm").count(),
+        })
+    }
+}
+
+impl HeartbeatAgent {
+    /// The agent over a store, the sessions queue, the model router and a clock.
+    pub fn new(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn SessionQueue>,
+        llm: Arc<dyn LlmSelector>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            store,
+            queue,
+            llm,
+            clock,
+        }
+    }
+
+    /// Runs one heartbeat's agent loop.
+    pub async fn call(&self, request: &ToolRequest) -> ToolCall {
+        let mut t = Transcript::default();
+        match self.run(request, &mut t).await {
+            Ok(None) => {
+                let output = t.output(None);
+                info!(
+                    spoke = t.spoke.len(),
+                    steps = t.steps.len(),
+                    input_tokens = t.usage.input_tokens,
+                    output_tokens = t.usage.output_tokens,
+                    budget_stop = t.budget_stop.as_deref(),
+                    "heartbeat agent finished"
+                );
+                ToolCall {
+                    result: Ok(ToolResponse {
+                        success: true,
+                        output: output.clone(),
+                        new_events: std::mem::take(&mut t.new_events),
+                        usage: t.usage(),
+                        error: None,
+                    }),
+                    response_meta: Some(json!({"output": output, "usage": t.usage()})),
+                    interrupted: None,
+                }
+            }
+            Ok(Some(why)) => {
+                info!(reason = %why, steps = t.steps.len(), "heartbeat agent interrupted; yielding to the user's turn");
+                ToolCall {
+                    result: Err(why.clone()),
+                    response_meta: Some(
+                        json!({"output": t.output(Some(&why)), "usage": t.usage()}),
+                    ),
+                    interrupted: Some(why),
+                }
+            }
+            Err(why) => ToolCall {
+                result: Err(why),
+                response_meta: Some(json!({"output": t.output(None), "usage": t.usage()})),
+                interrupted: None,
+            },
+        }
+    }
+
+    /// `Ok(Some(reason))` when interrupted, `Err` when the run failed.
+    async fn run(&self, req: &ToolRequest, t: &mut Transcript) -> Result<Option<String>, String> {
+        let agent = self.agent(req).await?;
+        let llm = self.llm.select(&agent).map_err(|e| chain(&e))?;
+        t.provider = llm.provider().to_owned();
+        let (window, digest) =
+            futures::try_join!(self.window(req), self.digest(&agent)).map_err(|e| chain(&e))?;
+        let mut messages = vec![
+            ChatMessage::system(system_prompt(&agent)),
+            ChatMessage::user(briefing(&agent, req, &window, &digest)),
+        ];
+        let tools = tool_specs();
+        let budgets = agent.budgets;
+        let mut calls = 0usize;
+        for step in 0..budgets.max_steps {
+            if let Some(why) = self.interrupted(req).await? {
+                return Ok(Some(why));
+            }
+            if t.usage.total() >= budgets.max_tokens {
+                t.budget_stop = Some(format!(
+                    "max_tokens: {} tokens used, the budget is {}",
+                    t.usage.total(),
+                    budgets.max_tokens
+                ));
+                warn!(
+                    used = t.usage.total(),
+                    budget = budgets.max_tokens,
+                    "heartbeat agent stopped: token budget reached"
+                );
+                return Ok(None);
+            }
+            let resp = llm
+                .complete(&LlmRequest {
+                    model: None,
+                    messages: messages.clone(),
+                    tools: tools.clone(),
+                    max_tokens: STEP_MAX_TOKENS,
+                })
+                .await
+                .map_err(|e| chain(&e))?;
+            t.usage.add(resp.usage);
+            t.model = resp.model.clone();
+            info!(
+                step,
+                provider = resp.provider,
+                model = %resp.model,
+                tool_calls = resp.tool_calls.len(),
+                input_tokens = resp.usage.input_tokens,
+                output_tokens = resp.usage.output_tokens,
+                "heartbeat agent step"
+            );
+            t.steps.push(json!({
+                "kind": "llm",
+                "step": step,
+                "text": resp.text,
+                "tool_calls": resp.tool_calls,
+                "usage": resp.usage,
+                "stop": resp.stop,
+            }));
+            messages.push(ChatMessage::Assistant {
+                text: resp.text.clone(),
+                tool_calls: resp.tool_calls.clone(),
+            });
+            if resp.tool_calls.is_empty() || resp.stop != StopReason::ToolUse {
+                return Ok(None);
+            }
+            for call in &resp.tool_calls {
+                if call.name == "speak"
+                    && let Some(why) = self.interrupted(req).await?
+                {
+                    return Ok(Some(why));
+                }
+                let (content, is_error) = match self.run_tool(req, &agent, call, calls, t).await {
+                    Ok(v) => (v, false),
+                    Err(e) => (json!({"error": e}), true),
+                };
+                calls += 1;
+                info!(tool = %call.name, is_error, "heartbeat agent tool call");
+                t.steps.push(json!({
+                    "kind": "tool",
+                    "name": call.name,
+                    "input": call.input,
+                    "result": content,
+                    "is_error": is_error,
+                }));
+                messages.push(ChatMessage::ToolResult {
+                    call_id: call.id.clone(),
+                    content: content.to_string(),
+                    is_error,
+                });
+            }
+        }
+        t.budget_stop = Some(format!(
+            "max_steps: the model still wanted tools after {} steps",
+            budgets.max_steps
+        ));
+        warn!(
+            budget = budgets.max_steps,
+            "heartbeat agent stopped: step budget reached"
+        );
+        Ok(None)
+    }
+
+    async fn agent(&self, req: &ToolRequest) -> Result<Agent, String> {
+        self.store
+            .get_agent(&req.agent.id)
+            .await
+            .map_err(|e| chain(&e))?
+            .ok_or_else(|| format!("agent {} no longer exists", req.agent.id))
+    }
+
+    /// A user message that arrived after this heartbeat started interrupts it.
+    async fn interrupted(&self, req: &ToolRequest) -> Result<Option<String>, String> {
+        let agent = self.agent(req).await?;
+        Ok(match agent.last_interaction_at {
+            Some(at) if at > req.heartbeat.started_at => Some(format!(
+                "interrupted: a user message arrived at {at}, after the heartbeat started"
+            )),
+            _ => None,
+        })
+    }
+
+    async fn window(&self, req: &ToolRequest) -> Result<Vec<Event>, crate::error::StoreError> {
+        let w = self
+            .store
+            .read_window(
+                &req.agent.id,
+                &req.heartbeat.window_start,
+                &req.heartbeat.window_end,
+                MAX_EVENTS_SHOWN,
+            )
+            .await?;
+        Ok(w.events)
+    }
+
+    async fn digest(&self, agent: &Agent) -> Result<Vec<String>, crate::error::StoreError> {
+        let mut recent = self
+            .store
+            .recent_messages(&agent.id, DIGEST_MESSAGES)
+            .await?;
+        recent.reverse();
+        Ok(recent
+            .iter()
+            .map(|m| {
+                let who = match (m.role, m.source.as_str()) {
+                    (Role::User, _) => "user",
+                    (Role::Assistant, "heartbeat") => "you (thought)",
+                    (Role::Assistant, _) => "you",
+                };
+                format!("[{}] {who}: {}", m.created_at, clip(&m.content, 300))
+            })
+            .collect())
+    }
+
+    async fn run_tool(
+        &self,
+        req: &ToolRequest,
+        agent: &Agent,
+        call: &ToolUse,
+        index: usize,
+        t: &mut Transcript,
+    ) -> Result<Value, String> {
+        let now = self.clock.now();
+        let ms = now.as_millisecond().max(0) as u64;
+        let key = [
+            req.action_id.as_str(),
+            &req.attempt.to_string(),
+            &index.to_string(),
+        ];
+        match call.name.as_str() {
+            "speak" => {
+                let thought = text_arg(&call.input, "thought")?;
+                let signal = Signal {
+                    id: SignalId::derived(ms, &key),
+                    agent_id: agent.id.clone(),
+                    session: agent.session.clone(),
+                    kind: SignalKind::Heartbeat,
+                    content: vec![ContentBlock::Text {
+                        text: thought.clone(),
+                    }],
+                    meta: SignalMeta {
+                        source: Some("heartbeat".to_owned()),
+                        heartbeat_id: Some(req.heartbeat.id.clone()),
+                        ..SignalMeta::default()
+                    },
+                    created_at: now,
+                };
+                let report = self
+                    .queue
+                    .send(&[OutgoingTask::signal(signal.clone())])
+                    .await
+                    .map_err(|e| chain(&e))?;
+                if let Some((_, why)) = report.failed.first() {
+                    return Err(format!("the thought could not be queued: {why}"));
+                }
+                t.spoke.push(thought);
+                Ok(json!({"queued": true, "signal_id": signal.id}))
+            }
+            "remember" => {
+                let text = text_arg(&call.input, "text")?;
+                let memory = Memory {
+                    id: MemoryId::derived(ms, &key),
+                    agent_id: agent.id.clone(),
+                    text,
+                    heartbeat_id: Some(req.heartbeat.id.clone()),
+                    created_at: now,
+                };
+                self.store.remember(&memory).await.map_err(|e| chain(&e))?;
+                Ok(json!({"remembered": true, "memory_id": memory.id}))
+            }
+            "recall" => {
+                let query = text_arg(&call.input, "query")?;
+                let memories = self
+                    .store
+                    .memories(&agent.id, RECALL_SCAN)
+                    .await
+                    .map_err(|e| chain(&e))?;
+                let found = recall(&memories, &query, 5);
+                Ok(
+                    json!({"memories": found.iter().map(|m| json!({"text": m.text, "at": m.created_at})).collect::<Vec<_>>()}),
+                )
+            }
+            "emit_event" => {
+                let ty = text_arg(&call.input, "type")?;
+                let payload = match call.input.get("payload") {
+                    None | Some(Value::Null) => json!({}),
+                    Some(p @ Value::Object(_)) => p.clone(),
+                    Some(_) => return Err("\"payload\" must be a JSON object".to_owned()),
+                };
+                let priority = match call.input.get("priority") {
+                    None | Some(Value::Null) => None,
+                    Some(p) => Some(p.as_i64().ok_or("\"priority\" must be an integer 1..10")?),
+                };
+                if t.new_events.len() >= ToolResponse::MAX_NEW_EVENTS {
+                    return Err(format!(
+                        "at most {} events per run",
+                        ToolResponse::MAX_NEW_EVENTS
+                    ));
+                }
+                let event = NewEvent::new(&ty, payload, priority).map_err(|e| e.to_string())?;
+                t.new_events.push(event);
+                Ok(json!({"emitted": true, "type": ty}))
+            }
+            other => Err(format!(
+                "there is no tool {other:?}; use speak, remember, recall or emit_event"
+            )),
+        }
+    }
+}
+
+fn text_arg(input: &Value, name: &str) -> Result<String, String> {
+    input
+        .get(name)
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("give a non-empty string \"{name}\""))
+}
+
+fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(max).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// Memories sharing the most words with `query`, newest first among equals.
+fn recall<'a>(memories: &'a [Memory], query: &str, limit: usize) -> Vec<&'a Memory> {
+    let words: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.len() > 2)
+        .map(str::to_lowercase)
+        .collect();
+    let mut scored: Vec<(usize, usize, &Memory)> = memories
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let text = m.text.to_lowercase();
+            (
+                words.iter().filter(|w| text.contains(w.as_str())).count(),
+                i,
+                m,
+            )
+        })
+        .filter(|(score, _, _)| *score > 0 || words.is_empty())
+        .collect();
+    // Higher score first; memories are newest first, so a lower index wins ties.
+    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    scored.into_iter().take(limit).map(|(_, _, m)| m).collect()
+}
+
+fn system_prompt(agent: &Agent) -> String {
+    let persona = agent
+        .persona
+        .clone()
+        .unwrap_or_else(|| format!("You are {}, an autonomous assistant.", agent.name));
+    format!(
+        "{persona}\n\nThis is your heartbeat: you woke on your own schedule, not because the user wrote. \
+         Look at what happened since you last woke and decide whether anything is worth telling the user. \
+         If it is, call speak with your thought (what you want to bring up and why); your conversational \
+         self will phrase it. If nothing is worth saying, do not call speak: silence is a fine outcome. \
+         Use remember for facts worth keeping, recall to look them up, emit_event to raise events for \
+         other tools. Be brief; every step costs."
+    )
+}
+
+fn briefing(agent: &Agent, req: &ToolRequest, window: &[Event], digest: &[String]) -> String {
+    let mut out = String::new();
+    out.push_str("Heartbeat instructions:\n");
+    out.push_str(
+        agent
+            .instructions
+            .as_deref()
+            .unwrap_or("(none: use your judgement)"),
+    );
+    out.push_str(&format!(
+        "\n\nBeats: {}\nNow: {}\n",
+        json!({"beat": req.heartbeat.beats.beat, "since_last": req.heartbeat.beats.since_last}),
+        req.heartbeat.started_at
+    ));
+    out.push_str(&format!(
+        "\nEvents since you last woke ({}):\n",
+        window.len()
+    ));
+    if window.is_empty() {
+        out.push_str("(none)\n");
+    }
+    for e in window {
+        out.push_str(&format!(
+            "- [{} p{} from {} at {}] {}\n",
+            e.event_type,
+            e.priority.get(),
+            e.source,
+            e.created_at,
+            clip(&e.payload.to_string(), MAX_PAYLOAD_CHARS)
+        ));
+    }
+    out.push_str("\nRecent conversation:\n");
+    if digest.is_empty() {
+        out.push_str("(none yet)\n");
+    }
+    for line in digest {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn tool_specs() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: "speak".to_owned(),
+            description: "Communicate something to the user. Use when you have something worth saying: a proactive check-in, a reminder, a thought to share. Returns at once; your conversational self phrases and sends it.".to_owned(),
+            parameters: json!({
+                "type": "object",
+                "properties": {"thought": {"type": "string", "description": "Your thought, e.g. 'The user mentioned a deadline tomorrow; I should check in about it'"}},
+                "required": ["thought"]
+            }),
+        },
+        ToolSpec {
+            name: "remember".to_owned(),
+            description: "Store a fact or note to recall in later heartbeats.".to_owned(),
+            parameters: json!({
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"]
+            }),
+        },
+        ToolSpec {
+            name: "recall".to_owned(),
+            description: "Search your memories by keywords.".to_owned(),
+            parameters: json!({
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"]
+            }),
+        },
+        ToolSpec {
+            name: "emit_event".to_owned(),
+            description: "Raise an event in your log; subscribed tools process it in this same heartbeat.".to_owned(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "description": "Event type, e.g. REMINDER_DUE"},
+                    "payload": {"type": "object"},
+                    "priority": {"type": "integer", "minimum": 1, "maximum": 10, "description": "1 highest, 10 lowest; 5 if left out"}
+                },
+                "required": ["type"]
+            }),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::AgentId;
+    use jiff::Timestamp;
+
+    fn memory(text: &str, n: u64) -> Memory {
+        Memory {
+            id: MemoryId::derived(n, &[text]),
+            agent_id: AgentId::generate(),
+            text: text.to_owned(),
+            heartbeat_id: None,
+            created_at: Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn recall_ranks_memories_by_shared_words_and_prefers_newer_ones() {
+        let ms = vec![
+            memory("the deadline for the report is friday", 3),
+            memory("user likes green tea", 2),
+            memory("report draft shared with Ana", 1),
+        ];
+        let found = recall(&ms, "report deadline", 5);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].text, "the deadline for the report is friday");
+        assert_eq!(found[1].text, "report draft shared with Ana");
+        assert!(recall(&ms, "bicycle", 5).is_empty());
+    }
+
+    #[test]
+    fn text_arguments_must_be_non_empty_strings() {
+        assert_eq!(
+            text_arg(&json!({"thought": " hi "}), "thought").unwrap(),
+            "hi"
+        );
+        assert!(text_arg(&json!({"thought": ""}), "thought").is_err());
+        assert!(text_arg(&json!({"thought": 3}), "thought").is_err());
+    }
+}

@@ -1,0 +1,187 @@
+//! Conformance of the conversation, memory and deferral ports, on every backend.
+
+use jiff::SignedDuration;
+use pulse_shared::domain::{
+    ClaimRequest, ConversationMessage, EventCursor, HeartbeatStatus, Memory, MemoryId, ReplyTarget,
+    Role, SignalId, Turn, TurnId, TurnStatus, Usage,
+};
+use pulse_shared::error::StoreError;
+use pulse_shared::ports::TurnStart;
+use pulse_tests::{Backend, Kind, on_both_backends};
+
+fn turn(b: &Backend, agent: &pulse_shared::domain::Agent, signals: &[SignalId]) -> Turn {
+    Turn {
+        id: TurnId::for_signal(&signals[0]),
+        agent_id: agent.id.clone(),
+        session: agent.session.clone(),
+        signals: signals.to_vec(),
+        status: TurnStatus::Delivering,
+        parts: vec!["hello".into()],
+        delivered: 0,
+        target: ReplyTarget::None,
+        discord_message_ids: Vec::new(),
+        provider: "offline".into(),
+        model: "offline".into(),
+        usage: Usage::default(),
+        error: None,
+        created_at: b.now(),
+        completed_at: None,
+    }
+}
+
+fn message(t: &Turn, n: usize, role: Role, text: &str) -> ConversationMessage {
+    ConversationMessage {
+        id: format!("{}.{n:02}", t.id),
+        agent_id: t.agent_id.clone(),
+        turn_id: t.id.clone(),
+        role,
+        source: "cli".into(),
+        agent: None,
+        author: None,
+        content: text.into(),
+        created_at: t.created_at,
+    }
+}
+
+fn signal_id(b: &Backend, n: u64) -> SignalId {
+    SignalId::generate(b.now().as_millisecond() as u64 + n)
+}
+
+on_both_backends!(
+    a_turn_is_written_once_with_its_messages_and_marks_its_signals_answered,
+    turns
+);
+async fn turns(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let (s1, s2, s3) = (signal_id(&b, 1), signal_id(&b, 2), signal_id(&b, 3));
+    let t = turn(&b, &agent, &[s1.clone(), s2.clone()]);
+    let msgs = vec![
+        message(&t, 0, Role::User, "one"),
+        message(&t, 1, Role::User, "two"),
+        message(&t, 2, Role::Assistant, "reply"),
+    ];
+    assert!(
+        b.store
+            .answered(&agent.id, &[s1.clone(), s2.clone(), s3.clone()])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        b.store.begin_turn(&t, &msgs).await.unwrap(),
+        TurnStart::Created
+    );
+    let answered = b
+        .store
+        .answered(&agent.id, &[s1.clone(), s2.clone(), s3.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        answered,
+        vec![(s1.clone(), t.id.clone()), (s2.clone(), t.id.clone())]
+    );
+
+    // Writing it again returns the stored turn, unchanged.
+    let mut again = t.clone();
+    again.parts = vec!["a different reply".into()];
+    match b.store.begin_turn(&again, &msgs).await.unwrap() {
+        TurnStart::Exists(existing) => assert_eq!(*existing, t),
+        other => panic!("expected Exists, got {other:?}"),
+    }
+    // A different turn cannot claim an answered signal.
+    let mut other = turn(&b, &agent, &[s3.clone(), s2.clone()]);
+    other.id = TurnId::for_signal(&s3);
+    assert!(matches!(
+        b.store.begin_turn(&other, &[]).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(
+        b.store.answered(&agent.id, &[s3]).await.unwrap().is_empty(),
+        "a rejected turn leaves nothing behind"
+    );
+
+    let mut done = t.clone();
+    done.delivered = 1;
+    done.status = TurnStatus::Done;
+    done.discord_message_ids = vec!["123".into()];
+    b.store.update_turn(&done).await.unwrap();
+    assert_eq!(
+        b.store.get_turn(&agent.id, &t.id).await.unwrap().unwrap(),
+        done
+    );
+
+    let recent = b.store.recent_messages(&agent.id, 2).await.unwrap();
+    let texts: Vec<_> = recent.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(texts, ["reply", "two"], "newest first, limited");
+}
+
+on_both_backends!(
+    memories_are_listed_newest_first_and_rewritten_by_id,
+    memories
+);
+async fn memories(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let ms = b.now().as_millisecond() as u64;
+    for (i, text) in ["first", "second", "third"].iter().enumerate() {
+        b.store
+            .remember(&Memory {
+                id: MemoryId::derived(ms + i as u64, &[text]),
+                agent_id: agent.id.clone(),
+                text: text.to_string(),
+                heartbeat_id: None,
+                created_at: b.now(),
+            })
+            .await
+            .unwrap();
+    }
+    let got: Vec<String> = b
+        .store
+        .memories(&agent.id, 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.text)
+        .collect();
+    assert_eq!(got, ["third", "second"]);
+}
+
+on_both_backends!(
+    a_deferred_heartbeat_is_pending_again_and_claimed_with_a_fresh_window,
+    deferral
+);
+async fn deferral(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (_, first) = b.agent("scout", "15m").await;
+    let req = |b: &Backend| ClaimRequest {
+        now: b.now(),
+        lease: SignedDuration::from_mins(10),
+        window_end: EventCursor::through(b.now()),
+    };
+    let claimed = b.store.claim(&first.id(), &req(&b)).await.unwrap().unwrap();
+    let until = b.now() + SignedDuration::from_mins(5);
+    let mut stale = claimed.clone();
+    stale.claim += 1;
+    assert!(
+        !b.store.defer(&stale, until).await.unwrap(),
+        "only the current claim defers"
+    );
+    assert!(b.store.defer(&claimed, until).await.unwrap());
+    let hb = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(hb.status, HeartbeatStatus::Pending);
+    assert_eq!(hb.scheduled_at, until);
+    assert_eq!(hb.window_end, None);
+    assert!(
+        b.store
+            .claim(&first.id(), &req(&b))
+            .await
+            .unwrap()
+            .is_none(),
+        "not due yet"
+    );
+    b.advance(SignedDuration::from_mins(5));
+    let again = b.store.claim(&first.id(), &req(&b)).await.unwrap().unwrap();
+    assert_eq!(again.claim, claimed.claim + 1);
+    assert_eq!(again.window_end, Some(EventCursor::through(b.now())));
+}
