@@ -3,6 +3,7 @@
 //! test). `scripts/test.sh` starts moto and sets `PULSE_TEST_MOTO_URL`.
 
 mod conformance;
+mod conversation;
 mod conversation_store;
 mod discord;
 mod faulty;

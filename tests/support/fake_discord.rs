@@ -1,1 +1,226 @@
+//! A fake Discord API on loopback: the three routes replies use (edit an interaction's
+//! original, follow-ups, channel posts). It records requests, keeps the messages
+//! "created" (an edit of `@original` counts once per interaction), enforces nonces like
+//! Discord, and can answer the next requests with a status (429 with `retry_after`).
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{patch, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+/// One request the fake received.
+#[derive(Clone, Debug)]
+pub struct DiscordRequest {
+    /// Method.
+    pub method: Method,
+    /// Path and query.
+    pub path: String,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// JSON body.
+    pub body: Value,
+}
+
+/// A message as Discord would show it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Posted {
+    /// `channel:<id>` or `interaction:<token>`.
+    pub place: String,
+    /// Its content.
+    pub content: String,
+}
+
+#[derive(Default)]
+struct Inner {
+    requests: Vec<DiscordRequest>,
+    messages: Vec<(String, Posted)>,
+    nonces: HashMap<(String, String), String>,
+    statuses: VecDeque<u16>,
+    next_id: u64,
+}
+
+/// The fake Discord API.
+#[derive(Clone)]
+pub struct FakeDiscord {
+    base: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl FakeDiscord {
+    /// Starts the server on a free loopback port.
+    pub async fn start() -> Self {
+        let inner = Arc::new(Mutex::new(Inner {
+            next_id: 1_000,
+            ..Inner::default()
+        }));
+        let app = Router::new()
+            .route(
+                "/api/v10/webhooks/{app}/{token}/messages/@original",
+                patch(edit_original),
+            )
+            .route("/api/v10/webhooks/{app}/{token}", post(follow_up))
+            .route("/api/v10/channels/{channel}/messages", post(create))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/api/v10", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { base, inner }
+    }
+    /// The API base for `DiscordConfig::api_base`.
+    pub fn api_base(&self) -> String {
+        self.base.clone()
+    }
+    /// Answers the next requests with these statuses (429 carries `retry_after: 0.01`).
+    pub fn fail_next(&self, statuses: impl IntoIterator<Item = u16>) {
+        self.inner.lock().unwrap().statuses.extend(statuses);
+    }
+    /// Every request.
+    pub fn requests(&self) -> Vec<DiscordRequest> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+    /// The messages a user would see, in creation order.
+    pub fn messages(&self) -> Vec<Posted> {
+        self.inner
+            .lock()
+            .unwrap()
+            .messages
+            .iter()
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+}
+
+fn record(
+    inner: &Mutex<Inner>,
+    method: Method,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: &Value,
+) -> Option<Response> {
+    let mut g = inner.lock().unwrap();
+    g.requests.push(DiscordRequest {
+        method,
+        path: uri.to_string(),
+        headers,
+        body: body.clone(),
+    });
+    let code = g.statuses.pop_front()?;
+    Some(if code == 429 {
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(json!({"message": "You are being rate limited.", "retry_after": 0.01, "global": false})),
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::from_u16(code).unwrap(),
+            Json(json!({"message": format!("scripted {code}"), "code": 0})),
+        )
+            .into_response()
+    })
+}
+
+fn message(id: &str, content: &str) -> Response {
+    Json(json!({"id": id, "content": content, "type": 0})).into_response()
+}
+
+async fn edit_original(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path((_app, token)): Path<(String, String)>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = record(&inner, Method::PATCH, &uri, headers, &body) {
+        return r;
+    }
+    let content = body["content"].as_str().unwrap_or("").to_owned();
+    let mut g = inner.lock().unwrap();
+    let key = format!("original:{token}");
+    let place = format!("interaction:{token}");
+    match g.messages.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, p)) => p.content = content.clone(),
+        None => g.messages.push((
+            key.clone(),
+            Posted {
+                place,
+                content: content.clone(),
+            },
+        )),
+    }
+    message(&key, &content)
+}
+
+async fn follow_up(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path((_app, token)): Path<(String, String)>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = record(&inner, Method::POST, &uri, headers, &body) {
+        return r;
+    }
+    let content = body["content"].as_str().unwrap_or("").to_owned();
+    let mut g = inner.lock().unwrap();
+    g.next_id += 1;
+    let id = g.next_id.to_string();
+    g.messages.push((
+        id.clone(),
+        Posted {
+            place: format!("interaction:{token}"),
+            content: content.clone(),
+        },
+    ));
+    message(&id, &content)
+}
+
+async fn create(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path(channel): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = record(&inner, Method::POST, &uri, headers.clone(), &body) {
+        return r;
+    }
+    if !headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bot "))
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"message": "401: Unauthorized"})),
+        )
+            .into_response();
+    }
+    let content = body["content"].as_str().unwrap_or("").to_owned();
+    let mut g = inner.lock().unwrap();
+    let nonce = body["nonce"].as_str().map(str::to_owned);
+    if body["enforce_nonce"] == json!(true)
+        && let Some(n) = &nonce
+        && let Some(id) = g.nonces.get(&(channel.clone(), n.clone())).cloned()
+    {
+        return message(&id, &content);
+    }
+    g.next_id += 1;
+    let id = g.next_id.to_string();
+    if let Some(n) = nonce {
+        g.nonces.insert((channel.clone(), n), id.clone());
+    }
+    g.messages.push((
+        id.clone(),
+        Posted {
+            place: format!("channel:{channel}"),
+            content: content.clone(),
+        },
+    ));
+    message(&id, &content)
+}

@@ -1,0 +1,517 @@
+//! Conversation end to end: signals, turns, the heartbeat agent's voice, interrupts —
+//! against a fake LLM and a fake Discord API, both real HTTP servers on loopback.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::SignedDuration;
+use pulse_shared::adapters::{Connected, Services};
+use pulse_shared::discord::{DiscordClient, DiscordConfig};
+use pulse_shared::domain::{
+    Agent, ContentBlock, Delivery, HeartbeatStatus, InteractionRef, NewAgent, OutgoingTask,
+    ProviderKind, Secret, Signal, SignalId, SignalKind, SignalMeta, TaskEnvelope,
+};
+use pulse_shared::engine::{Worker, intake};
+use pulse_shared::llm::{LlmConfig, Router};
+use pulse_tests::fake_discord::{FakeDiscord, Posted};
+use pulse_tests::fake_llm::{FakeLlm, Scripted};
+use pulse_tests::{Backend, Kind, on_both_backends, settings};
+use serde_json::json;
+
+struct World {
+    b: Backend,
+    llm: FakeLlm,
+    discord: FakeDiscord,
+    worker: Worker,
+}
+
+async fn world(kind: Kind) -> World {
+    let b = Backend::new(kind).await;
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let services = Services {
+        llm: Arc::new(Router::new(LlmConfig {
+            provider: ProviderKind::OpenAi,
+            base_url: Some(llm.url().parse().unwrap()),
+            openai_key: Some(Secret::new("sk-test")),
+            anthropic_key: Some(Secret::new("sk-ant-test")),
+            max_retry_wait: Duration::from_millis(50),
+            timeout: Duration::from_secs(10),
+            ..LlmConfig::offline()
+        })),
+        discord: Some(Arc::new(DiscordClient::new(DiscordConfig {
+            api_base: discord.api_base().parse().unwrap(),
+            bot_token: Some(Secret::new("bot-token")),
+            application_id: Some("app1".into()),
+            ..DiscordConfig::unconfigured()
+        }))),
+    };
+    let connected = Connected {
+        store: b.store.clone(),
+        queue: b.queue.clone(),
+        aws_requests: None,
+    };
+    let worker = connected.worker(b.clock.clone(), &settings(), &services);
+    World {
+        b,
+        llm,
+        discord,
+        worker,
+    }
+}
+
+impl World {
+    async fn agent(&self, f: impl FnOnce(&mut NewAgent)) -> Agent {
+        let mut new = NewAgent::named("scout");
+        new.persona = Some("You are Scout.".into());
+        new.interval = "10m".parse().unwrap();
+        new.discord_channel = Some("chan1".into());
+        f(&mut new);
+        let (agent, first) = new.create(self.b.now()).unwrap();
+        self.b.store.create_agent(&agent, &first).await.unwrap();
+        agent
+    }
+
+    async fn say(&self, agent: &Agent, text: &str, meta: SignalMeta) -> Signal {
+        let s = Signal::user_message(&agent.id, &agent.session, text, meta, self.b.now()).unwrap();
+        intake::submit(self.b.store.as_ref(), self.b.queue.as_ref(), s.clone())
+            .await
+            .unwrap();
+        self.b.advance(SignedDuration::from_millis(10));
+        s
+    }
+
+    async fn beat(&self) -> usize {
+        let swept = self.b.sweeper(settings()).sweep_once(self.b.now()).await;
+        assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+        self.b.drain(&self.worker).await
+    }
+
+    fn roles_and_texts(&self, n: usize) -> Vec<(String, String)> {
+        let body = &self.llm.requests()[n].body;
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap().to_owned(),
+                    m["content"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn thought(agent: &Agent, text: &str, ms: u64) -> Signal {
+    Signal {
+        id: SignalId::generate(ms),
+        agent_id: agent.id.clone(),
+        session: agent.session.clone(),
+        kind: SignalKind::Heartbeat,
+        content: vec![ContentBlock::Text { text: text.into() }],
+        meta: SignalMeta::default(),
+        created_at: jiff::Timestamp::from_millisecond(ms as i64).unwrap(),
+    }
+}
+
+on_both_backends!(
+    the_context_is_system_history_user_envelope_then_thought_and_the_envelope_is_not_kept,
+    context_order
+);
+async fn context_order(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    w.llm.script([Scripted::text("first reply")]);
+    w.say(&agent, "first message", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+
+    let envelope = |n: u32| SignalMeta {
+        source: Some("discord".into()),
+        user_name: Some("ana".into()),
+        discord: Some(
+            json!({"type": 0, "attachments": [{"name": format!("voice-{n}.ogg"), "duration": 3.5}]}),
+        ),
+        ..SignalMeta::default()
+    };
+    w.say(&agent, "are you there?", envelope(1)).await;
+    w.say(&agent, "also: the report", envelope(2)).await;
+    let ms = w.b.now().as_millisecond() as u64;
+    w.b.queue
+        .send(&[OutgoingTask::signal(thought(
+            &agent,
+            "I should mention the deadline",
+            ms,
+        ))])
+        .await
+        .unwrap();
+    w.llm.script([Scripted::text("second reply")]);
+    w.b.drain(&w.worker).await;
+
+    assert_eq!(w.llm.requests().len(), 2, "one request per turn");
+    let ctx = w.roles_and_texts(1);
+    let roles: Vec<&str> = ctx.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "user", "system", "assistant"]
+    );
+    assert_eq!(ctx[0].1, "You are Scout.");
+    assert_eq!(ctx[1].1, "first message");
+    assert_eq!(ctx[2].1, "first reply");
+    assert!(ctx[3].1.starts_with('['), "time-stamped: {}", ctx[3].1);
+    assert!(
+        ctx[3].1.ends_with("are you there?\nalso: the report"),
+        "{}",
+        ctx[3].1
+    );
+    assert!(ctx[4].1.contains("sent 2 message(s) via Discord") && ctx[4].1.contains("voice-2.ogg"));
+    assert_eq!(ctx[5].1, "I should mention the deadline");
+
+    let history = w.b.store.recent_messages(&agent.id, 100).await.unwrap();
+    assert_eq!(history.len(), 6, "2 + (2 messages, 1 thought, 1 reply)");
+    assert!(
+        history.iter().all(|m| !m.content.contains("voice-")),
+        "the envelope is never persisted"
+    );
+    let reply = &history[0];
+    assert_eq!(
+        (reply.source.as_str(), reply.agent.as_deref()),
+        ("conversation", Some("conversation"))
+    );
+    assert!(
+        history
+            .iter()
+            .any(|m| m.source == "heartbeat" && m.content == "I should mention the deadline")
+    );
+}
+
+on_both_backends!(
+    a_heartbeat_that_speaks_sends_one_discord_message_and_a_silent_one_sends_none,
+    speak
+);
+async fn speak(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w
+        .agent(|a| a.instructions = Some("Check on the user's deadlines.".into()))
+        .await;
+    w.llm.script([
+        Scripted::tool(
+            "speak",
+            json!({"thought": "The user has a deadline tomorrow; check in."}),
+        ),
+        Scripted::text("done"),
+        Scripted::text("Hey! How is the report coming along?"),
+    ]);
+    assert_eq!(
+        w.beat().await,
+        2,
+        "the heartbeat job, then the spoken thought's turn"
+    );
+    assert_eq!(
+        w.discord.messages(),
+        [Posted {
+            place: "channel:chan1".into(),
+            content: "Hey! How is the report coming along?".into()
+        }]
+    );
+    let reqs = w.llm.requests();
+    assert_eq!(reqs.len(), 3);
+    assert!(
+        reqs[0].body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "speak")
+    );
+    assert!(
+        reqs[0].body["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Check on the user's deadlines.")
+    );
+    let turn_ctx = w.roles_and_texts(2);
+    assert_eq!(
+        turn_ctx.last().unwrap(),
+        &(
+            "assistant".to_owned(),
+            "The user has a deadline tomorrow; check in.".to_owned()
+        )
+    );
+    let actions = w.b.store.list_actions(&agent.id, 10).await.unwrap();
+    assert_eq!(actions[0].tool.as_str(), "heartbeat-agent");
+    assert_eq!(
+        actions[0].response.as_ref().unwrap()["output"]["spoke"][0],
+        "The user has a deadline tomorrow; check in."
+    );
+
+    // The next heartbeat has nothing to say: no speak, nothing sent.
+    w.b.advance(SignedDuration::from_mins(10));
+    w.llm
+        .script([Scripted::text("All quiet; nothing worth saying.")]);
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(w.discord.messages().len(), 1);
+    let actions = w.b.store.list_actions(&agent.id, 10).await.unwrap();
+    assert_eq!(
+        actions[0].response.as_ref().unwrap()["output"]["silent"],
+        true
+    );
+}
+
+on_both_backends!(three_queued_messages_make_one_turn_and_one_reply, coalesce);
+async fn coalesce(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    for t in ["one", "two", "three"] {
+        w.say(&agent, t, SignalMeta::default()).await;
+    }
+    w.llm.script([Scripted::text("got all three")]);
+    assert_eq!(w.b.drain(&w.worker).await, 3);
+    assert_eq!(w.llm.requests().len(), 1);
+    assert!(w.roles_and_texts(0)[1].1.ends_with("one\ntwo\nthree"));
+    assert_eq!(w.discord.messages().len(), 1);
+}
+
+on_both_backends!(
+    a_user_message_interrupts_a_running_heartbeat_which_yields_and_the_next_is_deferred,
+    interrupt
+);
+async fn interrupt(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w
+        .agent(|a| a.quiet_period = Some("30m".parse().unwrap()))
+        .await;
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.queued, 1);
+    let job = w.b.receive_all().await;
+    let hb = match TaskEnvelope::decode(&job[0].body).unwrap().task {
+        pulse_shared::domain::SessionTask::Heartbeat(j) => j.heartbeat,
+        other => panic!("{other:?}"),
+    };
+    w.b.advance(SignedDuration::from_secs(1));
+
+    // The heartbeat agent's first LLM call is in flight when the user writes.
+    w.llm.hold();
+    w.llm
+        .script([Scripted::tool("speak", json!({"thought": "chime in"}))]);
+    let runner = {
+        let w_batch = job.clone();
+        let worker = &w.worker;
+        async move { worker.process_batch(&w_batch).await }
+    };
+    let user = async {
+        w.llm.wait_for(1).await;
+        w.say(&agent, "quick question!", SignalMeta::default())
+            .await;
+        w.llm.release();
+    };
+    let (outcome, _) = tokio::join!(runner, user);
+    assert!(outcome.failed.is_empty());
+    w.b.queue.ack(&job[0].receipt).await.unwrap();
+
+    let done = w.b.store.get_heartbeat(&hb.id()).await.unwrap().unwrap();
+    assert_eq!(done.status, HeartbeatStatus::Cancelled);
+    assert!(
+        done.error.as_deref().unwrap().contains("interrupted"),
+        "{:?}",
+        done.error
+    );
+    assert!(w.discord.messages().is_empty(), "the heartbeat never spoke");
+
+    // The user's turn runs next, and only it speaks.
+    w.llm.script([Scripted::text("Sure, ask away.")]);
+    assert_eq!(w.b.drain(&w.worker).await, 1);
+    assert_eq!(w.discord.messages().len(), 1);
+    assert_eq!(w.discord.messages()[0].content, "Sure, ask away.");
+    let turn_ctx = w.roles_and_texts(w.llm.requests().len() - 1);
+    assert!(turn_ctx.iter().all(|(_, t)| t != "chime in"));
+
+    // The next heartbeat comes due after the interval, but waits out the quiet period.
+    let turn_end = w.b.now();
+    w.b.advance(SignedDuration::from_mins(11));
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.queued, 1);
+    let runner = w.worker.process_batch(&w.b.receive_all().await).await;
+    assert!(runner.failed.is_empty());
+    let next =
+        w.b.store
+            .get_heartbeat(&hb.next_id())
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(next.status, HeartbeatStatus::Pending);
+    assert_eq!(next.scheduled_at, turn_end + SignedDuration::from_mins(30));
+}
+
+on_both_backends!(
+    the_same_batch_delivered_twice_sends_one_discord_message,
+    redelivery
+);
+async fn redelivery(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    w.say(&agent, "hello?", SignalMeta::default()).await;
+    let batch = w.b.receive_all().await;
+    w.llm.script([Scripted::text("hi there")]);
+    assert!(w.worker.process_batch(&batch).await.failed.is_empty());
+    assert!(w.worker.process_batch(&batch).await.failed.is_empty());
+    assert_eq!(w.discord.messages().len(), 1);
+    assert_eq!(
+        w.llm.requests().len(),
+        1,
+        "the reply is reused, not asked again"
+    );
+}
+
+on_both_backends!(
+    a_failed_message_stops_its_group_and_other_groups_go_on,
+    fifo_failures
+);
+async fn fifo_failures(kind: Kind) {
+    let w = world(kind).await;
+    let a = w.agent(|_| {}).await;
+    let b = w.agent(|n| n.discord_channel = Some("chan2".into())).await;
+    let now = w.b.now();
+    let delivery = |id: &str, agent: &Agent, body: String| Delivery {
+        message_id: id.into(),
+        receipt: id.into(),
+        group: agent.session.to_string(),
+        body,
+        receive_count: 1,
+    };
+    let msg = |agent: &Agent, text: &str| {
+        OutgoingTask::signal(
+            Signal::user_message(&agent.id, &agent.session, text, SignalMeta::default(), now)
+                .unwrap(),
+        )
+        .envelope
+        .encode()
+    };
+    let batch = vec![
+        delivery("a1", &a, msg(&a, "a-one")),
+        delivery("a2", &a, "{not a task".into()),
+        delivery("a3", &a, msg(&a, "a-three")),
+        delivery("b1", &b, msg(&b, "b-one")),
+    ];
+    let outcome = w.worker.process_batch(&batch).await;
+    assert_eq!(outcome.failed, ["a2", "a3"]);
+    let asked: Vec<String> = (0..w.llm.requests().len())
+        .map(|i| w.roles_and_texts(i)[1].1.clone())
+        .collect();
+    assert_eq!(asked.len(), 2);
+    assert!(
+        asked.iter().any(|t| t.ends_with("a-one")) && asked.iter().any(|t| t.ends_with("b-one"))
+    );
+    assert!(
+        asked.iter().all(|t| !t.contains("a-three")),
+        "a3 never runs before a2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_wire_formats_carry_tool_calls_and_a_budget_stops_the_loop() {
+    let w = world(Kind::Sqlite).await;
+    // Anthropic for this agent, with a step budget of 2.
+    let agent = w
+        .agent(|a| {
+            a.llm.provider = Some(ProviderKind::Anthropic);
+            a.llm.base_url = Some(w.llm.url().parse().unwrap());
+            a.budgets.max_steps = 2;
+        })
+        .await;
+    w.llm.script([
+        Scripted::tool("remember", json!({"text": "tea is green"})),
+        Scripted::tool("recall", json!({"query": "tea"})),
+    ]);
+    w.beat().await;
+    let reqs = w.llm.requests();
+    assert_eq!(reqs.len(), 2, "the step budget stops the loop");
+    assert!(reqs.iter().all(|r| r.path == "/v1/messages"));
+    assert_eq!(reqs[0].headers["x-api-key"], "sk-ant-test");
+    assert!(
+        reqs[0].body["system"]
+            .as_str()
+            .unwrap()
+            .starts_with("You are Scout.")
+    );
+    assert_eq!(reqs[0].body["tools"][0]["name"], "speak");
+    let second = reqs[1].body["messages"].as_array().unwrap();
+    assert_eq!(second[1]["content"][0]["type"], "tool_use");
+    assert_eq!(second[2]["content"][0]["type"], "tool_result");
+    let actions = w.b.store.list_actions(&agent.id, 10).await.unwrap();
+    let output = &actions[0].response.as_ref().unwrap()["output"];
+    assert!(
+        output["budget_stop"]
+            .as_str()
+            .unwrap()
+            .starts_with("max_steps"),
+        "{output}"
+    );
+    assert_eq!(
+        w.b.store.memories(&agent.id, 10).await.unwrap()[0].text,
+        "tea is green"
+    );
+    let usage = &actions[0].response.as_ref().unwrap()["usage"];
+    assert_eq!(usage["input_tokens"], 200);
+
+    // OpenAI (the default here): a tool call, and a 429 waited out before success.
+    let other = w.agent(|a| a.name = "critic".into()).await;
+    w.llm.script([
+        Scripted::Status(429),
+        Scripted::tool("emit_event", json!({"type": "REVIEW_DUE", "priority": 2})),
+        Scripted::text("done"),
+    ]);
+    w.beat().await;
+    let reqs = w.llm.requests();
+    let openai: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.path == "/chat/completions")
+        .collect();
+    assert_eq!(openai.len(), 3, "429, then the tool call, then the end");
+    assert_eq!(openai[0].headers["authorization"], "Bearer sk-test");
+    assert_eq!(openai[2].body["messages"][3]["role"], "tool");
+    let events = w.b.store.list_events(&other.id, 10).await.unwrap();
+    let review = events
+        .iter()
+        .find(|e| e.event_type.as_str() == "REVIEW_DUE")
+        .unwrap();
+    assert_eq!(review.priority.get(), 2);
+    assert!(review.parent_id.is_some(), "linked to the HEARTBEAT event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_goes_through_the_open_interaction_and_long_replies_are_split() {
+    let w = world(Kind::Sqlite).await;
+    let agent = w.agent(|_| {}).await;
+    let meta = SignalMeta {
+        source: Some("discord".into()),
+        interaction: Some(InteractionRef {
+            token: "itok".into(),
+            issued_at: w.b.now(),
+        }),
+        ..SignalMeta::default()
+    };
+    w.say(&agent, "tell me everything", meta).await;
+    let long = "word ".repeat(900); // 4,500 characters
+    w.llm.script([Scripted::text(long.trim())]);
+    w.b.drain(&w.worker).await;
+    let posted = w.discord.messages();
+    assert_eq!(posted.len(), 3);
+    assert!(
+        posted
+            .iter()
+            .all(|p| p.place == "interaction:itok" && p.content.chars().count() <= 2000)
+    );
+    let paths: Vec<String> = w
+        .discord
+        .requests()
+        .iter()
+        .map(|r| r.path.clone())
+        .collect();
+    assert!(paths[0].ends_with("/webhooks/app1/itok/messages/@original"));
+    assert!(paths[1].contains("/webhooks/app1/itok?wait=true"));
+    let words: usize = posted
+        .iter()
+        .map(|p| p.content.split_whitespace().count())
+        .sum();
+    assert_eq!(words, 900);
+}
