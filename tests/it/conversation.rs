@@ -515,3 +515,37 @@ async fn a_reply_goes_through_the_open_interaction_and_long_replies_are_split() 
         .sum();
     assert_eq!(words, 900);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discord_rate_limits_are_waited_out_and_a_refusal_fails_the_turn_once() {
+    let w = world(Kind::Sqlite).await;
+    let agent = w.agent(|_| {}).await;
+    w.discord.fail_next([429]);
+    w.say(&agent, "ping", SignalMeta::default()).await;
+    w.llm.script([Scripted::text("pong")]);
+    w.b.drain(&w.worker).await;
+    assert_eq!(w.discord.messages().len(), 1);
+    assert_eq!(w.discord.requests().len(), 2, "a 429, then the post");
+    let post = &w.discord.requests()[1];
+    assert_eq!(post.headers["authorization"], "Bot bot-token");
+    assert_eq!(post.body["enforce_nonce"], true);
+
+    // A refusal (403) is not retried: the turn is FAILED with Discord's answer.
+    w.discord.fail_next([403]);
+    let s = w.say(&agent, "again", SignalMeta::default()).await;
+    w.llm.script([Scripted::text("pong again")]);
+    assert_eq!(w.b.drain(&w.worker).await, 1);
+    let turn =
+        w.b.store
+            .get_turn(&agent.id, &pulse_shared::domain::TurnId::for_signal(&s.id))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(turn.status, pulse_shared::domain::TurnStatus::Failed);
+    assert!(
+        turn.error.as_deref().unwrap().contains("403"),
+        "{:?}",
+        turn.error
+    );
+    assert_eq!(w.discord.messages().len(), 1);
+}
