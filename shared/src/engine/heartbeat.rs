@@ -477,17 +477,9 @@ impl HeartbeatRunner {
         backlog: bool,
     ) -> Result<RunOutcome, EngineError> {
         let now = self.clock.now();
-        let mut done = plan.heartbeat.clone();
-        done.status = HeartbeatStatus::Completed;
-        done.completed_at = Some(now);
-        done.events_processed = stats.events_processed;
-        done.actions_triggered = stats.actions_triggered;
-        done.actions_failed = stats.actions_failed;
-        done.cascade_capped = stats.cascade_capped;
-        done.since_last = Some(plan.beats.since_last);
+        let mut done = ended(&plan, &stats, HeartbeatStatus::Completed, now, None);
         done.last_interaction_beat = plan.last_interaction_beat;
         done.interaction_seen_at = plan.interaction_seen_at;
-        done.error = None;
         // A window cut short at its size limit leaves a backlog: the next heartbeat is
         // due at once rather than an interval later.
         let at = if backlog {
@@ -538,15 +530,15 @@ impl HeartbeatRunner {
     async fn interrupt(&self, plan: Plan, stats: Stats) -> Result<RunOutcome, EngineError> {
         let now = self.clock.now();
         let reason = stats.interrupted.clone().unwrap_or_default();
-        let mut done = plan.heartbeat.clone();
-        done.status = HeartbeatStatus::Cancelled;
-        done.completed_at = Some(now);
-        done.events_processed = stats.events_processed;
-        done.actions_triggered = stats.actions_triggered;
-        done.actions_failed = stats.actions_failed;
-        done.cascade_capped = stats.cascade_capped;
-        done.since_last = Some(plan.beats.since_last);
-        done.error = Some(reason.clone());
+        // The interaction fields stay as claimed: the interruption is counted by the
+        // next heartbeat, dated to this beat.
+        let done = ended(
+            &plan,
+            &stats,
+            HeartbeatStatus::Cancelled,
+            now,
+            Some(reason.clone()),
+        );
         let at = next_run(&plan.agent, now, 0, self.settings.max_backoff);
         let next = Heartbeat::pending(
             &plan.agent,
@@ -657,6 +649,26 @@ impl HeartbeatRunner {
             }
         }
     }
+}
+
+/// The heartbeat record of a run that ended with `status`, carrying what it did.
+fn ended(
+    plan: &Plan,
+    stats: &Stats,
+    status: HeartbeatStatus,
+    now: Timestamp,
+    error: Option<String>,
+) -> Heartbeat {
+    let mut done = plan.heartbeat.clone();
+    done.status = status;
+    done.completed_at = Some(now);
+    done.events_processed = stats.events_processed;
+    done.actions_triggered = stats.actions_triggered;
+    done.actions_failed = stats.actions_failed;
+    done.cascade_capped = stats.cascade_capped;
+    done.since_last = Some(plan.beats.since_last);
+    done.error = error;
+    done
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Value {

@@ -156,7 +156,13 @@ impl HeartbeatAgent {
         let budgets = agent.budgets;
         let mut calls = 0usize;
         for step in 0..budgets.max_steps {
-            if let Some(why) = self.interrupted(req).await? {
+            // The agent read above answers the first check; later ones read it again.
+            let why = if step == 0 {
+                interruption(&agent, req)
+            } else {
+                self.interrupted(req).await?
+            };
+            if let Some(why) = why {
                 return Ok(Some(why));
             }
             if t.usage.total() >= budgets.max_tokens {
@@ -254,13 +260,7 @@ impl HeartbeatAgent {
 
     /// A user message that arrived after this heartbeat started interrupts it.
     async fn interrupted(&self, req: &ToolRequest) -> Result<Option<String>, String> {
-        let agent = self.agent(req).await?;
-        Ok(match agent.last_interaction_at {
-            Some(at) if at > req.heartbeat.started_at => Some(format!(
-                "interrupted: a user message arrived at {at}, after the heartbeat started"
-            )),
-            _ => None,
-        })
+        Ok(interruption(&self.agent(req).await?, req))
     }
 
     async fn window(&self, req: &ToolRequest) -> Result<Vec<Event>, crate::error::StoreError> {
@@ -388,6 +388,16 @@ impl HeartbeatAgent {
                 "there is no tool {other:?}; use speak, remember, recall or emit_event"
             )),
         }
+    }
+}
+
+/// Why the run must yield, if the user wrote after the heartbeat started.
+fn interruption(agent: &Agent, req: &ToolRequest) -> Option<String> {
+    match agent.last_interaction_at {
+        Some(at) if at > req.heartbeat.started_at => Some(format!(
+            "interrupted: a user message arrived at {at}, after the heartbeat started"
+        )),
+        _ => None,
     }
 }
 
