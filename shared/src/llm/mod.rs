@@ -328,7 +328,9 @@ fn backoff(attempt: u32) -> Duration {
 pub(crate) fn parse_retry_after(v: &str) -> Option<Duration> {
     let v = v.trim();
     if let Ok(secs) = v.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        // A value too large for a Duration (`1e300`) is not a wait anyone meant: ignore it,
+        // and the caller's backoff applies. Every wait is capped by the caller anyway.
+        return Duration::try_from_secs_f64(secs).ok();
     }
     let at = jiff::fmt::rfc2822::parse(v).ok()?.timestamp();
     let d = at.duration_since(jiff::Timestamp::now());
@@ -403,6 +405,13 @@ mod tests {
             "a date in the past means now"
         );
         assert_eq!(parse_retry_after("soon"), None);
+        assert_eq!(
+            parse_retry_after("1e300"),
+            None,
+            "too large: ignored, no panic"
+        );
+        assert_eq!(parse_retry_after("-1"), None);
+        assert_eq!(parse_retry_after("NaN"), None);
     }
 
     #[test]
