@@ -9,25 +9,28 @@ use pulse_shared::adapters::{Connected, connect};
 use pulse_shared::config::{Backend, Config, Env};
 use pulse_shared::domain::{
     ActiveHours, AgentId, AgentLlm, Budgets, EventType, Filter, HEARTBEAT_AGENT, Interval,
-    NewAgent, NewEvent, ProviderKind, Role, Signal, SignalMeta, Subscription, SubscriptionId,
-    TimeZoneName, Tool, ToolKind, ToolName, builtin_tools, parse_duration,
+    NewAgent, NewEvent, ProviderKind, RateLimit, Role, Signal, SignalMeta, Subscription,
+    SubscriptionId, TimeZoneName, Tool, ToolKind, ToolName, Webhook, WebhookId, WebhookScheme,
+    builtin_tools, parse_duration,
 };
 use pulse_shared::engine::intake;
 use pulse_shared::error::{StoreError, ValidationError};
 use pulse_shared::ports::{Clock, SystemClock};
 use pulse_shared::telemetry::{self, LogFormat};
+use pulse_signatures::inbound::generate_secret;
 use serde_json::Value;
 
 use crate::output::{Out, short, when};
 use crate::{
-    ActionsCmd, AgentsCmd, BenchCmd, Cli, Command, ConversationCmd, EventsCmd, Failure,
-    HeartbeatsCmd, MemoriesCmd, SubscriptionsCmd, ToolsCmd, bench, serve,
+    ActionsCmd, AgentsCmd, BenchCmd, Cli, Command, ConversationCmd, DiscordCmd, EventsCmd, Failure,
+    HeartbeatsCmd, MemoriesCmd, SubscriptionsCmd, ToolsCmd, WebhooksCmd, bench, serve,
 };
 
 /// A validated command.
 enum Plan {
     Serve {
         tick: Duration,
+        listen: Option<std::net::SocketAddr>,
     },
     Sweep,
     CreateAgent(NewAgent),
@@ -74,6 +77,30 @@ enum Plan {
         agent: AgentId,
         limit: usize,
     },
+    CreateWebhook {
+        webhook: Webhook,
+        secret: String,
+        base_url: String,
+    },
+    RotateWebhook {
+        id: WebhookId,
+        grace: jiff::SignedDuration,
+        secret: String,
+    },
+    ListWebhooks {
+        agent: Option<AgentId>,
+    },
+    ListRequests {
+        webhook: WebhookId,
+        limit: usize,
+    },
+    SetWebhook {
+        id: WebhookId,
+        active: bool,
+    },
+    RegisterCommands {
+        menu_name: String,
+    },
 }
 
 impl Plan {
@@ -90,6 +117,7 @@ impl Plan {
                 | Plan::AddSubscription(_)
                 | Plan::SetSubscription { .. }
                 | Plan::Say { .. }
+                | Plan::CreateWebhook { .. }
         )
     }
 }
@@ -121,8 +149,17 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
             if tick < jiff::SignedDuration::from_millis(100) {
                 return Err(Failure::Input("invalid tick: use at least 100ms".into()));
             }
+            let listen = match a.listen.trim() {
+                "off" | "none" => None,
+                addr => Some(addr.parse().map_err(|_| {
+                    Failure::Input(format!(
+                        "invalid --listen {addr:?}: give an address and port such as 127.0.0.1:8080, or off"
+                    ))
+                })?),
+            };
             Plan::Serve {
                 tick: tick.unsigned_abs(),
+                listen,
             }
         }
         Command::Sweep => Plan::Sweep,
@@ -301,7 +338,102 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
             agent: AgentId::parse(&agent).map_err(input)?,
             limit: limit(n)?,
         },
+        Command::Webhooks(WebhooksCmd::Create(a)) => {
+            let agent = AgentId::parse(&a.agent).map_err(input)?;
+            let scheme = WebhookScheme::parse(&a.scheme).map_err(input)?;
+            let secret = a.secret.unwrap_or_else(generate_secret);
+            check_secret(scheme, &secret)?;
+            let mut webhook = Webhook::new(agent, scheme, &secret, now).map_err(input)?;
+            webhook.allowed_types = a
+                .allow
+                .iter()
+                .map(|t| t.trim())
+                .filter(|t| !t.is_empty())
+                .map(EventType::parse)
+                .collect::<Result<_, _>>()
+                .map_err(input)?;
+            webhook.rate_limit = RateLimit::parse(&a.rate_limit).map_err(input)?;
+            webhook.wake = a.wake;
+            webhook.description = a.description.filter(|d| !d.trim().is_empty());
+            let base_url = a.base_url.trim_end_matches('/').to_owned();
+            if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+                return Err(Failure::Input(format!(
+                    "invalid --base-url {base_url:?}: give the receiver's http:// or https:// address"
+                )));
+            }
+            Plan::CreateWebhook {
+                webhook,
+                secret,
+                base_url,
+            }
+        }
+        Command::Webhooks(WebhooksCmd::Rotate { id, grace, secret }) => {
+            let grace = parse_duration("grace", &grace).map_err(input)?;
+            if grace.is_negative() {
+                return Err(Failure::Input("invalid grace: it is negative".into()));
+            }
+            Plan::RotateWebhook {
+                id: WebhookId::parse(&id).map_err(input)?,
+                grace,
+                secret: secret.unwrap_or_else(generate_secret),
+            }
+        }
+        Command::Webhooks(WebhooksCmd::List { agent }) => Plan::ListWebhooks {
+            agent: agent
+                .as_deref()
+                .map(AgentId::parse)
+                .transpose()
+                .map_err(input)?,
+        },
+        Command::Webhooks(WebhooksCmd::Requests { webhook, limit: n }) => Plan::ListRequests {
+            webhook: WebhookId::parse(&webhook).map_err(input)?,
+            limit: limit(n)?,
+        },
+        Command::Webhooks(WebhooksCmd::Enable { id }) => Plan::SetWebhook {
+            id: WebhookId::parse(&id).map_err(input)?,
+            active: true,
+        },
+        Command::Webhooks(WebhooksCmd::Disable { id }) => Plan::SetWebhook {
+            id: WebhookId::parse(&id).map_err(input)?,
+            active: false,
+        },
+        Command::Discord(DiscordCmd::RegisterCommands { menu_name }) => {
+            let menu_name = menu_name.trim().to_owned();
+            if menu_name.is_empty() || menu_name.chars().count() > 32 {
+                return Err(Failure::Input(
+                    "invalid --menu-name: Discord takes 1 to 32 characters".into(),
+                ));
+            }
+            Plan::RegisterCommands { menu_name }
+        }
         Command::Bench(_) => unreachable!("benchmarks are dispatched before planning"),
+    })
+}
+
+/// Refuses a secret the scheme cannot sign with (a Standard Webhooks secret must be
+/// `whsec_` + base64).
+fn check_secret(scheme: WebhookScheme, secret: &str) -> Result<(), Failure> {
+    let s = webhook_scheme(scheme);
+    pulse_signatures::inbound::sign(s, secret, b"{}", 0, "check")
+        .map(|_| ())
+        .map_err(|e| Failure::Input(format!("invalid secret for the {scheme} scheme: {e}")))
+}
+
+fn webhook_scheme(s: WebhookScheme) -> pulse_signatures::inbound::Scheme {
+    use pulse_signatures::inbound::Scheme;
+    match s {
+        WebhookScheme::Pulse => Scheme::Pulse,
+        WebhookScheme::Standard => Scheme::Standard,
+        WebhookScheme::Github => Scheme::Github,
+        WebhookScheme::Stripe => Scheme::Stripe,
+    }
+}
+
+async fn require_webhook(b: &Connected, id: &WebhookId) -> Result<Webhook, Failure> {
+    b.store.get_webhook(id).await?.ok_or_else(|| {
+        Failure::Input(format!(
+            "webhook {id} not found; `pulse webhooks list` shows the webhooks"
+        ))
     })
 }
 
@@ -367,7 +499,161 @@ async fn execute(
     out: &Out,
 ) -> Result<(), Failure> {
     match plan {
-        Plan::Serve { tick } => serve::serve(config, b, clock, tick).await,
+        Plan::Serve { tick, listen } => serve::serve(config, b, clock, tick, listen).await,
+        Plan::CreateWebhook {
+            webhook,
+            secret,
+            base_url,
+        } => {
+            require_agent(b, &webhook.agent_id).await?;
+            b.store.create_webhook(&webhook).await.map_err(store)?;
+            let url = format!("{base_url}/webhooks/{}", webhook.id);
+            if out.json {
+                out.json_value(&serde_json::json!({
+                    "webhook": webhook.summary(clock.now()),
+                    "url": url,
+                    "secret": secret,
+                }));
+            } else {
+                println!("{url}");
+                println!("{secret}");
+                eprintln!(
+                    "created webhook {} ({} scheme) for agent {}.\nThe first line is its URL, the second its signing secret: store the secret now, it is not shown again.",
+                    webhook.id, webhook.scheme, webhook.agent_id
+                );
+            }
+            Ok(())
+        }
+        Plan::RotateWebhook { id, grace, secret } => {
+            let mut webhook = require_webhook(b, &id).await?;
+            check_secret(webhook.scheme, &secret)?;
+            let now = clock.now();
+            webhook.rotate(&secret, grace, now).map_err(input)?;
+            b.store.update_webhook(&webhook).await.map_err(store)?;
+            if out.json {
+                out.json_value(&serde_json::json!({
+                    "webhook": webhook.summary(now),
+                    "secret": secret,
+                }));
+            } else {
+                println!("{secret}");
+                eprintln!(
+                    "added a new secret to {id} (shown once, above); the previous one is accepted for another {}",
+                    pulse_shared::domain::format_duration(grace)
+                );
+            }
+            Ok(())
+        }
+        Plan::ListWebhooks { agent } => {
+            let now = clock.now();
+            let rows: Vec<_> = b
+                .store
+                .list_webhooks()
+                .await?
+                .into_iter()
+                .filter(|w| agent.as_ref().is_none_or(|a| &w.agent_id == a))
+                .map(|w| w.summary(now))
+                .collect();
+            out.table(
+                &rows,
+                &[
+                    "ID", "AGENT", "SCHEME", "ALLOW", "RATE", "WAKE", "ACTIVE", "SECRETS", "PATH",
+                ],
+                |w| {
+                    vec![
+                        w.id.to_string(),
+                        w.agent_id.to_string(),
+                        w.scheme.to_string(),
+                        if w.allowed_types.is_empty() {
+                            "any".to_owned()
+                        } else {
+                            w.allowed_types
+                                .iter()
+                                .map(EventType::as_str)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        },
+                        w.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
+                        w.wake.to_string(),
+                        w.active.to_string(),
+                        match w.old_secret_retires_at {
+                            Some(t) => format!("{} (old until {})", w.secrets, when(Some(t))),
+                            None => w.secrets.to_string(),
+                        },
+                        w.path.clone(),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        Plan::ListRequests { webhook, limit } => {
+            require_webhook(b, &webhook).await?;
+            let rows = b.store.list_requests(&webhook, limit).await?;
+            out.table(
+                &rows,
+                &[
+                    "RECEIVED", "STATUS", "HTTP", "TYPE", "EVENT", "DELIVERY", "FROM", "REASON",
+                ],
+                |r| {
+                    vec![
+                        when(Some(r.received_at)),
+                        r.status.as_str().to_owned(),
+                        r.http_status.to_string(),
+                        r.event_type.clone().unwrap_or_default(),
+                        r.event_id
+                            .as_ref()
+                            .map(|e| e.to_string())
+                            .unwrap_or_default(),
+                        r.delivery_id.clone().unwrap_or_default(),
+                        r.source_ip.clone().unwrap_or_default(),
+                        short(r.reason.as_deref().unwrap_or_default(), 120),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        Plan::SetWebhook { id, active } => {
+            let mut webhook = require_webhook(b, &id).await?;
+            webhook.active = active;
+            b.store.update_webhook(&webhook).await.map_err(store)?;
+            eprintln!(
+                "webhook {id} {}",
+                if active {
+                    "accepts requests again"
+                } else {
+                    "is disabled: requests are refused (404) and logged"
+                }
+            );
+            Ok(())
+        }
+        Plan::RegisterCommands { menu_name } => {
+            if config.discord.bot_token.is_none() || config.discord.application_id.is_none() {
+                return Err(Failure::Input(
+                    "set DISCORD_BOT_TOKEN and DISCORD_APPLICATION_ID (Developer Portal: Bot, and General Information) to register commands".into(),
+                ));
+            }
+            let client = pulse_shared::discord::DiscordClient::new(config.discord.clone());
+            let registered = client
+                .overwrite_commands(&pulse_shared::discord::command_definitions(&menu_name))
+                .await
+                .map_err(|e| anyhow::anyhow!("Discord refused the commands: {e}"))?;
+            if out.json {
+                out.json_value(&registered);
+            } else {
+                for c in &registered {
+                    println!(
+                        "{}  {}",
+                        c.get("id").and_then(Value::as_str).unwrap_or("?"),
+                        c.get("name").and_then(Value::as_str).unwrap_or("?")
+                    );
+                }
+                eprintln!(
+                    "registered {} commands; global commands can take a few minutes to show up in Discord",
+                    registered.len()
+                );
+            }
+            Ok(())
+        }
         Plan::Sweep => serve::sweep_and_drain(config, b, clock, out).await,
         Plan::CreateAgent(new) => {
             let (agent, first) = new.create(clock.now()).map_err(input)?;

@@ -64,9 +64,102 @@ enum Command {
     /// List what agents remembered.
     #[command(subcommand)]
     Memories(MemoriesCmd),
+    /// Inbound webhooks: signed events from external systems.
+    #[command(subcommand)]
+    Webhooks(WebhooksCmd),
+    /// Discord application set-up.
+    #[command(subcommand)]
+    Discord(DiscordCmd),
     /// Measure the engine; prints figures.
     #[command(subcommand)]
     Bench(BenchCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum WebhooksCmd {
+    /// Create a webhook for an agent; prints its URL and, once, its signing secret.
+    Create(Box<CreateWebhook>),
+    /// Add a new signing secret; the old one stays valid for the grace period.
+    Rotate {
+        /// The webhook's id.
+        id: String,
+        /// How long the old secret keeps working.
+        #[arg(long, default_value = "24h", value_name = "DURATION")]
+        grace: String,
+        /// The new secret (e.g. one Stripe or GitHub generated); generated when left out.
+        #[arg(long, env = "PULSE_WEBHOOK_SECRET", hide_env_values = true)]
+        secret: Option<String>,
+    },
+    /// List webhooks (never their secrets).
+    List {
+        /// Only this agent's.
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// A webhook's latest requests, newest first: accepted or why not.
+    Requests {
+        /// The webhook's id.
+        #[arg(long)]
+        webhook: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Accept requests again.
+    Enable {
+        /// The webhook's id.
+        id: String,
+    },
+    /// Refuse every request (answered 404, logged).
+    Disable {
+        /// The webhook's id.
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+struct CreateWebhook {
+    /// The agent whose log its events go to.
+    #[arg(long)]
+    agent: String,
+    /// How requests are signed: pulse, standard (Standard Webhooks), github or stripe.
+    #[arg(long, default_value = "pulse")]
+    scheme: String,
+    /// Event types it may create, comma-separated (any when left out).
+    #[arg(long, value_delimiter = ',', value_name = "TYPE,...")]
+    allow: Vec<String>,
+    /// Accepted requests per hour (100/h, 2400/d, or none).
+    #[arg(long, default_value = "100/h", value_name = "RATE")]
+    rate_limit: String,
+    /// Also wake the agent's conversation on each accepted event, instead of waiting for
+    /// the next heartbeat.
+    #[arg(long)]
+    wake: bool,
+    /// The signing secret (e.g. one Stripe or GitHub generated); generated when left out.
+    #[arg(long, env = "PULSE_WEBHOOK_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+    /// A note: what sends to it.
+    #[arg(long)]
+    description: Option<String>,
+    /// Where the receiver is reachable, for the printed URL.
+    #[arg(
+        long,
+        env = "PULSE_PUBLIC_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    base_url: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum DiscordCmd {
+    /// Register Pulse's commands with Discord (bulk overwrite of the application's global
+    /// commands): `/ask` and a message context-menu command. Needs DISCORD_BOT_TOKEN and
+    /// DISCORD_APPLICATION_ID.
+    RegisterCommands {
+        /// The context-menu command's name, shown on every message (at most 32 characters).
+        #[arg(long, default_value = "Ask Pulse")]
+        menu_name: String,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -74,6 +167,15 @@ struct ServeArgs {
     /// How often to sweep for due heartbeats.
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     tick: String,
+    /// Where the HTTP receiver (Discord interactions, webhooks, health) listens; `off`
+    /// for none.
+    #[arg(
+        long,
+        env = "PULSE_LISTEN",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
+    listen: String,
 }
 
 #[derive(Args, Debug)]

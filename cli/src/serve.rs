@@ -1,6 +1,7 @@
 //! `pulse serve` and `pulse sweep`: the engine's two steps (`sweep_once`, `poll_once`) in
 //! loops, on whichever backend the configuration names.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +9,9 @@ use pulse_shared::adapters::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::engine::{PollReport, Sweeper, Worker};
 use pulse_shared::error::chain;
+use pulse_shared::http::{self, Inbound};
 use pulse_shared::ports::Clock;
+use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
@@ -41,9 +44,19 @@ pub(crate) async fn serve(
     b: &Connected,
     clock: Arc<dyn Clock>,
     tick: Duration,
+    listen: Option<SocketAddr>,
 ) -> Result<(), Failure> {
     let (sweeper, worker) = engine(config, b, clock.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Bind first: a port in use is a start-up error, not a warning in the log later.
+    let listener = match listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
+            Failure::Input(format!(
+                "cannot listen on {addr}: {e}; choose another with --listen (PULSE_LISTEN), or --listen off"
+            ))
+        })?),
+        None => None,
+    };
     let wake = Notify::new();
     info!(backend = %describe(&config.backend), tick = ?tick, "pulse serve started; Ctrl-C stops it");
     info!(llm = %config.llm.describe(), "language model");
@@ -86,12 +99,40 @@ pub(crate) async fn serve(
             }
         }
     };
+    let receiving = async {
+        let Some(listener) = listener else { return };
+        let inbound = Arc::new(Inbound::new(
+            b.store.clone(),
+            b.queue.clone(),
+            clock.clone(),
+            config.inbound.clone(),
+        ));
+        let addr = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        info!(%addr, "HTTP receiver listening: POST /discord/interactions, POST /webhooks/{{id}}, GET /healthz");
+        if config.inbound.discord_public_key.is_none() {
+            info!("DISCORD_PUBLIC_KEY is not set: Discord interactions are refused (401)");
+        }
+        let mut stop = stop_rx.clone();
+        let shutdown = async move {
+            while !*stop.borrow() {
+                if stop.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        if let Err(e) = http::serve(listener, inbound, shutdown).await {
+            error!(error = %e, "the HTTP receiver stopped");
+        }
+    };
     let signals = async {
         shutdown_signal().await;
         info!("stopping: finishing the work in hand");
         let _ = stop_tx.send(true);
     };
-    tokio::join!(sweeping, working, signals);
+    tokio::join!(sweeping, working, receiving, signals);
     info!("pulse serve stopped");
     Ok(())
 }

@@ -23,6 +23,9 @@
 //! | `DISCORD_BOT_TOKEN` | posts to channels | unset: replies are stored only |
 //! | `DISCORD_APPLICATION_ID` | answers interactions | unset |
 //! | `DISCORD_API_BASE` | Discord's API | `https://discord.com/api/v10` |
+//! | `DISCORD_PUBLIC_KEY` | the application's public key (hex); checks interaction signatures | unset: `POST /discord/interactions` answers 401 |
+//! | `PULSE_DISCORD_DEFAULT_AGENT` | the agent that answers in channels no agent is created for | unset |
+//! | `PULSE_DELIVERY_MEMORY` | how long webhook delivery ids are remembered (replay guard) | `7d` |
 
 use std::path::PathBuf;
 
@@ -34,7 +37,7 @@ use url::Url;
 
 use crate::adapters::aws::AwsSettings;
 use crate::discord::DiscordConfig;
-use crate::domain::{ProviderKind, Secret, parse_duration};
+use crate::domain::{AgentId, ProviderKind, Secret, parse_duration};
 use crate::engine::EngineSettings;
 use crate::error::ConfigError;
 use crate::llm::LlmConfig;
@@ -62,6 +65,25 @@ pub struct Config {
     pub llm: LlmConfig,
     /// Discord.
     pub discord: DiscordConfig,
+    /// The HTTP receiver.
+    pub inbound: InboundConfig,
+}
+
+/// What the HTTP receiver (`POST /discord/interactions`, `POST /webhooks/{id}`) needs.
+#[derive(Clone, Debug, Default)]
+pub struct InboundConfig {
+    /// `DISCORD_PUBLIC_KEY`, checked to be 64 hex characters.
+    pub discord_public_key: Option<String>,
+    /// `PULSE_DISCORD_DEFAULT_AGENT`.
+    pub default_agent: Option<AgentId>,
+    /// `PULSE_DELIVERY_MEMORY`.
+    pub delivery_memory: SignedDuration,
+}
+
+impl InboundConfig {
+    /// How long delivery ids are remembered by default: a week, longer than any
+    /// sender's retry schedule (Standard Webhooks senders retry for about 3 days).
+    pub const DEFAULT_DELIVERY_MEMORY: SignedDuration = SignedDuration::from_hours(7 * 24);
 }
 
 impl Config {
@@ -75,6 +97,10 @@ impl Config {
             engine: EngineSettings::default(),
             llm: LlmConfig::offline(),
             discord: DiscordConfig::unconfigured(),
+            inbound: InboundConfig {
+                delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+                ..InboundConfig::default()
+            },
         }
     }
 }
@@ -220,6 +246,35 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         })
     }
 
+    /// The HTTP receiver's settings.
+    pub fn inbound(&self) -> Result<InboundConfig, ConfigError> {
+        let discord_public_key = self
+            .get("DISCORD_PUBLIC_KEY")
+            .map(|k| {
+                let k = k.trim().to_owned();
+                pulse_signatures::discord::DiscordKey::from_hex(&k)
+                    .map(|_| k)
+                    .map_err(|e| ConfigError::new("DISCORD_PUBLIC_KEY", e.to_string()))
+            })
+            .transpose()?;
+        let default_agent = self
+            .get("PULSE_DISCORD_DEFAULT_AGENT")
+            .map(|a| {
+                AgentId::parse(a.trim())
+                    .map_err(|e| ConfigError::new("PULSE_DISCORD_DEFAULT_AGENT", e.message))
+            })
+            .transpose()?;
+        let delivery_memory = self.duration(
+            "PULSE_DELIVERY_MEMORY",
+            InboundConfig::DEFAULT_DELIVERY_MEMORY,
+        )?;
+        Ok(InboundConfig {
+            discord_public_key,
+            default_agent,
+            delivery_memory,
+        })
+    }
+
     /// The AWS resources.
     pub fn aws(&self) -> Result<AwsSettings, ConfigError> {
         let required = |var: &'static str, what: &str| {
@@ -257,6 +312,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             engine: self.engine()?,
             llm: self.llm()?,
             discord: self.discord()?,
+            inbound: self.inbound()?,
         })
     }
 
@@ -267,6 +323,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             engine: self.engine()?,
             llm: self.llm()?,
             discord: self.discord()?,
+            inbound: self.inbound()?,
         })
     }
 }

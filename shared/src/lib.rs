@@ -14,6 +14,9 @@
 //!   cursor → tools and cascades → atomic finish and next schedule) and the worker (batches
 //!   in order per session, partial failures).
 //! - [`tools`]: tool execution; the generic HTTP tool.
+//! - [`http`]: the axum router of the webhook receiver — Discord interactions, signed
+//!   webhooks, health — served by Lambda and by `pulse serve --listen`. Signature schemes
+//!   live in the `pulse-signatures` crate (a leaf crate, so its fuzz target builds fast).
 //! - [`adapters`]: `sqlite` and `aws` (DynamoDB, SQS) — the only place SQL or SDK types
 //!   appear — and [`adapters::connect`], which picks one from the configuration.
 //! - [`config`]: typed configuration from the environment.
@@ -29,6 +32,7 @@ pub mod discord;
 pub mod domain;
 pub mod engine;
 pub mod error;
+pub mod http;
 pub mod lambda;
 pub mod llm;
 pub mod ports;

@@ -16,8 +16,8 @@ use serde_json::Value;
 use crate::domain::{
     Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery, Event, EventCursor,
     EventId, Heartbeat, HeartbeatId, HeartbeatStatus, LlmRequest, LlmResponse, Memory,
-    OutgoingTask, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName, ToolRequest,
-    ToolResponse, Turn, TurnId,
+    OutgoingTask, RateLimit, Registry, RequestStatus, SignalId, Subscription, SubscriptionId, Tool,
+    ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -78,6 +78,9 @@ pub trait AgentStore: Send + Sync {
     async fn list_agents(&self) -> Result<Vec<Agent>, StoreError>;
     /// Records that the user interacted with the agent at `at` (beats count from here).
     async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError>;
+    /// The agent that answers in a Discord channel (`--discord-channel`), if any. One
+    /// agent per channel: creating a second one for a channel is `AlreadyExists`.
+    async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError>;
 }
 
 /// An opaque position in a paged listing.
@@ -297,9 +300,107 @@ pub trait MemoryStore: Send + Sync {
     async fn memories(&self, agent: &AgentId, limit: usize) -> Result<Vec<Memory>, StoreError>;
 }
 
+/// A signed request a webhook may accept: what to write if it is accepted.
+#[derive(Clone, Debug)]
+pub struct Acceptance {
+    /// The event to append.
+    pub event: Event,
+    /// Its log entry as ACCEPTED; the store turns it into DUPLICATE or RATE_LIMITED when
+    /// that is the outcome.
+    pub log: WebhookRequest,
+    /// The sender's delivery id: a second request with it is a duplicate.
+    pub delivery_id: Option<String>,
+    /// The webhook's limit, counted per clock hour.
+    pub rate_limit: Option<RateLimit>,
+    /// The start of the body, kept in the log if the request is refused.
+    pub excerpt: String,
+    /// How long the delivery id is remembered.
+    pub remember_until: Timestamp,
+}
+
+/// What became of an [`Acceptance`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcceptOutcome {
+    /// The event, its log entry and the delivery id were written, in one atomic write.
+    Accepted,
+    /// The delivery id was accepted before, as this event: nothing new was written but
+    /// the DUPLICATE log entry.
+    Duplicate(EventId),
+    /// Over the hourly limit: nothing written but the RATE_LIMITED log entry.
+    RateLimited,
+}
+
+impl Acceptance {
+    /// Its log entry for `outcome`.
+    pub fn log_for(&self, outcome: &AcceptOutcome) -> WebhookRequest {
+        let mut log = self.log.clone();
+        match outcome {
+            AcceptOutcome::Accepted => {
+                log.status = RequestStatus::Accepted;
+                log.http_status = 200;
+                log.event_id = Some(self.event.id.clone());
+            }
+            AcceptOutcome::Duplicate(first) => {
+                log.status = RequestStatus::Duplicate;
+                log.http_status = 200;
+                log.reason = Some(format!(
+                    "delivery {} was accepted before as event {first}",
+                    self.delivery_id.as_deref().unwrap_or("?")
+                ));
+                log.event_id = Some(first.clone());
+            }
+            AcceptOutcome::RateLimited => {
+                log.status = RequestStatus::RateLimited;
+                log.http_status = 429;
+                log.reason = Some(format!(
+                    "over the webhook's limit of {}",
+                    self.rate_limit.map_or_else(String::new, |r| r.to_string())
+                ));
+                log.event_id = None;
+                log.body = Some(self.excerpt.clone());
+            }
+        }
+        log
+    }
+}
+
+/// Inbound webhooks, their request log, delivery ids and rate counters.
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    /// Creates a webhook; `AlreadyExists` if its id is taken.
+    async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError>;
+    /// Reads a webhook.
+    async fn get_webhook(&self, id: &WebhookId) -> Result<Option<Webhook>, StoreError>;
+    /// Every webhook, oldest first.
+    async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError>;
+    /// Replaces a webhook (rotation, enabling); `NotFound` if it does not exist.
+    async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError>;
+    /// Accepts a signed request, in this order: a delivery id seen before is a duplicate
+    /// (answered with the first event); the hour's counter is incremented by one
+    /// conditional write, refused at the limit; then the event, the log entry and the
+    /// delivery id are written atomically, so the same delivery sent twice at once still
+    /// makes one event.
+    async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError>;
+    /// Logs a refused request.
+    async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError>;
+    /// A webhook's latest requests, newest first.
+    async fn list_requests(
+        &self,
+        id: &WebhookId,
+        limit: usize,
+    ) -> Result<Vec<WebhookRequest>, StoreError>;
+}
+
 /// Everything the engine stores.
 pub trait Store:
-    AgentStore + HeartbeatStore + EventLog + ActionLog + ToolRegistry + ConversationStore + MemoryStore
+    AgentStore
+    + HeartbeatStore
+    + EventLog
+    + ActionLog
+    + ToolRegistry
+    + ConversationStore
+    + MemoryStore
+    + WebhookStore
 {
 }
 impl<T> Store for T where
@@ -310,6 +411,7 @@ impl<T> Store for T where
         + ToolRegistry
         + ConversationStore
         + MemoryStore
+        + WebhookStore
 {
 }
 

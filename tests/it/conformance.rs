@@ -640,3 +640,54 @@ async fn import(kind: Kind) {
         Some(first)
     );
 }
+
+on_both_backends!(
+    one_agent_answers_a_discord_channel_and_webhooks_are_stored_without_loss,
+    channels_and_webhooks
+);
+async fn channels_and_webhooks(kind: Kind) {
+    use pulse_shared::domain::{NewAgent, RateLimit, Webhook, WebhookId, WebhookScheme};
+
+    let b = Backend::new(kind).await;
+    let mut new = NewAgent::named("a");
+    new.discord_channel = Some("42".into());
+    let (a, first) = new.clone().create(b.now()).unwrap();
+    b.store.create_agent(&a, &first).await.unwrap();
+    assert_eq!(
+        b.store.agent_for_channel("42").await.unwrap(),
+        Some(a.id.clone())
+    );
+    assert_eq!(b.store.agent_for_channel("43").await.unwrap(), None);
+    let (other, first) = new.create(b.now()).unwrap();
+    match b.store.create_agent(&other, &first).await {
+        Err(StoreError::AlreadyExists(what)) => assert!(what.contains("channel 42"), "{what}"),
+        r => panic!("a second agent for one channel: {r:?}"),
+    }
+    assert!(
+        b.store.get_agent(&other.id).await.unwrap().is_none(),
+        "nothing of it was written"
+    );
+
+    let mut w = Webhook::new(a.id.clone(), WebhookScheme::Github, "secret-one", b.now()).unwrap();
+    w.allowed_types = vec![EventType::parse("GITHUB_PUSH").unwrap()];
+    w.rate_limit = Some(RateLimit { per_hour: 7 });
+    b.store.create_webhook(&w).await.unwrap();
+    assert!(matches!(
+        b.store.create_webhook(&w).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert_eq!(b.store.get_webhook(&w.id).await.unwrap(), Some(w.clone()));
+    w.rotate("secret-two", SignedDuration::from_hours(1), b.now())
+        .unwrap();
+    w.active = false;
+    b.store.update_webhook(&w).await.unwrap();
+    assert_eq!(b.store.get_webhook(&w.id).await.unwrap(), Some(w.clone()));
+    assert_eq!(b.store.list_webhooks().await.unwrap(), vec![w.clone()]);
+    let mut ghost = w.clone();
+    ghost.id = WebhookId::generate();
+    assert!(matches!(
+        b.store.update_webhook(&ghost).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(b.store.get_webhook(&ghost.id).await.unwrap().is_none());
+}

@@ -65,7 +65,7 @@ impl World {
         let mut new = NewAgent::named("scout");
         new.persona = Some("You are Scout.".into());
         new.interval = "10m".parse().unwrap();
-        new.discord_channel = Some("chan1".into());
+        new.discord_channel = Some("1001".into());
         f(&mut new);
         let (agent, first) = new.create(self.b.now()).unwrap();
         self.b.store.create_agent(&agent, &first).await.unwrap();
@@ -210,7 +210,7 @@ async fn speak(kind: Kind) {
     assert_eq!(
         w.discord.messages(),
         [Posted {
-            place: "channel:chan1".into(),
+            place: "channel:1001".into(),
             content: "Hey! How is the report coming along?".into()
         }]
     );
@@ -369,7 +369,7 @@ on_both_backends!(
 async fn fifo_failures(kind: Kind) {
     let w = world(kind).await;
     let a = w.agent(|_| {}).await;
-    let b = w.agent(|n| n.discord_channel = Some("chan2".into())).await;
+    let b = w.agent(|n| n.discord_channel = Some("1002".into())).await;
     let now = w.b.now();
     let delivery = |id: &str, agent: &Agent, body: String| Delivery {
         message_id: id.into(),

@@ -9,12 +9,13 @@ use jiff::Timestamp;
 use pulse_shared::domain::{
     Action, Agent, AgentId, ClaimRequest, ConversationMessage, Event, EventCursor, EventId,
     Heartbeat, HeartbeatId, Memory, Registry, SignalId, Subscription, SubscriptionId, Tool,
-    ToolName, Turn, TurnId,
+    ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
-    ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
-    HeartbeatStore, MemoryStore, PageToken, Store, ToolRegistry, TurnStart, Window,
+    AcceptOutcome, Acceptance, ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish,
+    FinishOutcome, HeartbeatStore, MemoryStore, PageToken, Store, ToolRegistry, TurnStart,
+    WebhookStore, Window,
 };
 
 pub(crate) struct FaultyStore {
@@ -52,6 +53,9 @@ impl AgentStore for FaultyStore {
     }
     async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError> {
         self.inner.record_interaction(id, at).await
+    }
+    async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
+        self.inner.agent_for_channel(channel_id).await
     }
 }
 
@@ -204,5 +208,34 @@ impl MemoryStore for FaultyStore {
     }
     async fn memories(&self, agent: &AgentId, limit: usize) -> Result<Vec<Memory>, StoreError> {
         self.inner.memories(agent, limit).await
+    }
+}
+
+#[async_trait]
+impl WebhookStore for FaultyStore {
+    async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        self.inner.create_webhook(webhook).await
+    }
+    async fn get_webhook(&self, id: &WebhookId) -> Result<Option<Webhook>, StoreError> {
+        self.inner.get_webhook(id).await
+    }
+    async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError> {
+        self.inner.list_webhooks().await
+    }
+    async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        self.inner.update_webhook(webhook).await
+    }
+    async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+        self.inner.accept_webhook(acceptance).await
+    }
+    async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError> {
+        self.inner.log_request(request).await
+    }
+    async fn list_requests(
+        &self,
+        id: &WebhookId,
+        limit: usize,
+    ) -> Result<Vec<WebhookRequest>, StoreError> {
+        self.inner.list_requests(id, limit).await
     }
 }

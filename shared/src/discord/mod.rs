@@ -101,6 +101,33 @@ impl DiscordClient {
         bot: bool,
         body: Value,
     ) -> Result<String, DiscordError> {
+        let v = self.request(method, url, bot, body).await?;
+        v.get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| DiscordError::Malformed("the message has no id".into()))
+    }
+
+    /// Replaces the application's global commands with `commands` (Discord's bulk
+    /// overwrite); returns the commands as Discord registered them.
+    pub async fn overwrite_commands(&self, commands: &Value) -> Result<Vec<Value>, DiscordError> {
+        let url = self.url(&format!("applications/{}/commands", self.application_id()?));
+        let v = self
+            .request(reqwest::Method::PUT, url, true, commands.clone())
+            .await?;
+        v.as_array()
+            .cloned()
+            .ok_or_else(|| DiscordError::Malformed("the answer is not a list of commands".into()))
+    }
+
+    /// One request, as `send`, returning the JSON answer.
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        bot: bool,
+        body: Value,
+    ) -> Result<Value, DiscordError> {
         let content_len = body["content"].as_str().map_or(0, |c| c.chars().count());
         if content_len > MESSAGE_LIMIT {
             return Err(DiscordError::Status {
@@ -140,16 +167,9 @@ impl DiscordClient {
                         .and_then(|v| v.trim().parse::<f64>().ok());
                     let text = resp.text().await.unwrap_or_default();
                     if status.is_success() {
-                        let v: Value = serde_json::from_str(&text).map_err(|e| {
+                        return serde_json::from_str(&text).map_err(|e| {
                             DiscordError::Malformed(format!("the body is not JSON: {e}"))
-                        })?;
-                        return v
-                            .get("id")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned)
-                            .ok_or_else(|| {
-                                DiscordError::Malformed("the message has no id".into())
-                            });
+                        });
                     }
                     if status.as_u16() == 429 {
                         let secs = serde_json::from_str::<Value>(&text)
@@ -273,6 +293,26 @@ impl DiscordApi for DiscordClient {
         let url = self.url(&format!("channels/{channel_id}/messages"));
         self.send(reqwest::Method::POST, url, true, b).await
     }
+}
+
+/// The name of the slash command `pulse discord register-commands` registers.
+pub const ASK_COMMAND: &str = "ask";
+
+/// The commands Pulse answers: `/ask text:<...> [file:<attachment>]`, and a message
+/// context-menu command (`menu_name`, e.g. "Ask Pulse") on any message.
+pub fn command_definitions(menu_name: &str) -> Value {
+    serde_json::json!([
+        {
+            "name": ASK_COMMAND,
+            "type": 1,
+            "description": "Ask the agent of this channel",
+            "options": [
+                {"type": 3, "name": "text", "description": "What to say", "required": true, "max_length": 6000},
+                {"type": 11, "name": "file", "description": "A file or voice message to show it", "required": false}
+            ]
+        },
+        {"name": menu_name, "type": 3}
+    ])
 }
 
 #[cfg(test)]

@@ -165,6 +165,20 @@ impl NewAgent {
                 "max steps and max tokens must be at least 1",
             ));
         }
+        let discord_channel = self
+            .discord_channel
+            .map(|c| c.trim().to_owned())
+            .filter(|c| !c.is_empty());
+        if let Some(c) = &discord_channel
+            && (c.len() > 20 || !c.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(ValidationError::new(
+                "discord channel",
+                format!(
+                    "{c:?} is not a Discord channel id; copy it with Developer Mode on (right-click the channel, Copy Channel ID): it is all digits"
+                ),
+            ));
+        }
         let id = AgentId::generate();
         let agent = Agent {
             session: SessionId::for_agent(&id),
@@ -181,7 +195,7 @@ impl NewAgent {
             llm: self.llm,
             budgets: self.budgets,
             quiet_period: self.quiet_period,
-            discord_channel: self.discord_channel.filter(|c| !c.trim().is_empty()),
+            discord_channel,
         };
         let first = Heartbeat::pending(&agent, 1, now, EventCursor::origin(), 0, None, 0);
         Ok((agent, first))

@@ -112,16 +112,7 @@ impl EventId {
     /// Ids made by one process in the same millisecond increase, so events appended one
     /// after another keep their order.
     pub fn generate(ms: u64) -> Self {
-        static LAST: Mutex<(u64, u128)> = Mutex::new((0, 0));
-        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-        // 80 random bits; keep headroom so increments never carry into the timestamp.
-        let random = if last.0 == ms && last.1 < (1u128 << 80) - (1u128 << 20) {
-            last.1 + 1
-        } else {
-            Ulid::new().random() >> 1
-        };
-        *last = (ms, random);
-        Self::from_parts(ms, random)
+        Self::from_parts(ms, monotonic_random(ms))
     }
     /// A deterministic id: the same `ms` and `parts` always give the same id.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
@@ -477,6 +468,56 @@ impl MemoryId {
     }
 }
 
+/// Random bits for a ULID stamped `ms` that are greater than the last ones this process
+/// made in the same millisecond, so ids made one after another sort in that order.
+fn monotonic_random(ms: u64) -> u128 {
+    static LAST: Mutex<(u64, u128)> = Mutex::new((0, 0));
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    // 80 random bits; keep headroom so increments never carry into the timestamp.
+    let random = if last.0 == ms && last.1 < (1u128 << 80) - (1u128 << 20) {
+        last.1 + 1
+    } else {
+        Ulid::new().random() >> 1
+    };
+    *last = (ms, random);
+    random
+}
+
 fn rand_bits() -> u128 {
     Ulid::new().random()
+}
+
+/// An inbound webhook: `wh_` + ULID. It is the only thing in the webhook's URL; the
+/// signing secret never is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WebhookId(String);
+string_newtype!(WebhookId);
+
+impl WebhookId {
+    /// A new random id.
+    pub fn generate() -> Self {
+        Self(format!("wh_{}", Ulid::new()))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("webhook id", "wh_", s).map(|u| Self(format!("wh_{u}")))
+    }
+}
+
+/// One logged request to a webhook: `wr_` + ULID stamped with its arrival, so a
+/// webhook's log reads in time order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(String);
+string_newtype!(RequestId);
+
+impl RequestId {
+    /// A new id stamped with `ms`; ids made one after another in the same millisecond
+    /// increase, so a webhook's log keeps arrival order.
+    pub fn generate(ms: u64) -> Self {
+        Self(format!("wr_{}", Ulid::from_parts(ms, monotonic_random(ms))))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("request id", "wr_", s).map(|u| Self(format!("wr_{u}")))
+    }
 }

@@ -9,6 +9,7 @@ mod ids;
 mod task;
 mod time;
 mod tool;
+mod webhook;
 
 pub use agent::{Agent, AgentLlm, Budgets, ClaimRequest, Heartbeat, HeartbeatStatus, NewAgent};
 pub use chat::{
@@ -21,8 +22,8 @@ pub use conversation::{
 };
 pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
 pub use ids::{
-    ActionId, AgentId, EventId, EventType, HeartbeatId, MemoryId, SessionId, SignalId,
-    SubscriptionId, ToolName, TurnId,
+    ActionId, AgentId, EventId, EventType, HeartbeatId, MemoryId, RequestId, SessionId, SignalId,
+    SubscriptionId, ToolName, TurnId, WebhookId,
 };
 pub use task::{
     Delivery, HeartbeatJob, OutgoingTask, SessionTask, SignalJob, TASK_VERSION, TaskEnvelope,
@@ -33,4 +34,8 @@ pub use time::{
 pub use tool::{
     Action, ActionStatus, AgentContext, Beats, Filter, HEARTBEAT_AGENT, HeartbeatContext, Registry,
     Subscription, Tool, ToolKind, ToolRequest, ToolResponse, builtin_tools,
+};
+pub use webhook::{
+    LOGGED_BODY_LIMIT, RateLimit, RequestStatus, Webhook, WebhookRequest, WebhookScheme,
+    WebhookSecret, WebhookSummary, truncate_body,
 };

@@ -14,6 +14,9 @@
 //! | conversation message | `AG#<agent>` | `MS#<turn id>.<n>` (time-ordered) |
 //! | signal answered by a turn | `AG#<agent>` | `SG#<signal id>` |
 //! | memory | `AG#<agent>` | `ME#<memory id>` (time-ordered) |
+//! | Discord channel's agent | `CH#<channel id>` | `CH` |
+//!
+//! Webhooks, their request logs, delivery ids and counters: see [`webhooks`].
 //!
 //! `EV~` sorts after every `EV#…` key, so the one Query that reads a heartbeat's event
 //! window also returns the agent's live record at its end: a heartbeat cycle costs one
@@ -26,6 +29,8 @@
 //! lease ends (so an expired lease shows up as due again). Finishing removes them. Agents
 //! spread over [`DUE_SHARDS`] partition keys by a hash of their id, so no one key takes the
 //! whole fleet's writes. GSIs lag, so every claim re-checks its condition on the item.
+
+mod webhooks;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -514,10 +519,35 @@ fn is_ccf(code: Option<&String>) -> bool {
     code.is_some_and(|c| c == "ConditionalCheckFailed")
 }
 
+fn channel_item(channel: &str, agent: &AgentId) -> Item {
+    let mut item = key(format!("CH#{channel}"), "CH");
+    item.insert("agent_id".to_owned(), s(agent.as_str()));
+    item
+}
+
 #[async_trait]
 impl AgentStore for DynamoStore {
+    async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
+        let Some(item) = self
+            .get(
+                "find channel's agent",
+                key(format!("CH#{channel_id}"), "CH"),
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let id = item
+            .get("agent_id")
+            .and_then(|v| v.as_s().ok())
+            .ok_or_else(|| StoreError::corrupt(format!("CH#{channel_id}"), "no agent_id"))?;
+        AgentId::parse(id)
+            .map(Some)
+            .map_err(|e| StoreError::corrupt(format!("CH#{channel_id}"), e))
+    }
+
     async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError> {
-        let items = vec![
+        let mut items = vec![
             self.put(
                 doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent),
                 Some("attribute_not_exists(pk)"),
@@ -528,9 +558,29 @@ impl AgentStore for DynamoStore {
             )?,
             self.put(heartbeat_item(first)?, Some("attribute_not_exists(pk)"))?,
         ];
+        if let Some(channel) = &agent.discord_channel {
+            items.push(self.put(
+                channel_item(channel, &agent.id),
+                Some("attribute_not_exists(pk)"),
+            )?);
+        }
         match self.transact("create agent", items).await? {
             Ok(()) => Ok(()),
-            Err(_) => Err(StoreError::AlreadyExists(format!("agent {}", agent.id))),
+            Err(reasons) => {
+                if agent.discord_channel.is_some()
+                    && reasons
+                        .get(3)
+                        .is_some_and(|r| r == "ConditionalCheckFailed")
+                {
+                    let channel = agent.discord_channel.as_deref().unwrap_or_default();
+                    let other = self.agent_for_channel(channel).await?;
+                    return Err(StoreError::AlreadyExists(format!(
+                        "an agent for Discord channel {channel} ({})",
+                        other.map_or_else(|| "?".to_owned(), |a| a.to_string())
+                    )));
+                }
+                Err(StoreError::AlreadyExists(format!("agent {}", agent.id)))
+            }
         }
     }
 
@@ -544,6 +594,9 @@ impl AgentStore for DynamoStore {
                 agent,
             ));
             items.push(heartbeat_item(first)?);
+            if let Some(channel) = &agent.discord_channel {
+                items.push(channel_item(channel, &agent.id));
+            }
         }
         let batches: Vec<Vec<Item>> = items.chunks(25).map(<[Item]>::to_vec).collect();
         let results: Vec<Result<(), StoreError>> = futures::stream::iter(batches)

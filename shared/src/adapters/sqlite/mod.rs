@@ -8,6 +8,7 @@
 
 mod queue;
 mod store;
+mod webhooks;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,7 @@ pub use store::SqliteStore;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -150,6 +151,42 @@ CREATE TABLE memories (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 3: inbound webhooks (their request log, remembered delivery ids, hourly
+/// counters) and the Discord channel each agent answers in.
+const SCHEMA_V3: &str = r#"
+CREATE TABLE webhooks (
+    id        TEXT PRIMARY KEY,
+    agent_id  TEXT NOT NULL,
+    doc       TEXT NOT NULL
+);
+CREATE TABLE webhook_requests (
+    webhook_id  TEXT NOT NULL,
+    id          TEXT NOT NULL,
+    doc         TEXT NOT NULL,
+    PRIMARY KEY (webhook_id, id)
+) WITHOUT ROWID;
+CREATE TABLE webhook_deliveries (
+    webhook_id   TEXT NOT NULL,
+    delivery_id  TEXT NOT NULL,
+    event_id     TEXT NOT NULL,
+    expires_ms   INTEGER NOT NULL,
+    PRIMARY KEY (webhook_id, delivery_id)
+) WITHOUT ROWID;
+CREATE TABLE webhook_counters (
+    webhook_id  TEXT NOT NULL,
+    window      INTEGER NOT NULL,
+    count       INTEGER NOT NULL,
+    PRIMARY KEY (webhook_id, window)
+) WITHOUT ROWID;
+CREATE TABLE discord_channels (
+    channel_id  TEXT PRIMARY KEY,
+    agent_id    TEXT NOT NULL
+);
+INSERT OR IGNORE INTO discord_channels (channel_id, agent_id)
+    SELECT json_extract(doc, '$.discord_channel'), id FROM agents
+    WHERE json_extract(doc, '$.discord_channel') IS NOT NULL ORDER BY created_ms;
+"#;
+
 /// One connection to a Pulse database file.
 #[derive(Clone)]
 pub struct Db {
@@ -232,6 +269,9 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         }
         if version < 2 {
             conn.execute_batch(SCHEMA_V2).map_err(&err)?;
+        }
+        if version < 3 {
+            conn.execute_batch(SCHEMA_V3).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

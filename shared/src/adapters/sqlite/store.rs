@@ -23,7 +23,7 @@ use crate::ports::{
 /// The records of Pulse in a SQLite file.
 #[derive(Clone)]
 pub struct SqliteStore {
-    db: Db,
+    pub(super) db: Db,
 }
 
 impl SqliteStore {
@@ -33,11 +33,11 @@ impl SqliteStore {
     }
 }
 
-fn to_doc<T: Serialize>(v: &T) -> String {
+pub(super) fn to_doc<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-fn from_doc<T: DeserializeOwned>(key: &str, doc: &str) -> Result<T, StoreError> {
+pub(super) fn from_doc<T: DeserializeOwned>(key: &str, doc: &str) -> Result<T, StoreError> {
     serde_json::from_str(doc).map_err(|e| StoreError::corrupt(key, e))
 }
 
@@ -130,7 +130,7 @@ fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), StoreError>
     Ok(())
 }
 
-fn upsert_event(conn: &Connection, e: &Event) -> Result<(), StoreError> {
+pub(super) fn upsert_event(conn: &Connection, e: &Event) -> Result<(), StoreError> {
     conn.execute(
         "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4) \
          ON CONFLICT (agent_id, id) DO UPDATE SET own = excluded.own, doc = excluded.doc",
@@ -145,7 +145,7 @@ fn upsert_event(conn: &Connection, e: &Event) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn read_docs<T: DeserializeOwned>(
+pub(super) fn read_docs<T: DeserializeOwned>(
     conn: &Connection,
     op: &'static str,
     sql: &str,
@@ -165,8 +165,48 @@ fn read_docs<T: DeserializeOwned>(
     Ok(out)
 }
 
+/// Files `agent` as the one that answers in `channel`; `AlreadyExists` if another does.
+fn claim_channel(conn: &Connection, channel: &str, agent: &AgentId) -> Result<(), StoreError> {
+    let op = sqlite_err("create agent");
+    let n = conn
+        .execute(
+            "INSERT INTO discord_channels (channel_id, agent_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            params![channel, agent.as_str()],
+        )
+        .map_err(&op)?;
+    if n == 0 {
+        let other: String = conn
+            .query_row(
+                "SELECT agent_id FROM discord_channels WHERE channel_id = ?1",
+                [channel],
+                |r| r.get(0),
+            )
+            .map_err(&op)?;
+        return Err(StoreError::AlreadyExists(format!(
+            "an agent for Discord channel {channel} ({other})"
+        )));
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl AgentStore for SqliteStore {
+    async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
+        let channel = channel_id.to_owned();
+        self.db
+            .call("find channel's agent", move |conn| {
+                let id: Option<String> = conn
+                    .prepare_cached("SELECT agent_id FROM discord_channels WHERE channel_id = ?1")
+                    .and_then(|mut st| st.query_row([&channel], |r| r.get(0)).optional())
+                    .map_err(sqlite_err("find channel's agent"))?;
+                id.map(|id| {
+                    AgentId::parse(&id).map_err(|e| StoreError::corrupt("discord_channels", e))
+                })
+                .transpose()
+            })
+            .await
+    }
+
     async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError> {
         let (agent, first) = (agent.clone(), first.clone());
         self.db
@@ -182,6 +222,9 @@ impl AgentStore for SqliteStore {
                     .map_err(sqlite_err("create agent"))?;
                 if n == 0 {
                     return Err(StoreError::AlreadyExists(format!("agent {}", agent.id)));
+                }
+                if let Some(channel) = &agent.discord_channel {
+                    claim_channel(&tx, channel, &agent.id)?;
                 }
                 insert_heartbeat(&tx, &first)?;
                 tx.commit().map_err(sqlite_err("create agent"))
@@ -208,6 +251,13 @@ impl AgentStore for SqliteStore {
                         params![first.agent_id.as_str(), first.beat as i64],
                     )
                     .map_err(&op)?;
+                    if let Some(channel) = &agent.discord_channel {
+                        tx.execute(
+                            "INSERT OR REPLACE INTO discord_channels (channel_id, agent_id) VALUES (?1, ?2)",
+                            params![channel, agent.id.as_str()],
+                        )
+                        .map_err(&op)?;
+                    }
                     insert_heartbeat(&tx, first)?;
                 }
                 tx.commit().map_err(&op)

@@ -1,0 +1,36 @@
+//! Lambda: the Function URL → the shared axum router (Discord interactions, signed
+//! webhooks, health). Requests are authenticated by their signatures, so the URL's auth
+//! is NONE; the caller's address comes from the request context.
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use lambda_http::request::RequestContext;
+use lambda_http::{Error, run};
+use pulse_shared::adapters::connect;
+use pulse_shared::config::Env;
+use pulse_shared::http::{ClientIp, Inbound, router};
+use pulse_shared::ports::SystemClock;
+use pulse_shared::telemetry;
+
+/// Records the Function URL's `requestContext.http.sourceIp` as the request's client.
+async fn source_ip(mut req: Request, next: Next) -> Response {
+    if let Some(RequestContext::ApiGatewayV2(ctx)) = req.extensions().get::<RequestContext>()
+        && let Some(ip) = ctx.http.source_ip.clone()
+    {
+        req.extensions_mut().insert(ClientIp(ip));
+    }
+    next.run(req).await
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    telemetry::init(telemetry::LogFormat::Json);
+    let config = Env::process().lambda()?;
+    let clock = Arc::new(SystemClock);
+    let backend = connect(&config, clock.clone()).await?;
+    let inbound = Inbound::new(backend.store, backend.queue, clock, config.inbound);
+    run(router(Arc::new(inbound)).layer(middleware::from_fn(source_ip))).await
+}

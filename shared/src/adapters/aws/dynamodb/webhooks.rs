@@ -1,0 +1,247 @@
+//! Inbound webhooks on DynamoDB.
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | webhook | `WH#<id>` | `WH` |
+//! | webhook directory entry | `WEBHOOKS` | `<id>` |
+//! | request log entry | `WH#<id>` | `RQ#<request id>` (time-ordered; TTL) |
+//! | remembered delivery id | `WH#<id>` | `DL#<delivery id>` (TTL) |
+//! | hourly counter | `WH#<id>` | `RL#<hour>` (TTL) |
+//!
+//! A request reads its webhook from the webhook's own partition, not the directory, so
+//! traffic to many webhooks spreads over many keys. The counter is one UpdateItem with
+//! `ADD` and a condition (never a count over the log); the event, its log entry and the
+//! delivery id are one transaction conditional on the delivery id being new.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::ReturnValue;
+
+use super::{DynamoStore, Item, backend, doc_item, event_item, is_ccf, key, n, read_doc, s};
+use crate::domain::{EventId, RateLimit, Webhook, WebhookId, WebhookRequest};
+use crate::error::StoreError;
+use crate::ports::{AcceptOutcome, Acceptance, WebhookStore};
+
+const DIRECTORY_PK: &str = "WEBHOOKS";
+const WEBHOOK_SK: &str = "WH";
+/// Request log entries expire (DynamoDB TTL on `expires_at`) after 30 days.
+const LOG_TTL_SECS: i64 = 30 * 24 * 3600;
+
+fn webhook_pk(id: &WebhookId) -> String {
+    format!("WH#{id}")
+}
+
+fn with_ttl(mut item: Item, expires_at_secs: i64) -> Item {
+    item.insert("expires_at".to_owned(), n(expires_at_secs));
+    item
+}
+
+fn log_item(r: &WebhookRequest) -> Item {
+    with_ttl(
+        doc_item(webhook_pk(&r.webhook_id), format!("RQ#{}", r.id), r),
+        r.received_at.as_second() + LOG_TTL_SECS,
+    )
+}
+
+impl DynamoStore {
+    /// The first event of a remembered delivery id.
+    async fn remembered(
+        &self,
+        hook: &WebhookId,
+        delivery: &str,
+    ) -> Result<Option<EventId>, StoreError> {
+        let Some(item) = self
+            .get(
+                "read delivery id",
+                key(webhook_pk(hook), format!("DL#{delivery}")),
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let id = item
+            .get("event_id")
+            .and_then(|v| v.as_s().ok())
+            .ok_or_else(|| StoreError::corrupt(format!("{hook}/DL#{delivery}"), "no event_id"))?;
+        EventId::parse(id)
+            .map(Some)
+            .map_err(|e| StoreError::corrupt(format!("{hook}/DL#{delivery}"), e))
+    }
+
+    async fn write_log(&self, log: &WebhookRequest) -> Result<(), StoreError> {
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(log_item(log)))
+            .send()
+            .await
+            .map_err(backend("log webhook request"))?;
+        Ok(())
+    }
+
+    /// Adds one to the hour's counter unless it has reached the limit.
+    async fn count(&self, a: &Acceptance, limit: RateLimit) -> Result<bool, StoreError> {
+        let now = a.log.received_at;
+        let window = RateLimit::window(now);
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(
+                webhook_pk(&a.log.webhook_id),
+                format!("RL#{window}"),
+            )))
+            .update_expression("ADD #c :one SET expires_at = :exp")
+            .condition_expression("attribute_not_exists(#c) OR #c < :limit")
+            .expression_attribute_names("#c", "count")
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":limit", n(limit.per_hour))
+            .expression_attribute_values(":exp", n((window + 2) * 3600))
+            .return_values(ReturnValue::None)
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", "count webhook request", other)),
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl WebhookStore for DynamoStore {
+    async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        let items = vec![
+            self.put(
+                doc_item(webhook_pk(&webhook.id), WEBHOOK_SK.to_owned(), webhook),
+                Some("attribute_not_exists(pk)"),
+            )?,
+            self.put(
+                doc_item(DIRECTORY_PK.to_owned(), webhook.id.to_string(), webhook),
+                None,
+            )?,
+        ];
+        match self.transact("create webhook", items).await? {
+            Ok(()) => Ok(()),
+            Err(_) => Err(StoreError::AlreadyExists(format!("webhook {}", webhook.id))),
+        }
+    }
+
+    async fn get_webhook(&self, id: &WebhookId) -> Result<Option<Webhook>, StoreError> {
+        self.get("get webhook", key(webhook_pk(id), WEBHOOK_SK))
+            .await?
+            .map(|i| read_doc(&i))
+            .transpose()
+    }
+
+    async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError> {
+        self.query_prefix("list webhooks", DIRECTORY_PK, "", false, None)
+            .await?
+            .iter()
+            .map(read_doc)
+            .collect()
+    }
+
+    async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        let items = vec![
+            self.put(
+                doc_item(webhook_pk(&webhook.id), WEBHOOK_SK.to_owned(), webhook),
+                Some("attribute_exists(pk)"),
+            )?,
+            self.put(
+                doc_item(DIRECTORY_PK.to_owned(), webhook.id.to_string(), webhook),
+                None,
+            )?,
+        ];
+        match self.transact("update webhook", items).await? {
+            Ok(()) => Ok(()),
+            Err(_) => Err(StoreError::NotFound(format!("webhook {}", webhook.id))),
+        }
+    }
+
+    async fn accept_webhook(&self, a: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+        let hook = &a.log.webhook_id;
+        if let Some(delivery) = &a.delivery_id
+            && let Some(first) = self.remembered(hook, delivery).await?
+        {
+            let outcome = AcceptOutcome::Duplicate(first);
+            self.write_log(&a.log_for(&outcome)).await?;
+            return Ok(outcome);
+        }
+        if let Some(limit) = a.rate_limit
+            && !self.count(a, limit).await?
+        {
+            let outcome = AcceptOutcome::RateLimited;
+            self.write_log(&a.log_for(&outcome)).await?;
+            return Ok(outcome);
+        }
+        let accepted = AcceptOutcome::Accepted;
+        let mut items = vec![
+            self.put(event_item(&a.event), None)?,
+            self.put(log_item(&a.log_for(&accepted)), None)?,
+        ];
+        if let Some(delivery) = &a.delivery_id {
+            let mut item = key(webhook_pk(hook), format!("DL#{delivery}"));
+            item.insert("event_id".to_owned(), s(a.event.id.as_str()));
+            items.push(self.put(
+                with_ttl(item, a.remember_until.as_second()),
+                Some("attribute_not_exists(pk)"),
+            )?);
+        }
+        // The event must be visible within the settle time or not at all, as `append`.
+        let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+            .operation_timeout(self.event_write_timeout)
+            .build();
+        let r = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .customize()
+            .config_override(aws_sdk_dynamodb::config::Builder::default().timeout_config(timeouts))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(accepted),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(c)
+                    if c.cancellation_reasons().iter().any(|r| is_ccf(r.code.as_ref())) =>
+                {
+                    // Another request with this delivery id won the race: answer with its event.
+                    let delivery = a.delivery_id.as_deref().unwrap_or_default();
+                    let first = self.remembered(hook, delivery).await?.ok_or_else(|| {
+                        StoreError::Conflict(format!(
+                            "delivery {delivery} of webhook {hook} is being accepted by another request"
+                        ))
+                    })?;
+                    let outcome = AcceptOutcome::Duplicate(first);
+                    self.write_log(&a.log_for(&outcome)).await?;
+                    Ok(outcome)
+                }
+                other => Err(StoreError::backend("dynamodb", "accept webhook request", other)),
+            },
+        }
+    }
+
+    async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError> {
+        self.write_log(request).await
+    }
+
+    async fn list_requests(
+        &self,
+        id: &WebhookId,
+        limit: usize,
+    ) -> Result<Vec<WebhookRequest>, StoreError> {
+        self.query_prefix(
+            "list webhook requests",
+            &webhook_pk(id),
+            "RQ#",
+            true,
+            Some(limit),
+        )
+        .await?
+        .iter()
+        .map(read_doc)
+        .collect()
+    }
+}

@@ -1,0 +1,235 @@
+//! Inbound webhooks on SQLite: the webhooks, their request log, the delivery ids they
+//! remember and their hourly counters.
+//!
+//! An acceptance is one IMMEDIATE transaction — the delivery-id check, the counter and
+//! the writes — so two requests with one delivery id can never both append an event.
+
+use async_trait::async_trait;
+use jiff::{SignedDuration, Timestamp};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use super::sqlite_err;
+use super::store::{SqliteStore, from_doc, read_docs, to_doc, upsert_event};
+use crate::domain::{EventId, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms};
+use crate::error::StoreError;
+use crate::ports::{AcceptOutcome, Acceptance, WebhookStore};
+
+/// How long request log entries are kept by `pulse serve` (DynamoDB expires them by TTL).
+const LOG_RETENTION: SignedDuration = SignedDuration::from_hours(24 * 30);
+
+fn insert_log(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO webhook_requests (webhook_id, id, doc) VALUES (?1, ?2, ?3)",
+    )
+    .and_then(|mut st| st.execute(params![r.webhook_id.as_str(), r.id.as_str(), to_doc(r)]))
+    .map_err(sqlite_err("log webhook request"))?;
+    Ok(())
+}
+
+/// Once per webhook and hour (when its counter row is new): forgets expired delivery
+/// ids, old counters and log entries past retention.
+fn tidy(
+    conn: &Connection,
+    webhook: &WebhookId,
+    window: i64,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let op = sqlite_err("tidy webhook records");
+    conn.execute(
+        "DELETE FROM webhook_counters WHERE webhook_id = ?1 AND window < ?2",
+        params![webhook.as_str(), window],
+    )
+    .map_err(&op)?;
+    conn.execute(
+        "DELETE FROM webhook_deliveries WHERE webhook_id = ?1 AND expires_ms < ?2",
+        params![webhook.as_str(), to_ms(now)],
+    )
+    .map_err(&op)?;
+    let horizon = now.saturating_sub(LOG_RETENTION).unwrap_or(now);
+    let before = RequestId::generate(to_ms(horizon).max(0) as u64);
+    conn.execute(
+        "DELETE FROM webhook_requests WHERE webhook_id = ?1 AND id < ?2",
+        params![webhook.as_str(), before.as_str()],
+    )
+    .map_err(&op)?;
+    Ok(())
+}
+
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        let w = webhook.clone();
+        self.db
+            .call("create webhook", move |conn| {
+                let n = conn
+                    .execute(
+                        "INSERT INTO webhooks (id, agent_id, doc) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                        params![w.id.as_str(), w.agent_id.as_str(), to_doc(&w)],
+                    )
+                    .map_err(sqlite_err("create webhook"))?;
+                if n == 0 {
+                    return Err(StoreError::AlreadyExists(format!("webhook {}", w.id)));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get_webhook(&self, id: &WebhookId) -> Result<Option<Webhook>, StoreError> {
+        let id = id.clone();
+        self.db
+            .call("get webhook", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "get webhook",
+                    "SELECT id, doc FROM webhooks WHERE id = ?1",
+                    [id.as_str()],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError> {
+        self.db
+            .call("list webhooks", |conn| {
+                read_docs(
+                    conn,
+                    "list webhooks",
+                    "SELECT id, doc FROM webhooks ORDER BY id",
+                    [],
+                )
+            })
+            .await
+    }
+
+    async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        let w = webhook.clone();
+        self.db
+            .call("update webhook", move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE webhooks SET doc = ?2 WHERE id = ?1",
+                        params![w.id.as_str(), to_doc(&w)],
+                    )
+                    .map_err(sqlite_err("update webhook"))?;
+                if n == 0 {
+                    return Err(StoreError::NotFound(format!("webhook {}", w.id)));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+        let a = acceptance.clone();
+        self.db
+            .call("accept webhook request", move |conn| {
+                let op = sqlite_err("accept webhook request");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                let hook = a.log.webhook_id.clone();
+                let now = a.log.received_at;
+                if let Some(delivery) = &a.delivery_id {
+                    let first: Option<String> = tx
+                        .prepare_cached(
+                            "SELECT event_id FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
+                        )
+                        .and_then(|mut st| {
+                            st.query_row(params![hook.as_str(), delivery], |r| r.get(0))
+                                .optional()
+                        })
+                        .map_err(&op)?;
+                    if let Some(first) = first {
+                        let first = EventId::parse(&first)
+                            .map_err(|e| StoreError::corrupt("webhook_deliveries", e))?;
+                        let outcome = AcceptOutcome::Duplicate(first);
+                        insert_log(&tx, &a.log_for(&outcome))?;
+                        tx.commit().map_err(&op)?;
+                        return Ok(outcome);
+                    }
+                }
+                if let Some(limit) = a.rate_limit {
+                    let window = RateLimit::window(now);
+                    let count: Option<i64> = tx
+                        .prepare_cached(
+                            "INSERT INTO webhook_counters (webhook_id, window, count) VALUES (?1, ?2, 1) \
+                             ON CONFLICT (webhook_id, window) DO UPDATE SET count = count + 1 \
+                             WHERE count < ?3 RETURNING count",
+                        )
+                        .and_then(|mut st| {
+                            st.query_row(params![hook.as_str(), window, limit.per_hour], |r| r.get(0))
+                                .optional()
+                        })
+                        .map_err(&op)?;
+                    match count {
+                        None => {
+                            let outcome = AcceptOutcome::RateLimited;
+                            insert_log(&tx, &a.log_for(&outcome))?;
+                            tx.commit().map_err(&op)?;
+                            return Ok(outcome);
+                        }
+                        Some(1) => tidy(&tx, &hook, window, now)?,
+                        Some(_) => {}
+                    }
+                }
+                upsert_event(&tx, &a.event)?;
+                if let Some(delivery) = &a.delivery_id {
+                    tx.prepare_cached(
+                        "INSERT INTO webhook_deliveries (webhook_id, delivery_id, event_id, expires_ms) \
+                         VALUES (?1, ?2, ?3, ?4)",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![
+                            hook.as_str(),
+                            delivery,
+                            a.event.id.as_str(),
+                            to_ms(a.remember_until)
+                        ])
+                    })
+                    .map_err(&op)?;
+                }
+                let outcome = AcceptOutcome::Accepted;
+                insert_log(&tx, &a.log_for(&outcome))?;
+                tx.commit().map_err(&op)?;
+                Ok(outcome)
+            })
+            .await
+    }
+
+    async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError> {
+        let r = request.clone();
+        self.db
+            .call("log webhook request", move |conn| insert_log(conn, &r))
+            .await
+    }
+
+    async fn list_requests(
+        &self,
+        id: &WebhookId,
+        limit: usize,
+    ) -> Result<Vec<WebhookRequest>, StoreError> {
+        let id = id.clone();
+        self.db
+            .call("list webhook requests", move |conn| {
+                let mut st = conn
+                    .prepare_cached(
+                        "SELECT id, doc FROM webhook_requests WHERE webhook_id = ?1 ORDER BY id DESC LIMIT ?2",
+                    )
+                    .map_err(sqlite_err("list webhook requests"))?;
+                let rows = st
+                    .query_map(params![id.as_str(), limit as i64], |r| {
+                        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                    })
+                    .map_err(sqlite_err("list webhook requests"))?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (key, doc) = row.map_err(sqlite_err("list webhook requests"))?;
+                    out.push(from_doc(&key, &doc)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+}

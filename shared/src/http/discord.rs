@@ -1,0 +1,396 @@
+//! `POST /discord/interactions`: Discord's interactions endpoint.
+//!
+//! Every request is checked first: Ed25519 over `X-Signature-Timestamp` + the raw body with
+//! the application's public key, the timestamp within ±5 minutes. A request that fails is
+//! answered 401 and nothing is stored (Discord sends bad signatures on purpose and drops
+//! endpoints that accept them). Then:
+//!
+//! - PING → `{"type": 1}` (PONG);
+//! - the `/ask` slash command and the message context-menu command → `{"type": 5}` (a
+//!   deferred reply, sent at once, well inside Discord's 3 seconds) after queueing a
+//!   `message` signal on the session of the agent that answers in the channel (or the
+//!   default agent). The conversation worker answers by editing the deferred reply.
+//!
+//! The signal carries the text, image attachments as image blocks, and in
+//! `metadata.discord` the envelope of seed 002 — type, flags, timestamps, author,
+//! content, attachments (name, content type, size, duration, waveform, width, height,
+//! description), embeds, stickers, reference, poll — so the agent knows a voice message or
+//! a file arrived even when there is no text. The envelope is built from the raw JSON, so
+//! nothing Discord sends is lost to a typed model; the command's data is read with
+//! twilight-model's types.
+//!
+//! The signal's id is derived from the interaction's id, so the same interaction
+//! delivered twice is one queued signal (the queue drops the duplicate id) and one turn
+//! (a turn never answers a signal twice).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use tracing::{info, warn};
+use twilight_model::application::command::CommandType;
+use twilight_model::application::interaction::application_command::{
+    CommandData, CommandOptionValue,
+};
+
+use super::{Inbound, Json, error_response, read_body, store_failure};
+use crate::domain::{AgentId, ContentBlock, InteractionRef, Signal, SignalId, SignalMeta, from_ms};
+use crate::engine::intake;
+
+/// Discord's epoch (2015-01-01) in Unix milliseconds: snowflakes count from it.
+const DISCORD_EPOCH_MS: i64 = 1_420_070_400_000;
+
+/// When a snowflake id was minted.
+pub fn snowflake_time(id: &str) -> Option<Timestamp> {
+    let n: u64 = id.parse().ok()?;
+    Some(from_ms((n >> 22) as i64 + DISCORD_EPOCH_MS))
+}
+
+/// Ephemeral message flag: only the invoking user sees the reply.
+const EPHEMERAL: u64 = 1 << 6;
+
+fn bad_request(message: impl Into<String>) -> Response {
+    error_response(StatusCode::BAD_REQUEST, message)
+}
+
+/// An immediate reply only the user sees (for problems the user can fix).
+fn tell_user(content: String) -> Response {
+    Json(json!({"type": 4, "data": {"content": content, "flags": EPHEMERAL, "allowed_mentions": {"parse": []}}}))
+        .into_response()
+}
+
+pub(super) async fn interaction(State(app): State<Arc<Inbound>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Some(key) = &app.discord_key else {
+        return error_response(
+            StatusCode::UNAUTHORIZED,
+            "Discord interactions are not configured here: set DISCORD_PUBLIC_KEY to the application's public key (Developer Portal, General Information)",
+        );
+    };
+    let now = app.clock.now();
+    if let Err(e) =
+        pulse_signatures::discord::verify_discord(key, &parts.headers, &body, now.as_second())
+    {
+        warn!(reason = %e, "Discord interaction refused");
+        return error_response(
+            StatusCode::UNAUTHORIZED,
+            format!("invalid request signature: {e}"),
+        );
+    }
+    let raw: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(format!("the body is not JSON: {e}")),
+    };
+    match raw.get("type").and_then(Value::as_u64) {
+        Some(1) => Json(json!({"type": 1})).into_response(),
+        Some(2) => command(&app, &raw, now).await,
+        // Autocomplete: Pulse's commands have none; answer with no choices.
+        Some(4) => Json(json!({"type": 8, "data": {"choices": []}})).into_response(),
+        Some(t) => bad_request(format!(
+            "interaction type {t} is not handled; Pulse answers PING and application commands"
+        )),
+        None => bad_request("the interaction has no type"),
+    }
+}
+
+async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
+    let data: CommandData = match raw.get("data").cloned().map(serde_json::from_value) {
+        Some(Ok(d)) => d,
+        Some(Err(e)) => return bad_request(format!("the command data is malformed: {e}")),
+        None => return bad_request("the command has no data"),
+    };
+    let (Some(interaction_id), Some(token)) = (
+        raw.get("id").and_then(Value::as_str),
+        raw.get("token").and_then(Value::as_str),
+    ) else {
+        return bad_request("the interaction has no id or token");
+    };
+    let Some(channel) = raw
+        .pointer("/channel/id")
+        .or_else(|| raw.get("channel_id"))
+        .and_then(Value::as_str)
+    else {
+        return bad_request("the interaction names no channel");
+    };
+    let user = raw
+        .pointer("/member/user")
+        .or_else(|| raw.get("user"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let user_name = display_name(&user, raw.pointer("/member/nick"));
+
+    let agent_id = match agent_for(app, channel).await {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            return tell_user(format!(
+                "No agent answers in this channel. Create one with `pulse agents create --name ... --discord-channel {channel}`, or set PULSE_DISCORD_DEFAULT_AGENT."
+            ));
+        }
+        Err(r) => return r,
+    };
+    let agent = match app.store.get_agent(&agent_id).await {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            return tell_user(format!(
+                "The agent {agent_id} set for this channel no longer exists."
+            ));
+        }
+        Err(e) => return store_failure("reading the agent", &e),
+    };
+
+    let issued_at = snowflake_time(interaction_id)
+        .filter(|t| *t <= now)
+        .unwrap_or(now);
+    let message = match data.kind {
+        CommandType::ChatInput => slash(&data, raw, &user, issued_at),
+        CommandType::Message => context_menu(&data, raw, &user),
+        _ => {
+            return tell_user(format!(
+                "The command {} is not one Pulse answers; run `pulse discord register-commands`.",
+                data.name
+            ));
+        }
+    };
+    let message = match message {
+        Ok(m) => m,
+        Err(why) => return bad_request(why),
+    };
+
+    let meta = SignalMeta {
+        source: Some("discord".to_owned()),
+        user_id: user.get("id").and_then(Value::as_str).map(str::to_owned),
+        user_name: user_name.clone(),
+        channel_id: Some(channel.to_owned()),
+        discord: Some(message.envelope),
+        interaction: Some(InteractionRef {
+            token: token.to_owned(),
+            issued_at,
+        }),
+        heartbeat_id: None,
+    };
+    let mut signal =
+        match Signal::user_message(&agent.id, &agent.session, &message.text, meta, issued_at) {
+            Ok(s) => s,
+            Err(e) => return tell_user(format!("Pulse cannot take this message: {e}")),
+        };
+    signal.id = SignalId::derived(
+        issued_at.as_millisecond().max(0) as u64,
+        &["discord", interaction_id],
+    );
+    signal.content.extend(message.images);
+    let signal_id = signal.id.clone();
+    if let Err(e) = intake::submit(app.store.as_ref(), app.queue.as_ref(), signal).await {
+        return store_failure("queueing the message", &e);
+    }
+    info!(agent_id = %agent.id, signal_id = %signal_id, command = %data.name, "Discord command queued");
+    Json(json!({"type": 5})).into_response()
+}
+
+async fn agent_for(app: &Inbound, channel: &str) -> Result<Option<AgentId>, Response> {
+    match app.store.agent_for_channel(channel).await {
+        Ok(Some(a)) => Ok(Some(a)),
+        Ok(None) => Ok(app.config.default_agent.clone()),
+        Err(e) => Err(store_failure("finding the channel's agent", &e)),
+    }
+}
+
+fn display_name(user: &Value, nick: Option<&Value>) -> Option<String> {
+    nick.and_then(Value::as_str)
+        .or_else(|| user.get("global_name").and_then(Value::as_str))
+        .or_else(|| user.get("username").and_then(Value::as_str))
+        .map(str::to_owned)
+}
+
+/// What a command brings: the text for the model, images, and the envelope.
+struct Incoming {
+    text: String,
+    images: Vec<ContentBlock>,
+    envelope: Value,
+}
+
+fn person(user: &Value) -> Value {
+    json!({
+        "id": user.get("id"),
+        "username": user.get("username"),
+        "global_name": user.get("global_name"),
+    })
+}
+
+/// Seed 002's attachment fields, from Discord's attachment object.
+fn attachment(a: &Value) -> Value {
+    json!({
+        "name": a.get("filename"),
+        "content_type": a.get("content_type"),
+        "size": a.get("size"),
+        "duration": a.get("duration_secs"),
+        "waveform": a.get("waveform"),
+        "width": a.get("width"),
+        "height": a.get("height"),
+        "description": a.get("description"),
+    })
+}
+
+fn image_block(a: &Value) -> Option<ContentBlock> {
+    let media = a.get("content_type").and_then(Value::as_str)?;
+    if !media.starts_with("image/") {
+        return None;
+    }
+    Some(ContentBlock::Image {
+        url: a.get("url").and_then(Value::as_str)?.to_owned(),
+        media_type: Some(media.to_owned()),
+    })
+}
+
+/// "1 attachment: voice-message.ogg (audio/ogg, 12.5 s)": for messages with no text.
+fn describe(attachments: &[Value]) -> String {
+    let parts: Vec<String> = attachments
+        .iter()
+        .map(|a| {
+            let name = a.get("filename").and_then(Value::as_str).unwrap_or("file");
+            let mut what = vec![
+                a.get("content_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown type")
+                    .to_owned(),
+            ];
+            if let Some(d) = a.get("duration_secs").and_then(Value::as_f64) {
+                what.push(format!("{d:.1} s"));
+            }
+            format!("{name} ({})", what.join(", "))
+        })
+        .collect();
+    match parts.len() {
+        0 => "(no text)".to_owned(),
+        1 => format!("(no text; 1 attachment: {})", parts[0]),
+        n => format!("(no text; {n} attachments: {})", parts.join("; ")),
+    }
+}
+
+/// `/ask text:<...> [file:<attachment>]`.
+fn slash(data: &CommandData, raw: &Value, user: &Value, at: Timestamp) -> Result<Incoming, String> {
+    let mut text = String::new();
+    let mut files = Vec::new();
+    for o in &data.options {
+        match &o.value {
+            CommandOptionValue::String(s) if o.name == "text" => text = s.clone(),
+            CommandOptionValue::Attachment(id) => {
+                let a = raw
+                    .pointer(&format!("/data/resolved/attachments/{id}"))
+                    .cloned()
+                    .ok_or_else(|| format!("attachment {id} is not among the resolved data"))?;
+                files.push(a);
+            }
+            _ => {}
+        }
+    }
+    if text.trim().is_empty() {
+        text = describe(&files);
+    }
+    let envelope = json!({
+        "interaction": {"kind": "slash_command", "command": data.name},
+        "type": null,
+        "flags": 0,
+        "created_at": at,
+        "edited_at": null,
+        "pinned": false,
+        "tts": false,
+        "author": person(user),
+        "content": text,
+        "attachments": files.iter().map(attachment).collect::<Vec<_>>(),
+        "embeds": [],
+        "stickers": [],
+        "reference": null,
+        "poll": null,
+    });
+    Ok(Incoming {
+        images: files.iter().filter_map(image_block).collect(),
+        text,
+        envelope,
+    })
+}
+
+/// The message context-menu command ("Ask <agent>") on any message.
+fn context_menu(data: &CommandData, raw: &Value, user: &Value) -> Result<Incoming, String> {
+    let target = data
+        .target_id
+        .ok_or("the context-menu command names no target message")?;
+    let m = raw
+        .pointer(&format!("/data/resolved/messages/{target}"))
+        .ok_or_else(|| format!("message {target} is not among the resolved data"))?;
+    let files: Vec<Value> = m
+        .get("attachments")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let author = m.get("author").cloned().unwrap_or(Value::Null);
+    let content = m.get("content").and_then(Value::as_str).unwrap_or_default();
+    let body = if content.trim().is_empty() {
+        describe(&files)
+    } else {
+        content.to_owned()
+    };
+    let text = format!(
+        "About this message from {}:\n{body}",
+        display_name(&author, None).unwrap_or_else(|| "someone".to_owned())
+    );
+    let stickers: Vec<Value> = m
+        .get("sticker_items")
+        .and_then(Value::as_array)
+        .map(|s| {
+            s.iter()
+                .map(|x| json!({"name": x.get("name"), "format": x.get("format_type")}))
+                .collect()
+        })
+        .unwrap_or_default();
+    let envelope = json!({
+        "interaction": {"kind": "message_command", "command": data.name, "invoked_by": person(user)},
+        "type": m.get("type"),
+        "flags": m.get("flags"),
+        "created_at": m.get("timestamp"),
+        "edited_at": m.get("edited_timestamp"),
+        "pinned": m.get("pinned"),
+        "tts": m.get("tts"),
+        "author": person(&author),
+        "content": if content.is_empty() { Value::Null } else { Value::from(content) },
+        "attachments": files.iter().map(attachment).collect::<Vec<_>>(),
+        "embeds": m.get("embeds").cloned().unwrap_or_else(|| json!([])),
+        "stickers": stickers,
+        "reference": m.get("message_reference"),
+        "poll": m.pointer("/poll/question/text").map(|q| json!({"question": q})),
+    });
+    Ok(Incoming {
+        images: files.iter().filter_map(image_block).collect(),
+        text,
+        envelope,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snowflake_gives_its_time() {
+        // Discord's documented example: 175928847299117063 → 2016-04-30 11:18:25.796 UTC.
+        let t = snowflake_time("175928847299117063").unwrap();
+        assert_eq!(t.as_millisecond(), 1_462_015_105_796);
+        assert!(snowflake_time("not a number").is_none());
+    }
+
+    #[test]
+    fn a_message_without_text_is_described_by_its_attachments() {
+        let voice = json!({"filename": "voice-message.ogg", "content_type": "audio/ogg", "duration_secs": 12.5, "size": 4000});
+        assert_eq!(
+            describe(&[voice]),
+            "(no text; 1 attachment: voice-message.ogg (audio/ogg, 12.5 s))"
+        );
+        assert_eq!(describe(&[]), "(no text)");
+    }
+}

@@ -1,0 +1,726 @@
+//! The HTTP receiver on both backends, over real HTTP on loopback: signed webhooks of
+//! every scheme, Discord interactions, dedup, rate limits, allowed types, body limits.
+//! Time is the backend's manual clock, so timestamp tolerances are exact.
+
+use std::sync::Arc;
+
+use jiff::SignedDuration;
+use pulse_shared::config::InboundConfig;
+use pulse_shared::domain::{
+    Agent, EventType, RateLimit, RequestStatus, SessionTask, TaskEnvelope, Webhook, WebhookScheme,
+};
+use pulse_shared::http::{self, Inbound};
+use pulse_signatures::discord::DiscordSigner;
+use pulse_signatures::inbound::{Scheme, sign};
+use pulse_tests::{Backend, Kind, on_both_backends};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Value, json};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const CHANNEL: &str = "1300000000000000001";
+
+struct Rig {
+    b: Backend,
+    agent: Agent,
+    base: String,
+    http: reqwest::Client,
+    discord: DiscordSigner,
+}
+
+async fn rig(kind: Kind) -> Rig {
+    let b = Backend::new(kind).await;
+    let mut new = pulse_shared::domain::NewAgent::named("inbound");
+    new.discord_channel = Some(CHANNEL.to_owned());
+    let (agent, first) = new.create(b.now()).unwrap();
+    b.store.create_agent(&agent, &first).await.unwrap();
+    let discord = DiscordSigner::from_seed([7; 32]);
+    let config = InboundConfig {
+        discord_public_key: Some(discord.public_key_hex()),
+        default_agent: None,
+        delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+    };
+    let inbound = Arc::new(Inbound::new(
+        b.store.clone(),
+        b.queue.clone(),
+        b.clock.clone(),
+        config,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(http::serve(listener, inbound, std::future::pending()));
+    Rig {
+        b,
+        agent,
+        base,
+        http: reqwest::Client::new(),
+        discord,
+    }
+}
+
+impl Rig {
+    async fn webhook(&self, scheme: WebhookScheme, edit: impl FnOnce(&mut Webhook)) -> Webhook {
+        let mut w = Webhook::new(self.agent.id.clone(), scheme, SECRET, self.b.now()).unwrap();
+        edit(&mut w);
+        self.b.store.create_webhook(&w).await.unwrap();
+        w
+    }
+
+    /// POSTs, a millisecond after the last request (so log entries sort in order).
+    async fn post(&self, path: &str, headers: HeaderMap, body: Vec<u8>) -> (u16, Value, HeaderMap) {
+        self.b.advance(SignedDuration::from_millis(1));
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .headers(headers)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let text = r.text().await.unwrap();
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("status {status}: the body is not JSON: {text:?}"));
+        (status, json, headers)
+    }
+
+    /// POSTs `body` to `w` signed with `secret` at `ts` (unix seconds).
+    async fn send(
+        &self,
+        w: &Webhook,
+        secret: &str,
+        ts: i64,
+        delivery: &str,
+        body: &[u8],
+    ) -> (u16, Value) {
+        let headers = signed(w.scheme, secret, ts, delivery, body);
+        let (s, v, _) = self
+            .post(&format!("/webhooks/{}", w.id), headers, body.to_vec())
+            .await;
+        (s, v)
+    }
+
+    fn now_s(&self) -> i64 {
+        self.b.now().as_second()
+    }
+
+    async fn events(&self) -> Vec<pulse_shared::domain::Event> {
+        self.b
+            .store
+            .list_events(&self.agent.id, 1000)
+            .await
+            .unwrap()
+    }
+
+    async fn log(&self, w: &Webhook) -> Vec<pulse_shared::domain::WebhookRequest> {
+        self.b.store.list_requests(&w.id, 1000).await.unwrap()
+    }
+
+    async fn signals(&self) -> Vec<pulse_shared::domain::Signal> {
+        self.b
+            .receive_all()
+            .await
+            .into_iter()
+            .filter_map(|d| match TaskEnvelope::decode(&d.body).unwrap().task {
+                SessionTask::Signal(j) => Some(j.signal),
+                SessionTask::Heartbeat(_) => None,
+            })
+            .collect()
+    }
+}
+
+fn scheme(s: WebhookScheme) -> Scheme {
+    match s {
+        WebhookScheme::Pulse => Scheme::Pulse,
+        WebhookScheme::Standard => Scheme::Standard,
+        WebhookScheme::Github => Scheme::Github,
+        WebhookScheme::Stripe => Scheme::Stripe,
+    }
+}
+
+fn signed(s: WebhookScheme, secret: &str, ts: i64, delivery: &str, body: &[u8]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in sign(scheme(s), secret, body, ts, delivery).unwrap() {
+        h.insert(k, v);
+    }
+    if s == WebhookScheme::Github {
+        h.insert("x-github-event", HeaderValue::from_static("issues"));
+    }
+    h.insert("content-type", HeaderValue::from_static("application/json"));
+    h
+}
+
+/// A body each scheme reads as an event of type `ty`.
+fn body_for(s: WebhookScheme, ty: &str, n: u32) -> Vec<u8> {
+    match s {
+        WebhookScheme::Pulse | WebhookScheme::Standard => {
+            json!({"event_type": ty, "priority": 3, "payload": {"n": n}})
+        }
+        WebhookScheme::Github => json!({"action": "opened", "issue": {"number": n}}),
+        WebhookScheme::Stripe => json!({"id": format!("evt_{n}"), "type": ty, "data": {"n": n}}),
+    }
+    .to_string()
+    .into_bytes()
+}
+
+const SCHEMES: [WebhookScheme; 4] = [
+    WebhookScheme::Pulse,
+    WebhookScheme::Standard,
+    WebhookScheme::Github,
+    WebhookScheme::Stripe,
+];
+
+/// The name of the header that carries each scheme's signature and timestamp.
+fn signature_header(s: WebhookScheme) -> &'static str {
+    match s {
+        WebhookScheme::Pulse => "x-pulse-signature",
+        WebhookScheme::Standard => "webhook-signature",
+        WebhookScheme::Github => "x-hub-signature-256",
+        WebhookScheme::Stripe => "stripe-signature",
+    }
+}
+
+async fn each_scheme_accepts_a_signed_request_and_refuses_every_forgery(kind: Kind) {
+    let r = rig(kind).await;
+    for s in SCHEMES {
+        let w = r.webhook(s, |_| {}).await;
+        let now = r.now_s();
+        let body = body_for(s, "order.created", 1);
+        let before = r.events().await.len();
+
+        let (status, v) = r.send(&w, SECRET, now, &format!("d-{s}-ok"), &body).await;
+        assert_eq!(status, 200, "{s}: {v}");
+        let events = r.events().await;
+        assert_eq!(events.len(), before + 1, "{s}");
+        let ev = events
+            .iter()
+            .find(|e| e.id.as_str() == v["event_id"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(ev.source, "webhook");
+        assert_eq!(ev.metadata["webhook_id"], w.id.as_str());
+        match s {
+            WebhookScheme::Github => assert_eq!(ev.event_type.as_str(), "GITHUB_ISSUES"),
+            WebhookScheme::Stripe => assert_eq!(ev.event_type.as_str(), "STRIPE_ORDER_CREATED"),
+            _ => {
+                assert_eq!(ev.event_type.as_str(), "order.created");
+                assert_eq!(ev.priority.get(), 3);
+                assert_eq!(ev.payload, json!({"n": 1}));
+            }
+        }
+
+        // Forgeries: each must be 401 and leave nothing but a log entry.
+        let mut forgeries: Vec<(&str, HeaderMap, Vec<u8>)> = Vec::new();
+        let mut tampered = body.clone();
+        tampered[body.len() / 2] ^= 1;
+        forgeries.push((
+            "tampered body",
+            signed(s, SECRET, now, "d-t", &body),
+            tampered,
+        ));
+        forgeries.push((
+            "wrong secret",
+            signed(
+                s,
+                "whsec_c2VjcmV0LW9mLXNvbWVvbmUtZWxzZQ==",
+                now,
+                "d-w",
+                &body,
+            ),
+            body.clone(),
+        ));
+        let mut missing = signed(s, SECRET, now, "d-m", &body);
+        missing.remove(signature_header(s));
+        forgeries.push(("missing signature header", missing, body.clone()));
+        let mut truncated = signed(s, SECRET, now, "d-tr", &body);
+        let sig = truncated[signature_header(s)].to_str().unwrap().to_owned();
+        truncated.insert(
+            HeaderName::from_static(signature_header(s)),
+            HeaderValue::from_str(&sig[..sig.len() - 6]).unwrap(),
+        );
+        forgeries.push(("truncated signature", truncated, body.clone()));
+        if s != WebhookScheme::Github {
+            forgeries.push((
+                "301 s old",
+                signed(s, SECRET, now - 301, "d-o", &body),
+                body.clone(),
+            ));
+            forgeries.push((
+                "301 s ahead",
+                signed(s, SECRET, now + 301, "d-a", &body),
+                body.clone(),
+            ));
+            let mut nan = signed(s, SECRET, now, "d-n", &body);
+            match s {
+                WebhookScheme::Pulse => {
+                    nan.insert("x-pulse-timestamp", HeaderValue::from_static("soon"));
+                }
+                WebhookScheme::Standard => {
+                    nan.insert("webhook-timestamp", HeaderValue::from_static("12ab"));
+                }
+                _ => {
+                    let v = nan["stripe-signature"]
+                        .to_str()
+                        .unwrap()
+                        .replacen("t=", "t=x", 1);
+                    nan.insert("stripe-signature", HeaderValue::from_str(&v).unwrap());
+                }
+            }
+            forgeries.push(("non-numeric timestamp", nan, body.clone()));
+        }
+        let logged_before = r.log(&w).await.len();
+        for (what, headers, b) in &forgeries {
+            let (status, v, _) = r
+                .post(&format!("/webhooks/{}", w.id), headers.clone(), b.clone())
+                .await;
+            assert_eq!(status, 401, "{s}, {what}: {v}");
+            assert!(
+                v["error"].as_str().unwrap().contains("signature"),
+                "{s}, {what}: {v}"
+            );
+        }
+        assert_eq!(
+            r.events().await.len(),
+            before + 1,
+            "{s}: a forgery appended an event"
+        );
+        let log = r.log(&w).await;
+        assert_eq!(log.len(), logged_before + forgeries.len(), "{s}");
+        let refused = &log[..forgeries.len()];
+        for l in refused {
+            assert!(
+                l.status == RequestStatus::InvalidSignature
+                    && l.http_status == 401
+                    && l.event_id.is_none()
+                    && l.body.is_some(),
+                "{s}: {l:?}"
+            );
+        }
+
+        if s != WebhookScheme::Github {
+            // The tolerance is exact: 299 s either way is fine.
+            for (i, skew) in [-299i64, 299].into_iter().enumerate() {
+                let b = body_for(s, "order.created", 10 + i as u32);
+                let (status, v) = r
+                    .send(&w, SECRET, now + skew, &format!("d-{s}-{skew}"), &b)
+                    .await;
+                assert_eq!(status, 200, "{s} at {skew:+} s: {v}");
+            }
+        }
+    }
+}
+on_both_backends!(
+    each_scheme_accepts_a_signed_request_and_refuses_every_forgery,
+    each_scheme_accepts_a_signed_request_and_refuses_every_forgery
+);
+
+async fn after_a_rotation_old_and_new_secrets_work_until_the_grace_period_ends(kind: Kind) {
+    let r = rig(kind).await;
+    let mut w = r.webhook(WebhookScheme::Standard, |_| {}).await;
+    let new_secret = pulse_signatures::inbound::generate_secret();
+    w.rotate(&new_secret, SignedDuration::from_hours(24), r.b.now())
+        .unwrap();
+    r.b.store.update_webhook(&w).await.unwrap();
+    let body = body_for(WebhookScheme::Standard, "PING", 1);
+    assert_eq!(r.send(&w, SECRET, r.now_s(), "r1", &body).await.0, 200);
+    assert_eq!(r.send(&w, &new_secret, r.now_s(), "r2", &body).await.0, 200);
+    r.b.advance(SignedDuration::from_hours(24) + SignedDuration::from_secs(1));
+    assert_eq!(
+        r.send(&w, SECRET, r.now_s(), "r3", &body).await.0,
+        401,
+        "the old secret retired"
+    );
+    assert_eq!(r.send(&w, &new_secret, r.now_s(), "r4", &body).await.0, 200);
+}
+on_both_backends!(
+    after_a_rotation_old_and_new_secrets_work_until_the_grace_period_ends,
+    after_a_rotation_old_and_new_secrets_work_until_the_grace_period_ends
+);
+
+async fn a_delivery_sent_twice_at_once_makes_one_event(kind: Kind) {
+    let r = rig(kind).await;
+    let w = r.webhook(WebhookScheme::Pulse, |_| {}).await;
+    let body = body_for(WebhookScheme::Pulse, "ORDER", 1);
+    let now = r.now_s();
+    let sends = (0..8).map(|_| r.send(&w, SECRET, now, "same-delivery", &body));
+    let answers = futures::future::join_all(sends).await;
+    let ids: std::collections::HashSet<String> = answers
+        .iter()
+        .map(|(s, v)| {
+            assert_eq!(*s, 200, "{v}");
+            v["event_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "every answer names the same event: {answers:?}"
+    );
+    assert_eq!(r.events().await.len(), 1);
+    let log = r.log(&w).await;
+    assert_eq!(log.len(), 8);
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.status == RequestStatus::Accepted)
+            .count(),
+        1
+    );
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.status == RequestStatus::Duplicate)
+            .count(),
+        7
+    );
+    // Later, too.
+    let (s, v) = r.send(&w, SECRET, now + 60, "same-delivery", &body).await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("duplicate")));
+    assert_eq!(v["event_id"].as_str().unwrap(), ids.iter().next().unwrap());
+}
+on_both_backends!(
+    a_delivery_sent_twice_at_once_makes_one_event,
+    a_delivery_sent_twice_at_once_makes_one_event
+);
+
+async fn the_rate_limit_answers_429_and_the_allowed_types_403(kind: Kind) {
+    let r = rig(kind).await;
+    let w = r
+        .webhook(WebhookScheme::Pulse, |w| {
+            w.rate_limit = Some(RateLimit { per_hour: 3 });
+            w.allowed_types = vec![EventType::parse("ORDER").unwrap()];
+        })
+        .await;
+    let now = r.now_s();
+    let (s, v) = r
+        .send(
+            &w,
+            SECRET,
+            now,
+            "x0",
+            &body_for(WebhookScheme::Pulse, "REFUND", 0),
+        )
+        .await;
+    assert_eq!(s, 403, "{v}");
+    for i in 1..=3 {
+        let (s, v) = r
+            .send(
+                &w,
+                SECRET,
+                now,
+                &format!("x{i}"),
+                &body_for(WebhookScheme::Pulse, "ORDER", i),
+            )
+            .await;
+        assert_eq!(s, 200, "request {i}: {v}");
+    }
+    let (s, v, headers) = r
+        .post(
+            &format!("/webhooks/{}", w.id),
+            signed(
+                w.scheme,
+                SECRET,
+                now,
+                "x4",
+                &body_for(WebhookScheme::Pulse, "ORDER", 4),
+            ),
+            body_for(WebhookScheme::Pulse, "ORDER", 4),
+        )
+        .await;
+    assert_eq!(s, 429, "{v}");
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry));
+    assert_eq!(
+        r.events().await.len(),
+        3,
+        "the refused type and the fourth request made none"
+    );
+    let statuses: Vec<RequestStatus> = r.log(&w).await.iter().map(|l| l.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            RequestStatus::RateLimited,
+            RequestStatus::Accepted,
+            RequestStatus::Accepted,
+            RequestStatus::Accepted,
+            RequestStatus::Rejected
+        ]
+    );
+    // The next hour has a fresh counter.
+    r.b.advance(SignedDuration::from_secs(retry as i64));
+    let (s, v) = r
+        .send(
+            &w,
+            SECRET,
+            r.now_s(),
+            "x5",
+            &body_for(WebhookScheme::Pulse, "ORDER", 5),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+on_both_backends!(
+    the_rate_limit_answers_429_and_the_allowed_types_403,
+    the_rate_limit_answers_429_and_the_allowed_types_403
+);
+
+async fn bad_input_is_a_4xx_with_a_json_message(kind: Kind) {
+    let r = rig(kind).await;
+    let w = r.webhook(WebhookScheme::Pulse, |_| {}).await;
+    let now = r.now_s();
+    let big = vec![b'x'; http::MAX_BODY + 1];
+    let (s, v, _) = r
+        .post(
+            &format!("/webhooks/{}", w.id),
+            signed(w.scheme, SECRET, now, "b", &big),
+            big,
+        )
+        .await;
+    assert_eq!(s, 413, "{v}");
+    let (s, _, _) = r
+        .post("/webhooks/wh_nope", HeaderMap::new(), b"{}".to_vec())
+        .await;
+    assert_eq!(s, 404);
+    let (s, _, _) = r.post("/nowhere", HeaderMap::new(), vec![]).await;
+    assert_eq!(s, 404);
+    for bad in [
+        &b"not json"[..],
+        b"[1,2]",
+        br#"{"event_type": "HEARTBEAT"}"#,
+        br#"{"priority": 0}"#,
+        br#"{"event_type": "has space"}"#,
+    ] {
+        let (s, v) = r.send(&w, SECRET, now, "", bad).await;
+        assert_eq!(s, 400, "{}: {v}", String::from_utf8_lossy(bad));
+        assert!(v["error"].is_string());
+    }
+    assert!(r.events().await.is_empty());
+    let health = r
+        .http
+        .get(format!("{}/healthz", r.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+}
+on_both_backends!(
+    bad_input_is_a_4xx_with_a_json_message,
+    bad_input_is_a_4xx_with_a_json_message
+);
+
+fn discord_headers(signer: &DiscordSigner, ts: i64, body: &[u8]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in signer.sign(ts, body) {
+        h.insert(k, v);
+    }
+    h
+}
+
+/// A slash command as Discord sends it (trimmed of fields Pulse does not read).
+fn slash_command(id: &str, text: &str) -> Value {
+    json!({
+        "id": id,
+        "application_id": "1200000000000000000",
+        "type": 2,
+        "token": "interaction-token-abc",
+        "version": 1,
+        "channel": {"id": CHANNEL, "type": 0},
+        "channel_id": CHANNEL,
+        "guild_id": "1100000000000000000",
+        "member": {"user": {"id": "1000000000000000001", "username": "ada", "global_name": "Ada"}, "nick": null, "roles": [], "joined_at": "2026-01-01T00:00:00+00:00", "deaf": false, "mute": false},
+        "data": {
+            "id": "1250000000000000000",
+            "name": "ask",
+            "type": 1,
+            "options": [
+                {"name": "text", "type": 3, "value": text},
+                {"name": "file", "type": 11, "value": "1290000000000000000"}
+            ],
+            "resolved": {"attachments": {"1290000000000000000": {
+                "id": "1290000000000000000", "filename": "voice-message.ogg", "size": 4810,
+                "url": "https://cdn.discordapp.com/attachments/1/2/voice-message.ogg",
+                "proxy_url": "https://media.discordapp.net/attachments/1/2/voice-message.ogg",
+                "content_type": "audio/ogg", "duration_secs": 3.2, "waveform": "AAAA"
+            }}}
+        }
+    })
+}
+
+async fn discord_interactions_are_verified_and_queued_once(kind: Kind) {
+    let r = rig(kind).await;
+    let now = r.now_s();
+    let ping = br#"{"id":"1","type":1,"token":"t","application_id":"1","version":1}"#.to_vec();
+    let (s, v, _) = r
+        .post(
+            "/discord/interactions",
+            discord_headers(&r.discord, now, &ping),
+            ping.clone(),
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"type": 1})));
+
+    // Discord's own probes: a wrong key, a tampered body, no headers, a stale timestamp.
+    let stranger = DiscordSigner::from_seed([9; 32]);
+    let mut tampered = ping.clone();
+    tampered[5] = b'2';
+    for (what, headers, body) in [
+        (
+            "wrong key",
+            discord_headers(&stranger, now, &ping),
+            ping.clone(),
+        ),
+        (
+            "tampered body",
+            discord_headers(&r.discord, now, &ping),
+            tampered,
+        ),
+        ("no headers", HeaderMap::new(), ping.clone()),
+        (
+            "stale",
+            discord_headers(&r.discord, now - 301, &ping),
+            ping.clone(),
+        ),
+    ] {
+        let (s, v, _) = r.post("/discord/interactions", headers, body).await;
+        assert_eq!(s, 401, "{what}: {v}");
+    }
+
+    // An interaction id minted a minute before the clock.
+    let minted = r.b.now().as_millisecond() - 60_000 - 1_420_070_400_000;
+    let id = ((minted as u64) << 22).to_string();
+    let cmd = slash_command(&id, "what did I miss?")
+        .to_string()
+        .into_bytes();
+    for _ in 0..2 {
+        let (s, v, _) = r
+            .post(
+                "/discord/interactions",
+                discord_headers(&r.discord, now, &cmd),
+                cmd.clone(),
+            )
+            .await;
+        assert_eq!((s, v), (200, json!({"type": 5})), "a deferred reply");
+    }
+    let signals = r.signals().await;
+    assert_eq!(signals.len(), 1, "the same interaction twice is one signal");
+    let sig = &signals[0];
+    assert_eq!(sig.agent_id, r.agent.id);
+    assert_eq!(sig.text(), "what did I miss?");
+    assert_eq!(sig.meta.channel_id.as_deref(), Some(CHANNEL));
+    assert_eq!(sig.meta.user_name.as_deref(), Some("Ada"));
+    assert_eq!(
+        sig.meta.interaction.as_ref().unwrap().token,
+        "interaction-token-abc"
+    );
+    let env = sig.meta.discord.as_ref().unwrap();
+    assert_eq!(env["author"]["username"], "ada");
+    assert_eq!(env["attachments"][0]["name"], "voice-message.ogg");
+    assert_eq!(env["attachments"][0]["content_type"], "audio/ogg");
+    assert_eq!(env["attachments"][0]["duration"], 3.2);
+    assert_eq!(env["attachments"][0]["waveform"], "AAAA");
+    assert_eq!(env["interaction"]["command"], "ask");
+    // The user's message is the interrupt mark and the start of the quiet period.
+    let agent = r.b.store.get_agent(&r.agent.id).await.unwrap().unwrap();
+    assert!(agent.last_interaction_at.is_some());
+}
+on_both_backends!(
+    discord_interactions_are_verified_and_queued_once,
+    discord_interactions_are_verified_and_queued_once
+);
+
+#[tokio::test]
+async fn a_context_menu_command_on_a_voice_message_tells_the_agent_what_arrived() {
+    let r = rig(Kind::Sqlite).await;
+    let now = r.now_s();
+    let body = json!({
+        "id": "1310000000000000000",
+        "application_id": "1200000000000000000",
+        "type": 2,
+        "token": "tok",
+        "version": 1,
+        "channel": {"id": CHANNEL, "type": 0},
+        "user": {"id": "1000000000000000002", "username": "grace"},
+        "data": {
+            "id": "1250000000000000001", "name": "Ask Pulse", "type": 3,
+            "target_id": "1320000000000000000",
+            "resolved": {"messages": {"1320000000000000000": {
+                "id": "1320000000000000000", "channel_id": CHANNEL, "type": 0, "flags": 8192,
+                "content": "", "timestamp": "2026-03-02T08:58:00.000000+00:00", "edited_timestamp": null,
+                "tts": false, "pinned": false, "mention_everyone": false, "mentions": [], "mention_roles": [],
+                "author": {"id": "1000000000000000003", "username": "linus", "discriminator": "0", "avatar": null},
+                "attachments": [{"id": "1330000000000000000", "filename": "voice-message.ogg", "size": 9000,
+                    "url": "https://cdn.discordapp.com/v.ogg", "proxy_url": "https://media.discordapp.net/v.ogg",
+                    "content_type": "audio/ogg", "duration_secs": 7.0, "waveform": "BBBB"}],
+                "embeds": [], "components": []
+            }}}
+        }
+    })
+    .to_string()
+    .into_bytes();
+    let (s, v, _) = r
+        .post(
+            "/discord/interactions",
+            discord_headers(&r.discord, now, &body),
+            body.clone(),
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"type": 5})));
+    let signals = r.signals().await;
+    assert_eq!(signals.len(), 1);
+    let sig = &signals[0];
+    assert_eq!(
+        sig.text(),
+        "About this message from linus:\n(no text; 1 attachment: voice-message.ogg (audio/ogg, 7.0 s))"
+    );
+    let env = sig.meta.discord.as_ref().unwrap();
+    assert_eq!(env["flags"], 8192);
+    assert_eq!(env["content"], Value::Null);
+    assert_eq!(env["attachments"][0]["duration"], 7.0);
+    assert_eq!(env["interaction"]["kind"], "message_command");
+}
+
+#[tokio::test]
+async fn a_command_from_a_channel_without_an_agent_is_told_what_to_do() {
+    let r = rig(Kind::Sqlite).await;
+    let mut cmd = slash_command("1340000000000000000", "hello");
+    cmd["channel"]["id"] = json!("999");
+    let body = cmd.to_string().into_bytes();
+    let (s, v, _) = r
+        .post(
+            "/discord/interactions",
+            discord_headers(&r.discord, r.now_s(), &body),
+            body.clone(),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["type"], 4);
+    assert!(
+        v["data"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("--discord-channel 999"),
+        "{v}"
+    );
+    assert!(r.signals().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_webhook_that_wakes_the_agent_queues_a_webhook_signal() {
+    let r = rig(Kind::Sqlite).await;
+    let w = r.webhook(WebhookScheme::Pulse, |w| w.wake = true).await;
+    let (s, v) = r
+        .send(
+            &w,
+            SECRET,
+            r.now_s(),
+            "wake-1",
+            &body_for(WebhookScheme::Pulse, "ALERT", 1),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let signals = r.signals().await;
+    assert_eq!(signals.len(), 1);
+    assert_eq!(signals[0].kind, pulse_shared::domain::SignalKind::Webhook);
+    assert!(
+        signals[0].text().starts_with("event ALERT"),
+        "{}",
+        signals[0].text()
+    );
+}
