@@ -4,7 +4,8 @@
 #   2. a moto server on a free loopback port, stopped when this script exits;
 #   3. cargo fmt --check, cargo clippy -D warnings, and every Rust test (unit, the
 #      conformance suite and end-to-end flows on SQLite and on moto, the scale tests);
-#   4. cfn-lint on infra/template.yaml.
+#   4. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
+#   5. cfn-lint on infra/template.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
@@ -42,6 +43,8 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked
+echo "==> fuzzing the signature header parsers"
+PULSE_FUZZ_SECONDS="${PULSE_FUZZ_SECONDS:-15}" ./scripts/fuzz.sh
 echo "==> cfn-lint infra/template.yaml"
 "$VENV/bin/cfn-lint" infra/template.yaml
 echo "==> all tests passed"

@@ -456,6 +456,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     {
         return bench::sweep(heartbeats, aws_endpoint, &out).await;
     }
+    if let Command::Bench(BenchCmd::Receive {
+        requests,
+        concurrency,
+    }) = cli.command
+    {
+        return crate::bench_receive::receive(requests, concurrency, &out).await;
+    }
     if let Command::Bench(BenchCmd::Turn { history, turns }) = &cli.command {
         return bench::turn(history, *turns, &out).await;
     }
@@ -464,6 +471,9 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let config = Env::process()
         .config(cli.db)
         .map_err(|e| Failure::Input(format!("configuration: {e}")))?;
+    if let Plan::RegisterCommands { menu_name } = &plan {
+        return register_commands(&config, menu_name, &out).await;
+    }
     if let Backend::Sqlite { path } = &config.backend
         && !plan.writes()
         && !path.exists()
@@ -626,34 +636,7 @@ async fn execute(
             );
             Ok(())
         }
-        Plan::RegisterCommands { menu_name } => {
-            if config.discord.bot_token.is_none() || config.discord.application_id.is_none() {
-                return Err(Failure::Input(
-                    "set DISCORD_BOT_TOKEN and DISCORD_APPLICATION_ID (Developer Portal: Bot, and General Information) to register commands".into(),
-                ));
-            }
-            let client = pulse_shared::discord::DiscordClient::new(config.discord.clone());
-            let registered = client
-                .overwrite_commands(&pulse_shared::discord::command_definitions(&menu_name))
-                .await
-                .map_err(|e| anyhow::anyhow!("Discord refused the commands: {e}"))?;
-            if out.json {
-                out.json_value(&registered);
-            } else {
-                for c in &registered {
-                    println!(
-                        "{}  {}",
-                        c.get("id").and_then(Value::as_str).unwrap_or("?"),
-                        c.get("name").and_then(Value::as_str).unwrap_or("?")
-                    );
-                }
-                eprintln!(
-                    "registered {} commands; global commands can take a few minutes to show up in Discord",
-                    registered.len()
-                );
-            }
-            Ok(())
-        }
+        Plan::RegisterCommands { menu_name } => register_commands(config, &menu_name, out).await,
         Plan::Sweep => serve::sweep_and_drain(config, b, clock, out).await,
         Plan::CreateAgent(new) => {
             let (agent, first) = new.create(clock.now()).map_err(input)?;
@@ -1011,4 +994,34 @@ fn heartbeat_table(out: &Out, hbs: &[pulse_shared::domain::Heartbeat]) {
             ]
         },
     );
+}
+
+/// Registers the Discord commands; needs no database.
+async fn register_commands(config: &Config, menu_name: &str, out: &Out) -> Result<(), Failure> {
+    if config.discord.bot_token.is_none() || config.discord.application_id.is_none() {
+        return Err(Failure::Input(
+                    "set DISCORD_BOT_TOKEN and DISCORD_APPLICATION_ID (Developer Portal: Bot, and General Information) to register commands".into(),
+                ));
+    }
+    let client = pulse_shared::discord::DiscordClient::new(config.discord.clone());
+    let registered = client
+        .overwrite_commands(&pulse_shared::discord::command_definitions(menu_name))
+        .await
+        .map_err(|e| anyhow::anyhow!("Discord refused the commands: {e}"))?;
+    if out.json {
+        out.json_value(&registered);
+    } else {
+        for c in &registered {
+            println!(
+                "{}  {}",
+                c.get("id").and_then(Value::as_str).unwrap_or("?"),
+                c.get("name").and_then(Value::as_str).unwrap_or("?")
+            );
+        }
+        eprintln!(
+            "registered {} commands; global commands can take a few minutes to show up in Discord",
+            registered.len()
+        );
+    }
+    Ok(())
 }

@@ -7,6 +7,7 @@
 //! and on bad input nothing is written.
 
 mod bench;
+mod bench_receive;
 mod commands;
 mod output;
 mod serve;
@@ -408,6 +409,16 @@ enum BenchCmd {
         /// An AWS emulator (e.g. moto) to measure the AWS backend on as well.
         #[arg(long, value_name = "URL")]
         aws_endpoint: Option<String>,
+    },
+    /// The HTTP receiver's throughput and latency with signed webhooks over loopback,
+    /// beside a bare axum endpoint in the same run.
+    Receive {
+        /// Requests sent to each endpoint.
+        #[arg(long, default_value_t = 20_000)]
+        requests: usize,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
     },
     /// The worker's cost per conversation turn with histories of several sizes (offline
     /// model, no Discord).

@@ -311,7 +311,7 @@ fn serve_runs_heartbeats_until_it_is_told_to_stop() {
         &["agents", "create", "--name", "scout", "--interval", "1s"],
     );
     let serve = Command::new(env!("CARGO_BIN_EXE_pulse"))
-        .args(["serve", "--tick", "100ms"])
+        .args(["serve", "--tick", "100ms", "--listen", "127.0.0.1:0"])
         .current_dir(d)
         .env_remove("PULSE_DB")
         .stdout(Stdio::null())
@@ -350,4 +350,140 @@ fn serve_runs_heartbeats_until_it_is_told_to_stop() {
     );
     assert!(log.contains("heartbeat completed"), "{log}");
     assert!(log.contains("pulse serve stopped"), "{log}");
+}
+
+#[test]
+fn webhooks_are_created_listed_rotated_and_never_show_their_secret_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "hooked"]);
+    let created = json(
+        d,
+        &[
+            "webhooks",
+            "create",
+            "--agent",
+            &agent,
+            "--scheme",
+            "github",
+            "--allow",
+            "GITHUB_PUSH,GITHUB_ISSUES",
+            "--rate-limit",
+            "50/h",
+        ],
+    );
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"));
+    let id = created["webhook"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        created["url"].as_str().unwrap(),
+        format!("http://127.0.0.1:8080/webhooks/{id}")
+    );
+    let listed = ok(d, &["webhooks", "list"]);
+    assert!(
+        listed.contains(&id)
+            && listed.contains("GITHUB_PUSH,GITHUB_ISSUES")
+            && listed.contains("50/h")
+    );
+    assert!(!listed.contains(&secret), "a listing shows no secret");
+    assert!(
+        !serde_json::to_string(&json(d, &["webhooks", "list"]))
+            .unwrap()
+            .contains(&secret)
+    );
+
+    let rotated = ok(d, &["webhooks", "rotate", &id, "--grace", "1h"]);
+    assert!(rotated.starts_with("whsec_") && rotated != secret);
+    let listed = json(d, &["webhooks", "list", "--agent", &agent]);
+    assert_eq!(
+        listed[0]["secrets"], 2,
+        "old and new during the grace period"
+    );
+    ok(d, &["webhooks", "disable", &id]);
+    assert_eq!(json(d, &["webhooks", "list"])[0]["active"], false);
+    ok(d, &["webhooks", "enable", &id]);
+    assert_eq!(
+        json(d, &["webhooks", "requests", "--webhook", &id]),
+        serde_json::json!([])
+    );
+
+    assert!(
+        bad(
+            d,
+            &["webhooks", "create", "--agent", &agent, "--scheme", "svix"]
+        )
+        .contains("pulse, standard, github or stripe")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "webhooks",
+                "create",
+                "--agent",
+                &agent,
+                "--scheme",
+                "standard",
+                "--secret",
+                "not-base64!"
+            ]
+        )
+        .contains("standard")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "webhooks",
+                "create",
+                "--agent",
+                &agent,
+                "--rate-limit",
+                "0/h"
+            ]
+        )
+        .contains("rate limit")
+    );
+    assert!(bad(d, &["webhooks", "rotate", "wh_01KJPWD6M09V6T3BQZKFTBMQ51"]).contains("not found"));
+}
+
+#[test]
+fn discord_commands_are_registered_by_bulk_overwrite() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let fake = rt.block_on(pulse_tests::fake_discord::FakeDiscord::start());
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pulse"))
+        .args(["discord", "register-commands", "--menu-name", "Ask Ada"])
+        .current_dir(dir.path())
+        .env("DISCORD_API_BASE", fake.api_base())
+        .env("DISCORD_BOT_TOKEN", "bot-token")
+        .env("DISCORD_APPLICATION_ID", "1200000000000000000")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("ask") && stdout.contains("Ask Ada"),
+        "{stdout}"
+    );
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].method, "PUT");
+    assert!(
+        reqs[0]
+            .path
+            .ends_with("/applications/1200000000000000000/commands")
+    );
+    assert_eq!(reqs[0].headers["authorization"], "Bot bot-token");
+    assert_eq!(reqs[0].body[0]["options"][0]["name"], "text");
+    assert_eq!(reqs[0].body[1]["type"], 3);
+
+    // Without credentials it says what to set, and sends nothing.
+    let out = pulse(dir.path(), &["discord", "register-commands"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DISCORD_BOT_TOKEN"));
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{patch, post};
+use axum::routing::{patch, post, put};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
@@ -65,6 +65,10 @@ impl FakeDiscord {
             )
             .route("/api/v10/webhooks/{app}/{token}", post(follow_up))
             .route("/api/v10/channels/{channel}/messages", post(create))
+            .route(
+                "/api/v10/applications/{app}/commands",
+                put(overwrite_commands),
+            )
             .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}/api/v10", listener.local_addr().unwrap());
@@ -178,6 +182,43 @@ async fn follow_up(
         },
     ));
     message(&id, &content)
+}
+
+/// Bulk overwrite of an application's commands: echoes them with ids (bot token only).
+async fn overwrite_commands(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    Path(app): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = record(&inner, Method::PUT, &uri, headers.clone(), &body) {
+        return r;
+    }
+    if !headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bot "))
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"message": "401: Unauthorized"})),
+        )
+            .into_response();
+    }
+    let commands: Vec<Value> = body
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            c["id"] = json!(format!("{}", 1_400_000_000_000_000_000u64 + i as u64));
+            c["application_id"] = json!(app);
+            c
+        })
+        .collect();
+    Json(Value::Array(commands)).into_response()
 }
 
 async fn create(

@@ -70,7 +70,7 @@ pub(super) async fn receive(
     let Some(id) = id.ok().and_then(|Path(id)| WebhookId::parse(&id).ok()) else {
         return not_found();
     };
-    let webhook = match app.store.get_webhook(&id).await {
+    let mut webhook = match app.webhook(&id, false).await {
         Ok(Some(w)) => w,
         Ok(None) => return not_found(),
         Err(e) => return store_failure("reading the webhook", &e),
@@ -89,14 +89,28 @@ pub(super) async fn receive(
         .await;
     }
 
-    let secrets = webhook.secrets_at(now);
-    let verified = match inbound::verify(
-        scheme(webhook.scheme),
-        &secrets,
-        &parts.headers,
-        &body,
-        now.as_second(),
-    ) {
+    let check = |w: &Webhook| {
+        inbound::verify(
+            scheme(w.scheme),
+            &w.secrets_at(now),
+            &parts.headers,
+            &body,
+            now.as_second(),
+        )
+    };
+    let mut checked = check(&webhook);
+    if checked.is_err() {
+        // The cached copy may predate a rotation: check once more against the store.
+        match app.webhook(&id, true).await {
+            Ok(Some(w)) => {
+                webhook = w;
+                checked = check(&webhook);
+            }
+            Ok(None) => return not_found(),
+            Err(e) => return store_failure("reading the webhook", &e),
+        }
+    }
+    let verified = match checked {
         Ok(v) => v,
         Err(e) => {
             let reason = format!("invalid signature: {e}");

@@ -230,6 +230,12 @@ impl Db {
         &self.path
     }
 
+    /// Runs `f` with the connection on this thread (for a thread of its own).
+    fn blocking<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
+    }
+
     /// Runs `f` with the connection on the blocking pool.
     async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, StoreError>
     where

@@ -24,12 +24,17 @@ use crate::ports::{
 #[derive(Clone)]
 pub struct SqliteStore {
     pub(super) db: Db,
+    /// The group-commit writer of webhook acceptances, started on first use.
+    pub(super) accepts: std::sync::Arc<std::sync::OnceLock<super::webhooks::Batcher>>,
 }
 
 impl SqliteStore {
     /// A store over an open database.
     pub fn new(db: Db) -> Self {
-        Self { db }
+        Self {
+            db,
+            accepts: std::sync::Arc::default(),
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Inbound webhooks on SQLite: the webhooks, their request log, the delivery ids they
 //! remember and their hourly counters.
 //!
-//! An acceptance is one IMMEDIATE transaction — the delivery-id check, the counter and
-//! the writes — so two requests with one delivery id can never both append an event.
+//! An acceptance is one IMMEDIATE transaction (or a savepoint in one: see [`Batcher`]) —
+//! the delivery-id check, the counter and the writes — so two requests with one delivery
+//! id can never both append an event.
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
@@ -53,6 +54,156 @@ fn tidy(
     )
     .map_err(&op)?;
     Ok(())
+}
+
+type Job = (
+    Acceptance,
+    tokio::sync::oneshot::Sender<Result<AcceptOutcome, StoreError>>,
+);
+
+/// Most acceptances committed in one transaction.
+const BATCH: usize = 256;
+
+/// Group commit for webhook acceptances: one thread takes every acceptance waiting and
+/// writes them in one transaction (a savepoint each, so one failing does not undo the
+/// others), then answers each. Under load, hundreds of requests share one commit instead
+/// of queueing for the connection one by one; alone, a request commits at once. Results
+/// are as if run one after another: a delivery id accepted earlier in the batch makes a
+/// later one a duplicate.
+pub(super) struct Batcher {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+}
+
+impl Batcher {
+    fn start(db: super::Db) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("pulse-accept".into())
+            .spawn(move || {
+                // Ends when the store (the last sender) is dropped.
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    while jobs.len() < BATCH {
+                        match rx.try_recv() {
+                            Ok(j) => jobs.push(j),
+                            Err(_) => break,
+                        }
+                    }
+                    let results = db.blocking(|conn| commit_batch(conn, &jobs));
+                    for ((_, reply), r) in jobs.into_iter().zip(results) {
+                        let _ = reply.send(r);
+                    }
+                }
+            });
+        Self {
+            jobs: spawned.ok().map(|_| tx),
+        }
+    }
+}
+
+fn commit_batch(conn: &mut Connection, jobs: &[Job]) -> Vec<Result<AcceptOutcome, StoreError>> {
+    let op = sqlite_err("accept webhook request");
+    let all_fail = |e: StoreError| -> Vec<Result<AcceptOutcome, StoreError>> {
+        let msg = crate::error::chain(&e);
+        jobs.iter()
+            .map(|_| {
+                Err(StoreError::backend(
+                    "sqlite",
+                    "accept webhook request",
+                    msg.clone(),
+                ))
+            })
+            .collect()
+    };
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => return all_fail(op(e)),
+    };
+    let mut results = Vec::with_capacity(jobs.len());
+    for (a, _) in jobs {
+        let r = match tx.savepoint() {
+            Ok(mut sp) => match accept_in(&sp, a) {
+                Ok(outcome) => sp.commit().map_err(&op).map(|()| outcome),
+                Err(e) => {
+                    let _ = sp.rollback();
+                    Err(e)
+                }
+            },
+            Err(e) => Err(op(e)),
+        };
+        results.push(r);
+    }
+    match tx.commit() {
+        Ok(()) => results,
+        Err(e) => all_fail(op(e)),
+    }
+}
+
+/// One acceptance inside a transaction: dedup, count, write.
+fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+    let op = sqlite_err("accept webhook request");
+    let hook = a.log.webhook_id.clone();
+    let now = a.log.received_at;
+    if let Some(delivery) = &a.delivery_id {
+        let first: Option<String> = tx
+            .prepare_cached(
+                "SELECT event_id FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![hook.as_str(), delivery], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(&op)?;
+        if let Some(first) = first {
+            let first =
+                EventId::parse(&first).map_err(|e| StoreError::corrupt("webhook_deliveries", e))?;
+            let outcome = AcceptOutcome::Duplicate(first);
+            insert_log(tx, &a.log_for(&outcome))?;
+            return Ok(outcome);
+        }
+    }
+    if let Some(limit) = a.rate_limit {
+        let window = RateLimit::window(now);
+        let count: Option<i64> = tx
+            .prepare_cached(
+                "INSERT INTO webhook_counters (webhook_id, window, count) VALUES (?1, ?2, 1) \
+                 ON CONFLICT (webhook_id, window) DO UPDATE SET count = count + 1 \
+                 WHERE count < ?3 RETURNING count",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![hook.as_str(), window, limit.per_hour], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(&op)?;
+        match count {
+            None => {
+                let outcome = AcceptOutcome::RateLimited;
+                insert_log(tx, &a.log_for(&outcome))?;
+                return Ok(outcome);
+            }
+            Some(1) => tidy(tx, &hook, window, now)?,
+            Some(_) => {}
+        }
+    }
+    upsert_event(tx, &a.event)?;
+    if let Some(delivery) = &a.delivery_id {
+        tx.prepare_cached(
+            "INSERT INTO webhook_deliveries (webhook_id, delivery_id, event_id, expires_ms) \
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                hook.as_str(),
+                delivery,
+                a.event.id.as_str(),
+                to_ms(a.remember_until)
+            ])
+        })
+        .map_err(&op)?;
+    }
+    let outcome = AcceptOutcome::Accepted;
+    insert_log(tx, &a.log_for(&outcome))?;
+    Ok(outcome)
 }
 
 #[async_trait]
@@ -122,6 +273,15 @@ impl WebhookStore for SqliteStore {
     }
 
     async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+        let batcher = self.accepts.get_or_init(|| Batcher::start(self.db.clone()));
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if let Some(jobs) = &batcher.jobs
+            && jobs.send((acceptance.clone(), reply)).is_ok()
+            && let Ok(result) = answer.await
+        {
+            return result;
+        }
+        // No writer thread: one transaction of its own.
         let a = acceptance.clone();
         self.db
             .call("accept webhook request", move |conn| {
@@ -129,69 +289,7 @@ impl WebhookStore for SqliteStore {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(&op)?;
-                let hook = a.log.webhook_id.clone();
-                let now = a.log.received_at;
-                if let Some(delivery) = &a.delivery_id {
-                    let first: Option<String> = tx
-                        .prepare_cached(
-                            "SELECT event_id FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
-                        )
-                        .and_then(|mut st| {
-                            st.query_row(params![hook.as_str(), delivery], |r| r.get(0))
-                                .optional()
-                        })
-                        .map_err(&op)?;
-                    if let Some(first) = first {
-                        let first = EventId::parse(&first)
-                            .map_err(|e| StoreError::corrupt("webhook_deliveries", e))?;
-                        let outcome = AcceptOutcome::Duplicate(first);
-                        insert_log(&tx, &a.log_for(&outcome))?;
-                        tx.commit().map_err(&op)?;
-                        return Ok(outcome);
-                    }
-                }
-                if let Some(limit) = a.rate_limit {
-                    let window = RateLimit::window(now);
-                    let count: Option<i64> = tx
-                        .prepare_cached(
-                            "INSERT INTO webhook_counters (webhook_id, window, count) VALUES (?1, ?2, 1) \
-                             ON CONFLICT (webhook_id, window) DO UPDATE SET count = count + 1 \
-                             WHERE count < ?3 RETURNING count",
-                        )
-                        .and_then(|mut st| {
-                            st.query_row(params![hook.as_str(), window, limit.per_hour], |r| r.get(0))
-                                .optional()
-                        })
-                        .map_err(&op)?;
-                    match count {
-                        None => {
-                            let outcome = AcceptOutcome::RateLimited;
-                            insert_log(&tx, &a.log_for(&outcome))?;
-                            tx.commit().map_err(&op)?;
-                            return Ok(outcome);
-                        }
-                        Some(1) => tidy(&tx, &hook, window, now)?,
-                        Some(_) => {}
-                    }
-                }
-                upsert_event(&tx, &a.event)?;
-                if let Some(delivery) = &a.delivery_id {
-                    tx.prepare_cached(
-                        "INSERT INTO webhook_deliveries (webhook_id, delivery_id, event_id, expires_ms) \
-                         VALUES (?1, ?2, ?3, ?4)",
-                    )
-                    .and_then(|mut st| {
-                        st.execute(params![
-                            hook.as_str(),
-                            delivery,
-                            a.event.id.as_str(),
-                            to_ms(a.remember_until)
-                        ])
-                    })
-                    .map_err(&op)?;
-                }
-                let outcome = AcceptOutcome::Accepted;
-                insert_log(&tx, &a.log_for(&outcome))?;
+                let outcome = accept_in(&tx, &a)?;
                 tx.commit().map_err(&op)?;
                 Ok(outcome)
             })

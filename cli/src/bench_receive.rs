@@ -1,0 +1,224 @@
+//! `pulse bench receive`: the HTTP receiver of `pulse serve`, driven over loopback by a
+//! concurrent client with signed webhooks, beside a bare axum endpoint in the same run.
+//!
+//! The receiver is the real one (`pulse_shared::http::serve`) on a fresh SQLite file;
+//! every request is a distinct delivery, signed with the Pulse scheme, so each one is
+//! verified, deduplicated, counted and stored. Bodies are signed before the clock starts,
+//! so the client's HMACs are not counted. At the end the stored events are counted: an
+//! accepted request is one durably stored event. The bare endpoint reads the body and
+//! answers `{}`; client and servers share the machine in both runs, so the ratio is fair.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use futures::StreamExt;
+use pulse_shared::adapters::connect;
+use pulse_shared::config::{Backend, Config};
+use pulse_shared::domain::{NewAgent, Webhook, WebhookScheme};
+use pulse_shared::http::{self, Inbound};
+use pulse_shared::ports::{Clock, SystemClock};
+use pulse_signatures::inbound::{Scheme, generate_secret, sign};
+use serde_json::json;
+
+use crate::Failure;
+use crate::output::Out;
+
+struct Run {
+    requests: usize,
+    ok: usize,
+    seconds: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.ok as f64 / self.seconds
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "requests": self.requests,
+            "ok": self.ok,
+            "seconds": self.seconds,
+            "requests_per_second": self.per_second(),
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+        })
+    }
+}
+
+type Prepared = Vec<(reqwest::header::HeaderMap, Vec<u8>)>;
+
+/// Sends every prepared request to `url` with `concurrency` in flight.
+async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run, Failure> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()?;
+    let n = requests.len();
+    let started = Instant::now();
+    let results: Vec<(bool, Duration)> = futures::stream::iter(requests)
+        .map(|(headers, body)| {
+            let client = client.clone();
+            async move {
+                let t = Instant::now();
+                let ok = match client.post(url).headers(headers).body(body).send().await {
+                    Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                    Err(_) => false,
+                };
+                (ok, t.elapsed())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut lat: Vec<Duration> = results.iter().map(|r| r.1).collect();
+    lat.sort();
+    let pct =
+        |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3;
+    Ok(Run {
+        requests: n,
+        ok: results.iter().filter(|r| r.0).count(),
+        seconds,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+    })
+}
+
+pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> Result<(), Failure> {
+    if !(100..=1_000_000).contains(&requests) || !(1..=1024).contains(&concurrency) {
+        return Err(Failure::Input(
+            "invalid size: use --requests 100 to 1000000 and --concurrency 1 to 1024".into(),
+        ));
+    }
+    let dir = tempfile::tempdir()?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let config = Config {
+        backend: Backend::Sqlite {
+            path: dir.path().join("bench.db"),
+        },
+        ..Config::defaults()
+    };
+    let backend = connect(&config, clock.clone()).await?;
+    let (agent, first) = NewAgent::named("bench")
+        .create(clock.now())
+        .map_err(|e| Failure::Input(e.to_string()))?;
+    backend.store.create_agent(&agent, &first).await?;
+    let secret = generate_secret();
+    let mut webhook = Webhook::new(agent.id.clone(), WebhookScheme::Pulse, &secret, clock.now())
+        .map_err(|e| Failure::Input(e.to_string()))?;
+    webhook.rate_limit = None;
+    backend.store.create_webhook(&webhook).await?;
+
+    let inbound = Arc::new(Inbound::new(
+        backend.store.clone(),
+        backend.queue.clone(),
+        clock.clone(),
+        config.inbound.clone(),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let pulse_url = format!("http://{}/webhooks/{}", listener.local_addr()?, webhook.id);
+    let mut stop = stop_rx.clone();
+    tokio::spawn(http::serve(listener, inbound, async move {
+        let _ = stop.changed().await;
+    }));
+    let bare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let bare_url = format!("http://{}/bare", bare.local_addr()?);
+    let app = axum::Router::new().route(
+        "/bare",
+        post(|body: axum::body::Bytes| async move {
+            std::hint::black_box(body);
+            axum::Json(json!({}))
+        }),
+    );
+    let mut stop = stop_rx.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(bare, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.changed().await;
+            })
+            .await;
+    });
+
+    let now = clock.now().as_second();
+    let prepare = |n: usize, prefix: &str| -> Result<Prepared, Failure> {
+        (0..n)
+            .map(|i| {
+                let body = json!({
+                    "event_type": "ORDER_PLACED",
+                    "payload": {"order": i, "items": [{"sku": "A-1", "qty": 2}], "total": 19.5}
+                })
+                .to_string()
+                .into_bytes();
+                let mut headers = reqwest::header::HeaderMap::new();
+                for (k, v) in sign(Scheme::Pulse, &secret, &body, now, &format!("{prefix}-{i}"))
+                    .map_err(|e| Failure::Runtime(e.into()))?
+                {
+                    headers.insert(k, v);
+                }
+                headers.insert(
+                    reqwest::header::CONTENT_TYPE,
+                    reqwest::header::HeaderValue::from_static("application/json"),
+                );
+                Ok((headers, body))
+            })
+            .collect()
+    };
+    // Warm both servers and the connection pools.
+    drive(&bare_url, prepare(concurrency * 4, "warm")?, concurrency).await?;
+    drive(&pulse_url, prepare(concurrency * 4, "warm")?, concurrency).await?;
+    let before = backend
+        .store
+        .list_events(&agent.id, requests * 2)
+        .await?
+        .len();
+    let bare_run = drive(&bare_url, prepare(requests, "bench")?, concurrency).await?;
+    let pulse_run = drive(&pulse_url, prepare(requests, "bench")?, concurrency).await?;
+    let _ = stop_tx.send(());
+
+    let stored = backend
+        .store
+        .list_events(&agent.id, requests * 2)
+        .await?
+        .len()
+        - before;
+    let ratio = pulse_run.per_second() / bare_run.per_second();
+    eprintln!(
+        "receive: {requests} signed webhooks (pulse scheme, each a new delivery), {concurrency} in flight, loopback, SQLite (WAL)"
+    );
+    for (name, r) in [("bare axum", &bare_run), ("pulse serve", &pulse_run)] {
+        eprintln!(
+            "  {name:<12} {:>8.0} req/s  p50 {:.2} ms  p99 {:.2} ms  ({} of {} answered 2xx in {:.2} s)",
+            r.per_second(),
+            r.p50_ms,
+            r.p99_ms,
+            r.ok,
+            r.requests,
+            r.seconds
+        );
+    }
+    eprintln!(
+        "  pulse/bare: {:.0} %  (targets: >= 5000 accepted/s, p99 <= 20 ms, >= 30 % of bare)",
+        ratio * 100.0
+    );
+    eprintln!("  events stored: {stored} (accepted: {})", pulse_run.ok);
+    if out.json {
+        out.json_value(&json!({
+            "requests": requests,
+            "concurrency": concurrency,
+            "bare": bare_run.json(),
+            "pulse": pulse_run.json(),
+            "ratio": ratio,
+            "events_stored": stored,
+        }));
+    }
+    if stored != pulse_run.ok {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "{} requests were accepted but {stored} events are stored",
+            pulse_run.ok
+        )));
+    }
+    Ok(())
+}
