@@ -454,7 +454,12 @@ async fn both_wire_formats_carry_tool_calls_and_a_budget_stops_the_loop() {
     assert_eq!(usage["input_tokens"], 200);
 
     // OpenAI (the default here): a tool call, and a 429 waited out before success.
-    let other = w.agent(|a| a.name = "critic".into()).await;
+    let other = w
+        .agent(|a| {
+            a.name = "critic".into();
+            a.discord_channel = Some("1003".into());
+        })
+        .await;
     w.llm.script([
         Scripted::Status(429),
         Scripted::tool("emit_event", json!({"type": "REVIEW_DUE", "priority": 2})),
