@@ -275,18 +275,28 @@ pub(crate) async fn turn(sizes: &[usize], turns: usize, out: &Out) -> Result<(),
     Ok(())
 }
 
-async fn turns_with_history(size: usize, turns: usize) -> Result<f64, Failure> {
-    let dir = tempfile::tempdir()?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+/// A fresh embedded store in `dir` with default settings, and one agent in it.
+pub(crate) async fn bench_agent(
+    dir: &std::path::Path,
+    clock: Arc<dyn Clock>,
+) -> Result<(Config, Connected, pulse_shared::domain::Agent), Failure> {
     let config = Config {
         backend: Backend::Sqlite {
-            path: dir.path().join("bench.db"),
+            path: dir.join("bench.db"),
         },
         ..Config::defaults()
     };
-    let backend = connect(&config, clock.clone()).await?;
-    let (agent, first) = NewAgent::named("bench").create(clock.now())?;
+    let now = clock.now();
+    let backend = connect(&config, clock).await?;
+    let (agent, first) = NewAgent::named("bench").create(now)?;
     backend.store.create_agent(&agent, &first).await?;
+    Ok((config, backend, agent))
+}
+
+async fn turns_with_history(size: usize, turns: usize) -> Result<f64, Failure> {
+    let dir = tempfile::tempdir()?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (config, backend, agent) = bench_agent(dir.path(), clock.clone()).await?;
     seed_history(backend.store.as_ref(), &agent, size, clock.now()).await?;
     let worker = backend.worker(clock.clone(), &config.engine, &offline_services());
     let mut busy = Duration::ZERO;

@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use futures::StreamExt;
-use pulse_shared::adapters::connect;
-use pulse_shared::config::{Backend, Config};
-use pulse_shared::domain::{NewAgent, Webhook, WebhookScheme};
+use pulse_shared::domain::{Webhook, WebhookScheme};
 use pulse_shared::http::{self, Inbound};
 use pulse_shared::ports::{Clock, SystemClock};
 use pulse_signatures::inbound::{Scheme, generate_secret, sign};
@@ -94,17 +92,7 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
     }
     let dir = tempfile::tempdir()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let config = Config {
-        backend: Backend::Sqlite {
-            path: dir.path().join("bench.db"),
-        },
-        ..Config::defaults()
-    };
-    let backend = connect(&config, clock.clone()).await?;
-    let (agent, first) = NewAgent::named("bench")
-        .create(clock.now())
-        .map_err(|e| Failure::Input(e.to_string()))?;
-    backend.store.create_agent(&agent, &first).await?;
+    let (config, backend, agent) = crate::bench::bench_agent(dir.path(), clock.clone()).await?;
     let secret = generate_secret();
     let mut webhook = Webhook::new(agent.id.clone(), WebhookScheme::Pulse, &secret, clock.now())
         .map_err(|e| Failure::Input(e.to_string()))?;

@@ -413,20 +413,10 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
 /// Refuses a secret the scheme cannot sign with (a Standard Webhooks secret must be
 /// `whsec_` + base64).
 fn check_secret(scheme: WebhookScheme, secret: &str) -> Result<(), Failure> {
-    let s = webhook_scheme(scheme);
+    let s = pulse_shared::http::webhooks::signature_scheme(scheme);
     pulse_signatures::inbound::sign(s, secret, b"{}", 0, "check")
         .map(|_| ())
         .map_err(|e| Failure::Input(format!("invalid secret for the {scheme} scheme: {e}")))
-}
-
-fn webhook_scheme(s: WebhookScheme) -> pulse_signatures::inbound::Scheme {
-    use pulse_signatures::inbound::Scheme;
-    match s {
-        WebhookScheme::Pulse => Scheme::Pulse,
-        WebhookScheme::Standard => Scheme::Standard,
-        WebhookScheme::Github => Scheme::Github,
-        WebhookScheme::Stripe => Scheme::Stripe,
-    }
 }
 
 async fn require_webhook(b: &Connected, id: &WebhookId) -> Result<Webhook, Failure> {

@@ -9,9 +9,10 @@ use pulse_shared::config::InboundConfig;
 use pulse_shared::domain::{
     Agent, EventType, RateLimit, RequestStatus, SessionTask, TaskEnvelope, Webhook, WebhookScheme,
 };
+use pulse_shared::http::webhooks::signature_scheme;
 use pulse_shared::http::{self, Inbound};
 use pulse_signatures::discord::DiscordSigner;
-use pulse_signatures::inbound::{Scheme, sign};
+use pulse_signatures::inbound::sign;
 use pulse_tests::{Backend, Kind, on_both_backends};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
@@ -129,18 +130,9 @@ impl Rig {
     }
 }
 
-fn scheme(s: WebhookScheme) -> Scheme {
-    match s {
-        WebhookScheme::Pulse => Scheme::Pulse,
-        WebhookScheme::Standard => Scheme::Standard,
-        WebhookScheme::Github => Scheme::Github,
-        WebhookScheme::Stripe => Scheme::Stripe,
-    }
-}
-
 fn signed(s: WebhookScheme, secret: &str, ts: i64, delivery: &str, body: &[u8]) -> HeaderMap {
     let mut h = HeaderMap::new();
-    for (k, v) in sign(scheme(s), secret, body, ts, delivery).unwrap() {
+    for (k, v) in sign(signature_scheme(s), secret, body, ts, delivery).unwrap() {
         h.insert(k, v);
     }
     if s == WebhookScheme::Github {

@@ -184,6 +184,21 @@ async fn follow_up(
     message(&id, &content)
 }
 
+/// Discord's 401 for a request that does not carry a bot token.
+fn without_bot_token(headers: &HeaderMap) -> Option<Response> {
+    let bot = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bot "));
+    (!bot).then(|| {
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"message": "401: Unauthorized"})),
+        )
+            .into_response()
+    })
+}
+
 /// Bulk overwrite of an application's commands: echoes them with ids (bot token only).
 async fn overwrite_commands(
     State(inner): State<Arc<Mutex<Inner>>>,
@@ -195,16 +210,8 @@ async fn overwrite_commands(
     if let Some(r) = record(&inner, Method::PUT, &uri, headers.clone(), &body) {
         return r;
     }
-    if !headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("Bot "))
-    {
-        return (
-            StatusCode::UNAUTHORIZED,
-            Json(json!({"message": "401: Unauthorized"})),
-        )
-            .into_response();
+    if let Some(refused) = without_bot_token(&headers) {
+        return refused;
     }
     let commands: Vec<Value> = body
         .as_array()
@@ -231,16 +238,8 @@ async fn create(
     if let Some(r) = record(&inner, Method::POST, &uri, headers.clone(), &body) {
         return r;
     }
-    if !headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("Bot "))
-    {
-        return (
-            StatusCode::UNAUTHORIZED,
-            Json(json!({"message": "401: Unauthorized"})),
-        )
-            .into_response();
+    if let Some(refused) = without_bot_token(&headers) {
+        return refused;
     }
     let content = body["content"].as_str().unwrap_or("").to_owned();
     let mut g = inner.lock().unwrap();

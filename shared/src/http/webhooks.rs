@@ -41,7 +41,8 @@ use crate::ports::{AcceptOutcome, Acceptance};
 /// The event type of a body that names none.
 pub const DEFAULT_EVENT_TYPE: &str = "WEBHOOK_TRIGGER";
 
-fn scheme(s: WebhookScheme) -> Scheme {
+/// The signature scheme that checks a webhook of scheme `s`.
+pub fn signature_scheme(s: WebhookScheme) -> Scheme {
     match s {
         WebhookScheme::Pulse => Scheme::Pulse,
         WebhookScheme::Standard => Scheme::Standard,
@@ -91,7 +92,7 @@ pub(super) async fn receive(
 
     let check = |w: &Webhook| {
         inbound::verify(
-            scheme(w.scheme),
+            signature_scheme(w.scheme),
             &w.secrets_at(now),
             &parts.headers,
             &body,

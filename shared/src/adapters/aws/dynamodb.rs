@@ -317,6 +317,33 @@ impl DynamoStore {
         Ok(out.item)
     }
 
+    /// The id stored in attribute `attr` of the item at `key`, if the item exists.
+    async fn get_id<T>(
+        &self,
+        op: &'static str,
+        key: Item,
+        attr: &str,
+        parse: fn(&str) -> Result<T, crate::error::ValidationError>,
+    ) -> Result<Option<T>, StoreError> {
+        let at = || {
+            format!(
+                "{}/{}",
+                key.get("pk").and_then(|v| v.as_s().ok()).map_or("?", |v| v),
+                key.get("sk").and_then(|v| v.as_s().ok()).map_or("?", |v| v)
+            )
+        };
+        let Some(item) = self.get(op, key.clone()).await? else {
+            return Ok(None);
+        };
+        let id = item
+            .get(attr)
+            .and_then(|v| v.as_s().ok())
+            .ok_or_else(|| StoreError::corrupt(at(), format!("no {attr}")))?;
+        parse(id)
+            .map(Some)
+            .map_err(|e| StoreError::corrupt(at(), e))
+    }
+
     /// All items of a partition whose sort key begins with `prefix`, in key order.
     async fn query_prefix(
         &self,
@@ -528,22 +555,13 @@ fn channel_item(channel: &str, agent: &AgentId) -> Item {
 #[async_trait]
 impl AgentStore for DynamoStore {
     async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
-        let Some(item) = self
-            .get(
-                "find channel's agent",
-                key(format!("CH#{channel_id}"), "CH"),
-            )
-            .await?
-        else {
-            return Ok(None);
-        };
-        let id = item
-            .get("agent_id")
-            .and_then(|v| v.as_s().ok())
-            .ok_or_else(|| StoreError::corrupt(format!("CH#{channel_id}"), "no agent_id"))?;
-        AgentId::parse(id)
-            .map(Some)
-            .map_err(|e| StoreError::corrupt(format!("CH#{channel_id}"), e))
+        self.get_id(
+            "find channel's agent",
+            key(format!("CH#{channel_id}"), "CH"),
+            "agent_id",
+            AgentId::parse,
+        )
+        .await
     }
 
     async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError> {

@@ -49,22 +49,13 @@ impl DynamoStore {
         hook: &WebhookId,
         delivery: &str,
     ) -> Result<Option<EventId>, StoreError> {
-        let Some(item) = self
-            .get(
-                "read delivery id",
-                key(webhook_pk(hook), format!("DL#{delivery}")),
-            )
-            .await?
-        else {
-            return Ok(None);
-        };
-        let id = item
-            .get("event_id")
-            .and_then(|v| v.as_s().ok())
-            .ok_or_else(|| StoreError::corrupt(format!("{hook}/DL#{delivery}"), "no event_id"))?;
-        EventId::parse(id)
-            .map(Some)
-            .map_err(|e| StoreError::corrupt(format!("{hook}/DL#{delivery}"), e))
+        self.get_id(
+            "read delivery id",
+            key(webhook_pk(hook), format!("DL#{delivery}")),
+            "event_id",
+            EventId::parse,
+        )
+        .await
     }
 
     async fn write_log(&self, log: &WebhookRequest) -> Result<(), StoreError> {
