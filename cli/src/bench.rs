@@ -77,6 +77,7 @@ fn offline_services() -> Services {
     Services {
         llm: Arc::new(Router::new(LlmConfig::offline())),
         discord: None,
+        egress: pulse_egress::Egress::new(pulse_egress::AllowList::default()),
     }
 }
 
@@ -181,6 +182,7 @@ async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> 
     let table = format!("pulse-bench-{id}");
     aws::create_table(&setup.dynamodb, &table).await?;
     let url = aws::create_sessions_queue(&setup.sqs, &format!("pulse-bench-{id}.fifo")).await?;
+    let hooks_url = aws::create_hooks_queue(&setup.sqs, &format!("pulse-bench-hooks-{id}")).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let setup_store = DynamoStore::new(setup.dynamodb.clone(), &table, Duration::from_secs(30));
     setup_store.import_agents(&fleet(n, clock.as_ref())).await?;
@@ -192,6 +194,13 @@ async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> 
             Duration::from_secs(30),
         )),
         queue: Arc::new(SqsQueue::new(counted.sqs.clone(), &url)),
+        // A hooks queue, as deployed: each heartbeat reads its agent's hook routes.
+        hooks: Some(Arc::new(aws::SqsHookQueue::new(
+            counted.sqs.clone(),
+            &hooks_url,
+            None,
+        ))),
+        bus: None,
         aws_requests: Some(counted.counter.clone()),
     };
 

@@ -101,6 +101,7 @@ enum Plan {
     RegisterCommands {
         menu_name: String,
     },
+    Hooks(crate::hooks::HooksPlan),
 }
 
 impl Plan {
@@ -118,7 +119,7 @@ impl Plan {
                 | Plan::SetSubscription { .. }
                 | Plan::Say { .. }
                 | Plan::CreateWebhook { .. }
-        )
+        ) || matches!(self, Plan::Hooks(h) if h.writes())
     }
 }
 
@@ -397,6 +398,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
             id: WebhookId::parse(&id).map_err(input)?,
             active: false,
         },
+        Command::Hooks(cmd) => Plan::Hooks(crate::hooks::plan(cmd, now)?),
         Command::Discord(DiscordCmd::RegisterCommands { menu_name }) => {
             let menu_name = menu_name.trim().to_owned();
             if menu_name.is_empty() || menu_name.chars().count() > 32 {
@@ -453,6 +455,13 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     {
         return crate::bench_receive::receive(requests, concurrency, &out).await;
     }
+    if let Command::Bench(BenchCmd::Hooks {
+        deliveries,
+        samples,
+    }) = cli.command
+    {
+        return crate::bench_hooks::hooks(deliveries, samples, &out).await;
+    }
     if let Command::Bench(BenchCmd::Turn { history, turns }) = &cli.command {
         return bench::turn(history, *turns, &out).await;
     }
@@ -500,6 +509,7 @@ async fn execute(
 ) -> Result<(), Failure> {
     match plan {
         Plan::Serve { tick, listen } => serve::serve(config, b, clock, tick, listen).await,
+        Plan::Hooks(h) => crate::hooks::execute(h, config, b, clock, out).await,
         Plan::CreateWebhook {
             webhook,
             secret,

@@ -7,8 +7,10 @@
 //! and on bad input nothing is written.
 
 mod bench;
+mod bench_hooks;
 mod bench_receive;
 mod commands;
+mod hooks;
 mod output;
 mod serve;
 
@@ -68,6 +70,9 @@ enum Command {
     /// Inbound webhooks: signed events from external systems.
     #[command(subcommand)]
     Webhooks(WebhooksCmd),
+    /// Outbound hooks: signed deliveries of the agent's lifecycle to URLs or EventBridge.
+    #[command(subcommand)]
+    Hooks(hooks::HooksCmd),
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),
@@ -419,6 +424,16 @@ enum BenchCmd {
         /// Requests in flight at once.
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
+    },
+    /// Hook deliveries per second through the embedded hooks queue to a loopback
+    /// receiver, and the latency queueing adds to one delivery beside a bare POST.
+    Hooks {
+        /// Deliveries in the backlog drained for throughput.
+        #[arg(long, default_value_t = 2_000)]
+        deliveries: usize,
+        /// Single deliveries timed for latency (and bare POSTs beside them).
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
     },
     /// The worker's cost per conversation turn with histories of several sizes (offline
     /// model, no Discord).

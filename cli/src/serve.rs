@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pulse_shared::adapters::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
-use pulse_shared::engine::{PollReport, Sweeper, Worker};
+use pulse_shared::engine::{DispatchSettings, Dispatcher, PollReport, Sweeper, Worker};
 use pulse_shared::error::chain;
 use pulse_shared::http::{self, Inbound};
 use pulse_shared::ports::Clock;
@@ -21,6 +21,18 @@ use crate::output::Out;
 /// How long a received job stays hidden. The claim's lease (10 minutes by default) is
 /// longer, so a job that dies with its process comes back before its lease is reclaimed.
 const VISIBILITY: Duration = Duration::from_secs(300);
+
+/// How long a received hook message stays hidden: longer than the longest hook timeout
+/// (60 s), so a message is not handed to a second loop while its attempt runs.
+const HOOK_VISIBILITY: Duration = Duration::from_secs(120);
+
+fn dispatcher(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> Option<Dispatcher> {
+    b.dispatcher(
+        clock,
+        &Services::from_config(config),
+        DispatchSettings::default(),
+    )
+}
 
 fn engine(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> (Sweeper, Worker) {
     let services = Services::from_config(config);
@@ -99,6 +111,27 @@ pub(crate) async fn serve(
             }
         }
     };
+    let dispatching = async {
+        let Some(dispatcher) = dispatcher(config, b, clock.clone()) else {
+            info!("no hooks queue: hooks are not delivered by this process");
+            return;
+        };
+        if !config.hooks.allow.is_empty() {
+            warn!(allow = %config.hooks.allow, "PULSE_HOOKS_ALLOW lets hooks and HTTP tools reach these non-public addresses: for local development only");
+        }
+        let mut stop = stop_rx.clone();
+        while !*stop.borrow() {
+            match dispatcher.poll_once(16, HOOK_VISIBILITY).await {
+                Ok(r) if r.handled > 0 => continue,
+                Ok(_) => {}
+                Err(e) => error!(error = %chain(&e), "cannot read the hooks queue; retrying"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(tick.min(Duration::from_secs(1))) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    };
     let receiving = async {
         let Some(listener) = listener else { return };
         let inbound = Arc::new(Inbound::new(
@@ -132,7 +165,7 @@ pub(crate) async fn serve(
         info!("stopping: finishing the work in hand");
         let _ = stop_tx.send(true);
     };
-    tokio::join!(sweeping, working, receiving, signals);
+    tokio::join!(sweeping, working, dispatching, receiving, signals);
     info!("pulse serve stopped");
     Ok(())
 }
@@ -177,13 +210,24 @@ pub(crate) async fn sweep_and_drain(
         ran += r.received;
         failed += r.failed;
     }
+    // Deliver the hooks those jobs emitted that are due now (retries wait for serve).
+    let mut hooks = 0;
+    if let Some(d) = dispatcher(config, b, clock.clone()) {
+        loop {
+            let r = d.poll_once(16, HOOK_VISIBILITY).await?;
+            if r.handled == 0 {
+                break;
+            }
+            hooks += r.attempts;
+        }
+    }
     if out.json {
         out.json_value(
-            &serde_json::json!({ "sweep": report, "jobs_run": ran, "jobs_failed": failed }),
+            &serde_json::json!({ "sweep": report, "jobs_run": ran, "jobs_failed": failed, "hook_attempts": hooks }),
         );
     } else {
         eprintln!(
-            "swept: {} due, {} claimed, {} skipped; ran {ran} jobs ({failed} to retry)",
+            "swept: {} due, {} claimed, {} skipped; ran {ran} jobs ({failed} to retry); {hooks} hook attempts",
             report.due, report.claimed, report.skipped
         );
     }

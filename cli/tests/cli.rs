@@ -19,6 +19,9 @@ fn pulse(dir: &Path, args: &[&str]) -> Output {
         .env_remove("DISCORD_BOT_TOKEN")
         .env_remove("DISCORD_APPLICATION_ID")
         .env("PULSE_EVENT_SETTLE", "0s")
+        // The fake tools listen on loopback, which outbound requests may not reach
+        // unless allowed.
+        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32")
         .output()
         .expect("pulse runs")
 }

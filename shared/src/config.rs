@@ -26,6 +26,9 @@
 //! | `DISCORD_PUBLIC_KEY` | the application's public key (hex); checks interaction signatures | unset: `POST /discord/interactions` answers 401 |
 //! | `PULSE_DISCORD_DEFAULT_AGENT` | the agent that answers in channels no agent is created for | unset |
 //! | `PULSE_DELIVERY_MEMORY` | how long webhook delivery ids are remembered (replay guard) | `7d` |
+//! | `PULSE_HOOKS_ALLOW` | addresses outbound requests (hooks, HTTP tools) may reach although not public, e.g. `127.0.0.1/32,::1/128` — local development only | empty |
+//! | `PULSE_HOOKS_QUEUE_URL` | the hooks standard SQS queue (`aws`) | unset: hooks are not emitted |
+//! | `PULSE_HOOKS_DLQ_URL` | where exhausted deliveries are sent (`aws`) | unset: recorded EXHAUSTED only |
 
 use std::path::PathBuf;
 
@@ -67,6 +70,15 @@ pub struct Config {
     pub discord: DiscordConfig,
     /// The HTTP receiver.
     pub inbound: InboundConfig,
+    /// Outbound hooks and requests.
+    pub hooks: HooksConfig,
+}
+
+/// Outbound requests (hooks, HTTP tools).
+#[derive(Clone, Debug, Default)]
+pub struct HooksConfig {
+    /// `PULSE_HOOKS_ALLOW`: non-public ranges outbound requests may reach anyway.
+    pub allow: pulse_egress::AllowList,
 }
 
 /// What the HTTP receiver (`POST /discord/interactions`, `POST /webhooks/{id}`) needs.
@@ -101,6 +113,7 @@ impl Config {
                 delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
                 ..InboundConfig::default()
             },
+            hooks: HooksConfig::default(),
         }
     }
 }
@@ -275,6 +288,17 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         })
     }
 
+    /// Outbound request settings.
+    pub fn hooks(&self) -> Result<HooksConfig, ConfigError> {
+        let allow = match self.get("PULSE_HOOKS_ALLOW") {
+            None => pulse_egress::AllowList::default(),
+            Some(v) => v.parse().map_err(|e: pulse_egress::AllowListError| {
+                ConfigError::new("PULSE_HOOKS_ALLOW", e.to_string())
+            })?,
+        };
+        Ok(HooksConfig { allow })
+    }
+
     /// The AWS resources.
     pub fn aws(&self) -> Result<AwsSettings, ConfigError> {
         let required = |var: &'static str, what: &str| {
@@ -284,6 +308,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Ok(AwsSettings {
             table: required("PULSE_TABLE", "DynamoDB table name")?,
             sessions_queue_url: required("PULSE_SESSIONS_QUEUE_URL", "sessions FIFO queue URL")?,
+            hooks_queue_url: self.get("PULSE_HOOKS_QUEUE_URL"),
+            hooks_dlq_url: self.get("PULSE_HOOKS_DLQ_URL"),
             endpoint_url: self.get("AWS_ENDPOINT_URL"),
         })
     }
@@ -313,6 +339,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             llm: self.llm()?,
             discord: self.discord()?,
             inbound: self.inbound()?,
+            hooks: self.hooks()?,
         })
     }
 
@@ -324,6 +351,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             llm: self.llm()?,
             discord: self.discord()?,
             inbound: self.inbound()?,
+            hooks: self.hooks()?,
         })
     }
 }

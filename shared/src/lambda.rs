@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use tracing::error;
 
 use crate::domain::Delivery;
-use crate::engine::{SweepReport, Sweeper, Worker};
+use crate::engine::{Dispatcher, SweepReport, Sweeper, Worker};
 
 /// A sweep that met problems. Returned to Lambda so the invocation counts as an error
 /// (alarms see it); the next scheduled sweep retries whatever was missed.
@@ -50,6 +50,25 @@ pub async fn sessions_batch(worker: &Worker, event: SqsEvent) -> SqsBatchRespons
     let outcome = worker.process_batch(&batch).await;
     let mut resp = SqsBatchResponse::default();
     resp.batch_item_failures = outcome
+        .failed
+        .into_iter()
+        .map(|id| {
+            let mut f = BatchItemFailure::default();
+            f.item_identifier = id;
+            f
+        })
+        .collect();
+    resp
+}
+
+/// An SQS batch from the hooks queue → one attempt per message (a retry is a new
+/// message with a delay); the response lists only messages that failed for a reason
+/// outside the delivery (storage or queue unavailable), which SQS brings back.
+pub async fn hooks_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchResponse {
+    let batch: Vec<Delivery> = event.records.iter().map(delivery).collect();
+    let report = dispatcher.process_batch(&batch).await;
+    let mut resp = SqsBatchResponse::default();
+    resp.batch_item_failures = report
         .failed
         .into_iter()
         .map(|id| {

@@ -11,9 +11,12 @@
 //! - [`ports`]: the traits the engine needs (stores, the sessions queue, the clock, tool
 //!   execution).
 //! - [`engine`]: the sweeper (due → claim → queue), the heartbeat runner (window by
-//!   cursor → tools and cascades → atomic finish and next schedule) and the worker (batches
-//!   in order per session, partial failures).
+//!   cursor → tools and cascades → atomic finish and next schedule), the worker (batches
+//!   in order per session, partial failures), and hooks (emit at lifecycle points,
+//!   dispatch with delayed retries).
 //! - [`tools`]: tool execution; the generic HTTP tool.
+//! - [`outbound`]: the hook sender — signed POSTs through the SSRF-guarded egress client
+//!   (`pulse-egress`, which the HTTP tool uses too), or PutEvents to EventBridge.
 //! - [`http`]: the axum router of the webhook receiver — Discord interactions, signed
 //!   webhooks, health — served by Lambda and by `pulse serve --listen`. Signature schemes
 //!   live in the `pulse-signatures` crate (a leaf crate, so its fuzz target builds fast).
@@ -35,6 +38,7 @@ pub mod error;
 pub mod http;
 pub mod lambda;
 pub mod llm;
+pub mod outbound;
 pub mod ports;
 pub mod telemetry;
 pub mod tools;

@@ -15,9 +15,10 @@ use serde_json::Value;
 
 use crate::domain::{
     Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery, Event, EventCursor,
-    EventId, Heartbeat, HeartbeatId, HeartbeatStatus, LlmRequest, LlmResponse, Memory,
-    OutgoingTask, RateLimit, Registry, RequestStatus, SignalId, Subscription, SubscriptionId, Tool,
-    ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    EventId, Heartbeat, HeartbeatId, HeartbeatStatus, Hook, HookAttempt, HookDelivery,
+    HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest, LlmResponse, Memory, OutgoingTask,
+    RateLimit, Registry, RequestStatus, SignalId, Subscription, SubscriptionId, Tool, ToolName,
+    ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -391,6 +392,47 @@ pub trait WebhookStore: Send + Sync {
     ) -> Result<Vec<WebhookRequest>, StoreError>;
 }
 
+/// Outbound hooks, their deliveries and the log of every attempt.
+///
+/// Hooks and deliveries carry a version: each write is conditional on the version the
+/// writer read (`version - 1` of the record written), so two dispatchers never both
+/// claim an attempt and a health update never undoes a user's `hooks disable`.
+#[async_trait]
+pub trait HookStore: Send + Sync {
+    /// Creates a hook; `AlreadyExists` if its id is taken.
+    async fn create_hook(&self, hook: &Hook) -> Result<(), StoreError>;
+    /// Reads a hook.
+    async fn get_hook(&self, id: &HookId) -> Result<Option<Hook>, StoreError>;
+    /// An agent's hooks, oldest first.
+    async fn list_hooks(&self, agent: &AgentId) -> Result<Vec<Hook>, StoreError>;
+    /// What the engine needs to route an agent's emit points: one small read per run.
+    async fn hook_routes(&self, agent: &AgentId) -> Result<Vec<HookRoute>, StoreError>;
+    /// Replaces a hook if the stored one is at `hook.version - 1`; `Conflict` if it
+    /// changed meanwhile, `NotFound` if it does not exist.
+    async fn update_hook(&self, hook: &Hook) -> Result<(), StoreError>;
+    /// Reads a delivery.
+    async fn get_delivery(&self, id: &HookDeliveryId) -> Result<Option<HookDelivery>, StoreError>;
+    /// Writes a delivery and the attempt it records, if any, in one atomic write,
+    /// conditional on the stored delivery being at `delivery.version - 1` (absent when
+    /// that is 0); `Conflict` otherwise.
+    async fn save_delivery(
+        &self,
+        delivery: &HookDelivery,
+        attempt: Option<&HookAttempt>,
+    ) -> Result<(), StoreError>;
+    /// A hook's latest deliveries, newest first.
+    async fn list_deliveries(
+        &self,
+        hook: &HookId,
+        limit: usize,
+    ) -> Result<Vec<HookDelivery>, StoreError>;
+    /// A delivery's attempts, first first.
+    async fn list_attempts(
+        &self,
+        delivery: &HookDeliveryId,
+    ) -> Result<Vec<HookAttempt>, StoreError>;
+}
+
 /// Everything the engine stores.
 pub trait Store:
     AgentStore
@@ -401,6 +443,7 @@ pub trait Store:
     + ConversationStore
     + MemoryStore
     + WebhookStore
+    + HookStore
 {
 }
 impl<T> Store for T where
@@ -412,7 +455,65 @@ impl<T> Store for T where
         + ConversationStore
         + MemoryStore
         + WebhookStore
+        + HookStore
 {
+}
+
+/// A hook delivery to enqueue, visible after `delay`.
+#[derive(Clone, Debug)]
+pub struct HookMessage {
+    /// The task.
+    pub task: HookTask,
+    /// How long the queue hides it (SQS: at most 15 minutes; longer waits are chained
+    /// through `task.not_before`).
+    pub delay: Duration,
+}
+
+/// The hooks queue: unordered, per-message delay, redelivery after a visibility timeout.
+#[async_trait]
+pub trait HookQueue: Send + Sync {
+    /// Most delay one message can carry.
+    fn max_delay(&self) -> Duration {
+        Duration::from_secs(900)
+    }
+    /// Sends messages. Messages that could not be sent are reported, not retried.
+    async fn send(&self, messages: &[HookMessage]) -> Result<SendReport, StoreError>;
+    /// Receives up to `max` visible messages, hiding them for `visibility`.
+    async fn receive(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, StoreError>;
+    /// Deletes a handled message.
+    async fn ack(&self, receipt: &str) -> Result<(), StoreError>;
+    /// Keeps a delivery whose attempts are used up, for inspection and redrive.
+    async fn dead_letter(&self, task: &HookTask, reason: &str) -> Result<(), StoreError>;
+}
+
+/// What came of one attempt to send a hook.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SendResult {
+    /// How it went.
+    pub status: crate::domain::AttemptStatus,
+    /// The receiver's HTTP status, if it answered.
+    pub http_status: Option<u16>,
+    /// The start of the response body.
+    pub body: Option<String>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// The receiver's `Retry-After`, if it gave one.
+    pub retry_after: Option<Duration>,
+}
+
+/// Sends one attempt of a delivery to its hook's target. Never returns an error: every
+/// failure is an attempt outcome.
+#[async_trait]
+pub trait HookSender: Send + Sync {
+    /// Sends `delivery` to `hook`'s target, signed at `timestamp` (Unix seconds).
+    async fn send(&self, hook: &Hook, delivery: &HookDelivery, timestamp: i64) -> SendResult;
+}
+
+/// An EventBridge-like event bus.
+#[async_trait]
+pub trait EventBus: Send + Sync {
+    /// Puts one event on `bus` with source `pulse`; `Err` says why it was not accepted.
+    async fn put_event(&self, bus: &str, detail_type: &str, detail: &str) -> Result<(), String>;
 }
 
 /// Tasks that could not be sent.

@@ -691,3 +691,98 @@ async fn channels_and_webhooks(kind: Kind) {
     ));
     assert!(b.store.get_webhook(&ghost.id).await.unwrap().is_none());
 }
+
+on_both_backends!(
+    hooks_and_deliveries_are_written_only_over_the_version_read,
+    hook_versions
+);
+async fn hook_versions(kind: Kind) {
+    use pulse_shared::domain::{
+        AttemptStatus, DeliveryStatus, Hook, HookAttempt, HookDeliveryId, HookTarget, HookTask,
+        HookType,
+    };
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut h = Hook::new(
+        agent.id.clone(),
+        HookType::parse("AFTER_HEARTBEAT").unwrap(),
+        HookTarget::parse("https://example.com/h").unwrap(),
+        "whsec_c2VjcmV0c2VjcmV0c2VjcmV0",
+        b.now(),
+    );
+    b.store.create_hook(&h).await.unwrap();
+    assert!(matches!(
+        b.store.create_hook(&h).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert_eq!(b.store.get_hook(&h.id).await.unwrap().unwrap(), h);
+    let routes = b.store.hook_routes(&agent.id).await.unwrap();
+    assert_eq!(routes, vec![h.route()]);
+
+    // A write over the version read succeeds; a second writer that read the same
+    // version conflicts; the route follows the hook.
+    let mut stale = h.clone();
+    h.active = false;
+    h.version += 1;
+    b.store.update_hook(&h).await.unwrap();
+    stale.description = Some("late".into());
+    stale.version += 1;
+    assert!(matches!(
+        b.store.update_hook(&stale).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(!b.store.hook_routes(&agent.id).await.unwrap()[0].active);
+    assert_eq!(
+        b.store.list_hooks(&agent.id).await.unwrap(),
+        vec![h.clone()]
+    );
+    let mut gone = h.clone();
+    gone.id = pulse_shared::domain::HookId::generate();
+    gone.version += 1;
+    assert!(matches!(
+        b.store.update_hook(&gone).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    let task = HookTask {
+        v: HookTask::VERSION,
+        delivery_id: HookDeliveryId::generate(b.now().as_millisecond() as u64),
+        hook_id: h.id.clone(),
+        agent_id: agent.id.clone(),
+        hook_type: h.hook_type.clone(),
+        attempt: 1,
+        not_before: b.now(),
+        body: "{}".into(),
+        emitted_at: b.now(),
+    };
+    let mut d = task.new_delivery(b.now());
+    d.attempts = 1;
+    d.version = 1;
+    b.store.save_delivery(&d, None).await.unwrap();
+    // Two claims of the same attempt: only one is written.
+    assert!(matches!(
+        b.store.save_delivery(&d, None).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let attempt = HookAttempt {
+        delivery_id: d.id.clone(),
+        hook_id: h.id.clone(),
+        attempt: 1,
+        status: AttemptStatus::Success,
+        http_status: Some(200),
+        response_body: None,
+        error: None,
+        duration_ms: 3,
+        at: b.now(),
+        next_attempt_at: None,
+    };
+    d.status = DeliveryStatus::Succeeded;
+    d.version = 2;
+    b.store.save_delivery(&d, Some(&attempt)).await.unwrap();
+    assert_eq!(b.store.get_delivery(&d.id).await.unwrap().unwrap(), d);
+    assert_eq!(
+        b.store.list_deliveries(&h.id, 10).await.unwrap(),
+        vec![d.clone()]
+    );
+    assert_eq!(b.store.list_attempts(&d.id).await.unwrap(), vec![attempt]);
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::SignedDuration;
-use pulse_shared::adapters::{Connected, Services};
+use pulse_shared::adapters::Services;
 use pulse_shared::discord::{DiscordClient, DiscordConfig};
 use pulse_shared::domain::{
     Agent, ContentBlock, Delivery, HeartbeatStatus, InteractionRef, NewAgent, OutgoingTask,
@@ -45,12 +45,9 @@ async fn world(kind: Kind) -> World {
             application_id: Some("app1".into()),
             ..DiscordConfig::unconfigured()
         }))),
+        egress: pulse_tests::test_egress(),
     };
-    let connected = Connected {
-        store: b.store.clone(),
-        queue: b.queue.clone(),
-        aws_requests: None,
-    };
+    let connected = b.connected();
     let worker = connected.worker(b.clock.clone(), &settings(), &services);
     World {
         b,

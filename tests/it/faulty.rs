@@ -8,14 +8,15 @@ use async_trait::async_trait;
 use jiff::Timestamp;
 use pulse_shared::domain::{
     Action, Agent, AgentId, ClaimRequest, ConversationMessage, Event, EventCursor, EventId,
-    Heartbeat, HeartbeatId, Memory, Registry, SignalId, Subscription, SubscriptionId, Tool,
-    ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute,
+    Memory, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId,
+    Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
     AcceptOutcome, Acceptance, ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish,
-    FinishOutcome, HeartbeatStore, MemoryStore, PageToken, Store, ToolRegistry, TurnStart,
-    WebhookStore, Window,
+    FinishOutcome, HeartbeatStore, HookStore, MemoryStore, PageToken, Store, ToolRegistry,
+    TurnStart, WebhookStore, Window,
 };
 
 pub(crate) struct FaultyStore {
@@ -237,5 +238,47 @@ impl WebhookStore for FaultyStore {
         limit: usize,
     ) -> Result<Vec<WebhookRequest>, StoreError> {
         self.inner.list_requests(id, limit).await
+    }
+}
+
+#[async_trait]
+impl HookStore for FaultyStore {
+    async fn create_hook(&self, hook: &Hook) -> Result<(), StoreError> {
+        self.inner.create_hook(hook).await
+    }
+    async fn get_hook(&self, id: &HookId) -> Result<Option<Hook>, StoreError> {
+        self.inner.get_hook(id).await
+    }
+    async fn list_hooks(&self, agent: &AgentId) -> Result<Vec<Hook>, StoreError> {
+        self.inner.list_hooks(agent).await
+    }
+    async fn hook_routes(&self, agent: &AgentId) -> Result<Vec<HookRoute>, StoreError> {
+        self.inner.hook_routes(agent).await
+    }
+    async fn update_hook(&self, hook: &Hook) -> Result<(), StoreError> {
+        self.inner.update_hook(hook).await
+    }
+    async fn get_delivery(&self, id: &HookDeliveryId) -> Result<Option<HookDelivery>, StoreError> {
+        self.inner.get_delivery(id).await
+    }
+    async fn save_delivery(
+        &self,
+        delivery: &HookDelivery,
+        attempt: Option<&HookAttempt>,
+    ) -> Result<(), StoreError> {
+        self.inner.save_delivery(delivery, attempt).await
+    }
+    async fn list_deliveries(
+        &self,
+        hook: &HookId,
+        limit: usize,
+    ) -> Result<Vec<HookDelivery>, StoreError> {
+        self.inner.list_deliveries(hook, limit).await
+    }
+    async fn list_attempts(
+        &self,
+        delivery: &HookDeliveryId,
+    ) -> Result<Vec<HookAttempt>, StoreError> {
+        self.inner.list_attempts(delivery).await
     }
 }

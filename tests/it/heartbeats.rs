@@ -409,7 +409,7 @@ async fn engine_failure(kind: Kind) {
     let store: Arc<dyn Store> = faulty.clone();
     let runner = b.runner_with(
         store,
-        Arc::new(pulse_shared::tools::Tools::new()),
+        Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
         settings(),
     );
     let worker = pulse_shared::engine::Worker::new(runner);

@@ -8,6 +8,7 @@ mod conversation_store;
 mod discord;
 mod faulty;
 mod heartbeats;
+mod hooks;
 mod inbound;
 mod lambda;
 mod llm;

@@ -5,6 +5,7 @@
 //! `scripts/test.sh` starts and names in `PULSE_TEST_MOTO_URL`.
 
 pub mod fake_discord;
+pub mod fake_hooks;
 pub mod fake_llm;
 
 use std::net::SocketAddr;
@@ -18,14 +19,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use jiff::{SignedDuration, Timestamp};
-use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsQueue};
-use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
+use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsHookQueue, SqsQueue};
+use pulse_shared::adapters::sqlite::{Db, SqliteHookQueue, SqliteQueue, SqliteStore};
 use pulse_shared::domain::{
     Agent, EventType, Filter, Heartbeat, NewAgent, NewEvent, Subscription, SubscriptionId, Tool,
     ToolName,
 };
 use pulse_shared::engine::{EngineSettings, HeartbeatRunner, Sweeper, Worker};
-use pulse_shared::ports::{Clock, ManualClock, SessionQueue, Store, ToolRunner};
+use pulse_shared::ports::{Clock, HookQueue, ManualClock, SessionQueue, Store, ToolRunner};
 use pulse_shared::tools::Tools;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -74,6 +75,12 @@ pub fn settings() -> EngineSettings {
     }
 }
 
+/// The outbound client of tests: loopback's 127.0.0.1 is allowed (the fake tools and
+/// receivers listen there); everything else non-public is refused as in production.
+pub fn test_egress() -> pulse_egress::Egress {
+    pulse_egress::Egress::new("127.0.0.1/32".parse().unwrap())
+}
+
 /// Fresh storage and a queue on one backend, with the clock they share.
 pub struct Backend {
     /// Which one.
@@ -82,6 +89,8 @@ pub struct Backend {
     pub store: Arc<dyn Store>,
     /// The sessions queue.
     pub queue: Arc<dyn SessionQueue>,
+    /// The hooks queue.
+    pub hooks: Arc<dyn HookQueue>,
     /// The clock of the engine and of the embedded queue.
     pub clock: Arc<ManualClock>,
     /// For AWS: the SDK clients (and their request counter).
@@ -104,7 +113,11 @@ impl Backend {
                 Self {
                     kind,
                     store: Arc::new(SqliteStore::new(db.clone())),
-                    queue: Arc::new(SqliteQueue::new(db, clock.clone() as Arc<dyn Clock>)),
+                    queue: Arc::new(SqliteQueue::new(
+                        db.clone(),
+                        clock.clone() as Arc<dyn Clock>,
+                    )),
+                    hooks: Arc::new(SqliteHookQueue::new(db, clock.clone() as Arc<dyn Clock>)),
                     clock,
                     aws: None,
                     sqlite_path: Some(path),
@@ -125,10 +138,21 @@ impl Backend {
                 .unwrap();
                 let store =
                     DynamoStore::new(clients.dynamodb.clone(), &table, Duration::from_secs(20));
+                let hooks_url = aws::create_hooks_queue(&clients.sqs, &unique("hooks"))
+                    .await
+                    .unwrap();
+                let dlq_url = aws::create_hooks_queue(&clients.sqs, &unique("hooks-dlq"))
+                    .await
+                    .unwrap();
                 Self {
                     kind,
                     store: Arc::new(store),
                     queue: Arc::new(SqsQueue::new(clients.sqs.clone(), &url)),
+                    hooks: Arc::new(SqsHookQueue::new(
+                        clients.sqs.clone(),
+                        &hooks_url,
+                        Some(dlq_url),
+                    )),
                     clock,
                     aws: Some(clients),
                     sqlite_path: None,
@@ -197,6 +221,17 @@ impl Backend {
         }
     }
 
+    /// The backend as the composition function builds it (no EventBridge client).
+    pub fn connected(&self) -> pulse_shared::adapters::Connected {
+        pulse_shared::adapters::Connected {
+            store: self.store.clone(),
+            queue: self.queue.clone(),
+            hooks: Some(self.hooks.clone()),
+            bus: None,
+            aws_requests: None,
+        }
+    }
+
     /// The current time.
     pub fn now(&self) -> Timestamp {
         self.clock.now()
@@ -214,7 +249,11 @@ impl Backend {
 
     /// A heartbeat runner with the real tool runner.
     pub fn runner(&self, settings: EngineSettings) -> Arc<HeartbeatRunner> {
-        self.runner_with(self.store.clone(), Arc::new(Tools::new()), settings)
+        self.runner_with(
+            self.store.clone(),
+            Arc::new(Tools::new(test_egress())),
+            settings,
+        )
     }
 
     /// A heartbeat runner over a given store and tool runner.
@@ -235,6 +274,55 @@ impl Backend {
     /// A worker with the real tool runner.
     pub fn worker(&self, settings: EngineSettings) -> Worker {
         Worker::new(self.runner(settings))
+    }
+
+    /// A worker whose heartbeats emit hooks to this backend's hooks queue.
+    pub fn worker_with_hooks(&self, settings: EngineSettings) -> Worker {
+        let runner = HeartbeatRunner::new(
+            self.store.clone(),
+            Arc::new(Tools::new(test_egress())),
+            self.clock.clone(),
+            settings,
+        )
+        .with_hooks(self.emitter());
+        Worker::new(Arc::new(runner))
+    }
+
+    /// What emits hooks to this backend's hooks queue.
+    pub fn emitter(&self) -> pulse_shared::engine::HookEmitter {
+        pulse_shared::engine::HookEmitter::new(
+            self.store.clone(),
+            self.hooks.clone(),
+            self.clock.clone(),
+        )
+    }
+
+    /// A hook dispatcher sending through `egress` (no EventBridge).
+    pub fn dispatcher_with(
+        &self,
+        egress: pulse_egress::Egress,
+    ) -> pulse_shared::engine::Dispatcher {
+        pulse_shared::engine::Dispatcher::new(
+            self.store.clone(),
+            self.hooks.clone(),
+            Arc::new(pulse_shared::outbound::HookClient::new(egress, None)),
+            self.clock.clone(),
+            pulse_shared::engine::DispatchSettings::default(),
+        )
+    }
+
+    /// A hook dispatcher sending through the test egress (127.0.0.1 allowed).
+    pub fn dispatcher(&self) -> pulse_shared::engine::Dispatcher {
+        self.dispatcher_with(test_egress())
+    }
+
+    /// Dead-lettered hook deliveries (SQLite only).
+    pub async fn dead_hooks(&self) -> u64 {
+        let db = Db::open(self.sqlite_path.as_ref().expect("SQLite only")).unwrap();
+        SqliteHookQueue::new(db, self.clock.clone() as Arc<dyn Clock>)
+            .dead_letters()
+            .await
+            .unwrap()
     }
 
     /// Creates an agent (interval `interval`) and returns it with its first heartbeat.

@@ -7,12 +7,16 @@ pub mod sqlite;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pulse_egress::Egress;
+
 use crate::config::{Backend, Config};
 use crate::engine::{
-    Conversation, ConversationSettings, EngineSettings, HeartbeatRunner, Sweeper, Worker,
+    Conversation, ConversationSettings, DispatchSettings, Dispatcher, EngineSettings,
+    HeartbeatRunner, HookEmitter, Sweeper, Worker,
 };
 use crate::error::StoreError;
-use crate::ports::{Clock, DiscordApi, LlmSelector, SessionQueue, Store};
+use crate::outbound::HookClient;
+use crate::ports::{Clock, DiscordApi, EventBus, HookQueue, LlmSelector, SessionQueue, Store};
 use crate::tools::{HeartbeatAgent, Tools};
 
 /// The outside services a worker talks to.
@@ -22,6 +26,8 @@ pub struct Services {
     pub llm: Arc<dyn LlmSelector>,
     /// Discord, when configured; replies are stored only otherwise.
     pub discord: Option<Arc<dyn DiscordApi>>,
+    /// Outbound HTTP to user-given URLs (HTTP tools, hooks), behind the SSRF guard.
+    pub egress: Egress,
 }
 
 /// A connected backend.
@@ -31,6 +37,11 @@ pub struct Connected {
     pub store: Arc<dyn Store>,
     /// The sessions queue.
     pub queue: Arc<dyn SessionQueue>,
+    /// The hooks queue; `None` when hooks are not configured (AWS without
+    /// `PULSE_HOOKS_QUEUE_URL`): nothing is emitted then.
+    pub hooks: Option<Arc<dyn HookQueue>>,
+    /// EventBridge, for hooks with an `eventbridge://` target (AWS backend).
+    pub bus: Option<Arc<dyn EventBus>>,
     /// For the AWS backend, the request counter of its clients.
     pub aws_requests: Option<aws::RequestCounter>,
 }
@@ -55,20 +66,48 @@ impl Connected {
             services.llm.clone(),
             clock.clone(),
         );
-        let runner = HeartbeatRunner::new(
+        let mut runner = HeartbeatRunner::new(
             self.store.clone(),
-            Arc::new(Tools::with_heartbeat_agent(agent)),
+            Arc::new(Tools::with_heartbeat_agent(agent, services.egress.clone())),
             clock.clone(),
             settings.clone(),
         );
-        let conversation = Conversation::new(
+        let mut conversation = Conversation::new(
             self.store.clone(),
             services.llm.clone(),
             services.discord.clone(),
-            clock,
+            clock.clone(),
             ConversationSettings::default(),
         );
+        if let Some(emitter) = self.emitter(clock) {
+            runner = runner.with_hooks(emitter.clone());
+            conversation = conversation.with_hooks(emitter);
+        }
         Worker::new(Arc::new(runner)).with_conversation(Arc::new(conversation))
+    }
+
+    /// What emits hooks, if a hooks queue is configured.
+    pub fn emitter(&self, clock: Arc<dyn Clock>) -> Option<HookEmitter> {
+        self.hooks
+            .as_ref()
+            .map(|q| HookEmitter::new(self.store.clone(), q.clone(), clock))
+    }
+
+    /// The hook dispatcher over this backend, if a hooks queue is configured.
+    pub fn dispatcher(
+        &self,
+        clock: Arc<dyn Clock>,
+        services: &Services,
+        settings: DispatchSettings,
+    ) -> Option<Dispatcher> {
+        let queue = self.hooks.clone()?;
+        Some(Dispatcher::new(
+            self.store.clone(),
+            queue,
+            Arc::new(HookClient::new(services.egress.clone(), self.bus.clone())),
+            clock,
+            settings,
+        ))
     }
 }
 
@@ -82,6 +121,7 @@ impl Services {
                 Arc::new(crate::discord::DiscordClient::new(config.discord.clone()))
                     as Arc<dyn DiscordApi>
             }),
+            egress: Egress::new(config.hooks.allow.clone()),
         }
     }
 }
@@ -97,7 +137,9 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                 .map_err(|e| StoreError::backend("sqlite", "open database", e))??;
             Ok(Connected {
                 store: Arc::new(sqlite::SqliteStore::new(db.clone())),
-                queue: Arc::new(sqlite::SqliteQueue::new(db, clock)),
+                queue: Arc::new(sqlite::SqliteQueue::new(db.clone(), clock.clone())),
+                hooks: Some(Arc::new(sqlite::SqliteHookQueue::new(db, clock))),
+                bus: None,
                 aws_requests: None,
             })
         }
@@ -113,6 +155,16 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                     clients.sqs.clone(),
                     &settings.sessions_queue_url,
                 )),
+                hooks: settings.hooks_queue_url.as_ref().map(|url| {
+                    Arc::new(aws::SqsHookQueue::new(
+                        clients.sqs.clone(),
+                        url,
+                        settings.hooks_dlq_url.clone(),
+                    )) as Arc<dyn HookQueue>
+                }),
+                bus: Some(Arc::new(aws::EventBridgeBus::new(
+                    clients.eventbridge.clone(),
+                ))),
                 aws_requests: Some(clients.counter),
             })
         }

@@ -521,3 +521,42 @@ impl RequestId {
         parse_prefixed_ulid("request id", "wr_", s).map(|u| Self(format!("wr_{u}")))
     }
 }
+
+/// An outbound hook: `hk_` + ULID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HookId(String);
+string_newtype!(HookId);
+
+impl HookId {
+    /// A new random id.
+    pub fn generate() -> Self {
+        Self(format!("hk_{}", Ulid::new()))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("hook id", "hk_", s).map(|u| Self(format!("hk_{u}")))
+    }
+}
+
+/// One delivery of a hook: `msg_` + ULID, sent as the Standard Webhooks `webhook-id`
+/// and stable across retries. Deliveries the engine emits are derived from what they
+/// report (hook, hook type, heartbeat, action), so a heartbeat run twice emits the same
+/// ids and the dispatcher delivers each once.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HookDeliveryId(String);
+string_newtype!(HookDeliveryId);
+
+impl HookDeliveryId {
+    /// A new random id stamped with `ms`.
+    pub fn generate(ms: u64) -> Self {
+        Self(format!("msg_{}", Ulid::from_parts(ms, rand_bits())))
+    }
+    /// A deterministic id: the same `ms` and `parts` always give the same id.
+    pub fn derived(ms: u64, parts: &[&str]) -> Self {
+        Self(format!("msg_{}", Ulid::from_parts(ms, digest128(parts))))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("delivery id", "msg_", s).map(|u| Self(format!("msg_{u}")))
+    }
+}

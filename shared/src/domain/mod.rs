@@ -5,6 +5,7 @@ mod agent;
 mod chat;
 mod conversation;
 mod event;
+mod hook;
 mod ids;
 mod task;
 mod time;
@@ -21,9 +22,14 @@ pub use conversation::{
     Signal, SignalKind, SignalMeta, Turn, TurnStatus,
 };
 pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
+pub use hook::{
+    ATTEMPT_BODY_LIMIT, AttemptStatus, DeliveryStatus, Hook, HookAttempt, HookDelivery,
+    HookPayload, HookRoute, HookSummary, HookTarget, HookTask, HookType, MAX_RETRY_AFTER,
+    PayloadAgent, PayloadContext, RetrySchedule, retry_delay, screaming_snake, truncate_utf8,
+};
 pub use ids::{
-    ActionId, AgentId, EventId, EventType, HeartbeatId, MemoryId, RequestId, SessionId, SignalId,
-    SubscriptionId, ToolName, TurnId, WebhookId,
+    ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
+    RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId,
 };
 pub use task::{
     Delivery, HeartbeatJob, OutgoingTask, SessionTask, SignalJob, TASK_VERSION, TaskEnvelope,

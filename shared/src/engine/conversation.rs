@@ -65,6 +65,7 @@ pub struct Conversation {
     discord: Option<Arc<dyn DiscordApi>>,
     clock: Arc<dyn Clock>,
     settings: ConversationSettings,
+    hooks: Option<super::hooks::HookEmitter>,
 }
 
 /// Estimated tokens of a text: 4 characters a token, plus a little per message.
@@ -263,7 +264,37 @@ impl Conversation {
             discord,
             clock,
             settings,
+            hooks: None,
         }
+    }
+
+    /// Emits MESSAGE_RECEIVED and MESSAGE_SENT hooks through `emitter`.
+    pub fn with_hooks(mut self, emitter: super::hooks::HookEmitter) -> Self {
+        self.hooks = Some(emitter);
+        self
+    }
+
+    /// Enqueues the agent's hooks of `hook_type` for `turn`.
+    async fn emit(
+        &self,
+        agent: &Agent,
+        turn: &Turn,
+        hook_type: &'static str,
+        triggered_by: &str,
+        data: serde_json::Value,
+    ) {
+        let Some(hooks) = &self.hooks else { return };
+        let routes = hooks.routes(&agent.id).await;
+        let emission = super::hooks::Emission {
+            hook_type: crate::domain::HookType::of(hook_type),
+            heartbeat_id: None,
+            action_id: None,
+            data,
+            triggered_by: triggered_by.to_owned(),
+            key_ms: turn.created_at.as_millisecond().max(0) as u64,
+            key: vec![turn.id.to_string()],
+        };
+        hooks.emit(&routes, agent, emission).await;
     }
 
     /// Answers consecutive signals of one session with one turn. An `Err` means the
@@ -305,7 +336,7 @@ impl Conversation {
                 && turn.status == TurnStatus::Delivering
             {
                 info!(turn_id = %turn.id, delivered = turn.delivered, "resuming the delivery of a turn begun earlier");
-                outcome.parts_sent += self.deliver(turn).await?;
+                outcome.parts_sent += self.deliver(turn).await?.0;
             }
         }
         let pending: Vec<Signal> = signals
@@ -356,7 +387,31 @@ impl Conversation {
         };
         let messages = persisted(&turn, &pending, &reply, now);
         match self.store.begin_turn(&turn, &messages).await? {
-            TurnStart::Created => {}
+            TurnStart::Created => {
+                let kinds: Vec<&str> = pending.iter().map(|s| s.kind.as_str()).collect();
+                let data = serde_json::json!({
+                    "turn_id": turn.id,
+                    "session": turn.session,
+                    "signals": pending.iter().map(|s| serde_json::json!({
+                        "id": s.id,
+                        "kind": s.kind.as_str(),
+                        "text": s.text(),
+                    })).collect::<Vec<_>>(),
+                });
+                let trigger = kinds
+                    .first()
+                    .copied()
+                    .unwrap_or("message")
+                    .to_ascii_uppercase();
+                self.emit(
+                    &agent,
+                    &turn,
+                    crate::domain::HookType::MESSAGE_RECEIVED,
+                    &trigger,
+                    data,
+                )
+                .await;
+            }
             TurnStart::Exists(existing) => {
                 info!(turn_id = %existing.id, "the turn was written by an earlier delivery; resuming it");
                 turn = *existing;
@@ -365,7 +420,28 @@ impl Conversation {
         outcome.turns.push(turn.id.clone());
         let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
         if turn.status == TurnStatus::Delivering {
-            outcome.parts_sent += self.deliver(turn).await?;
+            let (sent, delivered) = self.deliver(turn).await?;
+            outcome.parts_sent += sent;
+            if sent > 0 && delivered.status == TurnStatus::Done {
+                let data = serde_json::json!({
+                    "turn_id": delivered.id,
+                    "parts": delivered.parts,
+                    "discord_message_ids": delivered.discord_message_ids,
+                    // Never the interaction token: it is a credential for 15 minutes.
+                    "channel_id": match &delivered.target {
+                        ReplyTarget::Channel { channel_id } => Some(channel_id.clone()),
+                        _ => agent.discord_channel.clone(),
+                    },
+                });
+                self.emit(
+                    &agent,
+                    &delivered,
+                    crate::domain::HookType::MESSAGE_SENT,
+                    "TURN",
+                    data,
+                )
+                .await;
+            }
         }
         if user_spoke {
             // The quiet period before the next heartbeat counts from the end of the turn.
@@ -447,8 +523,9 @@ impl Conversation {
         }
     }
 
-    /// Delivers a turn's remaining parts, recording each; returns how many were sent.
-    async fn deliver(&self, mut turn: Turn) -> Result<usize, EngineError> {
+    /// Delivers a turn's remaining parts, recording each; returns how many were sent, and
+    /// the turn as recorded.
+    async fn deliver(&self, mut turn: Turn) -> Result<(usize, Turn), EngineError> {
         let mut sent = 0;
         while (turn.delivered as usize) < turn.parts.len() {
             let i = turn.delivered as usize;
@@ -503,14 +580,14 @@ impl Conversation {
                     turn.error = Some(why);
                     turn.completed_at = Some(self.clock.now());
                     self.store.update_turn(&turn).await?;
-                    return Ok(sent);
+                    return Ok((sent, turn));
                 }
             }
         }
         if sent > 0 {
             info!(turn_id = %turn.id, parts = sent, "reply delivered");
         }
-        Ok(sent)
+        Ok((sent, turn))
     }
 }
 

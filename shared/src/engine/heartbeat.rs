@@ -23,11 +23,12 @@ use serde_json::{Value, json};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::EngineSettings;
+use super::hooks::{Emission, HookEmitter};
 use super::schedule::next_run;
 use crate::domain::{
     Action, ActionId, ActionStatus, Agent, AgentContext, Beats, Cascade, Event, EventCursor,
-    EventId, EventType, Heartbeat, HeartbeatContext, HeartbeatId, HeartbeatStatus, Priority,
-    Registry, Tool, ToolRequest,
+    EventId, EventType, Heartbeat, HeartbeatContext, HeartbeatId, HeartbeatStatus, HookRoute,
+    HookType, Priority, Registry, Tool, ToolRequest, to_ms,
 };
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::{Clock, Finish, FinishOutcome, Store, ToolRunner};
@@ -59,6 +60,8 @@ pub struct HeartbeatRunner {
     tools: Arc<dyn ToolRunner>,
     clock: Arc<dyn Clock>,
     settings: EngineSettings,
+    /// Emits hooks at the lifecycle points, when a hooks queue is configured.
+    hooks: Option<HookEmitter>,
     /// The cached registry. An async mutex, held while loading, so runs that start
     /// together share one read instead of each making their own.
     registry: tokio::sync::Mutex<Option<(Timestamp, Arc<Registry>)>>,
@@ -74,6 +77,8 @@ struct Plan {
     heartbeat_event: Event,
     agent_context: AgentContext,
     heartbeat_context: HeartbeatContext,
+    /// The agent's hooks, read once per run.
+    routes: Vec<HookRoute>,
 }
 
 #[derive(Default)]
@@ -106,8 +111,49 @@ impl HeartbeatRunner {
             tools,
             clock,
             settings,
+            hooks: None,
             registry: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Emits hooks through `emitter` (BEFORE/AFTER_HEARTBEAT, HEARTBEAT_FAILED,
+    /// BEFORE/AFTER_<TOOL>, ACTION_*).
+    pub fn with_hooks(mut self, emitter: HookEmitter) -> Self {
+        self.hooks = Some(emitter);
+        self
+    }
+
+    /// Enqueues the hooks of `hook_type` for this run. `data` is built only when one of
+    /// the agent's hooks fires on it.
+    async fn emit(
+        &self,
+        plan: &Plan,
+        hook_type: HookType,
+        action: Option<&ActionId>,
+        triggered_by: &str,
+        data: impl FnOnce() -> Value,
+    ) {
+        let Some(hooks) = &self.hooks else { return };
+        if !plan
+            .routes
+            .iter()
+            .any(|r| r.active && r.hook_type == hook_type)
+        {
+            return;
+        }
+        let emission = Emission {
+            hook_type,
+            heartbeat_id: Some(plan.heartbeat_context.id.clone()),
+            action_id: action.cloned(),
+            data: data(),
+            triggered_by: triggered_by.to_owned(),
+            key_ms: to_ms(plan.heartbeat_context.started_at).max(0) as u64,
+            key: vec![
+                plan.heartbeat_context.id.to_string(),
+                action.map_or_else(String::new, |a| a.to_string()),
+            ],
+        };
+        hooks.emit(&plan.routes, &plan.agent, emission).await;
     }
 
     /// Runs a claimed heartbeat to its end. An `Err` means the outcome could not be
@@ -162,7 +208,26 @@ impl HeartbeatRunner {
             (true, Some(last)) => EventCursor::after(&last.id),
             _ => window_end,
         };
-        let plan = self.plan(hb, agent);
+        let mut plan = self.plan(hb, agent);
+        if let Some(hooks) = &self.hooks {
+            plan.routes = hooks.routes(&plan.agent.id).await;
+        }
+        self.emit(
+            &plan,
+            HookType::of(HookType::BEFORE_HEARTBEAT),
+            None,
+            "SCHEDULE",
+            || {
+                json!({
+                    "beat": plan.beats.beat,
+                    "since_last": plan.beats.since_last,
+                    "scheduled_at": plan.heartbeat_context.scheduled_at,
+                    "started_at": plan.heartbeat_context.started_at,
+                    "window_events": window.events.len(),
+                })
+            },
+        )
+        .await;
         match self.process(&plan, window.events).await {
             Ok(stats) if stats.interrupted.is_some() => self.interrupt(plan, stats).await,
             Ok(stats) => {
@@ -231,6 +296,7 @@ impl HeartbeatRunner {
             },
             heartbeat: hb.clone(),
             agent,
+            routes: Vec::new(),
             beats,
             last_interaction_beat,
             interaction_seen_at,
@@ -334,6 +400,36 @@ impl HeartbeatRunner {
                 }
             }
 
+            let triggered_by = event.event_type.to_string();
+            let event_data = || {
+                json!({
+                    "tool_name": tool.name,
+                    "attempt": request.attempt,
+                    "event": {
+                        "id": event.id,
+                        "type": event.event_type,
+                        "priority": event.priority,
+                        "source": event.source,
+                        "payload": event.payload,
+                    },
+                })
+            };
+            self.emit(
+                plan,
+                HookType::before_tool(&tool.name),
+                Some(&id),
+                &triggered_by,
+                event_data,
+            )
+            .await;
+            self.emit(
+                plan,
+                HookType::of(HookType::ACTION_STARTED),
+                Some(&id),
+                &triggered_by,
+                event_data,
+            )
+            .await;
             let began = Instant::now();
             let call = self.tools.call(tool, &request).await;
             let completed_at = self.clock.now();
@@ -388,6 +484,43 @@ impl HeartbeatRunner {
                 Ok(()) => {}
                 Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
                 Err(e) => return Err(e.into()),
+            }
+            let outcome_data = || {
+                json!({
+                    "tool_name": action.tool,
+                    "status": action.status,
+                    "event_id": action.event_id,
+                    "response": action.response,
+                    "error_message": action.error,
+                    "new_events": new_events
+                        .iter()
+                        .map(|e| json!({ "id": e.id, "type": e.event_type }))
+                        .collect::<Vec<_>>(),
+                    "execution_time_ms": action.duration_ms,
+                })
+            };
+            self.emit(
+                plan,
+                HookType::after_tool(&tool.name),
+                Some(&id),
+                &triggered_by,
+                outcome_data,
+            )
+            .await;
+            let finished_type = match action.status {
+                ActionStatus::Completed => Some(HookType::ACTION_COMPLETED),
+                ActionStatus::Failed => Some(HookType::ACTION_FAILED),
+                _ => None,
+            };
+            if let Some(t) = finished_type {
+                self.emit(
+                    plan,
+                    HookType::of(t),
+                    Some(&id),
+                    &triggered_by,
+                    outcome_data,
+                )
+                .await;
             }
             let done = self.settle(&action, new_events);
             if let Some(err) = &action.error {
@@ -501,11 +634,12 @@ impl HeartbeatRunner {
             .finish(&Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
-                heartbeat_event: Some(plan.heartbeat_event),
+                heartbeat_event: Some(plan.heartbeat_event.clone()),
             })
             .await?;
         Ok(match outcome {
             FinishOutcome::Finished => {
+                self.after(&plan, &done, Some(at)).await;
                 info!(
                     events = stats.events_processed,
                     actions = stats.actions_triggered,
@@ -554,11 +688,12 @@ impl HeartbeatRunner {
             .finish(&Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
-                heartbeat_event: Some(plan.heartbeat_event),
+                heartbeat_event: Some(plan.heartbeat_event.clone()),
             })
             .await?;
         Ok(match outcome {
             FinishOutcome::Finished => {
+                self.after(&plan, &done, Some(at)).await;
                 info!(reason = %reason, actions = stats.actions_triggered, next_at = %at, "heartbeat interrupted by a user message; recorded CANCELLED");
                 RunOutcome::Interrupted(done)
             }
@@ -609,6 +744,27 @@ impl HeartbeatRunner {
         Ok(match outcome {
             FinishOutcome::Finished => {
                 error!(error = %message, consecutive_failures = failures, next_at = %at, "heartbeat failed; the next one is scheduled");
+                if self.hooks.is_some() {
+                    let mut plan = self.plan(hb, agent);
+                    if let Some(hooks) = &self.hooks {
+                        plan.routes = hooks.routes(&plan.agent.id).await;
+                    }
+                    self.emit(
+                        &plan,
+                        HookType::of(HookType::HEARTBEAT_FAILED),
+                        None,
+                        "SCHEDULE",
+                        || {
+                            json!({
+                                "beat": hb.beat,
+                                "error_message": message,
+                                "consecutive_failures": failures,
+                                "next_at": at,
+                            })
+                        },
+                    )
+                    .await;
+                }
                 RunOutcome::Failed(done)
             }
             other => self.not_finished(&hb.id(), other),
@@ -635,6 +791,30 @@ impl HeartbeatRunner {
             }
             other => self.not_finished(&hb.id(), other),
         })
+    }
+
+    /// AFTER_HEARTBEAT, with the run's counts.
+    async fn after(&self, plan: &Plan, done: &Heartbeat, next_at: Option<Timestamp>) {
+        self.emit(
+            plan,
+            HookType::of(HookType::AFTER_HEARTBEAT),
+            None,
+            "SCHEDULE",
+            || {
+                json!({
+                    "status": done.status.as_str(),
+                    "beat": done.beat,
+                    "events_processed": done.events_processed,
+                    "actions_triggered": done.actions_triggered,
+                    "actions_failed": done.actions_failed,
+                    "cascade_capped": done.cascade_capped,
+                    "duration_ms": done.completed_at.map(|c| c.duration_since(plan.heartbeat_context.started_at).as_millis()),
+                    "next_at": next_at,
+                    "error_message": done.error,
+                })
+            },
+        )
+        .await;
     }
 
     fn not_finished(&self, id: &HeartbeatId, outcome: FinishOutcome) -> RunOutcome {

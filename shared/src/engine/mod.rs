@@ -7,9 +7,12 @@
 //!   cap), then finishes the heartbeat and schedules the next in one atomic write.
 //! - [`Worker`] takes a batch of queue messages and runs them in order per session,
 //!   reporting the messages that must be redelivered.
+//! - [`HookEmitter`] enqueues hook deliveries at the lifecycle points; [`Dispatcher`]
+//!   delivers them, one attempt per message, retrying by re-enqueueing with a delay.
 
 mod conversation;
 mod heartbeat;
+mod hooks;
 pub mod intake;
 mod schedule;
 mod sweep;
@@ -21,6 +24,7 @@ pub use conversation::{
     Conversation, ConversationSettings, TurnOutcome, build_context, estimate_tokens,
 };
 pub use heartbeat::{HeartbeatRunner, RunOutcome};
+pub use hooks::{DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepReport, Sweeper};
 pub use worker::{BatchOutcome, PollReport, Worker};

@@ -7,12 +7,12 @@
 
 use std::time::Duration;
 
-use reqwest::{Client, redirect};
+use http::{HeaderMap, HeaderValue};
+use pulse_egress::{Egress, EgressError};
 use serde_json::{Value, json};
 use url::Url;
 
 use crate::domain::{ToolRequest, ToolResponse};
-use crate::error::chain;
 use crate::ports::ToolCall;
 
 /// Largest response body read from a tool.
@@ -20,54 +20,50 @@ const MAX_BODY: usize = 1 << 20;
 /// How much of a bad body is kept on the action.
 const EXCERPT: usize = 2_048;
 
-/// Calls HTTP tools.
+/// Calls HTTP tools through the SSRF-guarded egress client: a tool URL that resolves to a
+/// private, loopback or metadata address is refused unless `PULSE_HOOKS_ALLOW` lists it.
 #[derive(Clone)]
 pub struct HttpTool {
-    client: Client,
+    egress: Egress,
 }
 
 impl HttpTool {
-    /// A client with the given connect timeout. Redirects are not followed: a tool's 3xx
-    /// is a failure, not a hop to somewhere else.
-    pub fn new(connect_timeout: Duration) -> Self {
-        let client = Client::builder()
-            .connect_timeout(connect_timeout)
-            .redirect(redirect::Policy::none())
-            .user_agent(concat!("pulse/", env!("CARGO_PKG_VERSION")))
-            .build()
-            // Building fails only if the TLS backend cannot start: nothing can run then.
-            .unwrap_or_else(|e| panic!("cannot start the HTTP client: {e}"));
-        Self { client }
+    /// A tool caller over `egress`. Redirects are not followed: a tool's 3xx is a failure,
+    /// not a hop to somewhere else.
+    pub fn new(egress: Egress) -> Self {
+        Self { egress }
     }
 
     /// POSTs `request` to `url` and validates the answer.
     pub async fn call(&self, url: &Url, timeout: Duration, request: &ToolRequest) -> ToolCall {
-        let sent = self
-            .client
-            .post(url.clone())
-            .timeout(timeout)
-            .header("x-pulse-action-id", request.action_id.as_str())
-            .json(request)
-            .send()
-            .await;
-        let mut resp = match sent {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Ok(v) = HeaderValue::from_str(request.action_id.as_str()) {
+            headers.insert("x-pulse-action-id", v);
+        }
+        let body = serde_json::to_vec(request).unwrap_or_default();
+        let resp = match self
+            .egress
+            .post(url, headers, body.into(), timeout, MAX_BODY)
+            .await
+        {
             Ok(r) => r,
             Err(e) => return failure(describe(url, timeout, &e), None),
         };
-        let status = resp.status();
-        let body = match read_capped(&mut resp).await {
-            Ok(b) => b,
-            Err(e) => {
-                let why = match e {
-                    BodyError::TooLarge => format!(
-                        "the tool at {url} answered with a body over {} KiB",
-                        MAX_BODY / 1024
-                    ),
-                    BodyError::Http(e) => describe(url, timeout, &e),
-                };
-                return failure(why, Some(json!({ "status": status.as_u16() })));
-            }
-        };
+        let status = resp.status;
+        if resp.truncated {
+            return failure(
+                format!(
+                    "the tool at {url} answered with a body over {} KiB",
+                    MAX_BODY / 1024
+                ),
+                Some(json!({ "status": status.as_u16() })),
+            );
+        }
+        let body = resp.body;
         if !status.is_success() {
             return failure(
                 format!(
@@ -108,33 +104,15 @@ fn failure(why: String, meta: Option<Value>) -> ToolCall {
     }
 }
 
-fn describe(url: &Url, timeout: Duration, e: &reqwest::Error) -> String {
-    if e.is_timeout() {
-        format!("the tool at {url} did not answer within {timeout:?}")
-    } else if e.is_connect() {
-        format!("the tool at {url} is unreachable: {}", chain(e))
-    } else {
-        format!("the request to the tool at {url} failed: {}", chain(e))
-    }
-}
-
-enum BodyError {
-    TooLarge,
-    Http(reqwest::Error),
-}
-
-async fn read_capped(resp: &mut reqwest::Response) -> Result<Vec<u8>, BodyError> {
-    if resp.content_length().is_some_and(|n| n as usize > MAX_BODY) {
-        return Err(BodyError::TooLarge);
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(BodyError::Http)? {
-        if body.len() + chunk.len() > MAX_BODY {
-            return Err(BodyError::TooLarge);
+fn describe(url: &Url, timeout: Duration, e: &EgressError) -> String {
+    match e {
+        EgressError::Timeout(_) => format!("the tool at {url} did not answer within {timeout:?}"),
+        EgressError::Refused(_) => format!("the tool at {url} is not reachable from Pulse: {e}"),
+        EgressError::Connect { .. } | EgressError::Resolve { .. } | EgressError::NoAddresses(_) => {
+            format!("the tool at {url} is unreachable: {e}")
         }
-        body.extend_from_slice(&chunk);
+        _ => format!("the request to the tool at {url} failed: {e}"),
     }
-    Ok(body)
 }
 
 fn excerpt(body: &[u8]) -> String {

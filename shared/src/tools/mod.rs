@@ -7,6 +7,7 @@ mod http;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use pulse_egress::Egress;
 
 pub use heartbeat_agent::HeartbeatAgent;
 pub use http::HttpTool;
@@ -22,27 +23,21 @@ pub struct Tools {
 }
 
 impl Tools {
-    /// HTTP tools only: an HTTP client with no redirects. The heartbeat agent fails with
-    /// a message saying it is not set up.
-    pub fn new() -> Self {
+    /// HTTP tools only, through `egress` (no redirects, the SSRF guard). The heartbeat
+    /// agent fails with a message saying it is not set up.
+    pub fn new(egress: Egress) -> Self {
         Self {
-            http: HttpTool::new(Duration::from_secs(5)),
+            http: HttpTool::new(egress),
             heartbeat_agent: None,
         }
     }
 
     /// Every tool, the heartbeat agent included: the production runner.
-    pub fn with_heartbeat_agent(agent: HeartbeatAgent) -> Self {
+    pub fn with_heartbeat_agent(agent: HeartbeatAgent, egress: Egress) -> Self {
         Self {
             heartbeat_agent: Some(agent),
-            ..Self::new()
+            ..Self::new(egress)
         }
-    }
-}
-
-impl Default for Tools {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

@@ -16,7 +16,8 @@
 //! | memory | `AG#<agent>` | `ME#<memory id>` (time-ordered) |
 //! | Discord channel's agent | `CH#<channel id>` | `CH` |
 //!
-//! Webhooks, their request logs, delivery ids and counters: see [`webhooks`].
+//! Webhooks, their request logs, delivery ids and counters: see [`webhooks`]. Outbound
+//! hooks, their deliveries and attempts: see [`hooks`].
 //!
 //! `EV~` sorts after every `EV#…` key, so the one Query that reads a heartbeat's event
 //! window also returns the agent's live record at its end: a heartbeat cycle costs one
@@ -30,6 +31,7 @@
 //! spread over [`DUE_SHARDS`] partition keys by a hash of their id, so no one key takes the
 //! whole fleet's writes. GSIs lag, so every claim re-checks its condition on the item.
 
+mod hooks;
 mod webhooks;
 
 use std::collections::HashMap;

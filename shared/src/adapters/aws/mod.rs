@@ -1,10 +1,12 @@
-//! The AWS backend: DynamoDB for the records, SQS FIFO for the sessions queue.
+//! The AWS backend: DynamoDB for the records, SQS FIFO for the sessions queue, a standard
+//! SQS queue for hook deliveries, EventBridge for hooks that target a bus.
 //!
 //! SDK clients are built once per process ([`AwsClients::new`]) and shared. Every request
 //! goes through a [`RequestCounter`], so benchmarks can report AWS requests per heartbeat
 //! cycle by operation — the number a user prices a fleet with.
 
 mod dynamodb;
+mod eventbridge;
 mod metrics;
 mod provision;
 mod sqs;
@@ -14,9 +16,10 @@ use std::time::Duration;
 use aws_config::BehaviorVersion;
 
 pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore};
+pub use eventbridge::{EVENT_SOURCE, EventBridgeBus};
 pub use metrics::RequestCounter;
-pub use provision::{create_sessions_queue, create_table};
-pub use sqs::SqsQueue;
+pub use provision::{create_hooks_queue, create_sessions_queue, create_table};
+pub use sqs::{SqsHookQueue, SqsQueue};
 
 /// Where the AWS resources are.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +28,11 @@ pub struct AwsSettings {
     pub table: String,
     /// The sessions FIFO queue's URL (`PULSE_SESSIONS_QUEUE_URL`).
     pub sessions_queue_url: String,
+    /// The hooks standard queue's URL (`PULSE_HOOKS_QUEUE_URL`); unset, hooks are not
+    /// emitted (logged at start).
+    pub hooks_queue_url: Option<String>,
+    /// The hooks dead-letter queue's URL (`PULSE_HOOKS_DLQ_URL`).
+    pub hooks_dlq_url: Option<String>,
     /// An endpoint to use instead of AWS's (an emulator); `AWS_ENDPOINT_URL` works too.
     pub endpoint_url: Option<String>,
 }
@@ -36,6 +44,8 @@ pub struct AwsClients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     /// SQS.
     pub sqs: aws_sdk_sqs::Client,
+    /// EventBridge.
+    pub eventbridge: aws_sdk_eventbridge::Client,
     /// Requests sent so far, by operation.
     pub counter: RequestCounter,
 }
@@ -88,9 +98,15 @@ impl AwsClients {
                 .interceptor(counter.clone())
                 .build(),
         );
+        let eventbridge = aws_sdk_eventbridge::Client::from_conf(
+            aws_sdk_eventbridge::config::Builder::from(sdk)
+                .interceptor(counter.clone())
+                .build(),
+        );
         Self {
             dynamodb,
             sqs,
+            eventbridge,
             counter,
         }
     }

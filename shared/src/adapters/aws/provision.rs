@@ -77,3 +77,19 @@ pub async fn create_sessions_queue(
     out.queue_url
         .ok_or_else(|| StoreError::backend("sqs", "create queue", "no queue URL returned"))
 }
+
+/// Creates a standard hooks queue and returns its URL.
+pub async fn create_hooks_queue(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+) -> Result<String, StoreError> {
+    let out = client
+        .create_queue()
+        .queue_name(name)
+        .attributes(QueueAttributeName::VisibilityTimeout, "120")
+        .send()
+        .await
+        .map_err(|e| StoreError::backend("sqs", "create queue", e))?;
+    out.queue_url
+        .ok_or_else(|| StoreError::backend("sqs", "create queue", "no queue URL returned"))
+}

@@ -6,6 +6,7 @@
 //! process that wants parallel writers (tests, benchmarks) opens several `Db`s on one file;
 //! `busy_timeout` makes them wait for each other instead of failing.
 
+mod hooks;
 mod queue;
 mod store;
 mod webhooks;
@@ -15,13 +16,14 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
+pub use hooks::SqliteHookQueue;
 pub use queue::SqliteQueue;
 pub use store::SqliteStore;
 
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -188,6 +190,45 @@ INSERT OR IGNORE INTO discord_channels (channel_id, agent_id)
 "#;
 
 /// One connection to a Pulse database file.
+const SCHEMA_V4: &str = r#"
+CREATE TABLE hooks (
+    id        TEXT PRIMARY KEY,
+    agent_id  TEXT NOT NULL,
+    version   INTEGER NOT NULL,
+    doc       TEXT NOT NULL
+);
+CREATE INDEX hooks_by_agent ON hooks (agent_id, id);
+CREATE TABLE hook_deliveries (
+    id          TEXT PRIMARY KEY,
+    hook_id     TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    doc         TEXT NOT NULL
+);
+CREATE INDEX hook_deliveries_by_hook ON hook_deliveries (hook_id, created_ms, id);
+CREATE TABLE hook_attempts (
+    delivery_id  TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    doc          TEXT NOT NULL,
+    PRIMARY KEY (delivery_id, attempt)
+) WITHOUT ROWID;
+CREATE TABLE hook_queue (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    body           TEXT NOT NULL,
+    -- Not deliverable before this time: the send delay, then the visibility timeout.
+    visible_ms     INTEGER NOT NULL,
+    receipt        TEXT,
+    receive_count  INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX hook_queue_by_time ON hook_queue (visible_ms);
+CREATE TABLE hook_dead (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    body     TEXT NOT NULL,
+    reason   TEXT NOT NULL,
+    dead_ms  INTEGER NOT NULL
+);
+"#;
+
 #[derive(Clone)]
 pub struct Db {
     conn: Arc<Mutex<Connection>>,
@@ -278,6 +319,9 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         }
         if version < 3 {
             conn.execute_batch(SCHEMA_V3).map_err(&err)?;
+        }
+        if version < 4 {
+            conn.execute_batch(SCHEMA_V4).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

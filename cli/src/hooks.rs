@@ -1,0 +1,418 @@
+//! `pulse hooks …`: outbound hooks — add, list, test, deliveries, enable, disable,
+//! replay. Parsed into a [`HooksPlan`] first, so bad input writes nothing.
+
+use std::sync::Arc;
+
+use clap::{Args, Subcommand};
+use pulse_shared::adapters::{Connected, Services};
+use pulse_shared::config::Config;
+use pulse_shared::domain::{
+    AgentId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookTarget, HookType,
+    RetrySchedule, Secret, parse_duration,
+};
+use pulse_shared::engine::{DispatchSettings, Dispatcher};
+use pulse_shared::error::StoreError;
+use pulse_shared::ports::Clock;
+use pulse_signatures::inbound::generate_secret;
+
+use crate::Failure;
+use crate::output::{Out, short, when};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum HooksCmd {
+    /// Add a hook to an agent; prints its id and, once, its signing secret.
+    Add(Box<AddHook>),
+    /// List hooks (never their secrets or auth headers).
+    List {
+        /// Only this agent's (every agent's when left out).
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// The hook types: the fixed ones, and BEFORE_/AFTER_ of every registered tool.
+    Types,
+    /// Send a signed test delivery now and print the attempt.
+    Test {
+        /// The hook's id.
+        id: String,
+    },
+    /// A hook's latest deliveries, newest first, with their attempts.
+    Deliveries {
+        /// The hook's id.
+        #[arg(long)]
+        hook: String,
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Turn a hook back on (after 410 Gone or a failure streak disabled it).
+    Enable {
+        /// The hook's id.
+        id: String,
+    },
+    /// Stop a hook firing; queued deliveries are cancelled when they come up.
+    Disable {
+        /// The hook's id.
+        id: String,
+    },
+    /// Send a failed, exhausted or cancelled delivery again, now (same webhook-id).
+    Replay {
+        /// The delivery's id (msg_…).
+        #[arg(long)]
+        delivery: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct AddHook {
+    /// The agent it follows.
+    #[arg(long)]
+    agent: String,
+    /// What it fires on: BEFORE_HEARTBEAT, AFTER_HEARTBEAT, AFTER_<TOOL>, … (`pulse hooks types`).
+    #[arg(long = "type", value_name = "TYPE")]
+    hook_type: String,
+    /// Where it delivers: an https:// URL, or eventbridge://BUS_NAME.
+    #[arg(long, value_name = "URL")]
+    url: String,
+    /// Sent as the Authorization header (e.g. "Bearer …").
+    #[arg(long, env = "PULSE_HOOK_AUTH_HEADER", hide_env_values = true)]
+    auth_header: Option<String>,
+    /// How long one attempt may take.
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    timeout: String,
+    /// Delays between attempts, comma-separated, or none.
+    #[arg(long, default_value = "5s,5m,30m,2h,5h,10h,10h", value_name = "DELAYS")]
+    retry_schedule: String,
+    /// Failing without a success for this long disables the hook.
+    #[arg(long, default_value = "5d", value_name = "DURATION")]
+    disable_after: String,
+    /// A note for people.
+    #[arg(long)]
+    description: Option<String>,
+}
+
+/// A validated hooks command.
+pub(crate) enum HooksPlan {
+    Add(Box<Hook>),
+    List(Option<AgentId>),
+    Types,
+    Test(HookId),
+    Deliveries { hook: HookId, limit: usize },
+    Set { id: HookId, active: bool },
+    Replay(HookDeliveryId),
+}
+
+impl HooksPlan {
+    /// Whether it may create the database.
+    pub(crate) fn writes(&self) -> bool {
+        matches!(self, Self::Add(_))
+    }
+}
+
+fn input(e: pulse_shared::error::ValidationError) -> Failure {
+    Failure::Input(e.to_string())
+}
+
+pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Failure> {
+    Ok(match cmd {
+        HooksCmd::Add(a) => {
+            let agent = AgentId::parse(&a.agent).map_err(input)?;
+            let hook_type = HookType::parse(a.hook_type.trim()).map_err(input)?;
+            let target = HookTarget::parse(&a.url).map_err(input)?;
+            let mut hook = Hook::new(agent, hook_type, target, &generate_secret(), now);
+            hook.timeout =
+                Hook::check_timeout(parse_duration("timeout", &a.timeout).map_err(input)?)
+                    .map_err(input)?;
+            hook.retry = RetrySchedule::parse(&a.retry_schedule).map_err(input)?;
+            let disable_after = parse_duration("disable-after", &a.disable_after).map_err(input)?;
+            if disable_after < jiff::SignedDuration::from_mins(1) {
+                return Err(Failure::Input(
+                    "invalid disable-after: use at least 1m (the default is 5d)".into(),
+                ));
+            }
+            hook.disable_after = disable_after;
+            hook.auth_header = match a.auth_header {
+                Some(v) if v.trim().is_empty() || http::HeaderValue::from_str(&v).is_err() => {
+                    return Err(Failure::Input(
+                        "invalid auth-header: give a value that fits in an HTTP header, e.g. \"Bearer <token>\"".into(),
+                    ));
+                }
+                v => v.map(Secret::new),
+            };
+            hook.description = a.description;
+            HooksPlan::Add(Box::new(hook))
+        }
+        HooksCmd::List { agent } => HooksPlan::List(
+            agent
+                .as_deref()
+                .map(AgentId::parse)
+                .transpose()
+                .map_err(input)?,
+        ),
+        HooksCmd::Types => HooksPlan::Types,
+        HooksCmd::Test { id } => HooksPlan::Test(HookId::parse(&id).map_err(input)?),
+        HooksCmd::Deliveries { hook, limit } => {
+            if !(1..=1000).contains(&limit) {
+                return Err(Failure::Input(format!(
+                    "invalid limit {limit}: use 1 to 1000"
+                )));
+            }
+            HooksPlan::Deliveries {
+                hook: HookId::parse(&hook).map_err(input)?,
+                limit,
+            }
+        }
+        HooksCmd::Enable { id } => HooksPlan::Set {
+            id: HookId::parse(&id).map_err(input)?,
+            active: true,
+        },
+        HooksCmd::Disable { id } => HooksPlan::Set {
+            id: HookId::parse(&id).map_err(input)?,
+            active: false,
+        },
+        HooksCmd::Replay { delivery } => {
+            HooksPlan::Replay(HookDeliveryId::parse(&delivery).map_err(input)?)
+        }
+    })
+}
+
+async fn require_hook(b: &Connected, id: &HookId) -> Result<Hook, Failure> {
+    b.store.get_hook(id).await?.ok_or_else(|| {
+        Failure::Input(format!(
+            "hook {id} not found; `pulse hooks list` shows the hooks"
+        ))
+    })
+}
+
+fn dispatcher(
+    config: &Config,
+    b: &Connected,
+    clock: Arc<dyn Clock>,
+) -> Result<Dispatcher, Failure> {
+    b.dispatcher(
+        clock,
+        &Services::from_config(config),
+        DispatchSettings::default(),
+    )
+    .ok_or_else(|| {
+        Failure::Input("hooks are not configured on this backend: set PULSE_HOOKS_QUEUE_URL".into())
+    })
+}
+
+fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {
+    if out.json {
+        out.json_value(&serde_json::json!({ "delivery": d, "attempt": a }));
+        return;
+    }
+    println!(
+        "{}  attempt {}  {}  {}  {} ms",
+        d.id,
+        a.attempt,
+        a.status.as_str(),
+        a.http_status.map_or("-".into(), |s| s.to_string()),
+        a.duration_ms
+    );
+    if let Some(e) = &a.error {
+        eprintln!("error: {e}");
+    }
+    if let Some(body) = &a.response_body {
+        eprintln!("response: {}", short(body, 300));
+    }
+    eprintln!("delivery {} is now {}", d.id, d.status.as_str());
+}
+
+pub(crate) async fn execute(
+    plan: HooksPlan,
+    config: &Config,
+    b: &Connected,
+    clock: Arc<dyn Clock>,
+    out: &Out,
+) -> Result<(), Failure> {
+    match plan {
+        HooksPlan::Add(hook) => {
+            if b.store.get_agent(&hook.agent_id).await?.is_none() {
+                return Err(Failure::Input(format!(
+                    "agent {} not found; `pulse agents list` shows the agents",
+                    hook.agent_id
+                )));
+            }
+            b.store.create_hook(&hook).await?;
+            if hook.target.is_plain_http() {
+                eprintln!(
+                    "note: {} is plain http: use it only for a local receiver allowed by PULSE_HOOKS_ALLOW",
+                    hook.target
+                );
+            }
+            if out.json {
+                out.json_value(&serde_json::json!({
+                    "hook": hook.summary(),
+                    "secret": hook.secret.expose(),
+                }));
+            } else {
+                println!("{}", hook.id);
+                println!("{}", hook.secret.expose());
+                eprintln!(
+                    "added hook {} ({} → {}) to agent {}.\nThe first line is its id, the second its signing secret (Standard Webhooks): store the secret now, it is not shown again.",
+                    hook.id, hook.hook_type, hook.target, hook.agent_id
+                );
+            }
+            Ok(())
+        }
+        HooksPlan::List(agent) => {
+            let agents = match agent {
+                Some(a) => vec![a],
+                None => b
+                    .store
+                    .list_agents()
+                    .await?
+                    .into_iter()
+                    .map(|a| a.id)
+                    .collect(),
+            };
+            let mut rows = Vec::new();
+            for a in &agents {
+                rows.extend(b.store.list_hooks(a).await?.iter().map(Hook::summary));
+            }
+            out.table(
+                &rows,
+                &[
+                    "ID",
+                    "AGENT",
+                    "TYPE",
+                    "TARGET",
+                    "ACTIVE",
+                    "TIMEOUT",
+                    "RETRY",
+                    "FAILING_SINCE",
+                    "DISABLED_BECAUSE",
+                ],
+                |h| {
+                    vec![
+                        h.id.to_string(),
+                        h.agent_id.to_string(),
+                        h.hook_type.to_string(),
+                        short(&h.target, 48),
+                        h.active.to_string(),
+                        h.timeout.clone(),
+                        h.retry.clone(),
+                        when(h.failing_since),
+                        h.disabled_reason.clone().unwrap_or_else(|| "-".into()),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        HooksPlan::Types => {
+            let mut rows: Vec<serde_json::Value> = HookType::LIFECYCLE
+                .iter()
+                .map(|(t, what)| serde_json::json!({ "type": t, "fires_when": what }))
+                .collect();
+            for tool in b.store.load_registry().await?.tools {
+                for (t, when) in [
+                    (HookType::before_tool(&tool.name), "before"),
+                    (HookType::after_tool(&tool.name), "after"),
+                ] {
+                    rows.push(serde_json::json!({
+                        "type": t,
+                        "fires_when": format!("{when} the tool {} runs for an event", tool.name),
+                    }));
+                }
+            }
+            out.table(&rows, &["TYPE", "FIRES WHEN"], |r| {
+                vec![
+                    r["type"].as_str().unwrap_or_default().to_owned(),
+                    r["fires_when"].as_str().unwrap_or_default().to_owned(),
+                ]
+            });
+            Ok(())
+        }
+        HooksPlan::Test(id) => {
+            let hook = require_hook(b, &id).await?;
+            let (d, a) = dispatcher(config, b, clock)?.send_test(&hook).await?;
+            print_attempt(out, &d, &a);
+            Ok(())
+        }
+        HooksPlan::Deliveries { hook, limit } => {
+            require_hook(b, &hook).await?;
+            let deliveries = b.store.list_deliveries(&hook, limit).await?;
+            if out.json {
+                let mut rows = Vec::new();
+                for d in &deliveries {
+                    let attempts = b.store.list_attempts(&d.id).await?;
+                    rows.push(serde_json::json!({ "delivery": d, "attempts": attempts }));
+                }
+                out.json_value(&rows);
+                return Ok(());
+            }
+            out.table(
+                &deliveries,
+                &[
+                    "DELIVERY", "TYPE", "STATUS", "ATTEMPTS", "LAST", "NEXT", "CREATED", "ERROR",
+                ],
+                |d| {
+                    vec![
+                        d.id.to_string(),
+                        d.hook_type.to_string(),
+                        d.status.as_str().to_owned(),
+                        d.attempts.to_string(),
+                        d.last_status.map_or("-".into(), |s| s.as_str().to_owned()),
+                        when(d.next_attempt_at),
+                        when(Some(d.created_at)),
+                        short(d.last_error.as_deref().unwrap_or("-"), 60),
+                    ]
+                },
+            );
+            Ok(())
+        }
+        HooksPlan::Set { id, active } => {
+            for _ in 0..5 {
+                let mut hook = require_hook(b, &id).await?;
+                if hook.active == active {
+                    out.done(&format!(
+                        "hook {id} is already {}",
+                        if active { "enabled" } else { "disabled" }
+                    ));
+                    return Ok(());
+                }
+                hook.active = active;
+                if active {
+                    // A fresh start: the failure streak that disabled it is forgotten.
+                    hook.failing_since = None;
+                    hook.disabled_reason = None;
+                } else {
+                    hook.disabled_reason = Some("disabled by a user".into());
+                }
+                hook.version += 1;
+                match b.store.update_hook(&hook).await {
+                    Ok(()) => {
+                        out.done(&format!(
+                            "hook {id} {}",
+                            if active {
+                                "enabled"
+                            } else {
+                                "disabled; queued deliveries are cancelled when they come up"
+                            }
+                        ));
+                        return Ok(());
+                    }
+                    Err(StoreError::Conflict(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(Failure::Runtime(anyhow::anyhow!(
+                "hook {id} kept changing (deliveries in flight); try again"
+            )))
+        }
+        HooksPlan::Replay(id) => {
+            let (d, a) = dispatcher(config, b, clock)?
+                .replay(&id)
+                .await
+                .map_err(|e| match e {
+                    pulse_shared::error::EngineError::Missing(m)
+                    | pulse_shared::error::EngineError::Contended(m) => Failure::Input(m),
+                    other => Failure::Runtime(other.into()),
+                })?;
+            print_attempt(out, &d, &a);
+            Ok(())
+        }
+    }
+}

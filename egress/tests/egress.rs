@@ -1,0 +1,324 @@
+//! The guard and the client against real sockets on loopback only. A "tripwire" listener
+//! on 127.0.0.2 (a loopback address the allow-list does not cover, standing in for an
+//! internal service) proves no connection ever reaches a refused address.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::HeaderMap;
+use pulse_egress::{AllowList, Connector, Egress, EgressError, Resolver};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use url::Url;
+
+fn allow_loopback_one() -> AllowList {
+    "127.0.0.1/32".parse().unwrap()
+}
+
+/// Answers each call with the next list; the last repeats. Counts calls.
+struct Scripted {
+    answers: Mutex<Vec<Vec<SocketAddr>>>,
+    calls: AtomicUsize,
+}
+
+impl Scripted {
+    fn new(answers: Vec<Vec<SocketAddr>>) -> Arc<Self> {
+        Arc::new(Self {
+            answers: Mutex::new(answers),
+            calls: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl Resolver for Scripted {
+    async fn resolve(&self, _host: &str, _port: u16) -> io::Result<Vec<SocketAddr>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut a = self.answers.lock().unwrap();
+        Ok(if a.len() > 1 {
+            a.remove(0)
+        } else {
+            a[0].clone()
+        })
+    }
+}
+
+/// Records every address asked for and refuses all of them.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<SocketAddr>>);
+
+#[async_trait]
+impl Connector for Recorder {
+    async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+        self.0.lock().unwrap().push(addr);
+        Err(io::Error::other("recording connector"))
+    }
+}
+
+/// A tiny HTTP/1.1 server: reads one request, answers with `response`, after `delay`.
+async fn server(
+    addr: &str,
+    response: String,
+    delay: Duration,
+) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind(addr).await.unwrap();
+    let at = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let response = response.clone();
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut got = Vec::new();
+                // Read headers and a Content-Length body.
+                loop {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_string();
+                    if let Some(i) = text.find("\r\n\r\n") {
+                        let len = text
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length: ")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if got.len() >= i + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                seen.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&got).to_string());
+                tokio::time::sleep(delay).await;
+                let _ = s.write_all(response.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (at, seen)
+}
+
+fn ok(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+async fn tripwire(port: u16) -> Arc<AtomicUsize> {
+    let l = TcpListener::bind(("127.0.0.2", port)).await.unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        while l.accept().await.is_ok() {
+            h.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    hits
+}
+
+fn post(
+    e: &Egress,
+    url: &str,
+) -> impl std::future::Future<Output = Result<pulse_egress::Response, EgressError>> {
+    let e = e.clone();
+    let url = Url::parse(url).unwrap();
+    async move {
+        e.post(
+            &url,
+            HeaderMap::new(),
+            Bytes::from_static(b"{}"),
+            Duration::from_secs(5),
+            1024,
+        )
+        .await
+    }
+}
+
+#[tokio::test]
+async fn every_listed_range_is_refused_as_a_literal_and_through_a_resolver_without_a_connection() {
+    let literals = [
+        "http://0.0.0.0/",
+        "http://10.0.0.1/",
+        "http://100.64.0.1/",
+        "http://127.0.0.1/",
+        "http://169.254.169.254/latest/meta-data",
+        "http://172.16.0.1/",
+        "http://192.168.0.1/",
+        "http://224.0.0.1/",
+        "http://240.0.0.1/",
+        "http://[::1]/",
+        "http://[fe80::1]/",
+        "http://[fc00::1]/",
+        "http://[fd00:ec2::254]/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://[64:ff9b::a00:1]/",
+        "http://[2002:a00:1::]/",
+        "http://[2001::1]/",
+        "http://2130706433/",
+    ];
+    for url in literals {
+        let recorder = Arc::new(Recorder::default());
+        let e = Egress::new(AllowList::default()).with_connector(recorder.clone());
+        let err = post(&e, url).await.unwrap_err();
+        assert!(err.is_refused(), "{url}: {err}");
+        assert!(recorder.0.lock().unwrap().is_empty(), "{url}");
+        // The same address behind a name.
+        let ip = Url::parse(url).unwrap().socket_addrs(|| None).unwrap()[0];
+        let recorder = Arc::new(Recorder::default());
+        let e = Egress::new(AllowList::default())
+            .with_resolver(Scripted::new(vec![vec![ip]]))
+            .with_connector(recorder.clone());
+        let err = post(&e, "http://hooks.example.com/").await.unwrap_err();
+        assert!(err.is_refused(), "{ip}: {err}");
+        assert!(
+            err.to_string().contains(&ip.ip().to_string()) || ip.is_ipv6(),
+            "{err}"
+        );
+        assert!(recorder.0.lock().unwrap().is_empty(), "{ip}");
+    }
+    // Public addresses pass the check (no connection is made by `check`).
+    let e = Egress::new(AllowList::default()).with_connector(Arc::new(Recorder::default()));
+    for url in [
+        "http://8.8.8.8/",
+        "https://1.1.1.1/",
+        "https://[2606:4700::1111]/",
+    ] {
+        assert!(e.check(&Url::parse(url).unwrap()).await.is_ok(), "{url}");
+    }
+}
+
+#[tokio::test]
+async fn a_resolver_that_rebinds_to_a_private_address_never_leads_to_it() {
+    let (good, seen) = server("127.0.0.1:0", ok("fine"), Duration::ZERO).await;
+    let hits = tripwire(good.port()).await;
+    let evil: SocketAddr = ([127, 0, 0, 2], good.port()).into();
+    // Public (allow-listed) on the first lookup, private on every later one.
+    let resolver = Scripted::new(vec![vec![good], vec![evil]]);
+    let e = Egress::new(allow_loopback_one()).with_resolver(resolver.clone());
+    let r = post(&e, "http://hooks.example.com/x").await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.addr, good);
+    assert_eq!(
+        resolver.calls.load(Ordering::SeqCst),
+        1,
+        "one lookup per request"
+    );
+    // The next request sees the private answer and is refused.
+    let err = post(&e, "http://hooks.example.com/x").await.unwrap_err();
+    assert!(err.is_refused(), "{err}");
+    // One private address among public ones refuses the lot.
+    let e = Egress::new(allow_loopback_one()).with_resolver(Scripted::new(vec![vec![good, evil]]));
+    assert!(
+        post(&e, "http://hooks.example.com/x")
+            .await
+            .unwrap_err()
+            .is_refused()
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing reached 127.0.0.2");
+}
+
+#[tokio::test]
+async fn a_post_sends_headers_and_body_and_reads_the_answer() {
+    let (addr, seen) = server("127.0.0.1:0", ok("{\"ok\":true}"), Duration::ZERO).await;
+    let e = Egress::new(allow_loopback_one());
+    let mut h = HeaderMap::new();
+    h.insert("x-test", "1".parse().unwrap());
+    let r = e
+        .post(
+            &Url::parse(&format!("http://{addr}/path?q=1")).unwrap(),
+            h,
+            Bytes::from_static(b"hello"),
+            Duration::from_secs(5),
+            1024,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(&r.body[..], b"{\"ok\":true}");
+    assert!(!r.truncated);
+    let req = seen.lock().unwrap()[0].clone();
+    assert!(req.starts_with("POST /path?q=1 HTTP/1.1\r\n"), "{req}");
+    assert!(req.to_ascii_lowercase().contains("x-test: 1"));
+    assert!(req.to_ascii_lowercase().contains(&format!("host: {addr}")));
+    assert!(req.ends_with("hello"));
+}
+
+#[tokio::test]
+async fn a_redirect_is_returned_not_followed() {
+    let (addr, seen) = server(
+        "127.0.0.1:0",
+        "HTTP/1.1 302 Found\r\nlocation: http://169.254.169.254/\r\ncontent-length: 0\r\n\r\n"
+            .into(),
+        Duration::ZERO,
+    )
+    .await;
+    let e = Egress::new(allow_loopback_one());
+    let r = post(&e, &format!("http://{addr}/")).await.unwrap();
+    assert_eq!(r.status, 302);
+    assert_eq!(r.headers["location"], "http://169.254.169.254/");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "one request: the redirect was not followed"
+    );
+}
+
+#[tokio::test]
+async fn a_silent_server_times_out_a_long_body_is_cut_and_a_closed_port_is_a_connect_error() {
+    let (slow, _) = server("127.0.0.1:0", ok("late"), Duration::from_secs(30)).await;
+    let e = Egress::new(allow_loopback_one());
+    let err = e
+        .post(
+            &Url::parse(&format!("http://{slow}/")).unwrap(),
+            HeaderMap::new(),
+            Bytes::new(),
+            Duration::from_millis(200),
+            1024,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+
+    let big = "x".repeat(50 * 1024);
+    let (addr, _) = server("127.0.0.1:0", ok(&big), Duration::ZERO).await;
+    let r = e
+        .post(
+            &Url::parse(&format!("http://{addr}/")).unwrap(),
+            HeaderMap::new(),
+            Bytes::new(),
+            Duration::from_secs(5),
+            10 * 1024,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.body.len(), 10 * 1024);
+    assert!(r.truncated);
+
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let err = post(&e, &format!("http://{closed}/")).await.unwrap_err();
+    assert!(matches!(err, EgressError::Connect { .. }), "{err}");
+    let err = post(&e, "ftp://127.0.0.1/").await.unwrap_err();
+    assert!(matches!(err, EgressError::BadUrl(_)), "{err}");
+}

@@ -1,0 +1,33 @@
+//! Lambda: SQS batch from the hooks queue → signed POSTs to hook URLs (or PutEvents to
+//! EventBridge), one attempt per message. Retries are new messages with a delay, so a
+//! slow receiver never holds this function; only storage or queue failures are reported
+//! back for redelivery.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use lambda_runtime::{Error, LambdaEvent, run, service_fn};
+use pulse_shared::adapters::{Services, connect};
+use pulse_shared::config::Env;
+use pulse_shared::engine::DispatchSettings;
+use pulse_shared::ports::SystemClock;
+use pulse_shared::{lambda, telemetry};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    telemetry::init(telemetry::LogFormat::Json);
+    let config = Env::process().lambda()?;
+    let clock = Arc::new(SystemClock);
+    let dispatcher = connect(&config, clock.clone())
+        .await?
+        .dispatcher(
+            clock,
+            &Services::from_config(&config),
+            DispatchSettings::default(),
+        )
+        .ok_or("PULSE_HOOKS_QUEUE_URL is not set: the hook dispatcher needs the hooks queue")?;
+    run(service_fn(|event: LambdaEvent<SqsEvent>| async {
+        Ok::<_, Error>(lambda::hooks_batch(&dispatcher, event.payload).await)
+    }))
+    .await
+}

@@ -1,0 +1,385 @@
+//! Outbound hooks on SQLite: the hooks, their deliveries and attempt log, and the hooks
+//! queue of `pulse serve`.
+//!
+//! The queue is SQS-standard-like: no groups, a per-message delay, a visibility timeout,
+//! and a dead-letter table. Deliveries older than 30 days are tidied when a new one is
+//! recorded for the same hook (DynamoDB expires them by TTL).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::SignedDuration;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use ulid::Ulid;
+
+use super::store::{SqliteStore, read_docs, to_doc};
+use super::{Db, sqlite_err};
+use crate::domain::{
+    AgentId, Delivery, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute,
+    HookTask, to_ms,
+};
+use crate::error::StoreError;
+use crate::ports::{Clock, HookMessage, HookQueue, HookStore, SendReport};
+
+/// How long deliveries and their attempts are kept.
+const RETENTION: SignedDuration = SignedDuration::from_hours(24 * 30);
+
+fn stored_version(
+    conn: &Connection,
+    table: &'static str,
+    id: &str,
+) -> Result<Option<u64>, StoreError> {
+    let sql = format!("SELECT version FROM {table} WHERE id = ?1");
+    conn.query_row(&sql, [id], |r| r.get::<_, i64>(0))
+        .optional()
+        .map(|v| v.map(|v| v as u64))
+        .map_err(sqlite_err("read version"))
+}
+
+#[async_trait]
+impl HookStore for SqliteStore {
+    async fn create_hook(&self, hook: &Hook) -> Result<(), StoreError> {
+        let h = hook.clone();
+        self.db
+            .call("create hook", move |conn| {
+                let n = conn
+                    .execute(
+                        "INSERT INTO hooks (id, agent_id, version, doc) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                        params![h.id.as_str(), h.agent_id.as_str(), h.version as i64, to_doc(&h)],
+                    )
+                    .map_err(sqlite_err("create hook"))?;
+                if n == 0 {
+                    return Err(StoreError::AlreadyExists(format!("hook {}", h.id)));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get_hook(&self, id: &HookId) -> Result<Option<Hook>, StoreError> {
+        let id = id.clone();
+        self.db
+            .call("get hook", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "get hook",
+                    "SELECT id, doc FROM hooks WHERE id = ?1",
+                    [id.as_str()],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn list_hooks(&self, agent: &AgentId) -> Result<Vec<Hook>, StoreError> {
+        let agent = agent.clone();
+        self.db
+            .call("list hooks", move |conn| {
+                read_docs(
+                    conn,
+                    "list hooks",
+                    "SELECT id, doc FROM hooks WHERE agent_id = ?1 ORDER BY id",
+                    [agent.as_str()],
+                )
+            })
+            .await
+    }
+
+    async fn hook_routes(&self, agent: &AgentId) -> Result<Vec<HookRoute>, StoreError> {
+        Ok(self
+            .list_hooks(agent)
+            .await?
+            .iter()
+            .map(Hook::route)
+            .collect())
+    }
+
+    async fn update_hook(&self, hook: &Hook) -> Result<(), StoreError> {
+        let h = hook.clone();
+        self.db
+            .call("update hook", move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE hooks SET version = ?2, doc = ?3 WHERE id = ?1 AND version = ?4",
+                        params![
+                            h.id.as_str(),
+                            h.version as i64,
+                            to_doc(&h),
+                            h.version as i64 - 1
+                        ],
+                    )
+                    .map_err(sqlite_err("update hook"))?;
+                if n == 1 {
+                    return Ok(());
+                }
+                match stored_version(conn, "hooks", h.id.as_str())? {
+                    None => Err(StoreError::NotFound(format!("hook {}", h.id))),
+                    Some(v) => Err(StoreError::Conflict(format!(
+                        "hook {} changed meanwhile (version {v}, expected {})",
+                        h.id,
+                        h.version - 1
+                    ))),
+                }
+            })
+            .await
+    }
+
+    async fn get_delivery(&self, id: &HookDeliveryId) -> Result<Option<HookDelivery>, StoreError> {
+        let id = id.clone();
+        self.db
+            .call("get delivery", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "get delivery",
+                    "SELECT id, doc FROM hook_deliveries WHERE id = ?1",
+                    [id.as_str()],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn save_delivery(
+        &self,
+        delivery: &HookDelivery,
+        attempt: Option<&HookAttempt>,
+    ) -> Result<(), StoreError> {
+        let d = delivery.clone();
+        let a = attempt.cloned();
+        self.db
+            .call("save delivery", move |conn| {
+                let op = sqlite_err("save delivery");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                let expected = d.version.saturating_sub(1);
+                let stored = stored_version(&tx, "hook_deliveries", d.id.as_str())?;
+                if stored.unwrap_or(0) != expected || (stored.is_some() && expected == 0) {
+                    return Err(StoreError::Conflict(format!(
+                        "delivery {} changed meanwhile (version {}, expected {expected})",
+                        d.id,
+                        stored.map_or_else(|| "none".to_owned(), |v| v.to_string())
+                    )));
+                }
+                let created = to_ms(d.created_at);
+                tx.execute(
+                    "INSERT INTO hook_deliveries (id, hook_id, version, created_ms, doc) VALUES (?1, ?2, ?3, ?4, ?5) \
+                     ON CONFLICT (id) DO UPDATE SET version = excluded.version, doc = excluded.doc",
+                    params![d.id.as_str(), d.hook_id.as_str(), d.version as i64, created, to_doc(&d)],
+                )
+                .map_err(&op)?;
+                if let Some(a) = &a {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO hook_attempts (delivery_id, attempt, doc) VALUES (?1, ?2, ?3)",
+                        params![a.delivery_id.as_str(), a.attempt, to_doc(a)],
+                    )
+                    .map_err(&op)?;
+                }
+                if stored.is_none() {
+                    // A new delivery: forget this hook's deliveries past retention.
+                    let horizon = to_ms(d.updated_at.saturating_sub(RETENTION).unwrap_or(d.updated_at));
+                    tx.execute(
+                        "DELETE FROM hook_attempts WHERE delivery_id IN \
+                         (SELECT id FROM hook_deliveries WHERE hook_id = ?1 AND created_ms < ?2)",
+                        params![d.hook_id.as_str(), horizon],
+                    )
+                    .map_err(&op)?;
+                    tx.execute(
+                        "DELETE FROM hook_deliveries WHERE hook_id = ?1 AND created_ms < ?2",
+                        params![d.hook_id.as_str(), horizon],
+                    )
+                    .map_err(&op)?;
+                }
+                tx.commit().map_err(&op)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn list_deliveries(
+        &self,
+        hook: &HookId,
+        limit: usize,
+    ) -> Result<Vec<HookDelivery>, StoreError> {
+        let hook = hook.clone();
+        self.db
+            .call("list deliveries", move |conn| {
+                read_docs(
+                    conn,
+                    "list deliveries",
+                    "SELECT id, doc FROM hook_deliveries WHERE hook_id = ?1 \
+                     ORDER BY created_ms DESC, id DESC LIMIT ?2",
+                    params![hook.as_str(), limit as i64],
+                )
+            })
+            .await
+    }
+
+    async fn list_attempts(
+        &self,
+        delivery: &HookDeliveryId,
+    ) -> Result<Vec<HookAttempt>, StoreError> {
+        let id = delivery.clone();
+        self.db
+            .call("list attempts", move |conn| {
+                read_docs(
+                    conn,
+                    "list attempts",
+                    "SELECT delivery_id, doc FROM hook_attempts WHERE delivery_id = ?1 ORDER BY attempt",
+                    [id.as_str()],
+                )
+            })
+            .await
+    }
+}
+
+/// The hooks queue of `pulse serve`.
+#[derive(Clone)]
+pub struct SqliteHookQueue {
+    db: Db,
+    clock: Arc<dyn Clock>,
+}
+
+impl SqliteHookQueue {
+    /// The queue in `db`, timed by `clock`.
+    pub fn new(db: Db, clock: Arc<dyn Clock>) -> Self {
+        Self { db, clock }
+    }
+
+    /// Messages waiting or in flight.
+    pub async fn depth(&self) -> Result<u64, StoreError> {
+        self.count("SELECT COUNT(*) FROM hook_queue").await
+    }
+
+    /// Dead-lettered deliveries.
+    pub async fn dead_letters(&self) -> Result<u64, StoreError> {
+        self.count("SELECT COUNT(*) FROM hook_dead").await
+    }
+
+    async fn count(&self, sql: &'static str) -> Result<u64, StoreError> {
+        self.db
+            .call("count hook queue", move |conn| {
+                conn.query_row(sql, [], |r| r.get::<_, i64>(0))
+                    .map(|n| n as u64)
+                    .map_err(sqlite_err("count hook queue"))
+            })
+            .await
+    }
+
+    fn at(&self, after: Duration) -> i64 {
+        let now = self.clock.now();
+        to_ms(
+            now.saturating_add(SignedDuration::try_from(after).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(now),
+        )
+    }
+}
+
+#[async_trait]
+impl HookQueue for SqliteHookQueue {
+    async fn send(&self, messages: &[HookMessage]) -> Result<SendReport, StoreError> {
+        let rows: Vec<(String, i64)> = messages
+            .iter()
+            .map(|m| (m.task.encode(), self.at(m.delay)))
+            .collect();
+        self.db
+            .call("send to hook queue", move |conn| {
+                let op = sqlite_err("send to hook queue");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                for (body, visible) in &rows {
+                    tx.prepare_cached("INSERT INTO hook_queue (body, visible_ms) VALUES (?1, ?2)")
+                        .and_then(|mut st| st.execute(params![body, visible]))
+                        .map_err(&op)?;
+                }
+                tx.commit().map_err(&op)?;
+                Ok(SendReport::default())
+            })
+            .await
+    }
+
+    async fn receive(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, StoreError> {
+        let now = to_ms(self.clock.now());
+        let hidden_until = self.at(visibility);
+        self.db
+            .call("receive from hook queue", move |conn| {
+                let op = sqlite_err("receive from hook queue");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                let picked: Vec<(i64, String, u32)> = {
+                    let mut st = tx
+                        .prepare_cached(
+                            "SELECT seq, body, receive_count FROM hook_queue WHERE visible_ms <= ?1 \
+                             ORDER BY visible_ms, seq LIMIT ?2",
+                        )
+                        .map_err(&op)?;
+                    let rows = st
+                        .query_map(params![now, max as i64], |r| {
+                            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                        })
+                        .map_err(&op)?;
+                    rows.collect::<Result<_, _>>().map_err(&op)?
+                };
+                let mut out = Vec::with_capacity(picked.len());
+                for (seq, body, count) in picked {
+                    // As in the sessions queue: the receipt leads with the key, and its
+                    // random part makes a stale receipt delete nothing.
+                    let receipt = format!("{seq}.{}", Ulid::new());
+                    tx.execute(
+                        "UPDATE hook_queue SET receipt = ?2, visible_ms = ?3, receive_count = receive_count + 1 WHERE seq = ?1",
+                        params![seq, receipt, hidden_until],
+                    )
+                    .map_err(&op)?;
+                    out.push(Delivery {
+                        message_id: seq.to_string(),
+                        receipt,
+                        group: String::new(),
+                        body,
+                        receive_count: count + 1,
+                    });
+                }
+                tx.commit().map_err(&op)?;
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+        let Some(seq) = receipt
+            .split_once('.')
+            .and_then(|(s, _)| s.parse::<i64>().ok())
+        else {
+            return Ok(());
+        };
+        let receipt = receipt.to_owned();
+        self.db
+            .call("delete from hook queue", move |conn| {
+                conn.execute(
+                    "DELETE FROM hook_queue WHERE seq = ?1 AND receipt = ?2",
+                    params![seq, receipt],
+                )
+                .map_err(sqlite_err("delete from hook queue"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn dead_letter(&self, task: &HookTask, reason: &str) -> Result<(), StoreError> {
+        let body = task.encode();
+        let reason = reason.to_owned();
+        let now = to_ms(self.clock.now());
+        self.db
+            .call("dead-letter hook", move |conn| {
+                conn.execute(
+                    "INSERT INTO hook_dead (body, reason, dead_ms) VALUES (?1, ?2, ?3)",
+                    params![body, reason, now],
+                )
+                .map_err(sqlite_err("dead-letter hook"))?;
+                Ok(())
+            })
+            .await
+    }
+}

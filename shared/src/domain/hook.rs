@@ -1,0 +1,960 @@
+//! Outbound hooks: external systems follow an agent's lifecycle through signed HTTP POSTs
+//! (or EventBridge events), one per hook whose type matches what happened.
+//!
+//! Unlike seed 001, a hook is never delivered inside the request that emits it: the
+//! engine enqueues a delivery, and the dispatcher sends it, retrying by re-enqueueing with
+//! a delay (never by sleeping). Every attempt is logged; a receiver that answers 410 Gone,
+//! or fails without a break for too long, has its hook disabled.
+
+use std::fmt;
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use url::Url;
+
+use super::agent::Agent;
+use super::chat::Secret;
+use super::ids::{ActionId, AgentId, HeartbeatId, HookDeliveryId, HookId, ToolName};
+use super::time::{format_duration, parse_duration};
+use crate::error::ValidationError;
+
+/// A hook type: `BEFORE_HEARTBEAT`, `AFTER_SNIP_CREATE`, … (SCREAMING_SNAKE_CASE).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HookType(String);
+
+impl HookType {
+    /// Before a heartbeat processes its window.
+    pub const BEFORE_HEARTBEAT: &'static str = "BEFORE_HEARTBEAT";
+    /// After a heartbeat completed, with its counts.
+    pub const AFTER_HEARTBEAT: &'static str = "AFTER_HEARTBEAT";
+    /// A heartbeat failed (the next one is scheduled).
+    pub const HEARTBEAT_FAILED: &'static str = "HEARTBEAT_FAILED";
+    /// An action (one tool run for one event) started.
+    pub const ACTION_STARTED: &'static str = "ACTION_STARTED";
+    /// An action completed.
+    pub const ACTION_COMPLETED: &'static str = "ACTION_COMPLETED";
+    /// An action failed.
+    pub const ACTION_FAILED: &'static str = "ACTION_FAILED";
+    /// The agent's conversation took in user messages (a turn began).
+    pub const MESSAGE_RECEIVED: &'static str = "MESSAGE_RECEIVED";
+    /// The agent's reply reached Discord.
+    pub const MESSAGE_SENT: &'static str = "MESSAGE_SENT";
+    /// One of the agent's hooks was disabled (410 Gone, or failing for too long).
+    pub const HOOK_DISABLED: &'static str = "HOOK_DISABLED";
+
+    /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
+    /// `AFTER_<TOOL>`.
+    pub const LIFECYCLE: [(&'static str, &'static str); 9] = [
+        (
+            Self::BEFORE_HEARTBEAT,
+            "a heartbeat starts processing its window",
+        ),
+        (
+            Self::AFTER_HEARTBEAT,
+            "a heartbeat completed (events processed, actions run)",
+        ),
+        (
+            Self::HEARTBEAT_FAILED,
+            "a heartbeat failed; the next one is scheduled",
+        ),
+        (Self::ACTION_STARTED, "a tool starts for an event"),
+        (Self::ACTION_COMPLETED, "a tool completed for an event"),
+        (Self::ACTION_FAILED, "a tool failed for an event"),
+        (
+            Self::MESSAGE_RECEIVED,
+            "the conversation takes in user messages",
+        ),
+        (Self::MESSAGE_SENT, "a reply reached Discord"),
+        (Self::HOOK_DISABLED, "one of the agent's hooks was disabled"),
+    ];
+
+    /// Validates a type: an uppercase letter, then uppercase letters, digits or `_`; at
+    /// most 128.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let mut bytes = s.bytes();
+        let ok = s.len() <= 128
+            && bytes.next().is_some_and(|b| b.is_ascii_uppercase())
+            && bytes.all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(ValidationError::new(
+                "hook type",
+                format!(
+                    "{s:?} is not a hook type: use SCREAMING_SNAKE_CASE such as BEFORE_HEARTBEAT, AFTER_HEARTBEAT or AFTER_<TOOL> (`pulse hooks types` lists them)"
+                ),
+            ))
+        }
+    }
+
+    /// One of the fixed types (the constants above).
+    pub fn of(name: &'static str) -> Self {
+        Self(name.to_owned())
+    }
+
+    /// `BEFORE_<TOOL>`: `SnipCreate` → `BEFORE_SNIP_CREATE`.
+    pub fn before_tool(tool: &ToolName) -> Self {
+        Self(format!("BEFORE_{}", screaming_snake(tool.as_str())))
+    }
+
+    /// `AFTER_<TOOL>`: `SnipCreate` → `AFTER_SNIP_CREATE`.
+    pub fn after_tool(tool: &ToolName) -> Self {
+        Self(format!("AFTER_{}", screaming_snake(tool.as_str())))
+    }
+
+    /// The type as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for HookType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for HookType {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for HookType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A tool's name in SCREAMING_SNAKE_CASE, as the documented hook names spell it:
+/// `SnipCreate` → `SNIP_CREATE`, `feed-reader` → `FEED_READER`, `HTTPFetch` → `HTTP_FETCH`
+/// (seed 001's `toUpperCase()` gave `SNIPCREATE`, matching no documented name).
+pub fn screaming_snake(name: &str) -> String {
+    let chars: Vec<char> = name.chars().collect();
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, &c) in chars.iter().enumerate() {
+        if c == '-' || c == '_' {
+            if !out.is_empty() && !out.ends_with('_') {
+                out.push('_');
+            }
+            continue;
+        }
+        if c.is_ascii_uppercase() && i > 0 && !out.ends_with('_') {
+            let prev = chars[i - 1];
+            let next_lower = chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase());
+            // A word starts at a capital after a lower-case letter or digit (`snipCreate`),
+            // or at the last capital of an acronym followed by lower case (`HTTPFetch`).
+            if prev.is_ascii_lowercase()
+                || prev.is_ascii_digit()
+                || (prev.is_ascii_uppercase() && next_lower)
+            {
+                out.push('_');
+            }
+        }
+        out.push(c.to_ascii_uppercase());
+    }
+    out.trim_end_matches('_').to_owned()
+}
+
+/// Where a hook delivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookTarget {
+    /// A POST to this URL (https; http only for receivers on an allow-listed address).
+    Url(Url),
+    /// A PutEvents to this EventBridge bus (a name or an ARN), source `pulse`,
+    /// detail-type = the hook type, detail = the payload.
+    EventBridge {
+        /// The bus.
+        bus: String,
+    },
+}
+
+impl HookTarget {
+    const EVENTBRIDGE: &'static str = "eventbridge://";
+
+    /// Reads `https://…`, `http://…` or `eventbridge://BUS_NAME`.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let s = s.trim();
+        if let Some(bus) = s.strip_prefix(Self::EVENTBRIDGE) {
+            let ok = !bus.is_empty()
+                && bus.len() <= 1600
+                && bus
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-/:".contains(&b));
+            return if ok {
+                Ok(Self::EventBridge {
+                    bus: bus.to_owned(),
+                })
+            } else {
+                Err(ValidationError::new(
+                    "hook target",
+                    format!(
+                        "{s:?}: give an event bus name or ARN after eventbridge:// (letters, digits, . _ - / :)"
+                    ),
+                ))
+            };
+        }
+        let url = Url::parse(s).map_err(|e| {
+            ValidationError::new(
+                "hook target",
+                format!("{s:?} is not a URL ({e}); give https://… or eventbridge://BUS_NAME"),
+            )
+        })?;
+        if !matches!(url.scheme(), "https" | "http") || url.host().is_none() {
+            return Err(ValidationError::new(
+                "hook target",
+                format!("{s:?}: a hook posts to an https:// URL, or to eventbridge://BUS_NAME"),
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(ValidationError::new(
+                "hook target",
+                "credentials in a URL end up in logs; give them with --auth-header instead",
+            ));
+        }
+        Ok(Self::Url(url))
+    }
+
+    /// Whether it is a plain-http URL (allowed, but only reaches allow-listed addresses
+    /// in practice; warned about).
+    pub fn is_plain_http(&self) -> bool {
+        matches!(self, Self::Url(u) if u.scheme() == "http")
+    }
+}
+
+impl fmt::Display for HookTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Url(u) => f.write_str(u.as_str()),
+            Self::EventBridge { bus } => write!(f, "{}{bus}", Self::EVENTBRIDGE),
+        }
+    }
+}
+
+impl Serialize for HookTarget {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for HookTarget {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The delays between a hook's attempts: the n-th entry is the wait after attempt n
+/// failed. A delivery gets `len + 1` attempts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetrySchedule(Vec<SignedDuration>);
+
+impl RetrySchedule {
+    /// Longest single delay accepted.
+    pub const MAX_DELAY: SignedDuration = SignedDuration::from_hours(24);
+    /// Most retries accepted.
+    pub const MAX_RETRIES: usize = 20;
+
+    /// 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h: eight attempts over about 27.6 hours
+    /// (the Standard Webhooks recommendation).
+    pub fn standard() -> Self {
+        let m = SignedDuration::from_mins;
+        let h = SignedDuration::from_hours;
+        Self(vec![
+            SignedDuration::from_secs(5),
+            m(5),
+            m(30),
+            h(2),
+            h(5),
+            h(10),
+            h(10),
+        ])
+    }
+
+    /// No retries: one attempt.
+    pub fn none() -> Self {
+        Self(Vec::new())
+    }
+
+    /// Reads `5s,5m,30m,2h` (or `none`).
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(Self::none());
+        }
+        let delays = s
+            .split(',')
+            .map(|p| {
+                let d = parse_duration("retry delay", p)?;
+                if d < SignedDuration::from_secs(1) || d > Self::MAX_DELAY {
+                    return Err(ValidationError::new(
+                        "retry schedule",
+                        format!("{:?}: each delay must be between 1s and 24h", p.trim()),
+                    ));
+                }
+                Ok(d)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if delays.len() > Self::MAX_RETRIES {
+            return Err(ValidationError::new(
+                "retry schedule",
+                format!("at most {} retries", Self::MAX_RETRIES),
+            ));
+        }
+        Ok(Self(delays))
+    }
+
+    /// How many attempts a delivery gets.
+    pub fn attempts(&self) -> u32 {
+        self.0.len() as u32 + 1
+    }
+
+    /// The scheduled wait after attempt `attempt` (1-based) failed; `None` after the last.
+    pub fn after(&self, attempt: u32) -> Option<SignedDuration> {
+        self.0.get(attempt.checked_sub(1)? as usize).copied()
+    }
+}
+
+impl Default for RetrySchedule {
+    fn default() -> Self {
+        Self::standard()
+    }
+}
+
+impl fmt::Display for RetrySchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        let parts: Vec<String> = self.0.iter().map(|d| format_duration(*d)).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl Serialize for RetrySchedule {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for RetrySchedule {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The longest a receiver's `Retry-After` can push a retry back. The schedule's own delay
+/// is never shortened by it.
+pub const MAX_RETRY_AFTER: SignedDuration = SignedDuration::from_hours(1);
+
+/// The wait before the next attempt after `attempt` failed: the scheduled delay with
+/// ±20 % jitter (`unit` in [0, 1) picks where), at least the receiver's `Retry-After`
+/// (bounded by [`MAX_RETRY_AFTER`]). `None` when the schedule is used up.
+pub fn retry_delay(
+    schedule: &RetrySchedule,
+    attempt: u32,
+    retry_after: Option<SignedDuration>,
+    unit: f64,
+) -> Option<SignedDuration> {
+    let base = schedule.after(attempt)?;
+    let factor = 0.8 + 0.4 * unit.clamp(0.0, 1.0);
+    let jittered = SignedDuration::from_secs_f64(base.as_secs_f64() * factor);
+    let asked = retry_after
+        .map(|r| r.clamp(SignedDuration::ZERO, MAX_RETRY_AFTER))
+        .unwrap_or_default();
+    Some(jittered.max(asked))
+}
+
+/// An agent's outbound hook.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hook {
+    /// Its id.
+    pub id: HookId,
+    /// The agent it follows.
+    pub agent_id: AgentId,
+    /// What it fires on.
+    pub hook_type: HookType,
+    /// Where it delivers.
+    pub target: HookTarget,
+    /// Its Standard Webhooks signing secret (`whsec_…`). Shown once at creation; never
+    /// listed or logged.
+    #[serde(with = "secret_string")]
+    pub secret: Secret,
+    /// Sent as the `Authorization` header, if set. Never listed or logged.
+    #[serde(
+        default,
+        with = "opt_secret_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub auth_header: Option<Secret>,
+    /// How long one attempt may take.
+    pub timeout: SignedDuration,
+    /// Delays between attempts.
+    pub retry: RetrySchedule,
+    /// Failing without a break for this long disables the hook.
+    pub disable_after: SignedDuration,
+    /// Whether it fires.
+    pub active: bool,
+    /// Why it was disabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled_reason: Option<String>,
+    /// Since when its deliveries have been failing (cleared by a success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<Timestamp>,
+    /// A note for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// Bumped by every write; a write is conditional on the version it read.
+    pub version: u64,
+}
+
+mod secret_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::domain::Secret;
+
+    pub(super) fn serialize<S: Serializer>(s: &Secret, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(s.expose())
+    }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
+        String::deserialize(d).map(Secret::new)
+    }
+}
+
+mod opt_secret_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::domain::Secret;
+
+    pub(super) fn serialize<S: Serializer>(s: &Option<Secret>, ser: S) -> Result<S::Ok, S::Error> {
+        match s {
+            Some(s) => ser.serialize_some(s.expose()),
+            None => ser.serialize_none(),
+        }
+    }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
+        Ok(Option::<String>::deserialize(d)?.map(Secret::new))
+    }
+}
+
+impl Hook {
+    /// Default time an attempt may take.
+    pub const DEFAULT_TIMEOUT: SignedDuration = SignedDuration::from_secs(15);
+    /// Longest time an attempt may take (the dispatcher's own time limit bounds it).
+    pub const MAX_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
+    /// Default: disabled after five days of failures without a success.
+    pub const DEFAULT_DISABLE_AFTER: SignedDuration = SignedDuration::from_hours(5 * 24);
+
+    /// A new active hook with a fresh signing secret and the default timeout, schedule
+    /// and disable period.
+    pub fn new(
+        agent_id: AgentId,
+        hook_type: HookType,
+        target: HookTarget,
+        secret: &str,
+        now: Timestamp,
+    ) -> Self {
+        Self {
+            id: HookId::generate(),
+            agent_id,
+            hook_type,
+            target,
+            secret: Secret::new(secret),
+            auth_header: None,
+            timeout: Self::DEFAULT_TIMEOUT,
+            retry: RetrySchedule::standard(),
+            disable_after: Self::DEFAULT_DISABLE_AFTER,
+            active: true,
+            disabled_reason: None,
+            failing_since: None,
+            description: None,
+            created_at: now,
+            version: 1,
+        }
+    }
+
+    /// Checks a timeout given by a user.
+    pub fn check_timeout(t: SignedDuration) -> Result<SignedDuration, ValidationError> {
+        if t < SignedDuration::from_millis(100) || t > Self::MAX_TIMEOUT {
+            return Err(ValidationError::new(
+                "timeout",
+                format!(
+                    "{} is out of range: give between 100ms and {}",
+                    format_duration(t),
+                    format_duration(Self::MAX_TIMEOUT)
+                ),
+            ));
+        }
+        Ok(t)
+    }
+
+    /// What routing needs to know of it.
+    pub fn route(&self) -> HookRoute {
+        HookRoute {
+            id: self.id.clone(),
+            hook_type: self.hook_type.clone(),
+            active: self.active,
+        }
+    }
+
+    /// What a listing shows: no secret, no authorization value.
+    pub fn summary(&self) -> HookSummary {
+        HookSummary {
+            id: self.id.clone(),
+            agent_id: self.agent_id.clone(),
+            hook_type: self.hook_type.clone(),
+            target: self.target.to_string(),
+            has_auth_header: self.auth_header.is_some(),
+            timeout: format_duration(self.timeout),
+            retry: self.retry.to_string(),
+            disable_after: format_duration(self.disable_after),
+            active: self.active,
+            disabled_reason: self.disabled_reason.clone(),
+            failing_since: self.failing_since,
+            description: self.description.clone(),
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// What the engine reads to decide which hooks an emit point fires.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookRoute {
+    /// The hook.
+    pub id: HookId,
+    /// What it fires on.
+    pub hook_type: HookType,
+    /// Whether it fires.
+    pub active: bool,
+}
+
+/// A hook as listed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HookSummary {
+    /// Its id.
+    pub id: HookId,
+    /// Its agent.
+    pub agent_id: AgentId,
+    /// What it fires on.
+    pub hook_type: HookType,
+    /// Where it delivers.
+    pub target: String,
+    /// Whether an Authorization header is sent.
+    pub has_auth_header: bool,
+    /// Time per attempt.
+    pub timeout: String,
+    /// Delays between attempts.
+    pub retry: String,
+    /// Failing this long disables it.
+    pub disable_after: String,
+    /// Whether it fires.
+    pub active: bool,
+    /// Why it was disabled.
+    pub disabled_reason: Option<String>,
+    /// Failing since.
+    pub failing_since: Option<Timestamp>,
+    /// Its note.
+    pub description: Option<String>,
+    /// When it was created.
+    pub created_at: Timestamp,
+}
+
+/// The agent as a payload names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadAgent {
+    /// Its id.
+    pub id: AgentId,
+    /// Its name.
+    pub name: String,
+    /// Its alias (the name when none is set).
+    pub alias: String,
+}
+
+impl From<&Agent> for PayloadAgent {
+    fn from(a: &Agent) -> Self {
+        Self {
+            id: a.id.clone(),
+            name: a.name.clone(),
+            alias: a.alias.clone().unwrap_or_else(|| a.name.clone()),
+        }
+    }
+}
+
+/// What caused a hook.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PayloadContext {
+    /// The event type or cause (`SCHEDULE`, `FEED_SUMMARIZED`, `DISCORD_MESSAGE`).
+    pub triggered_by: String,
+    /// Related events, when there are some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub related_events: Option<Vec<Value>>,
+}
+
+/// Seed 001's HookPayload: the JSON body of every delivery.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HookPayload {
+    /// The hook type.
+    pub hook_type: HookType,
+    /// The agent.
+    pub agent: PayloadAgent,
+    /// When it happened.
+    pub timestamp: Timestamp,
+    /// The heartbeat it happened in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_id: Option<HeartbeatId>,
+    /// The action it concerns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_id: Option<ActionId>,
+    /// What happened, per hook type.
+    pub data: Value,
+    /// What caused it.
+    pub context: PayloadContext,
+}
+
+/// Where a delivery stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DeliveryStatus {
+    /// Queued, being attempted, or waiting for its next attempt.
+    Pending,
+    /// A receiver answered 2xx (or EventBridge accepted the event).
+    Succeeded,
+    /// Every attempt failed; dead-lettered. `pulse hooks replay` sends it again.
+    Exhausted,
+    /// Not delivered because its hook was disabled or deleted.
+    Cancelled,
+}
+
+impl DeliveryStatus {
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Succeeded => "SUCCEEDED",
+            Self::Exhausted => "EXHAUSTED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+    /// Whether nothing more happens to it without a replay.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Pending)
+    }
+}
+
+/// How one attempt went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AttemptStatus {
+    /// 2xx.
+    Success,
+    /// Any other answer, or no answer (refused connection, TLS, EventBridge error).
+    Failed,
+    /// No answer within the hook's timeout.
+    Timeout,
+    /// The target resolves to an address that is not public: nothing was sent.
+    RejectedSsrf,
+}
+
+impl AttemptStatus {
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "SUCCESS",
+            Self::Failed => "FAILED",
+            Self::Timeout => "TIMEOUT",
+            Self::RejectedSsrf => "REJECTED_SSRF",
+        }
+    }
+}
+
+/// One delivery of one hook: the body is fixed when it is emitted, so every attempt
+/// sends the same bytes under the same `webhook-id`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HookDelivery {
+    /// Its id (`webhook-id`).
+    pub id: HookDeliveryId,
+    /// The hook.
+    pub hook_id: HookId,
+    /// The hook's agent.
+    pub agent_id: AgentId,
+    /// The hook type.
+    pub hook_type: HookType,
+    /// The JSON body.
+    pub body: String,
+    /// Where it stands.
+    pub status: DeliveryStatus,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// While an attempt is in flight: when another dispatcher may take it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until: Option<Timestamp>,
+    /// When the next attempt is due, while one is scheduled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Timestamp>,
+    /// The last attempt's outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<AttemptStatus>,
+    /// Why the last attempt failed, or why the delivery was cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When it was emitted.
+    pub created_at: Timestamp,
+    /// When it last changed.
+    pub updated_at: Timestamp,
+    /// Bumped by every write; a write is conditional on the version it read.
+    pub version: u64,
+}
+
+/// Most of a response body kept on an attempt.
+pub const ATTEMPT_BODY_LIMIT: usize = 10 * 1024;
+
+/// One attempt of a delivery, as logged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HookAttempt {
+    /// The delivery.
+    pub delivery_id: HookDeliveryId,
+    /// The hook.
+    pub hook_id: HookId,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// How it went.
+    pub status: AttemptStatus,
+    /// The receiver's HTTP status, if it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    /// The start of its response body (at most 10 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<String>,
+    /// What went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// How long it took.
+    pub duration_ms: u64,
+    /// When it started.
+    pub at: Timestamp,
+    /// When the next attempt is due, if one was scheduled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Timestamp>,
+}
+
+/// A hook delivery as a queue message. It carries the body, so the dispatcher's first
+/// attempt can record a delivery the store has never seen.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HookTask {
+    /// Message format version.
+    pub v: u32,
+    /// The delivery.
+    pub delivery_id: HookDeliveryId,
+    /// The hook.
+    pub hook_id: HookId,
+    /// The hook's agent.
+    pub agent_id: AgentId,
+    /// The hook type.
+    pub hook_type: HookType,
+    /// Which attempt this message is for (1 for the first).
+    pub attempt: u32,
+    /// Not to be attempted before this: delays longer than the queue's own limit (15
+    /// minutes on SQS) are chained through several messages.
+    pub not_before: Timestamp,
+    /// The JSON body.
+    pub body: String,
+    /// When it was emitted.
+    pub emitted_at: Timestamp,
+}
+
+impl HookTask {
+    /// The current format version.
+    pub const VERSION: u32 = 1;
+
+    /// Encodes it as a message body.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Decodes a message body; says what is wrong with one that is not a hook task.
+    pub fn decode(body: &str) -> Result<Self, ValidationError> {
+        let task: Self = serde_json::from_str(body)
+            .map_err(|e| ValidationError::new("hook task", e.to_string()))?;
+        if task.v != Self::VERSION {
+            return Err(ValidationError::new(
+                "hook task",
+                format!(
+                    "version {} is not understood by this dispatcher (version {}); deploy the same version everywhere",
+                    task.v,
+                    Self::VERSION
+                ),
+            ));
+        }
+        Ok(task)
+    }
+
+    /// The delivery record its first attempt creates.
+    pub fn new_delivery(&self, now: Timestamp) -> HookDelivery {
+        HookDelivery {
+            id: self.delivery_id.clone(),
+            hook_id: self.hook_id.clone(),
+            agent_id: self.agent_id.clone(),
+            hook_type: self.hook_type.clone(),
+            body: self.body.clone(),
+            status: DeliveryStatus::Pending,
+            attempts: 0,
+            lease_until: None,
+            next_attempt_at: None,
+            last_status: None,
+            last_error: None,
+            created_at: self.emitted_at,
+            updated_at: now,
+            version: 0,
+        }
+    }
+}
+
+/// Cuts `body` to at most `limit` bytes on a character boundary.
+pub fn truncate_utf8(body: &str, limit: usize) -> String {
+    if body.len() <= limit {
+        return body.to_owned();
+    }
+    let mut end = limit;
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    body[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_names_become_the_documented_hook_names() {
+        let t = |s: &str| screaming_snake(s);
+        assert_eq!(t("SnipCreate"), "SNIP_CREATE");
+        assert_eq!(t("FeedReader"), "FEED_READER");
+        assert_eq!(t("feed-reader"), "FEED_READER");
+        assert_eq!(t("heartbeat_agent"), "HEARTBEAT_AGENT");
+        assert_eq!(t("HTTPFetch"), "HTTP_FETCH");
+        assert_eq!(t("fetch2Go"), "FETCH2_GO");
+        assert_eq!(t("a--b"), "A_B");
+        let tool = ToolName::parse("SnipCreate").unwrap();
+        assert_eq!(HookType::before_tool(&tool).as_str(), "BEFORE_SNIP_CREATE");
+        assert_eq!(HookType::after_tool(&tool).as_str(), "AFTER_SNIP_CREATE");
+        assert!(HookType::parse(HookType::after_tool(&tool).as_str()).is_ok());
+    }
+
+    #[test]
+    fn hook_types_must_be_screaming_snake_case() {
+        assert!(HookType::parse("AFTER_HEARTBEAT").is_ok());
+        assert!(HookType::parse("after_heartbeat").is_err());
+        assert!(HookType::parse("_X").is_err());
+        assert!(HookType::parse("").is_err());
+    }
+
+    #[test]
+    fn targets_are_https_urls_or_event_buses() {
+        assert!(matches!(
+            HookTarget::parse("https://example.com/hook").unwrap(),
+            HookTarget::Url(_)
+        ));
+        assert_eq!(
+            HookTarget::parse("eventbridge://pulse-hooks").unwrap(),
+            HookTarget::EventBridge {
+                bus: "pulse-hooks".into()
+            }
+        );
+        let t = HookTarget::parse("eventbridge://arn:aws:events:us-east-1:1:event-bus/x").unwrap();
+        assert_eq!(
+            t.to_string(),
+            "eventbridge://arn:aws:events:us-east-1:1:event-bus/x"
+        );
+        assert!(HookTarget::parse("ftp://x").is_err());
+        assert!(HookTarget::parse("eventbridge://").is_err());
+        assert!(HookTarget::parse("https://user:pw@example.com/").is_err());
+        assert!(
+            HookTarget::parse("http://127.0.0.1:9/")
+                .unwrap()
+                .is_plain_http()
+        );
+    }
+
+    #[test]
+    fn the_default_schedule_is_seven_retries_and_parses_back() {
+        let s = RetrySchedule::standard();
+        assert_eq!(s.attempts(), 8);
+        assert_eq!(s.after(1), Some(SignedDuration::from_secs(5)));
+        assert_eq!(s.after(7), Some(SignedDuration::from_hours(10)));
+        assert_eq!(s.after(8), None);
+        assert_eq!(s.after(0), None);
+        assert_eq!(RetrySchedule::parse(&s.to_string()).unwrap(), s);
+        assert_eq!(RetrySchedule::parse("none").unwrap().attempts(), 1);
+        assert!(RetrySchedule::parse("5s,0s").is_err());
+        assert!(RetrySchedule::parse("5s,2d").is_err());
+        assert!(RetrySchedule::parse("soon").is_err());
+    }
+
+    #[test]
+    fn retry_delays_are_jittered_by_twenty_percent_and_honour_retry_after_within_a_bound() {
+        let s = RetrySchedule::parse("100s,1h").unwrap();
+        let secs = |d: Option<SignedDuration>| d.unwrap().as_secs_f64();
+        assert!((secs(retry_delay(&s, 1, None, 0.0)) - 80.0).abs() < 1e-6);
+        assert!((secs(retry_delay(&s, 1, None, 1.0)) - 120.0).abs() < 1e-6);
+        assert!((secs(retry_delay(&s, 1, None, 0.5)) - 100.0).abs() < 1e-6);
+        // Retry-After lengthens a short delay, never shortens one, and is capped.
+        let ra = |secs| Some(SignedDuration::from_secs(secs));
+        assert_eq!(secs(retry_delay(&s, 1, ra(600), 0.5)), 600.0);
+        assert_eq!(secs(retry_delay(&s, 1, ra(10), 0.5)), 100.0);
+        assert_eq!(secs(retry_delay(&s, 1, ra(86_400), 0.5)), 3_600.0);
+        assert_eq!(retry_delay(&s, 3, ra(10), 0.5), None);
+    }
+
+    #[test]
+    fn a_hook_serializes_its_secret_but_its_summary_and_debug_do_not() {
+        let mut h = Hook::new(
+            AgentId::generate(),
+            HookType::of(HookType::AFTER_HEARTBEAT),
+            HookTarget::parse("https://example.com/h").unwrap(),
+            "whsec_c2VjcmV0c2VjcmV0c2VjcmV0",
+            Timestamp::UNIX_EPOCH,
+        );
+        h.auth_header = Some(Secret::new("Bearer tok-123"));
+        let json = serde_json::to_string(&h).unwrap();
+        assert!(json.contains("whsec_c2Vj") && json.contains("tok-123"));
+        let back: Hook = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, h);
+        let listed = serde_json::to_string(&h.summary()).unwrap();
+        assert!(!listed.contains("whsec_") && !listed.contains("tok-123"));
+        let debug = format!("{h:?}");
+        assert!(!debug.contains("whsec_c2Vj") && !debug.contains("tok-123"));
+    }
+
+    #[test]
+    fn a_task_round_trips_and_a_newer_version_is_refused_with_a_reason() {
+        let t = HookTask {
+            v: HookTask::VERSION,
+            delivery_id: HookDeliveryId::generate(1),
+            hook_id: HookId::generate(),
+            agent_id: AgentId::generate(),
+            hook_type: HookType::of(HookType::AFTER_HEARTBEAT),
+            attempt: 2,
+            not_before: Timestamp::UNIX_EPOCH,
+            body: "{}".into(),
+            emitted_at: Timestamp::UNIX_EPOCH,
+        };
+        assert_eq!(HookTask::decode(&t.encode()).unwrap(), t);
+        let newer = t.encode().replacen("\"v\":1", "\"v\":9", 1);
+        assert!(
+            HookTask::decode(&newer)
+                .unwrap_err()
+                .message
+                .contains("version 9")
+        );
+        assert!(HookTask::decode("nope").is_err());
+    }
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate_utf8("héllo", 2), "h");
+        assert_eq!(truncate_utf8("abc", 10), "abc");
+    }
+}

@@ -1,0 +1,695 @@
+//! Outbound hooks end to end: a heartbeat emits, the dispatcher delivers to a recording
+//! receiver on loopback (allow-listed), retries by re-enqueueing with a delay (injected
+//! clock), disables on 410, dead-letters when exhausted, and never follows a redirect or
+//! reaches a non-public address.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::SignedDuration;
+use pulse_egress::Connector;
+use pulse_shared::domain::{
+    Agent, AttemptStatus, DeliveryStatus, Hook, HookDelivery, HookId, HookTarget, HookType,
+    RetrySchedule,
+};
+use pulse_shared::engine::{Emission, Handled};
+use pulse_signatures::inbound::{Scheme, standard_signature, verify};
+use pulse_tests::fake_hooks::{Answer, FakeReceiver};
+use pulse_tests::{Backend, FakeTool, Kind, on_both_backends, settings};
+use serde_json::json;
+
+/// Adds a hook of `hook_type` posting to `url`.
+async fn hook(b: &Backend, agent: &Agent, hook_type: &str, url: &str) -> Hook {
+    let h = Hook::new(
+        agent.id.clone(),
+        HookType::parse(hook_type).unwrap(),
+        HookTarget::parse(url).unwrap(),
+        &pulse_signatures::inbound::generate_secret(),
+        b.now(),
+    );
+    b.store.create_hook(&h).await.unwrap();
+    h
+}
+
+/// Emits one AFTER_HEARTBEAT-like delivery for the agent's hooks of `hook_type`.
+async fn emit(b: &Backend, agent: &Agent, hook_type: &str) -> usize {
+    let e = b.emitter();
+    let routes = e.routes(&agent.id).await;
+    e.emit(
+        &routes,
+        agent,
+        Emission {
+            hook_type: HookType::parse(hook_type).unwrap(),
+            heartbeat_id: None,
+            action_id: None,
+            data: json!({"n": 1}),
+            triggered_by: "TEST".into(),
+            key_ms: b.now().as_millisecond() as u64,
+            key: vec!["k".into()],
+        },
+    )
+    .await
+}
+
+async fn deliveries(b: &Backend, h: &HookId) -> Vec<HookDelivery> {
+    b.store.list_deliveries(h, 100).await.unwrap()
+}
+
+on_both_backends!(
+    a_heartbeat_delivers_signed_before_after_and_tool_hooks,
+    heartbeat_hooks
+);
+async fn heartbeat_hooks(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let tool = FakeTool::start().await;
+    b.tool("SnipCreate", &tool.url(), "HEARTBEAT").await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let before = hook(&b, &agent, "BEFORE_HEARTBEAT", &receiver.url()).await;
+    let after = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    let tool_hook = hook(&b, &agent, "AFTER_SNIP_CREATE", &receiver.url()).await;
+    // A hook on another type does not fire.
+    hook(&b, &agent, "ACTION_FAILED", &receiver.url()).await;
+    b.advance(SignedDuration::from_mins(16));
+    let report = b.sweeper(settings()).sweep_once(b.now()).await;
+    assert_eq!(report.claimed, 1);
+    assert_eq!(b.drain(&b.worker_with_hooks(settings())).await, 1);
+    assert_eq!(
+        tool.requests().len(),
+        1,
+        "the tool ran for the HEARTBEAT event"
+    );
+
+    let d = b.dispatcher();
+    let mut attempts = 0;
+    for _ in 0..5 {
+        attempts += d
+            .poll_once(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .attempts;
+    }
+    assert_eq!(attempts, 3);
+    let got = receiver.received();
+    assert_eq!(got.len(), 3);
+    let secret_of = |t: &str| {
+        [&before, &after, &tool_hook]
+            .into_iter()
+            .find(|h| h.hook_type.as_str() == t)
+            .unwrap()
+            .secret
+            .expose()
+            .to_owned()
+    };
+    let mut types = Vec::new();
+    for r in &got {
+        let t = r.header("x-pulse-hook-type");
+        let body = r.json();
+        assert_eq!(body["hook_type"], t.as_str());
+        assert_eq!(r.header("x-pulse-agent-id"), agent.id.as_str());
+        assert_eq!(body["agent"]["id"], agent.id.as_str());
+        assert_eq!(body["agent"]["name"], "scout");
+        assert!(r.header("webhook-id").starts_with("msg_"));
+        // The Standard Webhooks algorithm, with the hook's secret, accepts it …
+        let v = verify(
+            Scheme::Standard,
+            &[&secret_of(&t)],
+            &r.headers,
+            &r.body,
+            b.now().as_second(),
+        )
+        .unwrap_or_else(|e| panic!("{t}: {e}"));
+        assert_eq!(
+            v.delivery_id.as_deref(),
+            Some(r.header("webhook-id").as_str())
+        );
+        // … and another hook's secret does not.
+        let other = if t == "BEFORE_HEARTBEAT" {
+            "AFTER_HEARTBEAT"
+        } else {
+            "BEFORE_HEARTBEAT"
+        };
+        assert!(
+            verify(
+                Scheme::Standard,
+                &[&secret_of(other)],
+                &r.headers,
+                &r.body,
+                b.now().as_second()
+            )
+            .is_err()
+        );
+        assert!(body["heartbeat_id"].as_str().unwrap().starts_with("hb_"));
+        match t.as_str() {
+            "BEFORE_HEARTBEAT" => {
+                assert_eq!(body["data"]["beat"], 1);
+                assert_eq!(body["context"]["triggered_by"], "SCHEDULE");
+            }
+            "AFTER_HEARTBEAT" => {
+                assert_eq!(body["data"]["status"], "COMPLETED");
+                assert_eq!(body["data"]["actions_triggered"], 1);
+                assert!(body["data"]["events_processed"].as_u64().unwrap() >= 1);
+            }
+            "AFTER_SNIP_CREATE" => {
+                assert!(body["action_id"].as_str().unwrap().starts_with("act_"));
+                assert_eq!(body["data"]["tool_name"], "SnipCreate");
+                assert_eq!(body["data"]["status"], "COMPLETED");
+                assert_eq!(body["context"]["triggered_by"], "HEARTBEAT");
+            }
+            other => panic!("unexpected hook type {other}"),
+        }
+        types.push(t);
+    }
+    types.sort();
+    assert_eq!(
+        types,
+        ["AFTER_HEARTBEAT", "AFTER_SNIP_CREATE", "BEFORE_HEARTBEAT"]
+    );
+    for h in [&before, &after, &tool_hook] {
+        let ds = deliveries(&b, &h.id).await;
+        assert_eq!(ds.len(), 1, "{}", h.hook_type);
+        assert_eq!(ds[0].status, DeliveryStatus::Succeeded);
+        let attempts = b.store.list_attempts(&ds[0].id).await.unwrap();
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].status, AttemptStatus::Success);
+        assert_eq!(attempts[0].http_status, Some(200));
+    }
+}
+
+#[test]
+fn signing_follows_the_standard_webhooks_published_vector() {
+    // https://github.com/standard-webhooks/standard-webhooks (spec test vector).
+    let sig = standard_signature(
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        1_614_265_330,
+        br#"{"test": 2432232314}"#,
+    )
+    .unwrap();
+    assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+    // The dispatcher's headers carry exactly that algorithm's output.
+    let mut h = Hook::new(
+        pulse_shared::domain::AgentId::generate(),
+        HookType::parse("AFTER_HEARTBEAT").unwrap(),
+        HookTarget::parse("https://example.com/h").unwrap(),
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        jiff::Timestamp::UNIX_EPOCH,
+    );
+    h.auth_header = Some(pulse_shared::domain::Secret::new("Bearer t0k"));
+    let task = pulse_shared::domain::HookTask {
+        v: 1,
+        delivery_id: pulse_shared::domain::HookDeliveryId::generate(1),
+        hook_id: h.id.clone(),
+        agent_id: h.agent_id.clone(),
+        hook_type: h.hook_type.clone(),
+        attempt: 1,
+        not_before: jiff::Timestamp::UNIX_EPOCH,
+        body: r#"{"test": 2432232314}"#.into(),
+        emitted_at: jiff::Timestamp::UNIX_EPOCH,
+    };
+    let d = task.new_delivery(jiff::Timestamp::UNIX_EPOCH);
+    let headers = pulse_shared::outbound::signed_headers(&h, &d, 1_614_265_330).unwrap();
+    assert_eq!(
+        headers["webhook-signature"],
+        standard_signature(
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            d.id.as_str(),
+            1_614_265_330,
+            d.body.as_bytes()
+        )
+        .unwrap()
+        .as_str()
+    );
+    assert_eq!(headers["webhook-timestamp"], "1614265330");
+    assert_eq!(headers["authorization"], "Bearer t0k");
+    assert!(headers["authorization"].is_sensitive());
+}
+
+/// Polls until a message is handled, moving nothing: delayed messages stay hidden.
+async fn poll(b: &Backend) -> usize {
+    b.dispatcher()
+        .poll_once(10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .attempts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_are_retried_at_the_scheduled_delays_until_one_succeeds() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![
+        Answer::status(500),
+        Answer::status(500),
+        Answer::status(200),
+    ]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    assert_eq!(emit(&b, &agent, "AFTER_HEARTBEAT").await, 1);
+
+    let t0 = b.now();
+    assert_eq!(poll(&b).await, 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!((d.status, d.attempts), (DeliveryStatus::Pending, 1));
+    let next = d.next_attempt_at.unwrap();
+    // 5 s ± 20 %.
+    assert!(
+        next >= t0 + SignedDuration::from_secs(4) && next <= t0 + SignedDuration::from_secs(6),
+        "{next}"
+    );
+    assert_eq!(poll(&b).await, 0, "the retry waits for its delay");
+    assert_eq!(
+        b.store
+            .get_hook(&h.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .failing_since,
+        Some(t0)
+    );
+
+    b.advance(SignedDuration::from_secs(6));
+    let t1 = b.now();
+    assert_eq!(poll(&b).await, 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    let next = d.next_attempt_at.unwrap();
+    // 5 min ± 20 %.
+    assert!(
+        next >= t1 + SignedDuration::from_mins(4) && next <= t1 + SignedDuration::from_mins(6),
+        "{next}"
+    );
+    b.advance(SignedDuration::from_mins(3));
+    assert_eq!(poll(&b).await, 0);
+    b.advance(SignedDuration::from_mins(3));
+    assert_eq!(poll(&b).await, 1);
+
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!((d.status, d.attempts), (DeliveryStatus::Succeeded, 3));
+    let attempts = b.store.list_attempts(&d.id).await.unwrap();
+    let summary: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.attempt, a.status, a.http_status))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (1, AttemptStatus::Failed, Some(500)),
+            (2, AttemptStatus::Failed, Some(500)),
+            (3, AttemptStatus::Success, Some(200)),
+        ]
+    );
+    assert_eq!(attempts[0].response_body.as_deref(), Some("status 500"));
+    // One webhook-id across all attempts, as receivers deduplicate on it.
+    let ids: Vec<_> = receiver
+        .received()
+        .iter()
+        .map(|r| r.header("webhook-id"))
+        .collect();
+    assert_eq!(ids, vec![d.id.to_string(); 3]);
+    assert_eq!(
+        b.store
+            .get_hook(&h.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .failing_since,
+        None,
+        "a success ends the streak"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_410_disables_the_hook_and_emits_hook_disabled() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let gone = FakeReceiver::start().await;
+    gone.script(vec![Answer::status(410)]);
+    let watcher = FakeReceiver::start().await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &gone.url()).await;
+    hook(&b, &agent, "HOOK_DISABLED", &watcher.url()).await;
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    assert_eq!(poll(&b).await, 1);
+
+    let stored = b.store.get_hook(&h.id).await.unwrap().unwrap();
+    assert!(!stored.active);
+    assert!(stored.disabled_reason.unwrap().contains("410"));
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!(d.status, DeliveryStatus::Cancelled);
+    assert_eq!(d.next_attempt_at, None, "no retry after 410");
+    let events = b.store.list_events(&agent.id, 10).await.unwrap();
+    let disabled = events
+        .iter()
+        .find(|e| e.event_type.as_str() == "HOOK_DISABLED")
+        .unwrap();
+    assert_eq!(disabled.payload["hook_id"], h.id.as_str());
+    // The agent's HOOK_DISABLED hook hears of it.
+    assert_eq!(poll(&b).await, 1);
+    let got = watcher.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].json()["data"]["hook_id"], h.id.as_str());
+    // Emitting again sends nothing to the disabled hook.
+    assert_eq!(emit(&b, &agent, "AFTER_HEARTBEAT").await, 0);
+    assert_eq!(gone.received().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_for_longer_than_disable_after_disables_the_hook() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![Answer::status(500)]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    h.failing_since = Some(b.now() - SignedDuration::from_hours(5 * 24));
+    h.version += 1;
+    b.store.update_hook(&h).await.unwrap();
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    assert_eq!(poll(&b).await, 1);
+    let stored = b.store.get_hook(&h.id).await.unwrap().unwrap();
+    assert!(!stored.active);
+    assert!(
+        stored
+            .disabled_reason
+            .unwrap()
+            .contains("failed without a success")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_lengthens_the_wait() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![Answer::status(429).header("retry-after", "120")]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    let t0 = b.now();
+    assert_eq!(poll(&b).await, 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!(d.next_attempt_at, Some(t0 + SignedDuration::from_secs(120)));
+    b.advance(SignedDuration::from_secs(100));
+    assert_eq!(poll(&b).await, 0, "not before Retry-After");
+    b.advance(SignedDuration::from_secs(21));
+    assert_eq!(poll(&b).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_delivery_is_dead_lettered_and_can_be_replayed() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![Answer::status(503)]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    h.retry = RetrySchedule::parse("10s").unwrap();
+    h.version += 1;
+    b.store.update_hook(&h).await.unwrap();
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    assert_eq!(poll(&b).await, 1);
+    b.advance(SignedDuration::from_secs(13));
+    assert_eq!(poll(&b).await, 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!((d.status, d.attempts), (DeliveryStatus::Exhausted, 2));
+    assert_eq!(b.dead_hooks().await, 1);
+    b.advance(SignedDuration::from_hours(1));
+    assert_eq!(poll(&b).await, 0, "nothing more is attempted");
+
+    receiver.script(vec![Answer::status(204)]);
+    let (d, a) = b.dispatcher().replay(&d.id).await.unwrap();
+    assert_eq!((a.attempt, a.status), (3, AttemptStatus::Success));
+    assert_eq!(d.status, DeliveryStatus::Succeeded);
+    let ids: Vec<_> = receiver
+        .received()
+        .iter()
+        .map(|r| r.header("webhook-id"))
+        .collect();
+    assert_eq!(ids, vec![d.id.to_string(); 3]);
+    assert!(
+        b.dispatcher().replay(&d.id).await.is_err(),
+        "a succeeded delivery is not replayed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_is_a_timeout_and_is_retried() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![
+        Answer::status(200).after(Duration::from_secs(5)),
+        Answer::status(200),
+    ]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    h.timeout = SignedDuration::from_millis(300);
+    h.version += 1;
+    b.store.update_hook(&h).await.unwrap();
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    assert_eq!(poll(&b).await, 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    let a = b.store.list_attempts(&d.id).await.unwrap().remove(0);
+    assert_eq!(a.status, AttemptStatus::Timeout);
+    assert!(d.next_attempt_at.is_some(), "a timeout is retried");
+    b.advance(SignedDuration::from_secs(7));
+    assert_eq!(poll(&b).await, 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!(d.status, DeliveryStatus::Succeeded);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_an_internal_address_is_not_followed() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![
+        Answer::status(302).header("location", "http://169.254.169.254/latest/meta-data/"),
+    ]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    let recorder = Arc::new(Recorder::default());
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    let d = b.dispatcher_with(pulse_tests::test_egress().with_connector(recorder.clone()));
+    assert_eq!(
+        d.poll_once(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .attempts,
+        1
+    );
+    let del = deliveries(&b, &h.id).await.remove(0);
+    let a = b.store.list_attempts(&del.id).await.unwrap().remove(0);
+    assert_eq!(
+        (a.status, a.http_status),
+        (AttemptStatus::Failed, Some(302))
+    );
+    assert!(a.error.unwrap().contains("redirects are not followed"));
+    assert_eq!(receiver.received().len(), 1);
+    assert!(
+        recorder.addrs().iter().all(|a| a.ip().is_loopback()),
+        "connected only to the receiver: {:?}",
+        recorder.addrs()
+    );
+}
+
+/// Records every address asked for; connects only to loopback.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<SocketAddr>>);
+
+impl Recorder {
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Connector for Recorder {
+    async fn connect(&self, addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+        self.0.lock().unwrap().push(addr);
+        if !addr.ip().is_loopback() {
+            return Err(std::io::Error::other(
+                "the test connector opens loopback only",
+            ));
+        }
+        tokio::net::TcpStream::connect(addr).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_target_is_rejected_before_any_connection_and_logged() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let targets = [
+        "http://10.0.0.1/hook",
+        "http://169.254.169.254/latest/meta-data/",
+        "https://[fd00:ec2::254]/",
+        "http://127.0.0.2:9/",
+    ];
+    let mut hooks = Vec::new();
+    for t in targets {
+        hooks.push(hook(&b, &agent, "AFTER_HEARTBEAT", t).await);
+    }
+    let recorder = Arc::new(Recorder::default());
+    let egress = pulse_tests::test_egress().with_connector(recorder.clone());
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    let d = b.dispatcher_with(egress);
+    assert_eq!(
+        d.poll_once(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .attempts,
+        4
+    );
+    for h in &hooks {
+        let del = deliveries(&b, &h.id).await.remove(0);
+        let a = b.store.list_attempts(&del.id).await.unwrap().remove(0);
+        assert_eq!(a.status, AttemptStatus::RejectedSsrf, "{}", h.target);
+        assert!(a.error.unwrap().contains("not a public address"));
+    }
+    assert!(
+        recorder.addrs().is_empty(),
+        "no connection was opened: {:?}",
+        recorder.addrs()
+    );
+}
+
+on_both_backends!(the_same_message_consumed_twice_posts_once, consumed_twice);
+async fn consumed_twice(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    let batch = b.hooks.receive(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    // The queue delivered it twice (at-least-once), to two dispatchers at once.
+    let twice = vec![batch[0].clone(), batch[0].clone()];
+    let report = b.dispatcher().process_batch(&twice).await;
+    assert!(report.failed.is_empty());
+    assert_eq!(report.attempts, 1);
+    // And once more later, after it succeeded.
+    let task = pulse_shared::domain::HookTask::decode(&batch[0].body).unwrap();
+    match b.dispatcher().handle(&task).await.unwrap() {
+        Handled::Skipped(why) => assert!(why.contains("SUCCEEDED"), "{why}"),
+        other => panic!("expected a skip, got {other:?}"),
+    }
+    assert_eq!(receiver.received().len(), 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!((d.status, d.attempts), (DeliveryStatus::Succeeded, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_hook_cancels_its_queued_deliveries() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    h.active = false;
+    h.version += 1;
+    b.store.update_hook(&h).await.unwrap();
+    assert_eq!(poll(&b).await, 0);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!(d.status, DeliveryStatus::Cancelled);
+    assert!(receiver.received().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
+    let b = Backend::new(Kind::Aws).await;
+    let clients = b.aws.clone().unwrap();
+    let bus = pulse_tests::unique("bus");
+    clients
+        .eventbridge
+        .create_event_bus()
+        .name(&bus)
+        .send()
+        .await
+        .unwrap();
+    let target = pulse_shared::adapters::aws::create_hooks_queue(
+        &clients.sqs,
+        &pulse_tests::unique("eb-target"),
+    )
+    .await
+    .unwrap();
+    let arn = clients
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&target)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+        .clone();
+    clients
+        .eventbridge
+        .put_rule()
+        .name("pulse-hooks")
+        .event_bus_name(&bus)
+        .event_pattern(r#"{"source": ["pulse"]}"#)
+        .send()
+        .await
+        .unwrap();
+    clients
+        .eventbridge
+        .put_targets()
+        .rule("pulse-hooks")
+        .event_bus_name(&bus)
+        .targets(
+            aws_sdk_eventbridge::types::Target::builder()
+                .id("q")
+                .arn(arn)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(
+        &b,
+        &agent,
+        "AFTER_HEARTBEAT",
+        &format!("eventbridge://{bus}"),
+    )
+    .await;
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    let dispatcher = pulse_shared::engine::Dispatcher::new(
+        b.store.clone(),
+        b.hooks.clone(),
+        Arc::new(pulse_shared::outbound::HookClient::new(
+            pulse_tests::test_egress(),
+            Some(Arc::new(pulse_shared::adapters::aws::EventBridgeBus::new(
+                clients.eventbridge.clone(),
+            ))),
+        )),
+        b.clock.clone(),
+        Default::default(),
+    );
+    assert_eq!(
+        dispatcher
+            .poll_once(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .attempts,
+        1
+    );
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!(d.status, DeliveryStatus::Succeeded);
+
+    let got = clients
+        .sqs
+        .receive_message()
+        .queue_url(&target)
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .unwrap();
+    let msg = &got.messages()[0];
+    let event: serde_json::Value = serde_json::from_str(msg.body().unwrap()).unwrap();
+    assert_eq!(event["source"], "pulse");
+    assert_eq!(event["detail-type"], "AFTER_HEARTBEAT");
+    let detail: serde_json::Value = serde_json::from_str(&d.body).unwrap();
+    assert_eq!(event["detail"], detail);
+    assert_eq!(event["detail"]["agent"]["id"], agent.id.as_str());
+}
