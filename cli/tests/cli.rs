@@ -490,3 +490,131 @@ fn discord_commands_are_registered_by_bulk_overwrite() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("DISCORD_BOT_TOKEN"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_are_added_tested_listed_switched_and_replayed() {
+    use pulse_tests::fake_hooks::{Answer, FakeReceiver};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let receiver = FakeReceiver::start().await;
+    let agent = ok(d, &["agents", "create", "--name", "hooked"]);
+    let added = json(
+        d,
+        &[
+            "hooks",
+            "add",
+            "--agent",
+            &agent,
+            "--type",
+            "AFTER_HEARTBEAT",
+            "--url",
+            &receiver.url(),
+            "--auth-header",
+            "Bearer s3cr3t-token",
+            "--retry-schedule",
+            "1s",
+        ],
+    );
+    let secret = added["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"));
+    let id = added["hook"]["id"].as_str().unwrap().to_owned();
+    let listed = ok(d, &["hooks", "list"]);
+    assert!(listed.contains(&id) && listed.contains("AFTER_HEARTBEAT"));
+    let listed_json =
+        serde_json::to_string(&json(d, &["hooks", "list", "--agent", &agent])).unwrap();
+    for s in [&secret, &"s3cr3t-token".to_owned()] {
+        assert!(
+            !listed.contains(s.as_str()) && !listed_json.contains(s.as_str()),
+            "never listed"
+        );
+    }
+
+    // A test delivery, signed, with the auth header.
+    let tested = json(d, &["hooks", "test", &id]);
+    assert_eq!(tested["attempt"]["status"], "SUCCESS");
+    assert_eq!(tested["attempt"]["http_status"], 200);
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].header("authorization"), "Bearer s3cr3t-token");
+    assert_eq!(got[0].json()["data"]["test"], true);
+    let v = pulse_signatures::inbound::verify(
+        pulse_signatures::inbound::Scheme::Standard,
+        &[&secret],
+        &got[0].headers,
+        &got[0].body,
+        jiff::Timestamp::now().as_second(),
+    );
+    assert!(v.is_ok(), "{v:?}");
+
+    // A failing one is logged, and replayed once the receiver is back.
+    receiver.script(vec![Answer::status(500)]);
+    let failed = json(d, &["hooks", "test", &id]);
+    assert_eq!(failed["attempt"]["status"], "FAILED");
+    let delivery = failed["delivery"]["id"].as_str().unwrap().to_owned();
+    let listed = json(d, &["hooks", "deliveries", "--hook", &id]);
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    receiver.script(vec![Answer::status(200)]);
+    let replayed = json(d, &["hooks", "replay", "--delivery", &delivery]);
+    assert_eq!(replayed["attempt"]["attempt"], 2);
+    assert_eq!(replayed["delivery"]["status"], "SUCCEEDED");
+    assert!(bad(d, &["hooks", "replay", "--delivery", &delivery]).contains("succeeded already"));
+
+    ok(d, &["hooks", "disable", &id]);
+    assert_eq!(json(d, &["hooks", "list"])[0]["active"], false);
+    ok(d, &["hooks", "enable", &id]);
+    assert_eq!(json(d, &["hooks", "list"])[0]["active"], true);
+
+    assert!(
+        bad(
+            d,
+            &[
+                "hooks",
+                "add",
+                "--agent",
+                &agent,
+                "--type",
+                "after_heartbeat",
+                "--url",
+                "https://x.example/"
+            ]
+        )
+        .contains("SCREAMING_SNAKE_CASE")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "hooks",
+                "add",
+                "--agent",
+                &agent,
+                "--type",
+                "AFTER_HEARTBEAT",
+                "--url",
+                "ftp://x"
+            ]
+        )
+        .contains("https://")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "hooks",
+                "add",
+                "--agent",
+                &agent,
+                "--type",
+                "AFTER_HEARTBEAT",
+                "--url",
+                "https://x.example/",
+                "--timeout",
+                "5m"
+            ]
+        )
+        .contains("out of range")
+    );
+    assert!(bad(d, &["hooks", "test", "hk_nope"]).contains("hook id"));
+    let types = ok(d, &["hooks", "types"]);
+    assert!(types.contains("BEFORE_HEARTBEAT") && types.contains("HOOK_DISABLED"));
+}

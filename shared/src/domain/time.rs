@@ -25,12 +25,21 @@ pub fn from_ms(ms: i64) -> Timestamp {
     })
 }
 
-/// Parses a duration such as `2s`, `15m`, `1h30m` or ISO 8601 `PT15M`.
+/// Parses a duration such as `2s`, `15m`, `1h30m`, `5d` (days of 24 hours) or ISO 8601
+/// `PT15M`.
 pub fn parse_duration(what: &'static str, s: &str) -> Result<SignedDuration, ValidationError> {
-    s.trim().parse::<SignedDuration>().map_err(|_| {
+    let t = s.trim();
+    // jiff's signed durations have no days (a calendar day is not always 24 h); here a
+    // day means 24 hours, as in `--disable-after 5d`.
+    if let Some(days) = t.strip_suffix('d').and_then(|n| n.parse::<i64>().ok())
+        && (0..=36_500).contains(&days)
+    {
+        return Ok(SignedDuration::from_hours(days * 24));
+    }
+    t.parse::<SignedDuration>().map_err(|_| {
         ValidationError::new(
             what,
-            format!("{s:?} is not a duration; write e.g. 2s, 15m or 1h30m"),
+            format!("{s:?} is not a duration; write e.g. 2s, 15m, 1h30m or 5d"),
         )
     })
 }
@@ -245,6 +254,19 @@ impl<'de> Deserialize<'de> for ActiveHours {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_take_days_of_twenty_four_hours() {
+        assert_eq!(
+            parse_duration("d", "5d").unwrap(),
+            SignedDuration::from_hours(120)
+        );
+        assert_eq!(
+            parse_duration("d", "90s").unwrap(),
+            SignedDuration::from_secs(90)
+        );
+        assert!(parse_duration("d", "xd").is_err());
+    }
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()

@@ -382,10 +382,8 @@ impl Dispatcher {
                 let next = done.saturating_add(delay).unwrap_or(done);
                 d.next_attempt_at = Some(next);
                 attempt.next_attempt_at = Some(next);
-            } else if task.is_some() {
-                d.status = DeliveryStatus::Exhausted;
             } else {
-                // A replay or a test: one attempt, and the delivery keeps its status.
+                // The schedule is used up, or this was a replay or a test (one attempt).
                 d.status = DeliveryStatus::Exhausted;
             }
         }
