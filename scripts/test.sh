@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Runs Pulse's whole test suite on a fresh machine, installing what it needs:
-#   1. moto (the local AWS emulator) and cfn-lint into ./.venv, once;
+#   1. moto (the local AWS emulator), cargo-lambda (a local Lambda runtime API), the SAM
+#      CLI and cfn-lint into ./.venv, once;
 #   2. a moto server on a free loopback port, stopped when this script exits;
-#   3. cargo fmt --check, cargo clippy -D warnings, and every Rust test (unit, the
-#      conformance suite and end-to-end flows on SQLite and on moto, the scale tests);
-#   4. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
-#   5. cfn-lint on infra/template.yaml.
+#   3. cargo fmt --check, cargo clippy -D warnings, the four function binaries, and every
+#      Rust test (unit, the conformance suite and end-to-end flows on SQLite and on moto,
+#      the functions under `cargo lambda watch`, the scale tests);
+#   4. `pulse demo`, its transcript checked for every stage;
+#   5. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
+#   6. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
 
 VENV=.venv
-PY_PACKAGES=("moto[server]==5.2.5" "cfn-lint==1.58.0")
-if ! "$VENV/bin/python" -c "import moto, cfnlint" 2>/dev/null; then
+PY_PACKAGES=("moto[server]==5.2.5" "cfn-lint==1.58.0" "aws-sam-cli==1.170.0" "cargo-lambda==1.9.2")
+if ! "$VENV/bin/python" -c "import moto, cfnlint, samcli" 2>/dev/null || [ ! -x "$VENV/bin/cargo-lambda" ]; then
     echo "==> installing ${PY_PACKAGES[*]} into $VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
@@ -41,10 +44,15 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo build (the function binaries, for cargo lambda watch)"
+cargo build --workspace --bins --locked
 echo "==> cargo test"
+export PULSE_TEST_CARGO_LAMBDA="$PWD/$VENV/bin/cargo-lambda"
 cargo test --workspace --locked
 echo "==> fuzzing the signature header parsers"
 PULSE_FUZZ_SECONDS="${PULSE_FUZZ_SECONDS:-15}" ./scripts/fuzz.sh
-echo "==> cfn-lint infra/template.yaml"
+echo "==> sam validate --lint, cfn-lint and the template check"
+(cd infra && SAM_CLI_TELEMETRY=0 "../$VENV/bin/sam" validate --lint)
 "$VENV/bin/cfn-lint" infra/template.yaml
+"$VENV/bin/python" scripts/check_template.py --self-test infra/template.yaml
 echo "==> all tests passed"

@@ -2,13 +2,112 @@
 //! `main` only builds the engine and hands these to `lambda_runtime::run`, so tests call
 //! them with real event payloads.
 
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
+use futures::future::BoxFuture;
 use jiff::Timestamp;
-use tracing::error;
+use tokio::sync::OnceCell;
+use tracing::{error, info};
 
+use crate::adapters::aws::SecretParameters;
+use crate::config::Env;
 use crate::domain::Delivery;
 use crate::engine::{Dispatcher, SweepReport, Sweeper, Worker};
+
+/// What a function's set-up or handler fails with (`lambda_runtime::Error`).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The variables a function is configured by: the process environment, overlaid with
+/// the secrets read from SSM Parameter Store (`PULSE_SECRETS_PATH`).
+#[derive(Clone, Debug, Default)]
+pub struct Vars(Arc<BTreeMap<String, String>>);
+
+impl Vars {
+    /// Only the process environment.
+    pub fn process() -> Self {
+        Self::default()
+    }
+
+    /// The environment with `secrets` over it.
+    pub fn with_secrets(secrets: BTreeMap<String, String>) -> Self {
+        Self(Arc::new(secrets))
+    }
+
+    /// The configuration reader over these variables.
+    pub fn env(&self) -> Env<impl Fn(&str) -> Option<String> + use<>> {
+        let secrets = self.0.clone();
+        Env(move |k: &str| {
+            secrets
+                .get(k)
+                .cloned()
+                .or_else(|| std::env::var(k).ok())
+                .filter(|v| !v.is_empty())
+        })
+    }
+}
+
+type Build<T> = Box<dyn Fn(Vars) -> BoxFuture<'static, Result<T, BoxError>> + Send + Sync>;
+
+/// A function's engine, built from its configuration. Without `PULSE_SECRETS_PATH` it is
+/// built during init, from the environment. With it, init makes no network call: the
+/// secrets are read (one `GetParametersByPath`) and the engine built on the first
+/// invocation; a failure fails that invocation and the next one tries again.
+pub struct Ready<T> {
+    cell: OnceCell<T>,
+    secrets: Option<SecretParameters>,
+    build: Build<T>,
+}
+
+impl<T> Ready<T> {
+    /// Set-up: `build` makes the engine from the variables.
+    pub async fn new<F, Fut>(build: F) -> Result<Self, BoxError>
+    where
+        F: Fn(Vars) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
+    {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let secrets = match var("PULSE_SECRETS_PATH") {
+            Some(path) => {
+                Some(SecretParameters::new(&path, var("AWS_ENDPOINT_URL").as_deref()).await?)
+            }
+            None => None,
+        };
+        let ready = Self {
+            cell: OnceCell::new(),
+            secrets,
+            build: Box::new(move |vars| Box::pin(build(vars))),
+        };
+        if ready.secrets.is_none() {
+            ready.get().await?;
+        }
+        Ok(ready)
+    }
+
+    /// The engine, built now if it is not yet.
+    pub async fn get(&self) -> Result<&T, BoxError> {
+        self.cell
+            .get_or_try_init(|| async {
+                let vars = match &self.secrets {
+                    None => Vars::process(),
+                    Some(s) => {
+                        let secrets = s.load().await?;
+                        info!(
+                            path = s.path(),
+                            variables = ?secrets.keys().collect::<Vec<_>>(),
+                            "secrets read from SSM Parameter Store"
+                        );
+                        Vars::with_secrets(secrets)
+                    }
+                };
+                (self.build)(vars).await
+            })
+            .await
+    }
+}
 
 /// A sweep that met problems. Returned to Lambda so the invocation counts as an error
 /// (alarms see it); the next scheduled sweep retries whatever was missed.

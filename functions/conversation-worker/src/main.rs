@@ -7,22 +7,23 @@ use std::sync::Arc;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use pulse_shared::adapters::{Services, connect};
-use pulse_shared::config::Env;
+use pulse_shared::lambda::Ready;
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
-    let config = Env::process().lambda()?;
-    let clock = Arc::new(SystemClock);
-    let worker = connect(&config, clock.clone()).await?.worker(
-        clock,
-        &config.engine,
-        &Services::from_config(&config),
-    );
+    let worker = Ready::new(|vars| async move {
+        let config = vars.env().lambda()?;
+        let clock = Arc::new(SystemClock);
+        let connected = connect(&config, clock.clone()).await?;
+        Ok(connected.worker(clock, &config.engine, &Services::from_config(&config)))
+    })
+    .await?;
     run(service_fn(|event: LambdaEvent<SqsEvent>| async {
-        Ok::<_, Error>(lambda::sessions_batch(&worker, event.payload).await)
+        let worker = worker.get().await?;
+        Ok::<_, Error>(lambda::sessions_batch(worker, event.payload).await)
     }))
     .await
 }

@@ -8,26 +8,32 @@ use std::sync::Arc;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use pulse_shared::adapters::{Services, connect};
-use pulse_shared::config::Env;
 use pulse_shared::engine::DispatchSettings;
+use pulse_shared::lambda::Ready;
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
-    let config = Env::process().lambda()?;
-    let clock = Arc::new(SystemClock);
-    let dispatcher = connect(&config, clock.clone())
-        .await?
-        .dispatcher(
-            clock,
-            &Services::from_config(&config),
-            DispatchSettings::default(),
-        )
-        .ok_or("PULSE_HOOKS_QUEUE_URL is not set: the hook dispatcher needs the hooks queue")?;
+    let dispatcher = Ready::new(|vars| async move {
+        let config = vars.env().lambda()?;
+        let clock = Arc::new(SystemClock);
+        connect(&config, clock.clone())
+            .await?
+            .dispatcher(
+                clock,
+                &Services::from_config(&config),
+                DispatchSettings::default(),
+            )
+            .ok_or_else(|| {
+                "PULSE_HOOKS_QUEUE_URL is not set: the hook dispatcher needs the hooks queue".into()
+            })
+    })
+    .await?;
     run(service_fn(|event: LambdaEvent<SqsEvent>| async {
-        Ok::<_, Error>(lambda::hooks_batch(&dispatcher, event.payload).await)
+        let dispatcher = dispatcher.get().await?;
+        Ok::<_, Error>(lambda::hooks_batch(dispatcher, event.payload).await)
     }))
     .await
 }

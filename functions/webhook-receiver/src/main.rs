@@ -4,16 +4,18 @@
 
 use std::sync::Arc;
 
+use axum::Router;
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use lambda_http::request::RequestContext;
-use lambda_http::{Error, run};
+use lambda_http::{Error, run, service_fn};
 use pulse_shared::adapters::connect;
-use pulse_shared::config::Env;
 use pulse_shared::http::{ClientIp, Inbound, router};
+use pulse_shared::lambda::Ready;
 use pulse_shared::ports::SystemClock;
 use pulse_shared::telemetry;
+use tower::ServiceExt;
 
 /// Records the Function URL's `requestContext.http.sourceIp` as the request's client.
 async fn source_ip(mut req: Request, next: Next) -> Response {
@@ -28,9 +30,17 @@ async fn source_ip(mut req: Request, next: Next) -> Response {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
-    let config = Env::process().lambda()?;
-    let clock = Arc::new(SystemClock);
-    let backend = connect(&config, clock.clone()).await?;
-    let inbound = Inbound::new(backend.store, backend.queue, clock, config.inbound);
-    run(router(Arc::new(inbound)).layer(middleware::from_fn(source_ip))).await
+    let app = Ready::new(|vars| async move {
+        let config = vars.env().lambda()?;
+        let clock = Arc::new(SystemClock);
+        let backend = connect(&config, clock.clone()).await?;
+        let inbound = Inbound::new(backend.store, backend.queue, clock, config.inbound);
+        Ok::<Router, Error>(router(Arc::new(inbound)).layer(middleware::from_fn(source_ip)))
+    })
+    .await?;
+    run(service_fn(|req: lambda_http::Request| async {
+        let app = app.get().await?.clone();
+        Ok::<_, Error>(app.oneshot(req.map(axum::body::Body::new)).await?)
+    }))
+    .await
 }

@@ -9,6 +9,7 @@ mod dynamodb;
 mod eventbridge;
 mod metrics;
 mod provision;
+mod secrets;
 mod sqs;
 
 use std::time::Duration;
@@ -19,6 +20,7 @@ pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore};
 pub use eventbridge::{EVENT_SOURCE, EventBridgeBus};
 pub use metrics::RequestCounter;
 pub use provision::{create_hooks_queue, create_sessions_queue, create_table};
+pub use secrets::{SecretParameters, SecretsError};
 pub use sqs::{SqsHookQueue, SqsQueue};
 
 /// Where the AWS resources are.

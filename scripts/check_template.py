@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Checks infra/template.yaml for what a deployment relies on, on the template as
+CloudFormation will see it (after the SAM transform):
+
+- every SQS event source: the queue's visibility timeout is >= 6x the function's timeout
+  (Lambda's advice: a message stays hidden while a batch and its retries run), the queue
+  has a redrive policy to a DLQ that exists, ReportBatchItemFailures is on;
+- the sessions worker's event source has a maximum concurrency;
+- every function: provided.al2023, arm64, BuildMethod rust-cargolambda;
+- the sweeper: a rate(1 minute) schedule with a retry policy and a DLQ;
+- the receiver: a Function URL with auth NONE;
+- no secret is a template parameter (they come from SSM);
+- every DLQ has an alarm on its depth and every function an alarm on its errors.
+
+`--self-test` breaks a copy of the template in each of those ways and fails unless the
+check catches every one.
+
+Usage: check_template.py [--self-test] [infra/template.yaml]
+"""
+import copy
+import logging
+import os
+import re
+import sys
+
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+logging.getLogger("samtranslator").setLevel(logging.ERROR)
+
+from cfnlint.decode import decode  # noqa: E402
+from samtranslator.translator.transform import transform  # noqa: E402
+
+
+class _NoManagedPolicies:
+    def load(self):
+        return {}
+
+
+def _ref(v):
+    """The logical id a !Ref or !GetAtt points at, else None."""
+    if isinstance(v, dict):
+        if "Ref" in v:
+            return v["Ref"]
+        if "Fn::GetAtt" in v:
+            g = v["Fn::GetAtt"]
+            return g[0] if isinstance(g, list) else g.split(".")[0]
+    return None
+
+
+def problems(sam):
+    """What is wrong with the (untransformed) SAM template `sam`, as sentences."""
+    found = []
+    sam = copy.deepcopy(sam)
+    for r in sam["Resources"].values():
+        if r["Type"] == "AWS::Serverless::Function":
+            r["Metadata"] = r.get("Metadata", {})
+    functions = {k: r for k, r in sam["Resources"].items() if r["Type"] == "AWS::Serverless::Function"}
+    for name, fn in functions.items():
+        meta = fn.get("Metadata", {})
+        if meta.get("BuildMethod") != "rust-cargolambda":
+            found.append(f"{name}: Metadata.BuildMethod is not rust-cargolambda")
+    for p, spec in sam.get("Parameters", {}).items():
+        if spec.get("NoEcho") or re.search(r"(Token|ApiKey|Secret|Password|PrivateKey)$", p):
+            found.append(f"parameter {p} looks like a secret: secrets come from SSM (SecretsPath)")
+
+    built = copy.deepcopy(sam)
+    for r in built["Resources"].values():
+        if r["Type"] == "AWS::Serverless::Function":
+            r["Properties"]["CodeUri"] = "s3://bucket/key"
+    cfn = transform(built, {}, _NoManagedPolicies())
+    res = cfn["Resources"]
+    glob = sam.get("Globals", {}).get("Function", {})
+
+    lambdas = {k: r for k, r in res.items() if r["Type"] == "AWS::Lambda::Function"}
+    for name, fn in lambdas.items():
+        props = fn["Properties"]
+        if props.get("Runtime", glob.get("Runtime")) != "provided.al2023":
+            found.append(f"{name}: runtime is not provided.al2023")
+        if props.get("Architectures", glob.get("Architectures")) != ["arm64"]:
+            found.append(f"{name}: architecture is not arm64")
+
+    queues = {k: r for k, r in res.items() if r["Type"] == "AWS::SQS::Queue"}
+    for k, m in res.items():
+        if m["Type"] != "AWS::Lambda::EventSourceMapping":
+            continue
+        p = m["Properties"]
+        q = _ref(p["EventSourceArn"])
+        fn = _ref(p["FunctionName"])
+        timeout = lambdas[fn]["Properties"].get("Timeout", 3)
+        vis = queues[q]["Properties"].get("VisibilityTimeout", 30)
+        if vis < 6 * timeout:
+            found.append(f"{q}: visibility timeout {vis} s is under 6 x {fn}'s timeout {timeout} s")
+        redrive = queues[q]["Properties"].get("RedrivePolicy")
+        if not redrive or _ref(redrive.get("deadLetterTargetArn")) not in queues:
+            found.append(f"{q}: no redrive policy to a dead-letter queue")
+        if "ReportBatchItemFailures" not in p.get("FunctionResponseTypes", []):
+            found.append(f"{k}: ReportBatchItemFailures is off")
+        if queues[q]["Properties"].get("FifoQueue") and not p.get("ScalingConfig", {}).get("MaximumConcurrency"):
+            found.append(f"{k}: the sessions worker has no maximum concurrency")
+    if not any(r["Type"] == "AWS::Lambda::EventSourceMapping" for r in res.values()):
+        found.append("no SQS event sources")
+
+    schedules = [r for r in res.values() if r["Type"] == "AWS::Scheduler::Schedule"]
+    if not schedules:
+        found.append("no EventBridge Scheduler schedule for the sweeper")
+    for s in schedules:
+        p = s["Properties"]
+        t = p["Target"]
+        if p.get("ScheduleExpression") != "rate(1 minute)":
+            found.append("the sweep schedule is not rate(1 minute)")
+        if "RetryPolicy" not in t:
+            found.append("the sweep schedule has no retry policy")
+        if _ref(t.get("DeadLetterConfig", {}).get("Arn")) not in queues:
+            found.append("the sweep schedule has no dead-letter queue")
+
+    urls = [r for r in res.values() if r["Type"] == "AWS::Lambda::Url"]
+    if len(urls) != 1 or urls[0]["Properties"].get("AuthType") != "NONE":
+        found.append("the receiver has no Function URL with auth NONE")
+
+    alarms = [r["Properties"] for r in res.values() if r["Type"] == "AWS::CloudWatch::Alarm"]
+    watched = {_ref(d.get("Value")) for a in alarms for d in a.get("Dimensions", [])}
+    dlqs = {_ref(q["Properties"]["RedrivePolicy"]["deadLetterTargetArn"]) for q in queues.values() if "RedrivePolicy" in q["Properties"]}
+    for s in schedules:
+        dlqs.add(_ref(s["Properties"]["Target"].get("DeadLetterConfig", {}).get("Arn")))
+    for d in sorted(x for x in dlqs if x):
+        if d not in watched:
+            found.append(f"{d}: no alarm on its depth")
+    for fn in sorted(lambdas):
+        if fn not in watched:
+            found.append(f"{fn}: no alarm on its errors")
+    return found
+
+
+def self_test(sam):
+    """Each way of breaking the template must be caught."""
+    def fn(t, name):
+        return t["Resources"][name]
+
+    breakages = {
+        "visibility under 6x": lambda t: fn(t, "SessionsQueue")["Properties"].update(VisibilityTimeout=60),
+        "no redrive": lambda t: fn(t, "HooksQueue")["Properties"].pop("RedrivePolicy"),
+        "partial failures off": lambda t: fn(t, "HookDispatcherFunction")["Properties"]["Events"]["Hooks"]["Properties"].pop("FunctionResponseTypes"),
+        "no max concurrency": lambda t: fn(t, "ConversationWorkerFunction")["Properties"]["Events"]["Sessions"]["Properties"].pop("ScalingConfig"),
+        "x86": lambda t: fn(t, "HookDispatcherFunction")["Properties"].update(Architectures=["x86_64"]),
+        "no cargo-lambda": lambda t: fn(t, "WebhookReceiverFunction")["Metadata"].pop("BuildMethod"),
+        "secret parameter": lambda t: t["Parameters"].update(DiscordBotToken={"Type": "String", "NoEcho": True}),
+        "schedule without DLQ": lambda t: fn(t, "HeartbeatSweeperFunction")["Properties"]["Events"]["EveryMinute"]["Properties"].pop("DeadLetterConfig"),
+        "url with IAM auth": lambda t: fn(t, "WebhookReceiverFunction")["Properties"]["FunctionUrlConfig"].update(AuthType="AWS_IAM"),
+        "DLQ without alarm": lambda t: t["Resources"].pop("HooksDeadLetterAlarm"),
+        "function without alarm": lambda t: t["Resources"].pop("HookDispatcherErrorsAlarm"),
+    }
+    missed = []
+    for what, brk in breakages.items():
+        t = copy.deepcopy(sam)
+        brk(t)
+        if not problems(t):
+            missed.append(what)
+    return missed
+
+
+def main(argv):
+    args = [a for a in argv if not a.startswith("--")]
+    path = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "infra", "template.yaml")
+    sam, errors = decode(path)
+    if errors:
+        print(f"{path}: cannot be read: {errors}", file=sys.stderr)
+        return 1
+    found = problems(sam)
+    for f in found:
+        print(f"{path}: {f}", file=sys.stderr)
+    if found:
+        return 1
+    if "--self-test" in argv:
+        missed = self_test(sam)
+        if missed:
+            print(f"the check missed these breakages: {', '.join(missed)}", file=sys.stderr)
+            return 1
+        print("template check: every breakage of the self-test was caught")
+    print(f"{path}: visibility >= 6x timeouts, DLQs with alarms, ReportBatchItemFailures, arm64 cargo-lambda builds, secrets from SSM: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

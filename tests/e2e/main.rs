@@ -1,0 +1,573 @@
+//! The four Lambda functions as built binaries, under `cargo lambda watch` (a local
+//! Lambda runtime API) on loopback, against moto: each is invoked with the event shapes
+//! Lambda really sends (fixtures in `tests/fixtures/`), configured only by environment
+//! variables and secrets in SSM Parameter Store, as the SAM template configures them.
+//! The effects are read back from DynamoDB and SQS, and from loopback stand-ins for
+//! Discord, the LLM API and a hook receiver.
+//!
+//! Needs `PULSE_TEST_MOTO_URL` and `PULSE_TEST_CARGO_LAMBDA` (the `cargo-lambda`
+//! executable); `scripts/test.sh` sets both, and builds the function binaries first.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::MessageSystemAttributeName;
+use jiff::Timestamp;
+use pulse_shared::adapters::aws::{
+    AwsClients, DynamoStore, create_hooks_queue, create_sessions_queue, create_table,
+};
+use pulse_shared::domain::{
+    AgentId, EventType, HeartbeatStatus, Hook, HookTarget, HookType, NewAgent, SessionTask,
+    TaskEnvelope, Webhook, WebhookScheme,
+};
+use pulse_shared::http::webhooks::signature_scheme;
+use pulse_shared::ports::Store;
+use pulse_signatures::discord::DiscordSigner;
+use pulse_signatures::inbound::{Scheme, generate_secret, sign, verify};
+use pulse_tests::fake_discord::{FakeDiscord, Posted};
+use pulse_tests::fake_hooks::FakeReceiver;
+use pulse_tests::fake_llm::{FakeLlm, Scripted};
+use pulse_tests::{moto_url, unique};
+use serde_json::{Value, json};
+
+const CHANNEL: &str = "1300000000000000001";
+const APPLICATION: &str = "1200000000000000000";
+const OPENAI_KEY: &str = "sk-from-ssm-7f3a";
+const BOT_TOKEN: &str = "bot-token-from-ssm";
+
+fn fixture(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `cargo lambda watch` on a free loopback port, stopped (with the functions it started)
+/// when dropped.
+struct Watch {
+    child: Child,
+    base: String,
+    http: reqwest::Client,
+    log: PathBuf,
+}
+
+impl Watch {
+    fn start(env: &[(String, String)], dir: &Path) -> Self {
+        let cargo_lambda = std::env::var("PULSE_TEST_CARGO_LAMBDA").unwrap_or_else(|_| {
+            panic!(
+                "PULSE_TEST_CARGO_LAMBDA is not set: run ./scripts/test.sh, which installs \
+                 cargo-lambda into .venv, or set it to a cargo-lambda executable"
+            )
+        });
+        let port = free_port();
+        let env_file = dir.join("functions.env");
+        let vars: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        std::fs::write(&env_file, vars).unwrap();
+        let log = dir.join("cargo-lambda-watch.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let mut cmd = Command::new(cargo_lambda);
+        cmd.args([
+            "lambda",
+            "watch",
+            "--ignore-changes",
+            "--quiet",
+            "-A",
+            "127.0.0.1",
+        ])
+        .args(["-P", &port.to_string()])
+        .arg("--env-file")
+        .arg(&env_file)
+        .current_dir(workspace)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out);
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let child = cmd.spawn().expect("start cargo lambda watch");
+        Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Invokes `function` with `event` through the runtime API's invoke endpoint, as
+    /// Lambda's service does; returns the function's response (or error) document.
+    async fn invoke(&self, function: &str, event: &Value) -> Value {
+        let url = format!("{}/2015-03-31/functions/{function}/invocations", self.base);
+        let started = std::time::Instant::now();
+        loop {
+            match self
+                .http
+                .post(&url)
+                .json(event)
+                .timeout(Duration::from_secs(300))
+                .send()
+                .await
+            {
+                Ok(r) => {
+                    let text = r.text().await.unwrap();
+                    return serde_json::from_str(&text).unwrap_or_else(|_| {
+                        panic!("{function} answered {text:?}; log:\n{}", self.log())
+                    });
+                }
+                Err(e) if e.is_connect() && started.elapsed() < Duration::from_secs(60) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("invoking {function}: {e}; log:\n{}", self.log()),
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // The whole group: cargo-lambda, the cargo runs it started and the functions.
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Function URL request (API Gateway v2 payload) for `path` with `body` and `headers`.
+fn function_url_request(path: &str, body: &[u8], headers: &[(String, String)]) -> Value {
+    let mut e = fixture("function-url-request.json");
+    e["rawPath"] = json!(path);
+    e["requestContext"]["http"]["path"] = json!(path);
+    e["requestContext"]["timeEpoch"] = json!(Timestamp::now().as_millisecond());
+    e["body"] = json!(std::str::from_utf8(body).unwrap());
+    for (k, v) in headers {
+        e["headers"][k.to_ascii_lowercase()] = json!(v);
+    }
+    e
+}
+
+fn header_pairs(pairs: Vec<(http::HeaderName, http::HeaderValue)>) -> Vec<(String, String)> {
+    pairs
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+        .collect()
+}
+
+/// Receives every message on `url` (waiting up to `wait` for the first), with the
+/// attributes Lambda's event source mapping passes on.
+async fn receive(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    wait: i32,
+) -> Vec<aws_sdk_sqs::types::Message> {
+    let mut all = Vec::new();
+    let mut wait = wait;
+    loop {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait)
+            .visibility_timeout(600)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .unwrap();
+        let got = out.messages.unwrap_or_default();
+        if got.is_empty() {
+            return all;
+        }
+        all.extend(got);
+        wait = 0;
+    }
+}
+
+/// SQS messages as Lambda's event source mapping hands them over, on the record fixture.
+fn sqs_event(record_fixture: &str, messages: &[aws_sdk_sqs::types::Message]) -> Value {
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let mut r = fixture(record_fixture);
+            r["messageId"] = json!(m.message_id());
+            r["receiptHandle"] = json!(m.receipt_handle());
+            r["body"] = json!(m.body());
+            r["md5OfBody"] = json!(m.md5_of_body());
+            for (k, v) in m.attributes().into_iter().flatten() {
+                r["attributes"][k.as_str()] = json!(v);
+            }
+            r
+        })
+        .collect();
+    json!({ "Records": records })
+}
+
+fn failures(response: &Value) -> Vec<String> {
+    response["batchItemFailures"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not a partial batch response: {response}"))
+        .iter()
+        .map(|f| f["itemIdentifier"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// What Lambda's event source mapping does after a batch: deletes every message but the
+/// failed ones (which come back after the visibility timeout).
+async fn settle(
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    batch: &[aws_sdk_sqs::types::Message],
+    failed: &[String],
+) {
+    for m in batch {
+        if !failed.iter().any(|f| Some(f.as_str()) == m.message_id()) {
+            sqs.delete_message()
+                .queue_url(url)
+                .receipt_handle(m.receipt_handle().unwrap())
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn task_of(m: &aws_sdk_sqs::types::Message) -> SessionTask {
+    TaskEnvelope::decode(m.body().unwrap()).unwrap().task
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_four_functions_run_under_a_local_lambda_runtime() {
+    let moto = moto_url();
+    let clients = AwsClients::for_emulator(&moto);
+    let table = unique("e2e");
+    create_table(&clients.dynamodb, &table).await.unwrap();
+    let sessions = create_sessions_queue(&clients.sqs, &format!("{}.fifo", unique("e2e-sessions")))
+        .await
+        .unwrap();
+    let hooks = create_hooks_queue(&clients.sqs, &unique("e2e-hooks"))
+        .await
+        .unwrap();
+    let hooks_dlq = create_hooks_queue(&clients.sqs, &unique("e2e-hooks-dlq"))
+        .await
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(DynamoStore::new(
+        clients.dynamodb.clone(),
+        &table,
+        Duration::from_secs(20),
+    ));
+
+    // Secrets live in SSM Parameter Store, as the template expects.
+    let discord_signer = DiscordSigner::from_seed([9; 32]);
+    let secrets_path = format!("/{}", unique("pulse-e2e"));
+    let ssm = aws_sdk_ssm::Client::from_conf(
+        aws_sdk_ssm::config::Builder::new()
+            .behavior_version(aws_sdk_ssm::config::BehaviorVersion::latest())
+            .endpoint_url(&moto)
+            .region(aws_sdk_ssm::config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_ssm::config::Credentials::new(
+                "test", "test", None, None, "e2e",
+            ))
+            .build(),
+    );
+    for (name, value) in [
+        ("DISCORD_PUBLIC_KEY", discord_signer.public_key_hex()),
+        ("DISCORD_BOT_TOKEN", BOT_TOKEN.to_owned()),
+        ("OPENAI_API_KEY", OPENAI_KEY.to_owned()),
+    ] {
+        ssm.put_parameter()
+            .name(format!("{secrets_path}/{name}"))
+            .value(value)
+            .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let receiver = FakeReceiver::start().await;
+
+    // The agent, its inbound webhook and its outbound hooks, as the CLI would create them.
+    let now = Timestamp::now();
+    let mut new = NewAgent::named("scout");
+    new.discord_channel = Some(CHANNEL.to_owned());
+    new.instructions = Some("Tell the user when a deploy finishes.".to_owned());
+    let (agent, first) = new
+        .create(now - jiff::SignedDuration::from_secs(10))
+        .unwrap();
+    store.create_agent(&agent, &first).await.unwrap();
+    let webhook_secret = generate_secret();
+    let webhook = Webhook::new(
+        agent.id.clone(),
+        WebhookScheme::Standard,
+        &webhook_secret,
+        now,
+    )
+    .unwrap();
+    store.create_webhook(&webhook).await.unwrap();
+    let mut hook_secrets = Vec::new();
+    for t in ["AFTER_HEARTBEAT", "MESSAGE_SENT"] {
+        let h = Hook::new(
+            agent.id.clone(),
+            HookType::parse(t).unwrap(),
+            HookTarget::parse(&receiver.url()).unwrap(),
+            &generate_secret(),
+            now,
+        );
+        store.create_hook(&h).await.unwrap();
+        hook_secrets.push((t, h.secret.expose().to_owned()));
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let env: Vec<(String, String)> = [
+        ("PULSE_TABLE", table.clone()),
+        ("PULSE_SESSIONS_QUEUE_URL", sessions.clone()),
+        ("PULSE_HOOKS_QUEUE_URL", hooks.clone()),
+        ("PULSE_HOOKS_DLQ_URL", hooks_dlq.clone()),
+        ("PULSE_SECRETS_PATH", secrets_path.clone()),
+        ("PULSE_LLM_PROVIDER", "openai".to_owned()),
+        ("PULSE_LLM_BASE_URL", llm.url()),
+        ("DISCORD_API_BASE", discord.api_base()),
+        ("DISCORD_APPLICATION_ID", APPLICATION.to_owned()),
+        ("PULSE_HOOKS_ALLOW", "127.0.0.1/32".to_owned()),
+        ("AWS_ENDPOINT_URL", moto.clone()),
+        ("AWS_REGION", "us-east-1".to_owned()),
+        ("AWS_ACCESS_KEY_ID", "test".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "test".to_owned()),
+        ("RUST_LOG", "info".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let watch = Watch::start(&env, dir.path());
+
+    // 1. Webhook receiver, Function URL: a signed external webhook → an event in the log.
+    let body =
+        json!({"event_type": "DEPLOY_FINISHED", "priority": 2, "payload": {"service": "api"}})
+            .to_string();
+    let headers = header_pairs(
+        sign(
+            signature_scheme(WebhookScheme::Standard),
+            &webhook_secret,
+            body.as_bytes(),
+            Timestamp::now().as_second(),
+            "msg_e2e_deploy_1",
+        )
+        .unwrap(),
+    );
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &function_url_request(
+                &format!("/webhooks/{}", webhook.id),
+                body.as_bytes(),
+                &headers,
+            ),
+        )
+        .await;
+    assert_eq!(resp["statusCode"], 200, "{resp}\n{}", watch.log());
+    let accepted: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    assert_eq!(accepted["status"], "accepted");
+    let events = store.list_events(&agent.id, 10).await.unwrap();
+    assert!(
+        events.iter().any(
+            |e| e.event_type == EventType::parse("DEPLOY_FINISHED").unwrap()
+                && e.payload["service"] == "api"
+        ),
+        "{events:?}"
+    );
+
+    // 2. Heartbeat sweeper, EventBridge scheduled event → the heartbeat claimed, its job
+    // on the sessions queue in the agent's message group.
+    let resp = watch
+        .invoke("heartbeat-sweeper", &fixture("eventbridge-scheduled.json"))
+        .await;
+    assert_eq!(resp["claimed"], 1, "{resp}\n{}", watch.log());
+    let hb = store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(hb.status, HeartbeatStatus::Executing);
+    let jobs = receive(&clients.sqs, &sessions, 1).await;
+    assert_eq!(jobs.len(), 1);
+    assert!(matches!(task_of(&jobs[0]), SessionTask::Heartbeat(_)));
+    assert_eq!(
+        jobs[0].attributes().unwrap()[&MessageSystemAttributeName::MessageGroupId],
+        agent.session.as_str()
+    );
+
+    // 3. Conversation worker, SQS FIFO batch: the heartbeat agent speaks (fake LLM,
+    // keyed by the secret read from SSM) → the heartbeat completes, a thought is queued.
+    llm.script([
+        Scripted::tool(
+            "speak",
+            json!({"thought": "The api deploy finished; tell the user."}),
+        ),
+        Scripted::text("done"),
+    ]);
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &jobs),
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&clients.sqs, &sessions, &jobs, &[]).await;
+    let hb = store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(hb.status, HeartbeatStatus::Completed, "{}", watch.log());
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        reqs[0].headers["authorization"],
+        format!("Bearer {OPENAI_KEY}"),
+        "the LLM key comes from SSM"
+    );
+    let thoughts = receive(&clients.sqs, &sessions, 1).await;
+    assert_eq!(thoughts.len(), 1);
+    assert!(matches!(task_of(&thoughts[0]), SessionTask::Signal(_)));
+
+    // 4. The thought's turn → one message in the agent's channel on (fake) Discord,
+    // posted with the bot token from SSM.
+    llm.script([Scripted::text("Heads up: the api deploy just finished.")]);
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &thoughts),
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new());
+    settle(&clients.sqs, &sessions, &thoughts, &[]).await;
+    assert_eq!(
+        discord.messages(),
+        [Posted {
+            place: format!("channel:{CHANNEL}"),
+            content: "Heads up: the api deploy just finished.".into()
+        }]
+    );
+    assert!(
+        discord
+            .requests()
+            .iter()
+            .all(|r| r.headers["authorization"] == format!("Bot {BOT_TOKEN}"))
+    );
+
+    // 5. Webhook receiver, Function URL: a signed Discord slash command (public key from
+    // SSM) → a deferred reply, and the user's message on the sessions queue.
+    let minted = Timestamp::now().as_millisecond() - 1_000 - 1_420_070_400_000;
+    let interaction_id = ((minted as u64) << 22).to_string();
+    let command = json!({
+        "id": interaction_id,
+        "application_id": APPLICATION,
+        "type": 2,
+        "token": "interaction-token-e2e",
+        "version": 1,
+        "channel": {"id": CHANNEL, "type": 0},
+        "channel_id": CHANNEL,
+        "guild_id": "1100000000000000000",
+        "member": {"user": {"id": "1000000000000000001", "username": "ada", "global_name": "Ada"},
+                   "nick": null, "roles": [], "joined_at": "2026-01-01T00:00:00+00:00",
+                   "deaf": false, "mute": false},
+        "data": {"id": "1250000000000000000", "name": "ask", "type": 1,
+                 "options": [{"name": "text", "type": 3, "value": "which service was it?"}]}
+    })
+    .to_string();
+    let headers =
+        header_pairs(discord_signer.sign(Timestamp::now().as_second(), command.as_bytes()));
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &function_url_request("/discord/interactions", command.as_bytes(), &headers),
+        )
+        .await;
+    assert_eq!(resp["statusCode"], 200, "{resp}\n{}", watch.log());
+    let reply: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    assert_eq!(reply, json!({"type": 5}), "a deferred reply");
+    let mut batch = receive(&clients.sqs, &sessions, 1).await;
+    assert_eq!(batch.len(), 1);
+
+    // 6. Conversation worker: the user's turn, beside a broken message of another
+    // session → the reply edits the interaction's original response; the partial batch
+    // response names the broken message only.
+    let other = AgentId::generate();
+    clients
+        .sqs
+        .send_message()
+        .queue_url(&sessions)
+        .message_body("not a task")
+        .message_group_id(format!("ss_{}", other.as_str()))
+        .message_deduplication_id("broken-1")
+        .send()
+        .await
+        .unwrap();
+    batch.extend(receive(&clients.sqs, &sessions, 1).await);
+    assert_eq!(batch.len(), 2);
+    let broken = batch
+        .iter()
+        .find(|m| m.body() == Some("not a task"))
+        .unwrap()
+        .message_id()
+        .unwrap()
+        .to_owned();
+    llm.script([Scripted::text("It was the api service.")]);
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &batch),
+        )
+        .await;
+    assert_eq!(failures(&resp), vec![broken.clone()], "{}", watch.log());
+    settle(&clients.sqs, &sessions, &batch, &[broken]).await;
+    assert_eq!(
+        discord.messages()[1],
+        Posted {
+            place: "interaction:interaction-token-e2e".into(),
+            content: "It was the api service.".into()
+        }
+    );
+
+    // 7. Hook dispatcher, SQS batch from the hooks queue → signed deliveries to the
+    // receiver: AFTER_HEARTBEAT once, MESSAGE_SENT for each of the two replies.
+    let deliveries = receive(&clients.sqs, &hooks, 2).await;
+    assert_eq!(deliveries.len(), 3, "{}", watch.log());
+    let resp = watch
+        .invoke(
+            "hook-dispatcher",
+            &sqs_event("sqs-hooks-record.json", &deliveries),
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&clients.sqs, &hooks, &deliveries, &[]).await;
+    let got = receiver.received();
+    assert_eq!(got.len(), 3);
+    let mut types: Vec<String> = Vec::new();
+    for r in &got {
+        let t = r.header("x-pulse-hook-type");
+        let secret = &hook_secrets.iter().find(|(ty, _)| *ty == t).unwrap().1;
+        verify(
+            Scheme::Standard,
+            &[secret],
+            &r.headers,
+            &r.body,
+            Timestamp::now().as_second(),
+        )
+        .unwrap_or_else(|e| panic!("{t}: the signature does not verify: {e}"));
+        assert_eq!(r.json()["agent"]["id"], agent.id.as_str());
+        types.push(t);
+    }
+    types.sort();
+    assert_eq!(types, ["AFTER_HEARTBEAT", "MESSAGE_SENT", "MESSAGE_SENT"]);
+}
