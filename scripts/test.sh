@@ -5,10 +5,10 @@
 #   2. a moto server on a free loopback port, stopped when this script exits;
 #   3. cargo fmt --check, cargo clippy -D warnings, the four function binaries, and every
 #      Rust test (unit, the conformance suite and end-to-end flows on SQLite and on moto,
-#      the functions under `cargo lambda watch`, the scale tests);
-#   4. `pulse demo`, its transcript checked for every stage;
-#   5. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
-#   6. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
+#      the functions under `cargo lambda watch`, `pulse demo` with its transcript checked,
+#      the scale tests);
+#   4. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
+#   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0

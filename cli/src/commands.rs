@@ -408,7 +408,9 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
             }
             Plan::RegisterCommands { menu_name }
         }
-        Command::Bench(_) => unreachable!("benchmarks are dispatched before planning"),
+        Command::Bench(_) | Command::Demo => {
+            unreachable!("benchmarks and the demo are dispatched before planning")
+        }
     })
 }
 
@@ -461,6 +463,12 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     }) = cli.command
     {
         return crate::bench_hooks::hooks(deliveries, samples, &out).await;
+    }
+    if let Command::Bench(BenchCmd::Coldstart { runs, bin_dir }) = cli.command {
+        return crate::bench_coldstart::coldstart(runs, bin_dir, &out).await;
+    }
+    if let Command::Demo = cli.command {
+        return crate::demo::demo().await;
     }
     if let Command::Bench(BenchCmd::Turn { history, turns }) = &cli.command {
         return bench::turn(history, *turns, &out).await;

@@ -7,9 +7,11 @@
 //! and on bad input nothing is written.
 
 mod bench;
+mod bench_coldstart;
 mod bench_hooks;
 mod bench_receive;
 mod commands;
+mod demo;
 mod hooks;
 mod output;
 mod serve;
@@ -76,6 +78,10 @@ enum Command {
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),
+    /// The whole system once, offline, on a temporary store: a signed webhook and a
+    /// signed Discord slash command through the HTTP router, heartbeats where the agent
+    /// speaks, its replies as Discord receives them, and signed hook deliveries.
+    Demo,
     /// Measure the engine; prints figures.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -434,6 +440,16 @@ enum BenchCmd {
         /// Single deliveries timed for latency (and bare POSTs beside them).
         #[arg(long, default_value_t = 200)]
         samples: usize,
+    },
+    /// Each Lambda function's init (process start → first request for work on a local
+    /// runtime API) beside a hello-world lambda_runtime binary, same release profile.
+    Coldstart {
+        /// Inits measured per binary.
+        #[arg(long, default_value_t = 30)]
+        runs: usize,
+        /// Where the release binaries are (default: beside this `pulse`).
+        #[arg(long, value_name = "DIR")]
+        bin_dir: Option<std::path::PathBuf>,
     },
     /// The worker's cost per conversation turn with histories of several sizes (offline
     /// model, no Discord).

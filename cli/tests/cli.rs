@@ -618,3 +618,49 @@ async fn hooks_are_added_tested_listed_switched_and_replayed() {
     let types = ok(d, &["hooks", "types"]);
     assert!(types.contains("BEFORE_HEARTBEAT") && types.contains("HOOK_DISABLED"));
 }
+
+#[test]
+fn the_demo_runs_every_stage_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ok(dir.path(), &["demo"]);
+    let stage = |title: &str| {
+        assert!(
+            out.contains(title),
+            "no {title:?} in the transcript:\n{out}"
+        );
+    };
+    for title in [
+        "== 1. Set-up",
+        "== 2. An external system sends a signed webhook",
+        "== 3. Heartbeat",
+        "== 4. A quiet heartbeat",
+        "== 5. The user asks with a signed Discord slash command",
+        "== 6. What Discord received",
+        "== 7. Hook deliveries",
+    ] {
+        stage(title);
+    }
+    // The signed webhook was accepted and became an event the heartbeat read.
+    assert!(out.contains("\"status\":\"accepted\""), "{out}");
+    assert!(out.contains("DEPLOY_FINISHED from webhook"), "{out}");
+    // The heartbeat agent spoke; the quiet one did not.
+    assert!(
+        out.contains("heartbeat thought: The api deploy (v2.4.1) finished"),
+        "{out}"
+    );
+    assert!(out.contains("Discord messages sent: 0"), "{out}");
+    // The slash command was verified and deferred; both replies reached Discord.
+    assert!(out.contains("→ 200 {\"type\":5}"), "{out}");
+    assert!(
+        out.contains("#1300000000000000001: (offline) Following up on my thought"),
+        "{out}"
+    );
+    assert!(
+        out.contains("reply to interaction demo-interaction-token: (offline) You said: \"Which version went out?\""),
+        "{out}"
+    );
+    // Every hook delivery arrived and its signature verified with its hook's secret.
+    assert!(out.contains("6 attempts, 6 delivered, 6 verified"), "{out}");
+    assert_eq!(out.matches("signature verified").count(), 6, "{out}");
+    assert!(!out.contains("REJECTED"), "{out}");
+}

@@ -15,6 +15,7 @@
 //!   hyper, a bounded body; the whole of it under one timeout.
 
 pub mod guard;
+pub mod tls;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -148,7 +149,6 @@ pub struct Egress {
     resolver: Arc<dyn Resolver>,
     connector: Arc<dyn Connector>,
     allow: AllowList,
-    tls: Option<tokio_rustls::TlsConnector>,
     user_agent: HeaderValue,
 }
 
@@ -158,17 +158,6 @@ impl std::fmt::Debug for Egress {
             .field("allow", &self.allow.to_string())
             .finish_non_exhaustive()
     }
-}
-
-fn tls_connector() -> Option<tokio_rustls::TlsConnector> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .ok()?;
-    let config = rustls_platform_verifier::BuilderVerifierExt::with_platform_verifier(config)
-        .ok()?
-        .with_no_client_auth();
-    Some(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -181,8 +170,6 @@ impl Egress {
             resolver: Arc::new(SystemResolver),
             connector: Arc::new(TcpConnector),
             allow,
-            // Built once: loading the platform's roots is the expensive part.
-            tls: tls_connector(),
             user_agent: HeaderValue::from_static(concat!("pulse/", env!("CARGO_PKG_VERSION"))),
         }
     }
@@ -363,10 +350,7 @@ impl Egress {
             host: host.to_owned(),
             message,
         };
-        let connector = self
-            .tls
-            .as_ref()
-            .ok_or_else(|| tls_err("no TLS roots could be loaded on this system".into()))?;
+        let connector = tokio_rustls::TlsConnector::from(tls::client_config());
         // An IP literal is verified against the certificate's IP addresses.
         let name = match url.host() {
             Some(Host::Ipv4(ip)) => rustls::pki_types::ServerName::IpAddress(IpAddr::V4(ip).into()),
@@ -378,15 +362,5 @@ impl Egress {
             .connect(name, stream)
             .await
             .map_err(|e| tls_err(e.to_string()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_tls_connector_builds() {
-        assert!(tls_connector().is_some());
     }
 }

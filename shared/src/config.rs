@@ -29,6 +29,7 @@
 //! | `PULSE_HOOKS_ALLOW` | addresses outbound requests (hooks, HTTP tools) may reach although not public, e.g. `127.0.0.1/32,::1/128` — local development only | empty |
 //! | `PULSE_HOOKS_QUEUE_URL` | the hooks standard SQS queue (`aws`) | unset: hooks are not emitted |
 //! | `PULSE_HOOKS_DLQ_URL` | where exhausted deliveries are sent (`aws`) | unset: recorded EXHAUSTED only |
+//! | `PULSE_SECRETS_PATH` | Lambda only: an SSM Parameter Store path whose parameters (named like these variables, e.g. `/pulse/DISCORD_BOT_TOKEN`) are read on the first invocation and override the environment | unset: the environment only |
 
 use std::path::PathBuf;
 

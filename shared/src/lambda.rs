@@ -191,3 +191,48 @@ pub fn delivery(m: &SqsMessage) -> Delivery {
         receive_count: attr("ApproximateReceiveCount").parse().unwrap_or(1),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_override_the_environment_and_feed_the_configuration() {
+        let secrets = BTreeMap::from([
+            ("PULSE_HOOKS_ALLOW".to_owned(), "10.1.2.3/32".to_owned()),
+            ("PULSE_CASCADE_DEPTH".to_owned(), "7".to_owned()),
+        ]);
+        let env = Vars::with_secrets(secrets).env();
+        assert!(
+            env.hooks()
+                .unwrap()
+                .allow
+                .contains("10.1.2.3".parse().unwrap())
+        );
+        assert_eq!(env.engine().unwrap().cascade_depth, 7);
+        // An empty secret counts as unset, as an empty variable does.
+        let env = Vars::with_secrets(BTreeMap::from([(
+            "PULSE_CASCADE_DEPTH".to_owned(),
+            String::new(),
+        )]))
+        .env();
+        assert_eq!(
+            env.engine().unwrap().cascade_depth,
+            crate::engine::EngineSettings::default().cascade_depth
+        );
+    }
+
+    #[tokio::test]
+    async fn a_secrets_path_must_be_an_ssm_path() {
+        for bad in ["pulse", "", "/"] {
+            let err = SecretParameters::new(bad, Some("http://127.0.0.1:9"))
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("PULSE_SECRETS_PATH"), "{err}");
+        }
+        let ok = SecretParameters::new("/pulse/prod/", Some("http://127.0.0.1:9"))
+            .await
+            .unwrap();
+        assert_eq!(ok.path(), "/pulse/prod");
+    }
+}

@@ -65,6 +65,7 @@ impl DiscordClient {
     /// A client for `config`.
     pub fn new(config: DiscordConfig) -> Self {
         let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(pulse_egress::tls::client_config().as_ref().clone())
             .timeout(config.timeout)
             // Discord asks bots to identify themselves this way.
             .user_agent(concat!(

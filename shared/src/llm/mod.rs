@@ -217,6 +217,7 @@ pub(crate) struct HttpLlm {
 impl HttpLlm {
     fn new(settings: ProviderSettings) -> Result<Self, LlmError> {
         let client = Client::builder()
+            .tls_backend_preconfigured(pulse_egress::tls::client_config().as_ref().clone())
             .timeout(settings.timeout)
             .user_agent(concat!("pulse/", env!("CARGO_PKG_VERSION")))
             .build()

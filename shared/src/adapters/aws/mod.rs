@@ -15,6 +15,11 @@ mod sqs;
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_runtime_api::shared::IntoShared;
 
 pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore};
 pub use eventbridge::{EVENT_SOURCE, EventBridgeBus};
@@ -52,22 +57,74 @@ pub struct AwsClients {
     pub counter: RequestCounter,
 }
 
+/// The SDK's default HTTPS client (hyper, rustls with aws-lc, a proxy from the
+/// environment), except that the platform's root certificates are read when the first
+/// request opens a connection, not when a service client is built. The SDK reads them
+/// at client construction on purpose (a TLS warm-up); in a Lambda init that is the
+/// largest cost there is, and `pulse bench coldstart` measures no gain from it: the
+/// same read happens on the first request instead, beside a network round trip.
+#[derive(Debug)]
+struct LazyRoots(SharedHttpClient);
+
+impl HttpClient for LazyRoots {
+    // `validate_base_client_config` is where the SDK builds a connector early: left as
+    // the trait's no-op. Connectors are built (and cached) on the first request.
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        self.0.http_connector(settings, components)
+    }
+
+    fn connector_metadata(
+        &self,
+    ) -> Option<aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata> {
+        self.0.connector_metadata()
+    }
+}
+
+/// The HTTPS client every SDK client of the process uses (see [`LazyRoots`]).
+fn https_client() -> SharedHttpClient {
+    use aws_smithy_http_client::proxy::ProxyConfig;
+    use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+    let inner =
+        aws_smithy_http_client::Builder::new().build_with_connector_fn(|settings, components| {
+            let mut builder = aws_smithy_http_client::Connector::builder()
+                .tls_provider(Provider::Rustls(CryptoMode::AwsLc));
+            builder.set_connector_settings(settings.cloned());
+            if let Some(components) = components {
+                builder.set_sleep_impl(components.sleep_impl());
+            }
+            builder.set_proxy_config(Some(ProxyConfig::from_env()));
+            builder.build()
+        });
+    LazyRoots(inner).into_shared()
+}
+
+/// The SDK configuration from the environment (region, credentials; in Lambda from the
+/// execution role), with `endpoint_url` over AWS's endpoints. No network calls and no
+/// file reads for TLS are made here.
+pub(crate) async fn sdk_config(endpoint_url: Option<&str>) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(https_client());
+    if let Some(url) = endpoint_url {
+        loader = loader.endpoint_url(url);
+    }
+    loader.load().await
+}
+
 impl AwsClients {
-    /// Loads the SDK configuration from the environment (region, credentials; in Lambda
-    /// from the execution role) and builds the clients. No network calls are made here.
+    /// Loads the SDK configuration from the environment (see [`sdk_config`]) and builds
+    /// the clients. No network calls are made here.
     pub async fn new(endpoint_url: Option<&str>) -> Self {
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(url) = endpoint_url {
-            loader = loader.endpoint_url(url);
-        }
-        let sdk = loader.load().await;
-        Self::from_sdk_config(&sdk)
+        Self::from_sdk_config(&sdk_config(endpoint_url).await)
     }
 
     /// Clients for a local emulator: fixed test credentials and region, no lookups.
     pub fn for_emulator(endpoint_url: &str) -> Self {
         let sdk = aws_config::SdkConfig::builder()
             .behavior_version(BehaviorVersion::latest())
+            .http_client(https_client())
             .endpoint_url(endpoint_url)
             .region(aws_config::Region::new("us-east-1"))
             .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(

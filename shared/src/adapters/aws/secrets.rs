@@ -7,8 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use aws_config::BehaviorVersion;
-
 /// Why the secrets could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretsError {
@@ -49,11 +47,7 @@ impl SecretParameters {
         if !path.starts_with('/') || path.len() < 2 {
             return Err(SecretsError::BadPath(path.to_owned()));
         }
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(url) = endpoint_url {
-            loader = loader.endpoint_url(url);
-        }
-        let sdk = loader.load().await;
+        let sdk = super::sdk_config(endpoint_url).await;
         Ok(Self {
             client: aws_sdk_ssm::Client::new(&sdk),
             path: path.to_owned(),
