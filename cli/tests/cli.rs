@@ -664,3 +664,188 @@ fn the_demo_runs_every_stage_offline() {
     assert_eq!(out.matches("signature verified").count(), 6, "{out}");
     assert!(!out.contains("REJECTED"), "{out}");
 }
+
+#[test]
+fn bench_coldstart_times_each_function_beside_the_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    // The function binaries of this build (the test command builds them all first).
+    let bins = Path::new(env!("CARGO_BIN_EXE_pulse")).parent().unwrap();
+    let names = [
+        "hello-lambda",
+        "heartbeat-sweeper",
+        "conversation-worker",
+        "webhook-receiver",
+        "hook-dispatcher",
+    ];
+    if let Some(missing) = names.iter().find(|n| !bins.join(n).is_file()) {
+        panic!("{missing} is not built: run cargo build --workspace --bins first");
+    }
+    let bin_dir = bins.to_str().unwrap();
+    let report = json(
+        dir.path(),
+        &["bench", "coldstart", "--runs", "2", "--bin-dir", bin_dir],
+    );
+    assert_eq!(report["runs"], 2);
+    let rows = report["binaries"].as_array().unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| r["binary"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        names
+    );
+    for r in rows {
+        // Each binary reached its first request for work, in a plausible time.
+        let p50 = r["p50_ms"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p50 < 20_000.0, "{r}");
+        assert!(r["size_bytes"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert_eq!(rows[0]["ratio_p50"], 1.0);
+
+    // Bad input: nothing to run, or no binaries where it looks.
+    assert!(bad(dir.path(), &["bench", "coldstart", "--runs", "0"]).contains("runs"));
+    let empty = dir.path().to_str().unwrap();
+    let err = bad(dir.path(), &["bench", "coldstart", "--bin-dir", empty]);
+    assert!(err.contains("hello-lambda is missing"), "{err}");
+}
+
+/// A function's init builds its AWS clients but reads no TLS roots: they are read on the
+/// first request. Run as Lambda runs it, against a runtime API on loopback, with a CA
+/// bundle path that does not exist, so that reading the roots logs a warning.
+#[test]
+fn a_function_reads_tls_roots_on_its_first_request_not_at_init() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpListener;
+
+    let dir = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_pulse"))
+        .parent()
+        .unwrap()
+        .join("heartbeat-sweeper");
+    assert!(
+        bin.is_file(),
+        "build the functions first: cargo build --workspace --bins"
+    );
+    let api = TcpListener::bind("127.0.0.1:0").unwrap();
+    // Nothing listens there: every AWS request fails to connect, after building TLS.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let log_path = dir.path().join("log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let child = Command::new(&bin)
+        .env_clear()
+        .env(
+            "AWS_LAMBDA_RUNTIME_API",
+            api.local_addr().unwrap().to_string(),
+        )
+        .env("AWS_LAMBDA_FUNCTION_NAME", "sweeper")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_ENDPOINT_URL", format!("https://{closed}"))
+        .env("AWS_MAX_ATTEMPTS", "1")
+        .env("PULSE_TABLE", "pulse")
+        .env(
+            "PULSE_SESSIONS_QUEUE_URL",
+            format!("https://{closed}/1/s.fifo"),
+        )
+        .env("SSL_CERT_FILE", dir.path().join("no-such-bundle.pem"))
+        .env("SSL_CERT_DIR", dir.path().join("no-such-dir"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(child);
+    let log_text = || std::fs::read_to_string(&log_path).unwrap();
+    // Waits for the function's next connection, for at most 60 s.
+    api.set_nonblocking(true).unwrap();
+    let mut accept = || {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = child.0.try_wait() {
+                panic!("the function exited ({status}):\n{}", log_text());
+            }
+            match api.accept() {
+                Ok((conn, _)) => {
+                    conn.set_nonblocking(false).unwrap();
+                    conn.set_read_timeout(Some(Duration::from_secs(60)))
+                        .unwrap();
+                    return conn;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("the function did not call its runtime API: {e}"),
+            }
+        }
+    };
+
+    // Reads one request's head; its first line.
+    fn request_line(stream: &std::net::TcpStream) -> String {
+        let mut reader = BufReader::new(stream);
+        let mut first = String::new();
+        reader.read_line(&mut first).unwrap();
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap() > 2 {
+            line.clear();
+        }
+        first
+    }
+
+    // Init is over when the function asks for work.
+    let mut conn = accept();
+    let first = request_line(&conn);
+    assert!(
+        first.starts_with("GET /2018-06-01/runtime/invocation/next"),
+        "{first}"
+    );
+    assert!(
+        !log_text().contains("native root"),
+        "TLS roots were read during init:\n{}",
+        log_text()
+    );
+
+    // One scheduled sweep: its first DynamoDB request builds the connection.
+    let event = r#"{"version":"0","id":"e1","detail-type":"Scheduled Event","source":"aws.scheduler","account":"123456789012","time":"2026-11-23T10:00:00Z","region":"us-east-1","resources":[],"detail":{}}"#;
+    let deadline_ms = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + Duration::from_secs(60))
+    .as_millis();
+    write!(
+        conn,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nLambda-Runtime-Aws-Request-Id: req-1\r\n\
+         Lambda-Runtime-Deadline-Ms: {deadline_ms}\r\n\
+         Lambda-Runtime-Invoked-Function-Arn: arn:aws:lambda:us-east-1:123456789012:function:sweeper\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{event}",
+        event.len()
+    )
+    .unwrap();
+    drop(conn);
+
+    // The invocation fails (nothing answers the endpoint) and is reported as an error.
+    let conn = accept();
+    let reported = request_line(&conn);
+    assert!(
+        reported.starts_with("POST /2018-06-01/runtime/invocation/req-1/error"),
+        "{reported}\n{}",
+        log_text()
+    );
+    assert!(
+        log_text().contains("native root"),
+        "the first request did not read the roots:\n{}",
+        log_text()
+    );
+}

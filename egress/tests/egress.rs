@@ -322,3 +322,55 @@ async fn a_silent_server_times_out_a_long_body_is_cut_and_a_closed_port_is_a_con
     let err = post(&e, "ftp://127.0.0.1/").await.unwrap_err();
     assert!(matches!(err, EgressError::BadUrl(_)), "{err}");
 }
+
+/// A TLS server on loopback with a self-signed certificate (for 127.0.0.1 and
+/// localhost, in `tests/fixtures`) that no platform trusts. Returns its address and how
+/// many handshakes reached it.
+async fn untrusted_tls_server() -> (SocketAddr, Arc<AtomicUsize>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let cert = CertificateDer::from_pem_file(format!("{dir}/self-signed.crt")).unwrap();
+    let key = PrivateKeyDer::from_pem_file(format!("{dir}/self-signed.key")).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hellos = Arc::new(AtomicUsize::new(0));
+    let seen = hellos.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                // The client refuses the certificate: the handshake fails here too.
+                if let Ok(mut tls) = acceptor.accept(stream).await {
+                    let _ = tls.write_all(ok("trusted?").as_bytes()).await;
+                }
+            });
+        }
+    });
+    (addr, hellos)
+}
+
+#[tokio::test]
+async fn https_verifies_the_server_certificate_against_the_platform_roots() {
+    let (addr, hellos) = untrusted_tls_server().await;
+    let e = Egress::new(allow_loopback_one());
+    // The name matches the certificate; only its issuer is unknown.
+    let err = post(&e, &format!("https://{addr}/")).await.unwrap_err();
+    assert_eq!(hellos.load(Ordering::SeqCst), 1);
+    match &err {
+        EgressError::Tls { host, message } => {
+            assert_eq!(host, "127.0.0.1");
+            assert!(message.contains("UnknownIssuer"), "{message}");
+        }
+        other => panic!("expected a TLS refusal, got {other}"),
+    }
+}
