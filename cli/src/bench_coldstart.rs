@@ -20,6 +20,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::Failure;
+use crate::bench_hooks::pct;
 use crate::output::Out;
 
 /// The binaries measured; the first is the baseline.
@@ -105,10 +106,6 @@ async fn one_init(
             String::from_utf8_lossy(&out.stderr)
         ))),
     }
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
 /// Runs the benchmark: `runs` inits of each binary.

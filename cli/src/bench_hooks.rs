@@ -16,7 +16,8 @@ use serde_json::json;
 use crate::Failure;
 use crate::output::Out;
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+/// The `p` quantile (0 to 1) of sorted samples, nearest rank; 0 when there are none.
+pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -80,14 +81,7 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
         emitter.emit(&routes, &agent, emission(i)).await;
     }
     let began = Instant::now();
-    let mut attempts = 0;
-    loop {
-        let r = dispatcher.poll_once(16, visibility).await?;
-        if r.handled == 0 {
-            break;
-        }
-        attempts += r.attempts;
-    }
+    let attempts = dispatcher.drain(16, visibility).await?;
     let drain = began.elapsed();
     let delivered = backend
         .store

@@ -352,14 +352,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
     }
 
     section("7. Hook deliveries, signatures checked with each hook's secret");
-    let mut attempts = 0;
-    loop {
-        let r = dispatcher.poll_once(16, VISIBILITY).await?;
-        if r.handled == 0 {
-            break;
-        }
-        attempts += r.attempts;
-    }
+    let attempts = dispatcher.drain(16, VISIBILITY).await?;
     let mut got = deliveries.lock().unwrap_or_else(|e| e.into_inner()).clone();
     // In the order they were emitted (delivery ids are time-ordered).
     got.sort_by_key(|(h, _)| header(h, "webhook-id"));

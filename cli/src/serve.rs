@@ -211,16 +211,10 @@ pub(crate) async fn sweep_and_drain(
         failed += r.failed;
     }
     // Deliver the hooks those jobs emitted that are due now (retries wait for serve).
-    let mut hooks = 0;
-    if let Some(d) = dispatcher(config, b, clock.clone()) {
-        loop {
-            let r = d.poll_once(16, HOOK_VISIBILITY).await?;
-            if r.handled == 0 {
-                break;
-            }
-            hooks += r.attempts;
-        }
-    }
+    let hooks = match dispatcher(config, b, clock.clone()) {
+        Some(d) => d.drain(16, HOOK_VISIBILITY).await?,
+        None => 0,
+    };
     if out.json {
         out.json_value(
             &serde_json::json!({ "sweep": report, "jobs_run": ran, "jobs_failed": failed, "hook_attempts": hooks }),

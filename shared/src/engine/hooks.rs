@@ -701,6 +701,19 @@ impl Dispatcher {
         }
         Ok(report)
     }
+
+    /// Polls until no message is ready (retries scheduled later stay queued); returns
+    /// the attempts made. `pulse sweep`, the demo and the hooks bench deliver this way.
+    pub async fn drain(&self, max: usize, visibility: Duration) -> Result<usize, StoreError> {
+        let mut attempts = 0;
+        loop {
+            let r = self.poll_once(max, visibility).await?;
+            if r.handled == 0 {
+                return Ok(attempts);
+            }
+            attempts += r.attempts;
+        }
+    }
 }
 
 fn log_attempt(hook: &Hook, d: &HookDelivery, a: &HookAttempt) {

@@ -60,9 +60,9 @@ pub struct AwsClients {
 /// The SDK's default HTTPS client (hyper, rustls with aws-lc, a proxy from the
 /// environment), except that the platform's root certificates are read when the first
 /// request opens a connection, not when a service client is built. The SDK reads them
-/// at client construction on purpose (a TLS warm-up); in a Lambda init that is the
-/// largest cost there is, and `pulse bench coldstart` measures no gain from it: the
-/// same read happens on the first request instead, beside a network round trip.
+/// at client construction on purpose (a TLS warm-up); in a Lambda init it was the
+/// largest cost (`pulse bench coldstart`), and nothing runs beside it there that it
+/// could overlap: read on the first request instead, it costs the same once.
 #[derive(Debug)]
 struct LazyRoots(SharedHttpClient);
 
@@ -104,13 +104,36 @@ fn https_client() -> SharedHttpClient {
 
 /// The SDK configuration from the environment (region, credentials; in Lambda from the
 /// execution role), with `endpoint_url` over AWS's endpoints. No network calls and no
-/// file reads for TLS are made here.
+/// file reads for TLS are made here. Loaded once per process and endpoint: a function
+/// that reads its secrets first (`PULSE_SECRETS_PATH`) builds its clients on the same
+/// configuration, credential cache and HTTPS client.
 pub(crate) async fn sdk_config(endpoint_url: Option<&str>) -> aws_config::SdkConfig {
+    type Loaded = Vec<(Option<String>, aws_config::SdkConfig)>;
+    static LOADED: std::sync::Mutex<Loaded> = std::sync::Mutex::new(Vec::new());
+    let endpoint = endpoint_url.map(str::to_owned);
+    let cached = |loaded: &Loaded| {
+        loaded
+            .iter()
+            .find(|(e, _)| *e == endpoint)
+            .map(|(_, c)| c.clone())
+    };
+    if let Some(c) = cached(&LOADED.lock().unwrap_or_else(|e| e.into_inner())) {
+        return c;
+    }
     let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(https_client());
     if let Some(url) = endpoint_url {
         loader = loader.endpoint_url(url);
     }
-    loader.load().await
+    let config = loader.load().await;
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    // Two first callers at once both load; the first stored is the one used.
+    match cached(&loaded) {
+        Some(c) => c,
+        None => {
+            loaded.push((endpoint, config.clone()));
+            config
+        }
+    }
 }
 
 impl AwsClients {
