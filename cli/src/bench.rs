@@ -74,10 +74,11 @@ fn fleet(
 /// Services with the offline model and no Discord: the benches measure Pulse, not a
 /// provider.
 fn offline_services() -> Services {
+    let egress = pulse_egress::Egress::new(pulse_egress::AllowList::default());
     Services {
-        llm: Arc::new(Router::new(LlmConfig::offline())),
+        llm: Arc::new(Router::new(LlmConfig::offline(), egress.clone())),
         discord: None,
-        egress: pulse_egress::Egress::new(pulse_egress::AllowList::default()),
+        egress,
     }
 }
 

@@ -9,6 +9,7 @@
 //! are configured as in the template (table, queues, region) minus `PULSE_SECRETS_PATH`:
 //! with it, init builds nothing and the first invocation pays for the set-up.
 
+use crate::output::outln;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -175,13 +176,17 @@ pub(crate) async fn coldstart(runs: usize, dir: Option<PathBuf>, out: &Out) -> R
     if out.json {
         out.json_value(&json!({ "runs": runs, "binaries": rows }));
     } else {
-        println!("init, process start → first request for work, {runs} runs each (round robin):");
-        println!(
+        outln!("init, process start → first request for work, {runs} runs each (round robin):");
+        outln!(
             "{:<22} {:>9} {:>9} {:>12} {:>10}",
-            "binary", "p50 ms", "p90 ms", "× hello p50", "size MB"
+            "binary",
+            "p50 ms",
+            "p90 ms",
+            "× hello p50",
+            "size MB"
         );
         for r in &rows {
-            println!(
+            outln!(
                 "{:<22} {:>9.2} {:>9.2} {:>12.2} {:>10.1}",
                 r["binary"].as_str().unwrap_or_default(),
                 r["p50_ms"].as_f64().unwrap_or_default(),

@@ -2,6 +2,7 @@
 //! receiver on loopback, and the latency the queue and dispatcher add to one delivery
 //! beside a bare POST to the same receiver, in the same run.
 
+use crate::output::outln;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,11 +145,11 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
             "added_p50_ms": added,
         }));
     } else {
-        println!(
+        outln!(
             "hooks through the embedded queue: {per_sec:.0} deliveries/s ({attempts} attempts, {delivered} succeeded, in {:.2} s)",
             drain.as_secs_f64()
         );
-        println!(
+        outln!(
             "one delivery, emit → answered: p50 {:.2} ms, p99 {:.2} ms; bare POST: p50 {:.2} ms, p99 {:.2} ms; added p50 {added:.2} ms",
             pct(&through, 0.5),
             pct(&through, 0.99),

@@ -2,6 +2,7 @@
 //! validated — and only then is the backend opened, so bad input writes nothing (not even
 //! a new database file).
 
+use crate::output::outln;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -193,6 +194,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
                             .map_err(|e| Failure::Input(format!("invalid LLM base URL {u:?}: {e}")))
                     })
                     .transpose()?,
+                api_key_env: a.llm_api_key_env.map(|v| v.trim().to_owned()),
             };
             new.budgets = Budgets {
                 max_steps: a.max_steps,
@@ -533,8 +535,8 @@ async fn execute(
                     "secret": secret,
                 }));
             } else {
-                println!("{url}");
-                println!("{secret}");
+                outln!("{url}");
+                outln!("{secret}");
                 eprintln!(
                     "created webhook {} ({} scheme) for agent {}.\nThe first line is its URL, the second its signing secret: store the secret now, it is not shown again.",
                     webhook.id, webhook.scheme, webhook.agent_id
@@ -554,7 +556,7 @@ async fn execute(
                     "secret": secret,
                 }));
             } else {
-                println!("{secret}");
+                outln!("{secret}");
                 eprintln!(
                     "added a new secret to {id} (shown once, above); the previous one is accepted for another {}",
                     pulse_shared::domain::format_duration(grace)
@@ -615,8 +617,14 @@ async fn execute(
                 |r| {
                     vec![
                         when(Some(r.received_at)),
-                        r.status.as_str().to_owned(),
-                        r.http_status.to_string(),
+                        match r.count {
+                            Some(n) => format!("{} ×{n}", r.status.as_str()),
+                            None => r.status.as_str().to_owned(),
+                        },
+                        match r.http_status {
+                            0 => "-".to_owned(),
+                            s => s.to_string(),
+                        },
                         r.event_type.clone().unwrap_or_default(),
                         r.event_id
                             .as_ref()
@@ -684,7 +692,7 @@ async fn execute(
                 out.json_value(&serde_json::json!({ "agent": agent, "heartbeats": recent }));
                 return Ok(());
             }
-            let field = |k: &str, v: String| println!("{k:<18}{v}");
+            let field = |k: &str, v: String| outln!("{k:<18}{v}");
             field("id", agent.id.to_string());
             field("name", agent.name.clone());
             if let Some(a) = &agent.alias {
@@ -707,7 +715,7 @@ async fn execute(
             if let Some(p) = &agent.persona {
                 field("persona", short(p, 200));
             }
-            println!();
+            outln!();
             heartbeat_table(out, &recent);
             Ok(())
         }
@@ -1020,7 +1028,7 @@ async fn register_commands(config: &Config, menu_name: &str, out: &Out) -> Resul
         out.json_value(&registered);
     } else {
         for c in &registered {
-            println!(
+            outln!(
                 "{}  {}",
                 c.get("id").and_then(Value::as_str).unwrap_or("?"),
                 c.get("name").and_then(Value::as_str).unwrap_or("?")

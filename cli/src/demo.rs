@@ -9,6 +9,7 @@
 //! The engine runs on a manual clock started at the present, so two heartbeats a
 //! quarter of an hour apart take no time; requests are signed on that clock.
 
+use crate::output::outln;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -110,7 +111,7 @@ async fn hook_receiver(got: Deliveries) -> Result<String, Failure> {
 }
 
 fn section(title: &str) {
-    println!("\n== {title}");
+    outln!("\n== {title}");
 }
 
 fn header(h: &HeaderMap, name: &str) -> String {
@@ -147,10 +148,11 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         application_id: Some(APPLICATION.to_owned()),
         ..DiscordConfig::unconfigured()
     };
+    let egress = pulse_egress::Egress::new(config.hooks.allow.clone());
     let services = Services {
-        llm: Arc::new(LlmRouter::new(LlmConfig::offline())),
+        llm: Arc::new(LlmRouter::new(LlmConfig::offline(), egress.clone())),
         discord: Some(Arc::new(DiscordClient::new(config.discord.clone()))),
-        egress: pulse_egress::Egress::new(config.hooks.allow.clone()),
+        egress,
     };
     let backend = connect(&config, clock.clone()).await?;
     let sweeper = backend.sweeper(&config.engine);
@@ -171,11 +173,11 @@ pub(crate) async fn demo() -> Result<(), Failure> {
     tokio::spawn(http::serve(listener, inbound, std::future::pending()));
     let client = reqwest::Client::new();
 
-    println!(
+    outln!(
         "Pulse demo: offline, on a temporary store ({}).",
         dir.path().display()
     );
-    println!("HTTP receiver {base}; Discord stand-in {discord_base}; hook receiver {hook_url}.");
+    outln!("HTTP receiver {base}; Discord stand-in {discord_base}; hook receiver {hook_url}.");
 
     section("1. Set-up: an agent, its inbound webhook and its outbound hooks");
     let mut new = NewAgent::named("Scout");
@@ -185,9 +187,11 @@ pub(crate) async fn demo() -> Result<(), Failure> {
     );
     let (agent, first) = new.create(clock.now())?;
     backend.store.create_agent(&agent, &first).await?;
-    println!(
+    outln!(
         "agent {} ({}), Discord channel {CHANNEL}, heartbeat every {}",
-        agent.id, agent.name, agent.interval
+        agent.id,
+        agent.name,
+        agent.interval
     );
     let webhook_secret = generate_secret();
     let webhook = Webhook::new(
@@ -197,9 +201,10 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         clock.now(),
     )?;
     backend.store.create_webhook(&webhook).await?;
-    println!(
+    outln!(
         "webhook {} (Standard Webhooks signatures): POST {base}/webhooks/{}",
-        webhook.id, webhook.id
+        webhook.id,
+        webhook.id
     );
     let mut hooks = Vec::new();
     for t in [
@@ -215,7 +220,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
             clock.now(),
         );
         backend.store.create_hook(&h).await?;
-        println!("hook {} on {} → {hook_url}", h.id, h.hook_type);
+        outln!("hook {} on {} → {hook_url}", h.id, h.hook_type);
         hooks.push(h);
     }
 
@@ -244,7 +249,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         .header("content-type", "application/json")
         .send()
         .await?;
-    println!(
+    outln!(
         "POST /webhooks/{} → {} {}",
         webhook.id,
         resp.status().as_u16(),
@@ -254,25 +259,30 @@ pub(crate) async fn demo() -> Result<(), Failure> {
     section("3. Heartbeat: the agent wakes, reads its events, and speaks");
     clock.advance(SignedDuration::from_mins(1));
     let swept = sweeper.sweep_once(clock.now()).await;
-    println!(
+    outln!(
         "sweep: {} due, {} claimed, {} queued",
-        swept.due, swept.claimed, swept.queued
+        swept.due,
+        swept.claimed,
+        swept.queued
     );
     let ran = drain(&worker, &backend).await?;
-    println!(
+    outln!(
         "worker: {ran} session tasks run (the heartbeat job, then the turn its thought started)"
     );
     let mut events = backend.store.list_events(&agent.id, 20).await?;
     events.sort_by_key(|e| e.created_at);
     for e in &events {
-        println!(
+        outln!(
             "event {} {} from {}: {}",
-            e.id, e.event_type, e.source, e.payload
+            e.id,
+            e.event_type,
+            e.source,
+            e.payload
         );
     }
     let actions = backend.store.list_actions(&agent.id, 20).await?;
     for a in actions.iter().rev() {
-        println!(
+        outln!(
             "action {} {} {} (for event {})",
             a.id,
             a.tool,
@@ -284,7 +294,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         );
         if let Some(out) = a.response.as_ref().map(|r| &r["output"]) {
             for t in out["spoke"].as_array().into_iter().flatten() {
-                println!("heartbeat thought: {}", t.as_str().unwrap_or_default());
+                outln!("heartbeat thought: {}", t.as_str().unwrap_or_default());
             }
         }
     }
@@ -295,7 +305,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         .iter()
         .rev()
     {
-        println!("heartbeat {} {}", hb.id(), hb.status.as_str());
+        outln!("heartbeat {} {}", hb.id(), hb.status.as_str());
     }
 
     section("4. A quiet heartbeat: nothing new, nothing said");
@@ -304,7 +314,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
     let swept = sweeper.sweep_once(clock.now()).await;
     let ran = drain(&worker, &backend).await?;
     let after = posts.lock().unwrap_or_else(|e| e.into_inner()).len();
-    println!(
+    outln!(
         "sweep claimed {}; worker ran {ran}; Discord messages sent: {}",
         swept.claimed,
         after - before
@@ -338,17 +348,17 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         .header("content-type", "application/json")
         .send()
         .await?;
-    println!(
+    outln!(
         "/ask \"Which version went out?\" → {} {}",
         resp.status().as_u16(),
         resp.text().await?
     );
     let ran = drain(&worker, &backend).await?;
-    println!("worker: {ran} session task run (the user's turn)");
+    outln!("worker: {ran} session task run (the user's turn)");
 
     section("6. What Discord received");
     for (place, content) in posts.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-        println!("{place}: {content}");
+        outln!("{place}: {content}");
     }
 
     section("7. Hook deliveries, signatures checked with each hook's secret");
@@ -384,24 +394,24 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         match check {
             Ok(_) => {
                 verified += 1;
-                println!(
+                outln!(
                     "{t} {}: signature verified; {summary}",
                     header(headers, "webhook-id")
                 );
             }
-            Err(e) => println!(
+            Err(e) => outln!(
                 "{t} {}: SIGNATURE REJECTED ({e})",
                 header(headers, "webhook-id")
             ),
         }
     }
-    println!(
+    outln!(
         "{attempts} attempts, {} delivered, {verified} verified",
         got.len()
     );
 
     section("Done");
-    println!(
+    outln!(
         "in {:.1} s. Run it for real with `pulse serve`; see README.md.",
         started.elapsed().as_secs_f64()
     );

@@ -1,6 +1,7 @@
 //! `pulse hooks …`: outbound hooks — add, list, test, deliveries, enable, disable,
 //! replay. Parsed into a [`HooksPlan`] first, so bad input writes nothing.
 
+use crate::output::outln;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
@@ -203,7 +204,7 @@ fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {
         out.json_value(&serde_json::json!({ "delivery": d, "attempt": a }));
         return;
     }
-    println!(
+    outln!(
         "{}  attempt {}  {}  {}  {} ms",
         d.id,
         a.attempt,
@@ -248,8 +249,8 @@ pub(crate) async fn execute(
                     "secret": hook.secret.expose(),
                 }));
             } else {
-                println!("{}", hook.id);
-                println!("{}", hook.secret.expose());
+                outln!("{}", hook.id);
+                outln!("{}", hook.secret.expose());
                 eprintln!(
                     "added hook {} ({} → {}) to agent {}.\nThe first line is its id, the second its signing secret (Standard Webhooks): store the secret now, it is not shown again.",
                     hook.id, hook.hook_type, hook.target, hook.agent_id

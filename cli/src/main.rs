@@ -270,9 +270,15 @@ struct CreateAgent {
     /// Model for this agent.
     #[arg(long, value_name = "MODEL")]
     llm_model: Option<String>,
-    /// API base URL for this agent (an OpenAI-compatible server, a proxy).
+    /// API base URL for this agent (an OpenAI-compatible server, a proxy). The
+    /// deployment's key is sent there only if the URL is listed in PULSE_LLM_BASE_URLS;
+    /// otherwise give the agent its own key with --llm-api-key-env.
     #[arg(long, value_name = "URL")]
     llm_base_url: Option<String>,
+    /// The variable holding this agent's own API key, named PULSE_LLM_KEY_<NAME> (set it
+    /// where Pulse runs; in AWS, under the secrets path). Only the name is stored.
+    #[arg(long, value_name = "VAR")]
+    llm_api_key_env: Option<String>,
     /// Most LLM calls per heartbeat.
     #[arg(long, default_value_t = 8)]
     max_steps: u32,

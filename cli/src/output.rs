@@ -4,6 +4,32 @@
 
 use serde::Serialize;
 
+/// `println!` for records: writes a line to stdout, and when the reader has gone away
+/// (`pulse ... | head`) ends the program quietly, as Unix tools do, instead of panicking
+/// with "failed printing to stdout: Broken pipe".
+macro_rules! outln {
+    () => {
+        $crate::output::write_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
+/// Writes `args` and a newline to stdout; see [`outln!`].
+pub(crate) fn write_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// Where a command's results go.
 pub(crate) struct Out {
     pub(crate) json: bool,
@@ -45,7 +71,7 @@ impl Out {
                     s.push_str(&format!("{c:<w$}  "));
                 }
             }
-            println!("{}", s.trim_end());
+            outln!("{}", s.trim_end());
         };
         line(headers.to_vec());
         for row in &cells {
@@ -58,7 +84,7 @@ impl Out {
         if self.json {
             self.json_value(record);
         } else {
-            println!("{id}");
+            outln!("{id}");
             eprintln!("{note}");
         }
     }
@@ -74,7 +100,7 @@ impl Out {
 
     pub(crate) fn json_value<T: Serialize + ?Sized>(&self, v: &T) {
         match serde_json::to_string_pretty(v) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => outln!("{s}"),
             Err(e) => eprintln!("error: cannot print JSON: {e}"),
         }
     }

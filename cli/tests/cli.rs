@@ -166,6 +166,57 @@ fn bad_input_exits_two_and_writes_nothing() {
     );
 }
 
+/// Hardening finding 7: a tool URL with a password was accepted and the password shown in
+/// `tools list`, action errors and logs.
+#[test]
+fn a_tool_url_with_credentials_is_refused_without_repeating_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["agents", "create", "--name", "scout"]);
+    let err = bad(
+        d,
+        &[
+            "tools",
+            "add",
+            "--name",
+            "leaky",
+            "--url",
+            "http://admin:hunter2@127.0.0.1:9/hook",
+        ],
+    );
+    assert!(err.contains("credentials"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    let tools = ok(d, &["tools", "list"]);
+    assert!(
+        !tools.contains("leaky") && !tools.contains("hunter2"),
+        "{tools}"
+    );
+}
+
+/// Hardening finding 9: `pulse --json heartbeats list … | head` panicked with "failed
+/// printing to stdout: Broken pipe".
+#[test]
+fn a_listing_whose_reader_goes_away_exits_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "scout"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pulse"))
+        .args(["--json", "heartbeats", "list", "--agent", &agent])
+        .current_dir(d)
+        .env_remove("PULSE_DB")
+        .env_remove("PULSE_BACKEND")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader is gone before the program has opened its database, let alone printed.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade() {
     let tool = FakeTool::answering(|req| {

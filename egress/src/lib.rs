@@ -191,7 +191,8 @@ impl Egress {
         &self.allow
     }
 
-    fn permitted(&self, ip: IpAddr) -> Result<(), Refusal> {
+    /// `Ok` if requests may go to `ip`: it is public, or in the allow-list.
+    pub fn permits(&self, ip: IpAddr) -> Result<(), Refusal> {
         if self.allow.contains(ip) {
             return Ok(());
         }
@@ -229,7 +230,7 @@ impl Egress {
             ));
         }
         for a in &addrs {
-            self.permitted(a.ip()).map_err(EgressError::Refused)?;
+            self.permits(a.ip()).map_err(EgressError::Refused)?;
         }
         Ok(addrs)
     }

@@ -16,6 +16,8 @@
 //! | `PULSE_REGISTRY_TTL` | how long a worker caches tools and subscriptions | `10s` |
 //! | `PULSE_LLM_PROVIDER` | `anthropic`, `openai` or `offline` | the provider whose key is set; `offline` (logged) when none is |
 //! | `PULSE_LLM_BASE_URL` | API base of the default provider | the provider's own |
+//! | `PULSE_LLM_BASE_URLS` | further base URLs (comma-separated) the deployment's key may be sent to when an agent names one | none |
+//! | `PULSE_LLM_KEY_<NAME>` | keys agents name with `--llm-api-key-env`, sent only to that agent's base URL | unset |
 //! | `PULSE_LLM_MODEL` | model of the default provider | `claude-sonnet-4-5` / `gpt-4o-mini` |
 //! | `ANTHROPIC_API_KEY`, `OPENAI_API_KEY` | provider keys | unset |
 //! | `PULSE_LLM_TIMEOUT` | one LLM exchange | `60s` |
@@ -44,7 +46,7 @@ use crate::discord::DiscordConfig;
 use crate::domain::{AgentId, ProviderKind, Secret, parse_duration};
 use crate::engine::EngineSettings;
 use crate::error::ConfigError;
-use crate::llm::LlmConfig;
+use crate::llm::{KeyLookup, LlmConfig};
 
 /// Which backend to use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +131,7 @@ impl Env<fn(&str) -> Option<String>> {
     }
 }
 
-impl<F: Fn(&str) -> Option<String>> Env<F> {
+impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
     fn get(&self, k: &str) -> Option<String> {
         (self.0)(k)
     }
@@ -230,6 +232,26 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             _ => {}
         }
         let d = LlmConfig::offline();
+        let trusted_base_urls = match self.get("PULSE_LLM_BASE_URLS") {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(|u| {
+                    Url::parse(u)
+                        .ok()
+                        .filter(|p| matches!(p.scheme(), "http" | "https"))
+                        .ok_or_else(|| {
+                            ConfigError::new(
+                                "PULSE_LLM_BASE_URLS",
+                                format!("{u:?} is not an http:// or https:// URL"),
+                            )
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let lookup = self.0.clone();
         Ok(LlmConfig {
             provider,
             explicit: self.get("PULSE_LLM_PROVIDER").is_some(),
@@ -246,6 +268,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 .max(Duration::from_millis(1)),
             max_attempts: self.number("PULSE_LLM_MAX_ATTEMPTS", d.max_attempts, 1)?,
             max_retry_wait: d.max_retry_wait,
+            trusted_base_urls,
+            agent_keys: KeyLookup::new(lookup),
         })
     }
 
@@ -362,7 +386,9 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env(pairs: &[(&str, &str)]) -> Env<impl Fn(&str) -> Option<String>> {
+    fn env(
+        pairs: &[(&str, &str)],
+    ) -> Env<impl Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

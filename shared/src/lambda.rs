@@ -38,7 +38,9 @@ impl Vars {
     }
 
     /// The configuration reader over these variables.
-    pub fn env(&self) -> Env<impl Fn(&str) -> Option<String> + use<>> {
+    pub fn env(
+        &self,
+    ) -> Env<impl Fn(&str) -> Option<String> + Clone + Send + Sync + 'static + use<>> {
         let secrets = self.0.clone();
         Env(move |k: &str| {
             secrets

@@ -306,35 +306,63 @@ pub trait MemoryStore: Send + Sync {
 pub struct Acceptance {
     /// The event to append.
     pub event: Event,
-    /// Its log entry as ACCEPTED; the store turns it into DUPLICATE or RATE_LIMITED when
-    /// that is the outcome.
+    /// Its log entry as ACCEPTED; the store turns it into DUPLICATE, RATE_LIMITED or
+    /// REJECTED when that is the outcome.
     pub log: WebhookRequest,
-    /// The sender's delivery id: a second request with it is a duplicate.
-    pub delivery_id: Option<String>,
+    /// What identifies the signed request (`Verified::replay_key`: a signed delivery id,
+    /// or the digest of the signed content): a second request with it is a duplicate,
+    /// whatever its unsigned headers say.
+    pub replay_key: String,
     /// The webhook's limit, counted per clock hour.
     pub rate_limit: Option<RateLimit>,
     /// The start of the body, kept in the log if the request is refused.
     pub excerpt: String,
-    /// How long the delivery id is remembered.
+    /// How long the replay key is remembered.
     pub remember_until: Timestamp,
+    /// Set when the request is refused but its key must be remembered all the same:
+    /// when the refusal rests on something the signature does not cover (GitHub's event
+    /// header), a replay with that changed must not be accepted. The store then writes
+    /// the key (with no event) and the REJECTED log entry instead of the event.
+    pub refusal: Option<Refusal>,
+}
+
+/// Why a verified request is refused, for [`Acceptance::refusal`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status it is answered with.
+    pub http_status: u16,
+    /// Why.
+    pub reason: String,
 }
 
 /// What became of an [`Acceptance`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcceptOutcome {
-    /// The event, its log entry and the delivery id were written, in one atomic write.
+    /// The event, its log entry and the replay key were written, in one atomic write.
     Accepted,
-    /// The delivery id was accepted before, as this event: nothing new was written but
-    /// the DUPLICATE log entry.
+    /// The request was accepted before, as this event: nothing new was written but the
+    /// DUPLICATE log entry.
     Duplicate(EventId),
+    /// The request was refused before (its key remembered with no event): nothing new
+    /// was written but the DUPLICATE log entry.
+    RefusedBefore,
     /// Over the hourly limit: nothing written but the RATE_LIMITED log entry.
     RateLimited,
+    /// The [`Acceptance::refusal`] was recorded: the key and the REJECTED log entry.
+    Refused,
 }
 
 impl Acceptance {
     /// Its log entry for `outcome`.
     pub fn log_for(&self, outcome: &AcceptOutcome) -> WebhookRequest {
         let mut log = self.log.clone();
+        let seen = || {
+            if self.replay_key.starts_with("sha256:") {
+                "this signed request (the same signed content)".to_owned()
+            } else {
+                format!("delivery {}", self.replay_key)
+            }
+        };
         match outcome {
             AcceptOutcome::Accepted => {
                 log.status = RequestStatus::Accepted;
@@ -344,11 +372,15 @@ impl Acceptance {
             AcceptOutcome::Duplicate(first) => {
                 log.status = RequestStatus::Duplicate;
                 log.http_status = 200;
-                log.reason = Some(format!(
-                    "delivery {} was accepted before as event {first}",
-                    self.delivery_id.as_deref().unwrap_or("?")
-                ));
+                log.reason = Some(format!("{} was accepted before as event {first}", seen()));
                 log.event_id = Some(first.clone());
+            }
+            AcceptOutcome::RefusedBefore => {
+                log.status = RequestStatus::Duplicate;
+                log.http_status = 409;
+                log.reason = Some(format!("{} was refused before", seen()));
+                log.event_id = None;
+                log.body = Some(self.excerpt.clone());
             }
             AcceptOutcome::RateLimited => {
                 log.status = RequestStatus::RateLimited;
@@ -357,6 +389,17 @@ impl Acceptance {
                     "over the webhook's limit of {}",
                     self.rate_limit.map_or_else(String::new, |r| r.to_string())
                 ));
+                log.event_id = None;
+                log.body = Some(self.excerpt.clone());
+            }
+            AcceptOutcome::Refused => {
+                let refusal = self.refusal.clone().unwrap_or(Refusal {
+                    http_status: 400,
+                    reason: String::new(),
+                });
+                log.status = RequestStatus::Rejected;
+                log.http_status = refusal.http_status;
+                log.reason = Some(refusal.reason);
                 log.event_id = None;
                 log.body = Some(self.excerpt.clone());
             }
@@ -376,13 +419,17 @@ pub trait WebhookStore: Send + Sync {
     async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError>;
     /// Replaces a webhook (rotation, enabling); `NotFound` if it does not exist.
     async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError>;
-    /// Accepts a signed request, in this order: a delivery id seen before is a duplicate
-    /// (answered with the first event); the hour's counter is incremented by one
-    /// conditional write, refused at the limit; then the event, the log entry and the
-    /// delivery id are written atomically, so the same delivery sent twice at once still
-    /// makes one event.
+    /// Accepts a signed request, in this order: a replay key seen before is a duplicate
+    /// (answered with the first event, or as refused before); a request with a
+    /// [`Acceptance::refusal`] then only records its key and log entry; otherwise the
+    /// hour's counter is incremented by one conditional write, refused at the limit; then
+    /// the event, the log entry and the key are written atomically, so the same request
+    /// sent twice at once still makes one event.
     async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError>;
-    /// Logs a refused request.
+    /// Logs a request that was not accepted, within the webhook's logging budget: the
+    /// first [`REFUSED_LOG_BUDGET`](crate::domain::REFUSED_LOG_BUDGET) of a minute in
+    /// full, the rest only counted, in that minute's SUPPRESSED entry. (The duplicate and
+    /// rate-limited entries `accept_webhook` writes are budgeted the same way.)
     async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError>;
     /// A webhook's latest requests, newest first.
     async fn list_requests(

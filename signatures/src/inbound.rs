@@ -48,14 +48,16 @@ const STRIPE_SIGNATURE: &str = "Stripe-Signature";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scheme {
     /// Pulse's own: `X-Pulse-Timestamp` and `X-Pulse-Signature: sha256=<hex>` over
+    /// `{delivery}.{timestamp}.{body}` when an `X-Pulse-Delivery` id is sent, else over
     /// `{timestamp}.{body}`.
     Pulse,
     /// Standard Webhooks (<https://www.standardwebhooks.com>): `webhook-id`,
     /// `webhook-timestamp` and `webhook-signature: v1,<base64>` over
     /// `{id}.{timestamp}.{body}`.
     Standard,
-    /// GitHub: `X-Hub-Signature-256: sha256=<hex>` over the body; no timestamp, so the
-    /// `X-GitHub-Delivery` id is the replay guard.
+    /// GitHub: `X-Hub-Signature-256: sha256=<hex>` over the body. There is no timestamp
+    /// and the delivery and event headers are not signed, so the body itself is the
+    /// replay guard (see [`Verified::replay_key`]).
     Github,
     /// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>` over `{t}.{body}`.
     Stripe,
@@ -118,6 +120,21 @@ pub struct Verified {
     /// Which of the configured secrets matched (for key rotation: once the old secret
     /// stops matching, it can be removed).
     pub secret_index: usize,
+    /// What identifies this request among all the sender could make, taken only from
+    /// what the signature covers, so a replay is recognised whatever its unsigned headers
+    /// say: the sender's delivery id where it is signed (`webhook-id`, a `pulse`
+    /// `X-Pulse-Delivery`, a Stripe event's `id`), else `sha256:` and the hex SHA-256 of
+    /// the signed content (timestamp and body; for GitHub, the body).
+    pub replay_key: String,
+}
+
+/// The [`Verified::replay_key`] of signed content that names no signed delivery id.
+fn content_key(prefix: &[u8], body: &[u8]) -> String {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(prefix);
+    h.update(body);
+    format!("sha256:{}", hex::encode(h.finalize()))
 }
 
 /// Why a request was not accepted. Messages are safe to return to the sender: they never
@@ -441,10 +458,17 @@ pub fn verify(
                 .filter(|id| !id.is_empty())
                 .map(str::to_owned);
             check_fresh(PULSE_TIMESTAMP, timestamp, now_unix)?;
+            // The delivery id is signed with the rest, so it cannot be changed or dropped
+            // to pass a captured request off as a new delivery.
+            let prefix = match &delivery_id {
+                Some(id) => format!("{id}.{ts_text}."),
+                None => format!("{ts_text}."),
+            };
             (
-                format!("{ts_text}."),
+                prefix,
                 vec![tag],
                 Verified {
+                    replay_key: delivery_id.clone().unwrap_or_default(),
                     delivery_id,
                     timestamp: Some(timestamp),
                     event_type: None,
@@ -469,6 +493,7 @@ pub fn verify(
                     timestamp: Some(timestamp),
                     event_type: None,
                     secret_index: 0,
+                    replay_key: id.to_owned(),
                 },
             )
         }
@@ -491,6 +516,7 @@ pub fn verify(
                     timestamp: None,
                     event_type: Some(event_type_name("GITHUB_", event)),
                     secret_index: 0,
+                    replay_key: String::new(),
                 },
             )
         }
@@ -508,6 +534,7 @@ pub fn verify(
                     timestamp: Some(header.timestamp),
                     event_type: None,
                     secret_index: 0,
+                    replay_key: String::new(),
                 },
             )
         }
@@ -527,8 +554,12 @@ pub fn verify(
     if scheme == Scheme::Stripe {
         // Only an authenticated body is parsed, and only for these two fields.
         let (delivery_id, event_type) = stripe_body_fields(body);
+        verified.replay_key = delivery_id.clone().unwrap_or_default();
         verified.delivery_id = delivery_id;
         verified.event_type = event_type;
+    }
+    if verified.replay_key.is_empty() {
+        verified.replay_key = content_key(prefix.as_bytes(), body);
     }
     Ok(verified)
 }
@@ -604,8 +635,9 @@ fn header_value(header: &'static str, value: &str) -> Result<HeaderValue, Verify
 
 /// The headers a sender of `scheme` would attach to `body` at `now_unix`.
 ///
-/// `delivery_id` goes into `X-Pulse-Delivery`, `webhook-id` or `X-GitHub-Delivery`;
-/// Stripe carries its id in the body, so it is unused there. For GitHub the caller adds
+/// `delivery_id` goes into `X-Pulse-Delivery` (and, for `pulse`, into the signed content
+/// `{delivery}.{timestamp}.{body}`), `webhook-id` or `X-GitHub-Delivery`; Stripe carries
+/// its id in the body, so it is unused there. For GitHub the caller adds
 /// `X-GitHub-Event`. Header names are lower case, as HTTP/2 sends them.
 ///
 /// # Errors
@@ -625,8 +657,15 @@ pub fn sign(
     let value = header_value;
     let headers = match scheme {
         Scheme::Pulse => {
-            let tag = hmac_tag(&key, &[timestamp.as_bytes(), b".", body]);
-            vec![
+            // An empty delivery id is no delivery id: the header is left out and the
+            // signed content is `{timestamp}.{body}`, as `verify` reads it.
+            let mut signed: Vec<&[u8]> = Vec::new();
+            if !delivery_id.is_empty() {
+                signed.extend([delivery_id.as_bytes(), b"."]);
+            }
+            signed.extend([timestamp.as_bytes(), b".", body]);
+            let tag = hmac_tag(&key, &signed);
+            let mut headers = vec![
                 (
                     HeaderName::from_static("x-pulse-timestamp"),
                     value(PULSE_TIMESTAMP, &timestamp)?,
@@ -635,11 +674,14 @@ pub fn sign(
                     HeaderName::from_static("x-pulse-signature"),
                     value(PULSE_SIGNATURE, &format!("sha256={}", hex::encode(tag)))?,
                 ),
-                (
+            ];
+            if !delivery_id.is_empty() {
+                headers.push((
                     HeaderName::from_static("x-pulse-delivery"),
                     value(PULSE_DELIVERY, delivery_id)?,
-                ),
-            ]
+                ));
+            }
+            headers
         }
         Scheme::Standard => {
             let signature = standard_signature(secret, delivery_id, now_unix, body)?;

@@ -226,10 +226,128 @@ fn each_missing_header_is_named() {
 
 #[test]
 fn the_pulse_delivery_header_is_optional() {
-    let mut headers = signed(Scheme::Pulse);
-    headers.remove("X-Pulse-Delivery");
+    let mut headers = HeaderMap::new();
+    for (name, value) in sign(Scheme::Pulse, OLD, BODY, NOW, "").unwrap() {
+        headers.insert(name, value);
+    }
+    assert!(headers.get("X-Pulse-Delivery").is_none());
     let verified = verify(Scheme::Pulse, &[OLD], &headers, BODY, NOW).unwrap();
     assert_eq!(verified.delivery_id, None);
+}
+
+#[test]
+fn the_pulse_delivery_id_is_signed_so_changing_or_dropping_it_fails() {
+    let mut changed = signed(Scheme::Pulse);
+    set(&mut changed, "X-Pulse-Delivery", "delivery-2");
+    assert_eq!(
+        verify(Scheme::Pulse, &[OLD], &changed, BODY, NOW),
+        Err(VerifyError::Mismatch)
+    );
+    let mut dropped = signed(Scheme::Pulse);
+    dropped.remove("X-Pulse-Delivery");
+    assert_eq!(
+        verify(Scheme::Pulse, &[OLD], &dropped, BODY, NOW),
+        Err(VerifyError::Mismatch)
+    );
+}
+
+/// The worked example in the README's security section, computed independently (Python's
+/// hmac module): a sender's implementation can be checked against it.
+#[test]
+fn the_readme_pulse_example_is_reproduced_and_verifies() {
+    let body = br#"{"event_type":"DEPLOY_FINISHED","payload":{"service":"api"},"priority":2}"#;
+    let expected = "sha256=f43a5e40c5af7cae2b9f8146b758e474629fd624f27a413a256d50f5fb28f4e6";
+    let headers = sign(Scheme::Pulse, OLD, body, 1_767_225_600, "dlv_42").unwrap();
+    let signature = headers
+        .iter()
+        .find(|(n, _)| n == "x-pulse-signature")
+        .map(|(_, v)| v.to_str().unwrap())
+        .unwrap();
+    assert_eq!(signature, expected);
+    let mut map = HeaderMap::new();
+    set(&mut map, "X-Pulse-Timestamp", "1767225600");
+    set(&mut map, "X-Pulse-Delivery", "dlv_42");
+    set(&mut map, "X-Pulse-Signature", expected);
+    let verified = verify(Scheme::Pulse, &[OLD], &map, body, 1_767_225_600).unwrap();
+    assert_eq!(verified.replay_key, "dlv_42");
+}
+
+#[test]
+fn the_replay_key_comes_only_from_what_is_signed() {
+    // A signed delivery id is the key: a sender's retry (new timestamp) is recognised.
+    for scheme in [Scheme::Pulse, Scheme::Standard] {
+        let first = verify(scheme, &[OLD], &signed(scheme), BODY, NOW).unwrap();
+        let retry = verify(
+            scheme,
+            &[OLD],
+            &signed_at(scheme, OLD, BODY, NOW + 60),
+            BODY,
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(first.replay_key, "delivery-1", "{scheme}");
+        assert_eq!(retry.replay_key, first.replay_key, "{scheme}");
+    }
+    // Stripe: the event's id, from the signed body.
+    let stripe = verify(Scheme::Stripe, &[OLD], &signed(Scheme::Stripe), BODY, NOW).unwrap();
+    assert_eq!(stripe.replay_key, "evt_123");
+
+    // GitHub: neither the delivery nor the event header is signed, so the key is the
+    // body's digest, the same whatever those headers say.
+    let github = verify(Scheme::Github, &[OLD], &signed(Scheme::Github), BODY, NOW).unwrap();
+    assert!(
+        github.replay_key.starts_with("sha256:"),
+        "{}",
+        github.replay_key
+    );
+    let mut replay = signed(Scheme::Github);
+    set(&mut replay, "X-GitHub-Delivery", "another-delivery");
+    set(&mut replay, "X-GitHub-Event", "release");
+    let replayed = verify(Scheme::Github, &[OLD], &replay, BODY, NOW).unwrap();
+    assert_eq!(replayed.replay_key, github.replay_key);
+    assert_eq!(replayed.event_type.as_deref(), Some("GITHUB_RELEASE"));
+    let other_body = br#"{"action":"opened"}"#;
+    let other = verify(
+        Scheme::Github,
+        &[OLD],
+        &signed_at(Scheme::Github, OLD, other_body, NOW),
+        other_body,
+        NOW,
+    )
+    .unwrap();
+    assert_ne!(other.replay_key, github.replay_key);
+
+    // No delivery id at all: the digest of the signed content (timestamp and body).
+    let no_id = br#"{"type":"x"}"#;
+    for scheme in [Scheme::Pulse, Scheme::Stripe] {
+        let mut headers = HeaderMap::new();
+        for (name, value) in sign(scheme, OLD, no_id, NOW, "").unwrap() {
+            headers.insert(name, value);
+        }
+        let a = verify(scheme, &[OLD], &headers, no_id, NOW).unwrap();
+        let b = verify(scheme, &[OLD], &headers, no_id, NOW + 30).unwrap();
+        assert!(a.replay_key.starts_with("sha256:"), "{scheme}");
+        assert_eq!(a.replay_key, b.replay_key, "{scheme}: an exact replay");
+        let mut later = HeaderMap::new();
+        for (name, value) in sign(scheme, OLD, no_id, NOW + 1, "").unwrap() {
+            later.insert(name, value);
+        }
+        let c = verify(scheme, &[OLD], &later, no_id, NOW).unwrap();
+        assert_ne!(
+            a.replay_key, c.replay_key,
+            "{scheme}: signed anew is another request"
+        );
+    }
+    // The key does not depend on which secret matched.
+    let two = verify(
+        Scheme::Github,
+        &[NEW, OLD],
+        &signed(Scheme::Github),
+        BODY,
+        NOW,
+    )
+    .unwrap();
+    assert_eq!(two.replay_key, github.replay_key);
 }
 
 #[test]

@@ -30,15 +30,18 @@ async fn world(kind: Kind) -> World {
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
     let services = Services {
-        llm: Arc::new(Router::new(LlmConfig {
-            provider: ProviderKind::OpenAi,
-            base_url: Some(llm.url().parse().unwrap()),
-            openai_key: Some(Secret::new("sk-test")),
-            anthropic_key: Some(Secret::new("sk-ant-test")),
-            max_retry_wait: Duration::from_millis(50),
-            timeout: Duration::from_secs(10),
-            ..LlmConfig::offline()
-        })),
+        llm: Arc::new(Router::new(
+            LlmConfig {
+                provider: ProviderKind::OpenAi,
+                base_url: Some(llm.url().parse().unwrap()),
+                openai_key: Some(Secret::new("sk-test")),
+                anthropic_key: Some(Secret::new("sk-ant-test")),
+                max_retry_wait: Duration::from_millis(50),
+                timeout: Duration::from_secs(10),
+                ..LlmConfig::offline()
+            },
+            pulse_tests::test_egress(),
+        )),
         discord: Some(Arc::new(DiscordClient::new(DiscordConfig {
             api_base: discord.api_base().parse().unwrap(),
             bot_token: Some(Secret::new("bot-token")),

@@ -716,3 +716,225 @@ async fn a_webhook_that_wakes_the_agent_queues_a_webhook_signal() {
         signals[0].text()
     );
 }
+
+/// Finding 1 of the hardening review: a captured request sent again with its unsigned
+/// headers changed or removed made a new event each time.
+async fn a_captured_request_replayed_with_unsigned_headers_changed_is_a_duplicate(kind: Kind) {
+    let r = rig(kind).await;
+    let now = r.now_s();
+    let path = |w: &Webhook| format!("/webhooks/{}", w.id);
+
+    // pulse: the delivery id is signed now, so changing or dropping it breaks the signature.
+    let w = r.webhook(WebhookScheme::Pulse, |_| {}).await;
+    let body = body_for(WebhookScheme::Pulse, "ORDER", 1);
+    let captured = signed(w.scheme, SECRET, now, "d1", &body);
+    let (s, first, _) = r.post(&path(&w), captured.clone(), body.clone()).await;
+    assert_eq!(s, 200, "{first}");
+    let (s, v, _) = r.post(&path(&w), captured.clone(), body.clone()).await;
+    assert_eq!((s, &v["event_id"]), (200, &first["event_id"]), "{v}");
+    let mut changed = captured.clone();
+    changed.insert("x-pulse-delivery", HeaderValue::from_static("d2"));
+    assert_eq!(r.post(&path(&w), changed, body.clone()).await.0, 401);
+    let mut dropped = captured.clone();
+    dropped.remove("x-pulse-delivery");
+    assert_eq!(r.post(&path(&w), dropped, body.clone()).await.0, 401);
+    // Without a delivery id, the signed content itself is the key.
+    let body2 = body_for(WebhookScheme::Pulse, "ORDER", 2);
+    let no_id = signed(w.scheme, SECRET, now, "", &body2);
+    assert!(no_id.get("x-pulse-delivery").is_none());
+    let (s, a, _) = r.post(&path(&w), no_id.clone(), body2.clone()).await;
+    assert_eq!(s, 200, "{a}");
+    let (s, b, _) = r.post(&path(&w), no_id, body2).await;
+    assert_eq!((s, b["status"].as_str()), (200, Some("duplicate")), "{b}");
+    assert_eq!(a["event_id"], b["event_id"]);
+
+    // GitHub: its delivery and event headers are not signed by GitHub's design.
+    let g = r.webhook(WebhookScheme::Github, |_| {}).await;
+    let body = body_for(WebhookScheme::Github, "", 3);
+    let captured = signed(g.scheme, SECRET, now, "gh-1", &body);
+    let (s, first, _) = r.post(&path(&g), captured.clone(), body.clone()).await;
+    assert_eq!(s, 200, "{first}");
+    let mut new_delivery = captured.clone();
+    new_delivery.insert("x-github-delivery", HeaderValue::from_static("gh-2"));
+    let mut new_event = captured.clone();
+    new_event.insert("x-github-event", HeaderValue::from_static("release"));
+    for replay in [new_delivery, new_event] {
+        let (s, v, _) = r.post(&path(&g), replay, body.clone()).await;
+        assert_eq!((s, v["status"].as_str()), (200, Some("duplicate")), "{v}");
+        assert_eq!(v["event_id"], first["event_id"]);
+    }
+
+    // Stripe: an event without an id, replayed exactly.
+    let st = r.webhook(WebhookScheme::Stripe, |_| {}).await;
+    let body = br#"{"type":"charge.refunded","data":{}}"#.to_vec();
+    let captured = signed(st.scheme, SECRET, now, "", &body);
+    let (s, first, _) = r.post(&path(&st), captured.clone(), body.clone()).await;
+    assert_eq!(s, 200, "{first}");
+    let (s, v, _) = r.post(&path(&st), captured, body).await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("duplicate")), "{v}");
+
+    let types: Vec<String> = r
+        .events()
+        .await
+        .iter()
+        .map(|e| e.event_type.to_string())
+        .collect();
+    assert_eq!(types.len(), 4, "one event per captured request: {types:?}");
+    assert!(!types.iter().any(|t| t == "GITHUB_RELEASE"), "{types:?}");
+    let dups = r
+        .log(&g)
+        .await
+        .iter()
+        .filter(|l| l.status == RequestStatus::Duplicate)
+        .count();
+    assert_eq!(dups, 2, "both GitHub replays are logged as duplicates");
+}
+on_both_backends!(
+    a_captured_request_replayed_with_unsigned_headers_changed_is_a_duplicate,
+    a_captured_request_replayed_with_unsigned_headers_changed_is_a_duplicate
+);
+
+/// GitHub's event name is checked against `--allow`, but GitHub does not sign it: a
+/// request refused for its type must not come back as an allowed one.
+async fn a_github_request_refused_for_its_type_cannot_return_under_an_allowed_name(kind: Kind) {
+    let r = rig(kind).await;
+    let g = r
+        .webhook(WebhookScheme::Github, |w| {
+            w.allowed_types = vec![EventType::parse("GITHUB_RELEASE").unwrap()];
+        })
+        .await;
+    let path = format!("/webhooks/{}", g.id);
+    let body = body_for(WebhookScheme::Github, "", 1);
+    let captured = signed(g.scheme, SECRET, r.now_s(), "gh-1", &body);
+    let (s, v, _) = r.post(&path, captured.clone(), body.clone()).await;
+    assert_eq!(s, 403, "an issues event is not allowed: {v}");
+    let mut renamed = captured;
+    renamed.insert("x-github-event", HeaderValue::from_static("release"));
+    renamed.insert("x-github-delivery", HeaderValue::from_static("gh-2"));
+    let (s, v, _) = r.post(&path, renamed, body).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(r.events().await.is_empty());
+    // A release GitHub really sent is accepted.
+    let body = body_for(WebhookScheme::Github, "", 2);
+    let mut release = signed(g.scheme, SECRET, r.now_s(), "gh-3", &body);
+    release.insert("x-github-event", HeaderValue::from_static("release"));
+    let (s, v, _) = r.post(&path, release, body).await;
+    assert_eq!(s, 200, "{v}");
+    let statuses: Vec<(RequestStatus, u16)> = r
+        .log(&g)
+        .await
+        .iter()
+        .map(|l| (l.status, l.http_status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (RequestStatus::Accepted, 200),
+            (RequestStatus::Duplicate, 409),
+            (RequestStatus::Rejected, 403)
+        ]
+    );
+}
+on_both_backends!(
+    a_github_request_refused_for_its_type_cannot_return_under_an_allowed_name,
+    a_github_request_refused_for_its_type_cannot_return_under_an_allowed_name
+);
+
+/// Finding 6: 2,000 unsigned 256 KiB requests to a known webhook wrote 2,000 log rows;
+/// a 5,000-character event type came back whole in the reason.
+async fn refused_requests_beyond_the_budget_are_counted_not_logged(kind: Kind) {
+    use pulse_shared::domain::{LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET};
+    let r = rig(kind).await;
+    let w = r.webhook(WebhookScheme::Pulse, |_| {}).await;
+    let path = format!("/webhooks/{}", w.id);
+    let flood = 60u64;
+    let body = vec![b'x'; 64 * 1024];
+    for _ in 0..flood {
+        let (s, _, _) = r.post(&path, HeaderMap::new(), body.clone()).await;
+        assert_eq!(s, 401);
+    }
+    let log = r.log(&w).await;
+    let full: Vec<_> = log
+        .iter()
+        .filter(|l| l.status == RequestStatus::InvalidSignature)
+        .collect();
+    let counted: Vec<_> = log
+        .iter()
+        .filter(|l| l.status == RequestStatus::Suppressed)
+        .collect();
+    assert_eq!(full.len() as u64, REFUSED_LOG_BUDGET, "{log:#?}");
+    assert_eq!(counted.len(), 1, "{log:#?}");
+    assert_eq!(counted[0].count, Some(flood - REFUSED_LOG_BUDGET));
+    assert!(counted[0].body.is_none());
+    assert!(
+        full.iter()
+            .all(|l| l.body.as_ref().unwrap().len() <= 2048 + 3),
+        "bodies are cut"
+    );
+
+    // A new minute has a new budget.
+    r.b.advance(SignedDuration::from_secs(60));
+    let (s, _, _) = r.post(&path, HeaderMap::new(), b"{}".to_vec()).await;
+    assert_eq!(s, 401);
+    assert_eq!(r.log(&w).await.len(), log.len() + 1);
+
+    // A huge event type is refused with a short reason, in the answer and in the log.
+    let long_type = "A".repeat(5000);
+    let body = json!({"event_type": long_type, "payload": {}}).to_string();
+    let (s, v) = r
+        .send(&w, SECRET, r.now_s(), "long-type", body.as_bytes())
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let reason = v["error"].as_str().unwrap();
+    assert!(reason.chars().count() <= 200, "{reason}");
+    assert!(reason.contains("5000 characters"), "{reason}");
+    let logged = r.log(&w).await;
+    let row = logged
+        .iter()
+        .find(|l| l.status == RequestStatus::Rejected)
+        .unwrap();
+    assert!(row.reason.as_ref().unwrap().chars().count() <= LOGGED_REASON_LIMIT);
+}
+on_both_backends!(
+    refused_requests_beyond_the_budget_are_counted_not_logged,
+    refused_requests_beyond_the_budget_are_counted_not_logged
+);
+
+/// Finding 2: a validly signed interaction whose id was not a snowflake (or a future one)
+/// was dated "now", so each resend became a new signal and a new message.
+async fn an_interaction_id_must_be_a_snowflake_and_a_resend_is_one_signal(kind: Kind) {
+    let r = rig(kind).await;
+    let r = &r;
+    let post = |id: String| {
+        let body = slash_command(&id, "hello").to_string().into_bytes();
+        let headers = discord_headers(&r.discord, r.now_s(), &body);
+        async move { r.post("/discord/interactions", headers, body).await }
+    };
+    let minted = |offset_ms: i64| {
+        let ms = r.b.now().as_millisecond() + offset_ms - 1_420_070_400_000;
+        ((ms as u64) << 22).to_string()
+    };
+    for bad in [
+        "not-a-snowflake".to_owned(),
+        format!("0{}", minted(0)),
+        minted(10 * 60_000),
+    ] {
+        let (s, v, _) = post(bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("interaction id"),
+            "{v}"
+        );
+    }
+    let id = minted(-1_000);
+    for _ in 0..3 {
+        r.b.advance(SignedDuration::from_secs(2));
+        let (s, v, _) = post(id.clone()).await;
+        assert_eq!((s, v), (200, json!({"type": 5})));
+    }
+    assert_eq!(r.signals().await.len(), 1, "three resends, one signal");
+}
+on_both_backends!(
+    an_interaction_id_must_be_a_snowflake_and_a_resend_is_one_signal,
+    an_interaction_id_must_be_a_snowflake_and_a_resend_is_one_signal
+);

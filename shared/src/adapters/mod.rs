@@ -115,13 +115,14 @@ impl Services {
     /// The services the configuration names: the model router, and Discord if a token
     /// or application id is set.
     pub fn from_config(config: &Config) -> Self {
+        let egress = Egress::new(config.hooks.allow.clone());
         Self {
-            llm: Arc::new(crate::llm::Router::new(config.llm.clone())),
+            llm: Arc::new(crate::llm::Router::new(config.llm.clone(), egress.clone())),
             discord: config.discord.is_configured().then(|| {
                 Arc::new(crate::discord::DiscordClient::new(config.discord.clone()))
                     as Arc<dyn DiscordApi>
             }),
-            egress: Egress::new(config.hooks.allow.clone()),
+            egress,
         }
     }
 }

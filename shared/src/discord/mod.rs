@@ -67,6 +67,8 @@ impl DiscordClient {
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(pulse_egress::tls::client_config().as_ref().clone())
             .timeout(config.timeout)
+            // The bot token must never follow a redirect to another host.
+            .redirect(reqwest::redirect::Policy::none())
             // Discord asks bots to identify themselves this way.
             .user_agent(concat!(
                 "DiscordBot (https://github.com/pulse-agents/pulse, ",

@@ -77,12 +77,44 @@ pub struct AgentLlm {
     /// API base URL (an OpenAI-compatible server, a proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<url::Url>,
+    /// The variable holding this agent's own API key (`PULSE_LLM_KEY_…`), for a base URL
+    /// the deployment's key is not sent to. The name is stored, never the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
 }
 
 impl AgentLlm {
     /// True when nothing is overridden.
     pub fn is_default(&self) -> bool {
         *self == Self::default()
+    }
+}
+
+/// The prefix of the variables an agent may name as its key (`--llm-api-key-env`). Only
+/// these are ever sent to a base URL an agent chose, so an agent can never name the
+/// deployment's own keys, tokens or cloud credentials.
+pub const AGENT_KEY_PREFIX: &str = "PULSE_LLM_KEY_";
+
+/// An agent's key variable must be one of `PULSE_LLM_KEY_…` (upper case, digits, `_`):
+/// only those are ever sent to a base URL an agent chose.
+pub fn check_key_variable(var: &str) -> Result<(), ValidationError> {
+    const PREFIX: &str = AGENT_KEY_PREFIX;
+    let ok = var.len() > PREFIX.len()
+        && var.len() <= 128
+        && var.starts_with(PREFIX)
+        && var
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            "LLM key variable",
+            format!(
+                "{} must be a variable named {PREFIX}<NAME> (upper case, digits, _): only those are sent to an agent's own base URL, so the deployment's keys and credentials never are",
+                super::ids::quote_input(var)
+            ),
+        ))
     }
 }
 
@@ -158,6 +190,9 @@ impl NewAgent {
                 "agent name",
                 "give a name of 1 to 100 characters",
             ));
+        }
+        if let Some(var) = &self.llm.api_key_env {
+            check_key_variable(var)?;
         }
         if self.budgets.max_steps == 0 || self.budgets.max_tokens == 0 {
             return Err(ValidationError::new(

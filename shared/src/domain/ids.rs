@@ -334,7 +334,8 @@ impl EventType {
             Err(ValidationError::new(
                 "event type",
                 format!(
-                    "{s:?} must start with a letter and contain only letters, digits, '_', '.', ':' or '-' (at most 128)"
+                    "{} must start with a letter and contain only letters, digits, '_', '.', ':' or '-' (at most 128)",
+                    quote_input(s)
                 ),
             ))
         }
@@ -468,6 +469,19 @@ impl MemoryId {
     }
 }
 
+/// `s` quoted for an error message, cut to its first 40 characters (with its length) when
+/// longer: an error about an input must not repeat a huge input back.
+pub fn quote_input(s: &str) -> String {
+    const SHOWN: usize = 40;
+    let n = s.chars().count();
+    if n <= SHOWN {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(SHOWN).collect();
+        format!("{head:?}… ({n} characters)")
+    }
+}
+
 /// Random bits for a ULID stamped `ms` that are greater than the last ones this process
 /// made in the same millisecond, so ids made one after another sort in that order.
 fn monotonic_random(ms: u64) -> u128 {
@@ -515,6 +529,10 @@ impl RequestId {
     /// increase, so a webhook's log keeps arrival order.
     pub fn generate(ms: u64) -> Self {
         Self(format!("wr_{}", Ulid::from_parts(ms, monotonic_random(ms))))
+    }
+    /// The id stamped `ms` derived from `parts`: the same parts give the same id.
+    pub fn derived(ms: u64, parts: &[&str]) -> Self {
+        Self(format!("wr_{}", Ulid::from_parts(ms, digest128(parts))))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {

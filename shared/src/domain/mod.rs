@@ -12,7 +12,10 @@ mod time;
 mod tool;
 mod webhook;
 
-pub use agent::{Agent, AgentLlm, Budgets, ClaimRequest, Heartbeat, HeartbeatStatus, NewAgent};
+pub use agent::{
+    AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, ClaimRequest, Heartbeat, HeartbeatStatus, NewAgent,
+    check_key_variable,
+};
 pub use chat::{
     ChatMessage, LlmRequest, LlmResponse, ProviderKind, Secret, StopReason, ToolSpec, ToolUse,
     Usage,
@@ -29,7 +32,7 @@ pub use hook::{
 };
 pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
-    RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId,
+    RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, quote_input,
 };
 pub use task::{
     Delivery, HeartbeatJob, OutgoingTask, SessionTask, SignalJob, TASK_VERSION, TaskEnvelope,
@@ -42,6 +45,6 @@ pub use tool::{
     Subscription, Tool, ToolKind, ToolRequest, ToolResponse, builtin_tools,
 };
 pub use webhook::{
-    LOGGED_BODY_LIMIT, RateLimit, RequestStatus, Webhook, WebhookRequest, WebhookScheme,
-    WebhookSecret, WebhookSummary, truncate_body,
+    LOGGED_BODY_LIMIT, LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook,
+    WebhookRequest, WebhookScheme, WebhookSecret, WebhookSummary, cap_reason, truncate_body,
 };

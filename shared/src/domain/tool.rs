@@ -61,6 +61,13 @@ impl Tool {
     ) -> Result<Self, ValidationError> {
         let url = Url::parse(url)
             .map_err(|e| ValidationError::new("tool url", format!("{url:?} is not a URL: {e}")))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            // Checked first, so the error never repeats the credentials.
+            return Err(ValidationError::new(
+                "tool url",
+                "credentials in a tool URL end up in listings, action errors and logs; take them out of the URL (a tool authenticates Pulse by its own means, e.g. a secret in --config)",
+            ));
+        }
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(ValidationError::new(
                 "tool url",

@@ -329,8 +329,12 @@ pub enum RequestStatus {
     RateLimited,
     /// The signature or its timestamp did not check out.
     InvalidSignature,
-    /// A delivery id seen before: answered with the first delivery's event.
+    /// A request seen before (its signed delivery id or signed content): answered with
+    /// the first one's event, or refused again if the first was refused.
     Duplicate,
+    /// Not one request: the count of requests refused in one minute beyond the first
+    /// [`REFUSED_LOG_BUDGET`], which are counted here instead of logged one by one.
+    Suppressed,
 }
 
 impl RequestStatus {
@@ -342,12 +346,22 @@ impl RequestStatus {
             Self::RateLimited => "RATE_LIMITED",
             Self::InvalidSignature => "INVALID_SIGNATURE",
             Self::Duplicate => "DUPLICATE",
+            Self::Suppressed => "SUPPRESSED",
         }
     }
 }
 
 /// Most bytes of a refused request's body kept in its log entry.
 pub const LOGGED_BODY_LIMIT: usize = 2048;
+
+/// Most characters of a refusal's reason kept in a log entry (and sent back).
+pub const LOGGED_REASON_LIMIT: usize = 500;
+
+/// How many requests a webhook refuses (bad signature, rejected, duplicate, over its rate
+/// limit) that are logged in full in one minute. Beyond it they are only counted, in one
+/// [`RequestStatus::Suppressed`] entry per minute, so a flood of unsigned requests to a
+/// known URL cannot fill the store.
+pub const REFUSED_LOG_BUDGET: u64 = 20;
 
 /// One request to a webhook, accepted or not.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -385,6 +399,9 @@ pub struct WebhookRequest {
     /// event), cut at [`LOGGED_BODY_LIMIT`] bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+    /// For a [`RequestStatus::Suppressed`] entry: how many requests it counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 impl WebhookRequest {
@@ -410,6 +427,37 @@ impl WebhookRequest {
             event_id: None,
             body_bytes: body.len(),
             body: None,
+            count: None,
+        }
+    }
+
+    /// The minute (Unix minutes) it arrived in: the unit of the logging budget.
+    pub fn minute(&self) -> i64 {
+        self.received_at.as_second().div_euclid(60)
+    }
+
+    /// The entry that counts `count` requests to `webhook` refused in `minute` beyond the
+    /// [`REFUSED_LOG_BUDGET`]. Its id is fixed by the minute and sorts after the entries
+    /// logged in full in it.
+    pub fn suppressed(webhook: &WebhookId, agent: &AgentId, minute: i64, count: u64) -> Self {
+        let end_ms = (minute.saturating_add(1).saturating_mul(60_000) - 1).max(0);
+        Self {
+            id: RequestId::derived(end_ms as u64, &["suppressed", webhook.as_str()]),
+            webhook_id: webhook.clone(),
+            agent_id: agent.clone(),
+            received_at: Timestamp::from_millisecond(end_ms).unwrap_or(Timestamp::UNIX_EPOCH),
+            status: RequestStatus::Suppressed,
+            http_status: 0,
+            reason: Some(format!(
+                "refused requests in this minute beyond the first {REFUSED_LOG_BUDGET}: counted, not logged one by one"
+            )),
+            source_ip: None,
+            delivery_id: None,
+            event_type: None,
+            event_id: None,
+            body_bytes: 0,
+            body: None,
+            count: Some(count),
         }
     }
 
@@ -423,10 +471,20 @@ impl WebhookRequest {
     ) -> Self {
         self.status = status;
         self.http_status = http_status;
-        self.reason = Some(reason.into());
+        self.reason = Some(cap_reason(reason.into()));
         self.body = Some(truncate_body(body));
         self
     }
+}
+
+/// `reason`, cut at [`LOGGED_REASON_LIMIT`] characters.
+pub fn cap_reason(reason: String) -> String {
+    if reason.chars().count() <= LOGGED_REASON_LIMIT {
+        return reason;
+    }
+    let mut cut: String = reason.chars().take(LOGGED_REASON_LIMIT - 1).collect();
+    cut.push('…');
+    cut
 }
 
 /// The first [`LOGGED_BODY_LIMIT`] bytes of a body as text (invalid UTF-8 replaced).

@@ -49,6 +49,39 @@ pub fn snowflake_time(id: &str) -> Option<Timestamp> {
     Some(from_ms((n >> 22) as i64 + DISCORD_EPOCH_MS))
 }
 
+/// Reads an interaction's id as Discord mints them: a snowflake, in its one canonical
+/// form (decimal digits, no sign, no leading zero, within 64 bits), minted no later than
+/// the signature tolerance ahead of `now`. Returns when it was minted.
+///
+/// The id is the interaction's identity (its signal id is derived from it, so a resend is
+/// one signal): an id that is not a snowflake, or one from the future, would give a
+/// resend a new identity, so it is refused.
+pub fn interaction_time(id: &str, now: Timestamp) -> Result<Timestamp, String> {
+    let canonical = !id.is_empty()
+        && id.bytes().all(|b| b.is_ascii_digit())
+        && (id == "0" || !id.starts_with('0'));
+    let minted = canonical
+        .then(|| snowflake_time(id))
+        .flatten()
+        .ok_or_else(|| {
+            format!(
+                "the interaction id {} is not a snowflake (a decimal 64-bit id)",
+                crate::domain::quote_input(id)
+            )
+        })?;
+    let latest = now
+        .saturating_add(jiff::SignedDuration::from_secs(
+            pulse_signatures::TOLERANCE_SECS,
+        ))
+        .unwrap_or(now);
+    if minted > latest {
+        return Err(format!(
+            "the interaction id {id} was minted at {minted}, after this receiver's clock ({now})"
+        ));
+    }
+    Ok(minted)
+}
+
 /// Ephemeral message flag: only the invoking user sees the reply.
 const EPHEMERAL: u64 = 1 << 6;
 
@@ -145,9 +178,12 @@ async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
         Err(e) => return store_failure("reading the agent", &e),
     };
 
-    let issued_at = snowflake_time(interaction_id)
-        .filter(|t| *t <= now)
-        .unwrap_or(now);
+    let minted = match interaction_time(interaction_id, now) {
+        Ok(t) => t,
+        Err(why) => return bad_request(why),
+    };
+    // A few seconds ahead at most (clock skew): the turn is dated no later than now.
+    let issued_at = minted.min(now);
     let message = match data.kind {
         CommandType::ChatInput => slash(&data, raw, &user, issued_at),
         CommandType::Message => context_menu(&data, raw, &user),
@@ -180,8 +216,9 @@ async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
             Ok(s) => s,
             Err(e) => return tell_user(format!("Pulse cannot take this message: {e}")),
         };
+    // From the id alone: the same interaction sent again is the same signal.
     signal.id = SignalId::derived(
-        issued_at.as_millisecond().max(0) as u64,
+        minted.as_millisecond().max(0) as u64,
         &["discord", interaction_id],
     );
     signal.content.extend(message.images);
@@ -382,6 +419,29 @@ mod tests {
         let t = snowflake_time("175928847299117063").unwrap();
         assert_eq!(t.as_millisecond(), 1_462_015_105_796);
         assert!(snowflake_time("not a number").is_none());
+    }
+
+    #[test]
+    fn only_canonical_snowflakes_up_to_the_tolerance_ahead_are_interaction_ids() {
+        let now = snowflake_time("175928847299117063").unwrap();
+        assert_eq!(interaction_time("175928847299117063", now), Ok(now));
+        for bad in [
+            "",
+            "abc",
+            "-1",
+            "+175928847299117063",
+            "0175928847299117063",
+            "1.5",
+            "99999999999999999999",
+        ] {
+            assert!(interaction_time(bad, now).is_err(), "{bad:?}");
+        }
+        let ahead = |secs: i64| {
+            let ms = now.as_millisecond() + secs * 1000 - DISCORD_EPOCH_MS;
+            ((ms as u64) << 22).to_string()
+        };
+        assert!(interaction_time(&ahead(300), now).is_ok());
+        assert!(interaction_time(&ahead(301), now).is_err());
     }
 
     #[test]

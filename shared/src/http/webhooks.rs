@@ -3,9 +3,17 @@
 //! In order: find the (active) webhook → verify the signature over the raw body with its
 //! scheme and current secrets (401, logged INVALID_SIGNATURE) → read the event from the
 //! body (400, REJECTED) → check the allowed types (403, REJECTED) → let the store dedup the
-//! delivery id, count the request against the hourly limit (429 with Retry-After,
+//! request by its replay key, count it against the hourly limit (429 with Retry-After,
 //! RATE_LIMITED) and append the event with its log entry in one atomic write → answer
-//! `{"event_id": ...}`. A duplicate delivery is answered with the first one's event.
+//! `{"event_id": ...}`. A duplicate is answered with the first one's event.
+//!
+//! The replay key comes only from what the signature covers (a signed delivery id, else
+//! the digest of the signed content), so a captured request sent again with its unsigned
+//! headers changed is still a duplicate. GitHub's event name is such a header: a GitHub
+//! request refused for its type has its key remembered too, so it cannot come back under
+//! another, allowed name. Refused requests are logged within a per-webhook budget
+//! ([`REFUSED_LOG_BUDGET`](crate::domain::REFUSED_LOG_BUDGET) a minute in full, the rest
+//! counted).
 //!
 //! What the body means depends on the scheme:
 //! - `pulse` and `standard`: a JSON object; the event type is its `event_type` (or
@@ -31,12 +39,12 @@ use tracing::{info, warn};
 use super::{Inbound, Json, client_ip, error_response, read_body, store_failure};
 use crate::domain::{
     ContentBlock, Event, EventType, NewEvent, RateLimit, RequestStatus, Signal, SignalId,
-    SignalKind, SignalMeta, Webhook, WebhookId, WebhookRequest, WebhookScheme, to_ms,
+    SignalKind, SignalMeta, Webhook, WebhookId, WebhookRequest, WebhookScheme, cap_reason, to_ms,
     truncate_body,
 };
 use crate::engine::intake;
 use crate::error::chain;
-use crate::ports::{AcceptOutcome, Acceptance};
+use crate::ports::{AcceptOutcome, Acceptance, Refusal};
 
 /// The event type of a body that names none.
 pub const DEFAULT_EVENT_TYPE: &str = "WEBHOOK_TRIGGER";
@@ -144,6 +152,7 @@ pub(super) async fn receive(
         }
     };
     log.event_type = Some(new.event_type.to_string());
+    let mut refusal = None;
     if !webhook.allows(&new.event_type) {
         let reason = format!(
             "event type {} is not allowed on this webhook (allowed: {})",
@@ -155,27 +164,35 @@ pub(super) async fn receive(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        return refuse(
-            &app,
-            log,
-            RequestStatus::Rejected,
-            StatusCode::FORBIDDEN,
-            &reason,
-            &body,
-        )
-        .await;
+        if webhook.scheme != WebhookScheme::Github {
+            // The type is signed: the same request is refused again whatever is resent.
+            return refuse(
+                &app,
+                log,
+                RequestStatus::Rejected,
+                StatusCode::FORBIDDEN,
+                &reason,
+                &body,
+            )
+            .await;
+        }
+        refusal = Some(Refusal {
+            http_status: StatusCode::FORBIDDEN.as_u16(),
+            reason: cap_reason(reason),
+        });
     }
 
     let event = stamp(new, &webhook, &verified, ip.as_deref(), now);
     let acceptance = Acceptance {
         event,
         log,
-        delivery_id: verified.delivery_id.clone(),
+        replay_key: verified.replay_key.clone(),
         rate_limit: webhook.rate_limit,
         excerpt: truncate_body(&body),
         remember_until: now
             .saturating_add(app.config.delivery_memory)
             .unwrap_or(now),
+        refusal,
     };
     match app.store.accept_webhook(&acceptance).await {
         Ok(AcceptOutcome::Accepted) => {
@@ -189,6 +206,21 @@ pub(super) async fn receive(
         Ok(AcceptOutcome::Duplicate(first)) => {
             info!(webhook_id = %webhook.id, event_id = %first, "duplicate delivery answered with its first event");
             Json(json!({"event_id": first, "status": "duplicate"})).into_response()
+        }
+        Ok(AcceptOutcome::RefusedBefore) => {
+            warn!(webhook_id = %webhook.id, "a request refused before was sent again");
+            error_response(
+                StatusCode::CONFLICT,
+                "this signed request was received before and refused; send a new delivery",
+            )
+        }
+        Ok(AcceptOutcome::Refused) => {
+            let reason = acceptance
+                .refusal
+                .as_ref()
+                .map_or_else(String::new, |r| r.reason.clone());
+            warn!(webhook_id = %webhook.id, reason, "webhook request refused");
+            error_response(StatusCode::FORBIDDEN, reason)
         }
         Ok(AcceptOutcome::RateLimited) => {
             let retry = RateLimit::retry_after(now);
@@ -219,6 +251,7 @@ async fn refuse(
     body: &[u8],
 ) -> Response {
     let entry = log.refuse(status, http.as_u16(), reason, body);
+    let reason = entry.reason.clone().unwrap_or_default();
     warn!(webhook_id = %entry.webhook_id, status = status.as_str(), reason, "webhook request refused");
     if let Err(e) = app.store.log_request(&entry).await {
         warn!(error = %chain(&e), "could not log a refused webhook request");

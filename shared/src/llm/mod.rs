@@ -6,6 +6,15 @@
 //! [`Router`] picks the client for an agent from the configuration and the agent's own
 //! overrides, building each client once.
 //!
+//! **Keys go only where they were configured to go.** The deployment's key
+//! (`ANTHROPIC_API_KEY`, `OPENAI_API_KEY`) is sent to its provider's API, to
+//! `PULSE_LLM_BASE_URL`, and to the base URLs the operator lists in
+//! `PULSE_LLM_BASE_URLS` — never to a base URL an agent names on its own. An agent with
+//! its own base URL names its own key (`--llm-api-key-env PULSE_LLM_KEY_…`), and its
+//! requests go through the egress guard (public addresses only, checked at connection
+//! time, no proxy). No client follows redirects, so no credential is carried to a second
+//! host.
+//!
 //! The offline provider ([`offline`]) answers deterministically with no network: for
 //! demos and tests without a key. It is named `offline` in every response and log line
 //! and is never chosen when a key is configured.
@@ -24,9 +33,10 @@ use serde_json::Value;
 use tracing::warn;
 use url::Url;
 
-use crate::domain::{Agent, LlmRequest, LlmResponse, ProviderKind, Secret};
+use crate::domain::{AGENT_KEY_PREFIX, Agent, LlmRequest, LlmResponse, ProviderKind, Secret};
 use crate::error::LlmError;
 use crate::ports::{Llm, LlmSelector};
+use pulse_egress::Egress;
 
 /// Everything needed to build one provider client.
 #[derive(Clone, Debug)]
@@ -45,6 +55,9 @@ pub struct ProviderSettings {
     pub max_attempts: u32,
     /// Longest single wait between attempts (caps `Retry-After`).
     pub max_retry_wait: Duration,
+    /// For a base URL an agent chose: every address it resolves to must pass this
+    /// guard (and no proxy is used, so the check is the connection's own).
+    pub guard: Option<Egress>,
 }
 
 impl ProviderSettings {
@@ -88,6 +101,43 @@ pub struct LlmConfig {
     pub max_attempts: u32,
     /// Longest single wait between attempts.
     pub max_retry_wait: Duration,
+    /// `PULSE_LLM_BASE_URLS`: further base URLs the deployment's keys may be sent to.
+    pub trusted_base_urls: Vec<Url>,
+    /// Where an agent's own key variable (`--llm-api-key-env`) is read.
+    pub agent_keys: KeyLookup,
+}
+
+/// Reads the variables agents name as their keys, from the environment the configuration
+/// was read from (in Lambda, with the SSM secrets over it).
+#[derive(Clone, Default)]
+pub struct KeyLookup(Option<Arc<Lookup>>);
+
+type Lookup = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+impl KeyLookup {
+    /// Reads through `f`.
+    pub fn new(f: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(f)))
+    }
+
+    /// The key in `var`; `None` unless it is one of the [`AGENT_KEY_PREFIX`] variables.
+    fn get(&self, var: &str) -> Option<Secret> {
+        if !var.starts_with(AGENT_KEY_PREFIX) {
+            return None;
+        }
+        self.0.as_ref().and_then(|f| f(var)).map(Secret::new)
+    }
+}
+
+impl std::fmt::Debug for KeyLookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyLookup")
+    }
+}
+
+/// Whether two base URLs name the same API (a trailing slash aside).
+fn same_base(a: &Url, b: &Url) -> bool {
+    a.as_str().trim_end_matches('/') == b.as_str().trim_end_matches('/')
 }
 
 impl LlmConfig {
@@ -103,6 +153,8 @@ impl LlmConfig {
             timeout: Duration::from_secs(60),
             max_attempts: 4,
             max_retry_wait: Duration::from_secs(30),
+            trusted_base_urls: Vec::new(),
+            agent_keys: KeyLookup::default(),
         }
     }
 
@@ -128,6 +180,14 @@ impl LlmConfig {
     }
 }
 
+/// The variable holding the deployment's key for `kind`.
+fn key_variable(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+        _ => "OPENAI_API_KEY",
+    }
+}
+
 /// Builds the client for `settings`.
 pub fn client(settings: ProviderSettings) -> Result<Arc<dyn Llm>, LlmError> {
     let kind = settings.kind;
@@ -137,13 +197,7 @@ pub fn client(settings: ProviderSettings) -> Result<Arc<dyn Llm>, LlmError> {
     if settings.api_key.is_none() {
         return Err(LlmError::NotConfigured {
             provider: kind.as_str(),
-            message: format!(
-                "no API key; set {}",
-                match kind {
-                    ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
-                    _ => "OPENAI_API_KEY",
-                }
-            ),
+            message: format!("no API key; set {}", key_variable(kind)),
         });
     }
     let http = HttpLlm::new(settings)?;
@@ -153,20 +207,22 @@ pub fn client(settings: ProviderSettings) -> Result<Arc<dyn Llm>, LlmError> {
     })
 }
 
-/// A client's identity: provider, base URL, model.
-type ClientKey = (ProviderKind, String, String);
+/// A client's identity: provider, base URL, model, and the variable its key comes from.
+type ClientKey = (ProviderKind, String, String, &'static str, Option<String>);
 
-/// Chooses and caches clients per (provider, base URL, model).
+/// Chooses and caches clients per (provider, base URL, model, key).
 pub struct Router {
     config: LlmConfig,
+    egress: Egress,
     clients: Mutex<HashMap<ClientKey, Arc<dyn Llm>>>,
 }
 
 impl Router {
-    /// A router over `config`.
-    pub fn new(config: LlmConfig) -> Self {
+    /// A router over `config`; agents' own base URLs are reached through `egress`.
+    pub fn new(config: LlmConfig, egress: Egress) -> Self {
         Self {
             config,
+            egress,
             clients: Mutex::new(HashMap::new()),
         }
     }
@@ -176,6 +232,10 @@ impl LlmSelector for Router {
     fn select(&self, agent: &Agent) -> Result<Arc<dyn Llm>, LlmError> {
         let c = &self.config;
         let kind = agent.llm.provider.unwrap_or(c.provider);
+        if kind == ProviderKind::Offline {
+            return Ok(Arc::new(offline::Offline));
+        }
+        let provider = kind.as_str();
         let is_default = kind == c.provider;
         let model = agent
             .llm
@@ -183,13 +243,54 @@ impl LlmSelector for Router {
             .clone()
             .or_else(|| c.model.clone().filter(|_| is_default))
             .unwrap_or_else(|| ProviderSettings::default_model(kind).to_owned());
-        let base_url = agent
-            .llm
+        let configured = c
             .base_url
             .clone()
-            .or_else(|| c.base_url.clone().filter(|_| is_default))
+            .filter(|_| is_default)
             .unwrap_or_else(|| ProviderSettings::default_base_url(kind));
-        let key = (kind, base_url.to_string(), model.clone());
+        let base_url = agent.llm.base_url.clone().unwrap_or(configured.clone());
+        let trusted = same_base(&base_url, &configured)
+            || c.trusted_base_urls.iter().any(|t| same_base(t, &base_url));
+        let own = agent.llm.api_key_env.clone();
+        let (api_key, key_from) = match &own {
+            Some(var) => {
+                let key = c.agent_keys.get(var).ok_or_else(|| LlmError::NotConfigured {
+                    provider,
+                    message: format!(
+                        "the agent's key variable {var} is not set (it must start with {AGENT_KEY_PREFIX})"
+                    ),
+                })?;
+                (Some(key), "agent")
+            }
+            None if trusted => (c.key(kind), key_variable(kind)),
+            None => {
+                return Err(LlmError::NotConfigured {
+                    provider,
+                    message: format!(
+                        "the agent's base URL {base_url} is not one the deployment's {} is sent to: list it in PULSE_LLM_BASE_URLS, or give the agent a key of its own with --llm-api-key-env {AGENT_KEY_PREFIX}NAME",
+                        key_variable(kind)
+                    ),
+                });
+            }
+        };
+        // A URL the operator did not configure is reached only through the guard.
+        let guard = (!trusted).then(|| self.egress.clone());
+        if let Some(egress) = &guard
+            && let Some(ip) = match base_url.host() {
+                Some(url::Host::Ipv4(ip)) => Some(std::net::IpAddr::V4(ip)),
+                Some(url::Host::Ipv6(ip)) => Some(std::net::IpAddr::V6(ip)),
+                _ => None,
+            }
+        {
+            egress.permits(ip).map_err(|refusal| LlmError::Transport {
+                provider,
+                message: format!(
+                    "{base_url}: {}",
+                    pulse_egress::EgressError::Refused(refusal)
+                ),
+            })?;
+        }
+        let key = (kind, base_url.to_string(), model.clone(), key_from, own);
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(found) = clients.get(&key) {
             return Ok(found.clone());
@@ -198,13 +299,34 @@ impl LlmSelector for Router {
             kind,
             base_url,
             model,
-            api_key: c.key(kind),
+            api_key,
             timeout: c.timeout,
             max_attempts: c.max_attempts,
             max_retry_wait: c.max_retry_wait,
+            guard,
         })?;
         clients.insert(key, built.clone());
         Ok(built)
+    }
+}
+
+/// Looks names up through the egress guard: every address must be public (or allowed),
+/// and reqwest connects to the addresses returned here, not to a second lookup's.
+struct GuardedResolver(Egress);
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let egress = self.0.clone();
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let url = Url::parse(&format!("http://{host}/"))
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            let addrs = egress
+                .check(&url)
+                .await
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
     }
 }
 
@@ -216,15 +338,21 @@ pub(crate) struct HttpLlm {
 
 impl HttpLlm {
     fn new(settings: ProviderSettings) -> Result<Self, LlmError> {
-        let client = Client::builder()
+        let mut builder = Client::builder()
             .tls_backend_preconfigured(pulse_egress::tls::client_config().as_ref().clone())
             .timeout(settings.timeout)
             .user_agent(concat!("pulse/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| LlmError::NotConfigured {
-                provider: settings.kind.as_str(),
-                message: format!("cannot start an HTTP client: {e}"),
-            })?;
+            // A redirect would carry the key to wherever it points.
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(egress) = &settings.guard {
+            builder = builder
+                .no_proxy()
+                .dns_resolver(Arc::new(GuardedResolver(egress.clone())));
+        }
+        let client = builder.build().map_err(|e| LlmError::NotConfigured {
+            provider: settings.kind.as_str(),
+            message: format!("cannot start an HTTP client: {e}"),
+        })?;
         Ok(Self { client, settings })
     }
 
@@ -417,7 +545,7 @@ mod tests {
 
     #[test]
     fn an_agent_without_a_key_for_its_provider_is_told_which_variable_to_set() {
-        let router = Router::new(LlmConfig::offline());
+        let router = Router::new(LlmConfig::offline(), Egress::new(Default::default()));
         let mut agent = crate::domain::NewAgent::named("a")
             .create(jiff::Timestamp::UNIX_EPOCH)
             .unwrap()

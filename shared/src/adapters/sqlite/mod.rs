@@ -23,7 +23,7 @@ pub use store::SqliteStore;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -189,7 +189,7 @@ INSERT OR IGNORE INTO discord_channels (channel_id, agent_id)
     WHERE json_extract(doc, '$.discord_channel') IS NOT NULL ORDER BY created_ms;
 "#;
 
-/// One connection to a Pulse database file.
+/// Version 4: outbound hooks, their deliveries, attempts, queue and dead letters.
 const SCHEMA_V4: &str = r#"
 CREATE TABLE hooks (
     id        TEXT PRIMARY KEY,
@@ -229,6 +229,17 @@ CREATE TABLE hook_dead (
 );
 "#;
 
+/// Version 5: the per-minute budget of refused webhook requests logged in full.
+const SCHEMA_V5: &str = r#"
+CREATE TABLE webhook_log_budget (
+    webhook_id  TEXT NOT NULL,
+    minute      INTEGER NOT NULL,
+    count       INTEGER NOT NULL,
+    PRIMARY KEY (webhook_id, minute)
+) WITHOUT ROWID;
+"#;
+
+/// One connection to a Pulse database file.
 #[derive(Clone)]
 pub struct Db {
     conn: Arc<Mutex<Connection>>,
@@ -322,6 +333,9 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         }
         if version < 4 {
             conn.execute_batch(SCHEMA_V4).map_err(&err)?;
+        }
+        if version < 5 {
+            conn.execute_batch(SCHEMA_V5).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

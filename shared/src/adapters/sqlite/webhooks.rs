@@ -11,7 +11,9 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::sqlite_err;
 use super::store::{SqliteStore, from_doc, read_docs, to_doc, upsert_event};
-use crate::domain::{EventId, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms};
+use crate::domain::{
+    EventId, REFUSED_LOG_BUDGET, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms,
+};
 use crate::error::StoreError;
 use crate::ports::{AcceptOutcome, Acceptance, WebhookStore};
 
@@ -25,6 +27,42 @@ fn insert_log(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
     .and_then(|mut st| st.execute(params![r.webhook_id.as_str(), r.id.as_str(), to_doc(r)]))
     .map_err(sqlite_err("log webhook request"))?;
     Ok(())
+}
+
+/// Logs a request that was not accepted, within the webhook's budget: the first
+/// [`REFUSED_LOG_BUDGET`] of a minute in full, the rest counted in the minute's SUPPRESSED
+/// entry. Run inside a transaction.
+fn log_refused(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
+    let op = sqlite_err("log webhook request");
+    let minute = r.minute();
+    let count: i64 = conn
+        .prepare_cached(
+            "INSERT INTO webhook_log_budget (webhook_id, minute, count) VALUES (?1, ?2, 1) \
+             ON CONFLICT (webhook_id, minute) DO UPDATE SET count = count + 1 RETURNING count",
+        )
+        .and_then(|mut st| st.query_row(params![r.webhook_id.as_str(), minute], |row| row.get(0)))
+        .map_err(&op)?;
+    if count == 1 {
+        conn.execute(
+            "DELETE FROM webhook_log_budget WHERE webhook_id = ?1 AND minute < ?2",
+            params![r.webhook_id.as_str(), minute],
+        )
+        .map_err(&op)?;
+    }
+    let count = count.max(0) as u64;
+    if count <= REFUSED_LOG_BUDGET {
+        insert_log(conn, r)
+    } else {
+        insert_log(
+            conn,
+            &WebhookRequest::suppressed(
+                &r.webhook_id,
+                &r.agent_id,
+                minute,
+                count - REFUSED_LOG_BUDGET,
+            ),
+        )
+    }
 }
 
 /// Once per webhook and hour (when its counter row is new): forgets expired delivery
@@ -144,23 +182,47 @@ fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreErro
     let op = sqlite_err("accept webhook request");
     let hook = a.log.webhook_id.clone();
     let now = a.log.received_at;
-    if let Some(delivery) = &a.delivery_id {
-        let first: Option<String> = tx
-            .prepare_cached(
-                "SELECT event_id FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
+    // The key is remembered with its event's id, or '' when the request was refused.
+    let first: Option<String> = tx
+        .prepare_cached(
+            "SELECT event_id FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
+        )
+        .and_then(|mut st| {
+            st.query_row(params![hook.as_str(), a.replay_key], |r| r.get(0))
+                .optional()
+        })
+        .map_err(&op)?;
+    if let Some(first) = first {
+        let outcome = if first.is_empty() {
+            AcceptOutcome::RefusedBefore
+        } else {
+            AcceptOutcome::Duplicate(
+                EventId::parse(&first).map_err(|e| StoreError::corrupt("webhook_deliveries", e))?,
             )
-            .and_then(|mut st| {
-                st.query_row(params![hook.as_str(), delivery], |r| r.get(0))
-                    .optional()
-            })
-            .map_err(&op)?;
-        if let Some(first) = first {
-            let first =
-                EventId::parse(&first).map_err(|e| StoreError::corrupt("webhook_deliveries", e))?;
-            let outcome = AcceptOutcome::Duplicate(first);
-            insert_log(tx, &a.log_for(&outcome))?;
-            return Ok(outcome);
-        }
+        };
+        log_refused(tx, &a.log_for(&outcome))?;
+        return Ok(outcome);
+    }
+    let remember = |event_id: &str| {
+        tx.prepare_cached(
+            "INSERT INTO webhook_deliveries (webhook_id, delivery_id, event_id, expires_ms) \
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                hook.as_str(),
+                a.replay_key,
+                event_id,
+                to_ms(a.remember_until)
+            ])
+        })
+        .map_err(&op)
+    };
+    if a.refusal.is_some() {
+        remember("")?;
+        let outcome = AcceptOutcome::Refused;
+        insert_log(tx, &a.log_for(&outcome))?;
+        return Ok(outcome);
     }
     if let Some(limit) = a.rate_limit {
         let window = RateLimit::window(now);
@@ -178,7 +240,7 @@ fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreErro
         match count {
             None => {
                 let outcome = AcceptOutcome::RateLimited;
-                insert_log(tx, &a.log_for(&outcome))?;
+                log_refused(tx, &a.log_for(&outcome))?;
                 return Ok(outcome);
             }
             Some(1) => tidy(tx, &hook, window, now)?,
@@ -186,21 +248,7 @@ fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreErro
         }
     }
     upsert_event(tx, &a.event)?;
-    if let Some(delivery) = &a.delivery_id {
-        tx.prepare_cached(
-            "INSERT INTO webhook_deliveries (webhook_id, delivery_id, event_id, expires_ms) \
-             VALUES (?1, ?2, ?3, ?4)",
-        )
-        .and_then(|mut st| {
-            st.execute(params![
-                hook.as_str(),
-                delivery,
-                a.event.id.as_str(),
-                to_ms(a.remember_until)
-            ])
-        })
-        .map_err(&op)?;
-    }
+    remember(a.event.id.as_str())?;
     let outcome = AcceptOutcome::Accepted;
     insert_log(tx, &a.log_for(&outcome))?;
     Ok(outcome)
@@ -299,7 +347,14 @@ impl WebhookStore for SqliteStore {
     async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError> {
         let r = request.clone();
         self.db
-            .call("log webhook request", move |conn| insert_log(conn, &r))
+            .call("log webhook request", move |conn| {
+                let op = sqlite_err("log webhook request");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                log_refused(&tx, &r)?;
+                tx.commit().map_err(&op)
+            })
             .await
     }
 

@@ -5,7 +5,8 @@
 //! | webhook | `WH#<id>` | `WH` |
 //! | webhook directory entry | `WEBHOOKS` | `<id>` |
 //! | request log entry | `WH#<id>` | `RQ#<request id>` (time-ordered; TTL) |
-//! | remembered delivery id | `WH#<id>` | `DL#<delivery id>` (TTL) |
+//! | a minute's count of refused requests (its SUPPRESSED entry) | `WH#<id>` | `RQ#<id derived from the minute>` (TTL); `n` counts them |
+//! | remembered replay key (a signed delivery id, or `sha256:` + the signed content's digest) | `WH#<id>` | `DL#<key>` (TTL); `event_id` is empty for a request refused |
 //! | hourly counter | `WH#<id>` | `RL#<hour>` (TTL) |
 //!
 //! A request reads its webhook from the webhook's own partition, not the directory, so
@@ -17,7 +18,9 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
 
 use super::{DynamoStore, Item, backend, doc_item, event_item, is_ccf, key, n, read_doc, s};
-use crate::domain::{EventId, RateLimit, Webhook, WebhookId, WebhookRequest};
+use crate::domain::{
+    EventId, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook, WebhookId, WebhookRequest,
+};
 use crate::error::StoreError;
 use crate::ports::{AcceptOutcome, Acceptance, WebhookStore};
 
@@ -43,19 +46,45 @@ fn log_item(r: &WebhookRequest) -> Item {
 }
 
 impl DynamoStore {
-    /// The first event of a remembered delivery id.
+    /// What became of a remembered replay key: its event, or `Some(None)` for a request
+    /// that was refused.
     async fn remembered(
         &self,
         hook: &WebhookId,
-        delivery: &str,
-    ) -> Result<Option<EventId>, StoreError> {
+        replay_key: &str,
+    ) -> Result<Option<Option<EventId>>, StoreError> {
         self.get_id(
-            "read delivery id",
-            key(webhook_pk(hook), format!("DL#{delivery}")),
+            "read replay key",
+            key(webhook_pk(hook), format!("DL#{replay_key}")),
             "event_id",
-            EventId::parse,
+            |id| match id {
+                "" => Ok(None),
+                id => EventId::parse(id).map(Some),
+            },
         )
         .await
+    }
+
+    fn remember_item(&self, a: &Acceptance, event_id: &str) -> Item {
+        let mut item = key(
+            webhook_pk(&a.log.webhook_id),
+            format!("DL#{}", a.replay_key),
+        );
+        item.insert("event_id".to_owned(), s(event_id));
+        with_ttl(item, a.remember_until.as_second())
+    }
+
+    async fn answer_duplicate(
+        &self,
+        a: &Acceptance,
+        first: Option<EventId>,
+    ) -> Result<AcceptOutcome, StoreError> {
+        let outcome = match first {
+            Some(first) => AcceptOutcome::Duplicate(first),
+            None => AcceptOutcome::RefusedBefore,
+        };
+        self.log_refused(&a.log_for(&outcome)).await?;
+        Ok(outcome)
     }
 
     async fn write_log(&self, log: &WebhookRequest) -> Result<(), StoreError> {
@@ -66,6 +95,47 @@ impl DynamoStore {
             .send()
             .await
             .map_err(backend("log webhook request"))?;
+        Ok(())
+    }
+
+    /// Logs a request that was not accepted, within the budget: one counter per webhook
+    /// and minute, which is also that minute's SUPPRESSED entry, takes one `ADD`; the
+    /// first [`REFUSED_LOG_BUDGET`] requests of the minute are also logged in full. A
+    /// flood of refused requests then costs one write each and no storage.
+    async fn log_refused(&self, r: &WebhookRequest) -> Result<(), StoreError> {
+        let summary = WebhookRequest::suppressed(&r.webhook_id, &r.agent_id, r.minute(), 0);
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(
+                webhook_pk(&r.webhook_id),
+                format!("RQ#{}", summary.id),
+            )))
+            .update_expression(
+                "ADD #n :one SET #doc = if_not_exists(#doc, :doc), expires_at = :exp",
+            )
+            .expression_attribute_names("#n", "n")
+            .expression_attribute_names("#doc", "doc")
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(
+                ":doc",
+                s(serde_json::to_string(&summary).unwrap_or_default()),
+            )
+            .expression_attribute_values(":exp", n(summary.received_at.as_second() + LOG_TTL_SECS))
+            .return_values(ReturnValue::UpdatedNew)
+            .send()
+            .await
+            .map_err(backend("count refused webhook requests"))?;
+        let count = out
+            .attributes()
+            .and_then(|a| a.get("n"))
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if count <= REFUSED_LOG_BUDGET {
+            self.write_log(r).await?;
+        }
         Ok(())
     }
 
@@ -153,33 +223,33 @@ impl WebhookStore for DynamoStore {
 
     async fn accept_webhook(&self, a: &Acceptance) -> Result<AcceptOutcome, StoreError> {
         let hook = &a.log.webhook_id;
-        if let Some(delivery) = &a.delivery_id
-            && let Some(first) = self.remembered(hook, delivery).await?
-        {
-            let outcome = AcceptOutcome::Duplicate(first);
-            self.write_log(&a.log_for(&outcome)).await?;
-            return Ok(outcome);
+        if let Some(first) = self.remembered(hook, &a.replay_key).await? {
+            return self.answer_duplicate(a, first).await;
         }
-        if let Some(limit) = a.rate_limit
-            && !self.count(a, limit).await?
-        {
-            let outcome = AcceptOutcome::RateLimited;
-            self.write_log(&a.log_for(&outcome)).await?;
-            return Ok(outcome);
-        }
-        let accepted = AcceptOutcome::Accepted;
-        let mut items = vec![
-            self.put(event_item(&a.event), None)?,
-            self.put(log_item(&a.log_for(&accepted)), None)?,
-        ];
-        if let Some(delivery) = &a.delivery_id {
-            let mut item = key(webhook_pk(hook), format!("DL#{delivery}"));
-            item.insert("event_id".to_owned(), s(a.event.id.as_str()));
-            items.push(self.put(
-                with_ttl(item, a.remember_until.as_second()),
-                Some("attribute_not_exists(pk)"),
-            )?);
-        }
+        let (outcome, mut items) = if a.refusal.is_some() {
+            (AcceptOutcome::Refused, Vec::new())
+        } else {
+            if let Some(limit) = a.rate_limit
+                && !self.count(a, limit).await?
+            {
+                let outcome = AcceptOutcome::RateLimited;
+                self.log_refused(&a.log_for(&outcome)).await?;
+                return Ok(outcome);
+            }
+            (
+                AcceptOutcome::Accepted,
+                vec![self.put(event_item(&a.event), None)?],
+            )
+        };
+        let event_id = match outcome {
+            AcceptOutcome::Accepted => a.event.id.as_str(),
+            _ => "",
+        };
+        items.push(self.put(log_item(&a.log_for(&outcome)), None)?);
+        items.push(self.put(
+            self.remember_item(a, event_id),
+            Some("attribute_not_exists(pk)"),
+        )?);
         // The event must be visible within the settle time or not at all, as `append`.
         let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
             .operation_timeout(self.event_write_timeout)
@@ -193,21 +263,19 @@ impl WebhookStore for DynamoStore {
             .send()
             .await;
         match r {
-            Ok(_) => Ok(accepted),
+            Ok(_) => Ok(outcome),
             Err(e) => match e.into_service_error() {
                 aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(c)
                     if c.cancellation_reasons().iter().any(|r| is_ccf(r.code.as_ref())) =>
                 {
-                    // Another request with this delivery id won the race: answer with its event.
-                    let delivery = a.delivery_id.as_deref().unwrap_or_default();
-                    let first = self.remembered(hook, delivery).await?.ok_or_else(|| {
+                    // Another request with this key won the race: answer as it was.
+                    let first = self.remembered(hook, &a.replay_key).await?.ok_or_else(|| {
                         StoreError::Conflict(format!(
-                            "delivery {delivery} of webhook {hook} is being accepted by another request"
+                            "request {} of webhook {hook} is being accepted by another request",
+                            a.replay_key
                         ))
                     })?;
-                    let outcome = AcceptOutcome::Duplicate(first);
-                    self.write_log(&a.log_for(&outcome)).await?;
-                    Ok(outcome)
+                    self.answer_duplicate(a, first).await
                 }
                 other => Err(StoreError::backend("dynamodb", "accept webhook request", other)),
             },
@@ -215,7 +283,7 @@ impl WebhookStore for DynamoStore {
     }
 
     async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError> {
-        self.write_log(request).await
+        self.log_refused(request).await
     }
 
     async fn list_requests(
@@ -223,16 +291,32 @@ impl WebhookStore for DynamoStore {
         id: &WebhookId,
         limit: usize,
     ) -> Result<Vec<WebhookRequest>, StoreError> {
-        self.query_prefix(
-            "list webhook requests",
-            &webhook_pk(id),
-            "RQ#",
-            true,
-            Some(limit),
-        )
-        .await?
-        .iter()
-        .map(read_doc)
-        .collect()
+        let items = self
+            .query_prefix(
+                "list webhook requests",
+                &webhook_pk(id),
+                "RQ#",
+                true,
+                Some(limit),
+            )
+            .await?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in &items {
+            let mut r: WebhookRequest = read_doc(item)?;
+            if r.status == RequestStatus::Suppressed {
+                // A minute's counter: an entry only once it counts past the budget.
+                let count = item
+                    .get("n")
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if count <= REFUSED_LOG_BUDGET {
+                    continue;
+                }
+                r.count = Some(count - REFUSED_LOG_BUDGET);
+            }
+            out.push(r);
+        }
+        Ok(out)
     }
 }
