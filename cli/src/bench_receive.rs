@@ -109,9 +109,14 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let pulse_url = format!("http://{}/webhooks/{}", listener.local_addr()?, webhook.id);
     let mut stop = stop_rx.clone();
-    tokio::spawn(http::serve(listener, inbound, async move {
-        let _ = stop.changed().await;
-    }));
+    tokio::spawn(http::serve(
+        listener,
+        inbound,
+        http::ServeLimits::default(),
+        async move {
+            let _ = stop.changed().await;
+        },
+    ));
     let bare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let bare_url = format!("http://{}/bare", bare.local_addr()?);
     let app = axum::Router::new().route(

@@ -32,6 +32,7 @@ enum Plan {
     Serve {
         tick: Duration,
         listen: Option<std::net::SocketAddr>,
+        limits: pulse_shared::http::ServeLimits,
     },
     Sweep,
     CreateAgent(NewAgent),
@@ -159,9 +160,30 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
                     ))
                 })?),
             };
+            let positive = |name: &'static str, v: &str| -> Result<Duration, Failure> {
+                let d = parse_duration(name, v).map_err(input)?;
+                if d <= jiff::SignedDuration::ZERO {
+                    return Err(Failure::Input(format!(
+                        "invalid {name} {v:?}: use more than 0s"
+                    )));
+                }
+                Ok(d.unsigned_abs())
+            };
+            if a.max_connections == 0 {
+                return Err(Failure::Input(
+                    "invalid --max-connections 0: use at least 1".into(),
+                ));
+            }
+            let limits = pulse_shared::http::ServeLimits {
+                header_timeout: positive("header timeout", &a.header_timeout)?,
+                request_timeout: positive("request timeout", &a.request_timeout)?,
+                max_connections: a.max_connections,
+                shutdown_grace: positive("shutdown grace", &a.shutdown_grace)?,
+            };
             Plan::Serve {
                 tick: tick.unsigned_abs(),
                 listen,
+                limits,
             }
         }
         Command::Sweep => Plan::Sweep,
@@ -518,7 +540,11 @@ async fn execute(
     out: &Out,
 ) -> Result<(), Failure> {
     match plan {
-        Plan::Serve { tick, listen } => serve::serve(config, b, clock, tick, listen).await,
+        Plan::Serve {
+            tick,
+            listen,
+            limits,
+        } => serve::serve(config, b, clock, tick, listen, limits).await,
         Plan::Hooks(h) => crate::hooks::execute(h, config, b, clock, out).await,
         Plan::CreateWebhook {
             webhook,

@@ -170,7 +170,12 @@ pub(crate) async fn demo() -> Result<(), Failure> {
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(http::serve(listener, inbound, std::future::pending()));
+    tokio::spawn(http::serve(
+        listener,
+        inbound,
+        http::ServeLimits::default(),
+        std::future::pending(),
+    ));
     let client = reqwest::Client::new();
 
     outln!(

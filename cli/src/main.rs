@@ -188,6 +188,41 @@ struct ServeArgs {
         value_name = "ADDR"
     )]
     listen: String,
+    /// How long a client may take to send a request's headers (an idle connection is
+    /// closed after it).
+    #[arg(
+        long,
+        env = "PULSE_HTTP_HEADER_TIMEOUT",
+        default_value = "10s",
+        value_name = "DURATION"
+    )]
+    header_timeout: String,
+    /// How long one request may take, its body included (408 after it).
+    #[arg(
+        long,
+        env = "PULSE_HTTP_REQUEST_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION"
+    )]
+    request_timeout: String,
+    /// Most HTTP connections open at once; more wait until one closes.
+    #[arg(
+        long,
+        env = "PULSE_HTTP_MAX_CONNECTIONS",
+        default_value_t = 512,
+        value_name = "N"
+    )]
+    max_connections: usize,
+    /// On Ctrl-C or SIGTERM: how long to finish the work in hand (queued jobs, requests
+    /// in flight) before stopping; heartbeats claimed but not started by then are
+    /// released.
+    #[arg(
+        long,
+        env = "PULSE_SHUTDOWN_GRACE",
+        default_value = "10s",
+        value_name = "DURATION"
+    )]
+    shutdown_grace: String,
 }
 
 #[derive(Args, Debug)]

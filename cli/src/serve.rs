@@ -9,7 +9,7 @@ use pulse_shared::adapters::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::engine::{DispatchSettings, Dispatcher, PollReport, Sweeper, Worker};
 use pulse_shared::error::chain;
-use pulse_shared::http::{self, Inbound};
+use pulse_shared::http::{self, Inbound, ServeLimits};
 use pulse_shared::ports::Clock;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
@@ -17,10 +17,6 @@ use tracing::{error, info, warn};
 
 use crate::Failure;
 use crate::output::Out;
-
-/// How long a received job stays hidden. The claim's lease (10 minutes by default) is
-/// longer, so a job that dies with its process comes back before its lease is reclaimed.
-const VISIBILITY: Duration = Duration::from_secs(300);
 
 /// How long a received hook message stays hidden: longer than the longest hook timeout
 /// (60 s), so a message is not handed to a second loop while its attempt runs.
@@ -49,16 +45,30 @@ fn describe(backend: &Backend) -> String {
     }
 }
 
-/// Sweeps every `tick` and runs queued jobs as they come, until Ctrl-C or SIGTERM; the
-/// work in hand is finished before exiting.
+/// How long a received job stays hidden: the claim's lease (`PULSE_LEASE`). A job whose
+/// process dies comes back when its lease runs out, so a crash delays the agent by at
+/// most the lease and one tick (the job then renews its claim, or finds it reclaimed and
+/// steps aside for the newer job).
+fn visibility(config: &Config) -> Duration {
+    config.engine.lease.unsigned_abs()
+}
+
+/// Sweeps every `tick` and runs queued jobs as they come, until Ctrl-C or SIGTERM. Then
+/// it stops claiming, runs the jobs already queued and finishes requests in flight for
+/// up to `limits.shutdown_grace`, and releases the heartbeats still claimed but not
+/// started (PENDING again) instead of leaving them EXECUTING.
 pub(crate) async fn serve(
     config: &Config,
     b: &Connected,
     clock: Arc<dyn Clock>,
     tick: Duration,
     listen: Option<SocketAddr>,
+    limits: ServeLimits,
 ) -> Result<(), Failure> {
     let (sweeper, worker) = engine(config, b, clock.clone());
+    let visibility = visibility(config);
+    // Set when the sweeper has stopped: nothing is claimed after it.
+    let (swept_tx, swept_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Bind first: a port in use is a start-up error, not a warning in the log later.
     let listener = match listen {
@@ -95,11 +105,12 @@ pub(crate) async fn serve(
                 wake.notify_one();
             }
         }
+        let _ = swept_tx.send(true);
     };
     let working = async {
         let mut stop = stop_rx.clone();
         while !*stop.borrow() {
-            match worker.poll_once(b.queue.as_ref(), 10, VISIBILITY).await {
+            match worker.poll_once(b.queue.as_ref(), 10, visibility).await {
                 Ok(PollReport { received, .. }) if received > 0 => continue,
                 Ok(_) => {}
                 Err(e) => error!(error = %chain(&e), "cannot read the queue; retrying"),
@@ -109,6 +120,22 @@ pub(crate) async fn serve(
                 _ = tokio::time::sleep(tick) => {}
                 _ = stop.changed() => {}
             }
+        }
+        // Stopping. Once the sweeper has stopped claiming, run what it already queued
+        // (the shutdown grace bounds this, below).
+        let mut swept = swept_rx.clone();
+        let _ = swept.wait_for(|done| *done).await;
+        let mut ran = 0;
+        while let Ok(PollReport { received, .. }) =
+            worker.poll_once(b.queue.as_ref(), 10, visibility).await
+        {
+            if received == 0 {
+                break;
+            }
+            ran += received;
+        }
+        if ran > 0 {
+            info!(jobs = ran, "ran the jobs queued before stopping");
         }
     };
     let dispatching = async {
@@ -156,16 +183,39 @@ pub(crate) async fn serve(
                 }
             }
         };
-        if let Err(e) = http::serve(listener, inbound, shutdown).await {
+        if let Err(e) = http::serve(listener, inbound, limits, shutdown).await {
             error!(error = %e, "the HTTP receiver stopped");
         }
     };
     let signals = async {
         shutdown_signal().await;
-        info!("stopping: finishing the work in hand");
+        info!(grace = ?limits.shutdown_grace, "stopping: finishing the work in hand");
         let _ = stop_tx.send(true);
     };
-    tokio::join!(sweeping, working, dispatching, receiving, signals);
+    // The work in hand gets the grace after the stop signal, no more: what is still
+    // running then is dropped, as a crash would drop it, and its lease brings it back.
+    let grace_over = async {
+        let mut stop = stop_rx.clone();
+        let _ = stop.wait_for(|stopping| *stopping).await;
+        tokio::time::sleep(limits.shutdown_grace).await;
+    };
+    tokio::select! {
+        _ = async { tokio::join!(sweeping, working, dispatching, receiving, signals) } => {}
+        () = grace_over => {
+            warn!(grace = ?limits.shutdown_grace, "the shutdown grace ran out with work in hand: it is left to its lease");
+        }
+    }
+    // Jobs still queued were claimed but never started: give their heartbeats back.
+    match worker.release_queued(b.queue.as_ref()).await {
+        Ok(0) => {}
+        Ok(n) => info!(
+            heartbeats = n,
+            "released heartbeats claimed but not started: PENDING again"
+        ),
+        Err(e) => {
+            error!(error = %chain(&e), "could not release the heartbeats still queued; their leases will bring them back")
+        }
+    }
     info!("pulse serve stopped");
     Ok(())
 }
@@ -203,7 +253,9 @@ pub(crate) async fn sweep_and_drain(
     let report = sweeper.sweep_once(clock.now()).await;
     let (mut ran, mut failed) = (0, 0);
     loop {
-        let r = worker.poll_once(b.queue.as_ref(), 10, VISIBILITY).await?;
+        let r = worker
+            .poll_once(b.queue.as_ref(), 10, visibility(config))
+            .await?;
         if r.received == 0 {
             break;
         }

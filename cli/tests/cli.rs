@@ -406,6 +406,201 @@ fn serve_runs_heartbeats_until_it_is_told_to_stop() {
     assert!(log.contains("pulse serve stopped"), "{log}");
 }
 
+fn spawn_serve(dir: &Path, extra_env: &[(&str, &str)], extra_args: &[&str]) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pulse"));
+    cmd.args(["serve", "--tick", "100ms", "--listen", "off"])
+        .args(extra_args)
+        .current_dir(dir)
+        .env_remove("PULSE_DB")
+        .env_remove("PULSE_BACKEND")
+        .env("PULSE_LLM_PROVIDER", "offline")
+        .env("PULSE_EVENT_SETTLE", "0s")
+        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+fn heartbeat_status(dir: &Path, agent: &str, beat: u64) -> Option<String> {
+    json(dir, &["heartbeats", "list", "--agent", agent])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["beat"] == beat)
+        .map(|h| h["status"].as_str().unwrap().to_owned())
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+/// Hardening finding 4 as a user meets it: `kill -9` in the middle of a heartbeat used to
+/// stall the agent for about five minutes, whatever `PULSE_LEASE` said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    // The first run hangs (the process is killed in it); later ones answer.
+    let tool = FakeTool::answering(move |_| {
+        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            pulse_tests::Reply::Hang
+        } else {
+            pulse_tests::ok_with_events(serde_json::json!([]))
+        }
+    })
+    .await;
+    let url = tool.url();
+    ok(
+        d,
+        &[
+            "tools",
+            "add",
+            "--name",
+            "slow",
+            "--url",
+            &url,
+            "--timeout",
+            "60s",
+        ],
+    );
+    ok(
+        d,
+        &[
+            "subscriptions",
+            "add",
+            "--tool",
+            "slow",
+            "--event",
+            "HEARTBEAT",
+        ],
+    );
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "scout", "--interval", "1h"],
+    );
+    let lease = [("PULSE_LEASE", "2s")];
+
+    let mut first = spawn_serve(d, &lease, &[]);
+    tool.wait_for(1).await;
+    first.kill().unwrap(); // SIGKILL: no shutdown of any kind
+    first.wait().unwrap();
+    assert_eq!(heartbeat_status(d, &agent, 1).as_deref(), Some("EXECUTING"));
+
+    let mut second = spawn_serve(d, &lease, &[]);
+    let took = wait_until(
+        "the heartbeat completes after a restart",
+        Duration::from_secs(60),
+        || heartbeat_status(d, &agent, 1).as_deref() == Some("COMPLETED"),
+    );
+    eprintln!("recovered {took:?} after restarting (lease 2 s, tick 100 ms)");
+    assert!(
+        took < Duration::from_secs(2) + Duration::from_secs(4),
+        "at most the lease and a tick, with room for a loaded machine: {took:?}"
+    );
+    assert_eq!(
+        tool.requests().len(),
+        2,
+        "the dead run and one recovery, nothing more"
+    );
+    Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(second.wait().unwrap().success());
+}
+
+/// Hardening finding 4: on SIGTERM, heartbeats claimed but not started were left
+/// EXECUTING (23 by two servers), and a hung run held the process forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_the_heartbeats_claimed_but_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tool = FakeTool::answering(|_| pulse_tests::Reply::Hang).await;
+    let url = tool.url();
+    let stuck = ok(
+        d,
+        &["agents", "create", "--name", "stuck", "--interval", "1h"],
+    );
+    ok(
+        d,
+        &[
+            "tools",
+            "add",
+            "--name",
+            "slow",
+            "--url",
+            &url,
+            "--timeout",
+            "60s",
+        ],
+    );
+    ok(
+        d,
+        &[
+            "subscriptions",
+            "add",
+            "--tool",
+            "slow",
+            "--event",
+            "HEARTBEAT",
+            "--agent",
+            &stuck,
+        ],
+    );
+    let serve = spawn_serve(d, &[], &["--shutdown-grace", "1s"]);
+    tool.wait_for(1).await;
+    // The worker is busy with `stuck`: these are claimed and queued, not started.
+    let waiting: Vec<String> = (0..3)
+        .map(|i| {
+            ok(
+                d,
+                &[
+                    "agents",
+                    "create",
+                    "--name",
+                    &format!("w{i}"),
+                    "--interval",
+                    "1h",
+                ],
+            )
+        })
+        .collect();
+    wait_until("the sweeper claims them", Duration::from_secs(30), || {
+        waiting
+            .iter()
+            .all(|a| heartbeat_status(d, a, 1).as_deref() == Some("EXECUTING"))
+    });
+    let pid = serve.id().to_string();
+    let signalled = Instant::now();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let out = serve.wait_with_output().unwrap();
+    let stopped = signalled.elapsed();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        stopped < Duration::from_secs(10),
+        "the 1 s grace bounds a hung run: stopped after {stopped:?}"
+    );
+    assert!(
+        log.contains("released heartbeats claimed but not started"),
+        "{log}"
+    );
+    for a in &waiting {
+        assert_eq!(heartbeat_status(d, a, 1).as_deref(), Some("PENDING"), "{a}");
+    }
+}
+
 #[test]
 fn webhooks_are_created_listed_rotated_and_never_show_their_secret_again() {
     let dir = tempfile::tempdir().unwrap();

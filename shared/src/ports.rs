@@ -170,6 +170,15 @@ pub trait HeartbeatStore: Send + Sync {
     /// time are cleared so the next claim reads a fresh window. False if the claim was
     /// lost.
     async fn defer(&self, heartbeat: &Heartbeat, until: Timestamp) -> Result<bool, StoreError>;
+    /// Extends the lease of a claim to `lease_until`, if the heartbeat is still EXECUTING
+    /// under this claim: a job that waited in the queue (redelivered after a crash, or
+    /// behind a stuck message) makes sure it still owns the heartbeat before working.
+    /// False if a later claim took it or it ended.
+    async fn renew(
+        &self,
+        heartbeat: &Heartbeat,
+        lease_until: Timestamp,
+    ) -> Result<bool, StoreError>;
     /// Reads a heartbeat.
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError>;
     /// An agent's latest heartbeats, newest first.

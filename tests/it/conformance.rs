@@ -171,6 +171,51 @@ async fn reclaim(kind: Kind) {
     );
 }
 
+on_both_backends!(a_claim_is_renewed_only_while_it_is_held, renew);
+async fn renew(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (_, first) = b.agent("scout", "15m").await;
+    let c1 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(SignedDuration::from_mins(9));
+    let until = b
+        .now()
+        .saturating_add(SignedDuration::from_mins(10))
+        .unwrap();
+    assert!(b.store.renew(&c1, until).await.unwrap());
+    let stored = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(stored.lease_until, Some(until));
+    assert_eq!(stored.claim, 1, "renewing is not a new claim");
+    // Past the first lease, but inside the renewed one: not due, not claimable.
+    b.advance(SignedDuration::from_mins(2));
+    assert!(all_due(&b).await.is_empty());
+    assert!(
+        b.store
+            .claim(&first.id(), &claim_req(&b))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Once a later claim holds it, the old one cannot renew.
+    b.advance(SignedDuration::from_mins(9));
+    let c2 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c2.claim, 2);
+    assert!(!b.store.renew(&c1, until).await.unwrap());
+    assert!(b.store.renew(&c2, until).await.unwrap());
+    // Nor once it is pending again.
+    assert!(b.store.defer(&c2, b.now()).await.unwrap());
+    assert!(!b.store.renew(&c2, until).await.unwrap());
+}
+
 on_both_backends!(a_heartbeat_that_is_not_yet_due_cannot_be_claimed, not_due);
 async fn not_due(kind: Kind) {
     let b = Backend::new(kind).await;

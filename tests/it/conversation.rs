@@ -38,6 +38,9 @@ async fn world(kind: Kind) -> World {
                 anthropic_key: Some(Secret::new("sk-ant-test")),
                 max_retry_wait: Duration::from_millis(50),
                 timeout: Duration::from_secs(10),
+                // Agents here point other providers at the same fake: the operator
+                // trusts it with the deployment's keys.
+                trusted_base_urls: vec![llm.url().parse().unwrap()],
                 ..LlmConfig::offline()
             },
             pulse_tests::test_egress(),

@@ -87,6 +87,9 @@ impl HeartbeatStore for FaultyStore {
     async fn defer(&self, hb: &Heartbeat, until: Timestamp) -> Result<bool, StoreError> {
         self.inner.defer(hb, until).await
     }
+    async fn renew(&self, hb: &Heartbeat, until: Timestamp) -> Result<bool, StoreError> {
+        self.inner.renew(hb, until).await
+    }
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError> {
         self.inner.get_heartbeat(id).await
     }

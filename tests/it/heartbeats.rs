@@ -713,3 +713,129 @@ async fn partial_batch(kind: Kind) {
     assert_eq!(status(first_b.id()).await, HeartbeatStatus::Completed);
     let _ = agent_a;
 }
+
+/// Hardening finding 4: under `pulse serve` a dead worker's job stayed hidden for a fixed
+/// 300 s whatever the lease, and every expired lease queued another job behind it (15–16
+/// superseded runs per recovery). Now a job is hidden for the lease, a reclaim queues one
+/// job, and a job that waited renews its claim or steps aside without running anything.
+async fn a_dead_workers_heartbeat_recovers_within_a_lease_and_a_tick_and_runs_once(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let tool = FakeTool::start().await;
+    b.tool("echo", &tool.url(), "HEARTBEAT").await;
+    let (agent, first) = b.agent("scout", "1h").await;
+    let s = settings();
+    let lease = s.lease;
+    let tick = SignedDuration::from_secs(1);
+    let sweeper = b.sweeper(s.clone());
+    let worker = b.worker(s.clone());
+    let t0 = b.now();
+
+    // Case 1: the sweeper reclaims before the dead job's message comes back.
+    assert_eq!(sweeper.sweep_once(t0).await.queued, 1);
+    let dead = b.queue.receive(10, lease.unsigned_abs()).await.unwrap();
+    assert_eq!(dead.len(), 1, "a worker took the job, then died");
+    b.advance(lease - SignedDuration::from_secs(1));
+    assert_eq!(
+        sweeper.sweep_once(b.now()).await.claimed,
+        0,
+        "the lease holds"
+    );
+    b.advance(SignedDuration::from_secs(1) + tick);
+    assert_eq!(sweeper.sweep_once(b.now()).await.claimed, 1, "reclaimed");
+    b.advance(tick);
+    assert_eq!(
+        sweeper.sweep_once(b.now()).await.claimed,
+        0,
+        "the new claim's lease is fresh: no second job"
+    );
+    assert_eq!(
+        b.queued_messages().await,
+        2,
+        "one job behind the stuck one, not a pile"
+    );
+    // The dead job's message comes back (its visibility is the lease).
+    b.queue
+        .release(&dead[0].receipt, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(b.drain(&worker).await, 2);
+    let hb = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(hb.status, HeartbeatStatus::Completed);
+    assert_eq!(hb.claim, 2);
+    let recovered = hb.completed_at.unwrap().duration_since(t0);
+    assert!(recovered <= lease + tick * 2, "{recovered:?}");
+    assert_eq!(tool.requests().len(), 1, "the stale job stepped aside");
+    assert_eq!(b.queued_messages().await, 0);
+
+    // Case 2: the dead job's message comes back first: it renews its claim and runs;
+    // the sweeper then has nothing to reclaim.
+    b.advance(SignedDuration::from_hours(1));
+    let t1 = b.now();
+    assert_eq!(sweeper.sweep_once(t1).await.claimed, 1);
+    let dead = b.queue.receive(10, lease.unsigned_abs()).await.unwrap();
+    b.advance(lease + tick);
+    b.queue
+        .release(&dead[0].receipt, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(b.drain(&worker).await, 1);
+    assert_eq!(sweeper.sweep_once(b.now()).await.claimed, 0);
+    let hbs = heartbeats(&b, &agent).await;
+    let second = &hbs[1];
+    assert_eq!(
+        (second.status, second.claim),
+        (HeartbeatStatus::Completed, 1)
+    );
+    assert!(second.completed_at.unwrap().duration_since(t1) <= lease + tick * 2);
+    assert_eq!(tool.requests().len(), 2, "one run per heartbeat");
+}
+on_both_backends!(
+    a_dead_workers_heartbeat_recovers_within_a_lease_and_a_tick_and_runs_once,
+    a_dead_workers_heartbeat_recovers_within_a_lease_and_a_tick_and_runs_once
+);
+
+/// A worker that stops gives back the heartbeats whose jobs it never started.
+async fn a_stopping_worker_releases_the_heartbeats_it_did_not_start(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (a, first_a) = b.agent("a", "1h").await;
+    let (_, first_b) = b.agent("b", "1h").await;
+    let sweeper = b.sweeper(settings());
+    assert_eq!(sweeper.sweep_once(b.now()).await.queued, 2);
+    // A user message queued too: it must stay for the next start.
+    let signal = pulse_shared::domain::Signal::user_message(
+        &a.id,
+        &a.session,
+        "hi",
+        Default::default(),
+        b.now(),
+    )
+    .unwrap();
+    b.queue
+        .send(&[pulse_shared::domain::OutgoingTask::signal(signal)])
+        .await
+        .unwrap();
+    let released = b
+        .worker(settings())
+        .release_queued(b.queue.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(released, 2);
+    for id in [first_a.id(), first_b.id()] {
+        let hb = b.store.get_heartbeat(&id).await.unwrap().unwrap();
+        assert_eq!(hb.status, HeartbeatStatus::Pending, "{id}");
+        assert!(hb.lease_until.is_none());
+    }
+    assert_eq!(b.queued_messages().await, 1, "the signal is still queued");
+    let left = b.receive_all().await;
+    assert_eq!(left.len(), 1);
+    assert!(matches!(
+        TaskEnvelope::decode(&left[0].body).unwrap().task,
+        SessionTask::Signal(_)
+    ));
+    // The next sweep claims them again at once.
+    assert_eq!(sweeper.sweep_once(b.now()).await.claimed, 2);
+}
+on_both_backends!(
+    a_stopping_worker_releases_the_heartbeats_it_did_not_start,
+    a_stopping_worker_releases_the_heartbeats_it_did_not_start
+);

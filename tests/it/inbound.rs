@@ -48,7 +48,12 @@ async fn rig(kind: Kind) -> Rig {
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(http::serve(listener, inbound, std::future::pending()));
+    tokio::spawn(http::serve(
+        listener,
+        inbound,
+        http::ServeLimits::default(),
+        std::future::pending(),
+    ));
     Rig {
         b,
         agent,

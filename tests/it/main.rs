@@ -11,5 +11,6 @@ mod heartbeats;
 mod hooks;
 mod inbound;
 mod lambda;
+mod listener;
 mod llm;
 mod queue;

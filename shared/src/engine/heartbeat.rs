@@ -156,6 +156,17 @@ impl HeartbeatRunner {
         hooks.emit(&plan.routes, &plan.agent, emission).await;
     }
 
+    /// Gives back a claimed heartbeat whose job was never started (its worker is
+    /// stopping): PENDING again, due now, so the next sweep claims it afresh. False if the
+    /// claim was no longer held.
+    pub async fn release(&self, heartbeat: &Heartbeat) -> Result<bool, StoreError> {
+        let released = self.store.defer(heartbeat, self.clock.now()).await?;
+        if released {
+            info!(heartbeat_id = %heartbeat.id(), claim = heartbeat.claim, "claimed heartbeat released: its job was not started");
+        }
+        Ok(released)
+    }
+
     /// Runs a claimed heartbeat to its end. An `Err` means the outcome could not be
     /// recorded (storage unavailable); the job should be delivered again.
     pub async fn run(&self, heartbeat: &Heartbeat) -> Result<RunOutcome, EngineError> {
@@ -176,6 +187,27 @@ impl HeartbeatRunner {
             )));
         };
         debug!(claim = hb.claim, window_start = %hb.window_start, window_end = %window_end, "heartbeat started");
+        // A job normally starts moments after its claim. One that waited (delivered again
+        // after its worker died, or queued behind a stuck message or a stopped worker)
+        // may have outlived half its lease, and a sweeper may have reclaimed it since:
+        // renew the claim before any work, or step aside for the newer claim, so a stale
+        // job never runs the heartbeat a second time.
+        let now = self.clock.now();
+        let half = self.settings.lease / 2;
+        if hb
+            .lease_until
+            .is_none_or(|until| until.duration_since(now) < half)
+        {
+            let until = now.saturating_add(self.settings.lease).unwrap_or(now);
+            if !self.store.renew(hb, until).await? {
+                info!(
+                    claim = hb.claim,
+                    "this job's claim was taken over or the heartbeat ended: nothing to run"
+                );
+                return Ok(RunOutcome::Superseded);
+            }
+            info!(claim = hb.claim, lease_until = %until, "a late job renewed its claim");
+        }
         let window = match self
             .store
             .read_window(

@@ -165,6 +165,42 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Gives back the heartbeats whose jobs are still waiting in `queue`, for a worker
+    /// that is stopping: each is put back to PENDING, due now, and its job deleted, so it
+    /// is not left EXECUTING with no one to run it; the next sweep (of this process when
+    /// it starts again, or of another) claims it afresh. Signals stay queued: they are
+    /// received to reach the jobs behind them and handed back at the end (their receive
+    /// count goes up by one). Returns how many heartbeats were released.
+    pub async fn release_queued(&self, queue: &dyn SessionQueue) -> Result<usize, StoreError> {
+        let mut held = Vec::new();
+        let mut released = 0;
+        let result = async {
+            loop {
+                // Held messages stay in flight, so each receive brings new ones.
+                let batch = queue.receive(10, Duration::from_secs(60)).await?;
+                if batch.is_empty() {
+                    return Ok(());
+                }
+                for d in batch {
+                    match TaskEnvelope::decode(&d.body).map(|e| e.task) {
+                        Ok(SessionTask::Heartbeat(job)) => {
+                            released += usize::from(self.runner.release(&job.heartbeat).await?);
+                            queue.ack(&d.receipt).await?;
+                        }
+                        _ => held.push(d.receipt),
+                    }
+                }
+            }
+        }
+        .await;
+        for receipt in &held {
+            queue.release(receipt, Duration::ZERO).await?;
+        }
+        result.map(|()| released)
+    }
+}
+
 /// 1 s, 2 s, 4 s … up to a minute, by delivery count.
 fn retry_delay(receive_count: u32) -> Duration {
     Duration::from_secs(1u64 << receive_count.saturating_sub(1).min(6)).min(Duration::from_secs(60))

@@ -903,6 +903,31 @@ impl HeartbeatStore for DynamoStore {
         }
     }
 
+    async fn renew(&self, hb: &Heartbeat, lease_until: Timestamp) -> Result<bool, StoreError> {
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat))))
+            // The due index follows the lease, so the sweeper sees the new end.
+            .update_expression("SET lease_until = :lease, due_at = :lease")
+            .condition_expression("#status = :executing AND #claim = :claim")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#claim", "claim")
+            .expression_attribute_values(":executing", s("EXECUTING"))
+            .expression_attribute_values(":claim", n(hb.claim))
+            .expression_attribute_values(":lease", n(to_ms(lease_until)))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", "renew heartbeat lease", other)),
+            },
+        }
+    }
+
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError> {
         self.get(
             "get heartbeat",

@@ -540,6 +540,22 @@ impl HeartbeatStore for SqliteStore {
             .await
     }
 
+    async fn renew(&self, hb: &Heartbeat, lease_until: Timestamp) -> Result<bool, StoreError> {
+        let (agent, beat, claim) = (hb.agent_id.to_string(), hb.beat as i64, hb.claim);
+        self.db
+            .call("renew heartbeat lease", move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE heartbeats SET lease_ms = ?4, due_ms = ?4 \
+                         WHERE agent_id = ?1 AND beat = ?2 AND claim = ?3 AND status = 'EXECUTING'",
+                        params![agent, beat, claim, to_ms(lease_until)],
+                    )
+                    .map_err(sqlite_err("renew heartbeat lease"))?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError> {
         let id = id.clone();
         self.db
