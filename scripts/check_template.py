@@ -10,6 +10,9 @@ CloudFormation will see it (after the SAM transform):
 - the sweeper: a rate(1 minute) schedule with a retry policy and a DLQ;
 - the receiver: a Function URL with auth NONE;
 - no secret is a template parameter (they come from SSM);
+- the functions that read stored secrets (the receiver: webhook secrets; the dispatcher:
+  hook secrets) read PULSE_ENCRYPTION_KEY from SSM: PULSE_SECRETS_PATH is set and they
+  may call ssm:GetParametersByPath;
 - every DLQ has an alarm on its depth and every function an alarm on its errors.
 
 `--self-test` breaks a copy of the template in each of those ways and fails unless the
@@ -58,6 +61,18 @@ def problems(sam):
         meta = fn.get("Metadata", {})
         if meta.get("BuildMethod") != "rust-cargolambda":
             found.append(f"{name}: Metadata.BuildMethod is not rust-cargolambda")
+    for name in ("WebhookReceiverFunction", "HookDispatcherFunction"):
+        fn = functions.get(name, {})
+        env = fn.get("Properties", {}).get("Environment", {}).get("Variables", {})
+        actions = [
+            a
+            for pol in fn.get("Properties", {}).get("Policies", [])
+            if isinstance(pol, dict)
+            for st in pol.get("Statement", [])
+            for a in (st.get("Action") if isinstance(st.get("Action"), list) else [st.get("Action")])
+        ]
+        if "PULSE_SECRETS_PATH" not in env or "ssm:GetParametersByPath" not in actions:
+            found.append(f"{name}: cannot read PULSE_ENCRYPTION_KEY from SSM (PULSE_SECRETS_PATH and ssm:GetParametersByPath)")
     for p, spec in sam.get("Parameters", {}).items():
         if spec.get("NoEcho") or re.search(r"(Token|ApiKey|Secret|Password|PrivateKey)$", p):
             found.append(f"parameter {p} looks like a secret: secrets come from SSM (SecretsPath)")
@@ -147,6 +162,7 @@ def self_test(sam):
         "url with IAM auth": lambda t: fn(t, "WebhookReceiverFunction")["Properties"]["FunctionUrlConfig"].update(AuthType="AWS_IAM"),
         "DLQ without alarm": lambda t: t["Resources"].pop("HooksDeadLetterAlarm"),
         "function without alarm": lambda t: t["Resources"].pop("HookDispatcherErrorsAlarm"),
+        "dispatcher without the encryption key": lambda t: fn(t, "HookDispatcherFunction")["Properties"]["Environment"]["Variables"].pop("PULSE_SECRETS_PATH"),
     }
     missed = []
     for what, brk in breakages.items():

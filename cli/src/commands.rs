@@ -104,6 +104,7 @@ enum Plan {
         menu_name: String,
     },
     Hooks(crate::hooks::HooksPlan),
+    Reseal,
 }
 
 impl Plan {
@@ -423,6 +424,10 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
             active: false,
         },
         Command::Hooks(cmd) => Plan::Hooks(crate::hooks::plan(cmd, now)?),
+        Command::Secrets(crate::secrets::SecretsCmd::Reseal) => Plan::Reseal,
+        Command::Secrets(crate::secrets::SecretsCmd::NewKey) => {
+            unreachable!("needs no configuration: answered before planning")
+        }
         Command::Discord(DiscordCmd::RegisterCommands { menu_name }) => {
             let menu_name = menu_name.trim().to_owned();
             if menu_name.is_empty() || menu_name.chars().count() > 32 {
@@ -494,6 +499,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Demo = cli.command {
         return crate::demo::demo().await;
     }
+    if let Command::Secrets(crate::secrets::SecretsCmd::NewKey) = cli.command {
+        crate::secrets::new_key(&out);
+        return Ok(());
+    }
     if let Command::Bench(BenchCmd::Turn { history, turns }) = &cli.command {
         return bench::turn(history, *turns, &out).await;
     }
@@ -546,6 +555,7 @@ async fn execute(
             limits,
         } => serve::serve(config, b, clock, tick, listen, limits).await,
         Plan::Hooks(h) => crate::hooks::execute(h, config, b, clock, out).await,
+        Plan::Reseal => crate::secrets::reseal(b, out).await,
         Plan::CreateWebhook {
             webhook,
             secret,

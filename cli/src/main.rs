@@ -14,6 +14,7 @@ mod commands;
 mod demo;
 mod hooks;
 mod output;
+mod secrets;
 mod serve;
 
 use std::path::PathBuf;
@@ -78,6 +79,9 @@ enum Command {
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),
+    /// The key webhook and hook secrets are encrypted with at rest.
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCmd),
     /// The whole system once, offline, on a temporary store: a signed webhook and a
     /// signed Discord slash command through the HTTP router, heartbeats where the agent
     /// speaks, its replies as Discord receives them, and signed hook deliveries.

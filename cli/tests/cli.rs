@@ -601,6 +601,62 @@ async fn sigterm_releases_the_heartbeats_claimed_but_not_started() {
     }
 }
 
+/// `pulse secrets`: a new key, and a rotation completed with `reseal`.
+#[test]
+fn an_encryption_key_is_rotated_with_reseal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let with_keys = |args: &[&str], key: &str, old: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pulse"));
+        cmd.args(args)
+            .current_dir(d)
+            .env_remove("PULSE_DB")
+            .env_remove("PULSE_BACKEND")
+            .env("PULSE_ENCRYPTION_KEY", key);
+        match old {
+            Some(o) => cmd.env("PULSE_ENCRYPTION_OLD_KEYS", o),
+            None => cmd.env_remove("PULSE_ENCRYPTION_OLD_KEYS"),
+        };
+        cmd.output().unwrap()
+    };
+    let k1 = ok(d, &["secrets", "new-key"]);
+    let k2 = ok(d, &["secrets", "new-key"]);
+    assert_eq!(k1.len(), 44, "{k1}");
+    assert_ne!(k1, k2);
+    let agent = with_keys(&["agents", "create", "--name", "scout"], &k1, None);
+    let agent = String::from_utf8(agent.stdout).unwrap().trim().to_owned();
+    let created = with_keys(&["webhooks", "create", "--agent", &agent], &k1, None);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    assert!(
+        !d.join("pulse.db.key").exists(),
+        "the configured key is used, no key file"
+    );
+
+    // The new key alone cannot read what the old one sealed, and says what to do.
+    let refused = with_keys(&["webhooks", "list"], &k2, None);
+    assert_eq!(refused.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("PULSE_ENCRYPTION_OLD_KEYS"), "{why}");
+    let resealed = with_keys(&["secrets", "reseal"], &k2, Some(&k1));
+    let stderr = String::from_utf8_lossy(&resealed.stderr);
+    assert!(resealed.status.success(), "{stderr}");
+    assert!(stderr.contains("1 webhooks"), "{stderr}");
+    // Now the new key alone reads it.
+    let list = with_keys(&["webhooks", "list", "--json"], &k2, None);
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    let bad = with_keys(&["agents", "list"], "not-a-key", None);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("PULSE_ENCRYPTION_KEY"));
+}
+
 #[test]
 fn webhooks_are_created_listed_rotated_and_never_show_their_secret_again() {
     let dir = tempfile::tempdir().unwrap();

@@ -31,6 +31,8 @@
 //! | `PULSE_HOOKS_ALLOW` | addresses outbound requests (hooks, HTTP tools) may reach although not public, e.g. `127.0.0.1/32,::1/128` — local development only | empty |
 //! | `PULSE_HOOKS_QUEUE_URL` | the hooks standard SQS queue (`aws`) | unset: hooks are not emitted |
 //! | `PULSE_HOOKS_DLQ_URL` | where exhausted deliveries are sent (`aws`) | unset: recorded EXHAUSTED only |
+//! | `PULSE_ENCRYPTION_KEY` | the key webhook and hook secrets are encrypted with at rest (base64 of 32 bytes; `pulse secrets new-key`) | SQLite: a key file beside the database (`<db>.key`, mode 0600), made on first use; AWS: required to create or read webhooks and hooks |
+//! | `PULSE_ENCRYPTION_OLD_KEYS` | earlier keys, comma separated: they still decrypt, and what they decrypt is encrypted again with the current key | none |
 //! | `PULSE_SECRETS_PATH` | Lambda only: an SSM Parameter Store path whose parameters (named like these variables, e.g. `/pulse/DISCORD_BOT_TOKEN`) are read on the first invocation and override the environment | unset: the environment only |
 
 use std::path::PathBuf;
@@ -47,6 +49,7 @@ use crate::domain::{AgentId, ProviderKind, Secret, parse_duration};
 use crate::engine::EngineSettings;
 use crate::error::ConfigError;
 use crate::llm::{KeyLookup, LlmConfig};
+use crate::sealing::EncryptionKeys;
 
 /// Which backend to use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +78,8 @@ pub struct Config {
     pub inbound: InboundConfig,
     /// Outbound hooks and requests.
     pub hooks: HooksConfig,
+    /// `PULSE_ENCRYPTION_KEY` (+ old keys); `None` when unset (see [`crate::adapters::connect`]).
+    pub encryption: Option<EncryptionKeys>,
 }
 
 /// Outbound requests (hooks, HTTP tools).
@@ -117,6 +122,7 @@ impl Config {
                 ..InboundConfig::default()
             },
             hooks: HooksConfig::default(),
+            encryption: None,
         }
     }
 }
@@ -324,6 +330,26 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         Ok(HooksConfig { allow })
     }
 
+    /// The keys secrets are sealed with at rest, if `PULSE_ENCRYPTION_KEY` is set.
+    pub fn encryption(&self) -> Result<Option<EncryptionKeys>, ConfigError> {
+        let old = self.get("PULSE_ENCRYPTION_OLD_KEYS");
+        match self.get("PULSE_ENCRYPTION_KEY") {
+            None if old.is_some() => Err(ConfigError::new(
+                "PULSE_ENCRYPTION_OLD_KEYS",
+                "is set but PULSE_ENCRYPTION_KEY is not: old keys only decrypt; set the current key too",
+            )),
+            None => Ok(None),
+            Some(key) => {
+                if let Err(e) = EncryptionKeys::parse(&key, None) {
+                    return Err(ConfigError::new("PULSE_ENCRYPTION_KEY", e.to_string()));
+                }
+                EncryptionKeys::parse(&key, old.as_deref())
+                    .map(Some)
+                    .map_err(|e| ConfigError::new("PULSE_ENCRYPTION_OLD_KEYS", e.to_string()))
+            }
+        }
+    }
+
     /// The AWS resources.
     pub fn aws(&self) -> Result<AwsSettings, ConfigError> {
         let required = |var: &'static str, what: &str| {
@@ -365,6 +391,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             discord: self.discord()?,
             inbound: self.inbound()?,
             hooks: self.hooks()?,
+            encryption: self.encryption()?,
         })
     }
 
@@ -377,6 +404,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             discord: self.discord()?,
             inbound: self.inbound()?,
             hooks: self.hooks()?,
+            encryption: self.encryption()?,
         })
     }
 }

@@ -45,6 +45,10 @@ pub enum StoreError {
         /// Why it could not be read.
         message: String,
     },
+    /// A stored secret could not be encrypted or decrypted (see `sealing`): a key is
+    /// missing or wrong. The message names the variable to set.
+    #[error("{0}")]
+    Secret(String),
     /// The backend failed (network, throttling, I/O, SQLite busy beyond its timeout).
     #[error("{backend} {operation} failed")]
     Backend {

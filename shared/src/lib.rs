@@ -22,6 +22,8 @@
 //!   live in the `pulse-signatures` crate (a leaf crate, so its fuzz target builds fast).
 //! - [`adapters`]: `sqlite` and `aws` (DynamoDB, SQS) — the only place SQL or SDK types
 //!   appear — and [`adapters::connect`], which picks one from the configuration.
+//! - [`sealing`]: secrets at rest — AES-256-GCM sealing of webhook and hook secrets,
+//!   which the store adapters apply on write and undo on read.
 //! - [`config`]: typed configuration from the environment.
 //! - [`lambda`]: Lambda event shapes to and from the engine's types.
 //! - [`telemetry`]: tracing setup (JSON under Lambda, readable lines in a terminal).
@@ -40,5 +42,6 @@ pub mod lambda;
 pub mod llm;
 pub mod outbound;
 pub mod ports;
+pub mod sealing;
 pub mod telemetry;
 pub mod tools;

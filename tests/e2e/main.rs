@@ -267,11 +267,14 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
     let hooks_dlq = create_hooks_queue(&clients.sqs, &unique("e2e-hooks-dlq"))
         .await
         .unwrap();
-    let store: Arc<dyn Store> = Arc::new(DynamoStore::new(
-        clients.dynamodb.clone(),
-        &table,
-        Duration::from_secs(20),
-    ));
+    // Secrets at rest are sealed with the deployment's key, which the functions read
+    // from SSM with the other secrets.
+    let encryption_key = pulse_shared::sealing::EncryptionKeys::new_key();
+    let store: Arc<dyn Store> = Arc::new(
+        DynamoStore::new(clients.dynamodb.clone(), &table, Duration::from_secs(20)).with_keys(
+            pulse_shared::sealing::EncryptionKeys::parse(&encryption_key, None).unwrap(),
+        ),
+    );
 
     // Secrets live in SSM Parameter Store, as the template expects.
     let discord_signer = DiscordSigner::from_seed([9; 32]);
@@ -290,6 +293,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         ("DISCORD_PUBLIC_KEY", discord_signer.public_key_hex()),
         ("DISCORD_BOT_TOKEN", BOT_TOKEN.to_owned()),
         ("OPENAI_API_KEY", OPENAI_KEY.to_owned()),
+        ("PULSE_ENCRYPTION_KEY", encryption_key.clone()),
     ] {
         ssm.put_parameter()
             .name(format!("{secrets_path}/{name}"))

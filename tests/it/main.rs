@@ -14,3 +14,4 @@ mod lambda;
 mod listener;
 mod llm;
 mod queue;
+mod secrets_at_rest;

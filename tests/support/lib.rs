@@ -75,6 +75,15 @@ pub fn settings() -> EngineSettings {
     }
 }
 
+/// The key tests seal stored secrets with (fixed, so a second connection reads them).
+pub fn test_keys() -> pulse_shared::sealing::EncryptionKeys {
+    pulse_shared::sealing::EncryptionKeys::parse(
+        "cHVsc2UtdGVzdHMtZml4ZWQta2V5LTMyLWJ5dGVzISE=",
+        None,
+    )
+    .unwrap()
+}
+
 /// The outbound client of tests: loopback's 127.0.0.1 is allowed (the fake tools and
 /// receivers listen there); everything else non-public is refused as in production.
 pub fn test_egress() -> pulse_egress::Egress {
@@ -112,7 +121,7 @@ impl Backend {
                 let db = Db::open(&path).unwrap();
                 Self {
                     kind,
-                    store: Arc::new(SqliteStore::new(db.clone())),
+                    store: Arc::new(SqliteStore::new(db.clone()).with_keys(test_keys())),
                     queue: Arc::new(SqliteQueue::new(
                         db.clone(),
                         clock.clone() as Arc<dyn Clock>,
@@ -137,7 +146,8 @@ impl Backend {
                 .await
                 .unwrap();
                 let store =
-                    DynamoStore::new(clients.dynamodb.clone(), &table, Duration::from_secs(20));
+                    DynamoStore::new(clients.dynamodb.clone(), &table, Duration::from_secs(20))
+                        .with_keys(test_keys());
                 let hooks_url = aws::create_hooks_queue(&clients.sqs, &unique("hooks"))
                     .await
                     .unwrap();
@@ -171,22 +181,35 @@ impl Backend {
             Kind::Sqlite => {
                 let db = Db::open(self.sqlite_path.as_ref().unwrap()).unwrap();
                 (
-                    Arc::new(SqliteStore::new(db.clone())),
+                    Arc::new(SqliteStore::new(db.clone()).with_keys(test_keys())),
                     Arc::new(SqliteQueue::new(db, self.clock.clone() as Arc<dyn Clock>)),
                 )
             }
             Kind::Aws => {
                 let clients = AwsClients::for_emulator(&moto_url());
                 (
-                    Arc::new(DynamoStore::new(
-                        clients.dynamodb.clone(),
-                        self.table.as_ref().unwrap(),
-                        Duration::from_secs(20),
-                    )),
+                    Arc::new(
+                        DynamoStore::new(
+                            clients.dynamodb.clone(),
+                            self.table.as_ref().unwrap(),
+                            Duration::from_secs(20),
+                        )
+                        .with_keys(test_keys()),
+                    ),
                     Arc::new(SqsQueue::new(clients.sqs, self.queue_url.as_ref().unwrap())),
                 )
             }
         }
+    }
+
+    /// The SQLite file (SQLite backend).
+    pub fn sqlite_file(&self) -> Option<&std::path::Path> {
+        self.sqlite_path.as_deref()
+    }
+
+    /// The DynamoDB table (AWS backend).
+    pub fn table_name(&self) -> Option<&str> {
+        self.table.as_deref()
     }
 
     /// Messages in the sessions queue (waiting or in flight).

@@ -128,16 +128,25 @@ impl Services {
 }
 
 /// Connects the backend the configuration names. Opening SQLite creates and migrates the
-/// file; building AWS clients makes no network call.
+/// file (mode 0600) and, without `PULSE_ENCRYPTION_KEY`, reads or makes the key file
+/// beside it; building AWS clients makes no network call.
 pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected, StoreError> {
     match &config.backend {
         Backend::Sqlite { path } => {
             let path = path.clone();
-            let db = tokio::task::spawn_blocking(move || sqlite::Db::open(&path))
-                .await
-                .map_err(|e| StoreError::backend("sqlite", "open database", e))??;
+            let configured = config.encryption.clone();
+            let (db, keys) = tokio::task::spawn_blocking(move || {
+                let db = sqlite::Db::open(&path)?;
+                let keys = match configured {
+                    Some(keys) => keys,
+                    None => sqlite::key_file(&path)?,
+                };
+                Ok::<_, StoreError>((db, keys))
+            })
+            .await
+            .map_err(|e| StoreError::backend("sqlite", "open database", e))??;
             Ok(Connected {
-                store: Arc::new(sqlite::SqliteStore::new(db.clone())),
+                store: Arc::new(sqlite::SqliteStore::new(db.clone()).with_keys(keys)),
                 queue: Arc::new(sqlite::SqliteQueue::new(db.clone(), clock.clone())),
                 hooks: Some(Arc::new(sqlite::SqliteHookQueue::new(db, clock))),
                 bus: None,
@@ -147,11 +156,16 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
         Backend::Aws(settings) => {
             let clients = aws::AwsClients::new(settings.endpoint_url.as_deref()).await;
             Ok(Connected {
-                store: Arc::new(aws::DynamoStore::new(
-                    clients.dynamodb.clone(),
-                    &settings.table,
-                    event_write_timeout(config),
-                )),
+                // Without PULSE_ENCRYPTION_KEY, webhooks and hooks cannot be written (or
+                // read, once sealed), and say so; everything else works.
+                store: Arc::new(
+                    aws::DynamoStore::new(
+                        clients.dynamodb.clone(),
+                        &settings.table,
+                        event_write_timeout(config),
+                    )
+                    .with_keys(config.encryption.clone().unwrap_or_default()),
+                ),
                 queue: Arc::new(aws::SqsQueue::new(
                     clients.sqs.clone(),
                     &settings.sessions_queue_url,

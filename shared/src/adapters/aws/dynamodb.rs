@@ -56,6 +56,7 @@ use crate::ports::{
     ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
     HeartbeatStore, MemoryStore, PageToken, ToolRegistry, TurnStart, Window,
 };
+use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored};
 
 /// The due index's name.
 pub const DUE_INDEX: &str = "due";
@@ -288,6 +289,8 @@ pub struct DynamoStore {
     client: aws_sdk_dynamodb::Client,
     table: String,
     event_write_timeout: Duration,
+    /// Seals the secrets of webhooks and hooks.
+    keys: EncryptionKeys,
 }
 
 impl DynamoStore {
@@ -303,7 +306,54 @@ impl DynamoStore {
             client,
             table: table.into(),
             event_write_timeout,
+            keys: EncryptionKeys::none(),
         }
+    }
+
+    /// Seals secrets with `keys` (without, writing a secret fails, saying so).
+    pub fn with_keys(mut self, keys: EncryptionKeys) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// Opens a record whose secrets are sealed. With `reseal`, one stored stale (plain,
+    /// or under an old key) is sealed with the current key and put back, conditional on
+    /// its document being unchanged (a lost race leaves the other writer's version).
+    async fn open_sealed<T: Serialize + for<'de> Deserialize<'de> + SealedRecord>(
+        &self,
+        item: Item,
+        reseal: bool,
+    ) -> Result<T, StoreError> {
+        let mut record: T = read_doc(&item)?;
+        if record.open(&self.keys)? == Stored::Stale && reseal {
+            let sealed = match record.sealed(&self.keys) {
+                Ok(s) => s,
+                Err(SealError::NoKey) => return Ok(record),
+                Err(e) => return Err(e.into()),
+            };
+            let old = item.get("doc").cloned().unwrap_or_else(|| s(""));
+            let mut new = item;
+            new.insert(
+                "doc".to_owned(),
+                s(serde_json::to_string(&sealed).unwrap_or_default()),
+            );
+            let r = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(new))
+                .condition_expression("doc = :old")
+                .expression_attribute_values(":old", old)
+                .send()
+                .await;
+            if let Err(e) = r {
+                match e.into_service_error() {
+                    aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => {}
+                    other => return Err(StoreError::backend("dynamodb", "seal a stored secret", other)),
+                }
+            }
+        }
+        Ok(record)
     }
 
     async fn get(&self, op: &'static str, key: Item) -> Result<Option<Item>, StoreError> {

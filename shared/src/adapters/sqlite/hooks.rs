@@ -13,7 +13,7 @@ use jiff::SignedDuration;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use ulid::Ulid;
 
-use super::store::{SqliteStore, read_docs, to_doc};
+use super::store::{SqliteStore, read_docs, read_sealed, to_doc};
 use super::{Db, sqlite_err};
 use crate::domain::{
     AgentId, Delivery, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute,
@@ -40,7 +40,7 @@ fn stored_version(
 #[async_trait]
 impl HookStore for SqliteStore {
     async fn create_hook(&self, hook: &Hook) -> Result<(), StoreError> {
-        let h = hook.clone();
+        let h = self.keys.seal_hook(hook)?;
         self.db
             .call("create hook", move |conn| {
                 let n = conn
@@ -59,13 +59,17 @@ impl HookStore for SqliteStore {
 
     async fn get_hook(&self, id: &HookId) -> Result<Option<Hook>, StoreError> {
         let id = id.clone();
+        let keys = self.keys.clone();
         self.db
             .call("get hook", move |conn| {
-                Ok(read_docs(
+                Ok(read_sealed(
                     conn,
                     "get hook",
+                    "hooks",
                     "SELECT id, doc FROM hooks WHERE id = ?1",
                     [id.as_str()],
+                    &keys,
+                    true,
                 )?
                 .pop())
             })
@@ -74,29 +78,40 @@ impl HookStore for SqliteStore {
 
     async fn list_hooks(&self, agent: &AgentId) -> Result<Vec<Hook>, StoreError> {
         let agent = agent.clone();
+        let keys = self.keys.clone();
         self.db
             .call("list hooks", move |conn| {
-                read_docs(
+                read_sealed(
                     conn,
                     "list hooks",
+                    "hooks",
                     "SELECT id, doc FROM hooks WHERE agent_id = ?1 ORDER BY id",
                     [agent.as_str()],
+                    &keys,
+                    false,
                 )
             })
             .await
     }
 
     async fn hook_routes(&self, agent: &AgentId) -> Result<Vec<HookRoute>, StoreError> {
-        Ok(self
-            .list_hooks(agent)
-            .await?
-            .iter()
-            .map(Hook::route)
-            .collect())
+        // Routes need no secret: the documents are read without opening them.
+        let agent = agent.clone();
+        self.db
+            .call("read hook routes", move |conn| {
+                let hooks: Vec<Hook> = read_docs(
+                    conn,
+                    "read hook routes",
+                    "SELECT id, doc FROM hooks WHERE agent_id = ?1 ORDER BY id",
+                    [agent.as_str()],
+                )?;
+                Ok(hooks.iter().map(Hook::route).collect())
+            })
+            .await
     }
 
     async fn update_hook(&self, hook: &Hook) -> Result<(), StoreError> {
-        let h = hook.clone();
+        let h = self.keys.seal_hook(hook)?;
         self.db
             .call("update hook", move |conn| {
                 let n = conn

@@ -21,6 +21,7 @@ pub use queue::SqliteQueue;
 pub use store::SqliteStore;
 
 use crate::error::StoreError;
+use crate::sealing::EncryptionKeys;
 
 /// The schema version this release writes.
 const SCHEMA_VERSION: i64 = 5;
@@ -250,10 +251,89 @@ fn sqlite_err(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::backend("sqlite", op, e)
 }
 
+/// Makes sure `path` exists readable by its owner only: a new file is created with mode
+/// 0600 (SQLite then gives its `-wal` and `-shm` files the same mode); an existing one
+/// readable by others is narrowed, with its `-wal` and `-shm`.
+fn private_file(path: &Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let failed = |e: std::io::Error| {
+            StoreError::backend(
+                "sqlite",
+                "open database",
+                format!("{}: {e}", path.display()),
+            )
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(failed(e)),
+        }
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            let p = PathBuf::from(p);
+            if let Ok(meta) = std::fs::metadata(&p)
+                && meta.permissions().mode() & 0o077 != 0
+            {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(failed)?;
+                tracing::warn!(file = %p.display(), "the file was readable by other users: now 0600");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The keys of the database at `db`, from its key file (`<db>.key`, mode 0600), made
+/// with a new random key the first time: for `pulse serve` and the CLI on one machine
+/// when `PULSE_ENCRYPTION_KEY` is not set. Back it up with the database: without it the
+/// stored secrets cannot be read.
+pub fn key_file(db: &Path) -> Result<EncryptionKeys, StoreError> {
+    let mut p = db.as_os_str().to_owned();
+    p.push(".key");
+    let path = PathBuf::from(p);
+    let failed = |e: String| {
+        StoreError::Secret(format!(
+            "the key file {}: {e}; set PULSE_ENCRYPTION_KEY, or restore the file",
+            path.display()
+        ))
+    };
+    #[cfg(unix)]
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                writeln!(f, "{}", EncryptionKeys::new_key()).map_err(|e| failed(e.to_string()))?;
+                tracing::info!(file = %path.display(), "made a new encryption key for stored secrets: back it up with the database");
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(failed(e.to_string())),
+        }
+        private_file(&path)?;
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| failed(e.to_string()))?;
+    EncryptionKeys::parse(text.trim(), None).map_err(|e| failed(e.to_string()))
+}
+
 impl Db {
-    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    /// Opens (creating if needed, mode 0600) the database at `path` and brings its
+    /// schema up to date.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let open = sqlite_err("open database");
+        private_file(path)?;
         let conn = Connection::open(path).map_err(|e| {
             StoreError::backend(
                 "sqlite",

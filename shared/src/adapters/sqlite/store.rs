@@ -19,6 +19,7 @@ use crate::ports::{
     ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
     HeartbeatStore, MemoryStore, PageToken, ToolRegistry, TurnStart, Window,
 };
+use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored};
 
 /// The records of Pulse in a SQLite file.
 #[derive(Clone)]
@@ -26,16 +27,66 @@ pub struct SqliteStore {
     pub(super) db: Db,
     /// The group-commit writer of webhook acceptances, started on first use.
     pub(super) accepts: std::sync::Arc<std::sync::OnceLock<super::webhooks::Batcher>>,
+    /// Seals the secrets of webhooks and hooks.
+    pub(super) keys: EncryptionKeys,
 }
 
 impl SqliteStore {
-    /// A store over an open database.
+    /// A store over an open database. It has no encryption key until given one with
+    /// [`SqliteStore::with_keys`]: writing a secret then fails, saying so.
     pub fn new(db: Db) -> Self {
         Self {
             db,
             accepts: std::sync::Arc::default(),
+            keys: EncryptionKeys::none(),
         }
     }
+
+    /// Seals secrets with `keys`.
+    pub fn with_keys(mut self, keys: EncryptionKeys) -> Self {
+        self.keys = keys;
+        self
+    }
+}
+
+/// Reads records whose secrets are sealed (webhooks, hooks) and opens them. With
+/// `reseal`, one stored stale (plain, or under an old key) is sealed with the current
+/// key and written back, if the stored document has not changed meanwhile.
+pub(super) fn read_sealed<T: Serialize + DeserializeOwned + SealedRecord>(
+    conn: &Connection,
+    op: &'static str,
+    table: &'static str,
+    sql: &str,
+    args: impl rusqlite::Params,
+    keys: &EncryptionKeys,
+    reseal: bool,
+) -> Result<Vec<T>, StoreError> {
+    let rows: Vec<(String, String)> = {
+        let mut stmt = conn.prepare_cached(sql).map_err(sqlite_err(op))?;
+        stmt.query_map(args, |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(sqlite_err(op))?
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for (id, doc) in rows {
+        let mut record: T = from_doc(&id, &doc)?;
+        if record.open(keys)? == Stored::Stale && reseal {
+            match record.sealed(keys) {
+                Ok(sealed) => {
+                    conn.execute(
+                        &format!("UPDATE {table} SET doc = ?2 WHERE id = ?1 AND doc = ?3"),
+                        params![id, to_doc(&sealed), doc],
+                    )
+                    .map_err(sqlite_err(op))?;
+                }
+                // No key to seal with: it stays as it is, and is read as it is.
+                Err(SealError::NoKey) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        out.push(record);
+    }
+    Ok(out)
 }
 
 pub(super) fn to_doc<T: Serialize>(v: &T) -> String {

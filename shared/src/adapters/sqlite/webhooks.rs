@@ -10,7 +10,7 @@ use jiff::{SignedDuration, Timestamp};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::sqlite_err;
-use super::store::{SqliteStore, from_doc, read_docs, to_doc, upsert_event};
+use super::store::{SqliteStore, from_doc, read_sealed, to_doc, upsert_event};
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms,
 };
@@ -257,7 +257,7 @@ fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreErro
 #[async_trait]
 impl WebhookStore for SqliteStore {
     async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
-        let w = webhook.clone();
+        let w = self.keys.seal_webhook(webhook)?;
         self.db
             .call("create webhook", move |conn| {
                 let n = conn
@@ -276,13 +276,17 @@ impl WebhookStore for SqliteStore {
 
     async fn get_webhook(&self, id: &WebhookId) -> Result<Option<Webhook>, StoreError> {
         let id = id.clone();
+        let keys = self.keys.clone();
         self.db
             .call("get webhook", move |conn| {
-                Ok(read_docs(
+                Ok(read_sealed(
                     conn,
                     "get webhook",
+                    "webhooks",
                     "SELECT id, doc FROM webhooks WHERE id = ?1",
                     [id.as_str()],
+                    &keys,
+                    true,
                 )?
                 .pop())
             })
@@ -290,20 +294,24 @@ impl WebhookStore for SqliteStore {
     }
 
     async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError> {
+        let keys = self.keys.clone();
         self.db
-            .call("list webhooks", |conn| {
-                read_docs(
+            .call("list webhooks", move |conn| {
+                read_sealed(
                     conn,
                     "list webhooks",
+                    "webhooks",
                     "SELECT id, doc FROM webhooks ORDER BY id",
                     [],
+                    &keys,
+                    false,
                 )
             })
             .await
     }
 
     async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
-        let w = webhook.clone();
+        let w = self.keys.seal_webhook(webhook)?;
         self.db
             .call("update webhook", move |conn| {
                 let n = conn

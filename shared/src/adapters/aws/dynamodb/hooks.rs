@@ -77,6 +77,7 @@ impl DynamoStore {
 #[async_trait]
 impl HookStore for DynamoStore {
     async fn create_hook(&self, hook: &Hook) -> Result<(), StoreError> {
+        let hook = &self.keys.seal_hook(hook)?;
         let items = vec![
             self.put_at_version(
                 versioned(
@@ -94,10 +95,10 @@ impl HookStore for DynamoStore {
     }
 
     async fn get_hook(&self, id: &HookId) -> Result<Option<Hook>, StoreError> {
-        self.get("get hook", key(hook_pk(id), HOOK_SK))
-            .await?
-            .map(|i| read_doc(&i))
-            .transpose()
+        let Some(item) = self.get("get hook", key(hook_pk(id), HOOK_SK)).await? else {
+            return Ok(None);
+        };
+        self.open_sealed(item, true).await.map(Some)
     }
 
     async fn list_hooks(&self, agent: &AgentId) -> Result<Vec<Hook>, StoreError> {
@@ -122,6 +123,7 @@ impl HookStore for DynamoStore {
     }
 
     async fn update_hook(&self, hook: &Hook) -> Result<(), StoreError> {
+        let hook = &self.keys.seal_hook(hook)?;
         let items = vec![
             self.put_at_version(
                 versioned(

@@ -173,6 +173,7 @@ impl DynamoStore {
 #[async_trait]
 impl WebhookStore for DynamoStore {
     async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        let webhook = &self.keys.seal_webhook(webhook)?;
         let items = vec![
             self.put(
                 doc_item(webhook_pk(&webhook.id), WEBHOOK_SK.to_owned(), webhook),
@@ -190,21 +191,28 @@ impl WebhookStore for DynamoStore {
     }
 
     async fn get_webhook(&self, id: &WebhookId) -> Result<Option<Webhook>, StoreError> {
-        self.get("get webhook", key(webhook_pk(id), WEBHOOK_SK))
+        let Some(item) = self
+            .get("get webhook", key(webhook_pk(id), WEBHOOK_SK))
             .await?
-            .map(|i| read_doc(&i))
-            .transpose()
+        else {
+            return Ok(None);
+        };
+        self.open_sealed(item, true).await.map(Some)
     }
 
     async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError> {
-        self.query_prefix("list webhooks", DIRECTORY_PK, "", false, None)
+        let mut out = Vec::new();
+        for item in self
+            .query_prefix("list webhooks", DIRECTORY_PK, "", false, None)
             .await?
-            .iter()
-            .map(read_doc)
-            .collect()
+        {
+            out.push(self.open_sealed(item, false).await?);
+        }
+        Ok(out)
     }
 
     async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError> {
+        let webhook = &self.keys.seal_webhook(webhook)?;
         let items = vec![
             self.put(
                 doc_item(webhook_pk(&webhook.id), WEBHOOK_SK.to_owned(), webhook),

@@ -1,0 +1,60 @@
+//! `pulse secrets …`: the key stored secrets are encrypted with. `new-key` prints a key
+//! for `PULSE_ENCRYPTION_KEY`; `reseal` reads every webhook and hook, which encrypts
+//! again with the current key whatever is stored in plain text or under an old key, so
+//! that an old key can be dropped after a rotation.
+
+use clap::Subcommand;
+use pulse_shared::adapters::Connected;
+use pulse_shared::sealing::EncryptionKeys;
+
+use crate::Failure;
+use crate::output::{Out, outln};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum SecretsCmd {
+    /// Print a new random key (the base64 of 32 bytes) for PULSE_ENCRYPTION_KEY.
+    NewKey,
+    /// Encrypt every stored secret with the current key (PULSE_ENCRYPTION_KEY), reading
+    /// the old ones with PULSE_ENCRYPTION_OLD_KEYS; afterwards the old keys can go.
+    Reseal,
+}
+
+/// `pulse secrets new-key`: needs no configuration.
+pub(crate) fn new_key(out: &Out) {
+    let key = EncryptionKeys::new_key();
+    if out.json {
+        out.json_value(&serde_json::json!({ "key": key }));
+    } else {
+        outln!("{key}");
+        eprintln!(
+            "set it as PULSE_ENCRYPTION_KEY where Pulse runs (in AWS, as a SecureString under the secrets path); keep a copy: without it stored secrets cannot be read"
+        );
+    }
+}
+
+/// `pulse secrets reseal`.
+pub(crate) async fn reseal(b: &Connected, out: &Out) -> Result<(), Failure> {
+    let mut webhooks = 0;
+    for w in b.store.list_webhooks().await? {
+        // Reading one by its key seals it again if it was stale.
+        if b.store.get_webhook(&w.id).await?.is_some() {
+            webhooks += 1;
+        }
+    }
+    let mut hooks = 0;
+    for agent in b.store.list_agents().await? {
+        for h in b.store.list_hooks(&agent.id).await? {
+            if b.store.get_hook(&h.id).await?.is_some() {
+                hooks += 1;
+            }
+        }
+    }
+    if out.json {
+        out.json_value(&serde_json::json!({ "webhooks": webhooks, "hooks": hooks }));
+    } else {
+        eprintln!(
+            "{webhooks} webhooks and {hooks} hooks are encrypted with the current key; the old keys are no longer needed for them"
+        );
+    }
+    Ok(())
+}
