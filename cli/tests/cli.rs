@@ -424,6 +424,36 @@ fn spawn_serve(dir: &Path, extra_env: &[(&str, &str)], extra_args: &[&str]) -> s
     cmd.spawn().unwrap()
 }
 
+/// Registers the tool at `url` as `slow` and runs it on every heartbeat (of `agent` only,
+/// when given).
+fn add_heartbeat_tool(dir: &Path, url: &str, agent: Option<&str>) {
+    ok(
+        dir,
+        &[
+            "tools",
+            "add",
+            "--name",
+            "slow",
+            "--url",
+            url,
+            "--timeout",
+            "60s",
+        ],
+    );
+    let mut args = vec![
+        "subscriptions",
+        "add",
+        "--tool",
+        "slow",
+        "--event",
+        "HEARTBEAT",
+    ];
+    if let Some(a) = agent {
+        args.extend(["--agent", a]);
+    }
+    ok(dir, &args);
+}
+
 fn heartbeat_status(dir: &Path, agent: &str, beat: u64) -> Option<String> {
     json(dir, &["heartbeats", "list", "--agent", agent])
         .as_array()
@@ -460,31 +490,7 @@ async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
         }
     })
     .await;
-    let url = tool.url();
-    ok(
-        d,
-        &[
-            "tools",
-            "add",
-            "--name",
-            "slow",
-            "--url",
-            &url,
-            "--timeout",
-            "60s",
-        ],
-    );
-    ok(
-        d,
-        &[
-            "subscriptions",
-            "add",
-            "--tool",
-            "slow",
-            "--event",
-            "HEARTBEAT",
-        ],
-    );
+    add_heartbeat_tool(d, &tool.url(), None);
     let agent = ok(
         d,
         &["agents", "create", "--name", "scout", "--interval", "1h"],
@@ -527,37 +533,11 @@ async fn sigterm_releases_the_heartbeats_claimed_but_not_started() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let tool = FakeTool::answering(|_| pulse_tests::Reply::Hang).await;
-    let url = tool.url();
     let stuck = ok(
         d,
         &["agents", "create", "--name", "stuck", "--interval", "1h"],
     );
-    ok(
-        d,
-        &[
-            "tools",
-            "add",
-            "--name",
-            "slow",
-            "--url",
-            &url,
-            "--timeout",
-            "60s",
-        ],
-    );
-    ok(
-        d,
-        &[
-            "subscriptions",
-            "add",
-            "--tool",
-            "slow",
-            "--event",
-            "HEARTBEAT",
-            "--agent",
-            &stuck,
-        ],
-    );
+    add_heartbeat_tool(d, &tool.url(), Some(&stuck));
     let serve = spawn_serve(d, &[], &["--shutdown-grace", "1s"]);
     tool.wait_for(1).await;
     // The worker is busy with `stuck`: these are claimed and queued, not started.
@@ -584,6 +564,10 @@ async fn sigterm_releases_the_heartbeats_claimed_but_not_started() {
     let pid = serve.id().to_string();
     let signalled = Instant::now();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let mut serve = serve;
+    wait_until("serve stops after SIGTERM", Duration::from_secs(20), || {
+        serve.try_wait().unwrap().is_some()
+    });
     let out = serve.wait_with_output().unwrap();
     let stopped = signalled.elapsed();
     let log = String::from_utf8_lossy(&out.stderr);

@@ -360,7 +360,13 @@ mod tests {
 
     #[test]
     fn ids_made_in_one_millisecond_keep_their_order() {
-        let ids: Vec<EventId> = (0..100).map(|_| EventId::generate(7)).collect();
+        // Interleaved with ids of other milliseconds, as other threads make them.
+        let ids: Vec<EventId> = (0..100)
+            .map(|i| {
+                let _ = EventId::generate(1_000 + i);
+                EventId::generate(7)
+            })
+            .collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]));
         assert!(ids.iter().all(|id| id.timestamp_ms() == 7));
     }
@@ -483,17 +489,24 @@ pub fn quote_input(s: &str) -> String {
 }
 
 /// Random bits for a ULID stamped `ms` that are greater than the last ones this process
-/// made in the same millisecond, so ids made one after another sort in that order.
+/// made in the same millisecond, so ids made one after another sort in that order. The
+/// last value is kept for the few most recent milliseconds, not just the latest: ids
+/// stamped with different times (a record's own time, a clock that was set) may be made
+/// in between without breaking the order within each.
 fn monotonic_random(ms: u64) -> u128 {
-    static LAST: Mutex<(u64, u128)> = Mutex::new((0, 0));
+    const RECENT: usize = 16;
+    static LAST: Mutex<Vec<(u64, u128)>> = Mutex::new(Vec::new());
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
     // 80 random bits; keep headroom so increments never carry into the timestamp.
-    let random = if last.0 == ms && last.1 < (1u128 << 80) - (1u128 << 20) {
-        last.1 + 1
-    } else {
-        Ulid::new().random() >> 1
+    let found = last.iter().position(|(m, _)| *m == ms);
+    let random = match found.map(|i| last.remove(i)) {
+        Some((_, r)) if r < (1u128 << 80) - (1u128 << 20) => r + 1,
+        _ => Ulid::new().random() >> 1,
     };
-    *last = (ms, random);
+    if last.len() == RECENT {
+        last.remove(0);
+    }
+    last.push((ms, random));
     random
 }
 

@@ -316,6 +316,38 @@ impl DynamoStore {
         self
     }
 
+    /// Applies `update` to a heartbeat if it is still EXECUTING under `hb`'s claim; false
+    /// if the claim was lost.
+    async fn update_held_claim<const N: usize>(
+        &self,
+        hb: &Heartbeat,
+        op: &'static str,
+        update: &str,
+        values: [(&str, AttributeValue); N],
+    ) -> Result<bool, StoreError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat))))
+            .update_expression(update)
+            .condition_expression("#status = :executing AND #claim = :claim")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#claim", "claim")
+            .expression_attribute_values(":executing", s("EXECUTING"))
+            .expression_attribute_values(":claim", n(hb.claim));
+        for (name, value) in values {
+            req = req.expression_attribute_values(name, value);
+        }
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
+    }
+
     /// Opens a record whose secrets are sealed. With `reseal`, one stored stale (plain,
     /// or under an old key) is sealed with the current key and put back, conditional on
     /// its document being unchanged (a lost race leaves the other writer's version).
@@ -926,56 +958,25 @@ impl HeartbeatStore for DynamoStore {
     }
 
     async fn defer(&self, hb: &Heartbeat, until: Timestamp) -> Result<bool, StoreError> {
-        let r = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat))))
-            .update_expression(
-                "SET #status = :pending, scheduled_at = :until, due_at = :until \
-                 REMOVE lease_until, started_at, window_end",
-            )
-            .condition_expression("#status = :executing AND #claim = :claim")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_names("#claim", "claim")
-            .expression_attribute_values(":pending", s("PENDING"))
-            .expression_attribute_values(":executing", s("EXECUTING"))
-            .expression_attribute_values(":claim", n(hb.claim))
-            .expression_attribute_values(":until", n(to_ms(until)))
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "defer heartbeat", other)),
-            },
-        }
+        self.update_held_claim(
+            hb,
+            "defer heartbeat",
+            "SET #status = :pending, scheduled_at = :until, due_at = :until \
+             REMOVE lease_until, started_at, window_end",
+            [(":pending", s("PENDING")), (":until", n(to_ms(until)))],
+        )
+        .await
     }
 
     async fn renew(&self, hb: &Heartbeat, lease_until: Timestamp) -> Result<bool, StoreError> {
-        let r = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat))))
-            // The due index follows the lease, so the sweeper sees the new end.
-            .update_expression("SET lease_until = :lease, due_at = :lease")
-            .condition_expression("#status = :executing AND #claim = :claim")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_names("#claim", "claim")
-            .expression_attribute_values(":executing", s("EXECUTING"))
-            .expression_attribute_values(":claim", n(hb.claim))
-            .expression_attribute_values(":lease", n(to_ms(lease_until)))
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "renew heartbeat lease", other)),
-            },
-        }
+        // The due index follows the lease, so the sweeper sees the new end.
+        self.update_held_claim(
+            hb,
+            "renew heartbeat lease",
+            "SET lease_until = :lease, due_at = :lease",
+            [(":lease", n(to_ms(lease_until)))],
+        )
+        .await
     }
 
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError> {
