@@ -410,6 +410,44 @@ async fn fifo_failures(kind: Kind) {
     );
 }
 
+/// Issue 14, item 2: the token budget had no test, and was checked only before each
+/// call, so one step could overrun it by a whole response. Now each request asks for at
+/// most what is left (after a prompt as long as the last), and the stop is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_budget_caps_each_request_and_stops_the_loop_on_both_wire_formats() {
+    for provider in [ProviderKind::Anthropic, ProviderKind::OpenAi] {
+        let w = world(Kind::Sqlite).await;
+        let agent = w
+            .agent(|a| {
+                a.llm.provider = Some(provider);
+                a.llm.base_url = Some(w.llm.url().parse().unwrap());
+                a.budgets.max_tokens = 400;
+            })
+            .await;
+        // Each answer uses 100 input and 20 output tokens, and asks for another tool.
+        w.llm.script(
+            (0..6).map(|i| Scripted::tool("remember", json!({ "text": format!("fact {i}") }))),
+        );
+        w.beat().await;
+        let asked: Vec<u64> = w
+            .llm
+            .requests()
+            .iter()
+            .map(|r| r.body["max_tokens"].as_u64().unwrap())
+            .collect();
+        // 400 left; then 400 - 120 used - a 100-token prompt = 180; then 60; then the
+        // next prompt would not fit.
+        assert_eq!(asked, [400, 180, 60], "{provider:?}");
+        let actions = w.b.store.list_actions(&agent.id, 10).await.unwrap();
+        let response = actions[0].response.as_ref().unwrap();
+        let stop = response["output"]["budget_stop"].as_str().unwrap();
+        assert!(stop.starts_with("max_tokens"), "{provider:?}: {stop}");
+        let used = response["usage"]["input_tokens"].as_u64().unwrap()
+            + response["usage"]["output_tokens"].as_u64().unwrap();
+        assert_eq!(used, 360, "within the budget of 400");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_wire_formats_carry_tool_calls_and_a_budget_stops_the_loop() {
     let w = world(Kind::Sqlite).await;

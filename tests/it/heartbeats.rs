@@ -10,7 +10,7 @@ use pulse_shared::domain::{
     ActionStatus, Agent, Delivery, EventType, Filter, HeartbeatId, HeartbeatStatus, SessionTask,
     TaskEnvelope, ToolName,
 };
-use pulse_shared::engine::RunOutcome;
+use pulse_shared::engine::{EngineSettings, RunOutcome, Worker};
 use pulse_shared::ports::Store;
 use pulse_tests::{
     Backend, FakeTool, Kind, Reply, closed_port_url, ok_with_events, on_both_backends, settings,
@@ -839,3 +839,115 @@ on_both_backends!(
     a_stopping_worker_releases_the_heartbeats_it_did_not_start,
     a_stopping_worker_releases_the_heartbeats_it_did_not_start
 );
+
+/// An agent with active `hours` (UTC), a 1 h interval and an HTTP tool on HEARTBEAT.
+async fn in_hours_agent(
+    b: &Backend,
+    hours: &str,
+) -> (Agent, pulse_shared::domain::Heartbeat, FakeTool) {
+    let tool = FakeTool::start().await;
+    b.tool("clocked", &tool.url(), "HEARTBEAT").await;
+    let mut new = pulse_shared::domain::NewAgent::named("office");
+    new.interval = "1h".parse().unwrap();
+    new.active_hours = Some(hours.parse().unwrap());
+    let (agent, first) = new.create(b.now()).unwrap();
+    b.store.create_agent(&agent, &first).await.unwrap();
+    (agent, first, tool)
+}
+
+fn at(s: &str) -> jiff::Timestamp {
+    s.parse().unwrap()
+}
+
+/// Issue 14, item 1: active hours were applied only after a completed heartbeat.
+async fn every_due_time_falls_inside_the_active_hours(kind: Kind) {
+    // A new agent, created after hours: its first heartbeat waits for the morning.
+    let b = Backend::new(kind).await;
+    b.clock.set(at("2026-03-02T23:00:00Z"));
+    let (agent, first, tool) = in_hours_agent(&b, "08:00-22:00").await;
+    assert_eq!(first.scheduled_at, at("2026-03-03T08:00:00Z"));
+    assert_eq!(beat(&b).await, 0, "nothing due at night");
+
+    // A backlog run that ends after hours: the rest waits for the morning too.
+    b.clock.set(at("2026-03-03T08:00:00Z"));
+    assert_eq!(beat(&b).await, 1);
+    b.clock.set(at("2026-03-03T21:58:00Z"));
+    for i in 0..3 {
+        b.emit(&agent, "NOTE", json!({ "i": i })).await;
+    }
+    b.clock.set(at("2026-03-03T21:59:00Z"));
+    let s = EngineSettings {
+        max_window_events: 2,
+        event_settle: SignedDuration::ZERO,
+        ..settings()
+    };
+    let slow = b.runner(s.clone());
+    // The tool takes two minutes: the run ends at 22:01.
+    let clock = b.clock.clone();
+    tool.set(move |_| {
+        clock.advance(SignedDuration::from_mins(2));
+        ok_with_events(json!([]))
+    });
+    assert_eq!(b.sweeper(s.clone()).sweep_once(b.now()).await.claimed, 1);
+    b.drain(&Worker::new(slow)).await;
+    let hbs = heartbeats(&b, &agent).await;
+    let next = hbs.last().unwrap();
+    assert_eq!(next.status, HeartbeatStatus::Pending);
+    assert_eq!(
+        next.scheduled_at,
+        at("2026-03-04T08:00:00Z"),
+        "the backlog is due at once, but not outside the hours"
+    );
+
+    // The user talks at 21:50 with a 30-minute quiet period: not 22:20, but 08:00.
+    let b = Backend::new(kind).await;
+    b.clock.set(at("2026-03-02T21:40:00Z"));
+    let (agent, first, tool) = in_hours_agent(&b, "08:00-22:00").await;
+    assert_eq!(first.scheduled_at, at("2026-03-02T21:40:00Z"));
+    b.store
+        .record_interaction(&agent.id, at("2026-03-02T21:30:00Z"))
+        .await
+        .unwrap();
+    beat(&b).await;
+    let hb = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(
+        (hb.status, hb.scheduled_at),
+        (HeartbeatStatus::Pending, at("2026-03-03T08:00:00Z"))
+    );
+    assert!(tool.requests().is_empty());
+
+    // A heartbeat claimed late, after hours (the sweeper was down): it waits too.
+    let b = Backend::new(kind).await;
+    b.clock.set(at("2026-03-02T21:59:00Z"));
+    let (_, first, tool) = in_hours_agent(&b, "22:00-06:00").await;
+    assert_eq!(
+        first.scheduled_at,
+        at("2026-03-02T22:00:00Z"),
+        "a window across midnight opens at 22:00"
+    );
+    b.clock.set(at("2026-03-03T07:30:00Z"));
+    beat(&b).await;
+    let hb = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(
+        (hb.status, hb.scheduled_at),
+        (HeartbeatStatus::Pending, at("2026-03-03T22:00:00Z"))
+    );
+    assert!(tool.requests().is_empty(), "no tool runs outside the hours");
+    b.clock.set(at("2026-03-03T22:00:00Z"));
+    beat(&b).await;
+    assert_eq!(tool.requests().len(), 1);
+}
+on_both_backends!(
+    every_due_time_falls_inside_the_active_hours,
+    every_due_time_falls_inside_the_active_hours
+);
+
+#[test]
+fn a_new_agents_first_heartbeat_follows_its_time_zone_across_a_dst_change() {
+    let mut new = pulse_shared::domain::NewAgent::named("berlin");
+    new.active_hours = Some("08:00-22:00".parse().unwrap());
+    new.timezone = pulse_shared::domain::TimeZoneName::parse("Europe/Berlin").unwrap();
+    // 23:30 CET on the night the clocks go forward: 08:00 CEST is 06:00 UTC.
+    let (_, first) = new.create(at("2026-03-28T22:30:00Z")).unwrap();
+    assert_eq!(first.scheduled_at, at("2026-03-29T06:00:00Z"));
+}

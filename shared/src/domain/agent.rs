@@ -56,6 +56,21 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// `at`, moved to the first instant inside the agent's active hours (in its time
+    /// zone); `at` itself when it has none. Every due time the engine sets goes through
+    /// this.
+    pub fn in_active_hours(&self, at: Timestamp) -> Timestamp {
+        match self.active_hours {
+            Some(h) => h.next_active(at, &self.timezone.zone()),
+            None => at,
+        }
+    }
+
+    /// Whether `at` falls inside the agent's active hours (always, when it has none).
+    pub fn is_active_at(&self, at: Timestamp) -> bool {
+        self.in_active_hours(at) == at
+    }
+
     /// How long after a user turn the next heartbeat waits.
     pub fn quiet_period(&self) -> SignedDuration {
         match self.quiet_period {
@@ -182,7 +197,7 @@ impl NewAgent {
     }
 
     /// Validates the input and creates the agent with its first heartbeat, due at once
-    /// (seed 001: a new agent wakes immediately).
+    /// (seed 001: a new agent wakes immediately), or when its active hours next open.
     pub fn create(self, now: Timestamp) -> Result<(Agent, Heartbeat), ValidationError> {
         let name = self.name.trim().to_owned();
         if name.is_empty() || name.chars().count() > 100 {
@@ -232,7 +247,8 @@ impl NewAgent {
             quiet_period: self.quiet_period,
             discord_channel,
         };
-        let first = Heartbeat::pending(&agent, 1, now, EventCursor::origin(), 0, None, 0);
+        let due = agent.in_active_hours(now);
+        let first = Heartbeat::pending(&agent, 1, due, EventCursor::origin(), 0, None, 0);
         Ok((agent, first))
     }
 }

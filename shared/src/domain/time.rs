@@ -179,13 +179,24 @@ impl ActiveHours {
         // otherwise tomorrow's. That holds for wrapping ranges too.
         let mut day = zoned.date();
         for _ in 0..3 {
-            // A start time skipped by a DST gap resolves forward (jiff's "compatible").
             if let Ok(open) = day
                 .at(self.start.hour(), self.start.minute(), 0, 0)
                 .to_zoned(tz.clone())
-                && open.timestamp() >= at
             {
-                return open.timestamp();
+                // A start time skipped by a DST gap (02:30 on the spring-forward night)
+                // opens when the clocks jump, the first instant inside the hours.
+                let open = match tz.preceding(open.timestamp()).next() {
+                    Some(jump)
+                        if open.time() != self.start
+                            && self.contains(jump.timestamp().to_zoned(tz.clone()).time()) =>
+                    {
+                        jump.timestamp()
+                    }
+                    _ => open.timestamp(),
+                };
+                if open >= at {
+                    return open;
+                }
             }
             match day.tomorrow() {
                 Ok(d) => day = d,
@@ -323,6 +334,28 @@ mod tests {
         assert_eq!(
             h.next_active(ts("2026-01-10T06:30:00Z"), &paris),
             ts("2026-01-10T07:00:00Z")
+        );
+    }
+
+    #[test]
+    fn hours_follow_a_dst_change_and_a_start_in_the_gap_opens_when_the_clocks_jump() {
+        let berlin = TimeZoneName::parse("Europe/Berlin").unwrap().zone();
+        let day: ActiveHours = "08:00-22:00".parse().unwrap();
+        // 23:30 CET on the night clocks go forward: 08:00 CEST is 06:00 UTC, not 07:00.
+        assert_eq!(
+            day.next_active(ts("2026-03-28T22:30:00Z"), &berlin),
+            ts("2026-03-29T06:00:00Z")
+        );
+        // And back: 08:00 CET on 25 October is 07:00 UTC.
+        assert_eq!(
+            day.next_active(ts("2026-10-24T21:00:00Z"), &berlin),
+            ts("2026-10-25T07:00:00Z")
+        );
+        // 02:30 does not exist on 29 March: the hours open at 03:00 CEST (01:00 UTC).
+        let night: ActiveHours = "02:30-04:00".parse().unwrap();
+        assert_eq!(
+            night.next_active(ts("2026-03-28T23:00:00Z"), &berlin),
+            ts("2026-03-29T01:00:00Z")
         );
     }
 

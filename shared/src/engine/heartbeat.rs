@@ -156,6 +156,20 @@ impl HeartbeatRunner {
         hooks.emit(&plan.routes, &plan.agent, emission).await;
     }
 
+    /// Puts the claimed heartbeat back to PENDING, due at `until`.
+    async fn defer(
+        &self,
+        hb: &Heartbeat,
+        until: Timestamp,
+        why: &'static str,
+    ) -> Result<RunOutcome, EngineError> {
+        if self.store.defer(hb, until).await? {
+            info!(until = %until, "{why}");
+            return Ok(RunOutcome::Deferred(until));
+        }
+        Ok(RunOutcome::Superseded)
+    }
+
     /// Gives back a claimed heartbeat whose job was never started (its worker is
     /// stopping): PENDING again, due now, so the next sweep claims it afresh. False if the
     /// claim was no longer held.
@@ -226,15 +240,27 @@ impl HeartbeatRunner {
         };
         // Seed 004, option D: right after the user talked to the agent, its next
         // heartbeat waits out a quiet period instead of chiming in.
+        let now = self.clock.now();
         if let Some(at) = agent.last_interaction_at {
-            let until = at.saturating_add(agent.quiet_period()).unwrap_or(at);
-            if until > self.clock.now() {
-                if self.store.defer(hb, until).await? {
-                    info!(until = %until, "the user talked to the agent recently: heartbeat deferred to the end of its quiet period");
-                    return Ok(RunOutcome::Deferred(until));
-                }
-                return Ok(RunOutcome::Superseded);
+            let until =
+                agent.in_active_hours(at.saturating_add(agent.quiet_period()).unwrap_or(at));
+            if until > now {
+                return self
+                    .defer(hb, until, "the user talked to the agent recently: heartbeat deferred to the end of its quiet period")
+                    .await;
             }
+        }
+        // Due times are planned inside the active hours; one that comes up outside them
+        // (claimed late, or the hours changed) waits for them to open.
+        if !agent.is_active_at(now) {
+            let until = agent.in_active_hours(now);
+            return self
+                .defer(
+                    hb,
+                    until,
+                    "outside the agent's active hours: heartbeat deferred to their next start",
+                )
+                .await;
         }
         let next_start = match (window.truncated, window.events.last()) {
             (true, Some(last)) => EventCursor::after(&last.id),
@@ -646,9 +672,9 @@ impl HeartbeatRunner {
         done.last_interaction_beat = plan.last_interaction_beat;
         done.interaction_seen_at = plan.interaction_seen_at;
         // A window cut short at its size limit leaves a backlog: the next heartbeat is
-        // due at once rather than an interval later.
+        // due at once (inside the active hours) rather than an interval later.
         let at = if backlog {
-            now
+            plan.agent.in_active_hours(now)
         } else {
             next_run(&plan.agent, now, 0, self.settings.max_backoff)
         };

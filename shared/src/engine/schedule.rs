@@ -28,11 +28,7 @@ pub fn next_run(agent: &Agent, ended: Timestamp, failures: u32, cap: SignedDurat
     } else {
         failure_delay(interval, failures, cap)
     };
-    let at = ended.saturating_add(delay).unwrap_or(Timestamp::MAX);
-    match agent.active_hours {
-        Some(h) => h.next_active(at, &agent.timezone.zone()),
-        None => at,
-    }
+    agent.in_active_hours(ended.saturating_add(delay).unwrap_or(Timestamp::MAX))
 }
 
 #[cfg(test)]

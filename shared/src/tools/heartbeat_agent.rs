@@ -155,6 +155,8 @@ impl HeartbeatAgent {
         let tools = tool_specs();
         let budgets = agent.budgets;
         let mut calls = 0usize;
+        // The last prompt's size, in tokens: the next one is at least as long.
+        let mut last_input = 0u64;
         for step in 0..budgets.max_steps {
             // The agent read above answers the first check; later ones read it again.
             let why = if step == 0 {
@@ -165,29 +167,36 @@ impl HeartbeatAgent {
             if let Some(why) = why {
                 return Ok(Some(why));
             }
-            if t.usage.total() >= budgets.max_tokens {
+            // The budget counts input and output. The next prompt is at least as long as
+            // the last one, so a step is made only if that prompt still fits, and the
+            // model may answer with at most what is left: one step cannot overrun the
+            // budget by a whole response.
+            let used = t.usage.total();
+            let left = budgets.max_tokens.saturating_sub(used + last_input);
+            if left == 0 {
                 t.budget_stop = Some(format!(
-                    "max_tokens: {} tokens used, the budget is {}",
-                    t.usage.total(),
+                    "max_tokens: {used} tokens used and the next prompt needs about {last_input}; the budget is {}",
                     budgets.max_tokens
                 ));
                 warn!(
-                    used = t.usage.total(),
+                    used,
                     budget = budgets.max_tokens,
                     "heartbeat agent stopped: token budget reached"
                 );
                 return Ok(None);
             }
+            let max_tokens = u32::try_from(left).unwrap_or(u32::MAX).min(STEP_MAX_TOKENS);
             let resp = llm
                 .complete(&LlmRequest {
                     model: None,
                     messages: messages.clone(),
                     tools: tools.clone(),
-                    max_tokens: STEP_MAX_TOKENS,
+                    max_tokens,
                 })
                 .await
                 .map_err(|e| chain(&e))?;
             t.usage.add(resp.usage);
+            last_input = resp.usage.input_tokens;
             t.model = resp.model.clone();
             info!(
                 step,
@@ -210,6 +219,17 @@ impl HeartbeatAgent {
                 text: resp.text.clone(),
                 tool_calls: resp.tool_calls.clone(),
             });
+            if resp.stop == StopReason::MaxTokens && max_tokens < STEP_MAX_TOKENS {
+                t.budget_stop = Some(format!(
+                    "max_tokens: the answer was cut at the {max_tokens} tokens left of the budget of {}",
+                    budgets.max_tokens
+                ));
+                warn!(
+                    budget = budgets.max_tokens,
+                    "heartbeat agent stopped: token budget reached mid-answer"
+                );
+                return Ok(None);
+            }
             if resp.tool_calls.is_empty() || resp.stop != StopReason::ToolUse {
                 return Ok(None);
             }
