@@ -595,3 +595,56 @@ async fn discord_rate_limits_are_waited_out_and_a_refusal_fails_the_turn_once() 
     );
     assert_eq!(w.discord.messages().len(), 1);
 }
+
+on_both_backends!(
+    message_received_is_delivered_signed_with_the_turns_signals,
+    message_received
+);
+/// Issue 14, item 3: MESSAGE_RECEIVED was emitted but never delivered in any test.
+async fn message_received(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
+    let hook = pulse_shared::domain::Hook::new(
+        agent.id.clone(),
+        pulse_shared::domain::HookType::parse("MESSAGE_RECEIVED").unwrap(),
+        pulse_shared::domain::HookTarget::parse(&receiver.url()).unwrap(),
+        &pulse_signatures::inbound::generate_secret(),
+        w.b.now(),
+    );
+    w.b.store.create_hook(&hook).await.unwrap();
+    let said = w
+        .say(&agent, "is the deploy done?", SignalMeta::default())
+        .await;
+    w.b.drain(&w.worker).await;
+    let d = w.b.dispatcher();
+    while d
+        .poll_once(10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .handled
+        > 0
+    {}
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+    let r = &got[0];
+    pulse_signatures::inbound::verify(
+        pulse_signatures::inbound::Scheme::Standard,
+        &[hook.secret.expose()],
+        &r.headers,
+        &r.body,
+        w.b.now().as_second(),
+    )
+    .unwrap();
+    let body = r.json();
+    assert_eq!(body["hook_type"], "MESSAGE_RECEIVED");
+    assert_eq!(body["context"]["triggered_by"], "MESSAGE");
+    let data = &body["data"];
+    assert!(
+        data["turn_id"].as_str().unwrap().starts_with("tn_"),
+        "{data}"
+    );
+    assert_eq!(data["signals"][0]["id"], said.id.as_str());
+    assert_eq!(data["signals"][0]["kind"], "message");
+    assert_eq!(data["signals"][0]["text"], "is the deploy done?");
+}

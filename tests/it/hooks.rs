@@ -693,3 +693,328 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
     assert_eq!(event["detail"], detail);
     assert_eq!(event["detail"]["agent"]["id"], agent.id.as_str());
 }
+
+// Issue 14, item 3: six hook types were emitted but never delivered in any test. Each
+// test below makes the lifecycle point happen, delivers through the dispatcher to the
+// recording receiver, checks the signature with the hook's secret and the documented
+// `data` fields.
+
+/// Delivers everything queued now.
+async fn dispatch_all(b: &Backend) {
+    let d = b.dispatcher();
+    while d
+        .poll_once(10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .handled
+        > 0
+    {}
+}
+
+/// The one delivery of `hook` the receiver got, checked: signed with the hook's secret
+/// (Standard Webhooks), of its type, for its agent, with each of `fields` in `data`.
+fn delivered(
+    b: &Backend,
+    receiver: &FakeReceiver,
+    hook: &Hook,
+    fields: &[&str],
+) -> serde_json::Value {
+    let got: Vec<_> = receiver
+        .received()
+        .into_iter()
+        .filter(|r| r.header("x-pulse-hook-type") == hook.hook_type.as_str())
+        .collect();
+    assert_eq!(got.len(), 1, "{}: {} deliveries", hook.hook_type, got.len());
+    let r = &got[0];
+    verify(
+        Scheme::Standard,
+        &[hook.secret.expose()],
+        &r.headers,
+        &r.body,
+        b.now().as_second(),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", hook.hook_type));
+    let body = r.json();
+    assert_eq!(body["hook_type"], hook.hook_type.as_str());
+    assert_eq!(body["agent"]["id"], hook.agent_id.as_str());
+    for f in fields {
+        assert!(
+            body["data"].get(*f).is_some(),
+            "{}: no data.{f} in {}",
+            hook.hook_type,
+            body["data"]
+        );
+    }
+    body["data"].clone()
+}
+
+/// A heartbeat in which `SnipCreate` (answers) and `Broken` (500) run on HEARTBEAT, with a
+/// hook of `hook_type`; returns the hook and the receiver once delivered.
+async fn action_point(b: &Backend, hook_type: &str) -> (Hook, FakeReceiver) {
+    let receiver = FakeReceiver::start().await;
+    let ok = FakeTool::start().await;
+    let broken = FakeTool::answering(|_| pulse_tests::Reply::Raw(500, "down")).await;
+    b.tool("SnipCreate", &ok.url(), "HEARTBEAT").await;
+    b.tool("Broken", &broken.url(), "HEARTBEAT").await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(b, &agent, hook_type, &receiver.url()).await;
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker_with_hooks(settings())).await;
+    dispatch_all(b).await;
+    // The receivers must outlive the run: keep the tools alive until here.
+    drop((ok, broken));
+    (h, receiver)
+}
+
+const BEFORE_FIELDS: &[&str] = &["tool_name", "attempt", "event"];
+const AFTER_FIELDS: &[&str] = &[
+    "tool_name",
+    "status",
+    "response",
+    "error_message",
+    "new_events",
+    "execution_time_ms",
+];
+
+on_both_backends!(action_started_is_delivered, action_started);
+async fn action_started(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let tool = FakeTool::start().await;
+    b.tool("SnipCreate", &tool.url(), "HEARTBEAT").await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "ACTION_STARTED", &receiver.url()).await;
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker_with_hooks(settings())).await;
+    dispatch_all(&b).await;
+    let data = delivered(&b, &receiver, &h, BEFORE_FIELDS);
+    assert_eq!(data["tool_name"], "SnipCreate");
+    assert_eq!(data["event"]["type"], "HEARTBEAT");
+}
+
+on_both_backends!(before_a_tool_is_delivered, before_tool);
+async fn before_tool(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (h, receiver) = action_point(&b, "BEFORE_SNIP_CREATE").await;
+    let data = delivered(&b, &receiver, &h, BEFORE_FIELDS);
+    assert_eq!(data["tool_name"], "SnipCreate");
+    assert_eq!(data["attempt"], 1);
+}
+
+on_both_backends!(action_completed_is_delivered, action_completed);
+async fn action_completed(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let tool = FakeTool::start().await;
+    b.tool("SnipCreate", &tool.url(), "HEARTBEAT").await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "ACTION_COMPLETED", &receiver.url()).await;
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker_with_hooks(settings())).await;
+    dispatch_all(&b).await;
+    let data = delivered(&b, &receiver, &h, AFTER_FIELDS);
+    assert_eq!(data["status"], "COMPLETED");
+    assert_eq!(data["response"]["output"], json!({"ok": true}));
+}
+
+on_both_backends!(action_failed_is_delivered, action_failed);
+async fn action_failed(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (h, receiver) = action_point(&b, "ACTION_FAILED").await;
+    let data = delivered(&b, &receiver, &h, AFTER_FIELDS);
+    assert_eq!(data["tool_name"], "Broken");
+    assert_eq!(data["status"], "FAILED");
+    assert!(
+        data["error_message"].as_str().unwrap().contains("500"),
+        "{data}"
+    );
+}
+
+on_both_backends!(heartbeat_failed_is_delivered, heartbeat_failed);
+async fn heartbeat_failed(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let tool = FakeTool::start().await;
+    b.tool("recorder", &tool.url(), "HEARTBEAT").await;
+    let (agent, first) = b.agent("scout", "10m").await;
+    let h = hook(&b, &agent, "HEARTBEAT_FAILED", &receiver.url()).await;
+    // Storage fails mid-run: the engine records the heartbeat FAILED.
+    let faulty = Arc::new(crate::faulty::FaultyStore::new(b.store.clone()));
+    faulty.fail_actions(true);
+    let runner = pulse_shared::engine::HeartbeatRunner::new(
+        faulty,
+        Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
+        b.clock.clone(),
+        settings(),
+    )
+    .with_hooks(b.emitter());
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&pulse_shared::engine::Worker::new(Arc::new(runner)))
+        .await;
+    dispatch_all(&b).await;
+    let data = delivered(
+        &b,
+        &receiver,
+        &h,
+        &["beat", "error_message", "consecutive_failures", "next_at"],
+    );
+    assert_eq!(data["beat"], first.beat);
+    assert_eq!(data["consecutive_failures"], 1);
+    assert!(
+        data["error_message"].as_str().unwrap().contains("injected"),
+        "{data}"
+    );
+}
+
+// Issue 14, item 4: the AWS hook path past the happy case.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_delivery_is_sent_to_the_sqs_dead_letter_queue() {
+    let b = Backend::new(Kind::Aws).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![Answer::status(503)]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    h.retry = RetrySchedule::none();
+    h.version += 1;
+    b.store.update_hook(&h).await.unwrap();
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    assert_eq!(poll(&b).await, 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!((d.status, d.attempts), (DeliveryStatus::Exhausted, 1));
+    let dead = b
+        .aws
+        .as_ref()
+        .unwrap()
+        .sqs
+        .receive_message()
+        .queue_url(b.hooks_dlq_url.as_ref().unwrap())
+        .message_attribute_names("All")
+        .max_number_of_messages(10)
+        .send()
+        .await
+        .unwrap();
+    let messages = dead.messages();
+    assert_eq!(messages.len(), 1, "one message on the DLQ");
+    let task = pulse_shared::domain::HookTask::decode(messages[0].body().unwrap()).unwrap();
+    assert_eq!(task.delivery_id, d.id);
+    assert_eq!(task.hook_id, h.id);
+    let reason = messages[0].message_attributes().unwrap()["reason"]
+        .string_value()
+        .unwrap();
+    assert!(reason.contains("503"), "{reason}");
+}
+
+/// A hooks queue that records what is sent before sending it on.
+struct Recording {
+    inner: Arc<dyn pulse_shared::ports::HookQueue>,
+    sent: Mutex<Vec<pulse_shared::ports::HookMessage>>,
+}
+
+#[async_trait]
+impl pulse_shared::ports::HookQueue for Recording {
+    fn max_delay(&self) -> Duration {
+        self.inner.max_delay()
+    }
+    async fn send(
+        &self,
+        messages: &[pulse_shared::ports::HookMessage],
+    ) -> Result<pulse_shared::ports::SendReport, pulse_shared::error::StoreError> {
+        self.sent.lock().unwrap().extend(messages.iter().cloned());
+        self.inner.send(messages).await
+    }
+    async fn receive(
+        &self,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<Vec<pulse_shared::domain::Delivery>, pulse_shared::error::StoreError> {
+        self.inner.receive(max, visibility).await
+    }
+    async fn ack(&self, receipt: &str) -> Result<(), pulse_shared::error::StoreError> {
+        self.inner.ack(receipt).await
+    }
+    async fn dead_letter(
+        &self,
+        task: &pulse_shared::domain::HookTask,
+        reason: &str,
+    ) -> Result<(), pulse_shared::error::StoreError> {
+        self.inner.dead_letter(task, reason).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
+    let b = Backend::new(Kind::Aws).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![Answer::status(503), Answer::status(204)]);
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    h.retry = RetrySchedule::parse("1h").unwrap();
+    h.version += 1;
+    b.store.update_hook(&h).await.unwrap();
+    let queue = Arc::new(Recording {
+        inner: b.hooks.clone(),
+        sent: Mutex::new(Vec::new()),
+    });
+    let d = pulse_shared::engine::Dispatcher::new(
+        b.store.clone(),
+        queue.clone(),
+        Arc::new(pulse_shared::outbound::HookClient::new(
+            pulse_tests::test_egress(),
+            None,
+        )),
+        b.clock.clone(),
+        pulse_shared::engine::DispatchSettings::default(),
+    );
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    assert_eq!(
+        d.poll_once(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .attempts,
+        1
+    );
+    // The retry is due in an hour (±20 %): SQS holds a message at most 15 minutes.
+    let first_retry = queue.sent.lock().unwrap().last().cloned().unwrap();
+    let due = first_retry.task.not_before;
+    let wait = due.duration_since(b.now());
+    assert!(
+        wait >= SignedDuration::from_mins(48) && wait <= SignedDuration::from_mins(72),
+        "{wait:?}"
+    );
+    assert_eq!(first_retry.delay, Duration::from_secs(900));
+
+    // Each time SQS hands the message over (as the Lambda event source would, after 15
+    // minutes), it is sent on with what remains, until the hour is up.
+    let mut task = first_retry.task;
+    let mut hops = 0;
+    loop {
+        b.advance(SignedDuration::from_mins(15));
+        match d.handle(&task).await.unwrap() {
+            Handled::Deferred(at) => {
+                assert_eq!(at, due);
+                hops += 1;
+                let next = queue.sent.lock().unwrap().last().cloned().unwrap();
+                assert!(next.delay <= Duration::from_secs(900));
+                assert_eq!(next.task.attempt, 2);
+                assert_eq!(next.task.not_before, due);
+                task = next.task;
+            }
+            Handled::Attempted(a) => {
+                assert!(b.now() >= due, "attempted early");
+                assert_eq!(a.status, AttemptStatus::Success);
+                break;
+            }
+            Handled::Skipped(why) => panic!("skipped: {why}"),
+        }
+        assert!(hops < 10);
+    }
+    assert_eq!(
+        hops,
+        (wait.as_secs_f64() / 900.0).ceil() as usize - 1,
+        "one hop per 15 minutes"
+    );
+    assert_eq!(receiver.received().len(), 2);
+    let done = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!(done.status, DeliveryStatus::Succeeded);
+}

@@ -104,6 +104,8 @@ pub struct Backend {
     pub clock: Arc<ManualClock>,
     /// For AWS: the SDK clients (and their request counter).
     pub aws: Option<AwsClients>,
+    /// For AWS: the hooks dead-letter queue's URL.
+    pub hooks_dlq_url: Option<String>,
     sqlite_path: Option<std::path::PathBuf>,
     table: Option<String>,
     queue_url: Option<String>,
@@ -129,6 +131,7 @@ impl Backend {
                     hooks: Arc::new(SqliteHookQueue::new(db, clock.clone() as Arc<dyn Clock>)),
                     clock,
                     aws: None,
+                    hooks_dlq_url: None,
                     sqlite_path: Some(path),
                     table: None,
                     queue_url: None,
@@ -161,10 +164,11 @@ impl Backend {
                     hooks: Arc::new(SqsHookQueue::new(
                         clients.sqs.clone(),
                         &hooks_url,
-                        Some(dlq_url),
+                        Some(dlq_url.clone()),
                     )),
                     clock,
                     aws: Some(clients),
+                    hooks_dlq_url: Some(dlq_url),
                     sqlite_path: None,
                     table: Some(table),
                     queue_url: Some(url),
