@@ -64,7 +64,10 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
     let emitter = backend
         .emitter(clock.clone())
         .ok_or_else(|| Failure::Input("no hooks queue".into()))?;
-    let routes = emitter.routes(&agent.id).await;
+    let routes = emitter
+        .routes(&agent.id)
+        .await
+        .map_err(|e| Failure::Runtime(e.into()))?;
     let emission = |i: usize| Emission {
         hook_type: HookType::of(HookType::AFTER_HEARTBEAT),
         heartbeat_id: None,
@@ -79,7 +82,10 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
     // Throughput: a backlog of deliveries, drained by the dispatcher's loop.
     eprintln!("queueing {deliveries} deliveries …");
     for i in 0..deliveries {
-        emitter.emit(&routes, &agent, emission(i)).await;
+        emitter
+            .emit(&routes, &agent, emission(i))
+            .await
+            .map_err(|e| Failure::Runtime(e.into()))?;
     }
     let began = Instant::now();
     let attempts = dispatcher.drain(16, visibility).await?;
@@ -99,7 +105,8 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
         let t = Instant::now();
         emitter
             .emit(&routes, &agent, emission(deliveries + i))
-            .await;
+            .await
+            .map_err(|e| Failure::Runtime(e.into()))?;
         let r = dispatcher.poll_once(16, visibility).await?;
         if r.attempts != 1 {
             return Err(Failure::Runtime(anyhow::anyhow!(

@@ -25,11 +25,9 @@ struct World {
     worker: Worker,
 }
 
-async fn world(kind: Kind) -> World {
-    let b = Backend::new(kind).await;
-    let llm = FakeLlm::start().await;
-    let discord = FakeDiscord::start().await;
-    let services = Services {
+/// The model and Discord of these tests: the fakes.
+fn services(llm: &FakeLlm, discord: &FakeDiscord) -> Services {
+    Services {
         llm: Arc::new(Router::new(
             LlmConfig {
                 provider: ProviderKind::OpenAi,
@@ -52,7 +50,14 @@ async fn world(kind: Kind) -> World {
             ..DiscordConfig::unconfigured()
         }))),
         egress: pulse_tests::test_egress(),
-    };
+    }
+}
+
+async fn world(kind: Kind) -> World {
+    let b = Backend::new(kind).await;
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let services = services(&llm, &discord);
     let connected = b.connected();
     let worker = connected.worker(b.clock.clone(), &settings(), &services);
     World {
@@ -647,4 +652,67 @@ async fn message_received(kind: Kind) {
     assert_eq!(data["signals"][0]["id"], said.id.as_str());
     assert_eq!(data["signals"][0]["kind"], "message");
     assert_eq!(data["signals"][0]["text"], "is the deploy done?");
+}
+
+/// Issue 14, item 5: MESSAGE_SENT was not emitted for a turn whose delivery resumed after
+/// a redelivery; now a turn's hooks are emitted again on resume (each sent once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_emits_message_sent_once() {
+    let w = world(Kind::Sqlite).await;
+    let agent = w.agent(|_| {}).await;
+    let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
+    let mut hooks = Vec::new();
+    for t in ["MESSAGE_RECEIVED", "MESSAGE_SENT"] {
+        let h = pulse_shared::domain::Hook::new(
+            agent.id.clone(),
+            pulse_shared::domain::HookType::parse(t).unwrap(),
+            pulse_shared::domain::HookTarget::parse(&receiver.url()).unwrap(),
+            &pulse_signatures::inbound::generate_secret(),
+            w.b.now(),
+        );
+        w.b.store.create_hook(&h).await.unwrap();
+        hooks.push(h);
+    }
+    let queue = Arc::new(pulse_tests::RecordingHookQueue::new(w.b.hooks.clone()));
+    let mut connected = w.b.connected();
+    connected.hooks = Some(queue.clone());
+    let worker = connected.worker(
+        w.b.clock.clone(),
+        &settings(),
+        &services(&w.llm, &w.discord),
+    );
+
+    // The reply reaches Discord, then MESSAGE_SENT cannot be queued: the step fails.
+    queue.refuse_next("MESSAGE_SENT");
+    w.say(&agent, "ping", SignalMeta::default()).await;
+    let r = worker
+        .poll_once(w.b.queue.as_ref(), 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((r.received, r.failed), (1, 1));
+    assert_eq!(w.discord.messages().len(), 1);
+    // Redelivered: the turn is found done, nothing is sent again, its hooks go out.
+    w.b.advance(jiff::SignedDuration::from_secs(2));
+    let r = worker
+        .poll_once(w.b.queue.as_ref(), 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((r.received, r.failed), (1, 0));
+    assert_eq!(w.discord.messages().len(), 1, "one reply on Discord");
+    assert_eq!(w.llm.requests().len(), 1, "the model was asked once");
+    let d = w.b.dispatcher();
+    while d
+        .poll_once(10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .handled
+        > 0
+    {}
+    let mut types: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.header("x-pulse-hook-type"))
+        .collect();
+    types.sort();
+    assert_eq!(types, ["MESSAGE_RECEIVED", "MESSAGE_SENT"]);
 }

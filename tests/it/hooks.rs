@@ -17,7 +17,7 @@ use pulse_shared::domain::{
 use pulse_shared::engine::{Emission, Handled};
 use pulse_signatures::inbound::{Scheme, standard_signature, verify};
 use pulse_tests::fake_hooks::{Answer, FakeReceiver};
-use pulse_tests::{Backend, FakeTool, Kind, on_both_backends, settings};
+use pulse_tests::{Backend, FakeTool, Kind, RecordingHookQueue, on_both_backends, settings};
 use serde_json::json;
 
 /// Adds a hook of `hook_type` posting to `url`.
@@ -36,7 +36,7 @@ async fn hook(b: &Backend, agent: &Agent, hook_type: &str, url: &str) -> Hook {
 /// Emits one AFTER_HEARTBEAT-like delivery for the agent's hooks of `hook_type`.
 async fn emit(b: &Backend, agent: &Agent, hook_type: &str) -> usize {
     let e = b.emitter();
-    let routes = e.routes(&agent.id).await;
+    let routes = e.routes(&agent.id).await.unwrap();
     e.emit(
         &routes,
         agent,
@@ -51,6 +51,7 @@ async fn emit(b: &Backend, agent: &Agent, hook_type: &str) -> usize {
         },
     )
     .await
+    .unwrap()
 }
 
 async fn deliveries(b: &Backend, h: &HookId) -> Vec<HookDelivery> {
@@ -905,43 +906,6 @@ async fn an_exhausted_delivery_is_sent_to_the_sqs_dead_letter_queue() {
     assert!(reason.contains("503"), "{reason}");
 }
 
-/// A hooks queue that records what is sent before sending it on.
-struct Recording {
-    inner: Arc<dyn pulse_shared::ports::HookQueue>,
-    sent: Mutex<Vec<pulse_shared::ports::HookMessage>>,
-}
-
-#[async_trait]
-impl pulse_shared::ports::HookQueue for Recording {
-    fn max_delay(&self) -> Duration {
-        self.inner.max_delay()
-    }
-    async fn send(
-        &self,
-        messages: &[pulse_shared::ports::HookMessage],
-    ) -> Result<pulse_shared::ports::SendReport, pulse_shared::error::StoreError> {
-        self.sent.lock().unwrap().extend(messages.iter().cloned());
-        self.inner.send(messages).await
-    }
-    async fn receive(
-        &self,
-        max: usize,
-        visibility: Duration,
-    ) -> Result<Vec<pulse_shared::domain::Delivery>, pulse_shared::error::StoreError> {
-        self.inner.receive(max, visibility).await
-    }
-    async fn ack(&self, receipt: &str) -> Result<(), pulse_shared::error::StoreError> {
-        self.inner.ack(receipt).await
-    }
-    async fn dead_letter(
-        &self,
-        task: &pulse_shared::domain::HookTask,
-        reason: &str,
-    ) -> Result<(), pulse_shared::error::StoreError> {
-        self.inner.dead_letter(task, reason).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
     let b = Backend::new(Kind::Aws).await;
@@ -952,10 +916,7 @@ async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
     h.retry = RetrySchedule::parse("1h").unwrap();
     h.version += 1;
     b.store.update_hook(&h).await.unwrap();
-    let queue = Arc::new(Recording {
-        inner: b.hooks.clone(),
-        sent: Mutex::new(Vec::new()),
-    });
+    let queue = Arc::new(RecordingHookQueue::new(b.hooks.clone()));
     let d = pulse_shared::engine::Dispatcher::new(
         b.store.clone(),
         queue.clone(),
@@ -975,7 +936,7 @@ async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
         1
     );
     // The retry is due in an hour (±20 %): SQS holds a message at most 15 minutes.
-    let first_retry = queue.sent.lock().unwrap().last().cloned().unwrap();
+    let first_retry = queue.sent().last().cloned().unwrap();
     let due = first_retry.task.not_before;
     let wait = due.duration_since(b.now());
     assert!(
@@ -994,7 +955,7 @@ async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
             Handled::Deferred(at) => {
                 assert_eq!(at, due);
                 hops += 1;
-                let next = queue.sent.lock().unwrap().last().cloned().unwrap();
+                let next = queue.sent().last().cloned().unwrap();
                 assert!(next.delay <= Duration::from_secs(900));
                 assert_eq!(next.task.attempt, 2);
                 assert_eq!(next.task.not_before, due);
@@ -1017,4 +978,143 @@ async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
     assert_eq!(receiver.received().len(), 2);
     let done = deliveries(&b, &h.id).await.remove(0);
     assert_eq!(done.status, DeliveryStatus::Succeeded);
+}
+
+// Issue 14, item 5: emissions that were lost.
+
+/// Runs queued jobs once with `worker`; returns (received, failed).
+async fn poll_jobs(b: &Backend, worker: &pulse_shared::engine::Worker) -> (usize, usize) {
+    let r = worker
+        .poll_once(b.queue.as_ref(), 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    (r.received, r.failed)
+}
+
+/// A worker whose hooks go through `queue`.
+fn worker_via(b: &Backend, queue: Arc<RecordingHookQueue>) -> pulse_shared::engine::Worker {
+    let runner = pulse_shared::engine::HeartbeatRunner::new(
+        b.store.clone(),
+        Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
+        b.clock.clone(),
+        settings(),
+    )
+    .with_hooks(pulse_shared::engine::HookEmitter::new(
+        b.store.clone(),
+        queue,
+        b.clock.clone(),
+    ));
+    pulse_shared::engine::Worker::new(Arc::new(runner))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_the_queue_refused_fails_the_job_and_its_rerun_emits_it_once() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    let tool = FakeTool::start().await;
+    b.tool("SnipCreate", &tool.url(), "HEARTBEAT").await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    let completed = hook(&b, &agent, "ACTION_COMPLETED", &receiver.url()).await;
+    let after = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    let queue = Arc::new(RecordingHookQueue::new(b.hooks.clone()));
+    let worker = worker_via(&b, queue.clone());
+
+    // The action finishes, then its ACTION_COMPLETED cannot be queued: the job fails
+    // (it was logged and lost before) and the heartbeat is not recorded FAILED.
+    queue.refuse_next("ACTION_COMPLETED");
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    assert_eq!(poll_jobs(&b, &worker).await, (1, 1));
+    let hb = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(hb.status, pulse_shared::domain::HeartbeatStatus::Executing);
+    // The rerun reuses the finished action (the tool is not called again) and emits its
+    // hooks; then AFTER_HEARTBEAT is refused after the heartbeat was finished.
+    queue.refuse_next("AFTER_HEARTBEAT");
+    b.advance(SignedDuration::from_secs(2));
+    assert_eq!(poll_jobs(&b, &worker).await, (1, 1));
+    let hb = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(hb.status, pulse_shared::domain::HeartbeatStatus::Completed);
+    // The next run finds the heartbeat finished and emits its end hooks again.
+    b.advance(SignedDuration::from_secs(4));
+    assert_eq!(poll_jobs(&b, &worker).await, (1, 0));
+    assert_eq!(tool.requests().len(), 1, "the tool ran once");
+
+    dispatch_all(&b).await;
+    let data = delivered(
+        &b,
+        &receiver,
+        &completed,
+        &["tool_name", "status", "response"],
+    );
+    assert_eq!(data["status"], "COMPLETED");
+    let data = delivered(&b, &receiver, &after, &["status", "beat", "next_at"]);
+    assert_eq!(data["status"], "COMPLETED");
+    let next = b
+        .store
+        .get_heartbeat(&first.next_id())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        data["next_at"],
+        serde_json::to_value(next.scheduled_at).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_reused_by_a_later_heartbeat_delivers_its_hooks_once() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let receiver = FakeReceiver::start().await;
+    let faulty = Arc::new(crate::faulty::FaultyStore::new(b.store.clone()));
+    // The first tool's run breaks the store for the second: the heartbeat fails after
+    // the first action finished, and the next heartbeat reads the same window.
+    let breaks = faulty.clone();
+    let first_tool = FakeTool::answering(move |_| {
+        breaks.fail_actions(true);
+        pulse_tests::ok_with_events(json!([]))
+    })
+    .await;
+    let second_tool = FakeTool::start().await;
+    b.tool_with(
+        "First",
+        &first_tool.url(),
+        Duration::from_secs(10),
+        "NOTE",
+        0,
+        Default::default(),
+    )
+    .await;
+    b.tool_with(
+        "Second",
+        &second_tool.url(),
+        Duration::from_secs(10),
+        "NOTE",
+        1,
+        Default::default(),
+    )
+    .await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    let completed = hook(&b, &agent, "AFTER_FIRST", &receiver.url()).await;
+    b.emit(&agent, "NOTE", json!({})).await;
+    b.advance(SignedDuration::from_secs(5));
+    let runner = pulse_shared::engine::HeartbeatRunner::new(
+        faulty.clone(),
+        Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
+        b.clock.clone(),
+        settings(),
+    )
+    .with_hooks(b.emitter());
+    let worker = pulse_shared::engine::Worker::new(Arc::new(runner));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&worker).await;
+    let failed = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(failed.status, pulse_shared::domain::HeartbeatStatus::Failed);
+    faulty.fail_actions(false);
+    b.advance(SignedDuration::from_mins(16));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&worker).await;
+    assert_eq!(first_tool.requests().len(), 1, "reused, not run again");
+    assert_eq!(second_tool.requests().len(), 1);
+    dispatch_all(&b).await;
+    // Both heartbeats emitted AFTER_FIRST for the one action: one delivery.
+    delivered(&b, &receiver, &completed, &["status", "tool_name"]);
 }

@@ -463,6 +463,81 @@ impl Backend {
     }
 }
 
+/// A hooks queue that records what is sent before sending it on to a real one, and can
+/// be told to refuse the next send of some hook types (a queue outage, as the emitter
+/// meets it).
+pub struct RecordingHookQueue {
+    inner: Arc<dyn HookQueue>,
+    sent: Mutex<Vec<pulse_shared::ports::HookMessage>>,
+    refuse: Mutex<Vec<String>>,
+}
+
+impl RecordingHookQueue {
+    /// Records and forwards to `inner`.
+    pub fn new(inner: Arc<dyn HookQueue>) -> Self {
+        Self {
+            inner,
+            sent: Mutex::new(Vec::new()),
+            refuse: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every message sent so far.
+    pub fn sent(&self) -> Vec<pulse_shared::ports::HookMessage> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    /// Refuses the next send that carries a delivery of `hook_type`, once.
+    pub fn refuse_next(&self, hook_type: &str) {
+        self.refuse.lock().unwrap().push(hook_type.to_owned());
+    }
+}
+
+#[async_trait::async_trait]
+impl HookQueue for RecordingHookQueue {
+    fn max_delay(&self) -> Duration {
+        self.inner.max_delay()
+    }
+    async fn send(
+        &self,
+        messages: &[pulse_shared::ports::HookMessage],
+    ) -> Result<pulse_shared::ports::SendReport, pulse_shared::error::StoreError> {
+        {
+            let mut refuse = self.refuse.lock().unwrap();
+            if let Some(i) = refuse
+                .iter()
+                .position(|t| messages.iter().any(|m| m.task.hook_type.as_str() == t))
+            {
+                let t = refuse.remove(i);
+                return Err(pulse_shared::error::StoreError::backend(
+                    "test",
+                    "send hook batch",
+                    format!("refused {t} on purpose"),
+                ));
+            }
+        }
+        self.sent.lock().unwrap().extend(messages.iter().cloned());
+        self.inner.send(messages).await
+    }
+    async fn receive(
+        &self,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<Vec<pulse_shared::domain::Delivery>, pulse_shared::error::StoreError> {
+        self.inner.receive(max, visibility).await
+    }
+    async fn ack(&self, receipt: &str) -> Result<(), pulse_shared::error::StoreError> {
+        self.inner.ack(receipt).await
+    }
+    async fn dead_letter(
+        &self,
+        task: &pulse_shared::domain::HookTask,
+        reason: &str,
+    ) -> Result<(), pulse_shared::error::StoreError> {
+        self.inner.dead_letter(task, reason).await
+    }
+}
+
 /// What the fake tool answers to one request.
 #[derive(Clone)]
 pub enum Reply {

@@ -274,7 +274,9 @@ impl Conversation {
         self
     }
 
-    /// Enqueues the agent's hooks of `hook_type` for `turn`.
+    /// Enqueues the agent's hooks of `hook_type` for `turn`. A failure fails the step:
+    /// the signals are delivered again, the turn resumes, and the hooks are emitted
+    /// again under the same delivery ids.
     async fn emit(
         &self,
         agent: &Agent,
@@ -282,9 +284,11 @@ impl Conversation {
         hook_type: &'static str,
         triggered_by: &str,
         data: serde_json::Value,
-    ) {
-        let Some(hooks) = &self.hooks else { return };
-        let routes = hooks.routes(&agent.id).await;
+    ) -> Result<(), EngineError> {
+        let Some(hooks) = &self.hooks else {
+            return Ok(());
+        };
+        let routes = hooks.routes(&agent.id).await?;
         let emission = super::hooks::Emission {
             hook_type: crate::domain::HookType::of(hook_type),
             heartbeat_id: None,
@@ -294,7 +298,62 @@ impl Conversation {
             key_ms: turn.created_at.as_millisecond().max(0) as u64,
             key: vec![turn.id.to_string()],
         };
-        hooks.emit(&routes, agent, emission).await;
+        hooks.emit(&routes, agent, emission).await.map(|_| ())
+    }
+
+    /// MESSAGE_RECEIVED for `turn`, which took in `signals`.
+    async fn emit_received(
+        &self,
+        agent: &Agent,
+        turn: &Turn,
+        signals: &[Signal],
+    ) -> Result<(), EngineError> {
+        let data = serde_json::json!({
+            "turn_id": turn.id,
+            "session": turn.session,
+            "signals": signals.iter().map(|s| serde_json::json!({
+                "id": s.id,
+                "kind": s.kind.as_str(),
+                "text": s.text(),
+            })).collect::<Vec<_>>(),
+        });
+        let trigger = signals
+            .first()
+            .map_or("message", |s| s.kind.as_str())
+            .to_ascii_uppercase();
+        self.emit(
+            agent,
+            turn,
+            crate::domain::HookType::MESSAGE_RECEIVED,
+            &trigger,
+            data,
+        )
+        .await
+    }
+
+    /// MESSAGE_SENT for `turn`, once its reply has reached Discord.
+    async fn emit_sent(&self, agent: &Agent, turn: &Turn) -> Result<(), EngineError> {
+        if turn.status != TurnStatus::Done || turn.delivered == 0 {
+            return Ok(());
+        }
+        let data = serde_json::json!({
+            "turn_id": turn.id,
+            "parts": turn.parts,
+            "discord_message_ids": turn.discord_message_ids,
+            // Never the interaction token: it is a credential for 15 minutes.
+            "channel_id": match &turn.target {
+                ReplyTarget::Channel { channel_id } => Some(channel_id.clone()),
+                _ => agent.discord_channel.clone(),
+            },
+        });
+        self.emit(
+            agent,
+            turn,
+            crate::domain::HookType::MESSAGE_SENT,
+            "TURN",
+            data,
+        )
+        .await
     }
 
     /// Answers consecutive signals of one session with one turn. An `Err` means the
@@ -332,11 +391,27 @@ impl Conversation {
                 continue;
             }
             outcome.turns.push(turn_id.clone());
-            if let Some(turn) = self.store.get_turn(agent_id, turn_id).await?
-                && turn.status == TurnStatus::Delivering
-            {
+            let Some(mut turn) = self.store.get_turn(agent_id, turn_id).await? else {
+                continue;
+            };
+            if turn.status == TurnStatus::Delivering {
                 info!(turn_id = %turn.id, delivered = turn.delivered, "resuming the delivery of a turn begun earlier");
-                outcome.parts_sent += self.deliver(turn).await?.0;
+                let (sent, delivered) = self.deliver(turn).await?;
+                outcome.parts_sent += sent;
+                turn = delivered;
+            }
+            // The step that wrote this turn may have stopped before its hooks were
+            // queued: emit them again (the same delivery ids: each is sent once).
+            if self.hooks.is_some()
+                && let Some(agent) = self.store.get_agent(agent_id).await?
+            {
+                let took: Vec<Signal> = signals
+                    .iter()
+                    .filter(|s| turn.signals.contains(&s.id))
+                    .cloned()
+                    .collect();
+                self.emit_received(&agent, &turn, &took).await?;
+                self.emit_sent(&agent, &turn).await?;
             }
         }
         let pending: Vec<Signal> = signals
@@ -387,34 +462,11 @@ impl Conversation {
         };
         let messages = persisted(&turn, &pending, &reply, now);
         match self.store.begin_turn(&turn, &messages).await? {
-            TurnStart::Created => {
-                let kinds: Vec<&str> = pending.iter().map(|s| s.kind.as_str()).collect();
-                let data = serde_json::json!({
-                    "turn_id": turn.id,
-                    "session": turn.session,
-                    "signals": pending.iter().map(|s| serde_json::json!({
-                        "id": s.id,
-                        "kind": s.kind.as_str(),
-                        "text": s.text(),
-                    })).collect::<Vec<_>>(),
-                });
-                let trigger = kinds
-                    .first()
-                    .copied()
-                    .unwrap_or("message")
-                    .to_ascii_uppercase();
-                self.emit(
-                    &agent,
-                    &turn,
-                    crate::domain::HookType::MESSAGE_RECEIVED,
-                    &trigger,
-                    data,
-                )
-                .await;
-            }
+            TurnStart::Created => self.emit_received(&agent, &turn, &pending).await?,
             TurnStart::Exists(existing) => {
                 info!(turn_id = %existing.id, "the turn was written by an earlier delivery; resuming it");
                 turn = *existing;
+                self.emit_received(&agent, &turn, &pending).await?;
             }
         }
         outcome.turns.push(turn.id.clone());
@@ -422,26 +474,7 @@ impl Conversation {
         if turn.status == TurnStatus::Delivering {
             let (sent, delivered) = self.deliver(turn).await?;
             outcome.parts_sent += sent;
-            if sent > 0 && delivered.status == TurnStatus::Done {
-                let data = serde_json::json!({
-                    "turn_id": delivered.id,
-                    "parts": delivered.parts,
-                    "discord_message_ids": delivered.discord_message_ids,
-                    // Never the interaction token: it is a credential for 15 minutes.
-                    "channel_id": match &delivered.target {
-                        ReplyTarget::Channel { channel_id } => Some(channel_id.clone()),
-                        _ => agent.discord_channel.clone(),
-                    },
-                });
-                self.emit(
-                    &agent,
-                    &delivered,
-                    crate::domain::HookType::MESSAGE_SENT,
-                    "TURN",
-                    data,
-                )
-                .await;
-            }
+            self.emit_sent(&agent, &delivered).await?;
         }
         if user_spoke {
             // The quiet period before the next heartbeat counts from the end of the turn.

@@ -125,35 +125,137 @@ impl HeartbeatRunner {
 
     /// Enqueues the hooks of `hook_type` for this run. `data` is built only when one of
     /// the agent's hooks fires on it.
+    ///
+    /// Delivery ids come from the heartbeat, or for an action's hooks from the action
+    /// (and its event's time), so a rerun, or a later heartbeat reusing the action, emits
+    /// the same deliveries and the dispatcher sends each once. A failure to enqueue fails
+    /// the job, which the queue runs again.
     async fn emit(
         &self,
         plan: &Plan,
         hook_type: HookType,
-        action: Option<&ActionId>,
+        action: Option<(&ActionId, &EventId)>,
         triggered_by: &str,
         data: impl FnOnce() -> Value,
-    ) {
-        let Some(hooks) = &self.hooks else { return };
+    ) -> Result<(), EngineError> {
+        let Some(hooks) = &self.hooks else {
+            return Ok(());
+        };
         if !plan
             .routes
             .iter()
             .any(|r| r.active && r.hook_type == hook_type)
         {
-            return;
+            return Ok(());
         }
+        let (key_ms, key) = match action {
+            Some((a, event)) => (event.timestamp_ms(), vec![a.to_string()]),
+            None => (
+                to_ms(plan.heartbeat_context.started_at).max(0) as u64,
+                vec![plan.heartbeat_context.id.to_string()],
+            ),
+        };
         let emission = Emission {
             hook_type,
             heartbeat_id: Some(plan.heartbeat_context.id.clone()),
-            action_id: action.cloned(),
+            action_id: action.map(|(a, _)| a.clone()),
             data: data(),
             triggered_by: triggered_by.to_owned(),
-            key_ms: to_ms(plan.heartbeat_context.started_at).max(0) as u64,
-            key: vec![
-                plan.heartbeat_context.id.to_string(),
-                action.map_or_else(String::new, |a| a.to_string()),
-            ],
+            key_ms,
+            key,
         };
-        hooks.emit(&plan.routes, &plan.agent, emission).await;
+        hooks
+            .emit(&plan.routes, &plan.agent, emission)
+            .await
+            .map(|_| ())
+    }
+
+    /// BEFORE_<TOOL> and ACTION_STARTED for an action of `tool` on `event`.
+    async fn start_hooks(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        tool: &Tool,
+        id: &ActionId,
+        attempt: u32,
+    ) -> Result<(), EngineError> {
+        let data = || {
+            json!({
+                "tool_name": tool.name,
+                "attempt": attempt,
+                "event": {
+                    "id": event.id,
+                    "type": event.event_type,
+                    "priority": event.priority,
+                    "source": event.source,
+                    "payload": event.payload,
+                },
+            })
+        };
+        let triggered_by = event.event_type.as_str();
+        let action = Some((id, &event.id));
+        self.emit(
+            plan,
+            HookType::before_tool(&tool.name),
+            action,
+            triggered_by,
+            data,
+        )
+        .await?;
+        self.emit(
+            plan,
+            HookType::of(HookType::ACTION_STARTED),
+            action,
+            triggered_by,
+            data,
+        )
+        .await
+    }
+
+    /// AFTER_<TOOL> and ACTION_COMPLETED or ACTION_FAILED for a finished `action`.
+    async fn finish_hooks(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        action: &Action,
+        new_events: &[Event],
+    ) -> Result<(), EngineError> {
+        let data = || {
+            json!({
+                "tool_name": action.tool,
+                "status": action.status,
+                "event_id": action.event_id,
+                "response": action.response,
+                "error_message": action.error,
+                "new_events": new_events
+                    .iter()
+                    .map(|e| json!({ "id": e.id, "type": e.event_type }))
+                    .collect::<Vec<_>>(),
+                "execution_time_ms": action.duration_ms,
+            })
+        };
+        let triggered_by = event.event_type.as_str();
+        let id = Some((&action.id, &event.id));
+        self.emit(
+            plan,
+            HookType::after_tool(&action.tool),
+            id,
+            triggered_by,
+            data,
+        )
+        .await?;
+        let finished_type = match action.status {
+            ActionStatus::Completed => Some(HookType::ACTION_COMPLETED),
+            ActionStatus::Failed => Some(HookType::ACTION_FAILED),
+            _ => None,
+        };
+        match finished_type {
+            Some(t) => {
+                self.emit(plan, HookType::of(t), id, triggered_by, data)
+                    .await
+            }
+            None => Ok(()),
+        }
     }
 
     /// Puts the claimed heartbeat back to PENDING, due at `until`.
@@ -268,7 +370,7 @@ impl HeartbeatRunner {
         };
         let mut plan = self.plan(hb, agent);
         if let Some(hooks) = &self.hooks {
-            plan.routes = hooks.routes(&plan.agent.id).await;
+            plan.routes = hooks.routes(&plan.agent.id).await?;
         }
         self.emit(
             &plan,
@@ -285,14 +387,16 @@ impl HeartbeatRunner {
                 })
             },
         )
-        .await;
+        .await?;
         match self.process(&plan, window.events).await {
             Ok(stats) if stats.interrupted.is_some() => self.interrupt(plan, stats).await,
             Ok(stats) => {
                 self.complete(plan, stats, next_start, window.truncated)
                     .await
             }
-            Err(e @ EngineError::Contended(_)) => Err(e),
+            // Not the heartbeat's failure: the job runs again (a hook not queued, a run
+            // of the same heartbeat busy), and the rerun reuses what finished.
+            Err(e @ (EngineError::Contended(_) | EngineError::Unavailable(_))) => Err(e),
             Err(e) => {
                 let agent = plan.agent.clone();
                 self.fail(hb, Some(agent), e).await
@@ -441,7 +545,9 @@ impl HeartbeatRunner {
             };
             match self.store.start_action(&action).await? {
                 None => {}
-                Some(existing) if existing.status.is_final() => return self.replay(existing).await,
+                Some(existing) if existing.status.is_final() => {
+                    return self.replay(plan, event, tool, existing).await;
+                }
                 Some(existing) => {
                     request.attempt = existing.attempt + 1;
                     action.attempt = request.attempt;
@@ -458,36 +564,8 @@ impl HeartbeatRunner {
                 }
             }
 
-            let triggered_by = event.event_type.to_string();
-            let event_data = || {
-                json!({
-                    "tool_name": tool.name,
-                    "attempt": request.attempt,
-                    "event": {
-                        "id": event.id,
-                        "type": event.event_type,
-                        "priority": event.priority,
-                        "source": event.source,
-                        "payload": event.payload,
-                    },
-                })
-            };
-            self.emit(
-                plan,
-                HookType::before_tool(&tool.name),
-                Some(&id),
-                &triggered_by,
-                event_data,
-            )
-            .await;
-            self.emit(
-                plan,
-                HookType::of(HookType::ACTION_STARTED),
-                Some(&id),
-                &triggered_by,
-                event_data,
-            )
-            .await;
+            self.start_hooks(plan, event, tool, &id, request.attempt)
+                .await?;
             let began = Instant::now();
             let call = self.tools.call(tool, &request).await;
             let completed_at = self.clock.now();
@@ -543,43 +621,7 @@ impl HeartbeatRunner {
                 Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
                 Err(e) => return Err(e.into()),
             }
-            let outcome_data = || {
-                json!({
-                    "tool_name": action.tool,
-                    "status": action.status,
-                    "event_id": action.event_id,
-                    "response": action.response,
-                    "error_message": action.error,
-                    "new_events": new_events
-                        .iter()
-                        .map(|e| json!({ "id": e.id, "type": e.event_type }))
-                        .collect::<Vec<_>>(),
-                    "execution_time_ms": action.duration_ms,
-                })
-            };
-            self.emit(
-                plan,
-                HookType::after_tool(&tool.name),
-                Some(&id),
-                &triggered_by,
-                outcome_data,
-            )
-            .await;
-            let finished_type = match action.status {
-                ActionStatus::Completed => Some(HookType::ACTION_COMPLETED),
-                ActionStatus::Failed => Some(HookType::ACTION_FAILED),
-                _ => None,
-            };
-            if let Some(t) = finished_type {
-                self.emit(
-                    plan,
-                    HookType::of(t),
-                    Some(&id),
-                    &triggered_by,
-                    outcome_data,
-                )
-                .await;
-            }
+            self.finish_hooks(plan, event, &action, &new_events).await?;
             let done = self.settle(&action, new_events);
             if let Some(err) = &action.error {
                 warn!(duration_ms = action.duration_ms, error = %err, "action failed");
@@ -596,8 +638,16 @@ impl HeartbeatRunner {
         .await
     }
 
-    /// Reuses a finished action: its new events are read back and cascade as before.
-    async fn replay(&self, action: Action) -> Result<ActionDone, EngineError> {
+    /// Reuses a finished action: its new events are read back and cascade as before,
+    /// and its hooks are emitted again (a run that finished it may have stopped before
+    /// they were queued; the same delivery ids make each go out once).
+    async fn replay(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        tool: &Tool,
+        action: Action,
+    ) -> Result<ActionDone, EngineError> {
         let events = self
             .store
             .get_events(&action.agent_id, &action.new_events)
@@ -611,6 +661,9 @@ impl HeartbeatRunner {
             )));
         }
         info!(status = ?action.status, "action already finished; reusing its result");
+        self.start_hooks(plan, event, tool, &action.id, action.attempt)
+            .await?;
+        self.finish_hooks(plan, event, &action, &events).await?;
         Ok(self.settle(&action, events))
     }
 
@@ -697,7 +750,7 @@ impl HeartbeatRunner {
             .await?;
         Ok(match outcome {
             FinishOutcome::Finished => {
-                self.after(&plan, &done, Some(at)).await;
+                self.after(&plan, &done, Some(at)).await?;
                 info!(
                     events = stats.events_processed,
                     actions = stats.actions_triggered,
@@ -711,7 +764,7 @@ impl HeartbeatRunner {
                 );
                 RunOutcome::Completed(done)
             }
-            other => self.not_finished(&plan.heartbeat.id(), other),
+            other => self.finished_before(&plan, other).await?,
         })
     }
 
@@ -751,11 +804,11 @@ impl HeartbeatRunner {
             .await?;
         Ok(match outcome {
             FinishOutcome::Finished => {
-                self.after(&plan, &done, Some(at)).await;
+                self.after(&plan, &done, Some(at)).await?;
                 info!(reason = %reason, actions = stats.actions_triggered, next_at = %at, "heartbeat interrupted by a user message; recorded CANCELLED");
                 RunOutcome::Interrupted(done)
             }
-            other => self.not_finished(&plan.heartbeat.id(), other),
+            other => self.finished_before(&plan, other).await?,
         })
     }
 
@@ -802,28 +855,20 @@ impl HeartbeatRunner {
         Ok(match outcome {
             FinishOutcome::Finished => {
                 error!(error = %message, consecutive_failures = failures, next_at = %at, "heartbeat failed; the next one is scheduled");
-                if self.hooks.is_some() {
+                if let Some(hooks) = &self.hooks {
                     let mut plan = self.plan(hb, agent);
-                    if let Some(hooks) = &self.hooks {
-                        plan.routes = hooks.routes(&plan.agent.id).await;
-                    }
-                    self.emit(
-                        &plan,
-                        HookType::of(HookType::HEARTBEAT_FAILED),
-                        None,
-                        "SCHEDULE",
-                        || {
-                            json!({
-                                "beat": hb.beat,
-                                "error_message": message,
-                                "consecutive_failures": failures,
-                                "next_at": at,
-                            })
-                        },
-                    )
-                    .await;
+                    plan.routes = hooks.routes(&plan.agent.id).await?;
+                    self.failed_hook(&plan, &done, failures, at).await?;
                 }
                 RunOutcome::Failed(done)
+            }
+            FinishOutcome::AlreadyFinished if self.hooks.is_some() => {
+                let mut plan = self.plan(hb, agent);
+                if let Some(hooks) = &self.hooks {
+                    plan.routes = hooks.routes(&plan.agent.id).await?;
+                }
+                self.finished_before(&plan, FinishOutcome::AlreadyFinished)
+                    .await?
             }
             other => self.not_finished(&hb.id(), other),
         })
@@ -851,8 +896,69 @@ impl HeartbeatRunner {
         })
     }
 
+    /// HEARTBEAT_FAILED for `done`, the next one due at `next_at`.
+    async fn failed_hook(
+        &self,
+        plan: &Plan,
+        done: &Heartbeat,
+        failures: u32,
+        next_at: Timestamp,
+    ) -> Result<(), EngineError> {
+        self.emit(
+            plan,
+            HookType::of(HookType::HEARTBEAT_FAILED),
+            None,
+            "SCHEDULE",
+            || {
+                json!({
+                    "beat": done.beat,
+                    "error_message": done.error,
+                    "consecutive_failures": failures,
+                    "next_at": next_at,
+                })
+            },
+        )
+        .await
+    }
+
+    /// A run that found its heartbeat already finished under this claim (the job ran
+    /// before and stopped after finishing, before its hooks were queued, say) emits the
+    /// heartbeat's end hooks again from what is stored; each goes out once.
+    async fn finished_before(
+        &self,
+        plan: &Plan,
+        outcome: FinishOutcome,
+    ) -> Result<RunOutcome, EngineError> {
+        let id = plan.heartbeat.id();
+        let run = self.not_finished(&id, outcome);
+        if run != RunOutcome::AlreadyFinished || self.hooks.is_none() {
+            return Ok(run);
+        }
+        let Some(done) = self.store.get_heartbeat(&id).await? else {
+            return Ok(run);
+        };
+        let next = self.store.get_heartbeat(&plan.heartbeat.next_id()).await?;
+        match (done.status, &next) {
+            (HeartbeatStatus::Failed, Some(next)) => {
+                self.failed_hook(plan, &done, next.consecutive_failures, next.scheduled_at)
+                    .await?
+            }
+            (HeartbeatStatus::Failed, None) => {}
+            _ => {
+                self.after(plan, &done, next.map(|n| n.scheduled_at))
+                    .await?
+            }
+        }
+        Ok(run)
+    }
+
     /// AFTER_HEARTBEAT, with the run's counts.
-    async fn after(&self, plan: &Plan, done: &Heartbeat, next_at: Option<Timestamp>) {
+    async fn after(
+        &self,
+        plan: &Plan,
+        done: &Heartbeat,
+        next_at: Option<Timestamp>,
+    ) -> Result<(), EngineError> {
         self.emit(
             plan,
             HookType::of(HookType::AFTER_HEARTBEAT),
@@ -872,7 +978,7 @@ impl HeartbeatRunner {
                 })
             },
         )
-        .await;
+        .await
     }
 
     fn not_finished(&self, id: &HeartbeatId, outcome: FinishOutcome) -> RunOutcome {

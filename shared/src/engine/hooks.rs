@@ -71,25 +71,34 @@ impl HookEmitter {
 
     /// The agent's hook routes. A failure is logged and gives none: hooks never fail the
     /// work they report on.
-    pub async fn routes(&self, agent: &AgentId) -> Vec<HookRoute> {
-        match self.store.hook_routes(agent).await {
-            Ok(r) => r,
-            Err(e) => {
-                error!(agent_id = %agent, error = %chain(&e), "cannot read the agent's hooks; this run emits none");
-                Vec::new()
-            }
-        }
+    pub async fn routes(&self, agent: &AgentId) -> Result<Vec<HookRoute>, EngineError> {
+        self.store.hook_routes(agent).await.map_err(|e| {
+            EngineError::Unavailable(format!(
+                "cannot read agent {agent}'s hooks ({}); the step is retried",
+                chain(&e)
+            ))
+        })
     }
 
     /// Enqueues a delivery for every active route of `e.hook_type`; returns how many
     /// were queued. Nothing is read or sent when no route matches.
-    pub async fn emit(&self, routes: &[HookRoute], agent: &Agent, e: Emission) -> usize {
+    ///
+    /// Delivery ids are derived from the emission's key, so emitting the same point
+    /// again (a rerun, a resumed turn) makes the same deliveries, which the dispatcher
+    /// sends once. That is why a failure to enqueue is an error, not a log line: the
+    /// caller fails its step, the queue runs it again, and it emits again.
+    pub async fn emit(
+        &self,
+        routes: &[HookRoute],
+        agent: &Agent,
+        e: Emission,
+    ) -> Result<usize, EngineError> {
         let matching: Vec<&HookRoute> = routes
             .iter()
             .filter(|r| r.active && r.hook_type == e.hook_type)
             .collect();
         if matching.is_empty() {
-            return 0;
+            return Ok(0);
         }
         let now = self.clock.now();
         let payload = HookPayload {
@@ -130,18 +139,23 @@ impl HookEmitter {
             .iter()
             .map(|m| m.task.delivery_id.to_string())
             .collect();
+        let refused = |why: String| {
+            EngineError::Unavailable(format!(
+                "the hooks queue did not take {} deliveries ({why}); the step is retried and emits them again",
+                e.hook_type
+            ))
+        };
         match self.queue.send(&messages).await {
-            Ok(report) if report.failed.is_empty() => messages.len(),
+            Ok(report) if report.failed.is_empty() => Ok(messages.len()),
             Ok(report) => {
-                for (i, why) in &report.failed {
-                    error!(hook_type = %e.hook_type, delivery_id = ids.get(*i).map_or("?", |s| s), error = %why, "the hooks queue refused a delivery; it is lost");
-                }
-                messages.len() - report.failed.len()
+                let failed: Vec<String> = report
+                    .failed
+                    .iter()
+                    .map(|(i, why)| format!("{}: {why}", ids.get(*i).map_or("?", |s| s)))
+                    .collect();
+                Err(refused(failed.join("; ")))
             }
-            Err(err) => {
-                error!(hook_type = %e.hook_type, deliveries = ?ids, error = %chain(&err), "cannot enqueue hook deliveries; they are lost");
-                0
-            }
+            Err(err) => Err(refused(chain(&err))),
         }
     }
 }
@@ -531,22 +545,23 @@ impl Dispatcher {
         }
         match self.store.get_agent(&hook.agent_id).await {
             Ok(Some(agent)) => {
-                let routes = self.emitter.routes(&agent.id).await;
-                self.emitter
-                    .emit(
-                        &routes,
-                        &agent,
-                        Emission {
-                            hook_type: HookType::of(HookType::HOOK_DISABLED),
-                            heartbeat_id: None,
-                            action_id: None,
-                            data,
-                            triggered_by: "HOOK_DISABLED".to_owned(),
-                            key_ms: ms,
-                            key: vec![hook.id.to_string()],
-                        },
-                    )
-                    .await;
+                let emission = Emission {
+                    hook_type: HookType::of(HookType::HOOK_DISABLED),
+                    heartbeat_id: None,
+                    action_id: None,
+                    data,
+                    triggered_by: "HOOK_DISABLED".to_owned(),
+                    key_ms: ms,
+                    key: vec![hook.id.to_string()],
+                };
+                // The disabling is recorded (and in the agent's log) whatever happens here.
+                let emitted = match self.emitter.routes(&agent.id).await {
+                    Ok(routes) => self.emitter.emit(&routes, &agent, emission).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = emitted {
+                    error!(error = %chain(&e), "cannot emit HOOK_DISABLED");
+                }
             }
             Ok(None) => {}
             Err(e) => error!(error = %chain(&e), "cannot read the agent to emit HOOK_DISABLED"),
