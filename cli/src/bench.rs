@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsQueue};
-use pulse_shared::adapters::{Connected, Services, connect};
+use pulse_shared::app::{Connected, Services, connect};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::domain::{
     ConversationMessage, NewAgent, ProviderKind, ReplyTarget, Role, Signal, SignalId, SignalMeta,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
-use pulse_shared::adapters::Services;
+use pulse_shared::app::Services;
 use pulse_shared::domain::{Hook, HookTarget, HookType};
 use pulse_shared::engine::{DispatchSettings, Emission};
 use pulse_shared::ports::{Clock, SystemClock};
@@ -59,7 +59,7 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
     backend.store.create_hook(&hook).await?;
     let services = Services::from_config(&config);
     let dispatcher = backend
-        .dispatcher(clock.clone(), &services, DispatchSettings::default())
+        .dispatcher(clock.clone(), &services.egress, DispatchSettings::default())
         .ok_or_else(|| Failure::Input("no hooks queue".into()))?;
     let emitter = backend
         .emitter(clock.clone())

@@ -6,7 +6,7 @@ use crate::output::outln;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pulse_shared::adapters::{Connected, connect};
+use pulse_shared::app::{Connected, connect};
 use pulse_shared::config::{Backend, Config, Env};
 use pulse_shared::domain::{
     ActiveHours, AgentId, AgentLlm, Budgets, EventType, Filter, HEARTBEAT_AGENT, Interval,

@@ -18,7 +18,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::{patch, post};
 use jiff::{SignedDuration, Timestamp};
-use pulse_shared::adapters::{Services, connect};
+use pulse_shared::app::{Services, connect};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::discord::{DiscordClient, DiscordConfig};
 use pulse_shared::domain::{Hook, HookTarget, HookType, NewAgent, Secret, Webhook, WebhookScheme};
@@ -158,7 +158,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
     let sweeper = backend.sweeper(&config.engine);
     let worker = backend.worker(clock.clone(), &config.engine, &services);
     let dispatcher = backend
-        .dispatcher(clock.clone(), &services, DispatchSettings::default())
+        .dispatcher(clock.clone(), &services.egress, DispatchSettings::default())
         .ok_or_else(|| {
             Failure::Runtime(anyhow::anyhow!("the embedded store has no hooks queue"))
         })?;
@@ -433,7 +433,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
 /// Runs queued session tasks until the queue is empty; returns how many ran.
 async fn drain(
     worker: &pulse_shared::engine::Worker,
-    backend: &pulse_shared::adapters::Connected,
+    backend: &pulse_shared::app::Connected,
 ) -> Result<usize, Failure> {
     let mut ran = 0;
     loop {

@@ -5,7 +5,7 @@ use crate::output::outln;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
-use pulse_shared::adapters::{Connected, Services};
+use pulse_shared::app::Connected;
 use pulse_shared::config::Config;
 use pulse_shared::domain::{
     AgentId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookTarget, HookType,
@@ -191,7 +191,7 @@ fn dispatcher(
 ) -> Result<Dispatcher, Failure> {
     b.dispatcher(
         clock,
-        &Services::from_config(config),
+        &pulse_shared::app::egress(config),
         DispatchSettings::default(),
     )
     .ok_or_else(|| {

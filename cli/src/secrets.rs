@@ -4,7 +4,7 @@
 //! that an old key can be dropped after a rotation.
 
 use clap::Subcommand;
-use pulse_shared::adapters::Connected;
+use pulse_shared::app::Connected;
 use pulse_shared::sealing::EncryptionKeys;
 
 use crate::Failure;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pulse_shared::adapters::{Connected, Services};
+use pulse_shared::app::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::engine::{DispatchSettings, Dispatcher, PollReport, Sweeper, Worker};
 use pulse_shared::error::chain;
@@ -25,7 +25,7 @@ const HOOK_VISIBILITY: Duration = Duration::from_secs(120);
 fn dispatcher(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> Option<Dispatcher> {
     b.dispatcher(
         clock,
-        &Services::from_config(config),
+        &pulse_shared::app::egress(config),
         DispatchSettings::default(),
     )
 }

@@ -43,7 +43,6 @@ use std::time::Duration;
 
 use url::Url;
 
-use crate::adapters::aws::AwsSettings;
 use crate::discord::DiscordConfig;
 use crate::domain::{AgentId, ProviderKind, Secret, parse_duration};
 use crate::engine::EngineSettings;
@@ -63,6 +62,22 @@ pub enum Backend {
     Aws(AwsSettings),
 }
 
+/// Where the AWS resources are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwsSettings {
+    /// The DynamoDB table (`PULSE_TABLE`).
+    pub table: String,
+    /// The sessions FIFO queue's URL (`PULSE_SESSIONS_QUEUE_URL`).
+    pub sessions_queue_url: String,
+    /// The hooks standard queue's URL (`PULSE_HOOKS_QUEUE_URL`); unset, hooks are not
+    /// emitted (logged at start).
+    pub hooks_queue_url: Option<String>,
+    /// The hooks dead-letter queue's URL (`PULSE_HOOKS_DLQ_URL`).
+    pub hooks_dlq_url: Option<String>,
+    /// An endpoint to use instead of AWS's (an emulator); `AWS_ENDPOINT_URL` works too.
+    pub endpoint_url: Option<String>,
+}
+
 /// Everything configurable.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -78,7 +93,7 @@ pub struct Config {
     pub inbound: InboundConfig,
     /// Outbound hooks and requests.
     pub hooks: HooksConfig,
-    /// `PULSE_ENCRYPTION_KEY` (+ old keys); `None` when unset (see [`crate::adapters::connect`]).
+    /// `PULSE_ENCRYPTION_KEY` (+ old keys); `None` when unset (see [`crate::app::connect`]).
     pub encryption: Option<EncryptionKeys>,
 }
 

@@ -32,6 +32,7 @@
 //! nothing.
 
 pub mod adapters;
+pub mod app;
 pub mod config;
 pub mod discord;
 pub mod domain;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::SignedDuration;
-use pulse_shared::adapters::Services;
+use pulse_shared::app::Services;
 use pulse_shared::discord::{DiscordClient, DiscordConfig};
 use pulse_shared::domain::{
     Agent, ContentBlock, Delivery, HeartbeatStatus, InteractionRef, NewAgent, OutgoingTask,

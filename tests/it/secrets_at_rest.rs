@@ -240,7 +240,7 @@ async fn the_database_and_its_key_file_are_readable_by_their_owner_only() {
     let mut config = pulse_shared::config::Config::defaults();
     config.backend = pulse_shared::config::Backend::Sqlite { path: path.clone() };
     let clock = pulse_tests::test_clock();
-    let b = pulse_shared::adapters::connect(&config, clock.clone())
+    let b = pulse_shared::app::connect(&config, clock.clone())
         .await
         .unwrap();
     let (agent, first) = pulse_shared::domain::NewAgent::named("x")
@@ -262,9 +262,7 @@ async fn the_database_and_its_key_file_are_readable_by_their_owner_only() {
         assert_eq!(mode(&p), 0o600, "{}", p.display());
     }
     // A second process finds the same key in the file.
-    let again = pulse_shared::adapters::connect(&config, clock)
-        .await
-        .unwrap();
+    let again = pulse_shared::app::connect(&config, clock).await.unwrap();
     let w = again.store.get_webhook(&webhook.id).await.unwrap().unwrap();
     assert_eq!(w.secrets_at(jiff::Timestamp::now()), [WEBHOOK_SECRET]);
 

@@ -249,8 +249,8 @@ impl Backend {
     }
 
     /// The backend as the composition function builds it (no EventBridge client).
-    pub fn connected(&self) -> pulse_shared::adapters::Connected {
-        pulse_shared::adapters::Connected {
+    pub fn connected(&self) -> pulse_shared::app::Connected {
+        pulse_shared::app::Connected {
             store: self.store.clone(),
             queue: self.queue.clone(),
             hooks: Some(self.hooks.clone()),
@@ -271,10 +271,21 @@ impl Backend {
 
     /// A sweeper with `settings`.
     pub fn sweeper(&self, settings: EngineSettings) -> Sweeper {
-        Sweeper::new(self.store.clone(), self.queue.clone(), settings)
+        self.connected().sweeper(&settings)
     }
 
-    /// A heartbeat runner with the real tool runner.
+    /// This backend without its hooks queue, as the app composes it: runners built from
+    /// it emit no hooks.
+    fn without_hooks(&self, store: Arc<dyn Store>) -> pulse_shared::app::Connected {
+        pulse_shared::app::Connected {
+            store,
+            hooks: None,
+            ..self.connected()
+        }
+    }
+
+    /// A heartbeat runner with the real HTTP tool runner (no heartbeat agent), emitting
+    /// no hooks.
     pub fn runner(&self, settings: EngineSettings) -> Arc<HeartbeatRunner> {
         self.runner_with(
             self.store.clone(),
@@ -283,45 +294,39 @@ impl Backend {
         )
     }
 
-    /// A heartbeat runner over a given store and tool runner.
+    /// A heartbeat runner over a given store and tool runner, emitting no hooks.
     pub fn runner_with(
         &self,
         store: Arc<dyn Store>,
         tools: Arc<dyn ToolRunner>,
         settings: EngineSettings,
     ) -> Arc<HeartbeatRunner> {
-        Arc::new(HeartbeatRunner::new(
-            store,
-            tools,
-            self.clock.clone(),
-            settings,
-        ))
+        Arc::new(
+            self.without_hooks(store)
+                .runner(self.clock.clone(), &settings, tools),
+        )
     }
 
-    /// A worker with the real tool runner.
+    /// A worker running heartbeat jobs with the real HTTP tool runner.
     pub fn worker(&self, settings: EngineSettings) -> Worker {
         Worker::new(self.runner(settings))
     }
 
     /// A worker whose heartbeats emit hooks to this backend's hooks queue.
     pub fn worker_with_hooks(&self, settings: EngineSettings) -> Worker {
-        let runner = HeartbeatRunner::new(
-            self.store.clone(),
-            Arc::new(Tools::new(test_egress())),
+        let runner = self.connected().runner(
             self.clock.clone(),
-            settings,
-        )
-        .with_hooks(self.emitter());
+            &settings,
+            Arc::new(Tools::new(test_egress())),
+        );
         Worker::new(Arc::new(runner))
     }
 
     /// What emits hooks to this backend's hooks queue.
     pub fn emitter(&self) -> pulse_shared::engine::HookEmitter {
-        pulse_shared::engine::HookEmitter::new(
-            self.store.clone(),
-            self.hooks.clone(),
-            self.clock.clone(),
-        )
+        self.connected()
+            .emitter(self.clock.clone())
+            .expect("the test backend has a hooks queue")
     }
 
     /// A hook dispatcher sending through `egress` (no EventBridge).
@@ -329,13 +334,13 @@ impl Backend {
         &self,
         egress: pulse_egress::Egress,
     ) -> pulse_shared::engine::Dispatcher {
-        pulse_shared::engine::Dispatcher::new(
-            self.store.clone(),
-            self.hooks.clone(),
-            Arc::new(pulse_shared::outbound::HookClient::new(egress, None)),
-            self.clock.clone(),
-            pulse_shared::engine::DispatchSettings::default(),
-        )
+        self.connected()
+            .dispatcher(
+                self.clock.clone(),
+                &egress,
+                pulse_shared::engine::DispatchSettings::default(),
+            )
+            .expect("the test backend has a hooks queue")
     }
 
     /// A hook dispatcher sending through the test egress (127.0.0.1 allowed).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use pulse_shared::adapters::{Services, connect};
+use pulse_shared::app::{Services, connect};
 use pulse_shared::lambda::Ready;
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};

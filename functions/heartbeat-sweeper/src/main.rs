@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use pulse_shared::adapters::connect;
+use pulse_shared::app::connect;
 use pulse_shared::lambda::Ready;
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use pulse_shared::adapters::{Services, connect};
+use pulse_shared::app::connect;
 use pulse_shared::engine::DispatchSettings;
 use pulse_shared::lambda::Ready;
 use pulse_shared::ports::SystemClock;
@@ -23,7 +23,7 @@ async fn main() -> Result<(), Error> {
             .await?
             .dispatcher(
                 clock,
-                &Services::from_config(&config),
+                &pulse_shared::app::egress(&config),
                 DispatchSettings::default(),
             )
             .ok_or_else(|| {

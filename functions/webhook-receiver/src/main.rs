@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use lambda_http::request::RequestContext;
 use lambda_http::{Error, run, service_fn};
-use pulse_shared::adapters::connect;
+use pulse_shared::app::connect;
 use pulse_shared::http::{ClientIp, Inbound, router};
 use pulse_shared::lambda::Ready;
 use pulse_shared::ports::SystemClock;

@@ -28,22 +28,6 @@ pub use provision::{create_hooks_queue, create_sessions_queue, create_table};
 pub use secrets::{SecretParameters, SecretsError};
 pub use sqs::{SqsHookQueue, SqsQueue};
 
-/// Where the AWS resources are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AwsSettings {
-    /// The DynamoDB table (`PULSE_TABLE`).
-    pub table: String,
-    /// The sessions FIFO queue's URL (`PULSE_SESSIONS_QUEUE_URL`).
-    pub sessions_queue_url: String,
-    /// The hooks standard queue's URL (`PULSE_HOOKS_QUEUE_URL`); unset, hooks are not
-    /// emitted (logged at start).
-    pub hooks_queue_url: Option<String>,
-    /// The hooks dead-letter queue's URL (`PULSE_HOOKS_DLQ_URL`).
-    pub hooks_dlq_url: Option<String>,
-    /// An endpoint to use instead of AWS's (an emulator); `AWS_ENDPOINT_URL` works too.
-    pub endpoint_url: Option<String>,
-}
-
 /// The SDK clients, with a shared request counter.
 #[derive(Clone, Debug)]
 pub struct AwsClients {

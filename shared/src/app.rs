@@ -1,0 +1,227 @@
+//! Wiring: the one place that turns configuration into an engine. The Lambda mains, the
+//! CLI, the benches and the tests all build their sweepers, workers and dispatchers here,
+//! from a [`Connected`] backend (made by [`connect`], or put together from injected
+//! stores and queues in tests) and the [`Services`] the workers talk to.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulse_egress::Egress;
+
+use crate::adapters::{aws, sqlite};
+use crate::config::{Backend, Config};
+use crate::engine::{
+    Conversation, ConversationSettings, DispatchSettings, Dispatcher, EngineSettings,
+    HeartbeatRunner, HookEmitter, Sweeper, Worker,
+};
+use crate::error::StoreError;
+use crate::outbound::HookClient;
+use crate::ports::{
+    Clock, DiscordApi, EventBus, HookQueue, LlmSelector, SessionQueue, Store, ToolRunner,
+};
+use crate::tools::{HeartbeatAgent, Tools};
+
+/// The outside services a worker talks to.
+#[derive(Clone)]
+pub struct Services {
+    /// Picks each agent's model.
+    pub llm: Arc<dyn LlmSelector>,
+    /// Discord, when configured; replies are stored only otherwise.
+    pub discord: Option<Arc<dyn DiscordApi>>,
+    /// Outbound HTTP to user-given URLs (HTTP tools, hooks), behind the SSRF guard.
+    pub egress: Egress,
+}
+
+/// A connected backend.
+#[derive(Clone)]
+pub struct Connected {
+    /// The records.
+    pub store: Arc<dyn Store>,
+    /// The sessions queue.
+    pub queue: Arc<dyn SessionQueue>,
+    /// The hooks queue; `None` when hooks are not configured (AWS without
+    /// `PULSE_HOOKS_QUEUE_URL`): nothing is emitted then.
+    pub hooks: Option<Arc<dyn HookQueue>>,
+    /// EventBridge, for hooks with an `eventbridge://` target (AWS backend).
+    pub bus: Option<Arc<dyn EventBus>>,
+    /// For the AWS backend, the request counter of its clients.
+    pub aws_requests: Option<aws::RequestCounter>,
+}
+
+impl Connected {
+    /// A sweeper over this backend.
+    pub fn sweeper(&self, settings: &EngineSettings) -> Sweeper {
+        Sweeper::new(self.store.clone(), self.queue.clone(), settings.clone())
+    }
+
+    /// A worker over this backend: heartbeat jobs with every tool (the heartbeat agent
+    /// included), and conversation turns.
+    pub fn worker(
+        &self,
+        clock: Arc<dyn Clock>,
+        settings: &EngineSettings,
+        services: &Services,
+    ) -> Worker {
+        let runner = self.runner(clock.clone(), settings, self.tools(clock.clone(), services));
+        Worker::new(Arc::new(runner))
+            .with_conversation(Arc::new(self.conversation(clock, services)))
+    }
+
+    /// Every tool: HTTP tools through the egress guard, and the heartbeat agent.
+    pub fn tools(&self, clock: Arc<dyn Clock>, services: &Services) -> Arc<dyn ToolRunner> {
+        let agent = HeartbeatAgent::new(
+            self.store.clone(),
+            self.queue.clone(),
+            services.llm.clone(),
+            clock,
+        );
+        Arc::new(Tools::with_heartbeat_agent(agent, services.egress.clone()))
+    }
+
+    /// A heartbeat runner calling `tools`, emitting hooks if a hooks queue is configured.
+    pub fn runner(
+        &self,
+        clock: Arc<dyn Clock>,
+        settings: &EngineSettings,
+        tools: Arc<dyn ToolRunner>,
+    ) -> HeartbeatRunner {
+        let runner =
+            HeartbeatRunner::new(self.store.clone(), tools, clock.clone(), settings.clone());
+        match self.emitter(clock) {
+            Some(emitter) => runner.with_hooks(emitter),
+            None => runner,
+        }
+    }
+
+    /// The conversation engine, emitting hooks if a hooks queue is configured.
+    pub fn conversation(&self, clock: Arc<dyn Clock>, services: &Services) -> Conversation {
+        let conversation = Conversation::new(
+            self.store.clone(),
+            services.llm.clone(),
+            services.discord.clone(),
+            clock.clone(),
+            ConversationSettings::default(),
+        );
+        match self.emitter(clock) {
+            Some(emitter) => conversation.with_hooks(emitter),
+            None => conversation,
+        }
+    }
+
+    /// What emits hooks, if a hooks queue is configured.
+    pub fn emitter(&self, clock: Arc<dyn Clock>) -> Option<HookEmitter> {
+        self.hooks
+            .as_ref()
+            .map(|q| HookEmitter::new(self.store.clone(), q.clone(), clock))
+    }
+
+    /// The hook dispatcher over this backend, sending through `egress` (and this
+    /// backend's EventBridge), if a hooks queue is configured.
+    pub fn dispatcher(
+        &self,
+        clock: Arc<dyn Clock>,
+        egress: &Egress,
+        settings: DispatchSettings,
+    ) -> Option<Dispatcher> {
+        let queue = self.hooks.clone()?;
+        Some(Dispatcher::new(
+            self.store.clone(),
+            queue,
+            Arc::new(HookClient::new(egress.clone(), self.bus.clone())),
+            clock,
+            settings,
+        ))
+    }
+}
+
+/// The outbound client for user-given URLs (HTTP tools, hooks, agents' own model URLs):
+/// the SSRF guard with `PULSE_HOOKS_ALLOW`'s exceptions.
+pub fn egress(config: &Config) -> Egress {
+    Egress::new(config.hooks.allow.clone())
+}
+
+impl Services {
+    /// The services the configuration names: the model router, and Discord if a token
+    /// or application id is set.
+    pub fn from_config(config: &Config) -> Self {
+        let egress = egress(config);
+        Self {
+            llm: Arc::new(crate::llm::Router::new(config.llm.clone(), egress.clone())),
+            discord: config.discord.is_configured().then(|| {
+                Arc::new(crate::discord::DiscordClient::new(config.discord.clone()))
+                    as Arc<dyn DiscordApi>
+            }),
+            egress,
+        }
+    }
+}
+
+/// Connects the backend the configuration names. Opening SQLite creates and migrates the
+/// file (mode 0600) and, without `PULSE_ENCRYPTION_KEY`, reads or makes the key file
+/// beside it; building AWS clients makes no network call.
+pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected, StoreError> {
+    match &config.backend {
+        Backend::Sqlite { path } => {
+            let path = path.clone();
+            let configured = config.encryption.clone();
+            let (db, keys) = tokio::task::spawn_blocking(move || {
+                let db = sqlite::Db::open(&path)?;
+                let keys = match configured {
+                    Some(keys) => keys,
+                    None => sqlite::key_file(&path)?,
+                };
+                Ok::<_, StoreError>((db, keys))
+            })
+            .await
+            .map_err(|e| StoreError::backend("sqlite", "open database", e))??;
+            Ok(Connected {
+                store: Arc::new(sqlite::SqliteStore::new(db.clone()).with_keys(keys)),
+                queue: Arc::new(sqlite::SqliteQueue::new(db.clone(), clock.clone())),
+                hooks: Some(Arc::new(sqlite::SqliteHookQueue::new(db, clock))),
+                bus: None,
+                aws_requests: None,
+            })
+        }
+        Backend::Aws(settings) => {
+            let clients = aws::AwsClients::new(settings.endpoint_url.as_deref()).await;
+            Ok(Connected {
+                // Without PULSE_ENCRYPTION_KEY, webhooks and hooks cannot be written (or
+                // read, once sealed), and say so; everything else works.
+                store: Arc::new(
+                    aws::DynamoStore::new(
+                        clients.dynamodb.clone(),
+                        &settings.table,
+                        event_write_timeout(config),
+                    )
+                    .with_keys(config.encryption.clone().unwrap_or_default()),
+                ),
+                queue: Arc::new(aws::SqsQueue::new(
+                    clients.sqs.clone(),
+                    &settings.sessions_queue_url,
+                )),
+                hooks: settings.hooks_queue_url.as_ref().map(|url| {
+                    Arc::new(aws::SqsHookQueue::new(
+                        clients.sqs.clone(),
+                        url,
+                        settings.hooks_dlq_url.clone(),
+                    )) as Arc<dyn HookQueue>
+                }),
+                bus: Some(Arc::new(aws::EventBridgeBus::new(
+                    clients.eventbridge.clone(),
+                ))),
+                aws_requests: Some(clients.counter),
+            })
+        }
+    }
+}
+
+/// Three quarters of the settle time: an event write that has not succeeded by then is
+/// abandoned (and reported) rather than risk becoming visible behind a read window.
+pub fn event_write_timeout(config: &Config) -> Duration {
+    config
+        .engine
+        .event_settle
+        .unsigned_abs()
+        .mul_f64(0.75)
+        .max(Duration::from_millis(100))
+}
