@@ -5,10 +5,26 @@
 //! connection's mutex. One connection per [`Db`]: SQLite serialises writers anyway, and a
 //! process that wants parallel writers (tests, benchmarks) opens several `Db`s on one file;
 //! `busy_timeout` makes them wait for each other instead of failing.
+//!
+//! ## Layout
+//!
+//! One file per port, with the same names as in `adapters/aws`: `agents`, `heartbeats`,
+//! `events`, `actions`, `registry` (tools, subscriptions), `conversations`, `memories`,
+//! `webhooks`, `hooks`, `session_queue` and `hook_queue`; beside them `codec` (records
+//! as JSON documents, sealed secrets) and `schema` (the tables and their migrations).
 
+mod actions;
+mod agents;
+mod codec;
+mod conversations;
+mod events;
+mod heartbeats;
+mod hook_queue;
 mod hooks;
-mod queue;
-mod store;
+mod memories;
+mod registry;
+mod schema;
+mod session_queue;
 mod webhooks;
 
 use std::path::{Path, PathBuf};
@@ -16,229 +32,39 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
-pub use hooks::SqliteHookQueue;
-pub use queue::SqliteQueue;
-pub use store::SqliteStore;
+pub use hook_queue::SqliteHookQueue;
+pub use session_queue::SqliteQueue;
 
 use crate::error::StoreError;
 use crate::sealing::EncryptionKeys;
 
-/// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 5;
+/// The records of Pulse in a SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    db: Db,
+    /// The group-commit writer of webhook acceptances, started on first use.
+    accepts: std::sync::Arc<std::sync::OnceLock<webhooks::Batcher>>,
+    /// Seals the secrets of webhooks and hooks.
+    keys: EncryptionKeys,
+}
 
-const SCHEMA: &str = r#"
-CREATE TABLE agents (
-    id          TEXT PRIMARY KEY,
-    created_ms  INTEGER NOT NULL,
-    doc         TEXT NOT NULL
-);
+impl SqliteStore {
+    /// A store over an open database. It has no encryption key until given one with
+    /// [`SqliteStore::with_keys`]: writing a secret then fails, saying so.
+    pub fn new(db: Db) -> Self {
+        Self {
+            db,
+            accepts: std::sync::Arc::default(),
+            keys: EncryptionKeys::none(),
+        }
+    }
 
-CREATE TABLE heartbeats (
-    agent_id              TEXT NOT NULL,
-    beat                  INTEGER NOT NULL,
-    session               TEXT NOT NULL,
-    status                TEXT NOT NULL,
-    scheduled_ms          INTEGER NOT NULL,
-    claim                 INTEGER NOT NULL,
-    lease_ms              INTEGER,
-    started_ms            INTEGER,
-    completed_ms          INTEGER,
-    window_start          TEXT NOT NULL,
-    window_end            TEXT,
-    last_interaction_beat INTEGER NOT NULL,
-    interaction_seen_ms   INTEGER,
-    since_last            INTEGER,
-    consecutive_failures  INTEGER NOT NULL,
-    events_processed      INTEGER NOT NULL,
-    actions_triggered     INTEGER NOT NULL,
-    actions_failed        INTEGER NOT NULL,
-    cascade_capped        INTEGER NOT NULL,
-    error                 TEXT,
-    -- The due index: set while PENDING (to scheduled_ms) or EXECUTING (to lease_ms), NULL
-    -- once the heartbeat is over, so the partial index holds only live heartbeats.
-    due_ms                INTEGER,
-    PRIMARY KEY (agent_id, beat)
-) WITHOUT ROWID;
-CREATE INDEX heartbeats_due ON heartbeats (due_ms, agent_id, beat) WHERE due_ms IS NOT NULL;
-
-CREATE TABLE events (
-    agent_id  TEXT NOT NULL,
-    id        TEXT NOT NULL,
-    -- 1 for events a heartbeat made and processed itself; windows skip them.
-    own       INTEGER NOT NULL,
-    doc       TEXT NOT NULL,
-    PRIMARY KEY (agent_id, id)
-) WITHOUT ROWID;
-
-CREATE TABLE actions (
-    id        TEXT PRIMARY KEY,
-    agent_id  TEXT NOT NULL,
-    event_id  TEXT NOT NULL,
-    tool      TEXT NOT NULL,
-    status    TEXT NOT NULL,
-    attempt   INTEGER NOT NULL,
-    doc       TEXT NOT NULL
-);
-CREATE INDEX actions_by_agent ON actions (agent_id, event_id, tool);
-
-CREATE TABLE tools (
-    name  TEXT PRIMARY KEY,
-    doc   TEXT NOT NULL
-);
-
-CREATE TABLE subscriptions (
-    id    TEXT PRIMARY KEY,
-    doc   TEXT NOT NULL
-);
-
-CREATE TABLE queue_messages (
-    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
-    message_id     TEXT NOT NULL UNIQUE,
-    group_id       TEXT NOT NULL,
-    body           TEXT NOT NULL,
-    sent_ms        INTEGER NOT NULL,
-    -- Not deliverable before this time. After a receive it is the end of the visibility
-    -- timeout: while it lies ahead and the message has a receipt, the message is in
-    -- flight and its group is locked.
-    visible_ms     INTEGER NOT NULL,
-    receipt        TEXT,
-    receive_count  INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX queue_by_group ON queue_messages (group_id, seq);
--- Finds messages that used up their receives without scanning the queue.
-CREATE INDEX queue_by_receives ON queue_messages (receive_count, visible_ms);
-
-CREATE TABLE queue_dedup (
-    dedup_id  TEXT PRIMARY KEY,
-    sent_ms   INTEGER NOT NULL
-);
-CREATE INDEX queue_dedup_by_age ON queue_dedup (sent_ms);
-
-CREATE TABLE queue_dead (
-    seq            INTEGER PRIMARY KEY,
-    message_id     TEXT NOT NULL,
-    group_id       TEXT NOT NULL,
-    body           TEXT NOT NULL,
-    sent_ms        INTEGER NOT NULL,
-    receive_count  INTEGER NOT NULL,
-    dead_ms        INTEGER NOT NULL
-);
-"#;
-
-/// Version 2: conversations (turns, their messages, the signals they answered) and
-/// memories.
-const SCHEMA_V2: &str = r#"
-CREATE TABLE turns (
-    agent_id  TEXT NOT NULL,
-    id        TEXT NOT NULL,
-    doc       TEXT NOT NULL,
-    PRIMARY KEY (agent_id, id)
-) WITHOUT ROWID;
-CREATE TABLE signal_turns (
-    agent_id   TEXT NOT NULL,
-    signal_id  TEXT NOT NULL,
-    turn_id    TEXT NOT NULL,
-    PRIMARY KEY (agent_id, signal_id)
-) WITHOUT ROWID;
-CREATE TABLE messages (
-    agent_id  TEXT NOT NULL,
-    id        TEXT NOT NULL,
-    doc       TEXT NOT NULL,
-    PRIMARY KEY (agent_id, id)
-) WITHOUT ROWID;
-CREATE TABLE memories (
-    agent_id  TEXT NOT NULL,
-    id        TEXT NOT NULL,
-    doc       TEXT NOT NULL,
-    PRIMARY KEY (agent_id, id)
-) WITHOUT ROWID;
-"#;
-
-/// Version 3: inbound webhooks (their request log, remembered delivery ids, hourly
-/// counters) and the Discord channel each agent answers in.
-const SCHEMA_V3: &str = r#"
-CREATE TABLE webhooks (
-    id        TEXT PRIMARY KEY,
-    agent_id  TEXT NOT NULL,
-    doc       TEXT NOT NULL
-);
-CREATE TABLE webhook_requests (
-    webhook_id  TEXT NOT NULL,
-    id          TEXT NOT NULL,
-    doc         TEXT NOT NULL,
-    PRIMARY KEY (webhook_id, id)
-) WITHOUT ROWID;
-CREATE TABLE webhook_deliveries (
-    webhook_id   TEXT NOT NULL,
-    delivery_id  TEXT NOT NULL,
-    event_id     TEXT NOT NULL,
-    expires_ms   INTEGER NOT NULL,
-    PRIMARY KEY (webhook_id, delivery_id)
-) WITHOUT ROWID;
-CREATE TABLE webhook_counters (
-    webhook_id  TEXT NOT NULL,
-    window      INTEGER NOT NULL,
-    count       INTEGER NOT NULL,
-    PRIMARY KEY (webhook_id, window)
-) WITHOUT ROWID;
-CREATE TABLE discord_channels (
-    channel_id  TEXT PRIMARY KEY,
-    agent_id    TEXT NOT NULL
-);
-INSERT OR IGNORE INTO discord_channels (channel_id, agent_id)
-    SELECT json_extract(doc, '$.discord_channel'), id FROM agents
-    WHERE json_extract(doc, '$.discord_channel') IS NOT NULL ORDER BY created_ms;
-"#;
-
-/// Version 4: outbound hooks, their deliveries, attempts, queue and dead letters.
-const SCHEMA_V4: &str = r#"
-CREATE TABLE hooks (
-    id        TEXT PRIMARY KEY,
-    agent_id  TEXT NOT NULL,
-    version   INTEGER NOT NULL,
-    doc       TEXT NOT NULL
-);
-CREATE INDEX hooks_by_agent ON hooks (agent_id, id);
-CREATE TABLE hook_deliveries (
-    id          TEXT PRIMARY KEY,
-    hook_id     TEXT NOT NULL,
-    version     INTEGER NOT NULL,
-    created_ms  INTEGER NOT NULL,
-    doc         TEXT NOT NULL
-);
-CREATE INDEX hook_deliveries_by_hook ON hook_deliveries (hook_id, created_ms, id);
-CREATE TABLE hook_attempts (
-    delivery_id  TEXT NOT NULL,
-    attempt      INTEGER NOT NULL,
-    doc          TEXT NOT NULL,
-    PRIMARY KEY (delivery_id, attempt)
-) WITHOUT ROWID;
-CREATE TABLE hook_queue (
-    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
-    body           TEXT NOT NULL,
-    -- Not deliverable before this time: the send delay, then the visibility timeout.
-    visible_ms     INTEGER NOT NULL,
-    receipt        TEXT,
-    receive_count  INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX hook_queue_by_time ON hook_queue (visible_ms);
-CREATE TABLE hook_dead (
-    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
-    body     TEXT NOT NULL,
-    reason   TEXT NOT NULL,
-    dead_ms  INTEGER NOT NULL
-);
-"#;
-
-/// Version 5: the per-minute budget of refused webhook requests logged in full.
-const SCHEMA_V5: &str = r#"
-CREATE TABLE webhook_log_budget (
-    webhook_id  TEXT NOT NULL,
-    minute      INTEGER NOT NULL,
-    count       INTEGER NOT NULL,
-    PRIMARY KEY (webhook_id, minute)
-) WITHOUT ROWID;
-"#;
+    /// Seals secrets with `keys`.
+    pub fn with_keys(mut self, keys: EncryptionKeys) -> Self {
+        self.keys = keys;
+        self
+    }
+}
 
 /// One connection to a Pulse database file.
 #[derive(Clone)]
@@ -350,7 +176,7 @@ impl Db {
             .map_err(&open)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(&open)?;
-        migrate(&conn, path)?;
+        schema::migrate(&conn, path)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_owned(),
@@ -382,48 +208,4 @@ impl Db {
         .await
         .map_err(|e| StoreError::backend("sqlite", op, e))?
     }
-}
-
-fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    let err = sqlite_err("migrate schema");
-    // Under the write lock, so processes opening a new file at once migrate it once.
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(&err)?;
-    let result = (|| {
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(&err)?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::backend(
-                "sqlite",
-                "migrate schema",
-                format!(
-                    "{} has schema version {version}, newer than this release's {SCHEMA_VERSION}; upgrade pulse",
-                    path.display()
-                ),
-            ));
-        }
-        if version < 1 {
-            conn.execute_batch(SCHEMA).map_err(&err)?;
-        }
-        if version < 2 {
-            conn.execute_batch(SCHEMA_V2).map_err(&err)?;
-        }
-        if version < 3 {
-            conn.execute_batch(SCHEMA_V3).map_err(&err)?;
-        }
-        if version < 4 {
-            conn.execute_batch(SCHEMA_V4).map_err(&err)?;
-        }
-        if version < 5 {
-            conn.execute_batch(SCHEMA_V5).map_err(&err)?;
-        }
-        if version < SCHEMA_VERSION {
-            conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
-                .map_err(&err)?;
-        }
-        Ok(())
-    })();
-    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    conn.execute_batch(end).map_err(&err)?;
-    result
 }

@@ -9,8 +9,10 @@ use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::SqliteStore;
+use super::codec::{from_doc, read_sealed, to_doc};
+use super::events::upsert_event;
 use super::sqlite_err;
-use super::store::{SqliteStore, from_doc, read_sealed, to_doc, upsert_event};
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms,
 };

@@ -1,0 +1,129 @@
+//! The action log on SQLite.
+
+use async_trait::async_trait;
+use rusqlite::{TransactionBehavior, params};
+
+use super::codec::{read_docs, to_doc};
+use super::events::upsert_event;
+use super::{SqliteStore, sqlite_err};
+use crate::domain::{Action, ActionStatus, AgentId, Event};
+use crate::error::StoreError;
+use crate::ports::ActionLog;
+
+#[async_trait]
+impl ActionLog for SqliteStore {
+    async fn start_action(&self, action: &Action) -> Result<Option<Action>, StoreError> {
+        let action = action.clone();
+        self.db
+            .call("start action", move |conn| {
+                let op = "start action";
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sqlite_err(op))?;
+                let n = tx
+                    .execute(
+                        "INSERT INTO actions (id, agent_id, event_id, tool, status, attempt, doc) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
+                        params![
+                            action.id.as_str(),
+                            action.agent_id.as_str(),
+                            action.event_id.as_str(),
+                            action.tool.as_str(),
+                            status_name(action.status),
+                            action.attempt,
+                            to_doc(&action)
+                        ],
+                    )
+                    .map_err(sqlite_err(op))?;
+                let existing = if n == 0 {
+                    read_docs(
+                        &tx,
+                        op,
+                        "SELECT id, doc FROM actions WHERE id = ?1",
+                        [action.id.as_str()],
+                    )?
+                    .pop()
+                } else {
+                    None
+                };
+                tx.commit().map_err(sqlite_err(op))?;
+                Ok(existing)
+            })
+            .await
+    }
+
+    async fn restart_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError> {
+        let action = action.clone();
+        self.db
+            .call("restart action", move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE actions SET status = ?2, attempt = ?3, doc = ?4 \
+                         WHERE id = ?1 AND attempt = ?5 AND status = 'RUNNING'",
+                        params![
+                            action.id.as_str(),
+                            status_name(action.status),
+                            action.attempt,
+                            to_doc(&action),
+                            expected_attempt
+                        ],
+                    )
+                    .map_err(sqlite_err("restart action"))?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
+        let (action, new_events) = (action.clone(), new_events.to_vec());
+        self.db
+            .call("finish action", move |conn| {
+                let op = sqlite_err("finish action");
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                let n = tx
+                    .execute(
+                        "UPDATE actions SET status = ?2, doc = ?3 WHERE id = ?1 AND attempt = ?4 AND status = 'RUNNING'",
+                        params![action.id.as_str(), status_name(action.status), to_doc(&action), action.attempt],
+                    )
+                    .map_err(&op)?;
+                if n == 0 {
+                    return Err(StoreError::Conflict(format!(
+                        "action {} is no longer RUNNING at attempt {}; another run took it over",
+                        action.id, action.attempt
+                    )));
+                }
+                for e in &new_events {
+                    upsert_event(&tx, e)?;
+                }
+                tx.commit().map_err(&op)
+            })
+            .await
+    }
+
+    async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError> {
+        let agent = agent.clone();
+        self.db
+            .call("list actions", move |conn| {
+                read_docs(
+                    conn,
+                    "list actions",
+                    "SELECT id, doc FROM actions WHERE agent_id = ?1 ORDER BY event_id DESC, tool LIMIT ?2",
+                    params![agent.as_str(), limit as i64],
+                )
+            })
+            .await
+    }
+}
+
+pub(super) fn status_name(s: ActionStatus) -> &'static str {
+    match s {
+        ActionStatus::Running => "RUNNING",
+        ActionStatus::Completed => "COMPLETED",
+        ActionStatus::Failed => "FAILED",
+        ActionStatus::Cancelled => "CANCELLED",
+    }
+}

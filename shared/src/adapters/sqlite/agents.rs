@@ -1,0 +1,174 @@
+//! Agents on SQLite, and the Discord channel each answers in.
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use super::codec::{read_docs, to_doc};
+use super::heartbeats::insert_heartbeat;
+use super::{SqliteStore, sqlite_err};
+use crate::domain::{Agent, AgentId, Heartbeat, to_ms};
+use crate::error::StoreError;
+use crate::ports::AgentStore;
+
+/// Files `agent` as the one that answers in `channel`; `AlreadyExists` if another does.
+pub(super) fn claim_channel(
+    conn: &Connection,
+    channel: &str,
+    agent: &AgentId,
+) -> Result<(), StoreError> {
+    let op = sqlite_err("create agent");
+    let n = conn
+        .execute(
+            "INSERT INTO discord_channels (channel_id, agent_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            params![channel, agent.as_str()],
+        )
+        .map_err(&op)?;
+    if n == 0 {
+        let other: String = conn
+            .query_row(
+                "SELECT agent_id FROM discord_channels WHERE channel_id = ?1",
+                [channel],
+                |r| r.get(0),
+            )
+            .map_err(&op)?;
+        return Err(StoreError::AlreadyExists(format!(
+            "an agent for Discord channel {channel} ({other})"
+        )));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl AgentStore for SqliteStore {
+    async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
+        let channel = channel_id.to_owned();
+        self.db
+            .call("find channel's agent", move |conn| {
+                let id: Option<String> = conn
+                    .prepare_cached("SELECT agent_id FROM discord_channels WHERE channel_id = ?1")
+                    .and_then(|mut st| st.query_row([&channel], |r| r.get(0)).optional())
+                    .map_err(sqlite_err("find channel's agent"))?;
+                id.map(|id| {
+                    AgentId::parse(&id).map_err(|e| StoreError::corrupt("discord_channels", e))
+                })
+                .transpose()
+            })
+            .await
+    }
+
+    async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError> {
+        let (agent, first) = (agent.clone(), first.clone());
+        self.db
+            .call("create agent", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sqlite_err("create agent"))?;
+                let n = tx
+                    .execute(
+                        "INSERT INTO agents (id, created_ms, doc) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                        params![agent.id.as_str(), to_ms(agent.created_at), to_doc(&agent)],
+                    )
+                    .map_err(sqlite_err("create agent"))?;
+                if n == 0 {
+                    return Err(StoreError::AlreadyExists(format!("agent {}", agent.id)));
+                }
+                if let Some(channel) = &agent.discord_channel {
+                    claim_channel(&tx, channel, &agent.id)?;
+                }
+                insert_heartbeat(&tx, &first)?;
+                tx.commit().map_err(sqlite_err("create agent"))
+            })
+            .await
+    }
+
+    async fn import_agents(&self, agents: &[(Agent, Heartbeat)]) -> Result<(), StoreError> {
+        let agents = agents.to_vec();
+        self.db
+            .call("import agents", move |conn| {
+                let op = sqlite_err("import agents");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                for (agent, first) in &agents {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO agents (id, created_ms, doc) VALUES (?1, ?2, ?3)",
+                        params![agent.id.as_str(), to_ms(agent.created_at), to_doc(agent)],
+                    )
+                    .map_err(&op)?;
+                    tx.execute(
+                        "DELETE FROM heartbeats WHERE agent_id = ?1 AND beat = ?2",
+                        params![first.agent_id.as_str(), first.beat as i64],
+                    )
+                    .map_err(&op)?;
+                    if let Some(channel) = &agent.discord_channel {
+                        tx.execute(
+                            "INSERT OR REPLACE INTO discord_channels (channel_id, agent_id) VALUES (?1, ?2)",
+                            params![channel, agent.id.as_str()],
+                        )
+                        .map_err(&op)?;
+                    }
+                    insert_heartbeat(&tx, first)?;
+                }
+                tx.commit().map_err(&op)
+            })
+            .await
+    }
+
+    async fn get_agent(&self, id: &AgentId) -> Result<Option<Agent>, StoreError> {
+        let id = id.clone();
+        self.db
+            .call("get agent", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "get agent",
+                    "SELECT id, doc FROM agents WHERE id = ?1",
+                    [id.as_str()],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn list_agents(&self) -> Result<Vec<Agent>, StoreError> {
+        self.db
+            .call("list agents", |conn| {
+                read_docs(
+                    conn,
+                    "list agents",
+                    "SELECT id, doc FROM agents ORDER BY created_ms, id",
+                    [],
+                )
+            })
+            .await
+    }
+
+    async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.db
+            .call("record interaction", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sqlite_err("record interaction"))?;
+                let mut agent: Agent = read_docs(
+                    &tx,
+                    "record interaction",
+                    "SELECT id, doc FROM agents WHERE id = ?1",
+                    [id.as_str()],
+                )?
+                .pop()
+                .ok_or_else(|| StoreError::NotFound(format!("agent {id}")))?;
+                if agent.last_interaction_at.is_some_and(|t| t >= at) {
+                    return Ok(());
+                }
+                agent.last_interaction_at = Some(at);
+                tx.execute(
+                    "UPDATE agents SET doc = ?2 WHERE id = ?1",
+                    params![id.as_str(), to_doc(&agent)],
+                )
+                .map_err(sqlite_err("record interaction"))?;
+                tx.commit().map_err(sqlite_err("record interaction"))
+            })
+            .await
+    }
+}

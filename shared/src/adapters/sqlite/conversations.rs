@@ -1,0 +1,148 @@
+//! Conversation turns, their messages and the signals they answered, on SQLite.
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, TransactionBehavior, params};
+
+use super::codec::{from_doc, read_docs, to_doc};
+use super::{SqliteStore, sqlite_err};
+use crate::domain::{AgentId, ConversationMessage, SignalId, Turn, TurnId};
+use crate::error::StoreError;
+use crate::ports::{ConversationStore, TurnStart};
+
+#[async_trait]
+impl ConversationStore for SqliteStore {
+    async fn answered(
+        &self,
+        agent: &AgentId,
+        signals: &[SignalId],
+    ) -> Result<Vec<(SignalId, TurnId)>, StoreError> {
+        let (agent, signals) = (agent.to_string(), signals.to_vec());
+        self.db
+            .call("read answered signals", move |conn| {
+                let op = sqlite_err("read answered signals");
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT turn_id FROM signal_turns WHERE agent_id = ?1 AND signal_id = ?2",
+                    )
+                    .map_err(&op)?;
+                let mut out = Vec::new();
+                for s in signals {
+                    let turn: Option<String> = stmt
+                        .query_row(params![agent, s.as_str()], |r| r.get(0))
+                        .optional()
+                        .map_err(&op)?;
+                    if let Some(t) = turn {
+                        let t = TurnId::parse(&t)
+                            .map_err(|e| StoreError::corrupt(format!("signal {s}"), e))?;
+                        out.push((s, t));
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn begin_turn(
+        &self,
+        turn: &Turn,
+        messages: &[ConversationMessage],
+    ) -> Result<TurnStart, StoreError> {
+        let (turn, messages) = (turn.clone(), messages.to_vec());
+        self.db
+            .call("begin turn", move |conn| {
+                let op = sqlite_err("begin turn");
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                let agent = turn.agent_id.as_str();
+                let existing: Option<String> = tx
+                    .query_row(
+                        "SELECT doc FROM turns WHERE agent_id = ?1 AND id = ?2",
+                        params![agent, turn.id.as_str()],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(&op)?;
+                if let Some(doc) = existing {
+                    return Ok(TurnStart::Exists(Box::new(from_doc(turn.id.as_str(), &doc)?)));
+                }
+                for s in &turn.signals {
+                    let n = tx
+                        .execute(
+                            "INSERT OR IGNORE INTO signal_turns (agent_id, signal_id, turn_id) VALUES (?1, ?2, ?3)",
+                            params![agent, s.as_str(), turn.id.as_str()],
+                        )
+                        .map_err(&op)?;
+                    if n == 0 {
+                        return Err(StoreError::Conflict(format!(
+                            "signal {s} is answered by another turn already"
+                        )));
+                    }
+                }
+                tx.execute(
+                    "INSERT INTO turns (agent_id, id, doc) VALUES (?1, ?2, ?3)",
+                    params![agent, turn.id.as_str(), to_doc(&turn)],
+                )
+                .map_err(&op)?;
+                for m in &messages {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO messages (agent_id, id, doc) VALUES (?1, ?2, ?3)",
+                        params![m.agent_id.as_str(), m.id, to_doc(m)],
+                    )
+                    .map_err(&op)?;
+                }
+                tx.commit().map_err(&op)?;
+                Ok(TurnStart::Created)
+            })
+            .await
+    }
+
+    async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError> {
+        let turn = turn.clone();
+        self.db
+            .call("update turn", move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE turns SET doc = ?3 WHERE agent_id = ?1 AND id = ?2",
+                        params![turn.agent_id.as_str(), turn.id.as_str(), to_doc(&turn)],
+                    )
+                    .map_err(sqlite_err("update turn"))?;
+                if n == 0 {
+                    return Err(StoreError::NotFound(format!("turn {}", turn.id)));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Result<Option<Turn>, StoreError> {
+        let (agent, id) = (agent.to_string(), id.to_string());
+        self.db
+            .call("read turn", move |conn| {
+                let docs: Vec<Turn> = read_docs(
+                    conn,
+                    "read turn",
+                    "SELECT id, doc FROM turns WHERE agent_id = ?1 AND id = ?2",
+                    params![agent, id],
+                )?;
+                Ok(docs.into_iter().next())
+            })
+            .await
+    }
+
+    async fn recent_messages(
+        &self,
+        agent: &AgentId,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError> {
+        let agent = agent.to_string();
+        self.db
+            .call("read messages", move |conn| {
+                read_docs(
+                    conn,
+                    "read messages",
+                    "SELECT id, doc FROM messages WHERE agent_id = ?1 ORDER BY id DESC LIMIT ?2",
+                    params![agent, limit as i64],
+                )
+            })
+            .await
+    }
+}

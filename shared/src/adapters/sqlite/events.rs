@@ -1,0 +1,98 @@
+//! The event log on SQLite.
+
+use async_trait::async_trait;
+use rusqlite::{Connection, params};
+
+use super::codec::{read_docs, to_doc};
+use super::{SqliteStore, sqlite_err};
+use crate::domain::{Agent, AgentId, Event, EventCursor, EventId};
+use crate::error::StoreError;
+use crate::ports::{EventLog, Window};
+
+pub(super) fn upsert_event(conn: &Connection, e: &Event) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (agent_id, id) DO UPDATE SET own = excluded.own, doc = excluded.doc",
+        params![
+            e.agent_id.as_str(),
+            e.id.as_str(),
+            e.cascade.is_some(),
+            to_doc(e)
+        ],
+    )
+    .map_err(sqlite_err("append event"))?;
+    Ok(())
+}
+
+#[async_trait]
+impl EventLog for SqliteStore {
+    async fn append(&self, event: &Event) -> Result<(), StoreError> {
+        let event = event.clone();
+        self.db
+            .call("append event", move |conn| upsert_event(conn, &event))
+            .await
+    }
+
+    async fn read_window(
+        &self,
+        agent: &AgentId,
+        start: &EventCursor,
+        end: &EventCursor,
+        limit: usize,
+    ) -> Result<Window, StoreError> {
+        let (agent, start, end) = (agent.clone(), start.clone(), end.clone());
+        self.db
+            .call("read event window", move |conn| {
+                let op = "read event window";
+                let tx = conn.transaction().map_err(sqlite_err(op))?;
+                let found: Option<Agent> =
+                    read_docs(&tx, op, "SELECT id, doc FROM agents WHERE id = ?1", [agent.as_str()])?.pop();
+                let mut events: Vec<Event> = read_docs(
+                    &tx,
+                    op,
+                    "SELECT id, doc FROM events WHERE agent_id = ?1 AND id > ?2 AND id <= ?3 AND own = 0 \
+                     ORDER BY id LIMIT ?4",
+                    params![agent.as_str(), start.as_str(), end.as_str(), limit as i64 + 1],
+                )?;
+                let truncated = events.len() > limit;
+                events.truncate(limit);
+                Ok(Window { agent: found, events, truncated })
+            })
+            .await
+    }
+
+    async fn get_events(&self, agent: &AgentId, ids: &[EventId]) -> Result<Vec<Event>, StoreError> {
+        let (agent, ids) = (agent.clone(), ids.to_vec());
+        self.db
+            .call("get events", move |conn| {
+                let mut out = Vec::with_capacity(ids.len());
+                for id in &ids {
+                    out.extend(read_docs::<Event>(
+                        conn,
+                        "get events",
+                        "SELECT id, doc FROM events WHERE agent_id = ?1 AND id = ?2",
+                        [agent.as_str(), id.as_str()],
+                    )?);
+                }
+                out.sort_by(|a, b| a.id.cmp(&b.id));
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn list_events(&self, agent: &AgentId, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let agent = agent.clone();
+        self.db
+            .call("list events", move |conn| {
+                let mut events: Vec<Event> = read_docs(
+                    conn,
+                    "list events",
+                    "SELECT id, doc FROM events WHERE agent_id = ?1 ORDER BY id DESC LIMIT ?2",
+                    params![agent.as_str(), limit as i64],
+                )?;
+                events.reverse();
+                Ok(events)
+            })
+            .await
+    }
+}

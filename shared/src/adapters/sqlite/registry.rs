@@ -1,0 +1,114 @@
+//! Tools and subscriptions on SQLite.
+
+use async_trait::async_trait;
+use rusqlite::params;
+
+use super::codec::{read_docs, to_doc, update_doc};
+use super::{SqliteStore, sqlite_err};
+use crate::domain::{Registry, Subscription, SubscriptionId, Tool, ToolName};
+use crate::error::StoreError;
+use crate::ports::ToolRegistry;
+
+#[async_trait]
+impl ToolRegistry for SqliteStore {
+    async fn add_tool(&self, tool: &Tool) -> Result<(), StoreError> {
+        let tool = tool.clone();
+        self.db
+            .call("add tool", move |conn| {
+                let n = conn
+                    .execute(
+                        "INSERT INTO tools (name, doc) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                        params![tool.name.as_str(), to_doc(&tool)],
+                    )
+                    .map_err(sqlite_err("add tool"))?;
+                if n == 0 {
+                    return Err(StoreError::AlreadyExists(format!("tool {}", tool.name)));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn set_tool_active(&self, name: &ToolName, active: bool) -> Result<(), StoreError> {
+        let name = name.clone();
+        self.db
+            .call("update tool", move |conn| {
+                update_doc(
+                    conn,
+                    "update tool",
+                    "tools",
+                    "name",
+                    name.as_str(),
+                    format!("tool {name}"),
+                    |t: &mut Tool| t.active = active,
+                )
+            })
+            .await
+    }
+
+    async fn add_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
+        let sub = sub.clone();
+        self.db
+            .call("add subscription", move |conn| {
+                let n = conn
+                    .execute(
+                        "INSERT INTO subscriptions (id, doc) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                        params![sub.id.as_str(), to_doc(&sub)],
+                    )
+                    .map_err(sqlite_err("add subscription"))?;
+                if n == 0 {
+                    return Err(StoreError::AlreadyExists(format!(
+                        "subscription {} ({} -> {})",
+                        sub.id, sub.event_type, sub.tool
+                    )));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn set_subscription_active(
+        &self,
+        id: &SubscriptionId,
+        active: bool,
+    ) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.db
+            .call("update subscription", move |conn| {
+                update_doc(
+                    conn,
+                    "update subscription",
+                    "subscriptions",
+                    "id",
+                    id.as_str(),
+                    format!("subscription {id}"),
+                    |s: &mut Subscription| s.active = active,
+                )
+            })
+            .await
+    }
+
+    async fn load_registry(&self) -> Result<Registry, StoreError> {
+        self.db
+            .call("load registry", |conn| {
+                let tx = conn.transaction().map_err(sqlite_err("load registry"))?;
+                let tools = read_docs(
+                    &tx,
+                    "load registry",
+                    "SELECT name, doc FROM tools ORDER BY name",
+                    [],
+                )?;
+                let subscriptions = read_docs(
+                    &tx,
+                    "load registry",
+                    "SELECT id, doc FROM subscriptions ORDER BY id",
+                    [],
+                )?;
+                Ok(Registry {
+                    tools,
+                    subscriptions,
+                })
+            })
+            .await
+    }
+}
