@@ -4,13 +4,35 @@
 //! SDK clients are built once per process ([`AwsClients::new`]) and shared. Every request
 //! goes through a [`RequestCounter`], so benchmarks can report AWS requests per heartbeat
 //! cycle by operation — the number a user prices a fleet with.
+//!
+//! ## Layout
+//!
+//! One file per port, with the same names as in `adapters/sqlite`: `agents`,
+//! `heartbeats`, `events`, `actions`, `registry` (tools, subscriptions),
+//! `conversations`, `memories`, `webhooks`, `hooks` on DynamoDB, `session_queue` (SQS
+//! FIFO) and `hook_queue` (SQS standard); beside them `keys` (the table's key layout,
+//! which it documents), `codec` (items to and from records), `table` (the store and the
+//! table operations its ports share), `eventbridge`, `secrets` (SSM), `provision` (the
+//! table and queues, for emulators) and `metrics` (the request counter).
 
-mod dynamodb;
+mod actions;
+mod agents;
+mod codec;
+mod conversations;
 mod eventbridge;
+mod events;
+mod heartbeats;
+mod hook_queue;
+mod hooks;
+mod keys;
+mod memories;
 mod metrics;
 mod provision;
+mod registry;
 mod secrets;
-mod sqs;
+mod session_queue;
+mod table;
+mod webhooks;
 
 use std::time::Duration;
 
@@ -21,12 +43,14 @@ use aws_smithy_runtime_api::client::http::{
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_runtime_api::shared::IntoShared;
 
-pub use dynamodb::{DUE_INDEX, DUE_SHARDS, DynamoStore};
 pub use eventbridge::{EVENT_SOURCE, EventBridgeBus};
+pub use hook_queue::SqsHookQueue;
+pub use keys::{DUE_INDEX, DUE_SHARDS};
 pub use metrics::RequestCounter;
 pub use provision::{create_hooks_queue, create_sessions_queue, create_table};
 pub use secrets::{SecretParameters, SecretsError};
-pub use sqs::{SqsHookQueue, SqsQueue};
+pub use session_queue::SqsQueue;
+pub use table::DynamoStore;
 
 /// The SDK clients, with a shared request counter.
 #[derive(Clone, Debug)]

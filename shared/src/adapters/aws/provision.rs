@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 
-use super::dynamodb::DUE_INDEX;
+use super::keys::DUE_INDEX;
 use crate::error::StoreError;
 
 /// Creates the single table: `pk`/`sk` strings, and the sparse due index (`due_shard`

@@ -15,7 +15,9 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 
-use super::{DynamoStore, Item, agent_pk, backend, doc_item, is_ccf, key, n, read_doc};
+use super::DynamoStore;
+use super::codec::*;
+use super::keys::*;
 use crate::domain::{AgentId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute};
 use crate::error::StoreError;
 use crate::ports::HookStore;

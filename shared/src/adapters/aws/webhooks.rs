@@ -17,7 +17,9 @@
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
 
-use super::{DynamoStore, Item, backend, doc_item, event_item, is_ccf, key, n, read_doc, s};
+use super::DynamoStore;
+use super::codec::*;
+use super::keys::*;
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook, WebhookId, WebhookRequest,
 };

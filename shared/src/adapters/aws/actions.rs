@@ -1,0 +1,85 @@
+//! The action log on DynamoDB.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+
+use super::DynamoStore;
+use super::codec::*;
+use super::keys::*;
+use crate::domain::{Action, AgentId, Event};
+use crate::error::StoreError;
+use crate::ports::ActionLog;
+
+#[async_trait]
+impl ActionLog for DynamoStore {
+    async fn start_action(&self, action: &Action) -> Result<Option<Action>, StoreError> {
+        self.put_new("start action", action_item(action))
+            .await?
+            .map(|i| read_doc(&i))
+            .transpose()
+    }
+
+    async fn restart_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError> {
+        let r = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(action_item(action)))
+            .condition_expression("#status = :running AND attempt = :expected")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":running", s("RUNNING"))
+            .expression_attribute_values(":expected", n(expected_attempt))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", "restart action", other)),
+            },
+        }
+    }
+
+    async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
+        let conflict = || {
+            StoreError::Conflict(format!(
+                "action {} is no longer RUNNING at attempt {}; another run took it over",
+                action.id, action.attempt
+            ))
+        };
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(action_item(action)))
+            .condition_expression("#status = :running AND attempt = :attempt")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":running", s("RUNNING"))
+            .expression_attribute_values(":attempt", n(action.attempt))
+            .build()
+            .map_err(backend("build transaction"))?;
+        let mut items = vec![TransactWriteItem::builder().put(put).build()];
+        for e in new_events {
+            items.push(self.put(event_item(e), None)?);
+        }
+        match self.transact("finish action", items).await? {
+            Ok(()) => Ok(()),
+            Err(reasons) if is_ccf(reasons.first()) => Err(conflict()),
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                "finish action",
+                format!("transaction cancelled: {}", reasons.join(", ")),
+            )),
+        }
+    }
+
+    async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError> {
+        self.query_prefix("list actions", &agent_pk(agent), "AC#", true, Some(limit))
+            .await?
+            .iter()
+            .map(read_doc)
+            .collect()
+    }
+}

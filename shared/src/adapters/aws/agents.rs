@@ -1,0 +1,141 @@
+//! Agents on DynamoDB, their directory entry and the Discord channel each answers in.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use futures::StreamExt;
+use jiff::Timestamp;
+
+use super::DynamoStore;
+use super::codec::*;
+use super::keys::*;
+use crate::domain::{Agent, AgentId, Heartbeat, to_ms};
+use crate::error::StoreError;
+use crate::ports::AgentStore;
+
+pub(super) fn channel_item(channel: &str, agent: &AgentId) -> Item {
+    let mut item = key(format!("CH#{channel}"), "CH");
+    item.insert("agent_id".to_owned(), s(agent.as_str()));
+    item
+}
+
+#[async_trait]
+impl AgentStore for DynamoStore {
+    async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
+        self.get_id(
+            "find channel's agent",
+            key(format!("CH#{channel_id}"), "CH"),
+            "agent_id",
+            AgentId::parse,
+        )
+        .await
+    }
+
+    async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError> {
+        let mut items = vec![
+            self.put(
+                doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent),
+                Some("attribute_not_exists(pk)"),
+            )?,
+            self.put(
+                doc_item(DIRECTORY_PK.to_owned(), agent.id.to_string(), agent),
+                None,
+            )?,
+            self.put(heartbeat_item(first)?, Some("attribute_not_exists(pk)"))?,
+        ];
+        if let Some(channel) = &agent.discord_channel {
+            items.push(self.put(
+                channel_item(channel, &agent.id),
+                Some("attribute_not_exists(pk)"),
+            )?);
+        }
+        match self.transact("create agent", items).await? {
+            Ok(()) => Ok(()),
+            Err(reasons) => {
+                if agent.discord_channel.is_some()
+                    && reasons
+                        .get(3)
+                        .is_some_and(|r| r == "ConditionalCheckFailed")
+                {
+                    let channel = agent.discord_channel.as_deref().unwrap_or_default();
+                    let other = self.agent_for_channel(channel).await?;
+                    return Err(StoreError::AlreadyExists(format!(
+                        "an agent for Discord channel {channel} ({})",
+                        other.map_or_else(|| "?".to_owned(), |a| a.to_string())
+                    )));
+                }
+                Err(StoreError::AlreadyExists(format!("agent {}", agent.id)))
+            }
+        }
+    }
+
+    async fn import_agents(&self, agents: &[(Agent, Heartbeat)]) -> Result<(), StoreError> {
+        let mut items = Vec::with_capacity(agents.len() * 3);
+        for (agent, first) in agents {
+            items.push(doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent));
+            items.push(doc_item(
+                DIRECTORY_PK.to_owned(),
+                agent.id.to_string(),
+                agent,
+            ));
+            items.push(heartbeat_item(first)?);
+            if let Some(channel) = &agent.discord_channel {
+                items.push(channel_item(channel, &agent.id));
+            }
+        }
+        let batches: Vec<Vec<Item>> = items.chunks(25).map(<[Item]>::to_vec).collect();
+        let results: Vec<Result<(), StoreError>> = futures::stream::iter(batches)
+            .map(|batch| self.batch_put(batch))
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    async fn get_agent(&self, id: &AgentId) -> Result<Option<Agent>, StoreError> {
+        self.get("get agent", key(agent_pk(id), AGENT_SK))
+            .await?
+            .map(|i| read_agent(&i))
+            .transpose()
+    }
+
+    async fn list_agents(&self) -> Result<Vec<Agent>, StoreError> {
+        let mut agents: Vec<Agent> = self
+            .query_prefix("list agents", DIRECTORY_PK, "", false, None)
+            .await?
+            .iter()
+            .map(read_doc)
+            .collect::<Result<_, _>>()?;
+        agents.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        Ok(agents)
+    }
+
+    async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError> {
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(id), AGENT_SK)))
+            .update_expression("SET last_interaction_at = :t")
+            .condition_expression(
+                "attribute_exists(pk) AND (attribute_not_exists(last_interaction_at) OR last_interaction_at < :t)",
+            )
+            .expression_attribute_values(":t", n(to_ms(at)))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c) => {
+                    // Either the agent is gone, or a later interaction is already recorded.
+                    if c.item.is_some_and(|i| !i.is_empty()) {
+                        Ok(())
+                    } else {
+                        Err(StoreError::NotFound(format!("agent {id}")))
+                    }
+                }
+                other => Err(StoreError::backend("dynamodb", "record interaction", other)),
+            },
+        }
+    }
+}

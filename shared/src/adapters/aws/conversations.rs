@@ -1,0 +1,161 @@
+//! Conversation turns, their messages and the signals they answered, on DynamoDB.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::KeysAndAttributes;
+
+use super::DynamoStore;
+use super::codec::*;
+use super::keys::*;
+use crate::domain::{AgentId, ConversationMessage, SignalId, Turn, TurnId};
+use crate::error::StoreError;
+use crate::ports::{ConversationStore, TurnStart};
+
+#[async_trait]
+impl ConversationStore for DynamoStore {
+    async fn answered(
+        &self,
+        agent: &AgentId,
+        signals: &[SignalId],
+    ) -> Result<Vec<(SignalId, TurnId)>, StoreError> {
+        let mut found: HashMap<String, TurnId> = HashMap::new();
+        // BatchGetItem takes 100 keys; a turn answers at most a batch of signals.
+        for chunk in signals.chunks(100) {
+            let mut keys = KeysAndAttributes::builder().consistent_read(true);
+            for sig in chunk {
+                keys = keys.keys(key(agent_pk(agent), signal_sk(sig)));
+            }
+            let mut request = HashMap::from([(
+                self.table.clone(),
+                keys.build().map_err(backend("read answered signals"))?,
+            )]);
+            for attempt in 0..10u32 {
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .set_request_items(Some(request))
+                    .send()
+                    .await
+                    .map_err(backend("read answered signals"))?;
+                for item in out
+                    .responses
+                    .and_then(|mut r| r.remove(&self.table))
+                    .unwrap_or_default()
+                {
+                    let sk = item
+                        .get("sk")
+                        .and_then(|v| v.as_s().ok())
+                        .cloned()
+                        .unwrap_or_default();
+                    let turn = item
+                        .get("turn")
+                        .and_then(|v| v.as_s().ok())
+                        .ok_or_else(|| StoreError::corrupt(sk.clone(), "no turn attribute"))?;
+                    let turn =
+                        TurnId::parse(turn).map_err(|e| StoreError::corrupt(sk.clone(), e))?;
+                    found.insert(sk.trim_start_matches("SG#").to_owned(), turn);
+                }
+                request = out.unprocessed_keys.unwrap_or_default();
+                if request.is_empty() {
+                    break;
+                }
+                if attempt == 9 {
+                    return Err(StoreError::backend(
+                        "dynamodb",
+                        "read answered signals",
+                        "keys still unprocessed after 10 attempts",
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
+            }
+        }
+        Ok(signals
+            .iter()
+            .filter_map(|sig| found.get(sig.as_str()).map(|t| (sig.clone(), t.clone())))
+            .collect())
+    }
+
+    async fn begin_turn(
+        &self,
+        turn: &Turn,
+        messages: &[ConversationMessage],
+    ) -> Result<TurnStart, StoreError> {
+        let pk = agent_pk(&turn.agent_id);
+        let mut items = vec![self.put(
+            doc_item(pk.clone(), turn_sk(&turn.id), turn),
+            Some("attribute_not_exists(pk)"),
+        )?];
+        for sig in &turn.signals {
+            let mut item = key(pk.clone(), signal_sk(sig));
+            item.insert("turn".to_owned(), s(turn.id.as_str()));
+            items.push(self.put(item, Some("attribute_not_exists(pk)"))?);
+        }
+        for m in messages {
+            items.push(self.put(doc_item(pk.clone(), format!("MS#{}", m.id), m), None)?);
+        }
+        match self.transact("begin turn", items).await? {
+            Ok(()) => Ok(TurnStart::Created),
+            Err(reasons) => {
+                if let Some(existing) = self.get_turn(&turn.agent_id, &turn.id).await? {
+                    return Ok(TurnStart::Exists(Box::new(existing)));
+                }
+                if reasons.iter().any(|r| r == "ConditionalCheckFailed") {
+                    return Err(StoreError::Conflict(format!(
+                        "a signal of turn {} is answered by another turn already",
+                        turn.id
+                    )));
+                }
+                Err(StoreError::backend(
+                    "dynamodb",
+                    "begin turn",
+                    format!("transaction cancelled: {}", reasons.join(", ")),
+                ))
+            }
+        }
+    }
+
+    async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError> {
+        let item = doc_item(agent_pk(&turn.agent_id), turn_sk(&turn.id), turn);
+        let r = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_exists(pk)")
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => {
+                    Err(StoreError::NotFound(format!("turn {}", turn.id)))
+                }
+                other => Err(StoreError::backend("dynamodb", "update turn", other)),
+            },
+        }
+    }
+
+    async fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Result<Option<Turn>, StoreError> {
+        self.get("read turn", key(agent_pk(agent), turn_sk(id)))
+            .await?
+            .map(|item| read_doc(&item))
+            .transpose()
+    }
+
+    async fn recent_messages(
+        &self,
+        agent: &AgentId,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.query_prefix("read messages", &agent_pk(agent), "MS#", true, Some(limit))
+            .await?
+            .iter()
+            .map(read_doc)
+            .collect()
+    }
+}

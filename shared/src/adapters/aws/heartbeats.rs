@@ -1,0 +1,264 @@
+//! Heartbeats on DynamoDB: claims, finishes, the sharded due index.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{ReturnValue, TransactWriteItem, Update};
+use jiff::Timestamp;
+
+use super::DynamoStore;
+use super::codec::*;
+use super::keys::*;
+use crate::domain::{AgentId, ClaimRequest, Heartbeat, HeartbeatId, to_ms};
+use crate::error::StoreError;
+use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken};
+
+#[async_trait]
+impl HeartbeatStore for DynamoStore {
+    fn due_shards(&self) -> u16 {
+        DUE_SHARDS
+    }
+
+    async fn due(
+        &self,
+        shard: u16,
+        now: Timestamp,
+        page: Option<PageToken>,
+        limit: usize,
+    ) -> Result<DuePage, StoreError> {
+        let start = page.as_ref().map(decode_page).transpose()?;
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(DUE_INDEX)
+            .key_condition_expression("due_shard = :shard AND due_at <= :now")
+            .expression_attribute_values(":shard", s(format!("{shard:02}")))
+            .expression_attribute_values(":now", n(to_ms(now)))
+            .limit(limit.clamp(1, i32::MAX as usize) as i32)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(backend("query due heartbeats"))?;
+        let mut ids = Vec::new();
+        for item in out.items() {
+            let pk = item.get("pk").and_then(|v| v.as_s().ok());
+            let sk = item.get("sk").and_then(|v| v.as_s().ok());
+            let parsed = pk
+                .and_then(|p| p.strip_prefix("AG#"))
+                .and_then(|a| AgentId::parse(a).ok())
+                .zip(
+                    sk.and_then(|k| k.strip_prefix("HB#"))
+                        .and_then(|b| b.parse::<u64>().ok()),
+                );
+            match parsed {
+                Some((agent, beat)) => ids.push(HeartbeatId::new(agent, beat)),
+                None => {
+                    return Err(StoreError::corrupt(
+                        format!("{pk:?}/{sk:?}"),
+                        "not a heartbeat key",
+                    ));
+                }
+            }
+        }
+        Ok(DuePage {
+            ids,
+            next: out.last_evaluated_key.as_ref().map(encode_page),
+        })
+    }
+
+    async fn claim(
+        &self,
+        id: &HeartbeatId,
+        req: &ClaimRequest,
+    ) -> Result<Option<Heartbeat>, StoreError> {
+        let now = to_ms(req.now);
+        let lease = to_ms(req.now.saturating_add(req.lease).unwrap_or(req.now));
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(id.agent()), heartbeat_sk(id.beat()))))
+            .update_expression(
+                "SET #status = :executing, #claim = #claim + :one, lease_until = :lease, due_at = :lease, \
+                 started_at = if_not_exists(started_at, :now), window_end = if_not_exists(window_end, :wend)",
+            )
+            // On the item itself: the index may be stale.
+            .condition_expression(
+                "(#status = :pending AND scheduled_at <= :now) OR (#status = :executing AND lease_until <= :now)",
+            )
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#claim", "claim")
+            .expression_attribute_values(":executing", s("EXECUTING"))
+            .expression_attribute_values(":pending", s("PENDING"))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":lease", n(lease))
+            .expression_attribute_values(":now", n(now))
+            .expression_attribute_values(":wend", s(req.window_end.as_str()))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await;
+        match r {
+            Ok(out) => out
+                .attributes
+                .map(read_heartbeat)
+                .transpose()?
+                .ok_or_else(|| StoreError::backend("dynamodb", "claim heartbeat", "no attributes returned"))
+                .map(Some),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(None),
+                other => Err(StoreError::backend("dynamodb", "claim heartbeat", other)),
+            },
+        }
+    }
+
+    async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError> {
+        let hb = &finish.heartbeat;
+        let mut set = vec![
+            "#status = :status",
+            "completed_at = :completed",
+            "last_interaction_beat = :lib",
+            "events_processed = :ep",
+            "actions_triggered = :at",
+            "actions_failed = :af",
+            "cascade_capped = :cc",
+        ];
+        let mut remove = vec!["due_shard", "due_at"];
+        let mut values: Item = HashMap::from([
+            (":status".to_owned(), s(hb.status.as_str())),
+            (":executing".to_owned(), s("EXECUTING")),
+            (":claim".to_owned(), n(hb.claim)),
+            (
+                ":completed".to_owned(),
+                n(to_ms(hb.completed_at.unwrap_or(Timestamp::UNIX_EPOCH))),
+            ),
+            (":lib".to_owned(), n(hb.last_interaction_beat)),
+            (":ep".to_owned(), n(hb.events_processed)),
+            (":at".to_owned(), n(hb.actions_triggered)),
+            (":af".to_owned(), n(hb.actions_failed)),
+            (":cc".to_owned(), n(hb.cascade_capped)),
+        ]);
+        let optional = [
+            (
+                "interaction_seen_at = :isa",
+                "interaction_seen_at",
+                ":isa",
+                hb.interaction_seen_at.map(|t| n(to_ms(t))),
+            ),
+            (
+                "since_last = :sl",
+                "since_last",
+                ":sl",
+                hb.since_last.map(n),
+            ),
+            ("#error = :err", "#error", ":err", hb.error.clone().map(s)),
+        ];
+        for (assign, attr, placeholder, value) in optional {
+            match value {
+                Some(v) => {
+                    set.push(assign);
+                    values.insert(placeholder.to_owned(), v);
+                }
+                None => remove.push(attr),
+            }
+        }
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat))))
+            .update_expression(format!(
+                "SET {} REMOVE {}",
+                set.join(", "),
+                remove.join(", ")
+            ))
+            .condition_expression("#status = :executing AND #claim = :claim")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#claim", "claim")
+            .expression_attribute_names("#error", "error")
+            .set_expression_attribute_values(Some(values))
+            .build()
+            .map_err(backend("build transaction"))?;
+        let mut items = vec![TransactWriteItem::builder().update(update).build()];
+        if let Some(next) = &finish.next {
+            items.push(self.put(heartbeat_item(next)?, Some("attribute_not_exists(pk)"))?);
+        }
+        if let Some(e) = &finish.heartbeat_event {
+            items.push(self.put(event_item(e), None)?);
+        }
+        // No client request token: a retry of a finish that went through fails its
+        // condition, and the record read back tells AlreadyFinished from Superseded. (A
+        // token would make DynamoDB reject a redelivered job's finish, whose content
+        // differs, for ten minutes.)
+        match self.transact("finish heartbeat", items).await? {
+            Ok(()) => Ok(FinishOutcome::Finished),
+            Err(reasons) if is_ccf(reasons.first()) => {
+                let current = self
+                    .get_heartbeat(&hb.id())
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("heartbeat {}", hb.id())))?;
+                Ok(if current.claim == hb.claim && current.status.is_final() {
+                    FinishOutcome::AlreadyFinished
+                } else {
+                    FinishOutcome::Superseded {
+                        claim: current.claim,
+                        status: current.status,
+                    }
+                })
+            }
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                "finish heartbeat",
+                format!("transaction cancelled: {}", reasons.join(", ")),
+            )),
+        }
+    }
+
+    async fn defer(&self, hb: &Heartbeat, until: Timestamp) -> Result<bool, StoreError> {
+        self.update_held_claim(
+            hb,
+            "defer heartbeat",
+            "SET #status = :pending, scheduled_at = :until, due_at = :until \
+             REMOVE lease_until, started_at, window_end",
+            [(":pending", s("PENDING")), (":until", n(to_ms(until)))],
+        )
+        .await
+    }
+
+    async fn renew(&self, hb: &Heartbeat, lease_until: Timestamp) -> Result<bool, StoreError> {
+        // The due index follows the lease, so the sweeper sees the new end.
+        self.update_held_claim(
+            hb,
+            "renew heartbeat lease",
+            "SET lease_until = :lease, due_at = :lease",
+            [(":lease", n(to_ms(lease_until)))],
+        )
+        .await
+    }
+
+    async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError> {
+        self.get(
+            "get heartbeat",
+            key(agent_pk(id.agent()), heartbeat_sk(id.beat())),
+        )
+        .await?
+        .map(read_heartbeat)
+        .transpose()
+    }
+
+    async fn list_heartbeats(
+        &self,
+        agent: &AgentId,
+        limit: usize,
+    ) -> Result<Vec<Heartbeat>, StoreError> {
+        self.query_prefix(
+            "list heartbeats",
+            &agent_pk(agent),
+            "HB#",
+            true,
+            Some(limit),
+        )
+        .await?
+        .into_iter()
+        .map(read_heartbeat)
+        .collect()
+    }
+}

@@ -1,0 +1,79 @@
+//! The key layout of the one DynamoDB table.
+//!
+//! ## Keys
+//!
+//! | item | pk | sk |
+//! |---|---|---|
+//! | event | `AG#<agent>` | `EV#<event id>` (time-ordered) |
+//! | agent (live record) | `AG#<agent>` | `EV~` |
+//! | heartbeat | `AG#<agent>` | `HB#<beat, 12 digits>` |
+//! | action | `AG#<agent>` | `AC#<event id>#<tool>` |
+//! | agent directory entry | `AGENTS` | `<agent>` |
+//! | tool / subscription | `REG` | `T#<name>` / `S#<id>` |
+//! | conversation turn | `AG#<agent>` | `TN#<turn id>` |
+//! | conversation message | `AG#<agent>` | `MS#<turn id>.<n>` (time-ordered) |
+//! | signal answered by a turn | `AG#<agent>` | `SG#<signal id>` |
+//! | memory | `AG#<agent>` | `ME#<memory id>` (time-ordered) |
+//! | Discord channel's agent | `CH#<channel id>` | `CH` |
+//!
+//! Webhooks, their request logs, delivery ids and counters: see `webhooks.rs`. Outbound
+//! hooks, their deliveries and attempts: see `hooks.rs`.
+//!
+//! `EV~` sorts after every `EV#…` key, so the one Query that reads a heartbeat's event
+//! window also returns the agent's live record at its end: a heartbeat cycle costs one
+//! read, not two.
+//!
+//! ## The due index
+//!
+//! A sparse GSI (`due_shard`, `due_at`), keys only. Only live heartbeats carry its keys:
+//! PENDING ones with `due_at` = when scheduled, EXECUTING ones with `due_at` = when the
+//! lease ends (so an expired lease shows up as due again). Finishing removes them. Agents
+//! spread over [`DUE_SHARDS`] partition keys by a hash of their id, so no one key takes the
+//! whole fleet's writes. GSIs lag, so every claim re-checks its condition on the item.
+
+use std::collections::HashMap;
+
+use super::codec::*;
+use crate::domain::{Action, AgentId, EventId, SignalId, TurnId};
+
+/// The due index's name.
+pub const DUE_INDEX: &str = "due";
+/// How many partition keys the due index is spread over. Changing it would strand the
+/// heartbeats filed under the old shards, so it is fixed.
+pub const DUE_SHARDS: u16 = 16;
+
+pub(super) const AGENT_SK: &str = "EV~";
+pub(super) const DIRECTORY_PK: &str = "AGENTS";
+pub(super) const REGISTRY_PK: &str = "REG";
+
+pub(super) fn agent_pk(id: &AgentId) -> String {
+    format!("AG#{id}")
+}
+
+pub(super) fn event_sk(id: &EventId) -> String {
+    format!("EV#{id}")
+}
+
+pub(super) fn heartbeat_sk(beat: u64) -> String {
+    format!("HB#{beat:012}")
+}
+
+pub(super) fn action_sk(a: &Action) -> String {
+    format!("AC#{}#{}", a.event_id, a.tool)
+}
+
+pub(super) fn due_shard(agent: &AgentId) -> String {
+    format!("{:02}", agent.stable_hash() % DUE_SHARDS)
+}
+
+pub(super) fn key(pk: impl Into<String>, sk: impl Into<String>) -> Item {
+    HashMap::from([("pk".to_owned(), s(pk)), ("sk".to_owned(), s(sk))])
+}
+
+pub(super) fn turn_sk(id: &TurnId) -> String {
+    format!("TN#{id}")
+}
+
+pub(super) fn signal_sk(id: &SignalId) -> String {
+    format!("SG#{id}")
+}

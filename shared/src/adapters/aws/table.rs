@@ -1,0 +1,341 @@
+//! The DynamoDB store and the table operations its ports share: reads, conditional
+//! puts, transactions, batches, prefix queries, sealed records.
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, PutRequest, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    WriteRequest,
+};
+use serde::{Deserialize, Serialize};
+
+use super::codec::*;
+use super::keys::*;
+use crate::domain::Heartbeat;
+use crate::error::StoreError;
+use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored};
+
+/// Pulse's records in one DynamoDB table.
+#[derive(Clone, Debug)]
+pub struct DynamoStore {
+    pub(super) client: aws_sdk_dynamodb::Client,
+    pub(super) table: String,
+    pub(super) event_write_timeout: Duration,
+    /// Seals the secrets of webhooks and hooks.
+    pub(super) keys: EncryptionKeys,
+}
+
+impl DynamoStore {
+    /// The store in `table`. Event appends give up after `event_write_timeout`, which
+    /// must stay below the engine's event settle time: an event that became visible
+    /// later than that could land behind a window that was already read.
+    pub fn new(
+        client: aws_sdk_dynamodb::Client,
+        table: impl Into<String>,
+        event_write_timeout: Duration,
+    ) -> Self {
+        Self {
+            client,
+            table: table.into(),
+            event_write_timeout,
+            keys: EncryptionKeys::none(),
+        }
+    }
+
+    /// Seals secrets with `keys` (without, writing a secret fails, saying so).
+    pub fn with_keys(mut self, keys: EncryptionKeys) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// Applies `update` to a heartbeat if it is still EXECUTING under `hb`'s claim; false
+    /// if the claim was lost.
+    pub(super) async fn update_held_claim<const N: usize>(
+        &self,
+        hb: &Heartbeat,
+        op: &'static str,
+        update: &str,
+        values: [(&str, AttributeValue); N],
+    ) -> Result<bool, StoreError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat))))
+            .update_expression(update)
+            .condition_expression("#status = :executing AND #claim = :claim")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#claim", "claim")
+            .expression_attribute_values(":executing", s("EXECUTING"))
+            .expression_attribute_values(":claim", n(hb.claim));
+        for (name, value) in values {
+            req = req.expression_attribute_values(name, value);
+        }
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
+    }
+
+    /// Opens a record whose secrets are sealed. With `reseal`, one stored stale (plain,
+    /// or under an old key) is sealed with the current key and put back, conditional on
+    /// its document being unchanged (a lost race leaves the other writer's version).
+    pub(super) async fn open_sealed<T: Serialize + for<'de> Deserialize<'de> + SealedRecord>(
+        &self,
+        item: Item,
+        reseal: bool,
+    ) -> Result<T, StoreError> {
+        let mut record: T = read_doc(&item)?;
+        if record.open(&self.keys)? == Stored::Stale && reseal {
+            let sealed = match record.sealed(&self.keys) {
+                Ok(s) => s,
+                Err(SealError::NoKey) => return Ok(record),
+                Err(e) => return Err(e.into()),
+            };
+            let old = item.get("doc").cloned().unwrap_or_else(|| s(""));
+            let mut new = item;
+            new.insert(
+                "doc".to_owned(),
+                s(serde_json::to_string(&sealed).unwrap_or_default()),
+            );
+            let r = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(new))
+                .condition_expression("doc = :old")
+                .expression_attribute_values(":old", old)
+                .send()
+                .await;
+            if let Err(e) = r {
+                match e.into_service_error() {
+                    aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => {}
+                    other => return Err(StoreError::backend("dynamodb", "seal a stored secret", other)),
+                }
+            }
+        }
+        Ok(record)
+    }
+
+    pub(super) async fn get(
+        &self,
+        op: &'static str,
+        key: Item,
+    ) -> Result<Option<Item>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend(op))?;
+        Ok(out.item)
+    }
+
+    /// The id stored in attribute `attr` of the item at `key`, if the item exists.
+    pub(super) async fn get_id<T>(
+        &self,
+        op: &'static str,
+        key: Item,
+        attr: &str,
+        parse: fn(&str) -> Result<T, crate::error::ValidationError>,
+    ) -> Result<Option<T>, StoreError> {
+        let at = || {
+            format!(
+                "{}/{}",
+                key.get("pk").and_then(|v| v.as_s().ok()).map_or("?", |v| v),
+                key.get("sk").and_then(|v| v.as_s().ok()).map_or("?", |v| v)
+            )
+        };
+        let Some(item) = self.get(op, key.clone()).await? else {
+            return Ok(None);
+        };
+        let id = item
+            .get(attr)
+            .and_then(|v| v.as_s().ok())
+            .ok_or_else(|| StoreError::corrupt(at(), format!("no {attr}")))?;
+        parse(id)
+            .map(Some)
+            .map_err(|e| StoreError::corrupt(at(), e))
+    }
+
+    /// All items of a partition whose sort key begins with `prefix`, in key order.
+    pub(super) async fn query_prefix(
+        &self,
+        op: &'static str,
+        pk: &str,
+        prefix: &str,
+        newest_first: bool,
+        limit: Option<usize>,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut items = Vec::new();
+        let mut start = None;
+        loop {
+            let mut q = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .expression_attribute_values(":pk", s(pk));
+            // DynamoDB rejects an empty begins_with operand: a whole partition is `pk =`.
+            q = if prefix.is_empty() {
+                q.key_condition_expression("pk = :pk")
+            } else {
+                q.key_condition_expression("pk = :pk AND begins_with(sk, :prefix)")
+                    .expression_attribute_values(":prefix", s(prefix))
+            };
+            let out = q
+                .scan_index_forward(!newest_first)
+                .set_limit(limit.map(|l| (l - items.len()).min(i32::MAX as usize) as i32))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(backend(op))?;
+            items.extend(out.items.unwrap_or_default());
+            start = out.last_evaluated_key;
+            if start.is_none() || limit.is_some_and(|l| items.len() >= l) {
+                return Ok(items);
+            }
+        }
+    }
+
+    /// Puts `item` if no item has its key; returns the existing item otherwise.
+    pub(super) async fn put_new(
+        &self,
+        op: &'static str,
+        item: Item,
+    ) -> Result<Option<Item>, StoreError> {
+        let r = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(None),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
+                    Ok(Some(c.item.unwrap_or_default()))
+                }
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
+    }
+
+    /// Sets a boolean `active` attribute on an existing item.
+    pub(super) async fn set_active(
+        &self,
+        op: &'static str,
+        key: Item,
+        active: bool,
+        what: String,
+    ) -> Result<(), StoreError> {
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .update_expression("SET active = :a")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":a", AttributeValue::Bool(active))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => {
+                    Err(StoreError::NotFound(what))
+                }
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
+    }
+
+    /// Runs a transaction; returns the cancellation reason codes if it was cancelled.
+    pub(super) async fn transact(
+        &self,
+        op: &'static str,
+        items: Vec<TransactWriteItem>,
+    ) -> Result<Result<(), Vec<String>>, StoreError> {
+        let r = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(Ok(())),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(c) => {
+                    Ok(Err(c
+                        .cancellation_reasons()
+                        .iter()
+                        .map(|r| r.code().unwrap_or("None").to_owned())
+                        .collect()))
+                }
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
+    }
+
+    /// Writes up to 25 items, resubmitting what DynamoDB leaves unprocessed (throttling)
+    /// with a growing pause.
+    pub(super) async fn batch_put(&self, batch: Vec<Item>) -> Result<(), StoreError> {
+        let mut requests: Vec<WriteRequest> = batch
+            .into_iter()
+            .map(|item| {
+                PutRequest::builder()
+                    .set_item(Some(item))
+                    .build()
+                    .map(|p| WriteRequest::builder().put_request(p).build())
+                    .map_err(backend("batch write"))
+            })
+            .collect::<Result<_, _>>()?;
+        for attempt in 0..10u32 {
+            let out = self
+                .client
+                .batch_write_item()
+                .request_items(&self.table, requests)
+                .send()
+                .await
+                .map_err(backend("batch write"))?;
+            requests = out
+                .unprocessed_items
+                .and_then(|mut m| m.remove(&self.table))
+                .unwrap_or_default();
+            if requests.is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
+        }
+        Err(StoreError::backend(
+            "dynamodb",
+            "batch write",
+            format!(
+                "{} items still unprocessed after 10 attempts; run the import again",
+                requests.len()
+            ),
+        ))
+    }
+
+    pub(super) fn put(
+        &self,
+        item: Item,
+        condition: Option<&str>,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .set_condition_expression(condition.map(str::to_owned))
+            .build()
+            .map_err(backend("build transaction"))?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+}
