@@ -446,7 +446,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
 /// Refuses a secret the scheme cannot sign with (a Standard Webhooks secret must be
 /// `whsec_` + base64).
 fn check_secret(scheme: WebhookScheme, secret: &str) -> Result<(), Failure> {
-    let s = pulse_shared::http::webhooks::signature_scheme(scheme);
+    let s = scheme.signing();
     pulse_signatures::inbound::sign(s, secret, b"{}", 0, "check")
         .map(|_| ())
         .map_err(|e| Failure::Input(format!("invalid secret for the {scheme} scheme: {e}")))

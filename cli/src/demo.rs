@@ -242,7 +242,7 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         .post(format!("{base}/webhooks/{}", webhook.id))
         .body(body.clone());
     for (k, v) in sign(
-        pulse_shared::http::webhooks::signature_scheme(WebhookScheme::Standard),
+        WebhookScheme::Standard.signing(),
         &webhook_secret,
         body.as_bytes(),
         clock.now().as_second(),

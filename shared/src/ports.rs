@@ -14,11 +14,11 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
 use crate::domain::{
-    Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery, Event, EventCursor,
-    EventId, Heartbeat, HeartbeatId, HeartbeatStatus, Hook, HookAttempt, HookDelivery,
-    HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest, LlmResponse, Memory, OutgoingTask,
-    RateLimit, Registry, RequestStatus, SignalId, Subscription, SubscriptionId, Tool, ToolName,
-    ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    AcceptOutcome, Acceptance, Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery,
+    Event, EventCursor, EventId, Heartbeat, HeartbeatId, HeartbeatStatus, Hook, HookAttempt,
+    HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest, LlmResponse, Memory,
+    OutgoingTask, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName, ToolRequest,
+    ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -308,113 +308,6 @@ pub trait MemoryStore: Send + Sync {
     async fn remember(&self, memory: &Memory) -> Result<(), StoreError>;
     /// The agent's latest `limit` memories, newest first.
     async fn memories(&self, agent: &AgentId, limit: usize) -> Result<Vec<Memory>, StoreError>;
-}
-
-/// A signed request a webhook may accept: what to write if it is accepted.
-#[derive(Clone, Debug)]
-pub struct Acceptance {
-    /// The event to append.
-    pub event: Event,
-    /// Its log entry as ACCEPTED; the store turns it into DUPLICATE, RATE_LIMITED or
-    /// REJECTED when that is the outcome.
-    pub log: WebhookRequest,
-    /// What identifies the signed request (`Verified::replay_key`: a signed delivery id,
-    /// or the digest of the signed content): a second request with it is a duplicate,
-    /// whatever its unsigned headers say.
-    pub replay_key: String,
-    /// The webhook's limit, counted per clock hour.
-    pub rate_limit: Option<RateLimit>,
-    /// The start of the body, kept in the log if the request is refused.
-    pub excerpt: String,
-    /// How long the replay key is remembered.
-    pub remember_until: Timestamp,
-    /// Set when the request is refused but its key must be remembered all the same:
-    /// when the refusal rests on something the signature does not cover (GitHub's event
-    /// header), a replay with that changed must not be accepted. The store then writes
-    /// the key (with no event) and the REJECTED log entry instead of the event.
-    pub refusal: Option<Refusal>,
-}
-
-/// Why a verified request is refused, for [`Acceptance::refusal`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// The HTTP status it is answered with.
-    pub http_status: u16,
-    /// Why.
-    pub reason: String,
-}
-
-/// What became of an [`Acceptance`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AcceptOutcome {
-    /// The event, its log entry and the replay key were written, in one atomic write.
-    Accepted,
-    /// The request was accepted before, as this event: nothing new was written but the
-    /// DUPLICATE log entry.
-    Duplicate(EventId),
-    /// The request was refused before (its key remembered with no event): nothing new
-    /// was written but the DUPLICATE log entry.
-    RefusedBefore,
-    /// Over the hourly limit: nothing written but the RATE_LIMITED log entry.
-    RateLimited,
-    /// The [`Acceptance::refusal`] was recorded: the key and the REJECTED log entry.
-    Refused,
-}
-
-impl Acceptance {
-    /// Its log entry for `outcome`.
-    pub fn log_for(&self, outcome: &AcceptOutcome) -> WebhookRequest {
-        let mut log = self.log.clone();
-        let seen = || {
-            if self.replay_key.starts_with("sha256:") {
-                "this signed request (the same signed content)".to_owned()
-            } else {
-                format!("delivery {}", self.replay_key)
-            }
-        };
-        match outcome {
-            AcceptOutcome::Accepted => {
-                log.status = RequestStatus::Accepted;
-                log.http_status = 200;
-                log.event_id = Some(self.event.id.clone());
-            }
-            AcceptOutcome::Duplicate(first) => {
-                log.status = RequestStatus::Duplicate;
-                log.http_status = 200;
-                log.reason = Some(format!("{} was accepted before as event {first}", seen()));
-                log.event_id = Some(first.clone());
-            }
-            AcceptOutcome::RefusedBefore => {
-                log.status = RequestStatus::Duplicate;
-                log.http_status = 409;
-                log.reason = Some(format!("{} was refused before", seen()));
-                log.event_id = None;
-                log.body = Some(self.excerpt.clone());
-            }
-            AcceptOutcome::RateLimited => {
-                log.status = RequestStatus::RateLimited;
-                log.http_status = 429;
-                log.reason = Some(format!(
-                    "over the webhook's limit of {}",
-                    self.rate_limit.map_or_else(String::new, |r| r.to_string())
-                ));
-                log.event_id = None;
-                log.body = Some(self.excerpt.clone());
-            }
-            AcceptOutcome::Refused => {
-                let refusal = self.refusal.clone().unwrap_or(Refusal {
-                    http_status: 400,
-                    reason: String::new(),
-                });
-                log.status = RequestStatus::Rejected;
-                log.http_status = refusal.http_status;
-                log.reason = Some(refusal.reason);
-                log.event_id = None;
-                log.body = Some(self.excerpt.clone());
-            }
-        }
-        log
-    }
 }
 
 /// Inbound webhooks, their request log, delivery ids and rate counters.

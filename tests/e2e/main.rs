@@ -23,7 +23,6 @@ use pulse_shared::domain::{
     AgentId, EventType, HeartbeatStatus, Hook, HookTarget, HookType, NewAgent, SessionTask,
     TaskEnvelope, Webhook, WebhookScheme,
 };
-use pulse_shared::http::webhooks::signature_scheme;
 use pulse_shared::ports::Store;
 use pulse_signatures::discord::DiscordSigner;
 use pulse_signatures::inbound::{Scheme, generate_secret, sign, verify};
@@ -368,7 +367,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
             .to_string();
     let headers = header_pairs(
         sign(
-            signature_scheme(WebhookScheme::Standard),
+            WebhookScheme::Standard.signing(),
             &webhook_secret,
             body.as_bytes(),
             Timestamp::now().as_second(),

@@ -7,16 +7,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use jiff::Timestamp;
 use pulse_shared::domain::{
-    Action, Agent, AgentId, ClaimRequest, ConversationMessage, Event, EventCursor, EventId,
-    Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute,
-    Memory, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId,
-    Webhook, WebhookId, WebhookRequest,
+    AcceptOutcome, Acceptance, Action, Agent, AgentId, ClaimRequest, ConversationMessage, Event,
+    EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery, HookDeliveryId,
+    HookId, HookRoute, Memory, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName,
+    Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
-    AcceptOutcome, Acceptance, ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish,
-    FinishOutcome, HeartbeatStore, HookStore, MemoryStore, PageToken, Store, ToolRegistry,
-    TurnStart, WebhookStore, Window,
+    ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
+    HeartbeatStore, HookStore, MemoryStore, PageToken, Store, ToolRegistry, TurnStart,
+    WebhookStore, Window,
 };
 
 pub(crate) struct FaultyStore {

@@ -9,7 +9,6 @@ use pulse_shared::config::InboundConfig;
 use pulse_shared::domain::{
     Agent, EventType, RateLimit, RequestStatus, SessionTask, TaskEnvelope, Webhook, WebhookScheme,
 };
-use pulse_shared::http::webhooks::signature_scheme;
 use pulse_shared::http::{self, Inbound};
 use pulse_signatures::discord::DiscordSigner;
 use pulse_signatures::inbound::sign;
@@ -137,7 +136,7 @@ impl Rig {
 
 fn signed(s: WebhookScheme, secret: &str, ts: i64, delivery: &str, body: &[u8]) -> HeaderMap {
     let mut h = HeaderMap::new();
-    for (k, v) in sign(signature_scheme(s), secret, body, ts, delivery).unwrap() {
+    for (k, v) in sign(s.signing(), secret, body, ts, delivery).unwrap() {
         h.insert(k, v);
     }
     if s == WebhookScheme::Github {

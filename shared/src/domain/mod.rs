@@ -45,6 +45,7 @@ pub use tool::{
     Subscription, Tool, ToolKind, ToolRequest, ToolResponse, builtin_tools,
 };
 pub use webhook::{
-    LOGGED_BODY_LIMIT, LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook,
-    WebhookRequest, WebhookScheme, WebhookSecret, WebhookSummary, cap_reason, truncate_body,
+    AcceptOutcome, Acceptance, LOGGED_BODY_LIMIT, LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET,
+    RateLimit, Refusal, RequestStatus, Webhook, WebhookRequest, WebhookScheme, WebhookSecret,
+    WebhookSummary, cap_reason, truncate_body,
 };

@@ -7,6 +7,8 @@
 //!   cap), then finishes the heartbeat and schedules the next in one atomic write.
 //! - [`Worker`] takes a batch of queue messages and runs them in order per session,
 //!   reporting the messages that must be redelivered.
+//! - [`WebhookIntake`] takes signed webhook requests in: verify, read the event, dedup,
+//!   count, append; a [`Verdict`] for the HTTP layer.
 //! - [`HookEmitter`] enqueues hook deliveries at the lifecycle points; [`Dispatcher`]
 //!   delivers them, one attempt per message, retrying by re-enqueueing with a delay.
 
@@ -16,6 +18,7 @@ mod hooks;
 pub mod intake;
 mod schedule;
 mod sweep;
+mod webhooks;
 mod worker;
 
 use jiff::SignedDuration;
@@ -27,6 +30,7 @@ pub use heartbeat::{HeartbeatRunner, RunOutcome};
 pub use hooks::{DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepReport, Sweeper};
+pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
 pub use worker::{BatchOutcome, PollReport, Worker};
 
 /// Tunables of the engine. Defaults suit production; tests shorten them.

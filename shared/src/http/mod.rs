@@ -27,10 +27,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tracing::{error, warn};
 
-use jiff::{SignedDuration, Timestamp};
-
 use crate::config::InboundConfig;
-use crate::domain::{Webhook, WebhookId};
 use crate::error::{StoreError, chain};
 use crate::ports::{Clock, SessionQueue, Store};
 
@@ -49,16 +46,9 @@ pub struct Inbound {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) discord_key: Option<pulse_signatures::discord::DiscordKey>,
     pub(crate) config: InboundConfig,
-    /// Webhooks read in the last [`WEBHOOK_CACHE_TTL`]: most requests then cost no read.
-    webhooks: std::sync::Mutex<std::collections::HashMap<WebhookId, (Webhook, Timestamp)>>,
+    /// The signed-webhook use case.
+    pub(crate) webhooks: crate::engine::WebhookIntake,
 }
-
-/// How long a webhook read stays cached. A rotated secret is seen at once (a failed
-/// check reads the webhook again); enabling or disabling takes effect within this time.
-pub const WEBHOOK_CACHE_TTL: SignedDuration = SignedDuration::from_secs(2);
-
-/// Most webhooks cached at once; the cache is emptied beyond it.
-const WEBHOOK_CACHE_MAX: usize = 10_000;
 
 impl Inbound {
     /// The receiver over a backend. A public key that does not parse is left out (the
@@ -73,46 +63,20 @@ impl Inbound {
             .discord_public_key
             .as_deref()
             .and_then(|k| pulse_signatures::discord::DiscordKey::from_hex(k).ok());
+        let webhooks = crate::engine::WebhookIntake::new(
+            store.clone(),
+            queue.clone(),
+            clock.clone(),
+            config.delivery_memory,
+        );
         Self {
             store,
             queue,
             clock,
             discord_key,
             config,
-            webhooks: std::sync::Mutex::default(),
+            webhooks,
         }
-    }
-
-    /// The webhook, from the cache if it was read within [`WEBHOOK_CACHE_TTL`] and
-    /// `fresh` is not asked for.
-    pub(crate) async fn webhook(
-        &self,
-        id: &WebhookId,
-        fresh: bool,
-    ) -> Result<Option<Webhook>, StoreError> {
-        let now = self.clock.now();
-        if !fresh {
-            let cache = self.webhooks.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((w, at)) = cache.get(id)
-                && now.duration_since(*at) < WEBHOOK_CACHE_TTL
-            {
-                return Ok(Some(w.clone()));
-            }
-        }
-        let w = self.store.get_webhook(id).await?;
-        let mut cache = self.webhooks.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= WEBHOOK_CACHE_MAX {
-            cache.clear();
-        }
-        match &w {
-            Some(w) => {
-                cache.insert(id.clone(), (w.clone(), now));
-            }
-            None => {
-                cache.remove(id);
-            }
-        }
-        Ok(w)
     }
 }
 

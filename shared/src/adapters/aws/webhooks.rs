@@ -20,11 +20,12 @@ use aws_sdk_dynamodb::types::ReturnValue;
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
+use crate::domain::{AcceptOutcome, Acceptance};
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
-use crate::ports::{AcceptOutcome, Acceptance, WebhookStore};
+use crate::ports::WebhookStore;
 
 const DIRECTORY_PK: &str = "WEBHOOKS";
 const WEBHOOK_SK: &str = "WH";

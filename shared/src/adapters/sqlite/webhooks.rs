@@ -13,11 +13,12 @@ use super::SqliteStore;
 use super::codec::{from_doc, read_sealed, to_doc};
 use super::events::upsert_event;
 use super::sqlite_err;
+use crate::domain::{AcceptOutcome, Acceptance};
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms,
 };
 use crate::error::StoreError;
-use crate::ports::{AcceptOutcome, Acceptance, WebhookStore};
+use crate::ports::WebhookStore;
 
 /// How long request log entries are kept by `pulse serve` (DynamoDB expires them by TTL).
 const LOG_RETENTION: SignedDuration = SignedDuration::from_hours(24 * 30);

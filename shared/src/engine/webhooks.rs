@@ -1,0 +1,459 @@
+//! Signed webhooks from external systems, as a use case: a request in, a [`Verdict`]
+//! out, which the HTTP layer (`http/webhooks.rs`) turns into a status and a body.
+//!
+//! In order: find the (active) webhook → verify the signature over the raw body with its
+//! scheme and current secrets (logged INVALID_SIGNATURE) → read the event from the body
+//! (REJECTED) → check the allowed types (REJECTED) → let the store dedup the request by
+//! its replay key, count it against the hourly limit (RATE_LIMITED) and append the event
+//! with its log entry in one atomic write. A duplicate is answered with the first one's
+//! event.
+//!
+//! The replay key comes only from what the signature covers (a signed delivery id, else
+//! the digest of the signed content), so a captured request sent again with its unsigned
+//! headers changed is still a duplicate. GitHub's event name is such a header: a GitHub
+//! request refused for its type has its key remembered too, so it cannot come back under
+//! another, allowed name. Refused requests are logged within a per-webhook budget
+//! ([`REFUSED_LOG_BUDGET`](crate::domain::REFUSED_LOG_BUDGET) a minute in full, the rest
+//! counted).
+//!
+//! What the body means depends on the scheme:
+//! - `pulse` and `standard`: a JSON object; the event type is its `event_type` (or
+//!   `type`, as Standard Webhooks senders put it), else `WEBHOOK_TRIGGER`; the payload is
+//!   its `payload` (or `data`), else the whole object; `priority` 1–10, 5 when absent.
+//! - `github`: any JSON; the type is `GITHUB_<X-GitHub-Event>`; the payload is the body.
+//! - `stripe`: a Stripe event; the type is `STRIPE_<type>` (`invoice.paid` →
+//!   `STRIPE_INVOICE_PAID`); the payload is the body.
+//!
+//! Allowed types (`--allow`) are checked against those final names.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use http::HeaderMap;
+use jiff::{SignedDuration, Timestamp};
+use pulse_signatures::inbound::{self, Verified};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::intake;
+use crate::domain::{
+    AcceptOutcome, Acceptance, ContentBlock, Event, EventId, EventType, NewEvent, RateLimit,
+    Refusal, RequestStatus, Signal, SignalId, SignalKind, SignalMeta, Webhook, WebhookId,
+    WebhookRequest, WebhookScheme, cap_reason, to_ms, truncate_body,
+};
+use crate::error::{StoreError, chain};
+use crate::ports::{Clock, SessionQueue, Store};
+
+/// The event type of a body that names none.
+pub const DEFAULT_EVENT_TYPE: &str = "WEBHOOK_TRIGGER";
+
+/// How long a webhook read stays cached. A rotated secret is seen at once (a failed
+/// check reads the webhook again); enabling or disabling takes effect within this time.
+pub const WEBHOOK_CACHE_TTL: SignedDuration = SignedDuration::from_secs(2);
+
+/// Most webhooks cached at once; the cache is emptied beyond it.
+const WEBHOOK_CACHE_MAX: usize = 10_000;
+
+/// Why a request was refused: what the HTTP layer answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// No webhook with this id (404).
+    NotFound,
+    /// The webhook is disabled (404).
+    Disabled,
+    /// The signature or its timestamp did not check out (401).
+    BadSignature,
+    /// The body is not an event (400).
+    BadBody,
+    /// The event type is not allowed (403).
+    NotAllowed,
+    /// The same signed request was refused before (409).
+    SeenAndRefused,
+}
+
+/// What became of a request to a webhook.
+#[derive(Debug)]
+pub enum Verdict {
+    /// The event was appended.
+    Accepted(EventId),
+    /// The request was accepted before, as this event.
+    Duplicate(EventId),
+    /// Refused, and why (logged already).
+    Refused(Refused, String),
+    /// Over the webhook's hourly limit; retry after so many seconds.
+    RateLimited {
+        /// The limit.
+        limit: Option<RateLimit>,
+        /// Seconds until the next hour's counter.
+        retry_after: u64,
+    },
+    /// The store could not be reached or read: what was being done, and why.
+    Unavailable(&'static str, StoreError),
+}
+
+/// Takes signed webhook requests in: the webhooks it has read recently, and the store
+/// and queue it writes to.
+pub struct WebhookIntake {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn SessionQueue>,
+    clock: Arc<dyn Clock>,
+    /// How long a request's replay key is remembered (`PULSE_DELIVERY_MEMORY`).
+    delivery_memory: SignedDuration,
+    /// Webhooks read in the last [`WEBHOOK_CACHE_TTL`]: most requests then cost no read.
+    cache: Mutex<HashMap<WebhookId, (Webhook, Timestamp)>>,
+}
+
+impl WebhookIntake {
+    /// An intake over a store and the sessions queue (for `--wake`).
+    pub fn new(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn SessionQueue>,
+        clock: Arc<dyn Clock>,
+        delivery_memory: SignedDuration,
+    ) -> Self {
+        Self {
+            store,
+            queue,
+            clock,
+            delivery_memory,
+            cache: Mutex::default(),
+        }
+    }
+
+    /// The webhook, from the cache if it was read within [`WEBHOOK_CACHE_TTL`] and
+    /// `fresh` is not asked for.
+    async fn webhook(&self, id: &WebhookId, fresh: bool) -> Result<Option<Webhook>, StoreError> {
+        let now = self.clock.now();
+        if !fresh {
+            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((w, at)) = cache.get(id)
+                && now.duration_since(*at) < WEBHOOK_CACHE_TTL
+            {
+                return Ok(Some(w.clone()));
+            }
+        }
+        let w = self.store.get_webhook(id).await?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= WEBHOOK_CACHE_MAX {
+            cache.clear();
+        }
+        match &w {
+            Some(w) => {
+                cache.insert(id.clone(), (w.clone(), now));
+            }
+            None => {
+                cache.remove(id);
+            }
+        }
+        Ok(w)
+    }
+
+    /// Takes in a request to webhook `id` (as the URL gave it) with its headers, raw
+    /// body and source address.
+    pub async fn receive(
+        &self,
+        id: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        ip: Option<String>,
+    ) -> Verdict {
+        let not_found = || {
+            Verdict::Refused(
+                Refused::NotFound,
+                "no active webhook with this id; `pulse webhooks list` shows the URLs".into(),
+            )
+        };
+        let Ok(id) = WebhookId::parse(id) else {
+            return not_found();
+        };
+        let webhook = match self.webhook(&id, false).await {
+            Ok(Some(w)) => w,
+            Ok(None) => return not_found(),
+            Err(e) => return Verdict::Unavailable("reading the webhook", e),
+        };
+        let now = self.clock.now();
+        let log = WebhookRequest::arrived(&webhook, now, body, ip.clone());
+        if !webhook.active {
+            let why = "the webhook is disabled; `pulse webhooks enable` turns it back on";
+            return self
+                .refuse(log, RequestStatus::Rejected, Refused::Disabled, why, body)
+                .await;
+        }
+        let (webhook, verified) = match self.verify(webhook, headers, body, now).await {
+            Ok(checked) => checked,
+            Err(Ok(why)) => {
+                let reason = format!("invalid signature: {why}");
+                return self
+                    .refuse(
+                        log,
+                        RequestStatus::InvalidSignature,
+                        Refused::BadSignature,
+                        &reason,
+                        body,
+                    )
+                    .await;
+            }
+            Err(Err(verdict)) => return verdict,
+        };
+        let mut log = log;
+        log.delivery_id = verified.delivery_id.clone();
+        let new = match read_event(webhook.scheme, &verified, body) {
+            Ok(n) => n,
+            Err(reason) => {
+                return self
+                    .refuse(
+                        log,
+                        RequestStatus::Rejected,
+                        Refused::BadBody,
+                        &reason,
+                        body,
+                    )
+                    .await;
+            }
+        };
+        log.event_type = Some(new.event_type.to_string());
+        let mut refusal = None;
+        if !webhook.allows(&new.event_type) {
+            let reason = not_allowed(&webhook, &new.event_type);
+            if webhook.scheme != WebhookScheme::Github {
+                // The type is signed: the same request is refused again whatever is resent.
+                return self
+                    .refuse(
+                        log,
+                        RequestStatus::Rejected,
+                        Refused::NotAllowed,
+                        &reason,
+                        body,
+                    )
+                    .await;
+            }
+            refusal = Some(Refusal {
+                http_status: 403,
+                reason: cap_reason(reason),
+            });
+        }
+        let acceptance = Acceptance {
+            event: stamp(new, &webhook, &verified, ip.as_deref(), now),
+            log,
+            replay_key: verified.replay_key.clone(),
+            rate_limit: webhook.rate_limit,
+            excerpt: truncate_body(body),
+            remember_until: now.saturating_add(self.delivery_memory).unwrap_or(now),
+            refusal,
+        };
+        self.accept(&webhook, acceptance, now).await
+    }
+
+    /// Checks the signature with the webhook's current secrets; a failure with a cached
+    /// copy reads the webhook again (a rotation may have happened) and checks once more.
+    /// `Err(Ok(why))` for a bad signature, `Err(Err(verdict))` when the store failed.
+    async fn verify(
+        &self,
+        mut webhook: Webhook,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: Timestamp,
+    ) -> Result<(Webhook, Verified), Result<inbound::VerifyError, Verdict>> {
+        let check = |w: &Webhook| {
+            inbound::verify(
+                w.scheme.signing(),
+                &w.secrets_at(now),
+                headers,
+                body,
+                now.as_second(),
+            )
+        };
+        if let Ok(v) = check(&webhook) {
+            return Ok((webhook, v));
+        }
+        webhook = match self.webhook(&webhook.id, true).await {
+            Ok(Some(w)) => w,
+            Ok(None) => {
+                return Err(Err(Verdict::Refused(
+                    Refused::NotFound,
+                    "no active webhook with this id; `pulse webhooks list` shows the URLs".into(),
+                )));
+            }
+            Err(e) => return Err(Err(Verdict::Unavailable("reading the webhook", e))),
+        };
+        match check(&webhook) {
+            Ok(v) => Ok((webhook, v)),
+            Err(e) => Err(Ok(e)),
+        }
+    }
+
+    /// Lets the store dedup, count and write the request.
+    async fn accept(&self, webhook: &Webhook, acceptance: Acceptance, now: Timestamp) -> Verdict {
+        match self.store.accept_webhook(&acceptance).await {
+            Ok(AcceptOutcome::Accepted) => {
+                let event = &acceptance.event;
+                info!(webhook_id = %webhook.id, event_id = %event.id, event_type = %event.event_type, "webhook accepted");
+                if webhook.wake {
+                    self.wake(webhook, event).await;
+                }
+                Verdict::Accepted(event.id.clone())
+            }
+            Ok(AcceptOutcome::Duplicate(first)) => {
+                info!(webhook_id = %webhook.id, event_id = %first, "duplicate delivery answered with its first event");
+                Verdict::Duplicate(first)
+            }
+            Ok(AcceptOutcome::RefusedBefore) => {
+                warn!(webhook_id = %webhook.id, "a request refused before was sent again");
+                Verdict::Refused(
+                    Refused::SeenAndRefused,
+                    "this signed request was received before and refused; send a new delivery"
+                        .into(),
+                )
+            }
+            Ok(AcceptOutcome::Refused) => {
+                let reason = acceptance.refusal.map_or_else(String::new, |r| r.reason);
+                warn!(webhook_id = %webhook.id, reason, "webhook request refused");
+                Verdict::Refused(Refused::NotAllowed, reason)
+            }
+            Ok(AcceptOutcome::RateLimited) => Verdict::RateLimited {
+                limit: webhook.rate_limit,
+                retry_after: RateLimit::retry_after(now),
+            },
+            Err(e) => Verdict::Unavailable("storing the event", e),
+        }
+    }
+
+    /// Logs a refused request (within the webhook's budget) and refuses it.
+    async fn refuse(
+        &self,
+        log: WebhookRequest,
+        status: RequestStatus,
+        refused: Refused,
+        reason: &str,
+        body: &[u8],
+    ) -> Verdict {
+        let http_status = match refused {
+            Refused::NotFound | Refused::Disabled => 404,
+            Refused::BadSignature => 401,
+            Refused::BadBody => 400,
+            Refused::NotAllowed => 403,
+            Refused::SeenAndRefused => 409,
+        };
+        let entry = log.refuse(status, http_status, reason, body);
+        let reason = entry.reason.clone().unwrap_or_default();
+        warn!(webhook_id = %entry.webhook_id, status = status.as_str(), reason, "webhook request refused");
+        if let Err(e) = self.store.log_request(&entry).await {
+            warn!(error = %chain(&e), "could not log a refused webhook request");
+        }
+        Verdict::Refused(refused, reason)
+    }
+
+    /// Wakes the agent's conversation with a `webhook` signal. The event is stored already,
+    /// so a queue failure only costs the early wake-up: the next heartbeat sees the event.
+    async fn wake(&self, webhook: &Webhook, event: &Event) {
+        let agent = match self.store.get_agent(&webhook.agent_id).await {
+            Ok(Some(a)) => a,
+            Ok(None) => return,
+            Err(e) => {
+                warn!(error = %chain(&e), "could not read the agent to wake it");
+                return;
+            }
+        };
+        let mut payload = event.payload.to_string();
+        if payload.len() > 4000 {
+            let mut cut = 4000;
+            while !payload.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            payload.truncate(cut);
+            payload.push('…');
+        }
+        let signal = Signal {
+            id: SignalId::derived(
+                to_ms(event.created_at).max(0) as u64,
+                &["webhook", event.id.as_str()],
+            ),
+            agent_id: agent.id.clone(),
+            session: agent.session.clone(),
+            kind: SignalKind::Webhook,
+            content: vec![ContentBlock::Text {
+                text: format!("event {} ({}): {payload}", event.event_type, event.id),
+            }],
+            meta: SignalMeta {
+                source: Some(webhook.id.to_string()),
+                ..SignalMeta::default()
+            },
+            created_at: event.created_at,
+        };
+        if let Err(e) = intake::submit(self.store.as_ref(), self.queue.as_ref(), signal).await {
+            warn!(error = %chain(&e), webhook_id = %webhook.id, "could not wake the agent; the next heartbeat will see the event");
+        }
+    }
+}
+
+fn not_allowed(webhook: &Webhook, event_type: &EventType) -> String {
+    format!(
+        "event type {event_type} is not allowed on this webhook (allowed: {})",
+        webhook
+            .allowed_types
+            .iter()
+            .map(EventType::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The event a verified body asks for.
+fn read_event(scheme: WebhookScheme, verified: &Verified, body: &[u8]) -> Result<NewEvent, String> {
+    let json: Value = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not JSON ({e}); send application/json"))?;
+    let (event_type, payload, priority) = match scheme {
+        WebhookScheme::Pulse | WebhookScheme::Standard => {
+            let Value::Object(obj) = &json else {
+                return Err(
+                    "the body must be a JSON object: {\"event_type\": ..., \"payload\": ..., \"priority\": 1-10}".into(),
+                );
+            };
+            let event_type = match obj.get("event_type").or_else(|| obj.get("type")) {
+                None | Some(Value::Null) => DEFAULT_EVENT_TYPE.to_owned(),
+                Some(Value::String(t)) => t.clone(),
+                Some(_) => return Err("event_type must be a string".into()),
+            };
+            let priority = match obj.get("priority") {
+                None | Some(Value::Null) => None,
+                Some(p) => Some(
+                    p.as_i64()
+                        .ok_or("priority must be a whole number from 1 (highest) to 10")?,
+                ),
+            };
+            let payload = obj
+                .get("payload")
+                .or_else(|| obj.get("data"))
+                .cloned()
+                .unwrap_or_else(|| json.clone());
+            (event_type, payload, priority)
+        }
+        WebhookScheme::Github | WebhookScheme::Stripe => {
+            let event_type = verified.event_type.clone().ok_or_else(|| {
+                if scheme == WebhookScheme::Github {
+                    "the X-GitHub-Event header is missing".to_owned()
+                } else {
+                    "the Stripe event has no \"type\"".to_owned()
+                }
+            })?;
+            (event_type, json, None)
+        }
+    };
+    NewEvent::new(&event_type, payload, priority).map_err(|e| e.to_string())
+}
+
+pub(crate) fn stamp(
+    mut new: NewEvent,
+    webhook: &Webhook,
+    verified: &Verified,
+    ip: Option<&str>,
+    now: Timestamp,
+) -> Event {
+    new.metadata = json!({
+        "webhook_id": webhook.id,
+        "scheme": webhook.scheme,
+        "delivery_id": verified.delivery_id,
+        "source_ip": ip,
+    });
+    new.into_event(webhook.agent_id.clone(), "webhook", now)
+}
