@@ -6,6 +6,7 @@ mod chat;
 mod conversation;
 mod event;
 mod hook;
+mod hook_delivery;
 mod ids;
 mod task;
 mod time;
@@ -26,9 +27,12 @@ pub use conversation::{
 };
 pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
 pub use hook::{
-    ATTEMPT_BODY_LIMIT, AttemptStatus, DeliveryStatus, Hook, HookAttempt, HookDelivery,
-    HookPayload, HookRoute, HookSummary, HookTarget, HookTask, HookType, MAX_RETRY_AFTER,
-    PayloadAgent, PayloadContext, RetrySchedule, retry_delay, screaming_snake, truncate_utf8,
+    Hook, HookRoute, HookSummary, HookTarget, HookType, MAX_RETRY_AFTER, RetrySchedule,
+    retry_delay, screaming_snake,
+};
+pub use hook_delivery::{
+    ATTEMPT_BODY_LIMIT, AttemptStatus, DeliveryStatus, HookAttempt, HookData, HookDelivery,
+    HookPayload, HookTask, PayloadAgent, PayloadContext, truncate_utf8,
 };
 pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,

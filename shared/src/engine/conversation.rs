@@ -19,8 +19,8 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::discord::{MESSAGE_LIMIT, split_message};
 use crate::domain::{
-    Agent, AgentId, ChatMessage, ConversationMessage, LlmRequest, ReplyTarget, Role, Signal,
-    SignalKind, Turn, TurnId, TurnStatus, Usage,
+    Agent, AgentId, ChatMessage, ConversationMessage, HookData, HookType, LlmRequest, ReplyTarget,
+    Role, Signal, SignalKind, Turn, TurnId, TurnStatus, Usage,
 };
 use crate::error::{DiscordError, EngineError, chain};
 use crate::ports::{Clock, DiscordApi, LlmSelector, Store, TurnStart};
@@ -308,27 +308,13 @@ impl Conversation {
         turn: &Turn,
         signals: &[Signal],
     ) -> Result<(), EngineError> {
-        let data = serde_json::json!({
-            "turn_id": turn.id,
-            "session": turn.session,
-            "signals": signals.iter().map(|s| serde_json::json!({
-                "id": s.id,
-                "kind": s.kind.as_str(),
-                "text": s.text(),
-            })).collect::<Vec<_>>(),
-        });
         let trigger = signals
             .first()
             .map_or("message", |s| s.kind.as_str())
             .to_ascii_uppercase();
-        self.emit(
-            agent,
-            turn,
-            crate::domain::HookType::MESSAGE_RECEIVED,
-            &trigger,
-            data,
-        )
-        .await
+        let data = HookData::message_received(turn, signals);
+        self.emit(agent, turn, HookType::MESSAGE_RECEIVED, &trigger, data)
+            .await
     }
 
     /// MESSAGE_SENT for `turn`, once its reply has reached Discord.
@@ -336,24 +322,13 @@ impl Conversation {
         if turn.status != TurnStatus::Done || turn.delivered == 0 {
             return Ok(());
         }
-        let data = serde_json::json!({
-            "turn_id": turn.id,
-            "parts": turn.parts,
-            "discord_message_ids": turn.discord_message_ids,
-            // Never the interaction token: it is a credential for 15 minutes.
-            "channel_id": match &turn.target {
-                ReplyTarget::Channel { channel_id } => Some(channel_id.clone()),
-                _ => agent.discord_channel.clone(),
-            },
-        });
-        self.emit(
-            agent,
-            turn,
-            crate::domain::HookType::MESSAGE_SENT,
-            "TURN",
-            data,
-        )
-        .await
+        let channel = match &turn.target {
+            ReplyTarget::Channel { channel_id } => Some(channel_id.clone()),
+            _ => agent.discord_channel.clone(),
+        };
+        let data = HookData::message_sent(turn, channel);
+        self.emit(agent, turn, HookType::MESSAGE_SENT, "TURN", data)
+            .await
     }
 
     /// Answers consecutive signals of one session with one turn. An `Err` means the

@@ -27,8 +27,8 @@ use super::hooks::{Emission, HookEmitter};
 use super::schedule::next_run;
 use crate::domain::{
     Action, ActionId, ActionStatus, Agent, AgentContext, Beats, Cascade, Event, EventCursor,
-    EventId, EventType, Heartbeat, HeartbeatContext, HeartbeatId, HeartbeatStatus, HookRoute,
-    HookType, Priority, Registry, Tool, ToolRequest, to_ms,
+    EventId, EventType, Heartbeat, HeartbeatContext, HeartbeatId, HeartbeatStatus, HookData,
+    HookRoute, HookType, Priority, Registry, Tool, ToolRequest, to_ms,
 };
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::{Clock, Finish, FinishOutcome, Store, ToolRunner};
@@ -179,19 +179,7 @@ impl HeartbeatRunner {
         id: &ActionId,
         attempt: u32,
     ) -> Result<(), EngineError> {
-        let data = || {
-            json!({
-                "tool_name": tool.name,
-                "attempt": attempt,
-                "event": {
-                    "id": event.id,
-                    "type": event.event_type,
-                    "priority": event.priority,
-                    "source": event.source,
-                    "payload": event.payload,
-                },
-            })
-        };
+        let data = || HookData::tool_started(&tool.name, attempt, event);
         let triggered_by = event.event_type.as_str();
         let action = Some((id, &event.id));
         self.emit(
@@ -220,20 +208,7 @@ impl HeartbeatRunner {
         action: &Action,
         new_events: &[Event],
     ) -> Result<(), EngineError> {
-        let data = || {
-            json!({
-                "tool_name": action.tool,
-                "status": action.status,
-                "event_id": action.event_id,
-                "response": action.response,
-                "error_message": action.error,
-                "new_events": new_events
-                    .iter()
-                    .map(|e| json!({ "id": e.id, "type": e.event_type }))
-                    .collect::<Vec<_>>(),
-                "execution_time_ms": action.duration_ms,
-            })
-        };
+        let data = || HookData::tool_finished(action, new_events);
         let triggered_by = event.event_type.as_str();
         let id = Some((&action.id, &event.id));
         self.emit(
@@ -378,13 +353,12 @@ impl HeartbeatRunner {
             None,
             "SCHEDULE",
             || {
-                json!({
-                    "beat": plan.beats.beat,
-                    "since_last": plan.beats.since_last,
-                    "scheduled_at": plan.heartbeat_context.scheduled_at,
-                    "started_at": plan.heartbeat_context.started_at,
-                    "window_events": window.events.len(),
-                })
+                HookData::before_heartbeat(
+                    plan.beats,
+                    plan.heartbeat_context.scheduled_at,
+                    plan.heartbeat_context.started_at,
+                    window.events.len(),
+                )
             },
         )
         .await?;
@@ -909,14 +883,7 @@ impl HeartbeatRunner {
             HookType::of(HookType::HEARTBEAT_FAILED),
             None,
             "SCHEDULE",
-            || {
-                json!({
-                    "beat": done.beat,
-                    "error_message": done.error,
-                    "consecutive_failures": failures,
-                    "next_at": next_at,
-                })
-            },
+            || HookData::heartbeat_failed(done, failures, next_at),
         )
         .await
     }
@@ -959,24 +926,13 @@ impl HeartbeatRunner {
         done: &Heartbeat,
         next_at: Option<Timestamp>,
     ) -> Result<(), EngineError> {
+        let started_at = plan.heartbeat_context.started_at;
         self.emit(
             plan,
             HookType::of(HookType::AFTER_HEARTBEAT),
             None,
             "SCHEDULE",
-            || {
-                json!({
-                    "status": done.status.as_str(),
-                    "beat": done.beat,
-                    "events_processed": done.events_processed,
-                    "actions_triggered": done.actions_triggered,
-                    "actions_failed": done.actions_failed,
-                    "cascade_capped": done.cascade_capped,
-                    "duration_ms": done.completed_at.map(|c| c.duration_since(plan.heartbeat_context.started_at).as_millis()),
-                    "next_at": next_at,
-                    "error_message": done.error,
-                })
-            },
+            || HookData::after_heartbeat(done, started_at, next_at),
         )
         .await
     }

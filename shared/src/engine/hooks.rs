@@ -24,8 +24,8 @@ use ulid::Ulid;
 
 use crate::domain::{
     ActionId, Agent, AgentId, AttemptStatus, Delivery, DeliveryStatus, Event, EventId, EventType,
-    HeartbeatId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookPayload, HookRoute, HookTask,
-    HookType, PayloadAgent, PayloadContext, Priority, retry_delay, to_ms, truncate_utf8,
+    HeartbeatId, Hook, HookAttempt, HookData, HookDelivery, HookDeliveryId, HookPayload, HookRoute,
+    HookTask, HookType, PayloadAgent, PayloadContext, Priority, retry_delay, to_ms, truncate_utf8,
 };
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::{Clock, HookMessage, HookQueue, HookSender, Store};
@@ -520,12 +520,7 @@ impl Dispatcher {
     async fn disabled(&self, hook: &Hook, at: Timestamp) {
         let reason = hook.disabled_reason.clone().unwrap_or_default();
         warn!(hook_id = %hook.id, agent_id = %hook.agent_id, reason = %reason, "hook disabled; `pulse hooks enable {}` turns it back on", hook.id);
-        let data = json!({
-            "hook_id": hook.id,
-            "hook_type": hook.hook_type,
-            "target": hook.target.to_string(),
-            "reason": reason,
-        });
+        let data = HookData::hook_disabled(&hook.id, &hook.hook_type, &hook.target, &reason);
         let ms = to_ms(at).max(0) as u64;
         let event = Event {
             id: EventId::generate(ms),
