@@ -16,6 +16,7 @@ use pulse_shared::error::StoreError;
 use pulse_shared::ports::Clock;
 use pulse_signatures::inbound::generate_secret;
 
+use super::{Ctx, input};
 use crate::Failure;
 use crate::output::{Out, short, when};
 
@@ -107,10 +108,6 @@ impl HooksPlan {
     pub(crate) fn writes(&self) -> bool {
         matches!(self, Self::Add(_))
     }
-}
-
-fn input(e: pulse_shared::error::ValidationError) -> Failure {
-    Failure::Input(e.to_string())
 }
 
 pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Failure> {
@@ -221,21 +218,11 @@ fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {
     eprintln!("delivery {} is now {}", d.id, d.status.as_str());
 }
 
-pub(crate) async fn execute(
-    plan: HooksPlan,
-    config: &Config,
-    b: &Connected,
-    clock: Arc<dyn Clock>,
-    out: &Out,
-) -> Result<(), Failure> {
+pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let (config, b, clock, out) = (cx.config, cx.b, cx.clock.clone(), cx.out);
     match plan {
         HooksPlan::Add(hook) => {
-            if b.store.get_agent(&hook.agent_id).await?.is_none() {
-                return Err(Failure::Input(format!(
-                    "agent {} not found; `pulse agents list` shows the agents",
-                    hook.agent_id
-                )));
-            }
+            super::require_agent(b, &hook.agent_id).await?;
             b.store.create_hook(&hook).await?;
             if hook.target.is_plain_http() {
                 eprintln!(

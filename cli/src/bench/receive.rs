@@ -92,7 +92,7 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
     }
     let dir = tempfile::tempdir()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (config, backend, agent) = crate::bench::bench_agent(dir.path(), clock.clone()).await?;
+    let (config, backend, agent) = super::sweep::bench_agent(dir.path(), clock.clone()).await?;
     let secret = generate_secret();
     let mut webhook = Webhook::new(agent.id.clone(), WebhookScheme::Pulse, &secret, clock.now())
         .map_err(|e| Failure::Input(e.to_string()))?;

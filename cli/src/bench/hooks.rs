@@ -45,7 +45,7 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
 
     let dir = tempfile::tempdir()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (mut config, backend, agent) = crate::bench::bench_agent(dir.path(), clock.clone()).await?;
+    let (mut config, backend, agent) = super::sweep::bench_agent(dir.path(), clock.clone()).await?;
     config.hooks.allow = "127.0.0.1/32"
         .parse()
         .map_err(|e: pulse_egress::AllowListError| Failure::Input(e.to_string()))?;

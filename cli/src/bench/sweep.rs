@@ -286,7 +286,7 @@ pub(crate) async fn turn(sizes: &[usize], turns: usize, out: &Out) -> Result<(),
 }
 
 /// A fresh embedded store in `dir` with default settings, and one agent in it.
-pub(crate) async fn bench_agent(
+pub(super) async fn bench_agent(
     dir: &std::path::Path,
     clock: Arc<dyn Clock>,
 ) -> Result<(Config, Connected, pulse_shared::domain::Agent), Failure> {

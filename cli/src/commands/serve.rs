@@ -1,7 +1,11 @@
 //! `pulse serve` and `pulse sweep`: the engine's two steps (`sweep_once`, `poll_once`) in
-//! loops, on whichever backend the configuration names.
+//! loops, on whichever backend the configuration names, beside the HTTP receiver and the
+//! hook dispatcher.
 
 use std::net::SocketAddr;
+
+use clap::Args;
+use pulse_shared::domain::parse_duration;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,8 +19,121 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
+use super::{Ctx, input};
 use crate::Failure;
 use crate::output::Out;
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// How often to sweep for due heartbeats.
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    tick: String,
+    /// Where the HTTP receiver (Discord interactions, webhooks, health) listens; `off`
+    /// for none.
+    #[arg(
+        long,
+        env = "PULSE_LISTEN",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
+    listen: String,
+    /// How long a client may take to send a request's headers (an idle connection is
+    /// closed after it).
+    #[arg(
+        long,
+        env = "PULSE_HTTP_HEADER_TIMEOUT",
+        default_value = "10s",
+        value_name = "DURATION"
+    )]
+    header_timeout: String,
+    /// How long one request may take, its body included (408 after it).
+    #[arg(
+        long,
+        env = "PULSE_HTTP_REQUEST_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION"
+    )]
+    request_timeout: String,
+    /// Most HTTP connections open at once; more wait until one closes.
+    #[arg(
+        long,
+        env = "PULSE_HTTP_MAX_CONNECTIONS",
+        default_value_t = 512,
+        value_name = "N"
+    )]
+    max_connections: usize,
+    /// On Ctrl-C or SIGTERM: how long to finish the work in hand (queued jobs, requests
+    /// in flight) before stopping; heartbeats claimed but not started by then are
+    /// released.
+    #[arg(
+        long,
+        env = "PULSE_SHUTDOWN_GRACE",
+        default_value = "10s",
+        value_name = "DURATION"
+    )]
+    shutdown_grace: String,
+}
+
+/// A validated `serve` or `sweep`.
+pub(crate) enum ServePlan {
+    Serve {
+        tick: Duration,
+        listen: Option<SocketAddr>,
+        limits: ServeLimits,
+    },
+    Sweep,
+}
+
+pub(crate) fn plan_serve(a: ServeArgs) -> Result<ServePlan, Failure> {
+    let tick = parse_duration("tick", &a.tick).map_err(input)?;
+    if tick < jiff::SignedDuration::from_millis(100) {
+        return Err(Failure::Input("invalid tick: use at least 100ms".into()));
+    }
+    let listen = match a.listen.trim() {
+        "off" | "none" => None,
+        addr => Some(addr.parse().map_err(|_| {
+            Failure::Input(format!(
+                "invalid --listen {addr:?}: give an address and port such as 127.0.0.1:8080, or off"
+            ))
+        })?),
+    };
+    let positive = |name: &'static str, v: &str| -> Result<Duration, Failure> {
+        let d = parse_duration(name, v).map_err(input)?;
+        if d <= jiff::SignedDuration::ZERO {
+            return Err(Failure::Input(format!(
+                "invalid {name} {v:?}: use more than 0s"
+            )));
+        }
+        Ok(d.unsigned_abs())
+    };
+    if a.max_connections == 0 {
+        return Err(Failure::Input(
+            "invalid --max-connections 0: use at least 1".into(),
+        ));
+    }
+    let limits = ServeLimits {
+        header_timeout: positive("header timeout", &a.header_timeout)?,
+        request_timeout: positive("request timeout", &a.request_timeout)?,
+        max_connections: a.max_connections,
+        shutdown_grace: positive("shutdown grace", &a.shutdown_grace)?,
+    };
+    Ok(ServePlan::Serve {
+        tick: tick.unsigned_abs(),
+        listen,
+        limits,
+    })
+}
+
+pub(crate) async fn execute(plan: ServePlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    match plan {
+        ServePlan::Serve {
+            tick,
+            listen,
+            limits,
+        } => serve(cx.config, cx.b, cx.clock.clone(), tick, listen, limits).await,
+        ServePlan::Sweep => sweep_and_drain(cx.config, cx.b, cx.clock.clone(), cx.out).await,
+    }
+}
 
 /// How long a received hook message stays hidden: longer than the longest hook timeout
 /// (60 s), so a message is not handed to a second loop while its attempt runs.

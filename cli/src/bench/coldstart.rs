@@ -20,8 +20,8 @@ use axum::routing::get;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::hooks::pct;
 use crate::Failure;
-use crate::bench_hooks::pct;
 use crate::output::Out;
 
 /// The binaries measured; the first is the baseline.

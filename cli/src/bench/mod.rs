@@ -1,0 +1,87 @@
+//! `pulse bench …`: measurements that print figures (nothing is asserted on time). Each
+//! starts what it measures itself, on a temporary store or an emulator, so none needs a
+//! configured backend.
+
+mod coldstart;
+mod hooks;
+mod receive;
+mod sweep;
+
+use clap::Subcommand;
+
+use crate::Failure;
+use crate::output::Out;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum BenchCmd {
+    /// Claims per second on the embedded store, and AWS requests per heartbeat cycle on
+    /// an emulator endpoint when one is given.
+    Sweep {
+        /// How many due heartbeats to sweep.
+        #[arg(long, default_value_t = 10_000)]
+        heartbeats: usize,
+        /// An AWS emulator (e.g. moto) to measure the AWS backend on as well.
+        #[arg(long, value_name = "URL")]
+        aws_endpoint: Option<String>,
+    },
+    /// The HTTP receiver's throughput and latency with signed webhooks over loopback,
+    /// beside a bare axum endpoint in the same run.
+    Receive {
+        /// Requests sent to each endpoint.
+        #[arg(long, default_value_t = 20_000)]
+        requests: usize,
+        /// Requests in flight at once.
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+    },
+    /// Hook deliveries per second through the embedded hooks queue to a loopback
+    /// receiver, and the latency queueing adds to one delivery beside a bare POST.
+    Hooks {
+        /// Deliveries in the backlog drained for throughput.
+        #[arg(long, default_value_t = 2_000)]
+        deliveries: usize,
+        /// Single deliveries timed for latency (and bare POSTs beside them).
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+    },
+    /// Each Lambda function's init (process start → first request for work on a local
+    /// runtime API) beside a hello-world lambda_runtime binary, same release profile.
+    Coldstart {
+        /// Inits measured per binary.
+        #[arg(long, default_value_t = 30)]
+        runs: usize,
+        /// Where the release binaries are (default: beside this `pulse`).
+        #[arg(long, value_name = "DIR")]
+        bin_dir: Option<std::path::PathBuf>,
+    },
+    /// The worker's cost per conversation turn with histories of several sizes (offline
+    /// model, no Discord).
+    Turn {
+        /// History sizes, in messages.
+        #[arg(long, value_delimiter = ',', default_value = "10,1000,10000")]
+        history: Vec<usize>,
+        /// Turns measured per size.
+        #[arg(long, default_value_t = 200)]
+        turns: usize,
+    },
+}
+
+/// Runs a benchmark.
+pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
+    match cmd {
+        BenchCmd::Sweep {
+            heartbeats,
+            aws_endpoint,
+        } => sweep::sweep(heartbeats, aws_endpoint, out).await,
+        BenchCmd::Receive {
+            requests,
+            concurrency,
+        } => receive::receive(requests, concurrency, out).await,
+        BenchCmd::Hooks {
+            deliveries,
+            samples,
+        } => hooks::hooks(deliveries, samples, out).await,
+        BenchCmd::Coldstart { runs, bin_dir } => coldstart::coldstart(runs, bin_dir, out).await,
+        BenchCmd::Turn { history, turns } => sweep::turn(&history, turns, out).await,
+    }
+}

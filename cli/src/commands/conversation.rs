@@ -1,0 +1,129 @@
+//! `pulse say` and `pulse conversation …`: talk to an agent as if from Discord, and read
+//! its conversation.
+
+use clap::{Args, Subcommand};
+use pulse_shared::domain::{AgentId, Role, SessionId, Signal, SignalMeta};
+use pulse_shared::engine::intake;
+
+use super::{Ctx, agent_id, input, limit, require_agent};
+use crate::Failure;
+use crate::output::{short, when};
+
+#[derive(Args, Debug)]
+pub(crate) struct SayArgs {
+    /// The agent's id.
+    #[arg(long)]
+    agent: String,
+    /// Your name, as the agent sees it.
+    #[arg(long, default_value = "you")]
+    user: String,
+    /// What to say.
+    text: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum ConversationCmd {
+    /// The latest messages, oldest first.
+    Show {
+        /// The agent's id.
+        #[arg(long)]
+        agent: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
+/// A validated conversation command.
+pub(crate) enum ConversationPlan {
+    Say {
+        agent: AgentId,
+        user: String,
+        text: String,
+    },
+    Show {
+        agent: AgentId,
+        limit: usize,
+    },
+}
+
+impl ConversationPlan {
+    pub(crate) fn writes(&self) -> bool {
+        matches!(self, Self::Say { .. })
+    }
+}
+
+pub(crate) fn plan_say(a: SayArgs, now: jiff::Timestamp) -> Result<ConversationPlan, Failure> {
+    let agent = agent_id(&a.agent)?;
+    // Validate the text now; the signal itself is made once the agent is read.
+    Signal::user_message(
+        &agent,
+        &SessionId::for_agent(&agent),
+        &a.text,
+        SignalMeta::default(),
+        now,
+    )
+    .map_err(input)?;
+    Ok(ConversationPlan::Say {
+        agent,
+        user: a.user,
+        text: a.text,
+    })
+}
+
+pub(crate) fn plan(cmd: ConversationCmd) -> Result<ConversationPlan, Failure> {
+    Ok(match cmd {
+        ConversationCmd::Show { agent, limit: n } => ConversationPlan::Show {
+            agent: agent_id(&agent)?,
+            limit: limit(n)?,
+        },
+    })
+}
+
+pub(crate) async fn execute(plan: ConversationPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let (b, out) = (cx.b, cx.out);
+    match plan {
+        ConversationPlan::Say { agent, user, text } => {
+            let a = require_agent(b, &agent).await?;
+            let signal = Signal::user_message(
+                &a.id,
+                &a.session,
+                &text,
+                SignalMeta {
+                    source: Some("cli".into()),
+                    user_name: Some(user),
+                    ..SignalMeta::default()
+                },
+                cx.clock.now(),
+            )
+            .map_err(input)?;
+            intake::submit(b.store.as_ref(), b.queue.as_ref(), signal.clone()).await?;
+            out.created(
+                &signal,
+                signal.id.as_str(),
+                &format!(
+                    "queued for {}; `pulse serve` (or `pulse sweep`) answers it, `pulse conversation show --agent {}` shows the reply",
+                    a.name, a.id
+                ),
+            );
+        }
+        ConversationPlan::Show { agent, limit } => {
+            require_agent(b, &agent).await?;
+            let mut messages = b.store.recent_messages(&agent, limit).await?;
+            messages.reverse();
+            out.table(&messages, &["TIME", "WHO", "SOURCE", "TEXT"], |m| {
+                let who = match m.role {
+                    Role::User => m.author.clone().unwrap_or_else(|| "user".into()),
+                    Role::Assistant => m.agent.clone().unwrap_or_else(|| "agent".into()),
+                };
+                vec![
+                    when(Some(m.created_at)),
+                    who,
+                    m.source.clone(),
+                    short(&m.content, 120),
+                ]
+            });
+        }
+    }
+    Ok(())
+}

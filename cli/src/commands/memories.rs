@@ -1,0 +1,56 @@
+//! `pulse memories …`: what agents remembered.
+
+use clap::Subcommand;
+use pulse_shared::domain::AgentId;
+
+use super::{Ctx, agent_id, limit, require_agent};
+use crate::Failure;
+use crate::output::{short, when};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum MemoriesCmd {
+    /// An agent's latest memories, newest first.
+    List {
+        /// The agent's id.
+        #[arg(long)]
+        agent: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
+/// A validated memories command.
+pub(crate) enum MemoriesPlan {
+    List { agent: AgentId, limit: usize },
+}
+
+pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
+    Ok(match cmd {
+        MemoriesCmd::List { agent, limit: n } => MemoriesPlan::List {
+            agent: agent_id(&agent)?,
+            limit: limit(n)?,
+        },
+    })
+}
+
+pub(crate) async fn execute(plan: MemoriesPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    match plan {
+        MemoriesPlan::List { agent, limit } => {
+            require_agent(cx.b, &agent).await?;
+            let memories = cx.b.store.memories(&agent, limit).await?;
+            cx.out
+                .table(&memories, &["ID", "TIME", "HEARTBEAT", "TEXT"], |m| {
+                    vec![
+                        m.id.to_string(),
+                        when(Some(m.created_at)),
+                        m.heartbeat_id
+                            .as_ref()
+                            .map_or("-".into(), |h| h.beat().to_string()),
+                        short(&m.text, 120),
+                    ]
+                });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The admin verbs, one module per noun, each shaped alike: its clap types, a `plan`
+//! that parses and validates every input into a plan (so bad input writes nothing, not
+//! even a new database file), and an `execute` that runs the plan on a connected
+//! backend. [`run`] ties them together.
+
+pub(crate) mod actions;
+pub(crate) mod agents;
+pub(crate) mod conversation;
+pub(crate) mod discord;
+pub(crate) mod events;
+pub(crate) mod heartbeats;
+pub(crate) mod hooks;
+pub(crate) mod memories;
+pub(crate) mod secrets;
+pub(crate) mod serve;
+pub(crate) mod subscriptions;
+pub(crate) mod tools;
+pub(crate) mod webhooks;
+
+use std::sync::Arc;
+
+use pulse_shared::app::{Connected, connect};
+use pulse_shared::config::{Backend, Config, Env};
+use pulse_shared::domain::{Agent, AgentId};
+use pulse_shared::error::{StoreError, ValidationError};
+use pulse_shared::ports::{Clock, SystemClock};
+use pulse_shared::telemetry::{self, LogFormat};
+use serde_json::Value;
+
+use crate::output::Out;
+use crate::{Cli, Command, Failure};
+
+/// What a command runs with once its plan is made.
+pub(crate) struct Ctx<'a> {
+    pub(crate) config: &'a Config,
+    pub(crate) b: &'a Connected,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) out: &'a Out,
+}
+
+/// A validated command.
+enum Plan {
+    Serve(serve::ServePlan),
+    Agents(agents::AgentsPlan),
+    Events(events::EventsPlan),
+    Heartbeats(heartbeats::HeartbeatsPlan),
+    Actions(actions::ActionsPlan),
+    Tools(tools::ToolsPlan),
+    Subscriptions(subscriptions::SubscriptionsPlan),
+    Conversation(conversation::ConversationPlan),
+    Memories(memories::MemoriesPlan),
+    Webhooks(webhooks::WebhooksPlan),
+    Hooks(hooks::HooksPlan),
+    Secrets,
+}
+
+impl Plan {
+    /// Whether the command may create the database.
+    fn writes(&self) -> bool {
+        match self {
+            Plan::Serve(_) => true,
+            Plan::Agents(p) => p.writes(),
+            Plan::Events(p) => p.writes(),
+            Plan::Tools(p) => p.writes(),
+            Plan::Subscriptions(p) => p.writes(),
+            Plan::Conversation(p) => p.writes(),
+            Plan::Webhooks(p) => p.writes(),
+            Plan::Hooks(p) => p.writes(),
+            Plan::Heartbeats(_) | Plan::Actions(_) | Plan::Memories(_) | Plan::Secrets => false,
+        }
+    }
+}
+
+fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
+    Ok(match command {
+        Command::Serve(a) => Plan::Serve(serve::plan_serve(a)?),
+        Command::Sweep => Plan::Serve(serve::ServePlan::Sweep),
+        Command::Agents(c) => Plan::Agents(agents::plan(c, now)?),
+        Command::Events(c) => Plan::Events(events::plan(c)?),
+        Command::Heartbeats(c) => Plan::Heartbeats(heartbeats::plan(c)?),
+        Command::Actions(c) => Plan::Actions(actions::plan(c)?),
+        Command::Tools(c) => Plan::Tools(tools::plan(c, now)?),
+        Command::Subscriptions(c) => Plan::Subscriptions(subscriptions::plan(c, now)?),
+        Command::Say(a) => Plan::Conversation(conversation::plan_say(a, now)?),
+        Command::Conversation(c) => Plan::Conversation(conversation::plan(c)?),
+        Command::Memories(c) => Plan::Memories(memories::plan(c)?),
+        Command::Webhooks(c) => Plan::Webhooks(webhooks::plan(c, now)?),
+        Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
+        Command::Secrets(_) => Plan::Secrets,
+        Command::Discord(_) | Command::Bench(_) | Command::Demo => {
+            unreachable!("answered before planning: they need no database")
+        }
+    })
+}
+
+/// Parses, validates, connects, runs.
+pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
+    let out = Out::new(cli.json);
+    let command = match cli.command {
+        Command::Bench(cmd) => return crate::bench::run(cmd, &out).await,
+        Command::Demo => return crate::demo::demo().await,
+        Command::Secrets(secrets::SecretsCmd::NewKey) => {
+            secrets::new_key(&out);
+            return Ok(());
+        }
+        Command::Discord(cmd) => {
+            let config = configuration(cli.db)?;
+            return discord::run(cmd, &config, &out).await;
+        }
+        other => other,
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let plan = plan(command, clock.now())?;
+    let config = configuration(cli.db)?;
+    if let Backend::Sqlite { path } = &config.backend
+        && !plan.writes()
+        && !path.exists()
+    {
+        return Err(Failure::Input(format!(
+            "there is no Pulse database at {}; create an agent first, or point --db (PULSE_DB) at one",
+            path.display()
+        )));
+    }
+    if matches!(plan, Plan::Serve(_)) {
+        telemetry::init(LogFormat::Text);
+    }
+    let b = connect(&config, clock.clone()).await?;
+    let cx = Ctx {
+        config: &config,
+        b: &b,
+        clock,
+        out: &out,
+    };
+    match plan {
+        Plan::Serve(p) => serve::execute(p, &cx).await,
+        Plan::Agents(p) => agents::execute(p, &cx).await,
+        Plan::Events(p) => events::execute(p, &cx).await,
+        Plan::Heartbeats(p) => heartbeats::execute(p, &cx).await,
+        Plan::Actions(p) => actions::execute(p, &cx).await,
+        Plan::Tools(p) => tools::execute(p, &cx).await,
+        Plan::Subscriptions(p) => subscriptions::execute(p, &cx).await,
+        Plan::Conversation(p) => conversation::execute(p, &cx).await,
+        Plan::Memories(p) => memories::execute(p, &cx).await,
+        Plan::Webhooks(p) => webhooks::execute(p, &cx).await,
+        Plan::Hooks(p) => hooks::execute(p, &cx).await,
+        Plan::Secrets => secrets::reseal(&b, &out).await,
+    }
+}
+
+fn configuration(db: Option<std::path::PathBuf>) -> Result<Config, Failure> {
+    Env::process()
+        .config(db)
+        .map_err(|e| Failure::Input(format!("configuration: {e}")))
+}
+
+/// Bad input, as the user is told.
+pub(crate) fn input(e: ValidationError) -> Failure {
+    Failure::Input(e.to_string())
+}
+
+/// A JSON argument.
+pub(crate) fn json_arg(what: &str, s: &str) -> Result<Value, Failure> {
+    serde_json::from_str(s).map_err(|e| {
+        Failure::Input(format!(
+            "invalid {what}: {e}; give a JSON value, e.g. '{{\"key\": 1}}'"
+        ))
+    })
+}
+
+/// A listing's `--limit`.
+pub(crate) fn limit(n: usize) -> Result<usize, Failure> {
+    if (1..=10_000).contains(&n) {
+        Ok(n)
+    } else {
+        Err(Failure::Input(format!("invalid limit {n}: use 1 to 10000")))
+    }
+}
+
+/// An agent id argument.
+pub(crate) fn agent_id(s: &str) -> Result<AgentId, Failure> {
+    AgentId::parse(s).map_err(input)
+}
+
+/// A record the user named does not exist, or already exists: the input was wrong.
+pub(crate) fn store(e: StoreError) -> Failure {
+    match e {
+        StoreError::NotFound(what) => Failure::Input(format!("{what} not found")),
+        StoreError::AlreadyExists(what) => Failure::Input(format!("{what} already exists")),
+        other => Failure::Runtime(other.into()),
+    }
+}
+
+/// The agent the user named, or bad input.
+pub(crate) async fn require_agent(b: &Connected, id: &AgentId) -> Result<Agent, Failure> {
+    b.store.get_agent(id).await?.ok_or_else(|| {
+        Failure::Input(format!(
+            "agent {id} not found; `pulse agents list` shows the agents"
+        ))
+    })
+}
+
+/// `yes` or `no`, for tables.
+pub(crate) fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.into()
+}

@@ -1,0 +1,335 @@
+//! `pulse webhooks …`: inbound webhooks — create (URL and secret, shown once), rotate,
+//! list, their request log, enable, disable.
+
+use clap::{Args, Subcommand};
+use pulse_shared::app::Connected;
+use pulse_shared::domain::{
+    AgentId, EventType, RateLimit, Webhook, WebhookId, WebhookScheme, format_duration,
+    parse_duration,
+};
+use pulse_signatures::inbound::generate_secret;
+
+use super::{Ctx, input, limit, require_agent, store};
+use crate::Failure;
+use crate::output::{outln, short, when};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum WebhooksCmd {
+    /// Create a webhook for an agent; prints its URL and, once, its signing secret.
+    Create(Box<CreateWebhook>),
+    /// Add a new signing secret; the old one stays valid for the grace period.
+    Rotate {
+        /// The webhook's id.
+        id: String,
+        /// How long the old secret keeps working.
+        #[arg(long, default_value = "24h", value_name = "DURATION")]
+        grace: String,
+        /// The new secret (e.g. one Stripe or GitHub generated); generated when left out.
+        #[arg(long, env = "PULSE_WEBHOOK_SECRET", hide_env_values = true)]
+        secret: Option<String>,
+    },
+    /// List webhooks (never their secrets).
+    List {
+        /// Only this agent's.
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// A webhook's latest requests, newest first: accepted or why not.
+    Requests {
+        /// The webhook's id.
+        #[arg(long)]
+        webhook: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Accept requests again.
+    Enable {
+        /// The webhook's id.
+        id: String,
+    },
+    /// Refuse every request (answered 404, logged).
+    Disable {
+        /// The webhook's id.
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CreateWebhook {
+    /// The agent whose log its events go to.
+    #[arg(long)]
+    agent: String,
+    /// How requests are signed: pulse, standard (Standard Webhooks), github or stripe.
+    #[arg(long, default_value = "pulse")]
+    scheme: String,
+    /// Event types it may create, comma-separated (any when left out).
+    #[arg(long, value_delimiter = ',', value_name = "TYPE,...")]
+    allow: Vec<String>,
+    /// Accepted requests per hour (100/h, 2400/d, or none).
+    #[arg(long, default_value = "100/h", value_name = "RATE")]
+    rate_limit: String,
+    /// Also wake the agent's conversation on each accepted event, instead of waiting for
+    /// the next heartbeat.
+    #[arg(long)]
+    wake: bool,
+    /// The signing secret (e.g. one Stripe or GitHub generated); generated when left out.
+    #[arg(long, env = "PULSE_WEBHOOK_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+    /// A note: what sends to it.
+    #[arg(long)]
+    description: Option<String>,
+    /// Where the receiver is reachable, for the printed URL.
+    #[arg(
+        long,
+        env = "PULSE_PUBLIC_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    base_url: String,
+}
+
+/// A validated webhooks command.
+pub(crate) enum WebhooksPlan {
+    Create {
+        webhook: Box<Webhook>,
+        secret: String,
+        base_url: String,
+    },
+    Rotate {
+        id: WebhookId,
+        grace: jiff::SignedDuration,
+        secret: String,
+    },
+    List {
+        agent: Option<AgentId>,
+    },
+    Requests {
+        webhook: WebhookId,
+        limit: usize,
+    },
+    Set {
+        id: WebhookId,
+        active: bool,
+    },
+}
+
+impl WebhooksPlan {
+    pub(crate) fn writes(&self) -> bool {
+        matches!(self, Self::Create { .. })
+    }
+}
+
+pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPlan, Failure> {
+    Ok(match cmd {
+        WebhooksCmd::Create(a) => {
+            let agent = AgentId::parse(&a.agent).map_err(input)?;
+            let scheme = WebhookScheme::parse(&a.scheme).map_err(input)?;
+            let secret = a.secret.unwrap_or_else(generate_secret);
+            check_secret(scheme, &secret)?;
+            let mut webhook = Webhook::new(agent, scheme, &secret, now).map_err(input)?;
+            webhook.allowed_types = a
+                .allow
+                .iter()
+                .map(|t| t.trim())
+                .filter(|t| !t.is_empty())
+                .map(EventType::parse)
+                .collect::<Result<_, _>>()
+                .map_err(input)?;
+            webhook.rate_limit = RateLimit::parse(&a.rate_limit).map_err(input)?;
+            webhook.wake = a.wake;
+            webhook.description = a.description.filter(|d| !d.trim().is_empty());
+            let base_url = a.base_url.trim_end_matches('/').to_owned();
+            if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+                return Err(Failure::Input(format!(
+                    "invalid --base-url {base_url:?}: give the receiver's http:// or https:// address"
+                )));
+            }
+            WebhooksPlan::Create {
+                webhook: Box::new(webhook),
+                secret,
+                base_url,
+            }
+        }
+        WebhooksCmd::Rotate { id, grace, secret } => {
+            let grace = parse_duration("grace", &grace).map_err(input)?;
+            if grace.is_negative() {
+                return Err(Failure::Input("invalid grace: it is negative".into()));
+            }
+            WebhooksPlan::Rotate {
+                id: WebhookId::parse(&id).map_err(input)?,
+                grace,
+                secret: secret.unwrap_or_else(generate_secret),
+            }
+        }
+        WebhooksCmd::List { agent } => WebhooksPlan::List {
+            agent: agent
+                .as_deref()
+                .map(AgentId::parse)
+                .transpose()
+                .map_err(input)?,
+        },
+        WebhooksCmd::Requests { webhook, limit: n } => WebhooksPlan::Requests {
+            webhook: WebhookId::parse(&webhook).map_err(input)?,
+            limit: limit(n)?,
+        },
+        WebhooksCmd::Enable { id } => WebhooksPlan::Set {
+            id: WebhookId::parse(&id).map_err(input)?,
+            active: true,
+        },
+        WebhooksCmd::Disable { id } => WebhooksPlan::Set {
+            id: WebhookId::parse(&id).map_err(input)?,
+            active: false,
+        },
+    })
+}
+
+/// Refuses a secret the scheme cannot sign with (a Standard Webhooks secret must be
+/// `whsec_` + base64).
+fn check_secret(scheme: WebhookScheme, secret: &str) -> Result<(), Failure> {
+    let s = scheme.signing();
+    pulse_signatures::inbound::sign(s, secret, b"{}", 0, "check")
+        .map(|_| ())
+        .map_err(|e| Failure::Input(format!("invalid secret for the {scheme} scheme: {e}")))
+}
+
+async fn require_webhook(b: &Connected, id: &WebhookId) -> Result<Webhook, Failure> {
+    b.store.get_webhook(id).await?.ok_or_else(|| {
+        Failure::Input(format!(
+            "webhook {id} not found; `pulse webhooks list` shows the webhooks"
+        ))
+    })
+}
+
+pub(crate) async fn execute(plan: WebhooksPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let (b, out) = (cx.b, cx.out);
+    match plan {
+        WebhooksPlan::Create {
+            webhook,
+            secret,
+            base_url,
+        } => {
+            require_agent(b, &webhook.agent_id).await?;
+            b.store.create_webhook(&webhook).await.map_err(store)?;
+            let url = format!("{base_url}/webhooks/{}", webhook.id);
+            if out.json {
+                out.json_value(&serde_json::json!({
+                    "webhook": webhook.summary(cx.clock.now()),
+                    "url": url,
+                    "secret": secret,
+                }));
+            } else {
+                outln!("{url}");
+                outln!("{secret}");
+                eprintln!(
+                    "created webhook {} ({} scheme) for agent {}.\nThe first line is its URL, the second its signing secret: store the secret now, it is not shown again.",
+                    webhook.id, webhook.scheme, webhook.agent_id
+                );
+            }
+        }
+        WebhooksPlan::Rotate { id, grace, secret } => {
+            let mut webhook = require_webhook(b, &id).await?;
+            check_secret(webhook.scheme, &secret)?;
+            let now = cx.clock.now();
+            webhook.rotate(&secret, grace, now).map_err(input)?;
+            b.store.update_webhook(&webhook).await.map_err(store)?;
+            if out.json {
+                out.json_value(&serde_json::json!({
+                    "webhook": webhook.summary(now),
+                    "secret": secret,
+                }));
+            } else {
+                outln!("{secret}");
+                eprintln!(
+                    "added a new secret to {id} (shown once, above); the previous one is accepted for another {}",
+                    format_duration(grace)
+                );
+            }
+        }
+        WebhooksPlan::List { agent } => {
+            let now = cx.clock.now();
+            let rows: Vec<_> = b
+                .store
+                .list_webhooks()
+                .await?
+                .into_iter()
+                .filter(|w| agent.as_ref().is_none_or(|a| &w.agent_id == a))
+                .map(|w| w.summary(now))
+                .collect();
+            out.table(
+                &rows,
+                &[
+                    "ID", "AGENT", "SCHEME", "ALLOW", "RATE", "WAKE", "ACTIVE", "SECRETS", "PATH",
+                ],
+                |w| {
+                    vec![
+                        w.id.to_string(),
+                        w.agent_id.to_string(),
+                        w.scheme.to_string(),
+                        if w.allowed_types.is_empty() {
+                            "any".to_owned()
+                        } else {
+                            w.allowed_types
+                                .iter()
+                                .map(EventType::as_str)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        },
+                        w.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
+                        w.wake.to_string(),
+                        w.active.to_string(),
+                        match w.old_secret_retires_at {
+                            Some(t) => format!("{} (old until {})", w.secrets, when(Some(t))),
+                            None => w.secrets.to_string(),
+                        },
+                        w.path.clone(),
+                    ]
+                },
+            );
+        }
+        WebhooksPlan::Requests { webhook, limit } => {
+            require_webhook(b, &webhook).await?;
+            let rows = b.store.list_requests(&webhook, limit).await?;
+            out.table(
+                &rows,
+                &[
+                    "RECEIVED", "STATUS", "HTTP", "TYPE", "EVENT", "DELIVERY", "FROM", "REASON",
+                ],
+                |r| {
+                    vec![
+                        when(Some(r.received_at)),
+                        match r.count {
+                            Some(n) => format!("{} ×{n}", r.status.as_str()),
+                            None => r.status.as_str().to_owned(),
+                        },
+                        match r.http_status {
+                            0 => "-".to_owned(),
+                            s => s.to_string(),
+                        },
+                        r.event_type.clone().unwrap_or_default(),
+                        r.event_id
+                            .as_ref()
+                            .map(|e| e.to_string())
+                            .unwrap_or_default(),
+                        r.delivery_id.clone().unwrap_or_default(),
+                        r.source_ip.clone().unwrap_or_default(),
+                        short(r.reason.as_deref().unwrap_or_default(), 120),
+                    ]
+                },
+            );
+        }
+        WebhooksPlan::Set { id, active } => {
+            let mut webhook = require_webhook(b, &id).await?;
+            webhook.active = active;
+            b.store.update_webhook(&webhook).await.map_err(store)?;
+            eprintln!(
+                "webhook {id} {}",
+                if active {
+                    "accepts requests again"
+                } else {
+                    "is disabled: requests are refused (404) and logged"
+                }
+            );
+        }
+    }
+    Ok(())
+}
