@@ -155,7 +155,7 @@ pub async fn sessions_batch(worker: &Worker, event: SqsEvent) -> SqsBatchRespons
         .into_iter()
         .map(|id| {
             let mut f = BatchItemFailure::default();
-            f.item_identifier = id;
+            f.item_identifier = id.to_string();
             f
         })
         .collect();
@@ -174,7 +174,7 @@ pub async fn hooks_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchRe
         .into_iter()
         .map(|id| {
             let mut f = BatchItemFailure::default();
-            f.item_identifier = id;
+            f.item_identifier = id.to_string();
             f
         })
         .collect();
@@ -186,8 +186,8 @@ pub async fn hooks_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchRe
 pub fn delivery(m: &SqsMessage) -> Delivery {
     let attr = |k: &str| m.attributes.get(k).cloned().unwrap_or_default();
     Delivery {
-        message_id: m.message_id.clone().unwrap_or_default(),
-        receipt: m.receipt_handle.clone().unwrap_or_default(),
+        message_id: m.message_id.clone().unwrap_or_default().into(),
+        receipt: m.receipt_handle.clone().unwrap_or_default().into(),
         group: attr("MessageGroupId"),
         body: m.body.clone().unwrap_or_default(),
         receive_count: attr("ApproximateReceiveCount").parse().unwrap_or(1),

@@ -98,7 +98,7 @@ impl HookSender for HookClient {
                         error: None,
                         retry_after: None,
                     },
-                    Err(why) => failed(AttemptStatus::Failed, why),
+                    Err(why) => failed(AttemptStatus::Failed, why.to_string()),
                 };
             }
             HookTarget::Url(url) => url,

@@ -17,8 +17,8 @@ use crate::domain::{
     AcceptOutcome, Acceptance, Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery,
     Event, EventCursor, EventId, Heartbeat, HeartbeatId, HeartbeatStatus, Hook, HookAttempt,
     HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest, LlmResponse, Memory,
-    OutgoingTask, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName, ToolRequest,
-    ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    OutgoingTask, Receipt, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName,
+    ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -430,7 +430,7 @@ pub trait HookQueue: Send + Sync {
     /// Receives up to `max` visible messages, hiding them for `visibility`.
     async fn receive(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, StoreError>;
     /// Deletes a handled message.
-    async fn ack(&self, receipt: &str) -> Result<(), StoreError>;
+    async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError>;
     /// Keeps a delivery whose attempts are used up, for inspection and redrive.
     async fn dead_letter(&self, task: &HookTask, reason: &str) -> Result<(), StoreError>;
 }
@@ -462,14 +462,47 @@ pub trait HookSender: Send + Sync {
 #[async_trait]
 pub trait EventBus: Send + Sync {
     /// Puts one event on `bus` with source `pulse`; `Err` says why it was not accepted.
-    async fn put_event(&self, bus: &str, detail_type: &str, detail: &str) -> Result<(), String>;
+    async fn put_event(&self, bus: &str, detail_type: &str, detail: &str) -> Result<(), BusError>;
+}
+
+/// Why an event bus did not take an event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BusError {
+    /// The bus could not be reached.
+    #[error("PutEvents to {bus} failed: {reason}")]
+    Unreachable {
+        /// The bus.
+        bus: String,
+        /// What the client said.
+        reason: String,
+    },
+    /// The bus answered, refusing the event.
+    #[error("EventBridge refused the event on {bus}: {code} {message}")]
+    Refused {
+        /// The bus.
+        bus: String,
+        /// Its error code.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// A message a queue did not take, with the queue's own code and message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct SendFailure {
+    /// The queue's error code.
+    pub code: String,
+    /// Its message.
+    pub message: String,
 }
 
 /// Tasks that could not be sent.
 #[derive(Clone, Debug, Default)]
 pub struct SendReport {
     /// Index into the sent slice, and why.
-    pub failed: Vec<(usize, String)>,
+    pub failed: Vec<(usize, SendFailure)>,
 }
 
 /// The sessions queue: FIFO per group (session), one in-flight message per group,
@@ -482,22 +515,44 @@ pub trait SessionQueue: Send + Sync {
     /// come in order, and none while another message of the group is in flight.
     async fn receive(&self, max: usize, visibility: Duration) -> Result<Vec<Delivery>, StoreError>;
     /// Deletes a processed message.
-    async fn ack(&self, receipt: &str) -> Result<(), StoreError>;
+    async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError>;
     /// Makes an in-flight message visible again after `delay`.
-    async fn release(&self, receipt: &str, delay: Duration) -> Result<(), StoreError>;
+    async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), StoreError>;
 }
 
 /// What came of calling a tool.
 #[derive(Clone, Debug)]
 pub struct ToolCall {
-    /// The validated response, or why the call failed.
-    pub result: Result<ToolResponse, String>,
-    /// Set when the tool stopped because its heartbeat was interrupted (a user message
-    /// arrived): the heartbeat ends CANCELLED and yields to the user's turn.
-    pub interrupted: Option<String>,
+    /// The validated response, or why the call produced none.
+    pub result: Result<ToolResponse, ToolFailure>,
     /// What is recorded on the action as the response: the body received, or what is
     /// known of a failed exchange (HTTP status, an excerpt of the body).
     pub response_meta: Option<Value>,
+}
+
+/// Why a tool call produced no usable response. Each carries the message recorded on
+/// the action as its error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ToolFailure {
+    /// The tool was not reached in time: a timeout, a refused or failed connection, an
+    /// address the egress guard refuses.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The tool answered, but not with a usable response: an HTTP error status, a body
+    /// that is not JSON, too large, or not shaped as a tool response.
+    #[error("{0}")]
+    BadAnswer(String),
+    /// The built-in heartbeat agent failed (its model could not be reached, or answered
+    /// with something unusable).
+    #[error("{0}")]
+    Agent(String),
+    /// The tool stopped because a user message interrupted its heartbeat: the action
+    /// ends CANCELLED and the heartbeat yields to the user's turn.
+    #[error("{0}")]
+    Interrupted(String),
+    /// This process cannot run the tool's kind.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// Runs tools. Never returns an error: a tool's failure is an outcome recorded on its

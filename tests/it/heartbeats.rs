@@ -688,10 +688,10 @@ async fn partial_batch(kind: Kind) {
     let find = |id: &HeartbeatId| jobs.iter().find(|d| job_of(d).id() == *id).unwrap().clone();
     let a1 = find(&first_a.id());
     let mut a2 = a1.clone();
-    a2.message_id = "a2".to_owned();
+    a2.message_id = "a2".into();
     a2.body = "{\"v\": 1, \"kind\": \"no-such-task\"}".to_owned();
     let mut a3 = find(&first_c.id());
-    a3.message_id = "a3".to_owned();
+    a3.message_id = "a3".into();
     a3.group = a1.group.clone();
     let b1 = find(&first_b.id());
 

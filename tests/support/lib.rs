@@ -531,7 +531,10 @@ impl HookQueue for RecordingHookQueue {
     ) -> Result<Vec<pulse_shared::domain::Delivery>, pulse_shared::error::StoreError> {
         self.inner.receive(max, visibility).await
     }
-    async fn ack(&self, receipt: &str) -> Result<(), pulse_shared::error::StoreError> {
+    async fn ack(
+        &self,
+        receipt: &pulse_shared::domain::Receipt,
+    ) -> Result<(), pulse_shared::error::StoreError> {
         self.inner.ack(receipt).await
     }
     async fn dead_letter(

@@ -400,7 +400,12 @@ pub(crate) async fn sweep_and_drain(
         Err(Failure::Runtime(anyhow::anyhow!(
             "the sweep met {} problems and {failed} jobs will be retried: {}",
             report.errors.len(),
-            report.errors.join("; ")
+            report
+                .errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
         )))
     }
 }

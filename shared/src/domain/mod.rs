@@ -39,7 +39,8 @@ pub use ids::{
     RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, quote_input,
 };
 pub use task::{
-    Delivery, HeartbeatJob, OutgoingTask, SessionTask, SignalJob, TASK_VERSION, TaskEnvelope,
+    DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask, SignalJob,
+    TASK_VERSION, TaskDecodeError, TaskEnvelope,
 };
 pub use time::{
     ActiveHours, Interval, TimeZoneName, format_duration, from_ms, parse_duration, to_ms,

@@ -2,11 +2,98 @@
 //! from a newer release apart from a damaged one, and later issues can add kinds (user
 //! signals) without breaking messages already queued.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use super::agent::Heartbeat;
 use super::conversation::Signal;
 use super::ids::SessionId;
+
+/// An opaque string a queue hands out, as a type of its own so one cannot be passed for
+/// another.
+macro_rules! opaque_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Wraps what the queue gave.
+            pub fn new(s: impl Into<String>) -> Self {
+                Self(s.into())
+            }
+            /// As a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(s)
+            }
+        }
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self(s.to_owned())
+            }
+        }
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+    };
+}
+
+opaque_id!(
+    /// A queue's id of a message: what is reported back when it must be delivered again.
+    MessageId
+);
+opaque_id!(
+    /// The handle a received message is deleted or released with; it belongs to that one
+    /// delivery of it.
+    Receipt
+);
+opaque_id!(
+    /// A send's deduplication id: a second send with it within the queue's window is
+    /// accepted and dropped.
+    DedupId
+);
+
+/// Why a queue message is not a task this release can run.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskDecodeError {
+    /// Not JSON with a version.
+    #[error("not a Pulse task envelope: {0}")]
+    NotAnEnvelope(#[source] serde_json::Error),
+    /// Written by another release.
+    #[error("task envelope version {0} is not supported by this release (it reads {TASK_VERSION})")]
+    Version(u32),
+    /// The right version, but not a task of it.
+    #[error("malformed task: {0}")]
+    Malformed(#[source] serde_json::Error),
+}
 
 /// The envelope version this release writes and reads.
 pub const TASK_VERSION: u32 = 1;
@@ -58,20 +145,17 @@ impl TaskEnvelope {
     }
 
     /// Reads a message body, saying why it cannot be read.
-    pub fn decode(body: &str) -> Result<Self, String> {
+    pub fn decode(body: &str) -> Result<Self, TaskDecodeError> {
         #[derive(Deserialize)]
         struct Version {
             v: u32,
         }
         let version: Version =
-            serde_json::from_str(body).map_err(|e| format!("not a Pulse task envelope: {e}"))?;
+            serde_json::from_str(body).map_err(TaskDecodeError::NotAnEnvelope)?;
         if version.v != TASK_VERSION {
-            return Err(format!(
-                "task envelope version {} is not supported by this release (it reads {TASK_VERSION})",
-                version.v
-            ));
+            return Err(TaskDecodeError::Version(version.v));
         }
-        serde_json::from_str(body).map_err(|e| format!("malformed task: {e}"))
+        serde_json::from_str(body).map_err(TaskDecodeError::Malformed)
     }
 
     /// The message body.
@@ -87,7 +171,7 @@ pub struct OutgoingTask {
     /// The FIFO group.
     pub group: SessionId,
     /// Repeated sends with this id within the queue's deduplication window are dropped.
-    pub dedup_id: String,
+    pub dedup_id: DedupId,
     /// The task.
     pub envelope: TaskEnvelope,
 }
@@ -100,7 +184,7 @@ impl OutgoingTask {
     pub fn heartbeat(heartbeat: Heartbeat) -> Self {
         Self {
             group: heartbeat.session.clone(),
-            dedup_id: format!("{}.c{}", heartbeat.id(), heartbeat.claim),
+            dedup_id: DedupId::new(format!("{}.c{}", heartbeat.id(), heartbeat.claim)),
             envelope: TaskEnvelope::new(SessionTask::Heartbeat(HeartbeatJob { heartbeat })),
         }
     }
@@ -111,7 +195,7 @@ impl OutgoingTask {
     pub fn signal(signal: Signal) -> Self {
         Self {
             group: signal.session.clone(),
-            dedup_id: signal.id.to_string(),
+            dedup_id: DedupId::new(signal.id.to_string()),
             envelope: TaskEnvelope::new(SessionTask::Signal(SignalJob { signal })),
         }
     }
@@ -121,9 +205,9 @@ impl OutgoingTask {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Delivery {
     /// The queue's id of the message (reported back on failure).
-    pub message_id: String,
+    pub message_id: MessageId,
     /// The handle to delete or release it with.
-    pub receipt: String,
+    pub receipt: Receipt,
     /// Its FIFO group.
     pub group: String,
     /// Its body.

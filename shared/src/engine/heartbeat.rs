@@ -31,7 +31,7 @@ use crate::domain::{
     HookRoute, HookType, Priority, Registry, Tool, ToolRequest, to_ms,
 };
 use crate::error::{EngineError, StoreError, chain};
-use crate::ports::{Clock, Finish, FinishOutcome, Store, ToolRunner};
+use crate::ports::{Clock, Finish, FinishOutcome, Store, ToolFailure, ToolRunner};
 
 /// How a heartbeat job ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -549,9 +549,9 @@ impl HeartbeatRunner {
 
             let mut new_events = Vec::new();
             match call.result {
-                _ if call.interrupted.is_some() => {
+                Err(ToolFailure::Interrupted(why)) => {
                     action.status = ActionStatus::Cancelled;
-                    action.error = call.interrupted;
+                    action.error = Some(why);
                 }
                 Ok(resp) if resp.success => {
                     action.status = ActionStatus::Completed;
@@ -585,9 +585,9 @@ impl HeartbeatRunner {
                             .unwrap_or_else(|| "the tool answered \"success\": false".to_owned()),
                     );
                 }
-                Err(why) => {
+                Err(failure) => {
                     action.status = ActionStatus::Failed;
-                    action.error = Some(why);
+                    action.error = Some(failure.to_string());
                 }
             }
             match self.store.finish_action(&action, &new_events).await {

@@ -25,7 +25,8 @@ use ulid::Ulid;
 use crate::domain::{
     ActionId, Agent, AgentId, AttemptStatus, Delivery, DeliveryStatus, Event, EventId, EventType,
     HeartbeatId, Hook, HookAttempt, HookData, HookDelivery, HookDeliveryId, HookPayload, HookRoute,
-    HookTask, HookType, PayloadAgent, PayloadContext, Priority, retry_delay, to_ms, truncate_utf8,
+    HookTask, HookType, MessageId, PayloadAgent, PayloadContext, Priority, retry_delay, to_ms,
+    truncate_utf8,
 };
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::{Clock, HookMessage, HookQueue, HookSender, Store};
@@ -199,7 +200,7 @@ pub struct DispatchReport {
     pub attempts: usize,
     /// Message ids that failed for a reason outside the delivery (storage, queue) and
     /// must come back.
-    pub failed: Vec<String>,
+    pub failed: Vec<MessageId>,
 }
 
 /// Delivers hooks.
@@ -665,7 +666,7 @@ impl Dispatcher {
     /// Handles a batch of queue messages concurrently; reports those to deliver again.
     /// An unreadable message is logged and dropped (nothing Pulse sent looks like it).
     pub async fn process_batch(&self, batch: &[Delivery]) -> DispatchReport {
-        let results: Vec<(String, Result<Handled, EngineError>)> =
+        let results: Vec<(MessageId, Result<Handled, EngineError>)> =
             futures::stream::iter(batch.iter())
                 .map(|m| async move {
                     let r = match HookTask::decode(&m.body) {

@@ -29,9 +29,9 @@ pub use conversation::{
 pub use heartbeat::{HeartbeatRunner, RunOutcome};
 pub use hooks::{DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter};
 pub use schedule::{failure_delay, next_run};
-pub use sweep::{SweepReport, Sweeper};
+pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
-pub use worker::{BatchOutcome, PollReport, Worker};
+pub use worker::{BatchOutcome, PollReport, TaskError, Worker};
 
 /// Tunables of the engine. Defaults suit production; tests shorten them.
 #[derive(Clone, Debug)]

@@ -9,9 +9,9 @@ use serde::Serialize;
 use tracing::{debug, info};
 
 use super::EngineSettings;
-use crate::domain::{ClaimRequest, EventCursor, Heartbeat, HeartbeatId, OutgoingTask};
+use crate::domain::{ClaimRequest, DedupId, EventCursor, Heartbeat, HeartbeatId, OutgoingTask};
 use crate::error::chain;
-use crate::ports::{SessionQueue, Store};
+use crate::ports::{SendFailure, SessionQueue, Store};
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -26,7 +26,50 @@ pub struct SweepReport {
     pub queued: usize,
     /// Problems met (failed queries, claims or sends). A heartbeat claimed but not
     /// queued is picked up again when its lease expires.
-    pub errors: Vec<String>,
+    pub errors: Vec<SweepProblem>,
+}
+
+/// A problem one sweep met; displayed (and serialized) as the line an operator reads.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SweepProblem {
+    /// A shard of the due index could not be read.
+    #[error("due query of shard {shard}: {message}")]
+    DueQuery {
+        /// The shard.
+        shard: u16,
+        /// The store's error, with its causes.
+        message: String,
+    },
+    /// A claim failed (not lost to another sweeper: that is a skip).
+    #[error("claim of {heartbeat}: {message}")]
+    Claim {
+        /// The heartbeat.
+        heartbeat: HeartbeatId,
+        /// The store's error, with its causes.
+        message: String,
+    },
+    /// The queue did not take one job of a batch.
+    #[error("job {job} not queued ({why}); it is reclaimed when its lease expires")]
+    NotQueued {
+        /// The job's deduplication id.
+        job: DedupId,
+        /// The queue's reason.
+        why: SendFailure,
+    },
+    /// A whole batch could not be sent.
+    #[error("sending {count} jobs: {message}; they are reclaimed when their leases expire")]
+    Send {
+        /// Jobs in the batch.
+        count: usize,
+        /// The queue's error, with its causes.
+        message: String,
+    },
+}
+
+impl Serialize for SweepProblem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 /// Finds due heartbeats, claims them and queues their jobs.
@@ -113,9 +156,10 @@ impl Sweeper {
             let due = match self.store.due(shard, now, page.take(), want).await {
                 Ok(d) => d,
                 Err(e) => {
-                    report
-                        .errors
-                        .push(format!("due query of shard {shard}: {}", chain(&e)));
+                    report.errors.push(SweepProblem::DueQuery {
+                        shard,
+                        message: chain(&e),
+                    });
                     break;
                 }
             };
@@ -172,7 +216,10 @@ impl Sweeper {
                     claimed.push(hb);
                 }
                 Ok(None) => report.skipped += 1,
-                Err(e) => report.errors.push(format!("claim of {id}: {}", chain(&e))),
+                Err(e) => report.errors.push(SweepProblem::Claim {
+                    message: chain(&e),
+                    heartbeat: id,
+                }),
             }
         }
         budget.fetch_add(reserved - claimed.len(), Ordering::Relaxed);
@@ -187,7 +234,7 @@ impl Sweeper {
         // Batches of ten (one SQS SendMessageBatch each), a few in flight at once.
         let batches: Vec<Vec<OutgoingTask>> =
             tasks.chunks(10).map(<[OutgoingTask]>::to_vec).collect();
-        let results: Vec<(usize, Vec<String>)> = stream::iter(batches)
+        let results: Vec<(usize, Vec<SweepProblem>)> = stream::iter(batches)
             .map(|batch| self.send_batch(batch))
             .buffer_unordered(4)
             .collect()
@@ -199,28 +246,26 @@ impl Sweeper {
     }
 
     /// Sends one batch; returns how many were queued and what went wrong.
-    async fn send_batch(&self, batch: Vec<OutgoingTask>) -> (usize, Vec<String>) {
+    async fn send_batch(&self, batch: Vec<OutgoingTask>) -> (usize, Vec<SweepProblem>) {
         match self.queue.send(&batch).await {
             Ok(r) => {
+                let queued = batch.len() - r.failed.len();
                 let errors = r
                     .failed
-                    .iter()
-                    .map(|(i, why)| {
-                        format!(
-                            "job {} not queued ({why}); it is reclaimed when its lease expires",
-                            batch[*i].dedup_id
-                        )
+                    .into_iter()
+                    .map(|(i, why)| SweepProblem::NotQueued {
+                        job: batch[i].dedup_id.clone(),
+                        why,
                     })
                     .collect();
-                (batch.len() - r.failed.len(), errors)
+                (queued, errors)
             }
             Err(e) => (
                 0,
-                vec![format!(
-                    "sending {} jobs: {}; they are reclaimed when their leases expire",
-                    batch.len(),
-                    chain(&e)
-                )],
+                vec![SweepProblem::Send {
+                    count: batch.len(),
+                    message: chain(&e),
+                }],
             ),
         }
     }

@@ -41,7 +41,7 @@ use crate::domain::{
     Refusal, RequestStatus, Signal, SignalId, SignalKind, SignalMeta, Webhook, WebhookId,
     WebhookRequest, WebhookScheme, cap_reason, to_ms, truncate_body,
 };
-use crate::error::{StoreError, chain};
+use crate::error::{StoreError, ValidationError, chain};
 use crate::ports::{Clock, SessionQueue, Store};
 
 /// The event type of a body that names none.
@@ -199,13 +199,13 @@ impl WebhookIntake {
         log.delivery_id = verified.delivery_id.clone();
         let new = match read_event(webhook.scheme, &verified, body) {
             Ok(n) => n,
-            Err(reason) => {
+            Err(bad) => {
                 return self
                     .refuse(
                         log,
                         RequestStatus::Rejected,
                         Refused::BadBody,
-                        &reason,
+                        &bad.to_string(),
                         body,
                     )
                     .await;
@@ -398,28 +398,47 @@ fn not_allowed(webhook: &Webhook, event_type: &EventType) -> String {
     )
 }
 
+/// Why a verified body does not make an event; the text is what the sender is told.
+#[derive(Debug, thiserror::Error)]
+enum BadBody {
+    #[error("the body is not JSON ({0}); send application/json")]
+    NotJson(serde_json::Error),
+    #[error(
+        "the body must be a JSON object: {{\"event_type\": ..., \"payload\": ..., \"priority\": 1-10}}"
+    )]
+    NotObject,
+    #[error("event_type must be a string")]
+    EventTypeNotString,
+    #[error("priority must be a whole number from 1 (highest) to 10")]
+    PriorityNotWhole,
+    #[error("the X-GitHub-Event header is missing")]
+    NoGithubEvent,
+    #[error("the Stripe event has no \"type\"")]
+    NoStripeType,
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+}
+
 /// The event a verified body asks for.
-fn read_event(scheme: WebhookScheme, verified: &Verified, body: &[u8]) -> Result<NewEvent, String> {
-    let json: Value = serde_json::from_slice(body)
-        .map_err(|e| format!("the body is not JSON ({e}); send application/json"))?;
+fn read_event(
+    scheme: WebhookScheme,
+    verified: &Verified,
+    body: &[u8],
+) -> Result<NewEvent, BadBody> {
+    let json: Value = serde_json::from_slice(body).map_err(BadBody::NotJson)?;
     let (event_type, payload, priority) = match scheme {
         WebhookScheme::Pulse | WebhookScheme::Standard => {
             let Value::Object(obj) = &json else {
-                return Err(
-                    "the body must be a JSON object: {\"event_type\": ..., \"payload\": ..., \"priority\": 1-10}".into(),
-                );
+                return Err(BadBody::NotObject);
             };
             let event_type = match obj.get("event_type").or_else(|| obj.get("type")) {
                 None | Some(Value::Null) => DEFAULT_EVENT_TYPE.to_owned(),
                 Some(Value::String(t)) => t.clone(),
-                Some(_) => return Err("event_type must be a string".into()),
+                Some(_) => return Err(BadBody::EventTypeNotString),
             };
             let priority = match obj.get("priority") {
                 None | Some(Value::Null) => None,
-                Some(p) => Some(
-                    p.as_i64()
-                        .ok_or("priority must be a whole number from 1 (highest) to 10")?,
-                ),
+                Some(p) => Some(p.as_i64().ok_or(BadBody::PriorityNotWhole)?),
             };
             let payload = obj
                 .get("payload")
@@ -429,17 +448,19 @@ fn read_event(scheme: WebhookScheme, verified: &Verified, body: &[u8]) -> Result
             (event_type, payload, priority)
         }
         WebhookScheme::Github | WebhookScheme::Stripe => {
-            let event_type = verified.event_type.clone().ok_or_else(|| {
-                if scheme == WebhookScheme::Github {
-                    "the X-GitHub-Event header is missing".to_owned()
-                } else {
-                    "the Stripe event has no \"type\"".to_owned()
-                }
-            })?;
+            let event_type =
+                verified
+                    .event_type
+                    .clone()
+                    .ok_or(if scheme == WebhookScheme::Github {
+                        BadBody::NoGithubEvent
+                    } else {
+                        BadBody::NoStripeType
+                    })?;
             (event_type, json, None)
         }
     };
-    NewEvent::new(&event_type, payload, priority).map_err(|e| e.to_string())
+    Ok(NewEvent::new(&event_type, payload, priority)?)
 }
 
 pub(crate) fn stamp(

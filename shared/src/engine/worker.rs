@@ -14,15 +14,29 @@ use tracing::error;
 
 use super::conversation::Conversation;
 use super::heartbeat::HeartbeatRunner;
-use crate::domain::{Delivery, SessionTask, Signal, TaskEnvelope};
-use crate::error::{StoreError, chain};
+use crate::domain::{Delivery, MessageId, SessionTask, Signal, TaskDecodeError, TaskEnvelope};
+use crate::error::{EngineError, StoreError, chain};
 use crate::ports::SessionQueue;
 
 /// The messages of a batch that must be delivered again.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
     /// Message ids, in batch order.
-    pub failed: Vec<String>,
+    pub failed: Vec<MessageId>,
+}
+
+/// Why a task of the sessions queue did not run to its end; it is delivered again.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// The message is not a task this release reads.
+    #[error(transparent)]
+    Undecodable(#[from] TaskDecodeError),
+    /// Running it failed (storage, the model or Discord unavailable, ...).
+    #[error(transparent)]
+    Failed(#[from] EngineError),
+    /// A signal, but this worker answers none.
+    #[error("this worker has no conversation engine; signals wait")]
+    NoConversation,
 }
 
 /// What one poll of the queue did.
@@ -65,7 +79,7 @@ impl Worker {
                 None => groups.push((&d.group, vec![d])),
             }
         }
-        let failed: HashSet<String> =
+        let failed: HashSet<MessageId> =
             join_all(groups.into_iter().map(|(_, msgs)| self.run_group(msgs)))
                 .await
                 .into_iter()
@@ -80,40 +94,41 @@ impl Worker {
         }
     }
 
-    async fn run_group(&self, msgs: Vec<&Delivery>) -> Vec<String> {
+    async fn run_group(&self, msgs: Vec<&Delivery>) -> Vec<MessageId> {
         let mut i = 0;
         while i < msgs.len() {
             // A run of consecutive signals is one turn; anything else runs alone.
-            let (n, result) = match TaskEnvelope::decode(&msgs[i].body) {
-                Err(why) => (1, Err(why)),
-                Ok(envelope) => match envelope.task {
-                    SessionTask::Heartbeat(job) => (
-                        1,
-                        self.runner
-                            .run(&job.heartbeat)
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| chain(&e)),
-                    ),
-                    SessionTask::Signal(job) => {
-                        let mut signals = vec![job.signal];
-                        for d in &msgs[i + 1..] {
-                            match TaskEnvelope::decode(&d.body).map(|e| e.task) {
-                                Ok(SessionTask::Signal(next)) => signals.push(next.signal),
-                                _ => break,
+            let (n, result): (usize, Result<(), TaskError>) =
+                match TaskEnvelope::decode(&msgs[i].body) {
+                    Err(why) => (1, Err(why.into())),
+                    Ok(envelope) => match envelope.task {
+                        SessionTask::Heartbeat(job) => (
+                            1,
+                            self.runner
+                                .run(&job.heartbeat)
+                                .await
+                                .map(|_| ())
+                                .map_err(TaskError::from),
+                        ),
+                        SessionTask::Signal(job) => {
+                            let mut signals = vec![job.signal];
+                            for d in &msgs[i + 1..] {
+                                match TaskEnvelope::decode(&d.body).map(|e| e.task) {
+                                    Ok(SessionTask::Signal(next)) => signals.push(next.signal),
+                                    _ => break,
+                                }
                             }
+                            (signals.len(), self.answer(&signals).await)
                         }
-                        (signals.len(), self.answer(&signals).await)
-                    }
-                },
-            };
+                    },
+                };
             if let Err(why) = result {
                 let d = msgs[i];
                 error!(
                     message_id = %d.message_id,
                     group = %d.group,
                     receive_count = d.receive_count,
-                    error = %why,
+                    error = %chain(&why),
                     "task failed; it and the rest of its group will be delivered again"
                 );
                 // Never run a message before the one ahead of it in its group.
@@ -124,15 +139,12 @@ impl Worker {
         Vec::new()
     }
 
-    async fn answer(&self, signals: &[Signal]) -> Result<(), String> {
+    async fn answer(&self, signals: &[Signal]) -> Result<(), TaskError> {
         let Some(conversation) = &self.conversation else {
-            return Err("this worker has no conversation engine; signals wait".to_owned());
+            return Err(TaskError::NoConversation);
         };
-        conversation
-            .run(signals)
-            .await
-            .map(|_| ())
-            .map_err(|e| chain(&e))
+        conversation.run(signals).await?;
+        Ok(())
     }
 
     /// Receives one batch from `queue`, runs it, deletes what succeeded and releases what

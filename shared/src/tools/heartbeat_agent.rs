@@ -26,7 +26,7 @@ use crate::domain::{
     ToolSpec, ToolUse, Usage,
 };
 use crate::error::chain;
-use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall};
+use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
 /// Events shown to the model per run; the rest are counted.
 const MAX_EVENTS_SHOWN: usize = 50;
@@ -120,23 +120,20 @@ impl HeartbeatAgent {
                         error: None,
                     }),
                     response_meta: Some(json!({"output": output, "usage": t.usage()})),
-                    interrupted: None,
                 }
             }
             Ok(Some(why)) => {
                 info!(reason = %why, steps = t.steps.len(), "heartbeat agent interrupted; yielding to the user's turn");
                 ToolCall {
-                    result: Err(why.clone()),
                     response_meta: Some(
                         json!({"output": t.output(Some(&why)), "usage": t.usage()}),
                     ),
-                    interrupted: Some(why),
+                    result: Err(ToolFailure::Interrupted(why)),
                 }
             }
             Err(why) => ToolCall {
-                result: Err(why),
+                result: Err(ToolFailure::Agent(why)),
                 response_meta: Some(json!({"output": t.output(None), "usage": t.usage()})),
-                interrupted: None,
             },
         }
     }

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use url::Url;
 
 use crate::domain::{ToolRequest, ToolResponse};
-use crate::ports::ToolCall;
+use crate::ports::{ToolCall, ToolFailure};
 
 /// Largest response body read from a tool.
 const MAX_BODY: usize = 1 << 20;
@@ -51,7 +51,12 @@ impl HttpTool {
             .await
         {
             Ok(r) => r,
-            Err(e) => return failure(describe(url, timeout, &e), None),
+            Err(e) => {
+                return ToolCall {
+                    result: Err(ToolFailure::Unreachable(describe(url, timeout, &e))),
+                    response_meta: None,
+                };
+            }
         };
         let status = resp.status;
         if resp.truncated {
@@ -86,7 +91,6 @@ impl HttpTool {
             Ok(r) => ToolCall {
                 result: Ok(r),
                 response_meta: Some(json),
-                interrupted: None,
             },
             Err(why) => failure(
                 format!("the tool at {url} answered with a malformed response: {why}"),
@@ -96,11 +100,11 @@ impl HttpTool {
     }
 }
 
+/// The tool answered, but not usably.
 fn failure(why: String, meta: Option<Value>) -> ToolCall {
     ToolCall {
-        result: Err(why),
+        result: Err(ToolFailure::BadAnswer(why)),
         response_meta: meta,
-        interrupted: None,
     }
 }
 

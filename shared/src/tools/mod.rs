@@ -13,7 +13,7 @@ pub use heartbeat_agent::HeartbeatAgent;
 pub use http::HttpTool;
 
 use crate::domain::{Subscription, Tool, ToolKind, ToolRequest, builtin_tools};
-use crate::ports::{ToolCall, ToolRunner};
+use crate::ports::{ToolCall, ToolFailure, ToolRunner};
 
 /// Runs every kind of tool.
 #[derive(Clone)]
@@ -61,9 +61,10 @@ impl ToolRunner for Tools {
             ToolKind::HeartbeatAgent => match &self.heartbeat_agent {
                 Some(agent) => agent.call(request).await,
                 None => ToolCall {
-                    result: Err("the heartbeat agent is not set up in this process".to_owned()),
+                    result: Err(ToolFailure::Unavailable(
+                        "the heartbeat agent is not set up in this process".to_owned(),
+                    )),
                     response_meta: None,
-                    interrupted: None,
                 },
             },
         }

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 
 use crate::error::chain;
-use crate::ports::EventBus;
+use crate::ports::{BusError, EventBus};
 
 /// The source of every event Pulse puts.
 pub const EVENT_SOURCE: &str = "pulse";
@@ -25,7 +25,7 @@ impl EventBridgeBus {
 
 #[async_trait]
 impl EventBus for EventBridgeBus {
-    async fn put_event(&self, bus: &str, detail_type: &str, detail: &str) -> Result<(), String> {
+    async fn put_event(&self, bus: &str, detail_type: &str, detail: &str) -> Result<(), BusError> {
         let entry = PutEventsRequestEntry::builder()
             .event_bus_name(bus)
             .source(EVENT_SOURCE)
@@ -38,17 +38,22 @@ impl EventBus for EventBridgeBus {
             .entries(entry)
             .send()
             .await
-            .map_err(|e| format!("PutEvents to {bus} failed: {}", chain(&e)))?;
+            .map_err(|e| BusError::Unreachable {
+                bus: bus.to_owned(),
+                reason: chain(&e),
+            })?;
         // PutEvents answers 200 with per-entry failures.
         match out.entries().first() {
-            Some(e) if e.error_code().is_some() => Err(format!(
-                "EventBridge refused the event on {bus}: {} {}",
-                e.error_code().unwrap_or_default(),
-                e.error_message().unwrap_or_default()
-            )),
-            _ if out.failed_entry_count() > 0 => {
-                Err(format!("EventBridge refused the event on {bus}"))
-            }
+            Some(e) if e.error_code().is_some() => Err(BusError::Refused {
+                bus: bus.to_owned(),
+                code: e.error_code().unwrap_or_default().to_owned(),
+                message: e.error_message().unwrap_or_default().to_owned(),
+            }),
+            _ if out.failed_entry_count() > 0 => Err(BusError::Refused {
+                bus: bus.to_owned(),
+                code: "FailedEntry".to_owned(),
+                message: "no reason given".to_owned(),
+            }),
             _ => Ok(()),
         }
     }

@@ -7,9 +7,9 @@ use async_trait::async_trait;
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
 use super::session_queue::{SqsQueue, err};
-use crate::domain::{Delivery, HookTask};
+use crate::domain::{Delivery, HookTask, Receipt};
 use crate::error::StoreError;
-use crate::ports::{HookMessage, HookQueue, SendReport, SessionQueue};
+use crate::ports::{HookMessage, HookQueue, SendFailure, SendReport, SessionQueue};
 
 /// The hooks queue on a standard SQS queue: per-message delay (at most 15 minutes),
 /// redelivery after the visibility timeout, and a dead-letter queue that exhausted
@@ -60,7 +60,10 @@ impl HookQueue for SqsHookQueue {
                 let i: usize = f.id().parse().unwrap_or(0);
                 report.failed.push((
                     chunk_no * 10 + i,
-                    format!("{}: {}", f.code(), f.message().unwrap_or("no message")),
+                    SendFailure {
+                        code: f.code().to_owned(),
+                        message: f.message().unwrap_or("no message").to_owned(),
+                    },
                 ));
             }
         }
@@ -73,7 +76,7 @@ impl HookQueue for SqsHookQueue {
             .await
     }
 
-    async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+    async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError> {
         SqsQueue::new(self.client.clone(), &self.url)
             .ack(receipt)
             .await

@@ -5,9 +5,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_sqs::types::{MessageSystemAttributeName, SendMessageBatchRequestEntry};
 
-use crate::domain::{Delivery, OutgoingTask};
+use crate::domain::{Delivery, OutgoingTask, Receipt};
 use crate::error::StoreError;
-use crate::ports::{SendReport, SessionQueue};
+use crate::ports::{SendFailure, SendReport, SessionQueue};
 
 /// An SQS FIFO queue.
 #[derive(Clone, Debug)]
@@ -46,7 +46,7 @@ impl SessionQueue for SqsQueue {
                     SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .message_group_id(t.group.as_str())
-                        .message_deduplication_id(&t.dedup_id)
+                        .message_deduplication_id(t.dedup_id.as_str())
                         .message_body(t.envelope.encode())
                         .build()
                         .map_err(|e| err("send batch")(e.into()))?,
@@ -57,7 +57,10 @@ impl SessionQueue for SqsQueue {
                 let i: usize = f.id().parse().unwrap_or(0);
                 report.failed.push((
                     chunk_no * 10 + i,
-                    format!("{}: {}", f.code(), f.message().unwrap_or("no message")),
+                    SendFailure {
+                        code: f.code().to_owned(),
+                        message: f.message().unwrap_or("no message").to_owned(),
+                    },
                 ));
             }
         }
@@ -88,8 +91,8 @@ impl SessionQueue for SqsQueue {
                         .unwrap_or_default()
                 };
                 Delivery {
-                    message_id: m.message_id().unwrap_or_default().to_owned(),
-                    receipt: m.receipt_handle().unwrap_or_default().to_owned(),
+                    message_id: m.message_id().unwrap_or_default().into(),
+                    receipt: m.receipt_handle().unwrap_or_default().into(),
                     group: attr(MessageSystemAttributeName::MessageGroupId),
                     body: m.body().unwrap_or_default().to_owned(),
                     receive_count: attr(MessageSystemAttributeName::ApproximateReceiveCount)
@@ -100,22 +103,22 @@ impl SessionQueue for SqsQueue {
             .collect())
     }
 
-    async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+    async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError> {
         self.client
             .delete_message()
             .queue_url(&self.url)
-            .receipt_handle(receipt)
+            .receipt_handle(receipt.as_str())
             .send()
             .await
             .map_err(|e| err("delete message")(e.into()))?;
         Ok(())
     }
 
-    async fn release(&self, receipt: &str, delay: Duration) -> Result<(), StoreError> {
+    async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), StoreError> {
         self.client
             .change_message_visibility()
             .queue_url(&self.url)
-            .receipt_handle(receipt)
+            .receipt_handle(receipt.as_str())
             .visibility_timeout(seconds(delay))
             .send()
             .await

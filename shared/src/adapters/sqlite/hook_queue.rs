@@ -10,7 +10,7 @@ use rusqlite::{TransactionBehavior, params};
 use ulid::Ulid;
 
 use super::{Db, sqlite_err};
-use crate::domain::{Delivery, HookTask, to_ms};
+use crate::domain::{Delivery, HookTask, Receipt, to_ms};
 use crate::error::StoreError;
 use crate::ports::{Clock, HookMessage, HookQueue, SendReport};
 
@@ -114,8 +114,8 @@ impl HookQueue for SqliteHookQueue {
                     )
                     .map_err(&op)?;
                     out.push(Delivery {
-                        message_id: seq.to_string(),
-                        receipt,
+                        message_id: seq.to_string().into(),
+                        receipt: receipt.into(),
                         group: String::new(),
                         body,
                         receive_count: count + 1,
@@ -127,14 +127,15 @@ impl HookQueue for SqliteHookQueue {
             .await
     }
 
-    async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+    async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError> {
         let Some(seq) = receipt
+            .as_str()
             .split_once('.')
             .and_then(|(s, _)| s.parse::<i64>().ok())
         else {
             return Ok(());
         };
-        let receipt = receipt.to_owned();
+        let receipt = receipt.to_string();
         self.db
             .call("delete from hook queue", move |conn| {
                 conn.execute(

@@ -20,7 +20,7 @@ use rusqlite::{TransactionBehavior, params};
 use ulid::Ulid;
 
 use super::{Db, sqlite_err};
-use crate::domain::{Delivery, OutgoingTask, to_ms};
+use crate::domain::{Delivery, OutgoingTask, Receipt, to_ms};
 use crate::error::StoreError;
 use crate::ports::{Clock, SendReport, SessionQueue};
 
@@ -92,7 +92,7 @@ impl SessionQueue for SqliteQueue {
                     let fresh = tx
                         .execute(
                             "INSERT INTO queue_dedup (dedup_id, sent_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-                            params![t.dedup_id, now],
+                            params![t.dedup_id.as_str(), now],
                         )
                         .map_err(&op)?;
                     if fresh == 0 {
@@ -168,8 +168,8 @@ impl SessionQueue for SqliteQueue {
                     )
                     .map_err(&op)?;
                     out.push(Delivery {
-                        message_id,
-                        receipt,
+                        message_id: message_id.into(),
+                        receipt: receipt.into(),
                         group,
                         body,
                         receive_count: count + 1,
@@ -181,11 +181,11 @@ impl SessionQueue for SqliteQueue {
             .await
     }
 
-    async fn ack(&self, receipt: &str) -> Result<(), StoreError> {
+    async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError> {
         let Some(seq) = receipt_seq(receipt) else {
             return Ok(());
         };
-        let receipt = receipt.to_owned();
+        let receipt = receipt.to_string();
         self.db
             .call("delete from queue", move |conn| {
                 // A stale receipt (the message was delivered again since) deletes nothing,
@@ -200,16 +200,16 @@ impl SessionQueue for SqliteQueue {
             .await
     }
 
-    async fn release(&self, receipt: &str, delay: Duration) -> Result<(), StoreError> {
-        let receipt = receipt.to_owned();
+    async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), StoreError> {
         let now = self.clock.now();
         let at = to_ms(
             now.saturating_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
                 .unwrap_or(now),
         );
-        let Some(seq) = receipt_seq(&receipt) else {
+        let Some(seq) = receipt_seq(receipt) else {
             return Ok(());
         };
+        let receipt = receipt.to_string();
         self.db
             .call("release queue message", move |conn| {
                 conn.execute(
@@ -224,6 +224,6 @@ impl SessionQueue for SqliteQueue {
 }
 
 /// The sequence number a receipt starts with; `None` for anything this queue did not issue.
-fn receipt_seq(receipt: &str) -> Option<i64> {
-    receipt.split_once('.')?.0.parse().ok()
+fn receipt_seq(receipt: &Receipt) -> Option<i64> {
+    receipt.as_str().split_once('.')?.0.parse().ok()
 }
