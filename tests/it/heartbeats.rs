@@ -17,7 +17,7 @@ use pulse_tests::{
 };
 use serde_json::json;
 
-use crate::faulty::FaultyStore;
+use pulse_tests::faults::FaultyStore;
 
 /// Sweeps now, then runs every queued job.
 async fn beat(b: &Backend) -> usize {
@@ -405,7 +405,7 @@ async fn engine_failure(kind: Kind) {
     b.advance(SignedDuration::from_secs(5));
 
     let faulty = Arc::new(FaultyStore::new(b.store.clone()));
-    faulty.fail_actions(true);
+    faulty.faults().fail("start_action");
     let store: Arc<dyn Store> = faulty.clone();
     let runner = b.runner_with(
         store,
@@ -467,7 +467,7 @@ async fn engine_failure(kind: Kind) {
     );
 
     // Recovered: the event is processed once, and the beat goes on normally.
-    faulty.fail_actions(false);
+    faulty.faults().heal("start_action");
     b.advance(SignedDuration::from_mins(20));
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&worker).await;

@@ -6,7 +6,6 @@ mod conformance;
 mod conversation;
 mod conversation_store;
 mod discord;
-mod faulty;
 mod heartbeats;
 mod hooks;
 mod inbound;

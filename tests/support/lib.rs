@@ -7,6 +7,7 @@
 pub mod fake_discord;
 pub mod fake_hooks;
 pub mod fake_llm;
+pub mod faults;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
