@@ -1,0 +1,244 @@
+//! One action: started idempotently (a finished one is reused, an unfinished one run
+//! again), its tool called, its outcome and the events it returned recorded, its hooks
+//! emitted.
+
+use std::time::Instant;
+
+use tracing::{Instrument, info, info_span, warn};
+
+use super::{ActionDone, HeartbeatRunner, Plan, to_json};
+use crate::domain::{
+    Action, ActionId, ActionStatus, Cascade, Event, EventId, NewEvent, Tool, ToolRequest,
+};
+use crate::error::{EngineError, StoreError};
+use crate::ports::ToolFailure;
+
+/// How starting an action went.
+enum Begun {
+    /// Run the tool with this request; the action is recorded RUNNING.
+    Run(ToolRequest, Action),
+    /// A run before finished it: reuse it.
+    Finished(Action),
+}
+
+impl HeartbeatRunner {
+    /// Runs `tool` on `event` as one action, or reuses the action a run before finished.
+    pub(super) async fn run_action(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        depth: u8,
+        tool: &Tool,
+    ) -> Result<ActionDone, EngineError> {
+        let id = ActionId::for_event(&event.id, &tool.name);
+        let span = info_span!("action", action_id = %id, tool = %tool.name, event_id = %event.id);
+        async {
+            let (request, mut action) = match self.begin_action(plan, event, depth, tool).await? {
+                Begun::Run(request, action) => (request, action),
+                Begun::Finished(existing) => return self.replay(plan, event, tool, existing).await,
+            };
+            self.start_hooks(plan, event, tool, &id, request.attempt)
+                .await?;
+            let began = Instant::now();
+            let call = self.tools.call(tool, &request).await;
+            let completed_at = self.clock.now();
+            action.completed_at = Some(completed_at);
+            action.duration_ms = Some(began.elapsed().as_millis() as u64);
+            action.response = call.response_meta;
+            let new_events = match call.result {
+                Err(ToolFailure::Interrupted(why)) => {
+                    action.status = ActionStatus::Cancelled;
+                    action.error = Some(why);
+                    Vec::new()
+                }
+                Ok(resp) if resp.success => {
+                    action.status = ActionStatus::Completed;
+                    let new_events = self.cascade(plan, event, tool, &action, resp.new_events);
+                    action.new_events = new_events.iter().map(|e| e.id.clone()).collect();
+                    new_events
+                }
+                Ok(resp) => {
+                    action.status = ActionStatus::Failed;
+                    action.error = Some(
+                        resp.error
+                            .unwrap_or_else(|| "the tool answered \"success\": false".to_owned()),
+                    );
+                    Vec::new()
+                }
+                Err(failure) => {
+                    action.status = ActionStatus::Failed;
+                    action.error = Some(failure.to_string());
+                    Vec::new()
+                }
+            };
+            match self.store.finish_action(&action, &new_events).await {
+                Ok(()) => {}
+                Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
+                Err(e) => return Err(e.into()),
+            }
+            self.finish_hooks(plan, event, &action, &new_events).await?;
+            let done = self.settle(&action, new_events);
+            if let Some(err) = &action.error {
+                warn!(duration_ms = action.duration_ms, error = %err, "action failed");
+            } else {
+                info!(
+                    duration_ms = action.duration_ms,
+                    new_events = action.new_events.len(),
+                    "action completed"
+                );
+            }
+            Ok(done)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Records the action as RUNNING, idempotently: a first run starts at attempt 1, a
+    /// rerun of an unfinished action takes the next attempt, a finished one is returned
+    /// for reuse.
+    async fn begin_action(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        depth: u8,
+        tool: &Tool,
+    ) -> Result<Begun, EngineError> {
+        let id = ActionId::for_event(&event.id, &tool.name);
+        let mut request = ToolRequest {
+            action_id: id.clone(),
+            attempt: 1,
+            event: event.clone(),
+            agent: plan.agent_context.clone(),
+            heartbeat: plan.heartbeat_context.clone(),
+            tool_config: tool.config.clone(),
+        };
+        let mut action = Action {
+            id: id.clone(),
+            agent_id: plan.agent.id.clone(),
+            heartbeat_id: plan.heartbeat.id(),
+            event_id: event.id.clone(),
+            tool: tool.name.clone(),
+            status: ActionStatus::Running,
+            attempt: 1,
+            depth,
+            request: to_json(&request),
+            response: None,
+            error: None,
+            started_at: self.clock.now(),
+            completed_at: None,
+            duration_ms: None,
+            new_events: Vec::new(),
+        };
+        match self.store.start_action(&action).await? {
+            None => {}
+            Some(existing) if existing.status.is_final() => return Ok(Begun::Finished(existing)),
+            Some(existing) => {
+                request.attempt = existing.attempt + 1;
+                action.attempt = request.attempt;
+                action.request = to_json(&request);
+                if !self.store.restart_action(&action, existing.attempt).await? {
+                    return Err(EngineError::Contended(format!(
+                        "action {id} was taken over by another run of this heartbeat"
+                    )));
+                }
+                warn!(
+                    attempt = action.attempt,
+                    "an earlier run of this action did not finish; running it again"
+                );
+            }
+        }
+        Ok(Begun::Run(request, action))
+    }
+
+    /// The events a completed action returned, as events of this heartbeat's cascade one
+    /// level below `event` (marked capped past the depth limit). Their ids derive from
+    /// the action, so a rerun makes the same ones.
+    fn cascade(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        tool: &Tool,
+        action: &Action,
+        returned: Vec<NewEvent>,
+    ) -> Vec<Event> {
+        let child_depth = action.depth.saturating_add(1);
+        let capped = child_depth > self.settings.cascade_depth;
+        let completed_at = action.completed_at.unwrap_or(action.started_at);
+        let ms = completed_at.as_millisecond().max(0) as u64;
+        returned
+            .into_iter()
+            .enumerate()
+            .map(|(i, ne)| Event {
+                id: EventId::derived(ms, &[action.id.as_str(), &i.to_string()]),
+                agent_id: plan.agent.id.clone(),
+                event_type: ne.event_type,
+                priority: ne.priority,
+                source: format!("tool:{}", tool.name),
+                payload: ne.payload,
+                metadata: ne.metadata,
+                parent_id: Some(event.id.clone()),
+                cascade: Some(Cascade {
+                    heartbeat_id: plan.heartbeat.id(),
+                    depth: child_depth,
+                    capped,
+                }),
+                created_at: completed_at,
+            })
+            .collect()
+    }
+
+    /// Reuses a finished action: its new events are read back and cascade as before,
+    /// and its hooks are emitted again (a run that finished it may have stopped before
+    /// they were queued; the same delivery ids make each go out once).
+    async fn replay(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        tool: &Tool,
+        action: Action,
+    ) -> Result<ActionDone, EngineError> {
+        let events = self
+            .store
+            .get_events(&action.agent_id, &action.new_events)
+            .await?;
+        if events.len() != action.new_events.len() {
+            return Err(EngineError::Missing(format!(
+                "action {} lists {} new events but {} are stored",
+                action.id,
+                action.new_events.len(),
+                events.len()
+            )));
+        }
+        info!(status = ?action.status, "action already finished; reusing its result");
+        self.start_hooks(plan, event, tool, &action.id, action.attempt)
+            .await?;
+        self.finish_hooks(plan, event, &action, &events).await?;
+        Ok(self.settle(&action, events))
+    }
+
+    /// Splits an action's new events into the ones to process next and the ones the
+    /// depth cap stopped.
+    fn settle(&self, action: &Action, new_events: Vec<Event>) -> ActionDone {
+        let (capped, cascade): (Vec<Event>, Vec<Event>) = new_events
+            .into_iter()
+            .partition(|e| e.cascade.as_ref().is_some_and(|c| c.capped));
+        if !capped.is_empty() {
+            warn!(
+                depth = self.settings.cascade_depth,
+                events = capped.len(),
+                "cascade depth cap reached: these events are recorded but not processed"
+            );
+        }
+        ActionDone {
+            failed: action.status == ActionStatus::Failed,
+            cascade,
+            capped: capped.len() as u32,
+            interrupted: (action.status == ActionStatus::Cancelled).then(|| {
+                action
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "interrupted".to_owned())
+            }),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The hooks a heartbeat run emits: BEFORE/AFTER_HEARTBEAT, HEARTBEAT_FAILED,
+//! BEFORE/AFTER_<TOOL> and ACTION_*, each under a delivery id derived from the heartbeat or
+//! the action, so a rerun emits the same deliveries.
+
+use jiff::Timestamp;
+use serde_json::Value;
+
+use super::{HeartbeatRunner, Plan, RunOutcome};
+use crate::domain::{
+    Action, ActionId, ActionStatus, Event, EventId, Heartbeat, HeartbeatStatus, HookData, HookType,
+    Tool, to_ms,
+};
+use crate::engine::hooks::Emission;
+use crate::error::EngineError;
+use crate::ports::FinishOutcome;
+
+impl HeartbeatRunner {
+    /// Enqueues the hooks of `hook_type` for this run. `data` is built only when one of
+    /// the agent's hooks fires on it.
+    ///
+    /// Delivery ids come from the heartbeat, or for an action's hooks from the action
+    /// (and its event's time), so a rerun, or a later heartbeat reusing the action, emits
+    /// the same deliveries and the dispatcher sends each once. A failure to enqueue fails
+    /// the job, which the queue runs again.
+    pub(super) async fn emit(
+        &self,
+        plan: &Plan,
+        hook_type: HookType,
+        action: Option<(&ActionId, &EventId)>,
+        triggered_by: &str,
+        data: impl FnOnce() -> Value,
+    ) -> Result<(), EngineError> {
+        let Some(hooks) = &self.hooks else {
+            return Ok(());
+        };
+        if !plan
+            .routes
+            .iter()
+            .any(|r| r.active && r.hook_type == hook_type)
+        {
+            return Ok(());
+        }
+        let (key_ms, key) = match action {
+            Some((a, event)) => (event.timestamp_ms(), vec![a.to_string()]),
+            None => (
+                to_ms(plan.heartbeat_context.started_at).max(0) as u64,
+                vec![plan.heartbeat_context.id.to_string()],
+            ),
+        };
+        let emission = Emission {
+            hook_type,
+            heartbeat_id: Some(plan.heartbeat_context.id.clone()),
+            action_id: action.map(|(a, _)| a.clone()),
+            data: data(),
+            triggered_by: triggered_by.to_owned(),
+            key_ms,
+            key,
+        };
+        hooks
+            .emit(&plan.routes, &plan.agent, emission)
+            .await
+            .map(|_| ())
+    }
+
+    /// BEFORE_<TOOL> and ACTION_STARTED for an action of `tool` on `event`.
+    pub(super) async fn start_hooks(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        tool: &Tool,
+        id: &ActionId,
+        attempt: u32,
+    ) -> Result<(), EngineError> {
+        let data = || HookData::tool_started(&tool.name, attempt, event);
+        let triggered_by = event.event_type.as_str();
+        let action = Some((id, &event.id));
+        self.emit(
+            plan,
+            HookType::before_tool(&tool.name),
+            action,
+            triggered_by,
+            data,
+        )
+        .await?;
+        self.emit(
+            plan,
+            HookType::of(HookType::ACTION_STARTED),
+            action,
+            triggered_by,
+            data,
+        )
+        .await
+    }
+
+    /// AFTER_<TOOL> and ACTION_COMPLETED or ACTION_FAILED for a finished `action`.
+    pub(super) async fn finish_hooks(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        action: &Action,
+        new_events: &[Event],
+    ) -> Result<(), EngineError> {
+        let data = || HookData::tool_finished(action, new_events);
+        let triggered_by = event.event_type.as_str();
+        let id = Some((&action.id, &event.id));
+        self.emit(
+            plan,
+            HookType::after_tool(&action.tool),
+            id,
+            triggered_by,
+            data,
+        )
+        .await?;
+        let finished_type = match action.status {
+            ActionStatus::Completed => Some(HookType::ACTION_COMPLETED),
+            ActionStatus::Failed => Some(HookType::ACTION_FAILED),
+            _ => None,
+        };
+        match finished_type {
+            Some(t) => {
+                self.emit(plan, HookType::of(t), id, triggered_by, data)
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// HEARTBEAT_FAILED for `done`, the next one due at `next_at`.
+    pub(super) async fn failed_hook(
+        &self,
+        plan: &Plan,
+        done: &Heartbeat,
+        failures: u32,
+        next_at: Timestamp,
+    ) -> Result<(), EngineError> {
+        self.emit(
+            plan,
+            HookType::of(HookType::HEARTBEAT_FAILED),
+            None,
+            "SCHEDULE",
+            || HookData::heartbeat_failed(done, failures, next_at),
+        )
+        .await
+    }
+
+    /// A run that found its heartbeat already finished under this claim (the job ran
+    /// before and stopped after finishing, before its hooks were queued, say) emits the
+    /// heartbeat's end hooks again from what is stored; each goes out once.
+    pub(super) async fn finished_before(
+        &self,
+        plan: &Plan,
+        outcome: FinishOutcome,
+    ) -> Result<RunOutcome, EngineError> {
+        let id = plan.heartbeat.id();
+        let run = self.not_finished(&id, outcome);
+        if run != RunOutcome::AlreadyFinished || self.hooks.is_none() {
+            return Ok(run);
+        }
+        let Some(done) = self.store.get_heartbeat(&id).await? else {
+            return Ok(run);
+        };
+        let next = self.store.get_heartbeat(&plan.heartbeat.next_id()).await?;
+        match (done.status, &next) {
+            (HeartbeatStatus::Failed, Some(next)) => {
+                self.failed_hook(plan, &done, next.consecutive_failures, next.scheduled_at)
+                    .await?
+            }
+            (HeartbeatStatus::Failed, None) => {}
+            _ => {
+                self.after(plan, &done, next.map(|n| n.scheduled_at))
+                    .await?
+            }
+        }
+        Ok(run)
+    }
+
+    /// AFTER_HEARTBEAT, with the run's counts.
+    pub(super) async fn after(
+        &self,
+        plan: &Plan,
+        done: &Heartbeat,
+        next_at: Option<Timestamp>,
+    ) -> Result<(), EngineError> {
+        let started_at = plan.heartbeat_context.started_at;
+        self.emit(
+            plan,
+            HookType::of(HookType::AFTER_HEARTBEAT),
+            None,
+            "SCHEDULE",
+            || HookData::after_heartbeat(done, started_at, next_at),
+        )
+        .await
+    }
+}

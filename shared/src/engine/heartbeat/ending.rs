@@ -1,0 +1,248 @@
+//! How a run ends: completed, interrupted, failed, cancelled, deferred — each one atomic
+//! finish that also schedules the next heartbeat — and what a run that lost its claim
+//! reports.
+
+use jiff::Timestamp;
+use tracing::{error, info, warn};
+
+use super::{HeartbeatRunner, Plan, RunOutcome, Stats};
+use crate::domain::{Agent, EventCursor, Heartbeat, HeartbeatId, HeartbeatStatus};
+use crate::engine::schedule::next_run;
+use crate::error::{EngineError, chain};
+use crate::ports::{Finish, FinishOutcome};
+
+impl HeartbeatRunner {
+    /// Puts the claimed heartbeat back to PENDING, due at `until`.
+    pub(super) async fn defer(
+        &self,
+        hb: &Heartbeat,
+        until: Timestamp,
+        why: &'static str,
+    ) -> Result<RunOutcome, EngineError> {
+        if self.store.defer(hb, until).await? {
+            info!(until = %until, "{why}");
+            return Ok(RunOutcome::Deferred(until));
+        }
+        Ok(RunOutcome::Superseded)
+    }
+
+    pub(super) async fn complete(
+        &self,
+        plan: Plan,
+        stats: Stats,
+        next_start: EventCursor,
+        backlog: bool,
+    ) -> Result<RunOutcome, EngineError> {
+        let now = self.clock.now();
+        let mut done = ended(&plan, &stats, HeartbeatStatus::Completed, now, None);
+        done.last_interaction_beat = plan.last_interaction_beat;
+        done.interaction_seen_at = plan.interaction_seen_at;
+        // A window cut short at its size limit leaves a backlog: the next heartbeat is
+        // due at once (inside the active hours) rather than an interval later.
+        let at = if backlog {
+            plan.agent.in_active_hours(now)
+        } else {
+            next_run(&plan.agent, now, 0, self.settings.max_backoff)
+        };
+        let next = Heartbeat::pending(
+            &plan.agent,
+            done.beat + 1,
+            at,
+            next_start,
+            plan.last_interaction_beat,
+            plan.interaction_seen_at,
+            0,
+        );
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done.clone(),
+                next: Some(next),
+                heartbeat_event: Some(plan.heartbeat_event.clone()),
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                self.after(&plan, &done, Some(at)).await?;
+                info!(
+                    events = stats.events_processed,
+                    actions = stats.actions_triggered,
+                    actions_failed = stats.actions_failed,
+                    cascade_capped = stats.cascade_capped,
+                    beat = plan.beats.beat,
+                    since_last = plan.beats.since_last,
+                    next_at = %at,
+                    backlog,
+                    "heartbeat completed"
+                );
+                RunOutcome::Completed(done)
+            }
+            other => self.finished_before(&plan, other).await?,
+        })
+    }
+
+    /// Ends a heartbeat a user message interrupted: CANCELLED with what it had done. Its
+    /// window is handed on (the next heartbeat reads it again and reuses the actions that
+    /// finished), and the next heartbeat is scheduled as usual; the quiet period defers
+    /// it further once the user's turn has run.
+    pub(super) async fn interrupt(
+        &self,
+        plan: Plan,
+        stats: Stats,
+    ) -> Result<RunOutcome, EngineError> {
+        let now = self.clock.now();
+        let reason = stats.interrupted.clone().unwrap_or_default();
+        // The interaction fields stay as claimed: the interruption is counted by the
+        // next heartbeat, dated to this beat.
+        let done = ended(
+            &plan,
+            &stats,
+            HeartbeatStatus::Cancelled,
+            now,
+            Some(reason.clone()),
+        );
+        let at = next_run(&plan.agent, now, 0, self.settings.max_backoff);
+        let next = Heartbeat::pending(
+            &plan.agent,
+            done.beat + 1,
+            at,
+            plan.heartbeat.window_start.clone(),
+            plan.heartbeat.last_interaction_beat,
+            plan.heartbeat.interaction_seen_at,
+            plan.heartbeat.consecutive_failures,
+        );
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done.clone(),
+                next: Some(next),
+                heartbeat_event: Some(plan.heartbeat_event.clone()),
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                self.after(&plan, &done, Some(at)).await?;
+                info!(reason = %reason, actions = stats.actions_triggered, next_at = %at, "heartbeat interrupted by a user message; recorded CANCELLED");
+                RunOutcome::Interrupted(done)
+            }
+            other => self.finished_before(&plan, other).await?,
+        })
+    }
+
+    pub(super) async fn fail(
+        &self,
+        hb: &Heartbeat,
+        agent: Option<Agent>,
+        err: EngineError,
+    ) -> Result<RunOutcome, EngineError> {
+        let message = chain(&err);
+        let agent = match agent {
+            Some(a) => a,
+            None => match self.store.get_agent(&hb.agent_id).await? {
+                Some(a) => a,
+                None => return self.cancel(hb).await,
+            },
+        };
+        let now = self.clock.now();
+        let failures = hb.consecutive_failures.saturating_add(1);
+        let at = next_run(&agent, now, failures, self.settings.max_backoff);
+        let mut done = hb.clone();
+        done.status = HeartbeatStatus::Failed;
+        done.completed_at = Some(now);
+        done.error = Some(message.clone());
+        // The window is handed on unprocessed: the next heartbeat reads it again, and
+        // the actions this run finished are reused, not repeated.
+        let next = Heartbeat::pending(
+            &agent,
+            hb.beat + 1,
+            at,
+            hb.window_start.clone(),
+            hb.last_interaction_beat,
+            hb.interaction_seen_at,
+            failures,
+        );
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done.clone(),
+                next: Some(next),
+                heartbeat_event: None,
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                error!(error = %message, consecutive_failures = failures, next_at = %at, "heartbeat failed; the next one is scheduled");
+                if let Some(hooks) = &self.hooks {
+                    let mut plan = self.plan(hb, agent);
+                    plan.routes = hooks.routes(&plan.agent.id).await?;
+                    self.failed_hook(&plan, &done, failures, at).await?;
+                }
+                RunOutcome::Failed(done)
+            }
+            FinishOutcome::AlreadyFinished if self.hooks.is_some() => {
+                let mut plan = self.plan(hb, agent);
+                if let Some(hooks) = &self.hooks {
+                    plan.routes = hooks.routes(&plan.agent.id).await?;
+                }
+                self.finished_before(&plan, FinishOutcome::AlreadyFinished)
+                    .await?
+            }
+            other => self.not_finished(&hb.id(), other),
+        })
+    }
+
+    pub(super) async fn cancel(&self, hb: &Heartbeat) -> Result<RunOutcome, EngineError> {
+        let mut done = hb.clone();
+        done.status = HeartbeatStatus::Cancelled;
+        done.completed_at = Some(self.clock.now());
+        done.error = Some("the agent no longer exists".to_owned());
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done,
+                next: None,
+                heartbeat_event: None,
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                warn!("the agent no longer exists; heartbeat cancelled and none scheduled");
+                RunOutcome::Cancelled
+            }
+            other => self.not_finished(&hb.id(), other),
+        })
+    }
+
+    pub(super) fn not_finished(&self, id: &HeartbeatId, outcome: FinishOutcome) -> RunOutcome {
+        match outcome {
+            FinishOutcome::Superseded { claim, status } => {
+                warn!(heartbeat_id = %id, current_claim = claim, status = status.as_str(), "a later claim owns this heartbeat; this run's result is dropped (its actions are reused)");
+                RunOutcome::Superseded
+            }
+            _ => {
+                info!(heartbeat_id = %id, "heartbeat already finished by this claim");
+                RunOutcome::AlreadyFinished
+            }
+        }
+    }
+}
+
+/// The heartbeat record of a run that ended with `status`, carrying what it did.
+fn ended(
+    plan: &Plan,
+    stats: &Stats,
+    status: HeartbeatStatus,
+    now: Timestamp,
+    error: Option<String>,
+) -> Heartbeat {
+    let mut done = plan.heartbeat.clone();
+    done.status = status;
+    done.completed_at = Some(now);
+    done.events_processed = stats.events_processed;
+    done.actions_triggered = stats.actions_triggered;
+    done.actions_failed = stats.actions_failed;
+    done.cascade_capped = stats.cascade_capped;
+    done.since_last = Some(plan.beats.since_last);
+    done.error = error;
+    done
+}

@@ -1,0 +1,385 @@
+//! Running one heartbeat job.
+//!
+//! The run reads the window `(window_start, window_end]` of the agent's log (both cursors
+//! are on the claimed record, so a retried run reads the same window), appends the
+//! HEARTBEAT event, and runs every subscribed tool for every event, breadth first: the
+//! events a level's tools return form the next level, up to the depth cap. Then one atomic
+//! write finishes the heartbeat, schedules the next one with `window_start` = this
+//! `window_end`, and stores the HEARTBEAT event.
+//!
+//! Why events are never lost or processed twice:
+//! - Events appended while the run goes on are stamped after `window_end` (which lies
+//!   `event_settle` before the claim), so the next heartbeat reads them.
+//! - Events the run makes itself (HEARTBEAT, tool outputs) are marked with this
+//!   heartbeat and skipped by every window: they are processed here, once.
+//! - Actions have ids derived from (event, tool). A redelivered job, or a rerun after a
+//!   crash or an engine failure, finds the finished action and reuses its result.
+
+mod actions;
+mod emitting;
+mod ending;
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use tracing::{Instrument, debug, info, info_span};
+
+use super::EngineSettings;
+use super::hooks::HookEmitter;
+use crate::domain::{
+    Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventId, EventType, Heartbeat,
+    HeartbeatContext, HookData, HookRoute, HookType, Priority, Registry,
+};
+use crate::error::{EngineError, StoreError};
+use crate::ports::{Clock, Store, ToolRunner};
+
+/// How a heartbeat job ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunOutcome {
+    /// The heartbeat completed; the record as written.
+    Completed(Heartbeat),
+    /// The engine could not finish the work; recorded FAILED, the next one scheduled.
+    Failed(Heartbeat),
+    /// The agent no longer exists; recorded CANCELLED, nothing scheduled.
+    Cancelled,
+    /// A user message interrupted it; recorded CANCELLED with what it had done, the
+    /// window handed on, the next one scheduled.
+    Interrupted(Heartbeat),
+    /// The user talked to the agent within its quiet period: put back to PENDING, due
+    /// at this time.
+    Deferred(Timestamp),
+    /// This claim had already finished the heartbeat (a redelivered job).
+    AlreadyFinished,
+    /// A later claim owns the heartbeat; this run's result was dropped.
+    Superseded,
+}
+
+/// Runs heartbeat jobs.
+pub struct HeartbeatRunner {
+    store: Arc<dyn Store>,
+    tools: Arc<dyn ToolRunner>,
+    clock: Arc<dyn Clock>,
+    settings: EngineSettings,
+    /// Emits hooks at the lifecycle points, when a hooks queue is configured.
+    hooks: Option<HookEmitter>,
+    /// The cached registry. An async mutex, held while loading, so runs that start
+    /// together share one read instead of each making their own.
+    registry: tokio::sync::Mutex<Option<(Timestamp, Arc<Registry>)>>,
+}
+
+/// What a run knows once it has read its window.
+struct Plan {
+    heartbeat: Heartbeat,
+    agent: Agent,
+    beats: Beats,
+    last_interaction_beat: u64,
+    interaction_seen_at: Option<Timestamp>,
+    heartbeat_event: Event,
+    agent_context: AgentContext,
+    heartbeat_context: HeartbeatContext,
+    /// The agent's hooks, read once per run.
+    routes: Vec<HookRoute>,
+}
+
+#[derive(Default)]
+struct Stats {
+    events_processed: u32,
+    actions_triggered: u32,
+    actions_failed: u32,
+    cascade_capped: u32,
+    /// Set when a tool stopped because a user message arrived: the run stops there.
+    interrupted: Option<String>,
+}
+
+struct ActionDone {
+    failed: bool,
+    cascade: Vec<Event>,
+    capped: u32,
+    interrupted: Option<String>,
+}
+
+impl HeartbeatRunner {
+    /// A runner over a store, the tools, and a clock.
+    pub fn new(
+        store: Arc<dyn Store>,
+        tools: Arc<dyn ToolRunner>,
+        clock: Arc<dyn Clock>,
+        settings: EngineSettings,
+    ) -> Self {
+        Self {
+            store,
+            tools,
+            clock,
+            settings,
+            hooks: None,
+            registry: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Emits hooks through `emitter` (BEFORE/AFTER_HEARTBEAT, HEARTBEAT_FAILED,
+    /// BEFORE/AFTER_<TOOL>, ACTION_*).
+    pub fn with_hooks(mut self, emitter: HookEmitter) -> Self {
+        self.hooks = Some(emitter);
+        self
+    }
+
+    /// Gives back a claimed heartbeat whose job was never started (its worker is
+    /// stopping): PENDING again, due now, so the next sweep claims it afresh. False if the
+    /// claim was no longer held.
+    pub async fn release(&self, heartbeat: &Heartbeat) -> Result<bool, StoreError> {
+        let released = self.store.defer(heartbeat, self.clock.now()).await?;
+        if released {
+            info!(heartbeat_id = %heartbeat.id(), claim = heartbeat.claim, "claimed heartbeat released: its job was not started");
+        }
+        Ok(released)
+    }
+
+    /// Runs a claimed heartbeat to its end. An `Err` means the outcome could not be
+    /// recorded (storage unavailable); the job should be delivered again.
+    pub async fn run(&self, heartbeat: &Heartbeat) -> Result<RunOutcome, EngineError> {
+        let span = info_span!(
+            "heartbeat",
+            agent_id = %heartbeat.agent_id,
+            heartbeat_id = %heartbeat.id(),
+            beat = heartbeat.beat,
+        );
+        self.run_inner(heartbeat).instrument(span).await
+    }
+
+    async fn run_inner(&self, hb: &Heartbeat) -> Result<RunOutcome, EngineError> {
+        let Some(window_end) = hb.window_end.clone() else {
+            return Err(EngineError::Missing(format!(
+                "heartbeat {} has no window end: the job was not made by a claim",
+                hb.id()
+            )));
+        };
+        debug!(claim = hb.claim, window_start = %hb.window_start, window_end = %window_end, "heartbeat started");
+        // A job normally starts moments after its claim. One that waited (delivered again
+        // after its worker died, or queued behind a stuck message or a stopped worker)
+        // may have outlived half its lease, and a sweeper may have reclaimed it since:
+        // renew the claim before any work, or step aside for the newer claim, so a stale
+        // job never runs the heartbeat a second time.
+        let now = self.clock.now();
+        let half = self.settings.lease / 2;
+        if hb
+            .lease_until
+            .is_none_or(|until| until.duration_since(now) < half)
+        {
+            let until = now.saturating_add(self.settings.lease).unwrap_or(now);
+            if !self.store.renew(hb, until).await? {
+                info!(
+                    claim = hb.claim,
+                    "this job's claim was taken over or the heartbeat ended: nothing to run"
+                );
+                return Ok(RunOutcome::Superseded);
+            }
+            info!(claim = hb.claim, lease_until = %until, "a late job renewed its claim");
+        }
+        let window = match self
+            .store
+            .read_window(
+                &hb.agent_id,
+                &hb.window_start,
+                &window_end,
+                self.settings.max_window_events,
+            )
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => return self.fail(hb, None, e.into()).await,
+        };
+        let Some(agent) = window.agent else {
+            return self.cancel(hb).await;
+        };
+        // Seed 004, option D: right after the user talked to the agent, its next
+        // heartbeat waits out a quiet period instead of chiming in.
+        let now = self.clock.now();
+        if let Some(at) = agent.last_interaction_at {
+            let until =
+                agent.in_active_hours(at.saturating_add(agent.quiet_period()).unwrap_or(at));
+            if until > now {
+                return self
+                    .defer(hb, until, "the user talked to the agent recently: heartbeat deferred to the end of its quiet period")
+                    .await;
+            }
+        }
+        // Due times are planned inside the active hours; one that comes up outside them
+        // (claimed late, or the hours changed) waits for them to open.
+        if !agent.is_active_at(now) {
+            let until = agent.in_active_hours(now);
+            return self
+                .defer(
+                    hb,
+                    until,
+                    "outside the agent's active hours: heartbeat deferred to their next start",
+                )
+                .await;
+        }
+        let next_start = match (window.truncated, window.events.last()) {
+            (true, Some(last)) => EventCursor::after(&last.id),
+            _ => window_end,
+        };
+        let mut plan = self.plan(hb, agent);
+        if let Some(hooks) = &self.hooks {
+            plan.routes = hooks.routes(&plan.agent.id).await?;
+        }
+        self.emit(
+            &plan,
+            HookType::of(HookType::BEFORE_HEARTBEAT),
+            None,
+            "SCHEDULE",
+            || {
+                HookData::before_heartbeat(
+                    plan.beats,
+                    plan.heartbeat_context.scheduled_at,
+                    plan.heartbeat_context.started_at,
+                    window.events.len(),
+                )
+            },
+        )
+        .await?;
+        match self.process(&plan, window.events).await {
+            Ok(stats) if stats.interrupted.is_some() => self.interrupt(plan, stats).await,
+            Ok(stats) => {
+                self.complete(plan, stats, next_start, window.truncated)
+                    .await
+            }
+            // Not the heartbeat's failure: the job runs again (a hook not queued, a run
+            // of the same heartbeat busy), and the rerun reuses what finished.
+            Err(e @ (EngineError::Contended(_) | EngineError::Unavailable(_))) => Err(e),
+            Err(e) => {
+                let agent = plan.agent.clone();
+                self.fail(hb, Some(agent), e).await
+            }
+        }
+    }
+
+    fn plan(&self, hb: &Heartbeat, agent: Agent) -> Plan {
+        let started_at = hb.started_at.unwrap_or_else(|| self.clock.now());
+        // An interaction not yet counted happened since the previous heartbeat: it is
+        // dated to the previous beat, as in seed 003 (`since_last` = 1 right after one).
+        let (last_interaction_beat, interaction_seen_at) = match agent.last_interaction_at {
+            Some(t) if hb.interaction_seen_at.is_none_or(|seen| t > seen) => {
+                (hb.beat.saturating_sub(1), Some(t))
+            }
+            _ => (hb.last_interaction_beat, hb.interaction_seen_at),
+        };
+        let beats = Beats {
+            beat: hb.beat,
+            since_last: hb.beat.saturating_sub(last_interaction_beat),
+        };
+        let id = hb.id();
+        let heartbeat_event = Event {
+            id: EventId::derived(
+                started_at.as_millisecond().max(0) as u64,
+                &["heartbeat", &id.to_string()],
+            ),
+            agent_id: agent.id.clone(),
+            event_type: EventType::heartbeat(),
+            priority: Priority::DEFAULT,
+            source: "system".to_owned(),
+            payload: json!({
+                "heartbeat_id": id,
+                "beat": beats.beat,
+                "since_last": beats.since_last,
+                "scheduled_at": hb.scheduled_at,
+            }),
+            metadata: Value::Null,
+            parent_id: None,
+            cascade: Some(Cascade {
+                heartbeat_id: id.clone(),
+                depth: 0,
+                capped: false,
+            }),
+            created_at: started_at,
+        };
+        Plan {
+            agent_context: AgentContext::from(&agent),
+            heartbeat_context: HeartbeatContext {
+                id,
+                beats,
+                scheduled_at: hb.scheduled_at,
+                started_at,
+                window_start: hb.window_start.clone(),
+                window_end: hb
+                    .window_end
+                    .clone()
+                    .unwrap_or_else(|| hb.window_start.clone()),
+            },
+            heartbeat: hb.clone(),
+            agent,
+            routes: Vec::new(),
+            beats,
+            last_interaction_beat,
+            interaction_seen_at,
+            heartbeat_event,
+        }
+    }
+
+    /// Processes the window and the HEARTBEAT event, then the cascades they cause, one
+    /// level at a time.
+    async fn process(&self, plan: &Plan, window: Vec<Event>) -> Result<Stats, EngineError> {
+        let registry = self.registry().await?;
+        let mut stats = Stats::default();
+        let mut level = window;
+        level.push(plan.heartbeat_event.clone());
+        let mut heartbeat_event_stored = false;
+        let mut depth = 0u8;
+        while !level.is_empty() {
+            let mut next = Vec::new();
+            for event in &level {
+                stats.events_processed += 1;
+                let matching = registry.matching(event);
+                // Actions refer to their event: store HEARTBEAT before its first action,
+                // not only with the finish.
+                if !matching.is_empty()
+                    && !heartbeat_event_stored
+                    && event.id == plan.heartbeat_event.id
+                {
+                    self.store.append(&plan.heartbeat_event).await?;
+                    heartbeat_event_stored = true;
+                }
+                for (_, tool) in matching {
+                    let done = self.run_action(plan, event, depth, tool).await?;
+                    stats.actions_triggered += 1;
+                    stats.actions_failed += u32::from(done.failed);
+                    stats.cascade_capped += done.capped;
+                    next.extend(done.cascade);
+                    if done.interrupted.is_some() {
+                        // Yield to the user's turn now: nothing else runs in this heartbeat.
+                        stats.interrupted = done.interrupted;
+                        return Ok(stats);
+                    }
+                }
+            }
+            level = next;
+            depth = depth.saturating_add(1);
+        }
+        Ok(stats)
+    }
+
+    async fn registry(&self) -> Result<Arc<Registry>, StoreError> {
+        let mut cache = self.registry.lock().await;
+        let now = self.clock.now();
+        let ttl = self.settings.registry_ttl;
+        if let Some((at, r)) = cache.as_ref()
+            && ttl.is_positive()
+            && now.duration_since(*at) < ttl
+        {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(
+            self.store
+                .load_registry()
+                .await?
+                .with_builtins(self.tools.builtins()),
+        );
+        *cache = Some((now, r.clone()));
+        Ok(r)
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
