@@ -1,0 +1,398 @@
+//! Dispatching: one attempt per queue message, claimed on the delivery record; a retry
+//! is a new message with a delay.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use tracing::{error, info, warn};
+use ulid::Ulid;
+
+use super::HookEmitter;
+use crate::domain::{
+    AttemptStatus, Delivery, DeliveryStatus, Hook, HookAttempt, HookDelivery, HookTask, MessageId,
+    retry_delay, truncate_utf8,
+};
+use crate::error::{EngineError, StoreError, chain};
+use crate::ports::{Clock, HookMessage, HookQueue, HookSender, Store};
+
+/// Tunables of the dispatcher.
+#[derive(Clone, Debug)]
+pub struct DispatchSettings {
+    /// How long a claimed attempt is held before another dispatcher may make it again.
+    /// Longer than any hook's timeout.
+    pub lease: SignedDuration,
+    /// Deliveries attempted at once per batch.
+    pub concurrency: usize,
+}
+
+impl Default for DispatchSettings {
+    fn default() -> Self {
+        Self {
+            lease: SignedDuration::from_mins(2),
+            concurrency: 16,
+        }
+    }
+}
+
+/// What became of one message.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Handled {
+    /// An attempt was made.
+    Attempted(HookAttempt),
+    /// Its time has not come: sent on with the rest of its delay.
+    Deferred(Timestamp),
+    /// Nothing to do, and why (already delivered, claimed elsewhere, hook disabled).
+    Skipped(String),
+}
+
+/// A batch's outcome: the message ids to deliver again.
+#[derive(Clone, Debug, Default)]
+pub struct DispatchReport {
+    /// Messages handled.
+    pub handled: usize,
+    /// Attempts made.
+    pub attempts: usize,
+    /// Message ids that failed for a reason outside the delivery (storage, queue) and
+    /// must come back.
+    pub failed: Vec<MessageId>,
+}
+
+/// Delivers hooks.
+#[derive(Clone)]
+pub struct Dispatcher {
+    pub(super) store: Arc<dyn Store>,
+    pub(super) queue: Arc<dyn HookQueue>,
+    pub(super) sender: Arc<dyn HookSender>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) settings: DispatchSettings,
+    pub(super) emitter: HookEmitter,
+    pub(super) jitter: Arc<dyn Fn() -> f64 + Send + Sync>,
+}
+
+/// A uniform number in [0, 1).
+fn unit_random() -> f64 {
+    (Ulid::new().random() as u64 >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl Dispatcher {
+    /// A dispatcher over the store, the hooks queue and a sender.
+    pub fn new(
+        store: Arc<dyn Store>,
+        queue: Arc<dyn HookQueue>,
+        sender: Arc<dyn HookSender>,
+        clock: Arc<dyn Clock>,
+        settings: DispatchSettings,
+    ) -> Self {
+        Self {
+            emitter: HookEmitter::new(store.clone(), queue.clone(), clock.clone()),
+            store,
+            queue,
+            sender,
+            clock,
+            settings,
+            jitter: Arc::new(unit_random),
+        }
+    }
+
+    /// Handles one queue message.
+    pub async fn handle(&self, task: &HookTask) -> Result<Handled, EngineError> {
+        let now = self.clock.now();
+        // SQS delays are whole seconds of at most 15 minutes: a longer wait arrives early
+        // and is sent on with what remains.
+        let remaining = task.not_before.duration_since(now);
+        if remaining >= SignedDuration::from_secs(1) {
+            self.requeue(task.clone(), remaining).await?;
+            return Ok(Handled::Deferred(task.not_before));
+        }
+        let Some(hook) = self.store.get_hook(&task.hook_id).await? else {
+            warn!(hook_id = %task.hook_id, delivery_id = %task.delivery_id, "the hook no longer exists; delivery dropped");
+            return Ok(Handled::Skipped("the hook no longer exists".into()));
+        };
+        let mut d = match self.store.get_delivery(&task.delivery_id).await? {
+            Some(d) => d,
+            None => task.new_delivery(now),
+        };
+        if d.status.is_final() {
+            return Ok(Handled::Skipped(format!(
+                "delivery {} is {} already",
+                d.id,
+                d.status.as_str()
+            )));
+        }
+        if d.attempts >= task.attempt {
+            match d.lease_until {
+                Some(l) if l > now => {
+                    return Ok(Handled::Skipped(format!(
+                        "attempt {} of {} is in flight elsewhere",
+                        task.attempt, d.id
+                    )));
+                }
+                // The dispatcher holding it died: make the attempt again.
+                Some(_) => {}
+                None => {
+                    // Made already. If its retry is still due, the message for it may
+                    // have been lost between recording and sending: send it (again).
+                    if d.attempts == task.attempt
+                        && let Some(at) = d.next_attempt_at
+                    {
+                        self.schedule(task, &d, at).await?;
+                    }
+                    return Ok(Handled::Skipped(format!(
+                        "attempt {} of {} was made already",
+                        task.attempt, d.id
+                    )));
+                }
+            }
+        }
+        if !hook.active {
+            d.status = DeliveryStatus::Cancelled;
+            d.last_error = Some(format!(
+                "the hook is disabled{}",
+                hook.disabled_reason
+                    .as_deref()
+                    .map_or_else(String::new, |r| format!(": {r}"))
+            ));
+            d.next_attempt_at = None;
+            d.updated_at = now;
+            d.version += 1;
+            return match self.store.save_delivery(&d, None).await {
+                Ok(()) | Err(StoreError::Conflict(_)) => {
+                    Ok(Handled::Skipped("the hook is disabled".into()))
+                }
+                Err(e) => Err(e.into()),
+            };
+        }
+        d.attempts = task.attempt;
+        match self.claim(d, now).await? {
+            Some(d) => Ok(Handled::Attempted(self.attempt(hook, d, Some(task)).await?)),
+            None => Ok(Handled::Skipped(format!(
+                "attempt {} of {} was claimed by another dispatcher",
+                task.attempt, task.delivery_id
+            ))),
+        }
+    }
+
+    /// Writes the claim of attempt `d.attempts`; `None` if another writer got there first.
+    pub(super) async fn claim(
+        &self,
+        mut d: HookDelivery,
+        now: Timestamp,
+    ) -> Result<Option<HookDelivery>, EngineError> {
+        d.status = DeliveryStatus::Pending;
+        d.lease_until = Some(now.saturating_add(self.settings.lease).unwrap_or(now));
+        d.next_attempt_at = None;
+        d.updated_at = now;
+        d.version += 1;
+        match self.store.save_delivery(&d, None).await {
+            Ok(()) => Ok(Some(d)),
+            Err(StoreError::Conflict(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes the claimed attempt `d.attempts`, records it, updates the hook's health, and
+    /// schedules the next attempt (when `task` is given: replays and tests get one).
+    pub(super) async fn attempt(
+        &self,
+        hook: Hook,
+        mut d: HookDelivery,
+        task: Option<&HookTask>,
+    ) -> Result<HookAttempt, EngineError> {
+        let at = self.clock.now();
+        let began = Instant::now();
+        let result = self.sender.send(&hook, &d, at.as_second()).await;
+        let duration_ms = began.elapsed().as_millis() as u64;
+        let done = self.clock.now();
+        let mut attempt = HookAttempt {
+            delivery_id: d.id.clone(),
+            hook_id: hook.id.clone(),
+            attempt: d.attempts,
+            status: result.status,
+            http_status: result.http_status,
+            response_body: result
+                .body
+                .as_deref()
+                .map(|b| truncate_utf8(b, crate::domain::ATTEMPT_BODY_LIMIT)),
+            error: result.error.clone(),
+            duration_ms,
+            at,
+            next_attempt_at: None,
+        };
+        d.lease_until = None;
+        d.last_status = Some(result.status);
+        d.last_error = result.error.clone();
+        d.updated_at = done;
+        d.version += 1;
+        let mut disable = None;
+        let succeeded = result.status == AttemptStatus::Success;
+        if succeeded {
+            d.status = DeliveryStatus::Succeeded;
+        } else if result.http_status == Some(410) {
+            disable = Some("the receiver answered 410 Gone".to_owned());
+            d.status = DeliveryStatus::Cancelled;
+        } else {
+            let since = hook.failing_since.unwrap_or(at);
+            if done.duration_since(since) >= hook.disable_after {
+                disable = Some(format!(
+                    "its deliveries have failed without a success since {since} (disable-after {:#})",
+                    hook.disable_after
+                ));
+                d.status = DeliveryStatus::Cancelled;
+            } else if let Some(delay) = task.and_then(|_| {
+                retry_delay(
+                    &hook.retry,
+                    d.attempts,
+                    result
+                        .retry_after
+                        .and_then(|r| SignedDuration::try_from(r).ok()),
+                    (self.jitter)(),
+                )
+            }) {
+                let next = done.saturating_add(delay).unwrap_or(done);
+                d.next_attempt_at = Some(next);
+                attempt.next_attempt_at = Some(next);
+            } else {
+                // The schedule is used up, or this was a replay or a test (one attempt).
+                d.status = DeliveryStatus::Exhausted;
+            }
+        }
+        if let Some(why) = &disable {
+            d.last_error = Some(format!(
+                "{}; the hook is disabled: {why}",
+                result.error.as_deref().unwrap_or("failed")
+            ));
+        }
+        match self.store.save_delivery(&d, Some(&attempt)).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict(why)) => {
+                return Err(EngineError::Contended(format!(
+                    "attempt {} of {} was taken over while in flight: {why}",
+                    d.attempts, d.id
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        log_attempt(&hook, &d, &attempt);
+        self.health(&hook, succeeded, at, disable).await?;
+        if let (Some(task), Some(next)) = (task, d.next_attempt_at) {
+            self.schedule(task, &d, next).await?;
+        }
+        if d.status == DeliveryStatus::Exhausted
+            && let Some(task) = task
+        {
+            let reason = format!(
+                "{} attempts failed; last: {}",
+                d.attempts,
+                d.last_error.as_deref().unwrap_or("?")
+            );
+            self.queue.dead_letter(task, &reason).await?;
+            warn!(hook_id = %hook.id, delivery_id = %d.id, attempts = d.attempts, "hook delivery exhausted; dead-lettered (`pulse hooks replay --delivery {}` sends it again)", d.id);
+        }
+        Ok(attempt)
+    }
+
+    /// Sends the message for the attempt after `d.attempts`, due at `at`.
+    async fn schedule(
+        &self,
+        task: &HookTask,
+        d: &HookDelivery,
+        at: Timestamp,
+    ) -> Result<(), EngineError> {
+        let mut next = task.clone();
+        next.attempt = d.attempts + 1;
+        next.not_before = at;
+        let delay = at.duration_since(self.clock.now());
+        self.requeue(next, delay).await
+    }
+
+    pub(super) async fn requeue(
+        &self,
+        task: HookTask,
+        delay: SignedDuration,
+    ) -> Result<(), EngineError> {
+        let delay = delay.unsigned_abs().min(self.queue.max_delay());
+        let report = self.queue.send(&[HookMessage { task, delay }]).await?;
+        if let Some((_, why)) = report.failed.first() {
+            return Err(EngineError::Unavailable(format!(
+                "the hooks queue refused a retry: {why}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Handles a batch of queue messages concurrently; reports those to deliver again.
+    /// An unreadable message is logged and dropped (nothing Pulse sent looks like it).
+    pub async fn process_batch(&self, batch: &[Delivery]) -> DispatchReport {
+        let results: Vec<(MessageId, Result<Handled, EngineError>)> =
+            futures::stream::iter(batch.iter())
+                .map(|m| async move {
+                    let r = match HookTask::decode(&m.body) {
+                        Ok(task) => self.handle(&task).await,
+                        Err(e) => {
+                            error!(message_id = %m.message_id, error = %e, body = %truncate_utf8(&m.body, 200), "not a hook task; dropped");
+                            Ok(Handled::Skipped("unreadable message".into()))
+                        }
+                    };
+                    (m.message_id.clone(), r)
+                })
+                .buffer_unordered(self.settings.concurrency.max(1))
+                .collect()
+                .await;
+        let mut report = DispatchReport::default();
+        for (id, r) in results {
+            report.handled += 1;
+            match r {
+                Ok(Handled::Attempted(_)) => report.attempts += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    error!(message_id = %id, error = %chain(&e), "hook message will be delivered again");
+                    report.failed.push(id);
+                }
+            }
+        }
+        report
+    }
+
+    /// Receives up to `max` messages from the hooks queue, handles them, and deletes
+    /// those handled (`pulse serve`'s loop and tests drive this).
+    pub async fn poll_once(
+        &self,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<DispatchReport, StoreError> {
+        let batch = self.queue.receive(max, visibility).await?;
+        let report = self.process_batch(&batch).await;
+        for m in &batch {
+            if !report.failed.contains(&m.message_id) {
+                self.queue.ack(&m.receipt).await?;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Polls until no message is ready (retries scheduled later stay queued); returns
+    /// the attempts made. `pulse sweep`, the demo and the hooks bench deliver this way.
+    pub async fn drain(&self, max: usize, visibility: Duration) -> Result<usize, StoreError> {
+        let mut attempts = 0;
+        loop {
+            let r = self.poll_once(max, visibility).await?;
+            if r.handled == 0 {
+                return Ok(attempts);
+            }
+            attempts += r.attempts;
+        }
+    }
+}
+
+pub(super) fn log_attempt(hook: &Hook, d: &HookDelivery, a: &HookAttempt) {
+    match a.status {
+        AttemptStatus::Success => {
+            info!(hook_id = %hook.id, delivery_id = %d.id, attempt = a.attempt, http_status = a.http_status, duration_ms = a.duration_ms, "hook delivered")
+        }
+        _ => {
+            warn!(hook_id = %hook.id, delivery_id = %d.id, attempt = a.attempt, status = a.status.as_str(), http_status = a.http_status, error = a.error.as_deref().unwrap_or(""), next_attempt_at = ?a.next_attempt_at, delivery_status = d.status.as_str(), "hook attempt failed")
+        }
+    }
+}
