@@ -230,30 +230,11 @@ impl HeartbeatAgent {
             if resp.tool_calls.is_empty() || resp.stop != StopReason::ToolUse {
                 return Ok(None);
             }
-            for call in &resp.tool_calls {
-                if call.name == "speak"
-                    && let Some(why) = self.interrupted(req).await?
-                {
-                    return Ok(Some(why));
-                }
-                let (content, is_error) = match self.run_tool(req, &agent, call, calls, t).await {
-                    Ok(v) => (v, false),
-                    Err(e) => (json!({"error": e}), true),
-                };
-                calls += 1;
-                info!(tool = %call.name, is_error, "heartbeat agent tool call");
-                t.steps.push(json!({
-                    "kind": "tool",
-                    "name": call.name,
-                    "input": call.input,
-                    "result": content,
-                    "is_error": is_error,
-                }));
-                messages.push(ChatMessage::ToolResult {
-                    call_id: call.id.clone(),
-                    content: content.to_string(),
-                    is_error,
-                });
+            if let Some(why) = self
+                .answer_calls(req, &agent, &resp.tool_calls, &mut calls, t, &mut messages)
+                .await?
+            {
+                return Ok(Some(why));
             }
         }
         t.budget_stop = Some(format!(
@@ -264,6 +245,46 @@ impl HeartbeatAgent {
             budget = budgets.max_steps,
             "heartbeat agent stopped: step budget reached"
         );
+        Ok(None)
+    }
+
+    /// Runs the tools the model asked for, in order, adding each result to the
+    /// conversation and the transcript. `Some(reason)` if a user message interrupted
+    /// the heartbeat before a `speak`.
+    async fn answer_calls(
+        &self,
+        req: &ToolRequest,
+        agent: &Agent,
+        tool_calls: &[ToolUse],
+        calls: &mut usize,
+        t: &mut Transcript,
+        messages: &mut Vec<ChatMessage>,
+    ) -> Result<Option<String>, String> {
+        for call in tool_calls {
+            if call.name == "speak"
+                && let Some(why) = self.interrupted(req).await?
+            {
+                return Ok(Some(why));
+            }
+            let (content, is_error) = match self.run_tool(req, agent, call, *calls, t).await {
+                Ok(v) => (v, false),
+                Err(e) => (json!({"error": e}), true),
+            };
+            *calls += 1;
+            info!(tool = %call.name, is_error, "heartbeat agent tool call");
+            t.steps.push(json!({
+                "kind": "tool",
+                "name": call.name,
+                "input": call.input,
+                "result": content,
+                "is_error": is_error,
+            }));
+            messages.push(ChatMessage::ToolResult {
+                call_id: call.id.clone(),
+                content: content.to_string(),
+                is_error,
+            });
+        }
         Ok(None)
     }
 
