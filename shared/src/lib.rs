@@ -6,30 +6,51 @@
 //!
 //! ## Layout
 //!
-//! - [`domain`]: agents, heartbeats, events, tools, subscriptions, actions, queue tasks —
-//!   types, newtypes and validation; no I/O.
-//! - [`ports`]: the traits the engine needs (stores, the sessions queue, the clock, tool
-//!   execution).
-//! - [`engine`]: the sweeper (due → claim → queue), the heartbeat runner (window by
-//!   cursor → tools and cascades → atomic finish and next schedule), the worker (batches
-//!   in order per session, partial failures), and hooks (emit at lifecycle points,
-//!   dispatch with delayed retries).
-//! - [`tools`]: tool execution; the generic HTTP tool.
-//! - [`outbound`]: the hook sender — signed POSTs through the SSRF-guarded egress client
-//!   (`pulse-egress`, which the HTTP tool uses too), or PutEvents to EventBridge.
-//! - [`http`]: the axum router of the webhook receiver — Discord interactions, signed
-//!   webhooks, health — served by Lambda and by `pulse serve --listen`. Signature schemes
-//!   live in the `pulse-signatures` crate (a leaf crate, so its fuzz target builds fast).
-//! - [`adapters`]: `sqlite` and `aws` (DynamoDB, SQS) — the only place SQL or SDK types
-//!   appear — and [`adapters::connect`], which picks one from the configuration.
+//! - [`domain`]: agents, heartbeats, events, tools, subscriptions, actions, turns, hooks
+//!   and their deliveries, webhooks, queue tasks — types, newtypes, validation and the
+//!   rules on them (a hook's payload per type, a webhook request's log entries, a reply
+//!   split to the voice's limit); no I/O.
+//! - [`ports`]: the traits the engine needs — one per store concern (agents, heartbeats,
+//!   events, actions, registry, conversations, memories, webhooks, hooks), the sessions
+//!   and hooks queues, the clock, tools, the model, Discord, hook senders — and the typed
+//!   errors and reports at those seams.
+//! - [`engine`]: the use cases. `sweep` (due → claim → queue), `heartbeat/` (one job:
+//!   window by cursor → actions and cascades → one atomic finish), `worker` (batches in
+//!   order per session), `conversation` and `intake` (signals in, one voice out),
+//!   `hooks/` (emitter, dispatcher, health, operator verbs), `webhooks` (a signed request
+//!   → a [`engine::Verdict`]).
+//! - Adapters, each implementing ports: [`adapters`] `sqlite/` and `aws/` (one file per
+//!   port, the same names on both sides, beside `codec` and the key layout — the only
+//!   place SQL or SDK types appear); [`tools`] (the HTTP tool, the built-in heartbeat
+//!   agent); [`llm`] (model providers); [`discord`] (replies); [`outbound`] (hook
+//!   senders over the SSRF-guarded `pulse-egress` client, or EventBridge).
 //! - [`sealing`]: secrets at rest — AES-256-GCM sealing of webhook and hook secrets,
 //!   which the store adapters apply on write and undo on read.
-//! - [`config`]: typed configuration from the environment.
-//! - [`lambda`]: Lambda event shapes to and from the engine's types.
-//! - [`telemetry`]: tracing setup (JSON under Lambda, readable lines in a terminal).
+//! - [`config`]: typed configuration from the environment, into the settings of the
+//!   engine and the adapters.
+//! - Entry points: [`http`] (the receiver's axum router — Discord interactions, signed
+//!   webhooks, health — a thin mapping of the engine's verdicts to statuses; served by
+//!   Lambda and by `pulse serve`) and [`lambda`] (Lambda event shapes to and from the
+//!   engine's types; secrets from SSM before set-up).
+//! - [`app`]: the wiring — [`app::connect`] turns a configuration (or injected stores and
+//!   clients) into [`app::Connected`] and [`app::Services`], from small pieces the Lambda
+//!   mains, the CLI, the benches and the tests all reuse.
+//! - [`error`], [`telemetry`]: error types; tracing setup.
 //!
-//! Arrows point down: adapters implement ports, the engine uses ports, the domain uses
-//! nothing.
+//! Signature schemes live in the `pulse-signatures` crate (a leaf crate, so its fuzz
+//! target builds fast).
+//!
+//! ## Arrows
+//!
+//! Imports run one way, down this list; nothing imports a module above it:
+//!
+//! ```text
+//! error ← domain, sealing ← ports ← engine ← adapters, tools, llm, discord, outbound
+//!       ← config ← http, lambda ← app ← the `pulse` CLI and the Lambda functions
+//! ```
+//!
+//! The engine knows ports only, never an adapter; adapters know the domain and ports, never
+//! the engine; only `app` (and the binaries above it) knows every piece.
 
 pub mod adapters;
 pub mod app;

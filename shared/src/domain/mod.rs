@@ -8,6 +8,7 @@ mod event;
 mod hook;
 mod hook_delivery;
 mod ids;
+mod reply;
 mod task;
 mod time;
 mod tool;
@@ -38,6 +39,7 @@ pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
     RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, quote_input,
 };
+pub use reply::{MESSAGE_LIMIT, split_message};
 pub use task::{
     DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask, SignalJob,
     TASK_VERSION, TaskDecodeError, TaskEnvelope,

@@ -17,10 +17,10 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::discord::{MESSAGE_LIMIT, split_message};
 use crate::domain::{
-    Agent, AgentId, ChatMessage, ConversationMessage, HookData, HookType, LlmRequest, ReplyTarget,
-    Role, Signal, SignalKind, Turn, TurnId, TurnStatus, Usage,
+    Agent, AgentId, ChatMessage, ConversationMessage, HookData, HookType, LlmRequest,
+    MESSAGE_LIMIT, ReplyTarget, Role, Signal, SignalKind, Turn, TurnId, TurnStatus, Usage,
+    split_message,
 };
 use crate::error::{DiscordError, EngineError, chain};
 use crate::ports::{Clock, DiscordApi, LlmSelector, Store, TurnStart};
