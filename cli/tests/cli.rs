@@ -106,6 +106,20 @@ fn bad_input_exits_two_and_writes_nothing() {
         )
         .contains("payload")
     );
+    let lower = bad(d, &["events", "emit", "--agent", &agent, "--type", "note"]);
+    assert!(lower.contains("SCREAMING_SNAKE_CASE"), "{lower}");
+    assert!(lower.contains("did you mean NOTE?"), "{lower}");
+    let dotted = bad(
+        d,
+        &["events", "emit", "--agent", &agent, "--type", "new-mention"],
+    );
+    assert!(dotted.contains("did you mean NEW_MENTION?"), "{dotted}");
+    let events = json(d, &["events", "list", "--agent", &agent]);
+    assert_eq!(
+        events.as_array().map(Vec::len),
+        Some(0),
+        "nothing was stored: {events}"
+    );
     assert!(
         bad(
             d,

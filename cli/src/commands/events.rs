@@ -14,7 +14,7 @@ pub(crate) enum EventsCmd {
         /// The agent's id.
         #[arg(long)]
         agent: String,
-        /// Event type, e.g. NEW_MENTION.
+        /// Event type in SCREAMING_SNAKE_CASE, e.g. NEW_MENTION (what subscriptions match).
         #[arg(long = "type", value_name = "TYPE")]
         event_type: String,
         /// JSON payload.
@@ -56,14 +56,49 @@ pub(crate) fn plan(cmd: EventsCmd) -> Result<EventsPlan, Failure> {
             priority,
         } => EventsPlan::Emit {
             agent: agent_id(&agent)?,
-            event: NewEvent::new(&event_type, json_arg("payload", &payload)?, priority)
-                .map_err(input)?,
+            event: NewEvent::new(
+                emit_type(&event_type)?,
+                json_arg("payload", &payload)?,
+                priority,
+            )
+            .map_err(input)?,
         },
         EventsCmd::List { agent, limit: n } => EventsPlan::List {
             agent: agent_id(&agent)?,
             limit: limit(n)?,
         },
     })
+}
+
+/// The type of an event emitted by hand: SCREAMING_SNAKE_CASE, as subscriptions and the
+/// engine's own types are written, so `note` is not stored where `NOTE` was meant.
+/// (Webhook senders keep their own spellings; their types are not typed by hand.)
+fn emit_type(t: &str) -> Result<&str, Failure> {
+    let mut bytes = t.bytes();
+    let screaming = bytes.next().is_some_and(|b| b.is_ascii_uppercase())
+        && bytes.all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if screaming {
+        return Ok(t);
+    }
+    let hint: String = t
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let hint = hint.trim_matches('_');
+    let suggestion = if hint.is_empty() || !hint.starts_with(|c: char| c.is_ascii_uppercase()) {
+        String::new()
+    } else {
+        format!(" (did you mean {hint}?)")
+    };
+    Err(Failure::Input(format!(
+        "invalid event type {t:?}: emitted types are SCREAMING_SNAKE_CASE — capital letters, digits and '_', starting with a letter{suggestion}"
+    )))
 }
 
 pub(crate) async fn execute(plan: EventsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
