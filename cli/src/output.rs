@@ -124,3 +124,21 @@ pub(crate) fn short(s: &str, n: usize) -> String {
             + "…"
     }
 }
+
+/// A duration as it is typed on the command line: `5s`, `1m 30s`, `250ms`.
+pub(crate) fn duration_ms(ms: u64) -> String {
+    let d = jiff::SignedDuration::from_millis(i64::try_from(ms).unwrap_or(i64::MAX));
+    format!("{d:#}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration_ms;
+
+    #[test]
+    fn durations_print_as_they_are_typed() {
+        assert_eq!(duration_ms(5_000), "5s");
+        assert_eq!(duration_ms(90_000), "1m 30s");
+        assert_eq!(duration_ms(250), "250ms");
+    }
+}

@@ -8,6 +8,7 @@ use pulse_shared::error::StoreError;
 use serde_json::Value;
 
 use super::{Ctx, input, json_arg, store, yes_no};
+use crate::output::duration_ms;
 use crate::Failure;
 
 #[derive(Subcommand, Debug)]
@@ -124,7 +125,7 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                 |t| {
                     let (kind, url, timeout) = match &t.kind {
                         ToolKind::Http { url, timeout_ms } => {
-                            ("http", url.to_string(), format!("{timeout_ms}ms"))
+                            ("http", url.to_string(), duration_ms(*timeout_ms))
                         }
                         ToolKind::HeartbeatAgent => ("built-in", "-".into(), "-".into()),
                     };
