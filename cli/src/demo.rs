@@ -18,11 +18,13 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::{patch, post};
 use jiff::{SignedDuration, Timestamp};
-use pulse_shared::app::{Services, connect};
+use pulse_shared::app::{Connected, Services, connect};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::discord::{DiscordClient, DiscordConfig};
-use pulse_shared::domain::{Hook, HookTarget, HookType, NewAgent, Secret, Webhook, WebhookScheme};
-use pulse_shared::engine::DispatchSettings;
+use pulse_shared::domain::{
+    Agent, Hook, HookTarget, HookType, NewAgent, Secret, Webhook, WebhookScheme,
+};
+use pulse_shared::engine::{DispatchSettings, Dispatcher, Sweeper, Worker};
 use pulse_shared::http::{self, Inbound};
 use pulse_shared::llm::{LlmConfig, Router as LlmRouter};
 use pulse_shared::ports::{Clock, ManualClock};
@@ -124,17 +126,56 @@ fn header(h: &HeaderMap, name: &str) -> String {
 /// Runs the demo and prints its transcript.
 pub(crate) async fn demo() -> Result<(), Failure> {
     let started = std::time::Instant::now();
-    let dir = tempfile::tempdir()?;
-    let clock = Arc::new(ManualClock::new(Timestamp::now()));
-    let posts: Posts = Arc::default();
-    let deliveries: Deliveries = Arc::default();
-    let discord_base = discord_stand_in(posts.clone()).await?;
-    let hook_url = hook_receiver(deliveries.clone()).await?;
-    let signer = DiscordSigner::from_seed(rand_seed());
+    let demo = Demo::start().await?;
+    demo.introduce();
+    let cast = demo.set_up().await?;
+    demo.signed_webhook(&cast).await?;
+    demo.heartbeat(&cast).await?;
+    demo.quiet_heartbeat().await?;
+    demo.slash_command().await?;
+    demo.discord_received();
+    let (delivered, verified) = demo.hook_deliveries(&cast).await?;
+    finish(started, delivered, verified)
+}
 
+/// The running demo: the store, the engine on its manual clock, the HTTP receiver, the
+/// two far-end stand-ins and a client.
+struct Demo {
+    /// Holds the store; removed when the demo ends.
+    dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    posts: Posts,
+    deliveries: Deliveries,
+    discord_base: String,
+    hook_url: String,
+    signer: DiscordSigner,
+    backend: Connected,
+    sweeper: Sweeper,
+    worker: Worker,
+    dispatcher: Dispatcher,
+    /// The HTTP receiver's address.
+    base: String,
+    client: reqwest::Client,
+}
+
+/// What the set-up created: the agent, its webhook (and secret) and its hooks.
+struct Cast {
+    agent: Agent,
+    webhook: Webhook,
+    webhook_secret: String,
+    hooks: Vec<Hook>,
+}
+
+/// The demo's configuration: the store in `dir`, Discord at the stand-in, signed by
+/// `signer`, and hooks allowed to reach loopback.
+fn demo_config(
+    dir: &std::path::Path,
+    signer: &DiscordSigner,
+    discord_base: &str,
+) -> Result<Config, Failure> {
     let mut config = Config {
         backend: Backend::Sqlite {
-            path: dir.path().join("demo.db"),
+            path: dir.join("demo.db"),
         },
         ..Config::defaults()
     };
@@ -148,24 +189,19 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         application_id: Some(APPLICATION.to_owned()),
         ..DiscordConfig::unconfigured()
     };
-    let egress = pulse_egress::Egress::new(config.hooks.allow.clone());
-    let services = Services {
-        llm: Arc::new(LlmRouter::new(LlmConfig::offline(), egress.clone())),
-        discord: Some(Arc::new(DiscordClient::new(config.discord.clone()))),
-        egress,
-    };
-    let backend = connect(&config, clock.clone()).await?;
-    let sweeper = backend.sweeper(&config.engine);
-    let worker = backend.worker(clock.clone(), &config.engine, &services);
-    let dispatcher = backend
-        .dispatcher(clock.clone(), &services.egress, DispatchSettings::default())
-        .ok_or_else(|| {
-            Failure::Runtime(anyhow::anyhow!("the embedded store has no hooks queue"))
-        })?;
+    Ok(config)
+}
+
+/// Starts the HTTP receiver of `pulse serve` on loopback; returns its address.
+async fn start_receiver(
+    backend: &Connected,
+    clock: Arc<dyn Clock>,
+    config: &Config,
+) -> Result<String, Failure> {
     let inbound = Arc::new(Inbound::new(
         backend.store.clone(),
         backend.queue.clone(),
-        clock.clone(),
+        clock,
         config.inbound.clone(),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -176,255 +212,361 @@ pub(crate) async fn demo() -> Result<(), Failure> {
         http::ServeLimits::default(),
         std::future::pending(),
     ));
-    let client = reqwest::Client::new();
+    Ok(base)
+}
 
-    outln!(
-        "Pulse demo: offline, on a temporary store ({}).",
-        dir.path().display()
-    );
-    outln!("HTTP receiver {base}; Discord stand-in {discord_base}; hook receiver {hook_url}.");
-
-    section("1. Set-up: an agent, its inbound webhook and its outbound hooks");
-    let mut new = NewAgent::named("Scout");
-    new.discord_channel = Some(CHANNEL.to_owned());
-    new.instructions = Some(
-        "Watch the deploy pipeline. Tell the user when something they care about changes.".into(),
-    );
-    let (agent, first) = new.create(clock.now())?;
-    backend.store.create_agent(&agent, &first).await?;
-    outln!(
-        "agent {} ({}), Discord channel {CHANNEL}, heartbeat every {}",
-        agent.id,
-        agent.name,
-        agent.interval
-    );
-    let webhook_secret = generate_secret();
-    let webhook = Webhook::new(
-        agent.id.clone(),
-        WebhookScheme::Standard,
-        &webhook_secret,
-        clock.now(),
-    )?;
-    backend.store.create_webhook(&webhook).await?;
-    outln!(
-        "webhook {} (Standard Webhooks signatures): POST {base}/webhooks/{}",
-        webhook.id,
-        webhook.id
-    );
-    let mut hooks = Vec::new();
-    for t in [
-        HookType::AFTER_HEARTBEAT,
-        HookType::MESSAGE_RECEIVED,
-        HookType::MESSAGE_SENT,
-    ] {
-        let h = Hook::new(
-            agent.id.clone(),
-            HookType::of(t),
-            HookTarget::parse(&hook_url)?,
-            &generate_secret(),
-            clock.now(),
-        );
-        backend.store.create_hook(&h).await?;
-        outln!("hook {} on {} → {hook_url}", h.id, h.hook_type);
-        hooks.push(h);
-    }
-
-    section("2. An external system sends a signed webhook");
-    clock.advance(SignedDuration::from_secs(30));
-    let body = json!({
-        "event_type": "DEPLOY_FINISHED",
-        "priority": 2,
-        "payload": {"service": "api", "version": "2.4.1",
-                    "summary": "speak: The api deploy (v2.4.1) finished; the user asked to hear about deploys."}
-    })
-    .to_string();
-    let mut req = client
-        .post(format!("{base}/webhooks/{}", webhook.id))
-        .body(body.clone());
-    for (k, v) in sign(
-        WebhookScheme::Standard.signing(),
-        &webhook_secret,
-        body.as_bytes(),
-        clock.now().as_second(),
-        "msg_demo_deploy_1",
-    )? {
-        req = req.header(k, v);
-    }
-    let resp = req
-        .header("content-type", "application/json")
-        .send()
-        .await?;
-    outln!(
-        "POST /webhooks/{} → {} {}",
-        webhook.id,
-        resp.status().as_u16(),
-        resp.text().await?
-    );
-
-    section("3. Heartbeat: the agent wakes, reads its events, and speaks");
-    clock.advance(SignedDuration::from_mins(1));
-    let swept = sweeper.sweep_once(clock.now()).await;
-    outln!(
-        "sweep: {} due, {} claimed, {} queued",
-        swept.due,
-        swept.claimed,
-        swept.queued
-    );
-    let ran = drain(&worker, &backend).await?;
-    outln!(
-        "worker: {ran} session tasks run (the heartbeat job, then the turn its thought started)"
-    );
-    let mut events = backend.store.list_events(&agent.id, 20).await?;
-    events.sort_by_key(|e| e.created_at);
-    for e in &events {
-        outln!(
-            "event {} {} from {}: {}",
-            e.id,
-            e.event_type,
-            e.source,
-            e.payload
-        );
-    }
-    let actions = backend.store.list_actions(&agent.id, 20).await?;
-    for a in actions.iter().rev() {
-        outln!(
-            "action {} {} {} (for event {})",
-            a.id,
-            a.tool,
-            serde_json::to_value(a.status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
-            a.event_id
-        );
-        if let Some(out) = a.response.as_ref().map(|r| &r["output"]) {
-            for t in out["spoke"].as_array().into_iter().flatten() {
-                outln!("heartbeat thought: {}", t.as_str().unwrap_or_default());
-            }
-        }
-    }
-    for hb in backend
-        .store
-        .list_heartbeats(&agent.id, 5)
-        .await?
-        .iter()
-        .rev()
-    {
-        outln!("heartbeat {} {}", hb.id(), hb.status.as_str());
-    }
-
-    section("4. A quiet heartbeat: nothing new, nothing said");
-    clock.advance(SignedDuration::from_mins(16));
-    let before = posts.lock().unwrap_or_else(|e| e.into_inner()).len();
-    let swept = sweeper.sweep_once(clock.now()).await;
-    let ran = drain(&worker, &backend).await?;
-    let after = posts.lock().unwrap_or_else(|e| e.into_inner()).len();
-    outln!(
-        "sweep claimed {}; worker ran {ran}; Discord messages sent: {}",
-        swept.claimed,
-        after - before
-    );
-
-    section("5. The user asks with a signed Discord slash command");
-    clock.advance(SignedDuration::from_mins(2));
-    let minted = clock.now().as_millisecond() - 1_000 - 1_420_070_400_000;
-    let command = json!({
-        "id": ((minted as u64) << 22).to_string(),
-        "application_id": APPLICATION,
-        "type": 2,
-        "token": "demo-interaction-token",
-        "version": 1,
-        "channel": {"id": CHANNEL, "type": 0},
-        "channel_id": CHANNEL,
-        "member": {"user": {"id": "1000000000000000001", "username": "ada", "global_name": "Ada"},
-                   "roles": [], "joined_at": "2026-01-01T00:00:00+00:00", "deaf": false, "mute": false},
-        "guild_id": "1100000000000000000",
-        "data": {"id": "1250000000000000000", "name": "ask", "type": 1,
-                 "options": [{"name": "text", "type": 3, "value": "Which version went out?"}]}
-    })
-    .to_string();
-    let mut req = client
-        .post(format!("{base}/discord/interactions"))
-        .body(command.clone());
-    for (k, v) in signer.sign(clock.now().as_second(), command.as_bytes()) {
-        req = req.header(k, v);
-    }
-    let resp = req
-        .header("content-type", "application/json")
-        .send()
-        .await?;
-    outln!(
-        "/ask \"Which version went out?\" → {} {}",
-        resp.status().as_u16(),
-        resp.text().await?
-    );
-    let ran = drain(&worker, &backend).await?;
-    outln!("worker: {ran} session task run (the user's turn)");
-
-    section("6. What Discord received");
-    for (place, content) in posts.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-        outln!("{place}: {content}");
-    }
-
-    section("7. Hook deliveries, signatures checked with each hook's secret");
-    let attempts = dispatcher.drain(16, VISIBILITY).await?;
-    let mut got = deliveries.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    // In the order they were emitted (delivery ids are time-ordered).
-    got.sort_by_key(|(h, _)| header(h, "webhook-id"));
-    let mut verified = 0;
-    for (headers, body) in &got {
-        let t = header(headers, "x-pulse-hook-type");
-        let secret = hooks
-            .iter()
-            .find(|h| h.hook_type.as_str() == t)
-            .map(|h| h.secret.expose().to_owned())
-            .unwrap_or_default();
-        let check = verify(
-            Scheme::Standard,
-            &[&secret],
-            headers,
-            body,
-            clock.now().as_second(),
-        );
-        let payload: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let summary = match t.as_str() {
-            "AFTER_HEARTBEAT" => format!(
-                "events processed {}, actions {}",
-                payload["data"]["events_processed"], payload["data"]["actions_triggered"]
-            ),
-            "MESSAGE_RECEIVED" => format!("received {}", payload["data"]["signals"][0]["text"]),
-            "MESSAGE_SENT" => format!("sent {}", payload["data"]["parts"][0]),
-            _ => payload["data"].to_string(),
+impl Demo {
+    /// Starts the stand-ins, the store, the engine and the HTTP receiver.
+    async fn start() -> Result<Self, Failure> {
+        let dir = tempfile::tempdir()?;
+        let clock = Arc::new(ManualClock::new(Timestamp::now()));
+        let posts: Posts = Arc::default();
+        let deliveries: Deliveries = Arc::default();
+        let discord_base = discord_stand_in(posts.clone()).await?;
+        let hook_url = hook_receiver(deliveries.clone()).await?;
+        let signer = DiscordSigner::from_seed(rand_seed());
+        let config = demo_config(dir.path(), &signer, &discord_base)?;
+        let egress = pulse_egress::Egress::new(config.hooks.allow.clone());
+        let services = Services {
+            llm: Arc::new(LlmRouter::new(LlmConfig::offline(), egress.clone())),
+            discord: Some(Arc::new(DiscordClient::new(config.discord.clone()))),
+            egress,
         };
-        match check {
-            Ok(_) => {
-                verified += 1;
-                outln!(
-                    "{t} {}: signature verified; {summary}",
-                    header(headers, "webhook-id")
-                );
+        let backend = connect(&config, clock.clone()).await?;
+        let sweeper = backend.sweeper(&config.engine);
+        let worker = backend.worker(clock.clone(), &config.engine, &services);
+        let dispatcher = backend
+            .dispatcher(clock.clone(), &services.egress, DispatchSettings::default())
+            .ok_or_else(|| {
+                Failure::Runtime(anyhow::anyhow!("the embedded store has no hooks queue"))
+            })?;
+        let base = start_receiver(&backend, clock.clone(), &config).await?;
+        Ok(Self {
+            dir,
+            clock,
+            posts,
+            deliveries,
+            discord_base,
+            hook_url,
+            signer,
+            backend,
+            sweeper,
+            worker,
+            dispatcher,
+            base,
+            client: reqwest::Client::new(),
+        })
+    }
+
+    /// Says where everything runs.
+    fn introduce(&self) {
+        outln!(
+            "Pulse demo: offline, on a temporary store ({}).",
+            self.dir.path().display()
+        );
+        outln!(
+            "HTTP receiver {}; Discord stand-in {}; hook receiver {}.",
+            self.base,
+            self.discord_base,
+            self.hook_url
+        );
+    }
+
+    /// Scene 1: creates the agent, its inbound webhook and its outbound hooks.
+    async fn set_up(&self) -> Result<Cast, Failure> {
+        let (clock, store, base, hook_url) =
+            (&self.clock, &self.backend.store, &self.base, &self.hook_url);
+        section("1. Set-up: an agent, its inbound webhook and its outbound hooks");
+        let mut new = NewAgent::named("Scout");
+        new.discord_channel = Some(CHANNEL.to_owned());
+        new.instructions = Some(
+            "Watch the deploy pipeline. Tell the user when something they care about changes."
+                .into(),
+        );
+        let (agent, first) = new.create(clock.now())?;
+        store.create_agent(&agent, &first).await?;
+        outln!(
+            "agent {} ({}), Discord channel {CHANNEL}, heartbeat every {}",
+            agent.id,
+            agent.name,
+            agent.interval
+        );
+        let webhook_secret = generate_secret();
+        let webhook = Webhook::new(
+            agent.id.clone(),
+            WebhookScheme::Standard,
+            &webhook_secret,
+            clock.now(),
+        )?;
+        store.create_webhook(&webhook).await?;
+        outln!(
+            "webhook {} (Standard Webhooks signatures): POST {base}/webhooks/{}",
+            webhook.id,
+            webhook.id
+        );
+        let mut hooks = Vec::new();
+        for t in [
+            HookType::AFTER_HEARTBEAT,
+            HookType::MESSAGE_RECEIVED,
+            HookType::MESSAGE_SENT,
+        ] {
+            let h = Hook::new(
+                agent.id.clone(),
+                HookType::of(t),
+                HookTarget::parse(hook_url)?,
+                &generate_secret(),
+                clock.now(),
+            );
+            store.create_hook(&h).await?;
+            outln!("hook {} on {} → {hook_url}", h.id, h.hook_type);
+            hooks.push(h);
+        }
+        Ok(Cast {
+            agent,
+            webhook,
+            webhook_secret,
+            hooks,
+        })
+    }
+
+    /// Scene 2: an external system posts a signed webhook to the receiver.
+    async fn signed_webhook(&self, cast: &Cast) -> Result<(), Failure> {
+        let (clock, webhook) = (&self.clock, &cast.webhook);
+        section("2. An external system sends a signed webhook");
+        clock.advance(SignedDuration::from_secs(30));
+        let body = json!({
+            "event_type": "DEPLOY_FINISHED",
+            "priority": 2,
+            "payload": {"service": "api", "version": "2.4.1",
+                        "summary": "speak: The api deploy (v2.4.1) finished; the user asked to hear about deploys."}
+        })
+        .to_string();
+        let mut req = self
+            .client
+            .post(format!("{}/webhooks/{}", self.base, webhook.id))
+            .body(body.clone());
+        for (k, v) in sign(
+            WebhookScheme::Standard.signing(),
+            &cast.webhook_secret,
+            body.as_bytes(),
+            clock.now().as_second(),
+            "msg_demo_deploy_1",
+        )? {
+            req = req.header(k, v);
+        }
+        let resp = req
+            .header("content-type", "application/json")
+            .send()
+            .await?;
+        outln!(
+            "POST /webhooks/{} → {} {}",
+            webhook.id,
+            resp.status().as_u16(),
+            resp.text().await?
+        );
+        Ok(())
+    }
+
+    /// Scene 3: a sweep and the worker run the heartbeat; prints its events, actions,
+    /// thoughts and heartbeats.
+    async fn heartbeat(&self, cast: &Cast) -> Result<(), Failure> {
+        let (clock, store, agent) = (&self.clock, &self.backend.store, &cast.agent);
+        section("3. Heartbeat: the agent wakes, reads its events, and speaks");
+        clock.advance(SignedDuration::from_mins(1));
+        let swept = self.sweeper.sweep_once(clock.now()).await;
+        outln!(
+            "sweep: {} due, {} claimed, {} queued",
+            swept.due,
+            swept.claimed,
+            swept.queued
+        );
+        let ran = drain(&self.worker, &self.backend).await?;
+        outln!(
+            "worker: {ran} session tasks run (the heartbeat job, then the turn its thought started)"
+        );
+        let mut events = store.list_events(&agent.id, 20).await?;
+        events.sort_by_key(|e| e.created_at);
+        for e in &events {
+            outln!(
+                "event {} {} from {}: {}",
+                e.id,
+                e.event_type,
+                e.source,
+                e.payload
+            );
+        }
+        let actions = store.list_actions(&agent.id, 20).await?;
+        for a in actions.iter().rev() {
+            outln!(
+                "action {} {} {} (for event {})",
+                a.id,
+                a.tool,
+                serde_json::to_value(a.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                a.event_id
+            );
+            if let Some(out) = a.response.as_ref().map(|r| &r["output"]) {
+                for t in out["spoke"].as_array().into_iter().flatten() {
+                    outln!("heartbeat thought: {}", t.as_str().unwrap_or_default());
+                }
             }
-            Err(e) => outln!(
-                "{t} {}: SIGNATURE REJECTED ({e})",
-                header(headers, "webhook-id")
-            ),
+        }
+        for hb in store.list_heartbeats(&agent.id, 5).await?.iter().rev() {
+            outln!("heartbeat {} {}", hb.id(), hb.status.as_str());
+        }
+        Ok(())
+    }
+
+    /// Scene 4: the next heartbeat finds nothing new and says nothing.
+    async fn quiet_heartbeat(&self) -> Result<(), Failure> {
+        section("4. A quiet heartbeat: nothing new, nothing said");
+        self.clock.advance(SignedDuration::from_mins(16));
+        let before = self.posts.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let swept = self.sweeper.sweep_once(self.clock.now()).await;
+        let ran = drain(&self.worker, &self.backend).await?;
+        let after = self.posts.lock().unwrap_or_else(|e| e.into_inner()).len();
+        outln!(
+            "sweep claimed {}; worker ran {ran}; Discord messages sent: {}",
+            swept.claimed,
+            after - before
+        );
+        Ok(())
+    }
+
+    /// Scene 5: the user asks with a signed `/ask` interaction, and the worker runs the
+    /// turn.
+    async fn slash_command(&self) -> Result<(), Failure> {
+        let clock = &self.clock;
+        section("5. The user asks with a signed Discord slash command");
+        clock.advance(SignedDuration::from_mins(2));
+        let minted = clock.now().as_millisecond() - 1_000 - 1_420_070_400_000;
+        let command = json!({
+            "id": ((minted as u64) << 22).to_string(),
+            "application_id": APPLICATION,
+            "type": 2,
+            "token": "demo-interaction-token",
+            "version": 1,
+            "channel": {"id": CHANNEL, "type": 0},
+            "channel_id": CHANNEL,
+            "member": {"user": {"id": "1000000000000000001", "username": "ada", "global_name": "Ada"},
+                       "roles": [], "joined_at": "2026-01-01T00:00:00+00:00", "deaf": false, "mute": false},
+            "guild_id": "1100000000000000000",
+            "data": {"id": "1250000000000000000", "name": "ask", "type": 1,
+                     "options": [{"name": "text", "type": 3, "value": "Which version went out?"}]}
+        })
+        .to_string();
+        let mut req = self
+            .client
+            .post(format!("{}/discord/interactions", self.base))
+            .body(command.clone());
+        for (k, v) in self
+            .signer
+            .sign(clock.now().as_second(), command.as_bytes())
+        {
+            req = req.header(k, v);
+        }
+        let resp = req
+            .header("content-type", "application/json")
+            .send()
+            .await?;
+        outln!(
+            "/ask \"Which version went out?\" → {} {}",
+            resp.status().as_u16(),
+            resp.text().await?
+        );
+        let ran = drain(&self.worker, &self.backend).await?;
+        outln!("worker: {ran} session task run (the user's turn)");
+        Ok(())
+    }
+
+    /// Scene 6: prints what the Discord stand-in was sent.
+    fn discord_received(&self) {
+        section("6. What Discord received");
+        for (place, content) in self.posts.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            outln!("{place}: {content}");
         }
     }
-    outln!(
-        "{attempts} attempts, {} delivered, {verified} verified",
-        got.len()
-    );
 
+    /// Scene 7: delivers the queued hooks and checks each delivery's signature with its
+    /// hook's secret; returns (delivered, verified).
+    async fn hook_deliveries(&self, cast: &Cast) -> Result<(usize, usize), Failure> {
+        section("7. Hook deliveries, signatures checked with each hook's secret");
+        let attempts = self.dispatcher.drain(16, VISIBILITY).await?;
+        let mut got = self
+            .deliveries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        // In the order they were emitted (delivery ids are time-ordered).
+        got.sort_by_key(|(h, _)| header(h, "webhook-id"));
+        let mut verified = 0;
+        for (headers, body) in &got {
+            let t = header(headers, "x-pulse-hook-type");
+            let secret = cast
+                .hooks
+                .iter()
+                .find(|h| h.hook_type.as_str() == t)
+                .map(|h| h.secret.expose().to_owned())
+                .unwrap_or_default();
+            let check = verify(
+                Scheme::Standard,
+                &[&secret],
+                headers,
+                body,
+                self.clock.now().as_second(),
+            );
+            let summary = delivery_summary(&t, body);
+            match check {
+                Ok(_) => {
+                    verified += 1;
+                    outln!(
+                        "{t} {}: signature verified; {summary}",
+                        header(headers, "webhook-id")
+                    );
+                }
+                Err(e) => outln!(
+                    "{t} {}: SIGNATURE REJECTED ({e})",
+                    header(headers, "webhook-id")
+                ),
+            }
+        }
+        outln!(
+            "{attempts} attempts, {} delivered, {verified} verified",
+            got.len()
+        );
+        Ok((got.len(), verified))
+    }
+}
+
+/// One line on what a hook delivery of type `t` carried.
+fn delivery_summary(t: &str, body: &[u8]) -> String {
+    let payload: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    match t {
+        "AFTER_HEARTBEAT" => format!(
+            "events processed {}, actions {}",
+            payload["data"]["events_processed"], payload["data"]["actions_triggered"]
+        ),
+        "MESSAGE_RECEIVED" => format!("received {}", payload["data"]["signals"][0]["text"]),
+        "MESSAGE_SENT" => format!("sent {}", payload["data"]["parts"][0]),
+        _ => payload["data"].to_string(),
+    }
+}
+
+/// Prints the closing lines; fails unless every hook delivery (and at least one) was
+/// verified.
+fn finish(started: std::time::Instant, delivered: usize, verified: usize) -> Result<(), Failure> {
     section("Done");
     outln!(
         "in {:.1} s. Run it for real with `pulse serve`; see README.md.",
         started.elapsed().as_secs_f64()
     );
-    if verified != got.len() || got.is_empty() {
+    if verified != delivered || delivered == 0 {
         return Err(Failure::Runtime(anyhow::anyhow!(
             "{} of {} hook deliveries failed their signature check",
-            got.len() - verified,
-            got.len()
+            delivered - verified,
+            delivered
         )));
     }
     Ok(())

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
-use pulse_shared::app::Services;
-use pulse_shared::domain::{Hook, HookTarget, HookType};
-use pulse_shared::engine::{DispatchSettings, Emission};
+use pulse_shared::app::{Connected, Services};
+use pulse_shared::domain::{Agent, Hook, HookRoute, HookTarget, HookType};
+use pulse_shared::engine::{DispatchSettings, Dispatcher, Emission, HookEmitter};
 use pulse_shared::ports::{Clock, SystemClock};
 use serde_json::json;
 
@@ -35,106 +35,186 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
             "invalid counts: give at least 1 delivery and 1 sample".into(),
         ));
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        let app = Router::new().route("/hook", post(|| async { "ok" }));
-        let _ = axum::serve(listener, app).await;
-    });
-    let url = format!("http://{addr}/hook");
+    let bench = Bench::start().await?;
+    let throughput = bench.throughput(deliveries).await?;
+    let through = bench.queued_latency(deliveries, samples).await?;
+    let bare = bench.bare_latency(samples).await?;
+    bench.server.abort();
+    report(out, deliveries, &throughput, through, bare);
+    Ok(())
+}
 
-    let dir = tempfile::tempdir()?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (mut config, backend, agent) = super::sweep::bench_agent(dir.path(), clock.clone()).await?;
-    config.hooks.allow = "127.0.0.1/32"
-        .parse()
-        .map_err(|e: pulse_egress::AllowListError| Failure::Input(e.to_string()))?;
-    let hook = Hook::new(
-        agent.id.clone(),
-        HookType::of(HookType::AFTER_HEARTBEAT),
-        HookTarget::parse(&url)?,
-        &pulse_signatures::inbound::generate_secret(),
-        clock.now(),
-    );
-    backend.store.create_hook(&hook).await?;
-    let services = Services::from_config(&config);
-    let dispatcher = backend
-        .dispatcher(clock.clone(), &services.egress, DispatchSettings::default())
-        .ok_or_else(|| Failure::Input("no hooks queue".into()))?;
-    let emitter = backend
-        .emitter(clock.clone())
-        .ok_or_else(|| Failure::Input("no hooks queue".into()))?;
-    let routes = emitter
-        .routes(&agent.id)
-        .await
-        .map_err(|e| Failure::Runtime(e.into()))?;
-    let emission = |i: usize| Emission {
-        hook_type: HookType::of(HookType::AFTER_HEARTBEAT),
-        heartbeat_id: None,
-        action_id: None,
-        data: json!({ "events_processed": 3, "actions_triggered": 1, "i": i }),
-        triggered_by: "BENCH".into(),
-        key_ms: clock.now().as_millisecond() as u64,
-        key: vec![format!("bench-{i}")],
-    };
-    let visibility = Duration::from_secs(120);
+/// The bench's running parts: a loopback receiver, a temporary store with one agent and
+/// its hook to the receiver, and both ends of the hooks queue.
+struct Bench {
+    server: tokio::task::JoinHandle<()>,
+    url: String,
+    /// Holds the store; removed when the bench ends.
+    _dir: tempfile::TempDir,
+    clock: Arc<dyn Clock>,
+    backend: Connected,
+    agent: Agent,
+    hook: Hook,
+    services: Services,
+    dispatcher: Dispatcher,
+    emitter: HookEmitter,
+    routes: Vec<HookRoute>,
+}
 
-    // Throughput: a backlog of deliveries, drained by the dispatcher's loop.
-    eprintln!("queueing {deliveries} deliveries …");
-    for i in 0..deliveries {
-        emitter
-            .emit(&routes, &agent, emission(i))
+/// How the backlog drained.
+struct Throughput {
+    attempts: usize,
+    drain: Duration,
+    delivered: usize,
+}
+
+/// How long a received hook message stays hidden.
+const VISIBILITY: Duration = Duration::from_secs(120);
+
+impl Bench {
+    /// Starts the receiver, and sets up the store, the agent's hook and the queue's ends.
+    async fn start() -> Result<Self, Failure> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let server = tokio::spawn(async move {
+            let app = Router::new().route("/hook", post(|| async { "ok" }));
+            let _ = axum::serve(listener, app).await;
+        });
+        let url = format!("http://{addr}/hook");
+
+        let dir = tempfile::tempdir()?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (mut config, backend, agent) =
+            super::sweep::bench_agent(dir.path(), clock.clone()).await?;
+        config.hooks.allow = "127.0.0.1/32"
+            .parse()
+            .map_err(|e: pulse_egress::AllowListError| Failure::Input(e.to_string()))?;
+        let hook = Hook::new(
+            agent.id.clone(),
+            HookType::of(HookType::AFTER_HEARTBEAT),
+            HookTarget::parse(&url)?,
+            &pulse_signatures::inbound::generate_secret(),
+            clock.now(),
+        );
+        backend.store.create_hook(&hook).await?;
+        let services = Services::from_config(&config);
+        let dispatcher = backend
+            .dispatcher(clock.clone(), &services.egress, DispatchSettings::default())
+            .ok_or_else(|| Failure::Input("no hooks queue".into()))?;
+        let emitter = backend
+            .emitter(clock.clone())
+            .ok_or_else(|| Failure::Input("no hooks queue".into()))?;
+        let routes = emitter
+            .routes(&agent.id)
             .await
             .map_err(|e| Failure::Runtime(e.into()))?;
+        Ok(Self {
+            server,
+            url,
+            _dir: dir,
+            clock,
+            backend,
+            agent,
+            hook,
+            services,
+            dispatcher,
+            emitter,
+            routes,
+        })
     }
-    let began = Instant::now();
-    let attempts = dispatcher.drain(16, visibility).await?;
-    let drain = began.elapsed();
-    let delivered = backend
-        .store
-        .list_deliveries(&hook.id, deliveries.min(10_000))
-        .await?
-        .iter()
-        .filter(|d| d.status == pulse_shared::domain::DeliveryStatus::Succeeded)
-        .count();
 
-    // Latency: one delivery at a time, emit → dispatched → answered, beside a bare POST
-    // of the same body to the same receiver through the same egress client.
-    let mut through = Vec::with_capacity(samples);
-    for i in 0..samples {
-        let t = Instant::now();
-        emitter
-            .emit(&routes, &agent, emission(deliveries + i))
-            .await
-            .map_err(|e| Failure::Runtime(e.into()))?;
-        let r = dispatcher.poll_once(16, visibility).await?;
-        if r.attempts != 1 {
-            return Err(Failure::Runtime(anyhow::anyhow!(
-                "a sample made {} attempts",
-                r.attempts
-            )));
+    /// The `i`th delivery's emission, keyed apart from every other.
+    fn emission(&self, i: usize) -> Emission {
+        Emission {
+            hook_type: HookType::of(HookType::AFTER_HEARTBEAT),
+            heartbeat_id: None,
+            action_id: None,
+            data: json!({ "events_processed": 3, "actions_triggered": 1, "i": i }),
+            triggered_by: "BENCH".into(),
+            key_ms: self.clock.now().as_millisecond() as u64,
+            key: vec![format!("bench-{i}")],
         }
-        through.push(ms(t.elapsed()));
     }
-    let target: url::Url = url.parse()?;
-    let body = bytes::Bytes::from(serde_json::to_vec(&json!({ "events_processed": 3 }))?);
-    let mut bare = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let t = Instant::now();
-        services
-            .egress
-            .post(
-                &target,
-                http::HeaderMap::new(),
-                body.clone(),
-                Duration::from_secs(5),
-                1024,
-            )
+
+    /// Emits the `i`th delivery.
+    async fn emit(&self, i: usize) -> Result<(), Failure> {
+        self.emitter
+            .emit(&self.routes, &self.agent, self.emission(i))
             .await
             .map_err(|e| Failure::Runtime(e.into()))?;
-        bare.push(ms(t.elapsed()));
+        Ok(())
     }
-    server.abort();
+
+    /// Throughput: a backlog of deliveries, drained by the dispatcher's loop.
+    async fn throughput(&self, deliveries: usize) -> Result<Throughput, Failure> {
+        eprintln!("queueing {deliveries} deliveries …");
+        for i in 0..deliveries {
+            self.emit(i).await?;
+        }
+        let began = Instant::now();
+        let attempts = self.dispatcher.drain(16, VISIBILITY).await?;
+        let drain = began.elapsed();
+        let delivered = self
+            .backend
+            .store
+            .list_deliveries(&self.hook.id, deliveries.min(10_000))
+            .await?
+            .iter()
+            .filter(|d| d.status == pulse_shared::domain::DeliveryStatus::Succeeded)
+            .count();
+        Ok(Throughput {
+            attempts,
+            drain,
+            delivered,
+        })
+    }
+
+    /// Latency: one delivery at a time, emit → dispatched → answered; the samples in ms.
+    async fn queued_latency(&self, deliveries: usize, samples: usize) -> Result<Vec<f64>, Failure> {
+        let mut through = Vec::with_capacity(samples);
+        for i in 0..samples {
+            let t = Instant::now();
+            self.emit(deliveries + i).await?;
+            let r = self.dispatcher.poll_once(16, VISIBILITY).await?;
+            if r.attempts != 1 {
+                return Err(Failure::Runtime(anyhow::anyhow!(
+                    "a sample made {} attempts",
+                    r.attempts
+                )));
+            }
+            through.push(ms(t.elapsed()));
+        }
+        Ok(through)
+    }
+
+    /// Beside it: a bare POST of the same body to the same receiver through the same
+    /// egress client; the samples in ms.
+    async fn bare_latency(&self, samples: usize) -> Result<Vec<f64>, Failure> {
+        let target: url::Url = self.url.parse()?;
+        let body = bytes::Bytes::from(serde_json::to_vec(&json!({ "events_processed": 3 }))?);
+        let mut bare = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let t = Instant::now();
+            self.services
+                .egress
+                .post(
+                    &target,
+                    http::HeaderMap::new(),
+                    body.clone(),
+                    Duration::from_secs(5),
+                    1024,
+                )
+                .await
+                .map_err(|e| Failure::Runtime(e.into()))?;
+            bare.push(ms(t.elapsed()));
+        }
+        Ok(bare)
+    }
+}
+
+/// Prints the figures (or their JSON).
+fn report(out: &Out, deliveries: usize, t: &Throughput, mut through: Vec<f64>, mut bare: Vec<f64>) {
+    let (attempts, drain, delivered) = (t.attempts, t.drain, t.delivered);
     through.sort_by(f64::total_cmp);
     bare.sort_by(f64::total_cmp);
     let per_sec = attempts as f64 / drain.as_secs_f64();
@@ -164,5 +244,4 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
             pct(&bare, 0.99)
         );
     }
-    Ok(())
 }

@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use futures::StreamExt;
-use pulse_shared::domain::{Webhook, WebhookScheme};
+use pulse_shared::app::Connected;
+use pulse_shared::domain::{Agent, Webhook, WebhookScheme};
 use pulse_shared::http::{self, Inbound};
 use pulse_shared::ports::{Clock, SystemClock};
 use pulse_signatures::inbound::{Scheme, generate_secret, sign};
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::Failure;
 use crate::output::Out;
@@ -90,25 +92,119 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
             "invalid size: use --requests 100 to 1000000 and --concurrency 1 to 1024".into(),
         ));
     }
-    let dir = tempfile::tempdir()?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (config, backend, agent) = super::sweep::bench_agent(dir.path(), clock.clone()).await?;
-    let secret = generate_secret();
-    let mut webhook = Webhook::new(agent.id.clone(), WebhookScheme::Pulse, &secret, clock.now())
-        .map_err(|e| Failure::Input(e.to_string()))?;
-    webhook.rate_limit = None;
-    backend.store.create_webhook(&webhook).await?;
+    let bench = Bench::start().await?;
+    let (bare_run, pulse_run, stored) = bench.measure(requests, concurrency).await?;
+    report(out, requests, concurrency, &bare_run, &pulse_run, stored);
+    if stored != pulse_run.ok {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "{} requests were accepted but {stored} events are stored",
+            pulse_run.ok
+        )));
+    }
+    Ok(())
+}
 
-    let inbound = Arc::new(Inbound::new(
-        backend.store.clone(),
-        backend.queue.clone(),
-        clock.clone(),
-        config.inbound.clone(),
-    ));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+/// The bench's running parts: a temporary store with one agent and its webhook, the
+/// Pulse receiver and the bare endpoint, both stopped by `stop`.
+struct Bench {
+    /// Holds the store; removed when the bench ends.
+    _dir: tempfile::TempDir,
+    clock: Arc<dyn Clock>,
+    backend: Connected,
+    agent: Agent,
+    /// The webhook's signing secret.
+    secret: String,
+    pulse_url: String,
+    bare_url: String,
+    stop: watch::Sender<()>,
+}
+
+impl Bench {
+    /// Creates the store, the agent and its webhook (no rate limit), and starts both
+    /// servers.
+    async fn start() -> Result<Self, Failure> {
+        let dir = tempfile::tempdir()?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (config, backend, agent) = super::sweep::bench_agent(dir.path(), clock.clone()).await?;
+        let secret = generate_secret();
+        let mut webhook =
+            Webhook::new(agent.id.clone(), WebhookScheme::Pulse, &secret, clock.now())
+                .map_err(|e| Failure::Input(e.to_string()))?;
+        webhook.rate_limit = None;
+        backend.store.create_webhook(&webhook).await?;
+
+        let inbound = Arc::new(Inbound::new(
+            backend.store.clone(),
+            backend.queue.clone(),
+            clock.clone(),
+            config.inbound.clone(),
+        ));
+        let (stop, stop_rx) = watch::channel(());
+        let pulse_url = serve_pulse(inbound, &webhook, &stop_rx).await?;
+        let bare_url = serve_bare(&stop_rx).await?;
+        Ok(Self {
+            _dir: dir,
+            clock,
+            backend,
+            agent,
+            secret,
+            pulse_url,
+            bare_url,
+            stop,
+        })
+    }
+
+    /// Warms both servers, then drives `requests` to each and stops them; returns the
+    /// bare run, the Pulse run and how many events the Pulse run stored.
+    async fn measure(
+        &self,
+        requests: usize,
+        concurrency: usize,
+    ) -> Result<(Run, Run, usize), Failure> {
+        let now = self.clock.now().as_second();
+        let prepare = |n: usize, prefix: &str| signed_requests(&self.secret, now, n, prefix);
+        // Warm both servers and the connection pools.
+        drive(
+            &self.bare_url,
+            prepare(concurrency * 4, "warm")?,
+            concurrency,
+        )
+        .await?;
+        drive(
+            &self.pulse_url,
+            prepare(concurrency * 4, "warm")?,
+            concurrency,
+        )
+        .await?;
+        let before = self.events(requests).await?;
+        let bare_run = drive(&self.bare_url, prepare(requests, "bench")?, concurrency).await?;
+        let pulse_run = drive(&self.pulse_url, prepare(requests, "bench")?, concurrency).await?;
+        let _ = self.stop.send(());
+
+        let stored = self.events(requests).await? - before;
+        Ok((bare_run, pulse_run, stored))
+    }
+
+    /// How many events the agent has (counting up to twice `requests`).
+    async fn events(&self, requests: usize) -> Result<usize, Failure> {
+        Ok(self
+            .backend
+            .store
+            .list_events(&self.agent.id, requests * 2)
+            .await?
+            .len())
+    }
+}
+
+/// Starts the real receiver on loopback until `stop` changes; returns the webhook's URL.
+async fn serve_pulse(
+    inbound: Arc<Inbound>,
+    webhook: &Webhook,
+    stop: &watch::Receiver<()>,
+) -> Result<String, Failure> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let pulse_url = format!("http://{}/webhooks/{}", listener.local_addr()?, webhook.id);
-    let mut stop = stop_rx.clone();
+    let mut stop = stop.clone();
     tokio::spawn(http::serve(
         listener,
         inbound,
@@ -117,6 +213,12 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
             let _ = stop.changed().await;
         },
     ));
+    Ok(pulse_url)
+}
+
+/// Starts a bare axum endpoint that reads the body and answers `{}`, until `stop`
+/// changes; returns its URL.
+async fn serve_bare(stop: &watch::Receiver<()>) -> Result<String, Failure> {
     let bare = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let bare_url = format!("http://{}/bare", bare.local_addr()?);
     let app = axum::Router::new().route(
@@ -126,7 +228,7 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
             axum::Json(json!({}))
         }),
     );
-    let mut stop = stop_rx.clone();
+    let mut stop = stop.clone();
     tokio::spawn(async move {
         let _ = axum::serve(bare, app)
             .with_graceful_shutdown(async move {
@@ -134,54 +236,49 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
             })
             .await;
     });
+    Ok(bare_url)
+}
 
-    let now = clock.now().as_second();
-    let prepare = |n: usize, prefix: &str| -> Result<Prepared, Failure> {
-        (0..n)
-            .map(|i| {
-                let body = json!({
-                    "event_type": "ORDER_PLACED",
-                    "payload": {"order": i, "items": [{"sku": "A-1", "qty": 2}], "total": 19.5}
-                })
-                .to_string()
-                .into_bytes();
-                let mut headers = reqwest::header::HeaderMap::new();
-                for (k, v) in sign(Scheme::Pulse, &secret, &body, now, &format!("{prefix}-{i}"))
-                    .map_err(|e| Failure::Runtime(e.into()))?
-                {
-                    headers.insert(k, v);
-                }
-                headers.insert(
-                    reqwest::header::CONTENT_TYPE,
-                    reqwest::header::HeaderValue::from_static("application/json"),
-                );
-                Ok((headers, body))
+/// `n` webhook requests, each a distinct delivery (`prefix-i`) signed with the Pulse
+/// scheme at `now`.
+fn signed_requests(secret: &str, now: i64, n: usize, prefix: &str) -> Result<Prepared, Failure> {
+    (0..n)
+        .map(|i| {
+            let body = json!({
+                "event_type": "ORDER_PLACED",
+                "payload": {"order": i, "items": [{"sku": "A-1", "qty": 2}], "total": 19.5}
             })
-            .collect()
-    };
-    // Warm both servers and the connection pools.
-    drive(&bare_url, prepare(concurrency * 4, "warm")?, concurrency).await?;
-    drive(&pulse_url, prepare(concurrency * 4, "warm")?, concurrency).await?;
-    let before = backend
-        .store
-        .list_events(&agent.id, requests * 2)
-        .await?
-        .len();
-    let bare_run = drive(&bare_url, prepare(requests, "bench")?, concurrency).await?;
-    let pulse_run = drive(&pulse_url, prepare(requests, "bench")?, concurrency).await?;
-    let _ = stop_tx.send(());
+            .to_string()
+            .into_bytes();
+            let mut headers = reqwest::header::HeaderMap::new();
+            for (k, v) in sign(Scheme::Pulse, secret, &body, now, &format!("{prefix}-{i}"))
+                .map_err(|e| Failure::Runtime(e.into()))?
+            {
+                headers.insert(k, v);
+            }
+            headers.insert(
+                reqwest::header::CONTENT_TYPE,
+                reqwest::header::HeaderValue::from_static("application/json"),
+            );
+            Ok((headers, body))
+        })
+        .collect()
+}
 
-    let stored = backend
-        .store
-        .list_events(&agent.id, requests * 2)
-        .await?
-        .len()
-        - before;
+/// Prints both runs side by side (and their JSON).
+fn report(
+    out: &Out,
+    requests: usize,
+    concurrency: usize,
+    bare_run: &Run,
+    pulse_run: &Run,
+    stored: usize,
+) {
     let ratio = pulse_run.per_second() / bare_run.per_second();
     eprintln!(
         "receive: {requests} signed webhooks (pulse scheme, each a new delivery), {concurrency} in flight, loopback, SQLite (WAL)"
     );
-    for (name, r) in [("bare axum", &bare_run), ("pulse serve", &pulse_run)] {
+    for (name, r) in [("bare axum", bare_run), ("pulse serve", pulse_run)] {
         eprintln!(
             "  {name:<12} {:>8.0} req/s  p50 {:.2} ms  p99 {:.2} ms  ({} of {} answered 2xx in {:.2} s)",
             r.per_second(),
@@ -207,11 +304,4 @@ pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> R
             "events_stored": stored,
         }));
     }
-    if stored != pulse_run.ok {
-        return Err(Failure::Runtime(anyhow::anyhow!(
-            "{} requests were accepted but {stored} events are stored",
-            pulse_run.ok
-        )));
-    }
-    Ok(())
 }

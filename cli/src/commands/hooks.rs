@@ -221,175 +221,17 @@ fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {
 pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let (config, b, clock, out) = (cx.config, cx.b, cx.clock.clone(), cx.out);
     match plan {
-        HooksPlan::Add(hook) => {
-            super::require_agent(b, &hook.agent_id).await?;
-            b.store.create_hook(&hook).await?;
-            if hook.target.is_plain_http() {
-                eprintln!(
-                    "note: {} is plain http: use it only for a local receiver allowed by PULSE_HOOKS_ALLOW",
-                    hook.target
-                );
-            }
-            if out.json {
-                out.json_value(&serde_json::json!({
-                    "hook": hook.summary(),
-                    "secret": hook.secret.expose(),
-                }));
-            } else {
-                outln!("{}", hook.id);
-                outln!("{}", hook.secret.expose());
-                eprintln!(
-                    "added hook {} ({} → {}) to agent {}.\nThe first line is its id, the second its signing secret (Standard Webhooks): store the secret now, it is not shown again.",
-                    hook.id, hook.hook_type, hook.target, hook.agent_id
-                );
-            }
-            Ok(())
-        }
-        HooksPlan::List(agent) => {
-            let agents = match agent {
-                Some(a) => vec![a],
-                None => b
-                    .store
-                    .list_agents()
-                    .await?
-                    .into_iter()
-                    .map(|a| a.id)
-                    .collect(),
-            };
-            let mut rows = Vec::new();
-            for a in &agents {
-                rows.extend(b.store.list_hooks(a).await?.iter().map(Hook::summary));
-            }
-            out.table(
-                &rows,
-                &[
-                    "ID",
-                    "AGENT",
-                    "TYPE",
-                    "TARGET",
-                    "ACTIVE",
-                    "TIMEOUT",
-                    "RETRY",
-                    "FAILING_SINCE",
-                    "DISABLED_BECAUSE",
-                ],
-                |h| {
-                    vec![
-                        h.id.to_string(),
-                        h.agent_id.to_string(),
-                        h.hook_type.to_string(),
-                        short(&h.target, 48),
-                        h.active.to_string(),
-                        h.timeout.clone(),
-                        h.retry.clone(),
-                        when(h.failing_since),
-                        h.disabled_reason.clone().unwrap_or_else(|| "-".into()),
-                    ]
-                },
-            );
-            Ok(())
-        }
-        HooksPlan::Types => {
-            let mut rows: Vec<serde_json::Value> = HookType::LIFECYCLE
-                .iter()
-                .map(|(t, what)| serde_json::json!({ "type": t, "fires_when": what }))
-                .collect();
-            for tool in b.store.load_registry().await?.tools {
-                for (t, when) in [
-                    (HookType::before_tool(&tool.name), "before"),
-                    (HookType::after_tool(&tool.name), "after"),
-                ] {
-                    rows.push(serde_json::json!({
-                        "type": t,
-                        "fires_when": format!("{when} the tool {} runs for an event", tool.name),
-                    }));
-                }
-            }
-            out.table(&rows, &["TYPE", "FIRES WHEN"], |r| {
-                vec![
-                    r["type"].as_str().unwrap_or_default().to_owned(),
-                    r["fires_when"].as_str().unwrap_or_default().to_owned(),
-                ]
-            });
-            Ok(())
-        }
+        HooksPlan::Add(hook) => add(b, out, &hook).await,
+        HooksPlan::List(agent) => list(b, out, agent).await,
+        HooksPlan::Types => types(b, out).await,
         HooksPlan::Test(id) => {
             let hook = require_hook(b, &id).await?;
             let (d, a) = dispatcher(config, b, clock)?.send_test(&hook).await?;
             print_attempt(out, &d, &a);
             Ok(())
         }
-        HooksPlan::Deliveries { hook, limit } => {
-            require_hook(b, &hook).await?;
-            let deliveries = b.store.list_deliveries(&hook, limit).await?;
-            if out.json {
-                let mut rows = Vec::new();
-                for d in &deliveries {
-                    let attempts = b.store.list_attempts(&d.id).await?;
-                    rows.push(serde_json::json!({ "delivery": d, "attempts": attempts }));
-                }
-                out.json_value(&rows);
-                return Ok(());
-            }
-            out.table(
-                &deliveries,
-                &[
-                    "DELIVERY", "TYPE", "STATUS", "ATTEMPTS", "LAST", "NEXT", "CREATED", "ERROR",
-                ],
-                |d| {
-                    vec![
-                        d.id.to_string(),
-                        d.hook_type.to_string(),
-                        d.status.as_str().to_owned(),
-                        d.attempts.to_string(),
-                        d.last_status.map_or("-".into(), |s| s.as_str().to_owned()),
-                        when(d.next_attempt_at),
-                        when(Some(d.created_at)),
-                        short(d.last_error.as_deref().unwrap_or("-"), 60),
-                    ]
-                },
-            );
-            Ok(())
-        }
-        HooksPlan::Set { id, active } => {
-            for _ in 0..5 {
-                let mut hook = require_hook(b, &id).await?;
-                if hook.active == active {
-                    out.done(&format!(
-                        "hook {id} is already {}",
-                        if active { "enabled" } else { "disabled" }
-                    ));
-                    return Ok(());
-                }
-                hook.active = active;
-                if active {
-                    // A fresh start: the failure streak that disabled it is forgotten.
-                    hook.failing_since = None;
-                    hook.disabled_reason = None;
-                } else {
-                    hook.disabled_reason = Some("disabled by a user".into());
-                }
-                hook.version += 1;
-                match b.store.update_hook(&hook).await {
-                    Ok(()) => {
-                        out.done(&format!(
-                            "hook {id} {}",
-                            if active {
-                                "enabled"
-                            } else {
-                                "disabled; queued deliveries are cancelled when they come up"
-                            }
-                        ));
-                        return Ok(());
-                    }
-                    Err(StoreError::Conflict(_)) => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Err(Failure::Runtime(anyhow::anyhow!(
-                "hook {id} kept changing (deliveries in flight); try again"
-            )))
-        }
+        HooksPlan::Deliveries { hook, limit } => deliveries(b, out, &hook, limit).await,
+        HooksPlan::Set { id, active } => set_active(b, out, &id, active).await,
         HooksPlan::Replay(id) => {
             let (d, a) = dispatcher(config, b, clock)?
                 .replay(&id)
@@ -403,4 +245,177 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
             Ok(())
         }
     }
+}
+
+/// Stores a new hook; prints its id and, once, its secret.
+async fn add(b: &Connected, out: &Out, hook: &Hook) -> Result<(), Failure> {
+    super::require_agent(b, &hook.agent_id).await?;
+    b.store.create_hook(hook).await?;
+    if hook.target.is_plain_http() {
+        eprintln!(
+            "note: {} is plain http: use it only for a local receiver allowed by PULSE_HOOKS_ALLOW",
+            hook.target
+        );
+    }
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "hook": hook.summary(),
+            "secret": hook.secret.expose(),
+        }));
+    } else {
+        outln!("{}", hook.id);
+        outln!("{}", hook.secret.expose());
+        eprintln!(
+            "added hook {} ({} → {}) to agent {}.\nThe first line is its id, the second its signing secret (Standard Webhooks): store the secret now, it is not shown again.",
+            hook.id, hook.hook_type, hook.target, hook.agent_id
+        );
+    }
+    Ok(())
+}
+
+/// Lists one agent's hooks, or every agent's.
+async fn list(b: &Connected, out: &Out, agent: Option<AgentId>) -> Result<(), Failure> {
+    let agents = match agent {
+        Some(a) => vec![a],
+        None => b
+            .store
+            .list_agents()
+            .await?
+            .into_iter()
+            .map(|a| a.id)
+            .collect(),
+    };
+    let mut rows = Vec::new();
+    for a in &agents {
+        rows.extend(b.store.list_hooks(a).await?.iter().map(Hook::summary));
+    }
+    out.table(
+        &rows,
+        &[
+            "ID",
+            "AGENT",
+            "TYPE",
+            "TARGET",
+            "ACTIVE",
+            "TIMEOUT",
+            "RETRY",
+            "FAILING_SINCE",
+            "DISABLED_BECAUSE",
+        ],
+        |h| {
+            vec![
+                h.id.to_string(),
+                h.agent_id.to_string(),
+                h.hook_type.to_string(),
+                short(&h.target, 48),
+                h.active.to_string(),
+                h.timeout.clone(),
+                h.retry.clone(),
+                when(h.failing_since),
+                h.disabled_reason.clone().unwrap_or_else(|| "-".into()),
+            ]
+        },
+    );
+    Ok(())
+}
+
+/// Lists the lifecycle hook types and the BEFORE_/AFTER_ types of every registered tool.
+async fn types(b: &Connected, out: &Out) -> Result<(), Failure> {
+    let mut rows: Vec<serde_json::Value> = HookType::LIFECYCLE
+        .iter()
+        .map(|(t, what)| serde_json::json!({ "type": t, "fires_when": what }))
+        .collect();
+    for tool in b.store.load_registry().await?.tools {
+        for (t, when) in [
+            (HookType::before_tool(&tool.name), "before"),
+            (HookType::after_tool(&tool.name), "after"),
+        ] {
+            rows.push(serde_json::json!({
+                "type": t,
+                "fires_when": format!("{when} the tool {} runs for an event", tool.name),
+            }));
+        }
+    }
+    out.table(&rows, &["TYPE", "FIRES WHEN"], |r| {
+        vec![
+            r["type"].as_str().unwrap_or_default().to_owned(),
+            r["fires_when"].as_str().unwrap_or_default().to_owned(),
+        ]
+    });
+    Ok(())
+}
+
+/// Lists a hook's latest deliveries (with their attempts in JSON).
+async fn deliveries(b: &Connected, out: &Out, hook: &HookId, limit: usize) -> Result<(), Failure> {
+    require_hook(b, hook).await?;
+    let deliveries = b.store.list_deliveries(hook, limit).await?;
+    if out.json {
+        let mut rows = Vec::new();
+        for d in &deliveries {
+            let attempts = b.store.list_attempts(&d.id).await?;
+            rows.push(serde_json::json!({ "delivery": d, "attempts": attempts }));
+        }
+        out.json_value(&rows);
+        return Ok(());
+    }
+    out.table(
+        &deliveries,
+        &[
+            "DELIVERY", "TYPE", "STATUS", "ATTEMPTS", "LAST", "NEXT", "CREATED", "ERROR",
+        ],
+        |d| {
+            vec![
+                d.id.to_string(),
+                d.hook_type.to_string(),
+                d.status.as_str().to_owned(),
+                d.attempts.to_string(),
+                d.last_status.map_or("-".into(), |s| s.as_str().to_owned()),
+                when(d.next_attempt_at),
+                when(Some(d.created_at)),
+                short(d.last_error.as_deref().unwrap_or("-"), 60),
+            ]
+        },
+    );
+    Ok(())
+}
+
+/// Enables or disables a hook, retrying when a delivery changes it meanwhile.
+async fn set_active(b: &Connected, out: &Out, id: &HookId, active: bool) -> Result<(), Failure> {
+    for _ in 0..5 {
+        let mut hook = require_hook(b, id).await?;
+        if hook.active == active {
+            out.done(&format!(
+                "hook {id} is already {}",
+                if active { "enabled" } else { "disabled" }
+            ));
+            return Ok(());
+        }
+        hook.active = active;
+        if active {
+            // A fresh start: the failure streak that disabled it is forgotten.
+            hook.failing_since = None;
+            hook.disabled_reason = None;
+        } else {
+            hook.disabled_reason = Some("disabled by a user".into());
+        }
+        hook.version += 1;
+        match b.store.update_hook(&hook).await {
+            Ok(()) => {
+                out.done(&format!(
+                    "hook {id} {}",
+                    if active {
+                        "enabled"
+                    } else {
+                        "disabled; queued deliveries are cancelled when they come up"
+                    }
+                ));
+                return Ok(());
+            }
+            Err(StoreError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Failure::Runtime(anyhow::anyhow!(
+        "hook {id} kept changing (deliveries in flight); try again"
+    )))
 }

@@ -183,20 +183,66 @@ pub(crate) async fn serve(
     limits: ServeLimits,
 ) -> Result<(), Failure> {
     let (sweeper, worker) = engine(config, b, clock.clone());
-    let visibility = visibility(config);
     // Set when the sweeper has stopped: nothing is claimed after it.
     let (swept_tx, swept_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Bind first: a port in use is a start-up error, not a warning in the log later.
-    let listener = match listen {
+    let listener = bind(listen).await?;
+    let loops = Loops {
+        config,
+        b,
+        clock,
+        tick,
+        stop: stop_rx,
+        wake: Notify::new(),
+    };
+    announce(config, tick);
+
+    let signals = async {
+        shutdown_signal().await;
+        info!(grace = ?limits.shutdown_grace, "stopping: finishing the work in hand");
+        let _ = stop_tx.send(true);
+    };
+    // The work in hand gets the grace after the stop signal, no more: what is still
+    // running then is dropped, as a crash would drop it, and its lease brings it back.
+    let grace_over = async {
+        let mut stop = loops.stop.clone();
+        let _ = stop.wait_for(|stopping| *stopping).await;
+        tokio::time::sleep(limits.shutdown_grace).await;
+    };
+    tokio::select! {
+        _ = async {
+            tokio::join!(
+                loops.sweep(&sweeper, &swept_tx),
+                loops.work(&worker, &swept_rx),
+                loops.dispatch(),
+                loops.receive(listener, limits),
+                signals,
+            )
+        } => {}
+        () = grace_over => {
+            warn!(grace = ?limits.shutdown_grace, "the shutdown grace ran out with work in hand: it is left to its lease");
+        }
+    }
+    release_queued(&worker, b).await;
+    info!("pulse serve stopped");
+    Ok(())
+}
+
+/// Binds the HTTP receiver's address, if it has one.
+async fn bind(listen: Option<SocketAddr>) -> Result<Option<TcpListener>, Failure> {
+    Ok(match listen {
         Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
             Failure::Input(format!(
                 "cannot listen on {addr}: {e}; choose another with --listen (PULSE_LISTEN), or --listen off"
             ))
         })?),
         None => None,
-    };
-    let wake = Notify::new();
+    })
+}
+
+/// Logs what `serve` runs on.
+fn announce(config: &Config, tick: Duration) {
     info!(backend = %describe(&config.backend), tick = ?tick, "pulse serve started; Ctrl-C stops it");
     info!(llm = %config.llm.describe(), "language model");
     if !config.discord.is_configured() {
@@ -204,28 +250,61 @@ pub(crate) async fn serve(
             "Discord is not configured (DISCORD_BOT_TOKEN, DISCORD_APPLICATION_ID): replies are stored only; `pulse conversation show` reads them"
         );
     }
+}
 
-    let sweeping = async {
-        let mut stop = stop_rx.clone();
-        let mut interval = tokio::time::interval(tick);
+/// Gives back the heartbeats of jobs still queued: claimed but never started.
+async fn release_queued(worker: &Worker, b: &Connected) {
+    match worker.release_queued(b.queue.as_ref()).await {
+        Ok(0) => {}
+        Ok(n) => info!(
+            heartbeats = n,
+            "released heartbeats claimed but not started: PENDING again"
+        ),
+        Err(e) => {
+            error!(error = %chain(&e), "could not release the heartbeats still queued; their leases will bring them back")
+        }
+    }
+}
+
+/// What the loops of `serve` share.
+struct Loops<'a> {
+    config: &'a Config,
+    b: &'a Connected,
+    clock: Arc<dyn Clock>,
+    tick: Duration,
+    /// Set on Ctrl-C or SIGTERM.
+    stop: watch::Receiver<bool>,
+    /// Notified when a sweep queued jobs, so the worker polls at once.
+    wake: Notify,
+}
+
+impl Loops<'_> {
+    /// Sweeps every tick until stopped; then sets `swept`.
+    async fn sweep(&self, sweeper: &Sweeper, swept: &watch::Sender<bool>) {
+        let mut stop = self.stop.clone();
+        let mut interval = tokio::time::interval(self.tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         while !*stop.borrow() {
             tokio::select! {
                 _ = interval.tick() => {}
                 _ = stop.changed() => break,
             }
-            let report = sweeper.sweep_once(clock.now()).await;
+            let report = sweeper.sweep_once(self.clock.now()).await;
             for e in &report.errors {
                 warn!(error = %e, "sweep problem");
             }
             if report.queued > 0 {
-                wake.notify_one();
+                self.wake.notify_one();
             }
         }
-        let _ = swept_tx.send(true);
-    };
-    let working = async {
-        let mut stop = stop_rx.clone();
+        let _ = swept.send(true);
+    }
+
+    /// Runs queued jobs as they come until stopped; then, once the sweeper is done
+    /// (`swept`), the jobs it already queued.
+    async fn work(&self, worker: &Worker, swept: &watch::Receiver<bool>) {
+        let (b, tick, visibility) = (self.b, self.tick, visibility(self.config));
+        let mut stop = self.stop.clone();
         while !*stop.borrow() {
             match worker.poll_once(b.queue.as_ref(), 10, visibility).await {
                 Ok(PollReport { received, .. }) if received > 0 => continue,
@@ -233,14 +312,14 @@ pub(crate) async fn serve(
                 Err(e) => error!(error = %chain(&e), "cannot read the queue; retrying"),
             }
             tokio::select! {
-                _ = wake.notified() => {}
+                _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(tick) => {}
                 _ = stop.changed() => {}
             }
         }
         // Stopping. Once the sweeper has stopped claiming, run what it already queued
-        // (the shutdown grace bounds this, below).
-        let mut swept = swept_rx.clone();
+        // (the shutdown grace bounds this, in `serve`).
+        let mut swept = swept.clone();
         let _ = swept.wait_for(|done| *done).await;
         let mut ran = 0;
         while let Ok(PollReport { received, .. }) =
@@ -254,16 +333,19 @@ pub(crate) async fn serve(
         if ran > 0 {
             info!(jobs = ran, "ran the jobs queued before stopping");
         }
-    };
-    let dispatching = async {
-        let Some(dispatcher) = dispatcher(config, b, clock.clone()) else {
+    }
+
+    /// Delivers hooks until stopped, if this backend has a hooks queue.
+    async fn dispatch(&self) {
+        let config = self.config;
+        let Some(dispatcher) = dispatcher(config, self.b, self.clock.clone()) else {
             info!("no hooks queue: hooks are not delivered by this process");
             return;
         };
         if !config.hooks.allow.is_empty() {
             warn!(allow = %config.hooks.allow, "PULSE_HOOKS_ALLOW lets hooks and HTTP tools reach these non-public addresses: for local development only");
         }
-        let mut stop = stop_rx.clone();
+        let mut stop = self.stop.clone();
         while !*stop.borrow() {
             match dispatcher.poll_once(16, HOOK_VISIBILITY).await {
                 Ok(r) if r.handled > 0 => continue,
@@ -271,17 +353,20 @@ pub(crate) async fn serve(
                 Err(e) => error!(error = %chain(&e), "cannot read the hooks queue; retrying"),
             }
             tokio::select! {
-                _ = tokio::time::sleep(tick.min(Duration::from_secs(1))) => {}
+                _ = tokio::time::sleep(self.tick.min(Duration::from_secs(1))) => {}
                 _ = stop.changed() => {}
             }
         }
-    };
-    let receiving = async {
+    }
+
+    /// Runs the HTTP receiver on `listener`, if there is one, until stopped.
+    async fn receive(&self, listener: Option<TcpListener>, limits: ServeLimits) {
         let Some(listener) = listener else { return };
+        let config = self.config;
         let inbound = Arc::new(Inbound::new(
-            b.store.clone(),
-            b.queue.clone(),
-            clock.clone(),
+            self.b.store.clone(),
+            self.b.queue.clone(),
+            self.clock.clone(),
             config.inbound.clone(),
         ));
         let addr = listener
@@ -292,7 +377,7 @@ pub(crate) async fn serve(
         if config.inbound.discord_public_key.is_none() {
             info!("DISCORD_PUBLIC_KEY is not set: Discord interactions are refused (401)");
         }
-        let mut stop = stop_rx.clone();
+        let mut stop = self.stop.clone();
         let shutdown = async move {
             while !*stop.borrow() {
                 if stop.changed().await.is_err() {
@@ -303,38 +388,7 @@ pub(crate) async fn serve(
         if let Err(e) = http::serve(listener, inbound, limits, shutdown).await {
             error!(error = %e, "the HTTP receiver stopped");
         }
-    };
-    let signals = async {
-        shutdown_signal().await;
-        info!(grace = ?limits.shutdown_grace, "stopping: finishing the work in hand");
-        let _ = stop_tx.send(true);
-    };
-    // The work in hand gets the grace after the stop signal, no more: what is still
-    // running then is dropped, as a crash would drop it, and its lease brings it back.
-    let grace_over = async {
-        let mut stop = stop_rx.clone();
-        let _ = stop.wait_for(|stopping| *stopping).await;
-        tokio::time::sleep(limits.shutdown_grace).await;
-    };
-    tokio::select! {
-        _ = async { tokio::join!(sweeping, working, dispatching, receiving, signals) } => {}
-        () = grace_over => {
-            warn!(grace = ?limits.shutdown_grace, "the shutdown grace ran out with work in hand: it is left to its lease");
-        }
     }
-    // Jobs still queued were claimed but never started: give their heartbeats back.
-    match worker.release_queued(b.queue.as_ref()).await {
-        Ok(0) => {}
-        Ok(n) => info!(
-            heartbeats = n,
-            "released heartbeats claimed but not started: PENDING again"
-        ),
-        Err(e) => {
-            error!(error = %chain(&e), "could not release the heartbeats still queued; their leases will bring them back")
-        }
-    }
-    info!("pulse serve stopped");
-    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -201,122 +201,16 @@ async fn require_webhook(b: &Connected, id: &WebhookId) -> Result<Webhook, Failu
 }
 
 pub(crate) async fn execute(plan: WebhooksPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
-    let (b, out) = (cx.b, cx.out);
+    let b = cx.b;
     match plan {
         WebhooksPlan::Create {
             webhook,
             secret,
             base_url,
-        } => {
-            require_agent(b, &webhook.agent_id).await?;
-            b.store.create_webhook(&webhook).await.map_err(store)?;
-            let url = format!("{base_url}/webhooks/{}", webhook.id);
-            if out.json {
-                out.json_value(&serde_json::json!({
-                    "webhook": webhook.summary(cx.clock.now()),
-                    "url": url,
-                    "secret": secret,
-                }));
-            } else {
-                outln!("{url}");
-                outln!("{secret}");
-                eprintln!(
-                    "created webhook {} ({} scheme) for agent {}.\nThe first line is its URL, the second its signing secret: store the secret now, it is not shown again.",
-                    webhook.id, webhook.scheme, webhook.agent_id
-                );
-            }
-        }
-        WebhooksPlan::Rotate { id, grace, secret } => {
-            let mut webhook = require_webhook(b, &id).await?;
-            check_secret(webhook.scheme, &secret)?;
-            let now = cx.clock.now();
-            webhook.rotate(&secret, grace, now).map_err(input)?;
-            b.store.update_webhook(&webhook).await.map_err(store)?;
-            if out.json {
-                out.json_value(&serde_json::json!({
-                    "webhook": webhook.summary(now),
-                    "secret": secret,
-                }));
-            } else {
-                outln!("{secret}");
-                eprintln!(
-                    "added a new secret to {id} (shown once, above); the previous one is accepted for another {}",
-                    format_duration(grace)
-                );
-            }
-        }
-        WebhooksPlan::List { agent } => {
-            let now = cx.clock.now();
-            let rows: Vec<_> = b
-                .store
-                .list_webhooks()
-                .await?
-                .into_iter()
-                .filter(|w| agent.as_ref().is_none_or(|a| &w.agent_id == a))
-                .map(|w| w.summary(now))
-                .collect();
-            out.table(
-                &rows,
-                &[
-                    "ID", "AGENT", "SCHEME", "ALLOW", "RATE", "WAKE", "ACTIVE", "SECRETS", "PATH",
-                ],
-                |w| {
-                    vec![
-                        w.id.to_string(),
-                        w.agent_id.to_string(),
-                        w.scheme.to_string(),
-                        if w.allowed_types.is_empty() {
-                            "any".to_owned()
-                        } else {
-                            w.allowed_types
-                                .iter()
-                                .map(EventType::as_str)
-                                .collect::<Vec<_>>()
-                                .join(",")
-                        },
-                        w.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
-                        w.wake.to_string(),
-                        w.active.to_string(),
-                        match w.old_secret_retires_at {
-                            Some(t) => format!("{} (old until {})", w.secrets, when(Some(t))),
-                            None => w.secrets.to_string(),
-                        },
-                        w.path.clone(),
-                    ]
-                },
-            );
-        }
-        WebhooksPlan::Requests { webhook, limit } => {
-            require_webhook(b, &webhook).await?;
-            let rows = b.store.list_requests(&webhook, limit).await?;
-            out.table(
-                &rows,
-                &[
-                    "RECEIVED", "STATUS", "HTTP", "TYPE", "EVENT", "DELIVERY", "FROM", "REASON",
-                ],
-                |r| {
-                    vec![
-                        when(Some(r.received_at)),
-                        match r.count {
-                            Some(n) => format!("{} ×{n}", r.status.as_str()),
-                            None => r.status.as_str().to_owned(),
-                        },
-                        match r.http_status {
-                            0 => "-".to_owned(),
-                            s => s.to_string(),
-                        },
-                        r.event_type.clone().unwrap_or_default(),
-                        r.event_id
-                            .as_ref()
-                            .map(|e| e.to_string())
-                            .unwrap_or_default(),
-                        r.delivery_id.clone().unwrap_or_default(),
-                        r.source_ip.clone().unwrap_or_default(),
-                        short(r.reason.as_deref().unwrap_or_default(), 120),
-                    ]
-                },
-            );
-        }
+        } => create(cx, &webhook, &secret, &base_url).await?,
+        WebhooksPlan::Rotate { id, grace, secret } => rotate(cx, &id, grace, &secret).await?,
+        WebhooksPlan::List { agent } => list(cx, agent).await?,
+        WebhooksPlan::Requests { webhook, limit } => requests(cx, &webhook, limit).await?,
         WebhooksPlan::Set { id, active } => {
             let mut webhook = require_webhook(b, &id).await?;
             webhook.active = active;
@@ -331,5 +225,139 @@ pub(crate) async fn execute(plan: WebhooksPlan, cx: &Ctx<'_>) -> Result<(), Fail
             );
         }
     }
+    Ok(())
+}
+
+/// Stores a new webhook; prints its URL and, once, its secret.
+async fn create(
+    cx: &Ctx<'_>,
+    webhook: &Webhook,
+    secret: &str,
+    base_url: &str,
+) -> Result<(), Failure> {
+    let (b, out) = (cx.b, cx.out);
+    require_agent(b, &webhook.agent_id).await?;
+    b.store.create_webhook(webhook).await.map_err(store)?;
+    let url = format!("{base_url}/webhooks/{}", webhook.id);
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "webhook": webhook.summary(cx.clock.now()),
+            "url": url,
+            "secret": secret,
+        }));
+    } else {
+        outln!("{url}");
+        outln!("{secret}");
+        eprintln!(
+            "created webhook {} ({} scheme) for agent {}.\nThe first line is its URL, the second its signing secret: store the secret now, it is not shown again.",
+            webhook.id, webhook.scheme, webhook.agent_id
+        );
+    }
+    Ok(())
+}
+
+/// Adds `secret` to a webhook, keeping the old one for `grace`; prints the new secret.
+async fn rotate(
+    cx: &Ctx<'_>,
+    id: &WebhookId,
+    grace: jiff::SignedDuration,
+    secret: &str,
+) -> Result<(), Failure> {
+    let (b, out) = (cx.b, cx.out);
+    let mut webhook = require_webhook(b, id).await?;
+    check_secret(webhook.scheme, secret)?;
+    let now = cx.clock.now();
+    webhook.rotate(secret, grace, now).map_err(input)?;
+    b.store.update_webhook(&webhook).await.map_err(store)?;
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "webhook": webhook.summary(now),
+            "secret": secret,
+        }));
+    } else {
+        outln!("{secret}");
+        eprintln!(
+            "added a new secret to {id} (shown once, above); the previous one is accepted for another {}",
+            format_duration(grace)
+        );
+    }
+    Ok(())
+}
+
+/// Lists one agent's webhooks, or every agent's.
+async fn list(cx: &Ctx<'_>, agent: Option<AgentId>) -> Result<(), Failure> {
+    let now = cx.clock.now();
+    let rows: Vec<_> =
+        cx.b.store
+            .list_webhooks()
+            .await?
+            .into_iter()
+            .filter(|w| agent.as_ref().is_none_or(|a| &w.agent_id == a))
+            .map(|w| w.summary(now))
+            .collect();
+    cx.out.table(
+        &rows,
+        &[
+            "ID", "AGENT", "SCHEME", "ALLOW", "RATE", "WAKE", "ACTIVE", "SECRETS", "PATH",
+        ],
+        |w| {
+            vec![
+                w.id.to_string(),
+                w.agent_id.to_string(),
+                w.scheme.to_string(),
+                if w.allowed_types.is_empty() {
+                    "any".to_owned()
+                } else {
+                    w.allowed_types
+                        .iter()
+                        .map(EventType::as_str)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+                w.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
+                w.wake.to_string(),
+                w.active.to_string(),
+                match w.old_secret_retires_at {
+                    Some(t) => format!("{} (old until {})", w.secrets, when(Some(t))),
+                    None => w.secrets.to_string(),
+                },
+                w.path.clone(),
+            ]
+        },
+    );
+    Ok(())
+}
+
+/// Prints a webhook's request log, newest first.
+async fn requests(cx: &Ctx<'_>, webhook: &WebhookId, limit: usize) -> Result<(), Failure> {
+    require_webhook(cx.b, webhook).await?;
+    let rows = cx.b.store.list_requests(webhook, limit).await?;
+    cx.out.table(
+        &rows,
+        &[
+            "RECEIVED", "STATUS", "HTTP", "TYPE", "EVENT", "DELIVERY", "FROM", "REASON",
+        ],
+        |r| {
+            vec![
+                when(Some(r.received_at)),
+                match r.count {
+                    Some(n) => format!("{} ×{n}", r.status.as_str()),
+                    None => r.status.as_str().to_owned(),
+                },
+                match r.http_status {
+                    0 => "-".to_owned(),
+                    s => s.to_string(),
+                },
+                r.event_type.clone().unwrap_or_default(),
+                r.event_id
+                    .as_ref()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
+                r.delivery_id.clone().unwrap_or_default(),
+                r.source_ip.clone().unwrap_or_default(),
+                short(r.reason.as_deref().unwrap_or_default(), 120),
+            ]
+        },
+    );
     Ok(())
 }
