@@ -16,7 +16,7 @@ use pulse_shared::error::StoreError;
 use pulse_shared::ports::Clock;
 use pulse_signatures::inbound::generate_secret;
 
-use super::{Ctx, input};
+use super::{Ctx, input, yes_no};
 use crate::Failure;
 use crate::output::{Out, short, when};
 
@@ -308,7 +308,7 @@ async fn list(b: &Connected, out: &Out, agent: Option<AgentId>) -> Result<(), Fa
                 h.agent_id.to_string(),
                 h.hook_type.to_string(),
                 short(&h.target, 48),
-                h.active.to_string(),
+                yes_no(h.active),
                 h.timeout.clone(),
                 h.retry.clone(),
                 when(h.failing_since),

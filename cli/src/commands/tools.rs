@@ -8,8 +8,8 @@ use pulse_shared::error::StoreError;
 use serde_json::Value;
 
 use super::{Ctx, input, json_arg, store, yes_no};
-use crate::output::duration_ms;
 use crate::Failure;
+use crate::output::duration_ms;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum ToolsCmd {

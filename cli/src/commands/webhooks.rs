@@ -9,7 +9,7 @@ use pulse_shared::domain::{
 };
 use pulse_signatures::inbound::generate_secret;
 
-use super::{Ctx, input, limit, require_agent, store};
+use super::{Ctx, input, limit, require_agent, store, yes_no};
 use crate::Failure;
 use crate::output::{outln, short, when};
 
@@ -315,8 +315,8 @@ async fn list(cx: &Ctx<'_>, agent: Option<AgentId>) -> Result<(), Failure> {
                         .join(",")
                 },
                 w.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
-                w.wake.to_string(),
-                w.active.to_string(),
+                yes_no(w.wake),
+                yes_no(w.active),
                 match w.old_secret_retires_at {
                     Some(t) => format!("{} (old until {})", w.secrets, when(Some(t))),
                     None => w.secrets.to_string(),

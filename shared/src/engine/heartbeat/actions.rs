@@ -16,9 +16,9 @@ use crate::ports::ToolFailure;
 /// How starting an action went.
 enum Begun {
     /// Run the tool with this request; the action is recorded RUNNING.
-    Run(ToolRequest, Action),
+    Run(Box<(ToolRequest, Action)>),
     /// A run before finished it: reuse it.
-    Finished(Action),
+    Finished(Box<Action>),
 }
 
 impl HeartbeatRunner {
@@ -34,8 +34,10 @@ impl HeartbeatRunner {
         let span = info_span!("action", action_id = %id, tool = %tool.name, event_id = %event.id);
         async {
             let (request, mut action) = match self.begin_action(plan, event, depth, tool).await? {
-                Begun::Run(request, action) => (request, action),
-                Begun::Finished(existing) => return self.replay(plan, event, tool, existing).await,
+                Begun::Run(run) => *run,
+                Begun::Finished(existing) => {
+                    return self.replay(plan, event, tool, *existing).await;
+                }
             };
             self.start_hooks(plan, event, tool, &id, request.attempt)
                 .await?;
@@ -131,7 +133,9 @@ impl HeartbeatRunner {
         };
         match self.store.start_action(&action).await? {
             None => {}
-            Some(existing) if existing.status.is_final() => return Ok(Begun::Finished(existing)),
+            Some(existing) if existing.status.is_final() => {
+                return Ok(Begun::Finished(Box::new(existing)));
+            }
             Some(existing) => {
                 request.attempt = existing.attempt + 1;
                 action.attempt = request.attempt;
@@ -147,7 +151,7 @@ impl HeartbeatRunner {
                 );
             }
         }
-        Ok(Begun::Run(request, action))
+        Ok(Begun::Run(Box::new((request, action))))
     }
 
     /// The events a completed action returned, as events of this heartbeat's cascade one
