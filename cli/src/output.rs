@@ -17,6 +17,14 @@ macro_rules! outln {
 }
 pub(crate) use outln;
 
+/// A line of a report through [`Out::figure`]: `figure!(out, "{n} per second")`.
+macro_rules! figure {
+    ($out:expr, $($arg:tt)*) => {
+        $out.figure(format_args!($($arg)*))
+    };
+}
+pub(crate) use figure;
+
 /// Writes `args` and a newline to stdout; see [`outln!`].
 pub(crate) fn write_line(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
@@ -38,6 +46,16 @@ pub(crate) struct Out {
 impl Out {
     pub(crate) fn new(json: bool) -> Self {
         Self { json }
+    }
+
+    /// A line of a report (a bench's figures): stdout, unless `--json` puts the document
+    /// there, when it goes to stderr for the person watching.
+    pub(crate) fn figure(&self, args: std::fmt::Arguments<'_>) {
+        if self.json {
+            eprintln!("{args}");
+        } else {
+            write_line(args);
+        }
     }
 
     /// A listing: a table, or a JSON array.
@@ -131,9 +149,25 @@ pub(crate) fn duration_ms(ms: u64) -> String {
     format!("{d:#}")
 }
 
+/// `1 job`, `2 jobs`.
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::duration_ms;
+    use super::{count, duration_ms};
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        assert_eq!(count(1, "job"), "1 job");
+        assert_eq!(count(0, "job"), "0 jobs");
+        assert_eq!(count(2, "hook attempt"), "2 hook attempts");
+    }
 
     #[test]
     fn durations_print_as_they_are_typed() {

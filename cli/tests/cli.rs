@@ -848,7 +848,14 @@ async fn hooks_are_added_tested_listed_switched_and_replayed() {
 
     // A failing one is logged, and replayed once the receiver is back.
     receiver.script(vec![Answer::status(500)]);
-    let failed = json(d, &["hooks", "test", &id]);
+    let out = pulse(d, &["hooks", "test", &id, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "a failed test delivery exits 1");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not succeed (FAILED)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let failed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(failed["attempt"]["status"], "FAILED");
     let delivery = failed["delivery"]["id"].as_str().unwrap().to_owned();
     let listed = json(d, &["hooks", "deliveries", "--hook", &id]);
@@ -1148,4 +1155,27 @@ fn a_function_reads_tls_roots_on_its_first_request_not_at_init() {
         "the first request did not read the roots:\n{}",
         log_text()
     );
+}
+
+#[test]
+fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = pulse(dir.path(), &["bench", "sweep", "--heartbeats", "20"]);
+    assert!(text.status.success(), "{text:?}");
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(stdout.contains("claims/s"), "figures on stdout: {stdout}");
+    assert!(
+        !String::from_utf8_lossy(&text.stderr).contains("claims/s"),
+        "not on stderr"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let json = pulse(
+        dir.path(),
+        &["bench", "sweep", "--heartbeats", "20", "--json"],
+    );
+    assert!(json.status.success(), "{json:?}");
+    let doc: Value = serde_json::from_slice(&json.stdout).expect("stdout is one JSON document");
+    assert_eq!(doc["embedded"]["heartbeats"], 20);
+    assert!(String::from_utf8_lossy(&json.stderr).contains("claims/s"));
 }

@@ -22,7 +22,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::Failure;
-use crate::output::Out;
+use crate::output::{Out, figure};
 
 struct Run {
     requests: usize,
@@ -275,11 +275,13 @@ fn report(
     stored: usize,
 ) {
     let ratio = pulse_run.per_second() / bare_run.per_second();
-    eprintln!(
+    figure!(
+        out,
         "receive: {requests} signed webhooks (pulse scheme, each a new delivery), {concurrency} in flight, loopback, SQLite (WAL)"
     );
     for (name, r) in [("bare axum", bare_run), ("pulse serve", pulse_run)] {
-        eprintln!(
+        figure!(
+            out,
             "  {name:<12} {:>8.0} req/s  p50 {:.2} ms  p99 {:.2} ms  ({} of {} answered 2xx in {:.2} s)",
             r.per_second(),
             r.p50_ms,
@@ -289,11 +291,16 @@ fn report(
             r.seconds
         );
     }
-    eprintln!(
+    figure!(
+        out,
         "  pulse/bare: {:.0} %  (targets: >= 5000 accepted/s, p99 <= 20 ms, >= 30 % of bare)",
         ratio * 100.0
     );
-    eprintln!("  events stored: {stored} (accepted: {})", pulse_run.ok);
+    figure!(
+        out,
+        "  events stored: {stored} (accepted: {})",
+        pulse_run.ok
+    );
     if out.json {
         out.json_value(&json!({
             "requests": requests,

@@ -24,7 +24,7 @@ use pulse_shared::ports::{AgentStore, Clock, SessionQueue, Store, SystemClock, T
 use serde_json::json;
 
 use crate::Failure;
-use crate::output::Out;
+use crate::output::{Out, figure};
 
 /// Emulators copy a table per transaction, so the AWS run uses at most this many
 /// heartbeats; per-cycle request counts do not depend on the fleet size.
@@ -40,9 +40,9 @@ pub(crate) async fn sweep(
             "invalid --heartbeats {n}: use 1 to 1000000"
         )));
     }
-    let embedded = embedded(n).await?;
+    let embedded = embedded(n, out).await?;
     let aws = match aws_endpoint {
-        Some(url) => Some(on_aws(n.min(AWS_MAX), &url).await?),
+        Some(url) => Some(on_aws(n.min(AWS_MAX), &url, out).await?),
         None => None,
     };
     if out.json {
@@ -133,7 +133,7 @@ async fn drain(worker: &Worker, queue: &dyn SessionQueue) -> Result<usize, Failu
     }
 }
 
-async fn embedded(n: usize) -> Result<serde_json::Value, Failure> {
+async fn embedded(n: usize, out: &Out) -> Result<serde_json::Value, Failure> {
     let dir = tempfile::tempdir()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let config = Config {
@@ -158,11 +158,13 @@ async fn embedded(n: usize) -> Result<serde_json::Value, Failure> {
 
     let claims_per_s = n as f64 / sweep_secs;
     let cycles_per_s = ran as f64 / run_secs;
-    eprintln!("embedded store (SQLite, WAL), {n} due heartbeats:");
-    eprintln!(
+    figure!(out, "embedded store (SQLite, WAL), {n} due heartbeats:");
+    figure!(
+        out,
         "  sweep: {n} claimed and queued in {sweep_secs:.3} s = {claims_per_s:.0} claims/s (target >= 5000)"
     );
-    eprintln!(
+    figure!(
+        out,
         "  worker: {ran} heartbeats run and finished in {run_secs:.3} s = {cycles_per_s:.0} cycles/s"
     );
     Ok(json!({
@@ -174,7 +176,7 @@ async fn embedded(n: usize) -> Result<serde_json::Value, Failure> {
     }))
 }
 
-async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> {
+async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value, Failure> {
     // Counted clients for the engine; separate, uncounted ones for the bench's own setup
     // and for receiving jobs (Lambda's event source does that, not Pulse).
     let counted = AwsClients::for_emulator(endpoint);
@@ -218,21 +220,27 @@ async fn on_aws(n: usize, endpoint: &str) -> Result<serde_json::Value, Failure> 
             .map(|(k, v)| (k.clone(), *v as f64 / n as f64))
             .collect()
     };
-    eprintln!("AWS backend on {endpoint}, {n} due heartbeats ({ran} run):");
-    eprintln!(
+    figure!(
+        out,
+        "AWS backend on {endpoint}, {n} due heartbeats ({ran} run):"
+    );
+    figure!(
+        out,
         "  sweep: {n} claimed in {sweep_secs:.2} s = {:.0} claims/s (emulator speed, not AWS's)",
         n as f64 / sweep_secs
     );
-    eprintln!("  requests per heartbeat cycle, by operation:");
+    figure!(out, "  requests per heartbeat cycle, by operation:");
     for (phase, ops) in [("sweep", &sweep_ops), ("worker", &run_ops)] {
         for (op, count) in ops {
-            eprintln!(
+            figure!(
+                out,
                 "    {phase:<7} {op:<28} {:>8.3}   ({count} in all)",
                 *count as f64 / n as f64
             );
         }
     }
-    eprintln!(
+    figure!(
+        out,
         "  targets: <= 1 claim write + 1 window read + 1 completion transaction; due queries and sends <= 0.1 each"
     );
     let _ = setup
@@ -263,10 +271,16 @@ pub(crate) async fn turn(sizes: &[usize], turns: usize, out: &Out) -> Result<(),
         ));
     }
     let mut rows = Vec::new();
-    eprintln!("conversation turns on the embedded store, offline model, {turns} turns per size:");
+    figure!(
+        out,
+        "conversation turns on the embedded store, offline model, {turns} turns per size:"
+    );
     for &size in sizes {
         let per_turn_ms = turns_with_history(size, turns).await?;
-        eprintln!("  history {size:>7} messages: {per_turn_ms:.3} ms per turn (target <= 5 ms)");
+        figure!(
+            out,
+            "  history {size:>7} messages: {per_turn_ms:.3} ms per turn (target <= 5 ms)"
+        );
         rows.push(json!({ "history": size, "ms_per_turn": per_turn_ms }));
     }
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
@@ -275,7 +289,8 @@ pub(crate) async fn turn(sizes: &[usize], turns: usize, out: &Out) -> Result<(),
                 .as_f64()
                 .unwrap_or(1.0)
                 .max(f64::MIN_POSITIVE);
-        eprintln!(
+        figure!(
+            out,
             "  largest / smallest history: {ratio:.2}x (flat is ~1x: a turn reads a bounded slice of history)"
         );
     }

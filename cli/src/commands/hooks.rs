@@ -8,8 +8,8 @@ use clap::{Args, Subcommand};
 use pulse_shared::app::Connected;
 use pulse_shared::config::Config;
 use pulse_shared::domain::{
-    AgentId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookTarget, HookType,
-    RetrySchedule, Secret, parse_duration,
+    AgentId, AttemptStatus, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookTarget,
+    HookType, RetrySchedule, Secret, parse_duration,
 };
 use pulse_shared::engine::{DispatchSettings, Dispatcher};
 use pulse_shared::error::StoreError;
@@ -228,7 +228,7 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
             let hook = require_hook(b, &id).await?;
             let (d, a) = dispatcher(config, b, clock)?.send_test(&hook).await?;
             print_attempt(out, &d, &a);
-            Ok(())
+            succeeded(&d, &a)
         }
         HooksPlan::Deliveries { hook, limit } => deliveries(b, out, &hook, limit).await,
         HooksPlan::Set { id, active } => set_active(b, out, &id, active).await,
@@ -242,9 +242,23 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
                     other => Failure::Runtime(other.into()),
                 })?;
             print_attempt(out, &d, &a);
-            Ok(())
+            succeeded(&d, &a)
         }
     }
+}
+
+/// Exit 1 when the attempt did not succeed (after printing it), so scripts can tell.
+fn succeeded(d: &HookDelivery, a: &HookAttempt) -> Result<(), Failure> {
+    if a.status == AttemptStatus::Success {
+        return Ok(());
+    }
+    Err(Failure::Runtime(anyhow::anyhow!(
+        "attempt {} of delivery {} did not succeed ({}); the delivery is {}",
+        a.attempt,
+        d.id,
+        a.status.as_str(),
+        d.status.as_str()
+    )))
 }
 
 /// Stores a new hook; prints its id and, once, its secret.

@@ -21,7 +21,7 @@ use tracing::{error, info, warn};
 
 use super::{Ctx, input};
 use crate::Failure;
-use crate::output::Out;
+use crate::output::{Out, count};
 
 #[derive(Args, Debug)]
 pub(crate) struct ServeArgs {
@@ -91,11 +91,7 @@ pub(crate) fn plan_serve(a: ServeArgs) -> Result<ServePlan, Failure> {
     }
     let listen = match a.listen.trim() {
         "off" | "none" => None,
-        addr => Some(addr.parse().map_err(|_| {
-            Failure::Input(format!(
-                "invalid --listen {addr:?}: give an address and port such as 127.0.0.1:8080, or off"
-            ))
-        })?),
+        addr => Some(listen_addr(addr)?),
     };
     let positive = |name: &'static str, v: &str| -> Result<Duration, Failure> {
         let d = parse_duration(name, v).map_err(input)?;
@@ -227,6 +223,28 @@ pub(crate) async fn serve(
     release_queued(&worker, b).await;
     info!("pulse serve stopped");
     Ok(())
+}
+
+/// `--listen`: an address and port (`127.0.0.1:8080`, `[::1]:8080`) or a host name and
+/// port (`localhost:8080`, resolved locally; IPv4 preferred).
+fn listen_addr(addr: &str) -> Result<SocketAddr, Failure> {
+    let bad = |why: String| {
+        Failure::Input(format!(
+            "invalid --listen {addr:?}{why}: give an address or host name and a port such as 127.0.0.1:8080 or localhost:8080, or off"
+        ))
+    };
+    if let Ok(a) = addr.parse() {
+        return Ok(a);
+    }
+    let found: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr)
+        .map_err(|e| bad(format!(" ({e})")))?
+        .collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| bad(" (it resolves to no address)".into()))
 }
 
 /// Binds the HTTP receiver's address, if it has one.
@@ -444,16 +462,21 @@ pub(crate) async fn sweep_and_drain(
         );
     } else {
         eprintln!(
-            "swept: {} due, {} claimed, {} skipped; ran {ran} jobs ({failed} to retry); {hooks} hook attempts",
-            report.due, report.claimed, report.skipped
+            "swept: {} due, {} claimed, {} skipped; ran {} ({failed} to retry); {}",
+            report.due,
+            report.claimed,
+            report.skipped,
+            count(ran, "job"),
+            count(hooks, "hook attempt")
         );
     }
     if report.errors.is_empty() && failed == 0 {
         Ok(())
     } else {
         Err(Failure::Runtime(anyhow::anyhow!(
-            "the sweep met {} problems and {failed} jobs will be retried: {}",
-            report.errors.len(),
+            "the sweep met {} and {} will be retried: {}",
+            count(report.errors.len(), "problem"),
+            count(failed, "job"),
             report
                 .errors
                 .iter()
@@ -461,5 +484,24 @@ pub(crate) async fn sweep_and_drain(
                 .collect::<Vec<_>>()
                 .join("; ")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_takes_addresses_and_host_names() {
+        let a = listen_addr("127.0.0.1:8080").ok().unwrap();
+        assert_eq!(a.to_string(), "127.0.0.1:8080");
+        let h = listen_addr("localhost:8080").ok().unwrap();
+        assert!(h.ip().is_loopback() && h.port() == 8080, "{h}");
+        for bad in ["8080", "localhost"] {
+            match listen_addr(bad) {
+                Err(Failure::Input(m)) => assert!(m.contains("localhost:8080"), "{m}"),
+                _ => panic!("{bad} was taken"),
+            }
+        }
     }
 }
