@@ -921,6 +921,44 @@ async fn hooks_are_added_tested_listed_switched_and_replayed() {
         )
         .contains("out of range")
     );
+    let unknown = bad(
+        d,
+        &[
+            "hooks",
+            "add",
+            "--agent",
+            &agent,
+            "--type",
+            "AFTER_NO_SUCH_TOOL",
+            "--url",
+            "https://x.example/",
+        ],
+    );
+    assert!(
+        unknown.contains("fires on nothing")
+            && unknown.contains("AFTER_HEARTBEAT_AGENT")
+            && unknown.contains("HOOK_DISABLED"),
+        "{unknown}"
+    );
+    let bus = bad(
+        d,
+        &[
+            "hooks",
+            "add",
+            "--agent",
+            &agent,
+            "--type",
+            "ACTION_FAILED",
+            "--url",
+            "eventbridge://my-bus",
+        ],
+    );
+    assert!(bus.contains("needs the AWS backend"), "{bus}");
+    assert_eq!(
+        json(d, &["hooks", "list"]).as_array().map(Vec::len),
+        Some(1),
+        "nothing was added"
+    );
     assert!(bad(d, &["hooks", "test", "hk_nope"]).contains("hook id"));
     let types = ok(d, &["hooks", "types"]);
     assert!(types.contains("BEFORE_HEARTBEAT") && types.contains("HOOK_DISABLED"));

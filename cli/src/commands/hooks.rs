@@ -9,7 +9,7 @@ use pulse_shared::app::Connected;
 use pulse_shared::config::Config;
 use pulse_shared::domain::{
     AgentId, AttemptStatus, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookTarget,
-    HookType, RetrySchedule, Secret, parse_duration,
+    HookType, RetrySchedule, Secret, builtin_tools, parse_duration,
 };
 use pulse_shared::engine::{DispatchSettings, Dispatcher};
 use pulse_shared::error::StoreError;
@@ -264,6 +264,21 @@ fn succeeded(d: &HookDelivery, a: &HookAttempt) -> Result<(), Failure> {
 /// Stores a new hook; prints its id and, once, its secret.
 async fn add(b: &Connected, out: &Out, hook: &Hook) -> Result<(), Failure> {
     super::require_agent(b, &hook.agent_id).await?;
+    if let HookTarget::EventBridge { bus } = &hook.target
+        && b.bus.is_none()
+    {
+        return Err(Failure::Input(format!(
+            "hook target eventbridge://{bus} needs the AWS backend: this store has no event bus, so every delivery would fail until it gave up; use an https:// URL"
+        )));
+    }
+    let valid = valid_types(b).await?;
+    if !valid.iter().any(|t| t == hook.hook_type.as_str()) {
+        return Err(Failure::Input(format!(
+            "hook type {} fires on nothing: it is neither a lifecycle type nor BEFORE_/AFTER_ of a registered tool; valid types: {} (`pulse hooks types` explains each)",
+            hook.hook_type,
+            valid.join(", ")
+        )));
+    }
     b.store.create_hook(hook).await?;
     if hook.target.is_plain_http() {
         eprintln!(
@@ -334,12 +349,36 @@ async fn list(b: &Connected, out: &Out, agent: Option<AgentId>) -> Result<(), Fa
 }
 
 /// Lists the lifecycle hook types and the BEFORE_/AFTER_ types of every registered tool.
+/// Every type a hook can fire on: the lifecycle types, and BEFORE_/AFTER_ of each tool
+/// (built-in ones included).
+async fn valid_types(b: &Connected) -> Result<Vec<String>, Failure> {
+    let mut types: Vec<String> = HookType::LIFECYCLE
+        .iter()
+        .map(|(t, _)| (*t).to_owned())
+        .collect();
+    let registry = b
+        .store
+        .load_registry()
+        .await?
+        .with_builtins(builtin_tools());
+    for tool in &registry.tools {
+        types.push(HookType::before_tool(&tool.name).as_str().to_owned());
+        types.push(HookType::after_tool(&tool.name).as_str().to_owned());
+    }
+    Ok(types)
+}
+
 async fn types(b: &Connected, out: &Out) -> Result<(), Failure> {
     let mut rows: Vec<serde_json::Value> = HookType::LIFECYCLE
         .iter()
         .map(|(t, what)| serde_json::json!({ "type": t, "fires_when": what }))
         .collect();
-    for tool in b.store.load_registry().await?.tools {
+    let registry = b
+        .store
+        .load_registry()
+        .await?
+        .with_builtins(builtin_tools());
+    for tool in registry.tools {
         for (t, when) in [
             (HookType::before_tool(&tool.name), "before"),
             (HookType::after_tool(&tool.name), "after"),
