@@ -1217,3 +1217,95 @@ fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
     assert_eq!(doc["embedded"]["heartbeats"], 20);
     assert!(String::from_utf8_lossy(&json.stderr).contains("claims/s"));
 }
+
+#[test]
+fn events_are_listed_by_type_time_and_page_and_followed_as_they_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "scout"]);
+    let emit = |ty: &str, n: i64| {
+        ok(
+            d,
+            &[
+                "events",
+                "emit",
+                "--agent",
+                &agent,
+                "--type",
+                ty,
+                "--payload",
+                &format!("{{\"n\": {n}}}"),
+            ],
+        )
+    };
+    let ids: Vec<String> = [("NOTE", 1), ("ALERT", 2), ("NOTE", 3)]
+        .iter()
+        .map(|(t, n)| emit(t, *n))
+        .collect();
+    let ns = |v: &Value| -> Vec<i64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["payload"]["n"].as_i64().unwrap())
+            .collect()
+    };
+    let list = |extra: &[&str]| {
+        let mut args = vec!["events", "list", "--agent", agent.as_str()];
+        args.extend_from_slice(extra);
+        json(d, &args)
+    };
+    assert_eq!(ns(&list(&["--type", "ALERT"])), vec![2]);
+    assert_eq!(ns(&list(&["--type", "ALERT,NOTE"])), vec![1, 2, 3]);
+    assert_eq!(ns(&list(&["--limit", "2"])), vec![2, 3]);
+    assert_eq!(ns(&list(&["--limit", "2", "--before", &ids[1]])), vec![1]);
+    assert_eq!(ns(&list(&["--since", "10m"])), vec![1, 2, 3]);
+    assert_eq!(
+        ns(&list(&["--since", "2099-01-01T00:00:00Z"])),
+        Vec::<i64>::new()
+    );
+    let err = bad(
+        d,
+        &["events", "list", "--agent", &agent, "--since", "lately"],
+    );
+    assert!(err.contains("--since"), "{err}");
+
+    // --follow prints the listing, then what lands after it, and only that.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pulse"))
+        .args([
+            "events", "list", "--agent", &agent, "--type", "NOTE", "--follow",
+        ])
+        .current_dir(d)
+        .env_remove("PULSE_DB")
+        .env_remove("PULSE_BACKEND")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = || {
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("a line within 20 s")
+    };
+    assert!(next().starts_with("ID"), "the header first");
+    assert!(next().starts_with(&ids[0]));
+    assert!(next().starts_with(&ids[2]));
+    let _alert = emit("ALERT", 4);
+    let late = emit("NOTE", 5);
+    let line = next();
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert!(
+        line.starts_with(&late),
+        "the new NOTE, not the ALERT: {line}"
+    );
+    assert!(line.contains("{\"n\":5}"), "{line}");
+}

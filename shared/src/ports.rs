@@ -15,10 +15,10 @@ use serde_json::Value;
 
 use crate::domain::{
     AcceptOutcome, Acceptance, Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery,
-    Event, EventCursor, EventId, Heartbeat, HeartbeatId, HeartbeatStatus, Hook, HookAttempt,
-    HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest, LlmResponse, Memory,
-    OutgoingTask, Receipt, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName,
-    ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    Event, EventCursor, EventId, EventType, Heartbeat, HeartbeatId, HeartbeatStatus, Hook,
+    HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest,
+    LlmResponse, Memory, OutgoingTask, Receipt, Registry, SignalId, Subscription, SubscriptionId,
+    Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -217,8 +217,81 @@ pub trait EventLog: Send + Sync {
     ) -> Result<Window, StoreError>;
     /// The given events of an agent, in id order; ids not found are left out.
     async fn get_events(&self, agent: &AgentId, ids: &[EventId]) -> Result<Vec<Event>, StoreError>;
+    /// At most `limit` of the agent's events with ids after `after` and before `before`
+    /// (either bound open when `None`), newest first. The one read every listing is
+    /// built on.
+    async fn events_page(
+        &self,
+        agent: &AgentId,
+        after: Option<&EventCursor>,
+        before: Option<&EventId>,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError>;
+
+    /// The newest `query.limit` events that match `query`, oldest first. Pages through
+    /// [`events_page`](Self::events_page), so a type filter costs reads of the events it
+    /// skips, never a scan of the whole log at once.
+    async fn query_events(
+        &self,
+        agent: &AgentId,
+        query: &EventQuery,
+    ) -> Result<Vec<Event>, StoreError> {
+        let mut found = Vec::new();
+        let mut before = query.before.clone();
+        let page = if query.types.is_empty() {
+            query.limit
+        } else {
+            query.limit.clamp(100, 1_000)
+        };
+        while found.len() < query.limit {
+            let events = self
+                .events_page(agent, query.after.as_ref(), before.as_ref(), page)
+                .await?;
+            let last = events.len() < page;
+            before = events.last().map(|e| e.id.clone());
+            found.extend(events.into_iter().filter(|e| query.matches(e)));
+            if last || before.is_none() {
+                break;
+            }
+        }
+        found.truncate(query.limit);
+        found.reverse();
+        Ok(found)
+    }
+
     /// The agent's latest `limit` events, oldest first.
-    async fn list_events(&self, agent: &AgentId, limit: usize) -> Result<Vec<Event>, StoreError>;
+    async fn list_events(&self, agent: &AgentId, limit: usize) -> Result<Vec<Event>, StoreError> {
+        self.query_events(agent, &EventQuery::latest(limit)).await
+    }
+}
+
+/// Which of an agent's events to list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventQuery {
+    /// Only events of these types; every type when empty.
+    pub types: Vec<EventType>,
+    /// Only events after this cursor: created after a time ([`EventCursor::through`]), or
+    /// newer than an event ([`EventCursor::after`]).
+    pub after: Option<EventCursor>,
+    /// Only events older than this one (paging back through a long log).
+    pub before: Option<EventId>,
+    /// At most this many: the newest that match.
+    pub limit: usize,
+}
+
+impl EventQuery {
+    /// The newest `limit` events, of any type.
+    pub fn latest(limit: usize) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
+    /// Whether `event` passes the type filter (the bounds are the store's to apply).
+    pub fn matches(&self, event: &Event) -> bool {
+        self.types.is_empty() || self.types.contains(&event.event_type)
+    }
 }
 
 /// Actions.

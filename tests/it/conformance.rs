@@ -831,3 +831,98 @@ async fn hook_versions(kind: Kind) {
     );
     assert_eq!(b.store.list_attempts(&d.id).await.unwrap(), vec![attempt]);
 }
+
+on_both_backends!(
+    an_event_listing_filters_by_type_and_time_and_pages_back,
+    event_listing
+);
+async fn event_listing(kind: Kind) {
+    use pulse_shared::ports::EventQuery;
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let (other, _) = b.agent("critic", "15m").await;
+    // 30 events a second apart, alternating NOTE and ALERT; one for another agent.
+    let mut all = Vec::new();
+    for i in 0..30 {
+        let ty = if i % 2 == 0 { "NOTE" } else { "ALERT" };
+        all.push(b.emit(&agent, ty, json!({ "i": i })).await);
+        b.advance(SignedDuration::from_secs(1));
+    }
+    b.emit(&other, "NOTE", json!({})).await;
+    let ids = |events: &[pulse_shared::domain::Event]| -> Vec<i64> {
+        events
+            .iter()
+            .map(|e| e.payload["i"].as_i64().unwrap())
+            .collect()
+    };
+
+    let latest = b.store.list_events(&agent.id, 5).await.unwrap();
+    assert_eq!(
+        ids(&latest),
+        vec![25, 26, 27, 28, 29],
+        "newest 5, oldest first"
+    );
+
+    let alerts = EventQuery {
+        types: vec![EventType::parse("ALERT").unwrap()],
+        limit: 4,
+        ..EventQuery::default()
+    };
+    let page = b.store.query_events(&agent.id, &alerts).await.unwrap();
+    assert_eq!(ids(&page), vec![23, 25, 27, 29]);
+    // The next page back starts before the oldest of this one.
+    let back = EventQuery {
+        before: Some(page[0].id.clone()),
+        ..alerts.clone()
+    };
+    let page2 = b.store.query_events(&agent.id, &back).await.unwrap();
+    assert_eq!(ids(&page2), vec![15, 17, 19, 21]);
+
+    // Since a time: events created at or after the 26th second.
+    let since = all[26].created_at;
+    let recent = EventQuery {
+        after: Some(EventCursor::through(
+            since
+                .saturating_sub(SignedDuration::from_millis(1))
+                .unwrap(),
+        )),
+        limit: 100,
+        ..EventQuery::default()
+    };
+    let got = b.store.query_events(&agent.id, &recent).await.unwrap();
+    assert_eq!(ids(&got), vec![26, 27, 28, 29]);
+    // After an event: strictly newer than it.
+    let after = EventQuery {
+        after: Some(EventCursor::after(&all[27].id)),
+        limit: 100,
+        ..EventQuery::default()
+    };
+    let got = b.store.query_events(&agent.id, &after).await.unwrap();
+    assert_eq!(ids(&got), vec![28, 29]);
+    // A type nobody emitted, and types across the whole log.
+    let none = EventQuery {
+        types: vec![EventType::parse("NOPE").unwrap()],
+        limit: 10,
+        ..EventQuery::default()
+    };
+    assert!(
+        b.store
+            .query_events(&agent.id, &none)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let both = EventQuery {
+        types: vec![
+            EventType::parse("NOTE").unwrap(),
+            EventType::parse("ALERT").unwrap(),
+        ],
+        limit: 1_000,
+        ..EventQuery::default()
+    };
+    assert_eq!(
+        b.store.query_events(&agent.id, &both).await.unwrap().len(),
+        30,
+        "the other agent's event is not listed"
+    );
+}

@@ -1,11 +1,17 @@
 //! `pulse events …`: emit an event into an agent's log, and list the log.
 
 use clap::Subcommand;
-use pulse_shared::domain::{AgentId, NewEvent};
+use std::collections::HashMap;
+
+use jiff::Timestamp;
+use pulse_shared::domain::{
+    AgentId, Event, EventCursor, EventId, EventType, NewEvent, parse_duration,
+};
+use pulse_shared::ports::EventQuery;
 
 use super::{Ctx, agent_id, input, json_arg, limit, require_agent};
 use crate::Failure;
-use crate::output::{short, when};
+use crate::output::{outln, short, when};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum EventsCmd {
@@ -24,21 +30,74 @@ pub(crate) enum EventsCmd {
         #[arg(long)]
         priority: Option<i64>,
     },
-    /// List an agent's latest events.
+    /// List an agent's latest events (oldest of them first), filtered and paged.
     List {
         /// The agent's id.
         #[arg(long)]
         agent: String,
-        /// How many.
+        /// Only these types (comma-separated), e.g. NOTE,SUMMARY.
+        #[arg(long = "type", value_name = "TYPE,...", value_delimiter = ',')]
+        types: Vec<String>,
+        /// Only events created since then: a duration back from now (10m, 2h) or a time
+        /// (2026-11-23T09:00:00Z).
+        #[arg(long, value_name = "10m|TIMESTAMP")]
+        since: Option<String>,
+        /// Only events older than this one: pass the first id of a listing to page back.
+        #[arg(long, value_name = "EVENT_ID")]
+        before: Option<String>,
+        /// How many: the newest that match.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// Keep printing new events as they land, until Ctrl-C (with --json, one JSON
+        /// object per line).
+        #[arg(long)]
+        follow: bool,
     },
+}
+
+/// `--since`: a duration back from now, or a time.
+pub(crate) enum Since {
+    Ago(jiff::SignedDuration),
+    At(Timestamp),
+}
+
+impl Since {
+    fn parse(s: &str) -> Result<Self, Failure> {
+        if let Ok(d) = parse_duration("since", s) {
+            return Ok(Self::Ago(d));
+        }
+        s.trim().parse::<Timestamp>().map(Self::At).map_err(|_| {
+            Failure::Input(format!(
+                "invalid --since {s:?}: give a duration back from now (10m, 2h, 1d) or a time such as 2026-11-23T09:00:00Z"
+            ))
+        })
+    }
+
+    /// The cursor just before the first event created at or after this time.
+    fn cursor(&self, now: Timestamp) -> EventCursor {
+        let t = match self {
+            Self::Ago(d) => now.saturating_sub(*d).unwrap_or(now),
+            Self::At(t) => *t,
+        };
+        EventCursor::through(
+            t.saturating_sub(jiff::SignedDuration::from_millis(1))
+                .unwrap_or(t),
+        )
+    }
 }
 
 /// A validated events command.
 pub(crate) enum EventsPlan {
-    Emit { agent: AgentId, event: NewEvent },
-    List { agent: AgentId, limit: usize },
+    Emit {
+        agent: AgentId,
+        event: NewEvent,
+    },
+    List {
+        agent: AgentId,
+        query: EventQuery,
+        since: Option<Since>,
+        follow: bool,
+    },
 }
 
 impl EventsPlan {
@@ -63,9 +122,31 @@ pub(crate) fn plan(cmd: EventsCmd) -> Result<EventsPlan, Failure> {
             )
             .map_err(input)?,
         },
-        EventsCmd::List { agent, limit: n } => EventsPlan::List {
+        EventsCmd::List {
+            agent,
+            types,
+            since,
+            before,
+            limit: n,
+            follow,
+        } => EventsPlan::List {
             agent: agent_id(&agent)?,
-            limit: limit(n)?,
+            query: EventQuery {
+                types: types
+                    .iter()
+                    .map(|t| EventType::parse(t.trim()))
+                    .collect::<Result<_, _>>()
+                    .map_err(input)?,
+                after: None,
+                before: before
+                    .as_deref()
+                    .map(EventId::parse)
+                    .transpose()
+                    .map_err(input)?,
+                limit: limit(n)?,
+            },
+            since: since.as_deref().map(Since::parse).transpose()?,
+            follow,
         },
     })
 }
@@ -101,6 +182,95 @@ fn emit_type(t: &str) -> Result<&str, Failure> {
     )))
 }
 
+const HEADERS: [&str; 7] = [
+    "ID", "TYPE", "PRIO", "SOURCE", "CREATED", "PARENT", "PAYLOAD",
+];
+
+fn row(e: &Event) -> Vec<String> {
+    let mut source = e.source.clone();
+    if let Some(c) = &e.cascade {
+        source = format!(
+            "{source} (depth {}{})",
+            c.depth,
+            if c.capped { ", capped" } else { "" }
+        );
+    }
+    vec![
+        e.id.to_string(),
+        e.event_type.to_string(),
+        e.priority.to_string(),
+        source,
+        when(Some(e.created_at)),
+        e.parent_id.as_ref().map_or("-".into(), |p| p.to_string()),
+        short(&e.payload.to_string(), 60),
+    ]
+}
+
+/// How often `--follow` looks for new events.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How far back each look of `--follow` reads. An event's id is its creation time, and
+/// some are stored after it (a heartbeat's HEARTBEAT event goes in when the heartbeat
+/// finishes): re-reading a recent stretch, and skipping what was printed, shows those too.
+const FOLLOW_LOOKBACK: jiff::SignedDuration = jiff::SignedDuration::from_mins(5);
+
+/// `--follow`: prints the listing, then every new event that matches, as it lands,
+/// until Ctrl-C. Lines, not a table: a table's columns cannot be known ahead.
+async fn follow_events(cx: &Ctx<'_>, agent: &AgentId, listing: EventQuery) -> Result<(), Failure> {
+    let print = |e: &Event| {
+        if cx.out.json {
+            outln!("{}", serde_json::to_string(e).unwrap_or_default());
+        } else {
+            outln!("{}", row(e).join("  "));
+        }
+    };
+    let since = listing.after.clone();
+    let mut query = EventQuery {
+        before: None,
+        limit: 1_000,
+        ..listing.clone()
+    };
+    // What is stored before the listing counts as seen, printed or not: only the listing
+    // and what lands after it are shown. (Seen first, listed second, so nothing that
+    // lands between the two reads is missed.)
+    let mut seen: HashMap<EventId, Timestamp> = HashMap::new();
+    let window = |now: Timestamp, query: &mut EventQuery| {
+        let from = now.saturating_sub(FOLLOW_LOOKBACK).unwrap_or(now);
+        let lookback = EventCursor::through(from);
+        query.after = Some(match &since {
+            Some(s) if s.as_str() > lookback.as_str() => s.clone(),
+            _ => lookback,
+        });
+        from
+    };
+    window(cx.clock.now(), &mut query);
+    for e in cx.b.store.query_events(agent, &query).await? {
+        seen.insert(e.id, e.created_at);
+    }
+    if !cx.out.json {
+        outln!("{}", HEADERS.join("  "));
+    }
+    for e in cx.b.store.query_events(agent, &listing).await? {
+        print(&e);
+        seen.insert(e.id, e.created_at);
+    }
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            () = tokio::time::sleep(FOLLOW_EVERY) => {}
+        }
+        let from = window(cx.clock.now(), &mut query);
+        for e in cx.b.store.query_events(agent, &query).await? {
+            if seen.insert(e.id.clone(), e.created_at).is_none() {
+                print(&e);
+            }
+        }
+        seen.retain(|_, at| *at >= from);
+    }
+}
+
 pub(crate) async fn execute(plan: EventsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let (b, out) = (cx.b, cx.out);
     match plan {
@@ -117,34 +287,19 @@ pub(crate) async fn execute(plan: EventsPlan, cx: &Ctx<'_>) -> Result<(), Failur
                 ),
             );
         }
-        EventsPlan::List { agent, limit } => {
+        EventsPlan::List {
+            agent,
+            mut query,
+            since,
+            follow,
+        } => {
             require_agent(b, &agent).await?;
-            let events = b.store.list_events(&agent, limit).await?;
-            out.table(
-                &events,
-                &[
-                    "ID", "TYPE", "PRIO", "SOURCE", "CREATED", "PARENT", "PAYLOAD",
-                ],
-                |e| {
-                    let mut source = e.source.clone();
-                    if let Some(c) = &e.cascade {
-                        source = format!(
-                            "{source} (depth {}{})",
-                            c.depth,
-                            if c.capped { ", capped" } else { "" }
-                        );
-                    }
-                    vec![
-                        e.id.to_string(),
-                        e.event_type.to_string(),
-                        e.priority.to_string(),
-                        source,
-                        when(Some(e.created_at)),
-                        e.parent_id.as_ref().map_or("-".into(), |p| p.to_string()),
-                        short(&e.payload.to_string(), 60),
-                    ]
-                },
-            );
+            query.after = since.map(|s| s.cursor(cx.clock.now()));
+            if follow {
+                return follow_events(cx, &agent, query).await;
+            }
+            let events = b.store.query_events(&agent, &query).await?;
+            out.table(&events, &HEADERS, row);
         }
     }
     Ok(())

@@ -110,14 +110,50 @@ impl EventLog for DynamoStore {
         Ok(out)
     }
 
-    async fn list_events(&self, agent: &AgentId, limit: usize) -> Result<Vec<Event>, StoreError> {
-        let mut events: Vec<Event> = self
-            .query_prefix("list events", &agent_pk(agent), "EV#", true, Some(limit))
-            .await?
-            .iter()
-            .map(read_doc)
-            .collect::<Result<_, _>>()?;
-        events.reverse();
+    async fn events_page(
+        &self,
+        agent: &AgentId,
+        after: Option<&EventCursor>,
+        before: Option<&EventId>,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        // Exclusive bounds on the sort key: `EV#` + the cursor (ids are longer, so an id
+        // equal to the cursor sorts after it and is skipped below), and `EV#` + `before`.
+        let lo = format!("EV#{}", after.map_or("", |c| c.as_str()));
+        let hi = format!("EV#{}", before.map_or("~", |id| id.as_str()));
+        let mut events = Vec::new();
+        let mut start_key = None;
+        while events.len() < limit {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk AND sk BETWEEN :lo AND :hi")
+                .expression_attribute_values(":pk", s(agent_pk(agent)))
+                .expression_attribute_values(":lo", s(&lo))
+                .expression_attribute_values(":hi", s(&hi))
+                .scan_index_forward(false)
+                .limit((limit - events.len()).min(1_000) as i32 + 1)
+                .set_exclusive_start_key(start_key)
+                .send()
+                .await
+                .map_err(backend("list events"))?;
+            for item in out.items.unwrap_or_default() {
+                let event: Event = read_doc(&item)?;
+                let id = event.id.as_str();
+                if after.is_some_and(|c| !c.is_before(&event.id))
+                    || before.is_some_and(|b| id >= b.as_str())
+                {
+                    continue;
+                }
+                events.push(event);
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() {
+                break;
+            }
+        }
+        events.truncate(limit);
         Ok(events)
     }
 }

@@ -80,18 +80,25 @@ impl EventLog for SqliteStore {
             .await
     }
 
-    async fn list_events(&self, agent: &AgentId, limit: usize) -> Result<Vec<Event>, StoreError> {
+    async fn events_page(
+        &self,
+        agent: &AgentId,
+        after: Option<&EventCursor>,
+        before: Option<&EventId>,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
         let agent = agent.clone();
+        // Every event id sorts after "" and before "~" (ids are `ev_` + ULID).
+        let lo = after.map_or(String::new(), |c| c.as_str().to_owned());
+        let hi = before.map_or("~".to_owned(), |id| id.as_str().to_owned());
         self.db
             .call("list events", move |conn| {
-                let mut events: Vec<Event> = read_docs(
+                read_docs(
                     conn,
                     "list events",
-                    "SELECT id, doc FROM events WHERE agent_id = ?1 ORDER BY id DESC LIMIT ?2",
-                    params![agent.as_str(), limit as i64],
-                )?;
-                events.reverse();
-                Ok(events)
+                    "SELECT id, doc FROM events WHERE agent_id = ?1 AND id > ?2 AND id < ?3 ORDER BY id DESC LIMIT ?4",
+                    params![agent.as_str(), lo, hi, limit as i64],
+                )
             })
             .await
     }
