@@ -149,10 +149,12 @@ pub(crate) fn duration_ms(ms: u64) -> String {
     format!("{d:#}")
 }
 
-/// `1 job`, `2 jobs`.
+/// `1 job`, `2 jobs`, `0 deliveries`.
 pub(crate) fn count(n: usize, noun: &str) -> String {
     if n == 1 {
         format!("1 {noun}")
+    } else if let Some(stem) = noun.strip_suffix('y') {
+        format!("{n} {stem}ies")
     } else {
         format!("{n} {noun}s")
     }
@@ -167,6 +169,7 @@ mod tests {
         assert_eq!(count(1, "job"), "1 job");
         assert_eq!(count(0, "job"), "0 jobs");
         assert_eq!(count(2, "hook attempt"), "2 hook attempts");
+        assert_eq!(count(0, "delivery"), "0 deliveries");
     }
 
     #[test]

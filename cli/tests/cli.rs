@@ -1309,3 +1309,144 @@ fn events_are_listed_by_type_time_and_page_and_followed_as_they_land() {
     );
     assert!(line.contains("{\"n\":5}"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_show_tells_one_heartbeats_whole_story() {
+    let tool = FakeTool::answering(|req| {
+        if req["event"]["type"] == "NOTE" {
+            pulse_tests::ok_with_events(serde_json::json!([{"type": "SUMMARY", "priority": 3}]))
+        } else {
+            pulse_tests::ok_with_events(serde_json::json!([]))
+        }
+    })
+    .await;
+    let receiver =
+        FakeTool::answering(|_| pulse_tests::ok_with_events(serde_json::json!([]))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let (url, hook_url) = (tool.url(), receiver.url());
+    let agent = tokio::task::spawn_blocking(move || {
+        ok(&d, &["tools", "add", "--name", "echo", "--url", &url]);
+        // Nothing listens on port 1: this tool fails.
+        ok(
+            &d,
+            &[
+                "tools",
+                "add",
+                "--name",
+                "broken",
+                "--url",
+                "http://127.0.0.1:1/",
+            ],
+        );
+        ok(
+            &d,
+            &["subscriptions", "add", "--tool", "echo", "--event", "NOTE"],
+        );
+        ok(
+            &d,
+            &[
+                "subscriptions",
+                "add",
+                "--tool",
+                "broken",
+                "--event",
+                "HEARTBEAT",
+            ],
+        );
+        let agent = ok(
+            &d,
+            &[
+                "agents",
+                "create",
+                "--name",
+                "scout",
+                "--interval",
+                "1h",
+                "--instructions",
+                "speak: the morning report is in",
+            ],
+        );
+        ok(
+            &d,
+            &[
+                "hooks",
+                "add",
+                "--agent",
+                &agent,
+                "--type",
+                "AFTER_HEARTBEAT",
+                "--url",
+                &hook_url,
+            ],
+        );
+        ok(
+            &d,
+            &[
+                "events",
+                "emit",
+                "--agent",
+                &agent,
+                "--type",
+                "NOTE",
+                "--payload",
+                r#"{"text": "hi"}"#,
+            ],
+        );
+        ok(&d, &["sweep"]);
+        agent
+    })
+    .await
+    .unwrap();
+    let d = dir.path();
+
+    let story = json(d, &["heartbeats", "show", "--agent", &agent, "--beat", "1"]);
+    assert_eq!(story["heartbeat"]["status"], "COMPLETED");
+    assert_eq!(
+        story["window_events"].as_array().unwrap().len(),
+        1,
+        "the NOTE"
+    );
+    let tools: Vec<&str> = story["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools.len(), 3, "{tools:?}");
+    for t in ["echo", "broken", "heartbeat-agent"] {
+        assert!(tools.contains(&t), "{tools:?}");
+    }
+    let created: Vec<&str> = story["created"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert!(
+        created.contains(&"HEARTBEAT") && created.contains(&"SUMMARY"),
+        "{created:?}"
+    );
+    assert_eq!(story["hooks"][0]["hook_type"], "AFTER_HEARTBEAT");
+    assert_eq!(story["next"]["beat"], 2);
+
+    let id = story["id"].as_str().unwrap().to_owned();
+    let text = ok(d, &["heartbeats", "show", &id]);
+    for want in [
+        "(beat 1): COMPLETED",
+        "1 event read",
+        "echo on NOTE",
+        "broken on HEARTBEAT",
+        "FAILED",
+        "heartbeat-agent on HEARTBEAT",
+        "speak(",
+        "tokens:",
+        "SUMMARY  depth 1",
+        "AFTER_HEARTBEAT  SUCCEEDED  1 attempt",
+        "next: beat 2 PENDING",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from:\n{text}");
+    }
+    let missing = bad(d, &["heartbeats", "show", "--agent", &agent, "--beat", "9"]);
+    assert!(missing.contains("not found"), "{missing}");
+}

@@ -314,6 +314,15 @@ pub trait ActionLog: Send + Sync {
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError>;
     /// An agent's latest actions, newest first.
     async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError>;
+    /// At most `limit` of the agent's actions on events with ids in `(after, through]`, in
+    /// event order: a heartbeat's actions lie between its window's start and its end.
+    async fn actions_between(
+        &self,
+        agent: &AgentId,
+        after: &EventCursor,
+        through: &EventCursor,
+        limit: usize,
+    ) -> Result<Vec<Action>, StoreError>;
 }
 
 /// Tools and subscriptions.

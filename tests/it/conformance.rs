@@ -926,3 +926,73 @@ async fn event_listing(kind: Kind) {
         "the other agent's event is not listed"
     );
 }
+
+on_both_backends!(
+    actions_are_listed_by_the_range_of_their_events,
+    actions_by_range
+);
+async fn actions_by_range(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    let mut events = Vec::new();
+    for i in 0..4 {
+        events.push(b.emit(&agent, "NOTE", json!({ "i": i })).await);
+        b.advance(SignedDuration::from_secs(1));
+    }
+    for event in &events {
+        for tool in ["alpha", "zeta-tool"] {
+            let tool = ToolName::parse(tool).unwrap();
+            let action = Action {
+                id: ActionId::for_event(&event.id, &tool),
+                agent_id: agent.id.clone(),
+                heartbeat_id: first.id(),
+                event_id: event.id.clone(),
+                tool,
+                status: ActionStatus::Running,
+                attempt: 1,
+                depth: 0,
+                request: json!({}),
+                response: None,
+                error: None,
+                started_at: b.now(),
+                completed_at: None,
+                duration_ms: None,
+                new_events: vec![],
+            };
+            assert!(b.store.start_action(&action).await.unwrap().is_none());
+        }
+    }
+    // (after event 0, through event 2]: both tools' actions on events 1 and 2, in order.
+    let got = b
+        .store
+        .actions_between(
+            &agent.id,
+            &EventCursor::after(&events[0].id),
+            &EventCursor::after(&events[2].id),
+            100,
+        )
+        .await
+        .unwrap();
+    let seen: Vec<(String, String)> = got
+        .iter()
+        .map(|a| (a.event_id.to_string(), a.tool.to_string()))
+        .collect();
+    let want: Vec<(String, String)> = [1, 2]
+        .iter()
+        .flat_map(|&i| ["alpha", "zeta-tool"].map(|t| (events[i].id.to_string(), t.to_owned())))
+        .collect();
+    assert_eq!(seen, want);
+    // From the origin through a time, and a limit.
+    let all = b
+        .store
+        .actions_between(
+            &agent.id,
+            &EventCursor::origin(),
+            &EventCursor::through(b.now()),
+            3,
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0].event_id, events[0].id);
+}

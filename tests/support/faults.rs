@@ -159,6 +159,7 @@ faulty!(ActionLog {
     fn restart_action(&self, action: &Action, expected_attempt: u32) -> bool;
     fn finish_action(&self, action: &Action, new_events: &[Event]) -> ();
     fn list_actions(&self, agent: &AgentId, limit: usize) -> Vec<Action>;
+    fn actions_between(&self, agent: &AgentId, after: &EventCursor, through: &EventCursor, limit: usize) -> Vec<Action>;
 });
 
 faulty!(ToolRegistry {

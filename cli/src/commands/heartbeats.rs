@@ -1,9 +1,9 @@
 //! `pulse heartbeats …`: an agent's heartbeats.
 
 use clap::Subcommand;
-use pulse_shared::domain::{AgentId, Heartbeat};
+use pulse_shared::domain::{AgentId, Heartbeat, HeartbeatId};
 
-use super::{Ctx, agent_id, limit, require_agent};
+use super::{Ctx, agent_id, input, limit, require_agent};
 use crate::Failure;
 use crate::output::{Out, short, when};
 
@@ -18,11 +18,26 @@ pub(crate) enum HeartbeatsCmd {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// One heartbeat's whole story: its window and the events it read, each action (with
+    /// the heartbeat agent's thought, tool calls and tokens), the events it created, the
+    /// hooks it emitted, and the next heartbeat.
+    Show {
+        /// The heartbeat's id (hb_…); or give --agent and --beat.
+        #[arg(required_unless_present = "beat")]
+        id: Option<String>,
+        /// The agent's id, with --beat.
+        #[arg(long, requires = "beat")]
+        agent: Option<String>,
+        /// The beat number, with --agent.
+        #[arg(long, requires = "agent", conflicts_with = "id")]
+        beat: Option<u64>,
+    },
 }
 
 /// A validated heartbeats command.
 pub(crate) enum HeartbeatsPlan {
     List { agent: AgentId, limit: usize },
+    Show(HeartbeatId),
 }
 
 pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
@@ -31,6 +46,15 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
             agent: agent_id(&agent)?,
             limit: limit(n)?,
         },
+        HeartbeatsCmd::Show { id, agent, beat } => HeartbeatsPlan::Show(match (id, agent, beat) {
+            (Some(id), _, _) => HeartbeatId::parse(&id).map_err(input)?,
+            (None, Some(agent), Some(beat)) => HeartbeatId::new(agent_id(&agent)?, beat),
+            _ => {
+                return Err(Failure::Input(
+                    "give a heartbeat id, or --agent and --beat".into(),
+                ));
+            }
+        }),
     })
 }
 
@@ -41,6 +65,7 @@ pub(crate) async fn execute(plan: HeartbeatsPlan, cx: &Ctx<'_>) -> Result<(), Fa
             let hbs = cx.b.store.list_heartbeats(&agent, limit).await?;
             heartbeat_table(cx.out, &hbs);
         }
+        HeartbeatsPlan::Show(id) => super::story::show(cx, &id).await?,
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ pub(crate) mod hooks;
 pub(crate) mod memories;
 pub(crate) mod secrets;
 pub(crate) mod serve;
+mod story;
 pub(crate) mod subscriptions;
 pub(crate) mod tools;
 pub(crate) mod webhooks;

@@ -6,7 +6,7 @@ use rusqlite::{TransactionBehavior, params};
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::{SqliteStore, sqlite_err};
-use crate::domain::{Action, ActionStatus, AgentId, Event};
+use crate::domain::{Action, ActionStatus, AgentId, Event, EventCursor};
 use crate::error::StoreError;
 use crate::ports::ActionLog;
 
@@ -113,6 +113,30 @@ impl ActionLog for SqliteStore {
                     "list actions",
                     "SELECT id, doc FROM actions WHERE agent_id = ?1 ORDER BY event_id DESC, tool LIMIT ?2",
                     params![agent.as_str(), limit as i64],
+                )
+            })
+            .await
+    }
+
+    async fn actions_between(
+        &self,
+        agent: &AgentId,
+        after: &EventCursor,
+        through: &EventCursor,
+        limit: usize,
+    ) -> Result<Vec<Action>, StoreError> {
+        let (agent, lo, hi) = (
+            agent.clone(),
+            after.as_str().to_owned(),
+            through.as_str().to_owned(),
+        );
+        self.db
+            .call("list actions", move |conn| {
+                read_docs(
+                    conn,
+                    "list actions",
+                    "SELECT id, doc FROM actions WHERE agent_id = ?1 AND event_id > ?2 AND event_id <= ?3 ORDER BY event_id, tool LIMIT ?4",
+                    params![agent.as_str(), lo, hi, limit as i64],
                 )
             })
             .await
