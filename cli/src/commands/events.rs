@@ -1,8 +1,8 @@
 //! `pulse events …`: emit an event into an agent's log, and list the log.
 
-use clap::Subcommand;
 use std::collections::HashMap;
 
+use clap::Subcommand;
 use jiff::Timestamp;
 use pulse_shared::domain::{
     AgentId, Event, EventCursor, EventId, EventType, NewEvent, parse_duration,
