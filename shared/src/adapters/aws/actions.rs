@@ -94,34 +94,14 @@ impl ActionLog for DynamoStore {
         // every tool of the upper one (`#` < any tool name's characters < `~`).
         let lo = format!("AC#{}#~", after.as_str());
         let hi = format!("AC#{}#~", through.as_str());
-        let mut actions = Vec::new();
-        let mut start_key = None;
-        while actions.len() < limit {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk AND sk BETWEEN :lo AND :hi")
-                .expression_attribute_values(":pk", s(agent_pk(agent)))
-                .expression_attribute_values(":lo", s(&lo))
-                .expression_attribute_values(":hi", s(&hi))
-                .limit((limit - actions.len()).min(1_000) as i32)
-                .set_exclusive_start_key(start_key)
-                .send()
-                .await
-                .map_err(backend("list actions"))?;
-            for item in out.items.unwrap_or_default() {
-                let action: Action = read_doc(&item)?;
-                if after.is_before(&action.event_id) && through.covers(&action.event_id) {
-                    actions.push(action);
-                }
-            }
-            start_key = out.last_evaluated_key;
-            if start_key.is_none() {
-                break;
-            }
-        }
-        actions.truncate(limit);
-        Ok(actions)
+        self.query_between(
+            "list actions",
+            &agent_pk(agent),
+            lo.as_str()..=hi.as_str(),
+            false,
+            limit,
+            |a: &Action| after.is_before(&a.event_id) && through.covers(&a.event_id),
+        )
+        .await
     }
 }

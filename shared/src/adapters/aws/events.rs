@@ -121,39 +121,17 @@ impl EventLog for DynamoStore {
         // equal to the cursor sorts after it and is skipped below), and `EV#` + `before`.
         let lo = format!("EV#{}", after.map_or("", |c| c.as_str()));
         let hi = format!("EV#{}", before.map_or("~", |id| id.as_str()));
-        let mut events = Vec::new();
-        let mut start_key = None;
-        while events.len() < limit {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk AND sk BETWEEN :lo AND :hi")
-                .expression_attribute_values(":pk", s(agent_pk(agent)))
-                .expression_attribute_values(":lo", s(&lo))
-                .expression_attribute_values(":hi", s(&hi))
-                .scan_index_forward(false)
-                .limit((limit - events.len()).min(1_000) as i32 + 1)
-                .set_exclusive_start_key(start_key)
-                .send()
-                .await
-                .map_err(backend("list events"))?;
-            for item in out.items.unwrap_or_default() {
-                let event: Event = read_doc(&item)?;
-                let id = event.id.as_str();
-                if after.is_some_and(|c| !c.is_before(&event.id))
-                    || before.is_some_and(|b| id >= b.as_str())
-                {
-                    continue;
-                }
-                events.push(event);
-            }
-            start_key = out.last_evaluated_key;
-            if start_key.is_none() {
-                break;
-            }
-        }
-        events.truncate(limit);
-        Ok(events)
+        self.query_between(
+            "list events",
+            &agent_pk(agent),
+            lo.as_str()..=hi.as_str(),
+            true,
+            limit,
+            |e: &Event| {
+                after.is_none_or(|c| c.is_before(&e.id))
+                    && before.is_none_or(|b| e.id.as_str() < b.as_str())
+            },
+        )
+        .await
     }
 }

@@ -164,6 +164,50 @@ impl DynamoStore {
             .map_err(|e| StoreError::corrupt(at(), e))
     }
 
+    /// At most `limit` documents of a partition with sort keys in `keys`, in key order
+    /// (reversed when `newest_first`), that pass `keep`: the bounds a key condition can
+    /// express, refined by `keep` for what it cannot (exclusive ends, key suffixes).
+    pub(super) async fn query_between<T: serde::de::DeserializeOwned>(
+        &self,
+        op: &'static str,
+        pk: &str,
+        keys: std::ops::RangeInclusive<&str>,
+        newest_first: bool,
+        limit: usize,
+        keep: impl Fn(&T) -> bool,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut found = Vec::new();
+        let mut start_key = None;
+        while found.len() < limit {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk AND sk BETWEEN :lo AND :hi")
+                .expression_attribute_values(":pk", s(pk))
+                .expression_attribute_values(":lo", s(*keys.start()))
+                .expression_attribute_values(":hi", s(*keys.end()))
+                .scan_index_forward(!newest_first)
+                .limit((limit - found.len()).min(1_000) as i32)
+                .set_exclusive_start_key(start_key)
+                .send()
+                .await
+                .map_err(backend(op))?;
+            for item in out.items.unwrap_or_default() {
+                let doc: T = read_doc(&item)?;
+                if keep(&doc) {
+                    found.push(doc);
+                }
+            }
+            start_key = out.last_evaluated_key;
+            if start_key.is_none() {
+                break;
+            }
+        }
+        found.truncate(limit);
+        Ok(found)
+    }
+
     /// All items of a partition whose sort key begins with `prefix`, in key order.
     pub(super) async fn query_prefix(
         &self,
