@@ -6,10 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
-use super::session_queue::{SqsQueue, err};
+use super::session_queue::{SqsQueue, err, record_failed};
 use crate::domain::{Delivery, HookTask, Receipt};
 use crate::error::StoreError;
-use crate::ports::{HookMessage, HookQueue, SendFailure, SendReport, SessionQueue};
+use crate::ports::{HookMessage, HookQueue, SendReport, SessionQueue};
 
 /// The hooks queue on a standard SQS queue: per-message delay (at most 15 minutes),
 /// redelivery after the visibility timeout, and a dead-letter queue that exhausted
@@ -56,16 +56,7 @@ impl HookQueue for SqsHookQueue {
                 .send()
                 .await
                 .map_err(|e| err("send hook batch")(e.into()))?;
-            for f in out.failed() {
-                let i: usize = f.id().parse().unwrap_or(0);
-                report.failed.push((
-                    chunk_no * 10 + i,
-                    SendFailure {
-                        code: f.code().to_owned(),
-                        message: f.message().unwrap_or("no message").to_owned(),
-                    },
-                ));
-            }
+            record_failed(&mut report, chunk_no * 10, out.failed());
         }
         Ok(report)
     }

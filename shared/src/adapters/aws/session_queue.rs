@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_sqs::types::{MessageSystemAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::{
+    BatchResultErrorEntry, MessageSystemAttributeName, SendMessageBatchRequestEntry,
+};
 
 use crate::domain::{Delivery, OutgoingTask, Receipt};
 use crate::error::StoreError;
@@ -53,16 +55,7 @@ impl SessionQueue for SqsQueue {
                 );
             }
             let out = req.send().await.map_err(|e| err("send batch")(e.into()))?;
-            for f in out.failed() {
-                let i: usize = f.id().parse().unwrap_or(0);
-                report.failed.push((
-                    chunk_no * 10 + i,
-                    SendFailure {
-                        code: f.code().to_owned(),
-                        message: f.message().unwrap_or("no message").to_owned(),
-                    },
-                ));
-            }
+            record_failed(&mut report, chunk_no * 10, out.failed());
         }
         Ok(report)
     }
@@ -124,5 +117,24 @@ impl SessionQueue for SqsQueue {
             .await
             .map_err(|e| err("change visibility")(e.into()))?;
         Ok(())
+    }
+}
+
+/// Adds the entries SendMessageBatch did not take to `report`; entry ids are their
+/// indexes in the batch, which starts at `offset` of the slice sent.
+pub(super) fn record_failed(
+    report: &mut SendReport,
+    offset: usize,
+    failed: &[BatchResultErrorEntry],
+) {
+    for f in failed {
+        let i: usize = f.id().parse().unwrap_or(0);
+        report.failed.push((
+            offset + i,
+            SendFailure {
+                code: f.code().to_owned(),
+                message: f.message().unwrap_or("no message").to_owned(),
+            },
+        ));
     }
 }
