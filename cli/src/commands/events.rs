@@ -79,10 +79,7 @@ impl Since {
             Self::Ago(d) => now.saturating_sub(*d).unwrap_or(now),
             Self::At(t) => *t,
         };
-        EventCursor::through(
-            t.saturating_sub(jiff::SignedDuration::from_millis(1))
-                .unwrap_or(t),
-        )
+        EventCursor::since(t)
     }
 }
 

@@ -84,11 +84,7 @@ async fn read(cx: &Ctx<'_>, heartbeat: Heartbeat) -> Result<Story, Failure> {
     let created = match heartbeat.started_at {
         Some(started) => {
             let query = EventQuery {
-                after: Some(EventCursor::through(
-                    started
-                        .saturating_sub(jiff::SignedDuration::from_millis(1))
-                        .unwrap_or(started),
-                )),
+                after: Some(EventCursor::since(started)),
                 limit: MOST,
                 ..EventQuery::default()
             };

@@ -182,6 +182,13 @@ impl EventCursor {
     pub fn origin() -> Self {
         Self(String::new())
     }
+    /// Just before every event created at or after `t`: what `--since t` reads after.
+    pub fn since(t: Timestamp) -> Self {
+        Self::through(
+            t.saturating_sub(jiff::SignedDuration::from_millis(1))
+                .unwrap_or(t),
+        )
+    }
     /// Just after every event created at or before `t`.
     pub fn through(t: Timestamp) -> Self {
         let ms = t.as_millisecond().max(0) as u64;
