@@ -24,6 +24,33 @@ fn claim_req(b: &Backend) -> ClaimRequest {
     }
 }
 
+/// A RUNNING first attempt of `tool` on `event`, in `heartbeat`.
+fn running_action(
+    b: &Backend,
+    heartbeat: &pulse_shared::domain::Heartbeat,
+    event: &pulse_shared::domain::Event,
+    tool: &ToolName,
+    request: serde_json::Value,
+) -> Action {
+    Action {
+        id: ActionId::for_event(&event.id, tool),
+        agent_id: heartbeat.agent_id.clone(),
+        heartbeat_id: heartbeat.id(),
+        event_id: event.id.clone(),
+        tool: tool.clone(),
+        status: ActionStatus::Running,
+        attempt: 1,
+        depth: 0,
+        request,
+        response: None,
+        error: None,
+        started_at: b.now(),
+        completed_at: None,
+        duration_ms: None,
+        new_events: vec![],
+    }
+}
+
 async fn all_due(b: &Backend) -> Vec<HeartbeatId> {
     let mut out = Vec::new();
     for shard in 0..b.store.due_shards() {
@@ -490,23 +517,7 @@ async fn actions(kind: Kind) {
     let (agent, first) = b.agent("scout", "15m").await;
     let event = b.emit(&agent, "A", json!({})).await;
     let tool = ToolName::parse("echo").unwrap();
-    let action = Action {
-        id: ActionId::for_event(&event.id, &tool),
-        agent_id: agent.id.clone(),
-        heartbeat_id: first.id(),
-        event_id: event.id.clone(),
-        tool: tool.clone(),
-        status: ActionStatus::Running,
-        attempt: 1,
-        depth: 0,
-        request: json!({"hello": 1}),
-        response: None,
-        error: None,
-        started_at: b.now(),
-        completed_at: None,
-        duration_ms: None,
-        new_events: vec![],
-    };
+    let action = running_action(&b, &first, &event, &tool, json!({"hello": 1}));
     assert!(b.store.start_action(&action).await.unwrap().is_none());
     assert_eq!(
         b.store.start_action(&action).await.unwrap(),
@@ -942,23 +953,7 @@ async fn actions_by_range(kind: Kind) {
     for event in &events {
         for tool in ["alpha", "zeta-tool"] {
             let tool = ToolName::parse(tool).unwrap();
-            let action = Action {
-                id: ActionId::for_event(&event.id, &tool),
-                agent_id: agent.id.clone(),
-                heartbeat_id: first.id(),
-                event_id: event.id.clone(),
-                tool,
-                status: ActionStatus::Running,
-                attempt: 1,
-                depth: 0,
-                request: json!({}),
-                response: None,
-                error: None,
-                started_at: b.now(),
-                completed_at: None,
-                duration_ms: None,
-                new_events: vec![],
-            };
+            let action = running_action(&b, &first, event, &tool, json!({}));
             assert!(b.store.start_action(&action).await.unwrap().is_none());
         }
     }
