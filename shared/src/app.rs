@@ -12,7 +12,7 @@ use crate::adapters::{aws, sqlite};
 use crate::config::{Backend, Config};
 use crate::engine::{
     Conversation, ConversationSettings, DispatchSettings, Dispatcher, EngineSettings,
-    HeartbeatRunner, HookEmitter, Sweeper, Worker,
+    HeartbeatRunner, HookEmitter, Lifecycle, Sweeper, Worker,
 };
 use crate::error::StoreError;
 use crate::outbound::HookClient;
@@ -106,6 +106,17 @@ impl Connected {
             Some(emitter) => conversation.with_hooks(emitter),
             None => conversation,
         }
+    }
+
+    /// Agent lifecycle operations (update, pause, resume, delete), emitting hooks if a
+    /// hooks queue is configured.
+    pub fn lifecycle(&self, clock: Arc<dyn Clock>, settings: &EngineSettings) -> Lifecycle {
+        Lifecycle::new(
+            self.store.clone(),
+            clock.clone(),
+            settings.clone(),
+            self.emitter(clock),
+        )
     }
 
     /// What emits hooks, if a hooks queue is configured.

@@ -82,6 +82,88 @@ pub trait AgentStore: Send + Sync {
     /// The agent that answers in a Discord channel (`--discord-channel`), if any. One
     /// agent per channel: creating a second one for a channel is `AlreadyExists`.
     async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError>;
+    /// Replaces the settings of `previous` with those of `agent` (same id), moving its
+    /// channel binding when the channel changed. Its pause state and last interaction
+    /// are not written here: they have their own writes. `NotFound` if the agent is
+    /// gone; `AlreadyExists` if another agent answers in the new channel (then nothing
+    /// is written).
+    async fn update_agent(&self, agent: &Agent, previous: &Agent) -> Result<(), StoreError>;
+    /// Pauses (`paused_at` set) or resumes (`None`) an agent and appends `event` to its
+    /// log, atomically. False, with nothing written, when it already was so; `NotFound`
+    /// if the agent is gone. The pending heartbeat is moved by
+    /// [`HeartbeatStore::reschedule`]; a heartbeat finishing later schedules its next one
+    /// PAUSED while the agent is paused (see [`HeartbeatStore::finish`]).
+    async fn set_paused(
+        &self,
+        id: &AgentId,
+        paused_at: Option<Timestamp>,
+        event: &Event,
+    ) -> Result<bool, StoreError>;
+    /// Everything that is the agent's own: its record, heartbeats, events, actions,
+    /// conversation, memories, webhooks (with their request logs, replay keys and
+    /// counters), hooks (with their deliveries and attempts), the subscriptions made for
+    /// it and its channel binding. With `apply` it is deleted (on SQLite in one
+    /// transaction; on DynamoDB by batched deletes, the agent's record among the first, so
+    /// nothing is scheduled for it meanwhile); without, only counted. Works on the
+    /// leftovers of an interrupted delete too, when the record is gone already.
+    async fn purge_agent(&self, id: &AgentId, apply: bool) -> Result<Footprint, StoreError>;
+}
+
+/// What belongs to an agent, by kind: what `pulse agents delete` removes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Footprint {
+    /// Its own record (false when only leftovers of an interrupted delete remain).
+    pub agent: bool,
+    /// Heartbeats, past and pending.
+    pub heartbeats: u64,
+    /// Events in its log.
+    pub events: u64,
+    /// Actions (tool runs).
+    pub actions: u64,
+    /// Conversation records: turns, messages, answered-signal marks.
+    pub conversation: u64,
+    /// Memories.
+    pub memories: u64,
+    /// Inbound webhooks.
+    pub webhooks: u64,
+    /// Their request log entries, remembered replay keys and counters.
+    pub webhook_records: u64,
+    /// Outbound hooks.
+    pub hooks: u64,
+    /// Their deliveries and attempts.
+    pub hook_deliveries: u64,
+    /// Subscriptions made for this agent alone.
+    pub subscriptions: u64,
+    /// The Discord channel it answered in.
+    pub channel: Option<String>,
+}
+
+impl Footprint {
+    /// Whether nothing of the agent is stored.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The non-zero kinds, as `(count, noun)` pairs for a person to read.
+    pub fn kinds(&self) -> Vec<(u64, &'static str)> {
+        [
+            (u64::from(self.agent), "agent record"),
+            (self.heartbeats, "heartbeat"),
+            (self.events, "event"),
+            (self.actions, "action"),
+            (self.conversation, "conversation record"),
+            (self.memories, "memory"),
+            (self.webhooks, "webhook"),
+            (self.webhook_records, "webhook request record"),
+            (self.hooks, "hook"),
+            (self.hook_deliveries, "hook delivery record"),
+            (self.subscriptions, "subscription"),
+            (u64::from(self.channel.is_some()), "channel binding"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .collect()
+    }
 }
 
 /// An opaque position in a paged listing.
@@ -108,6 +190,17 @@ pub struct Finish {
     pub heartbeat_event: Option<Event>,
 }
 
+/// How [`HeartbeatStore::reschedule`] moves a heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reschedule {
+    /// A PENDING heartbeat becomes due at this time (its agent's plan changed).
+    Due(Timestamp),
+    /// A PENDING heartbeat becomes PAUSED and leaves the due index.
+    Pause,
+    /// A PAUSED heartbeat becomes PENDING, due at this time.
+    Resume(Timestamp),
+}
+
 /// What became of a finish.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FinishOutcome {
@@ -115,6 +208,8 @@ pub enum FinishOutcome {
     Finished,
     /// This same claim had already finished it (a retried finish): nothing to do.
     AlreadyFinished,
+    /// The heartbeat no longer exists: its agent was deleted.
+    Gone,
     /// Another claim holds or finished the heartbeat; this run's result is dropped.
     Superseded {
         /// The heartbeat's claim number now.
@@ -164,7 +259,17 @@ pub trait HeartbeatStore: Send + Sync {
     }
     /// Finishes a heartbeat, schedules the next one and writes the HEARTBEAT event, in one
     /// atomic write conditional on the heartbeat still being EXECUTING under this claim.
+    /// The next heartbeat is written PAUSED if the agent is paused at that moment, and
+    /// not at all if the agent no longer exists.
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
+    /// Moves a heartbeat that is not running: see [`Reschedule`]. Returns the record as
+    /// written, or `None` when it was not in the state the move applies to (claimed
+    /// meanwhile, over, or gone): nothing is written then.
+    async fn reschedule(
+        &self,
+        id: &HeartbeatId,
+        to: Reschedule,
+    ) -> Result<Option<Heartbeat>, StoreError>;
     /// Puts a claimed heartbeat back to PENDING, due at `until`, if it is still EXECUTING
     /// under this claim (the quiet period after a user turn). The window end and start
     /// time are cleared so the next claim reads a fresh window. False if the claim was
@@ -332,6 +437,13 @@ pub trait ToolRegistry: Send + Sync {
     async fn add_tool(&self, tool: &Tool) -> Result<(), StoreError>;
     /// Enables or disables a tool; `NotFound` if there is none by that name.
     async fn set_tool_active(&self, name: &ToolName, active: bool) -> Result<(), StoreError>;
+    /// Replaces a tool's definition; `NotFound` if there is none by that name.
+    async fn update_tool(&self, tool: &Tool) -> Result<(), StoreError>;
+    /// Removes a tool; `NotFound` if there is none by that name. Its subscriptions are
+    /// not touched (the caller refuses while there are some).
+    async fn remove_tool(&self, name: &ToolName) -> Result<(), StoreError>;
+    /// Removes a subscription; `NotFound` if it does not exist.
+    async fn remove_subscription(&self, id: &SubscriptionId) -> Result<(), StoreError>;
     /// Adds a subscription; `AlreadyExists` if its route is subscribed already.
     async fn add_subscription(&self, sub: &Subscription) -> Result<(), StoreError>;
     /// Enables or disables a subscription; `NotFound` if it does not exist.
@@ -403,6 +515,9 @@ pub trait WebhookStore: Send + Sync {
     async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError>;
     /// Replaces a webhook (rotation, enabling); `NotFound` if it does not exist.
     async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError>;
+    /// Deletes a webhook with its request log, replay keys and counters: its URL answers
+    /// 404 from then on. `NotFound` if it does not exist.
+    async fn delete_webhook(&self, id: &WebhookId) -> Result<(), StoreError>;
     /// Accepts a signed request, in this order: a replay key seen before is a duplicate
     /// (answered with the first event, or as refused before); a request with a
     /// [`Acceptance::refusal`] then only records its key and log entry; otherwise the
@@ -441,6 +556,9 @@ pub trait HookStore: Send + Sync {
     /// Replaces a hook if the stored one is at `hook.version - 1`; `Conflict` if it
     /// changed meanwhile, `NotFound` if it does not exist.
     async fn update_hook(&self, hook: &Hook) -> Result<(), StoreError>;
+    /// Deletes a hook with its deliveries and their attempts; queued messages for it are
+    /// dropped by the dispatcher when they come up. `NotFound` if it does not exist.
+    async fn delete_hook(&self, id: &HookId) -> Result<(), StoreError>;
     /// Reads a delivery.
     async fn get_delivery(&self, id: &HookDeliveryId) -> Result<Option<HookDelivery>, StoreError>;
     /// Writes a delivery and the attempt it records, if any, in one atomic write,

@@ -6,13 +6,11 @@ use std::time::Duration;
 
 use jiff::SignedDuration;
 use pulse_shared::app::Services;
-use pulse_shared::discord::{DiscordClient, DiscordConfig};
 use pulse_shared::domain::{
     Agent, ContentBlock, Delivery, HeartbeatStatus, InteractionRef, NewAgent, OutgoingTask,
-    ProviderKind, Secret, Signal, SignalId, SignalKind, SignalMeta, TaskEnvelope,
+    ProviderKind, Signal, SignalId, SignalKind, SignalMeta, TaskEnvelope,
 };
 use pulse_shared::engine::{Worker, intake};
-use pulse_shared::llm::{LlmConfig, Router};
 use pulse_tests::fake_discord::{FakeDiscord, Posted};
 use pulse_tests::fake_llm::{FakeLlm, Scripted};
 use pulse_tests::{Backend, Kind, on_both_backends, settings};
@@ -27,30 +25,7 @@ struct World {
 
 /// The model and Discord of these tests: the fakes.
 fn services(llm: &FakeLlm, discord: &FakeDiscord) -> Services {
-    Services {
-        llm: Arc::new(Router::new(
-            LlmConfig {
-                provider: ProviderKind::OpenAi,
-                base_url: Some(llm.url().parse().unwrap()),
-                openai_key: Some(Secret::new("sk-test")),
-                anthropic_key: Some(Secret::new("sk-ant-test")),
-                max_retry_wait: Duration::from_millis(50),
-                timeout: Duration::from_secs(10),
-                // Agents here point other providers at the same fake: the operator
-                // trusts it with the deployment's keys.
-                trusted_base_urls: vec![llm.url().parse().unwrap()],
-                ..LlmConfig::offline()
-            },
-            pulse_tests::test_egress(),
-        )),
-        discord: Some(Arc::new(DiscordClient::new(DiscordConfig {
-            api_base: discord.api_base().parse().unwrap(),
-            bot_token: Some(Secret::new("bot-token")),
-            application_id: Some("app1".into()),
-            ..DiscordConfig::unconfigured()
-        }))),
-        egress: pulse_tests::test_egress(),
-    }
+    pulse_tests::fake_services(llm, discord)
 }
 
 async fn world(kind: Kind) -> World {

@@ -10,6 +10,7 @@ mod heartbeats;
 mod hooks;
 mod inbound;
 mod lambda;
+mod lifecycle;
 mod listener;
 mod llm;
 mod queue;

@@ -26,9 +26,9 @@ use pulse_shared::domain::{
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
-    ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
-    HeartbeatStore, HookStore, MemoryStore, PageToken, ToolRegistry, TurnStart, WebhookStore,
-    Window,
+    ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome, Footprint,
+    HeartbeatStore, HookStore, MemoryStore, PageToken, Reschedule, ToolRegistry, TurnStart,
+    WebhookStore, Window,
 };
 
 pub use pulse_shared::ports::Store;
@@ -132,6 +132,9 @@ faulty!(AgentStore {
     fn get_agent(&self, id: &AgentId) -> Option<Agent>;
     fn list_agents(&self) -> Vec<Agent>;
     fn record_interaction(&self, id: &AgentId, at: Timestamp) -> ();
+    fn update_agent(&self, agent: &Agent, previous: &Agent) -> ();
+    fn set_paused(&self, id: &AgentId, paused_at: Option<Timestamp>, event: &Event) -> bool;
+    fn purge_agent(&self, id: &AgentId, apply: bool) -> Footprint;
     fn agent_for_channel(&self, channel_id: &str) -> Option<AgentId>;
 });
 
@@ -139,6 +142,7 @@ faulty!(HeartbeatStore {
     fn due(&self, shard: u16, now: Timestamp, page: Option<PageToken>, limit: usize) -> DuePage;
     fn claim(&self, id: &HeartbeatId, req: &ClaimRequest) -> Option<Heartbeat>;
     fn finish(&self, finish: &Finish) -> FinishOutcome;
+    fn reschedule(&self, id: &HeartbeatId, to: Reschedule) -> Option<Heartbeat>;
     fn defer(&self, hb: &Heartbeat, until: Timestamp) -> bool;
     fn renew(&self, hb: &Heartbeat, until: Timestamp) -> bool;
     fn get_heartbeat(&self, id: &HeartbeatId) -> Option<Heartbeat>;
@@ -165,6 +169,9 @@ faulty!(ActionLog {
 faulty!(ToolRegistry {
     fn add_tool(&self, tool: &Tool) -> ();
     fn set_tool_active(&self, name: &ToolName, active: bool) -> ();
+    fn update_tool(&self, tool: &Tool) -> ();
+    fn remove_tool(&self, name: &ToolName) -> ();
+    fn remove_subscription(&self, id: &SubscriptionId) -> ();
     fn add_subscription(&self, sub: &Subscription) -> ();
     fn set_subscription_active(&self, id: &SubscriptionId, active: bool) -> ();
     fn load_registry(&self) -> Registry;
@@ -188,6 +195,7 @@ faulty!(WebhookStore {
     fn get_webhook(&self, id: &WebhookId) -> Option<Webhook>;
     fn list_webhooks(&self) -> Vec<Webhook>;
     fn update_webhook(&self, webhook: &Webhook) -> ();
+    fn delete_webhook(&self, id: &WebhookId) -> ();
     fn accept_webhook(&self, acceptance: &Acceptance) -> AcceptOutcome;
     fn log_request(&self, request: &WebhookRequest) -> ();
     fn list_requests(&self, id: &WebhookId, limit: usize) -> Vec<WebhookRequest>;
@@ -199,6 +207,7 @@ faulty!(HookStore {
     fn list_hooks(&self, agent: &AgentId) -> Vec<Hook>;
     fn hook_routes(&self, agent: &AgentId) -> Vec<HookRoute>;
     fn update_hook(&self, hook: &Hook) -> ();
+    fn delete_hook(&self, id: &HookId) -> ();
     fn get_delivery(&self, id: &HookDeliveryId) -> Option<HookDelivery>;
     fn save_delivery(&self, delivery: &HookDelivery, attempt: Option<&HookAttempt>) -> ();
     fn list_deliveries(&self, hook: &HookId, limit: usize) -> Vec<HookDelivery>;

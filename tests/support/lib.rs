@@ -91,6 +91,41 @@ pub fn test_egress() -> pulse_egress::Egress {
     pulse_egress::Egress::new("127.0.0.1/32".parse().unwrap())
 }
 
+/// The model and Discord of the tests: the fakes, behind a router trusted with the
+/// deployment's (test) keys.
+pub fn fake_services(
+    llm: &fake_llm::FakeLlm,
+    discord: &fake_discord::FakeDiscord,
+) -> pulse_shared::app::Services {
+    use pulse_shared::discord::{DiscordClient, DiscordConfig};
+    use pulse_shared::domain::{ProviderKind, Secret};
+    use pulse_shared::llm::{LlmConfig, Router};
+    pulse_shared::app::Services {
+        llm: Arc::new(Router::new(
+            LlmConfig {
+                provider: ProviderKind::OpenAi,
+                base_url: Some(llm.url().parse().unwrap()),
+                openai_key: Some(Secret::new("sk-test")),
+                anthropic_key: Some(Secret::new("sk-ant-test")),
+                max_retry_wait: Duration::from_millis(50),
+                timeout: Duration::from_secs(10),
+                // Agents here point other providers at the same fake: the operator
+                // trusts it with the deployment's keys.
+                trusted_base_urls: vec![llm.url().parse().unwrap()],
+                ..LlmConfig::offline()
+            },
+            test_egress(),
+        )),
+        discord: Some(Arc::new(DiscordClient::new(DiscordConfig {
+            api_base: discord.api_base().parse().unwrap(),
+            bot_token: Some(Secret::new("bot-token")),
+            application_id: Some("app1".into()),
+            ..DiscordConfig::unconfigured()
+        }))),
+        egress: test_egress(),
+    }
+}
+
 /// Fresh storage and a queue on one backend, with the clock they share.
 pub struct Backend {
     /// Which one.
@@ -215,6 +250,75 @@ impl Backend {
     /// The DynamoDB table (AWS backend).
     pub fn table_name(&self) -> Option<&str> {
         self.table.as_deref()
+    }
+
+    /// Every stored record that mentions one of `needles` (ids), as `where: record`:
+    /// every row of every SQLite table (the embedded queues' tables aside: the queue is
+    /// not the store), or every item of the DynamoDB table, read with a full Scan.
+    pub async fn stored_mentions(&self, needles: &[&str]) -> Vec<String> {
+        let hit = |text: &str| needles.iter().any(|n| text.contains(n));
+        let mut found = Vec::new();
+        match self.kind {
+            Kind::Sqlite => {
+                let conn = rusqlite::Connection::open(self.sqlite_path.as_ref().unwrap()).unwrap();
+                let tables: Vec<String> = conn
+                    .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                    .unwrap()
+                    .query_map([], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .filter(|t: &String| !t.starts_with("queue_") && !t.starts_with("hook_queue") && t != "hook_dead")
+                    .collect();
+                for table in tables {
+                    let mut stmt = conn.prepare(&format!("SELECT * FROM {table}")).unwrap();
+                    let columns = stmt.column_count();
+                    let rows = stmt
+                        .query_map([], |r| {
+                            (0..columns)
+                                .map(|i| {
+                                    r.get_ref(i).map(|v| match v {
+                                        rusqlite::types::ValueRef::Text(t) => {
+                                            String::from_utf8_lossy(t).into_owned()
+                                        }
+                                        other => format!("{other:?}"),
+                                    })
+                                })
+                                .collect::<rusqlite::Result<Vec<String>>>()
+                        })
+                        .unwrap();
+                    for row in rows {
+                        let row = row.unwrap().join(" | ");
+                        if hit(&row) {
+                            found.push(format!("{table}: {row}"));
+                        }
+                    }
+                }
+            }
+            Kind::Aws => {
+                let client = &self.aws.as_ref().unwrap().dynamodb;
+                let mut start = None;
+                loop {
+                    let out = client
+                        .scan()
+                        .table_name(self.table.as_ref().unwrap())
+                        .set_exclusive_start_key(start)
+                        .send()
+                        .await
+                        .unwrap();
+                    for item in out.items() {
+                        let text = format!("{item:?}");
+                        if hit(&text) {
+                            found.push(format!("item: {text}"));
+                        }
+                    }
+                    start = out.last_evaluated_key;
+                    if start.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        found
     }
 
     /// Messages in the sessions queue (waiting or in flight).

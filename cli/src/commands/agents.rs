@@ -1,14 +1,16 @@
-//! `pulse agents …`: create, list and show agents.
+//! `pulse agents …`: create, list, show, update, pause, resume and delete agents.
 
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
-    ActiveHours, AgentId, AgentLlm, Budgets, Interval, NewAgent, ProviderKind, TimeZoneName,
+    ActiveHours, Agent, AgentChanges, AgentId, AgentLlm, Budgets, Interval, NewAgent, ProviderKind,
+    TimeZoneName,
 };
+use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled};
 
 use super::heartbeats::heartbeat_table;
 use super::{Ctx, agent_id, input, require_agent, store};
 use crate::Failure;
-use crate::output::{outln, short, when};
+use crate::output::{count, outln, short, when};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum AgentsCmd {
@@ -21,6 +23,74 @@ pub(crate) enum AgentsCmd {
         /// The agent's id.
         id: String,
     },
+    /// Change an agent's settings (validated as on create). A new interval, active hours
+    /// or time zone re-plans its pending heartbeat at once.
+    Update(Box<UpdateAgent>),
+    /// Pause an agent: its heartbeats stop (one already running finishes) until
+    /// `resume`. Its user's messages are still answered.
+    Pause {
+        /// The agent's id.
+        id: String,
+    },
+    /// Resume a paused agent: its next heartbeat is due at once.
+    Resume {
+        /// The agent's id.
+        id: String,
+    },
+    /// Delete an agent and everything that is its own: heartbeats, events, actions,
+    /// conversation, memories, webhooks (their URLs then answer 404), hooks and their
+    /// deliveries, its subscriptions and channel binding. Without --yes, says what would
+    /// be deleted and exits 2.
+    Delete {
+        /// The agent's id.
+        id: String,
+        /// Delete it; without this nothing is deleted.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct UpdateAgent {
+    /// The agent's id.
+    id: String,
+    /// Display name.
+    #[arg(long)]
+    name: Option<String>,
+    /// Time between heartbeats (2s, 15m, 1h).
+    #[arg(long)]
+    interval: Option<String>,
+    /// Hours in which heartbeats may run, HH:MM-HH:MM; `always` removes them.
+    #[arg(long, value_name = "HH:MM-HH:MM")]
+    active_hours: Option<String>,
+    /// IANA time zone of the active hours.
+    #[arg(long)]
+    timezone: Option<String>,
+    /// What to look at on waking; "" removes them.
+    #[arg(long)]
+    instructions: Option<String>,
+    /// LLM provider: anthropic, openai or offline; "" goes back to the configured one.
+    #[arg(long, value_name = "PROVIDER")]
+    llm_provider: Option<String>,
+    /// Model; "" goes back to the configured one.
+    #[arg(long, value_name = "MODEL")]
+    llm_model: Option<String>,
+    /// API base URL; "" goes back to the configured one.
+    #[arg(long, value_name = "URL")]
+    llm_base_url: Option<String>,
+    /// Most LLM calls per heartbeat.
+    #[arg(long)]
+    max_steps: Option<u32>,
+    /// Most tokens per heartbeat.
+    #[arg(long)]
+    max_tokens: Option<u64>,
+    /// How long after a user turn the next heartbeat waits; "" goes back to half the
+    /// interval.
+    #[arg(long, value_name = "DURATION")]
+    quiet_period: Option<String>,
+    /// The Discord channel the agent speaks in; "" unbinds it.
+    #[arg(long, value_name = "CHANNEL_ID")]
+    discord_channel: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -80,6 +150,10 @@ pub(crate) enum AgentsPlan {
     Create(Box<NewAgent>),
     List,
     Show(AgentId),
+    Update(AgentId, Box<AgentChanges>),
+    Pause(AgentId),
+    Resume(AgentId),
+    Delete { id: AgentId, yes: bool },
 }
 
 impl AgentsPlan {
@@ -88,11 +162,77 @@ impl AgentsPlan {
     }
 }
 
+/// An optional text argument where "" means "remove".
+fn cleared(v: Option<String>) -> Option<Option<String>> {
+    v.map(|s| Some(s.trim().to_owned()).filter(|s| !s.is_empty()))
+}
+
+/// Parses an optional argument where "" means "remove".
+fn cleared_with<T>(
+    v: Option<String>,
+    parse: impl FnOnce(&str) -> Result<T, Failure>,
+) -> Result<Option<Option<T>>, Failure> {
+    cleared(v)
+        .map(|v| v.as_deref().map(parse).transpose())
+        .transpose()
+}
+
+fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
+    let changes = AgentChanges {
+        name: a.name,
+        interval: a
+            .interval
+            .as_deref()
+            .map(str::parse::<Interval>)
+            .transpose()
+            .map_err(input)?,
+        active_hours: cleared_with(
+            a.active_hours
+                .map(|h| if h == "always" { String::new() } else { h }),
+            |h| h.parse::<ActiveHours>().map_err(input),
+        )?,
+        timezone: a
+            .timezone
+            .as_deref()
+            .map(TimeZoneName::parse)
+            .transpose()
+            .map_err(input)?,
+        instructions: cleared(a.instructions),
+        llm_provider: cleared_with(a.llm_provider, |p| ProviderKind::parse(p).map_err(input))?,
+        llm_model: cleared(a.llm_model),
+        llm_base_url: cleared_with(a.llm_base_url, base_url)?,
+        max_steps: a.max_steps,
+        max_tokens: a.max_tokens,
+        quiet_period: cleared_with(a.quiet_period, |q| q.parse::<Interval>().map_err(input))?,
+        discord_channel: cleared(a.discord_channel),
+    };
+    if changes.is_empty() {
+        return Err(Failure::Input(
+            "nothing to change: give at least one setting, e.g. --interval 30m (`pulse agents update --help` lists them)".into(),
+        ));
+    }
+    Ok(changes)
+}
+
+fn base_url(u: &str) -> Result<url::Url, Failure> {
+    url::Url::parse(u).map_err(|e| Failure::Input(format!("invalid LLM base URL {u:?}: {e}")))
+}
+
 pub(crate) fn plan(cmd: AgentsCmd, now: jiff::Timestamp) -> Result<AgentsPlan, Failure> {
     Ok(match cmd {
         AgentsCmd::Create(a) => AgentsPlan::Create(Box::new(new_agent(*a, now)?)),
         AgentsCmd::List => AgentsPlan::List,
         AgentsCmd::Show { id } => AgentsPlan::Show(agent_id(&id)?),
+        AgentsCmd::Update(a) => {
+            let id = agent_id(&a.id)?;
+            AgentsPlan::Update(id, Box::new(changes(*a)?))
+        }
+        AgentsCmd::Pause { id } => AgentsPlan::Pause(agent_id(&id)?),
+        AgentsCmd::Resume { id } => AgentsPlan::Resume(agent_id(&id)?),
+        AgentsCmd::Delete { id, yes } => AgentsPlan::Delete {
+            id: agent_id(&id)?,
+            yes,
+        },
     })
 }
 
@@ -117,14 +257,7 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
             .transpose()
             .map_err(input)?,
         model: a.llm_model.filter(|m| !m.trim().is_empty()),
-        base_url: a
-            .llm_base_url
-            .as_deref()
-            .map(|u| {
-                url::Url::parse(u)
-                    .map_err(|e| Failure::Input(format!("invalid LLM base URL {u:?}: {e}")))
-            })
-            .transpose()?,
+        base_url: a.llm_base_url.as_deref().map(base_url).transpose()?,
         api_key_env: a.llm_api_key_env.map(|v| v.trim().to_owned()),
     };
     new.budgets = Budgets {
@@ -162,11 +295,20 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             let agents = b.store.list_agents().await?;
             out.table(
                 &agents,
-                &["ID", "NAME", "INTERVAL", "ACTIVE HOURS", "TZ", "CREATED"],
+                &[
+                    "ID",
+                    "NAME",
+                    "STATUS",
+                    "INTERVAL",
+                    "ACTIVE HOURS",
+                    "TZ",
+                    "CREATED",
+                ],
                 |a| {
                     vec![
                         a.id.to_string(),
                         a.name.clone(),
+                        status(a).into(),
                         a.interval.to_string(),
                         a.active_hours.map_or("always".into(), |h| h.to_string()),
                         a.timezone.to_string(),
@@ -185,6 +327,13 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             let field = |k: &str, v: String| outln!("{k:<18}{v}");
             field("id", agent.id.to_string());
             field("name", agent.name.clone());
+            field(
+                "status",
+                match agent.paused_at {
+                    Some(at) => format!("paused since {}", when(Some(at))),
+                    None => "active".into(),
+                },
+            );
             if let Some(a) = &agent.alias {
                 field("alias", a.clone());
             }
@@ -208,6 +357,78 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             outln!();
             heartbeat_table(out, &recent);
         }
+        other => return lifecycle(other, cx).await,
+    }
+    Ok(())
+}
+
+fn status(a: &Agent) -> &'static str {
+    if a.is_paused() { "paused" } else { "active" }
+}
+
+fn lifecycle_failure(e: LifecycleError) -> Failure {
+    match e {
+        LifecycleError::Store(e) => store(e),
+        other => Failure::Input(other.to_string()),
+    }
+}
+
+async fn lifecycle(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let out = cx.out;
+    let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
+    match plan {
+        AgentsPlan::Update(id, changes) => {
+            let done = ops.update(&id, &changes).await.map_err(lifecycle_failure)?;
+            let mut line = format!("updated agent {} ({})", done.agent.name, id);
+            if let Some(at) = done.replanned {
+                line.push_str(&format!("; its next heartbeat is due {}", when(Some(at))));
+            }
+            out.created(&done.agent, id.as_str(), &line);
+        }
+        AgentsPlan::Pause(id) => {
+            let line = match ops.pause(&id).await.map_err(lifecycle_failure)? {
+                Toggled::Already => format!("agent {id} is paused already"),
+                Toggled::Done { running: true, .. } => format!(
+                    "paused agent {id}; the heartbeat running now finishes, then none until `pulse agents resume {id}` (its user's messages are still answered)"
+                ),
+                Toggled::Done { .. } => format!(
+                    "paused agent {id}: no heartbeats until `pulse agents resume {id}` (its user's messages are still answered)"
+                ),
+            };
+            out.done(&line);
+        }
+        AgentsPlan::Resume(id) => {
+            let line = match ops.resume(&id).await.map_err(lifecycle_failure)? {
+                Toggled::Already => format!("agent {id} is not paused"),
+                Toggled::Done {
+                    next_heartbeat_at, ..
+                } => format!(
+                    "resumed agent {id}; its next heartbeat is due {}",
+                    when(next_heartbeat_at)
+                ),
+            };
+            out.done(&line);
+        }
+        AgentsPlan::Delete { id, yes } => {
+            let footprint = ops.delete(&id, yes).await.map_err(lifecycle_failure)?;
+            let listed: Vec<String> = footprint
+                .kinds()
+                .into_iter()
+                .map(|(n, noun)| count(n as usize, noun))
+                .collect();
+            if !yes {
+                outln!("deleting agent {id} would remove: {}", listed.join(", "));
+                return Err(Failure::Input(format!(
+                    "nothing deleted; run `pulse agents delete {id} --yes` to delete it"
+                )));
+            }
+            if out.json {
+                out.json_value(&serde_json::json!({ "agent_id": id, "deleted": footprint }));
+            } else {
+                out.done(&format!("deleted agent {id}: {}", listed.join(", ")));
+            }
+        }
+        _ => unreachable!("answered by execute"),
     }
     Ok(())
 }

@@ -53,9 +53,63 @@ pub struct Agent {
     /// The Discord channel it speaks in when no interaction is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discord_channel: Option<String>,
+    /// When it was paused (`pulse agents pause`): its heartbeats are not claimed until it
+    /// is resumed; its user's messages are still answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<Timestamp>,
 }
 
 impl Agent {
+    /// Whether it is paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused_at.is_some()
+    }
+
+    /// Checks the settings a user gives (on create and on update) and normalises them:
+    /// the name trimmed, an empty alias or channel dropped.
+    pub fn validated(mut self) -> Result<Self, ValidationError> {
+        self.name = self.name.trim().to_owned();
+        if self.name.is_empty() || self.name.chars().count() > 100 {
+            return Err(ValidationError::new(
+                "agent name",
+                "give a name of 1 to 100 characters",
+            ));
+        }
+        if let Some(var) = &self.llm.api_key_env {
+            check_key_variable(var)?;
+        }
+        if self.budgets.max_steps == 0 || self.budgets.max_tokens == 0 {
+            return Err(ValidationError::new(
+                "budgets",
+                "max steps and max tokens must be at least 1",
+            ));
+        }
+        self.alias = self.alias.filter(|a| !a.trim().is_empty());
+        self.discord_channel = self
+            .discord_channel
+            .map(|c| c.trim().to_owned())
+            .filter(|c| !c.is_empty());
+        if let Some(c) = &self.discord_channel
+            && (c.len() > 20 || !c.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(ValidationError::new(
+                "discord channel",
+                format!(
+                    "{c:?} is not a Discord channel id; copy it with Developer Mode on (right-click the channel, Copy Channel ID): it is all digits"
+                ),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Whether `other` wakes on a different plan (interval, active hours or their zone):
+    /// then the pending heartbeat is planned again.
+    pub fn schedule_differs(&self, other: &Agent) -> bool {
+        self.interval != other.interval
+            || self.active_hours != other.active_hours
+            || self.timezone != other.timezone
+    }
+
     /// `at`, moved to the first instant inside the agent's active hours (in its time
     /// zone); `at` itself when it has none. Every due time the engine sets goes through
     /// this.
@@ -199,42 +253,12 @@ impl NewAgent {
     /// Validates the input and creates the agent with its first heartbeat, due at once
     /// (seed 001: a new agent wakes immediately), or when its active hours next open.
     pub fn create(self, now: Timestamp) -> Result<(Agent, Heartbeat), ValidationError> {
-        let name = self.name.trim().to_owned();
-        if name.is_empty() || name.chars().count() > 100 {
-            return Err(ValidationError::new(
-                "agent name",
-                "give a name of 1 to 100 characters",
-            ));
-        }
-        if let Some(var) = &self.llm.api_key_env {
-            check_key_variable(var)?;
-        }
-        if self.budgets.max_steps == 0 || self.budgets.max_tokens == 0 {
-            return Err(ValidationError::new(
-                "budgets",
-                "max steps and max tokens must be at least 1",
-            ));
-        }
-        let discord_channel = self
-            .discord_channel
-            .map(|c| c.trim().to_owned())
-            .filter(|c| !c.is_empty());
-        if let Some(c) = &discord_channel
-            && (c.len() > 20 || !c.bytes().all(|b| b.is_ascii_digit()))
-        {
-            return Err(ValidationError::new(
-                "discord channel",
-                format!(
-                    "{c:?} is not a Discord channel id; copy it with Developer Mode on (right-click the channel, Copy Channel ID): it is all digits"
-                ),
-            ));
-        }
         let id = AgentId::generate();
         let agent = Agent {
             session: SessionId::for_agent(&id),
             id,
-            name,
-            alias: self.alias.filter(|a| !a.trim().is_empty()),
+            name: self.name,
+            alias: self.alias,
             persona: self.persona,
             instructions: self.instructions,
             interval: self.interval,
@@ -245,11 +269,83 @@ impl NewAgent {
             llm: self.llm,
             budgets: self.budgets,
             quiet_period: self.quiet_period,
-            discord_channel,
-        };
+            discord_channel: self.discord_channel,
+            paused_at: None,
+        }
+        .validated()?;
         let due = agent.in_active_hours(now);
         let first = Heartbeat::pending(&agent, 1, due, EventCursor::origin(), 0, None, 0);
         Ok((agent, first))
+    }
+}
+
+/// What `pulse agents update` changes; every field left `None` stays as it is.
+#[derive(Clone, Debug, Default)]
+pub struct AgentChanges {
+    /// Display name.
+    pub name: Option<String>,
+    /// Heartbeat interval.
+    pub interval: Option<Interval>,
+    /// Active hours; `Some(None)` removes them (always active).
+    pub active_hours: Option<Option<ActiveHours>>,
+    /// Time zone of the active hours.
+    pub timezone: Option<TimeZoneName>,
+    /// Heartbeat instructions; `Some(None)` removes them.
+    pub instructions: Option<Option<String>>,
+    /// LLM provider; `Some(None)` goes back to the configured one.
+    pub llm_provider: Option<Option<ProviderKind>>,
+    /// Model; `Some(None)` goes back to the configured one.
+    pub llm_model: Option<Option<String>>,
+    /// API base URL; `Some(None)` goes back to the configured one.
+    pub llm_base_url: Option<Option<url::Url>>,
+    /// Most LLM calls per heartbeat.
+    pub max_steps: Option<u32>,
+    /// Most tokens per heartbeat.
+    pub max_tokens: Option<u64>,
+    /// Quiet period after a user turn; `Some(None)` goes back to half the interval.
+    pub quiet_period: Option<Option<Interval>>,
+    /// Discord channel; `Some(None)` unbinds it.
+    pub discord_channel: Option<Option<String>>,
+}
+
+impl AgentChanges {
+    /// Whether nothing would change.
+    pub fn is_empty(&self) -> bool {
+        self.name.is_none()
+            && self.interval.is_none()
+            && self.active_hours.is_none()
+            && self.timezone.is_none()
+            && self.instructions.is_none()
+            && self.llm_provider.is_none()
+            && self.llm_model.is_none()
+            && self.llm_base_url.is_none()
+            && self.max_steps.is_none()
+            && self.max_tokens.is_none()
+            && self.quiet_period.is_none()
+            && self.discord_channel.is_none()
+    }
+
+    /// `agent` with the changes, validated as on create.
+    pub fn apply(&self, agent: &Agent) -> Result<Agent, ValidationError> {
+        fn set<T: Clone>(field: &mut T, change: &Option<T>) {
+            if let Some(v) = change {
+                *field = v.clone();
+            }
+        }
+        let mut a = agent.clone();
+        set(&mut a.name, &self.name);
+        set(&mut a.interval, &self.interval);
+        set(&mut a.active_hours, &self.active_hours);
+        set(&mut a.timezone, &self.timezone);
+        set(&mut a.instructions, &self.instructions);
+        set(&mut a.llm.provider, &self.llm_provider);
+        set(&mut a.llm.model, &self.llm_model);
+        set(&mut a.llm.base_url, &self.llm_base_url);
+        set(&mut a.budgets.max_steps, &self.max_steps);
+        set(&mut a.budgets.max_tokens, &self.max_tokens);
+        set(&mut a.quiet_period, &self.quiet_period);
+        set(&mut a.discord_channel, &self.discord_channel);
+        a.validated()
     }
 }
 
@@ -267,6 +363,9 @@ pub enum HeartbeatStatus {
     Failed,
     /// Stopped before it finished (its agent is gone).
     Cancelled,
+    /// Scheduled, but its agent is paused: out of the due index, never claimed, until
+    /// the agent is resumed.
+    Paused,
 }
 
 impl HeartbeatStatus {
@@ -278,6 +377,7 @@ impl HeartbeatStatus {
             Self::Completed => "COMPLETED",
             Self::Failed => "FAILED",
             Self::Cancelled => "CANCELLED",
+            Self::Paused => "PAUSED",
         }
     }
     /// Reads a stored name.
@@ -288,6 +388,7 @@ impl HeartbeatStatus {
             "COMPLETED" => Self::Completed,
             "FAILED" => Self::Failed,
             "CANCELLED" => Self::Cancelled,
+            "PAUSED" => Self::Paused,
             _ => return None,
         })
     }

@@ -40,10 +40,14 @@ impl HookType {
     pub const MESSAGE_SENT: &'static str = "MESSAGE_SENT";
     /// One of the agent's hooks was disabled (410 Gone, or failing for too long).
     pub const HOOK_DISABLED: &'static str = "HOOK_DISABLED";
+    /// The agent was paused: its heartbeats stop until it is resumed.
+    pub const AGENT_PAUSED: &'static str = "AGENT_PAUSED";
+    /// The agent was resumed: its next heartbeat is due at once.
+    pub const AGENT_RESUMED: &'static str = "AGENT_RESUMED";
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 9] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 11] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -65,6 +69,14 @@ impl HookType {
         ),
         (Self::MESSAGE_SENT, "a reply reached Discord"),
         (Self::HOOK_DISABLED, "one of the agent's hooks was disabled"),
+        (
+            Self::AGENT_PAUSED,
+            "the agent was paused; its heartbeats stop",
+        ),
+        (
+            Self::AGENT_RESUMED,
+            "the agent was resumed; a heartbeat is due at once",
+        ),
     ];
 
     /// Validates a type: an uppercase letter, then uppercase letters, digits or `_`; at

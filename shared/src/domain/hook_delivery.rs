@@ -173,6 +173,14 @@ impl HookData {
         })
     }
 
+    /// AGENT_PAUSED / AGENT_RESUMED: when, and (on resume) when the next heartbeat is due.
+    pub fn agent_lifecycle(at: Timestamp, next_heartbeat_at: Option<Timestamp>) -> Value {
+        match next_heartbeat_at {
+            Some(next) => json!({ "at": at, "next_heartbeat_at": next }),
+            None => json!({ "at": at }),
+        }
+    }
+
     /// HOOK_DISABLED: one of the agent's hooks was disabled, and why.
     pub fn hook_disabled(
         hook: &HookId,

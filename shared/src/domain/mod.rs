@@ -15,8 +15,8 @@ mod tool;
 mod webhook;
 
 pub use agent::{
-    AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, ClaimRequest, Heartbeat, HeartbeatStatus, NewAgent,
-    check_key_variable,
+    AGENT_KEY_PREFIX, Agent, AgentChanges, AgentLlm, Budgets, ClaimRequest, Heartbeat,
+    HeartbeatStatus, NewAgent, check_key_variable,
 };
 pub use chat::{
     ChatMessage, LlmRequest, LlmResponse, ProviderKind, Secret, StopReason, ToolSpec, ToolUse,

@@ -9,6 +9,7 @@
 //!   reporting the messages that must be redelivered.
 //! - [`WebhookIntake`] takes signed webhook requests in: verify, read the event, dedup,
 //!   count, append; a [`Verdict`] for the HTTP layer.
+//! - [`Lifecycle`] changes, pauses, resumes and deletes agents for their operator.
 //! - [`HookEmitter`] enqueues hook deliveries at the lifecycle points; [`Dispatcher`]
 //!   delivers them, one attempt per message, retrying by re-enqueueing with a delay.
 
@@ -16,6 +17,7 @@ mod conversation;
 mod heartbeat;
 mod hooks;
 pub mod intake;
+mod lifecycle;
 mod schedule;
 mod sweep;
 mod webhooks;
@@ -28,6 +30,7 @@ pub use conversation::{
 };
 pub use heartbeat::{HeartbeatRunner, RunOutcome};
 pub use hooks::{DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter};
+pub use lifecycle::{Lifecycle, LifecycleError, Toggled, Updated};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};

@@ -1,16 +1,18 @@
 //! Agents on DynamoDB, their directory entry and the Discord channel each answers in.
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure;
+use aws_sdk_dynamodb::types::{
+    Delete, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+};
 use futures::StreamExt;
 use jiff::Timestamp;
 
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{Agent, AgentId, Heartbeat, to_ms};
+use crate::domain::{Agent, AgentId, Event, Heartbeat, to_ms};
 use crate::error::StoreError;
-use crate::ports::AgentStore;
+use crate::ports::{AgentStore, Footprint};
 
 pub(super) fn channel_item(channel: &str, agent: &AgentId) -> Item {
     let mut item = key(format!("CH#{channel}"), "CH");
@@ -137,5 +139,107 @@ impl AgentStore for DynamoStore {
                 other => Err(StoreError::backend("dynamodb", "record interaction", other)),
             },
         }
+    }
+
+    async fn update_agent(&self, agent: &Agent, previous: &Agent) -> Result<(), StoreError> {
+        let mut agent = agent.clone();
+        agent.paused_at = previous.paused_at;
+        let doc = serde_json::to_string(&agent).unwrap_or_default();
+        let live = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(&agent.id), AGENT_SK)))
+            .update_expression("SET doc = :doc")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_values(":doc", s(&doc))
+            .build()
+            .map_err(backend("build transaction"))?;
+        let mut items = vec![
+            TransactWriteItem::builder().update(live).build(),
+            self.put(
+                doc_item(DIRECTORY_PK.to_owned(), agent.id.to_string(), &agent),
+                None,
+            )?,
+        ];
+        let moved = agent.discord_channel != previous.discord_channel;
+        if moved {
+            if let Some(old) = &previous.discord_channel {
+                let delete = Delete::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(format!("CH#{old}"), "CH")))
+                    .build()
+                    .map_err(backend("build transaction"))?;
+                items.push(TransactWriteItem::builder().delete(delete).build());
+            }
+            if let Some(new) = &agent.discord_channel {
+                items.push(self.put(
+                    channel_item(new, &agent.id),
+                    Some("attribute_not_exists(pk)"),
+                )?);
+            }
+        }
+        match self.transact("update agent", items).await? {
+            Ok(()) => Ok(()),
+            Err(reasons) if is_ccf(reasons.first()) => {
+                Err(StoreError::NotFound(format!("agent {}", agent.id)))
+            }
+            Err(_) => {
+                let channel = agent.discord_channel.as_deref().unwrap_or_default();
+                let other = self.agent_for_channel(channel).await?;
+                Err(StoreError::AlreadyExists(format!(
+                    "an agent for Discord channel {channel} ({})",
+                    other.map_or_else(|| "?".to_owned(), |a| a.to_string())
+                )))
+            }
+        }
+    }
+
+    async fn set_paused(
+        &self,
+        id: &AgentId,
+        paused_at: Option<Timestamp>,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let Some(mut agent) = self.get_agent(id).await? else {
+            return Err(StoreError::NotFound(format!("agent {id}")));
+        };
+        let live = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(id), AGENT_SK)));
+        let live = match paused_at {
+            Some(at) => live
+                .update_expression("SET paused_at = :at")
+                .condition_expression("attribute_exists(pk) AND attribute_not_exists(paused_at)")
+                .expression_attribute_values(":at", n(to_ms(at))),
+            None => live
+                .update_expression("REMOVE paused_at")
+                .condition_expression("attribute_exists(pk) AND attribute_exists(paused_at)"),
+        }
+        .build()
+        .map_err(backend("build transaction"))?;
+        agent.paused_at = paused_at;
+        let items = vec![
+            TransactWriteItem::builder().update(live).build(),
+            self.put(
+                doc_item(DIRECTORY_PK.to_owned(), id.to_string(), &agent),
+                None,
+            )?,
+            self.put(event_item(event), None)?,
+        ];
+        match self.transact("pause or resume agent", items).await? {
+            Ok(()) => Ok(true),
+            Err(reasons) if is_ccf(reasons.first()) => match self.get_agent(id).await? {
+                Some(_) => Ok(false),
+                None => Err(StoreError::NotFound(format!("agent {id}"))),
+            },
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                "pause or resume agent",
+                format!("transaction cancelled: {}", reasons.join(", ")),
+            )),
+        }
+    }
+
+    async fn purge_agent(&self, id: &AgentId, apply: bool) -> Result<Footprint, StoreError> {
+        self.purge(id, apply).await
     }
 }

@@ -65,6 +65,12 @@ pub(super) fn read_agent(item: &Item) -> Result<Agent, StoreError> {
     if let Some(ms) = item.get("last_interaction_at").and_then(|v| v.as_n().ok()) {
         agent.last_interaction_at = ms.parse::<i64>().ok().map(from_ms);
     }
+    // So is the pause: an attribute, so conditions (a finish, a resume) can test it.
+    agent.paused_at = item
+        .get("paused_at")
+        .and_then(|v| v.as_n().ok())
+        .and_then(|ms| ms.parse::<i64>().ok())
+        .map(from_ms);
     Ok(agent)
 }
 

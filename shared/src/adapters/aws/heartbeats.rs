@@ -3,15 +3,44 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{ReturnValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{ConditionCheck, ReturnValue, TransactWriteItem, Update};
 use jiff::Timestamp;
 
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{AgentId, ClaimRequest, Heartbeat, HeartbeatId, to_ms};
+use crate::domain::{AgentId, ClaimRequest, Heartbeat, HeartbeatId, HeartbeatStatus, to_ms};
 use crate::error::StoreError;
-use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken};
+use crate::ports::{
+    AgentStore, DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Reschedule,
+};
+
+/// What a finish expects of the agent's record when it schedules the next heartbeat.
+#[derive(Clone, Copy)]
+enum AgentState {
+    Active,
+    Paused,
+}
+
+impl DynamoStore {
+    fn agent_check(
+        &self,
+        agent: &AgentId,
+        expect: AgentState,
+    ) -> Result<TransactWriteItem, StoreError> {
+        let condition = match expect {
+            AgentState::Active => "attribute_exists(pk) AND attribute_not_exists(paused_at)",
+            AgentState::Paused => "attribute_exists(paused_at)",
+        };
+        let check = ConditionCheck::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(agent), AGENT_SK)))
+            .condition_expression(condition)
+            .build()
+            .map_err(backend("build transaction"))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+}
 
 #[async_trait]
 impl HeartbeatStore for DynamoStore {
@@ -177,38 +206,116 @@ impl HeartbeatStore for DynamoStore {
             .set_expression_attribute_values(Some(values))
             .build()
             .map_err(backend("build transaction"))?;
-        let mut items = vec![TransactWriteItem::builder().update(update).build()];
-        if let Some(next) = &finish.next {
-            items.push(self.put(heartbeat_item(next)?, Some("attribute_not_exists(pk)"))?);
-        }
-        if let Some(e) = &finish.heartbeat_event {
-            items.push(self.put(event_item(e), None)?);
-        }
-        // No client request token: a retry of a finish that went through fails its
-        // condition, and the record read back tells AlreadyFinished from Superseded. (A
-        // token would make DynamoDB reject a redelivered job's finish, whose content
-        // differs, for ten minutes.)
-        match self.transact("finish heartbeat", items).await? {
-            Ok(()) => Ok(FinishOutcome::Finished),
-            Err(reasons) if is_ccf(reasons.first()) => {
-                let current = self
-                    .get_heartbeat(&hb.id())
-                    .await?
-                    .ok_or_else(|| StoreError::NotFound(format!("heartbeat {}", hb.id())))?;
-                Ok(if current.claim == hb.claim && current.status.is_final() {
+        // The agent's state decides how the next heartbeat is filed: a ConditionCheck on
+        // its record makes the choice atomic with the finish; when the guess was wrong,
+        // the finish is made again with the other choice (a pause or delete racing it).
+        let mut next = finish.next.clone();
+        let mut expect = AgentState::Active;
+        for _ in 0..4 {
+            let mut items = vec![TransactWriteItem::builder().update(update.clone()).build()];
+            if let Some(next) = &next {
+                items.push(self.agent_check(&hb.agent_id, expect)?);
+                items.push(self.put(heartbeat_item(next)?, Some("attribute_not_exists(pk)"))?);
+            }
+            if let Some(e) = &finish.heartbeat_event {
+                items.push(self.put(event_item(e), None)?);
+            }
+            // No client request token: a retry of a finish that went through fails its
+            // condition, and the record read back tells AlreadyFinished from Superseded.
+            // (A token would make DynamoDB reject a redelivered job's finish, whose
+            // content differs, for ten minutes.)
+            let reasons = match self.transact("finish heartbeat", items).await? {
+                Ok(()) => return Ok(FinishOutcome::Finished),
+                Err(reasons) => reasons,
+            };
+            if is_ccf(reasons.first()) {
+                let Some(current) = self.get_heartbeat(&hb.id()).await? else {
+                    return Ok(FinishOutcome::Gone);
+                };
+                return Ok(if current.claim == hb.claim && current.status.is_final() {
                     FinishOutcome::AlreadyFinished
                 } else {
                     FinishOutcome::Superseded {
                         claim: current.claim,
                         status: current.status,
                     }
-                })
+                });
             }
-            Err(reasons) => Err(StoreError::backend(
+            if next.is_some() && is_ccf(reasons.get(1)) {
+                match self.get_agent(&hb.agent_id).await? {
+                    None => next = None,
+                    Some(agent) => {
+                        expect = if agent.is_paused() {
+                            AgentState::Paused
+                        } else {
+                            AgentState::Active
+                        };
+                        if let Some(next) = &mut next {
+                            next.status = if agent.is_paused() {
+                                HeartbeatStatus::Paused
+                            } else {
+                                HeartbeatStatus::Pending
+                            };
+                        }
+                    }
+                }
+                continue;
+            }
+            return Err(StoreError::backend(
                 "dynamodb",
                 "finish heartbeat",
                 format!("transaction cancelled: {}", reasons.join(", ")),
-            )),
+            ));
+        }
+        Err(StoreError::Conflict(format!(
+            "heartbeat {}: the agent was paused and resumed while it finished; the job runs again",
+            hb.id()
+        )))
+    }
+
+    async fn reschedule(
+        &self,
+        id: &HeartbeatId,
+        to: Reschedule,
+    ) -> Result<Option<Heartbeat>, StoreError> {
+        let req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(id.agent()), heartbeat_sk(id.beat()))))
+            .condition_expression("#status = :from")
+            .expression_attribute_names("#status", "status")
+            .return_values(ReturnValue::AllNew);
+        let (from, req) = match to {
+            Reschedule::Pause => (
+                "PENDING",
+                req.update_expression("SET #status = :paused REMOVE due_shard, due_at")
+                    .expression_attribute_values(":paused", s("PAUSED")),
+            ),
+            Reschedule::Due(at) | Reschedule::Resume(at) => (
+                if matches!(to, Reschedule::Due(_)) {
+                    "PENDING"
+                } else {
+                    "PAUSED"
+                },
+                req.update_expression(
+                    "SET #status = :pending, scheduled_at = :at, due_at = :at, due_shard = :shard",
+                )
+                .expression_attribute_values(":pending", s("PENDING"))
+                .expression_attribute_values(":at", n(to_ms(at)))
+                .expression_attribute_values(":shard", s(due_shard(id.agent()))),
+            ),
+        };
+        match req
+            .expression_attribute_values(":from", s(from))
+            .send()
+            .await
+        {
+            Ok(out) => out.attributes.map(read_heartbeat).transpose(),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(None),
+                other => Err(StoreError::backend("dynamodb", "reschedule heartbeat", other)),
+            },
         }
     }
 

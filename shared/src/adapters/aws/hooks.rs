@@ -53,6 +53,38 @@ fn expiring(mut item: Item, d: &HookDelivery) -> Item {
 }
 
 impl DynamoStore {
+    /// Every key that is hook `id`'s (of agent `agent`): its record and route, its
+    /// delivery listing, each delivery and its attempts; with how many delivery records
+    /// (deliveries and attempts) there are.
+    pub(super) async fn hook_keys(
+        &self,
+        id: &HookId,
+        agent: &AgentId,
+    ) -> Result<(Vec<Item>, u64), StoreError> {
+        let mut keys = vec![
+            key(hook_pk(id), HOOK_SK),
+            key(agent_pk(agent), format!("HR#{id}")),
+        ];
+        let mut deliveries = 0;
+        for k in self
+            .partition_keys("list hook records", &hook_pk(id))
+            .await?
+        {
+            let sk = k.get("sk").and_then(|v| v.as_s().ok()).cloned();
+            if let Some(d) = sk.as_deref().and_then(|sk| sk.strip_prefix("D#")) {
+                let records = self
+                    .partition_keys("list hook records", &format!("HD#{d}"))
+                    .await?;
+                deliveries += records.len() as u64;
+                keys.extend(records);
+            }
+            if sk.as_deref() != Some(HOOK_SK) {
+                keys.push(k);
+            }
+        }
+        Ok((keys, deliveries))
+    }
+
     /// A Put conditional on the stored `ver` being `prev` (on absence when `prev` is 0).
     fn put_at_version(&self, item: Item, prev: u64) -> Result<TransactWriteItem, StoreError> {
         let put = Put::builder().table_name(&self.table).set_item(Some(item));
@@ -142,6 +174,16 @@ impl HookStore for DynamoStore {
                 .version_conflict(format!("hook {}", hook.id), key(hook_pk(&hook.id), HOOK_SK))
                 .await?),
         }
+    }
+
+    async fn delete_hook(&self, id: &HookId) -> Result<(), StoreError> {
+        let Some(hook) = self.get_hook(id).await? else {
+            return Err(StoreError::NotFound(format!("hook {id}")));
+        };
+        let (keys, _) = self.hook_keys(id, &hook.agent_id).await?;
+        // The record and its route lead the first batch. Once they are gone the engine no
+        // longer routes to the hook, and the dispatcher drops its queued messages.
+        self.batch_delete("delete hook", keys).await
     }
 
     async fn get_delivery(&self, id: &HookDeliveryId) -> Result<Option<HookDelivery>, StoreError> {

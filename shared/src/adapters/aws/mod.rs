@@ -28,6 +28,7 @@ mod keys;
 mod memories;
 mod metrics;
 mod provision;
+mod purge;
 mod registry;
 mod secrets;
 mod session_queue;

@@ -31,6 +31,39 @@ impl ToolRegistry for DynamoStore {
         .await
     }
 
+    async fn update_tool(&self, tool: &Tool) -> Result<(), StoreError> {
+        let mut item = doc_item(REGISTRY_PK.to_owned(), format!("T#{}", tool.name), tool);
+        item.insert("active".to_owned(), AttributeValue::Bool(tool.active));
+        match self
+            .transact(
+                "update tool",
+                vec![self.put(item, Some("attribute_exists(pk)"))?],
+            )
+            .await?
+        {
+            Ok(()) => Ok(()),
+            Err(_) => Err(StoreError::NotFound(format!("tool {}", tool.name))),
+        }
+    }
+
+    async fn remove_tool(&self, name: &ToolName) -> Result<(), StoreError> {
+        self.delete_existing(
+            "remove tool",
+            key(REGISTRY_PK, format!("T#{name}")),
+            format!("tool {name}"),
+        )
+        .await
+    }
+
+    async fn remove_subscription(&self, id: &SubscriptionId) -> Result<(), StoreError> {
+        self.delete_existing(
+            "remove subscription",
+            key(REGISTRY_PK, format!("S#{id}")),
+            format!("subscription {id}"),
+        )
+        .await
+    }
+
     async fn add_subscription(&self, sub: &Subscription) -> Result<(), StoreError> {
         let mut item = doc_item(REGISTRY_PK.to_owned(), format!("S#{}", sub.id), sub);
         item.insert("active".to_owned(), AttributeValue::Bool(sub.active));

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, PutRequest, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
-    WriteRequest,
+    AttributeValue, DeleteRequest, Put, PutRequest, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem, WriteRequest,
 };
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::codec::*;
@@ -332,7 +333,7 @@ impl DynamoStore {
     /// Writes up to 25 items, resubmitting what DynamoDB leaves unprocessed (throttling)
     /// with a growing pause.
     pub(super) async fn batch_put(&self, batch: Vec<Item>) -> Result<(), StoreError> {
-        let mut requests: Vec<WriteRequest> = batch
+        let requests: Vec<WriteRequest> = batch
             .into_iter()
             .map(|item| {
                 PutRequest::builder()
@@ -342,6 +343,43 @@ impl DynamoStore {
                     .map_err(backend("batch write"))
             })
             .collect::<Result<_, _>>()?;
+        self.batch_write("batch write", requests).await
+    }
+
+    /// Deletes the items with these keys, 25 per request, a few requests at once.
+    pub(super) async fn batch_delete(
+        &self,
+        op: &'static str,
+        keys: Vec<Item>,
+    ) -> Result<(), StoreError> {
+        let batches: Vec<Vec<WriteRequest>> = keys
+            .chunks(25)
+            .map(|chunk| {
+                chunk
+                    .iter()
+                    .map(|k| {
+                        DeleteRequest::builder()
+                            .set_key(Some(k.clone()))
+                            .build()
+                            .map(|d| WriteRequest::builder().delete_request(d).build())
+                            .map_err(backend(op))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<_, _>>()?;
+        let results: Vec<Result<(), StoreError>> = futures::stream::iter(batches)
+            .map(|batch| self.batch_write(op, batch))
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    async fn batch_write(
+        &self,
+        op: &'static str,
+        mut requests: Vec<WriteRequest>,
+    ) -> Result<(), StoreError> {
         for attempt in 0..10u32 {
             let out = self
                 .client
@@ -349,7 +387,7 @@ impl DynamoStore {
                 .request_items(&self.table, requests)
                 .send()
                 .await
-                .map_err(backend("batch write"))?;
+                .map_err(backend(op))?;
             requests = out
                 .unprocessed_items
                 .and_then(|mut m| m.remove(&self.table))
@@ -361,12 +399,67 @@ impl DynamoStore {
         }
         Err(StoreError::backend(
             "dynamodb",
-            "batch write",
+            op,
             format!(
-                "{} items still unprocessed after 10 attempts; run the import again",
+                "{} items still unprocessed after 10 attempts; run it again",
                 requests.len()
             ),
         ))
+    }
+
+    /// The keys (`pk`, `sk`) of every item of a partition, read consistently.
+    pub(super) async fn partition_keys(
+        &self,
+        op: &'static str,
+        pk: &str,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut keys = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk")
+                .expression_attribute_values(":pk", s(pk))
+                .projection_expression("pk, sk")
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(backend(op))?;
+            keys.extend(out.items.unwrap_or_default());
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(keys);
+            }
+        }
+    }
+
+    /// Deletes the item with `key`, `NotFound` (naming `what`) if there is none.
+    pub(super) async fn delete_existing(
+        &self,
+        op: &'static str,
+        key: Item,
+        what: String,
+    ) -> Result<(), StoreError> {
+        let r = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .condition_expression("attribute_exists(pk)")
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::delete_item::DeleteItemError::ConditionalCheckFailedException(_) => {
+                    Err(StoreError::NotFound(what))
+                }
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
     }
 
     pub(super) fn put(

@@ -20,7 +20,7 @@ use aws_sdk_dynamodb::types::ReturnValue;
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{AcceptOutcome, Acceptance};
+use crate::domain::{AcceptOutcome, Acceptance, AgentId};
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook, WebhookId, WebhookRequest,
 };
@@ -49,6 +49,51 @@ fn log_item(r: &WebhookRequest) -> Item {
 }
 
 impl DynamoStore {
+    /// Every key that is webhook `id`'s: its record and directory entry, then its request
+    /// log, replay keys and counters, with how many of those there are.
+    pub(super) async fn webhook_keys(
+        &self,
+        id: &WebhookId,
+    ) -> Result<(Vec<Item>, u64), StoreError> {
+        let mut keys = vec![
+            key(webhook_pk(id), WEBHOOK_SK),
+            key(DIRECTORY_PK, id.to_string()),
+        ];
+        let records: Vec<Item> = self
+            .partition_keys("list webhook records", &webhook_pk(id))
+            .await?
+            .into_iter()
+            .filter(|k| {
+                k.get("sk")
+                    .and_then(|v| v.as_s().ok())
+                    .is_some_and(|sk| sk != WEBHOOK_SK)
+            })
+            .collect();
+        let n = records.len() as u64;
+        keys.extend(records);
+        Ok((keys, n))
+    }
+
+    /// The ids of agent `agent`'s webhooks, from the directory.
+    pub(super) async fn webhooks_of(&self, agent: &AgentId) -> Result<Vec<WebhookId>, StoreError> {
+        let mut ids = Vec::new();
+        for item in self
+            .query_prefix("list webhooks", DIRECTORY_PK, "", false, None)
+            .await?
+        {
+            let doc: serde_json::Value = read_doc(&item)?;
+            if doc.get("agent_id").and_then(|a| a.as_str()) == Some(agent.as_str())
+                && let Some(id) = doc.get("id").and_then(|i| i.as_str())
+            {
+                ids.push(
+                    WebhookId::parse(id)
+                        .map_err(|e| StoreError::corrupt("webhook directory", e))?,
+                );
+            }
+        }
+        Ok(ids)
+    }
+
     /// What became of a remembered replay key: its event, or `Some(None)` for a request
     /// that was refused.
     async fn remembered(
@@ -230,6 +275,18 @@ impl WebhookStore for DynamoStore {
             Ok(()) => Ok(()),
             Err(_) => Err(StoreError::NotFound(format!("webhook {}", webhook.id))),
         }
+    }
+
+    async fn delete_webhook(&self, id: &WebhookId) -> Result<(), StoreError> {
+        // The record first, so its URL answers 404 at once; then what hangs from it.
+        self.delete_existing(
+            "delete webhook",
+            key(webhook_pk(id), WEBHOOK_SK),
+            format!("webhook {id}"),
+        )
+        .await?;
+        let (keys, _) = self.webhook_keys(id).await?;
+        self.batch_delete("delete webhook", keys).await
     }
 
     async fn accept_webhook(&self, a: &Acceptance) -> Result<AcceptOutcome, StoreError> {

@@ -5,11 +5,33 @@ use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::codec::{read_docs, to_doc};
+use super::events::upsert_event;
 use super::heartbeats::insert_heartbeat;
 use super::{SqliteStore, sqlite_err};
-use crate::domain::{Agent, AgentId, Heartbeat, to_ms};
+use crate::domain::{Agent, AgentId, Event, Heartbeat, to_ms};
 use crate::error::StoreError;
-use crate::ports::AgentStore;
+use crate::ports::{AgentStore, Footprint};
+
+/// The stored agent, read inside a transaction; `NotFound` if there is none.
+fn stored_agent(conn: &Connection, op: &'static str, id: &AgentId) -> Result<Agent, StoreError> {
+    read_docs(
+        conn,
+        op,
+        "SELECT id, doc FROM agents WHERE id = ?1",
+        [id.as_str()],
+    )?
+    .pop()
+    .ok_or_else(|| StoreError::NotFound(format!("agent {id}")))
+}
+
+fn write_agent(conn: &Connection, op: &'static str, agent: &Agent) -> Result<(), StoreError> {
+    conn.execute(
+        "UPDATE agents SET doc = ?2 WHERE id = ?1",
+        params![agent.id.as_str(), to_doc(agent)],
+    )
+    .map_err(sqlite_err(op))?;
+    Ok(())
+}
 
 /// Files `agent` as the one that answers in `channel`; `AlreadyExists` if another does.
 pub(super) fn claim_channel(
@@ -17,7 +39,7 @@ pub(super) fn claim_channel(
     channel: &str,
     agent: &AgentId,
 ) -> Result<(), StoreError> {
-    let op = sqlite_err("create agent");
+    let op = sqlite_err("bind Discord channel");
     let n = conn
         .execute(
             "INSERT INTO discord_channels (channel_id, agent_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
@@ -150,24 +172,75 @@ impl AgentStore for SqliteStore {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sqlite_err("record interaction"))?;
-                let mut agent: Agent = read_docs(
-                    &tx,
-                    "record interaction",
-                    "SELECT id, doc FROM agents WHERE id = ?1",
-                    [id.as_str()],
-                )?
-                .pop()
-                .ok_or_else(|| StoreError::NotFound(format!("agent {id}")))?;
+                let mut agent = stored_agent(&tx, "record interaction", &id)?;
                 if agent.last_interaction_at.is_some_and(|t| t >= at) {
                     return Ok(());
                 }
                 agent.last_interaction_at = Some(at);
-                tx.execute(
-                    "UPDATE agents SET doc = ?2 WHERE id = ?1",
-                    params![id.as_str(), to_doc(&agent)],
-                )
-                .map_err(sqlite_err("record interaction"))?;
+                write_agent(&tx, "record interaction", &agent)?;
                 tx.commit().map_err(sqlite_err("record interaction"))
+            })
+            .await
+    }
+
+    async fn update_agent(&self, agent: &Agent, previous: &Agent) -> Result<(), StoreError> {
+        let (mut agent, previous) = (agent.clone(), previous.clone());
+        self.db
+            .call("update agent", move |conn| {
+                let op = "update agent";
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sqlite_err(op))?;
+                let stored = stored_agent(&tx, op, &agent.id)?;
+                agent.paused_at = stored.paused_at;
+                agent.last_interaction_at = stored.last_interaction_at;
+                if agent.discord_channel != previous.discord_channel {
+                    tx.execute(
+                        "DELETE FROM discord_channels WHERE agent_id = ?1",
+                        [agent.id.as_str()],
+                    )
+                    .map_err(sqlite_err(op))?;
+                    if let Some(channel) = &agent.discord_channel {
+                        claim_channel(&tx, channel, &agent.id)?;
+                    }
+                }
+                write_agent(&tx, op, &agent)?;
+                tx.commit().map_err(sqlite_err(op))
+            })
+            .await
+    }
+
+    async fn set_paused(
+        &self,
+        id: &AgentId,
+        paused_at: Option<Timestamp>,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let (id, event) = (id.clone(), event.clone());
+        self.db
+            .call("pause or resume agent", move |conn| {
+                let op = "pause or resume agent";
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sqlite_err(op))?;
+                let mut agent = stored_agent(&tx, op, &id)?;
+                if agent.paused_at.is_some() == paused_at.is_some() {
+                    return Ok(false);
+                }
+                agent.paused_at = paused_at;
+                write_agent(&tx, op, &agent)?;
+                upsert_event(&tx, &event)?;
+                tx.commit().map_err(sqlite_err(op))?;
+                Ok(true)
+            })
+            .await
+    }
+
+    async fn purge_agent(&self, id: &AgentId, apply: bool) -> Result<Footprint, StoreError> {
+        let id = id.clone();
+        self.db
+            .call("delete agent", move |conn| {
+                super::purge::purge(conn, &id, apply)
             })
             .await
     }

@@ -106,3 +106,26 @@ pub(super) fn update_doc<T: Serialize + DeserializeOwned>(
     .map_err(sqlite_err(op))?;
     tx.commit().map_err(sqlite_err(op))
 }
+
+/// Deletes a record (the first statement, which must remove one row, else `NotFound`
+/// naming `what`) and what hangs from it (the statements before it, run first), all
+/// keyed by `key` as `?1`, in one transaction.
+pub(super) fn delete_with(
+    conn: &mut Connection,
+    op: &'static str,
+    record: &str,
+    dependents: &[&str],
+    key: &str,
+    what: String,
+) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sqlite_err(op))?;
+    for sql in dependents {
+        tx.execute(sql, [key]).map_err(sqlite_err(op))?;
+    }
+    if tx.execute(record, [key]).map_err(sqlite_err(op))? == 0 {
+        return Err(StoreError::NotFound(what));
+    }
+    tx.commit().map_err(sqlite_err(op))
+}

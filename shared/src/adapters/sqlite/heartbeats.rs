@@ -12,7 +12,7 @@ use crate::domain::{
     from_ms, to_ms,
 };
 use crate::error::StoreError;
-use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken};
+use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Reschedule};
 
 pub(super) const HB_COLS: &str = "agent_id, beat, session, status, scheduled_ms, claim, lease_ms, started_ms, \
     completed_ms, window_start, window_end, last_interaction_beat, interaction_seen_ms, since_last, \
@@ -254,7 +254,7 @@ impl HeartbeatStore for SqliteStore {
                     .optional()
                     .map_err(&op)?;
                 let Some((status, claim)) = current else {
-                    return Err(StoreError::NotFound(format!("heartbeat {}", hb.id())));
+                    return Ok(FinishOutcome::Gone);
                 };
                 let status = HeartbeatStatus::parse(&status)
                     .ok_or_else(|| StoreError::corrupt(hb.id().to_string(), format!("unknown status {status}")))?;
@@ -287,13 +287,58 @@ impl HeartbeatStore for SqliteStore {
                 )
                 .map_err(&op)?;
                 if let Some(next) = &finish.next {
-                    insert_heartbeat(&tx, next)?;
+                    // The agent's state now decides how the next one is filed.
+                    let paused: Option<Option<i64>> = tx
+                        .query_row(
+                            "SELECT json_extract(doc, '$.paused_at') IS NOT NULL FROM agents WHERE id = ?1",
+                            [hb.agent_id.as_str()],
+                            |r| r.get(0),
+                        )
+                        .optional()
+                        .map_err(&op)?;
+                    match paused {
+                        None => {}
+                        Some(Some(1)) => {
+                            let mut next = next.clone();
+                            next.status = HeartbeatStatus::Paused;
+                            insert_heartbeat(&tx, &next)?;
+                        }
+                        Some(_) => insert_heartbeat(&tx, next)?,
+                    }
                 }
                 if let Some(e) = &finish.heartbeat_event {
                     upsert_event(&tx, e)?;
                 }
                 tx.commit().map_err(&op)?;
                 Ok(FinishOutcome::Finished)
+            })
+            .await
+    }
+
+    async fn reschedule(
+        &self,
+        id: &HeartbeatId,
+        to: Reschedule,
+    ) -> Result<Option<Heartbeat>, StoreError> {
+        let id = id.clone();
+        self.db
+            .call("reschedule heartbeat", move |conn| {
+                let (set, from, at) = match to {
+                    Reschedule::Due(at) => ("'PENDING'", "PENDING", Some(to_ms(at))),
+                    Reschedule::Pause => ("'PAUSED'", "PENDING", None),
+                    Reschedule::Resume(at) => ("'PENDING'", "PAUSED", Some(to_ms(at))),
+                };
+                conn.query_row(
+                    &format!(
+                        "UPDATE heartbeats SET status = {set}, scheduled_ms = COALESCE(?4, scheduled_ms), due_ms = ?4 \
+                         WHERE agent_id = ?1 AND beat = ?2 AND status = ?3 RETURNING {HB_COLS}"
+                    ),
+                    params![id.agent().as_str(), id.beat() as i64, from, at],
+                    heartbeat_row,
+                )
+                .optional()
+                .map_err(sqlite_err("reschedule heartbeat"))?
+                .transpose()
             })
             .await
     }

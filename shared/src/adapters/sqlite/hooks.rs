@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use jiff::SignedDuration;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::codec::{read_docs, read_sealed, to_doc};
+use super::codec::{delete_with, read_docs, read_sealed, to_doc};
 use super::{SqliteStore, sqlite_err};
 use crate::domain::{
     AgentId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, to_ms,
@@ -128,6 +128,25 @@ impl HookStore for SqliteStore {
                         h.version - 1
                     ))),
                 }
+            })
+            .await
+    }
+
+    async fn delete_hook(&self, id: &HookId) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.db
+            .call("delete hook", move |conn| {
+                delete_with(
+                    conn,
+                    "delete hook",
+                    "DELETE FROM hooks WHERE id = ?1",
+                    &[
+                        "DELETE FROM hook_attempts WHERE delivery_id IN (SELECT id FROM hook_deliveries WHERE hook_id = ?1)",
+                        "DELETE FROM hook_deliveries WHERE hook_id = ?1",
+                    ],
+                    id.as_str(),
+                    format!("hook {id}"),
+                )
             })
             .await
     }

@@ -22,6 +22,7 @@ mod heartbeats;
 mod hook_queue;
 mod hooks;
 mod memories;
+mod purge;
 mod registry;
 mod schema;
 mod session_queue;

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use rusqlite::params;
 
-use super::codec::{read_docs, to_doc, update_doc};
+use super::codec::{delete_with, read_docs, to_doc, update_doc};
 use super::{SqliteStore, sqlite_err};
 use crate::domain::{Registry, Subscription, SubscriptionId, Tool, ToolName};
 use crate::error::StoreError;
@@ -41,6 +41,56 @@ impl ToolRegistry for SqliteStore {
                     name.as_str(),
                     format!("tool {name}"),
                     |t: &mut Tool| t.active = active,
+                )
+            })
+            .await
+    }
+
+    async fn update_tool(&self, tool: &Tool) -> Result<(), StoreError> {
+        let tool = tool.clone();
+        self.db
+            .call("update tool", move |conn| {
+                let n = conn
+                    .execute(
+                        "UPDATE tools SET doc = ?2 WHERE name = ?1",
+                        params![tool.name.as_str(), to_doc(&tool)],
+                    )
+                    .map_err(sqlite_err("update tool"))?;
+                if n == 0 {
+                    return Err(StoreError::NotFound(format!("tool {}", tool.name)));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn remove_tool(&self, name: &ToolName) -> Result<(), StoreError> {
+        let name = name.clone();
+        self.db
+            .call("remove tool", move |conn| {
+                delete_with(
+                    conn,
+                    "remove tool",
+                    "DELETE FROM tools WHERE name = ?1",
+                    &[],
+                    name.as_str(),
+                    format!("tool {name}"),
+                )
+            })
+            .await
+    }
+
+    async fn remove_subscription(&self, id: &SubscriptionId) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.db
+            .call("remove subscription", move |conn| {
+                delete_with(
+                    conn,
+                    "remove subscription",
+                    "DELETE FROM subscriptions WHERE id = ?1",
+                    &[],
+                    id.as_str(),
+                    format!("subscription {id}"),
                 )
             })
             .await

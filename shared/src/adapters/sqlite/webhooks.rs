@@ -10,7 +10,7 @@ use jiff::{SignedDuration, Timestamp};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::SqliteStore;
-use super::codec::{from_doc, read_sealed, to_doc};
+use super::codec::{delete_with, from_doc, read_sealed, to_doc};
 use super::events::upsert_event;
 use super::sqlite_err;
 use crate::domain::{AcceptOutcome, Acceptance};
@@ -327,6 +327,27 @@ impl WebhookStore for SqliteStore {
                     return Err(StoreError::NotFound(format!("webhook {}", w.id)));
                 }
                 Ok(())
+            })
+            .await
+    }
+
+    async fn delete_webhook(&self, id: &WebhookId) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.db
+            .call("delete webhook", move |conn| {
+                delete_with(
+                    conn,
+                    "delete webhook",
+                    "DELETE FROM webhooks WHERE id = ?1",
+                    &[
+                        "DELETE FROM webhook_requests WHERE webhook_id = ?1",
+                        "DELETE FROM webhook_deliveries WHERE webhook_id = ?1",
+                        "DELETE FROM webhook_counters WHERE webhook_id = ?1",
+                        "DELETE FROM webhook_log_budget WHERE webhook_id = ?1",
+                    ],
+                    id.as_str(),
+                    format!("webhook {id}"),
+                )
             })
             .await
     }

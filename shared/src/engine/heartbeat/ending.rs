@@ -8,8 +8,8 @@ use tracing::{error, info, warn};
 use super::{HeartbeatRunner, Plan, RunOutcome, Stats};
 use crate::domain::{Agent, EventCursor, Heartbeat, HeartbeatId, HeartbeatStatus};
 use crate::engine::schedule::next_run;
-use crate::error::{EngineError, chain};
-use crate::ports::{Finish, FinishOutcome};
+use crate::error::{EngineError, StoreError, chain};
+use crate::ports::{Finish, FinishOutcome, Reschedule};
 
 impl HeartbeatRunner {
     /// Puts the claimed heartbeat back to PENDING, due at `until`.
@@ -21,9 +21,30 @@ impl HeartbeatRunner {
     ) -> Result<RunOutcome, EngineError> {
         if self.store.defer(hb, until).await? {
             info!(until = %until, "{why}");
+            self.park_if_paused(hb).await?;
             return Ok(RunOutcome::Deferred(until));
         }
         Ok(RunOutcome::Superseded)
+    }
+
+    /// A heartbeat put back to PENDING (deferred, or released by a stopping worker)
+    /// while its agent is paused goes on to PAUSED, out of the due index: a heartbeat
+    /// that was running when the agent was paused finishes, but is not run again.
+    pub(super) async fn park_if_paused(&self, hb: &Heartbeat) -> Result<(), StoreError> {
+        let paused = |a: Option<Agent>| a.is_some_and(|a| a.is_paused());
+        if !paused(self.store.get_agent(&hb.agent_id).await?) {
+            return Ok(());
+        }
+        self.store.reschedule(&hb.id(), Reschedule::Pause).await?;
+        // A resume that came in between found this heartbeat still claimed and left it
+        // alone: it is resumed here instead.
+        if !paused(self.store.get_agent(&hb.agent_id).await?) {
+            self.store
+                .reschedule(&hb.id(), Reschedule::Resume(self.clock.now()))
+                .await?;
+        }
+        info!("the agent is paused: its heartbeat is parked until it is resumed");
+        Ok(())
     }
 
     pub(super) async fn complete(
@@ -218,6 +239,10 @@ impl HeartbeatRunner {
             FinishOutcome::Superseded { claim, status } => {
                 warn!(heartbeat_id = %id, current_claim = claim, status = status.as_str(), "a later claim owns this heartbeat; this run's result is dropped (its actions are reused)");
                 RunOutcome::Superseded
+            }
+            FinishOutcome::Gone => {
+                info!(heartbeat_id = %id, "the heartbeat was deleted with its agent; nothing more to do");
+                RunOutcome::Cancelled
             }
             _ => {
                 info!(heartbeat_id = %id, "heartbeat already finished by this claim");

@@ -41,7 +41,8 @@ pub enum RunOutcome {
     Completed(Heartbeat),
     /// The engine could not finish the work; recorded FAILED, the next one scheduled.
     Failed(Heartbeat),
-    /// The agent no longer exists; recorded CANCELLED, nothing scheduled.
+    /// The agent no longer exists; recorded CANCELLED, nothing scheduled (or the
+    /// heartbeat was deleted with it).
     Cancelled,
     /// A user message interrupted it; recorded CANCELLED with what it had done, the
     /// window handed on, the next one scheduled.
@@ -130,6 +131,7 @@ impl HeartbeatRunner {
     pub async fn release(&self, heartbeat: &Heartbeat) -> Result<bool, StoreError> {
         let released = self.store.defer(heartbeat, self.clock.now()).await?;
         if released {
+            self.park_if_paused(heartbeat).await?;
             info!(heartbeat_id = %heartbeat.id(), claim = heartbeat.claim, "claimed heartbeat released: its job was not started");
         }
         Ok(released)

@@ -1,0 +1,109 @@
+//! Deleting an agent and everything that is its own, in one transaction.
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use super::sqlite_err;
+use crate::domain::AgentId;
+use crate::error::StoreError;
+use crate::ports::Footprint;
+
+const WEBHOOKS: &str = "(SELECT id FROM webhooks WHERE agent_id = ?1)";
+const HOOKS: &str = "(SELECT id FROM hooks WHERE agent_id = ?1)";
+
+/// Which count of the footprint some rows add to.
+type Counter = fn(&mut Footprint) -> &mut u64;
+
+/// Which rows of each table are the agent's, in the order they are deleted (dependents
+/// before what they hang from), and which count of the footprint they add to.
+fn owned() -> Vec<(String, Counter)> {
+    let by_agent = |table: &str| format!("FROM {table} WHERE agent_id = ?1");
+    let mut rows: Vec<(String, Counter)> = Vec::new();
+    for table in [
+        "webhook_requests",
+        "webhook_deliveries",
+        "webhook_counters",
+        "webhook_log_budget",
+    ] {
+        rows.push((
+            format!("FROM {table} WHERE webhook_id IN {WEBHOOKS}"),
+            |f| &mut f.webhook_records,
+        ));
+    }
+    rows.push((by_agent("webhooks"), |f| &mut f.webhooks));
+    rows.push((
+        format!(
+            "FROM hook_attempts WHERE delivery_id IN (SELECT id FROM hook_deliveries WHERE hook_id IN {HOOKS})"
+        ),
+        |f| &mut f.hook_deliveries,
+    ));
+    rows.push((
+        format!("FROM hook_deliveries WHERE hook_id IN {HOOKS}"),
+        |f| &mut f.hook_deliveries,
+    ));
+    rows.push((by_agent("hooks"), |f| &mut f.hooks));
+    rows.push((
+        "FROM subscriptions WHERE json_extract(doc, '$.agent_id') = ?1".to_owned(),
+        |f| &mut f.subscriptions,
+    ));
+    rows.push((by_agent("heartbeats"), |f| &mut f.heartbeats));
+    rows.push((by_agent("events"), |f| &mut f.events));
+    rows.push((by_agent("actions"), |f| &mut f.actions));
+    for table in ["turns", "messages", "signal_turns"] {
+        rows.push((by_agent(table), |f| &mut f.conversation));
+    }
+    rows.push((by_agent("memories"), |f| &mut f.memories));
+    rows
+}
+
+/// Counts what is the agent's, and with `apply` deletes it, in one transaction.
+pub(super) fn purge(
+    conn: &mut Connection,
+    id: &AgentId,
+    apply: bool,
+) -> Result<Footprint, StoreError> {
+    let op = sqlite_err("delete agent");
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(&op)?;
+    let mut footprint = Footprint {
+        agent: tx
+            .query_row("SELECT 1 FROM agents WHERE id = ?1", [id.as_str()], |_| {
+                Ok(())
+            })
+            .optional()
+            .map_err(&op)?
+            .is_some(),
+        channel: tx
+            .query_row(
+                "SELECT channel_id FROM discord_channels WHERE agent_id = ?1",
+                [id.as_str()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(&op)?,
+        ..Footprint::default()
+    };
+    for (rows, count) in owned() {
+        let n: i64 = tx
+            .query_row(&format!("SELECT COUNT(*) {rows}"), [id.as_str()], |r| {
+                r.get(0)
+            })
+            .map_err(&op)?;
+        *count(&mut footprint) += n as u64;
+        if apply && n > 0 {
+            tx.execute(&format!("DELETE {rows}"), [id.as_str()])
+                .map_err(&op)?;
+        }
+    }
+    if apply {
+        tx.execute(
+            "DELETE FROM discord_channels WHERE agent_id = ?1",
+            [id.as_str()],
+        )
+        .map_err(&op)?;
+        tx.execute("DELETE FROM agents WHERE id = ?1", [id.as_str()])
+            .map_err(&op)?;
+        tx.commit().map_err(&op)?;
+    }
+    Ok(footprint)
+}

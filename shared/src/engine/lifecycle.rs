@@ -1,0 +1,307 @@
+//! An agent's life as its operator steers it: change its settings (re-planning the
+//! pending heartbeat), pause and resume it, delete it with everything it owns.
+//!
+//! Pausing takes the pending heartbeat out of the due index (PAUSED), so no sweep reads or
+//! claims it; a heartbeat already running finishes, and the store files its successor
+//! PAUSED. The agent's user is still answered: conversation turns do not go through the
+//! heartbeat. Resuming makes the next heartbeat due at once. Both are events in the
+//! agent's log and hook types (AGENT_PAUSED, AGENT_RESUMED).
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::EngineSettings;
+use super::hooks::{Emission, HookEmitter};
+use super::schedule::next_run;
+use crate::domain::{
+    Agent, AgentChanges, AgentId, Event, EventId, EventType, Heartbeat, HeartbeatId,
+    HeartbeatStatus, HookData, HookType, Priority, to_ms,
+};
+use crate::error::{StoreError, ValidationError, chain};
+use crate::ports::{Clock, Footprint, Reschedule, Store};
+
+/// Why a lifecycle operation did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    /// There is no such agent.
+    #[error("agent {0} not found; `pulse agents list` shows the agents")]
+    NotFound(AgentId),
+    /// The changes are not valid settings.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The store refused or failed (another agent has the channel, storage down).
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl LifecycleError {
+    fn store(id: &AgentId, e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(_) => Self::NotFound(id.clone()),
+            other => Self::Store(other),
+        }
+    }
+}
+
+/// What `update` did.
+#[derive(Clone, Debug)]
+pub struct Updated {
+    /// The agent as stored now.
+    pub agent: Agent,
+    /// When its pending heartbeat is due now, if its plan changed and it was re-planned.
+    pub replanned: Option<Timestamp>,
+}
+
+/// What `pause` or `resume` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Toggled {
+    /// Paused or resumed now; on resume, when the next heartbeat is due.
+    Done {
+        /// The resumed agent's next heartbeat.
+        next_heartbeat_at: Option<Timestamp>,
+        /// The agent's latest heartbeat is running: it finishes first.
+        running: bool,
+    },
+    /// It already was so; nothing was written.
+    Already,
+}
+
+/// Changes, pauses, resumes and deletes agents.
+pub struct Lifecycle {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    settings: EngineSettings,
+    hooks: Option<HookEmitter>,
+}
+
+impl Lifecycle {
+    /// Lifecycle operations over `store`; AGENT_PAUSED/RESUMED hooks are emitted through
+    /// `hooks` when given.
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        settings: EngineSettings,
+        hooks: Option<HookEmitter>,
+    ) -> Self {
+        Self {
+            store,
+            clock,
+            settings,
+            hooks,
+        }
+    }
+
+    async fn agent(&self, id: &AgentId) -> Result<Agent, LifecycleError> {
+        self.store
+            .get_agent(id)
+            .await
+            .map_err(LifecycleError::Store)?
+            .ok_or_else(|| LifecycleError::NotFound(id.clone()))
+    }
+
+    /// The agent's latest heartbeat: the pending (or paused, or running) one.
+    async fn latest(&self, id: &AgentId) -> Result<Option<Heartbeat>, LifecycleError> {
+        let mut latest = self
+            .store
+            .list_heartbeats(id, 1)
+            .await
+            .map_err(LifecycleError::Store)?;
+        Ok(latest.pop())
+    }
+
+    /// Applies `changes`, validated as on create. A new interval, active hours or time
+    /// zone re-plans the pending heartbeat at once: due an interval after the previous
+    /// heartbeat ended (with the backoff of a failure streak), inside the new hours.
+    pub async fn update(
+        &self,
+        id: &AgentId,
+        changes: &AgentChanges,
+    ) -> Result<Updated, LifecycleError> {
+        let before = self.agent(id).await?;
+        let agent = changes.apply(&before)?;
+        self.store
+            .update_agent(&agent, &before)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))?;
+        let mut replanned = None;
+        if agent.schedule_differs(&before)
+            && let Some(pending) = self.latest(id).await?
+            && pending.status == HeartbeatStatus::Pending
+        {
+            let at = self.plan(&agent, &pending).await?;
+            replanned = self
+                .store
+                .reschedule(&pending.id(), Reschedule::Due(at))
+                .await
+                .map_err(LifecycleError::Store)?
+                .map(|hb| hb.scheduled_at);
+        }
+        info!(agent_id = %id, replanned = ?replanned, "agent updated");
+        Ok(Updated { agent, replanned })
+    }
+
+    /// When `pending` is due under the agent's new plan.
+    async fn plan(&self, agent: &Agent, pending: &Heartbeat) -> Result<Timestamp, LifecycleError> {
+        let previous = match pending.beat {
+            0 | 1 => None,
+            beat => self
+                .store
+                .get_heartbeat(&HeartbeatId::new(agent.id.clone(), beat - 1))
+                .await
+                .map_err(LifecycleError::Store)?,
+        };
+        Ok(match previous.and_then(|p| p.completed_at) {
+            Some(ended) => next_run(
+                agent,
+                ended,
+                pending.consecutive_failures,
+                self.settings.max_backoff,
+            ),
+            // The first heartbeat: due at once, inside the (new) active hours.
+            None => agent.in_active_hours(pending.scheduled_at),
+        })
+    }
+
+    /// Pauses the agent: its pending heartbeat leaves the due index; one running
+    /// finishes, and its successor is filed PAUSED.
+    pub async fn pause(&self, id: &AgentId) -> Result<Toggled, LifecycleError> {
+        let agent = self.agent(id).await?;
+        let now = self.clock.now();
+        let event = lifecycle_event(&agent, HookType::AGENT_PAUSED, now, None);
+        if !self
+            .store
+            .set_paused(id, Some(now), &event)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))?
+        {
+            return Ok(Toggled::Already);
+        }
+        let latest = self.latest(id).await?;
+        let mut running = false;
+        if let Some(hb) = &latest {
+            match hb.status {
+                HeartbeatStatus::Pending => {
+                    self.store
+                        .reschedule(&hb.id(), Reschedule::Pause)
+                        .await
+                        .map_err(LifecycleError::Store)?;
+                }
+                HeartbeatStatus::Executing => running = true,
+                _ => {}
+            }
+        }
+        info!(agent_id = %id, running, "agent paused");
+        self.emit(&agent, HookType::AGENT_PAUSED, &event).await;
+        Ok(Toggled::Done {
+            next_heartbeat_at: None,
+            running,
+        })
+    }
+
+    /// Resumes the agent: its next heartbeat is due at once (inside its active hours).
+    pub async fn resume(&self, id: &AgentId) -> Result<Toggled, LifecycleError> {
+        let agent = self.agent(id).await?;
+        let now = self.clock.now();
+        let at = agent.in_active_hours(now);
+        let event = lifecycle_event(&agent, HookType::AGENT_RESUMED, now, Some(at));
+        if !self
+            .store
+            .set_paused(id, None, &event)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))?
+        {
+            return Ok(Toggled::Already);
+        }
+        let mut running = false;
+        if let Some(hb) = self.latest(id).await? {
+            let to = match hb.status {
+                HeartbeatStatus::Paused => Some(Reschedule::Resume(at)),
+                HeartbeatStatus::Pending => Some(Reschedule::Due(at)),
+                HeartbeatStatus::Executing => {
+                    running = true;
+                    None
+                }
+                _ => None,
+            };
+            if let Some(to) = to {
+                self.store
+                    .reschedule(&hb.id(), to)
+                    .await
+                    .map_err(LifecycleError::Store)?;
+            }
+        }
+        info!(agent_id = %id, next_at = %at, "agent resumed");
+        self.emit(&agent, HookType::AGENT_RESUMED, &event).await;
+        Ok(Toggled::Done {
+            next_heartbeat_at: Some(at),
+            running,
+        })
+    }
+
+    /// What deleting the agent would remove (`apply` false), or removes it (`apply`
+    /// true). Works on leftovers of an interrupted delete as well; `NotFound` only when
+    /// nothing of the agent is stored.
+    pub async fn delete(&self, id: &AgentId, apply: bool) -> Result<Footprint, LifecycleError> {
+        let footprint = self
+            .store
+            .purge_agent(id, false)
+            .await
+            .map_err(LifecycleError::Store)?;
+        if footprint.is_empty() {
+            return Err(LifecycleError::NotFound(id.clone()));
+        }
+        if !apply {
+            return Ok(footprint);
+        }
+        let deleted = self
+            .store
+            .purge_agent(id, true)
+            .await
+            .map_err(LifecycleError::Store)?;
+        info!(agent_id = %id, ?deleted, "agent deleted");
+        Ok(deleted)
+    }
+
+    /// Emits an AGENT_PAUSED/RESUMED hook. The change is made (and in the agent's log)
+    /// whatever happens here; a failure is logged.
+    async fn emit(&self, agent: &Agent, name: &'static str, event: &Event) {
+        let Some(hooks) = &self.hooks else {
+            return;
+        };
+        let emission = Emission {
+            hook_type: HookType::of(name),
+            heartbeat_id: None,
+            action_id: None,
+            data: event.payload.clone(),
+            triggered_by: "OPERATOR".to_owned(),
+            key_ms: to_ms(event.created_at).max(0) as u64,
+            key: vec![event.id.to_string()],
+        };
+        let emitted = match hooks.routes(&agent.id).await {
+            Ok(routes) => hooks.emit(&routes, agent, emission).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = emitted {
+            warn!(error = %chain(&e), hook_type = name, "cannot emit the hook");
+        }
+    }
+}
+
+/// An AGENT_PAUSED or AGENT_RESUMED event for the agent's log.
+fn lifecycle_event(agent: &Agent, name: &str, at: Timestamp, next: Option<Timestamp>) -> Event {
+    Event {
+        id: EventId::generate(to_ms(at).max(0) as u64),
+        agent_id: agent.id.clone(),
+        event_type: EventType::parse(name).unwrap_or_else(|_| EventType::heartbeat()),
+        priority: Priority::DEFAULT,
+        source: "operator".to_owned(),
+        payload: HookData::agent_lifecycle(at, next),
+        metadata: Value::Null,
+        parent_id: None,
+        cascade: None,
+        created_at: at,
+    }
+}

@@ -1,0 +1,623 @@
+//! Operating agents: update (re-planning the pending heartbeat), pause and resume,
+//! delete with everything the agent owns — the store ports on each backend, and the
+//! engine end to end with a fake model, Discord and hook receiver.
+
+use std::time::Duration;
+
+use jiff::SignedDuration;
+use pulse_shared::domain::{
+    Agent, AgentChanges, EventType, Filter, HeartbeatId, HeartbeatStatus, Hook, HookTarget,
+    HookType, Memory, NewAgent, NewEvent, SignalMeta, Subscription, SubscriptionId, ToolName,
+    Webhook, WebhookScheme,
+};
+use pulse_shared::engine::{
+    Lifecycle, LifecycleError, Refused, Toggled, Verdict, WebhookIntake, Worker, intake,
+};
+use pulse_shared::error::StoreError;
+use pulse_shared::ports::{Finish, FinishOutcome, Reschedule};
+use pulse_tests::fake_discord::FakeDiscord;
+use pulse_tests::fake_hooks::FakeReceiver;
+use pulse_tests::fake_llm::FakeLlm;
+use pulse_tests::{Backend, FakeTool, Kind, on_both_backends, settings};
+use serde_json::json;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+struct World {
+    b: Backend,
+    llm: FakeLlm,
+    discord: FakeDiscord,
+    worker: Worker,
+    ops: Lifecycle,
+}
+
+async fn world(kind: Kind) -> World {
+    let b = Backend::new(kind).await;
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let services = pulse_tests::fake_services(&llm, &discord);
+    let connected = b.connected();
+    let worker = connected.worker(b.clock.clone(), &settings(), &services);
+    let ops = connected.lifecycle(b.clock.clone(), &settings());
+    World {
+        b,
+        llm,
+        discord,
+        worker,
+        ops,
+    }
+}
+
+impl World {
+    async fn agent(&self, interval: &str, channel: &str) -> Agent {
+        let mut new = NewAgent::named("scout");
+        new.interval = interval.parse().unwrap();
+        new.discord_channel = Some(channel.into());
+        let (agent, first) = new.create(self.b.now()).unwrap();
+        self.b.store.create_agent(&agent, &first).await.unwrap();
+        agent
+    }
+
+    /// Sweeps once and runs what it queued; returns how many heartbeats it claimed.
+    async fn beat(&self) -> usize {
+        let swept = self.b.sweeper(settings()).sweep_once(self.b.now()).await;
+        assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+        self.b.drain(&self.worker).await;
+        swept.claimed
+    }
+
+    async fn latest(&self, agent: &Agent) -> pulse_shared::domain::Heartbeat {
+        self.b
+            .store
+            .list_heartbeats(&agent.id, 1)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap()
+    }
+
+    async fn hook(&self, agent: &Agent, hook_type: &str, url: &str) -> Hook {
+        let h = Hook::new(
+            agent.id.clone(),
+            HookType::parse(hook_type).unwrap(),
+            HookTarget::parse(url).unwrap(),
+            &pulse_signatures::inbound::generate_secret(),
+            self.b.now(),
+        );
+        self.b.store.create_hook(&h).await.unwrap();
+        h
+    }
+
+    /// Sends every queued hook delivery; returns how many attempts were made.
+    async fn dispatch(&self) -> usize {
+        let d = self.b.dispatcher();
+        let mut attempts = 0;
+        for _ in 0..4 {
+            attempts += d
+                .poll_once(10, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .attempts;
+        }
+        attempts
+    }
+}
+
+async fn all_due(b: &Backend) -> Vec<HeartbeatId> {
+    let mut out = Vec::new();
+    for shard in 0..b.store.due_shards() {
+        out.extend(b.store.due(shard, b.now(), None, 1000).await.unwrap().ids);
+    }
+    out
+}
+
+fn marker(agent: &Agent, b: &Backend, name: &str) -> pulse_shared::domain::Event {
+    NewEvent::new(name, json!({}), None)
+        .unwrap()
+        .into_event(agent.id.clone(), "operator", b.now())
+}
+
+on_both_backends!(
+    the_store_updates_pauses_resumes_and_refiles_heartbeats,
+    store_ports
+);
+async fn store_ports(kind: Kind) {
+    let w = world(kind).await;
+    let b = &w.b;
+    let a = w.agent("15m", "42").await;
+    let other = w.agent("15m", "43").await;
+    let t = b.now();
+    b.store.record_interaction(&a.id, t).await.unwrap();
+
+    // The channel stays unique; a refused update writes nothing.
+    let mut taken = a.clone();
+    taken.discord_channel = Some("43".into());
+    match b.store.update_agent(&taken, &a).await {
+        Err(StoreError::AlreadyExists(what)) => assert!(what.contains("43"), "{what}"),
+        r => panic!("took another agent's channel: {r:?}"),
+    }
+    assert_eq!(
+        b.store.agent_for_channel("42").await.unwrap(),
+        Some(a.id.clone())
+    );
+    assert_eq!(
+        b.store
+            .get_agent(&a.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .discord_channel
+            .as_deref(),
+        Some("42")
+    );
+    // A move: the old channel is free, the new one is the agent's; the last
+    // interaction (its own write) is kept.
+    let mut moved = a.clone();
+    moved.discord_channel = Some("44".into());
+    moved.name = "renamed".into();
+    b.store.update_agent(&moved, &a).await.unwrap();
+    let stored = b.store.get_agent(&a.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.name.as_str(), stored.last_interaction_at),
+        ("renamed", Some(t))
+    );
+    assert_eq!(b.store.agent_for_channel("42").await.unwrap(), None);
+    assert_eq!(
+        b.store.agent_for_channel("44").await.unwrap(),
+        Some(a.id.clone())
+    );
+    assert_eq!(
+        b.store.agent_for_channel("43").await.unwrap(),
+        Some(other.id.clone())
+    );
+    let mut ghost = moved.clone();
+    ghost.id = pulse_shared::domain::AgentId::generate();
+    assert!(matches!(
+        b.store.update_agent(&ghost, &ghost).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    // Pausing is one write with its event; twice is a no-op.
+    let paused = marker(&a, b, "AGENT_PAUSED");
+    assert!(b.store.set_paused(&a.id, Some(t), &paused).await.unwrap());
+    assert!(!b.store.set_paused(&a.id, Some(t), &paused).await.unwrap());
+    assert_eq!(
+        b.store.get_agent(&a.id).await.unwrap().unwrap().paused_at,
+        Some(t)
+    );
+    let events = b.store.list_events(&a.id, 10).await.unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.event_type.as_str() == "AGENT_PAUSED")
+            .count(),
+        1
+    );
+    // An update keeps the pause.
+    b.store.update_agent(&moved, &stored).await.unwrap();
+    assert!(b.store.get_agent(&a.id).await.unwrap().unwrap().is_paused());
+
+    // The pending heartbeat leaves the due index and cannot be claimed.
+    let first = HeartbeatId::new(a.id.clone(), 1);
+    assert!(all_due(b).await.contains(&first));
+    let hb = b
+        .store
+        .reschedule(&first, Reschedule::Pause)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hb.status, HeartbeatStatus::Paused);
+    assert!(!all_due(b).await.contains(&first));
+    let req = claim_req(b);
+    assert!(b.store.claim(&first, &req).await.unwrap().is_none());
+    // Moves that do not apply write nothing.
+    assert!(
+        b.store
+            .reschedule(&first, Reschedule::Pause)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        b.store
+            .reschedule(&first, Reschedule::Due(t))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Resumed: due at the given time, claimable.
+    let later = t.saturating_add(SignedDuration::from_mins(1)).unwrap();
+    let hb = b
+        .store
+        .reschedule(&first, Reschedule::Resume(later))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (hb.status, hb.scheduled_at),
+        (HeartbeatStatus::Pending, later)
+    );
+    b.advance(SignedDuration::from_mins(2));
+    assert!(all_due(b).await.contains(&first));
+
+    // A heartbeat that finishes while its agent is paused files its successor PAUSED.
+    let claimed = b.store.claim(&first, &claim_req(b)).await.unwrap().unwrap();
+    let mut done = claimed.clone();
+    done.status = HeartbeatStatus::Completed;
+    done.completed_at = Some(b.now());
+    let next = pulse_shared::domain::Heartbeat::pending(
+        &a,
+        2,
+        b.now(),
+        claimed.window_end.clone().unwrap(),
+        0,
+        None,
+        0,
+    );
+    let finish = Finish {
+        heartbeat: done,
+        next: Some(next),
+        heartbeat_event: None,
+    };
+    assert_eq!(
+        b.store.finish(&finish).await.unwrap(),
+        FinishOutcome::Finished
+    );
+    let second = b
+        .store
+        .get_heartbeat(&HeartbeatId::new(a.id.clone(), 2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.status, HeartbeatStatus::Paused);
+    assert!(!all_due(b).await.contains(&second.id()));
+
+    // Once the agent is deleted, a late finish of its heartbeat is Gone.
+    let resumed = marker(&a, b, "AGENT_RESUMED");
+    assert!(b.store.set_paused(&a.id, None, &resumed).await.unwrap());
+    b.store
+        .reschedule(&second.id(), Reschedule::Resume(b.now()))
+        .await
+        .unwrap()
+        .unwrap();
+    let claimed = b
+        .store
+        .claim(&second.id(), &claim_req(b))
+        .await
+        .unwrap()
+        .unwrap();
+    b.store.purge_agent(&a.id, true).await.unwrap();
+    let mut done = claimed;
+    done.status = HeartbeatStatus::Completed;
+    done.completed_at = Some(b.now());
+    let finish = Finish {
+        heartbeat: done,
+        next: None,
+        heartbeat_event: None,
+    };
+    assert_eq!(b.store.finish(&finish).await.unwrap(), FinishOutcome::Gone);
+    assert!(
+        b.store.get_agent(&other.id).await.unwrap().is_some(),
+        "the other agent is untouched"
+    );
+}
+
+fn claim_req(b: &Backend) -> pulse_shared::domain::ClaimRequest {
+    pulse_shared::domain::ClaimRequest {
+        now: b.now(),
+        lease: SignedDuration::from_mins(10),
+        window_end: pulse_shared::domain::EventCursor::through(
+            b.now()
+                .saturating_sub(SignedDuration::from_secs(2))
+                .unwrap(),
+        ),
+    }
+}
+
+on_both_backends!(
+    an_update_re_plans_the_pending_heartbeat_at_once,
+    update_replans
+);
+async fn update_replans(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("1h", "51").await;
+    assert_eq!(w.beat().await, 1, "the first heartbeat runs at once");
+    let ended = w.latest(&agent).await;
+    let completed =
+        w.b.store
+            .get_heartbeat(&HeartbeatId::new(agent.id.clone(), 1))
+            .await
+            .unwrap()
+            .unwrap()
+            .completed_at
+            .unwrap();
+    assert_eq!(
+        ended.scheduled_at,
+        completed + SignedDuration::from_hours(1)
+    );
+
+    let changes = AgentChanges {
+        interval: Some("5m".parse().unwrap()),
+        ..AgentChanges::default()
+    };
+    let done = w.ops.update(&agent.id, &changes).await.unwrap();
+    let due = completed + SignedDuration::from_mins(5);
+    assert_eq!(done.replanned, Some(due));
+    assert_eq!(w.latest(&agent).await.scheduled_at, due);
+    w.b.advance(SignedDuration::from_mins(5));
+    assert_eq!(
+        w.beat().await,
+        1,
+        "due after the new interval, not the old one"
+    );
+
+    // Validated as on create, and nothing is written when refused.
+    let bad = AgentChanges {
+        name: Some("  ".into()),
+        ..AgentChanges::default()
+    };
+    assert!(matches!(
+        w.ops.update(&agent.id, &bad).await,
+        Err(LifecycleError::Invalid(_))
+    ));
+    assert_eq!(
+        w.b.store.get_agent(&agent.id).await.unwrap().unwrap().name,
+        "scout"
+    );
+    // The channel binding stays unique.
+    let second = w.agent("1h", "52").await;
+    let steal = AgentChanges {
+        discord_channel: Some(Some("51".into())),
+        ..AgentChanges::default()
+    };
+    assert!(matches!(
+        w.ops.update(&second.id, &steal).await,
+        Err(LifecycleError::Store(StoreError::AlreadyExists(_)))
+    ));
+}
+
+on_both_backends!(
+    a_paused_agent_is_never_claimed_but_still_answers_and_resumes_at_once,
+    pause_resume
+);
+async fn pause_resume(kind: Kind) {
+    let w = world(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let agent = w.agent("10m", "61").await;
+    w.hook(&agent, "AGENT_PAUSED", &receiver.url()).await;
+    w.hook(&agent, "AGENT_RESUMED", &receiver.url()).await;
+    assert_eq!(w.beat().await, 1);
+
+    assert!(matches!(
+        w.ops.pause(&agent.id).await.unwrap(),
+        Toggled::Done { running: false, .. }
+    ));
+    assert_eq!(w.ops.pause(&agent.id).await.unwrap(), Toggled::Already);
+    assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Paused);
+    let model_calls = w.llm.requests().len();
+    for _ in 0..3 {
+        w.b.advance(SignedDuration::from_mins(10));
+        assert_eq!(
+            w.beat().await,
+            0,
+            "a paused agent's heartbeat is never claimed"
+        );
+    }
+    // Its user is still answered.
+    let s = pulse_shared::domain::Signal::user_message(
+        &agent.id,
+        &agent.session,
+        "are you there?",
+        SignalMeta::default(),
+        w.b.now(),
+    )
+    .unwrap();
+    intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), s)
+        .await
+        .unwrap();
+    w.b.drain(&w.worker).await;
+    assert_eq!(
+        w.llm.requests().len(),
+        model_calls + 1,
+        "one model call: the reply"
+    );
+    assert_eq!(w.discord.messages().len(), 1, "the reply reached Discord");
+    assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Paused);
+
+    let resumed = w.ops.resume(&agent.id).await.unwrap();
+    assert_eq!(
+        resumed,
+        Toggled::Done {
+            next_heartbeat_at: Some(w.b.now()),
+            running: false
+        }
+    );
+    assert_eq!(w.beat().await, 1, "resumed: a heartbeat at once");
+
+    let types: Vec<String> =
+        w.b.store
+            .list_events(&agent.id, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event_type.to_string())
+            .filter(|t| t.starts_with("AGENT_"))
+            .collect();
+    assert_eq!(types, ["AGENT_PAUSED", "AGENT_RESUMED"]);
+    assert_eq!(w.dispatch().await, 2);
+    let mut hooks: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.header("x-pulse-hook-type"))
+        .collect();
+    hooks.sort();
+    assert_eq!(hooks, ["AGENT_PAUSED", "AGENT_RESUMED"]);
+}
+
+on_both_backends!(
+    a_heartbeat_running_when_its_agent_is_paused_finishes_and_files_the_next_paused,
+    pause_while_running
+);
+async fn pause_while_running(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("10m", "71").await;
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    assert!(matches!(
+        w.ops.pause(&agent.id).await.unwrap(),
+        Toggled::Done { running: true, .. }
+    ));
+    w.b.drain(&w.worker).await;
+    let first =
+        w.b.store
+            .get_heartbeat(&HeartbeatId::new(agent.id.clone(), 1))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(first.status, HeartbeatStatus::Completed, "it finished");
+    assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Paused);
+    w.b.advance(SignedDuration::from_mins(30));
+    assert_eq!(w.beat().await, 0);
+}
+
+on_both_backends!(
+    deleting_an_agent_leaves_nothing_of_it_and_its_queued_job_is_acked_once,
+    delete
+);
+async fn delete(kind: Kind) {
+    let w = world(kind).await;
+    let b = &w.b;
+    let receiver = FakeReceiver::start().await;
+    let tool = FakeTool::start().await;
+    b.tool("echo", &tool.url(), "NOTE").await;
+    let agent = w.agent("10m", "81").await;
+    let keep = w.agent("10m", "82").await;
+    // A subscription of its own, a webhook with a request, a hook with a delivery, a
+    // turn, a memory, heartbeats, events and actions.
+    let own = Subscription {
+        id: SubscriptionId::for_route(
+            &ToolName::parse("echo").unwrap(),
+            &EventType::parse("TICK").unwrap(),
+            Some(&agent.id),
+        ),
+        tool: ToolName::parse("echo").unwrap(),
+        event_type: EventType::parse("TICK").unwrap(),
+        agent_id: Some(agent.id.clone()),
+        filter: Filter::default(),
+        order: 0,
+        active: true,
+        created_at: b.now(),
+    };
+    b.store.add_subscription(&own).await.unwrap();
+    let mut webhook =
+        Webhook::new(agent.id.clone(), WebhookScheme::Standard, SECRET, b.now()).unwrap();
+    webhook.rate_limit = Some(pulse_shared::domain::RateLimit { per_hour: 100 });
+    b.store.create_webhook(&webhook).await.unwrap();
+    let intake_ = WebhookIntake::new(
+        b.store.clone(),
+        b.queue.clone(),
+        b.clock.clone(),
+        SignedDuration::from_hours(24),
+    );
+    let post = |n: u32| {
+        let body = json!({"event_type": "NOTE", "payload": {"n": n}}).to_string();
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in pulse_signatures::inbound::sign(
+            webhook.scheme.signing(),
+            SECRET,
+            body.as_bytes(),
+            b.now().as_second(),
+            &format!("msg_{n}"),
+        )
+        .unwrap()
+        {
+            headers.insert(k, v);
+        }
+        (headers, body)
+    };
+    let (headers, body) = post(1);
+    let verdict = intake_
+        .receive(webhook.id.as_str(), &headers, body.as_bytes(), None)
+        .await;
+    assert!(matches!(verdict, Verdict::Accepted(_)), "{verdict:?}");
+    let hook = w.hook(&agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    b.advance(SignedDuration::from_secs(5));
+    assert_eq!(w.beat().await, 2, "both agents' first heartbeats");
+    assert!(w.dispatch().await >= 1);
+    let s = pulse_shared::domain::Signal::user_message(
+        &agent.id,
+        &agent.session,
+        "hello",
+        SignalMeta::default(),
+        b.now(),
+    )
+    .unwrap();
+    intake::submit(b.store.as_ref(), b.queue.as_ref(), s)
+        .await
+        .unwrap();
+    b.drain(&w.worker).await;
+    b.store
+        .remember(&Memory {
+            id: pulse_shared::domain::MemoryId::derived(1, &["tea"]),
+            agent_id: agent.id.clone(),
+            text: "likes tea".into(),
+            heartbeat_id: None,
+            created_at: b.now(),
+        })
+        .await
+        .unwrap();
+    // Its next heartbeat is claimed and its job queued, not yet run.
+    b.advance(SignedDuration::from_mins(11));
+    let swept = b.sweeper(settings()).sweep_once(b.now()).await;
+    assert_eq!(swept.queued, 2);
+
+    let ids = [agent.id.as_str(), webhook.id.as_str(), hook.id.as_str()];
+    let footprint = w.ops.delete(&agent.id, false).await.unwrap();
+    assert!(footprint.agent);
+    assert_eq!(footprint.webhooks, 1);
+    assert_eq!(footprint.hooks, 1);
+    assert_eq!(footprint.subscriptions, 1);
+    assert_eq!(footprint.memories, 1);
+    assert_eq!(footprint.channel.as_deref(), Some("81"));
+    assert!(footprint.heartbeats >= 2 && footprint.events >= 2 && footprint.actions >= 1);
+    assert!(
+        footprint.conversation >= 2
+            && footprint.webhook_records >= 2
+            && footprint.hook_deliveries >= 2,
+        "{footprint:?}"
+    );
+    assert!(
+        !b.stored_mentions(&ids).await.is_empty(),
+        "a dry run deletes nothing"
+    );
+
+    let deleted = w.ops.delete(&agent.id, true).await.unwrap();
+    assert_eq!(deleted, footprint);
+    let left = b.stored_mentions(&ids).await;
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    assert!(matches!(
+        w.ops.delete(&agent.id, true).await,
+        Err(LifecycleError::NotFound(_))
+    ));
+    assert_eq!(b.store.agent_for_channel("81").await.unwrap(), None);
+
+    // Its webhook answers 404 (once the receiver's two-second cache has passed).
+    b.advance(SignedDuration::from_secs(3));
+    let (headers, body) = post(2);
+    let verdict = intake_
+        .receive(webhook.id.as_str(), &headers, body.as_bytes(), None)
+        .await;
+    assert!(
+        matches!(verdict, Verdict::Refused(Refused::NotFound, _)),
+        "{verdict:?}"
+    );
+
+    // Its queued job is acknowledged once and leaves nothing behind.
+    assert_eq!(b.drain(&w.worker).await, 2);
+    assert_eq!(b.queued_messages().await, 0);
+    assert_eq!(b.drain(&w.worker).await, 0);
+    let left = b.stored_mentions(&ids).await;
+    assert!(left.is_empty(), "left behind by the job: {left:#?}");
+    assert!(b.store.get_agent(&keep.id).await.unwrap().is_some());
+    assert!(!b.stored_mentions(&[keep.id.as_str()]).await.is_empty());
+}
