@@ -1,56 +1,16 @@
 //! The `pulse` binary as a user runs it: exit codes, nothing written on bad input, the
 //! quick start's flow, and `pulse serve` stopping cleanly.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
+use common::{bad, json, ok, pulse};
 use std::time::{Duration, Instant};
 
 use pulse_tests::FakeTool;
 use serde_json::Value;
-
-fn pulse(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pulse"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("PULSE_DB")
-        .env_remove("PULSE_BACKEND")
-        // The offline model and no Discord, whatever the developer's shell has.
-        .env("PULSE_LLM_PROVIDER", "offline")
-        .env_remove("DISCORD_BOT_TOKEN")
-        .env_remove("DISCORD_APPLICATION_ID")
-        .env("PULSE_EVENT_SETTLE", "0s")
-        // The fake tools listen on loopback, which outbound requests may not reach
-        // unless allowed.
-        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32")
-        .output()
-        .expect("pulse runs")
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = pulse(dir, args);
-    assert!(
-        out.status.success(),
-        "pulse {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
-fn json(dir: &Path, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    serde_json::from_str(&ok(dir, &all)).unwrap()
-}
-
-fn bad(dir: &Path, args: &[&str]) -> String {
-    let out = pulse(dir, args);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "pulse {args:?} should reject its input"
-    );
-    String::from_utf8(out.stderr).unwrap()
-}
 
 #[test]
 fn bad_input_exits_two_and_writes_nothing() {

@@ -62,6 +62,44 @@ pub(crate) enum HooksCmd {
         #[arg(long)]
         delivery: String,
     },
+    /// Change where a hook delivers, its retry schedule, timeout, disable-after or auth
+    /// header. Deliveries already queued go to the new settings.
+    Update(Box<UpdateHook>),
+    /// Delete a hook with its deliveries; queued deliveries are dropped when they come up.
+    Delete {
+        /// The hook's id.
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct UpdateHook {
+    /// The hook's id.
+    id: String,
+    /// Where it delivers: an https:// URL, or eventbridge://BUS_NAME.
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+    /// Sent as the Authorization header; "" removes it.
+    #[arg(long)]
+    auth_header: Option<String>,
+    /// How long one attempt may take.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Delays between attempts, comma-separated, or none.
+    #[arg(long, value_name = "DELAYS")]
+    retry_schedule: Option<String>,
+    /// Failing without a success for this long disables the hook.
+    #[arg(long, value_name = "DURATION")]
+    disable_after: Option<String>,
+}
+
+/// What `hooks update` changes.
+pub(crate) struct HookChanges {
+    target: Option<HookTarget>,
+    auth_header: Option<Option<Secret>>,
+    timeout: Option<jiff::SignedDuration>,
+    retry: Option<RetrySchedule>,
+    disable_after: Option<jiff::SignedDuration>,
 }
 
 #[derive(Args, Debug)]
@@ -101,6 +139,8 @@ pub(crate) enum HooksPlan {
     Deliveries { hook: HookId, limit: usize },
     Set { id: HookId, active: bool },
     Replay(HookDeliveryId),
+    Update(HookId, Box<HookChanges>),
+    Delete(HookId),
 }
 
 impl HooksPlan {
@@ -117,24 +157,12 @@ pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Fai
             let hook_type = HookType::parse(a.hook_type.trim()).map_err(input)?;
             let target = HookTarget::parse(&a.url).map_err(input)?;
             let mut hook = Hook::new(agent, hook_type, target, &generate_secret(), now);
-            hook.timeout =
-                Hook::check_timeout(parse_duration("timeout", &a.timeout).map_err(input)?)
-                    .map_err(input)?;
+            hook.timeout = timeout_arg(&a.timeout)?;
             hook.retry = RetrySchedule::parse(&a.retry_schedule).map_err(input)?;
-            let disable_after = parse_duration("disable-after", &a.disable_after).map_err(input)?;
-            if disable_after < jiff::SignedDuration::from_mins(1) {
-                return Err(Failure::Input(
-                    "invalid disable-after: use at least 1m (the default is 5d)".into(),
-                ));
-            }
-            hook.disable_after = disable_after;
+            hook.disable_after = disable_after_arg(&a.disable_after)?;
             hook.auth_header = match a.auth_header {
-                Some(v) if v.trim().is_empty() || http::HeaderValue::from_str(&v).is_err() => {
-                    return Err(Failure::Input(
-                        "invalid auth-header: give a value that fits in an HTTP header, e.g. \"Bearer <token>\"".into(),
-                    ));
-                }
-                v => v.map(Secret::new),
+                Some(v) => Some(auth_header_arg(&v)?),
+                None => None,
             };
             hook.description = a.description;
             HooksPlan::Add(Box::new(hook))
@@ -170,7 +198,83 @@ pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Fai
         HooksCmd::Replay { delivery } => {
             HooksPlan::Replay(HookDeliveryId::parse(&delivery).map_err(input)?)
         }
+        HooksCmd::Update(a) => {
+            let changes = HookChanges {
+                target: a
+                    .url
+                    .as_deref()
+                    .map(HookTarget::parse)
+                    .transpose()
+                    .map_err(input)?,
+                auth_header: a
+                    .auth_header
+                    .map(|v| match v.trim() {
+                        "" => Ok(None),
+                        _ => auth_header_arg(&v).map(Some),
+                    })
+                    .transpose()?,
+                timeout: a.timeout.as_deref().map(timeout_arg).transpose()?,
+                retry: a
+                    .retry_schedule
+                    .as_deref()
+                    .map(RetrySchedule::parse)
+                    .transpose()
+                    .map_err(input)?,
+                disable_after: a
+                    .disable_after
+                    .as_deref()
+                    .map(disable_after_arg)
+                    .transpose()?,
+            };
+            if changes.target.is_none()
+                && changes.auth_header.is_none()
+                && changes.timeout.is_none()
+                && changes.retry.is_none()
+                && changes.disable_after.is_none()
+            {
+                return Err(Failure::Input(
+                    "nothing to change: give --url, --auth-header, --timeout, --retry-schedule or --disable-after".into(),
+                ));
+            }
+            HooksPlan::Update(HookId::parse(&a.id).map_err(input)?, Box::new(changes))
+        }
+        HooksCmd::Delete { id } => HooksPlan::Delete(HookId::parse(&id).map_err(input)?),
     })
+}
+
+fn timeout_arg(s: &str) -> Result<jiff::SignedDuration, Failure> {
+    Hook::check_timeout(parse_duration("timeout", s).map_err(input)?).map_err(input)
+}
+
+fn disable_after_arg(s: &str) -> Result<jiff::SignedDuration, Failure> {
+    let d = parse_duration("disable-after", s).map_err(input)?;
+    if d < jiff::SignedDuration::from_mins(1) {
+        return Err(Failure::Input(
+            "invalid disable-after: use at least 1m (the default is 5d)".into(),
+        ));
+    }
+    Ok(d)
+}
+
+fn auth_header_arg(v: &str) -> Result<Secret, Failure> {
+    if v.trim().is_empty() || http::HeaderValue::from_str(v).is_err() {
+        return Err(Failure::Input(
+            "invalid auth-header: give a value that fits in an HTTP header, e.g. \"Bearer <token>\"".into(),
+        ));
+    }
+    Ok(Secret::new(v))
+}
+
+/// A target this backend can deliver to.
+fn check_target(b: &Connected, target: &HookTarget) -> Result<(), Failure> {
+    if let HookTarget::EventBridge { bus } = target
+        && b.bus.is_none()
+    {
+        return Err(Failure::Input(format!(
+            "hook target eventbridge://{bus} needs the AWS backend: this store has no event bus, so every delivery would fail until it gave up; use an https:// URL"
+        )));
+    }
+    Ok(())
 }
 
 async fn require_hook(b: &Connected, id: &HookId) -> Result<Hook, Failure> {
@@ -232,6 +336,14 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
         }
         HooksPlan::Deliveries { hook, limit } => deliveries(b, out, &hook, limit).await,
         HooksPlan::Set { id, active } => set_active(b, out, &id, active).await,
+        HooksPlan::Update(id, changes) => update(b, out, &id, &changes).await,
+        HooksPlan::Delete(id) => {
+            b.store.delete_hook(&id).await.map_err(super::store)?;
+            out.done(&format!(
+                "deleted hook {id} with its deliveries; queued deliveries are dropped when they come up"
+            ));
+            Ok(())
+        }
         HooksPlan::Replay(id) => {
             let (d, a) = dispatcher(config, b, clock)?
                 .replay(&id)
@@ -264,13 +376,7 @@ fn succeeded(d: &HookDelivery, a: &HookAttempt) -> Result<(), Failure> {
 /// Stores a new hook; prints its id and, once, its secret.
 async fn add(b: &Connected, out: &Out, hook: &Hook) -> Result<(), Failure> {
     super::require_agent(b, &hook.agent_id).await?;
-    if let HookTarget::EventBridge { bus } = &hook.target
-        && b.bus.is_none()
-    {
-        return Err(Failure::Input(format!(
-            "hook target eventbridge://{bus} needs the AWS backend: this store has no event bus, so every delivery would fail until it gave up; use an https:// URL"
-        )));
-    }
+    check_target(b, &hook.target)?;
     let valid = valid_types(b).await?;
     if !valid.iter().any(|t| t == hook.hook_type.as_str()) {
         return Err(Failure::Input(format!(
@@ -433,6 +539,43 @@ async fn deliveries(b: &Connected, out: &Out, hook: &HookId, limit: usize) -> Re
 }
 
 /// Enables or disables a hook, retrying when a delivery changes it meanwhile.
+/// Applies `c` over the version read, reading again if another writer got there first.
+async fn update(b: &Connected, out: &Out, id: &HookId, c: &HookChanges) -> Result<(), Failure> {
+    if let Some(t) = &c.target {
+        check_target(b, t)?;
+    }
+    for _ in 0..5 {
+        let mut hook = require_hook(b, id).await?;
+        if let Some(t) = &c.target {
+            hook.target = t.clone();
+        }
+        if let Some(a) = &c.auth_header {
+            hook.auth_header = a.clone();
+        }
+        if let Some(t) = c.timeout {
+            hook.timeout = t;
+        }
+        if let Some(r) = &c.retry {
+            hook.retry = r.clone();
+        }
+        if let Some(d) = c.disable_after {
+            hook.disable_after = d;
+        }
+        hook.version += 1;
+        match b.store.update_hook(&hook).await {
+            Ok(()) => {
+                out.created(&hook.summary(), id.as_str(), &format!("updated hook {id}"));
+                return Ok(());
+            }
+            Err(pulse_shared::error::StoreError::Conflict(_)) => continue,
+            Err(e) => return Err(super::store(e)),
+        }
+    }
+    Err(Failure::Runtime(anyhow::anyhow!(
+        "hook {id} kept changing while it was updated; try again"
+    )))
+}
+
 async fn set_active(b: &Connected, out: &Out, id: &HookId, active: bool) -> Result<(), Failure> {
     for _ in 0..5 {
         let mut hook = require_hook(b, id).await?;

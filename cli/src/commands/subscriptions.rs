@@ -1,4 +1,4 @@
-//! `pulse subscriptions …`: route event types to tools.
+//! `pulse subscriptions …`: route event types to tools, and remove routes.
 
 use clap::Subcommand;
 use pulse_shared::domain::{
@@ -41,6 +41,11 @@ pub(crate) enum SubscriptionsCmd {
         /// The subscription's id.
         id: String,
     },
+    /// Remove a subscription.
+    Remove {
+        /// The subscription's id.
+        id: String,
+    },
 }
 
 /// A validated subscriptions command.
@@ -48,6 +53,7 @@ pub(crate) enum SubscriptionsPlan {
     Add(Box<Subscription>),
     List,
     Set { id: SubscriptionId, active: bool },
+    Remove(SubscriptionId),
 }
 
 impl SubscriptionsPlan {
@@ -97,6 +103,15 @@ pub(crate) fn plan(
             id: SubscriptionId::parse(&id).map_err(input)?,
             active: false,
         },
+        SubscriptionsCmd::Remove { id } => {
+            let id = SubscriptionId::parse(&id).map_err(input)?;
+            if id == Subscription::heartbeat_agent().id {
+                return Err(Failure::Input(format!(
+                    "{id} is the built-in heartbeat agent's subscription: disable it instead (`pulse subscriptions disable {id}`)"
+                )));
+            }
+            SubscriptionsPlan::Remove(id)
+        }
     })
 }
 
@@ -167,6 +182,10 @@ pub(crate) async fn execute(plan: SubscriptionsPlan, cx: &Ctx<'_>) -> Result<(),
                 "subscription {id} {}",
                 if active { "enabled" } else { "disabled" }
             ));
+        }
+        SubscriptionsPlan::Remove(id) => {
+            b.store.remove_subscription(&id).await.map_err(store)?;
+            out.done(&format!("removed subscription {id}"));
         }
     }
     Ok(())

@@ -1,8 +1,8 @@
-//! `pulse tools …`: register, list and switch tools.
+//! `pulse tools …`: register, list, change, switch and remove tools.
 
 use clap::Subcommand;
 use pulse_shared::domain::{
-    HEARTBEAT_AGENT, Tool, ToolKind, ToolName, builtin_tools, parse_duration,
+    HEARTBEAT_AGENT, Registry, Tool, ToolKind, ToolName, builtin_tools, parse_duration,
 };
 use pulse_shared::error::StoreError;
 use serde_json::Value;
@@ -43,6 +43,37 @@ pub(crate) enum ToolsCmd {
         /// The tool's name.
         name: String,
     },
+    /// Change an HTTP tool's URL, timeout, config or description.
+    Update {
+        /// The tool's name.
+        name: String,
+        /// http:// or https:// URL.
+        #[arg(long)]
+        url: Option<String>,
+        /// How long to wait for an answer.
+        #[arg(long)]
+        timeout: Option<String>,
+        /// JSON given to the tool as `tool_config` ("null" removes it).
+        #[arg(long)]
+        config: Option<String>,
+        /// What it does ("" removes it).
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// Remove a tool. Refused while subscriptions name it: remove those first.
+    Remove {
+        /// The tool's name.
+        name: String,
+    },
+}
+
+/// What `tools update` changes.
+pub(crate) struct ToolChanges {
+    name: ToolName,
+    url: Option<String>,
+    timeout: Option<std::time::Duration>,
+    config: Option<Value>,
+    description: Option<String>,
 }
 
 /// A validated tools command.
@@ -50,6 +81,8 @@ pub(crate) enum ToolsPlan {
     Add(Box<Tool>),
     List,
     Set { name: ToolName, active: bool },
+    Update(Box<ToolChanges>),
+    Remove(ToolName),
 }
 
 impl ToolsPlan {
@@ -67,16 +100,10 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
             config,
             description,
         } => {
-            let timeout = parse_duration("tool timeout", &timeout).map_err(input)?;
-            if timeout.is_negative() {
-                return Err(Failure::Input(
-                    "invalid tool timeout: it is negative".into(),
-                ));
-            }
             let mut tool = Tool::http(
                 ToolName::parse(&name).map_err(input)?,
                 &url,
-                timeout.unsigned_abs(),
+                timeout_arg(&timeout)?,
                 now,
             )
             .map_err(input)?;
@@ -97,7 +124,113 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
             name: ToolName::parse(&name).map_err(input)?,
             active: false,
         },
+        ToolsCmd::Update {
+            name,
+            url,
+            timeout,
+            config,
+            description,
+        } => {
+            if url.is_none() && timeout.is_none() && config.is_none() && description.is_none() {
+                return Err(Failure::Input(
+                    "nothing to change: give --url, --timeout, --config or --description".into(),
+                ));
+            }
+            ToolsPlan::Update(Box::new(ToolChanges {
+                name: ToolName::parse(&name).map_err(input)?,
+                url,
+                timeout: timeout.as_deref().map(timeout_arg).transpose()?,
+                config: config
+                    .as_deref()
+                    .map(|c| json_arg("config", c))
+                    .transpose()?,
+                description,
+            }))
+        }
+        ToolsCmd::Remove { name } => ToolsPlan::Remove(ToolName::parse(&name).map_err(input)?),
     })
+}
+
+fn timeout_arg(s: &str) -> Result<std::time::Duration, Failure> {
+    let timeout = parse_duration("tool timeout", s).map_err(input)?;
+    if timeout.is_negative() {
+        return Err(Failure::Input(
+            "invalid tool timeout: it is negative".into(),
+        ));
+    }
+    Ok(timeout.unsigned_abs())
+}
+
+/// A registered HTTP tool the user named, or bad input.
+fn stored_http_tool(registry: &Registry, name: &ToolName) -> Result<Tool, Failure> {
+    if name.as_str() == HEARTBEAT_AGENT {
+        return Err(Failure::Input(format!(
+            "{HEARTBEAT_AGENT} is built in: it can be enabled or disabled, not changed or removed"
+        )));
+    }
+    registry
+        .tools
+        .iter()
+        .find(|t| t.name == *name)
+        .cloned()
+        .ok_or_else(|| {
+            Failure::Input(format!(
+                "tool {name} not found; `pulse tools list` shows the tools"
+            ))
+        })
+}
+
+async fn change(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let registry = cx.b.store.load_registry().await?;
+    match plan {
+        ToolsPlan::Update(c) => {
+            let c = *c;
+            let old = stored_http_tool(&registry, &c.name)?;
+            let ToolKind::Http { url, timeout_ms } = &old.kind else {
+                unreachable!("only the built-in is not HTTP");
+            };
+            let mut tool = Tool::http(
+                old.name.clone(),
+                c.url.as_deref().unwrap_or(url.as_str()),
+                c.timeout
+                    .unwrap_or(std::time::Duration::from_millis(*timeout_ms)),
+                old.created_at,
+            )
+            .map_err(input)?;
+            tool.active = old.active;
+            tool.config = c.config.unwrap_or(old.config);
+            tool.description = match c.description {
+                Some(d) if d.trim().is_empty() => None,
+                Some(d) => Some(d),
+                None => old.description,
+            };
+            cx.b.store.update_tool(&tool).await.map_err(store)?;
+            cx.out.created(
+                &tool,
+                tool.name.as_str(),
+                &format!("updated tool {}", tool.name),
+            );
+        }
+        ToolsPlan::Remove(name) => {
+            stored_http_tool(&registry, &name)?;
+            let subs: Vec<String> = registry
+                .subscriptions
+                .iter()
+                .filter(|s| s.tool == name)
+                .map(|s| format!("{} ({})", s.id, s.event_type))
+                .collect();
+            if !subs.is_empty() {
+                return Err(Failure::Input(format!(
+                    "tool {name} is still subscribed to by {}: remove them first with `pulse subscriptions remove ID`",
+                    subs.join(", ")
+                )));
+            }
+            cx.b.store.remove_tool(&name).await.map_err(store)?;
+            cx.out.done(&format!("removed tool {name}"));
+        }
+        _ => unreachable!("answered by execute"),
+    }
+    Ok(())
 }
 
 pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
@@ -157,6 +290,7 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                 if active { "enabled" } else { "disabled" }
             ));
         }
+        other => return change(other, cx).await,
     }
     Ok(())
 }

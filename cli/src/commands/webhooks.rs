@@ -1,5 +1,5 @@
 //! `pulse webhooks …`: inbound webhooks — create (URL and secret, shown once), rotate,
-//! list, their request log, enable, disable.
+//! change, list, their request log, enable, disable, delete.
 
 use clap::{Args, Subcommand};
 use pulse_shared::app::Connected;
@@ -53,6 +53,37 @@ pub(crate) enum WebhooksCmd {
         /// The webhook's id.
         id: String,
     },
+    /// Change which event types a webhook takes, its rate limit, whether it wakes the
+    /// conversation, or its note.
+    Update {
+        /// The webhook's id.
+        id: String,
+        /// Event types it may create, comma-separated; `any` for every type.
+        #[arg(long, value_delimiter = ',', value_name = "TYPE,...")]
+        allow: Option<Vec<String>>,
+        /// Accepted requests per hour (100/h, 2400/d, or none).
+        #[arg(long, value_name = "RATE")]
+        rate_limit: Option<String>,
+        /// Wake the agent's conversation on each accepted event: yes or no.
+        #[arg(long, value_name = "yes|no")]
+        wake: Option<String>,
+        /// A note: what sends to it ("" removes it).
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// Delete a webhook with its request log: its URL answers 404 from then on.
+    Delete {
+        /// The webhook's id.
+        id: String,
+    },
+}
+
+/// What `webhooks update` changes.
+pub(crate) struct WebhookChanges {
+    allow: Option<Vec<EventType>>,
+    rate_limit: Option<Option<RateLimit>>,
+    wake: Option<bool>,
+    description: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -111,6 +142,8 @@ pub(crate) enum WebhooksPlan {
         id: WebhookId,
         active: bool,
     },
+    Update(WebhookId, Box<WebhookChanges>),
+    Delete(WebhookId),
 }
 
 impl WebhooksPlan {
@@ -127,14 +160,7 @@ pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPla
             let secret = a.secret.unwrap_or_else(generate_secret);
             check_secret(scheme, &secret)?;
             let mut webhook = Webhook::new(agent, scheme, &secret, now).map_err(input)?;
-            webhook.allowed_types = a
-                .allow
-                .iter()
-                .map(|t| t.trim())
-                .filter(|t| !t.is_empty())
-                .map(EventType::parse)
-                .collect::<Result<_, _>>()
-                .map_err(input)?;
+            webhook.allowed_types = allowed_types(&a.allow)?;
             webhook.rate_limit = RateLimit::parse(&a.rate_limit).map_err(input)?;
             webhook.wake = a.wake;
             webhook.description = a.description.filter(|d| !d.trim().is_empty());
@@ -180,7 +206,56 @@ pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPla
             id: WebhookId::parse(&id).map_err(input)?,
             active: false,
         },
+        WebhooksCmd::Update {
+            id,
+            allow,
+            rate_limit,
+            wake,
+            description,
+        } => {
+            let changes = WebhookChanges {
+                allow: allow.map(|types| allowed_types(&types)).transpose()?,
+                rate_limit: rate_limit
+                    .as_deref()
+                    .map(RateLimit::parse)
+                    .transpose()
+                    .map_err(input)?,
+                wake: wake.as_deref().map(yes_or_no).transpose()?,
+                description,
+            };
+            if changes.allow.is_none()
+                && changes.rate_limit.is_none()
+                && changes.wake.is_none()
+                && changes.description.is_none()
+            {
+                return Err(Failure::Input(
+                    "nothing to change: give --allow, --rate-limit, --wake or --description".into(),
+                ));
+            }
+            WebhooksPlan::Update(WebhookId::parse(&id).map_err(input)?, Box::new(changes))
+        }
+        WebhooksCmd::Delete { id } => WebhooksPlan::Delete(WebhookId::parse(&id).map_err(input)?),
     })
+}
+
+/// `--allow` types; none (any type) for `any` or nothing.
+fn allowed_types(types: &[String]) -> Result<Vec<EventType>, Failure> {
+    types
+        .iter()
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("any"))
+        .map(EventType::parse)
+        .collect::<Result<_, _>>()
+        .map_err(input)
+}
+
+/// `yes` or `no` (also `on`/`off`, `true`/`false`).
+fn yes_or_no(s: &str) -> Result<bool, Failure> {
+    match s.to_ascii_lowercase().as_str() {
+        "yes" | "on" | "true" => Ok(true),
+        "no" | "off" | "false" => Ok(false),
+        _ => Err(Failure::Input(format!("{s:?}: answer yes or no"))),
+    }
 }
 
 /// Refuses a secret the scheme cannot sign with (a Standard Webhooks secret must be
@@ -223,6 +298,31 @@ pub(crate) async fn execute(plan: WebhooksPlan, cx: &Ctx<'_>) -> Result<(), Fail
                     "is disabled: requests are refused (404) and logged"
                 }
             );
+        }
+        WebhooksPlan::Update(id, c) => {
+            let mut webhook = require_webhook(b, &id).await?;
+            if let Some(allow) = c.allow {
+                webhook.allowed_types = allow;
+            }
+            if let Some(rate) = c.rate_limit {
+                webhook.rate_limit = rate;
+            }
+            if let Some(wake) = c.wake {
+                webhook.wake = wake;
+            }
+            if let Some(d) = c.description {
+                webhook.description = Some(d).filter(|d| !d.trim().is_empty());
+            }
+            b.store.update_webhook(&webhook).await.map_err(store)?;
+            let summary = webhook.summary(cx.clock.now());
+            cx.out
+                .created(&summary, id.as_str(), &format!("updated webhook {id}"));
+        }
+        WebhooksPlan::Delete(id) => {
+            b.store.delete_webhook(&id).await.map_err(store)?;
+            cx.out.done(&format!(
+                "deleted webhook {id} and its request log; its URL answers 404 from now on"
+            ));
         }
     }
     Ok(())

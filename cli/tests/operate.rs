@@ -1,0 +1,277 @@
+//! Operating a deployment from the terminal: every update and remove verb, and its
+//! refusals (exit 2, nothing written).
+
+mod common;
+
+use std::path::Path;
+
+use common::{bad, json, ok};
+use serde_json::Value;
+
+fn find<'a>(list: &'a Value, key: &str, id: &str) -> Option<&'a Value> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v[key].as_str() == Some(id))
+}
+
+#[test]
+fn agents_are_updated_paused_resumed_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "scout", "--interval", "2s"],
+    );
+    let other = ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "critic",
+            "--discord-channel",
+            "77",
+        ],
+    );
+
+    ok(
+        d,
+        &[
+            "agents",
+            "update",
+            &agent,
+            "--interval",
+            "1h",
+            "--name",
+            "scout-2",
+        ],
+    );
+    let shown = json(d, &["agents", "show", &agent]);
+    assert_eq!(shown["agent"]["interval"], "1h");
+    assert_eq!(shown["agent"]["name"], "scout-2");
+    // Refusals: validated as on create, nothing written.
+    assert!(bad(d, &["agents", "update", &agent]).contains("nothing to change"));
+    assert!(bad(d, &["agents", "update", &agent, "--interval", "soon"]).contains("interval"));
+    assert!(bad(d, &["agents", "update", &agent, "--name", " "]).contains("name"));
+    assert!(bad(d, &["agents", "update", &agent, "--discord-channel", "77"]).contains("77"));
+    assert_eq!(
+        json(d, &["agents", "show", &agent])["agent"],
+        shown["agent"]
+    );
+
+    let paused = String::from_utf8(common::pulse(d, &["agents", "pause", &agent]).stderr).unwrap();
+    assert!(paused.contains("still answered"), "{paused}");
+    let status = |d: &Path| {
+        json(d, &["heartbeats", "list", "--agent", &agent])[0]["status"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(status(d), "PAUSED");
+    assert!(ok(d, &["agents", "list"]).contains("paused"));
+    ok(d, &["agents", "resume", &agent]);
+    assert_eq!(status(d), "PENDING");
+    let types: Vec<String> = json(d, &["events", "list", "--agent", &agent])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(types, ["AGENT_PAUSED", "AGENT_RESUMED"]);
+
+    // Without --yes: what would go, exit 2, nothing deleted.
+    let out = common::pulse(d, &["agents", "delete", &agent]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        said.contains("would remove") && said.contains("1 heartbeat"),
+        "{said}"
+    );
+    assert!(find(&json(d, &["agents", "list"]), "id", &agent).is_some());
+    ok(d, &["agents", "delete", &agent, "--yes"]);
+    let left = json(d, &["agents", "list"]);
+    assert!(find(&left, "id", &agent).is_none());
+    assert!(find(&left, "id", &other).is_some());
+    assert!(bad(d, &["agents", "delete", &agent, "--yes"]).contains("not found"));
+    assert!(bad(d, &["agents", "pause", &agent]).contains("not found"));
+}
+
+#[test]
+fn tools_and_subscriptions_are_changed_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "scout"]);
+    ok(
+        d,
+        &[
+            "tools",
+            "add",
+            "--name",
+            "echo",
+            "--url",
+            "http://127.0.0.1:9/x",
+        ],
+    );
+    let sub = ok(
+        d,
+        &[
+            "subscriptions",
+            "add",
+            "--tool",
+            "echo",
+            "--event",
+            "NOTE",
+            "--agent",
+            &agent,
+        ],
+    );
+
+    ok(
+        d,
+        &[
+            "tools",
+            "update",
+            "echo",
+            "--timeout",
+            "3s",
+            "--description",
+            "echoes",
+        ],
+    );
+    let tools = json(d, &["tools", "list"]);
+    let echo = find(&tools, "name", "echo").unwrap();
+    assert_eq!(echo["kind"]["timeout_ms"], 3000);
+    assert_eq!(echo["description"], "echoes");
+    assert!(bad(d, &["tools", "update", "echo"]).contains("nothing to change"));
+    assert!(bad(d, &["tools", "update", "echo", "--url", "ftp://x"]).contains("http"));
+    assert!(
+        bad(
+            d,
+            &["tools", "update", "heartbeat-agent", "--timeout", "1s"]
+        )
+        .contains("built in")
+    );
+    assert!(bad(d, &["tools", "update", "nope", "--timeout", "1s"]).contains("not found"));
+    assert_eq!(json(d, &["tools", "list"]), tools, "refusals wrote nothing");
+
+    // A tool still subscribed to is not removed.
+    assert!(bad(d, &["tools", "remove", "echo"]).contains(&sub));
+    ok(d, &["subscriptions", "remove", &sub]);
+    assert!(find(&json(d, &["subscriptions", "list"]), "id", &sub).is_none());
+    assert!(bad(d, &["subscriptions", "remove", &sub]).contains("not found"));
+    let builtin = json(d, &["subscriptions", "list"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(bad(d, &["subscriptions", "remove", &builtin]).contains("disable it instead"));
+    ok(d, &["tools", "remove", "echo"]);
+    assert!(find(&json(d, &["tools", "list"]), "name", "echo").is_none());
+    assert!(bad(d, &["tools", "remove", "heartbeat-agent"]).contains("built in"));
+}
+
+#[test]
+fn webhooks_and_hooks_are_changed_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "scout"]);
+    let webhook = ok(d, &["webhooks", "create", "--agent", &agent])
+        .lines()
+        .next()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    ok(
+        d,
+        &[
+            "webhooks",
+            "update",
+            &webhook,
+            "--allow",
+            "PUSH,ISSUE",
+            "--rate-limit",
+            "10/h",
+            "--wake",
+            "yes",
+        ],
+    );
+    let listed = json(d, &["webhooks", "list"]);
+    let w = find(&listed, "id", &webhook).unwrap();
+    assert_eq!(w["allowed_types"], serde_json::json!(["PUSH", "ISSUE"]));
+    assert_eq!(
+        (w["rate_limit"].as_str(), w["wake"].as_bool()),
+        (Some("10/h"), Some(true))
+    );
+    assert!(bad(d, &["webhooks", "update", &webhook, "--wake", "maybe"]).contains("yes or no"));
+    assert!(bad(d, &["webhooks", "update", &webhook, "--allow", "a b"]).contains("event type"));
+    assert!(bad(d, &["webhooks", "update", &webhook]).contains("nothing to change"));
+    assert_eq!(
+        json(d, &["webhooks", "list"]),
+        listed,
+        "refusals wrote nothing"
+    );
+    ok(d, &["webhooks", "update", &webhook, "--allow", "any"]);
+    assert_eq!(
+        json(d, &["webhooks", "list"])[0]["allowed_types"],
+        serde_json::json!([])
+    );
+    ok(d, &["webhooks", "delete", &webhook]);
+    assert_eq!(json(d, &["webhooks", "list"]), serde_json::json!([]));
+    assert!(bad(d, &["webhooks", "delete", &webhook]).contains("not found"));
+
+    let hook = ok(
+        d,
+        &[
+            "hooks",
+            "add",
+            "--agent",
+            &agent,
+            "--type",
+            "AFTER_HEARTBEAT",
+            "--url",
+            "https://example.com/h",
+        ],
+    )
+    .lines()
+    .next()
+    .unwrap()
+    .to_owned();
+    ok(
+        d,
+        &[
+            "hooks",
+            "update",
+            &hook,
+            "--timeout",
+            "5s",
+            "--retry-schedule",
+            "1s,2s",
+            "--auth-header",
+            "Bearer t",
+        ],
+    );
+    let listed = json(d, &["hooks", "list"]);
+    let h = find(&listed, "id", &hook).unwrap();
+    assert_eq!(
+        (h["timeout"].as_str(), h["retry"].as_str()),
+        (Some("5s"), Some("1s,2s"))
+    );
+    assert_eq!(h["has_auth_header"], true);
+    assert!(
+        bad(d, &["hooks", "update", &hook, "--url", "eventbridge://bus"]).contains("AWS backend")
+    );
+    assert!(bad(d, &["hooks", "update", &hook, "--timeout", "2h"]).contains("timeout"));
+    assert!(bad(d, &["hooks", "update", &hook]).contains("nothing to change"));
+    assert_eq!(
+        json(d, &["hooks", "list"]),
+        listed,
+        "refusals wrote nothing"
+    );
+    ok(d, &["hooks", "update", &hook, "--auth-header", ""]);
+    assert_eq!(json(d, &["hooks", "list"])[0]["has_auth_header"], false);
+    ok(d, &["hooks", "delete", &hook]);
+    assert_eq!(json(d, &["hooks", "list"]), serde_json::json!([]));
+    assert!(bad(d, &["hooks", "delete", &hook]).contains("not found"));
+}
