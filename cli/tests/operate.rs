@@ -275,3 +275,109 @@ fn webhooks_and_hooks_are_changed_and_deleted() {
     assert_eq!(json(d, &["hooks", "list"]), serde_json::json!([]));
     assert!(bad(d, &["hooks", "delete", &hook]).contains("not found"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_and_actions_are_filtered_and_one_action_is_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let tool = pulse_tests::FakeTool::start().await;
+    let url = tool.url();
+    let (agent, listed) = tokio::task::spawn_blocking(move || {
+        let d = d.as_path();
+        let agent = ok(
+            d,
+            &["agents", "create", "--name", "scout", "--interval", "1h"],
+        );
+        ok(d, &["tools", "add", "--name", "echo", "--url", &url]);
+        ok(
+            d,
+            &[
+                "subscriptions",
+                "add",
+                "--tool",
+                "echo",
+                "--event",
+                "HEARTBEAT",
+            ],
+        );
+        ok(d, &["sweep"]);
+        let beats = |args: &[&str]| -> Vec<u64> {
+            let mut all = vec!["heartbeats", "list", "--agent", agent.as_str()];
+            all.extend_from_slice(args);
+            json(d, &all)
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h["beat"].as_u64().unwrap())
+                .collect()
+        };
+        assert_eq!(beats(&[]), [2, 1]);
+        assert_eq!(beats(&["--status", "pending"]), [2]);
+        assert_eq!(beats(&["--status", "COMPLETED,FAILED"]), [1]);
+        assert_eq!(beats(&["--before", "2"]), [1]);
+        assert_eq!(beats(&["--limit", "1"]), [2]);
+        assert_eq!(beats(&["--since", "1h"]), [2, 1]);
+        assert!(beats(&["--since", "2099-01-01T00:00:00Z"]).is_empty());
+        assert!(
+            bad(
+                d,
+                &["heartbeats", "list", "--agent", &agent, "--status", "DONE"]
+            )
+            .contains("PAUSED")
+        );
+
+        let actions = |args: &[&str]| -> Value {
+            let mut all = vec!["actions", "list", "--agent", agent.as_str()];
+            all.extend_from_slice(args);
+            json(d, &all)
+        };
+        let all = actions(&[]);
+        let tools: Vec<&str> = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["tool"].as_str().unwrap())
+            .collect();
+        assert!(
+            tools.contains(&"echo") && tools.contains(&"heartbeat-agent"),
+            "{tools:?}"
+        );
+        assert_eq!(actions(&["--tool", "echo"]).as_array().unwrap().len(), 1);
+        assert!(
+            actions(&["--status", "FAILED"])
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            actions(&["--since", "1h", "--tool", "echo"])
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        let echo = actions(&["--tool", "echo"]);
+        (agent, echo)
+    })
+    .await
+    .unwrap();
+    let d = dir.path();
+    let id = listed[0]["id"].as_str().unwrap();
+    let shown = ok(d, &["actions", "show", id, "--agent", &agent]);
+    for part in [
+        "tool        echo",
+        "status      COMPLETED",
+        "attempts    1",
+        "request:",
+        "response:",
+    ] {
+        assert!(shown.contains(part), "{part:?} in:\n{shown}");
+    }
+    assert_eq!(
+        json(d, &["actions", "show", id, "--agent", &agent])["id"],
+        id
+    );
+    assert_eq!(tool.requests().len(), 1);
+    let other = "act_0123456789abcdef0123456789abcdef";
+    assert!(bad(d, &["actions", "show", other, "--agent", &agent]).contains("not found"));
+}

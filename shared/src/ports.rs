@@ -14,9 +14,9 @@ use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
 use crate::domain::{
-    AcceptOutcome, Acceptance, Action, Agent, AgentId, ClaimRequest, ConversationMessage, Delivery,
-    Event, EventCursor, EventId, EventType, Heartbeat, HeartbeatId, HeartbeatStatus, Hook,
-    HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest,
+    AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
+    Delivery, Event, EventCursor, EventId, EventType, Heartbeat, HeartbeatId, HeartbeatStatus,
+    Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest,
     LlmResponse, Memory, OutgoingTask, Receipt, Registry, SignalId, Subscription, SubscriptionId,
     Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
@@ -286,12 +286,23 @@ pub trait HeartbeatStore: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Reads a heartbeat.
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError>;
+    /// At most `limit` of an agent's heartbeats with beats below `before` (all when
+    /// `None`), newest first. Read consistently: the first of them is the agent's live
+    /// heartbeat (pending, paused or running).
+    async fn heartbeats_page(
+        &self,
+        agent: &AgentId,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Heartbeat>, StoreError>;
     /// An agent's latest heartbeats, newest first.
     async fn list_heartbeats(
         &self,
         agent: &AgentId,
         limit: usize,
-    ) -> Result<Vec<Heartbeat>, StoreError>;
+    ) -> Result<Vec<Heartbeat>, StoreError> {
+        self.heartbeats_page(agent, None, limit).await
+    }
 }
 
 /// What a heartbeat reads when it starts: the agent's live record and its event window.
@@ -417,6 +428,13 @@ pub trait ActionLog: Send + Sync {
     /// if the stored action is still RUNNING at `action.attempt`; `Conflict` otherwise
     /// (another run took it over).
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError>;
+    /// One of the agent's actions by id. Actions are filed by (event, tool), so on
+    /// DynamoDB this reads the agent's actions newest first until it is found.
+    async fn get_action(
+        &self,
+        agent: &AgentId,
+        id: &ActionId,
+    ) -> Result<Option<Action>, StoreError>;
     /// An agent's latest actions, newest first.
     async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError>;
     /// At most `limit` of the agent's actions on events with ids in `(after, through]`, in

@@ -621,3 +621,130 @@ async fn delete(kind: Kind) {
     assert!(b.store.get_agent(&keep.id).await.unwrap().is_some());
     assert!(!b.stored_mentions(&[keep.id.as_str()]).await.is_empty());
 }
+
+on_both_backends!(
+    registry_webhook_and_hook_records_are_changed_and_removed,
+    removals
+);
+async fn removals(kind: Kind) {
+    use pulse_shared::domain::Tool;
+    let w = world(kind).await;
+    let b = &w.b;
+    let agent = w.agent("15m", "91").await;
+    let name = ToolName::parse("echo").unwrap();
+    let mut tool = Tool::http(
+        name.clone(),
+        "http://127.0.0.1:9/a",
+        Duration::from_secs(5),
+        b.now(),
+    )
+    .unwrap();
+    b.store.add_tool(&tool).await.unwrap();
+    tool.description = Some("changed".into());
+    b.store.update_tool(&tool).await.unwrap();
+    let registry = b.store.load_registry().await.unwrap();
+    assert_eq!(registry.tools, vec![tool.clone()]);
+    let sub = b.subscribe(&name, "NOTE", 0, Filter::default()).await;
+    b.store.remove_subscription(&sub).await.unwrap();
+    assert!(matches!(
+        b.store.remove_subscription(&sub).await,
+        Err(StoreError::NotFound(_))
+    ));
+    b.store.remove_tool(&name).await.unwrap();
+    assert!(matches!(
+        b.store.remove_tool(&name).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        b.store.update_tool(&tool).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let registry = b.store.load_registry().await.unwrap();
+    assert!(registry.tools.is_empty() && registry.subscriptions.is_empty());
+
+    let webhook = Webhook::new(agent.id.clone(), WebhookScheme::Standard, SECRET, b.now()).unwrap();
+    b.store.create_webhook(&webhook).await.unwrap();
+    b.store
+        .log_request(&pulse_shared::domain::WebhookRequest::arrived(
+            &webhook,
+            b.now(),
+            b"{}",
+            None,
+        ))
+        .await
+        .unwrap();
+    b.store.delete_webhook(&webhook.id).await.unwrap();
+    assert!(b.store.get_webhook(&webhook.id).await.unwrap().is_none());
+    assert!(b.store.list_webhooks().await.unwrap().is_empty());
+    assert!(
+        b.store
+            .list_requests(&webhook.id, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        b.store.delete_webhook(&webhook.id).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    let receiver = FakeReceiver::start().await;
+    let hook = w.hook(&agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(w.dispatch().await, 1);
+    assert_eq!(
+        b.store.list_deliveries(&hook.id, 10).await.unwrap().len(),
+        1
+    );
+    b.store.delete_hook(&hook.id).await.unwrap();
+    assert!(b.store.get_hook(&hook.id).await.unwrap().is_none());
+    assert!(b.store.hook_routes(&agent.id).await.unwrap().is_empty());
+    assert!(
+        b.store
+            .list_deliveries(&hook.id, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        b.store.delete_hook(&hook.id).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let left = b
+        .stored_mentions(&[webhook.id.as_str(), hook.id.as_str()])
+        .await;
+    assert!(left.is_empty(), "{left:#?}");
+
+    // Heartbeats page back by beat; an action is found by id, for its agent only.
+    b.advance(SignedDuration::from_mins(16));
+    assert_eq!(w.beat().await, 1);
+    let id = &agent.id;
+    let page = |before| async move {
+        b.store
+            .heartbeats_page(id, before, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|h| h.beat)
+            .collect::<Vec<u64>>()
+    };
+    assert_eq!(page(None).await, [3, 2, 1]);
+    assert_eq!(page(Some(3)).await, [2, 1]);
+    assert!(page(Some(1)).await.is_empty());
+    let actions = b.store.list_actions(&agent.id, 10).await.unwrap();
+    assert!(!actions.is_empty());
+    for a in &actions {
+        assert_eq!(
+            b.store.get_action(&agent.id, &a.id).await.unwrap().as_ref(),
+            Some(a)
+        );
+    }
+    let stranger = w.agent("15m", "92").await;
+    assert!(
+        b.store
+            .get_action(&stranger.id, &actions[0].id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use jiff::Timestamp;
 use pulse_shared::domain::{
-    AcceptOutcome, Acceptance, Action, Agent, AgentId, ClaimRequest, ConversationMessage, Event,
-    EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery, HookDeliveryId,
-    HookId, HookRoute, Memory, Registry, SignalId, Subscription, SubscriptionId, Tool, ToolName,
-    Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
+    Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery,
+    HookDeliveryId, HookId, HookRoute, Memory, Registry, SignalId, Subscription, SubscriptionId,
+    Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
@@ -146,7 +146,7 @@ faulty!(HeartbeatStore {
     fn defer(&self, hb: &Heartbeat, until: Timestamp) -> bool;
     fn renew(&self, hb: &Heartbeat, until: Timestamp) -> bool;
     fn get_heartbeat(&self, id: &HeartbeatId) -> Option<Heartbeat>;
-    fn list_heartbeats(&self, agent: &AgentId, limit: usize) -> Vec<Heartbeat>;
+    fn heartbeats_page(&self, agent: &AgentId, before: Option<u64>, limit: usize) -> Vec<Heartbeat>;
 } fn due_shards(&self) -> u16 {
     self.inner.due_shards()
 });
@@ -162,6 +162,7 @@ faulty!(ActionLog {
     fn start_action(&self, action: &Action) -> Option<Action>;
     fn restart_action(&self, action: &Action, expected_attempt: u32) -> bool;
     fn finish_action(&self, action: &Action, new_events: &[Event]) -> ();
+    fn get_action(&self, agent: &AgentId, id: &ActionId) -> Option<Action>;
     fn list_actions(&self, agent: &AgentId, limit: usize) -> Vec<Action>;
     fn actions_between(&self, agent: &AgentId, after: &EventCursor, through: &EventCursor, limit: usize) -> Vec<Action>;
 });

@@ -1,48 +1,123 @@
-//! `pulse actions …`: an agent's tool runs.
+//! `pulse actions …`: an agent's tool runs, listed and shown one at a time.
 
 use clap::Subcommand;
-use pulse_shared::domain::AgentId;
+use pulse_shared::domain::{Action, ActionId, ActionStatus, AgentId, EventCursor, ToolName};
 
-use super::{Ctx, agent_id, limit, require_agent};
+use super::events::Since;
+use super::{Ctx, agent_id, input, limit, require_agent};
 use crate::Failure;
-use crate::output::short;
+use crate::output::{duration_ms, outln, short, when};
+
+/// How many of the latest actions a filter looks through when no --since bounds it.
+const FILTER_WINDOW: usize = 1_000;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum ActionsCmd {
-    /// List an agent's latest actions.
+    /// List an agent's latest actions, newest first, filtered. Without --since, a filter
+    /// looks through the latest 1,000 actions.
     List {
         /// The agent's id.
         #[arg(long)]
         agent: String,
-        /// How many.
+        /// Only these tools (comma-separated).
+        #[arg(long, value_name = "TOOL,...", value_delimiter = ',')]
+        tool: Vec<String>,
+        /// Only these statuses (comma-separated): RUNNING, COMPLETED, FAILED, CANCELLED.
+        #[arg(long, value_name = "STATUS,...", value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only actions on events created since then: a duration back from now (10m,
+        /// 2h) or a time (2026-11-23T09:00:00Z).
+        #[arg(long, value_name = "10m|TIMESTAMP")]
+        since: Option<String>,
+        /// How many: the newest that match.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+    },
+    /// One action: its request, response, timing, attempts and the events it made.
+    Show {
+        /// The action's id (act_…).
+        id: String,
+        /// The agent's id.
+        #[arg(long)]
+        agent: String,
     },
 }
 
 /// A validated actions command.
 pub(crate) enum ActionsPlan {
-    List { agent: AgentId, limit: usize },
+    List(Box<Listing>),
+    Show { agent: AgentId, id: ActionId },
+}
+
+/// Which actions to list.
+pub(crate) struct Listing {
+    agent: AgentId,
+    tools: Vec<ToolName>,
+    statuses: Vec<ActionStatus>,
+    since: Option<Since>,
+    limit: usize,
+}
+
+impl Listing {
+    fn matches(&self, a: &Action) -> bool {
+        (self.tools.is_empty() || self.tools.contains(&a.tool))
+            && (self.statuses.is_empty() || self.statuses.contains(&a.status))
+    }
+}
+
+fn status_arg(s: &str) -> Result<ActionStatus, Failure> {
+    serde_json::from_value(serde_json::Value::String(s.trim().to_ascii_uppercase())).map_err(|_| {
+        Failure::Input(format!(
+            "invalid --status {s:?}: use RUNNING, COMPLETED, FAILED or CANCELLED"
+        ))
+    })
+}
+
+fn status_name(s: ActionStatus) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 pub(crate) fn plan(cmd: ActionsCmd) -> Result<ActionsPlan, Failure> {
     Ok(match cmd {
-        ActionsCmd::List { agent, limit: n } => ActionsPlan::List {
+        ActionsCmd::List {
+            agent,
+            tool,
+            status,
+            since,
+            limit: n,
+        } => ActionsPlan::List(Box::new(Listing {
             agent: agent_id(&agent)?,
+            tools: tool
+                .iter()
+                .map(|t| ToolName::parse(t.trim()))
+                .collect::<Result<_, _>>()
+                .map_err(input)?,
+            statuses: status
+                .iter()
+                .map(|s| status_arg(s))
+                .collect::<Result<_, _>>()?,
+            since: since.as_deref().map(Since::parse).transpose()?,
             limit: limit(n)?,
+        })),
+        ActionsCmd::Show { id, agent } => ActionsPlan::Show {
+            agent: agent_id(&agent)?,
+            id: ActionId::parse(&id).map_err(input)?,
         },
     })
 }
 
 pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     match plan {
-        ActionsPlan::List { agent, limit } => {
-            require_agent(cx.b, &agent).await?;
-            let actions = cx.b.store.list_actions(&agent, limit).await?;
+        ActionsPlan::List(l) => {
+            require_agent(cx.b, &l.agent).await?;
+            let actions = list(cx, &l).await?;
             cx.out.table(
                 &actions,
                 &[
-                    "ID", "TOOL", "EVENT", "BEAT", "STATUS", "TRY", "MS", "ERROR",
+                    "ID", "TOOL", "EVENT", "BEAT", "STATUS", "TRY", "TOOK", "ERROR",
                 ],
                 |a| {
                     vec![
@@ -50,14 +125,86 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
                         a.tool.to_string(),
                         a.event_id.to_string(),
                         a.heartbeat_id.beat().to_string(),
-                        format!("{:?}", a.status).to_uppercase(),
+                        status_name(a.status),
                         a.attempt.to_string(),
-                        a.duration_ms.map_or("-".into(), |d| d.to_string()),
+                        a.duration_ms.map_or("-".into(), duration_ms),
                         a.error.as_deref().map_or("-".into(), |e| short(e, 80)),
                     ]
                 },
             );
         }
+        ActionsPlan::Show { agent, id } => {
+            require_agent(cx.b, &agent).await?;
+            let action = cx.b.store.get_action(&agent, &id).await?.ok_or_else(|| {
+                Failure::Input(format!(
+                    "action {id} not found for agent {agent}; `pulse actions list --agent {agent}` shows its actions"
+                ))
+            })?;
+            show(cx, &action);
+        }
     }
     Ok(())
+}
+
+/// The newest `limit` actions that match: those on events since `since`, or among the
+/// latest [`FILTER_WINDOW`].
+async fn list(cx: &Ctx<'_>, l: &Listing) -> Result<Vec<Action>, Failure> {
+    let store = &cx.b.store;
+    let filtered = !l.tools.is_empty() || !l.statuses.is_empty();
+    let mut actions = match &l.since {
+        Some(since) => {
+            let now = cx.clock.now();
+            let mut a = store
+                .actions_between(
+                    &l.agent,
+                    &since.cursor(now),
+                    &EventCursor::through(now),
+                    10_000,
+                )
+                .await?;
+            a.reverse();
+            a
+        }
+        None => {
+            let n = if filtered { FILTER_WINDOW } else { l.limit };
+            store.list_actions(&l.agent, n).await?
+        }
+    };
+    actions.retain(|a| l.matches(a));
+    actions.truncate(l.limit);
+    Ok(actions)
+}
+
+fn show(cx: &Ctx<'_>, a: &Action) {
+    if cx.out.json {
+        cx.out.json_value(a);
+        return;
+    }
+    let field = |k: &str, v: String| outln!("{k:<12}{v}");
+    field("id", a.id.to_string());
+    field("tool", a.tool.to_string());
+    field("event", a.event_id.to_string());
+    field(
+        "heartbeat",
+        format!("{} (beat {})", a.heartbeat_id, a.heartbeat_id.beat()),
+    );
+    field("status", status_name(a.status));
+    field("attempts", a.attempt.to_string());
+    field("depth", a.depth.to_string());
+    field("started", when(Some(a.started_at)));
+    field("completed", when(a.completed_at));
+    field("took", a.duration_ms.map_or("-".into(), duration_ms));
+    if let Some(e) = &a.error {
+        field("error", e.clone());
+    }
+    if !a.new_events.is_empty() {
+        let ids: Vec<String> = a.new_events.iter().map(|e| e.to_string()).collect();
+        field("made events", ids.join(", "));
+    }
+    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    outln!("\nrequest:\n{}", pretty(&a.request));
+    match &a.response {
+        Some(r) => outln!("\nresponse:\n{}", pretty(r)),
+        None => outln!("\nresponse: -"),
+    }
 }

@@ -62,7 +62,7 @@ pub(crate) enum Since {
 }
 
 impl Since {
-    fn parse(s: &str) -> Result<Self, Failure> {
+    pub(crate) fn parse(s: &str) -> Result<Self, Failure> {
         if let Ok(d) = parse_duration("since", s) {
             return Ok(Self::Ago(d));
         }
@@ -73,13 +73,17 @@ impl Since {
         })
     }
 
-    /// The cursor just before the first event created at or after this time.
-    fn cursor(&self, now: Timestamp) -> EventCursor {
-        let t = match self {
+    /// The time it names.
+    pub(crate) fn at(&self, now: Timestamp) -> Timestamp {
+        match self {
             Self::Ago(d) => now.saturating_sub(*d).unwrap_or(now),
             Self::At(t) => *t,
-        };
-        EventCursor::since(t)
+        }
+    }
+
+    /// The cursor just before the first event created at or after this time.
+    pub(crate) fn cursor(&self, now: Timestamp) -> EventCursor {
+        EventCursor::since(self.at(now))
     }
 }
 

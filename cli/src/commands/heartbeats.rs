@@ -1,20 +1,31 @@
 //! `pulse heartbeats …`: an agent's heartbeats.
 
 use clap::Subcommand;
-use pulse_shared::domain::{AgentId, Heartbeat, HeartbeatId};
+use pulse_shared::domain::{AgentId, Heartbeat, HeartbeatId, HeartbeatStatus};
 
+use super::events::Since;
 use super::{Ctx, agent_id, input, limit, require_agent};
 use crate::Failure;
 use crate::output::{Out, short, when};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum HeartbeatsCmd {
-    /// List an agent's latest heartbeats, newest first.
+    /// List an agent's latest heartbeats, newest first, filtered and paged.
     List {
         /// The agent's id.
         #[arg(long)]
         agent: String,
-        /// How many.
+        /// Only these statuses (comma-separated), e.g. FAILED,CANCELLED.
+        #[arg(long, value_name = "STATUS,...", value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only heartbeats scheduled since then: a duration back from now (10m, 2h) or a
+        /// time (2026-11-23T09:00:00Z).
+        #[arg(long, value_name = "10m|TIMESTAMP")]
+        since: Option<String>,
+        /// Only beats before this one: pass the last beat of a listing to page back.
+        #[arg(long, value_name = "BEAT")]
+        before: Option<u64>,
+        /// How many: the newest that match.
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
@@ -36,16 +47,43 @@ pub(crate) enum HeartbeatsCmd {
 
 /// A validated heartbeats command.
 pub(crate) enum HeartbeatsPlan {
-    List { agent: AgentId, limit: usize },
+    List(Box<Listing>),
     Show(HeartbeatId),
+}
+
+/// Which heartbeats to list.
+pub(crate) struct Listing {
+    agent: AgentId,
+    statuses: Vec<HeartbeatStatus>,
+    since: Option<Since>,
+    before: Option<u64>,
+    limit: usize,
 }
 
 pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
     Ok(match cmd {
-        HeartbeatsCmd::List { agent, limit: n } => HeartbeatsPlan::List {
+        HeartbeatsCmd::List {
+            agent,
+            status,
+            since,
+            before,
+            limit: n,
+        } => HeartbeatsPlan::List(Box::new(Listing {
             agent: agent_id(&agent)?,
+            statuses: status
+                .iter()
+                .map(|s| {
+                    HeartbeatStatus::parse(&s.trim().to_ascii_uppercase()).ok_or_else(|| {
+                        Failure::Input(format!(
+                            "invalid --status {s:?}: use PENDING, EXECUTING, COMPLETED, FAILED, CANCELLED or PAUSED"
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            since: since.as_deref().map(Since::parse).transpose()?,
+            before,
             limit: limit(n)?,
-        },
+        })),
         HeartbeatsCmd::Show { id, agent, beat } => HeartbeatsPlan::Show(match (id, agent, beat) {
             (Some(id), _, _) => HeartbeatId::parse(&id).map_err(input)?,
             (None, Some(agent), Some(beat)) => HeartbeatId::new(agent_id(&agent)?, beat),
@@ -60,14 +98,42 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
 
 pub(crate) async fn execute(plan: HeartbeatsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     match plan {
-        HeartbeatsPlan::List { agent, limit } => {
-            require_agent(cx.b, &agent).await?;
-            let hbs = cx.b.store.list_heartbeats(&agent, limit).await?;
+        HeartbeatsPlan::List(l) => {
+            require_agent(cx.b, &l.agent).await?;
+            let hbs = list(cx, &l).await?;
             heartbeat_table(cx.out, &hbs);
         }
         HeartbeatsPlan::Show(id) => super::story::show(cx, &id).await?,
     }
     Ok(())
+}
+
+/// The newest `limit` heartbeats that match, read a page at a time, back to `since`.
+async fn list(cx: &Ctx<'_>, l: &Listing) -> Result<Vec<Heartbeat>, Failure> {
+    let since = l.since.as_ref().map(|s| s.at(cx.clock.now()));
+    let page = if l.statuses.is_empty() { l.limit } else { 200 };
+    let mut found = Vec::new();
+    let mut before = l.before;
+    loop {
+        let hbs = cx.b.store.heartbeats_page(&l.agent, before, page).await?;
+        let last = hbs.len() < page;
+        before = hbs.last().map(|h| h.beat);
+        for h in hbs {
+            // Beats are scheduled in order: past `since`, the rest are older still.
+            if since.is_some_and(|t| h.scheduled_at < t) {
+                return Ok(found);
+            }
+            if l.statuses.is_empty() || l.statuses.contains(&h.status) {
+                found.push(h);
+                if found.len() == l.limit {
+                    return Ok(found);
+                }
+            }
+        }
+        if last || before.is_none() {
+            return Ok(found);
+        }
+    }
 }
 
 /// Heartbeats as a table.

@@ -6,7 +6,7 @@ use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{Action, AgentId, Event, EventCursor};
+use crate::domain::{Action, ActionId, AgentId, Event, EventCursor};
 use crate::error::StoreError;
 use crate::ports::ActionLog;
 
@@ -73,6 +73,29 @@ impl ActionLog for DynamoStore {
                 format!("transaction cancelled: {}", reasons.join(", ")),
             )),
         }
+    }
+
+    async fn get_action(
+        &self,
+        agent: &AgentId,
+        id: &ActionId,
+    ) -> Result<Option<Action>, StoreError> {
+        // Filed by (event, tool), not by id: the newest first, a page at a time.
+        let found = self
+            .query_range(
+                "find action",
+                &agent_pk(agent),
+                "AC#"..="AC#~",
+                true,
+                1,
+                1_000,
+                |item| {
+                    let action: Action = read_doc(&item)?;
+                    Ok((action.id == *id).then_some(action))
+                },
+            )
+            .await?;
+        Ok(found.into_iter().next())
     }
 
     async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError> {

@@ -351,21 +351,27 @@ impl HeartbeatStore for DynamoStore {
         .transpose()
     }
 
-    async fn list_heartbeats(
+    async fn heartbeats_page(
         &self,
         agent: &AgentId,
+        before: Option<u64>,
         limit: usize,
     ) -> Result<Vec<Heartbeat>, StoreError> {
-        self.query_prefix(
+        // `HB#` + 12 digits: below beat `b` is through `HB#<b - 1>`.
+        let hi = match before {
+            Some(0) => return Ok(Vec::new()),
+            Some(b) => heartbeat_sk(b - 1),
+            None => "HB#~".to_owned(),
+        };
+        self.query_range(
             "list heartbeats",
             &agent_pk(agent),
-            "HB#",
+            "HB#"..=hi.as_str(),
             true,
-            Some(limit),
+            limit,
+            limit,
+            |item| read_heartbeat(item).map(Some),
         )
-        .await?
-        .into_iter()
-        .map(read_heartbeat)
-        .collect()
+        .await
     }
 }

@@ -177,6 +177,27 @@ impl DynamoStore {
         limit: usize,
         keep: impl Fn(&T) -> bool,
     ) -> Result<Vec<T>, StoreError> {
+        self.query_range(op, pk, keys, newest_first, limit, limit, |item| {
+            let doc: T = read_doc(&item)?;
+            Ok(keep(&doc).then_some(doc))
+        })
+        .await
+    }
+
+    /// At most `limit` items of a partition with sort keys in `keys`, read consistently
+    /// `page` at a time (at most 1,000), as `decode` makes them (it skips those it gives
+    /// `None` for).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn query_range<T>(
+        &self,
+        op: &'static str,
+        pk: &str,
+        keys: std::ops::RangeInclusive<&str>,
+        newest_first: bool,
+        limit: usize,
+        page: usize,
+        decode: impl Fn(Item) -> Result<Option<T>, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
         let mut found = Vec::new();
         let mut start_key = None;
         while found.len() < limit {
@@ -189,16 +210,14 @@ impl DynamoStore {
                 .expression_attribute_values(":lo", s(*keys.start()))
                 .expression_attribute_values(":hi", s(*keys.end()))
                 .scan_index_forward(!newest_first)
-                .limit((limit - found.len()).min(1_000) as i32)
+                .consistent_read(true)
+                .limit((limit - found.len()).max(page).clamp(1, 1_000) as i32)
                 .set_exclusive_start_key(start_key)
                 .send()
                 .await
                 .map_err(backend(op))?;
             for item in out.items.unwrap_or_default() {
-                let doc: T = read_doc(&item)?;
-                if keep(&doc) {
-                    found.push(doc);
-                }
+                found.extend(decode(item)?);
             }
             start_key = out.last_evaluated_key;
             if start_key.is_none() {

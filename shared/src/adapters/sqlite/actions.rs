@@ -6,7 +6,7 @@ use rusqlite::{TransactionBehavior, params};
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::{SqliteStore, sqlite_err};
-use crate::domain::{Action, ActionStatus, AgentId, Event, EventCursor};
+use crate::domain::{Action, ActionId, ActionStatus, AgentId, Event, EventCursor};
 use crate::error::StoreError;
 use crate::ports::ActionLog;
 
@@ -100,6 +100,25 @@ impl ActionLog for SqliteStore {
                     upsert_event(&tx, e)?;
                 }
                 tx.commit().map_err(&op)
+            })
+            .await
+    }
+
+    async fn get_action(
+        &self,
+        agent: &AgentId,
+        id: &ActionId,
+    ) -> Result<Option<Action>, StoreError> {
+        let (agent, id) = (agent.clone(), id.clone());
+        self.db
+            .call("get action", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "get action",
+                    "SELECT id, doc FROM actions WHERE id = ?1 AND agent_id = ?2",
+                    params![id.as_str(), agent.as_str()],
+                )?
+                .pop())
             })
             .await
     }

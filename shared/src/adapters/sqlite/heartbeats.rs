@@ -392,22 +392,24 @@ impl HeartbeatStore for SqliteStore {
             .await
     }
 
-    async fn list_heartbeats(
+    async fn heartbeats_page(
         &self,
         agent: &AgentId,
+        before: Option<u64>,
         limit: usize,
     ) -> Result<Vec<Heartbeat>, StoreError> {
         let agent = agent.clone();
+        let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
         self.db
             .call("list heartbeats", move |conn| {
                 let op = sqlite_err("list heartbeats");
                 let mut stmt = conn
                     .prepare_cached(&format!(
-                        "SELECT {HB_COLS} FROM heartbeats WHERE agent_id = ?1 ORDER BY beat DESC LIMIT ?2"
+                        "SELECT {HB_COLS} FROM heartbeats WHERE agent_id = ?1 AND beat < ?2 ORDER BY beat DESC LIMIT ?3"
                     ))
                     .map_err(&op)?;
                 let rows = stmt
-                    .query_map(params![agent.as_str(), limit as i64], heartbeat_row)
+                    .query_map(params![agent.as_str(), before, limit as i64], heartbeat_row)
                     .map_err(&op)?;
                 rows.map(|r| r.map_err(&op)?).collect()
             })
