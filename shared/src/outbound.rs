@@ -78,6 +78,21 @@ fn failed(status: AttemptStatus, error: String) -> SendResult {
 
 #[async_trait]
 impl HookSender for HookClient {
+    async fn can_send(&self, hook: &Hook) -> Result<(), String> {
+        match &hook.target {
+            HookTarget::EventBridge { .. } if self.bus.is_none() => {
+                Err("this process has no EventBridge client".into())
+            }
+            HookTarget::EventBridge { .. } => Ok(()),
+            HookTarget::Url(url) => match self.egress.check(url).await {
+                Err(e @ EgressError::Refused(_)) => Err(e.to_string()),
+                // Anything else (a name that does not resolve now) is the attempt's to
+                // report.
+                _ => Ok(()),
+            },
+        }
+    }
+
     async fn send(&self, hook: &Hook, delivery: &HookDelivery, timestamp: i64) -> SendResult {
         let url = match &hook.target {
             HookTarget::EventBridge { bus } => {

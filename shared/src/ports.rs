@@ -674,6 +674,14 @@ pub struct SendResult {
 pub trait HookSender: Send + Sync {
     /// Sends `delivery` to `hook`'s target, signed at `timestamp` (Unix seconds).
     async fn send(&self, hook: &Hook, delivery: &HookDelivery, timestamp: i64) -> SendResult;
+    /// Whether this process may send to `hook`'s target at all (its egress allow-list,
+    /// its EventBridge client); `Err` says why not. A dispatcher told to
+    /// ([`DispatchSettings::leave_unsendable`](crate::engine::DispatchSettings)) leaves
+    /// such deliveries queued for a process that may.
+    async fn can_send(&self, hook: &Hook) -> Result<(), String> {
+        let _ = hook;
+        Ok(())
+    }
 }
 
 /// An EventBridge-like event bus.

@@ -966,7 +966,7 @@ async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
                 assert_eq!(a.status, AttemptStatus::Success);
                 break;
             }
-            Handled::Skipped(why) => panic!("skipped: {why}"),
+            Handled::Skipped(why) | Handled::Left(why) => panic!("skipped: {why}"),
         }
         assert!(hops < 10);
     }
@@ -1117,4 +1117,51 @@ async fn an_action_reused_by_a_later_heartbeat_delivers_its_hooks_once() {
     dispatch_all(&b).await;
     // Both heartbeats emitted AFTER_FIRST for the one action: one delivery.
     delivered(&b, &receiver, &completed, &["status", "tool_name"]);
+}
+
+on_both_backends!(
+    a_dispatcher_beside_the_server_leaves_what_it_may_not_send,
+    leave_unsendable
+);
+async fn leave_unsendable(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    assert_eq!(emit(&b, &agent, "AFTER_HEARTBEAT").await, 1);
+    // `pulse sweep` without the server's PULSE_HOOKS_ALLOW: loopback is refused to it.
+    let queue = Arc::new(RecordingHookQueue::new(b.hooks.clone()));
+    let helper = pulse_shared::engine::Dispatcher::new(
+        b.store.clone(),
+        queue.clone(),
+        Arc::new(pulse_shared::outbound::HookClient::new(
+            pulse_egress::Egress::new(pulse_egress::AllowList::default()),
+            None,
+        )),
+        b.clock.clone(),
+        pulse_shared::engine::DispatchSettings {
+            leave_unsendable: true,
+            ..Default::default()
+        },
+    );
+    let report = helper.poll_once(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!((report.attempts, report.left), (0, 1));
+    assert!(receiver.received().is_empty());
+    assert!(
+        deliveries(&b, &h.id).await.is_empty(),
+        "nothing was recorded: the delivery is as it was"
+    );
+    let left = queue.sent().last().cloned().unwrap();
+    assert_eq!(left.delay, Duration::from_secs(30));
+    // The server, allowed to, delivers it when it comes up again.
+    b.advance(SignedDuration::from_secs(31));
+    match b.dispatcher().handle(&left.task).await.unwrap() {
+        Handled::Attempted(a) => assert_eq!(a.status, AttemptStatus::Success),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(receiver.received().len(), 1);
+    assert_eq!(
+        deliveries(&b, &h.id).await[0].status,
+        DeliveryStatus::Succeeded
+    );
 }

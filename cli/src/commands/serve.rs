@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use pulse_shared::app::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
-use pulse_shared::engine::{DispatchSettings, Dispatcher, PollReport, Sweeper, Worker};
+use pulse_shared::engine::{
+    DispatchReport, DispatchSettings, Dispatcher, PollReport, Sweeper, Worker,
+};
 use pulse_shared::error::chain;
 use pulse_shared::http::{self, Inbound, ServeLimits};
 use pulse_shared::ports::Clock;
@@ -134,6 +136,18 @@ pub(crate) async fn execute(plan: ServePlan, cx: &Ctx<'_>) -> Result<(), Failure
 /// How long a received hook message stays hidden: longer than the longest hook timeout
 /// (60 s), so a message is not handed to a second loop while its attempt runs.
 const HOOK_VISIBILITY: Duration = Duration::from_secs(120);
+
+/// The dispatcher of `pulse sweep`: it leaves what it may not send for `pulse serve`.
+fn helper_dispatcher(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> Option<Dispatcher> {
+    b.dispatcher(
+        clock,
+        &pulse_shared::app::egress(config),
+        DispatchSettings {
+            leave_unsendable: true,
+            ..DispatchSettings::default()
+        },
+    )
+}
 
 fn dispatcher(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> Option<Dispatcher> {
     b.dispatcher(
@@ -452,13 +466,15 @@ pub(crate) async fn sweep_and_drain(
         failed += r.failed;
     }
     // Deliver the hooks those jobs emitted that are due now (retries wait for serve).
-    let hooks = match dispatcher(config, b, clock.clone()) {
-        Some(d) => d.drain(16, HOOK_VISIBILITY).await?,
-        None => 0,
+    // Run beside `pulse serve` (perhaps without its PULSE_HOOKS_ALLOW), it leaves the
+    // deliveries it may not send to the server rather than failing them.
+    let hooks = match helper_dispatcher(config, b, clock.clone()) {
+        Some(d) => d.drain_report(16, HOOK_VISIBILITY).await?,
+        None => DispatchReport::default(),
     };
     if out.json {
         out.json_value(
-            &serde_json::json!({ "sweep": report, "jobs_run": ran, "jobs_failed": failed, "hook_attempts": hooks }),
+            &serde_json::json!({ "sweep": report, "jobs_run": ran, "jobs_failed": failed, "hook_attempts": hooks.attempts, "hooks_left": hooks.left }),
         );
     } else {
         eprintln!(
@@ -467,8 +483,14 @@ pub(crate) async fn sweep_and_drain(
             report.claimed,
             report.skipped,
             count(ran, "job"),
-            count(hooks, "hook attempt")
+            count(hooks.attempts, "hook attempt")
         );
+        if hooks.left > 0 {
+            eprintln!(
+                "left {} queued for `pulse serve`: their targets are outside this process's PULSE_HOOKS_ALLOW",
+                count(hooks.left, "hook delivery")
+            );
+        }
     }
     if report.errors.is_empty() && failed == 0 {
         Ok(())

@@ -25,13 +25,21 @@ pub struct DispatchSettings {
     pub lease: SignedDuration,
     /// Deliveries attempted at once per batch.
     pub concurrency: usize,
+    /// Leave queued (sent on with a short delay) the deliveries this process may not
+    /// send, e.g. to a loopback receiver outside its `PULSE_HOOKS_ALLOW`, instead of
+    /// failing them: `pulse sweep` run beside `pulse serve` leaves them to the server.
+    pub leave_unsendable: bool,
 }
+
+/// How long a delivery left for another process waits before it is offered again.
+const LEFT_DELAY: SignedDuration = SignedDuration::from_secs(30);
 
 impl Default for DispatchSettings {
     fn default() -> Self {
         Self {
             lease: SignedDuration::from_mins(2),
             concurrency: 16,
+            leave_unsendable: false,
         }
     }
 }
@@ -45,6 +53,8 @@ pub enum Handled {
     Deferred(Timestamp),
     /// Nothing to do, and why (already delivered, claimed elsewhere, hook disabled).
     Skipped(String),
+    /// This process may not send it: left queued for one that may, and why.
+    Left(String),
 }
 
 /// A batch's outcome: the message ids to deliver again.
@@ -54,6 +64,8 @@ pub struct DispatchReport {
     pub handled: usize,
     /// Attempts made.
     pub attempts: usize,
+    /// Deliveries left queued for a process that may send them.
+    pub left: usize,
     /// Message ids that failed for a reason outside the delivery (storage, queue) and
     /// must come back.
     pub failed: Vec<MessageId>,
@@ -163,6 +175,13 @@ impl Dispatcher {
                 }
                 Err(e) => Err(e.into()),
             };
+        }
+        if self.settings.leave_unsendable
+            && let Err(why) = self.sender.can_send(&hook).await
+        {
+            self.requeue(task.clone(), LEFT_DELAY).await?;
+            info!(hook_id = %hook.id, delivery_id = %d.id, reason = %why, "delivery left for a process that may send it");
+            return Ok(Handled::Left(why));
         }
         d.attempts = task.attempt;
         match self.claim(d, now).await? {
@@ -345,6 +364,7 @@ impl Dispatcher {
             report.handled += 1;
             match r {
                 Ok(Handled::Attempted(_)) => report.attempts += 1,
+                Ok(Handled::Left(_)) => report.left += 1,
                 Ok(_) => {}
                 Err(e) => {
                     error!(message_id = %id, error = %chain(&e), "hook message will be delivered again");
@@ -375,13 +395,25 @@ impl Dispatcher {
     /// Polls until no message is ready (retries scheduled later stay queued); returns
     /// the attempts made. `pulse sweep`, the demo and the hooks bench deliver this way.
     pub async fn drain(&self, max: usize, visibility: Duration) -> Result<usize, StoreError> {
-        let mut attempts = 0;
+        Ok(self.drain_report(max, visibility).await?.attempts)
+    }
+
+    /// As [`drain`](Self::drain), with the totals of what it handled.
+    pub async fn drain_report(
+        &self,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<DispatchReport, StoreError> {
+        let mut total = DispatchReport::default();
         loop {
             let r = self.poll_once(max, visibility).await?;
             if r.handled == 0 {
-                return Ok(attempts);
+                return Ok(total);
             }
-            attempts += r.attempts;
+            total.handled += r.handled;
+            total.attempts += r.attempts;
+            total.left += r.left;
+            total.failed.extend(r.failed);
         }
     }
 }
