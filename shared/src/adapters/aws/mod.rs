@@ -12,8 +12,9 @@
 //! `conversations`, `memories`, `webhooks`, `hooks` on DynamoDB, `session_queue` (SQS
 //! FIFO) and `hook_queue` (SQS standard); beside them `keys` (the table's key layout,
 //! which it documents), `codec` (items to and from records), `table` (the store and the
-//! table operations its ports share), `eventbridge`, `secrets` (SSM), `provision` (the
-//! table and queues, for emulators) and `metrics` (the request counter).
+//! table operations its ports share), `purge` (deleting an agent and all it owns),
+//! `eventbridge`, `secrets` (SSM), `provision` (the table and queues, for emulators) and
+//! `metrics` (the request counter).
 
 mod actions;
 mod agents;

@@ -11,7 +11,8 @@
 //! One file per port, with the same names as in `adapters/aws`: `agents`, `heartbeats`,
 //! `events`, `actions`, `registry` (tools, subscriptions), `conversations`, `memories`,
 //! `webhooks`, `hooks`, `session_queue` and `hook_queue`; beside them `codec` (records
-//! as JSON documents, sealed secrets) and `schema` (the tables and their migrations).
+//! as JSON documents, sealed secrets), `schema` (the tables and their migrations) and
+//! `purge` (deleting an agent and all it owns, in one transaction).
 
 mod actions;
 mod agents;
