@@ -45,6 +45,8 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Sweep once, run the jobs it queued, and exit.
     Sweep,
+    /// Serve the dashboard alone (pulse serve also serves it, under /ui/ on its listener).
+    Dashboard(commands::dashboard::DashboardArgs),
     /// Create and inspect agents.
     #[command(subcommand)]
     Agents(AgentsCmd),

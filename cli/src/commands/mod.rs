@@ -6,6 +6,7 @@
 pub(crate) mod actions;
 pub(crate) mod agents;
 pub(crate) mod conversation;
+pub(crate) mod dashboard;
 pub(crate) mod discord;
 pub(crate) mod events;
 pub(crate) mod heartbeats;
@@ -42,6 +43,7 @@ pub(crate) struct Ctx<'a> {
 /// A validated command.
 enum Plan {
     Serve(serve::ServePlan),
+    Dashboard(dashboard::DashboardPlan),
     Agents(agents::AgentsPlan),
     Events(events::EventsPlan),
     Heartbeats(heartbeats::HeartbeatsPlan),
@@ -59,7 +61,7 @@ impl Plan {
     /// Whether the command may create the database.
     fn writes(&self) -> bool {
         match self {
-            Plan::Serve(_) => true,
+            Plan::Serve(_) | Plan::Dashboard(_) => true,
             Plan::Agents(p) => p.writes(),
             Plan::Events(p) => p.writes(),
             Plan::Tools(p) => p.writes(),
@@ -76,6 +78,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
     Ok(match command {
         Command::Serve(a) => Plan::Serve(serve::plan_serve(a)?),
         Command::Sweep => Plan::Serve(serve::ServePlan::Sweep),
+        Command::Dashboard(a) => Plan::Dashboard(dashboard::plan(a)?),
         Command::Agents(c) => Plan::Agents(agents::plan(c, now)?),
         Command::Events(c) => Plan::Events(events::plan(c)?),
         Command::Heartbeats(c) => Plan::Heartbeats(heartbeats::plan(c)?),
@@ -122,7 +125,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             path.display()
         )));
     }
-    if matches!(plan, Plan::Serve(_)) {
+    if matches!(plan, Plan::Serve(_) | Plan::Dashboard(_)) {
         telemetry::init(LogFormat::Text);
     }
     let b = connect(&config, clock.clone()).await?;
@@ -134,6 +137,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     };
     match plan {
         Plan::Serve(p) => serve::execute(p, &cx).await,
+        Plan::Dashboard(p) => dashboard::execute(p, &cx).await,
         Plan::Agents(p) => agents::execute(p, &cx).await,
         Plan::Events(p) => events::execute(p, &cx).await,
         Plan::Heartbeats(p) => heartbeats::execute(p, &cx).await,

@@ -74,6 +74,10 @@ pub(crate) struct ServeArgs {
         value_name = "DURATION"
     )]
     shutdown_grace: String,
+    /// The dashboard's login token (/ui/ on the listener). Without it the dashboard is
+    /// served only on a loopback listener.
+    #[arg(long, env = "PULSE_DASHBOARD_TOKEN", hide_env_values = true)]
+    dashboard_token: Option<String>,
 }
 
 /// A validated `serve` or `sweep`.
@@ -82,6 +86,7 @@ pub(crate) enum ServePlan {
         tick: Duration,
         listen: Option<SocketAddr>,
         limits: ServeLimits,
+        dashboard_token: Option<String>,
     },
     Sweep,
 }
@@ -119,6 +124,7 @@ pub(crate) fn plan_serve(a: ServeArgs) -> Result<ServePlan, Failure> {
         tick: tick.unsigned_abs(),
         listen,
         limits,
+        dashboard_token: a.dashboard_token,
     })
 }
 
@@ -128,7 +134,16 @@ pub(crate) async fn execute(plan: ServePlan, cx: &Ctx<'_>) -> Result<(), Failure
             tick,
             listen,
             limits,
-        } => serve(cx.config, cx.b, cx.clock.clone(), tick, listen, limits).await,
+            dashboard_token,
+        } => {
+            let serving = Serving {
+                tick,
+                listen,
+                limits,
+                dashboard_token,
+            };
+            serve(cx.config, cx.b, cx.clock.clone(), serving).await
+        }
         ServePlan::Sweep => sweep_and_drain(cx.config, cx.b, cx.clock.clone(), cx.out).await,
     }
 }
@@ -188,10 +203,14 @@ pub(crate) async fn serve(
     config: &Config,
     b: &Connected,
     clock: Arc<dyn Clock>,
-    tick: Duration,
-    listen: Option<SocketAddr>,
-    limits: ServeLimits,
+    serving: Serving,
 ) -> Result<(), Failure> {
+    let Serving {
+        tick,
+        listen,
+        limits,
+        dashboard_token,
+    } = serving;
     let (sweeper, worker) = engine(config, b, clock.clone());
     // Set when the sweeper has stopped: nothing is claimed after it.
     let (swept_tx, swept_rx) = watch::channel(false);
@@ -203,6 +222,7 @@ pub(crate) async fn serve(
         b,
         clock,
         tick,
+        dashboard_token,
         stop: stop_rx,
         wake: Notify::new(),
     };
@@ -241,7 +261,7 @@ pub(crate) async fn serve(
 
 /// `--listen`: an address and port (`127.0.0.1:8080`, `[::1]:8080`) or a host name and
 /// port (`localhost:8080`, resolved locally; IPv4 preferred).
-fn listen_addr(addr: &str) -> Result<SocketAddr, Failure> {
+pub(crate) fn listen_addr(addr: &str) -> Result<SocketAddr, Failure> {
     let bad = |why: String| {
         Failure::Input(format!(
             "invalid --listen {addr:?}{why}: give an address or host name and a port such as 127.0.0.1:8080 or localhost:8080, or off"
@@ -298,12 +318,22 @@ async fn release_queued(worker: &Worker, b: &Connected) {
     }
 }
 
+/// How `pulse serve` runs.
+pub(crate) struct Serving {
+    pub(crate) tick: Duration,
+    pub(crate) listen: Option<SocketAddr>,
+    pub(crate) limits: ServeLimits,
+    pub(crate) dashboard_token: Option<String>,
+}
+
 /// What the loops of `serve` share.
 struct Loops<'a> {
     config: &'a Config,
     b: &'a Connected,
     clock: Arc<dyn Clock>,
     tick: Duration,
+    /// The dashboard's login token, if one is set.
+    dashboard_token: Option<String>,
     /// Set on Ctrl-C or SIGTERM.
     stop: watch::Receiver<bool>,
     /// Notified when a sweep queued jobs, so the worker polls at once.
@@ -417,7 +447,19 @@ impl Loops<'_> {
                 }
             }
         };
-        if let Err(e) = http::serve(listener, inbound, limits, shutdown).await {
+        let mut app = http::router(inbound);
+        if let Ok(local) = listener.local_addr()
+            && let Some(ui) = super::dashboard::beside_receiver(
+                config,
+                self.b,
+                self.clock.clone(),
+                local,
+                self.dashboard_token.as_deref(),
+            )
+        {
+            app = app.merge(ui);
+        }
+        if let Err(e) = http::serve_app(listener, app, limits, shutdown).await {
             error!(error = %e, "the HTTP receiver stopped");
         }
     }

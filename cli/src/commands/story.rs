@@ -2,36 +2,15 @@
 //! and the events it read, each action (the heartbeat agent's thought, tool calls and
 //! tokens among them), the events it created, the hooks it emitted, the next heartbeat.
 
-use pulse_shared::domain::{
-    Action, Event, EventCursor, EventId, Heartbeat, HeartbeatId, HookDelivery,
-};
-use pulse_shared::ports::EventQuery;
-use serde::Serialize;
+use pulse_shared::domain::{Action, Event, HeartbeatId};
+use pulse_shared::engine::{Trace, trace};
 use serde_json::Value;
 
 use super::Ctx;
 use crate::Failure;
 use crate::output::{count, outln, short, when};
 
-/// Most records of each kind a story reads.
-const MOST: usize = 1_000;
-
-/// The story, as `--json` prints it.
-#[derive(Serialize)]
-struct Story {
-    id: HeartbeatId,
-    heartbeat: Heartbeat,
-    /// The events of its window, `(window_start, window_end]`, that it read.
-    window_events: Vec<Event>,
-    /// Its actions, in event order.
-    actions: Vec<Action>,
-    /// The events it created (HEARTBEAT and its tools' cascades).
-    created: Vec<Event>,
-    /// The hook deliveries it emitted.
-    hooks: Vec<HookDelivery>,
-    /// The heartbeat after it, once scheduled.
-    next: Option<Heartbeat>,
-}
+type Story = Trace;
 
 pub(crate) async fn show(cx: &Ctx<'_>, id: &HeartbeatId) -> Result<(), Failure> {
     let Some(heartbeat) = cx.b.store.get_heartbeat(id).await? else {
@@ -40,84 +19,13 @@ pub(crate) async fn show(cx: &Ctx<'_>, id: &HeartbeatId) -> Result<(), Failure> 
             id.agent()
         )));
     };
-    let story = read(cx, heartbeat).await?;
+    let story = trace(cx.b.store.as_ref(), heartbeat, cx.clock.now()).await?;
     if cx.out.json {
         cx.out.json_value(&story);
     } else {
         print(&story);
     }
     Ok(())
-}
-
-async fn read(cx: &Ctx<'_>, heartbeat: Heartbeat) -> Result<Story, Failure> {
-    let store = &cx.b.store;
-    let (agent, id) = (heartbeat.agent_id.clone(), heartbeat.id());
-    let window_events = match &heartbeat.window_end {
-        Some(end) => {
-            let query = EventQuery {
-                after: Some(heartbeat.window_start.clone()),
-                // The cursor is the greatest id of its millisecond: nothing equals it.
-                before: EventId::parse(end.as_str()).ok(),
-                limit: MOST,
-                ..EventQuery::default()
-            };
-            let events = store.query_events(&agent, &query).await?;
-            events
-                .into_iter()
-                .filter(|e| e.cascade.is_none() && end.covers(&e.id))
-                .collect()
-        }
-        None => Vec::new(),
-    };
-    let end = heartbeat.completed_at.unwrap_or_else(|| cx.clock.now());
-    let actions = store
-        .actions_between(
-            &agent,
-            &heartbeat.window_start,
-            &EventCursor::through(end),
-            MOST,
-        )
-        .await?
-        .into_iter()
-        .filter(|a| a.heartbeat_id == id)
-        .collect();
-    let created = match heartbeat.started_at {
-        Some(started) => {
-            let query = EventQuery {
-                after: Some(EventCursor::since(started)),
-                limit: MOST,
-                ..EventQuery::default()
-            };
-            store
-                .query_events(&agent, &query)
-                .await?
-                .into_iter()
-                .filter(|e| e.cascade.as_ref().is_some_and(|c| c.heartbeat_id == id))
-                .collect()
-        }
-        None => Vec::new(),
-    };
-    let mut hooks = Vec::new();
-    for hook in store.list_hooks(&agent).await? {
-        for d in store.list_deliveries(&hook.id, MOST).await? {
-            let body: Value = serde_json::from_str(&d.body).unwrap_or(Value::Null);
-            if body["heartbeat_id"].as_str() == Some(id.to_string().as_str()) {
-                hooks.push(d);
-            }
-        }
-    }
-    hooks.sort_by_key(|d| d.created_at);
-    let next = store.get_heartbeat(&heartbeat.next_id()).await?;
-    let id = heartbeat.id();
-    Ok(Story {
-        id,
-        heartbeat,
-        window_events,
-        actions,
-        created,
-        hooks,
-        next,
-    })
 }
 
 fn print(s: &Story) {

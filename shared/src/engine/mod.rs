@@ -20,6 +20,7 @@ pub mod intake;
 mod lifecycle;
 mod schedule;
 mod sweep;
+mod trace;
 mod webhooks;
 mod worker;
 
@@ -33,6 +34,7 @@ pub use hooks::{DispatchReport, DispatchSettings, Dispatcher, Emission, Handled,
 pub use lifecycle::{Lifecycle, LifecycleError, Toggled, Updated};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
+pub use trace::{Trace, trace};
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
 pub use worker::{BatchOutcome, PollReport, TaskError, Worker};
 

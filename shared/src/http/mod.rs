@@ -122,18 +122,29 @@ impl Default for ServeLimits {
     }
 }
 
-/// Serves the router on `listener` until `shutdown` resolves, within `limits`, recording
-/// each request's peer address as its [`ClientIp`].
+/// Serves the receiver's router on `listener` until `shutdown` resolves, within
+/// `limits`, recording each request's peer address as its [`ClientIp`].
 pub async fn serve(
     listener: TcpListener,
     inbound: Arc<Inbound>,
     limits: ServeLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_app(listener, router(inbound), limits, shutdown).await
+}
+
+/// Serves `app` (the receiver's router, with the dashboard merged in under `pulse
+/// serve`) as [`serve`] does.
+pub async fn serve_app(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tower_service::Service;
 
-    let app = router(inbound)
+    let app = app
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             limits.request_timeout,

@@ -1,0 +1,32 @@
+// Pulse dashboard: live updates over server-sent events, copy buttons. No inline script:
+// the page's Content-Security-Policy allows only files served by Pulse.
+(function () {
+  "use strict";
+  function live() {
+    var url = document.body.getAttribute("data-live");
+    if (!url || !window.EventSource) return;
+    var source = new EventSource(url);
+    ["heartbeats", "events", "deliveries"].forEach(function (kind) {
+      source.addEventListener(kind, function () {
+        if (window.htmx) window.htmx.trigger(document.body, "live-" + kind);
+      });
+    });
+  }
+  function copy(event) {
+    var button = event.target.closest("[data-copy]");
+    if (!button) return;
+    var text = button.getAttribute("data-copy");
+    if (navigator.clipboard) {
+      navigator.clipboard.writeText(text).then(function () {
+        button.textContent = "copied";
+      });
+    }
+  }
+  function confirmSubmit(event) {
+    var form = event.target.closest("form[data-confirm]");
+    if (form && !window.confirm(form.getAttribute("data-confirm"))) event.preventDefault();
+  }
+  document.addEventListener("DOMContentLoaded", live);
+  document.addEventListener("click", copy);
+  document.addEventListener("submit", confirmSubmit, true);
+})();

@@ -1,0 +1,148 @@
+//! The page shell and the small pieces every page uses: times, statuses, forms.
+
+use jiff::{SignedDuration, Timestamp};
+use maud::{DOCTYPE, Markup, html};
+use pulse_shared::domain::Agent;
+
+use crate::Dashboard;
+use crate::assets::{HTMX, SCRIPT, STYLE};
+
+/// The tabs of an agent's page.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tab {
+    Heartbeats,
+    Events,
+    Actions,
+    Settings,
+}
+
+impl Tab {
+    const ALL: [(Tab, &'static str, &'static str); 4] = [
+        (Tab::Heartbeats, "heartbeats", "Heartbeats"),
+        (Tab::Events, "events", "Events"),
+        (Tab::Actions, "actions", "Actions"),
+        (Tab::Settings, "settings", "Settings"),
+    ];
+}
+
+/// A whole page. `live` is the server-sent events URL the page listens to.
+pub(crate) fn page(title: &str, live: Option<&str>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                meta name="htmx-config" content=r#"{"includeIndicatorStyles": false, "allowEval": false}"#;
+                title { (title) " · Pulse" }
+                link rel="stylesheet" href=(STYLE.path);
+                script src=(HTMX.path) defer {}
+                script src=(SCRIPT.path) defer {}
+            }
+            body data-live=[live] {
+                header { a href="/ui/" { "Pulse" } span.muted { "agents" } }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// An agent's page: its name, status and tabs around `body`.
+pub(crate) fn agent_page(agent: &Agent, tab: Tab, body: Markup) -> Markup {
+    let live = format!("/ui/agents/{}/live", agent.id);
+    page(
+        &agent.name,
+        Some(&live),
+        html! {
+            h1 {
+                a href="/ui/" { "Agents" } " / " (agent.name) " "
+                span class={"status " (status(agent))} { (status(agent)) }
+            }
+            nav.tabs {
+                @for (t, path, label) in Tab::ALL {
+                    a class=[(t == tab).then_some("on")] href={"/ui/agents/" (agent.id) "/" (path)} { (label) }
+                }
+            }
+            (body)
+        },
+    )
+}
+
+/// `active` or `paused`.
+pub(crate) fn status(agent: &Agent) -> &'static str {
+    if agent.is_paused() {
+        "paused"
+    } else {
+        "active"
+    }
+}
+
+/// A time as "3m ago" / "in 5m", with the absolute time on hover.
+pub(crate) fn ago(now: Timestamp, t: Option<Timestamp>) -> Markup {
+    let Some(t) = t else {
+        return html! { span.muted { "–" } };
+    };
+    let d = now.duration_since(t);
+    let text = if d.is_negative() {
+        format!("in {}", span(-d))
+    } else if d < SignedDuration::from_secs(2) {
+        "just now".to_owned()
+    } else {
+        format!("{} ago", span(d))
+    };
+    html! { time datetime=(t.to_string()) title=(t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string()) { (text) } }
+}
+
+fn span(d: SignedDuration) -> String {
+    let s = d.as_secs();
+    match s {
+        ..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// A status word, coloured by its class.
+pub(crate) fn badge(s: &str) -> Markup {
+    html! { span class={"status " (s)} { (s) } }
+}
+
+/// The hidden CSRF field every form carries.
+pub(crate) fn csrf(d: &Dashboard) -> Markup {
+    html! { input type="hidden" name="csrf" value=(d.0.guard.csrf()); }
+}
+
+/// A one-button form posting to `action`, coming back to `back` (a `/ui/` path).
+pub(crate) fn button(d: &Dashboard, action: &str, label: &str, class: &str, back: &str) -> Markup {
+    html! {
+        form.inline method="post" action=(action) {
+            (csrf(d))
+            input type="hidden" name="back" value=(back);
+            button class=(class) type="submit" { (label) }
+        }
+    }
+}
+
+/// Where a form comes back to: its `back` field if it is a dashboard path, else `default`.
+pub(crate) fn back_to(back: Option<&str>, default: &str) -> String {
+    match back {
+        Some(b) if b.starts_with("/ui/") && !b.contains("//") => b.to_owned(),
+        _ => default.to_owned(),
+    }
+}
+
+/// What to do when a list is empty.
+pub(crate) fn empty(text: &str, command: &str) -> Markup {
+    html! { div.empty { (text) " " code { (command) } } }
+}
+
+/// A short line of text.
+pub(crate) fn short(s: &str, n: usize) -> String {
+    let one = s.replace('\n', " ");
+    if one.chars().count() <= n {
+        one
+    } else {
+        one.chars().take(n.saturating_sub(1)).collect::<String>() + "…"
+    }
+}

@@ -1,0 +1,140 @@
+//! The Pulse dashboard: server-rendered pages for watching and steering agents.
+//!
+//! `pulse serve` mounts it under `/ui/` beside the receiver; `pulse dashboard` serves it
+//! alone against the configured backend (SQLite, or DynamoDB and SQS with the operator's
+//! own credentials). The Lambda functions never link it: an AWS deployment has no public
+//! admin surface.
+//!
+//! Pages are rendered with maud; htmx (vendored, embedded) refreshes parts of them when
+//! the live stream (server-sent events, `live.rs`) says something changed. Handlers call
+//! the engine and the ports only.
+
+mod assets;
+mod layout;
+mod live;
+mod pages;
+mod security;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use pulse_shared::app::Connected;
+use pulse_shared::engine::{EngineSettings, Lifecycle, LifecycleError};
+use pulse_shared::error::StoreError;
+use pulse_shared::ports::{Clock, Store};
+
+pub use security::Access;
+
+/// The dashboard: what its handlers share.
+#[derive(Clone)]
+pub struct Dashboard(Arc<Inner>);
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) guard: security::Guard,
+}
+
+impl Dashboard {
+    /// The dashboard over a connected backend, reached as `access` says.
+    pub fn new(
+        b: &Connected,
+        clock: Arc<dyn Clock>,
+        settings: &EngineSettings,
+        access: Access,
+    ) -> Self {
+        Self(Arc::new(Inner {
+            store: b.store.clone(),
+            lifecycle: b.lifecycle(clock.clone(), settings),
+            clock,
+            guard: security::Guard::new(access),
+        }))
+    }
+
+    /// Its routes, all under `/ui/` (and `/`, which leads there).
+    pub fn router(&self) -> Router {
+        use pages::{agent, agents, login, trace};
+        Router::new()
+            .route("/", get(|| async { Redirect::to("/ui/") }))
+            .route("/ui", get(|| async { Redirect::to("/ui/") }))
+            .route("/ui/", get(agents::list))
+            .route("/ui/login", get(login::form).post(login::submit))
+            .route("/ui/assets/{file}", get(assets::serve))
+            .route("/ui/agents", post(agents::create))
+            .route("/ui/agents/{id}", get(agent::home))
+            .route("/ui/agents/{id}/heartbeats", get(agent::heartbeats))
+            .route("/ui/agents/{id}/heartbeats/{beat}", get(trace::show))
+            .route("/ui/agents/{id}/events", get(agent::events))
+            .route("/ui/agents/{id}/actions", get(agent::actions))
+            .route("/ui/agents/{id}/settings", get(agent::settings))
+            .route("/ui/agents/{id}/update", post(agent::update))
+            .route("/ui/agents/{id}/pause", post(agent::pause))
+            .route("/ui/agents/{id}/resume", post(agent::resume))
+            .route("/ui/agents/{id}/delete", post(agent::delete))
+            .route("/ui/agents/{id}/live", get(live::stream))
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                security::protect,
+            ))
+            .with_state(self.clone())
+    }
+}
+
+/// Why a page could not be shown: a page of its own with the status.
+pub(crate) enum Problem {
+    /// The thing named is not there (404).
+    NotFound(String),
+    /// The input was wrong (400); nothing was written.
+    Invalid(String),
+    /// Storage failed (503).
+    Store(StoreError),
+}
+
+impl From<StoreError> for Problem {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl From<LifecycleError> for Problem {
+    fn from(e: LifecycleError) -> Self {
+        match e {
+            LifecycleError::NotFound(id) => Self::NotFound(format!("agent {id}")),
+            LifecycleError::Invalid(v) => Self::Invalid(v.to_string()),
+            LifecycleError::Store(StoreError::AlreadyExists(what)) => {
+                Self::Invalid(format!("{what} already exists"))
+            }
+            LifecycleError::Store(e) => Self::Store(e),
+        }
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let (status, text) = match self {
+            Self::NotFound(what) => (StatusCode::NOT_FOUND, format!("{what} not found")),
+            Self::Invalid(why) => (StatusCode::BAD_REQUEST, why),
+            Self::Store(e) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the store could not be read: {}",
+                    pulse_shared::error::chain(&e)
+                ),
+            ),
+        };
+        let body = layout::page(
+            "Problem",
+            None,
+            maud::html! {
+                h1 { "Something is wrong" }
+                p.error { (text) }
+                p { a href="/ui/" { "Back to the agents" } }
+            },
+        );
+        (status, body).into_response()
+    }
+}

@@ -1,0 +1,299 @@
+//! An agent's page: its tabs, and the forms that change, pause, resume or delete it —
+//! through the engine's lifecycle operations.
+
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use pulse_shared::domain::{ActiveHours, Agent, AgentChanges, EventType, Interval, TimeZoneName};
+use pulse_shared::engine::Toggled;
+use pulse_shared::ports::EventQuery;
+use serde::Deserialize;
+
+use super::agent_of;
+use crate::layout::{Tab, agent_page, ago, back_to, badge, button, csrf, empty, short};
+use crate::{Dashboard, Problem};
+
+/// Rows a tab shows.
+const ROWS: usize = 100;
+
+/// `?partial=1`: only the part a live update swaps.
+#[derive(Deserialize, Default)]
+pub(crate) struct View {
+    #[serde(default)]
+    partial: Option<u8>,
+    /// Events: only these types, comma-separated.
+    #[serde(default, rename = "type")]
+    types: Option<String>,
+}
+
+/// `GET /ui/agents/{id}`.
+pub(crate) async fn home(Path(id): Path<String>) -> Redirect {
+    Redirect::to(&format!("/ui/agents/{id}/heartbeats"))
+}
+
+/// A tab's body, or only its live part when asked.
+fn tab(agent: &Agent, tab: Tab, view: &View, part: Markup, around: Markup) -> Markup {
+    if view.partial.is_some() {
+        return part;
+    }
+    agent_page(agent, tab, html! { (around) (part) })
+}
+
+/// `GET /ui/agents/{id}/heartbeats`: the timeline, refreshed when a heartbeat changes.
+pub(crate) async fn heartbeats(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Query(view): Query<View>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let now = d.0.clock.now();
+    let hbs = d.0.store.list_heartbeats(&agent.id, ROWS).await?;
+    let part = html! {
+        div #heartbeats hx-get={"/ui/agents/" (agent.id) "/heartbeats?partial=1"}
+            hx-trigger="live-heartbeats from:body" hx-swap="outerHTML" {
+            @if hbs.is_empty() {
+                (empty("No heartbeats yet: one is due as soon as `pulse serve` (or the sweeper) runs.", "pulse serve"))
+            } @else {
+                div.scroll { table {
+                    thead { tr { th { "Beat" } th { "Status" } th { "Scheduled" } th { "Completed" }
+                        th { "Events" } th { "Actions" } th { "Failed" } th { "Error" } } }
+                    tbody { @for h in &hbs { tr {
+                        td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat)} { "#" (h.beat) } }
+                        td { (badge(h.status.as_str())) }
+                        td { (ago(now, Some(h.scheduled_at))) }
+                        td { (ago(now, h.completed_at)) }
+                        td { (h.events_processed) }
+                        td { (h.actions_triggered) }
+                        td { (h.actions_failed) }
+                        td.wrap { (h.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
+                    } } }
+                } }
+            }
+        }
+    };
+    Ok(tab(&agent, Tab::Heartbeats, &view, part, html! {}))
+}
+
+/// `GET /ui/agents/{id}/events`: the log, newest first, filtered by type, with parents.
+pub(crate) async fn events(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Query(view): Query<View>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let now = d.0.clock.now();
+    let typed = view.types.clone().unwrap_or_default();
+    let types = typed
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(EventType::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Problem::Invalid(e.to_string()))?;
+    let query = EventQuery {
+        types,
+        limit: ROWS,
+        ..EventQuery::default()
+    };
+    let mut events = d.0.store.query_events(&agent.id, &query).await?;
+    events.reverse();
+    let filter = html! {
+        form.card method="get" action={"/ui/agents/" (agent.id) "/events"} {
+            label for="type" { "Types " }
+            input #type name="type" value=(typed) placeholder="NOTE,SUMMARY";
+            " " button.quiet type="submit" { "Filter" }
+        }
+    };
+    let part = html! {
+        div #events hx-get={"/ui/agents/" (agent.id) "/events?partial=1&type=" (typed)}
+            hx-trigger="live-events from:body" hx-swap="outerHTML" {
+            @if events.is_empty() {
+                (empty("No events yet. Send one with", &format!("pulse events emit --agent {} --type NOTE --payload '{{\"text\": \"hi\"}}'", agent.id)))
+            } @else {
+                div.scroll { table {
+                    thead { tr { th { "Type" } th { "When" } th { "Source" } th { "Parent" } th { "Payload" } } }
+                    tbody { @for e in &events { tr id=(e.id) {
+                        td { code { (e.event_type) } }
+                        td { (ago(now, Some(e.created_at))) }
+                        td { (e.source) }
+                        td { @if let Some(p) = &e.parent_id { a href={"#" (p)} { "parent" } } }
+                        td.wrap { code { (short(&e.payload.to_string(), 160)) } }
+                    } } }
+                } }
+            }
+        }
+    };
+    Ok(tab(&agent, Tab::Events, &view, part, filter))
+}
+
+/// `GET /ui/agents/{id}/actions`.
+pub(crate) async fn actions(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Query(view): Query<View>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let now = d.0.clock.now();
+    let actions = d.0.store.list_actions(&agent.id, ROWS).await?;
+    let part = html! {
+        div #actions hx-get={"/ui/agents/" (agent.id) "/actions?partial=1"}
+            hx-trigger="live-heartbeats from:body" hx-swap="outerHTML" {
+            @if actions.is_empty() {
+                (empty("No actions yet: tools run when a heartbeat reads an event they are subscribed to.", "pulse subscriptions list"))
+            } @else {
+                div.scroll { table {
+                    thead { tr { th { "Tool" } th { "Beat" } th { "Status" } th { "Started" } th { "Took" } th { "Error" } } }
+                    tbody { @for a in &actions {
+                        @let status = serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+                        tr {
+                            td { (a.tool) }
+                            td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (a.heartbeat_id.beat())} { "#" (a.heartbeat_id.beat()) } }
+                            td { (badge(&status)) }
+                            td { (ago(now, Some(a.started_at))) }
+                            td { (a.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
+                            td.wrap { (a.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
+                        }
+                    } }
+                } }
+            }
+        }
+    };
+    Ok(tab(&agent, Tab::Actions, &view, part, html! {}))
+}
+
+/// `GET /ui/agents/{id}/settings`: change, pause or resume, delete.
+pub(crate) async fn settings(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let here = format!("/ui/agents/{}/settings", agent.id);
+    Ok(agent_page(
+        &agent,
+        Tab::Settings,
+        html! {
+            h2 { "Settings" }
+            form.grid.card method="post" action={"/ui/agents/" (agent.id) "/update"} {
+                (csrf(&d))
+                label for="name" { "Name" }
+                input #name name="name" value=(agent.name) required maxlength="100";
+                label for="interval" { "Interval" }
+                input #interval name="interval" value=(agent.interval.to_string());
+                label for="active_hours" { "Active hours" }
+                input #active_hours name="active_hours" placeholder="09:00-18:00, or empty for always"
+                    value=(agent.active_hours.map(|h| h.to_string()).unwrap_or_default());
+                label for="timezone" { "Time zone" }
+                input #timezone name="timezone" value=(agent.timezone.to_string());
+                label for="instructions" { "Instructions" }
+                textarea #instructions name="instructions" rows="4" { (agent.instructions.clone().unwrap_or_default()) }
+                span {}
+                button type="submit" { "Save" }
+            }
+            h2 { "Heartbeats" }
+            div.card {
+                @if agent.is_paused() {
+                    p { "Paused " (ago(d.0.clock.now(), agent.paused_at)) ": no heartbeats run; its user is still answered." }
+                    (button(&d, &format!("/ui/agents/{}/resume", agent.id), "Resume", "", &here))
+                } @else {
+                    p { "Active. Pausing stops its heartbeats (one running finishes); its user is still answered." }
+                    (button(&d, &format!("/ui/agents/{}/pause", agent.id), "Pause", "quiet", &here))
+                }
+            }
+            h2 { "Delete" }
+            form.card method="post" action={"/ui/agents/" (agent.id) "/delete"}
+                data-confirm={"Delete " (agent.name) " and everything it owns?"} {
+                (csrf(&d))
+                p { "Deleting removes the agent and everything it owns: heartbeats, events, actions, conversation, memories, webhooks (their URLs then answer 404), hooks and their deliveries, its own subscriptions and its Discord channel binding. It cannot be undone." }
+                label for="confirm" { "Type the agent's name to confirm: " }
+                input #confirm name="confirm" autocomplete="off" required;
+                " " button.danger type="submit" { "Delete" }
+            }
+        },
+    ))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct UpdateForm {
+    name: String,
+    interval: String,
+    #[serde(default)]
+    active_hours: String,
+    timezone: String,
+    #[serde(default)]
+    instructions: String,
+}
+
+/// `POST /ui/agents/{id}/update`.
+pub(crate) async fn update(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Form(f): Form<UpdateForm>,
+) -> Result<Response, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let invalid = |e: pulse_shared::error::ValidationError| Problem::Invalid(e.to_string());
+    let changes = AgentChanges {
+        name: Some(f.name),
+        interval: Some(f.interval.trim().parse::<Interval>().map_err(invalid)?),
+        active_hours: Some(match f.active_hours.trim() {
+            "" | "always" => None,
+            h => Some(h.parse::<ActiveHours>().map_err(invalid)?),
+        }),
+        timezone: Some(TimeZoneName::parse(f.timezone.trim()).map_err(invalid)?),
+        instructions: Some(Some(f.instructions.trim().to_owned()).filter(|i| !i.is_empty())),
+        ..AgentChanges::default()
+    };
+    d.0.lifecycle.update(&agent.id, &changes).await?;
+    Ok(Redirect::to(&format!("/ui/agents/{}/settings", agent.id)).into_response())
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Back {
+    #[serde(default)]
+    back: Option<String>,
+}
+
+/// `POST /ui/agents/{id}/pause`.
+pub(crate) async fn pause(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Form(f): Form<Back>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let _: Toggled = d.0.lifecycle.pause(&agent.id).await?;
+    Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
+}
+
+/// `POST /ui/agents/{id}/resume`.
+pub(crate) async fn resume(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Form(f): Form<Back>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let _: Toggled = d.0.lifecycle.resume(&agent.id).await?;
+    Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct DeleteForm {
+    #[serde(default)]
+    confirm: String,
+}
+
+/// `POST /ui/agents/{id}/delete`: only when the agent's name was typed.
+pub(crate) async fn delete(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Form(f): Form<DeleteForm>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    if f.confirm.trim() != agent.name {
+        return Err(Problem::Invalid(format!(
+            "not deleted: type the agent's name ({}) to confirm",
+            agent.name
+        )));
+    }
+    d.0.lifecycle.delete(&agent.id, true).await?;
+    Ok(Redirect::to("/ui/"))
+}
