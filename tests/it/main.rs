@@ -5,6 +5,7 @@
 mod conformance;
 mod conversation;
 mod conversation_store;
+mod dashboard;
 mod discord;
 mod heartbeats;
 mod hooks;

@@ -1,0 +1,429 @@
+//! The dashboard's handlers over a real loopback listener, on both backends: every page
+//! and form, CSRF refusals, the login off loopback, and no secret on any page.
+
+use std::time::Duration;
+
+use jiff::SignedDuration;
+use pulse_shared::domain::{Hook, HookTarget, HookType, Webhook, WebhookScheme};
+use pulse_shared::http::{self, ServeLimits};
+use pulse_tests::{Backend, Kind, on_both_backends, settings};
+use pulse_ui::{Access, Dashboard};
+use reqwest::header::{CONTENT_TYPE, COOKIE, HOST, LOCATION, SET_COOKIE};
+
+struct Ui {
+    b: Backend,
+    base: String,
+    http: reqwest::Client,
+}
+
+struct Answer {
+    status: u16,
+    body: String,
+    location: String,
+    cookie: String,
+}
+
+async fn ui(kind: Kind, access: Access) -> Ui {
+    let b = Backend::new(kind).await;
+    let dashboard = Dashboard::new(&b.connected(), b.clock.clone(), &settings(), access);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(http::serve_app(
+        listener,
+        dashboard.router(),
+        ServeLimits::default(),
+        std::future::pending(),
+    ));
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    Ui { b, base, http }
+}
+
+impl Ui {
+    async fn send(&self, req: reqwest::RequestBuilder) -> Answer {
+        let r = req.send().await.unwrap();
+        let header = |name| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (location, cookie) = (header(LOCATION), header(SET_COOKIE));
+        Answer {
+            status: r.status().as_u16(),
+            location,
+            cookie,
+            body: r.text().await.unwrap(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn post(&self, path: &str, form: &[(&str, &str)]) -> Answer {
+        let body = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form)
+            .finish();
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(body),
+        )
+        .await
+    }
+
+    /// The CSRF token the pages carry.
+    async fn csrf(&self) -> String {
+        let page = self.get("/ui/").await.body;
+        let at = page.find("name=\"csrf\" value=\"").expect("a form") + 19;
+        page[at..at + 64].to_owned()
+    }
+}
+
+on_both_backends!(every_page_renders_and_its_forms_steer_the_agent, pages);
+async fn pages(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let empty = u.get("/ui/").await;
+    assert_eq!(empty.status, 200);
+    assert!(
+        empty.body.contains("No agents yet"),
+        "an empty state says what to do"
+    );
+    assert_eq!(u.get("/").await.location, "/ui/");
+    let csrf = u.csrf().await;
+    let made = u
+        .post(
+            "/ui/agents",
+            &[
+                ("csrf", &csrf),
+                ("name", "scout"),
+                ("interval", "10m"),
+                ("instructions", ""),
+            ],
+        )
+        .await;
+    assert_eq!(made.status, 303, "{}", made.body);
+    let agent = u.b.store.list_agents().await.unwrap().pop().unwrap();
+    assert_eq!(made.location, format!("/ui/agents/{}/heartbeats", agent.id));
+    assert_eq!(agent.interval.to_string(), "10m");
+    let swept = u.b.sweeper(settings()).sweep_once(u.b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    u.b.drain(&u.b.worker(settings())).await;
+
+    let base = format!("/ui/agents/{}", agent.id);
+    for (path, shows) in [
+        ("/ui/".to_owned(), "scout"),
+        (format!("{base}/heartbeats"), "#1"),
+        (format!("{base}/heartbeats/1"), "Heartbeat #1"),
+        (format!("{base}/events?type=HEARTBEAT"), "HEARTBEAT"),
+        (format!("{base}/actions"), "No actions yet"),
+        (format!("{base}/settings"), "Type the agent"),
+        (format!("{base}/heartbeats?partial=1"), "id=\"heartbeats\""),
+    ] {
+        let page = u.get(&path).await;
+        assert_eq!(page.status, 200, "{path}: {}", page.body);
+        assert!(page.body.contains(shows), "{path} shows {shows:?}");
+    }
+    assert_eq!(u.get(&format!("{base}/heartbeats/99")).await.status, 404);
+    assert_eq!(u.get("/ui/agents/ag_nope/heartbeats").await.status, 404);
+    assert_eq!(
+        u.get(&format!("{base}/events?type=bad%20type"))
+            .await
+            .status,
+        400
+    );
+
+    let back = format!("{base}/settings");
+    let paused = u
+        .post(
+            &format!("{base}/pause"),
+            &[("csrf", &csrf), ("back", &back)],
+        )
+        .await;
+    assert_eq!(
+        (paused.status, paused.location.as_str()),
+        (303, back.as_str())
+    );
+    assert!(
+        u.b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_paused()
+    );
+    assert!(u.get("/ui/").await.body.contains("Resume"));
+    u.post(
+        &format!("{base}/resume"),
+        &[("csrf", &csrf), ("back", "https://evil.example/")],
+    )
+    .await;
+    assert!(
+        !u.b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_paused()
+    );
+
+    let update = |interval: &'static str, hours: &'static str| {
+        [
+            ("csrf", csrf.clone()),
+            ("name", "scout-2".to_owned()),
+            ("interval", interval.to_owned()),
+            ("active_hours", hours.to_owned()),
+            ("timezone", "Europe/Paris".to_owned()),
+            ("instructions", "look around".to_owned()),
+        ]
+    };
+    let form = |f: &[(&'static str, String); 6]| {
+        f.iter().map(|(k, v)| (*k, v.clone())).collect::<Vec<_>>()
+    };
+    let pairs = form(&update("1h", "09:00-18:00"));
+    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(
+        u.post(&format!("{base}/update"), &borrowed).await.status,
+        303
+    );
+    let stored = u.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            stored.name.as_str(),
+            stored.interval.to_string(),
+            stored.instructions.as_deref()
+        ),
+        ("scout-2", "1h".to_owned(), Some("look around"))
+    );
+    let pairs = form(&update("soon", ""));
+    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let refused = u.post(&format!("{base}/update"), &borrowed).await;
+    assert_eq!(refused.status, 400);
+    assert!(refused.body.contains("interval"), "{}", refused.body);
+    assert_eq!(
+        u.b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .interval
+            .to_string(),
+        "1h"
+    );
+
+    let wrong = u
+        .post(
+            &format!("{base}/delete"),
+            &[("csrf", &csrf), ("confirm", "scout")],
+        )
+        .await;
+    assert_eq!(wrong.status, 400, "the name is scout-2 now");
+    assert!(u.b.store.get_agent(&agent.id).await.unwrap().is_some());
+    let gone = u
+        .post(
+            &format!("{base}/delete"),
+            &[("csrf", &csrf), ("confirm", "scout-2")],
+        )
+        .await;
+    assert_eq!((gone.status, gone.location.as_str()), (303, "/ui/"));
+    assert!(u.b.store.get_agent(&agent.id).await.unwrap().is_none());
+}
+
+on_both_backends!(
+    a_form_without_its_csrf_token_is_refused_and_writes_nothing,
+    csrf
+);
+async fn csrf(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    for form in [
+        vec![("name", "scout"), ("interval", "10m")],
+        vec![("csrf", "0000"), ("name", "scout"), ("interval", "10m")],
+    ] {
+        let r = u.post("/ui/agents", &form).await;
+        assert_eq!(r.status, 403, "{}", r.body);
+    }
+    assert!(
+        u.b.store.list_agents().await.unwrap().is_empty(),
+        "nothing was written"
+    );
+    // Every page is hardened.
+    let page = u.get("/ui/").await;
+    let r = u.http.get(format!("{}/ui/", u.base)).send().await.unwrap();
+    let h = r.headers();
+    assert!(
+        h["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    assert_eq!(h["x-frame-options"], "DENY");
+    assert_eq!(h["referrer-policy"], "no-referrer");
+    assert!(!page.body.contains("<script>"), "no inline script");
+}
+
+on_both_backends!(off_loopback_a_token_and_a_login_are_required, login);
+async fn login(kind: Kind) {
+    let anywhere: std::net::SocketAddr = "0.0.0.0:8081".parse().unwrap();
+    assert!(
+        Access::for_listener(anywhere, None)
+            .unwrap_err()
+            .contains("PULSE_DASHBOARD_TOKEN")
+    );
+    assert!(Access::for_listener(anywhere, Some("short")).is_err());
+    assert!(matches!(
+        Access::for_listener("127.0.0.1:8081".parse().unwrap(), None),
+        Ok(Access::Open)
+    ));
+    let token = "a-long-random-dashboard-token";
+    let u = ui(kind, Access::for_listener(anywhere, Some(token)).unwrap()).await;
+    let r = u.get("/ui/").await;
+    assert_eq!((r.status, r.location.as_str()), (303, "/ui/login"));
+    let login = u.get("/ui/login").await.body;
+    let at = login.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = login[at..at + 64].to_owned();
+    let r = u
+        .post(
+            "/ui/agents",
+            &[("csrf", &csrf), ("name", "x"), ("interval", "1m")],
+        )
+        .await;
+    assert_eq!(r.status, 401);
+    let r = u
+        .post(
+            "/ui/login",
+            &[("csrf", &csrf), ("token", "guess-guess-guess")],
+        )
+        .await;
+    assert_eq!(r.status, 401);
+    assert!(r.cookie.is_empty());
+    let r = u
+        .post("/ui/login", &[("csrf", &csrf), ("token", token)])
+        .await;
+    assert_eq!((r.status, r.location.as_str()), (303, "/ui/"));
+    assert!(
+        r.cookie.contains("HttpOnly") && r.cookie.contains("SameSite=Strict"),
+        "{}",
+        r.cookie
+    );
+    let session = r.cookie.split(';').next().unwrap().to_owned();
+    let page = u
+        .send(
+            u.http
+                .get(format!("{}/ui/", u.base))
+                .header(COOKIE, &session),
+        )
+        .await;
+    assert_eq!(page.status, 200);
+    let forged = u
+        .send(
+            u.http
+                .get(format!("{}/ui/", u.base))
+                .header(COOKIE, "pulse_session=0123"),
+        )
+        .await;
+    assert_eq!(forged.status, 303);
+    assert!(u.b.store.list_agents().await.unwrap().is_empty());
+}
+
+on_both_backends!(
+    a_loopback_dashboard_answers_only_its_own_machine,
+    loopback_only
+);
+async fn loopback_only(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    for (name, value) in [
+        ("x-forwarded-for", "203.0.113.9"),
+        ("forwarded", "for=203.0.113.9"),
+        ("cf-connecting-ip", "203.0.113.9"),
+    ] {
+        let r = u
+            .send(u.http.get(format!("{}/ui/", u.base)).header(name, value))
+            .await;
+        assert_eq!(r.status, 403, "{name}");
+    }
+    let rebound = u
+        .send(
+            u.http
+                .get(format!("{}/ui/", u.base))
+                .header(HOST, "evil.example:8080"),
+        )
+        .await;
+    assert_eq!(rebound.status, 403);
+    let local = u
+        .send(
+            u.http
+                .get(format!("{}/ui/", u.base))
+                .header(HOST, "localhost:8080"),
+        )
+        .await;
+    assert_eq!(local.status, 200);
+}
+
+on_both_backends!(no_secret_is_shown_on_any_page, no_secrets);
+async fn no_secrets(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let webhook =
+        Webhook::new(agent.id.clone(), WebhookScheme::Standard, secret, u.b.now()).unwrap();
+    u.b.store.create_webhook(&webhook).await.unwrap();
+    let mut hook = Hook::new(
+        agent.id.clone(),
+        HookType::parse("AFTER_HEARTBEAT").unwrap(),
+        HookTarget::parse("https://example.com/h").unwrap(),
+        "whsec_c2VjcmV0c2VjcmV0c2VjcmV0",
+        u.b.now(),
+    );
+    hook.auth_header = Some(pulse_shared::domain::Secret::new("Bearer very-private"));
+    u.b.store.create_hook(&hook).await.unwrap();
+    u.b.sweeper(settings()).sweep_once(u.b.now()).await;
+    u.b.drain(&u.b.worker_with_hooks(settings())).await;
+    let base = format!("/ui/agents/{}", agent.id);
+    for path in [
+        "/ui/".to_owned(),
+        format!("{base}/heartbeats"),
+        format!("{base}/heartbeats/1"),
+        format!("{base}/events"),
+        format!("{base}/actions"),
+        format!("{base}/settings"),
+    ] {
+        let page = u.get(&path).await;
+        assert_eq!(page.status, 200, "{path}");
+        for s in [secret, "c2VjcmV0c2VjcmV0c2VjcmV0", "very-private"] {
+            assert!(!page.body.contains(s), "{path} shows a secret");
+        }
+    }
+}
+
+on_both_backends!(the_live_stream_says_when_a_heartbeat_changes, live);
+async fn live(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let r = u
+        .http
+        .get(format!("{}/ui/agents/{}/live", u.base, agent.id))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()[CONTENT_TYPE], "text/event-stream");
+    let mut r = r;
+    u.b.advance(SignedDuration::from_secs(1));
+    u.b.sweeper(settings()).sweep_once(u.b.now()).await;
+    let mut seen = String::new();
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = r.chunk().await.unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("event: heartbeats") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "no heartbeats event: {seen:?}");
+}
