@@ -2,7 +2,8 @@
 # Runs Pulse's whole test suite on a fresh machine, installing what it needs:
 #   1. moto (the local AWS emulator), cargo-lambda (a local Lambda runtime API), the SAM
 #      CLI and cfn-lint into ./.venv, once;
-#   2. a moto server on a free loopback port, stopped when this script exits;
+#   2. Debian's chromium and chromium-driver (the dashboard's browser test), when missing;
+#      a moto server on a free loopback port, stopped when this script exits;
 #   3. cargo fmt --check, cargo clippy -D warnings, the four function binaries, and every
 #      Rust test (unit, the conformance suite and end-to-end flows on SQLite and on moto,
 #      the functions under `cargo lambda watch`, `pulse demo` with its transcript checked,
@@ -19,6 +20,14 @@ if ! "$VENV/bin/python" -c "import moto, cfnlint, samcli" 2>/dev/null || [ ! -x 
     echo "==> installing ${PY_PACKAGES[*]} into $VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi
+
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    echo "==> installing chromium and chromium-driver (the dashboard's browser test)"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver > /dev/null
 fi
 
 mkdir -p target

@@ -1,0 +1,242 @@
+//! The dashboard in a real browser: Chromium driven over WebDriver (chromedriver) against
+//! a `pulse serve` on a free loopback port. `scripts/test.sh` installs Debian's `chromium`
+//! and `chromium-driver` when they are missing. With `PULSE_SCREENSHOTS=DIR` the
+//! screenshots of the main pages are written there (the README's come from this test).
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::json;
+use fantoccini::{Client, ClientBuilder, Locator};
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// A child process killed when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until `port` on loopback accepts connections.
+fn wait_for_port(what: &str, port: u16) {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what} did not start listening"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn serve(dir: &Path, port: u16) -> Running {
+    let child = Command::new(env!("CARGO_BIN_EXE_pulse"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--tick",
+            "200ms",
+        ])
+        .current_dir(dir)
+        .env_remove("PULSE_DB")
+        .env_remove("PULSE_BACKEND")
+        .env_remove("PULSE_DASHBOARD_TOKEN")
+        .env("PULSE_LLM_PROVIDER", "offline")
+        .env("PULSE_EVENT_SETTLE", "0s")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pulse serve starts");
+    wait_for_port("pulse serve", port);
+    Running(child)
+}
+
+async fn browser() -> (Running, Client) {
+    assert!(
+        Path::new(CHROMEDRIVER).exists() && Path::new(CHROMIUM).exists(),
+        "the browser test needs Chromium and chromedriver: run ./scripts/test.sh (it installs them), or apt-get install -y chromium chromium-driver"
+    );
+    let port = free_port();
+    let driver = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver starts");
+    let driver = Running(driver);
+    wait_for_port("chromedriver", port);
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": CHROMIUM,
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"],
+        }),
+    );
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("a WebDriver session");
+    (driver, client)
+}
+
+/// Where screenshots go: `PULSE_SCREENSHOTS`, or the test's own directory.
+fn shots(dir: &Path) -> PathBuf {
+    std::env::var_os("PULSE_SCREENSHOTS").map_or_else(|| dir.join("shots"), PathBuf::from)
+}
+
+async fn screenshot(c: &Client, dir: &Path, name: &str) {
+    let png = c.screenshot().await.unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 5_000,
+        "{name}: not a picture"
+    );
+    let out = shots(dir);
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join(format!("{name}.png")), png).unwrap();
+}
+
+/// Waits for an element whose text contains `text`.
+async fn wait_for_text(c: &Client, css: &str, text: &str, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Ok(els) = c.find_all(Locator::Css(css)).await {
+            for e in els {
+                if e.text().await.is_ok_and(|t| t.contains(text)) {
+                    return true;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let port = free_port();
+    let _serve = serve(&d, port);
+    let (_driver, c) = browser().await;
+    let base = format!("http://127.0.0.1:{port}");
+
+    c.goto(&format!("{base}/ui/")).await.unwrap();
+    assert!(wait_for_text(&c, ".empty", "No agents yet", Duration::from_secs(5)).await);
+    c.find(Locator::Css("#name"))
+        .await
+        .unwrap()
+        .send_keys("scout")
+        .await
+        .unwrap();
+    let interval = c.find(Locator::Css("#interval")).await.unwrap();
+    interval.clear().await.unwrap();
+    interval.send_keys("2s").await.unwrap();
+    c.find(Locator::Css("form[action='/ui/agents'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(wait_for_text(&c, "nav.tabs a.on", "Heartbeats", Duration::from_secs(5)).await);
+    let url = c.current_url().await.unwrap().to_string();
+    let agent = url.split('/').nth(5).unwrap().to_owned();
+
+    // New heartbeats appear without a reload: the page keeps a mark set now. Beat 3 is
+    // written when beat 2 ends, two seconds after the first one ended, so well after
+    // the page was loaded.
+    c.execute("document.body.dataset.mark = 'kept'; return null;", vec![])
+        .await
+        .unwrap();
+    assert!(
+        !wait_for_text(&c, "#heartbeats a", "#3", Duration::from_millis(10)).await,
+        "beat 3 was there already"
+    );
+    assert!(
+        wait_for_text(&c, "#heartbeats a", "#3", Duration::from_secs(15)).await,
+        "a new heartbeat did not appear"
+    );
+    let mark = c
+        .execute("return document.body.dataset.mark || '';", vec![])
+        .await
+        .unwrap();
+    assert_eq!(mark, "kept", "the page was reloaded, not updated");
+    screenshot(&c, &d, "heartbeats").await;
+
+    // Its trace.
+    c.find(Locator::LinkText("#1"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(wait_for_text(&c, "h2", "Heartbeat #1", Duration::from_secs(5)).await);
+    assert!(wait_for_text(&c, ".card", "heartbeat-agent", Duration::from_secs(2)).await);
+    screenshot(&c, &d, "trace").await;
+
+    // Paused: no new heartbeat over two intervals.
+    c.goto(&format!("{base}/ui/agents/{agent}/settings"))
+        .await
+        .unwrap();
+    c.find(Locator::XPath("//button[text()='Pause']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(wait_for_text(&c, ".card", "Paused", Duration::from_secs(5)).await);
+    let latest = |d: &Path| {
+        let hbs = json(d, &["heartbeats", "list", "--agent", &agent]);
+        (
+            hbs[0]["beat"].as_u64().unwrap(),
+            hbs[0]["status"].as_str().unwrap().to_owned(),
+        )
+    };
+    let before = latest(&d);
+    assert_eq!(before.1, "PAUSED");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        latest(&d),
+        before,
+        "a heartbeat ran while the agent was paused"
+    );
+
+    c.goto(&format!("{base}/ui/")).await.unwrap();
+    assert!(wait_for_text(&c, "td", "paused", Duration::from_secs(5)).await);
+    screenshot(&c, &d, "agents").await;
+    // On a phone-width screen nothing spills sideways out of the page.
+    c.set_window_size(390, 844).await.unwrap();
+    let fits = c
+        .execute(
+            "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        fits,
+        serde_json::json!(true),
+        "the agents page is wider than a phone"
+    );
+    screenshot(&c, &d, "agents-phone").await;
+    c.close().await.unwrap();
+}
