@@ -61,6 +61,8 @@ fn serve(dir: &Path, port: u16) -> Running {
         .env_remove("PULSE_DASHBOARD_TOKEN")
         .env("PULSE_LLM_PROVIDER", "offline")
         .env("PULSE_EVENT_SETTLE", "0s")
+        // The test's hook receiver listens on loopback.
+        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -219,6 +221,82 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         before,
         "a heartbeat ran while the agent was paused"
     );
+
+    // A hook, added and tested from its tab.
+    let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
+    c.goto(&format!("{base}/ui/agents/{agent}/hooks"))
+        .await
+        .unwrap();
+    c.find(Locator::Css("#url"))
+        .await
+        .unwrap()
+        .send_keys(&receiver.url())
+        .await
+        .unwrap();
+    c.find(Locator::Css("form[action$='/hooks'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
+    c.find(Locator::XPath("//button[text()='Test']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(wait_for_text(&c, ".notice", "SUCCESS", Duration::from_secs(10)).await);
+    assert_eq!(receiver.received().len(), 1, "the test delivery arrived");
+    assert!(
+        c.find(Locator::Css(".secret")).await.is_err(),
+        "the secret is not shown again"
+    );
+    screenshot(&c, &d, "hooks").await;
+
+    // A webhook's secret, rotated and seen once.
+    c.goto(&format!("{base}/ui/agents/{agent}/webhooks"))
+        .await
+        .unwrap();
+    c.find(Locator::Css("form[action$='/webhooks'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
+    let first = c
+        .find(Locator::Css(".secret pre"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    c.goto(&format!("{base}/ui/agents/{agent}/webhooks"))
+        .await
+        .unwrap();
+    assert!(c.find(Locator::Css(".secret")).await.is_err());
+    assert!(!c.source().await.unwrap().contains(&first));
+    c.find(Locator::XPath("//button[text()='Rotate secret']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.accept_alert().await.unwrap();
+    assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
+    let second = c
+        .find(Locator::Css(".secret pre"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_ne!(first, second);
+    c.goto(&format!("{base}/ui/agents/{agent}/webhooks"))
+        .await
+        .unwrap();
+    assert!(!c.source().await.unwrap().contains(&second));
 
     c.goto(&format!("{base}/ui/")).await.unwrap();
     assert!(wait_for_text(&c, "td", "paused", Duration::from_secs(5)).await);

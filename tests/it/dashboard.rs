@@ -25,7 +25,13 @@ struct Answer {
 
 async fn ui(kind: Kind, access: Access) -> Ui {
     let b = Backend::new(kind).await;
-    let dashboard = Dashboard::new(&b.connected(), b.clock.clone(), &settings(), access);
+    let dashboard = Dashboard::new(
+        &b.connected(),
+        b.clock.clone(),
+        &settings(),
+        &pulse_tests::test_egress(),
+        access,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(http::serve_app(
@@ -426,4 +432,193 @@ async fn live(kind: Kind) {
     })
     .await;
     assert!(waited.is_ok(), "no heartbeats event: {seen:?}");
+}
+
+/// The secret a page shows once, in its `.secret` block.
+fn shown_secret(page: &str) -> Option<String> {
+    let at = page.find("<div class=\"secret\">")?;
+    let pre = page[at..].find("<pre>")? + at + 5;
+    let end = page[pre..].find("</pre>")? + pre;
+    Some(page[pre..end].to_owned())
+}
+
+on_both_backends!(
+    the_hooks_tab_adds_tests_switches_replays_and_deletes,
+    hooks_tab
+);
+async fn hooks_tab(kind: Kind) {
+    use pulse_tests::fake_hooks::{Answer, FakeReceiver};
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let base = format!("/ui/agents/{}/hooks", agent.id);
+    let empty = u.get(&base).await;
+    assert!(empty.body.contains("No hooks"), "an empty state");
+    assert!(
+        empty.body.contains("AGENT_PAUSED"),
+        "the types, with what they report"
+    );
+    let csrf = u.csrf().await;
+    let receiver = FakeReceiver::start().await;
+    let added = u
+        .post(
+            &base,
+            &[
+                ("csrf", &csrf),
+                ("hook_type", "AFTER_HEARTBEAT"),
+                ("url", &receiver.url()),
+                ("auth_header", "Bearer t0k"),
+            ],
+        )
+        .await;
+    assert_eq!(added.status, 200, "{}", added.body);
+    let secret = shown_secret(&added.body).expect("the new secret, once");
+    let hook =
+        u.b.store
+            .list_hooks(&agent.id)
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
+    assert_eq!(hook.secret.expose(), secret);
+    let again = u.get(&base).await.body;
+    assert!(
+        !again.contains(&secret) && !again.contains("t0k"),
+        "never shown again"
+    );
+    let refused = u
+        .post(
+            &base,
+            &[
+                ("csrf", &csrf),
+                ("hook_type", "AFTER_NOTHING"),
+                ("url", "https://example.com/h"),
+            ],
+        )
+        .await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(u.b.store.list_hooks(&agent.id).await.unwrap().len(), 1);
+
+    let hook_base = format!("{base}/{}", hook.id);
+    let tested = u
+        .post(&format!("{hook_base}/test"), &[("csrf", &csrf)])
+        .await;
+    assert!(tested.body.contains("SUCCESS"), "{}", tested.body);
+    assert_eq!(receiver.received().len(), 1);
+    assert_eq!(receiver.received()[0].header("authorization"), "Bearer t0k");
+
+    u.post(&format!("{hook_base}/disable"), &[("csrf", &csrf)])
+        .await;
+    assert!(!u.b.store.get_hook(&hook.id).await.unwrap().unwrap().active);
+    u.post(&format!("{hook_base}/enable"), &[("csrf", &csrf)])
+        .await;
+    assert!(u.b.store.get_hook(&hook.id).await.unwrap().unwrap().active);
+
+    // A failed test can be replayed from the delivery log.
+    receiver.script(vec![Answer::status(500), Answer::status(200)]);
+    let failed = u
+        .post(&format!("{hook_base}/test"), &[("csrf", &csrf)])
+        .await;
+    assert!(failed.body.contains("FAILED"), "{}", failed.body);
+    let log = u.get(&base).await.body;
+    assert!(
+        log.contains("Replay"),
+        "an exhausted delivery offers a replay"
+    );
+    let delivery =
+        u.b.store
+            .list_deliveries(&hook.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|d| d.status == pulse_shared::domain::DeliveryStatus::Exhausted)
+            .unwrap();
+    let replayed = u
+        .post(
+            &format!("{hook_base}/deliveries/{}/replay", delivery.id),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert!(replayed.body.contains("SUCCESS"), "{}", replayed.body);
+    assert_eq!(receiver.received().len(), 3);
+
+    let gone = u
+        .post(&format!("{hook_base}/delete"), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(gone.status, 303);
+    assert!(u.b.store.list_hooks(&agent.id).await.unwrap().is_empty());
+}
+
+on_both_backends!(
+    the_webhooks_tab_creates_edits_rotates_and_deletes,
+    webhooks_tab
+);
+async fn webhooks_tab(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let base = format!("/ui/agents/{}/webhooks", agent.id);
+    assert!(u.get(&base).await.body.contains("No webhooks"));
+    let csrf = u.csrf().await;
+    let made = u
+        .post(
+            &base,
+            &[("csrf", &csrf), ("scheme", "standard"), ("allow", "NOTE")],
+        )
+        .await;
+    assert_eq!(made.status, 200, "{}", made.body);
+    let secret = shown_secret(&made.body).expect("the secret, once");
+    let w = u.b.store.list_webhooks().await.unwrap().pop().unwrap();
+    assert_eq!(w.secrets_at(u.b.now())[0], secret);
+    let listed = u.get(&base).await.body;
+    assert!(!listed.contains(&secret), "never shown again");
+    assert!(listed.contains(&format!("/webhooks/{}", w.id)), "its URL");
+
+    let edit = format!("{base}/{}/update", w.id);
+    u.post(
+        &edit,
+        &[
+            ("csrf", &csrf),
+            ("allow", "PUSH,ISSUE"),
+            ("rate_limit", "10/h"),
+            ("wake", "yes"),
+        ],
+    )
+    .await;
+    let stored = u.b.store.get_webhook(&w.id).await.unwrap().unwrap();
+    assert_eq!(stored.allowed_types.len(), 2);
+    assert!(stored.wake && stored.rate_limit.is_some());
+    let bad = u
+        .post(
+            &edit,
+            &[
+                ("csrf", &csrf),
+                ("allow", "a b"),
+                ("rate_limit", "10/h"),
+                ("wake", "no"),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+    assert!(
+        u.b.store.get_webhook(&w.id).await.unwrap().unwrap().wake,
+        "nothing written"
+    );
+
+    let rotated = u
+        .post(&format!("{base}/{}/rotate", w.id), &[("csrf", &csrf)])
+        .await;
+    let new_secret = shown_secret(&rotated.body).expect("the new secret, once");
+    assert_ne!(new_secret, secret);
+    let rotated_webhook = u.b.store.get_webhook(&w.id).await.unwrap().unwrap();
+    assert_eq!(
+        rotated_webhook.secrets_at(u.b.now()).len(),
+        2,
+        "the old one works through the grace period"
+    );
+    assert!(!u.get(&base).await.body.contains(&new_secret));
+
+    let gone = u
+        .post(&format!("{base}/{}/delete", w.id), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(gone.status, 303);
+    assert!(u.b.store.get_webhook(&w.id).await.unwrap().is_none());
 }

@@ -13,14 +13,18 @@ pub(crate) enum Tab {
     Heartbeats,
     Events,
     Actions,
+    Hooks,
+    Webhooks,
     Settings,
 }
 
 impl Tab {
-    const ALL: [(Tab, &'static str, &'static str); 4] = [
+    const ALL: [(Tab, &'static str, &'static str); 6] = [
         (Tab::Heartbeats, "heartbeats", "Heartbeats"),
         (Tab::Events, "events", "Events"),
         (Tab::Actions, "actions", "Actions"),
+        (Tab::Hooks, "hooks", "Hooks"),
+        (Tab::Webhooks, "webhooks", "Webhooks"),
         (Tab::Settings, "settings", "Settings"),
     ];
 }

@@ -21,8 +21,11 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use pulse_egress::Egress;
 use pulse_shared::app::Connected;
-use pulse_shared::engine::{EngineSettings, Lifecycle, LifecycleError};
+use pulse_shared::engine::{
+    DispatchSettings, Dispatcher, EngineSettings, Lifecycle, LifecycleError,
+};
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{Clock, Store};
 
@@ -35,21 +38,26 @@ pub struct Dashboard(Arc<Inner>);
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) lifecycle: Lifecycle,
+    /// Sends hook tests and replays; `None` when the backend has no hooks queue.
+    pub(crate) dispatcher: Option<Dispatcher>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) guard: security::Guard,
 }
 
 impl Dashboard {
-    /// The dashboard over a connected backend, reached as `access` says.
+    /// The dashboard over a connected backend, reached as `access` says; hook tests and
+    /// replays go out through `egress`.
     pub fn new(
         b: &Connected,
         clock: Arc<dyn Clock>,
         settings: &EngineSettings,
+        egress: &Egress,
         access: Access,
     ) -> Self {
         Self(Arc::new(Inner {
             store: b.store.clone(),
             lifecycle: b.lifecycle(clock.clone(), settings),
+            dispatcher: b.dispatcher(clock.clone(), egress, DispatchSettings::default()),
             clock,
             guard: security::Guard::new(access),
         }))
@@ -57,7 +65,7 @@ impl Dashboard {
 
     /// Its routes, all under `/ui/` (and `/`, which leads there).
     pub fn router(&self) -> Router {
-        use pages::{agent, agents, login, trace};
+        use pages::{agent, agents, hooks, login, trace, webhooks};
         Router::new()
             .route("/", get(|| async { Redirect::to("/ui/") }))
             .route("/ui", get(|| async { Redirect::to("/ui/") }))
@@ -76,6 +84,30 @@ impl Dashboard {
             .route("/ui/agents/{id}/resume", post(agent::resume))
             .route("/ui/agents/{id}/delete", post(agent::delete))
             .route("/ui/agents/{id}/live", get(live::stream))
+            .route("/ui/agents/{id}/hooks", get(hooks::list).post(hooks::add))
+            .route("/ui/agents/{id}/hooks/{hook}/test", post(hooks::test))
+            .route("/ui/agents/{id}/hooks/{hook}/delete", post(hooks::delete))
+            .route(
+                "/ui/agents/{id}/hooks/{hook}/deliveries/{delivery}/replay",
+                post(hooks::replay),
+            )
+            .route("/ui/agents/{id}/hooks/{hook}/{to}", post(hooks::switch))
+            .route(
+                "/ui/agents/{id}/webhooks",
+                get(webhooks::list).post(webhooks::create),
+            )
+            .route(
+                "/ui/agents/{id}/webhooks/{webhook}/update",
+                post(webhooks::update),
+            )
+            .route(
+                "/ui/agents/{id}/webhooks/{webhook}/rotate",
+                post(webhooks::rotate),
+            )
+            .route(
+                "/ui/agents/{id}/webhooks/{webhook}/delete",
+                post(webhooks::delete),
+            )
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 security::protect,

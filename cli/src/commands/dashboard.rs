@@ -45,7 +45,13 @@ pub(crate) async fn execute(plan: DashboardPlan, cx: &Ctx<'_>) -> Result<(), Fai
         .await
         .map_err(|e| Failure::Input(format!("cannot listen on {}: {e}", plan.listen)))?;
     let addr = listener.local_addr()?;
-    let dashboard = Dashboard::new(cx.b, cx.clock.clone(), &cx.config.engine, plan.access);
+    let dashboard = Dashboard::new(
+        cx.b,
+        cx.clock.clone(),
+        &cx.config.engine,
+        &pulse_shared::app::egress(cx.config),
+        plan.access,
+    );
     eprintln!("dashboard at http://{addr}/ui/ (Ctrl-C stops it)");
     let stop = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -66,7 +72,8 @@ pub(crate) fn beside_receiver(
     match Access::for_listener(addr, token) {
         Ok(access) => {
             info!(url = %format!("http://{addr}/ui/"), "dashboard");
-            Some(Dashboard::new(b, clock, &config.engine, access).router())
+            let egress = pulse_shared::app::egress(config);
+            Some(Dashboard::new(b, clock, &config.engine, &egress, access).router())
         }
         Err(why) => {
             warn!("the dashboard is not served on this listener: {why}");

@@ -11,8 +11,7 @@ use pulse_shared::domain::{
     AgentId, AttemptStatus, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookTarget,
     HookType, RetrySchedule, Secret, builtin_tools, parse_duration,
 };
-use pulse_shared::engine::{DispatchSettings, Dispatcher};
-use pulse_shared::error::StoreError;
+use pulse_shared::engine::{DispatchSettings, Dispatcher, Switched, set_hook_active};
 use pulse_shared::ports::Clock;
 use pulse_signatures::inbound::generate_secret;
 
@@ -454,47 +453,31 @@ async fn list(b: &Connected, out: &Out, agent: Option<AgentId>) -> Result<(), Fa
     Ok(())
 }
 
-/// Lists the lifecycle hook types and the BEFORE_/AFTER_ types of every registered tool.
-/// Every type a hook can fire on: the lifecycle types, and BEFORE_/AFTER_ of each tool
-/// (built-in ones included).
-async fn valid_types(b: &Connected) -> Result<Vec<String>, Failure> {
-    let mut types: Vec<String> = HookType::LIFECYCLE
-        .iter()
-        .map(|(t, _)| (*t).to_owned())
-        .collect();
+/// Every hook type with when it fires: the lifecycle types, and BEFORE_/AFTER_ of each
+/// registered tool (built-in ones included).
+async fn catalogue(b: &Connected) -> Result<Vec<(HookType, String)>, Failure> {
     let registry = b
         .store
         .load_registry()
         .await?
         .with_builtins(builtin_tools());
-    for tool in &registry.tools {
-        types.push(HookType::before_tool(&tool.name).as_str().to_owned());
-        types.push(HookType::after_tool(&tool.name).as_str().to_owned());
-    }
-    Ok(types)
+    Ok(HookType::catalogue(&registry.tools))
+}
+
+async fn valid_types(b: &Connected) -> Result<Vec<String>, Failure> {
+    Ok(catalogue(b)
+        .await?
+        .into_iter()
+        .map(|(t, _)| t.as_str().to_owned())
+        .collect())
 }
 
 async fn types(b: &Connected, out: &Out) -> Result<(), Failure> {
-    let mut rows: Vec<serde_json::Value> = HookType::LIFECYCLE
-        .iter()
-        .map(|(t, what)| serde_json::json!({ "type": t, "fires_when": what }))
-        .collect();
-    let registry = b
-        .store
-        .load_registry()
+    let rows: Vec<serde_json::Value> = catalogue(b)
         .await?
-        .with_builtins(builtin_tools());
-    for tool in registry.tools {
-        for (t, when) in [
-            (HookType::before_tool(&tool.name), "before"),
-            (HookType::after_tool(&tool.name), "after"),
-        ] {
-            rows.push(serde_json::json!({
-                "type": t,
-                "fires_when": format!("{when} the tool {} runs for an event", tool.name),
-            }));
-        }
-    }
+        .into_iter()
+        .map(|(t, when)| serde_json::json!({ "type": t, "fires_when": when }))
+        .collect();
     out.table(&rows, &["TYPE", "FIRES WHEN"], |r| {
         vec![
             r["type"].as_str().unwrap_or_default().to_owned(),
@@ -577,41 +560,16 @@ async fn update(b: &Connected, out: &Out, id: &HookId, c: &HookChanges) -> Resul
 }
 
 async fn set_active(b: &Connected, out: &Out, id: &HookId, active: bool) -> Result<(), Failure> {
-    for _ in 0..5 {
-        let mut hook = require_hook(b, id).await?;
-        if hook.active == active {
-            out.done(&format!(
-                "hook {id} is already {}",
-                if active { "enabled" } else { "disabled" }
-            ));
-            return Ok(());
-        }
-        hook.active = active;
-        if active {
-            // A fresh start: the failure streak that disabled it is forgotten.
-            hook.failing_since = None;
-            hook.disabled_reason = None;
-        } else {
-            hook.disabled_reason = Some("disabled by a user".into());
-        }
-        hook.version += 1;
-        match b.store.update_hook(&hook).await {
-            Ok(()) => {
-                out.done(&format!(
-                    "hook {id} {}",
-                    if active {
-                        "enabled"
-                    } else {
-                        "disabled; queued deliveries are cancelled when they come up"
-                    }
-                ));
-                return Ok(());
-            }
-            Err(StoreError::Conflict(_)) => continue,
-            Err(e) => return Err(e.into()),
-        }
+    let state = if active { "enabled" } else { "disabled" };
+    match set_hook_active(b.store.as_ref(), id, active)
+        .await
+        .map_err(super::store)?
+    {
+        Switched::Already => out.done(&format!("hook {id} is already {state}")),
+        Switched::Done if active => out.done(&format!("hook {id} enabled")),
+        Switched::Done => out.done(&format!(
+            "hook {id} disabled; queued deliveries are cancelled when they come up"
+        )),
     }
-    Err(Failure::Runtime(anyhow::anyhow!(
-        "hook {id} kept changing (deliveries in flight); try again"
-    )))
+    Ok(())
 }

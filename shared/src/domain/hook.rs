@@ -117,6 +117,27 @@ impl HookType {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Every type a hook may take with these tools, and when it fires: the lifecycle
+    /// types, then `BEFORE_`/`AFTER_` of each tool.
+    pub fn catalogue(tools: &[super::tool::Tool]) -> Vec<(HookType, String)> {
+        let mut all: Vec<(HookType, String)> = Self::LIFECYCLE
+            .iter()
+            .map(|(t, what)| (Self::of(t), (*what).to_owned()))
+            .collect();
+        for tool in tools {
+            for (t, when) in [
+                (Self::before_tool(&tool.name), "before"),
+                (Self::after_tool(&tool.name), "after"),
+            ] {
+                all.push((
+                    t,
+                    format!("{when} the tool {} runs for an event", tool.name),
+                ));
+            }
+        }
+        all
+    }
 }
 
 impl fmt::Display for HookType {

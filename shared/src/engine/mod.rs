@@ -30,7 +30,10 @@ pub use conversation::{
     Conversation, ConversationSettings, TurnOutcome, build_context, estimate_tokens,
 };
 pub use heartbeat::{HeartbeatRunner, RunOutcome};
-pub use hooks::{DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter};
+pub use hooks::{
+    DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter, Switched,
+    set_hook_active,
+};
 pub use lifecycle::{Lifecycle, LifecycleError, Toggled, Updated};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};

@@ -2,8 +2,10 @@
 
 pub(crate) mod agent;
 pub(crate) mod agents;
+pub(crate) mod hooks;
 pub(crate) mod login;
 pub(crate) mod trace;
+pub(crate) mod webhooks;
 
 use pulse_shared::domain::{Agent, AgentId};
 

@@ -20,3 +20,4 @@ mod operator;
 
 pub use dispatcher::{DispatchReport, DispatchSettings, Dispatcher, Handled};
 pub use emitter::{Emission, HookEmitter};
+pub use operator::{Switched, set_hook_active};

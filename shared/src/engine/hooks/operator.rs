@@ -7,7 +7,52 @@ use crate::domain::{
     DeliveryStatus, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookPayload, HookTask,
     PayloadAgent, PayloadContext, to_ms,
 };
-use crate::error::EngineError;
+use crate::error::{EngineError, StoreError};
+use crate::ports::Store;
+
+/// What [`set_hook_active`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switched {
+    /// Turned on or off now.
+    Done,
+    /// It already was so.
+    Already,
+}
+
+/// Turns a hook on (forgetting the failure streak that disabled it) or off, over the
+/// version read, reading again when a delivery's health update got there first.
+/// `NotFound` if there is no such hook.
+pub async fn set_hook_active(
+    store: &dyn Store,
+    id: &crate::domain::HookId,
+    active: bool,
+) -> Result<Switched, StoreError> {
+    for _ in 0..5 {
+        let mut hook = store
+            .get_hook(id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("hook {id}")))?;
+        if hook.active == active {
+            return Ok(Switched::Already);
+        }
+        hook.active = active;
+        if active {
+            hook.failing_since = None;
+            hook.disabled_reason = None;
+        } else {
+            hook.disabled_reason = Some("disabled by a user".into());
+        }
+        hook.version += 1;
+        match store.update_hook(&hook).await {
+            Ok(()) => return Ok(Switched::Done),
+            Err(StoreError::Conflict(_)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Conflict(format!(
+        "hook {id} kept changing (deliveries in flight); try again"
+    )))
+}
 
 impl Dispatcher {
     /// Sends a test delivery to `hook` now (one attempt, no retries), recorded like any
