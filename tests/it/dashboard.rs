@@ -622,3 +622,25 @@ async fn webhooks_tab(kind: Kind) {
     assert_eq!(gone.status, 303);
     assert!(u.b.store.get_webhook(&w.id).await.unwrap().is_none());
 }
+
+on_both_backends!(the_agents_page_shows_a_hundred_at_a_time, paging);
+async fn paging(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let fleet: Vec<_> = (0..150)
+        .map(|i| {
+            u.b.advance(SignedDuration::from_millis(1));
+            pulse_shared::domain::NewAgent::named(format!("agent-{i:03}"))
+                .create(u.b.now())
+                .unwrap()
+        })
+        .collect();
+    u.b.store.import_agents(&fleet).await.unwrap();
+    let first = u.get("/ui/").await.body;
+    assert!(first.contains("agent-000") && first.contains("agent-099"));
+    assert!(!first.contains("agent-100"));
+    assert!(first.contains("page 1 of 2 (150 agents)"));
+    let second = u.get("/ui/?page=2").await.body;
+    assert!(second.contains("agent-100") && second.contains("agent-149"));
+    assert!(!second.contains("agent-099"));
+    assert!(u.get("/ui/?page=9").await.body.contains("page 2 of 2"));
+}

@@ -3,6 +3,7 @@
 //! configured backend.
 
 mod coldstart;
+mod dashboard;
 mod hooks;
 mod receive;
 mod sweep;
@@ -54,6 +55,19 @@ pub(crate) enum BenchCmd {
         #[arg(long, value_name = "DIR")]
         bin_dir: Option<std::path::PathBuf>,
     },
+    /// The dashboard's agents page and an agent's Heartbeats and Events tabs on SQLite
+    /// with a fleet behind them: server time per page, p50 and p99.
+    Dashboard {
+        /// Agents in the fleet.
+        #[arg(long, default_value_t = 1_000)]
+        agents: usize,
+        /// Events, spread over the agents.
+        #[arg(long, default_value_t = 100_000)]
+        events: usize,
+        /// Requests timed per page.
+        #[arg(long, default_value_t = 200)]
+        requests: usize,
+    },
     /// The worker's cost per conversation turn with histories of several sizes (offline
     /// model, no Discord).
     Turn {
@@ -83,5 +97,10 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         } => hooks::hooks(deliveries, samples, out).await,
         BenchCmd::Coldstart { runs, bin_dir } => coldstart::coldstart(runs, bin_dir, out).await,
         BenchCmd::Turn { history, turns } => sweep::turn(&history, turns, out).await,
+        BenchCmd::Dashboard {
+            agents,
+            events,
+            requests,
+        } => dashboard::dashboard(agents, events, requests, out).await,
     }
 }

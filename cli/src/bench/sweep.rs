@@ -58,7 +58,7 @@ fn settings(n: usize) -> EngineSettings {
     }
 }
 
-fn fleet(
+pub(super) fn fleet(
     n: usize,
     clock: &dyn Clock,
 ) -> Vec<(pulse_shared::domain::Agent, pulse_shared::domain::Heartbeat)> {

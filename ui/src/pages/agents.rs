@@ -1,23 +1,55 @@
 //! The agents page: every agent at a glance, create one, pause or resume.
 
 use axum::Form;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
+use futures::StreamExt;
 use maud::{Markup, html};
-use pulse_shared::domain::{Heartbeat, HeartbeatStatus, Interval, NewAgent};
+use pulse_shared::domain::{Agent, Heartbeat, HeartbeatStatus, Interval, NewAgent};
+use pulse_shared::error::StoreError;
 use serde::Deserialize;
 
 use crate::layout::{ago, badge, button, csrf, empty, page, status};
 use crate::{Dashboard, Problem};
 
-/// `GET /ui/`.
-pub(crate) async fn list(State(d): State<Dashboard>) -> Result<Markup, Problem> {
+/// Agents per page.
+const PER_PAGE: usize = 100;
+
+/// `?page=N` (from 1).
+#[derive(Deserialize, Default)]
+pub(crate) struct Paging {
+    #[serde(default)]
+    page: Option<usize>,
+}
+
+/// `GET /ui/`: a hundred agents a page, each with its latest heartbeats (read a few at a
+/// time: on DynamoDB each is a request).
+pub(crate) async fn list(
+    State(d): State<Dashboard>,
+    Query(paging): Query<Paging>,
+) -> Result<Markup, Problem> {
     let now = d.0.clock.now();
     let agents = d.0.store.list_agents().await?;
-    let mut rows = Vec::with_capacity(agents.len());
-    for a in agents {
-        let recent = d.0.store.list_heartbeats(&a.id, 2).await?;
-        rows.push((a, recent));
+    let total = agents.len();
+    let pages = total.div_ceil(PER_PAGE).max(1);
+    let at = paging.page.unwrap_or(1).clamp(1, pages);
+    let shown: Vec<Agent> = agents
+        .into_iter()
+        .skip((at - 1) * PER_PAGE)
+        .take(PER_PAGE)
+        .collect();
+    let ids: Vec<_> = shown.iter().map(|a| a.id.clone()).collect();
+    let recent: Vec<Result<Vec<Heartbeat>, StoreError>> = futures::stream::iter(ids)
+        .map(|id| {
+            let store = d.0.store.clone();
+            async move { store.list_heartbeats(&id, 2).await }
+        })
+        .buffered(16)
+        .collect()
+        .await;
+    let mut rows = Vec::with_capacity(shown.len());
+    for (a, r) in shown.iter().zip(recent) {
+        rows.push((a, r?));
     }
     Ok(page(
         "Agents",
@@ -52,6 +84,13 @@ pub(crate) async fn list(State(d): State<Dashboard>) -> Result<Markup, Problem> 
                         }
                     } }
                 } }
+                @if pages > 1 {
+                    p {
+                        @if at > 1 { a href={"/ui/?page=" (at - 1)} { "← previous" } " " }
+                        span.muted { "page " (at) " of " (pages) " (" (total) " agents)" }
+                        @if at < pages { " " a href={"/ui/?page=" (at + 1)} { "next →" } }
+                    }
+                }
             }
             h2 { "Create an agent" }
             form.grid.card method="post" action="/ui/agents" {
