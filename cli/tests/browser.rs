@@ -117,6 +117,14 @@ async fn screenshot(c: &Client, dir: &Path, name: &str) {
     std::fs::write(out.join(format!("{name}.png")), png).unwrap();
 }
 
+async fn click(c: &Client, at: Locator<'_>) {
+    c.find(at).await.unwrap().click().await.unwrap();
+}
+
+async fn type_into(c: &Client, at: Locator<'_>, text: &str) {
+    c.find(at).await.unwrap().send_keys(text).await.unwrap();
+}
+
 /// Waits for an element whose text contains `text`.
 async fn wait_for_text(c: &Client, css: &str, text: &str, limit: Duration) -> bool {
     let start = Instant::now();
@@ -144,21 +152,11 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
 
     c.goto(&format!("{base}/ui/")).await.unwrap();
     assert!(wait_for_text(&c, ".empty", "No agents yet", Duration::from_secs(5)).await);
-    c.find(Locator::Css("#name"))
-        .await
-        .unwrap()
-        .send_keys("scout")
-        .await
-        .unwrap();
+    type_into(&c, Locator::Css("#name"), "scout").await;
     let interval = c.find(Locator::Css("#interval")).await.unwrap();
     interval.clear().await.unwrap();
     interval.send_keys("2s").await.unwrap();
-    c.find(Locator::Css("form[action='/ui/agents'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::Css("form[action='/ui/agents'] button")).await;
     assert!(wait_for_text(&c, "nav.tabs a.on", "Heartbeats", Duration::from_secs(5)).await);
     let url = c.current_url().await.unwrap().to_string();
     let agent = url.split('/').nth(5).unwrap().to_owned();
@@ -185,12 +183,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     screenshot(&c, &d, "heartbeats").await;
 
     // Its trace.
-    c.find(Locator::LinkText("#1"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::LinkText("#1")).await;
     assert!(wait_for_text(&c, "h2", "Heartbeat #1", Duration::from_secs(5)).await);
     assert!(wait_for_text(&c, ".card", "heartbeat-agent", Duration::from_secs(2)).await);
     screenshot(&c, &d, "trace").await;
@@ -199,12 +192,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     c.goto(&format!("{base}/ui/agents/{agent}/settings"))
         .await
         .unwrap();
-    c.find(Locator::XPath("//button[text()='Pause']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::XPath("//button[text()='Pause']")).await;
     assert!(wait_for_text(&c, ".card", "Paused", Duration::from_secs(5)).await);
     let latest = |d: &Path| {
         let hbs = json(d, &["heartbeats", "list", "--agent", &agent]);
@@ -227,25 +215,10 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     c.goto(&format!("{base}/ui/agents/{agent}/hooks"))
         .await
         .unwrap();
-    c.find(Locator::Css("#url"))
-        .await
-        .unwrap()
-        .send_keys(&receiver.url())
-        .await
-        .unwrap();
-    c.find(Locator::Css("form[action$='/hooks'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&c, Locator::Css("#url"), &receiver.url()).await;
+    click(&c, Locator::Css("form[action$='/hooks'] button")).await;
     assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
-    c.find(Locator::XPath("//button[text()='Test']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::XPath("//button[text()='Test']")).await;
     assert!(wait_for_text(&c, ".notice", "SUCCESS", Duration::from_secs(10)).await);
     assert_eq!(receiver.received().len(), 1, "the test delivery arrived");
     assert!(
@@ -258,12 +231,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     c.goto(&format!("{base}/ui/agents/{agent}/webhooks"))
         .await
         .unwrap();
-    c.find(Locator::Css("form[action$='/webhooks'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::Css("form[action$='/webhooks'] button")).await;
     assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
     let first = c
         .find(Locator::Css(".secret pre"))
@@ -277,12 +245,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         .unwrap();
     assert!(c.find(Locator::Css(".secret")).await.is_err());
     assert!(!c.source().await.unwrap().contains(&first));
-    c.find(Locator::XPath("//button[text()='Rotate secret']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, Locator::XPath("//button[text()='Rotate secret']")).await;
     c.accept_alert().await.unwrap();
     assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
     let second = c

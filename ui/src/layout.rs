@@ -136,6 +136,15 @@ pub(crate) fn back_to(back: Option<&str>, default: &str) -> String {
     }
 }
 
+/// A part of a page fetched again from `url` when the live stream says `kind` changed.
+pub(crate) fn live_part(id: &str, url: &str, kind: &str, body: Markup) -> Markup {
+    html! {
+        div id=(id) hx-get=(url) hx-trigger={"live-" (kind) " from:body"} hx-swap="outerHTML" {
+            (body)
+        }
+    }
+}
+
 /// What to do when a list is empty.
 pub(crate) fn empty(text: &str, command: &str) -> Markup {
     html! { div.empty { (text) " " code { (command) } } }

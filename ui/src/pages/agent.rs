@@ -11,7 +11,7 @@ use pulse_shared::ports::EventQuery;
 use serde::Deserialize;
 
 use super::agent_of;
-use crate::layout::{Tab, agent_page, ago, back_to, badge, button, csrf, empty, short};
+use crate::layout::{Tab, agent_page, ago, back_to, badge, button, csrf, empty, live_part, short};
 use crate::{Dashboard, Problem};
 
 /// Rows a tab shows.
@@ -49,29 +49,32 @@ pub(crate) async fn heartbeats(
     let agent = agent_of(&d, &id).await?;
     let now = d.0.clock.now();
     let hbs = d.0.store.list_heartbeats(&agent.id, ROWS).await?;
-    let part = html! {
-        div #heartbeats hx-get={"/ui/agents/" (agent.id) "/heartbeats?partial=1"}
-            hx-trigger="live-heartbeats from:body" hx-swap="outerHTML" {
-            @if hbs.is_empty() {
-                (empty("No heartbeats yet: one is due as soon as `pulse serve` (or the sweeper) runs.", "pulse serve"))
-            } @else {
-                div.scroll { table {
-                    thead { tr { th { "Beat" } th { "Status" } th { "Scheduled" } th { "Completed" }
-                        th { "Events" } th { "Actions" } th { "Failed" } th { "Error" } } }
-                    tbody { @for h in &hbs { tr {
-                        td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat)} { "#" (h.beat) } }
-                        td { (badge(h.status.as_str())) }
-                        td { (ago(now, Some(h.scheduled_at))) }
-                        td { (ago(now, h.completed_at)) }
-                        td { (h.events_processed) }
-                        td { (h.actions_triggered) }
-                        td { (h.actions_failed) }
-                        td.wrap { (h.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
-                    } } }
-                } }
-            }
-        }
-    };
+    let url = format!("/ui/agents/{}/heartbeats?partial=1", agent.id);
+    let part = live_part(
+        "heartbeats",
+        &url,
+        "heartbeats",
+        html! {
+                @if hbs.is_empty() {
+                    (empty("No heartbeats yet: one is due as soon as `pulse serve` (or the sweeper) runs.", "pulse serve"))
+                } @else {
+                    div.scroll { table {
+                        thead { tr { th { "Beat" } th { "Status" } th { "Scheduled" } th { "Completed" }
+                            th { "Events" } th { "Actions" } th { "Failed" } th { "Error" } } }
+                        tbody { @for h in &hbs { tr {
+                            td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat)} { "#" (h.beat) } }
+                            td { (badge(h.status.as_str())) }
+                            td { (ago(now, Some(h.scheduled_at))) }
+                            td { (ago(now, h.completed_at)) }
+                            td { (h.events_processed) }
+                            td { (h.actions_triggered) }
+                            td { (h.actions_failed) }
+                            td.wrap { (h.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
+                        } } }
+                    } }
+                }
+        },
+    );
     Ok(tab(&agent, Tab::Heartbeats, &view, part, html! {}))
 }
 
@@ -105,25 +108,28 @@ pub(crate) async fn events(
             " " button.quiet type="submit" { "Filter" }
         }
     };
-    let part = html! {
-        div #events hx-get={"/ui/agents/" (agent.id) "/events?partial=1&type=" (typed)}
-            hx-trigger="live-events from:body" hx-swap="outerHTML" {
-            @if events.is_empty() {
-                (empty("No events yet. Send one with", &format!("pulse events emit --agent {} --type NOTE --payload '{{\"text\": \"hi\"}}'", agent.id)))
-            } @else {
-                div.scroll { table {
-                    thead { tr { th { "Type" } th { "When" } th { "Source" } th { "Parent" } th { "Payload" } } }
-                    tbody { @for e in &events { tr id=(e.id) {
-                        td { code { (e.event_type) } }
-                        td { (ago(now, Some(e.created_at))) }
-                        td { (e.source) }
-                        td { @if let Some(p) = &e.parent_id { a href={"#" (p)} { "parent" } } }
-                        td.wrap { code { (short(&e.payload.to_string(), 160)) } }
-                    } } }
-                } }
-            }
-        }
-    };
+    let url = format!("/ui/agents/{}/events?partial=1&type={typed}", agent.id);
+    let part = live_part(
+        "events",
+        &url,
+        "events",
+        html! {
+                @if events.is_empty() {
+                    (empty("No events yet. Send one with", &format!("pulse events emit --agent {} --type NOTE --payload '{{\"text\": \"hi\"}}'", agent.id)))
+                } @else {
+                    div.scroll { table {
+                        thead { tr { th { "Type" } th { "When" } th { "Source" } th { "Parent" } th { "Payload" } } }
+                        tbody { @for e in &events { tr id=(e.id) {
+                            td { code { (e.event_type) } }
+                            td { (ago(now, Some(e.created_at))) }
+                            td { (e.source) }
+                            td { @if let Some(p) = &e.parent_id { a href={"#" (p)} { "parent" } } }
+                            td.wrap { code { (short(&e.payload.to_string(), 160)) } }
+                        } } }
+                    } }
+                }
+        },
+    );
     Ok(tab(&agent, Tab::Events, &view, part, filter))
 }
 
@@ -136,29 +142,32 @@ pub(crate) async fn actions(
     let agent = agent_of(&d, &id).await?;
     let now = d.0.clock.now();
     let actions = d.0.store.list_actions(&agent.id, ROWS).await?;
-    let part = html! {
-        div #actions hx-get={"/ui/agents/" (agent.id) "/actions?partial=1"}
-            hx-trigger="live-heartbeats from:body" hx-swap="outerHTML" {
-            @if actions.is_empty() {
-                (empty("No actions yet: tools run when a heartbeat reads an event they are subscribed to.", "pulse subscriptions list"))
-            } @else {
-                div.scroll { table {
-                    thead { tr { th { "Tool" } th { "Beat" } th { "Status" } th { "Started" } th { "Took" } th { "Error" } } }
-                    tbody { @for a in &actions {
-                        @let status = serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-                        tr {
-                            td { (a.tool) }
-                            td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (a.heartbeat_id.beat())} { "#" (a.heartbeat_id.beat()) } }
-                            td { (badge(&status)) }
-                            td { (ago(now, Some(a.started_at))) }
-                            td { (a.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
-                            td.wrap { (a.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
-                        }
+    let url = format!("/ui/agents/{}/actions?partial=1", agent.id);
+    let part = live_part(
+        "actions",
+        &url,
+        "heartbeats",
+        html! {
+                @if actions.is_empty() {
+                    (empty("No actions yet: tools run when a heartbeat reads an event they are subscribed to.", "pulse subscriptions list"))
+                } @else {
+                    div.scroll { table {
+                        thead { tr { th { "Tool" } th { "Beat" } th { "Status" } th { "Started" } th { "Took" } th { "Error" } } }
+                        tbody { @for a in &actions {
+                            @let status = serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+                            tr {
+                                td { (a.tool) }
+                                td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (a.heartbeat_id.beat())} { "#" (a.heartbeat_id.beat()) } }
+                                td { (badge(&status)) }
+                                td { (ago(now, Some(a.started_at))) }
+                                td { (a.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
+                                td.wrap { (a.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
+                            }
+                        } }
                     } }
-                } }
-            }
-        }
-    };
+                }
+        },
+    );
     Ok(tab(&agent, Tab::Actions, &view, part, html! {}))
 }
 
