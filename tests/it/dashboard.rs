@@ -644,3 +644,74 @@ async fn paging(kind: Kind) {
     assert!(!second.contains("agent-099"));
     assert!(u.get("/ui/?page=9").await.body.contains("page 2 of 2"));
 }
+
+on_both_backends!(
+    the_conversation_memories_and_tools_tabs_show_what_the_agent_heard_kept_and_runs,
+    mind_tabs
+);
+async fn mind_tabs(kind: Kind) {
+    use pulse_shared::domain::{Memory, MemoryId, Signal, SignalMeta};
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let base = format!("/ui/agents/{}", agent.id);
+    assert!(
+        u.get(&format!("{base}/conversation"))
+            .await
+            .body
+            .contains("No conversation yet")
+    );
+    assert!(
+        u.get(&format!("{base}/memories"))
+            .await
+            .body
+            .contains("No memories yet")
+    );
+    let s = Signal::user_message(
+        &agent.id,
+        &agent.session,
+        "hello there",
+        SignalMeta::default(),
+        u.b.now(),
+    )
+    .unwrap();
+    pulse_shared::engine::intake::submit(u.b.store.as_ref(), u.b.queue.as_ref(), s)
+        .await
+        .unwrap();
+    let services = pulse_shared::app::Services {
+        llm: std::sync::Arc::new(pulse_shared::llm::Router::new(
+            pulse_shared::llm::LlmConfig::offline(),
+            pulse_tests::test_egress(),
+        )),
+        discord: None,
+        egress: pulse_tests::test_egress(),
+    };
+    let worker =
+        u.b.connected()
+            .worker(u.b.clock.clone(), &settings(), &services);
+    u.b.drain(&worker).await;
+    u.b.store
+        .remember(&Memory {
+            id: MemoryId::derived(1, &["tea"]),
+            agent_id: agent.id.clone(),
+            text: "likes green tea".into(),
+            heartbeat_id: None,
+            created_at: u.b.now(),
+        })
+        .await
+        .unwrap();
+    let talk = u.get(&format!("{base}/conversation")).await;
+    assert_eq!(talk.status, 200);
+    assert!(
+        talk.body.contains("hello there") && talk.body.contains("reply"),
+        "{}",
+        talk.body
+    );
+    assert!(
+        u.get(&format!("{base}/memories"))
+            .await
+            .body
+            .contains("likes green tea")
+    );
+    let tools = u.get(&format!("{base}/tools")).await;
+    assert!(tools.body.contains("heartbeat-agent") && tools.body.contains("HEARTBEAT"));
+}

@@ -13,16 +13,22 @@ pub(crate) enum Tab {
     Heartbeats,
     Events,
     Actions,
+    Conversation,
+    Memories,
+    Tools,
     Hooks,
     Webhooks,
     Settings,
 }
 
 impl Tab {
-    const ALL: [(Tab, &'static str, &'static str); 6] = [
+    const ALL: [(Tab, &'static str, &'static str); 9] = [
         (Tab::Heartbeats, "heartbeats", "Heartbeats"),
         (Tab::Events, "events", "Events"),
         (Tab::Actions, "actions", "Actions"),
+        (Tab::Conversation, "conversation", "Conversation"),
+        (Tab::Memories, "memories", "Memories"),
+        (Tab::Tools, "tools", "Tools"),
         (Tab::Hooks, "hooks", "Hooks"),
         (Tab::Webhooks, "webhooks", "Webhooks"),
         (Tab::Settings, "settings", "Settings"),

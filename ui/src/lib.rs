@@ -65,7 +65,7 @@ impl Dashboard {
 
     /// Its routes, all under `/ui/` (and `/`, which leads there).
     pub fn router(&self) -> Router {
-        use pages::{agent, agents, hooks, login, trace, webhooks};
+        use pages::{agent, agents, hooks, login, mind, trace, webhooks};
         Router::new()
             .route("/", get(|| async { Redirect::to("/ui/") }))
             .route("/ui", get(|| async { Redirect::to("/ui/") }))
@@ -79,6 +79,9 @@ impl Dashboard {
             .route("/ui/agents/{id}/events", get(agent::events))
             .route("/ui/agents/{id}/actions", get(agent::actions))
             .route("/ui/agents/{id}/settings", get(agent::settings))
+            .route("/ui/agents/{id}/conversation", get(mind::conversation))
+            .route("/ui/agents/{id}/memories", get(mind::memories))
+            .route("/ui/agents/{id}/tools", get(mind::tools))
             .route("/ui/agents/{id}/update", post(agent::update))
             .route("/ui/agents/{id}/pause", post(agent::pause))
             .route("/ui/agents/{id}/resume", post(agent::resume))

@@ -4,6 +4,7 @@ pub(crate) mod agent;
 pub(crate) mod agents;
 pub(crate) mod hooks;
 pub(crate) mod login;
+pub(crate) mod mind;
 pub(crate) mod trace;
 pub(crate) mod webhooks;
 

@@ -1,0 +1,128 @@
+//! An agent's Conversation, Memories and Tools tabs: what it said and heard, what it
+//! remembers, and the tools that run on its events.
+
+use axum::extract::{Path, State};
+use maud::{Markup, html};
+use pulse_shared::domain::{Role, builtin_tools};
+
+use super::agent_of;
+use crate::layout::{Tab, agent_page, ago, badge, empty};
+use crate::{Dashboard, Problem};
+
+/// Messages and memories shown.
+const ROWS: usize = 100;
+
+/// `GET /ui/agents/{id}/conversation`: the latest messages, oldest first, with who spoke
+/// — the user, the conversation's reply, or a heartbeat's thought a reply came from.
+pub(crate) async fn conversation(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let now = d.0.clock.now();
+    let mut messages = d.0.store.recent_messages(&agent.id, ROWS).await?;
+    messages.reverse();
+    Ok(agent_page(
+        &agent,
+        Tab::Conversation,
+        html! {
+            @if messages.is_empty() {
+                (empty("No conversation yet. Say something as if from Discord with", &format!("pulse say --agent {} \"hello\"", agent.id)))
+            }
+            @for m in &messages {
+                @let who = match (m.role, m.source.as_str()) {
+                    (Role::User, _) => format!("user{}", m.author.as_deref().map(|a| format!(" ({a})")).unwrap_or_default()),
+                    (_, "heartbeat") => "heartbeat thought".to_owned(),
+                    _ => format!("{} reply", m.agent.as_deref().unwrap_or("agent")),
+                };
+                div.card {
+                    p.muted { strong { (who) } " · " (ago(now, Some(m.created_at))) }
+                    p { (m.content) }
+                }
+            }
+        },
+    ))
+}
+
+/// `GET /ui/agents/{id}/memories`.
+pub(crate) async fn memories(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let now = d.0.clock.now();
+    let memories = d.0.store.memories(&agent.id, ROWS).await?;
+    Ok(agent_page(
+        &agent,
+        Tab::Memories,
+        html! {
+            @if memories.is_empty() {
+                (empty("No memories yet: the heartbeat agent keeps them with its remember tool; list them with", &format!("pulse memories list --agent {}", agent.id)))
+            } @else {
+                div.scroll { table {
+                    thead { tr { th { "Memory" } th { "When" } th { "Heartbeat" } } }
+                    tbody { @for m in &memories { tr {
+                        td.wrap { (m.text) }
+                        td { (ago(now, Some(m.created_at))) }
+                        td { @if let Some(h) = &m.heartbeat_id {
+                            a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat())} { "#" (h.beat()) }
+                        } }
+                    } } }
+                } }
+            }
+        },
+    ))
+}
+
+/// `GET /ui/agents/{id}/tools`: the tools and the subscriptions that apply to this agent
+/// (its own and everyone's), in the order they run.
+pub(crate) async fn tools(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let registry =
+        d.0.store
+            .load_registry()
+            .await?
+            .with_builtins(builtin_tools());
+    let mut subs: Vec<_> = registry
+        .subscriptions
+        .iter()
+        .filter(|s| s.agent_id.as_ref().is_none_or(|a| *a == agent.id))
+        .collect();
+    subs.sort_by(|a, b| (&a.event_type, a.order, &a.tool).cmp(&(&b.event_type, b.order, &b.tool)));
+    Ok(agent_page(
+        &agent,
+        Tab::Tools,
+        html! {
+            p.muted { "Tools are shared by every agent; switch them with "
+                code { "pulse tools enable|disable" } " and " code { "pulse subscriptions enable|disable" } "." }
+            h2 { "Subscriptions" }
+            div.scroll { table {
+                thead { tr { th { "Event" } th { "Tool" } th { "Order" } th { "For" } th { "Filter" } th { "Active" } } }
+                tbody { @for s in &subs { tr {
+                    td { code { (s.event_type) } }
+                    td { (s.tool) }
+                    td { (s.order) }
+                    td { @if s.agent_id.is_some() { "this agent" } @else { "every agent" } }
+                    td { code { (serde_json::to_string(&s.filter).unwrap_or_default()) } }
+                    td { @if s.active { (badge("active")) } @else { (badge("paused")) } }
+                } } }
+            } }
+            h2 { "Tools" }
+            div.scroll { table {
+                thead { tr { th { "Name" } th { "Kind" } th { "Description" } th { "Active" } } }
+                tbody { @for t in &registry.tools { tr {
+                    td { (t.name) }
+                    td { @match &t.kind {
+                        pulse_shared::domain::ToolKind::Http { url, .. } => code { (url) },
+                        pulse_shared::domain::ToolKind::HeartbeatAgent => "built in",
+                    } }
+                    td.wrap { (t.description.clone().unwrap_or_default()) }
+                    td { @if t.active { (badge("active")) } @else { (badge("paused")) } }
+                } } }
+            } }
+        },
+    ))
+}
