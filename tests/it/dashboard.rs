@@ -714,4 +714,53 @@ async fn mind_tabs(kind: Kind) {
     );
     let tools = u.get(&format!("{base}/tools")).await;
     assert!(tools.body.contains("heartbeat-agent") && tools.body.contains("HEARTBEAT"));
+
+    // Switching the built-in tool and its subscription off and on from the page.
+    let csrf = u.csrf().await;
+    let off = u
+        .post(
+            &format!("{base}/tools/heartbeat-agent/disable"),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(off.status, 303);
+    let registry = u.b.store.load_registry().await.unwrap();
+    assert!(
+        registry
+            .tools
+            .iter()
+            .any(|t| t.name.as_str() == "heartbeat-agent" && !t.active)
+    );
+    let sub = pulse_shared::domain::Subscription::heartbeat_agent().id;
+    u.post(
+        &format!("{base}/subscriptions/{sub}/disable"),
+        &[("csrf", &csrf)],
+    )
+    .await;
+    let registry = u.b.store.load_registry().await.unwrap();
+    assert!(
+        registry
+            .subscriptions
+            .iter()
+            .any(|s| s.id == sub && !s.active)
+    );
+    u.post(
+        &format!("{base}/tools/heartbeat-agent/enable"),
+        &[("csrf", &csrf)],
+    )
+    .await;
+    let registry = u.b.store.load_registry().await.unwrap();
+    assert!(
+        registry
+            .tools
+            .iter()
+            .any(|t| t.name.as_str() == "heartbeat-agent" && t.active)
+    );
+    let missing = u
+        .post(
+            &format!("{base}/tools/no-such-tool/enable"),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(missing.status, 404, "{}", missing.body);
 }

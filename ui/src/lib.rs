@@ -82,6 +82,11 @@ impl Dashboard {
             .route("/ui/agents/{id}/conversation", get(mind::conversation))
             .route("/ui/agents/{id}/memories", get(mind::memories))
             .route("/ui/agents/{id}/tools", get(mind::tools))
+            .route("/ui/agents/{id}/tools/{tool}/{to}", post(mind::switch_tool))
+            .route(
+                "/ui/agents/{id}/subscriptions/{sub}/{to}",
+                post(mind::switch_subscription),
+            )
             .route("/ui/agents/{id}/update", post(agent::update))
             .route("/ui/agents/{id}/pause", post(agent::pause))
             .route("/ui/agents/{id}/resume", post(agent::resume))
@@ -131,7 +136,12 @@ pub(crate) enum Problem {
 
 impl From<StoreError> for Problem {
     fn from(e: StoreError) -> Self {
-        Self::Store(e)
+        match e {
+            // The record named in the URL or form is not there: 404, not an outage.
+            StoreError::NotFound(what) => Self::NotFound(what),
+            StoreError::AlreadyExists(what) => Self::Invalid(format!("{what} already exists")),
+            other => Self::Store(other),
+        }
     }
 }
 

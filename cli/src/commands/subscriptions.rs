@@ -4,7 +4,7 @@ use clap::Subcommand;
 use pulse_shared::domain::{
     EventType, Filter, Subscription, SubscriptionId, ToolName, builtin_tools,
 };
-use pulse_shared::error::StoreError;
+use pulse_shared::engine::switch_subscription;
 
 use super::{Ctx, agent_id, input, require_agent, store, yes_no};
 use crate::Failure;
@@ -167,15 +167,7 @@ pub(crate) async fn execute(plan: SubscriptionsPlan, cx: &Ctx<'_>) -> Result<(),
             );
         }
         SubscriptionsPlan::Set { id, active } => {
-            let builtin = Subscription::heartbeat_agent();
-            if id == builtin.id {
-                match b.store.add_subscription(&builtin).await {
-                    Ok(()) | Err(StoreError::AlreadyExists(_)) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            b.store
-                .set_subscription_active(&id, active)
+            switch_subscription(b.store.as_ref(), &id, active)
                 .await
                 .map_err(store)?;
             out.done(&format!(

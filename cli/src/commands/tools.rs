@@ -4,7 +4,7 @@ use clap::Subcommand;
 use pulse_shared::domain::{
     HEARTBEAT_AGENT, Registry, Tool, ToolKind, ToolName, builtin_tools, parse_duration,
 };
-use pulse_shared::error::StoreError;
+use pulse_shared::engine::switch_tool;
 use serde_json::Value;
 
 use super::{Ctx, input, json_arg, store, yes_no};
@@ -274,15 +274,7 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
             );
         }
         ToolsPlan::Set { name, active } => {
-            if name.as_str() == HEARTBEAT_AGENT {
-                // Built-ins are implicit until first switched: store the record to switch.
-                match b.store.add_tool(&Tool::heartbeat_agent()).await {
-                    Ok(()) | Err(StoreError::AlreadyExists(_)) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            b.store
-                .set_tool_active(&name, active)
+            switch_tool(b.store.as_ref(), &name, active)
                 .await
                 .map_err(store)?;
             out.done(&format!(

@@ -20,6 +20,7 @@ pub mod intake;
 mod lifecycle;
 mod schedule;
 mod sweep;
+mod switches;
 mod trace;
 mod webhooks;
 mod worker;
@@ -37,6 +38,7 @@ pub use hooks::{
 pub use lifecycle::{Lifecycle, LifecycleError, Toggled, Updated};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
+pub use switches::{switch_subscription, switch_tool};
 pub use trace::{Trace, trace};
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
 pub use worker::{BatchOutcome, PollReport, TaskError, Worker};

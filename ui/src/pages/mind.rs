@@ -2,11 +2,13 @@
 //! remembers, and the tools that run on its events.
 
 use axum::extract::{Path, State};
+use axum::response::Redirect;
 use maud::{Markup, html};
-use pulse_shared::domain::{Role, builtin_tools};
+use pulse_shared::domain::{Role, SubscriptionId, ToolName, builtin_tools};
+use pulse_shared::engine;
 
 use super::agent_of;
-use crate::layout::{Tab, agent_page, ago, badge, empty};
+use crate::layout::{Tab, agent_page, ago, badge, button, empty};
 use crate::{Dashboard, Problem};
 
 /// Messages and memories shown.
@@ -74,6 +76,49 @@ pub(crate) async fn memories(
     ))
 }
 
+/// A status with the button that flips it.
+fn switch(d: &Dashboard, back: &str, base: &str, active: bool) -> Markup {
+    html! {
+        @if active {
+            (badge("active")) " " (button(d, &format!("{base}/disable"), "Disable", "quiet", back))
+        } @else {
+            (badge("paused")) " " (button(d, &format!("{base}/enable"), "Enable", "quiet", back))
+        }
+    }
+}
+
+/// On or off, from the path's last segment.
+fn on(to: &str) -> Result<bool, Problem> {
+    match to {
+        "enable" => Ok(true),
+        "disable" => Ok(false),
+        _ => Err(Problem::NotFound(format!("/{to}"))),
+    }
+}
+
+/// `POST /ui/agents/{id}/tools/{tool}/enable` and `/disable`.
+pub(crate) async fn switch_tool(
+    State(d): State<Dashboard>,
+    Path((id, tool, to)): Path<(String, String, String)>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let name = ToolName::parse(&tool).map_err(|_| Problem::NotFound(format!("tool {tool}")))?;
+    engine::switch_tool(d.0.store.as_ref(), &name, on(&to)?).await?;
+    Ok(Redirect::to(&format!("/ui/agents/{}/tools", agent.id)))
+}
+
+/// `POST /ui/agents/{id}/subscriptions/{sub}/enable` and `/disable`.
+pub(crate) async fn switch_subscription(
+    State(d): State<Dashboard>,
+    Path((id, sub, to)): Path<(String, String, String)>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let sub = SubscriptionId::parse(&sub)
+        .map_err(|_| Problem::NotFound(format!("subscription {sub}")))?;
+    engine::switch_subscription(d.0.store.as_ref(), &sub, on(&to)?).await?;
+    Ok(Redirect::to(&format!("/ui/agents/{}/tools", agent.id)))
+}
+
 /// `GET /ui/agents/{id}/tools`: the tools and the subscriptions that apply to this agent
 /// (its own and everyone's), in the order they run.
 pub(crate) async fn tools(
@@ -92,12 +137,12 @@ pub(crate) async fn tools(
         .filter(|s| s.agent_id.as_ref().is_none_or(|a| *a == agent.id))
         .collect();
     subs.sort_by(|a, b| (&a.event_type, a.order, &a.tool).cmp(&(&b.event_type, b.order, &b.tool)));
+    let back = format!("/ui/agents/{}/tools", agent.id);
     Ok(agent_page(
         &agent,
         Tab::Tools,
         html! {
-            p.muted { "Tools are shared by every agent; switch them with "
-                code { "pulse tools enable|disable" } " and " code { "pulse subscriptions enable|disable" } "." }
+            p.muted { "Tools and subscriptions for every agent are shared: switching one here switches it for all of them." }
             h2 { "Subscriptions" }
             div.scroll { table {
                 thead { tr { th { "Event" } th { "Tool" } th { "Order" } th { "For" } th { "Filter" } th { "Active" } } }
@@ -107,7 +152,7 @@ pub(crate) async fn tools(
                     td { (s.order) }
                     td { @if s.agent_id.is_some() { "this agent" } @else { "every agent" } }
                     td { code { (serde_json::to_string(&s.filter).unwrap_or_default()) } }
-                    td { @if s.active { (badge("active")) } @else { (badge("paused")) } }
+                    td { (switch(&d, &back, &format!("/ui/agents/{}/subscriptions/{}", agent.id, s.id), s.active)) }
                 } } }
             } }
             h2 { "Tools" }
@@ -120,7 +165,7 @@ pub(crate) async fn tools(
                         pulse_shared::domain::ToolKind::HeartbeatAgent => "built in",
                     } }
                     td.wrap { (t.description.clone().unwrap_or_default()) }
-                    td { @if t.active { (badge("active")) } @else { (badge("paused")) } }
+                    td { (switch(&d, &back, &format!("/ui/agents/{}/tools/{}", agent.id, t.name), t.active)) }
                 } } }
             } }
         },
