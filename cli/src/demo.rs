@@ -401,10 +401,7 @@ impl Demo {
                 "action {} {} {} (for event {})",
                 a.id,
                 a.tool,
-                serde_json::to_value(a.status)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default(),
+                a.status.as_str(),
                 a.event_id
             );
             if let Some(out) = a.response.as_ref().map(|r| &r["output"]) {

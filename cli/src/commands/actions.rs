@@ -66,18 +66,11 @@ impl Listing {
 }
 
 fn status_arg(s: &str) -> Result<ActionStatus, Failure> {
-    serde_json::from_value(serde_json::Value::String(s.trim().to_ascii_uppercase())).map_err(|_| {
+    ActionStatus::parse(s).ok_or_else(|| {
         Failure::Input(format!(
             "invalid --status {s:?}: use RUNNING, COMPLETED, FAILED or CANCELLED"
         ))
     })
-}
-
-fn status_name(s: ActionStatus) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 pub(crate) fn plan(cmd: ActionsCmd) -> Result<ActionsPlan, Failure> {
@@ -125,7 +118,7 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
                         a.tool.to_string(),
                         a.event_id.to_string(),
                         a.heartbeat_id.beat().to_string(),
-                        status_name(a.status),
+                        a.status.as_str().to_owned(),
                         a.attempt.to_string(),
                         a.duration_ms.map_or("-".into(), duration_ms),
                         a.error.as_deref().map_or("-".into(), |e| short(e, 80)),
@@ -188,7 +181,7 @@ fn show(cx: &Ctx<'_>, a: &Action) {
         "heartbeat",
         format!("{} (beat {})", a.heartbeat_id, a.heartbeat_id.beat()),
     );
-    field("status", status_name(a.status));
+    field("status", a.status.as_str().to_owned());
     field("attempts", a.attempt.to_string());
     field("depth", a.depth.to_string());
     field("started", when(Some(a.started_at)));

@@ -116,7 +116,7 @@ fn print_action(a: &Action, created: &[Event], read: &[Event]) {
         "  {} on {event_type} {}: {}{}{}",
         a.tool,
         a.event_id,
-        format!("{:?}", a.status).to_uppercase(),
+        a.status.as_str(),
         a.duration_ms
             .map_or(String::new(), |ms| format!(" in {ms} ms")),
         if a.attempt > 1 {

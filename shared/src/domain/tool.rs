@@ -293,6 +293,31 @@ pub enum ActionStatus {
 }
 
 impl ActionStatus {
+    /// Every status, in the order of an action's life.
+    pub const ALL: [ActionStatus; 4] = [
+        Self::Running,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// The stored name (`RUNNING`, ...), as it is serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "RUNNING",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Reads a name, in any case.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str().eq_ignore_ascii_case(s.trim()))
+    }
+
     /// Whether the action is over.
     pub fn is_final(self) -> bool {
         !matches!(self, Self::Running)
@@ -500,6 +525,15 @@ fn parse_new_event(e: &Value) -> Result<NewEvent, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn action_statuses_are_named_as_they_are_serialized() {
+        for st in ActionStatus::ALL {
+            assert_eq!(serde_json::to_value(st).unwrap(), json!(st.as_str()));
+            assert_eq!(ActionStatus::parse(&st.as_str().to_lowercase()), Some(st));
+        }
+        assert_eq!(ActionStatus::parse("DONE"), None);
+    }
 
     fn event(ty: &str, priority: u8, payload: Value) -> Event {
         NewEvent::new(ty, payload, Some(priority as i64))

@@ -154,11 +154,10 @@ pub(crate) async fn actions(
                     div.scroll { table {
                         thead { tr { th { "Tool" } th { "Beat" } th { "Status" } th { "Started" } th { "Took" } th { "Error" } } }
                         tbody { @for a in &actions {
-                            @let status = serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
                             tr {
                                 td { (a.tool) }
                                 td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (a.heartbeat_id.beat())} { "#" (a.heartbeat_id.beat()) } }
-                                td { (badge(&status)) }
+                                td { (badge(a.status.as_str())) }
                                 td { (ago(now, Some(a.started_at))) }
                                 td { (a.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
                                 td.wrap { (a.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }

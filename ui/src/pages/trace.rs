@@ -79,17 +79,13 @@ fn render(t: &Trace, now: jiff::Timestamp) -> Markup {
 
 /// One action; for the heartbeat agent, its steps: thoughts, tool calls, tokens.
 fn action(a: &Action, now: jiff::Timestamp) -> Markup {
-    let status = serde_json::to_value(a.status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
     let steps = a
         .response
         .as_ref()
         .and_then(|r| r["output"]["steps"].as_array().cloned());
     html! {
         div.card {
-            p { strong { (a.tool) } " " (badge(&status)) " started " (ago(now, Some(a.started_at)))
+            p { strong { (a.tool) } " " (badge(a.status.as_str())) " started " (ago(now, Some(a.started_at)))
                 @if let Some(ms) = a.duration_ms { ", took " (ms) " ms" }
                 @if a.attempt > 1 { " (attempt " (a.attempt) ")" } }
             @if let Some(e) = &a.error { p.error { (e) } }

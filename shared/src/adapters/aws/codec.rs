@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::*;
 use crate::domain::{
-    Action, ActionStatus, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus,
-    SessionId, from_ms, to_ms,
+    Action, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus, SessionId, from_ms,
+    to_ms,
 };
 use crate::error::StoreError;
 use crate::ports::PageToken;
@@ -88,18 +88,9 @@ pub(super) fn event_item(e: &Event) -> Item {
 
 pub(super) fn action_item(a: &Action) -> Item {
     let mut item = doc_item(agent_pk(&a.agent_id), action_sk(a), a);
-    item.insert("status".to_owned(), s(action_status(a.status)));
+    item.insert("status".to_owned(), s(a.status.as_str()));
     item.insert("attempt".to_owned(), n(a.attempt));
     item
-}
-
-pub(super) fn action_status(st: ActionStatus) -> &'static str {
-    match st {
-        ActionStatus::Running => "RUNNING",
-        ActionStatus::Completed => "COMPLETED",
-        ActionStatus::Failed => "FAILED",
-        ActionStatus::Cancelled => "CANCELLED",
-    }
 }
 
 /// A heartbeat as stored: plain attributes, since claims and finishes update fields.

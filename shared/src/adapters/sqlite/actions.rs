@@ -6,7 +6,7 @@ use rusqlite::{TransactionBehavior, params};
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::{SqliteStore, sqlite_err};
-use crate::domain::{Action, ActionId, ActionStatus, AgentId, Event, EventCursor};
+use crate::domain::{Action, ActionId, AgentId, Event, EventCursor};
 use crate::error::StoreError;
 use crate::ports::ActionLog;
 
@@ -29,7 +29,7 @@ impl ActionLog for SqliteStore {
                             action.agent_id.as_str(),
                             action.event_id.as_str(),
                             action.tool.as_str(),
-                            status_name(action.status),
+                            action.status.as_str(),
                             action.attempt,
                             to_doc(&action)
                         ],
@@ -66,7 +66,7 @@ impl ActionLog for SqliteStore {
                          WHERE id = ?1 AND attempt = ?5 AND status = 'RUNNING'",
                         params![
                             action.id.as_str(),
-                            status_name(action.status),
+                            action.status.as_str(),
                             action.attempt,
                             to_doc(&action),
                             expected_attempt
@@ -87,7 +87,7 @@ impl ActionLog for SqliteStore {
                 let n = tx
                     .execute(
                         "UPDATE actions SET status = ?2, doc = ?3 WHERE id = ?1 AND attempt = ?4 AND status = 'RUNNING'",
-                        params![action.id.as_str(), status_name(action.status), to_doc(&action), action.attempt],
+                        params![action.id.as_str(), action.status.as_str(), to_doc(&action), action.attempt],
                     )
                     .map_err(&op)?;
                 if n == 0 {
@@ -159,14 +159,5 @@ impl ActionLog for SqliteStore {
                 )
             })
             .await
-    }
-}
-
-pub(super) fn status_name(s: ActionStatus) -> &'static str {
-    match s {
-        ActionStatus::Running => "RUNNING",
-        ActionStatus::Completed => "COMPLETED",
-        ActionStatus::Failed => "FAILED",
-        ActionStatus::Cancelled => "CANCELLED",
     }
 }
