@@ -245,24 +245,19 @@ impl Lifecycle {
     /// true). Works on leftovers of an interrupted delete as well; `NotFound` only when
     /// nothing of the agent is stored.
     pub async fn delete(&self, id: &AgentId, apply: bool) -> Result<Footprint, LifecycleError> {
+        // One walk: it counts what it deletes (deleting nothing when nothing is there).
         let footprint = self
             .store
-            .purge_agent(id, false)
+            .purge_agent(id, apply)
             .await
             .map_err(LifecycleError::Store)?;
         if footprint.is_empty() {
             return Err(LifecycleError::NotFound(id.clone()));
         }
-        if !apply {
-            return Ok(footprint);
+        if apply {
+            info!(agent_id = %id, deleted = ?footprint, "agent deleted");
         }
-        let deleted = self
-            .store
-            .purge_agent(id, true)
-            .await
-            .map_err(LifecycleError::Store)?;
-        info!(agent_id = %id, ?deleted, "agent deleted");
-        Ok(deleted)
+        Ok(footprint)
     }
 
     /// Emits an AGENT_PAUSED/RESUMED hook. The change is made (and in the agent's log)

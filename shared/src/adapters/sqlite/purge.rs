@@ -84,16 +84,17 @@ pub(super) fn purge(
         ..Footprint::default()
     };
     for (rows, count) in owned() {
-        let n: i64 = tx
-            .query_row(&format!("SELECT COUNT(*) {rows}"), [id.as_str()], |r| {
-                r.get(0)
-            })
-            .map_err(&op)?;
-        *count(&mut footprint) += n as u64;
-        if apply && n > 0 {
+        // Applied, the DELETE says how many rows it removed; else they are counted.
+        let n = if apply {
             tx.execute(&format!("DELETE {rows}"), [id.as_str()])
-                .map_err(&op)?;
-        }
+                .map_err(&op)? as u64
+        } else {
+            tx.query_row(&format!("SELECT COUNT(*) {rows}"), [id.as_str()], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(&op)? as u64
+        };
+        *count(&mut footprint) += n;
     }
     if apply {
         tx.execute(
