@@ -240,13 +240,7 @@ pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPla
 
 /// `--allow` types; none (any type) for `any` or nothing.
 fn allowed_types(types: &[String]) -> Result<Vec<EventType>, Failure> {
-    types
-        .iter()
-        .map(|t| t.trim())
-        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("any"))
-        .map(EventType::parse)
-        .collect::<Result<_, _>>()
-        .map_err(input)
+    Webhook::parse_allowed(types.iter().map(String::as_str)).map_err(input)
 }
 
 /// `yes` or `no` (also `on`/`off`, `true`/`false`).

@@ -274,6 +274,19 @@ impl Webhook {
         self.allowed_types.is_empty() || self.allowed_types.contains(t)
     }
 
+    /// The event types a webhook allows, from what a user typed: blank items and `any`
+    /// are dropped, so none left means any type.
+    pub fn parse_allowed<'a>(
+        items: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<EventType>, ValidationError> {
+        items
+            .into_iter()
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("any"))
+            .map(EventType::parse)
+            .collect()
+    }
+
     /// What a listing shows: everything but the secrets.
     pub fn summary(&self, now: Timestamp) -> WebhookSummary {
         WebhookSummary {

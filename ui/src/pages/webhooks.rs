@@ -132,12 +132,7 @@ pub(crate) async fn list(
 }
 
 fn allowed(s: &str) -> Result<Vec<EventType>, Problem> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("any"))
-        .map(EventType::parse)
-        .collect::<Result<_, _>>()
-        .map_err(|e| Problem::Invalid(e.to_string()))
+    Webhook::parse_allowed(s.split(',')).map_err(|e| Problem::Invalid(e.to_string()))
 }
 
 #[derive(Deserialize)]
