@@ -47,22 +47,8 @@ fn wait_for_port(what: &str, port: u16) {
 }
 
 fn serve(dir: &Path, port: u16) -> Running {
-    let child = Command::new(env!("CARGO_BIN_EXE_pulse"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--tick",
-            "200ms",
-        ])
-        .current_dir(dir)
-        .env_remove("PULSE_DB")
-        .env_remove("PULSE_BACKEND")
-        .env_remove("PULSE_DASHBOARD_TOKEN")
-        .env("PULSE_LLM_PROVIDER", "offline")
-        .env("PULSE_EVENT_SETTLE", "0s")
-        // The test's hook receiver listens on loopback.
-        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32")
+    let listen = format!("127.0.0.1:{port}");
+    let child = common::command(dir, &["serve", "--listen", &listen, "--tick", "200ms"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

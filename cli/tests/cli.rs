@@ -381,15 +381,8 @@ fn serve_runs_heartbeats_until_it_is_told_to_stop() {
 }
 
 fn spawn_serve(dir: &Path, extra_env: &[(&str, &str)], extra_args: &[&str]) -> std::process::Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pulse"));
-    cmd.args(["serve", "--tick", "100ms", "--listen", "off"])
-        .args(extra_args)
-        .current_dir(dir)
-        .env_remove("PULSE_DB")
-        .env_remove("PULSE_BACKEND")
-        .env("PULSE_LLM_PROVIDER", "offline")
-        .env("PULSE_EVENT_SETTLE", "0s")
-        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32")
+    let mut cmd = common::command(dir, &["serve", "--tick", "100ms", "--listen", "off"]);
+    cmd.args(extra_args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     for (k, v) in extra_env {

@@ -7,23 +7,28 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// Runs `pulse args` in `dir` with the offline model, no Discord and loopback allowed.
-pub(crate) fn pulse(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pulse"))
-        .args(args)
+/// `pulse args` in `dir` with the offline model, no Discord, no dashboard token and
+/// loopback allowed, whatever the developer's shell has.
+pub(crate) fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pulse"));
+    cmd.args(args)
         .current_dir(dir)
         .env_remove("PULSE_DB")
         .env_remove("PULSE_BACKEND")
-        // The offline model and no Discord, whatever the developer's shell has.
+        .env_remove("PULSE_DASHBOARD_TOKEN")
         .env("PULSE_LLM_PROVIDER", "offline")
         .env_remove("DISCORD_BOT_TOKEN")
         .env_remove("DISCORD_APPLICATION_ID")
         .env("PULSE_EVENT_SETTLE", "0s")
-        // The fake tools listen on loopback, which outbound requests may not reach
-        // unless allowed.
-        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32")
-        .output()
-        .expect("pulse runs")
+        // The fake tools and hook receivers listen on loopback, which outbound requests
+        // may not reach unless allowed.
+        .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32");
+    cmd
+}
+
+/// Runs `pulse args` in `dir` (see [`command`]).
+pub(crate) fn pulse(dir: &Path, args: &[&str]) -> Output {
+    command(dir, args).output().expect("pulse runs")
 }
 
 pub(crate) fn ok(dir: &Path, args: &[&str]) -> String {
