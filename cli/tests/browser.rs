@@ -211,6 +211,31 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         c.find(Locator::Css(".secret")).await.is_err(),
         "the secret is not shown again"
     );
+    // A delivery made elsewhere (here by the CLI) appears on the open page without a
+    // reload.
+    let hook = json(&d, &["hooks", "list", "--agent", &agent])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    c.execute("document.body.dataset.mark = 'kept'; return null;", vec![])
+        .await
+        .unwrap();
+    let rows = "return document.querySelectorAll('#hooks tbody tr').length;";
+    assert_eq!(c.execute(rows, vec![]).await.unwrap(), 1);
+    common::ok(&d, &["hooks", "test", &hook]);
+    let start = Instant::now();
+    while c.execute(rows, vec![]).await.unwrap() != 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the new delivery did not appear"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mark = c
+        .execute("return document.body.dataset.mark || '';", vec![])
+        .await
+        .unwrap();
+    assert_eq!(mark, "kept", "the page was reloaded, not updated");
     screenshot(&c, &d, "hooks").await;
 
     // A webhook's secret, rotated and seen once.
@@ -265,5 +290,54 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         "the agents page is wider than a phone"
     );
     screenshot(&c, &d, "agents-phone").await;
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_the_dashboard_asks_for_it_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    // Off loopback, no token: it refuses to start.
+    let refused = common::bad(&d, &["dashboard", "--listen", "0.0.0.0:0"]);
+    assert!(refused.contains("PULSE_DASHBOARD_TOKEN"), "{refused}");
+    // With a token, a login is asked for wherever it listens (here on loopback, as tests
+    // must).
+    let token = "browser-test-token-0123456789";
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let child = common::command(&d, &["dashboard", "--listen", &listen])
+        .env("PULSE_DASHBOARD_TOKEN", token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pulse dashboard starts");
+    let _dashboard = Running(child);
+    wait_for_port("pulse dashboard", port);
+    let (_driver, c) = browser().await;
+    let base = format!("http://127.0.0.1:{port}");
+
+    c.goto(&format!("{base}/ui/")).await.unwrap();
+    assert!(wait_for_text(&c, "h1", "Sign in", Duration::from_secs(5)).await);
+    assert!(c.current_url().await.unwrap().path().ends_with("/ui/login"));
+    type_into(&c, Locator::Css("#token"), "not-the-token-at-all").await;
+    click(&c, Locator::Css("form[action='/ui/login'] button")).await;
+    assert!(wait_for_text(&c, ".error", "not the token", Duration::from_secs(5)).await);
+    screenshot(&c, &d, "login").await;
+
+    type_into(&c, Locator::Css("#token"), token).await;
+    click(&c, Locator::Css("form[action='/ui/login'] button")).await;
+    assert!(wait_for_text(&c, ".empty", "No agents yet", Duration::from_secs(5)).await);
+    // The session cookie is HttpOnly: no script on the page can read it.
+    let cookie = c.execute("return document.cookie;", vec![]).await.unwrap();
+    assert_eq!(cookie, serde_json::json!(""));
+    // Signed in, a form works.
+    type_into(&c, Locator::Css("#name"), "behind-a-login").await;
+    click(&c, Locator::Css("form[action='/ui/agents'] button")).await;
+    assert!(wait_for_text(&c, "nav.tabs a.on", "Heartbeats", Duration::from_secs(5)).await);
+    assert_eq!(json(&d, &["agents", "list"])[0]["name"], "behind-a-login");
+    // A new browser session (no cookie) is asked again.
+    c.delete_all_cookies().await.unwrap();
+    c.goto(&format!("{base}/ui/")).await.unwrap();
+    assert!(wait_for_text(&c, "h1", "Sign in", Duration::from_secs(5)).await);
     c.close().await.unwrap();
 }

@@ -418,20 +418,87 @@ async fn live(kind: Kind) {
         .await
         .unwrap();
     assert_eq!(r.headers()[CONTENT_TYPE], "text/event-stream");
-    let mut r = r;
     u.b.advance(SignedDuration::from_secs(1));
     u.b.sweeper(settings()).sweep_once(u.b.now()).await;
+    told(r, "heartbeats")
+        .await
+        .unwrap_or_else(|seen| panic!("no heartbeats event: {seen:?}"));
+}
+
+/// Reads a live stream until it names `event`, for at most ten seconds.
+async fn told(mut r: reqwest::Response, event: &str) -> Result<(), String> {
     let mut seen = String::new();
-    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+    let wanted = format!("event: {event}");
+    tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(chunk) = r.chunk().await.unwrap() {
             seen.push_str(&String::from_utf8_lossy(&chunk));
-            if seen.contains("event: heartbeats") {
+            if seen.contains(&wanted) {
                 return;
             }
         }
     })
-    .await;
-    assert!(waited.is_ok(), "no heartbeats event: {seen:?}");
+    .await
+    .map_err(|_| seen.clone())
+}
+
+on_both_backends!(
+    on_the_hooks_tab_the_live_stream_says_when_a_delivery_changes,
+    live_deliveries
+);
+async fn live_deliveries(kind: Kind) {
+    use pulse_tests::fake_hooks::FakeReceiver;
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let receiver = FakeReceiver::start().await;
+    let csrf = u.csrf().await;
+    let base = format!("/ui/agents/{}/hooks", agent.id);
+    let added = u
+        .post(
+            &base,
+            &[
+                ("csrf", &csrf),
+                ("hook_type", "AFTER_HEARTBEAT"),
+                ("url", &receiver.url()),
+            ],
+        )
+        .await;
+    assert_eq!(added.status, 200, "{}", added.body);
+    let page = u.get(&base).await.body;
+    assert!(
+        page.contains(&format!(
+            "data-live=\"/ui/agents/{}/live?deliveries=1\"",
+            agent.id
+        )),
+        "the Hooks tab watches deliveries"
+    );
+    let hook = u.b.store.list_hooks(&agent.id).await.unwrap().remove(0);
+    let r = u
+        .http
+        .get(format!(
+            "{}/ui/agents/{}/live?deliveries=1",
+            u.base, agent.id
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let tested = u
+        .post(&format!("{base}/{}/test", hook.id), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(tested.status, 200, "{}", tested.body);
+    told(r, "deliveries")
+        .await
+        .unwrap_or_else(|seen| panic!("no deliveries event: {seen:?}"));
+    // What the page fetches then: the hooks alone, with the new delivery.
+    let delivery =
+        u.b.store
+            .list_deliveries(&hook.id, 1)
+            .await
+            .unwrap()
+            .remove(0);
+    let part = u.get(&format!("{base}?partial=1")).await.body;
+    assert!(part.starts_with("<div id=\"hooks\""), "{part}");
+    assert!(part.contains(delivery.id.as_str()) && !part.contains("<nav"));
 }
 
 /// The secret a page shows once, in its `.secret` block.

@@ -59,7 +59,13 @@ pub(crate) fn page(title: &str, live: Option<&str>, body: Markup) -> Markup {
 
 /// An agent's page: its name, status and tabs around `body`.
 pub(crate) fn agent_page(agent: &Agent, tab: Tab, body: Markup) -> Markup {
-    let live = format!("/ui/agents/{}/live", agent.id);
+    // The Hooks tab shows deliveries: its stream watches them too.
+    let watch = if tab == Tab::Hooks {
+        "?deliveries=1"
+    } else {
+        ""
+    };
+    let live = format!("/ui/agents/{}/live{watch}", agent.id);
     page(
         &agent.name,
         Some(&live),

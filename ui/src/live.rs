@@ -1,14 +1,17 @@
-//! The live stream of an agent's page: server-sent events named `heartbeats` and `events`
-//! when they change. It polls the store (one heartbeat read and one event read a second),
-//! the same on SQLite and on DynamoDB, where nothing pushes changes.
+//! The live stream of an agent's page: server-sent events named `heartbeats`, `events` and
+//! (on the Hooks tab) `deliveries` when they change. It polls the store once a second — one
+//! heartbeat read and one event read, plus the hooks and each hook's newest delivery when the
+//! page shows them — the same on SQLite and on DynamoDB, where nothing pushes changes.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use pulse_shared::domain::AgentId;
+use serde::Deserialize;
 
 use super::Dashboard;
 use crate::Problem;
@@ -16,57 +19,120 @@ use crate::Problem;
 /// How often the stream looks.
 const EVERY: Duration = Duration::from_secs(1);
 
+/// `?deliveries=1`: the page shows hook deliveries, so watch them too.
+#[derive(Deserialize, Default)]
+pub(crate) struct Watch {
+    #[serde(default)]
+    deliveries: Option<u8>,
+}
+
 /// What the page last saw.
 #[derive(Clone, Default, PartialEq)]
 struct Seen {
     heartbeat: Option<(u64, String)>,
     event: Option<String>,
+    /// Each hook's newest delivery: its id, status and attempts.
+    deliveries: Vec<(String, String, u32)>,
 }
 
-async fn look(d: &Dashboard, agent: &AgentId) -> Seen {
-    let heartbeat =
-        d.0.store
-            .list_heartbeats(agent, 1)
-            .await
-            .ok()
-            .and_then(|mut h| h.pop())
-            .map(|h| (h.beat, h.status.as_str().to_owned()));
-    let event =
-        d.0.store
-            .list_events(agent, 1)
-            .await
-            .ok()
-            .and_then(|mut e| e.pop())
-            .map(|e| e.id.to_string());
-    Seen { heartbeat, event }
+impl Seen {
+    /// The kinds that differ from `before`, in the order the page is told.
+    fn changed(&self, before: &Seen) -> Vec<&'static str> {
+        let mut kinds = Vec::new();
+        if self.heartbeat != before.heartbeat {
+            kinds.push("heartbeats");
+        }
+        if self.event != before.event {
+            kinds.push("events");
+        }
+        if self.deliveries != before.deliveries {
+            kinds.push("deliveries");
+        }
+        kinds
+    }
 }
 
-/// `GET /ui/agents/{id}/live`.
+async fn look(d: &Dashboard, agent: &AgentId, deliveries: bool) -> Seen {
+    let store = &d.0.store;
+    let heartbeat = store
+        .list_heartbeats(agent, 1)
+        .await
+        .ok()
+        .and_then(|mut h| h.pop())
+        .map(|h| (h.beat, h.status.as_str().to_owned()));
+    let event = store
+        .list_events(agent, 1)
+        .await
+        .ok()
+        .and_then(|mut e| e.pop())
+        .map(|e| e.id.to_string());
+    let mut newest = Vec::new();
+    if deliveries {
+        for hook in store.list_hooks(agent).await.unwrap_or_default() {
+            if let Some(del) = store
+                .list_deliveries(&hook.id, 1)
+                .await
+                .ok()
+                .and_then(|mut d| d.pop())
+            {
+                newest.push((
+                    del.id.to_string(),
+                    del.status.as_str().to_owned(),
+                    del.attempts,
+                ));
+            }
+        }
+    }
+    Seen {
+        heartbeat,
+        event,
+        deliveries: newest,
+    }
+}
+
+/// `GET /ui/agents/{id}/live[?deliveries=1]`.
 pub(crate) async fn stream(
     State(d): State<Dashboard>,
     Path(id): Path<String>,
+    Query(watch): Query<Watch>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Problem> {
     let agent = super::pages::agent_of(&d, &id).await?.id;
-    let first = look(&d, &agent).await;
-    let events = futures::stream::unfold((d, agent, first), |(d, agent, seen)| async move {
+    let deliveries = watch.deliveries.is_some();
+    let first = look(&d, &agent, deliveries).await;
+    let state = (d, agent, first, VecDeque::<&'static str>::new());
+    let events = futures::stream::unfold(state, move |(d, agent, mut seen, mut told)| async move {
         loop {
+            if let Some(kind) = told.pop_front() {
+                let event = Event::default().event(kind).data("changed");
+                return Some((Ok(event), (d, agent, seen, told)));
+            }
             tokio::time::sleep(EVERY).await;
-            let now = look(&d, &agent).await;
-            // One change a message: a new event is told on the next turn.
-            let (name, seen) = if now.heartbeat != seen.heartbeat {
-                let told = Seen {
-                    heartbeat: now.heartbeat,
-                    event: seen.event,
-                };
-                ("heartbeats", told)
-            } else if now.event != seen.event {
-                ("events", now)
-            } else {
-                continue;
-            };
-            let event = Event::default().event(name).data("changed");
-            return Some((Ok(event), (d, agent, seen)));
+            let now = look(&d, &agent, deliveries).await;
+            told.extend(now.changed(&seen));
+            seen = now;
         }
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    #[test]
+    fn every_changed_kind_is_told_in_order() {
+        let before = Seen::default();
+        let after = Seen {
+            heartbeat: Some((1, "COMPLETED".into())),
+            event: None,
+            deliveries: vec![("d1".into(), "SUCCEEDED".into(), 1)],
+        };
+        assert_eq!(after.changed(&before), ["heartbeats", "deliveries"]);
+        assert!(after.changed(&after).is_empty());
+        let retried = Seen {
+            deliveries: vec![("d1".into(), "SUCCEEDED".into(), 2)],
+            ..after.clone()
+        };
+        assert_eq!(retried.changed(&after), ["deliveries"]);
+    }
 }

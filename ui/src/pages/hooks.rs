@@ -3,7 +3,7 @@
 //! deliveries with their attempts, and replay.
 
 use axum::Form;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use pulse_shared::domain::{
@@ -14,7 +14,7 @@ use pulse_shared::engine::set_hook_active;
 use serde::Deserialize;
 
 use super::agent_of;
-use crate::layout::{Tab, agent_page, ago, badge, button, csrf, empty, short};
+use crate::layout::{Tab, agent_page, ago, badge, button, csrf, empty, live_part, short};
 use crate::{Dashboard, Problem};
 
 /// Deliveries shown per hook.
@@ -28,19 +28,13 @@ enum Notice {
 }
 
 async fn page(d: &Dashboard, agent: &Agent, notice: Option<Notice>) -> Result<Markup, Problem> {
-    let now = d.0.clock.now();
     let registry =
         d.0.store
             .load_registry()
             .await?
             .with_builtins(builtin_tools());
     let catalogue = HookType::catalogue(&registry.tools);
-    let hooks = d.0.store.list_hooks(&agent.id).await?;
-    let mut cards = Vec::with_capacity(hooks.len());
-    for h in &hooks {
-        let deliveries = d.0.store.list_deliveries(&h.id, DELIVERIES).await?;
-        cards.push(card(d, agent, h, &deliveries, now));
-    }
+    let part = cards(d, agent).await?;
     Ok(agent_page(
         agent,
         Tab::Hooks,
@@ -61,10 +55,7 @@ async fn page(d: &Dashboard, agent: &Agent, notice: Option<Notice>) -> Result<Ma
                 Some(Notice::Failed(why)) => div.notice { span.error { (why) } },
                 None => {},
             }
-            @if hooks.is_empty() {
-                (empty("No hooks: add one below to follow this agent from another system, or with", &format!("pulse hooks add --agent {} --type AFTER_HEARTBEAT --url https://…", agent.id)))
-            }
-            @for c in cards { (c) }
+            (part)
             h2 { "Add a hook" }
             form.grid.card method="post" action={"/ui/agents/" (agent.id) "/hooks"} {
                 (csrf(d))
@@ -79,6 +70,30 @@ async fn page(d: &Dashboard, agent: &Agent, notice: Option<Notice>) -> Result<Ma
                 span {}
                 button type="submit" { "Add" }
             }
+        },
+    ))
+}
+
+/// The hooks with their deliveries: the part the live stream refreshes when a delivery
+/// changes.
+async fn cards(d: &Dashboard, agent: &Agent) -> Result<Markup, Problem> {
+    let now = d.0.clock.now();
+    let hooks = d.0.store.list_hooks(&agent.id).await?;
+    let mut cards = Vec::with_capacity(hooks.len());
+    for h in &hooks {
+        let deliveries = d.0.store.list_deliveries(&h.id, DELIVERIES).await?;
+        cards.push(card(d, agent, h, &deliveries, now));
+    }
+    let url = format!("/ui/agents/{}/hooks?partial=1", agent.id);
+    Ok(live_part(
+        "hooks",
+        &url,
+        "deliveries",
+        html! {
+            @if hooks.is_empty() {
+                (empty("No hooks: add one below to follow this agent from another system, or with", &format!("pulse hooks add --agent {} --type AFTER_HEARTBEAT --url https://…", agent.id)))
+            }
+            @for c in cards { (c) }
         },
     ))
 }
@@ -133,13 +148,24 @@ fn card(
     }
 }
 
-/// `GET /ui/agents/{id}/hooks`.
+/// `GET /ui/agents/{id}/hooks[?partial=1]`.
 pub(crate) async fn list(
     State(d): State<Dashboard>,
     Path(id): Path<String>,
+    Query(view): Query<Partial>,
 ) -> Result<Markup, Problem> {
     let agent = agent_of(&d, &id).await?;
+    if view.partial.is_some() {
+        return cards(&d, &agent).await;
+    }
     page(&d, &agent, None).await
+}
+
+/// `?partial=1`: only the hooks, for a live update.
+#[derive(Deserialize)]
+pub(crate) struct Partial {
+    #[serde(default)]
+    partial: Option<u8>,
 }
 
 #[derive(Deserialize)]
