@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use pulse_shared::adapters::aws::{SetupError, explain};
 
 use commands::{
     actions::ActionsCmd, agents::AgentsCmd, conversation::ConversationCmd, conversation::SayArgs,
@@ -35,6 +36,11 @@ pub(crate) struct Cli {
     #[arg(long, global = true)]
     pub(crate) json: bool,
 
+    /// A deployed stack (`sam deploy`): its outputs name the table, queues and receiver
+    /// URL, and imply PULSE_BACKEND=aws. Variables set explicitly win.
+    #[arg(long, global = true, env = "PULSE_STACK", value_name = "NAME")]
+    pub(crate) stack: Option<String>,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -45,6 +51,10 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Sweep once, run the jobs it queued, and exit.
     Sweep,
+    /// Make what the backend needs: on AWS (an emulator, or an account without SAM) the
+    /// table and queues as infra/template.yaml declares them; on SQLite the database.
+    /// Prints the export lines.
+    Init(commands::init::InitArgs),
     /// Serve the dashboard alone (pulse serve also serves it, under /ui/ on its listener).
     Dashboard(commands::dashboard::DashboardArgs),
     /// Create and inspect agents.
@@ -128,6 +138,13 @@ fn main() -> ExitCode {
         }
         Err(Failure::Runtime(e)) => {
             eprintln!("error: {e:#}");
+            // An AWS error met mid-command: the fix, when it is known. (The check before
+            // a command says its own.)
+            if e.downcast_ref::<SetupError>().is_none()
+                && let Some(fix) = explain(&format!("{e:#}"))
+            {
+                eprintln!("fix: {fix}");
+            }
             ExitCode::from(1)
         }
     }

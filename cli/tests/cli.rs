@@ -1,12 +1,13 @@
 //! The `pulse` binary as a user runs it: exit codes, nothing written on bad input, the
 //! quick start's flow, and `pulse serve` stopping cleanly.
 
+#[macro_use]
 mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{bad, json, ok, pulse};
+use common::{Backend, bad, dir_on, json, ok, pulse};
 use std::time::{Duration, Instant};
 
 use pulse_tests::FakeTool;
@@ -191,8 +192,11 @@ fn a_listing_whose_reader_goes_away_exits_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade() {
+both_async!(
+    the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade,
+    the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade_on
+);
+async fn the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade_on(backend: Backend) {
     let tool = FakeTool::answering(|req| {
         if req["event"]["type"] == "NOTE" {
             pulse_tests::ok_with_events(serde_json::json!([{"type": "SUMMARY", "priority": 3}]))
@@ -201,7 +205,7 @@ async fn the_quick_start_flow_runs_a_heartbeat_with_a_tool_and_a_cascade() {
         }
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = dir_on(backend);
     let d = dir.path().to_owned();
     let url = tool.url();
     let agent = tokio::task::spawn_blocking(move || {
@@ -608,9 +612,12 @@ fn an_encryption_key_is_rotated_with_reseal() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("PULSE_ENCRYPTION_KEY"));
 }
 
-#[test]
-fn webhooks_are_created_listed_rotated_and_never_show_their_secret_again() {
-    let dir = tempfile::tempdir().unwrap();
+both!(
+    webhooks_are_created_listed_rotated_and_never_show_their_secret_again,
+    webhooks_are_created_listed_rotated_and_never_show_their_secret_again_on
+);
+fn webhooks_are_created_listed_rotated_and_never_show_their_secret_again_on(backend: Backend) {
+    let dir = dir_on(backend);
     let d = dir.path();
     let agent = ok(d, &["agents", "create", "--name", "hooked"]);
     let created = json(
@@ -744,10 +751,13 @@ fn discord_commands_are_registered_by_bulk_overwrite() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("DISCORD_BOT_TOKEN"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hooks_are_added_tested_listed_switched_and_replayed() {
+both_async!(
+    hooks_are_added_tested_listed_switched_and_replayed,
+    hooks_are_added_tested_listed_switched_and_replayed_on
+);
+async fn hooks_are_added_tested_listed_switched_and_replayed_on(backend: Backend) {
     use pulse_tests::fake_hooks::{Answer, FakeReceiver};
-    let dir = tempfile::tempdir().unwrap();
+    let dir = dir_on(backend);
     let d = dir.path();
     let receiver = FakeReceiver::start().await;
     let agent = ok(d, &["agents", "create", "--name", "hooked"]);
@@ -893,25 +903,32 @@ async fn hooks_are_added_tested_listed_switched_and_replayed() {
             && unknown.contains("HOOK_DISABLED"),
         "{unknown}"
     );
-    let bus = bad(
-        d,
-        &[
-            "hooks",
-            "add",
-            "--agent",
-            &agent,
-            "--type",
-            "ACTION_FAILED",
-            "--url",
-            "eventbridge://my-bus",
-        ],
-    );
-    assert!(bus.contains("needs the AWS backend"), "{bus}");
-    assert_eq!(
-        json(d, &["hooks", "list"]).as_array().map(Vec::len),
-        Some(1),
-        "nothing was added"
-    );
+    let to_bus = [
+        "hooks",
+        "add",
+        "--agent",
+        &agent,
+        "--type",
+        "ACTION_FAILED",
+        "--url",
+        "eventbridge://my-bus",
+    ];
+    if backend == Backend::Sqlite {
+        let bus = bad(d, &to_bus);
+        assert!(bus.contains("needs the AWS backend"), "{bus}");
+        assert_eq!(
+            json(d, &["hooks", "list"]).as_array().map(Vec::len),
+            Some(1),
+            "nothing was added"
+        );
+    } else {
+        // On AWS a bus is there to deliver to.
+        ok(d, &to_bus);
+        assert_eq!(
+            json(d, &["hooks", "list"]).as_array().map(Vec::len),
+            Some(2)
+        );
+    }
     assert!(bad(d, &["hooks", "test", "hk_nope"]).contains("hook id"));
     let types = ok(d, &["hooks", "types"]);
     assert!(types.contains("BEFORE_HEARTBEAT") && types.contains("HOOK_DISABLED"));
@@ -1171,9 +1188,12 @@ fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
     assert!(String::from_utf8_lossy(&json.stderr).contains("claims/s"));
 }
 
-#[test]
-fn events_are_listed_by_type_time_and_page_and_followed_as_they_land() {
-    let dir = tempfile::tempdir().unwrap();
+both!(
+    events_are_listed_by_type_time_and_page_and_followed_as_they_land,
+    events_are_listed_by_type_time_and_page_and_followed_as_they_land_on
+);
+fn events_are_listed_by_type_time_and_page_and_followed_as_they_land_on(backend: Backend) {
+    let dir = dir_on(backend);
     let d = dir.path();
     let agent = ok(d, &["agents", "create", "--name", "scout"]);
     let emit = |ty: &str, n: i64| {
@@ -1223,17 +1243,16 @@ fn events_are_listed_by_type_time_and_page_and_followed_as_they_land() {
     assert!(err.contains("--since"), "{err}");
 
     // --follow prints the listing, then what lands after it, and only that.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pulse"))
-        .args([
+    let mut child = common::command(
+        d,
+        &[
             "events", "list", "--agent", &agent, "--type", "NOTE", "--follow",
-        ])
-        .current_dir(d)
-        .env_remove("PULSE_DB")
-        .env_remove("PULSE_BACKEND")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -1263,8 +1282,11 @@ fn events_are_listed_by_type_time_and_page_and_followed_as_they_land() {
     assert!(line.contains("{\"n\":5}"), "{line}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeats_show_tells_one_heartbeats_whole_story() {
+both_async!(
+    heartbeats_show_tells_one_heartbeats_whole_story,
+    heartbeats_show_tells_one_heartbeats_whole_story_on
+);
+async fn heartbeats_show_tells_one_heartbeats_whole_story_on(backend: Backend) {
     let tool = FakeTool::answering(|req| {
         if req["event"]["type"] == "NOTE" {
             pulse_tests::ok_with_events(serde_json::json!([{"type": "SUMMARY", "priority": 3}]))
@@ -1275,7 +1297,7 @@ async fn heartbeats_show_tells_one_heartbeats_whole_story() {
     .await;
     let receiver =
         FakeTool::answering(|_| pulse_tests::ok_with_events(serde_json::json!([]))).await;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = dir_on(backend);
     let d = dir.path().to_owned();
     let (url, hook_url) = (tool.url(), receiver.url());
     let agent = tokio::task::spawn_blocking(move || {
@@ -1402,4 +1424,23 @@ async fn heartbeats_show_tells_one_heartbeats_whole_story() {
     }
     let missing = bad(d, &["heartbeats", "show", "--agent", &agent, "--beat", "9"]);
     assert!(missing.contains("not found"), "{missing}");
+}
+
+#[test]
+fn init_on_the_embedded_store_creates_the_database_then_finds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let first = pulse(d, &["init"]);
+    assert!(first.status.success());
+    let said = String::from_utf8_lossy(&first.stderr);
+    assert!(said.contains("created"), "{said}");
+    let db = std::fs::canonicalize(d.join("pulse.db")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&first.stdout).trim(),
+        format!("export PULSE_DB='{}'", db.display())
+    );
+    let again = pulse(d, &["init"]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists, its schema is up to date"));
+    assert_eq!(json(d, &["agents", "list"]), serde_json::json!([]));
+    assert!(bad(d, &["init", "--name", "a.b"]).contains("--name"));
 }

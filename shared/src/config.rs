@@ -157,6 +157,11 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         (self.0)(k)
     }
 
+    /// One variable as read (unset or empty: `None`).
+    pub fn var(&self, k: &str) -> Option<String> {
+        self.get(k)
+    }
+
     fn duration(
         &self,
         var: &'static str,

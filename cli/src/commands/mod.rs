@@ -11,6 +11,7 @@ pub(crate) mod discord;
 pub(crate) mod events;
 pub(crate) mod heartbeats;
 pub(crate) mod hooks;
+pub(crate) mod init;
 pub(crate) mod memories;
 pub(crate) mod secrets;
 pub(crate) mod serve;
@@ -19,8 +20,10 @@ pub(crate) mod subscriptions;
 pub(crate) mod tools;
 pub(crate) mod webhooks;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use pulse_shared::adapters::aws::{self, AwsClients};
 use pulse_shared::app::{Connected, connect};
 use pulse_shared::config::{Backend, Config, Env};
 use pulse_shared::domain::{Agent, AgentId};
@@ -38,6 +41,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) b: &'a Connected,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) out: &'a Out,
+    /// The deployed stack's receiver URL (`PULSE_STACK`), when no PULSE_PUBLIC_URL is set.
+    pub(crate) public_url: Option<String>,
 }
 
 /// A validated command.
@@ -91,7 +96,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Webhooks(c) => Plan::Webhooks(webhooks::plan(c, now)?),
         Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
         Command::Secrets(_) => Plan::Secrets,
-        Command::Discord(_) | Command::Bench(_) | Command::Demo => {
+        Command::Discord(_) | Command::Bench(_) | Command::Demo | Command::Init(_) => {
             unreachable!("answered before planning: they need no database")
         }
     })
@@ -107,15 +112,16 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             secrets::new_key(&out);
             return Ok(());
         }
+        Command::Init(a) => return init::run(a, cli.db, cli.stack.as_deref(), &out).await,
         Command::Discord(cmd) => {
-            let config = configuration(cli.db)?;
+            let (config, _) = with_stack(cli.db, cli.stack.as_deref()).await?;
             return discord::run(cmd, &config, &out).await;
         }
         other => other,
     };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let plan = plan(command, clock.now())?;
-    let config = configuration(cli.db)?;
+    let (config, public_url) = with_stack(cli.db, cli.stack.as_deref()).await?;
     if let Backend::Sqlite { path } = &config.backend
         && !plan.writes()
         && !path.exists()
@@ -128,12 +134,19 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     if matches!(plan, Plan::Serve(_) | Plan::Dashboard(_)) {
         telemetry::init(LogFormat::Text);
     }
+    if let Backend::Aws(settings) = &config.backend {
+        let clients = AwsClients::new(settings.endpoint_url.as_deref()).await;
+        aws::check(&clients, settings)
+            .await
+            .map_err(|e| Failure::Runtime(e.into()))?;
+    }
     let b = connect(&config, clock.clone()).await?;
     let cx = Ctx {
         config: &config,
         b: &b,
         clock,
         out: &out,
+        public_url,
     };
     match plan {
         Plan::Serve(p) => serve::execute(p, &cx).await,
@@ -156,6 +169,74 @@ fn configuration(db: Option<std::path::PathBuf>) -> Result<Config, Failure> {
     Env::process()
         .config(db)
         .map_err(|e| Failure::Input(format!("configuration: {e}")))
+}
+
+/// The configuration; with a stack (`PULSE_STACK`, `--stack`), its outputs fill the
+/// variables left unset (the table, the queues, PULSE_BACKEND=aws) and its receiver URL
+/// is returned for the URLs the CLI prints.
+async fn with_stack(
+    db: Option<std::path::PathBuf>,
+    stack: Option<&str>,
+) -> Result<(Config, Option<String>), Failure> {
+    let Some(stack) = stack.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok((configuration(db)?, None));
+    };
+    let process = Env::process();
+    if let Some(backend) = process.var("PULSE_BACKEND").filter(|b| b.trim() != "aws") {
+        return Err(Failure::Input(format!(
+            "PULSE_STACK (--stack) names the AWS stack {stack:?} but PULSE_BACKEND is {backend:?}: unset one of them"
+        )));
+    }
+    let outputs = aws::stack_outputs(process.var("AWS_ENDPOINT_URL").as_deref(), stack)
+        .await
+        .map_err(|e| Failure::Runtime(e.into()))?;
+    let mut vars: BTreeMap<String, String> = aws::STACK_VARIABLES
+        .iter()
+        .filter_map(|(output, var)| Some(((*var).to_owned(), outputs.get(*output)?.clone())))
+        .collect();
+    if !vars.contains_key("PULSE_TABLE") {
+        return Err(Failure::Input(format!(
+            "stack {stack:?} has no TableName output: is it Pulse's stack (infra/template.yaml)?"
+        )));
+    }
+    vars.insert("PULSE_BACKEND".into(), "aws".into());
+    // The functions' secrets (the encryption key webhooks and hooks are sealed with,
+    // Discord's token), as they read them: under the stack's SSM path.
+    if let Some(path) = outputs.get("SecretsPath") {
+        let endpoint = process.var("AWS_ENDPOINT_URL");
+        let read = async {
+            aws::SecretParameters::new(path, endpoint.as_deref())
+                .await?
+                .load()
+                .await
+        };
+        match read.await {
+            Ok(secrets) => {
+                for (k, v) in secrets {
+                    vars.entry(k).or_insert(v);
+                }
+            }
+            Err(e) => eprintln!(
+                "note: the stack's secrets were not read ({e}); commands that seal or open secrets (webhooks, hooks) need PULSE_ENCRYPTION_KEY"
+            ),
+        }
+    }
+    let public_url = process
+        .var("PULSE_PUBLIC_URL")
+        .is_none()
+        .then(|| vars.get("PULSE_PUBLIC_URL").cloned())
+        .flatten();
+    let vars = Arc::new(vars);
+    let env = Env(move |k: &str| {
+        std::env::var(k)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .or_else(|| vars.get(k).cloned())
+    });
+    let config = env
+        .config(db)
+        .map_err(|e| Failure::Input(format!("configuration: {e}")))?;
+    Ok((config, public_url))
 }
 
 /// Bad input, as the user is told.

@@ -110,13 +110,10 @@ pub(crate) struct CreateWebhook {
     /// A note: what sends to it.
     #[arg(long)]
     description: Option<String>,
-    /// Where the receiver is reachable, for the printed URL.
-    #[arg(
-        long,
-        env = "PULSE_PUBLIC_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    base_url: String,
+    /// Where the receiver is reachable, for the printed URL (default: the stack's
+    /// receiver with PULSE_STACK, else http://127.0.0.1:8080).
+    #[arg(long, env = "PULSE_PUBLIC_URL")]
+    base_url: Option<String>,
 }
 
 /// A validated webhooks command.
@@ -124,7 +121,7 @@ pub(crate) enum WebhooksPlan {
     Create {
         webhook: Box<Webhook>,
         secret: String,
-        base_url: String,
+        base_url: Option<String>,
     },
     Rotate {
         id: WebhookId,
@@ -164,10 +161,12 @@ pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPla
             webhook.rate_limit = RateLimit::parse(&a.rate_limit).map_err(input)?;
             webhook.wake = a.wake;
             webhook.description = a.description.filter(|d| !d.trim().is_empty());
-            let base_url = a.base_url.trim_end_matches('/').to_owned();
-            if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            let base_url = a.base_url.map(|u| u.trim_end_matches('/').to_owned());
+            if let Some(u) = &base_url
+                && !(u.starts_with("http://") || u.starts_with("https://"))
+            {
                 return Err(Failure::Input(format!(
-                    "invalid --base-url {base_url:?}: give the receiver's http:// or https:// address"
+                    "invalid --base-url {u:?}: give the receiver's http:// or https:// address"
                 )));
             }
             WebhooksPlan::Create {
@@ -276,7 +275,17 @@ pub(crate) async fn execute(plan: WebhooksPlan, cx: &Ctx<'_>) -> Result<(), Fail
             webhook,
             secret,
             base_url,
-        } => create(cx, &webhook, &secret, &base_url).await?,
+        } => {
+            // A stack's receiver URL ends in '/'.
+            let base_url = base_url
+                .or_else(|| {
+                    cx.public_url
+                        .as_ref()
+                        .map(|u| u.trim_end_matches('/').to_owned())
+                })
+                .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
+            create(cx, &webhook, &secret, &base_url).await?
+        }
         WebhooksPlan::Rotate { id, grace, secret } => rotate(cx, &id, grace, &secret).await?,
         WebhooksPlan::List { agent } => list(cx, agent).await?,
         WebhooksPlan::Requests { webhook, limit } => requests(cx, &webhook, limit).await?,

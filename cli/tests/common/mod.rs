@@ -23,7 +23,105 @@ pub(crate) fn command(dir: &Path, args: &[&str]) -> Command {
         // The fake tools and hook receivers listen on loopback, which outbound requests
         // may not reach unless allowed.
         .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32");
+    for (k, v) in backend_env(dir) {
+        cmd.env(k, v);
+    }
     cmd
+}
+
+/// The file in a test's directory naming the backend its commands use (`KEY=VALUE`
+/// lines); none means SQLite.
+const BACKEND_ENV: &str = "pulse-test-backend.env";
+
+fn backend_env(dir: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(dir.join(BACKEND_ENV))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Which backend a scenario runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    /// A fresh table and queues on the moto server (`PULSE_TEST_MOTO_URL`), made by
+    /// `pulse init`.
+    Aws,
+}
+
+/// A directory whose `pulse` commands run on `backend`.
+pub(crate) fn dir_on(backend: Backend) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    if backend == Backend::Aws {
+        on_aws(dir.path());
+    }
+    dir
+}
+
+/// Points `dir`'s commands at a fresh table and queues on moto, as a user would:
+/// static keys and a region for the emulator, then `pulse init` and its exports.
+pub(crate) fn on_aws(dir: &Path) {
+    let key = json(dir, &["secrets", "new-key"])["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut vars = vec![
+        ("PULSE_BACKEND".to_owned(), "aws".to_owned()),
+        ("AWS_ENDPOINT_URL".to_owned(), pulse_tests::moto_url()),
+        ("AWS_REGION".to_owned(), "us-east-1".to_owned()),
+        ("AWS_ACCESS_KEY_ID".to_owned(), "test".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY".to_owned(), "test".to_owned()),
+        ("PULSE_ENCRYPTION_KEY".to_owned(), key),
+    ];
+    write_backend_env(dir, &vars);
+    let name = pulse_tests::unique("cli").replace('.', "-");
+    let made = json(dir, &["init", "--name", &name]);
+    for (k, v) in made.as_object().unwrap() {
+        vars.push((k.clone(), v.as_str().unwrap().to_owned()));
+    }
+    write_backend_env(dir, &vars);
+}
+
+fn write_backend_env(dir: &Path, vars: &[(String, String)]) {
+    let text: String = vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    std::fs::write(dir.join(BACKEND_ENV), text).unwrap();
+}
+
+/// A test on both backends: `both!(name, body)` makes `name::sqlite` and `name::aws`,
+/// each calling `body(backend)`.
+#[macro_export]
+macro_rules! both {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$body($crate::common::Backend::Sqlite)
+            }
+            #[test]
+            fn aws() {
+                super::$body($crate::common::Backend::Aws)
+            }
+        }
+    };
+}
+
+/// [`both!`] for an async body.
+#[macro_export]
+macro_rules! both_async {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$body($crate::common::Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn aws() {
+                super::$body($crate::common::Backend::Aws).await
+            }
+        }
+    };
 }
 
 /// Runs `pulse args` in `dir` (see [`command`]).

@@ -13,8 +13,9 @@
 //! FIFO) and `hook_queue` (SQS standard); beside them `keys` (the table's key layout,
 //! which it documents), `codec` (items to and from records), `table` (the store and the
 //! table operations its ports share), `purge` (deleting an agent and all it owns),
-//! `eventbridge`, `secrets` (SSM), `provision` (the table and queues, for emulators) and
-//! `metrics` (the request counter).
+//! `eventbridge`, `secrets` (SSM), `provision` (creating the table and queues), `setup`
+//! (`pulse init`, the check before a command, a stack's outputs, errors with their fix)
+//! and `metrics` (the request counter).
 
 mod actions;
 mod agents;
@@ -33,6 +34,7 @@ mod purge;
 mod registry;
 mod secrets;
 mod session_queue;
+mod setup;
 mod table;
 mod webhooks;
 
@@ -52,6 +54,10 @@ pub use metrics::RequestCounter;
 pub use provision::{create_hooks_queue, create_sessions_queue, create_table};
 pub use secrets::{SecretParameters, SecretsError};
 pub use session_queue::SqsQueue;
+pub use setup::{
+    Names, Provisioned, STACK_VARIABLES, SetupError, TTL_ATTRIBUTE, check, explain, init, region,
+    stack_outputs, table_differences,
+};
 pub use table::DynamoStore;
 
 /// The SDK clients, with a shared request counter.

@@ -1,0 +1,819 @@
+//! The AWS side from a person's terminal: `pulse init` (the table and queues as
+//! `infra/template.yaml` declares them, reused after their shape is checked), the check a
+//! command makes before it writes anything, a deployed stack's outputs (`PULSE_STACK`),
+//! and errors that say what to do.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{
+    KeyType, ProjectionType, ScalarAttributeType, TableDescription, TableStatus,
+    TimeToLiveSpecification, TimeToLiveStatus,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use super::AwsClients;
+use super::keys::DUE_INDEX;
+use crate::config::AwsSettings;
+
+/// The attribute DynamoDB's TTL reads (request logs, delivery ids, counters).
+pub const TTL_ATTRIBUTE: &str = "expires_at";
+
+/// Something on the AWS side stops a command, said as one line with the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The SDK found no region.
+    #[error(
+        "no AWS region: set AWS_REGION (against an emulator any region does, e.g. us-east-1) or AWS_PROFILE naming a profile with a region"
+    )]
+    NoRegion,
+    /// The SDK's credential chain found nothing.
+    #[error(
+        "no AWS credentials: looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the profile files (AWS_PROFILE, AWS_CONFIG_FILE), SSO, web identity, the container and the instance metadata service; against an emulator any static keys do: export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test"
+    )]
+    NoCredentials,
+    /// A table or queue is not there.
+    #[error(
+        "{what} does not exist at {endpoint}: run `pulse init` to create it, or deploy the stack and set PULSE_STACK"
+    )]
+    Missing {
+        /// E.g. "DynamoDB table `pulse`".
+        what: String,
+        /// Where it was looked for.
+        endpoint: String,
+    },
+    /// No answer from the endpoint.
+    #[error(
+        "cannot reach {service} at {endpoint} ({detail}): is the emulator running, or AWS_ENDPOINT_URL right?"
+    )]
+    Unreachable {
+        /// "DynamoDB", "SQS", "CloudFormation".
+        service: &'static str,
+        /// The URL tried.
+        endpoint: String,
+        /// The connection error.
+        detail: String,
+    },
+    /// The credentials' identity may not do this.
+    #[error(
+        "AWS denied {service} {operation}: {message}; grant it to the identity your credentials name"
+    )]
+    Denied {
+        /// The service.
+        service: &'static str,
+        /// What was asked.
+        operation: &'static str,
+        /// AWS's message, which names the action and the resource.
+        message: String,
+    },
+    /// A table or queue exists with another shape than Pulse needs.
+    #[error(
+        "{what} exists but {differences}: Pulse cannot use it; delete it or choose another name (pulse init --name)"
+    )]
+    Shape {
+        /// What.
+        what: String,
+        /// What differs.
+        differences: String,
+    },
+    /// `PULSE_STACK` names no stack.
+    #[error(
+        "no CloudFormation stack `{name}` in {region}: check PULSE_STACK (or --stack) and AWS_REGION, or deploy it (see README, Deploy to AWS)"
+    )]
+    NoStack {
+        /// The stack name.
+        name: String,
+        /// The region looked in.
+        region: String,
+    },
+    /// Anything else, with AWS's own words.
+    #[error("{service} {operation} failed: {detail}")]
+    Other {
+        /// The service.
+        service: &'static str,
+        /// What was asked.
+        operation: &'static str,
+        /// The error's whole chain.
+        detail: String,
+    },
+}
+
+/// What an error should be called, from its code and chain.
+fn classify<E, R>(
+    service: &'static str,
+    operation: &'static str,
+    endpoint: &str,
+    e: &SdkError<E, R>,
+) -> SetupError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: Debug + Send + Sync + 'static,
+{
+    let detail = DisplayErrorContext(e).to_string();
+    let code = e.code().unwrap_or_default();
+    if code.contains("AccessDenied")
+        || code == "UnrecognizedClientException"
+        || code == "InvalidClientTokenId"
+    {
+        return SetupError::Denied {
+            service,
+            operation,
+            message: e.message().unwrap_or(code).to_owned(),
+        };
+    }
+    if let SdkError::DispatchFailure(f) = e {
+        if detail.contains("credentials") {
+            return SetupError::NoCredentials;
+        }
+        if f.is_io() || f.is_timeout() {
+            return SetupError::Unreachable {
+                service,
+                endpoint: endpoint.to_owned(),
+                detail: last_words(e),
+            };
+        }
+    }
+    if matches!(e, SdkError::TimeoutError(_)) {
+        return SetupError::Unreachable {
+            service,
+            endpoint: endpoint.to_owned(),
+            detail: "timed out".into(),
+        };
+    }
+    SetupError::Other {
+        service,
+        operation,
+        detail,
+    }
+}
+
+/// The innermost error of a chain ("Connection refused (os error 111)").
+fn last_words(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut inner = e;
+    while let Some(next) = inner.source() {
+        inner = next;
+    }
+    inner.to_string()
+}
+
+fn queue_missing(code: &str) -> bool {
+    code.contains("NonExistentQueue") || code.contains("QueueDoesNotExist")
+}
+
+/// Where a service is reached: the emulator, or AWS's endpoint in the region.
+fn endpoint_of(settings_endpoint: Option<&str>, service: &str, region: &str) -> String {
+    match settings_endpoint {
+        Some(url) => url.to_owned(),
+        None => format!("https://{service}.{region}.amazonaws.com"),
+    }
+}
+
+/// The region the SDK configuration found, or [`SetupError::NoRegion`].
+pub async fn region(endpoint_url: Option<&str>) -> Result<String, SetupError> {
+    super::sdk_config(endpoint_url)
+        .await
+        .region()
+        .map(|r| r.to_string())
+        .ok_or(SetupError::NoRegion)
+}
+
+/// What a command needs is there: a region, credentials that work, the table and the
+/// queues. One DescribeTable and one GetQueueAttributes per queue; made before a
+/// command writes anything, so a missing queue does not leave half a change. An
+/// identity that may not describe (a narrow operator policy) is let through: the
+/// command itself says what it may not do.
+pub async fn check(clients: &AwsClients, settings: &AwsSettings) -> Result<(), SetupError> {
+    let region = region(settings.endpoint_url.as_deref()).await?;
+    let at = |service: &str| endpoint_of(settings.endpoint_url.as_deref(), service, &region);
+    match clients
+        .dynamodb
+        .describe_table()
+        .table_name(&settings.table)
+        .send()
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if e.code() == Some("ResourceNotFoundException") => {
+            return Err(SetupError::Missing {
+                what: format!("DynamoDB table `{}`", settings.table),
+                endpoint: at("dynamodb"),
+            });
+        }
+        Err(e) => match classify("DynamoDB", "DescribeTable", &at("dynamodb"), &e) {
+            SetupError::Denied { .. } if e.code() != Some("UnrecognizedClientException") => {}
+            other => return Err(other),
+        },
+    }
+    let queues = [
+        Some(("sessions queue", &settings.sessions_queue_url)),
+        settings
+            .hooks_queue_url
+            .as_ref()
+            .map(|u| ("hooks queue", u)),
+        settings
+            .hooks_dlq_url
+            .as_ref()
+            .map(|u| ("hooks dead-letter queue", u)),
+    ];
+    for (what, url) in queues.into_iter().flatten() {
+        match clients
+            .sqs
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if queue_missing(e.code().unwrap_or_default()) => {
+                return Err(SetupError::Missing {
+                    what: format!("SQS {what} {url}"),
+                    endpoint: at("sqs"),
+                });
+            }
+            Err(e) => match classify("SQS", "GetQueueAttributes", &at("sqs"), &e) {
+                SetupError::Denied { .. } => {}
+                other => return Err(other),
+            },
+        }
+    }
+    Ok(())
+}
+
+/// The names `pulse init` gives, from one prefix, as `infra/template.yaml` names a
+/// stack's queues.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    /// The table.
+    pub table: String,
+    /// The sessions FIFO queue.
+    pub sessions: String,
+    /// Its dead-letter queue.
+    pub sessions_dlq: String,
+    /// The hooks queue.
+    pub hooks: String,
+    /// Its dead-letter queue.
+    pub hooks_dlq: String,
+}
+
+impl Names {
+    /// `NAME` (the table), `NAME-sessions.fifo`, `NAME-sessions-dlq.fifo`, `NAME-hooks`,
+    /// `NAME-hooks-dlq`.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            table: prefix.to_owned(),
+            sessions: format!("{prefix}-sessions.fifo"),
+            sessions_dlq: format!("{prefix}-sessions-dlq.fifo"),
+            hooks: format!("{prefix}-hooks"),
+            hooks_dlq: format!("{prefix}-hooks-dlq"),
+        }
+    }
+}
+
+/// What `pulse init` made or found.
+#[derive(Clone, Debug, Default)]
+pub struct Provisioned {
+    /// The table's name.
+    pub table: String,
+    /// The sessions queue's URL.
+    pub sessions_queue_url: String,
+    /// The hooks queue's URL.
+    pub hooks_queue_url: String,
+    /// The hooks dead-letter queue's URL.
+    pub hooks_dlq_url: String,
+    /// One line per resource: created, or reused.
+    pub report: Vec<String>,
+}
+
+/// How long `pulse init` waits for a new table to become ACTIVE.
+const TABLE_WAIT: Duration = Duration::from_secs(300);
+
+/// Creates, or checks and reuses, the table and the four queues. Idempotent: run twice,
+/// the second run creates nothing. `progress` is told what happens as it happens.
+pub async fn init(
+    clients: &AwsClients,
+    endpoint_url: Option<&str>,
+    names: &Names,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<Provisioned, SetupError> {
+    let region = region(endpoint_url).await?;
+    let at = |service: &str| endpoint_of(endpoint_url, service, &region);
+    let mut done = Provisioned {
+        table: names.table.clone(),
+        ..Provisioned::default()
+    };
+    let line = table(clients, &names.table, &at("dynamodb"), progress).await?;
+    progress(&line);
+    done.report.push(line);
+
+    let sqs_at = at("sqs");
+    let day = |d: u32| (d * 86_400).to_string();
+    let (dlq_url, line) = queue(
+        clients,
+        &sqs_at,
+        &names.sessions_dlq,
+        &[
+            (QueueAttributeName::FifoQueue, "true".into()),
+            (QueueAttributeName::MessageRetentionPeriod, day(14)),
+        ],
+        None,
+    )
+    .await?;
+    progress(&line);
+    done.report.push(line);
+    let (url, line) = queue(
+        clients,
+        &sqs_at,
+        &names.sessions,
+        &[
+            (QueueAttributeName::FifoQueue, "true".into()),
+            (
+                QueueAttributeName::ContentBasedDeduplication,
+                "false".into(),
+            ),
+            (
+                QueueAttributeName::DeduplicationScope,
+                "messageGroup".into(),
+            ),
+            (
+                QueueAttributeName::FifoThroughputLimit,
+                "perMessageGroupId".into(),
+            ),
+            (QueueAttributeName::VisibilityTimeout, "720".into()),
+            (QueueAttributeName::MessageRetentionPeriod, day(4)),
+        ],
+        Some(&dlq_url),
+    )
+    .await?;
+    progress(&line);
+    done.report.push(line);
+    done.sessions_queue_url = url;
+
+    let (hooks_dlq, line) = queue(
+        clients,
+        &sqs_at,
+        &names.hooks_dlq,
+        &[(QueueAttributeName::MessageRetentionPeriod, day(14))],
+        None,
+    )
+    .await?;
+    progress(&line);
+    done.report.push(line);
+    let (hooks, line) = queue(
+        clients,
+        &sqs_at,
+        &names.hooks,
+        &[
+            (QueueAttributeName::VisibilityTimeout, "540".into()),
+            (QueueAttributeName::MessageRetentionPeriod, day(4)),
+        ],
+        Some(&hooks_dlq),
+    )
+    .await?;
+    progress(&line);
+    done.report.push(line);
+    done.hooks_queue_url = hooks;
+    done.hooks_dlq_url = hooks_dlq;
+    Ok(done)
+}
+
+/// What differs between a table and the one Pulse needs: `pk`/`sk` string keys, and the
+/// `due` index on `due_shard` (string) and `due_at` (number), keys only.
+pub fn table_differences(t: &TableDescription) -> Vec<String> {
+    let type_of = |name: &str| {
+        t.attribute_definitions()
+            .iter()
+            .find(|a| a.attribute_name() == name)
+            .map(|a| a.attribute_type().clone())
+    };
+    let keys = |schema: &[aws_sdk_dynamodb::types::KeySchemaElement]| {
+        let of = |k: KeyType| {
+            schema
+                .iter()
+                .find(|e| *e.key_type() == k)
+                .map(|e| e.attribute_name().to_owned())
+        };
+        (of(KeyType::Hash), of(KeyType::Range))
+    };
+    let shown = |k: &(Option<String>, Option<String>)| {
+        format!(
+            "{}/{}",
+            k.0.as_deref().unwrap_or("-"),
+            k.1.as_deref().unwrap_or("-")
+        )
+    };
+    let mut diffs = Vec::new();
+    let want = (Some("pk".to_owned()), Some("sk".to_owned()));
+    let have = keys(t.key_schema());
+    if have != want {
+        diffs.push(format!("its keys are {} (Pulse needs pk/sk)", shown(&have)));
+    }
+    for (name, ty) in [
+        ("pk", ScalarAttributeType::S),
+        ("sk", ScalarAttributeType::S),
+    ] {
+        if let Some(found) = type_of(name).filter(|found| *found != ty) {
+            diffs.push(format!("{name} is of type {found} (Pulse needs {ty})"));
+        }
+    }
+    match t
+        .global_secondary_indexes()
+        .iter()
+        .find(|i| i.index_name() == Some(DUE_INDEX))
+    {
+        None => diffs.push(format!(
+            "it has no `{DUE_INDEX}` index (due_shard/due_at, keys only)"
+        )),
+        Some(i) => {
+            let want = (Some("due_shard".to_owned()), Some("due_at".to_owned()));
+            let have = keys(i.key_schema());
+            if have != want {
+                diffs.push(format!(
+                    "its `{DUE_INDEX}` index's keys are {} (Pulse needs due_shard/due_at)",
+                    shown(&have)
+                ));
+            }
+            if type_of("due_at").is_some_and(|t| t != ScalarAttributeType::N) {
+                diffs.push("due_at is not a number".into());
+            }
+            let projection = i
+                .projection()
+                .and_then(|p| p.projection_type())
+                .cloned()
+                .unwrap_or(ProjectionType::All);
+            if projection != ProjectionType::KeysOnly {
+                diffs.push(format!(
+                    "its `{DUE_INDEX}` index projects {projection} (Pulse needs KEYS_ONLY)"
+                ));
+            }
+        }
+    }
+    diffs
+}
+
+async fn table(
+    clients: &AwsClients,
+    name: &str,
+    endpoint: &str,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<String, SetupError> {
+    let db = &clients.dynamodb;
+    let what = format!("DynamoDB table `{name}`");
+    let described = db.describe_table().table_name(name).send().await;
+    let created = match described {
+        Ok(out) => {
+            let t = out
+                .table
+                .unwrap_or_else(|| TableDescription::builder().build());
+            let diffs = table_differences(&t);
+            if !diffs.is_empty() {
+                return Err(SetupError::Shape {
+                    what,
+                    differences: diffs.join("; "),
+                });
+            }
+            false
+        }
+        Err(e) if e.code() == Some("ResourceNotFoundException") => {
+            progress(&format!("creating {what}…"));
+            super::provision::create_table(db, name)
+                .await
+                .map_err(|e| SetupError::Other {
+                    service: "DynamoDB",
+                    operation: "CreateTable",
+                    detail: format!("{e:#}"),
+                })?;
+            true
+        }
+        Err(e) => return Err(classify("DynamoDB", "DescribeTable", endpoint, &e)),
+    };
+    // A new table is CREATING for a while on AWS; TTL can be set once it is ACTIVE.
+    let start = tokio::time::Instant::now();
+    loop {
+        let status = db
+            .describe_table()
+            .table_name(name)
+            .send()
+            .await
+            .map_err(|e| classify("DynamoDB", "DescribeTable", endpoint, &e))?
+            .table
+            .and_then(|t| t.table_status)
+            .unwrap_or(TableStatus::Active);
+        if status == TableStatus::Active {
+            break;
+        }
+        if start.elapsed() > TABLE_WAIT {
+            return Err(SetupError::Other {
+                service: "DynamoDB",
+                operation: "CreateTable",
+                detail: format!(
+                    "{what} is still {status} after 5 minutes; run `pulse init` again later"
+                ),
+            });
+        }
+        progress(&format!("{what} is {status}; waiting…"));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let ttl = db
+        .describe_time_to_live()
+        .table_name(name)
+        .send()
+        .await
+        .map_err(|e| classify("DynamoDB", "DescribeTimeToLive", endpoint, &e))?
+        .time_to_live_description;
+    let status = ttl.as_ref().and_then(|t| t.time_to_live_status().cloned());
+    let attribute = ttl.as_ref().and_then(|t| t.attribute_name()).unwrap_or("");
+    let on = matches!(
+        status,
+        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
+    );
+    let ttl_note = if on && attribute != TTL_ATTRIBUTE {
+        return Err(SetupError::Shape {
+            what,
+            differences: format!(
+                "its TTL reads `{attribute}` (Pulse writes expiry times to `{TTL_ATTRIBUTE}`)"
+            ),
+        });
+    } else if on {
+        "TTL on expires_at"
+    } else {
+        let spec = TimeToLiveSpecification::builder()
+            .attribute_name(TTL_ATTRIBUTE)
+            .enabled(true)
+            .build()
+            .map_err(|e| SetupError::Other {
+                service: "DynamoDB",
+                operation: "UpdateTimeToLive",
+                detail: e.to_string(),
+            })?;
+        db.update_time_to_live()
+            .table_name(name)
+            .time_to_live_specification(spec)
+            .send()
+            .await
+            .map_err(|e| classify("DynamoDB", "UpdateTimeToLive", endpoint, &e))?;
+        "TTL on expires_at turned on"
+    };
+    Ok(format!(
+        "{what}: {} (pk/sk, the `{DUE_INDEX}` index, {ttl_note})",
+        if created { "created" } else { "exists, reused" }
+    ))
+}
+
+/// Creates a queue with `attributes` and, given a dead-letter queue's URL, a redrive
+/// to it after five receives; or checks and reuses an existing one. Returns its URL
+/// and a line for the report.
+async fn queue(
+    clients: &AwsClients,
+    endpoint: &str,
+    name: &str,
+    attributes: &[(QueueAttributeName, String)],
+    dead_letter: Option<&str>,
+) -> Result<(String, String), SetupError> {
+    let sqs = &clients.sqs;
+    let what = format!("SQS queue `{name}`");
+    let redrive = match dead_letter {
+        None => None,
+        Some(dlq) => {
+            let arn = sqs
+                .get_queue_attributes()
+                .queue_url(dlq)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .map_err(|e| classify("SQS", "GetQueueAttributes", endpoint, &e))?
+                .attributes
+                .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+                .unwrap_or_default();
+            Some(format!(
+                r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":5}}"#
+            ))
+        }
+    };
+    match sqs.get_queue_url().queue_name(name).send().await {
+        Ok(found) => {
+            let url = found.queue_url.unwrap_or_default();
+            let have = sqs
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(QueueAttributeName::All)
+                .send()
+                .await
+                .map_err(|e| classify("SQS", "GetQueueAttributes", endpoint, &e))?
+                .attributes
+                .unwrap_or_default();
+            let fifo = have
+                .get(&QueueAttributeName::FifoQueue)
+                .is_some_and(|v| v == "true");
+            let wants_fifo = name.ends_with(".fifo");
+            if fifo != wants_fifo {
+                return Err(SetupError::Shape {
+                    what,
+                    differences: format!("it is {}a FIFO queue", if fifo { "" } else { "not " }),
+                });
+            }
+            let mut note = "exists, reused".to_owned();
+            if let Some(redrive) = redrive
+                && !have.contains_key(&QueueAttributeName::RedrivePolicy)
+            {
+                sqs.set_queue_attributes()
+                    .queue_url(&url)
+                    .attributes(QueueAttributeName::RedrivePolicy, redrive)
+                    .send()
+                    .await
+                    .map_err(|e| classify("SQS", "SetQueueAttributes", endpoint, &e))?;
+                note.push_str("; its redrive to the dead-letter queue was added");
+            }
+            Ok((url, format!("{what}: {note}")))
+        }
+        Err(e) if queue_missing(e.code().unwrap_or_default()) => {
+            let mut req = sqs.create_queue().queue_name(name);
+            for (k, v) in attributes {
+                req = req.attributes(k.clone(), v);
+            }
+            if let Some(redrive) = redrive {
+                req = req.attributes(QueueAttributeName::RedrivePolicy, redrive);
+            }
+            let url = req
+                .send()
+                .await
+                .map_err(|e| classify("SQS", "CreateQueue", endpoint, &e))?
+                .queue_url
+                .unwrap_or_default();
+            let with = if dead_letter.is_some() {
+                ", redrive to its dead-letter queue after 5 receives"
+            } else {
+                ""
+            };
+            Ok((url, format!("{what}: created{with}")))
+        }
+        Err(e) => Err(classify("SQS", "GetQueueUrl", endpoint, &e)),
+    }
+}
+
+/// A deployed stack's outputs by name (`TableName`, `SessionsQueueUrl`, …).
+pub async fn stack_outputs(
+    endpoint_url: Option<&str>,
+    name: &str,
+) -> Result<BTreeMap<String, String>, SetupError> {
+    let sdk = super::sdk_config(endpoint_url).await;
+    let region = sdk
+        .region()
+        .map(|r| r.to_string())
+        .ok_or(SetupError::NoRegion)?;
+    let client = aws_sdk_cloudformation::Client::new(&sdk);
+    let endpoint = endpoint_of(endpoint_url, "cloudformation", &region);
+    let out = match client.describe_stacks().stack_name(name).send().await {
+        Ok(out) => out,
+        Err(e) if e.code() == Some("ValidationError") => {
+            return Err(SetupError::NoStack {
+                name: name.to_owned(),
+                region,
+            });
+        }
+        Err(e) => return Err(classify("CloudFormation", "DescribeStacks", &endpoint, &e)),
+    };
+    let Some(stack) = out.stacks().first() else {
+        return Err(SetupError::NoStack {
+            name: name.to_owned(),
+            region,
+        });
+    };
+    Ok(stack
+        .outputs()
+        .iter()
+        .filter_map(|o| Some((o.output_key()?.to_owned(), o.output_value()?.to_owned())))
+        .collect())
+}
+
+/// Which variable each stack output fills (`infra/template.yaml`'s output names).
+pub const STACK_VARIABLES: [(&str, &str); 5] = [
+    ("TableName", "PULSE_TABLE"),
+    ("SessionsQueueUrl", "PULSE_SESSIONS_QUEUE_URL"),
+    ("HooksQueueUrl", "PULSE_HOOKS_QUEUE_URL"),
+    ("HooksDeadLetterQueueUrl", "PULSE_HOOKS_DLQ_URL"),
+    ("ReceiverUrl", "PULSE_PUBLIC_URL"),
+];
+
+/// One line with the fix for an AWS error met in the middle of a command, from its
+/// chain of messages; `None` when there is nothing better to say than the error.
+pub fn explain(chain: &str) -> Option<String> {
+    if chain.contains("AccessDenied") || chain.contains("not authorized to perform") {
+        return Some(
+            "AWS denied the request (the error names the action and resource): grant it to the identity your credentials name".into(),
+        );
+    }
+    if chain.contains("ResourceNotFoundException") {
+        return Some("the DynamoDB table was not found: check PULSE_TABLE and AWS_REGION, run `pulse init`, or set PULSE_STACK".into());
+    }
+    if queue_missing(chain) {
+        return Some("the SQS queue was not found: check the queue URLs and AWS_REGION, run `pulse init`, or set PULSE_STACK".into());
+    }
+    if chain.contains("loading credentials") || chain.contains("no credentials") {
+        return Some("no AWS credentials: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (against an emulator any static keys do)".into());
+    }
+    if chain.contains("dispatch failure")
+        && (chain.contains("onnection refused") || chain.contains("dns error"))
+    {
+        return Some(
+            "the AWS endpoint did not answer: check AWS_ENDPOINT_URL and the network".into(),
+        );
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, GlobalSecondaryIndexDescription, KeySchemaElement, Projection,
+    };
+
+    use super::*;
+
+    fn key(name: &str, t: KeyType) -> KeySchemaElement {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(t)
+            .build()
+            .unwrap()
+    }
+
+    fn attr(name: &str, t: ScalarAttributeType) -> AttributeDefinition {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(t)
+            .build()
+            .unwrap()
+    }
+
+    fn due(projection: ProjectionType) -> GlobalSecondaryIndexDescription {
+        GlobalSecondaryIndexDescription::builder()
+            .index_name(DUE_INDEX)
+            .key_schema(key("due_shard", KeyType::Hash))
+            .key_schema(key("due_at", KeyType::Range))
+            .projection(Projection::builder().projection_type(projection).build())
+            .build()
+    }
+
+    #[test]
+    fn the_template_s_table_has_no_differences_and_others_are_named() {
+        let good = TableDescription::builder()
+            .key_schema(key("pk", KeyType::Hash))
+            .key_schema(key("sk", KeyType::Range))
+            .attribute_definitions(attr("pk", ScalarAttributeType::S))
+            .attribute_definitions(attr("sk", ScalarAttributeType::S))
+            .attribute_definitions(attr("due_at", ScalarAttributeType::N))
+            .global_secondary_indexes(due(ProjectionType::KeysOnly))
+            .build();
+        assert!(table_differences(&good).is_empty());
+
+        let other = TableDescription::builder()
+            .key_schema(key("id", KeyType::Hash))
+            .attribute_definitions(attr("id", ScalarAttributeType::S))
+            .build();
+        let diffs = table_differences(&other);
+        assert_eq!(diffs.len(), 2, "{diffs:?}");
+        assert!(diffs[0].contains("its keys are id/-"), "{diffs:?}");
+        assert!(diffs[1].contains("no `due` index"), "{diffs:?}");
+
+        let all = TableDescription::builder()
+            .key_schema(key("pk", KeyType::Hash))
+            .key_schema(key("sk", KeyType::Range))
+            .attribute_definitions(attr("sk", ScalarAttributeType::N))
+            .global_secondary_indexes(due(ProjectionType::All))
+            .build();
+        let diffs = table_differences(&all);
+        assert!(
+            diffs.iter().any(|d| d.contains("sk is of type N")),
+            "{diffs:?}"
+        );
+        assert!(
+            diffs.iter().any(|d| d.contains("projects ALL")),
+            "{diffs:?}"
+        );
+    }
+
+    #[test]
+    fn names_follow_the_template() {
+        let n = Names::new("pulse");
+        assert_eq!(n.sessions, "pulse-sessions.fifo");
+        assert_eq!(n.sessions_dlq, "pulse-sessions-dlq.fifo");
+        assert_eq!(n.hooks, "pulse-hooks");
+        assert_eq!(n.hooks_dlq, "pulse-hooks-dlq");
+    }
+
+    #[test]
+    fn mid_command_errors_get_a_fix() {
+        let denied = "dynamodb put agent failed: service error: AccessDeniedException: User: arn:aws:iam::1:user/x is not authorized to perform: dynamodb:PutItem on resource: arn:aws:dynamodb:us-east-1:1:table/pulse";
+        assert!(explain(denied).unwrap().contains("grant it"));
+        assert!(
+            explain("sqs send failed: service error: AWS.SimpleQueueService.NonExistentQueue")
+                .unwrap()
+                .contains("pulse init")
+        );
+        assert!(explain("dynamodb list agents failed: dispatch failure: io error: client error (Connect): tcp connect error: Connection refused (os error 111)").unwrap().contains("AWS_ENDPOINT_URL"));
+        assert_eq!(explain("a tool failed"), None);
+    }
+}
