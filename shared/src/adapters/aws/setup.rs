@@ -34,6 +34,14 @@ pub enum SetupError {
         "no AWS credentials: looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the profile files (AWS_PROFILE, AWS_CONFIG_FILE), SSO, web identity, the container and the instance metadata service; against an emulator any static keys do: export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test"
     )]
     NoCredentials,
+    /// The credentials were found but AWS does not know them.
+    #[error(
+        "AWS rejected the credentials ({message}): check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, and that they belong to this account and region"
+    )]
+    Rejected {
+        /// AWS's message.
+        message: String,
+    },
     /// A table or queue is not there.
     #[error(
         "{what} does not exist at {endpoint}: run `pulse init` to create it, or deploy the stack and set PULSE_STACK"
@@ -113,10 +121,15 @@ where
 {
     let detail = DisplayErrorContext(e).to_string();
     let code = e.code().unwrap_or_default();
-    if code.contains("AccessDenied")
-        || code == "UnrecognizedClientException"
-        || code == "InvalidClientTokenId"
-    {
+    if matches!(
+        code,
+        "UnrecognizedClientException" | "InvalidClientTokenId" | "InvalidSignatureException"
+    ) {
+        return SetupError::Rejected {
+            message: e.message().unwrap_or(code).to_owned(),
+        };
+    }
+    if code.contains("AccessDenied") {
         return SetupError::Denied {
             service,
             operation,
@@ -202,7 +215,7 @@ pub async fn check(clients: &AwsClients, settings: &AwsSettings) -> Result<(), S
             });
         }
         Err(e) => match classify("DynamoDB", "DescribeTable", &at("dynamodb"), &e) {
-            SetupError::Denied { .. } if e.code() != Some("UnrecognizedClientException") => {}
+            SetupError::Denied { .. } => {}
             other => return Err(other),
         },
     }
@@ -730,6 +743,9 @@ mod tests {
         AttributeDefinition, GlobalSecondaryIndexDescription, KeySchemaElement, Projection,
     };
 
+    use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
+    use aws_smithy_runtime_api::http::Response as HttpResponse;
+
     use super::*;
 
     fn key(name: &str, t: KeyType) -> KeySchemaElement {
@@ -793,6 +809,47 @@ mod tests {
             diffs.iter().any(|d| d.contains("projects ALL")),
             "{diffs:?}"
         );
+    }
+
+    fn service_error(code: &str, message: &str) -> SdkError<DescribeTableError, HttpResponse> {
+        let meta = aws_sdk_dynamodb::error::ErrorMetadata::builder()
+            .code(code)
+            .message(message)
+            .build();
+        SdkError::service_error(
+            DescribeTableError::generic(meta),
+            HttpResponse::new(
+                aws_smithy_runtime_api::http::StatusCode::try_from(400).unwrap(),
+                aws_smithy_types::body::SdkBody::empty(),
+            ),
+        )
+    }
+
+    #[test]
+    fn aws_errors_are_named_with_their_fix() {
+        let denied = service_error(
+            "AccessDeniedException",
+            "User: arn:aws:iam::1:user/ops is not authorized to perform: dynamodb:DescribeTable on resource: arn:aws:dynamodb:us-east-1:1:table/pulse",
+        );
+        let e = classify("DynamoDB", "DescribeTable", "https://x", &denied).to_string();
+        assert!(
+            e.starts_with("AWS denied DynamoDB DescribeTable: User: arn:aws:iam::1:user/ops is not authorized to perform: dynamodb:DescribeTable on resource: arn:aws:dynamodb:us-east-1:1:table/pulse; grant it"),
+            "{e}"
+        );
+        let bad_keys = service_error(
+            "UnrecognizedClientException",
+            "The security token included in the request is invalid.",
+        );
+        let e = classify("DynamoDB", "DescribeTable", "https://x", &bad_keys).to_string();
+        assert!(
+            e.starts_with("AWS rejected the credentials (The security token"),
+            "{e}"
+        );
+        let other = service_error("ThrottlingException", "slow down");
+        assert!(matches!(
+            classify("DynamoDB", "DescribeTable", "https://x", &other),
+            SetupError::Other { .. }
+        ));
     }
 
     #[test]
