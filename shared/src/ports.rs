@@ -504,6 +504,8 @@ pub trait ConversationStore: Send + Sync {
     async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError>;
     /// Reads a turn.
     async fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Result<Option<Turn>, StoreError>;
+    /// The agent's latest `limit` turns, newest first (turn ids are time-ordered).
+    async fn list_turns(&self, agent: &AgentId, limit: usize) -> Result<Vec<Turn>, StoreError>;
     /// The agent's latest `limit` messages, newest first. Reads only those, so the cost
     /// of a turn does not grow with the length of the history.
     async fn recent_messages(
@@ -779,6 +781,10 @@ pub enum ToolFailure {
     /// This process cannot run the tool's kind.
     #[error("{0}")]
     Unavailable(String),
+    /// The tool chose not to run (the heartbeat agent with nothing to think about): the
+    /// action ends SKIPPED with this reason.
+    #[error("{0}")]
+    Skipped(String),
 }
 
 /// Runs tools. Never returns an error: a tool's failure is an outcome recorded on its

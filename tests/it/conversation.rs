@@ -49,6 +49,8 @@ impl World {
         new.persona = Some("You are Scout.".into());
         new.interval = "10m".parse().unwrap();
         new.discord_channel = Some("1001".into());
+        // These tests script the heartbeat agent's model on every beat.
+        new.think = pulse_shared::domain::ThinkPolicy::Always;
         f(&mut new);
         let (agent, first) = new.create(self.b.now()).unwrap();
         self.b.store.create_agent(&agent, &first).await.unwrap();

@@ -53,6 +53,8 @@ impl World {
         let mut new = NewAgent::named("scout");
         new.interval = interval.parse().unwrap();
         new.discord_channel = Some(channel.into());
+        // These tests script the heartbeat agent's model on every beat.
+        new.think = pulse_shared::domain::ThinkPolicy::Always;
         let (agent, first) = new.create(self.b.now()).unwrap();
         self.b.store.create_agent(&agent, &first).await.unwrap();
         agent

@@ -16,3 +16,4 @@ mod listener;
 mod llm;
 mod queue;
 mod secrets_at_rest;
+mod thinking;

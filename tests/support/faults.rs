@@ -183,6 +183,7 @@ faulty!(ConversationStore {
     fn begin_turn(&self, turn: &Turn, messages: &[ConversationMessage]) -> TurnStart;
     fn update_turn(&self, turn: &Turn) -> ();
     fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Option<Turn>;
+    fn list_turns(&self, agent: &AgentId, limit: usize) -> Vec<Turn>;
     fn recent_messages(&self, agent: &AgentId, limit: usize) -> Vec<ConversationMessage>;
 });
 

@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
     ActiveHours, Agent, AgentChanges, AgentId, AgentLlm, Budgets, Interval, NewAgent, ProviderKind,
-    TimeZoneName,
+    ThinkPolicy, TimeZoneName,
 };
 use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled};
 
@@ -91,6 +91,9 @@ pub(crate) struct UpdateAgent {
     /// The Discord channel the agent speaks in; "" unbinds it.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
+    /// When the heartbeat agent calls the model: auto, events, always or every:N.
+    #[arg(long, value_name = "POLICY")]
+    think: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -143,6 +146,11 @@ pub(crate) struct CreateAgent {
     /// The Discord channel the agent speaks in when no interaction is open.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
+    /// When the heartbeat agent calls the model: auto (new events or instructions),
+    /// events (new events only), always, or every:N (every Nth beat). A heartbeat that
+    /// does not think records its action SKIPPED, at no token cost.
+    #[arg(long, value_name = "POLICY", default_value = "auto")]
+    think: String,
 }
 
 /// A validated agents command.
@@ -205,6 +213,12 @@ fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
         max_tokens: a.max_tokens,
         quiet_period: cleared_with(a.quiet_period, |q| q.parse::<Interval>().map_err(input))?,
         discord_channel: cleared(a.discord_channel),
+        think: a
+            .think
+            .as_deref()
+            .map(ThinkPolicy::parse)
+            .transpose()
+            .map_err(input)?,
     };
     if changes.is_empty() {
         return Err(Failure::Input(
@@ -271,6 +285,7 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         .transpose()
         .map_err(input)?;
     new.discord_channel = a.discord_channel;
+    new.think = ThinkPolicy::parse(&a.think).map_err(input)?;
     // Validate the name now, so a bad one is reported before anything is opened.
     new.clone().create(now).map_err(input)?;
     Ok(new)
@@ -345,6 +360,7 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
                     .map_or("always".into(), |h| h.to_string()),
             );
             field("time zone", agent.timezone.to_string());
+            field("think", agent.think.to_string());
             field("session", agent.session.to_string());
             field("created", when(Some(agent.created_at)));
             field("last interaction", when(agent.last_interaction_at));

@@ -1,5 +1,7 @@
 //! Agents and their heartbeats.
 
+use std::fmt;
+
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +59,9 @@ pub struct Agent {
     /// is resumed; its user's messages are still answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_at: Option<Timestamp>,
+    /// When its heartbeat agent calls the model.
+    #[serde(default, skip_serializing_if = "ThinkPolicy::is_auto")]
+    pub think: ThinkPolicy,
 }
 
 impl Agent {
@@ -187,6 +192,102 @@ pub fn check_key_variable(var: &str) -> Result<(), ValidationError> {
     }
 }
 
+/// When the heartbeat agent calls the model (`--think`). A heartbeat that does not think
+/// records its action SKIPPED with the reason, at no token cost; the other tools
+/// subscribed to HEARTBEAT run every beat all the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ThinkPolicy {
+    /// When there is something to think about: events arrived since the last heartbeat,
+    /// or the agent has heartbeat instructions.
+    #[default]
+    Auto,
+    /// Only when events arrived since the last heartbeat.
+    Events,
+    /// Every beat.
+    Always,
+    /// Every Nth beat (beats N, 2N, …).
+    Every(u32),
+}
+
+impl ThinkPolicy {
+    /// Reads `auto`, `events`, `always` or `every:N` (N ≥ 1).
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let bad = || {
+            ValidationError::new(
+                "think policy",
+                format!("{s:?}: use auto, events, always or every:N (N at least 1)"),
+            )
+        };
+        Ok(match s.trim() {
+            "auto" => Self::Auto,
+            "events" => Self::Events,
+            "always" => Self::Always,
+            other => {
+                let n: u32 = other
+                    .strip_prefix("every:")
+                    .and_then(|n| n.trim().parse().ok())
+                    .ok_or_else(bad)?;
+                if n == 0 {
+                    return Err(bad());
+                }
+                Self::Every(n)
+            }
+        })
+    }
+
+    /// Whether it is the default (left out of stored records).
+    pub fn is_auto(&self) -> bool {
+        *self == Self::Auto
+    }
+
+    /// Whether a heartbeat thinks: `Ok(())`, or `Err(reason)` for the SKIPPED action.
+    /// `window_events` counts the events that arrived since the last heartbeat (its own
+    /// HEARTBEAT event and its cascades not included).
+    pub fn decide(
+        self,
+        beat: u64,
+        window_events: usize,
+        has_instructions: bool,
+    ) -> Result<(), String> {
+        let events = window_events > 0;
+        match self {
+            Self::Always => Ok(()),
+            Self::Auto if events || has_instructions => Ok(()),
+            Self::Auto => Err("think auto: no new events and no heartbeat instructions".into()),
+            Self::Events if events => Ok(()),
+            Self::Events => Err("think events: no new events".into()),
+            Self::Every(n) if beat.is_multiple_of(u64::from(n)) => Ok(()),
+            Self::Every(n) => Err(format!(
+                "think every:{n}: beat {beat} is not a multiple of {n}"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ThinkPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Events => f.write_str("events"),
+            Self::Always => f.write_str("always"),
+            Self::Every(n) => write!(f, "every:{n}"),
+        }
+    }
+}
+
+impl Serialize for ThinkPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ThinkPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Limits on one heartbeat agent run. When one is hit the run stops and says so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budgets {
@@ -230,6 +331,8 @@ pub struct NewAgent {
     pub quiet_period: Option<Interval>,
     /// Discord channel.
     pub discord_channel: Option<String>,
+    /// When its heartbeat agent thinks.
+    pub think: ThinkPolicy,
 }
 
 impl NewAgent {
@@ -247,6 +350,7 @@ impl NewAgent {
             budgets: Budgets::default(),
             quiet_period: None,
             discord_channel: None,
+            think: ThinkPolicy::Auto,
         }
     }
 
@@ -271,6 +375,7 @@ impl NewAgent {
             quiet_period: self.quiet_period,
             discord_channel: self.discord_channel,
             paused_at: None,
+            think: self.think,
         }
         .validated()?;
         let due = agent.in_active_hours(now);
@@ -306,6 +411,8 @@ pub struct AgentChanges {
     pub quiet_period: Option<Option<Interval>>,
     /// Discord channel; `Some(None)` unbinds it.
     pub discord_channel: Option<Option<String>>,
+    /// When its heartbeat agent thinks.
+    pub think: Option<ThinkPolicy>,
 }
 
 impl AgentChanges {
@@ -323,6 +430,7 @@ impl AgentChanges {
             && self.max_tokens.is_none()
             && self.quiet_period.is_none()
             && self.discord_channel.is_none()
+            && self.think.is_none()
     }
 
     /// `agent` with the changes, validated as on create.
@@ -345,6 +453,7 @@ impl AgentChanges {
         set(&mut a.budgets.max_tokens, &self.max_tokens);
         set(&mut a.quiet_period, &self.quiet_period);
         set(&mut a.discord_channel, &self.discord_channel);
+        set(&mut a.think, &self.think);
         a.validated()
     }
 }
@@ -517,4 +626,34 @@ pub struct ClaimRequest {
     pub lease: SignedDuration,
     /// The end of the event window, set only by the first claim.
     pub window_end: EventCursor,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ThinkPolicy;
+
+    #[test]
+    fn think_policies_parse_print_and_decide() {
+        for s in ["auto", "events", "always", "every:3"] {
+            assert_eq!(ThinkPolicy::parse(s).unwrap().to_string(), s);
+        }
+        for bad in ["", "sometimes", "every:0", "every:x", "every:"] {
+            assert!(ThinkPolicy::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            serde_json::to_string(&ThinkPolicy::Every(4)).unwrap(),
+            "\"every:4\""
+        );
+        let auto = ThinkPolicy::Auto;
+        assert!(auto.decide(1, 0, false).is_err());
+        assert!(auto.decide(1, 1, false).is_ok());
+        assert!(auto.decide(1, 0, true).is_ok());
+        assert!(ThinkPolicy::Events.decide(1, 0, true).is_err());
+        assert!(ThinkPolicy::Always.decide(1, 0, false).is_ok());
+        let every = ThinkPolicy::Every(3);
+        let thought: Vec<u64> = (1..=9)
+            .filter(|b| every.decide(*b, 5, true).is_ok())
+            .collect();
+        assert_eq!(thought, [3, 6, 9], "every:N counts beats, events or not");
+    }
 }

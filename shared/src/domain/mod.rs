@@ -16,7 +16,7 @@ mod webhook;
 
 pub use agent::{
     AGENT_KEY_PREFIX, Agent, AgentChanges, AgentLlm, Budgets, ClaimRequest, Heartbeat,
-    HeartbeatStatus, NewAgent, check_key_variable,
+    HeartbeatStatus, NewAgent, ThinkPolicy, check_key_variable,
 };
 pub use chat::{
     ChatMessage, LlmRequest, LlmResponse, ProviderKind, Secret, StopReason, ToolSpec, ToolUse,

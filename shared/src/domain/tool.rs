@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use url::Url;
 
-use super::agent::Agent;
+use super::agent::{Agent, ThinkPolicy};
 use super::event::{Event, EventCursor, NewEvent, Priority};
 use super::ids::{ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName};
 use crate::error::ValidationError;
@@ -290,15 +290,19 @@ pub enum ActionStatus {
     Failed,
     /// The tool stopped because a user message interrupted its heartbeat.
     Cancelled,
+    /// The tool chose not to run (the heartbeat agent with nothing to think about);
+    /// `error` says why.
+    Skipped,
 }
 
 impl ActionStatus {
     /// Every status, in the order of an action's life.
-    pub const ALL: [ActionStatus; 4] = [
+    pub const ALL: [ActionStatus; 5] = [
         Self::Running,
         Self::Completed,
         Self::Failed,
         Self::Cancelled,
+        Self::Skipped,
     ];
 
     /// The stored name (`RUNNING`, ...), as it is serialized.
@@ -308,6 +312,7 @@ impl ActionStatus {
             Self::Completed => "COMPLETED",
             Self::Failed => "FAILED",
             Self::Cancelled => "CANCELLED",
+            Self::Skipped => "SKIPPED",
         }
     }
 
@@ -398,6 +403,9 @@ pub struct AgentContext {
     /// Heartbeat instructions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
+    /// When its heartbeat agent thinks (`auto` is left out).
+    #[serde(default, skip_serializing_if = "ThinkPolicy::is_auto")]
+    pub think: ThinkPolicy,
 }
 
 impl From<&Agent> for AgentContext {
@@ -408,6 +416,7 @@ impl From<&Agent> for AgentContext {
             alias: a.alias.clone(),
             persona: a.persona.clone(),
             instructions: a.instructions.clone(),
+            think: a.think,
         }
     }
 }
@@ -427,6 +436,10 @@ pub struct HeartbeatContext {
     pub window_start: EventCursor,
     /// And ends at this one.
     pub window_end: EventCursor,
+    /// Events in the window: what arrived since the last heartbeat (not counting its
+    /// HEARTBEAT event or what its tools emit).
+    #[serde(default)]
+    pub window_events: usize,
 }
 
 /// The agent's sense of time (seed 003): its beat counter, and beats since the user last

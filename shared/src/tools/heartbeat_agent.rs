@@ -97,8 +97,26 @@ impl HeartbeatAgent {
         }
     }
 
-    /// Runs one heartbeat's agent loop.
+    /// Runs one heartbeat's agent loop, or skips it when the agent's think policy finds
+    /// nothing to think about: then no model call and no read is made.
     pub async fn call(&self, request: &ToolRequest) -> ToolCall {
+        if let Err(why) = request.agent.think.decide(
+            request.heartbeat.beats.beat,
+            request.heartbeat.window_events,
+            request
+                .agent
+                .instructions
+                .as_deref()
+                .is_some_and(|i| !i.trim().is_empty()),
+        ) {
+            return ToolCall {
+                response_meta: Some(json!({
+                    "output": {"skipped": why},
+                    "usage": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0},
+                })),
+                result: Err(ToolFailure::Skipped(why)),
+            };
+        }
         let mut t = Transcript::default();
         match self.run(request, &mut t).await {
             Ok(None) => {

@@ -5,7 +5,9 @@ use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
-use pulse_shared::domain::{ActiveHours, Agent, AgentChanges, EventType, Interval, TimeZoneName};
+use pulse_shared::domain::{
+    ActiveHours, Agent, AgentChanges, EventType, Interval, ThinkPolicy, TimeZoneName,
+};
 use pulse_shared::engine::Toggled;
 use pulse_shared::ports::EventQuery;
 use serde::Deserialize;
@@ -195,6 +197,8 @@ pub(crate) async fn settings(
                 input #timezone name="timezone" value=(agent.timezone.to_string());
                 label for="instructions" { "Instructions" }
                 textarea #instructions name="instructions" rows="4" { (agent.instructions.clone().unwrap_or_default()) }
+                label for="think" { "Think" }
+                input #think name="think" value=(agent.think.to_string()) title="auto (new events or instructions), events, always, or every:N";
                 span {}
                 button type="submit" { "Save" }
             }
@@ -230,6 +234,8 @@ pub(crate) struct UpdateForm {
     timezone: String,
     #[serde(default)]
     instructions: String,
+    #[serde(default)]
+    think: String,
 }
 
 /// `POST /ui/agents/{id}/update`.
@@ -249,6 +255,10 @@ pub(crate) async fn update(
         }),
         timezone: Some(TimeZoneName::parse(f.timezone.trim()).map_err(invalid)?),
         instructions: Some(Some(f.instructions.trim().to_owned()).filter(|i| !i.is_empty())),
+        think: match f.think.trim() {
+            "" => None,
+            t => Some(ThinkPolicy::parse(t).map_err(invalid)?),
+        },
         ..AgentChanges::default()
     };
     d.0.lifecycle.update(&agent.id, &changes).await?;

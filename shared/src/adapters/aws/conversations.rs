@@ -144,6 +144,17 @@ impl ConversationStore for DynamoStore {
             .transpose()
     }
 
+    async fn list_turns(&self, agent: &AgentId, limit: usize) -> Result<Vec<Turn>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.query_prefix("list turns", &agent_pk(agent), "TN#", true, Some(limit))
+            .await?
+            .iter()
+            .map(read_doc)
+            .collect()
+    }
+
     async fn recent_messages(
         &self,
         agent: &AgentId,

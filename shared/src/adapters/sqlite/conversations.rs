@@ -128,6 +128,20 @@ impl ConversationStore for SqliteStore {
             .await
     }
 
+    async fn list_turns(&self, agent: &AgentId, limit: usize) -> Result<Vec<Turn>, StoreError> {
+        let agent = agent.to_string();
+        self.db
+            .call("list turns", move |conn| {
+                read_docs(
+                    conn,
+                    "list turns",
+                    "SELECT id, doc FROM turns WHERE agent_id = ?1 ORDER BY id DESC LIMIT ?2",
+                    params![agent, limit as i64],
+                )
+            })
+            .await
+    }
+
     async fn recent_messages(
         &self,
         agent: &AgentId,

@@ -53,6 +53,11 @@ impl HeartbeatRunner {
                     action.error = Some(why);
                     Vec::new()
                 }
+                Err(ToolFailure::Skipped(why)) => {
+                    action.status = ActionStatus::Skipped;
+                    action.error = Some(why);
+                    Vec::new()
+                }
                 Ok(resp) if resp.success => {
                     action.status = ActionStatus::Completed;
                     let new_events = self.cascade(plan, event, tool, &action, resp.new_events);
@@ -80,7 +85,9 @@ impl HeartbeatRunner {
             }
             self.finish_hooks(plan, event, &action, &new_events).await?;
             let done = self.settle(&action, new_events);
-            if let Some(err) = &action.error {
+            if action.status == ActionStatus::Skipped {
+                info!(reason = action.error.as_deref(), "action skipped");
+            } else if let Some(err) = &action.error {
                 warn!(duration_ms = action.duration_ms, error = %err, "action failed");
             } else {
                 info!(

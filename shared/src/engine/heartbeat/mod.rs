@@ -223,6 +223,7 @@ impl HeartbeatRunner {
             _ => window_end,
         };
         let mut plan = self.plan(hb, agent);
+        plan.heartbeat_context.window_events = window.events.len();
         if let Some(hooks) = &self.hooks {
             plan.routes = hooks.routes(&plan.agent.id).await?;
         }
@@ -308,6 +309,7 @@ impl HeartbeatRunner {
                     .window_end
                     .clone()
                     .unwrap_or_else(|| hb.window_start.clone()),
+                window_events: 0,
             },
             heartbeat: hb.clone(),
             agent,

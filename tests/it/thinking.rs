@@ -1,0 +1,149 @@
+//! Thinking only when there is something to think about (`--think`): a fake
+//! OpenAI-compatible server counts the heartbeat agent's model calls, beat by beat.
+
+use jiff::SignedDuration;
+use pulse_shared::domain::{ActionStatus, Agent, NewAgent, ThinkPolicy};
+use pulse_shared::engine::Worker;
+use pulse_tests::fake_discord::FakeDiscord;
+use pulse_tests::fake_llm::FakeLlm;
+use pulse_tests::{Backend, Kind, on_both_backends, settings};
+use serde_json::json;
+
+struct World {
+    b: Backend,
+    llm: FakeLlm,
+    worker: Worker,
+    _discord: FakeDiscord,
+}
+
+async fn world(kind: Kind) -> World {
+    let b = Backend::new(kind).await;
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let services = pulse_tests::fake_services(&llm, &discord);
+    let worker = b
+        .connected()
+        .worker(b.clock.clone(), &settings(), &services);
+    World {
+        b,
+        llm,
+        worker,
+        _discord: discord,
+    }
+}
+
+impl World {
+    async fn agent(&self, f: impl FnOnce(&mut NewAgent)) -> Agent {
+        let mut new = NewAgent::named("scout");
+        new.interval = "10m".parse().unwrap();
+        f(&mut new);
+        let (agent, first) = new.create(self.b.now()).unwrap();
+        self.b.store.create_agent(&agent, &first).await.unwrap();
+        agent
+    }
+
+    /// One heartbeat: sweep, run the job, then wait out the interval.
+    async fn beat(&self) {
+        let swept = self.b.sweeper(settings()).sweep_once(self.b.now()).await;
+        assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+        assert_eq!(swept.claimed, 1, "one heartbeat due");
+        self.b.drain(&self.worker).await;
+        self.b
+            .advance(SignedDuration::from_mins(10) + SignedDuration::from_secs(5));
+    }
+
+    fn calls(&self) -> usize {
+        self.llm.requests().len()
+    }
+}
+
+on_both_backends!(
+    an_idle_agent_does_not_think_and_a_new_event_makes_it_think_once,
+    idle
+);
+async fn idle(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    for _ in 0..10 {
+        w.beat().await;
+    }
+    assert_eq!(w.calls(), 0, "ten idle beats, no model call");
+    let actions = w.b.store.list_actions(&agent.id, 100).await.unwrap();
+    let agent_runs: Vec<_> = actions
+        .iter()
+        .filter(|a| a.tool.as_str() == "heartbeat-agent")
+        .collect();
+    assert_eq!(agent_runs.len(), 10);
+    for a in &agent_runs {
+        assert_eq!(a.status, ActionStatus::Skipped);
+        assert!(
+            a.error.as_deref().unwrap().contains("no new events"),
+            "{:?}",
+            a.error
+        );
+        let usage = &a.response.as_ref().unwrap()["usage"];
+        assert_eq!(usage["input_tokens"], 0);
+        assert_eq!(usage["llm_calls"], 0);
+    }
+    let hbs = w.b.store.list_heartbeats(&agent.id, 20).await.unwrap();
+    assert!(
+        hbs.iter()
+            .filter(|h| h.status.is_final())
+            .all(|h| h.actions_failed == 0),
+        "a skip is not a failure"
+    );
+
+    // Something arrives: that beat thinks, the next does not.
+    w.b.emit(&agent, "NOTE", json!({"text": "the build broke"}))
+        .await;
+    w.b.advance(SignedDuration::from_secs(5));
+    w.beat().await;
+    assert_eq!(w.calls(), 1, "one call in the beat with an event");
+    let prompt = w.llm.requests()[0].body.to_string();
+    assert!(prompt.contains("the build broke"), "the event is shown");
+    w.beat().await;
+    assert_eq!(w.calls(), 1, "idle again");
+}
+
+on_both_backends!(every_third_beat_thinks_three_times_in_nine, every_third);
+async fn every_third(kind: Kind) {
+    let w = world(kind).await;
+    w.agent(|a| a.think = ThinkPolicy::Every(3)).await;
+    for _ in 0..9 {
+        w.beat().await;
+    }
+    assert_eq!(w.calls(), 3);
+}
+
+on_both_backends!(with_instructions_or_always_every_beat_thinks, instructions);
+async fn instructions(kind: Kind) {
+    let w = world(kind).await;
+    w.agent(|a| a.instructions = Some("Check the build every beat.".into()))
+        .await;
+    for _ in 0..3 {
+        w.beat().await;
+    }
+    assert_eq!(w.calls(), 3, "auto with instructions: a call per beat");
+
+    let w = world(kind).await;
+    w.agent(|a| {
+        a.instructions = Some("Check the build every beat.".into());
+        a.think = ThinkPolicy::Events;
+    })
+    .await;
+    for _ in 0..3 {
+        w.beat().await;
+    }
+    assert_eq!(
+        w.calls(),
+        0,
+        "events: instructions alone do not make it think"
+    );
+
+    let w = world(kind).await;
+    w.agent(|a| a.think = ThinkPolicy::Always).await;
+    for _ in 0..3 {
+        w.beat().await;
+    }
+    assert_eq!(w.calls(), 3, "always");
+}
