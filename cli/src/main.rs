@@ -89,6 +89,8 @@ pub(crate) enum Command {
     /// Outbound hooks: signed deliveries of the agent's lifecycle to URLs or EventBridge.
     #[command(subcommand)]
     Hooks(HooksCmd),
+    /// Model tokens per agent per day, by model, with an estimated cost.
+    Usage(commands::usage::UsageArgs),
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),

@@ -147,3 +147,90 @@ async fn instructions(kind: Kind) {
     }
     assert_eq!(w.calls(), 3, "always");
 }
+
+on_both_backends!(
+    usage_totals_are_the_sum_of_the_recorded_heartbeats_and_turns,
+    usage_totals
+);
+async fn usage_totals(kind: Kind) {
+    use pulse_shared::domain::{Signal, SignalMeta};
+    use pulse_shared::engine::{Prices, intake, usage};
+    let w = world(kind).await;
+    let agent = w
+        .agent(|a| {
+            a.think = ThinkPolicy::Always;
+            a.discord_channel = Some("1001".into());
+        })
+        .await;
+    let since = w.b.now();
+    for _ in 0..3 {
+        w.beat().await;
+    }
+    let said = Signal::user_message(
+        &agent.id,
+        &agent.session,
+        "how is the build?",
+        SignalMeta::default(),
+        w.b.now(),
+    )
+    .unwrap();
+    intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), said)
+        .await
+        .unwrap();
+    w.b.drain(&w.worker).await;
+    assert_eq!(w.calls(), 4, "three heartbeats and one turn");
+
+    // What the records say, summed by hand.
+    let actions = w.b.store.list_actions(&agent.id, 100).await.unwrap();
+    let from_actions: (u64, u64) = actions
+        .iter()
+        .filter(|a| a.tool.as_str() == "heartbeat-agent")
+        .filter_map(|a| a.response.as_ref())
+        .map(|r| {
+            (
+                r["usage"]["input_tokens"].as_u64().unwrap(),
+                r["usage"]["output_tokens"].as_u64().unwrap(),
+            )
+        })
+        .fold((0, 0), |(i, o), (a, b)| (i + a, o + b));
+    let turns = w.b.store.list_turns(&agent.id, 100).await.unwrap();
+    assert_eq!(turns.len(), 1);
+    let from_turns = (turns[0].usage.input_tokens, turns[0].usage.output_tokens);
+
+    let prices =
+        Prices::with_overrides(r#"{"models": {"fake-gpt": {"input": 2, "output": 10}}}"#).unwrap();
+    let rows = usage(w.b.store.as_ref(), &agent, since, &prices)
+        .await
+        .unwrap();
+    let by = |source: &str| rows.iter().find(|r| r.source == source).unwrap();
+    let beats = by("heartbeats");
+    assert_eq!((beats.calls, beats.model.as_str()), (3, "fake-gpt"));
+    assert_eq!((beats.input_tokens, beats.output_tokens), from_actions);
+    assert_eq!(
+        from_actions,
+        (300, 60),
+        "the fake reports 100 in, 20 out a call"
+    );
+    let turn = by("turns");
+    assert_eq!(turn.calls, 1);
+    assert_eq!((turn.input_tokens, turn.output_tokens), from_turns);
+    let cost = beats.cost_usd.unwrap();
+    assert!(
+        (cost - (300.0 * 2.0 + 60.0 * 10.0) / 1e6).abs() < 1e-12,
+        "{cost}"
+    );
+    // Nothing before `since` is counted; an unknown model has no price.
+    let later = usage(
+        w.b.store.as_ref(),
+        &agent,
+        w.b.now() + SignedDuration::from_hours(1),
+        &prices,
+    )
+    .await
+    .unwrap();
+    assert!(later.is_empty());
+    let unpriced = usage(w.b.store.as_ref(), &agent, since, &Prices::default())
+        .await
+        .unwrap();
+    assert!(unpriced.iter().all(|r| r.cost_usd.is_none()));
+}

@@ -18,6 +18,7 @@ pub(crate) mod serve;
 mod story;
 pub(crate) mod subscriptions;
 pub(crate) mod tools;
+pub(crate) mod usage;
 pub(crate) mod webhooks;
 
 use std::collections::BTreeMap;
@@ -59,6 +60,7 @@ enum Plan {
     Memories(memories::MemoriesPlan),
     Webhooks(webhooks::WebhooksPlan),
     Hooks(hooks::HooksPlan),
+    Usage(usage::UsagePlan),
     Secrets,
 }
 
@@ -74,7 +76,11 @@ impl Plan {
             Plan::Conversation(p) => p.writes(),
             Plan::Webhooks(p) => p.writes(),
             Plan::Hooks(p) => p.writes(),
-            Plan::Heartbeats(_) | Plan::Actions(_) | Plan::Memories(_) | Plan::Secrets => false,
+            Plan::Heartbeats(_)
+            | Plan::Actions(_)
+            | Plan::Memories(_)
+            | Plan::Usage(_)
+            | Plan::Secrets => false,
         }
     }
 }
@@ -95,6 +101,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Memories(c) => Plan::Memories(memories::plan(c)?),
         Command::Webhooks(c) => Plan::Webhooks(webhooks::plan(c, now)?),
         Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
+        Command::Usage(a) => Plan::Usage(usage::plan(a)?),
         Command::Secrets(_) => Plan::Secrets,
         Command::Discord(_) | Command::Bench(_) | Command::Demo | Command::Init(_) => {
             unreachable!("answered before planning: they need no database")
@@ -161,6 +168,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Memories(p) => memories::execute(p, &cx).await,
         Plan::Webhooks(p) => webhooks::execute(p, &cx).await,
         Plan::Hooks(p) => hooks::execute(p, &cx).await,
+        Plan::Usage(p) => usage::execute(p, &cx).await,
         Plan::Secrets => secrets::reseal(&b, &out).await,
     }
 }

@@ -1,0 +1,228 @@
+//! Usage: the model tokens an agent's heartbeats (the heartbeat agent's runs) and
+//! conversation turns used, per day in the agent's time zone, by provider and model,
+//! with an estimated cost from a price table. Read from the records themselves (the
+//! heartbeat agent's actions and the turns), so the totals are the sum of what was
+//! recorded.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use jiff::civil::Date;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{Agent, HEARTBEAT_AGENT};
+use crate::error::StoreError;
+use crate::ports::Store;
+
+/// Most actions and turns read per agent.
+pub const USAGE_SCAN: usize = 10_000;
+
+/// A model's list price, in US dollars per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelPrice {
+    /// Per million input (prompt) tokens.
+    pub input: f64,
+    /// Per million output (completion) tokens.
+    pub output: f64,
+}
+
+/// Prices by model name. A model is priced by the longest name in the table it starts
+/// with (`gpt-4o-mini-2024-07-18` by `gpt-4o-mini`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Prices {
+    /// Model name → price.
+    pub models: BTreeMap<String, ModelPrice>,
+}
+
+/// The built-in list prices (USD per million tokens, input / output), as the providers
+/// published them when this table was written. Prices change: `PULSE_PRICES` overrides.
+const LIST_PRICES: [(&str, f64, f64); 16] = [
+    ("claude-opus-4-1", 15.0, 75.0),
+    ("claude-opus-4", 15.0, 75.0),
+    ("claude-sonnet-4-5", 3.0, 15.0),
+    ("claude-sonnet-4", 3.0, 15.0),
+    ("claude-haiku-4-5", 1.0, 5.0),
+    ("claude-3-5-haiku", 0.8, 4.0),
+    ("gpt-5", 1.25, 10.0),
+    ("gpt-5-mini", 0.25, 2.0),
+    ("gpt-5-nano", 0.05, 0.4),
+    ("gpt-4.1", 2.0, 8.0),
+    ("gpt-4.1-mini", 0.4, 1.6),
+    ("gpt-4.1-nano", 0.1, 0.4),
+    ("gpt-4o", 2.5, 10.0),
+    ("gpt-4o-mini", 0.15, 0.6),
+    ("o4-mini", 1.1, 4.4),
+    ("offline", 0.0, 0.0),
+];
+
+impl Default for Prices {
+    fn default() -> Self {
+        Self {
+            models: LIST_PRICES
+                .iter()
+                .map(|(m, i, o)| {
+                    (
+                        (*m).to_owned(),
+                        ModelPrice {
+                            input: *i,
+                            output: *o,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Prices {
+    /// The built-in prices with those of a JSON document over them:
+    /// `{"models": {"my-model": {"input": 0.5, "output": 1.5}}}`.
+    pub fn with_overrides(json: &str) -> Result<Self, String> {
+        let given: Prices = serde_json::from_str(json).map_err(|e| {
+            format!(
+                "{e}; expected {{\"models\": {{\"MODEL\": {{\"input\": USD_PER_MILLION, \"output\": USD_PER_MILLION}}}}}}"
+            )
+        })?;
+        let mut prices = Self::default();
+        prices.models.extend(given.models);
+        Ok(prices)
+    }
+
+    /// The price of `model`, if the table knows it.
+    pub fn of(&self, model: &str) -> Option<ModelPrice> {
+        self.models
+            .iter()
+            .filter(|(name, _)| model.starts_with(name.as_str()))
+            .max_by_key(|(name, _)| name.len())
+            .map(|(_, p)| *p)
+    }
+}
+
+/// One row: what one agent's heartbeats or turns used with one model on one day.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UsageRow {
+    /// The day, in the agent's time zone.
+    pub day: Date,
+    /// The agent.
+    pub agent_id: String,
+    /// Its name.
+    pub agent_name: String,
+    /// `heartbeats` or `turns`.
+    pub source: &'static str,
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// Model calls.
+    pub calls: u64,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Estimated cost in US dollars; `None` for a model the price table does not know.
+    pub cost_usd: Option<f64>,
+}
+
+type Key = (Date, &'static str, String, String);
+
+/// `agent`'s usage since `since`, by day (its time zone), source and model; oldest day
+/// first. Reads at most [`USAGE_SCAN`] actions and turns.
+pub async fn usage(
+    store: &dyn Store,
+    agent: &Agent,
+    since: Timestamp,
+    prices: &Prices,
+) -> Result<Vec<UsageRow>, StoreError> {
+    let zone = agent.timezone.zone();
+    let day = |t: Timestamp| t.to_zoned(zone.clone()).date();
+    let mut rows: BTreeMap<Key, (u64, u64, u64)> = BTreeMap::new();
+    let mut add = |key: Key, calls: u64, input: u64, output: u64| {
+        let r = rows.entry(key).or_default();
+        r.0 += calls;
+        r.1 += input;
+        r.2 += output;
+    };
+    for a in store.list_actions(&agent.id, USAGE_SCAN).await? {
+        if a.tool.as_str() != HEARTBEAT_AGENT || a.started_at < since {
+            continue;
+        }
+        let Some(response) = &a.response else {
+            continue;
+        };
+        let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+        let usage = &response["usage"];
+        let calls = n(&usage["llm_calls"]);
+        if calls == 0 {
+            continue;
+        }
+        let text = |k: &str| response["output"][k].as_str().unwrap_or("").to_owned();
+        add(
+            (
+                day(a.started_at),
+                "heartbeats",
+                text("provider"),
+                text("model"),
+            ),
+            calls,
+            n(&usage["input_tokens"]),
+            n(&usage["output_tokens"]),
+        );
+    }
+    for t in store.list_turns(&agent.id, USAGE_SCAN).await? {
+        if t.created_at < since || t.model.is_empty() {
+            continue;
+        }
+        add(
+            (
+                day(t.created_at),
+                "turns",
+                t.provider.clone(),
+                t.model.clone(),
+            ),
+            1,
+            t.usage.input_tokens,
+            t.usage.output_tokens,
+        );
+    }
+    Ok(rows
+        .into_iter()
+        .map(
+            |((day, source, provider, model), (calls, input, output))| UsageRow {
+                cost_usd: prices
+                    .of(&model)
+                    .map(|p| (input as f64 * p.input + output as f64 * p.output) / 1_000_000.0),
+                day,
+                agent_id: agent.id.to_string(),
+                agent_name: agent.name.clone(),
+                source,
+                provider,
+                model,
+                calls,
+                input_tokens: input,
+                output_tokens: output,
+            },
+        )
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_are_priced_by_their_longest_known_prefix_and_overrides_win() {
+        let p = Prices::default();
+        assert_eq!(p.of("gpt-4o-mini-2024-07-18").unwrap().input, 0.15);
+        assert_eq!(p.of("gpt-4o-2024-08-06").unwrap().input, 2.5);
+        assert_eq!(p.of("claude-sonnet-4-5-20250929").unwrap().output, 15.0);
+        assert_eq!(p.of("llama-3-70b"), None);
+        let mine = Prices::with_overrides(
+            r#"{"models": {"llama-3": {"input": 0.5, "output": 0.7}, "gpt-4o-mini": {"input": 1, "output": 2}}}"#,
+        )
+        .unwrap();
+        assert_eq!(mine.of("llama-3-70b").unwrap().output, 0.7);
+        assert_eq!(mine.of("gpt-4o-mini").unwrap().input, 1.0);
+        assert_eq!(mine.of("gpt-4o").unwrap().input, 2.5, "the rest stay");
+        assert!(Prices::with_overrides("{\"gpt\": 1}").is_err());
+    }
+}
