@@ -242,11 +242,7 @@ fn the_first_errors_say_what_to_do_in_one_line() {
     assert_eq!(json(d, &["agents", "list"]), serde_json::json!([]));
 
     // An endpoint nobody answers on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let nowhere = format!("http://127.0.0.1:{port}");
     let e = one_error(&pulse_aws(
         d,
@@ -383,11 +379,7 @@ async fn a_signed_webhook_reaches_the_agent_through_pulse_serve_on_aws() {
     let created = json(&d, &["webhooks", "create", "--agent", &agent]);
     let secret = created["secret"].as_str().unwrap().to_owned();
     let id = created["webhook"]["id"].as_str().unwrap().to_owned();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut serve = common::command(&d, &["serve", "--listen", &listen, "--tick", "200ms"])
         .stdout(Stdio::null())

@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::json;
+use common::{free_port, json};
 use fantoccini::{Client, ClientBuilder, Locator};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -26,14 +25,6 @@ impl Drop for Running {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Waits until `port` on loopback accepts connections.
 fn wait_for_port(what: &str, port: u16) {
     let start = Instant::now();
@@ -46,15 +37,30 @@ fn wait_for_port(what: &str, port: u16) {
     }
 }
 
-fn serve(dir: &Path, port: u16) -> Running {
-    let listen = format!("127.0.0.1:{port}");
-    let child = common::command(dir, &["serve", "--listen", &listen, "--tick", "200ms"])
+/// `pulse args`, running until dropped, once it listens on `port`.
+fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)], port: u16) -> Running {
+    let mut cmd = common::command(dir, args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("pulse serve starts");
-    wait_for_port("pulse serve", port);
-    Running(child)
+        .expect("pulse starts");
+    let running = Running(child);
+    wait_for_port(args[0], port);
+    running
+}
+
+fn serve(dir: &Path, port: u16) -> Running {
+    let listen = format!("127.0.0.1:{port}");
+    spawn(
+        dir,
+        &["serve", "--listen", &listen, "--tick", "200ms"],
+        &[],
+        port,
+    )
 }
 
 async fn browser() -> (Running, Client) {
@@ -305,14 +311,12 @@ async fn with_a_token_the_dashboard_asks_for_it_in_a_browser() {
     let token = "browser-test-token-0123456789";
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let child = common::command(&d, &["dashboard", "--listen", &listen])
-        .env("PULSE_DASHBOARD_TOKEN", token)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("pulse dashboard starts");
-    let _dashboard = Running(child);
-    wait_for_port("pulse dashboard", port);
+    let _dashboard = spawn(
+        &d,
+        &["dashboard", "--listen", &listen],
+        &[("PULSE_DASHBOARD_TOKEN", token)],
+        port,
+    );
     let (_driver, c) = browser().await;
     let base = format!("http://127.0.0.1:{port}");
 

@@ -29,6 +29,15 @@ pub(crate) fn command(dir: &Path, args: &[&str]) -> Command {
     cmd
 }
 
+/// A loopback port nothing listens on (for now).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// The file in a test's directory naming the backend its commands use (`KEY=VALUE`
 /// lines); none means SQLite.
 const BACKEND_ENV: &str = "pulse-test-backend.env";

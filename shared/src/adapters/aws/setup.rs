@@ -300,6 +300,9 @@ pub struct Provisioned {
     pub report: Vec<String>,
 }
 
+/// A queue's attributes, as SQS takes them.
+type Attributes = Vec<(QueueAttributeName, String)>;
+
 /// How long `pulse init` waits for a new table to become ACTIVE.
 const TABLE_WAIT: Duration = Duration::from_secs(300);
 
@@ -321,72 +324,65 @@ pub async fn init(
     progress(&line);
     done.report.push(line);
 
-    let sqs_at = at("sqs");
+    // The four queues as the template declares them; a main queue redrives to the
+    // dead-letter queue made before it.
     let day = |d: u32| (d * 86_400).to_string();
-    let (dlq_url, line) = queue(
-        clients,
-        &sqs_at,
-        &names.sessions_dlq,
-        &[
-            (QueueAttributeName::FifoQueue, "true".into()),
-            (QueueAttributeName::MessageRetentionPeriod, day(14)),
-        ],
-        None,
-    )
-    .await?;
-    progress(&line);
-    done.report.push(line);
-    let (url, line) = queue(
-        clients,
-        &sqs_at,
-        &names.sessions,
-        &[
-            (QueueAttributeName::FifoQueue, "true".into()),
-            (
-                QueueAttributeName::ContentBasedDeduplication,
-                "false".into(),
-            ),
-            (
-                QueueAttributeName::DeduplicationScope,
-                "messageGroup".into(),
-            ),
-            (
-                QueueAttributeName::FifoThroughputLimit,
-                "perMessageGroupId".into(),
-            ),
-            (QueueAttributeName::VisibilityTimeout, "720".into()),
-            (QueueAttributeName::MessageRetentionPeriod, day(4)),
-        ],
-        Some(&dlq_url),
-    )
-    .await?;
-    progress(&line);
-    done.report.push(line);
-    done.sessions_queue_url = url;
-
-    let (hooks_dlq, line) = queue(
-        clients,
-        &sqs_at,
-        &names.hooks_dlq,
-        &[(QueueAttributeName::MessageRetentionPeriod, day(14))],
-        None,
-    )
-    .await?;
-    progress(&line);
-    done.report.push(line);
-    let (hooks, line) = queue(
-        clients,
-        &sqs_at,
-        &names.hooks,
-        &[
-            (QueueAttributeName::VisibilityTimeout, "540".into()),
-            (QueueAttributeName::MessageRetentionPeriod, day(4)),
-        ],
-        Some(&hooks_dlq),
-    )
-    .await?;
-    progress(&line);
-    done.report.push(line);
+    let fifo = || (QueueAttributeName::FifoQueue, "true".to_owned());
+    let specs: [(&str, Attributes, Option<usize>); 4] = [
+        (
+            &names.sessions_dlq,
+            vec![
+                fifo(),
+                (QueueAttributeName::MessageRetentionPeriod, day(14)),
+            ],
+            None,
+        ),
+        (
+            &names.sessions,
+            vec![
+                fifo(),
+                (
+                    QueueAttributeName::ContentBasedDeduplication,
+                    "false".into(),
+                ),
+                (
+                    QueueAttributeName::DeduplicationScope,
+                    "messageGroup".into(),
+                ),
+                (
+                    QueueAttributeName::FifoThroughputLimit,
+                    "perMessageGroupId".into(),
+                ),
+                (QueueAttributeName::VisibilityTimeout, "720".into()),
+                (QueueAttributeName::MessageRetentionPeriod, day(4)),
+            ],
+            Some(0),
+        ),
+        (
+            &names.hooks_dlq,
+            vec![(QueueAttributeName::MessageRetentionPeriod, day(14))],
+            None,
+        ),
+        (
+            &names.hooks,
+            vec![
+                (QueueAttributeName::VisibilityTimeout, "540".into()),
+                (QueueAttributeName::MessageRetentionPeriod, day(4)),
+            ],
+            Some(2),
+        ),
+    ];
+    let sqs_at = at("sqs");
+    let mut urls: Vec<String> = Vec::with_capacity(specs.len());
+    for (name, attributes, dead_letter) in &specs {
+        let dead_letter = dead_letter.map(|i| urls[i].clone());
+        let (url, line) = queue(clients, &sqs_at, name, attributes, dead_letter.as_deref()).await?;
+        progress(&line);
+        done.report.push(line);
+        urls.push(url);
+    }
+    let [_, sessions, hooks_dlq, hooks]: [String; 4] = urls.try_into().expect("one URL per queue");
+    done.sessions_queue_url = sessions;
     done.hooks_queue_url = hooks;
     done.hooks_dlq_url = hooks_dlq;
     Ok(done)
