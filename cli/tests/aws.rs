@@ -192,6 +192,7 @@ fn the_first_errors_say_what_to_do_in_one_line() {
     emulator(&mut cmd)
         .env_remove("AWS_REGION")
         .env_remove("AWS_DEFAULT_REGION")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
         .env("AWS_CONFIG_FILE", d.join("no-config"))
         .env("AWS_SHARED_CREDENTIALS_FILE", d.join("no-credentials"));
     let e = one_error(&cmd.output().unwrap());
