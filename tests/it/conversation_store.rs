@@ -114,6 +114,22 @@ async fn turns(kind: Kind) {
     let recent = b.store.recent_messages(&agent.id, 2).await.unwrap();
     let texts: Vec<_> = recent.iter().map(|m| m.content.as_str()).collect();
     assert_eq!(texts, ["reply", "two"], "newest first, limited");
+
+    // Turns are listed newest first, as updated, up to the limit.
+    b.advance(SignedDuration::from_secs(1));
+    let later = turn(&b, &agent, &[signal_id(&b, 4)]);
+    b.store.begin_turn(&later, &[]).await.unwrap();
+    let listed = b.store.list_turns(&agent.id, 10).await.unwrap();
+    assert_eq!(listed, vec![later.clone(), done]);
+    assert_eq!(b.store.list_turns(&agent.id, 1).await.unwrap(), vec![later]);
+    let (stranger, _) = b.agent("other", "15m").await;
+    assert!(
+        b.store
+            .list_turns(&stranger.id, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 on_both_backends!(
