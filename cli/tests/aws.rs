@@ -19,10 +19,7 @@ use pulse_tests::{moto_url, unique};
 
 /// An emulator user's settings: static keys, a region, the endpoint.
 fn emulator(cmd: &mut Command) -> &mut Command {
-    cmd.env("AWS_ENDPOINT_URL", moto_url())
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
+    cmd.envs(common::emulator_env())
 }
 
 /// `pulse args` on the AWS backend with `vars`.

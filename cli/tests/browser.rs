@@ -109,6 +109,22 @@ async fn screenshot(c: &Client, dir: &Path, name: &str) {
     std::fs::write(out.join(format!("{name}.png")), png).unwrap();
 }
 
+/// Sets a mark on the page that a reload would lose.
+async fn mark_page(c: &Client) {
+    c.execute("document.body.dataset.mark = 'kept'; return null;", vec![])
+        .await
+        .unwrap();
+}
+
+/// The mark [`mark_page`] set is still there: the page was updated in place.
+async fn assert_not_reloaded(c: &Client) {
+    let mark = c
+        .execute("return document.body.dataset.mark || '';", vec![])
+        .await
+        .unwrap();
+    assert_eq!(mark, "kept", "the page was reloaded, not updated");
+}
+
 async fn click(c: &Client, at: Locator<'_>) {
     c.find(at).await.unwrap().click().await.unwrap();
 }
@@ -156,9 +172,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     // New heartbeats appear without a reload: the page keeps a mark set now. Beat 3 is
     // written when beat 2 ends, two seconds after the first one ended, so well after
     // the page was loaded.
-    c.execute("document.body.dataset.mark = 'kept'; return null;", vec![])
-        .await
-        .unwrap();
+    mark_page(&c).await;
     assert!(
         !wait_for_text(&c, "#heartbeats a", "#3", Duration::from_millis(10)).await,
         "beat 3 was there already"
@@ -167,11 +181,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         wait_for_text(&c, "#heartbeats a", "#3", Duration::from_secs(15)).await,
         "a new heartbeat did not appear"
     );
-    let mark = c
-        .execute("return document.body.dataset.mark || '';", vec![])
-        .await
-        .unwrap();
-    assert_eq!(mark, "kept", "the page was reloaded, not updated");
+    assert_not_reloaded(&c).await;
     screenshot(&c, &d, "heartbeats").await;
 
     // Its trace.
@@ -223,9 +233,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         .as_str()
         .unwrap()
         .to_owned();
-    c.execute("document.body.dataset.mark = 'kept'; return null;", vec![])
-        .await
-        .unwrap();
+    mark_page(&c).await;
     let rows = "return document.querySelectorAll('#hooks tbody tr').length;";
     assert_eq!(c.execute(rows, vec![]).await.unwrap(), 1);
     common::ok(&d, &["hooks", "test", &hook]);
@@ -237,11 +245,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mark = c
-        .execute("return document.body.dataset.mark || '';", vec![])
-        .await
-        .unwrap();
-    assert_eq!(mark, "kept", "the page was reloaded, not updated");
+    assert_not_reloaded(&c).await;
     screenshot(&c, &d, "hooks").await;
 
     // A webhook's secret, rotated and seen once.

@@ -195,7 +195,8 @@ async fn with_stack(
             "PULSE_STACK (--stack) names the AWS stack {stack:?} but PULSE_BACKEND is {backend:?}: unset one of them"
         )));
     }
-    let outputs = aws::stack_outputs(process.var("AWS_ENDPOINT_URL").as_deref(), stack)
+    let endpoint = process.var("AWS_ENDPOINT_URL");
+    let outputs = aws::stack_outputs(endpoint.as_deref(), stack)
         .await
         .map_err(|e| Failure::Runtime(e.into()))?;
     let mut vars: BTreeMap<String, String> = aws::STACK_VARIABLES
@@ -211,7 +212,6 @@ async fn with_stack(
     // The functions' secrets (the encryption key webhooks and hooks are sealed with,
     // Discord's token), as they read them: under the stack's SSM path.
     if let Some(path) = outputs.get("SecretsPath") {
-        let endpoint = process.var("AWS_ENDPOINT_URL");
         let read = async {
             aws::SecretParameters::new(path, endpoint.as_deref())
                 .await?

@@ -69,6 +69,16 @@ pub(crate) fn dir_on(backend: Backend) -> tempfile::TempDir {
     dir
 }
 
+/// What an emulator user sets: the moto endpoint, a region and static keys.
+pub(crate) fn emulator_env() -> [(&'static str, String); 4] {
+    [
+        ("AWS_ENDPOINT_URL", pulse_tests::moto_url()),
+        ("AWS_REGION", "us-east-1".to_owned()),
+        ("AWS_ACCESS_KEY_ID", "test".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "test".to_owned()),
+    ]
+}
+
 /// Points `dir`'s commands at a fresh table and queues on moto, as a user would:
 /// static keys and a region for the emulator, then `pulse init` and its exports.
 pub(crate) fn on_aws(dir: &Path) {
@@ -76,14 +86,12 @@ pub(crate) fn on_aws(dir: &Path) {
         .as_str()
         .unwrap()
         .to_owned();
-    let mut vars = vec![
-        ("PULSE_BACKEND".to_owned(), "aws".to_owned()),
-        ("AWS_ENDPOINT_URL".to_owned(), pulse_tests::moto_url()),
-        ("AWS_REGION".to_owned(), "us-east-1".to_owned()),
-        ("AWS_ACCESS_KEY_ID".to_owned(), "test".to_owned()),
-        ("AWS_SECRET_ACCESS_KEY".to_owned(), "test".to_owned()),
-        ("PULSE_ENCRYPTION_KEY".to_owned(), key),
-    ];
+    let mut vars: Vec<(String, String)> = emulator_env()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    vars.push(("PULSE_BACKEND".to_owned(), "aws".to_owned()));
+    vars.push(("PULSE_ENCRYPTION_KEY".to_owned(), key));
     write_backend_env(dir, &vars);
     let name = pulse_tests::unique("cli").replace('.', "-");
     let made = json(dir, &["init", "--name", &name]);

@@ -29,6 +29,13 @@ pub(crate) struct View {
     types: Option<String>,
 }
 
+impl View {
+    /// Whether only the live part is asked for.
+    pub(crate) fn is_partial(&self) -> bool {
+        self.partial.is_some()
+    }
+}
+
 /// `GET /ui/agents/{id}`.
 pub(crate) async fn home(Path(id): Path<String>) -> Redirect {
     Redirect::to(&format!("/ui/agents/{id}/heartbeats"))
@@ -36,7 +43,7 @@ pub(crate) async fn home(Path(id): Path<String>) -> Redirect {
 
 /// A tab's body, or only its live part when asked.
 fn tab(agent: &Agent, tab: Tab, view: &View, part: Markup, around: Markup) -> Markup {
-    if view.partial.is_some() {
+    if view.is_partial() {
         return part;
     }
     agent_page(agent, tab, html! { (around) (part) })

@@ -13,6 +13,7 @@ use pulse_shared::domain::{
 use pulse_shared::engine::set_hook_active;
 use serde::Deserialize;
 
+use super::agent::View;
 use super::agent_of;
 use crate::layout::{Tab, agent_page, ago, badge, button, csrf, empty, live_part, short};
 use crate::{Dashboard, Problem};
@@ -152,20 +153,13 @@ fn card(
 pub(crate) async fn list(
     State(d): State<Dashboard>,
     Path(id): Path<String>,
-    Query(view): Query<Partial>,
+    Query(view): Query<View>,
 ) -> Result<Markup, Problem> {
     let agent = agent_of(&d, &id).await?;
-    if view.partial.is_some() {
+    if view.is_partial() {
         return cards(&d, &agent).await;
     }
     page(&d, &agent, None).await
-}
-
-/// `?partial=1`: only the hooks, for a live update.
-#[derive(Deserialize)]
-pub(crate) struct Partial {
-    #[serde(default)]
-    partial: Option<u8>,
 }
 
 #[derive(Deserialize)]

@@ -827,7 +827,8 @@ mod tests {
             "AccessDeniedException",
             "User: arn:aws:iam::1:user/ops is not authorized to perform: dynamodb:DescribeTable on resource: arn:aws:dynamodb:us-east-1:1:table/pulse",
         );
-        let e = classify("DynamoDB", "DescribeTable", "https://x", &denied).to_string();
+        let said = |e| classify("DynamoDB", "DescribeTable", "https://x", e);
+        let e = said(&denied).to_string();
         assert!(
             e.starts_with("AWS denied DynamoDB DescribeTable: User: arn:aws:iam::1:user/ops is not authorized to perform: dynamodb:DescribeTable on resource: arn:aws:dynamodb:us-east-1:1:table/pulse; grant it"),
             "{e}"
@@ -836,16 +837,13 @@ mod tests {
             "UnrecognizedClientException",
             "The security token included in the request is invalid.",
         );
-        let e = classify("DynamoDB", "DescribeTable", "https://x", &bad_keys).to_string();
+        let e = said(&bad_keys).to_string();
         assert!(
             e.starts_with("AWS rejected the credentials (The security token"),
             "{e}"
         );
         let other = service_error("ThrottlingException", "slow down");
-        assert!(matches!(
-            classify("DynamoDB", "DescribeTable", "https://x", &other),
-            SetupError::Other { .. }
-        ));
+        assert!(matches!(said(&other), SetupError::Other { .. }));
     }
 
     #[test]
