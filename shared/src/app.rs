@@ -202,7 +202,7 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                     aws::DynamoStore::new(
                         clients.dynamodb.clone(),
                         &settings.table,
-                        event_write_timeout(config),
+                        event_write_timeout(config.engine.event_settle),
                     )
                     .with_keys(config.encryption.clone().unwrap_or_default()),
                 ),
@@ -228,11 +228,28 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
 
 /// Three quarters of the settle time: an event write that has not succeeded by then is
 /// abandoned (and reported) rather than risk becoming visible behind a read window.
-pub fn event_write_timeout(config: &Config) -> Duration {
-    config
-        .engine
-        .event_settle
-        .unsigned_abs()
-        .mul_f64(0.75)
-        .max(Duration::from_millis(100))
+/// A settle of zero (tests, a single process) promises no such margin, so a write then
+/// has [`UNSETTLED_WRITE_TIMEOUT`] rather than a cut-off a busy store would trip.
+pub fn event_write_timeout(settle: jiff::SignedDuration) -> Duration {
+    let settle = settle.unsigned_abs();
+    if settle.is_zero() {
+        return UNSETTLED_WRITE_TIMEOUT;
+    }
+    settle.mul_f64(0.75).max(Duration::from_millis(100))
+}
+
+/// How long an event write may take when the settle time is zero.
+pub const UNSETTLED_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_writes_stop_before_the_settle_time_unless_there_is_none() {
+        let t = |s: i64| event_write_timeout(jiff::SignedDuration::from_millis(s));
+        assert_eq!(t(2000), Duration::from_millis(1500));
+        assert_eq!(t(40), Duration::from_millis(100));
+        assert_eq!(t(0), UNSETTLED_WRITE_TIMEOUT);
+    }
 }
