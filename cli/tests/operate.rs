@@ -54,6 +54,45 @@ fn agents_are_updated_paused_resumed_and_deleted_on(backend: Backend) {
     let shown = json(d, &["agents", "show", &agent]);
     assert_eq!(shown["agent"]["interval"], "1h");
     assert_eq!(shown["agent"]["name"], "scout-2");
+    assert_eq!(shown["max_beats_per_hour"], 60, "the breaker's default");
+    assert_eq!(shown["tokens_today"], 0);
+    // Spending limits: set, shown, and removed again.
+    ok(
+        d,
+        &[
+            "agents",
+            "update",
+            &agent,
+            "--daily-tokens",
+            "20000",
+            "--max-beats-per-hour",
+            "4",
+        ],
+    );
+    let text = ok(d, &["agents", "show", &agent]);
+    assert!(text.contains("0 of 20000 (daily budget)"), "{text}");
+    assert!(text.contains("4 heartbeats an hour"), "{text}");
+    assert!(ok(d, &["agents", "list"]).contains("0/20000"));
+    assert!(
+        bad(d, &["agents", "update", &agent, "--max-beats-per-hour", "0"])
+            .contains("(1 an hour)")
+    );
+    assert!(bad(d, &["agents", "update", &agent, "--daily-tokens", "lots"]).contains("off"));
+    ok(
+        d,
+        &[
+            "agents",
+            "update",
+            &agent,
+            "--daily-tokens",
+            "off",
+            "--max-beats-per-hour",
+            "default",
+        ],
+    );
+    let shown = json(d, &["agents", "show", &agent]);
+    assert!(shown["agent"]["budgets"].get("daily_tokens").is_none());
+    assert_eq!(shown["max_beats_per_hour"], 60);
     // Refusals: validated as on create, nothing written.
     assert!(bad(d, &["agents", "update", &agent]).contains("nothing to change"));
     assert!(bad(d, &["agents", "update", &agent, "--interval", "soon"]).contains("interval"));

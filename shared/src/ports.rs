@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use jiff::civil::Date;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
@@ -18,7 +19,8 @@ use crate::domain::{
     Delivery, Event, EventCursor, EventId, EventType, Heartbeat, HeartbeatId, HeartbeatStatus,
     Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest,
     LlmResponse, Memory, OutgoingTask, Receipt, Registry, SignalId, Subscription, SubscriptionId,
-    Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    Spend, Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId,
+    WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -107,6 +109,11 @@ pub trait AgentStore: Send + Sync {
     /// nothing is scheduled for it meanwhile); without, only counted. Works on the
     /// leftovers of an interrupted delete too, when the record is gone already.
     async fn purge_agent(&self, id: &AgentId, apply: bool) -> Result<Footprint, StoreError>;
+    /// Writes `spend` to the agent's ledger, replacing an entry of the same day and
+    /// source (a rerun records once). Entries older than [`Spend::KEPT_DAYS`] go.
+    async fn record_spend(&self, agent: &AgentId, spend: &Spend) -> Result<(), StoreError>;
+    /// The agent's ledger entries of `day`.
+    async fn spend_of_day(&self, agent: &AgentId, day: Date) -> Result<Vec<Spend>, StoreError>;
 }
 
 /// What belongs to an agent, by kind: what `pulse agents delete` removes.
@@ -134,6 +141,8 @@ pub struct Footprint {
     pub hook_deliveries: u64,
     /// Subscriptions made for this agent alone.
     pub subscriptions: u64,
+    /// Entries of its daily spend ledger.
+    pub usage: u64,
     /// The Discord channel it answered in.
     pub channel: Option<String>,
 }
@@ -158,6 +167,7 @@ impl Footprint {
             (self.hooks, "hook"),
             (self.hook_deliveries, "hook delivery record"),
             (self.subscriptions, "subscription"),
+            (self.usage, "usage record"),
             (u64::from(self.channel.is_some()), "channel binding"),
         ]
         .into_iter()

@@ -121,6 +121,75 @@ async fn agents(kind: Kind) {
 }
 
 on_both_backends!(
+    the_spend_ledger_keeps_one_entry_per_day_and_source_and_the_breaker_count_is_stored,
+    spend_ledger
+);
+async fn spend_ledger(kind: Kind) {
+    use pulse_shared::domain::{NewAgent, Spend};
+    let b = Backend::new(kind).await;
+    let (agent, first) = NewAgent::named("frugal").create(b.now()).unwrap();
+    let hour_from = b.now();
+    let first = first.counted((hour_from, 4));
+    b.store.create_agent(&agent, &first).await.unwrap();
+    let stored = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!((stored.hour_from, stored.beats_in_hour), (Some(hour_from), 4));
+
+    let day = |d: &str| d.parse::<jiff::civil::Date>().unwrap();
+    let entry = |d: &str, source: &str, tokens| Spend {
+        day: day(d),
+        source: source.into(),
+        tokens,
+        at: b.now(),
+    };
+    for e in [
+        entry("2026-03-02", "ac_1", 100),
+        entry("2026-03-02", "tn_1", 50),
+        entry("2026-03-02", Spend::NOTICE, 0),
+        entry("2026-03-03", "ac_2", 7),
+    ] {
+        b.store.record_spend(&agent.id, &e).await.unwrap();
+    }
+    // The same day and source again replaces the entry (a rerun records once).
+    b.store
+        .record_spend(&agent.id, &entry("2026-03-02", "ac_1", 120))
+        .await
+        .unwrap();
+    let mut got = b
+        .store
+        .spend_of_day(&agent.id, day("2026-03-02"))
+        .await
+        .unwrap();
+    got.sort_by(|a, b| a.source.cmp(&b.source));
+    let sources: Vec<(&str, u64)> = got.iter().map(|e| (e.source.as_str(), e.tokens)).collect();
+    assert_eq!(sources, [(Spend::NOTICE, 0), ("ac_1", 120), ("tn_1", 50)]);
+    assert_eq!(got[0].at, b.now());
+    let other = b
+        .store
+        .spend_of_day(&agent.id, day("2026-03-03"))
+        .await
+        .unwrap();
+    assert_eq!(other.len(), 1);
+    assert!(
+        b.store
+            .spend_of_day(&AgentId::generate(), day("2026-03-02"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "per agent"
+    );
+    // Deleting the agent counts and removes its ledger.
+    let footprint = b.store.purge_agent(&agent.id, true).await.unwrap();
+    assert_eq!(footprint.usage, 4);
+    assert!(
+        b.store
+            .spend_of_day(&agent.id, day("2026-03-02"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+on_both_backends!(
     a_new_agents_first_heartbeat_is_due_at_once_and_claimed_once,
     first_claim
 );

@@ -11,7 +11,8 @@ use pulse_shared::domain::{
     Webhook, WebhookScheme,
 };
 use pulse_shared::engine::{
-    Lifecycle, LifecycleError, Refused, Toggled, Verdict, WebhookIntake, Worker, intake,
+    EngineSettings, Lifecycle, LifecycleError, Refused, Toggled, Verdict, WebhookIntake, Worker,
+    intake,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{Finish, FinishOutcome, Reschedule};
@@ -23,22 +24,28 @@ use serde_json::json;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
-struct World {
-    b: Backend,
-    llm: FakeLlm,
-    discord: FakeDiscord,
-    worker: Worker,
-    ops: Lifecycle,
+/// A backend with a fake model and Discord, a worker whose heartbeats emit hooks, and
+/// the operator's operations (shared with the budget tests).
+pub(crate) struct World {
+    pub(crate) b: Backend,
+    pub(crate) llm: FakeLlm,
+    pub(crate) discord: FakeDiscord,
+    pub(crate) worker: Worker,
+    pub(crate) ops: Lifecycle,
 }
 
 async fn world(kind: Kind) -> World {
+    world_with(kind, settings()).await
+}
+
+pub(crate) async fn world_with(kind: Kind, settings: EngineSettings) -> World {
     let b = Backend::new(kind).await;
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
     let services = pulse_tests::fake_services(&llm, &discord);
     let connected = b.connected();
-    let worker = connected.worker(b.clock.clone(), &settings(), &services);
-    let ops = connected.lifecycle(b.clock.clone(), &settings());
+    let worker = connected.worker(b.clock.clone(), &settings, &services);
+    let ops = connected.lifecycle(b.clock.clone(), &settings);
     World {
         b,
         llm,
@@ -49,7 +56,7 @@ async fn world(kind: Kind) -> World {
 }
 
 impl World {
-    async fn agent(&self, interval: &str, channel: &str) -> Agent {
+    pub(crate) async fn agent(&self, interval: &str, channel: &str) -> Agent {
         let mut new = NewAgent::named("scout");
         new.interval = interval.parse().unwrap();
         new.discord_channel = Some(channel.into());
@@ -61,14 +68,14 @@ impl World {
     }
 
     /// Sweeps once and runs what it queued; returns how many heartbeats it claimed.
-    async fn beat(&self) -> usize {
+    pub(crate) async fn beat(&self) -> usize {
         let swept = self.b.sweeper(settings()).sweep_once(self.b.now()).await;
         assert!(swept.errors.is_empty(), "{:?}", swept.errors);
         self.b.drain(&self.worker).await;
         swept.claimed
     }
 
-    async fn latest(&self, agent: &Agent) -> pulse_shared::domain::Heartbeat {
+    pub(crate) async fn latest(&self, agent: &Agent) -> pulse_shared::domain::Heartbeat {
         self.b
             .store
             .list_heartbeats(&agent.id, 1)
@@ -78,7 +85,7 @@ impl World {
             .unwrap()
     }
 
-    async fn hook(&self, agent: &Agent, hook_type: &str, url: &str) -> Hook {
+    pub(crate) async fn hook(&self, agent: &Agent, hook_type: &str, url: &str) -> Hook {
         let h = Hook::new(
             agent.id.clone(),
             HookType::parse(hook_type).unwrap(),
@@ -91,7 +98,7 @@ impl World {
     }
 
     /// Sends every queued hook delivery; returns how many attempts were made.
-    async fn dispatch(&self) -> usize {
+    pub(crate) async fn dispatch(&self) -> usize {
         let d = self.b.dispatcher();
         let mut attempts = 0;
         for _ in 0..4 {

@@ -21,7 +21,8 @@ use jiff::Timestamp;
 use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
     Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery,
-    HookDeliveryId, HookId, HookRoute, Memory, Registry, SignalId, Subscription, SubscriptionId,
+    HookDeliveryId, HookId, HookRoute, Memory, Registry, SignalId, Spend, Subscription,
+    SubscriptionId,
     Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
@@ -135,6 +136,8 @@ faulty!(AgentStore {
     fn update_agent(&self, agent: &Agent, previous: &Agent) -> ();
     fn set_paused(&self, id: &AgentId, paused_at: Option<Timestamp>, event: &Event) -> bool;
     fn purge_agent(&self, id: &AgentId, apply: bool) -> Footprint;
+    fn record_spend(&self, agent: &AgentId, spend: &Spend) -> ();
+    fn spend_of_day(&self, agent: &AgentId, day: jiff::civil::Date) -> Vec<Spend>;
     fn agent_for_channel(&self, channel_id: &str) -> Option<AgentId>;
 });
 

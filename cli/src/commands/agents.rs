@@ -5,7 +5,7 @@ use pulse_shared::domain::{
     ActiveHours, Agent, AgentChanges, AgentId, AgentLlm, Budgets, Interval, NewAgent, ProviderKind,
     ThinkPolicy, TimeZoneName,
 };
-use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled};
+use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled, budget};
 
 use super::heartbeats::heartbeat_table;
 use super::{Ctx, agent_id, input, require_agent, store};
@@ -84,6 +84,14 @@ pub(crate) struct UpdateAgent {
     /// Most tokens per heartbeat.
     #[arg(long)]
     max_tokens: Option<u64>,
+    /// Most model tokens a day (heartbeats and turns, from midnight in its time zone);
+    /// `off` removes the budget.
+    #[arg(long, value_name = "N|off")]
+    daily_tokens: Option<String>,
+    /// The breaker: most heartbeats that start in an hour before the agent is paused;
+    /// `default` goes back to 60 (or twice what the interval plans, if more).
+    #[arg(long, value_name = "N|default")]
+    max_beats_per_hour: Option<String>,
     /// How long after a user turn the next heartbeat waits; "" goes back to half the
     /// interval.
     #[arg(long, value_name = "DURATION")]
@@ -140,6 +148,16 @@ pub(crate) struct CreateAgent {
     /// Most tokens per heartbeat.
     #[arg(long, default_value_t = 50_000)]
     max_tokens: u64,
+    /// Most model tokens a day, heartbeats and conversation turns together, counted from
+    /// midnight in its time zone. Once spent, heartbeats do not think, a user message
+    /// gets one short notice a day, and BUDGET_EXHAUSTED fires once (default: no budget).
+    #[arg(long, value_name = "N")]
+    daily_tokens: Option<u64>,
+    /// The breaker: most heartbeats that start in an hour, however a backlog or
+    /// wake-ups pull them forward; past it the agent is paused with BREAKER_TRIPPED
+    /// until resumed (default: 60, or twice what the interval plans, if more).
+    #[arg(long, value_name = "N")]
+    max_beats_per_hour: Option<u32>,
     /// How long after a user turn the next heartbeat waits (default: half the interval).
     #[arg(long, value_name = "DURATION")]
     quiet_period: Option<String>,
@@ -211,6 +229,14 @@ fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
         llm_base_url: cleared_with(a.llm_base_url, base_url)?,
         max_steps: a.max_steps,
         max_tokens: a.max_tokens,
+        daily_tokens: a
+            .daily_tokens
+            .map(|v| number_or(&v, "off", "--daily-tokens"))
+            .transpose()?,
+        max_beats_per_hour: a
+            .max_beats_per_hour
+            .map(|v| number_or(&v, "default", "--max-beats-per-hour"))
+            .transpose()?,
         quiet_period: cleared_with(a.quiet_period, |q| q.parse::<Interval>().map_err(input))?,
         discord_channel: cleared(a.discord_channel),
         think: a
@@ -226,6 +252,17 @@ fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
         ));
     }
     Ok(changes)
+}
+
+/// A number, or `word` for none.
+fn number_or<T: std::str::FromStr>(v: &str, word: &str, flag: &str) -> Result<Option<T>, Failure> {
+    let v = v.trim();
+    if v == word {
+        return Ok(None);
+    }
+    v.parse()
+        .map(Some)
+        .map_err(|_| Failure::Input(format!("{flag} {v:?}: give a whole number, or {word}")))
 }
 
 fn base_url(u: &str) -> Result<url::Url, Failure> {
@@ -277,6 +314,8 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
     new.budgets = Budgets {
         max_steps: a.max_steps,
         max_tokens: a.max_tokens,
+        daily_tokens: a.daily_tokens,
+        max_beats_per_hour: a.max_beats_per_hour,
     };
     new.quiet_period = a
         .quiet_period
@@ -308,8 +347,17 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
         }
         AgentsPlan::List => {
             let agents = b.store.list_agents().await?;
+            let now = cx.clock.now();
+            let mut rows = Vec::with_capacity(agents.len());
+            for a in agents {
+                let today = budget::spent_today(b.store.as_ref(), &a, now).await?;
+                rows.push(Listed {
+                    agent: a,
+                    tokens_today: today.spent,
+                });
+            }
             out.table(
-                &agents,
+                &rows,
                 &[
                     "ID",
                     "NAME",
@@ -317,9 +365,13 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
                     "INTERVAL",
                     "ACTIVE HOURS",
                     "TZ",
+                    "TOKENS TODAY",
                     "CREATED",
                 ],
-                |a| {
+                |Listed {
+                     agent: a,
+                     tokens_today: spent,
+                 }| {
                     vec![
                         a.id.to_string(),
                         a.name.clone(),
@@ -327,6 +379,10 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
                         a.interval.to_string(),
                         a.active_hours.map_or("always".into(), |h| h.to_string()),
                         a.timezone.to_string(),
+                        match a.budgets.daily_tokens {
+                            Some(n) => format!("{spent}/{n}"),
+                            None => spent.to_string(),
+                        },
                         when(Some(a.created_at)),
                     ]
                 },
@@ -335,8 +391,14 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
         AgentsPlan::Show(id) => {
             let agent = require_agent(b, &id).await?;
             let recent = b.store.list_heartbeats(&id, 5).await?;
+            let today = budget::spent_today(b.store.as_ref(), &agent, cx.clock.now()).await?;
             if out.json {
-                out.json_value(&serde_json::json!({ "agent": agent, "heartbeats": recent }));
+                out.json_value(&serde_json::json!({
+                    "agent": agent,
+                    "heartbeats": recent,
+                    "tokens_today": today.spent,
+                    "max_beats_per_hour": agent.beat_cap(),
+                }));
                 return Ok(());
             }
             let field = |k: &str, v: String| outln!("{k:<18}{v}");
@@ -361,6 +423,17 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             );
             field("time zone", agent.timezone.to_string());
             field("think", agent.think.to_string());
+            field(
+                "tokens today",
+                match agent.budgets.daily_tokens {
+                    Some(n) => format!("{} of {n} (daily budget)", today.spent),
+                    None => format!("{} (no daily budget)", today.spent),
+                },
+            );
+            field(
+                "breaker",
+                format!("{} heartbeats an hour", agent.beat_cap()),
+            );
             field("session", agent.session.to_string());
             field("created", when(Some(agent.created_at)));
             field("last interaction", when(agent.last_interaction_at));
@@ -376,6 +449,14 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
         other => return lifecycle(other, cx).await,
     }
     Ok(())
+}
+
+/// An agent as listed: its record and what it spent today.
+#[derive(serde::Serialize)]
+struct Listed {
+    #[serde(flatten)]
+    agent: Agent,
+    tokens_today: u64,
 }
 
 fn status(a: &Agent) -> &'static str {

@@ -89,6 +89,24 @@ impl Agent {
                 "max steps and max tokens must be at least 1",
             ));
         }
+        if self.budgets.daily_tokens == Some(0) {
+            return Err(ValidationError::new(
+                "daily tokens",
+                "give at least 1, or `off` for no daily budget",
+            ));
+        }
+        let scheduled = self.scheduled_beats_per_hour();
+        if let Some(cap) = self.budgets.max_beats_per_hour
+            && cap < scheduled
+        {
+            return Err(ValidationError::new(
+                "max beats per hour",
+                format!(
+                    "{cap} is fewer than its interval of {} plans ({scheduled} an hour); raise it or lengthen the interval",
+                    self.interval
+                ),
+            ));
+        }
         self.alias = self.alias.filter(|a| !a.trim().is_empty());
         self.discord_channel = self
             .discord_channel
@@ -128,6 +146,21 @@ impl Agent {
     /// Whether `at` falls inside the agent's active hours (always, when it has none).
     pub fn is_active_at(&self, at: Timestamp) -> bool {
         self.in_active_hours(at) == at
+    }
+
+    /// How many heartbeats an hour its interval plans (rounded up).
+    pub fn scheduled_beats_per_hour(&self) -> u32 {
+        let secs = self.interval.duration().as_secs().max(1) as u64;
+        u32::try_from(3600_u64.div_ceil(secs)).unwrap_or(u32::MAX)
+    }
+
+    /// The breaker's cap: at most this many heartbeats start in an hour, however a
+    /// backlog or wake-ups pull them forward. `--max-beats-per-hour`, or by default
+    /// [`DEFAULT_BEATS_PER_HOUR`] or twice what the interval plans, whichever is more.
+    pub fn beat_cap(&self) -> u32 {
+        self.budgets.max_beats_per_hour.unwrap_or_else(|| {
+            DEFAULT_BEATS_PER_HOUR.max(self.scheduled_beats_per_hour().saturating_mul(2))
+        })
     }
 
     /// How long after a user turn the next heartbeat waits.
@@ -288,13 +321,26 @@ impl<'de> Deserialize<'de> for ThinkPolicy {
     }
 }
 
-/// Limits on one heartbeat agent run. When one is hit the run stops and says so.
+/// The breaker's default cap, for intervals of two minutes or more.
+pub const DEFAULT_BEATS_PER_HOUR: u32 = 60;
+
+/// Limits on what an agent spends: per heartbeat agent run (when one is hit the run
+/// stops and says so), per day, and per hour of heartbeats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budgets {
     /// Most LLM calls per run.
     pub max_steps: u32,
     /// Most tokens (input + output, summed over the run's calls) per run.
     pub max_tokens: u64,
+    /// Most model tokens a day, heartbeats and conversation turns together, counted
+    /// from midnight in the agent's time zone. Once spent, heartbeats do not think and
+    /// a user message gets one short notice a day, until the next day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daily_tokens: Option<u64>,
+    /// Most heartbeats that start in an hour; past it the breaker pauses the agent.
+    /// Unset: see [`Agent::beat_cap`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_beats_per_hour: Option<u32>,
 }
 
 impl Default for Budgets {
@@ -302,8 +348,35 @@ impl Default for Budgets {
         Self {
             max_steps: 8,
             max_tokens: 50_000,
+            daily_tokens: None,
+            max_beats_per_hour: None,
         }
     }
+}
+
+/// One entry of an agent's daily spend ledger: the model tokens one heartbeat agent run
+/// or one conversation turn used, or a mark (no tokens) that something happened that
+/// day. The daily budget is checked against it, one read before a model call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spend {
+    /// The day, in the agent's time zone.
+    pub day: jiff::civil::Date,
+    /// What spent: the action or turn id, or a mark ([`Spend::EXHAUSTED`], [`Spend::NOTICE`]).
+    /// One entry per day and source: recording it again replaces it.
+    pub source: String,
+    /// Input and output tokens.
+    pub tokens: u64,
+    /// When it was recorded.
+    pub at: Timestamp,
+}
+
+impl Spend {
+    /// The mark that BUDGET_EXHAUSTED fired that day.
+    pub const EXHAUSTED: &'static str = "!exhausted";
+    /// The mark that the user was told that day that the budget is spent.
+    pub const NOTICE: &'static str = "!notice";
+    /// How many days of entries a store keeps.
+    pub const KEPT_DAYS: i64 = 7;
 }
 
 /// What a user gives to create an agent.
@@ -407,6 +480,10 @@ pub struct AgentChanges {
     pub max_steps: Option<u32>,
     /// Most tokens per heartbeat.
     pub max_tokens: Option<u64>,
+    /// Most tokens a day; `Some(None)` removes the daily budget.
+    pub daily_tokens: Option<Option<u64>>,
+    /// The breaker's cap; `Some(None)` goes back to the default.
+    pub max_beats_per_hour: Option<Option<u32>>,
     /// Quiet period after a user turn; `Some(None)` goes back to half the interval.
     pub quiet_period: Option<Option<Interval>>,
     /// Discord channel; `Some(None)` unbinds it.
@@ -428,6 +505,8 @@ impl AgentChanges {
             && self.llm_base_url.is_none()
             && self.max_steps.is_none()
             && self.max_tokens.is_none()
+            && self.daily_tokens.is_none()
+            && self.max_beats_per_hour.is_none()
             && self.quiet_period.is_none()
             && self.discord_channel.is_none()
             && self.think.is_none()
@@ -451,6 +530,8 @@ impl AgentChanges {
         set(&mut a.llm.base_url, &self.llm_base_url);
         set(&mut a.budgets.max_steps, &self.max_steps);
         set(&mut a.budgets.max_tokens, &self.max_tokens);
+        set(&mut a.budgets.daily_tokens, &self.daily_tokens);
+        set(&mut a.budgets.max_beats_per_hour, &self.max_beats_per_hour);
         set(&mut a.quiet_period, &self.quiet_period);
         set(&mut a.discord_channel, &self.discord_channel);
         set(&mut a.think, &self.think);
@@ -559,6 +640,12 @@ pub struct Heartbeat {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The start of the breaker's current hour: the first heartbeat counted in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hour_from: Option<Timestamp>,
+    /// Heartbeats started in the hour from `hour_from`, before this one.
+    #[serde(default)]
+    pub beats_in_hour: u32,
 }
 
 impl Heartbeat {
@@ -593,7 +680,28 @@ impl Heartbeat {
             actions_failed: 0,
             cascade_capped: 0,
             error: None,
+            hour_from: None,
+            beats_in_hour: 0,
         }
+    }
+
+    /// The breaker's count for this heartbeat started at `started`: the hour it falls
+    /// in and how many heartbeats started in that hour, this one included. An hour
+    /// starts with the first heartbeat after the last one ended.
+    pub fn hour_count(&self, started: Timestamp) -> (Timestamp, u32) {
+        match self.hour_from {
+            Some(from) if started.duration_since(from) < SignedDuration::from_hours(1) => {
+                (from, self.beats_in_hour.saturating_add(1))
+            }
+            _ => (started, 1),
+        }
+    }
+
+    /// Carries the breaker's count `(hour, beats)` of the heartbeat before it.
+    pub fn counted(mut self, (from, beats): (Timestamp, u32)) -> Self {
+        self.hour_from = Some(from);
+        self.beats_in_hour = beats;
+        self
     }
 
     /// Its id.
@@ -630,7 +738,48 @@ pub struct ClaimRequest {
 
 #[cfg(test)]
 mod tests {
-    use super::ThinkPolicy;
+    use super::{AgentChanges, NewAgent, ThinkPolicy};
+    use jiff::{SignedDuration, Timestamp};
+
+    #[test]
+    fn the_breaker_cap_defaults_to_sixty_or_twice_the_planned_beats() {
+        let agent = |interval: &str| {
+            let mut new = NewAgent::named("a");
+            new.interval = interval.parse().unwrap();
+            new.create(Timestamp::UNIX_EPOCH).unwrap().0
+        };
+        assert_eq!(agent("15m").beat_cap(), 60);
+        assert_eq!(agent("1m").beat_cap(), 120);
+        assert_eq!(agent("2s").scheduled_beats_per_hour(), 1800);
+        assert_eq!(agent("2s").beat_cap(), 3600, "the quick start's agent runs");
+        assert_eq!(agent("7m").scheduled_beats_per_hour(), 9, "rounded up");
+        let a = agent("10m");
+        let set = |n| AgentChanges {
+            max_beats_per_hour: Some(n),
+            ..AgentChanges::default()
+        };
+        assert_eq!(set(Some(6)).apply(&a).unwrap().beat_cap(), 6);
+        let low = set(Some(5)).apply(&a).unwrap_err().to_string();
+        assert!(low.contains("fewer than its interval of 10m plans (6 an hour)"), "{low}");
+        assert_eq!(set(None).apply(&a).unwrap().beat_cap(), 60);
+        let zero = AgentChanges {
+            daily_tokens: Some(Some(0)),
+            ..AgentChanges::default()
+        };
+        assert!(zero.apply(&a).is_err());
+    }
+
+    #[test]
+    fn the_breaker_counts_heartbeats_within_an_hour_of_the_first() {
+        let t0: Timestamp = "2026-03-02T09:00:00Z".parse().unwrap();
+        let (_, first) = NewAgent::named("a").create(t0).unwrap();
+        assert_eq!(first.hour_count(t0), (t0, 1), "nothing counted yet");
+        let counted = first.clone().counted((t0, 5));
+        let later = t0 + SignedDuration::from_mins(59);
+        assert_eq!(counted.hour_count(later), (t0, 6));
+        let next_hour = t0 + SignedDuration::from_mins(60);
+        assert_eq!(counted.hour_count(next_hour), (next_hour, 1));
+    }
 
     #[test]
     fn think_policies_parse_print_and_decide() {

@@ -44,10 +44,14 @@ impl HookType {
     pub const AGENT_PAUSED: &'static str = "AGENT_PAUSED";
     /// The agent was resumed: its next heartbeat is due at once.
     pub const AGENT_RESUMED: &'static str = "AGENT_RESUMED";
+    /// The agent spent its daily token budget: no model calls until midnight.
+    pub const BUDGET_EXHAUSTED: &'static str = "BUDGET_EXHAUSTED";
+    /// Too many heartbeats in an hour: the breaker paused the agent.
+    pub const BREAKER_TRIPPED: &'static str = "BREAKER_TRIPPED";
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 11] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 13] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -76,6 +80,14 @@ impl HookType {
         (
             Self::AGENT_RESUMED,
             "the agent was resumed; a heartbeat is due at once",
+        ),
+        (
+            Self::BUDGET_EXHAUSTED,
+            "the agent spent its daily token budget; no model calls until midnight",
+        ),
+        (
+            Self::BREAKER_TRIPPED,
+            "too many heartbeats in an hour; the breaker paused the agent",
         ),
     ];
 

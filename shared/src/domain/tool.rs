@@ -408,6 +408,23 @@ pub struct AgentContext {
     pub think: ThinkPolicy,
 }
 
+impl AgentContext {
+    /// Whether the heartbeat agent calls the model in `heartbeat`: `Err(reason)` when
+    /// the daily budget is spent or the think policy finds nothing to think about.
+    pub fn thinks(&self, heartbeat: &HeartbeatContext) -> Result<(), String> {
+        if let Some(why) = &heartbeat.budget_spent {
+            return Err(why.clone());
+        }
+        self.think.decide(
+            heartbeat.beats.beat,
+            heartbeat.window_events,
+            self.instructions
+                .as_deref()
+                .is_some_and(|i| !i.trim().is_empty()),
+        )
+    }
+}
+
 impl From<&Agent> for AgentContext {
     fn from(a: &Agent) -> Self {
         Self {
@@ -440,6 +457,10 @@ pub struct HeartbeatContext {
     /// HEARTBEAT event or what its tools emit).
     #[serde(default)]
     pub window_events: usize,
+    /// Why the heartbeat agent may not call the model this beat (the agent's daily
+    /// token budget is spent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_spent: Option<String>,
 }
 
 /// The agent's sense of time (seed 003): its beat counter, and beats since the user last

@@ -19,9 +19,10 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::domain::{
     Agent, AgentId, ChatMessage, ConversationMessage, HookData, HookType, LlmRequest,
-    MESSAGE_LIMIT, ReplyTarget, Role, Signal, SignalKind, Turn, TurnId, TurnStatus, Usage,
+    MESSAGE_LIMIT, ReplyTarget, Role, Signal, SignalKind, Spend, Turn, TurnId, TurnStatus, Usage,
     split_message,
 };
+use crate::engine::budget;
 use crate::error::{DiscordError, EngineError, chain};
 use crate::ports::{Clock, DiscordApi, LlmSelector, Store, TurnStart};
 
@@ -193,6 +194,9 @@ fn persisted(
             content: s.text(),
             created_at: s.created_at,
         });
+    }
+    if reply.is_empty() {
+        return out;
     }
     out.push(ConversationMessage {
         id: format!("{}.{:02}", turn.id, signals.len()),
@@ -414,16 +418,52 @@ impl Conversation {
             now,
             self.settings.history_tokens,
         );
-        let (reply, provider, model, usage, failed) = self.ask(&agent, context).await?;
-        outcome.asked_model = true;
-
-        let parts = split_message(&reply, MESSAGE_LIMIT);
+        let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
+        let spent = budget::exhausted(self.store.as_ref(), &agent, now).await?;
+        let (reply, provider, model, usage, failed) = match &spent {
+            None => {
+                outcome.asked_model = true;
+                self.ask(&agent, context).await?
+            }
+            Some(today) => {
+                budget::fire_exhausted(
+                    self.store.as_ref(),
+                    self.hooks.as_ref(),
+                    &agent,
+                    today,
+                    now,
+                )
+                .await?;
+                let why = budget::reason(&agent, today, now);
+                info!(reason = %why, "no model call for this turn");
+                if user_spoke && !today.marked(Spend::NOTICE) {
+                    let notice = budget::notice(&agent, now);
+                    (notice, "pulse".into(), String::new(), Usage::default(), None)
+                } else {
+                    // Told once today already (or nothing a user said): no reply.
+                    let why = format!("not answered: {why}");
+                    (String::new(), "pulse".into(), String::new(), Usage::default(), Some(why))
+                }
+            }
+        };
+        // A turn with nothing to say is recorded answered, its signals kept in the
+        // history, with nothing to deliver.
+        let silent = reply.is_empty();
+        let parts = if silent {
+            Vec::new()
+        } else {
+            split_message(&reply, MESSAGE_LIMIT)
+        };
         let mut turn = Turn {
             id: TurnId::for_signal(&pending[0].id),
             agent_id: agent_id.clone(),
             session: pending[0].session.clone(),
             signals: pending.iter().map(|s| s.id.clone()).collect(),
-            status: TurnStatus::Delivering,
+            status: if silent {
+                TurnStatus::Done
+            } else {
+                TurnStatus::Delivering
+            },
             parts,
             delivered: 0,
             target: target(&agent, &pending, now, self.discord.is_some()),
@@ -433,11 +473,26 @@ impl Conversation {
             usage,
             error: failed,
             created_at: now,
-            completed_at: None,
+            completed_at: silent.then_some(now),
         };
         let messages = persisted(&turn, &pending, &reply, now);
         match self.store.begin_turn(&turn, &messages).await? {
-            TurnStart::Created => self.emit_received(&agent, &turn, &pending).await?,
+            TurnStart::Created => {
+                budget::record(
+                    self.store.as_ref(),
+                    &agent,
+                    now,
+                    turn.id.as_str(),
+                    turn.usage.total(),
+                )
+                .await;
+                if let Some(today) = &spent
+                    && !silent
+                {
+                    budget::mark_notice(self.store.as_ref(), &agent, today, now).await;
+                }
+                self.emit_received(&agent, &turn, &pending).await?
+            }
             TurnStart::Exists(existing) => {
                 info!(turn_id = %existing.id, "the turn was written by an earlier delivery; resuming it");
                 turn = *existing;
@@ -445,7 +500,6 @@ impl Conversation {
             }
         }
         outcome.turns.push(turn.id.clone());
-        let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
         if turn.status == TurnStatus::Delivering {
             let (sent, delivered) = self.deliver(turn).await?;
             outcome.parts_sent += sent;

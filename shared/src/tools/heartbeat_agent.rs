@@ -100,15 +100,7 @@ impl HeartbeatAgent {
     /// Runs one heartbeat's agent loop, or skips it when the agent's think policy finds
     /// nothing to think about: then no model call and no read is made.
     pub async fn call(&self, request: &ToolRequest) -> ToolCall {
-        if let Err(why) = request.agent.think.decide(
-            request.heartbeat.beats.beat,
-            request.heartbeat.window_events,
-            request
-                .agent
-                .instructions
-                .as_deref()
-                .is_some_and(|i| !i.trim().is_empty()),
-        ) {
+        if let Err(why) = request.agent.thinks(&request.heartbeat) {
             return ToolCall {
                 response_meta: Some(json!({
                     "output": {"skipped": why},

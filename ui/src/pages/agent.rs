@@ -206,6 +206,13 @@ pub(crate) async fn settings(
                 textarea #instructions name="instructions" rows="4" { (agent.instructions.clone().unwrap_or_default()) }
                 label for="think" { "Think" }
                 input #think name="think" value=(agent.think.to_string()) title="auto (new events or instructions), events, always, or every:N";
+                label for="daily_tokens" { "Daily tokens" }
+                input #daily_tokens name="daily_tokens" inputmode="numeric" placeholder="no daily budget"
+                    value=(agent.budgets.daily_tokens.map(|n| n.to_string()).unwrap_or_default());
+                label for="max_beats_per_hour" { "Max beats an hour" }
+                input #max_beats_per_hour name="max_beats_per_hour" inputmode="numeric"
+                    placeholder={"default (" (agent.beat_cap()) ")"}
+                    value=(agent.budgets.max_beats_per_hour.map(|n| n.to_string()).unwrap_or_default());
                 span {}
                 button type="submit" { "Save" }
             }
@@ -243,6 +250,21 @@ pub(crate) struct UpdateForm {
     instructions: String,
     #[serde(default)]
     think: String,
+    #[serde(default)]
+    daily_tokens: String,
+    #[serde(default)]
+    max_beats_per_hour: String,
+}
+
+/// An optional whole number from a form field: empty for none.
+fn optional_number<T: std::str::FromStr>(v: &str, what: &str) -> Result<Option<T>, Problem> {
+    match v.trim() {
+        "" => Ok(None),
+        n => n
+            .parse()
+            .map(Some)
+            .map_err(|_| Problem::Invalid(format!("{what}: give a whole number, or leave it empty"))),
+    }
 }
 
 /// `POST /ui/agents/{id}/update`.
@@ -266,6 +288,11 @@ pub(crate) async fn update(
             "" => None,
             t => Some(ThinkPolicy::parse(t).map_err(invalid)?),
         },
+        daily_tokens: Some(optional_number(&f.daily_tokens, "daily tokens")?),
+        max_beats_per_hour: Some(optional_number(
+            &f.max_beats_per_hour,
+            "max beats an hour",
+        )?),
         ..AgentChanges::default()
     };
     d.0.lifecycle.update(&agent.id, &changes).await?;

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use futures::StreamExt;
 use maud::{Markup, html};
 use pulse_shared::domain::{Agent, Heartbeat, HeartbeatStatus, Interval, NewAgent};
+use pulse_shared::engine::budget;
 use pulse_shared::error::StoreError;
 use serde::Deserialize;
 
@@ -38,18 +39,25 @@ pub(crate) async fn list(
         .skip((at - 1) * PER_PAGE)
         .take(PER_PAGE)
         .collect();
-    let ids: Vec<_> = shown.iter().map(|a| a.id.clone()).collect();
-    let recent: Vec<Result<Vec<Heartbeat>, StoreError>> = futures::stream::iter(ids)
-        .map(|id| {
+    type Row = Result<(Vec<Heartbeat>, u64), StoreError>;
+    let recent: Vec<Row> = futures::stream::iter(shown.iter().cloned())
+        .map(|a| {
             let store = d.0.store.clone();
-            async move { store.list_heartbeats(&id, 2).await }
+            async move {
+                let (recent, today) = futures::try_join!(
+                    store.list_heartbeats(&a.id, 2),
+                    budget::spent_today(store.as_ref(), &a, now)
+                )?;
+                Ok((recent, today.spent))
+            }
         })
         .buffered(16)
         .collect()
         .await;
     let mut rows = Vec::with_capacity(shown.len());
     for (a, r) in shown.iter().zip(recent) {
-        rows.push((a, r?));
+        let (recent, spent) = r?;
+        rows.push((a, recent, spent));
     }
     Ok(page(
         "Agents",
@@ -62,9 +70,9 @@ pub(crate) async fn list(
                 div.scroll { table {
                     thead { tr {
                         th { "Name" } th { "Status" } th { "Beat" } th { "Last heartbeat" }
-                        th { "Next due" } th { "Failures in a row" } th {}
+                        th { "Next due" } th { "Failures in a row" } th { "Tokens today" } th {}
                     } }
-                    tbody { @for (a, recent) in &rows {
+                    tbody { @for (a, recent, spent) in &rows {
                         @let live = recent.first();
                         @let last = recent.iter().find(|h| h.completed_at.is_some());
                         tr {
@@ -74,6 +82,12 @@ pub(crate) async fn list(
                             td { (last_heartbeat(now, last)) }
                             td { (next_due(now, live)) }
                             td { (live.map_or(0, |h| h.consecutive_failures)) }
+                            td {
+                                (spent)
+                                @if let Some(n) = a.budgets.daily_tokens {
+                                    span.muted { " / " (n) }
+                                }
+                            }
                             td {
                                 @if a.is_paused() {
                                     (button(&d, &format!("/ui/agents/{}/resume", a.id), "Resume", "quiet", "/ui/"))

@@ -6,11 +6,12 @@ use aws_sdk_dynamodb::types::{
 };
 use futures::StreamExt;
 use jiff::Timestamp;
+use jiff::civil::Date;
 
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{Agent, AgentId, Event, Heartbeat, to_ms};
+use crate::domain::{Agent, AgentId, Event, Heartbeat, Spend, from_ms, to_ms};
 use crate::error::StoreError;
 use crate::ports::{AgentStore, Footprint};
 
@@ -241,5 +242,55 @@ impl AgentStore for DynamoStore {
 
     async fn purge_agent(&self, id: &AgentId, apply: bool) -> Result<Footprint, StoreError> {
         self.purge(id, apply).await
+    }
+
+    async fn record_spend(&self, agent: &AgentId, spend: &Spend) -> Result<(), StoreError> {
+        // Old entries expire by TTL, a day after they stop being read.
+        let expires = spend.at.as_second() + (Spend::KEPT_DAYS + 1) * 86_400;
+        let mut item = key(agent_pk(agent), spend_sk(spend.day, &spend.source));
+        item.insert("tokens".to_owned(), n(spend.tokens));
+        item.insert("at".to_owned(), n(to_ms(spend.at)));
+        item.insert(super::TTL_ATTRIBUTE.to_owned(), n(expires));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(backend("record spend"))?;
+        Ok(())
+    }
+
+    async fn spend_of_day(&self, agent: &AgentId, day: Date) -> Result<Vec<Spend>, StoreError> {
+        let prefix = spend_sk(day, "");
+        let items = self
+            .query_prefix("read spend", &agent_pk(agent), &prefix, false, None)
+            .await?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let sk = item.get("sk").and_then(|v| v.as_s().ok());
+            let number = |k: &str| {
+                item.get(k)
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse::<i64>().ok())
+            };
+            let (Some(source), Some(tokens), Some(at)) = (
+                sk.and_then(|k| k.strip_prefix(&prefix)),
+                number("tokens"),
+                number("at"),
+            ) else {
+                return Err(StoreError::corrupt(
+                    format!("{}/{}", agent_pk(agent), sk.map_or("?", |k| k)),
+                    "a spend entry without its source, tokens or time",
+                ));
+            };
+            out.push(Spend {
+                day,
+                source: source.to_owned(),
+                tokens: tokens.max(0) as u64,
+                at: from_ms(at),
+            });
+        }
+        Ok(out)
     }
 }

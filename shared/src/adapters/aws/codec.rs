@@ -126,6 +126,10 @@ pub(super) struct HeartbeatItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    hour_from: Option<i64>,
+    #[serde(default)]
+    beats_in_hour: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_at: Option<i64>,
@@ -157,6 +161,8 @@ impl HeartbeatItem {
             actions_failed: hb.actions_failed,
             cascade_capped: hb.cascade_capped,
             error: hb.error.clone(),
+            hour_from: hb.hour_from.map(to_ms),
+            beats_in_hour: hb.beats_in_hour,
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -187,6 +193,8 @@ impl HeartbeatItem {
             actions_failed: self.actions_failed,
             cascade_capped: self.cascade_capped,
             error: self.error,
+            hour_from: self.hour_from.map(from_ms),
+            beats_in_hour: self.beats_in_hour,
         })
     }
 }

@@ -14,6 +14,7 @@
 //! | conversation message | `AG#<agent>` | `MS#<turn id>.<n>` (time-ordered) |
 //! | signal answered by a turn | `AG#<agent>` | `SG#<signal id>` |
 //! | memory | `AG#<agent>` | `ME#<memory id>` (time-ordered) |
+//! | daily spend ledger entry | `AG#<agent>` | `SP#<day>#<source>` (expires after a week) |
 //! | Discord channel's agent | `CH#<channel id>` | `CH` |
 //!
 //! Webhooks, their request logs, delivery ids and counters: see `webhooks.rs`. Outbound
@@ -68,6 +69,10 @@ pub(super) fn due_shard(agent: &AgentId) -> String {
 
 pub(super) fn key(pk: impl Into<String>, sk: impl Into<String>) -> Item {
     HashMap::from([("pk".to_owned(), s(pk)), ("sk".to_owned(), s(sk))])
+}
+
+pub(super) fn spend_sk(day: jiff::civil::Date, source: &str) -> String {
+    format!("SP#{day}#{source}")
 }
 
 pub(super) fn turn_sk(id: &TurnId) -> String {

@@ -39,6 +39,7 @@ impl DynamoStore {
                 "AC" => &mut f.actions,
                 "TN" | "MS" | "SG" => &mut f.conversation,
                 "ME" => &mut f.memories,
+                "SP" => &mut f.usage,
                 "HR" => {
                     // Deleted with its hook.
                     if let Some(h) = sk.strip_prefix("HR#").and_then(|h| HookId::parse(h).ok()) {

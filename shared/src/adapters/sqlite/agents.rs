@@ -2,13 +2,14 @@
 
 use async_trait::async_trait;
 use jiff::Timestamp;
+use jiff::civil::Date;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::heartbeats::insert_heartbeat;
 use super::{SqliteStore, sqlite_err};
-use crate::domain::{Agent, AgentId, Event, Heartbeat, to_ms};
+use crate::domain::{Agent, AgentId, Event, Heartbeat, Spend, from_ms, to_ms};
 use crate::error::StoreError;
 use crate::ports::{AgentStore, Footprint};
 
@@ -241,6 +242,65 @@ impl AgentStore for SqliteStore {
         self.db
             .call("delete agent", move |conn| {
                 super::purge::purge(conn, &id, apply)
+            })
+            .await
+    }
+
+    async fn record_spend(&self, agent: &AgentId, spend: &Spend) -> Result<(), StoreError> {
+        let (agent, spend) = (agent.clone(), spend.clone());
+        let op = "record spend";
+        self.db
+            .call(op, move |conn| {
+                let oldest = spend
+                    .day
+                    .checked_sub(jiff::Span::new().days(Spend::KEPT_DAYS))
+                    .unwrap_or(spend.day);
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sqlite_err(op))?;
+                tx.execute(
+                    "INSERT INTO spend (agent_id, day, source, tokens, at_ms) VALUES (?1, ?2, ?3, ?4, ?5) \
+                     ON CONFLICT (agent_id, day, source) DO UPDATE SET tokens = excluded.tokens, at_ms = excluded.at_ms",
+                    params![
+                        agent.as_str(),
+                        spend.day.to_string(),
+                        spend.source,
+                        spend.tokens as i64,
+                        to_ms(spend.at)
+                    ],
+                )
+                .map_err(sqlite_err(op))?;
+                tx.execute(
+                    "DELETE FROM spend WHERE agent_id = ?1 AND day < ?2",
+                    params![agent.as_str(), oldest.to_string()],
+                )
+                .map_err(sqlite_err(op))?;
+                tx.commit().map_err(sqlite_err(op))
+            })
+            .await
+    }
+
+    async fn spend_of_day(&self, agent: &AgentId, day: Date) -> Result<Vec<Spend>, StoreError> {
+        let agent = agent.clone();
+        let op = "read spend";
+        self.db
+            .call(op, move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT source, tokens, at_ms FROM spend WHERE agent_id = ?1 AND day = ?2 ORDER BY source",
+                    )
+                    .map_err(sqlite_err(op))?;
+                let rows = stmt
+                    .query_map(params![agent.as_str(), day.to_string()], |r| {
+                        Ok(Spend {
+                            day,
+                            source: r.get(0)?,
+                            tokens: r.get::<_, i64>(1)? as u64,
+                            at: from_ms(r.get(2)?),
+                        })
+                    })
+                    .map_err(sqlite_err(op))?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(sqlite_err(op))
             })
             .await
     }

@@ -16,7 +16,8 @@ use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Re
 
 pub(super) const HB_COLS: &str = "agent_id, beat, session, status, scheduled_ms, claim, lease_ms, started_ms, \
     completed_ms, window_start, window_end, last_interaction_beat, interaction_seen_ms, since_last, \
-    consecutive_failures, events_processed, actions_triggered, actions_failed, cascade_capped, error";
+    consecutive_failures, events_processed, actions_triggered, actions_failed, cascade_capped, error, \
+    hour_from_ms, beats_in_hour";
 
 pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, StoreError>> {
     let agent: String = r.get(0)?;
@@ -66,6 +67,8 @@ pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, S
         actions_failed: n(17)?,
         cascade_capped: n(18)?,
         error: r.get(19)?,
+        hour_from: ts(20)?,
+        beats_in_hour: n(21)?,
     }))
 }
 
@@ -73,7 +76,7 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
     conn.execute(
         &format!(
             "INSERT INTO heartbeats ({HB_COLS}, due_ms) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"
         ),
         params![
             hb.agent_id.as_str(),
@@ -96,6 +99,8 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
             hb.actions_failed,
             hb.cascade_capped,
             hb.error,
+            hb.hour_from.map(to_ms),
+            hb.beats_in_hour,
             hb.due_at().map(to_ms),
         ],
     )

@@ -52,6 +52,7 @@ fn owned() -> Vec<(String, Counter)> {
         rows.push((by_agent(table), |f| &mut f.conversation));
     }
     rows.push((by_agent("memories"), |f| &mut f.memories));
+    rows.push((by_agent("spend"), |f| &mut f.usage));
     rows
 }
 

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -225,6 +225,20 @@ CREATE TABLE webhook_log_budget (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 6: the breaker's hourly count on heartbeats, and the daily spend ledger.
+const SCHEMA_V6: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN hour_from_ms INTEGER;
+ALTER TABLE heartbeats ADD COLUMN beats_in_hour INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE spend (
+    agent_id  TEXT NOT NULL,
+    day       TEXT NOT NULL,
+    source    TEXT NOT NULL,
+    tokens    INTEGER NOT NULL,
+    at_ms     INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, day, source)
+) WITHOUT ROWID;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -257,6 +271,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 5 {
             conn.execute_batch(SCHEMA_V5).map_err(&err)?;
+        }
+        if version < 6 {
+            conn.execute_batch(SCHEMA_V6).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

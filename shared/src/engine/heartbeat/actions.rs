@@ -8,8 +8,10 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::{ActionDone, HeartbeatRunner, Plan, to_json};
 use crate::domain::{
-    Action, ActionId, ActionStatus, Cascade, Event, EventId, NewEvent, Tool, ToolRequest,
+    Action, ActionId, ActionStatus, Cascade, Event, EventId, HEARTBEAT_AGENT, NewEvent, Tool,
+    ToolRequest,
 };
+use crate::engine::budget;
 use crate::error::{EngineError, StoreError};
 use crate::ports::ToolFailure;
 
@@ -82,6 +84,17 @@ impl HeartbeatRunner {
                 Ok(()) => {}
                 Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
                 Err(e) => return Err(e.into()),
+            }
+            if action.tool.as_str() == HEARTBEAT_AGENT {
+                let tokens = model_tokens(action.response.as_ref());
+                budget::record(
+                    self.store.as_ref(),
+                    &plan.agent,
+                    completed_at,
+                    action.id.as_str(),
+                    tokens,
+                )
+                .await;
             }
             self.finish_hooks(plan, event, &action, &new_events).await?;
             let done = self.settle(&action, new_events);
@@ -252,4 +265,11 @@ impl HeartbeatRunner {
             }),
         }
     }
+}
+
+/// The model tokens (input and output) an action's response reports.
+fn model_tokens(response: Option<&serde_json::Value>) -> u64 {
+    let usage = response.map(|r| &r["usage"]);
+    let n = |k: &str| usage.and_then(|u| u[k].as_u64()).unwrap_or(0);
+    n("input_tokens") + n("output_tokens")
 }

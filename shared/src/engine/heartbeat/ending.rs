@@ -3,10 +3,14 @@
 //! reports.
 
 use jiff::Timestamp;
+use serde_json::json;
 use tracing::{error, info, warn};
 
 use super::{HeartbeatRunner, Plan, RunOutcome, Stats};
-use crate::domain::{Agent, EventCursor, Heartbeat, HeartbeatId, HeartbeatStatus};
+use crate::domain::{
+    Agent, EventCursor, EventId, Heartbeat, HeartbeatId, HeartbeatStatus, HookType, to_ms,
+};
+use crate::engine::budget;
 use crate::engine::schedule::next_run;
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::{Finish, FinishOutcome, Reschedule};
@@ -73,7 +77,8 @@ impl HeartbeatRunner {
             plan.last_interaction_beat,
             plan.interaction_seen_at,
             0,
-        );
+        )
+        .counted(plan.hour);
         let outcome = self
             .store
             .finish(&Finish {
@@ -131,7 +136,8 @@ impl HeartbeatRunner {
             plan.heartbeat.last_interaction_beat,
             plan.heartbeat.interaction_seen_at,
             plan.heartbeat.consecutive_failures,
-        );
+        )
+        .counted(plan.hour);
         let outcome = self
             .store
             .finish(&Finish {
@@ -147,6 +153,84 @@ impl HeartbeatRunner {
                 RunOutcome::Interrupted(done)
             }
             other => self.finished_before(&plan, other).await?,
+        })
+    }
+
+    /// The breaker: more heartbeats started in an hour than the agent's cap. The agent
+    /// is paused with a BREAKER_TRIPPED event in its log (and the BREAKER_TRIPPED and
+    /// AGENT_PAUSED hooks), and this heartbeat ends CANCELLED without running: its
+    /// window is handed on to the next one, which is scheduled PAUSED, with a fresh
+    /// hour, until `pulse agents resume`.
+    pub(super) async fn trip(&self, plan: Plan) -> Result<RunOutcome, EngineError> {
+        let now = self.clock.now();
+        let (from, beats) = plan.hour;
+        let cap = plan.agent.beat_cap();
+        let id = plan.heartbeat_context.id.clone();
+        let reason = format!(
+            "breaker tripped: {beats} heartbeats started within an hour of {from}, over the cap of {cap} (--max-beats-per-hour); the agent is paused until `pulse agents resume {}`",
+            plan.agent.id
+        );
+        let payload = json!({
+            "heartbeat_id": id,
+            "beats": beats,
+            "cap": cap,
+            "hour_from": from,
+            "paused_at": now,
+        });
+        let event = budget::system_event(
+            &plan.agent,
+            HookType::BREAKER_TRIPPED,
+            EventId::derived(to_ms(now).max(0) as u64, &["breaker", &id.to_string()]),
+            payload.clone(),
+            now,
+        );
+        match self
+            .store
+            .set_paused(&plan.agent.id, Some(now), &event)
+            .await
+        {
+            Ok(_) => {}
+            Err(StoreError::NotFound(_)) => return self.cancel(&plan.heartbeat).await,
+            Err(e) => return Err(e.into()),
+        }
+        for hook_type in [HookType::BREAKER_TRIPPED, HookType::AGENT_PAUSED] {
+            self.emit(&plan, HookType::of(hook_type), None, "BREAKER", || {
+                payload.clone()
+            })
+            .await?;
+        }
+        let done = ended(
+            &plan,
+            &Stats::default(),
+            HeartbeatStatus::Cancelled,
+            now,
+            Some(reason.clone()),
+        );
+        // The agent is paused now, so the store schedules the next heartbeat PAUSED.
+        let at = next_run(&plan.agent, now, 0, self.settings.max_backoff);
+        let next = Heartbeat::pending(
+            &plan.agent,
+            done.beat + 1,
+            at,
+            plan.heartbeat.window_start.clone(),
+            plan.heartbeat.last_interaction_beat,
+            plan.heartbeat.interaction_seen_at,
+            plan.heartbeat.consecutive_failures,
+        );
+        let outcome = self
+            .store
+            .finish(&Finish {
+                heartbeat: done.clone(),
+                next: Some(next),
+                heartbeat_event: None,
+            })
+            .await?;
+        Ok(match outcome {
+            FinishOutcome::Finished => {
+                warn!(beats, cap, hour_from = %from, "{reason}");
+                RunOutcome::Tripped(done)
+            }
+            other => self.not_finished(&id, other),
         })
     }
 
@@ -181,7 +265,8 @@ impl HeartbeatRunner {
             hb.last_interaction_beat,
             hb.interaction_seen_at,
             failures,
-        );
+        )
+        .counted(hb.hour_count(hb.started_at.unwrap_or(now)));
         let outcome = self
             .store
             .finish(&Finish {

@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use tracing::{Instrument, debug, info, info_span};
 
 use super::EngineSettings;
+use super::budget;
 use super::hooks::HookEmitter;
 use crate::domain::{
     Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventId, EventType, Heartbeat,
@@ -47,6 +48,9 @@ pub enum RunOutcome {
     /// A user message interrupted it; recorded CANCELLED with what it had done, the
     /// window handed on, the next one scheduled.
     Interrupted(Heartbeat),
+    /// Too many heartbeats in an hour: the breaker paused the agent and the heartbeat
+    /// was recorded CANCELLED without running, its window handed on.
+    Tripped(Heartbeat),
     /// The user talked to the agent within its quiet period: put back to PENDING, due
     /// at this time.
     Deferred(Timestamp),
@@ -81,6 +85,8 @@ struct Plan {
     heartbeat_context: HeartbeatContext,
     /// The agent's hooks, read once per run.
     routes: Vec<HookRoute>,
+    /// The breaker's hour and the heartbeats started in it, this one included.
+    hour: (Timestamp, u32),
 }
 
 #[derive(Default)]
@@ -227,6 +233,24 @@ impl HeartbeatRunner {
         if let Some(hooks) = &self.hooks {
             plan.routes = hooks.routes(&plan.agent.id).await?;
         }
+        if plan.hour.1 > plan.agent.beat_cap() {
+            return self.trip(plan).await;
+        }
+        // The daily budget is read only when the heartbeat agent is about to think.
+        if plan.agent.budgets.daily_tokens.is_some()
+            && plan.agent_context.thinks(&plan.heartbeat_context).is_ok()
+            && let Some(today) = budget::exhausted(self.store.as_ref(), &plan.agent, now).await?
+        {
+            plan.heartbeat_context.budget_spent = Some(budget::reason(&plan.agent, &today, now));
+            budget::fire_exhausted(
+                self.store.as_ref(),
+                self.hooks.as_ref(),
+                &plan.agent,
+                &today,
+                now,
+            )
+            .await?;
+        }
         self.emit(
             &plan,
             HookType::of(HookType::BEFORE_HEARTBEAT),
@@ -310,7 +334,9 @@ impl HeartbeatRunner {
                     .clone()
                     .unwrap_or_else(|| hb.window_start.clone()),
                 window_events: 0,
+                budget_spent: None,
             },
+            hour: hb.hour_count(started_at),
             heartbeat: hb.clone(),
             agent,
             routes: Vec::new(),
