@@ -74,8 +74,11 @@ fn agents_are_updated_paused_resumed_and_deleted_on(backend: Backend) {
     assert!(text.contains("4 heartbeats an hour"), "{text}");
     assert!(ok(d, &["agents", "list"]).contains("0/20000"));
     assert!(
-        bad(d, &["agents", "update", &agent, "--max-beats-per-hour", "0"])
-            .contains("(1 an hour)")
+        bad(
+            d,
+            &["agents", "update", &agent, "--max-beats-per-hour", "0"]
+        )
+        .contains("(1 an hour)")
     );
     assert!(bad(d, &["agents", "update", &agent, "--daily-tokens", "lots"]).contains("off"));
     ok(

@@ -18,8 +18,8 @@ use crate::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
     Delivery, Event, EventCursor, EventId, EventType, Heartbeat, HeartbeatId, HeartbeatStatus,
     Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest,
-    LlmResponse, Memory, OutgoingTask, Receipt, Registry, SignalId, Subscription, SubscriptionId,
-    Spend, Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId,
+    LlmResponse, Memory, OutgoingTask, Receipt, Registry, SignalId, Spend, Subscription,
+    SubscriptionId, Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId,
     WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};

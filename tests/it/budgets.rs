@@ -78,15 +78,14 @@ async fn daily_budget(kind: Kind) {
         .await
         .unwrap();
     assert_eq!(today.spent, 360, "the ledger holds every call's tokens");
-    let runs: Vec<_> = w
-        .b
-        .store
-        .list_actions(&agent.id, 100)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|a| a.tool.as_str() == "heartbeat-agent")
-        .collect();
+    let runs: Vec<_> =
+        w.b.store
+            .list_actions(&agent.id, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.tool.as_str() == "heartbeat-agent")
+            .collect();
     let skipped: Vec<_> = runs
         .iter()
         .filter(|a| a.status == ActionStatus::Skipped)
@@ -94,16 +93,27 @@ async fn daily_budget(kind: Kind) {
     assert_eq!(skipped.len(), 2, "{runs:?}");
     for a in &skipped {
         let why = a.error.as_deref().unwrap();
-        assert!(why.contains("daily token budget spent: 360 of 300"), "{why}");
+        assert!(
+            why.contains("daily token budget spent: 360 of 300"),
+            "{why}"
+        );
     }
-    assert_eq!(w.events_of(&agent, "BUDGET_EXHAUSTED").await, 1, "once a day");
+    assert_eq!(
+        w.events_of(&agent, "BUDGET_EXHAUSTED").await,
+        1,
+        "once a day"
+    );
 
     // A user message gets one short notice, without a model call; the next, nothing.
     w.say(&agent, "are you there?").await;
     assert_eq!(w.calls(), 3);
     let posted = w.discord.messages();
     assert_eq!(posted.len(), 1, "{posted:?}");
-    assert!(posted[0].content.contains("budget of 300 tokens"), "{:?}", posted[0]);
+    assert!(
+        posted[0].content.contains("budget of 300 tokens"),
+        "{:?}",
+        posted[0]
+    );
     w.b.advance(SignedDuration::from_secs(1));
     w.say(&agent, "hello?").await;
     assert_eq!(w.calls(), 3);
@@ -169,7 +179,10 @@ async fn breaker(kind: Kind) {
         claimed += w.beat().await;
         w.b.advance(SignedDuration::from_secs(1));
     }
-    assert_eq!(claimed, 7, "six heartbeats run, the seventh trips the breaker");
+    assert_eq!(
+        claimed, 7,
+        "six heartbeats run, the seventh trips the breaker"
+    );
     let hbs = w.b.store.list_heartbeats(&agent.id, 20).await.unwrap();
     let completed = hbs
         .iter()
@@ -187,10 +200,20 @@ async fn breaker(kind: Kind) {
         "{tripped:?}"
     );
     assert_eq!(tripped.actions_triggered, 0, "it ran nothing");
-    assert!(w.b.store.get_agent(&agent.id).await.unwrap().unwrap().is_paused());
+    assert!(
+        w.b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_paused()
+    );
     let next = w.latest(&agent).await;
     assert_eq!((next.beat, next.status), (8, HeartbeatStatus::Paused));
-    assert_eq!(next.window_start, tripped.window_start, "its window is handed on");
+    assert_eq!(
+        next.window_start, tripped.window_start,
+        "its window is handed on"
+    );
     assert_eq!(w.events_of(&agent, "BREAKER_TRIPPED").await, 1);
     assert_eq!(w.dispatch().await, 2);
     let mut hooks: Vec<String> = receiver
@@ -207,13 +230,10 @@ async fn breaker(kind: Kind) {
         Toggled::Done { .. }
     ));
     assert_eq!(w.beat().await, 1);
-    let resumed = w
-        .b
-        .store
-        .get_heartbeat(&next.id())
-        .await
-        .unwrap()
-        .unwrap();
+    let resumed = w.b.store.get_heartbeat(&next.id()).await.unwrap().unwrap();
     assert_eq!(resumed.status, HeartbeatStatus::Completed);
-    assert_eq!(resumed.events_processed, 2, "one window event and its HEARTBEAT");
+    assert_eq!(
+        resumed.events_processed, 2,
+        "one window event and its HEARTBEAT"
+    );
 }

@@ -132,7 +132,10 @@ async fn spend_ledger(kind: Kind) {
     let first = first.counted((hour_from, 4));
     b.store.create_agent(&agent, &first).await.unwrap();
     let stored = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
-    assert_eq!((stored.hour_from, stored.beats_in_hour), (Some(hour_from), 4));
+    assert_eq!(
+        (stored.hour_from, stored.beats_in_hour),
+        (Some(hour_from), 4)
+    );
 
     let day = |d: &str| d.parse::<jiff::civil::Date>().unwrap();
     let entry = |d: &str, source: &str, tokens| Spend {

@@ -207,6 +207,44 @@ async fn pages(kind: Kind) {
         ),
         ("scout-2", "1h".to_owned(), Some("look around"))
     );
+    // The spending limits, and tokens today on the agents page.
+    let limits = u
+        .post(
+            &format!("{base}/update"),
+            &[
+                ("csrf", &csrf),
+                ("name", "scout-2"),
+                ("interval", "1h"),
+                ("timezone", "Europe/Paris"),
+                ("daily_tokens", "5000"),
+                ("max_beats_per_hour", ""),
+            ],
+        )
+        .await;
+    assert_eq!(limits.status, 303, "{}", limits.body);
+    let stored = u.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(stored.budgets.daily_tokens, Some(5000));
+    assert_eq!(stored.budgets.max_beats_per_hour, None);
+    assert!(
+        u.get(&format!("{base}/settings"))
+            .await
+            .body
+            .contains("value=\"5000\"")
+    );
+    let spend = pulse_shared::domain::Spend {
+        day: pulse_shared::engine::budget::day_of(&stored, u.b.now()),
+        source: "tn_test".into(),
+        tokens: 1234,
+        at: u.b.now(),
+    };
+    u.b.store.record_spend(&agent.id, &spend).await.unwrap();
+    let listed = u.get("/ui/").await.body;
+    assert!(listed.contains("Tokens today"), "{listed}");
+    assert!(
+        listed.contains("1234<span class=\"muted\"> / 5000</span>"),
+        "{listed}"
+    );
+
     let pairs = form(&update("soon", ""));
     let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let refused = u.post(&format!("{base}/update"), &borrowed).await;

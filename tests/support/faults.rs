@@ -22,8 +22,7 @@ use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
     Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery,
     HookDeliveryId, HookId, HookRoute, Memory, Registry, SignalId, Spend, Subscription,
-    SubscriptionId,
-    Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{

@@ -760,7 +760,10 @@ mod tests {
         };
         assert_eq!(set(Some(6)).apply(&a).unwrap().beat_cap(), 6);
         let low = set(Some(5)).apply(&a).unwrap_err().to_string();
-        assert!(low.contains("fewer than its interval of 10m plans (6 an hour)"), "{low}");
+        assert!(
+            low.contains("fewer than its interval of 10m plans (6 an hour)"),
+            "{low}"
+        );
         assert_eq!(set(None).apply(&a).unwrap().beat_cap(), 60);
         let zero = AgentChanges {
             daily_tokens: Some(Some(0)),

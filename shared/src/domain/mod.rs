@@ -15,9 +15,8 @@ mod tool;
 mod webhook;
 
 pub use agent::{
-    AGENT_KEY_PREFIX, Agent, AgentChanges, AgentLlm, Budgets, ClaimRequest,
-    DEFAULT_BEATS_PER_HOUR, Heartbeat, HeartbeatStatus, NewAgent, Spend, ThinkPolicy,
-    check_key_variable,
+    AGENT_KEY_PREFIX, Agent, AgentChanges, AgentLlm, Budgets, ClaimRequest, DEFAULT_BEATS_PER_HOUR,
+    Heartbeat, HeartbeatStatus, NewAgent, Spend, ThinkPolicy, check_key_variable,
 };
 pub use chat::{
     ChatMessage, LlmRequest, LlmResponse, ProviderKind, Secret, StopReason, ToolSpec, ToolUse,

@@ -246,8 +246,10 @@ mod tests {
             tokens,
             at,
         };
-        let today =
-            Today::from_entries(day, &[e("act_1", 300), e("trn_2", 200), e(Spend::NOTICE, 0)]);
+        let today = Today::from_entries(
+            day,
+            &[e("act_1", 300), e("trn_2", 200), e(Spend::NOTICE, 0)],
+        );
         assert_eq!(today.spent, 500);
         assert!(today.marked(Spend::NOTICE));
         assert!(!today.marked(Spend::EXHAUSTED));

@@ -438,11 +438,23 @@ impl Conversation {
                 info!(reason = %why, "no model call for this turn");
                 if user_spoke && !today.marked(Spend::NOTICE) {
                     let notice = budget::notice(&agent, now);
-                    (notice, "pulse".into(), String::new(), Usage::default(), None)
+                    (
+                        notice,
+                        "pulse".into(),
+                        String::new(),
+                        Usage::default(),
+                        None,
+                    )
                 } else {
                     // Told once today already (or nothing a user said): no reply.
                     let why = format!("not answered: {why}");
-                    (String::new(), "pulse".into(), String::new(), Usage::default(), Some(why))
+                    (
+                        String::new(),
+                        "pulse".into(),
+                        String::new(),
+                        Usage::default(),
+                        Some(why),
+                    )
                 }
             }
         };

@@ -250,20 +250,21 @@ pub(crate) struct UpdateForm {
     instructions: String,
     #[serde(default)]
     think: String,
+    /// Absent: unchanged; empty: no daily budget.
     #[serde(default)]
-    daily_tokens: String,
+    daily_tokens: Option<String>,
+    /// Absent: unchanged; empty: the default cap.
     #[serde(default)]
-    max_beats_per_hour: String,
+    max_beats_per_hour: Option<String>,
 }
 
 /// An optional whole number from a form field: empty for none.
 fn optional_number<T: std::str::FromStr>(v: &str, what: &str) -> Result<Option<T>, Problem> {
     match v.trim() {
         "" => Ok(None),
-        n => n
-            .parse()
-            .map(Some)
-            .map_err(|_| Problem::Invalid(format!("{what}: give a whole number, or leave it empty"))),
+        n => n.parse().map(Some).map_err(|_| {
+            Problem::Invalid(format!("{what}: give a whole number, or leave it empty"))
+        }),
     }
 }
 
@@ -288,11 +289,14 @@ pub(crate) async fn update(
             "" => None,
             t => Some(ThinkPolicy::parse(t).map_err(invalid)?),
         },
-        daily_tokens: Some(optional_number(&f.daily_tokens, "daily tokens")?),
-        max_beats_per_hour: Some(optional_number(
-            &f.max_beats_per_hour,
-            "max beats an hour",
-        )?),
+        daily_tokens: f
+            .daily_tokens
+            .map(|v| optional_number(&v, "daily tokens"))
+            .transpose()?,
+        max_beats_per_hour: f
+            .max_beats_per_hour
+            .map(|v| optional_number(&v, "max beats an hour"))
+            .transpose()?,
         ..AgentChanges::default()
     };
     d.0.lifecycle.update(&agent.id, &changes).await?;
