@@ -198,6 +198,10 @@ pub struct Finish {
     pub next: Option<Heartbeat>,
     /// The heartbeat's own HEARTBEAT event.
     pub heartbeat_event: Option<Event>,
+    /// Actions written with the finish unless one with the same id is stored (which is
+    /// kept): the heartbeat agent's SKIPPED run, so an idle beat makes no write of its
+    /// own for it.
+    pub actions: Vec<Action>,
 }
 
 /// How [`HeartbeatStore::reschedule`] moves a heartbeat.
@@ -325,6 +329,10 @@ pub struct Window {
     pub events: Vec<Event>,
     /// True when `limit` cut the window short; the rest is left for the next heartbeat.
     pub truncated: bool,
+    /// Whether the agent has outbound hooks, when the read told (DynamoDB keeps a flag on
+    /// the agent's record, which the window read returns): `Some(false)` spares the
+    /// routes read. `None`: unknown; read them.
+    pub has_hooks: Option<bool>,
 }
 
 /// The event log.

@@ -267,6 +267,7 @@ async fn store_ports(kind: Kind) {
         heartbeat: done,
         next: Some(next),
         heartbeat_event: None,
+        actions: Vec::new(),
     };
     assert_eq!(
         b.store.finish(&finish).await.unwrap(),
@@ -303,6 +304,7 @@ async fn store_ports(kind: Kind) {
         heartbeat: done,
         next: None,
         heartbeat_event: None,
+        actions: Vec::new(),
     };
     assert_eq!(b.store.finish(&finish).await.unwrap(), FinishOutcome::Gone);
     assert!(

@@ -64,15 +64,29 @@ async fn concurrent_sweepers(kind: Kind) {
     assert_eq!(b.sweeper(settings()).sweep_once(b.now()).await.claimed, 0);
 }
 
-/// Requests per heartbeat cycle on AWS, counted by operation: the cost a user prices.
+/// Requests per idle heartbeat cycle on AWS, counted by operation: the cost a user
+/// prices. As deployed: a hooks queue, and the heartbeat agent on (the offline model),
+/// which finds nothing to think about; a tenth of the agents have a hook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transaction() {
+    use pulse_shared::domain::{ActionStatus, Hook, HookTarget, HookType};
     let b = Backend::new(Kind::Aws).await;
     let n = 200;
+    let hooked = 20;
     let fleet: Vec<_> = (0..n)
         .map(|i| NewAgent::named(format!("a{i}")).create(b.now()).unwrap())
         .collect();
     b.store.import_agents(&fleet).await.unwrap();
+    for (agent, _) in fleet.iter().take(hooked) {
+        let hook = Hook::new(
+            agent.id.clone(),
+            HookType::parse("HOOK_DISABLED").unwrap(),
+            HookTarget::parse("https://example.com/pulse").unwrap(),
+            "whsec_c2VjcmV0c2VjcmV0c2VjcmV0",
+            b.now(),
+        );
+        b.store.create_hook(&hook).await.unwrap();
+    }
     b.advance(SignedDuration::from_secs(5));
     let counter = b.aws.as_ref().unwrap().counter.clone();
     let per = |ops: &BTreeMap<String, u64>, k: &str| *ops.get(k).unwrap_or(&0) as f64 / n as f64;
@@ -97,26 +111,39 @@ async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transa
 
     let jobs = b.receive_all().await;
     assert_eq!(jobs.len(), n);
-    let worker = b.worker(EngineSettings {
-        registry_ttl: SignedDuration::from_mins(1),
-        ..settings()
-    });
+    let worker = b.connected().worker(
+        b.clock.clone(),
+        &EngineSettings {
+            registry_ttl: SignedDuration::from_mins(1),
+            ..settings()
+        },
+        &pulse_tests::offline_services(),
+    );
     counter.reset();
     let outcome = worker.process_batch(&jobs).await;
     assert!(outcome.failed.is_empty());
     let run = counter.snapshot();
-    // One window read each, plus one registry read shared by the whole batch.
+    // One window read each, a routes read for each agent with a hook, plus one registry
+    // read shared by the whole batch.
     assert_eq!(
         run.get("DynamoDB.Query").copied(),
-        Some(n as u64 + 1),
+        Some((n + hooked) as u64 + 1),
         "{run:?}"
     );
+    // The completion carries the heartbeat agent's SKIPPED action: no write of its own.
     assert_eq!(
         per(&run, "DynamoDB.TransactWriteItems"),
         1.0,
         "one completion each: {run:?}"
     );
     assert_eq!(run.len(), 2, "nothing else: {run:?}");
+    let (agent, _) = &fleet[n - 1];
+    let actions = b.store.list_actions(&agent.id, 10).await.unwrap();
+    assert_eq!(actions.len(), 1, "{actions:?}");
+    assert_eq!(
+        (actions[0].tool.as_str(), actions[0].status),
+        ("heartbeat-agent", ActionStatus::Skipped)
+    );
     let done: HashSet<HeartbeatId> = fleet.iter().map(|(_, h)| h.id()).collect();
     for id in done {
         assert_eq!(

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{
-    Delete, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, Delete, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -21,6 +21,13 @@ pub(super) fn channel_item(channel: &str, agent: &AgentId) -> Item {
     item
 }
 
+/// A new agent's live record: no hooks yet.
+fn live_item(agent: &Agent) -> Item {
+    let mut item = doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent);
+    item.insert(HAS_HOOKS.to_owned(), AttributeValue::Bool(false));
+    item
+}
+
 #[async_trait]
 impl AgentStore for DynamoStore {
     async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
@@ -35,10 +42,7 @@ impl AgentStore for DynamoStore {
 
     async fn create_agent(&self, agent: &Agent, first: &Heartbeat) -> Result<(), StoreError> {
         let mut items = vec![
-            self.put(
-                doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent),
-                Some("attribute_not_exists(pk)"),
-            )?,
+            self.put(live_item(agent), Some("attribute_not_exists(pk)"))?,
             self.put(
                 doc_item(DIRECTORY_PK.to_owned(), agent.id.to_string(), agent),
                 None,
@@ -74,7 +78,7 @@ impl AgentStore for DynamoStore {
     async fn import_agents(&self, agents: &[(Agent, Heartbeat)]) -> Result<(), StoreError> {
         let mut items = Vec::with_capacity(agents.len() * 3);
         for (agent, first) in agents {
-            items.push(doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent));
+            items.push(live_item(agent));
             items.push(doc_item(
                 DIRECTORY_PK.to_owned(),
                 agent.id.to_string(),

@@ -36,6 +36,7 @@ impl EventLog for DynamoStore {
     ) -> Result<Window, StoreError> {
         let pk = agent_pk(agent);
         let mut found = None;
+        let mut has_hooks = None;
         let mut events = Vec::new();
         let mut truncated = false;
         let mut start_key = None;
@@ -64,6 +65,7 @@ impl EventLog for DynamoStore {
                     .is_some_and(|k| k == AGENT_SK)
                 {
                     found = Some(read_agent(item)?);
+                    has_hooks = item.get(HAS_HOOKS).and_then(|v| v.as_bool().ok()).copied();
                     continue;
                 }
                 let e: Event = read_doc(item)?;
@@ -86,6 +88,7 @@ impl EventLog for DynamoStore {
             }
             if truncated || past_end {
                 found = self.get_agent(agent).await?;
+                has_hooks = None;
                 break;
             }
         }
@@ -93,6 +96,7 @@ impl EventLog for DynamoStore {
             agent: found,
             events,
             truncated,
+            has_hooks,
         })
     }
 

@@ -211,6 +211,7 @@ impl HeartbeatStore for DynamoStore {
         // the finish is made again with the other choice (a pause or delete racing it).
         let mut next = finish.next.clone();
         let mut expect = AgentState::Active;
+        let mut actions = finish.actions.clone();
         for _ in 0..4 {
             let mut items = vec![TransactWriteItem::builder().update(update.clone()).build()];
             if let Some(next) = &next {
@@ -219,6 +220,10 @@ impl HeartbeatStore for DynamoStore {
             }
             if let Some(e) = &finish.heartbeat_event {
                 items.push(self.put(event_item(e), None)?);
+            }
+            let first_action = items.len();
+            for a in &actions {
+                items.push(self.put(action_item(a), Some("attribute_not_exists(pk)"))?);
             }
             // No client request token: a retry of a finish that went through fails its
             // condition, and the record read back tells AlreadyFinished from Superseded.
@@ -240,6 +245,12 @@ impl HeartbeatStore for DynamoStore {
                         status: current.status,
                     }
                 });
+            }
+            if reasons.iter().skip(first_action).any(|r| is_ccf(Some(r))) {
+                // An action with that id is stored (a run before this one recorded it):
+                // it is kept, and the finish is made without these.
+                actions.clear();
+                continue;
             }
             if next.is_some() && is_ccf(reasons.get(1)) {
                 match self.get_agent(&hb.agent_id).await? {

@@ -13,7 +13,7 @@
 //! transaction conditional on the version read, with the copies it keeps in step.
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem, Update};
 
 use super::DynamoStore;
 use super::codec::*;
@@ -121,9 +121,26 @@ impl HookStore for DynamoStore {
                 0,
             )?,
             self.put(route_item(hook), None)?,
+            // The agent's record says it has hooks, so heartbeats read its routes.
+            TransactWriteItem::builder()
+                .update(
+                    Update::builder()
+                        .table_name(&self.table)
+                        .set_key(Some(key(agent_pk(&hook.agent_id), AGENT_SK)))
+                        .update_expression("SET #has_hooks = :t")
+                        .condition_expression("attribute_exists(pk)")
+                        .expression_attribute_names("#has_hooks", HAS_HOOKS)
+                        .expression_attribute_values(":t", AttributeValue::Bool(true))
+                        .build()
+                        .map_err(backend("build transaction"))?,
+                )
+                .build(),
         ];
         match self.transact("create hook", items).await? {
             Ok(()) => Ok(()),
+            Err(reasons) if is_ccf(reasons.get(2)) => {
+                Err(StoreError::NotFound(format!("agent {}", hook.agent_id)))
+            }
             Err(_) => Err(StoreError::AlreadyExists(format!("hook {}", hook.id))),
         }
     }

@@ -44,6 +44,10 @@ pub const DUE_INDEX: &str = "due";
 pub const DUE_SHARDS: u16 = 16;
 
 pub(super) const AGENT_SK: &str = "EV~";
+/// On the agent's record: `false` while it has never had a hook (written when it is
+/// created; a hook's creation sets it `true` in the same transaction). Absent on agents
+/// created before the flag existed: unknown.
+pub(super) const HAS_HOOKS: &str = "has_hooks";
 pub(super) const DIRECTORY_PK: &str = "AGENTS";
 pub(super) const REGISTRY_PK: &str = "REG";
 

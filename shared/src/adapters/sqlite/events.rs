@@ -56,7 +56,12 @@ impl EventLog for SqliteStore {
                 )?;
                 let truncated = events.len() > limit;
                 events.truncate(limit);
-                Ok(Window { agent: found, events, truncated })
+                Ok(Window {
+                    agent: found,
+                    events,
+                    truncated,
+                    has_hooks: None,
+                })
             })
             .await
     }

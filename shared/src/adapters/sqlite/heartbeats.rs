@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
+use super::actions::insert_action;
 use super::events::upsert_event;
 use super::{SqliteStore, sqlite_err};
 use crate::domain::{
@@ -313,6 +314,9 @@ impl HeartbeatStore for SqliteStore {
                 }
                 if let Some(e) = &finish.heartbeat_event {
                     upsert_event(&tx, e)?;
+                }
+                for a in &finish.actions {
+                    insert_action(&tx, a, "ON CONFLICT (id) DO NOTHING")?;
                 }
                 tx.commit().map_err(&op)?;
                 Ok(FinishOutcome::Finished)

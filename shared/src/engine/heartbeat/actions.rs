@@ -115,6 +115,65 @@ impl HeartbeatRunner {
         .await
     }
 
+    /// Why the heartbeat agent need not be called for `event` at all: its think policy
+    /// finds nothing to think about. Its SKIPPED action is then recorded with the
+    /// heartbeat's finish, so an idle beat makes no write of its own for it. (A skip for
+    /// a spent daily budget goes the usual way: it depends on what was spent, which a
+    /// rerun may see differently, and a stored action must never be overwritten.)
+    pub(super) fn skip_without_call(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        tool: &Tool,
+    ) -> Option<String> {
+        if tool.name.as_str() != HEARTBEAT_AGENT
+            || event.id != plan.heartbeat_event.id
+            || plan.heartbeat_context.budget_spent.is_some()
+        {
+            return None;
+        }
+        plan.agent_context.thinks(&plan.heartbeat_context).err()
+    }
+
+    /// The SKIPPED action of a tool not called, for the finish to record; its hooks are
+    /// emitted as for any action.
+    pub(super) async fn skipped(
+        &self,
+        plan: &Plan,
+        event: &Event,
+        depth: u8,
+        tool: &Tool,
+        why: String,
+    ) -> Result<Action, EngineError> {
+        let id = ActionId::for_event(&event.id, &tool.name);
+        let now = self.clock.now();
+        let action = Action {
+            id: id.clone(),
+            agent_id: plan.agent.id.clone(),
+            heartbeat_id: plan.heartbeat.id(),
+            event_id: event.id.clone(),
+            tool: tool.name.clone(),
+            status: ActionStatus::Skipped,
+            attempt: 1,
+            depth,
+            // The tool was not called: there was no request.
+            request: serde_json::Value::Null,
+            response: Some(serde_json::json!({
+                "output": {"skipped": why},
+                "usage": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0},
+            })),
+            error: Some(why),
+            started_at: now,
+            completed_at: Some(now),
+            duration_ms: Some(0),
+            new_events: Vec::new(),
+        };
+        self.start_hooks(plan, event, tool, &id, 1).await?;
+        self.finish_hooks(plan, event, &action, &[]).await?;
+        info!(action_id = %id, reason = action.error.as_deref(), "action skipped without calling the tool");
+        Ok(action)
+    }
+
     /// Records the action as RUNNING, idempotently: a first run starts at attempt 1, a
     /// rerun of an unfinished action takes the next attempt, a finished one is returned
     /// for reuse.

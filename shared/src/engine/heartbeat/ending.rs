@@ -85,6 +85,7 @@ impl HeartbeatRunner {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: Some(plan.heartbeat_event.clone()),
+                actions: stats.folded.clone(),
             })
             .await?;
         Ok(match outcome {
@@ -144,6 +145,7 @@ impl HeartbeatRunner {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: Some(plan.heartbeat_event.clone()),
+                actions: stats.folded.clone(),
             })
             .await?;
         Ok(match outcome {
@@ -223,6 +225,7 @@ impl HeartbeatRunner {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: None,
+                actions: Vec::new(),
             })
             .await?;
         Ok(match outcome {
@@ -273,6 +276,7 @@ impl HeartbeatRunner {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: None,
+                actions: Vec::new(),
             })
             .await?;
         Ok(match outcome {
@@ -308,6 +312,7 @@ impl HeartbeatRunner {
                 heartbeat: done,
                 next: None,
                 heartbeat_event: None,
+                actions: Vec::new(),
             })
             .await?;
         Ok(match outcome {

@@ -29,7 +29,7 @@ use super::EngineSettings;
 use super::budget;
 use super::hooks::HookEmitter;
 use crate::domain::{
-    Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventId, EventType, Heartbeat,
+    Action, Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventId, EventType, Heartbeat,
     HeartbeatContext, HookData, HookRoute, HookType, Priority, Registry,
 };
 use crate::error::{EngineError, StoreError};
@@ -97,6 +97,8 @@ struct Stats {
     cascade_capped: u32,
     /// Set when a tool stopped because a user message arrived: the run stops there.
     interrupted: Option<String>,
+    /// Actions recorded with the finish rather than by writes of their own.
+    folded: Vec<Action>,
 }
 
 struct ActionDone {
@@ -230,7 +232,10 @@ impl HeartbeatRunner {
         };
         let mut plan = self.plan(hb, agent);
         plan.heartbeat_context.window_events = window.events.len();
-        if let Some(hooks) = &self.hooks {
+        // An agent the store knows has no hooks costs no routes read.
+        if let Some(hooks) = &self.hooks
+            && window.has_hooks != Some(false)
+        {
             plan.routes = hooks.routes(&plan.agent.id).await?;
         }
         if plan.hour.1 > plan.agent.beat_cap() {
@@ -361,16 +366,24 @@ impl HeartbeatRunner {
             for event in &level {
                 stats.events_processed += 1;
                 let matching = registry.matching(event);
-                // Actions refer to their event: store HEARTBEAT before its first action,
-                // not only with the finish.
-                if !matching.is_empty()
-                    && !heartbeat_event_stored
+                // Actions refer to their event: store HEARTBEAT before its first action
+                // of its own, not only with the finish.
+                if !heartbeat_event_stored
                     && event.id == plan.heartbeat_event.id
+                    && matching
+                        .iter()
+                        .any(|(_, tool)| self.skip_without_call(plan, event, tool).is_none())
                 {
                     self.store.append(&plan.heartbeat_event).await?;
                     heartbeat_event_stored = true;
                 }
                 for (_, tool) in matching {
+                    if let Some(why) = self.skip_without_call(plan, event, tool) {
+                        let action = self.skipped(plan, event, depth, tool, why).await?;
+                        stats.actions_triggered += 1;
+                        stats.folded.push(action);
+                        continue;
+                    }
                     let done = self.run_action(plan, event, depth, tool).await?;
                     stats.actions_triggered += 1;
                     stats.actions_failed += u32::from(done.failed);
