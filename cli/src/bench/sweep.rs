@@ -1,11 +1,12 @@
 //! `pulse bench sweep` and `pulse bench turn`: figures, printed, not asserted.
 //!
-//! `sweep` measures the heartbeat path (the built-in heartbeat agent is switched off, so
-//! it measures the engine, not a model).
+//! `sweep` measures the heartbeat path as deployed: the built-in heartbeat agent is on,
+//! with the offline model, so an idle beat skips thinking and a busy one thinks.
 //! Embedded: a fleet of due heartbeats in a fresh SQLite file; one sweep claims them all
 //! (claims/s), then the worker runs every job (cycles/s). On an AWS emulator: the same
-//! steps with every SDK request counted, reported per heartbeat cycle by operation —
-//! what a fleet costs in requests does not depend on the emulator's speed.
+//! steps with every SDK request counted and its DynamoDB capacity computed, reported per
+//! heartbeat cycle by operation and priced per million cycles, idle and with one new
+//! event — what a fleet costs in requests does not depend on the emulator's speed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,11 +17,11 @@ use pulse_shared::app::{Connected, Services, connect};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::domain::{
     ConversationMessage, NewAgent, ProviderKind, ReplyTarget, Role, Signal, SignalId, SignalMeta,
-    Subscription, Turn, TurnId, TurnStatus, Usage,
+    Turn, TurnId, TurnStatus, Usage,
 };
 use pulse_shared::engine::{EngineSettings, Worker, intake};
 use pulse_shared::llm::{LlmConfig, Router};
-use pulse_shared::ports::{AgentStore, Clock, SessionQueue, Store, SystemClock, ToolRegistry};
+use pulse_shared::ports::{AgentStore, Clock, EventLog, SessionQueue, Store, SystemClock};
 use serde_json::json;
 
 use crate::Failure;
@@ -82,17 +83,6 @@ fn offline_services() -> Services {
     }
 }
 
-/// Switches the built-in heartbeat agent off: `bench sweep` measures the engine path.
-async fn without_heartbeat_agent(store: &dyn ToolRegistry) -> Result<(), Failure> {
-    store
-        .add_subscription(&Subscription {
-            active: false,
-            ..Subscription::heartbeat_agent()
-        })
-        .await?;
-    Ok(())
-}
-
 /// One sweep over `n` due heartbeats; fails unless it claimed and queued them all.
 /// Returns the seconds it took.
 async fn timed_sweep(backend: &Connected, clock: &dyn Clock, n: usize) -> Result<f64, Failure> {
@@ -148,7 +138,6 @@ async fn embedded(n: usize, out: &Out) -> Result<serde_json::Value, Failure> {
         .store
         .import_agents(&fleet(n, clock.as_ref()))
         .await?;
-    without_heartbeat_agent(backend.store.as_ref()).await?;
 
     let sweep_secs = timed_sweep(&backend, clock.as_ref(), n).await?;
     let worker = backend.worker(clock, &config.engine, &offline_services());
@@ -176,6 +165,136 @@ async fn embedded(n: usize, out: &Out) -> Result<serde_json::Value, Failure> {
     }))
 }
 
+/// What one phase of the AWS run counted, per heartbeat cycle.
+struct Phase {
+    requests: BTreeMap<String, u64>,
+    capacity: aws::Capacity,
+    seconds: f64,
+}
+
+/// AWS list prices (US East, on demand), in US dollars, as published when this was
+/// written: the README dates them.
+mod price {
+    /// DynamoDB on-demand, per million write request units.
+    pub(super) const WRU: f64 = 0.625;
+    /// DynamoDB on-demand, per million read request units.
+    pub(super) const RRU: f64 = 0.125;
+    /// SQS FIFO, per million requests.
+    pub(super) const SQS_FIFO: f64 = 0.50;
+    /// Lambda on arm64, per GB-second.
+    pub(super) const LAMBDA_GB_S: f64 = 0.000_013_333_4;
+    /// Lambda, per million invocations.
+    pub(super) const LAMBDA_CALLS: f64 = 0.20;
+    /// EventBridge scheduled invocations, per million.
+    pub(super) const SCHEDULER: f64 = 1.00;
+}
+
+/// The fleet the scheduler's cost is shared by: 10,000 agents at 15 minutes make 667
+/// cycles a minute, against one sweeper invocation a minute.
+const FLEET_CYCLES_PER_MINUTE: f64 = 10_000.0 / 15.0;
+/// Jobs the worker's event source hands over per invocation (SQS FIFO's batch).
+const JOBS_PER_BATCH: f64 = 10.0;
+/// The functions' memory, in GB.
+const LAMBDA_GB: f64 = 0.125;
+
+/// Dollars per million cycles, by line, from what a cycle counted.
+fn dollars(sweep: &Phase, run: &Phase, n: usize) -> Vec<(&'static str, f64)> {
+    let per = |x: f64| x / n as f64;
+    let units = |p: &Phase| (per(p.capacity.write), per(p.capacity.read));
+    let (sw, sr) = units(sweep);
+    let (rw, rr) = units(run);
+    let sqs_sends: u64 = sweep
+        .requests
+        .iter()
+        .chain(&run.requests)
+        .filter(|(k, _)| k.starts_with("SQS."))
+        .map(|(_, v)| *v)
+        .sum();
+    // Lambda's event source receives and deletes each batch: two requests per batch.
+    let sqs = per(sqs_sends as f64) + 2.0 / JOBS_PER_BATCH;
+    let busy = per(sweep.seconds + run.seconds);
+    vec![
+        ("DynamoDB writes", (sw + rw) * price::WRU),
+        ("DynamoDB reads", (sr + rr) * price::RRU),
+        ("SQS FIFO requests", sqs * price::SQS_FIFO),
+        (
+            "Lambda duration (arm64, 128 MB, as measured)",
+            busy * LAMBDA_GB * price::LAMBDA_GB_S * 1e6,
+        ),
+        (
+            "Lambda invocations",
+            (1.0 / JOBS_PER_BATCH + 1.0 / FLEET_CYCLES_PER_MINUTE) * price::LAMBDA_CALLS,
+        ),
+        ("scheduler", price::SCHEDULER / FLEET_CYCLES_PER_MINUTE),
+    ]
+}
+
+/// Claims and runs the `n` due heartbeats, counting each phase.
+async fn measured_cycles(
+    backend: &Connected,
+    worker: &Worker,
+    receive: &SqsQueue,
+    counter: &aws::RequestCounter,
+    clock: &dyn Clock,
+    n: usize,
+) -> Result<(Phase, Phase, usize), Failure> {
+    counter.reset();
+    let seconds = timed_sweep(backend, clock, n).await?;
+    let sweep = Phase {
+        requests: counter.snapshot(),
+        capacity: counter.capacity(),
+        seconds,
+    };
+    counter.reset();
+    let started = Instant::now();
+    let ran = drain(worker, receive).await?;
+    let run = Phase {
+        requests: counter.snapshot(),
+        capacity: counter.capacity(),
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok((sweep, run, ran))
+}
+
+fn report(out: &Out, title: &str, sweep: &Phase, run: &Phase, n: usize) -> serde_json::Value {
+    let per = |x: f64| x / n as f64;
+    figure!(out, "  {title}, per heartbeat cycle:");
+    for (phase, p) in [("sweep", sweep), ("worker", run)] {
+        for (op, count) in &p.requests {
+            figure!(
+                out,
+                "    {phase:<7} {op:<28} {:>8.3}   ({count} in all)",
+                per(*count as f64)
+            );
+        }
+    }
+    let wru = per(sweep.capacity.write + run.capacity.write);
+    let rru = per(sweep.capacity.read + run.capacity.read);
+    figure!(
+        out,
+        "    DynamoDB capacity: {wru:.2} WRU and {rru:.2} RRU (computed from the items written and read)"
+    );
+    let lines = dollars(sweep, run, n);
+    let total: f64 = lines.iter().map(|(_, d)| d).sum();
+    for (what, d) in &lines {
+        figure!(out, "    ${d:>7.3}  {what}");
+    }
+    figure!(out, "    ${total:>7.3}  per million cycles");
+    let per_op = |ops: &BTreeMap<String, u64>| -> BTreeMap<String, f64> {
+        ops.iter()
+            .map(|(k, v)| (k.clone(), per(*v as f64)))
+            .collect()
+    };
+    json!({
+        "requests": { "sweep": per_op(&sweep.requests), "worker": per_op(&run.requests) },
+        "wru": wru,
+        "rru": rru,
+        "seconds": per(sweep.seconds + run.seconds),
+        "dollars_per_million": lines.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<BTreeMap<_, _>>(),
+        "dollars_per_million_total": total,
+    })
+}
+
 async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value, Failure> {
     // Counted clients for the engine; separate, uncounted ones for the bench's own setup
     // and for receiving jobs (Lambda's event source does that, not Pulse).
@@ -188,8 +307,6 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
     let hooks_url = aws::create_hooks_queue(&setup.sqs, &format!("pulse-bench-hooks-{id}")).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let setup_store = DynamoStore::new(setup.dynamodb.clone(), &table, Duration::from_secs(30));
-    setup_store.import_agents(&fleet(n, clock.as_ref())).await?;
-    without_heartbeat_agent(&setup_store).await?;
     let backend = Connected {
         store: Arc::new(DynamoStore::new(
             counted.dynamodb.clone(),
@@ -197,7 +314,7 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
             Duration::from_secs(30),
         )),
         queue: Arc::new(SqsQueue::new(counted.sqs.clone(), &url)),
-        // A hooks queue, as deployed: each heartbeat reads its agent's hook routes.
+        // A hooks queue, as deployed.
         hooks: Some(Arc::new(aws::SqsHookQueue::new(
             counted.sqs.clone(),
             &hooks_url,
@@ -206,42 +323,58 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
         bus: None,
         aws_requests: Some(counted.counter.clone()),
     };
-
-    counted.counter.reset();
-    let sweep_secs = timed_sweep(&backend, clock.as_ref(), n).await?;
-    let sweep_ops = counted.counter.snapshot();
-    let worker = backend.worker(clock, &settings(n), &offline_services());
-    counted.counter.reset();
-    let ran = drain(&worker, &SqsQueue::new(setup.sqs.clone(), &url)).await?;
-    let run_ops = counted.counter.snapshot();
-
-    let per = |ops: &BTreeMap<String, u64>| -> BTreeMap<String, f64> {
-        ops.iter()
-            .map(|(k, v)| (k.clone(), *v as f64 / n as f64))
-            .collect()
-    };
+    // As deployed: the heartbeat agent on (the offline model), the registry cached.
+    let worker = backend.worker(clock.clone(), &settings(n), &offline_services());
+    let receive = SqsQueue::new(setup.sqs.clone(), &url);
     figure!(
         out,
-        "AWS backend on {endpoint}, {n} due heartbeats ({ran} run):"
+        "AWS backend on {endpoint}, {n} heartbeats a phase, the heartbeat agent on (offline model):"
     );
-    figure!(
-        out,
-        "  sweep: {n} claimed in {sweep_secs:.2} s = {:.0} claims/s (emulator speed, not AWS's)",
-        n as f64 / sweep_secs
-    );
-    figure!(out, "  requests per heartbeat cycle, by operation:");
-    for (phase, ops) in [("sweep", &sweep_ops), ("worker", &run_ops)] {
-        for (op, count) in ops {
-            figure!(
-                out,
-                "    {phase:<7} {op:<28} {:>8.3}   ({count} in all)",
-                *count as f64 / n as f64
-            );
-        }
+
+    // Idle: nothing arrived since the last heartbeat.
+    setup_store.import_agents(&fleet(n, clock.as_ref())).await?;
+    let (sweep, run, ran) = measured_cycles(
+        &backend,
+        &worker,
+        &receive,
+        &counted.counter,
+        clock.as_ref(),
+        n,
+    )
+    .await?;
+    let idle = report(out, &format!("idle ({ran} run)"), &sweep, &run, n);
+
+    // Busy: one new event in each agent's window, so the heartbeat agent thinks.
+    let busy_fleet = fleet(n, clock.as_ref());
+    setup_store.import_agents(&busy_fleet).await?;
+    for (agent, _) in &busy_fleet {
+        let event =
+            pulse_shared::domain::NewEvent::new("NOTE", json!({"text": "the build broke"}), None)?
+                .into_event(agent.id.clone(), "bench", clock.now());
+        setup_store.append(&event).await?;
     }
+    // Windows end the settle time before their claim.
+    let settle = EngineSettings::default().event_settle.unsigned_abs();
+    tokio::time::sleep(settle + Duration::from_millis(500)).await;
+    let (sweep, run, ran) = measured_cycles(
+        &backend,
+        &worker,
+        &receive,
+        &counted.counter,
+        clock.as_ref(),
+        n,
+    )
+    .await?;
+    let busy = report(
+        out,
+        &format!("one new event each ({ran} jobs run, thoughts included)"),
+        &sweep,
+        &run,
+        n,
+    );
     figure!(
         out,
-        "  targets: <= 1 claim write + 1 window read + 1 completion transaction; due queries and sends <= 0.1 each"
+        "  targets: idle <= 1 claim + 1 window read + 1 completion transaction, other requests <= 0.1 each; <= $4 per million idle cycles"
     );
     let _ = setup
         .dynamodb
@@ -249,12 +382,10 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
         .table_name(&table)
         .send()
         .await;
-    let _ = setup.sqs.delete_queue().queue_url(&url).send().await;
-    Ok(json!({
-        "heartbeats": n,
-        "sweep_seconds": sweep_secs,
-        "per_cycle": { "sweep": per(&sweep_ops), "worker": per(&run_ops) },
-    }))
+    for q in [&url, &hooks_url] {
+        let _ = setup.sqs.delete_queue().queue_url(q).send().await;
+    }
+    Ok(json!({ "heartbeats": n, "idle": idle, "one_event": busy }))
 }
 
 /// `pulse bench turn`: the worker's own cost per conversation turn (receive, context,

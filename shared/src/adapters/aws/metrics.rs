@@ -1,28 +1,74 @@
-//! Counts the HTTP requests the SDK clients send, by operation (retries included).
+//! Counts the HTTP requests the SDK clients send, by operation (retries included), and
+//! the DynamoDB capacity each would consume on a real table.
+//!
+//! Capacity is computed the way DynamoDB bills on-demand tables, from the items in the
+//! request (writes) and the response (reads): a write request unit per started KB of
+//! each item written (two in a transaction), a read request unit per started 4 KB read
+//! consistently (half for an eventually consistent read). Emulators do not do this (moto
+//! reports fixed units per call), so the benches price cycles from this model. Where
+//! the stored size is not in the request (an update writes attributes of an item whose
+//! full size only the table knows), the request's key and values stand for it: exact
+//! for the small heartbeat records Pulse updates, a lower bound for large ones.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
-use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::context::{
+    AfterDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
+};
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
+use serde_json::Value;
 
-/// Requests sent, by `Service.Operation` (e.g. `DynamoDB.UpdateItem`).
+/// Requests sent, by `Service.Operation` (e.g. `DynamoDB.UpdateItem`), and the DynamoDB
+/// capacity they would consume.
 #[derive(Clone, Debug, Default)]
-pub struct RequestCounter(Arc<Mutex<BTreeMap<String, u64>>>);
+pub struct RequestCounter(Arc<Mutex<Counts>>);
+
+#[derive(Clone, Debug, Default)]
+struct Counts {
+    requests: BTreeMap<String, u64>,
+    units: Capacity,
+}
+
+/// DynamoDB request units.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Capacity {
+    /// Write request units.
+    pub write: f64,
+    /// Read request units.
+    pub read: f64,
+}
 
 impl RequestCounter {
     /// The counts so far.
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.lock().requests.clone()
+    }
+    /// The DynamoDB capacity the requests so far would consume.
+    pub fn capacity(&self) -> Capacity {
+        self.lock().units
     }
     /// Sets every count back to zero.
     pub fn reset(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        *self.lock() = Counts::default();
     }
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What a DynamoDB request said that its response's read units depend on.
+#[derive(Clone, Debug)]
+struct ReadMode {
+    consistent: bool,
+}
+
+impl Storable for ReadMode {
+    type Storer = StoreReplace<Self>;
 }
 
 impl Intercept for RequestCounter {
@@ -32,20 +78,194 @@ impl Intercept for RequestCounter {
 
     fn read_before_transmit(
         &self,
-        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        let key = match cfg.load::<Metadata>() {
-            Some(m) => format!("{}.{}", m.service(), m.name()),
-            None => "unknown".to_owned(),
+        let (service, op) = match cfg.load::<Metadata>() {
+            Some(m) => (m.service().to_owned(), m.name().to_owned()),
+            None => ("unknown".to_owned(), String::new()),
         };
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key)
+        let mut write = 0.0;
+        if service == "DynamoDB"
+            && let Some(body) = context
+                .request()
+                .body()
+                .bytes()
+                .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        {
+            write = write_units(&op, &body);
+            let consistent = body["ConsistentRead"].as_bool().unwrap_or(false);
+            cfg.interceptor_state().store_put(ReadMode { consistent });
+        }
+        let mut counts = self.lock();
+        *counts
+            .requests
+            .entry(format!("{service}.{op}"))
             .or_default() += 1;
+        counts.units.write += write;
         Ok(())
+    }
+
+    fn read_after_deserialization(
+        &self,
+        context: &AfterDeserializationInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let Some(mode) = cfg.load::<ReadMode>().cloned() else {
+            return Ok(());
+        };
+        let op = cfg
+            .load::<Metadata>()
+            .map(|m| m.name().to_owned())
+            .unwrap_or_default();
+        if let Some(body) = context
+            .response()
+            .body()
+            .bytes()
+            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        {
+            self.lock().units.read += read_units(&op, &body, mode.consistent);
+        }
+        Ok(())
+    }
+}
+
+/// The write units of a DynamoDB request.
+fn write_units(op: &str, body: &Value) -> f64 {
+    let kb = |size: usize| size.div_ceil(1024).max(1) as f64;
+    let changed = |v: &Value| {
+        // An update or check: its key and values stand for the item.
+        item_size(&v["Key"]) + item_size(&v["ExpressionAttributeValues"])
+    };
+    match op {
+        "PutItem" => kb(item_size(&body["Item"])),
+        "UpdateItem" => kb(changed(body)),
+        "DeleteItem" => kb(item_size(&body["Key"])),
+        "BatchWriteItem" => body["RequestItems"]
+            .as_object()
+            .into_iter()
+            .flat_map(|tables| tables.values())
+            .flat_map(|reqs| reqs.as_array().into_iter().flatten())
+            .map(|r| match r.get("PutRequest") {
+                Some(p) => kb(item_size(&p["Item"])),
+                None => 1.0,
+            })
+            .sum(),
+        "TransactWriteItems" => body["TransactItems"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                2.0 * match (t.get("Put"), t.get("Update"), t.get("Delete")) {
+                    (Some(p), _, _) => kb(item_size(&p["Item"])),
+                    (_, Some(u), _) => kb(changed(u)),
+                    (_, _, Some(d)) => kb(item_size(&d["Key"])),
+                    // A ConditionCheck is billed as a transactional write of its item.
+                    _ => kb(changed(&t["ConditionCheck"])),
+                }
+            })
+            .sum(),
+        _ => 0.0,
+    }
+}
+
+/// The read units of a DynamoDB response.
+fn read_units(op: &str, body: &Value, consistent: bool) -> f64 {
+    let factor = if consistent { 1.0 } else { 0.5 };
+    let blocks = |size: usize| size.div_ceil(4096).max(1) as f64;
+    match op {
+        "GetItem" => factor * blocks(item_size(&body["Item"])),
+        "Query" | "Scan" => {
+            let items: Vec<usize> = body["Items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(item_size)
+                .collect();
+            // A filter drops items after they were read: each counts at the average
+            // size of those returned (or a small record's, when none were).
+            let returned: usize = items.iter().sum();
+            let average = if items.is_empty() {
+                512
+            } else {
+                returned / items.len()
+            };
+            let scanned = body["ScannedCount"].as_u64().unwrap_or(items.len() as u64) as usize;
+            let filtered = scanned.saturating_sub(items.len());
+            factor * blocks(returned + filtered * average)
+        }
+        _ => 0.0,
+    }
+}
+
+/// The size DynamoDB counts for an item (or a map of attributes) in its JSON form:
+/// each attribute's name and value.
+fn item_size(item: &Value) -> usize {
+    item.as_object()
+        .map_or(0, |m| m.iter().map(|(k, v)| k.len() + value_size(v)).sum())
+}
+
+fn value_size(v: &Value) -> usize {
+    let Some((kind, inner)) = v.as_object().and_then(|m| m.iter().next()) else {
+        return 0;
+    };
+    let number = |s: &str| {
+        let digits = s.trim_start_matches('-').replace('.', "");
+        let significant = digits.trim_start_matches('0').len().max(1);
+        significant.div_ceil(2) + 1
+    };
+    match kind.as_str() {
+        "S" | "B" => inner.as_str().map_or(0, str::len),
+        "N" => inner.as_str().map_or(1, number),
+        "BOOL" | "NULL" => 1,
+        "SS" | "BS" => inner.as_array().map_or(0, |a| {
+            a.iter().filter_map(Value::as_str).map(str::len).sum()
+        }),
+        "NS" => inner
+            .as_array()
+            .map_or(0, |a| a.iter().filter_map(Value::as_str).map(number).sum()),
+        "L" => {
+            3 + inner
+                .as_array()
+                .map_or(0, |a| a.iter().map(|e| value_size(e) + 1).sum())
+        }
+        "M" => {
+            3 + inner.as_object().map_or(0, |m| {
+                m.iter().map(|(k, e)| k.len() + value_size(e) + 1).sum()
+            })
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn capacity_follows_dynamodbs_rules() {
+        let small = json!({"pk": {"S": "AG#1"}, "n": {"N": "12345"}, "ok": {"BOOL": true}});
+        assert_eq!(item_size(&small), 2 + 4 + 1 + 4 + 2 + 1);
+        let big = json!({"doc": {"S": "x".repeat(1500)}});
+        assert_eq!(write_units("PutItem", &json!({"Item": small})), 1.0);
+        assert_eq!(write_units("PutItem", &json!({"Item": big})), 2.0);
+        let tx = json!({"TransactItems": [
+            {"Put": {"Item": big}},
+            {"Update": {"Key": {"pk": {"S": "a"}}, "ExpressionAttributeValues": {":s": {"S": "DONE"}}}},
+            {"ConditionCheck": {"Key": {"pk": {"S": "a"}}}},
+        ]});
+        assert_eq!(
+            write_units("TransactWriteItems", &tx),
+            2.0 * (2.0 + 1.0 + 1.0)
+        );
+        let page = json!({"Items": [small, small], "Count": 2, "ScannedCount": 3});
+        assert_eq!(read_units("Query", &page, true), 1.0);
+        assert_eq!(read_units("Query", &page, false), 0.5);
+        let large = json!({"Items": [{"doc": {"S": "x".repeat(5000)}}], "ScannedCount": 1});
+        assert_eq!(read_units("Query", &large, true), 2.0);
+        assert_eq!(read_units("GetItem", &json!({}), true), 1.0);
     }
 }

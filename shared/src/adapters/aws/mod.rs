@@ -50,7 +50,7 @@ use aws_smithy_runtime_api::shared::IntoShared;
 pub use eventbridge::{EVENT_SOURCE, EventBridgeBus};
 pub use hook_queue::SqsHookQueue;
 pub use keys::{DUE_INDEX, DUE_SHARDS};
-pub use metrics::RequestCounter;
+pub use metrics::{Capacity, RequestCounter};
 pub use provision::{create_hooks_queue, create_sessions_queue, create_table};
 pub use secrets::{SecretParameters, SecretsError};
 pub use session_queue::SqsQueue;
