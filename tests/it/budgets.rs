@@ -3,10 +3,8 @@
 //! receiver, on an injected clock.
 
 use jiff::SignedDuration;
-use pulse_shared::domain::{
-    ActionStatus, Agent, AgentChanges, HeartbeatStatus, SignalMeta, Spend, TurnStatus,
-};
-use pulse_shared::engine::{Toggled, budget, intake};
+use pulse_shared::domain::{ActionStatus, Agent, AgentChanges, HeartbeatStatus, Spend, TurnStatus};
+use pulse_shared::engine::{Toggled, budget};
 use pulse_tests::fake_hooks::FakeReceiver;
 use pulse_tests::{Kind, on_both_backends, settings};
 use serde_json::json;
@@ -19,17 +17,7 @@ impl World {
     }
 
     async fn say(&self, agent: &Agent, text: &str) {
-        let s = pulse_shared::domain::Signal::user_message(
-            &agent.id,
-            &agent.session,
-            text,
-            SignalMeta::default(),
-            self.b.now(),
-        )
-        .unwrap();
-        intake::submit(self.b.store.as_ref(), self.b.queue.as_ref(), s)
-            .await
-            .unwrap();
+        self.b.say(agent, text).await;
         self.b.drain(&self.worker).await;
     }
 

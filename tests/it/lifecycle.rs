@@ -7,12 +7,11 @@ use std::time::Duration;
 use jiff::SignedDuration;
 use pulse_shared::domain::{
     Agent, AgentChanges, EventType, Filter, HeartbeatId, HeartbeatStatus, Hook, HookTarget,
-    HookType, Memory, NewAgent, NewEvent, SignalMeta, Subscription, SubscriptionId, ToolName,
-    Webhook, WebhookScheme,
+    HookType, Memory, NewAgent, NewEvent, Subscription, SubscriptionId, ToolName, Webhook,
+    WebhookScheme,
 };
 use pulse_shared::engine::{
     EngineSettings, Lifecycle, LifecycleError, Refused, Toggled, Verdict, WebhookIntake, Worker,
-    intake,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{Finish, FinishOutcome, Reschedule};
@@ -415,17 +414,7 @@ async fn pause_resume(kind: Kind) {
         );
     }
     // Its user is still answered.
-    let s = pulse_shared::domain::Signal::user_message(
-        &agent.id,
-        &agent.session,
-        "are you there?",
-        SignalMeta::default(),
-        w.b.now(),
-    )
-    .unwrap();
-    intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), s)
-        .await
-        .unwrap();
+    w.b.say(&agent, "are you there?").await;
     w.b.drain(&w.worker).await;
     assert_eq!(
         w.llm.requests().len(),
@@ -555,17 +544,7 @@ async fn delete(kind: Kind) {
     b.advance(SignedDuration::from_secs(5));
     assert_eq!(w.beat().await, 2, "both agents' first heartbeats");
     assert!(w.dispatch().await >= 1);
-    let s = pulse_shared::domain::Signal::user_message(
-        &agent.id,
-        &agent.session,
-        "hello",
-        SignalMeta::default(),
-        b.now(),
-    )
-    .unwrap();
-    intake::submit(b.store.as_ref(), b.queue.as_ref(), s)
-        .await
-        .unwrap();
+    b.say(&agent, "hello").await;
     b.drain(&w.worker).await;
     b.store
         .remember(&Memory {

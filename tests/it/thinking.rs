@@ -153,8 +153,7 @@ on_both_backends!(
     usage_totals
 );
 async fn usage_totals(kind: Kind) {
-    use pulse_shared::domain::{Signal, SignalMeta};
-    use pulse_shared::engine::{Prices, intake, usage};
+    use pulse_shared::engine::{Prices, usage};
     let w = world(kind).await;
     let agent = w
         .agent(|a| {
@@ -166,17 +165,7 @@ async fn usage_totals(kind: Kind) {
     for _ in 0..3 {
         w.beat().await;
     }
-    let said = Signal::user_message(
-        &agent.id,
-        &agent.session,
-        "how is the build?",
-        SignalMeta::default(),
-        w.b.now(),
-    )
-    .unwrap();
-    intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), said)
-        .await
-        .unwrap();
+    w.b.say(&agent, "how is the build?").await;
     w.b.drain(&w.worker).await;
     assert_eq!(w.calls(), 4, "three heartbeats and one turn");
 

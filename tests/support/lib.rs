@@ -482,6 +482,23 @@ impl Backend {
         (agent, first)
     }
 
+    /// Queues a message from the agent's user, as the receiver takes one in (not yet
+    /// answered: drain a worker for that).
+    pub async fn say(&self, agent: &Agent, text: &str) -> pulse_shared::domain::Signal {
+        let s = pulse_shared::domain::Signal::user_message(
+            &agent.id,
+            &agent.session,
+            text,
+            pulse_shared::domain::SignalMeta::default(),
+            self.now(),
+        )
+        .unwrap();
+        pulse_shared::engine::intake::submit(self.store.as_ref(), self.queue.as_ref(), s.clone())
+            .await
+            .unwrap();
+        s
+    }
+
     /// Appends an event of `ty` with `payload` to the agent's log, stamped now.
     pub async fn emit(
         &self,

@@ -229,15 +229,41 @@ fn dollars(sweep: &Phase, run: &Phase, n: usize) -> Vec<(&'static str, f64)> {
     ]
 }
 
-/// Claims and runs the `n` due heartbeats, counting each phase.
-async fn measured_cycles(
-    backend: &Connected,
-    worker: &Worker,
-    receive: &SqsQueue,
-    counter: &aws::RequestCounter,
-    clock: &dyn Clock,
+/// What the AWS run measures with: the engine on counted clients, and a queue reader
+/// of its own.
+struct Rig {
+    backend: Connected,
+    worker: Worker,
+    receive: SqsQueue,
+    counter: aws::RequestCounter,
+    clock: Arc<dyn Clock>,
     n: usize,
-) -> Result<(Phase, Phase, usize), Failure> {
+}
+
+impl Rig {
+    /// Claims and runs the `n` due heartbeats, counting each phase, and reports them
+    /// under `title` (given how many jobs ran).
+    async fn phase(
+        &self,
+        out: &Out,
+        title: impl Fn(usize) -> String,
+    ) -> Result<serde_json::Value, Failure> {
+        let (sweep, run, ran) = measured_cycles(self).await?;
+        Ok(report(out, &title(ran), &sweep, &run, self.n))
+    }
+}
+
+/// Claims and runs the rig's `n` due heartbeats, counting each phase.
+async fn measured_cycles(rig: &Rig) -> Result<(Phase, Phase, usize), Failure> {
+    let Rig {
+        backend,
+        worker,
+        receive,
+        counter,
+        clock,
+        n,
+    } = rig;
+    let (clock, n) = (clock.as_ref(), *n);
     counter.reset();
     let seconds = timed_sweep(backend, clock, n).await?;
     let sweep = Phase {
@@ -324,8 +350,14 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
         aws_requests: Some(counted.counter.clone()),
     };
     // As deployed: the heartbeat agent on (the offline model), the registry cached.
-    let worker = backend.worker(clock.clone(), &settings(n), &offline_services());
-    let receive = SqsQueue::new(setup.sqs.clone(), &url);
+    let rig = Rig {
+        worker: backend.worker(clock.clone(), &settings(n), &offline_services()),
+        backend,
+        receive: SqsQueue::new(setup.sqs.clone(), &url),
+        counter: counted.counter.clone(),
+        clock: clock.clone(),
+        n,
+    };
     figure!(
         out,
         "AWS backend on {endpoint}, {n} heartbeats a phase, the heartbeat agent on (offline model):"
@@ -333,16 +365,7 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
 
     // Idle: nothing arrived since the last heartbeat.
     setup_store.import_agents(&fleet(n, clock.as_ref())).await?;
-    let (sweep, run, ran) = measured_cycles(
-        &backend,
-        &worker,
-        &receive,
-        &counted.counter,
-        clock.as_ref(),
-        n,
-    )
-    .await?;
-    let idle = report(out, &format!("idle ({ran} run)"), &sweep, &run, n);
+    let idle = rig.phase(out, |ran| format!("idle ({ran} run)")).await?;
 
     // Busy: one new event in each agent's window, so the heartbeat agent thinks.
     let busy_fleet = fleet(n, clock.as_ref());
@@ -356,22 +379,11 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
     // Windows end the settle time before their claim.
     let settle = EngineSettings::default().event_settle.unsigned_abs();
     tokio::time::sleep(settle + Duration::from_millis(500)).await;
-    let (sweep, run, ran) = measured_cycles(
-        &backend,
-        &worker,
-        &receive,
-        &counted.counter,
-        clock.as_ref(),
-        n,
-    )
-    .await?;
-    let busy = report(
-        out,
-        &format!("one new event each ({ran} jobs run, thoughts included)"),
-        &sweep,
-        &run,
-        n,
-    );
+    let busy = rig
+        .phase(out, |ran| {
+            format!("one new event each ({ran} jobs run, thoughts included)")
+        })
+        .await?;
     figure!(
         out,
         "  targets: idle <= 1 claim + 1 window read + 1 completion transaction, other requests <= 0.1 each; <= $4 per million idle cycles"

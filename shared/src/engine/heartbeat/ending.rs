@@ -121,24 +121,8 @@ impl HeartbeatRunner {
         let reason = stats.interrupted.clone().unwrap_or_default();
         // The interaction fields stay as claimed: the interruption is counted by the
         // next heartbeat, dated to this beat.
-        let done = ended(
-            &plan,
-            &stats,
-            HeartbeatStatus::Cancelled,
-            now,
-            Some(reason.clone()),
-        );
-        let at = next_run(&plan.agent, now, 0, self.settings.max_backoff);
-        let next = Heartbeat::pending(
-            &plan.agent,
-            done.beat + 1,
-            at,
-            plan.heartbeat.window_start.clone(),
-            plan.heartbeat.last_interaction_beat,
-            plan.heartbeat.interaction_seen_at,
-            plan.heartbeat.consecutive_failures,
-        )
-        .counted(plan.hour);
+        let (done, next, at) = self.cancelled(&plan, &stats, &reason, now);
+        let next = next.counted(plan.hour);
         let outcome = self
             .store
             .finish(&Finish {
@@ -201,24 +185,9 @@ impl HeartbeatRunner {
             })
             .await?;
         }
-        let done = ended(
-            &plan,
-            &Stats::default(),
-            HeartbeatStatus::Cancelled,
-            now,
-            Some(reason.clone()),
-        );
-        // The agent is paused now, so the store schedules the next heartbeat PAUSED.
-        let at = next_run(&plan.agent, now, 0, self.settings.max_backoff);
-        let next = Heartbeat::pending(
-            &plan.agent,
-            done.beat + 1,
-            at,
-            plan.heartbeat.window_start.clone(),
-            plan.heartbeat.last_interaction_beat,
-            plan.heartbeat.interaction_seen_at,
-            plan.heartbeat.consecutive_failures,
-        );
+        // The agent is paused now, so the store schedules the next heartbeat PAUSED,
+        // with a fresh hour.
+        let (done, next, _) = self.cancelled(&plan, &Stats::default(), &reason, now);
         let outcome = self
             .store
             .finish(&Finish {
@@ -235,6 +204,35 @@ impl HeartbeatRunner {
             }
             other => self.not_finished(&id, other),
         })
+    }
+
+    /// The heartbeat ended CANCELLED with `reason`, and the next one, due an interval
+    /// later, which reads the same window again.
+    fn cancelled(
+        &self,
+        plan: &Plan,
+        stats: &Stats,
+        reason: &str,
+        now: Timestamp,
+    ) -> (Heartbeat, Heartbeat, Timestamp) {
+        let done = ended(
+            plan,
+            stats,
+            HeartbeatStatus::Cancelled,
+            now,
+            Some(reason.to_owned()),
+        );
+        let at = next_run(&plan.agent, now, 0, self.settings.max_backoff);
+        let next = Heartbeat::pending(
+            &plan.agent,
+            done.beat + 1,
+            at,
+            plan.heartbeat.window_start.clone(),
+            plan.heartbeat.last_interaction_beat,
+            plan.heartbeat.interaction_seen_at,
+            plan.heartbeat.consecutive_failures,
+        );
+        (done, next, at)
     }
 
     pub(super) async fn fail(
