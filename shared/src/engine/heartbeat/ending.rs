@@ -170,16 +170,22 @@ impl HeartbeatRunner {
             payload.clone(),
             now,
         );
-        match self
+        let paused = match self
             .store
             .set_paused(&plan.agent.id, Some(now), &event)
             .await
         {
-            Ok(_) => {}
+            Ok(paused) => paused,
             Err(StoreError::NotFound(_)) => return self.cancel(&plan.heartbeat).await,
             Err(e) => return Err(e.into()),
-        }
-        for hook_type in [HookType::BREAKER_TRIPPED, HookType::AGENT_PAUSED] {
+        };
+        // Paused already (by its operator meanwhile): no event was written, no hooks.
+        let hook_types = if paused {
+            [HookType::BREAKER_TRIPPED, HookType::AGENT_PAUSED].as_slice()
+        } else {
+            &[]
+        };
+        for hook_type in hook_types {
             self.emit(&plan, HookType::of(hook_type), None, "BREAKER", || {
                 payload.clone()
             })
