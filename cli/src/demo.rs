@@ -395,7 +395,7 @@ impl Demo {
                 e.payload
             );
         }
-        let actions = store.list_actions(&agent.id, 20).await?;
+        let actions = pulse_shared::engine::actions::recent(store.as_ref(), &agent.id, 20).await?;
         for a in actions.iter().rev() {
             outln!(
                 "action {} {} {} (for event {})",

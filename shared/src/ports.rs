@@ -93,8 +93,8 @@ pub trait AgentStore: Send + Sync {
     /// Pauses (`paused_at` set) or resumes (`None`) an agent and appends `event` to its
     /// log, atomically. False, with nothing written, when it already was so; `NotFound`
     /// if the agent is gone. The pending heartbeat is moved by
-    /// [`HeartbeatStore::reschedule`]; a heartbeat finishing later schedules its next one
-    /// PAUSED while the agent is paused (see [`HeartbeatStore::finish`]).
+    /// [`HeartbeatStore::reschedule`], a running one marked with
+    /// [`Reschedule::Running`], so its finish schedules the next one PAUSED.
     async fn set_paused(
         &self,
         id: &AgentId,
@@ -198,10 +198,6 @@ pub struct Finish {
     pub next: Option<Heartbeat>,
     /// The heartbeat's own HEARTBEAT event.
     pub heartbeat_event: Option<Event>,
-    /// Actions written with the finish unless one with the same id is stored (which is
-    /// kept): the heartbeat agent's SKIPPED run, so an idle beat makes no write of its
-    /// own for it.
-    pub actions: Vec<Action>,
 }
 
 /// How [`HeartbeatStore::reschedule`] moves a heartbeat.
@@ -213,6 +209,13 @@ pub enum Reschedule {
     Pause,
     /// A PAUSED heartbeat becomes PENDING, due at this time.
     Resume(Timestamp),
+    /// An EXECUTING heartbeat stays so; its agent was paused (`true`) or resumed while
+    /// it ran, so its finish files the next one PAUSED or PENDING. (SQLite's finish reads
+    /// the agent's state itself: there it only checks the heartbeat still runs.)
+    Running {
+        /// Whether the next heartbeat is filed PAUSED.
+        pause_next: bool,
+    },
 }
 
 /// What became of a finish.
@@ -273,8 +276,11 @@ pub trait HeartbeatStore: Send + Sync {
     }
     /// Finishes a heartbeat, schedules the next one and writes the HEARTBEAT event, in one
     /// atomic write conditional on the heartbeat still being EXECUTING under this claim.
-    /// The next heartbeat is written PAUSED if the agent is paused at that moment, and
-    /// not at all if the agent no longer exists.
+    /// The next heartbeat is written PAUSED if the agent was paused while it ran (the
+    /// pause marked it: [`Reschedule::Running`]; SQLite reads the agent's record in the
+    /// same transaction). A finish of a heartbeat deleted with its agent is `Gone`; one
+    /// racing a delete half-way may leave a next heartbeat, which is cancelled when it
+    /// is claimed and finds no agent.
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
     /// Moves a heartbeat that is not running: see [`Reschedule`]. Returns the record as
     /// written, or `None` when it was not in the state the move applies to (claimed

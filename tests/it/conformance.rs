@@ -346,7 +346,6 @@ async fn not_due(kind: Kind) {
             heartbeat: done,
             next: Some(next.clone()),
             heartbeat_event: None,
-            actions: Vec::new(),
         })
         .await
         .unwrap();
@@ -423,7 +422,6 @@ async fn finish(kind: Kind) {
                 0,
             )),
             heartbeat_event: Some(hb_event.clone()),
-            actions: Vec::new(),
         }
     };
 

@@ -248,8 +248,11 @@ async fn store_ports(kind: Kind) {
     b.advance(SignedDuration::from_mins(2));
     assert!(all_due(b).await.contains(&first));
 
-    // A heartbeat that finishes while its agent is paused files its successor PAUSED.
+    // A heartbeat that finishes while its agent is paused (and it marked so) files its
+    // successor PAUSED.
     let claimed = b.store.claim(&first, &claim_req(b)).await.unwrap().unwrap();
+    let mark = Reschedule::Running { pause_next: true };
+    assert!(b.store.reschedule(&first, mark).await.unwrap().is_some());
     let mut done = claimed.clone();
     done.status = HeartbeatStatus::Completed;
     done.completed_at = Some(b.now());
@@ -266,7 +269,6 @@ async fn store_ports(kind: Kind) {
         heartbeat: done,
         next: Some(next),
         heartbeat_event: None,
-        actions: Vec::new(),
     };
     assert_eq!(
         b.store.finish(&finish).await.unwrap(),
@@ -279,6 +281,10 @@ async fn store_ports(kind: Kind) {
         .unwrap()
         .unwrap();
     assert_eq!(second.status, HeartbeatStatus::Paused);
+    assert!(
+        b.store.reschedule(&first, mark).await.unwrap().is_none(),
+        "only a running heartbeat is marked"
+    );
     assert!(!all_due(b).await.contains(&second.id()));
 
     // Once the agent is deleted, a late finish of its heartbeat is Gone.
@@ -303,7 +309,6 @@ async fn store_ports(kind: Kind) {
         heartbeat: done,
         next: None,
         heartbeat_event: None,
-        actions: Vec::new(),
     };
     assert_eq!(b.store.finish(&finish).await.unwrap(), FinishOutcome::Gone);
     assert!(
@@ -476,6 +481,49 @@ async fn pause_while_running(kind: Kind) {
             .unwrap();
     assert_eq!(first.status, HeartbeatStatus::Completed, "it finished");
     assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Paused);
+    w.b.advance(SignedDuration::from_mins(30));
+    assert_eq!(w.beat().await, 0);
+}
+
+on_both_backends!(
+    a_pause_and_resume_during_a_run_leave_the_next_pending_and_a_raced_one_is_parked,
+    pause_races
+);
+async fn pause_races(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("10m", "72").await;
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    // Paused and resumed while it ran: its finish files the next one PENDING.
+    assert!(matches!(
+        w.ops.pause(&agent.id).await.unwrap(),
+        Toggled::Done { running: true, .. }
+    ));
+    w.b.advance(SignedDuration::from_secs(1));
+    assert!(matches!(
+        w.ops.resume(&agent.id).await.unwrap(),
+        Toggled::Done { running: true, .. }
+    ));
+    w.b.drain(&w.worker).await;
+    let next = w.latest(&agent).await;
+    assert_eq!((next.beat, next.status), (2, HeartbeatStatus::Pending));
+
+    // A next heartbeat left PENDING by a finish that raced a pause (the agent paused at
+    // the store alone here) is parked when claimed, not run.
+    w.b.advance(SignedDuration::from_secs(1));
+    let paused = marker(&agent, &w.b, "AGENT_PAUSED");
+    assert!(
+        w.b.store
+            .set_paused(&agent.id, Some(w.b.now()), &paused)
+            .await
+            .unwrap()
+    );
+    w.b.advance(SignedDuration::from_mins(10));
+    let calls = w.llm.requests().len();
+    assert_eq!(w.beat().await, 1, "claimed");
+    let parked = w.latest(&agent).await;
+    assert_eq!((parked.beat, parked.status), (2, HeartbeatStatus::Paused));
+    assert_eq!(w.llm.requests().len(), calls, "and not run");
     w.b.advance(SignedDuration::from_mins(30));
     assert_eq!(w.beat().await, 0);
 }

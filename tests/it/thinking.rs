@@ -68,7 +68,10 @@ async fn idle(kind: Kind) {
         w.beat().await;
     }
     assert_eq!(w.calls(), 0, "ten idle beats, no model call");
-    let actions = w.b.store.list_actions(&agent.id, 100).await.unwrap();
+    // Skips without a call are kept on the heartbeats; listed as actions all the same.
+    let actions = pulse_shared::engine::actions::recent(w.b.store.as_ref(), &agent.id, 100)
+        .await
+        .unwrap();
     let agent_runs: Vec<_> = actions
         .iter()
         .filter(|a| a.tool.as_str() == "heartbeat-agent")
@@ -92,6 +95,40 @@ async fn idle(kind: Kind) {
             .all(|h| h.actions_failed == 0),
         "a skip is not a failure"
     );
+    // The skip is found by id, listed by time and shown in its heartbeat's trace; an
+    // idle beat stores no action record and no HEARTBEAT event of its own.
+    use pulse_shared::engine::actions;
+    let store = w.b.store.as_ref();
+    assert!(store.list_actions(&agent.id, 100).await.unwrap().is_empty());
+    assert!(
+        store
+            .list_events(&agent.id, 100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|e| e.event_type.as_str() != "HEARTBEAT")
+    );
+    let first = agent_runs.last().unwrap();
+    assert_eq!(
+        actions::find(store, &agent.id, &first.id)
+            .await
+            .unwrap()
+            .as_ref(),
+        Some(*first)
+    );
+    let since = pulse_shared::domain::EventCursor::origin();
+    let through = pulse_shared::domain::EventCursor::through(w.b.now());
+    let all = actions::between(store, &agent.id, &since, &through, 100)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 10);
+    assert_eq!(all[0].id, first.id, "event order: the first beat's first");
+    let done = hbs.iter().find(|h| h.beat == 1).unwrap().clone();
+    let traced = pulse_shared::engine::trace(store, done, w.b.now())
+        .await
+        .unwrap();
+    assert_eq!(traced.actions.len(), 1);
+    assert_eq!(traced.actions[0].status, ActionStatus::Skipped);
 
     // Something arrives: that beat thinks, the next does not.
     w.b.emit(&agent, "NOTE", json!({"text": "the build broke"}))

@@ -130,7 +130,8 @@ async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transa
         Some((n + hooked) as u64 + 1),
         "{run:?}"
     );
-    // The completion carries the heartbeat agent's SKIPPED action: no write of its own.
+    // The heartbeat agent's SKIPPED run rides on the finished heartbeat: no write of its
+    // own, and no HEARTBEAT event.
     assert_eq!(
         per(&run, "DynamoDB.TransactWriteItems"),
         1.0,
@@ -138,7 +139,9 @@ async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transa
     );
     assert_eq!(run.len(), 2, "nothing else: {run:?}");
     let (agent, _) = &fleet[n - 1];
-    let actions = b.store.list_actions(&agent.id, 10).await.unwrap();
+    let actions = pulse_shared::engine::actions::recent(b.store.as_ref(), &agent.id, 10)
+        .await
+        .unwrap();
     assert_eq!(actions.len(), 1, "{actions:?}");
     assert_eq!(
         (actions[0].tool.as_str(), actions[0].status),

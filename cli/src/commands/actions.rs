@@ -2,6 +2,7 @@
 
 use clap::Subcommand;
 use pulse_shared::domain::{Action, ActionId, ActionStatus, AgentId, EventCursor, ToolName};
+use pulse_shared::engine::actions;
 
 use super::events::Since;
 use super::{Ctx, agent_id, input, limit, require_agent};
@@ -128,7 +129,8 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
         }
         ActionsPlan::Show { agent, id } => {
             require_agent(cx.b, &agent).await?;
-            let action = cx.b.store.get_action(&agent, &id).await?.ok_or_else(|| {
+            let found = actions::find(cx.b.store.as_ref(), &agent, &id).await?;
+            let action = found.ok_or_else(|| {
                 Failure::Input(format!(
                     "action {id} not found for agent {agent}; `pulse actions list --agent {agent}` shows its actions"
                 ))
@@ -147,20 +149,20 @@ async fn list(cx: &Ctx<'_>, l: &Listing) -> Result<Vec<Action>, Failure> {
     let mut actions = match &l.since {
         Some(since) => {
             let now = cx.clock.now();
-            let mut a = store
-                .actions_between(
-                    &l.agent,
-                    &since.cursor(now),
-                    &EventCursor::through(now),
-                    10_000,
-                )
-                .await?;
+            let mut a = actions::between(
+                store.as_ref(),
+                &l.agent,
+                &since.cursor(now),
+                &EventCursor::through(now),
+                10_000,
+            )
+            .await?;
             a.reverse();
             a
         }
         None => {
             let n = if filtered { FILTER_WINDOW } else { l.limit };
-            store.list_actions(&l.agent, n).await?
+            actions::recent(store.as_ref(), &l.agent, n).await?
         }
     };
     actions.retain(|a| l.matches(a));

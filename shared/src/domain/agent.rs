@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use super::chat::ProviderKind;
 use super::event::EventCursor;
-use super::ids::{AgentId, HeartbeatId, SessionId};
+use super::ids::{ActionId, AgentId, EventId, HeartbeatId, SessionId, ToolName};
 use super::time::{ActiveHours, Interval, TimeZoneName};
+use super::tool::{Action, ActionStatus, HEARTBEAT_AGENT};
 use crate::error::ValidationError;
 
 /// An autonomous agent: who it is, and when it wakes.
@@ -646,6 +647,12 @@ pub struct Heartbeat {
     /// Heartbeats started in the hour from `hour_from`, before this one.
     #[serde(default)]
     pub beats_in_hour: u32,
+    /// Why its heartbeat agent was not called (its think policy found nothing to think
+    /// about): that SKIPPED action is kept here, on the record the finish writes anyway,
+    /// rather than as an action and a HEARTBEAT event of its own.
+    /// [`Heartbeat::skipped_action`] gives it back as an action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 impl Heartbeat {
@@ -682,7 +689,47 @@ impl Heartbeat {
             error: None,
             hour_from: None,
             beats_in_hour: 0,
+            skipped: None,
         }
+    }
+
+    /// The id of its HEARTBEAT event, derived from the heartbeat and when it started.
+    pub fn heartbeat_event_id(&self, started_at: Timestamp) -> EventId {
+        EventId::derived(
+            started_at.as_millisecond().max(0) as u64,
+            &["heartbeat", &self.id().to_string()],
+        )
+    }
+
+    /// The heartbeat agent's SKIPPED action when it was not called ([`Heartbeat::skipped`]),
+    /// as it would have been recorded.
+    pub fn skipped_action(&self) -> Option<Action> {
+        let why = self.skipped.clone()?;
+        let started = self.started_at?;
+        let at = self.completed_at.unwrap_or(started);
+        let event_id = self.heartbeat_event_id(started);
+        let tool = ToolName::parse(HEARTBEAT_AGENT).ok()?;
+        Some(Action {
+            id: ActionId::for_event(&event_id, &tool),
+            agent_id: self.agent_id.clone(),
+            heartbeat_id: self.id(),
+            event_id,
+            tool,
+            status: ActionStatus::Skipped,
+            attempt: 1,
+            depth: 0,
+            // The tool was not called: there was no request.
+            request: serde_json::Value::Null,
+            response: Some(serde_json::json!({
+                "output": {"skipped": why},
+                "usage": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0},
+            })),
+            error: Some(why),
+            started_at: at,
+            completed_at: Some(at),
+            duration_ms: Some(0),
+            new_events: Vec::new(),
+        })
     }
 
     /// The breaker's count for this heartbeat started at `started`: the hour it falls

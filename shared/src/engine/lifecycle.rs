@@ -23,6 +23,10 @@ use crate::domain::{
 use crate::error::{StoreError, ValidationError, chain};
 use crate::ports::{Clock, Footprint, Reschedule, Store};
 
+/// How many times a pause or resume looks again at a heartbeat that moved on meanwhile
+/// (claimed, or finished) before it settles.
+const MOVES: usize = 4;
+
 /// Why a lifecycle operation did nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -179,18 +183,21 @@ impl Lifecycle {
         {
             return Ok(Toggled::Already);
         }
-        let latest = self.latest(id).await?;
+        // The pending heartbeat is parked; a running one is marked, so its finish files
+        // the next one PAUSED. Either may have moved on meanwhile: look again.
         let mut running = false;
-        if let Some(hb) = &latest {
-            match hb.status {
-                HeartbeatStatus::Pending => {
-                    self.store
-                        .reschedule(&hb.id(), Reschedule::Pause)
-                        .await
-                        .map_err(LifecycleError::Store)?;
-                }
-                HeartbeatStatus::Executing => running = true,
-                _ => {}
+        for _ in 0..MOVES {
+            let Some(hb) = self.latest(id).await? else {
+                break;
+            };
+            let to = match hb.status {
+                HeartbeatStatus::Pending => Reschedule::Pause,
+                HeartbeatStatus::Executing => Reschedule::Running { pause_next: true },
+                _ => break,
+            };
+            if self.moved(&hb, to).await? {
+                running = hb.status == HeartbeatStatus::Executing;
+                break;
             }
         }
         info!(agent_id = %id, running, "agent paused");
@@ -216,21 +223,19 @@ impl Lifecycle {
             return Ok(Toggled::Already);
         }
         let mut running = false;
-        if let Some(hb) = self.latest(id).await? {
-            let to = match hb.status {
-                HeartbeatStatus::Paused => Some(Reschedule::Resume(at)),
-                HeartbeatStatus::Pending => Some(Reschedule::Due(at)),
-                HeartbeatStatus::Executing => {
-                    running = true;
-                    None
-                }
-                _ => None,
+        for _ in 0..MOVES {
+            let Some(hb) = self.latest(id).await? else {
+                break;
             };
-            if let Some(to) = to {
-                self.store
-                    .reschedule(&hb.id(), to)
-                    .await
-                    .map_err(LifecycleError::Store)?;
+            let to = match hb.status {
+                HeartbeatStatus::Paused => Reschedule::Resume(at),
+                HeartbeatStatus::Pending => Reschedule::Due(at),
+                HeartbeatStatus::Executing => Reschedule::Running { pause_next: false },
+                _ => break,
+            };
+            if self.moved(&hb, to).await? {
+                running = hb.status == HeartbeatStatus::Executing;
+                break;
             }
         }
         info!(agent_id = %id, next_at = %at, "agent resumed");
@@ -239,6 +244,16 @@ impl Lifecycle {
             next_heartbeat_at: Some(at),
             running,
         })
+    }
+
+    /// Moves `hb` as `to` says; false when it was no longer in the state the move is from.
+    async fn moved(&self, hb: &Heartbeat, to: Reschedule) -> Result<bool, LifecycleError> {
+        Ok(self
+            .store
+            .reschedule(&hb.id(), to)
+            .await
+            .map_err(LifecycleError::Store)?
+            .is_some())
     }
 
     /// What deleting the agent would remove (`apply` false), or removes it (`apply`

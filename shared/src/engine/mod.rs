@@ -13,6 +13,7 @@
 //! - [`HookEmitter`] enqueues hook deliveries at the lifecycle points; [`Dispatcher`]
 //!   delivers them, one attempt per message, retrying by re-enqueueing with a delay.
 
+pub mod actions;
 pub mod budget;
 mod conversation;
 mod heartbeat;

@@ -59,7 +59,7 @@ pub async fn trace(
         None => Vec::new(),
     };
     let end = heartbeat.completed_at.unwrap_or(now);
-    let actions = store
+    let mut actions: Vec<_> = store
         .actions_between(
             &agent,
             &heartbeat.window_start,
@@ -70,6 +70,8 @@ pub async fn trace(
         .into_iter()
         .filter(|a| a.heartbeat_id == id)
         .collect();
+    // An idle beat's heartbeat agent skip is kept on the heartbeat itself.
+    actions.extend(heartbeat.skipped_action());
     let created = match heartbeat.started_at {
         Some(started) => {
             let query = EventQuery {

@@ -150,7 +150,8 @@ pub(crate) async fn actions(
 ) -> Result<Markup, Problem> {
     let agent = agent_of(&d, &id).await?;
     let now = d.0.clock.now();
-    let actions = d.0.store.list_actions(&agent.id, ROWS).await?;
+    let actions =
+        pulse_shared::engine::actions::recent(d.0.store.as_ref(), &agent.id, ROWS).await?;
     let url = format!("/ui/agents/{}/actions?partial=1", agent.id);
     let part = live_part(
         "actions",

@@ -130,6 +130,8 @@ pub(super) struct HeartbeatItem {
     #[serde(default)]
     beats_in_hour: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    skipped: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_at: Option<i64>,
@@ -163,6 +165,7 @@ impl HeartbeatItem {
             error: hb.error.clone(),
             hour_from: hb.hour_from.map(to_ms),
             beats_in_hour: hb.beats_in_hour,
+            skipped: hb.skipped.clone(),
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -195,6 +198,7 @@ impl HeartbeatItem {
             error: self.error,
             hour_from: self.hour_from.map(from_ms),
             beats_in_hour: self.beats_in_hour,
+            skipped: self.skipped,
         })
     }
 }

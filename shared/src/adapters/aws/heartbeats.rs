@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{ConditionCheck, ReturnValue, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{ReturnValue, TransactWriteItem, Update};
 use jiff::Timestamp;
 
 use super::DynamoStore;
@@ -11,36 +11,11 @@ use super::codec::*;
 use super::keys::*;
 use crate::domain::{AgentId, ClaimRequest, Heartbeat, HeartbeatId, HeartbeatStatus, to_ms};
 use crate::error::StoreError;
-use crate::ports::{
-    AgentStore, DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Reschedule,
-};
+use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Reschedule};
 
-/// What a finish expects of the agent's record when it schedules the next heartbeat.
-#[derive(Clone, Copy)]
-enum AgentState {
-    Active,
-    Paused,
-}
-
-impl DynamoStore {
-    fn agent_check(
-        &self,
-        agent: &AgentId,
-        expect: AgentState,
-    ) -> Result<TransactWriteItem, StoreError> {
-        let condition = match expect {
-            AgentState::Active => "attribute_exists(pk) AND attribute_not_exists(paused_at)",
-            AgentState::Paused => "attribute_exists(paused_at)",
-        };
-        let check = ConditionCheck::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(agent_pk(agent), AGENT_SK)))
-            .condition_expression(condition)
-            .build()
-            .map_err(backend("build transaction"))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
-    }
-}
+/// On a running heartbeat: its agent was paused while it ran, so its finish files the
+/// next one PAUSED.
+const PAUSE_NEXT: &str = "pause_next";
 
 #[async_trait]
 impl HeartbeatStore for DynamoStore {
@@ -141,6 +116,9 @@ impl HeartbeatStore for DynamoStore {
         }
     }
 
+    /// One transaction: the finished record, the next heartbeat and the HEARTBEAT event.
+    /// No check of the agent's record: a pause marks the running
+    /// heartbeat instead (and a delete removes it, which fails the finish).
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError> {
         let hb = &finish.heartbeat;
         let mut set = vec![
@@ -152,7 +130,7 @@ impl HeartbeatStore for DynamoStore {
             "actions_failed = :af",
             "cascade_capped = :cc",
         ];
-        let mut remove = vec!["due_shard", "due_at"];
+        let mut remove = vec!["due_shard", "due_at", PAUSE_NEXT];
         let mut values: Item = HashMap::from([
             (":status".to_owned(), s(hb.status.as_str())),
             (":executing".to_owned(), s("EXECUTING")),
@@ -181,6 +159,12 @@ impl HeartbeatStore for DynamoStore {
                 hb.since_last.map(n),
             ),
             ("#error = :err", "#error", ":err", hb.error.clone().map(s)),
+            (
+                "skipped = :skip",
+                "skipped",
+                ":skip",
+                hb.skipped.clone().map(s),
+            ),
         ];
         for (assign, attr, placeholder, value) in optional {
             match value {
@@ -199,31 +183,42 @@ impl HeartbeatStore for DynamoStore {
                 set.join(", "),
                 remove.join(", ")
             ))
-            .condition_expression("#status = :executing AND #claim = :claim")
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#claim", "claim")
             .expression_attribute_names("#error", "error")
-            .set_expression_attribute_values(Some(values))
-            .build()
-            .map_err(backend("build transaction"))?;
-        // The agent's state decides how the next heartbeat is filed: a ConditionCheck on
-        // its record makes the choice atomic with the finish; when the guess was wrong,
-        // the finish is made again with the other choice (a pause or delete racing it).
+            .set_expression_attribute_values(Some(values));
+        // How the next heartbeat is filed follows the mark a pause or resume left on this
+        // one while it ran (`Reschedule::Running`): the finish's own condition checks it,
+        // so the choice is atomic with the finish at no extra item, and a wrong guess is
+        // made again with the other choice.
         let mut next = finish.next.clone();
-        let mut expect = AgentState::Active;
-        let mut actions = finish.actions.clone();
+        let mut paused = next
+            .as_ref()
+            .is_some_and(|n| n.status == HeartbeatStatus::Paused);
         for _ in 0..4 {
-            let mut items = vec![TransactWriteItem::builder().update(update.clone()).build()];
-            if let Some(next) = &next {
-                items.push(self.agent_check(&hb.agent_id, expect)?);
+            let mark = if paused {
+                "attribute_exists(pause_next)"
+            } else {
+                "attribute_not_exists(pause_next)"
+            };
+            let update = update
+                .clone()
+                .condition_expression(format!(
+                    "#status = :executing AND #claim = :claim AND {mark}"
+                ))
+                .build()
+                .map_err(backend("build transaction"))?;
+            let mut items = vec![TransactWriteItem::builder().update(update).build()];
+            if let Some(next) = &mut next {
+                next.status = if paused {
+                    HeartbeatStatus::Paused
+                } else {
+                    HeartbeatStatus::Pending
+                };
                 items.push(self.put(heartbeat_item(next)?, Some("attribute_not_exists(pk)"))?);
             }
             if let Some(e) = &finish.heartbeat_event {
                 items.push(self.put(event_item(e), None)?);
-            }
-            let first_action = items.len();
-            for a in &actions {
-                items.push(self.put(action_item(a), Some("attribute_not_exists(pk)"))?);
             }
             // No client request token: a retry of a finish that went through fails its
             // condition, and the record read back tells AlreadyFinished from Superseded.
@@ -234,9 +229,19 @@ impl HeartbeatStore for DynamoStore {
                 Err(reasons) => reasons,
             };
             if is_ccf(reasons.first()) {
-                let Some(current) = self.get_heartbeat(&hb.id()).await? else {
+                let key = key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat));
+                let Some(item) = self.get("read heartbeat", key).await? else {
                     return Ok(FinishOutcome::Gone);
                 };
+                let marked = item.contains_key(PAUSE_NEXT);
+                let current = read_heartbeat(item)?;
+                if current.claim == hb.claim
+                    && current.status == HeartbeatStatus::Executing
+                    && marked != paused
+                {
+                    paused = marked;
+                    continue;
+                }
                 return Ok(if current.claim == hb.claim && current.status.is_final() {
                     FinishOutcome::AlreadyFinished
                 } else {
@@ -245,32 +250,6 @@ impl HeartbeatStore for DynamoStore {
                         status: current.status,
                     }
                 });
-            }
-            if reasons.iter().skip(first_action).any(|r| is_ccf(Some(r))) {
-                // An action with that id is stored (a run before this one recorded it):
-                // it is kept, and the finish is made without these.
-                actions.clear();
-                continue;
-            }
-            if next.is_some() && is_ccf(reasons.get(1)) {
-                match self.get_agent(&hb.agent_id).await? {
-                    None => next = None,
-                    Some(agent) => {
-                        expect = if agent.is_paused() {
-                            AgentState::Paused
-                        } else {
-                            AgentState::Active
-                        };
-                        if let Some(next) = &mut next {
-                            next.status = if agent.is_paused() {
-                                HeartbeatStatus::Paused
-                            } else {
-                                HeartbeatStatus::Pending
-                            };
-                        }
-                    }
-                }
-                continue;
             }
             return Err(StoreError::backend(
                 "dynamodb",
@@ -302,6 +281,20 @@ impl HeartbeatStore for DynamoStore {
                 "PENDING",
                 req.update_expression("SET #status = :paused REMOVE due_shard, due_at")
                     .expression_attribute_values(":paused", s("PAUSED")),
+            ),
+            Reschedule::Running { pause_next: true } => (
+                "EXECUTING",
+                req.update_expression("SET #mark = :t")
+                    .expression_attribute_names("#mark", PAUSE_NEXT)
+                    .expression_attribute_values(
+                        ":t",
+                        aws_sdk_dynamodb::types::AttributeValue::Bool(true),
+                    ),
+            ),
+            Reschedule::Running { pause_next: false } => (
+                "EXECUTING",
+                req.update_expression("REMOVE #mark")
+                    .expression_attribute_names("#mark", PAUSE_NEXT),
             ),
             Reschedule::Due(at) | Reschedule::Resume(at) => (
                 if matches!(to, Reschedule::Due(_)) {

@@ -10,31 +10,6 @@ use crate::domain::{Action, ActionId, AgentId, Event, EventCursor};
 use crate::error::StoreError;
 use crate::ports::ActionLog;
 
-/// Inserts `action`; `conflict` says what happens when its id is stored. Returns the rows
-/// written.
-pub(super) fn insert_action(
-    conn: &rusqlite::Connection,
-    action: &Action,
-    conflict: &str,
-) -> Result<usize, StoreError> {
-    conn.execute(
-        &format!(
-            "INSERT INTO actions (id, agent_id, event_id, tool, status, attempt, doc) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) {conflict}"
-        ),
-        params![
-            action.id.as_str(),
-            action.agent_id.as_str(),
-            action.event_id.as_str(),
-            action.tool.as_str(),
-            action.status.as_str(),
-            action.attempt,
-            to_doc(action)
-        ],
-    )
-    .map_err(sqlite_err("insert action"))
-}
-
 #[async_trait]
 impl ActionLog for SqliteStore {
     async fn start_action(&self, action: &Action) -> Result<Option<Action>, StoreError> {
@@ -45,7 +20,21 @@ impl ActionLog for SqliteStore {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sqlite_err(op))?;
-                let n = insert_action(&tx, &action, "ON CONFLICT (id) DO NOTHING")?;
+                let n = tx
+                    .execute(
+                        "INSERT INTO actions (id, agent_id, event_id, tool, status, attempt, doc) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
+                        params![
+                            action.id.as_str(),
+                            action.agent_id.as_str(),
+                            action.event_id.as_str(),
+                            action.tool.as_str(),
+                            action.status.as_str(),
+                            action.attempt,
+                            to_doc(&action)
+                        ],
+                    )
+                    .map_err(sqlite_err(op))?;
                 let existing = if n == 0 {
                     read_docs(
                         &tx,

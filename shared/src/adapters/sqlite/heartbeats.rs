@@ -5,7 +5,6 @@ use async_trait::async_trait;
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::actions::insert_action;
 use super::events::upsert_event;
 use super::{SqliteStore, sqlite_err};
 use crate::domain::{
@@ -18,7 +17,7 @@ use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Re
 pub(super) const HB_COLS: &str = "agent_id, beat, session, status, scheduled_ms, claim, lease_ms, started_ms, \
     completed_ms, window_start, window_end, last_interaction_beat, interaction_seen_ms, since_last, \
     consecutive_failures, events_processed, actions_triggered, actions_failed, cascade_capped, error, \
-    hour_from_ms, beats_in_hour";
+    hour_from_ms, beats_in_hour, skipped";
 
 pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, StoreError>> {
     let agent: String = r.get(0)?;
@@ -70,6 +69,7 @@ pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, S
         error: r.get(19)?,
         hour_from: ts(20)?,
         beats_in_hour: n(21)?,
+        skipped: r.get(22)?,
     }))
 }
 
@@ -77,7 +77,7 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
     conn.execute(
         &format!(
             "INSERT INTO heartbeats ({HB_COLS}, due_ms) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
         ),
         params![
             hb.agent_id.as_str(),
@@ -102,6 +102,7 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
             hb.error,
             hb.hour_from.map(to_ms),
             hb.beats_in_hour,
+            hb.skipped,
             hb.due_at().map(to_ms),
         ],
     )
@@ -274,7 +275,7 @@ impl HeartbeatStore for SqliteStore {
                 tx.execute(
                     "UPDATE heartbeats SET status = ?3, completed_ms = ?4, last_interaction_beat = ?5, \
                          interaction_seen_ms = ?6, since_last = ?7, events_processed = ?8, actions_triggered = ?9, \
-                         actions_failed = ?10, cascade_capped = ?11, error = ?12, due_ms = NULL \
+                         actions_failed = ?10, cascade_capped = ?11, error = ?12, skipped = ?13, due_ms = NULL \
                      WHERE agent_id = ?1 AND beat = ?2",
                     params![
                         hb.agent_id.as_str(),
@@ -289,6 +290,7 @@ impl HeartbeatStore for SqliteStore {
                         hb.actions_failed,
                         hb.cascade_capped,
                         hb.error,
+                        hb.skipped,
                     ],
                 )
                 .map_err(&op)?;
@@ -315,9 +317,6 @@ impl HeartbeatStore for SqliteStore {
                 if let Some(e) = &finish.heartbeat_event {
                     upsert_event(&tx, e)?;
                 }
-                for a in &finish.actions {
-                    insert_action(&tx, a, "ON CONFLICT (id) DO NOTHING")?;
-                }
                 tx.commit().map_err(&op)?;
                 Ok(FinishOutcome::Finished)
             })
@@ -333,13 +332,17 @@ impl HeartbeatStore for SqliteStore {
         self.db
             .call("reschedule heartbeat", move |conn| {
                 let (set, from, at) = match to {
+                    // The finish reads the agent's state in its own transaction: only
+                    // whether it still runs is answered.
+                    Reschedule::Running { .. } => ("status", "EXECUTING", None),
                     Reschedule::Due(at) => ("'PENDING'", "PENDING", Some(to_ms(at))),
                     Reschedule::Pause => ("'PAUSED'", "PENDING", None),
                     Reschedule::Resume(at) => ("'PENDING'", "PAUSED", Some(to_ms(at))),
                 };
                 conn.query_row(
                     &format!(
-                        "UPDATE heartbeats SET status = {set}, scheduled_ms = COALESCE(?4, scheduled_ms), due_ms = ?4 \
+                        "UPDATE heartbeats SET status = {set}, scheduled_ms = COALESCE(?4, scheduled_ms), \
+                             due_ms = CASE WHEN ?3 = 'EXECUTING' THEN due_ms ELSE ?4 END \
                          WHERE agent_id = ?1 AND beat = ?2 AND status = ?3 RETURNING {HB_COLS}"
                     ),
                     params![id.agent().as_str(), id.beat() as i64, from, at],

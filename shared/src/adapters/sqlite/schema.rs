@@ -225,10 +225,12 @@ CREATE TABLE webhook_log_budget (
 ) WITHOUT ROWID;
 "#;
 
-/// Version 6: the breaker's hourly count on heartbeats, and the daily spend ledger.
+/// Version 6: the breaker's hourly count and the heartbeat agent's skip on heartbeats,
+/// and the daily spend ledger.
 const SCHEMA_V6: &str = r#"
 ALTER TABLE heartbeats ADD COLUMN hour_from_ms INTEGER;
 ALTER TABLE heartbeats ADD COLUMN beats_in_hour INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE heartbeats ADD COLUMN skipped TEXT;
 CREATE TABLE spend (
     agent_id  TEXT NOT NULL,
     day       TEXT NOT NULL,

@@ -135,43 +135,26 @@ impl HeartbeatRunner {
         plan.agent_context.thinks(&plan.heartbeat_context).err()
     }
 
-    /// The SKIPPED action of a tool not called, for the finish to record; its hooks are
-    /// emitted as for any action.
+    /// Emits the hooks of the heartbeat agent's SKIPPED action, not called, as for any
+    /// action; the finish records the skip on the heartbeat.
     pub(super) async fn skipped(
         &self,
         plan: &Plan,
         event: &Event,
-        depth: u8,
         tool: &Tool,
-        why: String,
-    ) -> Result<Action, EngineError> {
-        let id = ActionId::for_event(&event.id, &tool.name);
-        let now = self.clock.now();
-        let action = Action {
-            id: id.clone(),
-            agent_id: plan.agent.id.clone(),
-            heartbeat_id: plan.heartbeat.id(),
-            event_id: event.id.clone(),
-            tool: tool.name.clone(),
-            status: ActionStatus::Skipped,
-            attempt: 1,
-            depth,
-            // The tool was not called: there was no request.
-            request: serde_json::Value::Null,
-            response: Some(serde_json::json!({
-                "output": {"skipped": why},
-                "usage": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0},
-            })),
-            error: Some(why),
-            started_at: now,
-            completed_at: Some(now),
-            duration_ms: Some(0),
-            new_events: Vec::new(),
+        why: &str,
+    ) -> Result<(), EngineError> {
+        let mut hb = plan.heartbeat.clone();
+        hb.started_at = Some(plan.heartbeat_context.started_at);
+        hb.completed_at = Some(self.clock.now());
+        hb.skipped = Some(why.to_owned());
+        let Some(action) = hb.skipped_action() else {
+            return Ok(());
         };
-        self.start_hooks(plan, event, tool, &id, 1).await?;
+        self.start_hooks(plan, event, tool, &action.id, 1).await?;
         self.finish_hooks(plan, event, &action, &[]).await?;
-        info!(action_id = %id, reason = action.error.as_deref(), "action skipped without calling the tool");
-        Ok(action)
+        info!(action_id = %action.id, reason = why, "heartbeat agent skipped without being called");
+        Ok(())
     }
 
     /// Records the action as RUNNING, idempotently: a first run starts at attempt 1, a

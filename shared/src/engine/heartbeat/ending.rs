@@ -84,8 +84,7 @@ impl HeartbeatRunner {
             .finish(&Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
-                heartbeat_event: Some(plan.heartbeat_event.clone()),
-                actions: stats.folded.clone(),
+                heartbeat_event: heartbeat_event(&plan, &stats),
             })
             .await?;
         Ok(match outcome {
@@ -128,8 +127,7 @@ impl HeartbeatRunner {
             .finish(&Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
-                heartbeat_event: Some(plan.heartbeat_event.clone()),
-                actions: stats.folded.clone(),
+                heartbeat_event: heartbeat_event(&plan, &stats),
             })
             .await?;
         Ok(match outcome {
@@ -179,6 +177,13 @@ impl HeartbeatRunner {
             Err(StoreError::NotFound(_)) => return self.cancel(&plan.heartbeat).await,
             Err(e) => return Err(e.into()),
         };
+        // This run still holds the heartbeat: its finish files the next one PAUSED.
+        self.store
+            .reschedule(
+                &plan.heartbeat.id(),
+                Reschedule::Running { pause_next: true },
+            )
+            .await?;
         // Paused already (by its operator meanwhile): no event was written, no hooks.
         let hook_types = if paused {
             [HookType::BREAKER_TRIPPED, HookType::AGENT_PAUSED].as_slice()
@@ -200,7 +205,6 @@ impl HeartbeatRunner {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: None,
-                actions: Vec::new(),
             })
             .await?;
         Ok(match outcome {
@@ -280,7 +284,6 @@ impl HeartbeatRunner {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: None,
-                actions: Vec::new(),
             })
             .await?;
         Ok(match outcome {
@@ -316,7 +319,6 @@ impl HeartbeatRunner {
                 heartbeat: done,
                 next: None,
                 heartbeat_event: None,
-                actions: Vec::new(),
             })
             .await?;
         Ok(match outcome {
@@ -346,6 +348,13 @@ impl HeartbeatRunner {
     }
 }
 
+/// The HEARTBEAT event to store with the finish: not for an idle beat, where the only
+/// tool on it was the heartbeat agent, skipped without a call (the skip is on the
+/// heartbeat record); an event an action of its own refers to is stored already.
+fn heartbeat_event(plan: &Plan, stats: &Stats) -> Option<crate::domain::Event> {
+    (stats.skipped.is_none() || stats.heartbeat_event_stored).then(|| plan.heartbeat_event.clone())
+}
+
 /// The heartbeat record of a run that ended with `status`, carrying what it did.
 fn ended(
     plan: &Plan,
@@ -361,6 +370,7 @@ fn ended(
     done.actions_triggered = stats.actions_triggered;
     done.actions_failed = stats.actions_failed;
     done.cascade_capped = stats.cascade_capped;
+    done.skipped = stats.skipped.clone();
     done.since_last = Some(plan.beats.since_last);
     done.error = error;
     done

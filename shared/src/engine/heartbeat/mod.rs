@@ -29,7 +29,7 @@ use super::EngineSettings;
 use super::budget;
 use super::hooks::HookEmitter;
 use crate::domain::{
-    Action, Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventId, EventType, Heartbeat,
+    Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventType, Heartbeat,
     HeartbeatContext, HookData, HookRoute, HookType, Priority, Registry,
 };
 use crate::error::{EngineError, StoreError};
@@ -97,8 +97,11 @@ struct Stats {
     cascade_capped: u32,
     /// Set when a tool stopped because a user message arrived: the run stops there.
     interrupted: Option<String>,
-    /// Actions recorded with the finish rather than by writes of their own.
-    folded: Vec<Action>,
+    /// Why the heartbeat agent was not called: its SKIPPED action goes onto the record
+    /// the finish writes.
+    skipped: Option<String>,
+    /// Whether the HEARTBEAT event was stored for an action of its own.
+    heartbeat_event_stored: bool,
 }
 
 struct ActionDone {
@@ -202,6 +205,19 @@ impl HeartbeatRunner {
         let Some(agent) = window.agent else {
             return self.cancel(hb).await;
         };
+        // A heartbeat claimed after its agent was paused (filed PENDING by a finish that
+        // raced the pause) is parked, not run; one claimed before the pause runs on.
+        if let Some(paused_at) = agent.paused_at
+            && hb.started_at.is_some_and(|s| s > paused_at)
+        {
+            return self
+                .defer(
+                    hb,
+                    self.clock.now(),
+                    "the agent is paused: heartbeat parked",
+                )
+                .await;
+        }
         // Seed 004, option D: right after the user talked to the agent, its next
         // heartbeat waits out a quiet period instead of chiming in.
         let now = self.clock.now();
@@ -303,10 +319,7 @@ impl HeartbeatRunner {
         };
         let id = hb.id();
         let heartbeat_event = Event {
-            id: EventId::derived(
-                started_at.as_millisecond().max(0) as u64,
-                &["heartbeat", &id.to_string()],
-            ),
+            id: hb.heartbeat_event_id(started_at),
             agent_id: agent.id.clone(),
             event_type: EventType::heartbeat(),
             priority: Priority::DEFAULT,
@@ -359,7 +372,6 @@ impl HeartbeatRunner {
         let mut stats = Stats::default();
         let mut level = window;
         level.push(plan.heartbeat_event.clone());
-        let mut heartbeat_event_stored = false;
         let mut depth = 0u8;
         while !level.is_empty() {
             let mut next = Vec::new();
@@ -368,20 +380,20 @@ impl HeartbeatRunner {
                 let matching = registry.matching(event);
                 // Actions refer to their event: store HEARTBEAT before its first action
                 // of its own, not only with the finish.
-                if !heartbeat_event_stored
+                if !stats.heartbeat_event_stored
                     && event.id == plan.heartbeat_event.id
                     && matching
                         .iter()
                         .any(|(_, tool)| self.skip_without_call(plan, event, tool).is_none())
                 {
                     self.store.append(&plan.heartbeat_event).await?;
-                    heartbeat_event_stored = true;
+                    stats.heartbeat_event_stored = true;
                 }
                 for (_, tool) in matching {
                     if let Some(why) = self.skip_without_call(plan, event, tool) {
-                        let action = self.skipped(plan, event, depth, tool, why).await?;
+                        self.skipped(plan, event, tool, &why).await?;
                         stats.actions_triggered += 1;
-                        stats.folded.push(action);
+                        stats.skipped = Some(why);
                         continue;
                     }
                     let done = self.run_action(plan, event, depth, tool).await?;

@@ -1,0 +1,101 @@
+//! Reading an agent's actions as its operator sees them: the action records, and the
+//! heartbeat agent's SKIPPED runs, which an idle heartbeat keeps on its own record
+//! ([`Heartbeat::skipped`]) rather than as an action and an event of their own.
+
+use crate::domain::{Action, ActionId, AgentId, EventCursor, Heartbeat};
+use crate::error::StoreError;
+use crate::ports::Store;
+
+/// Heartbeats read a page at a time when looking back for skips.
+const PAGE: usize = 200;
+/// Most heartbeats looked through for one action id.
+const FIND_SCAN: usize = 1_000;
+
+/// Newest first, as action keys sort: by event, then tool.
+fn newest_first(actions: &mut [Action]) {
+    actions.sort_by(|a, b| b.event_id.cmp(&a.event_id).then(b.tool.cmp(&a.tool)));
+}
+
+/// The agent's latest `limit` actions, newest first.
+pub async fn recent(
+    store: &dyn Store,
+    agent: &AgentId,
+    limit: usize,
+) -> Result<Vec<Action>, StoreError> {
+    let mut out = store.list_actions(agent, limit).await?;
+    out.extend(
+        store
+            .list_heartbeats(agent, limit)
+            .await?
+            .iter()
+            .filter_map(Heartbeat::skipped_action),
+    );
+    newest_first(&mut out);
+    out.truncate(limit);
+    Ok(out)
+}
+
+/// At most `limit` of the agent's actions on events in `(after, through]`, in event
+/// order (as [`crate::ports::ActionLog::actions_between`]).
+pub async fn between(
+    store: &dyn Store,
+    agent: &AgentId,
+    after: &EventCursor,
+    through: &EventCursor,
+    limit: usize,
+) -> Result<Vec<Action>, StoreError> {
+    let mut out = store.actions_between(agent, after, through, limit).await?;
+    let mut before = None;
+    'pages: loop {
+        let page = store.heartbeats_page(agent, before, PAGE).await?;
+        for hb in &page {
+            let Some(started) = hb.started_at else {
+                continue;
+            };
+            if !after.is_before(&hb.heartbeat_event_id(started)) {
+                break 'pages;
+            }
+            if let Some(a) = hb.skipped_action()
+                && through.covers(&a.event_id)
+            {
+                out.push(a);
+            }
+        }
+        match page.last() {
+            Some(last) if page.len() == PAGE => before = Some(last.beat),
+            _ => break,
+        }
+    }
+    newest_first(&mut out);
+    out.reverse();
+    out.truncate(limit);
+    Ok(out)
+}
+
+/// One of the agent's actions by id: a record, or a skip among its latest
+/// [`FIND_SCAN`] heartbeats.
+pub async fn find(
+    store: &dyn Store,
+    agent: &AgentId,
+    id: &ActionId,
+) -> Result<Option<Action>, StoreError> {
+    if let Some(a) = store.get_action(agent, id).await? {
+        return Ok(Some(a));
+    }
+    let mut before = None;
+    for _ in 0..FIND_SCAN.div_ceil(PAGE) {
+        let page = store.heartbeats_page(agent, before, PAGE).await?;
+        if let Some(a) = page
+            .iter()
+            .filter_map(Heartbeat::skipped_action)
+            .find(|a| a.id == *id)
+        {
+            return Ok(Some(a));
+        }
+        match page.last() {
+            Some(last) if page.len() == PAGE => before = Some(last.beat),
+            _ => break,
+        }
+    }
+    Ok(None)
+}
