@@ -685,11 +685,5 @@ async fn a_resumed_turn_emits_message_sent_once() {
         .handled
         > 0
     {}
-    let mut types: Vec<String> = receiver
-        .received()
-        .iter()
-        .map(|r| r.header("x-pulse-hook-type"))
-        .collect();
-    types.sort();
-    assert_eq!(types, ["MESSAGE_RECEIVED", "MESSAGE_SENT"]);
+    assert_eq!(receiver.hook_types(), ["MESSAGE_RECEIVED", "MESSAGE_SENT"]);
 }

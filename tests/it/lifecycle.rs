@@ -450,13 +450,7 @@ async fn pause_resume(kind: Kind) {
             .collect();
     assert_eq!(types, ["AGENT_PAUSED", "AGENT_RESUMED"]);
     assert_eq!(w.dispatch().await, 2);
-    let mut hooks: Vec<String> = receiver
-        .received()
-        .iter()
-        .map(|r| r.header("x-pulse-hook-type"))
-        .collect();
-    hooks.sort();
-    assert_eq!(hooks, ["AGENT_PAUSED", "AGENT_RESUMED"]);
+    assert_eq!(receiver.hook_types(), ["AGENT_PAUSED", "AGENT_RESUMED"]);
 }
 
 on_both_backends!(

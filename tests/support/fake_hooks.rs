@@ -155,6 +155,17 @@ impl FakeReceiver {
         self.state.received.lock().unwrap().clone()
     }
 
+    /// The hook types received (`X-Pulse-Hook-Type`), sorted.
+    pub fn hook_types(&self) -> Vec<String> {
+        let mut types: Vec<String> = self
+            .received()
+            .iter()
+            .map(|r| r.header("x-pulse-hook-type"))
+            .collect();
+        types.sort();
+        types
+    }
+
     /// Waits until at least `n` requests arrived.
     pub async fn wait_for(&self, n: usize) {
         let wait = async {
