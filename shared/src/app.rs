@@ -32,6 +32,21 @@ pub struct Services {
     pub egress: Egress,
 }
 
+impl Services {
+    /// The offline model and no Discord, with outbound HTTP through `egress`: what the
+    /// benches and tests run the heartbeat agent with, never reaching a provider.
+    pub fn offline(egress: Egress) -> Self {
+        Self {
+            llm: Arc::new(crate::llm::Router::new(
+                crate::llm::LlmConfig::offline(),
+                egress.clone(),
+            )),
+            discord: None,
+            egress,
+        }
+    }
+}
+
 /// A connected backend.
 #[derive(Clone)]
 pub struct Connected {

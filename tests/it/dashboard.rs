@@ -782,14 +782,7 @@ async fn mind_tabs(kind: Kind) {
     pulse_shared::engine::intake::submit(u.b.store.as_ref(), u.b.queue.as_ref(), s)
         .await
         .unwrap();
-    let services = pulse_shared::app::Services {
-        llm: std::sync::Arc::new(pulse_shared::llm::Router::new(
-            pulse_shared::llm::LlmConfig::offline(),
-            pulse_tests::test_egress(),
-        )),
-        discord: None,
-        egress: pulse_tests::test_egress(),
-    };
+    let services = pulse_tests::offline_services();
     let worker =
         u.b.connected()
             .worker(u.b.clock.clone(), &settings(), &services);

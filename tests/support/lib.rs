@@ -129,12 +129,7 @@ pub fn fake_services(
 /// The offline model and no Discord, as the benches run: the heartbeat agent is on but
 /// never reaches a provider.
 pub fn offline_services() -> pulse_shared::app::Services {
-    use pulse_shared::llm::{LlmConfig, Router};
-    pulse_shared::app::Services {
-        llm: Arc::new(Router::new(LlmConfig::offline(), test_egress())),
-        discord: None,
-        egress: test_egress(),
-    }
+    pulse_shared::app::Services::offline(test_egress())
 }
 
 /// Fresh storage and a queue on one backend, with the clock they share.

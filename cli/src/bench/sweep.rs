@@ -20,7 +20,6 @@ use pulse_shared::domain::{
     Turn, TurnId, TurnStatus, Usage,
 };
 use pulse_shared::engine::{EngineSettings, Worker, intake};
-use pulse_shared::llm::{LlmConfig, Router};
 use pulse_shared::ports::{AgentStore, Clock, EventLog, SessionQueue, Store, SystemClock};
 use serde_json::json;
 
@@ -75,12 +74,7 @@ pub(super) fn fleet(
 /// Services with the offline model and no Discord: the benches measure Pulse, not a
 /// provider.
 fn offline_services() -> Services {
-    let egress = pulse_egress::Egress::new(pulse_egress::AllowList::default());
-    Services {
-        llm: Arc::new(Router::new(LlmConfig::offline(), egress.clone())),
-        discord: None,
-        egress,
-    }
+    Services::offline(pulse_egress::Egress::new(pulse_egress::AllowList::default()))
 }
 
 /// One sweep over `n` due heartbeats; fails unless it claimed and queued them all.
