@@ -133,6 +133,29 @@ async fn type_into(c: &Client, at: Locator<'_>, text: &str) {
     c.find(at).await.unwrap().send_keys(text).await.unwrap();
 }
 
+/// How long a page may take to show what a step expects. Generous: on a busy 2-core CI
+/// machine two Chromiums share the cores, and the wait ends as soon as the text shows.
+const PAGE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Waits for an element whose text contains `text`; fails with the page's address and
+/// text, so a failure says what the browser showed instead.
+async fn expect_text(c: &Client, css: &str, text: &str) {
+    if wait_for_text(c, css, text, PAGE_LIMIT).await {
+        return;
+    }
+    let url = c
+        .current_url()
+        .await
+        .map(|u| u.to_string())
+        .unwrap_or_default();
+    let body = match c.find(Locator::Css("body")).await {
+        Ok(b) => b.text().await.unwrap_or_default(),
+        Err(e) => format!("(no body: {e})"),
+    };
+    let body: String = body.chars().take(600).collect();
+    panic!("no `{css}` showing {text:?} within {PAGE_LIMIT:?} on {url}; the page reads:\n{body}");
+}
+
 /// Waits for an element whose text contains `text`.
 async fn wait_for_text(c: &Client, css: &str, text: &str, limit: Duration) -> bool {
     let start = Instant::now();
@@ -159,13 +182,13 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     let base = format!("http://127.0.0.1:{port}");
 
     c.goto(&format!("{base}/ui/")).await.unwrap();
-    assert!(wait_for_text(&c, ".empty", "No agents yet", Duration::from_secs(5)).await);
+    expect_text(&c, ".empty", "No agents yet").await;
     type_into(&c, Locator::Css("#name"), "scout").await;
     let interval = c.find(Locator::Css("#interval")).await.unwrap();
     interval.clear().await.unwrap();
     interval.send_keys("2s").await.unwrap();
     click(&c, Locator::Css("form[action='/ui/agents'] button")).await;
-    assert!(wait_for_text(&c, "nav.tabs a.on", "Heartbeats", Duration::from_secs(5)).await);
+    expect_text(&c, "nav.tabs a.on", "Heartbeats").await;
     let url = c.current_url().await.unwrap().to_string();
     let agent = url.split('/').nth(5).unwrap().to_owned();
 
@@ -177,17 +200,14 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         !wait_for_text(&c, "#heartbeats a", "#3", Duration::from_millis(10)).await,
         "beat 3 was there already"
     );
-    assert!(
-        wait_for_text(&c, "#heartbeats a", "#3", Duration::from_secs(15)).await,
-        "a new heartbeat did not appear"
-    );
+    expect_text(&c, "#heartbeats a", "#3").await;
     assert_not_reloaded(&c).await;
     screenshot(&c, &d, "heartbeats").await;
 
     // Its trace.
     click(&c, Locator::LinkText("#1")).await;
-    assert!(wait_for_text(&c, "h2", "Heartbeat #1", Duration::from_secs(5)).await);
-    assert!(wait_for_text(&c, ".card", "heartbeat-agent", Duration::from_secs(2)).await);
+    expect_text(&c, "h2", "Heartbeat #1").await;
+    expect_text(&c, ".card", "heartbeat-agent").await;
     screenshot(&c, &d, "trace").await;
 
     // Paused: no new heartbeat over two intervals.
@@ -195,7 +215,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         .await
         .unwrap();
     click(&c, Locator::XPath("//button[text()='Pause']")).await;
-    assert!(wait_for_text(&c, ".card", "Paused", Duration::from_secs(5)).await);
+    expect_text(&c, ".card", "Paused").await;
     let latest = |d: &Path| {
         let hbs = json(d, &["heartbeats", "list", "--agent", &agent]);
         (
@@ -219,9 +239,9 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         .unwrap();
     type_into(&c, Locator::Css("#url"), &receiver.url()).await;
     click(&c, Locator::Css("form[action$='/hooks'] button")).await;
-    assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
+    expect_text(&c, ".secret", "shown this once").await;
     click(&c, Locator::XPath("//button[text()='Test']")).await;
-    assert!(wait_for_text(&c, ".notice", "SUCCESS", Duration::from_secs(10)).await);
+    expect_text(&c, ".notice", "SUCCESS").await;
     assert_eq!(receiver.received().len(), 1, "the test delivery arrived");
     assert!(
         c.find(Locator::Css(".secret")).await.is_err(),
@@ -253,7 +273,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         .await
         .unwrap();
     click(&c, Locator::Css("form[action$='/webhooks'] button")).await;
-    assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
+    expect_text(&c, ".secret", "shown this once").await;
     let first = c
         .find(Locator::Css(".secret pre"))
         .await
@@ -268,7 +288,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     assert!(!c.source().await.unwrap().contains(&first));
     click(&c, Locator::XPath("//button[text()='Rotate secret']")).await;
     c.accept_alert().await.unwrap();
-    assert!(wait_for_text(&c, ".secret", "shown this once", Duration::from_secs(5)).await);
+    expect_text(&c, ".secret", "shown this once").await;
     let second = c
         .find(Locator::Css(".secret pre"))
         .await
@@ -283,7 +303,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     assert!(!c.source().await.unwrap().contains(&second));
 
     c.goto(&format!("{base}/ui/")).await.unwrap();
-    assert!(wait_for_text(&c, "td", "paused", Duration::from_secs(5)).await);
+    expect_text(&c, "td", "paused").await;
     screenshot(&c, &d, "agents").await;
     // On a phone-width screen nothing spills sideways out of the page.
     c.set_window_size(390, 844).await.unwrap();
@@ -325,27 +345,27 @@ async fn with_a_token_the_dashboard_asks_for_it_in_a_browser() {
     let base = format!("http://127.0.0.1:{port}");
 
     c.goto(&format!("{base}/ui/")).await.unwrap();
-    assert!(wait_for_text(&c, "h1", "Sign in", Duration::from_secs(5)).await);
+    expect_text(&c, "h1", "Sign in").await;
     assert!(c.current_url().await.unwrap().path().ends_with("/ui/login"));
     type_into(&c, Locator::Css("#token"), "not-the-token-at-all").await;
     click(&c, Locator::Css("form[action='/ui/login'] button")).await;
-    assert!(wait_for_text(&c, ".error", "not the token", Duration::from_secs(5)).await);
+    expect_text(&c, ".error", "not the token").await;
     screenshot(&c, &d, "login").await;
 
     type_into(&c, Locator::Css("#token"), token).await;
     click(&c, Locator::Css("form[action='/ui/login'] button")).await;
-    assert!(wait_for_text(&c, ".empty", "No agents yet", Duration::from_secs(5)).await);
+    expect_text(&c, ".empty", "No agents yet").await;
     // The session cookie is HttpOnly: no script on the page can read it.
     let cookie = c.execute("return document.cookie;", vec![]).await.unwrap();
     assert_eq!(cookie, serde_json::json!(""));
     // Signed in, a form works.
     type_into(&c, Locator::Css("#name"), "behind-a-login").await;
     click(&c, Locator::Css("form[action='/ui/agents'] button")).await;
-    assert!(wait_for_text(&c, "nav.tabs a.on", "Heartbeats", Duration::from_secs(5)).await);
+    expect_text(&c, "nav.tabs a.on", "Heartbeats").await;
     assert_eq!(json(&d, &["agents", "list"])[0]["name"], "behind-a-login");
     // A new browser session (no cookie) is asked again.
     c.delete_all_cookies().await.unwrap();
     c.goto(&format!("{base}/ui/")).await.unwrap();
-    assert!(wait_for_text(&c, "h1", "Sign in", Duration::from_secs(5)).await);
+    expect_text(&c, "h1", "Sign in").await;
     c.close().await.unwrap();
 }
