@@ -428,4 +428,29 @@ async fn a_signed_webhook_reaches_the_agent_through_pulse_serve_on_aws() {
     assert_eq!(events[0]["payload"]["service"], "api");
     let requests = json(&d, &["webhooks", "requests", "--webhook", &id]);
     assert_eq!(requests.as_array().unwrap().len(), 1, "{requests}");
+
+    // Each heartbeat records the AWS requests it made, and `pulse usage` prices them. (A
+    // new agent: serve may have been stopped while the first one's heartbeat ran.)
+    let counted = ok(
+        &d,
+        &["agents", "create", "--name", "counted", "--interval", "1h"],
+    );
+    ok(&d, &["sweep"]);
+    let usage = json(&d, &["usage", "--agent", &counted]);
+    let aws = usage["aws"].as_array().unwrap();
+    assert_eq!(aws.len(), 1, "{usage}");
+    assert_eq!(aws[0]["source"], "heartbeats");
+    assert!(aws[0]["records"].as_u64().unwrap() >= 1, "{usage}");
+    let requests = &aws[0]["requests"];
+    assert!(
+        requests["ops"]["DynamoDB.TransactWriteItems"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    assert!(requests["wru"].as_f64().unwrap() >= 5.0, "{usage}");
+    assert!(aws[0]["cost_usd"].as_f64().unwrap() > 0.0);
+    let text = ok(&d, &["usage"]);
+    assert!(text.contains("AWS requests"), "{text}");
+    assert!(text.contains("counted  heartbeats"), "{text}");
 }

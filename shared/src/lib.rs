@@ -26,6 +26,8 @@
 //!   senders over the SSRF-guarded `pulse-egress` client, or EventBridge).
 //! - [`sealing`]: secrets at rest — AES-256-GCM sealing of webhook and hook secrets,
 //!   which the store adapters apply on write and undo on read.
+//! - [`tally`]: the cloud requests one heartbeat or turn made — a task-local count the
+//!   AWS adapters add to as they send, and the engine writes onto the record.
 //! - [`config`]: typed configuration from the environment, into the settings of the
 //!   engine and the adapters.
 //! - Entry points: [`http`] (the receiver's axum router — Discord interactions, signed
@@ -45,7 +47,7 @@
 //! Imports run one way, down this list; nothing imports a module above it:
 //!
 //! ```text
-//! error ← domain, sealing ← ports ← engine ← adapters, tools, llm, discord, outbound
+//! error ← domain, sealing, tally ← ports ← engine ← adapters, tools, llm, discord, outbound
 //!       ← config ← http, lambda ← app ← the `pulse` CLI and the Lambda functions
 //! ```
 //!
@@ -65,5 +67,6 @@ pub mod llm;
 pub mod outbound;
 pub mod ports;
 pub mod sealing;
+pub mod tally;
 pub mod telemetry;
 pub mod tools;

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use jiff::SignedDuration;
 use pulse_shared::domain::{
     Action, ActionId, ActionStatus, AgentId, Cascade, ClaimRequest, EventCursor, EventType, Filter,
-    HeartbeatId, HeartbeatStatus, NewEvent, Tool, ToolName,
+    HeartbeatId, HeartbeatStatus, NewEvent, Requests, Tool, ToolName,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{Finish, FinishOutcome};
@@ -401,6 +401,10 @@ async fn finish(kind: Kind) {
         depth: 0,
         capped: false,
     });
+    // The requests its run counted, which the record keeps.
+    let mut given = Requests::default();
+    given.count("Test.Op", 1.5);
+    given.count("Test.Op", 0.0);
     let finished = |claimed: &pulse_shared::domain::Heartbeat| {
         let mut done = claimed.clone();
         done.status = HeartbeatStatus::Completed;
@@ -408,6 +412,7 @@ async fn finish(kind: Kind) {
         done.events_processed = 3;
         done.actions_triggered = 2;
         done.since_last = Some(1);
+        done.requests = Some(given.clone());
         Finish {
             heartbeat: done,
             next: Some(pulse_shared::domain::Heartbeat::pending(
@@ -461,6 +466,27 @@ async fn finish(kind: Kind) {
         ),
         (3, 2, Some(1))
     );
+    let kept = done.requests.clone().unwrap();
+    match kind {
+        Kind::Sqlite => {
+            assert_eq!(kept, given);
+            assert_eq!(c2.requests, None, "the embedded store sends no requests");
+        }
+        Kind::Aws => {
+            // The claim counts itself on the record it returns, the finish on the
+            // record it writes.
+            let claimed = c2.requests.clone().unwrap();
+            assert_eq!(claimed.ops["DynamoDB.UpdateItem"], 1);
+            assert_eq!(claimed.wru, 1.0);
+            assert_eq!(kept.ops["Test.Op"], 2);
+            assert_eq!(kept.ops["DynamoDB.TransactWriteItems"], 1);
+            assert_eq!(
+                kept.wru,
+                1.5 + 2.0 * 3.0,
+                "the update, the next heartbeat, the event"
+            );
+        }
+    }
     let next = b
         .store
         .get_heartbeat(&first.next_id())

@@ -136,6 +136,13 @@ async fn pages(kind: Kind) {
         assert_eq!(page.status, 200, "{path}: {}", page.body);
         assert!(page.body.contains(shows), "{path} shows {shows:?}");
     }
+    // On AWS the trace shows the requests the heartbeat made.
+    let trace = u.get(&format!("{base}/heartbeats/1")).await.body;
+    assert_eq!(
+        trace.contains("AWS requests: 4 (2 <code>DynamoDB.Query</code>"),
+        kind == Kind::Aws,
+        "{trace}"
+    );
     assert_eq!(u.get(&format!("{base}/heartbeats/99")).await.status, 404);
     assert_eq!(u.get("/ui/agents/ag_nope/heartbeats").await.status, 404);
     assert_eq!(

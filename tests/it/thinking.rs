@@ -225,9 +225,10 @@ async fn usage_totals(kind: Kind) {
 
     let prices =
         Prices::with_overrides(r#"{"models": {"fake-gpt": {"input": 2, "output": 10}}}"#).unwrap();
-    let rows = usage(w.b.store.as_ref(), &agent, since, &prices)
+    let report = usage(w.b.store.as_ref(), &agent, since, &prices)
         .await
         .unwrap();
+    let rows = &report.models;
     let by = |source: &str| rows.iter().find(|r| r.source == source).unwrap();
     let beats = by("heartbeats");
     assert_eq!((beats.calls, beats.model.as_str()), (3, "fake-gpt"));
@@ -254,9 +255,76 @@ async fn usage_totals(kind: Kind) {
     )
     .await
     .unwrap();
-    assert!(later.is_empty());
+    assert!(later.models.is_empty() && later.aws.is_empty());
     let unpriced = usage(w.b.store.as_ref(), &agent, since, &Prices::default())
         .await
         .unwrap();
-    assert!(unpriced.iter().all(|r| r.cost_usd.is_none()));
+    assert!(unpriced.models.iter().all(|r| r.cost_usd.is_none()));
+
+    // The AWS requests: recorded by each heartbeat and turn on DynamoDB, none on SQLite.
+    match kind {
+        Kind::Sqlite => assert!(report.aws.is_empty(), "{:?}", report.aws),
+        Kind::Aws => {
+            let by = |source: &str| report.aws.iter().find(|r| r.source == source).unwrap();
+            let (beats, turns) = (by("heartbeats"), by("turns"));
+            assert_eq!((beats.records, turns.records), (3, 1));
+            // Each heartbeat: its claim, at least a window read and its finish.
+            assert_eq!(beats.requests.ops["DynamoDB.UpdateItem"] % 3, 0);
+            assert!(beats.requests.ops["DynamoDB.TransactWriteItems"] >= 3);
+            assert!(beats.requests.wru >= 3.0 * 5.0, "{:?}", beats.requests);
+            // The turn: its begin (a transaction) and its delivery's update.
+            assert!(turns.requests.ops["DynamoDB.TransactWriteItems"] >= 1);
+            assert!(turns.requests.ops["DynamoDB.PutItem"] >= 1);
+            let expected = prices.aws.of(&beats.requests);
+            assert!(expected > 0.0 && (beats.cost_usd - expected).abs() < 1e-15);
+        }
+    }
+}
+
+/// What a heartbeat records is what its claim, run and finish sent: every DynamoDB
+/// write and its capacity, checked against the SDK's own request counter. Only the
+/// sweep's due-index Query and the queue's requests are not the heartbeat's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_records_the_aws_requests_its_claim_run_and_finish_sent() {
+    let w = world(Kind::Aws).await;
+    let counter = w.b.aws.as_ref().unwrap().counter.clone();
+    for thinks in [false, true] {
+        // Its first heartbeat is due now; the other agent's next one is not.
+        let agent = w
+            .agent(|a| {
+                if thinks {
+                    a.think = ThinkPolicy::Always;
+                }
+            })
+            .await;
+        counter.reset();
+        let calls = w.calls();
+        let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+        assert_eq!(swept.claimed, 1, "{:?}", swept.errors);
+        w.b.drain(&w.worker).await;
+        assert_eq!(w.calls() - calls, usize::from(thinks));
+        let sent = counter.snapshot();
+        let capacity = counter.capacity();
+        let hbs = w.b.store.list_heartbeats(&agent.id, 5).await.unwrap();
+        let done = hbs.iter().find(|h| h.status.is_final()).unwrap();
+        let recorded = done.requests.clone().expect("requests recorded");
+        for (op, n) in &sent {
+            let mine = u64::from(recorded.ops.get(op).copied().unwrap_or(0));
+            match op.as_str() {
+                // The sweep's Query of each due shard is shared by the heartbeats it
+                // finds: only the window read is this heartbeat's.
+                "DynamoDB.Query" => assert!(mine >= 1 && mine < *n, "{op}: {mine} of {n}"),
+                o if o.starts_with("SQS.") => assert_eq!(mine, 0, "{op}"),
+                _ => assert_eq!(mine, *n, "{op}: recorded {recorded:?}, sent {sent:?}"),
+            }
+        }
+        assert_eq!(
+            recorded.wru, capacity.write,
+            "every write unit of the cycle is the heartbeat's"
+        );
+        assert!(recorded.rru > 0.0 && recorded.rru <= capacity.read);
+        if !thinks {
+            assert_eq!(recorded.wru, 5.0, "an idle cycle: {recorded:?}");
+        }
+    }
 }

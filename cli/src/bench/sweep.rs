@@ -16,10 +16,10 @@ use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsQueue};
 use pulse_shared::app::{Connected, Services, connect};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::domain::{
-    ConversationMessage, NewAgent, ProviderKind, ReplyTarget, Role, Signal, SignalId, SignalMeta,
-    Turn, TurnId, TurnStatus, Usage,
+    ConversationMessage, NewAgent, ProviderKind, ReplyTarget, Requests, Role, Signal, SignalId,
+    SignalMeta, Turn, TurnId, TurnStatus, Usage,
 };
-use pulse_shared::engine::{EngineSettings, Worker, intake};
+use pulse_shared::engine::{AwsPrices, EngineSettings, Worker, intake};
 use pulse_shared::ports::{AgentStore, Clock, EventLog, SessionQueue, Store, SystemClock};
 use serde_json::json;
 
@@ -166,23 +166,6 @@ struct Phase {
     seconds: f64,
 }
 
-/// AWS list prices (US East, on demand), in US dollars, as published when this was
-/// written: the README dates them.
-mod price {
-    /// DynamoDB on-demand, per million write request units.
-    pub(super) const WRU: f64 = 0.625;
-    /// DynamoDB on-demand, per million read request units.
-    pub(super) const RRU: f64 = 0.125;
-    /// SQS FIFO, per million requests.
-    pub(super) const SQS_FIFO: f64 = 0.50;
-    /// Lambda on arm64, per GB-second.
-    pub(super) const LAMBDA_GB_S: f64 = 0.000_013_333_4;
-    /// Lambda, per million invocations.
-    pub(super) const LAMBDA_CALLS: f64 = 0.20;
-    /// EventBridge scheduled invocations, per million.
-    pub(super) const SCHEDULER: f64 = 1.00;
-}
-
 /// The fleet the scheduler's cost is shared by: 10,000 agents at 15 minutes make 667
 /// cycles a minute, against one sweeper invocation a minute.
 const FLEET_CYCLES_PER_MINUTE: f64 = 10_000.0 / 15.0;
@@ -207,19 +190,24 @@ fn dollars(sweep: &Phase, run: &Phase, n: usize) -> Vec<(&'static str, f64)> {
     // Lambda's event source receives and deletes each batch: two requests per batch.
     let sqs = per(sqs_sends as f64) + 2.0 / JOBS_PER_BATCH;
     let busy = per(sweep.seconds + run.seconds);
+    // The list prices `pulse usage` uses too (the README dates them).
+    let price = AwsPrices::default();
     vec![
-        ("DynamoDB writes", (sw + rw) * price::WRU),
-        ("DynamoDB reads", (sr + rr) * price::RRU),
-        ("SQS FIFO requests", sqs * price::SQS_FIFO),
+        ("DynamoDB writes", (sw + rw) * price.dynamodb_write_units),
+        ("DynamoDB reads", (sr + rr) * price.dynamodb_read_units),
+        ("SQS FIFO requests", sqs * price.sqs_requests),
         (
             "Lambda duration (arm64, 128 MB, as measured)",
-            busy * LAMBDA_GB * price::LAMBDA_GB_S * 1e6,
+            busy * LAMBDA_GB * price.lambda_gb_seconds * 1e6,
         ),
         (
             "Lambda invocations",
-            (1.0 / JOBS_PER_BATCH + 1.0 / FLEET_CYCLES_PER_MINUTE) * price::LAMBDA_CALLS,
+            (1.0 / JOBS_PER_BATCH + 1.0 / FLEET_CYCLES_PER_MINUTE) * price.lambda_invocations,
         ),
-        ("scheduler", price::SCHEDULER / FLEET_CYCLES_PER_MINUTE),
+        (
+            "scheduler",
+            price.scheduler_invocations / FLEET_CYCLES_PER_MINUTE,
+        ),
     ]
 }
 
@@ -243,7 +231,41 @@ impl Rig {
         title: impl Fn(usize) -> String,
     ) -> Result<serde_json::Value, Failure> {
         let (sweep, run, ran) = measured_cycles(self).await?;
-        Ok(report(out, &title(ran), &sweep, &run, self.n))
+        let mut figures = report(out, &title(ran), &sweep, &run, self.n);
+        let recorded = self.recorded().await?;
+        let per = |x: f64| x / self.n as f64;
+        figure!(
+            out,
+            "    recorded on the heartbeats (what `pulse usage` prices): {:.2} requests, {:.2} WRU, {:.2} RRU, ${:.3} per million; \
+             not in it: the sweep's due-index Query and queue send, shared by a sweep's heartbeats",
+            per(recorded.total() as f64),
+            per(recorded.wru),
+            per(recorded.rru),
+            AwsPrices::default().of(&recorded) / self.n as f64 * 1e6,
+        );
+        figures["recorded"] = json!({
+            "requests": per(recorded.total() as f64),
+            "wru": per(recorded.wru),
+            "rru": per(recorded.rru),
+        });
+        Ok(figures)
+    }
+
+    /// The requests the newest finished heartbeat of each agent recorded, summed.
+    async fn recorded(&self) -> Result<Requests, Failure> {
+        let store = self.backend.store.as_ref();
+        let mut sum = Requests::default();
+        for agent in store.list_agents().await? {
+            let newest = store.heartbeats_page(&agent.id, None, 3).await?;
+            if let Some(r) = newest
+                .iter()
+                .find(|h| h.status.is_final())
+                .and_then(|h| h.requests.as_ref())
+            {
+                sum.add(r);
+            }
+        }
+        Ok(sum)
     }
 }
 
@@ -525,6 +547,7 @@ async fn seed_history(
             error: None,
             created_at: now,
             completed_at: Some(now),
+            requests: None,
         };
         let text =
             "a message of history, about as long as a short chat line, to fill the context. "

@@ -1,8 +1,9 @@
 //! `pulse heartbeats show`: one heartbeat's whole story, read from the store — its window
 //! and the events it read, each action (the heartbeat agent's thought, tool calls and
-//! tokens among them), the events it created, the hooks it emitted, the next heartbeat.
+//! tokens among them), the events it created, the hooks it emitted, the next heartbeat;
+//! on AWS, the requests it made.
 
-use pulse_shared::domain::{Action, Event, HeartbeatId};
+use pulse_shared::domain::{Action, ActionStatus, Event, HeartbeatId};
 use pulse_shared::engine::{Trace, trace};
 use serde_json::Value;
 
@@ -45,6 +46,16 @@ fn print(s: &Story) {
     if let Some(e) = &h.error {
         outln!("  error: {e}");
     }
+    if let Some(r) = &h.requests {
+        let ops: Vec<String> = r.ops.iter().map(|(op, n)| format!("{n} {op}")).collect();
+        outln!(
+            "  AWS requests: {} ({}), {:.1} WRU, {:.1} RRU",
+            r.total(),
+            ops.join(", "),
+            r.wru,
+            r.rru
+        );
+    }
     outln!(
         "window ({}, {}]: {} read",
         h.window_start.as_str(),
@@ -60,7 +71,12 @@ fn print(s: &Story) {
             short(&e.payload.to_string(), 80)
         );
     }
-    let failed = s.actions.iter().filter(|a| a.error.is_some()).count();
+    // A skip carries its reason as an error, but it is not a failure.
+    let failed = s
+        .actions
+        .iter()
+        .filter(|a| a.status == ActionStatus::Failed)
+        .count();
     outln!("actions: {} ({failed} failed)", s.actions.len());
     for a in &s.actions {
         print_action(a, &s.created, &s.window_events);

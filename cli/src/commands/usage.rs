@@ -1,11 +1,11 @@
 //! `pulse usage`: the model tokens each agent's heartbeats and turns used, per day (the
-//! agent's time zone), by model, with an estimated cost from a price table (built in,
-//! or `PULSE_PRICES=FILE` over it).
+//! agent's time zone), by model, and the AWS requests they made, with an estimated cost
+//! from a price table (built in, or `PULSE_PRICES=FILE` over it).
 
 use clap::Args;
 use pulse_shared::config::Env;
 use pulse_shared::domain::AgentId;
-use pulse_shared::engine::{Prices, UsageRow, usage};
+use pulse_shared::engine::{Prices, UsageReport, usage};
 
 use super::events::Since;
 use super::{Ctx, agent_id, require_agent};
@@ -58,8 +58,14 @@ fn tokens(n: u64) -> String {
     out
 }
 
+/// Dollars to the hundredth of a cent, or to six places for a sum below a cent (a day
+/// of an idle agent's AWS requests is a few millionths).
 fn dollars(c: Option<f64>) -> String {
-    c.map_or_else(|| "?".to_owned(), |c| format!("${c:.4}"))
+    match c {
+        None => "?".to_owned(),
+        Some(c) if c > 0.0 && c < 0.01 => format!("${c:.6}"),
+        Some(c) => format!("${c:.4}"),
+    }
 }
 
 pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure> {
@@ -69,13 +75,30 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
         None => store.list_agents().await?,
     };
     let since = plan.since.at(cx.clock.now());
-    let mut rows: Vec<UsageRow> = Vec::new();
+    let mut report = UsageReport::default();
     for agent in &agents {
-        rows.extend(usage(store, agent, since, &plan.prices).await?);
+        let one = usage(store, agent, since, &plan.prices).await?;
+        report.models.extend(one.models);
+        report.aws.extend(one.aws);
     }
-    rows.sort_by(|a, b| (a.day, &a.agent_name).cmp(&(b.day, &b.agent_name)));
+    report
+        .models
+        .sort_by(|a, b| (a.day, &a.agent_name).cmp(&(b.day, &b.agent_name)));
+    report
+        .aws
+        .sort_by(|a, b| (a.day, &a.agent_name).cmp(&(b.day, &b.agent_name)));
+    if cx.out.json {
+        cx.out.json_value(&report);
+        return Ok(());
+    }
+    let rows = &report.models;
+    if rows.is_empty() && !report.aws.is_empty() {
+        outln!("no model calls in this period");
+        aws_table(&report, cx);
+        return Ok(());
+    }
     cx.out.table(
-        &rows,
+        rows,
         &[
             "DAY", "AGENT", "SOURCE", "MODEL", "CALLS", "INPUT", "OUTPUT", "COST",
         ],
@@ -96,7 +119,7 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
             ]
         },
     );
-    if !cx.out.json && !rows.is_empty() {
+    if !rows.is_empty() {
         let (input, output): (u64, u64) = rows.iter().fold((0, 0), |(i, o), r| {
             (i + r.input_tokens, o + r.output_tokens)
         });
@@ -115,7 +138,56 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
             }
         );
     }
+    aws_table(&report, cx);
     Ok(())
+}
+
+/// The AWS requests the heartbeats and turns recorded, when there are any (on the AWS
+/// backend).
+fn aws_table(report: &UsageReport, cx: &Ctx<'_>) {
+    let rows = &report.aws;
+    if rows.is_empty() {
+        return;
+    }
+    outln!();
+    outln!("AWS requests, as each heartbeat and turn recorded them:");
+    cx.out.table(
+        rows,
+        &[
+            "DAY", "AGENT", "SOURCE", "COUNT", "REQUESTS", "DYNAMODB", "SQS", "WRU", "RRU", "COST",
+        ],
+        |r| {
+            vec![
+                r.day.to_string(),
+                r.agent_name.clone(),
+                r.source.to_owned(),
+                r.records.to_string(),
+                tokens(r.requests.total()),
+                tokens(r.requests.of_service("DynamoDB")),
+                tokens(r.requests.of_service("SQS")),
+                format!("{:.1}", r.requests.wru),
+                format!("{:.1}", r.requests.rru),
+                dollars(Some(r.cost_usd)),
+            ]
+        },
+    );
+    let cost: f64 = rows.iter().map(|r| r.cost_usd).sum();
+    let count = |source: &str| -> u64 {
+        rows.iter()
+            .filter(|r| r.source == source)
+            .map(|r| r.records)
+            .sum()
+    };
+    let (beats, turns) = (count("heartbeats"), count("turns"));
+    outln!();
+    outln!(
+        "total: about {} for {beats} heartbeat{} and {turns} turn{} ({} per million); not in it: \
+         the sweeper's shared requests and Lambda time (see `pulse bench sweep`)",
+        dollars(Some(cost)),
+        if beats == 1 { "" } else { "s" },
+        if turns == 1 { "" } else { "s" },
+        dollars(Some(cost / (beats + turns).max(1) as f64 * 1e6)),
+    );
 }
 
 #[cfg(test)]
@@ -126,5 +198,13 @@ mod tests {
         assert_eq!(super::tokens(999), "999");
         assert_eq!(super::tokens(1_000), "1,000");
         assert_eq!(super::tokens(12_345_678), "12,345,678");
+    }
+
+    #[test]
+    fn small_sums_keep_their_digits() {
+        assert_eq!(super::dollars(None), "?");
+        assert_eq!(super::dollars(Some(0.0)), "$0.0000");
+        assert_eq!(super::dollars(Some(0.000_003_312_5)), "$0.000003");
+        assert_eq!(super::dollars(Some(1.23456)), "$1.2346");
     }
 }

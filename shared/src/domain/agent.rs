@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::chat::ProviderKind;
 use super::event::EventCursor;
 use super::ids::{ActionId, AgentId, EventId, HeartbeatId, SessionId, ToolName};
+use super::requests::Requests;
 use super::time::{ActiveHours, Interval, TimeZoneName};
 use super::tool::{Action, ActionStatus, HEARTBEAT_AGENT};
 use crate::error::ValidationError;
@@ -653,6 +654,10 @@ pub struct Heartbeat {
     /// [`Heartbeat::skipped_action`] gives it back as an action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
+    /// The cloud requests it made — its claim, its run and its finish — where the
+    /// backend counts them (AWS; none on the embedded store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<Requests>,
 }
 
 impl Heartbeat {
@@ -690,6 +695,7 @@ impl Heartbeat {
             hour_from: None,
             beats_in_hour: 0,
             skipped: None,
+            requests: None,
         }
     }
 

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::chat::Usage;
 use super::ids::{AgentId, HeartbeatId, MemoryId, SessionId, SignalId, TurnId};
+use super::requests::Requests;
 use crate::error::ValidationError;
 
 /// What kind of input a signal is.
@@ -286,6 +287,10 @@ pub struct Turn {
     /// When delivery ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Timestamp>,
+    /// The cloud requests its writing and delivery made, up to its last write (AWS;
+    /// none on the embedded store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<Requests>,
 }
 
 /// Something an agent chose to remember.

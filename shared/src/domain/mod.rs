@@ -9,6 +9,7 @@ mod hook;
 mod hook_delivery;
 mod ids;
 mod reply;
+mod requests;
 mod task;
 mod time;
 mod tool;
@@ -40,6 +41,7 @@ pub use ids::{
     RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, quote_input,
 };
 pub use reply::{MESSAGE_LIMIT, split_message};
+pub use requests::Requests;
 pub use task::{
     DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask, SignalJob,
     TASK_VERSION, TaskDecodeError, TaskEnvelope,

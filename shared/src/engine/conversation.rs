@@ -347,9 +347,12 @@ impl Conversation {
             });
         };
         let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len());
-        self.run_inner(&first.agent_id.clone(), signals)
-            .instrument(span)
-            .await
+        // The requests the run makes are counted onto the turn it writes.
+        crate::tally::scope(
+            self.run_inner(&first.agent_id.clone(), signals)
+                .instrument(span),
+        )
+        .await
     }
 
     async fn run_inner(
@@ -486,8 +489,10 @@ impl Conversation {
             error: failed,
             created_at: now,
             completed_at: silent.then_some(now),
+            requests: None,
         };
         let messages = persisted(&turn, &pending, &reply, now);
+        crate::tally::stamp(&mut turn.requests);
         match self.store.begin_turn(&turn, &messages).await? {
             TurnStart::Created => {
                 budget::record(
@@ -597,6 +602,12 @@ impl Conversation {
         }
     }
 
+    /// Records the turn as it stands, with the requests made since its last write.
+    async fn save(&self, turn: &mut Turn) -> Result<(), crate::error::StoreError> {
+        crate::tally::stamp(&mut turn.requests);
+        self.store.update_turn(turn).await
+    }
+
     /// Delivers a turn's remaining parts, recording each; returns how many were sent, and
     /// the turn as recorded.
     async fn deliver(&self, mut turn: Turn) -> Result<(usize, Turn), EngineError> {
@@ -636,13 +647,13 @@ impl Conversation {
                         };
                         turn.completed_at = Some(self.clock.now());
                     }
-                    self.store.update_turn(&turn).await?;
+                    self.save(&mut turn).await?;
                 }
                 Err(e) => {
                     let why = chain(&e);
                     if transient(&e) {
                         turn.error = Some(why.clone());
-                        self.store.update_turn(&turn).await?;
+                        self.save(&mut turn).await?;
                         return Err(EngineError::Unavailable(format!(
                             "Discord did not take part {} of turn {}: {why}",
                             i + 1,
@@ -653,7 +664,7 @@ impl Conversation {
                     turn.status = TurnStatus::Failed;
                     turn.error = Some(why);
                     turn.completed_at = Some(self.clock.now());
-                    self.store.update_turn(&turn).await?;
+                    self.save(&mut turn).await?;
                     return Ok((sent, turn));
                 }
             }

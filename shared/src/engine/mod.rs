@@ -43,7 +43,7 @@ pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};
 pub use trace::{Trace, trace};
-pub use usage::{ModelPrice, Prices, USAGE_SCAN, UsageRow, usage};
+pub use usage::{AwsPrices, AwsRow, ModelPrice, Prices, USAGE_SCAN, UsageReport, UsageRow, usage};
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
 pub use worker::{BatchOutcome, PollReport, TaskError, Worker};
 

@@ -1,8 +1,8 @@
 //! Usage: the model tokens an agent's heartbeats (the heartbeat agent's runs) and
 //! conversation turns used, per day in the agent's time zone, by provider and model,
-//! with an estimated cost from a price table. Read from the records themselves (the
-//! heartbeat agent's actions and the turns), so the totals are the sum of what was
-//! recorded.
+//! and the AWS requests they made, with an estimated cost from a price table. Read from
+//! the records themselves (the heartbeat agent's actions, the heartbeats and the
+//! turns), so the totals are the sum of what was recorded.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use jiff::civil::Date;
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{Agent, HEARTBEAT_AGENT};
+use crate::domain::{Agent, HEARTBEAT_AGENT, Requests};
 use crate::error::StoreError;
 use crate::ports::Store;
 
@@ -26,12 +26,65 @@ pub struct ModelPrice {
     pub output: f64,
 }
 
-/// Prices by model name. A model is priced by the longest name in the table it starts
-/// with (`gpt-4o-mini-2024-07-18` by `gpt-4o-mini`).
+/// Prices by model name, and AWS's. A model is priced by the longest name in the table
+/// it starts with (`gpt-4o-mini-2024-07-18` by `gpt-4o-mini`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Prices {
     /// Model name → price.
+    #[serde(default)]
     pub models: BTreeMap<String, ModelPrice>,
+    /// AWS's prices.
+    #[serde(default)]
+    pub aws: AwsPrices,
+}
+
+/// AWS's on-demand list prices in US dollars, as published for us-east-1 when this table
+/// was written (2025). Regions differ: `PULSE_PRICES` overrides.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AwsPrices {
+    /// DynamoDB, per million write request units.
+    pub dynamodb_write_units: f64,
+    /// DynamoDB, per million read request units.
+    pub dynamodb_read_units: f64,
+    /// SQS, per million requests: the FIFO price, which the sessions queue pays (the
+    /// hooks queue's standard price is lower, $0.40).
+    pub sqs_requests: f64,
+    /// EventBridge, per million events put (hooks that target a bus).
+    pub eventbridge_events: f64,
+    /// Lambda on arm64, per GB-second.
+    pub lambda_gb_seconds: f64,
+    /// Lambda, per million invocations.
+    pub lambda_invocations: f64,
+    /// EventBridge Scheduler, per million scheduled invocations (the sweeper's minute).
+    pub scheduler_invocations: f64,
+}
+
+impl Default for AwsPrices {
+    fn default() -> Self {
+        Self {
+            dynamodb_write_units: 0.625,
+            dynamodb_read_units: 0.125,
+            sqs_requests: 0.50,
+            eventbridge_events: 1.00,
+            lambda_gb_seconds: 0.000_013_333_4,
+            lambda_invocations: 0.20,
+            scheduler_invocations: 1.00,
+        }
+    }
+}
+
+impl AwsPrices {
+    /// What `requests` cost: DynamoDB by the capacity they consumed, SQS and
+    /// EventBridge by the request.
+    pub fn of(&self, requests: &Requests) -> f64 {
+        (requests.wru * self.dynamodb_write_units
+            + requests.rru * self.dynamodb_read_units
+            + requests.of_service("SQS") as f64 * self.sqs_requests
+            + requests.of_service("EventBridge") as f64 * self.eventbridge_events)
+            / 1_000_000.0
+    }
 }
 
 /// The built-in list prices (USD per million tokens, input / output), as the providers
@@ -58,6 +111,7 @@ const LIST_PRICES: [(&str, f64, f64); 16] = [
 impl Default for Prices {
     fn default() -> Self {
         Self {
+            aws: AwsPrices::default(),
             models: LIST_PRICES
                 .iter()
                 .map(|(m, i, o)| {
@@ -76,15 +130,17 @@ impl Default for Prices {
 
 impl Prices {
     /// The built-in prices with those of a JSON document over them:
-    /// `{"models": {"my-model": {"input": 0.5, "output": 1.5}}}`.
+    /// `{"models": {"my-model": {"input": 0.5, "output": 1.5}}, "aws":
+    /// {"dynamodb_write_units": 0.7}}`; what it does not name keeps its built-in price.
     pub fn with_overrides(json: &str) -> Result<Self, String> {
         let given: Prices = serde_json::from_str(json).map_err(|e| {
             format!(
-                "{e}; expected {{\"models\": {{\"MODEL\": {{\"input\": USD_PER_MILLION, \"output\": USD_PER_MILLION}}}}}}"
+                "{e}; expected {{\"models\": {{\"MODEL\": {{\"input\": USD_PER_MILLION, \"output\": USD_PER_MILLION}}}}, \"aws\": {{\"dynamodb_write_units\": USD_PER_MILLION, …}}}}"
             )
         })?;
         let mut prices = Self::default();
         prices.models.extend(given.models);
+        prices.aws = given.aws;
         Ok(prices)
     }
 
@@ -123,16 +179,45 @@ pub struct UsageRow {
     pub cost_usd: Option<f64>,
 }
 
+/// One row: the AWS requests one agent's heartbeats or turns made on one day.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AwsRow {
+    /// The day, in the agent's time zone.
+    pub day: Date,
+    /// The agent.
+    pub agent_id: String,
+    /// Its name.
+    pub agent_name: String,
+    /// `heartbeats` or `turns`.
+    pub source: &'static str,
+    /// How many heartbeats or turns recorded requests.
+    pub records: u64,
+    /// Their requests, summed.
+    pub requests: Requests,
+    /// Estimated cost in US dollars.
+    pub cost_usd: f64,
+}
+
+/// What `pulse usage` reports: model tokens, and the AWS requests recorded (none on the
+/// embedded store).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct UsageReport {
+    /// Model tokens by day, source and model.
+    pub models: Vec<UsageRow>,
+    /// AWS requests by day and source.
+    pub aws: Vec<AwsRow>,
+}
+
 type Key = (Date, &'static str, String, String);
 
 /// `agent`'s usage since `since`, by day (its time zone), source and model; oldest day
-/// first. Reads at most [`USAGE_SCAN`] actions and turns.
+/// first. Reads at most [`USAGE_SCAN`] actions, turns and heartbeats.
 pub async fn usage(
     store: &dyn Store,
     agent: &Agent,
     since: Timestamp,
     prices: &Prices,
-) -> Result<Vec<UsageRow>, StoreError> {
+) -> Result<UsageReport, StoreError> {
     let zone = agent.timezone.zone();
     let day = |t: Timestamp| t.to_zoned(zone.clone()).date();
     let mut rows: BTreeMap<Key, (u64, u64, u64)> = BTreeMap::new();
@@ -168,7 +253,27 @@ pub async fn usage(
             n(&usage["output_tokens"]),
         );
     }
-    for t in store.list_turns(&agent.id, USAGE_SCAN).await? {
+    let mut aws: BTreeMap<(Date, &'static str), (u64, Requests)> = BTreeMap::new();
+    let mut add_requests = |key: (Date, &'static str), r: &Option<Requests>| {
+        if let Some(r) = r.as_ref().filter(|r| !r.is_empty()) {
+            let row = aws.entry(key).or_default();
+            row.0 += 1;
+            row.1.add(r);
+        }
+    };
+    for hb in store.heartbeats_page(&agent.id, None, USAGE_SCAN).await? {
+        let at = hb.started_at.unwrap_or(hb.scheduled_at);
+        if at >= since {
+            add_requests((day(at), "heartbeats"), &hb.requests);
+        }
+    }
+    let turns = store.list_turns(&agent.id, USAGE_SCAN).await?;
+    for t in &turns {
+        if t.created_at >= since {
+            add_requests((day(t.created_at), "turns"), &t.requests);
+        }
+    }
+    for t in turns {
         if t.created_at < since || t.model.is_empty() {
             continue;
         }
@@ -184,7 +289,7 @@ pub async fn usage(
             t.usage.output_tokens,
         );
     }
-    Ok(rows
+    let models = rows
         .into_iter()
         .map(
             |((day, source, provider, model), (calls, input, output))| UsageRow {
@@ -202,7 +307,20 @@ pub async fn usage(
                 output_tokens: output,
             },
         )
-        .collect())
+        .collect();
+    let aws = aws
+        .into_iter()
+        .map(|((day, source), (records, requests))| AwsRow {
+            day,
+            agent_id: agent.id.to_string(),
+            agent_name: agent.name.clone(),
+            source,
+            records,
+            cost_usd: prices.aws.of(&requests),
+            requests,
+        })
+        .collect();
+    Ok(UsageReport { models, aws })
 }
 
 #[cfg(test)]
@@ -224,5 +342,25 @@ mod tests {
         assert_eq!(mine.of("gpt-4o-mini").unwrap().input, 1.0);
         assert_eq!(mine.of("gpt-4o").unwrap().input, 2.5, "the rest stay");
         assert!(Prices::with_overrides("{\"gpt\": 1}").is_err());
+    }
+
+    #[test]
+    fn aws_requests_are_priced_by_capacity_and_by_request_and_can_be_overridden() {
+        let mut r = Requests::default();
+        r.count("DynamoDB.UpdateItem", 1.0);
+        r.count("DynamoDB.TransactWriteItems", 4.0);
+        r.count("DynamoDB.Query", 0.0);
+        r.rru += 1.0;
+        r.count("SQS.SendMessage", 0.0);
+        r.count("EventBridge.PutEvents", 0.0);
+        let p = Prices::default().aws;
+        let expected = (5.0 * 0.625 + 1.0 * 0.125 + 0.50 + 1.00) / 1e6;
+        assert!((p.of(&r) - expected).abs() < 1e-15, "{}", p.of(&r));
+        let mine = Prices::with_overrides(r#"{"aws": {"dynamodb_write_units": 1.0}}"#).unwrap();
+        assert_eq!(mine.aws.dynamodb_write_units, 1.0);
+        assert_eq!(mine.aws.sqs_requests, 0.50, "the rest stay");
+        assert!(mine.of("gpt-4o").is_some(), "the models stay");
+        let typo = Prices::with_overrides(r#"{"aws": {"dynamo_wru": 1.0}}"#).unwrap_err();
+        assert!(typo.contains("dynamo_wru"), "{typo}");
     }
 }

@@ -39,6 +39,11 @@ fn render(t: &Trace, now: jiff::Timestamp) -> Markup {
                 ", completed " (ago(now, h.completed_at)) "." }
             p.muted { "Window: after " code { (h.window_start) } " through "
                 code { (h.window_end.as_ref().map(|c| c.to_string()).unwrap_or_else(|| "–".into())) } }
+            @if let Some(r) = &h.requests {
+                p.muted { "AWS requests: " (r.total()) " ("
+                    @for (i, (op, n)) in r.ops.iter().enumerate() { @if i > 0 { ", " } (n) " " code { (op) } }
+                    "), " (format!("{:.1}", r.wru)) " write and " (format!("{:.1}", r.rru)) " read units." }
+            }
             @if let Some(e) = &h.error { p.error { (e) } }
         }
         h2 { "Events it read (" (t.window_events.len()) ")" }

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::*;
 use crate::domain::{
-    Action, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus, SessionId, from_ms,
-    to_ms,
+    Action, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus, Requests, SessionId,
+    from_ms, to_ms,
 };
 use crate::error::StoreError;
 use crate::ports::PageToken;
@@ -22,6 +22,17 @@ pub(super) fn s(v: impl Into<String>) -> AttributeValue {
 
 pub(super) fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
+}
+
+/// An update's `values` with `r` as `:req`: the requests attribute (a map), as
+/// [`heartbeat_item`] stores it.
+pub(super) fn with_requests(values: &Item, r: &Requests) -> Item {
+    let mut v = values.clone();
+    v.insert(
+        ":req".to_owned(),
+        serde_dynamo::to_attribute_value(r).unwrap_or(AttributeValue::Null(true)),
+    );
+    v
 }
 
 pub(super) fn backend<E>(op: &'static str) -> impl Fn(E) -> StoreError
@@ -132,6 +143,8 @@ pub(super) struct HeartbeatItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     skipped: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    requests: Option<Requests>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_at: Option<i64>,
@@ -166,6 +179,7 @@ impl HeartbeatItem {
             hour_from: hb.hour_from.map(to_ms),
             beats_in_hour: hb.beats_in_hour,
             skipped: hb.skipped.clone(),
+            requests: hb.requests.clone(),
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -199,6 +213,7 @@ impl HeartbeatItem {
             hour_from: self.hour_from.map(from_ms),
             beats_in_hour: self.beats_in_hour,
             skipped: self.skipped,
+            requests: self.requests,
         })
     }
 }

@@ -9,7 +9,8 @@ use aws_sdk_dynamodb::types::KeysAndAttributes;
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{AgentId, ConversationMessage, SignalId, Turn, TurnId};
+use super::metrics::{put_units, with_own};
+use crate::domain::{AgentId, ConversationMessage, Requests, SignalId, Turn, TurnId};
 use crate::error::StoreError;
 use crate::ports::{ConversationStore, TurnStart};
 
@@ -83,17 +84,24 @@ impl ConversationStore for DynamoStore {
         messages: &[ConversationMessage],
     ) -> Result<TurnStart, StoreError> {
         let pk = agent_pk(&turn.agent_id);
-        let mut items = vec![self.put(
-            doc_item(pk.clone(), turn_sk(&turn.id), turn),
-            Some("attribute_not_exists(pk)"),
-        )?];
+        let mut others = Vec::new();
         for sig in &turn.signals {
             let mut item = key(pk.clone(), signal_sk(sig));
             item.insert("turn".to_owned(), s(turn.id.as_str()));
-            items.push(self.put(item, Some("attribute_not_exists(pk)"))?);
+            others.push((item, Some("attribute_not_exists(pk)")));
         }
         for m in messages {
-            items.push(self.put(doc_item(pk.clone(), format!("MS#{}", m.id), m), None)?);
+            others.push((doc_item(pk.clone(), format!("MS#{}", m.id), m), None));
+        }
+        // The turn carries its requests, this transaction (each item written twice)
+        // included.
+        let others_units: f64 = others.iter().map(|(item, _)| put_units(item)).sum();
+        let turn_item = with_own_cost(turn, "DynamoDB.TransactWriteItems", |item| {
+            2.0 * (put_units(item) + others_units)
+        });
+        let mut items = vec![self.put(turn_item, Some("attribute_not_exists(pk)"))?];
+        for (item, condition) in others {
+            items.push(self.put(item, condition)?);
         }
         match self.transact("begin turn", items).await? {
             Ok(()) => Ok(TurnStart::Created),
@@ -117,7 +125,7 @@ impl ConversationStore for DynamoStore {
     }
 
     async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError> {
-        let item = doc_item(agent_pk(&turn.agent_id), turn_sk(&turn.id), turn);
+        let item = with_own_cost(turn, "DynamoDB.PutItem", put_units);
         let r = self
             .client
             .put_item()
@@ -169,4 +177,15 @@ impl ConversationStore for DynamoStore {
             .map(read_doc)
             .collect()
     }
+}
+
+/// The turn's item, its requests counting the `op` that writes it, whose units `units`
+/// gives for the item.
+fn with_own_cost(turn: &Turn, op: &str, units: impl Fn(&Item) -> f64) -> Item {
+    let item = |r: &Requests| {
+        let mut t = turn.clone();
+        t.requests = Some(r.clone());
+        doc_item(agent_pk(&turn.agent_id), turn_sk(&turn.id), &t)
+    };
+    item(&with_own(turn.requests.as_ref(), op, |r| units(&item(r))))
 }

@@ -9,6 +9,7 @@ use jiff::Timestamp;
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
+use super::metrics::{put_units, update_units, with_own};
 use crate::domain::{AgentId, ClaimRequest, Heartbeat, HeartbeatId, HeartbeatStatus, to_ms};
 use crate::error::StoreError;
 use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Reschedule};
@@ -78,14 +79,30 @@ impl HeartbeatStore for DynamoStore {
     ) -> Result<Option<Heartbeat>, StoreError> {
         let now = to_ms(req.now);
         let lease = to_ms(req.now.saturating_add(req.lease).unwrap_or(req.now));
+        let item_key = key(agent_pk(id.agent()), heartbeat_sk(id.beat()));
+        let mut values: Item = HashMap::from([
+            (":executing".to_owned(), s("EXECUTING")),
+            (":pending".to_owned(), s("PENDING")),
+            (":one".to_owned(), n(1)),
+            (":lease".to_owned(), n(lease)),
+            (":now".to_owned(), n(now)),
+            (":wend".to_owned(), s(req.window_end.as_str())),
+        ]);
+        // The heartbeat's request count starts with its claim (a reclaim starts it
+        // again: what a dead run did was never written).
+        let requests = with_own(None, "DynamoDB.UpdateItem", |r| {
+            update_units(&item_key, &with_requests(&values, r))
+        });
+        values = with_requests(&values, &requests);
         let r = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(key(agent_pk(id.agent()), heartbeat_sk(id.beat()))))
+            .set_key(Some(item_key))
             .update_expression(
                 "SET #status = :executing, #claim = #claim + :one, lease_until = :lease, due_at = :lease, \
-                 started_at = if_not_exists(started_at, :now), window_end = if_not_exists(window_end, :wend)",
+                 started_at = if_not_exists(started_at, :now), window_end = if_not_exists(window_end, :wend), \
+                 requests = :req",
             )
             // On the item itself: the index may be stale.
             .condition_expression(
@@ -93,12 +110,7 @@ impl HeartbeatStore for DynamoStore {
             )
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#claim", "claim")
-            .expression_attribute_values(":executing", s("EXECUTING"))
-            .expression_attribute_values(":pending", s("PENDING"))
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":lease", n(lease))
-            .expression_attribute_values(":now", n(now))
-            .expression_attribute_values(":wend", s(req.window_end.as_str()))
+            .set_expression_attribute_values(Some(values))
             .return_values(ReturnValue::AllNew)
             .send()
             .await;
@@ -175,9 +187,12 @@ impl HeartbeatStore for DynamoStore {
                 None => remove.push(attr),
             }
         }
+        // The record carries what the heartbeat's requests were, this finish included.
+        set.push("requests = :req");
+        let item_key = key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat));
         let update = Update::builder()
             .table_name(&self.table)
-            .set_key(Some(key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat))))
+            .set_key(Some(item_key.clone()))
             .update_expression(format!(
                 "SET {} REMOVE {}",
                 set.join(", "),
@@ -185,8 +200,7 @@ impl HeartbeatStore for DynamoStore {
             ))
             .expression_attribute_names("#status", "status")
             .expression_attribute_names("#claim", "claim")
-            .expression_attribute_names("#error", "error")
-            .set_expression_attribute_values(Some(values));
+            .expression_attribute_names("#error", "error");
         // How the next heartbeat is filed follows the mark a pause or resume left on this
         // one while it ran (`Reschedule::Running`): the finish's own condition checks it,
         // so the choice is atomic with the finish at no extra item, and a wrong guess is
@@ -195,30 +209,43 @@ impl HeartbeatStore for DynamoStore {
         let mut paused = next
             .as_ref()
             .is_some_and(|n| n.status == HeartbeatStatus::Paused);
+        let mut counted = hb.requests.clone();
         for _ in 0..4 {
+            // An attempt after the first counts the ones before it.
+            crate::tally::stamp(&mut counted);
             let mark = if paused {
                 "attribute_exists(pause_next)"
             } else {
                 "attribute_not_exists(pause_next)"
             };
-            let update = update
-                .clone()
-                .condition_expression(format!(
-                    "#status = :executing AND #claim = :claim AND {mark}"
-                ))
-                .build()
-                .map_err(backend("build transaction"))?;
-            let mut items = vec![TransactWriteItem::builder().update(update).build()];
+            let mut puts = Vec::new();
             if let Some(next) = &mut next {
                 next.status = if paused {
                     HeartbeatStatus::Paused
                 } else {
                     HeartbeatStatus::Pending
                 };
-                items.push(self.put(heartbeat_item(next)?, Some("attribute_not_exists(pk)"))?);
+                puts.push((heartbeat_item(next)?, Some("attribute_not_exists(pk)")));
             }
             if let Some(e) = &finish.heartbeat_event {
-                items.push(self.put(event_item(e), None)?);
+                puts.push((event_item(e), None));
+            }
+            // A transaction writes each item twice.
+            let others: f64 = puts.iter().map(|(item, _)| put_units(item)).sum();
+            let requests = with_own(counted.as_ref(), "DynamoDB.TransactWriteItems", |r| {
+                2.0 * (update_units(&item_key, &with_requests(&values, r)) + others)
+            });
+            let update = update
+                .clone()
+                .set_expression_attribute_values(Some(with_requests(&values, &requests)))
+                .condition_expression(format!(
+                    "#status = :executing AND #claim = :claim AND {mark}"
+                ))
+                .build()
+                .map_err(backend("build transaction"))?;
+            let mut items = vec![TransactWriteItem::builder().update(update).build()];
+            for (item, condition) in puts {
+                items.push(self.put(item, condition)?);
             }
             // No client request token: a retry of a finish that went through fails its
             // condition, and the record read back tells AlreadyFinished from Superseded.

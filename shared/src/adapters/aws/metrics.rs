@@ -9,10 +9,15 @@
 //! the stored size is not in the request (an update writes attributes of an item whose
 //! full size only the table knows), the request's key and values stand for it: exact
 //! for the small heartbeat records Pulse updates, a lower bound for large ones.
+//!
+//! Each request is also added to the [`crate::tally`] of the unit of work that sent it,
+//! so heartbeats and turns carry their own counts; [`with_own`] lets a write carry its
+//! own cost on the record it writes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::interceptors::context::{
@@ -22,6 +27,8 @@ use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde_json::Value;
+
+use crate::domain::Requests;
 
 /// Requests sent, by `Service.Operation` (e.g. `DynamoDB.UpdateItem`), and the DynamoDB
 /// capacity they would consume.
@@ -98,11 +105,10 @@ impl Intercept for RequestCounter {
             let consistent = body["ConsistentRead"].as_bool().unwrap_or(false);
             cfg.interceptor_state().store_put(ReadMode { consistent });
         }
+        let name = format!("{service}.{op}");
+        crate::tally::count(&name, write);
         let mut counts = self.lock();
-        *counts
-            .requests
-            .entry(format!("{service}.{op}"))
-            .or_default() += 1;
+        *counts.requests.entry(name).or_default() += 1;
         counts.units.write += write;
         Ok(())
     }
@@ -126,15 +132,90 @@ impl Intercept for RequestCounter {
             .bytes()
             .and_then(|b| serde_json::from_slice::<Value>(b).ok())
         {
-            self.lock().units.read += read_units(&op, &body, mode.consistent);
+            let units = read_units(&op, &body, mode.consistent);
+            crate::tally::count_read(units);
+            self.lock().units.read += units;
         }
         Ok(())
     }
 }
 
+/// `base` and one more `op` request, whose write units `units` gives for the requests
+/// a record carries: a write that stores its own cost on the record it writes. Its
+/// size grows with that cost, so the units are found again until they hold.
+pub(super) fn with_own(
+    base: Option<&Requests>,
+    op: &str,
+    units: impl Fn(&Requests) -> f64,
+) -> Requests {
+    let mut counted = base.cloned().unwrap_or_default();
+    counted.count(op, 0.0);
+    let mut own = 0.0;
+    loop {
+        let mut candidate = counted.clone();
+        candidate.wru += own;
+        let needed = units(&candidate);
+        if needed <= own {
+            return candidate;
+        }
+        own = needed;
+    }
+}
+
+/// Write units of a put of `item` (one started KB each).
+pub(super) fn put_units(item: &HashMap<String, AttributeValue>) -> f64 {
+    kb(attrs_size(item))
+}
+
+/// Write units of an update or check of the item at `key` setting `values`: its key
+/// and values stand for the item, as in [`write_units`].
+pub(super) fn update_units(
+    key: &HashMap<String, AttributeValue>,
+    values: &HashMap<String, AttributeValue>,
+) -> f64 {
+    kb(attrs_size(key) + attrs_size(values))
+}
+
+fn kb(size: usize) -> f64 {
+    size.div_ceil(1024).max(1) as f64
+}
+
+/// [`item_size`] of an item before it is sent.
+fn attrs_size(item: &HashMap<String, AttributeValue>) -> usize {
+    item.iter().map(|(k, v)| k.len() + attr_size(v)).sum()
+}
+
+/// [`value_size`] of a value before it is sent.
+fn attr_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(x) => x.len(),
+        AttributeValue::N(x) => number_size(x),
+        AttributeValue::B(x) => x.as_ref().len(),
+        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+        AttributeValue::Ss(x) => x.iter().map(String::len).sum(),
+        AttributeValue::Ns(x) => x.iter().map(|n| number_size(n)).sum(),
+        AttributeValue::Bs(x) => x.iter().map(|b| b.as_ref().len()).sum(),
+        AttributeValue::L(x) => 3 + x.iter().map(|e| attr_size(e) + 1).sum::<usize>(),
+        AttributeValue::M(x) => {
+            3 + x
+                .iter()
+                .map(|(k, e)| k.len() + attr_size(e) + 1)
+                .sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
+/// The bytes DynamoDB counts for a number: about one per two significant digits, plus
+/// one.
+fn number_size(s: &str) -> usize {
+    let digits = s.trim_start_matches('-').replace('.', "");
+    let significant = digits.trim_start_matches('0').len().max(1);
+    significant.div_ceil(2) + 1
+}
+
 /// The write units of a DynamoDB request.
 fn write_units(op: &str, body: &Value) -> f64 {
-    let kb = |size: usize| size.div_ceil(1024).max(1) as f64;
     let changed = |v: &Value| {
         // An update or check: its key and values stand for the item.
         item_size(&v["Key"]) + item_size(&v["ExpressionAttributeValues"])
@@ -211,11 +292,7 @@ fn value_size(v: &Value) -> usize {
     let Some((kind, inner)) = v.as_object().and_then(|m| m.iter().next()) else {
         return 0;
     };
-    let number = |s: &str| {
-        let digits = s.trim_start_matches('-').replace('.', "");
-        let significant = digits.trim_start_matches('0').len().max(1);
-        significant.div_ceil(2) + 1
-    };
+    let number = number_size;
     match kind.as_str() {
         "S" | "B" => inner.as_str().map_or(0, str::len),
         "N" => inner.as_str().map_or(1, number),
@@ -267,5 +344,42 @@ mod tests {
         let large = json!({"Items": [{"doc": {"S": "x".repeat(5000)}}], "ScannedCount": 1});
         assert_eq!(read_units("Query", &large, true), 2.0);
         assert_eq!(read_units("GetItem", &json!({}), true), 1.0);
+    }
+
+    #[test]
+    fn an_item_is_sized_the_same_before_it_is_sent_and_on_the_wire() {
+        let sent = HashMap::from([
+            ("pk".to_owned(), AttributeValue::S("AG#1".into())),
+            ("n".to_owned(), AttributeValue::N("-12.345".into())),
+            ("ok".to_owned(), AttributeValue::Bool(true)),
+            (
+                "m".to_owned(),
+                AttributeValue::M(HashMap::from([(
+                    "l".to_owned(),
+                    AttributeValue::L(vec![AttributeValue::S("ab".into())]),
+                )])),
+            ),
+        ]);
+        let wire = json!({"pk": {"S": "AG#1"}, "n": {"N": "-12.345"}, "ok": {"BOOL": true},
+            "m": {"M": {"l": {"L": [{"S": "ab"}]}}}});
+        assert_eq!(attrs_size(&sent), item_size(&wire));
+    }
+
+    #[test]
+    fn a_write_that_carries_its_own_cost_counts_the_units_its_record_ends_up_with() {
+        let mut base = Requests::default();
+        base.count("DynamoDB.Query", 0.0);
+        // A record whose size is 1,000 bytes plus 10 per write unit it carries: 1 KB at
+        // first guess, 2 KB once it carries 1 unit, and 2 KB carrying 2.
+        let units = |r: &Requests| kb(1_000 + 10 * r.wru as usize + 20);
+        let own = with_own(Some(&base), "DynamoDB.PutItem", units);
+        assert_eq!(own.ops["DynamoDB.PutItem"], 1);
+        assert_eq!(own.ops["DynamoDB.Query"], 1);
+        assert_eq!(own.wru, 2.0);
+        assert_eq!(
+            units(&own),
+            own.wru,
+            "the units hold for the record as written"
+        );
     }
 }

@@ -17,7 +17,7 @@ use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Re
 pub(super) const HB_COLS: &str = "agent_id, beat, session, status, scheduled_ms, claim, lease_ms, started_ms, \
     completed_ms, window_start, window_end, last_interaction_beat, interaction_seen_ms, since_last, \
     consecutive_failures, events_processed, actions_triggered, actions_failed, cascade_capped, error, \
-    hour_from_ms, beats_in_hour, skipped";
+    hour_from_ms, beats_in_hour, skipped, requests";
 
 pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, StoreError>> {
     let agent: String = r.get(0)?;
@@ -70,14 +70,27 @@ pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, S
         hour_from: ts(20)?,
         beats_in_hour: n(21)?,
         skipped: r.get(22)?,
+        requests: match r.get::<_, Option<String>>(23)? {
+            None => None,
+            Some(json) => match serde_json::from_str(&json) {
+                Ok(counts) => Some(counts),
+                Err(e) => return Ok(Err(StoreError::corrupt(key, e))),
+            },
+        },
     }))
+}
+
+fn requests_json(hb: &Heartbeat) -> Option<String> {
+    hb.requests
+        .as_ref()
+        .map(|r| serde_json::to_string(r).unwrap_or_default())
 }
 
 pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), StoreError> {
     conn.execute(
         &format!(
             "INSERT INTO heartbeats ({HB_COLS}, due_ms) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
         ),
         params![
             hb.agent_id.as_str(),
@@ -103,6 +116,7 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
             hb.hour_from.map(to_ms),
             hb.beats_in_hour,
             hb.skipped,
+            requests_json(hb),
             hb.due_at().map(to_ms),
         ],
     )
@@ -275,7 +289,7 @@ impl HeartbeatStore for SqliteStore {
                 tx.execute(
                     "UPDATE heartbeats SET status = ?3, completed_ms = ?4, last_interaction_beat = ?5, \
                          interaction_seen_ms = ?6, since_last = ?7, events_processed = ?8, actions_triggered = ?9, \
-                         actions_failed = ?10, cascade_capped = ?11, error = ?12, skipped = ?13, due_ms = NULL \
+                         actions_failed = ?10, cascade_capped = ?11, error = ?12, skipped = ?13, requests = ?14, due_ms = NULL \
                      WHERE agent_id = ?1 AND beat = ?2",
                     params![
                         hb.agent_id.as_str(),
@@ -291,6 +305,7 @@ impl HeartbeatStore for SqliteStore {
                         hb.cascade_capped,
                         hb.error,
                         hb.skipped,
+                        requests_json(hb),
                     ],
                 )
                 .map_err(&op)?;

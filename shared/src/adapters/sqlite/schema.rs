@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 6;
+const SCHEMA_VERSION: i64 = 7;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -241,6 +241,12 @@ CREATE TABLE spend (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 7: the cloud requests a heartbeat made (JSON). This store makes none; it
+/// keeps what it is given, like every store.
+const SCHEMA_V7: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN requests TEXT;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -276,6 +282,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 6 {
             conn.execute_batch(SCHEMA_V6).map_err(&err)?;
+        }
+        if version < 7 {
+            conn.execute_batch(SCHEMA_V7).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

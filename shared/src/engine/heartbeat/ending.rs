@@ -80,8 +80,7 @@ impl HeartbeatRunner {
         )
         .counted(plan.hour);
         let outcome = self
-            .store
-            .finish(&Finish {
+            .file(Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: heartbeat_event(&plan, &stats),
@@ -123,8 +122,7 @@ impl HeartbeatRunner {
         let (done, next, at) = self.cancelled(&plan, &stats, &reason, now);
         let next = next.counted(plan.hour);
         let outcome = self
-            .store
-            .finish(&Finish {
+            .file(Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: heartbeat_event(&plan, &stats),
@@ -200,8 +198,7 @@ impl HeartbeatRunner {
         // with a fresh hour.
         let (done, next, _) = self.cancelled(&plan, &Stats::default(), &reason, now);
         let outcome = self
-            .store
-            .finish(&Finish {
+            .file(Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: None,
@@ -279,8 +276,7 @@ impl HeartbeatRunner {
         )
         .counted(hb.hour_count(hb.started_at.unwrap_or(now)));
         let outcome = self
-            .store
-            .finish(&Finish {
+            .file(Finish {
                 heartbeat: done.clone(),
                 next: Some(next),
                 heartbeat_event: None,
@@ -314,8 +310,7 @@ impl HeartbeatRunner {
         done.completed_at = Some(self.clock.now());
         done.error = Some("the agent no longer exists".to_owned());
         let outcome = self
-            .store
-            .finish(&Finish {
+            .file(Finish {
                 heartbeat: done,
                 next: None,
                 heartbeat_event: None,
@@ -328,6 +323,12 @@ impl HeartbeatRunner {
             }
             other => self.not_finished(&hb.id(), other),
         })
+    }
+
+    /// Files a finish, the requests this run made counted on the finished record.
+    async fn file(&self, mut finish: Finish) -> Result<FinishOutcome, StoreError> {
+        crate::tally::stamp(&mut finish.heartbeat.requests);
+        self.store.finish(&finish).await
     }
 
     pub(super) fn not_finished(&self, id: &HeartbeatId, outcome: FinishOutcome) -> RunOutcome {

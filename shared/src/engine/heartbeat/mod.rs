@@ -157,7 +157,8 @@ impl HeartbeatRunner {
             heartbeat_id = %heartbeat.id(),
             beat = heartbeat.beat,
         );
-        self.run_inner(heartbeat).instrument(span).await
+        // The requests the run makes are counted onto the finished record.
+        crate::tally::scope(self.run_inner(heartbeat).instrument(span)).await
     }
 
     async fn run_inner(&self, hb: &Heartbeat) -> Result<RunOutcome, EngineError> {
