@@ -230,9 +230,10 @@ impl Rig {
         out: &Out,
         title: impl Fn(usize) -> String,
     ) -> Result<serde_json::Value, Failure> {
+        let since = self.clock.now();
         let (sweep, run, ran) = measured_cycles(self).await?;
         let mut figures = report(out, &title(ran), &sweep, &run, self.n);
-        let recorded = self.recorded().await?;
+        let recorded = self.recorded(since).await?;
         let per = |x: f64| x / self.n as f64;
         figure!(
             out,
@@ -251,18 +252,17 @@ impl Rig {
         Ok(figures)
     }
 
-    /// The requests the newest finished heartbeat of each agent recorded, summed.
-    async fn recorded(&self) -> Result<Requests, Failure> {
+    /// The requests the heartbeats finished since `since` recorded, summed.
+    async fn recorded(&self, since: jiff::Timestamp) -> Result<Requests, Failure> {
         let store = self.backend.store.as_ref();
         let mut sum = Requests::default();
         for agent in store.list_agents().await? {
-            let newest = store.heartbeats_page(&agent.id, None, 3).await?;
-            if let Some(r) = newest
-                .iter()
-                .find(|h| h.status.is_final())
-                .and_then(|h| h.requests.as_ref())
-            {
-                sum.add(r);
+            for h in store.heartbeats_page(&agent.id, None, 3).await? {
+                if h.completed_at.is_some_and(|t| t >= since)
+                    && let Some(r) = &h.requests
+                {
+                    sum.add(r);
+                }
             }
         }
         Ok(sum)
