@@ -506,6 +506,66 @@ async fn both_wire_formats_carry_tool_calls_and_a_budget_stops_the_loop() {
     assert!(review.parent_id.is_some(), "linked to the HEARTBEAT event");
 }
 
+/// Issue 20: a response carrying tool calls with another stop reason (some
+/// OpenAI-compatible servers; OpenAI when `tool_choice` forces a function) had its calls
+/// dropped, so such a model never spoke. They are run whatever the reason says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_are_run_whatever_the_stop_reason_says() {
+    let openai = |finish: Option<&str>, fact: &str| {
+        let mut choice = json!({"index": 0, "message": {"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "remember",
+                "arguments": json!({"text": fact}).to_string()}}]}});
+        if let Some(f) = finish {
+            choice["finish_reason"] = json!(f);
+        }
+        json!({"id": "c", "model": "fake-gpt", "choices": [choice],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+    };
+    let anthropic = |stop: &str, fact: &str| {
+        json!({"id": "m", "type": "message", "role": "assistant", "model": "fake-claude",
+            "content": [{"type": "text", "text": "noting it"},
+                {"type": "tool_use", "id": "toolu_1", "name": "remember", "input": {"text": fact}}],
+            "stop_reason": stop, "usage": {"input_tokens": 10, "output_tokens": 5}})
+    };
+    let shapes = [
+        (ProviderKind::OpenAi, openai(Some("stop"), "stop")),
+        (
+            ProviderKind::OpenAi,
+            openai(Some("tool_calls"), "tool_calls"),
+        ),
+        (ProviderKind::OpenAi, openai(None, "missing")),
+        (ProviderKind::OpenAi, openai(Some("length"), "length")),
+        (ProviderKind::Anthropic, anthropic("end_turn", "end_turn")),
+    ];
+    for (provider, body) in shapes {
+        let w = world(Kind::Sqlite).await;
+        let agent = w
+            .agent(|a| {
+                a.llm.provider = Some(provider);
+                a.llm.base_url = Some(w.llm.url().parse().unwrap());
+            })
+            .await;
+        let fact = body.to_string();
+        w.llm
+            .script([Scripted::Raw(body), Scripted::text("all noted")]);
+        w.beat().await;
+        assert_eq!(
+            w.llm.requests().len(),
+            2,
+            "{fact}: the call, then its result"
+        );
+        let memories = w.b.store.memories(&agent.id, 10).await.unwrap();
+        assert_eq!(memories.len(), 1, "{fact}: the call was run");
+        assert!(fact.contains(&memories[0].text), "{fact}");
+        // The second request carries the call's result.
+        let second = &w.llm.requests()[1].body["messages"];
+        assert!(
+            second.to_string().contains("tool_result") || second.to_string().contains("\"tool\""),
+            "{second}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_goes_through_the_open_interaction_and_long_replies_are_split() {
     let w = world(Kind::Sqlite).await;

@@ -28,6 +28,8 @@ pub enum Scripted {
     },
     /// An error status, with a `Retry-After: 0` header on 429.
     Status(u16),
+    /// This response body, as it is (in the wire format of the path asked).
+    Raw(Value),
 }
 
 impl Scripted {
@@ -165,6 +167,7 @@ async fn anthropic(
 ) -> Response {
     match next(&shared, "/v1/messages", headers, body).await {
         Scripted::Status(code) => status(code),
+        Scripted::Raw(body) => Json(body).into_response(),
         Scripted::Answer { text, tools } => {
             let mut content = Vec::new();
             if let Some(t) = text {
@@ -191,6 +194,7 @@ async fn openai(
 ) -> Response {
     match next(&shared, "/chat/completions", headers, body).await {
         Scripted::Status(code) => status(code),
+        Scripted::Raw(body) => Json(body).into_response(),
         Scripted::Answer { text, tools } => {
             let calls: Vec<Value> = tools
                 .iter()

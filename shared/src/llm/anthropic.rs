@@ -107,6 +107,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
         Some("max_tokens") => StopReason::MaxTokens,
         _ => StopReason::Other,
     };
+    super::disagreement("anthropic", v.get("stop_reason"), &tool_calls, stop);
     let usage = v.get("usage").cloned().unwrap_or(Value::Null);
     Ok(LlmResponse {
         text: (!text.is_empty()).then_some(text),

@@ -442,6 +442,27 @@ impl HttpLlm {
     }
 }
 
+/// A response that carries tool calls but whose stop reason says something else: some
+/// OpenAI-compatible servers answer that way (and OpenAI itself when `tool_choice`
+/// forces a function). The calls are run all the same; the disagreement is logged once
+/// per response.
+fn disagreement(
+    provider: &'static str,
+    said: Option<&Value>,
+    tool_calls: &[crate::domain::ToolUse],
+    stop: crate::domain::StopReason,
+) {
+    if !tool_calls.is_empty() && stop != crate::domain::StopReason::ToolUse {
+        let said = said.map_or_else(|| "none".to_owned(), Value::to_string);
+        warn!(
+            provider,
+            stop_reason = %said,
+            tool_calls = tool_calls.len(),
+            "the response carries tool calls but its stop reason is not a tool call; the calls are run"
+        );
+    }
+}
+
 fn retryable(status: StatusCode) -> bool {
     status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
 }

@@ -96,6 +96,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
         _ if !tool_calls.is_empty() => StopReason::ToolUse,
         _ => StopReason::Other,
     };
+    super::disagreement("openai", choice.get("finish_reason"), &tool_calls, stop);
     let usage = v.get("usage").cloned().unwrap_or(Value::Null);
     Ok(LlmResponse {
         text: msg

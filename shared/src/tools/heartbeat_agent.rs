@@ -237,7 +237,9 @@ impl HeartbeatAgent {
                 );
                 return Ok(None);
             }
-            if resp.tool_calls.is_empty() || resp.stop != StopReason::ToolUse {
+            // The calls are run whatever the stop reason says (the provider warns when
+            // the two disagree).
+            if resp.tool_calls.is_empty() {
                 return Ok(None);
             }
             if let Some(why) = self
