@@ -150,6 +150,13 @@ async fn context_order(kind: Kind) {
         ctx[3].1
     );
     assert!(ctx[4].1.contains("sent 2 message(s) via Discord") && ctx[4].1.contains("voice-2.ogg"));
+    // The agent's beats: no heartbeat has run (beat 0), and the user wrote before, in
+    // this same beat.
+    assert!(
+        ctx[4].1.starts_with(r#"Beats: {"beat":0,"since_last":0}"#),
+        "{}",
+        ctx[4].1
+    );
     assert_eq!(ctx[5].1, "I should mention the deadline");
 
     let history = w.b.store.recent_messages(&agent.id, 100).await.unwrap();
@@ -240,6 +247,49 @@ async fn speak(kind: Kind) {
         actions[0].response.as_ref().unwrap()["output"]["silent"],
         true
     );
+}
+
+on_both_backends!(a_turn_knows_the_agents_beats, turn_beats);
+async fn turn_beats(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    let beats_seen = |w: &World| {
+        let body = w.llm.requests().last().unwrap().body.clone();
+        let envelope = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["content"].as_str())
+            .find(|c| c.starts_with("Beats: "))
+            .unwrap()
+            .to_owned();
+        let json = &envelope["Beats: ".len()..envelope.find(" (").unwrap()];
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        (
+            v["beat"].as_u64().unwrap(),
+            v["since_last"].as_u64().unwrap(),
+        )
+    };
+    for _ in 0..3 {
+        w.beat().await;
+        w.b.advance(SignedDuration::from_mins(11));
+    }
+    w.say(&agent, "hello after three beats", SignalMeta::default())
+        .await;
+    w.b.drain(&w.worker).await;
+    assert_eq!(
+        beats_seen(&w),
+        (3, 3),
+        "never wrote before: every beat counts"
+    );
+    // The next heartbeats count that message (dated to beat 3).
+    for _ in 0..2 {
+        w.b.advance(SignedDuration::from_mins(30));
+        w.beat().await;
+    }
+    w.say(&agent, "and again", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    assert_eq!(beats_seen(&w), (5, 2));
 }
 
 on_both_backends!(three_queued_messages_make_one_turn_and_one_reply, coalesce);

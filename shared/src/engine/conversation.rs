@@ -3,8 +3,9 @@
 //! A turn builds the context (seeds 000 and 002) — the persona as system prompt, the
 //! history within a token budget (oldest dropped first; only the latest messages are
 //! read, so a turn's cost does not grow with the history), all pending user messages as
-//! one time-stamped user message, one ephemeral system message with the raw Discord
-//! envelopes (never persisted), and the heartbeat's spoken thoughts last as one assistant
+//! one time-stamped user message, one ephemeral system message with the agent's beats
+//! (seed 003) and the raw Discord envelopes (never persisted), and the heartbeat's
+//! spoken thoughts last as one assistant
 //! message — asks the model, and writes the turn (its inbound messages, the reply, and
 //! marks that its signals are answered) in one atomic write *before* delivering the
 //! reply. Delivery then records each part sent. A redelivered signal finds its turn and
@@ -18,9 +19,9 @@ use jiff::Timestamp;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::domain::{
-    Agent, AgentId, ChatMessage, ConversationMessage, HookData, HookType, LlmRequest,
-    MESSAGE_LIMIT, ReplyTarget, Role, Signal, SignalKind, Spend, Turn, TurnId, TurnStatus, Usage,
-    split_message,
+    Agent, AgentId, Beats, ChatMessage, ConversationMessage, Heartbeat, HookData, HookType,
+    LlmRequest, MESSAGE_LIMIT, ReplyTarget, Role, Signal, SignalKind, Spend, Turn, TurnId,
+    TurnStatus, Usage, split_message,
 };
 use crate::engine::budget;
 use crate::error::{DiscordError, EngineError, chain};
@@ -79,6 +80,7 @@ pub fn build_context(
     agent: &Agent,
     history: &[ConversationMessage],
     signals: &[Signal],
+    beats: Option<Beats>,
     now: Timestamp,
     history_tokens: usize,
 ) -> Vec<ChatMessage> {
@@ -131,17 +133,58 @@ pub fn build_context(
             user_parts.join("\n")
         )));
     }
+    // The ephemeral envelope: the agent's beats and what Discord said of the messages.
+    let mut envelope = Vec::new();
+    if let Some(b) = beats {
+        envelope.push(format!(
+            "Beats: {} (your sense of time: a beat is one heartbeat, every {}; since_last counts the beats since the user last wrote before this)",
+            serde_json::json!({"beat": b.beat, "since_last": b.since_last}),
+            agent.interval
+        ));
+    }
     if !envelopes.is_empty() {
-        messages.push(ChatMessage::system(format!(
+        envelope.push(format!(
             "The user sent {} message(s) via Discord.\n\nRaw message envelopes:\n{}",
             envelopes.len(),
             serde_json::to_string_pretty(&envelopes).unwrap_or_default()
-        )));
+        ));
+    }
+    if !envelope.is_empty() {
+        messages.push(ChatMessage::system(envelope.join("\n\n")));
     }
     if !thoughts.is_empty() {
         messages.push(ChatMessage::assistant(thoughts.join("\n")));
     }
     messages
+}
+
+/// The agent's beats at a turn (seed 003), from its newest heartbeat record: the beat it
+/// is at (a heartbeat not yet started has not happened), and the beats since the user
+/// last wrote before this turn — 0 when that was after the newest heartbeat counted the
+/// interactions (`history`: the messages before this turn, newest first). `None` for an
+/// agent without heartbeats.
+pub(crate) fn turn_beats(
+    newest: Option<&Heartbeat>,
+    history: &[ConversationMessage],
+) -> Option<Beats> {
+    let h = newest?;
+    let beat = if h.started_at.is_some() {
+        h.beat
+    } else {
+        h.beat.saturating_sub(1)
+    };
+    let previous = history
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| m.created_at)
+        .max();
+    let uncounted = previous.is_some_and(|p| h.interaction_seen_at.is_none_or(|seen| p > seen));
+    let since_last = if uncounted {
+        0
+    } else {
+        beat.saturating_sub(h.last_interaction_beat)
+    };
+    Some(Beats { beat, since_last })
 }
 
 fn system_prompt(agent: &Agent) -> String {
@@ -414,10 +457,12 @@ impl Conversation {
             .recent_messages(agent_id, self.settings.history_messages)
             .await?;
         let now = self.clock.now();
+        let newest = self.store.heartbeats_page(agent_id, None, 1).await?;
         let context = build_context(
             &agent,
             &history,
             &pending,
+            turn_beats(newest.first(), &history),
             now,
             self.settings.history_tokens,
         );
@@ -720,7 +765,7 @@ mod tests {
     fn history_beyond_the_token_budget_is_dropped_oldest_first() {
         let a = agent();
         let h = history(&a, 50, 40); // 14 tokens each
-        let ctx = build_context(&a, &h, &[], Timestamp::UNIX_EPOCH, 14 * 10);
+        let ctx = build_context(&a, &h, &[], None, Timestamp::UNIX_EPOCH, 14 * 10);
         assert_eq!(ctx.len(), 11, "system + the 10 newest");
         assert!(ctx[1].text().unwrap().starts_with("00040"));
         assert!(ctx[10].text().unwrap().starts_with("00049"));
@@ -739,11 +784,56 @@ mod tests {
         t.content = vec![crate::domain::ContentBlock::Text {
             text: "check in".into(),
         }];
-        let ctx = build_context(&a, &[], &[t, m], now, 1000);
+        let beats = Some(Beats {
+            beat: 847,
+            since_last: 2,
+        });
+        let ctx = build_context(&a, &[], &[t, m], beats, now, 1000);
         let roles: Vec<_> = ctx.iter().map(ChatMessage::role).collect();
         assert_eq!(roles, ["system", "user", "system", "assistant"]);
-        assert!(ctx[2].text().unwrap().contains("a.ogg"));
+        let envelope = ctx[2].text().unwrap();
+        assert!(envelope.contains("a.ogg"));
+        assert!(
+            envelope.starts_with(r#"Beats: {"beat":847,"since_last":2}"#),
+            "{envelope}"
+        );
         assert_eq!(ctx[3].text(), Some("check in"));
+    }
+
+    #[test]
+    fn a_turn_knows_its_beat_and_the_beats_since_the_user_last_wrote() {
+        let a = agent();
+        let t = |s: i64| Timestamp::from_second(s).unwrap();
+        let (next, _) = crate::domain::NewAgent::named("x").create(t(0)).unwrap();
+        let mut h = Heartbeat::pending(
+            &next,
+            12,
+            t(1_000),
+            crate::domain::EventCursor::origin(),
+            9,
+            Some(t(500)),
+            0,
+        );
+        let said = |at: i64| {
+            let mut m = history(&a, 1, 10).remove(0);
+            m.role = Role::User;
+            m.created_at = t(at);
+            m
+        };
+        assert_eq!(turn_beats(None, &[]), None, "no heartbeat yet");
+        // Beat 12 is due, not started: the agent is at beat 11; the user last wrote at
+        // beat 9, counted by a heartbeat.
+        let b = turn_beats(Some(&h), &[said(400)]).unwrap();
+        assert_eq!((b.beat, b.since_last), (11, 2));
+        // Started: it is beat 12.
+        h.started_at = Some(t(1_000));
+        assert_eq!(turn_beats(Some(&h), &[said(400)]).unwrap().since_last, 3);
+        // The user wrote after the heartbeats counted: in this very beat.
+        assert_eq!(turn_beats(Some(&h), &[said(600)]).unwrap().since_last, 0);
+        // Never wrote: beats since the start.
+        h.last_interaction_beat = 0;
+        h.interaction_seen_at = None;
+        assert_eq!(turn_beats(Some(&h), &[]).unwrap().since_last, 12);
     }
 
     #[test]
