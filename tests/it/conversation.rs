@@ -292,6 +292,68 @@ async fn turn_beats(kind: Kind) {
     assert_eq!(beats_seen(&w), (5, 2));
 }
 
+on_both_backends!(
+    what_a_chat_asks_to_remember_is_in_the_system_prompt_of_later_chats,
+    chat_memory
+);
+async fn chat_memory(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    // The model keeps the fact with `remember`, then answers in words.
+    w.llm.script([
+        Scripted::tool("remember", json!({"text": "the user is vegetarian"})),
+        Scripted::text("Noted: no meat."),
+    ]);
+    w.say(
+        &agent,
+        "remember that I'm vegetarian",
+        SignalMeta::default(),
+    )
+    .await;
+    w.b.drain(&w.worker).await;
+    let reqs = w.llm.requests();
+    assert_eq!(reqs.len(), 2, "the call, then the reply after its result");
+    let tools: Vec<&str> = reqs[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["remember", "recall"]);
+    assert_eq!(w.discord.messages().len(), 1, "one reply");
+    assert_eq!(w.discord.messages()[0].content, "Noted: no meat.");
+    let memories = w.b.store.memories(&agent.id, 10).await.unwrap();
+    assert_eq!(memories.len(), 1);
+    assert_eq!(memories[0].text, "the user is vegetarian");
+    // The steps are kept with the turn: the call, the tool, the answer.
+    let turn = &w.b.store.list_turns(&agent.id, 1).await.unwrap()[0];
+    let kinds: Vec<&str> = turn
+        .steps
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["llm", "tool", "llm"]);
+    assert_eq!(turn.steps[1]["result"]["remembered"], true);
+    assert_eq!(turn.usage.input_tokens, 200, "both calls counted");
+
+    // A later chat, on another subject: the system prompt holds what it knows.
+    w.llm
+        .script([Scripted::text("How about a mushroom risotto?")]);
+    w.say(&agent, "what should I cook tonight?", SignalMeta::default())
+        .await;
+    w.b.drain(&w.worker).await;
+    let last = w.llm.requests().last().unwrap().body.clone();
+    let system = last["messages"][0]["content"].as_str().unwrap();
+    assert!(system.starts_with("You are Scout."), "{system}");
+    assert!(
+        system.contains("What you know about the user")
+            && system.contains("- the user is vegetarian"),
+        "{system}"
+    );
+    let plain = &w.b.store.list_turns(&agent.id, 1).await.unwrap()[0];
+    assert!(plain.steps.is_empty(), "a plain reply keeps no steps");
+}
+
 on_both_backends!(three_queued_messages_make_one_turn_and_one_reply, coalesce);
 async fn coalesce(kind: Kind) {
     let w = world(kind).await;

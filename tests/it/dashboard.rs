@@ -804,6 +804,13 @@ async fn mind_tabs(kind: Kind) {
         })
         .await
         .unwrap();
+    // The reply's turn used a tool: the page says so under the reply.
+    let mut turn = u.b.store.list_turns(&agent.id, 1).await.unwrap().remove(0);
+    turn.steps = vec![
+        serde_json::json!({"kind": "llm", "step": 0}),
+        serde_json::json!({"kind": "tool", "name": "remember", "input": {"text": "likes green tea"}}),
+    ];
+    u.b.store.update_turn(&turn).await.unwrap();
     let talk = u.get(&format!("{base}/conversation")).await;
     assert_eq!(talk.status, 200);
     assert!(
@@ -812,11 +819,14 @@ async fn mind_tabs(kind: Kind) {
         talk.body
     );
     assert!(
-        u.get(&format!("{base}/memories"))
-            .await
-            .body
-            .contains("likes green tea")
+        talk.body
+            .contains("used <code>remember {&quot;text&quot;:&quot;likes green tea&quot;}</code>"),
+        "{}",
+        talk.body
     );
+    let kept = u.get(&format!("{base}/memories")).await.body;
+    assert!(kept.contains("likes green tea"));
+    assert!(kept.contains("<td>conversation</td>"), "{kept}");
     let tools = u.get(&format!("{base}/tools")).await;
     assert!(tools.body.contains("heartbeat-agent") && tools.body.contains("HEARTBEAT"));
 

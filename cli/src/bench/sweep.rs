@@ -544,6 +544,7 @@ async fn seed_history(
             provider: ProviderKind::Offline.to_string(),
             model: "offline".into(),
             usage: Usage::default(),
+            steps: Vec::new(),
             error: None,
             created_at: now,
             completed_at: Some(now),

@@ -279,6 +279,10 @@ pub struct Turn {
     pub model: String,
     /// Tokens used.
     pub usage: Usage,
+    /// The model's steps when it used tools (`remember`, `recall`): each call with its
+    /// text, tool calls, usage and stop reason, and each tool's input and result.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<Value>,
     /// Why delivery failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -20,10 +20,10 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::domain::{
     Agent, AgentId, Beats, ChatMessage, ConversationMessage, Heartbeat, HookData, HookType,
-    LlmRequest, MESSAGE_LIMIT, ReplyTarget, Role, Signal, SignalKind, Spend, Turn, TurnId,
-    TurnStatus, Usage, split_message,
+    LlmRequest, MESSAGE_LIMIT, MemoryId, ReplyTarget, Role, Signal, SignalKind, Spend, Turn,
+    TurnId, TurnStatus, Usage, split_message,
 };
-use crate::engine::budget;
+use crate::engine::{budget, memory};
 use crate::error::{DiscordError, EngineError, chain};
 use crate::ports::{Clock, DiscordApi, LlmSelector, Store, TurnStart};
 
@@ -60,6 +60,17 @@ pub struct TurnOutcome {
     pub asked_model: bool,
 }
 
+/// What the model answered a turn.
+#[derive(Default)]
+struct Asked {
+    text: String,
+    provider: String,
+    model: String,
+    usage: Usage,
+    failed: Option<String>,
+    steps: Vec<serde_json::Value>,
+}
+
 /// Runs conversation turns.
 pub struct Conversation {
     store: Arc<dyn Store>,
@@ -81,10 +92,15 @@ pub fn build_context(
     history: &[ConversationMessage],
     signals: &[Signal],
     beats: Option<Beats>,
+    known: Option<&str>,
     now: Timestamp,
     history_tokens: usize,
 ) -> Vec<ChatMessage> {
-    let mut messages = vec![ChatMessage::system(system_prompt(agent))];
+    let system = match known {
+        Some(k) => format!("{}\n\n{k}", system_prompt(agent)),
+        None => system_prompt(agent),
+    };
+    let mut messages = vec![ChatMessage::system(system)];
 
     // Newest first until the budget is spent, then back to oldest first.
     let mut budget = history_tokens;
@@ -458,20 +474,29 @@ impl Conversation {
             .await?;
         let now = self.clock.now();
         let newest = self.store.heartbeats_page(agent_id, None, 1).await?;
+        let said: Vec<String> = pending.iter().map(Signal::text).collect();
+        let memories = self.store.memories(agent_id, memory::PROMPT_SCAN).await?;
+        let known = memory::known(&memories, &said.join("\n"), memory::PROMPT_TOKENS);
         let context = build_context(
             &agent,
             &history,
             &pending,
             turn_beats(newest.first(), &history),
+            known.as_deref(),
             now,
             self.settings.history_tokens,
         );
+        let turn_id = TurnId::for_signal(&pending[0].id);
         let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
         let spent = budget::exhausted(self.store.as_ref(), &agent, now).await?;
-        let (reply, provider, model, usage, failed) = match &spent {
+        // Memories the turn's tools keep get ids from the turn and its first signal's
+        // time, so a redelivered turn keeps each once.
+        let first_ms = pending[0].created_at.as_millisecond().max(0) as u64;
+        let (reply, provider, model, usage, failed, steps) = match &spent {
             None => {
                 outcome.asked_model = true;
-                self.ask(&agent, context).await?
+                let a = self.ask(&agent, context, &turn_id, first_ms).await?;
+                (a.text, a.provider, a.model, a.usage, a.failed, a.steps)
             }
             Some(today) => {
                 budget::fire_exhausted(
@@ -492,6 +517,7 @@ impl Conversation {
                         String::new(),
                         Usage::default(),
                         None,
+                        Vec::new(),
                     )
                 } else {
                     // Told once today already (or nothing a user said): no reply.
@@ -502,6 +528,7 @@ impl Conversation {
                         String::new(),
                         Usage::default(),
                         Some(why),
+                        Vec::new(),
                     )
                 }
             }
@@ -515,7 +542,7 @@ impl Conversation {
             split_message(&reply, MESSAGE_LIMIT)
         };
         let mut turn = Turn {
-            id: TurnId::for_signal(&pending[0].id),
+            id: turn_id,
             agent_id: agent_id.clone(),
             session: pending[0].session.clone(),
             signals: pending.iter().map(|s| s.id.clone()).collect(),
@@ -531,6 +558,7 @@ impl Conversation {
             provider,
             model,
             usage,
+            steps,
             error: failed,
             created_at: now,
             completed_at: silent.then_some(now),
@@ -576,75 +604,165 @@ impl Conversation {
         Ok(outcome)
     }
 
-    /// Asks the model. A failure that retrying cannot fix (no key, a rejected request)
+    /// Asks the model for the reply, in a tool loop with `remember` and `recall` under
+    /// the agent's step and token budgets (the heartbeat agent's): each request asks for
+    /// at most the tokens left, and the last step allowed offers no tools, so the loop
+    /// ends with words. A failure that retrying cannot fix (no key, a rejected request)
     /// becomes a reply saying so, recorded as the turn's error, rather than a message
     /// that is redelivered until it is dead-lettered.
     async fn ask(
         &self,
         agent: &Agent,
-        context: Vec<ChatMessage>,
-    ) -> Result<(String, String, String, Usage, Option<String>), EngineError> {
+        mut messages: Vec<ChatMessage>,
+        turn_id: &TurnId,
+        first_ms: u64,
+    ) -> Result<Asked, EngineError> {
         let llm = match self.llm.select(agent) {
             Ok(l) => l,
             Err(e) => {
                 let why = chain(&e);
                 error!(error = %why, "no model for this agent");
-                return Ok((
-                    apology(&why),
-                    "none".into(),
-                    "none".into(),
-                    Usage::default(),
-                    Some(why),
-                ));
+                return Ok(Asked {
+                    text: apology(&why),
+                    provider: "none".into(),
+                    model: "none".into(),
+                    failed: Some(why),
+                    ..Asked::default()
+                });
             }
         };
-        let request = LlmRequest {
-            model: None,
-            messages: context,
-            tools: Vec::new(),
-            max_tokens: self.settings.reply_max_tokens,
+        let mut asked = Asked {
+            provider: llm.provider().to_owned(),
+            ..Asked::default()
         };
-        match llm.complete(&request).await {
-            Ok(resp) => {
-                info!(
-                    provider = resp.provider,
-                    model = %resp.model,
-                    input_tokens = resp.usage.input_tokens,
-                    output_tokens = resp.usage.output_tokens,
-                    "reply written"
+        let tools = memory::specs("in later conversations and heartbeats");
+        let budgets = &agent.budgets;
+        let steps = budgets.max_steps.max(1);
+        let mut last_input = 0;
+        let mut calls = 0usize;
+        for step in 0..steps {
+            // Another step only if a prompt as long as the last one still fits.
+            let left = budgets
+                .max_tokens
+                .saturating_sub(asked.usage.total() + last_input);
+            if step > 0 && left == 0 {
+                warn!(
+                    budget = budgets.max_tokens,
+                    "the turn's token budget is spent; replying with what was written"
                 );
-                let text = resp.text.unwrap_or_default();
-                let text = if text.trim().is_empty() {
-                    "(no reply)".to_owned()
-                } else {
-                    text
-                };
-                Ok((text, resp.provider.to_owned(), resp.model, resp.usage, None))
+                break;
             }
-            Err(e) => {
-                let why = chain(&e);
-                let retry = match &e {
-                    crate::error::LlmError::Transport { .. } => true,
-                    crate::error::LlmError::Status { status, .. } => {
-                        *status == 429 || *status >= 500
+            let last = step + 1 == steps;
+            let request = LlmRequest {
+                model: None,
+                messages: messages.clone(),
+                tools: if last { Vec::new() } else { tools.clone() },
+                max_tokens: u32::try_from(left)
+                    .unwrap_or(u32::MAX)
+                    .min(self.settings.reply_max_tokens),
+            };
+            let resp = match llm.complete(&request).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    let why = chain(&e);
+                    let retry = match &e {
+                        crate::error::LlmError::Transport { .. } => true,
+                        crate::error::LlmError::Status { status, .. } => {
+                            *status == 429 || *status >= 500
+                        }
+                        _ => false,
+                    };
+                    if retry {
+                        return Err(EngineError::Unavailable(format!(
+                            "the model did not answer: {why}"
+                        )));
                     }
-                    _ => false,
-                };
-                if retry {
-                    return Err(EngineError::Unavailable(format!(
-                        "the model did not answer: {why}"
-                    )));
+                    error!(error = %why, "the model rejected the turn");
+                    asked.text = apology(&why);
+                    asked.failed = Some(why);
+                    return Ok(asked);
                 }
-                error!(error = %why, "the model rejected the turn");
-                Ok((
-                    apology(&why),
-                    llm.provider().to_owned(),
-                    String::new(),
-                    Usage::default(),
-                    Some(why),
-                ))
+            };
+            info!(
+                step,
+                provider = resp.provider,
+                model = %resp.model,
+                tool_calls = resp.tool_calls.len(),
+                input_tokens = resp.usage.input_tokens,
+                output_tokens = resp.usage.output_tokens,
+                "reply step"
+            );
+            asked.usage.add(resp.usage);
+            last_input = resp.usage.input_tokens;
+            asked.provider = resp.provider.to_owned();
+            asked.model = resp.model.clone();
+            if asked.steps.is_empty() && resp.tool_calls.is_empty() {
+                // A plain reply, as most are: no steps to keep.
+                asked.text = resp.text.unwrap_or_default();
+                break;
+            }
+            asked.steps.push(serde_json::json!({
+                "kind": "llm",
+                "step": step,
+                "text": resp.text,
+                "tool_calls": resp.tool_calls,
+                "usage": resp.usage,
+                "stop": resp.stop,
+            }));
+            asked.text = resp.text.clone().unwrap_or_default();
+            if resp.tool_calls.is_empty() || last {
+                break;
+            }
+            messages.push(ChatMessage::Assistant {
+                text: resp.text.clone(),
+                tool_calls: resp.tool_calls.clone(),
+            });
+            for call in &resp.tool_calls {
+                let id = MemoryId::derived(
+                    first_ms,
+                    &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
+                );
+                calls += 1;
+                let now = self.clock.now();
+                let result = memory::run(self.store.as_ref(), agent, call, id, None, now)
+                    .await
+                    .unwrap_or_else(|| {
+                        Err(format!(
+                            "there is no tool {:?}; use remember or recall",
+                            call.name
+                        ))
+                    });
+                let (content, is_error) = match result {
+                    Ok(v) => (v, false),
+                    Err(e) => (serde_json::json!({"error": e}), true),
+                };
+                info!(tool = %call.name, is_error, "reply tool call");
+                asked.steps.push(serde_json::json!({
+                    "kind": "tool",
+                    "name": call.name,
+                    "input": call.input,
+                    "result": content,
+                    "is_error": is_error,
+                }));
+                messages.push(ChatMessage::ToolResult {
+                    call_id: call.id.clone(),
+                    content: content.to_string(),
+                    is_error,
+                });
             }
         }
+        info!(
+            provider = %asked.provider,
+            model = %asked.model,
+            input_tokens = asked.usage.input_tokens,
+            output_tokens = asked.usage.output_tokens,
+            steps = asked.steps.len(),
+            "reply written"
+        );
+        if asked.text.trim().is_empty() {
+            asked.text = "(no reply)".to_owned();
+        }
+        Ok(asked)
     }
 
     /// Records the turn as it stands, with the requests made since its last write.
@@ -765,7 +883,7 @@ mod tests {
     fn history_beyond_the_token_budget_is_dropped_oldest_first() {
         let a = agent();
         let h = history(&a, 50, 40); // 14 tokens each
-        let ctx = build_context(&a, &h, &[], None, Timestamp::UNIX_EPOCH, 14 * 10);
+        let ctx = build_context(&a, &h, &[], None, None, Timestamp::UNIX_EPOCH, 14 * 10);
         assert_eq!(ctx.len(), 11, "system + the 10 newest");
         assert!(ctx[1].text().unwrap().starts_with("00040"));
         assert!(ctx[10].text().unwrap().starts_with("00049"));
@@ -788,9 +906,18 @@ mod tests {
             beat: 847,
             since_last: 2,
         });
-        let ctx = build_context(&a, &[], &[t, m], beats, now, 1000);
+        let ctx = build_context(
+            &a,
+            &[],
+            &[t, m],
+            beats,
+            Some("What you know: tea"),
+            now,
+            1000,
+        );
         let roles: Vec<_> = ctx.iter().map(ChatMessage::role).collect();
         assert_eq!(roles, ["system", "user", "system", "assistant"]);
+        assert!(ctx[0].text().unwrap().ends_with("\n\nWhat you know: tea"));
         let envelope = ctx[2].text().unwrap();
         assert!(envelope.contains("a.ogg"));
         assert!(

@@ -20,6 +20,7 @@ mod heartbeat;
 mod hooks;
 pub mod intake;
 mod lifecycle;
+pub mod memory;
 mod schedule;
 mod sweep;
 mod switches;

@@ -4,16 +4,19 @@
 //! Rules:
 //! - Usage: input tokens = characters of all messages / 4, output = reply characters / 4
 //!   (rounded up).
-//! - With tools offered and a user message last (a heartbeat agent's first step): the
-//!   text is scanned for directives `speak: …`, `remember: …`, `recall: …`,
-//!   `emit_event: TYPE`, each at the start of a line or right after a `"`, its argument
-//!   running to the end of the line or the next `"`. Each directive naming an offered
-//!   tool becomes a tool call, in order. None: "(offline) nothing to say", no calls —
-//!   the silent outcome.
-//! - A tool result last (the loop came back): "(offline) done".
-//! - Otherwise (a conversation turn): `(offline) You said: "<last user line>".` and/or
-//!   `(offline) Following up on my thought: "<trailing assistant thought>".`, each quote
-//!   at most 200 characters; `(offline) Hello.` when there is neither.
+//! - With tools offered, the text is scanned for directives `speak: …`, `remember: …`,
+//!   `recall: …`, `emit_event: TYPE`, each at the start of a line or right after a `"`,
+//!   its argument running to the end of the line or the next `"`; each directive naming
+//!   an offered tool becomes a tool call, in order. The text scanned: the heartbeat
+//!   agent's prompt (it offers `speak`), when a user message is last; a conversation
+//!   turn's own time-stamped user message (it offers `remember` and `recall`), not the
+//!   history; nothing once a tool result came back.
+//! - The heartbeat agent without directives: "(offline) nothing to say", no calls — the
+//!   silent outcome; after a tool result: "(offline) done".
+//! - Otherwise (a conversation turn, also after its tools ran): `(offline) You said:
+//!   "<last user line>".` and/or `(offline) Following up on my thought: "<trailing
+//!   assistant thought>".`, each quote at most 200 characters; `(offline) Hello.` when
+//!   there is neither.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -67,31 +70,45 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
         .map(|t| t.chars().count())
         .sum();
     let mut tool_calls = Vec::new();
-    let text = match req.messages.last() {
-        Some(ChatMessage::User { text }) if !req.tools.is_empty() => {
-            for (verb, arg) in directives(text) {
-                if !req.tools.iter().any(|t| t.name == verb) {
-                    continue;
-                }
-                let input: Value = match verb {
-                    "speak" => json!({"thought": arg}),
-                    "remember" => json!({"text": arg}),
-                    "recall" => json!({"query": arg}),
-                    _ => json!({"type": arg, "payload": {}, "priority": 5}),
-                };
-                tool_calls.push(ToolUse {
-                    id: format!("offline_call_{}", tool_calls.len() + 1),
-                    name: verb.to_owned(),
-                    input,
-                });
+    // The heartbeat agent offers `speak`; a conversation turn offers only its memory
+    // tools.
+    let heartbeat = req.tools.iter().any(|t| t.name == "speak");
+    let newest_user = req.messages.iter().rev().find_map(|m| match m {
+        ChatMessage::User { text } => Some(text.as_str()),
+        _ => None,
+    });
+    // Directives are read from the heartbeat agent's prompt (a user message last), or
+    // from the turn's own time-stamped user message (not the history before it); never
+    // once the loop came back with a tool result.
+    let scanned = match req.messages.last() {
+        _ if req.tools.is_empty() => None,
+        Some(ChatMessage::ToolResult { .. }) => None,
+        Some(ChatMessage::User { text }) if heartbeat => Some(text.as_str()),
+        _ if heartbeat => None,
+        _ => newest_user.filter(|t| t.starts_with('[')),
+    };
+    if let Some(text) = scanned {
+        for (verb, arg) in directives(text) {
+            if !req.tools.iter().any(|t| t.name == verb) {
+                continue;
             }
-            if tool_calls.is_empty() {
-                "(offline) nothing to say".to_owned()
-            } else {
-                "(offline) calling tools".to_owned()
-            }
+            let input: Value = match verb {
+                "speak" => json!({"thought": arg}),
+                "remember" => json!({"text": arg}),
+                "recall" => json!({"query": arg}),
+                _ => json!({"type": arg, "payload": {}, "priority": 5}),
+            };
+            tool_calls.push(ToolUse {
+                id: format!("offline_call_{}", tool_calls.len() + 1),
+                name: verb.to_owned(),
+                input,
+            });
         }
-        Some(ChatMessage::ToolResult { .. }) => "(offline) done".to_owned(),
+    }
+    let text = match req.messages.last() {
+        _ if !tool_calls.is_empty() => "(offline) calling tools".to_owned(),
+        Some(ChatMessage::User { .. }) if heartbeat => "(offline) nothing to say".to_owned(),
+        Some(ChatMessage::ToolResult { .. }) if heartbeat => "(offline) done".to_owned(),
         last => {
             let user = req.messages.iter().rev().find_map(|m| match m {
                 ChatMessage::User { text } => {
@@ -193,6 +210,39 @@ mod tests {
         });
         assert!(r.tool_calls.is_empty());
         assert_eq!(r.stop, StopReason::EndTurn);
+    }
+
+    #[test]
+    fn a_turn_keeps_what_its_own_message_asks_and_then_answers_in_words() {
+        let turn = |last: ChatMessage| LlmRequest {
+            model: None,
+            messages: vec![
+                ChatMessage::system("s"),
+                ChatMessage::user("remember: an old request"),
+                ChatMessage::assistant("ok"),
+                ChatMessage::user("[2026-01-01T00:00:00Z]\nremember: tea is green"),
+                last,
+            ],
+            tools: tools(&["remember", "recall"]),
+            max_tokens: 10,
+        };
+        let r = answer(&turn(ChatMessage::system("Beats: {}")));
+        assert_eq!(r.tool_calls.len(), 1, "only the turn's own message");
+        assert_eq!(r.tool_calls[0].input, json!({"text": "tea is green"}));
+        let back = answer(&turn(ChatMessage::ToolResult {
+            call_id: "offline_call_1".into(),
+            content: "{}".into(),
+            is_error: false,
+        }));
+        assert!(back.tool_calls.is_empty());
+        assert_eq!(
+            back.text.as_deref(),
+            Some("(offline) You said: \"remember: tea is green\".")
+        );
+        // A turn of a thought alone: the history's requests are not read again.
+        let mut thought = turn(ChatMessage::assistant("check in"));
+        thought.messages.remove(3);
+        assert!(answer(&thought).tool_calls.is_empty());
     }
 
     #[test]

@@ -21,10 +21,11 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::domain::{
-    Agent, ChatMessage, ContentBlock, Event, LlmRequest, Memory, MemoryId, NewEvent, OutgoingTask,
-    Role, Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse,
-    ToolSpec, ToolUse, Usage,
+    Agent, ChatMessage, ContentBlock, Event, LlmRequest, MemoryId, NewEvent, OutgoingTask, Role,
+    Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse, ToolSpec,
+    ToolUse, Usage,
 };
+use crate::engine::memory::{self, text_arg};
 use crate::error::chain;
 use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
@@ -34,8 +35,6 @@ const MAX_EVENTS_SHOWN: usize = 50;
 const MAX_PAYLOAD_CHARS: usize = 500;
 /// Conversation messages in the digest.
 const DIGEST_MESSAGES: usize = 6;
-/// Memories searched by `recall` (the most recent ones).
-const RECALL_SCAN: usize = 500;
 /// Tokens the model may write per step.
 const STEP_MAX_TOKENS: u32 = 1_024;
 
@@ -389,30 +388,16 @@ impl HeartbeatAgent {
                 t.spoke.push(thought);
                 Ok(json!({"queued": true, "signal_id": signal.id}))
             }
-            "remember" => {
-                let text = text_arg(&call.input, "text")?;
-                let memory = Memory {
-                    id: MemoryId::derived(ms, &key),
-                    agent_id: agent.id.clone(),
-                    text,
-                    heartbeat_id: Some(req.heartbeat.id.clone()),
-                    created_at: now,
-                };
-                self.store.remember(&memory).await.map_err(|e| chain(&e))?;
-                Ok(json!({"remembered": true, "memory_id": memory.id}))
-            }
-            "recall" => {
-                let query = text_arg(&call.input, "query")?;
-                let memories = self
-                    .store
-                    .memories(&agent.id, RECALL_SCAN)
-                    .await
-                    .map_err(|e| chain(&e))?;
-                let found = recall(&memories, &query, 5);
-                Ok(
-                    json!({"memories": found.iter().map(|m| json!({"text": m.text, "at": m.created_at})).collect::<Vec<_>>()}),
-                )
-            }
+            "remember" | "recall" => memory::run(
+                self.store.as_ref(),
+                agent,
+                call,
+                MemoryId::derived(ms, &key),
+                Some(req.heartbeat.id.clone()),
+                now,
+            )
+            .await
+            .unwrap_or_else(|| Err(format!("no tool {}", call.name))),
             "emit_event" => {
                 let ty = text_arg(&call.input, "type")?;
                 let payload = match call.input.get("payload") {
@@ -451,16 +436,6 @@ fn interruption(agent: &Agent, req: &ToolRequest) -> Option<String> {
     }
 }
 
-fn text_arg(input: &Value, name: &str) -> Result<String, String> {
-    input
-        .get(name)
-        .and_then(Value::as_str)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .ok_or_else(|| format!("give a non-empty string \"{name}\""))
-}
-
 fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         s.to_owned()
@@ -469,31 +444,6 @@ fn clip(s: &str, max: usize) -> String {
         out.push('…');
         out
     }
-}
-
-/// Memories sharing the most words with `query`, newest first among equals.
-fn recall<'a>(memories: &'a [Memory], query: &str, limit: usize) -> Vec<&'a Memory> {
-    let words: Vec<String> = query
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| w.len() > 2)
-        .map(str::to_lowercase)
-        .collect();
-    let mut scored: Vec<(usize, usize, &Memory)> = memories
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let text = m.text.to_lowercase();
-            (
-                words.iter().filter(|w| text.contains(w.as_str())).count(),
-                i,
-                m,
-            )
-        })
-        .filter(|(score, _, _)| *score > 0 || words.is_empty())
-        .collect();
-    // Higher score first; memories are newest first, so a lower index wins ties.
-    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    scored.into_iter().take(limit).map(|(_, _, m)| m).collect()
 }
 
 fn system_prompt(agent: &Agent) -> String {
@@ -554,7 +504,7 @@ fn briefing(agent: &Agent, req: &ToolRequest, window: &[Event], digest: &[String
 }
 
 fn tool_specs() -> Vec<ToolSpec> {
-    vec![
+    let mut specs = vec![
         ToolSpec {
             name: "speak".to_owned(),
             description: "Communicate something to the user. Use when you have something worth saying: a proactive check-in, a reminder, a thought to share. Returns at once; your conversational self phrases and sends it.".to_owned(),
@@ -562,24 +512,6 @@ fn tool_specs() -> Vec<ToolSpec> {
                 "type": "object",
                 "properties": {"thought": {"type": "string", "description": "Your thought, e.g. 'The user mentioned a deadline tomorrow; I should check in about it'"}},
                 "required": ["thought"]
-            }),
-        },
-        ToolSpec {
-            name: "remember".to_owned(),
-            description: "Store a fact or note to recall in later heartbeats.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"text": {"type": "string"}},
-                "required": ["text"]
-            }),
-        },
-        ToolSpec {
-            name: "recall".to_owned(),
-            description: "Search your memories by keywords.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"query": {"type": "string"}},
-                "required": ["query"]
             }),
         },
         ToolSpec {
@@ -595,46 +527,8 @@ fn tool_specs() -> Vec<ToolSpec> {
                 "required": ["type"]
             }),
         },
-    ]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::AgentId;
-    use jiff::Timestamp;
-
-    fn memory(text: &str, n: u64) -> Memory {
-        Memory {
-            id: MemoryId::derived(n, &[text]),
-            agent_id: AgentId::generate(),
-            text: text.to_owned(),
-            heartbeat_id: None,
-            created_at: Timestamp::UNIX_EPOCH,
-        }
-    }
-
-    #[test]
-    fn recall_ranks_memories_by_shared_words_and_prefers_newer_ones() {
-        let ms = vec![
-            memory("the deadline for the report is friday", 3),
-            memory("user likes green tea", 2),
-            memory("report draft shared with Ana", 1),
-        ];
-        let found = recall(&ms, "report deadline", 5);
-        assert_eq!(found.len(), 2);
-        assert_eq!(found[0].text, "the deadline for the report is friday");
-        assert_eq!(found[1].text, "report draft shared with Ana");
-        assert!(recall(&ms, "bicycle", 5).is_empty());
-    }
-
-    #[test]
-    fn text_arguments_must_be_non_empty_strings() {
-        assert_eq!(
-            text_arg(&json!({"thought": " hi "}), "thought").unwrap(),
-            "hi"
-        );
-        assert!(text_arg(&json!({"thought": ""}), "thought").is_err());
-        assert!(text_arg(&json!({"thought": 3}), "thought").is_err());
-    }
+    ];
+    // After speak, as before: remember, recall.
+    specs.splice(1..1, memory::specs("in later heartbeats and conversations"));
+    specs
 }

@@ -24,6 +24,24 @@ pub(crate) async fn conversation(
     let now = d.0.clock.now();
     let mut messages = d.0.store.recent_messages(&agent.id, ROWS).await?;
     messages.reverse();
+    // The tools a reply's turn used (remember, recall), shown under the reply.
+    let turns = d.0.store.list_turns(&agent.id, ROWS).await?;
+    let tools_of = |m: &pulse_shared::domain::ConversationMessage| -> Vec<String> {
+        if m.role != Role::Assistant || m.source == "heartbeat" {
+            return Vec::new();
+        }
+        turns
+            .iter()
+            .find(|t| t.id == m.turn_id)
+            .map(|t| {
+                t.steps
+                    .iter()
+                    .filter(|s| s["kind"] == "tool")
+                    .map(|s| format!("{} {}", s["name"].as_str().unwrap_or("?"), s["input"]))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     Ok(agent_page(
         &agent,
         Tab::Conversation,
@@ -40,6 +58,7 @@ pub(crate) async fn conversation(
                 div.card {
                     p.muted { strong { (who) } " · " (ago(now, Some(m.created_at))) }
                     p { (m.content) }
+                    @for used in tools_of(m) { p.muted { "used " code { (used) } } }
                 }
             }
         },
@@ -59,16 +78,16 @@ pub(crate) async fn memories(
         Tab::Memories,
         html! {
             @if memories.is_empty() {
-                (empty("No memories yet: the heartbeat agent keeps them with its remember tool; list them with", &format!("pulse memories list --agent {}", agent.id)))
+                (empty("No memories yet: the heartbeat agent and the conversation keep them with their remember tool; list them with", &format!("pulse memories list --agent {}", agent.id)))
             } @else {
                 div.scroll { table {
-                    thead { tr { th { "Memory" } th { "When" } th { "Heartbeat" } } }
+                    thead { tr { th { "Memory" } th { "When" } th { "Kept by" } } }
                     tbody { @for m in &memories { tr {
                         td.wrap { (m.text) }
                         td { (ago(now, Some(m.created_at))) }
                         td { @if let Some(h) = &m.heartbeat_id {
-                            a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat())} { "#" (h.beat()) }
-                        } }
+                            "heartbeat " a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat())} { "#" (h.beat()) }
+                        } @else { "conversation" } }
                     } } }
                 } }
             }
