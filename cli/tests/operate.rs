@@ -96,6 +96,20 @@ fn agents_are_updated_paused_resumed_and_deleted_on(backend: Backend) {
     let shown = json(d, &["agents", "show", &agent]);
     assert!(shown["agent"]["budgets"].get("daily_tokens").is_none());
     assert_eq!(shown["max_beats_per_hour"], 60);
+    // Images to the model: by the model unless said.
+    assert!(ok(d, &["agents", "show", &agent]).contains("vision            auto"));
+    ok(d, &["agents", "update", &agent, "--vision", "off"]);
+    assert_eq!(
+        json(d, &["agents", "show", &agent])["agent"]["llm"]["vision"],
+        false
+    );
+    ok(d, &["agents", "update", &agent, "--vision", "auto"]);
+    assert!(
+        json(d, &["agents", "show", &agent])["agent"]["llm"]
+            .get("vision")
+            .is_none()
+    );
+    assert!(bad(d, &["agents", "update", &agent, "--vision", "maybe"]).contains("on, off or auto"));
     // Refusals: validated as on create, nothing written.
     assert!(bad(d, &["agents", "update", &agent]).contains("nothing to change"));
     assert!(bad(d, &["agents", "update", &agent, "--interval", "soon"]).contains("interval"));

@@ -1,6 +1,7 @@
 //! # pulse-egress: outbound HTTP behind an SSRF guard
 //!
-//! Every request Pulse makes to a URL a user gave it (outbound hooks, HTTP tools) goes
+//! Every request Pulse makes to a URL a user gave it (outbound hooks, HTTP tools, the
+//! images users send, fetched for a model) goes
 //! through [`Egress`]. It resolves the host once, refuses unless every address is public
 //! (or in the [`AllowList`]), and connects to the checked address itself — never looking
 //! the name up again, so a DNS answer that changes between check and connect (rebinding)
@@ -11,8 +12,8 @@
 //! - [`guard`]: which addresses are public ([`check_public`]), and the allow-list.
 //! - [`Resolver`] and [`Connector`]: the two steps that touch the network, as traits, so
 //!   tests inject them and prove no connection to a refused address is ever opened.
-//! - [`Egress::post`]: check, connect, TLS (platform verifier), one HTTP/1.1 exchange with
-//!   hyper, a bounded body; the whole of it under one timeout.
+//! - [`Egress::post`] and [`Egress::get`]: check, connect, TLS (platform verifier), one
+//!   HTTP/1.1 exchange with hyper, a bounded body; the whole of it under one timeout.
 
 pub mod guard;
 pub mod tls;
@@ -245,13 +246,34 @@ impl Egress {
         timeout: Duration,
         max_body: usize,
     ) -> Result<Response, EgressError> {
-        tokio::time::timeout(timeout, self.exchange(url, headers, body, max_body))
-            .await
-            .map_err(|_| EgressError::Timeout(timeout))?
+        tokio::time::timeout(
+            timeout,
+            self.exchange(http::Method::POST, url, headers, body, max_body),
+        )
+        .await
+        .map_err(|_| EgressError::Timeout(timeout))?
+    }
+
+    /// GETs `url` with `headers` under one `timeout`; reads at most `max_body` bytes of
+    /// the answer.
+    pub async fn get(
+        &self,
+        url: &Url,
+        headers: HeaderMap,
+        timeout: Duration,
+        max_body: usize,
+    ) -> Result<Response, EgressError> {
+        tokio::time::timeout(
+            timeout,
+            self.exchange(http::Method::GET, url, headers, Bytes::new(), max_body),
+        )
+        .await
+        .map_err(|_| EgressError::Timeout(timeout))?
     }
 
     async fn exchange(
         &self,
+        method: http::Method,
         url: &Url,
         headers: HeaderMap,
         body: Bytes,
@@ -280,7 +302,10 @@ impl Egress {
             Some(q) => format!("{}?{q}", url.path()),
             None => url.path().to_owned(),
         };
-        let mut req = Request::post(path)
+        let post = method == http::Method::POST;
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
             .body(Full::new(body.clone()))
             .map_err(|e| EgressError::BadUrl(format!("{url}: {e}")))?;
         *req.headers_mut() = headers;
@@ -290,7 +315,9 @@ impl Egress {
             HeaderValue::from_str(&authority)
                 .map_err(|_| EgressError::BadUrl(format!("{url}: bad host")))?,
         );
-        h.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        if post || !body.is_empty() {
+            h.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        }
         if !h.contains_key(http::header::USER_AGENT) {
             h.insert(http::header::USER_AGENT, self.user_agent.clone());
         }

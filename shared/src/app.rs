@@ -21,6 +21,8 @@ use crate::ports::{
 };
 use crate::tools::{HeartbeatAgent, Tools};
 
+/// How long fetching one image a user sent may take.
+const IMAGE_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 /// The outside services a worker talks to.
 #[derive(Clone)]
 pub struct Services {
@@ -108,7 +110,8 @@ impl Connected {
         }
     }
 
-    /// The conversation engine, emitting hooks if a hooks queue is configured.
+    /// The conversation engine, emitting hooks if a hooks queue is configured, fetching
+    /// images through the egress client.
     pub fn conversation(&self, clock: Arc<dyn Clock>, services: &Services) -> Conversation {
         let conversation = Conversation::new(
             self.store.clone(),
@@ -116,7 +119,12 @@ impl Connected {
             services.discord.clone(),
             clock.clone(),
             ConversationSettings::default(),
-        );
+        )
+        // Images a provider cannot reach go through the egress guard, as hooks do.
+        .with_images(Arc::new(crate::llm::EgressImages::new(
+            services.egress.clone(),
+            IMAGE_FETCH_TIMEOUT,
+        )));
         match self.emitter(clock) {
             Some(emitter) => conversation.with_hooks(emitter),
             None => conversation,

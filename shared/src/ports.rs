@@ -829,9 +829,19 @@ pub trait ToolRunner: Send + Sync {
 pub trait Llm: Send + Sync {
     /// The provider's name (`anthropic`, `openai`, `offline`), for logs and records.
     fn provider(&self) -> &'static str;
+    /// The model a request that names none is sent to.
+    fn model(&self) -> &str;
     /// Sends one request. Transient failures (429, 5xx, timeouts) are retried inside,
     /// within a bound; what is returned is final.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
+}
+
+/// Fetches an image a user sent, for a model that cannot reach its URL itself.
+#[async_trait]
+pub trait ImageFetcher: Send + Sync {
+    /// The image at `url`: its media type and bytes; why not, as a sentence (refused by
+    /// the egress guard, unreachable, too large, not an image a model takes).
+    async fn fetch_image(&self, url: &str) -> Result<(String, Vec<u8>), String>;
 }
 
 /// Picks the model client for an agent: the configured default, or the agent's own

@@ -354,6 +354,145 @@ async fn chat_memory(kind: Kind) {
     assert!(plain.steps.is_empty(), "a plain reply keeps no steps");
 }
 
+/// A picture server on loopback: `/cat.png` is a (tiny) PNG, `/page` an HTML page.
+async fn pictures() -> String {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/cat.png",
+            get(|| async {
+                (
+                    [("content-type", "image/png")],
+                    &b"\x89PNG\r\n\x1a\nfake-cat"[..],
+                )
+            }),
+        )
+        .route(
+            "/page",
+            get(|| async { ([("content-type", "text/html")], "<html></html>") }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+/// Issue 20: images reached the model as `[image: URL]` text. Now they are image parts
+/// (a URL the provider can reach, or the bytes Pulse fetched through the egress guard),
+/// and text for a model marked `--vision off`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_a_user_sends_reaches_the_model_as_an_image() {
+    let base = pictures().await;
+    let cat = format!("{base}/cat.png");
+    let public = "https://example.com/dog.jpg";
+    const CAT_BASE64: &str = "iVBORw0KGgpmYWtlLWNhdA==";
+    let w = world(Kind::Sqlite).await;
+    let send = |agent: &Agent, urls: Vec<String>| {
+        let mut s = Signal::user_message(
+            &agent.id,
+            &agent.session,
+            "look at this",
+            SignalMeta::default(),
+            w.b.now(),
+        )
+        .unwrap();
+        for url in urls {
+            s.content.push(ContentBlock::Image {
+                url,
+                media_type: Some("image/png".into()),
+            });
+        }
+        s
+    };
+    let user_message = |w: &World| {
+        let body = w.llm.requests().last().unwrap().body.clone();
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .unwrap()
+            .clone()
+    };
+
+    // OpenAI (gpt-4o-mini by default: it takes images): image_url parts.
+    let openai = w.agent(|_| {}).await;
+    intake::submit(
+        w.b.store.as_ref(),
+        w.b.queue.as_ref(),
+        send(
+            &openai,
+            vec![cat.clone(), public.into(), format!("{base}/page")],
+        ),
+    )
+    .await
+    .unwrap();
+    w.b.drain(&w.worker).await;
+    let m = user_message(&w);
+    let parts = m["content"].as_array().expect("parts, not a string");
+    assert_eq!(parts[0]["type"], "text");
+    assert!(parts[0]["text"].as_str().unwrap().contains("look at this"));
+    let urls: Vec<&str> = parts[1..]
+        .iter()
+        .map(|p| p["image_url"]["url"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            format!("data:image/png;base64,{CAT_BASE64}").as_str(),
+            public
+        ],
+        "loopback fetched and inlined, a public URL passed on, an HTML page left as text"
+    );
+
+    // Anthropic: image blocks before the text.
+    let anthropic = w
+        .agent(|a| {
+            a.name = "claude".into();
+            a.discord_channel = Some("1002".into());
+            a.llm.provider = Some(ProviderKind::Anthropic);
+            a.llm.base_url = Some(w.llm.url().parse().unwrap());
+        })
+        .await;
+    intake::submit(
+        w.b.store.as_ref(),
+        w.b.queue.as_ref(),
+        send(&anthropic, vec![cat.clone(), public.into()]),
+    )
+    .await
+    .unwrap();
+    w.b.drain(&w.worker).await;
+    let m = user_message(&w);
+    let blocks = m["content"].as_array().unwrap();
+    assert_eq!(
+        blocks[0]["source"],
+        json!({"type": "base64", "media_type": "image/png", "data": CAT_BASE64})
+    );
+    assert_eq!(blocks[1]["source"], json!({"type": "url", "url": public}));
+    assert_eq!(blocks.last().unwrap()["type"], "text");
+
+    // --vision off: the text fallback.
+    let blind = w
+        .agent(|a| {
+            a.name = "blind".into();
+            a.discord_channel = Some("1003".into());
+            a.llm.vision = Some(false);
+        })
+        .await;
+    intake::submit(
+        w.b.store.as_ref(),
+        w.b.queue.as_ref(),
+        send(&blind, vec![cat.clone()]),
+    )
+    .await
+    .unwrap();
+    w.b.drain(&w.worker).await;
+    let m = user_message(&w);
+    let text = m["content"].as_str().expect("plain text");
+    assert!(text.contains(&format!("[image: {cat}]")), "{text}");
+}
+
 on_both_backends!(three_queued_messages_make_one_turn_and_one_reply, coalesce);
 async fn coalesce(kind: Kind) {
     let w = world(kind).await;

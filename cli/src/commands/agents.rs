@@ -78,6 +78,10 @@ pub(crate) struct UpdateAgent {
     /// API base URL; "" goes back to the configured one.
     #[arg(long, value_name = "URL")]
     llm_base_url: Option<String>,
+    /// Send the images users send to the model: on, off, or auto (on for models known
+    /// to accept images).
+    #[arg(long, value_name = "on|off|auto")]
+    vision: Option<String>,
     /// Most LLM calls per heartbeat.
     #[arg(long)]
     max_steps: Option<u32>,
@@ -142,6 +146,10 @@ pub(crate) struct CreateAgent {
     /// where Pulse runs; in AWS, under the secrets path). Only the name is stored.
     #[arg(long, value_name = "VAR")]
     llm_api_key_env: Option<String>,
+    /// Send the images users send to the model: on, off, or auto (on for models known
+    /// to accept images; others read `[image: URL]`).
+    #[arg(long, value_name = "on|off|auto", default_value = "auto")]
+    vision: String,
     /// Most LLM calls per heartbeat.
     #[arg(long, default_value_t = 8)]
     max_steps: u32,
@@ -227,6 +235,7 @@ fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
         llm_provider: cleared_with(a.llm_provider, |p| ProviderKind::parse(p).map_err(input))?,
         llm_model: cleared(a.llm_model),
         llm_base_url: cleared_with(a.llm_base_url, base_url)?,
+        vision: a.vision.as_deref().map(vision).transpose()?,
         max_steps: a.max_steps,
         max_tokens: a.max_tokens,
         daily_tokens: a
@@ -252,6 +261,18 @@ fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
         ));
     }
     Ok(changes)
+}
+
+/// `--vision`: on, off, or auto (none: by the model).
+fn vision(v: &str) -> Result<Option<bool>, Failure> {
+    match v.trim() {
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        "auto" => Ok(None),
+        other => Err(Failure::Input(format!(
+            "--vision: {other:?} is not on, off or auto"
+        ))),
+    }
 }
 
 /// A number, or `word` for none.
@@ -310,6 +331,7 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         model: a.llm_model.filter(|m| !m.trim().is_empty()),
         base_url: a.llm_base_url.as_deref().map(base_url).transpose()?,
         api_key_env: a.llm_api_key_env.map(|v| v.trim().to_owned()),
+        vision: vision(&a.vision)?,
     };
     new.budgets = Budgets {
         max_steps: a.max_steps,
@@ -423,6 +445,14 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             );
             field("time zone", agent.timezone.to_string());
             field("think", agent.think.to_string());
+            field(
+                "vision",
+                match agent.llm.vision {
+                    Some(true) => "on".into(),
+                    Some(false) => "off".into(),
+                    None => "auto (on for models known to accept images)".into(),
+                },
+            );
             field(
                 "tokens today",
                 match agent.budgets.daily_tokens {

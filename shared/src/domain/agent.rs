@@ -190,9 +190,19 @@ pub struct AgentLlm {
     /// the deployment's key is not sent to. The name is stored, never the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
+    /// Whether the model is sent the images users send (`--vision on|off`); unset: on
+    /// for models known to accept them ([`crate::domain::model_sees_images`]), off for
+    /// others, which read `[image: URL]` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<bool>,
 }
 
 impl AgentLlm {
+    /// Whether `model` (the one this agent's requests go to) is sent images.
+    pub fn sees_images(&self, model: &str) -> bool {
+        self.vision
+            .unwrap_or_else(|| super::chat::model_sees_images(model))
+    }
     /// True when nothing is overridden.
     pub fn is_default(&self) -> bool {
         *self == Self::default()
@@ -478,6 +488,8 @@ pub struct AgentChanges {
     pub llm_model: Option<Option<String>>,
     /// API base URL; `Some(None)` goes back to the configured one.
     pub llm_base_url: Option<Option<url::Url>>,
+    /// Images to the model; `Some(None)` goes back to deciding by the model.
+    pub vision: Option<Option<bool>>,
     /// Most LLM calls per heartbeat.
     pub max_steps: Option<u32>,
     /// Most tokens per heartbeat.
@@ -505,6 +517,7 @@ impl AgentChanges {
             && self.llm_provider.is_none()
             && self.llm_model.is_none()
             && self.llm_base_url.is_none()
+            && self.vision.is_none()
             && self.max_steps.is_none()
             && self.max_tokens.is_none()
             && self.daily_tokens.is_none()
@@ -530,6 +543,7 @@ impl AgentChanges {
         set(&mut a.llm.provider, &self.llm_provider);
         set(&mut a.llm.model, &self.llm_model);
         set(&mut a.llm.base_url, &self.llm_base_url);
+        set(&mut a.llm.vision, &self.vision);
         set(&mut a.budgets.max_steps, &self.max_steps);
         set(&mut a.budgets.max_tokens, &self.max_tokens);
         set(&mut a.budgets.daily_tokens, &self.daily_tokens);

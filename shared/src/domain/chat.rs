@@ -15,10 +15,13 @@ pub enum ChatMessage {
         /// The text.
         text: String,
     },
-    /// What the user said.
+    /// What the user said, and the pictures they sent with it.
     User {
         /// The text.
         text: String,
+        /// Images, for a model that accepts them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImageInput>,
     },
     /// What the agent said or thought, and the tools it asked for.
     Assistant {
@@ -48,7 +51,10 @@ impl ChatMessage {
     }
     /// A user message.
     pub fn user(text: impl Into<String>) -> Self {
-        Self::User { text: text.into() }
+        Self::User {
+            text: text.into(),
+            images: Vec::new(),
+        }
     }
     /// An assistant message with text only.
     pub fn assistant(text: impl Into<String>) -> Self {
@@ -69,11 +75,70 @@ impl ChatMessage {
     /// The text, if the message has any.
     pub fn text(&self) -> Option<&str> {
         match self {
-            Self::System { text } | Self::User { text } => Some(text),
+            Self::System { text } | Self::User { text, .. } => Some(text),
             Self::Assistant { text, .. } => text.as_deref(),
             Self::ToolResult { content, .. } => Some(content),
         }
     }
+}
+
+/// An image given to a model: where the provider fetches it, or its bytes.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ImageInput {
+    /// A URL the provider can reach.
+    Url {
+        /// The URL.
+        url: String,
+    },
+    /// The image itself, base64-encoded.
+    Inline {
+        /// Its media type (`image/png`, `image/jpeg`, `image/gif`, `image/webp`).
+        media_type: String,
+        /// The bytes, base64 (standard alphabet, padded).
+        data: String,
+    },
+}
+
+impl std::fmt::Debug for ImageInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Url { url } => f.debug_struct("Url").field("url", url).finish(),
+            Self::Inline { media_type, data } => f
+                .debug_struct("Inline")
+                .field("media_type", media_type)
+                .field("bytes_base64", &data.len())
+                .finish(),
+        }
+    }
+}
+
+/// The media types providers accept for images.
+pub const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// Largest image sent inline, in bytes (5 MiB, Anthropic's limit per image).
+pub const MAX_IMAGE_BYTES: usize = 5 * 1024 * 1024;
+
+/// Models known to accept images, by name prefix. Others get the text fallback unless
+/// an agent says `--vision on`.
+const VISION_MODELS: [&str; 12] = [
+    "claude-opus-4",
+    "claude-sonnet-4",
+    "claude-haiku-4",
+    "claude-3-7-sonnet",
+    "claude-3-5-sonnet",
+    "claude-3-opus",
+    "gpt-5",
+    "gpt-4.1",
+    "gpt-4o",
+    "o4-mini",
+    "o3",
+    "o1",
+];
+
+/// Whether `model` is known to accept images.
+pub fn model_sees_images(model: &str) -> bool {
+    VISION_MODELS.iter().any(|p| model.starts_with(p))
 }
 
 /// A tool call the model asked for.

@@ -20,8 +20,8 @@ pub use agent::{
     Heartbeat, HeartbeatStatus, NewAgent, Spend, ThinkPolicy, check_key_variable,
 };
 pub use chat::{
-    ChatMessage, LlmRequest, LlmResponse, ProviderKind, Secret, StopReason, ToolSpec, ToolUse,
-    Usage,
+    ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,
+    Secret, StopReason, ToolSpec, ToolUse, Usage, model_sees_images,
 };
 pub use conversation::{
     ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, Memory, ReplyTarget, Role,

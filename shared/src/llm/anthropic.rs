@@ -9,7 +9,7 @@
 use serde_json::{Value, json};
 
 use super::HttpLlm;
-use crate::domain::{ChatMessage, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
+use crate::domain::{ChatMessage, ImageInput, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
 use crate::error::LlmError;
 
 pub(crate) struct Anthropic(pub(crate) HttpLlm);
@@ -28,7 +28,19 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
                 "user",
                 json!({"type": "text", "text": format!("<system-note>\n{text}\n</system-note>")}),
             ),
-            ChatMessage::User { text } => push("user", json!({"type": "text", "text": text})),
+            ChatMessage::User { text, images } => {
+                // Images first, then the words about them (Anthropic's advice).
+                for image in images {
+                    let source = match image {
+                        ImageInput::Url { url } => json!({"type": "url", "url": url}),
+                        ImageInput::Inline { media_type, data } => {
+                            json!({"type": "base64", "media_type": media_type, "data": data})
+                        }
+                    };
+                    push("user", json!({"type": "image", "source": source}));
+                }
+                push("user", json!({"type": "text", "text": text}));
+            }
             ChatMessage::Assistant { text, tool_calls } => {
                 if let Some(t) = text.as_deref().filter(|t| !t.is_empty()) {
                     push("assistant", json!({"type": "text", "text": t}));

@@ -15,11 +15,15 @@
 //! time, no proxy). No client follows redirects, so no credential is carried to a second
 //! host.
 //!
+//! [`EgressImages`] fetches the images users send, through the egress guard, for a
+//! model that cannot reach their URL itself.
+//!
 //! The offline provider ([`offline`]) answers deterministically with no network: for
 //! demos and tests without a key. It is named `offline` in every response and log line
 //! and is never chosen when a key is configured.
 
 mod anthropic;
+mod images;
 pub mod offline;
 mod openai;
 
@@ -37,6 +41,8 @@ use crate::domain::{AGENT_KEY_PREFIX, Agent, LlmRequest, LlmResponse, ProviderKi
 use crate::error::LlmError;
 use crate::ports::{Llm, LlmSelector};
 use pulse_egress::Egress;
+
+pub use images::EgressImages;
 
 /// Everything needed to build one provider client.
 #[derive(Clone, Debug)]
@@ -502,6 +508,9 @@ impl Llm for anthropic::Anthropic {
     fn provider(&self) -> &'static str {
         "anthropic"
     }
+    fn model(&self) -> &str {
+        &self.0.settings.model
+    }
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let model = request
             .model
@@ -525,6 +534,9 @@ impl Llm for anthropic::Anthropic {
 impl Llm for openai::OpenAi {
     fn provider(&self) -> &'static str {
         "openai"
+    }
+    fn model(&self) -> &str {
+        &self.0.settings.model
     }
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let model = request

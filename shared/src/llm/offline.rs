@@ -74,7 +74,7 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
     // tools.
     let heartbeat = req.tools.iter().any(|t| t.name == "speak");
     let newest_user = req.messages.iter().rev().find_map(|m| match m {
-        ChatMessage::User { text } => Some(text.as_str()),
+        ChatMessage::User { text, .. } => Some(text.as_str()),
         _ => None,
     });
     // Directives are read from the heartbeat agent's prompt (a user message last), or
@@ -83,7 +83,7 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
     let scanned = match req.messages.last() {
         _ if req.tools.is_empty() => None,
         Some(ChatMessage::ToolResult { .. }) => None,
-        Some(ChatMessage::User { text }) if heartbeat => Some(text.as_str()),
+        Some(ChatMessage::User { text, .. }) if heartbeat => Some(text.as_str()),
         _ if heartbeat => None,
         _ => newest_user.filter(|t| t.starts_with('[')),
     };
@@ -111,7 +111,7 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
         Some(ChatMessage::ToolResult { .. }) if heartbeat => "(offline) done".to_owned(),
         last => {
             let user = req.messages.iter().rev().find_map(|m| match m {
-                ChatMessage::User { text } => {
+                ChatMessage::User { text, .. } => {
                     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
                     let first = lines.next().unwrap_or("");
                     // A `[timestamp]` header line is not what the user said.
@@ -165,6 +165,9 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
 #[async_trait]
 impl Llm for Offline {
     fn provider(&self) -> &'static str {
+        "offline"
+    }
+    fn model(&self) -> &str {
         "offline"
     }
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {

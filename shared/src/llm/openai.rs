@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::HttpLlm;
-use crate::domain::{ChatMessage, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
+use crate::domain::{ChatMessage, ImageInput, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
 use crate::error::LlmError;
 
 pub(crate) struct OpenAi(pub(crate) HttpLlm);
@@ -15,7 +15,22 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
         .iter()
         .map(|m| match m {
             ChatMessage::System { text } => json!({"role": "system", "content": text}),
-            ChatMessage::User { text } => json!({"role": "user", "content": text}),
+            ChatMessage::User { text, images } if images.is_empty() => {
+                json!({"role": "user", "content": text})
+            }
+            ChatMessage::User { text, images } => {
+                let mut parts = vec![json!({"type": "text", "text": text})];
+                for image in images {
+                    let url = match image {
+                        ImageInput::Url { url } => url.clone(),
+                        ImageInput::Inline { media_type, data } => {
+                            format!("data:{media_type};base64,{data}")
+                        }
+                    };
+                    parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+                }
+                json!({"role": "user", "content": parts})
+            }
             ChatMessage::Assistant { text, tool_calls } => {
                 let mut v = json!({"role": "assistant", "content": text});
                 if !tool_calls.is_empty() {
