@@ -302,6 +302,24 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         .unwrap();
     assert!(!c.source().await.unwrap().contains(&second));
 
+    // Settings: images to the model chosen from a list, and saved.
+    c.goto(&format!("{base}/ui/agents/{agent}/settings"))
+        .await
+        .unwrap();
+    c.find(Locator::Css("#vision option[value='off']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    click(&c, Locator::Css("form[action$='/update'] button")).await;
+    expect_text(&c, "#vision option[selected]", "off").await;
+    screenshot(&c, &d, "settings").await;
+    assert_eq!(
+        json(&d, &["agents", "show", &agent])["agent"]["llm"]["vision"],
+        false
+    );
+
     c.goto(&format!("{base}/ui/")).await.unwrap();
     expect_text(&c, "td", "paused").await;
     screenshot(&c, &d, "agents").await;

@@ -225,6 +225,7 @@ async fn pages(kind: Kind) {
                 ("timezone", "Europe/Paris"),
                 ("daily_tokens", "5000"),
                 ("max_beats_per_hour", ""),
+                ("vision", "off"),
             ],
         )
         .await;
@@ -232,12 +233,10 @@ async fn pages(kind: Kind) {
     let stored = u.b.store.get_agent(&agent.id).await.unwrap().unwrap();
     assert_eq!(stored.budgets.daily_tokens, Some(5000));
     assert_eq!(stored.budgets.max_beats_per_hour, None);
-    assert!(
-        u.get(&format!("{base}/settings"))
-            .await
-            .body
-            .contains("value=\"5000\"")
-    );
+    assert_eq!(stored.llm.vision, Some(false));
+    let page = u.get(&format!("{base}/settings")).await.body;
+    assert!(page.contains("value=\"5000\""));
+    assert!(page.contains("<option value=\"off\" selected>"), "{page}");
     let spend = pulse_shared::domain::Spend {
         day: pulse_shared::engine::budget::day_of(&stored, u.b.now()),
         source: "tn_test".into(),

@@ -207,6 +207,13 @@ pub(crate) async fn settings(
                 textarea #instructions name="instructions" rows="4" { (agent.instructions.clone().unwrap_or_default()) }
                 label for="think" { "Think" }
                 input #think name="think" value=(agent.think.to_string()) title="auto (new events or instructions), events, always, or every:N";
+                label for="vision" { "Images to the model" }
+                select #vision name="vision" {
+                    @for (value, label) in [("auto", "auto: if the model takes them"), ("on", "on"), ("off", "off: as [image: URL] text")] {
+                        @let chosen = match agent.llm.vision { Some(true) => "on", Some(false) => "off", None => "auto" };
+                        option value=(value) selected[chosen == value] { (label) }
+                    }
+                }
                 label for="daily_tokens" { "Daily tokens" }
                 input #daily_tokens name="daily_tokens" inputmode="numeric" placeholder="no daily budget"
                     value=(agent.budgets.daily_tokens.map(|n| n.to_string()).unwrap_or_default());
@@ -251,6 +258,9 @@ pub(crate) struct UpdateForm {
     instructions: String,
     #[serde(default)]
     think: String,
+    /// `auto`, `on` or `off`; absent: unchanged.
+    #[serde(default)]
+    vision: Option<String>,
     /// Absent: unchanged; empty: no daily budget.
     #[serde(default)]
     daily_tokens: Option<String>,
@@ -289,6 +299,17 @@ pub(crate) async fn update(
         think: match f.think.trim() {
             "" => None,
             t => Some(ThinkPolicy::parse(t).map_err(invalid)?),
+        },
+        vision: match f.vision.as_deref().map(str::trim) {
+            None => None,
+            Some("auto") => Some(None),
+            Some("on") => Some(Some(true)),
+            Some("off") => Some(Some(false)),
+            Some(other) => {
+                return Err(Problem::Invalid(format!(
+                    "images to the model: {other:?} is not auto, on or off"
+                )));
+            }
         },
         daily_tokens: f
             .daily_tokens
