@@ -24,7 +24,7 @@ use crate::domain::{
     HookType, ImageInput, LlmRequest, MESSAGE_LIMIT, MemoryId, ReplyTarget, Role, Signal,
     SignalKind, Spend, Turn, TurnId, TurnStatus, Usage, split_message,
 };
-use crate::engine::{budget, memory};
+use crate::engine::{budget, memory, transcript};
 use crate::error::{DiscordError, EngineError, chain};
 use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
 
@@ -810,14 +810,7 @@ impl Conversation {
                 asked.text = resp.text.unwrap_or_default();
                 break;
             }
-            asked.steps.push(serde_json::json!({
-                "kind": "llm",
-                "step": step,
-                "text": resp.text,
-                "tool_calls": resp.tool_calls,
-                "usage": resp.usage,
-                "stop": resp.stop,
-            }));
+            asked.steps.push(transcript::call_step(step, &resp));
             asked.text = resp.text.clone().unwrap_or_default();
             if resp.tool_calls.is_empty() || last {
                 break;
@@ -841,23 +834,10 @@ impl Conversation {
                             call.name
                         ))
                     });
-                let (content, is_error) = match result {
-                    Ok(v) => (v, false),
-                    Err(e) => (serde_json::json!({"error": e}), true),
-                };
-                info!(tool = %call.name, is_error, "reply tool call");
-                asked.steps.push(serde_json::json!({
-                    "kind": "tool",
-                    "name": call.name,
-                    "input": call.input,
-                    "result": content,
-                    "is_error": is_error,
-                }));
-                messages.push(ChatMessage::ToolResult {
-                    call_id: call.id.clone(),
-                    content: content.to_string(),
-                    is_error,
-                });
+                info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
+                let (step, message) = transcript::tool_step(call, result);
+                asked.steps.push(step);
+                messages.push(message);
             }
         }
         info!(

@@ -25,6 +25,7 @@ mod schedule;
 mod sweep;
 mod switches;
 mod trace;
+pub mod transcript;
 mod usage;
 mod webhooks;
 mod worker;

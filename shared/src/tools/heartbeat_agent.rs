@@ -26,6 +26,7 @@ use crate::domain::{
     ToolUse, Usage,
 };
 use crate::engine::memory::{self, text_arg};
+use crate::engine::transcript;
 use crate::error::chain;
 use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
@@ -213,14 +214,7 @@ impl HeartbeatAgent {
                 output_tokens = resp.usage.output_tokens,
                 "heartbeat agent step"
             );
-            t.steps.push(json!({
-                "kind": "llm",
-                "step": step,
-                "text": resp.text,
-                "tool_calls": resp.tool_calls,
-                "usage": resp.usage,
-                "stop": resp.stop,
-            }));
+            t.steps.push(transcript::call_step(step, &resp));
             messages.push(ChatMessage::Assistant {
                 text: resp.text.clone(),
                 tool_calls: resp.tool_calls.clone(),
@@ -277,24 +271,12 @@ impl HeartbeatAgent {
             {
                 return Ok(Some(why));
             }
-            let (content, is_error) = match self.run_tool(req, agent, call, *calls, t).await {
-                Ok(v) => (v, false),
-                Err(e) => (json!({"error": e}), true),
-            };
+            let result = self.run_tool(req, agent, call, *calls, t).await;
             *calls += 1;
-            info!(tool = %call.name, is_error, "heartbeat agent tool call");
-            t.steps.push(json!({
-                "kind": "tool",
-                "name": call.name,
-                "input": call.input,
-                "result": content,
-                "is_error": is_error,
-            }));
-            messages.push(ChatMessage::ToolResult {
-                call_id: call.id.clone(),
-                content: content.to_string(),
-                is_error,
-            });
+            info!(tool = %call.name, is_error = result.is_err(), "heartbeat agent tool call");
+            let (step, message) = transcript::tool_step(call, result);
+            t.steps.push(step);
+            messages.push(message);
         }
         Ok(None)
     }
