@@ -575,7 +575,7 @@ impl Conversation {
         let said: Vec<String> = pending.iter().map(Signal::text).collect();
         let memories = self.store.memories(agent_id, memory::PROMPT_SCAN).await?;
         let known = memory::known(&memories, &said.join("\n"), memory::PROMPT_TOKENS);
-        let context = build_context(
+        let mut context = build_context(
             &agent,
             &history,
             &pending,
@@ -585,17 +585,6 @@ impl Conversation {
             self.settings.history_tokens,
         );
         let turn_id = TurnId::for_signal(&pending[0].id);
-        // The pictures sent with the turn's messages, on its user message.
-        let images = self.images_for(&agent, &pending, now).await;
-        let mut context = context;
-        if !images.is_empty()
-            && let Some(ChatMessage::User { images: slot, .. }) = context
-                .iter_mut()
-                .rev()
-                .find(|m| matches!(m, ChatMessage::User { .. }))
-        {
-            *slot = images;
-        }
         let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
         let spent = budget::exhausted(self.store.as_ref(), &agent, now).await?;
         // Memories the turn's tools keep get ids from the turn and its first signal's
@@ -604,6 +593,16 @@ impl Conversation {
         let (reply, provider, model, usage, failed, steps) = match &spent {
             None => {
                 outcome.asked_model = true;
+                // The pictures sent with the turn's messages, on its user message.
+                let images = self.images_for(&agent, &pending, now).await;
+                if !images.is_empty()
+                    && let Some(ChatMessage::User { images: slot, .. }) = context
+                        .iter_mut()
+                        .rev()
+                        .find(|m| matches!(m, ChatMessage::User { .. }))
+                {
+                    *slot = images;
+                }
                 let a = self.ask(&agent, context, &turn_id, first_ms).await?;
                 (a.text, a.provider, a.model, a.usage, a.failed, a.steps)
             }
