@@ -20,8 +20,8 @@ use pulse_shared::adapters::aws::{SetupError, explain};
 use commands::{
     actions::ActionsCmd, agents::AgentsCmd, conversation::ConversationCmd, conversation::SayArgs,
     discord::DiscordCmd, events::EventsCmd, heartbeats::HeartbeatsCmd, hooks::HooksCmd,
-    memories::MemoriesCmd, secrets::SecretsCmd, serve::ServeArgs, subscriptions::SubscriptionsCmd,
-    tools::ToolsCmd, webhooks::WebhooksCmd,
+    memories::MemoriesCmd, schedules::SchedulesCmd, secrets::SecretsCmd, serve::ServeArgs,
+    subscriptions::SubscriptionsCmd, tools::ToolsCmd, webhooks::WebhooksCmd,
 };
 
 /// Pulse: a heartbeat runtime for autonomous agents.
@@ -83,6 +83,9 @@ pub(crate) enum Command {
     /// List what agents remembered.
     #[command(subcommand)]
     Memories(MemoriesCmd),
+    /// Reminders: wake an agent at a time or on a cron pattern, beside its interval.
+    #[command(subcommand)]
+    Schedules(SchedulesCmd),
     /// Inbound webhooks: signed events from external systems.
     #[command(subcommand)]
     Webhooks(WebhooksCmd),

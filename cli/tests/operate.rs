@@ -454,3 +454,103 @@ async fn heartbeats_and_actions_are_filtered_and_one_action_is_shown_on(backend:
     let other = "act_0123456789abcdef0123456789abcdef";
     assert!(bad(d, &["actions", "show", other, "--agent", &agent]).contains("not found"));
 }
+
+both!(
+    schedules_are_added_listed_and_deleted,
+    schedules_are_added_listed_and_deleted_on
+);
+fn schedules_are_added_listed_and_deleted_on(backend: Backend) {
+    let dir = dir_on(backend);
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "reminded", "--interval", "1h"],
+    );
+    let once = ok(
+        d,
+        &[
+            "schedules",
+            "add",
+            "--agent",
+            &agent,
+            "--in",
+            "2h",
+            "--note",
+            "stretch",
+        ],
+    );
+    assert!(once.starts_with("sch_"), "{once}");
+    let cron = json(
+        d,
+        &[
+            "agents",
+            "schedule",
+            "--agent",
+            &agent,
+            "--cron",
+            "0 9 * * MON-FRI",
+            "--timezone",
+            "Europe/Paris",
+        ],
+    );
+    assert_eq!(cron["rule"]["pattern"], "0 9 * * MON-FRI");
+    let listed = json(d, &["schedules", "list", "--agent", &agent]);
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    assert_eq!(listed[0]["note"], "stretch");
+    let text = ok(d, &["schedules", "list", "--agent", &agent]);
+    assert!(
+        text.contains("cron 0 9 * * MON-FRI (Europe/Paris)"),
+        "{text}"
+    );
+    // The agent's next wake is the one-time schedule's.
+    assert_eq!(
+        json(d, &["agents", "show", &agent])["agent"]["next_wake"],
+        listed[0]["next_at"]
+    );
+    // Refusals, nothing written.
+    assert!(
+        bad(
+            d,
+            &["schedules", "add", "--agent", &agent, "--cron", "0 9 * *"]
+        )
+        .contains("5")
+    );
+    assert!(
+        bad(
+            d,
+            &["schedules", "add", "--agent", &agent, "--cron", "* * * * *"]
+        )
+        .contains("breaker")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "schedules",
+                "add",
+                "--agent",
+                &agent,
+                "--at",
+                "2020-01-01T00:00:00Z"
+            ]
+        )
+        .contains("never wake")
+    );
+    assert!(bad(d, &["schedules", "add", "--agent", &agent]).contains("--at"));
+    assert_eq!(
+        json(d, &["schedules", "list", "--agent", &agent])
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    ok(d, &["schedules", "delete", "--agent", &agent, &once]);
+    assert!(bad(d, &["schedules", "delete", "--agent", &agent, &once]).contains("no schedule"));
+    assert_eq!(
+        json(d, &["schedules", "list", "--agent", &agent])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

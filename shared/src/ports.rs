@@ -18,9 +18,9 @@ use crate::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
     Delivery, Event, EventCursor, EventId, EventType, Heartbeat, HeartbeatId, HeartbeatStatus,
     Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, HookTask, LlmRequest,
-    LlmResponse, Memory, OutgoingTask, Receipt, Registry, SignalId, Spend, Subscription,
-    SubscriptionId, Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook, WebhookId,
-    WebhookRequest,
+    LlmResponse, Memory, OutgoingTask, Receipt, Registry, Schedule, ScheduleId, SignalId, Spend,
+    Subscription, SubscriptionId, Tool, ToolName, ToolRequest, ToolResponse, Turn, TurnId, Webhook,
+    WebhookId, WebhookRequest,
 };
 use crate::error::{DiscordError, LlmError, StoreError};
 
@@ -85,11 +85,14 @@ pub trait AgentStore: Send + Sync {
     /// agent per channel: creating a second one for a channel is `AlreadyExists`.
     async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError>;
     /// Replaces the settings of `previous` with those of `agent` (same id), moving its
-    /// channel binding when the channel changed. Its pause state and last interaction
-    /// are not written here: they have their own writes. `NotFound` if the agent is
+    /// channel binding when the channel changed. Its pause state, last interaction and
+    /// next wake are not written here: they have their own writes. `NotFound` if the agent is
     /// gone; `AlreadyExists` if another agent answers in the new channel (then nothing
     /// is written).
     async fn update_agent(&self, agent: &Agent, previous: &Agent) -> Result<(), StoreError>;
+    /// Sets (or with `None` clears) the agent's next schedule wake, and nothing else.
+    /// `NotFound` if the agent is gone.
+    async fn set_next_wake(&self, id: &AgentId, at: Option<Timestamp>) -> Result<(), StoreError>;
     /// Pauses (`paused_at` set) or resumes (`None`) an agent and appends `event` to its
     /// log, atomically. False, with nothing written, when it already was so; `NotFound`
     /// if the agent is gone. The pending heartbeat is moved by
@@ -143,6 +146,8 @@ pub struct Footprint {
     pub subscriptions: u64,
     /// Entries of its daily spend ledger.
     pub usage: u64,
+    /// Its schedules (reminders).
+    pub schedules: u64,
     /// The Discord channel it answered in.
     pub channel: Option<String>,
 }
@@ -168,6 +173,7 @@ impl Footprint {
             (self.hook_deliveries, "hook delivery record"),
             (self.subscriptions, "subscription"),
             (self.usage, "usage record"),
+            (self.schedules, "schedule"),
             (u64::from(self.channel.is_some()), "channel binding"),
         ]
         .into_iter()
@@ -539,6 +545,17 @@ pub trait ConversationStore: Send + Sync {
     ) -> Result<Vec<ConversationMessage>, StoreError>;
 }
 
+/// Agents' schedules (reminders).
+#[async_trait]
+pub trait ScheduleStore: Send + Sync {
+    /// Stores a schedule; one with the same id is replaced.
+    async fn put_schedule(&self, schedule: &Schedule) -> Result<(), StoreError>;
+    /// The agent's schedules, oldest first.
+    async fn schedules(&self, agent: &AgentId) -> Result<Vec<Schedule>, StoreError>;
+    /// Deletes a schedule; false if the agent has none with that id.
+    async fn delete_schedule(&self, agent: &AgentId, id: &ScheduleId) -> Result<bool, StoreError>;
+}
+
 /// Agents' memories.
 #[async_trait]
 pub trait MemoryStore: Send + Sync {
@@ -635,6 +652,7 @@ pub trait Store:
     + ToolRegistry
     + ConversationStore
     + MemoryStore
+    + ScheduleStore
     + WebhookStore
     + HookStore
 {
@@ -647,6 +665,7 @@ impl<T> Store for T where
         + ToolRegistry
         + ConversationStore
         + MemoryStore
+        + ScheduleStore
         + WebhookStore
         + HookStore
 {

@@ -121,6 +121,89 @@ async fn agents(kind: Kind) {
 }
 
 on_both_backends!(
+    schedules_are_kept_listed_replaced_deleted_and_purged_with_their_agent,
+    schedules
+);
+async fn schedules(kind: Kind) {
+    use pulse_shared::domain::{Schedule, ScheduleRule, TimeZoneName};
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("reminded", "15m").await;
+    let (other, _) = b.agent("other", "15m").await;
+    assert!(b.store.schedules(&agent.id).await.unwrap().is_empty());
+    let once = Schedule::new(
+        &agent.id,
+        ScheduleRule::Once {
+            at: b.now() + SignedDuration::from_hours(2),
+        },
+        Some("call the dentist".into()),
+        b.now(),
+    )
+    .unwrap();
+    let cron = Schedule::new(
+        &agent.id,
+        ScheduleRule::cron(
+            "0 9 * * MON-FRI",
+            TimeZoneName::parse("Europe/Paris").unwrap(),
+        )
+        .unwrap(),
+        None,
+        b.now(),
+    )
+    .unwrap();
+    b.store.put_schedule(&once).await.unwrap();
+    b.store.put_schedule(&cron).await.unwrap();
+    let listed = b.store.schedules(&agent.id).await.unwrap();
+    assert_eq!(listed, vec![once.clone(), cron.clone()], "oldest first");
+    assert!(b.store.schedules(&other.id).await.unwrap().is_empty());
+    // Replaced by id: the wake moved on.
+    let mut moved = cron.clone();
+    moved.wakes = 1;
+    moved.next_at = moved.rule.next_after(cron.next_at.unwrap());
+    b.store.put_schedule(&moved).await.unwrap();
+    assert_eq!(b.store.schedules(&agent.id).await.unwrap()[1], moved);
+    // Deleted once; the other agent cannot delete it.
+    assert!(!b.store.delete_schedule(&other.id, &once.id).await.unwrap());
+    assert!(b.store.delete_schedule(&agent.id, &once.id).await.unwrap());
+    assert!(!b.store.delete_schedule(&agent.id, &once.id).await.unwrap());
+    assert_eq!(b.store.schedules(&agent.id).await.unwrap(), vec![moved]);
+    // The agent's next wake: set on its own, kept by a settings update, cleared.
+    let wake = b.now() + SignedDuration::from_hours(2);
+    b.store.set_next_wake(&agent.id, Some(wake)).await.unwrap();
+    let stored = b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(stored.next_wake, Some(wake));
+    let mut renamed = stored.clone();
+    renamed.name = "reminded-2".into();
+    renamed.next_wake = None;
+    b.store.update_agent(&renamed, &stored).await.unwrap();
+    let stored = b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.name.as_str(), stored.next_wake),
+        ("reminded-2", Some(wake))
+    );
+    b.store.set_next_wake(&agent.id, None).await.unwrap();
+    assert_eq!(
+        b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .next_wake,
+        None
+    );
+    assert!(matches!(
+        b.store
+            .set_next_wake(&AgentId::generate(), Some(wake))
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Purged with the agent.
+    let footprint = b.store.purge_agent(&agent.id, false).await.unwrap();
+    assert_eq!(footprint.schedules, 1);
+    b.store.purge_agent(&agent.id, true).await.unwrap();
+    assert!(b.store.schedules(&agent.id).await.unwrap().is_empty());
+}
+
+on_both_backends!(
     the_spend_ledger_keeps_one_entry_per_day_and_source_and_the_breaker_count_is_stored,
     spend_ledger
 );

@@ -16,5 +16,6 @@ mod lifecycle;
 mod listener;
 mod llm;
 mod queue;
+mod reminders;
 mod secrets_at_rest;
 mod thinking;

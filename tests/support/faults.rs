@@ -21,14 +21,14 @@ use jiff::Timestamp;
 use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
     Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery,
-    HookDeliveryId, HookId, HookRoute, Memory, Registry, SignalId, Spend, Subscription,
-    SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    HookDeliveryId, HookId, HookRoute, Memory, Registry, Schedule, ScheduleId, SignalId, Spend,
+    Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
     ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome, Footprint,
-    HeartbeatStore, HookStore, MemoryStore, PageToken, Reschedule, ToolRegistry, TurnStart,
-    WebhookStore, Window,
+    HeartbeatStore, HookStore, MemoryStore, PageToken, Reschedule, ScheduleStore, ToolRegistry,
+    TurnStart, WebhookStore, Window,
 };
 
 pub use pulse_shared::ports::Store;
@@ -133,6 +133,7 @@ faulty!(AgentStore {
     fn list_agents(&self) -> Vec<Agent>;
     fn record_interaction(&self, id: &AgentId, at: Timestamp) -> ();
     fn update_agent(&self, agent: &Agent, previous: &Agent) -> ();
+    fn set_next_wake(&self, id: &AgentId, at: Option<Timestamp>) -> ();
     fn set_paused(&self, id: &AgentId, paused_at: Option<Timestamp>, event: &Event) -> bool;
     fn purge_agent(&self, id: &AgentId, apply: bool) -> Footprint;
     fn record_spend(&self, agent: &AgentId, spend: &Spend) -> ();
@@ -192,6 +193,12 @@ faulty!(ConversationStore {
 faulty!(MemoryStore {
     fn remember(&self, memory: &Memory) -> ();
     fn memories(&self, agent: &AgentId, limit: usize) -> Vec<Memory>;
+});
+
+faulty!(ScheduleStore {
+    fn put_schedule(&self, schedule: &Schedule) -> ();
+    fn schedules(&self, agent: &AgentId) -> Vec<Schedule>;
+    fn delete_schedule(&self, agent: &AgentId, id: &ScheduleId) -> bool;
 });
 
 faulty!(WebhookStore {

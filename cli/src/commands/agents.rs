@@ -37,6 +37,9 @@ pub(crate) enum AgentsCmd {
         /// The agent's id.
         id: String,
     },
+    /// Wake an agent at a time, after a while, or on a cron pattern, beside its
+    /// interval (the same as `pulse schedules add`).
+    Schedule(super::schedules::AddSchedule),
     /// Delete an agent and everything that is its own: heartbeats, events, actions,
     /// conversation, memories, webhooks (their URLs then answer 404), hooks and their
     /// deliveries, its subscriptions and channel binding. Without --yes, says what would
@@ -188,6 +191,7 @@ pub(crate) enum AgentsPlan {
     Pause(AgentId),
     Resume(AgentId),
     Delete { id: AgentId, yes: bool },
+    Schedule(super::schedules::AddPlan),
 }
 
 impl AgentsPlan {
@@ -305,6 +309,7 @@ pub(crate) fn plan(cmd: AgentsCmd, now: jiff::Timestamp) -> Result<AgentsPlan, F
             id: agent_id(&id)?,
             yes,
         },
+        AgentsCmd::Schedule(a) => AgentsPlan::Schedule(super::schedules::plan_add(a)?),
     })
 }
 
@@ -476,6 +481,7 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             outln!();
             heartbeat_table(out, &recent);
         }
+        AgentsPlan::Schedule(p) => return super::schedules::add(p, cx).await,
         other => return lifecycle(other, cx).await,
     }
     Ok(())

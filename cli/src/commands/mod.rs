@@ -13,6 +13,7 @@ pub(crate) mod heartbeats;
 pub(crate) mod hooks;
 pub(crate) mod init;
 pub(crate) mod memories;
+pub(crate) mod schedules;
 pub(crate) mod secrets;
 pub(crate) mod serve;
 mod story;
@@ -58,6 +59,7 @@ enum Plan {
     Subscriptions(subscriptions::SubscriptionsPlan),
     Conversation(conversation::ConversationPlan),
     Memories(memories::MemoriesPlan),
+    Schedules(schedules::SchedulesPlan),
     Webhooks(webhooks::WebhooksPlan),
     Hooks(hooks::HooksPlan),
     Usage(usage::UsagePlan),
@@ -79,6 +81,7 @@ impl Plan {
             Plan::Heartbeats(_)
             | Plan::Actions(_)
             | Plan::Memories(_)
+            | Plan::Schedules(_)
             | Plan::Usage(_)
             | Plan::Secrets => false,
         }
@@ -99,6 +102,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Say(a) => Plan::Conversation(conversation::plan_say(a, now)?),
         Command::Conversation(c) => Plan::Conversation(conversation::plan(c)?),
         Command::Memories(c) => Plan::Memories(memories::plan(c)?),
+        Command::Schedules(c) => Plan::Schedules(schedules::plan(c)?),
         Command::Webhooks(c) => Plan::Webhooks(webhooks::plan(c, now)?),
         Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
         Command::Usage(a) => Plan::Usage(usage::plan(a)?),
@@ -166,6 +170,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Subscriptions(p) => subscriptions::execute(p, &cx).await,
         Plan::Conversation(p) => conversation::execute(p, &cx).await,
         Plan::Memories(p) => memories::execute(p, &cx).await,
+        Plan::Schedules(p) => schedules::execute(p, &cx).await,
         Plan::Webhooks(p) => webhooks::execute(p, &cx).await,
         Plan::Hooks(p) => hooks::execute(p, &cx).await,
         Plan::Usage(p) => usage::execute(p, &cx).await,

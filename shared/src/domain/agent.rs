@@ -64,6 +64,11 @@ pub struct Agent {
     /// When its heartbeat agent calls the model.
     #[serde(default, skip_serializing_if = "ThinkPolicy::is_auto")]
     pub think: ThinkPolicy,
+    /// The earliest next wake of its schedules (reminders), if it has any: the finish
+    /// of a heartbeat files the next one no later than this. Written on its own
+    /// ([`crate::ports::AgentStore::set_next_wake`]), never by a settings update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_wake: Option<Timestamp>,
 }
 
 impl Agent {
@@ -461,6 +466,7 @@ impl NewAgent {
             discord_channel: self.discord_channel,
             paused_at: None,
             think: self.think,
+            next_wake: None,
         }
         .validated()?;
         let due = agent.in_active_hours(now);

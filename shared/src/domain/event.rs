@@ -194,6 +194,13 @@ impl EventCursor {
         let ms = t.as_millisecond().max(0) as u64;
         Self(format!("ev_{}", Ulid::from_parts(ms, u128::MAX)))
     }
+    /// The millisecond the cursor stands at (0 for the origin).
+    pub fn ms(&self) -> u64 {
+        self.0
+            .strip_prefix("ev_")
+            .and_then(|u| Ulid::from_string(u).ok())
+            .map_or(0, |u| u.timestamp_ms())
+    }
     /// Just after `event` (used when a window is cut short at a size limit).
     pub fn after(event: &EventId) -> Self {
         Self(event.as_str().to_owned())

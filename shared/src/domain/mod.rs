@@ -10,6 +10,7 @@ mod hook_delivery;
 mod ids;
 mod reply;
 mod requests;
+mod schedule;
 mod task;
 mod time;
 mod tool;
@@ -42,6 +43,7 @@ pub use ids::{
 };
 pub use reply::{MESSAGE_LIMIT, split_message};
 pub use requests::Requests;
+pub use schedule::{MAX_NOTE_CHARS, SCHEDULED, Schedule, ScheduleId, ScheduleRule};
 pub use task::{
     DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask, SignalJob,
     TASK_VERSION, TaskDecodeError, TaskEnvelope,

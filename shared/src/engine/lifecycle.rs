@@ -15,10 +15,11 @@ use tracing::{info, warn};
 
 use super::EngineSettings;
 use super::hooks::{Emission, HookEmitter};
+use super::reminders;
 use super::schedule::next_run;
 use crate::domain::{
     Agent, AgentChanges, AgentId, Event, EventId, EventType, Heartbeat, HeartbeatId,
-    HeartbeatStatus, HookData, HookType, Priority, to_ms,
+    HeartbeatStatus, HookData, HookType, Priority, Schedule, ScheduleId, ScheduleRule, to_ms,
 };
 use crate::error::{StoreError, ValidationError, chain};
 use crate::ports::{Clock, Footprint, Reschedule, Store};
@@ -72,6 +73,20 @@ pub enum Toggled {
     /// It already was so; nothing was written.
     Already,
 }
+
+/// What `schedule` did.
+#[derive(Clone, Debug)]
+pub struct Scheduled {
+    /// The schedule, with its first wake.
+    pub schedule: Schedule,
+    /// When the agent's pending heartbeat is due now, if it was pulled forward.
+    pub pulled: Option<Timestamp>,
+}
+
+/// How many times `schedule` looks for the heartbeat to pull forward while one runs,
+/// and how long it waits between looks.
+const PULL_LOOKS: usize = 10;
+const PULL_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Changes, pauses, resumes and deletes agents.
 pub struct Lifecycle {
@@ -254,6 +269,92 @@ impl Lifecycle {
             .await
             .map_err(LifecycleError::Store)?
             .is_some())
+    }
+
+    /// Gives the agent a schedule (a reminder) waking it with `note`. Refused when it
+    /// would never wake, or when its wakes and the heartbeats the interval plans would
+    /// pass the breaker's cap in some hour. The agent's pending heartbeat is pulled
+    /// forward to the first wake; a heartbeat running now finishes first, and the one
+    /// after it is pulled forward once it is filed (looked for a few times, briefly).
+    pub async fn schedule(
+        &self,
+        id: &AgentId,
+        rule: ScheduleRule,
+        note: Option<String>,
+    ) -> Result<Scheduled, LifecycleError> {
+        let agent = self.agent(id).await?;
+        let now = self.clock.now();
+        let schedule = Schedule::new(id, rule, note, now)?;
+        let busiest = schedule.rule.busiest_hour(now);
+        let planned = agent.scheduled_beats_per_hour();
+        let cap = agent.beat_cap();
+        if busiest.saturating_add(planned) > cap {
+            return Err(LifecycleError::Invalid(ValidationError::new(
+                "schedule",
+                format!(
+                    "it wakes the agent up to {busiest} times in an hour; with the {planned} heartbeat{} its interval plans, that passes the breaker's cap of {cap} an hour (raise it with --max-beats-per-hour, or wake less often)",
+                    if planned == 1 { "" } else { "s" }
+                ),
+            )));
+        }
+        self.store
+            .put_schedule(&schedule)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))?;
+        reminders::refresh(self.store.as_ref(), id)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))?;
+        let first = schedule.next_at.unwrap_or(now);
+        let mut pulled = None;
+        for attempt in 0..PULL_LOOKS {
+            let Some(hb) = self.latest(id).await? else {
+                break;
+            };
+            match hb.status {
+                HeartbeatStatus::Pending if hb.scheduled_at > first => {
+                    let at = agent.in_active_hours(first);
+                    if self.moved(&hb, Reschedule::Due(at)).await? {
+                        pulled = Some(at);
+                        break;
+                    }
+                }
+                // Its finish files the next one; look for it again shortly.
+                HeartbeatStatus::Executing if attempt + 1 < PULL_LOOKS => {
+                    tokio::time::sleep(PULL_PAUSE).await;
+                }
+                _ => break,
+            }
+        }
+        info!(agent_id = %id, schedule_id = %schedule.id, next_at = ?schedule.next_at, pulled = ?pulled, "schedule made");
+        Ok(Scheduled { schedule, pulled })
+    }
+
+    /// The agent's schedules, oldest first.
+    pub async fn schedules(&self, id: &AgentId) -> Result<Vec<Schedule>, LifecycleError> {
+        self.agent(id).await?;
+        self.store
+            .schedules(id)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))
+    }
+
+    /// Deletes one of the agent's schedules: it wakes the agent no more. False when the
+    /// agent has no such schedule.
+    pub async fn unschedule(
+        &self,
+        id: &AgentId,
+        schedule: &ScheduleId,
+    ) -> Result<bool, LifecycleError> {
+        self.agent(id).await?;
+        let deleted = self
+            .store
+            .delete_schedule(id, schedule)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))?;
+        reminders::refresh(self.store.as_ref(), id)
+            .await
+            .map_err(|e| LifecycleError::store(id, e))?;
+        Ok(deleted)
     }
 
     /// What deleting the agent would remove (`apply` false), or removes it (`apply`

@@ -21,6 +21,7 @@ mod hooks;
 pub mod intake;
 mod lifecycle;
 pub mod memory;
+pub mod reminders;
 mod schedule;
 mod sweep;
 mod switches;
@@ -40,7 +41,7 @@ pub use hooks::{
     DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter, Switched,
     set_hook_active,
 };
-pub use lifecycle::{Lifecycle, LifecycleError, Toggled, Updated};
+pub use lifecycle::{Lifecycle, LifecycleError, Scheduled, Toggled, Updated};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};

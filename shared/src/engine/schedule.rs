@@ -20,7 +20,8 @@ pub fn failure_delay(
 }
 
 /// When the heartbeat after one that ended at `ended` should run: the interval after it
-/// (with backoff after failures), moved into the agent's active hours.
+/// (with backoff after failures), or the agent's next schedule wake if that is sooner,
+/// moved into the agent's active hours.
 pub fn next_run(agent: &Agent, ended: Timestamp, failures: u32, cap: SignedDuration) -> Timestamp {
     let interval = agent.interval.duration();
     let delay = if failures == 0 {
@@ -28,7 +29,11 @@ pub fn next_run(agent: &Agent, ended: Timestamp, failures: u32, cap: SignedDurat
     } else {
         failure_delay(interval, failures, cap)
     };
-    agent.in_active_hours(ended.saturating_add(delay).unwrap_or(Timestamp::MAX))
+    let mut at = ended.saturating_add(delay).unwrap_or(Timestamp::MAX);
+    if let Some(wake) = agent.next_wake.filter(|w| *w > ended) {
+        at = at.min(wake);
+    }
+    agent.in_active_hours(at)
 }
 
 #[cfg(test)]

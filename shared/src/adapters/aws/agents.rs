@@ -146,9 +146,35 @@ impl AgentStore for DynamoStore {
         }
     }
 
+    async fn set_next_wake(&self, id: &AgentId, at: Option<Timestamp>) -> Result<(), StoreError> {
+        let req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(id), AGENT_SK)))
+            .condition_expression("attribute_exists(pk)");
+        let req = match at {
+            Some(t) => req
+                .update_expression("SET next_wake = :t")
+                .expression_attribute_values(":t", n(to_ms(t))),
+            None => req.update_expression("REMOVE next_wake"),
+        };
+        match req.send().await {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => {
+                    Err(StoreError::NotFound(format!("agent {id}")))
+                }
+                other => Err(StoreError::backend("dynamodb", "set next wake", other)),
+            },
+        }
+    }
+
     async fn update_agent(&self, agent: &Agent, previous: &Agent) -> Result<(), StoreError> {
         let mut agent = agent.clone();
         agent.paused_at = previous.paused_at;
+        // The next wake lives in its own attribute (`set_next_wake`), never in the doc.
+        agent.next_wake = None;
         let doc = serde_json::to_string(&agent).unwrap_or_default();
         let live = Update::builder()
             .table_name(&self.table)

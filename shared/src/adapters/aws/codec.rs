@@ -82,6 +82,12 @@ pub(super) fn read_agent(item: &Item) -> Result<Agent, StoreError> {
         .and_then(|v| v.as_n().ok())
         .and_then(|ms| ms.parse::<i64>().ok())
         .map(from_ms);
+    // And the next schedule wake, set on its own.
+    agent.next_wake = item
+        .get("next_wake")
+        .and_then(|v| v.as_n().ok())
+        .and_then(|ms| ms.parse::<i64>().ok())
+        .map(from_ms);
     Ok(agent)
 }
 

@@ -15,6 +15,7 @@
 //! | signal answered by a turn | `AG#<agent>` | `SG#<signal id>` |
 //! | memory | `AG#<agent>` | `ME#<memory id>` (time-ordered) |
 //! | daily spend ledger entry | `AG#<agent>` | `SP#<day>#<source>` (expires after a week) |
+//! | schedule (reminder) | `AG#<agent>` | `SC#<schedule id>` |
 //! | Discord channel's agent | `CH#<channel id>` | `CH` |
 //!
 //! Webhooks, their request logs, delivery ids and counters: see `webhooks.rs`. Outbound
@@ -77,6 +78,10 @@ pub(super) fn key(pk: impl Into<String>, sk: impl Into<String>) -> Item {
 
 pub(super) fn spend_sk(day: jiff::civil::Date, source: &str) -> String {
     format!("SP#{day}#{source}")
+}
+
+pub(super) fn schedule_sk(id: &crate::domain::ScheduleId) -> String {
+    format!("SC#{id}")
 }
 
 pub(super) fn turn_sk(id: &TurnId) -> String {

@@ -9,7 +9,7 @@
 //!
 //! One file per port, with the same names as in `adapters/sqlite`: `agents`,
 //! `heartbeats`, `events`, `actions`, `registry` (tools, subscriptions),
-//! `conversations`, `memories`, `webhooks`, `hooks` on DynamoDB, `session_queue` (SQS
+//! `conversations`, `memories`, `schedules`, `webhooks`, `hooks` on DynamoDB, `session_queue` (SQS
 //! FIFO) and `hook_queue` (SQS standard); beside them `keys` (the table's key layout,
 //! which it documents), `codec` (items to and from records), `table` (the store and the
 //! table operations its ports share), `purge` (deleting an agent and all it owns),
@@ -32,6 +32,7 @@ mod metrics;
 mod provision;
 mod purge;
 mod registry;
+mod schedules;
 mod secrets;
 mod session_queue;
 mod setup;

@@ -40,6 +40,7 @@ impl DynamoStore {
                 "TN" | "MS" | "SG" => &mut f.conversation,
                 "ME" => &mut f.memories,
                 "SP" => &mut f.usage,
+                "SC" => &mut f.schedules,
                 "HR" => {
                     // Deleted with its hook.
                     if let Some(h) = sk.strip_prefix("HR#").and_then(|h| HookId::parse(h).ok()) {

@@ -184,6 +184,21 @@ impl AgentStore for SqliteStore {
             .await
     }
 
+    async fn set_next_wake(&self, id: &AgentId, at: Option<Timestamp>) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.db
+            .call("set next wake", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sqlite_err("set next wake"))?;
+                let mut agent = stored_agent(&tx, "set next wake", &id)?;
+                agent.next_wake = at;
+                write_agent(&tx, "set next wake", &agent)?;
+                tx.commit().map_err(sqlite_err("set next wake"))
+            })
+            .await
+    }
+
     async fn update_agent(&self, agent: &Agent, previous: &Agent) -> Result<(), StoreError> {
         let (mut agent, previous) = (agent.clone(), previous.clone());
         self.db
@@ -195,6 +210,7 @@ impl AgentStore for SqliteStore {
                 let stored = stored_agent(&tx, op, &agent.id)?;
                 agent.paused_at = stored.paused_at;
                 agent.last_interaction_at = stored.last_interaction_at;
+                agent.next_wake = stored.next_wake;
                 if agent.discord_channel != previous.discord_channel {
                     tx.execute(
                         "DELETE FROM discord_channels WHERE agent_id = ?1",

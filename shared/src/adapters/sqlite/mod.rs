@@ -9,7 +9,7 @@
 //! ## Layout
 //!
 //! One file per port, with the same names as in `adapters/aws`: `agents`, `heartbeats`,
-//! `events`, `actions`, `registry` (tools, subscriptions), `conversations`, `memories`,
+//! `events`, `actions`, `registry` (tools, subscriptions), `conversations`, `memories`, `schedules`,
 //! `webhooks`, `hooks`, `session_queue` and `hook_queue`; beside them `codec` (records
 //! as JSON documents, sealed secrets), `schema` (the tables and their migrations) and
 //! `purge` (deleting an agent and all it owns, in one transaction).
@@ -25,6 +25,7 @@ mod hooks;
 mod memories;
 mod purge;
 mod registry;
+mod schedules;
 mod schema;
 mod session_queue;
 mod webhooks;

@@ -241,10 +241,16 @@ CREATE TABLE spend (
 ) WITHOUT ROWID;
 "#;
 
-/// Version 7: the cloud requests a heartbeat made (JSON). This store makes none; it
-/// keeps what it is given, like every store.
+/// Version 7: the cloud requests a heartbeat made (JSON; this store makes none, it
+/// keeps what it is given, like every store), and agents' schedules (reminders).
 const SCHEMA_V7: &str = r#"
 ALTER TABLE heartbeats ADD COLUMN requests TEXT;
+CREATE TABLE schedules (
+    agent_id  TEXT NOT NULL,
+    id        TEXT NOT NULL,
+    doc       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, id)
+) WITHOUT ROWID;
 "#;
 
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {

@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use tracing::{Instrument, debug, info, info_span};
 
 use super::EngineSettings;
-use super::budget;
 use super::hooks::HookEmitter;
+use super::{budget, reminders};
 use crate::domain::{
     Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventType, Heartbeat,
     HeartbeatContext, HookData, HookRoute, HookType, Priority, Registry,
@@ -190,7 +190,7 @@ impl HeartbeatRunner {
             }
             info!(claim = hb.claim, lease_until = %until, "a late job renewed its claim");
         }
-        let window = match self
+        let mut window = match self
             .store
             .read_window(
                 &hb.agent_id,
@@ -203,7 +203,7 @@ impl HeartbeatRunner {
             Ok(w) => w,
             Err(e) => return self.fail(hb, None, e.into()).await,
         };
-        let Some(agent) = window.agent else {
+        let Some(mut agent) = window.agent.take() else {
             return self.cancel(hb).await;
         };
         // A heartbeat claimed after its agent was paused (filed PENDING by a finish that
@@ -242,6 +242,30 @@ impl HeartbeatRunner {
                     "outside the agent's active hours: heartbeat deferred to their next start",
                 )
                 .await;
+        }
+        // Reminders: the schedules due by now wake the agent. Their SCHEDULED events
+        // are processed with the window's (a window cut short leaves them to the next
+        // heartbeat, whose window holds them).
+        if agent.next_wake.is_some_and(|w| w <= now) {
+            let woken = reminders::wake(
+                self.store.as_ref(),
+                &agent,
+                now,
+                &hb.window_start,
+                &window_end,
+            )
+            .await?;
+            agent.next_wake = woken.next_wake;
+            if !window.truncated {
+                for e in woken.events {
+                    if !window.events.iter().any(|w| w.id == e.id) {
+                        window.events.push(e);
+                    }
+                }
+                window
+                    .events
+                    .sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+            }
         }
         let next_start = match (window.truncated, window.events.last()) {
             (true, Some(last)) => EventCursor::after(&last.id),

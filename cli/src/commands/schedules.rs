@@ -1,0 +1,201 @@
+//! `pulse schedules …` (and `pulse agents schedule`): reminders beside an agent's
+//! interval — a one-time wake, or a cron pattern in a time zone.
+
+use clap::{Args, Subcommand};
+use jiff::Timestamp;
+use pulse_shared::domain::{AgentId, ScheduleId, ScheduleRule, TimeZoneName, parse_duration};
+use pulse_shared::engine::{EngineSettings, LifecycleError};
+
+use super::{Ctx, agent_id, input, store};
+use crate::Failure;
+use crate::output::{short, when};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum SchedulesCmd {
+    /// Wake an agent at a time, after a while, or on a cron pattern.
+    Add(AddSchedule),
+    /// An agent's schedules and their next wakes.
+    List {
+        /// The agent's id.
+        #[arg(long)]
+        agent: String,
+    },
+    /// Delete a schedule: it wakes the agent no more.
+    Delete {
+        /// The agent's id.
+        #[arg(long)]
+        agent: String,
+        /// The schedule's id (`sch_…`).
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("when").required(true).args(["at", "r#in", "cron"])))]
+pub(crate) struct AddSchedule {
+    /// The agent's id.
+    #[arg(long)]
+    agent: String,
+    /// Once, at this time (2026-11-25T09:00:00Z, or with an offset).
+    #[arg(long, value_name = "TIMESTAMP")]
+    at: Option<String>,
+    /// Once, this long from now (90s, 2h, 1d).
+    #[arg(long = "in", id = "r#in", value_name = "DURATION")]
+    r#in: Option<String>,
+    /// On a cron pattern: minute hour day-of-month month day-of-week, e.g.
+    /// "0 9 * * MON-FRI".
+    #[arg(long, value_name = "PATTERN")]
+    cron: Option<String>,
+    /// The cron pattern's time zone (default: the agent's).
+    #[arg(long, requires = "cron")]
+    timezone: Option<String>,
+    /// What it is about: given to the agent with each wake.
+    #[arg(long)]
+    note: Option<String>,
+}
+
+/// A validated schedules command.
+pub(crate) enum SchedulesPlan {
+    Add(AddPlan),
+    List(AgentId),
+    Delete(AgentId, ScheduleId),
+}
+
+/// A validated `schedules add`.
+pub(crate) struct AddPlan {
+    agent: AgentId,
+    when: When,
+    note: Option<String>,
+}
+
+enum When {
+    At(Timestamp),
+    In(jiff::SignedDuration),
+    Cron(String, Option<TimeZoneName>),
+}
+
+pub(crate) fn plan_add(a: AddSchedule) -> Result<AddPlan, Failure> {
+    let when = match (a.at, a.r#in, a.cron) {
+        (Some(at), None, None) => When::At(at.trim().parse::<Timestamp>().map_err(|e| {
+            Failure::Input(format!(
+                "--at {at:?}: {e}; give a time such as 2026-11-25T09:00:00Z"
+            ))
+        })?),
+        (None, Some(d), None) => When::In(parse_duration("in", &d).map_err(input)?),
+        (None, None, Some(pattern)) => {
+            let tz = a
+                .timezone
+                .as_deref()
+                .map(TimeZoneName::parse)
+                .transpose()
+                .map_err(input)?;
+            // Checked now, so a bad pattern is reported before anything is opened.
+            ScheduleRule::cron(&pattern, tz.clone().unwrap_or_else(TimeZoneName::utc))
+                .map_err(input)?;
+            When::Cron(pattern, tz)
+        }
+        _ => {
+            return Err(Failure::Input("give one of --at, --in or --cron".into()));
+        }
+    };
+    Ok(AddPlan {
+        agent: agent_id(&a.agent)?,
+        when,
+        note: a.note,
+    })
+}
+
+pub(crate) fn plan(cmd: SchedulesCmd) -> Result<SchedulesPlan, Failure> {
+    Ok(match cmd {
+        SchedulesCmd::Add(a) => SchedulesPlan::Add(plan_add(a)?),
+        SchedulesCmd::List { agent } => SchedulesPlan::List(agent_id(&agent)?),
+        SchedulesCmd::Delete { agent, id } => {
+            SchedulesPlan::Delete(agent_id(&agent)?, ScheduleId::parse(&id).map_err(input)?)
+        }
+    })
+}
+
+fn failure(e: LifecycleError) -> Failure {
+    match e {
+        LifecycleError::Store(e) => store(e),
+        other => Failure::Input(other.to_string()),
+    }
+}
+
+fn describe(rule: &ScheduleRule) -> String {
+    match rule {
+        ScheduleRule::Once { at } => format!("once at {}", when(Some(*at))),
+        ScheduleRule::Cron { pattern, timezone } => format!("cron {pattern} ({timezone})"),
+    }
+}
+
+/// Makes the schedule `plan` describes.
+pub(crate) async fn add(plan: AddPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
+    let now = cx.clock.now();
+    let rule = match plan.when {
+        When::At(at) => ScheduleRule::Once { at },
+        When::In(d) => ScheduleRule::Once {
+            at: now.saturating_add(d).unwrap_or(now),
+        },
+        When::Cron(pattern, tz) => {
+            let tz = match tz {
+                Some(tz) => tz,
+                None => match cx.b.store.get_agent(&plan.agent).await.map_err(store)? {
+                    Some(agent) => agent.timezone,
+                    None => TimeZoneName::utc(),
+                },
+            };
+            ScheduleRule::cron(&pattern, tz).map_err(input)?
+        }
+    };
+    let done = ops
+        .schedule(&plan.agent, rule, plan.note)
+        .await
+        .map_err(failure)?;
+    let s = &done.schedule;
+    let mut line = format!(
+        "scheduled {} for agent {}: {}; it first wakes the agent {}",
+        s.id,
+        plan.agent,
+        describe(&s.rule),
+        when(s.next_at)
+    );
+    if done.pulled.is_some() {
+        line.push_str(" (its next heartbeat is pulled forward to then)");
+    }
+    cx.out.created(s, s.id.as_str(), &line);
+    Ok(())
+}
+
+pub(crate) async fn execute(plan: SchedulesPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
+    match plan {
+        SchedulesPlan::Add(p) => add(p, cx).await?,
+        SchedulesPlan::List(agent) => {
+            let schedules = ops.schedules(&agent).await.map_err(failure)?;
+            cx.out.table(
+                &schedules,
+                &["ID", "WHEN", "NEXT WAKE", "WAKES", "NOTE"],
+                |s| {
+                    vec![
+                        s.id.to_string(),
+                        describe(&s.rule),
+                        when(s.next_at),
+                        s.wakes.to_string(),
+                        short(s.note.as_deref().unwrap_or("-"), 60),
+                    ]
+                },
+            );
+        }
+        SchedulesPlan::Delete(agent, id) => {
+            if !ops.unschedule(&agent, &id).await.map_err(failure)? {
+                return Err(Failure::Input(format!(
+                    "agent {agent} has no schedule {id}; `pulse schedules list --agent {agent}` lists them"
+                )));
+            }
+            crate::output::outln!("deleted schedule {id}: it wakes agent {agent} no more");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,315 @@
+//! Reminders: an agent's schedules beside its interval — a one-time wake, or a cron
+//! pattern in a time zone. Each wake puts a SCHEDULED event (with the note) in the
+//! agent's log and makes a heartbeat due then.
+
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+use ulid::Ulid;
+
+use super::ids::AgentId;
+use super::time::TimeZoneName;
+use crate::error::ValidationError;
+
+/// The event type of a wake.
+pub const SCHEDULED: &str = "SCHEDULED";
+
+/// Longest note a schedule carries.
+pub const MAX_NOTE_CHARS: usize = 500;
+
+/// How far ahead a cron pattern is checked against the breaker (two days: every hour
+/// of every weekday pattern and of a day with a DST change comes up).
+const CHECKED_AHEAD: SignedDuration = SignedDuration::from_hours(48);
+
+/// A schedule's id, `sch_` and a ULID.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ScheduleId(String);
+
+impl ScheduleId {
+    /// A new id.
+    pub fn generate() -> Self {
+        Self(format!("sch_{}", Ulid::new()))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let rest = s.strip_prefix("sch_").ok_or_else(|| {
+            ValidationError::new("schedule id", format!("{s:?} does not start with \"sch_\""))
+        })?;
+        let u = Ulid::from_string(rest).map_err(|e| {
+            ValidationError::new("schedule id", format!("{s:?} is not sch_ and a ULID: {e}"))
+        })?;
+        Ok(Self(format!("sch_{u}")))
+    }
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ScheduleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for ScheduleId {
+    type Error = ValidationError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::parse(&s)
+    }
+}
+
+impl From<ScheduleId> for String {
+    fn from(id: ScheduleId) -> Self {
+        id.0
+    }
+}
+
+/// When a schedule wakes its agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ScheduleRule {
+    /// Once, at a time.
+    Once {
+        /// When.
+        at: Timestamp,
+    },
+    /// At the times a cron pattern names (minute, hour, day of month, month, day of
+    /// week), in a time zone.
+    Cron {
+        /// The pattern, e.g. `0 9 * * MON-FRI`.
+        pattern: String,
+        /// Its time zone.
+        timezone: TimeZoneName,
+    },
+}
+
+impl ScheduleRule {
+    /// A cron rule, its pattern checked.
+    pub fn cron(pattern: &str, timezone: TimeZoneName) -> Result<Self, ValidationError> {
+        parse_cron(pattern)?;
+        Ok(Self::Cron {
+            pattern: pattern.trim().to_owned(),
+            timezone,
+        })
+    }
+
+    /// The first wake strictly after `t`; `None` when there is none (a one-time rule
+    /// whose time has passed, a pattern that never matches again).
+    /// Wakes are whole milliseconds, as the stores keep times.
+    pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
+        match self {
+            Self::Once { at } => {
+                let at = Timestamp::from_millisecond(at.as_millisecond()).unwrap_or(*at);
+                (at > t).then_some(at)
+            }
+            Self::Cron { pattern, timezone } => {
+                let cron = parse_cron(pattern).ok()?;
+                let from = t.to_zoned(timezone.zone());
+                cron.find_next_occurrence(&from, false)
+                    .ok()
+                    .map(|z| z.timestamp())
+            }
+        }
+    }
+
+    /// The most wakes within any hour from `from` over the next two days.
+    pub fn busiest_hour(&self, from: Timestamp) -> u32 {
+        let end = from.saturating_add(CHECKED_AHEAD).unwrap_or(from);
+        let mut wakes = Vec::new();
+        let mut t = from;
+        while let Some(next) = self.next_after(t) {
+            if next > end || wakes.len() > 10_000 {
+                break;
+            }
+            wakes.push(next);
+            t = next;
+        }
+        let hour = SignedDuration::from_hours(1);
+        let mut most = 0;
+        let mut first = 0;
+        for (i, w) in wakes.iter().enumerate() {
+            while w.duration_since(wakes[first]) >= hour {
+                first += 1;
+            }
+            most = most.max(i - first + 1);
+        }
+        u32::try_from(most).unwrap_or(u32::MAX)
+    }
+}
+
+fn parse_cron(pattern: &str) -> Result<Cron, ValidationError> {
+    let pattern = pattern.trim();
+    let fields = pattern.split_whitespace().count();
+    if fields != 5 && !pattern.starts_with('@') {
+        return Err(ValidationError::new(
+            "cron",
+            format!(
+                "{pattern:?} has {fields} fields; give 5: minute hour day-of-month month day-of-week, e.g. \"0 9 * * MON-FRI\""
+            ),
+        ));
+    }
+    let parser = CronParser::builder()
+        .seconds(Seconds::Disallowed)
+        .year(Year::Disallowed)
+        .build();
+    let cron = parser
+        .parse(pattern)
+        .map_err(|e| ValidationError::new("cron", format!("{pattern:?}: {e}")))?;
+    // Parsing accepts some patterns no date matches (31 February).
+    let probe = Timestamp::UNIX_EPOCH.to_zoned(jiff::tz::TimeZone::UTC);
+    cron.find_next_occurrence(&probe, false).map_err(|e| {
+        ValidationError::new("cron", format!("{pattern:?} never matches a date: {e}"))
+    })?;
+    Ok(cron)
+}
+
+/// One of an agent's schedules.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Its id.
+    pub id: ScheduleId,
+    /// The agent it wakes.
+    pub agent_id: AgentId,
+    /// When.
+    pub rule: ScheduleRule,
+    /// What it is about, given to the agent with each wake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Its next wake; `None` once a one-time schedule has woken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_at: Option<Timestamp>,
+    /// Wakes so far.
+    #[serde(default)]
+    pub wakes: u32,
+    /// When it was made.
+    pub created_at: Timestamp,
+}
+
+impl Schedule {
+    /// A new schedule for `agent_id`, first waking after `now`. Refused when it would
+    /// never wake, or with a note over [`MAX_NOTE_CHARS`].
+    pub fn new(
+        agent_id: &AgentId,
+        rule: ScheduleRule,
+        note: Option<String>,
+        now: Timestamp,
+    ) -> Result<Self, ValidationError> {
+        let note = note.map(|n| n.trim().to_owned()).filter(|n| !n.is_empty());
+        if let Some(n) = &note
+            && n.chars().count() > MAX_NOTE_CHARS
+        {
+            return Err(ValidationError::new(
+                "note",
+                format!("at most {MAX_NOTE_CHARS} characters"),
+            ));
+        }
+        let next_at = rule.next_after(now).ok_or_else(|| {
+            ValidationError::new("schedule", "it would never wake: the time has passed")
+        })?;
+        Ok(Self {
+            id: ScheduleId::generate(),
+            agent_id: agent_id.clone(),
+            rule,
+            note,
+            next_at: Some(next_at),
+            wakes: 0,
+            created_at: now,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn paris(pattern: &str) -> ScheduleRule {
+        ScheduleRule::cron(pattern, TimeZoneName::parse("Europe/Paris").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_weekday_pattern_wakes_at_nine_local_time_across_a_dst_change() {
+        let rule = paris("0 9 * * MON-FRI");
+        // Friday 2026-03-27, before the change to summer time on Sunday the 29th.
+        let friday = rule.next_after(ts("2026-03-27T06:00:00Z")).unwrap();
+        assert_eq!(friday, ts("2026-03-27T08:00:00Z"), "09:00 CET is 08:00 UTC");
+        let monday = rule.next_after(friday).unwrap();
+        assert_eq!(
+            monday,
+            ts("2026-03-30T07:00:00Z"),
+            "09:00 CEST is 07:00 UTC"
+        );
+        // Back to winter time on Sunday 2026-10-25.
+        let before = rule.next_after(ts("2026-10-23T06:00:00Z")).unwrap();
+        assert_eq!(before, ts("2026-10-23T07:00:00Z"));
+        assert_eq!(rule.next_after(before).unwrap(), ts("2026-10-26T08:00:00Z"));
+    }
+
+    #[test]
+    fn an_hour_skipped_by_dst_does_not_wake_twice_or_never() {
+        // 02:30 does not exist in Paris on 2026-03-29: one wake that day, the next at
+        // 02:30 the day after.
+        let rule = paris("30 2 * * *");
+        let first = rule.next_after(ts("2026-03-28T12:00:00Z")).unwrap();
+        let second = rule.next_after(first).unwrap();
+        assert!(
+            first >= ts("2026-03-29T00:00:00Z") && first < ts("2026-03-30T00:00:00Z"),
+            "{first}"
+        );
+        assert_eq!(second, ts("2026-03-30T00:30:00Z"), "02:30 CEST");
+    }
+
+    #[test]
+    fn a_one_time_rule_wakes_once() {
+        let rule = ScheduleRule::Once {
+            at: ts("2026-01-01T09:00:00Z"),
+        };
+        assert_eq!(
+            rule.next_after(ts("2026-01-01T08:00:00Z")),
+            Some(ts("2026-01-01T09:00:00Z"))
+        );
+        assert_eq!(rule.next_after(ts("2026-01-01T09:00:00Z")), None);
+        assert_eq!(rule.busiest_hour(ts("2026-01-01T08:00:00Z")), 1);
+    }
+
+    #[test]
+    fn the_busiest_hour_counts_wakes_in_any_hour() {
+        let now = ts("2026-01-05T00:00:00Z");
+        assert_eq!(paris("* * * * *").busiest_hour(now), 60);
+        assert_eq!(paris("*/15 * * * *").busiest_hour(now), 4);
+        assert_eq!(paris("0 9 * * MON-FRI").busiest_hour(now), 1);
+    }
+
+    #[test]
+    fn patterns_are_checked() {
+        let utc = TimeZoneName::utc;
+        for bad in [
+            "0 9 * *",
+            "0 0 9 * * *",
+            "61 * * * *",
+            "0 9 * * FUNDAY",
+            "0 0 31 2 *",
+        ] {
+            assert!(ScheduleRule::cron(bad, utc()).is_err(), "{bad}");
+        }
+        assert!(ScheduleRule::cron(" 0 9 * * mon-fri ", utc()).is_ok());
+        let past = Schedule::new(
+            &AgentId::generate(),
+            ScheduleRule::Once {
+                at: ts("2020-01-01T00:00:00Z"),
+            },
+            None,
+            ts("2026-01-01T00:00:00Z"),
+        );
+        assert!(past.is_err());
+        let id = ScheduleId::generate();
+        assert_eq!(ScheduleId::parse(id.as_str()).unwrap(), id);
+        assert!(ScheduleId::parse("ag_01").is_err());
+    }
+}

@@ -1,0 +1,154 @@
+//! Reminders: schedules beside the interval wake the agent through the same due index
+//! and claim, with a SCHEDULED event carrying the note; on both backends, with the
+//! injected clock.
+
+use jiff::SignedDuration;
+use pulse_shared::domain::{ScheduleRule, TimeZoneName};
+use pulse_shared::engine::LifecycleError;
+use pulse_tests::{Kind, on_both_backends};
+
+use crate::lifecycle::{World, world_with};
+
+async fn world(kind: Kind) -> World {
+    world_with(kind, pulse_tests::settings()).await
+}
+
+/// The SCHEDULED events in the agent's log, with their notes.
+async fn wakes(w: &World, agent: &pulse_shared::domain::Agent) -> Vec<String> {
+    w.b.store
+        .list_events(&agent.id, 100)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.event_type.as_str() == "SCHEDULED")
+        .map(|e| e.payload["note"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+on_both_backends!(
+    a_one_time_reminder_makes_one_heartbeat_with_its_scheduled_event,
+    once
+);
+async fn once(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("1h", "2001").await;
+    assert_eq!(w.beat().await, 1, "the first heartbeat");
+    let next = w.latest(&agent).await;
+    // Three seconds ahead, with the next heartbeat an hour away.
+    let at = w.b.now() + SignedDuration::from_secs(3);
+    let made = w
+        .ops
+        .schedule(&agent.id, ScheduleRule::Once { at }, Some("stretch".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        made.pulled,
+        Some(at),
+        "the pending heartbeat is pulled forward"
+    );
+    assert_eq!(w.latest(&agent).await.scheduled_at, at);
+    assert_eq!(w.latest(&agent).await.beat, next.beat);
+    // Not before its time.
+    w.b.advance(SignedDuration::from_secs(2));
+    assert_eq!(w.beat().await, 0);
+    w.b.advance(SignedDuration::from_secs(1));
+    assert_eq!(w.beat().await, 1, "one heartbeat at the wake");
+    assert_eq!(wakes(&w, &agent).await, ["stretch"]);
+    // The model saw the event; the schedule is gone; the next heartbeat is back on the
+    // interval.
+    let prompt = w.llm.requests().last().unwrap().body.to_string();
+    assert!(
+        prompt.contains("SCHEDULED") && prompt.contains("stretch"),
+        "{prompt}"
+    );
+    assert!(w.ops.schedules(&agent.id).await.unwrap().is_empty());
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(stored.next_wake, None);
+    let after = w.latest(&agent).await;
+    assert_eq!(
+        after.scheduled_at,
+        w.b.now() + SignedDuration::from_hours(1)
+    );
+    // Nothing more: an hour of sweeps makes the one interval heartbeat.
+    w.b.advance(SignedDuration::from_hours(1));
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(wakes(&w, &agent).await.len(), 1, "it woke once");
+}
+
+on_both_backends!(
+    a_cron_reminder_wakes_at_its_local_times_across_a_dst_change_until_deleted,
+    cron
+);
+async fn cron(kind: Kind) {
+    let w = world(kind).await;
+    // Every three days: the weekday wakes come between its heartbeats.
+    let agent = w.agent("3d", "2002").await;
+    // Friday 2026-03-27 06:00 UTC: before Paris moves to summer time on Sunday.
+    let friday: jiff::Timestamp = "2026-03-27T06:00:00Z".parse().unwrap();
+    w.b.advance(friday.duration_since(w.b.now()));
+    assert_eq!(w.beat().await, 1, "the first heartbeat");
+    let rule = ScheduleRule::cron(
+        "0 9 * * MON-FRI",
+        TimeZoneName::parse("Europe/Paris").unwrap(),
+    )
+    .unwrap();
+    let made = w
+        .ops
+        .schedule(&agent.id, rule, Some("standup".into()))
+        .await
+        .unwrap();
+    let nine_cet: jiff::Timestamp = "2026-03-27T08:00:00Z".parse().unwrap();
+    assert_eq!(made.schedule.next_at, Some(nine_cet));
+    assert_eq!(made.pulled, Some(nine_cet));
+    // Each wake, then the next one filed: Friday 09:00 CET, Monday 09:00 CEST.
+    let nine_cest: jiff::Timestamp = "2026-03-30T07:00:00Z".parse().unwrap();
+    for (wake, then) in [(nine_cet, nine_cest)] {
+        w.b.advance(wake.duration_since(w.b.now()));
+        assert_eq!(w.beat().await, 1);
+        let next = w.latest(&agent).await;
+        assert_eq!(
+            next.scheduled_at, then,
+            "the next wake comes before the day's interval"
+        );
+    }
+    w.b.advance(nine_cest.duration_since(w.b.now()));
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(wakes(&w, &agent).await, ["standup", "standup"]);
+    // Deleted: the agent goes back to its interval.
+    let id = w.ops.schedules(&agent.id).await.unwrap()[0].id.clone();
+    assert!(w.ops.unschedule(&agent.id, &id).await.unwrap());
+    assert!(!w.ops.unschedule(&agent.id, &id).await.unwrap());
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(stored.next_wake, None);
+    let tuesday: jiff::Timestamp = "2026-03-31T07:00:00Z".parse().unwrap();
+    w.b.advance(tuesday.duration_since(w.b.now()));
+    w.beat().await;
+    assert_eq!(wakes(&w, &agent).await.len(), 2, "no wake after the delete");
+}
+
+on_both_backends!(
+    a_schedule_past_the_breaker_or_in_the_past_is_refused,
+    refused
+);
+async fn refused(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("1h", "2003").await;
+    let every_minute = ScheduleRule::cron("* * * * *", TimeZoneName::utc()).unwrap();
+    let err = w
+        .ops
+        .schedule(&agent.id, every_minute, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, LifecycleError::Invalid(e) if e.to_string().contains("breaker")),
+        "{err}"
+    );
+    let past = ScheduleRule::Once {
+        at: w.b.now() - SignedDuration::from_secs(1),
+    };
+    assert!(matches!(
+        w.ops.schedule(&agent.id, past, None).await,
+        Err(LifecycleError::Invalid(_))
+    ));
+    assert!(w.ops.schedules(&agent.id).await.unwrap().is_empty());
+}
