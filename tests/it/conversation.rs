@@ -319,7 +319,7 @@ async fn chat_memory(kind: Kind) {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(tools, ["remember", "recall"]);
+    assert_eq!(tools, ["remember", "recall", "schedule"]);
     assert_eq!(w.discord.messages().len(), 1, "one reply");
     assert_eq!(w.discord.messages()[0].content, "Noted: no meat.");
     let memories = w.b.store.memories(&agent.id, 10).await.unwrap();

@@ -3,9 +3,11 @@
 //! injected clock.
 
 use jiff::SignedDuration;
-use pulse_shared::domain::{ScheduleRule, TimeZoneName};
+use pulse_shared::domain::{ScheduleRule, SignalMeta, TimeZoneName};
 use pulse_shared::engine::LifecycleError;
+use pulse_tests::fake_llm::Scripted;
 use pulse_tests::{Kind, on_both_backends};
+use serde_json::json;
 
 use crate::lifecycle::{World, world_with};
 
@@ -151,4 +153,78 @@ async fn refused(kind: Kind) {
         Err(LifecycleError::Invalid(_))
     ));
     assert!(w.ops.schedules(&agent.id).await.unwrap().is_empty());
+}
+
+on_both_backends!(
+    the_heartbeat_agent_and_a_chat_make_wakes_with_the_schedule_tool,
+    tool
+);
+async fn tool(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("1d", "2004").await;
+    // The heartbeat agent decides to look again in 90 minutes.
+    w.llm.script([
+        Scripted::tool("schedule", json!({"in": "90m", "note": "check the oven"})),
+        Scripted::text("done"),
+    ]);
+    let started = w.b.now();
+    assert_eq!(w.beat().await, 1);
+    let made = w.ops.schedules(&agent.id).await.unwrap();
+    assert_eq!(made.len(), 1);
+    assert_eq!(made[0].note.as_deref(), Some("check the oven"));
+    let wake = made[0].next_at.unwrap();
+    assert_eq!(wake, started + SignedDuration::from_mins(90));
+    // Its own finish filed the next heartbeat at the wake, not a day later.
+    assert_eq!(w.latest(&agent).await.scheduled_at, wake);
+    w.b.advance(SignedDuration::from_mins(90));
+    w.llm.script([Scripted::text("checked")]);
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(wakes(&w, &agent).await, ["check the oven"]);
+
+    // A user asks in a chat: the pending heartbeat is pulled forward to the time.
+    let nine = w.b.now() + SignedDuration::from_hours(3);
+    w.llm.script([
+        Scripted::tool(
+            "schedule",
+            json!({"at": nine.to_string(), "note": "remind them about the call"}),
+        ),
+        Scripted::text("I will remind you."),
+    ]);
+    let signal = pulse_shared::domain::Signal::user_message(
+        &agent.id,
+        &agent.session,
+        "remind me about the call at nine",
+        SignalMeta::default(),
+        w.b.now(),
+    )
+    .unwrap();
+    pulse_shared::engine::intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), signal)
+        .await
+        .unwrap();
+    w.b.drain(&w.worker).await;
+    assert_eq!(
+        w.discord.messages().last().unwrap().content,
+        "I will remind you."
+    );
+    let notes: Vec<_> = w
+        .ops
+        .schedules(&agent.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|s| s.note)
+        .collect();
+    assert_eq!(notes, ["remind them about the call"]);
+    assert_eq!(w.latest(&agent).await.scheduled_at, nine);
+    // A bad request is the model's to fix: an error result, nothing made.
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    let err = pulse_shared::engine::reminders::run_tool(
+        w.b.store.as_ref(),
+        &stored,
+        &json!({"in": "2h", "cron": "0 9 * * *"}),
+        w.b.now(),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("exactly one"), "{err}");
 }

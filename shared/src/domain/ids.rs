@@ -493,7 +493,7 @@ pub fn quote_input(s: &str) -> String {
 /// last value is kept for the few most recent milliseconds, not just the latest: ids
 /// stamped with different times (a record's own time, a clock that was set) may be made
 /// in between without breaking the order within each.
-fn monotonic_random(ms: u64) -> u128 {
+pub(super) fn monotonic_random(ms: u64) -> u128 {
     const RECENT: usize = 16;
     static LAST: Mutex<Vec<(u64, u128)>> = Mutex::new(Vec::new());
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());

@@ -28,9 +28,13 @@ const CHECKED_AHEAD: SignedDuration = SignedDuration::from_hours(48);
 pub struct ScheduleId(String);
 
 impl ScheduleId {
-    /// A new id.
-    pub fn generate() -> Self {
-        Self(format!("sch_{}", Ulid::new()))
+    /// A new id, made at `at`: ids made later sort after, also within a millisecond.
+    pub fn generate(at: Timestamp) -> Self {
+        let ms = at.as_millisecond().max(0) as u64;
+        Self(format!(
+            "sch_{}",
+            Ulid::from_parts(ms, super::ids::monotonic_random(ms))
+        ))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
@@ -210,7 +214,7 @@ impl Schedule {
             ValidationError::new("schedule", "it would never wake: the time has passed")
         })?;
         Ok(Self {
-            id: ScheduleId::generate(),
+            id: ScheduleId::generate(now),
             agent_id: agent_id.clone(),
             rule,
             note,
@@ -308,7 +312,9 @@ mod tests {
             ts("2026-01-01T00:00:00Z"),
         );
         assert!(past.is_err());
-        let id = ScheduleId::generate();
+        let id = ScheduleId::generate(ts("2026-01-01T00:00:00Z"));
+        let next = ScheduleId::generate(ts("2026-01-01T00:00:00Z"));
+        assert!(id < next, "ordered within a millisecond");
         assert_eq!(ScheduleId::parse(id.as_str()).unwrap(), id);
         assert!(ScheduleId::parse("ag_01").is_err());
     }

@@ -24,7 +24,7 @@ use crate::domain::{
     HookType, ImageInput, LlmRequest, MESSAGE_LIMIT, MemoryId, ReplyTarget, Role, Signal,
     SignalKind, Spend, Turn, TurnId, TurnStatus, Usage, split_message,
 };
-use crate::engine::{budget, memory, transcript};
+use crate::engine::{budget, memory, reminders, transcript};
 use crate::error::{DiscordError, EngineError, chain};
 use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
 
@@ -743,7 +743,8 @@ impl Conversation {
             provider: llm.provider().to_owned(),
             ..Asked::default()
         };
-        let tools = memory::specs("in later conversations and heartbeats");
+        let mut tools = memory::specs("in later conversations and heartbeats");
+        tools.push(reminders::tool_spec());
         let budgets = &agent.budgets;
         let steps = budgets.max_steps.max(1);
         let mut last_input = 0;
@@ -825,14 +826,19 @@ impl Conversation {
                 );
                 calls += 1;
                 let now = self.clock.now();
-                let result = memory::run(self.store.as_ref(), agent, call, id, None, now)
-                    .await
-                    .unwrap_or_else(|| {
-                        Err(format!(
-                            "there is no tool {:?}; use remember or recall",
+                let result =
+                    match memory::run(self.store.as_ref(), agent, call, id, None, now).await {
+                        Some(r) => r,
+                        None if call.name == "schedule" => {
+                            reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
+                                .await
+                                .map(|(_, answer)| answer)
+                        }
+                        None => Err(format!(
+                            "there is no tool {:?}; use remember, recall or schedule",
                             call.name
-                        ))
-                    });
+                        )),
+                    };
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
                 let (step, message) = transcript::tool_step(call, result);
                 asked.steps.push(step);

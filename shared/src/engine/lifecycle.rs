@@ -284,48 +284,28 @@ impl Lifecycle {
     ) -> Result<Scheduled, LifecycleError> {
         let agent = self.agent(id).await?;
         let now = self.clock.now();
-        let schedule = Schedule::new(id, rule, note, now)?;
-        let busiest = schedule.rule.busiest_hour(now);
-        let planned = agent.scheduled_beats_per_hour();
-        let cap = agent.beat_cap();
-        if busiest.saturating_add(planned) > cap {
-            return Err(LifecycleError::Invalid(ValidationError::new(
-                "schedule",
-                format!(
-                    "it wakes the agent up to {busiest} times in an hour; with the {planned} heartbeat{} its interval plans, that passes the breaker's cap of {cap} an hour (raise it with --max-beats-per-hour, or wake less often)",
-                    if planned == 1 { "" } else { "s" }
-                ),
-            )));
-        }
-        self.store
-            .put_schedule(&schedule)
+        let (schedule, mut pulled) = reminders::make(self.store.as_ref(), &agent, rule, note, now)
             .await
-            .map_err(|e| LifecycleError::store(id, e))?;
-        reminders::refresh(self.store.as_ref(), id)
-            .await
-            .map_err(|e| LifecycleError::store(id, e))?;
+            .map_err(|e| match e {
+                reminders::MakeError::Invalid(v) => LifecycleError::Invalid(v),
+                reminders::MakeError::Store(e) => LifecycleError::store(id, e),
+            })?;
         let first = schedule.next_at.unwrap_or(now);
-        let mut pulled = None;
-        for attempt in 0..PULL_LOOKS {
-            let Some(hb) = self.latest(id).await? else {
+        // A heartbeat running now finishes first: look for the one it files.
+        for _ in 1..PULL_LOOKS {
+            if pulled.is_some() {
                 break;
-            };
-            match hb.status {
-                HeartbeatStatus::Pending if hb.scheduled_at > first => {
-                    let at = agent.in_active_hours(first);
-                    if self.moved(&hb, Reschedule::Due(at)).await? {
-                        pulled = Some(at);
-                        break;
-                    }
-                }
-                // Its finish files the next one; look for it again shortly.
-                HeartbeatStatus::Executing if attempt + 1 < PULL_LOOKS => {
+            }
+            match self.latest(id).await? {
+                Some(hb) if hb.status == HeartbeatStatus::Executing => {
                     tokio::time::sleep(PULL_PAUSE).await;
+                    pulled = reminders::pull_forward(self.store.as_ref(), &agent, first)
+                        .await
+                        .map_err(LifecycleError::Store)?;
                 }
                 _ => break,
             }
         }
-        info!(agent_id = %id, schedule_id = %schedule.id, next_at = ?schedule.next_at, pulled = ?pulled, "schedule made");
         Ok(Scheduled { schedule, pulled })
     }
 

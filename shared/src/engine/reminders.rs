@@ -16,19 +16,148 @@
 //! next heartbeat's window does not read it again.
 
 use jiff::Timestamp;
-use serde_json::json;
+use serde_json::{Value, json};
 use tracing::info;
 
 use crate::domain::{
-    Agent, AgentId, Event, EventCursor, EventId, SCHEDULED, Schedule, ScheduleRule,
+    Agent, AgentId, Event, EventCursor, EventId, HeartbeatStatus, SCHEDULED, Schedule,
+    ScheduleRule, TimeZoneName, ToolSpec, parse_duration,
 };
-use crate::error::StoreError;
-use crate::ports::Store;
+use crate::error::{StoreError, ValidationError, chain};
+use crate::ports::{Reschedule, Store};
 
 /// What a wake did: the SCHEDULED events to process, and the agent's next wake.
 pub(crate) struct Woken {
     pub(crate) events: Vec<Event>,
     pub(crate) next_wake: Option<Timestamp>,
+}
+
+/// Why a schedule was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum MakeError {
+    /// It is not a valid schedule, or would pass the breaker.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Makes a schedule for `agent` and stores its next wake: refused when it would never
+/// wake, or when its wakes and the heartbeats the interval plans would pass the
+/// breaker's cap in some hour. The agent's pending heartbeat is pulled forward to the
+/// first wake when it is due later (`pulled`); a running one is left to its finish.
+pub async fn make(
+    store: &dyn Store,
+    agent: &Agent,
+    rule: ScheduleRule,
+    note: Option<String>,
+    now: Timestamp,
+) -> Result<(Schedule, Option<Timestamp>), MakeError> {
+    let schedule = Schedule::new(&agent.id, rule, note, now)?;
+    let busiest = schedule.rule.busiest_hour(now);
+    let planned = agent.scheduled_beats_per_hour();
+    let cap = agent.beat_cap();
+    if busiest.saturating_add(planned) > cap {
+        return Err(ValidationError::new(
+            "schedule",
+            format!(
+                "it wakes the agent up to {busiest} times in an hour; with the {planned} heartbeat{} its interval plans, that passes the breaker's cap of {cap} an hour (raise it with --max-beats-per-hour, or wake less often)",
+                if planned == 1 { "" } else { "s" }
+            ),
+        )
+        .into());
+    }
+    store.put_schedule(&schedule).await?;
+    refresh(store, &agent.id).await?;
+    let pulled = pull_forward(store, agent, schedule.next_at.unwrap_or(now)).await?;
+    info!(agent_id = %agent.id, schedule_id = %schedule.id, next_at = ?schedule.next_at, pulled = ?pulled, "schedule made");
+    Ok((schedule, pulled))
+}
+
+/// Moves the agent's pending heartbeat to `first` (inside its active hours) if it is
+/// due later; `None` when there was nothing to move.
+pub(crate) async fn pull_forward(
+    store: &dyn Store,
+    agent: &Agent,
+    first: Timestamp,
+) -> Result<Option<Timestamp>, StoreError> {
+    let Some(hb) = store.list_heartbeats(&agent.id, 1).await?.pop() else {
+        return Ok(None);
+    };
+    if hb.status != HeartbeatStatus::Pending || hb.scheduled_at <= first {
+        return Ok(None);
+    }
+    let at = agent.in_active_hours(first);
+    Ok(store
+        .reschedule(&hb.id(), Reschedule::Due(at))
+        .await?
+        .map(|_| at))
+}
+
+/// The `schedule` tool the heartbeat agent and conversation turns offer the model.
+pub fn tool_spec() -> ToolSpec {
+    ToolSpec {
+        name: "schedule".to_owned(),
+        description: "Wake yourself later, e.g. for a reminder the user asked for: once at a time (`at`, RFC 3339 with an offset) or after a while (`in`: 30m, 2h, 1d), or on a cron pattern (`cron`: minute hour day-of-month month day-of-week, in `timezone`, default yours). The `note` comes back to you with the wake.".to_owned(),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "at": {"type": "string", "description": "e.g. 2026-11-25T09:00:00+01:00"},
+                "in": {"type": "string", "description": "e.g. 90m"},
+                "cron": {"type": "string", "description": "e.g. 0 9 * * MON-FRI"},
+                "timezone": {"type": "string", "description": "IANA name, e.g. Europe/Paris"},
+                "note": {"type": "string", "description": "What to do or say when it wakes you"}
+            }
+        }),
+    }
+}
+
+/// Runs the `schedule` tool for `agent`: the schedule made, as the model reads it.
+pub async fn run_tool(
+    store: &dyn Store,
+    agent: &Agent,
+    input: &Value,
+    now: Timestamp,
+) -> Result<(Schedule, Value), String> {
+    let text = |k: &str| {
+        input
+            .get(k)
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    };
+    let rule = match (text("at"), text("in"), text("cron")) {
+        (Some(at), None, None) => ScheduleRule::Once {
+            at: at
+                .parse::<Timestamp>()
+                .map_err(|e| format!("\"at\" {at:?}: {e}; give RFC 3339 with an offset"))?,
+        },
+        (None, Some(d), None) => {
+            let d = parse_duration("in", d).map_err(|e| e.to_string())?;
+            ScheduleRule::Once {
+                at: now.saturating_add(d).unwrap_or(now),
+            }
+        }
+        (None, None, Some(pattern)) => {
+            let tz = match text("timezone") {
+                Some(tz) => TimeZoneName::parse(tz).map_err(|e| e.to_string())?,
+                None => agent.timezone.clone(),
+            };
+            ScheduleRule::cron(pattern, tz).map_err(|e| e.to_string())?
+        }
+        _ => return Err("give exactly one of \"at\", \"in\" or \"cron\"".to_owned()),
+    };
+    let note = text("note").map(str::to_owned);
+    let (schedule, _) = make(store, agent, rule, note, now)
+        .await
+        .map_err(|e| chain(&e))?;
+    let answer = json!({
+        "scheduled": true,
+        "schedule_id": schedule.id,
+        "next_at": schedule.next_at,
+    });
+    Ok((schedule, answer))
 }
 
 /// The earliest next wake of `schedules`.

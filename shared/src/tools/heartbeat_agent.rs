@@ -26,7 +26,7 @@ use crate::domain::{
     ToolUse, Usage,
 };
 use crate::engine::memory::{self, text_arg};
-use crate::engine::transcript;
+use crate::engine::{reminders, transcript};
 use crate::error::chain;
 use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
@@ -58,12 +58,16 @@ struct Transcript {
     budget_stop: Option<String>,
     provider: String,
     model: String,
+    /// Schedules made with the `schedule` tool: the runner files the next heartbeat no
+    /// later than their first wake.
+    scheduled: Vec<String>,
 }
 
 impl Transcript {
     fn output(&self, interrupted: Option<&str>) -> Value {
         json!({
             "spoke": self.spoke,
+            "scheduled": self.scheduled,
             "silent": self.spoke.is_empty(),
             "steps": self.steps,
             "budget_stop": self.budget_stop,
@@ -380,6 +384,12 @@ impl HeartbeatAgent {
             )
             .await
             .unwrap_or_else(|| Err(format!("no tool {}", call.name))),
+            "schedule" => {
+                let (schedule, answer) =
+                    reminders::run_tool(self.store.as_ref(), agent, &call.input, now).await?;
+                t.scheduled.push(schedule.id.to_string());
+                Ok(answer)
+            }
             "emit_event" => {
                 let ty = text_arg(&call.input, "type")?;
                 let payload = match call.input.get("payload") {
@@ -402,7 +412,7 @@ impl HeartbeatAgent {
                 Ok(json!({"emitted": true, "type": ty}))
             }
             other => Err(format!(
-                "there is no tool {other:?}; use speak, remember, recall or emit_event"
+                "there is no tool {other:?}; use speak, remember, recall, emit_event or schedule"
             )),
         }
     }
@@ -439,7 +449,8 @@ fn system_prompt(agent: &Agent) -> String {
          If it is, call speak with your thought (what you want to bring up and why); your conversational \
          self will phrase it. If nothing is worth saying, do not call speak: silence is a fine outcome. \
          Use remember for facts worth keeping, recall to look them up, emit_event to raise events for \
-         other tools. Be brief; every step costs."
+         other tools, schedule to wake yourself at a later time (a SCHEDULED event brings its note back). \
+         Be brief; every step costs."
     )
 }
 
@@ -510,7 +521,8 @@ fn tool_specs() -> Vec<ToolSpec> {
             }),
         },
     ];
-    // After speak, as before: remember, recall.
+    // After speak, as before: remember, recall; schedule last.
     specs.splice(1..1, memory::specs("in later heartbeats and conversations"));
+    specs.push(reminders::tool_spec());
     specs
 }

@@ -296,6 +296,12 @@ impl HeartbeatRunner {
             );
         }
         ActionDone {
+            // The heartbeat agent made schedules: its finish must see the new wake.
+            scheduled: action.response.as_ref().is_some_and(|r| {
+                r["output"]["scheduled"]
+                    .as_array()
+                    .is_some_and(|a| !a.is_empty())
+            }),
             failed: action.status == ActionStatus::Failed,
             cascade,
             capped: capped.len() as u32,

@@ -102,9 +102,12 @@ struct Stats {
     skipped: Option<String>,
     /// Whether the HEARTBEAT event was stored for an action of its own.
     heartbeat_event_stored: bool,
+    /// Whether an action made schedules (the heartbeat agent's `schedule` tool).
+    scheduled: bool,
 }
 
 struct ActionDone {
+    scheduled: bool,
     failed: bool,
     cascade: Vec<Event>,
     capped: u32,
@@ -312,7 +315,16 @@ impl HeartbeatRunner {
             },
         )
         .await?;
-        match self.process(&plan, window.events).await {
+        let result = self.process(&plan, window.events).await;
+        // Schedules made in this run (the `schedule` tool) moved the agent's next wake:
+        // read it, so the finish files the next heartbeat no later than that.
+        if let Ok(stats) = &result
+            && stats.scheduled
+            && let Some(fresh) = self.store.get_agent(&plan.agent.id).await?
+        {
+            plan.agent.next_wake = fresh.next_wake;
+        }
+        match result {
             Ok(stats) if stats.interrupted.is_some() => self.interrupt(plan, stats).await,
             Ok(stats) => {
                 self.complete(plan, stats, next_start, window.truncated)
@@ -425,6 +437,7 @@ impl HeartbeatRunner {
                     stats.actions_triggered += 1;
                     stats.actions_failed += u32::from(done.failed);
                     stats.cascade_capped += done.capped;
+                    stats.scheduled |= done.scheduled;
                     next.extend(done.cascade);
                     if done.interrupted.is_some() {
                         // Yield to the user's turn now: nothing else runs in this heartbeat.
