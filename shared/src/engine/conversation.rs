@@ -792,15 +792,6 @@ impl Conversation {
                     return Ok(asked);
                 }
             };
-            info!(
-                step,
-                provider = resp.provider,
-                model = %resp.model,
-                tool_calls = resp.tool_calls.len(),
-                input_tokens = resp.usage.input_tokens,
-                output_tokens = resp.usage.output_tokens,
-                "reply step"
-            );
             asked.usage.add(resp.usage);
             last_input = resp.usage.input_tokens;
             asked.provider = resp.provider.to_owned();
@@ -810,7 +801,9 @@ impl Conversation {
                 asked.text = resp.text.unwrap_or_default();
                 break;
             }
-            asked.steps.push(transcript::call_step(step, &resp));
+            asked
+                .steps
+                .push(transcript::call_step(step, &resp, "reply"));
             asked.text = resp.text.clone().unwrap_or_default();
             if resp.tool_calls.is_empty() || last {
                 break;

@@ -2,11 +2,23 @@
 //! conversation turn: each model call, and each tool's input and result.
 
 use serde_json::{Value, json};
+use tracing::info;
 
 use crate::domain::{ChatMessage, LlmResponse, ToolUse};
 
-/// The step of model call number `step`: its text, tool calls, usage and stop reason.
-pub fn call_step(step: u32, resp: &LlmResponse) -> Value {
+/// The step of model call number `step` of a loop (`heartbeat agent`, `reply`): its
+/// text, tool calls, usage and stop reason, also logged.
+pub fn call_step(step: u32, resp: &LlmResponse, run: &'static str) -> Value {
+    info!(
+        run,
+        step,
+        provider = resp.provider,
+        model = %resp.model,
+        tool_calls = resp.tool_calls.len(),
+        input_tokens = resp.usage.input_tokens,
+        output_tokens = resp.usage.output_tokens,
+        "model step"
+    );
     json!({
         "kind": "llm",
         "step": step,

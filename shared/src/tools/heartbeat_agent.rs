@@ -209,16 +209,8 @@ impl HeartbeatAgent {
             t.usage.add(resp.usage);
             last_input = resp.usage.input_tokens;
             t.model = resp.model.clone();
-            info!(
-                step,
-                provider = resp.provider,
-                model = %resp.model,
-                tool_calls = resp.tool_calls.len(),
-                input_tokens = resp.usage.input_tokens,
-                output_tokens = resp.usage.output_tokens,
-                "heartbeat agent step"
-            );
-            t.steps.push(transcript::call_step(step, &resp));
+            t.steps
+                .push(transcript::call_step(step, &resp, "heartbeat agent"));
             messages.push(ChatMessage::Assistant {
                 text: resp.text.clone(),
                 tool_calls: resp.tool_calls.clone(),
