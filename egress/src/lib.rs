@@ -246,12 +246,8 @@ impl Egress {
         timeout: Duration,
         max_body: usize,
     ) -> Result<Response, EgressError> {
-        tokio::time::timeout(
-            timeout,
-            self.exchange(http::Method::POST, url, headers, body, max_body),
-        )
-        .await
-        .map_err(|_| EgressError::Timeout(timeout))?
+        self.timed(http::Method::POST, url, headers, body, timeout, max_body)
+            .await
     }
 
     /// GETs `url` with `headers` under one `timeout`; reads at most `max_body` bytes of
@@ -263,12 +259,30 @@ impl Egress {
         timeout: Duration,
         max_body: usize,
     ) -> Result<Response, EgressError> {
-        tokio::time::timeout(
+        self.timed(
+            http::Method::GET,
+            url,
+            headers,
+            Bytes::new(),
             timeout,
-            self.exchange(http::Method::GET, url, headers, Bytes::new(), max_body),
+            max_body,
         )
         .await
-        .map_err(|_| EgressError::Timeout(timeout))?
+    }
+
+    /// One exchange under one `timeout`.
+    async fn timed(
+        &self,
+        method: http::Method,
+        url: &Url,
+        headers: HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+        max_body: usize,
+    ) -> Result<Response, EgressError> {
+        tokio::time::timeout(timeout, self.exchange(method, url, headers, body, max_body))
+            .await
+            .map_err(|_| EgressError::Timeout(timeout))?
     }
 
     async fn exchange(

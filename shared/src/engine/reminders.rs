@@ -208,28 +208,30 @@ pub(crate) async fn wake(
     start: &EventCursor,
     end: &EventCursor,
 ) -> Result<Woken, StoreError> {
-    let schedules = store.schedules(&agent.id).await?;
+    let mut schedules = store.schedules(&agent.id).await?;
     let (lo, hi) = (start.ms().saturating_add(1), end.ms());
     let mut events = Vec::new();
-    for mut schedule in schedules {
+    for schedule in &mut schedules {
         let Some(due) = schedule.next_at.filter(|t| *t <= now) else {
             continue;
         };
         let ms = (due.as_millisecond().max(0) as u64).clamp(lo.min(hi), hi);
         let at = Timestamp::from_millisecond(ms as i64).unwrap_or(due);
-        let event = scheduled_event(agent, &schedule, due, at);
+        let event = scheduled_event(agent, schedule, due, at);
         store.append(&event).await?;
         info!(schedule_id = %schedule.id, due_at = %due, event_id = %event.id, "a schedule woke the agent");
         events.push(event);
         schedule.wakes = schedule.wakes.saturating_add(1);
         schedule.next_at = schedule.rule.next_after(now);
         match schedule.next_at {
-            Some(_) => store.put_schedule(&schedule).await?,
+            Some(_) => store.put_schedule(schedule).await?,
             None => {
                 store.delete_schedule(&agent.id, &schedule.id).await?;
             }
         }
     }
-    let next_wake = refresh(store, &agent.id).await?;
+    // The schedules as they are now: no need to read them again.
+    let next_wake = earliest(&schedules);
+    store.set_next_wake(&agent.id, next_wake).await?;
     Ok(Woken { events, next_wake })
 }
