@@ -8,8 +8,9 @@
 #      Rust test (unit, the conformance suite and end-to-end flows on SQLite and on moto,
 #      the functions under `cargo lambda watch`, `pulse demo` with its transcript checked,
 #      the scale tests);
-#   4. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
-#   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
+#   4. three seeded whole-system simulations with injected faults (random seeds, printed);
+#   5. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
+#   6. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
@@ -58,6 +59,11 @@ cargo build --workspace --bins --locked
 echo "==> cargo test"
 export PULSE_TEST_CARGO_LAMBDA="$PWD/$VENV/bin/cargo-lambda"
 cargo test --workspace --locked
+echo "==> pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each"
+# Each prints its seed first; a violation exits 1 with the command that replays it.
+for _ in 1 2 3; do
+    ./target/debug/pulse simulate --agents 1000 --duration 6h
+done
 echo "==> fuzzing the signature header parsers"
 PULSE_FUZZ_SECONDS="${PULSE_FUZZ_SECONDS:-15}" ./scripts/fuzz.sh
 echo "==> sam validate --lint, cfn-lint and the template check"

@@ -104,6 +104,9 @@ pub(crate) enum Command {
     /// signed Discord slash command through the HTTP router, heartbeats where the agent
     /// speaks, its replies as Discord receives them, and signed hook deliveries.
     Demo,
+    /// The whole system through a simulated day on virtual time, with injected faults;
+    /// checks every invariant and exits 1 on a violation, printing the seed to replay.
+    Simulate(commands::simulate::SimulateArgs),
     /// Measure the engine; prints figures.
     #[command(subcommand)]
     Bench(bench::BenchCmd),

@@ -1444,3 +1444,54 @@ fn init_on_the_embedded_store_creates_the_database_then_finds_it() {
     assert_eq!(json(d, &["agents", "list"]), serde_json::json!([]));
     assert!(bad(d, &["init", "--name", "a.b"]).contains("--name"));
 }
+
+#[test]
+fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "simulate",
+        "--agents",
+        "30",
+        "--duration",
+        "2h",
+        "--seed",
+        "11",
+    ];
+    let text = ok(dir.path(), &args);
+    for want in [
+        "seed 11: 30 agents, 2 simulated hours, faults default",
+        "faults injected:",
+        "pass  no_event_lost",
+        "pass  session_order",
+        "heartbeats per second",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    assert!(!text.contains("FAIL"), "{text}");
+    let doc = json(dir.path(), &args);
+    assert_eq!(doc["seed"], 11);
+    assert_eq!(doc["invariants"].as_array().unwrap().len(), 8);
+    assert!(doc["counts"]["heartbeats_completed"].as_u64().unwrap() > 100);
+
+    let kept = dir.path().join("run.db");
+    let kept = kept.to_str().unwrap();
+    ok(
+        dir.path(),
+        &[
+            "simulate",
+            "--agents",
+            "5",
+            "--duration",
+            "30m",
+            "--keep",
+            kept,
+        ],
+    );
+    let listed = ok(dir.path(), &["--db", kept, "agents", "list"]);
+    assert!(listed.contains("sim-4"), "{listed}");
+    assert!(bad(dir.path(), &["simulate", "--agents", "5", "--keep", kept]).contains("exists"));
+
+    assert!(bad(dir.path(), &["simulate", "--faults", "some"]).contains("none, default or heavy"));
+    assert!(bad(dir.path(), &["simulate", "--duration", "soon"]).contains("--duration"));
+    assert!(bad(dir.path(), &["simulate", "--agents", "0"]).contains("--agents"));
+}

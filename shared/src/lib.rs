@@ -26,6 +26,8 @@
 //!   senders over the SSRF-guarded `pulse-egress` client, or EventBridge).
 //! - [`sealing`]: secrets at rest — AES-256-GCM sealing of webhook and hook secrets,
 //!   which the store adapters apply on write and undo on read.
+//! - [`entropy`]: randomness and the wall time of new ids — from the operating system,
+//!   or from a seed the simulator installs, so a simulated run replays exactly.
 //! - [`tally`]: the cloud requests one heartbeat or turn made — a task-local count the
 //!   AWS adapters add to as they send, and the engine writes onto the record.
 //! - [`config`]: typed configuration from the environment, into the settings of the
@@ -47,7 +49,7 @@
 //! Imports run one way, down this list; nothing imports a module above it:
 //!
 //! ```text
-//! error ← domain, sealing, tally ← ports ← engine ← adapters, tools, llm, discord, outbound
+//! error, entropy ← domain, sealing, tally ← ports ← engine ← adapters, tools, llm, discord, outbound
 //!       ← config ← http, lambda ← app ← the `pulse` CLI and the Lambda functions
 //! ```
 //!
@@ -60,6 +62,7 @@ pub mod config;
 pub mod discord;
 pub mod domain;
 pub mod engine;
+pub mod entropy;
 pub mod error;
 pub mod http;
 pub mod lambda;

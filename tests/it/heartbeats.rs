@@ -17,8 +17,6 @@ use pulse_tests::{
 };
 use serde_json::json;
 
-use pulse_tests::faults::FaultyStore;
-
 /// Sweeps now, then runs every queued job.
 async fn beat(b: &Backend) -> usize {
     let report = b.sweeper(settings()).sweep_once(b.now()).await;
@@ -404,8 +402,8 @@ async fn engine_failure(kind: Kind) {
     let job = b.emit(&agent, "JOB", json!({})).await;
     b.advance(SignedDuration::from_secs(5));
 
-    let faulty = Arc::new(FaultyStore::new(b.store.clone()));
-    faulty.faults().fail("start_action");
+    let faulty = Arc::new(pulse_tests::faults::faulty(b.store.clone()));
+    faulty.policy().fail("start_action");
     let store: Arc<dyn Store> = faulty.clone();
     let runner = b.runner_with(
         store,
@@ -467,7 +465,7 @@ async fn engine_failure(kind: Kind) {
     );
 
     // Recovered: the event is processed once, and the beat goes on normally.
-    faulty.faults().heal("start_action");
+    faulty.policy().heal("start_action");
     b.advance(SignedDuration::from_mins(20));
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&worker).await;

@@ -840,8 +840,8 @@ async fn heartbeat_failed(kind: Kind) {
     let (agent, first) = b.agent("scout", "10m").await;
     let h = hook(&b, &agent, "HEARTBEAT_FAILED", &receiver.url()).await;
     // Storage fails mid-run: the engine records the heartbeat FAILED.
-    let faulty = Arc::new(pulse_tests::faults::FaultyStore::new(b.store.clone()));
-    faulty.faults().fail("start_action");
+    let faulty = Arc::new(pulse_tests::faults::faulty(b.store.clone()));
+    faulty.policy().fail("start_action");
     let runner = pulse_shared::engine::HeartbeatRunner::new(
         faulty,
         Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
@@ -1064,12 +1064,12 @@ async fn a_hook_the_queue_refused_fails_the_job_and_its_rerun_emits_it_once() {
 async fn an_action_reused_by_a_later_heartbeat_delivers_its_hooks_once() {
     let b = Backend::new(Kind::Sqlite).await;
     let receiver = FakeReceiver::start().await;
-    let faulty = Arc::new(pulse_tests::faults::FaultyStore::new(b.store.clone()));
+    let faulty = Arc::new(pulse_tests::faults::faulty(b.store.clone()));
     // The first tool's run breaks the store for the second: the heartbeat fails after
     // the first action finished, and the next heartbeat reads the same window.
     let breaks = faulty.clone();
     let first_tool = FakeTool::answering(move |_| {
-        breaks.faults().fail("start_action");
+        breaks.policy().fail("start_action");
         pulse_tests::ok_with_events(json!([]))
     })
     .await;
@@ -1108,7 +1108,7 @@ async fn an_action_reused_by_a_later_heartbeat_delivers_its_hooks_once() {
     b.drain(&worker).await;
     let failed = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
     assert_eq!(failed.status, pulse_shared::domain::HeartbeatStatus::Failed);
-    faulty.faults().heal("start_action");
+    faulty.policy().heal("start_action");
     b.advance(SignedDuration::from_mins(16));
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&worker).await;

@@ -2,6 +2,7 @@
 //! delete with everything the agent owns — the store ports on each backend, and the
 //! engine end to end with a fake model, Discord and hook receiver.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::SignedDuration;
@@ -14,7 +15,7 @@ use pulse_shared::engine::{
     EngineSettings, Lifecycle, LifecycleError, Refused, Toggled, Verdict, WebhookIntake, Worker,
 };
 use pulse_shared::error::StoreError;
-use pulse_shared::ports::{Finish, FinishOutcome, Reschedule};
+use pulse_shared::ports::{Finish, FinishOutcome, Reschedule, Store};
 use pulse_tests::fake_discord::FakeDiscord;
 use pulse_tests::fake_hooks::FakeReceiver;
 use pulse_tests::fake_llm::FakeLlm;
@@ -779,4 +780,37 @@ async fn removals(kind: Kind) {
             .unwrap()
             .is_none()
     );
+}
+
+on_both_backends!(
+    a_resume_or_pause_that_failed_between_its_writes_is_completed_by_the_next,
+    interrupted_toggles
+);
+/// Found by `pulse simulate --agents 200 --duration 6h --seed 7 --faults heavy`: a resume
+/// whose heartbeat move failed left the agent active with its heartbeat parked, and a
+/// second resume answered "already" without moving it: the agent never beat again.
+async fn interrupted_toggles(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("10m", "81").await;
+    let faulty = Arc::new(pulse_tests::faults::faulty(w.b.store.clone()));
+    let store: Arc<dyn Store> = faulty.clone();
+    let ops = Lifecycle::new(store, w.b.clock.clone(), settings(), None);
+
+    // The pause's state is written; moving its pending heartbeat out of the due index fails.
+    faulty.policy().fail_times("reschedule", 1);
+    assert!(ops.pause(&agent.id).await.is_err());
+    assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Pending);
+    // Pausing again reports the agent as already paused, and parks the heartbeat.
+    assert_eq!(ops.pause(&agent.id).await.unwrap(), Toggled::Already);
+    assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Paused);
+    assert_eq!(w.beat().await, 0, "parked: never claimed");
+
+    // The same for a resume: state written, the heartbeat's move failed.
+    faulty.policy().fail_times("reschedule", 1);
+    assert!(ops.resume(&agent.id).await.is_err());
+    assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Paused);
+    assert_eq!(ops.resume(&agent.id).await.unwrap(), Toggled::Already);
+    assert_eq!(w.latest(&agent).await.status, HeartbeatStatus::Pending);
+    assert_eq!(w.beat().await, 1, "filed again: it beats");
+    assert_eq!(faulty.policy().failed("reschedule"), 2);
 }

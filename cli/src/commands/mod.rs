@@ -16,6 +16,7 @@ pub(crate) mod memories;
 pub(crate) mod schedules;
 pub(crate) mod secrets;
 pub(crate) mod serve;
+pub(crate) mod simulate;
 mod story;
 pub(crate) mod subscriptions;
 pub(crate) mod tools;
@@ -107,7 +108,11 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
         Command::Usage(a) => Plan::Usage(usage::plan(a)?),
         Command::Secrets(_) => Plan::Secrets,
-        Command::Discord(_) | Command::Bench(_) | Command::Demo | Command::Init(_) => {
+        Command::Discord(_)
+        | Command::Bench(_)
+        | Command::Demo
+        | Command::Init(_)
+        | Command::Simulate(_) => {
             unreachable!("answered before planning: they need no database")
         }
     })
@@ -119,6 +124,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let command = match cli.command {
         Command::Bench(cmd) => return crate::bench::run(cmd, &out).await,
         Command::Demo => return crate::demo::demo().await,
+        Command::Simulate(a) => return simulate::run(a, &out).await,
         Command::Secrets(secrets::SecretsCmd::NewKey) => {
             secrets::new_key(&out);
             return Ok(());

@@ -8,7 +8,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Mutex;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
@@ -89,7 +88,7 @@ string_newtype!(AgentId);
 impl AgentId {
     /// A new random id.
     pub fn generate() -> Self {
-        Self(format!("ag_{}", Ulid::new()))
+        Self(format!("ag_{}", crate::entropy::ulid()))
     }
     /// Validates an id given by a user or read back from storage.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
@@ -112,7 +111,7 @@ impl EventId {
     /// Ids made by one process in the same millisecond increase, so events appended one
     /// after another keep their order.
     pub fn generate(ms: u64) -> Self {
-        Self::from_parts(ms, monotonic_random(ms))
+        Self::from_parts(ms, crate::entropy::monotonic(ms))
     }
     /// A deterministic id: the same `ms` and `parts` always give the same id.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
@@ -424,7 +423,10 @@ string_newtype!(SignalId);
 impl SignalId {
     /// A new id stamped with `ms`.
     pub fn generate(ms: u64) -> Self {
-        Self(format!("sg_{}", Ulid::from_parts(ms, rand_bits())))
+        Self(format!(
+            "sg_{}",
+            Ulid::from_parts(ms, crate::entropy::bits())
+        ))
     }
     /// An id derived from `parts`, stamped with `ms`: the same parts give the same id, so
     /// a retried send is deduplicated by the queue.
@@ -488,32 +490,6 @@ pub fn quote_input(s: &str) -> String {
     }
 }
 
-/// Random bits for a ULID stamped `ms` that are greater than the last ones this process
-/// made in the same millisecond, so ids made one after another sort in that order. The
-/// last value is kept for the few most recent milliseconds, not just the latest: ids
-/// stamped with different times (a record's own time, a clock that was set) may be made
-/// in between without breaking the order within each.
-pub(super) fn monotonic_random(ms: u64) -> u128 {
-    const RECENT: usize = 16;
-    static LAST: Mutex<Vec<(u64, u128)>> = Mutex::new(Vec::new());
-    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-    // 80 random bits; keep headroom so increments never carry into the timestamp.
-    let found = last.iter().position(|(m, _)| *m == ms);
-    let random = match found.map(|i| last.remove(i)) {
-        Some((_, r)) if r < (1u128 << 80) - (1u128 << 20) => r + 1,
-        _ => Ulid::new().random() >> 1,
-    };
-    if last.len() == RECENT {
-        last.remove(0);
-    }
-    last.push((ms, random));
-    random
-}
-
-fn rand_bits() -> u128 {
-    Ulid::new().random()
-}
-
 /// An inbound webhook: `wh_` + ULID. It is the only thing in the webhook's URL; the
 /// signing secret never is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -523,7 +499,7 @@ string_newtype!(WebhookId);
 impl WebhookId {
     /// A new random id.
     pub fn generate() -> Self {
-        Self(format!("wh_{}", Ulid::new()))
+        Self(format!("wh_{}", crate::entropy::ulid()))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
@@ -541,7 +517,10 @@ impl RequestId {
     /// A new id stamped with `ms`; ids made one after another in the same millisecond
     /// increase, so a webhook's log keeps arrival order.
     pub fn generate(ms: u64) -> Self {
-        Self(format!("wr_{}", Ulid::from_parts(ms, monotonic_random(ms))))
+        Self(format!(
+            "wr_{}",
+            Ulid::from_parts(ms, crate::entropy::monotonic(ms))
+        ))
     }
     /// The id stamped `ms` derived from `parts`: the same parts give the same id.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
@@ -561,7 +540,7 @@ string_newtype!(HookId);
 impl HookId {
     /// A new random id.
     pub fn generate() -> Self {
-        Self(format!("hk_{}", Ulid::new()))
+        Self(format!("hk_{}", crate::entropy::ulid()))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
@@ -580,7 +559,10 @@ string_newtype!(HookDeliveryId);
 impl HookDeliveryId {
     /// A new random id stamped with `ms`.
     pub fn generate(ms: u64) -> Self {
-        Self(format!("msg_{}", Ulid::from_parts(ms, rand_bits())))
+        Self(format!(
+            "msg_{}",
+            Ulid::from_parts(ms, crate::entropy::bits())
+        ))
     }
     /// A deterministic id: the same `ms` and `parts` always give the same id.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {

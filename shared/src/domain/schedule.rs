@@ -33,7 +33,7 @@ impl ScheduleId {
         let ms = at.as_millisecond().max(0) as u64;
         Self(format!(
             "sch_{}",
-            Ulid::from_parts(ms, super::ids::monotonic_random(ms))
+            Ulid::from_parts(ms, crate::entropy::monotonic(ms))
         ))
     }
     /// Validates an id.

@@ -185,19 +185,18 @@ impl Lifecycle {
     }
 
     /// Pauses the agent: its pending heartbeat leaves the due index; one running
-    /// finishes, and its successor is filed PAUSED.
+    /// finishes, and its successor is filed PAUSED. Pausing a paused agent parks a
+    /// heartbeat still pending: what an earlier pause left undone when it failed between
+    /// its two writes.
     pub async fn pause(&self, id: &AgentId) -> Result<Toggled, LifecycleError> {
         let agent = self.agent(id).await?;
         let now = self.clock.now();
         let event = lifecycle_event(&agent, HookType::AGENT_PAUSED, now, None);
-        if !self
+        let already = !self
             .store
             .set_paused(id, Some(now), &event)
             .await
-            .map_err(|e| LifecycleError::store(id, e))?
-        {
-            return Ok(Toggled::Already);
-        }
+            .map_err(|e| LifecycleError::store(id, e))?;
         // The pending heartbeat is parked; a running one is marked, so its finish files
         // the next one PAUSED. Either may have moved on meanwhile: look again.
         let mut running = false;
@@ -207,13 +206,16 @@ impl Lifecycle {
             };
             let to = match hb.status {
                 HeartbeatStatus::Pending => Reschedule::Pause,
-                HeartbeatStatus::Executing => Reschedule::Running { pause_next: true },
+                HeartbeatStatus::Executing if !already => Reschedule::Running { pause_next: true },
                 _ => break,
             };
             if self.moved(&hb, to).await? {
                 running = hb.status == HeartbeatStatus::Executing;
                 break;
             }
+        }
+        if already {
+            return Ok(Toggled::Already);
         }
         info!(agent_id = %id, running, "agent paused");
         self.emit(&agent, HookType::AGENT_PAUSED, &event).await;
@@ -224,19 +226,19 @@ impl Lifecycle {
     }
 
     /// Resumes the agent: its next heartbeat is due at once (inside its active hours).
+    /// Resuming an active agent files a heartbeat still parked: what an earlier resume
+    /// left undone when it failed between its two writes (without this, the agent would
+    /// never beat again).
     pub async fn resume(&self, id: &AgentId) -> Result<Toggled, LifecycleError> {
         let agent = self.agent(id).await?;
         let now = self.clock.now();
         let at = agent.in_active_hours(now);
         let event = lifecycle_event(&agent, HookType::AGENT_RESUMED, now, Some(at));
-        if !self
+        let already = !self
             .store
             .set_paused(id, None, &event)
             .await
-            .map_err(|e| LifecycleError::store(id, e))?
-        {
-            return Ok(Toggled::Already);
-        }
+            .map_err(|e| LifecycleError::store(id, e))?;
         let mut running = false;
         for _ in 0..MOVES {
             let Some(hb) = self.latest(id).await? else {
@@ -244,14 +246,17 @@ impl Lifecycle {
             };
             let to = match hb.status {
                 HeartbeatStatus::Paused => Reschedule::Resume(at),
-                HeartbeatStatus::Pending => Reschedule::Due(at),
-                HeartbeatStatus::Executing => Reschedule::Running { pause_next: false },
+                HeartbeatStatus::Pending if !already => Reschedule::Due(at),
+                HeartbeatStatus::Executing if !already => Reschedule::Running { pause_next: false },
                 _ => break,
             };
             if self.moved(&hb, to).await? {
                 running = hb.status == HeartbeatStatus::Executing;
                 break;
             }
+        }
+        if already {
+            return Ok(Toggled::Already);
         }
         info!(agent_id = %id, next_at = %at, "agent resumed");
         self.emit(&agent, HookType::AGENT_RESUMED, &event).await;

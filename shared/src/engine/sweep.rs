@@ -104,7 +104,7 @@ impl Sweeper {
         // overlap (a slow sweep and the next minute's) mostly take different shards, and
         // find the ones already swept empty, instead of racing for every heartbeat.
         let shards = self.store.due_shards().max(1);
-        let start = (ulid::Ulid::new().random() % u128::from(shards)) as u16;
+        let start = crate::entropy::below(u64::from(shards)) as u16;
         let order = (0..shards).map(|i| (start + i) % shards);
         let mut reports: Vec<SweepReport> = stream::iter(order)
             .map(|shard| self.sweep_shard(shard, now, &budget, &pending))

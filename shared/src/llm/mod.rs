@@ -476,7 +476,7 @@ fn retryable(status: StatusCode) -> bool {
 /// 500 ms, 1 s, 2 s … with up to 25 % jitter.
 fn backoff(attempt: u32) -> Duration {
     let base = Duration::from_millis(500u64 << attempt.saturating_sub(1).min(6));
-    let jitter = (ulid::Ulid::new().random() % 250) as u32;
+    let jitter = crate::entropy::below(250) as u32;
     base + base * jitter / 1000
 }
 

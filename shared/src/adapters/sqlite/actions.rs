@@ -5,7 +5,7 @@ use rusqlite::{TransactionBehavior, params};
 
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{Action, ActionId, AgentId, Event, EventCursor};
 use crate::error::StoreError;
 use crate::ports::ActionLog;
@@ -21,7 +21,7 @@ impl ActionLog for SqliteStore {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sqlite_err(op))?;
                 let n = tx
-                    .execute(
+                    .exec(
                         "INSERT INTO actions (id, agent_id, event_id, tool, status, attempt, doc) \
                          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
                         params![
@@ -61,7 +61,7 @@ impl ActionLog for SqliteStore {
         self.db
             .call("restart action", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "UPDATE actions SET status = ?2, attempt = ?3, doc = ?4 \
                          WHERE id = ?1 AND attempt = ?5 AND status = 'RUNNING'",
                         params![
@@ -85,7 +85,7 @@ impl ActionLog for SqliteStore {
                 let op = sqlite_err("finish action");
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
                 let n = tx
-                    .execute(
+                    .exec(
                         "UPDATE actions SET status = ?2, doc = ?3 WHERE id = ?1 AND attempt = ?4 AND status = 'RUNNING'",
                         params![action.id.as_str(), action.status.as_str(), to_doc(&action), action.attempt],
                     )

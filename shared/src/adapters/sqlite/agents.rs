@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::heartbeats::insert_heartbeat;
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{Agent, AgentId, Event, Heartbeat, Spend, from_ms, to_ms};
 use crate::error::StoreError;
 use crate::ports::{AgentStore, Footprint};
@@ -26,7 +26,7 @@ fn stored_agent(conn: &Connection, op: &'static str, id: &AgentId) -> Result<Age
 }
 
 fn write_agent(conn: &Connection, op: &'static str, agent: &Agent) -> Result<(), StoreError> {
-    conn.execute(
+    conn.exec(
         "UPDATE agents SET doc = ?2 WHERE id = ?1",
         params![agent.id.as_str(), to_doc(agent)],
     )
@@ -42,7 +42,7 @@ pub(super) fn claim_channel(
 ) -> Result<(), StoreError> {
     let op = sqlite_err("bind Discord channel");
     let n = conn
-        .execute(
+        .exec(
             "INSERT INTO discord_channels (channel_id, agent_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
             params![channel, agent.as_str()],
         )
@@ -88,7 +88,7 @@ impl AgentStore for SqliteStore {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sqlite_err("create agent"))?;
                 let n = tx
-                    .execute(
+                    .exec(
                         "INSERT INTO agents (id, created_ms, doc) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                         params![agent.id.as_str(), to_ms(agent.created_at), to_doc(&agent)],
                     )
@@ -114,18 +114,18 @@ impl AgentStore for SqliteStore {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(&op)?;
                 for (agent, first) in &agents {
-                    tx.execute(
+                    tx.exec(
                         "INSERT OR REPLACE INTO agents (id, created_ms, doc) VALUES (?1, ?2, ?3)",
                         params![agent.id.as_str(), to_ms(agent.created_at), to_doc(agent)],
                     )
                     .map_err(&op)?;
-                    tx.execute(
+                    tx.exec(
                         "DELETE FROM heartbeats WHERE agent_id = ?1 AND beat = ?2",
                         params![first.agent_id.as_str(), first.beat as i64],
                     )
                     .map_err(&op)?;
                     if let Some(channel) = &agent.discord_channel {
-                        tx.execute(
+                        tx.exec(
                             "INSERT OR REPLACE INTO discord_channels (channel_id, agent_id) VALUES (?1, ?2)",
                             params![channel, agent.id.as_str()],
                         )
@@ -212,7 +212,7 @@ impl AgentStore for SqliteStore {
                 agent.last_interaction_at = stored.last_interaction_at;
                 agent.next_wake = stored.next_wake;
                 if agent.discord_channel != previous.discord_channel {
-                    tx.execute(
+                    tx.exec(
                         "DELETE FROM discord_channels WHERE agent_id = ?1",
                         [agent.id.as_str()],
                     )
@@ -274,7 +274,7 @@ impl AgentStore for SqliteStore {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sqlite_err(op))?;
-                tx.execute(
+                tx.exec(
                     "INSERT INTO spend (agent_id, day, source, tokens, at_ms) VALUES (?1, ?2, ?3, ?4, ?5) \
                      ON CONFLICT (agent_id, day, source) DO UPDATE SET tokens = excluded.tokens, at_ms = excluded.at_ms",
                     params![
@@ -286,7 +286,7 @@ impl AgentStore for SqliteStore {
                     ],
                 )
                 .map_err(sqlite_err(op))?;
-                tx.execute(
+                tx.exec(
                     "DELETE FROM spend WHERE agent_id = ?1 AND day < ?2",
                     params![agent.as_str(), oldest.to_string()],
                 )

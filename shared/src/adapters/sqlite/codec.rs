@@ -5,7 +5,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::sqlite_err;
+use super::{CachedExecute, sqlite_err};
 use crate::error::StoreError;
 use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored};
 
@@ -33,7 +33,7 @@ pub(super) fn read_sealed<T: Serialize + DeserializeOwned + SealedRecord>(
         if record.open(keys)? == Stored::Stale && reseal {
             match record.sealed(keys) {
                 Ok(sealed) => {
-                    conn.execute(
+                    conn.exec(
                         &format!("UPDATE {table} SET doc = ?2 WHERE id = ?1 AND doc = ?3"),
                         params![id, to_doc(&sealed), doc],
                     )
@@ -99,7 +99,7 @@ pub(super) fn update_doc<T: Serialize + DeserializeOwned>(
     .pop()
     .ok_or(StoreError::NotFound(what))?;
     change(&mut doc);
-    tx.execute(
+    tx.exec(
         &format!("UPDATE {table} SET doc = ?2 WHERE {key_col} = ?1"),
         params![key, to_doc(&doc)],
     )
@@ -122,9 +122,9 @@ pub(super) fn delete_with(
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sqlite_err(op))?;
     for sql in dependents {
-        tx.execute(sql, [key]).map_err(sqlite_err(op))?;
+        tx.exec(sql, [key]).map_err(sqlite_err(op))?;
     }
-    if tx.execute(record, [key]).map_err(sqlite_err(op))? == 0 {
+    if tx.exec(record, [key]).map_err(sqlite_err(op))? == 0 {
         return Err(StoreError::NotFound(what));
     }
     tx.commit().map_err(sqlite_err(op))

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
 use super::codec::{from_doc, read_docs, to_doc};
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{AgentId, ConversationMessage, SignalId, Turn, TurnId};
 use crate::error::StoreError;
 use crate::ports::{ConversationStore, TurnStart};
@@ -66,7 +66,7 @@ impl ConversationStore for SqliteStore {
                 }
                 for s in &turn.signals {
                     let n = tx
-                        .execute(
+                        .exec(
                             "INSERT OR IGNORE INTO signal_turns (agent_id, signal_id, turn_id) VALUES (?1, ?2, ?3)",
                             params![agent, s.as_str(), turn.id.as_str()],
                         )
@@ -77,13 +77,13 @@ impl ConversationStore for SqliteStore {
                         )));
                     }
                 }
-                tx.execute(
+                tx.exec(
                     "INSERT INTO turns (agent_id, id, doc) VALUES (?1, ?2, ?3)",
                     params![agent, turn.id.as_str(), to_doc(&turn)],
                 )
                 .map_err(&op)?;
                 for m in &messages {
-                    tx.execute(
+                    tx.exec(
                         "INSERT OR REPLACE INTO messages (agent_id, id, doc) VALUES (?1, ?2, ?3)",
                         params![m.agent_id.as_str(), m.id, to_doc(m)],
                     )
@@ -100,7 +100,7 @@ impl ConversationStore for SqliteStore {
         self.db
             .call("update turn", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "UPDATE turns SET doc = ?3 WHERE agent_id = ?1 AND id = ?2",
                         params![turn.agent_id.as_str(), turn.id.as_str(), to_doc(&turn)],
                     )

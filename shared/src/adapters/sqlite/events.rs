@@ -4,13 +4,13 @@ use async_trait::async_trait;
 use rusqlite::{Connection, params};
 
 use super::codec::{read_docs, to_doc};
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{Agent, AgentId, Event, EventCursor, EventId};
 use crate::error::StoreError;
 use crate::ports::{EventLog, Window};
 
 pub(super) fn upsert_event(conn: &Connection, e: &Event) -> Result<(), StoreError> {
-    conn.execute(
+    conn.exec(
         "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4) \
          ON CONFLICT (agent_id, id) DO UPDATE SET own = excluded.own, doc = excluded.doc",
         params![

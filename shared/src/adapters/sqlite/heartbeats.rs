@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::events::upsert_event;
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{
     AgentId, ClaimRequest, EventCursor, Heartbeat, HeartbeatId, HeartbeatStatus, SessionId,
     from_ms, to_ms,
@@ -87,7 +87,7 @@ fn requests_json(hb: &Heartbeat) -> Option<String> {
 }
 
 pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), StoreError> {
-    conn.execute(
+    conn.exec(
         &format!(
             "INSERT INTO heartbeats ({HB_COLS}, due_ms) VALUES \
              (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
@@ -286,7 +286,7 @@ impl HeartbeatStore for SqliteStore {
                 if status.is_final() {
                     return Ok(FinishOutcome::AlreadyFinished);
                 }
-                tx.execute(
+                tx.exec(
                     "UPDATE heartbeats SET status = ?3, completed_ms = ?4, last_interaction_beat = ?5, \
                          interaction_seen_ms = ?6, since_last = ?7, events_processed = ?8, actions_triggered = ?9, \
                          actions_failed = ?10, cascade_capped = ?11, error = ?12, skipped = ?13, requests = ?14, due_ms = NULL \
@@ -375,7 +375,7 @@ impl HeartbeatStore for SqliteStore {
         self.db
             .call("defer heartbeat", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "UPDATE heartbeats SET status = 'PENDING', scheduled_ms = ?4, due_ms = ?4, lease_ms = NULL, \
                              started_ms = NULL, window_end = NULL \
                          WHERE agent_id = ?1 AND beat = ?2 AND claim = ?3 AND status = 'EXECUTING'",
@@ -392,7 +392,7 @@ impl HeartbeatStore for SqliteStore {
         self.db
             .call("renew heartbeat lease", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "UPDATE heartbeats SET lease_ms = ?4, due_ms = ?4 \
                          WHERE agent_id = ?1 AND beat = ?2 AND claim = ?3 AND status = 'EXECUTING'",
                         params![agent, beat, claim, to_ms(lease_until)],

@@ -7,9 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::SignedDuration;
 use rusqlite::{TransactionBehavior, params};
-use ulid::Ulid;
 
-use super::{Db, sqlite_err};
+use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, HookTask, Receipt, to_ms};
 use crate::error::StoreError;
 use crate::ports::{Clock, HookMessage, HookQueue, SendReport};
@@ -107,8 +106,8 @@ impl HookQueue for SqliteHookQueue {
                 for (seq, body, count) in picked {
                     // As in the sessions queue: the receipt leads with the key, and its
                     // random part makes a stale receipt delete nothing.
-                    let receipt = format!("{seq}.{}", Ulid::new());
-                    tx.execute(
+                    let receipt = format!("{seq}.{}", crate::entropy::ulid());
+                    tx.exec(
                         "UPDATE hook_queue SET receipt = ?2, visible_ms = ?3, receive_count = receive_count + 1 WHERE seq = ?1",
                         params![seq, receipt, hidden_until],
                     )
@@ -138,7 +137,7 @@ impl HookQueue for SqliteHookQueue {
         let receipt = receipt.to_string();
         self.db
             .call("delete from hook queue", move |conn| {
-                conn.execute(
+                conn.exec(
                     "DELETE FROM hook_queue WHERE seq = ?1 AND receipt = ?2",
                     params![seq, receipt],
                 )
@@ -154,7 +153,7 @@ impl HookQueue for SqliteHookQueue {
         let now = to_ms(self.clock.now());
         self.db
             .call("dead-letter hook", move |conn| {
-                conn.execute(
+                conn.exec(
                     "INSERT INTO hook_dead (body, reason, dead_ms) VALUES (?1, ?2, ?3)",
                     params![body, reason, now],
                 )

@@ -7,7 +7,7 @@ use jiff::SignedDuration;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::codec::{delete_with, read_docs, read_sealed, to_doc};
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{
     AgentId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, to_ms,
 };
@@ -36,7 +36,7 @@ impl HookStore for SqliteStore {
         self.db
             .call("create hook", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "INSERT INTO hooks (id, agent_id, version, doc) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
                         params![h.id.as_str(), h.agent_id.as_str(), h.version as i64, to_doc(&h)],
                     )
@@ -107,7 +107,7 @@ impl HookStore for SqliteStore {
         self.db
             .call("update hook", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "UPDATE hooks SET version = ?2, doc = ?3 WHERE id = ?1 AND version = ?4",
                         params![
                             h.id.as_str(),
@@ -189,14 +189,14 @@ impl HookStore for SqliteStore {
                     )));
                 }
                 let created = to_ms(d.created_at);
-                tx.execute(
+                tx.exec(
                     "INSERT INTO hook_deliveries (id, hook_id, version, created_ms, doc) VALUES (?1, ?2, ?3, ?4, ?5) \
                      ON CONFLICT (id) DO UPDATE SET version = excluded.version, doc = excluded.doc",
                     params![d.id.as_str(), d.hook_id.as_str(), d.version as i64, created, to_doc(&d)],
                 )
                 .map_err(&op)?;
                 if let Some(a) = &a {
-                    tx.execute(
+                    tx.exec(
                         "INSERT OR REPLACE INTO hook_attempts (delivery_id, attempt, doc) VALUES (?1, ?2, ?3)",
                         params![a.delivery_id.as_str(), a.attempt, to_doc(a)],
                     )
@@ -205,13 +205,13 @@ impl HookStore for SqliteStore {
                 if stored.is_none() {
                     // A new delivery: forget this hook's deliveries past retention.
                     let horizon = to_ms(d.updated_at.saturating_sub(RETENTION).unwrap_or(d.updated_at));
-                    tx.execute(
+                    tx.exec(
                         "DELETE FROM hook_attempts WHERE delivery_id IN \
                          (SELECT id FROM hook_deliveries WHERE hook_id = ?1 AND created_ms < ?2)",
                         params![d.hook_id.as_str(), horizon],
                     )
                     .map_err(&op)?;
-                    tx.execute(
+                    tx.exec(
                         "DELETE FROM hook_deliveries WHERE hook_id = ?1 AND created_ms < ?2",
                         params![d.hook_id.as_str(), horizon],
                     )

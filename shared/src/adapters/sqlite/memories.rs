@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use rusqlite::params;
 
 use super::codec::{read_docs, to_doc};
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{AgentId, Memory};
 use crate::error::StoreError;
 use crate::ports::MemoryStore;
@@ -15,7 +15,7 @@ impl MemoryStore for SqliteStore {
         let memory = memory.clone();
         self.db
             .call("write memory", move |conn| {
-                conn.execute(
+                conn.exec(
                     "INSERT OR REPLACE INTO memories (agent_id, id, doc) VALUES (?1, ?2, ?3)",
                     params![
                         memory.agent_id.as_str(),

@@ -69,11 +69,40 @@ impl SqliteStore {
     }
 }
 
+/// `execute` through the connection's statement cache: the hot paths run the same few
+/// dozen statements over and over, and `Connection::execute` parses the SQL each call.
+trait CachedExecute {
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+}
+
+impl CachedExecute for Connection {
+    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+}
+
+/// Prepared statements kept per connection.
+const STATEMENT_CACHE: usize = 128;
+
+/// Keeps every statement prepared once: a statement cache that holds them all (rusqlite
+/// keeps 16 by default), and plans that do not depend on bound values (the query
+/// planner stability guarantee), so a new `now` or limit never re-prepares a statement.
+fn tune(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    Ok(())
+}
+
 /// One connection to a Pulse database file.
 #[derive(Clone)]
 pub struct Db {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    /// Calls run on the caller's thread instead of the blocking pool (the simulator).
+    inline: bool,
 }
 
 fn sqlite_err(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
@@ -179,11 +208,43 @@ impl Db {
             .map_err(&open)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(&open)?;
+        tune(&conn).map_err(&open)?;
         schema::migrate(&conn, path)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_owned(),
+            inline: false,
         })
+    }
+
+    /// Opens a database for the simulator, in memory (or in the file at `path`, to
+    /// look into afterwards): every call runs on the caller's thread, so a
+    /// single-threaded run is deterministic (no blocking pool decides the order calls
+    /// finish in); commits are not synced and nothing else may open the file while it
+    /// runs (a simulated crash drops futures, never the database).
+    pub fn open_simulated(path: Option<&Path>) -> Result<Self, StoreError> {
+        let open = sqlite_err("open database");
+        let mut db = match path {
+            Some(path) => Self::open(path)?,
+            None => {
+                let conn = Connection::open_in_memory().map_err(&open)?;
+                tune(&conn).map_err(&open)?;
+                let path = PathBuf::from(":memory:");
+                schema::migrate(&conn, &path)?;
+                Self {
+                    conn: Arc::new(Mutex::new(conn)),
+                    path,
+                    inline: false,
+                }
+            }
+        };
+        db.blocking(|c| {
+            c.pragma_update(None, "synchronous", "OFF")?;
+            c.pragma_update(None, "locking_mode", "EXCLUSIVE")
+        })
+        .map_err(&open)?;
+        db.inline = true;
+        Ok(db)
     }
 
     /// The file.
@@ -203,6 +264,9 @@ impl Db {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        if self.inline {
+            return self.blocking(f);
+        }
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
             let mut guard = conn.lock().unwrap_or_else(|e| e.into_inner());

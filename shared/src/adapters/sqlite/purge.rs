@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
-use super::sqlite_err;
+use super::{CachedExecute, sqlite_err};
 use crate::domain::AgentId;
 use crate::error::StoreError;
 use crate::ports::Footprint;
@@ -88,7 +88,7 @@ pub(super) fn purge(
     for (rows, count) in owned() {
         // Applied, the DELETE says how many rows it removed; else they are counted.
         let n = if apply {
-            tx.execute(&format!("DELETE {rows}"), [id.as_str()])
+            tx.exec(&format!("DELETE {rows}"), [id.as_str()])
                 .map_err(&op)? as u64
         } else {
             tx.query_row(&format!("SELECT COUNT(*) {rows}"), [id.as_str()], |r| {
@@ -99,12 +99,12 @@ pub(super) fn purge(
         *count(&mut footprint) += n;
     }
     if apply {
-        tx.execute(
+        tx.exec(
             "DELETE FROM discord_channels WHERE agent_id = ?1",
             [id.as_str()],
         )
         .map_err(&op)?;
-        tx.execute("DELETE FROM agents WHERE id = ?1", [id.as_str()])
+        tx.exec("DELETE FROM agents WHERE id = ?1", [id.as_str()])
             .map_err(&op)?;
         tx.commit().map_err(&op)?;
     }

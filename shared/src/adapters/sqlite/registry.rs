@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use rusqlite::params;
 
 use super::codec::{delete_with, read_docs, to_doc, update_doc};
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{Registry, Subscription, SubscriptionId, Tool, ToolName};
 use crate::error::StoreError;
 use crate::ports::ToolRegistry;
@@ -16,7 +16,7 @@ impl ToolRegistry for SqliteStore {
         self.db
             .call("add tool", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "INSERT INTO tools (name, doc) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
                         params![tool.name.as_str(), to_doc(&tool)],
                     )
@@ -51,7 +51,7 @@ impl ToolRegistry for SqliteStore {
         self.db
             .call("update tool", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "UPDATE tools SET doc = ?2 WHERE name = ?1",
                         params![tool.name.as_str(), to_doc(&tool)],
                     )
@@ -101,7 +101,7 @@ impl ToolRegistry for SqliteStore {
         self.db
             .call("add subscription", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "INSERT INTO subscriptions (id, doc) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
                         params![sub.id.as_str(), to_doc(&sub)],
                     )

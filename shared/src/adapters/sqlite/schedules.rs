@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use rusqlite::params;
 
 use super::codec::{read_docs, to_doc};
-use super::{SqliteStore, sqlite_err};
+use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{AgentId, Schedule, ScheduleId};
 use crate::error::StoreError;
 use crate::ports::ScheduleStore;
@@ -15,7 +15,7 @@ impl ScheduleStore for SqliteStore {
         let schedule = schedule.clone();
         self.db
             .call("write schedule", move |conn| {
-                conn.execute(
+                conn.exec(
                     "INSERT OR REPLACE INTO schedules (agent_id, id, doc) VALUES (?1, ?2, ?3)",
                     params![
                         schedule.agent_id.as_str(),
@@ -48,7 +48,7 @@ impl ScheduleStore for SqliteStore {
         self.db
             .call("delete schedule", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "DELETE FROM schedules WHERE agent_id = ?1 AND id = ?2",
                         params![agent, id],
                     )

@@ -17,9 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::SignedDuration;
 use rusqlite::{TransactionBehavior, params};
-use ulid::Ulid;
 
-use super::{Db, sqlite_err};
+use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, OutgoingTask, Receipt, to_ms};
 use crate::error::StoreError;
 use crate::ports::{Clock, SendReport, SessionQueue};
@@ -64,6 +63,23 @@ impl SqliteQueue {
         self.count("SELECT COUNT(*) FROM queue_dead").await
     }
 
+    /// The dead-lettered messages, oldest first: each one's sequence number (the order
+    /// it was sent in, which its receipts start with) and body.
+    pub async fn dead_lettered(&self) -> Result<Vec<(i64, String)>, StoreError> {
+        self.db
+            .call("read dead letters", move |conn| {
+                let mut stmt = conn
+                    .prepare("SELECT seq, body FROM queue_dead ORDER BY seq")
+                    .map_err(sqlite_err("read dead letters"))?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+                    .map_err(sqlite_err("read dead letters"))?;
+                rows.collect::<Result<Vec<_>, _>>()
+                    .map_err(sqlite_err("read dead letters"))
+            })
+            .await
+    }
+
     async fn count(&self, sql: &'static str) -> Result<u64, StoreError> {
         self.db
             .call("count queue", move |conn| {
@@ -86,11 +102,11 @@ impl SessionQueue for SqliteQueue {
             .call("send to queue", move |conn| {
                 let op = sqlite_err("send to queue");
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
-                tx.execute("DELETE FROM queue_dedup WHERE sent_ms < ?1", [forget_before])
+                tx.exec("DELETE FROM queue_dedup WHERE sent_ms < ?1", [forget_before])
                     .map_err(&op)?;
                 for t in &tasks {
                     let fresh = tx
-                        .execute(
+                        .exec(
                             "INSERT INTO queue_dedup (dedup_id, sent_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
                             params![t.dedup_id.as_str(), now],
                         )
@@ -99,10 +115,10 @@ impl SessionQueue for SqliteQueue {
                         // A duplicate within the window: accepted, not enqueued (as SQS).
                         continue;
                     }
-                    tx.execute(
+                    tx.exec(
                         "INSERT INTO queue_messages (message_id, group_id, body, sent_ms, visible_ms) \
                          VALUES (?1, ?2, ?3, ?4, ?4)",
-                        params![Ulid::new().to_string(), t.group.as_str(), t.envelope.encode(), now],
+                        params![crate::entropy::ulid().to_string(), t.group.as_str(), t.envelope.encode(), now],
                     )
                     .map_err(&op)?;
                 }
@@ -126,14 +142,14 @@ impl SessionQueue for SqliteQueue {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
                 // Messages that used up their receives and are not in flight go to the
                 // dead-letter table, unblocking their group.
-                tx.execute(
+                tx.exec(
                     "INSERT INTO queue_dead (seq, message_id, group_id, body, sent_ms, receive_count, dead_ms) \
                      SELECT seq, message_id, group_id, body, sent_ms, receive_count, ?1 FROM queue_messages \
                      WHERE receive_count >= ?2 AND visible_ms <= ?1",
                     params![now, max_receives],
                 )
                 .map_err(&op)?;
-                tx.execute(
+                tx.exec(
                     "DELETE FROM queue_messages WHERE receive_count >= ?2 AND visible_ms <= ?1",
                     params![now, max_receives],
                 )
@@ -160,8 +176,8 @@ impl SessionQueue for SqliteQueue {
                     // The receipt leads with the sequence number, so acks and releases
                     // find the message by its key; the random part makes stale receipts
                     // (from an earlier delivery of the same message) match nothing.
-                    let receipt = format!("{seq}.{}", Ulid::new());
-                    tx.execute(
+                    let receipt = format!("{seq}.{}", crate::entropy::ulid());
+                    tx.exec(
                         "UPDATE queue_messages SET receipt = ?2, visible_ms = ?3, receive_count = receive_count + 1 \
                          WHERE seq = ?1",
                         params![seq, receipt, hidden_until],
@@ -190,7 +206,7 @@ impl SessionQueue for SqliteQueue {
             .call("delete from queue", move |conn| {
                 // A stale receipt (the message was delivered again since) deletes nothing,
                 // as with SQS: the newer delivery owns the message.
-                conn.execute(
+                conn.exec(
                     "DELETE FROM queue_messages WHERE seq = ?1 AND receipt = ?2",
                     params![seq, receipt],
                 )
@@ -212,7 +228,7 @@ impl SessionQueue for SqliteQueue {
         let receipt = receipt.to_string();
         self.db
             .call("release queue message", move |conn| {
-                conn.execute(
+                conn.exec(
                     "UPDATE queue_messages SET visible_ms = ?3 WHERE seq = ?1 AND receipt = ?2",
                     params![seq, receipt, at],
                 )

@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::SqliteStore;
 use super::codec::{delete_with, from_doc, read_sealed, to_doc};
 use super::events::upsert_event;
 use super::sqlite_err;
+use super::{CachedExecute, SqliteStore};
 use crate::domain::{AcceptOutcome, Acceptance};
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms,
@@ -46,7 +46,7 @@ fn log_refused(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> 
         .and_then(|mut st| st.query_row(params![r.webhook_id.as_str(), minute], |row| row.get(0)))
         .map_err(&op)?;
     if count == 1 {
-        conn.execute(
+        conn.exec(
             "DELETE FROM webhook_log_budget WHERE webhook_id = ?1 AND minute < ?2",
             params![r.webhook_id.as_str(), minute],
         )
@@ -77,19 +77,19 @@ fn tidy(
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let op = sqlite_err("tidy webhook records");
-    conn.execute(
+    conn.exec(
         "DELETE FROM webhook_counters WHERE webhook_id = ?1 AND window < ?2",
         params![webhook.as_str(), window],
     )
     .map_err(&op)?;
-    conn.execute(
+    conn.exec(
         "DELETE FROM webhook_deliveries WHERE webhook_id = ?1 AND expires_ms < ?2",
         params![webhook.as_str(), to_ms(now)],
     )
     .map_err(&op)?;
     let horizon = now.saturating_sub(LOG_RETENTION).unwrap_or(now);
     let before = RequestId::generate(to_ms(horizon).max(0) as u64);
-    conn.execute(
+    conn.exec(
         "DELETE FROM webhook_requests WHERE webhook_id = ?1 AND id < ?2",
         params![webhook.as_str(), before.as_str()],
     )
@@ -264,7 +264,7 @@ impl WebhookStore for SqliteStore {
         self.db
             .call("create webhook", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "INSERT INTO webhooks (id, agent_id, doc) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                         params![w.id.as_str(), w.agent_id.as_str(), to_doc(&w)],
                     )
@@ -318,7 +318,7 @@ impl WebhookStore for SqliteStore {
         self.db
             .call("update webhook", move |conn| {
                 let n = conn
-                    .execute(
+                    .exec(
                         "UPDATE webhooks SET doc = ?2 WHERE id = ?1",
                         params![w.id.as_str(), to_doc(&w)],
                     )

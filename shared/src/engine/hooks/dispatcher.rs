@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use tracing::{error, info, warn};
-use ulid::Ulid;
 
 use super::HookEmitter;
 use crate::domain::{
@@ -85,7 +84,7 @@ pub struct Dispatcher {
 
 /// A uniform number in [0, 1).
 fn unit_random() -> f64 {
-    (Ulid::new().random() as u64 >> 11) as f64 / (1u64 << 53) as f64
+    crate::entropy::unit()
 }
 
 impl Dispatcher {

@@ -1,0 +1,310 @@
+//! The invariants, checked after the drain from the store and from what the outside
+//! world received. Each is named in the report with what it checked and its first
+//! violation.
+
+use std::collections::BTreeMap;
+
+use pulse_shared::domain::{
+    ActionId, ActionStatus, AgentId, EventCursor, Heartbeat, HeartbeatStatus, SessionTask,
+    TaskEnvelope, ToolName,
+};
+
+use crate::faults::lock;
+use crate::report::{Counts, Invariant, Report};
+use crate::run::{Options, Sim, SimError};
+use crate::world::TOOL;
+
+/// Checks every invariant and counts what happened.
+pub(crate) async fn check(sim: &Sim, options: &Options) -> Result<Report, SimError> {
+    let ledger = std::mem::take(&mut *lock(&sim.ledger));
+    let now = sim.clock.now();
+    let store = sim.inner.as_ref();
+    let err = |what: &'static str| {
+        move |e: pulse_shared::error::StoreError| SimError(format!("{what}: {e}"))
+    };
+    let tool = ToolName::parse(TOOL).map_err(|e| SimError(e.to_string()))?;
+    let live: Vec<&AgentId> = sim
+        .agents
+        .iter()
+        .filter(|a| !ledger.deleted.contains(*a))
+        .collect();
+
+    let mut counts = Counts::default();
+    // Messages parked in the dead-letter queue after their last receive: not lost (an
+    // operator redrives them), not answered either.
+    let dead = sim
+        .queues
+        .0
+        .dead_lettered()
+        .await
+        .map_err(err("the dead letters"))?;
+    let dead_seqs: std::collections::BTreeSet<i64> = dead.iter().map(|(seq, _)| *seq).collect();
+    let parked: std::collections::BTreeSet<_> = dead
+        .iter()
+        .filter_map(|(_, body)| match TaskEnvelope::decode(body).ok()?.task {
+            SessionTask::Signal(job) => Some(job.signal.id),
+            SessionTask::Heartbeat(_) => None,
+        })
+        .collect();
+    let mut lost = Invariant::new(
+        "no_event_lost",
+        "every event a completed window covers reached the subscribed tool, as a completed or failed action",
+    );
+    let mut windows = Invariant::new(
+        "windows_contiguous",
+        "each completed heartbeat's window starts where the previous one's ended",
+    );
+    let mut next = Invariant::new(
+        "one_next_heartbeat",
+        "every live agent has exactly one unfinished heartbeat, and none is held past its lease",
+    );
+    let mut answered = Invariant::new(
+        "message_answered_once",
+        "every user message queued was answered by exactly one turn, or parked in the dead-letter queue",
+    );
+
+    for agent in &live {
+        let beats = store
+            .heartbeats_page(agent, None, usize::MAX >> 1)
+            .await
+            .map_err(err("reading heartbeats"))?;
+        // Events after the last completed window wait for a heartbeat still to come (one
+        // backing off after failures may be due hours later): not yet owed.
+        let reached = check_heartbeats(agent, beats, now, &mut counts, &mut windows, &mut next);
+        for event in ledger.events.get(*agent).into_iter().flatten() {
+            if reached
+                .as_ref()
+                .is_none_or(|end| event.as_str() > end.as_str())
+            {
+                counts.events_waiting += 1;
+                continue;
+            }
+            let id = ActionId::for_event(event, &tool);
+            let action = store
+                .get_action(agent, &id)
+                .await
+                .map_err(err("reading an action"))?;
+            counts.actions += 1;
+            let ok = action.as_ref().is_some_and(|a| {
+                matches!(a.status, ActionStatus::Completed | ActionStatus::Failed)
+            });
+            lost.checked(ok, || match action {
+                None => format!("agent {agent}: event {event} has no action of {TOOL}"),
+                Some(a) => format!(
+                    "agent {agent}: event {event}'s action {} is {}",
+                    a.id,
+                    a.status.as_str()
+                ),
+            });
+        }
+
+        let messages = ledger.messages.get(*agent).cloned().unwrap_or_default();
+        if !messages.is_empty() {
+            let turns = store
+                .answered(agent, &messages)
+                .await
+                .map_err(err("reading turns"))?;
+            let mut by_signal: BTreeMap<_, Vec<_>> = BTreeMap::new();
+            for (signal, turn) in turns {
+                by_signal.entry(signal).or_default().push(turn);
+            }
+            for m in &messages {
+                let n = by_signal.get(m).map_or(0, Vec::len);
+                counts.messages += 1;
+                if n == 0 && parked.contains(m) {
+                    counts.messages_dead_lettered += 1;
+                    continue;
+                }
+                answered.checked(n == 1, || {
+                    format!("agent {agent}: message {m} was answered by {n} turns")
+                });
+            }
+        }
+    }
+
+    counts.queued_at_end = sim.queues.0.depth().await.map_err(err("the queue"))?;
+    counts.dead_letters = dead.len() as u64;
+    let seen = sim.world.seen();
+    let mut tool_once = Invariant::new(
+        "tool_not_called_after_finish",
+        "no tool call for an action already recorded as finished (a retry after a crash keeps the action id)",
+    );
+    tool_once.checked_all(seen.tool_calls, &seen.tool_after_finish);
+    let mut discord_once = Invariant::new(
+        "discord_not_posted_after_record",
+        "no reply part was posted after its turn recorded it delivered",
+    );
+    discord_once.checked_all(seen.discord_turns_found, &seen.discord_after_record);
+    let mut hook_once = Invariant::new(
+        "hook_not_sent_after_success",
+        "no hook request for a delivery already recorded as succeeded",
+    );
+    hook_once.checked_all(seen.hook_requests, &seen.hook_after_success);
+    let mut order = Invariant::new(
+        "session_order",
+        "each session's messages were completed in the order they were sent (dead letters aside)",
+    );
+    for (group, seqs) in lock(&sim.policy.completed).iter() {
+        // A dead-lettered message's late acknowledgement (a delivery that outlived its
+        // visibility) deletes nothing: it was not completed.
+        let seqs: Vec<i64> = seqs
+            .iter()
+            .copied()
+            .filter(|s| !dead_seqs.contains(s))
+            .collect();
+        let in_order = seqs.windows(2).all(|w| w[0] < w[1]);
+        order.checked(in_order, || {
+            let at = seqs.windows(2).position(|w| w[0] >= w[1]).unwrap_or(0);
+            format!(
+                "session {group}: message {} was completed after message {}",
+                seqs[at + 1],
+                seqs[at]
+            )
+        });
+    }
+    counts.tool_calls = seen.tool_calls;
+    counts.llm_requests = seen.llm_requests;
+    counts.discord_posts = seen.discord_posts.values().map(|p| p.len() as u64).sum();
+    counts.discord_repeats = counts.discord_posts - seen.discord_posts.len() as u64;
+    counts.hook_requests = seen.hook_requests;
+    counts.hook_deliveries = seen.hook_successes.len() as u64;
+    counts.tool_repeats = seen.tool_successes.values().map(|n| u64::from(n - 1)).sum();
+    counts.hook_repeats = seen.hook_successes.values().map(|n| u64::from(n - 1)).sum();
+    counts.agents_deleted = ledger.deleted.len() as u64;
+    drop(seen);
+
+    Ok(Report {
+        seed: options.seed,
+        agents: options.agents,
+        simulated_seconds: options.duration.as_secs(),
+        faults: sim.dice.mix().name.to_owned(),
+        counts,
+        injected: sim
+            .dice
+            .injected()
+            .into_iter()
+            .map(|(f, n)| (f.name(), n))
+            .collect(),
+        invariants: vec![
+            lost,
+            tool_once,
+            windows,
+            next,
+            order,
+            answered,
+            discord_once,
+            hook_once,
+        ],
+        wall_seconds: 0.0,
+    })
+}
+
+fn check_heartbeats(
+    agent: &AgentId,
+    mut beats: Vec<Heartbeat>,
+    now: jiff::Timestamp,
+    counts: &mut Counts,
+    windows: &mut Invariant,
+    next: &mut Invariant,
+) -> Option<EventCursor> {
+    beats.sort_by_key(|h| h.beat);
+    let mut last_end: Option<&EventCursor> = None;
+    let mut unfinished = 0;
+    for h in &beats {
+        match h.status {
+            HeartbeatStatus::Completed => {
+                counts.heartbeats_completed += 1;
+                if let Some(end) = last_end {
+                    windows.checked(&h.window_start == end, || {
+                        format!(
+                            "agent {agent}: beat {} starts its window at {:?}, the previous completed one ended at {end:?}",
+                            h.beat, h.window_start
+                        )
+                    });
+                }
+                last_end = h.window_end.as_ref();
+            }
+            HeartbeatStatus::Failed => counts.heartbeats_failed += 1,
+            HeartbeatStatus::Cancelled => counts.heartbeats_cancelled += 1,
+            HeartbeatStatus::Pending | HeartbeatStatus::Paused => unfinished += 1,
+            HeartbeatStatus::Executing => {
+                unfinished += 1;
+                let held = h.lease_until.is_some_and(|l| l > now);
+                next.checked(held, || {
+                    format!(
+                        "agent {agent}: beat {} is EXECUTING with its lease ended at {:?}",
+                        h.beat, h.lease_until
+                    )
+                });
+            }
+        }
+    }
+    next.checked(unfinished == 1, || {
+        format!("agent {agent} has {unfinished} unfinished heartbeats")
+    });
+    last_end.cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pulse_shared::domain::NewAgent;
+
+    fn history() -> (AgentId, Vec<Heartbeat>) {
+        let now: jiff::Timestamp = "2026-01-05T00:00:00Z".parse().unwrap();
+        let (agent, _) = NewAgent::named("a").create(now).unwrap();
+        let cursor = |m: i64| EventCursor::through(now + jiff::SignedDuration::from_mins(m));
+        let mut out = Vec::new();
+        let mut start = EventCursor::origin();
+        for beat in 1..=3 {
+            let mut h = Heartbeat::pending(&agent, beat, now, start.clone(), 0, None, 0);
+            h.status = HeartbeatStatus::Completed;
+            h.window_end = Some(cursor(beat as i64 * 15));
+            start = cursor(beat as i64 * 15);
+            out.push(h);
+        }
+        out.push(Heartbeat::pending(&agent, 4, now, start, 0, None, 0));
+        (agent.id, out)
+    }
+
+    fn run(beats: Vec<Heartbeat>, agent: &AgentId) -> (Invariant, Invariant, Option<EventCursor>) {
+        let now: jiff::Timestamp = "2026-01-05T01:00:00Z".parse().unwrap();
+        let mut windows = Invariant::new("windows", "");
+        let mut next = Invariant::new("next", "");
+        let end = check_heartbeats(
+            agent,
+            beats,
+            now,
+            &mut Counts::default(),
+            &mut windows,
+            &mut next,
+        );
+        (windows, next, end)
+    }
+
+    #[test]
+    fn contiguous_windows_and_one_pending_heartbeat_hold() {
+        let (agent, beats) = history();
+        let (windows, next, end) = run(beats.clone(), &agent);
+        assert!(windows.held() && next.held(), "{windows:?} {next:?}");
+        assert_eq!(end, beats[2].window_end);
+    }
+
+    #[test]
+    fn a_gap_between_windows_or_a_second_unfinished_heartbeat_is_a_violation() {
+        let (agent, mut beats) = history();
+        beats[2].window_start = EventCursor::origin();
+        let (windows, _, _) = run(beats, &agent);
+        assert_eq!(windows.violations, 1);
+        assert!(windows.first.unwrap().contains("beat 3"));
+
+        let (agent, mut beats) = history();
+        beats[2].status = HeartbeatStatus::Executing;
+        beats[2].lease_until = Some("2026-01-05T00:30:00Z".parse().unwrap());
+        let (_, next, _) = run(beats, &agent);
+        assert_eq!(
+            next.violations, 2,
+            "held past its lease, and two unfinished"
+        );
+    }
+}

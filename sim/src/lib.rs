@@ -1,0 +1,48 @@
+//! # Pulse simulated: the whole system on virtual time, from one seed
+//!
+//! The real engine — sweeper, workers (heartbeat runner and conversation), hook
+//! dispatcher, lifecycle — on the embedded store, driven through a simulated day by one
+//! seed: the agents' webhooks, their users, their operator and the outside world (model,
+//! Discord, tool, hook receivers) all act at times the seed draws, and faults are
+//! injected at rates the mix sets. Afterwards the invariants are checked from the store
+//! and from what the outside world received. The same seed gives the same run: a
+//! failure replays from one number.
+//!
+//! ## How it is deterministic
+//!
+//! - **One thread, virtual time.** A current-thread tokio runtime started paused: every
+//!   sleep is virtual, and time jumps to the next timer whenever every task waits. The
+//!   engine reads time through its clock port, here that same virtual time.
+//! - **No other threads.** The store runs its SQLite calls on the calling thread
+//!   ([`Db::open_simulated`](pulse_shared::adapters::sqlite::Db::open_simulated)), so no
+//!   thread pool decides the order calls finish in.
+//! - **Seeded randomness.** The simulation's choices come from [`faults::Dice`]; the
+//!   engine's own (id suffixes, jitter, the sweep's starting shard) from
+//!   [`pulse_shared::entropy`], seeded from the same number.
+//! - **Seeded interleavings.** Store calls yield to other tasks as the dice say, so a seed
+//!   explores one order of the concurrent tasks and another seed another.
+//!
+//! ## Layout
+//!
+//! - [`faults`]: the kinds of fault, their mixes, and the dice.
+//! - [`store`]: the store wrapper that asks a policy around every call (the integration
+//!   tests use it too, with their own policy).
+//! - [`queue`]: the simulation's policy — interleaving, store faults, lost queue
+//!   acknowledgements, redeliveries, killed tasks — and the queue wrappers.
+//! - [`world`]: the fake outside world, recording what it received.
+//! - [`run`]: set-up, the driving tasks, the drain. `check`: the invariants.
+//!   [`report`]: what a run reports.
+
+pub mod faults;
+pub mod queue;
+pub mod report;
+pub mod run;
+pub mod store;
+pub mod world;
+
+mod check;
+
+pub use faults::{Fault, Mix};
+pub use report::Report;
+pub use run::{Options, SimError, run};
+pub use store::{FaultyStore, StorePolicy};

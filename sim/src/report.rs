@@ -1,0 +1,202 @@
+//! What a run reports: its seed, what happened, the faults injected by kind, and each
+//! invariant with what it checked and its first violation. Everything but the wall time
+//! is the same for the same seed, byte for byte.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+/// What happened in a run.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Counts {
+    /// Heartbeats that completed.
+    pub heartbeats_completed: u64,
+    /// Heartbeats that failed (and were retried by the next).
+    pub heartbeats_failed: u64,
+    /// Heartbeats cancelled (a user message interrupted them, or the agent was paused).
+    pub heartbeats_cancelled: u64,
+    /// Actions the tool owed (one per event a completed window covers).
+    pub actions: u64,
+    /// Events no completed window covers yet: their agent's next heartbeat is still to
+    /// come (after failures it backs off).
+    pub events_waiting: u64,
+    /// Calls the tool received.
+    pub tool_calls: u64,
+    /// Requests the model received.
+    pub llm_requests: u64,
+    /// User messages queued.
+    pub messages: u64,
+    /// Of those, parked in the dead-letter queue after their last receive.
+    pub messages_dead_lettered: u64,
+    /// Messages that appeared in Discord.
+    pub discord_posts: u64,
+    /// Requests hook receivers received.
+    pub hook_requests: u64,
+    /// Hook deliveries that succeeded.
+    pub hook_deliveries: u64,
+    /// Tool successes repeated for one action id (at-least-once after a crash between
+    /// the call and its record).
+    pub tool_repeats: u64,
+    /// Hook successes repeated for one delivery id (the same, for hooks).
+    pub hook_repeats: u64,
+    /// Reply parts that appeared twice: posted, the worker gone before the turn recorded
+    /// it, and posted again after Discord forgot the nonce.
+    pub discord_repeats: u64,
+    /// Agents the operator deleted.
+    pub agents_deleted: u64,
+    /// Messages left in the sessions queue at the end.
+    pub queued_at_end: u64,
+    /// Messages the sessions queue dead-lettered.
+    pub dead_letters: u64,
+}
+
+/// One invariant's outcome.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Invariant {
+    /// Its name.
+    pub name: &'static str,
+    /// What it says.
+    pub says: &'static str,
+    /// Cases checked.
+    pub checked: u64,
+    /// Cases that broke it.
+    pub violations: u64,
+    /// The first that did.
+    pub first: Option<String>,
+}
+
+impl Invariant {
+    pub(crate) fn new(name: &'static str, says: &'static str) -> Self {
+        Self {
+            name,
+            says,
+            checked: 0,
+            violations: 0,
+            first: None,
+        }
+    }
+
+    /// Counts one case; `why` describes it if it broke the invariant.
+    pub(crate) fn checked(&mut self, ok: bool, why: impl FnOnce() -> String) {
+        self.checked += 1;
+        if !ok {
+            self.violations += 1;
+            if self.first.is_none() {
+                self.first = Some(why());
+            }
+        }
+    }
+
+    /// Counts `cases`, of which `broken` broke it.
+    pub(crate) fn checked_all(&mut self, cases: u64, broken: &[String]) {
+        self.checked += cases;
+        self.violations += broken.len() as u64;
+        if self.first.is_none() {
+            self.first = broken.first().cloned();
+        }
+    }
+
+    /// Whether it held.
+    pub fn held(&self) -> bool {
+        self.violations == 0
+    }
+}
+
+/// A run's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The seed: the same seed replays the same run.
+    pub seed: u64,
+    /// Agents in the fleet.
+    pub agents: usize,
+    /// Simulated seconds, before the drain.
+    pub simulated_seconds: u64,
+    /// The fault mix.
+    pub faults: String,
+    /// What happened.
+    pub counts: Counts,
+    /// Faults injected, by kind.
+    pub injected: BTreeMap<String, u64>,
+    /// The invariants.
+    pub invariants: Vec<Invariant>,
+    /// Wall time of the run: the only figure that differs between runs of one seed.
+    pub wall_seconds: f64,
+}
+
+impl Report {
+    /// Whether every invariant held.
+    pub fn passed(&self) -> bool {
+        self.invariants.iter().all(Invariant::held)
+    }
+
+    /// Heartbeats finished per wall second.
+    pub fn heartbeats_per_second(&self) -> f64 {
+        let c = &self.counts;
+        let n = c.heartbeats_completed + c.heartbeats_failed + c.heartbeats_cancelled;
+        n as f64 / self.wall_seconds.max(1e-9)
+    }
+
+    /// The command that replays this run.
+    pub fn replay(&self) -> String {
+        format!(
+            "pulse simulate --agents {} --duration {}s --seed {} --faults {}",
+            self.agents, self.simulated_seconds, self.seed, self.faults
+        )
+    }
+
+    /// The report for a person.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let c = &self.counts;
+        let hours = self.simulated_seconds as f64 / 3600.0;
+        let _ = writeln!(
+            s,
+            "seed {}: {} agents, {hours} simulated hours, faults {}",
+            self.seed, self.agents, self.faults
+        );
+        let _ = writeln!(
+            s,
+            "heartbeats: {} completed, {} failed, {} cancelled",
+            c.heartbeats_completed, c.heartbeats_failed, c.heartbeats_cancelled
+        );
+        let _ = writeln!(
+            s,
+            "actions owed {} (events still waiting for a heartbeat {}), tool calls {}, model requests {}, user messages {}, Discord posts {}",
+            c.actions, c.events_waiting, c.tool_calls, c.llm_requests, c.messages, c.discord_posts
+        );
+        let _ = writeln!(
+            s,
+            "hook requests {}, deliveries succeeded {}; agents deleted {}; sessions queue at the end {}, dead letters {}",
+            c.hook_requests, c.hook_deliveries, c.agents_deleted, c.queued_at_end, c.dead_letters
+        );
+        let _ = writeln!(
+            s,
+            "at-least-once repeats after a lost answer: {} tool successes, {} hook successes (same ids), {} Discord posts; user messages dead-lettered {}",
+            c.tool_repeats, c.hook_repeats, c.discord_repeats, c.messages_dead_lettered
+        );
+        let total: u64 = self.injected.values().sum();
+        let _ = writeln!(s, "faults injected: {total}");
+        for (kind, n) in &self.injected {
+            let _ = writeln!(s, "  {kind:<24} {n}");
+        }
+        let _ = writeln!(s, "invariants:");
+        for i in &self.invariants {
+            let verdict = if i.held() { "pass" } else { "FAIL" };
+            let _ = writeln!(s, "  {verdict}  {:<22} {} checked", i.name, i.checked);
+            if let Some(first) = &i.first {
+                let _ = writeln!(s, "        {} violations; the first: {first}", i.violations);
+            }
+        }
+        let _ = writeln!(
+            s,
+            "wall time {:.1} s: {:.0} heartbeats per second",
+            self.wall_seconds,
+            self.heartbeats_per_second()
+        );
+        if !self.passed() {
+            let _ = writeln!(s, "replay: {}", self.replay());
+        }
+        s
+    }
+}
