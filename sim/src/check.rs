@@ -33,8 +33,7 @@ pub(crate) async fn check(sim: &Sim, options: &Options) -> Result<Report, SimErr
     // Messages parked in the dead-letter queue after their last receive: not lost (an
     // operator redrives them), not answered either.
     let dead = sim
-        .queues
-        .0
+        .queue
         .dead_lettered()
         .await
         .map_err(err("the dead letters"))?;
@@ -122,7 +121,7 @@ pub(crate) async fn check(sim: &Sim, options: &Options) -> Result<Report, SimErr
         }
     }
 
-    counts.queued_at_end = sim.queues.0.depth().await.map_err(err("the queue"))?;
+    counts.queued_at_end = sim.queue.depth().await.map_err(err("the queue"))?;
     counts.dead_letters = dead.len() as u64;
     let seen = sim.world.seen();
     let mut tool_once = Invariant::new(

@@ -119,7 +119,8 @@ pub(crate) struct Sim {
     pub agents: Vec<AgentId>,
     pub chatting: Vec<AgentId>,
     pub ledger: Mutex<Ledger>,
-    pub queues: (SqliteQueue, SqliteHookQueue),
+    /// The sessions queue without faults, for the checks.
+    pub queue: SqliteQueue,
 }
 
 /// Runs the simulation `options` describe and checks it.
@@ -203,7 +204,7 @@ async fn set_up(options: &Options, clock: Arc<dyn Clock>) -> Result<Sim, SimErro
         policy: policy.clone(),
     });
     let hooks: Arc<dyn HookQueue> = Arc::new(SimHookQueue {
-        inner: Arc::new(hook_queue.clone()),
+        inner: Arc::new(hook_queue),
         policy: policy.clone(),
     });
     let connected = Connected {
@@ -330,7 +331,7 @@ async fn set_up(options: &Options, clock: Arc<dyn Clock>) -> Result<Sim, SimErro
         inner,
         connected,
         ledger: Mutex::default(),
-        queues: (session_queue, hook_queue),
+        queue: session_queue,
     })
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use pulse_shared::domain::{
-    ActionStatus, Agent, AgentId, AttemptStatus, DeliveryStatus, HeartbeatId, Hook, HookDelivery,
+    ActionStatus, Agent, AgentId, AttemptStatus, DeliveryStatus, Hook, HookDelivery,
     HookDeliveryId, LlmRequest, LlmResponse, StopReason, Tool, ToolRequest, ToolResponse, ToolUse,
     Usage,
 };
@@ -48,8 +48,6 @@ pub struct Seen {
     pub llm_requests: u64,
     /// Messages that appeared in Discord, by nonce, with when each appeared.
     pub discord_posts: BTreeMap<String, Vec<Timestamp>>,
-    /// Discord requests received.
-    pub discord_requests: u64,
     /// Channel posts whose turn was found in the store, to see what it had recorded.
     pub discord_turns_found: u64,
     /// Posts of a part its turn had already recorded as delivered: never allowed.
@@ -61,8 +59,6 @@ pub struct Seen {
     pub hook_after_success: Vec<String>,
     /// Hook requests received.
     pub hook_requests: u64,
-    /// The agents whose heartbeat is in a tool call now, with the heartbeat.
-    pub in_heartbeat: BTreeMap<AgentId, HeartbeatId>,
 }
 
 /// The outside world.
@@ -127,12 +123,7 @@ impl ToolRunner for SimTools {
                 done.status.as_str()
             ));
         }
-        {
-            let mut seen = w.seen();
-            seen.tool_calls += 1;
-            seen.in_heartbeat
-                .insert(agent.clone(), request.heartbeat.id.clone());
-        }
+        w.seen().tool_calls += 1;
         if w.chatting.contains(&agent) && w.dice.roll(Fault::MessageMidHeartbeat) {
             lock(&w.interruptions).push(agent.clone());
         }
@@ -146,7 +137,7 @@ impl ToolRunner for SimTools {
             result: Err(f),
             response_meta: None,
         };
-        let out = if w.dice.roll(Fault::ToolFails) {
+        if w.dice.roll(Fault::ToolFails) {
             failure(ToolFailure::Unreachable("connection refused".into()))
         } else if w.dice.roll(Fault::ToolTimesOut) {
             tokio::time::sleep(TOOL_TIMEOUT).await;
@@ -173,9 +164,7 @@ impl ToolRunner for SimTools {
                 result: ToolResponse::from_json(&body).map_err(ToolFailure::BadAnswer),
                 response_meta: Some(body),
             }
-        };
-        w.seen().in_heartbeat.remove(&agent);
-        out
+        }
     }
 
     fn builtins(&self) -> Vec<(Tool, pulse_shared::domain::Subscription)> {
@@ -306,7 +295,6 @@ impl SimDiscord {
 
     async fn post(&self, nonce: String) -> Result<String, DiscordError> {
         let w = &self.world;
-        w.seen().discord_requests += 1;
         tokio::time::sleep(
             w.dice
                 .between(Duration::from_millis(50), Duration::from_millis(500)),
