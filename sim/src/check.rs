@@ -11,11 +11,12 @@ use pulse_shared::domain::{
 
 use crate::faults::lock;
 use crate::report::{Counts, Invariant, Report};
-use crate::run::{Options, Sim, SimError};
+use crate::run::{Shard, Sim, SimError};
 use crate::world::TOOL;
 
 /// Checks every invariant and counts what happened.
-pub(crate) async fn check(sim: &Sim, options: &Options) -> Result<Report, SimError> {
+pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> {
+    let options = &shard.options;
     let ledger = std::mem::take(&mut *lock(&sim.ledger));
     let now = sim.clock.now();
     let store = sim.inner.as_ref();
@@ -175,6 +176,8 @@ pub(crate) async fn check(sim: &Sim, options: &Options) -> Result<Report, SimErr
     Ok(Report {
         seed: options.seed,
         agents: options.agents,
+        shards: 1,
+        shard_agents: options.shard_agents,
         simulated_seconds: options.duration.as_secs(),
         faults: sim.dice.mix().name.to_owned(),
         counts,

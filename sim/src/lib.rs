@@ -21,6 +21,10 @@
 //!   [`pulse_shared::entropy`], seeded from the same number.
 //! - **Seeded interleavings.** Store calls yield to other tasks as the dice say, so a seed
 //!   explores one order of the concurrent tasks and another seed another.
+//! - **Shards share nothing.** A fleet larger than [`SHARD_AGENTS`] runs as shards, each
+//!   a deployment of its own on a thread of its own, with a seed drawn from the run's;
+//!   the split depends on the options alone and the report adds the shards up in order,
+//!   so threads finishing in any order give the same report.
 //!
 //! ## Layout
 //!
@@ -44,5 +48,5 @@ mod check;
 
 pub use faults::{Fault, Mix};
 pub use report::Report;
-pub use run::{Options, SimError, run};
+pub use run::{Options, SHARD_AGENTS, SimError, run};
 pub use store::{FaultyStore, StorePolicy};

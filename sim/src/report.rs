@@ -110,6 +110,10 @@ pub struct Report {
     pub seed: u64,
     /// Agents in the fleet.
     pub agents: usize,
+    /// Shards the fleet was simulated in: deployments of their own, run side by side.
+    pub shards: usize,
+    /// The most agents a shard holds.
+    pub shard_agents: usize,
     /// Simulated seconds, before the drain.
     pub simulated_seconds: u64,
     /// The fault mix.
@@ -124,7 +128,80 @@ pub struct Report {
     pub wall_seconds: f64,
 }
 
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        let Counts {
+            heartbeats_completed,
+            heartbeats_failed,
+            heartbeats_cancelled,
+            actions,
+            events_waiting,
+            tool_calls,
+            llm_requests,
+            messages,
+            messages_dead_lettered,
+            discord_posts,
+            hook_requests,
+            hook_deliveries,
+            tool_repeats,
+            hook_repeats,
+            discord_repeats,
+            agents_deleted,
+            queued_at_end,
+            dead_letters,
+        } = o;
+        self.heartbeats_completed += heartbeats_completed;
+        self.heartbeats_failed += heartbeats_failed;
+        self.heartbeats_cancelled += heartbeats_cancelled;
+        self.actions += actions;
+        self.events_waiting += events_waiting;
+        self.tool_calls += tool_calls;
+        self.llm_requests += llm_requests;
+        self.messages += messages;
+        self.messages_dead_lettered += messages_dead_lettered;
+        self.discord_posts += discord_posts;
+        self.hook_requests += hook_requests;
+        self.hook_deliveries += hook_deliveries;
+        self.tool_repeats += tool_repeats;
+        self.hook_repeats += hook_repeats;
+        self.discord_repeats += discord_repeats;
+        self.agents_deleted += agents_deleted;
+        self.queued_at_end += queued_at_end;
+        self.dead_letters += dead_letters;
+    }
+}
+
 impl Report {
+    /// Adds the next shard's report to this one (the first shard's, or the sum so far):
+    /// counts and faults add up; each invariant's cases add up, and its first violation
+    /// is the earliest shard's, named with that shard's seed.
+    pub(crate) fn absorb(&mut self, next: Report) {
+        if self.shards == 1 {
+            let seed = self.seed;
+            for i in &mut self.invariants {
+                i.first = i
+                    .first
+                    .take()
+                    .map(|f| format!("in shard 0 (seed {seed}): {f}"));
+            }
+        }
+        let shard = self.shards;
+        self.shards += 1;
+        self.counts += next.counts;
+        for (kind, n) in next.injected {
+            *self.injected.entry(kind).or_default() += n;
+        }
+        for (mine, theirs) in self.invariants.iter_mut().zip(next.invariants) {
+            mine.checked += theirs.checked;
+            mine.violations += theirs.violations;
+            if mine.first.is_none() {
+                mine.first = theirs
+                    .first
+                    .map(|f| format!("in shard {shard} (seed {}): {f}", next.seed));
+            }
+        }
+    }
+
     /// Whether every invariant held.
     pub fn passed(&self) -> bool {
         self.invariants.iter().all(Invariant::held)
@@ -139,8 +216,13 @@ impl Report {
 
     /// The command that replays this run.
     pub fn replay(&self) -> String {
+        let split = if self.shard_agents == crate::run::SHARD_AGENTS {
+            String::new()
+        } else {
+            format!(" --shard-agents {}", self.shard_agents)
+        };
         format!(
-            "pulse simulate --agents {} --duration {}s --seed {} --faults {}",
+            "pulse simulate --agents {} --duration {}s --seed {} --faults {}{split}",
             self.agents, self.simulated_seconds, self.seed, self.faults
         )
     }
@@ -155,6 +237,13 @@ impl Report {
             "seed {}: {} agents, {hours} simulated hours, faults {}",
             self.seed, self.agents, self.faults
         );
+        if self.shards > 1 {
+            let _ = writeln!(
+                s,
+                "in {} shards of at most {} agents, each a deployment of its own, run side by side",
+                self.shards, self.shard_agents
+            );
+        }
         let _ = writeln!(
             s,
             "heartbeats: {} completed, {} failed, {} cancelled",

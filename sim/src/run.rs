@@ -64,8 +64,11 @@ pub struct Options {
     /// The faults and their rates.
     pub mix: Mix,
     /// Where to keep the run's database for inspection with the other `pulse` commands
-    /// (`PULSE_DB=FILE`); a temporary file, deleted afterwards, when `None`.
+    /// (`PULSE_DB=FILE`; a fleet in several shards keeps shard N's in `FILE.shardN`); in
+    /// memory when `None`.
     pub keep: Option<std::path::PathBuf>,
+    /// The most agents one shard holds: [`SHARD_AGENTS`], unless testing the split.
+    pub shard_agents: usize,
 }
 
 /// Why a run could not be made (not an invariant violation: those are in the report).
@@ -123,22 +126,131 @@ pub(crate) struct Sim {
     pub queue: SqliteQueue,
 }
 
+/// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
+/// otherwise. A larger fleet is simulated as shards of near-equal size, each a deployment
+/// of its own (store, sweeper, workers, dispatcher, outside world) driven by a seed drawn
+/// from the run's, run side by side on the machine's cores; the report sums them. The
+/// split follows from the options alone, never from the machine, so a seed replays the
+/// same run on any machine.
+pub const SHARD_AGENTS: usize = 5_000;
+
+/// One shard of a run: which of the fleet's agents it holds, and its own seed.
+#[derive(Clone, Debug)]
+pub(crate) struct Shard {
+    /// Its place among the shards, from 0.
+    pub index: usize,
+    /// The fleet number of its first agent (agent names and roles follow the fleet's
+    /// numbering, so a fleet plays the same parts however it is split).
+    pub first: usize,
+    /// Its options: its agents, its seed, its database file.
+    pub options: Options,
+}
+
+/// How a run is split: shard 0 keeps the run's seed (a fleet of one shard is simulated
+/// exactly as it would be unsplit); each other shard's seed is mixed from the run's seed
+/// and its index.
+pub(crate) fn shards(options: &Options) -> Vec<Shard> {
+    let size = options.shard_agents.max(1);
+    let n = options.agents.div_ceil(size).max(1);
+    let (base, extra) = (options.agents / n, options.agents % n);
+    let mut first = 0;
+    (0..n)
+        .map(|index| {
+            let agents = base + usize::from(index < extra);
+            let seed = if index == 0 {
+                options.seed
+            } else {
+                fastrand::Rng::with_seed(options.seed ^ (index as u64).rotate_left(32)).u64(..)
+            };
+            let keep = options.keep.as_ref().map(|p| {
+                if index == 0 {
+                    p.clone()
+                } else {
+                    let mut name = p.as_os_str().to_owned();
+                    name.push(format!(".shard{index}"));
+                    name.into()
+                }
+            });
+            let shard = Shard {
+                index,
+                first,
+                options: Options {
+                    agents,
+                    seed,
+                    keep,
+                    ..options.clone()
+                },
+            };
+            first += agents;
+            shard
+        })
+        .collect()
+}
+
 /// Runs the simulation `options` describe and checks it.
 pub fn run(options: &Options) -> Result<Report, SimError> {
+    let wall = Instant::now();
+    let shards = shards(options);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: Vec<Mutex<Option<Result<Report, SimError>>>> =
+        shards.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for t in 0..cores.min(shards.len()) {
+            let (shards, next, done) = (&shards, &next, &done);
+            let spawned = std::thread::Builder::new()
+                .name(format!("pulse-sim-{t}"))
+                // Deep futures run on this thread's stack.
+                .stack_size(16 << 20)
+                .spawn_scoped(scope, move || {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(shard) = shards.get(i) else { break };
+                        *lock(&done[i]) = Some(run_shard(shard));
+                    }
+                });
+            if let Err(e) = spawned {
+                // The shards it would have run wait for the threads that did start.
+                if t == 0 {
+                    return Err(fail("a simulation thread")(&e));
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let mut report: Option<Report> = None;
+    for (shard, result) in shards.iter().zip(done) {
+        let one = result
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(|| Err(SimError(format!("shard {} did not run", shard.index))))?;
+        match report.as_mut() {
+            None => report = Some(one),
+            Some(r) => r.absorb(one),
+        }
+    }
+    let mut report = report.ok_or_else(|| SimError("no shard ran".into()))?;
+    report.seed = options.seed;
+    report.agents = options.agents;
+    report.shard_agents = options.shard_agents;
+    report.wall_seconds = wall.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Runs one shard on this thread: its own runtime, on virtual time.
+fn run_shard(shard: &Shard) -> Result<Report, SimError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .map_err(|e| fail("the runtime")(&e))?;
-    let wall = Instant::now();
     // Tasks are local: one thread runs them all, in the order the seed leads to.
     let local = tokio::task::LocalSet::new();
-    let mut report = local.block_on(&rt, simulate(options))?;
-    report.wall_seconds = wall.elapsed().as_secs_f64();
-    Ok(report)
+    local.block_on(&rt, simulate(shard))
 }
 
-async fn simulate(options: &Options) -> Result<Report, SimError> {
+async fn simulate(shard: &Shard) -> Result<Report, SimError> {
+    let options = &shard.options;
     let start: Timestamp = START.parse().map_err(|e| fail("the start time")(&e))?;
     let clock: Arc<dyn Clock> = Arc::new(SimClock {
         start,
@@ -149,7 +261,7 @@ async fn simulate(options: &Options) -> Result<Report, SimError> {
     let _entropy = pulse_shared::entropy::seed(options.seed ^ 0x05ee_d1d5, move || {
         ids_clock.now().as_millisecond().max(0) as u64
     });
-    let sim = Arc::new(set_up(options, clock).await?);
+    let sim = Arc::new(set_up(shard, clock).await?);
 
     sim.dice.arm(true);
     let mut tasks = Tasks::default();
@@ -177,10 +289,11 @@ async fn simulate(options: &Options) -> Result<Report, SimError> {
     // Let aborted tasks drop their futures.
     tokio::task::yield_now().await;
 
-    crate::check::check(&sim, options).await
+    crate::check::check(&sim, shard).await
 }
 
-async fn set_up(options: &Options, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
+async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
+    let options = &shard.options;
     let dice = Arc::new(Dice::new(options.seed, options.mix.clone()));
     if let Some(p) = options.keep.as_ref().filter(|p| p.exists()) {
         return Err(SimError(format!(
@@ -219,7 +332,7 @@ async fn set_up(options: &Options, clock: Arc<dyn Clock>) -> Result<Sim, SimErro
     let now = clock.now();
     let mut fleet = Vec::with_capacity(options.agents);
     let mut chatting = Vec::new();
-    for i in 0..options.agents {
+    for i in shard.first..shard.first + options.agents {
         let mut new = NewAgent::named(format!("sim-{i}"));
         new.interval = Interval::new(INTERVAL).map_err(|e| fail("the interval")(&e))?;
         if i % CHATTING_ONE_IN == 0 {
@@ -271,7 +384,11 @@ async fn set_up(options: &Options, clock: Arc<dyn Clock>) -> Result<Sim, SimErro
         HookType::parse(HookType::AFTER_HEARTBEAT).map_err(|e| fail("the hook type")(&e))?;
     let target =
         HookTarget::parse("https://hooks.sim.example/pulse").map_err(|e| fail("the hook")(&e))?;
-    for (agent, _) in fleet.iter().step_by(HOOKED_ONE_IN) {
+    let hooked = fleet
+        .iter()
+        .zip(shard.first..)
+        .filter(|(_, i)| i % HOOKED_ONE_IN == 0);
+    for ((agent, _), _) in hooked {
         let hook = Hook::new(
             agent.id.clone(),
             hook_type.clone(),

@@ -6,12 +6,17 @@ use std::time::Duration;
 use pulse_sim::{Mix, Options, Report};
 
 fn run(agents: usize, hours: u64, seed: u64, mix: Mix) -> Report {
+    split(agents, hours, seed, mix, pulse_sim::SHARD_AGENTS)
+}
+
+fn split(agents: usize, hours: u64, seed: u64, mix: Mix, shard_agents: usize) -> Report {
     pulse_sim::run(&Options {
         agents,
         duration: Duration::from_secs(hours * 3600),
         seed,
         mix,
         keep: None,
+        shard_agents,
     })
     .expect("the simulation runs")
 }
@@ -86,4 +91,40 @@ fn a_calm_day_injects_nothing_and_every_figure_adds_up() {
 fn seed_7_heavy_found_an_agent_resumed_with_its_heartbeat_still_parked() {
     let r = run(200, 6, 7, Mix::heavy());
     assert!(r.passed(), "{}", r.text());
+}
+
+/// A fleet larger than a shard runs as several deployments side by side: the report
+/// sums them, and it is still one run per seed, whichever thread finished first.
+#[test]
+fn a_fleet_split_into_shards_adds_up_and_replays() {
+    let a = split(90, 2, 11, Mix::default_mix(), 40);
+    assert!(a.passed(), "{}", a.text());
+    assert_eq!((a.shards, a.agents), (3, 90));
+    let again = split(90, 2, 11, Mix::default_mix(), 40);
+    assert_eq!(replayable(&a), replayable(&again), "one seed, one run");
+    assert!(a.replay().ends_with("--shard-agents 40"), "{}", a.replay());
+    assert!(
+        a.text().contains("in 3 shards of at most 40 agents"),
+        "{}",
+        a.text()
+    );
+
+    // Calm, every shard's agents beat through the two hours and the drain: between 9
+    // and 11 heartbeats each (the first up to an interval late, each up to a sweep).
+    let calm = split(90, 2, 11, Mix::none(), 40);
+    assert!(calm.passed(), "{}", calm.text());
+    let c = &calm.counts;
+    assert!(
+        (90 * 9..=90 * 11).contains(&c.heartbeats_completed),
+        "{}",
+        calm.text()
+    );
+    assert_eq!(c.tool_calls, c.actions, "one call per event, no retries");
+    assert_eq!(c.discord_posts, c.messages, "one reply per message");
+    let once = calm
+        .invariants
+        .iter()
+        .find(|i| i.name == "one_next_heartbeat")
+        .unwrap();
+    assert_eq!(once.checked, 90, "every agent of every shard was checked");
 }

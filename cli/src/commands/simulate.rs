@@ -29,6 +29,10 @@ pub(crate) struct SimulateArgs {
     /// commands: PULSE_DB=FILE pulse heartbeats list --agent ...
     #[arg(long, value_name = "FILE")]
     keep: Option<std::path::PathBuf>,
+    /// The most agents one simulated deployment holds: a larger fleet runs as shards of
+    /// their own (own store, sweeper, workers, dispatcher), side by side on the cores.
+    #[arg(long, value_name = "N", default_value_t = pulse_sim::SHARD_AGENTS)]
+    shard_agents: usize,
 }
 
 /// Checks the arguments into the simulation's options.
@@ -54,6 +58,9 @@ fn options(a: SimulateArgs) -> Result<Options, Failure> {
     if a.agents == 0 {
         return Err(Failure::Input("--agents must be at least 1".into()));
     }
+    if a.shard_agents == 0 {
+        return Err(Failure::Input("--shard-agents must be at least 1".into()));
+    }
     let mix = Mix::named(&a.faults).ok_or_else(|| {
         Failure::Input(format!(
             "--faults {:?}: choose none, default or heavy",
@@ -68,6 +75,7 @@ fn options(a: SimulateArgs) -> Result<Options, Failure> {
             .unwrap_or_else(|| pulse_shared::entropy::bits() as u64 >> 1),
         mix,
         keep: a.keep,
+        shard_agents: a.shard_agents,
     })
 }
 
