@@ -1470,7 +1470,7 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
     assert!(!text.contains("FAIL"), "{text}");
     let doc = json(dir.path(), &args);
     assert_eq!(doc["seed"], 11);
-    assert_eq!(doc["invariants"].as_array().unwrap().len(), 8);
+    assert_eq!(doc["invariants"].as_array().unwrap().len(), 9);
     assert!(doc["counts"]["heartbeats_completed"].as_u64().unwrap() > 100);
 
     let kept = dir.path().join("run.db");

@@ -4,15 +4,16 @@
 
 use std::collections::BTreeMap;
 
+use jiff::Timestamp;
 use pulse_shared::domain::{
-    ActionId, ActionStatus, AgentId, EventCursor, Heartbeat, HeartbeatStatus, SessionTask,
-    TaskEnvelope, ToolName,
+    ActionId, ActionStatus, AgentId, ConversationMessage, EventCursor, Heartbeat, HeartbeatStatus,
+    Role, SessionTask, TaskEnvelope, ToolName,
 };
 
 use crate::faults::lock;
 use crate::report::{Counts, Invariant, Report};
 use crate::run::{Shard, Sim, SimError};
-use crate::world::TOOL;
+use crate::world::{STARTED, TOOL};
 
 /// Checks every invariant and counts what happened.
 pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> {
@@ -62,6 +63,10 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
         "message_answered_once",
         "every user message queued was answered by exactly one turn, or parked in the dead-letter queue",
     );
+    let mut yielded = Invariant::new(
+        "interrupted_heartbeat_silent",
+        "no heartbeat's spoken thought reached the conversation after a user message that arrived while that heartbeat ran",
+    );
 
     for agent in &live {
         let beats = store
@@ -96,6 +101,14 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
                     a.status.as_str()
                 ),
             });
+        }
+
+        if sim.world.chatting.contains(*agent) {
+            let said = store
+                .recent_messages(agent, usize::MAX >> 1)
+                .await
+                .map_err(err("reading the conversation"))?;
+            check_thoughts(agent, &said, &mut yielded);
         }
 
         let messages = ledger.messages.get(*agent).cloned().unwrap_or_default();
@@ -194,11 +207,49 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
             next,
             order,
             answered,
+            yielded,
             discord_once,
             hook_once,
         ],
         wall_seconds: 0.0,
     })
+}
+
+/// A thought the heartbeat agent spoke names the start of its heartbeat (the fake model
+/// writes it in); a user message that arrived after that start and before the thought
+/// should have stopped the heartbeat before it spoke. Strictly after and strictly before:
+/// a message in the same millisecond as either is not told apart.
+fn check_thoughts(agent: &AgentId, said: &[ConversationMessage], yielded: &mut Invariant) {
+    let users: Vec<Timestamp> = said
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| m.created_at)
+        .collect();
+    for thought in said.iter().filter(|m| m.source == "heartbeat") {
+        let started = thought
+            .content
+            .split_once(STARTED)
+            .and_then(|(_, at)| at.trim().parse::<Timestamp>().ok());
+        let Some(started) = started else {
+            yielded.checked(false, || {
+                format!(
+                    "agent {agent}: thought {:?} does not say when its heartbeat started",
+                    thought.content
+                )
+            });
+            continue;
+        };
+        let after = users
+            .iter()
+            .find(|at| **at > started && **at < thought.created_at);
+        yielded.checked(after.is_none(), || {
+            format!(
+                "agent {agent}: a heartbeat started at {started} spoke at {} after a user message at {}",
+                thought.created_at,
+                after.map(ToString::to_string).unwrap_or_default()
+            )
+        });
+    }
 }
 
 fn check_heartbeats(

@@ -174,6 +174,15 @@ impl Mix {
         m
     }
 
+    /// Only the given faults at the given rates, for a test that aims at one behaviour
+    /// (not replayable from the command line: its name is `custom`).
+    pub fn only(rates: &[(Fault, f64)]) -> Self {
+        Self {
+            rates: rates.iter().copied().collect(),
+            name: "custom",
+        }
+    }
+
     /// The mix named `name`: `none`, `default` or `heavy`.
     pub fn named(name: &str) -> Option<Self> {
         match name {

@@ -332,6 +332,7 @@ async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
     let now = clock.now();
     let mut fleet = Vec::with_capacity(options.agents);
     let mut chatting = Vec::new();
+    let mut chatters = BTreeMap::new();
     for i in shard.first..shard.first + options.agents {
         let mut new = NewAgent::named(format!("sim-{i}"));
         new.interval = Interval::new(INTERVAL).map_err(|e| fail("the interval")(&e))?;
@@ -345,6 +346,7 @@ async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
             .unwrap_or(now);
         if i % CHATTING_ONE_IN == 0 {
             chatting.push(agent.id.clone());
+            chatters.insert(agent.name.clone(), agent.id.clone());
         }
         fleet.push((agent, first));
     }
@@ -406,7 +408,7 @@ async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
         dice.clone(),
         clock.clone(),
         inner.clone(),
-        chatting.iter().cloned().collect(),
+        chatters,
     ));
     let services = Services {
         llm: Arc::new(SimLlm {

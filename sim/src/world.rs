@@ -70,6 +70,8 @@ pub struct World {
     pub(crate) seen: Mutex<Seen>,
     /// Agents that chat: a user message may be sent to one while its heartbeat runs.
     pub(crate) chatting: BTreeSet<AgentId>,
+    /// The same agents by name, as the heartbeat agent's prompt names them.
+    by_name: BTreeMap<String, AgentId>,
     /// User messages the world decided to send mid-heartbeat, for the run to submit.
     pub(crate) interruptions: Mutex<Vec<AgentId>>,
 }
@@ -80,16 +82,25 @@ impl World {
         dice: Arc<Dice>,
         clock: Arc<dyn Clock>,
         store: Arc<dyn Store>,
-        chatting: BTreeSet<AgentId>,
+        by_name: BTreeMap<String, AgentId>,
     ) -> Self {
         Self {
             dice,
             clock,
             store,
             seen: Mutex::default(),
-            chatting,
+            chatting: by_name.values().cloned().collect(),
+            by_name,
             interruptions: Mutex::default(),
         }
+    }
+
+    /// The chatting agent whose heartbeat agent makes `request`: its prompt says "You are
+    /// NAME, ...".
+    fn speaker(&self, request: &LlmRequest) -> Option<AgentId> {
+        let text = request.messages.first()?.text()?;
+        let name = text.strip_prefix("You are ")?.split([',', ' ']).next()?;
+        self.by_name.get(name).cloned()
     }
 
     /// What it received.
@@ -216,6 +227,13 @@ impl Llm for SimLlm {
                 body: "rate limited".into(),
             });
         }
+        // The user may write while the heartbeat agent thinks: it must then not speak.
+        let thinking = heartbeat_start(request).and_then(|_| w.speaker(request));
+        if let Some(agent) = thinking
+            && w.dice.roll(Fault::MessageMidHeartbeat)
+        {
+            lock(&w.interruptions).push(agent);
+        }
         let wait = if w.dice.roll(Fault::LlmSlow) {
             w.dice
                 .between(Duration::from_secs(60), Duration::from_secs(240))
@@ -237,7 +255,15 @@ impl Llm for SimLlm {
         if !offered.is_empty() && w.dice.roll(Fault::LlmAsksTool) {
             let name = offered[w.dice.below(offered.len() as u64) as usize];
             let input = match name {
-                "speak" => json!({"thought": format!("check in {n}")}),
+                // The thought carries the start of the heartbeat that spoke it (the
+                // prompt's `Now:`), for the check that none speaks after a user message
+                // that arrived while it ran.
+                "speak" => json!({"thought": format!(
+                    "check in {n}{}",
+                    heartbeat_start(request)
+                        .map(|at| format!(" {STARTED}{at}"))
+                        .unwrap_or_default()
+                )}),
                 _ => json!({"text": format!("fact {n}")}),
             };
             return Ok(LlmResponse {
@@ -262,6 +288,19 @@ impl Llm for SimLlm {
             provider: "offline",
         })
     }
+}
+
+/// Marks, in a spoken thought, the start of the heartbeat that spoke it.
+pub(crate) const STARTED: &str = "heartbeat started ";
+
+/// The start of the heartbeat a heartbeat agent's request is made in: the prompt's
+/// `Now:` line.
+fn heartbeat_start(request: &LlmRequest) -> Option<Timestamp> {
+    request.messages.iter().find_map(|m| {
+        let text = m.text()?;
+        let (_, rest) = text.split_once("\nNow: ")?;
+        rest.lines().next()?.trim().parse().ok()
+    })
 }
 
 /// Discord: a post appears once per nonce within a few minutes, as `enforce_nonce` does;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pulse_sim::{Mix, Options, Report};
+use pulse_sim::{Fault, Mix, Options, Report};
 
 fn run(agents: usize, hours: u64, seed: u64, mix: Mix) -> Report {
     split(agents, hours, seed, mix, pulse_sim::SHARD_AGENTS)
@@ -127,4 +127,30 @@ fn a_fleet_split_into_shards_adds_up_and_replays() {
         .find(|i| i.name == "one_next_heartbeat")
         .unwrap();
     assert_eq!(once.checked, 90, "every agent of every shard was checked");
+}
+
+/// Users who write while their agent's heartbeat runs (during its tool call or while its
+/// model thinks) and a model that often wants to speak: the heartbeat yields, and no
+/// thought reaches the conversation after the message.
+#[test]
+fn a_heartbeat_interrupted_by_its_user_does_not_speak_after_the_message() {
+    let mix = Mix::only(&[(Fault::LlmAsksTool, 0.9), (Fault::MessageMidHeartbeat, 0.3)]);
+    let r = run(400, 4, 5, mix);
+    assert!(r.passed(), "{}", r.text());
+    let silent = r
+        .invariants
+        .iter()
+        .find(|i| i.name == "interrupted_heartbeat_silent")
+        .unwrap();
+    assert!(r.injected["message_mid_heartbeat"] >= 10, "{}", r.text());
+    assert!(
+        r.counts.heartbeats_cancelled >= 5,
+        "heartbeats yielded: {}",
+        r.text()
+    );
+    assert!(
+        silent.checked >= 5,
+        "thoughts were spoken and checked: {}",
+        r.text()
+    );
 }
