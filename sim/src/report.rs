@@ -202,6 +202,11 @@ impl Report {
         }
     }
 
+    /// The invariant named `name`.
+    pub fn invariant(&self, name: &str) -> Option<&Invariant> {
+        self.invariants.iter().find(|i| i.name == name)
+    }
+
     /// Whether every invariant held.
     pub fn passed(&self) -> bool {
         self.invariants.iter().all(Invariant::held)

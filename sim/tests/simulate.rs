@@ -62,11 +62,7 @@ fn a_calm_day_injects_nothing_and_every_figure_adds_up() {
     assert_eq!(c.events_waiting, 0, "the drain reached every event");
     assert_eq!(c.tool_calls, c.actions, "one call per event, no retries");
     assert_eq!(c.discord_posts, c.messages, "one reply per message");
-    let discord = r
-        .invariants
-        .iter()
-        .find(|i| i.name == "discord_not_posted_after_record")
-        .unwrap();
+    let discord = r.invariant("discord_not_posted_after_record").unwrap();
     assert_eq!(
         discord.checked, c.discord_posts,
         "every post's turn was found and looked at"
@@ -121,11 +117,7 @@ fn a_fleet_split_into_shards_adds_up_and_replays() {
     );
     assert_eq!(c.tool_calls, c.actions, "one call per event, no retries");
     assert_eq!(c.discord_posts, c.messages, "one reply per message");
-    let once = calm
-        .invariants
-        .iter()
-        .find(|i| i.name == "one_next_heartbeat")
-        .unwrap();
+    let once = calm.invariant("one_next_heartbeat").unwrap();
     assert_eq!(once.checked, 90, "every agent of every shard was checked");
 }
 
@@ -137,11 +129,7 @@ fn a_heartbeat_interrupted_by_its_user_does_not_speak_after_the_message() {
     let mix = Mix::only(&[(Fault::LlmAsksTool, 0.9), (Fault::MessageMidHeartbeat, 0.3)]);
     let r = run(400, 4, 5, mix);
     assert!(r.passed(), "{}", r.text());
-    let silent = r
-        .invariants
-        .iter()
-        .find(|i| i.name == "interrupted_heartbeat_silent")
-        .unwrap();
+    let silent = r.invariant("interrupted_heartbeat_silent").unwrap();
     assert!(r.injected["message_mid_heartbeat"] >= 10, "{}", r.text());
     assert!(
         r.counts.heartbeats_cancelled >= 5,
