@@ -9,6 +9,7 @@ use pulse_shared::domain::parse_duration;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pulse_shared::adapters::sqlite::{Db, SqliteStore, Tidied};
 use pulse_shared::app::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::engine::{
@@ -246,6 +247,7 @@ pub(crate) async fn serve(
                 loops.sweep(&sweeper, &swept_tx),
                 loops.work(&worker, &swept_rx),
                 loops.dispatch(),
+                loops.tidy(),
                 loops.receive(listener, limits),
                 signals,
             )
@@ -325,6 +327,9 @@ pub(crate) struct Serving {
     pub(crate) limits: ServeLimits,
     pub(crate) dashboard_token: Option<String>,
 }
+
+/// How often `pulse serve` tidies webhook records on the embedded store.
+const TIDY_EVERY: Duration = Duration::from_secs(3600);
 
 /// What the loops of `serve` share.
 struct Loops<'a> {
@@ -417,6 +422,44 @@ impl Loops<'_> {
             tokio::select! {
                 _ = tokio::time::sleep(self.tick.min(Duration::from_secs(1))) => {}
                 _ = stop.changed() => {}
+            }
+        }
+    }
+
+    /// On the embedded store, hourly from the start until stopped: forgets delivery ids
+    /// whose time is up, the counters of past hours and request log entries past 30 days,
+    /// for every webhook (DynamoDB expires them by TTL). Its own connection, in batches of
+    /// a few hundred rows, so receivers and workers wait a moment at most.
+    async fn tidy(&self) {
+        let Backend::Sqlite { path } = &self.config.backend else {
+            return;
+        };
+        let store = match Db::open(path) {
+            Ok(db) => SqliteStore::new(db),
+            Err(e) => {
+                warn!(error = %chain(&e), "cannot open the database to tidy webhook records; they are tidied when a rate-limited webhook's hour starts");
+                return;
+            }
+        };
+        let mut stop = self.stop.clone();
+        let mut interval = tokio::time::interval(TIDY_EVERY);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        while !*stop.borrow() {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = stop.changed() => break,
+            }
+            match store.tidy_webhook_records(self.clock.now()).await {
+                Ok(t) if t == Tidied::default() => {}
+                Ok(t) => info!(
+                    delivery_ids = t.delivery_ids,
+                    counters = t.counters,
+                    log_entries = t.log_entries,
+                    "tidied webhook records"
+                ),
+                Err(e) => {
+                    warn!(error = %chain(&e), "tidying webhook records failed; trying again in an hour")
+                }
             }
         }
     }

@@ -37,6 +37,7 @@ use rusqlite::Connection;
 
 pub use hook_queue::SqliteHookQueue;
 pub use session_queue::SqliteQueue;
+pub use webhooks::Tidied;
 
 use crate::error::StoreError;
 use crate::sealing::EncryptionKeys;

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 7;
+const SCHEMA_VERSION: i64 = 8;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -253,6 +253,12 @@ CREATE TABLE schedules (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 8: remembered delivery ids found by when they expire, for the tidy that
+/// forgets them whether or not their webhook has a rate limit.
+const SCHEMA_V8: &str = r#"
+CREATE INDEX webhook_deliveries_by_expiry ON webhook_deliveries (expires_ms);
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -291,6 +297,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 7 {
             conn.execute_batch(SCHEMA_V7).map_err(&err)?;
+        }
+        if version < 8 {
+            conn.execute_batch(SCHEMA_V8).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

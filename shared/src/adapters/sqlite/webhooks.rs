@@ -97,6 +97,103 @@ fn tidy(
     Ok(())
 }
 
+/// What one tidy of the webhook records removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tidied {
+    /// Delivery ids past the time they are remembered for.
+    pub delivery_ids: u64,
+    /// Hourly counters of past hours and per-minute log budgets of past minutes.
+    pub counters: u64,
+    /// Request log entries older than the log's retention (30 days).
+    pub log_entries: u64,
+}
+
+/// Rows one tidy transaction deletes at most: each batch holds the write lock for a
+/// moment, so receivers and workers wait at most that long.
+const TIDY_BATCH: usize = 500;
+
+/// Deletes what `sql` (one statement, `?1` the bound, `?2` the batch size) selects, a batch
+/// per transaction, until a batch comes up short; returns the rows deleted.
+fn delete_batched(conn: &mut Connection, sql: &str, bound: i64) -> Result<u64, StoreError> {
+    let op = sqlite_err("tidy webhook records");
+    let mut total = 0u64;
+    loop {
+        let n = conn
+            .exec(sql, params![bound, TIDY_BATCH as i64])
+            .map_err(&op)?;
+        total += n as u64;
+        if n < TIDY_BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+/// Forgets, for every webhook, the delivery ids whose time is up, the counters and log
+/// budgets of past hours and minutes, and request log entries past the log's retention:
+/// in batches of [`TIDY_BATCH`] rows, each its own short transaction.
+pub(super) fn tidy_all(conn: &mut Connection, now: Timestamp) -> Result<Tidied, StoreError> {
+    let horizon = now.saturating_sub(LOG_RETENTION).unwrap_or(now);
+    let before = RequestId::generate(to_ms(horizon).max(0) as u64);
+    let delivery_ids = delete_batched(
+        conn,
+        "DELETE FROM webhook_deliveries WHERE (webhook_id, delivery_id) IN \
+         (SELECT webhook_id, delivery_id FROM webhook_deliveries WHERE expires_ms < ?1 LIMIT ?2)",
+        to_ms(now),
+    )?;
+    let counters = delete_batched(
+        conn,
+        "DELETE FROM webhook_counters WHERE (webhook_id, window) IN \
+         (SELECT webhook_id, window FROM webhook_counters WHERE window < ?1 LIMIT ?2)",
+        RateLimit::window(now),
+    )? + delete_batched(
+        conn,
+        "DELETE FROM webhook_log_budget WHERE (webhook_id, minute) IN \
+         (SELECT webhook_id, minute FROM webhook_log_budget WHERE minute < ?1 LIMIT ?2)",
+        now.as_second().div_euclid(60),
+    )?;
+    // Per webhook, so each batch is a range of the table's key.
+    let webhooks: Vec<String> = {
+        let mut st = conn
+            .prepare_cached("SELECT id FROM webhooks")
+            .map_err(sqlite_err("tidy webhook records"))?;
+        st.query_map([], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(sqlite_err("tidy webhook records"))?
+    };
+    let mut log_entries = 0;
+    for webhook in webhooks {
+        let op = sqlite_err("tidy webhook records");
+        loop {
+            let n = conn
+                .exec(
+                    "DELETE FROM webhook_requests WHERE webhook_id = ?1 AND id IN \
+                     (SELECT id FROM webhook_requests WHERE webhook_id = ?1 AND id < ?2 LIMIT ?3)",
+                    params![webhook, before.as_str(), TIDY_BATCH as i64],
+                )
+                .map_err(&op)?;
+            log_entries += n as u64;
+            if n < TIDY_BATCH {
+                break;
+            }
+        }
+    }
+    Ok(Tidied {
+        delivery_ids,
+        counters,
+        log_entries,
+    })
+}
+
+impl SqliteStore {
+    /// Tidies every webhook's records (see [`tidy_all`]): `pulse serve` runs it hourly,
+    /// whether or not a webhook has a rate limit.
+    pub async fn tidy_webhook_records(&self, now: Timestamp) -> Result<Tidied, StoreError> {
+        self.db
+            .call("tidy webhook records", move |conn| tidy_all(conn, now))
+            .await
+    }
+}
+
 type Job = (
     Acceptance,
     tokio::sync::oneshot::Sender<Result<AcceptOutcome, StoreError>>,
