@@ -172,20 +172,22 @@ impl std::ops::AddAssign for Counts {
 }
 
 impl Report {
-    /// Adds the next shard's report to this one (the first shard's, or the sum so far):
-    /// counts and faults add up; each invariant's cases add up, and its first violation
-    /// is the earliest shard's, named with that shard's seed.
-    pub(crate) fn absorb(&mut self, next: Report) {
-        if self.shards == 1 {
-            let seed = self.seed;
-            for i in &mut self.invariants {
-                i.first = i
-                    .first
-                    .take()
-                    .map(|f| format!("in shard 0 (seed {seed}): {f}"));
-            }
+    /// Names this shard's report's violations with the shard and its seed, for a run
+    /// of several.
+    pub(crate) fn name_shard(&mut self, index: usize) {
+        let seed = self.seed;
+        for i in &mut self.invariants {
+            i.first = i
+                .first
+                .take()
+                .map(|f| format!("in shard {index} (seed {seed}): {f}"));
         }
-        let shard = self.shards;
+    }
+
+    /// Adds the next shard's report to this one (the first shard's, or the sum so far):
+    /// counts, faults and each invariant's cases add up; an invariant's first violation
+    /// stays the earliest shard's.
+    pub(crate) fn absorb(&mut self, next: Report) {
         self.shards += 1;
         self.counts += next.counts;
         for (kind, n) in next.injected {
@@ -194,11 +196,7 @@ impl Report {
         for (mine, theirs) in self.invariants.iter_mut().zip(next.invariants) {
             mine.checked += theirs.checked;
             mine.violations += theirs.violations;
-            if mine.first.is_none() {
-                mine.first = theirs
-                    .first
-                    .map(|f| format!("in shard {shard} (seed {}): {f}", next.seed));
-            }
+            mine.first = mine.first.take().or(theirs.first);
         }
     }
 

@@ -220,10 +220,13 @@ pub fn run(options: &Options) -> Result<Report, SimError> {
     })?;
     let mut report: Option<Report> = None;
     for (shard, result) in shards.iter().zip(done) {
-        let one = result
+        let mut one = result
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
             .unwrap_or_else(|| Err(SimError(format!("shard {} did not run", shard.index))))?;
+        if shards.len() > 1 {
+            one.name_shard(shard.index);
+        }
         match report.as_mut() {
             None => report = Some(one),
             Some(r) => r.absorb(one),

@@ -427,8 +427,7 @@ impl Loops<'_> {
     }
 
     /// On the embedded store, hourly from the start until stopped: forgets delivery ids
-    /// whose time is up, the counters of past hours and request log entries past 30 days,
-    /// for every webhook (DynamoDB expires them by TTL). Its own connection, in batches of
+    /// whose time is up and request log entries past 30 days, for every webhook (DynamoDB expires them by TTL). Its own connection, in batches of
     /// a few hundred rows, so receivers and workers wait a moment at most.
     async fn tidy(&self) {
         let Backend::Sqlite { path } = &self.config.backend else {
@@ -437,7 +436,7 @@ impl Loops<'_> {
         let store = match Db::open(path) {
             Ok(db) => SqliteStore::new(db),
             Err(e) => {
-                warn!(error = %chain(&e), "cannot open the database to tidy webhook records; they are tidied when a rate-limited webhook's hour starts");
+                warn!(error = %chain(&e), "cannot open the database to tidy webhook records: expired delivery ids and old request log entries are kept until the next start");
                 return;
             }
         };
@@ -453,7 +452,6 @@ impl Loops<'_> {
                 Ok(t) if t == Tidied::default() => {}
                 Ok(t) => info!(
                     delivery_ids = t.delivery_ids,
-                    counters = t.counters,
                     log_entries = t.log_entries,
                     "tidied webhook records"
                 ),

@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, ToSql, TransactionBehavior, params};
 
 use super::codec::{delete_with, from_doc, read_sealed, to_doc};
 use super::events::upsert_event;
@@ -68,118 +68,66 @@ fn log_refused(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> 
     }
 }
 
-/// Once per webhook and hour (when its counter row is new): forgets expired delivery
-/// ids, old counters and log entries past retention.
-fn tidy(
-    conn: &Connection,
-    webhook: &WebhookId,
-    window: i64,
-    now: Timestamp,
-) -> Result<(), StoreError> {
-    let op = sqlite_err("tidy webhook records");
-    conn.exec(
-        "DELETE FROM webhook_counters WHERE webhook_id = ?1 AND window < ?2",
-        params![webhook.as_str(), window],
-    )
-    .map_err(&op)?;
-    conn.exec(
-        "DELETE FROM webhook_deliveries WHERE webhook_id = ?1 AND expires_ms < ?2",
-        params![webhook.as_str(), to_ms(now)],
-    )
-    .map_err(&op)?;
-    let horizon = now.saturating_sub(LOG_RETENTION).unwrap_or(now);
-    let before = RequestId::generate(to_ms(horizon).max(0) as u64);
-    conn.exec(
-        "DELETE FROM webhook_requests WHERE webhook_id = ?1 AND id < ?2",
-        params![webhook.as_str(), before.as_str()],
-    )
-    .map_err(&op)?;
-    Ok(())
-}
-
 /// What one tidy of the webhook records removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tidied {
     /// Delivery ids past the time they are remembered for.
     pub delivery_ids: u64,
-    /// Hourly counters of past hours and per-minute log budgets of past minutes.
-    pub counters: u64,
     /// Request log entries older than the log's retention (30 days).
     pub log_entries: u64,
 }
 
 /// Rows one tidy transaction deletes at most: each batch holds the write lock for a
 /// moment, so receivers and workers wait at most that long.
-const TIDY_BATCH: usize = 500;
+const TIDY_BATCH: i64 = 500;
 
-/// Deletes what `sql` (one statement, `?1` the bound, `?2` the batch size) selects, a batch
-/// per transaction, until a batch comes up short; returns the rows deleted.
-fn delete_batched(conn: &mut Connection, sql: &str, bound: i64) -> Result<u64, StoreError> {
+/// Runs `sql` (a DELETE of at most `?N` rows, `N` the last parameter, the batch size) with
+/// `bind` and then the batch size, each time its own transaction, until a run deletes
+/// fewer than a batch; returns the rows deleted.
+fn delete_batched(conn: &Connection, sql: &str, bind: &[&dyn ToSql]) -> Result<u64, StoreError> {
     let op = sqlite_err("tidy webhook records");
+    let mut params = bind.to_vec();
+    params.push(&TIDY_BATCH);
     let mut total = 0u64;
     loop {
-        let n = conn
-            .exec(sql, params![bound, TIDY_BATCH as i64])
-            .map_err(&op)?;
-        total += n as u64;
-        if n < TIDY_BATCH {
+        let n = conn.exec(sql, params.as_slice()).map_err(&op)? as u64;
+        total += n;
+        if n < TIDY_BATCH as u64 {
             return Ok(total);
         }
     }
 }
 
-/// Forgets, for every webhook, the delivery ids whose time is up, the counters and log
-/// budgets of past hours and minutes, and request log entries past the log's retention:
-/// in batches of [`TIDY_BATCH`] rows, each its own short transaction.
+/// Forgets, for every webhook, the delivery ids whose time is up and request log entries
+/// past the log's retention, in batches of [`TIDY_BATCH`] rows, each its own short
+/// transaction. (Hourly counters and the per-minute log budgets clean up after
+/// themselves, in the acceptance that starts a new hour or minute.)
 pub(super) fn tidy_all(conn: &mut Connection, now: Timestamp) -> Result<Tidied, StoreError> {
-    let horizon = now.saturating_sub(LOG_RETENTION).unwrap_or(now);
-    let before = RequestId::generate(to_ms(horizon).max(0) as u64);
+    let op = sqlite_err("tidy webhook records");
     let delivery_ids = delete_batched(
         conn,
         "DELETE FROM webhook_deliveries WHERE (webhook_id, delivery_id) IN \
          (SELECT webhook_id, delivery_id FROM webhook_deliveries WHERE expires_ms < ?1 LIMIT ?2)",
-        to_ms(now),
+        &[&to_ms(now)],
     )?;
-    let counters = delete_batched(
-        conn,
-        "DELETE FROM webhook_counters WHERE (webhook_id, window) IN \
-         (SELECT webhook_id, window FROM webhook_counters WHERE window < ?1 LIMIT ?2)",
-        RateLimit::window(now),
-    )? + delete_batched(
-        conn,
-        "DELETE FROM webhook_log_budget WHERE (webhook_id, minute) IN \
-         (SELECT webhook_id, minute FROM webhook_log_budget WHERE minute < ?1 LIMIT ?2)",
-        now.as_second().div_euclid(60),
-    )?;
-    // Per webhook, so each batch is a range of the table's key.
-    let webhooks: Vec<String> = {
-        let mut st = conn
-            .prepare_cached("SELECT id FROM webhooks")
-            .map_err(sqlite_err("tidy webhook records"))?;
-        st.query_map([], |r| r.get(0))
-            .and_then(|rows| rows.collect())
-            .map_err(sqlite_err("tidy webhook records"))?
-    };
+    let horizon = now.saturating_sub(LOG_RETENTION).unwrap_or(now);
+    let before = RequestId::generate(to_ms(horizon).max(0) as u64);
+    let webhooks: Vec<String> = conn
+        .prepare_cached("SELECT id FROM webhooks")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(&op)?;
     let mut log_entries = 0;
+    // Per webhook, so each batch is a range of the table's key.
     for webhook in webhooks {
-        let op = sqlite_err("tidy webhook records");
-        loop {
-            let n = conn
-                .exec(
-                    "DELETE FROM webhook_requests WHERE webhook_id = ?1 AND id IN \
-                     (SELECT id FROM webhook_requests WHERE webhook_id = ?1 AND id < ?2 LIMIT ?3)",
-                    params![webhook, before.as_str(), TIDY_BATCH as i64],
-                )
-                .map_err(&op)?;
-            log_entries += n as u64;
-            if n < TIDY_BATCH {
-                break;
-            }
-        }
+        log_entries += delete_batched(
+            conn,
+            "DELETE FROM webhook_requests WHERE webhook_id = ?1 AND id IN \
+             (SELECT id FROM webhook_requests WHERE webhook_id = ?1 AND id < ?2 LIMIT ?3)",
+            &[&webhook, &before.as_str()],
+        )?;
     }
     Ok(Tidied {
         delivery_ids,
-        counters,
         log_entries,
     })
 }
@@ -343,7 +291,16 @@ fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreErro
                 log_refused(tx, &a.log_for(&outcome))?;
                 return Ok(outcome);
             }
-            Some(1) => tidy(tx, &hook, window, now)?,
+            // The hour's first request: the counters of past hours go (as a minute's
+            // first refusal takes the past minutes' log budgets). Delivery ids and the
+            // request log are tidied by `pulse serve`'s hourly pass (`tidy_all`).
+            Some(1) => {
+                tx.exec(
+                    "DELETE FROM webhook_counters WHERE webhook_id = ?1 AND window < ?2",
+                    params![hook.as_str(), window],
+                )
+                .map_err(&op)?;
+            }
             Some(_) => {}
         }
     }
