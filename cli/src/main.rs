@@ -94,6 +94,10 @@ pub(crate) enum Command {
     Hooks(HooksCmd),
     /// Model tokens per agent per day, by model, with an estimated cost.
     Usage(commands::usage::UsageArgs),
+    /// Remove what is past its retention (PULSE_RETENTION, or an agent's --retention):
+    /// finished heartbeats, read events, actions, conversation turns, hook deliveries,
+    /// webhook logs. `pulse serve` does this hourly.
+    Prune(commands::prune::PruneArgs),
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),

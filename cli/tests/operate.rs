@@ -554,3 +554,56 @@ fn schedules_are_added_listed_and_deleted_on(backend: Backend) {
         1
     );
 }
+
+both!(
+    retention_is_set_per_agent_and_prune_counts_before_it_removes,
+    retention_is_set_per_agent_and_prune_counts_before_it_removes_on
+);
+fn retention_is_set_per_agent_and_prune_counts_before_it_removes_on(backend: Backend) {
+    let dir = dir_on(backend);
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "keeper", "--retention", "90d"],
+    );
+    assert_eq!(
+        json(d, &["agents", "show", &agent])["agent"]["retention"],
+        "90d"
+    );
+    let shown = ok(d, &["agents", "show", &agent]);
+    assert!(shown.contains("retention         90d"), "{shown}");
+    ok(d, &["agents", "update", &agent, "--retention", ""]);
+    assert!(json(d, &["agents", "show", &agent])["agent"]["retention"].is_null());
+    let shown = ok(d, &["agents", "show", &agent]);
+    assert!(shown.contains("30d (PULSE_RETENTION)"), "{shown}");
+    let err = bad(d, &["agents", "update", &agent, "--retention", "2h"]);
+    assert!(err.contains("between 1d and 3650d"), "{err}");
+
+    let dry = json(d, &["prune", "--dry-run"]);
+    assert_eq!(dry["agents"], 1);
+    assert_eq!(dry["pruned"]["heartbeats"], 0, "{dry}");
+    assert!(
+        dry.get("reclaimed").is_none(),
+        "a dry run gives nothing back: {dry}"
+    );
+    let done = json(d, &["prune"]);
+    assert_eq!(done["pruned"], dry["pruned"]);
+    let text = ok(d, &["prune"]);
+    assert!(text.contains("finished heartbeats"), "{text}");
+    match backend {
+        Backend::Sqlite => {
+            assert_eq!(
+                done["reclaimed"]["shrinks"], true,
+                "a new file has auto-vacuum"
+            );
+            assert!(text.contains("database "), "{text}");
+            ok(d, &["prune", "--vacuum"]);
+        }
+        Backend::Aws => {
+            let err = bad(d, &["prune", "--vacuum"]);
+            assert!(err.contains("DynamoDB"), "{err}");
+        }
+    }
+    let err = bad(d, &["prune", "--dry-run", "--vacuum"]);
+    assert!(err.contains("cannot be used with"), "{err}");
+}

@@ -27,6 +27,7 @@
 //! | `DISCORD_API_BASE` | Discord's API | `https://discord.com/api/v10` |
 //! | `DISCORD_PUBLIC_KEY` | the application's public key (hex); checks interaction signatures | unset: `POST /discord/interactions` answers 401 |
 //! | `PULSE_DISCORD_DEFAULT_AGENT` | the agent that answers in channels no agent is created for | unset |
+//! | `PULSE_RETENTION` | how long finished heartbeats, processed events, actions, conversation turns, hook deliveries and webhook request logs are kept (agents override it with `--retention`); memories and settings are kept | `30d` |
 //! | `PULSE_DELIVERY_MEMORY` | how long webhook delivery ids are remembered (replay guard) | `7d` |
 //! | `PULSE_HOOKS_ALLOW` | addresses outbound requests (hooks, HTTP tools) may reach although not public, e.g. `127.0.0.1/32,::1/128` — local development only | empty |
 //! | `PULSE_HOOKS_QUEUE_URL` | the hooks standard SQS queue (`aws`) | unset: hooks are not emitted |
@@ -44,9 +45,9 @@ use std::time::Duration;
 use url::Url;
 
 use crate::discord::DiscordConfig;
-use crate::domain::{AgentId, ProviderKind, Secret, parse_duration};
+use crate::domain::{AgentId, ProviderKind, Retention, Secret, parse_duration};
 use crate::engine::EngineSettings;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ValidationError};
 use crate::llm::{KeyLookup, LlmConfig};
 use crate::sealing::EncryptionKeys;
 
@@ -95,6 +96,9 @@ pub struct Config {
     pub hooks: HooksConfig,
     /// `PULSE_ENCRYPTION_KEY` (+ old keys); `None` when unset (see [`crate::app::connect`]).
     pub encryption: Option<EncryptionKeys>,
+    /// `PULSE_RETENTION`: how long finished records are kept, unless an agent says
+    /// otherwise.
+    pub retention: Retention,
 }
 
 /// Outbound requests (hooks, HTTP tools).
@@ -138,6 +142,7 @@ impl Config {
             },
             hooks: HooksConfig::default(),
             encryption: None,
+            retention: Retention::DEFAULT,
         }
     }
 }
@@ -402,6 +407,16 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         }
     }
 
+    /// `PULSE_RETENTION`.
+    fn retention(&self) -> Result<Retention, ConfigError> {
+        match self.get("PULSE_RETENTION") {
+            None => Ok(Retention::DEFAULT),
+            Some(v) => v
+                .parse()
+                .map_err(|e: ValidationError| ConfigError::new("PULSE_RETENTION", e.message)),
+        }
+    }
+
     /// The configuration of a Lambda function: always the AWS backend.
     pub fn lambda(&self) -> Result<Config, ConfigError> {
         Ok(Config {
@@ -412,6 +427,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             inbound: self.inbound()?,
             hooks: self.hooks()?,
             encryption: self.encryption()?,
+            retention: self.retention()?,
         })
     }
 
@@ -425,6 +441,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             inbound: self.inbound()?,
             hooks: self.hooks()?,
             encryption: self.encryption()?,
+            retention: self.retention()?,
         })
     }
 }

@@ -21,8 +21,8 @@ use pulse_shared::domain::{
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
     ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome, Footprint,
-    HeartbeatStore, HookStore, MemoryStore, PageToken, Reschedule, ScheduleStore, Store,
-    ToolRegistry, TurnStart, WebhookStore, Window,
+    HeartbeatStore, HookStore, Maintenance, MemoryStore, PageToken, Pruned, Reclaimed, Reschedule,
+    ScheduleStore, Store, ToolRegistry, TurnStart, WebhookStore, Window,
 };
 
 /// What happens around each store call.
@@ -173,4 +173,9 @@ faulty!(HookStore {
     fn save_delivery(&self, delivery: &HookDelivery, attempt: Option<&HookAttempt>) -> ();
     fn list_deliveries(&self, hook: &HookId, limit: usize) -> Vec<HookDelivery>;
     fn list_attempts(&self, delivery: &HookDeliveryId) -> Vec<HookAttempt>;
+});
+
+faulty!(Maintenance {
+    fn prune_agent(&self, agent: &AgentId, horizon: Timestamp, now: Timestamp, apply: bool) -> Pruned;
+    fn reclaim(&self) -> Reclaimed;
 });

@@ -943,9 +943,9 @@ on_both_backends!(
     an_interaction_id_must_be_a_snowflake_and_a_resend_is_one_signal
 );
 
-/// `pulse serve` tidies every webhook's records hourly, rate limit or none: delivery ids
-/// past their week are forgotten (a resend is then a new event), the ids still in their
-/// week keep deduplicating, and log entries past 30 days go.
+/// The retention pass (`pulse serve` hourly) tidies every webhook's records, rate limit
+/// or none: delivery ids past their week are forgotten (a resend is then a new event),
+/// the ids still in their week keep deduplicating, and log entries past 30 days go.
 #[tokio::test]
 async fn the_tidy_forgets_expired_delivery_ids_and_old_log_entries_without_a_rate_limit() {
     let r = rig(Kind::Sqlite).await;
@@ -953,11 +953,16 @@ async fn the_tidy_forgets_expired_delivery_ids_and_old_log_entries_without_a_rat
         .webhook(WebhookScheme::Pulse, |w| w.rate_limit = None)
         .await;
     let tidy = || async {
-        let db = pulse_shared::adapters::sqlite::Db::open(r.b.sqlite_file().unwrap()).unwrap();
-        pulse_shared::adapters::sqlite::SqliteStore::new(db)
-            .tidy_webhook_records(r.b.now())
-            .await
-            .unwrap()
+        let report = pulse_shared::engine::prune(
+            r.b.store.as_ref(),
+            pulse_shared::domain::Retention::DEFAULT,
+            r.b.now(),
+            true,
+        )
+        .await
+        .unwrap();
+        assert!(report.failed.is_empty(), "{report:?}");
+        report.pruned.webhook_records
     };
     let body = |n| body_for(WebhookScheme::Pulse, "ORDER", n);
     for (n, id) in ["old-1", "old-2", "old-3"].into_iter().enumerate() {
@@ -968,9 +973,11 @@ async fn the_tidy_forgets_expired_delivery_ids_and_old_log_entries_without_a_rat
     let (s, _) = r.send(&w, SECRET, r.now_s(), "new-1", &body(9)).await;
     assert_eq!(s, 200);
 
-    let t = tidy().await;
-    assert_eq!(t.delivery_ids, 3, "{t:?}");
-    assert_eq!(t.log_entries, 0, "nothing is 30 days old yet: {t:?}");
+    assert_eq!(
+        tidy().await,
+        3,
+        "the 3 delivery ids; no log entry is 30 days old yet"
+    );
     let (_, v) = r.send(&w, SECRET, r.now_s(), "new-1", &body(9)).await;
     assert_eq!(v["status"].as_str(), Some("duplicate"), "{v}");
     let (_, v) = r.send(&w, SECRET, r.now_s(), "old-1", &body(0)).await;
@@ -980,12 +987,11 @@ async fn the_tidy_forgets_expired_delivery_ids_and_old_log_entries_without_a_rat
     // Past the log's 30 days for the first three requests only.
     r.b.advance(SignedDuration::from_hours(23 * 24));
     let logged = r.log(&w).await.len();
-    let t = tidy().await;
-    assert_eq!(t.log_entries, 3, "{t:?}");
-    assert_eq!(r.log(&w).await.len(), logged - 3);
     assert_eq!(
         tidy().await,
-        Default::default(),
-        "a second tidy finds nothing"
+        5,
+        "the first three requests' log entries, and the two delivery ids of day 7, past their week"
     );
+    assert_eq!(r.log(&w).await.len(), logged - 3);
+    assert_eq!(tidy().await, 0, "a second tidy finds nothing");
 }

@@ -17,5 +17,6 @@ mod listener;
 mod llm;
 mod queue;
 mod reminders;
+mod retention;
 mod secrets_at_rest;
 mod thinking;

@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
     ActiveHours, Agent, AgentChanges, AgentId, AgentLlm, Budgets, Interval, NewAgent, ProviderKind,
-    ThinkPolicy, TimeZoneName,
+    Retention, ThinkPolicy, TimeZoneName,
 };
 use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled, budget};
 
@@ -109,6 +109,11 @@ pub(crate) struct UpdateAgent {
     /// When the heartbeat agent calls the model: auto, events, always or every:N.
     #[arg(long, value_name = "POLICY")]
     think: Option<String>,
+    /// How long its finished heartbeats, processed events, actions, conversation turns,
+    /// hook deliveries and webhook request logs are kept (1d to 3650d); "" goes back to
+    /// PULSE_RETENTION.
+    #[arg(long, value_name = "DURATION")]
+    retention: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -180,6 +185,11 @@ pub(crate) struct CreateAgent {
     /// does not think records its action SKIPPED, at no token cost.
     #[arg(long, value_name = "POLICY", default_value = "auto")]
     think: String,
+    /// How long its finished heartbeats, processed events, actions, conversation turns,
+    /// hook deliveries and webhook request logs are kept, 1d to 3650d (default:
+    /// PULSE_RETENTION, 30d). Memories and settings are kept while the agent exists.
+    #[arg(long, value_name = "DURATION")]
+    retention: Option<String>,
 }
 
 /// A validated agents command.
@@ -251,6 +261,7 @@ fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .map(|v| number_or(&v, "default", "--max-beats-per-hour"))
             .transpose()?,
         quiet_period: cleared_with(a.quiet_period, |q| q.parse::<Interval>().map_err(input))?,
+        retention: cleared_with(a.retention, |r| r.parse::<Retention>().map_err(input))?,
         discord_channel: cleared(a.discord_channel),
         think: a
             .think
@@ -352,6 +363,12 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         .map_err(input)?;
     new.discord_channel = a.discord_channel;
     new.think = ThinkPolicy::parse(&a.think).map_err(input)?;
+    new.retention = a
+        .retention
+        .as_deref()
+        .map(str::parse::<Retention>)
+        .transpose()
+        .map_err(input)?;
     // Validate the name now, so a bad one is reported before anything is opened.
     new.clone().create(now).map_err(input)?;
     Ok(new)
@@ -450,6 +467,13 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             );
             field("time zone", agent.timezone.to_string());
             field("think", agent.think.to_string());
+            field(
+                "retention",
+                match agent.retention {
+                    Some(r) => r.to_string(),
+                    None => format!("{} (PULSE_RETENTION)", cx.config.retention),
+                },
+            );
             field(
                 "vision",
                 match agent.llm.vision {

@@ -13,6 +13,7 @@ pub(crate) mod heartbeats;
 pub(crate) mod hooks;
 pub(crate) mod init;
 pub(crate) mod memories;
+pub(crate) mod prune;
 pub(crate) mod schedules;
 pub(crate) mod secrets;
 pub(crate) mod serve;
@@ -64,6 +65,7 @@ enum Plan {
     Webhooks(webhooks::WebhooksPlan),
     Hooks(hooks::HooksPlan),
     Usage(usage::UsagePlan),
+    Prune(prune::PrunePlan),
     Secrets,
 }
 
@@ -84,6 +86,7 @@ impl Plan {
             | Plan::Memories(_)
             | Plan::Schedules(_)
             | Plan::Usage(_)
+            | Plan::Prune(_)
             | Plan::Secrets => false,
         }
     }
@@ -107,6 +110,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Webhooks(c) => Plan::Webhooks(webhooks::plan(c, now)?),
         Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
         Command::Usage(a) => Plan::Usage(usage::plan(a)?),
+        Command::Prune(a) => Plan::Prune(prune::plan(a)?),
         Command::Secrets(_) => Plan::Secrets,
         Command::Discord(_)
         | Command::Bench(_)
@@ -180,6 +184,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Webhooks(p) => webhooks::execute(p, &cx).await,
         Plan::Hooks(p) => hooks::execute(p, &cx).await,
         Plan::Usage(p) => usage::execute(p, &cx).await,
+        Plan::Prune(p) => prune::execute(p, &cx).await,
         Plan::Secrets => secrets::reseal(&b, &out).await,
     }
 }

@@ -9,7 +9,6 @@ use pulse_shared::domain::parse_duration;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pulse_shared::adapters::sqlite::{Db, SqliteStore, Tidied};
 use pulse_shared::app::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::engine::{
@@ -247,7 +246,7 @@ pub(crate) async fn serve(
                 loops.sweep(&sweeper, &swept_tx),
                 loops.work(&worker, &swept_rx),
                 loops.dispatch(),
-                loops.tidy(),
+                loops.prune(),
                 loops.receive(listener, limits),
                 signals,
             )
@@ -328,8 +327,8 @@ pub(crate) struct Serving {
     pub(crate) dashboard_token: Option<String>,
 }
 
-/// How often `pulse serve` tidies webhook records on the embedded store.
-const TIDY_EVERY: Duration = Duration::from_secs(3600);
+/// How often `pulse serve` runs the retention pass.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// What the loops of `serve` share.
 struct Loops<'a> {
@@ -426,37 +425,42 @@ impl Loops<'_> {
         }
     }
 
-    /// On the embedded store, hourly from the start until stopped: forgets delivery ids
-    /// whose time is up and request log entries past 30 days, for every webhook (DynamoDB expires them by TTL). Its own connection, in batches of
-    /// a few hundred rows, so receivers and workers wait a moment at most.
-    async fn tidy(&self) {
-        let Backend::Sqlite { path } = &self.config.backend else {
-            return;
-        };
-        let store = match Db::open(path) {
-            Ok(db) => SqliteStore::new(db),
-            Err(e) => {
-                warn!(error = %chain(&e), "cannot open the database to tidy webhook records: expired delivery ids and old request log entries are kept until the next start");
-                return;
-            }
-        };
+    /// Hourly from the start until stopped: the retention pass (see
+    /// [`pulse_shared::engine::prune`]) removes what is past its agent's retention, in batches of a few
+    /// hundred rows each its own transaction, so receivers and workers wait a moment at
+    /// most; then the file gives the freed pages back.
+    async fn prune(&self) {
         let mut stop = self.stop.clone();
-        let mut interval = tokio::time::interval(TIDY_EVERY);
+        let mut interval = tokio::time::interval(PRUNE_EVERY);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         while !*stop.borrow() {
             tokio::select! {
                 _ = interval.tick() => {}
                 _ = stop.changed() => break,
             }
-            match store.tidy_webhook_records(self.clock.now()).await {
-                Ok(t) if t == Tidied::default() => {}
-                Ok(t) => info!(
-                    delivery_ids = t.delivery_ids,
-                    log_entries = t.log_entries,
-                    "tidied webhook records"
+            let pass = pulse_shared::engine::prune(
+                self.b.store.as_ref(),
+                self.config.retention,
+                self.clock.now(),
+                true,
+            );
+            match pass.await {
+                Ok(r) if r.pruned.total() == 0 && r.failed.is_empty() => {}
+                Ok(r) => info!(
+                    agents = r.agents,
+                    heartbeats = r.pruned.heartbeats,
+                    events = r.pruned.events,
+                    actions = r.pruned.actions,
+                    conversation = r.pruned.conversation,
+                    hook_deliveries = r.pruned.hook_deliveries,
+                    webhook_records = r.pruned.webhook_records,
+                    failed = r.failed.len(),
+                    bytes_before = r.reclaimed.map(|c| c.bytes_before),
+                    bytes_after = r.reclaimed.map(|c| c.bytes_after),
+                    "pruned records past their retention"
                 ),
                 Err(e) => {
-                    warn!(error = %chain(&e), "tidying webhook records failed; trying again in an hour")
+                    warn!(error = %chain(&e), "the retention pass failed; trying again in an hour")
                 }
             }
         }

@@ -9,7 +9,7 @@ use super::chat::ProviderKind;
 use super::event::EventCursor;
 use super::ids::{ActionId, AgentId, EventId, HeartbeatId, SessionId, ToolName};
 use super::requests::Requests;
-use super::time::{ActiveHours, Interval, TimeZoneName};
+use super::time::{ActiveHours, Interval, Retention, TimeZoneName};
 use super::tool::{Action, ActionStatus, HEARTBEAT_AGENT};
 use crate::error::ValidationError;
 
@@ -69,6 +69,9 @@ pub struct Agent {
     /// ([`crate::ports::AgentStore::set_next_wake`]), never by a settings update.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_wake: Option<Timestamp>,
+    /// How long its finished records are kept, over the deployment's `PULSE_RETENTION`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
 }
 
 impl Agent {
@@ -423,6 +426,8 @@ pub struct NewAgent {
     pub discord_channel: Option<String>,
     /// When its heartbeat agent thinks.
     pub think: ThinkPolicy,
+    /// How long its finished records are kept; the deployment's when unset.
+    pub retention: Option<Retention>,
 }
 
 impl NewAgent {
@@ -441,6 +446,7 @@ impl NewAgent {
             quiet_period: None,
             discord_channel: None,
             think: ThinkPolicy::Auto,
+            retention: None,
         }
     }
 
@@ -467,6 +473,7 @@ impl NewAgent {
             paused_at: None,
             think: self.think,
             next_wake: None,
+            retention: self.retention,
         }
         .validated()?;
         let due = agent.in_active_hours(now);
@@ -510,6 +517,8 @@ pub struct AgentChanges {
     pub discord_channel: Option<Option<String>>,
     /// When its heartbeat agent thinks.
     pub think: Option<ThinkPolicy>,
+    /// How long its finished records are kept; `Some(None)` goes back to the deployment's.
+    pub retention: Option<Option<Retention>>,
 }
 
 impl AgentChanges {
@@ -531,6 +540,7 @@ impl AgentChanges {
             && self.quiet_period.is_none()
             && self.discord_channel.is_none()
             && self.think.is_none()
+            && self.retention.is_none()
     }
 
     /// `agent` with the changes, validated as on create.
@@ -557,6 +567,7 @@ impl AgentChanges {
         set(&mut a.quiet_period, &self.quiet_period);
         set(&mut a.discord_channel, &self.discord_channel);
         set(&mut a.think, &self.think);
+        set(&mut a.retention, &self.retention);
         a.validated()
     }
 }

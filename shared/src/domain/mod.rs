@@ -49,7 +49,7 @@ pub use task::{
     TASK_VERSION, TaskDecodeError, TaskEnvelope,
 };
 pub use time::{
-    ActiveHours, Interval, TimeZoneName, format_duration, from_ms, parse_duration, to_ms,
+    ActiveHours, Interval, Retention, TimeZoneName, format_duration, from_ms, parse_duration, to_ms,
 };
 pub use tool::{
     Action, ActionStatus, AgentContext, Beats, Filter, HEARTBEAT_AGENT, HeartbeatContext, Registry,

@@ -102,6 +102,70 @@ impl<'de> Deserialize<'de> for Interval {
     }
 }
 
+/// How long an agent's finished records are kept (heartbeats, processed events, actions,
+/// conversation turns, hook deliveries, webhook request logs): at least a day, at most ten
+/// years. Memories and the agent's settings are kept for as long as it exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Retention(SignedDuration);
+
+impl Retention {
+    /// The default: 30 days.
+    pub const DEFAULT: Retention = Retention(SignedDuration::from_hours(30 * 24));
+
+    /// Validates a retention.
+    pub fn new(d: SignedDuration) -> Result<Self, ValidationError> {
+        if d < SignedDuration::from_hours(24) || d > SignedDuration::from_hours(3650 * 24) {
+            return Err(ValidationError::new(
+                "retention",
+                format!(
+                    "{} is out of range; keep records between 1d and 3650d",
+                    format_duration(d)
+                ),
+            ));
+        }
+        Ok(Self(d))
+    }
+    /// The retention as a duration.
+    pub fn duration(self) -> SignedDuration {
+        self.0
+    }
+    /// What finished before this time is removed at `now`.
+    pub fn horizon(self, now: Timestamp) -> Timestamp {
+        now.saturating_sub(self.0).unwrap_or(now)
+    }
+}
+
+impl FromStr for Retention {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(parse_duration("retention", s)?)
+    }
+}
+
+impl fmt::Display for Retention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hours = self.0.as_hours();
+        if self.0.as_secs() % 86_400 == 0 {
+            write!(f, "{}d", hours / 24)
+        } else {
+            f.write_str(&format_duration(self.0))
+        }
+    }
+}
+
+impl Serialize for Retention {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Retention {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// An IANA time zone name (`UTC`, `Europe/Paris`), checked against the bundled database.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TimeZoneName(String);

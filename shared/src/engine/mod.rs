@@ -22,6 +22,7 @@ pub mod intake;
 mod lifecycle;
 pub mod memory;
 pub mod reminders;
+mod retention;
 mod schedule;
 mod sweep;
 mod switches;
@@ -42,6 +43,7 @@ pub use hooks::{
     set_hook_active,
 };
 pub use lifecycle::{Lifecycle, LifecycleError, Scheduled, Toggled, Updated};
+pub use retention::{PruneReport, prune};
 pub use schedule::{failure_delay, next_run};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};

@@ -32,6 +32,7 @@ mod metrics;
 mod provision;
 mod purge;
 mod registry;
+mod retention;
 mod schedules;
 mod secrets;
 mod session_queue;

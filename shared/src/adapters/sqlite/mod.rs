@@ -12,7 +12,8 @@
 //! `events`, `actions`, `registry` (tools, subscriptions), `conversations`, `memories`, `schedules`,
 //! `webhooks`, `hooks`, `session_queue` and `hook_queue`; beside them `codec` (records
 //! as JSON documents, sealed secrets), `schema` (the tables and their migrations) and
-//! `purge` (deleting an agent and all it owns, in one transaction).
+//! `purge` (deleting an agent and all it owns, in one transaction) and `retention`
+//! (removing what is past its time, in short batches, and shrinking the file).
 
 mod actions;
 mod agents;
@@ -25,6 +26,7 @@ mod hooks;
 mod memories;
 mod purge;
 mod registry;
+mod retention;
 mod schedules;
 mod schema;
 mod session_queue;
@@ -37,7 +39,6 @@ use rusqlite::Connection;
 
 pub use hook_queue::SqliteHookQueue;
 pub use session_queue::SqliteQueue;
-pub use webhooks::Tidied;
 
 use crate::error::StoreError;
 use crate::sealing::EncryptionKeys;
@@ -202,6 +203,15 @@ impl Db {
         })?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(&open)?;
+        // A new file gives the pages pruning frees back to the file system (by
+        // `Maintenance::reclaim`); the mode can only be chosen before the first table.
+        let pages: i64 = conn
+            .pragma_query_value(None, "page_count", |r| r.get(0))
+            .map_err(&open)?;
+        if pages == 0 {
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+                .map_err(&open)?;
+        }
         // WAL lets readers (the CLI) work while `pulse serve` writes; NORMAL syncs at
         // checkpoints, not every commit: a power cut may lose the last commits, never
         // corrupt the file.

@@ -6,8 +6,7 @@
 //! id can never both append an event.
 
 use async_trait::async_trait;
-use jiff::{SignedDuration, Timestamp};
-use rusqlite::{Connection, OptionalExtension, ToSql, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::codec::{delete_with, from_doc, read_sealed, to_doc};
 use super::events::upsert_event;
@@ -15,13 +14,10 @@ use super::sqlite_err;
 use super::{CachedExecute, SqliteStore};
 use crate::domain::{AcceptOutcome, Acceptance};
 use crate::domain::{
-    EventId, REFUSED_LOG_BUDGET, RateLimit, RequestId, Webhook, WebhookId, WebhookRequest, to_ms,
+    EventId, REFUSED_LOG_BUDGET, RateLimit, Webhook, WebhookId, WebhookRequest, to_ms,
 };
 use crate::error::StoreError;
 use crate::ports::WebhookStore;
-
-/// How long request log entries are kept by `pulse serve` (DynamoDB expires them by TTL).
-const LOG_RETENTION: SignedDuration = SignedDuration::from_hours(24 * 30);
 
 fn insert_log(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
     conn.prepare_cached(
@@ -65,80 +61,6 @@ fn log_refused(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> 
                 count - REFUSED_LOG_BUDGET,
             ),
         )
-    }
-}
-
-/// What one tidy of the webhook records removed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tidied {
-    /// Delivery ids past the time they are remembered for.
-    pub delivery_ids: u64,
-    /// Request log entries older than the log's retention (30 days).
-    pub log_entries: u64,
-}
-
-/// Rows one tidy transaction deletes at most: each batch holds the write lock for a
-/// moment, so receivers and workers wait at most that long.
-const TIDY_BATCH: i64 = 500;
-
-/// Runs `sql` (a DELETE of at most `?N` rows, `N` the last parameter, the batch size) with
-/// `bind` and then the batch size, each time its own transaction, until a run deletes
-/// fewer than a batch; returns the rows deleted.
-fn delete_batched(conn: &Connection, sql: &str, bind: &[&dyn ToSql]) -> Result<u64, StoreError> {
-    let op = sqlite_err("tidy webhook records");
-    let mut params = bind.to_vec();
-    params.push(&TIDY_BATCH);
-    let mut total = 0u64;
-    loop {
-        let n = conn.exec(sql, params.as_slice()).map_err(&op)? as u64;
-        total += n;
-        if n < TIDY_BATCH as u64 {
-            return Ok(total);
-        }
-    }
-}
-
-/// Forgets, for every webhook, the delivery ids whose time is up and request log entries
-/// past the log's retention, in batches of [`TIDY_BATCH`] rows, each its own short
-/// transaction. (Hourly counters and the per-minute log budgets clean up after
-/// themselves, in the acceptance that starts a new hour or minute.)
-pub(super) fn tidy_all(conn: &mut Connection, now: Timestamp) -> Result<Tidied, StoreError> {
-    let op = sqlite_err("tidy webhook records");
-    let delivery_ids = delete_batched(
-        conn,
-        "DELETE FROM webhook_deliveries WHERE (webhook_id, delivery_id) IN \
-         (SELECT webhook_id, delivery_id FROM webhook_deliveries WHERE expires_ms < ?1 LIMIT ?2)",
-        &[&to_ms(now)],
-    )?;
-    let horizon = now.saturating_sub(LOG_RETENTION).unwrap_or(now);
-    let before = RequestId::generate(to_ms(horizon).max(0) as u64);
-    let webhooks: Vec<String> = conn
-        .prepare_cached("SELECT id FROM webhooks")
-        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
-        .map_err(&op)?;
-    let mut log_entries = 0;
-    // Per webhook, so each batch is a range of the table's key.
-    for webhook in webhooks {
-        log_entries += delete_batched(
-            conn,
-            "DELETE FROM webhook_requests WHERE webhook_id = ?1 AND id IN \
-             (SELECT id FROM webhook_requests WHERE webhook_id = ?1 AND id < ?2 LIMIT ?3)",
-            &[&webhook, &before.as_str()],
-        )?;
-    }
-    Ok(Tidied {
-        delivery_ids,
-        log_entries,
-    })
-}
-
-impl SqliteStore {
-    /// Tidies every webhook's records (see [`tidy_all`]): `pulse serve` runs it hourly,
-    /// whether or not a webhook has a rate limit.
-    pub async fn tidy_webhook_records(&self, now: Timestamp) -> Result<Tidied, StoreError> {
-        self.db
-            .call("tidy webhook records", move |conn| tidy_all(conn, now))
-            .await
     }
 }
 
@@ -293,7 +215,7 @@ fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreErro
             }
             // The hour's first request: the counters of past hours go (as a minute's
             // first refusal takes the past minutes' log budgets). Delivery ids and the
-            // request log are tidied by `pulse serve`'s hourly pass (`tidy_all`).
+            // request log are removed by the retention pass (`Maintenance::prune_agent`).
             Some(1) => {
                 tx.exec(
                     "DELETE FROM webhook_counters WHERE webhook_id = ?1 AND window < ?2",
