@@ -7,7 +7,8 @@ CloudFormation will see it (after the SAM transform):
   has a redrive policy to a DLQ that exists, ReportBatchItemFailures is on;
 - the sessions worker's event source has a maximum concurrency;
 - every function: provided.al2023, arm64, BuildMethod rust-cargolambda;
-- the sweeper: a rate(1 minute) schedule with a retry policy and a DLQ;
+- the sweeper: a rate(1 minute) schedule and a daily retention schedule (`detail-type`
+  `Pulse Retention`), each with a retry policy and a DLQ;
 - the receiver: a Function URL with auth NONE;
 - no secret is a template parameter (they come from SSM);
 - the functions that read stored secrets (the receiver: webhook secrets; the dispatcher:
@@ -117,15 +118,20 @@ def problems(sam):
     schedules = [r for r in res.values() if r["Type"] == "AWS::Scheduler::Schedule"]
     if not schedules:
         found.append("no EventBridge Scheduler schedule for the sweeper")
+    kinds = {}
     for s in schedules:
         p = s["Properties"]
         t = p["Target"]
-        if p.get("ScheduleExpression") != "rate(1 minute)":
-            found.append("the sweep schedule is not rate(1 minute)")
+        kind = "retention" if '"detail-type":"Pulse Retention"' in t.get("Input", "") else "sweep"
+        kinds[kind] = p.get("ScheduleExpression")
         if "RetryPolicy" not in t:
-            found.append("the sweep schedule has no retry policy")
+            found.append(f"the {kind} schedule has no retry policy")
         if _ref(t.get("DeadLetterConfig", {}).get("Arn")) not in queues:
-            found.append("the sweep schedule has no dead-letter queue")
+            found.append(f"the {kind} schedule has no dead-letter queue")
+    if kinds.get("sweep") != "rate(1 minute)":
+        found.append("the sweep schedule is not rate(1 minute)")
+    if kinds.get("retention") != "rate(1 day)":
+        found.append("no daily retention schedule (detail-type Pulse Retention, rate(1 day))")
 
     urls = [r for r in res.values() if r["Type"] == "AWS::Lambda::Url"]
     if len(urls) != 1 or urls[0]["Properties"].get("AuthType") != "NONE":
@@ -159,6 +165,7 @@ def self_test(sam):
         "no cargo-lambda": lambda t: fn(t, "WebhookReceiverFunction")["Metadata"].pop("BuildMethod"),
         "secret parameter": lambda t: t["Parameters"].update(DiscordBotToken={"Type": "String", "NoEcho": True}),
         "schedule without DLQ": lambda t: fn(t, "HeartbeatSweeperFunction")["Properties"]["Events"]["EveryMinute"]["Properties"].pop("DeadLetterConfig"),
+        "no retention schedule": lambda t: fn(t, "HeartbeatSweeperFunction")["Properties"]["Events"].pop("Daily"),
         "url with IAM auth": lambda t: fn(t, "WebhookReceiverFunction")["Properties"]["FunctionUrlConfig"].update(AuthType="AWS_IAM"),
         "DLQ without alarm": lambda t: t["Resources"].pop("HooksDeadLetterAlarm"),
         "function without alarm": lambda t: t["Resources"].pop("HookDispatcherErrorsAlarm"),
@@ -191,7 +198,7 @@ def main(argv):
             print(f"the check missed these breakages: {', '.join(missed)}", file=sys.stderr)
             return 1
         print("template check: every breakage of the self-test was caught")
-    print(f"{path}: visibility >= 6x timeouts, DLQs with alarms, ReportBatchItemFailures, arm64 cargo-lambda builds, secrets from SSM: ok")
+    print(f"{path}: visibility >= 6x timeouts, a daily retention pass, DLQs with alarms, ReportBatchItemFailures, arm64 cargo-lambda builds, secrets from SSM: ok")
     return 0
 
 

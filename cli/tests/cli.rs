@@ -1188,6 +1188,29 @@ fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
     assert!(String::from_utf8_lossy(&json.stderr).contains("claims/s"));
 }
 
+/// `pulse bench retention` past the 30 days: the pass removes the first day and a bit,
+/// and the database is smaller after it.
+#[test]
+fn bench_retention_prunes_what_is_past_thirty_days_and_the_file_shrinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert!(bad(d, &["bench", "retention", "--beats", "10"]).contains("--beats"));
+    let doc: Value =
+        serde_json::from_str(&ok(d, &["bench", "retention", "--beats", "3072", "--json"])).unwrap();
+    // 32 days of beats: the first two days' heartbeats end before the horizon.
+    let pruned = &doc["pruned"];
+    assert_eq!(pruned, &doc["counted"], "the dry run counted what went");
+    let heartbeats = pruned["heartbeats"].as_u64().unwrap();
+    assert!((180..=192).contains(&heartbeats), "{doc}");
+    assert!(pruned["events"].as_u64().unwrap() >= heartbeats, "{doc}");
+    assert!(pruned["conversation"].as_u64().unwrap() >= 4, "{doc}");
+    let (before, after) = (
+        doc["bytes_before"].as_u64().unwrap(),
+        doc["bytes_after"].as_u64().unwrap(),
+    );
+    assert!(after < before, "{doc}");
+}
+
 both!(
     events_are_listed_by_type_time_and_page_and_followed_as_they_land,
     events_are_listed_by_type_time_and_page_and_followed_as_they_land_on

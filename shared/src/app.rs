@@ -227,7 +227,8 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                         &settings.table,
                         event_write_timeout(config.engine.event_settle),
                     )
-                    .with_keys(config.encryption.clone().unwrap_or_default()),
+                    .with_keys(config.encryption.clone().unwrap_or_default())
+                    .with_retention(config.retention),
                 ),
                 queue: Arc::new(aws::SqsQueue::new(
                     clients.sqs.clone(),

@@ -15,8 +15,9 @@ use tracing::{error, info};
 
 use crate::adapters::aws::SecretParameters;
 use crate::config::Env;
-use crate::domain::Delivery;
-use crate::engine::{Dispatcher, SweepReport, Sweeper, Worker};
+use crate::domain::{Delivery, Retention};
+use crate::engine::{Dispatcher, PruneReport, SweepReport, Sweeper, Worker};
+use crate::ports::Store;
 
 /// What a function's set-up or handler fails with (`lambda_runtime::Error`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -142,6 +143,58 @@ pub async fn sweep(
         claimed: report.claimed,
         queued: report.queued,
     })
+}
+
+/// The `detail-type` of the sweeper's daily scheduled event, which runs the retention
+/// pass instead of a sweep.
+pub const RETENTION_DETAIL_TYPE: &str = "Pulse Retention";
+
+/// Whether a scheduled event asks for the retention pass.
+pub fn is_retention(event: &CloudWatchEvent) -> bool {
+    event.detail_type.as_deref() == Some(RETENTION_DETAIL_TYPE)
+}
+
+/// The retention pass failed: the agents could not be listed, or some agents' records
+/// could not be pruned (each logged; the rest were, and the next day's pass tries them
+/// again). The invocation fails so the function's error alarm sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum PruneFailed {
+    /// The store could not be read.
+    #[error("the retention pass could not start: {0}")]
+    Store(#[from] crate::error::StoreError),
+    /// Some agents were not pruned.
+    #[error("{failed} of {agents} agents could not be pruned (each logged)")]
+    Agents {
+        /// Agents not pruned.
+        failed: usize,
+        /// Agents looked at.
+        agents: u64,
+    },
+}
+
+/// The daily scheduled event → the retention pass at `now` (see [`crate::engine::prune`]).
+pub async fn retention(
+    store: &dyn Store,
+    retention: Retention,
+    now: Timestamp,
+) -> Result<PruneReport, PruneFailed> {
+    let report = crate::engine::prune(store, retention, now, true).await?;
+    info!(
+        agents = report.agents,
+        heartbeats = report.pruned.heartbeats,
+        events = report.pruned.events,
+        actions = report.pruned.actions,
+        conversation = report.pruned.conversation,
+        "pruned records past their retention"
+    );
+    if report.failed.is_empty() {
+        Ok(report)
+    } else {
+        Err(PruneFailed::Agents {
+            failed: report.failed.len(),
+            agents: report.agents,
+        })
+    }
 }
 
 /// An SQS FIFO batch → the tasks run in order per group; the response lists the

@@ -45,6 +45,44 @@ async fn scheduled(kind: Kind) {
 }
 
 on_both_backends!(
+    the_daily_scheduled_event_runs_the_retention_pass,
+    daily_retention
+);
+async fn daily_retention(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let worker = b.worker(settings());
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&worker).await;
+    b.advance(SignedDuration::from_hours(31 * 24));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&worker).await;
+    // The template's daily event: the sweep's, with its own detail-type.
+    let mut event: Value =
+        serde_json::from_str(include_str!("../fixtures/eventbridge-scheduled.json")).unwrap();
+    let sweep = serde_json::from_value(event.clone()).unwrap();
+    assert!(!lambda::is_retention(&sweep));
+    event["detail-type"] = json!(lambda::RETENTION_DETAIL_TYPE);
+    assert!(lambda::is_retention(
+        &serde_json::from_value(event).unwrap()
+    ));
+    let report = lambda::retention(b.store.as_ref(), "30d".parse().unwrap(), b.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.agents, report.pruned.heartbeats),
+        (1, 1),
+        "{report:?}"
+    );
+    let left = b.store.list_heartbeats(&agent.id, 10).await.unwrap();
+    assert_eq!(
+        left.len(),
+        2,
+        "the second heartbeat and the pending third: {left:?}"
+    );
+}
+
+on_both_backends!(
     an_sqs_batch_reports_the_failed_message_and_the_rest_of_its_group,
     sqs_batch
 );

@@ -6,6 +6,7 @@ mod coldstart;
 mod dashboard;
 mod hooks;
 mod receive;
+mod retention;
 mod sweep;
 
 use clap::Subcommand;
@@ -78,6 +79,14 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 200)]
         turns: usize,
     },
+    /// One agent at 15 minutes for a year of simulated time on SQLite (an event and a
+    /// heartbeat a beat, a conversation turn a day), then the retention pass: the file
+    /// before and after.
+    Retention {
+        /// Heartbeats to run (35,040 is a year at 15 minutes).
+        #[arg(long, default_value_t = retention::YEAR_OF_BEATS)]
+        beats: usize,
+    },
 }
 
 /// Runs a benchmark.
@@ -97,6 +106,7 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         } => hooks::hooks(deliveries, samples, out).await,
         BenchCmd::Coldstart { runs, bin_dir } => coldstart::coldstart(runs, bin_dir, out).await,
         BenchCmd::Turn { history, turns } => sweep::turn(&history, turns, out).await,
+        BenchCmd::Retention { beats } => retention::retention(beats, out).await,
         BenchCmd::Dashboard {
             agents,
             events,

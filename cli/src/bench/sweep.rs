@@ -73,7 +73,7 @@ pub(super) fn fleet(
 
 /// Services with the offline model and no Discord: the benches measure Pulse, not a
 /// provider.
-fn offline_services() -> Services {
+pub(super) fn offline_services() -> Services {
     Services::offline(pulse_egress::Egress::new(pulse_egress::AllowList::default()))
 }
 
@@ -96,7 +96,7 @@ async fn timed_sweep(backend: &Connected, clock: &dyn Clock, n: usize) -> Result
 }
 
 /// Runs every queued job through `worker`, reading the queue with `queue`.
-async fn drain(worker: &Worker, queue: &dyn SessionQueue) -> Result<usize, Failure> {
+pub(super) async fn drain(worker: &Worker, queue: &dyn SessionQueue) -> Result<usize, Failure> {
     let mut ran = 0;
     loop {
         let batch = queue.receive(10, Duration::from_secs(300)).await?;

@@ -1,5 +1,6 @@
 //! Lambda: EventBridge `rate(1 minute)` → one sweep: due heartbeats are claimed and their
-//! jobs queued on the sessions FIFO queue.
+//! jobs queued on the sessions FIFO queue. Its daily event (`detail-type`
+//! `Pulse Retention`) runs the retention pass instead.
 
 use std::sync::Arc;
 
@@ -13,17 +14,22 @@ use pulse_shared::{lambda, telemetry};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
-    let sweeper = Ready::new(|vars| async move {
+    let ready = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let connected = connect(&config, Arc::new(SystemClock)).await?;
-        Ok(connected.sweeper(&config.engine))
+        let sweeper = connected.sweeper(&config.engine);
+        Ok((sweeper, connected.store, config.retention))
     })
     .await?;
     run(service_fn(|event: LambdaEvent<CloudWatchEvent>| async {
-        let sweeper = sweeper.get().await?;
-        lambda::sweep(sweeper, event.payload, jiff::Timestamp::now())
-            .await
-            .map_err(Error::from)
+        let (sweeper, store, retention) = ready.get().await?;
+        let now = jiff::Timestamp::now();
+        if lambda::is_retention(&event.payload) {
+            let report = lambda::retention(store.as_ref(), *retention, now).await?;
+            return Ok::<_, Error>(serde_json::to_value(report)?);
+        }
+        let report = lambda::sweep(sweeper, event.payload, now).await?;
+        Ok(serde_json::to_value(report)?)
     }))
     .await
 }

@@ -24,8 +24,6 @@ use crate::ports::HookStore;
 
 const HOOK_SK: &str = "HK";
 const DELIVERY_SK: &str = "HD";
-/// Deliveries and attempts expire (TTL on `expires_at`) after 30 days.
-const TTL_SECS: i64 = 30 * 24 * 3600;
 
 fn hook_pk(id: &HookId) -> String {
     format!("HK#{id}")
@@ -44,11 +42,10 @@ fn versioned(mut item: Item, version: u64) -> Item {
     item
 }
 
-fn expiring(mut item: Item, d: &HookDelivery) -> Item {
-    item.insert(
-        "expires_at".to_owned(),
-        n(d.created_at.as_second() + TTL_SECS),
-    );
+/// Deliveries and attempts expire (TTL on `expires_at`) `PULSE_RETENTION` after the
+/// delivery was made.
+fn expiring(mut item: Item, d: &HookDelivery, store: &DynamoStore) -> Item {
+    item.insert("expires_at".to_owned(), n(store.expires_at(d.created_at)));
     item
 }
 
@@ -223,11 +220,16 @@ impl HookStore for DynamoStore {
                         d.version,
                     ),
                     d,
+                    self,
                 ),
                 d.version.saturating_sub(1),
             )?,
             self.put(
-                expiring(doc_item(hook_pk(&d.hook_id), format!("D#{}", d.id), d), d),
+                expiring(
+                    doc_item(hook_pk(&d.hook_id), format!("D#{}", d.id), d),
+                    d,
+                    self,
+                ),
                 None,
             )?,
         ];
@@ -236,6 +238,7 @@ impl HookStore for DynamoStore {
                 expiring(
                     doc_item(delivery_pk(&d.id), format!("A#{:04}", a.attempt), a),
                     d,
+                    self,
                 ),
                 None,
             )?);

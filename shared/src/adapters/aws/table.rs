@@ -24,6 +24,8 @@ pub struct DynamoStore {
     pub(super) event_write_timeout: Duration,
     /// Seals the secrets of webhooks and hooks.
     pub(super) keys: EncryptionKeys,
+    /// `PULSE_RETENTION`: the TTL written with hook deliveries and webhook request logs.
+    pub(super) retention: crate::domain::Retention,
 }
 
 impl DynamoStore {
@@ -40,6 +42,7 @@ impl DynamoStore {
             table: table.into(),
             event_write_timeout,
             keys: EncryptionKeys::none(),
+            retention: crate::domain::Retention::DEFAULT,
         }
     }
 
@@ -47,6 +50,18 @@ impl DynamoStore {
     pub fn with_keys(mut self, keys: EncryptionKeys) -> Self {
         self.keys = keys;
         self
+    }
+
+    /// Writes hook deliveries and webhook request logs to expire `retention` after they
+    /// were made (DynamoDB's TTL removes them at no cost).
+    pub fn with_retention(mut self, retention: crate::domain::Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// When something made at `t` expires, in seconds (what the TTL attribute holds).
+    pub(super) fn expires_at(&self, t: jiff::Timestamp) -> i64 {
+        t.as_second() + self.retention.duration().as_secs()
     }
 
     /// Applies `update` to a heartbeat if it is still EXECUTING under `hb`'s claim; false

@@ -29,8 +29,6 @@ use crate::ports::WebhookStore;
 
 const DIRECTORY_PK: &str = "WEBHOOKS";
 const WEBHOOK_SK: &str = "WH";
-/// Request log entries expire (DynamoDB TTL on `expires_at`) after 30 days.
-const LOG_TTL_SECS: i64 = 30 * 24 * 3600;
 
 fn webhook_pk(id: &WebhookId) -> String {
     format!("WH#{id}")
@@ -41,10 +39,12 @@ fn with_ttl(mut item: Item, expires_at_secs: i64) -> Item {
     item
 }
 
-fn log_item(r: &WebhookRequest) -> Item {
+/// A request log entry, expiring (DynamoDB TTL on `expires_at`) `PULSE_RETENTION`
+/// after it was received.
+fn log_item(r: &WebhookRequest, store: &DynamoStore) -> Item {
     with_ttl(
         doc_item(webhook_pk(&r.webhook_id), format!("RQ#{}", r.id), r),
-        r.received_at.as_second() + LOG_TTL_SECS,
+        store.expires_at(r.received_at),
     )
 }
 
@@ -139,7 +139,7 @@ impl DynamoStore {
         self.client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(log_item(log)))
+            .set_item(Some(log_item(log, self)))
             .send()
             .await
             .map_err(backend("log webhook request"))?;
@@ -170,7 +170,7 @@ impl DynamoStore {
                 ":doc",
                 s(serde_json::to_string(&summary).unwrap_or_default()),
             )
-            .expression_attribute_values(":exp", n(summary.received_at.as_second() + LOG_TTL_SECS))
+            .expression_attribute_values(":exp", n(self.expires_at(summary.received_at)))
             .return_values(ReturnValue::UpdatedNew)
             .send()
             .await
@@ -313,7 +313,7 @@ impl WebhookStore for DynamoStore {
             AcceptOutcome::Accepted => a.event.id.as_str(),
             _ => "",
         };
-        items.push(self.put(log_item(&a.log_for(&outcome)), None)?);
+        items.push(self.put(log_item(&a.log_for(&outcome), self), None)?);
         items.push(self.put(
             self.remember_item(a, event_id),
             Some("attribute_not_exists(pk)"),

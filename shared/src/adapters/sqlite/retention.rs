@@ -321,9 +321,10 @@ impl SqliteStore {
         let (bytes_after, mode) = self
             .db
             .call(op, |conn| {
-                // Move the freed pages out of the write-ahead log into the file, so the
-                // file itself shrinks; readers in the way only make it stop early.
-                conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                // Copy the write-ahead log into the file and empty it, so the file
+                // shrinks and the log does not keep the size the pass gave it. It
+                // waits for readers (busy timeout) and holds writers for the copy.
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
                     .map_err(sqlite_err(op))?;
                 let (bytes, _) = size(conn).map_err(sqlite_err(op))?;
                 let mode: i64 = conn
