@@ -712,7 +712,8 @@ pub trait Maintenance: Send + Sync {
     ///   memory ended before `now`.
     ///
     /// On SQLite in batches of at most [`PRUNE_BATCH`] rows, each its own transaction, so
-    /// receivers and workers wait for one batch at most.
+    /// receivers and workers wait for one batch at most. DynamoDB removes hook deliveries
+    /// and webhook records by the TTL written with them, so it counts none of those here.
     async fn prune_agent(
         &self,
         agent: &AgentId,

@@ -68,6 +68,16 @@ fn parse_prefixed_ulid(kind: &'static str, prefix: &str, s: &str) -> Result<Ulid
 }
 
 /// First 16 bytes of SHA-256 over the parts, separated so ("ab","c") and ("a","bc") differ.
+/// The first id with `prefix` (`tn_`, `wr_`, ...) stamped at `t`: every id of that kind
+/// stamped before `t` sorts below it, every one stamped at or after it does not (what
+/// retention removes below).
+pub fn first_id_at(prefix: &str, t: jiff::Timestamp) -> String {
+    format!(
+        "{prefix}{}",
+        Ulid::from_parts(t.as_millisecond().max(0) as u64, 0)
+    )
+}
+
 fn digest128(parts: &[&str]) -> u128 {
     let mut h = Sha256::new();
     for p in parts {

@@ -39,7 +39,8 @@ pub use hook_delivery::{
 };
 pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
-    RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, quote_input,
+    RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, first_id_at,
+    quote_input,
 };
 pub use reply::{MESSAGE_LIMIT, split_message};
 pub use requests::Requests;

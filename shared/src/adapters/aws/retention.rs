@@ -11,34 +11,20 @@
 
 use async_trait::async_trait;
 use jiff::Timestamp;
-use ulid::Ulid;
 
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{AgentId, EventCursor, HeartbeatStatus, to_ms};
+use crate::domain::{AgentId, EventCursor, first_id_at};
 use crate::error::StoreError;
 use crate::ports::{Maintenance, Pruned, Reclaimed};
 
 const OP: &str = "prune records";
 
-/// A sort key with `prefix` (`TN#tn_`) that sorts before every key of that kind stamped
-/// at or after `t`.
-fn stamped_before(prefix: &str, t: Timestamp) -> String {
-    format!("{prefix}{}", Ulid::from_parts(to_ms(t).max(0) as u64, 0))
-}
-
 fn sort_key(item: &Item) -> Option<&str> {
     item.get("sk")
         .and_then(|v| v.as_s().ok())
         .map(String::as_str)
-}
-
-fn finished(status: HeartbeatStatus) -> bool {
-    matches!(
-        status,
-        HeartbeatStatus::Completed | HeartbeatStatus::Failed | HeartbeatStatus::Cancelled
-    )
 }
 
 impl DynamoStore {
@@ -74,7 +60,7 @@ impl DynamoStore {
             let full = page.len() == PAGE;
             for hb in page {
                 let ended = hb.completed_at.unwrap_or(hb.scheduled_at);
-                if !(finished(hb.status) && ended < horizon) {
+                if !(hb.status.is_final() && ended < horizon) {
                     return Ok(old);
                 }
                 lo = format!("{}0", heartbeat_sk(hb.beat));
@@ -96,7 +82,7 @@ impl DynamoStore {
             .await?;
         Ok(newest
             .iter()
-            .filter(|hb| !finished(hb.status))
+            .filter(|hb| !hb.status.is_final())
             .map(|hb| hb.window_start.as_str())
             .min()
             .unwrap_or("")
@@ -138,7 +124,7 @@ impl Maintenance for DynamoStore {
         }
         for (lo, prefix) in [("MS#", "MS#tn_"), ("SG#", "SG#sg_"), ("TN#", "TN#tn_")] {
             let rows = self
-                .keys_below(&pk, lo, &stamped_before(prefix, horizon), false)
+                .keys_below(&pk, lo, &first_id_at(prefix, horizon), false)
                 .await?;
             pruned.conversation += rows.len() as u64;
             doomed.extend(rows);

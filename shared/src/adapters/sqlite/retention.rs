@@ -7,10 +7,9 @@ use std::time::Instant;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use rusqlite::{Connection, ToSql};
-use ulid::Ulid;
 
 use super::{SqliteStore, sqlite_err};
-use crate::domain::{AgentId, EventCursor, to_ms};
+use crate::domain::{AgentId, EventCursor, first_id_at, to_ms};
 use crate::error::StoreError;
 use crate::ports::{Maintenance, PRUNE_BATCH, Pruned, Reclaimed};
 
@@ -120,11 +119,6 @@ struct Bounds {
     /// Request log entries sort before this when received before the horizon.
     requests_to: String,
     now: i64,
-}
-
-/// An id with `prefix` that sorts before every id of that kind stamped at or after `t`.
-fn stamped_before(prefix: &str, t: Timestamp) -> String {
-    format!("{prefix}{}", Ulid::from_parts(to_ms(t).max(0) as u64, 0))
 }
 
 impl Bounds {
@@ -245,8 +239,8 @@ impl Maintenance for SqliteStore {
             agent: agent.as_str().to_owned(),
             events_to,
             horizon: to_ms(horizon),
-            turns_to: stamped_before("tn_", horizon),
-            requests_to: stamped_before("wr_", horizon),
+            turns_to: first_id_at("tn_", horizon),
+            requests_to: first_id_at("wr_", horizon),
             now: to_ms(now),
         });
         let mut pruned = Pruned::default();
@@ -301,6 +295,7 @@ impl SqliteStore {
                 })
                 .await?;
         } else if mode == 2 {
+            let mut last = i64::MAX;
             loop {
                 let free = self
                     .db
@@ -313,9 +308,11 @@ impl SqliteStore {
                         .map_err(sqlite_err(op))
                     })
                     .await?;
-                if free == 0 {
+                // Stop when nothing is left, or a step freed nothing (never loop).
+                if free == 0 || free >= last {
                     break;
                 }
+                last = free;
             }
         }
         let (bytes_after, mode) = self
