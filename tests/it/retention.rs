@@ -8,6 +8,7 @@ use jiff::SignedDuration;
 use pulse_shared::domain::{Agent, HeartbeatStatus, Retention};
 use pulse_shared::engine::{PruneReport, prune};
 use pulse_shared::ports::Store;
+use pulse_tests::fake_hooks::FakeReceiver;
 use pulse_tests::{Kind, on_both_backends, settings};
 use serde_json::json;
 
@@ -51,8 +52,12 @@ async fn retention(kind: Kind) {
     w.b.drain(&w.worker).await;
     assert_eq!(w.b.store.list_turns(&active.id, 10).await.unwrap().len(), 1);
 
-    // The paused agent gets an event it will not read until it is resumed.
+    // The paused agent gets an event it will not read until it is resumed; its pause is
+    // delivered to a hook (a delivery and its attempt).
+    let receiver = FakeReceiver::start().await;
+    w.hook(&paused, "AGENT_PAUSED", &receiver.url()).await;
     w.ops.pause(&paused.id).await.unwrap();
+    assert_eq!(w.dispatch().await, 1);
     let unread = w.b.emit(&paused, "ORDER", json!({"n": 2})).await;
 
     // 40 days, a heartbeat a day for the other two.
@@ -75,6 +80,12 @@ async fn retention(kind: Kind) {
         "the turn and its messages: {dry:?}"
     );
     assert_eq!(event_ids(w.b.store.as_ref(), &active).await, before);
+    // DynamoDB expires hook deliveries by the TTL written with them.
+    let hook_rows = match kind {
+        Kind::Sqlite => 2,
+        Kind::Aws => 0,
+    };
+    assert_eq!(dry.pruned.hook_deliveries, hook_rows, "{dry:?}");
 
     let done = pass(&w, true).await;
     assert_eq!(

@@ -1,9 +1,8 @@
-//! Outbound hooks on SQLite: the hooks, their deliveries and attempt log. Deliveries
-//! older than 30 days are tidied when a new one is recorded for the same hook (DynamoDB
+//! Outbound hooks on SQLite: the hooks, their deliveries and attempt log. Deliveries past
+//! their agent's retention are removed by the retention pass (`retention.rs`; DynamoDB
 //! expires them by TTL).
 
 use async_trait::async_trait;
-use jiff::SignedDuration;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::codec::{delete_with, read_docs, read_sealed, to_doc};
@@ -13,9 +12,6 @@ use crate::domain::{
 };
 use crate::error::StoreError;
 use crate::ports::HookStore;
-
-/// How long deliveries and their attempts are kept.
-const RETENTION: SignedDuration = SignedDuration::from_hours(24 * 30);
 
 pub(super) fn stored_version(
     conn: &Connection,
@@ -199,21 +195,6 @@ impl HookStore for SqliteStore {
                     tx.exec(
                         "INSERT OR REPLACE INTO hook_attempts (delivery_id, attempt, doc) VALUES (?1, ?2, ?3)",
                         params![a.delivery_id.as_str(), a.attempt, to_doc(a)],
-                    )
-                    .map_err(&op)?;
-                }
-                if stored.is_none() {
-                    // A new delivery: forget this hook's deliveries past retention.
-                    let horizon = to_ms(d.updated_at.saturating_sub(RETENTION).unwrap_or(d.updated_at));
-                    tx.exec(
-                        "DELETE FROM hook_attempts WHERE delivery_id IN \
-                         (SELECT id FROM hook_deliveries WHERE hook_id = ?1 AND created_ms < ?2)",
-                        params![d.hook_id.as_str(), horizon],
-                    )
-                    .map_err(&op)?;
-                    tx.exec(
-                        "DELETE FROM hook_deliveries WHERE hook_id = ?1 AND created_ms < ?2",
-                        params![d.hook_id.as_str(), horizon],
                     )
                     .map_err(&op)?;
                 }
