@@ -179,14 +179,6 @@ pub async fn retention(
     now: Timestamp,
 ) -> Result<PruneReport, PruneFailed> {
     let report = crate::engine::prune(store, retention, now, true).await?;
-    info!(
-        agents = report.agents,
-        heartbeats = report.pruned.heartbeats,
-        events = report.pruned.events,
-        actions = report.pruned.actions,
-        conversation = report.pruned.conversation,
-        "pruned records past their retention"
-    );
     if report.failed.is_empty() {
         Ok(report)
     } else {

@@ -444,24 +444,9 @@ impl Loops<'_> {
                 self.clock.now(),
                 true,
             );
-            match pass.await {
-                Ok(r) if r.pruned.total() == 0 && r.failed.is_empty() => {}
-                Ok(r) => info!(
-                    agents = r.agents,
-                    heartbeats = r.pruned.heartbeats,
-                    events = r.pruned.events,
-                    actions = r.pruned.actions,
-                    conversation = r.pruned.conversation,
-                    hook_deliveries = r.pruned.hook_deliveries,
-                    webhook_records = r.pruned.webhook_records,
-                    failed = r.failed.len(),
-                    bytes_before = r.reclaimed.map(|c| c.bytes_before),
-                    bytes_after = r.reclaimed.map(|c| c.bytes_after),
-                    "pruned records past their retention"
-                ),
-                Err(e) => {
-                    warn!(error = %chain(&e), "the retention pass failed; trying again in an hour")
-                }
+            // What went is logged by the pass, each agent it could not prune too.
+            if let Err(e) = pass.await {
+                warn!(error = %chain(&e), "the retention pass failed; trying again in an hour");
             }
         }
     }

@@ -3,7 +3,7 @@
 //! `pulse prune` once, and on AWS the sweeper's daily run.
 
 use jiff::Timestamp;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::domain::{AgentId, Retention};
 use crate::error::StoreError;
@@ -25,8 +25,8 @@ pub struct PruneReport {
 }
 
 /// Prunes every agent's records that finished more than its retention (`default` unless
-/// the agent sets one) before `now`; with `apply` they are removed and the space given
-/// back, without they are only counted. An agent whose prune fails is reported and
+/// the agent sets one) before `now`; with `apply` they are removed, the space given
+/// back and what went logged, without they are only counted. An agent whose prune fails is reported and
 /// skipped: one bad partition does not keep the others growing.
 pub async fn prune(
     store: &dyn Store,
@@ -47,7 +47,23 @@ pub async fn prune(
         }
     }
     if apply {
-        report.reclaimed = Some(store.reclaim().await?);
+        let reclaimed = store.reclaim().await?;
+        report.reclaimed = Some(reclaimed);
+        let p = &report.pruned;
+        if p.total() > 0 {
+            info!(
+                agents = report.agents,
+                heartbeats = p.heartbeats,
+                events = p.events,
+                actions = p.actions,
+                conversation = p.conversation,
+                hook_deliveries = p.hook_deliveries,
+                webhook_records = p.webhook_records,
+                bytes_before = reclaimed.bytes_before,
+                bytes_after = reclaimed.bytes_after,
+                "pruned records past their retention"
+            );
+        }
     }
     Ok(report)
 }
