@@ -14,7 +14,11 @@ CloudFormation will see it (after the SAM transform):
 - the functions that read stored secrets (the receiver: webhook secrets; the dispatcher:
   hook secrets) read PULSE_ENCRYPTION_KEY from SSM: PULSE_SECRETS_PATH is set and they
   may call ssm:GetParametersByPath;
-- every DLQ has an alarm on its depth and every function an alarm on its errors.
+- every DLQ has an alarm on its depth and every function an alarm on its errors;
+- alarms on the functions' own metrics (EMF): heartbeat lateness, the heartbeat failure
+  rate and hook dead letters, each on a metric shared/src/meter.rs names, in the
+  namespace the functions are given (PULSE_METRICS_NAMESPACE), with a `function`
+  dimension shared/src/lambda.rs names.
 
 `--self-test` breaks a copy of the template in each of those ways and fails unless the
 check catches every one.
@@ -148,6 +152,52 @@ def problems(sam):
     for fn in sorted(lambdas):
         if fn not in watched:
             found.append(f"{fn}: no alarm on its errors")
+    found.extend(_metric_alarms(res, lambdas))
+    return found
+
+
+def _source(*parts):
+    with open(os.path.join(os.path.dirname(__file__), "..", *parts)) as f:
+        return f.read()
+
+
+def _metric_alarms(res, lambdas):
+    """The alarms on Pulse's own metrics watch names the code records, where it records them."""
+    found = []
+    names = set(re.findall(r'pub const \w+: &str = "(pulse_\w+)";', _source("shared", "src", "meter.rs")))
+    lambda_rs = _source("shared", "src", "lambda.rs")
+    block = lambda_rs[lambda_rs.index("pub mod function"):]
+    functions = set(re.findall(r'pub const \w+: &str = "(\w+)";', block[: block.index("\n}")]))
+    spaces = {repr(fn["Properties"].get("Environment", {}).get("Variables", {}).get("PULSE_METRICS_NAMESPACE")) for fn in lambdas.values()}
+    if len(spaces) != 1 or spaces == {"None"}:
+        found.append("the functions do not all have one PULSE_METRICS_NAMESPACE")
+    watched = set()
+    for name, r in res.items():
+        if r["Type"] != "AWS::CloudWatch::Alarm":
+            continue
+        p = r["Properties"]
+        stats = [m["MetricStat"]["Metric"] for m in p.get("Metrics", []) if "MetricStat" in m]
+        if "MetricName" in p:
+            stats.append(p)
+        for m in stats:
+            ns = m.get("Namespace")
+            if isinstance(ns, str) and ns.startswith("AWS/"):
+                continue
+            dims = {d["Name"]: d["Value"] for d in m.get("Dimensions", [])}
+            if repr(ns) not in spaces:
+                found.append(f"{name}: namespace {ns} is not the functions' PULSE_METRICS_NAMESPACE")
+            if m.get("MetricName") not in names:
+                found.append(f"{name}: {m.get('MetricName')} is not a metric shared/src/meter.rs records")
+            if dims.get("function") not in functions:
+                found.append(f"{name}: function dimension {dims.get('function')} is not one shared/src/lambda.rs gives")
+            watched.add((m.get("MetricName"), dims.get("outcome")))
+    for metric, outcome, what in [
+        ("pulse_heartbeat_lateness_max_seconds", None, "heartbeat lateness"),
+        ("pulse_heartbeats_total", "failed", "the heartbeat failure rate"),
+        ("pulse_hook_deliveries_total", "dead_lettered", "hook dead letters"),
+    ]:
+        if (metric, outcome) not in watched:
+            found.append(f"no alarm on {what} ({metric})")
     return found
 
 
@@ -169,6 +219,10 @@ def self_test(sam):
         "url with IAM auth": lambda t: fn(t, "WebhookReceiverFunction")["Properties"]["FunctionUrlConfig"].update(AuthType="AWS_IAM"),
         "DLQ without alarm": lambda t: t["Resources"].pop("HooksDeadLetterAlarm"),
         "function without alarm": lambda t: t["Resources"].pop("HookDispatcherErrorsAlarm"),
+        "no lateness alarm": lambda t: t["Resources"].pop("HeartbeatLatenessAlarm"),
+        "alarm on a metric nothing records": lambda t: fn(t, "HookDeadLettersAlarm")["Properties"].update(MetricName="pulse_hook_dead_letters"),
+        "alarm in another namespace": lambda t: fn(t, "HeartbeatLatenessAlarm")["Properties"].update(Namespace="Pulse"),
+        "alarm on a function that is not one": lambda t: fn(t, "HookDeadLettersAlarm")["Properties"]["Dimensions"][0].update(Value="hook-dispatcher"),
         "dispatcher without the encryption key": lambda t: fn(t, "HookDispatcherFunction")["Properties"]["Environment"]["Variables"].pop("PULSE_SECRETS_PATH"),
     }
     missed = []
@@ -198,7 +252,7 @@ def main(argv):
             print(f"the check missed these breakages: {', '.join(missed)}", file=sys.stderr)
             return 1
         print("template check: every breakage of the self-test was caught")
-    print(f"{path}: visibility >= 6x timeouts, a daily retention pass, DLQs with alarms, ReportBatchItemFailures, arm64 cargo-lambda builds, secrets from SSM: ok")
+    print(f"{path}: visibility >= 6x timeouts, a daily retention pass, DLQs with alarms, alarms on lateness, failures and dead letters, ReportBatchItemFailures, arm64 cargo-lambda builds, secrets from SSM: ok")
     return 0
 
 

@@ -10,6 +10,7 @@ mod bench;
 mod commands;
 mod demo;
 mod output;
+mod scrape;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

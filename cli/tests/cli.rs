@@ -384,6 +384,180 @@ fn serve_runs_heartbeats_until_it_is_told_to_stop() {
     assert!(log.contains("pulse serve stopped"), "{log}");
 }
 
+/// The value of the sample `name` (with its labels, as Prometheus prints them) in a
+/// scrape; `None` when it is not there.
+fn sample(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_counts_its_work_at_get_metrics_for_this_machine_or_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let agent = ok(
+        &d,
+        &["agents", "create", "--name", "counted", "--interval", "1h"],
+    );
+    let created = json(&d, &["webhooks", "create", "--agent", &agent]);
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    let id = created["webhook"]["id"].as_str().unwrap().to_owned();
+    let start_serve = |token: Option<&str>| {
+        let port = common::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut cmd = common::command(&d, &["serve", "--listen", &listen, "--tick", "100ms"]);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        if let Some(t) = token {
+            cmd.env("PULSE_DASHBOARD_TOKEN", t);
+        }
+        let child = cmd.spawn().unwrap();
+        wait_until("serve listens", Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        (child, format!("http://{listen}"))
+    };
+    let http = reqwest::Client::new();
+    let (mut serve, base) = start_serve(None);
+
+    // A signed webhook, and one signed with another secret.
+    let body = br#"{"event_type":"DEPLOY_FINISHED","payload":{"service":"api"}}"#;
+    for (n, key) in [
+        (1, secret.as_str()),
+        (2, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+    ] {
+        let headers = pulse_signatures::inbound::sign(
+            pulse_signatures::inbound::Scheme::Pulse,
+            key,
+            body,
+            jiff::Timestamp::now().as_second(),
+            &format!("dlv_{n}"),
+        )
+        .unwrap();
+        let mut req = http
+            .post(format!("{base}/webhooks/{id}"))
+            .body(body.to_vec());
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        req.send().await.unwrap();
+    }
+    // A turn, answered by the offline model.
+    ok(
+        &d,
+        &["say", "--agent", &agent, "--user", "ana", "are you there?"],
+    );
+    wait_until(
+        "the heartbeat and the turn",
+        Duration::from_secs(60),
+        || {
+            let hbs = json(&d, &["heartbeats", "list", "--agent", &agent]);
+            let done = hbs
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h["status"] == "COMPLETED");
+            let said = json(&d, &["conversation", "show", "--agent", &agent]);
+            done && said
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["role"] == "assistant")
+        },
+    );
+
+    let scrape = http.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(scrape.status(), 200);
+    let text = scrape.text().await.unwrap();
+    let completed = json(&d, &["heartbeats", "list", "--agent", &agent])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["status"] == "COMPLETED")
+        .count() as f64;
+    assert_eq!(
+        sample(&text, r#"pulse_heartbeats_total{outcome="completed"}"#),
+        Some(completed),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "pulse_heartbeats_claimed_total") >= Some(completed),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE pulse_heartbeat_lateness_max_seconds gauge"),
+        "{text}"
+    );
+    let webhook = |outcome| {
+        sample(
+            &text,
+            &format!(r#"pulse_webhook_requests_total{{outcome="{outcome}"}}"#),
+        )
+    };
+    assert_eq!(
+        (webhook("accepted"), webhook("bad_signature")),
+        (Some(1.0), Some(1.0)),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"pulse_turns_total{outcome="answered"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "pulse_turn_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"pulse_model_tokens_total{kind="output",provider="offline"}"#),
+        "{text}"
+    );
+
+    // Without a token, only requests made on this machine, not through a proxy.
+    let proxied = http
+        .get(format!("{base}/metrics"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(proxied.status(), 401);
+    let _ = serve.kill();
+    let _ = serve.wait();
+
+    // With the dashboard's token, a scraper sends it as a bearer token.
+    let token = "scrape-token-0123456789abcdef";
+    let (mut serve, base) = start_serve(Some(token));
+    let anonymous = http.get(format!("{base}/metrics")).send().await.unwrap();
+    let wrong = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth("scrape-token-0123456789abcdeX")
+        .send()
+        .await
+        .unwrap();
+    let right = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert_eq!(
+        (anonymous.status().as_u16(), wrong.status().as_u16()),
+        (401, 401)
+    );
+    assert_eq!(right.status(), 200);
+    assert!(
+        right
+            .text()
+            .await
+            .unwrap()
+            .contains("pulse_heartbeat_lateness_max_seconds")
+    );
+}
+
 fn spawn_serve(dir: &Path, extra_env: &[(&str, &str)], extra_args: &[&str]) -> std::process::Child {
     let mut cmd = common::command(dir, &["serve", "--tick", "100ms", "--listen", "off"]);
     cmd.args(extra_args)

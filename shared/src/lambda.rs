@@ -112,6 +112,56 @@ impl<T> Ready<T> {
     }
 }
 
+/// The Embedded Metric Format collector of one function: what the engine records
+/// during an invocation, printed to stdout after it as one JSON line per label set,
+/// which CloudWatch Logs turns into metrics in the namespace `PULSE_METRICS_NAMESPACE`
+/// (default `Pulse`), with the dimension `function`. No API call is made.
+pub struct Metrics(&'static metrics_cloudwatch_embedded::Collector);
+
+/// The function dimension of each Lambda function's metrics.
+pub mod function {
+    /// The heartbeat sweeper (and the retention pass).
+    pub const SWEEPER: &str = "sweeper";
+    /// The conversation worker: heartbeat jobs and turns.
+    pub const WORKER: &str = "worker";
+    /// The webhook receiver.
+    pub const RECEIVER: &str = "receiver";
+    /// The hook dispatcher.
+    pub const DISPATCHER: &str = "dispatcher";
+}
+
+impl Metrics {
+    /// Installs the process's metrics recorder for `function` (one of [`function`]).
+    /// Fails when a recorder is installed already.
+    pub fn install(function: &'static str) -> Result<Self, BoxError> {
+        let namespace = std::env::var("PULSE_METRICS_NAMESPACE")
+            .ok()
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| "Pulse".to_owned());
+        let collector = metrics_cloudwatch_embedded::Builder::new()
+            .cloudwatch_namespace(namespace)
+            .with_dimension("function", function)
+            .init()?;
+        crate::meter::describe();
+        Ok(Self(collector))
+    }
+
+    /// Writes what was recorded since the last flush as EMF lines, and starts again
+    /// from zero (counters and histograms; gauges keep their last value).
+    pub fn flush_to(&self, out: impl std::io::Write) -> std::io::Result<()> {
+        self.0.flush(out)
+    }
+
+    /// Runs one invocation, then prints its metrics to stdout (whatever it returned).
+    pub async fn around<F: Future>(&self, invocation: F) -> F::Output {
+        let out = invocation.await;
+        if let Err(e) = self.flush_to(std::io::stdout().lock()) {
+            error!(error = %e, "the invocation's metrics could not be written");
+        }
+        out
+    }
+}
+
 /// A sweep that met problems. Returned to Lambda so the invocation counts as an error
 /// (alarms see it); the next scheduled sweep retries whatever was missed.
 #[derive(Debug, thiserror::Error)]

@@ -30,6 +30,9 @@
 //!   or from a seed the simulator installs, so a simulated run replays exactly.
 //! - [`tally`]: the cloud requests one heartbeat or turn made — a task-local count the
 //!   AWS adapters add to as they send, and the engine writes onto the record.
+//! - [`meter`]: the metrics an operator watches, named once — recorded through the
+//!   `metrics` facade, printed as CloudWatch EMF lines under Lambda and served at
+//!   `GET /metrics` by `pulse serve`.
 //! - [`config`]: typed configuration from the environment, into the settings of the
 //!   engine and the adapters.
 //! - Entry points: [`http`] (the receiver's axum router — Discord interactions, signed
@@ -49,7 +52,7 @@
 //! Imports run one way, down this list; nothing imports a module above it:
 //!
 //! ```text
-//! error, entropy ← domain, sealing, tally ← ports ← engine ← adapters, tools, llm, discord, outbound
+//! error, entropy ← domain, sealing, tally, meter ← ports ← engine ← adapters, tools, llm, discord, outbound
 //!       ← config ← http, lambda ← app ← the `pulse` CLI and the Lambda functions
 //! ```
 //!
@@ -67,6 +70,7 @@ pub mod error;
 pub mod http;
 pub mod lambda;
 pub mod llm;
+pub mod meter;
 pub mod outbound;
 pub mod ports;
 pub mod sealing;

@@ -573,4 +573,177 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
     }
     types.sort();
     assert_eq!(types, ["AFTER_HEARTBEAT", "MESSAGE_SENT", "MESSAGE_SENT"]);
+
+    // 8. Each function printed its invocations' metrics as Embedded Metric Format lines:
+    // every one a valid EMF document, adding up to what the invocations did.
+    let log = watch.log();
+    let docs = emf_documents(&log);
+    assert!(!docs.is_empty(), "no EMF lines in the log:\n{log}");
+    for doc in &docs {
+        if let Err(why) = check_emf(doc) {
+            panic!("not a valid EMF document ({why}): {doc}");
+        }
+    }
+    let sum = |function: &str, metric: &str, labels: &[(&str, &str)]| {
+        emf_values(&docs, function, metric, labels)
+            .iter()
+            .sum::<f64>()
+    };
+    let accepted = [("outcome", "accepted")];
+    assert_eq!(
+        sum("receiver", "pulse_webhook_requests_total", &accepted),
+        1.0
+    );
+    assert_eq!(sum("sweeper", "pulse_heartbeats_claimed_total", &[]), 1.0);
+    let lateness = emf_values(
+        &docs,
+        "sweeper",
+        "pulse_heartbeat_lateness_max_seconds",
+        &[],
+    );
+    assert_eq!(lateness.len(), 1, "one sweep, one gauge value");
+    assert!(
+        (0.0..120.0).contains(&lateness[0]),
+        "the heartbeat was due at most moments before the sweep: {lateness:?}"
+    );
+    let completed = [("outcome", "completed")];
+    assert_eq!(sum("worker", "pulse_heartbeats_total", &completed), 1.0);
+    let answered = [("outcome", "answered")];
+    assert_eq!(sum("worker", "pulse_turns_total", &answered), 2.0);
+    assert_eq!(
+        emf_values(&docs, "worker", "pulse_turn_latency_seconds", &[]).len(),
+        2,
+        "a latency per turn"
+    );
+    // Four model calls (two steps of the heartbeat agent, two turns), 100 + 20 each.
+    let tokens = |kind| {
+        sum(
+            "worker",
+            "pulse_model_tokens_total",
+            &[("kind", kind), ("provider", "openai")],
+        )
+    };
+    assert_eq!((tokens("input"), tokens("output")), (400.0, 80.0));
+    let succeeded = [("outcome", "succeeded")];
+    assert_eq!(
+        sum("dispatcher", "pulse_hook_deliveries_total", &succeeded),
+        3.0
+    );
+}
+
+/// The EMF documents in a log: the lines that are JSON objects with an `_aws` member.
+fn emf_documents(log: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|line| line.find('{').map(|i| &line[i..]))
+        .filter_map(|json| serde_json::from_str::<Value>(json).ok())
+        .filter(|v| v.get("_aws").is_some())
+        .collect()
+}
+
+/// Checks one document against the Embedded Metric Format specification: a timestamp
+/// in milliseconds, directives naming a namespace, dimension sets of at most 30 keys
+/// that are string members of the root, and at most 100 metrics, each a root member
+/// holding a number or an array of at most 100 numbers, with a CloudWatch unit.
+fn check_emf(doc: &Value) -> Result<(), String> {
+    const UNITS: &[&str] = &[
+        "Seconds",
+        "Microseconds",
+        "Milliseconds",
+        "Bytes",
+        "Kilobytes",
+        "Megabytes",
+        "Gigabytes",
+        "Terabytes",
+        "Bits",
+        "Kilobits",
+        "Megabits",
+        "Gigabits",
+        "Terabits",
+        "Percent",
+        "Count",
+        "Bytes/Second",
+        "Kilobytes/Second",
+        "Megabytes/Second",
+        "Gigabytes/Second",
+        "Terabytes/Second",
+        "Bits/Second",
+        "Kilobits/Second",
+        "Megabits/Second",
+        "Gigabits/Second",
+        "Terabits/Second",
+        "Count/Second",
+        "None",
+    ];
+    let aws = doc["_aws"].as_object().ok_or("_aws is not an object")?;
+    let ts = aws
+        .get("Timestamp")
+        .and_then(Value::as_u64)
+        .ok_or("no Timestamp")?;
+    if ts < 1_600_000_000_000 {
+        return Err(format!("Timestamp {ts} is not in milliseconds"));
+    }
+    let directives = aws
+        .get("CloudWatchMetrics")
+        .and_then(Value::as_array)
+        .ok_or("no CloudWatchMetrics array")?;
+    if directives.is_empty() {
+        return Err("CloudWatchMetrics is empty".into());
+    }
+    for d in directives {
+        let ns = d["Namespace"].as_str().ok_or("no Namespace")?;
+        if ns.trim().is_empty() || ns.len() > 1024 {
+            return Err(format!("Namespace {ns:?}"));
+        }
+        let sets = d["Dimensions"].as_array().ok_or("no Dimensions array")?;
+        for set in sets {
+            let keys = set.as_array().ok_or("a dimension set is not an array")?;
+            if keys.len() > 30 {
+                return Err("more than 30 dimensions".into());
+            }
+            for k in keys {
+                let k = k.as_str().ok_or("a dimension key is not a string")?;
+                if !doc[k].is_string() {
+                    return Err(format!("dimension {k} has no string value at the root"));
+                }
+            }
+        }
+        let metrics = d["Metrics"].as_array().ok_or("no Metrics array")?;
+        if metrics.is_empty() || metrics.len() > 100 {
+            return Err(format!("{} metrics in a directive", metrics.len()));
+        }
+        for m in metrics {
+            let name = m["Name"].as_str().ok_or("a metric without a Name")?;
+            if let Some(unit) = m.get("Unit") {
+                let unit = unit.as_str().unwrap_or_default();
+                if !UNITS.contains(&unit) {
+                    return Err(format!("{name}: unit {unit:?}"));
+                }
+            }
+            match &doc[name] {
+                Value::Number(_) => {}
+                Value::Array(vs) if vs.len() <= 100 && vs.iter().all(Value::is_number) => {}
+                other => return Err(format!("{name} holds {other}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The values of `metric` in the documents of `function` whose labels are `labels`
+/// (and no others besides the function).
+fn emf_values(docs: &[Value], function: &str, metric: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    docs.iter()
+        .filter(|d| d["function"] == function)
+        .filter(|d| {
+            let dims = d["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0]
+                .as_array()
+                .map_or(0, Vec::len);
+            dims == labels.len() + 1 && labels.iter().all(|(k, v)| d[*k] == *v)
+        })
+        .flat_map(|d| match &d[metric] {
+            Value::Number(n) => n.as_f64().into_iter().collect(),
+            Value::Array(vs) => vs.iter().filter_map(Value::as_f64).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
 }

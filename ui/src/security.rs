@@ -48,6 +48,29 @@ impl Access {
     }
 }
 
+impl Access {
+    /// Whether a machine client (a Prometheus scraper at `GET /metrics`) may read: on
+    /// loopback, a request made on this machine; with a token, one that sends it as
+    /// `Authorization: Bearer <token>` (compared in constant time).
+    pub fn admits_bearer(&self, headers: &HeaderMap) -> bool {
+        match self {
+            Self::Open => from_this_machine(headers),
+            Self::Token(token) => headers
+                .get_all(header::AUTHORIZATION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .filter_map(|v| v.strip_prefix("Bearer "))
+                .any(|given| {
+                    let key = random();
+                    let expected = mac(&key, token.as_bytes()).finalize().into_bytes();
+                    mac(&key, given.trim().as_bytes())
+                        .verify_slice(&expected)
+                        .is_ok()
+                }),
+        }
+    }
+}
+
 /// The process's secrets for sessions and CSRF.
 pub(crate) struct Guard {
     access: Access,

@@ -211,6 +211,8 @@ pub(crate) async fn serve(
         limits,
         dashboard_token,
     } = serving;
+    // Recording starts before any work, so the first sweep is counted.
+    crate::scrape::install();
     let (sweeper, worker) = engine(config, b, clock.clone());
     // Set when the sweeper has stopped: nothing is claimed after it.
     let (swept_tx, swept_rx) = watch::channel(false);
@@ -478,16 +480,16 @@ impl Loops<'_> {
             }
         };
         let mut app = http::router(inbound);
-        if let Ok(local) = listener.local_addr()
-            && let Some(ui) = super::dashboard::beside_receiver(
-                config,
-                self.b,
-                self.clock.clone(),
-                local,
-                self.dashboard_token.as_deref(),
-            )
-        {
-            app = app.merge(ui);
+        if let Ok(local) = listener.local_addr() {
+            let token = self.dashboard_token.as_deref();
+            if let Some(ui) =
+                super::dashboard::beside_receiver(config, self.b, self.clock.clone(), local, token)
+            {
+                app = app.merge(ui);
+            }
+            if let Some(metrics) = crate::scrape::route(local, token) {
+                app = app.merge(metrics);
+            }
         }
         if let Err(e) = http::serve_app(listener, app, limits, shutdown).await {
             error!(error = %e, "the HTTP receiver stopped");

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use pulse_shared::app::{Services, connect};
-use pulse_shared::lambda::Ready;
+use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
+    let metrics = Metrics::install(function::WORKER)?;
     let worker = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);
@@ -21,9 +22,11 @@ async fn main() -> Result<(), Error> {
         Ok(connected.worker(clock, &config.engine, &Services::from_config(&config)))
     })
     .await?;
-    run(service_fn(|event: LambdaEvent<SqsEvent>| async {
-        let worker = worker.get().await?;
-        Ok::<_, Error>(lambda::sessions_batch(worker, event.payload).await)
+    run(service_fn(|event: LambdaEvent<SqsEvent>| {
+        metrics.around(async {
+            let worker = worker.get().await?;
+            Ok::<_, Error>(lambda::sessions_batch(worker, event.payload).await)
+        })
     }))
     .await
 }

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use pulse_shared::app::connect;
-use pulse_shared::lambda::Ready;
+use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
+    let metrics = Metrics::install(function::SWEEPER)?;
     let ready = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let connected = connect(&config, Arc::new(SystemClock)).await?;
@@ -21,15 +22,17 @@ async fn main() -> Result<(), Error> {
         Ok((sweeper, connected.store, config.retention))
     })
     .await?;
-    run(service_fn(|event: LambdaEvent<CloudWatchEvent>| async {
-        let (sweeper, store, retention) = ready.get().await?;
-        let now = jiff::Timestamp::now();
-        if lambda::is_retention(&event.payload) {
-            let report = lambda::retention(store.as_ref(), *retention, now).await?;
-            return Ok::<_, Error>(serde_json::to_value(report)?);
-        }
-        let report = lambda::sweep(sweeper, event.payload, now).await?;
-        Ok(serde_json::to_value(report)?)
+    run(service_fn(|event: LambdaEvent<CloudWatchEvent>| {
+        metrics.around(async {
+            let (sweeper, store, retention) = ready.get().await?;
+            let now = jiff::Timestamp::now();
+            if lambda::is_retention(&event.payload) {
+                let report = lambda::retention(store.as_ref(), *retention, now).await?;
+                return Ok::<_, Error>(serde_json::to_value(report)?);
+            }
+            let report = lambda::sweep(sweeper, event.payload, now).await?;
+            Ok(serde_json::to_value(report)?)
+        })
     }))
     .await
 }

@@ -9,13 +9,14 @@ use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
 use pulse_shared::app::connect;
 use pulse_shared::engine::DispatchSettings;
-use pulse_shared::lambda::Ready;
+use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
+    let metrics = Metrics::install(function::DISPATCHER)?;
     let dispatcher = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);
@@ -31,9 +32,11 @@ async fn main() -> Result<(), Error> {
             })
     })
     .await?;
-    run(service_fn(|event: LambdaEvent<SqsEvent>| async {
-        let dispatcher = dispatcher.get().await?;
-        Ok::<_, Error>(lambda::hooks_batch(dispatcher, event.payload).await)
+    run(service_fn(|event: LambdaEvent<SqsEvent>| {
+        metrics.around(async {
+            let dispatcher = dispatcher.get().await?;
+            Ok::<_, Error>(lambda::hooks_batch(dispatcher, event.payload).await)
+        })
     }))
     .await
 }

@@ -12,7 +12,7 @@ use lambda_http::request::RequestContext;
 use lambda_http::{Error, run, service_fn};
 use pulse_shared::app::connect;
 use pulse_shared::http::{ClientIp, Inbound, router};
-use pulse_shared::lambda::Ready;
+use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
 use pulse_shared::telemetry;
 use tower::ServiceExt;
@@ -30,6 +30,7 @@ async fn source_ip(mut req: Request, next: Next) -> Response {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
+    let metrics = Metrics::install(function::RECEIVER)?;
     let app = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);
@@ -38,9 +39,11 @@ async fn main() -> Result<(), Error> {
         Ok::<Router, Error>(router(Arc::new(inbound)).layer(middleware::from_fn(source_ip)))
     })
     .await?;
-    run(service_fn(|req: lambda_http::Request| async {
-        let app = app.get().await?.clone();
-        Ok::<_, Error>(app.oneshot(req.map(axum::body::Body::new)).await?)
+    run(service_fn(|req: lambda_http::Request| {
+        metrics.around(async {
+            let app = app.get().await?.clone();
+            Ok::<_, Error>(app.oneshot(req.map(axum::body::Body::new)).await?)
+        })
     }))
     .await
 }

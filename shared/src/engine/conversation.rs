@@ -505,11 +505,15 @@ impl Conversation {
         };
         let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len());
         // The requests the run makes are counted onto the turn it writes.
-        crate::tally::scope(
+        let outcome = crate::tally::scope(
             self.run_inner(&first.agent_id.clone(), signals)
                 .instrument(span),
         )
-        .await
+        .await;
+        if outcome.is_err() {
+            crate::meter::turn_failed();
+        }
+        outcome
     }
 
     async fn run_inner(
@@ -709,6 +713,8 @@ impl Conversation {
                 .record_interaction(agent_id, self.clock.now())
                 .await?;
         }
+        let waited = self.clock.now().duration_since(pending[0].created_at);
+        crate::meter::turn_answered(waited.try_into().unwrap_or_default());
         Ok(outcome)
     }
 
@@ -793,6 +799,7 @@ impl Conversation {
                 }
             };
             asked.usage.add(resp.usage);
+            crate::meter::tokens(resp.provider, &resp.usage);
             last_input = resp.usage.input_tokens;
             asked.provider = resp.provider.to_owned();
             asked.model = resp.model.clone();

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
@@ -11,6 +12,7 @@ use tracing::{debug, info};
 use super::EngineSettings;
 use crate::domain::{ClaimRequest, DedupId, EventCursor, Heartbeat, HeartbeatId, OutgoingTask};
 use crate::error::chain;
+use crate::meter;
 use crate::ports::{SendFailure, SessionQueue, Store};
 
 /// What one sweep did.
@@ -27,6 +29,14 @@ pub struct SweepReport {
     /// Problems met (failed queries, claims or sends). A heartbeat claimed but not
     /// queued is picked up again when its lease expires.
     pub errors: Vec<SweepProblem>,
+    /// How late the latest claimed heartbeat was: milliseconds from its due time to
+    /// its claim (0 when none was claimed).
+    pub lateness_max_ms: u64,
+    /// The 99th percentile of the claims' lateness, in milliseconds.
+    pub lateness_p99_ms: u64,
+    /// Each claim's lateness, gathered across shards.
+    #[serde(skip)]
+    lateness: Vec<Duration>,
 }
 
 /// A problem one sweep met; displayed (and serialized) as the line an operator reads.
@@ -122,11 +132,17 @@ impl Sweeper {
             total.skipped += r.skipped;
             total.queued += r.queued;
             total.errors.extend(r.errors);
+            total.lateness.extend(r.lateness);
         }
+        let (max, p99) = meter::max_and_p99(&total.lateness);
+        total.lateness_max_ms = max.as_millis() as u64;
+        total.lateness_p99_ms = p99.as_millis() as u64;
+        meter::sweep(&total.lateness);
         if total.due > 0 || !total.errors.is_empty() {
             info!(
                 due = total.due,
                 claimed = total.claimed,
+                lateness_max_ms = total.lateness_max_ms,
                 skipped = total.skipped,
                 queued = total.queued,
                 errors = total.errors.len(),
@@ -213,6 +229,10 @@ impl Sweeper {
             match r {
                 Ok(Some(hb)) => {
                     debug!(heartbeat_id = %id, claim = hb.claim, "claimed");
+                    let late = now.duration_since(hb.scheduled_at);
+                    report
+                        .lateness
+                        .push(late.try_into().unwrap_or(Duration::ZERO));
                     claimed.push(hb);
                 }
                 Ok(None) => report.skipped += 1,

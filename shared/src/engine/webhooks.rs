@@ -91,6 +91,27 @@ pub enum Verdict {
     Unavailable(&'static str, StoreError),
 }
 
+impl Verdict {
+    /// Its name in metrics: `accepted`, `duplicate`, `rate_limited`, `unavailable`, or
+    /// why the request was refused.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Accepted(_) => "accepted",
+            Self::Duplicate(_) => "duplicate",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::Unavailable(..) => "unavailable",
+            Self::Refused(why, _) => match why {
+                Refused::NotFound => "not_found",
+                Refused::Disabled => "disabled",
+                Refused::BadSignature => "bad_signature",
+                Refused::BadBody => "bad_body",
+                Refused::NotAllowed => "not_allowed",
+                Refused::SeenAndRefused => "refused_before",
+            },
+        }
+    }
+}
+
 /// Takes signed webhook requests in: the webhooks it has read recently, and the store
 /// and queue it writes to.
 pub struct WebhookIntake {
@@ -151,6 +172,18 @@ impl WebhookIntake {
     /// Takes in a request to webhook `id` (as the URL gave it) with its headers, raw
     /// body and source address.
     pub async fn receive(
+        &self,
+        id: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        ip: Option<String>,
+    ) -> Verdict {
+        let verdict = self.judge(id, headers, body, ip).await;
+        crate::meter::webhook_request(verdict.outcome());
+        verdict
+    }
+
+    async fn judge(
         &self,
         id: &str,
         headers: &HeaderMap,

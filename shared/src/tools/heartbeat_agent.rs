@@ -207,6 +207,7 @@ impl HeartbeatAgent {
                 .await
                 .map_err(|e| chain(&e))?;
             t.usage.add(resp.usage);
+            crate::meter::tokens(resp.provider, &resp.usage);
             last_input = resp.usage.input_tokens;
             t.model = resp.model.clone();
             t.steps

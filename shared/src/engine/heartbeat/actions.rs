@@ -13,6 +13,7 @@ use crate::domain::{
 };
 use crate::engine::budget;
 use crate::error::{EngineError, StoreError};
+use crate::meter;
 use crate::ports::ToolFailure;
 
 /// How starting an action went.
@@ -84,6 +85,17 @@ impl HeartbeatRunner {
                 Ok(()) => {}
                 Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
                 Err(e) => return Err(e.into()),
+            }
+            // Counted once, when recorded: a replayed action is not counted again.
+            if action.status == ActionStatus::Failed {
+                meter::action_failed();
+            }
+            let capped = new_events
+                .iter()
+                .filter(|e| e.cascade.as_ref().is_some_and(|c| c.capped))
+                .count();
+            if capped > 0 {
+                meter::cascade_capped(capped);
             }
             if action.tool.as_str() == HEARTBEAT_AGENT {
                 let tokens = model_tokens(action.response.as_ref());

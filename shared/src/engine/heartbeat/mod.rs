@@ -60,6 +60,19 @@ pub enum RunOutcome {
     Superseded,
 }
 
+impl RunOutcome {
+    /// How the heartbeat was recorded, if this run finished it: `completed`, `failed`
+    /// or `cancelled`.
+    pub fn finished_as(&self) -> Option<&'static str> {
+        match self {
+            Self::Completed(_) => Some("completed"),
+            Self::Failed(_) => Some("failed"),
+            Self::Cancelled | Self::Interrupted(_) | Self::Tripped(_) => Some("cancelled"),
+            Self::Deferred(_) | Self::AlreadyFinished | Self::Superseded => None,
+        }
+    }
+}
+
 /// Runs heartbeat jobs.
 pub struct HeartbeatRunner {
     store: Arc<dyn Store>,
@@ -161,7 +174,13 @@ impl HeartbeatRunner {
             beat = heartbeat.beat,
         );
         // The requests the run makes are counted onto the finished record.
-        crate::tally::scope(self.run_inner(heartbeat).instrument(span)).await
+        let outcome = crate::tally::scope(self.run_inner(heartbeat).instrument(span)).await;
+        if let Ok(outcome) = &outcome
+            && let Some(name) = outcome.finished_as()
+        {
+            crate::meter::heartbeat(name);
+        }
+        outcome
     }
 
     async fn run_inner(&self, hb: &Heartbeat) -> Result<RunOutcome, EngineError> {

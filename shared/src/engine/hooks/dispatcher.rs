@@ -293,6 +293,7 @@ impl Dispatcher {
             Err(e) => return Err(e.into()),
         }
         log_attempt(&hook, &d, &attempt);
+        crate::meter::hook_delivery(if succeeded { "succeeded" } else { "failed" });
         self.health(&hook, succeeded, at, disable).await?;
         if let (Some(task), Some(next)) = (task, d.next_attempt_at) {
             self.schedule(task, &d, next).await?;
@@ -306,6 +307,7 @@ impl Dispatcher {
                 d.last_error.as_deref().unwrap_or("?")
             );
             self.queue.dead_letter(task, &reason).await?;
+            crate::meter::hook_delivery("dead_lettered");
             warn!(hook_id = %hook.id, delivery_id = %d.id, attempts = d.attempts, "hook delivery exhausted; dead-lettered (`pulse hooks replay --delivery {}` sends it again)", d.id);
         }
         Ok(attempt)
