@@ -99,6 +99,10 @@ pub(crate) enum Command {
     /// finished heartbeats, read events, actions, conversation turns, hook deliveries,
     /// webhook logs. `pulse serve` does this hourly.
     Prune(commands::prune::PruneArgs),
+    /// Is the deployment healthy? Agents, overdue heartbeats, queues and dead letters,
+    /// failing hooks, refusing webhooks, today's tokens; exits 1 when something needs
+    /// attention, one line each with the command to look closer.
+    Status(commands::status::StatusArgs),
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),
@@ -123,6 +127,8 @@ pub(crate) enum Command {
 pub(crate) enum Failure {
     Input(String),
     Runtime(anyhow::Error),
+    /// The command did its work and found something wrong (exit 1): `pulse status`.
+    Attention(String),
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
@@ -148,6 +154,10 @@ fn main() -> ExitCode {
         Err(Failure::Input(msg)) => {
             eprintln!("error: {msg}");
             ExitCode::from(2)
+        }
+        Err(Failure::Attention(msg)) => {
+            eprintln!("{msg}");
+            ExitCode::from(1)
         }
         Err(Failure::Runtime(e)) => {
             eprintln!("error: {e:#}");

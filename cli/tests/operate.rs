@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Backend, bad, dir_on, json, ok};
+use common::{Backend, bad, dir_on, json, ok, pulse};
 use serde_json::Value;
 
 fn find<'a>(list: &'a Value, key: &str, id: &str) -> Option<&'a Value> {
@@ -606,4 +606,54 @@ fn retention_is_set_per_agent_and_prune_counts_before_it_removes_on(backend: Bac
     }
     let err = bad(d, &["prune", "--dry-run", "--vacuum"]);
     assert!(err.contains("cannot be used with"), "{err}");
+}
+
+both!(
+    status_says_what_needs_attention_and_exits_1_for_an_overdue_heartbeat,
+    status_says_what_needs_attention_and_exits_1_for_an_overdue_heartbeat_on
+);
+fn status_says_what_needs_attention_and_exits_1_for_an_overdue_heartbeat_on(backend: Backend) {
+    let dir = dir_on(backend);
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "watched"]);
+    // Due now; overdue only two sweep intervals (2 minutes by default) on.
+    let text = ok(d, &["status"]);
+    assert!(
+        text.contains("agents     1 active, 0 paused, 0 failing"),
+        "{text}"
+    );
+    assert!(text.contains("nothing needs attention"), "{text}");
+
+    // No sweeper runs here: held to a 100 ms sweep, the heartbeat is overdue once
+    // 200 ms have passed.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = pulse(d, &["status", "--sweep-interval", "100ms"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("! 1 heartbeat overdue: due more than 200ms ago and not claimed"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "pulse heartbeats list --agent {agent} shows the oldest"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "1 thing needs attention"
+    );
+    let out = pulse(d, &["status", "--sweep-interval", "100ms", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["overdue"], 1, "{s}");
+    assert_eq!(s["agents"]["active"], 1);
+    assert_eq!(s["findings"].as_array().unwrap().len(), 1, "{s}");
+
+    // A sweep claims it: nothing is overdue.
+    ok(d, &["sweep"]);
+    ok(d, &["status", "--sweep-interval", "100ms"]);
+    let err = bad(d, &["status", "--sweep-interval", "0s"]);
+    assert!(err.contains("positive duration"), "{err}");
 }

@@ -784,6 +784,8 @@ pub trait HookQueue: Send + Sync {
     async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError>;
     /// Keeps a delivery whose attempts are used up, for inspection and redrive.
     async fn dead_letter(&self, task: &HookTask, reason: &str) -> Result<(), StoreError>;
+    /// What it holds, and its dead-letter queue.
+    async fn backlog(&self) -> Result<Backlog, StoreError>;
 }
 
 /// What came of one attempt to send a hook.
@@ -864,6 +866,17 @@ pub struct SendReport {
     pub failed: Vec<(usize, SendFailure)>,
 }
 
+/// What a queue holds (SQS: approximate counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Backlog {
+    /// Waiting to be received, delayed ones included.
+    pub waiting: u64,
+    /// Received and not yet deleted.
+    pub in_flight: u64,
+    /// In its dead-letter queue; `None` when it has none this process can read.
+    pub dead: Option<u64>,
+}
+
 /// The sessions queue: FIFO per group (session), one in-flight message per group,
 /// deduplication by id, redelivery after a visibility timeout.
 #[async_trait]
@@ -877,6 +890,8 @@ pub trait SessionQueue: Send + Sync {
     async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError>;
     /// Makes an in-flight message visible again after `delay`.
     async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), StoreError>;
+    /// What it holds, and its dead-letter queue.
+    async fn backlog(&self) -> Result<Backlog, StoreError>;
 }
 
 /// What came of calling a tool.

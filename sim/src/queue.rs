@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pulse_shared::domain::{Delivery, OutgoingTask, Receipt};
 use pulse_shared::error::StoreError;
-use pulse_shared::ports::{HookMessage, HookQueue, SendReport, SessionQueue};
+use pulse_shared::ports::{Backlog, HookMessage, HookQueue, SendReport, SessionQueue};
 
 use crate::faults::{Dice, Fault, lock};
 use crate::store::StorePolicy;
@@ -111,6 +111,10 @@ fn seq(receipt: &Receipt) -> Option<i64> {
 
 #[async_trait]
 impl SessionQueue for SimQueue {
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        self.inner.backlog().await
+    }
+
     async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError> {
         self.policy.before("queue send").await?;
         self.inner.send(tasks).await
@@ -162,6 +166,10 @@ pub struct SimHookQueue {
 
 #[async_trait]
 impl HookQueue for SimHookQueue {
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        self.inner.backlog().await
+    }
+
     fn max_delay(&self) -> Duration {
         self.inner.max_delay()
     }

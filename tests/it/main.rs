@@ -19,4 +19,5 @@ mod queue;
 mod reminders;
 mod retention;
 mod secrets_at_rest;
+mod status;
 mod thinking;

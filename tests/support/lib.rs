@@ -628,6 +628,12 @@ impl RecordingHookQueue {
 
 #[async_trait::async_trait]
 impl HookQueue for RecordingHookQueue {
+    async fn backlog(
+        &self,
+    ) -> Result<pulse_shared::ports::Backlog, pulse_shared::error::StoreError> {
+        self.inner.backlog().await
+    }
+
     fn max_delay(&self) -> Duration {
         self.inner.max_delay()
     }

@@ -18,6 +18,7 @@ pub(crate) mod schedules;
 pub(crate) mod secrets;
 pub(crate) mod serve;
 pub(crate) mod simulate;
+pub(crate) mod status;
 mod story;
 pub(crate) mod subscriptions;
 pub(crate) mod tools;
@@ -66,6 +67,7 @@ enum Plan {
     Hooks(hooks::HooksPlan),
     Usage(usage::UsagePlan),
     Prune(prune::PrunePlan),
+    Status(status::StatusPlan),
     Secrets,
 }
 
@@ -87,6 +89,7 @@ impl Plan {
             | Plan::Schedules(_)
             | Plan::Usage(_)
             | Plan::Prune(_)
+            | Plan::Status(_)
             | Plan::Secrets => false,
         }
     }
@@ -111,6 +114,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
         Command::Usage(a) => Plan::Usage(usage::plan(a)?),
         Command::Prune(a) => Plan::Prune(prune::plan(a)?),
+        Command::Status(a) => Plan::Status(status::plan(a)?),
         Command::Secrets(_) => Plan::Secrets,
         Command::Discord(_)
         | Command::Bench(_)
@@ -185,6 +189,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Hooks(p) => hooks::execute(p, &cx).await,
         Plan::Usage(p) => usage::execute(p, &cx).await,
         Plan::Prune(p) => prune::execute(p, &cx).await,
+        Plan::Status(p) => status::execute(p, &cx).await,
         Plan::Secrets => secrets::reseal(&b, &out).await,
     }
 }

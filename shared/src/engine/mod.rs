@@ -24,6 +24,7 @@ pub mod memory;
 pub mod reminders;
 mod retention;
 mod schedule;
+mod status;
 mod sweep;
 mod switches;
 mod trace;
@@ -45,6 +46,7 @@ pub use hooks::{
 pub use lifecycle::{Lifecycle, LifecycleError, Scheduled, Toggled, Updated};
 pub use retention::{PruneReport, prune};
 pub use schedule::{failure_delay, next_run};
+pub use status::{AgentCounts, Finding, Status, status};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};
 pub use trace::{Trace, trace};

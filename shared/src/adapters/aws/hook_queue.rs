@@ -9,7 +9,7 @@ use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use super::session_queue::{SqsQueue, err, record_failed};
 use crate::domain::{Delivery, HookTask, Receipt};
 use crate::error::StoreError;
-use crate::ports::{HookMessage, HookQueue, SendReport, SessionQueue};
+use crate::ports::{Backlog, HookMessage, HookQueue, SendReport, SessionQueue};
 
 /// The hooks queue on a standard SQS queue: per-message delay (at most 15 minutes),
 /// redelivery after the visibility timeout, and a dead-letter queue that exhausted
@@ -38,6 +38,11 @@ impl SqsHookQueue {
 
 #[async_trait]
 impl HookQueue for SqsHookQueue {
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        super::session_queue::backlog(&self.client, &self.url, self.dead_letter_url.as_deref())
+            .await
+    }
+
     async fn send(&self, messages: &[HookMessage]) -> Result<SendReport, StoreError> {
         let mut report = SendReport::default();
         for (chunk_no, chunk) in messages.chunks(10).enumerate() {

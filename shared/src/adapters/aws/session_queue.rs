@@ -9,7 +9,7 @@ use aws_sdk_sqs::types::{
 
 use crate::domain::{Delivery, OutgoingTask, Receipt};
 use crate::error::StoreError;
-use crate::ports::{SendFailure, SendReport, SessionQueue};
+use crate::ports::{Backlog, SendFailure, SendReport, SessionQueue};
 
 /// An SQS FIFO queue.
 #[derive(Clone, Debug)]
@@ -37,8 +37,80 @@ pub(super) fn seconds(d: Duration) -> i32 {
     d.as_secs().min(43_200) as i32
 }
 
+/// A queue's approximate counts, and its dead-letter queue's: the one its redrive
+/// policy names, else `dead_letter_url`.
+pub(super) async fn backlog(
+    client: &aws_sdk_sqs::Client,
+    url: &str,
+    dead_letter_url: Option<&str>,
+) -> Result<Backlog, StoreError> {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let attrs = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(A::ApproximateNumberOfMessages)
+        .attribute_names(A::ApproximateNumberOfMessagesDelayed)
+        .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+        .attribute_names(A::RedrivePolicy)
+        .send()
+        .await
+        .map_err(|e| err("read queue attributes")(e.into()))?;
+    let attrs = attrs.attributes().cloned().unwrap_or_default();
+    let n = |a: &A| {
+        attrs
+            .get(a)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // The redrive policy names the DLQ by ARN; its URL comes from its name.
+    let redrive = attrs
+        .get(&A::RedrivePolicy)
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned))
+        .and_then(|arn| arn.rsplit(':').next().map(str::to_owned));
+    let dead_url = match redrive {
+        Some(name) => Some(
+            client
+                .get_queue_url()
+                .queue_name(name)
+                .send()
+                .await
+                .map_err(|e| err("find the dead-letter queue")(e.into()))?
+                .queue_url()
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        None => dead_letter_url.map(str::to_owned),
+    };
+    let dead = match dead_url.filter(|u| !u.is_empty()) {
+        Some(dlq) => {
+            let out = client
+                .get_queue_attributes()
+                .queue_url(dlq)
+                .attribute_names(A::ApproximateNumberOfMessages)
+                .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+                .send()
+                .await
+                .map_err(|e| err("read dead-letter queue attributes")(e.into()))?;
+            let a = out.attributes().cloned().unwrap_or_default();
+            let m = |k: &A| a.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            Some(m(&A::ApproximateNumberOfMessages) + m(&A::ApproximateNumberOfMessagesNotVisible))
+        }
+        None => None,
+    };
+    Ok(Backlog {
+        waiting: n(&A::ApproximateNumberOfMessages) + n(&A::ApproximateNumberOfMessagesDelayed),
+        in_flight: n(&A::ApproximateNumberOfMessagesNotVisible),
+        dead,
+    })
+}
+
 #[async_trait]
 impl SessionQueue for SqsQueue {
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        backlog(&self.client, &self.url, None).await
+    }
+
     async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError> {
         let mut report = SendReport::default();
         for (chunk_no, chunk) in tasks.chunks(10).enumerate() {

@@ -11,7 +11,7 @@ use rusqlite::{TransactionBehavior, params};
 use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, HookTask, Receipt, to_ms};
 use crate::error::StoreError;
-use crate::ports::{Clock, HookMessage, HookQueue, SendReport};
+use crate::ports::{Backlog, Clock, HookMessage, HookQueue, SendReport};
 
 /// The hooks queue of `pulse serve`.
 #[derive(Clone)]
@@ -57,6 +57,10 @@ impl SqliteHookQueue {
 
 #[async_trait]
 impl HookQueue for SqliteHookQueue {
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        super::session_queue::backlog(&self.db, "hook_queue", "hook_dead", self.clock.now()).await
+    }
+
     async fn send(&self, messages: &[HookMessage]) -> Result<SendReport, StoreError> {
         let rows: Vec<(String, i64)> = messages
             .iter()

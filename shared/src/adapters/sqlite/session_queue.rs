@@ -15,13 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use jiff::SignedDuration;
+use jiff::{SignedDuration, Timestamp};
 use rusqlite::{TransactionBehavior, params};
 
 use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, OutgoingTask, Receipt, to_ms};
 use crate::error::StoreError;
-use crate::ports::{Clock, SendReport, SessionQueue};
+use crate::ports::{Backlog, Clock, SendReport, SessionQueue};
 
 /// The sessions queue of `pulse serve`.
 #[derive(Clone)]
@@ -91,8 +91,43 @@ impl SqliteQueue {
     }
 }
 
+/// Counts a queue table's messages (in flight: received, their visibility not yet
+/// over) and its dead-letter table's.
+pub(super) async fn backlog(
+    db: &Db,
+    queue: &'static str,
+    dead: &'static str,
+    now: Timestamp,
+) -> Result<Backlog, StoreError> {
+    let now = to_ms(now);
+    let sql = format!(
+        "SELECT COUNT(*), COALESCE(SUM(receipt IS NOT NULL AND visible_ms > ?1), 0), \
+         (SELECT COUNT(*) FROM {dead}) FROM {queue}"
+    );
+    db.call("count queue", move |conn| {
+        conn.query_row(&sql, [now], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+        .map(|(all, flying, dead)| Backlog {
+            waiting: (all - flying).max(0) as u64,
+            in_flight: flying.max(0) as u64,
+            dead: Some(dead.max(0) as u64),
+        })
+        .map_err(sqlite_err("count queue"))
+    })
+    .await
+}
+
 #[async_trait]
 impl SessionQueue for SqliteQueue {
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        backlog(&self.db, "queue_messages", "queue_dead", self.clock.now()).await
+    }
+
     async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError> {
         let tasks = tasks.to_vec();
         let now = self.clock.now();

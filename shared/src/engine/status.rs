@@ -1,0 +1,291 @@
+//! Is the deployment healthy? One read of everything an operator would look at first —
+//! agents, overdue heartbeats, the queues and their dead letters, hooks, webhooks,
+//! today's tokens — and the findings that need attention, each with the command that
+//! looks closer. `pulse status` prints it.
+
+use futures::{StreamExt, stream};
+use jiff::{SignedDuration, Timestamp};
+use serde::Serialize;
+
+use super::budget;
+use crate::domain::{Agent, RequestStatus, WebhookRequest};
+use crate::error::StoreError;
+use crate::ports::{Backlog, HookQueue, SessionQueue, Store};
+
+/// Agents read at once.
+const CONCURRENCY: usize = 8;
+/// Overdue heartbeats counted at most (the count says "at least" beyond).
+const OVERDUE_SCAN: usize = 1_000;
+/// A webhook's latest requests looked at.
+const REQUESTS_SCAN: usize = 20;
+
+/// What `pulse status` reports.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    /// When it was read.
+    pub at: Option<Timestamp>,
+    /// Agents, by state.
+    pub agents: AgentCounts,
+    /// Heartbeats due more than two sweep intervals ago and not claimed (counted up to
+    /// 1,000), and the oldest due time among them.
+    pub overdue: usize,
+    /// The oldest due time of the overdue heartbeats.
+    pub oldest_overdue: Option<Timestamp>,
+    /// How long past due counts as overdue, in milliseconds.
+    pub overdue_after_ms: i64,
+    /// The sessions queue.
+    pub sessions_queue: Backlog,
+    /// The hooks queue, when hooks are configured.
+    pub hooks_queue: Option<Backlog>,
+    /// Model tokens spent today (each agent's day, in its time zone).
+    pub tokens_today: u64,
+    /// What needs attention.
+    pub findings: Vec<Finding>,
+}
+
+/// Agents, by state.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct AgentCounts {
+    /// Not paused.
+    pub active: usize,
+    /// Paused.
+    pub paused: usize,
+    /// Whose latest heartbeats failed (their live heartbeat follows failures).
+    pub failing: usize,
+}
+
+/// Something that needs attention.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// What is wrong.
+    pub what: String,
+    /// The command that looks closer.
+    pub look: String,
+}
+
+/// Reads the status at `now`: overdue means due more than two `sweep_interval`s ago.
+/// `sweeper_hint` says where the sweeper runs (the finding's advice).
+pub async fn status(
+    store: &dyn Store,
+    sessions: &dyn SessionQueue,
+    hooks: Option<&dyn HookQueue>,
+    now: Timestamp,
+    sweep_interval: SignedDuration,
+    sweeper_hint: &str,
+) -> Result<Status, StoreError> {
+    let overdue_after = sweep_interval * 2;
+    let mut s = Status {
+        at: Some(now),
+        overdue_after_ms: overdue_after.as_millis() as i64,
+        ..Status::default()
+    };
+
+    // Overdue: the due index as a sweep at `now - 2 intervals` would read it.
+    let cutoff = now.checked_sub(overdue_after).unwrap_or(now);
+    let mut overdue = Vec::new();
+    for shard in 0..store.due_shards().max(1) {
+        let mut page = None;
+        loop {
+            let due = store.due(shard, cutoff, page, 100).await?;
+            overdue.extend(due.ids);
+            page = due.next;
+            if page.is_none() || overdue.len() >= OVERDUE_SCAN {
+                break;
+            }
+        }
+    }
+    s.overdue = overdue.len();
+    if !overdue.is_empty() {
+        let mut oldest: Option<crate::domain::Heartbeat> = None;
+        for id in overdue.iter().take(20) {
+            if let Some(hb) = store.get_heartbeat(id).await?
+                && oldest
+                    .as_ref()
+                    .is_none_or(|o| hb.scheduled_at < o.scheduled_at)
+            {
+                oldest = Some(hb);
+            }
+        }
+        s.oldest_overdue = oldest.as_ref().map(|h| h.scheduled_at);
+        let look = match &oldest {
+            Some(h) => format!(
+                "{sweeper_hint}; pulse heartbeats list --agent {} shows the oldest",
+                h.agent_id
+            ),
+            None => sweeper_hint.to_owned(),
+        };
+        let oldest = s
+            .oldest_overdue
+            .map(|t| format!("; the oldest was due at {t}"))
+            .unwrap_or_default();
+        s.findings.push(Finding {
+            what: format!(
+                "{}{} overdue: due more than {overdue_after:#} ago and not claimed{oldest}",
+                if s.overdue >= OVERDUE_SCAN {
+                    "at least "
+                } else {
+                    ""
+                },
+                plural(s.overdue, "heartbeat"),
+            ),
+            look,
+        });
+    }
+
+    // Agents: their live heartbeat, hooks, webhooks' latest requests, today's tokens.
+    let agents = store.list_agents().await?;
+    let webhooks = store.list_webhooks().await?;
+    let read: Vec<Result<AgentStatus, StoreError>> = stream::iter(agents.iter())
+        .map(|a| agent_status(store, a, now))
+        .buffered(CONCURRENCY)
+        .collect()
+        .await;
+    for (agent, r) in agents.iter().zip(read) {
+        let a = r?;
+        if agent.is_paused() {
+            s.agents.paused += 1;
+        } else {
+            s.agents.active += 1;
+        }
+        s.tokens_today += a.tokens_today;
+        if a.failures > 0 {
+            s.agents.failing += 1;
+            s.findings.push(Finding {
+                what: format!(
+                    "agent {}: its last {} failed",
+                    agent.name,
+                    plural(a.failures as usize, "heartbeat")
+                ),
+                look: format!("pulse heartbeats list --agent {} --status FAILED", agent.id),
+            });
+        }
+        s.findings.extend(a.findings);
+    }
+    for w in webhooks.iter().filter(|w| w.active) {
+        let requests = store.list_requests(&w.id, REQUESTS_SCAN).await?;
+        let Some(latest) = requests.first() else {
+            continue;
+        };
+        let refused = |r: &&WebhookRequest| {
+            !matches!(
+                r.status,
+                RequestStatus::Accepted | RequestStatus::Duplicate | RequestStatus::Suppressed
+            )
+        };
+        if !refused(&latest)
+            || now.duration_since(latest.received_at) > SignedDuration::from_hours(24)
+        {
+            continue;
+        }
+        let in_a_row = requests.iter().take_while(refused).count();
+        let name = agents
+            .iter()
+            .find(|a| a.id == w.agent_id)
+            .map_or(w.agent_id.as_str(), |a| a.name.as_str());
+        let were = if in_a_row == 1 {
+            "request was"
+        } else {
+            "requests were"
+        };
+        s.findings.push(Finding {
+            what: format!(
+                "webhook {} (agent {name}): its last {in_a_row} {were} refused ({} {}, latest at {})",
+                w.id,
+                latest.http_status,
+                latest.reason.as_deref().unwrap_or("refused"),
+                latest.received_at,
+            ),
+            look: format!("pulse webhooks requests --webhook {}", w.id),
+        });
+    }
+
+    // The queues and their dead letters.
+    s.sessions_queue = sessions.backlog().await?;
+    if let Some(dead) = s.sessions_queue.dead.filter(|d| *d > 0) {
+        s.findings.push(Finding {
+            what: format!(
+                "{} in the sessions dead-letter queue: heartbeat jobs or turns that failed five times",
+                plural(dead as usize, "message")
+            ),
+            look: "the worker's log names each failure by message id; fix the cause, then redrive the dead-letter queue".into(),
+        });
+    }
+    if let Some(hooks) = hooks {
+        let backlog = hooks.backlog().await?;
+        if let Some(dead) = backlog.dead.filter(|d| *d > 0) {
+            s.findings.push(Finding {
+                what: format!(
+                    "{} in the hooks dead-letter queue: deliveries whose retries ran out",
+                    plural(dead as usize, "message")
+                ),
+                look: "pulse hooks deliveries --hook ID, then pulse hooks replay --delivery ID"
+                    .into(),
+            });
+        }
+        s.hooks_queue = Some(backlog);
+    }
+    Ok(s)
+}
+
+/// What one agent contributes.
+struct AgentStatus {
+    /// Failed heartbeats in a row before its live one.
+    failures: u32,
+    tokens_today: u64,
+    findings: Vec<Finding>,
+}
+
+async fn agent_status(
+    store: &dyn Store,
+    agent: &Agent,
+    now: Timestamp,
+) -> Result<AgentStatus, StoreError> {
+    let live = store.heartbeats_page(&agent.id, None, 1).await?;
+    let failures = live.first().map_or(0, |h| h.consecutive_failures);
+    let tokens_today = budget::spent_today(store, agent, now).await?.spent;
+    let mut findings = Vec::new();
+    for h in store.list_hooks(&agent.id).await? {
+        let target = h.target.to_string();
+        if !h.active {
+            // Disabled by a person: their choice, not a problem.
+            let Some(why) = h
+                .disabled_reason
+                .as_deref()
+                .filter(|r| !r.contains("by a user"))
+            else {
+                continue;
+            };
+            findings.push(Finding {
+                what: format!(
+                    "hook {} (agent {}, {} → {target}) was disabled: {why}",
+                    h.id, agent.name, h.hook_type
+                ),
+                look: format!(
+                    "pulse hooks deliveries --hook {}; once the receiver is fixed, pulse hooks enable {}",
+                    h.id, h.id
+                ),
+            });
+        } else if let Some(since) = h.failing_since {
+            findings.push(Finding {
+                what: format!(
+                    "hook {} (agent {}, {} → {target}) has failed since {since}; it is disabled after {:#} of failures",
+                    h.id, agent.name, h.hook_type, h.disable_after
+                ),
+                look: format!("pulse hooks deliveries --hook {}", h.id),
+            });
+        }
+    }
+    Ok(AgentStatus {
+        failures,
+        tokens_today,
+        findings,
+    })
+}
+
+fn plural(n: usize, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
+}
