@@ -23,7 +23,7 @@ const REQUESTS_SCAN: usize = 20;
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Status {
     /// When it was read.
-    pub at: Option<Timestamp>,
+    pub at: Timestamp,
     /// Agents, by state.
     pub agents: AgentCounts,
     /// Heartbeats due more than two sweep intervals ago and not claimed (counted up to
@@ -75,7 +75,7 @@ pub async fn status(
 ) -> Result<Status, StoreError> {
     let overdue_after = sweep_interval * 2;
     let mut s = Status {
-        at: Some(now),
+        at: now,
         overdue_after_ms: overdue_after.as_millis() as i64,
         ..Status::default()
     };
