@@ -14,7 +14,7 @@ use pulse_shared::domain::{
     Agent, AttemptStatus, DeliveryStatus, Hook, HookDelivery, HookId, HookTarget, HookType,
     RetrySchedule,
 };
-use pulse_shared::engine::{Emission, Handled};
+use pulse_shared::engine::Handled;
 use pulse_signatures::inbound::{Scheme, standard_signature, verify};
 use pulse_tests::fake_hooks::{Answer, FakeReceiver};
 use pulse_tests::{Backend, FakeTool, Kind, RecordingHookQueue, on_both_backends, settings};
@@ -35,23 +35,7 @@ async fn hook(b: &Backend, agent: &Agent, hook_type: &str, url: &str) -> Hook {
 
 /// Emits one AFTER_HEARTBEAT-like delivery for the agent's hooks of `hook_type`.
 async fn emit(b: &Backend, agent: &Agent, hook_type: &str) -> usize {
-    let e = b.emitter();
-    let routes = e.routes(&agent.id).await.unwrap();
-    e.emit(
-        &routes,
-        agent,
-        Emission {
-            hook_type: HookType::parse(hook_type).unwrap(),
-            heartbeat_id: None,
-            action_id: None,
-            data: json!({"n": 1}),
-            triggered_by: "TEST".into(),
-            key_ms: b.now().as_millisecond() as u64,
-            key: vec!["k".into()],
-        },
-    )
-    .await
-    .unwrap()
+    b.emit_hook(agent, hook_type).await
 }
 
 async fn deliveries(b: &Backend, h: &HookId) -> Vec<HookDelivery> {

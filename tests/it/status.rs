@@ -9,7 +9,7 @@ use pulse_shared::domain::{
     HookTarget, HookType, RequestStatus, RetrySchedule, Spend, Webhook, WebhookRequest,
     WebhookScheme,
 };
-use pulse_shared::engine::{Emission, Status, budget, status};
+use pulse_shared::engine::{Status, budget, status};
 use pulse_shared::ports::Store;
 use pulse_tests::fake_hooks::{Answer, FakeReceiver};
 use pulse_tests::{Backend, FakeTool, Kind, on_both_backends, settings};
@@ -123,24 +123,7 @@ async fn reads_what_needs_attention(kind: Kind) {
         h.disabled_reason = reason.map(str::to_owned);
         b.store.create_hook(&h).await.unwrap();
     }
-    let emitter = b.emitter();
-    let routes = emitter.routes(&agent.id).await.unwrap();
-    emitter
-        .emit(
-            &routes,
-            &agent,
-            Emission {
-                hook_type: HookType::parse("AFTER_HEARTBEAT").unwrap(),
-                heartbeat_id: None,
-                action_id: None,
-                data: json!({"n": 1}),
-                triggered_by: "TEST".into(),
-                key_ms: b.now().as_millisecond() as u64,
-                key: vec!["k".into()],
-            },
-        )
-        .await
-        .unwrap();
+    assert_eq!(b.emit_hook(&agent, "AFTER_HEARTBEAT").await, 1);
     let polled = b
         .dispatcher()
         .poll_once(10, std::time::Duration::from_secs(60))

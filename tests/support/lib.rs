@@ -433,6 +433,28 @@ impl Backend {
         Worker::new(Arc::new(runner))
     }
 
+    /// Emits one delivery of `hook_type` to each of the agent's hooks of that type, as a
+    /// lifecycle point would; returns how many were queued.
+    pub async fn emit_hook(&self, agent: &Agent, hook_type: &str) -> usize {
+        let e = self.emitter();
+        let routes = e.routes(&agent.id).await.unwrap();
+        e.emit(
+            &routes,
+            agent,
+            pulse_shared::engine::Emission {
+                hook_type: pulse_shared::domain::HookType::parse(hook_type).unwrap(),
+                heartbeat_id: None,
+                action_id: None,
+                data: json!({"n": 1}),
+                triggered_by: "TEST".into(),
+                key_ms: self.now().as_millisecond() as u64,
+                key: vec!["k".into()],
+            },
+        )
+        .await
+        .unwrap()
+    }
+
     /// What emits hooks to this backend's hooks queue.
     pub fn emitter(&self) -> pulse_shared::engine::HookEmitter {
         self.connected()
