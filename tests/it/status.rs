@@ -88,7 +88,7 @@ async fn reads_what_needs_attention(kind: Kind) {
     b.drain(&worker).await;
     let s = read(&b).await;
     assert_eq!((s.overdue, s.agents.failing), (0, 1));
-    assert_eq!(whats(&s), ["agent scout: its last 1 heartbeat failed"]);
+    assert_eq!(whats(&s), ["agent scout: its last heartbeat failed"]);
     assert_eq!(
         s.findings[0].look,
         format!("pulse heartbeats list --agent {} --status FAILED", agent.id)
@@ -174,7 +174,7 @@ async fn reads_what_needs_attention(kind: Kind) {
     assert_eq!(s.sessions_queue.dead, expected_dead);
     let found = whats(&s);
     assert_eq!(found.len(), 5, "{found:#?}");
-    assert_eq!(found[0], "agent scout: its last 1 heartbeat failed");
+    assert_eq!(found[0], "agent scout: its last heartbeat failed");
     let failing_hook = found
         .iter()
         .find(|w| w.starts_with(&format!("hook {} ", failing.id)))

@@ -83,10 +83,16 @@ pub async fn status(
     // Overdue: the due index as a sweep at `now - 2 intervals` would read it.
     let cutoff = now.checked_sub(overdue_after).unwrap_or(now);
     let mut overdue = Vec::new();
+    // Each shard lists by due time: its first is its oldest.
+    let mut firsts = Vec::new();
     for shard in 0..store.due_shards().max(1) {
         let mut page = None;
         loop {
+            let first_page = page.is_none();
             let due = store.due(shard, cutoff, page, 100).await?;
+            if first_page && let Some(first) = due.ids.first() {
+                firsts.push(first.clone());
+            }
             overdue.extend(due.ids);
             page = due.next;
             if page.is_none() || overdue.len() >= OVERDUE_SCAN {
@@ -97,7 +103,7 @@ pub async fn status(
     s.overdue = overdue.len();
     if !overdue.is_empty() {
         let mut oldest: Option<crate::domain::Heartbeat> = None;
-        for id in overdue.iter().take(20) {
+        for id in &firsts {
             if let Some(hb) = store.get_heartbeat(id).await?
                 && oldest
                     .as_ref()
@@ -150,12 +156,12 @@ pub async fn status(
         s.tokens_today += a.tokens_today;
         if a.failures > 0 {
             s.agents.failing += 1;
+            let last = match a.failures {
+                1 => "heartbeat".to_owned(),
+                n => format!("{n} heartbeats"),
+            };
             s.findings.push(Finding {
-                what: format!(
-                    "agent {}: its last {} failed",
-                    agent.name,
-                    plural(a.failures as usize, "heartbeat")
-                ),
+                what: format!("agent {}: its last {last} failed", agent.name),
                 look: format!("pulse heartbeats list --agent {} --status FAILED", agent.id),
             });
         }
@@ -167,10 +173,7 @@ pub async fn status(
             continue;
         };
         let refused = |r: &&WebhookRequest| {
-            !matches!(
-                r.status,
-                RequestStatus::Accepted | RequestStatus::Duplicate | RequestStatus::Suppressed
-            )
+            !matches!(r.status, RequestStatus::Accepted | RequestStatus::Duplicate)
         };
         if !refused(&latest)
             || now.duration_since(latest.received_at) > SignedDuration::from_hours(24)
