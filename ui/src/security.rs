@@ -46,9 +46,7 @@ impl Access {
             )),
         }
     }
-}
 
-impl Access {
     /// Whether a machine client (a Prometheus scraper at `GET /metrics`) may read: on
     /// loopback, a request made on this machine; with a token, one that sends it as
     /// `Authorization: Bearer <token>` (compared in constant time).
