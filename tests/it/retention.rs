@@ -87,18 +87,41 @@ async fn retention(kind: Kind) {
     };
     assert_eq!(dry.pruned.hook_deliveries, hook_rows, "{dry:?}");
 
+    let counter = w.b.aws.as_ref().map(|c| c.counter.clone());
+    counter.iter().for_each(|c| c.reset());
     let done = pass(&w, true).await;
     assert_eq!(
         done.pruned, dry.pruned,
         "the dry run counted what the pass removed"
     );
     assert!(done.reclaimed.is_some());
+    let removing = counter.as_ref().map(|c| c.snapshot());
+    counter.iter().for_each(|c| c.reset());
     let again = pass(&w, true).await;
     assert_eq!(
         again.pruned.total(),
         0,
         "a second pass finds nothing: {again:?}"
     );
+    // What the daily pass costs on DynamoDB: ranged Queries per agent, and one
+    // BatchWriteItem per 25 items removed; nothing written when nothing is old.
+    if let (Some(removing), Some(c)) = (removing, &counter) {
+        let idle = c.snapshot();
+        eprintln!("retention pass requests: removing {removing:?}; nothing to remove {idle:?}");
+        let n =
+            |m: &std::collections::BTreeMap<String, u64>, op: &str| m.get(op).copied().unwrap_or(0);
+        assert_eq!(n(&idle, "DynamoDB.BatchWriteItem"), 0, "{idle:?}");
+        // Seven ranged Queries an agent (old heartbeats, the event frontier, events,
+        // actions, messages, signals, turns), one listing the agents.
+        assert_eq!(n(&idle, "DynamoDB.Query"), 7 * 3 + 1, "{idle:?}");
+        assert_eq!(n(&removing, "DynamoDB.Query"), 7 * 3 + 1, "{removing:?}");
+        let items = done.pruned.total();
+        eprintln!("retention pass: {items} items removed");
+        assert!(
+            n(&removing, "DynamoDB.BatchWriteItem") <= items.div_ceil(25) + 3,
+            "{removing:?} for {items} items"
+        );
+    }
 
     // The active agent: old heartbeats, events and turns gone; the rest kept.
     let events = event_ids(w.b.store.as_ref(), &active).await;
