@@ -2,7 +2,7 @@
 //!
 //! The engine records through the [`metrics`] facade; where the numbers go is the
 //! process's choice. The Lambda functions install an Embedded Metric Format collector
-//! ([`crate::lambda::metrics`]) and print one JSON line per label set after each
+//! ([`crate::lambda::Metrics`]) and print one JSON line per label set after each
 //! invocation, which CloudWatch turns into metrics with no API call; `pulse serve`
 //! installs the Prometheus recorder and serves it at `GET /metrics`. Without a recorder
 //! (the CLI's other verbs, the tests) recording costs nothing.
@@ -22,8 +22,8 @@ use crate::domain::Usage;
 pub const HEARTBEATS: &str = "pulse_heartbeats_total";
 /// Heartbeats claimed by sweeps.
 pub const CLAIMED: &str = "pulse_heartbeats_claimed_total";
-/// The latest heartbeat claimed by the last sweep: seconds from its due time to its
-/// claim (0 when the sweep claimed none). Above two sweep intervals, the sweeper is
+/// The most overdue of the heartbeats the last sweep claimed: seconds from its due time
+/// to its claim (0 when the sweep claimed none). Above two sweep intervals, the sweeper is
 /// stalled or throttled.
 pub const LATENESS_MAX: &str = "pulse_heartbeat_lateness_max_seconds";
 /// The 99th percentile of the last sweep's lateness.
@@ -53,7 +53,7 @@ pub fn describe() {
     describe_gauge!(
         LATENESS_MAX,
         Unit::Seconds,
-        "Due time to claim of the latest heartbeat the last sweep claimed"
+        "Due time to claim of the most overdue heartbeat the last sweep claimed"
     );
     describe_gauge!(
         LATENESS_P99,

@@ -29,8 +29,8 @@ pub struct SweepReport {
     /// Problems met (failed queries, claims or sends). A heartbeat claimed but not
     /// queued is picked up again when its lease expires.
     pub errors: Vec<SweepProblem>,
-    /// How late the latest claimed heartbeat was: milliseconds from its due time to
-    /// its claim (0 when none was claimed).
+    /// How late the most overdue of the claimed heartbeats was: milliseconds from its
+    /// due time to its claim (0 when none was claimed).
     pub lateness_max_ms: u64,
     /// The 99th percentile of the claims' lateness, in milliseconds.
     pub lateness_p99_ms: u64,
