@@ -11,7 +11,6 @@ use pulse_shared::domain::{
     TaskEnvelope, ToolName,
 };
 use pulse_shared::engine::{EngineSettings, RunOutcome, Worker};
-use pulse_shared::ports::Store;
 use pulse_tests::{
     Backend, FakeTool, Kind, Reply, closed_port_url, ok_with_events, on_both_backends, settings,
 };
@@ -402,15 +401,7 @@ async fn engine_failure(kind: Kind) {
     let job = b.emit(&agent, "JOB", json!({})).await;
     b.advance(SignedDuration::from_secs(5));
 
-    let faulty = Arc::new(pulse_tests::faults::faulty(b.store.clone()));
-    faulty.policy().fail("start_action");
-    let store: Arc<dyn Store> = faulty.clone();
-    let runner = b.runner_with(
-        store,
-        Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
-        settings(),
-    );
-    let worker = pulse_shared::engine::Worker::new(runner);
+    let (faulty, worker) = b.worker_failing("start_action");
 
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&worker).await;

@@ -2,15 +2,12 @@
 //! while the sweeper is stopped and not once it runs again, a failing agent, a failing
 //! hook with its dead letter, a disabled one, a refusing webhook, today's tokens.
 
-use std::sync::Arc;
-
 use jiff::SignedDuration;
 use pulse_shared::domain::{
     HookTarget, HookType, RequestStatus, RetrySchedule, Spend, Webhook, WebhookRequest,
     WebhookScheme,
 };
 use pulse_shared::engine::{Status, budget, status};
-use pulse_shared::ports::Store;
 use pulse_tests::fake_hooks::{Answer, FakeReceiver};
 use pulse_tests::{Backend, FakeTool, Kind, on_both_backends, settings};
 use serde_json::json;
@@ -75,15 +72,7 @@ async fn reads_what_needs_attention(kind: Kind) {
     // is overdue, and the agent is failing.
     b.emit(&agent, "JOB", json!({})).await;
     b.advance(SignedDuration::from_secs(5));
-    let faulty = Arc::new(pulse_tests::faults::faulty(b.store.clone()));
-    faulty.policy().fail("start_action");
-    let store: Arc<dyn Store> = faulty.clone();
-    let runner = b.runner_with(
-        store,
-        Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
-        settings(),
-    );
-    let worker = pulse_shared::engine::Worker::new(runner);
+    let (_, worker) = b.worker_failing("start_action");
     assert_eq!(b.sweeper(settings()).sweep_once(b.now()).await.claimed, 1);
     b.drain(&worker).await;
     let s = read(&b).await;

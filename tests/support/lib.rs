@@ -418,6 +418,17 @@ impl Backend {
         )
     }
 
+    /// A worker whose store fails every call of `op` (until healed through the returned
+    /// store's policy), running heartbeats with the real HTTP tool runner: how a test
+    /// makes a heartbeat fail mid-run.
+    pub fn worker_failing(&self, op: &'static str) -> (Arc<faults::FaultyStore>, Worker) {
+        let faulty = Arc::new(faults::faulty(self.store.clone()));
+        faulty.policy().fail(op);
+        let store: Arc<dyn Store> = faulty.clone();
+        let runner = self.runner_with(store, Arc::new(Tools::new(test_egress())), settings());
+        (faulty, Worker::new(runner))
+    }
+
     /// A worker running heartbeat jobs with the real HTTP tool runner.
     pub fn worker(&self, settings: EngineSettings) -> Worker {
         Worker::new(self.runner(settings))
