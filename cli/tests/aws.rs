@@ -253,6 +253,68 @@ fn the_first_errors_say_what_to_do_in_one_line() {
     );
 }
 
+#[test]
+fn before_init_a_command_says_to_run_init_or_set_the_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = pulse_aws(dir.path(), &["agents", "list"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("PULSE_TABLE")
+            && e.contains("eval \"$(pulse init)\"")
+            && e.contains("PULSE_STACK"),
+        "{e}"
+    );
+}
+
+#[test]
+fn init_keeps_the_key_in_one_file_every_shell_finds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n = name();
+    let first = pulse_aws(d, &["init", "--name", &n, "--json"], &[]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let exports: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    let file = exports["PULSE_ENCRYPTION_KEY_FILE"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(Path::new(&file), d.join(format!("{n}.key")));
+    let key = std::fs::read_to_string(&file).unwrap();
+    // A second shell runs init again: the same file, the same key.
+    let second = pulse_aws(d, &["init", "--name", &n, "--json"], &[]);
+    let again: serde_json::Value = serde_json::from_slice(&second.stdout).unwrap();
+    assert_eq!(again["PULSE_ENCRYPTION_KEY_FILE"], file.as_str());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), key);
+    // With its exports, one shell seals a webhook's secret and another reads it back.
+    let vars: Vec<(String, String)> = exports
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let agent = pulse_aws(d, &["agents", "create", "--name", "keyed"], &vars);
+    assert!(agent.status.success(), "{}", text(&agent.stderr));
+    let agent = text(&agent.stdout).trim().to_owned();
+    let made = pulse_aws(d, &["webhooks", "create", "--agent", &agent], &vars);
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let listed = pulse_aws(d, &["webhooks", "list", "--json"], &vars);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    // With the key set explicitly as well, the two ways conflict and it says so.
+    let both = pulse_aws(
+        d,
+        &["agents", "list"],
+        &[vars.as_slice(), &[("PULSE_ENCRYPTION_KEY", key.trim())]].concat(),
+    );
+    assert_eq!(both.status.code(), Some(2));
+    assert!(
+        text(&both.stderr).contains("unset one of them"),
+        "{}",
+        text(&both.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulse_stack_finds_the_table_queues_receiver_and_secrets_of_a_deployment() {
     let stack = unique("stack").replace('.', "-");

@@ -13,7 +13,6 @@
 //! | `PULSE_CASCADE_DEPTH` | cascade depth cap | `3` |
 //! | `PULSE_MAX_WINDOW_EVENTS` | window events per heartbeat | `500` |
 //! | `PULSE_SWEEP_MAX` | claims per sweep | `10000` |
-//! | `PULSE_REGISTRY_TTL` | how long a worker caches tools and subscriptions | `10s` |
 //! | `PULSE_LLM_PROVIDER` | `anthropic`, `openai` or `offline` | the provider whose key is set; `offline` (logged) when none is |
 //! | `PULSE_LLM_BASE_URL` | API base of the default provider | the provider's own |
 //! | `PULSE_LLM_BASE_URLS` | further base URLs (comma-separated) the deployment's key may be sent to when an agent names one | none |
@@ -33,6 +32,7 @@
 //! | `PULSE_HOOKS_QUEUE_URL` | the hooks standard SQS queue (`aws`) | unset: hooks are not emitted |
 //! | `PULSE_HOOKS_DLQ_URL` | where exhausted deliveries are sent (`aws`) | unset: recorded EXHAUSTED only |
 //! | `PULSE_ENCRYPTION_KEY` | the key webhook and hook secrets are encrypted with at rest (base64 of 32 bytes; `pulse secrets new-key`) | SQLite: a key file beside the database (`<db>.key`, mode 0600), made on first use; AWS: required to create or read webhooks and hooks |
+//! | `PULSE_ENCRYPTION_KEY_FILE` | instead of `PULSE_ENCRYPTION_KEY`: a file holding the key (mode 0600, yours, not a symlink); `pulse init` on AWS makes one and exports this | unset |
 //! | `PULSE_ENCRYPTION_OLD_KEYS` | earlier keys, comma separated: they still decrypt, and what they decrypt is encrypted again with the current key | none |
 //! | `PULSE_SECRETS_PATH` | Lambda only: an SSM Parameter Store path whose parameters (named like these variables, e.g. `/pulse/DISCORD_BOT_TOKEN`) are read on the first invocation and override the environment | unset: the environment only |
 
@@ -210,7 +210,6 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             cascade_depth: self.number("PULSE_CASCADE_DEPTH", d.cascade_depth, 0)?,
             max_window_events: self.number("PULSE_MAX_WINDOW_EVENTS", d.max_window_events, 1)?,
             sweep_max: self.number("PULSE_SWEEP_MAX", d.sweep_max, 1)?,
-            registry_ttl: self.duration("PULSE_REGISTRY_TTL", d.registry_ttl)?,
             ..d
         };
         if settings.lease < SignedDuration::from_secs(1) {
@@ -355,16 +354,29 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         Ok(HooksConfig { allow })
     }
 
-    /// The keys secrets are sealed with at rest, if `PULSE_ENCRYPTION_KEY` is set.
+    /// The keys secrets are sealed with at rest, if `PULSE_ENCRYPTION_KEY` is set, or
+    /// `PULSE_ENCRYPTION_KEY_FILE` names the file holding it (`pulse init` makes one).
     pub fn encryption(&self) -> Result<Option<EncryptionKeys>, ConfigError> {
         let old = self.get("PULSE_ENCRYPTION_OLD_KEYS");
-        match self.get("PULSE_ENCRYPTION_KEY") {
-            None if old.is_some() => Err(ConfigError::new(
+        let file = self.get("PULSE_ENCRYPTION_KEY_FILE");
+        match (self.get("PULSE_ENCRYPTION_KEY"), file) {
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                "PULSE_ENCRYPTION_KEY_FILE",
+                "is set and so is PULSE_ENCRYPTION_KEY: give the key one way; unset one of them",
+            )),
+            (None, Some(file)) => {
+                let (key, _) = crate::sealing::key_file(std::path::Path::new(&file), false)
+                    .map_err(|e| ConfigError::new("PULSE_ENCRYPTION_KEY_FILE", e.to_string()))?;
+                EncryptionKeys::parse(&key, old.as_deref())
+                    .map(Some)
+                    .map_err(|e| ConfigError::new("PULSE_ENCRYPTION_OLD_KEYS", e.to_string()))
+            }
+            (None, None) if old.is_some() => Err(ConfigError::new(
                 "PULSE_ENCRYPTION_OLD_KEYS",
                 "is set but PULSE_ENCRYPTION_KEY is not: old keys only decrypt; set the current key too",
             )),
-            None => Ok(None),
-            Some(key) => {
+            (None, None) => Ok(None),
+            (Some(key), None) => {
                 if let Err(e) = EncryptionKeys::parse(&key, None) {
                     return Err(ConfigError::new("PULSE_ENCRYPTION_KEY", e.to_string()));
                 }
@@ -378,8 +390,14 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
     /// The AWS resources.
     pub fn aws(&self) -> Result<AwsSettings, ConfigError> {
         let required = |var: &'static str, what: &str| {
-            self.get(var)
-                .ok_or_else(|| ConfigError::new(var, format!("is not set; give the {what}")))
+            self.get(var).ok_or_else(|| {
+                ConfigError::new(
+                    var,
+                    format!(
+                        "is not set; give the {what}: against an emulator, `eval \"$(pulse init)\"` makes the table and queues and sets it; after `sam deploy`, set PULSE_STACK to the stack's name instead"
+                    ),
+                )
+            })
         };
         Ok(AwsSettings {
             table: required("PULSE_TABLE", "DynamoDB table name")?,

@@ -500,8 +500,12 @@ pub trait ToolRegistry: Send + Sync {
         id: &SubscriptionId,
         active: bool,
     ) -> Result<(), StoreError>;
-    /// Every tool and subscription.
+    /// Every tool and subscription, with the registry version they are at (read
+    /// consistently: a version read before is never newer than what this returns).
     async fn load_registry(&self) -> Result<Registry, StoreError>;
+    /// The registry version alone: one small read. Every change to a tool or a
+    /// subscription adds one to it in the same atomic write.
+    async fn registry_version(&self) -> Result<u64, StoreError>;
 }
 
 /// What `begin_turn` found.

@@ -129,6 +129,7 @@ faulty!(ToolRegistry {
     fn add_subscription(&self, sub: &Subscription) -> ();
     fn set_subscription_active(&self, id: &SubscriptionId, active: bool) -> ();
     fn load_registry(&self) -> Registry;
+    fn registry_version(&self) -> u64;
 });
 
 faulty!(ConversationStore {

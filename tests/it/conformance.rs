@@ -820,6 +820,46 @@ async fn registry(kind: Kind) {
     ));
 }
 
+on_both_backends!(
+    every_change_to_tools_and_subscriptions_moves_the_registry_version_and_a_refused_one_does_not,
+    registry_version
+);
+async fn registry_version(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let version = || async { b.store.registry_version().await.unwrap() };
+    assert_eq!(version().await, 0, "a new store");
+    assert_eq!(b.store.load_registry().await.unwrap().version, 0);
+    let name = ToolName::parse("Mailer").unwrap();
+    let tool = Tool::http(
+        name.clone(),
+        "http://127.0.0.1:9/",
+        std::time::Duration::from_secs(3),
+        b.now(),
+    )
+    .unwrap();
+    b.store.add_tool(&tool).await.unwrap();
+    assert_eq!(version().await, 1);
+    assert!(b.store.add_tool(&tool).await.is_err());
+    assert_eq!(version().await, 1, "a refused add changes nothing");
+    b.store.update_tool(&tool).await.unwrap();
+    b.store.set_tool_active(&name, false).await.unwrap();
+    assert_eq!(version().await, 3);
+    let sub = b.subscribe(&name, "NOTE", 0, Filter::default()).await;
+    b.store.set_subscription_active(&sub, false).await.unwrap();
+    assert_eq!(version().await, 5);
+    let loaded = b.store.load_registry().await.unwrap();
+    assert_eq!(
+        loaded.version, 5,
+        "the registry carries the version it was read at"
+    );
+    assert_eq!(loaded.subscriptions.len(), 1);
+    b.store.remove_subscription(&sub).await.unwrap();
+    assert!(b.store.remove_subscription(&sub).await.is_err());
+    b.store.remove_tool(&name).await.unwrap();
+    assert!(b.store.set_tool_active(&name, true).await.is_err());
+    assert_eq!(version().await, 7);
+}
+
 on_both_backends!(the_due_index_pages_through_every_due_heartbeat_once, paging);
 async fn paging(kind: Kind) {
     let b = Backend::new(kind).await;

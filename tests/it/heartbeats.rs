@@ -940,3 +940,46 @@ fn a_new_agents_first_heartbeat_follows_its_time_zone_across_a_dst_change() {
     let (_, first) = new.create(at("2026-03-28T22:30:00Z")).unwrap();
     assert_eq!(first.scheduled_at, at("2026-03-29T06:00:00Z"));
 }
+
+on_both_backends!(
+    a_subscription_added_while_the_worker_runs_sees_the_next_event,
+    new_subscription
+);
+async fn new_subscription(kind: Kind) {
+    let b = Backend::new(kind).await;
+    // One worker for the whole test: it caches the registry it reads.
+    let worker = b.worker(settings());
+    let beat = || async {
+        let report = b.sweeper(settings()).sweep_once(b.now()).await;
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        b.drain(&worker).await
+    };
+    let (agent, _) = b.agent("scout", "1m").await;
+    assert_eq!(
+        beat().await,
+        1,
+        "a first heartbeat reads and caches the registry"
+    );
+
+    // A tool and its subscription arrive while the worker runs, then an event for it.
+    let tool = FakeTool::start().await;
+    b.tool("late-comer", &tool.url(), "NOTE").await;
+    let note = b.emit(&agent, "NOTE", json!({"text": "hello"})).await;
+    b.advance(SignedDuration::from_mins(1));
+    assert_eq!(beat().await, 1);
+    assert_eq!(
+        tool.event_ids(),
+        [note.id.to_string()],
+        "the next heartbeat ran the new tool for the event"
+    );
+
+    // Switched off again: the next event is not sent to it.
+    b.store
+        .set_tool_active(&ToolName::parse("late-comer").unwrap(), false)
+        .await
+        .unwrap();
+    b.emit(&agent, "NOTE", json!({"text": "again"})).await;
+    b.advance(SignedDuration::from_mins(1));
+    assert_eq!(beat().await, 1);
+    assert_eq!(tool.event_ids().len(), 1, "a disabled tool is not called");
+}

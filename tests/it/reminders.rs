@@ -228,3 +228,86 @@ async fn tool(kind: Kind) {
     .unwrap_err();
     assert!(err.contains("exactly one"), "{err}");
 }
+
+on_both_backends!(
+    a_reminder_fires_at_its_time_through_the_quiet_period_after_a_user_message,
+    through_quiet
+);
+async fn through_quiet(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("1h", "2005").await;
+    assert_eq!(w.beat().await, 1, "the first heartbeat");
+    // The reminder first, then the user talks 6 s before it is due: the quiet period
+    // (half the interval) would push an ordinary heartbeat 30 minutes out.
+    let at = w.b.now() + SignedDuration::from_secs(60);
+    w.ops
+        .schedule(&agent.id, ScheduleRule::Once { at }, Some("stretch".into()))
+        .await
+        .unwrap();
+    w.b.advance(SignedDuration::from_secs(54));
+    w.b.say(&agent, "still there?").await;
+    w.b.drain(&w.worker).await;
+    w.b.advance(SignedDuration::from_secs(6));
+    assert_eq!(
+        w.beat().await,
+        1,
+        "the reminder's heartbeat runs at its time"
+    );
+    assert_eq!(wakes(&w, &agent).await, ["stretch"]);
+    assert_eq!(
+        w.latest(&agent).await.beat,
+        3,
+        "it ran: a next heartbeat is filed"
+    );
+
+    // The user talks first, then a reminder due within the quiet period is made.
+    w.b.say(&agent, "remind me in 20 seconds").await;
+    w.b.drain(&w.worker).await;
+    let at = w.b.now() + SignedDuration::from_secs(20);
+    w.ops
+        .schedule(&agent.id, ScheduleRule::Once { at }, Some("tea".into()))
+        .await
+        .unwrap();
+    w.b.advance(SignedDuration::from_secs(20));
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(wakes(&w, &agent).await, ["stretch", "tea"]);
+}
+
+on_both_backends!(
+    a_reminder_fires_at_its_time_outside_the_active_hours,
+    outside_hours
+);
+async fn outside_hours(kind: Kind) {
+    let w = world(kind).await;
+    // Active 08:00-22:00 UTC; it is 21:00.
+    let nine_pm: jiff::Timestamp = "2026-05-01T21:00:00Z".parse().unwrap();
+    w.b.advance(nine_pm.duration_since(w.b.now()));
+    let mut new = pulse_shared::domain::NewAgent::named("night");
+    new.interval = "2h".parse().unwrap();
+    new.active_hours = Some("08:00-22:00".parse().unwrap());
+    let (agent, first) = new.create(w.b.now()).unwrap();
+    w.b.store.create_agent(&agent, &first).await.unwrap();
+    assert_eq!(w.beat().await, 1, "the first heartbeat");
+    // Its next heartbeat is planned for 08:00; the user wants a reminder at 23:30.
+    let half_past_eleven: jiff::Timestamp = "2026-05-01T23:30:00Z".parse().unwrap();
+    let made = w
+        .ops
+        .schedule(
+            &agent.id,
+            ScheduleRule::Once {
+                at: half_past_eleven,
+            },
+            Some("lock the door".into()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(made.pulled, Some(half_past_eleven), "not moved to 08:00");
+    w.b.advance(half_past_eleven.duration_since(w.b.now()));
+    assert_eq!(w.beat().await, 1, "it runs at 23:30");
+    assert_eq!(wakes(&w, &agent).await, ["lock the door"]);
+    // The agent's own next heartbeat goes back inside its hours.
+    assert_eq!(
+        w.latest(&agent).await.scheduled_at,
+        "2026-05-02T08:00:00Z".parse::<jiff::Timestamp>().unwrap()
+    );
+}

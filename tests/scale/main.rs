@@ -113,10 +113,7 @@ async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transa
     assert_eq!(jobs.len(), n);
     let worker = b.connected().worker(
         b.clock.clone(),
-        &EngineSettings {
-            registry_ttl: SignedDuration::from_mins(1),
-            ..settings()
-        },
+        &settings(),
         &pulse_tests::offline_services(),
     );
     counter.reset();

@@ -67,13 +67,9 @@ pub fn test_clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new("2026-03-02T09:00:00Z".parse().unwrap()))
 }
 
-/// Engine settings for tests: registry never cached (tests add subscriptions between
-/// runs on a frozen clock).
+/// Engine settings for tests: the defaults.
 pub fn settings() -> EngineSettings {
-    EngineSettings {
-        registry_ttl: SignedDuration::ZERO,
-        ..EngineSettings::default()
-    }
+    EngineSettings::default()
 }
 
 /// The key tests seal stored secrets with (fixed, so a second connection reads them).

@@ -96,6 +96,9 @@ pub(crate) async fn run(
                 ("PULSE_HOOKS_QUEUE_URL", made.hooks_queue_url),
                 ("PULSE_HOOKS_DLQ_URL", made.hooks_dlq_url),
             ]);
+            if let Some(file) = key_home(name)? {
+                vars.push(("PULSE_ENCRYPTION_KEY_FILE", file));
+            }
             eprintln!(
                 "ready. The CLI and the functions read these (eval \"$(pulse init)\" sets them):"
             );
@@ -106,6 +109,38 @@ pub(crate) async fn run(
             "configuration: PULSE_BACKEND {other:?} is not a backend; use sqlite or aws"
         ))),
     }
+}
+
+/// Where the key webhook and hook secrets are sealed with lives, so every shell that
+/// evaluates these exports uses the same one: `PULSE_ENCRYPTION_KEY` from the environment
+/// (nothing to export), the key file `PULSE_ENCRYPTION_KEY_FILE` already names, or the
+/// key file `NAME.key` in this directory, made (mode 0600) the first time.
+fn key_home(name: &str) -> Result<Option<String>, Failure> {
+    let env = Env::process();
+    if env.var("PULSE_ENCRYPTION_KEY").is_some() {
+        eprintln!(
+            "secrets are sealed with PULSE_ENCRYPTION_KEY from your environment: give every shell the same key"
+        );
+        return Ok(None);
+    }
+    if let Some(file) = env.var("PULSE_ENCRYPTION_KEY_FILE") {
+        return Ok(Some(file));
+    }
+    let dir = std::env::current_dir()
+        .map_err(|e| Failure::Runtime(anyhow::anyhow!("the working directory: {e}")))?;
+    let path = dir.join(format!("{name}.key"));
+    let (_, made) =
+        pulse_shared::sealing::key_file(&path, true).map_err(|e| Failure::Runtime(e.into()))?;
+    eprintln!(
+        "{} {}: webhook and hook secrets are sealed with it; keep it (and back it up) with this stack",
+        if made {
+            "made the key file"
+        } else {
+            "the key file"
+        },
+        path.display()
+    );
+    Ok(Some(path.display().to_string()))
 }
 
 /// Creates or migrates the database file.

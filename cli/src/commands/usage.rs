@@ -5,7 +5,7 @@
 use clap::Args;
 use pulse_shared::config::Env;
 use pulse_shared::domain::AgentId;
-use pulse_shared::engine::{Prices, UsageReport, usage};
+use pulse_shared::engine::{Prices, UsageReport, UsageRow, usage};
 
 use super::events::Since;
 use super::{Ctx, agent_id, require_agent};
@@ -61,7 +61,8 @@ fn tokens(n: u64) -> String {
 /// Dollars to the hundredth of a cent, or to six places for a sum below a cent (a day
 /// of an idle agent's AWS requests is a few millionths).
 fn dollars(c: Option<f64>) -> String {
-    match c {
+    // A sum of nothing is -0.0 in floating point: shown as $0.
+    match c.map(|c| c + 0.0) {
         None => "?".to_owned(),
         Some(c) if c > 0.0 && c < 0.01 => format!("${c:.6}"),
         Some(c) => format!("${c:.4}"),
@@ -120,26 +121,50 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
         },
     );
     if !rows.is_empty() {
-        let (input, output): (u64, u64) = rows.iter().fold((0, 0), |(i, o), r| {
-            (i + r.input_tokens, o + r.output_tokens)
-        });
-        let known: f64 = rows.iter().filter_map(|r| r.cost_usd).sum();
-        let unpriced = rows.iter().any(|r| r.cost_usd.is_none());
         outln!();
-        outln!(
-            "total: {} input and {} output tokens, about {}{}",
-            tokens(input),
-            tokens(output),
-            dollars(Some(known)),
-            if unpriced {
-                " (models marked ? are not in the price table: add them with PULSE_PRICES)"
-            } else {
-                ""
-            }
-        );
+        outln!("{}", total_line(rows));
     }
     aws_table(&report, cx);
     Ok(())
+}
+
+/// The line under the models table: the tokens, and what they cost where the price
+/// table knows the model; a model it does not know is named, with how to price it,
+/// never counted as free.
+fn total_line(rows: &[UsageRow]) -> String {
+    let (input, output): (u64, u64) = rows.iter().fold((0, 0), |(i, o), r| {
+        (i + r.input_tokens, o + r.output_tokens)
+    });
+    let tokens_used = format!(
+        "{} input and {} output tokens",
+        tokens(input),
+        tokens(output)
+    );
+    let unpriced: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r.cost_usd.is_none())
+        .map(|r| r.model.as_str())
+        .collect();
+    let priced: Vec<f64> = rows.iter().filter_map(|r| r.cost_usd).collect();
+    if unpriced.is_empty() {
+        return format!(
+            "total: {tokens_used}, about {}",
+            dollars(Some(priced.iter().sum()))
+        );
+    }
+    let names = unpriced.into_iter().collect::<Vec<_>>().join(", ");
+    let fix = format!(
+        "no price for model {names}; set one with PULSE_PRICES=FILE, a JSON file such as \
+         {{\"models\": {{\"MODEL\": {{\"input\": 0.5, \"output\": 1.5}}}}}} (US dollars per million tokens)"
+    );
+    if priced.is_empty() {
+        format!("total: {tokens_used}, cost unknown: {fix}")
+    } else {
+        format!(
+            "total: {tokens_used}, about {} for the priced models (marked ? are not): {fix}",
+            dollars(Some(priced.iter().sum()))
+        )
+    }
 }
 
 /// The AWS requests the heartbeats and turns recorded, when there are any (on the AWS
@@ -192,6 +217,46 @@ fn aws_table(report: &UsageReport, cx: &Ctx<'_>) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn row(model: &str, cost: Option<f64>) -> UsageRow {
+        UsageRow {
+            day: jiff::civil::date(2026, 11, 25),
+            agent_id: "agt_x".into(),
+            agent_name: "scout".into(),
+            source: "turns",
+            provider: "openai".into(),
+            model: model.into(),
+            calls: 1,
+            input_tokens: 1_200,
+            output_tokens: 34,
+            cost_usd: cost,
+        }
+    }
+
+    #[test]
+    fn a_model_without_a_price_is_named_with_the_fix_never_priced_at_minus_zero() {
+        let line = total_line(&[row("my-llama", None)]);
+        assert!(!line.contains("-0"), "{line}");
+        assert!(!line.contains('$'), "{line}");
+        assert!(
+            line.contains("no price for model my-llama; set one with PULSE_PRICES=FILE"),
+            "{line}"
+        );
+        let mixed = total_line(&[row("my-llama", None), row("gpt-4o", Some(0.0031))]);
+        assert!(
+            mixed.contains("about $0.003100 for the priced models"),
+            "{mixed}"
+        );
+        assert!(mixed.contains("no price for model my-llama"), "{mixed}");
+        let priced = total_line(&[row("gpt-4o", Some(0.25))]);
+        assert_eq!(
+            priced,
+            "total: 1,200 input and 34 output tokens, about $0.2500"
+        );
+        assert_eq!(dollars(Some(-0.0)), "$0.0000");
+    }
+
     #[test]
     fn token_counts_are_grouped_by_thousands() {
         assert_eq!(super::tokens(0), "0");

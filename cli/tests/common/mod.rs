@@ -16,6 +16,8 @@ pub(crate) fn command(dir: &Path, args: &[&str]) -> Command {
         .env_remove("PULSE_DB")
         .env_remove("PULSE_BACKEND")
         .env_remove("PULSE_DASHBOARD_TOKEN")
+        .env_remove("PULSE_ENCRYPTION_KEY")
+        .env_remove("PULSE_ENCRYPTION_KEY_FILE")
         .env("PULSE_LLM_PROVIDER", "offline")
         .env_remove("DISCORD_BOT_TOKEN")
         .env_remove("DISCORD_APPLICATION_ID")
@@ -80,18 +82,14 @@ pub(crate) fn emulator_env() -> [(&'static str, String); 4] {
 }
 
 /// Points `dir`'s commands at a fresh table and queues on moto, as a user would:
-/// static keys and a region for the emulator, then `pulse init` and its exports.
+/// static keys and a region for the emulator, then `pulse init` and its exports (which
+/// name the key file it made in `dir`).
 pub(crate) fn on_aws(dir: &Path) {
-    let key = json(dir, &["secrets", "new-key"])["key"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let mut vars: Vec<(String, String)> = emulator_env()
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
     vars.push(("PULSE_BACKEND".to_owned(), "aws".to_owned()));
-    vars.push(("PULSE_ENCRYPTION_KEY".to_owned(), key));
     write_backend_env(dir, &vars);
     let name = pulse_tests::unique("cli").replace('.', "-");
     let made = json(dir, &["init", "--name", &name]);

@@ -120,6 +120,12 @@ pub struct SignalJob {
 pub struct HeartbeatJob {
     /// The heartbeat record after the claim (status EXECUTING, `claim` = this claim).
     pub heartbeat: Heartbeat,
+    /// The registry version the sweeper read after the claim: every tool or subscription
+    /// change made before an event of this heartbeat's window is in it, so a worker whose
+    /// cached registry is older reads it again. `None` when the sweeper could not read it
+    /// (then the worker reads the registry afresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_version: Option<u64>,
 }
 
 /// The body of a queue message.
@@ -181,11 +187,14 @@ impl OutgoingTask {
     /// the claim number: a retried send of one claim is dropped, while a reclaim after an
     /// expired lease is a new message (with the bare heartbeat id, SQS would drop a
     /// reclaim made within five minutes of the first send).
-    pub fn heartbeat(heartbeat: Heartbeat) -> Self {
+    pub fn heartbeat(heartbeat: Heartbeat, registry_version: Option<u64>) -> Self {
         Self {
             group: heartbeat.session.clone(),
             dedup_id: DedupId::new(format!("{}.c{}", heartbeat.id(), heartbeat.claim)),
-            envelope: TaskEnvelope::new(SessionTask::Heartbeat(HeartbeatJob { heartbeat })),
+            envelope: TaskEnvelope::new(SessionTask::Heartbeat(HeartbeatJob {
+                heartbeat,
+                registry_version,
+            })),
         }
     }
 }

@@ -193,6 +193,9 @@ pub struct Registry {
     pub tools: Vec<Tool>,
     /// All subscriptions.
     pub subscriptions: Vec<Subscription>,
+    /// The store's registry version when this was read: every change to a tool or a
+    /// subscription adds one, in the same write as the change.
+    pub version: u64,
 }
 
 impl Registry {

@@ -78,8 +78,6 @@ pub struct EngineSettings {
     pub sweep_max: usize,
     /// Due heartbeats read per index query.
     pub due_page_size: usize,
-    /// How long a worker keeps the tools and subscriptions it read (0: read every run).
-    pub registry_ttl: SignedDuration,
     /// Longest delay after repeated failures.
     pub max_backoff: SignedDuration,
 }
@@ -95,7 +93,6 @@ impl Default for EngineSettings {
             shard_concurrency: 4,
             sweep_max: 10_000,
             due_page_size: 1_000,
-            registry_ttl: SignedDuration::from_secs(10),
             max_backoff: SignedDuration::from_hours(24),
         }
     }

@@ -75,8 +75,9 @@ pub async fn make(
     Ok((schedule, pulled))
 }
 
-/// Moves the agent's pending heartbeat to `first` (inside its active hours) if it is
-/// due later; `None` when there was nothing to move.
+/// Moves the agent's pending heartbeat to `first` if it is due later; `None` when there
+/// was nothing to move. The wake is not moved into the active hours: they bound the
+/// agent's own initiative, not a reminder it was asked for.
 pub(crate) async fn pull_forward(
     store: &dyn Store,
     agent: &Agent,
@@ -88,11 +89,10 @@ pub(crate) async fn pull_forward(
     if hb.status != HeartbeatStatus::Pending || hb.scheduled_at <= first {
         return Ok(None);
     }
-    let at = agent.in_active_hours(first);
     Ok(store
-        .reschedule(&hb.id(), Reschedule::Due(at))
+        .reschedule(&hb.id(), Reschedule::Due(first))
         .await?
-        .map(|_| at))
+        .map(|_| first))
 }
 
 /// The `schedule` tool the heartbeat agent and conversation turns offer the model.

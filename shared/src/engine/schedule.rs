@@ -20,8 +20,11 @@ pub fn failure_delay(
 }
 
 /// When the heartbeat after one that ended at `ended` should run: the interval after it
-/// (with backoff after failures), or the agent's next schedule wake if that is sooner,
-/// moved into the agent's active hours.
+/// (with backoff after failures), moved into the agent's active hours — or the agent's
+/// next schedule wake if that is sooner. A wake is not moved: a reminder fires at its
+/// time, inside the active hours or not, and one that came due while the heartbeat ran
+/// makes the next one due at once — unless the heartbeat failed: then the backoff holds,
+/// so a wake that keeps failing does not spin.
 pub fn next_run(agent: &Agent, ended: Timestamp, failures: u32, cap: SignedDuration) -> Timestamp {
     let interval = agent.interval.duration();
     let delay = if failures == 0 {
@@ -29,11 +32,11 @@ pub fn next_run(agent: &Agent, ended: Timestamp, failures: u32, cap: SignedDurat
     } else {
         failure_delay(interval, failures, cap)
     };
-    let mut at = ended.saturating_add(delay).unwrap_or(Timestamp::MAX);
-    if let Some(wake) = agent.next_wake.filter(|w| *w > ended) {
-        at = at.min(wake);
+    let planned = agent.in_active_hours(ended.saturating_add(delay).unwrap_or(Timestamp::MAX));
+    match agent.next_wake {
+        Some(wake) if failures == 0 || wake > ended => planned.min(wake),
+        _ => planned,
     }
-    agent.in_active_hours(at)
 }
 
 #[cfg(test)]
@@ -70,6 +73,29 @@ mod tests {
         assert_eq!(
             next_run(&agent, morning, 0, cap),
             "2026-05-01T10:00:00Z".parse::<Timestamp>().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_wake_is_kept_at_its_time_outside_the_active_hours_and_a_failure_keeps_its_backoff() {
+        let mut new = NewAgent::named("a");
+        new.interval = "1h".parse().unwrap();
+        new.active_hours = Some("08:00-22:00".parse().unwrap());
+        let (mut agent, _) = new.create(Timestamp::UNIX_EPOCH).unwrap();
+        let cap = SignedDuration::from_hours(24);
+        let ended: Timestamp = "2026-05-01T21:30:00Z".parse().unwrap();
+        // A reminder at 23:00, outside the hours: it fires then, not at 08:00.
+        let late: Timestamp = "2026-05-01T23:00:00Z".parse().unwrap();
+        agent.next_wake = Some(late);
+        assert_eq!(next_run(&agent, ended, 0, cap), late);
+        // A wake that came due while the heartbeat ran: the next one is due at once.
+        let passed: Timestamp = "2026-05-01T21:29:00Z".parse().unwrap();
+        agent.next_wake = Some(passed);
+        assert_eq!(next_run(&agent, ended, 0, cap), passed);
+        // After a failure, the backoff holds (a wake that fails does not spin).
+        assert_eq!(
+            next_run(&agent, ended, 2, cap),
+            "2026-05-02T08:00:00Z".parse::<Timestamp>().unwrap()
         );
     }
 }

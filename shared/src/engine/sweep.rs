@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use serde::Serialize;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::EngineSettings;
 use crate::domain::{ClaimRequest, DedupId, EventCursor, Heartbeat, HeartbeatId, OutgoingTask};
@@ -157,7 +157,7 @@ impl Sweeper {
         shard: u16,
         now: Timestamp,
         budget: &AtomicUsize,
-        pending: &Mutex<Vec<Heartbeat>>,
+        pending: &Mutex<Vec<(Heartbeat, Option<u64>)>>,
     ) -> SweepReport {
         let mut report = SweepReport::default();
         let mut page = None;
@@ -182,9 +182,10 @@ impl Sweeper {
             report.due += due.ids.len();
             let claimed = self.claim_all(due.ids, now, budget, &mut report).await;
             report.claimed += claimed.len();
-            let full: Vec<Heartbeat> = {
+            let version = self.registry_version(&claimed).await;
+            let full = {
                 let mut pending = lock(pending);
-                pending.extend(claimed);
+                pending.extend(claimed.into_iter().map(|hb| (hb, version)));
                 let whole = pending.len() / 10 * 10;
                 pending.drain(..whole).collect()
             };
@@ -246,11 +247,32 @@ impl Sweeper {
         claimed
     }
 
-    async fn queue_jobs(&self, claimed: Vec<Heartbeat>, report: &mut SweepReport) {
+    /// The registry version, read after `claimed` were claimed: their windows end before
+    /// their claims, so a tool or subscription change made before any event they will
+    /// read is in this version, and a worker holding an older registry reads it again.
+    /// One read per page of claims; `None` (the worker then reads the registry) when it
+    /// fails.
+    async fn registry_version(&self, claimed: &[Heartbeat]) -> Option<u64> {
+        if claimed.is_empty() {
+            return None;
+        }
+        match self.store.registry_version().await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                warn!(error = %chain(&e), "the registry version could not be read: the workers read the registry afresh for these jobs");
+                None
+            }
+        }
+    }
+
+    async fn queue_jobs(&self, claimed: Vec<(Heartbeat, Option<u64>)>, report: &mut SweepReport) {
         if claimed.is_empty() {
             return;
         }
-        let tasks: Vec<OutgoingTask> = claimed.into_iter().map(OutgoingTask::heartbeat).collect();
+        let tasks: Vec<OutgoingTask> = claimed
+            .into_iter()
+            .map(|(hb, version)| OutgoingTask::heartbeat(hb, version))
+            .collect();
         // Batches of ten (one SQS SendMessageBatch each), a few in flight at once.
         let batches: Vec<Vec<OutgoingTask>> =
             tasks.chunks(10).map(<[OutgoingTask]>::to_vec).collect();

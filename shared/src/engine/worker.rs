@@ -105,7 +105,7 @@ impl Worker {
                         SessionTask::Heartbeat(job) => (
                             1,
                             self.runner
-                                .run(&job.heartbeat)
+                                .run_job(&job)
                                 .await
                                 .map(|_| ())
                                 .map_err(TaskError::from),

@@ -10,6 +10,7 @@
 //! | action | `AG#<agent>` | `AC#<event id>#<tool>` |
 //! | agent directory entry | `AGENTS` | `<agent>` |
 //! | tool / subscription | `REG` | `T#<name>` / `S#<id>` |
+//! | registry version (one more on every tool or subscription change) | `REG` | `!VERSION` |
 //! | conversation turn | `AG#<agent>` | `TN#<turn id>` |
 //! | conversation message | `AG#<agent>` | `MS#<turn id>.<n>` (time-ordered) |
 //! | signal answered by a turn | `AG#<agent>` | `SG#<signal id>` |

@@ -308,35 +308,6 @@ impl DynamoStore {
         }
     }
 
-    /// Sets a boolean `active` attribute on an existing item.
-    pub(super) async fn set_active(
-        &self,
-        op: &'static str,
-        key: Item,
-        active: bool,
-        what: String,
-    ) -> Result<(), StoreError> {
-        let r = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key))
-            .update_expression("SET active = :a")
-            .condition_expression("attribute_exists(pk)")
-            .expression_attribute_values(":a", AttributeValue::Bool(active))
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(()),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => {
-                    Err(StoreError::NotFound(what))
-                }
-                other => Err(StoreError::backend("dynamodb", op, other)),
-            },
-        }
-    }
-
     /// Runs a transaction; returns the cancellation reason codes if it was cancelled.
     pub(super) async fn transact(
         &self,
@@ -447,7 +418,25 @@ impl DynamoStore {
         op: &'static str,
         pk: &str,
     ) -> Result<Vec<Item>, StoreError> {
-        let mut keys = Vec::new();
+        self.read_partition(op, pk, Some("pk, sk")).await
+    }
+
+    /// Every item of a partition, in key order, read consistently.
+    pub(super) async fn query_partition_consistently(
+        &self,
+        op: &'static str,
+        pk: &str,
+    ) -> Result<Vec<Item>, StoreError> {
+        self.read_partition(op, pk, None).await
+    }
+
+    async fn read_partition(
+        &self,
+        op: &'static str,
+        pk: &str,
+        projection: Option<&str>,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut items = Vec::new();
         let mut start = None;
         loop {
             let out = self
@@ -456,16 +445,16 @@ impl DynamoStore {
                 .table_name(&self.table)
                 .key_condition_expression("pk = :pk")
                 .expression_attribute_values(":pk", s(pk))
-                .projection_expression("pk, sk")
+                .set_projection_expression(projection.map(str::to_owned))
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()
                 .await
                 .map_err(backend(op))?;
-            keys.extend(out.items.unwrap_or_default());
+            items.extend(out.items.unwrap_or_default());
             start = out.last_evaluated_key;
             if start.is_none() {
-                return Ok(keys);
+                return Ok(items);
             }
         }
     }

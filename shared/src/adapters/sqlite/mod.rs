@@ -161,31 +161,14 @@ pub fn key_file(db: &Path) -> Result<EncryptionKeys, StoreError> {
     let path = PathBuf::from(p);
     let failed = |e: String| {
         StoreError::Secret(format!(
-            "the key file {}: {e}; set PULSE_ENCRYPTION_KEY, or restore the file",
-            path.display()
+            "{e}; set PULSE_ENCRYPTION_KEY, or restore the file"
         ))
     };
-    #[cfg(unix)]
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(mut f) => {
-                writeln!(f, "{}", EncryptionKeys::new_key()).map_err(|e| failed(e.to_string()))?;
-                tracing::info!(file = %path.display(), "made a new encryption key for stored secrets: back it up with the database");
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(failed(e.to_string())),
-        }
-        private_file(&path)?;
+    let (key, made) = crate::sealing::key_file(&path, true).map_err(|e| failed(e.to_string()))?;
+    if made {
+        tracing::info!(file = %path.display(), "made a new encryption key for stored secrets: back it up with the database");
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| failed(e.to_string()))?;
-    EncryptionKeys::parse(text.trim(), None).map_err(|e| failed(e.to_string()))
+    EncryptionKeys::parse(&key, None).map_err(|e| failed(e.to_string()))
 }
 
 impl Db {

@@ -154,11 +154,27 @@ impl ToolRegistry for SqliteStore {
                     "SELECT id, doc FROM subscriptions ORDER BY id",
                     [],
                 )?;
+                let version = read_version(&tx)?;
                 Ok(Registry {
                     tools,
                     subscriptions,
+                    version,
                 })
             })
             .await
     }
+
+    async fn registry_version(&self) -> Result<u64, StoreError> {
+        self.db
+            .call("read registry version", |conn| read_version(conn))
+            .await
+    }
+}
+
+/// The registry version (schema 9 keeps it in one row, moved by triggers).
+fn read_version(conn: &rusqlite::Connection) -> Result<u64, StoreError> {
+    conn.prepare_cached("SELECT version FROM registry_version WHERE id = 1")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)))
+        .map(|v| v.max(0) as u64)
+        .map_err(sqlite_err("read registry version"))
 }

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 8;
+const SCHEMA_VERSION: i64 = 9;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -259,6 +259,29 @@ const SCHEMA_V8: &str = r#"
 CREATE INDEX webhook_deliveries_by_expiry ON webhook_deliveries (expires_ms);
 "#;
 
+/// Version 9: the registry version, one more on every change to a tool or a
+/// subscription — counted by triggers, so it moves in the same transaction as the change
+/// whichever statement makes it (an agent's delete removing its subscriptions too).
+const SCHEMA_V9: &str = r#"
+CREATE TABLE registry_version (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    version  INTEGER NOT NULL
+);
+INSERT INTO registry_version (id, version) VALUES (1, 0);
+CREATE TRIGGER tools_insert AFTER INSERT ON tools
+    BEGIN UPDATE registry_version SET version = version + 1; END;
+CREATE TRIGGER tools_update AFTER UPDATE ON tools
+    BEGIN UPDATE registry_version SET version = version + 1; END;
+CREATE TRIGGER tools_delete AFTER DELETE ON tools
+    BEGIN UPDATE registry_version SET version = version + 1; END;
+CREATE TRIGGER subscriptions_insert AFTER INSERT ON subscriptions
+    BEGIN UPDATE registry_version SET version = version + 1; END;
+CREATE TRIGGER subscriptions_update AFTER UPDATE ON subscriptions
+    BEGIN UPDATE registry_version SET version = version + 1; END;
+CREATE TRIGGER subscriptions_delete AFTER DELETE ON subscriptions
+    BEGIN UPDATE registry_version SET version = version + 1; END;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -300,6 +323,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 8 {
             conn.execute_batch(SCHEMA_V8).map_err(&err)?;
+        }
+        if version < 9 {
+            conn.execute_batch(SCHEMA_V9).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

@@ -30,7 +30,7 @@ use super::hooks::HookEmitter;
 use super::{budget, reminders};
 use crate::domain::{
     Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventType, Heartbeat,
-    HeartbeatContext, HookData, HookRoute, HookType, Priority, Registry,
+    HeartbeatContext, HeartbeatJob, HookData, HookRoute, HookType, Priority, Registry,
 };
 use crate::error::{EngineError, StoreError};
 use crate::ports::{Clock, Store, ToolRunner};
@@ -83,7 +83,7 @@ pub struct HeartbeatRunner {
     hooks: Option<HookEmitter>,
     /// The cached registry. An async mutex, held while loading, so runs that start
     /// together share one read instead of each making their own.
-    registry: tokio::sync::Mutex<Option<(Timestamp, Arc<Registry>)>>,
+    registry: tokio::sync::Mutex<Option<Arc<Registry>>>,
 }
 
 /// What a run knows once it has read its window.
@@ -164,9 +164,24 @@ impl HeartbeatRunner {
         Ok(released)
     }
 
-    /// Runs a claimed heartbeat to its end. An `Err` means the outcome could not be
-    /// recorded (storage unavailable); the job should be delivered again.
+    /// Runs a claimed heartbeat to its end, with a registry no older than the one the
+    /// job names. An `Err` means the outcome could not be recorded (storage unavailable);
+    /// the job should be delivered again.
+    pub async fn run_job(&self, job: &HeartbeatJob) -> Result<RunOutcome, EngineError> {
+        self.run_with(&job.heartbeat, job.registry_version).await
+    }
+
+    /// Runs a claimed heartbeat whose job names no registry version: the registry is
+    /// read afresh.
     pub async fn run(&self, heartbeat: &Heartbeat) -> Result<RunOutcome, EngineError> {
+        self.run_with(heartbeat, None).await
+    }
+
+    async fn run_with(
+        &self,
+        heartbeat: &Heartbeat,
+        registry_version: Option<u64>,
+    ) -> Result<RunOutcome, EngineError> {
         let span = info_span!(
             "heartbeat",
             agent_id = %heartbeat.agent_id,
@@ -174,7 +189,8 @@ impl HeartbeatRunner {
             beat = heartbeat.beat,
         );
         // The requests the run makes are counted onto the finished record.
-        let outcome = crate::tally::scope(self.run_inner(heartbeat).instrument(span)).await;
+        let outcome =
+            crate::tally::scope(self.run_inner(heartbeat, registry_version).instrument(span)).await;
         if let Ok(outcome) = &outcome
             && let Some(name) = outcome.finished_as()
         {
@@ -183,7 +199,11 @@ impl HeartbeatRunner {
         outcome
     }
 
-    async fn run_inner(&self, hb: &Heartbeat) -> Result<RunOutcome, EngineError> {
+    async fn run_inner(
+        &self,
+        hb: &Heartbeat,
+        registry_version: Option<u64>,
+    ) -> Result<RunOutcome, EngineError> {
         let Some(window_end) = hb.window_end.clone() else {
             return Err(EngineError::Missing(format!(
                 "heartbeat {} has no window end: the job was not made by a claim",
@@ -241,10 +261,13 @@ impl HeartbeatRunner {
                 )
                 .await;
         }
-        // Seed 004, option D: right after the user talked to the agent, its next
-        // heartbeat waits out a quiet period instead of chiming in.
+        // A reminder the user asked for fires at its time: the quiet period and the
+        // active hours bound the agent's own initiative, not a wake it was asked for.
         let now = self.clock.now();
-        if let Some(at) = agent.last_interaction_at {
+        let reminder_due = agent.next_wake.is_some_and(|w| w <= now);
+        // Right after the user talked to the agent, its next heartbeat waits out a quiet
+        // period instead of chiming in.
+        if !reminder_due && let Some(at) = agent.last_interaction_at {
             let until =
                 agent.in_active_hours(at.saturating_add(agent.quiet_period()).unwrap_or(at));
             if until > now {
@@ -255,7 +278,7 @@ impl HeartbeatRunner {
         }
         // Due times are planned inside the active hours; one that comes up outside them
         // (claimed late, or the hours changed) waits for them to open.
-        if !agent.is_active_at(now) {
+        if !reminder_due && !agent.is_active_at(now) {
             let until = agent.in_active_hours(now);
             return self
                 .defer(
@@ -268,7 +291,7 @@ impl HeartbeatRunner {
         // Reminders: the schedules due by now wake the agent. Their SCHEDULED events
         // are processed with the window's (a window cut short leaves them to the next
         // heartbeat, whose window holds them).
-        if agent.next_wake.is_some_and(|w| w <= now) {
+        if reminder_due {
             let woken = reminders::wake(
                 self.store.as_ref(),
                 &agent,
@@ -334,7 +357,7 @@ impl HeartbeatRunner {
             },
         )
         .await?;
-        let result = self.process(&plan, window.events).await;
+        let result = self.process(&plan, window.events, registry_version).await;
         // Schedules made in this run (the `schedule` tool) moved the agent's next wake:
         // read it, so the finish files the next heartbeat no later than that.
         if let Ok(stats) = &result
@@ -423,8 +446,13 @@ impl HeartbeatRunner {
 
     /// Processes the window and the HEARTBEAT event, then the cascades they cause, one
     /// level at a time.
-    async fn process(&self, plan: &Plan, window: Vec<Event>) -> Result<Stats, EngineError> {
-        let registry = self.registry().await?;
+    async fn process(
+        &self,
+        plan: &Plan,
+        window: Vec<Event>,
+        registry_version: Option<u64>,
+    ) -> Result<Stats, EngineError> {
+        let registry = self.registry(registry_version).await?;
         let mut stats = Stats::default();
         let mut level = window;
         level.push(plan.heartbeat_event.clone());
@@ -471,13 +499,14 @@ impl HeartbeatRunner {
         Ok(stats)
     }
 
-    async fn registry(&self) -> Result<Arc<Registry>, StoreError> {
+    /// The registry: the cached one when it is at least at `version` (the job's), else
+    /// read again — also for a job that names no version. A tool or subscription changed
+    /// before an event of the window is thus always seen by the heartbeat that reads the
+    /// event, and an unchanged registry costs no read.
+    async fn registry(&self, version: Option<u64>) -> Result<Arc<Registry>, StoreError> {
         let mut cache = self.registry.lock().await;
-        let now = self.clock.now();
-        let ttl = self.settings.registry_ttl;
-        if let Some((at, r)) = cache.as_ref()
-            && ttl.is_positive()
-            && now.duration_since(*at) < ttl
+        if let Some((r, v)) = cache.as_ref().zip(version)
+            && r.version >= v
         {
             return Ok(r.clone());
         }
@@ -487,7 +516,7 @@ impl HeartbeatRunner {
                 .await?
                 .with_builtins(self.tools.builtins()),
         );
-        *cache = Some((now, r.clone()));
+        *cache = Some(r.clone());
         Ok(r)
     }
 }

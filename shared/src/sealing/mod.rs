@@ -15,6 +15,8 @@
 //! the record and field it belongs to, so a sealed value copied to another record does
 //! not open.
 
+mod key_file;
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -25,6 +27,8 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::{Hook, Secret, Webhook};
 use crate::error::StoreError;
+
+pub use key_file::{KeyFileError, key_file};
 
 /// The start of every sealed value.
 pub const SEALED_PREFIX: &str = "pulse:v1:";
@@ -80,14 +84,10 @@ impl Key {
         let key = RandomizedNonceKey::new(&AES_256_GCM, &bytes)
             .map_err(|_| BadKey("the key was refused by AES-256-GCM".to_owned()))?;
         Ok(Self {
-            id: hex(&digest[..4]),
+            id: hex::encode(&digest[..4]),
             key,
         })
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Whether an opened value is stored as it should be.
