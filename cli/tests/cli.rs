@@ -671,6 +671,63 @@ async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
     assert!(second.wait().unwrap().success());
 }
 
+/// A restarted `pulse serve` takes back the heartbeat the process before it was running
+/// when it was killed: within seconds, not when the 10-minute lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_serve_takes_back_the_heartbeat_its_killed_predecessor_held() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let tool = FakeTool::answering(move |_| {
+        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            pulse_tests::Reply::Hang
+        } else {
+            pulse_tests::ok_with_events(serde_json::json!([]))
+        }
+    })
+    .await;
+    add_heartbeat_tool(d, &tool.url(), None);
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "scout", "--interval", "1h"],
+    );
+    // The default lease (10 minutes).
+    let mut first = spawn_serve(d, &[], &[]);
+    tool.wait_for(1).await;
+    first.kill().unwrap(); // SIGKILL
+    first.wait().unwrap();
+    assert_eq!(heartbeat_status(d, &agent, 1).as_deref(), Some("EXECUTING"));
+
+    let second = spawn_serve(d, &[], &[]);
+    let took = wait_until(
+        "the heartbeat completes after a restart",
+        Duration::from_secs(30),
+        || heartbeat_status(d, &agent, 1).as_deref() == Some("COMPLETED"),
+    );
+    eprintln!("taken back {took:?} after restarting (lease 10 min)");
+    let beats = json(d, &["heartbeats", "list", "--agent", &agent]);
+    let one = beats
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["beat"] == 1)
+        .unwrap();
+    assert_eq!(one["claim"], 1, "the same claim ran again: {one}");
+    assert_eq!(tool.requests().len(), 2, "the dead run and one more");
+    Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    let out = second.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("took back the work of a process that stopped"),
+        "{log}"
+    );
+}
+
 /// Hardening finding 4: on SIGTERM, heartbeats claimed but not started were left
 /// EXECUTING (23 by two servers), and a hung run held the process forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

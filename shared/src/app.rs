@@ -63,6 +63,8 @@ pub struct Connected {
     pub bus: Option<Arc<dyn EventBus>>,
     /// For the AWS backend, the request counter of its clients.
     pub aws_requests: Option<aws::RequestCounter>,
+    /// For SQLite, what takes back the claims of processes that stopped on the file.
+    pub orphans: Option<sqlite::OrphanedClaims>,
 }
 
 impl Connected {
@@ -211,6 +213,7 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
             Ok(Connected {
                 store: Arc::new(sqlite::SqliteStore::new(db.clone()).with_keys(keys)),
                 queue: Arc::new(sqlite::SqliteQueue::new(db.clone(), clock.clone())),
+                orphans: Some(db.orphaned_claims()),
                 hooks: Some(Arc::new(sqlite::SqliteHookQueue::new(db, clock))),
                 bus: None,
                 aws_requests: None,
@@ -245,6 +248,7 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                     clients.eventbridge.clone(),
                 ))),
                 aws_requests: Some(clients.counter),
+                orphans: None,
             })
         }
     }

@@ -329,6 +329,7 @@ async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
         hooks: Some(hooks.clone()),
         bus: None,
         aws_requests: None,
+        orphans: None,
     };
 
     // The fleet: every agent on the same interval, first heartbeats spread over it.

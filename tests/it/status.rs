@@ -254,3 +254,35 @@ async fn sqs_backlog_counts_the_dead_letter_queue_its_redrive_policy_names() {
         (3, 0, Some(2))
     );
 }
+
+on_both_backends!(
+    a_heartbeat_running_for_minutes_is_reported_with_when_it_is_retried,
+    stuck
+);
+async fn stuck(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("slowpoke", "1h").await;
+    // Claimed (its job queued, never run: a worker that stopped).
+    let swept = b.sweeper(settings()).sweep_once(b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    let running = b.store.list_heartbeats(&agent.id, 1).await.unwrap()[0].clone();
+    let until = running.lease_until.unwrap();
+    b.advance(SignedDuration::from_mins(4));
+    assert!(
+        read(&b).await.findings.is_empty(),
+        "four minutes is not stuck"
+    );
+    b.advance(SignedDuration::from_mins(2));
+    let s = read(&b).await;
+    assert_eq!(
+        whats(&s),
+        [format!(
+            "agent slowpoke: heartbeat 1 has run since {} (over 5m); if its worker stopped, it is retried when its lease ends at {until}",
+            running.started_at.unwrap()
+        )]
+    );
+    assert_eq!(
+        s.findings[0].look,
+        format!("pulse heartbeats show {}", running.id())
+    );
+}

@@ -363,6 +363,7 @@ impl Backend {
             hooks: Some(self.hooks.clone()),
             bus: None,
             aws_requests: None,
+            orphans: None,
         }
     }
 

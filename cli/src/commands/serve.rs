@@ -307,6 +307,34 @@ fn announce(config: &Config, tick: Duration) {
     }
 }
 
+/// How often `pulse serve` looks for processes that stopped on its database file
+/// holding claims (and once at start).
+const ORPHANS_EVERY: Duration = Duration::from_secs(60);
+
+/// Takes back what processes that stopped on this SQLite file held (see
+/// [`pulse_shared::adapters::sqlite::OrphanedClaims`]): their jobs run again now instead of
+/// after their leases. Logs what it did; a failure is logged and left to the leases.
+async fn take_back_orphans(b: &Connected, now: jiff::Timestamp) {
+    let Some(orphans) = &b.orphans else { return };
+    match orphans.take_back(now).await {
+        Ok(t) if t.messages > 0 || !t.heartbeats.is_empty() => {
+            info!(
+                processes = t.processes,
+                jobs = t.messages,
+                reclaimable = t.heartbeats.len(),
+                "took back the work of a process that stopped on this database: its heartbeats and turns run again now instead of when their leases run out"
+            );
+            for id in &t.heartbeats {
+                info!(heartbeat_id = %id, "claimed by a stopped process before its job was queued: due again now");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            warn!(error = %chain(&e), "could not look for the claims of stopped processes; their leases bring them back")
+        }
+    }
+}
+
 /// Gives back the heartbeats of jobs still queued: claimed but never started.
 async fn release_queued(worker: &Worker, b: &Connected) {
     match worker.release_queued(b.queue.as_ref()).await {
@@ -352,10 +380,15 @@ impl Loops<'_> {
         let mut stop = self.stop.clone();
         let mut interval = tokio::time::interval(self.tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut orphans_looked = None;
         while !*stop.borrow() {
             tokio::select! {
                 _ = interval.tick() => {}
                 _ = stop.changed() => break,
+            }
+            if orphans_looked.is_none_or(|at: std::time::Instant| at.elapsed() >= ORPHANS_EVERY) {
+                take_back_orphans(self.b, self.clock.now()).await;
+                orphans_looked = Some(std::time::Instant::now());
             }
             let report = sweeper.sweep_once(self.clock.now()).await;
             for e in &report.errors {
@@ -527,6 +560,7 @@ pub(crate) async fn sweep_and_drain(
     out: &Out,
 ) -> Result<(), Failure> {
     let (sweeper, worker) = engine(config, b, clock.clone());
+    take_back_orphans(b, clock.now()).await;
     let report = sweeper.sweep_once(clock.now()).await;
     let (mut ran, mut failed) = (0, 0);
     loop {

@@ -8,7 +8,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::Serialize;
 
 use super::budget;
-use crate::domain::{Agent, RequestStatus, WebhookRequest};
+use crate::domain::{Agent, HeartbeatStatus, RequestStatus, WebhookRequest};
 use crate::error::StoreError;
 use crate::ports::{Backlog, HookQueue, SessionQueue, Store};
 
@@ -18,6 +18,10 @@ const CONCURRENCY: usize = 8;
 const OVERDUE_SCAN: usize = 1_000;
 /// A webhook's latest requests looked at.
 const REQUESTS_SCAN: usize = 20;
+/// A heartbeat running longer than this is reported as perhaps stuck (a run with many
+/// model steps takes minutes; a worker that stopped leaves it running until its lease
+/// ends).
+const STUCK_AFTER: SignedDuration = SignedDuration::from_mins(5);
 
 /// What `pulse status` reports.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -247,6 +251,19 @@ async fn agent_status(
     let failures = live.first().map_or(0, |h| h.consecutive_failures);
     let tokens_today = budget::spent_today(store, agent, now).await?.spent;
     let mut findings = Vec::new();
+    if let Some(h) = live.first()
+        && h.status == HeartbeatStatus::Executing
+        && let (Some(started), Some(until)) = (h.started_at, h.lease_until)
+        && now.duration_since(started) > STUCK_AFTER
+    {
+        findings.push(Finding {
+            what: format!(
+                "agent {}: heartbeat {} has run since {started} (over {STUCK_AFTER:#}); if its worker stopped, it is retried when its lease ends at {until}",
+                agent.name, h.beat
+            ),
+            look: format!("pulse heartbeats show {}", h.id()),
+        });
+    }
     for h in store.list_hooks(&agent.id).await? {
         let target = h.target.to_string();
         if !h.active {

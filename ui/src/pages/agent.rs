@@ -6,7 +6,8 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use pulse_shared::domain::{
-    ActiveHours, Agent, AgentChanges, EventType, Interval, ThinkPolicy, TimeZoneName,
+    ActiveHours, Agent, AgentChanges, EventType, HeartbeatStatus, Interval, ThinkPolicy,
+    TimeZoneName,
 };
 use pulse_shared::engine::Toggled;
 use pulse_shared::ports::EventQuery;
@@ -78,7 +79,13 @@ pub(crate) async fn heartbeats(
                             td { (h.events_processed) }
                             td { (h.actions_triggered) }
                             td { (h.actions_failed) }
-                            td.wrap { (h.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
+                            td.wrap {
+                                @if let (HeartbeatStatus::Executing, Some(until)) = (h.status, h.lease_until) {
+                                    "running since " (ago(now, h.started_at)) "; if its worker stopped, retried " (ago(now, Some(until)))
+                                } @else {
+                                    (h.error.as_deref().map(|e| short(e, 120)).unwrap_or_default())
+                                }
+                            }
                         } } }
                     } }
                 }

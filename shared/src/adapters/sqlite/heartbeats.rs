@@ -198,6 +198,7 @@ impl HeartbeatStore for SqliteStore {
         _concurrency: usize,
     ) -> Vec<Result<Option<Heartbeat>, StoreError>> {
         let (owned, req) = (ids.to_vec(), req.clone());
+        let claimant = self.db.claimants.id();
         // One transaction for the page: each UPDATE is still conditional on its row, so
         // concurrent sweepers (other connections) still claim each heartbeat once.
         let result = self
@@ -214,7 +215,7 @@ impl HeartbeatStore for SqliteStore {
                     let mut stmt = tx
                         .prepare_cached(&format!(
                             "UPDATE heartbeats SET status = 'EXECUTING', claim = claim + 1, lease_ms = ?3, due_ms = ?3, \
-                                 started_ms = COALESCE(started_ms, ?4), window_end = COALESCE(window_end, ?5) \
+                                 started_ms = COALESCE(started_ms, ?4), window_end = COALESCE(window_end, ?5), claimed_by = ?6 \
                              WHERE agent_id = ?1 AND beat = ?2 AND \
                                  ((status = 'PENDING' AND scheduled_ms <= ?4) OR (status = 'EXECUTING' AND lease_ms <= ?4)) \
                              RETURNING {HB_COLS}"
@@ -228,7 +229,8 @@ impl HeartbeatStore for SqliteStore {
                                     id.beat() as i64,
                                     lease,
                                     now,
-                                    req.window_end.as_str()
+                                    req.window_end.as_str(),
+                                    claimant
                                 ],
                                 heartbeat_row,
                             )

@@ -17,6 +17,7 @@
 
 mod actions;
 mod agents;
+mod claimants;
 mod codec;
 mod conversations;
 mod events;
@@ -37,6 +38,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
 
+pub use claimants::{OrphanedClaims, TakenBack};
 pub use hook_queue::SqliteHookQueue;
 pub use session_queue::SqliteQueue;
 
@@ -103,6 +105,9 @@ fn tune(conn: &Connection) -> rusqlite::Result<()> {
 pub struct Db {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    /// The id this process claims and receives under, and the other processes on the
+    /// file.
+    claimants: Arc<claimants::Claimants>,
     /// Calls run on the caller's thread instead of the blocking pool (the simulator).
     inline: bool,
 }
@@ -207,6 +212,7 @@ impl Db {
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_owned(),
+            claimants: Arc::new(claimants::Claimants::new(path)),
             inline: false,
         })
     }
@@ -237,6 +243,7 @@ impl Db {
                 schema::migrate(&conn, &path)?;
                 Self {
                     conn: Arc::new(Mutex::new(conn)),
+                    claimants: Arc::new(claimants::Claimants::new(&path)),
                     path,
                     inline: false,
                 }
@@ -255,6 +262,11 @@ impl Db {
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What takes back the claims of processes that stopped on this file.
+    pub fn orphaned_claims(&self) -> OrphanedClaims {
+        OrphanedClaims::new(self.clone())
     }
 
     /// Runs `f` with the connection on this thread (for a thread of its own).

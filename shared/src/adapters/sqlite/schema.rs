@@ -261,8 +261,11 @@ CREATE INDEX webhook_deliveries_by_expiry ON webhook_deliveries (expires_ms);
 
 /// Version 9: the registry version, one more on every change to a tool or a
 /// subscription — counted by triggers, so it moves in the same transaction as the change
-/// whichever statement makes it (an agent's delete removing its subscriptions too).
+/// whichever statement makes it (an agent's delete removing its subscriptions too); and
+/// which process holds each claim and each received queue message (see `claimants`).
 const SCHEMA_V9: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN claimed_by TEXT;
+ALTER TABLE queue_messages ADD COLUMN received_by TEXT;
 CREATE TABLE registry_version (
     id       INTEGER PRIMARY KEY CHECK (id = 1),
     version  INTEGER NOT NULL

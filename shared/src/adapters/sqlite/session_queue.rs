@@ -171,6 +171,7 @@ impl SessionQueue for SqliteQueue {
         );
         let now = to_ms(now);
         let max_receives = self.max_receives;
+        let receiver = self.db.claimants.id();
         self.db
             .call("receive from queue", move |conn| {
                 let op = sqlite_err("receive from queue");
@@ -213,9 +214,9 @@ impl SessionQueue for SqliteQueue {
                     // (from an earlier delivery of the same message) match nothing.
                     let receipt = format!("{seq}.{}", crate::entropy::ulid());
                     tx.exec(
-                        "UPDATE queue_messages SET receipt = ?2, visible_ms = ?3, receive_count = receive_count + 1 \
-                         WHERE seq = ?1",
-                        params![seq, receipt, hidden_until],
+                        "UPDATE queue_messages SET receipt = ?2, visible_ms = ?3, receive_count = receive_count + 1, \
+                             received_by = ?4 WHERE seq = ?1",
+                        params![seq, receipt, hidden_until, receiver],
                     )
                     .map_err(&op)?;
                     out.push(Delivery {
