@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use pulse_ui::Access;
 use tracing::{info, warn};
 
@@ -23,14 +23,22 @@ use tracing::{info, warn};
 fn handle() -> Option<&'static PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
-        .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
-            Ok(handle) => {
-                pulse_shared::meter::describe();
-                Some(handle)
-            }
-            Err(e) => {
-                warn!(error = %e, "metrics are not recorded: another recorder is installed");
-                None
+        .get_or_init(|| {
+            match PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(pulse_shared::meter::TURN_LATENCY.to_owned()),
+                    &pulse_shared::meter::TURN_LATENCY_BUCKETS,
+                )
+                .and_then(PrometheusBuilder::install_recorder)
+            {
+                Ok(handle) => {
+                    pulse_shared::meter::describe();
+                    Some(handle)
+                }
+                Err(e) => {
+                    warn!(error = %e, "metrics are not recorded: another recorder is installed");
+                    None
+                }
             }
         })
         .as_ref()

@@ -510,6 +510,14 @@ async fn serve_counts_its_work_at_get_metrics_for_this_machine_or_the_token() {
         Some(1.0),
         "{text}"
     );
+    // A histogram with buckets, which counts from the start, not a summary whose
+    // quantiles read 0 once its window passes without a turn.
+    assert_eq!(
+        sample(&text, r#"pulse_turn_latency_seconds_bucket{le="+Inf"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains("quantile="), "{text}");
     assert!(
         text.contains(r#"pulse_model_tokens_total{kind="output",provider="offline"}"#),
         "{text}"

@@ -36,6 +36,11 @@ pub const CASCADE_CAPPED: &str = "pulse_cascade_capped_events_total";
 pub const TURNS: &str = "pulse_turns_total";
 /// Seconds from a user's message to the end of the turn that answered it.
 pub const TURN_LATENCY: &str = "pulse_turn_latency_seconds";
+/// The buckets (upper bounds, seconds) a Prometheus scrape reports [`TURN_LATENCY`] in: a
+/// histogram counts from the start and never empties, where a summary's quantiles read
+/// 0 once its window passes without a turn.
+pub const TURN_LATENCY_BUCKETS: [f64; 10] =
+    [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 /// Model tokens, by `kind` (`input`, `output`) and `provider`.
 pub const TOKENS: &str = "pulse_model_tokens_total";
 /// Hook delivery attempts and their ends, by `outcome`: `succeeded`, `failed` (an

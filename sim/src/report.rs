@@ -101,6 +101,16 @@ impl Invariant {
     pub fn held(&self) -> bool {
         self.violations == 0
     }
+
+    /// How it came out, as the report says it: `pass`, `FAIL`, or `not exercised` when
+    /// the run gave it no case to check (it held, but proved nothing).
+    pub fn verdict(&self) -> &'static str {
+        match (self.held(), self.checked) {
+            (false, _) => "FAIL",
+            (true, 0) => "not exercised",
+            (true, _) => "pass",
+        }
+    }
 }
 
 /// A run's report.
@@ -274,8 +284,7 @@ impl Report {
         }
         let _ = writeln!(s, "invariants:");
         for i in &self.invariants {
-            let verdict = if i.held() { "pass" } else { "FAIL" };
-            let _ = writeln!(s, "  {verdict}  {:<22} {} checked", i.name, i.checked);
+            let _ = writeln!(s, "  {}  {:<22} {} checked", i.verdict(), i.name, i.checked);
             if let Some(first) = &i.first {
                 let _ = writeln!(s, "        {} violations; the first: {first}", i.violations);
             }
@@ -290,5 +299,21 @@ impl Report {
             let _ = writeln!(s, "replay: {}", self.replay());
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Invariant;
+
+    #[test]
+    fn an_invariant_that_checked_nothing_is_not_exercised_rather_than_passed() {
+        let mut i = Invariant::new("claims_fenced", "one claim at a time");
+        assert_eq!(i.verdict(), "not exercised");
+        assert!(i.held(), "nothing broke it");
+        i.checked(true, String::new);
+        assert_eq!(i.verdict(), "pass");
+        i.checked(false, || "two claims".into());
+        assert_eq!(i.verdict(), "FAIL");
     }
 }

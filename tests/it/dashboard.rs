@@ -878,3 +878,37 @@ async fn mind_tabs(kind: Kind) {
         .await;
     assert_eq!(missing.status, 404, "{}", missing.body);
 }
+
+on_both_backends!(
+    a_page_that_is_not_there_is_the_dashboard_s_own_404_with_the_way_back,
+    no_page
+);
+async fn no_page(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let home = u.get(&format!("/ui/agents/{}", agent.id)).await;
+    assert_eq!(home.status, 303, "the agent's page opens its first tab");
+    assert_eq!(home.location, format!("/ui/agents/{}/heartbeats", agent.id));
+    for path in [
+        format!("/ui/agents/{}/", agent.id),
+        format!("/ui/agents/{}/nonsense", agent.id),
+    ] {
+        let a = u.get(&path).await;
+        assert_eq!(a.status, 404, "{path}");
+        assert!(a.body.contains("No such page"), "{}", a.body);
+        assert!(
+            a.body
+                .contains(&format!("href=\"/ui/agents/{}/heartbeats\"", agent.id)),
+            "the agent's tabs are linked: {}",
+            a.body
+        );
+    }
+    let elsewhere = u.get("/ui/nowhere").await;
+    assert_eq!(elsewhere.status, 404);
+    assert!(
+        elsewhere.body.contains("href=\"/ui/\""),
+        "{}",
+        elsewhere.body
+    );
+    assert!(!elsewhere.body.starts_with('{'), "HTML, not JSON");
+}

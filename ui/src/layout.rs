@@ -22,6 +22,11 @@ pub(crate) enum Tab {
 }
 
 impl Tab {
+    /// Each tab's path segment and title, in the order the page shows them.
+    pub(crate) fn all() -> impl Iterator<Item = (&'static str, &'static str)> {
+        Self::ALL.iter().map(|(_, path, title)| (*path, *title))
+    }
+
     const ALL: [(Tab, &'static str, &'static str); 9] = [
         (Tab::Heartbeats, "heartbeats", "Heartbeats"),
         (Tab::Events, "events", "Events"),

@@ -116,6 +116,7 @@ impl Dashboard {
                 "/ui/agents/{id}/webhooks/{webhook}/delete",
                 post(webhooks::delete),
             )
+            .route("/ui/{*rest}", get(pages::no_page))
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 security::protect,

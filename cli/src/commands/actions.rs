@@ -1,11 +1,11 @@
 //! `pulse actions …`: an agent's tool runs, listed and shown one at a time.
 
 use clap::Subcommand;
-use pulse_shared::domain::{Action, ActionId, ActionStatus, AgentId, EventCursor, ToolName};
+use pulse_shared::domain::{Action, ActionId, ActionStatus, EventCursor, ToolName};
 use pulse_shared::engine::actions;
 
 use super::events::Since;
-use super::{Ctx, agent_id, input, limit, require_agent};
+use super::{AgentRef, Ctx, agent_ref, input, limit};
 use crate::Failure;
 use crate::output::{duration_ms, outln, short, when};
 
@@ -17,7 +17,7 @@ pub(crate) enum ActionsCmd {
     /// List an agent's latest actions, newest first, filtered. Without --since, a filter
     /// looks through the latest 1,000 actions.
     List {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
         /// Only these tools (comma-separated).
@@ -38,21 +38,26 @@ pub(crate) enum ActionsCmd {
     Show {
         /// The action's id (act_…).
         id: String,
-        /// The agent's id.
+        /// The agent (its id, name or alias), to look in its actions only; without it
+        /// every agent's are searched (each agent's newest 1,000 on AWS: give it on a
+        /// large deployment).
         #[arg(long)]
-        agent: String,
+        agent: Option<String>,
     },
 }
 
 /// A validated actions command.
 pub(crate) enum ActionsPlan {
     List(Box<Listing>),
-    Show { agent: AgentId, id: ActionId },
+    Show {
+        agent: Option<AgentRef>,
+        id: ActionId,
+    },
 }
 
 /// Which actions to list.
 pub(crate) struct Listing {
-    agent: AgentId,
+    agent: AgentRef,
     tools: Vec<ToolName>,
     statuses: Vec<ActionStatus>,
     since: Option<Since>,
@@ -83,7 +88,7 @@ pub(crate) fn plan(cmd: ActionsCmd) -> Result<ActionsPlan, Failure> {
             since,
             limit: n,
         } => ActionsPlan::List(Box::new(Listing {
-            agent: agent_id(&agent)?,
+            agent: agent_ref(&agent)?,
             tools: tool
                 .iter()
                 .map(|t| ToolName::parse(t.trim()))
@@ -97,7 +102,7 @@ pub(crate) fn plan(cmd: ActionsCmd) -> Result<ActionsPlan, Failure> {
             limit: limit(n)?,
         })),
         ActionsCmd::Show { id, agent } => ActionsPlan::Show {
-            agent: agent_id(&agent)?,
+            agent: agent.as_deref().map(agent_ref).transpose()?,
             id: ActionId::parse(&id).map_err(input)?,
         },
     })
@@ -106,8 +111,8 @@ pub(crate) fn plan(cmd: ActionsCmd) -> Result<ActionsPlan, Failure> {
 pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     match plan {
         ActionsPlan::List(l) => {
-            require_agent(cx.b, &l.agent).await?;
-            let actions = list(cx, &l).await?;
+            let agent = l.agent.find(cx.b).await?.id;
+            let actions = list(cx, &agent, &l).await?;
             cx.out.table(
                 &actions,
                 &[
@@ -128,22 +133,47 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
             );
         }
         ActionsPlan::Show { agent, id } => {
-            require_agent(cx.b, &agent).await?;
-            let found = actions::find(cx.b.store.as_ref(), &agent, &id).await?;
-            let action = found.ok_or_else(|| {
-                Failure::Input(format!(
-                    "action {id} not found for agent {agent}; `pulse actions list --agent {agent}` shows its actions"
-                ))
-            })?;
+            let action = find(cx, agent.as_ref(), &id).await?;
             show(cx, &action);
         }
     }
     Ok(())
 }
 
+/// The action `id`: among `agent`'s actions, or every agent's.
+pub(crate) async fn find(
+    cx: &Ctx<'_>,
+    agent: Option<&AgentRef>,
+    id: &ActionId,
+) -> Result<Action, Failure> {
+    let store = cx.b.store.as_ref();
+    let agents = match agent {
+        Some(a) => vec![a.find(cx.b).await?],
+        None => store.list_agents().await?,
+    };
+    for a in &agents {
+        if let Some(action) = actions::find(store, &a.id, id).await? {
+            return Ok(action);
+        }
+    }
+    Err(Failure::Input(match agent {
+        Some(_) => format!(
+            "action {id} not found for agent {}; `pulse actions list --agent {}` shows its actions",
+            agents[0].id, agents[0].id
+        ),
+        None => format!(
+            "action {id} not found for any agent; `pulse actions list --agent AGENT` shows an agent's actions"
+        ),
+    }))
+}
+
 /// The newest `limit` actions that match: those on events since `since`, or among the
 /// latest [`FILTER_WINDOW`].
-async fn list(cx: &Ctx<'_>, l: &Listing) -> Result<Vec<Action>, Failure> {
+async fn list(
+    cx: &Ctx<'_>,
+    agent: &pulse_shared::domain::AgentId,
+    l: &Listing,
+) -> Result<Vec<Action>, Failure> {
     let store = &cx.b.store;
     let filtered = !l.tools.is_empty() || !l.statuses.is_empty();
     let mut actions = match &l.since {
@@ -151,7 +181,7 @@ async fn list(cx: &Ctx<'_>, l: &Listing) -> Result<Vec<Action>, Failure> {
             let now = cx.clock.now();
             let mut a = actions::between(
                 store.as_ref(),
-                &l.agent,
+                agent,
                 &since.cursor(now),
                 &EventCursor::through(now),
                 10_000,
@@ -162,7 +192,7 @@ async fn list(cx: &Ctx<'_>, l: &Listing) -> Result<Vec<Action>, Failure> {
         }
         None => {
             let n = if filtered { FILTER_WINDOW } else { l.limit };
-            actions::recent(store.as_ref(), &l.agent, n).await?
+            actions::recent(store.as_ref(), agent, n).await?
         }
     };
     actions.retain(|a| l.matches(a));

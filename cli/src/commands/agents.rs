@@ -2,13 +2,13 @@
 
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
-    ActiveHours, Agent, AgentChanges, AgentId, AgentLlm, Budgets, Interval, NewAgent, ProviderKind,
+    ActiveHours, Agent, AgentChanges, AgentLlm, Budgets, Interval, NewAgent, ProviderKind,
     Retention, ThinkPolicy, TimeZoneName,
 };
 use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled, budget};
 
 use super::heartbeats::heartbeat_table;
-use super::{Ctx, agent_id, input, require_agent, store};
+use super::{AgentRef, Ctx, agent_ref, input, store};
 use crate::Failure;
 use crate::output::{count, outln, short, when};
 
@@ -20,7 +20,7 @@ pub(crate) enum AgentsCmd {
     List,
     /// Show one agent and its latest heartbeat.
     Show {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         id: String,
     },
     /// Change an agent's settings (validated as on create). A new interval, active hours
@@ -29,23 +29,20 @@ pub(crate) enum AgentsCmd {
     /// Pause an agent: its heartbeats stop (one already running finishes) until
     /// `resume`. Its user's messages are still answered.
     Pause {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         id: String,
     },
     /// Resume a paused agent: its next heartbeat is due at once.
     Resume {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         id: String,
     },
-    /// Wake an agent at a time, after a while, or on a cron pattern, beside its
-    /// interval (the same as `pulse schedules add`).
-    Schedule(super::schedules::AddSchedule),
     /// Delete an agent and everything that is its own: heartbeats, events, actions,
     /// conversation, memories, webhooks (their URLs then answer 404), hooks and their
     /// deliveries, its subscriptions and channel binding. Without --yes, says what would
     /// be deleted and exits 2.
     Delete {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         id: String,
         /// Delete it; without this nothing is deleted.
         #[arg(long)]
@@ -55,7 +52,7 @@ pub(crate) enum AgentsCmd {
 
 #[derive(Args, Debug)]
 pub(crate) struct UpdateAgent {
-    /// The agent's id.
+    /// The agent: its id, name or alias.
     id: String,
     /// Display name.
     #[arg(long)]
@@ -70,8 +67,12 @@ pub(crate) struct UpdateAgent {
     #[arg(long)]
     timezone: Option<String>,
     /// What to look at on waking; "" removes them.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "instructions_file")]
     instructions: Option<String>,
+    /// Read the instructions from this file (e.g. HEARTBEAT.md): read again each time it
+    /// is given, so an edited file is taken up by `agents update --instructions-file`.
+    #[arg(long, value_name = "FILE")]
+    instructions_file: Option<std::path::PathBuf>,
     /// LLM provider: anthropic, openai or offline; "" goes back to the configured one.
     #[arg(long, value_name = "PROVIDER")]
     llm_provider: Option<String>,
@@ -131,8 +132,11 @@ pub(crate) struct CreateAgent {
     #[arg(long, default_value = "UTC")]
     timezone: String,
     /// What to look at on waking, like a HEARTBEAT.md.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "instructions_file")]
     instructions: Option<String>,
+    /// Read the instructions from this file (e.g. HEARTBEAT.md).
+    #[arg(long, value_name = "FILE")]
+    instructions_file: Option<std::path::PathBuf>,
     /// Persona (system prompt).
     #[arg(long)]
     persona: Option<String>,
@@ -196,12 +200,11 @@ pub(crate) struct CreateAgent {
 pub(crate) enum AgentsPlan {
     Create(Box<NewAgent>),
     List,
-    Show(AgentId),
-    Update(AgentId, Box<AgentChanges>),
-    Pause(AgentId),
-    Resume(AgentId),
-    Delete { id: AgentId, yes: bool },
-    Schedule(super::schedules::AddPlan),
+    Show(AgentRef),
+    Update(AgentRef, Box<AgentChanges>),
+    Pause(AgentRef),
+    Resume(AgentRef),
+    Delete { id: AgentRef, yes: bool },
 }
 
 impl AgentsPlan {
@@ -225,7 +228,23 @@ fn cleared_with<T>(
         .transpose()
 }
 
-fn changes(a: UpdateAgent) -> Result<AgentChanges, Failure> {
+/// The text of `--instructions-file`.
+fn instructions_file(path: &std::path::Path) -> Result<String, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::Input(format!("--instructions-file {}: {e}", path.display())))?;
+    if text.trim().is_empty() {
+        return Err(Failure::Input(format!(
+            "--instructions-file {} is empty: write what the agent should look at when it wakes, or give --instructions \"\" to remove them",
+            path.display()
+        )));
+    }
+    Ok(text)
+}
+
+fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
+    if let Some(path) = &a.instructions_file {
+        a.instructions = Some(instructions_file(path)?);
+    }
     let changes = AgentChanges {
         name: a.name,
         interval: a
@@ -309,18 +328,17 @@ pub(crate) fn plan(cmd: AgentsCmd, now: jiff::Timestamp) -> Result<AgentsPlan, F
     Ok(match cmd {
         AgentsCmd::Create(a) => AgentsPlan::Create(Box::new(new_agent(*a, now)?)),
         AgentsCmd::List => AgentsPlan::List,
-        AgentsCmd::Show { id } => AgentsPlan::Show(agent_id(&id)?),
+        AgentsCmd::Show { id } => AgentsPlan::Show(agent_ref(&id)?),
         AgentsCmd::Update(a) => {
-            let id = agent_id(&a.id)?;
+            let id = agent_ref(&a.id)?;
             AgentsPlan::Update(id, Box::new(changes(*a)?))
         }
-        AgentsCmd::Pause { id } => AgentsPlan::Pause(agent_id(&id)?),
-        AgentsCmd::Resume { id } => AgentsPlan::Resume(agent_id(&id)?),
+        AgentsCmd::Pause { id } => AgentsPlan::Pause(agent_ref(&id)?),
+        AgentsCmd::Resume { id } => AgentsPlan::Resume(agent_ref(&id)?),
         AgentsCmd::Delete { id, yes } => AgentsPlan::Delete {
-            id: agent_id(&id)?,
+            id: agent_ref(&id)?,
             yes,
         },
-        AgentsCmd::Schedule(a) => AgentsPlan::Schedule(super::schedules::plan_add(a)?),
     })
 }
 
@@ -334,7 +352,10 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         .transpose()
         .map_err(input)?;
     new.timezone = TimeZoneName::parse(&a.timezone).map_err(input)?;
-    new.instructions = a.instructions;
+    new.instructions = match &a.instructions_file {
+        Some(path) => Some(instructions_file(path)?),
+        None => a.instructions,
+    };
     new.persona = a.persona;
     new.alias = a.alias;
     new.llm = AgentLlm {
@@ -380,6 +401,7 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
         AgentsPlan::Create(new) => {
             let (agent, first) = new.create(cx.clock.now()).map_err(input)?;
             b.store.create_agent(&agent, &first).await.map_err(store)?;
+            warn_without_key(cx, &agent);
             out.created(
                 &agent,
                 agent.id.as_str(),
@@ -432,8 +454,9 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
                 },
             );
         }
-        AgentsPlan::Show(id) => {
-            let agent = require_agent(b, &id).await?;
+        AgentsPlan::Show(agent) => {
+            let agent = agent.find(b).await?;
+            let id = agent.id.clone();
             let recent = b.store.list_heartbeats(&id, 5).await?;
             let today = budget::spent_today(b.store.as_ref(), &agent, cx.clock.now()).await?;
             if out.json {
@@ -505,10 +528,21 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             outln!();
             heartbeat_table(out, &recent);
         }
-        AgentsPlan::Schedule(p) => return super::schedules::add(p, cx).await,
         other => return lifecycle(other, cx).await,
     }
     Ok(())
+}
+
+/// Says so on stderr when the agent's model cannot be reached from here for want of a
+/// key, rather than letting its first reply fail.
+fn warn_without_key(cx: &Ctx<'_>, agent: &Agent) {
+    let services = pulse_shared::app::Services::from_config(cx.config);
+    if let Err(e) = services.llm.select(agent) {
+        eprintln!(
+            "warning: agent {} cannot reach its model with this configuration: {e}. Its heartbeats and replies fail until the process that runs it (pulse serve, or the functions) has it; --llm-provider offline needs no key",
+            agent.name
+        );
+    }
 }
 
 /// An agent as listed: its record and what it spent today.
@@ -534,15 +568,18 @@ async fn lifecycle(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let out = cx.out;
     let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
     match plan {
-        AgentsPlan::Update(id, changes) => {
+        AgentsPlan::Update(agent, changes) => {
+            let id = agent.id(cx.b).await?;
             let done = ops.update(&id, &changes).await.map_err(lifecycle_failure)?;
+            warn_without_key(cx, &done.agent);
             let mut line = format!("updated agent {} ({})", done.agent.name, id);
             if let Some(at) = done.replanned {
                 line.push_str(&format!("; its next heartbeat is due {}", when(Some(at))));
             }
             out.created(&done.agent, id.as_str(), &line);
         }
-        AgentsPlan::Pause(id) => {
+        AgentsPlan::Pause(agent) => {
+            let id = agent.id(cx.b).await?;
             let line = match ops.pause(&id).await.map_err(lifecycle_failure)? {
                 Toggled::Already => format!("agent {id} is paused already"),
                 Toggled::Done { running: true, .. } => format!(
@@ -554,7 +591,8 @@ async fn lifecycle(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             };
             out.done(&line);
         }
-        AgentsPlan::Resume(id) => {
+        AgentsPlan::Resume(agent) => {
+            let id = agent.id(cx.b).await?;
             let line = match ops.resume(&id).await.map_err(lifecycle_failure)? {
                 Toggled::Already => format!("agent {id} is not paused"),
                 Toggled::Done {
@@ -566,7 +604,8 @@ async fn lifecycle(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             };
             out.done(&line);
         }
-        AgentsPlan::Delete { id, yes } => {
+        AgentsPlan::Delete { id: agent, yes } => {
+            let id = agent.id(cx.b).await?;
             let footprint = ops.delete(&id, yes).await.map_err(lifecycle_failure)?;
             let listed: Vec<String> = footprint
                 .kinds()

@@ -5,19 +5,19 @@ use clap::{Args, Subcommand};
 use pulse_shared::domain::{AgentId, Role, SessionId, Signal, SignalMeta};
 use pulse_shared::engine::intake;
 
-use super::{Ctx, agent_id, input, limit, require_agent};
+use super::{AgentRef, Ctx, agent_ref, input, limit};
 use crate::Failure;
 use crate::output::{short, when};
 
 #[derive(Args, Debug)]
 pub(crate) struct SayArgs {
-    /// The agent's id.
+    /// The agent: its id, name or alias.
     #[arg(long)]
     agent: String,
     /// Your name, as the agent sees it.
     #[arg(long, default_value = "you")]
     user: String,
-    /// What to say.
+    /// What to say; `-` reads it from standard input.
     text: String,
 }
 
@@ -25,7 +25,7 @@ pub(crate) struct SayArgs {
 pub(crate) enum ConversationCmd {
     /// The latest messages, oldest first.
     Show {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
         /// How many.
@@ -37,12 +37,12 @@ pub(crate) enum ConversationCmd {
 /// A validated conversation command.
 pub(crate) enum ConversationPlan {
     Say {
-        agent: AgentId,
+        agent: AgentRef,
         user: String,
         text: String,
     },
     Show {
-        agent: AgentId,
+        agent: AgentRef,
         limit: usize,
     },
 }
@@ -54,12 +54,22 @@ impl ConversationPlan {
 }
 
 pub(crate) fn plan_say(a: SayArgs, now: jiff::Timestamp) -> Result<ConversationPlan, Failure> {
-    let agent = agent_id(&a.agent)?;
+    let agent = agent_ref(&a.agent)?;
+    let text = if a.text == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|e| {
+            Failure::Input(format!("cannot read the message from standard input: {e}"))
+        })?;
+        text
+    } else {
+        a.text
+    };
     // Validate the text now; the signal itself is made once the agent is read.
+    let placeholder = AgentId::generate();
     Signal::user_message(
-        &agent,
-        &SessionId::for_agent(&agent),
-        &a.text,
+        &placeholder,
+        &SessionId::for_agent(&placeholder),
+        &text,
         SignalMeta::default(),
         now,
     )
@@ -67,14 +77,14 @@ pub(crate) fn plan_say(a: SayArgs, now: jiff::Timestamp) -> Result<ConversationP
     Ok(ConversationPlan::Say {
         agent,
         user: a.user,
-        text: a.text,
+        text,
     })
 }
 
 pub(crate) fn plan(cmd: ConversationCmd) -> Result<ConversationPlan, Failure> {
     Ok(match cmd {
         ConversationCmd::Show { agent, limit: n } => ConversationPlan::Show {
-            agent: agent_id(&agent)?,
+            agent: agent_ref(&agent)?,
             limit: limit(n)?,
         },
     })
@@ -84,7 +94,7 @@ pub(crate) async fn execute(plan: ConversationPlan, cx: &Ctx<'_>) -> Result<(), 
     let (b, out) = (cx.b, cx.out);
     match plan {
         ConversationPlan::Say { agent, user, text } => {
-            let a = require_agent(b, &agent).await?;
+            let a = agent.find(b).await?;
             let signal = Signal::user_message(
                 &a.id,
                 &a.session,
@@ -108,7 +118,7 @@ pub(crate) async fn execute(plan: ConversationPlan, cx: &Ctx<'_>) -> Result<(), 
             );
         }
         ConversationPlan::Show { agent, limit } => {
-            require_agent(b, &agent).await?;
+            let agent = agent.find(b).await?.id;
             let mut messages = b.store.recent_messages(&agent, limit).await?;
             messages.reverse();
             out.table(&messages, &["TIME", "WHO", "SOURCE", "TEXT"], |m| {

@@ -9,7 +9,7 @@ use pulse_shared::domain::{
 };
 use pulse_shared::ports::EventQuery;
 
-use super::{Ctx, agent_id, input, json_arg, limit, require_agent};
+use super::{AgentRef, Ctx, agent_ref, input, json_arg, limit};
 use crate::Failure;
 use crate::output::{outln, short, when};
 
@@ -17,7 +17,7 @@ use crate::output::{outln, short, when};
 pub(crate) enum EventsCmd {
     /// Append an event to an agent's log; the next heartbeat processes it.
     Emit {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
         /// Event type in SCREAMING_SNAKE_CASE, e.g. NEW_MENTION (what subscriptions match).
@@ -32,7 +32,7 @@ pub(crate) enum EventsCmd {
     },
     /// List an agent's latest events (oldest of them first), filtered and paged.
     List {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
         /// Only these types (comma-separated), e.g. NOTE,SUMMARY.
@@ -90,11 +90,11 @@ impl Since {
 /// A validated events command.
 pub(crate) enum EventsPlan {
     Emit {
-        agent: AgentId,
+        agent: AgentRef,
         event: NewEvent,
     },
     List {
-        agent: AgentId,
+        agent: AgentRef,
         query: EventQuery,
         since: Option<Since>,
         follow: bool,
@@ -115,7 +115,7 @@ pub(crate) fn plan(cmd: EventsCmd) -> Result<EventsPlan, Failure> {
             payload,
             priority,
         } => EventsPlan::Emit {
-            agent: agent_id(&agent)?,
+            agent: agent_ref(&agent)?,
             event: NewEvent::new(
                 emit_type(&event_type)?,
                 json_arg("payload", &payload)?,
@@ -131,7 +131,7 @@ pub(crate) fn plan(cmd: EventsCmd) -> Result<EventsPlan, Failure> {
             limit: n,
             follow,
         } => EventsPlan::List {
-            agent: agent_id(&agent)?,
+            agent: agent_ref(&agent)?,
             query: EventQuery {
                 types: types
                     .iter()
@@ -276,7 +276,7 @@ pub(crate) async fn execute(plan: EventsPlan, cx: &Ctx<'_>) -> Result<(), Failur
     let (b, out) = (cx.b, cx.out);
     match plan {
         EventsPlan::Emit { agent, event } => {
-            require_agent(b, &agent).await?;
+            let agent = agent.find(b).await?.id;
             let event = event.into_event(agent, "cli", cx.clock.now());
             b.store.append(&event).await?;
             out.created(
@@ -294,7 +294,7 @@ pub(crate) async fn execute(plan: EventsPlan, cx: &Ctx<'_>) -> Result<(), Failur
             since,
             follow,
         } => {
-            require_agent(b, &agent).await?;
+            let agent = agent.find(b).await?.id;
             query.after = since.map(|s| s.cursor(cx.clock.now()));
             if follow {
                 return follow_events(cx, &agent, query).await;

@@ -4,7 +4,7 @@ use clap::Subcommand;
 use pulse_shared::domain::{AgentId, Heartbeat, HeartbeatId, HeartbeatStatus};
 
 use super::events::Since;
-use super::{Ctx, agent_id, input, limit, require_agent};
+use super::{AgentRef, Ctx, agent_ref, input, limit};
 use crate::Failure;
 use crate::output::{Out, short, when};
 
@@ -12,7 +12,7 @@ use crate::output::{Out, short, when};
 pub(crate) enum HeartbeatsCmd {
     /// List an agent's latest heartbeats, newest first, filtered and paged.
     List {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
         /// Only these statuses (comma-separated), e.g. FAILED,CANCELLED.
@@ -49,11 +49,13 @@ pub(crate) enum HeartbeatsCmd {
 pub(crate) enum HeartbeatsPlan {
     List(Box<Listing>),
     Show(HeartbeatId),
+    /// `--agent` and `--beat`.
+    ShowBeat(AgentRef, u64),
 }
 
 /// Which heartbeats to list.
 pub(crate) struct Listing {
-    agent: AgentId,
+    agent: AgentRef,
     statuses: Vec<HeartbeatStatus>,
     since: Option<Since>,
     before: Option<u64>,
@@ -69,7 +71,7 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
             before,
             limit: n,
         } => HeartbeatsPlan::List(Box::new(Listing {
-            agent: agent_id(&agent)?,
+            agent: agent_ref(&agent)?,
             statuses: status
                 .iter()
                 .map(|s| {
@@ -84,38 +86,42 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
             before,
             limit: limit(n)?,
         })),
-        HeartbeatsCmd::Show { id, agent, beat } => HeartbeatsPlan::Show(match (id, agent, beat) {
-            (Some(id), _, _) => HeartbeatId::parse(&id).map_err(input)?,
-            (None, Some(agent), Some(beat)) => HeartbeatId::new(agent_id(&agent)?, beat),
+        HeartbeatsCmd::Show { id, agent, beat } => match (id, agent, beat) {
+            (Some(id), _, _) => HeartbeatsPlan::Show(HeartbeatId::parse(&id).map_err(input)?),
+            (None, Some(agent), Some(beat)) => HeartbeatsPlan::ShowBeat(agent_ref(&agent)?, beat),
             _ => {
                 return Err(Failure::Input(
                     "give a heartbeat id, or --agent and --beat".into(),
                 ));
             }
-        }),
+        },
     })
 }
 
 pub(crate) async fn execute(plan: HeartbeatsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     match plan {
         HeartbeatsPlan::List(l) => {
-            require_agent(cx.b, &l.agent).await?;
-            let hbs = list(cx, &l).await?;
+            let agent = l.agent.find(cx.b).await?.id;
+            let hbs = list(cx, &agent, &l).await?;
             heartbeat_table(cx.out, &hbs);
         }
         HeartbeatsPlan::Show(id) => super::story::show(cx, &id).await?,
+        HeartbeatsPlan::ShowBeat(agent, beat) => {
+            let id = HeartbeatId::new(agent.id(cx.b).await?, beat);
+            super::story::show(cx, &id).await?
+        }
     }
     Ok(())
 }
 
 /// The newest `limit` heartbeats that match, read a page at a time, back to `since`.
-async fn list(cx: &Ctx<'_>, l: &Listing) -> Result<Vec<Heartbeat>, Failure> {
+async fn list(cx: &Ctx<'_>, agent: &AgentId, l: &Listing) -> Result<Vec<Heartbeat>, Failure> {
     let since = l.since.as_ref().map(|s| s.at(cx.clock.now()));
     let page = if l.statuses.is_empty() { l.limit } else { 200 };
     let mut found = Vec::new();
     let mut before = l.before;
     loop {
-        let hbs = cx.b.store.heartbeats_page(&l.agent, before, page).await?;
+        let hbs = cx.b.store.heartbeats_page(agent, before, page).await?;
         let last = hbs.len() < page;
         before = hbs.last().map(|h| h.beat);
         for h in hbs {

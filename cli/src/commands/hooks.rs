@@ -15,7 +15,7 @@ use pulse_shared::engine::{DispatchSettings, Dispatcher, Switched, set_hook_acti
 use pulse_shared::ports::Clock;
 use pulse_signatures::inbound::generate_secret;
 
-use super::{Ctx, input, yes_no};
+use super::{AgentRef, Ctx, agent_ref, input, yes_no};
 use crate::Failure;
 use crate::output::{Out, short, when};
 
@@ -25,7 +25,7 @@ pub(crate) enum HooksCmd {
     Add(Box<AddHook>),
     /// List hooks (never their secrets or auth headers).
     List {
-        /// Only this agent's (every agent's when left out).
+        /// Only this agent's (its id, name or alias; every agent's when left out).
         #[arg(long)]
         agent: Option<String>,
     },
@@ -60,6 +60,20 @@ pub(crate) enum HooksCmd {
         /// The delivery's id (msg_…).
         #[arg(long)]
         delivery: String,
+    },
+    /// Send again every delivery made since a time that ended without success
+    /// (exhausted, or cancelled while its hook was off), oldest first, one attempt each:
+    /// after a receiver's outage is fixed.
+    Recover {
+        /// Since when: a duration back from now (2h, 1d) or a time.
+        #[arg(long, value_name = "2h|TIMESTAMP")]
+        since: String,
+        /// Only this hook's deliveries.
+        #[arg(long, conflicts_with = "agent")]
+        hook: Option<String>,
+        /// Only this agent's hooks (its id, name or alias); every hook when neither is given.
+        #[arg(long)]
+        agent: Option<String>,
     },
     /// Change where a hook delivers, its retry schedule, timeout, disable-after or auth
     /// header. Deliveries already queued go to the new settings.
@@ -103,12 +117,19 @@ pub(crate) struct HookChanges {
 
 #[derive(Args, Debug)]
 pub(crate) struct AddHook {
-    /// The agent it follows.
+    /// The agent it follows: its id, name or alias.
     #[arg(long)]
     agent: String,
-    /// What it fires on: BEFORE_HEARTBEAT, AFTER_HEARTBEAT, AFTER_<TOOL>, … (`pulse hooks types`).
-    #[arg(long = "type", value_name = "TYPE")]
-    hook_type: String,
+    /// What it fires on: BEFORE_HEARTBEAT, AFTER_HEARTBEAT, AFTER_<TOOL>, … (`pulse hooks
+    /// types`); several, comma-separated, add one hook per type, all signed with one
+    /// secret.
+    #[arg(
+        long = "type",
+        value_name = "TYPE,...",
+        value_delimiter = ',',
+        required = true
+    )]
+    hook_type: Vec<String>,
     /// Where it delivers: an https:// URL, or eventbridge://BUS_NAME.
     #[arg(long, value_name = "URL")]
     url: String,
@@ -131,13 +152,25 @@ pub(crate) struct AddHook {
 
 /// A validated hooks command.
 pub(crate) enum HooksPlan {
-    Add(Box<Hook>),
-    List(Option<AgentId>),
+    /// Hooks for one agent, found when the command runs.
+    Add(AgentRef, Vec<Hook>),
+    List(Option<AgentRef>),
     Types,
     Test(HookId),
-    Deliveries { hook: HookId, limit: usize },
-    Set { id: HookId, active: bool },
+    Deliveries {
+        hook: HookId,
+        limit: usize,
+    },
+    Set {
+        id: HookId,
+        active: bool,
+    },
     Replay(HookDeliveryId),
+    Recover {
+        since: super::events::Since,
+        hook: Option<HookId>,
+        agent: Option<AgentRef>,
+    },
     Update(HookId, Box<HookChanges>),
     Delete(HookId),
 }
@@ -145,34 +178,55 @@ pub(crate) enum HooksPlan {
 impl HooksPlan {
     /// Whether it may create the database.
     pub(crate) fn writes(&self) -> bool {
-        matches!(self, Self::Add(_))
+        matches!(self, Self::Add(..))
     }
 }
 
 pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Failure> {
     Ok(match cmd {
         HooksCmd::Add(a) => {
-            let agent = AgentId::parse(&a.agent).map_err(input)?;
-            let hook_type = HookType::parse(a.hook_type.trim()).map_err(input)?;
+            let agent = agent_ref(&a.agent)?;
             let target = HookTarget::parse(&a.url).map_err(input)?;
-            let mut hook = Hook::new(agent, hook_type, target, &generate_secret(), now);
-            hook.timeout = timeout_arg(&a.timeout)?;
-            hook.retry = RetrySchedule::parse(&a.retry_schedule).map_err(input)?;
-            hook.disable_after = disable_after_arg(&a.disable_after)?;
-            hook.auth_header = match a.auth_header {
-                Some(v) => Some(auth_header_arg(&v)?),
-                None => None,
-            };
-            hook.description = a.description;
-            HooksPlan::Add(Box::new(hook))
+            let timeout = timeout_arg(&a.timeout)?;
+            let retry = RetrySchedule::parse(&a.retry_schedule).map_err(input)?;
+            let disable_after = disable_after_arg(&a.disable_after)?;
+            let auth_header = a.auth_header.as_deref().map(auth_header_arg).transpose()?;
+            // One secret for all the types: the receiver checks one signature.
+            let secret = generate_secret();
+            let mut types: Vec<HookType> = Vec::new();
+            for t in a
+                .hook_type
+                .iter()
+                .map(|t| t.trim())
+                .filter(|t| !t.is_empty())
+            {
+                let t = HookType::parse(t).map_err(input)?;
+                if !types.contains(&t) {
+                    types.push(t);
+                }
+            }
+            if types.is_empty() {
+                return Err(Failure::Input(
+                    "give --type: what the hook fires on (`pulse hooks types` lists them)".into(),
+                ));
+            }
+            let hooks = types
+                .into_iter()
+                .map(|hook_type| {
+                    // The agent is set once it is found.
+                    let mut hook =
+                        Hook::new(AgentId::generate(), hook_type, target.clone(), &secret, now);
+                    hook.timeout = timeout;
+                    hook.retry = retry.clone();
+                    hook.disable_after = disable_after;
+                    hook.auth_header = auth_header.clone();
+                    hook.description = a.description.clone();
+                    hook
+                })
+                .collect();
+            HooksPlan::Add(agent, hooks)
         }
-        HooksCmd::List { agent } => HooksPlan::List(
-            agent
-                .as_deref()
-                .map(AgentId::parse)
-                .transpose()
-                .map_err(input)?,
-        ),
+        HooksCmd::List { agent } => HooksPlan::List(agent.as_deref().map(agent_ref).transpose()?),
         HooksCmd::Types => HooksPlan::Types,
         HooksCmd::Test { id } => HooksPlan::Test(HookId::parse(&id).map_err(input)?),
         HooksCmd::Deliveries { hook, limit } => {
@@ -197,6 +251,15 @@ pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Fai
         HooksCmd::Replay { delivery } => {
             HooksPlan::Replay(HookDeliveryId::parse(&delivery).map_err(input)?)
         }
+        HooksCmd::Recover { since, hook, agent } => HooksPlan::Recover {
+            since: super::events::Since::parse(&since)?,
+            hook: hook
+                .as_deref()
+                .map(HookId::parse)
+                .transpose()
+                .map_err(input)?,
+            agent: agent.as_deref().map(agent_ref).transpose()?,
+        },
         HooksCmd::Update(a) => {
             let changes = HookChanges {
                 target: a
@@ -324,7 +387,13 @@ fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {
 pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let (config, b, clock, out) = (cx.config, cx.b, cx.clock.clone(), cx.out);
     match plan {
-        HooksPlan::Add(hook) => add(b, out, &hook).await,
+        HooksPlan::Add(agent, mut hooks) => {
+            let agent = agent.find(b).await?.id;
+            for hook in &mut hooks {
+                hook.agent_id = agent.clone();
+            }
+            add(b, out, &hooks).await
+        }
         HooksPlan::List(agent) => list(b, out, agent).await,
         HooksPlan::Types => types(b, out).await,
         HooksPlan::Test(id) => {
@@ -355,7 +424,78 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
             print_attempt(out, &d, &a);
             succeeded(&d, &a)
         }
+        HooksPlan::Recover { since, hook, agent } => {
+            let hooks = match (hook, agent) {
+                (Some(id), _) => vec![require_hook(b, &id).await?],
+                (None, Some(agent)) => b.store.list_hooks(&agent.id(b).await?).await?,
+                (None, None) => {
+                    let mut all = Vec::new();
+                    for a in b.store.list_agents().await? {
+                        all.extend(b.store.list_hooks(&a.id).await?);
+                    }
+                    all
+                }
+            };
+            let since = since.at(cx.clock.now());
+            let done = dispatcher(config, b, clock)?
+                .recover(&hooks, since)
+                .await
+                .map_err(|e| Failure::Runtime(e.into()))?;
+            recovered(out, &done, since)
+        }
     }
+}
+
+/// What `hooks recover` did; exit 1 when an attempt failed or a delivery was skipped.
+fn recovered(
+    out: &Out,
+    done: &pulse_shared::engine::Recovered,
+    since: jiff::Timestamp,
+) -> Result<(), Failure> {
+    let failed = done
+        .replayed
+        .iter()
+        .filter(|(_, a)| a.status != AttemptStatus::Success)
+        .count();
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "replayed": done.replayed.iter().map(|(d, a)| serde_json::json!({"id": d.id, "delivery": d, "attempt": a})).collect::<Vec<_>>(),
+            "skipped": done.skipped.iter().map(|(id, why)| serde_json::json!({"id": id, "reason": why})).collect::<Vec<_>>(),
+            "truncated": done.truncated,
+        }));
+    } else {
+        for (d, a) in &done.replayed {
+            outln!(
+                "{}  {}  {}  {}",
+                d.id,
+                d.hook_type,
+                a.status.as_str(),
+                a.http_status.map_or("-".into(), |s| s.to_string())
+            );
+        }
+        for (id, why) in &done.skipped {
+            eprintln!("skipped {id}: {why}");
+        }
+        for hook in &done.truncated {
+            eprintln!(
+                "hook {hook} has more than {} deliveries since then: run it again for the older ones",
+                pulse_shared::engine::RECOVER_SCAN
+            );
+        }
+        eprintln!(
+            "sent {} again since {since}: {} succeeded, {failed} failed; {} skipped",
+            crate::output::count(done.replayed.len(), "delivery"),
+            done.replayed.len() - failed,
+            done.skipped.len()
+        );
+    }
+    if failed > 0 || !done.skipped.is_empty() {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "{failed} of the deliveries sent again failed and {} were skipped; `pulse hooks deliveries --hook ID` shows each",
+            done.skipped.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Exit 1 when the attempt did not succeed (after printing it), so scripts can tell.
@@ -372,45 +512,73 @@ fn succeeded(d: &HookDelivery, a: &HookAttempt) -> Result<(), Failure> {
     )))
 }
 
-/// Stores a new hook; prints its id and, once, its secret.
-async fn add(b: &Connected, out: &Out, hook: &Hook) -> Result<(), Failure> {
-    super::require_agent(b, &hook.agent_id).await?;
-    check_target(b, &hook.target)?;
+/// Stores new hooks of one agent, one target and one secret (one per type); prints
+/// their ids and, once, the secret. Every type is checked before any hook is stored.
+async fn add(b: &Connected, out: &Out, hooks: &[Hook]) -> Result<(), Failure> {
+    let Some(first) = hooks.first() else {
+        return Ok(());
+    };
+    check_target(b, &first.target)?;
     let valid = valid_types(b).await?;
-    if !valid.iter().any(|t| t == hook.hook_type.as_str()) {
-        return Err(Failure::Input(format!(
-            "hook type {} fires on nothing: it is neither a lifecycle type nor BEFORE_/AFTER_ of a registered tool; valid types: {} (`pulse hooks types` explains each)",
-            hook.hook_type,
-            valid.join(", ")
-        )));
+    for hook in hooks {
+        if !valid.iter().any(|t| t == hook.hook_type.as_str()) {
+            return Err(Failure::Input(format!(
+                "hook type {} fires on nothing: it is neither a lifecycle type nor BEFORE_/AFTER_ of a registered tool; valid types: {} (`pulse hooks types` explains each)",
+                hook.hook_type,
+                valid.join(", ")
+            )));
+        }
     }
-    b.store.create_hook(hook).await?;
-    if hook.target.is_plain_http() {
+    for hook in hooks {
+        b.store.create_hook(hook).await?;
+    }
+    if first.target.is_plain_http() {
         eprintln!(
             "note: {} is plain http: use it only for a local receiver allowed by PULSE_HOOKS_ALLOW",
-            hook.target
+            first.target
         );
     }
     if out.json {
-        out.json_value(&serde_json::json!({
-            "hook": hook.summary(),
-            "secret": hook.secret.expose(),
-        }));
+        let summaries: Vec<_> = hooks.iter().map(Hook::summary).collect();
+        let mut doc = serde_json::json!({
+            "hooks": summaries,
+            "secret": first.secret.expose(),
+        });
+        // One hook: also as `hook`, as before several types could be given.
+        if let [one] = hooks {
+            doc["hook"] = serde_json::to_value(one.summary()).unwrap_or_default();
+        }
+        out.json_value(&doc);
     } else {
-        outln!("{}", hook.id);
-        outln!("{}", hook.secret.expose());
+        for hook in hooks {
+            outln!("{}", hook.id);
+        }
+        outln!("{}", first.secret.expose());
+        let added: Vec<String> = hooks
+            .iter()
+            .map(|h| format!("{} ({})", h.id, h.hook_type))
+            .collect();
+        let one = hooks.len() == 1;
         eprintln!(
-            "added hook {} ({} → {}) to agent {}.\nThe first line is its id, the second its signing secret (Standard Webhooks): store the secret now, it is not shown again.",
-            hook.id, hook.hook_type, hook.target, hook.agent_id
+            "added {} → {} to agent {}: {}.\nThe first {}, the last its signing secret (Standard Webhooks): store the secret now, it is not shown again.",
+            if one { "a hook" } else { "hooks" },
+            first.target,
+            first.agent_id,
+            added.join(", "),
+            if one {
+                "line is its id"
+            } else {
+                "lines are their ids"
+            },
         );
     }
     Ok(())
 }
 
 /// Lists one agent's hooks, or every agent's.
-async fn list(b: &Connected, out: &Out, agent: Option<AgentId>) -> Result<(), Failure> {
+async fn list(b: &Connected, out: &Out, agent: Option<AgentRef>) -> Result<(), Failure> {
     let agents = match agent {
-        Some(a) => vec![a],
+        Some(a) => vec![a.id(b).await?],
         None => b
             .store
             .list_agents()
@@ -495,7 +663,7 @@ async fn deliveries(b: &Connected, out: &Out, hook: &HookId, limit: usize) -> Re
         let mut rows = Vec::new();
         for d in &deliveries {
             let attempts = b.store.list_attempts(&d.id).await?;
-            rows.push(serde_json::json!({ "delivery": d, "attempts": attempts }));
+            rows.push(serde_json::json!({ "id": d.id, "delivery": d, "attempts": attempts }));
         }
         out.json_value(&rows);
         return Ok(());

@@ -1,17 +1,15 @@
 //! `pulse memories …`: what agents remembered.
 
-use clap::Subcommand;
-use pulse_shared::domain::AgentId;
-
-use super::{Ctx, agent_id, limit, require_agent};
+use super::{AgentRef, Ctx, agent_ref, limit};
 use crate::Failure;
 use crate::output::{short, when};
+use clap::Subcommand;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum MemoriesCmd {
     /// An agent's latest memories, newest first.
     List {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
         /// How many.
@@ -22,13 +20,13 @@ pub(crate) enum MemoriesCmd {
 
 /// A validated memories command.
 pub(crate) enum MemoriesPlan {
-    List { agent: AgentId, limit: usize },
+    List { agent: AgentRef, limit: usize },
 }
 
 pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
     Ok(match cmd {
         MemoriesCmd::List { agent, limit: n } => MemoriesPlan::List {
-            agent: agent_id(&agent)?,
+            agent: agent_ref(&agent)?,
             limit: limit(n)?,
         },
     })
@@ -37,7 +35,7 @@ pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
 pub(crate) async fn execute(plan: MemoriesPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     match plan {
         MemoriesPlan::List { agent, limit } => {
-            require_agent(cx.b, &agent).await?;
+            let agent = agent.find(cx.b).await?.id;
             let memories = cx.b.store.memories(&agent, limit).await?;
             cx.out
                 .table(&memories, &["ID", "TIME", "HEARTBEAT", "TEXT"], |m| {

@@ -291,9 +291,61 @@ pub(crate) fn limit(n: usize) -> Result<usize, Failure> {
     }
 }
 
-/// An agent id argument.
-pub(crate) fn agent_id(s: &str) -> Result<AgentId, Failure> {
-    AgentId::parse(s).map_err(input)
+/// An agent as the user named it — its id, its name or its alias (`@scout` or `scout`) —
+/// found when the command runs. An id is checked at once, so a mistyped one writes
+/// nothing.
+#[derive(Clone, Debug)]
+pub(crate) struct AgentRef(String);
+
+/// An agent argument: an id (`ag_…`), a name or an alias.
+pub(crate) fn agent_ref(s: &str) -> Result<AgentRef, Failure> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(Failure::Input(
+            "give an agent: its id, name or alias (`pulse agents list` shows them)".into(),
+        ));
+    }
+    if s.starts_with("ag_") {
+        AgentId::parse(s).map_err(input)?;
+    }
+    Ok(AgentRef(s.to_owned()))
+}
+
+impl AgentRef {
+    /// The agent, read from the store; bad input when there is none by that id, name or
+    /// alias, or when a name or alias is shared (the matches are listed).
+    pub(crate) async fn find(&self, b: &Connected) -> Result<Agent, Failure> {
+        if let Ok(id) = AgentId::parse(&self.0) {
+            return require_agent(b, &id).await;
+        }
+        let agents = b.store.list_agents().await?;
+        let matches = pulse_shared::domain::agents_named(&agents, &self.0);
+        match matches.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => Err(Failure::Input(format!(
+                "no agent has the id, name or alias {:?}; `pulse agents list` shows the agents",
+                self.0
+            ))),
+            several => Err(Failure::Input(format!(
+                "{:?} names {} agents: {}; give the id",
+                self.0,
+                several.len(),
+                several
+                    .iter()
+                    .map(|a| format!("{} ({})", a.id, a.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// The agent's id: as given, or found by name or alias.
+    pub(crate) async fn id(&self, b: &Connected) -> Result<AgentId, Failure> {
+        match AgentId::parse(&self.0) {
+            Ok(id) => Ok(id),
+            Err(_) => Ok(self.find(b).await?.id),
+        }
+    }
 }
 
 /// A record the user named does not exist, or already exists: the input was wrong.

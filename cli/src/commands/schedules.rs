@@ -3,10 +3,10 @@
 
 use clap::{Args, Subcommand};
 use jiff::Timestamp;
-use pulse_shared::domain::{AgentId, ScheduleId, ScheduleRule, TimeZoneName, parse_duration};
+use pulse_shared::domain::{ScheduleId, ScheduleRule, TimeZoneName, parse_duration};
 use pulse_shared::engine::{EngineSettings, LifecycleError};
 
-use super::{Ctx, agent_id, input, store};
+use super::{AgentRef, Ctx, agent_ref, input, store};
 use crate::Failure;
 use crate::output::{short, when};
 
@@ -16,13 +16,13 @@ pub(crate) enum SchedulesCmd {
     Add(AddSchedule),
     /// An agent's schedules and their next wakes.
     List {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
     },
     /// Delete a schedule: it wakes the agent no more.
     Delete {
-        /// The agent's id.
+        /// The agent: its id, name or alias.
         #[arg(long)]
         agent: String,
         /// The schedule's id (`sch_…`).
@@ -33,7 +33,7 @@ pub(crate) enum SchedulesCmd {
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("when").required(true).args(["at", "r#in", "cron"])))]
 pub(crate) struct AddSchedule {
-    /// The agent's id.
+    /// The agent: its id, name or alias.
     #[arg(long)]
     agent: String,
     /// Once, at this time (2026-11-25T09:00:00Z, or with an offset).
@@ -57,13 +57,13 @@ pub(crate) struct AddSchedule {
 /// A validated schedules command.
 pub(crate) enum SchedulesPlan {
     Add(AddPlan),
-    List(AgentId),
-    Delete(AgentId, ScheduleId),
+    List(AgentRef),
+    Delete(AgentRef, ScheduleId),
 }
 
 /// A validated `schedules add`.
 pub(crate) struct AddPlan {
-    agent: AgentId,
+    agent: AgentRef,
     when: When,
     note: Option<String>,
 }
@@ -81,7 +81,16 @@ pub(crate) fn plan_add(a: AddSchedule) -> Result<AddPlan, Failure> {
                 "--at {at:?}: {e}; give a time such as 2026-11-25T09:00:00Z"
             ))
         })?),
-        (None, Some(d), None) => When::In(parse_duration("in", &d).map_err(input)?),
+        (None, Some(d), None) => {
+            let d = parse_duration("in", &d).map_err(input)?;
+            if !d.is_positive() {
+                return Err(Failure::Input(format!(
+                    "--in {:?}: give how long from now, more than 0s (e.g. --in 90s, --in 2h)",
+                    d.to_string()
+                )));
+            }
+            When::In(d)
+        }
         (None, None, Some(pattern)) => {
             let tz = a
                 .timezone
@@ -99,7 +108,7 @@ pub(crate) fn plan_add(a: AddSchedule) -> Result<AddPlan, Failure> {
         }
     };
     Ok(AddPlan {
-        agent: agent_id(&a.agent)?,
+        agent: agent_ref(&a.agent)?,
         when,
         note: a.note,
     })
@@ -108,9 +117,9 @@ pub(crate) fn plan_add(a: AddSchedule) -> Result<AddPlan, Failure> {
 pub(crate) fn plan(cmd: SchedulesCmd) -> Result<SchedulesPlan, Failure> {
     Ok(match cmd {
         SchedulesCmd::Add(a) => SchedulesPlan::Add(plan_add(a)?),
-        SchedulesCmd::List { agent } => SchedulesPlan::List(agent_id(&agent)?),
+        SchedulesCmd::List { agent } => SchedulesPlan::List(agent_ref(&agent)?),
         SchedulesCmd::Delete { agent, id } => {
-            SchedulesPlan::Delete(agent_id(&agent)?, ScheduleId::parse(&id).map_err(input)?)
+            SchedulesPlan::Delete(agent_ref(&agent)?, ScheduleId::parse(&id).map_err(input)?)
         }
     })
 }
@@ -132,6 +141,7 @@ fn describe(rule: &ScheduleRule) -> String {
 /// Makes the schedule `plan` describes.
 pub(crate) async fn add(plan: AddPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
+    let agent = plan.agent.find(cx.b).await?;
     let now = cx.clock.now();
     let rule = match plan.when {
         When::At(at) => ScheduleRule::Once { at },
@@ -139,25 +149,19 @@ pub(crate) async fn add(plan: AddPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             at: now.saturating_add(d).unwrap_or(now),
         },
         When::Cron(pattern, tz) => {
-            let tz = match tz {
-                Some(tz) => tz,
-                None => match cx.b.store.get_agent(&plan.agent).await.map_err(store)? {
-                    Some(agent) => agent.timezone,
-                    None => TimeZoneName::utc(),
-                },
-            };
+            let tz = tz.unwrap_or_else(|| agent.timezone.clone());
             ScheduleRule::cron(&pattern, tz).map_err(input)?
         }
     };
     let done = ops
-        .schedule(&plan.agent, rule, plan.note)
+        .schedule(&agent.id, rule, plan.note)
         .await
         .map_err(failure)?;
     let s = &done.schedule;
     let mut line = format!(
         "scheduled {} for agent {}: {}; it first wakes the agent {}",
         s.id,
-        plan.agent,
+        agent.id,
         describe(&s.rule),
         when(s.next_at)
     );
@@ -173,6 +177,7 @@ pub(crate) async fn execute(plan: SchedulesPlan, cx: &Ctx<'_>) -> Result<(), Fai
     match plan {
         SchedulesPlan::Add(p) => add(p, cx).await?,
         SchedulesPlan::List(agent) => {
+            let agent = agent.id(cx.b).await?;
             let schedules = ops.schedules(&agent).await.map_err(failure)?;
             cx.out.table(
                 &schedules,
@@ -189,6 +194,7 @@ pub(crate) async fn execute(plan: SchedulesPlan, cx: &Ctx<'_>) -> Result<(), Fai
             );
         }
         SchedulesPlan::Delete(agent, id) => {
+            let agent = agent.id(cx.b).await?;
             if !ops.unschedule(&agent, &id).await.map_err(failure)? {
                 return Err(Failure::Input(format!(
                     "agent {agent} has no schedule {id}; `pulse schedules list --agent {agent}` lists them"

@@ -600,26 +600,65 @@ pub(crate) async fn sweep_and_drain(
             );
         }
     }
-    if report.errors.is_empty() && failed == 0 {
-        Ok(())
-    } else {
-        Err(Failure::Runtime(anyhow::anyhow!(
-            "the sweep met {} and {} will be retried: {}",
-            count(report.errors.len(), "problem"),
-            count(failed, "job"),
-            report
-                .errors
+    match sweep_failure(&report.errors, failed) {
+        None => Ok(()),
+        Some(why) => Err(Failure::Runtime(anyhow::anyhow!(why))),
+    }
+}
+
+/// What went wrong in a `pulse sweep`, in one sentence: the sweep's own problems, and
+/// the jobs that failed and go back to the queue; `None` when nothing did.
+fn sweep_failure(problems: &[pulse_shared::engine::SweepProblem], failed: usize) -> Option<String> {
+    let jobs = (failed > 0).then(|| {
+        format!(
+            "{} failed and will be retried (the log above says why; `pulse status` shows what is left)",
+            count(failed, "job")
+        )
+    });
+    let sweep = (!problems.is_empty()).then(|| {
+        format!(
+            "the sweep met {}: {}",
+            count(problems.len(), "problem"),
+            problems
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ")
-        )))
+        )
+    });
+    match (sweep, jobs) {
+        (None, None) => None,
+        (Some(s), Some(j)) => Some(format!("{s}; {j}")),
+        (Some(one), None) | (None, Some(one)) => Some(one),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_sweep_says_what_failed_and_nothing_about_what_did_not() {
+        assert_eq!(sweep_failure(&[], 0), None);
+        let jobs = sweep_failure(&[], 2).unwrap();
+        assert!(
+            jobs.starts_with("2 jobs failed and will be retried"),
+            "{jobs}"
+        );
+        assert!(
+            !jobs.contains("problem") && !jobs.contains("(none)"),
+            "{jobs}"
+        );
+        let problem = pulse_shared::engine::SweepProblem::DueQuery {
+            shard: 0,
+            message: "disk I/O error".into(),
+        };
+        let both = sweep_failure(std::slice::from_ref(&problem), 1).unwrap();
+        assert_eq!(
+            both,
+            "the sweep met 1 problem: due query of shard 0: disk I/O error; 1 job failed and will be retried (the log above says why; `pulse status` shows what is left)"
+        );
+    }
 
     #[test]
     fn listen_takes_addresses_and_host_names() {

@@ -6,7 +6,7 @@ use pulse_shared::domain::{
 };
 use pulse_shared::engine::switch_subscription;
 
-use super::{Ctx, agent_id, input, require_agent, store, yes_no};
+use super::{AgentRef, Ctx, agent_ref, input, store, yes_no};
 use crate::Failure;
 
 #[derive(Subcommand, Debug)]
@@ -50,7 +50,7 @@ pub(crate) enum SubscriptionsCmd {
 
 /// A validated subscriptions command.
 pub(crate) enum SubscriptionsPlan {
-    Add(Box<Subscription>),
+    Add(Option<AgentRef>, Box<Subscription>),
     List,
     Set { id: SubscriptionId, active: bool },
     Remove(SubscriptionId),
@@ -76,23 +76,27 @@ pub(crate) fn plan(
         } => {
             let tool = ToolName::parse(&tool).map_err(input)?;
             let event_type = EventType::parse(&event).map_err(input)?;
-            let agent = agent.as_deref().map(agent_id).transpose()?;
+            let agent = agent.as_deref().map(agent_ref).transpose()?;
             let filter = filter
                 .as_deref()
                 .map(Filter::parse)
                 .transpose()
                 .map_err(input)?
                 .unwrap_or_default();
-            SubscriptionsPlan::Add(Box::new(Subscription {
-                id: SubscriptionId::for_route(&tool, &event_type, agent.as_ref()),
-                tool,
-                event_type,
-                agent_id: agent,
-                filter,
-                order,
-                active: true,
-                created_at: now,
-            }))
+            // Its id names the agent, so it is made once the agent is found.
+            SubscriptionsPlan::Add(
+                agent,
+                Box::new(Subscription {
+                    id: SubscriptionId::for_route(&tool, &event_type, None),
+                    tool,
+                    event_type,
+                    agent_id: None,
+                    filter,
+                    order,
+                    active: true,
+                    created_at: now,
+                }),
+            )
         }
         SubscriptionsCmd::List => SubscriptionsPlan::List,
         SubscriptionsCmd::Enable { id } => SubscriptionsPlan::Set {
@@ -118,7 +122,12 @@ pub(crate) fn plan(
 pub(crate) async fn execute(plan: SubscriptionsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let (b, out) = (cx.b, cx.out);
     match plan {
-        SubscriptionsPlan::Add(sub) => {
+        SubscriptionsPlan::Add(agent, mut sub) => {
+            if let Some(agent) = agent {
+                let agent = agent.find(b).await?.id;
+                sub.id = SubscriptionId::for_route(&sub.tool, &sub.event_type, Some(&agent));
+                sub.agent_id = Some(agent);
+            }
             let registry = b
                 .store
                 .load_registry()
@@ -129,9 +138,6 @@ pub(crate) async fn execute(plan: SubscriptionsPlan, cx: &Ctx<'_>) -> Result<(),
                     "tool {} is not registered; add it first with `pulse tools add`",
                     sub.tool
                 )));
-            }
-            if let Some(agent) = &sub.agent_id {
-                require_agent(b, agent).await?;
             }
             b.store.add_subscription(&sub).await.map_err(store)?;
             out.created(

@@ -4,11 +4,10 @@
 
 use clap::Args;
 use pulse_shared::config::Env;
-use pulse_shared::domain::AgentId;
 use pulse_shared::engine::{Prices, UsageReport, UsageRow, usage};
 
 use super::events::Since;
-use super::{Ctx, agent_id, require_agent};
+use super::{AgentRef, Ctx, agent_ref};
 use crate::Failure;
 use crate::output::outln;
 
@@ -24,7 +23,7 @@ pub(crate) struct UsageArgs {
 
 /// A validated `pulse usage`.
 pub(crate) struct UsagePlan {
-    agent: Option<AgentId>,
+    agent: Option<AgentRef>,
     since: Since,
     prices: Prices,
 }
@@ -40,7 +39,7 @@ pub(crate) fn plan(a: UsageArgs) -> Result<UsagePlan, Failure> {
         }
     };
     Ok(UsagePlan {
-        agent: a.agent.as_deref().map(agent_id).transpose()?,
+        agent: a.agent.as_deref().map(agent_ref).transpose()?,
         since: Since::parse(&a.since)?,
         prices,
     })
@@ -72,7 +71,7 @@ fn dollars(c: Option<f64>) -> String {
 pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let store = cx.b.store.as_ref();
     let agents = match &plan.agent {
-        Some(id) => vec![require_agent(cx.b, id).await?],
+        Some(agent) => vec![agent.find(cx.b).await?],
         None => store.list_agents().await?,
     };
     let since = plan.since.at(cx.clock.now());

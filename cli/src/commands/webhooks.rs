@@ -9,7 +9,7 @@ use pulse_shared::domain::{
 };
 use pulse_signatures::inbound::generate_secret;
 
-use super::{Ctx, input, limit, require_agent, store, yes_no};
+use super::{AgentRef, Ctx, agent_ref, input, limit, store, yes_no};
 use crate::Failure;
 use crate::output::{outln, short, when};
 
@@ -119,6 +119,7 @@ pub(crate) struct CreateWebhook {
 /// A validated webhooks command.
 pub(crate) enum WebhooksPlan {
     Create {
+        agent: AgentRef,
         webhook: Box<Webhook>,
         secret: String,
         base_url: Option<String>,
@@ -129,7 +130,7 @@ pub(crate) enum WebhooksPlan {
         secret: String,
     },
     List {
-        agent: Option<AgentId>,
+        agent: Option<AgentRef>,
     },
     Requests {
         webhook: WebhookId,
@@ -152,11 +153,13 @@ impl WebhooksPlan {
 pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPlan, Failure> {
     Ok(match cmd {
         WebhooksCmd::Create(a) => {
-            let agent = AgentId::parse(&a.agent).map_err(input)?;
+            let agent = agent_ref(&a.agent)?;
             let scheme = WebhookScheme::parse(&a.scheme).map_err(input)?;
             let secret = a.secret.unwrap_or_else(generate_secret);
             check_secret(scheme, &secret)?;
-            let mut webhook = Webhook::new(agent, scheme, &secret, now).map_err(input)?;
+            // The agent is set once it is found.
+            let mut webhook =
+                Webhook::new(AgentId::generate(), scheme, &secret, now).map_err(input)?;
             webhook.allowed_types = allowed_types(&a.allow)?;
             webhook.rate_limit = RateLimit::parse(&a.rate_limit).map_err(input)?;
             webhook.wake = a.wake;
@@ -170,6 +173,7 @@ pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPla
                 )));
             }
             WebhooksPlan::Create {
+                agent,
                 webhook: Box::new(webhook),
                 secret,
                 base_url,
@@ -187,11 +191,7 @@ pub(crate) fn plan(cmd: WebhooksCmd, now: jiff::Timestamp) -> Result<WebhooksPla
             }
         }
         WebhooksCmd::List { agent } => WebhooksPlan::List {
-            agent: agent
-                .as_deref()
-                .map(AgentId::parse)
-                .transpose()
-                .map_err(input)?,
+            agent: agent.as_deref().map(agent_ref).transpose()?,
         },
         WebhooksCmd::Requests { webhook, limit: n } => WebhooksPlan::Requests {
             webhook: WebhookId::parse(&webhook).map_err(input)?,
@@ -272,10 +272,12 @@ pub(crate) async fn execute(plan: WebhooksPlan, cx: &Ctx<'_>) -> Result<(), Fail
     let b = cx.b;
     match plan {
         WebhooksPlan::Create {
-            webhook,
+            agent,
+            mut webhook,
             secret,
             base_url,
         } => {
+            webhook.agent_id = agent.find(b).await?.id;
             // A stack's receiver URL ends in '/'.
             let base_url = base_url
                 .or_else(|| {
@@ -339,7 +341,6 @@ async fn create(
     base_url: &str,
 ) -> Result<(), Failure> {
     let (b, out) = (cx.b, cx.out);
-    require_agent(b, &webhook.agent_id).await?;
     b.store.create_webhook(webhook).await.map_err(store)?;
     let url = format!("{base_url}/webhooks/{}", webhook.id);
     if out.json {
@@ -388,7 +389,11 @@ async fn rotate(
 }
 
 /// Lists one agent's webhooks, or every agent's.
-async fn list(cx: &Ctx<'_>, agent: Option<AgentId>) -> Result<(), Failure> {
+async fn list(cx: &Ctx<'_>, agent: Option<AgentRef>) -> Result<(), Failure> {
+    let agent = match agent {
+        Some(a) => Some(a.id(cx.b).await?),
+        None => None,
+    };
     let now = cx.clock.now();
     let rows: Vec<_> =
         cx.b.store

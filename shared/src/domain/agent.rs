@@ -182,6 +182,25 @@ impl Agent {
     }
 }
 
+/// The agents `name` refers to: those whose name it is (ignoring case), or whose alias it
+/// is, with or without a leading `@`.
+pub fn agents_named<'a>(agents: &'a [Agent], name: &str) -> Vec<&'a Agent> {
+    let name = name.trim();
+    let bare = name.strip_prefix('@').unwrap_or(name);
+    agents
+        .iter()
+        .filter(|a| {
+            a.name.eq_ignore_ascii_case(name)
+                || a.alias.as_deref().is_some_and(|alias| {
+                    alias
+                        .strip_prefix('@')
+                        .unwrap_or(alias)
+                        .eq_ignore_ascii_case(bare)
+                })
+        })
+        .collect()
+}
+
 /// An agent's own LLM settings; each unset field falls back to the configuration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentLlm {

@@ -18,7 +18,7 @@ mod webhook;
 
 pub use agent::{
     AGENT_KEY_PREFIX, Agent, AgentChanges, AgentLlm, Budgets, ClaimRequest, DEFAULT_BEATS_PER_HOUR,
-    Heartbeat, HeartbeatStatus, NewAgent, Spend, ThinkPolicy, check_key_variable,
+    Heartbeat, HeartbeatStatus, NewAgent, Spend, ThinkPolicy, agents_named, check_key_variable,
 };
 pub use chat::{
     ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,

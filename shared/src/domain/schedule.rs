@@ -155,19 +155,137 @@ fn parse_cron(pattern: &str) -> Result<Cron, ValidationError> {
             ),
         ));
     }
+    if !pattern.starts_with('@') {
+        for (field, text) in CRON_FIELDS.iter().zip(pattern.split_whitespace()) {
+            field
+                .check(text)
+                .map_err(|why| ValidationError::new("cron", format!("{pattern:?}: {why}")))?;
+        }
+    }
     let parser = CronParser::builder()
         .seconds(Seconds::Disallowed)
         .year(Year::Disallowed)
         .build();
-    let cron = parser
-        .parse(pattern)
-        .map_err(|e| ValidationError::new("cron", format!("{pattern:?}: {e}")))?;
+    // The fields are checked above in words; what the parser still refuses is a shape
+    // (a range upside down, a stray character), said the same way for any field.
+    let cron = parser.parse(pattern).map_err(|_| {
+        ValidationError::new(
+            "cron",
+            format!(
+                "{pattern:?} is not a pattern: each field is *, a value, a range (1-5), a list (1,3,5) or a step (*/15), e.g. \"0 9 * * MON-FRI\""
+            ),
+        )
+    })?;
     // Parsing accepts some patterns no date matches (31 February).
     let probe = Timestamp::UNIX_EPOCH.to_zoned(jiff::tz::TimeZone::UTC);
-    cron.find_next_occurrence(&probe, false).map_err(|e| {
-        ValidationError::new("cron", format!("{pattern:?} never matches a date: {e}"))
+    cron.find_next_occurrence(&probe, false).map_err(|_| {
+        ValidationError::new(
+            "cron",
+            format!(
+                "{pattern:?} never matches a date: no month given has the day of month given (e.g. the 31st in February)"
+            ),
+        )
     })?;
     Ok(cron)
+}
+
+/// One field of a five-field cron pattern: its name, range and value names.
+struct CronField {
+    name: &'static str,
+    min: u32,
+    max: u32,
+    names: &'static [&'static str],
+}
+
+/// Minute, hour, day of month, month, day of week (0 and 7 are Sunday).
+const CRON_FIELDS: [CronField; 5] = [
+    CronField {
+        name: "minute",
+        min: 0,
+        max: 59,
+        names: &[],
+    },
+    CronField {
+        name: "hour",
+        min: 0,
+        max: 23,
+        names: &[],
+    },
+    CronField {
+        name: "day-of-month",
+        min: 1,
+        max: 31,
+        names: &["L", "W", "LW"],
+    },
+    CronField {
+        name: "month",
+        min: 1,
+        max: 12,
+        names: &[
+            "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+        ],
+    },
+    CronField {
+        name: "day-of-week",
+        min: 0,
+        max: 7,
+        names: &["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT", "L"],
+    },
+];
+
+impl CronField {
+    /// Checks every value and name in `text`: values in range, steps at least 1, names
+    /// the field knows; says which field and value is wrong.
+    fn check(&self, text: &str) -> Result<(), String> {
+        let mut after = ' ';
+        let mut chars = text.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if !c.is_ascii_alphanumeric() {
+                after = c;
+                continue;
+            }
+            let mut end = i + c.len_utf8();
+            while let Some(&(j, d)) = chars.peek() {
+                if !d.is_ascii_alphanumeric() {
+                    break;
+                }
+                end = j + d.len_utf8();
+                chars.next();
+            }
+            let token = &text[i..end];
+            let digits = token.trim_end_matches(['L', 'W', 'l', 'w']);
+            if let Ok(n) = digits.parse::<u32>() {
+                let (lo, hi) = match after {
+                    '/' => (1, self.max.max(1)),
+                    '#' => (1, 5),
+                    _ => (self.min, self.max),
+                };
+                if !(lo..=hi).contains(&n) {
+                    let what = match after {
+                        '/' => "step",
+                        '#' => "week of the month",
+                        _ => "value",
+                    };
+                    return Err(format!(
+                        "the {} field {text:?} has {what} {n}, outside {lo}-{hi}",
+                        self.name
+                    ));
+                }
+            } else if !self.names.iter().any(|n| n.eq_ignore_ascii_case(token)) {
+                let known = if self.names.is_empty() {
+                    "numbers only".to_owned()
+                } else {
+                    format!("numbers or {}", self.names.join(", "))
+                };
+                return Err(format!(
+                    "the {} field {text:?} has {token:?}, which it does not take ({known})",
+                    self.name
+                ));
+            }
+            after = ' ';
+        }
+        Ok(())
+    }
 }
 
 /// One of an agent's schedules.
@@ -288,6 +406,43 @@ mod tests {
         assert_eq!(paris("* * * * *").busiest_hour(now), 60);
         assert_eq!(paris("*/15 * * * *").busiest_hour(now), 4);
         assert_eq!(paris("0 9 * * MON-FRI").busiest_hour(now), 1);
+    }
+
+    #[test]
+    fn a_bad_pattern_names_its_field_in_words_not_the_parser_s() {
+        let utc = TimeZoneName::utc;
+        let why = |p: &str| ScheduleRule::cron(p, utc()).unwrap_err().to_string();
+        let minute = why("61 * * * *");
+        assert!(
+            minute.contains("the minute field \"61\" has value 61, outside 0-59"),
+            "{minute}"
+        );
+        let step = why("*/0 * * * *");
+        assert!(step.contains("has step 0, outside 1-59"), "{step}");
+        let hour = why("0 24 * * *");
+        assert!(hour.contains("the hour field"), "{hour}");
+        let dow = why("0 9 * * FUNDAY");
+        assert!(
+            dow.contains("the day-of-week field \"FUNDAY\" has \"FUNDAY\""),
+            "{dow}"
+        );
+        let never = why("0 0 31 2 *");
+        assert!(never.contains("never matches a date"), "{never}");
+        for p in [minute, step, hour, dow, never] {
+            assert!(
+                !p.contains("CronScheduler") && !p.contains("Component"),
+                "the parser's wording: {p}"
+            );
+        }
+        for ok in [
+            "0 9 * * MON-FRI",
+            "*/15 8-18 * * 1-5",
+            "0 9 L * *",
+            "0 9 * * MON#2",
+            "0 0 1 JAN,JUL *",
+        ] {
+            assert!(ScheduleRule::cron(ok, utc()).is_ok(), "{ok}");
+        }
     }
 
     #[test]

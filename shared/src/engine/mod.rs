@@ -40,8 +40,8 @@ pub use conversation::{
 };
 pub use heartbeat::{HeartbeatRunner, RunOutcome};
 pub use hooks::{
-    DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter, Switched,
-    set_hook_active,
+    DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter, RECOVER_SCAN,
+    Recovered, Switched, set_hook_active,
 };
 pub use lifecycle::{Lifecycle, LifecycleError, Scheduled, Toggled, Updated};
 pub use retention::{PruneReport, prune};

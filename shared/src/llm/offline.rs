@@ -14,7 +14,8 @@
 //! - The heartbeat agent without directives: "(offline) nothing to say", no calls — the
 //!   silent outcome; after a tool result: "(offline) done".
 //! - Otherwise (a conversation turn, also after its tools ran): `(offline) You said:
-//!   "<last user line>".` and/or `(offline) Following up on my thought: "<trailing
+//!   "<last line of the turn's own time-stamped user message>".` (never a message of the
+//!   history, which an earlier turn answered) and/or `(offline) Following up on my thought: "<trailing
 //!   assistant thought>".`, each quote at most 200 characters; `(offline) Hello.` when
 //!   there is neither.
 
@@ -110,19 +111,16 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
         Some(ChatMessage::User { .. }) if heartbeat => "(offline) nothing to say".to_owned(),
         Some(ChatMessage::ToolResult { .. }) if heartbeat => "(offline) done".to_owned(),
         last => {
-            let user = req.messages.iter().rev().find_map(|m| match m {
-                ChatMessage::User { text, .. } => {
-                    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-                    let first = lines.next().unwrap_or("");
-                    // A `[timestamp]` header line is not what the user said.
-                    let said: Vec<&str> = if first.starts_with('[') && first.ends_with(']') {
-                        lines.collect()
-                    } else {
-                        text.lines().filter(|l| !l.trim().is_empty()).collect()
-                    };
-                    said.last().map(|l| l.trim().to_owned())
+            // Only the turn's own message, under its `[timestamp]` header: a user message
+            // of the history was answered by an earlier turn (a turn a heartbeat's
+            // thought started has none of its own).
+            let user = newest_user.and_then(|text| {
+                let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+                let first = lines.next().unwrap_or("");
+                if !(first.starts_with('[') && first.ends_with(']')) {
+                    return None;
                 }
-                _ => None,
+                lines.next_back().map(|l| l.trim().to_owned())
             });
             let thought = match last {
                 Some(ChatMessage::Assistant { text: Some(t), .. }) => Some(t.clone()),
@@ -267,5 +265,24 @@ mod tests {
             )
         );
         assert!(r.usage.input_tokens > 0 && r.usage.output_tokens > 0);
+    }
+
+    #[test]
+    fn a_turn_started_by_a_thought_does_not_echo_a_message_answered_before() {
+        let r = answer(&LlmRequest {
+            model: None,
+            messages: vec![
+                ChatMessage::system("s"),
+                ChatMessage::user("how are you?"),
+                ChatMessage::assistant("(offline) You said: \"how are you?\"."),
+                ChatMessage::assistant("the report is due"),
+            ],
+            tools: Vec::new(),
+            max_tokens: 10,
+        });
+        assert_eq!(
+            r.text.as_deref(),
+            Some("(offline) Following up on my thought: \"the report is due\".")
+        );
     }
 }

@@ -87,6 +87,16 @@ fn unit_random() -> f64 {
     crate::entropy::unit()
 }
 
+/// Whether an attempt counts toward its hook's health (the failure streak that disables
+/// it, and what `pulse status` reports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Health {
+    /// A delivery's attempt, queued or replayed: it does.
+    Counts,
+    /// A test an operator sent (`pulse hooks test`): it does not.
+    Untouched,
+}
+
 impl Dispatcher {
     /// A dispatcher over the store, the hooks queue and a sender.
     pub fn new(
@@ -184,7 +194,9 @@ impl Dispatcher {
         }
         d.attempts = task.attempt;
         match self.claim(d, now).await? {
-            Some(d) => Ok(Handled::Attempted(self.attempt(hook, d, Some(task)).await?)),
+            Some(d) => Ok(Handled::Attempted(
+                self.attempt(hook, d, Some(task), Health::Counts).await?,
+            )),
             None => Ok(Handled::Skipped(format!(
                 "attempt {} of {} was claimed by another dispatcher",
                 task.attempt, task.delivery_id
@@ -217,6 +229,7 @@ impl Dispatcher {
         hook: Hook,
         mut d: HookDelivery,
         task: Option<&HookTask>,
+        health: Health,
     ) -> Result<HookAttempt, EngineError> {
         let at = self.clock.now();
         let began = Instant::now();
@@ -247,6 +260,9 @@ impl Dispatcher {
         let succeeded = result.status == AttemptStatus::Success;
         if succeeded {
             d.status = DeliveryStatus::Succeeded;
+        } else if health == Health::Untouched {
+            // A test: one attempt, and the hook's standing is not the test's to change.
+            d.status = DeliveryStatus::Exhausted;
         } else if result.http_status == Some(410) {
             disable = Some("the receiver answered 410 Gone".to_owned());
             d.status = DeliveryStatus::Cancelled;
@@ -294,7 +310,9 @@ impl Dispatcher {
         }
         log_attempt(&hook, &d, &attempt);
         crate::meter::hook_delivery(if succeeded { "succeeded" } else { "failed" });
-        self.health(&hook, succeeded, at, disable).await?;
+        if health == Health::Counts {
+            self.health(&hook, succeeded, at, disable).await?;
+        }
         if let (Some(task), Some(next)) = (task, d.next_attempt_at) {
             self.schedule(task, &d, next).await?;
         }

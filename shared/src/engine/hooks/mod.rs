@@ -20,4 +20,4 @@ mod operator;
 
 pub use dispatcher::{DispatchReport, DispatchSettings, Dispatcher, Handled};
 pub use emitter::{Emission, HookEmitter};
-pub use operator::{Switched, set_hook_active};
+pub use operator::{RECOVER_SCAN, Recovered, Switched, set_hook_active};

@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use super::Dispatcher;
+use super::dispatcher::Health;
 use crate::domain::{
     DeliveryStatus, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookPayload, HookTask,
     PayloadAgent, PayloadContext, to_ms,
@@ -95,7 +96,9 @@ impl Dispatcher {
         let d = self.claim(d, now).await?.ok_or_else(|| {
             EngineError::Contended(format!("delivery {} exists already", task.delivery_id))
         })?;
-        let attempt = self.attempt(hook.clone(), d, None).await?;
+        let attempt = self
+            .attempt(hook.clone(), d, None, Health::Untouched)
+            .await?;
         let d = self
             .store
             .get_delivery(&task.delivery_id)
@@ -145,7 +148,7 @@ impl Dispatcher {
         let claimed = self.claim(claim, now).await?.ok_or_else(|| {
             EngineError::Contended(format!("delivery {id} changed meanwhile; try again"))
         })?;
-        let attempt = self.attempt(hook, claimed, None).await?;
+        let attempt = self.attempt(hook, claimed, None, Health::Counts).await?;
         let d = self
             .store
             .get_delivery(id)
@@ -153,4 +156,85 @@ impl Dispatcher {
             .ok_or_else(|| EngineError::Missing(format!("delivery {id}")))?;
         Ok((d, attempt))
     }
+}
+
+/// Deliveries of one hook looked through by [`Dispatcher::recover`].
+pub const RECOVER_SCAN: usize = 1_000;
+
+/// What [`Dispatcher::recover`] did.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Deliveries sent again, with the attempt each made.
+    pub replayed: Vec<(HookDelivery, HookAttempt)>,
+    /// Deliveries left as they were, and why.
+    pub skipped: Vec<(HookDeliveryId, String)>,
+    /// Hooks with more than [`RECOVER_SCAN`] deliveries since then: run it again for the
+    /// older ones.
+    pub truncated: Vec<crate::domain::HookId>,
+}
+
+impl Dispatcher {
+    /// Sends again, oldest first and one attempt each, every delivery of `hooks` made at
+    /// or after `since` that ended without success: exhausted, or cancelled while its
+    /// hook was off. A disabled hook's deliveries are skipped (enable it first), as are
+    /// those another dispatcher is attempting now.
+    pub async fn recover(
+        &self,
+        hooks: &[Hook],
+        since: jiff::Timestamp,
+    ) -> Result<Recovered, EngineError> {
+        let mut done = Recovered::default();
+        for hook in hooks {
+            let deliveries = self.store.list_deliveries(&hook.id, RECOVER_SCAN).await?;
+            if deliveries.len() == RECOVER_SCAN
+                && deliveries.last().is_some_and(|d| d.created_at >= since)
+            {
+                done.truncated.push(hook.id.clone());
+            }
+            let mut failed: Vec<&HookDelivery> = deliveries
+                .iter()
+                .filter(|d| d.created_at >= since)
+                .filter(|d| {
+                    matches!(
+                        d.status,
+                        DeliveryStatus::Exhausted | DeliveryStatus::Cancelled
+                    )
+                })
+                .filter(|d| !is_test(d))
+                .collect();
+            failed.reverse();
+            for d in failed {
+                if !hook.active {
+                    done.skipped.push((
+                        d.id.clone(),
+                        format!(
+                            "hook {} is disabled; `pulse hooks enable {}` first",
+                            hook.id, hook.id
+                        ),
+                    ));
+                    continue;
+                }
+                match self.replay(&d.id).await {
+                    Ok(sent) => done.replayed.push(sent),
+                    Err(EngineError::Missing(why) | EngineError::Contended(why)) => {
+                        done.skipped.push((d.id.clone(), why));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// Whether a delivery is a test `pulse hooks test` sent (its payload says so).
+fn is_test(d: &HookDelivery) -> bool {
+    serde_json::from_str::<serde_json::Value>(&d.body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/context/triggered_by")?
+                .as_str()
+                .map(|t| t == "TEST")
+        })
+        .unwrap_or(false)
 }
