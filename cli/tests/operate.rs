@@ -483,10 +483,10 @@ fn schedules_are_added_listed_and_deleted_on(backend: Backend) {
     let cron = json(
         d,
         &[
-            "agents",
-            "schedule",
+            "schedules",
+            "add",
             "--agent",
-            &agent,
+            "reminded",
             "--cron",
             "0 9 * * MON-FRI",
             "--timezone",

@@ -283,7 +283,8 @@ async fn usage_totals(kind: Kind) {
 
 /// What a heartbeat records is what its claim, run and finish sent: every DynamoDB
 /// write and its capacity, checked against the SDK's own request counter. Only the
-/// sweep's due-index Query and the queue's requests are not the heartbeat's.
+/// sweep's due-index Query and registry-version read and the queue's requests are not
+/// the heartbeat's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_records_the_aws_requests_its_claim_run_and_finish_sent() {
     let w = world(Kind::Aws).await;
@@ -314,6 +315,9 @@ async fn a_heartbeat_records_the_aws_requests_its_claim_run_and_finish_sent() {
                 // The sweep's Query of each due shard is shared by the heartbeats it
                 // finds: only the window read is this heartbeat's.
                 "DynamoDB.Query" => assert!(mine >= 1 && mine < *n, "{op}: {mine} of {n}"),
+                // The sweep reads the registry version once per page of claims: one
+                // GetItem that is not the heartbeat's.
+                "DynamoDB.GetItem" => assert_eq!(mine + 1, *n, "{op}"),
                 o if o.starts_with("SQS.") => assert_eq!(mine, 0, "{op}"),
                 _ => assert_eq!(mine, *n, "{op}: recorded {recorded:?}, sent {sent:?}"),
             }
