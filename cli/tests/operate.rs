@@ -657,3 +657,212 @@ fn status_says_what_needs_attention_and_exits_1_for_an_overdue_heartbeat_on(back
     let err = bad(d, &["status", "--sweep-interval", "0s"]);
     assert!(err.contains("positive duration"), "{err}");
 }
+
+both_async!(
+    a_newcomers_first_hour_names_agents_reads_files_and_stdin_and_recovers_hooks,
+    first_hour_on
+);
+async fn first_hour_on(backend: Backend) {
+    use pulse_tests::fake_hooks::{Answer, FakeReceiver};
+    use std::io::Write;
+    let dir = dir_on(backend);
+    let d = dir.path();
+
+    // An agent is named by its id, its name (any case) or its alias.
+    let id = ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "Scout",
+            "--alias",
+            "@sc",
+            "--interval",
+            "1h",
+        ],
+    );
+    for name in ["scout", "Scout", "@sc", "sc", id.as_str()] {
+        assert_eq!(
+            json(d, &["agents", "show", name])["agent"]["id"],
+            id,
+            "{name}"
+        );
+    }
+    let twin = ok(d, &["agents", "create", "--name", "scout"]);
+    let both = bad(d, &["agents", "show", "scout"]);
+    assert!(
+        both.contains("names 2 agents") && both.contains(&id) && both.contains(&twin),
+        "{both}"
+    );
+    assert!(bad(d, &["agents", "show", "nobody"]).contains("no agent has the id, name or alias"));
+    ok(d, &["agents", "delete", &twin, "--yes"]);
+
+    // Heartbeat instructions from a file, read again on update.
+    std::fs::write(d.join("HEARTBEAT.md"), "check the inbox\n").unwrap();
+    ok(
+        d,
+        &[
+            "agents",
+            "update",
+            "sc",
+            "--instructions-file",
+            "HEARTBEAT.md",
+        ],
+    );
+    assert_eq!(
+        json(d, &["agents", "show", "sc"])["agent"]["instructions"],
+        "check the inbox"
+    );
+    std::fs::write(d.join("HEARTBEAT.md"), "check the calendar\n").unwrap();
+    ok(
+        d,
+        &[
+            "agents",
+            "update",
+            "sc",
+            "--instructions-file",
+            "HEARTBEAT.md",
+        ],
+    );
+    assert_eq!(
+        json(d, &["agents", "show", "sc"])["agent"]["instructions"],
+        "check the calendar"
+    );
+    assert!(
+        bad(
+            d,
+            &["agents", "update", "sc", "--instructions-file", "nope.md"]
+        )
+        .contains("nope.md")
+    );
+
+    // A reminder `--in 0s` says what to give, not that a time has passed.
+    let zero = bad(d, &["schedules", "add", "--agent", "sc", "--in", "0s"]);
+    assert!(
+        zero.contains("more than 0s") && !zero.contains("has passed"),
+        "{zero}"
+    );
+
+    // One hook for two types, one secret; its receiver fails everything for now.
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![Answer::status(500); 20]);
+    let added = json(
+        d,
+        &[
+            "hooks",
+            "add",
+            "--agent",
+            "scout",
+            "--type",
+            "AFTER_HEARTBEAT,HEARTBEAT_FAILED",
+            "--url",
+            &receiver.url(),
+            "--retry-schedule",
+            "none",
+        ],
+    );
+    let hooks = added["hooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 2, "{added}");
+    assert!(added["secret"].as_str().unwrap().starts_with("whsec_"));
+    let after = hooks
+        .iter()
+        .find(|h| h["hook_type"] == "AFTER_HEARTBEAT")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A failing test delivery does not make the hook a finding of `pulse status`.
+    assert_eq!(pulse(d, &["hooks", "test", &after]).status.code(), Some(1));
+    let status = pulse(d, &["status", "--json"]);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        !status.to_string().contains("has failed since"),
+        "a test is not the hook's failure: {status}"
+    );
+
+    // A heartbeat runs (its heartbeat agent thinks about the instructions): its action
+    // is shown by id alone, and its AFTER_HEARTBEAT delivery fails for good.
+    ok(d, &["sweep"]);
+    let actions = json(d, &["actions", "list", "--agent", "sc"]);
+    let action = actions[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        json(d, &["actions", "show", &action])["id"],
+        action.as_str()
+    );
+    let deliveries = json(d, &["hooks", "deliveries", "--hook", &after]);
+    assert!(
+        deliveries
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["id"] == r["delivery"]["id"]),
+        "each row has its id on top: {deliveries}"
+    );
+    assert!(
+        deliveries
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["delivery"]["status"] == "EXHAUSTED"),
+        "{deliveries}"
+    );
+    // The receiver is fixed: everything that failed in the last hour goes again.
+    receiver.script(vec![Answer::status(200); 20]);
+    let recovered = json(
+        d,
+        &["hooks", "recover", "--since", "1h", "--agent", "scout"],
+    );
+    let replayed = recovered["replayed"].as_array().unwrap();
+    assert_eq!(
+        replayed.len(),
+        1,
+        "the real delivery, not the test: {recovered}"
+    );
+    assert_eq!(replayed[0]["attempt"]["status"], "SUCCESS");
+
+    // `say -` reads the message from standard input.
+    let mut say = common::command(d, &["say", "--agent", "scout", "-", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    say.stdin
+        .take()
+        .unwrap()
+        .write_all(b"a message from a pipe\n")
+        .unwrap();
+    let out = say.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("a message from a pipe"), "{said}");
+
+    // A model whose key this process does not have: a warning at once, not at the first
+    // reply.
+    let out = common::command(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "keyless",
+            "--llm-provider",
+            "anthropic",
+        ],
+    )
+    .env_remove("ANTHROPIC_API_KEY")
+    .output()
+    .unwrap();
+    assert!(out.status.success());
+    let warned = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        warned.contains("warning: agent keyless cannot reach its model")
+            && warned.contains("ANTHROPIC_API_KEY"),
+        "{warned}"
+    );
+}
