@@ -2,141 +2,234 @@
 //! world received. Each is named in the report with what it checked and its first
 //! violation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use pulse_shared::domain::{
     ActionId, ActionStatus, AgentId, ConversationMessage, EventCursor, Heartbeat, HeartbeatStatus,
-    Role, SessionTask, TaskEnvelope, ToolName,
+    Role, SessionTask, SignalId, TaskEnvelope, ToolName,
 };
+use pulse_shared::error::StoreError;
 
 use crate::faults::lock;
 use crate::report::{Counts, Invariant, Report};
-use crate::run::{Shard, Sim, SimError};
+use crate::setup::{Ledger, Shard, Sim, SimError};
 use crate::world::{STARTED, TOOL};
+
+/// The invariants read from the store, agent by agent.
+struct StoreInvariants {
+    lost: Invariant,
+    windows: Invariant,
+    next: Invariant,
+    answered: Invariant,
+    yielded: Invariant,
+}
+
+impl StoreInvariants {
+    fn new() -> Self {
+        Self {
+            lost: Invariant::new(
+                "no_event_lost",
+                "every event a completed window covers reached the subscribed tool, as a completed or failed action",
+            ),
+            windows: Invariant::new(
+                "windows_contiguous",
+                "each completed heartbeat's window starts where the previous one's ended",
+            ),
+            next: Invariant::new(
+                "one_next_heartbeat",
+                "every live agent has exactly one unfinished heartbeat, and none is held past its lease",
+            ),
+            answered: Invariant::new(
+                "message_answered_once",
+                "every user message queued was answered by exactly one turn, or parked in the dead-letter queue",
+            ),
+            yielded: Invariant::new(
+                "interrupted_heartbeat_silent",
+                "no heartbeat's spoken thought reached the conversation after a user message that arrived while that heartbeat ran",
+            ),
+        }
+    }
+}
+
+/// What the checks read once: the run's ledger, the time, the tool's name, and the
+/// user messages parked in the dead-letter queue.
+struct Seen {
+    ledger: Ledger,
+    now: Timestamp,
+    tool: ToolName,
+    /// Dead-lettered messages' sequence numbers, and the signals among them.
+    dead_seqs: BTreeSet<i64>,
+    parked: BTreeSet<SignalId>,
+    dead_letters: u64,
+}
+
+fn store_failed(what: &'static str) -> impl Fn(StoreError) -> SimError {
+    move |e| SimError(format!("{what}: {e}"))
+}
 
 /// Checks every invariant and counts what happened.
 pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> {
     let options = &shard.options;
-    let ledger = std::mem::take(&mut *lock(&sim.ledger));
-    let now = sim.clock.now();
-    let store = sim.inner.as_ref();
-    let err = |what: &'static str| {
-        move |e: pulse_shared::error::StoreError| SimError(format!("{what}: {e}"))
-    };
-    let tool = ToolName::parse(TOOL).map_err(|e| SimError(e.to_string()))?;
+    let seen = read(sim).await?;
+    let mut counts = Counts::default();
+    let mut inv = StoreInvariants::new();
     let live: Vec<&AgentId> = sim
         .agents
         .iter()
-        .filter(|a| !ledger.deleted.contains(*a))
+        .filter(|a| !seen.ledger.deleted.contains(*a))
         .collect();
+    for agent in live {
+        check_agent(sim, agent, &seen, &mut counts, &mut inv).await?;
+    }
+    counts.queued_at_end = sim.queue.depth().await.map_err(store_failed("the queue"))?;
+    counts.dead_letters = seen.dead_letters;
+    counts.agents_deleted = seen.ledger.deleted.len() as u64;
+    let [tool_once, discord_once, hook_once] = outside_world(sim, &mut counts);
+    let order = session_order(sim, &seen.dead_seqs);
+    Ok(Report {
+        seed: options.seed,
+        agents: options.agents,
+        shards: 1,
+        shard_agents: options.shard_agents,
+        simulated_seconds: options.duration.as_secs(),
+        faults: sim.dice.mix().name.to_owned(),
+        counts,
+        injected: sim
+            .dice
+            .injected()
+            .into_iter()
+            .map(|(f, n)| (f.name(), n))
+            .collect(),
+        invariants: vec![
+            inv.lost,
+            tool_once,
+            inv.windows,
+            inv.next,
+            order,
+            inv.answered,
+            inv.yielded,
+            discord_once,
+            hook_once,
+        ],
+        wall_seconds: 0.0,
+    })
+}
 
-    let mut counts = Counts::default();
-    // Messages parked in the dead-letter queue after their last receive: not lost (an
-    // operator redrives them), not answered either.
+/// The ledger (taken from the run), and the dead letters: messages parked after their
+/// last receive are not lost (an operator redrives them), nor answered either.
+async fn read(sim: &Sim) -> Result<Seen, SimError> {
+    let ledger = std::mem::take(&mut *lock(&sim.ledger));
+    let tool = ToolName::parse(TOOL).map_err(|e| SimError(e.to_string()))?;
     let dead = sim
         .queue
         .dead_lettered()
         .await
-        .map_err(err("the dead letters"))?;
-    let dead_seqs: std::collections::BTreeSet<i64> = dead.iter().map(|(seq, _)| *seq).collect();
-    let parked: std::collections::BTreeSet<_> = dead
+        .map_err(store_failed("the dead letters"))?;
+    let dead_seqs = dead.iter().map(|(seq, _)| *seq).collect();
+    let parked = dead
         .iter()
         .filter_map(|(_, body)| match TaskEnvelope::decode(body).ok()?.task {
             SessionTask::Signal(job) => Some(job.signal.id),
             SessionTask::Heartbeat(_) => None,
         })
         .collect();
-    let mut lost = Invariant::new(
-        "no_event_lost",
-        "every event a completed window covers reached the subscribed tool, as a completed or failed action",
-    );
-    let mut windows = Invariant::new(
-        "windows_contiguous",
-        "each completed heartbeat's window starts where the previous one's ended",
-    );
-    let mut next = Invariant::new(
-        "one_next_heartbeat",
-        "every live agent has exactly one unfinished heartbeat, and none is held past its lease",
-    );
-    let mut answered = Invariant::new(
-        "message_answered_once",
-        "every user message queued was answered by exactly one turn, or parked in the dead-letter queue",
-    );
-    let mut yielded = Invariant::new(
-        "interrupted_heartbeat_silent",
-        "no heartbeat's spoken thought reached the conversation after a user message that arrived while that heartbeat ran",
-    );
+    Ok(Seen {
+        ledger,
+        now: sim.clock.now(),
+        tool,
+        dead_seqs,
+        parked,
+        dead_letters: dead.len() as u64,
+    })
+}
 
-    for agent in &live {
-        let beats = store
-            .heartbeats_page(agent, None, usize::MAX >> 1)
+/// One live agent: its heartbeats, the events its windows covered, its conversation's
+/// thoughts, and its users' messages.
+async fn check_agent(
+    sim: &Sim,
+    agent: &AgentId,
+    seen: &Seen,
+    counts: &mut Counts,
+    inv: &mut StoreInvariants,
+) -> Result<(), SimError> {
+    let store = sim.inner.as_ref();
+    let beats = store
+        .heartbeats_page(agent, None, usize::MAX >> 1)
+        .await
+        .map_err(store_failed("reading heartbeats"))?;
+    // Events after the last completed window wait for a heartbeat still to come (one
+    // backing off after failures may be due hours later): not yet owed.
+    let reached = check_heartbeats(
+        agent,
+        beats,
+        seen.now,
+        counts,
+        &mut inv.windows,
+        &mut inv.next,
+    );
+    for event in seen.ledger.events.get(agent).into_iter().flatten() {
+        if reached
+            .as_ref()
+            .is_none_or(|end| event.as_str() > end.as_str())
+        {
+            counts.events_waiting += 1;
+            continue;
+        }
+        let id = ActionId::for_event(event, &seen.tool);
+        let action = store
+            .get_action(agent, &id)
             .await
-            .map_err(err("reading heartbeats"))?;
-        // Events after the last completed window wait for a heartbeat still to come (one
-        // backing off after failures may be due hours later): not yet owed.
-        let reached = check_heartbeats(agent, beats, now, &mut counts, &mut windows, &mut next);
-        for event in ledger.events.get(*agent).into_iter().flatten() {
-            if reached
-                .as_ref()
-                .is_none_or(|end| event.as_str() > end.as_str())
-            {
-                counts.events_waiting += 1;
-                continue;
-            }
-            let id = ActionId::for_event(event, &tool);
-            let action = store
-                .get_action(agent, &id)
-                .await
-                .map_err(err("reading an action"))?;
-            counts.actions += 1;
-            let ok = action.as_ref().is_some_and(|a| {
-                matches!(a.status, ActionStatus::Completed | ActionStatus::Failed)
-            });
-            lost.checked(ok, || match action {
-                None => format!("agent {agent}: event {event} has no action of {TOOL}"),
-                Some(a) => format!(
-                    "agent {agent}: event {event}'s action {} is {}",
-                    a.id,
-                    a.status.as_str()
-                ),
-            });
-        }
-
-        if sim.world.chatting.contains(*agent) {
-            let said = store
-                .recent_messages(agent, usize::MAX >> 1)
-                .await
-                .map_err(err("reading the conversation"))?;
-            check_thoughts(agent, &said, &mut yielded);
-        }
-
-        let messages = ledger.messages.get(*agent).cloned().unwrap_or_default();
-        if !messages.is_empty() {
-            let turns = store
-                .answered(agent, &messages)
-                .await
-                .map_err(err("reading turns"))?;
-            let mut by_signal: BTreeMap<_, Vec<_>> = BTreeMap::new();
-            for (signal, turn) in turns {
-                by_signal.entry(signal).or_default().push(turn);
-            }
-            for m in &messages {
-                let n = by_signal.get(m).map_or(0, Vec::len);
-                counts.messages += 1;
-                if n == 0 && parked.contains(m) {
-                    counts.messages_dead_lettered += 1;
-                    continue;
-                }
-                answered.checked(n == 1, || {
-                    format!("agent {agent}: message {m} was answered by {n} turns")
-                });
-            }
-        }
+            .map_err(store_failed("reading an action"))?;
+        counts.actions += 1;
+        let ok = action
+            .as_ref()
+            .is_some_and(|a| matches!(a.status, ActionStatus::Completed | ActionStatus::Failed));
+        inv.lost.checked(ok, || match action {
+            None => format!("agent {agent}: event {event} has no action of {TOOL}"),
+            Some(a) => format!(
+                "agent {agent}: event {event}'s action {} is {}",
+                a.id,
+                a.status.as_str()
+            ),
+        });
     }
+    if sim.world.chatting.contains(agent) {
+        let said = store
+            .recent_messages(agent, usize::MAX >> 1)
+            .await
+            .map_err(store_failed("reading the conversation"))?;
+        check_thoughts(agent, &said, &mut inv.yielded);
+    }
+    let messages = seen.ledger.messages.get(agent).cloned().unwrap_or_default();
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let turns = store
+        .answered(agent, &messages)
+        .await
+        .map_err(store_failed("reading turns"))?;
+    let mut by_signal: BTreeMap<_, Vec<_>> = BTreeMap::new();
+    for (signal, turn) in turns {
+        by_signal.entry(signal).or_default().push(turn);
+    }
+    for m in &messages {
+        let n = by_signal.get(m).map_or(0, Vec::len);
+        counts.messages += 1;
+        if n == 0 && seen.parked.contains(m) {
+            counts.messages_dead_lettered += 1;
+            continue;
+        }
+        inv.answered.checked(n == 1, || {
+            format!("agent {agent}: message {m} was answered by {n} turns")
+        });
+    }
+    Ok(())
+}
 
-    counts.queued_at_end = sim.queue.depth().await.map_err(err("the queue"))?;
-    counts.dead_letters = dead.len() as u64;
+/// What the outside world received: no tool call, Discord post or hook request after
+/// its record said it was done; and its counts.
+fn outside_world(sim: &Sim, counts: &mut Counts) -> [Invariant; 3] {
     let seen = sim.world.seen();
     let mut tool_once = Invariant::new(
         "tool_not_called_after_finish",
@@ -153,13 +246,26 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
         "no hook request for a delivery already recorded as succeeded",
     );
     hook_once.checked_all(seen.hook_requests, &seen.hook_after_success);
+    counts.tool_calls = seen.tool_calls;
+    counts.llm_requests = seen.llm_requests;
+    counts.discord_posts = seen.discord_posts.values().map(|p| p.len() as u64).sum();
+    counts.discord_repeats = counts.discord_posts - seen.discord_posts.len() as u64;
+    counts.hook_requests = seen.hook_requests;
+    counts.hook_deliveries = seen.hook_successes.len() as u64;
+    counts.tool_repeats = seen.tool_successes.values().map(|n| u64::from(n - 1)).sum();
+    counts.hook_repeats = seen.hook_successes.values().map(|n| u64::from(n - 1)).sum();
+    [tool_once, discord_once, hook_once]
+}
+
+/// Each session's messages were completed in the order they were sent. A dead-lettered
+/// message's late acknowledgement (a delivery that outlived its visibility) deletes
+/// nothing: it was not completed.
+fn session_order(sim: &Sim, dead_seqs: &BTreeSet<i64>) -> Invariant {
     let mut order = Invariant::new(
         "session_order",
         "each session's messages were completed in the order they were sent (dead letters aside)",
     );
     for (group, seqs) in lock(&sim.policy.completed).iter() {
-        // A dead-lettered message's late acknowledgement (a delivery that outlived its
-        // visibility) deletes nothing: it was not completed.
         let seqs: Vec<i64> = seqs
             .iter()
             .copied()
@@ -175,44 +281,7 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
             )
         });
     }
-    counts.tool_calls = seen.tool_calls;
-    counts.llm_requests = seen.llm_requests;
-    counts.discord_posts = seen.discord_posts.values().map(|p| p.len() as u64).sum();
-    counts.discord_repeats = counts.discord_posts - seen.discord_posts.len() as u64;
-    counts.hook_requests = seen.hook_requests;
-    counts.hook_deliveries = seen.hook_successes.len() as u64;
-    counts.tool_repeats = seen.tool_successes.values().map(|n| u64::from(n - 1)).sum();
-    counts.hook_repeats = seen.hook_successes.values().map(|n| u64::from(n - 1)).sum();
-    counts.agents_deleted = ledger.deleted.len() as u64;
-    drop(seen);
-
-    Ok(Report {
-        seed: options.seed,
-        agents: options.agents,
-        shards: 1,
-        shard_agents: options.shard_agents,
-        simulated_seconds: options.duration.as_secs(),
-        faults: sim.dice.mix().name.to_owned(),
-        counts,
-        injected: sim
-            .dice
-            .injected()
-            .into_iter()
-            .map(|(f, n)| (f.name(), n))
-            .collect(),
-        invariants: vec![
-            lost,
-            tool_once,
-            windows,
-            next,
-            order,
-            answered,
-            yielded,
-            discord_once,
-            hook_once,
-        ],
-        wall_seconds: 0.0,
-    })
+    order
 }
 
 /// A thought the heartbeat agent spoke names the start of its heartbeat (the fake model

@@ -34,13 +34,18 @@
 //! - [`queue`]: the simulation's policy — interleaving, store faults, lost queue
 //!   acknowledgements, redeliveries, killed tasks — and the queue wrappers.
 //! - [`world`]: the fake outside world, recording what it received.
-//! - [`run`]: set-up, the driving tasks, the drain. `check`: the invariants.
-//!   [`report`]: what a run reports.
+//! - [`setup`]: the options and constants of a run, a shard's store, fleet and engine.
+//! - [`run`]: the shards side by side, the driving tasks, the drain. `check`: the
+//!   invariants. [`report`]: what a run reports.
+//!
+//! Imports run one way: `faults`, `store`, `queue`, `world` ← `setup` ← `report`,
+//! `check` ← `run`.
 
 pub mod faults;
 pub mod queue;
 pub mod report;
 pub mod run;
+pub mod setup;
 pub mod store;
 pub mod world;
 
@@ -48,5 +53,6 @@ mod check;
 
 pub use faults::{Fault, Mix};
 pub use report::Report;
-pub use run::{Options, SHARD_AGENTS, SimError, run};
+pub use run::run;
+pub use setup::{Options, SHARD_AGENTS, SimError};
 pub use store::{FaultyStore, StorePolicy};

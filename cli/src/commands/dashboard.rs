@@ -15,7 +15,7 @@ use pulse_ui::{Access, Dashboard};
 use tracing::{info, warn};
 
 use super::Ctx;
-use super::serve::listen_addr;
+use super::listen::listen_addr;
 use crate::Failure;
 
 #[derive(Args, Debug)]

@@ -12,6 +12,7 @@ pub(crate) mod events;
 pub(crate) mod heartbeats;
 pub(crate) mod hooks;
 pub(crate) mod init;
+mod listen;
 pub(crate) mod memories;
 pub(crate) mod prune;
 pub(crate) mod schedules;

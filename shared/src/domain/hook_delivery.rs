@@ -7,9 +7,10 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::agent::{Agent, Heartbeat};
+use super::agent::Agent;
 use super::conversation::{Signal, Turn};
 use super::event::Event;
+use super::heartbeat::Heartbeat;
 use super::hook::{HookTarget, HookType};
 use super::ids::{ActionId, AgentId, HeartbeatId, HookDeliveryId, HookId, ToolName};
 use super::tool::{Action, Beats};

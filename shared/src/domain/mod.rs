@@ -5,9 +5,11 @@ mod agent;
 mod chat;
 mod conversation;
 mod event;
+mod heartbeat;
 mod hook;
 mod hook_delivery;
 mod ids;
+mod new_agent;
 mod reply;
 mod requests;
 mod schedule;
@@ -17,8 +19,8 @@ mod tool;
 mod webhook;
 
 pub use agent::{
-    AGENT_KEY_PREFIX, Agent, AgentChanges, AgentLlm, Budgets, ClaimRequest, DEFAULT_BEATS_PER_HOUR,
-    Heartbeat, HeartbeatStatus, NewAgent, Spend, ThinkPolicy, agents_named, check_key_variable,
+    AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, Spend, ThinkPolicy,
+    agents_named, check_key_variable,
 };
 pub use chat::{
     ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,
@@ -29,6 +31,7 @@ pub use conversation::{
     Signal, SignalKind, SignalMeta, Turn, TurnStatus,
 };
 pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
+pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus};
 pub use hook::{
     Hook, HookRoute, HookSummary, HookTarget, HookType, MAX_RETRY_AFTER, RetrySchedule,
     retry_delay, screaming_snake,
@@ -42,6 +45,7 @@ pub use ids::{
     RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, first_id_at,
     quote_input,
 };
+pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};
 pub use requests::Requests;
 pub use schedule::{MAX_NOTE_CHARS, SCHEDULED, Schedule, ScheduleId, ScheduleRule};

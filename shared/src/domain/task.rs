@@ -6,8 +6,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::agent::Heartbeat;
 use super::conversation::Signal;
+use super::heartbeat::Heartbeat;
 use super::ids::SessionId;
 
 /// An opaque string a queue hands out, as a type of its own so one cannot be passed for

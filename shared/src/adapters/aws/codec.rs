@@ -16,6 +16,11 @@ use crate::ports::PageToken;
 
 pub(super) type Item = HashMap<String, AttributeValue>;
 
+/// An item's key: its partition and sort keys.
+pub(super) fn key(pk: impl Into<String>, sk: impl Into<String>) -> Item {
+    HashMap::from([("pk".to_owned(), s(pk)), ("sk".to_owned(), s(sk))])
+}
+
 pub(super) fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }

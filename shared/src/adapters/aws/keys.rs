@@ -34,9 +34,6 @@
 //! spread over [`DUE_SHARDS`] partition keys by a hash of their id, so no one key takes the
 //! whole fleet's writes. GSIs lag, so every claim re-checks its condition on the item.
 
-use std::collections::HashMap;
-
-use super::codec::*;
 use crate::domain::{Action, AgentId, EventId, SignalId, TurnId};
 
 /// The due index's name.
@@ -71,10 +68,6 @@ pub(super) fn action_sk(a: &Action) -> String {
 
 pub(super) fn due_shard(agent: &AgentId) -> String {
     format!("{:02}", agent.stable_hash() % DUE_SHARDS)
-}
-
-pub(super) fn key(pk: impl Into<String>, sk: impl Into<String>) -> Item {
-    HashMap::from([("pk".to_owned(), s(pk)), ("sk".to_owned(), s(sk))])
 }
 
 pub(super) fn spend_sk(day: jiff::civil::Date, source: &str) -> String {

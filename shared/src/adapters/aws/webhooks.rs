@@ -19,7 +19,6 @@ use aws_sdk_dynamodb::types::ReturnValue;
 
 use super::DynamoStore;
 use super::codec::*;
-use super::keys::*;
 use crate::domain::{AcceptOutcome, Acceptance, AgentId};
 use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook, WebhookId, WebhookRequest,

@@ -1,0 +1,259 @@
+//! Heartbeats: one record per cycle of an agent, from PENDING through its claim to the
+//! end it was recorded with, and the claim that takes one.
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use super::agent::Agent;
+use super::event::EventCursor;
+use super::ids::{ActionId, AgentId, EventId, HeartbeatId, SessionId, ToolName};
+use super::requests::Requests;
+use super::tool::{Action, ActionStatus, HEARTBEAT_AGENT};
+
+/// Where a heartbeat is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum HeartbeatStatus {
+    /// Scheduled, waiting to be due and claimed.
+    Pending,
+    /// Claimed by a sweeper under a lease; a worker runs or will run it.
+    Executing,
+    /// Ran to the end; the next one is scheduled.
+    Completed,
+    /// The engine could not finish it; the error is recorded and the next one is scheduled.
+    Failed,
+    /// Stopped before it finished (its agent is gone).
+    Cancelled,
+    /// Scheduled, but its agent is paused: out of the due index, never claimed, until
+    /// the agent is resumed.
+    Paused,
+}
+
+impl HeartbeatStatus {
+    /// The stored name (`PENDING`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Executing => "EXECUTING",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Cancelled => "CANCELLED",
+            Self::Paused => "PAUSED",
+        }
+    }
+    /// Reads a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "PENDING" => Self::Pending,
+            "EXECUTING" => Self::Executing,
+            "COMPLETED" => Self::Completed,
+            "FAILED" => Self::Failed,
+            "CANCELLED" => Self::Cancelled,
+            "PAUSED" => Self::Paused,
+            _ => return None,
+        })
+    }
+    /// Whether the heartbeat is over.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// One consciousness cycle of an agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The beat number: 1 for the first heartbeat, +1 for each next one.
+    pub beat: u64,
+    /// The session whose queue group runs it.
+    pub session: SessionId,
+    /// Its status.
+    pub status: HeartbeatStatus,
+    /// When it is due.
+    pub scheduled_at: Timestamp,
+    /// How many times it was claimed (1 normally; more after an expired lease). A worker
+    /// may only complete the claim it was given.
+    pub claim: u32,
+    /// Until when the current claim holds; after that a sweeper may reclaim it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until: Option<Timestamp>,
+    /// When it was first claimed. Kept across reclaims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Timestamp>,
+    /// Its event window starts after this cursor (the previous heartbeat's end).
+    pub window_start: EventCursor,
+    /// Its event window ends at this cursor; fixed at the first claim so a reclaimed run
+    /// reads the same window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_end: Option<EventCursor>,
+    /// The beat at which the user last interacted (0: never).
+    pub last_interaction_beat: u64,
+    /// The agent's `last_interaction_at` already counted into `last_interaction_beat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interaction_seen_at: Option<Timestamp>,
+    /// Beats since the last user interaction, as given to tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_last: Option<u64>,
+    /// Failed heartbeats in a row before this one; drives the retry backoff.
+    pub consecutive_failures: u32,
+    /// Events processed: window events, the HEARTBEAT event, and cascades.
+    pub events_processed: u32,
+    /// Actions run (or found already done) in this heartbeat.
+    pub actions_triggered: u32,
+    /// Of those, how many failed.
+    pub actions_failed: u32,
+    /// Tool output events beyond the cascade depth cap, recorded but not processed.
+    pub cascade_capped: u32,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The start of the breaker's current hour: the first heartbeat counted in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hour_from: Option<Timestamp>,
+    /// Heartbeats started in the hour from `hour_from`, before this one.
+    #[serde(default)]
+    pub beats_in_hour: u32,
+    /// Why its heartbeat agent was not called (its think policy found nothing to think
+    /// about): that SKIPPED action is kept here, on the record the finish writes anyway,
+    /// rather than as an action and a HEARTBEAT event of its own.
+    /// [`Heartbeat::skipped_action`] gives it back as an action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// The cloud requests it made — its claim, its run and its finish — where the
+    /// backend counts them (AWS; none on the embedded store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<Requests>,
+}
+
+impl Heartbeat {
+    /// A new PENDING heartbeat.
+    pub fn pending(
+        agent: &Agent,
+        beat: u64,
+        scheduled_at: Timestamp,
+        window_start: EventCursor,
+        last_interaction_beat: u64,
+        interaction_seen_at: Option<Timestamp>,
+        consecutive_failures: u32,
+    ) -> Self {
+        Self {
+            agent_id: agent.id.clone(),
+            beat,
+            session: agent.session.clone(),
+            status: HeartbeatStatus::Pending,
+            scheduled_at,
+            claim: 0,
+            lease_until: None,
+            started_at: None,
+            completed_at: None,
+            window_start,
+            window_end: None,
+            last_interaction_beat,
+            interaction_seen_at,
+            since_last: None,
+            consecutive_failures,
+            events_processed: 0,
+            actions_triggered: 0,
+            actions_failed: 0,
+            cascade_capped: 0,
+            error: None,
+            hour_from: None,
+            beats_in_hour: 0,
+            skipped: None,
+            requests: None,
+        }
+    }
+
+    /// The id of its HEARTBEAT event, derived from the heartbeat and when it started.
+    pub fn heartbeat_event_id(&self, started_at: Timestamp) -> EventId {
+        EventId::derived(
+            started_at.as_millisecond().max(0) as u64,
+            &["heartbeat", &self.id().to_string()],
+        )
+    }
+
+    /// The heartbeat agent's SKIPPED action when it was not called ([`Heartbeat::skipped`]),
+    /// as it would have been recorded.
+    pub fn skipped_action(&self) -> Option<Action> {
+        let why = self.skipped.clone()?;
+        let started = self.started_at?;
+        let at = self.completed_at.unwrap_or(started);
+        let event_id = self.heartbeat_event_id(started);
+        let tool = ToolName::parse(HEARTBEAT_AGENT).ok()?;
+        Some(Action {
+            id: ActionId::for_event(&event_id, &tool),
+            agent_id: self.agent_id.clone(),
+            heartbeat_id: self.id(),
+            event_id,
+            tool,
+            status: ActionStatus::Skipped,
+            attempt: 1,
+            depth: 0,
+            // The tool was not called: there was no request.
+            request: serde_json::Value::Null,
+            response: Some(serde_json::json!({
+                "output": {"skipped": why},
+                "usage": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0},
+            })),
+            error: Some(why),
+            started_at: at,
+            completed_at: Some(at),
+            duration_ms: Some(0),
+            new_events: Vec::new(),
+        })
+    }
+
+    /// The breaker's count for this heartbeat started at `started`: the hour it falls
+    /// in and how many heartbeats started in that hour, this one included. An hour
+    /// starts with the first heartbeat after the last one ended.
+    pub fn hour_count(&self, started: Timestamp) -> (Timestamp, u32) {
+        match self.hour_from {
+            Some(from) if started.duration_since(from) < SignedDuration::from_hours(1) => {
+                (from, self.beats_in_hour.saturating_add(1))
+            }
+            _ => (started, 1),
+        }
+    }
+
+    /// Carries the breaker's count `(hour, beats)` of the heartbeat before it.
+    pub fn counted(mut self, (from, beats): (Timestamp, u32)) -> Self {
+        self.hour_from = Some(from);
+        self.beats_in_hour = beats;
+        self
+    }
+
+    /// Its id.
+    pub fn id(&self) -> HeartbeatId {
+        HeartbeatId::new(self.agent_id.clone(), self.beat)
+    }
+
+    /// The id of the heartbeat scheduled after this one.
+    pub fn next_id(&self) -> HeartbeatId {
+        HeartbeatId::new(self.agent_id.clone(), self.beat + 1)
+    }
+
+    /// When the heartbeat should next be looked at by a sweeper: its schedule while
+    /// pending, its lease end while executing, never once it is over.
+    pub fn due_at(&self) -> Option<Timestamp> {
+        match self.status {
+            HeartbeatStatus::Pending => Some(self.scheduled_at),
+            HeartbeatStatus::Executing => self.lease_until,
+            _ => None,
+        }
+    }
+}
+
+/// What a sweeper asks of a claim.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The claim is valid only if the heartbeat is due at `now` (or its lease expired).
+    pub now: Timestamp,
+    /// How long the claim holds.
+    pub lease: SignedDuration,
+    /// The end of the event window, set only by the first claim.
+    pub window_end: EventCursor,
+}

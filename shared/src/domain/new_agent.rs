@@ -1,0 +1,234 @@
+//! What a user gives: a new agent (checked, and created with its first heartbeat), and
+//! the changes `pulse agents update` makes to one.
+
+use jiff::Timestamp;
+
+use super::agent::{Agent, AgentLlm, Budgets, ThinkPolicy};
+use super::chat::ProviderKind;
+use super::event::EventCursor;
+use super::heartbeat::Heartbeat;
+use super::ids::{AgentId, SessionId};
+use super::time::{ActiveHours, Interval, Retention, TimeZoneName};
+use crate::error::ValidationError;
+
+/// What a user gives to create an agent.
+#[derive(Clone, Debug)]
+pub struct NewAgent {
+    /// Display name (required).
+    pub name: String,
+    /// Short handle.
+    pub alias: Option<String>,
+    /// Persona.
+    pub persona: Option<String>,
+    /// Heartbeat instructions.
+    pub instructions: Option<String>,
+    /// Heartbeat interval.
+    pub interval: Interval,
+    /// Active hours.
+    pub active_hours: Option<ActiveHours>,
+    /// Time zone for the active hours.
+    pub timezone: TimeZoneName,
+    /// LLM overrides.
+    pub llm: AgentLlm,
+    /// Heartbeat agent budgets.
+    pub budgets: Budgets,
+    /// Quiet period after a user turn.
+    pub quiet_period: Option<Interval>,
+    /// Discord channel.
+    pub discord_channel: Option<String>,
+    /// When its heartbeat agent thinks.
+    pub think: ThinkPolicy,
+    /// How long its finished records are kept; the deployment's when unset.
+    pub retention: Option<Retention>,
+}
+
+impl NewAgent {
+    /// An agent with a name and defaults for everything else.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            alias: None,
+            persona: None,
+            instructions: None,
+            interval: Interval::DEFAULT,
+            active_hours: None,
+            timezone: TimeZoneName::utc(),
+            llm: AgentLlm::default(),
+            budgets: Budgets::default(),
+            quiet_period: None,
+            discord_channel: None,
+            think: ThinkPolicy::Auto,
+            retention: None,
+        }
+    }
+
+    /// Validates the input and creates the agent with its first heartbeat, due at once
+    /// (seed 001: a new agent wakes immediately), or when its active hours next open.
+    pub fn create(self, now: Timestamp) -> Result<(Agent, Heartbeat), ValidationError> {
+        let id = AgentId::generate();
+        let agent = Agent {
+            session: SessionId::for_agent(&id),
+            id,
+            name: self.name,
+            alias: self.alias,
+            persona: self.persona,
+            instructions: self.instructions,
+            interval: self.interval,
+            active_hours: self.active_hours,
+            timezone: self.timezone,
+            created_at: now,
+            last_interaction_at: None,
+            llm: self.llm,
+            budgets: self.budgets,
+            quiet_period: self.quiet_period,
+            discord_channel: self.discord_channel,
+            paused_at: None,
+            think: self.think,
+            next_wake: None,
+            retention: self.retention,
+        }
+        .validated()?;
+        let due = agent.in_active_hours(now);
+        let first = Heartbeat::pending(&agent, 1, due, EventCursor::origin(), 0, None, 0);
+        Ok((agent, first))
+    }
+}
+
+/// What `pulse agents update` changes; every field left `None` stays as it is.
+#[derive(Clone, Debug, Default)]
+pub struct AgentChanges {
+    /// Display name.
+    pub name: Option<String>,
+    /// Heartbeat interval.
+    pub interval: Option<Interval>,
+    /// Active hours; `Some(None)` removes them (always active).
+    pub active_hours: Option<Option<ActiveHours>>,
+    /// Time zone of the active hours.
+    pub timezone: Option<TimeZoneName>,
+    /// Heartbeat instructions; `Some(None)` removes them.
+    pub instructions: Option<Option<String>>,
+    /// LLM provider; `Some(None)` goes back to the configured one.
+    pub llm_provider: Option<Option<ProviderKind>>,
+    /// Model; `Some(None)` goes back to the configured one.
+    pub llm_model: Option<Option<String>>,
+    /// API base URL; `Some(None)` goes back to the configured one.
+    pub llm_base_url: Option<Option<url::Url>>,
+    /// Images to the model; `Some(None)` goes back to deciding by the model.
+    pub vision: Option<Option<bool>>,
+    /// Most LLM calls per heartbeat.
+    pub max_steps: Option<u32>,
+    /// Most tokens per heartbeat.
+    pub max_tokens: Option<u64>,
+    /// Most tokens a day; `Some(None)` removes the daily budget.
+    pub daily_tokens: Option<Option<u64>>,
+    /// The breaker's cap; `Some(None)` goes back to the default.
+    pub max_beats_per_hour: Option<Option<u32>>,
+    /// Quiet period after a user turn; `Some(None)` goes back to half the interval.
+    pub quiet_period: Option<Option<Interval>>,
+    /// Discord channel; `Some(None)` unbinds it.
+    pub discord_channel: Option<Option<String>>,
+    /// When its heartbeat agent thinks.
+    pub think: Option<ThinkPolicy>,
+    /// How long its finished records are kept; `Some(None)` goes back to the deployment's.
+    pub retention: Option<Option<Retention>>,
+}
+
+impl AgentChanges {
+    /// Whether nothing would change.
+    pub fn is_empty(&self) -> bool {
+        self.name.is_none()
+            && self.interval.is_none()
+            && self.active_hours.is_none()
+            && self.timezone.is_none()
+            && self.instructions.is_none()
+            && self.llm_provider.is_none()
+            && self.llm_model.is_none()
+            && self.llm_base_url.is_none()
+            && self.vision.is_none()
+            && self.max_steps.is_none()
+            && self.max_tokens.is_none()
+            && self.daily_tokens.is_none()
+            && self.max_beats_per_hour.is_none()
+            && self.quiet_period.is_none()
+            && self.discord_channel.is_none()
+            && self.think.is_none()
+            && self.retention.is_none()
+    }
+
+    /// `agent` with the changes, validated as on create.
+    pub fn apply(&self, agent: &Agent) -> Result<Agent, ValidationError> {
+        fn set<T: Clone>(field: &mut T, change: &Option<T>) {
+            if let Some(v) = change {
+                *field = v.clone();
+            }
+        }
+        let mut a = agent.clone();
+        set(&mut a.name, &self.name);
+        set(&mut a.interval, &self.interval);
+        set(&mut a.active_hours, &self.active_hours);
+        set(&mut a.timezone, &self.timezone);
+        set(&mut a.instructions, &self.instructions);
+        set(&mut a.llm.provider, &self.llm_provider);
+        set(&mut a.llm.model, &self.llm_model);
+        set(&mut a.llm.base_url, &self.llm_base_url);
+        set(&mut a.llm.vision, &self.vision);
+        set(&mut a.budgets.max_steps, &self.max_steps);
+        set(&mut a.budgets.max_tokens, &self.max_tokens);
+        set(&mut a.budgets.daily_tokens, &self.daily_tokens);
+        set(&mut a.budgets.max_beats_per_hour, &self.max_beats_per_hour);
+        set(&mut a.quiet_period, &self.quiet_period);
+        set(&mut a.discord_channel, &self.discord_channel);
+        set(&mut a.think, &self.think);
+        set(&mut a.retention, &self.retention);
+        a.validated()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AgentChanges, NewAgent};
+    use jiff::{SignedDuration, Timestamp};
+
+    #[test]
+    fn the_breaker_cap_defaults_to_sixty_or_twice_the_planned_beats() {
+        let agent = |interval: &str| {
+            let mut new = NewAgent::named("a");
+            new.interval = interval.parse().unwrap();
+            new.create(Timestamp::UNIX_EPOCH).unwrap().0
+        };
+        assert_eq!(agent("15m").beat_cap(), 60);
+        assert_eq!(agent("1m").beat_cap(), 120);
+        assert_eq!(agent("2s").scheduled_beats_per_hour(), 1800);
+        assert_eq!(agent("2s").beat_cap(), 3600, "the quick start's agent runs");
+        assert_eq!(agent("7m").scheduled_beats_per_hour(), 9, "rounded up");
+        let a = agent("10m");
+        let set = |n| AgentChanges {
+            max_beats_per_hour: Some(n),
+            ..AgentChanges::default()
+        };
+        assert_eq!(set(Some(6)).apply(&a).unwrap().beat_cap(), 6);
+        let low = set(Some(5)).apply(&a).unwrap_err().to_string();
+        assert!(
+            low.contains("fewer than its interval of 10m plans (6 an hour)"),
+            "{low}"
+        );
+        assert_eq!(set(None).apply(&a).unwrap().beat_cap(), 60);
+        let zero = AgentChanges {
+            daily_tokens: Some(Some(0)),
+            ..AgentChanges::default()
+        };
+        assert!(zero.apply(&a).is_err());
+    }
+
+    #[test]
+    fn the_breaker_counts_heartbeats_within_an_hour_of_the_first() {
+        let t0: Timestamp = "2026-03-02T09:00:00Z".parse().unwrap();
+        let (_, first) = NewAgent::named("a").create(t0).unwrap();
+        assert_eq!(first.hour_count(t0), (t0, 1), "nothing counted yet");
+        let counted = first.clone().counted((t0, 5));
+        let later = t0 + SignedDuration::from_mins(59);
+        assert_eq!(counted.hour_count(later), (t0, 6));
+        let next_hour = t0 + SignedDuration::from_mins(60);
+        assert_eq!(counted.hour_count(next_hour), (next_hour, 1));
+    }
+}

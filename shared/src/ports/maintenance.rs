@@ -1,0 +1,125 @@
+//! Keeping the store bounded (the retention pass), and [`Store`]: every store port at once.
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+
+use super::*;
+use crate::domain::AgentId;
+use crate::error::StoreError;
+
+/// What one prune of an agent's records removed (or, counted without removing, would).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Pruned {
+    /// Finished heartbeats.
+    pub heartbeats: u64,
+    /// Events its heartbeats have read.
+    pub events: u64,
+    /// Actions of those events.
+    pub actions: u64,
+    /// Conversation records: turns, their messages, answered-signal marks.
+    pub conversation: u64,
+    /// Outbound hook deliveries and their attempts.
+    pub hook_deliveries: u64,
+    /// Webhook request log entries and replay keys past their memory.
+    pub webhook_records: u64,
+}
+
+impl Pruned {
+    /// Rows in all.
+    pub fn total(&self) -> u64 {
+        self.heartbeats
+            + self.events
+            + self.actions
+            + self.conversation
+            + self.hook_deliveries
+            + self.webhook_records
+    }
+}
+
+impl std::ops::AddAssign for Pruned {
+    fn add_assign(&mut self, o: Self) {
+        self.heartbeats += o.heartbeats;
+        self.events += o.events;
+        self.actions += o.actions;
+        self.conversation += o.conversation;
+        self.hook_deliveries += o.hook_deliveries;
+        self.webhook_records += o.webhook_records;
+    }
+}
+
+/// What giving freed space back did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Reclaimed {
+    /// Bytes the store took before.
+    pub bytes_before: u64,
+    /// Bytes it takes now.
+    pub bytes_after: u64,
+    /// Whether the store can shrink in place. False for a SQLite file made before
+    /// auto-vacuum: its free pages are reused, but the file keeps its size until
+    /// `pulse prune --vacuum` rebuilds it once.
+    pub shrinks: bool,
+}
+
+/// Keeping the store bounded: the retention pass (`pulse serve` hourly, `pulse prune`).
+#[async_trait]
+pub trait Maintenance: Send + Sync {
+    /// Removes the agent's records that finished before `horizon` (with `apply`; without,
+    /// only counts them):
+    /// - heartbeats completed, failed or cancelled before it;
+    /// - events stamped before it **that its live heartbeat's window has passed**: an
+    ///   event a heartbeat has still to read (a paused or backlogged agent's) is never
+    ///   removed, and the window cursor stays where it was;
+    /// - the actions of the events removed;
+    /// - conversation turns begun before it, with their messages and answered signals;
+    /// - hook deliveries made before it, with their attempts;
+    /// - its webhooks' request log entries received before it, and replay keys whose
+    ///   memory ended before `now`.
+    ///
+    /// On SQLite in batches of at most [`PRUNE_BATCH`] rows, each its own transaction, so
+    /// receivers and workers wait for one batch at most. DynamoDB removes hook deliveries
+    /// and webhook records by the TTL written with them, so it counts none of those here.
+    async fn prune_agent(
+        &self,
+        agent: &AgentId,
+        horizon: Timestamp,
+        now: Timestamp,
+        apply: bool,
+    ) -> Result<Pruned, StoreError>;
+    /// Gives the space pruning freed back to the file system, in short steps (SQLite's
+    /// incremental vacuum). DynamoDB has nothing to give back.
+    async fn reclaim(&self) -> Result<Reclaimed, StoreError>;
+}
+
+/// Rows one pruning transaction removes at most.
+pub const PRUNE_BATCH: usize = 500;
+
+/// Everything the engine stores.
+pub trait Store:
+    AgentStore
+    + HeartbeatStore
+    + EventLog
+    + ActionLog
+    + ToolRegistry
+    + ConversationStore
+    + MemoryStore
+    + ScheduleStore
+    + WebhookStore
+    + HookStore
+    + Maintenance
+{
+}
+
+impl<T> Store for T where
+    T: AgentStore
+        + HeartbeatStore
+        + EventLog
+        + ActionLog
+        + ToolRegistry
+        + ConversationStore
+        + MemoryStore
+        + ScheduleStore
+        + WebhookStore
+        + HookStore
+        + Maintenance
+{
+}

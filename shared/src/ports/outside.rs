@@ -1,0 +1,178 @@
+//! The world outside the store: tools, models, Discord, hook receivers, event buses.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::domain::{
+    Agent, Hook, HookDelivery, LlmRequest, LlmResponse, Tool, ToolRequest, ToolResponse,
+};
+use crate::error::{DiscordError, LlmError};
+
+/// What came of one attempt to send a hook.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SendResult {
+    /// How it went.
+    pub status: crate::domain::AttemptStatus,
+    /// The receiver's HTTP status, if it answered.
+    pub http_status: Option<u16>,
+    /// The start of the response body.
+    pub body: Option<String>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// The receiver's `Retry-After`, if it gave one.
+    pub retry_after: Option<Duration>,
+}
+
+/// Sends one attempt of a delivery to its hook's target. Never returns an error: every
+/// failure is an attempt outcome.
+#[async_trait]
+pub trait HookSender: Send + Sync {
+    /// Sends `delivery` to `hook`'s target, signed at `timestamp` (Unix seconds).
+    async fn send(&self, hook: &Hook, delivery: &HookDelivery, timestamp: i64) -> SendResult;
+    /// Whether this process may send to `hook`'s target at all (its egress allow-list,
+    /// its EventBridge client); `Err` says why not. A dispatcher told to
+    /// ([`DispatchSettings::leave_unsendable`](crate::engine::DispatchSettings)) leaves
+    /// such deliveries queued for a process that may.
+    async fn can_send(&self, hook: &Hook) -> Result<(), String> {
+        let _ = hook;
+        Ok(())
+    }
+}
+
+/// An EventBridge-like event bus.
+#[async_trait]
+pub trait EventBus: Send + Sync {
+    /// Puts one event on `bus` with source `pulse`; `Err` says why it was not accepted.
+    async fn put_event(&self, bus: &str, detail_type: &str, detail: &str) -> Result<(), BusError>;
+}
+
+/// Why an event bus did not take an event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BusError {
+    /// The bus could not be reached.
+    #[error("PutEvents to {bus} failed: {reason}")]
+    Unreachable {
+        /// The bus.
+        bus: String,
+        /// What the client said.
+        reason: String,
+    },
+    /// The bus answered, refusing the event.
+    #[error("EventBridge refused the event on {bus}: {code} {message}")]
+    Refused {
+        /// The bus.
+        bus: String,
+        /// Its error code.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// What came of calling a tool.
+#[derive(Clone, Debug)]
+pub struct ToolCall {
+    /// The validated response, or why the call produced none.
+    pub result: Result<ToolResponse, ToolFailure>,
+    /// What is recorded on the action as the response: the body received, or what is
+    /// known of a failed exchange (HTTP status, an excerpt of the body).
+    pub response_meta: Option<Value>,
+}
+
+/// Why a tool call produced no usable response. Each carries the message recorded on
+/// the action as its error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ToolFailure {
+    /// The tool was not reached in time: a timeout, a refused or failed connection, an
+    /// address the egress guard refuses.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The tool answered, but not with a usable response: an HTTP error status, a body
+    /// that is not JSON, too large, or not shaped as a tool response.
+    #[error("{0}")]
+    BadAnswer(String),
+    /// The built-in heartbeat agent failed (its model could not be reached, or answered
+    /// with something unusable).
+    #[error("{0}")]
+    Agent(String),
+    /// The tool stopped because a user message interrupted its heartbeat: the action
+    /// ends CANCELLED and the heartbeat yields to the user's turn.
+    #[error("{0}")]
+    Interrupted(String),
+    /// This process cannot run the tool's kind.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The tool chose not to run (the heartbeat agent with nothing to think about): the
+    /// action ends SKIPPED with this reason.
+    #[error("{0}")]
+    Skipped(String),
+}
+
+/// Runs tools. Never returns an error: a tool's failure is an outcome recorded on its
+/// action, not a failure of the heartbeat.
+#[async_trait]
+pub trait ToolRunner: Send + Sync {
+    /// Calls `tool` with `request`.
+    async fn call(&self, tool: &Tool, request: &ToolRequest) -> ToolCall;
+    /// The built-in tools this runner provides, with their default subscriptions; the
+    /// engine adds them to the registry unless the store overrides them.
+    fn builtins(&self) -> Vec<(Tool, crate::domain::Subscription)> {
+        Vec::new()
+    }
+}
+
+/// A language model behind some provider.
+#[async_trait]
+pub trait Llm: Send + Sync {
+    /// The provider's name (`anthropic`, `openai`, `offline`), for logs and records.
+    fn provider(&self) -> &'static str;
+    /// The model a request that names none is sent to.
+    fn model(&self) -> &str;
+    /// Sends one request. Transient failures (429, 5xx, timeouts) are retried inside,
+    /// within a bound; what is returned is final.
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
+}
+
+/// Fetches an image a user sent, for a model that cannot reach its URL itself.
+#[async_trait]
+pub trait ImageFetcher: Send + Sync {
+    /// The image at `url`: its media type and bytes; why not, as a sentence (refused by
+    /// the egress guard, unreachable, too large, not an image a model takes).
+    async fn fetch_image(&self, url: &str) -> Result<(String, Vec<u8>), String>;
+}
+
+/// Picks the model client for an agent: the configured default, or the agent's own
+/// provider, model and base URL.
+pub trait LlmSelector: Send + Sync {
+    /// The client for `agent`; `NotConfigured` if its provider has no API key.
+    fn select(&self, agent: &Agent) -> Result<std::sync::Arc<dyn Llm>, LlmError>;
+}
+
+/// Discord's HTTP API, as far as replies need it. Each method returns the id of the
+/// message written. 429s are waited out (`retry_after`) and retried within a bound.
+#[async_trait]
+pub trait DiscordApi: Send + Sync {
+    /// Edits the deferred original response of an interaction (valid for 15 minutes
+    /// after the interaction).
+    async fn edit_original(
+        &self,
+        interaction_token: &str,
+        content: &str,
+    ) -> Result<String, DiscordError>;
+    /// Sends a follow-up message through the interaction's webhook.
+    async fn follow_up(
+        &self,
+        interaction_token: &str,
+        content: &str,
+    ) -> Result<String, DiscordError>;
+    /// Posts a message to a channel with the bot token. `nonce` (at most 25 characters)
+    /// is enforced, so a retried post with the same nonce does not post twice.
+    async fn create_message(
+        &self,
+        channel_id: &str,
+        content: &str,
+        nonce: &str,
+    ) -> Result<String, DiscordError>;
+}

@@ -1,0 +1,219 @@
+//! The records around a heartbeat and a turn: actions, the tool registry, conversations,
+//! schedules, memories, inbound webhooks and outbound hooks.
+
+use async_trait::async_trait;
+
+use crate::domain::{
+    AcceptOutcome, Acceptance, Action, ActionId, AgentId, ConversationMessage, Event, EventCursor,
+    Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, Registry, Schedule,
+    ScheduleId, SignalId, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook,
+    WebhookId, WebhookRequest,
+};
+use crate::error::StoreError;
+
+/// Actions.
+#[async_trait]
+pub trait ActionLog: Send + Sync {
+    /// Creates the action (RUNNING) unless one with its id exists; returns the existing
+    /// one in that case.
+    async fn start_action(&self, action: &Action) -> Result<Option<Action>, StoreError>;
+    /// Takes over a RUNNING action left behind by a worker that died: writes `action`
+    /// (the next attempt) if the stored attempt is still `expected_attempt`. Returns
+    /// false if someone else took it over first.
+    async fn restart_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError>;
+    /// Records the action's outcome and appends the events its tool returned, atomically,
+    /// if the stored action is still RUNNING at `action.attempt`; `Conflict` otherwise
+    /// (another run took it over).
+    async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError>;
+    /// One of the agent's actions by id. Actions are filed by (event, tool), so on
+    /// DynamoDB this reads the agent's actions newest first until it is found.
+    async fn get_action(
+        &self,
+        agent: &AgentId,
+        id: &ActionId,
+    ) -> Result<Option<Action>, StoreError>;
+    /// An agent's latest actions, newest first.
+    async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError>;
+    /// At most `limit` of the agent's actions on events with ids in `(after, through]`, in
+    /// event order: a heartbeat's actions lie between its window's start and its end.
+    async fn actions_between(
+        &self,
+        agent: &AgentId,
+        after: &EventCursor,
+        through: &EventCursor,
+        limit: usize,
+    ) -> Result<Vec<Action>, StoreError>;
+}
+
+/// Tools and subscriptions.
+#[async_trait]
+pub trait ToolRegistry: Send + Sync {
+    /// Registers a tool; `AlreadyExists` if the name is taken.
+    async fn add_tool(&self, tool: &Tool) -> Result<(), StoreError>;
+    /// Enables or disables a tool; `NotFound` if there is none by that name.
+    async fn set_tool_active(&self, name: &ToolName, active: bool) -> Result<(), StoreError>;
+    /// Replaces a tool's definition; `NotFound` if there is none by that name.
+    async fn update_tool(&self, tool: &Tool) -> Result<(), StoreError>;
+    /// Removes a tool; `NotFound` if there is none by that name. Its subscriptions are
+    /// not touched (the caller refuses while there are some).
+    async fn remove_tool(&self, name: &ToolName) -> Result<(), StoreError>;
+    /// Removes a subscription; `NotFound` if it does not exist.
+    async fn remove_subscription(&self, id: &SubscriptionId) -> Result<(), StoreError>;
+    /// Adds a subscription; `AlreadyExists` if its route is subscribed already.
+    async fn add_subscription(&self, sub: &Subscription) -> Result<(), StoreError>;
+    /// Enables or disables a subscription; `NotFound` if it does not exist.
+    async fn set_subscription_active(
+        &self,
+        id: &SubscriptionId,
+        active: bool,
+    ) -> Result<(), StoreError>;
+    /// Every tool and subscription, with the registry version they are at (read
+    /// consistently: a version read before is never newer than what this returns).
+    async fn load_registry(&self) -> Result<Registry, StoreError>;
+    /// The registry version alone: one small read. Every change to a tool or a
+    /// subscription adds one to it in the same atomic write.
+    async fn registry_version(&self) -> Result<u64, StoreError>;
+}
+
+/// What `begin_turn` found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnStart {
+    /// The turn was written now.
+    Created,
+    /// A turn with this id exists (an earlier delivery wrote it): here it is, unchanged.
+    Exists(Box<Turn>),
+}
+
+/// Conversations: turns, their persisted messages, and which signals they answered.
+#[async_trait]
+pub trait ConversationStore: Send + Sync {
+    /// Which of `signals` a turn answered already, as (signal, turn) pairs.
+    async fn answered(
+        &self,
+        agent: &AgentId,
+        signals: &[SignalId],
+    ) -> Result<Vec<(SignalId, TurnId)>, StoreError>;
+    /// Writes a turn, its messages, and the marks that its signals are answered, in one
+    /// atomic write, unless the turn exists (then it is returned unchanged). `Conflict` if
+    /// one of its signals belongs to another turn.
+    async fn begin_turn(
+        &self,
+        turn: &Turn,
+        messages: &[ConversationMessage],
+    ) -> Result<TurnStart, StoreError>;
+    /// Records a turn's delivery progress (status, parts delivered, message ids, error).
+    async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError>;
+    /// Reads a turn.
+    async fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Result<Option<Turn>, StoreError>;
+    /// The agent's latest `limit` turns, newest first (turn ids are time-ordered).
+    async fn list_turns(&self, agent: &AgentId, limit: usize) -> Result<Vec<Turn>, StoreError>;
+    /// The agent's latest `limit` messages, newest first. Reads only those, so the cost
+    /// of a turn does not grow with the length of the history.
+    async fn recent_messages(
+        &self,
+        agent: &AgentId,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError>;
+}
+
+/// Agents' schedules (reminders).
+#[async_trait]
+pub trait ScheduleStore: Send + Sync {
+    /// Stores a schedule; one with the same id is replaced.
+    async fn put_schedule(&self, schedule: &Schedule) -> Result<(), StoreError>;
+    /// The agent's schedules, oldest first.
+    async fn schedules(&self, agent: &AgentId) -> Result<Vec<Schedule>, StoreError>;
+    /// Deletes a schedule; false if the agent has none with that id.
+    async fn delete_schedule(&self, agent: &AgentId, id: &ScheduleId) -> Result<bool, StoreError>;
+}
+
+/// Agents' memories.
+#[async_trait]
+pub trait MemoryStore: Send + Sync {
+    /// Stores a memory; writing one with an existing id replaces it.
+    async fn remember(&self, memory: &Memory) -> Result<(), StoreError>;
+    /// The agent's latest `limit` memories, newest first.
+    async fn memories(&self, agent: &AgentId, limit: usize) -> Result<Vec<Memory>, StoreError>;
+}
+
+/// Inbound webhooks, their request log, delivery ids and rate counters.
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    /// Creates a webhook; `AlreadyExists` if its id is taken.
+    async fn create_webhook(&self, webhook: &Webhook) -> Result<(), StoreError>;
+    /// Reads a webhook.
+    async fn get_webhook(&self, id: &WebhookId) -> Result<Option<Webhook>, StoreError>;
+    /// Every webhook, oldest first.
+    async fn list_webhooks(&self) -> Result<Vec<Webhook>, StoreError>;
+    /// Replaces a webhook (rotation, enabling); `NotFound` if it does not exist.
+    async fn update_webhook(&self, webhook: &Webhook) -> Result<(), StoreError>;
+    /// Deletes a webhook with its request log, replay keys and counters: its URL answers
+    /// 404 from then on. `NotFound` if it does not exist.
+    async fn delete_webhook(&self, id: &WebhookId) -> Result<(), StoreError>;
+    /// Accepts a signed request, in this order: a replay key seen before is a duplicate
+    /// (answered with the first event, or as refused before); a request with a
+    /// [`Acceptance::refusal`] then only records its key and log entry; otherwise the
+    /// hour's counter is incremented by one conditional write, refused at the limit; then
+    /// the event, the log entry and the key are written atomically, so the same request
+    /// sent twice at once still makes one event.
+    async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError>;
+    /// Logs a request that was not accepted, within the webhook's logging budget: the
+    /// first [`REFUSED_LOG_BUDGET`](crate::domain::REFUSED_LOG_BUDGET) of a minute in
+    /// full, the rest only counted, in that minute's SUPPRESSED entry. (The duplicate and
+    /// rate-limited entries `accept_webhook` writes are budgeted the same way.)
+    async fn log_request(&self, request: &WebhookRequest) -> Result<(), StoreError>;
+    /// A webhook's latest requests, newest first.
+    async fn list_requests(
+        &self,
+        id: &WebhookId,
+        limit: usize,
+    ) -> Result<Vec<WebhookRequest>, StoreError>;
+}
+
+/// Outbound hooks, their deliveries and the log of every attempt.
+///
+/// Hooks and deliveries carry a version: each write is conditional on the version the
+/// writer read (`version - 1` of the record written), so two dispatchers never both
+/// claim an attempt and a health update never undoes a user's `hooks disable`.
+#[async_trait]
+pub trait HookStore: Send + Sync {
+    /// Creates a hook; `AlreadyExists` if its id is taken.
+    async fn create_hook(&self, hook: &Hook) -> Result<(), StoreError>;
+    /// Reads a hook.
+    async fn get_hook(&self, id: &HookId) -> Result<Option<Hook>, StoreError>;
+    /// An agent's hooks, oldest first.
+    async fn list_hooks(&self, agent: &AgentId) -> Result<Vec<Hook>, StoreError>;
+    /// What the engine needs to route an agent's emit points: one small read per run.
+    async fn hook_routes(&self, agent: &AgentId) -> Result<Vec<HookRoute>, StoreError>;
+    /// Replaces a hook if the stored one is at `hook.version - 1`; `Conflict` if it
+    /// changed meanwhile, `NotFound` if it does not exist.
+    async fn update_hook(&self, hook: &Hook) -> Result<(), StoreError>;
+    /// Deletes a hook with its deliveries and their attempts; queued messages for it are
+    /// dropped by the dispatcher when they come up. `NotFound` if it does not exist.
+    async fn delete_hook(&self, id: &HookId) -> Result<(), StoreError>;
+    /// Reads a delivery.
+    async fn get_delivery(&self, id: &HookDeliveryId) -> Result<Option<HookDelivery>, StoreError>;
+    /// Writes a delivery and the attempt it records, if any, in one atomic write,
+    /// conditional on the stored delivery being at `delivery.version - 1` (absent when
+    /// that is 0); `Conflict` otherwise.
+    async fn save_delivery(
+        &self,
+        delivery: &HookDelivery,
+        attempt: Option<&HookAttempt>,
+    ) -> Result<(), StoreError>;
+    /// A hook's latest deliveries, newest first.
+    async fn list_deliveries(
+        &self,
+        hook: &HookId,
+        limit: usize,
+    ) -> Result<Vec<HookDelivery>, StoreError>;
+    /// A delivery's attempts, first first.
+    async fn list_attempts(
+        &self,
+        delivery: &HookDeliveryId,
+    ) -> Result<Vec<HookAttempt>, StoreError>;
+}

@@ -1,0 +1,415 @@
+//! Setting a shard up: the run's options and constants, the fleet and its outside world
+//! on a fresh embedded store with faults around its ports, and the engine over them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use pulse_shared::adapters::sqlite::{Db, SqliteHookQueue, SqliteQueue, SqliteStore};
+use pulse_shared::app::{Connected, Services};
+use pulse_shared::domain::{
+    AgentId, EventId, EventType, Hook, HookTarget, HookType, Interval, NewAgent, SignalId,
+    Subscription, SubscriptionId, Tool, ToolName,
+};
+use pulse_shared::engine::{
+    DispatchSettings, Dispatcher, EngineSettings, Lifecycle, Sweeper, Worker,
+};
+use pulse_shared::ports::{Clock, HookQueue, SessionQueue, Store};
+
+use crate::faults::{Dice, Mix};
+use crate::queue::{SimHookQueue, SimPolicy, SimQueue};
+use crate::store::FaultyStore;
+use crate::world::{PING, SimDiscord, SimHooks, SimLlm, SimTools, TOOL, TOOL_TIMEOUT, World};
+
+/// Every agent's heartbeat interval.
+pub const INTERVAL: SignedDuration = SignedDuration::from_mins(15);
+/// How often the sweeper runs (EventBridge's rate in the deployment).
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Workers taking jobs from the sessions queue at once.
+pub(crate) const WORKERS: usize = 3;
+/// How long a received message stays hidden before it is delivered again.
+pub(crate) const VISIBILITY: Duration = Duration::from_secs(300);
+/// Events each agent's webhook receives per hour, on average.
+pub(crate) const EVENTS_PER_AGENT_HOUR: f64 = 0.25;
+/// Messages each chatting user sends per hour, on average.
+pub(crate) const MESSAGES_PER_CHATTER_HOUR: f64 = 0.5;
+/// One agent in this many has a hook (AFTER_HEARTBEAT).
+pub(crate) const HOOKED_ONE_IN: usize = 10;
+/// One agent in this many chats with its user.
+pub(crate) const CHATTING_ONE_IN: usize = 20;
+/// How often the operator may pause, change or delete agents: each time, one chance of
+/// each per thousand agents.
+pub(crate) const OPERATOR_EVERY: Duration = Duration::from_secs(600);
+/// After the simulated duration, how long the system runs with no faults and no new
+/// traffic before the invariants are checked: two intervals and the lease, so every
+/// event has been reached and every held lease has expired.
+pub(crate) const DRAIN: Duration = Duration::from_secs(2 * 15 * 60 + 15 * 60);
+/// The virtual start of every run.
+pub(crate) const START: &str = "2026-01-05T00:00:00Z";
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Agents in the fleet.
+    pub agents: usize,
+    /// Simulated time, before the drain.
+    pub duration: Duration,
+    /// The seed every choice is drawn from.
+    pub seed: u64,
+    /// The faults and their rates.
+    pub mix: Mix,
+    /// Where to keep the run's database for inspection with the other `pulse` commands
+    /// (`PULSE_DB=FILE`; a fleet in several shards keeps shard N's in `FILE.shardN`); in
+    /// memory when `None`.
+    pub keep: Option<std::path::PathBuf>,
+    /// The most agents one shard holds: [`SHARD_AGENTS`], unless testing the split.
+    pub shard_agents: usize,
+}
+
+/// Why a run could not be made (not an invariant violation: those are in the report).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SimError(pub String);
+
+pub(crate) fn fail(what: &str) -> impl Fn(&dyn std::fmt::Display) -> SimError + '_ {
+    move |e| SimError(format!("{what}: {e}"))
+}
+
+/// The virtual clock: tokio's paused time, from a fixed start.
+pub(crate) struct SimClock {
+    /// When the run starts, in virtual time.
+    pub(crate) start: Timestamp,
+    /// The paused runtime's instant it started at.
+    pub(crate) base: tokio::time::Instant,
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Timestamp {
+        let d = SignedDuration::try_from(self.base.elapsed()).unwrap_or(SignedDuration::MAX);
+        self.start.saturating_add(d).unwrap_or(self.start)
+    }
+}
+
+/// What the run keeps track of besides the store.
+#[derive(Default)]
+pub(crate) struct Ledger {
+    /// The events the agents' webhooks took in, by agent.
+    pub events: BTreeMap<AgentId, Vec<EventId>>,
+    /// The user messages queued, by agent.
+    pub messages: BTreeMap<AgentId, Vec<SignalId>>,
+    /// Agents deleted by the operator.
+    pub deleted: BTreeSet<AgentId>,
+    /// Agents paused now.
+    pub paused: BTreeSet<AgentId>,
+}
+
+/// Everything a running simulation shares.
+pub(crate) struct Sim {
+    pub dice: Arc<Dice>,
+    pub clock: Arc<dyn Clock>,
+    pub policy: Arc<SimPolicy>,
+    pub world: Arc<World>,
+    /// The store with no faults: the receiver's side, the set-up and the checks.
+    pub inner: Arc<dyn Store>,
+    pub connected: Connected,
+    pub sweeper: Sweeper,
+    pub worker: Arc<Worker>,
+    pub dispatcher: Arc<Dispatcher>,
+    pub lifecycle: Lifecycle,
+    pub agents: Vec<AgentId>,
+    pub chatting: Vec<AgentId>,
+    pub ledger: Mutex<Ledger>,
+    /// The sessions queue without faults, for the checks.
+    pub queue: SqliteQueue,
+}
+
+/// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
+/// otherwise. A larger fleet is simulated as shards of near-equal size, each a deployment
+/// of its own (store, sweeper, workers, dispatcher, outside world) driven by a seed drawn
+/// from the run's, run side by side on the machine's cores; the report sums them. The
+/// split follows from the options alone, never from the machine, so a seed replays the
+/// same run on any machine.
+pub const SHARD_AGENTS: usize = 5_000;
+
+/// One shard of a run: which of the fleet's agents it holds, and its own seed.
+#[derive(Clone, Debug)]
+pub(crate) struct Shard {
+    /// Its place among the shards, from 0.
+    pub index: usize,
+    /// The fleet number of its first agent (agent names and roles follow the fleet's
+    /// numbering, so a fleet plays the same parts however it is split).
+    pub first: usize,
+    /// Its options: its agents, its seed, its database file.
+    pub options: Options,
+}
+
+/// How a run is split: shard 0 keeps the run's seed (a fleet of one shard is simulated
+/// exactly as it would be unsplit); each other shard's seed is mixed from the run's seed
+/// and its index.
+pub(crate) fn shards(options: &Options) -> Vec<Shard> {
+    let size = options.shard_agents.max(1);
+    let n = options.agents.div_ceil(size).max(1);
+    let (base, extra) = (options.agents / n, options.agents % n);
+    let mut first = 0;
+    (0..n)
+        .map(|index| {
+            let agents = base + usize::from(index < extra);
+            let seed = if index == 0 {
+                options.seed
+            } else {
+                fastrand::Rng::with_seed(options.seed ^ (index as u64).rotate_left(32)).u64(..)
+            };
+            let keep = options.keep.as_ref().map(|p| {
+                if index == 0 {
+                    p.clone()
+                } else {
+                    let mut name = p.as_os_str().to_owned();
+                    name.push(format!(".shard{index}"));
+                    name.into()
+                }
+            });
+            let shard = Shard {
+                index,
+                first,
+                options: Options {
+                    agents,
+                    seed,
+                    keep,
+                    ..options.clone()
+                },
+            };
+            first += agents;
+            shard
+        })
+        .collect()
+}
+
+/// The store and queues of one shard, with faults around them.
+struct Backend {
+    /// The store with no faults: the receiver's side, the set-up and the checks.
+    inner: Arc<dyn Store>,
+    policy: Arc<SimPolicy>,
+    connected: Connected,
+    hooks: Arc<dyn HookQueue>,
+    /// The sessions queue without faults, for the checks.
+    queue: SqliteQueue,
+}
+
+/// The agents of one shard, and which of them chat with their users.
+struct Fleet {
+    agents: Vec<AgentId>,
+    chatting: Vec<AgentId>,
+    /// Chatting agents by name, for the simulated Discord.
+    chatters: BTreeMap<String, AgentId>,
+}
+
+/// Sets a shard up: its store and queues (faults around them), its fleet with the tool,
+/// subscription and hooks it uses, and the engine over them.
+pub(crate) async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
+    let options = &shard.options;
+    let dice = Arc::new(Dice::new(options.seed, options.mix.clone()));
+    let backend = open(options, &dice, &clock)?;
+    let fleet = seed(shard, backend.inner.as_ref(), &dice, clock.now()).await?;
+    Ok(engine(backend, fleet, dice, clock))
+}
+
+/// A fresh embedded store (in memory, or in the file to keep) and its queues, each
+/// behind the run's fault policy.
+fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<Backend, SimError> {
+    if let Some(p) = options.keep.as_ref().filter(|p| p.exists()) {
+        return Err(SimError(format!(
+            "{} exists: give a new file to keep the run's database in",
+            p.display()
+        )));
+    }
+    let db = Db::open_simulated(options.keep.as_deref()).map_err(|e| fail("the database")(&e))?;
+    let keys = pulse_shared::sealing::EncryptionKeys::parse(
+        &pulse_shared::sealing::EncryptionKeys::new_key(),
+        None,
+    )
+    .map_err(|e| fail("the encryption key")(&e))?;
+    let inner: Arc<dyn Store> = Arc::new(SqliteStore::new(db.clone()).with_keys(keys));
+    let policy = Arc::new(SimPolicy::new(dice.clone()));
+    let store: Arc<dyn Store> = Arc::new(FaultyStore::new(inner.clone(), policy.clone()));
+    let session_queue = SqliteQueue::new(db.clone(), clock.clone());
+    let hook_queue = SqliteHookQueue::new(db, clock.clone());
+    let queue: Arc<dyn SessionQueue> = Arc::new(SimQueue {
+        inner: Arc::new(session_queue.clone()),
+        policy: policy.clone(),
+    });
+    let hooks: Arc<dyn HookQueue> = Arc::new(SimHookQueue {
+        inner: Arc::new(hook_queue),
+        policy: policy.clone(),
+    });
+    let connected = Connected {
+        store,
+        queue,
+        hooks: Some(hooks.clone()),
+        bus: None,
+        aws_requests: None,
+        orphans: None,
+    };
+    Ok(Backend {
+        inner,
+        policy,
+        connected,
+        hooks,
+        queue: session_queue,
+    })
+}
+
+/// The fleet: every agent on the same interval, first heartbeats spread over it; one in
+/// [`CHATTING_ONE_IN`] with a Discord channel; the tool every agent's PING events go to;
+/// an AFTER_HEARTBEAT hook on one agent in [`HOOKED_ONE_IN`].
+async fn seed(
+    shard: &Shard,
+    store: &dyn Store,
+    dice: &Dice,
+    now: Timestamp,
+) -> Result<Fleet, SimError> {
+    let options = &shard.options;
+    let mut agents = Vec::with_capacity(options.agents);
+    let mut chatting = Vec::new();
+    let mut chatters = BTreeMap::new();
+    for i in shard.first..shard.first + options.agents {
+        let mut new = NewAgent::named(format!("sim-{i}"));
+        new.interval = Interval::new(INTERVAL).map_err(|e| fail("the interval")(&e))?;
+        if i % CHATTING_ONE_IN == 0 {
+            new.discord_channel = Some(format!("{}", 100_000_000_000_000_000u64 + i as u64));
+        }
+        let (agent, mut first) = new.create(now).map_err(|e| fail("an agent")(&e))?;
+        let offset = dice.between(Duration::ZERO, INTERVAL.unsigned_abs());
+        first.scheduled_at = now
+            .saturating_add(SignedDuration::try_from(offset).unwrap_or_default())
+            .unwrap_or(now);
+        if i % CHATTING_ONE_IN == 0 {
+            chatting.push(agent.id.clone());
+            chatters.insert(agent.name.clone(), agent.id.clone());
+        }
+        agents.push((agent, first));
+    }
+    for chunk in agents.chunks(1000) {
+        store
+            .import_agents(chunk)
+            .await
+            .map_err(|e| fail("importing agents")(&e))?;
+    }
+    add_tool(store, now).await?;
+    let hook_type =
+        HookType::parse(HookType::AFTER_HEARTBEAT).map_err(|e| fail("the hook type")(&e))?;
+    let target =
+        HookTarget::parse("https://hooks.sim.example/pulse").map_err(|e| fail("the hook")(&e))?;
+    let hooked = agents
+        .iter()
+        .zip(shard.first..)
+        .filter(|(_, i)| i % HOOKED_ONE_IN == 0);
+    for ((agent, _), _) in hooked {
+        let hook = Hook::new(
+            agent.id.clone(),
+            hook_type.clone(),
+            target.clone(),
+            "whsec_c2ltdWxhdGVkIHNlY3JldCBvZiAzMiBieXRlcyE=",
+            now,
+        );
+        store
+            .create_hook(&hook)
+            .await
+            .map_err(|e| fail("a hook")(&e))?;
+    }
+    Ok(Fleet {
+        agents: agents.into_iter().map(|(a, _)| a.id).collect(),
+        chatting,
+        chatters,
+    })
+}
+
+/// The one HTTP tool, subscribed to every agent's PING events.
+async fn add_tool(store: &dyn Store, now: Timestamp) -> Result<(), SimError> {
+    let tool_name = ToolName::parse(TOOL).map_err(|e| fail("the tool")(&e))?;
+    let tool = Tool::http(
+        tool_name.clone(),
+        "https://tool.sim.example/echo",
+        TOOL_TIMEOUT,
+        now,
+    )
+    .map_err(|e| fail("the tool")(&e))?;
+    store
+        .add_tool(&tool)
+        .await
+        .map_err(|e| fail("the tool")(&e))?;
+    let event_type = EventType::parse(PING).map_err(|e| fail("the event type")(&e))?;
+    store
+        .add_subscription(&Subscription {
+            id: SubscriptionId::for_route(&tool_name, &event_type, None),
+            tool: tool_name,
+            event_type,
+            agent_id: None,
+            filter: Default::default(),
+            order: 0,
+            active: true,
+            created_at: now,
+        })
+        .await
+        .map_err(|e| fail("the subscription")(&e))
+}
+
+/// The outside world and the engine over the backend: the sweeper, a worker whose tools
+/// and model are the world's, the hook dispatcher sending to the world's receivers.
+fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>) -> Sim {
+    let Backend {
+        inner,
+        policy,
+        connected,
+        hooks,
+        queue,
+    } = backend;
+    let world = Arc::new(World::new(
+        dice.clone(),
+        clock.clone(),
+        inner.clone(),
+        fleet.chatters,
+    ));
+    let services = Services {
+        llm: Arc::new(SimLlm {
+            world: world.clone(),
+        }),
+        discord: Some(Arc::new(SimDiscord {
+            world: world.clone(),
+        })),
+        egress: pulse_egress::Egress::new(pulse_egress::AllowList::default()),
+    };
+    let settings = EngineSettings::default();
+    let tools = Arc::new(SimTools {
+        world: world.clone(),
+        builtin: connected.tools(clock.clone(), &services),
+    });
+    let runner = connected.runner(clock.clone(), &settings, tools);
+    let worker = Worker::new(Arc::new(runner))
+        .with_conversation(Arc::new(connected.conversation(clock.clone(), &services)));
+    let dispatcher = Dispatcher::new(
+        connected.store.clone(),
+        hooks,
+        Arc::new(SimHooks {
+            world: world.clone(),
+        }),
+        clock.clone(),
+        DispatchSettings::default(),
+    );
+    Sim {
+        sweeper: connected.sweeper(&settings),
+        lifecycle: connected.lifecycle(clock.clone(), &settings),
+        worker: Arc::new(worker),
+        dispatcher: Arc::new(dispatcher),
+        agents: fleet.agents,
+        chatting: fleet.chatting,
+        dice,
+        clock,
+        policy,
+        world,
+        inner,
+        connected,
+        ledger: Mutex::default(),
+        queue,
+    }
+}
