@@ -1,0 +1,168 @@
+//! Asking the model for a turn's reply: a tool loop within the agent's budgets.
+
+use tracing::{error, info, warn};
+
+use super::*;
+use crate::domain::{Agent, ChatMessage, LlmRequest, MemoryId, TurnId, Usage};
+use crate::engine::{memory, reminders, transcript};
+use crate::error::{EngineError, chain};
+
+/// What the model answered a turn.
+#[derive(Default)]
+pub(super) struct Asked {
+    pub(super) text: String,
+    pub(super) provider: String,
+    pub(super) model: String,
+    pub(super) usage: Usage,
+    pub(super) failed: Option<String>,
+    pub(super) steps: Vec<serde_json::Value>,
+}
+
+impl Conversation {
+    /// Asks the model for the reply, in a tool loop with `remember` and `recall` under
+    /// the agent's step and token budgets (the heartbeat agent's): each request asks for
+    /// at most the tokens left, and the last step allowed offers no tools, so the loop
+    /// ends with words. A failure that retrying cannot fix (no key, a rejected request)
+    /// becomes a reply saying so, recorded as the turn's error, rather than a message
+    /// that is redelivered until it is dead-lettered.
+    pub(super) async fn ask(
+        &self,
+        agent: &Agent,
+        mut messages: Vec<ChatMessage>,
+        turn_id: &TurnId,
+        first_ms: u64,
+    ) -> Result<Asked, EngineError> {
+        let llm = match self.llm.select(agent) {
+            Ok(l) => l,
+            Err(e) => {
+                let why = chain(&e);
+                error!(error = %why, "no model for this agent");
+                return Ok(Asked {
+                    text: apology(&why),
+                    provider: "none".into(),
+                    model: "none".into(),
+                    failed: Some(why),
+                    ..Asked::default()
+                });
+            }
+        };
+        let mut asked = Asked {
+            provider: llm.provider().to_owned(),
+            ..Asked::default()
+        };
+        let mut tools = memory::specs("in later conversations and heartbeats");
+        tools.push(reminders::tool_spec());
+        let budgets = &agent.budgets;
+        let steps = budgets.max_steps.max(1);
+        let mut last_input = 0;
+        let mut calls = 0usize;
+        for step in 0..steps {
+            // Another step only if a prompt as long as the last one still fits.
+            let left = budgets
+                .max_tokens
+                .saturating_sub(asked.usage.total() + last_input);
+            if step > 0 && left == 0 {
+                warn!(
+                    budget = budgets.max_tokens,
+                    "the turn's token budget is spent; replying with what was written"
+                );
+                break;
+            }
+            let last = step + 1 == steps;
+            let request = LlmRequest {
+                model: None,
+                messages: messages.clone(),
+                tools: if last { Vec::new() } else { tools.clone() },
+                max_tokens: u32::try_from(left)
+                    .unwrap_or(u32::MAX)
+                    .min(self.settings.reply_max_tokens),
+            };
+            let resp = match llm.complete(&request).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    let why = chain(&e);
+                    let retry = match &e {
+                        crate::error::LlmError::Transport { .. } => true,
+                        crate::error::LlmError::Status { status, .. } => {
+                            *status == 429 || *status >= 500
+                        }
+                        _ => false,
+                    };
+                    if retry {
+                        return Err(EngineError::Unavailable(format!(
+                            "the model did not answer: {why}"
+                        )));
+                    }
+                    error!(error = %why, "the model rejected the turn");
+                    asked.text = apology(&why);
+                    asked.failed = Some(why);
+                    return Ok(asked);
+                }
+            };
+            asked.usage.add(resp.usage);
+            crate::meter::tokens(resp.provider, &resp.usage);
+            last_input = resp.usage.input_tokens;
+            asked.provider = resp.provider.to_owned();
+            asked.model = resp.model.clone();
+            if asked.steps.is_empty() && resp.tool_calls.is_empty() {
+                // A plain reply, as most are: no steps to keep.
+                asked.text = resp.text.unwrap_or_default();
+                break;
+            }
+            asked
+                .steps
+                .push(transcript::call_step(step, &resp, "reply"));
+            asked.text = resp.text.clone().unwrap_or_default();
+            if resp.tool_calls.is_empty() || last {
+                break;
+            }
+            messages.push(ChatMessage::Assistant {
+                text: resp.text.clone(),
+                tool_calls: resp.tool_calls.clone(),
+            });
+            for call in &resp.tool_calls {
+                let id = MemoryId::derived(
+                    first_ms,
+                    &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
+                );
+                calls += 1;
+                let now = self.clock.now();
+                let result =
+                    match memory::run(self.store.as_ref(), agent, call, id, None, now).await {
+                        Some(r) => r,
+                        None if call.name == "schedule" => {
+                            reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
+                                .await
+                                .map(|(_, answer)| answer)
+                        }
+                        None => Err(format!(
+                            "there is no tool {:?}; use remember, recall or schedule",
+                            call.name
+                        )),
+                    };
+                info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
+                let (step, message) = transcript::tool_step(call, result);
+                asked.steps.push(step);
+                messages.push(message);
+            }
+        }
+        info!(
+            provider = %asked.provider,
+            model = %asked.model,
+            input_tokens = asked.usage.input_tokens,
+            output_tokens = asked.usage.output_tokens,
+            steps = asked.steps.len(),
+            "reply written"
+        );
+        if asked.text.trim().is_empty() {
+            asked.text = "(no reply)".to_owned();
+        }
+        Ok(asked)
+    }
+}
+
+fn apology(why: &str) -> String {
+    format!(
+        "I could not think of a reply just now: {why}. An operator should check my LLM settings."
+    )
+}

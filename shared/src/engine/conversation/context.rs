@@ -1,0 +1,349 @@
+//! A turn's context: what the model reads — the persona, the history within its budget,
+//! the pending messages, the envelope, the thoughts — and what the turn persists.
+
+use jiff::Timestamp;
+
+use crate::domain::{
+    Agent, Beats, ChatMessage, ConversationMessage, Heartbeat, ReplyTarget, Role, Signal,
+    SignalKind, Turn,
+};
+
+/// Estimated tokens of a text: 4 characters a token, plus a little per message.
+pub fn estimate_tokens(text: &str) -> usize {
+    text.chars().count().div_ceil(4) + 4
+}
+
+/// Builds a turn's context. `history` is newest first, as read.
+pub fn build_context(
+    agent: &Agent,
+    history: &[ConversationMessage],
+    signals: &[Signal],
+    beats: Option<Beats>,
+    known: Option<&str>,
+    now: Timestamp,
+    history_tokens: usize,
+) -> Vec<ChatMessage> {
+    let system = match known {
+        Some(k) => format!("{}\n\n{k}", system_prompt(agent)),
+        None => system_prompt(agent),
+    };
+    let mut messages = vec![ChatMessage::system(system)];
+
+    // Newest first until the budget is spent, then back to oldest first.
+    let mut budget = history_tokens;
+    let mut kept = Vec::new();
+    for m in history {
+        let cost = estimate_tokens(&m.content);
+        if cost > budget {
+            break;
+        }
+        budget -= cost;
+        kept.push(m);
+    }
+    for m in kept.into_iter().rev() {
+        messages.push(match m.role {
+            Role::User => ChatMessage::user(m.content.clone()),
+            Role::Assistant => ChatMessage::assistant(m.content.clone()),
+        });
+    }
+
+    let mut user_parts = Vec::new();
+    let mut thoughts = Vec::new();
+    let mut envelopes = Vec::new();
+    for s in signals {
+        let text = s.text();
+        match s.kind {
+            SignalKind::Heartbeat => thoughts.push(text),
+            SignalKind::Message => user_parts.push(text),
+            SignalKind::Webhook => user_parts.push(format!(
+                "[webhook {}] {text}",
+                s.meta.source.as_deref().unwrap_or("external")
+            )),
+        }
+        if let Some(env) = &s.meta.discord {
+            envelopes.push(env.clone());
+        }
+    }
+    if !user_parts.is_empty() {
+        let at = signals
+            .iter()
+            .filter(|s| s.kind != SignalKind::Heartbeat)
+            .map(|s| s.created_at)
+            .max()
+            .unwrap_or(now);
+        messages.push(ChatMessage::user(format!(
+            "[{at}]\n{}",
+            user_parts.join("\n")
+        )));
+    }
+    // The ephemeral envelope: the agent's beats and what Discord said of the messages.
+    let mut envelope = Vec::new();
+    if let Some(b) = beats {
+        envelope.push(format!(
+            "Beats: {} (your sense of time: a beat is one heartbeat, every {}; since_last counts the beats since the user last wrote before this)",
+            serde_json::json!({"beat": b.beat, "since_last": b.since_last}),
+            agent.interval
+        ));
+    }
+    if !envelopes.is_empty() {
+        envelope.push(format!(
+            "The user sent {} message(s) via Discord.\n\nRaw message envelopes:\n{}",
+            envelopes.len(),
+            serde_json::to_string_pretty(&envelopes).unwrap_or_default()
+        ));
+    }
+    if !envelope.is_empty() {
+        messages.push(ChatMessage::system(envelope.join("\n\n")));
+    }
+    if !thoughts.is_empty() {
+        messages.push(ChatMessage::assistant(thoughts.join("\n")));
+    }
+    messages
+}
+
+/// The agent's beats at a turn (seed 003), from its newest heartbeat record: the beat it
+/// is at (a heartbeat not yet started has not happened), and the beats since the user
+/// last wrote before this turn — 0 when that was after the newest heartbeat counted the
+/// interactions (`history`: the messages before this turn, newest first). `None` for an
+/// agent without heartbeats.
+pub(super) fn turn_beats(
+    newest: Option<&Heartbeat>,
+    history: &[ConversationMessage],
+) -> Option<Beats> {
+    let h = newest?;
+    let beat = if h.started_at.is_some() {
+        h.beat
+    } else {
+        h.beat.saturating_sub(1)
+    };
+    let previous = history
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(|m| m.created_at)
+        .max();
+    let uncounted = previous.is_some_and(|p| h.interaction_seen_at.is_none_or(|seen| p > seen));
+    let since_last = if uncounted {
+        0
+    } else {
+        beat.saturating_sub(h.last_interaction_beat)
+    };
+    Some(Beats { beat, since_last })
+}
+
+pub(super) fn system_prompt(agent: &Agent) -> String {
+    agent.persona.clone().unwrap_or_else(|| {
+        format!(
+            "You are {}, an assistant talking with your user on Discord. Be warm and brief.",
+            agent.name
+        )
+    })
+}
+
+/// The messages a turn persists: each inbound signal (a spoken thought as the agent's
+/// own, with source `heartbeat`), then the reply (source and agent `conversation`).
+pub(super) fn persisted(
+    turn: &Turn,
+    signals: &[Signal],
+    reply: &str,
+    now: Timestamp,
+) -> Vec<ConversationMessage> {
+    let mut out = Vec::with_capacity(signals.len() + 1);
+    for (i, s) in signals.iter().enumerate() {
+        let (role, source, agent) = match s.kind {
+            SignalKind::Heartbeat => (
+                Role::Assistant,
+                "heartbeat".to_owned(),
+                Some("heartbeat".to_owned()),
+            ),
+            SignalKind::Message => (
+                Role::User,
+                s.meta.source.clone().unwrap_or_else(|| "cli".to_owned()),
+                None,
+            ),
+            SignalKind::Webhook => (
+                Role::User,
+                s.meta
+                    .source
+                    .clone()
+                    .unwrap_or_else(|| "webhook".to_owned()),
+                None,
+            ),
+        };
+        out.push(ConversationMessage {
+            id: format!("{}.{i:02}", turn.id),
+            agent_id: turn.agent_id.clone(),
+            turn_id: turn.id.clone(),
+            role,
+            source,
+            agent,
+            author: s.meta.user_name.clone(),
+            content: s.text(),
+            created_at: s.created_at,
+        });
+    }
+    if reply.is_empty() {
+        return out;
+    }
+    out.push(ConversationMessage {
+        id: format!("{}.{:02}", turn.id, signals.len()),
+        agent_id: turn.agent_id.clone(),
+        turn_id: turn.id.clone(),
+        role: Role::Assistant,
+        source: "conversation".to_owned(),
+        agent: Some("conversation".to_owned()),
+        author: None,
+        content: reply.to_owned(),
+        created_at: now,
+    });
+    out
+}
+
+/// Where a reply goes: the newest open interaction, else the newest channel the signals
+/// came from, else the agent's channel; nowhere when Discord is not configured.
+pub(super) fn target(
+    agent: &Agent,
+    signals: &[Signal],
+    now: Timestamp,
+    discord: bool,
+) -> ReplyTarget {
+    if !discord {
+        return ReplyTarget::None;
+    }
+    if let Some(i) = signals
+        .iter()
+        .rev()
+        .filter_map(|s| s.meta.interaction.as_ref())
+        .find(|i| i.usable_at(now))
+    {
+        return ReplyTarget::Interaction(i.clone());
+    }
+    signals
+        .iter()
+        .rev()
+        .find_map(|s| s.meta.channel_id.clone())
+        .or_else(|| agent.discord_channel.clone())
+        .map_or(ReplyTarget::None, |channel_id| ReplyTarget::Channel {
+            channel_id,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::domain::TurnId;
+
+    use super::*;
+    use crate::domain::{NewAgent, SignalMeta};
+    use serde_json::json;
+
+    fn agent() -> Agent {
+        let mut a = NewAgent::named("Scout");
+        a.persona = Some("You are Scout.".into());
+        a.create(Timestamp::UNIX_EPOCH).unwrap().0
+    }
+
+    fn history(agent: &Agent, n: usize, chars: usize) -> Vec<ConversationMessage> {
+        // Newest first, as read.
+        (0..n)
+            .rev()
+            .map(|i| ConversationMessage {
+                id: format!("m{i:05}"),
+                agent_id: agent.id.clone(),
+                turn_id: TurnId::parse("tn_01J00000000000000000000000").unwrap(),
+                role: if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                },
+                source: "cli".into(),
+                agent: None,
+                author: None,
+                content: format!("{i:05}{}", "x".repeat(chars.saturating_sub(5))),
+                created_at: Timestamp::UNIX_EPOCH,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn history_beyond_the_token_budget_is_dropped_oldest_first() {
+        let a = agent();
+        let h = history(&a, 50, 40); // 14 tokens each
+        let ctx = build_context(&a, &h, &[], None, None, Timestamp::UNIX_EPOCH, 14 * 10);
+        assert_eq!(ctx.len(), 11, "system + the 10 newest");
+        assert!(ctx[1].text().unwrap().starts_with("00040"));
+        assert!(ctx[10].text().unwrap().starts_with("00049"));
+    }
+
+    #[test]
+    fn thoughts_come_last_as_the_agents_own_words_and_envelopes_before_them() {
+        let a = agent();
+        let now = Timestamp::UNIX_EPOCH;
+        let mut m =
+            Signal::user_message(&a.id, &a.session, "hi", SignalMeta::default(), now).unwrap();
+        m.meta.discord = Some(json!({"attachments": [{"name": "a.ogg"}]}));
+        let mut t = m.clone();
+        t.kind = SignalKind::Heartbeat;
+        t.meta.discord = None;
+        t.content = vec![crate::domain::ContentBlock::Text {
+            text: "check in".into(),
+        }];
+        let beats = Some(Beats {
+            beat: 847,
+            since_last: 2,
+        });
+        let ctx = build_context(
+            &a,
+            &[],
+            &[t, m],
+            beats,
+            Some("What you know: tea"),
+            now,
+            1000,
+        );
+        let roles: Vec<_> = ctx.iter().map(ChatMessage::role).collect();
+        assert_eq!(roles, ["system", "user", "system", "assistant"]);
+        assert!(ctx[0].text().unwrap().ends_with("\n\nWhat you know: tea"));
+        let envelope = ctx[2].text().unwrap();
+        assert!(envelope.contains("a.ogg"));
+        assert!(
+            envelope.starts_with(r#"Beats: {"beat":847,"since_last":2}"#),
+            "{envelope}"
+        );
+        assert_eq!(ctx[3].text(), Some("check in"));
+    }
+
+    #[test]
+    fn a_turn_knows_its_beat_and_the_beats_since_the_user_last_wrote() {
+        let a = agent();
+        let t = |s: i64| Timestamp::from_second(s).unwrap();
+        let (next, _) = crate::domain::NewAgent::named("x").create(t(0)).unwrap();
+        let mut h = Heartbeat::pending(
+            &next,
+            12,
+            t(1_000),
+            crate::domain::EventCursor::origin(),
+            9,
+            Some(t(500)),
+            0,
+        );
+        let said = |at: i64| {
+            let mut m = history(&a, 1, 10).remove(0);
+            m.role = Role::User;
+            m.created_at = t(at);
+            m
+        };
+        assert_eq!(turn_beats(None, &[]), None, "no heartbeat yet");
+        // Beat 12 is due, not started: the agent is at beat 11; the user last wrote at
+        // beat 9, counted by a heartbeat.
+        let b = turn_beats(Some(&h), &[said(400)]).unwrap();
+        assert_eq!((b.beat, b.since_last), (11, 2));
+        // Started: it is beat 12.
+        h.started_at = Some(t(1_000));
+        assert_eq!(turn_beats(Some(&h), &[said(400)]).unwrap().since_last, 3);
+        // The user wrote after the heartbeats counted: in this very beat.
+        assert_eq!(turn_beats(Some(&h), &[said(600)]).unwrap().since_last, 0);
+        // Never wrote: beats since the start.
+        h.last_interaction_beat = 0;
+        h.interaction_seen_at = None;
+        assert_eq!(turn_beats(Some(&h), &[]).unwrap().since_last, 12);
+    }
+}

@@ -1,0 +1,375 @@
+//! The conversation: consecutive signals of a session become one turn.
+//!
+//! A turn builds the context (seeds 000 and 002) — the persona as system prompt, the
+//! history within a token budget (oldest dropped first; only the latest messages are
+//! read, so a turn's cost does not grow with the history), all pending user messages as
+//! one time-stamped user message, one ephemeral system message with the agent's beats
+//! (seed 003) and the raw Discord envelopes (never persisted), and the heartbeat's
+//! spoken thoughts last as one assistant
+//! message — asks the model, and writes the turn (its inbound messages, the reply, and
+//! marks that its signals are answered) in one atomic write *before* delivering the
+//! reply. Delivery then records each part sent. A redelivered signal finds its turn and
+//! resumes delivery where it stopped instead of asking the model again, so the same
+//! signals never produce a second Discord message. (Channel posts also carry a nonce
+//! Discord enforces, which closes the gap between sending a part and recording it.)
+//!
+//! ## Layout
+//!
+//! - here: the engine, and a turn from its signals to its record;
+//! - `context`: what the model reads, and what the turn persists;
+//! - `images`: the pictures the messages carry;
+//! - `ask`: the model's tool loop;
+//! - `deliver`: the reply to Discord, part by part, and the turn's hooks.
+
+mod ask;
+mod context;
+mod deliver;
+mod images;
+
+pub use context::{build_context, estimate_tokens};
+use context::{persisted, target, turn_beats};
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::domain::{
+    Agent, AgentId, ChatMessage, MESSAGE_LIMIT, Signal, SignalId, SignalKind, Spend, Turn, TurnId,
+    TurnStatus, split_message,
+};
+use crate::engine::{budget, memory};
+use crate::error::EngineError;
+use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
+use ask::Asked;
+
+/// Tunables of conversation turns.
+#[derive(Clone, Debug)]
+pub struct ConversationSettings {
+    /// Most history tokens (estimated at 4 characters a token) put in a context.
+    pub history_tokens: usize,
+    /// Most history messages read per turn.
+    pub history_messages: usize,
+    /// Most tokens of a reply.
+    pub reply_max_tokens: u32,
+}
+
+impl Default for ConversationSettings {
+    fn default() -> Self {
+        Self {
+            history_tokens: 8_000,
+            history_messages: 100,
+            reply_max_tokens: 1_024,
+        }
+    }
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TurnOutcome {
+    /// The turns that answered the signals (one, or more when a redelivery found an
+    /// earlier turn for some of them).
+    pub turns: Vec<TurnId>,
+    /// Reply parts delivered by this call.
+    pub parts_sent: usize,
+    /// Whether the model was asked (false when everything was answered already).
+    pub asked_model: bool,
+}
+
+/// Runs conversation turns.
+pub struct Conversation {
+    store: Arc<dyn Store>,
+    llm: Arc<dyn LlmSelector>,
+    discord: Option<Arc<dyn DiscordApi>>,
+    clock: Arc<dyn Clock>,
+    settings: ConversationSettings,
+    hooks: Option<crate::engine::hooks::HookEmitter>,
+    images: Option<Arc<dyn ImageFetcher>>,
+}
+
+impl Conversation {
+    /// A conversation engine. `discord` is `None` when Discord is not configured: replies
+    /// are stored and logged only.
+    pub fn new(
+        store: Arc<dyn Store>,
+        llm: Arc<dyn LlmSelector>,
+        discord: Option<Arc<dyn DiscordApi>>,
+        clock: Arc<dyn Clock>,
+        settings: ConversationSettings,
+    ) -> Self {
+        Self {
+            store,
+            llm,
+            discord,
+            clock,
+            settings,
+            hooks: None,
+            images: None,
+        }
+    }
+
+    /// Fetches the images users send with `fetcher` when the model cannot reach their
+    /// URL (without one, such images reach the model as `[image: URL]` text only).
+    pub fn with_images(mut self, fetcher: Arc<dyn ImageFetcher>) -> Self {
+        self.images = Some(fetcher);
+        self
+    }
+
+    /// Emits MESSAGE_RECEIVED and MESSAGE_SENT hooks through `emitter`.
+    pub fn with_hooks(mut self, emitter: crate::engine::hooks::HookEmitter) -> Self {
+        self.hooks = Some(emitter);
+        self
+    }
+
+    /// Answers consecutive signals of one session with one turn. An `Err` means the
+    /// signals should be delivered again (storage or the model unavailable, Discord down);
+    /// a redelivery resumes where this call stopped.
+    pub async fn run(&self, signals: &[Signal]) -> Result<TurnOutcome, EngineError> {
+        let Some(first) = signals.first() else {
+            return Ok(TurnOutcome::default());
+        };
+        let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len());
+        // The requests the run makes are counted onto the turn it writes.
+        let outcome = crate::tally::scope(
+            self.run_inner(&first.agent_id.clone(), signals)
+                .instrument(span),
+        )
+        .await;
+        if outcome.is_err() {
+            crate::meter::turn_failed();
+        }
+        outcome
+    }
+
+    async fn run_inner(
+        &self,
+        agent_id: &AgentId,
+        signals: &[Signal],
+    ) -> Result<TurnOutcome, EngineError> {
+        let ids: Vec<_> = signals.iter().map(|s| s.id.clone()).collect();
+        let answered = self.store.answered(agent_id, &ids).await?;
+        let mut outcome = TurnOutcome::default();
+        self.resume(agent_id, signals, &answered, &mut outcome)
+            .await?;
+        let pending: Vec<Signal> = signals
+            .iter()
+            .filter(|s| !answered.iter().any(|(id, _)| *id == s.id))
+            .cloned()
+            .collect();
+        if pending.is_empty() {
+            return Ok(outcome);
+        }
+        let Some(agent) = self.store.get_agent(agent_id).await? else {
+            warn!("the agent no longer exists; its signals are dropped");
+            return Ok(outcome);
+        };
+        self.answer(&agent, &pending, &mut outcome).await?;
+        Ok(outcome)
+    }
+
+    /// Finishes the turns an earlier delivery of these signals began: the rest of their
+    /// delivery, and their hooks again (the same delivery ids: each is sent once), since
+    /// the step that wrote a turn may have stopped before its hooks were queued.
+    async fn resume(
+        &self,
+        agent_id: &AgentId,
+        signals: &[Signal],
+        answered: &[(SignalId, TurnId)],
+        outcome: &mut TurnOutcome,
+    ) -> Result<(), EngineError> {
+        for (_, turn_id) in answered {
+            if outcome.turns.contains(turn_id) {
+                continue;
+            }
+            outcome.turns.push(turn_id.clone());
+            let Some(mut turn) = self.store.get_turn(agent_id, turn_id).await? else {
+                continue;
+            };
+            if turn.status == TurnStatus::Delivering {
+                info!(turn_id = %turn.id, delivered = turn.delivered, "resuming the delivery of a turn begun earlier");
+                let (sent, delivered) = self.deliver(turn).await?;
+                outcome.parts_sent += sent;
+                turn = delivered;
+            }
+            if self.hooks.is_some()
+                && let Some(agent) = self.store.get_agent(agent_id).await?
+            {
+                let took: Vec<Signal> = signals
+                    .iter()
+                    .filter(|s| turn.signals.contains(&s.id))
+                    .cloned()
+                    .collect();
+                self.emit_received(&agent, &turn, &took).await?;
+                self.emit_sent(&agent, &turn).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers `pending` with a new turn: the reply (from the model, or the budget's
+    /// notice), the turn written with its messages, then delivered.
+    async fn answer(
+        &self,
+        agent: &Agent,
+        pending: &[Signal],
+        outcome: &mut TurnOutcome,
+    ) -> Result<(), EngineError> {
+        let now = self.clock.now();
+        let turn_id = TurnId::for_signal(&pending[0].id);
+        let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
+        let spent = budget::exhausted(self.store.as_ref(), agent, now).await?;
+        let asked = match &spent {
+            None => {
+                outcome.asked_model = true;
+                let context = self.context(agent, pending, now).await?;
+                // Memories the turn's tools keep get ids from the turn and its first
+                // signal's time, so a redelivered turn keeps each once.
+                let first_ms = pending[0].created_at.as_millisecond().max(0) as u64;
+                self.ask(agent, context, &turn_id, first_ms).await?
+            }
+            Some(today) => {
+                budget::fire_exhausted(self.store.as_ref(), self.hooks.as_ref(), agent, today, now)
+                    .await?;
+                let why = budget::reason(agent, today, now);
+                info!(reason = %why, "no model call for this turn");
+                if user_spoke && !today.marked(Spend::NOTICE) {
+                    Asked {
+                        text: budget::notice(agent, now),
+                        provider: "pulse".into(),
+                        ..Asked::default()
+                    }
+                } else {
+                    // Told once today already (or nothing a user said): no reply.
+                    Asked {
+                        provider: "pulse".into(),
+                        failed: Some(format!("not answered: {why}")),
+                        ..Asked::default()
+                    }
+                }
+            }
+        };
+        let turn = self
+            .write(agent, turn_id, pending, asked, spent.as_ref(), now)
+            .await?;
+        outcome.turns.push(turn.id.clone());
+        if turn.status == TurnStatus::Delivering {
+            let (sent, delivered) = self.deliver(turn).await?;
+            outcome.parts_sent += sent;
+            self.emit_sent(agent, &delivered).await?;
+        }
+        if user_spoke {
+            // The quiet period before the next heartbeat counts from the end of the turn.
+            self.store
+                .record_interaction(&agent.id, self.clock.now())
+                .await?;
+        }
+        let waited = self.clock.now().duration_since(pending[0].created_at);
+        crate::meter::turn_answered(waited.try_into().unwrap_or_default());
+        Ok(())
+    }
+
+    /// The turn's context: the history, what the agent knows about its user, its beats,
+    /// and the pictures sent with the messages (on its user message).
+    async fn context(
+        &self,
+        agent: &Agent,
+        pending: &[Signal],
+        now: Timestamp,
+    ) -> Result<Vec<ChatMessage>, EngineError> {
+        let history = self
+            .store
+            .recent_messages(&agent.id, self.settings.history_messages)
+            .await?;
+        let newest = self.store.heartbeats_page(&agent.id, None, 1).await?;
+        let said: Vec<String> = pending.iter().map(Signal::text).collect();
+        let memories = self.store.memories(&agent.id, memory::PROMPT_SCAN).await?;
+        let known = memory::known(&memories, &said.join("\n"), memory::PROMPT_TOKENS);
+        let mut context = build_context(
+            agent,
+            &history,
+            pending,
+            turn_beats(newest.first(), &history),
+            known.as_deref(),
+            now,
+            self.settings.history_tokens,
+        );
+        let images = self.images_for(agent, pending, now).await;
+        if !images.is_empty()
+            && let Some(ChatMessage::User { images: slot, .. }) = context
+                .iter_mut()
+                .rev()
+                .find(|m| matches!(m, ChatMessage::User { .. }))
+        {
+            *slot = images;
+        }
+        Ok(context)
+    }
+
+    /// Writes the turn with its messages and the marks that its signals are answered
+    /// (or finds the one an earlier delivery wrote), and emits MESSAGE_RECEIVED. A
+    /// turn with nothing to say is recorded answered, with nothing to deliver.
+    async fn write(
+        &self,
+        agent: &Agent,
+        id: TurnId,
+        pending: &[Signal],
+        asked: Asked,
+        spent: Option<&budget::Today>,
+        now: Timestamp,
+    ) -> Result<Turn, EngineError> {
+        let silent = asked.text.is_empty();
+        let parts = if silent {
+            Vec::new()
+        } else {
+            split_message(&asked.text, MESSAGE_LIMIT)
+        };
+        let mut turn = Turn {
+            id,
+            agent_id: agent.id.clone(),
+            session: pending[0].session.clone(),
+            signals: pending.iter().map(|s| s.id.clone()).collect(),
+            status: if silent {
+                TurnStatus::Done
+            } else {
+                TurnStatus::Delivering
+            },
+            parts,
+            delivered: 0,
+            target: target(agent, pending, now, self.discord.is_some()),
+            discord_message_ids: Vec::new(),
+            provider: asked.provider,
+            model: asked.model,
+            usage: asked.usage,
+            steps: asked.steps,
+            error: asked.failed,
+            created_at: now,
+            completed_at: silent.then_some(now),
+            requests: None,
+        };
+        let messages = persisted(&turn, pending, &asked.text, now);
+        crate::tally::stamp(&mut turn.requests);
+        match self.store.begin_turn(&turn, &messages).await? {
+            TurnStart::Created => {
+                budget::record(
+                    self.store.as_ref(),
+                    agent,
+                    now,
+                    turn.id.as_str(),
+                    turn.usage.total(),
+                )
+                .await;
+                if let Some(today) = spent
+                    && !silent
+                {
+                    budget::mark_notice(self.store.as_ref(), agent, today, now).await;
+                }
+            }
+            TurnStart::Exists(existing) => {
+                info!(turn_id = %existing.id, "the turn was written by an earlier delivery; resuming it");
+                turn = *existing;
+            }
+        }
+        self.emit_received(agent, &turn, pending).await?;
+        Ok(turn)
+    }
+}
