@@ -45,7 +45,67 @@ pub(crate) async fn dashboard(
         ..Config::defaults()
     };
     let b = connect(&config, clock.clone()).await?;
-    let fleet = super::sweep::fleet(agents, clock.as_ref());
+    let (watched, seeding) = seed(&b, clock.as_ref(), agents, events).await?;
+    let ui = Dashboard::new(
+        &b,
+        clock.clone(),
+        &config.engine,
+        &pulse_shared::app::egress(&config),
+        Access::Open,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(http::serve_app(
+        listener,
+        ui.router(),
+        ServeLimits::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let pages = [
+        ("agents page", "/ui/".to_owned()),
+        (
+            "heartbeats tab",
+            format!("/ui/agents/{}/heartbeats", watched.id),
+        ),
+        ("events tab", format!("/ui/agents/{}/events", watched.id)),
+    ];
+    let results = time_pages(&base, &pages, requests).await?;
+    let _ = stop.send(());
+    let _ = server.await;
+    if out.json {
+        out.json_value(&json!({
+            "agents": agents,
+            "events": events,
+            "requests_per_page": requests,
+            "pages": results.iter().map(|(n, p50, p99, max)| json!({"page": n, "p50_ms": p50, "p99_ms": p99, "max_ms": max})).collect::<Vec<_>>(),
+        }));
+    }
+    figure!(
+        out,
+        "dashboard on SQLite: {agents} agents, {events} events ({BEATS} heartbeats on the watched agent), seeded in {:.1} s; {requests} sequential requests per page over loopback",
+        seeding.as_secs_f64()
+    );
+    for (name, p50, p99, max) in &results {
+        figure!(
+            out,
+            "  {name:<15} p50 {p50:>6.2} ms   p99 {p99:>6.2} ms   max {max:>6.2} ms"
+        );
+    }
+    Ok(())
+}
+
+/// A fleet of `agents`, the first with [`BEATS`] finished heartbeats, and `events`
+/// events spread over them: the watched agent, and how long seeding took.
+async fn seed(
+    b: &pulse_shared::app::Connected,
+    clock: &dyn Clock,
+    agents: usize,
+    events: usize,
+) -> Result<(pulse_shared::domain::Agent, Duration), Failure> {
+    let fleet = super::sweep::fleet(agents, clock);
     b.store.import_agents(&fleet).await?;
     let watched = fleet[0].0.clone();
     // The watched agent's past: finished heartbeats, each with its record.
@@ -80,35 +140,19 @@ pub(crate) async fn dashboard(
     appended.into_iter().collect::<Result<Vec<()>, _>>()?;
     let seeding = written.elapsed();
 
-    let ui = Dashboard::new(
-        &b,
-        clock.clone(),
-        &config.engine,
-        &pulse_shared::app::egress(&config),
-        Access::Open,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(http::serve_app(
-        listener,
-        ui.router(),
-        ServeLimits::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    Ok((watched, seeding))
+}
+
+/// Each page's p50, p99 and max in milliseconds over `requests` sequential GETs (after
+/// five that warm the caches and the connection).
+async fn time_pages<'a>(
+    base: &str,
+    pages: &'a [(&'a str, String)],
+    requests: usize,
+) -> Result<Vec<(&'a str, f64, f64, f64)>, Failure> {
     let client = reqwest::Client::new();
-    let pages = [
-        ("agents page", "/ui/".to_owned()),
-        (
-            "heartbeats tab",
-            format!("/ui/agents/{}/heartbeats", watched.id),
-        ),
-        ("events tab", format!("/ui/agents/{}/events", watched.id)),
-    ];
     let mut results = Vec::new();
-    for (name, path) in &pages {
+    for (name, path) in pages {
         let url = format!("{base}{path}");
         let mut times = Vec::with_capacity(requests);
         for i in 0..requests + 5 {
@@ -126,30 +170,9 @@ pub(crate) async fn dashboard(
         }
         times.sort();
         let ms = |p: f64| pct(&times, p);
-        results.push((name, ms(0.5), ms(0.99), ms(1.0)));
+        results.push((*name, ms(0.5), ms(0.99), ms(1.0)));
     }
-    let _ = stop.send(());
-    let _ = server.await;
-    if out.json {
-        out.json_value(&json!({
-            "agents": agents,
-            "events": events,
-            "requests_per_page": requests,
-            "pages": results.iter().map(|(n, p50, p99, max)| json!({"page": n, "p50_ms": p50, "p99_ms": p99, "max_ms": max})).collect::<Vec<_>>(),
-        }));
-    }
-    figure!(
-        out,
-        "dashboard on SQLite: {agents} agents, {events} events ({BEATS} heartbeats on the watched agent), seeded in {:.1} s; {requests} sequential requests per page over loopback",
-        seeding.as_secs_f64()
-    );
-    for (name, p50, p99, max) in &results {
-        figure!(
-            out,
-            "  {name:<15} p50 {p50:>6.2} ms   p99 {p99:>6.2} ms   max {max:>6.2} ms"
-        );
-    }
-    Ok(())
+    Ok(results)
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {

@@ -411,125 +411,137 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
                 ),
             );
         }
-        AgentsPlan::List => {
-            let agents = b.store.list_agents().await?;
-            let now = cx.clock.now();
-            let mut rows = Vec::with_capacity(agents.len());
-            for a in agents {
-                let today = budget::spent_today(b.store.as_ref(), &a, now).await?;
-                rows.push(Listed {
-                    agent: a,
-                    tokens_today: today.spent,
-                });
-            }
-            out.table(
-                &rows,
-                &[
-                    "ID",
-                    "NAME",
-                    "STATUS",
-                    "INTERVAL",
-                    "ACTIVE HOURS",
-                    "TZ",
-                    "TOKENS TODAY",
-                    "CREATED",
-                ],
-                |Listed {
-                     agent: a,
-                     tokens_today: spent,
-                 }| {
-                    vec![
-                        a.id.to_string(),
-                        a.name.clone(),
-                        status(a).into(),
-                        a.interval.to_string(),
-                        a.active_hours.map_or("always".into(), |h| h.to_string()),
-                        a.timezone.to_string(),
-                        match a.budgets.daily_tokens {
-                            Some(n) => format!("{spent}/{n}"),
-                            None => spent.to_string(),
-                        },
-                        when(Some(a.created_at)),
-                    ]
-                },
-            );
-        }
-        AgentsPlan::Show(agent) => {
-            let agent = agent.find(b).await?;
-            let id = agent.id.clone();
-            let recent = b.store.list_heartbeats(&id, 5).await?;
-            let today = budget::spent_today(b.store.as_ref(), &agent, cx.clock.now()).await?;
-            if out.json {
-                out.json_value(&serde_json::json!({
-                    "agent": agent,
-                    "heartbeats": recent,
-                    "tokens_today": today.spent,
-                    "max_beats_per_hour": agent.beat_cap(),
-                }));
-                return Ok(());
-            }
-            let field = |k: &str, v: String| outln!("{k:<18}{v}");
-            field("id", agent.id.to_string());
-            field("name", agent.name.clone());
-            field(
-                "status",
-                match agent.paused_at {
-                    Some(at) => format!("paused since {}", when(Some(at))),
-                    None => "active".into(),
-                },
-            );
-            if let Some(a) = &agent.alias {
-                field("alias", a.clone());
-            }
-            field("interval", agent.interval.to_string());
-            field(
-                "active hours",
-                agent
-                    .active_hours
-                    .map_or("always".into(), |h| h.to_string()),
-            );
-            field("time zone", agent.timezone.to_string());
-            field("think", agent.think.to_string());
-            field(
-                "retention",
-                match agent.retention {
-                    Some(r) => r.to_string(),
-                    None => format!("{} (PULSE_RETENTION)", cx.config.retention),
-                },
-            );
-            field(
-                "vision",
-                match agent.llm.vision {
-                    Some(true) => "on".into(),
-                    Some(false) => "off".into(),
-                    None => "auto (on for models known to accept images)".into(),
-                },
-            );
-            field(
-                "tokens today",
-                match agent.budgets.daily_tokens {
-                    Some(n) => format!("{} of {n} (daily budget)", today.spent),
-                    None => format!("{} (no daily budget)", today.spent),
-                },
-            );
-            field(
-                "breaker",
-                format!("{} heartbeats an hour", agent.beat_cap()),
-            );
-            field("session", agent.session.to_string());
-            field("created", when(Some(agent.created_at)));
-            field("last interaction", when(agent.last_interaction_at));
-            if let Some(i) = &agent.instructions {
-                field("instructions", short(i, 200));
-            }
-            if let Some(p) = &agent.persona {
-                field("persona", short(p, 200));
-            }
-            outln!();
-            heartbeat_table(out, &recent);
-        }
+        AgentsPlan::List => list(cx).await?,
+        AgentsPlan::Show(agent) => show(cx, &agent).await?,
         other => return lifecycle(other, cx).await,
     }
+    Ok(())
+}
+
+/// `agents list`: each agent with its status, plan and today's tokens.
+async fn list(cx: &Ctx<'_>) -> Result<(), Failure> {
+    let (b, out) = (cx.b, cx.out);
+    let agents = b.store.list_agents().await?;
+    let now = cx.clock.now();
+    let mut rows = Vec::with_capacity(agents.len());
+    for a in agents {
+        let today = budget::spent_today(b.store.as_ref(), &a, now).await?;
+        rows.push(Listed {
+            agent: a,
+            tokens_today: today.spent,
+        });
+    }
+    out.table(
+        &rows,
+        &[
+            "ID",
+            "NAME",
+            "STATUS",
+            "INTERVAL",
+            "ACTIVE HOURS",
+            "TZ",
+            "TOKENS TODAY",
+            "CREATED",
+        ],
+        |Listed {
+             agent: a,
+             tokens_today: spent,
+         }| {
+            vec![
+                a.id.to_string(),
+                a.name.clone(),
+                status(a).into(),
+                a.interval.to_string(),
+                a.active_hours.map_or("always".into(), |h| h.to_string()),
+                a.timezone.to_string(),
+                match a.budgets.daily_tokens {
+                    Some(n) => format!("{spent}/{n}"),
+                    None => spent.to_string(),
+                },
+                when(Some(a.created_at)),
+            ]
+        },
+    );
+
+    Ok(())
+}
+
+/// `agents show`: one agent's settings, spend and latest heartbeats.
+async fn show(cx: &Ctx<'_>, agent: &AgentRef) -> Result<(), Failure> {
+    let (b, out) = (cx.b, cx.out);
+    let agent = agent.find(b).await?;
+    let id = agent.id.clone();
+    let recent = b.store.list_heartbeats(&id, 5).await?;
+    let today = budget::spent_today(b.store.as_ref(), &agent, cx.clock.now()).await?;
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "agent": agent,
+            "heartbeats": recent,
+            "tokens_today": today.spent,
+            "max_beats_per_hour": agent.beat_cap(),
+        }));
+        return Ok(());
+    }
+    let field = |k: &str, v: String| outln!("{k:<18}{v}");
+    field("id", agent.id.to_string());
+    field("name", agent.name.clone());
+    field(
+        "status",
+        match agent.paused_at {
+            Some(at) => format!("paused since {}", when(Some(at))),
+            None => "active".into(),
+        },
+    );
+    if let Some(a) = &agent.alias {
+        field("alias", a.clone());
+    }
+    field("interval", agent.interval.to_string());
+    field(
+        "active hours",
+        agent
+            .active_hours
+            .map_or("always".into(), |h| h.to_string()),
+    );
+    field("time zone", agent.timezone.to_string());
+    field("think", agent.think.to_string());
+    field(
+        "retention",
+        match agent.retention {
+            Some(r) => r.to_string(),
+            None => format!("{} (PULSE_RETENTION)", cx.config.retention),
+        },
+    );
+    field(
+        "vision",
+        match agent.llm.vision {
+            Some(true) => "on".into(),
+            Some(false) => "off".into(),
+            None => "auto (on for models known to accept images)".into(),
+        },
+    );
+    field(
+        "tokens today",
+        match agent.budgets.daily_tokens {
+            Some(n) => format!("{} of {n} (daily budget)", today.spent),
+            None => format!("{} (no daily budget)", today.spent),
+        },
+    );
+    field(
+        "breaker",
+        format!("{} heartbeats an hour", agent.beat_cap()),
+    );
+    field("session", agent.session.to_string());
+    field("created", when(Some(agent.created_at)));
+    field("last interaction", when(agent.last_interaction_at));
+    if let Some(i) = &agent.instructions {
+        field("instructions", short(i, 200));
+    }
+    if let Some(p) = &agent.persona {
+        field("persona", short(p, 200));
+    }
+    outln!();
+    heartbeat_table(out, &recent);
+
     Ok(())
 }
 

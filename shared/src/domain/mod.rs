@@ -8,6 +8,7 @@ mod event;
 mod heartbeat;
 mod hook;
 mod hook_delivery;
+mod hook_type;
 mod ids;
 mod new_agent;
 mod reply;
@@ -17,6 +18,7 @@ mod task;
 mod time;
 mod tool;
 mod webhook;
+mod webhook_request;
 
 pub use agent::{
     AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, Spend, ThinkPolicy,
@@ -33,13 +35,13 @@ pub use conversation::{
 pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
 pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus};
 pub use hook::{
-    Hook, HookRoute, HookSummary, HookTarget, HookType, MAX_RETRY_AFTER, RetrySchedule,
-    retry_delay, screaming_snake,
+    Hook, HookRoute, HookSummary, HookTarget, MAX_RETRY_AFTER, RetrySchedule, retry_delay,
 };
 pub use hook_delivery::{
     ATTEMPT_BODY_LIMIT, AttemptStatus, DeliveryStatus, HookAttempt, HookData, HookDelivery,
     HookPayload, HookTask, PayloadAgent, PayloadContext, truncate_utf8,
 };
+pub use hook_type::{HookType, screaming_snake};
 pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
     RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, first_id_at,
@@ -60,8 +62,8 @@ pub use tool::{
     Action, ActionStatus, AgentContext, Beats, Filter, HEARTBEAT_AGENT, HeartbeatContext, Registry,
     Subscription, Tool, ToolKind, ToolRequest, ToolResponse, builtin_tools,
 };
-pub use webhook::{
-    AcceptOutcome, Acceptance, LOGGED_BODY_LIMIT, LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET,
-    RateLimit, Refusal, RequestStatus, Webhook, WebhookRequest, WebhookScheme, WebhookSecret,
-    WebhookSummary, cap_reason, truncate_body,
+pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};
+pub use webhook_request::{
+    AcceptOutcome, Acceptance, LOGGED_BODY_LIMIT, LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET, Refusal,
+    RequestStatus, WebhookRequest, cap_reason, truncate_body,
 };

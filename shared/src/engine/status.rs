@@ -83,8 +83,22 @@ pub async fn status(
         overdue_after_ms: overdue_after.as_millis() as i64,
         ..Status::default()
     };
+    overdue(store, now, overdue_after, sweeper_hint, &mut s).await?;
+    let agents = store.list_agents().await?;
+    agents_status(store, &agents, now, &mut s).await?;
+    webhooks_status(store, &agents, now, &mut s).await?;
+    queues_status(sessions, hooks, &mut s).await?;
+    Ok(s)
+}
 
-    // Overdue: the due index as a sweep at `now - 2 intervals` would read it.
+/// Overdue heartbeats: the due index as a sweep at `now - overdue_after` would read it.
+async fn overdue(
+    store: &dyn Store,
+    now: Timestamp,
+    overdue_after: SignedDuration,
+    sweeper_hint: &str,
+    s: &mut Status,
+) -> Result<(), StoreError> {
     let cutoff = now.checked_sub(overdue_after).unwrap_or(now);
     let mut overdue = Vec::new();
     // Each shard lists by due time: its first is its oldest.
@@ -105,46 +119,53 @@ pub async fn status(
         }
     }
     s.overdue = overdue.len();
-    if !overdue.is_empty() {
-        let mut oldest: Option<crate::domain::Heartbeat> = None;
-        for id in &firsts {
-            if let Some(hb) = store.get_heartbeat(id).await?
-                && oldest
-                    .as_ref()
-                    .is_none_or(|o| hb.scheduled_at < o.scheduled_at)
-            {
-                oldest = Some(hb);
-            }
-        }
-        s.oldest_overdue = oldest.as_ref().map(|h| h.scheduled_at);
-        let look = match &oldest {
-            Some(h) => format!(
-                "{sweeper_hint}; pulse heartbeats list --agent {} shows the oldest",
-                h.agent_id
-            ),
-            None => sweeper_hint.to_owned(),
-        };
-        let oldest = s
-            .oldest_overdue
-            .map(|t| format!("; the oldest was due at {t}"))
-            .unwrap_or_default();
-        s.findings.push(Finding {
-            what: format!(
-                "{}{} overdue: due more than {overdue_after:#} ago and not claimed{oldest}",
-                if s.overdue >= OVERDUE_SCAN {
-                    "at least "
-                } else {
-                    ""
-                },
-                plural(s.overdue, "heartbeat"),
-            ),
-            look,
-        });
+    if overdue.is_empty() {
+        return Ok(());
     }
+    let mut oldest: Option<crate::domain::Heartbeat> = None;
+    for id in &firsts {
+        if let Some(hb) = store.get_heartbeat(id).await?
+            && oldest
+                .as_ref()
+                .is_none_or(|o| hb.scheduled_at < o.scheduled_at)
+        {
+            oldest = Some(hb);
+        }
+    }
+    s.oldest_overdue = oldest.as_ref().map(|h| h.scheduled_at);
+    let look = match &oldest {
+        Some(h) => format!(
+            "{sweeper_hint}; pulse heartbeats list --agent {} shows the oldest",
+            h.agent_id
+        ),
+        None => sweeper_hint.to_owned(),
+    };
+    let oldest = s
+        .oldest_overdue
+        .map(|t| format!("; the oldest was due at {t}"))
+        .unwrap_or_default();
+    s.findings.push(Finding {
+        what: format!(
+            "{}{} overdue: due more than {overdue_after:#} ago and not claimed{oldest}",
+            if s.overdue >= OVERDUE_SCAN {
+                "at least "
+            } else {
+                ""
+            },
+            plural(s.overdue, "heartbeat"),
+        ),
+        look,
+    });
+    Ok(())
+}
 
-    // Agents: their live heartbeat, hooks, webhooks' latest requests, today's tokens.
-    let agents = store.list_agents().await?;
-    let webhooks = store.list_webhooks().await?;
+/// Agents: their live heartbeat, hooks and today's tokens.
+async fn agents_status(
+    store: &dyn Store,
+    agents: &[Agent],
+    now: Timestamp,
+    s: &mut Status,
+) -> Result<(), StoreError> {
     let read: Vec<Result<AgentStatus, StoreError>> = stream::iter(agents.iter())
         .map(|a| agent_status(store, a, now))
         .buffered(CONCURRENCY)
@@ -171,7 +192,17 @@ pub async fn status(
         }
         s.findings.extend(a.findings);
     }
-    for w in webhooks.iter().filter(|w| w.active) {
+    Ok(())
+}
+
+/// Webhooks whose latest requests within a day were refused.
+async fn webhooks_status(
+    store: &dyn Store,
+    agents: &[Agent],
+    now: Timestamp,
+    s: &mut Status,
+) -> Result<(), StoreError> {
+    for w in store.list_webhooks().await?.iter().filter(|w| w.active) {
         let requests = store.list_requests(&w.id, REQUESTS_SCAN).await?;
         let Some(latest) = requests.first() else {
             continue;
@@ -205,8 +236,15 @@ pub async fn status(
             look: format!("pulse webhooks requests --webhook {}", w.id),
         });
     }
+    Ok(())
+}
 
-    // The queues and their dead letters.
+/// The queues and their dead letters.
+async fn queues_status(
+    sessions: &dyn SessionQueue,
+    hooks: Option<&dyn HookQueue>,
+    s: &mut Status,
+) -> Result<(), StoreError> {
     s.sessions_queue = sessions.backlog().await?;
     if let Some(dead) = s.sessions_queue.dead.filter(|d| *d > 0) {
         s.findings.push(Finding {
@@ -231,7 +269,7 @@ pub async fn status(
         }
         s.hooks_queue = Some(backlog);
     }
-    Ok(s)
+    Ok(())
 }
 
 /// What one agent contributes.

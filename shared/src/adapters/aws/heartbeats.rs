@@ -18,6 +18,121 @@ use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Re
 /// next one PAUSED.
 const PAUSE_NEXT: &str = "pause_next";
 
+/// Why a finish's condition failed, read back from the record.
+enum Refused {
+    /// The heartbeat still runs under this claim, but the pause mark is the other way
+    /// (`true`: the agent is paused now): try again with it.
+    Marked(bool),
+    /// It is over, or another claim holds it: what to report.
+    Because(FinishOutcome),
+}
+
+impl DynamoStore {
+    /// The finish's update of the heartbeat record, before its condition and the
+    /// requests it carries; with the values it binds and the record's key.
+    fn finish_update(
+        &self,
+        hb: &Heartbeat,
+    ) -> Result<(aws_sdk_dynamodb::types::builders::UpdateBuilder, Item, Item), StoreError> {
+        let mut set = vec![
+            "#status = :status",
+            "completed_at = :completed",
+            "last_interaction_beat = :lib",
+            "events_processed = :ep",
+            "actions_triggered = :at",
+            "actions_failed = :af",
+            "cascade_capped = :cc",
+        ];
+        let mut remove = vec!["due_shard", "due_at", PAUSE_NEXT];
+        let mut values: Item = HashMap::from([
+            (":status".to_owned(), s(hb.status.as_str())),
+            (":executing".to_owned(), s("EXECUTING")),
+            (":claim".to_owned(), n(hb.claim)),
+            (
+                ":completed".to_owned(),
+                n(to_ms(hb.completed_at.unwrap_or(Timestamp::UNIX_EPOCH))),
+            ),
+            (":lib".to_owned(), n(hb.last_interaction_beat)),
+            (":ep".to_owned(), n(hb.events_processed)),
+            (":at".to_owned(), n(hb.actions_triggered)),
+            (":af".to_owned(), n(hb.actions_failed)),
+            (":cc".to_owned(), n(hb.cascade_capped)),
+        ]);
+        let optional = [
+            (
+                "interaction_seen_at = :isa",
+                "interaction_seen_at",
+                ":isa",
+                hb.interaction_seen_at.map(|t| n(to_ms(t))),
+            ),
+            (
+                "since_last = :sl",
+                "since_last",
+                ":sl",
+                hb.since_last.map(n),
+            ),
+            ("#error = :err", "#error", ":err", hb.error.clone().map(s)),
+            (
+                "skipped = :skip",
+                "skipped",
+                ":skip",
+                hb.skipped.clone().map(s),
+            ),
+        ];
+        for (assign, attr, placeholder, value) in optional {
+            match value {
+                Some(v) => {
+                    set.push(assign);
+                    values.insert(placeholder.to_owned(), v);
+                }
+                None => remove.push(attr),
+            }
+        }
+        // The record carries what the heartbeat's requests were, this finish included.
+        set.push("requests = :req");
+        let item_key = key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat));
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(item_key.clone()))
+            .update_expression(format!(
+                "SET {} REMOVE {}",
+                set.join(", "),
+                remove.join(", ")
+            ))
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#claim", "claim")
+            .expression_attribute_names("#error", "error");
+        Ok((update, values, item_key))
+    }
+
+    /// Reads the record back after a finish whose condition failed (`paused`: the mark
+    /// it expected).
+    async fn why_not_finished(&self, hb: &Heartbeat, paused: bool) -> Result<Refused, StoreError> {
+        let key = key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat));
+        let Some(item) = self.get("read heartbeat", key).await? else {
+            return Ok(Refused::Because(FinishOutcome::Gone));
+        };
+        let marked = item.contains_key(PAUSE_NEXT);
+        let current = read_heartbeat(item)?;
+        if current.claim == hb.claim
+            && current.status == HeartbeatStatus::Executing
+            && marked != paused
+        {
+            return Ok(Refused::Marked(marked));
+        }
+        Ok(Refused::Because(
+            if current.claim == hb.claim && current.status.is_final() {
+                FinishOutcome::AlreadyFinished
+            } else {
+                FinishOutcome::Superseded {
+                    claim: current.claim,
+                    status: current.status,
+                }
+            },
+        ))
+    }
+}
+
 #[async_trait]
 impl HeartbeatStore for DynamoStore {
     fn due_shards(&self) -> u16 {
@@ -133,74 +248,7 @@ impl HeartbeatStore for DynamoStore {
     /// heartbeat instead (and a delete removes it, which fails the finish).
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError> {
         let hb = &finish.heartbeat;
-        let mut set = vec![
-            "#status = :status",
-            "completed_at = :completed",
-            "last_interaction_beat = :lib",
-            "events_processed = :ep",
-            "actions_triggered = :at",
-            "actions_failed = :af",
-            "cascade_capped = :cc",
-        ];
-        let mut remove = vec!["due_shard", "due_at", PAUSE_NEXT];
-        let mut values: Item = HashMap::from([
-            (":status".to_owned(), s(hb.status.as_str())),
-            (":executing".to_owned(), s("EXECUTING")),
-            (":claim".to_owned(), n(hb.claim)),
-            (
-                ":completed".to_owned(),
-                n(to_ms(hb.completed_at.unwrap_or(Timestamp::UNIX_EPOCH))),
-            ),
-            (":lib".to_owned(), n(hb.last_interaction_beat)),
-            (":ep".to_owned(), n(hb.events_processed)),
-            (":at".to_owned(), n(hb.actions_triggered)),
-            (":af".to_owned(), n(hb.actions_failed)),
-            (":cc".to_owned(), n(hb.cascade_capped)),
-        ]);
-        let optional = [
-            (
-                "interaction_seen_at = :isa",
-                "interaction_seen_at",
-                ":isa",
-                hb.interaction_seen_at.map(|t| n(to_ms(t))),
-            ),
-            (
-                "since_last = :sl",
-                "since_last",
-                ":sl",
-                hb.since_last.map(n),
-            ),
-            ("#error = :err", "#error", ":err", hb.error.clone().map(s)),
-            (
-                "skipped = :skip",
-                "skipped",
-                ":skip",
-                hb.skipped.clone().map(s),
-            ),
-        ];
-        for (assign, attr, placeholder, value) in optional {
-            match value {
-                Some(v) => {
-                    set.push(assign);
-                    values.insert(placeholder.to_owned(), v);
-                }
-                None => remove.push(attr),
-            }
-        }
-        // The record carries what the heartbeat's requests were, this finish included.
-        set.push("requests = :req");
-        let item_key = key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat));
-        let update = Update::builder()
-            .table_name(&self.table)
-            .set_key(Some(item_key.clone()))
-            .update_expression(format!(
-                "SET {} REMOVE {}",
-                set.join(", "),
-                remove.join(", ")
-            ))
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_names("#claim", "claim")
-            .expression_attribute_names("#error", "error");
+        let (update, values, item_key) = self.finish_update(hb)?;
         // How the next heartbeat is filed follows the mark a pause or resume left on this
         // one while it ran (`Reschedule::Running`): the finish's own condition checks it,
         // so the choice is atomic with the finish at no extra item, and a wrong guess is
@@ -255,34 +303,17 @@ impl HeartbeatStore for DynamoStore {
                 Ok(()) => return Ok(FinishOutcome::Finished),
                 Err(reasons) => reasons,
             };
-            if is_ccf(reasons.first()) {
-                let key = key(agent_pk(&hb.agent_id), heartbeat_sk(hb.beat));
-                let Some(item) = self.get("read heartbeat", key).await? else {
-                    return Ok(FinishOutcome::Gone);
-                };
-                let marked = item.contains_key(PAUSE_NEXT);
-                let current = read_heartbeat(item)?;
-                if current.claim == hb.claim
-                    && current.status == HeartbeatStatus::Executing
-                    && marked != paused
-                {
-                    paused = marked;
-                    continue;
-                }
-                return Ok(if current.claim == hb.claim && current.status.is_final() {
-                    FinishOutcome::AlreadyFinished
-                } else {
-                    FinishOutcome::Superseded {
-                        claim: current.claim,
-                        status: current.status,
-                    }
-                });
+            if !is_ccf(reasons.first()) {
+                return Err(StoreError::backend(
+                    "dynamodb",
+                    "finish heartbeat",
+                    format!("transaction cancelled: {}", reasons.join(", ")),
+                ));
             }
-            return Err(StoreError::backend(
-                "dynamodb",
-                "finish heartbeat",
-                format!("transaction cancelled: {}", reasons.join(", ")),
-            ));
+            match self.why_not_finished(hb, paused).await? {
+                Refused::Marked(now_paused) => paused = now_paused,
+                Refused::Because(outcome) => return Ok(outcome),
+            }
         }
         Err(StoreError::Conflict(format!(
             "heartbeat {}: the agent was paused and resumed while it finished; the job runs again",

@@ -13,8 +13,9 @@
 //! FIFO) and `hook_queue` (SQS standard); beside them `keys` (the table's key layout,
 //! which it documents), `codec` (items to and from records), `table` (the store and the
 //! table operations its ports share), `purge` (deleting an agent and all it owns),
-//! `eventbridge`, `secrets` (SSM), `provision` (creating the table and queues), `setup`
-//! (`pulse init`, the check before a command, a stack's outputs, errors with their fix)
+//! `eventbridge`, `secrets` (SSM), `provision` (creating the table and queues), `init`
+//! (`pulse init`), `setup` (the check before a command, a stack's outputs, errors with
+//! their fix)
 //! and `metrics` (the request counter).
 
 mod actions;
@@ -26,6 +27,7 @@ mod events;
 mod heartbeats;
 mod hook_queue;
 mod hooks;
+mod init;
 mod keys;
 mod memories;
 mod metrics;
@@ -51,15 +53,13 @@ use aws_smithy_runtime_api::shared::IntoShared;
 
 pub use eventbridge::{EVENT_SOURCE, EventBridgeBus};
 pub use hook_queue::SqsHookQueue;
+pub use init::{Names, Provisioned, TTL_ATTRIBUTE, init, table_differences};
 pub use keys::{DUE_INDEX, DUE_SHARDS};
 pub use metrics::{Capacity, RequestCounter};
 pub use provision::{create_hooks_queue, create_sessions_queue, create_table};
 pub use secrets::{SecretParameters, SecretsError};
 pub use session_queue::SqsQueue;
-pub use setup::{
-    Names, Provisioned, STACK_VARIABLES, SetupError, TTL_ATTRIBUTE, check, explain, init, region,
-    stack_outputs, table_differences,
-};
+pub use setup::{STACK_VARIABLES, SetupError, check, explain, region, stack_outputs};
 pub use table::DynamoStore;
 
 /// The SDK clients, with a shared request counter.

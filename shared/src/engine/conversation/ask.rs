@@ -79,25 +79,7 @@ impl Conversation {
             };
             let resp = match llm.complete(&request).await {
                 Ok(resp) => resp,
-                Err(e) => {
-                    let why = chain(&e);
-                    let retry = match &e {
-                        crate::error::LlmError::Transport { .. } => true,
-                        crate::error::LlmError::Status { status, .. } => {
-                            *status == 429 || *status >= 500
-                        }
-                        _ => false,
-                    };
-                    if retry {
-                        return Err(EngineError::Unavailable(format!(
-                            "the model did not answer: {why}"
-                        )));
-                    }
-                    error!(error = %why, "the model rejected the turn");
-                    asked.text = apology(&why);
-                    asked.failed = Some(why);
-                    return Ok(asked);
-                }
+                Err(e) => return refused(e, asked),
             };
             asked.usage.add(resp.usage);
             crate::meter::tokens(resp.provider, &resp.usage);
@@ -126,20 +108,7 @@ impl Conversation {
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
                 calls += 1;
-                let now = self.clock.now();
-                let result =
-                    match memory::run(self.store.as_ref(), agent, call, id, None, now).await {
-                        Some(r) => r,
-                        None if call.name == "schedule" => {
-                            reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
-                                .await
-                                .map(|(_, answer)| answer)
-                        }
-                        None => Err(format!(
-                            "there is no tool {:?}; use remember, recall or schedule",
-                            call.name
-                        )),
-                    };
+                let result = self.run_tool(agent, call, id).await;
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
                 let (step, message) = transcript::tool_step(call, result);
                 asked.steps.push(step);
@@ -159,6 +128,52 @@ impl Conversation {
         }
         Ok(asked)
     }
+}
+
+impl Conversation {
+    /// Runs one of the turn's tools (`remember`, `recall`, `schedule`) for the model; a
+    /// memory it keeps gets `id`.
+    async fn run_tool(
+        &self,
+        agent: &Agent,
+        call: &crate::domain::ToolUse,
+        id: MemoryId,
+    ) -> Result<serde_json::Value, String> {
+        let now = self.clock.now();
+        match memory::run(self.store.as_ref(), agent, call, id, None, now).await {
+            Some(r) => r,
+            None if call.name == "schedule" => {
+                reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
+                    .await
+                    .map(|(_, answer)| answer)
+            }
+            None => Err(format!(
+                "there is no tool {:?}; use remember, recall or schedule",
+                call.name
+            )),
+        }
+    }
+}
+
+/// A model call that failed: a transient failure (transport, 429, 5xx) fails the step,
+/// so the signals are delivered again; one retrying cannot fix (no key, a rejected
+/// request) becomes the reply, saying so, and the turn's error.
+fn refused(e: crate::error::LlmError, mut asked: Asked) -> Result<Asked, EngineError> {
+    let why = chain(&e);
+    let retry = match &e {
+        crate::error::LlmError::Transport { .. } => true,
+        crate::error::LlmError::Status { status, .. } => *status == 429 || *status >= 500,
+        _ => false,
+    };
+    if retry {
+        return Err(EngineError::Unavailable(format!(
+            "the model did not answer: {why}"
+        )));
+    }
+    error!(error = %why, "the model rejected the turn");
+    asked.text = apology(&why);
+    asked.failed = Some(why);
+    Ok(asked)
 }
 
 fn apology(why: &str) -> String {

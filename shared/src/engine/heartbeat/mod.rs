@@ -33,7 +33,7 @@ use crate::domain::{
     HeartbeatContext, HeartbeatJob, HookData, HookRoute, HookType, Priority, Registry,
 };
 use crate::error::{EngineError, StoreError};
-use crate::ports::{Clock, Store, ToolRunner};
+use crate::ports::{Clock, Store, ToolRunner, Window};
 
 /// How a heartbeat job ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,6 +84,41 @@ pub struct HeartbeatRunner {
     /// The cached registry. An async mutex, held while loading, so runs that start
     /// together share one read instead of each making their own.
     registry: tokio::sync::Mutex<Option<Arc<Registry>>>,
+}
+
+/// A run ready to go: its window, its agent, and where the window ends.
+struct Ready {
+    window: Window,
+    agent: Agent,
+    window_end: EventCursor,
+}
+
+/// Whether a heartbeat due now waits, and until when: after the user talked to the
+/// agent, its next heartbeat waits out a quiet period instead of chiming in; and due
+/// times are planned inside the active hours, so one that comes up outside them (claimed
+/// late, or the hours changed) waits for them to open. A reminder the user asked for
+/// fires at its time all the same: those bound the agent's own initiative, not a wake it
+/// was asked for.
+fn held_back(agent: &Agent, now: Timestamp) -> Option<(Timestamp, &'static str)> {
+    if agent.next_wake.is_some_and(|w| w <= now) {
+        return None;
+    }
+    if let Some(at) = agent.last_interaction_at {
+        let until = agent.in_active_hours(at.saturating_add(agent.quiet_period()).unwrap_or(at));
+        if until > now {
+            return Some((
+                until,
+                "the user talked to the agent recently: heartbeat deferred to the end of its quiet period",
+            ));
+        }
+    }
+    if !agent.is_active_at(now) {
+        return Some((
+            agent.in_active_hours(now),
+            "outside the agent's active hours: heartbeat deferred to their next start",
+        ));
+    }
+    None
 }
 
 /// What a run knows once it has read its window.
@@ -204,113 +239,21 @@ impl HeartbeatRunner {
         hb: &Heartbeat,
         registry_version: Option<u64>,
     ) -> Result<RunOutcome, EngineError> {
-        let Some(window_end) = hb.window_end.clone() else {
-            return Err(EngineError::Missing(format!(
-                "heartbeat {} has no window end: the job was not made by a claim",
-                hb.id()
-            )));
+        let Ready {
+            mut window,
+            mut agent,
+            window_end,
+        } = match self.begin(hb).await? {
+            Ok(ready) => ready,
+            Err(ended) => return Ok(ended),
         };
-        debug!(claim = hb.claim, window_start = %hb.window_start, window_end = %window_end, "heartbeat started");
-        // A job normally starts moments after its claim. One that waited (delivered again
-        // after its worker died, or queued behind a stuck message or a stopped worker)
-        // may have outlived half its lease, and a sweeper may have reclaimed it since:
-        // renew the claim before any work, or step aside for the newer claim, so a stale
-        // job never runs the heartbeat a second time.
         let now = self.clock.now();
-        let half = self.settings.lease / 2;
-        if hb
-            .lease_until
-            .is_none_or(|until| until.duration_since(now) < half)
-        {
-            let until = now.saturating_add(self.settings.lease).unwrap_or(now);
-            if !self.store.renew(hb, until).await? {
-                info!(
-                    claim = hb.claim,
-                    "this job's claim was taken over or the heartbeat ended: nothing to run"
-                );
-                return Ok(RunOutcome::Superseded);
-            }
-            info!(claim = hb.claim, lease_until = %until, "a late job renewed its claim");
+        if let Some((until, why)) = held_back(&agent, now) {
+            return self.defer(hb, until, why).await;
         }
-        let mut window = match self
-            .store
-            .read_window(
-                &hb.agent_id,
-                &hb.window_start,
-                &window_end,
-                self.settings.max_window_events,
-            )
-            .await
-        {
-            Ok(w) => w,
-            Err(e) => return self.fail(hb, None, e.into()).await,
-        };
-        let Some(mut agent) = window.agent.take() else {
-            return self.cancel(hb).await;
-        };
-        // A heartbeat claimed after its agent was paused (filed PENDING by a finish that
-        // raced the pause) is parked, not run; one claimed before the pause runs on.
-        if let Some(paused_at) = agent.paused_at
-            && hb.started_at.is_some_and(|s| s > paused_at)
-        {
-            return self
-                .defer(
-                    hb,
-                    self.clock.now(),
-                    "the agent is paused: heartbeat parked",
-                )
-                .await;
-        }
-        // A reminder the user asked for fires at its time: the quiet period and the
-        // active hours bound the agent's own initiative, not a wake it was asked for.
-        let now = self.clock.now();
-        let reminder_due = agent.next_wake.is_some_and(|w| w <= now);
-        // Right after the user talked to the agent, its next heartbeat waits out a quiet
-        // period instead of chiming in.
-        if !reminder_due && let Some(at) = agent.last_interaction_at {
-            let until =
-                agent.in_active_hours(at.saturating_add(agent.quiet_period()).unwrap_or(at));
-            if until > now {
-                return self
-                    .defer(hb, until, "the user talked to the agent recently: heartbeat deferred to the end of its quiet period")
-                    .await;
-            }
-        }
-        // Due times are planned inside the active hours; one that comes up outside them
-        // (claimed late, or the hours changed) waits for them to open.
-        if !reminder_due && !agent.is_active_at(now) {
-            let until = agent.in_active_hours(now);
-            return self
-                .defer(
-                    hb,
-                    until,
-                    "outside the agent's active hours: heartbeat deferred to their next start",
-                )
-                .await;
-        }
-        // Reminders: the schedules due by now wake the agent. Their SCHEDULED events
-        // are processed with the window's (a window cut short leaves them to the next
-        // heartbeat, whose window holds them).
-        if reminder_due {
-            let woken = reminders::wake(
-                self.store.as_ref(),
-                &agent,
-                now,
-                &hb.window_start,
-                &window_end,
-            )
-            .await?;
-            agent.next_wake = woken.next_wake;
-            if !window.truncated {
-                for e in woken.events {
-                    if !window.events.iter().any(|w| w.id == e.id) {
-                        window.events.push(e);
-                    }
-                }
-                window
-                    .events
-                    .sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
-            }
+        if agent.next_wake.is_some_and(|w| w <= now) {
+            self.wake(hb, &mut agent, &mut window, &window_end, now)
+                .await?;
         }
         let next_start = match (window.truncated, window.events.last()) {
             (true, Some(last)) => EventCursor::after(&last.id),
@@ -327,21 +270,7 @@ impl HeartbeatRunner {
         if plan.hour.1 > plan.agent.beat_cap() {
             return self.trip(plan).await;
         }
-        // The daily budget is read only when the heartbeat agent is about to think.
-        if plan.agent.budgets.daily_tokens.is_some()
-            && plan.agent_context.thinks(&plan.heartbeat_context).is_ok()
-            && let Some(today) = budget::exhausted(self.store.as_ref(), &plan.agent, now).await?
-        {
-            plan.heartbeat_context.budget_spent = Some(budget::reason(&plan.agent, &today, now));
-            budget::fire_exhausted(
-                self.store.as_ref(),
-                self.hooks.as_ref(),
-                &plan.agent,
-                &today,
-                now,
-            )
-            .await?;
-        }
+        self.check_budget(&mut plan, now).await?;
         self.emit(
             &plan,
             HookType::of(HookType::BEFORE_HEARTBEAT),
@@ -380,6 +309,130 @@ impl HeartbeatRunner {
                 self.fail(hb, Some(agent), e).await
             }
         }
+    }
+
+    /// The run's start: a claim still held (renewed for a job that waited), its window
+    /// read with the agent's live record — or, as `Err`, how the run already ended
+    /// (superseded, the agent gone, the agent paused, the store failing).
+    async fn begin(&self, hb: &Heartbeat) -> Result<Result<Ready, RunOutcome>, EngineError> {
+        let Some(window_end) = hb.window_end.clone() else {
+            return Err(EngineError::Missing(format!(
+                "heartbeat {} has no window end: the job was not made by a claim",
+                hb.id()
+            )));
+        };
+        debug!(claim = hb.claim, window_start = %hb.window_start, window_end = %window_end, "heartbeat started");
+        // A job normally starts moments after its claim. One that waited (delivered again
+        // after its worker died, or queued behind a stuck message or a stopped worker)
+        // may have outlived half its lease, and a sweeper may have reclaimed it since:
+        // renew the claim before any work, or step aside for the newer claim, so a stale
+        // job never runs the heartbeat a second time.
+        let now = self.clock.now();
+        let half = self.settings.lease / 2;
+        if hb
+            .lease_until
+            .is_none_or(|until| until.duration_since(now) < half)
+        {
+            let until = now.saturating_add(self.settings.lease).unwrap_or(now);
+            if !self.store.renew(hb, until).await? {
+                info!(
+                    claim = hb.claim,
+                    "this job's claim was taken over or the heartbeat ended: nothing to run"
+                );
+                return Ok(Err(RunOutcome::Superseded));
+            }
+            info!(claim = hb.claim, lease_until = %until, "a late job renewed its claim");
+        }
+        let mut window = match self
+            .store
+            .read_window(
+                &hb.agent_id,
+                &hb.window_start,
+                &window_end,
+                self.settings.max_window_events,
+            )
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(self.fail(hb, None, e.into()).await?)),
+        };
+        let Some(agent) = window.agent.take() else {
+            return Ok(Err(self.cancel(hb).await?));
+        };
+        // A heartbeat claimed after its agent was paused (filed PENDING by a finish that
+        // raced the pause) is parked, not run; one claimed before the pause runs on.
+        if let Some(paused_at) = agent.paused_at
+            && hb.started_at.is_some_and(|s| s > paused_at)
+        {
+            let parked = self
+                .defer(
+                    hb,
+                    self.clock.now(),
+                    "the agent is paused: heartbeat parked",
+                )
+                .await?;
+            return Ok(Err(parked));
+        }
+        Ok(Ok(Ready {
+            window,
+            agent,
+            window_end,
+        }))
+    }
+
+    /// Reminders: the schedules due by now wake the agent. Their SCHEDULED events are
+    /// processed with the window's (a window cut short leaves them to the next
+    /// heartbeat, whose window holds them).
+    async fn wake(
+        &self,
+        hb: &Heartbeat,
+        agent: &mut Agent,
+        window: &mut Window,
+        window_end: &EventCursor,
+        now: Timestamp,
+    ) -> Result<(), EngineError> {
+        let woken = reminders::wake(
+            self.store.as_ref(),
+            agent,
+            now,
+            &hb.window_start,
+            window_end,
+        )
+        .await?;
+        agent.next_wake = woken.next_wake;
+        if !window.truncated {
+            for e in woken.events {
+                if !window.events.iter().any(|w| w.id == e.id) {
+                    window.events.push(e);
+                }
+            }
+            window
+                .events
+                .sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        }
+        Ok(())
+    }
+
+    /// The daily budget, read only when the heartbeat agent is about to think: spent,
+    /// the heartbeat agent is told so (and BUDGET_EXHAUSTED fires once a day).
+    async fn check_budget(&self, plan: &mut Plan, now: Timestamp) -> Result<(), EngineError> {
+        if plan.agent.budgets.daily_tokens.is_none()
+            || plan.agent_context.thinks(&plan.heartbeat_context).is_err()
+        {
+            return Ok(());
+        }
+        if let Some(today) = budget::exhausted(self.store.as_ref(), &plan.agent, now).await? {
+            plan.heartbeat_context.budget_spent = Some(budget::reason(&plan.agent, &today, now));
+            budget::fire_exhausted(
+                self.store.as_ref(),
+                self.hooks.as_ref(),
+                &plan.agent,
+                &today,
+                now,
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     fn plan(&self, hb: &Heartbeat, agent: Agent) -> Plan {

@@ -8,12 +8,14 @@ use clap::{Args, Subcommand};
 use pulse_shared::app::Connected;
 use pulse_shared::config::Config;
 use pulse_shared::domain::{
-    AgentId, AttemptStatus, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookTarget,
-    HookType, RetrySchedule, Secret, builtin_tools, parse_duration,
+    AgentId, Hook, HookDeliveryId, HookId, HookTarget, HookType, RetrySchedule, Secret,
+    builtin_tools, parse_duration,
 };
 use pulse_shared::engine::{DispatchSettings, Dispatcher, Switched, set_hook_active};
 use pulse_shared::ports::Clock;
 use pulse_signatures::inbound::generate_secret;
+
+mod deliveries;
 
 use super::{AgentRef, Ctx, agent_ref, input, yes_no};
 use crate::Failure;
@@ -184,48 +186,7 @@ impl HooksPlan {
 
 pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Failure> {
     Ok(match cmd {
-        HooksCmd::Add(a) => {
-            let agent = agent_ref(&a.agent)?;
-            let target = HookTarget::parse(&a.url).map_err(input)?;
-            let timeout = timeout_arg(&a.timeout)?;
-            let retry = RetrySchedule::parse(&a.retry_schedule).map_err(input)?;
-            let disable_after = disable_after_arg(&a.disable_after)?;
-            let auth_header = a.auth_header.as_deref().map(auth_header_arg).transpose()?;
-            // One secret for all the types: the receiver checks one signature.
-            let secret = generate_secret();
-            let mut types: Vec<HookType> = Vec::new();
-            for t in a
-                .hook_type
-                .iter()
-                .map(|t| t.trim())
-                .filter(|t| !t.is_empty())
-            {
-                let t = HookType::parse(t).map_err(input)?;
-                if !types.contains(&t) {
-                    types.push(t);
-                }
-            }
-            if types.is_empty() {
-                return Err(Failure::Input(
-                    "give --type: what the hook fires on (`pulse hooks types` lists them)".into(),
-                ));
-            }
-            let hooks = types
-                .into_iter()
-                .map(|hook_type| {
-                    // The agent is set once it is found.
-                    let mut hook =
-                        Hook::new(AgentId::generate(), hook_type, target.clone(), &secret, now);
-                    hook.timeout = timeout;
-                    hook.retry = retry.clone();
-                    hook.disable_after = disable_after;
-                    hook.auth_header = auth_header.clone();
-                    hook.description = a.description.clone();
-                    hook
-                })
-                .collect();
-            HooksPlan::Add(agent, hooks)
-        }
+        HooksCmd::Add(a) => plan_add(*a, now)?,
         HooksCmd::List { agent } => HooksPlan::List(agent.as_deref().map(agent_ref).transpose()?),
         HooksCmd::Types => HooksPlan::Types,
         HooksCmd::Test { id } => HooksPlan::Test(HookId::parse(&id).map_err(input)?),
@@ -304,6 +265,49 @@ pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Fai
     })
 }
 
+/// `hooks add`: one hook per type given, of one agent, target and secret.
+fn plan_add(a: AddHook, now: jiff::Timestamp) -> Result<HooksPlan, Failure> {
+    let agent = agent_ref(&a.agent)?;
+    let target = HookTarget::parse(&a.url).map_err(input)?;
+    let timeout = timeout_arg(&a.timeout)?;
+    let retry = RetrySchedule::parse(&a.retry_schedule).map_err(input)?;
+    let disable_after = disable_after_arg(&a.disable_after)?;
+    let auth_header = a.auth_header.as_deref().map(auth_header_arg).transpose()?;
+    // One secret for all the types: the receiver checks one signature.
+    let secret = generate_secret();
+    let mut types: Vec<HookType> = Vec::new();
+    for t in a
+        .hook_type
+        .iter()
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+    {
+        let t = HookType::parse(t).map_err(input)?;
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
+    if types.is_empty() {
+        return Err(Failure::Input(
+            "give --type: what the hook fires on (`pulse hooks types` lists them)".into(),
+        ));
+    }
+    let hooks = types
+        .into_iter()
+        .map(|hook_type| {
+            // The agent is set once it is found.
+            let mut hook = Hook::new(AgentId::generate(), hook_type, target.clone(), &secret, now);
+            hook.timeout = timeout;
+            hook.retry = retry.clone();
+            hook.disable_after = disable_after;
+            hook.auth_header = auth_header.clone();
+            hook.description = a.description.clone();
+            hook
+        })
+        .collect();
+    Ok(HooksPlan::Add(agent, hooks))
+}
+
 fn timeout_arg(s: &str) -> Result<jiff::SignedDuration, Failure> {
     Hook::check_timeout(parse_duration("timeout", s).map_err(input)?).map_err(input)
 }
@@ -339,7 +343,7 @@ fn check_target(b: &Connected, target: &HookTarget) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn require_hook(b: &Connected, id: &HookId) -> Result<Hook, Failure> {
+pub(super) async fn require_hook(b: &Connected, id: &HookId) -> Result<Hook, Failure> {
     b.store.get_hook(id).await?.ok_or_else(|| {
         Failure::Input(format!(
             "hook {id} not found; `pulse hooks list` shows the hooks"
@@ -362,28 +366,6 @@ fn dispatcher(
     })
 }
 
-fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {
-    if out.json {
-        out.json_value(&serde_json::json!({ "delivery": d, "attempt": a }));
-        return;
-    }
-    outln!(
-        "{}  attempt {}  {}  {}  {} ms",
-        d.id,
-        a.attempt,
-        a.status.as_str(),
-        a.http_status.map_or("-".into(), |s| s.to_string()),
-        a.duration_ms
-    );
-    if let Some(e) = &a.error {
-        eprintln!("error: {e}");
-    }
-    if let Some(body) = &a.response_body {
-        eprintln!("response: {}", short(body, 300));
-    }
-    eprintln!("delivery {} is now {}", d.id, d.status.as_str());
-}
-
 pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let (config, b, clock, out) = (cx.config, cx.b, cx.clock.clone(), cx.out);
     match plan {
@@ -399,10 +381,10 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
         HooksPlan::Test(id) => {
             let hook = require_hook(b, &id).await?;
             let (d, a) = dispatcher(config, b, clock)?.send_test(&hook).await?;
-            print_attempt(out, &d, &a);
-            succeeded(&d, &a)
+            deliveries::print_attempt(out, &d, &a);
+            deliveries::succeeded(&d, &a)
         }
-        HooksPlan::Deliveries { hook, limit } => deliveries(b, out, &hook, limit).await,
+        HooksPlan::Deliveries { hook, limit } => deliveries::list(b, out, &hook, limit).await,
         HooksPlan::Set { id, active } => set_active(b, out, &id, active).await,
         HooksPlan::Update(id, changes) => update(b, out, &id, &changes).await,
         HooksPlan::Delete(id) => {
@@ -412,104 +394,13 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
             ));
             Ok(())
         }
-        HooksPlan::Replay(id) => {
-            let (d, a) = dispatcher(config, b, clock)?
-                .replay(&id)
-                .await
-                .map_err(|e| match e {
-                    pulse_shared::error::EngineError::Missing(m)
-                    | pulse_shared::error::EngineError::Contended(m) => Failure::Input(m),
-                    other => Failure::Runtime(other.into()),
-                })?;
-            print_attempt(out, &d, &a);
-            succeeded(&d, &a)
-        }
+        HooksPlan::Replay(id) => deliveries::replay(&dispatcher(config, b, clock)?, out, &id).await,
         HooksPlan::Recover { since, hook, agent } => {
-            let hooks = match (hook, agent) {
-                (Some(id), _) => vec![require_hook(b, &id).await?],
-                (None, Some(agent)) => b.store.list_hooks(&agent.id(b).await?).await?,
-                (None, None) => {
-                    let mut all = Vec::new();
-                    for a in b.store.list_agents().await? {
-                        all.extend(b.store.list_hooks(&a.id).await?);
-                    }
-                    all
-                }
-            };
             let since = since.at(cx.clock.now());
-            let done = dispatcher(config, b, clock)?
-                .recover(&hooks, since)
-                .await
-                .map_err(|e| Failure::Runtime(e.into()))?;
-            recovered(out, &done, since)
+            let dispatcher = dispatcher(config, b, clock)?;
+            deliveries::recover(b, &dispatcher, out, hook, agent, since).await
         }
     }
-}
-
-/// What `hooks recover` did; exit 1 when an attempt failed or a delivery was skipped.
-fn recovered(
-    out: &Out,
-    done: &pulse_shared::engine::Recovered,
-    since: jiff::Timestamp,
-) -> Result<(), Failure> {
-    let failed = done
-        .replayed
-        .iter()
-        .filter(|(_, a)| a.status != AttemptStatus::Success)
-        .count();
-    if out.json {
-        out.json_value(&serde_json::json!({
-            "replayed": done.replayed.iter().map(|(d, a)| serde_json::json!({"id": d.id, "delivery": d, "attempt": a})).collect::<Vec<_>>(),
-            "skipped": done.skipped.iter().map(|(id, why)| serde_json::json!({"id": id, "reason": why})).collect::<Vec<_>>(),
-            "truncated": done.truncated,
-        }));
-    } else {
-        for (d, a) in &done.replayed {
-            outln!(
-                "{}  {}  {}  {}",
-                d.id,
-                d.hook_type,
-                a.status.as_str(),
-                a.http_status.map_or("-".into(), |s| s.to_string())
-            );
-        }
-        for (id, why) in &done.skipped {
-            eprintln!("skipped {id}: {why}");
-        }
-        for hook in &done.truncated {
-            eprintln!(
-                "hook {hook} has more than {} deliveries since then: run it again for the older ones",
-                pulse_shared::engine::RECOVER_SCAN
-            );
-        }
-        eprintln!(
-            "sent {} again since {since}: {} succeeded, {failed} failed; {} skipped",
-            crate::output::count(done.replayed.len(), "delivery"),
-            done.replayed.len() - failed,
-            done.skipped.len()
-        );
-    }
-    if failed > 0 || !done.skipped.is_empty() {
-        return Err(Failure::Runtime(anyhow::anyhow!(
-            "{failed} of the deliveries sent again failed and {} were skipped; `pulse hooks deliveries --hook ID` shows each",
-            done.skipped.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Exit 1 when the attempt did not succeed (after printing it), so scripts can tell.
-fn succeeded(d: &HookDelivery, a: &HookAttempt) -> Result<(), Failure> {
-    if a.status == AttemptStatus::Success {
-        return Ok(());
-    }
-    Err(Failure::Runtime(anyhow::anyhow!(
-        "attempt {} of delivery {} did not succeed ({}); the delivery is {}",
-        a.attempt,
-        d.id,
-        a.status.as_str(),
-        d.status.as_str()
-    )))
 }
 
 /// Stores new hooks of one agent, one target and one secret (one per type); prints
@@ -652,40 +543,6 @@ async fn types(b: &Connected, out: &Out) -> Result<(), Failure> {
             r["fires_when"].as_str().unwrap_or_default().to_owned(),
         ]
     });
-    Ok(())
-}
-
-/// Lists a hook's latest deliveries (with their attempts in JSON).
-async fn deliveries(b: &Connected, out: &Out, hook: &HookId, limit: usize) -> Result<(), Failure> {
-    require_hook(b, hook).await?;
-    let deliveries = b.store.list_deliveries(hook, limit).await?;
-    if out.json {
-        let mut rows = Vec::new();
-        for d in &deliveries {
-            let attempts = b.store.list_attempts(&d.id).await?;
-            rows.push(serde_json::json!({ "id": d.id, "delivery": d, "attempts": attempts }));
-        }
-        out.json_value(&rows);
-        return Ok(());
-    }
-    out.table(
-        &deliveries,
-        &[
-            "DELIVERY", "TYPE", "STATUS", "ATTEMPTS", "LAST", "NEXT", "CREATED", "ERROR",
-        ],
-        |d| {
-            vec![
-                d.id.to_string(),
-                d.hook_type.to_string(),
-                d.status.as_str().to_owned(),
-                d.attempts.to_string(),
-                d.last_status.map_or("-".into(), |s| s.as_str().to_owned()),
-                when(d.next_attempt_at),
-                when(Some(d.created_at)),
-                short(d.last_error.as_deref().unwrap_or("-"), 60),
-            ]
-        },
-    );
     Ok(())
 }
 
