@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use pulse_egress::{Egress, EgressError};
 
 use crate::domain::{ATTEMPT_BODY_LIMIT, AttemptStatus, Hook, HookDelivery, HookTarget};
-use crate::ports::{EventBus, HookSender, SendResult};
+use crate::ports::{EventBus, HookSender, SendResult, Unsendable};
 
 /// The headers of one signed attempt. `Err` only for a secret that cannot sign (a hook
 /// written by hand with a malformed `whsec_` value).
@@ -78,14 +78,12 @@ fn failed(status: AttemptStatus, error: String) -> SendResult {
 
 #[async_trait]
 impl HookSender for HookClient {
-    async fn can_send(&self, hook: &Hook) -> Result<(), String> {
+    async fn can_send(&self, hook: &Hook) -> Result<(), Unsendable> {
         match &hook.target {
-            HookTarget::EventBridge { .. } if self.bus.is_none() => {
-                Err("this process has no EventBridge client".into())
-            }
+            HookTarget::EventBridge { .. } if self.bus.is_none() => Err(Unsendable::NoBus),
             HookTarget::EventBridge { .. } => Ok(()),
             HookTarget::Url(url) => match self.egress.check(url).await {
-                Err(e @ EgressError::Refused(_)) => Err(e.to_string()),
+                Err(e @ EgressError::Refused(_)) => Err(Unsendable::Refused(e.to_string())),
                 // Anything else (a name that does not resolve now) is the attempt's to
                 // report.
                 _ => Ok(()),

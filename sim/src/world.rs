@@ -172,7 +172,7 @@ impl ToolRunner for SimTools {
                 .entry(request.action_id.as_str().to_owned())
                 .or_default() += 1;
             ToolCall {
-                result: ToolResponse::from_json(&body).map_err(ToolFailure::BadAnswer),
+                result: ToolResponse::from_json(&body).map_err(|e| ToolFailure::BadAnswer(e.0)),
                 response_meta: Some(body),
             }
         }

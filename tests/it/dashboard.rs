@@ -323,6 +323,7 @@ async fn login(kind: Kind) {
     assert!(
         Access::for_listener(anywhere, None)
             .unwrap_err()
+            .to_string()
             .contains("PULSE_DASHBOARD_TOKEN")
     );
     assert!(Access::for_listener(anywhere, Some("short")).is_err());

@@ -225,7 +225,8 @@ async fn tool(kind: Kind) {
         w.b.now(),
     )
     .await
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("exactly one"), "{err}");
 }
 

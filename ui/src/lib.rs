@@ -29,7 +29,7 @@ use pulse_shared::engine::{
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{Clock, Store};
 
-pub use security::Access;
+pub use security::{Access, AccessError};
 
 /// The dashboard: what its handlers share.
 #[derive(Clone)]

@@ -22,6 +22,21 @@ pub(crate) const COOKIE: &str = "pulse_session";
 /// Largest form body the dashboard reads.
 const MAX_FORM: usize = 64 * 1024;
 
+/// Why a listener cannot serve the dashboard (or `/metrics`) as configured.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// The token is too short to be a secret.
+    #[error(
+        "PULSE_DASHBOARD_TOKEN is too short: use at least 16 random characters (e.g. `openssl rand -hex 24`)"
+    )]
+    ShortToken,
+    /// The listener is reachable from other machines and there is no token.
+    #[error(
+        "the dashboard on {0} would be reachable from other machines: set PULSE_DASHBOARD_TOKEN (at least 16 random characters) to require a login, or listen on 127.0.0.1"
+    )]
+    Exposed(SocketAddr),
+}
+
 /// How the dashboard is reached.
 #[derive(Clone, Debug)]
 pub enum Access {
@@ -34,16 +49,12 @@ pub enum Access {
 impl Access {
     /// What a listener on `addr` needs: nothing on loopback, else the token, which must
     /// then be given (at least 16 characters).
-    pub fn for_listener(addr: SocketAddr, token: Option<&str>) -> Result<Self, String> {
+    pub fn for_listener(addr: SocketAddr, token: Option<&str>) -> Result<Self, AccessError> {
         match token.map(str::trim).filter(|t| !t.is_empty()) {
-            Some(t) if t.len() < 16 => Err(
-                "PULSE_DASHBOARD_TOKEN is too short: use at least 16 random characters (e.g. `openssl rand -hex 24`)".into(),
-            ),
+            Some(t) if t.len() < 16 => Err(AccessError::ShortToken),
             Some(t) => Ok(Self::Token(t.to_owned())),
             None if addr.ip().is_loopback() => Ok(Self::Open),
-            None => Err(format!(
-                "the dashboard on {addr} would be reachable from other machines: set PULSE_DASHBOARD_TOKEN (at least 16 random characters) to require a login, or listen on 127.0.0.1"
-            )),
+            None => Err(AccessError::Exposed(addr)),
         }
     }
 

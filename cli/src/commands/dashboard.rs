@@ -36,7 +36,8 @@ pub(crate) struct DashboardPlan {
 
 pub(crate) fn plan(a: DashboardArgs) -> Result<DashboardPlan, Failure> {
     let listen = listen_addr(a.listen.trim())?;
-    let access = Access::for_listener(listen, a.token.as_deref()).map_err(Failure::Input)?;
+    let access = Access::for_listener(listen, a.token.as_deref())
+        .map_err(|e| Failure::Input(e.to_string()))?;
     Ok(DashboardPlan { listen, access })
 }
 

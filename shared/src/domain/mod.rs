@@ -59,8 +59,9 @@ pub use time::{
     ActiveHours, Interval, Retention, TimeZoneName, format_duration, from_ms, parse_duration, to_ms,
 };
 pub use tool::{
-    Action, ActionStatus, AgentContext, Beats, Filter, HEARTBEAT_AGENT, HeartbeatContext, Registry,
-    Subscription, Tool, ToolKind, ToolRequest, ToolResponse, builtin_tools,
+    Action, ActionStatus, AgentContext, BadToolResponse, Beats, Filter, HEARTBEAT_AGENT,
+    HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
+    builtin_tools,
 };
 pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};
 pub use webhook_request::{

@@ -491,13 +491,22 @@ pub struct ToolResponse {
     pub error: Option<String>,
 }
 
+/// Why a tool's answer is not a tool response (the whole answer is rejected).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadToolResponse(pub String);
+
 impl ToolResponse {
     /// Most events one action may append; a transaction carries them with the action.
     pub const MAX_NEW_EVENTS: usize = 50;
 
     /// Validates a tool's JSON answer: `{success, output, new_events, usage, error}`.
     /// Anything malformed, including an event with priority 0, rejects the whole answer.
-    pub fn from_json(v: &Value) -> Result<Self, String> {
+    pub fn from_json(v: &Value) -> Result<Self, BadToolResponse> {
+        Self::read(v).map_err(BadToolResponse)
+    }
+
+    fn read(v: &Value) -> Result<Self, String> {
         let obj = v
             .as_object()
             .ok_or_else(|| "the response is not a JSON object".to_owned())?;
@@ -613,7 +622,8 @@ mod tests {
         let err = ToolResponse::from_json(
             &json!({"success": true, "new_events": [{"type": "B", "priority": 0}]}),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("new_events[0]") && err.contains("priority"),
             "{err}"

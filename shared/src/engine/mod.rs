@@ -50,7 +50,10 @@ pub use status::{AgentCounts, Finding, Status, status};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};
 pub use trace::{Trace, trace};
-pub use usage::{AwsPrices, AwsRow, ModelPrice, Prices, USAGE_SCAN, UsageReport, UsageRow, usage};
+pub use usage::{
+    AwsPrices, AwsRow, ModelPrice, PriceTableError, Prices, USAGE_SCAN, UsageReport, UsageRow,
+    usage,
+};
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
 pub use worker::{BatchOutcome, PollReport, TaskError, Worker};
 

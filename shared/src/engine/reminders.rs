@@ -32,6 +32,17 @@ pub(crate) struct Woken {
     pub(crate) next_wake: Option<Timestamp>,
 }
 
+/// Why the `schedule` tool made nothing: what the model sees as the tool's error.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleToolError {
+    /// The model's arguments do not name one time or pattern.
+    #[error("{0}")]
+    Input(String),
+    /// The schedule was refused, or could not be stored.
+    #[error("{}", chain(.0))]
+    Made(#[from] MakeError),
+}
+
 /// Why a schedule was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum MakeError {
@@ -119,7 +130,7 @@ pub async fn run_tool(
     agent: &Agent,
     input: &Value,
     now: Timestamp,
-) -> Result<(Schedule, Value), String> {
+) -> Result<(Schedule, Value), ScheduleToolError> {
     let text = |k: &str| {
         input
             .get(k)
@@ -127,31 +138,34 @@ pub async fn run_tool(
             .map(str::trim)
             .filter(|s| !s.is_empty())
     };
+    let bad = |why: String| ScheduleToolError::Input(why);
     let rule = match (text("at"), text("in"), text("cron")) {
         (Some(at), None, None) => ScheduleRule::Once {
             at: at
                 .parse::<Timestamp>()
-                .map_err(|e| format!("\"at\" {at:?}: {e}; give RFC 3339 with an offset"))?,
+                .map_err(|e| bad(format!("\"at\" {at:?}: {e}; give RFC 3339 with an offset")))?,
         },
         (None, Some(d), None) => {
-            let d = parse_duration("in", d).map_err(|e| e.to_string())?;
+            let d = parse_duration("in", d).map_err(|e| bad(e.to_string()))?;
             ScheduleRule::Once {
                 at: now.saturating_add(d).unwrap_or(now),
             }
         }
         (None, None, Some(pattern)) => {
             let tz = match text("timezone") {
-                Some(tz) => TimeZoneName::parse(tz).map_err(|e| e.to_string())?,
+                Some(tz) => TimeZoneName::parse(tz).map_err(|e| bad(e.to_string()))?,
                 None => agent.timezone.clone(),
             };
-            ScheduleRule::cron(pattern, tz).map_err(|e| e.to_string())?
+            ScheduleRule::cron(pattern, tz).map_err(|e| bad(e.to_string()))?
         }
-        _ => return Err("give exactly one of \"at\", \"in\" or \"cron\"".to_owned()),
+        _ => {
+            return Err(bad(
+                "give exactly one of \"at\", \"in\" or \"cron\"".to_owned()
+            ));
+        }
     };
     let note = text("note").map(str::to_owned);
-    let (schedule, _) = make(store, agent, rule, note, now)
-        .await
-        .map_err(|e| chain(&e))?;
+    let (schedule, _) = make(store, agent, rule, note, now).await?;
     let answer = json!({
         "scheduled": true,
         "schedule_id": schedule.id,

@@ -128,16 +128,19 @@ impl Default for Prices {
     }
 }
 
+/// A price table that does not read.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{0}; expected {{\"models\": {{\"MODEL\": {{\"input\": USD_PER_MILLION, \"output\": USD_PER_MILLION}}}}, \"aws\": {{\"dynamodb_write_units\": USD_PER_MILLION, …}}}}"
+)]
+pub struct PriceTableError(#[source] serde_json::Error);
+
 impl Prices {
     /// The built-in prices with those of a JSON document over them:
     /// `{"models": {"my-model": {"input": 0.5, "output": 1.5}}, "aws":
     /// {"dynamodb_write_units": 0.7}}`; what it does not name keeps its built-in price.
-    pub fn with_overrides(json: &str) -> Result<Self, String> {
-        let given: Prices = serde_json::from_str(json).map_err(|e| {
-            format!(
-                "{e}; expected {{\"models\": {{\"MODEL\": {{\"input\": USD_PER_MILLION, \"output\": USD_PER_MILLION}}}}, \"aws\": {{\"dynamodb_write_units\": USD_PER_MILLION, …}}}}"
-            )
-        })?;
+    pub fn with_overrides(json: &str) -> Result<Self, PriceTableError> {
+        let given: Prices = serde_json::from_str(json).map_err(PriceTableError)?;
         let mut prices = Self::default();
         prices.models.extend(given.models);
         prices.aws = given.aws;
@@ -360,7 +363,9 @@ mod tests {
         assert_eq!(mine.aws.dynamodb_write_units, 1.0);
         assert_eq!(mine.aws.sqs_requests, 0.50, "the rest stay");
         assert!(mine.of("gpt-4o").is_some(), "the models stay");
-        let typo = Prices::with_overrides(r#"{"aws": {"dynamo_wru": 1.0}}"#).unwrap_err();
+        let typo = Prices::with_overrides(r#"{"aws": {"dynamo_wru": 1.0}}"#)
+            .unwrap_err()
+            .to_string();
         assert!(typo.contains("dynamo_wru"), "{typo}");
     }
 }

@@ -56,30 +56,45 @@ pub fn snowflake_time(id: &str) -> Option<Timestamp> {
 /// The id is the interaction's identity (its signal id is derived from it, so a resend is
 /// one signal): an id that is not a snowflake, or one from the future, would give a
 /// resend a new identity, so it is refused.
-pub fn interaction_time(id: &str, now: Timestamp) -> Result<Timestamp, String> {
+pub fn interaction_time(id: &str, now: Timestamp) -> Result<Timestamp, InteractionIdError> {
     let canonical = !id.is_empty()
         && id.bytes().all(|b| b.is_ascii_digit())
         && (id == "0" || !id.starts_with('0'));
     let minted = canonical
         .then(|| snowflake_time(id))
         .flatten()
-        .ok_or_else(|| {
-            format!(
-                "the interaction id {} is not a snowflake (a decimal 64-bit id)",
-                crate::domain::quote_input(id)
-            )
-        })?;
+        .ok_or_else(|| InteractionIdError::NotSnowflake(crate::domain::quote_input(id)))?;
     let latest = now
         .saturating_add(jiff::SignedDuration::from_secs(
             pulse_signatures::TOLERANCE_SECS,
         ))
         .unwrap_or(now);
     if minted > latest {
-        return Err(format!(
-            "the interaction id {id} was minted at {minted}, after this receiver's clock ({now})"
-        ));
+        return Err(InteractionIdError::FromTheFuture {
+            id: id.to_owned(),
+            minted,
+            now,
+        });
     }
     Ok(minted)
+}
+
+/// Why an interaction's id is refused as its identity.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InteractionIdError {
+    /// Not a snowflake in its canonical form (the id, quoted).
+    #[error("the interaction id {0} is not a snowflake (a decimal 64-bit id)")]
+    NotSnowflake(String),
+    /// Minted after the receiver's clock (past the signature tolerance).
+    #[error("the interaction id {id} was minted at {minted}, after this receiver's clock ({now})")]
+    FromTheFuture {
+        /// The id.
+        id: String,
+        /// When it says it was minted.
+        minted: Timestamp,
+        /// The receiver's time.
+        now: Timestamp,
+    },
 }
 
 /// Ephemeral message flag: only the invoking user sees the reply.
@@ -180,7 +195,7 @@ async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
 
     let minted = match interaction_time(interaction_id, now) {
         Ok(t) => t,
-        Err(why) => return bad_request(why),
+        Err(why) => return bad_request(why.to_string()),
     };
     // A few seconds ahead at most (clock skew): the turn is dated no later than now.
     let issued_at = minted.min(now);

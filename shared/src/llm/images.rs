@@ -9,7 +9,7 @@ use pulse_egress::Egress;
 use url::Url;
 
 use crate::domain::{IMAGE_TYPES, MAX_IMAGE_BYTES};
-use crate::ports::ImageFetcher;
+use crate::ports::{FetchedImage, ImageError, ImageFetcher};
 
 /// Fetches images over `pulse-egress`: at most [`MAX_IMAGE_BYTES`], one of
 /// [`IMAGE_TYPES`] by the answer's `Content-Type`, within a timeout.
@@ -28,21 +28,18 @@ impl EgressImages {
 
 #[async_trait]
 impl ImageFetcher for EgressImages {
-    async fn fetch_image(&self, url: &str) -> Result<(String, Vec<u8>), String> {
-        let parsed = Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
+    async fn fetch_image(&self, url: &str) -> Result<FetchedImage, ImageError> {
+        let parsed = Url::parse(url).map_err(|e| ImageError::BadUrl(e.to_string()))?;
         let resp = self
             .egress
             .get(&parsed, HeaderMap::new(), self.timeout, MAX_IMAGE_BYTES + 1)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ImageError::Unreachable(e.to_string()))?;
         if !resp.status.is_success() {
-            return Err(format!("the server answered {}", resp.status));
+            return Err(ImageError::Status(resp.status.as_u16()));
         }
         if resp.truncated || resp.body.len() > MAX_IMAGE_BYTES {
-            return Err(format!(
-                "larger than {} MiB",
-                MAX_IMAGE_BYTES / (1024 * 1024)
-            ));
+            return Err(ImageError::TooLarge(MAX_IMAGE_BYTES / (1024 * 1024)));
         }
         let media_type = resp
             .headers
@@ -52,11 +49,14 @@ impl ImageFetcher for EgressImages {
             .map(|v| v.trim().to_ascii_lowercase())
             .unwrap_or_default();
         if !IMAGE_TYPES.contains(&media_type.as_str()) {
-            return Err(format!(
-                "its content type {media_type:?} is not an image a model takes ({})",
-                IMAGE_TYPES.join(", ")
-            ));
+            return Err(ImageError::NotAnImage {
+                found: media_type,
+                takes: IMAGE_TYPES.join(", "),
+            });
         }
-        Ok((media_type, resp.body.to_vec()))
+        Ok(FetchedImage {
+            media_type,
+            bytes: resp.body.to_vec(),
+        })
     }
 }

@@ -35,10 +35,21 @@ pub trait HookSender: Send + Sync {
     /// its EventBridge client); `Err` says why not. A dispatcher told to
     /// ([`DispatchSettings::leave_unsendable`](crate::engine::DispatchSettings)) leaves
     /// such deliveries queued for a process that may.
-    async fn can_send(&self, hook: &Hook) -> Result<(), String> {
+    async fn can_send(&self, hook: &Hook) -> Result<(), Unsendable> {
         let _ = hook;
         Ok(())
     }
+}
+
+/// Why this process may not send to a hook's target.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unsendable {
+    /// The target is an event bus and this process has no client for one.
+    #[error("this process has no EventBridge client")]
+    NoBus,
+    /// The egress guard refuses the target's address here.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// An EventBridge-like event bus.
@@ -138,9 +149,42 @@ pub trait Llm: Send + Sync {
 /// Fetches an image a user sent, for a model that cannot reach its URL itself.
 #[async_trait]
 pub trait ImageFetcher: Send + Sync {
-    /// The image at `url`: its media type and bytes; why not, as a sentence (refused by
-    /// the egress guard, unreachable, too large, not an image a model takes).
-    async fn fetch_image(&self, url: &str) -> Result<(String, Vec<u8>), String>;
+    /// The image at `url`.
+    async fn fetch_image(&self, url: &str) -> Result<FetchedImage, ImageError>;
+}
+
+/// An image fetched for a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchedImage {
+    /// Its media type (one a model takes).
+    pub media_type: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Why an image could not be fetched for a model (it then reads the URL as text).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// Not a URL.
+    #[error("not a URL: {0}")]
+    BadUrl(String),
+    /// The egress guard refused it, or it could not be reached in time.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The server answered, but not with the image.
+    #[error("the server answered {0}")]
+    Status(u16),
+    /// Larger than a model takes.
+    #[error("larger than {0} MiB")]
+    TooLarge(usize),
+    /// Not an image type a model takes.
+    #[error("its content type {found:?} is not an image a model takes ({takes})")]
+    NotAnImage {
+        /// What the server said it is.
+        found: String,
+        /// What a model takes.
+        takes: String,
+    },
 }
 
 /// Picks the model client for an agent: the configured default, or the agent's own

@@ -379,7 +379,9 @@ impl HeartbeatAgent {
             .unwrap_or_else(|| Err(format!("no tool {}", call.name))),
             "schedule" => {
                 let (schedule, answer) =
-                    reminders::run_tool(self.store.as_ref(), agent, &call.input, now).await?;
+                    reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 t.scheduled.push(schedule.id.to_string());
                 Ok(answer)
             }

@@ -146,6 +146,7 @@ impl Conversation {
                 reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
                     .await
                     .map(|(_, answer)| answer)
+                    .map_err(|e| e.to_string())
             }
             None => Err(format!(
                 "there is no tool {:?}; use remember, recall or schedule",

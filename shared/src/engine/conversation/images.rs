@@ -84,9 +84,9 @@ impl Conversation {
                 continue;
             };
             match fetcher.fetch_image(url).await {
-                Ok((media_type, bytes)) => out.push(ImageInput::Inline {
-                    media_type,
-                    data: base64::engine::general_purpose::STANDARD.encode(bytes),
+                Ok(image) => out.push(ImageInput::Inline {
+                    media_type: image.media_type,
+                    data: base64::engine::general_purpose::STANDARD.encode(image.bytes),
                 }),
                 Err(why) => {
                     warn!(url = %url, error = %why, "an image could not be fetched; the model reads its URL as text");

@@ -190,7 +190,7 @@ impl Dispatcher {
         {
             self.requeue(task.clone(), LEFT_DELAY).await?;
             info!(hook_id = %hook.id, delivery_id = %d.id, reason = %why, "delivery left for a process that may send it");
-            return Ok(Handled::Left(why));
+            return Ok(Handled::Left(why.to_string()));
         }
         d.attempts = task.attempt;
         match self.claim(d, now).await? {
