@@ -101,6 +101,14 @@ pub struct AllowListError {
 }
 
 impl AllowList {
+    /// Every address: for destinations the operator configured, not a user.
+    pub fn any() -> Self {
+        Self(vec![
+            IpNet::V4(ipnet::Ipv4Net::default()),
+            IpNet::V6(ipnet::Ipv6Net::default()),
+        ])
+    }
+
     /// Whether `ip` is allowed.
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);

@@ -1,35 +1,36 @@
 //! # pulse-egress: outbound HTTP behind an SSRF guard
 //!
 //! Every request Pulse makes to a URL a user gave it (outbound hooks, HTTP tools, the
-//! images users send, fetched for a model) goes
-//! through [`Egress`]. It resolves the host once, refuses unless every address is public
-//! (or in the [`AllowList`]), and connects to the checked address itself — never looking
-//! the name up again, so a DNS answer that changes between check and connect (rebinding)
-//! cannot steer the request to an internal address. Redirects are never followed.
+//! images users send, an agent's own model URL) goes through [`Egress`]: one HTTP client,
+//! with pooled keep-alive connections per destination, whose name resolution is the
+//! guard. Each new connection resolves its host once and is refused unless every address
+//! is public (or in the [`AllowList`]); the client then connects to the checked
+//! addresses, never looking the name up again, so a DNS answer that changes between
+//! check and connect (rebinding) cannot steer it to an internal address. A pooled
+//! connection was checked when it was opened; the next new one is checked again. A URL
+//! naming an address outright is checked before it is sent. Redirects are never
+//! followed, and no proxy from the environment is used.
 //!
 //! ## Layout
 //!
 //! - [`guard`]: which addresses are public ([`check_public`]), and the allow-list.
-//! - [`Resolver`] and [`Connector`]: the two steps that touch the network, as traits, so
-//!   tests inject them and prove no connection to a refused address is ever opened.
-//! - [`Egress::post`] and [`Egress::get`]: check, connect, TLS (platform verifier), one
-//!   HTTP/1.1 exchange with hyper, a bounded body; the whole of it under one timeout.
+//! - [`Resolver`]: the lookup, as a trait, so tests inject one.
+//! - [`tls`]: the TLS configuration every outbound client of the process shares.
+//! - [`Egress`]: the client — [`Egress::post`] and [`Egress::get`] (one exchange under one
+//!   timeout, a bounded body), and [`Egress::client`] for callers that need the whole
+//!   `reqwest` API (model providers).
 
 pub mod guard;
 pub mod tls;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
+use http::{HeaderMap, StatusCode};
 use url::{Host, Url};
 
 pub use guard::{AllowList, AllowListError, Refusal, check_public};
@@ -49,26 +50,6 @@ pub struct SystemResolver;
 impl Resolver for SystemResolver {
     async fn resolve(&self, host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
         Ok(tokio::net::lookup_host((host, port)).await?.collect())
-    }
-}
-
-/// Opens a TCP connection to a checked address.
-#[async_trait]
-pub trait Connector: Send + Sync + 'static {
-    /// Connects to `addr`.
-    async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream>;
-}
-
-/// Plain TCP.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TcpConnector;
-
-#[async_trait]
-impl Connector for TcpConnector {
-    async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
-        let s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        Ok(s)
     }
 }
 
@@ -95,12 +76,12 @@ pub enum EgressError {
     #[error("{0} resolves to no address")]
     NoAddresses(String),
     /// No checked address accepted a connection.
-    #[error("cannot connect to {addr}: {source}")]
+    #[error("cannot connect to {target}: {message}")]
     Connect {
-        /// The last address tried.
-        addr: SocketAddr,
+        /// The host and port.
+        target: String,
         /// Why.
-        source: io::Error,
+        message: String,
     },
     /// The TLS handshake failed.
     #[error("TLS with {host} failed: {message}")]
@@ -119,6 +100,80 @@ pub enum EgressError {
 }
 
 impl EgressError {
+    /// What the client's error was, in this crate's terms: the guard's own refusal when
+    /// its resolver refused, a TLS failure by the TLS library's error, a connection that
+    /// could not be opened, or the exchange failing.
+    fn from_client(url: &Url, e: reqwest::Error) -> Self {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(err) = source {
+            if let Some(ours) = err.downcast_ref::<EgressError>() {
+                return ours.clone_kind();
+            }
+            // The TLS library's error, itself or inside an I/O error.
+            let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
+                err.downcast_ref::<io::Error>()
+                    .and_then(io::Error::get_ref)
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            });
+            // (Some stacks pass it on as text only: known by rustls's own wording.)
+            let text = err.to_string();
+            let tls_text = [
+                "invalid peer certificate",
+                "received fatal alert",
+                "peer is incompatible",
+                "peer misbehaved",
+            ]
+            .iter()
+            .any(|p| text.starts_with(p));
+            if tls.is_some() || tls_text {
+                return Self::Tls {
+                    host: url.host_str().unwrap_or_default().to_owned(),
+                    message: tls.map_or(text, ToString::to_string),
+                };
+            }
+            source = err.source();
+        }
+        let chain = chain(&e);
+        if e.is_timeout() {
+            return Self::Http(format!("timed out: {chain}"));
+        }
+        if e.is_connect() {
+            return Self::Connect {
+                target: format!(
+                    "{}:{}",
+                    url.host_str().unwrap_or_default(),
+                    url.port_or_known_default().unwrap_or_default()
+                ),
+                message: chain,
+            };
+        }
+        Self::Http(chain)
+    }
+
+    /// A copy of an error the resolver returned through the client (its I/O source, if
+    /// any, kept as text).
+    fn clone_kind(&self) -> Self {
+        match self {
+            Self::BadUrl(s) => Self::BadUrl(s.clone()),
+            Self::Refused(r) => Self::Refused(r.clone()),
+            Self::Resolve { host, source } => Self::Resolve {
+                host: host.clone(),
+                source: io::Error::new(source.kind(), source.to_string()),
+            },
+            Self::NoAddresses(h) => Self::NoAddresses(h.clone()),
+            Self::Connect { target, message } => Self::Connect {
+                target: target.clone(),
+                message: message.clone(),
+            },
+            Self::Tls { host, message } => Self::Tls {
+                host: host.clone(),
+                message: message.clone(),
+            },
+            Self::Timeout(d) => Self::Timeout(*d),
+            Self::Http(s) => Self::Http(s.clone()),
+        }
+    }
+
     /// Whether the guard refused the address.
     pub fn is_refused(&self) -> bool {
         matches!(self, Self::Refused(_))
@@ -140,17 +195,25 @@ pub struct Response {
     pub body: Bytes,
     /// Whether the body was longer and was cut off.
     pub truncated: bool,
-    /// The address the request went to.
-    pub addr: SocketAddr,
+    /// The address the request went to, when the client tells.
+    pub addr: Option<SocketAddr>,
 }
 
-/// The outbound client. Cheap to clone.
+/// How long an idle pooled connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+/// Idle connections kept per destination.
+const POOL_PER_HOST: usize = 64;
+
+/// The outbound client. Cheap to clone: clones share one connection pool.
 #[derive(Clone)]
 pub struct Egress {
     resolver: Arc<dyn Resolver>,
-    connector: Arc<dyn Connector>,
     allow: AllowList,
-    user_agent: HeaderValue,
+    /// For an operator's destination: every address allowed, and the environment's
+    /// proxy (`HTTPS_PROXY`) used, as a corporate network may need.
+    trusted: bool,
+    /// Built on first use, so a resolver given after [`Egress::new`] is the one used.
+    client: Arc<OnceLock<reqwest::Client>>,
 }
 
 impl std::fmt::Debug for Egress {
@@ -161,29 +224,31 @@ impl std::fmt::Debug for Egress {
     }
 }
 
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
-
 impl Egress {
-    /// The system resolver, plain TCP, TLS verified by the platform's roots, and `allow`.
+    /// The system resolver, TLS verified by the platform's roots, and `allow`.
     pub fn new(allow: AllowList) -> Self {
         Self {
             resolver: Arc::new(SystemResolver),
-            connector: Arc::new(TcpConnector),
             allow,
-            user_agent: HeaderValue::from_static(concat!("pulse/", env!("CARGO_PKG_VERSION"))),
+            trusted: false,
+            client: Arc::default(),
         }
     }
 
-    /// Uses `resolver` to look names up.
-    pub fn with_resolver(mut self, resolver: Arc<dyn Resolver>) -> Self {
-        self.resolver = resolver;
-        self
+    /// A client for destinations the operator configured (a model provider's URL), not
+    /// a user: every address is allowed and the environment's proxy is used; the rest
+    /// (no redirects, the TLS configuration, the pool) is the same.
+    pub fn trusted() -> Self {
+        Self {
+            trusted: true,
+            ..Self::new(AllowList::any())
+        }
     }
 
-    /// Uses `connector` to open connections.
-    pub fn with_connector(mut self, connector: Arc<dyn Connector>) -> Self {
-        self.connector = connector;
+    /// Uses `resolver` to look names up (with a pool of its own).
+    pub fn with_resolver(mut self, resolver: Arc<dyn Resolver>) -> Self {
+        self.resolver = resolver;
+        self.client = Arc::default();
         self
     }
 
@@ -200,40 +265,46 @@ impl Egress {
         check_public(ip)
     }
 
+    /// The guarded client itself, for callers that need more than one exchange (a model
+    /// provider's JSON API). Names are checked as it connects; a URL naming an address
+    /// outright must pass [`Egress::permits`] first (the client does not resolve it).
+    pub fn client(&self) -> &reqwest::Client {
+        self.client.get_or_init(|| {
+            let builder = reqwest::Client::builder()
+                .tls_backend_preconfigured(tls::client_config().as_ref().clone())
+                .user_agent(concat!("pulse/", env!("CARGO_PKG_VERSION")))
+                // A redirect would carry the request (and its credentials) wherever it
+                // points.
+                .redirect(reqwest::redirect::Policy::none())
+                .tcp_nodelay(true)
+                .pool_idle_timeout(POOL_IDLE)
+                .pool_max_idle_per_host(POOL_PER_HOST)
+                .dns_resolver(Arc::new(Guarded(self.clone_for_resolver())));
+            // A proxy would resolve and connect for us, past the guard.
+            let builder = if self.trusted {
+                builder
+            } else {
+                builder.no_proxy()
+            };
+            builder
+                .build()
+                .unwrap_or_else(|e| panic!("the outbound HTTP client could not be built: {e}"))
+        })
+    }
+
+    /// What the client's resolver checks with: this egress without its client (the
+    /// resolver must not keep the client alive through itself).
+    fn clone_for_resolver(&self) -> Check {
+        Check {
+            resolver: self.resolver.clone(),
+            allow: self.allow.clone(),
+        }
+    }
+
     /// Resolves `url`'s host once (an IP literal is not resolved) and checks every
     /// address: one that is neither public nor allowed refuses the lot.
     pub async fn check(&self, url: &Url) -> Result<Vec<SocketAddr>, EgressError> {
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(EgressError::BadUrl(format!(
-                "{url}: only http and https URLs"
-            )));
-        }
-        let port = url
-            .port_or_known_default()
-            .ok_or_else(|| EgressError::BadUrl(format!("{url}: no port")))?;
-        let addrs = match url.host() {
-            Some(Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
-            Some(Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
-            Some(Host::Domain(name)) => {
-                self.resolver
-                    .resolve(name, port)
-                    .await
-                    .map_err(|source| EgressError::Resolve {
-                        host: name.to_owned(),
-                        source,
-                    })?
-            }
-            None => return Err(EgressError::BadUrl(format!("{url}: no host"))),
-        };
-        if addrs.is_empty() {
-            return Err(EgressError::NoAddresses(
-                url.host_str().unwrap_or_default().to_owned(),
-            ));
-        }
-        for a in &addrs {
-            self.permits(a.ip()).map_err(EgressError::Refused)?;
-        }
-        Ok(addrs)
+        self.clone_for_resolver().check(url).await
     }
 
     /// POSTs `body` with `headers` to `url` under one `timeout`; reads at most
@@ -293,116 +364,135 @@ impl Egress {
         body: Bytes,
         max_body: usize,
     ) -> Result<Response, EgressError> {
-        let addrs = self.check(url).await?;
-        let (stream, addr) = self.connect(&addrs).await?;
-        let host = url.host_str().unwrap_or_default().to_owned();
-        let io: Box<dyn Io> = if url.scheme() == "https" {
-            Box::new(self.tls(url, &host, stream).await?)
-        } else {
-            Box::new(stream)
-        };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| EgressError::Http(e.to_string()))?;
-        // The connection task ends when the exchange does (the sender is dropped).
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let authority = match url.port() {
-            Some(p) => format!("{host}:{p}"),
-            None => host.clone(),
-        };
-        let path = match url.query() {
-            Some(q) => format!("{}?{q}", url.path()),
-            None => url.path().to_owned(),
-        };
-        let post = method == http::Method::POST;
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .body(Full::new(body.clone()))
-            .map_err(|e| EgressError::BadUrl(format!("{url}: {e}")))?;
-        *req.headers_mut() = headers;
-        let h = req.headers_mut();
-        h.insert(
-            http::header::HOST,
-            HeaderValue::from_str(&authority)
-                .map_err(|_| EgressError::BadUrl(format!("{url}: bad host")))?,
-        );
-        if post || !body.is_empty() {
-            h.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(EgressError::BadUrl(format!(
+                "{url}: only http and https URLs"
+            )));
         }
-        if !h.contains_key(http::header::USER_AGENT) {
-            h.insert(http::header::USER_AGENT, self.user_agent.clone());
+        // The client resolves names through the guard; an address given outright is
+        // checked here, since nothing resolves it.
+        match url.host() {
+            Some(Host::Ipv4(ip)) => self.permits(IpAddr::V4(ip)),
+            Some(Host::Ipv6(ip)) => self.permits(IpAddr::V6(ip)),
+            Some(Host::Domain(_)) => Ok(()),
+            None => return Err(EgressError::BadUrl(format!("{url}: no host"))),
         }
-        let resp = sender
-            .send_request(req)
+        .map_err(EgressError::Refused)?;
+        let mut resp = self
+            .client()
+            .request(method, url.clone())
+            .headers(headers)
+            .body(body)
+            .send()
             .await
-            .map_err(|e| EgressError::Http(e.to_string()))?;
-        let (parts, mut incoming) = resp.into_parts();
+            .map_err(|e| EgressError::from_client(url, e))?;
+        let status = resp.status();
+        let addr = resp.remote_addr();
+        let headers = resp.headers().clone();
         let mut buf = Vec::new();
         let mut truncated = false;
-        while let Some(frame) = incoming.frame().await {
-            let frame = frame.map_err(|e| EgressError::Http(e.to_string()))?;
-            if let Ok(data) = frame.into_data() {
-                let room = max_body - buf.len();
-                if data.len() > room {
-                    buf.extend_from_slice(&data[..room]);
-                    // Stop reading: an endless body must not hold the caller.
-                    truncated = true;
-                    break;
-                }
-                buf.extend_from_slice(&data);
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| EgressError::from_client(url, e))?
+        {
+            let room = max_body - buf.len();
+            if chunk.len() > room {
+                buf.extend_from_slice(&chunk[..room]);
+                // Stop reading: an endless body must not hold the caller.
+                truncated = true;
+                break;
             }
+            buf.extend_from_slice(&chunk);
         }
         Ok(Response {
-            status: parts.status,
-            headers: parts.headers,
+            status,
+            headers,
             body: Bytes::from(buf),
             truncated,
             addr,
         })
     }
+}
 
-    /// Connects to the first checked address that accepts.
-    async fn connect(&self, addrs: &[SocketAddr]) -> Result<(TcpStream, SocketAddr), EgressError> {
-        let mut last = None;
-        for &addr in addrs {
-            match self.connector.connect(addr).await {
-                Ok(s) => return Ok((s, addr)),
-                Err(e) => last = Some((addr, e)),
+/// The guard's half of the client: a resolver and the allow-list.
+#[derive(Clone)]
+struct Check {
+    resolver: Arc<dyn Resolver>,
+    allow: AllowList,
+}
+
+impl Check {
+    async fn check(&self, url: &Url) -> Result<Vec<SocketAddr>, EgressError> {
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(EgressError::BadUrl(format!(
+                "{url}: only http and https URLs"
+            )));
+        }
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| EgressError::BadUrl(format!("{url}: no port")))?;
+        let addrs = match url.host() {
+            Some(Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
+            Some(Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
+            Some(Host::Domain(name)) => self.resolve(name, port).await?,
+            None => return Err(EgressError::BadUrl(format!("{url}: no host"))),
+        };
+        Ok(addrs)
+    }
+
+    /// `name`'s addresses, each one public or allowed, or the refusal.
+    async fn resolve(&self, name: &str, port: u16) -> Result<Vec<SocketAddr>, EgressError> {
+        let addrs =
+            self.resolver
+                .resolve(name, port)
+                .await
+                .map_err(|source| EgressError::Resolve {
+                    host: name.to_owned(),
+                    source,
+                })?;
+        if addrs.is_empty() {
+            return Err(EgressError::NoAddresses(name.to_owned()));
+        }
+        for a in &addrs {
+            if !self.allow.contains(a.ip()) {
+                check_public(a.ip()).map_err(EgressError::Refused)?;
             }
         }
-        let (addr, source) = last.unwrap_or_else(|| {
-            (
-                SocketAddr::from(([0, 0, 0, 0], 0)),
-                io::Error::other("no address to connect to"),
-            )
-        });
-        Err(EgressError::Connect { addr, source })
+        Ok(addrs)
     }
+}
 
-    async fn tls(
-        &self,
-        url: &Url,
-        host: &str,
-        stream: TcpStream,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, EgressError> {
-        let tls_err = |message: String| EgressError::Tls {
-            host: host.to_owned(),
-            message,
-        };
-        let connector = tokio_rustls::TlsConnector::from(tls::client_config());
-        // An IP literal is verified against the certificate's IP addresses.
-        let name = match url.host() {
-            Some(Host::Ipv4(ip)) => rustls::pki_types::ServerName::IpAddress(IpAddr::V4(ip).into()),
-            Some(Host::Ipv6(ip)) => rustls::pki_types::ServerName::IpAddress(IpAddr::V6(ip).into()),
-            _ => rustls::pki_types::ServerName::try_from(host.to_owned())
-                .map_err(|e| tls_err(e.to_string()))?,
-        };
-        connector
-            .connect(name, stream)
-            .await
-            .map_err(|e| tls_err(e.to_string()))
+/// The client's name resolution: the guard's check, so every new connection goes only
+/// to addresses that passed it.
+struct Guarded(Check);
+
+impl reqwest::dns::Resolve for Guarded {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let check = self.0.clone();
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            // The port is the request's; the client puts it on the addresses it gets.
+            let addrs = check
+                .resolve(&host, 0)
+                .await
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
     }
+}
+
+/// An error and its causes, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
 }

@@ -11,9 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderMap;
-use pulse_egress::{AllowList, Connector, Egress, EgressError, Resolver};
+use pulse_egress::{AllowList, Egress, EgressError, Resolver};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use url::Url;
 
 fn allow_loopback_one() -> AllowList {
@@ -45,18 +45,6 @@ impl Resolver for Scripted {
         } else {
             a[0].clone()
         })
-    }
-}
-
-/// Records every address asked for and refuses all of them.
-#[derive(Default)]
-struct Recorder(Mutex<Vec<SocketAddr>>);
-
-#[async_trait]
-impl Connector for Recorder {
-    async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
-        self.0.lock().unwrap().push(addr);
-        Err(io::Error::other("recording connector"))
     }
 }
 
@@ -121,8 +109,11 @@ fn ok(body: &str) -> String {
     )
 }
 
-async fn tripwire(port: u16) -> Arc<AtomicUsize> {
+/// A listener on 127.0.0.2 at `port` (any when 0) counting the connections that reach
+/// it, and its port.
+async fn tripwire(port: u16) -> (Arc<AtomicUsize>, u16) {
     let l = TcpListener::bind(("127.0.0.2", port)).await.unwrap();
+    let port = l.local_addr().unwrap().port();
     let hits = Arc::new(AtomicUsize::new(0));
     let h = hits.clone();
     tokio::spawn(async move {
@@ -130,7 +121,7 @@ async fn tripwire(port: u16) -> Arc<AtomicUsize> {
             h.fetch_add(1, Ordering::SeqCst);
         }
     });
-    hits
+    (hits, port)
 }
 
 fn post(
@@ -174,27 +165,44 @@ async fn every_listed_range_is_refused_as_a_literal_and_through_a_resolver_witho
         "http://2130706433/",
     ];
     for url in literals {
-        let recorder = Arc::new(Recorder::default());
-        let e = Egress::new(AllowList::default()).with_connector(recorder.clone());
+        let e = Egress::new(AllowList::default());
         let err = post(&e, url).await.unwrap_err();
         assert!(err.is_refused(), "{url}: {err}");
-        assert!(recorder.0.lock().unwrap().is_empty(), "{url}");
         // The same address behind a name.
         let ip = Url::parse(url).unwrap().socket_addrs(|| None).unwrap()[0];
-        let recorder = Arc::new(Recorder::default());
-        let e = Egress::new(AllowList::default())
-            .with_resolver(Scripted::new(vec![vec![ip]]))
-            .with_connector(recorder.clone());
+        let e = Egress::new(AllowList::default()).with_resolver(Scripted::new(vec![vec![ip]]));
         let err = post(&e, "http://hooks.example.com/").await.unwrap_err();
         assert!(err.is_refused(), "{ip}: {err}");
         assert!(
             err.to_string().contains(&ip.ip().to_string()) || ip.is_ipv6(),
             "{err}"
         );
-        assert!(recorder.0.lock().unwrap().is_empty(), "{ip}");
     }
+    // No connection is opened to a refused address: a listener on one counts none.
+    let hits = tripwire(0).await;
+    let port = hits.1;
+    let e = Egress::new(AllowList::default());
+    assert!(
+        post(&e, &format!("http://127.0.0.2:{port}/"))
+            .await
+            .unwrap_err()
+            .is_refused()
+    );
+    let e = Egress::new(AllowList::default())
+        .with_resolver(Scripted::new(vec![vec![([127, 0, 0, 2], port).into()]]));
+    assert!(
+        post(&e, &format!("http://internal.example.com:{port}/"))
+            .await
+            .unwrap_err()
+            .is_refused()
+    );
+    assert_eq!(
+        hits.0.load(Ordering::SeqCst),
+        0,
+        "nothing reached 127.0.0.2"
+    );
     // Public addresses pass the check (no connection is made by `check`).
-    let e = Egress::new(AllowList::default()).with_connector(Arc::new(Recorder::default()));
+    let e = Egress::new(AllowList::default());
     for url in [
         "http://8.8.8.8/",
         "https://1.1.1.1/",
@@ -207,22 +215,20 @@ async fn every_listed_range_is_refused_as_a_literal_and_through_a_resolver_witho
 #[tokio::test]
 async fn a_resolver_that_rebinds_to_a_private_address_never_leads_to_it() {
     let (good, seen) = server("127.0.0.1:0", ok("fine"), Duration::ZERO).await;
-    let hits = tripwire(good.port()).await;
+    let (hits, _) = tripwire(good.port()).await;
     let evil: SocketAddr = ([127, 0, 0, 2], good.port()).into();
     // Public (allow-listed) on the first lookup, private on every later one.
     let resolver = Scripted::new(vec![vec![good], vec![evil]]);
     let e = Egress::new(allow_loopback_one()).with_resolver(resolver.clone());
     let r = post(&e, "http://hooks.example.com/x").await.unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(r.addr, good);
-    assert_eq!(
-        resolver.calls.load(Ordering::SeqCst),
-        1,
-        "one lookup per request"
-    );
-    // The next request sees the private answer and is refused.
+    assert_eq!(r.addr, Some(good));
+    assert_eq!(resolver.calls.load(Ordering::SeqCst), 1, "one lookup");
+    // A new connection looks the name up again and is refused (a pooled one was checked
+    // when it was opened: the server closes each connection here, so none is pooled).
     let err = post(&e, "http://hooks.example.com/x").await.unwrap_err();
     assert!(err.is_refused(), "{err}");
+    assert_eq!(resolver.calls.load(Ordering::SeqCst), 2);
     // One private address among public ones refuses the lot.
     let e = Egress::new(allow_loopback_one()).with_resolver(Scripted::new(vec![vec![good, evil]]));
     assert!(
@@ -233,6 +239,57 @@ async fn a_resolver_that_rebinds_to_a_private_address_never_leads_to_it() {
     );
     assert_eq!(seen.lock().unwrap().len(), 1);
     assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing reached 127.0.0.2");
+}
+
+#[tokio::test]
+async fn connections_to_a_destination_are_kept_alive_and_reused() {
+    // A server that keeps connections open and answers every request on them.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut got = Vec::new();
+                loop {
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    // Requests here are small POSTs with a 2-byte body.
+                    while let Some(i) = find(&got, b"\r\n\r\n") {
+                        if got.len() < i + 4 + 2 {
+                            break;
+                        }
+                        got.drain(..i + 4 + 2);
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                    }
+                }
+            });
+        }
+    });
+    let e = Egress::new(allow_loopback_one());
+    for _ in 0..20 {
+        let r = post(&e, &format!("http://{addr}/")).await.unwrap();
+        assert_eq!(&r.body[..], b"ok");
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one connection for twenty requests"
+    );
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 #[tokio::test]

@@ -61,9 +61,10 @@ pub struct ProviderSettings {
     pub max_attempts: u32,
     /// Longest single wait between attempts (caps `Retry-After`).
     pub max_retry_wait: Duration,
-    /// For a base URL an agent chose: every address it resolves to must pass this
-    /// guard (and no proxy is used, so the check is the connection's own).
-    pub guard: Option<Egress>,
+    /// The client the requests go through: for a base URL an agent chose, the egress
+    /// guard's (every address it resolves to must pass it, and no proxy is used, so the
+    /// check is the connection's own); for one the operator configured, a trusted one.
+    pub egress: Egress,
 }
 
 impl ProviderSettings {
@@ -220,6 +221,8 @@ type ClientKey = (ProviderKind, String, String, &'static str, Option<String>);
 pub struct Router {
     config: LlmConfig,
     egress: Egress,
+    /// For the base URLs the operator configured.
+    trusted: Egress,
     clients: Mutex<HashMap<ClientKey, Arc<dyn Llm>>>,
 }
 
@@ -229,6 +232,7 @@ impl Router {
         Self {
             config,
             egress,
+            trusted: Egress::trusted(),
             clients: Mutex::new(HashMap::new()),
         }
     }
@@ -280,8 +284,12 @@ impl LlmSelector for Router {
             }
         };
         // A URL the operator did not configure is reached only through the guard.
-        let guard = (!trusted).then(|| self.egress.clone());
-        if let Some(egress) = &guard
+        let egress = if trusted {
+            self.trusted.clone()
+        } else {
+            self.egress.clone()
+        };
+        if !trusted
             && let Some(ip) = match base_url.host() {
                 Some(url::Host::Ipv4(ip)) => Some(std::net::IpAddr::V4(ip)),
                 Some(url::Host::Ipv6(ip)) => Some(std::net::IpAddr::V6(ip)),
@@ -309,30 +317,10 @@ impl LlmSelector for Router {
             timeout: c.timeout,
             max_attempts: c.max_attempts,
             max_retry_wait: c.max_retry_wait,
-            guard,
+            egress,
         })?;
         clients.insert(key, built.clone());
         Ok(built)
-    }
-}
-
-/// Looks names up through the egress guard: every address must be public (or allowed),
-/// and reqwest connects to the addresses returned here, not to a second lookup's.
-struct GuardedResolver(Egress);
-
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let egress = self.0.clone();
-        let host = name.as_str().to_owned();
-        Box::pin(async move {
-            let url = Url::parse(&format!("http://{host}/"))
-                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
-            let addrs = egress
-                .check(&url)
-                .await
-                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
-            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
-        })
     }
 }
 
@@ -344,22 +332,10 @@ pub(crate) struct HttpLlm {
 
 impl HttpLlm {
     fn new(settings: ProviderSettings) -> Result<Self, LlmError> {
-        let mut builder = Client::builder()
-            .tls_backend_preconfigured(pulse_egress::tls::client_config().as_ref().clone())
-            .timeout(settings.timeout)
-            .user_agent(concat!("pulse/", env!("CARGO_PKG_VERSION")))
-            // A redirect would carry the key to wherever it points.
-            .redirect(reqwest::redirect::Policy::none());
-        if let Some(egress) = &settings.guard {
-            builder = builder
-                .no_proxy()
-                .dns_resolver(Arc::new(GuardedResolver(egress.clone())));
-        }
-        let client = builder.build().map_err(|e| LlmError::NotConfigured {
-            provider: settings.kind.as_str(),
-            message: format!("cannot start an HTTP client: {e}"),
-        })?;
-        Ok(Self { client, settings })
+        Ok(Self {
+            client: settings.egress.client().clone(),
+            settings,
+        })
     }
 
     fn provider(&self) -> &'static str {
@@ -390,7 +366,11 @@ impl HttpLlm {
         let attempts = self.settings.max_attempts.max(1);
         let mut last = None;
         for attempt in 1..=attempts {
-            let mut req = self.client.post(&url).json(body);
+            let mut req = self
+                .client
+                .post(&url)
+                .timeout(self.settings.timeout)
+                .json(body);
             for (k, v) in headers {
                 req = req.header(*k, *v);
             }
