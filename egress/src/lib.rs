@@ -259,10 +259,7 @@ impl Egress {
 
     /// `Ok` if requests may go to `ip`: it is public, or in the allow-list.
     pub fn permits(&self, ip: IpAddr) -> Result<(), Refusal> {
-        if self.allow.contains(ip) {
-            return Ok(());
-        }
-        check_public(ip)
+        self.clone_for_resolver().permits(ip)
     }
 
     /// The guarded client itself, for callers that need more than one exchange (a model
@@ -432,13 +429,21 @@ impl Check {
         let port = url
             .port_or_known_default()
             .ok_or_else(|| EgressError::BadUrl(format!("{url}: no port")))?;
-        let addrs = match url.host() {
-            Some(Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
-            Some(Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
-            Some(Host::Domain(name)) => self.resolve(name, port).await?,
+        let ip = match url.host() {
+            Some(Host::Ipv4(ip)) => IpAddr::V4(ip),
+            Some(Host::Ipv6(ip)) => IpAddr::V6(ip),
+            Some(Host::Domain(name)) => return self.resolve(name, port).await,
             None => return Err(EgressError::BadUrl(format!("{url}: no host"))),
         };
-        Ok(addrs)
+        self.permits(ip).map_err(EgressError::Refused)?;
+        Ok(vec![SocketAddr::new(ip, port)])
+    }
+
+    fn permits(&self, ip: IpAddr) -> Result<(), Refusal> {
+        if self.allow.contains(ip) {
+            return Ok(());
+        }
+        check_public(ip)
     }
 
     /// `name`'s addresses, each one public or allowed, or the refusal.
@@ -455,9 +460,7 @@ impl Check {
             return Err(EgressError::NoAddresses(name.to_owned()));
         }
         for a in &addrs {
-            if !self.allow.contains(a.ip()) {
-                check_public(a.ip()).map_err(EgressError::Refused)?;
-            }
+            self.permits(a.ip()).map_err(EgressError::Refused)?;
         }
         Ok(addrs)
     }
