@@ -625,18 +625,13 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Durat
     start.elapsed()
 }
 
-/// Hardening finding 4 as a user meets it: `kill -9` in the middle of a heartbeat used to
-/// stall the agent for about five minutes, whatever `PULSE_LEASE` said.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
+/// A tool run on every heartbeat whose first run hangs (its process is killed in it) and
+/// whose later runs answer.
+async fn hangs_once(d: &Path) -> FakeTool {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let calls = std::sync::Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    // The first run hangs (the process is killed in it); later ones answer.
+    let calls = AtomicUsize::new(0);
     let tool = FakeTool::answering(move |_| {
-        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+        if calls.fetch_add(1, Ordering::SeqCst) == 0 {
             pulse_tests::Reply::Hang
         } else {
             pulse_tests::ok_with_events(serde_json::json!([]))
@@ -644,6 +639,16 @@ async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
     })
     .await;
     add_heartbeat_tool(d, &tool.url(), None);
+    tool
+}
+
+/// Hardening finding 4 as a user meets it: `kill -9` in the middle of a heartbeat used to
+/// stall the agent for about five minutes, whatever `PULSE_LEASE` said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tool = hangs_once(d).await;
     let agent = ok(
         d,
         &["agents", "create", "--name", "scout", "--interval", "1h"],
@@ -683,20 +688,9 @@ async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
 /// when it was killed: within seconds, not when the 10-minute lease runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_serve_takes_back_the_heartbeat_its_killed_predecessor_held() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let calls = std::sync::Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let tool = FakeTool::answering(move |_| {
-        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
-            pulse_tests::Reply::Hang
-        } else {
-            pulse_tests::ok_with_events(serde_json::json!([]))
-        }
-    })
-    .await;
-    add_heartbeat_tool(d, &tool.url(), None);
+    let tool = hangs_once(d).await;
     let agent = ok(
         d,
         &["agents", "create", "--name", "scout", "--interval", "1h"],

@@ -699,36 +699,21 @@ async fn first_hour_on(backend: Backend) {
     ok(d, &["agents", "delete", &twin, "--yes"]);
 
     // Heartbeat instructions from a file, read again on update.
-    std::fs::write(d.join("HEARTBEAT.md"), "check the inbox\n").unwrap();
-    ok(
-        d,
-        &[
+    for text in ["check the inbox", "check the calendar"] {
+        std::fs::write(d.join("HEARTBEAT.md"), format!("{text}\n")).unwrap();
+        let update = [
             "agents",
             "update",
             "sc",
             "--instructions-file",
             "HEARTBEAT.md",
-        ],
-    );
-    assert_eq!(
-        json(d, &["agents", "show", "sc"])["agent"]["instructions"],
-        "check the inbox"
-    );
-    std::fs::write(d.join("HEARTBEAT.md"), "check the calendar\n").unwrap();
-    ok(
-        d,
-        &[
-            "agents",
-            "update",
-            "sc",
-            "--instructions-file",
-            "HEARTBEAT.md",
-        ],
-    );
-    assert_eq!(
-        json(d, &["agents", "show", "sc"])["agent"]["instructions"],
-        "check the calendar"
-    );
+        ];
+        ok(d, &update);
+        assert_eq!(
+            json(d, &["agents", "show", "sc"])["agent"]["instructions"],
+            text
+        );
+    }
     assert!(
         bad(
             d,
