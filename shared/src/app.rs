@@ -81,19 +81,26 @@ impl Connected {
         settings: &EngineSettings,
         services: &Services,
     ) -> Worker {
-        let runner = self.runner(clock.clone(), settings, self.tools(clock.clone(), services));
+        let tools = self.tools(clock.clone(), settings, services);
+        let runner = self.runner(clock.clone(), settings, tools);
         Worker::new(Arc::new(runner))
-            .with_conversation(Arc::new(self.conversation(clock, services)))
+            .with_conversation(Arc::new(self.conversation(clock, settings, services)))
     }
 
     /// Every tool: HTTP tools through the egress guard, and the heartbeat agent.
-    pub fn tools(&self, clock: Arc<dyn Clock>, services: &Services) -> Arc<dyn ToolRunner> {
+    pub fn tools(
+        &self,
+        clock: Arc<dyn Clock>,
+        settings: &EngineSettings,
+        services: &Services,
+    ) -> Arc<dyn ToolRunner> {
         let agent = HeartbeatAgent::new(
             self.store.clone(),
             self.queue.clone(),
             services.llm.clone(),
             clock,
-        );
+        )
+        .with_schedule_limits(settings.schedules);
         Arc::new(Tools::with_heartbeat_agent(agent, services.egress.clone()))
     }
 
@@ -114,13 +121,21 @@ impl Connected {
 
     /// The conversation engine, emitting hooks if a hooks queue is configured, fetching
     /// images through the egress client.
-    pub fn conversation(&self, clock: Arc<dyn Clock>, services: &Services) -> Conversation {
+    pub fn conversation(
+        &self,
+        clock: Arc<dyn Clock>,
+        settings: &EngineSettings,
+        services: &Services,
+    ) -> Conversation {
         let conversation = Conversation::new(
             self.store.clone(),
             services.llm.clone(),
             services.discord.clone(),
             clock.clone(),
-            ConversationSettings::default(),
+            ConversationSettings {
+                schedules: settings.schedules,
+                ..ConversationSettings::default()
+            },
         )
         // Images a provider cannot reach go through the egress guard, as hooks do.
         .with_images(Arc::new(crate::llm::EgressImages::new(

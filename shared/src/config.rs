@@ -47,6 +47,7 @@ use url::Url;
 use crate::discord::DiscordConfig;
 use crate::domain::{AgentId, ProviderKind, Retention, Secret, parse_duration};
 use crate::engine::EngineSettings;
+use crate::engine::reminders::ScheduleLimits;
 use crate::error::{ConfigError, ValidationError};
 use crate::llm::{KeyLookup, LlmConfig};
 use crate::sealing::EncryptionKeys;
@@ -210,6 +211,10 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             cascade_depth: self.number("PULSE_CASCADE_DEPTH", d.cascade_depth, 0)?,
             max_window_events: self.number("PULSE_MAX_WINDOW_EVENTS", d.max_window_events, 1)?,
             sweep_max: self.number("PULSE_SWEEP_MAX", d.sweep_max, 1)?,
+            schedules: ScheduleLimits {
+                max_per_agent: self.number("PULSE_MAX_SCHEDULES", d.schedules.max_per_agent, 1)?,
+                grace: self.duration("PULSE_SCHEDULE_GRACE", d.schedules.grace)?,
+            },
             ..d
         };
         if settings.lease < SignedDuration::from_secs(1) {

@@ -382,11 +382,14 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
     let settings = EngineSettings::default();
     let tools = Arc::new(SimTools {
         world: world.clone(),
-        builtin: connected.tools(clock.clone(), &services),
+        builtin: connected.tools(clock.clone(), &settings, &services),
     });
     let runner = connected.runner(clock.clone(), &settings, tools);
-    let worker = Worker::new(Arc::new(runner))
-        .with_conversation(Arc::new(connected.conversation(clock.clone(), &services)));
+    let worker = Worker::new(Arc::new(runner)).with_conversation(Arc::new(connected.conversation(
+        clock.clone(),
+        &settings,
+        &services,
+    )));
     let dispatcher = Dispatcher::new(
         connected.store.clone(),
         hooks,

@@ -24,6 +24,10 @@ struct Answer {
 }
 
 async fn ui(kind: Kind, access: Access) -> Ui {
+    ui_within(kind, access, ServeLimits::default()).await
+}
+
+async fn ui_within(kind: Kind, access: Access, limits: ServeLimits) -> Ui {
     let b = Backend::new(kind).await;
     let dashboard = Dashboard::new(
         &b.connected(),
@@ -37,7 +41,7 @@ async fn ui(kind: Kind, access: Access) -> Ui {
     tokio::spawn(http::serve_app(
         listener,
         dashboard.router(),
-        ServeLimits::default(),
+        limits,
         std::future::pending(),
     ));
     let http = reqwest::Client::builder()
@@ -912,4 +916,50 @@ async fn no_page(kind: Kind) {
         elsewhere.body
     );
     assert!(!elsewhere.body.starts_with('{'), "HTML, not JSON");
+}
+
+/// Hardening II, finding 2: server-sent event streams held a connection place for as
+/// long as their clients kept them open, and 600 of them kept health and webhooks from
+/// being answered. Now they have a budget of their own and a lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_streams_have_their_own_budget_and_lifetime_and_never_take_the_pages_places() {
+    let limits = ServeLimits {
+        max_connections: 4,
+        max_streams: 3,
+        max_streams_per_address: 3,
+        stream_lifetime: Duration::from_secs(2),
+        ..ServeLimits::default()
+    };
+    let u = ui_within(Kind::Sqlite, Access::Open, limits).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let live = format!("{}/ui/agents/{}/live", u.base, agent.id);
+    // Streams that are never read beyond their headers, on connections of their own.
+    let mut streams = Vec::new();
+    for _ in 0..limits.max_streams {
+        let r = reqwest::Client::new().get(&live).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        streams.push(r);
+    }
+    let over = reqwest::Client::new().get(&live).send().await.unwrap();
+    assert_eq!(over.status(), 503, "the streams' budget is spent");
+    assert!(over.headers().contains_key("retry-after"));
+    // Pages are served beside them, more of them than the connection places: the
+    // streams hold none.
+    for _ in 0..limits.max_connections + 2 {
+        let page = reqwest::Client::new()
+            .get(format!("{}/ui/", u.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 200);
+    }
+    // A stream ends after its lifetime and gives its place back.
+    let started = std::time::Instant::now();
+    let mut first = streams.remove(0);
+    while first.chunk().await.unwrap().is_some() {}
+    assert!(started.elapsed() <= limits.stream_lifetime + Duration::from_secs(2));
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let again = reqwest::Client::new().get(&live).send().await.unwrap();
+    assert_eq!(again.status(), 200, "a place is free again");
 }

@@ -21,6 +21,10 @@ const LIMITS: ServeLimits = ServeLimits {
     header_timeout: Duration::from_secs(2),
     request_timeout: Duration::from_secs(3),
     max_connections: 4,
+    max_per_address: 100,
+    max_streams: 2,
+    max_streams_per_address: 2,
+    stream_lifetime: Duration::from_secs(60),
     shutdown_grace: Duration::from_secs(5),
 };
 
@@ -111,33 +115,112 @@ async fn a_body_that_never_comes_is_answered_408_after_the_request_timeout() {
     assert!(answer.contains("\"error\""), "a JSON error: {answer}");
 }
 
+/// Connects to `addr` from the loopback address `from` (127.0.0.x: each stands for
+/// another client machine).
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((from, 0).into()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// `GET /healthz` on a new connection from 127.0.0.1: whether it was answered 200 within
+/// `within`.
+async fn healthy_within(addr: SocketAddr, within: Duration) -> bool {
+    let ask = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: pulse\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        Some(until_closed(&mut s).await.starts_with("HTTP/1.1 200"))
+    };
+    matches!(tokio::time::timeout(within, ask).await, Ok(Some(true)))
+}
+
 #[tokio::test(start_paused = true)]
-async fn connections_beyond_the_cap_wait_for_one_to_close() {
+async fn at_the_cap_the_longest_idle_connection_makes_room() {
     let l = listen(LIMITS).await;
-    let start = Instant::now();
     let mut idle = Vec::new();
-    for _ in 0..LIMITS.max_connections + 2 {
+    for _ in 0..LIMITS.max_connections {
         idle.push(TcpStream::connect(l.addr).await.unwrap());
+        // Each one idle a moment longer than the next.
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The first four are served and time out; the other two wait in the backlog, are
-    // accepted as those close, and time out in turn: never more than four at once.
-    let mut closed_at = Vec::new();
-    for s in &mut idle {
+    // A fifth connection: the oldest idle one is closed at once, long before its
+    // header timeout, and the new one is answered.
+    let start = Instant::now();
+    assert!(healthy_within(l.addr, Duration::from_millis(500)).await);
+    until_closed(&mut idle[0]).await;
+    assert!(
+        start.elapsed() < LIMITS.header_timeout,
+        "shed, not timed out"
+    );
+    // The others were left alone (each waits for its header timeout).
+    for s in &mut idle[1..] {
         until_closed(s).await;
-        closed_at.push(start.elapsed());
     }
-    for t in &closed_at[..LIMITS.max_connections] {
-        close_to(*t, LIMITS.header_timeout);
+    assert!(start.elapsed() >= LIMITS.header_timeout - Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_address_holds_no_more_than_its_share() {
+    let l = listen(ServeLimits {
+        max_per_address: 3,
+        max_connections: 100,
+        ..LIMITS
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_from([127, 0, 0, 2], l.addr).await);
     }
-    for t in &closed_at[LIMITS.max_connections..] {
-        close_to(*t, LIMITS.header_timeout * 2);
+    // The fourth from that address is closed at once; another address is served.
+    let start = Instant::now();
+    let mut fourth = connect_from([127, 0, 0, 2], l.addr).await;
+    until_closed(&mut fourth).await;
+    assert!(start.elapsed() < Duration::from_millis(100));
+    assert!(healthy_within(l.addr, Duration::from_millis(500)).await);
+}
+
+/// Hardening II, finding 1: 1,000 sockets from one address, each sending a header line
+/// every 2 s, kept `/healthz` from answering at all. Now a slowloris client holds its
+/// address's share, and clients from many addresses are shed as idle: health is answered
+/// at once throughout.
+#[tokio::test(start_paused = true)]
+async fn slowloris_clients_never_keep_the_receiver_from_answering() {
+    let limits = ServeLimits {
+        max_connections: 32,
+        max_per_address: 8,
+        header_timeout: Duration::from_secs(10),
+        ..LIMITS
+    };
+    let l = listen(limits).await;
+    let mut sockets = Vec::new();
+    // 200 from one address, then 10 from each of 20 more.
+    for _ in 0..200 {
+        sockets.push(connect_from([127, 0, 0, 2], l.addr).await);
     }
-    // Health answers once a place is free.
-    let mut s = TcpStream::connect(l.addr).await.unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: pulse\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    assert!(until_closed(&mut s).await.starts_with("HTTP/1.1 200"));
+    for host in 3..23u8 {
+        for _ in 0..10 {
+            sockets.push(connect_from([127, 0, 0, host], l.addr).await);
+        }
+    }
+    let mut answered = 0;
+    let mut asked = 0;
+    for round in 0..5 {
+        // Every socket sends one more header line: slow, never finished.
+        for s in &mut sockets {
+            let _ = s
+                .write_all(format!("X-Slow-{round}: 1\r\n").as_bytes())
+                .await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        asked += 1;
+        answered += usize::from(healthy_within(l.addr, Duration::from_secs(1)).await);
+    }
+    assert_eq!(
+        answered, asked,
+        "health was answered every time it was asked"
+    );
 }
 
 #[tokio::test(start_paused = true)]

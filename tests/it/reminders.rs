@@ -4,7 +4,8 @@
 
 use jiff::SignedDuration;
 use pulse_shared::domain::{ScheduleRule, SignalMeta, TimeZoneName};
-use pulse_shared::engine::LifecycleError;
+use pulse_shared::engine::reminders::ScheduleLimits;
+use pulse_shared::engine::{EngineSettings, LifecycleError};
 use pulse_tests::fake_llm::Scripted;
 use pulse_tests::{Kind, on_both_backends};
 use serde_json::json;
@@ -223,6 +224,7 @@ async fn tool(kind: Kind) {
         &stored,
         &json!({"in": "2h", "cron": "0 9 * * *"}),
         w.b.now(),
+        ScheduleLimits::default(),
     )
     .await
     .unwrap_err()
@@ -311,4 +313,148 @@ async fn outside_hours(kind: Kind) {
         w.latest(&agent).await.scheduled_at,
         "2026-05-02T08:00:00Z".parse::<jiff::Timestamp>().unwrap()
     );
+}
+
+on_both_backends!(
+    schedules_are_bounded_together_in_number_and_in_time,
+    bounded
+);
+async fn bounded(kind: Kind) {
+    let settings = EngineSettings {
+        schedules: ScheduleLimits {
+            max_per_agent: 4,
+            ..ScheduleLimits::default()
+        },
+        ..pulse_tests::settings()
+    };
+    let w = world_with(kind, settings).await;
+    let agent = w.agent("1h", "2006").await;
+    let utc = TimeZoneName::utc;
+    // Four patterns of 15 wakes an hour each pass the breaker (60 an hour) only
+    // together: the first three are made, the fourth refused.
+    for offset in 0..3 {
+        let rule = ScheduleRule::cron(&format!("{offset}-59/4 * * * *"), utc()).unwrap();
+        w.ops.schedule(&agent.id, rule, None).await.unwrap();
+    }
+    let fourth = ScheduleRule::cron("3-59/4 * * * *", utc()).unwrap();
+    let err = w.ops.schedule(&agent.id, fourth, None).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("other 3 schedules") && text.contains("60 times"),
+        "{text}"
+    );
+    // The model gets the same refusal as its tool's error, and nothing is made.
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    let err = pulse_shared::engine::reminders::run_tool(
+        w.b.store.as_ref(),
+        &stored,
+        &json!({"cron": "3-59/4 * * * *"}),
+        w.b.now(),
+        ScheduleLimits::default(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("breaker"), "{err}");
+    assert_eq!(w.ops.schedules(&agent.id).await.unwrap().len(), 3);
+
+    // More than ten years ahead is refused; a leap day four years out is fine.
+    let far = ScheduleRule::Once {
+        at: w.b.now() + SignedDuration::from_hours(24 * 3660),
+    };
+    let err = w.ops.schedule(&agent.id, far, None).await.unwrap_err();
+    assert!(err.to_string().contains("ten years"), "{err}");
+    let leap = ScheduleRule::cron("0 12 29 2 *", utc()).unwrap();
+    w.ops.schedule(&agent.id, leap, None).await.unwrap();
+    // The fifth is past the count.
+    let daily = ScheduleRule::cron("0 9 * * *", utc()).unwrap();
+    let err = w.ops.schedule(&agent.id, daily, None).await.unwrap_err();
+    assert!(err.to_string().contains("PULSE_MAX_SCHEDULES"), "{err}");
+    assert_eq!(w.ops.schedules(&agent.id).await.unwrap().len(), 4);
+}
+
+/// The SCHEDULE_MISSED events in the agent's log: (missed, first missed at).
+async fn missed(w: &World, agent: &pulse_shared::domain::Agent) -> Vec<(u64, String)> {
+    w.b.store
+        .list_events(&agent.id, 100)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.event_type.as_str() == "SCHEDULE_MISSED")
+        .map(|e| {
+            (
+                e.payload["missed"].as_u64().unwrap(),
+                e.payload["first_missed_at"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+on_both_backends!(
+    after_downtime_a_schedule_runs_once_and_records_what_it_missed,
+    downtime
+);
+async fn downtime(kind: Kind) {
+    let w = world(kind).await;
+    let start: jiff::Timestamp = "2026-06-01T08:10:00Z".parse().unwrap();
+    w.b.advance(start.duration_since(w.b.now()));
+    let agent = w.agent("1d", "2007").await;
+    assert_eq!(w.beat().await, 1, "the first heartbeat");
+    let hourly = ScheduleRule::cron("0 * * * *", TimeZoneName::utc()).unwrap();
+    w.ops
+        .schedule(&agent.id, hourly, Some("drink water".into()))
+        .await
+        .unwrap();
+    // Nothing sweeps from 08:10 to 13:20: the wakes of 09:00 to 13:00 pass.
+    let back: jiff::Timestamp = "2026-06-01T13:20:00Z".parse().unwrap();
+    w.b.advance(back.duration_since(w.b.now()));
+    assert_eq!(w.beat().await, 1, "one heartbeat, not five");
+    assert_eq!(wakes(&w, &agent).await, ["drink water"], "13:00 runs once");
+    assert_eq!(
+        missed(&w, &agent).await,
+        [(4, "2026-06-01T09:00:00Z".to_owned())],
+        "09:00 to 12:00 are recorded as missed"
+    );
+    let due: Vec<String> =
+        w.b.store
+            .list_events(&agent.id, 100)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| e.event_type.as_str() == "SCHEDULED")
+            .map(|e| e.payload["due_at"].as_str().unwrap().to_owned())
+            .collect();
+    assert_eq!(due, ["2026-06-01T13:00:00Z"]);
+    // It goes on at 14:00.
+    let next = w.ops.schedules(&agent.id).await.unwrap()[0]
+        .next_at
+        .unwrap();
+    assert_eq!(
+        next,
+        "2026-06-01T14:00:00Z".parse::<jiff::Timestamp>().unwrap()
+    );
+    let id = w.ops.schedules(&agent.id).await.unwrap()[0].id.clone();
+    w.ops.unschedule(&agent.id, &id).await.unwrap();
+
+    // A one-time reminder three hours late is past the grace: recorded, not run.
+    let at = w.b.now() + SignedDuration::from_mins(1);
+    w.ops
+        .schedule(
+            &agent.id,
+            ScheduleRule::Once { at },
+            Some("call mum".into()),
+        )
+        .await
+        .unwrap();
+    w.b.advance(SignedDuration::from_mins(1) + SignedDuration::from_hours(3));
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(
+        wakes(&w, &agent).await,
+        ["drink water"],
+        "call mum did not run"
+    );
+    let all = missed(&w, &agent).await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all[1], (1, at.to_string()));
+    assert!(w.ops.schedules(&agent.id).await.unwrap().is_empty());
 }

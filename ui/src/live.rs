@@ -7,10 +7,13 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::Stream;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use pulse_shared::domain::AgentId;
+use pulse_shared::http::StreamSlot;
 use serde::Deserialize;
 
 use super::Dashboard;
@@ -90,13 +93,20 @@ async fn look(d: &Dashboard, agent: &AgentId, deliveries: bool) -> Seen {
     }
 }
 
-/// `GET /ui/agents/{id}/live[?deliveries=1]`.
+/// `GET /ui/agents/{id}/live[?deliveries=1]`. Under `pulse serve` it takes a place in
+/// the listener's budget of streams (503 when it is spent), and ends after the stream
+/// lifetime; the page's event source opens another.
 pub(crate) async fn stream(
     State(d): State<Dashboard>,
     Path(id): Path<String>,
     Query(watch): Query<Watch>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Problem> {
+    slot: Option<Extension<StreamSlot>>,
+) -> Result<Response, Problem> {
     let agent = super::pages::agent_of(&d, &id).await?.id;
+    let place = match slot.map(|Extension(s)| s.open()).transpose() {
+        Ok(place) => place,
+        Err(full) => return Ok(full.into_response()),
+    };
     let deliveries = watch.deliveries.is_some();
     let first = look(&d, &agent, deliveries).await;
     let state = (d, agent, first, VecDeque::<&'static str>::new());
@@ -104,7 +114,7 @@ pub(crate) async fn stream(
         loop {
             if let Some(kind) = told.pop_front() {
                 let event = Event::default().event(kind).data("changed");
-                return Some((Ok(event), (d, agent, seen, told)));
+                return Some((Ok::<_, Infallible>(event), (d, agent, seen, told)));
             }
             tokio::time::sleep(EVERY).await;
             let now = look(&d, &agent, deliveries).await;
@@ -112,7 +122,21 @@ pub(crate) async fn stream(
             seen = now;
         }
     });
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+    // The place is held as long as the stream runs, and given back when it ends.
+    let lifetime = place.as_ref().map(|p| p.lifetime);
+    let ends = async move {
+        match lifetime {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let events = events.take_until(ends).map(move |e| {
+        let _held = &place;
+        e
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ pub(crate) struct ServeArgs {
     #[arg(
         long,
         env = "PULSE_HTTP_HEADER_TIMEOUT",
-        default_value = "10s",
+        default_value = "5s",
         value_name = "DURATION"
     )]
     header_timeout: String,
@@ -57,7 +57,9 @@ pub(crate) struct ServeArgs {
         value_name = "DURATION"
     )]
     request_timeout: String,
-    /// Most HTTP connections open at once; more wait until one closes.
+    /// Most HTTP connections open at once. At the cap, the longest idle one (waiting for
+    /// a request's headers) is closed to make room; when every one is busy, a new one is
+    /// refused.
     #[arg(
         long,
         env = "PULSE_HTTP_MAX_CONNECTIONS",
@@ -65,6 +67,24 @@ pub(crate) struct ServeArgs {
         value_name = "N"
     )]
     max_connections: usize,
+    /// Most HTTP connections one address holds at once (raise it when many clients
+    /// share one address, behind a NAT or a proxy).
+    #[arg(
+        long,
+        env = "PULSE_HTTP_MAX_PER_ADDRESS",
+        default_value_t = 64,
+        value_name = "N"
+    )]
+    max_per_address: usize,
+    /// Most long-lived streams (the dashboard's live updates) open at once, beside the
+    /// connections; each lasts at most five minutes before its page opens another.
+    #[arg(
+        long,
+        env = "PULSE_HTTP_MAX_STREAMS",
+        default_value_t = 128,
+        value_name = "N"
+    )]
+    max_streams: usize,
     /// On Ctrl-C or SIGTERM: how long to finish the work in hand (queued jobs, requests
     /// in flight) before stopping; heartbeats claimed but not started by then are
     /// released.
@@ -110,16 +130,26 @@ pub(crate) fn plan_serve(a: ServeArgs) -> Result<ServePlan, Failure> {
         }
         Ok(d.unsigned_abs())
     };
-    if a.max_connections == 0 {
-        return Err(Failure::Input(
-            "invalid --max-connections 0: use at least 1".into(),
-        ));
+    for (flag, n) in [
+        ("--max-connections", a.max_connections),
+        ("--max-per-address", a.max_per_address),
+        ("--max-streams", a.max_streams),
+    ] {
+        if n == 0 {
+            return Err(Failure::Input(format!("invalid {flag} 0: use at least 1")));
+        }
     }
     let limits = ServeLimits {
         header_timeout: positive("header timeout", &a.header_timeout)?,
         request_timeout: positive("request timeout", &a.request_timeout)?,
         max_connections: a.max_connections,
+        max_per_address: a.max_per_address,
+        max_streams: a.max_streams,
+        max_streams_per_address: ServeLimits::default()
+            .max_streams_per_address
+            .min(a.max_streams),
         shutdown_grace: positive("shutdown grace", &a.shutdown_grace)?,
+        ..ServeLimits::default()
     };
     Ok(ServePlan::Serve {
         tick: tick.unsigned_abs(),

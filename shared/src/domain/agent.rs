@@ -39,7 +39,7 @@ pub struct Agent {
     pub created_at: Timestamp,
     /// The last time its user interacted with it; beats are counted from there. A
     /// heartbeat that started before it and is still running is cancel-requested: the
-    /// user's message interrupts it (seed 004).
+    /// user's message interrupts it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_interaction_at: Option<Timestamp>,
     /// Its own LLM provider, model or base URL, over the configured defaults.

@@ -16,7 +16,7 @@ use crate::error::ValidationError;
 pub enum SignalKind {
     /// A user's message.
     Message,
-    /// A thought the heartbeat agent decided to speak (seed 000).
+    /// A thought the heartbeat agent decided to speak.
     Heartbeat,
     /// Something an external system sent through a webhook.
     Webhook,
@@ -97,7 +97,7 @@ pub struct SignalMeta {
     /// The Discord channel it came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel_id: Option<String>,
-    /// The raw Discord envelope (seed 002): shown to the model once, never persisted.
+    /// The raw Discord envelope: shown to the model once, never persisted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discord: Option<Value>,
     /// The interaction to answer through, if it came as one.
@@ -196,7 +196,7 @@ pub enum Role {
     Assistant,
 }
 
-/// One persisted message of a conversation (seed 000 point 6: with source and agent).
+/// One persisted message of a conversation (with its source and the agent that wrote it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConversationMessage {
     /// `<turn id>.<n>`: sorts by turn, then position in the turn.

@@ -1,7 +1,7 @@
 //! Outbound hooks: external systems follow an agent's lifecycle through signed HTTP POSTs
 //! (or EventBridge events), one per hook whose type matches what happened.
 //!
-//! Unlike seed 001, a hook is never delivered inside the request that emits it: the
+//! A hook is never delivered inside the request that emits it: the
 //! engine enqueues a delivery, and the dispatcher sends it, retrying by re-enqueueing with
 //! a delay (never by sleeping). Every attempt is logged; a receiver that answers 410 Gone,
 //! or fails without a break for too long, has its hook disabled.

@@ -1,4 +1,4 @@
-//! Hook deliveries: the payload every delivery carries (seed 001's HookPayload, with the
+//! Hook deliveries: the payload every delivery carries (the documented hook payload, with the
 //! `data` of each hook type built here, so the documented shape lives in one place), the
 //! delivery and attempt records the dispatcher keeps, and the queue message that carries
 //! a delivery.

@@ -163,7 +163,7 @@ impl<'de> Deserialize<'de> for HookType {
 
 /// A tool's name in SCREAMING_SNAKE_CASE, as the documented hook names spell it:
 /// `SnipCreate` → `SNIP_CREATE`, `feed-reader` → `FEED_READER`, `HTTPFetch` → `HTTP_FETCH`
-/// (seed 001's `toUpperCase()` gave `SNIPCREATE`, matching no documented name).
+/// (upper-casing alone would give `SNIPCREATE`, matching no documented name).
 pub fn screaming_snake(name: &str) -> String {
     let chars: Vec<char> = name.chars().collect();
     let mut out = String::with_capacity(name.len() + 4);

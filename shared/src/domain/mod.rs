@@ -50,7 +50,9 @@ pub use ids::{
 pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};
 pub use requests::Requests;
-pub use schedule::{MAX_NOTE_CHARS, SCHEDULED, Schedule, ScheduleId, ScheduleRule};
+pub use schedule::{
+    MAX_NOTE_CHARS, SCHEDULE_MISSED, SCHEDULED, Schedule, ScheduleId, ScheduleRule, busiest_hour,
+};
 pub use task::{
     DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask, SignalJob,
     TASK_VERSION, TaskDecodeError, TaskEnvelope,

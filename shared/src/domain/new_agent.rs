@@ -63,7 +63,7 @@ impl NewAgent {
     }
 
     /// Validates the input and creates the agent with its first heartbeat, due at once
-    /// (seed 001: a new agent wakes immediately), or when its active hours next open.
+    /// (a new agent wakes immediately), or when its active hours next open.
     pub fn create(self, now: Timestamp) -> Result<(Agent, Heartbeat), ValidationError> {
         let id = AgentId::generate();
         let agent = Agent {

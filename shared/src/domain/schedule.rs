@@ -14,6 +14,12 @@ use crate::error::ValidationError;
 
 /// The event type of a wake.
 pub const SCHEDULED: &str = "SCHEDULED";
+/// The event type of wakes that were missed (the agent was paused or nothing ran), so
+/// the agent learns of them rather than their being skipped in silence.
+pub const SCHEDULE_MISSED: &str = "SCHEDULE_MISSED";
+
+/// How far ahead a one-time schedule may be.
+pub(crate) const MAX_AHEAD: SignedDuration = SignedDuration::from_hours(24 * 3653);
 
 /// Longest note a schedule carries.
 pub const MAX_NOTE_CHARS: usize = 500;
@@ -121,27 +127,43 @@ impl ScheduleRule {
 
     /// The most wakes within any hour from `from` over the next two days.
     pub fn busiest_hour(&self, from: Timestamp) -> u32 {
-        let end = from.saturating_add(CHECKED_AHEAD).unwrap_or(from);
+        busiest_hour(std::slice::from_ref(self), from)
+    }
+
+    /// Its wakes after `from` up to `until` (at most `limit`), in order.
+    pub fn wakes_between(&self, from: Timestamp, until: Timestamp, limit: usize) -> Vec<Timestamp> {
         let mut wakes = Vec::new();
         let mut t = from;
         while let Some(next) = self.next_after(t) {
-            if next > end || wakes.len() > 10_000 {
+            if next > until || wakes.len() >= limit {
                 break;
             }
             wakes.push(next);
             t = next;
         }
-        let hour = SignedDuration::from_hours(1);
-        let mut most = 0;
-        let mut first = 0;
-        for (i, w) in wakes.iter().enumerate() {
-            while w.duration_since(wakes[first]) >= hour {
-                first += 1;
-            }
-            most = most.max(i - first + 1);
-        }
-        u32::try_from(most).unwrap_or(u32::MAX)
+        wakes
     }
+}
+
+/// The most wakes of all of `rules` together within any hour from `from` over the next
+/// two days: what the breaker must allow beside the heartbeats the interval plans.
+pub fn busiest_hour(rules: &[ScheduleRule], from: Timestamp) -> u32 {
+    let end = from.saturating_add(CHECKED_AHEAD).unwrap_or(from);
+    let mut wakes: Vec<Timestamp> = rules
+        .iter()
+        .flat_map(|r| r.wakes_between(from, end, 10_000))
+        .collect();
+    wakes.sort();
+    let hour = SignedDuration::from_hours(1);
+    let mut most = 0;
+    let mut first = 0;
+    for (i, w) in wakes.iter().enumerate() {
+        while w.duration_since(wakes[first]) >= hour {
+            first += 1;
+        }
+        most = most.max(i - first + 1);
+    }
+    u32::try_from(most).unwrap_or(u32::MAX)
 }
 
 fn parse_cron(pattern: &str) -> Result<Cron, ValidationError> {
@@ -331,6 +353,14 @@ impl Schedule {
         let next_at = rule.next_after(now).ok_or_else(|| {
             ValidationError::new("schedule", "it would never wake: the time has passed")
         })?;
+        if let ScheduleRule::Once { at } = &rule
+            && at.duration_since(now) > MAX_AHEAD
+        {
+            return Err(ValidationError::new(
+                "schedule",
+                format!("{at} is more than ten years ahead; give a nearer time"),
+            ));
+        }
         Ok(Self {
             id: ScheduleId::generate(now),
             agent_id: agent_id.clone(),

@@ -98,7 +98,7 @@ impl Tool {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Filter {
-    /// Only events at least this important (priority number ≤ this), as in seed 001.
+    /// Only events at least this important (priority number ≤ this).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_priority: Option<Priority>,
     /// The event's `payload.topics` array must contain at least one of these.
@@ -441,7 +441,7 @@ impl From<&Agent> for AgentContext {
     }
 }
 
-/// The heartbeat as tools see it, with seed 003's beats.
+/// The heartbeat as tools see it, with its beats.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HeartbeatContext {
     /// Id.
@@ -466,7 +466,7 @@ pub struct HeartbeatContext {
     pub budget_spent: Option<String>,
 }
 
-/// The agent's sense of time (seed 003): its beat counter, and beats since the user last
+/// The agent's sense of time: its beat counter, and beats since the user last
 /// interacted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Beats {

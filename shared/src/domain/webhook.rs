@@ -1,7 +1,7 @@
 //! Inbound webhooks: how an external system may push events into an agent's log, and the
 //! log of every request made to one.
 //!
-//! Unlike seed 001, the secret is never part of the URL (the URL names the webhook's id
+//! The secret is never part of the URL (the URL names the webhook's id
 //! only) and it is not compared as a string: requests carry an HMAC signature of their raw
 //! body, checked by the scheme the webhook was created with.
 

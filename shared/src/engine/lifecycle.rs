@@ -289,12 +289,19 @@ impl Lifecycle {
     ) -> Result<Scheduled, LifecycleError> {
         let agent = self.agent(id).await?;
         let now = self.clock.now();
-        let (schedule, mut pulled) = reminders::make(self.store.as_ref(), &agent, rule, note, now)
-            .await
-            .map_err(|e| match e {
-                reminders::MakeError::Invalid(v) => LifecycleError::Invalid(v),
-                reminders::MakeError::Store(e) => LifecycleError::store(id, e),
-            })?;
+        let (schedule, mut pulled) = reminders::make(
+            self.store.as_ref(),
+            &agent,
+            rule,
+            note,
+            now,
+            self.settings.schedules,
+        )
+        .await
+        .map_err(|e| match e {
+            reminders::MakeError::Invalid(v) => LifecycleError::Invalid(v),
+            reminders::MakeError::Store(e) => LifecycleError::store(id, e),
+        })?;
         let first = schedule.next_at.unwrap_or(now);
         // A heartbeat running now finishes first: look for the one it files.
         for _ in 1..PULL_LOOKS {

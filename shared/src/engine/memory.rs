@@ -1,6 +1,6 @@
 //! The agent's memories as the model uses them, in heartbeats and in conversation: the
 //! `remember` and `recall` tools, and what a conversation's system prompt says the agent
-//! knows about its user (seed 000's "user facts").
+//! knows about its user (facts about them, their preferences, what they asked it to keep).
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -126,9 +126,10 @@ fn shared_words(words: &[String], text: &str) -> usize {
     words.iter().filter(|w| text.contains(w.as_str())).count()
 }
 
-/// The "what you know about the user" section of a conversation's system prompt: the
-/// memories most related to `said` first, then the newest, while they fit in `tokens`
-/// (estimated at 4 characters a token). `None` without memories.
+/// What the agent knows about its user, for a conversation's context: the memories most
+/// related to `said` first, then the newest, while they fit in `tokens` (estimated at 4
+/// characters a token), one frame each ([`super::framing`]: a memory's text is data,
+/// whoever wrote it). `None` without memories.
 pub fn known(memories: &[Memory], said: &str, tokens: usize) -> Option<String> {
     let words = words(said);
     let mut order: Vec<(usize, usize, &Memory)> = memories
@@ -140,7 +141,11 @@ pub fn known(memories: &[Memory], said: &str, tokens: usize) -> Option<String> {
     let mut left = tokens;
     let mut lines = Vec::new();
     for (_, _, m) in order {
-        let line = format!("- {}", m.text);
+        let from = match m.heartbeat_id {
+            Some(_) => "memory (kept in a heartbeat)",
+            None => "memory (kept in a conversation)",
+        };
+        let line = super::framing::frame(from, &m.text);
         let cost = line.chars().count().div_ceil(4) + 1;
         if cost > left {
             continue;
@@ -148,12 +153,7 @@ pub fn known(memories: &[Memory], said: &str, tokens: usize) -> Option<String> {
         left -= cost;
         lines.push(line);
     }
-    (!lines.is_empty()).then(|| {
-        format!(
-            "What you know about the user (your memories; `recall` searches the rest, `remember` keeps something new):\n{}",
-            lines.join("\n")
-        )
-    })
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 #[cfg(test)]
@@ -192,12 +192,15 @@ mod tests {
             memory("the report is due friday", 2),
             memory(&"a very long note ".repeat(40), 1),
         ];
-        let k = known(&ms, "how is the report going?", 30).unwrap();
-        let lines: Vec<_> = k.lines().skip(1).collect();
+        let k = known(&ms, "how is the report going?", 50).unwrap();
+        let lines: Vec<_> = k.lines().collect();
         assert_eq!(
             lines,
-            ["- the report is due friday", "- user likes green tea"],
-            "related first; the long note does not fit"
+            [
+                r#"{"from":"memory (kept in a conversation)","text":"the report is due friday"}"#,
+                r#"{"from":"memory (kept in a conversation)","text":"user likes green tea"}"#
+            ],
+            "related first, framed; the long note does not fit"
         );
         assert_eq!(known(&[], "anything", 100), None);
         assert_eq!(known(&ms, "tea", 3), None, "nothing fits");

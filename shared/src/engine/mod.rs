@@ -16,6 +16,7 @@
 pub mod actions;
 pub mod budget;
 mod conversation;
+pub mod framing;
 mod heartbeat;
 mod hooks;
 pub mod intake;
@@ -83,6 +84,8 @@ pub struct EngineSettings {
     pub due_page_size: usize,
     /// Longest delay after repeated failures.
     pub max_backoff: SignedDuration,
+    /// Bounds on agents' schedules: how many, and how late a missed wake still runs.
+    pub schedules: reminders::ScheduleLimits,
 }
 
 impl Default for EngineSettings {
@@ -97,6 +100,7 @@ impl Default for EngineSettings {
             sweep_max: 10_000,
             due_page_size: 1_000,
             max_backoff: SignedDuration::from_hours(24),
+            schedules: reminders::ScheduleLimits::default(),
         }
     }
 }

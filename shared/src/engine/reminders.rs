@@ -15,13 +15,13 @@
 //! a heartbeat run again finds it in its window rather than making another, and the
 //! next heartbeat's window does not read it again.
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::domain::{
-    Agent, AgentId, Event, EventCursor, EventId, HeartbeatStatus, SCHEDULED, Schedule,
-    ScheduleRule, TimeZoneName, ToolSpec, parse_duration,
+    Agent, AgentId, Event, EventCursor, EventId, HeartbeatStatus, SCHEDULE_MISSED, SCHEDULED,
+    Schedule, ScheduleRule, TimeZoneName, ToolSpec, busiest_hour, parse_duration,
 };
 use crate::error::{StoreError, ValidationError, chain};
 use crate::ports::{Reschedule, Store};
@@ -54,27 +54,71 @@ pub enum MakeError {
     Store(#[from] StoreError),
 }
 
+/// Bounds on an agent's schedules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleLimits {
+    /// Most schedules one agent has (`PULSE_MAX_SCHEDULES`).
+    pub max_per_agent: usize,
+    /// How late a wake may still run: after downtime (a stopped serve, a paused agent, a
+    /// failed sweep) a schedule runs once if its latest missed wake is this recent, and
+    /// what it missed is recorded as a SCHEDULE_MISSED event, never skipped in silence.
+    pub grace: SignedDuration,
+}
+
+impl Default for ScheduleLimits {
+    fn default() -> Self {
+        Self {
+            max_per_agent: 100,
+            grace: SignedDuration::from_hours(1),
+        }
+    }
+}
+
 /// Makes a schedule for `agent` and stores its next wake: refused when it would never
-/// wake, or when its wakes and the heartbeats the interval plans would pass the
-/// breaker's cap in some hour. The agent's pending heartbeat is pulled forward to the
-/// first wake when it is due later (`pulled`); a running one is left to its finish.
+/// wake, when it is more than ten years ahead, when the agent has `limits.max_per_agent`
+/// schedules already, or when the wakes of all its schedules together, with the
+/// heartbeats the interval plans, would pass the breaker's cap in some hour. The agent's
+/// pending heartbeat is pulled forward to the first wake when it is due later
+/// (`pulled`); a running one is left to its finish.
 pub async fn make(
     store: &dyn Store,
     agent: &Agent,
     rule: ScheduleRule,
     note: Option<String>,
     now: Timestamp,
+    limits: ScheduleLimits,
 ) -> Result<(Schedule, Option<Timestamp>), MakeError> {
     let schedule = Schedule::new(&agent.id, rule, note, now)?;
-    let busiest = schedule.rule.busiest_hour(now);
-    let planned = agent.scheduled_beats_per_hour();
-    let cap = agent.beat_cap();
-    if busiest.saturating_add(planned) > cap {
+    let existing = store.schedules(&agent.id).await?;
+    if existing.len() >= limits.max_per_agent {
         return Err(ValidationError::new(
             "schedule",
             format!(
-                "it wakes the agent up to {busiest} times in an hour; with the {planned} heartbeat{} its interval plans, that passes the breaker's cap of {cap} an hour (raise it with --max-beats-per-hour, or wake less often)",
-                if planned == 1 { "" } else { "s" }
+                "the agent has {} schedules, the most one may have (PULSE_MAX_SCHEDULES); delete some first (`pulse schedules list`, `pulse schedules delete`)",
+                existing.len()
+            ),
+        )
+        .into());
+    }
+    let mut rules: Vec<ScheduleRule> = existing.into_iter().map(|s| s.rule).collect();
+    rules.push(schedule.rule.clone());
+    let busiest = busiest_hour(&rules, now);
+    let planned = agent.scheduled_beats_per_hour();
+    let cap = agent.beat_cap();
+    if busiest.saturating_add(planned) > cap {
+        let what = match rules.len() {
+            1 => "it wakes".to_owned(),
+            n => format!("with the agent's other {} schedules, they wake", n - 1),
+        };
+        let beats = if planned == 1 {
+            "heartbeat"
+        } else {
+            "heartbeats"
+        };
+        return Err(ValidationError::new(
+            "schedule",
+            format!(
+                "{what} the agent up to {busiest} times in an hour; with the {planned} {beats} its interval plans, that passes the breaker's cap of {cap} an hour (raise it with --max-beats-per-hour, or wake less often)"
             ),
         )
         .into());
@@ -130,6 +174,7 @@ pub async fn run_tool(
     agent: &Agent,
     input: &Value,
     now: Timestamp,
+    limits: ScheduleLimits,
 ) -> Result<(Schedule, Value), ScheduleToolError> {
     let text = |k: &str| {
         input
@@ -165,7 +210,7 @@ pub async fn run_tool(
         }
     };
     let note = text("note").map(str::to_owned);
-    let (schedule, _) = make(store, agent, rule, note, now).await?;
+    let (schedule, _) = make(store, agent, rule, note, now, limits).await?;
     let answer = json!({
         "scheduled": true,
         "schedule_id": schedule.id,
@@ -190,12 +235,6 @@ pub async fn refresh(store: &dyn Store, agent: &AgentId) -> Result<Option<Timest
 fn scheduled_event(agent: &Agent, schedule: &Schedule, due: Timestamp, at: Timestamp) -> Event {
     let ms = at.as_millisecond().max(0) as u64;
     let due_ms = due.as_millisecond().to_string();
-    let rule = match &schedule.rule {
-        ScheduleRule::Once { .. } => json!({"once": due}),
-        ScheduleRule::Cron { pattern, timezone } => {
-            json!({"cron": pattern, "timezone": timezone.as_str()})
-        }
-    };
     let mut event = super::budget::system_event(
         agent,
         SCHEDULED,
@@ -204,7 +243,7 @@ fn scheduled_event(agent: &Agent, schedule: &Schedule, due: Timestamp, at: Times
             "schedule_id": schedule.id,
             "note": schedule.note,
             "due_at": due,
-            "rule": rule,
+            "rule": rule_json(&schedule.rule, due),
         }),
         at,
     );
@@ -212,30 +251,91 @@ fn scheduled_event(agent: &Agent, schedule: &Schedule, due: Timestamp, at: Times
     event
 }
 
+/// The SCHEDULE_MISSED event of `schedule`, whose wakes `missed` (in order) passed
+/// without a run, dated at `at`.
+fn missed_event(agent: &Agent, schedule: &Schedule, missed: &[Timestamp], at: Timestamp) -> Event {
+    let ms = at.as_millisecond().max(0) as u64;
+    let first = missed.first().copied().unwrap_or(at);
+    let last = missed.last().copied().unwrap_or(at);
+    let first_ms = first.as_millisecond().to_string();
+    let mut event = super::budget::system_event(
+        agent,
+        SCHEDULE_MISSED,
+        EventId::derived(ms, &["missed", schedule.id.as_str(), &first_ms]),
+        json!({
+            "schedule_id": schedule.id,
+            "note": schedule.note,
+            "missed": missed.len(),
+            "first_missed_at": first,
+            "last_missed_at": last,
+            "rule": rule_json(&schedule.rule, first),
+        }),
+        at,
+    );
+    event.source = "schedule".to_owned();
+    event
+}
+
+fn rule_json(rule: &ScheduleRule, due: Timestamp) -> Value {
+    match rule {
+        ScheduleRule::Once { .. } => json!({"once": due}),
+        ScheduleRule::Cron { pattern, timezone } => {
+            json!({"cron": pattern, "timezone": timezone.as_str()})
+        }
+    }
+}
+
+/// Most missed wakes of one schedule looked through (a minute's pattern over a long
+/// outage has many).
+const MISSED_SCAN: usize = 10_000;
+
 /// Wakes `agent`'s schedules due by `now`, in a heartbeat whose window is
-/// `(start, end]`: appends their SCHEDULED events, dated inside that window, moves the
-/// schedules on, and stores the agent's next wake.
+/// `(start, end]`: each due schedule runs once — a SCHEDULED event for its latest wake,
+/// if that is within `limits.grace` — and the wakes before it (or all, past the grace)
+/// are recorded in one SCHEDULE_MISSED event; the events are dated inside the window.
+/// Then the schedules move on, and the agent's next wake is stored.
 pub(crate) async fn wake(
     store: &dyn Store,
     agent: &Agent,
     now: Timestamp,
     start: &EventCursor,
     end: &EventCursor,
+    limits: ScheduleLimits,
 ) -> Result<Woken, StoreError> {
     let mut schedules = store.schedules(&agent.id).await?;
     let (lo, hi) = (start.ms().saturating_add(1), end.ms());
+    let dated = |t: Timestamp| {
+        let ms = (t.as_millisecond().max(0) as u64).clamp(lo.min(hi), hi);
+        Timestamp::from_millisecond(ms as i64).unwrap_or(t)
+    };
     let mut events = Vec::new();
     for schedule in &mut schedules {
         let Some(due) = schedule.next_at.filter(|t| *t <= now) else {
             continue;
         };
-        let ms = (due.as_millisecond().max(0) as u64).clamp(lo.min(hi), hi);
-        let at = Timestamp::from_millisecond(ms as i64).unwrap_or(due);
-        let event = scheduled_event(agent, schedule, due, at);
-        store.append(&event).await?;
-        info!(schedule_id = %schedule.id, due_at = %due, event_id = %event.id, "a schedule woke the agent");
-        events.push(event);
-        schedule.wakes = schedule.wakes.saturating_add(1);
+        // Every wake from the one due up to now: the last runs, if it is recent enough.
+        let mut wakes = vec![due];
+        wakes.extend(schedule.rule.wakes_between(due, now, MISSED_SCAN));
+        let latest = wakes.last().copied().unwrap_or(due);
+        let runs = now.duration_since(latest) <= limits.grace;
+        let missed = if runs {
+            &wakes[..wakes.len() - 1]
+        } else {
+            &wakes[..]
+        };
+        if !missed.is_empty() {
+            let event = missed_event(agent, schedule, missed, dated(missed[0]));
+            store.append(&event).await?;
+            warn!(schedule_id = %schedule.id, missed = missed.len(), first_missed_at = %missed[0], "a schedule's wakes passed without a run: recorded SCHEDULE_MISSED");
+            events.push(event);
+        }
+        if runs {
+            let event = scheduled_event(agent, schedule, latest, dated(latest));
+            store.append(&event).await?;
+            info!(schedule_id = %schedule.id, due_at = %latest, event_id = %event.id, "a schedule woke the agent");
+            events.push(event);
+            schedule.wakes = schedule.wakes.saturating_add(1);
+        }
         schedule.next_at = schedule.rule.next_after(now);
         match schedule.next_at {
             Some(_) => store.put_schedule(schedule).await?,

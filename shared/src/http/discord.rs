@@ -12,7 +12,7 @@
 //!   default agent). The conversation worker answers by editing the deferred reply.
 //!
 //! The signal carries the text, image attachments as image blocks, and in
-//! `metadata.discord` the envelope of seed 002 — type, flags, timestamps, author,
+//! `metadata.discord` the message's envelope — type, flags, timestamps, author,
 //! content, attachments (name, content type, size, duration, waveform, width, height,
 //! description), embeds, stickers, reference, poll — so the agent knows a voice message or
 //! a file arrived even when there is no text. The envelope is built from the raw JSON, so

@@ -13,7 +13,10 @@
 //! get 413 before anything is verified or stored.
 
 pub mod discord;
+mod listener;
 pub mod webhooks;
+
+pub use listener::{ServeLimits, StreamPlace, StreamSlot, StreamsFull, serve_app};
 
 use std::sync::Arc;
 
@@ -25,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tracing::{error, warn};
+use tracing::error;
 
 use crate::config::InboundConfig;
 use crate::error::{StoreError, chain};
@@ -91,37 +94,6 @@ pub fn router(inbound: Arc<Inbound>) -> Router {
         .with_state(inbound)
 }
 
-/// Limits of `pulse serve`'s listener, so slow or idle clients cannot hold it: no
-/// connection waits for its request's headers longer than `header_timeout` (an idle
-/// keep-alive connection included), no request (body included) takes longer than
-/// `request_timeout` (408), at most `max_connections` are open at once (more wait in the
-/// kernel's backlog until one closes), and a shutdown waits at most `shutdown_grace` for
-/// requests in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ServeLimits {
-    /// Longest wait for a request's headers (hyper's header-read timeout).
-    pub header_timeout: std::time::Duration,
-    /// Longest a request may take, its body included (tower-http's timeout).
-    pub request_timeout: std::time::Duration,
-    /// Most connections open at once.
-    pub max_connections: usize,
-    /// Longest a shutdown waits for requests in flight.
-    pub shutdown_grace: std::time::Duration,
-}
-
-impl Default for ServeLimits {
-    fn default() -> Self {
-        Self {
-            header_timeout: std::time::Duration::from_secs(10),
-            request_timeout: std::time::Duration::from_secs(30),
-            // Well under the usual 1,024 open files, with room for the database and
-            // outbound connections.
-            max_connections: 512,
-            shutdown_grace: std::time::Duration::from_secs(10),
-        }
-    }
-}
-
 /// Serves the receiver's router on `listener` until `shutdown` resolves, within
 /// `limits`, recording each request's peer address as its [`ClientIp`].
 pub async fn serve(
@@ -131,83 +103,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     serve_app(listener, router(inbound), limits, shutdown).await
-}
-
-/// Serves `app` (the receiver's router, with the dashboard merged in under `pulse
-/// serve`) as [`serve`] does.
-pub async fn serve_app(
-    listener: TcpListener,
-    app: Router,
-    limits: ServeLimits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use tower_service::Service;
-
-    let app = app
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            limits.request_timeout,
-        ))
-        .layer(axum::middleware::map_response(explain_timeout));
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut connections = tokio::task::JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        // A connection is accepted only with a permit: beyond the cap, clients wait in
-        // the backlog instead of using up the process's open files.
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, say: wait a little rather than spin.
-                    warn!(error = %e, "cannot accept a connection");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let ip = ClientIp(peer.ip().to_string());
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(ip.clone());
-            let mut app = app.clone();
-            async move { app.call(req.map(Body::new)).await }
-        });
-        let conn = graceful.watch(http1.serve_connection(TokioIo::new(stream), service));
-        connections.spawn(async move {
-            let _ = conn.await;
-            drop(permit);
-        });
-        // Reap finished connections so the set does not grow.
-        while connections.try_join_next().is_some() {}
-    }
-    drop(listener);
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        warn!(
-            open = connections.len(),
-            grace = ?limits.shutdown_grace,
-            "connections still open after the shutdown grace: closing them"
-        );
-    }
-    connections.abort_all();
-    Ok(())
 }
 
 /// The timeout layer answers 408 with an empty body; say what happened, as every other

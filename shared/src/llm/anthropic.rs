@@ -1,8 +1,8 @@
 //! The Anthropic Messages API wire format.
 //!
-//! The first system message becomes the top-level `system`; a later one (an ephemeral
-//! note such as the Discord envelope) becomes a user-role text block wrapped in
-//! `<system-note>` tags, since the API has no system role inside `messages`. Consecutive
+//! The first system message becomes the top-level `system`; a later one (Pulse's own
+//! contexts make none, but a request may carry one) becomes a user-role text block
+//! wrapped in `<system-note>` tags, since the API has no system role inside `messages`. Consecutive
 //! messages of one role are merged into one message of several blocks. A trailing
 //! assistant message is a prefill: the model continues from it.
 

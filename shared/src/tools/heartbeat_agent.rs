@@ -12,7 +12,7 @@
 //! LLM call and before every `speak`, the run checks whether a user message arrived
 //! after the heartbeat started (the agent's `last_interaction_at`, set on arrival); if
 //! so it stops and reports the interruption, and the heartbeat ends CANCELLED so the
-//! user's turn runs next (seed 004). Every step is logged and kept in the action's
+//! user's turn runs next. Every step is logged and kept in the action's
 //! output.
 
 use std::sync::Arc;
@@ -26,7 +26,8 @@ use crate::domain::{
     ToolUse, Usage,
 };
 use crate::engine::memory::{self, text_arg};
-use crate::engine::{reminders, transcript};
+use crate::engine::reminders::{self, ScheduleLimits};
+use crate::engine::{framing, transcript};
 use crate::error::chain;
 use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
@@ -46,6 +47,7 @@ pub struct HeartbeatAgent {
     queue: Arc<dyn SessionQueue>,
     llm: Arc<dyn LlmSelector>,
     clock: Arc<dyn Clock>,
+    schedules: ScheduleLimits,
 }
 
 /// What the run did, step by step: the action's output.
@@ -98,7 +100,14 @@ impl HeartbeatAgent {
             queue,
             llm,
             clock,
+            schedules: ScheduleLimits::default(),
         }
+    }
+
+    /// Bounds the schedules its `schedule` tool makes by `limits`.
+    pub fn with_schedule_limits(mut self, limits: ScheduleLimits) -> Self {
+        self.schedules = limits;
+        self
     }
 
     /// Runs one heartbeat's agent loop, or skips it when the agent's think policy finds
@@ -318,7 +327,10 @@ impl HeartbeatAgent {
                     (Role::Assistant, "heartbeat") => "you (thought)",
                     (Role::Assistant, _) => "you",
                 };
-                format!("[{}] {who}: {}", m.created_at, clip(&m.content, 300))
+                framing::frame(
+                    &format!("{who} at {}", m.created_at),
+                    &clip(&m.content, 300),
+                )
             })
             .collect())
     }
@@ -378,10 +390,15 @@ impl HeartbeatAgent {
             .await
             .unwrap_or_else(|| Err(format!("no tool {}", call.name))),
             "schedule" => {
-                let (schedule, answer) =
-                    reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                let (schedule, answer) = reminders::run_tool(
+                    self.store.as_ref(),
+                    agent,
+                    &call.input,
+                    now,
+                    self.schedules,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
                 t.scheduled.push(schedule.id.to_string());
                 Ok(answer)
             }
@@ -445,7 +462,8 @@ fn system_prompt(agent: &Agent) -> String {
          self will phrase it. If nothing is worth saying, do not call speak: silence is a fine outcome. \
          Use remember for facts worth keeping, recall to look them up, emit_event to raise events for \
          other tools, schedule to wake yourself at a later time (a SCHEDULED event brings its note back). \
-         Be brief; every step costs."
+         Be brief; every step costs.\n\n{}",
+        framing::EXPLAINED
     )
 }
 
@@ -471,14 +489,22 @@ fn briefing(agent: &Agent, req: &ToolRequest, window: &[Event], digest: &[String
         out.push_str("(none)\n");
     }
     for e in window {
-        out.push_str(&format!(
-            "- [{} p{} from {} at {}] {}\n",
+        let from = format!(
+            "event {} (priority {}, from {}, at {})",
             e.event_type,
             e.priority.get(),
             e.source,
-            e.created_at,
-            clip(&e.payload.to_string(), MAX_PAYLOAD_CHARS)
-        ));
+            e.created_at
+        );
+        let payload = e.payload.to_string();
+        // Whole when it fits; cut (as text) when it does not.
+        let line = if payload.chars().count() <= MAX_PAYLOAD_CHARS {
+            framing::frame_data(&from, &e.payload)
+        } else {
+            framing::frame(&from, &clip(&payload, MAX_PAYLOAD_CHARS))
+        };
+        out.push_str(&line);
+        out.push('\n');
     }
     out.push_str("\nRecent conversation:\n");
     if digest.is_empty() {

@@ -1,4 +1,4 @@
-//! An agent's Hooks tab (seed 001): the hook types with what they report, add a hook (its
+//! An agent's Hooks tab: the hook types with what they report, add a hook (its
 //! signing secret shown once), test it, turn it on or off, delete it; each hook's last
 //! deliveries with their attempts, and replay.
 

@@ -1,4 +1,4 @@
-//! An agent's Webhooks tab (seed 001): each endpoint's URL with a copy button, its signing
+//! An agent's Webhooks tab: each endpoint's URL with a copy button, its signing
 //! secret rotated with the new one shown once, its allowed types, rate limit and wake
 //! editable, and its recent requests with their outcome and reason.
 

@@ -142,12 +142,16 @@ impl Conversation {
         let now = self.clock.now();
         match memory::run(self.store.as_ref(), agent, call, id, None, now).await {
             Some(r) => r,
-            None if call.name == "schedule" => {
-                reminders::run_tool(self.store.as_ref(), agent, &call.input, now)
-                    .await
-                    .map(|(_, answer)| answer)
-                    .map_err(|e| e.to_string())
-            }
+            None if call.name == "schedule" => reminders::run_tool(
+                self.store.as_ref(),
+                agent,
+                &call.input,
+                now,
+                self.settings.schedules,
+            )
+            .await
+            .map(|(_, answer)| answer)
+            .map_err(|e| e.to_string()),
             None => Err(format!(
                 "there is no tool {:?}; use remember, recall or schedule",
                 call.name

@@ -1,11 +1,11 @@
 //! The conversation: consecutive signals of a session become one turn.
 //!
-//! A turn builds the context (seeds 000 and 002) — the persona as system prompt, the
+//! A turn builds the context ([`build_context`]) — the persona as system prompt, the
 //! history within a token budget (oldest dropped first; only the latest messages are
-//! read, so a turn's cost does not grow with the history), all pending user messages as
-//! one time-stamped user message, one ephemeral system message with the agent's beats
-//! (seed 003) and the raw Discord envelopes (never persisted), and the heartbeat's
-//! spoken thoughts last as one assistant
+//! read, so a turn's cost does not grow with the history), a context message with the
+//! agent's beats, what it knows and the raw Discord envelopes (never persisted), framed
+//! as data, all pending user messages as one time-stamped user message, and the
+//! heartbeat's spoken thoughts last as one assistant
 //! message — asks the model, and writes the turn (its inbound messages, the reply, and
 //! marks that its signals are answered) in one atomic write *before* delivering the
 //! reply. Delivery then records each part sent. A redelivered signal finds its turn and
@@ -52,6 +52,8 @@ pub struct ConversationSettings {
     pub history_messages: usize,
     /// Most tokens of a reply.
     pub reply_max_tokens: u32,
+    /// Bounds on the schedules the `schedule` tool makes.
+    pub schedules: super::reminders::ScheduleLimits,
 }
 
 impl Default for ConversationSettings {
@@ -60,6 +62,7 @@ impl Default for ConversationSettings {
             history_tokens: 8_000,
             history_messages: 100,
             reply_max_tokens: 1_024,
+            schedules: super::reminders::ScheduleLimits::default(),
         }
     }
 }

@@ -397,6 +397,7 @@ impl HeartbeatRunner {
             now,
             &hb.window_start,
             window_end,
+            self.settings.schedules,
         )
         .await?;
         agent.next_wake = woken.next_wake;
@@ -438,7 +439,7 @@ impl HeartbeatRunner {
     fn plan(&self, hb: &Heartbeat, agent: Agent) -> Plan {
         let started_at = hb.started_at.unwrap_or_else(|| self.clock.now());
         // An interaction not yet counted happened since the previous heartbeat: it is
-        // dated to the previous beat, as in seed 003 (`since_last` = 1 right after one).
+        // dated to the previous beat (`since_last` = 1 right after one).
         let (last_interaction_beat, interaction_seen_at) = match agent.last_interaction_at {
             Some(t) if hb.interaction_seen_at.is_none_or(|seen| t > seen) => {
                 (hb.beat.saturating_sub(1), Some(t))

@@ -1,0 +1,409 @@
+//! `pulse serve`'s listener, kept available under hostile load.
+//!
+//! A connection takes one of [`ServeLimits::max_connections`] places, and one address at
+//! most [`ServeLimits::max_per_address`] of them. When every place is taken, the newest
+//! connection does not wait in the kernel's backlog behind them: the longest idle one — a
+//! connection waiting for a request's headers, as a slowloris client's always is — is
+//! closed to make room, and only when every connection is busy answering is the new one
+//! refused. No connection waits for a request's headers longer than
+//! [`ServeLimits::header_timeout`], and no request takes longer than
+//! [`ServeLimits::request_timeout`].
+//!
+//! Long-lived streams (the dashboard's server-sent events, long polls) hold a connection
+//! by design, so they leave the connection places for a budget of their own
+//! ([`ServeLimits::max_streams`], [`ServeLimits::max_streams_per_address`]), each for at
+//! most [`ServeLimits::stream_lifetime`]: idle streams can never starve the receiver. A
+//! handler asks for a place with [`StreamSlot::open`]; one that is not served here (the
+//! Lambda receiver) has no slot and needs none.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, HttpBody};
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use tokio::net::TcpListener;
+use tokio::task::AbortHandle;
+use tracing::{info, warn};
+
+use super::{ClientIp, error_response, explain_timeout};
+
+/// Limits of the listener (see the module's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Longest wait for a request's headers (hyper's header-read timeout).
+    pub header_timeout: Duration,
+    /// Longest a request may take, its body included (tower-http's timeout).
+    pub request_timeout: Duration,
+    /// Most connections open at once (streams aside).
+    pub max_connections: usize,
+    /// Most connections one address holds at once (streams aside).
+    pub max_per_address: usize,
+    /// Most long-lived streams open at once.
+    pub max_streams: usize,
+    /// Most long-lived streams one address holds at once.
+    pub max_streams_per_address: usize,
+    /// Longest a stream stays open; its client opens another (an event source does so
+    /// by itself).
+    pub stream_lifetime: Duration,
+    /// Longest a shutdown waits for requests in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            // Well under the usual 1,024 open files, with room for the database, the
+            // streams and outbound connections.
+            max_connections: 512,
+            max_per_address: 64,
+            max_streams: 128,
+            max_streams_per_address: 16,
+            stream_lifetime: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What a connection is doing.
+const IDLE: u8 = 0;
+const BUSY: u8 = 1;
+const STREAM: u8 = 2;
+
+/// One open connection, as the listener keeps track of it.
+struct Conn {
+    ip: IpAddr,
+    state: Arc<AtomicU8>,
+    /// Since when it is idle (waiting for a request's headers), or opened.
+    since: Arc<Mutex<Instant>>,
+    abort: Option<AbortHandle>,
+}
+
+/// The open connections and streams, by address.
+#[derive(Default)]
+struct Places {
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+    streams: usize,
+    streams_by_ip: HashMap<IpAddr, usize>,
+}
+
+impl Places {
+    /// Connections holding a place (streams aside), overall and from `ip`.
+    fn held(&self, ip: IpAddr) -> (usize, usize) {
+        let mut all = 0;
+        let mut mine = 0;
+        for c in self.conns.values() {
+            if c.state.load(Ordering::Acquire) != STREAM {
+                all += 1;
+                mine += usize::from(c.ip == ip);
+            }
+        }
+        (all, mine)
+    }
+
+    /// The connection idle the longest, if any is idle.
+    fn longest_idle(&self) -> Option<u64> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| c.state.load(Ordering::Acquire) == IDLE)
+            .min_by_key(|(_, c)| *lock(&c.since))
+            .map(|(id, _)| *id)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The listener's book of places, shared with the connections and their streams.
+#[derive(Clone)]
+struct Book {
+    places: Arc<Mutex<Places>>,
+    limits: ServeLimits,
+}
+
+impl Book {
+    /// Admits a connection from `ip`: its id and state, or `None` when it is refused (its
+    /// address holds its share, or every place is busy). At capacity the longest idle
+    /// connection is closed to make room.
+    fn admit(&self, ip: IpAddr) -> Option<(u64, Arc<AtomicU8>, Arc<Mutex<Instant>>)> {
+        let mut places = lock(&self.places);
+        let (all, mine) = places.held(ip);
+        if mine >= self.limits.max_per_address {
+            return None;
+        }
+        if all >= self.limits.max_connections {
+            let idle = places.longest_idle()?;
+            if let Some(shed) = places.conns.remove(&idle)
+                && let Some(abort) = shed.abort
+            {
+                abort.abort();
+            }
+        }
+        let id = places.next_id;
+        places.next_id += 1;
+        let state = Arc::new(AtomicU8::new(IDLE));
+        let since = Arc::new(Mutex::new(Instant::now()));
+        places.conns.insert(
+            id,
+            Conn {
+                ip,
+                state: state.clone(),
+                since: since.clone(),
+                abort: None,
+            },
+        );
+        Some((id, state, since))
+    }
+
+    fn started(&self, id: u64, abort: AbortHandle) {
+        match lock(&self.places).conns.get_mut(&id) {
+            Some(c) => c.abort = Some(abort),
+            // Shed before its task began.
+            None => abort.abort(),
+        }
+    }
+
+    fn closed(&self, id: u64) {
+        lock(&self.places).conns.remove(&id);
+    }
+}
+
+/// A connection's place in the book, handed to handlers in the request's extensions so
+/// a long-lived stream can move to the streams' budget.
+#[derive(Clone)]
+pub struct StreamSlot {
+    book: Book,
+    ip: IpAddr,
+    state: Arc<AtomicU8>,
+}
+
+/// A stream's place; the stream holds it while it runs, and gives it back when dropped.
+pub struct StreamPlace {
+    book: Book,
+    ip: IpAddr,
+    /// How long the stream may run.
+    pub lifetime: Duration,
+}
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        let mut places = lock(&self.book.places);
+        places.streams = places.streams.saturating_sub(1);
+        if let Some(n) = places.streams_by_ip.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                places.streams_by_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl StreamSlot {
+    /// Turns the request's connection into a long-lived stream: it gives up its
+    /// connection place for one in the streams' budget. [`StreamsFull`] when that budget
+    /// is spent; its response is a 503 asking to retry later.
+    pub fn open(&self) -> Result<StreamPlace, StreamsFull> {
+        let limits = self.book.limits;
+        let mut places = lock(&self.book.places);
+        let mine = places.streams_by_ip.get(&self.ip).copied().unwrap_or(0);
+        if places.streams >= limits.max_streams || mine >= limits.max_streams_per_address {
+            return Err(StreamsFull);
+        }
+        places.streams += 1;
+        *places.streams_by_ip.entry(self.ip).or_default() += 1;
+        self.state.store(STREAM, Ordering::Release);
+        Ok(StreamPlace {
+            book: self.book.clone(),
+            ip: self.ip,
+            lifetime: limits.stream_lifetime,
+        })
+    }
+}
+
+/// The streams' budget is spent: no long-lived stream opens now.
+#[derive(Debug, thiserror::Error)]
+#[error("too many live streams are open; close some pages, or retry in a minute")]
+pub struct StreamsFull;
+
+impl IntoResponse for StreamsFull {
+    fn into_response(self) -> Response {
+        let mut r = error_response(StatusCode::SERVICE_UNAVAILABLE, self.to_string());
+        r.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("30"),
+        );
+        r
+    }
+}
+
+/// A response body that marks its connection idle again once it has been sent (or
+/// dropped): from then on the connection waits for the next request's headers.
+struct Tracked {
+    inner: Body,
+    state: Arc<AtomicU8>,
+    since: Arc<Mutex<Instant>>,
+}
+
+impl HttpBody for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        *lock(&self.since) = Instant::now();
+        self.state.store(IDLE, Ordering::Release);
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, within `limits` (see the
+/// module's documentation), recording each request's peer address as its [`ClientIp`]
+/// and giving it the connection's [`StreamSlot`].
+pub async fn serve_app(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower_service::Service;
+
+    let app = app
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            limits.request_timeout,
+        ))
+        .layer(axum::middleware::map_response(explain_timeout));
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let book = Book {
+        places: Arc::default(),
+        limits,
+    };
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
+    let mut refused = Refusals::default();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: wait a little rather than spin.
+                    warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let ip = peer.ip();
+        let Some((id, state, since)) = book.admit(ip) else {
+            // Closed at once: its address holds its share, or every place is busy.
+            refused.count(ip);
+            drop(stream);
+            continue;
+        };
+        let slot = StreamSlot {
+            book: book.clone(),
+            ip,
+            state: state.clone(),
+        };
+        let client = ClientIp(ip.to_string());
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+            state.store(BUSY, Ordering::Release);
+            req.extensions_mut().insert(client.clone());
+            req.extensions_mut().insert(slot.clone());
+            let (state, since) = (state.clone(), since.clone());
+            let mut app = app.clone();
+            async move {
+                let response = app.call(req.map(Body::new)).await?;
+                Ok::<_, std::convert::Infallible>(response.map(|inner| {
+                    Body::new(Tracked {
+                        inner,
+                        state,
+                        since,
+                    })
+                }))
+            }
+        });
+        let conn = graceful.watch(http1.serve_connection(TokioIo::new(stream), service));
+        let done = book.clone();
+        let abort = connections.spawn(async move {
+            let _ = conn.await;
+            done.closed(id);
+        });
+        book.started(id, abort);
+        // Reap finished connections so the set does not grow.
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            open = connections.len(),
+            grace = ?limits.shutdown_grace,
+            "connections still open after the shutdown grace: closing them"
+        );
+    }
+    connections.abort_all();
+    Ok(())
+}
+
+/// Refused connections, logged at most once a minute with their count and the busiest
+/// address (a flood must not flood the log).
+#[derive(Default)]
+struct Refusals {
+    since: Option<Instant>,
+    count: u64,
+    by_ip: HashMap<IpAddr, u64>,
+}
+
+impl Refusals {
+    fn count(&mut self, ip: IpAddr) {
+        self.count += 1;
+        *self.by_ip.entry(ip).or_default() += 1;
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() < Duration::from_secs(60) && self.count > 1 {
+            return;
+        }
+        let busiest = self.by_ip.iter().max_by_key(|(_, n)| **n);
+        if let Some((ip, n)) = busiest {
+            info!(refused = self.count, busiest = %ip, from_it = n, "connections refused: their address held its share of places, or every place was busy");
+        }
+        *self = Self {
+            since: Some(Instant::now()),
+            ..Self::default()
+        };
+    }
+}
