@@ -824,11 +824,19 @@ fn an_encryption_key_is_rotated_with_reseal() {
         "the configured key is used, no key file"
     );
 
-    // The new key alone cannot read what the old one sealed, and says what to do.
-    let refused = with_keys(&["webhooks", "list"], &k2, None);
-    assert_eq!(refused.status.code(), Some(1));
-    let why = String::from_utf8_lossy(&refused.stderr);
+    // The new key alone cannot read what the old one sealed: the listing still works,
+    // shows it unreadable with its key's id, and says what to do.
+    let listed = with_keys(&["webhooks", "list"], &k2, None);
+    assert!(listed.status.success());
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(table.contains("unreadable (key "), "{table}");
+    let why = String::from_utf8_lossy(&listed.stderr);
     assert!(why.contains("PULSE_ENCRYPTION_OLD_KEYS"), "{why}");
+    // A reseal without the old key leaves it as it is, names it, and fails.
+    let half = with_keys(&["secrets", "reseal"], &k2, None);
+    assert_eq!(half.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&half.stderr);
+    assert!(why.contains("pulse webhooks rotate"), "{why}");
     let resealed = with_keys(&["secrets", "reseal"], &k2, Some(&k1));
     let stderr = String::from_utf8_lossy(&resealed.stderr);
     assert!(resealed.status.success(), "{stderr}");
@@ -843,6 +851,97 @@ fn an_encryption_key_is_rotated_with_reseal() {
     let bad = with_keys(&["agents", "list"], "not-a-key", None);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("PULSE_ENCRYPTION_KEY"));
+}
+
+/// Hardening II, findings 7 and 8: with the key file gone, `pulse serve` made a new one
+/// (the database then held secrets under two keys), and listings, `hooks disable` and
+/// `pulse status` failed outright. Now no key is made while sealed secrets are stored,
+/// serve refuses with the key id it needs and where it looked, and the CLI works on,
+/// to restore the key or give new secrets.
+#[test]
+fn a_lost_key_file_is_never_replaced_and_serve_says_which_key_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "scout"]);
+    ok(d, &["webhooks", "create", "--agent", &agent]);
+    let listed = json(d, &["webhooks", "list"]);
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    let key_file = d.join("pulse.db.key");
+    let key = std::fs::read_to_string(&key_file).unwrap();
+    std::fs::remove_file(&key_file).unwrap();
+
+    // The listing works and shows the webhook unreadable, with its key's id.
+    let listed = json(d, &["webhooks", "list"]);
+    let key_id = listed[0]["unreadable"]["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(key_id.len(), 8, "{listed}");
+    // Serve refuses, naming the key, where it looked, and the fix; no key is made.
+    let serve = common::command(d, &["serve", "--listen", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(serve.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&serve.stderr);
+    assert!(
+        why.contains(&format!("key {key_id} (1 record)"))
+            && why.contains("pulse.db.key: not found")
+            && why.contains("pulse webhooks rotate"),
+        "{why}"
+    );
+    assert!(!key_file.exists(), "no new key was made");
+    // `pulse status` reports it with the fix.
+    let status = common::command(d, &["status"]).output().unwrap();
+    assert_eq!(status.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        report.contains(&key_id) && report.contains(&format!("pulse webhooks rotate {id}")),
+        "{report}"
+    );
+    // Disabling works without the key; the secret is kept as it was sealed.
+    ok(d, &["webhooks", "disable", &id]);
+
+    // Restoring the key file makes it readable again.
+    std::fs::write(&key_file, &key).unwrap();
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let listed = json(d, &["webhooks", "list"]);
+    assert!(listed[0].get("unreadable").is_none(), "{listed}");
+    assert_eq!(listed[0]["secrets"], 1);
+
+    // Or, the key lost for good: a new key, and a new secret.
+    std::fs::remove_file(&key_file).unwrap();
+    let new_key = ok(d, &["secrets", "new-key"]);
+    let with_new = |args: &[&str]| {
+        common::command(d, args)
+            .env("PULSE_ENCRYPTION_KEY", &new_key)
+            .output()
+            .unwrap()
+    };
+    let refused = with_new(&["serve", "--listen", "off"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(1),
+        "the new key opens nothing yet"
+    );
+    let rotated = with_new(&["webhooks", "rotate", &id]);
+    assert!(
+        rotated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rotated.stderr)
+    );
+    let listed = with_new(&["webhooks", "list", "--json"]);
+    assert!(
+        !String::from_utf8_lossy(&listed.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(listed[0].get("unreadable").is_none(), "{listed}");
+    assert_eq!(listed[0]["secrets"], 1);
 }
 
 both!(

@@ -65,6 +65,9 @@ pub struct Connected {
     pub aws_requests: Option<aws::RequestCounter>,
     /// For SQLite, what takes back the claims of processes that stopped on the file.
     pub orphans: Option<sqlite::OrphanedClaims>,
+    /// For SQLite, set when the database holds sealed secrets and no key opens them:
+    /// `pulse serve` refuses to start with it; the CLI goes on, to fix it.
+    pub keys_missing: Option<sqlite::KeysMissing>,
 }
 
 impl Connected {
@@ -215,12 +218,9 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
         Backend::Sqlite { path } => {
             let path = path.clone();
             let configured = config.encryption.clone();
-            let (db, keys) = tokio::task::spawn_blocking(move || {
+            let (db, (keys, keys_missing)) = tokio::task::spawn_blocking(move || {
                 let db = sqlite::Db::open(&path)?;
-                let keys = match configured {
-                    Some(keys) => keys,
-                    None => sqlite::key_file(&path)?,
-                };
+                let keys = sqlite::keys_for(&db, configured)?;
                 Ok::<_, StoreError>((db, keys))
             })
             .await
@@ -229,6 +229,7 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                 store: Arc::new(sqlite::SqliteStore::new(db.clone()).with_keys(keys)),
                 queue: Arc::new(sqlite::SqliteQueue::new(db.clone(), clock.clone())),
                 orphans: Some(db.orphaned_claims()),
+                keys_missing,
                 hooks: Some(Arc::new(sqlite::SqliteHookQueue::new(db, clock))),
                 bus: None,
                 aws_requests: None,
@@ -264,6 +265,7 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                 ))),
                 aws_requests: Some(clients.counter),
                 orphans: None,
+                keys_missing: None,
             })
         }
     }

@@ -249,6 +249,7 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
         bus: None,
         aws_requests: None,
         orphans: None,
+        keys_missing: None,
     };
     Ok(Backend {
         inner,

@@ -9,7 +9,9 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::AttributeValue;
 use pulse_shared::adapters::aws::{AwsClients, DynamoStore};
 use pulse_shared::adapters::sqlite::{Db, SqliteStore};
-use pulse_shared::domain::{Hook, HookTarget, HookType, Secret, Webhook, WebhookScheme};
+use pulse_shared::domain::{
+    Hook, HookTarget, HookType, Secret, Unreadable, Webhook, WebhookScheme,
+};
 use pulse_shared::ports::Store;
 use pulse_shared::sealing::{EncryptionKeys, SEALED_PREFIX};
 use pulse_tests::{Backend, Kind, moto_url, on_both_backends, test_keys};
@@ -114,14 +116,21 @@ async fn a_rotated_key_still_reads_and_what_it_reads_is_sealed_again(kind: Kind)
     let old_id = test_keys().current_id().unwrap().to_owned();
     let new_key = EncryptionKeys::new_key();
     let new_only = EncryptionKeys::parse(&new_key, None).unwrap();
-    let err = store_with(&b, new_only.clone())
+    let unread = store_with(&b, new_only.clone())
         .get_webhook(&webhook.id)
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        unread.unreadable,
+        Some(Unreadable {
+            key_id: old_id.clone(),
+            damaged: false
+        })
+    );
     assert!(
-        err.contains("PULSE_ENCRYPTION_OLD_KEYS") && err.contains(&old_id),
-        "{err}"
+        unread.secrets_at(b.now()).is_empty(),
+        "nothing to check with"
     );
 
     // The new key seals; the old one still opens, and what it opens is sealed anew.
@@ -272,4 +281,190 @@ async fn the_database_and_its_key_file_are_readable_by_their_owner_only() {
     std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
     Db::open(&old).unwrap();
     assert_eq!(mode(&old), 0o600);
+}
+
+/// Hardening II, finding 7: with one webhook and one hook sealed under a key that is not
+/// configured, `webhooks list`, `hooks list|disable|delete` and `pulse status` failed
+/// outright, and the receiver answered 500 with the internal message. Now the records are
+/// read marked unreadable; they can be listed, disabled, deleted and given new secrets
+/// without their key (what was sealed stays as it was); status says what to do; the
+/// receiver answers 503 without saying why; and no hook delivery is signed with them.
+async fn a_lost_key_never_locks_the_operator_out(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (webhook, hook) = records(&b).await;
+    let old_id = test_keys().current_id().unwrap().to_owned();
+    let other = store_with(
+        &b,
+        EncryptionKeys::parse(&EncryptionKeys::new_key(), None).unwrap(),
+    );
+
+    // Listed, each marked with the key it needs.
+    let listed = other.list_webhooks().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    let why = listed[0].unreadable.clone().unwrap();
+    assert_eq!(why.key_id, old_id);
+    assert!(listed[0].summary(b.now()).unreadable.is_some());
+    let hooks = other.list_hooks(&hook.agent_id).await.unwrap();
+    assert_eq!(hooks[0].unreadable.as_ref().unwrap().key_id, old_id);
+
+    // Status: one finding each, with the fix.
+    let status = pulse_shared::engine::status(
+        other.as_ref(),
+        b.queue.as_ref(),
+        None,
+        b.now(),
+        jiff::SignedDuration::from_secs(60),
+        "",
+    )
+    .await
+    .unwrap();
+    let findings: Vec<String> = status
+        .findings
+        .iter()
+        .map(|f| format!("{} | {}", f.what, f.look))
+        .collect();
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.contains(&format!("webhook {}", webhook.id))
+                && f.contains(&old_id)
+                && f.contains(&format!("pulse webhooks rotate {}", webhook.id))),
+        "{findings:?}"
+    );
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.contains(&format!("hook {}", hook.id))
+                && f.contains(&format!("pulse hooks rotate {}", hook.id))),
+        "{findings:?}"
+    );
+
+    // Disabled without the key; the original key still opens what is stored.
+    let mut w = other.get_webhook(&webhook.id).await.unwrap().unwrap();
+    w.active = false;
+    other.update_webhook(&w).await.unwrap();
+    let back = b.store.get_webhook(&webhook.id).await.unwrap().unwrap();
+    assert!(!back.active);
+    assert_eq!(
+        back.secrets_at(b.now()),
+        [WEBHOOK_SECRET],
+        "not sealed twice"
+    );
+    assert_eq!(
+        pulse_shared::engine::set_hook_active(other.as_ref(), &hook.id, false)
+            .await
+            .unwrap(),
+        pulse_shared::engine::Switched::Done
+    );
+    let back = b.store.get_hook(&hook.id).await.unwrap().unwrap();
+    assert!(!back.active);
+    assert_eq!(back.secret.expose(), HOOK_SECRET);
+
+    // A new secret in place of the unreadable ones: readable with the new key alone.
+    let mut w = other.get_webhook(&webhook.id).await.unwrap().unwrap();
+    w.rotate(
+        "whsec_bmV3LXNlY3JldC1hZnRlci10aGUta2V5LXdhcy1sb3N0",
+        jiff::SignedDuration::from_hours(24),
+        b.now(),
+    )
+    .unwrap();
+    other.update_webhook(&w).await.unwrap();
+    let w = other.get_webhook(&webhook.id).await.unwrap().unwrap();
+    assert!(w.unreadable.is_none());
+    assert_eq!(
+        w.secrets_at(b.now()),
+        ["whsec_bmV3LXNlY3JldC1hZnRlci10aGUta2V5LXdhcy1sb3N0"],
+        "the unreadable secret is gone, grace or not"
+    );
+    let mut h = other.get_hook(&hook.id).await.unwrap().unwrap();
+    let refused = h.rotate("whsec_bmV3LWhvb2stc2VjcmV0", None).unwrap_err();
+    assert!(refused.to_string().contains("--auth-header"), "{refused}");
+    h.rotate("whsec_bmV3LWhvb2stc2VjcmV0", Some(None)).unwrap();
+    h.version += 1;
+    other.update_hook(&h).await.unwrap();
+    let h = other.get_hook(&hook.id).await.unwrap().unwrap();
+    assert!(h.unreadable.is_none() && h.auth_header.is_none());
+    assert_eq!(h.secret.expose(), "whsec_bmV3LWhvb2stc2VjcmV0");
+
+    // Deleted without the key.
+    let (agent, _) = b.agent("second", "1h").await;
+    let mut second = Hook::new(
+        agent.id.clone(),
+        HookType::parse("AFTER_HEARTBEAT").unwrap(),
+        HookTarget::parse("https://example.com/other").unwrap(),
+        HOOK_SECRET,
+        b.now(),
+    );
+    second.auth_header = Some(Secret::new(AUTH));
+    b.store.create_hook(&second).await.unwrap();
+    other.delete_hook(&second.id).await.unwrap();
+    assert!(b.store.get_hook(&second.id).await.unwrap().is_none());
+}
+on_both_backends!(
+    a_lost_key_never_locks_the_operator_out,
+    a_lost_key_never_locks_the_operator_out
+);
+
+/// The receiver, over a store without the key the webhook's secret is sealed with:
+/// 503 with a body that says nothing of keys, never 500 with the internal message.
+#[tokio::test]
+async fn a_webhook_whose_secret_cannot_be_read_is_answered_503_without_the_reason() {
+    use pulse_shared::http::{self, Inbound};
+    let b = Backend::new(Kind::Sqlite).await;
+    let (webhook, _) = records(&b).await;
+    let other = store_with(
+        &b,
+        EncryptionKeys::parse(&EncryptionKeys::new_key(), None).unwrap(),
+    );
+    let inbound = Arc::new(Inbound::new(
+        other,
+        b.queue.clone(),
+        b.clock.clone(),
+        pulse_shared::config::InboundConfig {
+            discord_public_key: None,
+            default_agent: None,
+            delivery_memory: pulse_shared::config::InboundConfig::DEFAULT_DELIVERY_MEMORY,
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/webhooks/{}",
+        listener.local_addr().unwrap(),
+        webhook.id
+    );
+    tokio::spawn(http::serve(
+        listener,
+        inbound,
+        http::ServeLimits::default(),
+        std::future::pending(),
+    ));
+    let body = br#"{"event_type":"NOTE","payload":{}}"#;
+    let mut request = reqwest::Client::new().post(&url).body(body.to_vec());
+    for (k, v) in pulse_signatures::inbound::sign(
+        WebhookScheme::Standard.signing(),
+        WEBHOOK_SECRET,
+        body,
+        b.now().as_second(),
+        "msg_1",
+    )
+    .unwrap()
+    {
+        request = request.header(k, v);
+    }
+    let r = request.send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "60");
+    let text = r.text().await.unwrap();
+    assert!(
+        !text.contains("key") && !text.contains("encrypt") && !text.contains("PULSE_"),
+        "{text}"
+    );
+    assert!(
+        b.store
+            .list_events(&webhook.agent_id, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing was taken in"
+    );
 }

@@ -364,6 +364,7 @@ impl Backend {
             bus: None,
             aws_requests: None,
             orphans: None,
+            keys_missing: None,
         }
     }
 

@@ -365,6 +365,7 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
         bus: None,
         aws_requests: Some(counted.counter.clone()),
         orphans: None,
+        keys_missing: None,
     };
     // As deployed: the heartbeat agent on (the offline model), the registry cached.
     let rig = Rig {

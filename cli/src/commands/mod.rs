@@ -167,6 +167,14 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             .map_err(|e| Failure::Runtime(e.into()))?;
     }
     let b = connect(&config, clock.clone()).await?;
+    if let Some(missing) = &b.keys_missing {
+        // Serving would answer every webhook 503 and send no hook: refuse, with the fix.
+        // Other commands go on (they are how it is fixed), and say so once.
+        if matches!(plan, Plan::Serve(_)) {
+            return Err(Failure::Runtime(anyhow::anyhow!("{missing}")));
+        }
+        eprintln!("warning: {missing}");
+    }
     let cx = Ctx {
         config: &config,
         b: &b,

@@ -32,29 +32,64 @@ pub(crate) fn new_key(out: &Out) {
     }
 }
 
-/// `pulse secrets reseal`.
+/// `pulse secrets reseal`. Records no configured key opens are left as they are and
+/// listed, with the fix; the command then fails, since the old keys are still needed.
 pub(crate) async fn reseal(b: &Connected, out: &Out) -> Result<(), Failure> {
     let mut webhooks = 0;
+    let mut unreadable = Vec::new();
     for w in b.store.list_webhooks().await? {
         // Reading one by its key seals it again if it was stale.
-        if b.store.get_webhook(&w.id).await?.is_some() {
-            webhooks += 1;
+        let Some(w) = b.store.get_webhook(&w.id).await? else {
+            continue;
+        };
+        match &w.unreadable {
+            Some(why) => unreadable.push(format!(
+                "webhook {}: {why} (restore that key, or `pulse webhooks rotate {}`)",
+                w.id, w.id
+            )),
+            None => webhooks += 1,
         }
     }
     let mut hooks = 0;
     for agent in b.store.list_agents().await? {
         for h in b.store.list_hooks(&agent.id).await? {
-            if b.store.get_hook(&h.id).await?.is_some() {
-                hooks += 1;
+            let Some(h) = b.store.get_hook(&h.id).await? else {
+                continue;
+            };
+            match &h.unreadable {
+                Some(why) => unreadable.push(format!(
+                    "hook {}: {why} (restore that key, or `pulse hooks rotate {}`)",
+                    h.id, h.id
+                )),
+                None => hooks += 1,
             }
         }
     }
     if out.json {
-        out.json_value(&serde_json::json!({ "webhooks": webhooks, "hooks": hooks }));
-    } else {
+        out.json_value(&serde_json::json!({
+            "webhooks": webhooks,
+            "hooks": hooks,
+            "unreadable": unreadable,
+        }));
+    } else if unreadable.is_empty() {
         eprintln!(
             "{webhooks} webhooks and {hooks} hooks are encrypted with the current key; the old keys are no longer needed for them"
         );
+    } else {
+        eprintln!(
+            "{webhooks} webhooks and {hooks} hooks are encrypted with the current key; {} cannot be read with any configured key:",
+            unreadable.len()
+        );
+        for line in &unreadable {
+            eprintln!("  {line}");
+        }
     }
-    Ok(())
+    if unreadable.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Attention(format!(
+            "{} stored secrets are not encrypted with the current key; keep the old keys until they are",
+            unreadable.len()
+        )))
+    }
 }

@@ -371,6 +371,7 @@ async fn rotate(
     let mut webhook = require_webhook(b, id).await?;
     check_secret(webhook.scheme, secret)?;
     let now = cx.clock.now();
+    let was_unreadable = webhook.unreadable.is_some();
     webhook.rotate(secret, grace, now).map_err(input)?;
     b.store.update_webhook(&webhook).await.map_err(store)?;
     if out.json {
@@ -380,10 +381,16 @@ async fn rotate(
         }));
     } else {
         outln!("{secret}");
-        eprintln!(
-            "added a new secret to {id} (shown once, above); the previous one is accepted for another {}",
-            format_duration(grace)
-        );
+        if was_unreadable {
+            eprintln!(
+                "gave {id} a new secret (shown once, above) in place of the ones no key could read: requests signed with it are accepted now; give it to the sender"
+            );
+        } else {
+            eprintln!(
+                "added a new secret to {id} (shown once, above); the previous one is accepted for another {}",
+                format_duration(grace)
+            );
+        }
     }
     Ok(())
 }
@@ -425,9 +432,10 @@ async fn list(cx: &Ctx<'_>, agent: Option<AgentRef>) -> Result<(), Failure> {
                 w.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
                 yes_no(w.wake),
                 yes_no(w.active),
-                match w.old_secret_retires_at {
-                    Some(t) => format!("{} (old until {})", w.secrets, when(Some(t))),
-                    None => w.secrets.to_string(),
+                match (&w.unreadable, w.old_secret_retires_at) {
+                    (Some(u), _) => format!("unreadable (key {})", u.key_id),
+                    (None, Some(t)) => format!("{} (old until {})", w.secrets, when(Some(t))),
+                    (None, None) => w.secrets.to_string(),
                 },
                 w.path.clone(),
             ]

@@ -16,6 +16,7 @@ use super::chat::Secret;
 use super::hook_type::HookType;
 use super::ids::{AgentId, HookId};
 use super::time::{format_duration, parse_duration};
+use super::unreadable::Unreadable;
 use crate::error::ValidationError;
 
 /// Where a hook delivers.
@@ -269,6 +270,10 @@ pub struct Hook {
     pub created_at: Timestamp,
     /// Bumped by every write; a write is conditional on the version it read.
     pub version: u64,
+    /// Set when it was read and no configured key opens its secrets: they are kept as
+    /// stored and never used (its deliveries wait). Never stored.
+    #[serde(skip)]
+    pub unreadable: Option<Unreadable>,
 }
 
 mod secret_string {
@@ -333,6 +338,7 @@ impl Hook {
             description: None,
             created_at: now,
             version: 1,
+            unreadable: None,
         }
     }
 
@@ -360,6 +366,28 @@ impl Hook {
         }
     }
 
+    /// Gives it a new signing secret. While its secrets are unreadable its Authorization
+    /// header is too: `auth` replaces it (`Some(None)` removes it); without `auth` an
+    /// unreadable header is refused, since it could never be sent again.
+    pub fn rotate(
+        &mut self,
+        secret: &str,
+        auth: Option<Option<Secret>>,
+    ) -> Result<(), ValidationError> {
+        if self.unreadable.is_some() && self.auth_header.is_some() && auth.is_none() {
+            return Err(ValidationError::new(
+                "auth header",
+                "the hook's Authorization header cannot be read either: give it again with --auth-header, or remove it with --no-auth-header",
+            ));
+        }
+        self.secret = Secret::new(secret);
+        if let Some(auth) = auth {
+            self.auth_header = auth;
+        }
+        self.unreadable = None;
+        Ok(())
+    }
+
     /// What a listing shows: no secret, no authorization value.
     pub fn summary(&self) -> HookSummary {
         HookSummary {
@@ -376,6 +404,7 @@ impl Hook {
             failing_since: self.failing_since,
             description: self.description.clone(),
             created_at: self.created_at,
+            unreadable: self.unreadable.clone(),
         }
     }
 }
@@ -420,6 +449,10 @@ pub struct HookSummary {
     pub description: Option<String>,
     /// When it was created.
     pub created_at: Timestamp,
+    /// Why its secrets cannot be read, when no configured key opens them (fix: restore
+    /// the key, or `pulse hooks rotate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<Unreadable>,
 }
 
 #[cfg(test)]

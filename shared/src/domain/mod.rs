@@ -17,6 +17,7 @@ mod schedule;
 mod task;
 mod time;
 mod tool;
+mod unreadable;
 mod webhook;
 mod webhook_request;
 
@@ -65,6 +66,7 @@ pub use tool::{
     HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
     builtin_tools,
 };
+pub use unreadable::Unreadable;
 pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};
 pub use webhook_request::{
     AcceptOutcome, Acceptance, LOGGED_BODY_LIMIT, LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET, Refusal,

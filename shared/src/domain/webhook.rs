@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::chat::Secret;
 use super::ids::{AgentId, EventType, WebhookId};
+use super::unreadable::Unreadable;
 use crate::error::ValidationError;
 
 /// How a webhook's requests are signed.
@@ -183,6 +184,10 @@ pub struct Webhook {
     pub description: Option<String>,
     /// When it was created.
     pub created_at: Timestamp,
+    /// Set when it was read and no configured key opens its secrets: they are kept as
+    /// stored and never used (requests to it are answered 503). Never stored.
+    #[serde(skip)]
+    pub unreadable: Option<Unreadable>,
 }
 
 /// Shortest secret accepted from a user.
@@ -227,11 +232,15 @@ impl Webhook {
             active: true,
             description: None,
             created_at: now,
+            unreadable: None,
         })
     }
 
-    /// The secrets a request may be signed with at `now`.
+    /// The secrets a request may be signed with at `now`: none while they are unreadable.
     pub fn secrets_at(&self, now: Timestamp) -> Vec<&str> {
+        if self.unreadable.is_some() {
+            return Vec::new();
+        }
         self.secrets
             .iter()
             .filter(|s| s.retires_at.is_none_or(|r| now < r))
@@ -240,7 +249,8 @@ impl Webhook {
     }
 
     /// Adds `secret` as the current one. The secrets valid now stay valid for `grace`
-    /// (none if zero); those already retired are dropped.
+    /// (none if zero); those already retired are dropped. Unreadable secrets are dropped
+    /// at once: no grace can make them usable again.
     pub fn rotate(
         &mut self,
         secret: &str,
@@ -255,6 +265,9 @@ impl Webhook {
             ));
         }
         let until = now.saturating_add(grace).unwrap_or(now);
+        if self.unreadable.take().is_some() {
+            self.secrets.clear();
+        }
         self.secrets
             .retain(|s| s.retires_at.is_none_or(|r| now < r));
         for s in &mut self.secrets {
@@ -298,6 +311,7 @@ impl Webhook {
             wake: self.wake,
             active: self.active,
             secrets: self.secrets_at(now).len(),
+            unreadable: self.unreadable.clone(),
             old_secret_retires_at: self
                 .secrets
                 .iter()
@@ -331,6 +345,10 @@ pub struct WebhookSummary {
     pub active: bool,
     /// How many secrets are valid now (2 during a rotation's grace period).
     pub secrets: usize,
+    /// Why its secrets cannot be read, when no configured key opens them (fix: restore
+    /// the key, or `pulse webhooks rotate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<Unreadable>,
     /// When the previous secret stops being accepted, during a rotation.
     pub old_secret_retires_at: Option<Timestamp>,
     /// Its note.

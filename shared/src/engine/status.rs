@@ -195,14 +195,40 @@ async fn agents_status(
     Ok(())
 }
 
-/// Webhooks whose latest requests within a day were refused.
+/// Webhooks whose secrets no configured key opens, and those whose latest requests
+/// within a day were refused.
 async fn webhooks_status(
     store: &dyn Store,
     agents: &[Agent],
     now: Timestamp,
     s: &mut Status,
 ) -> Result<(), StoreError> {
-    for w in store.list_webhooks().await?.iter().filter(|w| w.active) {
+    let webhooks = store.list_webhooks().await?;
+    let name_of = |w: &crate::domain::Webhook| {
+        agents
+            .iter()
+            .find(|a| a.id == w.agent_id)
+            .map_or(w.agent_id.to_string(), |a| a.name.clone())
+    };
+    for w in &webhooks {
+        if let Some(why) = &w.unreadable {
+            s.findings.push(Finding {
+                what: format!(
+                    "webhook {} (agent {}): {why}; its requests are answered 503",
+                    w.id,
+                    name_of(w)
+                ),
+                look: format!(
+                    "restore key {} (PULSE_ENCRYPTION_KEY or PULSE_ENCRYPTION_OLD_KEYS), or give it a new secret: pulse webhooks rotate {} (and give the sender the new one)",
+                    why.key_id, w.id
+                ),
+            });
+        }
+    }
+    for w in webhooks
+        .iter()
+        .filter(|w| w.active && w.unreadable.is_none())
+    {
         let requests = store.list_requests(&w.id, REQUESTS_SCAN).await?;
         let Some(latest) = requests.first() else {
             continue;
@@ -216,10 +242,7 @@ async fn webhooks_status(
             continue;
         }
         let in_a_row = requests.iter().take_while(refused).count();
-        let name = agents
-            .iter()
-            .find(|a| a.id == w.agent_id)
-            .map_or(w.agent_id.as_str(), |a| a.name.as_str());
+        let name = name_of(w);
         let were = if in_a_row == 1 {
             "request was"
         } else {
@@ -304,7 +327,18 @@ async fn agent_status(
     }
     for h in store.list_hooks(&agent.id).await? {
         let target = h.target.to_string();
-        if !h.active {
+        if let Some(why) = &h.unreadable {
+            findings.push(Finding {
+                what: format!(
+                    "hook {} (agent {}, {} → {target}): {why}; its deliveries are not sent",
+                    h.id, agent.name, h.hook_type
+                ),
+                look: format!(
+                    "restore key {} (PULSE_ENCRYPTION_KEY or PULSE_ENCRYPTION_OLD_KEYS), or give it a new secret: pulse hooks rotate {} (and give the receiver the new one)",
+                    why.key_id, h.id
+                ),
+            });
+        } else if !h.active {
             // Disabled by a person: their choice, not a problem.
             let Some(why) = h
                 .disabled_reason

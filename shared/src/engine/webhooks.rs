@@ -89,6 +89,10 @@ pub enum Verdict {
     },
     /// The store could not be reached or read: what was being done, and why.
     Unavailable(&'static str, StoreError),
+    /// No configured key opens the webhook's secrets: nothing can be checked until the
+    /// key is restored or the secret rotated (logged with the key id, never told to the
+    /// sender).
+    SecretUnreadable,
 }
 
 impl Verdict {
@@ -100,6 +104,7 @@ impl Verdict {
             Self::Duplicate(_) => "duplicate",
             Self::RateLimited { .. } => "rate_limited",
             Self::Unavailable(..) => "unavailable",
+            Self::SecretUnreadable => "secret_unreadable",
             Self::Refused(why, _) => match why {
                 Refused::NotFound => "not_found",
                 Refused::Disabled => "disabled",
@@ -110,6 +115,18 @@ impl Verdict {
             },
         }
     }
+}
+
+/// A request to a webhook whose secrets no configured key opens: logged with the key's
+/// id and the fix, answered 503 without saying why.
+fn unreadable(webhook: &Webhook, why: &crate::domain::Unreadable) -> Verdict {
+    warn!(
+        webhook_id = %webhook.id,
+        key_id = %why.key_id,
+        "a request to a webhook whose signing secret cannot be read: {why}; restore that key (PULSE_ENCRYPTION_KEY or PULSE_ENCRYPTION_OLD_KEYS), or run `pulse webhooks rotate {}`",
+        webhook.id
+    );
+    Verdict::SecretUnreadable
 }
 
 /// Takes signed webhook requests in: the webhooks it has read recently, and the store
@@ -212,6 +229,9 @@ impl WebhookIntake {
                 .refuse(log, RequestStatus::Rejected, Refused::Disabled, why, body)
                 .await;
         }
+        if let Some(why) = &webhook.unreadable {
+            return unreadable(&webhook, why);
+        }
         let (webhook, verified) = match self.verify(webhook, headers, body, now).await {
             Ok(checked) => checked,
             Err(Ok(why)) => {
@@ -309,6 +329,9 @@ impl WebhookIntake {
             }
             Err(e) => return Err(Err(Verdict::Unavailable("reading the webhook", e))),
         };
+        if let Some(why) = &webhook.unreadable {
+            return Err(Err(unreadable(&webhook, why)));
+        }
         match check(&webhook) {
             Ok(v) => Ok((webhook, v)),
             Err(e) => Err(Ok(e)),

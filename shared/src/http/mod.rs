@@ -162,12 +162,16 @@ pub(crate) fn error_response(status: StatusCode, message: impl Into<String>) -> 
 /// a record that cannot be read.
 pub(crate) fn store_failure(what: &str, e: &StoreError) -> Response {
     error!(error = %chain(e), "{what}");
+    // What went wrong inside stays in the log: the caller is told only whether to retry.
     match e {
-        StoreError::Backend { .. } => error_response(
+        StoreError::Backend { .. } | StoreError::Secret(_) => error_response(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("{what}: the store is unavailable; retry later"),
         ),
-        _ => error_response(StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}")),
+        _ => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{what}: an internal error; the server's log says more"),
+        ),
     }
 }
 

@@ -55,5 +55,14 @@ pub(super) async fn receive(
             r
         }
         Verdict::Unavailable(what, e) => store_failure(what, &e),
+        Verdict::SecretUnreadable => {
+            let mut r = error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this webhook cannot take requests right now; retry later",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            r
+        }
     }
 }

@@ -25,7 +25,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use sha2::{Digest, Sha256};
 
-use crate::domain::{Hook, Secret, Webhook};
+use crate::domain::{Hook, Secret, Unreadable, Webhook};
 use crate::error::StoreError;
 
 pub use key_file::{KeyFileError, key_file};
@@ -141,6 +141,11 @@ impl EncryptionKeys {
         BASE64.encode(bytes)
     }
 
+    /// The ids of the keys, the one that seals first.
+    pub fn ids(&self) -> Vec<&str> {
+        self.0.iter().map(|k| k.id.as_str()).collect()
+    }
+
     /// The id of the key that seals, if there is one.
     pub fn current_id(&self) -> Option<&str> {
         self.0.first().map(|k| k.id.as_str())
@@ -195,7 +200,17 @@ impl EncryptionKeys {
         Ok((plain, state))
     }
 
-    fn seal_secret(&self, secret: &mut Secret, context: &str) -> Result<(), SealError> {
+    /// Seals `secret`; with `keep_sealed` (a record read unreadable), a value still
+    /// sealed as it was read is kept as it is.
+    fn seal_secret(
+        &self,
+        secret: &mut Secret,
+        context: &str,
+        keep_sealed: bool,
+    ) -> Result<(), SealError> {
+        if keep_sealed && secret.expose().starts_with(SEALED_PREFIX) {
+            return Ok(());
+        }
         *secret = Secret::new(self.seal(secret.expose(), context)?);
         Ok(())
     }
@@ -206,12 +221,14 @@ impl EncryptionKeys {
         Ok(state)
     }
 
-    /// The webhook as stored: its secrets sealed.
+    /// The webhook as stored: its secrets sealed (unreadable ones are stored as they
+    /// were read, still sealed).
     pub fn seal_webhook(&self, webhook: &Webhook) -> Result<Webhook, SealError> {
         let mut stored = webhook.clone();
+        let keep = webhook.unreadable.is_some();
         let context = format!("webhook:{}", webhook.id);
         for s in &mut stored.secrets {
-            self.seal_secret(&mut s.secret, &context)?;
+            self.seal_secret(&mut s.secret, &context, keep)?;
         }
         Ok(stored)
     }
@@ -228,12 +245,18 @@ impl EncryptionKeys {
         Ok(state)
     }
 
-    /// The hook as stored: its signing secret and Authorization header sealed.
+    /// The hook as stored: its signing secret and Authorization header sealed
+    /// (unreadable ones are stored as they were read, still sealed).
     pub fn seal_hook(&self, hook: &Hook) -> Result<Hook, SealError> {
         let mut stored = hook.clone();
-        self.seal_secret(&mut stored.secret, &format!("hook:{}:secret", hook.id))?;
+        let keep = hook.unreadable.is_some();
+        self.seal_secret(
+            &mut stored.secret,
+            &format!("hook:{}:secret", hook.id),
+            keep,
+        )?;
         if let Some(auth) = &mut stored.auth_header {
-            self.seal_secret(auth, &format!("hook:{}:authorization", hook.id))?;
+            self.seal_secret(auth, &format!("hook:{}:authorization", hook.id), keep)?;
         }
         Ok(stored)
     }
@@ -252,11 +275,41 @@ impl EncryptionKeys {
 
 /// A record whose secrets are sealed at rest: what the store adapters read and write
 /// through [`EncryptionKeys`].
-pub trait SealedRecord: Sized {
+pub trait SealedRecord: Sized + Clone {
     /// The record as stored.
     fn sealed(&self, keys: &EncryptionKeys) -> Result<Self, SealError>;
     /// Opens a stored record's secrets; `Stale` if any should be sealed again.
     fn open(&mut self, keys: &EncryptionKeys) -> Result<Stored, SealError>;
+    /// Marks it as read with secrets no configured key opens.
+    fn mark_unreadable(&mut self, why: Unreadable);
+}
+
+/// Opens a stored record's secrets. One that no configured key opens is still read — as
+/// stored, its secrets sealed, marked [`Unreadable`] — so it can be listed, disabled,
+/// deleted or given a new secret when its key is lost; it is never `Stale`.
+pub fn open_or_mark<T: SealedRecord>(keys: &EncryptionKeys, stored: T) -> (T, Stored) {
+    let mut opened = stored.clone();
+    match opened.open(keys) {
+        Ok(state) => (opened, state),
+        Err(e) => {
+            let mut kept = stored;
+            kept.mark_unreadable(match e {
+                SealError::Damaged(key_id) => Unreadable {
+                    key_id,
+                    damaged: true,
+                },
+                SealError::UnknownKey(key_id) => Unreadable {
+                    key_id,
+                    damaged: false,
+                },
+                SealError::NoKey => Unreadable {
+                    key_id: "?".to_owned(),
+                    damaged: false,
+                },
+            });
+            (kept, Stored::Current)
+        }
+    }
 }
 
 impl SealedRecord for Webhook {
@@ -266,6 +319,9 @@ impl SealedRecord for Webhook {
     fn open(&mut self, keys: &EncryptionKeys) -> Result<Stored, SealError> {
         keys.open_webhook(self)
     }
+    fn mark_unreadable(&mut self, why: Unreadable) {
+        self.unreadable = Some(why);
+    }
 }
 
 impl SealedRecord for Hook {
@@ -274,6 +330,9 @@ impl SealedRecord for Hook {
     }
     fn open(&mut self, keys: &EncryptionKeys) -> Result<Stored, SealError> {
         keys.open_hook(self)
+    }
+    fn mark_unreadable(&mut self, why: Unreadable) {
+        self.unreadable = Some(why);
     }
 }
 

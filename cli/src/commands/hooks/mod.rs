@@ -15,6 +15,7 @@ use pulse_shared::engine::{DispatchSettings, Dispatcher, Switched, set_hook_acti
 use pulse_shared::ports::Clock;
 use pulse_signatures::inbound::generate_secret;
 
+mod change;
 mod deliveries;
 
 use super::{AgentRef, Ctx, agent_ref, input, yes_no};
@@ -80,6 +81,18 @@ pub(crate) enum HooksCmd {
     /// Change where a hook delivers, its retry schedule, timeout, disable-after or auth
     /// header. Deliveries already queued go to the new settings.
     Update(Box<UpdateHook>),
+    /// Give a hook a new signing secret, printed once: when its old one leaked, or its
+    /// encryption key was lost (`pulse status` says so). Give the receiver the new one.
+    Rotate {
+        /// The hook's id.
+        id: String,
+        /// A new Authorization header (needed when the stored one cannot be read either).
+        #[arg(long, conflicts_with = "no_auth_header")]
+        auth_header: Option<String>,
+        /// Remove the Authorization header.
+        #[arg(long)]
+        no_auth_header: bool,
+    },
     /// Delete a hook with its deliveries; queued deliveries are dropped when they come up.
     Delete {
         /// The hook's id.
@@ -174,6 +187,10 @@ pub(crate) enum HooksPlan {
         agent: Option<AgentRef>,
     },
     Update(HookId, Box<HookChanges>),
+    Rotate {
+        id: HookId,
+        auth: Option<Option<Secret>>,
+    },
     Delete(HookId),
 }
 
@@ -261,6 +278,18 @@ pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Fai
             }
             HooksPlan::Update(HookId::parse(&a.id).map_err(input)?, Box::new(changes))
         }
+        HooksCmd::Rotate {
+            id,
+            auth_header,
+            no_auth_header,
+        } => HooksPlan::Rotate {
+            id: HookId::parse(&id).map_err(input)?,
+            auth: match (auth_header, no_auth_header) {
+                (Some(v), _) => Some(Some(auth_header_arg(&v)?)),
+                (None, true) => Some(None),
+                (None, false) => None,
+            },
+        },
         HooksCmd::Delete { id } => HooksPlan::Delete(HookId::parse(&id).map_err(input)?),
     })
 }
@@ -332,7 +361,7 @@ fn auth_header_arg(v: &str) -> Result<Secret, Failure> {
 }
 
 /// A target this backend can deliver to.
-fn check_target(b: &Connected, target: &HookTarget) -> Result<(), Failure> {
+pub(super) fn check_target(b: &Connected, target: &HookTarget) -> Result<(), Failure> {
     if let HookTarget::EventBridge { bus } = target
         && b.bus.is_none()
     {
@@ -386,7 +415,8 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
         }
         HooksPlan::Deliveries { hook, limit } => deliveries::list(b, out, &hook, limit).await,
         HooksPlan::Set { id, active } => set_active(b, out, &id, active).await,
-        HooksPlan::Update(id, changes) => update(b, out, &id, &changes).await,
+        HooksPlan::Update(id, changes) => change::update(b, out, &id, &changes).await,
+        HooksPlan::Rotate { id, auth } => change::rotate(b, out, &id, auth).await,
         HooksPlan::Delete(id) => {
             b.store.delete_hook(&id).await.map_err(super::store)?;
             out.done(&format!(
@@ -494,6 +524,7 @@ async fn list(b: &Connected, out: &Out, agent: Option<AgentRef>) -> Result<(), F
             "RETRY",
             "FAILING_SINCE",
             "DISABLED_BECAUSE",
+            "SECRET",
         ],
         |h| {
             vec![
@@ -506,6 +537,10 @@ async fn list(b: &Connected, out: &Out, agent: Option<AgentRef>) -> Result<(), F
                 h.retry.clone(),
                 when(h.failing_since),
                 h.disabled_reason.clone().unwrap_or_else(|| "-".into()),
+                match &h.unreadable {
+                    Some(u) => format!("unreadable (key {})", u.key_id),
+                    None => "ok".to_owned(),
+                },
             ]
         },
     );
@@ -547,43 +582,6 @@ async fn types(b: &Connected, out: &Out) -> Result<(), Failure> {
 }
 
 /// Enables or disables a hook, retrying when a delivery changes it meanwhile.
-/// Applies `c` over the version read, reading again if another writer got there first.
-async fn update(b: &Connected, out: &Out, id: &HookId, c: &HookChanges) -> Result<(), Failure> {
-    if let Some(t) = &c.target {
-        check_target(b, t)?;
-    }
-    for _ in 0..5 {
-        let mut hook = require_hook(b, id).await?;
-        if let Some(t) = &c.target {
-            hook.target = t.clone();
-        }
-        if let Some(a) = &c.auth_header {
-            hook.auth_header = a.clone();
-        }
-        if let Some(t) = c.timeout {
-            hook.timeout = t;
-        }
-        if let Some(r) = &c.retry {
-            hook.retry = r.clone();
-        }
-        if let Some(d) = c.disable_after {
-            hook.disable_after = d;
-        }
-        hook.version += 1;
-        match b.store.update_hook(&hook).await {
-            Ok(()) => {
-                out.created(&hook.summary(), id.as_str(), &format!("updated hook {id}"));
-                return Ok(());
-            }
-            Err(pulse_shared::error::StoreError::Conflict(_)) => continue,
-            Err(e) => return Err(super::store(e)),
-        }
-    }
-    Err(Failure::Runtime(anyhow::anyhow!(
-        "hook {id} kept changing while it was updated; try again"
-    )))
-}
-
 async fn set_active(b: &Connected, out: &Out, id: &HookId, active: bool) -> Result<(), Failure> {
     let state = if active { "enabled" } else { "disabled" };
     match set_hook_active(b.store.as_ref(), id, active)

@@ -14,7 +14,7 @@ use super::codec::*;
 use super::keys::*;
 use crate::domain::Heartbeat;
 use crate::error::StoreError;
-use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored};
+use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored, open_or_mark};
 
 /// Pulse's records in one DynamoDB table.
 #[derive(Clone, Debug)]
@@ -96,7 +96,8 @@ impl DynamoStore {
         }
     }
 
-    /// Opens a record whose secrets are sealed. With `reseal`, one stored stale (plain,
+    /// Opens a record whose secrets are sealed (one no configured key opens is read
+    /// marked unreadable: [`open_or_mark`]). With `reseal`, one stored stale (plain,
     /// or under an old key) is sealed with the current key and put back, conditional on
     /// its document being unchanged (a lost race leaves the other writer's version).
     pub(super) async fn open_sealed<T: Serialize + for<'de> Deserialize<'de> + SealedRecord>(
@@ -104,8 +105,8 @@ impl DynamoStore {
         item: Item,
         reseal: bool,
     ) -> Result<T, StoreError> {
-        let mut record: T = read_doc(&item)?;
-        if record.open(&self.keys)? == Stored::Stale && reseal {
+        let (record, state) = open_or_mark(&self.keys, read_doc::<T>(&item)?);
+        if state == Stored::Stale && reseal {
             let sealed = match record.sealed(&self.keys) {
                 Ok(s) => s,
                 Err(SealError::NoKey) => return Ok(record),

@@ -7,11 +7,12 @@ use serde::de::DeserializeOwned;
 
 use super::{CachedExecute, sqlite_err};
 use crate::error::StoreError;
-use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored};
+use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored, open_or_mark};
 
-/// Reads records whose secrets are sealed (webhooks, hooks) and opens them. With
-/// `reseal`, one stored stale (plain, or under an old key) is sealed with the current
-/// key and written back, if the stored document has not changed meanwhile.
+/// Reads records whose secrets are sealed (webhooks, hooks) and opens them (one no
+/// configured key opens is read marked unreadable: [`open_or_mark`]). With `reseal`, one
+/// stored stale (plain, or under an old key) is sealed with the current key and written
+/// back, if the stored document has not changed meanwhile.
 pub(super) fn read_sealed<T: Serialize + DeserializeOwned + SealedRecord>(
     conn: &Connection,
     op: &'static str,
@@ -29,8 +30,8 @@ pub(super) fn read_sealed<T: Serialize + DeserializeOwned + SealedRecord>(
     };
     let mut out = Vec::with_capacity(rows.len());
     for (id, doc) in rows {
-        let mut record: T = from_doc(&id, &doc)?;
-        if record.open(keys)? == Stored::Stale && reseal {
+        let (record, state) = open_or_mark(keys, from_doc::<T>(&id, &doc)?);
+        if state == Stored::Stale && reseal {
             match record.sealed(keys) {
                 Ok(sealed) => {
                     conn.exec(

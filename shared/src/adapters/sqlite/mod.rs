@@ -24,6 +24,7 @@ mod events;
 mod heartbeats;
 mod hook_queue;
 mod hooks;
+mod keys;
 mod memories;
 mod purge;
 mod registry;
@@ -40,6 +41,7 @@ use rusqlite::Connection;
 
 pub use claimants::{OrphanedClaims, TakenBack};
 pub use hook_queue::SqliteHookQueue;
+pub use keys::{KeysMissing, keys_for};
 pub use session_queue::SqliteQueue;
 
 use crate::error::StoreError;
@@ -154,26 +156,6 @@ fn private_file(path: &Path) -> Result<(), StoreError> {
         }
     }
     Ok(())
-}
-
-/// The keys of the database at `db`, from its key file (`<db>.key`, mode 0600), made
-/// with a new random key the first time: for `pulse serve` and the CLI on one machine
-/// when `PULSE_ENCRYPTION_KEY` is not set. Back it up with the database: without it the
-/// stored secrets cannot be read.
-pub fn key_file(db: &Path) -> Result<EncryptionKeys, StoreError> {
-    let mut p = db.as_os_str().to_owned();
-    p.push(".key");
-    let path = PathBuf::from(p);
-    let failed = |e: String| {
-        StoreError::Secret(format!(
-            "{e}; set PULSE_ENCRYPTION_KEY, or restore the file"
-        ))
-    };
-    let (key, made) = crate::sealing::key_file(&path, true).map_err(|e| failed(e.to_string()))?;
-    if made {
-        tracing::info!(file = %path.display(), "made a new encryption key for stored secrets: back it up with the database");
-    }
-    EncryptionKeys::parse(&key, None).map_err(|e| failed(e.to_string()))
 }
 
 impl Db {

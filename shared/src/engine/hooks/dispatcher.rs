@@ -233,7 +233,24 @@ impl Dispatcher {
     ) -> Result<HookAttempt, EngineError> {
         let at = self.clock.now();
         let began = Instant::now();
-        let result = self.sender.send(&hook, &d, at.as_second()).await;
+        let result = match &hook.unreadable {
+            // Nothing can be signed: a failed attempt, retried on the hook's schedule, so
+            // a restored key or a rotated secret lets the next one through.
+            Some(why) => {
+                warn!(hook_id = %hook.id, key_id = %why.key_id, delivery_id = %d.id, "a hook delivery was not sent: {why}");
+                crate::ports::SendResult {
+                    status: AttemptStatus::Failed,
+                    http_status: None,
+                    body: None,
+                    error: Some(format!(
+                        "not sent: {why}; restore that key (PULSE_ENCRYPTION_KEY or PULSE_ENCRYPTION_OLD_KEYS), or run `pulse hooks rotate {}`",
+                        hook.id
+                    )),
+                    retry_after: None,
+                }
+            }
+            None => self.sender.send(&hook, &d, at.as_second()).await,
+        };
         let duration_ms = began.elapsed().as_millis() as u64;
         let done = self.clock.now();
         let mut attempt = HookAttempt {
