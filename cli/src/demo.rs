@@ -231,6 +231,7 @@ impl Demo {
             llm: Arc::new(LlmRouter::new(LlmConfig::offline(), egress.clone())),
             discord: Some(Arc::new(DiscordClient::new(config.discord.clone()))),
             egress,
+            images: pulse_shared::app::images(config.hooks.image_hosts.clone()),
         };
         let backend = connect(&config, clock.clone()).await?;
         let sweeper = backend.sweeper(&config.engine);

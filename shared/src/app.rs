@@ -32,6 +32,8 @@ pub struct Services {
     pub discord: Option<Arc<dyn DiscordApi>>,
     /// Outbound HTTP to user-given URLs (HTTP tools, hooks), behind the SSRF guard.
     pub egress: Egress,
+    /// Fetches the images users send, from their hosts only.
+    pub images: Arc<dyn crate::ports::ImageFetcher>,
 }
 
 impl Services {
@@ -45,6 +47,7 @@ impl Services {
             )),
             discord: None,
             egress,
+            images: images(crate::llm::ImageHosts::default()),
         }
     }
 }
@@ -140,11 +143,9 @@ impl Connected {
                 ..ConversationSettings::default()
             },
         )
-        // Images a provider cannot reach go through the egress guard, as hooks do.
-        .with_images(Arc::new(crate::llm::EgressImages::new(
-            services.egress.clone(),
-            IMAGE_FETCH_TIMEOUT,
-        )));
+        // Only images on their hosts are passed on or fetched, through a guard of their
+        // own.
+        .with_images(services.images.clone());
         match self.emitter(clock) {
             Some(emitter) => conversation.with_hooks(emitter),
             None => conversation,
@@ -188,6 +189,11 @@ impl Connected {
     }
 }
 
+/// The fetcher of the images users send, from `hosts` only.
+pub fn images(hosts: crate::llm::ImageHosts) -> Arc<dyn crate::ports::ImageFetcher> {
+    Arc::new(crate::llm::EgressImages::new(hosts, IMAGE_FETCH_TIMEOUT))
+}
+
 /// The outbound client for user-given URLs (HTTP tools, hooks, agents' own model URLs):
 /// the SSRF guard with `PULSE_HOOKS_ALLOW`'s exceptions.
 pub fn egress(config: &Config) -> Egress {
@@ -206,6 +212,7 @@ impl Services {
                     as Arc<dyn DiscordApi>
             }),
             egress,
+            images: images(config.hooks.image_hosts.clone()),
         }
     }
 }

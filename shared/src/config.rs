@@ -102,11 +102,14 @@ pub struct Config {
     pub retention: Retention,
 }
 
-/// Outbound requests (hooks, HTTP tools).
+/// Outbound requests (hooks, HTTP tools, the images users send).
 #[derive(Clone, Debug, Default)]
 pub struct HooksConfig {
-    /// `PULSE_HOOKS_ALLOW`: non-public ranges outbound requests may reach anyway.
+    /// `PULSE_HOOKS_ALLOW`: non-public ranges hooks and HTTP tools may reach anyway.
     pub allow: pulse_egress::AllowList,
+    /// `PULSE_IMAGE_HOSTS`: the hosts images users send are taken from (never opened by
+    /// `PULSE_HOOKS_ALLOW`).
+    pub image_hosts: crate::llm::ImageHosts,
 }
 
 /// What the HTTP receiver (`POST /discord/interactions`, `POST /webhooks/{id}`) needs.
@@ -356,7 +359,13 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
                 ConfigError::new("PULSE_HOOKS_ALLOW", e.to_string())
             })?,
         };
-        Ok(HooksConfig { allow })
+        let image_hosts = match self.get("PULSE_IMAGE_HOSTS") {
+            None => crate::llm::ImageHosts::default(),
+            Some(v) => v
+                .parse()
+                .map_err(|e: String| ConfigError::new("PULSE_IMAGE_HOSTS", e))?,
+        };
+        Ok(HooksConfig { allow, image_hosts })
     }
 
     /// The keys secrets are sealed with at rest, if `PULSE_ENCRYPTION_KEY` is set, or

@@ -379,6 +379,7 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
             world: world.clone(),
         })),
         egress: pulse_egress::Egress::new(pulse_egress::AllowList::default()),
+        images: pulse_shared::app::images(Default::default()),
     };
     let settings = EngineSettings::default();
     let tools = Arc::new(SimTools {

@@ -409,6 +409,41 @@ async fn pictures() -> String {
     base
 }
 
+/// Hardening II, finding 10: `PULSE_HOOKS_ALLOW` also opened the fetch of the images
+/// users send to the private ranges it allows. Now images come from their hosts only
+/// (`PULSE_IMAGE_HOSTS`, Discord's CDN by default), through an allow-list of their own.
+#[tokio::test]
+async fn images_are_taken_from_their_hosts_only_whatever_the_hooks_may_reach() {
+    use pulse_shared::llm::ImageHosts;
+    use pulse_shared::ports::ImageError;
+    let base = pictures().await;
+    let cat = format!("{base}/cat.png");
+    let mut config = pulse_shared::config::Config::defaults();
+    config.hooks.allow = "127.0.0.1/32".parse().unwrap();
+    let services = pulse_shared::app::Services::from_config(&config);
+    assert!(!services.images.allows(&cat));
+    assert!(matches!(
+        services.images.fetch_image(&cat).await,
+        Err(ImageError::NotAllowed(h)) if h == "127.0.0.1"
+    ));
+    for (url, allowed) in [
+        ("https://cdn.discordapp.com/attachments/1/2/cat.png", true),
+        ("https://media.discordapp.net/attachments/1/2/cat.png", true),
+        ("https://cdn.discordapp.com.evil.example/cat.png", false),
+        ("https://evil.example/cdn.discordapp.com/cat.png", false),
+    ] {
+        assert_eq!(services.images.allows(url), allowed, "{url}");
+    }
+    // A host named in PULSE_IMAGE_HOSTS is fetched from, hooks' allow-list or not.
+    let hosts: ImageHosts = "127.0.0.1".parse().unwrap();
+    let fetched = pulse_shared::app::images(hosts)
+        .fetch_image(&cat)
+        .await
+        .unwrap();
+    assert_eq!(fetched.media_type, "image/png");
+    assert!("cdn.discordapp.com/x".parse::<ImageHosts>().is_err());
+}
+
 /// Issue 20: images reached the model as `[image: URL]` text. Now they are image parts
 /// (a URL the provider can reach, or the bytes Pulse fetched through the egress guard),
 /// and text for a model marked `--vision off`.
@@ -490,7 +525,14 @@ async fn an_image_a_user_sends_reaches_the_model_as_an_image() {
     intake::submit(
         w.b.store.as_ref(),
         w.b.queue.as_ref(),
-        send(&anthropic, vec![cat.clone(), public.into()]),
+        send(
+            &anthropic,
+            vec![
+                cat.clone(),
+                public.into(),
+                "https://elsewhere.example/x.png".into(),
+            ],
+        ),
     )
     .await
     .unwrap();

@@ -916,6 +916,33 @@ async fn no_page(kind: Kind) {
         elsewhere.body
     );
     assert!(!elsewhere.body.starts_with('{'), "HTML, not JSON");
+
+    // Hardening II, finding 9: a CR/LF in the path was put in a redirect's Location
+    // and answered a bare 500. It names no agent: 404, the dashboard's own page.
+    for path in [
+        "/ui/agents/%0D%0ASet-Cookie:%20x=1",
+        "/ui/agents/agt_x%0D%0A",
+        "/ui/agents/%0A/heartbeats",
+    ] {
+        let a = u.get(path).await;
+        assert_eq!(a.status, 404, "{path}: {}", a.body);
+        assert!(a.cookie.is_empty() && a.location.is_empty(), "{path}");
+        assert!(
+            a.body.contains("not found") || a.body.contains("No such page"),
+            "{}",
+            a.body
+        );
+    }
+    // A form's way back with a CR/LF in it goes to the default instead.
+    let csrf = u.csrf().await;
+    let r = u
+        .post(
+            &format!("/ui/agents/{}/pause", agent.id),
+            &[("csrf", &csrf), ("back", "/ui/\r\nSet-Cookie: x=1")],
+        )
+        .await;
+    assert_eq!((r.status, r.location.as_str()), (303, "/ui/"), "{}", r.body);
+    assert!(r.cookie.is_empty());
 }
 
 /// Hardening II, finding 2: server-sent event streams held a connection place for as

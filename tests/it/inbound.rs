@@ -1114,3 +1114,94 @@ async fn a_probe_sent_through_a_webhook_and_a_chat_reaches_the_model_as_a_framed
     assert_eq!(framed[0].0, "user");
     assert_eq!(framed[0].1["text"], PROBE);
 }
+
+/// Hardening II, finding 9: `/healthz` said ok while the disk was full (webhooks were
+/// answered 503 correctly). Now it is degraded, with why, from the first write that
+/// fails for want of space until one succeeds again.
+#[tokio::test]
+async fn healthz_is_degraded_while_the_store_cannot_write() {
+    use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
+    use pulse_shared::ports::{AgentStore, Clock, WebhookStore};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pulse.db");
+    let db = Db::open(&path).unwrap();
+    let clock = pulse_tests::test_clock();
+    let store = Arc::new(SqliteStore::new(db.clone()).with_keys(pulse_tests::test_keys()));
+    let queue = Arc::new(SqliteQueue::new(db.clone(), clock.clone()));
+    let (agent, first) = pulse_shared::domain::NewAgent::named("full")
+        .create(clock.now())
+        .unwrap();
+    store.create_agent(&agent, &first).await.unwrap();
+    let mut webhook =
+        Webhook::new(agent.id.clone(), WebhookScheme::Pulse, SECRET, clock.now()).unwrap();
+    webhook.rate_limit = None;
+    store.create_webhook(&webhook).await.unwrap();
+    let inbound = Arc::new(Inbound::new(
+        store,
+        queue,
+        clock.clone(),
+        InboundConfig {
+            discord_public_key: None,
+            default_agent: None,
+            delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(http::serve(
+        listener,
+        inbound,
+        http::ServeLimits::default(),
+        std::future::pending(),
+    ));
+    let client = reqwest::Client::new();
+    let health = || async {
+        let r = client.get(format!("{base}/healthz")).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let mut n = 0;
+    let mut send = || {
+        n += 1;
+        let body = body_for(WebhookScheme::Pulse, "NOTE", n);
+        let headers = signed(
+            WebhookScheme::Pulse,
+            SECRET,
+            clock.now().as_second(),
+            &format!("d-{n}"),
+            &body,
+        );
+        client
+            .post(format!("{base}/webhooks/{}", webhook.id))
+            .headers(headers)
+            .body(body)
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status().as_u16(), 200);
+    assert_eq!(health().await.0, 200);
+
+    // The file may not grow: within a few hundred events, a write finds no room.
+    let pages: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_query_value(None, "page_count", |r| r.get(0))
+        .unwrap();
+    db.cap_pages(pages).unwrap();
+    let mut refused = None;
+    for _ in 0..500 {
+        let status = send().await.unwrap().status().as_u16();
+        if status != 200 {
+            refused = Some(status);
+            break;
+        }
+    }
+    assert_eq!(refused, Some(503), "a write failed for want of room");
+    let (status, v) = health().await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["status"], "degraded");
+    assert!(v["reason"].as_str().unwrap().contains("full"), "{v}");
+
+    // Room again: the next write goes through, and health is ok.
+    db.cap_pages(1 << 30).unwrap();
+    assert_eq!(send().await.unwrap().status().as_u16(), 200);
+    let (status, v) = health().await;
+    assert_eq!((status, &v["status"]), (200, &json!("ok")), "{v}");
+}

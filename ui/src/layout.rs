@@ -148,7 +148,15 @@ pub(crate) fn button(d: &Dashboard, action: &str, label: &str, class: &str, back
 /// Where a form comes back to: its `back` field if it is a dashboard path, else `default`.
 pub(crate) fn back_to(back: Option<&str>, default: &str) -> String {
     match back {
-        Some(b) if b.starts_with("/ui/") && !b.contains("//") => b.to_owned(),
+        // A path of this site only, of visible characters: no `//host`, no backslash,
+        // no CR/LF to split the Location header.
+        Some(b)
+            if b.starts_with("/ui/")
+                && !b.contains("//")
+                && b.bytes().all(|c| c.is_ascii_graphic() && c != b'\\') =>
+        {
+            b.to_owned()
+        }
         _ => default.to_owned(),
     }
 }

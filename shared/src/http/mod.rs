@@ -119,8 +119,22 @@ async fn explain_timeout(response: Response) -> Response {
     response
 }
 
-async fn healthz() -> Response {
-    Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")})).into_response()
+/// `ok`, or `degraded` (503) with why when the store cannot write: a full disk answers
+/// every webhook 503, so a load balancer should stop sending here.
+async fn healthz(axum::extract::State(inbound): axum::extract::State<Arc<Inbound>>) -> Response {
+    match inbound.store.write_trouble() {
+        None => Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")})).into_response(),
+        Some(why) => {
+            let mut r = Json(json!({
+                "status": "degraded",
+                "reason": format!("the store cannot write: {why}"),
+                "version": env!("CARGO_PKG_VERSION"),
+            }))
+            .into_response();
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            r
+        }
+    }
 }
 
 async fn not_found() -> Response {

@@ -42,7 +42,7 @@ use crate::error::LlmError;
 use crate::ports::{Llm, LlmSelector};
 use pulse_egress::Egress;
 
-pub use images::EgressImages;
+pub use images::{EgressImages, ImageHosts};
 
 /// Everything needed to build one provider client.
 #[derive(Clone, Debug)]

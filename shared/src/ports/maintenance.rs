@@ -88,6 +88,12 @@ pub trait Maintenance: Send + Sync {
     /// Gives the space pruning freed back to the file system, in short steps (SQLite's
     /// incremental vacuum). DynamoDB has nothing to give back.
     async fn reclaim(&self) -> Result<Reclaimed, StoreError>;
+    /// Why writes are failing now (a full disk, a read-only file), from the last one that
+    /// failed so until one succeeds; `None` while writes go through, or when the store
+    /// cannot tell. `/healthz` reports it.
+    fn write_trouble(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Rows one pruning transaction removes at most.

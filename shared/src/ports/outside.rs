@@ -149,6 +149,9 @@ pub trait Llm: Send + Sync {
 /// Fetches an image a user sent, for a model that cannot reach its URL itself.
 #[async_trait]
 pub trait ImageFetcher: Send + Sync {
+    /// Whether `url` is on a host users' images come from: only those are passed to a
+    /// model or fetched.
+    fn allows(&self, url: &str) -> bool;
     /// The image at `url`.
     async fn fetch_image(&self, url: &str) -> Result<FetchedImage, ImageError>;
 }
@@ -168,6 +171,9 @@ pub enum ImageError {
     /// Not a URL.
     #[error("not a URL: {0}")]
     BadUrl(String),
+    /// Not on a host users' images come from (`PULSE_IMAGE_HOSTS`).
+    #[error("{0} is not a host images are taken from (PULSE_IMAGE_HOSTS)")]
+    NotAllowed(String),
     /// The egress guard refused it, or it could not be reached in time.
     #[error("{0}")]
     Unreachable(String),

@@ -37,9 +37,12 @@ impl View {
     }
 }
 
-/// `GET /ui/agents/{id}`.
-pub(crate) async fn home(Path(id): Path<String>) -> Redirect {
-    Redirect::to(&format!("/ui/agents/{id}/heartbeats"))
+/// `GET /ui/agents/{id}`: its first tab. Anything but an agent id (a CR/LF in the path
+/// included) is not found, never echoed into a header.
+pub(crate) async fn home(Path(id): Path<String>) -> Result<Redirect, Problem> {
+    let id = pulse_shared::domain::AgentId::parse(&id)
+        .map_err(|_| Problem::NotFound(format!("agent {}", id.escape_debug())))?;
+    Ok(Redirect::to(&format!("/ui/agents/{id}/heartbeats")))
 }
 
 /// A tab's body, or only its live part when asked.

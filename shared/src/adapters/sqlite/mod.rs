@@ -112,6 +112,9 @@ pub struct Db {
     claimants: Arc<claimants::Claimants>,
     /// Calls run on the caller's thread instead of the blocking pool (the simulator).
     inline: bool,
+    /// Why writes are failing (a full disk, a read-only file), from the last call that
+    /// failed so, until a call writes again: what `/healthz` reports.
+    trouble: Arc<Mutex<Option<String>>>,
 }
 
 fn sqlite_err(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
@@ -196,6 +199,7 @@ impl Db {
             path: path.to_owned(),
             claimants: Arc::new(claimants::Claimants::new(path)),
             inline: false,
+            trouble: Arc::default(),
         })
     }
 
@@ -228,6 +232,7 @@ impl Db {
                     claimants: Arc::new(claimants::Claimants::new(&path)),
                     path,
                     inline: false,
+                    trouble: Arc::default(),
                 }
             }
         };
@@ -257,21 +262,82 @@ impl Db {
         f(&mut guard)
     }
 
-    /// Runs `f` with the connection on the blocking pool.
+    /// Runs `f` with the connection on the blocking pool, noting whether writes fail.
     async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        let trouble = self.trouble.clone();
+        let watched = move |conn: &mut Connection| {
+            let before = conn.total_changes();
+            let r = f(conn);
+            note_writes(&trouble, conn.total_changes() != before, r.as_ref().err());
+            r
+        };
         if self.inline {
-            return self.blocking(f);
+            return self.blocking(watched);
         }
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
             let mut guard = conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut guard)
+            watched(&mut guard)
         })
         .await
         .map_err(|e| StoreError::backend("sqlite", op, e))?
     }
+
+    /// Why writes are failing now, if they are: the last failure that says the file
+    /// cannot be written (full, read-only, an I/O error), until a write succeeds.
+    pub fn write_trouble(&self) -> Option<String> {
+        self.trouble
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Caps the file at `pages` pages (SQLite's `max_page_count`), so writes past it
+    /// fail as on a full disk: for drills and tests of what a full disk does.
+    pub fn cap_pages(&self, pages: i64) -> Result<(), StoreError> {
+        self.blocking(|c| c.pragma_update(None, "max_page_count", pages))
+            .map_err(sqlite_err("cap the file's size"))
+    }
+}
+
+/// Notes what a call did, for [`Db::write_trouble`]: a failure that says the file
+/// cannot be written sets it; a call that wrote clears it.
+fn note_writes(trouble: &Mutex<Option<String>>, wrote: bool, failure: Option<&StoreError>) {
+    let mut t = trouble.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = failure.and_then(cannot_write) {
+        *t = Some(why);
+    } else if wrote {
+        *t = None;
+    }
+}
+
+/// The failure, when `e` says the file cannot be written: SQLite's code, or (for an
+/// error passed on as text, as a batch's) SQLite's own words for it.
+fn cannot_write(e: &StoreError) -> Option<String> {
+    use rusqlite::ErrorCode::{CannotOpen, DiskFull, ReadOnly, SystemIoFailure};
+    let StoreError::Backend { source, .. } = e else {
+        return None;
+    };
+    let full = match source.downcast_ref::<rusqlite::Error>() {
+        Some(sqlite) => matches!(
+            sqlite.sqlite_error_code(),
+            Some(DiskFull | ReadOnly | SystemIoFailure | CannotOpen)
+        ),
+        None => {
+            let text = source.to_string();
+            [
+                "database or disk is full",
+                "attempt to write a readonly database",
+                "disk I/O error",
+                "unable to open database file",
+            ]
+            .iter()
+            .any(|m| text.contains(m))
+        }
+    };
+    full.then(|| crate::error::chain(e))
 }

@@ -251,6 +251,10 @@ impl Maintenance for SqliteStore {
         Ok(pruned)
     }
 
+    fn write_trouble(&self) -> Option<String> {
+        self.db.write_trouble()
+    }
+
     async fn reclaim(&self) -> Result<Reclaimed, StoreError> {
         self.reclaim_space(false).await
     }

@@ -97,7 +97,13 @@ impl Batcher {
                             Err(_) => break,
                         }
                     }
-                    let results = db.blocking(|conn| commit_batch(conn, &jobs));
+                    let results = db.blocking(|conn| {
+                        let before = conn.total_changes();
+                        let results = commit_batch(conn, &jobs);
+                        let failed = results.iter().find_map(|r| r.as_ref().err());
+                        super::note_writes(&db.trouble, conn.total_changes() != before, failed);
+                        results
+                    });
                     for ((_, reply), r) in jobs.into_iter().zip(results) {
                         let _ = reply.send(r);
                     }
@@ -143,7 +149,14 @@ fn commit_batch(conn: &mut Connection, jobs: &[Job]) -> Vec<Result<AcceptOutcome
     }
     match tx.commit() {
         Ok(()) => results,
-        Err(e) => all_fail(op(e)),
+        // A statement's failure may have rolled the whole transaction back (SQLite does
+        // on a full disk), so the commit finds none: that failure says why.
+        Err(e) => all_fail(
+            results
+                .into_iter()
+                .find_map(Result::err)
+                .unwrap_or_else(|| op(e)),
+        ),
     }
 }
 

@@ -43,9 +43,9 @@ pub(super) fn provider_reaches(url: &str, now: Timestamp) -> bool {
 
 impl Conversation {
     /// The images of `signals` as the agent's model takes them: none when the model is
-    /// not sent images (`--vision`), a URL the provider can reach, or the bytes fetched
-    /// (an expiring Discord attachment, a private address). One that cannot be fetched
-    /// stays the `[image: URL]` text the message already carries.
+    /// not sent images (`--vision`) or the URL is not on the image hosts, a URL the
+    /// provider can reach, or the bytes fetched (an expiring Discord attachment). One
+    /// that cannot be fetched stays the `[image: URL]` text the message already carries.
     pub(super) async fn images_for(
         &self,
         agent: &Agent,
@@ -72,17 +72,23 @@ impl Conversation {
             info!(model = %model, images = blocks.len(), "the model is not sent images (--vision): they reach it as text");
             return Vec::new();
         }
+        let Some(fetcher) = &self.images else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for url in blocks {
+            // Only pictures from where users' pictures come from: any other URL in a
+            // message is text, neither fetched nor handed to the provider to fetch.
+            if !fetcher.allows(url) {
+                info!(url = %url, "an image not on PULSE_IMAGE_HOSTS: the model reads its URL as text");
+                continue;
+            }
             if provider_reaches(url, now) {
                 out.push(ImageInput::Url {
                     url: url.to_owned(),
                 });
                 continue;
             }
-            let Some(fetcher) = &self.images else {
-                continue;
-            };
             match fetcher.fetch_image(url).await {
                 Ok(image) => out.push(ImageInput::Inline {
                     media_type: image.media_type,
