@@ -381,6 +381,12 @@ async fn with_a_token_the_dashboard_asks_for_it_in_a_browser() {
     click(&c, Locator::Css("form[action='/ui/agents'] button")).await;
     expect_text(&c, "nav.tabs a.on", "Heartbeats").await;
     assert_eq!(json(&d, &["agents", "list"])[0]["name"], "behind-a-login");
+    screenshot(&c, &d, "signed-in").await;
+    // Signing out ends the session: the pages ask again.
+    click(&c, Locator::Css("form[action='/ui/logout'] button")).await;
+    expect_text(&c, "h1", "Sign in").await;
+    c.goto(&format!("{base}/ui/")).await.unwrap();
+    expect_text(&c, "h1", "Sign in").await;
     // A new browser session (no cookie) is asked again.
     c.delete_all_cookies().await.unwrap();
     c.goto(&format!("{base}/ui/")).await.unwrap();

@@ -339,51 +339,126 @@ async fn login(kind: Kind) {
     let u = ui(kind, Access::for_listener(anywhere, Some(token)).unwrap()).await;
     let r = u.get("/ui/").await;
     assert_eq!((r.status, r.location.as_str()), (303, "/ui/login"));
+    // Hardening II, finding 4: the login page handed every visitor the CSRF token, every
+    // login got the same cookie, and nothing checked where a form came from.
     let login = u.get("/ui/login").await.body;
-    let at = login.find("name=\"csrf\" value=\"").unwrap() + 19;
-    let csrf = login[at..at + 64].to_owned();
+    assert!(!login.contains("name=\"csrf\""), "no token before a login");
     let r = u
-        .post(
-            "/ui/agents",
-            &[("csrf", &csrf), ("name", "x"), ("interval", "1m")],
-        )
+        .post("/ui/agents", &[("name", "x"), ("interval", "1m")])
         .await;
     assert_eq!(r.status, 401);
-    let r = u
-        .post(
-            "/ui/login",
-            &[("csrf", &csrf), ("token", "guess-guess-guess")],
-        )
-        .await;
+    let r = u.post("/ui/login", &[("token", "guess-guess-guess")]).await;
     assert_eq!(r.status, 401);
     assert!(r.cookie.is_empty());
-    let r = u
-        .post("/ui/login", &[("csrf", &csrf), ("token", token)])
-        .await;
-    assert_eq!((r.status, r.location.as_str()), (303, "/ui/"));
-    assert!(
-        r.cookie.contains("HttpOnly") && r.cookie.contains("SameSite=Strict"),
-        "{}",
-        r.cookie
-    );
-    let session = r.cookie.split(';').next().unwrap().to_owned();
-    let page = u
-        .send(
+    // Each login opens a session of its own.
+    let sign_in = |https: bool| {
+        let mut req = u
+            .http
+            .post(format!("{}/ui/login", u.base))
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(format!("token={token}"));
+        if https {
+            req = req.header("x-forwarded-proto", "https");
+        }
+        u.send(req)
+    };
+    let first = sign_in(false).await;
+    assert_eq!((first.status, first.location.as_str()), (303, "/ui/"));
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/ui", "Max-Age=43200"] {
+        assert!(first.cookie.contains(attribute), "{}", first.cookie);
+    }
+    assert!(!first.cookie.contains("Secure"), "served over http");
+    let second = sign_in(true).await;
+    assert!(second.cookie.contains("; Secure"), "{}", second.cookie);
+    let a = first.cookie.split(';').next().unwrap().to_owned();
+    let b = second.cookie.split(';').next().unwrap().to_owned();
+    assert_ne!(a, b, "a session per login");
+    let with = |cookie: &str, path: &str| {
+        u.send(
             u.http
-                .get(format!("{}/ui/", u.base))
-                .header(COOKIE, &session),
+                .get(format!("{}{path}", u.base))
+                .header(COOKIE, cookie),
         )
-        .await;
-    assert_eq!(page.status, 200);
-    let forged = u
-        .send(
-            u.http
-                .get(format!("{}/ui/", u.base))
-                .header(COOKIE, "pulse_session=0123"),
-        )
-        .await;
-    assert_eq!(forged.status, 303);
+    };
+    let token_of = |page: &str| {
+        let at = page.find("name=\"csrf\" value=\"").expect("a form") + 19;
+        page[at..at + 64].to_owned()
+    };
+    let page_a = with(&a, "/ui/").await;
+    assert_eq!(page_a.status, 200);
+    assert!(page_a.body.contains("action=\"/ui/logout\""), "a way out");
+    let csrf_a = token_of(&page_a.body);
+    let csrf_b = token_of(&with(&b, "/ui/").await.body);
+    assert_ne!(csrf_a, csrf_b, "a CSRF token per session");
+    let host = u.base.trim_start_matches("http://").to_owned();
+    let create = |cookie: &str, csrf: &str, extra: &[(&str, String)]| {
+        let mut req = u
+            .http
+            .post(format!("{}/ui/agents", u.base))
+            .header(COOKIE, cookie)
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(format!("csrf={csrf}&name=made{}&interval=1m", extra.len()));
+        for (k, v) in extra {
+            req = req.header(*k, v);
+        }
+        u.send(req)
+    };
+    // Another session's token, another site's page: refused, nothing written.
+    assert_eq!(create(&a, &csrf_b, &[]).await.status, 403);
+    let evil = [("origin", "http://evil.example".to_owned())];
+    assert_eq!(create(&a, &csrf_a, &evil).await.status, 403);
+    let evil_but_same = [
+        ("origin", "http://evil.example".to_owned()),
+        ("sec-fetch-site", "cross-site".to_owned()),
+    ];
+    assert_eq!(create(&a, &csrf_a, &evil_but_same).await.status, 403);
+    let cross = [("sec-fetch-site", "cross-site".to_owned())];
+    assert_eq!(create(&a, &csrf_a, &cross).await.status, 403);
+    let same_site = [("sec-fetch-site", "same-site".to_owned())];
+    assert_eq!(create(&a, &csrf_a, &same_site).await.status, 403);
     assert!(u.b.store.list_agents().await.unwrap().is_empty());
+    // From its own page (which a browser sends with the `null` origin, as the pages
+    // send no referrer): made.
+    let own = [
+        ("origin", "null".to_owned()),
+        ("sec-fetch-site", "same-origin".to_owned()),
+    ];
+    assert_eq!(create(&a, &csrf_a, &own).await.status, 303);
+    // An older browser sends only its origin: this host's is taken.
+    let origin_only = [("origin", format!("http://{host}"))];
+    assert_eq!(create(&a, &csrf_a, &origin_only).await.status, 303);
+    assert_eq!(u.b.store.list_agents().await.unwrap().len(), 2);
+    let forged = with("pulse_session=0123", "/ui/").await;
+    assert_eq!(forged.status, 303);
+
+    // Signing out ends that session only.
+    let out = u
+        .send(
+            u.http
+                .post(format!("{}/ui/logout", u.base))
+                .header(COOKIE, &a)
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(format!("csrf={csrf_a}")),
+        )
+        .await;
+    assert_eq!((out.status, out.location.as_str()), (303, "/ui/login"));
+    assert!(out.cookie.contains("Max-Age=0"), "{}", out.cookie);
+    assert_eq!(with(&a, "/ui/").await.status, 303);
+    assert_eq!(with(&b, "/ui/").await.status, 200);
+    // A session ends 12 hours after its login.
+    u.b.advance(SignedDuration::from_hours(12));
+    assert_eq!(with(&b, "/ui/").await.status, 303);
+
+    // Five wrong tokens from an address, and it waits, the right token too.
+    for _ in 0..5 {
+        let r = u.post("/ui/login", &[("token", "guess-guess-guess")]).await;
+        assert_eq!(r.status, 401);
+    }
+    let r = sign_in(false).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(r.cookie.is_empty());
+    u.b.advance(SignedDuration::from_mins(15));
+    assert_eq!(sign_in(false).await.status, 303, "the window ended");
 }
 
 on_both_backends!(

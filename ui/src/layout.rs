@@ -55,7 +55,16 @@ pub(crate) fn page(title: &str, live: Option<&str>, body: Markup) -> Markup {
                 script src=(SCRIPT.path) defer {}
             }
             body data-live=[live] {
-                header { a href="/ui/" { "Pulse" } span.muted { "agents" } }
+                header {
+                    a href="/ui/" { "Pulse" } span.muted { "agents" }
+                    @let caller = crate::security::caller();
+                    @if caller.session {
+                        form.inline.logout method="post" action="/ui/logout" {
+                            input type="hidden" name="csrf" value=(caller.csrf);
+                            button.quiet type="submit" { "Sign out" }
+                        }
+                    }
+                }
                 main { (body) }
             }
         }
@@ -129,9 +138,9 @@ pub(crate) fn badge(s: &str) -> Markup {
     html! { span class={"status " (s)} { (s) } }
 }
 
-/// The hidden CSRF field every form carries.
-pub(crate) fn csrf(d: &Dashboard) -> Markup {
-    html! { input type="hidden" name="csrf" value=(d.0.guard.csrf()); }
+/// The hidden CSRF field every form carries: the caller's token.
+pub(crate) fn csrf(_d: &Dashboard) -> Markup {
+    html! { input type="hidden" name="csrf" value=(crate::security::caller().csrf); }
 }
 
 /// A one-button form posting to `action`, coming back to `back` (a `/ui/` path).

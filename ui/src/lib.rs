@@ -14,6 +14,7 @@ mod layout;
 mod live;
 mod pages;
 mod security;
+mod sessions;
 
 use std::sync::Arc;
 
@@ -71,6 +72,7 @@ impl Dashboard {
             .route("/ui", get(|| async { Redirect::to("/ui/") }))
             .route("/ui/", get(agents::list))
             .route("/ui/login", get(login::form).post(login::submit))
+            .route("/ui/logout", post(login::logout))
             .route("/ui/assets/{file}", get(assets::serve))
             .route("/ui/agents", post(agents::create))
             .route("/ui/agents/{id}", get(agent::home))

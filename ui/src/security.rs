@@ -1,9 +1,11 @@
 //! Who may use the dashboard, and the headers every page carries.
 //!
 //! A loopback listener needs no login. Any other listener needs `PULSE_DASHBOARD_TOKEN`:
-//! the login form takes it and sets an HttpOnly, SameSite=Strict session cookie. Every
-//! state-changing request carries the process's CSRF token (a hidden form field), checked
-//! here, before any handler runs: a request without it is refused 403 and writes nothing.
+//! the login form takes it and opens a session of its own ([`crate::sessions`]). Every
+//! state-changing request is checked here, before any handler runs: one from another site
+//! (`Sec-Fetch-Site`, `Origin`) is refused, and one without its caller's CSRF token (a
+//! hidden form field: the session's, or on loopback the process's) is refused 403 and
+//! writes nothing.
 
 use std::net::SocketAddr;
 
@@ -13,9 +15,11 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use hmac::{Hmac, KeyInit, Mac};
+use jiff::{SignedDuration, Timestamp};
 use sha2::Sha256;
 
 use crate::Dashboard;
+use crate::sessions::Sessions;
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "pulse_session";
@@ -80,13 +84,35 @@ impl Access {
     }
 }
 
-/// The process's secrets for sessions and CSRF.
+/// Who is asking, and what their forms must carry: set by [`protect`] for the request's
+/// handler, read by the layout when it renders forms.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Caller {
+    /// The CSRF token this caller's forms carry (empty before a login).
+    pub(crate) csrf: String,
+    /// Signed in with a session (token mode): pages offer a logout.
+    pub(crate) session: bool,
+}
+
+tokio::task_local! {
+    static CALLER: Caller;
+}
+
+/// The caller of the request being handled.
+pub(crate) fn caller() -> Caller {
+    CALLER.try_with(Caller::clone).unwrap_or_default()
+}
+
+/// The process's secrets: the CSRF token of a loopback dashboard, or the sessions of one
+/// reached with a token.
 pub(crate) struct Guard {
     access: Access,
     /// Compares secrets in constant time (HMACs under this key).
     key: [u8; 32],
+    /// Without a token: the one CSRF token of this machine's pages.
     csrf: String,
-    session: Option<String>,
+    /// With a token: the sessions its logins open.
+    sessions: Option<Sessions>,
 }
 
 fn random() -> [u8; 32] {
@@ -101,26 +127,27 @@ fn mac(key: &[u8], data: &[u8]) -> Hmac<Sha256> {
     m
 }
 
+/// What a login came to.
+pub(crate) enum Login {
+    /// Signed in: the cookie to set.
+    Opened(String),
+    /// Not the token.
+    Wrong,
+    /// Too many wrong tokens: try again after this long.
+    Wait(SignedDuration),
+    /// No login here (a loopback dashboard).
+    NotAsked,
+}
+
 impl Guard {
     pub(crate) fn new(access: Access) -> Self {
-        let key = random();
-        let session = match &access {
-            Access::Open => None,
-            Access::Token(t) => Some(hex::encode(
-                mac(t.as_bytes(), &random()).finalize().into_bytes(),
-            )),
-        };
+        let sessions = matches!(access, Access::Token(_)).then(Sessions::new);
         Self {
             access,
-            key,
+            key: random(),
             csrf: hex::encode(random()),
-            session,
+            sessions,
         }
-    }
-
-    /// The token every form carries.
-    pub(crate) fn csrf(&self) -> &str {
-        &self.csrf
     }
 
     fn same(&self, a: &str, b: &str) -> bool {
@@ -128,53 +155,116 @@ impl Guard {
         mac(&self.key, a.as_bytes()).verify_slice(&expected).is_ok()
     }
 
-    /// Whether a request may go on: signed in, or (on loopback, without a token) made
-    /// from this machine directly. A loopback dashboard refuses requests that came
-    /// through a proxy or tunnel, or name another host (DNS rebinding): those could come
-    /// from anywhere.
-    fn admit(&self, headers: &HeaderMap) -> Admit {
-        match &self.session {
-            None if from_this_machine(headers) => Admit::Yes,
+    /// Whether a request may go on, and as whom: a session's (token mode), or, on
+    /// loopback without a token, one made from this machine directly. A loopback
+    /// dashboard refuses requests that came through a proxy or tunnel, or name another
+    /// host (DNS rebinding): those could come from anywhere.
+    fn admit(&self, headers: &HeaderMap, now: Timestamp) -> Admit {
+        match &self.sessions {
+            None if from_this_machine(headers) => Admit::Yes(Caller {
+                csrf: self.csrf.clone(),
+                session: false,
+            }),
             None => Admit::Refused,
-            Some(_) if self.signed_in(headers) => Admit::Yes,
-            Some(_) => Admit::Login,
+            Some(sessions) => match session_cookie(headers).and_then(|id| sessions.find(id, now)) {
+                Some(csrf) => Admit::Yes(Caller {
+                    csrf,
+                    session: true,
+                }),
+                None => Admit::Login,
+            },
         }
     }
 
-    fn signed_in(&self, headers: &HeaderMap) -> bool {
-        let Some(session) = &self.session else {
-            return false;
+    /// Checks a login token from `address` at `now`; `secure` when the page was served
+    /// over https (the cookie is then `Secure`).
+    pub(crate) fn login(&self, token: &str, address: &str, now: Timestamp, secure: bool) -> Login {
+        let (Access::Token(t), Some(sessions)) = (&self.access, &self.sessions) else {
+            return Login::NotAsked;
         };
-        headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-            .any(|(name, value)| name == COOKIE && self.same(value, session))
+        if let Some(wait) = sessions.throttled(address, now) {
+            return Login::Wait(wait);
+        }
+        if !self.same(token.trim(), t) {
+            sessions.failed(address, now);
+            tracing::warn!(address, "a dashboard login with a wrong token");
+            return Login::Wrong;
+        }
+        sessions.succeeded(address);
+        let opened = sessions.open(now);
+        Login::Opened(format!(
+            "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/ui; Max-Age={}{}",
+            opened.id,
+            crate::sessions::LIFETIME.as_secs(),
+            if secure { "; Secure" } else { "" }
+        ))
     }
 
-    /// Checks a login token; the cookie to set when it is right.
-    pub(crate) fn login(&self, token: &str) -> Option<String> {
-        match (&self.access, &self.session) {
-            (Access::Token(t), Some(session)) if self.same(token.trim(), t) => Some(format!(
-                "{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/ui"
-            )),
-            _ => None,
+    /// Ends the request's session; the cookie that clears it.
+    pub(crate) fn logout(&self, headers: &HeaderMap) -> String {
+        if let (Some(sessions), Some(id)) = (&self.sessions, session_cookie(headers)) {
+            sessions.close(id);
         }
+        format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/ui; Max-Age=0")
     }
 
     /// Whether a login is asked for at all.
     pub(crate) fn needs_login(&self) -> bool {
-        self.session.is_some()
+        self.sessions.is_some()
     }
+}
+
+/// The session cookie's value, if the request carries one.
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value)
+}
+
+/// Whether the request reached this process over https (as a TLS proxy in front says).
+pub(crate) fn over_https(headers: &HeaderMap) -> bool {
+    let said = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase)
+            .unwrap_or_default()
+    };
+    said("x-forwarded-proto").split(',').next().map(str::trim) == Some("https")
+        || said("forwarded").contains("proto=https")
 }
 
 /// What [`Guard::admit`] says.
 enum Admit {
-    Yes,
+    Yes(Caller),
     Login,
     Refused,
+}
+
+/// Whether a state-changing request comes from another site: the browser says so
+/// (`Sec-Fetch-Site`, which decides when it is sent), or its `Origin` is not this host.
+/// A request with neither (a script, an old browser), or with the `null` origin our own
+/// pages send under `Referrer-Policy: no-referrer`, is judged by its CSRF token alone.
+fn cross_site(headers: &HeaderMap) -> bool {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = get("sec-fetch-site") {
+        return site != "same-origin";
+    }
+    let Some(origin) = get(header::ORIGIN.as_str()).filter(|o| *o != "null") else {
+        return false;
+    };
+    let host = get("x-forwarded-host")
+        .or_else(|| get(header::HOST.as_str()))
+        .unwrap_or_default();
+    let origin_host = origin
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.trim_end_matches('/'));
+    !origin_host.eq_ignore_ascii_case(host)
 }
 
 /// A request made on this machine to a loopback address: no proxy headers, and a Host
@@ -224,41 +314,47 @@ fn harden(headers: &mut HeaderMap) {
         .or_insert(HeaderValue::from_static("no-store"));
 }
 
-/// Signs in, checks CSRF on every state-changing request, and hardens every response.
+/// Signs in, refuses cross-site requests and checks CSRF on every state-changing one,
+/// and hardens every response.
 pub(crate) async fn protect(State(d): State<Dashboard>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
-    let open = path.starts_with("/ui/assets/") || path == "/ui/login";
-    let admit = if open {
-        Admit::Yes
+    let login = path == "/ui/login";
+    let admit = if path.starts_with("/ui/assets/") || login {
+        Admit::Yes(Caller::default())
     } else {
-        d.0.guard.admit(req.headers())
+        d.0.guard.admit(req.headers(), d.0.clock.now())
     };
-    let mut response = if let Admit::Refused = admit {
-        (
+    let changes = req.method() != Method::GET && req.method() != Method::HEAD;
+    let mut response = match admit {
+        Admit::Refused => (
             StatusCode::FORBIDDEN,
             "this dashboard has no login, so it answers only requests made on its own machine to a loopback address (not through a proxy or tunnel): set PULSE_DASHBOARD_TOKEN to reach it from elsewhere",
         )
-            .into_response()
-    } else if let Admit::Login = admit {
-        if req.method() == Method::GET {
-            Redirect::to("/ui/login").into_response()
-        } else {
-            (StatusCode::UNAUTHORIZED, "sign in at /ui/login first").into_response()
+            .into_response(),
+        Admit::Login if !changes => Redirect::to("/ui/login").into_response(),
+        Admit::Login => (StatusCode::UNAUTHORIZED, "sign in at /ui/login first").into_response(),
+        Admit::Yes(caller) if changes && cross_site(req.headers()) => {
+            let _ = caller;
+            (
+                StatusCode::FORBIDDEN,
+                "a request from another site: the dashboard takes changes from its own pages only",
+            )
+                .into_response()
         }
-    } else if req.method() == Method::GET || req.method() == Method::HEAD {
-        next.run(req).await
-    } else {
-        match csrf_checked(&d, req).await {
-            Ok(req) => next.run(req).await,
+        // The login form carries no token (there is no session yet to bind one to):
+        // the origin check above and the login throttle guard it.
+        Admit::Yes(caller) if !changes || login => CALLER.scope(caller, next.run(req)).await,
+        Admit::Yes(caller) => match csrf_checked(&d, &caller, req).await {
+            Ok(req) => CALLER.scope(caller, next.run(req)).await,
             Err(refused) => refused,
-        }
+        },
     };
     harden(response.headers_mut());
     response
 }
 
-/// The request again if its form carries the CSRF token; 403 otherwise.
-async fn csrf_checked(d: &Dashboard, req: Request) -> Result<Request, Response> {
+/// The request again if its form carries the caller's CSRF token; 403 otherwise.
+async fn csrf_checked(d: &Dashboard, caller: &Caller, req: Request) -> Result<Request, Response> {
     let (parts, body) = req.into_parts();
     let bytes = to_bytes(body, MAX_FORM)
         .await
@@ -267,7 +363,7 @@ async fn csrf_checked(d: &Dashboard, req: Request) -> Result<Request, Response> 
         .find(|(k, _)| k == "csrf")
         .map(|(_, v)| v.into_owned());
     match token {
-        Some(t) if d.0.guard.same(&t, d.0.guard.csrf()) => {
+        Some(t) if !caller.csrf.is_empty() && d.0.guard.same(&t, &caller.csrf) => {
             Ok(Request::from_parts(parts, Body::from(bytes)))
         }
         _ => Err((
