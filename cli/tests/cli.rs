@@ -1520,6 +1520,40 @@ fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
     assert!(String::from_utf8_lossy(&json.stderr).contains("claims/s"));
 }
 
+/// `pulse bench siege`, small: every webhook is answered while slowloris clients and
+/// idle streams hold on, and the streams past their budget are refused, not held.
+#[test]
+fn bench_siege_answers_every_webhook_while_slow_clients_and_streams_hold_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = pulse(
+        dir.path(),
+        &[
+            "bench",
+            "siege",
+            "--slowloris",
+            "120",
+            "--streams",
+            "150",
+            "--requests",
+            "20",
+            "--hold",
+            "3s",
+            "--json",
+        ],
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(doc["besieged"]["ok"], 20, "{doc}");
+    assert_eq!(doc["streams_held"], 128, "the streams' budget: {doc}");
+    assert_eq!(doc["streams_refused"], 22, "{doc}");
+    assert!(doc["slowloris_most_held"].as_u64().unwrap() >= 60, "{doc}");
+    assert!(String::from_utf8_lossy(&run.stderr).contains("goal: besieged p99 < 1000 ms"));
+}
+
 /// `pulse bench retention` past the 30 days: the pass removes the first day and a bit,
 /// and the database is smaller after it.
 #[test]

@@ -7,6 +7,7 @@ mod dashboard;
 mod hooks;
 mod receive;
 mod retention;
+mod siege;
 mod sweep;
 
 use clap::Subcommand;
@@ -79,6 +80,23 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 200)]
         turns: usize,
     },
+    /// Signed webhooks answered while slowloris clients and idle live streams hold on
+    /// (`pulse serve`'s listener on loopback, default limits): p50/p99 calm and
+    /// besieged. Goal: besieged p99 under a second.
+    Siege {
+        /// Slowloris clients (unfinished requests, a header line every 2 s).
+        #[arg(long, default_value_t = 1_000)]
+        slowloris: usize,
+        /// Idle live streams (the dashboard's server-sent events, never read).
+        #[arg(long, default_value_t = 600)]
+        streams: usize,
+        /// Webhooks timed, calm and again besieged.
+        #[arg(long, default_value_t = 200)]
+        requests: usize,
+        /// How long the besieged run's requests are spread over.
+        #[arg(long, default_value = "20s", value_name = "DURATION")]
+        hold: String,
+    },
     /// One agent at 15 minutes for a year of simulated time on SQLite (an event and a
     /// heartbeat a beat, a conversation turn a day), then the retention pass: the file
     /// before and after.
@@ -107,6 +125,27 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         BenchCmd::Coldstart { runs, bin_dir } => coldstart::coldstart(runs, bin_dir, out).await,
         BenchCmd::Turn { history, turns } => sweep::turn(&history, turns, out).await,
         BenchCmd::Retention { beats } => retention::retention(beats, out).await,
+        BenchCmd::Siege {
+            slowloris,
+            streams,
+            requests,
+            hold,
+        } => {
+            let hold = pulse_shared::domain::parse_duration("hold", &hold)
+                .ok()
+                .and_then(|d| std::time::Duration::try_from(d).ok())
+                .ok_or_else(|| Failure::Input(format!("invalid --hold {hold:?}: give e.g. 20s")))?;
+            siege::siege(
+                siege::Siege {
+                    slowloris,
+                    streams,
+                    requests,
+                    hold,
+                },
+                out,
+            )
+            .await
+        }
         BenchCmd::Dashboard {
             agents,
             events,

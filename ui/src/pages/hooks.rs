@@ -114,6 +114,9 @@ fn card(
                 strong { (h.hook_type) } " → " code { (h.target) } " "
                 @if h.active { (badge("active")) } @else { (badge("paused")) " " span.muted { (h.disabled_reason.clone().unwrap_or_default()) } }
             }
+            @if let Some(why) = &h.unreadable {
+                p.error { "Deliveries are not sent: " (why) ". Restore that key, or run " code { "pulse hooks rotate " (h.id) } "." }
+            }
             p.muted {
                 "Last fired " (ago(now, deliveries.first().map(|d| d.created_at)))
                 @if let Some(since) = h.failing_since { " · failing since " (ago(now, Some(since))) }

@@ -56,6 +56,9 @@ async fn page(
                     @if w.active { (badge("active")) } @else { (badge("paused")) } }
                 p.muted { (s.scheme) " signatures · " (s.secrets) " valid secret(s)"
                     @if let Some(t) = s.old_secret_retires_at { " (the old one until " (ago(now, Some(t))) ")" } }
+                @if let Some(why) = &w.unreadable {
+                    p.error { "Requests are answered 503: " (why) ". Restore that key, or rotate the secret and give the sender the new one." }
+                }
                 form.grid method="post" action={(base) "/update"} {
                     (csrf(d))
                     label { "Allowed types" }

@@ -234,21 +234,7 @@ impl Dispatcher {
         let at = self.clock.now();
         let began = Instant::now();
         let result = match &hook.unreadable {
-            // Nothing can be signed: a failed attempt, retried on the hook's schedule, so
-            // a restored key or a rotated secret lets the next one through.
-            Some(why) => {
-                warn!(hook_id = %hook.id, key_id = %why.key_id, delivery_id = %d.id, "a hook delivery was not sent: {why}");
-                crate::ports::SendResult {
-                    status: AttemptStatus::Failed,
-                    http_status: None,
-                    body: None,
-                    error: Some(format!(
-                        "not sent: {why}; restore that key (PULSE_ENCRYPTION_KEY or PULSE_ENCRYPTION_OLD_KEYS), or run `pulse hooks rotate {}`",
-                        hook.id
-                    )),
-                    retry_after: None,
-                }
-            }
+            Some(why) => not_sent(&hook, &d, why),
             None => self.sender.send(&hook, &d, at.as_second()).await,
         };
         let duration_ms = began.elapsed().as_millis() as u64;
@@ -462,5 +448,26 @@ pub(super) fn log_attempt(hook: &Hook, d: &HookDelivery, a: &HookAttempt) {
         _ => {
             warn!(hook_id = %hook.id, delivery_id = %d.id, attempt = a.attempt, status = a.status.as_str(), http_status = a.http_status, error = a.error.as_deref().unwrap_or(""), next_attempt_at = ?a.next_attempt_at, delivery_status = d.status.as_str(), "hook attempt failed")
         }
+    }
+}
+
+/// The attempt of a hook whose secrets no configured key opens: nothing can be signed,
+/// so it fails without being sent, and is retried on the hook's schedule — a restored
+/// key or a rotated secret lets a later one through.
+fn not_sent(
+    hook: &Hook,
+    d: &HookDelivery,
+    why: &crate::domain::Unreadable,
+) -> crate::ports::SendResult {
+    warn!(hook_id = %hook.id, key_id = %why.key_id, delivery_id = %d.id, "a hook delivery was not sent: {why}");
+    crate::ports::SendResult {
+        status: AttemptStatus::Failed,
+        http_status: None,
+        body: None,
+        error: Some(format!(
+            "not sent: {why}; restore that key (PULSE_ENCRYPTION_KEY or PULSE_ENCRYPTION_OLD_KEYS), or run `pulse hooks rotate {}`",
+            hook.id
+        )),
+        retry_after: None,
     }
 }
