@@ -232,6 +232,7 @@ impl Demo {
             discord: Some(Arc::new(DiscordClient::new(config.discord.clone()))),
             egress,
             images: pulse_shared::app::images(config.hooks.image_hosts.clone()),
+            embedder: pulse_shared::embed::from_config(&config.embed),
         };
         let backend = connect(&config, clock.clone()).await?;
         let sweeper = backend.sweeper(&config.engine);

@@ -10,6 +10,7 @@ use pulse_egress::Egress;
 
 use crate::adapters::{aws, sqlite};
 use crate::config::{Backend, Config};
+use crate::engine::memory::Memories;
 use crate::engine::{
     Conversation, ConversationSettings, DispatchSettings, Dispatcher, EngineSettings,
     HeartbeatRunner, HookEmitter, Lifecycle, Sweeper, Worker,
@@ -34,6 +35,8 @@ pub struct Services {
     pub egress: Egress,
     /// Fetches the images users send, from their hosts only.
     pub images: Arc<dyn crate::ports::ImageFetcher>,
+    /// Embeds memories, so they are recalled by meaning.
+    pub embedder: Arc<dyn crate::ports::Embedder>,
 }
 
 impl Services {
@@ -48,6 +51,7 @@ impl Services {
             discord: None,
             egress,
             images: images(crate::llm::ImageHosts::default()),
+            embedder: Arc::new(crate::embed::OfflineEmbedder),
         }
     }
 }
@@ -87,24 +91,36 @@ impl Connected {
         settings: &EngineSettings,
         services: &Services,
     ) -> Worker {
-        let tools = self.tools(clock.clone(), settings, services);
+        // One cache of recall indexes for the heartbeat agent and the conversation.
+        let memories = self.memories(services);
+        let tools = self.tools(clock.clone(), settings, services, memories.clone());
         let runner = self.runner(clock.clone(), settings, tools);
-        Worker::new(Arc::new(runner))
-            .with_conversation(Arc::new(self.conversation(clock, settings, services)))
+        Worker::new(Arc::new(runner)).with_conversation(Arc::new(
+            self.conversation(clock, settings, services, memories),
+        ))
     }
 
-    /// Every tool: HTTP tools through the egress guard, and the heartbeat agent.
+    /// The agents' memories, embedded by the services' embedder, with a cache of recall
+    /// indexes of their own.
+    pub fn memories(&self, services: &Services) -> Arc<Memories> {
+        Arc::new(Memories::new(self.store.clone(), services.embedder.clone()))
+    }
+
+    /// Every tool: HTTP tools through the egress guard, and the heartbeat agent (keeping
+    /// and recalling `memories`).
     pub fn tools(
         &self,
         clock: Arc<dyn Clock>,
         settings: &EngineSettings,
         services: &Services,
+        memories: Arc<Memories>,
     ) -> Arc<dyn ToolRunner> {
         let agent = HeartbeatAgent::new(
             self.store.clone(),
             self.queue.clone(),
             services.llm.clone(),
             clock,
+            memories,
         )
         .with_schedule_limits(settings.schedules);
         Arc::new(Tools::with_heartbeat_agent(agent, services.egress.clone()))
@@ -132,6 +148,7 @@ impl Connected {
         clock: Arc<dyn Clock>,
         settings: &EngineSettings,
         services: &Services,
+        memories: Arc<Memories>,
     ) -> Conversation {
         let conversation = Conversation::new(
             self.store.clone(),
@@ -142,6 +159,7 @@ impl Connected {
                 schedules: settings.schedules,
                 ..ConversationSettings::default()
             },
+            memories,
         )
         // Only images on their hosts are passed on or fetched, through a guard of their
         // own.
@@ -213,6 +231,7 @@ impl Services {
             }),
             egress,
             images: images(config.hooks.image_hosts.clone()),
+            embedder: crate::embed::from_config(&config.embed),
         }
     }
 }

@@ -100,7 +100,40 @@ pub struct Config {
     /// `PULSE_RETENTION`: how long finished records are kept, unless an agent says
     /// otherwise.
     pub retention: Retention,
+    /// The embeddings model memories are recalled by.
+    pub embed: EmbedConfig,
 }
+
+/// The embeddings model (`PULSE_EMBED_*`): none means the offline embedder.
+#[derive(Clone, Debug)]
+pub struct EmbedConfig {
+    /// `PULSE_EMBED_MODEL`, e.g. `text-embedding-3-small`.
+    pub model: Option<String>,
+    /// `PULSE_EMBED_BASE_URL`: an OpenAI-compatible API (`…/v1`).
+    pub base_url: Url,
+    /// `PULSE_EMBED_DIMENSIONS`, asked of the model when set.
+    pub dimensions: Option<usize>,
+    /// `PULSE_EMBED_API_KEY`, or `OPENAI_API_KEY` for OpenAI's own API: sent to the base
+    /// URL only.
+    pub api_key: Option<Secret>,
+    /// One request's time limit.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for EmbedConfig {
+    fn default() -> Self {
+        Self {
+            model: None,
+            base_url: Url::parse(OPENAI_EMBED_BASE).expect("a valid URL"),
+            dimensions: None,
+            api_key: None,
+            timeout: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+/// OpenAI's API, the default embeddings base URL.
+const OPENAI_EMBED_BASE: &str = "https://api.openai.com/v1";
 
 /// Outbound requests (hooks, HTTP tools, the images users send).
 #[derive(Clone, Debug, Default)]
@@ -147,6 +180,7 @@ impl Config {
             hooks: HooksConfig::default(),
             encryption: None,
             retention: Retention::DEFAULT,
+            embed: EmbedConfig::default(),
         }
     }
 }
@@ -439,6 +473,51 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         }
     }
 
+    /// The embeddings model: `PULSE_EMBED_MODEL` (none: the offline embedder),
+    /// `PULSE_EMBED_BASE_URL`, `PULSE_EMBED_DIMENSIONS`, and the key for that URL.
+    pub fn embed(&self) -> Result<EmbedConfig, ConfigError> {
+        let d = EmbedConfig::default();
+        let base_url = self.url("PULSE_EMBED_BASE_URL")?.unwrap_or(d.base_url);
+        let dimensions = match self.get("PULSE_EMBED_DIMENSIONS") {
+            None => None,
+            Some(v) => Some(
+                v.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (8..=8192).contains(n))
+                    .ok_or_else(|| {
+                        ConfigError::new(
+                            "PULSE_EMBED_DIMENSIONS",
+                            format!("{v:?} is not a number of dimensions from 8 to 8192"),
+                        )
+                    })?,
+            ),
+        };
+        // OpenAI's key goes to OpenAI's API only; another API names its own key.
+        let openai = base_url.as_str().trim_end_matches('/') == OPENAI_EMBED_BASE;
+        let api_key = self
+            .get("PULSE_EMBED_API_KEY")
+            .or_else(|| openai.then(|| self.get("OPENAI_API_KEY")).flatten())
+            .map(Secret::new);
+        let model = self
+            .get("PULSE_EMBED_MODEL")
+            .map(|m| m.trim().to_owned())
+            .filter(|m| !m.is_empty());
+        if model.is_some() && api_key.is_none() && openai {
+            return Err(ConfigError::new(
+                "PULSE_EMBED_MODEL",
+                "is set for OpenAI's API without a key: set OPENAI_API_KEY or PULSE_EMBED_API_KEY, or PULSE_EMBED_BASE_URL for another API",
+            ));
+        }
+        Ok(EmbedConfig {
+            model,
+            base_url,
+            dimensions,
+            api_key,
+            ..d
+        })
+    }
+
     /// `PULSE_RETENTION`.
     fn retention(&self) -> Result<Retention, ConfigError> {
         match self.get("PULSE_RETENTION") {
@@ -460,6 +539,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             hooks: self.hooks()?,
             encryption: self.encryption()?,
             retention: self.retention()?,
+            embed: self.embed()?,
         })
     }
 
@@ -474,6 +554,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             hooks: self.hooks()?,
             encryption: self.encryption()?,
             retention: self.retention()?,
+            embed: self.embed()?,
         })
     }
 }

@@ -64,6 +64,7 @@ pub mod app;
 pub mod config;
 pub mod discord;
 pub mod domain;
+pub mod embed;
 pub mod engine;
 pub mod entropy;
 pub mod error;

@@ -380,17 +380,20 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
         })),
         egress: pulse_egress::Egress::new(pulse_egress::AllowList::default()),
         images: pulse_shared::app::images(Default::default()),
+        embedder: Arc::new(pulse_shared::embed::OfflineEmbedder),
     };
     let settings = EngineSettings::default();
+    let memories = connected.memories(&services);
     let tools = Arc::new(SimTools {
         world: world.clone(),
-        builtin: connected.tools(clock.clone(), &settings, &services),
+        builtin: connected.tools(clock.clone(), &settings, &services, memories.clone()),
     });
     let runner = connected.runner(clock.clone(), &settings, tools);
     let worker = Worker::new(Arc::new(runner)).with_conversation(Arc::new(connected.conversation(
         clock.clone(),
         &settings,
         &services,
+        memories,
     )));
     let dispatcher = Dispatcher::new(
         connected.store.clone(),

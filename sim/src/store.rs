@@ -15,8 +15,9 @@ use jiff::Timestamp;
 use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
     Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery,
-    HookDeliveryId, HookId, HookRoute, Memory, Registry, Schedule, ScheduleId, SignalId, Spend,
-    Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    HookDeliveryId, HookId, HookRoute, Memory, MemoryId, Registry, Schedule, ScheduleId, SignalId,
+    Spend, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook, WebhookId,
+    WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
@@ -142,8 +143,14 @@ faulty!(ConversationStore {
 });
 
 faulty!(MemoryStore {
-    fn remember(&self, memory: &Memory) -> ();
+    fn remember(&self, memories: &[Memory]) -> ();
     fn memories(&self, agent: &AgentId, limit: usize) -> Vec<Memory>;
+    fn all_memories(&self, agent: &AgentId) -> Vec<Memory>;
+    fn get_memory(&self, agent: &AgentId, id: &MemoryId) -> Option<Memory>;
+    fn memory_version(&self, agent: &AgentId) -> u64;
+    fn reinforce(&self, memories: &[Memory]) -> ();
+    fn forget(&self, agent: &AgentId, id: &MemoryId) -> bool;
+    fn match_words(&self, agent: &AgentId, query: &str, limit: usize) -> Option<Vec<(MemoryId, f32)>>;
 });
 
 faulty!(ScheduleStore {

@@ -155,25 +155,40 @@ async fn turns(kind: Kind) {
 }
 
 on_both_backends!(
-    memories_are_listed_newest_first_and_rewritten_by_id,
+    memories_keep_their_vectors_and_a_version_that_reinforcement_leaves_alone,
     memories
 );
 async fn memories(kind: Kind) {
+    use pulse_shared::domain::{Embedding, MemoryKind, MemorySource};
     let b = Backend::new(kind).await;
     let (agent, _) = b.agent("scout", "15m").await;
     let ms = b.now().as_millisecond() as u64;
-    for (i, text) in ["first", "second", "third"].iter().enumerate() {
-        b.store
-            .remember(&Memory {
-                id: MemoryId::derived(ms + i as u64, &[text]),
-                agent_id: agent.id.clone(),
-                text: text.to_string(),
-                heartbeat_id: None,
-                created_at: b.now(),
-            })
-            .await
-            .unwrap();
-    }
+    let memory = |i: u64, text: &str| {
+        Memory::new(
+            MemoryId::derived(ms + i, &[text]),
+            &agent.id,
+            text,
+            7,
+            b.now(),
+        )
+        .unwrap()
+    };
+    assert_eq!(b.store.memory_version(&agent.id).await.unwrap(), 0);
+    let mut first = memory(0, "first: the user is vegetarian");
+    first.kind = MemoryKind::Preference;
+    first.importance = 0.9;
+    first.source = MemorySource::Event;
+    first.source_ids = vec!["evt_1".into()];
+    first.embedding = Some(Embedding::quantize("m/4", &[0.1, -0.5, 0.25, 1.0]));
+    b.store
+        .remember(&[first.clone(), memory(1, "second"), memory(2, "third")])
+        .await
+        .unwrap();
+    assert_eq!(
+        b.store.memory_version(&agent.id).await.unwrap(),
+        1,
+        "one bump a write"
+    );
     let got: Vec<String> = b
         .store
         .memories(&agent.id, 2)
@@ -182,7 +197,63 @@ async fn memories(kind: Kind) {
         .into_iter()
         .map(|m| m.text)
         .collect();
-    assert_eq!(got, ["third", "second"]);
+    assert_eq!(got, ["third", "second"], "newest first");
+    let all = b.store.all_memories(&agent.id).await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(
+        all[0], first,
+        "every field, the vector included, comes back"
+    );
+    assert_eq!(
+        b.store.get_memory(&agent.id, &first.id).await.unwrap(),
+        Some(first.clone())
+    );
+    // A recall's reinforcement is written without a bump.
+    let mut reinforced = first.clone();
+    reinforced.reinforce(100, 2880, 0.1, b.now());
+    b.store.reinforce(&[reinforced.clone()]).await.unwrap();
+    assert_eq!(b.store.memory_version(&agent.id).await.unwrap(), 1);
+    let back = b
+        .store
+        .get_memory(&agent.id, &first.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, reinforced, "the vector is kept");
+    // The same id is replaced; forgetting bumps.
+    let mut again = memory(1, "second, said again");
+    again.id = all[1].id.clone();
+    b.store.remember(&[again]).await.unwrap();
+    assert_eq!(b.store.all_memories(&agent.id).await.unwrap().len(), 3);
+    assert!(b.store.forget(&agent.id, &all[2].id).await.unwrap());
+    assert!(!b.store.forget(&agent.id, &all[2].id).await.unwrap());
+    assert_eq!(b.store.memory_version(&agent.id).await.unwrap(), 3);
+    // Words: SQLite scores them (FTS5), DynamoDB leaves them to the recall index.
+    let words = b
+        .store
+        .match_words(&agent.id, "vegetarian OR \"x\" NEAR(", 10)
+        .await
+        .unwrap();
+    match kind {
+        Kind::Sqlite => {
+            let words = words.unwrap();
+            assert_eq!(words.len(), 1, "{words:?}");
+            assert_eq!(words[0].0, first.id);
+            assert!(words[0].1 > 0.0);
+            let said = b
+                .store
+                .match_words(&agent.id, "said", 10)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(said.len(), 1, "the replaced text is the one indexed");
+        }
+        Kind::Aws => assert!(words.is_none()),
+    }
+    // Deleting the agent takes them all.
+    b.store.purge_agent(&agent.id, true).await.unwrap();
+    assert!(b.store.all_memories(&agent.id).await.unwrap().is_empty());
+    assert_eq!(b.store.memory_version(&agent.id).await.unwrap(), 0);
 }
 
 on_both_backends!(

@@ -874,13 +874,14 @@ async fn mind_tabs(kind: Kind) {
             .worker(u.b.clock.clone(), &settings(), &services);
     u.b.drain(&worker).await;
     u.b.store
-        .remember(&Memory {
-            id: MemoryId::derived(1, &["tea"]),
-            agent_id: agent.id.clone(),
-            text: "likes green tea".into(),
-            heartbeat_id: None,
-            created_at: u.b.now(),
-        })
+        .remember(&[Memory::new(
+            MemoryId::derived(1, &["tea"]),
+            &agent.id,
+            "likes green tea",
+            0,
+            u.b.now(),
+        )
+        .unwrap()])
         .await
         .unwrap();
     // The reply's turn used a tool: the page says so under the reply.

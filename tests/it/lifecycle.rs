@@ -590,13 +590,14 @@ async fn delete(kind: Kind) {
     b.say(&agent, "hello").await;
     b.drain(&w.worker).await;
     b.store
-        .remember(&Memory {
-            id: pulse_shared::domain::MemoryId::derived(1, &["tea"]),
-            agent_id: agent.id.clone(),
-            text: "likes tea".into(),
-            heartbeat_id: None,
-            created_at: b.now(),
-        })
+        .remember(&[Memory::new(
+            pulse_shared::domain::MemoryId::derived(1, &["tea"]),
+            &agent.id,
+            "likes tea",
+            0,
+            b.now(),
+        )
+        .unwrap()])
         .await
         .unwrap();
     // Its next heartbeat is claimed and its job queued, not yet run.

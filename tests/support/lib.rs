@@ -121,6 +121,7 @@ pub fn fake_services(
         egress: test_egress(),
         // The tests' pictures are served on loopback, and one is named on example.com.
         images: pulse_shared::app::images("127.0.0.1,example.com".parse().unwrap()),
+        embedder: std::sync::Arc::new(pulse_shared::embed::OfflineEmbedder),
     }
 }
 

@@ -104,6 +104,10 @@ pub(crate) struct UpdateAgent {
     /// interval.
     #[arg(long, value_name = "DURATION")]
     quiet_period: Option<String>,
+    /// How long the agent's memories take to fade to half their weight (counted in its
+    /// beats); "" goes back to 30d.
+    #[arg(long, value_name = "DURATION")]
+    memory_half_life: Option<String>,
     /// The Discord channel the agent speaks in; "" unbinds it.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
@@ -181,6 +185,10 @@ pub(crate) struct CreateAgent {
     /// How long after a user turn the next heartbeat waits (default: half the interval).
     #[arg(long, value_name = "DURATION")]
     quiet_period: Option<String>,
+    /// How long the agent's memories take to fade to half their weight, counted in its
+    /// beats (default 30d).
+    #[arg(long, value_name = "DURATION")]
+    memory_half_life: Option<String>,
     /// The Discord channel the agent speaks in when no interaction is open.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
@@ -280,6 +288,9 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .map(|v| number_or(&v, "default", "--max-beats-per-hour"))
             .transpose()?,
         quiet_period: cleared_with(a.quiet_period, |q| q.parse::<Interval>().map_err(input))?,
+        memory_half_life: cleared_with(a.memory_half_life, |q| {
+            q.parse::<Interval>().map_err(input)
+        })?,
         retention: cleared_with(a.retention, |r| r.parse::<Retention>().map_err(input))?,
         discord_channel: cleared(a.discord_channel),
         think: a
@@ -378,6 +389,12 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
     };
     new.quiet_period = a
         .quiet_period
+        .as_deref()
+        .map(str::parse::<Interval>)
+        .transpose()
+        .map_err(input)?;
+    new.memory_half_life = a
+        .memory_half_life
         .as_deref()
         .map(str::parse::<Interval>)
         .transpose()

@@ -69,6 +69,9 @@ pub struct Agent {
     /// How long its finished records are kept, over the deployment's `PULSE_RETENTION`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// How many days of beats halve a memory's weight (default 30 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_half_life: Option<Interval>,
 }
 
 impl Agent {
@@ -168,6 +171,16 @@ impl Agent {
         self.budgets.max_beats_per_hour.unwrap_or_else(|| {
             DEFAULT_BEATS_PER_HOUR.max(self.scheduled_beats_per_hour().saturating_mul(2))
         })
+    }
+
+    /// How many of its beats halve a memory's weight: its memory half-life (default
+    /// [`DEFAULT_MEMORY_HALF_LIFE`]) over its interval, at least one.
+    pub fn memory_half_life_beats(&self) -> u64 {
+        let life = self
+            .memory_half_life
+            .map_or(DEFAULT_MEMORY_HALF_LIFE, |h| h.duration());
+        let interval = self.interval.duration().as_secs().max(1);
+        (life.as_secs().max(1) / interval).max(1) as u64
     }
 
     /// How long after a user turn the next heartbeat waits.
@@ -359,6 +372,10 @@ impl<'de> Deserialize<'de> for ThinkPolicy {
 
 /// The breaker's default cap, for intervals of two minutes or more.
 pub const DEFAULT_BEATS_PER_HOUR: u32 = 60;
+
+/// How long an agent's memories take to fade to half their weight, unless it says
+/// otherwise (`--memory-half-life`): 30 days of beats.
+pub const DEFAULT_MEMORY_HALF_LIFE: SignedDuration = SignedDuration::from_hours(30 * 24);
 
 /// Limits on what an agent spends: per heartbeat agent run (when one is hit the run
 /// stops and says so), per day, and per hour of heartbeats.

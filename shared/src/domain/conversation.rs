@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::chat::Usage;
-use super::ids::{AgentId, HeartbeatId, MemoryId, SessionId, SignalId, TurnId};
+use super::ids::{AgentId, HeartbeatId, SessionId, SignalId, TurnId};
 use super::requests::Requests;
 use crate::error::ValidationError;
 
@@ -295,20 +295,4 @@ pub struct Turn {
     /// none on the embedded store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests: Option<Requests>,
-}
-
-/// Something an agent chose to remember.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Memory {
-    /// Its id.
-    pub id: MemoryId,
-    /// The agent.
-    pub agent_id: AgentId,
-    /// What to remember.
-    pub text: String,
-    /// The heartbeat that wrote it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heartbeat_id: Option<HeartbeatId>,
-    /// When.
-    pub created_at: Timestamp,
 }

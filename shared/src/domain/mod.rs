@@ -10,6 +10,7 @@ mod hook;
 mod hook_delivery;
 mod hook_type;
 mod ids;
+mod memory;
 mod new_agent;
 mod reply;
 mod requests;
@@ -22,16 +23,16 @@ mod webhook;
 mod webhook_request;
 
 pub use agent::{
-    AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, Spend, ThinkPolicy,
-    agents_named, check_key_variable,
+    AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, DEFAULT_MEMORY_HALF_LIFE,
+    Spend, ThinkPolicy, agents_named, check_key_variable,
 };
 pub use chat::{
     ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,
     Secret, StopReason, ToolSpec, ToolUse, Usage, model_sees_images,
 };
 pub use conversation::{
-    ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, Memory, ReplyTarget, Role,
-    Signal, SignalKind, SignalMeta, Turn, TurnStatus,
+    ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, ReplyTarget, Role, Signal,
+    SignalKind, SignalMeta, Turn, TurnStatus,
 };
 pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
 pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus};
@@ -47,6 +48,9 @@ pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
     RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, first_id_at,
     quote_input,
+};
+pub use memory::{
+    Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus, SUSPENDED_BELOW,
 };
 pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};

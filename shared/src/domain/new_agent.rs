@@ -34,6 +34,8 @@ pub struct NewAgent {
     pub budgets: Budgets,
     /// Quiet period after a user turn.
     pub quiet_period: Option<Interval>,
+    /// Memory half-life (default 30 days).
+    pub memory_half_life: Option<Interval>,
     /// Discord channel.
     pub discord_channel: Option<String>,
     /// When its heartbeat agent thinks.
@@ -56,6 +58,7 @@ impl NewAgent {
             llm: AgentLlm::default(),
             budgets: Budgets::default(),
             quiet_period: None,
+            memory_half_life: None,
             discord_channel: None,
             think: ThinkPolicy::Auto,
             retention: None,
@@ -81,6 +84,7 @@ impl NewAgent {
             llm: self.llm,
             budgets: self.budgets,
             quiet_period: self.quiet_period,
+            memory_half_life: self.memory_half_life,
             discord_channel: self.discord_channel,
             paused_at: None,
             think: self.think,
@@ -131,6 +135,8 @@ pub struct AgentChanges {
     pub think: Option<ThinkPolicy>,
     /// How long its finished records are kept; `Some(None)` goes back to the deployment's.
     pub retention: Option<Option<Retention>>,
+    /// Memory half-life; `Some(None)` goes back to 30 days.
+    pub memory_half_life: Option<Option<Interval>>,
 }
 
 impl AgentChanges {
@@ -153,6 +159,7 @@ impl AgentChanges {
             && self.discord_channel.is_none()
             && self.think.is_none()
             && self.retention.is_none()
+            && self.memory_half_life.is_none()
     }
 
     /// `agent` with the changes, validated as on create.
@@ -180,6 +187,7 @@ impl AgentChanges {
         set(&mut a.discord_channel, &self.discord_channel);
         set(&mut a.think, &self.think);
         set(&mut a.retention, &self.retention);
+        set(&mut a.memory_half_life, &self.memory_half_life);
         a.validated()
     }
 }

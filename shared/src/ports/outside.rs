@@ -146,6 +146,35 @@ pub trait Llm: Send + Sync {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
 }
 
+/// Turns texts into vectors, so memories are recalled by meaning.
+#[async_trait]
+pub trait Embedder: Send + Sync {
+    /// The model and its dimensions, as its vectors are labelled (vectors of different
+    /// labels are never compared): e.g. `text-embedding-3-small/1536`.
+    fn model(&self) -> &str;
+    /// One vector for each of `texts`, in order.
+    async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError>;
+}
+
+/// Why texts were not embedded.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    /// The provider could not be reached, or did not answer in time.
+    #[error("the embeddings provider could not be reached: {0}")]
+    Unreachable(String),
+    /// It answered with an error.
+    #[error("the embeddings provider answered {status}: {body}")]
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The start of its answer.
+        body: String,
+    },
+    /// Its answer was not vectors for the texts.
+    #[error("the embeddings provider's answer is not one vector a text: {0}")]
+    BadAnswer(String),
+}
+
 /// Fetches an image a user sent, for a model that cannot reach its URL itself.
 #[async_trait]
 pub trait ImageFetcher: Send + Sync {

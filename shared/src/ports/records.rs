@@ -5,9 +5,9 @@ use async_trait::async_trait;
 
 use crate::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, AgentId, ConversationMessage, Event, EventCursor,
-    Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, Registry, Schedule,
-    ScheduleId, SignalId, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook,
-    WebhookId, WebhookRequest,
+    Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryId, Registry,
+    Schedule, ScheduleId, SignalId, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId,
+    Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -134,10 +134,39 @@ pub trait ScheduleStore: Send + Sync {
 /// Agents' memories.
 #[async_trait]
 pub trait MemoryStore: Send + Sync {
-    /// Stores a memory; writing one with an existing id replaces it.
-    async fn remember(&self, memory: &Memory) -> Result<(), StoreError>;
-    /// The agent's latest `limit` memories, newest first.
+    /// Stores memories (with their vectors); one with an existing id is replaced. Bumps
+    /// the agent's memory version once (all of `memories` are the agent's).
+    async fn remember(&self, memories: &[Memory]) -> Result<(), StoreError>;
+    /// The agent's latest `limit` memories, newest first (with their vectors).
     async fn memories(&self, agent: &AgentId, limit: usize) -> Result<Vec<Memory>, StoreError>;
+    /// Every memory of the agent, with its vector: what a recall index is built from.
+    async fn all_memories(&self, agent: &AgentId) -> Result<Vec<Memory>, StoreError>;
+    /// One memory.
+    async fn get_memory(
+        &self,
+        agent: &AgentId,
+        id: &MemoryId,
+    ) -> Result<Option<Memory>, StoreError>;
+    /// The agent's memory version: bumped by every change to its memories but a recall's
+    /// reinforcement, so a cached index is read again only when it must be.
+    async fn memory_version(&self, agent: &AgentId) -> Result<u64, StoreError>;
+    /// Writes what recalls changed of these memories (weights, recall counts), without
+    /// bumping the version: another process's index sees the change when it next loads.
+    async fn reinforce(&self, memories: &[Memory]) -> Result<(), StoreError>;
+    /// Deletes a memory; `false` if there was none. Bumps the version.
+    async fn forget(&self, agent: &AgentId, id: &MemoryId) -> Result<bool, StoreError>;
+    /// The agent's memories that match `query`'s words, best first, with their BM25
+    /// scores (higher is better), when the store keeps a word index (SQLite's FTS5);
+    /// `None` when it does not, and the caller scores words itself.
+    async fn match_words(
+        &self,
+        agent: &AgentId,
+        query: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<(MemoryId, f32)>>, StoreError> {
+        let _ = (agent, query, limit);
+        Ok(None)
+    }
 }
 
 /// Inbound webhooks, their request log, delivery ids and rate counters.

@@ -48,6 +48,7 @@ pub struct HeartbeatAgent {
     llm: Arc<dyn LlmSelector>,
     clock: Arc<dyn Clock>,
     schedules: ScheduleLimits,
+    memories: Arc<memory::Memories>,
 }
 
 /// What the run did, step by step: the action's output.
@@ -94,6 +95,7 @@ impl HeartbeatAgent {
         queue: Arc<dyn SessionQueue>,
         llm: Arc<dyn LlmSelector>,
         clock: Arc<dyn Clock>,
+        memories: Arc<memory::Memories>,
     ) -> Self {
         Self {
             store,
@@ -101,6 +103,7 @@ impl HeartbeatAgent {
             llm,
             clock,
             schedules: ScheduleLimits::default(),
+            memories,
         }
     }
 
@@ -168,9 +171,19 @@ impl HeartbeatAgent {
         t.provider = llm.provider().to_owned();
         let (window, digest) =
             futures::try_join!(self.window(req), self.digest(&agent)).map_err(|e| chain(&e))?;
+        let known = memory::known(
+            &self.memories,
+            &agent,
+            &about(&agent, &window),
+            req.heartbeat.beats.beat,
+            memory::PROMPT_TOKENS,
+            self.clock.now(),
+        )
+        .await
+        .map_err(|e| chain(&e))?;
         let mut messages = vec![
             ChatMessage::system(system_prompt(&agent)),
-            ChatMessage::user(briefing(&agent, req, &window, &digest)),
+            ChatMessage::user(briefing(&agent, req, &window, &digest, known.as_deref())),
         ];
         let tools = tool_specs();
         let budgets = agent.budgets;
@@ -380,11 +393,16 @@ impl HeartbeatAgent {
                 Ok(json!({"queued": true, "signal_id": signal.id}))
             }
             "remember" | "recall" => memory::run(
-                self.store.as_ref(),
+                &self.memories,
                 agent,
                 call,
                 MemoryId::derived(ms, &key),
-                Some(req.heartbeat.id.clone()),
+                &memory::Context {
+                    source: crate::domain::MemorySource::Agent,
+                    heartbeat: Some(req.heartbeat.id.clone()),
+                    source_ids: vec![req.heartbeat.id.to_string()],
+                    beat: req.heartbeat.beats.beat,
+                },
                 now,
             )
             .await
@@ -467,7 +485,26 @@ fn system_prompt(agent: &Agent) -> String {
     )
 }
 
-fn briefing(agent: &Agent, req: &ToolRequest, window: &[Event], digest: &[String]) -> String {
+/// What the heartbeat's memories are recalled for: its window's events (their types and
+/// payloads), or, with none, its instructions.
+fn about(agent: &Agent, window: &[Event]) -> String {
+    if window.is_empty() {
+        return agent.instructions.clone().unwrap_or_default();
+    }
+    window
+        .iter()
+        .map(|e| format!("{} {}", e.event_type, clip(&e.payload.to_string(), 500)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn briefing(
+    agent: &Agent,
+    req: &ToolRequest,
+    window: &[Event],
+    digest: &[String],
+    known: Option<&str>,
+) -> String {
     let mut out = String::new();
     out.push_str("Heartbeat instructions:\n");
     out.push_str(
@@ -504,6 +541,11 @@ fn briefing(agent: &Agent, req: &ToolRequest, window: &[Event], digest: &[String
             framing::frame(&from, &clip(&payload, MAX_PAYLOAD_CHARS))
         };
         out.push_str(&line);
+        out.push('\n');
+    }
+    if let Some(known) = known {
+        out.push_str("\nWhat you remember that bears on this:\n");
+        out.push_str(known);
         out.push('\n');
     }
     out.push_str("\nRecent conversation:\n");

@@ -1,28 +1,97 @@
-//! Agents' memories on DynamoDB.
+//! Agents' memories on DynamoDB: one item per memory in the agent's partition
+//! (`ME#<id>`, time-ordered), its vector in the item as a binary attribute (quantized
+//! bytes, `vec`, and the model, `vm`), and the agent's memory version (`MV`). Words are
+//! scored by the worker's recall index: DynamoDB keeps no word index.
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
 
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{AgentId, Memory};
+use crate::domain::{AgentId, Embedding, Memory, MemoryId};
 use crate::error::StoreError;
 use crate::ports::MemoryStore;
 
+/// The sort key of an agent's memory version.
+const VERSION_SK: &str = "MV";
+
+fn memory_sk(id: &MemoryId) -> String {
+    format!("ME#{id}")
+}
+
+fn memory_item(m: &Memory) -> Item {
+    let mut item = doc_item(agent_pk(&m.agent_id), memory_sk(&m.id), m);
+    if let Some(e) = &m.embedding {
+        item.insert(
+            "vec".to_owned(),
+            AttributeValue::B(Blob::new(
+                e.values.iter().map(|v| *v as u8).collect::<Vec<u8>>(),
+            )),
+        );
+        item.insert("vm".to_owned(), s(e.model.clone()));
+    }
+    item
+}
+
+fn read_memory(item: &Item) -> Result<Memory, StoreError> {
+    let mut m: Memory = read_doc(item)?;
+    m.embedding = match (item.get("vec"), item.get("vm")) {
+        (Some(AttributeValue::B(bytes)), Some(AttributeValue::S(model))) => Some(Embedding {
+            model: model.clone(),
+            values: bytes.as_ref().iter().map(|b| *b as i8).collect(),
+        }),
+        _ => None,
+    };
+    Ok(m)
+}
+
+impl DynamoStore {
+    fn bump_memory_version(&self, agent: &AgentId) -> Result<TransactWriteItem, StoreError> {
+        let bump = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(agent), VERSION_SK.to_owned())))
+            .update_expression("ADD v :one")
+            .expression_attribute_values(":one", n(1))
+            .build()
+            .map_err(backend("build transaction"))?;
+        Ok(TransactWriteItem::builder().update(bump).build())
+    }
+
+    async fn write_with_bump(
+        &self,
+        op: &'static str,
+        agent: &AgentId,
+        mut items: Vec<TransactWriteItem>,
+    ) -> Result<(), StoreError> {
+        items.push(self.bump_memory_version(agent)?);
+        match self.transact(op, items).await? {
+            Ok(()) => Ok(()),
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                op,
+                format!("transaction cancelled: {}", reasons.join(", ")),
+            )),
+        }
+    }
+}
+
 #[async_trait]
 impl MemoryStore for DynamoStore {
-    async fn remember(&self, memory: &Memory) -> Result<(), StoreError> {
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(doc_item(
-                agent_pk(&memory.agent_id),
-                format!("ME#{}", memory.id),
-                memory,
-            )))
-            .send()
-            .await
-            .map_err(backend("write memory"))?;
+    async fn remember(&self, memories: &[Memory]) -> Result<(), StoreError> {
+        let Some(first) = memories.first() else {
+            return Ok(());
+        };
+        // A transaction holds 100 items: 99 memories and the version each.
+        for chunk in memories.chunks(99) {
+            let items = chunk
+                .iter()
+                .map(|m| self.put(memory_item(m), None))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.write_with_bump("write memories", &first.agent_id, items)
+                .await?;
+        }
         Ok(())
     }
 
@@ -33,7 +102,72 @@ impl MemoryStore for DynamoStore {
         self.query_prefix("read memories", &agent_pk(agent), "ME#", true, Some(limit))
             .await?
             .iter()
-            .map(read_doc)
+            .map(read_memory)
             .collect()
+    }
+
+    async fn all_memories(&self, agent: &AgentId) -> Result<Vec<Memory>, StoreError> {
+        self.query_prefix("read memories", &agent_pk(agent), "ME#", false, None)
+            .await?
+            .iter()
+            .map(read_memory)
+            .collect()
+    }
+
+    async fn get_memory(
+        &self,
+        agent: &AgentId,
+        id: &MemoryId,
+    ) -> Result<Option<Memory>, StoreError> {
+        self.get("read memory", key(agent_pk(agent), memory_sk(id)))
+            .await?
+            .as_ref()
+            .map(read_memory)
+            .transpose()
+    }
+
+    async fn memory_version(&self, agent: &AgentId) -> Result<u64, StoreError> {
+        let item = self
+            .get(
+                "read memory version",
+                key(agent_pk(agent), VERSION_SK.to_owned()),
+            )
+            .await?;
+        Ok(item
+            .as_ref()
+            .and_then(|i| i.get("v"))
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
+    async fn reinforce(&self, memories: &[Memory]) -> Result<(), StoreError> {
+        for chunk in memories.chunks(25) {
+            self.batch_put(chunk.iter().map(memory_item).collect())
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn forget(&self, agent: &AgentId, id: &MemoryId) -> Result<bool, StoreError> {
+        let delete = aws_sdk_dynamodb::types::Delete::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(agent), memory_sk(id))))
+            .condition_expression("attribute_exists(pk)")
+            .build()
+            .map_err(backend("build transaction"))?;
+        let items = vec![
+            TransactWriteItem::builder().delete(delete).build(),
+            self.bump_memory_version(agent)?,
+        ];
+        match self.transact("forget memory", items).await? {
+            Ok(()) => Ok(true),
+            Err(reasons) if is_ccf(reasons.first()) => Ok(false),
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                "forget memory",
+                format!("transaction cancelled: {}", reasons.join(", ")),
+            )),
+        }
     }
 }

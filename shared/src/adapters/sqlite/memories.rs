@@ -1,29 +1,104 @@
-//! Agents' memories on SQLite.
+//! Agents' memories on SQLite: each memory's record (JSON), its vector beside it
+//! (quantized bytes and the model that made it), a word index (FTS5, scored by BM25),
+//! and a version per agent that cached recall indexes check.
 
 use async_trait::async_trait;
-use rusqlite::params;
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
-use super::codec::{read_docs, to_doc};
+use super::codec::{from_doc, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
-use crate::domain::{AgentId, Memory};
+use crate::domain::{AgentId, Embedding, Memory, MemoryId};
 use crate::error::StoreError;
 use crate::ports::MemoryStore;
 
+const COLUMNS: &str = "id, doc, vector, vector_model";
+
+/// A row: id, record, vector bytes, vector model.
+type MemoryRow = (String, String, Option<Vec<u8>>, Option<String>);
+
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<MemoryRow> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+}
+
+fn memory_of((id, doc, vector, model): MemoryRow) -> Result<Memory, StoreError> {
+    let mut memory: Memory = from_doc(&id, &doc)?;
+    memory.embedding = match (vector, model) {
+        (Some(bytes), Some(model)) => Some(Embedding {
+            model,
+            values: bytes.into_iter().map(|b| b as i8).collect(),
+        }),
+        _ => None,
+    };
+    Ok(memory)
+}
+
+fn read_memories(
+    conn: &Connection,
+    op: &'static str,
+    sql: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<Memory>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(sqlite_err(op))?;
+    let rows = stmt
+        .query_map(args, read_row)
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(sqlite_err(op))?;
+    rows.into_iter().map(memory_of).collect()
+}
+
+fn bump(tx: &Transaction<'_>, agent: &str) -> rusqlite::Result<usize> {
+    tx.exec(
+        "INSERT INTO memory_versions (agent_id, version) VALUES (?1, 1)
+         ON CONFLICT (agent_id) DO UPDATE SET version = version + 1",
+        [agent],
+    )
+}
+
+fn vector_of(m: &Memory) -> (Option<Vec<u8>>, Option<&str>) {
+    match &m.embedding {
+        Some(e) => (
+            Some(e.values.iter().map(|v| *v as u8).collect()),
+            Some(e.model.as_str()),
+        ),
+        None => (None, None),
+    }
+}
+
 #[async_trait]
 impl MemoryStore for SqliteStore {
-    async fn remember(&self, memory: &Memory) -> Result<(), StoreError> {
-        let memory = memory.clone();
+    async fn remember(&self, memories: &[Memory]) -> Result<(), StoreError> {
+        let Some(first) = memories.first() else {
+            return Ok(());
+        };
+        let agent = first.agent_id.to_string();
+        let memories = memories.to_vec();
         self.db
-            .call("write memory", move |conn| {
-                conn.exec(
-                    "INSERT OR REPLACE INTO memories (agent_id, id, doc) VALUES (?1, ?2, ?3)",
-                    params![
-                        memory.agent_id.as_str(),
-                        memory.id.as_str(),
-                        to_doc(&memory)
-                    ],
-                )
-                .map_err(sqlite_err("write memory"))?;
+            .call("write memories", move |conn| {
+                let op = sqlite_err("write memories");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                for m in &memories {
+                    let (vector, model) = vector_of(m);
+                    tx.exec(
+                        "INSERT OR REPLACE INTO memories (agent_id, id, doc, vector, vector_model)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![m.agent_id.as_str(), m.id.as_str(), to_doc(m), vector, model],
+                    )
+                    .map_err(&op)?;
+                    tx.exec(
+                        "DELETE FROM memories_fts WHERE agent_id = ?1 AND id = ?2",
+                        params![m.agent_id.as_str(), m.id.as_str()],
+                    )
+                    .map_err(&op)?;
+                    tx.exec(
+                        "INSERT INTO memories_fts (text, agent_id, id) VALUES (?1, ?2, ?3)",
+                        params![m.text, m.agent_id.as_str(), m.id.as_str()],
+                    )
+                    .map_err(&op)?;
+                }
+                bump(&tx, &agent).map_err(&op)?;
+                tx.commit().map_err(&op)?;
                 Ok(())
             })
             .await
@@ -33,12 +108,158 @@ impl MemoryStore for SqliteStore {
         let agent = agent.to_string();
         self.db
             .call("read memories", move |conn| {
-                read_docs(
+                read_memories(
                     conn,
                     "read memories",
-                    "SELECT id, doc FROM memories WHERE agent_id = ?1 ORDER BY id DESC LIMIT ?2",
+                    &format!(
+                        "SELECT {COLUMNS} FROM memories WHERE agent_id = ?1 ORDER BY id DESC LIMIT ?2"
+                    ),
                     params![agent, limit as i64],
                 )
+            })
+            .await
+    }
+
+    async fn all_memories(&self, agent: &AgentId) -> Result<Vec<Memory>, StoreError> {
+        let agent = agent.to_string();
+        self.db
+            .call("read memories", move |conn| {
+                read_memories(
+                    conn,
+                    "read memories",
+                    &format!("SELECT {COLUMNS} FROM memories WHERE agent_id = ?1 ORDER BY id"),
+                    params![agent],
+                )
+            })
+            .await
+    }
+
+    async fn get_memory(
+        &self,
+        agent: &AgentId,
+        id: &MemoryId,
+    ) -> Result<Option<Memory>, StoreError> {
+        let (agent, id) = (agent.to_string(), id.to_string());
+        self.db
+            .call("read memory", move |conn| {
+                Ok(read_memories(
+                    conn,
+                    "read memory",
+                    &format!("SELECT {COLUMNS} FROM memories WHERE agent_id = ?1 AND id = ?2"),
+                    params![agent, id],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn memory_version(&self, agent: &AgentId) -> Result<u64, StoreError> {
+        let agent = agent.to_string();
+        self.db
+            .call("read memory version", move |conn| {
+                let v: Option<i64> = conn
+                    .query_row(
+                        "SELECT version FROM memory_versions WHERE agent_id = ?1",
+                        [agent],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(sqlite_err("read memory version"))?;
+                Ok(v.unwrap_or(0) as u64)
+            })
+            .await
+    }
+
+    async fn reinforce(&self, memories: &[Memory]) -> Result<(), StoreError> {
+        if memories.is_empty() {
+            return Ok(());
+        }
+        let memories = memories.to_vec();
+        self.db
+            .call("reinforce memories", move |conn| {
+                let op = sqlite_err("reinforce memories");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                for m in &memories {
+                    tx.exec(
+                        "UPDATE memories SET doc = ?3 WHERE agent_id = ?1 AND id = ?2",
+                        params![m.agent_id.as_str(), m.id.as_str(), to_doc(m)],
+                    )
+                    .map_err(&op)?;
+                }
+                tx.commit().map_err(&op)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn forget(&self, agent: &AgentId, id: &MemoryId) -> Result<bool, StoreError> {
+        let (agent, id) = (agent.to_string(), id.to_string());
+        self.db
+            .call("forget memory", move |conn| {
+                let op = sqlite_err("forget memory");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(&op)?;
+                let n = tx
+                    .exec(
+                        "DELETE FROM memories WHERE agent_id = ?1 AND id = ?2",
+                        params![agent, id],
+                    )
+                    .map_err(&op)?;
+                if n > 0 {
+                    tx.exec(
+                        "DELETE FROM memories_fts WHERE agent_id = ?1 AND id = ?2",
+                        params![agent, id],
+                    )
+                    .map_err(&op)?;
+                    bump(&tx, &agent).map_err(&op)?;
+                }
+                tx.commit().map_err(&op)?;
+                Ok(n > 0)
+            })
+            .await
+    }
+
+    async fn match_words(
+        &self,
+        agent: &AgentId,
+        query: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<(MemoryId, f32)>>, StoreError> {
+        // Each word quoted: FTS5 syntax in the query is read as words, nothing else.
+        let terms: Vec<String> = query
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(|w| format!("\"{w}\""))
+            .collect();
+        if terms.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let (agent, expr) = (agent.to_string(), terms.join(" OR "));
+        self.db
+            .call("match memories", move |conn| {
+                let op = sqlite_err("match memories");
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT id, bm25(memories_fts) FROM memories_fts
+                         WHERE memories_fts MATCH ?1 AND agent_id = ?2
+                         ORDER BY bm25(memories_fts) LIMIT ?3",
+                    )
+                    .map_err(&op)?;
+                let rows = stmt
+                    .query_map(params![expr, agent, limit as i64], |r| {
+                        Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+                    })
+                    .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                    .map_err(&op)?;
+                // FTS5's bm25() is lower-better and negative: its opposite is the score.
+                Ok(Some(
+                    rows.into_iter()
+                        .filter_map(|(id, s)| MemoryId::parse(&id).ok().map(|id| (id, -s as f32)))
+                        .collect(),
+                ))
             })
             .await
     }

@@ -99,11 +99,14 @@ pub(super) fn purge(
         *count(&mut footprint) += n;
     }
     if apply {
-        tx.exec(
-            "DELETE FROM discord_channels WHERE agent_id = ?1",
-            [id.as_str()],
-        )
-        .map_err(&op)?;
+        // The memories' word index and version go with them (counted as memories).
+        for table in ["memories_fts", "memory_versions", "discord_channels"] {
+            tx.exec(
+                &format!("DELETE FROM {table} WHERE agent_id = ?1"),
+                [id.as_str()],
+            )
+            .map_err(&op)?;
+        }
         tx.exec("DELETE FROM agents WHERE id = ?1", [id.as_str()])
             .map_err(&op)?;
         tx.commit().map_err(&op)?;

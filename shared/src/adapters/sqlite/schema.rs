@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 9;
+const SCHEMA_VERSION: i64 = 10;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -285,6 +285,22 @@ CREATE TRIGGER subscriptions_delete AFTER DELETE ON subscriptions
     BEGIN UPDATE registry_version SET version = version + 1; END;
 "#;
 
+/// Version 10: memories with vectors beside them (quantized bytes and their model), a
+/// word index (FTS5, BM25) and a version per agent that cached recall indexes check.
+const SCHEMA_V10: &str = r#"
+ALTER TABLE memories ADD COLUMN vector BLOB;
+ALTER TABLE memories ADD COLUMN vector_model TEXT;
+CREATE TABLE memory_versions (
+    agent_id  TEXT PRIMARY KEY,
+    version   INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE VIRTUAL TABLE memories_fts USING fts5(
+    text, agent_id UNINDEXED, id UNINDEXED, tokenize = 'unicode61 remove_diacritics 2'
+);
+INSERT INTO memories_fts (text, agent_id, id)
+    SELECT json_extract(doc, '$.text'), agent_id, id FROM memories;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -329,6 +345,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 9 {
             conn.execute_batch(SCHEMA_V9).map_err(&err)?;
+        }
+        if version < 10 {
+            conn.execute_batch(SCHEMA_V10).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

@@ -31,7 +31,14 @@ impl Conversation {
         mut messages: Vec<ChatMessage>,
         turn_id: &TurnId,
         first_ms: u64,
+        beat: u64,
     ) -> Result<Asked, EngineError> {
+        let cx = memory::Context {
+            source: crate::domain::MemorySource::User,
+            heartbeat: None,
+            source_ids: vec![turn_id.to_string()],
+            beat,
+        };
         let llm = match self.llm.select(agent) {
             Ok(l) => l,
             Err(e) => {
@@ -108,7 +115,7 @@ impl Conversation {
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
                 calls += 1;
-                let result = self.run_tool(agent, call, id).await;
+                let result = self.run_tool(agent, call, id, &cx).await;
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
                 let (step, message) = transcript::tool_step(call, result);
                 asked.steps.push(step);
@@ -138,9 +145,10 @@ impl Conversation {
         agent: &Agent,
         call: &crate::domain::ToolUse,
         id: MemoryId,
+        cx: &memory::Context,
     ) -> Result<serde_json::Value, String> {
         let now = self.clock.now();
-        match memory::run(self.store.as_ref(), agent, call, id, None, now).await {
+        match memory::run(&self.memories, agent, call, id, cx, now).await {
             Some(r) => r,
             None if call.name == "schedule" => reminders::run_tool(
                 self.store.as_ref(),

@@ -88,6 +88,7 @@ pub struct Conversation {
     settings: ConversationSettings,
     hooks: Option<crate::engine::hooks::HookEmitter>,
     images: Option<Arc<dyn ImageFetcher>>,
+    memories: Arc<memory::Memories>,
 }
 
 impl Conversation {
@@ -99,6 +100,7 @@ impl Conversation {
         discord: Option<Arc<dyn DiscordApi>>,
         clock: Arc<dyn Clock>,
         settings: ConversationSettings,
+        memories: Arc<memory::Memories>,
     ) -> Self {
         Self {
             store,
@@ -108,6 +110,7 @@ impl Conversation {
             settings,
             hooks: None,
             images: None,
+            memories,
         }
     }
 
@@ -224,11 +227,11 @@ impl Conversation {
         let asked = match &spent {
             None => {
                 outcome.asked_model = true;
-                let context = self.context(agent, pending, now).await?;
+                let (context, beat) = self.context(agent, pending, now).await?;
                 // Memories the turn's tools keep get ids from the turn and its first
                 // signal's time, so a redelivered turn keeps each once.
                 let first_ms = pending[0].created_at.as_millisecond().max(0) as u64;
-                self.ask(agent, context, &turn_id, first_ms).await?
+                self.ask(agent, context, &turn_id, first_ms, beat).await?
             }
             Some(today) => {
                 budget::fire_exhausted(self.store.as_ref(), self.hooks.as_ref(), agent, today, now)
@@ -271,27 +274,37 @@ impl Conversation {
         Ok(())
     }
 
-    /// The turn's context: the history, what the agent knows about its user, its beats,
-    /// and the pictures sent with the messages (on its user message).
+    /// The turn's context — the history, what the agent knows that bears on the new
+    /// messages, its beats, and the pictures sent with the messages (on its user
+    /// message) — and the beat it is at.
     async fn context(
         &self,
         agent: &Agent,
         pending: &[Signal],
         now: Timestamp,
-    ) -> Result<Vec<ChatMessage>, EngineError> {
+    ) -> Result<(Vec<ChatMessage>, u64), EngineError> {
         let history = self
             .store
             .recent_messages(&agent.id, self.settings.history_messages)
             .await?;
         let newest = self.store.heartbeats_page(&agent.id, None, 1).await?;
         let said: Vec<String> = pending.iter().map(Signal::text).collect();
-        let memories = self.store.memories(&agent.id, memory::PROMPT_SCAN).await?;
-        let known = memory::known(&memories, &said.join("\n"), memory::PROMPT_TOKENS);
+        let beats = turn_beats(newest.first(), &history);
+        let beat = beats.map_or(0, |b| b.beat);
+        let known = memory::known(
+            &self.memories,
+            agent,
+            &said.join("\n"),
+            beat,
+            memory::PROMPT_TOKENS,
+            now,
+        )
+        .await?;
         let mut context = build_context(
             agent,
             &history,
             pending,
-            turn_beats(newest.first(), &history),
+            beats,
             known.as_deref(),
             now,
             self.settings.history_tokens,
@@ -305,7 +318,7 @@ impl Conversation {
         {
             *slot = images;
         }
-        Ok(context)
+        Ok((context, beat))
     }
 
     /// Writes the turn with its messages and the marks that its signals are answered

@@ -1,0 +1,348 @@
+//! What an agent remembers: typed, weighted memories that fade with its beats and come
+//! back when recalled.
+//!
+//! A memory has a kind, an importance (0–1), and a weight that fades by half every
+//! half-life of the agent's beats since it was last weighed (made, or recalled): a
+//! memory that is not recalled fades, one that is recalled is reinforced. Below
+//! [`SUSPENDED_BELOW`] it is *suspended*: it is still found when a recall matches it
+//! closely, which brings it back. Consolidation folds duplicates and old faded episodes
+//! into other memories; the folded ones are kept, suspended and linked, so it can be
+//! undone.
+
+use std::fmt;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::ids::{AgentId, HeartbeatId, MemoryId};
+use crate::error::ValidationError;
+
+/// Below this weight a memory is suspended.
+pub const SUSPENDED_BELOW: f32 = 0.1;
+/// Longest memory text.
+pub const MAX_MEMORY_CHARS: usize = 4_000;
+
+/// What kind of thing a memory is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryKind {
+    /// Something true about the user or the world.
+    #[default]
+    Fact,
+    /// What the user likes or wants.
+    Preference,
+    /// Something to do, or planned.
+    Plan,
+    /// Something that happened.
+    Episode,
+    /// What consolidation made of older memories.
+    Summary,
+}
+
+impl MemoryKind {
+    /// Every kind.
+    pub const ALL: [Self; 5] = [
+        Self::Fact,
+        Self::Preference,
+        Self::Plan,
+        Self::Episode,
+        Self::Summary,
+    ];
+
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fact => "fact",
+            Self::Preference => "preference",
+            Self::Plan => "plan",
+            Self::Episode => "episode",
+            Self::Summary => "summary",
+        }
+    }
+
+    /// Reads a kind's name.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let s = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                ValidationError::new(
+                    "kind",
+                    format!("{s:?} is not a kind; use fact, preference, plan, episode or summary"),
+                )
+            })
+    }
+}
+
+impl fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who a memory came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemorySource {
+    /// The user, in a conversation.
+    #[default]
+    User,
+    /// The agent itself, in a heartbeat.
+    Agent,
+    /// An event (a webhook's, a tool's): text from outside, framed as data wherever it
+    /// is shown to a model.
+    Event,
+    /// An operator, with the CLI or the dashboard.
+    Operator,
+    /// Consolidation (a summary of other memories).
+    Consolidation,
+}
+
+impl MemorySource {
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Agent => "agent",
+            Self::Event => "event",
+            Self::Operator => "operator",
+            Self::Consolidation => "consolidation",
+        }
+    }
+}
+
+/// A memory's vector: unit length, quantized to signed bytes (×127), and the model that
+/// made it. Vectors of different models are never compared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Embedding {
+    /// The embedding model and its dimensions, e.g. `text-embedding-3-small/1536`.
+    pub model: String,
+    /// The quantized vector.
+    pub values: Vec<i8>,
+}
+
+impl Embedding {
+    /// Quantizes `vector` (normalized to unit length first) made by `model`.
+    pub fn quantize(model: &str, vector: &[f32]) -> Self {
+        let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let scale = if norm > 0.0 { 127.0 / norm } else { 0.0 };
+        Self {
+            model: model.to_owned(),
+            values: vector
+                .iter()
+                .map(|v| (v * scale).round().clamp(-127.0, 127.0) as i8)
+                .collect(),
+        }
+    }
+
+    /// The cosine similarity of two quantized vectors of one model (0 when they are of
+    /// different sizes or one is all zeros).
+    pub fn cosine(a: &[i8], b: &[i8]) -> f32 {
+        if a.len() != b.len() {
+            return 0.0;
+        }
+        let (mut dot, mut na, mut nb) = (0i64, 0i64, 0i64);
+        for (x, y) in a.iter().zip(b) {
+            let (x, y) = (i64::from(*x), i64::from(*y));
+            dot += x * y;
+            na += x * x;
+            nb += y * y;
+        }
+        if na == 0 || nb == 0 {
+            return 0.0;
+        }
+        dot as f32 / ((na as f32).sqrt() * (nb as f32).sqrt())
+    }
+}
+
+/// Something an agent remembers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    /// Its id.
+    pub id: MemoryId,
+    /// The agent.
+    pub agent_id: AgentId,
+    /// What to remember.
+    pub text: String,
+    /// What kind of thing it is.
+    #[serde(default)]
+    pub kind: MemoryKind,
+    /// How much it matters, 0–1.
+    #[serde(default = "half")]
+    pub importance: f32,
+    /// Its weight when last weighed (made or recalled), 0–1: it fades from there.
+    #[serde(default = "one")]
+    pub weight: f32,
+    /// The agent's beat when it was last weighed.
+    #[serde(default)]
+    pub weighed_beat: u64,
+    /// When a recall last returned it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recalled_at: Option<Timestamp>,
+    /// How many recalls returned it.
+    #[serde(default)]
+    pub recalls: u32,
+    /// Who it came from.
+    #[serde(default)]
+    pub source: MemorySource,
+    /// What it came from: the heartbeat, turn, event or memories' ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ids: Vec<String>,
+    /// The heartbeat that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_id: Option<HeartbeatId>,
+    /// Set when consolidation folded it into another memory (a duplicate, or a summary):
+    /// it is kept, suspended, and `pulse memories restore` brings it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folded_into: Option<MemoryId>,
+    /// When.
+    pub created_at: Timestamp,
+    /// Its vector, stored beside the record (not in it); `None` until embedded.
+    #[serde(skip)]
+    pub embedding: Option<Embedding>,
+}
+
+fn half() -> f32 {
+    0.5
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+/// A memory's standing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryStatus {
+    /// Weighty enough to be offered.
+    Active,
+    /// Faded below [`SUSPENDED_BELOW`], or folded into another memory.
+    Suspended,
+}
+
+impl MemoryStatus {
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Suspended => "suspended",
+        }
+    }
+}
+
+impl Memory {
+    /// A new memory of `agent`, weighed at `beat`: a fact of importance 0.5 from the
+    /// user, until the caller says otherwise.
+    pub fn new(
+        id: MemoryId,
+        agent: &AgentId,
+        text: &str,
+        beat: u64,
+        now: Timestamp,
+    ) -> Result<Self, ValidationError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(ValidationError::new("text", "a memory needs some text"));
+        }
+        if text.chars().count() > MAX_MEMORY_CHARS {
+            return Err(ValidationError::new(
+                "text",
+                format!("a memory is at most {MAX_MEMORY_CHARS} characters; keep the gist"),
+            ));
+        }
+        Ok(Self {
+            id,
+            agent_id: agent.clone(),
+            text: text.to_owned(),
+            kind: MemoryKind::Fact,
+            importance: 0.5,
+            weight: 1.0,
+            weighed_beat: beat,
+            recalled_at: None,
+            recalls: 0,
+            source: MemorySource::User,
+            source_ids: Vec::new(),
+            heartbeat_id: None,
+            folded_into: None,
+            created_at: now,
+            embedding: None,
+        })
+    }
+
+    /// An importance as given: 0 to 1.
+    pub fn check_importance(importance: f32) -> Result<f32, ValidationError> {
+        if (0.0..=1.0).contains(&importance) {
+            Ok(importance)
+        } else {
+            Err(ValidationError::new(
+                "importance",
+                format!("{importance} is out of range: give 0 to 1"),
+            ))
+        }
+    }
+
+    /// Its weight at the agent's `beat`: halved every `half_life` beats since it was
+    /// last weighed.
+    pub fn weight_at(&self, beat: u64, half_life: u64) -> f32 {
+        let since = beat.saturating_sub(self.weighed_beat) as f32;
+        self.weight * 0.5f32.powf(since / half_life.max(1) as f32)
+    }
+
+    /// Its standing at `beat`.
+    pub fn status_at(&self, beat: u64, half_life: u64) -> MemoryStatus {
+        if self.folded_into.is_some() || self.weight_at(beat, half_life) < SUSPENDED_BELOW {
+            MemoryStatus::Suspended
+        } else {
+            MemoryStatus::Active
+        }
+    }
+
+    /// Weighs it again at `beat`: its faded weight plus `gain` (at most 1).
+    pub fn reinforce(&mut self, beat: u64, half_life: u64, gain: f32, now: Timestamp) {
+        self.weight = (self.weight_at(beat, half_life) + gain).min(1.0);
+        self.weighed_beat = beat;
+        self.recalled_at = Some(now);
+        self.recalls = self.recalls.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_fades_by_half_each_half_life_and_a_recall_brings_it_back() {
+        let now = Timestamp::UNIX_EPOCH;
+        let mut m = Memory::new(
+            MemoryId::derived(1, &["x"]),
+            &AgentId::generate(),
+            "the user is vegetarian",
+            100,
+            now,
+        )
+        .unwrap();
+        assert_eq!(m.weight_at(100, 2880), 1.0);
+        assert!((m.weight_at(100 + 2880, 2880) - 0.5).abs() < 1e-6);
+        assert_eq!(m.status_at(100 + 3 * 2880, 2880), MemoryStatus::Active);
+        assert_eq!(
+            m.status_at(100 + 4 * 2880, 2880),
+            MemoryStatus::Suspended,
+            "1/16 < 0.1"
+        );
+        m.reinforce(100 + 4 * 2880, 2880, 0.1, now);
+        assert!((m.weight - (0.0625 + 0.1)).abs() < 1e-6);
+        assert_eq!(m.status_at(100 + 4 * 2880, 2880), MemoryStatus::Active);
+        assert_eq!(m.recalls, 1);
+    }
+
+    #[test]
+    fn quantized_vectors_keep_their_angle() {
+        let a = Embedding::quantize("m/3", &[1.0, 2.0, 3.0]);
+        let b = Embedding::quantize("m/3", &[2.0, 4.0, 6.1]);
+        let c = Embedding::quantize("m/3", &[-3.0, 0.0, 1.0]);
+        assert!(Embedding::cosine(&a.values, &b.values) > 0.999);
+        assert!(Embedding::cosine(&a.values, &c.values).abs() < 0.01);
+        assert_eq!(Embedding::cosine(&a.values, &[1, 2]), 0.0);
+    }
+}
