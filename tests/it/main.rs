@@ -15,6 +15,7 @@ mod lambda;
 mod lifecycle;
 mod listener;
 mod llm;
+mod memory;
 mod queue;
 mod reminders;
 mod retention;

@@ -17,6 +17,10 @@ use serde::{Deserialize, Serialize};
 use super::ids::{AgentId, HeartbeatId, MemoryId};
 use crate::error::ValidationError;
 
+/// The event type an outside system sends to give an agent a memory: `{"text", "kind"?,
+/// "importance"?}`. Its heartbeat keeps it, marked as coming from an event.
+pub const REMEMBER: &str = "REMEMBER";
+
 /// Below this weight a memory is suspended.
 pub const SUSPENDED_BELOW: f32 = 0.1;
 /// Longest memory text.

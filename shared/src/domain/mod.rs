@@ -50,7 +50,8 @@ pub use ids::{
     quote_input,
 };
 pub use memory::{
-    Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus, SUSPENDED_BELOW,
+    Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus, REMEMBER,
+    SUSPENDED_BELOW,
 };
 pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};

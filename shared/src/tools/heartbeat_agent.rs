@@ -21,9 +21,9 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::domain::{
-    Agent, ChatMessage, ContentBlock, Event, LlmRequest, MemoryId, NewEvent, OutgoingTask, Role,
-    Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse, ToolSpec,
-    ToolUse, Usage,
+    Agent, ChatMessage, ContentBlock, Event, LlmRequest, Memory, MemoryId, MemoryKind,
+    MemorySource, NewEvent, OutgoingTask, REMEMBER, Role, Signal, SignalId, SignalKind, SignalMeta,
+    StopReason, ToolRequest, ToolResponse, ToolSpec, ToolUse, Usage,
 };
 use crate::engine::memory::{self, text_arg};
 use crate::engine::reminders::{self, ScheduleLimits};
@@ -171,6 +171,9 @@ impl HeartbeatAgent {
         t.provider = llm.provider().to_owned();
         let (window, digest) =
             futures::try_join!(self.window(req), self.digest(&agent)).map_err(|e| chain(&e))?;
+        self.keep_remembered(&agent, req, &window)
+            .await
+            .map_err(|e| chain(&e))?;
         let known = memory::known(
             &self.memories,
             &agent,
@@ -324,6 +327,62 @@ impl HeartbeatAgent {
             )
             .await?;
         Ok(w.events)
+    }
+
+    /// Keeps the memories the window's REMEMBER events carry, marked as coming from an
+    /// event (each once: its id comes from the event's).
+    async fn keep_remembered(
+        &self,
+        agent: &Agent,
+        req: &ToolRequest,
+        window: &[Event],
+    ) -> Result<(), crate::error::StoreError> {
+        let mut kept = Vec::new();
+        for e in window.iter().filter(|e| e.event_type.as_str() == REMEMBER) {
+            let text = e.payload.get("text").and_then(Value::as_str).unwrap_or("");
+            let id = MemoryId::derived(
+                e.created_at.as_millisecond().max(0) as u64,
+                &["event", e.id.as_str()],
+            );
+            let mut m = match Memory::new(
+                id,
+                &agent.id,
+                text,
+                req.heartbeat.beats.beat,
+                self.clock.now(),
+            ) {
+                Ok(m) => m,
+                Err(why) => {
+                    warn!(event_id = %e.id, error = %why, "a REMEMBER event without a memory in it");
+                    continue;
+                }
+            };
+            if let Some(k) = e
+                .payload
+                .get("kind")
+                .and_then(Value::as_str)
+                .and_then(|k| MemoryKind::parse(k).ok())
+            {
+                m.kind = k;
+            }
+            if let Some(i) = e
+                .payload
+                .get("importance")
+                .and_then(Value::as_f64)
+                .and_then(|i| Memory::check_importance(i as f32).ok())
+            {
+                m.importance = i;
+            }
+            m.source = MemorySource::Event;
+            m.source_ids = vec![e.id.to_string()];
+            m.heartbeat_id = Some(req.heartbeat.id.clone());
+            kept.push(m);
+        }
+        if !kept.is_empty() {
+            info!(memories = kept.len(), "kept the memories events carried");
+            self.memories.remember(&agent.id, kept).await?;
+        }
+        Ok(())
     }
 
     async fn digest(&self, agent: &Agent) -> Result<Vec<String>, crate::error::StoreError> {

@@ -1,0 +1,507 @@
+//! Memory that lasts: recall by meaning over all of an agent's memories (a fake
+//! embeddings server on loopback maps synonyms together), weights that fade with beats
+//! and come back, consolidation's gates and its undoing, an embeddings outage, and a
+//! model change; on both backends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use jiff::SignedDuration;
+use pulse_shared::domain::{Agent, Memory, MemoryId, MemoryKind, MemoryStatus};
+use pulse_shared::embed::HttpEmbedder;
+use pulse_shared::engine::memory::consolidate::{self, Consolidated};
+use pulse_shared::engine::memory::{Memories, Recall};
+use pulse_shared::ports::Embedder;
+use pulse_tests::fake_llm::{FakeLlm, Scripted};
+use pulse_tests::{Backend, Kind, on_both_backends};
+use serde_json::{Value, json};
+
+/// Words that mean one thing land on one dimension; the rest are hashed over the others.
+const CONCEPTS: [&[&str]; 3] = [
+    &[
+        "vegetarian",
+        "vegan",
+        "meat",
+        "eat",
+        "eats",
+        "food",
+        "meal",
+        "cook",
+    ],
+    &["dog", "cat", "pet", "puppy", "walk"],
+    &["job", "work", "office", "boss", "deadline"],
+];
+
+struct Fake {
+    failing: AtomicBool,
+    texts: AtomicUsize,
+}
+
+fn vector(text: &str, dims: usize) -> Vec<f32> {
+    let mut v = vec![0f32; dims];
+    for w in text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+    {
+        match CONCEPTS.iter().position(|c| c.contains(&w.as_str())) {
+            Some(c) => v[c] += 2.0,
+            None => {
+                let h = w
+                    .bytes()
+                    .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+                v[8 + (h % (dims as u64 - 8)) as usize] += 1.0;
+            }
+        }
+    }
+    v
+}
+
+async fn embeddings(
+    State(f): State<Arc<Fake>>,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    if f.failing.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": "down"})),
+        );
+    }
+    let dims = body["dimensions"].as_u64().unwrap_or(64) as usize;
+    let input: Vec<String> = body["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_owned())
+        .collect();
+    f.texts.fetch_add(input.len(), Ordering::SeqCst);
+    let data: Vec<Value> = input
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"index": i, "embedding": vector(t, dims)}))
+        .collect();
+    (
+        StatusCode::OK,
+        Json(json!({"data": data, "model": body["model"]})),
+    )
+}
+
+/// The fake embeddings API on loopback; its base URL.
+async fn fake_embeddings() -> (Arc<Fake>, url::Url) {
+    let fake = Arc::new(Fake {
+        failing: AtomicBool::new(false),
+        texts: AtomicUsize::new(0),
+    });
+    let app = axum::Router::new()
+        .route("/v1/embeddings", axum::routing::post(embeddings))
+        .with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (fake, url.parse().unwrap())
+}
+
+fn embedder(url: &url::Url, dims: usize) -> Arc<dyn Embedder> {
+    Arc::new(HttpEmbedder::new(
+        url.clone(),
+        "fake-embed",
+        Some(dims),
+        None,
+        Duration::from_secs(10),
+    ))
+}
+
+fn memory(b: &Backend, agent: &Agent, n: u64, text: &str, beat: u64) -> Memory {
+    Memory::new(
+        MemoryId::derived(b.now().as_millisecond() as u64 + n, &[text, &n.to_string()]),
+        &agent.id,
+        text,
+        beat,
+        b.now(),
+    )
+    .unwrap()
+}
+
+on_both_backends!(
+    the_first_of_two_thousand_memories_is_recalled_by_meaning,
+    by_meaning
+);
+async fn by_meaning(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (fake, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    memories
+        .remember(&agent.id, vec![memory(&b, &agent, 0, "I'm vegetarian", 0)])
+        .await
+        .unwrap();
+    let filler = [
+        "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf",
+    ];
+    for chunk in 0..10u64 {
+        let batch: Vec<Memory> = (0..200u64)
+            .map(|i| {
+                let n = chunk * 200 + i + 1;
+                let text = format!(
+                    "note {n}: {} {} {}",
+                    filler[(n % 7) as usize],
+                    filler[(n % 5) as usize],
+                    filler[(n % 3) as usize]
+                );
+                memory(&b, &agent, n, &text, 0)
+            })
+            .collect();
+        memories.remember(&agent.id, batch).await.unwrap();
+    }
+    assert_eq!(b.store.all_memories(&agent.id).await.unwrap().len(), 2001);
+    assert_eq!(
+        fake.texts.load(Ordering::SeqCst),
+        2001,
+        "each embedded once"
+    );
+    // Not one word in common: found by meaning, first.
+    let found = memories
+        .recall(
+            &agent,
+            &Recall::for_model("what does she not eat?", 10),
+            b.now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        found[0].memory.text,
+        "I'm vegetarian",
+        "{:?}",
+        found.iter().map(|f| &f.memory.text).collect::<Vec<_>>()
+    );
+    assert!(
+        found[0].similarity > 0.5 && found[0].score > 0.3,
+        "{:?}",
+        found[0]
+    );
+    // Recalled: reinforced, in the store too.
+    let stored = b
+        .store
+        .get_memory(&agent.id, &found[0].memory.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.recalls, 1);
+    assert_eq!(stored.weighed_beat, 10);
+}
+
+on_both_backends!(
+    a_memory_fades_with_beats_is_suspended_and_a_close_recall_brings_it_back,
+    fading
+);
+async fn fading(kind: Kind) {
+    let b = Backend::new(kind).await;
+    // 15-minute beats and a 30-day half-life: 2,880 beats halve a weight.
+    let (agent, _) = b.agent("keeper", "15m").await;
+    assert_eq!(agent.memory_half_life_beats(), 2_880);
+    let (_, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    let kept = memories
+        .remember(
+            &agent.id,
+            vec![
+                memory(&b, &agent, 0, "the dog is called Rex", 0),
+                memory(&b, &agent, 1, "the boss wants the deadline moved", 0),
+            ],
+        )
+        .await
+        .unwrap();
+    // Four half-lives later (beats pass with the clock), both weigh 1/16: suspended.
+    b.advance(SignedDuration::from_hours(24 * 120));
+    let beat = 4 * 2_880;
+    let listed = b.store.all_memories(&agent.id).await.unwrap();
+    for m in &listed {
+        assert_eq!(m.status_at(beat, 2_880), MemoryStatus::Suspended);
+    }
+    // A recall close to one brings it back; the other is not found.
+    let found = memories
+        .recall(&agent, &Recall::for_model("walk puppy", beat), b.now())
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].reactivated);
+    assert_eq!(found[0].status, MemoryStatus::Suspended, "as it was found");
+    let back = b
+        .store
+        .get_memory(&agent.id, &kept[0].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        (back.weight - (1.0 / 16.0 + 0.1)).abs() < 1e-4,
+        "{}",
+        back.weight
+    );
+    assert_eq!(back.status_at(beat, 2_880), MemoryStatus::Active);
+    let other = b
+        .store
+        .get_memory(&agent.id, &kept[1].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        other.status_at(beat, 2_880),
+        MemoryStatus::Suspended,
+        "untouched"
+    );
+    // A recall by a word only, not close in meaning, shows a suspended memory as it is.
+    let found = memories
+        .recall(&agent, &Recall::for_model("moved", beat), b.now())
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert!(!found[0].reactivated && found[0].status == MemoryStatus::Suspended);
+}
+
+on_both_backends!(
+    an_embeddings_outage_leaves_recall_working_by_words_and_a_later_pass_embeds,
+    outage
+);
+async fn outage(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (fake, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    fake.failing.store(true, Ordering::SeqCst);
+    let kept = memories
+        .remember(
+            &agent.id,
+            vec![memory(&b, &agent, 0, "green tea every morning", 0)],
+        )
+        .await
+        .unwrap();
+    assert!(kept[0].embedding.is_none(), "stored without a vector");
+    let found = memories
+        .recall(&agent, &Recall::for_model("tea", 1), b.now())
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1, "found by its words");
+    assert_eq!(found[0].similarity, 0.0);
+    fake.failing.store(false, Ordering::SeqCst);
+    // The next recall embeds it.
+    memories
+        .recall(&agent, &Recall::for_model("coffee", 2), b.now())
+        .await
+        .unwrap();
+    let stored = b
+        .store
+        .get_memory(&agent.id, &kept[0].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.embedding.unwrap().model, "fake-embed/64");
+}
+
+on_both_backends!(
+    vectors_of_another_model_or_size_are_never_compared_and_reindex_redoes_them,
+    model_change
+);
+async fn model_change(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (_, url) = fake_embeddings().await;
+    let before = Memories::new(b.store.clone(), embedder(&url, 64));
+    let batch: Vec<Memory> = (0..40)
+        .map(|i| memory(&b, &agent, i, &format!("walk the dog at {i}"), 0))
+        .collect();
+    before.remember(&agent.id, batch).await.unwrap();
+    // Dimensions change: nothing of the old vectors is compared.
+    let after = Memories::new(b.store.clone(), embedder(&url, 32));
+    let found = after
+        .recall(
+            &agent,
+            &Recall {
+                reinforce: false,
+                ..Recall::for_model("puppy", 1)
+            },
+            b.now(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        found.is_empty(),
+        "no word in common, no vector of this size: {found:?}"
+    );
+    // That recall re-embedded BACKFILL of them; reindex does the rest, with progress.
+    let mut seen = Vec::new();
+    let (done, left) = after
+        .reindex(&agent, |n, total| seen.push((n, total)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (done, left),
+        (40 - pulse_shared::engine::memory::BACKFILL, 0)
+    );
+    assert_eq!(seen.first(), Some(&(0, 8)));
+    assert_eq!(seen.last(), Some(&(8, 8)));
+    let models: Vec<String> = b
+        .store
+        .all_memories(&agent.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.embedding.unwrap().model)
+        .collect();
+    assert!(models.iter().all(|m| m == "fake-embed/32"), "{models:?}");
+    let found = after
+        .recall(&agent, &Recall::for_model("puppy", 1), b.now())
+        .await
+        .unwrap();
+    assert!(!found.is_empty(), "by meaning again, with the new vectors");
+}
+
+on_both_backends!(
+    consolidation_folds_duplicates_and_old_episodes_within_its_gate_and_restore_undoes_it,
+    consolidation
+);
+async fn consolidation(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (_, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    // Twelve active memories: a gate of 3 folds. Four say one thing (3 to fold).
+    let mut batch = vec![
+        memory(&b, &agent, 0, "The user likes green tea.", 0),
+        memory(&b, &agent, 1, "the user likes GREEN tea", 0),
+        memory(&b, &agent, 2, "The user likes green tea!", 0),
+        memory(&b, &agent, 3, "the user  likes green tea", 0),
+    ];
+    batch[2].importance = 0.9;
+    for i in 4..12 {
+        batch.push(memory(&b, &agent, i, &format!("fact number {i}"), 0));
+    }
+    memories.remember(&agent.id, batch).await.unwrap();
+    let offline = pulse_tests::offline_services();
+    let done = consolidate::consolidate(
+        &memories,
+        b.store.as_ref(),
+        Some(offline.llm.as_ref()),
+        &agent,
+        1,
+        b.now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (done.active, done.merged, done.held_back, done.summarized),
+        (12, 3, 0, 0),
+        "{done:?}"
+    );
+    let all = b.store.all_memories(&agent.id).await.unwrap();
+    let keeper = all.iter().find(|m| m.importance == 0.9).unwrap().clone();
+    assert!(keeper.folded_into.is_none());
+    assert_eq!(
+        all.iter()
+            .filter(|m| m.folded_into.as_ref() == Some(&keeper.id))
+            .count(),
+        3
+    );
+    // A folded memory is not offered to a model.
+    let found = memories
+        .recall(&agent, &Recall::for_model("green tea", 2), b.now())
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].memory.id, keeper.id);
+    // Restore undoes it.
+    let restored = consolidate::restore(&memories, b.store.as_ref(), &agent, &keeper.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(restored.restored.len(), 3);
+    assert!(
+        b.store
+            .all_memories(&agent.id)
+            .await
+            .unwrap()
+            .iter()
+            .all(|m| m.folded_into.is_none())
+    );
+
+    // With a model: old faded episodes become a summary; its tokens are spent today.
+    let (dreamer, _) = b.agent("dreamer", "15m").await;
+    let llm = FakeLlm::start().await;
+    let discord = pulse_tests::fake_discord::FakeDiscord::start().await;
+    let services = pulse_tests::fake_services(&llm, &discord);
+    let mut batch: Vec<Memory> = (0..10u64)
+        .map(|i| {
+            memory(
+                &b,
+                &dreamer,
+                200 + i,
+                &format!(
+                    "{} is a colour",
+                    [
+                        "red", "blue", "green", "cyan", "pink", "gold", "grey", "teal", "navy",
+                        "lime"
+                    ][i as usize]
+                ),
+                0,
+            )
+        })
+        .collect();
+    for i in 0..6u64 {
+        let mut m = memory(
+            &b,
+            &dreamer,
+            100 + i,
+            &format!("met Ana for lunch on day {i}"),
+            0,
+        );
+        m.kind = MemoryKind::Episode;
+        batch.push(m);
+    }
+    memories.remember(&dreamer.id, batch).await.unwrap();
+    // Eight days and two half-lives later, the episodes have faded under 0.3.
+    b.advance(SignedDuration::from_hours(24 * 8));
+    llm.script([Scripted::text("The user often has lunch with Ana.")]);
+    let done: Consolidated = consolidate::consolidate(
+        &memories,
+        b.store.as_ref(),
+        Some(services.llm.as_ref()),
+        &dreamer,
+        2 * 2_880 + 1,
+        b.now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.active, 16, "{done:?}");
+    assert_eq!(done.summarized, 4, "the gate: a quarter of 16 is 4");
+    assert_eq!(done.summaries.len(), 1);
+    assert_eq!(done.tokens, 120, "{done:?}");
+    let summary = b
+        .store
+        .get_memory(&dreamer.id, &done.summaries[0])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.kind, MemoryKind::Summary);
+    assert_eq!(summary.text, "The user often has lunch with Ana.");
+    assert_eq!(summary.source_ids.len(), 4);
+    let today = pulse_shared::engine::budget::spent_today(b.store.as_ref(), &dreamer, b.now())
+        .await
+        .unwrap();
+    assert_eq!(today.spent, 120, "counted against the daily budget");
+    let restored = consolidate::restore(&memories, b.store.as_ref(), &dreamer, &summary.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(restored.restored.len(), 4);
+    assert_eq!(restored.removed, Some(summary.id.clone()));
+    assert!(
+        b.store
+            .get_memory(&dreamer.id, &summary.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
