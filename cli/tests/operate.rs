@@ -851,3 +851,96 @@ async fn first_hour_on(backend: Backend) {
         "{warned}"
     );
 }
+
+both!(
+    memories_are_added_recalled_consolidated_restored_and_forgotten,
+    memories_on
+);
+fn memories_on(backend: Backend) {
+    let dir = dir_on(backend);
+    let d = dir.path();
+    ok(
+        d,
+        &["agents", "create", "--name", "ada", "--interval", "1h"],
+    );
+    let veg = ok(
+        d,
+        &[
+            "memories",
+            "add",
+            "ada",
+            "The user is vegetarian and never eats meat",
+            "--kind",
+            "preference",
+            "--importance",
+            "0.9",
+        ],
+    );
+    assert!(veg.starts_with("mem_"), "{veg}");
+    let walk = ok(
+        d,
+        &["memories", "add", "ada", "The user walks the dog at dawn"],
+    );
+    let again = ok(
+        d,
+        &["memories", "add", "ada", "the user walks the DOG at dawn!"],
+    );
+    for i in 0..6 {
+        ok(d, &["memories", "add", "ada", &format!("fact number {i}")]);
+    }
+    let bad_importance = bad(d, &["memories", "add", "ada", "x", "--importance", "2"]);
+    assert!(bad_importance.contains("importance"), "{bad_importance}");
+    let bad_kind = bad(d, &["memories", "add", "ada", "x", "--kind", "rumour"]);
+    assert!(bad_kind.contains("fact"), "{bad_kind}");
+
+    // A look does not reinforce; --reinforce does, as the agent's own recall.
+    let found = json(d, &["memories", "recall", "ada", "eats vegetarian meat"]);
+    assert_eq!(found[0]["memory"]["id"], veg, "{found}");
+    assert_eq!(found[0]["state"], "active");
+    let listed = json(d, &["memories", "list", "--agent", "ada"]);
+    assert_eq!(find(&listed, "id", &veg).unwrap()["recalls"], 0);
+    json(
+        d,
+        &["memories", "recall", "ada", "vegetarian", "--reinforce"],
+    );
+    let listed = json(
+        d,
+        &["memories", "list", "--agent", "ada", "--kind", "preference"],
+    );
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["recalls"], 1, "{listed}");
+
+    // Nine active memories: the gate allows 2 folds; one duplicate is folded.
+    let done = json(d, &["memories", "consolidate", "ada"]);
+    assert_eq!(
+        (done["active"].as_u64(), done["merged"].as_u64()),
+        (Some(9), Some(1)),
+        "{done}"
+    );
+    let folded = json(
+        d,
+        &["memories", "list", "--agent", "ada", "--status", "folded"],
+    );
+    assert_eq!(folded.as_array().unwrap().len(), 1, "{folded}");
+    assert_eq!(folded[0]["id"], again);
+    assert_eq!(folded[0]["folded_into"], walk);
+    let back = ok(d, &["memories", "restore", &walk]);
+    assert!(back.contains("1 memory back"), "{back}");
+    let folded = json(
+        d,
+        &["memories", "list", "--agent", "ada", "--status", "folded"],
+    );
+    assert!(folded.as_array().unwrap().is_empty(), "{folded}");
+
+    // Forgotten by id alone; a second time there is nothing to forget.
+    ok(d, &["memories", "forget", &veg]);
+    let listed = json(d, &["memories", "list", "--agent", "ada"]);
+    assert!(find(&listed, "id", &veg).is_none());
+    let gone = bad(d, &["memories", "forget", &veg]);
+    assert!(gone.contains("no agent has a memory"), "{gone}");
+    let reindexed = ok(d, &["memories", "reindex"]);
+    assert!(
+        reindexed.contains("ada: 0 memories embedded"),
+        "{reindexed}"
+    );
+}

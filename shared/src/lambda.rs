@@ -17,7 +17,7 @@ use crate::adapters::aws::SecretParameters;
 use crate::config::Env;
 use crate::domain::{Delivery, Retention};
 use crate::engine::{Dispatcher, PruneReport, SweepReport, Sweeper, Worker};
-use crate::ports::Store;
+use crate::ports::{SessionQueue, Store};
 
 /// What a function's set-up or handler fails with (`lambda_runtime::Error`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -204,9 +204,10 @@ pub fn is_retention(event: &CloudWatchEvent) -> bool {
     event.detail_type.as_deref() == Some(RETENTION_DETAIL_TYPE)
 }
 
-/// The retention pass failed: the agents could not be listed, or some agents' records
-/// could not be pruned (each logged; the rest were, and the next day's pass tries them
-/// again). The invocation fails so the function's error alarm sees it.
+/// The daily pass failed: the agents could not be listed, some agents' records could
+/// not be pruned (each logged; the rest were, and the next day's pass tries them again),
+/// or the consolidations could not be queued. The invocation fails so the function's
+/// error alarm sees it.
 #[derive(Debug, thiserror::Error)]
 pub enum PruneFailed {
     /// The store could not be read.
@@ -220,23 +221,47 @@ pub enum PruneFailed {
         /// Agents looked at.
         agents: u64,
     },
+    /// The memory consolidations could not be queued (the records were pruned).
+    #[error("the daily consolidation of memories could not be queued: {0}")]
+    Consolidations(#[source] crate::error::StoreError),
 }
 
-/// The daily scheduled event → the retention pass at `now` (see [`crate::engine::prune`]).
+/// What the daily pass did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DailyReport {
+    /// The retention pass.
+    #[serde(flatten)]
+    pub retention: PruneReport,
+    /// Agents whose memory consolidation was queued for the worker.
+    pub consolidations_queued: usize,
+}
+
+/// The daily scheduled event → the retention pass at `now` (see [`crate::engine::prune`]),
+/// and each agent's memory consolidation queued on the sessions queue for the worker,
+/// which has the model (see [`crate::engine::memory::queue_consolidations`]).
 pub async fn retention(
     store: &dyn Store,
+    queue: &dyn SessionQueue,
     retention: Retention,
     now: Timestamp,
-) -> Result<PruneReport, PruneFailed> {
+) -> Result<DailyReport, PruneFailed> {
+    let queued = crate::engine::memory::queue_consolidations(store, queue, now).await;
     let report = crate::engine::prune(store, retention, now, true).await?;
-    if report.failed.is_empty() {
-        Ok(report)
-    } else {
-        Err(PruneFailed::Agents {
+    if !report.failed.is_empty() {
+        return Err(PruneFailed::Agents {
             failed: report.failed.len(),
             agents: report.agents,
-        })
+        });
     }
+    let consolidations_queued = queued.map_err(PruneFailed::Consolidations)?;
+    info!(
+        agents = consolidations_queued,
+        "queued the daily consolidation of memories"
+    );
+    Ok(DailyReport {
+        retention: report,
+        consolidations_queued,
+    })
 }
 
 /// An SQS FIFO batch → the tasks run in order per group; the response lists the

@@ -131,7 +131,7 @@ async fn read(sim: &Sim) -> Result<Seen, SimError> {
         .iter()
         .filter_map(|(_, body)| match TaskEnvelope::decode(body).ok()?.task {
             SessionTask::Signal(job) => Some(job.signal.id),
-            SessionTask::Heartbeat(_) => None,
+            SessionTask::Heartbeat(_) | SessionTask::Consolidate(_) => None,
         })
         .collect();
     Ok(Seen {

@@ -66,12 +66,21 @@ async fn daily_retention(kind: Kind) {
     assert!(lambda::is_retention(
         &serde_json::from_value(event).unwrap()
     ));
-    let report = lambda::retention(b.store.as_ref(), "30d".parse().unwrap(), b.now())
-        .await
-        .unwrap();
+    let report = lambda::retention(
+        b.store.as_ref(),
+        b.queue.as_ref(),
+        "30d".parse().unwrap(),
+        b.now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        (report.agents, report.pruned.heartbeats),
-        (1, 1),
+        (
+            report.retention.agents,
+            report.retention.pruned.heartbeats,
+            report.consolidations_queued
+        ),
+        (1, 1, 1),
         "{report:?}"
     );
     let left = b.store.list_heartbeats(&agent.id, 10).await.unwrap();

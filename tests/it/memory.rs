@@ -505,3 +505,57 @@ async fn consolidation(kind: Kind) {
             .is_none()
     );
 }
+
+on_both_backends!(
+    the_daily_pass_queues_each_active_agents_consolidation_and_the_worker_runs_it,
+    daily_consolidation
+);
+async fn daily_consolidation(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (resting, _) = b.agent("resting", "15m").await;
+    let lifecycle = pulse_shared::engine::Lifecycle::new(
+        b.store.clone(),
+        b.clock.clone(),
+        pulse_tests::settings(),
+        None,
+    );
+    lifecycle.pause(&resting.id).await.unwrap();
+    let memories = Memories::new(
+        b.store.clone(),
+        Arc::new(pulse_shared::embed::OfflineEmbedder),
+    );
+    let mut batch = vec![
+        memory(&b, &agent, 0, "The user walks at dawn.", 0),
+        memory(&b, &agent, 1, "the user walks at DAWN", 0),
+    ];
+    for i in 2..8 {
+        batch.push(memory(&b, &agent, i, &format!("fact number {i}"), 0));
+    }
+    memories.remember(&agent.id, batch.clone()).await.unwrap();
+    let queued = pulse_shared::engine::memory::queue_consolidations(
+        b.store.as_ref(),
+        b.queue.as_ref(),
+        b.now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(queued, 1, "the paused agent waits");
+    let worker = b.connected().worker(
+        b.clock.clone(),
+        &pulse_tests::settings(),
+        &pulse_tests::offline_services(),
+    );
+    let ran = b.drain(&worker).await;
+    assert!(ran >= 1, "the worker ran the consolidation");
+    let folded: Vec<Memory> = b
+        .store
+        .all_memories(&agent.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.folded_into.is_some())
+        .collect();
+    assert_eq!(folded.len(), 1, "one duplicate folded: {folded:?}");
+    assert_eq!(folded[0].folded_into.as_ref(), Some(&batch[0].id));
+}

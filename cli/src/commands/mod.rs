@@ -84,9 +84,9 @@ impl Plan {
             Plan::Conversation(p) => p.writes(),
             Plan::Webhooks(p) => p.writes(),
             Plan::Hooks(p) => p.writes(),
+            Plan::Memories(p) => p.writes(),
             Plan::Heartbeats(_)
             | Plan::Actions(_)
-            | Plan::Memories(_)
             | Plan::Schedules(_)
             | Plan::Usage(_)
             | Plan::Prune(_)

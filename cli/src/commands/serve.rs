@@ -472,16 +472,22 @@ impl Loops<'_> {
     /// Hourly from the start until stopped: the retention pass (see
     /// [`pulse_shared::engine::prune`]) removes what is past its agent's retention, in batches of a few
     /// hundred rows each its own transaction, so receivers and workers wait a moment at
-    /// most; then the file gives the freed pages back.
+    /// most; then the file gives the freed pages back. At the start and every 24 hours it
+    /// queues the agents' memory consolidations first.
     async fn prune(&self) {
         let mut stop = self.stop.clone();
         let mut interval = tokio::time::interval(PRUNE_EVERY);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut hours = 0u64;
         while !*stop.borrow() {
             tokio::select! {
                 _ = interval.tick() => {}
                 _ = stop.changed() => break,
             }
+            if hours.is_multiple_of(24) {
+                self.queue_consolidations().await;
+            }
+            hours += 1;
             let pass = pulse_shared::engine::prune(
                 self.b.store.as_ref(),
                 self.config.retention,
@@ -491,6 +497,22 @@ impl Loops<'_> {
             // What went is logged by the pass, each agent it could not prune too.
             if let Err(e) = pass.await {
                 warn!(error = %chain(&e), "the retention pass failed; trying again in an hour");
+            }
+        }
+    }
+
+    /// Queues each agent's consolidation of its memories (at the start, then daily); the
+    /// worker runs them in the agents' sessions.
+    async fn queue_consolidations(&self) {
+        let queued = pulse_shared::engine::memory::queue_consolidations(
+            self.b.store.as_ref(),
+            self.b.queue.as_ref(),
+            self.clock.now(),
+        );
+        match queued.await {
+            Ok(n) => info!(agents = n, "queued the daily consolidation of memories"),
+            Err(e) => {
+                warn!(error = %chain(&e), "cannot queue the daily consolidation of memories; trying again tomorrow");
             }
         }
     }

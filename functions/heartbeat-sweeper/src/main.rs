@@ -1,6 +1,7 @@
 //! Lambda: EventBridge `rate(1 minute)` → one sweep: due heartbeats are claimed and their
 //! jobs queued on the sessions FIFO queue. Its daily event (`detail-type`
-//! `Pulse Retention`) runs the retention pass instead.
+//! `Pulse Retention`) runs the retention pass instead, and queues each agent's memory
+//! consolidation for the worker.
 
 use std::sync::Arc;
 
@@ -19,15 +20,16 @@ async fn main() -> Result<(), Error> {
         let config = vars.env().lambda()?;
         let connected = connect(&config, Arc::new(SystemClock)).await?;
         let sweeper = connected.sweeper(&config.engine);
-        Ok((sweeper, connected.store, config.retention))
+        Ok((sweeper, connected.store, connected.queue, config.retention))
     })
     .await?;
     run(service_fn(|event: LambdaEvent<CloudWatchEvent>| {
         metrics.around(async {
-            let (sweeper, store, retention) = ready.get().await?;
+            let (sweeper, store, queue, retention) = ready.get().await?;
             let now = jiff::Timestamp::now();
             if lambda::is_retention(&event.payload) {
-                let report = lambda::retention(store.as_ref(), *retention, now).await?;
+                let report =
+                    lambda::retention(store.as_ref(), queue.as_ref(), *retention, now).await?;
                 return Ok::<_, Error>(serde_json::to_value(report)?);
             }
             let report = lambda::sweep(sweeper, event.payload, now).await?;

@@ -60,8 +60,8 @@ pub use schedule::{
     MAX_NOTE_CHARS, SCHEDULE_MISSED, SCHEDULED, Schedule, ScheduleId, ScheduleRule, busiest_hour,
 };
 pub use task::{
-    DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask, SignalJob,
-    TASK_VERSION, TaskDecodeError, TaskEnvelope,
+    ConsolidateJob, DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask,
+    SignalJob, TASK_VERSION, TaskDecodeError, TaskEnvelope,
 };
 pub use time::{
     ActiveHours, Interval, Retention, TimeZoneName, format_duration, from_ms, parse_duration, to_ms,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::conversation::Signal;
 use super::heartbeat::Heartbeat;
-use super::ids::SessionId;
+use super::ids::{AgentId, SessionId};
 
 /// An opaque string a queue hands out, as a type of its own so one cannot be passed for
 /// another.
@@ -106,6 +106,18 @@ pub enum SessionTask {
     Heartbeat(HeartbeatJob),
     /// Answer a signal (a user message, a spoken heartbeat thought, a webhook).
     Signal(SignalJob),
+    /// Consolidate an agent's memories (the daily pass).
+    Consolidate(ConsolidateJob),
+}
+
+/// The daily consolidation of one agent's memories, run by the worker (which has the
+/// model and the embedder) in the agent's own session, after what was queued before it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConsolidateJob {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The day it was queued for (`2026-11-25`, UTC): one pass a day.
+    pub day: String,
 }
 
 /// A signal to answer.
@@ -206,6 +218,21 @@ impl OutgoingTask {
             group: signal.session.clone(),
             dedup_id: DedupId::new(signal.id.to_string()),
             envelope: TaskEnvelope::new(SessionTask::Signal(SignalJob { signal })),
+        }
+    }
+}
+
+impl OutgoingTask {
+    /// The message for `agent`'s consolidation on `day`; a second send the same day is
+    /// dropped within the queue's deduplication window.
+    pub fn consolidate(agent: &AgentId, day: &str) -> Self {
+        Self {
+            group: SessionId::for_agent(agent),
+            dedup_id: DedupId::new(format!("consolidate.{agent}.{day}")),
+            envelope: TaskEnvelope::new(SessionTask::Consolidate(ConsolidateJob {
+                agent_id: agent.clone(),
+                day: day.to_owned(),
+            })),
         }
     }
 }

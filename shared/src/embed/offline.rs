@@ -7,9 +7,19 @@ use crate::ports::{EmbedError, Embedder};
 /// Its dimensions.
 pub(super) const DIMENSIONS: usize = 256;
 
+/// English words too common to tell texts apart: they are left out of the vectors, so
+/// "what does the user eat" leans on "eat", not on "the".
+const STOP_WORDS: [&str; 48] = [
+    "a", "about", "an", "and", "are", "as", "at", "be", "been", "but", "by", "did", "do", "does",
+    "for", "from", "had", "has", "have", "he", "her", "his", "i", "in", "is", "it", "its", "me",
+    "my", "of", "on", "or", "our", "she", "so", "that", "the", "their", "they", "this", "to",
+    "was", "we", "were", "what", "which", "with", "you",
+];
+
 /// Deterministic vectors of a text's words (weight 1) and their character trigrams
 /// (weight 0.5, with the word's boundaries marked), each hashed (FNV-1a) to a dimension
-/// and a sign. Texts sharing words or spellings point the same way; meaning is not seen.
+/// and a sign; [`STOP_WORDS`] are left out (unless the text has no other word). Texts
+/// sharing words or spellings point the same way; meaning is not seen.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OfflineEmbedder;
 
@@ -23,10 +33,15 @@ impl OfflineEmbedder {
             let sign = if h >> 63 == 0 { 1.0 } else { -1.0 };
             v[i] += sign * weight;
         };
-        for word in text
+        let words: Vec<String> = text
             .split(|c: char| !c.is_alphanumeric())
             .filter(|w| !w.is_empty())
             .map(str::to_lowercase)
+            .collect();
+        let telling = words.iter().any(|w| !STOP_WORDS.contains(&w.as_str()));
+        for word in words
+            .into_iter()
+            .filter(|w| !telling || !STOP_WORDS.contains(&w.as_str()))
         {
             add(word.as_bytes(), 1.0);
             let marked: Vec<char> = std::iter::once('^')

@@ -14,7 +14,9 @@ use tracing::error;
 
 use super::conversation::Conversation;
 use super::heartbeat::HeartbeatRunner;
-use crate::domain::{Delivery, MessageId, SessionTask, Signal, TaskDecodeError, TaskEnvelope};
+use crate::domain::{
+    ConsolidateJob, Delivery, MessageId, SessionTask, Signal, TaskDecodeError, TaskEnvelope,
+};
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::SessionQueue;
 
@@ -120,6 +122,7 @@ impl Worker {
                             }
                             (signals.len(), self.answer(&signals).await)
                         }
+                        SessionTask::Consolidate(job) => (1, self.consolidate(&job).await),
                     },
                 };
             if let Err(why) = result {
@@ -144,6 +147,14 @@ impl Worker {
             return Err(TaskError::NoConversation);
         };
         conversation.run(signals).await?;
+        Ok(())
+    }
+
+    async fn consolidate(&self, job: &ConsolidateJob) -> Result<(), TaskError> {
+        let Some(conversation) = &self.conversation else {
+            return Err(TaskError::NoConversation);
+        };
+        conversation.consolidate(job).await?;
         Ok(())
     }
 

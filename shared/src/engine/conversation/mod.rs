@@ -35,8 +35,8 @@ use jiff::Timestamp;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::domain::{
-    Agent, AgentId, ChatMessage, MESSAGE_LIMIT, Signal, SignalId, SignalKind, Spend, Turn, TurnId,
-    TurnStatus, split_message,
+    Agent, AgentId, ChatMessage, ConsolidateJob, MESSAGE_LIMIT, Signal, SignalId, SignalKind,
+    Spend, Turn, TurnId, TurnStatus, split_message,
 };
 use crate::engine::{budget, memory};
 use crate::error::EngineError;
@@ -125,6 +125,28 @@ impl Conversation {
     pub fn with_hooks(mut self, emitter: crate::engine::hooks::HookEmitter) -> Self {
         self.hooks = Some(emitter);
         self
+    }
+
+    /// Runs an agent's daily consolidation of its memories ([`memory::consolidate`]),
+    /// summarizing with its model; an agent deleted since the job was queued has none.
+    pub async fn consolidate(&self, job: &ConsolidateJob) -> Result<(), EngineError> {
+        let Some(agent) = self.store.get_agent(&job.agent_id).await? else {
+            return Ok(());
+        };
+        let beat = memory::beat_now(self.store.as_ref(), &agent.id).await?;
+        let done = memory::consolidate::consolidate(
+            &self.memories,
+            self.store.as_ref(),
+            Some(self.llm.as_ref()),
+            &agent,
+            beat,
+            self.clock.now(),
+        )
+        .await?;
+        if let Some(why) = &done.no_summary {
+            info!(agent_id = %agent.id, reason = %why, "no summary of faded episodes in this consolidation");
+        }
+        Ok(())
     }
 
     /// Answers consecutive signals of one session with one turn. An `Err` means the

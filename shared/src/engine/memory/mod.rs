@@ -15,9 +15,11 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::domain::{
-    Agent, HeartbeatId, Memory, MemoryId, MemoryKind, MemorySource, MemoryStatus, ToolSpec, ToolUse,
+    Agent, AgentId, HeartbeatId, Memory, MemoryId, MemoryKind, MemorySource, MemoryStatus,
+    OutgoingTask, ToolSpec, ToolUse,
 };
-use crate::error::chain;
+use crate::error::{StoreError, chain};
+use crate::ports::{SessionQueue, Store};
 
 /// Most tokens (estimated at 4 characters a token) of the memories a prompt carries.
 pub const PROMPT_TOKENS: usize = 500;
@@ -168,7 +170,7 @@ pub async fn known(
     beat: u64,
     tokens: usize,
     now: Timestamp,
-) -> Result<Option<String>, crate::error::StoreError> {
+) -> Result<Option<String>, StoreError> {
     let recall = Recall {
         query: about.to_owned(),
         beat,
@@ -189,6 +191,42 @@ pub async fn known(
         }
     }
     Ok(frames(&shown, tokens))
+}
+
+/// The beat `agent` is at: its newest heartbeat's, or the one before it when that one
+/// has not started yet (0 before its first heartbeat). Weights fade by it.
+pub async fn beat_now(store: &dyn Store, agent: &AgentId) -> Result<u64, StoreError> {
+    let newest = store.heartbeats_page(agent, None, 1).await?;
+    Ok(newest.first().map_or(0, |h| {
+        if h.started_at.is_some() {
+            h.beat
+        } else {
+            h.beat.saturating_sub(1)
+        }
+    }))
+}
+
+/// Queues the day's consolidation of every agent that is not paused (a paused agent's
+/// memories do not fade: its beats stand still), each in the agent's own session so the
+/// worker runs it after what was queued before; a second call the same day is dropped by
+/// the queue's deduplication within its window. Returns how many were queued.
+pub async fn queue_consolidations(
+    store: &dyn Store,
+    queue: &dyn SessionQueue,
+    now: Timestamp,
+) -> Result<usize, StoreError> {
+    let day = now.strftime("%Y-%m-%d").to_string();
+    let tasks: Vec<OutgoingTask> = store
+        .list_agents()
+        .await?
+        .iter()
+        .filter(|a| !a.is_paused())
+        .map(|a| OutgoingTask::consolidate(&a.id, &day))
+        .collect();
+    for chunk in tasks.chunks(10) {
+        queue.send(chunk).await?;
+    }
+    Ok(tasks.len())
 }
 
 /// Frames of `memories`, in order, while they fit in `tokens`.
