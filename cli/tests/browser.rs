@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, json};
+use common::{free_port, json, ok};
 use fantoccini::{Client, ClientBuilder, Locator};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -319,6 +319,24 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         json(&d, &["agents", "show", &agent])["agent"]["llm"]["vision"],
         false
     );
+
+    // Memories: given from the terminal, searched from the Memories tab as the agent
+    // recalls.
+    for (text, kind) in [
+        ("The user is vegetarian and never eats meat", "preference"),
+        ("The user walks the dog at dawn", "fact"),
+        ("Lunch with Ana on Friday went well", "episode"),
+    ] {
+        ok(&d, &["memories", "add", &agent, text, "--kind", kind]);
+    }
+    c.goto(&format!("{base}/ui/agents/{agent}/memories"))
+        .await
+        .unwrap();
+    expect_text(&c, "table.memories", "walks the dog").await;
+    type_into(&c, Locator::Css("#q"), "what does the user eat?").await;
+    click(&c, Locator::Css("form.search button")).await;
+    expect_text(&c, "table.memories tbody tr:first-child", "vegetarian").await;
+    screenshot(&c, &d, "memories").await;
 
     c.goto(&format!("{base}/ui/")).await.unwrap();
     expect_text(&c, "td", "paused").await;

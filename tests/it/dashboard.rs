@@ -33,7 +33,7 @@ async fn ui_within(kind: Kind, access: Access, limits: ServeLimits) -> Ui {
         &b.connected(),
         b.clock.clone(),
         &settings(),
-        &pulse_tests::test_egress(),
+        &pulse_tests::offline_services(),
         access,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -904,9 +904,51 @@ async fn mind_tabs(kind: Kind) {
         "{}",
         talk.body
     );
+    u.b.store
+        .remember(&[Memory::new(
+            MemoryId::derived(2, &["dog"]),
+            &agent.id,
+            "walks the dog at dawn",
+            0,
+            u.b.now(),
+        )
+        .unwrap()])
+        .await
+        .unwrap();
     let kept = u.get(&format!("{base}/memories")).await.body;
-    assert!(kept.contains("likes green tea"));
-    assert!(kept.contains("<td>conversation</td>"), "{kept}");
+    assert!(kept.contains("likes green tea") && kept.contains("2 memories, newest first"));
+    assert!(
+        kept.contains(r#"<span class="status active">active</span>"#)
+            && kept.contains("<td>fact</td>")
+            && kept.contains(r#"value="1.00""#),
+        "kind, state and weight: {kept}"
+    );
+    // The search runs the agent's recall: what matches first, with its score; a look
+    // reinforces nothing.
+    let found = u.get(&format!("{base}/memories?q=green+tea")).await;
+    assert_eq!(found.status, 200);
+    let (tea, dog) = (
+        found.body.find("likes green tea").unwrap(),
+        found.body.find("walks the dog").unwrap_or(usize::MAX),
+    );
+    assert!(tea < dog, "{}", found.body);
+    assert!(found.body.contains("<th>Match</th>"), "{}", found.body);
+    assert!(
+        u.b.store
+            .all_memories(&agent.id)
+            .await
+            .unwrap()
+            .iter()
+            .all(|m| m.recalls == 0)
+    );
+    let none = u
+        .get(&format!("{base}/memories?q=&state=suspended&kind=fact"))
+        .await;
+    assert!(none.body.contains("Nothing matches."), "{}", none.body);
+    assert_eq!(
+        u.get(&format!("{base}/memories?state=asleep")).await.status,
+        400
+    );
     let tools = u.get(&format!("{base}/tools")).await;
     assert!(tools.body.contains("heartbeat-agent") && tools.body.contains("HEARTBEAT"));
 

@@ -22,8 +22,8 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use pulse_egress::Egress;
-use pulse_shared::app::Connected;
+use pulse_shared::app::{Connected, Services};
+use pulse_shared::engine::memory::Memories;
 use pulse_shared::engine::{
     DispatchSettings, Dispatcher, EngineSettings, Lifecycle, LifecycleError,
 };
@@ -43,24 +43,28 @@ pub(crate) struct Inner {
     pub(crate) dispatcher: Option<Dispatcher>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) guard: security::Guard,
+    /// Recalls as the agents do, for the Memories tab's search.
+    pub(crate) memories: Arc<Memories>,
 }
 
 impl Dashboard {
     /// The dashboard over a connected backend, reached as `access` says; hook tests and
-    /// replays go out through `egress`.
+    /// replays go out through the services' egress, and memory searches embed with their
+    /// embedder.
     pub fn new(
         b: &Connected,
         clock: Arc<dyn Clock>,
         settings: &EngineSettings,
-        egress: &Egress,
+        services: &Services,
         access: Access,
     ) -> Self {
         Self(Arc::new(Inner {
             store: b.store.clone(),
             lifecycle: b.lifecycle(clock.clone(), settings),
-            dispatcher: b.dispatcher(clock.clone(), egress, DispatchSettings::default()),
+            dispatcher: b.dispatcher(clock.clone(), &services.egress, DispatchSettings::default()),
             clock,
             guard: security::Guard::new(access),
+            memories: b.memories(services),
         }))
     }
 

@@ -50,7 +50,7 @@ pub(crate) async fn dashboard(
         &b,
         clock.clone(),
         &config.engine,
-        &pulse_shared::app::egress(&config),
+        &pulse_shared::app::Services::offline(pulse_shared::app::egress(&config)),
         Access::Open,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

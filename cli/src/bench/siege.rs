@@ -100,7 +100,7 @@ pub(crate) async fn siege(s: Siege, out: &Out) -> Result<(), Failure> {
         &backend,
         clock.clone(),
         &config.engine,
-        &pulse_shared::app::egress(&config),
+        &pulse_shared::app::Services::offline(pulse_shared::app::egress(&config)),
         pulse_ui::Access::Open,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -50,7 +50,7 @@ pub(crate) async fn execute(plan: DashboardPlan, cx: &Ctx<'_>) -> Result<(), Fai
         cx.b,
         cx.clock.clone(),
         &cx.config.engine,
-        &pulse_shared::app::egress(cx.config),
+        &pulse_shared::app::Services::from_config(cx.config),
         plan.access,
     );
     eprintln!("dashboard at http://{addr}/ui/ (Ctrl-C stops it)");
@@ -73,8 +73,8 @@ pub(crate) fn beside_receiver(
     match Access::for_listener(addr, token) {
         Ok(access) => {
             info!(url = %format!("http://{addr}/ui/"), "dashboard");
-            let egress = pulse_shared::app::egress(config);
-            Some(Dashboard::new(b, clock, &config.engine, &egress, access).router())
+            let services = pulse_shared::app::Services::from_config(config);
+            Some(Dashboard::new(b, clock, &config.engine, &services, access).router())
         }
         Err(why) => {
             warn!("the dashboard is not served on this listener: {why}");

@@ -1,14 +1,19 @@
 //! An agent's Conversation, Memories and Tools tabs: what it said and heard, what it
 //! remembers, and the tools that run on its events.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::Redirect;
 use maud::{Markup, html};
-use pulse_shared::domain::{Role, SubscriptionId, ToolName, builtin_tools};
+use pulse_shared::domain::{
+    DEFAULT_MEMORY_HALF_LIFE, Memory, MemoryKind, MemoryStatus, Role, SubscriptionId, ToolName,
+    builtin_tools,
+};
 use pulse_shared::engine;
+use pulse_shared::engine::memory::Recall;
+use serde::Deserialize;
 
 use super::agent_of;
-use crate::layout::{Tab, agent_page, ago, badge, button, empty};
+use crate::layout::{Tab, agent_page, ago, badge, button, empty, short};
 use crate::{Dashboard, Problem};
 
 /// Messages and memories shown.
@@ -65,29 +70,165 @@ pub(crate) async fn conversation(
     ))
 }
 
-/// `GET /ui/agents/{id}/memories`.
+/// The Memories tab's search and filters.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct MemoryView {
+    /// A recall to run (by meaning and words, as the agent's own).
+    #[serde(default)]
+    q: Option<String>,
+    /// `active`, `suspended` or `folded`.
+    #[serde(default)]
+    state: Option<String>,
+    /// A kind.
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+/// One row of the Memories tab.
+struct Row {
+    memory: Memory,
+    state: &'static str,
+    weight: f32,
+    /// The recall's match score, when searching.
+    matched: Option<f32>,
+}
+
+fn state_of(m: &Memory, status: MemoryStatus) -> &'static str {
+    match (&m.folded_into, status) {
+        (Some(_), _) => "folded",
+        (None, MemoryStatus::Active) => "active",
+        (None, MemoryStatus::Suspended) => "suspended",
+    }
+}
+
+/// `GET /ui/agents/{id}/memories`: what the agent remembers, newest first, with kind,
+/// state and weight; `?q=` runs the agent's recall (without reinforcing: looking is not
+/// remembering) and shows what it finds, best first, with the match score.
 pub(crate) async fn memories(
     State(d): State<Dashboard>,
     Path(id): Path<String>,
+    Query(view): Query<MemoryView>,
 ) -> Result<Markup, Problem> {
     let agent = agent_of(&d, &id).await?;
     let now = d.0.clock.now();
-    let memories = d.0.store.memories(&agent.id, ROWS).await?;
+    let beat = engine::memory::beat_now(d.0.store.as_ref(), &agent.id).await?;
+    let half_life = agent.memory_half_life_beats();
+    let query = view.q.as_deref().map(str::trim).filter(|q| !q.is_empty());
+    let kind = match view.kind.as_deref().filter(|k| !k.is_empty()) {
+        Some(k) => Some(MemoryKind::parse(k).map_err(|e| Problem::Invalid(e.to_string()))?),
+        None => None,
+    };
+    let state = view.state.as_deref().filter(|s| !s.is_empty());
+    if let Some(s) = state
+        && !["active", "suspended", "folded"].contains(&s)
+    {
+        return Err(Problem::Invalid(format!(
+            "state {:?}: give active, suspended or folded",
+            s.escape_debug().to_string()
+        )));
+    }
+    let rows: Vec<Row> = match query {
+        Some(q) => {
+            let recall = Recall {
+                limit: 20,
+                reinforce: false,
+                skip_folded: false,
+                ..Recall::for_model(q, beat)
+            };
+            d.0.memories
+                .recall(&agent, &recall, now)
+                .await?
+                .into_iter()
+                .map(|f| Row {
+                    state: state_of(&f.memory, f.status),
+                    weight: f.weight,
+                    matched: Some(f.score),
+                    memory: f.memory,
+                })
+                .collect()
+        }
+        None => {
+            let mut all = d.0.memories.all(&agent.id).await?;
+            all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+            all.into_iter()
+                .map(|m| Row {
+                    state: state_of(&m, m.status_at(beat, half_life)),
+                    weight: m.weight_at(beat, half_life),
+                    matched: None,
+                    memory: m,
+                })
+                .collect()
+        }
+    };
+    let total = rows.len();
+    let rows: Vec<Row> = rows
+        .into_iter()
+        .filter(|r| state.is_none_or(|s| s == r.state))
+        .filter(|r| kind.is_none_or(|k| k == r.memory.kind))
+        .take(ROWS)
+        .collect();
+    let search = html! {
+        form.card.search method="get" action={"/ui/agents/" (agent.id) "/memories"} {
+            label for="q" { "Recall " }
+            input #q name="q" type="search" value=(query.unwrap_or("")) placeholder="what does the user eat?";
+            label for="state" { "State " }
+            select #state name="state" {
+                option value="" selected[state.is_none()] { "any" }
+                @for s in ["active", "suspended", "folded"] {
+                    option value=(s) selected[state == Some(s)] { (s) }
+                }
+            }
+            label for="kind" { "Kind " }
+            select #kind name="kind" {
+                option value="" selected[kind.is_none()] { "any" }
+                @for k in MemoryKind::ALL {
+                    option value=(k.as_str()) selected[kind == Some(k)] { (k.as_str()) }
+                }
+            }
+            button.quiet type="submit" { "Search" }
+        }
+    };
+    let model = d.0.memories.model().to_owned();
     Ok(agent_page(
         &agent,
         Tab::Memories,
         html! {
-            @if memories.is_empty() {
-                (empty("No memories yet: the heartbeat agent and the conversation keep them with their remember tool; list them with", &format!("pulse memories list --agent {}", agent.id)))
+            (search)
+            p.muted {
+                @if let Some(q) = query {
+                    "What a recall of " strong { (format!("{q:?}")) } " finds, best first (a look: nothing is reinforced). "
+                } @else {
+                    (total) " memories, newest first. "
+                }
+                "Weights fade with the agent's beats (half-life " (format!("{:#}", agent.memory_half_life.map_or(DEFAULT_MEMORY_HALF_LIFE, |h| h.duration()))) " of beats, " (half_life) " beats) and come back when recalled; under 0.1 a memory is suspended. Embedded with " code { (model) }
+                @if model.starts_with("offline") { ", which matches words, not meaning" }
+                "."
+            }
+            @if rows.is_empty() {
+                @if total == 0 && query.is_none() {
+                    (empty("No memories yet: the agent keeps them with its remember tool, REMEMBER events bring them, and you can give it one with", &format!("pulse memories add {} \"The user is vegetarian\"", agent.name)))
+                } @else {
+                    p.empty { "Nothing matches." }
+                }
             } @else {
-                div.scroll { table {
-                    thead { tr { th { "Memory" } th { "When" } th { "Kept by" } } }
-                    tbody { @for m in &memories { tr {
+                div.scroll { table.memories {
+                    thead { tr {
+                        th { "Memory" }
+                        @if query.is_some() { th { "Match" } }
+                        th { "Kind" } th { "State" } th { "Weight" } th { "Importance" } th { "Recalled" } th { "From" } th { "Kept" }
+                    } }
+                    tbody { @for r in &rows { @let m = &r.memory; tr id=(m.id) {
                         td.wrap { (m.text) }
+                        @if let Some(x) = r.matched { td { (format!("{x:.2}")) } }
+                        td { (m.kind.as_str()) }
+                        td { (badge(r.state)) @if let Some(into) = &m.folded_into { " into " code { (short(into.as_str(), 14)) } } }
+                        td { meter min="0" max="1" value=(format!("{:.2}", r.weight)) {} " " (format!("{:.2}", r.weight)) }
+                        td { (format!("{:.2}", m.importance)) }
+                        td { @if m.recalls == 0 { "never" } @else { (m.recalls) "× · " (ago(now, m.recalled_at)) } }
+                        td { (m.source.as_str()) @if let Some(h) = &m.heartbeat_id {
+                            " · " a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat())} { "#" (h.beat()) }
+                        } }
                         td { (ago(now, Some(m.created_at))) }
-                        td { @if let Some(h) = &m.heartbeat_id {
-                            "heartbeat " a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat())} { "#" (h.beat()) }
-                        } @else { "conversation" } }
                     } } }
                 } }
             }
