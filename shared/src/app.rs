@@ -103,7 +103,9 @@ impl Connected {
     /// The agents' memories, embedded by the services' embedder, with a cache of recall
     /// indexes of their own.
     pub fn memories(&self, services: &Services) -> Arc<Memories> {
-        Arc::new(Memories::new(self.store.clone(), services.embedder.clone()))
+        Arc::new(
+            Memories::new(self.store.clone(), services.embedder.clone()).with_cache(memory_cache()),
+        )
     }
 
     /// Every tool: HTTP tools through the egress guard, and the heartbeat agent (keeping
@@ -234,6 +236,16 @@ impl Services {
             embedder: crate::embed::from_config(&config.embed),
         }
     }
+}
+
+/// The bytes the recall indexes may take: 40 % of a Lambda function's memory (as Lambda
+/// says it in `AWS_LAMBDA_FUNCTION_MEMORY_SIZE`, in MB), else
+/// [`crate::engine::memory::CACHE_BYTES`].
+fn memory_cache() -> usize {
+    std::env::var("AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+        .ok()
+        .and_then(|mb| mb.parse::<usize>().ok())
+        .map_or(crate::engine::memory::CACHE_BYTES, |mb| (mb << 20) / 10 * 4)
 }
 
 /// Connects the backend the configuration names. Opening SQLite creates and migrates the

@@ -150,7 +150,6 @@ faulty!(MemoryStore {
     fn memory_version(&self, agent: &AgentId) -> u64;
     fn reinforce(&self, memories: &[Memory]) -> ();
     fn forget(&self, agent: &AgentId, id: &MemoryId) -> bool;
-    fn match_words(&self, agent: &AgentId, query: &str, limit: usize) -> Option<Vec<(MemoryId, f32)>>;
 });
 
 faulty!(ScheduleStore {

@@ -228,28 +228,6 @@ async fn memories(kind: Kind) {
     assert!(b.store.forget(&agent.id, &all[2].id).await.unwrap());
     assert!(!b.store.forget(&agent.id, &all[2].id).await.unwrap());
     assert_eq!(b.store.memory_version(&agent.id).await.unwrap(), 3);
-    // Words: SQLite scores them (FTS5), DynamoDB leaves them to the recall index.
-    let words = b
-        .store
-        .match_words(&agent.id, "vegetarian OR \"x\" NEAR(", 10)
-        .await
-        .unwrap();
-    match kind {
-        Kind::Sqlite => {
-            let words = words.unwrap();
-            assert_eq!(words.len(), 1, "{words:?}");
-            assert_eq!(words[0].0, first.id);
-            assert!(words[0].1 > 0.0);
-            let said = b
-                .store
-                .match_words(&agent.id, "said", 10)
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(said.len(), 1, "the replaced text is the one indexed");
-        }
-        Kind::Aws => assert!(words.is_none()),
-    }
     // Deleting the agent takes them all.
     b.store.purge_agent(&agent.id, true).await.unwrap();
     assert!(b.store.all_memories(&agent.id).await.unwrap().is_empty());

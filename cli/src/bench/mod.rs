@@ -5,6 +5,7 @@
 mod coldstart;
 mod dashboard;
 mod hooks;
+mod recall;
 mod receive;
 mod retention;
 mod siege;
@@ -97,6 +98,23 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value = "20s", value_name = "DURATION")]
         hold: String,
     },
+    /// One agent with many memories recalled as the model recalls: on SQLite at 1,536
+    /// dimensions and with the offline embedder (256), the cold recall, p50/p99 warm and
+    /// resident memory; on an emulator, the DynamoDB requests of a warm recall.
+    Recall {
+        /// Memories of the agent.
+        #[arg(long, default_value_t = 100_000)]
+        memories: usize,
+        /// Warm recalls timed.
+        #[arg(long, default_value_t = 300)]
+        recalls: usize,
+        /// An AWS emulator (e.g. moto) to count the requests of a warm recall on.
+        #[arg(long, value_name = "URL")]
+        aws_endpoint: Option<String>,
+        /// Memories on the emulator (the requests per warm recall do not depend on it).
+        #[arg(long, default_value_t = 2_000)]
+        aws_memories: usize,
+    },
     /// One agent at 15 minutes for a year of simulated time on SQLite (an event and a
     /// heartbeat a beat, a conversation turn a day), then the retention pass: the file
     /// before and after.
@@ -125,6 +143,12 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         BenchCmd::Coldstart { runs, bin_dir } => coldstart::coldstart(runs, bin_dir, out).await,
         BenchCmd::Turn { history, turns } => sweep::turn(&history, turns, out).await,
         BenchCmd::Retention { beats } => retention::retention(beats, out).await,
+        BenchCmd::Recall {
+            memories,
+            recalls,
+            aws_endpoint,
+            aws_memories,
+        } => recall::recall(memories, recalls, aws_endpoint, aws_memories, out).await,
         BenchCmd::Siege {
             slowloris,
             streams,

@@ -116,6 +116,32 @@ impl MemorySource {
     }
 }
 
+/// English words too common to tell texts apart: the offline embedder leaves them out of
+/// its vectors and a recall out of its word search, so "what does the user eat" leans
+/// on "eat", not on "the".
+pub const STOP_WORDS: [&str; 48] = [
+    "a", "about", "an", "and", "are", "as", "at", "be", "been", "but", "by", "did", "do", "does",
+    "for", "from", "had", "has", "have", "he", "her", "his", "i", "in", "is", "it", "its", "me",
+    "my", "of", "on", "or", "our", "she", "so", "that", "the", "their", "they", "this", "to",
+    "was", "we", "were", "what", "which", "with", "you",
+];
+
+/// The words of a query that tell memories apart: its words, lower-cased, without
+/// [`STOP_WORDS`] (all of them, when it has no other word).
+pub fn telling_words(query: &str) -> Vec<String> {
+    let all: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let telling: Vec<String> = all
+        .iter()
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
+        .cloned()
+        .collect();
+    if telling.is_empty() { all } else { telling }
+}
+
 /// A memory's vector: unit length, quantized to signed bytes (×127), and the model that
 /// made it. Vectors of different models are never compared.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,18 +172,38 @@ impl Embedding {
         if a.len() != b.len() {
             return 0.0;
         }
-        let (mut dot, mut na, mut nb) = (0i64, 0i64, 0i64);
-        for (x, y) in a.iter().zip(b) {
-            let (x, y) = (i64::from(*x), i64::from(*y));
-            dot += x * y;
-            na += x * x;
-            nb += y * y;
-        }
+        let (na, nb) = (dot_i8(a, a), dot_i8(b, b));
         if na == 0 || nb == 0 {
             return 0.0;
         }
-        dot as f32 / ((na as f32).sqrt() * (nb as f32).sqrt())
+        dot_i8(a, b) as f32 / ((na as f32).sqrt() * (nb as f32).sqrt())
     }
+}
+
+/// The dot product of two quantized vectors (over the shorter's length), 16 bytes at a
+/// time: each 16 bytes are read as eight 16-bit lanes, whose high and low bytes are
+/// sign-extended by shifts and multiplied pairwise with a widening multiply-add (SSE2's
+/// `pmaddwd`; NEON's `smull` and pairwise add). Vectors of up to 66,000 dimensions
+/// cannot overflow (127 × 127 × 2 per lane and step).
+pub fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    use wide::{i16x8, i32x4};
+    let n = a.len().min(b.len());
+    let (x, y): (&[u8], &[u8]) = (bytemuck::cast_slice(&a[..n]), bytemuck::cast_slice(&b[..n]));
+    let mut acc = i32x4::default();
+    let whole = n - n % 16;
+    for at in (0..whole).step_by(16) {
+        let p: i16x8 = bytemuck::pod_read_unaligned(&x[at..at + 16]);
+        let q: i16x8 = bytemuck::pod_read_unaligned(&y[at..at + 16]);
+        let (p_high, q_high): (i16x8, i16x8) = (p >> 8u32, q >> 8u32);
+        let (p_low, q_low): (i16x8, i16x8) = ((p << 8u32) >> 8u32, (q << 8u32) >> 8u32);
+        acc += p_high.dot(q_high);
+        acc += p_low.dot(q_low);
+    }
+    let mut sum: i32 = acc.to_array().iter().sum();
+    for i in whole..n {
+        sum += i32::from(a[i]) * i32::from(b[i]);
+    }
+    sum
 }
 
 /// Something an agent remembers.
@@ -314,6 +360,36 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_simd_dot_product_is_the_plain_one_for_every_length_and_extreme_values() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 32) as u8 as i8
+        };
+        for n in [0, 1, 15, 16, 17, 31, 256, 1000, 1536, 3072] {
+            let a: Vec<i8> = (0..n).map(|_| next()).collect();
+            let b: Vec<i8> = (0..n).map(|_| next()).collect();
+            let plain: i32 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| i32::from(*x) * i32::from(*y))
+                .sum();
+            assert_eq!(dot_i8(&a, &b), plain, "{n} dimensions");
+        }
+        let low = vec![-128i8; 3072];
+        let high = vec![127i8; 3072];
+        assert_eq!(dot_i8(&low, &low), 128 * 128 * 3072);
+        assert_eq!(dot_i8(&low, &high), -128 * 127 * 3072);
+        assert_eq!(
+            dot_i8(&high[..5], &high),
+            127 * 127 * 5,
+            "the shorter's length"
+        );
+    }
 
     #[test]
     fn a_memory_fades_by_half_each_half_life_and_a_recall_brings_it_back() {

@@ -51,7 +51,7 @@ pub use ids::{
 };
 pub use memory::{
     Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus, REMEMBER,
-    SUSPENDED_BELOW,
+    STOP_WORDS, SUSPENDED_BELOW, dot_i8, telling_words,
 };
 pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};

@@ -2,19 +2,11 @@
 
 use async_trait::async_trait;
 
+use crate::domain::STOP_WORDS;
 use crate::ports::{EmbedError, Embedder};
 
 /// Its dimensions.
 pub(super) const DIMENSIONS: usize = 256;
-
-/// English words too common to tell texts apart: they are left out of the vectors, so
-/// "what does the user eat" leans on "eat", not on "the".
-const STOP_WORDS: [&str; 48] = [
-    "a", "about", "an", "and", "are", "as", "at", "be", "been", "but", "by", "did", "do", "does",
-    "for", "from", "had", "has", "have", "he", "her", "his", "i", "in", "is", "it", "its", "me",
-    "my", "of", "on", "or", "our", "she", "so", "that", "the", "their", "they", "this", "to",
-    "was", "we", "were", "what", "which", "with", "you",
-];
 
 /// Deterministic vectors of a text's words (weight 1) and their character trigrams
 /// (weight 0.5, with the word's boundaries marked), each hashed (FNV-1a) to a dimension

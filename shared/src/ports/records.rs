@@ -155,18 +155,6 @@ pub trait MemoryStore: Send + Sync {
     async fn reinforce(&self, memories: &[Memory]) -> Result<(), StoreError>;
     /// Deletes a memory; `false` if there was none. Bumps the version.
     async fn forget(&self, agent: &AgentId, id: &MemoryId) -> Result<bool, StoreError>;
-    /// The agent's memories that match `query`'s words, best first, with their BM25
-    /// scores (higher is better), when the store keeps a word index (SQLite's FTS5);
-    /// `None` when it does not, and the caller scores words itself.
-    async fn match_words(
-        &self,
-        agent: &AgentId,
-        query: &str,
-        limit: usize,
-    ) -> Result<Option<Vec<(MemoryId, f32)>>, StoreError> {
-        let _ = (agent, query, limit);
-        Ok(None)
-    }
 }
 
 /// Inbound webhooks, their request log, delivery ids and rate counters.

@@ -54,6 +54,17 @@ fn bump(tx: &Transaction<'_>, agent: &str) -> rusqlite::Result<usize> {
     )
 }
 
+/// Writes one memory (replacing the one with its id).
+fn write_memory(tx: &Transaction<'_>, m: &Memory) -> rusqlite::Result<()> {
+    let (vector, model) = vector_of(m);
+    tx.exec(
+        "INSERT OR REPLACE INTO memories (agent_id, id, doc, vector, vector_model)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![m.agent_id.as_str(), m.id.as_str(), to_doc(m), vector, model],
+    )?;
+    Ok(())
+}
+
 fn vector_of(m: &Memory) -> (Option<Vec<u8>>, Option<&str>) {
     match &m.embedding {
         Some(e) => (
@@ -79,23 +90,7 @@ impl MemoryStore for SqliteStore {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(&op)?;
                 for m in &memories {
-                    let (vector, model) = vector_of(m);
-                    tx.exec(
-                        "INSERT OR REPLACE INTO memories (agent_id, id, doc, vector, vector_model)
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![m.agent_id.as_str(), m.id.as_str(), to_doc(m), vector, model],
-                    )
-                    .map_err(&op)?;
-                    tx.exec(
-                        "DELETE FROM memories_fts WHERE agent_id = ?1 AND id = ?2",
-                        params![m.agent_id.as_str(), m.id.as_str()],
-                    )
-                    .map_err(&op)?;
-                    tx.exec(
-                        "INSERT INTO memories_fts (text, agent_id, id) VALUES (?1, ?2, ?3)",
-                        params![m.text, m.agent_id.as_str(), m.id.as_str()],
-                    )
-                    .map_err(&op)?;
+                    write_memory(&tx, m).map_err(&op)?;
                 }
                 bump(&tx, &agent).map_err(&op)?;
                 tx.commit().map_err(&op)?;
@@ -209,57 +204,10 @@ impl MemoryStore for SqliteStore {
                     )
                     .map_err(&op)?;
                 if n > 0 {
-                    tx.exec(
-                        "DELETE FROM memories_fts WHERE agent_id = ?1 AND id = ?2",
-                        params![agent, id],
-                    )
-                    .map_err(&op)?;
                     bump(&tx, &agent).map_err(&op)?;
                 }
                 tx.commit().map_err(&op)?;
                 Ok(n > 0)
-            })
-            .await
-    }
-
-    async fn match_words(
-        &self,
-        agent: &AgentId,
-        query: &str,
-        limit: usize,
-    ) -> Result<Option<Vec<(MemoryId, f32)>>, StoreError> {
-        // Each word quoted: FTS5 syntax in the query is read as words, nothing else.
-        let terms: Vec<String> = query
-            .split(|c: char| !c.is_alphanumeric())
-            .filter(|w| !w.is_empty())
-            .map(|w| format!("\"{w}\""))
-            .collect();
-        if terms.is_empty() {
-            return Ok(Some(Vec::new()));
-        }
-        let (agent, expr) = (agent.to_string(), terms.join(" OR "));
-        self.db
-            .call("match memories", move |conn| {
-                let op = sqlite_err("match memories");
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT id, bm25(memories_fts) FROM memories_fts
-                         WHERE memories_fts MATCH ?1 AND agent_id = ?2
-                         ORDER BY bm25(memories_fts) LIMIT ?3",
-                    )
-                    .map_err(&op)?;
-                let rows = stmt
-                    .query_map(params![expr, agent, limit as i64], |r| {
-                        Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
-                    })
-                    .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                    .map_err(&op)?;
-                // FTS5's bm25() is lower-better and negative: its opposite is the score.
-                Ok(Some(
-                    rows.into_iter()
-                        .filter_map(|(id, s)| MemoryId::parse(&id).ok().map(|id| (id, -s as f32)))
-                        .collect(),
-                ))
             })
             .await
     }

@@ -99,8 +99,8 @@ pub(super) fn purge(
         *count(&mut footprint) += n;
     }
     if apply {
-        // The memories' word index and version go with them (counted as memories).
-        for table in ["memories_fts", "memory_versions", "discord_channels"] {
+        // The memories' version goes with them (counted as memories).
+        for table in ["memory_versions", "discord_channels"] {
             tx.exec(
                 &format!("DELETE FROM {table} WHERE agent_id = ?1"),
                 [id.as_str()],

@@ -285,8 +285,8 @@ CREATE TRIGGER subscriptions_delete AFTER DELETE ON subscriptions
     BEGIN UPDATE registry_version SET version = version + 1; END;
 "#;
 
-/// Version 10: memories with vectors beside them (quantized bytes and their model), a
-/// word index (FTS5, BM25) and a version per agent that cached recall indexes check.
+/// Version 10: memories with vectors beside them (quantized bytes and their model) and
+/// a version per agent that cached recall indexes check.
 const SCHEMA_V10: &str = r#"
 ALTER TABLE memories ADD COLUMN vector BLOB;
 ALTER TABLE memories ADD COLUMN vector_model TEXT;
@@ -294,11 +294,6 @@ CREATE TABLE memory_versions (
     agent_id  TEXT PRIMARY KEY,
     version   INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE VIRTUAL TABLE memories_fts USING fts5(
-    text, agent_id UNINDEXED, id UNINDEXED, tokenize = 'unicode61 remove_diacritics 2'
-);
-INSERT INTO memories_fts (text, agent_id, id)
-    SELECT json_extract(doc, '$.text'), agent_id, id FROM memories;
 "#;
 
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {

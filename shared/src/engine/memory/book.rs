@@ -31,10 +31,9 @@ pub const BACKFILL: usize = 32;
 pub const REACTIVATE_ABOVE: f32 = 0.5;
 /// What a recall adds to a memory's weight.
 pub const GAIN: f32 = 0.1;
-/// Memories the cached indexes hold, in all, before the least recently used go.
-const CACHED_MEMORIES: usize = 300_000;
-/// Word matches asked of a store with a word index.
-const WORD_MATCHES: usize = 500;
+/// The bytes the cached indexes take, in all, before the least recently used go, unless
+/// [`Memories::with_cache`] says otherwise.
+pub const CACHE_BYTES: usize = 512 << 20;
 
 /// What a recall asks for.
 #[derive(Clone, Debug)]
@@ -96,8 +95,8 @@ pub struct Memories {
     store: Arc<dyn Store>,
     embedder: Arc<dyn Embedder>,
     cache: std::sync::Mutex<HashMap<AgentId, Cached>>,
-    /// Whether the store scores words itself (asked once).
-    store_words: std::sync::OnceLock<bool>,
+    /// Most bytes the cached indexes take.
+    cache_bytes: usize,
 }
 
 impl Memories {
@@ -107,8 +106,15 @@ impl Memories {
             store,
             embedder,
             cache: std::sync::Mutex::default(),
-            store_words: std::sync::OnceLock::new(),
+            cache_bytes: CACHE_BYTES,
         }
+    }
+
+    /// The cached indexes take at most `bytes` in all (the agent being recalled is kept
+    /// whatever its size; others go, least recently used first).
+    pub fn with_cache(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes;
+        self
     }
 
     /// The embedder's model.
@@ -133,7 +139,7 @@ impl Memories {
             c.size = size;
         }
         // The least recently used go while the rest hold too many.
-        while cache.values().map(|c| c.size).sum::<usize>() > CACHED_MEMORIES && cache.len() > 1 {
+        while cache.values().map(|c| c.size).sum::<usize>() > self.cache_bytes && cache.len() > 1 {
             let Some(oldest) = cache
                 .iter()
                 .filter(|(a, _)| *a != agent)
@@ -144,14 +150,6 @@ impl Memories {
             };
             cache.remove(&oldest);
         }
-    }
-
-    async fn store_scores_words(&self, agent: &AgentId) -> Result<bool, StoreError> {
-        if let Some(w) = self.store_words.get() {
-            return Ok(*w);
-        }
-        let has = self.store.match_words(agent, "", 1).await?.is_some();
-        Ok(*self.store_words.get_or_init(|| has))
     }
 
     /// The agent's index, current with the store: loaded if it is not cached, or if the
@@ -166,12 +164,11 @@ impl Memories {
             .as_ref()
             .is_none_or(|i| i.version != version || i.model != self.embedder.model());
         if stale {
-            let words_here = !self.store_scores_words(agent).await?;
             let all = self.store.all_memories(agent).await?;
             let started = Instant::now();
-            let index = Index::build(version, self.embedder.model(), all, words_here);
+            let index = Index::build(version, self.embedder.model(), all);
             info!(agent_id = %agent, memories = index.len(), version, ms = started.elapsed().as_millis() as u64, "memory index loaded");
-            self.note_size(agent, index.len());
+            self.note_size(agent, index.bytes());
             *guard = Some(index);
         }
         Ok(guard.as_mut().expect("loaded above"))
@@ -257,18 +254,7 @@ impl Memories {
             .await
             .pop()
             .flatten();
-        let words = if index.is_empty() {
-            Some(Vec::new())
-        } else {
-            self.store
-                .match_words(&agent.id, &r.query, WORD_MATCHES)
-                .await?
-        };
-        let scored = index.score(
-            query_vector.as_ref().map(|e| e.values.as_slice()),
-            &r.query,
-            words.as_deref(),
-        );
+        let scored = index.score(query_vector.as_ref().map(|e| e.values.as_slice()), &r.query);
         let half_life = agent.memory_half_life_beats();
         let found = pick(index, scored, r, half_life);
         let mut out = Vec::with_capacity(found.len());
@@ -429,7 +415,15 @@ fn pick(index: &Index, scored: Vec<Scored>, r: &Recall, half_life: u64) -> Vec<(
             (s, s.matched * (0.5 + 0.3 * weight + 0.2 * m.importance))
         })
         .collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.at.cmp(&a.0.at)));
+    let order =
+        |a: &(Scored, f32), b: &(Scored, f32)| b.1.total_cmp(&a.1).then(b.0.at.cmp(&a.0.at));
+    // Only the best few can be returned: they are picked out first (linear), then sorted.
+    let keep = (r.limit * 8).max(64);
+    if ranked.len() > keep {
+        ranked.select_nth_unstable_by(keep, order);
+        ranked.truncate(keep);
+    }
+    ranked.sort_by(order);
     let mut chars = 0;
     let mut out = Vec::new();
     for (s, rank) in ranked {

@@ -1,6 +1,9 @@
 //! One agent's memories as a recall searches them: every memory, the vectors of the
-//! current embedding model side by side, and (for a store without a word index) the
-//! postings BM25 scores words with.
+//! current embedding model side by side, and the postings BM25 scores words with.
+//!
+//! Words are scored here, in the worker, on every backend: SQLite's FTS5 ranked the
+//! 25,000 matches of a three-word query over 100,000 memories in 44 ms, these postings
+//! in about a millisecond.
 //!
 //! A recall's score for a memory is its *match* — 0.7 × the cosine similarity of its
 //! vector to the query's (0 for one not embedded with the current model) plus 0.3 × its
@@ -11,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use crate::domain::{Embedding, Memory, MemoryId};
+use crate::domain::{Embedding, Memory, MemoryId, STOP_WORDS};
 
 /// Share of the vector similarity in a match.
 pub const VECTOR_SHARE: f32 = 0.7;
@@ -49,7 +52,7 @@ pub struct Index {
     /// Each memory's place in `embedded`, if it has a vector of `model`.
     slot: Vec<Option<u32>>,
     /// Word → (memory, count), when words are scored here.
-    postings: Option<HashMap<String, Vec<(u32, u16)>>>,
+    postings: HashMap<String, Vec<(u32, u16)>>,
     lengths: Vec<u32>,
     average_length: f32,
 }
@@ -68,9 +71,8 @@ pub struct Scored {
 }
 
 impl Index {
-    /// The index of `memories` at `version`, comparing vectors of `model`; with
-    /// `score_words`, it keeps postings to score words itself.
-    pub fn build(version: u64, model: &str, memories: Vec<Memory>, score_words: bool) -> Self {
+    /// The index of `memories` at `version`, comparing vectors of `model`.
+    pub fn build(version: u64, model: &str, memories: Vec<Memory>) -> Self {
         let mut index = Self {
             version,
             model: model.to_owned(),
@@ -80,7 +82,7 @@ impl Index {
             vectors: Vec::new(),
             embedded: Vec::new(),
             slot: Vec::new(),
-            postings: score_words.then(HashMap::new),
+            postings: HashMap::new(),
             lengths: Vec::new(),
             average_length: 0.0,
         };
@@ -93,6 +95,18 @@ impl Index {
     /// How many memories it holds.
     pub fn len(&self) -> usize {
         self.memories.len()
+    }
+
+    /// About how many bytes it takes: its vectors, and each memory's text (twice: the
+    /// record and its words) and record with its places in the maps.
+    pub fn bytes(&self) -> usize {
+        self.vectors.len()
+            + self
+                .memories
+                .iter()
+                .map(|m| m.text.len() * 2)
+                .sum::<usize>()
+            + self.memories.len() * 400
     }
 
     /// Whether it holds none.
@@ -135,17 +149,18 @@ impl Index {
     }
 
     fn add_words(&mut self, at: usize, text: &str) {
-        let Some(postings) = &mut self.postings else {
-            return;
-        };
         let mut counts: HashMap<String, u16> = HashMap::new();
         for w in words(text) {
             let c = counts.entry(w).or_default();
             *c = c.saturating_add(1);
         }
         let length: u32 = counts.values().map(|c| u32::from(*c)).sum();
+        // A query never asks for stop words (see `telling_words`): they are counted in
+        // the length only.
         for (w, c) in counts {
-            postings.entry(w).or_default().push((at as u32, c));
+            if !STOP_WORDS.contains(&w.as_str()) {
+                self.postings.entry(w).or_default().push((at as u32, c));
+            }
         }
         let n = self.lengths.len() as f32;
         self.average_length = (self.average_length * n + length as f32) / (n + 1.0);
@@ -153,9 +168,7 @@ impl Index {
     }
 
     fn rebuild_words(&mut self) {
-        if let Some(p) = &mut self.postings {
-            p.clear();
-        }
+        self.postings.clear();
         self.lengths.clear();
         self.average_length = 0.0;
         let texts: Vec<String> = self.memories.iter().map(|m| m.text.clone()).collect();
@@ -212,14 +225,9 @@ impl Index {
     }
 
     /// Every memory's match for a query with `vector` (quantized, of the current model;
-    /// `None` when the query could not be embedded) and word scores `words` (from the
-    /// store's word index; `None` to score them here), candidates only.
-    pub fn score(
-        &self,
-        vector: Option<&[i8]>,
-        query: &str,
-        words: Option<&[(MemoryId, f32)]>,
-    ) -> Vec<Scored> {
+    /// `None` when the query could not be embedded) and the words of `query`, candidates
+    /// only.
+    pub fn score(&self, vector: Option<&[i8]>, query: &str) -> Vec<Scored> {
         let mut similarity = vec![0f32; self.memories.len()];
         if let Some(q) = vector.filter(|q| q.len() == self.dims && self.dims > 0) {
             let qn = q
@@ -237,16 +245,7 @@ impl Index {
             }
         }
         let mut lexical = vec![0f32; self.memories.len()];
-        match words {
-            Some(found) => {
-                for (id, s) in found {
-                    if let Some(at) = self.by_id.get(id) {
-                        lexical[*at] = *s;
-                    }
-                }
-            }
-            None => self.bm25(query, &mut lexical),
-        }
+        self.bm25(query, &mut lexical);
         let best = lexical.iter().copied().fold(0f32, f32::max);
         (0..self.memories.len())
             .filter_map(|at| {
@@ -263,12 +262,10 @@ impl Index {
     }
 
     fn bm25(&self, query: &str, out: &mut [f32]) {
-        let Some(postings) = &self.postings else {
-            return;
-        };
+        let postings = &self.postings;
         let n = self.lengths.len() as f32;
         let mut seen = Vec::new();
-        for w in words(query) {
+        for w in crate::domain::telling_words(query) {
             if seen.contains(&w) {
                 continue;
             }
@@ -289,13 +286,7 @@ impl Index {
     }
 }
 
-/// The dot product of two quantized vectors (widened so it vectorizes).
-fn dot(a: &[i8], b: &[i8]) -> i32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| i32::from(i16::from(*x) * i16::from(*y)))
-        .sum()
-}
+use crate::domain::dot_i8 as dot;
 
 #[cfg(test)]
 mod tests {
@@ -330,9 +321,9 @@ mod tests {
             memory(2, "the report is due on friday", true),
             memory(3, "green tea in the morning", false),
         ];
-        let index = Index::build(1, "offline-ngram/256", ms, true);
+        let index = Index::build(1, "offline-ngram/256", ms);
         let q = Embedding::quantize("x", &OfflineEmbedder::vector("vegetarians"));
-        let found = index.score(Some(&q.values), "vegetarians", None);
+        let found = index.score(Some(&q.values), "vegetarians");
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].at, 0);
         assert!(
@@ -340,7 +331,7 @@ mod tests {
             "{found:?}"
         );
         // Not embedded: found by its words alone.
-        let found = index.score(None, "tea", None);
+        let found = index.score(None, "tea");
         assert_eq!(
             found,
             [Scored {
@@ -352,7 +343,7 @@ mod tests {
         );
         assert_eq!(index.unembedded(), [2]);
         // Rarer words count more.
-        let found = index.score(None, "report friday the", None);
+        let found = index.score(None, "report friday the");
         let best = found
             .iter()
             .max_by(|a, b| a.matched.total_cmp(&b.matched))
@@ -367,9 +358,9 @@ mod tests {
             "other/256",
             &OfflineEmbedder::vector("the user is vegetarian"),
         ));
-        let index = Index::build(1, "offline-ngram/256", vec![m], false);
+        let index = Index::build(1, "offline-ngram/256", vec![m]);
         let q = Embedding::quantize("x", &OfflineEmbedder::vector("the user is vegetarian"));
-        assert!(index.score(Some(&q.values), "zzz", Some(&[])).is_empty());
+        assert!(index.score(Some(&q.values), "zzz").is_empty());
         assert_eq!(index.unembedded(), [0]);
     }
 }

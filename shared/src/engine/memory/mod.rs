@@ -9,7 +9,7 @@ mod book;
 pub mod consolidate;
 pub mod index;
 
-pub use book::{BACKFILL, Found, GAIN, Memories, REACTIVATE_ABOVE, Recall};
+pub use book::{BACKFILL, CACHE_BYTES, Found, GAIN, Memories, REACTIVATE_ABOVE, Recall};
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
