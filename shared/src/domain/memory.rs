@@ -206,6 +206,64 @@ pub fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
     sum
 }
 
+/// A quantized query made ready to be compared with many vectors of its length: its odd
+/// and even bytes sign-extended into 16-bit lanes once. Each vector's 16 bytes are then
+/// read as eight lanes whose high bytes (masked) and low bytes (shifted up) are 256 times
+/// the vector's values, multiplied with the query's by one widening multiply-add each;
+/// the sums, kept in 64-bit every 1,024 dimensions, are divided by 256 at the end
+/// (exactly: every term is a multiple of 256). Half the work of [`dot_i8`] per vector.
+#[derive(Clone, Debug)]
+pub struct DotQuery {
+    query: Vec<i8>,
+    high: Vec<wide::i16x8>,
+    low: Vec<wide::i16x8>,
+}
+
+impl DotQuery {
+    /// Prepares `query`.
+    pub fn new(query: &[i8]) -> Self {
+        let bytes: &[u8] = bytemuck::cast_slice(query);
+        let (mut high, mut low) = (Vec::new(), Vec::new());
+        for lanes in bytes.chunks_exact(16) {
+            let q: wide::i16x8 = bytemuck::pod_read_unaligned(lanes);
+            high.push(q >> 8u32);
+            low.push((q << 8u32) >> 8u32);
+        }
+        Self {
+            query: query.to_vec(),
+            high,
+            low,
+        }
+    }
+
+    /// The dot product of the query with `v` (over the shorter's length).
+    pub fn dot(&self, v: &[i8]) -> i32 {
+        use wide::{i16x8, i32x4};
+        if v.len() != self.query.len() {
+            return dot_i8(&self.query, v);
+        }
+        let x: &[u8] = bytemuck::cast_slice(v);
+        let mask = i16x8::splat(0xFF00u16 as i16);
+        let mut total: i64 = 0;
+        for start in (0..self.high.len()).step_by(64) {
+            let mut acc = i32x4::default();
+            for k in start..(start + 64).min(self.high.len()) {
+                let p: i16x8 = bytemuck::pod_read_unaligned(&x[k * 16..k * 16 + 16]);
+                acc += (p & mask).dot(self.high[k]);
+                acc += (p << 8u32).dot(self.low[k]);
+            }
+            total += acc.to_array().iter().map(|s| i64::from(*s)).sum::<i64>();
+        }
+        let whole = self.high.len() * 16;
+        let tail: i32 = self.query[whole..]
+            .iter()
+            .zip(&v[whole..])
+            .map(|(a, b)| i32::from(*a) * i32::from(*b))
+            .sum();
+        (total / 256) as i32 + tail
+    }
+}
+
 /// Something an agent remembers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
@@ -379,6 +437,24 @@ mod tests {
                 .map(|(x, y)| i32::from(*x) * i32::from(*y))
                 .sum();
             assert_eq!(dot_i8(&a, &b), plain, "{n} dimensions");
+        }
+        for n in [0, 1, 15, 16, 17, 256, 1000, 1536, 3072, 4096] {
+            let a: Vec<i8> = (0..n).map(|_| next()).collect();
+            let b: Vec<i8> = (0..n).map(|_| next()).collect();
+            let plain: i32 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| i32::from(*x) * i32::from(*y))
+                .sum();
+            assert_eq!(DotQuery::new(&a).dot(&b), plain, "{n} dimensions, prepared");
+        }
+        for (x, y) in [(-128i8, -128i8), (-128, 127), (127, 127), (-127, 127)] {
+            let (a, b) = (vec![x; 4096], vec![y; 4096]);
+            assert_eq!(
+                DotQuery::new(&a).dot(&b),
+                i32::from(x) * i32::from(y) * 4096,
+                "{x} × {y}, prepared"
+            );
         }
         let low = vec![-128i8; 3072];
         let high = vec![127i8; 3072];

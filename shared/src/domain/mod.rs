@@ -50,8 +50,8 @@ pub use ids::{
     quote_input,
 };
 pub use memory::{
-    Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus, REMEMBER,
-    STOP_WORDS, SUSPENDED_BELOW, dot_i8, telling_words,
+    DotQuery, Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus,
+    REMEMBER, STOP_WORDS, SUSPENDED_BELOW, dot_i8, telling_words,
 };
 pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};

@@ -236,10 +236,11 @@ impl Index {
                 .sum::<f32>()
                 .sqrt();
             if qn > 0.0 {
+                let q = crate::domain::DotQuery::new(q);
                 for (k, (at, norm)) in self.embedded.iter().enumerate() {
                     let v = &self.vectors[k * self.dims..(k + 1) * self.dims];
                     if *norm > 0.0 {
-                        similarity[*at as usize] = dot(q, v) as f32 / (qn * norm);
+                        similarity[*at as usize] = q.dot(v) as f32 / (qn * norm);
                     }
                 }
             }
@@ -285,8 +286,6 @@ impl Index {
         }
     }
 }
-
-use crate::domain::dot_i8 as dot;
 
 #[cfg(test)]
 mod tests {
