@@ -22,6 +22,11 @@ pub const VECTOR_SHARE: f32 = 0.7;
 pub const WORDS_SHARE: f32 = 0.3;
 /// A similarity this high makes a memory a candidate without a word in common.
 pub const SIMILAR: f32 = 0.3;
+/// Beyond this many vectors, a recall compares exactly only those its signs put nearest
+/// (and those whose words match).
+pub const PREFILTER_ABOVE: usize = 20_000;
+/// How many of the nearest by signs are compared exactly, at least.
+pub const PREFILTER_KEEP: usize = 2_000;
 /// BM25's term-frequency saturation.
 const K1: f32 = 1.2;
 /// BM25's length normalization.
@@ -49,6 +54,9 @@ pub struct Index {
     vectors: Vec<i8>,
     /// The memory each vector belongs to, and its norm.
     embedded: Vec<(u32, f32)>,
+    /// Each vector's signs, one bit a dimension, `dims / 64` words each (rounded up): a
+    /// large index is searched by them first (see [`PREFILTER_ABOVE`]).
+    signs: Vec<u64>,
     /// Each memory's place in `embedded`, if it has a vector of `model`.
     slot: Vec<Option<u32>>,
     /// Word → (memory, count), when words are scored here.
@@ -81,6 +89,7 @@ impl Index {
             dims: 0,
             vectors: Vec::new(),
             embedded: Vec::new(),
+            signs: Vec::new(),
             slot: Vec::new(),
             postings: HashMap::new(),
             lengths: Vec::new(),
@@ -194,15 +203,19 @@ impl Index {
             .map(|v| f32::from(*v) * f32::from(*v))
             .sum::<f32>()
             .sqrt();
+        let signs = sign_bits(&e.values);
+        let words = signs.len();
         match self.slot[at] {
             Some(k) => {
                 let k = k as usize;
                 self.vectors[k * self.dims..(k + 1) * self.dims].copy_from_slice(&e.values);
+                self.signs[k * words..(k + 1) * words].copy_from_slice(&signs);
                 self.embedded[k].1 = norm;
             }
             None => {
                 self.slot[at] = Some(self.embedded.len() as u32);
                 self.vectors.extend_from_slice(&e.values);
+                self.signs.extend_from_slice(&signs);
                 self.embedded.push((at as u32, norm));
             }
         }
@@ -228,6 +241,22 @@ impl Index {
     /// `None` when the query could not be embedded) and the words of `query`, candidates
     /// only.
     pub fn score(&self, vector: Option<&[i8]>, query: &str) -> Vec<Scored> {
+        let keep = PREFILTER_KEEP.max(self.embedded.len() / 50);
+        self.score_with(vector, query, PREFILTER_ABOVE, keep)
+    }
+
+    /// [`Index::score`], comparing every vector exactly up to `prefilter_above` of them,
+    /// and beyond, only the `keep` [`Index::nearest_by_signs`] finds and those whose
+    /// words match.
+    fn score_with(
+        &self,
+        vector: Option<&[i8]>,
+        query: &str,
+        prefilter_above: usize,
+        keep: usize,
+    ) -> Vec<Scored> {
+        let mut lexical = vec![0f32; self.memories.len()];
+        self.bm25(query, &mut lexical);
         let mut similarity = vec![0f32; self.memories.len()];
         if let Some(q) = vector.filter(|q| q.len() == self.dims && self.dims > 0) {
             let qn = q
@@ -236,17 +265,29 @@ impl Index {
                 .sum::<f32>()
                 .sqrt();
             if qn > 0.0 {
-                let q = crate::domain::DotQuery::new(q);
-                for (k, (at, norm)) in self.embedded.iter().enumerate() {
+                let exact = crate::domain::DotQuery::new(q);
+                let mut compare = |k: usize| {
+                    let (at, norm) = self.embedded[k];
                     let v = &self.vectors[k * self.dims..(k + 1) * self.dims];
-                    if *norm > 0.0 {
-                        similarity[*at as usize] = q.dot(v) as f32 / (qn * norm);
+                    if norm > 0.0 {
+                        similarity[at as usize] = exact.dot(v) as f32 / (qn * norm);
                     }
+                };
+                // Signs say little of sparse vectors (the offline embedder's, and small
+                // ones are quick to compare anyway).
+                if self.embedded.len() <= prefilter_above || self.dims < 512 {
+                    (0..self.embedded.len()).for_each(&mut compare);
+                } else {
+                    self.nearest_by_signs(q, keep)
+                        .into_iter()
+                        .for_each(&mut compare);
+                    (0..self.memories.len())
+                        .filter(|at| lexical[*at] > 0.0)
+                        .filter_map(|at| self.slot[at])
+                        .for_each(|k| compare(k as usize));
                 }
             }
         }
-        let mut lexical = vec![0f32; self.memories.len()];
-        self.bm25(query, &mut lexical);
         let best = lexical.iter().copied().fold(0f32, f32::max);
         (0..self.memories.len())
             .filter_map(|at| {
@@ -260,6 +301,32 @@ impl Index {
                 })
             })
             .collect()
+    }
+
+    /// The vectors whose signs agree most with the query's (fewest differing bits):
+    /// `keep` of them ([`PREFILTER_KEEP`], or 2 % of all if more). Reading one bit a dimension
+    /// instead of a byte, a search of 100,000 vectors at 1,536 dimensions reads 19 MB
+    /// instead of 154, which is what bounds it; the exact comparison that follows puts
+    /// them in order.
+    fn nearest_by_signs(&self, q: &[i8], keep: usize) -> Vec<usize> {
+        let query = sign_bits(q);
+        let words = query.len();
+        let mut distance: Vec<(u32, u32)> = (0..self.embedded.len())
+            .map(|k| {
+                let bits = &self.signs[k * words..(k + 1) * words];
+                let d: u32 = bits
+                    .iter()
+                    .zip(&query)
+                    .map(|(a, b)| (a ^ b).count_ones())
+                    .sum();
+                (d, k as u32)
+            })
+            .collect();
+        if distance.len() > keep {
+            distance.select_nth_unstable(keep);
+            distance.truncate(keep);
+        }
+        distance.into_iter().map(|(_, k)| k as usize).collect()
     }
 
     fn bm25(&self, query: &str, out: &mut [f32]) {
@@ -287,6 +354,17 @@ impl Index {
     }
 }
 
+/// The signs of `v`, one bit a dimension (set when positive), 64 to a word.
+fn sign_bits(v: &[i8]) -> Vec<u64> {
+    v.chunks(64)
+        .map(|c| {
+            c.iter()
+                .enumerate()
+                .fold(0u64, |w, (i, x)| if *x > 0 { w | 1 << i } else { w })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use jiff::Timestamp;
@@ -311,6 +389,48 @@ mod tests {
             ));
         }
         m
+    }
+
+    #[test]
+    fn a_search_by_signs_first_finds_what_the_exact_search_finds() {
+        // 3,000 dense vectors in 100 clusters (what a model's vectors of related texts
+        // look like); the prefilter compares 200 of them exactly.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let centers: Vec<Vec<f32>> = (0..100)
+            .map(|_| (0..512).map(|_| noise()).collect())
+            .collect();
+        let near = |c: &[f32], noise: &mut dyn FnMut() -> f32| -> Vec<f32> {
+            c.iter().map(|x| x + 0.8 * noise()).collect()
+        };
+        let ms: Vec<Memory> = (0..3_000u64)
+            .map(|i| {
+                let mut m = memory(i, &format!("memory {i}"), false);
+                let v = near(&centers[(i % 100) as usize], &mut noise);
+                m.embedding = Some(Embedding::quantize("dense/512", &v));
+                m
+            })
+            .collect();
+        let index = Index::build(1, "dense/512", ms);
+        for c in 0..20 {
+            let q = Embedding::quantize("dense/512", &near(&centers[c * 5], &mut noise));
+            let ids = |mut s: Vec<Scored>| {
+                s.sort_by_key(|s| s.at);
+                s.into_iter().map(|s| s.at).collect::<Vec<_>>()
+            };
+            let exact = ids(index.score_with(Some(&q.values), "", usize::MAX, 0));
+            assert!(
+                exact.len() >= 20,
+                "a cluster's memories are candidates: {exact:?}"
+            );
+            let quick = ids(index.score_with(Some(&q.values), "", 100, 200));
+            assert_eq!(quick, exact, "cluster {}", c * 5);
+        }
     }
 
     #[test]
