@@ -27,6 +27,8 @@ pub const SIMILAR: f32 = 0.3;
 pub const PREFILTER_ABOVE: usize = 20_000;
 /// How many of the nearest by signs are compared exactly, at least.
 pub const PREFILTER_KEEP: usize = 2_000;
+/// How many of the best by words are compared exactly too, beyond [`PREFILTER_ABOVE`].
+pub const WORDS_KEEP: usize = 500;
 /// BM25's term-frequency saturation.
 const K1: f32 = 1.2;
 /// BM25's length normalization.
@@ -246,8 +248,8 @@ impl Index {
     }
 
     /// [`Index::score`], comparing every vector exactly up to `prefilter_above` of them,
-    /// and beyond, only the `keep` [`Index::nearest_by_signs`] finds and those whose
-    /// words match.
+    /// and beyond, only the `keep` [`Index::nearest_by_signs`] finds and the
+    /// [`WORDS_KEEP`] whose words match best.
     fn score_with(
         &self,
         vector: Option<&[i8]>,
@@ -281,8 +283,8 @@ impl Index {
                     self.nearest_by_signs(q, keep)
                         .into_iter()
                         .for_each(&mut compare);
-                    (0..self.memories.len())
-                        .filter(|at| lexical[*at] > 0.0)
+                    best_by_words(&lexical, WORDS_KEEP)
+                        .into_iter()
                         .filter_map(|at| self.slot[at])
                         .for_each(|k| compare(k as usize));
                 }
@@ -352,6 +354,21 @@ impl Index {
             seen.push(w);
         }
     }
+}
+
+/// The `keep` memories whose words score best (those scoring at all).
+fn best_by_words(lexical: &[f32], keep: usize) -> Vec<usize> {
+    let mut scored: Vec<(f32, usize)> = lexical
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s > 0.0)
+        .map(|(at, s)| (*s, at))
+        .collect();
+    if scored.len() > keep {
+        scored.select_nth_unstable_by(keep, |a, b| b.0.total_cmp(&a.0));
+        scored.truncate(keep);
+    }
+    scored.into_iter().map(|(_, at)| at).collect()
 }
 
 /// The signs of `v`, one bit a dimension (set when positive), 64 to a word.
