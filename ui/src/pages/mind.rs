@@ -167,27 +167,7 @@ pub(crate) async fn memories(
         .filter(|r| kind.is_none_or(|k| k == r.memory.kind))
         .take(ROWS)
         .collect();
-    let search = html! {
-        form.card.search method="get" action={"/ui/agents/" (agent.id) "/memories"} {
-            label for="q" { "Recall " }
-            input #q name="q" type="search" value=(query.unwrap_or("")) placeholder="what does the user eat?";
-            label for="state" { "State " }
-            select #state name="state" {
-                option value="" selected[state.is_none()] { "any" }
-                @for s in ["active", "suspended", "folded"] {
-                    option value=(s) selected[state == Some(s)] { (s) }
-                }
-            }
-            label for="kind" { "Kind " }
-            select #kind name="kind" {
-                option value="" selected[kind.is_none()] { "any" }
-                @for k in MemoryKind::ALL {
-                    option value=(k.as_str()) selected[kind == Some(k)] { (k.as_str()) }
-                }
-            }
-            button.quiet type="submit" { "Search" }
-        }
-    };
+    let search = search_form(agent.id.as_ref(), query, state, kind);
     let model = d.0.memories.model().to_owned();
     Ok(agent_page(
         &agent,
@@ -234,6 +214,36 @@ pub(crate) async fn memories(
             }
         },
     ))
+}
+
+/// The Memories tab's search box and filters.
+fn search_form(
+    agent: &str,
+    query: Option<&str>,
+    state: Option<&str>,
+    kind: Option<MemoryKind>,
+) -> Markup {
+    html! {
+        form.card.search method="get" action={"/ui/agents/" (agent) "/memories"} {
+            label for="q" { "Recall " }
+            input #q name="q" type="search" value=(query.unwrap_or("")) placeholder="what does the user eat?";
+            label for="state" { "State " }
+            select #state name="state" {
+                option value="" selected[state.is_none()] { "any" }
+                @for s in ["active", "suspended", "folded"] {
+                    option value=(s) selected[state == Some(s)] { (s) }
+                }
+            }
+            label for="kind" { "Kind " }
+            select #kind name="kind" {
+                option value="" selected[kind.is_none()] { "any" }
+                @for k in MemoryKind::ALL {
+                    option value=(k.as_str()) selected[kind == Some(k)] { (k.as_str()) }
+                }
+            }
+            button.quiet type="submit" { "Search" }
+        }
+    }
 }
 
 /// A status with the button that flips it.
