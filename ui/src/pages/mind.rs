@@ -148,7 +148,12 @@ pub(crate) async fn memories(
                 .collect()
         }
         None => {
-            let mut all = d.0.memories.all(&agent.id).await?;
+            // A plain look reads the newest only; a filter looks through them all.
+            let mut all = if state.is_none() && kind.is_none() {
+                d.0.store.memories(&agent.id, ROWS).await?
+            } else {
+                d.0.memories.all(&agent.id).await?
+            };
             all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
             all.into_iter()
                 .map(|m| Row {
@@ -178,7 +183,7 @@ pub(crate) async fn memories(
                 @if let Some(q) = query {
                     "What a recall of " strong { (format!("{q:?}")) } " finds, best first (a look: nothing is reinforced). "
                 } @else {
-                    (total) " memories, newest first. "
+                    @if total >= ROWS { "The newest " (ROWS) " memories. " } @else { (total) " memories, newest first. " }
                 }
                 "Weights fade with the agent's beats (half-life " (format!("{:#}", agent.memory_half_life.map_or(DEFAULT_MEMORY_HALF_LIFE, |h| h.duration()))) " of beats, " (half_life) " beats) and come back when recalled; under 0.1 a memory is suspended. Embedded with " code { (model) }
                 @if model.starts_with("offline") { ", which matches words, not meaning" }
