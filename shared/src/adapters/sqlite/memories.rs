@@ -1,6 +1,6 @@
 //! Agents' memories on SQLite: each memory's record (JSON), its vector beside it
-//! (quantized bytes and the model that made it), a word index (FTS5, scored by BM25),
-//! and a version per agent that cached recall indexes check.
+//! (quantized bytes and the model that made it), and a version per agent that cached
+//! recall indexes check (words are scored by the recall index, in the worker).
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
