@@ -23,6 +23,8 @@ use pulse_shared::engine::memory::{Memories, Recall};
 use pulse_shared::ports::{AgentStore, Clock, EmbedError, Embedder, Store, SystemClock};
 use serde_json::{Value, json};
 
+use super::hooks::pct;
+use super::retention::mib;
 use crate::Failure;
 use crate::output::{Out, figure};
 
@@ -220,17 +222,6 @@ fn resident() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// `recalls` recalls as the model makes them; their times in ms, sorted, and the mean
 /// number found.
 async fn recall_times(
@@ -282,7 +273,7 @@ async fn on_sqlite(
     let cold = started.elapsed().as_secs_f64() * 1000.0;
     let after = resident();
     let (times, found) = recall_times(&memories, &agent, recalls, clock.now()).await?;
-    let (p50, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+    let (p50, p99) = (pct(&times, 0.5), pct(&times, 0.99));
     figure!(
         out,
         "SQLite, {n} memories embedded with {model} (stored in {seeded:.1} s):"

@@ -32,7 +32,7 @@ fn on_disk(path: &Path) -> u64 {
         .sum()
 }
 
-fn mib(bytes: u64) -> f64 {
+pub(super) fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 

@@ -168,6 +168,16 @@ impl Heartbeat {
         }
     }
 
+    /// The beat its agent is at, this being the newest heartbeat: its own once it has
+    /// started, the one before while it waits.
+    pub fn beat_reached(&self) -> u64 {
+        if self.started_at.is_some() {
+            self.beat
+        } else {
+            self.beat.saturating_sub(1)
+        }
+    }
+
     /// The id of its HEARTBEAT event, derived from the heartbeat and when it started.
     pub fn heartbeat_event_id(&self, started_at: Timestamp) -> EventId {
         EventId::derived(

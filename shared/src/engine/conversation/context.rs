@@ -125,11 +125,7 @@ pub(super) fn turn_beats(
     history: &[ConversationMessage],
 ) -> Option<Beats> {
     let h = newest?;
-    let beat = if h.started_at.is_some() {
-        h.beat
-    } else {
-        h.beat.saturating_sub(1)
-    };
+    let beat = h.beat_reached();
     let previous = history
         .iter()
         .filter(|m| m.role == Role::User)

@@ -199,12 +199,7 @@ impl Index {
         if e.values.len() != self.dims {
             return;
         }
-        let norm = e
-            .values
-            .iter()
-            .map(|v| f32::from(*v) * f32::from(*v))
-            .sum::<f32>()
-            .sqrt();
+        let norm = norm(&e.values);
         let signs = sign_bits(&e.values);
         let words = signs.len();
         match self.slot[at] {
@@ -261,11 +256,7 @@ impl Index {
         self.bm25(query, &mut lexical);
         let mut similarity = vec![0f32; self.memories.len()];
         if let Some(q) = vector.filter(|q| q.len() == self.dims && self.dims > 0) {
-            let qn = q
-                .iter()
-                .map(|v| f32::from(*v) * f32::from(*v))
-                .sum::<f32>()
-                .sqrt();
+            let qn = norm(q);
             if qn > 0.0 {
                 let exact = crate::domain::DotQuery::new(q);
                 let mut compare = |k: usize| {
@@ -354,6 +345,11 @@ impl Index {
             seen.push(w);
         }
     }
+}
+
+/// The length of a quantized vector.
+fn norm(v: &[i8]) -> f32 {
+    (crate::domain::dot_i8(v, v) as f32).sqrt()
 }
 
 /// The `keep` memories whose words score best (those scoring at all).

@@ -15,8 +15,8 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::domain::{
-    Agent, AgentId, HeartbeatId, Memory, MemoryId, MemoryKind, MemorySource, MemoryStatus,
-    OutgoingTask, ToolSpec, ToolUse,
+    Agent, AgentId, Heartbeat, HeartbeatId, Memory, MemoryId, MemoryKind, MemorySource,
+    MemoryStatus, OutgoingTask, ToolSpec, ToolUse,
 };
 use crate::error::{StoreError, chain};
 use crate::ports::{SessionQueue, Store};
@@ -197,13 +197,7 @@ pub async fn known(
 /// has not started yet (0 before its first heartbeat). Weights fade by it.
 pub async fn beat_now(store: &dyn Store, agent: &AgentId) -> Result<u64, StoreError> {
     let newest = store.heartbeats_page(agent, None, 1).await?;
-    Ok(newest.first().map_or(0, |h| {
-        if h.started_at.is_some() {
-            h.beat
-        } else {
-            h.beat.saturating_sub(1)
-        }
-    }))
+    Ok(newest.first().map_or(0, Heartbeat::beat_reached))
 }
 
 /// Queues the day's consolidation of every agent that is not paused (a paused agent's
