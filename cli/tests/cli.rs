@@ -31,6 +31,34 @@ fn bad_input_exits_two_and_writes_nothing() {
         )
         .contains("time zone")
     );
+    assert!(
+        bad(
+            d,
+            &[
+                "agents",
+                "create",
+                "--name",
+                "x",
+                "--discord-users",
+                "12,@ana"
+            ]
+        )
+        .contains("not a Discord user id")
+    );
+    assert!(
+        bad(
+            d,
+            &[
+                "agents",
+                "create",
+                "--name",
+                "x",
+                "--discord-listen",
+                "some"
+            ]
+        )
+        .contains("mentions")
+    );
     assert!(bad(d, &["agents", "list"]).contains("no Pulse database"));
     assert!(!d.join("pulse.db").exists(), "no database was created");
 
@@ -1081,6 +1109,65 @@ fn discord_commands_are_registered_by_bulk_overwrite() {
     let out = pulse(dir.path(), &["discord", "register-commands"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("DISCORD_BOT_TOKEN"));
+}
+
+/// `pulse serve` with a bot token opens the gateway (found with `GET /gateway/bot`): a
+/// direct message from a user the agent lets in is answered in that DM, with the
+/// offline model; `PULSE_DISCORD_GATEWAY=off` leaves the gateway alone.
+#[test]
+fn serve_answers_a_direct_message_over_the_gateway_unless_told_not_to() {
+    use pulse_tests::fake_gateway::{FakeGateway, message, snowflake};
+    const FRIEND: &str = "2000000000000000001";
+    const DM: &str = "4000000000000000001";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (discord, gateway) = rt.block_on(async {
+        (
+            pulse_tests::fake_discord::FakeDiscord::start().await,
+            FakeGateway::start().await,
+        )
+    });
+    discord.set_gateway(&gateway.url());
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "scout",
+            "--discord-users",
+            FRIEND,
+        ],
+    );
+    let api = discord.api_base();
+    let env = [
+        ("DISCORD_BOT_TOKEN", "bot-token"),
+        ("DISCORD_API_BASE", api.as_str()),
+    ];
+
+    let mut off = spawn_serve(d, &[env[0], env[1], ("PULSE_DISCORD_GATEWAY", "off")], &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(gateway.connections(), 0, "off means off");
+    off.kill().unwrap();
+    off.wait().unwrap();
+
+    let mut serve = spawn_serve(d, &env, &[]);
+    wait_until("the gateway is live", Duration::from_secs(30), || {
+        gateway.is_live()
+    });
+    gateway.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "hello, are you there?"),
+    );
+    wait_until("the DM is answered", Duration::from_secs(30), || {
+        !discord.messages().is_empty()
+    });
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    let posted = discord.messages();
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert_eq!(posted[0].place, format!("channel:{DM}"));
 }
 
 both_async!(

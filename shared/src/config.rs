@@ -25,6 +25,8 @@
 //! | `DISCORD_APPLICATION_ID` | answers interactions | unset |
 //! | `DISCORD_API_BASE` | Discord's API | `https://discord.com/api/v10` |
 //! | `DISCORD_PUBLIC_KEY` | the application's public key (hex); checks interaction signatures | unset: `POST /discord/interactions` answers 401 |
+//! | `DISCORD_GATEWAY_URL` | the gateway `pulse serve` and `pulse gateway` connect to | asked of `GET {DISCORD_API_BASE}/gateway/bot` |
+//! | `PULSE_DISCORD_GATEWAY` | `off` keeps `pulse serve` off the gateway (e.g. when `pulse gateway` runs elsewhere) | `on` when `DISCORD_BOT_TOKEN` is set |
 //! | `PULSE_DISCORD_DEFAULT_AGENT` | the agent that answers in channels no agent is created for | unset |
 //! | `PULSE_RETENTION` | how long finished heartbeats, processed events, actions, conversation turns, hook deliveries and webhook request logs are kept (agents override it with `--retention`); memories and settings are kept | `30d` |
 //! | `PULSE_DELIVERY_MEMORY` | how long webhook delivery ids are remembered (replay guard) | `7d` |
@@ -352,6 +354,28 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             api_base: self.url("DISCORD_API_BASE")?.unwrap_or(d.api_base),
             bot_token: self.get("DISCORD_BOT_TOKEN").map(Secret::new),
             application_id: self.get("DISCORD_APPLICATION_ID"),
+            gateway_url: match self.get("DISCORD_GATEWAY_URL") {
+                Some(u) if u.starts_with("ws://") || u.starts_with("wss://") => Some(u),
+                Some(u) => {
+                    return Err(ConfigError::new(
+                        "DISCORD_GATEWAY_URL",
+                        format!(
+                            "{u:?} is not a WebSocket URL: give wss://host (or ws:// on loopback)"
+                        ),
+                    ));
+                }
+                None => None,
+            },
+            gateway: match self.get("PULSE_DISCORD_GATEWAY").as_deref() {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        "PULSE_DISCORD_GATEWAY",
+                        format!("{other:?}: give on or off"),
+                    ));
+                }
+            },
             ..d
         })
     }

@@ -50,6 +50,12 @@ pub const HOOK_DELIVERIES: &str = "pulse_hook_deliveries_total";
 /// `unavailable`, or why one was refused (`not_found`, `disabled`, `bad_signature`,
 /// `bad_body`, `not_allowed`, `refused_before`).
 pub const WEBHOOK_REQUESTS: &str = "pulse_webhook_requests_total";
+/// What reached the Discord gateway, by `outcome`: `accepted` (queued for its agent),
+/// `stranger` (a direct message from a user no agent lets in), `bot` (from a bot, the
+/// agent's own included), `not_addressed` (a channel message that does not mention the
+/// agent, or in a channel no agent answers in), `reaction` (a reaction to the agent's
+/// message, recorded as an event), `malformed` (a payload that could not be read).
+pub const GATEWAY_MESSAGES: &str = "pulse_discord_gateway_messages_total";
 
 /// Every metric, with its unit and what it means: what the exporters print beside them.
 pub fn describe() {
@@ -87,6 +93,11 @@ pub fn describe() {
         WEBHOOK_REQUESTS,
         Unit::Count,
         "Signed webhook requests, by outcome"
+    );
+    describe_counter!(
+        GATEWAY_MESSAGES,
+        Unit::Count,
+        "What reached the Discord gateway, by outcome"
     );
 }
 
@@ -151,6 +162,11 @@ pub fn hook_delivery(outcome: &'static str) {
 /// A signed webhook request was answered this way.
 pub fn webhook_request(outcome: &'static str) {
     counter!(WEBHOOK_REQUESTS, "outcome" => outcome).increment(1);
+}
+
+/// Something reached the Discord gateway and ended this way.
+pub fn gateway_message(outcome: &'static str) {
+    counter!(GATEWAY_MESSAGES, "outcome" => outcome).increment(1);
 }
 
 #[cfg(test)]

@@ -384,11 +384,20 @@ impl DiscordApi for SimDiscord {
         channel_id: &str,
         _content: &str,
         nonce: &str,
+        _reply_to: Option<&str>,
     ) -> Result<String, DiscordError> {
         if let Some(why) = self.recorded(channel_id, nonce).await {
             self.world.seen().discord_after_record.push(why);
         }
         self.post(nonce.to_owned()).await
+    }
+
+    async fn typing(&self, _channel_id: &str) -> Result<(), DiscordError> {
+        Ok(())
+    }
+
+    async fn open_dm(&self, user_id: &str) -> Result<String, DiscordError> {
+        Ok(format!("dm-{user_id}"))
     }
 }
 

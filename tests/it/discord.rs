@@ -29,11 +29,11 @@ fn client(fake: &FakeDiscord, edit: impl FnOnce(&mut DiscordConfig)) -> DiscordC
 async fn channel_posts_carry_the_bot_token_a_nonce_and_no_mentions() {
     let fake = FakeDiscord::start().await;
     let c = client(&fake, |_| {});
-    c.create_message("1300000000000000001", "hello @everyone", "n-1")
+    c.create_message("1300000000000000001", "hello @everyone", "n-1", None)
         .await
         .unwrap();
     // The same nonce again is the same message (Discord enforces it).
-    c.create_message("1300000000000000001", "hello @everyone", "n-1")
+    c.create_message("1300000000000000001", "hello @everyone", "n-1", None)
         .await
         .unwrap();
     assert_eq!(fake.messages().len(), 1);
@@ -75,12 +75,17 @@ async fn a_rate_limit_is_waited_out_and_a_server_error_retried() {
     let fake = FakeDiscord::start().await;
     let c = client(&fake, |c| c.max_attempts = 3);
     fake.fail_next([429, 502]);
-    c.create_message("1", "eventually", "n-2").await.unwrap();
+    c.create_message("1", "eventually", "n-2", None)
+        .await
+        .unwrap();
     assert_eq!(fake.requests().len(), 3);
     assert_eq!(fake.messages().len(), 1);
     // Out of attempts: the last error is returned.
     fake.fail_next([503, 503, 503]);
-    let err = c.create_message("1", "never", "n-3").await.unwrap_err();
+    let err = c
+        .create_message("1", "never", "n-3", None)
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, DiscordError::Status { status: 503, .. }),
         "{err}"
@@ -95,14 +100,17 @@ async fn a_refusal_is_returned_at_once_and_a_long_wait_is_not_waited() {
         c.max_retry_wait = Duration::ZERO;
     });
     fake.fail_next([403]);
-    let err = c.create_message("1", "no", "n-4").await.unwrap_err();
+    let err = c.create_message("1", "no", "n-4", None).await.unwrap_err();
     assert!(
         matches!(err, DiscordError::Status { status: 403, .. }),
         "{err}"
     );
     assert_eq!(fake.requests().len(), 1, "a 4xx is not retried");
     fake.fail_next([429]);
-    let err = c.create_message("1", "later", "n-5").await.unwrap_err();
+    let err = c
+        .create_message("1", "later", "n-5", None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, DiscordError::RateLimited { .. }), "{err}");
     assert_eq!(fake.requests().len(), 2, "a wait beyond the bound gives up");
 }
@@ -112,12 +120,12 @@ async fn what_discord_would_refuse_is_never_sent() {
     let fake = FakeDiscord::start().await;
     let too_long = "x".repeat(MESSAGE_LIMIT + 1);
     let err = client(&fake, |_| {})
-        .create_message("1", &too_long, "n-6")
+        .create_message("1", &too_long, "n-6", None)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("split"), "{err}");
     let err = client(&fake, |c| c.bot_token = None)
-        .create_message("1", "hi", "n-7")
+        .create_message("1", "hi", "n-7", None)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("DISCORD_BOT_TOKEN"), "{err}");

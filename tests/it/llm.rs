@@ -229,7 +229,7 @@ async fn model_and_discord_clients_never_follow_a_redirect_with_credentials() {
         max_attempts: 1,
         ..DiscordConfig::unconfigured()
     });
-    assert!(discord.create_message("1", "hi", "n1").await.is_err());
+    assert!(discord.create_message("1", "hi", "n1", None).await.is_err());
 
     assert!(
         seen.lock().unwrap().is_empty(),

@@ -8,6 +8,7 @@ mod conversation;
 mod conversation_store;
 mod dashboard;
 mod discord;
+mod gateway;
 mod heartbeats;
 mod hooks;
 mod inbound;

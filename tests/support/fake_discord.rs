@@ -1,5 +1,7 @@
-//! A fake Discord API on loopback: the three routes replies use (edit an interaction's
-//! original, follow-ups, channel posts). It records requests, keeps the messages
+//! A fake Discord API on loopback: the routes replies use (edit an interaction's
+//! original, follow-ups, channel posts, typing, opening a direct-message channel) and
+//! `GET /gateway/bot` (naming the gateway set with [`FakeDiscord::set_gateway`]). It
+//! records requests, keeps the messages
 //! "created" (an edit of `@original` counts once per interaction), enforces nonces like
 //! Discord, and can answer the next requests with a status (429 with `retry_after`).
 
@@ -42,6 +44,7 @@ struct Inner {
     nonces: HashMap<(String, String), String>,
     statuses: VecDeque<u16>,
     next_id: u64,
+    gateway: Option<String>,
 }
 
 /// The fake Discord API.
@@ -65,6 +68,9 @@ impl FakeDiscord {
             )
             .route("/api/v10/webhooks/{app}/{token}", post(follow_up))
             .route("/api/v10/channels/{channel}/messages", post(create))
+            .route("/api/v10/channels/{channel}/typing", post(typing))
+            .route("/api/v10/users/@me/channels", post(open_dm))
+            .route("/api/v10/gateway/bot", axum::routing::get(gateway_bot))
             .route(
                 "/api/v10/applications/{app}/commands",
                 put(overwrite_commands),
@@ -82,6 +88,10 @@ impl FakeDiscord {
     /// Answers the next requests with these statuses (429 carries `retry_after: 0.01`).
     pub fn fail_next(&self, statuses: impl IntoIterator<Item = u16>) {
         self.inner.lock().unwrap().statuses.extend(statuses);
+    }
+    /// The gateway `GET /gateway/bot` names.
+    pub fn set_gateway(&self, url: &str) {
+        self.inner.lock().unwrap().gateway = Some(url.to_owned());
     }
     /// Every request.
     pub fn requests(&self) -> Vec<DiscordRequest> {
@@ -263,4 +273,53 @@ async fn create(
         },
     ));
     message(&id, &content)
+}
+
+/// "typing…": 204, bot token only.
+async fn typing(State(inner): State<Arc<Mutex<Inner>>>, uri: Uri, headers: HeaderMap) -> Response {
+    if let Some(r) = record(&inner, Method::POST, &uri, headers.clone(), &Value::Null) {
+        return r;
+    }
+    if let Some(refused) = without_bot_token(&headers) {
+        return refused;
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// The direct-message channel with a user: `9<user id>`, the same every time.
+async fn open_dm(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(r) = record(&inner, Method::POST, &uri, headers.clone(), &body) {
+        return r;
+    }
+    if let Some(refused) = without_bot_token(&headers) {
+        return refused;
+    }
+    let user = body["recipient_id"].as_str().unwrap_or_default();
+    Json(json!({"id": format!("9{user}"), "type": 1, "recipients": [{"id": user}]})).into_response()
+}
+
+/// Where the gateway is, with generous session-start limits.
+async fn gateway_bot(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(r) = record(&inner, Method::GET, &uri, headers.clone(), &Value::Null) {
+        return r;
+    }
+    if let Some(refused) = without_bot_token(&headers) {
+        return refused;
+    }
+    let url = inner
+        .lock()
+        .unwrap()
+        .gateway
+        .clone()
+        .unwrap_or_else(|| "ws://127.0.0.1:9".into());
+    Json(json!({"url": url, "shards": 1, "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 86_400_000, "max_concurrency": 1}})).into_response()
 }

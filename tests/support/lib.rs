@@ -5,6 +5,7 @@
 //! `scripts/test.sh` starts and names in `PULSE_TEST_MOTO_URL`.
 
 pub mod fake_discord;
+pub mod fake_gateway;
 pub mod fake_hooks;
 pub mod fake_llm;
 pub mod faults;

@@ -2,8 +2,8 @@
 
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
-    ActiveHours, Agent, AgentChanges, AgentLlm, Budgets, Interval, NewAgent, ProviderKind,
-    Retention, ThinkPolicy, TimeZoneName,
+    ActiveHours, Agent, AgentChanges, AgentLlm, Budgets, DiscordAccess, DiscordListen, Interval,
+    NewAgent, ProviderKind, Retention, ThinkPolicy, TimeZoneName,
 };
 use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled, budget};
 
@@ -111,6 +111,13 @@ pub(crate) struct UpdateAgent {
     /// The Discord channel the agent speaks in; "" unbinds it.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
+    /// The Discord users whose direct messages it answers (user ids, comma-separated;
+    /// the list replaces the old one, "" for nobody).
+    #[arg(long, value_name = "ID,...")]
+    discord_users: Option<String>,
+    /// When it answers in its channel over the gateway: mentions (when mentioned) or all.
+    #[arg(long, value_name = "mentions|all")]
+    discord_listen: Option<String>,
     /// When the heartbeat agent calls the model: auto, events, always or every:N.
     #[arg(long, value_name = "POLICY")]
     think: Option<String>,
@@ -192,6 +199,13 @@ pub(crate) struct CreateAgent {
     /// The Discord channel the agent speaks in when no interaction is open.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
+    /// The Discord users whose direct messages it answers (user ids, comma-separated);
+    /// the first is where it speaks first when it has no channel.
+    #[arg(long, value_name = "ID,...")]
+    discord_users: Option<String>,
+    /// When it answers in its channel over the gateway: mentions (when mentioned) or all.
+    #[arg(long, value_name = "mentions|all", default_value = "mentions")]
+    discord_listen: String,
     /// When the heartbeat agent calls the model: auto (new events or instructions),
     /// events (new events only), always, or every:N (every Nth beat). A heartbeat that
     /// does not think records its action SKIPPED, at no token cost.
@@ -293,6 +307,18 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
         })?,
         retention: cleared_with(a.retention, |r| r.parse::<Retention>().map_err(input))?,
         discord_channel: cleared(a.discord_channel),
+        discord_users: a
+            .discord_users
+            .as_deref()
+            .map(DiscordAccess::parse_users)
+            .transpose()
+            .map_err(input)?,
+        discord_listen: a
+            .discord_listen
+            .as_deref()
+            .map(DiscordListen::parse)
+            .transpose()
+            .map_err(input)?,
         think: a
             .think
             .as_deref()
@@ -400,6 +426,16 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         .transpose()
         .map_err(input)?;
     new.discord_channel = a.discord_channel;
+    new.discord = DiscordAccess {
+        users: a
+            .discord_users
+            .as_deref()
+            .map(DiscordAccess::parse_users)
+            .transpose()
+            .map_err(input)?
+            .unwrap_or_default(),
+        listen: DiscordListen::parse(&a.discord_listen).map_err(input)?,
+    };
     new.think = ThinkPolicy::parse(&a.think).map_err(input)?;
     new.retention = a
         .retention

@@ -281,6 +281,7 @@ pub(crate) async fn serve(
                 loops.dispatch(),
                 loops.prune(),
                 loops.receive(listener, limits),
+                loops.gateway(),
                 signals,
             )
         } => {}
@@ -515,6 +516,33 @@ impl Loops<'_> {
                 warn!(error = %chain(&e), "cannot queue the daily consolidation of memories; trying again tomorrow");
             }
         }
+    }
+
+    /// Keeps the Discord gateway open when a bot token is set (and
+    /// `PULSE_DISCORD_GATEWAY` is not `off`), until stopped. A gateway that fails for
+    /// good (a refused token) is logged, and `pulse serve` goes on serving.
+    async fn gateway(&self) {
+        let discord = &self.config.discord;
+        let Some(token) = discord.bot_token.clone() else {
+            return;
+        };
+        if !discord.gateway {
+            info!("PULSE_DISCORD_GATEWAY=off: direct and channel messages are not read here");
+            return;
+        }
+        let gateway = pulse_gateway::Gateway::new(
+            self.b.store.clone(),
+            self.b.queue.clone(),
+            self.clock.clone(),
+            pulse_shared::discord::DiscordClient::new(discord.clone()),
+            pulse_gateway::GatewaySettings {
+                token,
+                url: discord.gateway_url.clone(),
+                default_agent: self.config.inbound.default_agent.clone(),
+            },
+        );
+        // The error is logged where it happens; serving goes on.
+        let _ = gateway.run(self.stop.clone()).await;
     }
 
     /// Runs the HTTP receiver on `listener`, if there is one, until stopped.

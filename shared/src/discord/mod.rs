@@ -3,6 +3,8 @@
 //! within a bound; 5xx and transport errors retry with a short backoff; other errors are
 //! returned at once. Tokens are never logged.
 
+pub mod envelope;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -31,6 +33,12 @@ pub struct DiscordConfig {
     pub max_attempts: u32,
     /// Longest single `retry_after` waited; a longer one gives up.
     pub max_retry_wait: Duration,
+    /// `DISCORD_GATEWAY_URL`: the gateway to connect to instead of the one
+    /// `GET /gateway/bot` names.
+    pub gateway_url: Option<String>,
+    /// `PULSE_DISCORD_GATEWAY`: whether `pulse serve` opens the gateway when it has a
+    /// bot token.
+    pub gateway: bool,
 }
 
 impl DiscordConfig {
@@ -44,6 +52,8 @@ impl DiscordConfig {
             timeout: Duration::from_secs(10),
             max_attempts: 4,
             max_retry_wait: Duration::from_secs(10),
+            gateway_url: None,
+            gateway: true,
         }
     }
 
@@ -151,7 +161,10 @@ impl DiscordClient {
         let attempts = self.config.max_attempts.max(1);
         let mut last = DiscordError::Transport("no attempt was made".into());
         for attempt in 1..=attempts {
-            let mut req = self.http.request(method.clone(), &url).json(&body);
+            let mut req = self.http.request(method.clone(), &url);
+            if !body.is_null() {
+                req = req.json(&body);
+            }
             if let Some(t) = token {
                 req = req.header("authorization", format!("Bot {}", t.expose()));
             }
@@ -169,6 +182,10 @@ impl DiscordClient {
                         .and_then(|v| v.trim().parse::<f64>().ok());
                     let text = resp.text().await.unwrap_or_default();
                     if status.is_success() {
+                        if text.trim().is_empty() {
+                            // 204 No Content (typing).
+                            return Ok(Value::Null);
+                        }
                         return serde_json::from_str(&text).map_err(|e| {
                             DiscordError::Malformed(format!("the body is not JSON: {e}"))
                         });
@@ -255,12 +272,80 @@ impl DiscordApi for DiscordClient {
         channel_id: &str,
         content: &str,
         nonce: &str,
+        reply_to: Option<&str>,
     ) -> Result<String, DiscordError> {
         let mut b = body(content);
         b["nonce"] = json!(nonce);
         b["enforce_nonce"] = json!(true);
+        if let Some(m) = reply_to {
+            // A reply to a message deleted meanwhile is still posted, as a plain message.
+            b["message_reference"] = json!({"message_id": m, "fail_if_not_exists": false});
+        }
         let url = self.url(&format!("channels/{channel_id}/messages"));
         self.send(reqwest::Method::POST, url, true, b).await
+    }
+
+    async fn typing(&self, channel_id: &str) -> Result<(), DiscordError> {
+        let url = self.url(&format!("channels/{channel_id}/typing"));
+        self.request(reqwest::Method::POST, url, true, json!({}))
+            .await
+            .map(|_| ())
+    }
+
+    async fn open_dm(&self, user_id: &str) -> Result<String, DiscordError> {
+        let url = self.url("users/@me/channels");
+        self.send(
+            reqwest::Method::POST,
+            url,
+            true,
+            json!({"recipient_id": user_id}),
+        )
+        .await
+    }
+}
+
+/// Where the gateway is and how many sessions may start (`GET /gateway/bot`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayInfo {
+    /// The WebSocket URL (`wss://gateway.discord.gg`).
+    pub url: String,
+    /// Sessions that may still start before `reset_after`.
+    pub remaining: u32,
+    /// Sessions allowed a day.
+    pub total: u32,
+    /// When `remaining` resets.
+    pub reset_after: Duration,
+    /// Identifies allowed at once (every 5 s).
+    pub max_concurrency: u16,
+}
+
+impl DiscordClient {
+    /// Where the gateway is, and the session-start limits of the bot token.
+    pub async fn gateway_bot(&self) -> Result<GatewayInfo, DiscordError> {
+        let v = self
+            .request(
+                reqwest::Method::GET,
+                self.url("gateway/bot"),
+                true,
+                Value::Null,
+            )
+            .await?;
+        let url = v
+            .get("url")
+            .and_then(Value::as_str)
+            .ok_or_else(|| DiscordError::Malformed("GET /gateway/bot names no url".into()))?
+            .to_owned();
+        let limit = |k: &str| {
+            v.pointer(&format!("/session_start_limit/{k}"))
+                .and_then(Value::as_u64)
+        };
+        Ok(GatewayInfo {
+            url,
+            remaining: limit("remaining").unwrap_or(1000) as u32,
+            total: limit("total").unwrap_or(1000) as u32,
+            reset_after: Duration::from_millis(limit("reset_after").unwrap_or(86_400_000)),
+            max_concurrency: limit("max_concurrency").unwrap_or(1).clamp(1, 64) as u16,
+        })
     }
 }
 

@@ -54,6 +54,9 @@ pub struct Agent {
     /// The Discord channel it speaks in when no interaction is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discord_channel: Option<String>,
+    /// Who may talk to it in direct messages, and when it answers in its channel.
+    #[serde(default, skip_serializing_if = "DiscordAccess::is_default")]
+    pub discord: DiscordAccess,
     /// When it was paused (`pulse agents pause`): its heartbeats are not claimed until it
     /// is resumed; its user's messages are still answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,7 +135,18 @@ impl Agent {
                 ),
             ));
         }
+        self.discord = self.discord.validated()?;
         Ok(self)
+    }
+
+    /// Where it speaks when nobody spoke to it first (a heartbeat's `speak`): its
+    /// channel, else a direct message to its first allowed user.
+    pub fn home(&self) -> Option<DiscordHome> {
+        match (&self.discord_channel, self.discord.users.first()) {
+            (Some(c), _) => Some(DiscordHome::Channel(c.clone())),
+            (None, Some(u)) => Some(DiscordHome::User(u.clone())),
+            (None, None) => None,
+        }
     }
 
     /// Whether `other` wakes on a different plan (interval, active hours or their zone):
@@ -459,5 +473,124 @@ mod tests {
             .filter(|b| every.decide(*b, 5, true).is_ok())
             .collect();
         assert_eq!(thought, [3, 6, 9], "every:N counts beats, events or not");
+    }
+}
+
+/// Where an agent speaks first: a channel, or a user's direct messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiscordHome {
+    /// A channel id.
+    Channel(String),
+    /// A user id, whose direct-message channel is opened when needed.
+    User(String),
+}
+
+/// When an agent answers in a guild channel bound to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiscordListen {
+    /// Only messages that mention it.
+    #[default]
+    Mentions,
+    /// Every message (from people; bots are never answered).
+    All,
+}
+
+impl DiscordListen {
+    /// Reads `mentions` or `all`.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        match s.trim() {
+            "mentions" => Ok(Self::Mentions),
+            "all" => Ok(Self::All),
+            other => Err(ValidationError::new(
+                "discord listen",
+                format!(
+                    "{other:?}: give `mentions` (answer when mentioned) or `all` (every message)"
+                ),
+            )),
+        }
+    }
+
+    /// `mentions` or `all`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mentions => "mentions",
+            Self::All => "all",
+        }
+    }
+}
+
+/// Who reaches an agent over the Discord gateway.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiscordAccess {
+    /// Users whose direct messages it answers (Discord user ids), in order; the first
+    /// is its home when it has no channel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    /// When it answers in its channel.
+    #[serde(default, skip_serializing_if = "is_mentions")]
+    pub listen: DiscordListen,
+}
+
+fn is_mentions(l: &DiscordListen) -> bool {
+    *l == DiscordListen::Mentions
+}
+
+/// Most users one agent lets talk to it directly.
+pub const MAX_DISCORD_USERS: usize = 50;
+
+impl DiscordAccess {
+    /// Nobody in direct messages, mentions only.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether `user` may talk to the agent in direct messages.
+    pub fn allows(&self, user: &str) -> bool {
+        self.users.iter().any(|u| u == user)
+    }
+
+    /// Reads a comma-separated list of user ids ("" for none).
+    pub fn parse_users(list: &str) -> Result<Vec<String>, ValidationError> {
+        let users: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Self {
+            users,
+            listen: DiscordListen::Mentions,
+        }
+        .validated()
+        .map(|a| a.users)
+    }
+
+    fn validated(mut self) -> Result<Self, ValidationError> {
+        let mut seen = std::collections::HashSet::new();
+        self.users.retain(|u| seen.insert(u.clone()));
+        if self.users.len() > MAX_DISCORD_USERS {
+            return Err(ValidationError::new(
+                "discord users",
+                format!(
+                    "{} users; one agent answers at most {MAX_DISCORD_USERS} in direct messages",
+                    self.users.len()
+                ),
+            ));
+        }
+        if let Some(u) = self
+            .users
+            .iter()
+            .find(|u| u.len() > 20 || u.is_empty() || !u.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(ValidationError::new(
+                "discord users",
+                format!(
+                    "{:?} is not a Discord user id; copy it with Developer Mode on (right-click the user, Copy User ID): it is all digits",
+                    u.escape_debug().to_string()
+                ),
+            ));
+        }
+        Ok(self)
     }
 }

@@ -97,6 +97,9 @@ pub struct SignalMeta {
     /// The Discord channel it came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel_id: Option<String>,
+    /// The Discord message it came from (over the gateway): the reply answers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
     /// The raw Discord envelope: shown to the model once, never persisted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discord: Option<Value>,
@@ -246,6 +249,16 @@ pub enum ReplyTarget {
     Channel {
         /// The channel.
         channel_id: String,
+        /// The user's message the first part replies to (a message that came over the
+        /// gateway).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply_to: Option<String>,
+    },
+    /// Post to a user's direct messages (opened when the reply is delivered): an agent
+    /// with no channel speaking first to its first allowed user.
+    User {
+        /// The user.
+        user_id: String,
     },
     /// Nowhere (Discord not configured, or no channel known): stored and logged only.
     None,

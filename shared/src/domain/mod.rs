@@ -24,7 +24,8 @@ mod webhook_request;
 
 pub use agent::{
     AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, DEFAULT_MEMORY_HALF_LIFE,
-    Spend, ThinkPolicy, agents_named, check_key_variable,
+    DiscordAccess, DiscordHome, DiscordListen, MAX_DISCORD_USERS, Spend, ThinkPolicy, agents_named,
+    check_key_variable,
 };
 pub use chat::{
     ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,

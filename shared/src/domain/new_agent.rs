@@ -3,7 +3,7 @@
 
 use jiff::Timestamp;
 
-use super::agent::{Agent, AgentLlm, Budgets, ThinkPolicy};
+use super::agent::{Agent, AgentLlm, Budgets, DiscordAccess, DiscordListen, ThinkPolicy};
 use super::chat::ProviderKind;
 use super::event::EventCursor;
 use super::heartbeat::Heartbeat;
@@ -38,6 +38,8 @@ pub struct NewAgent {
     pub memory_half_life: Option<Interval>,
     /// Discord channel.
     pub discord_channel: Option<String>,
+    /// Who talks to it in direct messages, and when it answers in its channel.
+    pub discord: DiscordAccess,
     /// When its heartbeat agent thinks.
     pub think: ThinkPolicy,
     /// How long its finished records are kept; the deployment's when unset.
@@ -60,6 +62,7 @@ impl NewAgent {
             quiet_period: None,
             memory_half_life: None,
             discord_channel: None,
+            discord: DiscordAccess::default(),
             think: ThinkPolicy::Auto,
             retention: None,
         }
@@ -86,6 +89,7 @@ impl NewAgent {
             quiet_period: self.quiet_period,
             memory_half_life: self.memory_half_life,
             discord_channel: self.discord_channel,
+            discord: self.discord,
             paused_at: None,
             think: self.think,
             next_wake: None,
@@ -131,6 +135,10 @@ pub struct AgentChanges {
     pub quiet_period: Option<Option<Interval>>,
     /// Discord channel; `Some(None)` unbinds it.
     pub discord_channel: Option<Option<String>>,
+    /// Users it answers in direct messages (replaces the list; empty for none).
+    pub discord_users: Option<Vec<String>>,
+    /// When it answers in its channel.
+    pub discord_listen: Option<DiscordListen>,
     /// When its heartbeat agent thinks.
     pub think: Option<ThinkPolicy>,
     /// How long its finished records are kept; `Some(None)` goes back to the deployment's.
@@ -157,6 +165,8 @@ impl AgentChanges {
             && self.max_beats_per_hour.is_none()
             && self.quiet_period.is_none()
             && self.discord_channel.is_none()
+            && self.discord_users.is_none()
+            && self.discord_listen.is_none()
             && self.think.is_none()
             && self.retention.is_none()
             && self.memory_half_life.is_none()
@@ -185,6 +195,8 @@ impl AgentChanges {
         set(&mut a.budgets.max_beats_per_hour, &self.max_beats_per_hour);
         set(&mut a.quiet_period, &self.quiet_period);
         set(&mut a.discord_channel, &self.discord_channel);
+        set(&mut a.discord.users, &self.discord_users);
+        set(&mut a.discord.listen, &self.discord_listen);
         set(&mut a.think, &self.think);
         set(&mut a.retention, &self.retention);
         set(&mut a.memory_half_life, &self.memory_half_life);

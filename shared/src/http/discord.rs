@@ -37,6 +37,9 @@ use twilight_model::application::interaction::application_command::{
 };
 
 use super::{Inbound, Json, error_response, read_body, store_failure};
+use crate::discord::envelope::{
+    attachment, attachments, describe, display_name, image_block, message_envelope, person,
+};
 use crate::domain::{AgentId, ContentBlock, InteractionRef, Signal, SignalId, SignalMeta, from_ms};
 use crate::engine::intake;
 
@@ -219,6 +222,7 @@ async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
         user_id: user.get("id").and_then(Value::as_str).map(str::to_owned),
         user_name: user_name.clone(),
         channel_id: Some(channel.to_owned()),
+        message_id: None,
         discord: Some(message.envelope),
         interaction: Some(InteractionRef {
             token: token.to_owned(),
@@ -253,76 +257,11 @@ async fn agent_for(app: &Inbound, channel: &str) -> Result<Option<AgentId>, Resp
     }
 }
 
-fn display_name(user: &Value, nick: Option<&Value>) -> Option<String> {
-    nick.and_then(Value::as_str)
-        .or_else(|| user.get("global_name").and_then(Value::as_str))
-        .or_else(|| user.get("username").and_then(Value::as_str))
-        .map(str::to_owned)
-}
-
 /// What a command brings: the text for the model, images, and the envelope.
 struct Incoming {
     text: String,
     images: Vec<ContentBlock>,
     envelope: Value,
-}
-
-fn person(user: &Value) -> Value {
-    json!({
-        "id": user.get("id"),
-        "username": user.get("username"),
-        "global_name": user.get("global_name"),
-    })
-}
-
-/// Seed 002's attachment fields, from Discord's attachment object.
-fn attachment(a: &Value) -> Value {
-    json!({
-        "name": a.get("filename"),
-        "content_type": a.get("content_type"),
-        "size": a.get("size"),
-        "duration": a.get("duration_secs"),
-        "waveform": a.get("waveform"),
-        "width": a.get("width"),
-        "height": a.get("height"),
-        "description": a.get("description"),
-    })
-}
-
-fn image_block(a: &Value) -> Option<ContentBlock> {
-    let media = a.get("content_type").and_then(Value::as_str)?;
-    if !media.starts_with("image/") {
-        return None;
-    }
-    Some(ContentBlock::Image {
-        url: a.get("url").and_then(Value::as_str)?.to_owned(),
-        media_type: Some(media.to_owned()),
-    })
-}
-
-/// "1 attachment: voice-message.ogg (audio/ogg, 12.5 s)": for messages with no text.
-fn describe(attachments: &[Value]) -> String {
-    let parts: Vec<String> = attachments
-        .iter()
-        .map(|a| {
-            let name = a.get("filename").and_then(Value::as_str).unwrap_or("file");
-            let mut what = vec![
-                a.get("content_type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown type")
-                    .to_owned(),
-            ];
-            if let Some(d) = a.get("duration_secs").and_then(Value::as_f64) {
-                what.push(format!("{d:.1} s"));
-            }
-            format!("{name} ({})", what.join(", "))
-        })
-        .collect();
-    match parts.len() {
-        0 => "(no text)".to_owned(),
-        1 => format!("(no text; 1 attachment: {})", parts[0]),
-        n => format!("(no text; {n} attachments: {})", parts.join("; ")),
-    }
 }
 
 /// `/ask text:<...> [file:<attachment>]`.
@@ -376,11 +315,7 @@ fn context_menu(data: &CommandData, raw: &Value, user: &Value) -> Result<Incomin
     let m = raw
         .pointer(&format!("/data/resolved/messages/{target}"))
         .ok_or_else(|| format!("message {target} is not among the resolved data"))?;
-    let files: Vec<Value> = m
-        .get("attachments")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let files = attachments(m);
     let author = m.get("author").cloned().unwrap_or(Value::Null);
     let content = m.get("content").and_then(Value::as_str).unwrap_or_default();
     let body = if content.trim().is_empty() {
@@ -392,31 +327,9 @@ fn context_menu(data: &CommandData, raw: &Value, user: &Value) -> Result<Incomin
         "About this message from {}:\n{body}",
         display_name(&author, None).unwrap_or_else(|| "someone".to_owned())
     );
-    let stickers: Vec<Value> = m
-        .get("sticker_items")
-        .and_then(Value::as_array)
-        .map(|s| {
-            s.iter()
-                .map(|x| json!({"name": x.get("name"), "format": x.get("format_type")}))
-                .collect()
-        })
-        .unwrap_or_default();
-    let envelope = json!({
-        "interaction": {"kind": "message_command", "command": data.name, "invoked_by": person(user)},
-        "type": m.get("type"),
-        "flags": m.get("flags"),
-        "created_at": m.get("timestamp"),
-        "edited_at": m.get("edited_timestamp"),
-        "pinned": m.get("pinned"),
-        "tts": m.get("tts"),
-        "author": person(&author),
-        "content": if content.is_empty() { Value::Null } else { Value::from(content) },
-        "attachments": files.iter().map(attachment).collect::<Vec<_>>(),
-        "embeds": m.get("embeds").cloned().unwrap_or_else(|| json!([])),
-        "stickers": stickers,
-        "reference": m.get("message_reference"),
-        "poll": m.pointer("/poll/question/text").map(|q| json!({"question": q})),
-    });
+    let mut envelope = message_envelope(m);
+    envelope["interaction"] =
+        json!({"kind": "message_command", "command": data.name, "invoked_by": person(user)});
     Ok(Incoming {
         images: files.iter().filter_map(image_block).collect(),
         text,
@@ -457,15 +370,5 @@ mod tests {
         };
         assert!(interaction_time(&ahead(300), now).is_ok());
         assert!(interaction_time(&ahead(301), now).is_err());
-    }
-
-    #[test]
-    fn a_message_without_text_is_described_by_its_attachments() {
-        let voice = json!({"filename": "voice-message.ogg", "content_type": "audio/ogg", "duration_secs": 12.5, "size": 4000});
-        assert_eq!(
-            describe(&[voice]),
-            "(no text; 1 attachment: voice-message.ogg (audio/ogg, 12.5 s))"
-        );
-        assert_eq!(describe(&[]), "(no text)");
     }
 }

@@ -247,11 +247,17 @@ pub trait DiscordApi: Send + Sync {
         content: &str,
     ) -> Result<String, DiscordError>;
     /// Posts a message to a channel with the bot token. `nonce` (at most 25 characters)
-    /// is enforced, so a retried post with the same nonce does not post twice.
+    /// is enforced, so a retried post with the same nonce does not post twice. With
+    /// `reply_to`, the message is a reply to that message of the channel.
     async fn create_message(
         &self,
         channel_id: &str,
         content: &str,
         nonce: &str,
+        reply_to: Option<&str>,
     ) -> Result<String, DiscordError>;
+    /// Shows "typing…" in a channel for about ten seconds, or until a message is posted.
+    async fn typing(&self, channel_id: &str) -> Result<(), DiscordError>;
+    /// The direct-message channel with a user (opened if there is none); its id.
+    async fn open_dm(&self, user_id: &str) -> Result<String, DiscordError>;
 }

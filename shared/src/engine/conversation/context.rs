@@ -6,8 +6,8 @@ use jiff::Timestamp;
 use crate::engine::framing;
 
 use crate::domain::{
-    Agent, Beats, ChatMessage, ConversationMessage, Heartbeat, ReplyTarget, Role, Signal,
-    SignalKind, Turn,
+    Agent, Beats, ChatMessage, ConversationMessage, DiscordHome, Heartbeat, ReplyTarget, Role,
+    Signal, SignalKind, Turn,
 };
 
 /// Estimated tokens of a text: 4 characters a token, plus a little per message.
@@ -208,8 +208,10 @@ pub(super) fn persisted(
     out
 }
 
-/// Where a reply goes: the newest open interaction, else the newest channel the signals
-/// came from, else the agent's channel; nowhere when Discord is not configured.
+/// Where a reply goes: the newest open interaction; else the channel of the newest
+/// message that came from one, replying to the newest message that came over the
+/// gateway; else the agent's home (its channel, or its first allowed user's direct
+/// messages); nowhere when Discord is not configured.
 pub(super) fn target(
     agent: &Agent,
     signals: &[Signal],
@@ -227,14 +229,20 @@ pub(super) fn target(
     {
         return ReplyTarget::Interaction(i.clone());
     }
-    signals
-        .iter()
-        .rev()
-        .find_map(|s| s.meta.channel_id.clone())
-        .or_else(|| agent.discord_channel.clone())
-        .map_or(ReplyTarget::None, |channel_id| ReplyTarget::Channel {
+    if let Some(s) = signals.iter().rev().find(|s| s.meta.channel_id.is_some()) {
+        return ReplyTarget::Channel {
+            channel_id: s.meta.channel_id.clone().unwrap_or_default(),
+            reply_to: s.meta.message_id.clone(),
+        };
+    }
+    match agent.home() {
+        Some(DiscordHome::Channel(channel_id)) => ReplyTarget::Channel {
             channel_id,
-        })
+            reply_to: None,
+        },
+        Some(DiscordHome::User(user_id)) => ReplyTarget::User { user_id },
+        None => ReplyTarget::None,
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Delivering a turn's reply, part by part, each recorded; and the hooks a turn emits.
 
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::*;
 use crate::domain::{Agent, HookData, HookType, ReplyTarget, Signal, Turn, TurnId, TurnStatus};
@@ -22,7 +22,54 @@ fn transient(e: &DiscordError) -> bool {
     }
 }
 
+/// How often "typing…" is renewed while a turn runs (Discord shows it for about 10 s).
+const TYPING_EVERY: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// Longest the first "typing…" may hold up a turn.
+const TYPING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// "typing…" renewed in the background until dropped.
+pub(super) struct Typing(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Typing {
+    fn drop(&mut self) {
+        if let Some(renewal) = self.0.take() {
+            renewal.abort();
+        }
+    }
+}
+
 impl Conversation {
+    /// Shows "typing…" in the channel of the newest message that came over the gateway
+    /// (an interaction shows its own "thinking…"): once now, then every
+    /// [`TYPING_EVERY`] until the returned guard is dropped. A failure is only logged:
+    /// the reply matters, not the indicator.
+    pub(super) async fn typing(&self, pending: &[Signal]) -> Typing {
+        let (Some(d), Some(channel)) = (
+            &self.discord,
+            pending
+                .iter()
+                .rev()
+                .find(|s| s.meta.message_id.is_some())
+                .and_then(|s| s.meta.channel_id.clone()),
+        ) else {
+            return Typing(None);
+        };
+        let shown = tokio::time::timeout(TYPING_WAIT, d.typing(&channel)).await;
+        if let Ok(Err(e)) = &shown {
+            warn!(error = %chain(e), "cannot show typing in Discord");
+        }
+        let d = d.clone();
+        Typing(Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(TYPING_EVERY).await;
+                if let Err(e) = d.typing(&channel).await {
+                    warn!(error = %chain(&e), "cannot renew typing in Discord");
+                }
+            }
+        })))
+    }
+
     /// Records the turn as it stands, with the requests made since its last write.
     async fn save(&self, turn: &mut Turn) -> Result<(), crate::error::StoreError> {
         crate::tally::stamp(&mut turn.requests);
@@ -48,10 +95,26 @@ impl Conversation {
                         d.follow_up(&it.token, &part).await.map(Some)
                     }
                 }
-                (ReplyTarget::Channel { channel_id }, Some(d)) => d
-                    .create_message(channel_id, &part, &nonce(&turn.id, i))
-                    .await
-                    .map(Some),
+                (
+                    ReplyTarget::Channel {
+                        channel_id,
+                        reply_to,
+                    },
+                    Some(d),
+                ) => {
+                    // The first part answers the user's message; the rest follow it.
+                    let reply_to = reply_to.as_deref().filter(|_| i == 0);
+                    d.create_message(channel_id, &part, &nonce(&turn.id, i), reply_to)
+                        .await
+                        .map(Some)
+                }
+                (ReplyTarget::User { user_id }, Some(d)) => match d.open_dm(user_id).await {
+                    Ok(channel) => d
+                        .create_message(&channel, &part, &nonce(&turn.id, i), None)
+                        .await
+                        .map(Some),
+                    Err(e) => Err(e),
+                },
             };
             match result {
                 Ok(id) => {
@@ -145,7 +208,7 @@ impl Conversation {
             return Ok(());
         }
         let channel = match &turn.target {
-            ReplyTarget::Channel { channel_id } => Some(channel_id.clone()),
+            ReplyTarget::Channel { channel_id, .. } => Some(channel_id.clone()),
             _ => agent.discord_channel.clone(),
         };
         let data = HookData::message_sent(turn, channel);

@@ -249,6 +249,7 @@ impl Conversation {
         let asked = match &spent {
             None => {
                 outcome.asked_model = true;
+                let _typing = self.typing(pending).await;
                 let (context, beat) = self.context(agent, pending, now).await?;
                 // Memories the turn's tools keep get ids from the turn and its first
                 // signal's time, so a redelivered turn keeps each once.

@@ -1,0 +1,339 @@
+//! What arrives over the gateway, made into signals and events.
+//!
+//! **Who may talk.** A message in a guild channel is for the agent bound to the channel
+//! (`--discord-channel`, else `PULSE_DISCORD_DEFAULT_AGENT`), which answers when the
+//! message mentions it, or every message with `--discord-listen all`. A direct message
+//! is for the agent whose allowed users (`--discord-users`) include its author; anyone
+//! else is a stranger: no answer, counted, logged without the content. Messages from
+//! bots — the agent's own included — are never answered, so two bots cannot loop.
+//!
+//! **What the agent reads.** The message's text (the bot's mention taken out), its
+//! pictures as image parts, and its envelope in the signal's metadata (shown to the
+//! model once, never persisted). A message with no text — a voice note, a file, a
+//! sticker — is never dropped: its text says what arrived.
+//!
+//! **Nothing twice.** The signal's id is derived from the message's id, so a message
+//! replayed after a resume is the same signal: the queue drops a duplicate it still
+//! holds, and a turn never answers a signal it answered. A reaction's event id is
+//! derived from the message, the user and the emoji, so a replay rewrites the same event.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use pulse_shared::discord::envelope::{
+    attachments, bounded, describe, display_name, image_block, message_envelope,
+};
+use pulse_shared::domain::{
+    Agent, DiscordListen, Event, EventId, EventType, Priority, Signal, SignalId, SignalMeta,
+};
+use pulse_shared::engine::intake;
+use pulse_shared::error::chain;
+use pulse_shared::http::discord::snowflake_time;
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::Gateway;
+
+/// The event type a reaction to an agent's message is recorded as.
+pub const DISCORD_REACTION: &str = "DISCORD_REACTION";
+
+/// Longest wait between two tries to queue a message the queue did not take.
+const MOST_RETRY_WAIT: Duration = Duration::from_secs(30);
+
+/// Why a message is not for any agent.
+#[derive(Debug, PartialEq, Eq)]
+enum Skip {
+    /// From a bot.
+    Bot,
+    /// A direct message from someone no agent lets in.
+    Stranger,
+    /// A channel message the agent does not answer (no mention, or no agent there).
+    NotAddressed,
+}
+
+impl Gateway {
+    /// A `MESSAGE_CREATE`: queued for its agent, or counted and dropped.
+    pub(crate) async fn on_message(&self, m: &Value) {
+        let (Some(id), Some(channel)) = (
+            m.get("id").and_then(Value::as_str),
+            m.get("channel_id").and_then(Value::as_str),
+        ) else {
+            self.count("malformed");
+            warn!("a MESSAGE_CREATE without an id or a channel was skipped");
+            return;
+        };
+        let author = m.get("author").cloned().unwrap_or(Value::Null);
+        let author_id = author.get("id").and_then(Value::as_str).unwrap_or_default();
+        let agent = match self.addressee(m, channel, author_id).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(skip)) => {
+                match skip {
+                    Skip::Bot => self.count("bot"),
+                    Skip::NotAddressed => self.count("not_addressed"),
+                    Skip::Stranger => {
+                        self.count("stranger");
+                        // Who and where, never what: a stranger's words are not ours to keep.
+                        info!(
+                            user_id = author_id,
+                            channel_id = channel,
+                            message_id = id,
+                            "a direct message from a user no agent lets in was not answered"
+                        );
+                    }
+                }
+                return;
+            }
+            Err(why) => {
+                // The store could not say who the message is for: keep trying, as for
+                // a queue that does not take it (Discord does not send it again).
+                warn!(message_id = id, error = %why, "cannot tell which agent a Discord message is for");
+                return;
+            }
+        };
+        let now = self.clock.now();
+        let minted = snowflake_time(id).unwrap_or(now).min(now);
+        let signal = match self.signal(&agent, m, id, channel, &author, minted) {
+            Ok(s) => s,
+            Err(why) => {
+                self.count("malformed");
+                warn!(message_id = id, error = %why, "a Discord message could not be taken");
+                return;
+            }
+        };
+        let signal_id = signal.id.clone();
+        self.submit(signal).await;
+        self.count("accepted");
+        info!(agent_id = %agent.id, signal_id = %signal_id, message_id = id, "Discord message queued");
+    }
+
+    /// The agent a message is for, or why it is for none.
+    async fn addressee(
+        &self,
+        m: &Value,
+        channel: &str,
+        author: &str,
+    ) -> Result<Result<Agent, Skip>, String> {
+        let bot = self.bot_id();
+        if m.pointer("/author/bot").and_then(Value::as_bool) == Some(true)
+            || bot.as_deref() == Some(author)
+        {
+            return Ok(Err(Skip::Bot));
+        }
+        let store = self.store.as_ref();
+        if m.get("guild_id").is_none_or(Value::is_null) {
+            let found = self
+                .directory
+                .agent_for_user(author)
+                .await
+                .map_err(|e| chain(&e))?;
+            // The directory may be a minute old: the agent's own record says last.
+            let live = match found {
+                Some(a) => store.get_agent(&a.id).await.map_err(|e| chain(&e))?,
+                None => None,
+            };
+            return Ok(live
+                .filter(|a| a.discord.allows(author))
+                .ok_or(Skip::Stranger));
+        }
+        let id = match store
+            .agent_for_channel(channel)
+            .await
+            .map_err(|e| chain(&e))?
+        {
+            Some(id) => id,
+            None => match &self.settings.default_agent {
+                Some(id) => id.clone(),
+                None => return Ok(Err(Skip::NotAddressed)),
+            },
+        };
+        let Some(agent) = store.get_agent(&id).await.map_err(|e| chain(&e))? else {
+            return Ok(Err(Skip::NotAddressed));
+        };
+        let heard = agent.discord.listen == DiscordListen::All
+            || bot.as_deref().is_some_and(|b| mentions(m, b));
+        Ok(if heard {
+            Ok(agent)
+        } else {
+            Err(Skip::NotAddressed)
+        })
+    }
+
+    /// The signal of a message: its words, pictures and envelope, under an id derived
+    /// from the message's.
+    fn signal(
+        &self,
+        agent: &Agent,
+        m: &Value,
+        id: &str,
+        channel: &str,
+        author: &Value,
+        minted: Timestamp,
+    ) -> Result<Signal, String> {
+        let files = attachments(m);
+        let content = m.get("content").and_then(Value::as_str).unwrap_or_default();
+        let said = match &self.bot_id() {
+            Some(b) => without_mention(content, b),
+            None => content.trim().to_owned(),
+        };
+        let text = if !said.is_empty() {
+            bounded(&said)
+        } else if files.is_empty() && m.get("sticker_items").is_some() {
+            "(no text; a sticker)".to_owned()
+        } else {
+            describe(&files)
+        };
+        let mut envelope = message_envelope(m);
+        envelope["channel"] = json!({
+            "id": channel,
+            "kind": if m.get("guild_id").is_none_or(Value::is_null) { "direct" } else { "guild" },
+        });
+        let meta = SignalMeta {
+            source: Some("discord".to_owned()),
+            user_id: author.get("id").and_then(Value::as_str).map(str::to_owned),
+            user_name: display_name(author, m.pointer("/member/nick")),
+            channel_id: Some(channel.to_owned()),
+            message_id: Some(id.to_owned()),
+            discord: Some(envelope),
+            interaction: None,
+            heartbeat_id: None,
+        };
+        let mut signal = Signal::user_message(&agent.id, &agent.session, &text, meta, minted)
+            .map_err(|e| e.to_string())?;
+        signal.id = SignalId::derived(
+            minted.as_millisecond().max(0) as u64,
+            &["discord-message", id],
+        );
+        signal.content.extend(files.iter().filter_map(image_block));
+        Ok(signal)
+    }
+
+    /// Queues `signal`, trying again with backoff for as long as the queue does not
+    /// take it: Discord will not send the message again, so it is kept here, and the
+    /// gateway reads nothing else meanwhile (a long wait ends in a resume, which
+    /// replays what was missed).
+    async fn submit(&self, signal: Signal) {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match intake::submit(self.store.as_ref(), self.queue.as_ref(), signal.clone()).await {
+                Ok(()) => return,
+                Err(e) => {
+                    warn!(signal_id = %signal.id, error = %chain(&e), retry_in = ?wait, "cannot queue a Discord message; keeping it and trying again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MOST_RETRY_WAIT);
+                }
+            }
+        }
+    }
+
+    /// A `MESSAGE_REACTION_ADD`: a person's reaction to one of the agent's messages
+    /// becomes a `DISCORD_REACTION` event for the agent of that channel or user.
+    pub(crate) async fn on_reaction(&self, r: &Value) {
+        let Some(bot) = self.bot_id() else { return };
+        let field = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default();
+        let (user, channel, message) = (field("user_id"), field("channel_id"), field("message_id"));
+        if user.is_empty() || message.is_empty() || user == bot {
+            return;
+        }
+        // Only reactions to what the agent said tell it something.
+        if r.get("message_author_id").and_then(Value::as_str) != Some(bot.as_str()) {
+            return;
+        }
+        let direct = r.get("guild_id").is_none_or(Value::is_null);
+        let agent = if direct {
+            self.directory
+                .agent_for_user(user)
+                .await
+                .map(|a| a.map(|a| a.id))
+        } else {
+            match self.store.agent_for_channel(channel).await {
+                Ok(None) => Ok(self.settings.default_agent.clone()),
+                other => other,
+            }
+        };
+        let agent = match agent {
+            Ok(Some(a)) => a,
+            Ok(None) => return,
+            Err(e) => {
+                warn!(error = %chain(&e), "cannot tell which agent a reaction is for");
+                return;
+            }
+        };
+        let emoji = r
+            .pointer("/emoji/name")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        let now = self.clock.now();
+        let payload = json!({
+            "emoji": emoji,
+            "emoji_id": r.pointer("/emoji/id"),
+            "user_id": user,
+            "user_name": r.pointer("/member/nick").or_else(|| r.pointer("/member/user/global_name")).or_else(|| r.pointer("/member/user/username")),
+            "message_id": message,
+            "channel_id": channel,
+        });
+        let Ok(event_type) = EventType::parse(DISCORD_REACTION) else {
+            return;
+        };
+        let event = Event {
+            id: EventId::derived(
+                now.as_millisecond().max(0) as u64,
+                &["discord-reaction", message, user, emoji],
+            ),
+            agent_id: agent.clone(),
+            event_type,
+            priority: Priority::default(),
+            source: "discord".to_owned(),
+            payload,
+            metadata: Value::Null,
+            parent_id: None,
+            cascade: None,
+            created_at: now,
+        };
+        match self.store.append(&event).await {
+            Ok(()) => {
+                self.count("reaction");
+                info!(agent_id = %agent, event_id = %event.id, "Discord reaction recorded");
+            }
+            Err(e) => warn!(error = %chain(&e), "cannot record a Discord reaction"),
+        }
+    }
+}
+
+/// Whether a message mentions the bot: in its mentions, or as `<@id>` in its text.
+fn mentions(m: &Value, bot: &str) -> bool {
+    let listed = m
+        .get("mentions")
+        .and_then(Value::as_array)
+        .is_some_and(|ms| {
+            ms.iter()
+                .any(|u| u.get("id").and_then(Value::as_str) == Some(bot))
+        });
+    let content = m.get("content").and_then(Value::as_str).unwrap_or_default();
+    listed || content.contains(&format!("<@{bot}>")) || content.contains(&format!("<@!{bot}>"))
+}
+
+/// The text with the bot's mentions taken out.
+fn without_mention(content: &str, bot: &str) -> String {
+    content
+        .replace(&format!("<@!{bot}>"), "")
+        .replace(&format!("<@{bot}>"), "")
+        .trim()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mention_is_found_in_the_list_or_the_text_and_taken_out_of_the_words() {
+        let listed = json!({"content": "hi", "mentions": [{"id": "42"}]});
+        let inline = json!({"content": "<@!42> hi", "mentions": []});
+        let other = json!({"content": "<@43> hi", "mentions": [{"id": "43"}]});
+        assert!(mentions(&listed, "42"));
+        assert!(mentions(&inline, "42"));
+        assert!(!mentions(&other, "42"));
+        assert_eq!(without_mention("<@42> what is up?", "42"), "what is up?");
+        assert_eq!(without_mention("hey <@!42>", "42"), "hey");
+    }
+}

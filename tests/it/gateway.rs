@@ -1,0 +1,439 @@
+//! The Discord gateway end to end: a fake v10 gateway (a WebSocket server on loopback)
+//! sends what people write; the gateway queues it; the worker answers through the fake
+//! Discord API with the fake model — all real connections.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pulse_gateway::{DISCORD_REACTION, Gateway, GatewayError, GatewaySettings};
+use pulse_shared::discord::{DiscordClient, DiscordConfig};
+use pulse_shared::domain::{Agent, DiscordListen, NewAgent, Secret, ThinkPolicy};
+use pulse_shared::engine::Worker;
+use pulse_tests::fake_discord::FakeDiscord;
+use pulse_tests::fake_gateway::{BOT_ID, FakeGateway, message, snowflake};
+use pulse_tests::fake_llm::FakeLlm;
+use pulse_tests::{Backend, Kind, settings};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// The user the agents let in.
+const FRIEND: &str = "2000000000000000001";
+/// Someone no agent lets in.
+const STRANGER: &str = "2000000000000000666";
+/// The direct-message channel with the friend.
+const DM: &str = "4000000000000000001";
+/// A guild channel bound to the agent, and its guild.
+const ROOM: &str = "3000000000000000001";
+const GUILD: &str = "5000000000000000001";
+
+struct World {
+    b: Backend,
+    llm: FakeLlm,
+    discord: FakeDiscord,
+    fake: FakeGateway,
+    worker: Worker,
+    gateway: Arc<Gateway>,
+    stop: watch::Sender<bool>,
+    running: Option<tokio::task::JoinHandle<Result<(), GatewayError>>>,
+}
+
+async fn world() -> World {
+    let b = Backend::new(Kind::Sqlite).await;
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let fake = FakeGateway::start().await;
+    let services = pulse_tests::fake_services(&llm, &discord);
+    let worker = b
+        .connected()
+        .worker(b.clock.clone(), &settings(), &services);
+    let client = DiscordClient::new(DiscordConfig {
+        api_base: discord.api_base().parse().unwrap(),
+        bot_token: Some(Secret::new("bot-token")),
+        ..DiscordConfig::unconfigured()
+    });
+    let gateway = Arc::new(Gateway::new(
+        b.store.clone(),
+        b.queue.clone(),
+        b.clock.clone(),
+        client,
+        GatewaySettings {
+            token: Secret::new("bot-token"),
+            url: Some(fake.url()),
+            default_agent: None,
+        },
+    ));
+    let (stop, _) = watch::channel(false);
+    World {
+        b,
+        llm,
+        discord,
+        fake,
+        worker,
+        gateway,
+        stop,
+        running: None,
+    }
+}
+
+/// Polls `done` for up to 20 s (the gateway works over real sockets).
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !done().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl World {
+    async fn agent(&self, f: impl FnOnce(&mut NewAgent)) -> Agent {
+        let mut new = NewAgent::named("scout");
+        new.interval = "10m".parse().unwrap();
+        new.think = ThinkPolicy::Always;
+        new.discord.users = vec![FRIEND.into()];
+        f(&mut new);
+        let (agent, first) = new.create(self.b.now()).unwrap();
+        self.b.store.create_agent(&agent, &first).await.unwrap();
+        agent
+    }
+
+    /// Starts the gateway and waits until it is identified.
+    async fn connect(&mut self) {
+        let (g, stop) = (self.gateway.clone(), self.stop.subscribe());
+        self.running = Some(tokio::spawn(async move { g.run(stop).await }));
+        let fake = self.fake.clone();
+        until("the gateway is live", async || fake.is_live()).await;
+    }
+
+    /// Runs the worker until `n` messages were posted to Discord in all.
+    async fn answered(&self, n: usize) {
+        let (b, worker, discord) = (&self.b, &self.worker, &self.discord);
+        until(&format!("{n} messages are posted"), async || {
+            b.drain(worker).await;
+            discord.messages().len() >= n
+        })
+        .await;
+    }
+
+    /// Waits until the gateway has dealt with `n` messages in all (any outcome).
+    async fn handled(&self, n: u64) {
+        let g = self.gateway.clone();
+        until(&format!("{n} messages are handled"), async || {
+            let s = g.status();
+            s.accepted + s.strangers + s.ignored >= n
+        })
+        .await;
+    }
+
+    fn posts(&self) -> Vec<Value> {
+        self.discord
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/messages") && r.method == "POST")
+            .map(|r| json!({"path": r.path, "body": r.body}))
+            .collect()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(r) = self.running.take() {
+            r.await.unwrap().unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_friend_s_direct_message_is_answered_once_as_a_reply_and_strangers_and_bots_get_nothing()
+{
+    let mut w = world().await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+
+    let first = snowflake(1);
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&first, DM, None, FRIEND, "hello there"),
+    );
+    w.answered(1).await;
+
+    // One reply, in the DM, as a reply to the message, after "typing…" there.
+    let requests = w.discord.requests();
+    let typing = requests
+        .iter()
+        .position(|r| r.path == format!("/api/v10/channels/{DM}/typing"))
+        .expect("typing was shown");
+    let posted = requests
+        .iter()
+        .position(|r| r.path == format!("/api/v10/channels/{DM}/messages"))
+        .expect("the reply was posted");
+    assert!(typing < posted, "typing comes before the reply");
+    assert_eq!(
+        requests[posted].body["message_reference"]["message_id"],
+        first.as_str()
+    );
+    let asked = w.llm.requests();
+    assert_eq!(asked.len(), 1);
+    let said = asked[0].body["messages"].to_string();
+    assert!(said.contains("hello there"), "{said}");
+
+    // A stranger's DM, a bot's DM and the agent's own message: no answer, no model call.
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(2), DM, None, STRANGER, "let me in"),
+    );
+    let mut bot = message(&snowflake(3), DM, None, "2000000000000000777", "beep");
+    bot["author"]["bot"] = json!(true);
+    w.fake.dispatch("MESSAGE_CREATE", bot);
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(4), DM, None, BOT_ID, "ok"),
+    );
+    w.handled(4).await;
+    w.b.drain(&w.worker).await;
+    assert_eq!(w.discord.messages().len(), 1, "{:?}", w.posts());
+    assert_eq!(w.llm.requests().len(), 1);
+    let s = w.gateway.status();
+    assert_eq!((s.accepted, s.strangers, s.ignored), (1, 1, 2), "{s:?}");
+    assert_eq!(s.state, "connected");
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_channel_the_agent_answers_when_mentioned_or_always_when_it_listens_to_all() {
+    let mut w = world().await;
+    let agent = w
+        .agent(|a| {
+            a.discord_channel = Some(ROOM.into());
+            a.discord.users.clear();
+        })
+        .await;
+    w.connect().await;
+
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(
+            &snowflake(1),
+            ROOM,
+            Some(GUILD),
+            FRIEND,
+            "talking among ourselves",
+        ),
+    );
+    w.handled(1).await;
+    let mut mention = message(
+        &snowflake(2),
+        ROOM,
+        Some(GUILD),
+        FRIEND,
+        &format!("<@{BOT_ID}> what do you think?"),
+    );
+    mention["mentions"] =
+        json!([{"id": BOT_ID, "username": "pulse", "discriminator": "0", "public_flags": 0}]);
+    w.fake.dispatch("MESSAGE_CREATE", mention);
+    w.answered(1).await;
+    let messages = &w.llm.requests()[0].body["messages"];
+    let said = messages.to_string();
+    assert!(!said.contains("talking among ourselves"));
+    let user = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .unwrap()["content"]
+        .to_string();
+    assert!(user.contains("what do you think?"), "{user}");
+    assert!(
+        !user.contains(&format!("<@{BOT_ID}>")),
+        "the mention is taken out of the words: {user}"
+    );
+    assert_eq!(
+        w.posts()[0]["path"],
+        format!("/api/v10/channels/{ROOM}/messages")
+    );
+
+    // With `--discord-listen all`, every message.
+    let mut changed = agent.clone();
+    changed.discord.listen = DiscordListen::All;
+    w.b.store.update_agent(&changed, &agent).await.unwrap();
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(3), ROOM, Some(GUILD), FRIEND, "and now?"),
+    );
+    w.answered(2).await;
+    assert_eq!(w.gateway.status().ignored, 1);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voice_note_reaches_the_model_as_its_envelope_and_a_picture_as_an_image() {
+    let mut w = world().await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+
+    let mut voice = message(&snowflake(1), DM, None, FRIEND, "");
+    voice["flags"] = json!(8192);
+    voice["attachments"] = json!([{
+        "id": "6000000000000000001", "filename": "voice-message.ogg", "content_type": "audio/ogg",
+        "size": 18_000, "url": "https://cdn.discordapp.com/attachments/1/2/voice-message.ogg",
+        "proxy_url": "https://media.discordapp.net/attachments/1/2/voice-message.ogg",
+        "duration_secs": 3.2, "waveform": "AAAAAAAA"
+    }]);
+    w.fake.dispatch("MESSAGE_CREATE", voice);
+    w.answered(1).await;
+    let said = w.llm.requests()[0].body["messages"].to_string();
+    assert!(
+        said.contains("(no text; 1 attachment: voice-message.ogg (audio/ogg, 3.2 s))"),
+        "{said}"
+    );
+    assert!(
+        said.contains("waveform"),
+        "the envelope reaches the model: {said}"
+    );
+
+    let mut picture = message(&snowflake(2), DM, None, FRIEND, "what is this?");
+    picture["attachments"] = json!([{
+        "id": "6000000000000000002", "filename": "dog.jpg", "content_type": "image/jpeg",
+        "size": 1000, "url": "https://example.com/dog.jpg", "proxy_url": "https://example.com/dog.jpg",
+        "width": 64, "height": 48
+    }]);
+    w.fake.dispatch("MESSAGE_CREATE", picture);
+    w.answered(2).await;
+    let body = &w.llm.requests()[1].body;
+    let user = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .unwrap();
+    let parts = user["content"].as_array().expect("parts, not a string");
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["image_url"]["url"] == "https://example.com/dog.jpg"),
+        "{parts:?}"
+    );
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_is_resumed_and_a_replayed_message_answered_once() {
+    let mut w = world().await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+
+    let a = snowflake(1);
+    w.fake
+        .dispatch("MESSAGE_CREATE", message(&a, DM, None, FRIEND, "first"));
+    w.answered(1).await;
+
+    // The connection drops; a message arrives meanwhile; the resume replays it, and the
+    // one already answered as well.
+    w.fake.replay_from_before(1);
+    w.fake.drop_connection();
+    let b = snowflake(2);
+    w.fake
+        .dispatch("MESSAGE_CREATE", message(&b, DM, None, FRIEND, "second"));
+    let fake = w.fake.clone();
+    until("the session is resumed", async || {
+        !fake.resumes().is_empty() && fake.is_live()
+    })
+    .await;
+    w.answered(2).await;
+    w.handled(3).await;
+    w.b.drain(&w.worker).await;
+
+    let replies: Vec<Value> = w
+        .posts()
+        .iter()
+        .map(|p| p["body"]["message_reference"]["message_id"].clone())
+        .collect();
+    assert_eq!(replies, [json!(a), json!(b)], "each message answered once");
+    assert_eq!(w.fake.identifies(), 1, "resumed, not identified again");
+    assert_eq!(w.llm.requests().len(), 2);
+
+    // RECONNECT (op 7): the gateway resumes again.
+    w.fake.reconnect();
+    until("the session is resumed again", async || {
+        fake.resumes().len() == 2
+    })
+    .await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat() {
+    let mut w = world().await;
+    let agent = w.agent(|_| {}).await;
+    w.connect().await;
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "remind me of the dentist"),
+    );
+    w.answered(1).await;
+    let theirs = snowflake(2);
+    // Reactions to someone else's message say nothing to the agent.
+    w.fake.dispatch(
+        "MESSAGE_REACTION_ADD",
+        json!({"user_id": FRIEND, "channel_id": DM, "message_id": theirs,
+               "message_author_id": FRIEND, "emoji": {"id": null, "name": "👀"}}),
+    );
+    let reply_id = "1001"; // the fake API's first message id
+    let reaction = json!({"user_id": FRIEND, "channel_id": DM, "message_id": reply_id,
+                          "message_author_id": BOT_ID, "emoji": {"id": null, "name": "👍"}});
+    w.fake.dispatch("MESSAGE_REACTION_ADD", reaction.clone());
+    // Replayed after a resume: the same event.
+    w.fake.dispatch("MESSAGE_REACTION_ADD", reaction);
+    let g = w.gateway.clone();
+    until("the reaction is recorded", async || {
+        g.status().reactions >= 2
+    })
+    .await;
+
+    let events =
+        w.b.store
+            .events_page(&agent.id, None, None, 50)
+            .await
+            .unwrap();
+    let reactions: Vec<_> = events
+        .iter()
+        .filter(|e| e.event_type.as_str() == DISCORD_REACTION)
+        .collect();
+    assert_eq!(reactions.len(), 1, "{events:?}");
+    assert_eq!(reactions[0].payload["emoji"], "👍");
+    assert_eq!(reactions[0].payload["message_id"], reply_id);
+
+    // The next heartbeat reads it.
+    w.b.advance(jiff::SignedDuration::from_secs(3600));
+    let before = w.llm.requests().len();
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+    w.b.drain(&w.worker).await;
+    let heartbeat = w.llm.requests()[before..]
+        .iter()
+        .map(|r| r.body["messages"].to_string())
+        .collect::<String>();
+    assert!(heartbeat.contains(DISCORD_REACTION), "{heartbeat}");
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_stops_the_gateway_with_what_to_do() {
+    let w = world().await;
+    w.fake.refuse_with(4004);
+    let (_tx, stop) = watch::channel(false);
+    let outcome = tokio::time::timeout(Duration::from_secs(20), w.gateway.run(stop))
+        .await
+        .expect("the gateway gives up at once");
+    let err = outcome.unwrap_err();
+    assert!(matches!(err, GatewayError::TokenRefused), "{err}");
+    let s = w.gateway.status();
+    assert_eq!(s.state, "failed");
+    assert!(
+        s.last_error.unwrap().contains("DISCORD_BOT_TOKEN"),
+        "the status says what to do"
+    );
+}
