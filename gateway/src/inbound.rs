@@ -64,9 +64,9 @@ impl Gateway {
         };
         let author = m.get("author").cloned().unwrap_or(Value::Null);
         let author_id = author.get("id").and_then(Value::as_str).unwrap_or_default();
-        let agent = match self.addressee(m, channel, author_id).await {
-            Ok(Ok(a)) => a,
-            Ok(Err(skip)) => {
+        let agent = match self.addressee_kept(m, id, channel, author_id).await {
+            Ok(a) => a,
+            Err(skip) => {
                 match skip {
                     Skip::Bot => self.count("bot"),
                     Skip::NotAddressed => self.count("not_addressed"),
@@ -81,12 +81,6 @@ impl Gateway {
                         );
                     }
                 }
-                return;
-            }
-            Err(why) => {
-                // The store could not say who the message is for: keep trying, as for
-                // a queue that does not take it (Discord does not send it again).
-                warn!(message_id = id, error = %why, "cannot tell which agent a Discord message is for");
                 return;
             }
         };
@@ -104,6 +98,28 @@ impl Gateway {
         self.submit(signal).await;
         self.count("accepted");
         info!(agent_id = %agent.id, signal_id = %signal_id, message_id = id, "Discord message queued");
+    }
+
+    /// [`Self::addressee`], asked again with backoff while the store cannot answer:
+    /// Discord does not send the message again, so it is kept here meanwhile.
+    async fn addressee_kept(
+        &self,
+        m: &Value,
+        id: &str,
+        channel: &str,
+        author: &str,
+    ) -> Result<Agent, Skip> {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match self.addressee(m, channel, author).await {
+                Ok(found) => return found,
+                Err(why) => {
+                    warn!(message_id = id, error = %why, retry_in = ?wait, "cannot tell which agent a Discord message is for; keeping it and trying again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MOST_RETRY_WAIT);
+                }
+            }
+        }
     }
 
     /// The agent a message is for, or why it is for none.

@@ -12,6 +12,7 @@ use pulse_shared::engine::Worker;
 use pulse_tests::fake_discord::FakeDiscord;
 use pulse_tests::fake_gateway::{BOT_ID, FakeGateway, message, snowflake};
 use pulse_tests::fake_llm::FakeLlm;
+use pulse_tests::faults::FaultyStore;
 use pulse_tests::{Backend, Kind, settings};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -38,7 +39,13 @@ struct World {
 }
 
 async fn world() -> World {
+    world_with_faults().await.0
+}
+
+/// A world whose gateway reaches the store through faults the test can inject.
+async fn world_with_faults() -> (World, Arc<FaultyStore>) {
     let b = Backend::new(Kind::Sqlite).await;
+    let faulty = Arc::new(pulse_tests::faults::faulty(b.store.clone()));
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
     let fake = FakeGateway::start().await;
@@ -52,7 +59,7 @@ async fn world() -> World {
         ..DiscordConfig::unconfigured()
     });
     let gateway = Arc::new(Gateway::new(
-        b.store.clone(),
+        faulty.clone(),
         b.queue.clone(),
         b.clock.clone(),
         client,
@@ -63,7 +70,7 @@ async fn world() -> World {
         },
     ));
     let (stop, _) = watch::channel(false);
-    World {
+    let w = World {
         b,
         llm,
         discord,
@@ -72,7 +79,8 @@ async fn world() -> World {
         gateway,
         stop,
         running: None,
-    }
+    };
+    (w, faulty)
 }
 
 /// Polls `done` for up to 20 s (the gateway works over real sockets).
@@ -436,4 +444,25 @@ async fn a_refused_token_stops_the_gateway_with_what_to_do() {
         s.last_error.unwrap().contains("DISCORD_BOT_TOKEN"),
         "the status says what to do"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back() {
+    let (mut w, faults) = world_with_faults().await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+    // Who the message is for cannot be read, then it cannot be queued.
+    faults.policy().fail_times("list_agents", 2);
+    faults.policy().fail_times("record_interaction", 2);
+    let m = snowflake(1);
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&m, DM, None, FRIEND, "are you up?"),
+    );
+    w.answered(1).await;
+    assert_eq!(faults.policy().failed("list_agents"), 2);
+    assert_eq!(faults.policy().failed("record_interaction"), 2);
+    assert_eq!(w.posts().len(), 1);
+    assert_eq!(w.gateway.status().accepted, 1);
+    w.stop().await;
 }
