@@ -84,8 +84,16 @@ impl Gateway {
                 return;
             }
         };
-        let now = self.clock.now();
-        let minted = snowflake_time(id).unwrap_or(now).min(now);
+        // The id's time is the message's own, so a replay (minutes later, or read by a
+        // clock behind Discord's) derives the same signal id.
+        let Some(minted) = snowflake_time(id) else {
+            self.count("malformed");
+            warn!(
+                message_id = id,
+                "a Discord message whose id is not a snowflake was skipped"
+            );
+            return;
+        };
         let signal = match self.signal(&agent, m, id, channel, &author, minted) {
             Ok(s) => s,
             Err(why) => {
@@ -213,7 +221,8 @@ impl Gateway {
             interaction: None,
             heartbeat_id: None,
         };
-        let mut signal = Signal::user_message(&agent.id, &agent.session, &text, meta, minted)
+        let at = minted.min(self.clock.now());
+        let mut signal = Signal::user_message(&agent.id, &agent.session, &text, meta, at)
             .map_err(|e| e.to_string())?;
         signal.id = SignalId::derived(
             minted.as_millisecond().max(0) as u64,
@@ -278,6 +287,13 @@ impl Gateway {
             .pointer("/emoji/name")
             .and_then(Value::as_str)
             .unwrap_or("?");
+        // A replay after a resume is the same reaction: recorded once. (The event's id
+        // must carry the time it is recorded, or a heartbeat past that time would never
+        // read it, so the replay is recognised here rather than by its id.)
+        let key = format!("{message}/{user}/{emoji}");
+        if !self.first_time(key) {
+            return;
+        }
         let now = self.clock.now();
         let payload = json!({
             "emoji": emoji,

@@ -123,7 +123,13 @@ pub struct Gateway {
     status: Arc<Mutex<GatewayStatus>>,
     /// The bot's own user id, from READY: its mentions, and its own messages ignored.
     bot: Mutex<Option<String>>,
+    /// The reactions recorded lately (message/user/emoji), oldest first: a resume
+    /// replays what the connection missed, and a replayed reaction is recorded once.
+    reactions_seen: Mutex<std::collections::VecDeque<String>>,
 }
+
+/// How many recent reactions are remembered to recognise a replay.
+const REACTIONS_REMEMBERED: usize = 4_096;
 
 impl Gateway {
     /// A gateway that hands what arrives to `store` and `queue`.
@@ -146,6 +152,7 @@ impl Gateway {
                 ..GatewayStatus::default()
             })),
             bot: Mutex::new(None),
+            reactions_seen: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -297,6 +304,19 @@ impl Gateway {
             Some("MESSAGE_REACTION_ADD") => self.on_reaction(data).await,
             _ => {}
         }
+    }
+
+    /// Whether `key` was not seen among the recent reactions (and now is).
+    fn first_time(&self, key: String) -> bool {
+        let mut seen = lock(&self.reactions_seen);
+        if seen.contains(&key) {
+            return false;
+        }
+        if seen.len() == REACTIONS_REMEMBERED {
+            seen.pop_front();
+        }
+        seen.push_back(key);
+        true
     }
 
     fn bot_id(&self) -> Option<String> {

@@ -392,14 +392,28 @@ async fn a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat() {
     let reply_id = "1001"; // the fake API's first message id
     let reaction = json!({"user_id": FRIEND, "channel_id": DM, "message_id": reply_id,
                           "message_author_id": BOT_ID, "emoji": {"id": null, "name": "👍"}});
-    w.fake.dispatch("MESSAGE_REACTION_ADD", reaction.clone());
-    // Replayed after a resume: the same event.
     w.fake.dispatch("MESSAGE_REACTION_ADD", reaction);
     let g = w.gateway.clone();
     until("the reaction is recorded", async || {
-        g.status().reactions >= 2
+        g.status().reactions >= 1
     })
     .await;
+    // Replayed by a resume a moment later: still one event.
+    w.b.advance(jiff::SignedDuration::from_secs(5));
+    w.fake.replay_from_before(1);
+    w.fake.drop_connection();
+    let fake = w.fake.clone();
+    until("the session is resumed", async || {
+        !fake.resumes().is_empty() && fake.is_live()
+    })
+    .await;
+    // Read in order: once this message is answered, the replay was read.
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(3), DM, None, FRIEND, "thanks"),
+    );
+    w.answered(2).await;
+    assert_eq!(g.status().reactions, 1, "the replay is not recorded again");
 
     let events =
         w.b.store
