@@ -15,6 +15,10 @@ CloudFormation will see it (after the SAM transform):
   hook secrets) read PULSE_ENCRYPTION_KEY from SSM: PULSE_SECRETS_PATH is set and they
   may call ssm:GetParametersByPath;
 - every DLQ has an alarm on its depth and every function an alarm on its errors;
+- the Discord gateway: an optional (condition WithGateway) ECS Fargate task running
+  `pulse gateway` from the image the repository's Dockerfile builds, its bot token from
+  SSM (never in its environment), its log in CloudWatch, its role limited to what it
+  sends (the table's items it reads and writes, the sessions queue);
 - alarms on the functions' own metrics (EMF): heartbeat lateness, the heartbeat failure
   rate and hook dead letters, each on a metric shared/src/meter.rs names, in the
   namespace the functions are given (PULSE_METRICS_NAMESPACE), with a `function`
@@ -153,6 +157,54 @@ def problems(sam):
         if fn not in watched:
             found.append(f"{fn}: no alarm on its errors")
     found.extend(_metric_alarms(res, lambdas))
+    found.extend(_gateway(sam))
+    return found
+
+
+# What `pulse gateway` calls: the CLI's start-up check (DescribeTable, GetQueueAttributes),
+# agents and channels read, events, interactions and the lease written, messages sent.
+GATEWAY_ACTIONS = {
+    "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+    "dynamodb:Query", "sqs:GetQueueAttributes", "sqs:SendMessage",
+}
+
+
+def _actions(statements):
+    for st in statements:
+        a = st.get("Action")
+        yield from (a if isinstance(a, list) else [a])
+
+
+def _gateway(sam):
+    """The optional gateway task: what `pulse gateway` needs and no more."""
+    found = []
+    res = sam["Resources"]
+    tasks = {k: r for k, r in res.items() if r["Type"] == "AWS::ECS::TaskDefinition"}
+    if not tasks:
+        return ["no ECS task definition for the Discord gateway (pulse gateway)"]
+    for k, r in res.items():
+        if (r["Type"].startswith("AWS::ECS::") or k.startswith("Gateway")) and r.get("Condition") != "WithGateway":
+            found.append(f"{k}: the gateway is optional, but this has no WithGateway condition")
+    for k, t in tasks.items():
+        p = t["Properties"]
+        if p.get("RequiresCompatibilities") != ["FARGATE"]:
+            found.append(f"{k}: not a Fargate task")
+        for c in p.get("ContainerDefinitions", []):
+            if c.get("Command") != ["gateway"]:
+                found.append(f"{k}: the container does not run `pulse gateway`")
+            env = {e["Name"] for e in c.get("Environment", [])}
+            secrets = {e["Name"]: e.get("ValueFrom") for e in c.get("Secrets", [])}
+            if "DISCORD_BOT_TOKEN" in env or "DISCORD_BOT_TOKEN" not in secrets or "SecretsPath" not in str(secrets.get("DISCORD_BOT_TOKEN")):
+                found.append(f"{k}: DISCORD_BOT_TOKEN must come from SSM under SecretsPath, not the environment")
+            if c.get("LogConfiguration", {}).get("LogDriver") != "awslogs":
+                found.append(f"{k}: the gateway's log does not go to CloudWatch")
+        role = res.get(_ref(p.get("TaskRoleArn")) or "", {})
+        granted = {a for pol in role.get("Properties", {}).get("Policies", []) for a in _actions(pol["PolicyDocument"]["Statement"])}
+        if not granted or not granted <= GATEWAY_ACTIONS:
+            found.append(f"{k}: the task role may do {sorted(granted - GATEWAY_ACTIONS) or 'nothing'}; the gateway needs {sorted(GATEWAY_ACTIONS)} only")
+    dockerfile = os.path.join(os.path.dirname(__file__), "..", "Dockerfile")
+    if not os.path.exists(dockerfile) or 'ENTRYPOINT ["pulse"]' not in _source("Dockerfile"):
+        found.append("no Dockerfile with ENTRYPOINT [\"pulse\"] for the gateway's image")
     return found
 
 
@@ -224,6 +276,10 @@ def self_test(sam):
         "alarm in another namespace": lambda t: fn(t, "HeartbeatLatenessAlarm")["Properties"].update(Namespace="Pulse"),
         "alarm on a function that is not one": lambda t: fn(t, "HookDeadLettersAlarm")["Properties"]["Dimensions"][0].update(Value="hook-dispatcher"),
         "dispatcher without the encryption key": lambda t: fn(t, "HookDispatcherFunction")["Properties"]["Environment"]["Variables"].pop("PULSE_SECRETS_PATH"),
+        "gateway token in its environment": lambda t: fn(t, "GatewayTaskDefinition")["Properties"]["ContainerDefinitions"][0]["Environment"].append({"Name": "DISCORD_BOT_TOKEN", "Value": "x"}),
+        "gateway role beyond what it sends": lambda t: fn(t, "GatewayTaskRole")["Properties"]["Policies"][0]["PolicyDocument"]["Statement"][0]["Action"].append("dynamodb:DeleteItem"),
+        "gateway not optional": lambda t: fn(t, "GatewayService").pop("Condition"),
+        "no gateway": lambda t: t["Resources"].pop("GatewayTaskDefinition"),
     }
     missed = []
     for what, brk in breakages.items():
@@ -252,7 +308,7 @@ def main(argv):
             print(f"the check missed these breakages: {', '.join(missed)}", file=sys.stderr)
             return 1
         print("template check: every breakage of the self-test was caught")
-    print(f"{path}: visibility >= 6x timeouts, a daily retention pass, DLQs with alarms, alarms on lateness, failures and dead letters, ReportBatchItemFailures, arm64 cargo-lambda builds, secrets from SSM: ok")
+    print(f"{path}: visibility >= 6x timeouts, a daily retention pass, DLQs with alarms, alarms on lateness, failures and dead letters, ReportBatchItemFailures, arm64 cargo-lambda builds, secrets from SSM, an optional gateway task with the least it needs: ok")
     return 0
 
 

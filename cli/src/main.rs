@@ -52,6 +52,10 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Sweep once, run the jobs it queued, and exit.
     Sweep,
+    /// Keep the Discord gateway open (direct and channel messages, reactions) until
+    /// SIGTERM: on AWS, the forwarder onto the sessions queue. Needs DISCORD_BOT_TOKEN;
+    /// a second one with the same token stands by.
+    Gateway,
     /// Make what the backend needs: on AWS (an emulator, or an account without SAM) the
     /// table and queues as infra/template.yaml declares them; on SQLite the database.
     /// Prints the export lines.

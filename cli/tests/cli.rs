@@ -1170,6 +1170,87 @@ fn serve_answers_a_direct_message_over_the_gateway_unless_told_not_to() {
     assert_eq!(posted[0].place, format!("channel:{DM}"));
 }
 
+/// `pulse gateway`: the gateway alone. Without a token it says what to set; two with one
+/// token make one connection, the messages they queue are answered by the worker (here
+/// `pulse sweep`), `pulse status` shows the gateway, and when the first is stopped the
+/// second takes over by resuming the session.
+#[test]
+fn pulse_gateway_forwards_messages_and_a_second_one_stands_by_then_takes_over() {
+    use pulse_tests::fake_gateway::{FakeGateway, message, snowflake};
+    const FRIEND: &str = "2000000000000000001";
+    const DM: &str = "4000000000000000001";
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "scout",
+            "--discord-users",
+            FRIEND,
+        ],
+    );
+    let out = pulse(d, &["gateway"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DISCORD_BOT_TOKEN"));
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (discord, gateway) = rt.block_on(async {
+        (
+            pulse_tests::fake_discord::FakeDiscord::start().await,
+            FakeGateway::start().await,
+        )
+    });
+    let api = discord.api_base();
+    let url = gateway.url();
+    let env = [
+        ("DISCORD_BOT_TOKEN", "bot-token"),
+        ("DISCORD_API_BASE", api.as_str()),
+        ("DISCORD_GATEWAY_URL", url.as_str()),
+    ];
+    let forwarder = || {
+        let mut cmd = common::command(d, &["gateway"]);
+        cmd.envs(env).stdout(Stdio::null()).stderr(Stdio::null());
+        cmd.spawn().unwrap()
+    };
+    let mut first = forwarder();
+    wait_until("the first is live", Duration::from_secs(30), || {
+        gateway.is_live()
+    });
+    let mut second = forwarder();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(gateway.connections(), 1, "the second stands by");
+
+    gateway.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "hi"),
+    );
+    wait_until("the DM is answered", Duration::from_secs(30), || {
+        let mut sweep = common::command(d, &["sweep"]);
+        sweep.envs(env).output().unwrap();
+        !discord.messages().is_empty()
+    });
+    let mut status = common::command(d, &["status"]);
+    let shown = String::from_utf8(status.envs(env).output().unwrap().stdout).unwrap();
+    assert!(shown.contains("discord    gateway connected"), "{shown}");
+
+    // SIGTERM: the first gives the lease up with its resume point.
+    Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status()
+        .unwrap();
+    first.wait().unwrap();
+    wait_until("the second resumes", Duration::from_secs(30), || {
+        gateway.resumes().len() == 1 && gateway.is_live()
+    });
+    assert_eq!(gateway.identifies(), 1);
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert_eq!(discord.messages().len(), 1);
+}
+
 both_async!(
     hooks_are_added_tested_listed_switched_and_replayed,
     hooks_are_added_tested_listed_switched_and_replayed_on

@@ -23,12 +23,13 @@
 
 mod directory;
 mod inbound;
+mod lease;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use pulse_shared::discord::{DiscordClient, GatewayInfo};
+use pulse_shared::discord::{DiscordClient, GatewayInfo, GatewayRecord};
 use pulse_shared::domain::{AgentId, Secret};
 use pulse_shared::error::DiscordError;
 use pulse_shared::ports::{Clock, SessionQueue, Store};
@@ -61,7 +62,13 @@ pub struct GatewaySettings {
     pub url: Option<String>,
     /// `PULSE_DISCORD_DEFAULT_AGENT`: the agent of channels no agent is bound to.
     pub default_agent: Option<AgentId>,
+    /// How long the lease on the connection lasts unrenewed: a standby takes over this
+    /// long after its holder died, at most (it is renewed every third of it).
+    pub lease: Duration,
 }
+
+/// The lease's length unless told otherwise.
+pub const LEASE: Duration = Duration::from_secs(30);
 
 /// Why the gateway stopped for good.
 #[derive(Debug, thiserror::Error)]
@@ -94,22 +101,26 @@ fn closed_for_good(code: u16) -> GatewayError {
     GatewayError::Closed { code, why }
 }
 
-/// How the gateway is doing, for logs, `/metrics` and status.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GatewayStatus {
-    /// `connecting`, `connected`, `reconnecting`, `stopped` or `failed`.
-    pub state: String,
-    /// What went wrong last, if anything.
-    pub last_error: Option<String>,
-    /// Messages queued for agents.
-    pub accepted: u64,
-    /// Direct messages from users no agent lets in (their content is never logged).
-    pub strangers: u64,
-    /// Reactions recorded as events.
-    pub reactions: u64,
-    /// Messages not for any agent: from bots, or channel messages that do not address
-    /// the agent.
-    pub ignored: u64,
+/// How the gateway is doing, for logs, `/metrics` and `pulse status` (saved with its
+/// lease).
+pub type GatewayStatus = GatewayRecord;
+
+/// What the read loop does next.
+enum Step {
+    /// Handle what the shard read.
+    Read(Option<Result<Message, twilight_gateway::error::ReceiveMessageError>>),
+    /// Renew the lease.
+    Renew,
+    /// Stop.
+    Stop,
+}
+
+/// How a connection ended, when not for good.
+enum Ended {
+    /// `stop` was set.
+    Stopped,
+    /// Another process holds the lease now.
+    LeaseLost,
 }
 
 /// The gateway connection of one bot token.
@@ -121,6 +132,12 @@ pub struct Gateway {
     settings: GatewaySettings,
     directory: Directory,
     status: Arc<Mutex<GatewayStatus>>,
+    /// This process's name in the lease.
+    holder: String,
+    /// The lease's name (from the token).
+    lease_name: String,
+    /// When the lease was last written.
+    renewed: Mutex<Option<std::time::Instant>>,
     /// The bot's own user id, from READY: its mentions, and its own messages ignored.
     bot: Mutex<Option<String>>,
     /// The reactions recorded lately (message/user/emoji), oldest first: a resume
@@ -141,6 +158,9 @@ impl Gateway {
         settings: GatewaySettings,
     ) -> Self {
         Self {
+            holder: format!("{}-{}", std::process::id(), ulid::Ulid::new()),
+            lease_name: pulse_shared::discord::lease_name(&settings.token),
+            renewed: Mutex::new(None),
             directory: Directory::new(store.clone()),
             store,
             queue,
@@ -170,24 +190,44 @@ impl Gateway {
     }
 
     /// Keeps the connection until `stop` is set (then `Ok`), or until Discord ends it for
-    /// good (a refused token, a missing intent).
+    /// good (a refused token, a missing intent). Only the holder of the bot's lease
+    /// connects: another process running with the same token stands by, and takes over
+    /// (resuming the session where the holder saved it) once the lease is given up or
+    /// runs out.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), GatewayError> {
-        let outcome = self.connect_and_read(&mut stop).await;
-        match &outcome {
-            Ok(()) => self.set_state("stopped", None),
-            Err(e) => {
-                error!(error = %e, "the Discord gateway stopped");
-                self.set_state("failed", Some(e.to_string()));
-            }
-        }
-        outcome
-    }
-
-    async fn connect_and_read(&self, stop: &mut watch::Receiver<bool>) -> Result<(), GatewayError> {
         // One crypto provider for the WebSocket's TLS (rustls refuses to guess).
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        loop {
+            let Some(resume) = self.stand_by(&mut stop).await else {
+                self.set_state("stopped", None);
+                return Ok(());
+            };
+            match self.connect_and_read(&mut stop, resume).await {
+                Ok(Ended::Stopped) => {
+                    self.set_state("stopped", None);
+                    self.give_up().await;
+                    return Ok(());
+                }
+                Ok(Ended::LeaseLost) => {
+                    warn!("another process holds the Discord gateway's lease now; standing by");
+                }
+                Err(e) => {
+                    error!(error = %e, "the Discord gateway stopped");
+                    self.set_state("failed", Some(e.to_string()));
+                    self.give_up().await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    async fn connect_and_read(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        resume: Option<(String, u64, String)>,
+    ) -> Result<Ended, GatewayError> {
         let Some(info) = self.locate(stop).await? else {
-            return Ok(());
+            return Ok(Ended::Stopped);
         };
         let queue = InMemoryQueue::new(
             info.max_concurrency,
@@ -195,25 +235,61 @@ impl Gateway {
             info.reset_after,
             info.total,
         );
-        let config = ConfigBuilder::new(self.settings.token.expose().to_owned(), intents())
+        let mut config = ConfigBuilder::new(self.settings.token.expose().to_owned(), intents())
             .proxy_url(info.url.trim_end_matches('/').to_owned())
-            .queue(queue)
-            .build();
-        let mut shard = Shard::with_config(ShardId::ONE, config);
+            .queue(queue);
+        if let Some((session, sequence, url)) = resume {
+            info!(
+                sequence,
+                "resuming the Discord gateway session saved with the lease"
+            );
+            config = config
+                .session(twilight_gateway::Session::new(sequence, session))
+                .resume_url(url);
+        }
+        let mut shard = Shard::with_config(ShardId::ONE, config.build());
         info!(url = %info.url, "connecting to the Discord gateway");
+        let mut renew = tokio::time::interval(self.settings.lease / 3);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_close: Option<u16> = None;
         loop {
-            let item = tokio::select! {
-                item = shard.next() => item,
-                _ = stop.wait_for(|s| *s) => {
-                    shard.close(CloseFrame::NORMAL);
+            // Chosen first, acted on after: what is done may wait, and the branches'
+            // futures must not be held across that.
+            let step = tokio::select! {
+                item = shard.next() => Step::Read(item),
+                _ = renew.tick() => Step::Renew,
+                _ = stop.wait_for(|s| *s) => Step::Stop,
+            };
+            let item = match step {
+                Step::Read(item) => item,
+                Step::Renew => {
+                    self.remember(&shard);
+                    if !self.renew().await {
+                        // Closed so the session stays resumable for the new holder.
+                        shard.close(CloseFrame::RESUME);
+                        return Ok(Ended::LeaseLost);
+                    }
+                    continue;
+                }
+                Step::Stop => {
+                    self.remember(&shard);
+                    shard.close(CloseFrame::RESUME);
                     info!("Discord gateway closed");
-                    return Ok(());
+                    return Ok(Ended::Stopped);
                 }
             };
             match item {
                 None => return Err(closed_for_good(last_close.unwrap_or(1000))),
-                Some(Ok(Message::Text(json))) => self.on_payload(&json).await,
+                Some(Ok(Message::Text(json))) => {
+                    if self.on_payload(&json).await {
+                        // Connected: `pulse status` and a successor see it at once.
+                        self.remember(&shard);
+                        if !self.renew().await {
+                            shard.close(CloseFrame::RESUME);
+                            return Ok(Ended::LeaseLost);
+                        }
+                    }
+                }
                 Some(Ok(Message::Close(frame))) => {
                     last_close = frame.as_ref().map(|f| f.code);
                     let code = last_close.unwrap_or(1006);
@@ -279,31 +355,36 @@ impl Gateway {
 
     /// One payload from the gateway: READY and RESUMED mark the connection up; messages
     /// and reactions go to [`inbound`]; everything else is the shard's business.
-    async fn on_payload(&self, json: &str) {
+    /// Whether the connection just came up (READY or RESUMED).
+    async fn on_payload(&self, json: &str) -> bool {
         let Ok(v) = serde_json::from_str::<Value>(json) else {
             pulse_shared::meter::gateway_message("malformed");
             warn!("a gateway payload that is not JSON was skipped");
-            return;
+            return false;
         };
         if v.get("op").and_then(Value::as_u64) != Some(0) {
-            return;
+            return false;
         }
         let data = v.get("d").unwrap_or(&Value::Null);
         match v.get("t").and_then(Value::as_str) {
             Some("READY") => {
                 let user = data.pointer("/user/id").and_then(Value::as_str);
                 *lock(&self.bot) = user.map(str::to_owned);
+                lock(&self.status).bot_user = user.map(str::to_owned);
                 info!(bot_user = user.unwrap_or("?"), "Discord gateway ready");
                 self.set_state("connected", None);
+                return true;
             }
             Some("RESUMED") => {
                 info!("Discord gateway session resumed");
                 self.set_state("connected", None);
+                return true;
             }
             Some("MESSAGE_CREATE") => self.on_message(data).await,
             Some("MESSAGE_REACTION_ADD") => self.on_reaction(data).await,
             _ => {}
         }
+        false
     }
 
     /// Whether `key` was not seen among the recent reactions (and now is).

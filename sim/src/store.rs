@@ -22,8 +22,8 @@ use pulse_shared::domain::{
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
     ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome, Footprint,
-    HeartbeatStore, HookStore, Maintenance, MemoryStore, PageToken, Pruned, Reclaimed, Reschedule,
-    ScheduleStore, Store, ToolRegistry, TurnStart, WebhookStore, Window,
+    HeartbeatStore, HookStore, Lease, LeaseStore, Maintenance, MemoryStore, PageToken, Pruned,
+    Reclaimed, Reschedule, ScheduleStore, Store, ToolRegistry, TurnStart, WebhookStore, Window,
 };
 
 /// What happens around each store call.
@@ -185,4 +185,10 @@ faulty!(HookStore {
 faulty!(Maintenance {
     fn prune_agent(&self, agent: &AgentId, horizon: Timestamp, now: Timestamp, apply: bool) -> Pruned;
     fn reclaim(&self) -> Reclaimed;
+});
+
+faulty!(LeaseStore {
+    fn hold_lease(&self, name: &str, holder: &str, now: Timestamp, until: Timestamp, state: &serde_json::Value) -> bool;
+    fn get_lease(&self, name: &str) -> Option<Lease>;
+    fn release_lease(&self, name: &str, holder: &str, now: Timestamp, state: &serde_json::Value) -> ();
 });

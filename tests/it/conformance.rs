@@ -121,6 +121,85 @@ async fn agents(kind: Kind) {
 }
 
 on_both_backends!(
+    a_lease_has_one_holder_until_it_runs_out_or_is_given_up,
+    leases
+);
+async fn leases(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let name = pulse_tests::unique("gateway");
+    let now = b.now();
+    let later = |s: i64| now.checked_add(SignedDuration::from_secs(s)).unwrap();
+    assert_eq!(b.store.get_lease(&name).await.unwrap(), None);
+    let a = json!({"session": "s-1", "seq": 4});
+    assert!(
+        b.store
+            .hold_lease(&name, "A", now, later(30), &a)
+            .await
+            .unwrap()
+    );
+    // B cannot take it while it runs; A renews it and saves a new state.
+    assert!(
+        !b.store
+            .hold_lease(&name, "B", now, later(30), &json!({}))
+            .await
+            .unwrap()
+    );
+    let a2 = json!({"session": "s-1", "seq": 9});
+    assert!(
+        b.store
+            .hold_lease(&name, "A", later(10), later(40), &a2)
+            .await
+            .unwrap()
+    );
+    let held = b.store.get_lease(&name).await.unwrap().unwrap();
+    assert_eq!(
+        (held.holder.as_str(), held.until, &held.state),
+        ("A", later(40), &a2)
+    );
+    // Run out: B takes it.
+    assert!(
+        !b.store
+            .hold_lease(&name, "B", later(39), later(69), &json!({}))
+            .await
+            .unwrap()
+    );
+    assert!(
+        b.store
+            .hold_lease(&name, "B", later(40), later(70), &json!({"b": 1}))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !b.store
+            .hold_lease(&name, "A", later(41), later(71), &a2)
+            .await
+            .unwrap()
+    );
+    // Given up: A may take it at once, and finds what B left.
+    b.store
+        .release_lease(&name, "A", later(42), &json!({"stale": true}))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.store.get_lease(&name).await.unwrap().unwrap().state,
+        json!({"b": 1}),
+        "A gives up nothing it does not hold"
+    );
+    b.store
+        .release_lease(&name, "B", later(42), &json!({"seq": 12}))
+        .await
+        .unwrap();
+    let left = b.store.get_lease(&name).await.unwrap().unwrap();
+    assert_eq!((left.until, &left.state), (later(42), &json!({"seq": 12})));
+    assert!(
+        b.store
+            .hold_lease(&name, "A", later(42), later(72), &left.state)
+            .await
+            .unwrap()
+    );
+}
+
+on_both_backends!(
     schedules_are_kept_listed_replaced_deleted_and_purged_with_their_agent,
     schedules
 );

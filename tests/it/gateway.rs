@@ -13,7 +13,7 @@ use pulse_tests::fake_discord::FakeDiscord;
 use pulse_tests::fake_gateway::{BOT_ID, FakeGateway, message, snowflake};
 use pulse_tests::fake_llm::FakeLlm;
 use pulse_tests::faults::FaultyStore;
-use pulse_tests::{Backend, Kind, settings};
+use pulse_tests::{Backend, Kind, on_both_backends, settings};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -39,12 +39,12 @@ struct World {
 }
 
 async fn world() -> World {
-    world_with_faults().await.0
+    world_with_faults(Kind::Sqlite).await.0
 }
 
 /// A world whose gateway reaches the store through faults the test can inject.
-async fn world_with_faults() -> (World, Arc<FaultyStore>) {
-    let b = Backend::new(Kind::Sqlite).await;
+async fn world_with_faults(kind: Kind) -> (World, Arc<FaultyStore>) {
+    let b = Backend::new(kind).await;
     let faulty = Arc::new(pulse_tests::faults::faulty(b.store.clone()));
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
@@ -63,11 +63,7 @@ async fn world_with_faults() -> (World, Arc<FaultyStore>) {
         b.queue.clone(),
         b.clock.clone(),
         client,
-        GatewaySettings {
-            token: Secret::new("bot-token"),
-            url: Some(fake.url()),
-            default_agent: None,
-        },
+        gateway_settings(&fake),
     ));
     let (stop, _) = watch::channel(false);
     let w = World {
@@ -81,6 +77,16 @@ async fn world_with_faults() -> (World, Arc<FaultyStore>) {
         running: None,
     };
     (w, faulty)
+}
+
+/// The gateway's settings in these tests: a short lease, so a standby takes over fast.
+fn gateway_settings(fake: &FakeGateway) -> GatewaySettings {
+    GatewaySettings {
+        token: Secret::new("bot-token"),
+        url: Some(fake.url()),
+        default_agent: None,
+        lease: Duration::from_millis(600),
+    }
 }
 
 /// Polls `done` for up to 20 s (the gateway works over real sockets).
@@ -133,6 +139,21 @@ impl World {
             s.accepted + s.strangers + s.ignored >= n
         })
         .await;
+    }
+
+    /// A second process's gateway for the same bot, on the same store and queue.
+    fn another_gateway(&self) -> Arc<Gateway> {
+        Arc::new(Gateway::new(
+            self.b.store.clone(),
+            self.b.queue.clone(),
+            self.b.clock.clone(),
+            DiscordClient::new(DiscordConfig {
+                api_base: self.discord.api_base().parse().unwrap(),
+                bot_token: Some(Secret::new("bot-token")),
+                ..DiscordConfig::unconfigured()
+            }),
+            gateway_settings(&self.fake),
+        ))
     }
 
     fn posts(&self) -> Vec<Value> {
@@ -458,11 +479,94 @@ async fn a_refused_token_stops_the_gateway_with_what_to_do() {
         s.last_error.unwrap().contains("DISCORD_BOT_TOKEN"),
         "the status says what to do"
     );
+    // `pulse status` reads it from the lease, given up with the failure.
+    let mut status = pulse_shared::engine::Status::default();
+    let lease = pulse_shared::discord::lease_name(&Secret::new("bot-token"));
+    pulse_shared::engine::gateway_status(w.b.store.as_ref(), &lease, w.b.now(), &mut status)
+        .await
+        .unwrap();
+    assert_eq!(status.findings.len(), 1, "{:?}", status.findings);
+    assert!(status.findings[0].what.contains("DISCORD_BOT_TOKEN"));
+}
+
+on_both_backends!(
+    two_gateways_with_one_token_one_answers_and_the_other_takes_over_by_resuming,
+    two_gateways
+);
+async fn two_gateways(kind: Kind) {
+    let (mut w, _) = world_with_faults(kind).await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+    let second = w.another_gateway();
+    let (stop_second, stop) = watch::channel(false);
+    let running = {
+        let g = second.clone();
+        tokio::spawn(async move { g.run(stop).await })
+    };
+    until("the second stands by", async || {
+        second.status().state == "standby"
+    })
+    .await;
+
+    // One connection, one answer, whoever reads.
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "who is there?"),
+    );
+    w.answered(1).await;
+    assert_eq!(w.fake.connections(), 1);
+
+    // The first stops (SIGTERM): the second takes over by resuming the session.
+    let _ = w.stop.send(true);
+    w.running.take().unwrap().await.unwrap().unwrap();
+    let fake = w.fake.clone();
+    until("the second resumes", async || {
+        fake.resumes().len() == 1 && fake.is_live()
+    })
+    .await;
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(2), DM, None, FRIEND, "still there?"),
+    );
+    w.answered(2).await;
+    assert_eq!(w.fake.identifies(), 1, "resumed, not identified again");
+    assert_eq!(second.status().accepted, 1);
+    // It knows who it is with no READY of its own: its own message is not answered.
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(3), DM, None, BOT_ID, "ok"),
+    );
+    let g = second.clone();
+    until("the bot's own message is ignored", async || {
+        g.status().ignored == 1
+    })
+    .await;
+    assert_eq!(w.posts().len(), 2);
+
+    // The second dies without a word: a third takes over once its lease runs out.
+    running.abort();
+    let _ = running.await;
+    drop(stop_second);
+    let third = w.another_gateway();
+    let (_stop_third, stop) = watch::channel(false);
+    let g = third.clone();
+    let running = tokio::spawn(async move { g.run(stop).await });
+    until("the third stands by", async || {
+        third.status().state == "standby"
+    })
+    .await;
+    w.b.advance(jiff::SignedDuration::from_secs(1));
+    until("the third resumes", async || {
+        fake.resumes().len() == 2 && fake.is_live()
+    })
+    .await;
+    assert_eq!(w.fake.identifies(), 1);
+    running.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back() {
-    let (mut w, faults) = world_with_faults().await;
+    let (mut w, faults) = world_with_faults(Kind::Sqlite).await;
     w.agent(|_| {}).await;
     w.connect().await;
     // Who the message is for cannot be read, then it cannot be queued.

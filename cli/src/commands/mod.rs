@@ -9,6 +9,7 @@ pub(crate) mod conversation;
 pub(crate) mod dashboard;
 pub(crate) mod discord;
 pub(crate) mod events;
+pub(crate) mod gateway;
 pub(crate) mod heartbeats;
 pub(crate) mod hooks;
 pub(crate) mod init;
@@ -69,6 +70,7 @@ enum Plan {
     Usage(usage::UsagePlan),
     Prune(prune::PrunePlan),
     Status(status::StatusPlan),
+    Gateway,
     Secrets,
 }
 
@@ -91,6 +93,7 @@ impl Plan {
             | Plan::Usage(_)
             | Plan::Prune(_)
             | Plan::Status(_)
+            | Plan::Gateway
             | Plan::Secrets => false,
         }
     }
@@ -116,6 +119,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Usage(a) => Plan::Usage(usage::plan(a)?),
         Command::Prune(a) => Plan::Prune(prune::plan(a)?),
         Command::Status(a) => Plan::Status(status::plan(a)?),
+        Command::Gateway => Plan::Gateway,
         Command::Secrets(_) => Plan::Secrets,
         Command::Discord(_)
         | Command::Bench(_)
@@ -199,6 +203,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Usage(p) => usage::execute(p, &cx).await,
         Plan::Prune(p) => prune::execute(p, &cx).await,
         Plan::Status(p) => status::execute(p, &cx).await,
+        Plan::Gateway => gateway::execute(&cx).await,
         Plan::Secrets => secrets::reseal(&b, &out).await,
     }
 }

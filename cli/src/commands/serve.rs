@@ -281,7 +281,7 @@ pub(crate) async fn serve(
                 loops.dispatch(),
                 loops.prune(),
                 loops.receive(listener, limits),
-                loops.gateway(),
+                super::gateway::beside_serve(config, b, loops.clock.clone(), loops.stop.clone()),
                 signals,
             )
         } => {}
@@ -518,33 +518,6 @@ impl Loops<'_> {
         }
     }
 
-    /// Keeps the Discord gateway open when a bot token is set (and
-    /// `PULSE_DISCORD_GATEWAY` is not `off`), until stopped. A gateway that fails for
-    /// good (a refused token) is logged, and `pulse serve` goes on serving.
-    async fn gateway(&self) {
-        let discord = &self.config.discord;
-        let Some(token) = discord.bot_token.clone() else {
-            return;
-        };
-        if !discord.gateway {
-            info!("PULSE_DISCORD_GATEWAY=off: direct and channel messages are not read here");
-            return;
-        }
-        let gateway = pulse_gateway::Gateway::new(
-            self.b.store.clone(),
-            self.b.queue.clone(),
-            self.clock.clone(),
-            pulse_shared::discord::DiscordClient::new(discord.clone()),
-            pulse_gateway::GatewaySettings {
-                token,
-                url: discord.gateway_url.clone(),
-                default_agent: self.config.inbound.default_agent.clone(),
-            },
-        );
-        // The error is logged where it happens; serving goes on.
-        let _ = gateway.run(self.stop.clone()).await;
-    }
-
     /// Runs the HTTP receiver on `listener`, if there is one, until stopped.
     async fn receive(&self, listener: Option<TcpListener>, limits: ServeLimits) {
         let Some(listener) = listener else { return };
@@ -589,7 +562,7 @@ impl Loops<'_> {
     }
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

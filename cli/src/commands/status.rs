@@ -5,7 +5,7 @@
 use clap::Args;
 use pulse_shared::config::Backend;
 use pulse_shared::domain::parse_duration;
-use pulse_shared::engine::{Status, status};
+use pulse_shared::engine::{Status, gateway_status, status};
 use pulse_shared::ports::Backlog;
 
 use super::Ctx;
@@ -46,7 +46,7 @@ pub(crate) async fn execute(plan: StatusPlan, cx: &Ctx<'_>) -> Result<(), Failur
             "the sweeper's schedule (enabled? its dead-letter queue?), its Errors and its log in CloudWatch; HeartbeatLatenessAlarm watches this"
         }
     };
-    let s = status(
+    let mut s = status(
         cx.b.store.as_ref(),
         cx.b.queue.as_ref(),
         cx.b.hooks.as_deref(),
@@ -55,6 +55,10 @@ pub(crate) async fn execute(plan: StatusPlan, cx: &Ctx<'_>) -> Result<(), Failur
         hint,
     )
     .await?;
+    if let Some(token) = &cx.config.discord.bot_token {
+        let lease = pulse_shared::discord::lease_name(token);
+        gateway_status(cx.b.store.as_ref(), &lease, cx.clock.now(), &mut s).await?;
+    }
     if cx.out.json {
         cx.out.json_value(&s);
     } else {
@@ -97,6 +101,17 @@ fn print(s: &Status) {
         None => outln!("hooks      not configured (PULSE_HOOKS_QUEUE_URL)"),
     }
     outln!("tokens     {} today", s.tokens_today);
+    if let Some(g) = &s.discord_gateway {
+        let r = &g.record;
+        outln!(
+            "discord    gateway {}, {} accepted, {} from strangers, {} reactions, lease until {}",
+            r.state,
+            r.accepted,
+            r.strangers,
+            r.reactions,
+            g.held_until
+        );
+    }
     if s.findings.is_empty() {
         outln!("nothing needs attention");
         return;

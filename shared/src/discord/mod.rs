@@ -4,6 +4,9 @@
 //! returned at once. Tokens are never logged.
 
 pub mod envelope;
+mod lease;
+
+pub use lease::{GatewayRecord, lease_name};
 
 use std::time::Duration;
 

@@ -47,7 +47,7 @@ pub use hooks::{
 pub use lifecycle::{Lifecycle, LifecycleError, Scheduled, Toggled, Updated};
 pub use retention::{PruneReport, prune};
 pub use schedule::{failure_delay, next_run};
-pub use status::{AgentCounts, Finding, Status, status};
+pub use status::{AgentCounts, Finding, GatewayReport, Status, gateway_status, status};
 pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};
 pub use trace::{Trace, trace};

@@ -43,8 +43,63 @@ pub struct Status {
     pub hooks_queue: Option<Backlog>,
     /// Model tokens spent today (each agent's day, in its time zone).
     pub tokens_today: u64,
+    /// The Discord gateway, when a bot token is configured and a gateway ever ran: its
+    /// state, counts and last error, and until when its holder's lease runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discord_gateway: Option<GatewayReport>,
     /// What needs attention.
     pub findings: Vec<Finding>,
+}
+
+/// The Discord gateway as its lease says.
+#[derive(Clone, Debug, Serialize)]
+pub struct GatewayReport {
+    /// What its holder saved: state, counts, last error.
+    #[serde(flatten)]
+    pub record: crate::discord::GatewayRecord,
+    /// Until when the lease runs; past it, no process reads the gateway.
+    pub held_until: Timestamp,
+}
+
+/// The Discord gateway of the lease `lease` (see [`crate::discord::lease_name`]): a
+/// report, and a finding when it failed for good or nobody holds it.
+pub async fn gateway_status(
+    store: &dyn Store,
+    lease: &str,
+    now: Timestamp,
+    s: &mut Status,
+) -> Result<(), StoreError> {
+    let Some(l) = store.get_lease(lease).await? else {
+        return Ok(());
+    };
+    let record: crate::discord::GatewayRecord =
+        serde_json::from_value(l.state.clone()).unwrap_or_default();
+    let look = "its log (pulse serve's, or pulse gateway's) says more; the README's Discord section says how to run it";
+    if record.state == "failed" {
+        s.findings.push(Finding {
+            what: format!(
+                "the Discord gateway stopped: {}",
+                record
+                    .last_error
+                    .as_deref()
+                    .unwrap_or("no reason was saved")
+            ),
+            look: format!("fix that and start pulse gateway (or pulse serve) again; {look}"),
+        });
+    } else if l.until < now {
+        s.findings.push(Finding {
+            what: format!(
+                "no process has read the Discord gateway since {}: direct and channel messages are not answered",
+                l.until
+            ),
+            look: format!("start pulse gateway, or pulse serve with DISCORD_BOT_TOKEN; {look}"),
+        });
+    }
+    s.discord_gateway = Some(GatewayReport {
+        record,
+        held_until: l.until,
+    });
+    Ok(())
 }
 
 /// Agents, by state.

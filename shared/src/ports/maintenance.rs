@@ -96,6 +96,48 @@ pub trait Maintenance: Send + Sync {
     }
 }
 
+/// A named lease: which process holds it, until when, and what the holder keeps with it
+/// (the Discord gateway keeps its resume point and its state there).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lease {
+    /// Its name.
+    pub name: String,
+    /// Who holds (or last held) it.
+    pub holder: String,
+    /// When it runs out; a lease given up runs out at once.
+    pub until: Timestamp,
+    /// What the holder saved with it.
+    pub state: serde_json::Value,
+}
+
+/// Leases that make one process of many the one that acts (the Discord gateway: two
+/// forwarders with one token must never both answer).
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Takes or renews `name` for `holder` until `until`, saving `state` with it, if it
+    /// is free, ran out by `now`, or is `holder`'s already; in one conditional write.
+    /// Whether `holder` holds it now.
+    async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: Timestamp,
+        until: Timestamp,
+        state: &serde_json::Value,
+    ) -> Result<bool, StoreError>;
+    /// The lease `name`, if it was ever taken.
+    async fn get_lease(&self, name: &str) -> Result<Option<Lease>, StoreError>;
+    /// Gives `name` up if `holder` holds it (it runs out at `now`), saving `state`:
+    /// another process may take it at once and carry on from that state.
+    async fn release_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: Timestamp,
+        state: &serde_json::Value,
+    ) -> Result<(), StoreError>;
+}
+
 /// Rows one pruning transaction removes at most.
 pub const PRUNE_BATCH: usize = 500;
 
@@ -112,6 +154,7 @@ pub trait Store:
     + WebhookStore
     + HookStore
     + Maintenance
+    + LeaseStore
 {
 }
 
@@ -127,5 +170,6 @@ impl<T> Store for T where
         + WebhookStore
         + HookStore
         + Maintenance
+        + LeaseStore
 {
 }

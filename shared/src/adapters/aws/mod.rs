@@ -29,6 +29,7 @@ mod hook_queue;
 mod hooks;
 mod init;
 mod keys;
+mod leases;
 mod memories;
 mod metrics;
 mod provision;

@@ -25,6 +25,7 @@ mod heartbeats;
 mod hook_queue;
 mod hooks;
 mod keys;
+mod leases;
 mod memories;
 mod purge;
 mod registry;

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 10;
+const SCHEMA_VERSION: i64 = 11;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -296,6 +296,16 @@ CREATE TABLE memory_versions (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 11: leases (the Discord gateway's: one process of many holds the connection).
+const SCHEMA_V11: &str = r#"
+CREATE TABLE leases (
+    name      TEXT PRIMARY KEY,
+    holder    TEXT NOT NULL,
+    until_ms  INTEGER NOT NULL,
+    state     TEXT NOT NULL
+) WITHOUT ROWID;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -343,6 +353,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 10 {
             conn.execute_batch(SCHEMA_V10).map_err(&err)?;
+        }
+        if version < 11 {
+            conn.execute_batch(SCHEMA_V11).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
