@@ -1170,16 +1170,20 @@ fn serve_answers_a_direct_message_over_the_gateway_unless_told_not_to() {
     assert_eq!(posted[0].place, format!("channel:{DM}"));
 }
 
-/// `pulse gateway`: the gateway alone. Without a token it says what to set; two with one
-/// token make one connection, the messages they queue are answered by the worker (here
-/// `pulse sweep`), `pulse status` shows the gateway, and when the first is stopped the
+both!(
+    pulse_gateway_forwards_messages_and_a_second_one_stands_by_then_takes_over,
+    pulse_gateway_on
+);
+/// `pulse gateway`: the gateway alone, on the embedded store and on the emulator (where
+/// it forwards onto the SQS FIFO sessions queue). Without a token it says what to set;
+/// two with one token make one connection, the messages they queue are answered by the
+/// worker (here `pulse sweep`), `pulse status` shows the gateway, and when the first is stopped the
 /// second takes over by resuming the session.
-#[test]
-fn pulse_gateway_forwards_messages_and_a_second_one_stands_by_then_takes_over() {
+fn pulse_gateway_on(backend: Backend) {
     use pulse_tests::fake_gateway::{FakeGateway, message, snowflake};
     const FRIEND: &str = "2000000000000000001";
     const DM: &str = "4000000000000000001";
-    let dir = tempfile::tempdir().unwrap();
+    let dir = dir_on(backend);
     let d = dir.path();
     ok(
         d,

@@ -11,7 +11,7 @@ use pulse_shared::domain::{Agent, DiscordListen, NewAgent, Secret, ThinkPolicy};
 use pulse_shared::engine::Worker;
 use pulse_tests::fake_discord::FakeDiscord;
 use pulse_tests::fake_gateway::{BOT_ID, FakeGateway, message, snowflake};
-use pulse_tests::fake_llm::FakeLlm;
+use pulse_tests::fake_llm::{FakeLlm, Scripted};
 use pulse_tests::faults::FaultyStore;
 use pulse_tests::{Backend, Kind, on_both_backends, settings};
 use serde_json::{Value, json};
@@ -582,5 +582,68 @@ async fn a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back(
     assert_eq!(faults.policy().failed("record_interaction"), 2);
     assert_eq!(w.posts().len(), 1);
     assert_eq!(w.gateway.status().accepted, 1);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messages() {
+    let w = world().await;
+    w.agent(|a| {
+        a.instructions = Some("Check on the user's deadlines.".into());
+        a.discord.users = vec![FRIEND.into(), STRANGER.into()];
+    })
+    .await;
+    w.llm.script([
+        Scripted::tool("speak", json!({"thought": "A deadline is near; check in."})),
+        Scripted::text("done"),
+        Scripted::text("How is the report going?"),
+    ]);
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+    w.b.drain(&w.worker).await;
+    let opened = w
+        .discord
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/api/v10/users/@me/channels")
+        .expect("the DM channel was opened");
+    assert_eq!(opened.body["recipient_id"], FRIEND);
+    let posted = w.discord.messages();
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert_eq!(posted[0].place, format!("channel:9{FRIEND}"));
+    assert_eq!(posted[0].content, "How is the report going?");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one() {
+    let mut w = world().await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+    // No id, no channel, not an object, an unknown event: skipped, nothing crashes.
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        json!({"content": "no id", "author": {"id": FRIEND}}),
+    );
+    w.fake.dispatch("MESSAGE_CREATE", json!("nonsense"));
+    w.fake.dispatch("SOMETHING_NEW", json!({"x": 1}));
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "still here?"),
+    );
+    w.answered(1).await;
+    assert_eq!(w.posts().len(), 1);
+
+    // INVALID_SESSION, not resumable: a new session (a second IDENTIFY), then on as before.
+    w.fake.invalid_session(false);
+    let fake = w.fake.clone();
+    until("a new session is identified", async || {
+        fake.identifies() == 2 && fake.is_live()
+    })
+    .await;
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(2), DM, None, FRIEND, "and now?"),
+    );
+    w.answered(2).await;
     w.stop().await;
 }
