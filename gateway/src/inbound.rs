@@ -117,17 +117,11 @@ impl Gateway {
         channel: &str,
         author: &str,
     ) -> Result<Agent, Skip> {
-        let mut wait = Duration::from_millis(200);
-        loop {
-            match self.addressee(m, channel, author).await {
-                Ok(found) => return found,
-                Err(why) => {
-                    warn!(message_id = id, error = %why, retry_in = ?wait, "cannot tell which agent a Discord message is for; keeping it and trying again");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MOST_RETRY_WAIT);
-                }
-            }
-        }
+        kept(
+            || self.addressee(m, channel, author),
+            |why, wait| warn!(message_id = id, error = %why, retry_in = ?wait, "cannot tell which agent a Discord message is for; keeping it and trying again"),
+        )
+        .await
     }
 
     /// The agent a message is for, or why it is for none.
@@ -237,17 +231,15 @@ impl Gateway {
     /// gateway reads nothing else meanwhile (a long wait ends in a resume, which
     /// replays what was missed).
     async fn submit(&self, signal: Signal) {
-        let mut wait = Duration::from_millis(200);
-        loop {
-            match intake::submit(self.store.as_ref(), self.queue.as_ref(), signal.clone()).await {
-                Ok(()) => return,
-                Err(e) => {
-                    warn!(signal_id = %signal.id, error = %chain(&e), retry_in = ?wait, "cannot queue a Discord message; keeping it and trying again");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MOST_RETRY_WAIT);
-                }
-            }
-        }
+        kept(
+            || async {
+                intake::submit(self.store.as_ref(), self.queue.as_ref(), signal.clone())
+                    .await
+                    .map_err(|e| chain(&e))
+            },
+            |why, wait| warn!(signal_id = %signal.id, error = %why, retry_in = ?wait, "cannot queue a Discord message; keeping it and trying again"),
+        )
+        .await
     }
 
     /// A `MESSAGE_REACTION_ADD`: a person's reaction to one of the agent's messages
@@ -327,6 +319,26 @@ impl Gateway {
                 info!(agent_id = %agent, event_id = %event.id, "Discord reaction recorded");
             }
             Err(e) => warn!(error = %chain(&e), "cannot record a Discord reaction"),
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds, waiting from 200 ms, doubling to [`MOST_RETRY_WAIT`],
+/// after each failure (told to `failed` with the wait): what Discord sent is kept here
+/// meanwhile, since it will not be sent again.
+async fn kept<T, F>(mut attempt: impl FnMut() -> F, failed: impl Fn(&str, Duration)) -> T
+where
+    F: std::future::Future<Output = Result<T, String>>,
+{
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match attempt().await {
+            Ok(v) => return v,
+            Err(why) => {
+                failed(&why, wait);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MOST_RETRY_WAIT);
+            }
         }
     }
 }

@@ -54,8 +54,7 @@ impl GatewayRecord {
 /// token (never the token itself).
 pub fn lease_name(token: &Secret) -> String {
     let digest = Sha256::digest(token.expose().as_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("discord-gateway/{hex}")
+    format!("discord-gateway/{}", hex::encode(&digest[..8]))
 }
 
 #[cfg(test)]
