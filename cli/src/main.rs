@@ -82,6 +82,10 @@ pub(crate) enum Command {
     Subscriptions(SubscriptionsCmd),
     /// Send a message to an agent, as if from Discord; the worker answers it.
     Say(SayArgs),
+    /// API tokens: a program talks to one agent over the messages API
+    /// (POST /v1/agents/{id}/messages, GET /v1/turns/{id}).
+    #[command(subcommand)]
+    Tokens(commands::tokens::TokensCmd),
     /// Show an agent's conversation.
     #[command(subcommand)]
     Conversation(ConversationCmd),

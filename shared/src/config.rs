@@ -156,6 +156,19 @@ pub struct InboundConfig {
     pub default_agent: Option<AgentId>,
     /// `PULSE_DELIVERY_MEMORY`.
     pub delivery_memory: SignedDuration,
+    /// `PULSE_API_RATE`: requests one API token may make a minute.
+    pub api_rate: ApiRate,
+}
+
+/// Requests one API token may make a minute on the messages API (default 60, in bursts
+/// of up to a third of that).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiRate(pub u32);
+
+impl Default for ApiRate {
+    fn default() -> Self {
+        Self(60)
+    }
 }
 
 impl InboundConfig {
@@ -402,10 +415,12 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             "PULSE_DELIVERY_MEMORY",
             InboundConfig::DEFAULT_DELIVERY_MEMORY,
         )?;
+        let api_rate = ApiRate(self.number("PULSE_API_RATE", ApiRate::default().0, 1)?);
         Ok(InboundConfig {
             discord_public_key,
             default_agent,
             delivery_memory,
+            api_rate,
         })
     }
 

@@ -13,17 +13,18 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use pulse_shared::domain::{
-    AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ClaimRequest, ConversationMessage,
-    Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt, HookDelivery,
-    HookDeliveryId, HookId, HookRoute, Memory, MemoryId, Registry, Schedule, ScheduleId, SignalId,
-    Spend, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId, Webhook, WebhookId,
-    WebhookRequest,
+    AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ApiToken, ClaimRequest,
+    ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt,
+    HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryId, Registry, Schedule,
+    ScheduleId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool, ToolName, Turn,
+    TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
     ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome, Footprint,
     HeartbeatStore, HookStore, Lease, LeaseStore, Maintenance, MemoryStore, PageToken, Pruned,
-    Reclaimed, Reschedule, ScheduleStore, Store, ToolRegistry, TurnStart, WebhookStore, Window,
+    Reclaimed, Reschedule, ScheduleStore, Store, TokenStore, ToolRegistry, TurnStart, WebhookStore,
+    Window,
 };
 
 /// What happens around each store call.
@@ -185,6 +186,13 @@ faulty!(HookStore {
 faulty!(Maintenance {
     fn prune_agent(&self, agent: &AgentId, horizon: Timestamp, now: Timestamp, apply: bool) -> Pruned;
     fn reclaim(&self) -> Reclaimed;
+});
+
+faulty!(TokenStore {
+    fn put_token(&self, token: &ApiToken) -> ();
+    fn get_token(&self, id: &TokenId) -> Option<ApiToken>;
+    fn list_tokens(&self, agent: Option<&AgentId>) -> Vec<ApiToken>;
+    fn revoke_token(&self, id: &TokenId, at: Timestamp) -> ();
 });
 
 faulty!(LeaseStore {

@@ -629,6 +629,56 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         sum("dispatcher", "pulse_hook_deliveries_total", &succeeded),
         3.0
     );
+
+    // 9. The messages API through the receiver's Function URL: a message with an API
+    // token → 202 and the user's message on the sessions queue; the worker answers it;
+    // the turn, read back through the Function URL, holds the reply (not posted to
+    // Discord: it was asked over the API).
+    let (token, presented) =
+        pulse_shared::domain::ApiToken::issue(&agent.id, "e2e", None, now).unwrap();
+    store.put_token(&token).await.unwrap();
+    let bearer = [("authorization".to_owned(), format!("Bearer {presented}"))];
+    let body = json!({"text": "what happened today?"}).to_string();
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &function_url_request(
+                &format!("/v1/agents/{}/messages", agent.id),
+                body.as_bytes(),
+                &bearer,
+            ),
+        )
+        .await;
+    assert_eq!(resp["statusCode"], 202, "{resp}\n{}", watch.log());
+    let queued: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    let turn_id = queued["turn_id"].as_str().unwrap().to_owned();
+    let asked = receive(&clients.sqs, &sessions, 1).await;
+    assert_eq!(asked.len(), 1);
+    llm.script([Scripted::text("One deploy, of the api.")]);
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &asked),
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&clients.sqs, &sessions, &asked, &[]).await;
+    let mut get = function_url_request(&format!("/v1/turns/{turn_id}"), b"", &bearer);
+    get["requestContext"]["http"]["method"] = json!("GET");
+    get["rawQueryString"] = json!("wait=5s");
+    let resp = watch.invoke("webhook-receiver", &get).await;
+    assert_eq!(resp["statusCode"], 200, "{resp}\n{}", watch.log());
+    let turn: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (turn["status"].as_str(), turn["reply"].as_str()),
+        (Some("done"), Some("One deploy, of the api.")),
+        "{turn}"
+    );
+    assert_eq!(
+        discord.messages().len(),
+        2,
+        "the API's reply is not posted to Discord"
+    );
 }
 
 /// The EMF documents in a log: the lines that are JSON objects with an `_aws` member.

@@ -121,6 +121,55 @@ async fn agents(kind: Kind) {
 }
 
 on_both_backends!(
+    tokens_are_kept_as_digests_listed_by_agent_and_revoked_once,
+    tokens
+);
+async fn tokens(kind: Kind) {
+    use pulse_shared::domain::{AgentId, ApiToken, TokenId};
+    let b = Backend::new(kind).await;
+    let now = b.now();
+    let (one, two) = (AgentId::generate(), AgentId::generate());
+    let (t1, presented) =
+        ApiToken::issue(&one, "ci", Some(SignedDuration::from_hours(24)), now).unwrap();
+    let (t2, _) = ApiToken::issue(&two, "", None, now).unwrap();
+    let (t3, _) = ApiToken::issue(&one, "phone", None, now).unwrap();
+    for t in [&t1, &t2, &t3] {
+        b.store.put_token(t).await.unwrap();
+    }
+    let read = b.store.get_token(&t1.id).await.unwrap().unwrap();
+    assert_eq!(read, t1);
+    let (_, secret) = ApiToken::split(&presented).unwrap();
+    assert_eq!(read.admit(secret, now), Ok(()));
+    assert!(!read.digest.contains(secret), "only the digest is stored");
+    assert_eq!(b.store.get_token(&TokenId::generate()).await.unwrap(), None);
+    let mine: Vec<_> = b
+        .store
+        .list_tokens(Some(&one))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(mine, vec![t1.id.clone(), t3.id.clone()]);
+    let all = b.store.list_tokens(None).await.unwrap();
+    assert!(all.iter().any(|t| t.id == t2.id) && all.len() >= 3);
+    b.store.revoke_token(&t1.id, now).await.unwrap();
+    let later = now.checked_add(SignedDuration::from_secs(60)).unwrap();
+    b.store.revoke_token(&t1.id, later).await.unwrap();
+    let revoked = b.store.get_token(&t1.id).await.unwrap().unwrap();
+    assert_eq!(
+        revoked.revoked_at,
+        Some(now),
+        "the first revocation's time is kept"
+    );
+    assert!(revoked.admit(secret, now).is_err());
+    assert!(matches!(
+        b.store.revoke_token(&TokenId::generate(), now).await,
+        Err(pulse_shared::error::StoreError::NotFound(_))
+    ));
+}
+
+on_both_backends!(
     a_lease_has_one_holder_until_it_runs_out_or_is_given_up,
     leases
 );

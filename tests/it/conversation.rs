@@ -596,6 +596,69 @@ async fn coalesce(kind: Kind) {
 }
 
 on_both_backends!(
+    a_second_message_while_the_model_answers_the_first_drops_its_call_and_one_reply_answers_both,
+    double_texting
+);
+async fn double_texting(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    w.say(&agent, "what's the weather like?", SignalMeta::default())
+        .await;
+    // The model is slow to answer the first message.
+    w.llm.hold();
+    w.llm
+        .script([Scripted::text("Sunny, and yes: take the bike.")]);
+    let user = async {
+        w.llm.wait_for(1).await;
+        w.say(&agent, "and should I bike?", SignalMeta::default())
+            .await;
+        // The first call is closed by the client before its answer...
+        w.llm.wait_abandoned(1).await;
+        w.llm.release();
+    };
+    let (handled, ()) = tokio::join!(w.b.drain(&w.worker), user);
+    assert_eq!(handled, 2);
+    // ...and one reply answers both.
+    assert_eq!(w.llm.requests().len(), 2);
+    assert_eq!(w.llm.abandoned(), 1);
+    let second = w.roles_and_texts(1);
+    let all: Vec<&str> = second.iter().map(|(_, t)| t.as_str()).collect();
+    assert!(
+        all.iter().any(|t| t.contains("weather")) && all.iter().any(|t| t.contains("bike?")),
+        "the second call reads both messages: {all:?}"
+    );
+    assert_eq!(
+        w.discord
+            .messages()
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>(),
+        ["Sunny, and yes: take the bike."]
+    );
+    // Both calls' tokens are recorded: the dropped one estimated, and marked so.
+    let turns = w.b.store.list_turns(&agent.id, 10).await.unwrap();
+    assert_eq!(turns.len(), 2);
+    let (answered, dropped) = (&turns[0], &turns[1]);
+    assert!(
+        dropped.superseded() && dropped.parts.is_empty(),
+        "{dropped:?}"
+    );
+    assert!(dropped.usage.input_tokens > 0);
+    assert_eq!(dropped.steps[0]["usage_estimated"], true);
+    assert_eq!(answered.usage.input_tokens, 100);
+    let spent =
+        w.b.store
+            .spend_of_day(
+                &agent.id,
+                pulse_shared::engine::budget::day_of(&agent, w.b.now()),
+            )
+            .await
+            .unwrap();
+    let total: u64 = spent.iter().map(|s| s.tokens).sum();
+    assert_eq!(total, dropped.usage.total() + answered.usage.total());
+}
+
+on_both_backends!(
     a_user_message_interrupts_a_running_heartbeat_which_yields_and_the_next_is_deferred,
     interrupt
 );
@@ -626,6 +689,8 @@ async fn interrupt(kind: Kind) {
         w.llm.wait_for(1).await;
         w.say(&agent, "quick question!", SignalMeta::default())
             .await;
+        // The call in flight is dropped (its request closed), not waited for.
+        w.llm.wait_abandoned(1).await;
         w.llm.release();
     };
     let (outcome, _) = tokio::join!(runner, user);

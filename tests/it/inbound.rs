@@ -38,6 +38,7 @@ async fn rig(kind: Kind) -> Rig {
         discord_public_key: Some(discord.public_key_hex()),
         default_agent: None,
         delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+        api_rate: Default::default(),
     };
     let inbound = Arc::new(Inbound::new(
         b.store.clone(),
@@ -1208,6 +1209,7 @@ async fn healthz_is_degraded_while_the_store_cannot_write() {
             discord_public_key: None,
             default_agent: None,
             delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+            api_rate: Default::default(),
         },
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

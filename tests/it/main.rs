@@ -17,6 +17,7 @@ mod lifecycle;
 mod listener;
 mod llm;
 mod memory;
+mod messages_api;
 mod queue;
 mod reminders;
 mod retention;

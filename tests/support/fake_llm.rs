@@ -66,6 +66,8 @@ struct Inner {
     requests: Vec<Recorded>,
     /// While set, requests wait for `release` before being answered.
     held: Option<Arc<tokio::sync::Semaphore>>,
+    /// Requests whose client closed the connection before they were answered.
+    abandoned: usize,
 }
 
 /// The fake LLM server.
@@ -126,6 +128,32 @@ impl FakeLlm {
     pub fn requests(&self) -> Vec<Recorded> {
         self.inner.lock().unwrap().requests.clone()
     }
+    /// How many requests the client gave up on (closed) before their answer.
+    pub fn abandoned(&self) -> usize {
+        self.inner.lock().unwrap().abandoned
+    }
+    /// Waits until `n` requests were given up on by their client (at most 10 s).
+    pub async fn wait_abandoned(&self, n: usize) {
+        for _ in 0..1000 {
+            if self.abandoned() >= n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{} requests abandoned, expected {n}", self.abandoned());
+    }
+}
+
+/// Counts a request as abandoned if its handler is dropped before it answers (hyper
+/// drops it when the client closes the connection).
+struct Answering(Arc<Mutex<Inner>>, bool);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.lock().unwrap().abandoned += 1;
+        }
+    }
 }
 
 type Shared = (Arc<Mutex<Inner>>, Arc<tokio::sync::Notify>);
@@ -141,9 +169,11 @@ async fn next((inner, arrived): &Shared, path: &str, headers: HeaderMap, body: V
         g.held.clone()
     };
     arrived.notify_waiters();
+    let mut answering = Answering(inner.clone(), false);
     if let Some(gate) = gate {
         let _ = gate.acquire().await;
     }
+    answering.1 = true;
     let mut g = inner.lock().unwrap();
     g.script.pop_front().unwrap_or_else(|| Scripted::text("ok"))
 }

@@ -23,6 +23,7 @@ pub(crate) mod simulate;
 pub(crate) mod status;
 mod story;
 pub(crate) mod subscriptions;
+pub(crate) mod tokens;
 pub(crate) mod tools;
 pub(crate) mod usage;
 pub(crate) mod webhooks;
@@ -61,6 +62,7 @@ enum Plan {
     Heartbeats(heartbeats::HeartbeatsPlan),
     Actions(actions::ActionsPlan),
     Tools(tools::ToolsPlan),
+    Tokens(tokens::TokensPlan),
     Subscriptions(subscriptions::SubscriptionsPlan),
     Conversation(conversation::ConversationPlan),
     Memories(memories::MemoriesPlan),
@@ -82,6 +84,7 @@ impl Plan {
             Plan::Agents(p) => p.writes(),
             Plan::Events(p) => p.writes(),
             Plan::Tools(p) => p.writes(),
+            Plan::Tokens(p) => p.writes(),
             Plan::Subscriptions(p) => p.writes(),
             Plan::Conversation(p) => p.writes(),
             Plan::Webhooks(p) => p.writes(),
@@ -109,6 +112,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Heartbeats(c) => Plan::Heartbeats(heartbeats::plan(c)?),
         Command::Actions(c) => Plan::Actions(actions::plan(c)?),
         Command::Tools(c) => Plan::Tools(tools::plan(c, now)?),
+        Command::Tokens(c) => Plan::Tokens(tokens::plan(c)?),
         Command::Subscriptions(c) => Plan::Subscriptions(subscriptions::plan(c, now)?),
         Command::Say(a) => Plan::Conversation(conversation::plan_say(a, now)?),
         Command::Conversation(c) => Plan::Conversation(conversation::plan(c)?),
@@ -194,6 +198,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Heartbeats(p) => heartbeats::execute(p, &cx).await,
         Plan::Actions(p) => actions::execute(p, &cx).await,
         Plan::Tools(p) => tools::execute(p, &cx).await,
+        Plan::Tokens(p) => tokens::execute(p, &cx).await,
         Plan::Subscriptions(p) => subscriptions::execute(p, &cx).await,
         Plan::Conversation(p) => conversation::execute(p, &cx).await,
         Plan::Memories(p) => memories::execute(p, &cx).await,

@@ -309,3 +309,14 @@ pub struct Turn {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests: Option<Requests>,
 }
+
+impl Turn {
+    /// The error of a turn whose model call was dropped because a newer user message
+    /// arrived: it has no reply; the next turn answers its messages with the newer ones.
+    pub const SUPERSEDED: &'static str = "superseded: a newer message arrived while the model was answering; the next turn answers both";
+
+    /// Whether a newer message superseded this turn.
+    pub fn superseded(&self) -> bool {
+        self.error.as_deref() == Some(Self::SUPERSEDED)
+    }
+}

@@ -542,6 +542,22 @@ impl RequestId {
     }
 }
 
+/// An API token of the messages API: `pt_` + ULID (the token's public half).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TokenId(String);
+string_newtype!(TokenId);
+
+impl TokenId {
+    /// A new random id.
+    pub fn generate() -> Self {
+        Self(format!("pt_{}", crate::entropy::ulid()))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("token id", "pt_", s).map(|u| Self(format!("pt_{u}")))
+    }
+}
+
 /// An outbound hook: `hk_` + ULID.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HookId(String);

@@ -17,6 +17,7 @@ mod requests;
 mod schedule;
 mod task;
 mod time;
+mod token;
 mod tool;
 mod unreadable;
 mod webhook;
@@ -47,8 +48,8 @@ pub use hook_delivery::{
 pub use hook_type::{HookType, screaming_snake};
 pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
-    RequestId, SessionId, SignalId, SubscriptionId, ToolName, TurnId, WebhookId, first_id_at,
-    quote_input,
+    RequestId, SessionId, SignalId, SubscriptionId, TokenId, ToolName, TurnId, WebhookId,
+    first_id_at, quote_input,
 };
 pub use memory::{
     DotQuery, Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus,
@@ -67,6 +68,7 @@ pub use task::{
 pub use time::{
     ActiveHours, Interval, Retention, TimeZoneName, format_duration, from_ms, parse_duration, to_ms,
 };
+pub use token::{ApiToken, MAX_TOKEN_LIFE, TokenRefusal};
 pub use tool::{
     Action, ActionStatus, AgentContext, BadToolResponse, Beats, Filter, HEARTBEAT_AGENT,
     HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,

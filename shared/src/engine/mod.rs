@@ -20,6 +20,7 @@ pub mod framing;
 mod heartbeat;
 mod hooks;
 pub mod intake;
+pub mod interrupt;
 mod lifecycle;
 pub mod memory;
 pub mod reminders;

@@ -209,6 +209,15 @@ impl Drop for StreamPlace {
 }
 
 impl StreamSlot {
+    /// The longest a handler may wait before answering (a long poll): a second under the
+    /// request timeout, which would cut it off.
+    pub fn longest_wait(&self) -> Duration {
+        self.book
+            .limits
+            .request_timeout
+            .saturating_sub(Duration::from_secs(1))
+    }
+
     /// Turns the request's connection into a long-lived stream: it gives up its
     /// connection place for one in the streams' budget. [`StreamsFull`] when that budget
     /// is spent; its response is a 503 asking to retry later.

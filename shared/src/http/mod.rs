@@ -5,6 +5,9 @@
 //! |---|---|
 //! | `POST /discord/interactions` | Discord's interactions endpoint ([`discord`]) |
 //! | `POST /webhooks/{webhook_id}` | signed webhooks from external systems ([`webhooks`]) |
+//! | `POST /v1/agents/{agent_id}/messages` | the messages API: queue a message ([`messages`]) |
+//! | `GET /v1/turns/{turn_id}?wait=30s` | the messages API: read (or wait for) the reply |
+//! | `GET /v1/openapi.json` | the messages API's OpenAPI document |
 //! | `GET /healthz` | liveness |
 //!
 //! Every answer that is not a success is a JSON body `{"error": "..."}` saying what was
@@ -14,6 +17,7 @@
 
 pub mod discord;
 mod listener;
+pub mod messages;
 pub mod webhooks;
 
 pub use listener::{ServeLimits, StreamPlace, StreamSlot, StreamsFull, serve_app};
@@ -51,6 +55,8 @@ pub struct Inbound {
     pub(crate) config: InboundConfig,
     /// The signed-webhook use case.
     pub(crate) webhooks: crate::engine::WebhookIntake,
+    /// The messages API's per-token budgets.
+    pub(crate) api_buckets: messages::TokenBuckets,
 }
 
 impl Inbound {
@@ -72,6 +78,7 @@ impl Inbound {
             clock.clone(),
             config.delivery_memory,
         );
+        let api_buckets = messages::TokenBuckets::new(config.api_rate.0);
         Self {
             store,
             queue,
@@ -79,6 +86,7 @@ impl Inbound {
             discord_key,
             config,
             webhooks,
+            api_buckets,
         }
     }
 }
@@ -89,6 +97,9 @@ pub fn router(inbound: Arc<Inbound>) -> Router {
         .route("/healthz", get(healthz))
         .route("/discord/interactions", post(discord::interaction))
         .route("/webhooks/{webhook_id}", post(webhooks::receive))
+        .route("/v1/agents/{agent_id}/messages", post(messages::post))
+        .route("/v1/turns/{turn_id}", get(messages::get))
+        .route("/v1/openapi.json", get(messages::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(inbound)
@@ -140,14 +151,14 @@ async fn healthz(axum::extract::State(inbound): axum::extract::State<Arc<Inbound
 async fn not_found() -> Response {
     error_response(
         StatusCode::NOT_FOUND,
-        "no such route; Pulse serves POST /discord/interactions, POST /webhooks/{webhook_id} and GET /healthz",
+        "no such route; Pulse serves POST /discord/interactions, POST /webhooks/{webhook_id}, the messages API (GET /v1/openapi.json describes it) and GET /healthz",
     )
 }
 
 async fn method_not_allowed() -> Response {
     error_response(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method not allowed; the receiver takes POST on /discord/interactions and /webhooks/{webhook_id}, GET on /healthz",
+        "method not allowed; the receiver takes POST on /discord/interactions, /webhooks/{webhook_id} and /v1/agents/{agent_id}/messages, GET on /v1/turns/{turn_id}, /v1/openapi.json and /healthz",
     )
 }
 

@@ -155,6 +155,7 @@ pub trait Store:
     + HookStore
     + Maintenance
     + LeaseStore
+    + TokenStore
 {
 }
 
@@ -171,5 +172,6 @@ impl<T> Store for T where
         + HookStore
         + Maintenance
         + LeaseStore
+        + TokenStore
 {
 }

@@ -4,10 +4,10 @@
 use async_trait::async_trait;
 
 use crate::domain::{
-    AcceptOutcome, Acceptance, Action, ActionId, AgentId, ConversationMessage, Event, EventCursor,
-    Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryId, Registry,
-    Schedule, ScheduleId, SignalId, Subscription, SubscriptionId, Tool, ToolName, Turn, TurnId,
-    Webhook, WebhookId, WebhookRequest,
+    AcceptOutcome, Acceptance, Action, ActionId, AgentId, ApiToken, ConversationMessage, Event,
+    EventCursor, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory,
+    MemoryId, Registry, Schedule, ScheduleId, SignalId, Subscription, SubscriptionId, TokenId,
+    Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -233,4 +233,18 @@ pub trait HookStore: Send + Sync {
         &self,
         delivery: &HookDeliveryId,
     ) -> Result<Vec<HookAttempt>, StoreError>;
+}
+
+/// API tokens of the messages API (only their secrets' digests).
+#[async_trait]
+pub trait TokenStore: Send + Sync {
+    /// Saves a new token.
+    async fn put_token(&self, token: &ApiToken) -> Result<(), StoreError>;
+    /// Reads a token by its id.
+    async fn get_token(&self, id: &TokenId) -> Result<Option<ApiToken>, StoreError>;
+    /// Every token, or `agent`'s, oldest first.
+    async fn list_tokens(&self, agent: Option<&AgentId>) -> Result<Vec<ApiToken>, StoreError>;
+    /// Marks a token revoked at `at` (a token revoked already keeps its first time).
+    /// `NotFound` if there is none.
+    async fn revoke_token(&self, id: &TokenId, at: jiff::Timestamp) -> Result<(), StoreError>;
 }

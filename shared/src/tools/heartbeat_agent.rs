@@ -9,10 +9,11 @@
 //! - `emit_event({type, payload, priority})`: events that cascade in the same heartbeat.
 //!
 //! Budgets (max steps, max tokens per run) stop the loop and are recorded. Before every
-//! LLM call and before every `speak`, the run checks whether a user message arrived
-//! after the heartbeat started (the agent's `last_interaction_at`, set on arrival); if
-//! so it stops and reports the interruption, and the heartbeat ends CANCELLED so the
-//! user's turn runs next. Every step is logged and kept in the action's
+//! LLM call and before every `speak`, and during every LLM call
+//! ([`interrupt::unless_user_speaks`]: the call is dropped), the run checks whether a
+//! user message arrived after the heartbeat started (the agent's `last_interaction_at`,
+//! set on arrival); if so it stops and reports the interruption, and the heartbeat ends
+//! CANCELLED so the user's turn runs next. Every step is logged and kept in the action's
 //! output.
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crate::domain::{
     MemorySource, NewEvent, OutgoingTask, REMEMBER, Role, Signal, SignalId, SignalKind, SignalMeta,
     StopReason, ToolRequest, ToolResponse, ToolSpec, ToolUse, Usage,
 };
+use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
 use crate::engine::reminders::{self, ScheduleLimits};
 use crate::engine::{framing, transcript};
@@ -222,15 +224,37 @@ impl HeartbeatAgent {
                 return Ok(None);
             }
             let max_tokens = u32::try_from(left).unwrap_or(u32::MAX).min(STEP_MAX_TOKENS);
-            let resp = llm
-                .complete(&LlmRequest {
-                    model: None,
-                    messages: messages.clone(),
-                    tools: tools.clone(),
-                    max_tokens,
-                })
-                .await
-                .map_err(|e| chain(&e))?;
+            let request = LlmRequest {
+                model: None,
+                messages: messages.clone(),
+                tools: tools.clone(),
+                max_tokens,
+            };
+            // A user message during the call drops it (its request is closed) rather
+            // than waiting for an answer the heartbeat would throw away.
+            let call = interrupt::unless_user_speaks(
+                self.store.as_ref(),
+                &agent.id,
+                Some(req.heartbeat.started_at),
+                llm.complete(&request),
+            );
+            let resp = match call.await {
+                Raced::Done(done) => done.map_err(|e| chain(&e))?,
+                Raced::Interrupted(at) => {
+                    let estimate = interrupt::estimated_usage(&request.messages);
+                    t.usage.add(estimate);
+                    t.steps.push(json!({
+                        "step": step,
+                        "kind": "aborted",
+                        "reason": "a user message arrived",
+                        "usage": estimate,
+                        "usage_estimated": true,
+                    }));
+                    return Ok(Some(format!(
+                        "interrupted: a user message arrived at {at}, during the model call (dropped)"
+                    )));
+                }
+            };
             t.usage.add(resp.usage);
             crate::meter::tokens(resp.provider, &resp.usage);
             last_input = resp.usage.input_tokens;

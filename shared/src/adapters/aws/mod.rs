@@ -41,6 +41,7 @@ mod secrets;
 mod session_queue;
 mod setup;
 mod table;
+mod tokens;
 mod webhooks;
 
 use std::time::Duration;

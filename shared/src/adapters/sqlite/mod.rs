@@ -33,6 +33,7 @@ mod retention;
 mod schedules;
 mod schema;
 mod session_queue;
+mod tokens;
 mod webhooks;
 
 use std::path::{Path, PathBuf};

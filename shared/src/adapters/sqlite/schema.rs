@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 11;
+const SCHEMA_VERSION: i64 = 12;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -306,6 +306,16 @@ CREATE TABLE leases (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 12: API tokens of the messages API (their secrets' digests only).
+const SCHEMA_V12: &str = r#"
+CREATE TABLE api_tokens (
+    id        TEXT PRIMARY KEY,
+    agent_id  TEXT NOT NULL,
+    doc       TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX api_tokens_by_agent ON api_tokens (agent_id);
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -356,6 +366,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 11 {
             conn.execute_batch(SCHEMA_V11).map_err(&err)?;
+        }
+        if version < 12 {
+            conn.execute_batch(SCHEMA_V12).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

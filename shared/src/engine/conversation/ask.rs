@@ -4,6 +4,7 @@ use tracing::{error, info, warn};
 
 use super::*;
 use crate::domain::{Agent, ChatMessage, LlmRequest, MemoryId, TurnId, Usage};
+use crate::engine::interrupt::{self, Raced};
 use crate::engine::{memory, reminders, transcript};
 use crate::error::{EngineError, chain};
 
@@ -32,6 +33,7 @@ impl Conversation {
         turn_id: &TurnId,
         first_ms: u64,
         beat: u64,
+        known: Option<jiff::Timestamp>,
     ) -> Result<Asked, EngineError> {
         let cx = memory::Context {
             source: crate::domain::MemorySource::User,
@@ -84,9 +86,18 @@ impl Conversation {
                     .unwrap_or(u32::MAX)
                     .min(self.settings.reply_max_tokens),
             };
-            let resp = match llm.complete(&request).await {
-                Ok(resp) => resp,
-                Err(e) => return refused(e, asked),
+            // A user message that arrives meanwhile makes this reply stale: the call is
+            // dropped and the turn ends superseded, so the next turn answers all of it.
+            let call = interrupt::unless_user_speaks(
+                self.store.as_ref(),
+                &agent.id,
+                known,
+                llm.complete(&request),
+            );
+            let resp = match call.await {
+                Raced::Done(Ok(resp)) => resp,
+                Raced::Done(Err(e)) => return refused(e, asked),
+                Raced::Interrupted(at) => return Ok(superseded(asked, &request, step, at)),
             };
             asked.usage.add(resp.usage);
             crate::meter::tokens(resp.provider, &resp.usage);
@@ -193,4 +204,28 @@ fn apology(why: &str) -> String {
     format!(
         "I could not think of a reply just now: {why}. An operator should check my LLM settings."
     )
+}
+
+/// What a turn whose model call was dropped for a newer message records: no reply, the
+/// usage of its finished calls plus an estimate for the dropped one (marked as such),
+/// and [`Turn::SUPERSEDED`] as its error.
+fn superseded(mut asked: Asked, request: &LlmRequest, step: u32, at: jiff::Timestamp) -> Asked {
+    let estimate = interrupt::estimated_usage(&request.messages);
+    info!(
+        newer_message_at = %at,
+        estimated_input_tokens = estimate.input_tokens,
+        "a newer message arrived while the model answered: its call was dropped; the next turn answers both"
+    );
+    asked.usage.add(estimate);
+    asked.steps.push(serde_json::json!({
+        "step": step,
+        "kind": "aborted",
+        "reason": "a newer user message arrived",
+        "newer_message_at": at,
+        "usage": estimate,
+        "usage_estimated": true,
+    }));
+    asked.text = String::new();
+    asked.failed = Some(crate::domain::Turn::SUPERSEDED.to_owned());
+    asked
 }

@@ -218,7 +218,14 @@ pub(super) fn target(
     now: Timestamp,
     discord: bool,
 ) -> ReplyTarget {
-    if !discord {
+    // A message sent over the messages API or from the dashboard is answered there: the
+    // reply is read from the turn, not posted to Discord.
+    let asked_elsewhere = signals
+        .iter()
+        .rev()
+        .find(|s| s.kind == SignalKind::Message)
+        .is_some_and(|s| matches!(s.meta.source.as_deref(), Some("api" | "dashboard")));
+    if !discord || asked_elsewhere {
         return ReplyTarget::None;
     }
     if let Some(i) = signals

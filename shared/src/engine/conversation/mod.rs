@@ -254,7 +254,16 @@ impl Conversation {
                 // Memories the turn's tools keep get ids from the turn and its first
                 // signal's time, so a redelivered turn keeps each once.
                 let first_ms = pending[0].created_at.as_millisecond().max(0) as u64;
-                self.ask(agent, context, &turn_id, first_ms, beat).await?
+                // What this turn answers already: a user message later than this
+                // supersedes it.
+                let known = pending
+                    .iter()
+                    .filter(|s| s.kind == SignalKind::Message)
+                    .map(|s| s.created_at)
+                    .chain(agent.last_interaction_at)
+                    .max();
+                self.ask(agent, context, &turn_id, first_ms, beat, known)
+                    .await?
             }
             Some(today) => {
                 budget::fire_exhausted(self.store.as_ref(), self.hooks.as_ref(), agent, today, now)

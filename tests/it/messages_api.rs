@@ -1,0 +1,297 @@
+//! The messages API on both backends, over real HTTP on loopback: a program queues a
+//! message with an API token and long-polls the reply; every refusal leaves the queue
+//! empty; the OpenAPI document served matches the routes.
+
+use std::sync::Arc;
+
+use jiff::SignedDuration;
+use pulse_shared::config::{ApiRate, InboundConfig};
+use pulse_shared::domain::{Agent, ApiToken, NewAgent};
+use pulse_shared::engine::Worker;
+use pulse_shared::http::{self, Inbound};
+use pulse_tests::fake_discord::FakeDiscord;
+use pulse_tests::fake_llm::{FakeLlm, Scripted};
+use pulse_tests::{Backend, Kind, on_both_backends, settings};
+use serde_json::{Value, json};
+
+struct Api {
+    b: Backend,
+    llm: FakeLlm,
+    discord: FakeDiscord,
+    worker: Worker,
+    agent: Agent,
+    base: String,
+    http: reqwest::Client,
+}
+
+async fn api(kind: Kind, rate: u32) -> Api {
+    let b = Backend::new(kind).await;
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let services = pulse_tests::fake_services(&llm, &discord);
+    let worker = b
+        .connected()
+        .worker(b.clock.clone(), &settings(), &services);
+    let mut new = NewAgent::named("scout");
+    // The agent has a Discord channel: a message sent over the API is still answered
+    // over the API, not in the channel.
+    new.discord_channel = Some("1001".into());
+    let (agent, first) = new.create(b.now()).unwrap();
+    b.store.create_agent(&agent, &first).await.unwrap();
+    let config = InboundConfig {
+        delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+        api_rate: ApiRate(rate),
+        ..InboundConfig::default()
+    };
+    let inbound = Arc::new(Inbound::new(
+        b.store.clone(),
+        b.queue.clone(),
+        b.clock.clone(),
+        config,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(http::serve(
+        listener,
+        inbound,
+        http::ServeLimits::default(),
+        std::future::pending(),
+    ));
+    Api {
+        b,
+        llm,
+        discord,
+        worker,
+        agent,
+        base,
+        http: reqwest::Client::new(),
+    }
+}
+
+impl Api {
+    /// A token for `agent`, living a day.
+    async fn token(&self, agent: &Agent) -> (ApiToken, String) {
+        let (t, secret) = ApiToken::issue(
+            &agent.id,
+            "test",
+            Some(SignedDuration::from_hours(24)),
+            self.b.now(),
+        )
+        .unwrap();
+        self.b.store.put_token(&t).await.unwrap();
+        (t, secret)
+    }
+
+    async fn send(
+        &self,
+        token: Option<&str>,
+        agent: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
+        let mut r = self
+            .http
+            .post(format!("{}/v1/agents/{agent}/messages", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        let r = r.send().await.unwrap();
+        let (status, headers) = (r.status().as_u16(), r.headers().clone());
+        (status, r.json().await.unwrap(), headers)
+    }
+
+    async fn turn(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+}
+
+fn text(t: &str) -> Vec<u8> {
+    json!({ "text": t }).to_string().into_bytes()
+}
+
+on_both_backends!(
+    a_program_sends_a_message_and_long_polls_the_reply,
+    sends_and_waits
+);
+async fn sends_and_waits(kind: Kind) {
+    let a = api(kind, 60).await;
+    let (_, token) = a.token(&a.agent).await;
+    a.llm.script([Scripted::text("Hello from Scout.")]);
+    let body =
+        json!({"text": "hi there", "user": "Ada", "images": ["https://cdn.example/cat.png"]});
+    let (status, queued, _) = a
+        .send(
+            Some(&token),
+            a.agent.id.as_str(),
+            body.to_string().into_bytes(),
+        )
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    assert_eq!(queued["status"], "queued");
+    let turn_id = queued["turn_id"].as_str().unwrap().to_owned();
+    let poll = queued["poll"].as_str().unwrap().to_owned();
+    assert_eq!(poll, format!("/v1/turns/{turn_id}?wait=30s"));
+    // Nothing answered yet: a read without waiting says so.
+    let (s, now) = a.turn(&token, &format!("/v1/turns/{turn_id}")).await;
+    assert_eq!((s, now["status"].as_str()), (200, Some("queued")), "{now}");
+    // A long poll is answered as soon as the worker has answered.
+    let waiting = {
+        let (http, url, token) = (a.http.clone(), format!("{}{poll}", a.base), token.clone());
+        tokio::spawn(async move {
+            let r = http.get(url).bearer_auth(token).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    assert_eq!(a.b.drain(&a.worker).await, 1);
+    let (s, turn) = waiting.await.unwrap();
+    assert_eq!(s, 200, "{turn}");
+    assert_eq!(turn["status"], "done", "{turn}");
+    assert_eq!(turn["reply"], "Hello from Scout.");
+    assert_eq!(turn["answered_by"], turn_id.as_str());
+    // The model read the text and the picture.
+    let asked = a.llm.requests().last().unwrap().body.to_string();
+    assert!(asked.contains("hi there"), "{asked}");
+    assert!(asked.contains("cdn.example/cat.png"), "{asked}");
+    // Answered over the API only: nothing went to the agent's Discord channel.
+    assert!(
+        a.discord.messages().is_empty(),
+        "{:?}",
+        a.discord.messages()
+    );
+}
+
+on_both_backends!(
+    the_api_refuses_bad_tokens_and_bad_bodies_and_queues_nothing,
+    refusals
+);
+async fn refusals(kind: Kind) {
+    let a = api(kind, 600).await;
+    let (mine, token) = a.token(&a.agent).await;
+    let id = a.agent.id.as_str();
+    let expect = |status: u16, want: u16, body: &Value, says: &str| {
+        assert_eq!(status, want, "{body}");
+        let e = body["error"].as_str().unwrap_or_default();
+        assert!(e.contains(says), "{want}: {e:?} should say {says:?}");
+    };
+    let (s, body, headers) = a.send(None, id, text("hi")).await;
+    expect(s, 401, &body, "Authorization: Bearer");
+    assert!(headers.contains_key("www-authenticate"));
+    let forged = format!("{}.{}", mine.id, "A".repeat(43));
+    let (s, body, _) = a.send(Some(&forged), id, text("hi")).await;
+    expect(s, 401, &body, "not valid");
+    let (s, body, _) = a.send(Some("nonsense"), id, text("hi")).await;
+    expect(s, 401, &body, "not valid");
+    // Another agent's token.
+    let (other, first) = NewAgent::named("other").create(a.b.now()).unwrap();
+    a.b.store.create_agent(&other, &first).await.unwrap();
+    let (_, theirs) = a.token(&other).await;
+    let (s, body, _) = a.send(Some(&theirs), id, text("hi")).await;
+    expect(s, 403, &body, "speaks to agent");
+    // Bodies: too big, text too long, empty, not JSON, a bad image.
+    let (s, body, _) = a.send(Some(&token), id, vec![b' '; 65 * 1024]).await;
+    expect(s, 413, &body, "64 KiB");
+    let (s, body, _) = a.send(Some(&token), id, text(&"x".repeat(16_001))).await;
+    expect(s, 413, &body, "16000 characters");
+    let (s, body, _) = a.send(Some(&token), id, text("   ")).await;
+    expect(s, 400, &body, "empty");
+    let (s, body, _) = a.send(Some(&token), id, b"hello".to_vec()).await;
+    expect(s, 400, &body, "{\"text\"");
+    let bad_image = json!({"text": "look", "images": ["file:///etc/passwd"]});
+    let (s, body, _) = a
+        .send(Some(&token), id, bad_image.to_string().into_bytes())
+        .await;
+    expect(s, 400, &body, "http(s) URL");
+    // Revoked, then expired.
+    let (t2, revoked) = a.token(&a.agent).await;
+    a.b.store.revoke_token(&t2.id, a.b.now()).await.unwrap();
+    let (s, body, _) = a.send(Some(&revoked), id, text("hi")).await;
+    expect(s, 401, &body, "revoked");
+    a.b.advance(SignedDuration::from_hours(25));
+    let (s, body, _) = a.send(Some(&token), id, text("hi")).await;
+    expect(s, 401, &body, "expired");
+    assert_eq!(a.b.queued_messages().await, 0, "a refusal queues nothing");
+    // An unknown turn id, and a bad wait.
+    let (_, fresh) = a.token(&a.agent).await;
+    let (s, body) = a.turn(&fresh, "/v1/turns/tn_nope").await;
+    expect(s, 404, &body, "no turn");
+    let old = pulse_shared::domain::first_id_at("tn_", a.b.now() - SignedDuration::from_hours(48));
+    let (s, body) = a.turn(&fresh, &format!("/v1/turns/{old}")).await;
+    expect(s, 404, &body, "no turn");
+    let (s, body) = a.turn(&fresh, &format!("/v1/turns/{old}?wait=5m")).await;
+    expect(s, 400, &body, "0s to 60s");
+}
+
+on_both_backends!(
+    a_token_over_its_rate_is_told_when_to_come_back,
+    rate_limited
+);
+async fn rate_limited(kind: Kind) {
+    // 3 a minute: a burst of 1, then one every 20 s.
+    let a = api(kind, 3).await;
+    let (_, token) = a.token(&a.agent).await;
+    let id = a.agent.id.as_str();
+    let (s, _, _) = a.send(Some(&token), id, text("one")).await;
+    assert_eq!(s, 202);
+    let (s, body, headers) = a.send(Some(&token), id, text("two")).await;
+    assert_eq!(s, 429, "{body}");
+    assert_eq!(headers["retry-after"], "20");
+    assert_eq!(a.b.queued_messages().await, 1, "only the first was queued");
+    a.b.advance(SignedDuration::from_secs(20));
+    let (s, _, _) = a.send(Some(&token), id, text("three")).await;
+    assert_eq!(s, 202, "the budget refills with time");
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_the_routes_the_receiver_serves() {
+    let a = api(Kind::Sqlite, 600).await;
+    let doc: Value = a
+        .http
+        .get(format!("{}/v1/openapi.json", a.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert_eq!(paths.len(), 3, "{:?}", paths.keys().collect::<Vec<_>>());
+    for (path, ops) in paths {
+        let concrete = path
+            .replace("{agent_id}", a.agent.id.as_str())
+            .replace("{turn_id}", "tn_01JAAAAAAAAAAAAAAAAAAAAAAA");
+        for method in ["get", "post", "put", "delete", "patch"] {
+            let r = a
+                .http
+                .request(
+                    method.to_uppercase().parse().unwrap(),
+                    format!("{}{concrete}", a.base),
+                )
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            match ops.get(method) {
+                // Documented: served, and the status is one the document lists.
+                Some(op) => {
+                    let listed = op["responses"].as_object().unwrap();
+                    assert!(
+                        listed.contains_key(&status.to_string()),
+                        "{method} {path} answered {status}, not in {:?}",
+                        listed.keys().collect::<Vec<_>>()
+                    );
+                }
+                // Not documented: the router does not serve it either.
+                None => assert_eq!(status, 405, "{method} {path} is served but not documented"),
+            }
+        }
+    }
+}
