@@ -165,7 +165,8 @@ impl Connected {
         )
         // Only images on their hosts are passed on or fetched, through a guard of their
         // own.
-        .with_images(services.images.clone());
+        .with_images(services.images.clone())
+        .with_lifecycle(Arc::new(self.lifecycle(clock.clone(), settings)));
         match self.emitter(clock) {
             Some(emitter) => conversation.with_hooks(emitter),
             None => conversation,

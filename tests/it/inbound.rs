@@ -1271,3 +1271,31 @@ async fn healthz_is_degraded_while_the_store_cannot_write() {
     let (status, v) = health().await;
     assert_eq!((status, &v["status"]), (200, &json!("ok")), "{v}");
 }
+
+#[tokio::test]
+async fn a_steering_slash_command_reaches_the_conversation_as_its_words() {
+    let r = rig(Kind::Sqlite).await;
+    let minted = r.b.now().as_millisecond() - 1_000 - 1_420_070_400_000;
+    let id = ((minted as u64) << 22).to_string();
+    let mut cmd = slash_command(&id, "");
+    cmd["data"] = json!({
+        "id": "1250000000000000001", "name": "snooze", "type": 1,
+        "options": [{"name": "for", "type": 3, "value": " 2h "}]
+    });
+    let body = cmd.to_string().into_bytes();
+    let (s, v, _) = r
+        .post(
+            "/discord/interactions",
+            discord_headers(&r.discord, r.now_s(), &body),
+            body.clone(),
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"type": 5})));
+    let signals = r.signals().await;
+    assert_eq!(signals.len(), 1);
+    assert_eq!(signals[0].text(), "/snooze 2h");
+    assert_eq!(
+        signals[0].meta.user_id.as_deref(),
+        Some("1000000000000000001")
+    );
+}

@@ -34,7 +34,7 @@ pub(crate) struct World {
     pub(crate) ops: Lifecycle,
 }
 
-async fn world(kind: Kind) -> World {
+pub(crate) async fn world(kind: Kind) -> World {
     world_with(kind, settings()).await
 }
 

@@ -23,4 +23,5 @@ mod reminders;
 mod retention;
 mod secrets_at_rest;
 mod status;
+mod steering;
 mod thinking;

@@ -7,6 +7,7 @@ use super::events::Since;
 use super::{AgentRef, Ctx, agent_ref, input, limit};
 use crate::Failure;
 use crate::output::{Out, short, when};
+use pulse_shared::engine::steering::Woken;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum HeartbeatsCmd {
@@ -43,6 +44,12 @@ pub(crate) enum HeartbeatsCmd {
         #[arg(long, requires = "agent", conflicts_with = "id")]
         beat: Option<u64>,
     },
+    /// Wake an agent now: its next heartbeat is due at once, through its quiet period and
+    /// active hours. Asking again while one is due or running makes no second.
+    Trigger {
+        /// The agent: its id, name or alias.
+        agent: String,
+    },
 }
 
 /// A validated heartbeats command.
@@ -51,6 +58,7 @@ pub(crate) enum HeartbeatsPlan {
     Show(HeartbeatId),
     /// `--agent` and `--beat`.
     ShowBeat(AgentRef, u64),
+    Trigger(AgentRef),
 }
 
 /// Which heartbeats to list.
@@ -86,6 +94,7 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
             before,
             limit: limit(n)?,
         })),
+        HeartbeatsCmd::Trigger { agent } => HeartbeatsPlan::Trigger(agent_ref(&agent)?),
         HeartbeatsCmd::Show { id, agent, beat } => match (id, agent, beat) {
             (Some(id), _, _) => HeartbeatsPlan::Show(HeartbeatId::parse(&id).map_err(input)?),
             (None, Some(agent), Some(beat)) => HeartbeatsPlan::ShowBeat(agent_ref(&agent)?, beat),
@@ -109,6 +118,29 @@ pub(crate) async fn execute(plan: HeartbeatsPlan, cx: &Ctx<'_>) -> Result<(), Fa
         HeartbeatsPlan::ShowBeat(agent, beat) => {
             let id = HeartbeatId::new(agent.id(cx.b).await?, beat);
             super::story::show(cx, &id).await?
+        }
+        HeartbeatsPlan::Trigger(agent) => {
+            let id = agent.id(cx.b).await?;
+            let ops = cx.b.lifecycle(
+                cx.clock.clone(),
+                &pulse_shared::engine::EngineSettings::default(),
+            );
+            let woken = ops
+                .wake(&id)
+                .await
+                .map_err(super::agents::lifecycle_failure)?;
+            cx.out.done(&match woken {
+                Woken::Due(_) => format!(
+                    "a heartbeat of {id} is due now; `pulse serve` (or `pulse sweep`) runs it"
+                ),
+                Woken::AlreadyDue(at) => format!(
+                    "a heartbeat of {id} was due already (since {}); no second one",
+                    when(Some(at))
+                ),
+                Woken::Running => {
+                    format!("a heartbeat of {id} is running now; no second one")
+                }
+            });
         }
     }
     Ok(())

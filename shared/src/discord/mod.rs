@@ -355,8 +355,10 @@ impl DiscordClient {
 /// The name of the slash command `pulse discord register-commands` registers.
 pub const ASK_COMMAND: &str = "ask";
 
-/// The commands Pulse answers: `/ask text:<...> [file:<attachment>]`, and a message
-/// context-menu command (`menu_name`, e.g. "Ask Pulse") on any message.
+/// The commands Pulse answers: `/ask text:<...> [file:<attachment>]`; the steering
+/// commands `/heartbeat`, `/pause`, `/resume`, `/snooze for:<2h>` and
+/// `/quiet hours:<22:00-07:00|off>` (their owner only: the agent's `--discord-users`);
+/// and a message context-menu command (`menu_name`, e.g. "Ask Pulse") on any message.
 pub fn command_definitions(menu_name: &str) -> Value {
     serde_json::json!([
         {
@@ -367,6 +369,21 @@ pub fn command_definitions(menu_name: &str) -> Value {
                 {"type": 3, "name": "text", "description": "What to say", "required": true, "max_length": 6000},
                 {"type": 11, "name": "file", "description": "A file or voice message to show it", "required": false}
             ]
+        },
+        {"name": "heartbeat", "type": 1, "description": "Wake the agent now"},
+        {"name": "pause", "type": 1, "description": "Pause the agent's heartbeats (it still answers you)"},
+        {"name": "resume", "type": 1, "description": "Resume a paused or snoozed agent"},
+        {
+            "name": "snooze",
+            "type": 1,
+            "description": "No heartbeats for a while",
+            "options": [{"type": 3, "name": "for", "description": "How long, e.g. 2h or 1d", "required": true, "max_length": 20}]
+        },
+        {
+            "name": "quiet",
+            "type": 1,
+            "description": "Hours the agent keeps quiet",
+            "options": [{"type": 3, "name": "hours", "description": "e.g. 22:00-07:00, or off", "required": true, "max_length": 20}]
         },
         {"name": menu_name, "type": 3}
     ])

@@ -61,6 +61,10 @@ pub struct Agent {
     /// is resumed; its user's messages are still answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_at: Option<Timestamp>,
+    /// Until when its user snoozed it (`pulse agents snooze`, `/snooze 2h`): no
+    /// heartbeat of its own before then; reminders still wake it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snoozed_until: Option<Timestamp>,
     /// When its heartbeat agent calls the model.
     #[serde(default, skip_serializing_if = "ThinkPolicy::is_auto")]
     pub think: ThinkPolicy,

@@ -59,7 +59,8 @@ pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};
 pub use requests::Requests;
 pub use schedule::{
-    MAX_NOTE_CHARS, SCHEDULE_MISSED, SCHEDULED, Schedule, ScheduleId, ScheduleRule, busiest_hour,
+    MAX_NOTE_CHARS, SCHEDULE_MISSED, SCHEDULED, Schedule, ScheduleId, ScheduleRule, WAKE_REQUESTED,
+    busiest_hour,
 };
 pub use task::{
     ConsolidateJob, DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask,

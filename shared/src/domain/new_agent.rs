@@ -91,6 +91,7 @@ impl NewAgent {
             discord_channel: self.discord_channel,
             discord: self.discord,
             paused_at: None,
+            snoozed_until: None,
             think: self.think,
             next_wake: None,
             retention: self.retention,

@@ -14,6 +14,9 @@ use crate::error::ValidationError;
 
 /// The event type of a wake.
 pub const SCHEDULED: &str = "SCHEDULED";
+/// The event a heartbeat its user asked for (`pulse heartbeats trigger`, `/heartbeat`)
+/// reads: the agent woke because it was asked to.
+pub const WAKE_REQUESTED: &str = "WAKE_REQUESTED";
 /// The event type of wakes that were missed (the agent was paused or nothing ran), so
 /// the agent learns of them rather than their being skipped in silence.
 pub const SCHEDULE_MISSED: &str = "SCHEDULE_MISSED";

@@ -26,7 +26,7 @@ use crate::ports::{Clock, Footprint, Reschedule, Store};
 
 /// How many times a pause or resume looks again at a heartbeat that moved on meanwhile
 /// (claimed, or finished) before it settles.
-const MOVES: usize = 4;
+pub(super) const MOVES: usize = 4;
 
 /// Why a lifecycle operation did nothing.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +43,7 @@ pub enum LifecycleError {
 }
 
 impl LifecycleError {
-    fn store(id: &AgentId, e: StoreError) -> Self {
+    pub(super) fn store(id: &AgentId, e: StoreError) -> Self {
         match e {
             StoreError::NotFound(_) => Self::NotFound(id.clone()),
             other => Self::Store(other),
@@ -90,8 +90,8 @@ const PULL_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Changes, pauses, resumes and deletes agents.
 pub struct Lifecycle {
-    store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) clock: Arc<dyn Clock>,
     settings: EngineSettings,
     hooks: Option<HookEmitter>,
 }
@@ -113,7 +113,7 @@ impl Lifecycle {
         }
     }
 
-    async fn agent(&self, id: &AgentId) -> Result<Agent, LifecycleError> {
+    pub(super) async fn agent(&self, id: &AgentId) -> Result<Agent, LifecycleError> {
         self.store
             .get_agent(id)
             .await
@@ -122,7 +122,7 @@ impl Lifecycle {
     }
 
     /// The agent's latest heartbeat: the pending (or paused, or running) one.
-    async fn latest(&self, id: &AgentId) -> Result<Option<Heartbeat>, LifecycleError> {
+    pub(super) async fn latest(&self, id: &AgentId) -> Result<Option<Heartbeat>, LifecycleError> {
         let mut latest = self
             .store
             .list_heartbeats(id, 1)
@@ -231,6 +231,9 @@ impl Lifecycle {
     /// never beat again).
     pub async fn resume(&self, id: &AgentId) -> Result<Toggled, LifecycleError> {
         let agent = self.agent(id).await?;
+        if !agent.is_paused() && agent.snoozed_until.is_some() {
+            return self.unsnooze(&agent).await;
+        }
         let now = self.clock.now();
         let at = agent.in_active_hours(now);
         let event = lifecycle_event(&agent, HookType::AGENT_RESUMED, now, Some(at));
@@ -267,7 +270,11 @@ impl Lifecycle {
     }
 
     /// Moves `hb` as `to` says; false when it was no longer in the state the move is from.
-    async fn moved(&self, hb: &Heartbeat, to: Reschedule) -> Result<bool, LifecycleError> {
+    pub(super) async fn moved(
+        &self,
+        hb: &Heartbeat,
+        to: Reschedule,
+    ) -> Result<bool, LifecycleError> {
         Ok(self
             .store
             .reschedule(&hb.id(), to)

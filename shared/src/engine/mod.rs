@@ -27,6 +27,7 @@ pub mod reminders;
 mod retention;
 mod schedule;
 mod status;
+pub mod steering;
 mod sweep;
 mod switches;
 mod trace;

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::domain::{
     Agent, AgentId, Event, EventCursor, EventId, HeartbeatStatus, SCHEDULE_MISSED, SCHEDULED,
-    Schedule, ScheduleRule, TimeZoneName, ToolSpec, busiest_hour, parse_duration,
+    Schedule, ScheduleRule, TimeZoneName, ToolSpec, WAKE_REQUESTED, busiest_hour, parse_duration,
 };
 use crate::error::{StoreError, ValidationError, chain};
 use crate::ports::{Reschedule, Store};
@@ -343,6 +343,23 @@ pub(crate) async fn wake(
                 store.delete_schedule(&agent.id, &schedule.id).await?;
             }
         }
+    }
+    // Woken with no schedule due: its user asked for this heartbeat (a trigger).
+    if events.is_empty() {
+        let at = dated(now);
+        let ms = at.as_millisecond().max(0) as u64;
+        let wake_ms = agent.next_wake.unwrap_or(now).as_millisecond().to_string();
+        let mut event = super::budget::system_event(
+            agent,
+            WAKE_REQUESTED,
+            EventId::derived(ms, &["wake", agent.id.as_str(), &wake_ms]),
+            json!({"requested_for": agent.next_wake}),
+            at,
+        );
+        event.source = "user".to_owned();
+        store.append(&event).await?;
+        info!(event_id = %event.id, "the agent was asked to wake now");
+        events.push(event);
     }
     // The schedules as they are now: no need to read them again.
     let next_wake = earliest(&schedules);

@@ -284,6 +284,16 @@ fn slash(data: &CommandData, raw: &Value, user: &Value, at: Timestamp) -> Result
     if text.trim().is_empty() {
         text = describe(&files);
     }
+    // A steering command reaches the conversation as its words (`/snooze 2h`).
+    if data.name != crate::discord::ASK_COMMAND {
+        let arg = data.options.iter().find_map(|o| match &o.value {
+            CommandOptionValue::String(s) => Some(s.trim().to_owned()),
+            _ => None,
+        });
+        text = format!("/{} {}", data.name, arg.unwrap_or_default())
+            .trim_end()
+            .to_owned();
+    }
     let envelope = json!({
         "interaction": {"kind": "slash_command", "command": data.name},
         "type": null,

@@ -22,6 +22,7 @@
 //! - `deliver`: the reply to Discord, part by part, and the turn's hooks.
 
 mod ask;
+mod commands;
 mod context;
 mod deliver;
 mod images;
@@ -89,6 +90,7 @@ pub struct Conversation {
     hooks: Option<crate::engine::hooks::HookEmitter>,
     images: Option<Arc<dyn ImageFetcher>>,
     memories: Arc<memory::Memories>,
+    lifecycle: Option<Arc<crate::engine::Lifecycle>>,
 }
 
 impl Conversation {
@@ -111,6 +113,7 @@ impl Conversation {
             hooks: None,
             images: None,
             memories,
+            lifecycle: None,
         }
     }
 
@@ -118,6 +121,13 @@ impl Conversation {
     /// URL (without one, such images reach the model as `[image: URL]` text only).
     pub fn with_images(mut self, fetcher: Arc<dyn ImageFetcher>) -> Self {
         self.images = Some(fetcher);
+        self
+    }
+
+    /// Runs the steering commands users say (`/pause`, `/snooze 2h`, …) with
+    /// `lifecycle`; without it they are answered as unavailable.
+    pub fn with_lifecycle(mut self, lifecycle: Arc<crate::engine::Lifecycle>) -> Self {
+        self.lifecycle = Some(lifecycle);
         self
     }
 
@@ -235,7 +245,8 @@ impl Conversation {
     }
 
     /// Answers `pending` with a new turn: the reply (from the model, or the budget's
-    /// notice), the turn written with its messages, then delivered.
+    /// notice, and what its steering commands did), the turn written with its messages,
+    /// then delivered.
     async fn answer(
         &self,
         agent: &Agent,
@@ -245,24 +256,77 @@ impl Conversation {
         let now = self.clock.now();
         let turn_id = TurnId::for_signal(&pending[0].id);
         let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
-        let spent = budget::exhausted(self.store.as_ref(), agent, now).await?;
-        let asked = match &spent {
+        let (steered, talk) = self.steer(agent, pending).await;
+        // Steering alone asks no model: the day's budget does not bear on it.
+        let spent = match talk.is_empty() {
+            true => None,
+            false => budget::exhausted(self.store.as_ref(), agent, now).await?,
+        };
+        let mut asked = if talk.is_empty() {
+            Asked {
+                provider: "pulse".into(),
+                model: "steering".into(),
+                ..Asked::default()
+            }
+        } else {
+            self.reply(agent, &talk, &turn_id, spent.as_ref(), outcome, now)
+                .await?
+        };
+        if !steered.is_empty() {
+            asked.text = match asked.text.is_empty() {
+                true => steered.join("\n"),
+                false => format!("{}\n\n{}", steered.join("\n"), asked.text),
+            };
+        }
+        let turn = self
+            .write(agent, turn_id, pending, asked, spent.as_ref(), now)
+            .await?;
+        outcome.turns.push(turn.id.clone());
+        if turn.status == TurnStatus::Delivering {
+            let (sent, delivered) = self.deliver(turn).await?;
+            outcome.parts_sent += sent;
+            self.emit_sent(agent, &delivered).await?;
+        }
+        if user_spoke {
+            // The quiet period before the next heartbeat counts from the end of the turn.
+            self.store
+                .record_interaction(&agent.id, self.clock.now())
+                .await?;
+        }
+        let waited = self.clock.now().duration_since(pending[0].created_at);
+        crate::meter::turn_answered(waited.try_into().unwrap_or_default());
+        Ok(())
+    }
+
+    /// The reply to `talk` (the pending signals that are not steering commands): from
+    /// the model, or the budget's notice when today's tokens are spent.
+    async fn reply(
+        &self,
+        agent: &Agent,
+        talk: &[Signal],
+        turn_id: &TurnId,
+        spent: Option<&budget::Today>,
+        outcome: &mut TurnOutcome,
+        now: Timestamp,
+    ) -> Result<Asked, EngineError> {
+        let user_spoke = talk.iter().any(|s| s.kind == SignalKind::Message);
+        Ok(match spent {
             None => {
                 outcome.asked_model = true;
-                let _typing = self.typing(pending).await;
-                let (context, beat) = self.context(agent, pending, now).await?;
+                let _typing = self.typing(talk).await;
+                let (context, beat) = self.context(agent, talk, now).await?;
                 // Memories the turn's tools keep get ids from the turn and its first
                 // signal's time, so a redelivered turn keeps each once.
-                let first_ms = pending[0].created_at.as_millisecond().max(0) as u64;
+                let first_ms = talk[0].created_at.as_millisecond().max(0) as u64;
                 // What this turn answers already: a user message later than this
                 // supersedes it.
-                let known = pending
+                let known = talk
                     .iter()
                     .filter(|s| s.kind == SignalKind::Message)
                     .map(|s| s.created_at)
                     .chain(agent.last_interaction_at)
                     .max();
-                self.ask(agent, context, &turn_id, first_ms, beat, known)
+                self.ask(agent, context, turn_id, first_ms, beat, known)
                     .await?
             }
             Some(today) => {
@@ -285,25 +349,33 @@ impl Conversation {
                     }
                 }
             }
-        };
-        let turn = self
-            .write(agent, turn_id, pending, asked, spent.as_ref(), now)
-            .await?;
-        outcome.turns.push(turn.id.clone());
-        if turn.status == TurnStatus::Delivering {
-            let (sent, delivered) = self.deliver(turn).await?;
-            outcome.parts_sent += sent;
-            self.emit_sent(agent, &delivered).await?;
+        })
+    }
+
+    /// Runs the steering commands among `pending` (see [`commands`]): the lines that
+    /// answer them, and the signals left for the model.
+    async fn steer(&self, agent: &Agent, pending: &[Signal]) -> (Vec<String>, Vec<Signal>) {
+        let mut said = Vec::new();
+        let mut talk = Vec::new();
+        for s in pending {
+            let Some(command) = commands::parse(s) else {
+                talk.push(s.clone());
+                continue;
+            };
+            said.push(match (command, &self.lifecycle) {
+                _ if !commands::owner(agent, s) => {
+                    info!(signal_id = %s.id, "a steering command from someone who does not own the agent: refused");
+                    "Only my owner can steer me (wake, pause, snooze, quiet hours).".to_owned()
+                }
+                (Err(why), _) => why,
+                (Ok(c), Some(lifecycle)) => {
+                    info!(signal_id = %s.id, command = ?c, "steering command");
+                    commands::run(lifecycle, agent, c).await
+                }
+                (Ok(_), None) => "Steering is not available here.".to_owned(),
+            });
         }
-        if user_spoke {
-            // The quiet period before the next heartbeat counts from the end of the turn.
-            self.store
-                .record_interaction(&agent.id, self.clock.now())
-                .await?;
-        }
-        let waited = self.clock.now().duration_since(pending[0].created_at);
-        crate::meter::turn_answered(waited.try_into().unwrap_or_default());
-        Ok(())
+        (said, talk)
     }
 
     /// The turn's context — the history, what the agent knows that bears on the new

@@ -97,11 +97,18 @@ struct Ready {
 /// agent, its next heartbeat waits out a quiet period instead of chiming in; and due
 /// times are planned inside the active hours, so one that comes up outside them (claimed
 /// late, or the hours changed) waits for them to open. A reminder the user asked for
-/// fires at its time all the same: those bound the agent's own initiative, not a wake it
-/// was asked for.
+/// fires at its time all the same, as does a heartbeat its user asked for: those bound
+/// the agent's own initiative, not a wake it was asked for. A snoozed agent waits for
+/// the end of its snooze.
 fn held_back(agent: &Agent, now: Timestamp) -> Option<(Timestamp, &'static str)> {
     if agent.next_wake.is_some_and(|w| w <= now) {
         return None;
+    }
+    if let Some(until) = agent.snoozed_until.filter(|u| *u > now) {
+        return Some((
+            until,
+            "the agent is snoozed: heartbeat deferred to the end of the snooze",
+        ));
     }
     if let Some(at) = agent.last_interaction_at {
         let until = agent.in_active_hours(at.saturating_add(agent.quiet_period()).unwrap_or(at));

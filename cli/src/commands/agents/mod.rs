@@ -1,16 +1,20 @@
-//! `pulse agents …`: create, list, show, update, pause, resume and delete agents.
+//! `pulse agents …`: create, list, show, update, pause, resume, snooze and delete agents.
+
+mod lifecycle;
+
+pub(crate) use lifecycle::lifecycle_failure;
 
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
     ActiveHours, Agent, AgentChanges, AgentLlm, Budgets, DiscordAccess, DiscordListen, Interval,
     NewAgent, ProviderKind, Retention, ThinkPolicy, TimeZoneName,
 };
-use pulse_shared::engine::{EngineSettings, LifecycleError, Toggled, budget};
+use pulse_shared::engine::budget;
 
 use super::heartbeats::heartbeat_table;
 use super::{AgentRef, Ctx, agent_ref, input, store};
 use crate::Failure;
-use crate::output::{count, outln, short, when};
+use crate::output::{outln, short, when};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum AgentsCmd {
@@ -32,10 +36,18 @@ pub(crate) enum AgentsCmd {
         /// The agent: its id, name or alias.
         id: String,
     },
-    /// Resume a paused agent: its next heartbeat is due at once.
+    /// Resume a paused or snoozed agent: its next heartbeat is due at once.
     Resume {
         /// The agent: its id, name or alias.
         id: String,
+    },
+    /// Snooze an agent: no heartbeats of its own until the time shown (its reminders
+    /// still fire); `resume` ends it sooner.
+    Snooze {
+        /// The agent: its id, name or alias.
+        id: String,
+        /// How long: a minute to 30 days (e.g. 2h, 1d).
+        length: String,
     },
     /// Delete an agent and everything that is its own: heartbeats, events, actions,
     /// conversation, memories, webhooks (their URLs then answer 404), hooks and their
@@ -226,6 +238,7 @@ pub(crate) enum AgentsPlan {
     Update(AgentRef, Box<AgentChanges>),
     Pause(AgentRef),
     Resume(AgentRef),
+    Snooze(AgentRef, jiff::SignedDuration),
     Delete { id: AgentRef, yes: bool },
 }
 
@@ -372,6 +385,16 @@ pub(crate) fn plan(cmd: AgentsCmd, now: jiff::Timestamp) -> Result<AgentsPlan, F
         }
         AgentsCmd::Pause { id } => AgentsPlan::Pause(agent_ref(&id)?),
         AgentsCmd::Resume { id } => AgentsPlan::Resume(agent_ref(&id)?),
+        AgentsCmd::Snooze { id, length } => {
+            let length = pulse_shared::domain::parse_duration("snooze", &length).map_err(input)?;
+            let (lo, hi) = pulse_shared::engine::steering::SNOOZE_RANGE;
+            if length < lo || length > hi {
+                return Err(Failure::Input(
+                    "a snooze lasts from a minute to 30 days (e.g. 2h, 1d)".to_owned(),
+                ));
+            }
+            AgentsPlan::Snooze(agent_ref(&id)?, length)
+        }
         AgentsCmd::Delete { id, yes } => AgentsPlan::Delete {
             id: agent_ref(&id)?,
             yes,
@@ -466,7 +489,7 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
         }
         AgentsPlan::List => list(cx).await?,
         AgentsPlan::Show(agent) => show(cx, &agent).await?,
-        other => return lifecycle(other, cx).await,
+        other => return lifecycle::lifecycle(other, cx).await,
     }
     Ok(())
 }
@@ -600,7 +623,7 @@ async fn show(cx: &Ctx<'_>, agent: &AgentRef) -> Result<(), Failure> {
 
 /// Says so on stderr when the agent's model cannot be reached from here for want of a
 /// key, rather than letting its first reply fail.
-fn warn_without_key(cx: &Ctx<'_>, agent: &Agent) {
+pub(super) fn warn_without_key(cx: &Ctx<'_>, agent: &Agent) {
     let services = pulse_shared::app::Services::from_config(cx.config);
     if let Err(e) = services.llm.select(agent) {
         eprintln!(
@@ -619,77 +642,11 @@ struct Listed {
 }
 
 fn status(a: &Agent) -> &'static str {
-    if a.is_paused() { "paused" } else { "active" }
-}
-
-fn lifecycle_failure(e: LifecycleError) -> Failure {
-    match e {
-        LifecycleError::Store(e) => store(e),
-        other => Failure::Input(other.to_string()),
+    if a.is_paused() {
+        "paused"
+    } else if a.snoozed_until.is_some() {
+        "snoozed"
+    } else {
+        "active"
     }
-}
-
-async fn lifecycle(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
-    let out = cx.out;
-    let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
-    match plan {
-        AgentsPlan::Update(agent, changes) => {
-            let id = agent.id(cx.b).await?;
-            let done = ops.update(&id, &changes).await.map_err(lifecycle_failure)?;
-            warn_without_key(cx, &done.agent);
-            let mut line = format!("updated agent {} ({})", done.agent.name, id);
-            if let Some(at) = done.replanned {
-                line.push_str(&format!("; its next heartbeat is due {}", when(Some(at))));
-            }
-            out.created(&done.agent, id.as_str(), &line);
-        }
-        AgentsPlan::Pause(agent) => {
-            let id = agent.id(cx.b).await?;
-            let line = match ops.pause(&id).await.map_err(lifecycle_failure)? {
-                Toggled::Already => format!("agent {id} is paused already"),
-                Toggled::Done { running: true, .. } => format!(
-                    "paused agent {id}; the heartbeat running now finishes, then none until `pulse agents resume {id}` (its user's messages are still answered)"
-                ),
-                Toggled::Done { .. } => format!(
-                    "paused agent {id}: no heartbeats until `pulse agents resume {id}` (its user's messages are still answered)"
-                ),
-            };
-            out.done(&line);
-        }
-        AgentsPlan::Resume(agent) => {
-            let id = agent.id(cx.b).await?;
-            let line = match ops.resume(&id).await.map_err(lifecycle_failure)? {
-                Toggled::Already => format!("agent {id} is not paused"),
-                Toggled::Done {
-                    next_heartbeat_at, ..
-                } => format!(
-                    "resumed agent {id}; its next heartbeat is due {}",
-                    when(next_heartbeat_at)
-                ),
-            };
-            out.done(&line);
-        }
-        AgentsPlan::Delete { id: agent, yes } => {
-            let id = agent.id(cx.b).await?;
-            let footprint = ops.delete(&id, yes).await.map_err(lifecycle_failure)?;
-            let listed: Vec<String> = footprint
-                .kinds()
-                .into_iter()
-                .map(|(n, noun)| count(n as usize, noun))
-                .collect();
-            if !yes {
-                outln!("deleting agent {id} would remove: {}", listed.join(", "));
-                return Err(Failure::Input(format!(
-                    "nothing deleted; run `pulse agents delete {id} --yes` to delete it"
-                )));
-            }
-            if out.json {
-                out.json_value(&serde_json::json!({ "agent_id": id, "deleted": footprint }));
-            } else {
-                out.done(&format!("deleted agent {id}: {}", listed.join(", ")));
-            }
-        }
-        _ => unreachable!("answered by execute"),
-    }
-    Ok(())
 }
