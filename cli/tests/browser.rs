@@ -203,6 +203,27 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     );
     expect_text(&c, "#heartbeats a", "#3").await;
     assert_not_reloaded(&c).await;
+    // The charts above the timeline draw the agent's days, kept current as well.
+    expect_text(&c, "figure.chart figcaption", "Heartbeats a day").await;
+    let drawn = "return document.querySelector('#charts figure p.legend').textContent;";
+    let start = Instant::now();
+    loop {
+        let legend = c.execute(drawn, vec![]).await.unwrap();
+        let counted: u64 = legend
+            .as_str()
+            .unwrap_or_default()
+            .split(|ch: char| !ch.is_ascii_digit())
+            .filter_map(|w| w.parse::<u64>().ok())
+            .sum();
+        if counted >= 2 {
+            break;
+        }
+        assert!(
+            start.elapsed() < PAGE_LIMIT,
+            "the heartbeats chart still counts {counted}: {legend}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     screenshot(&c, &d, "heartbeats").await;
 
     // Its trace.
@@ -210,6 +231,14 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     expect_text(&c, "h2", "Heartbeat #1").await;
     expect_text(&c, ".card", "heartbeat-agent").await;
     screenshot(&c, &d, "trace").await;
+
+    // Chat: type, send, and the reply appears (the offline model answers).
+    click(&c, Locator::LinkText("Chat")).await;
+    type_into(&c, Locator::Css("#text"), "hello from the browser").await;
+    click(&c, Locator::Css("form.chat-box button")).await;
+    expect_text(&c, ".chat .said.user", "hello from the browser").await;
+    expect_text(&c, ".chat .said.reply", "You said").await;
+    screenshot(&c, &d, "chat").await;
 
     // Paused: no new heartbeat over two intervals.
     c.goto(&format!("{base}/ui/agents/{agent}/settings"))

@@ -845,8 +845,13 @@ async fn mind_tabs(kind: Kind) {
     let u = ui(kind, Access::Open).await;
     let (agent, _) = u.b.agent("scout", "15m").await;
     let base = format!("/ui/agents/{}", agent.id);
+    let old = u.get(&format!("{base}/conversation")).await;
+    assert_eq!(
+        (old.status, old.location.as_str()),
+        (308, format!("{base}/chat").as_str())
+    );
     assert!(
-        u.get(&format!("{base}/conversation"))
+        u.get(&format!("{base}/chat"))
             .await
             .body
             .contains("No conversation yet")
@@ -891,7 +896,7 @@ async fn mind_tabs(kind: Kind) {
         serde_json::json!({"kind": "tool", "name": "remember", "input": {"text": "likes green tea"}}),
     ];
     u.b.store.update_turn(&turn).await.unwrap();
-    let talk = u.get(&format!("{base}/conversation")).await;
+    let talk = u.get(&format!("{base}/chat")).await;
     assert_eq!(talk.status, 200);
     assert!(
         talk.body.contains("hello there") && talk.body.contains("reply"),
@@ -1107,4 +1112,166 @@ async fn idle_streams_have_their_own_budget_and_lifetime_and_never_take_the_page
     tokio::time::sleep(Duration::from_millis(200)).await;
     let again = reqwest::Client::new().get(&live).send().await.unwrap();
     assert_eq!(again.status(), 200, "a place is free again");
+}
+
+on_both_backends!(
+    the_chat_tab_sends_through_the_session_queue_and_shows_the_reply,
+    chat_tab
+);
+async fn chat_tab(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let base = format!("/ui/agents/{}", agent.id);
+    let csrf = u.csrf().await;
+    // Nothing to send: 400, nothing queued.
+    let empty = u
+        .post(&format!("{base}/chat"), &[("csrf", &csrf), ("text", "  ")])
+        .await;
+    assert_eq!(empty.status, 400, "{}", empty.body);
+    assert!(empty.body.contains("write something"), "{}", empty.body);
+    assert_eq!(u.b.queued_messages().await, 0);
+    // Without the CSRF token: refused, nothing queued.
+    let forged = u.post(&format!("{base}/chat"), &[("text", "hi")]).await;
+    assert_eq!(forged.status, 403);
+    assert_eq!(u.b.queued_messages().await, 0);
+
+    let sent = u
+        .post(
+            &format!("{base}/chat"),
+            &[("csrf", &csrf), ("text", "what's up?")],
+        )
+        .await;
+    assert_eq!(sent.status, 303, "{}", sent.body);
+    assert!(
+        sent.location.starts_with(&format!("{base}/chat?sent=sg_")),
+        "{}",
+        sent.location
+    );
+    let thinking = u.get(&sent.location).await.body;
+    assert!(
+        thinking.contains("thinking") && thinking.contains("what&#39;s up?")
+            || thinking.contains("what's up?"),
+        "{thinking}"
+    );
+    let signals = u.b.receive_all().await;
+    assert_eq!(signals.len(), 1, "one message on the session queue");
+    for d in &signals {
+        u.b.queue
+            .release(&d.receipt, std::time::Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    let services = pulse_tests::offline_services();
+    let worker =
+        u.b.connected()
+            .worker(u.b.clock.clone(), &settings(), &services);
+    assert_eq!(u.b.drain(&worker).await, 1);
+    let answered = u.get(&sent.location).await.body;
+    assert!(!answered.contains("thinking…"), "{answered}");
+    assert!(answered.contains("you · dashboard"), "{answered}");
+    let turn = u.b.store.list_turns(&agent.id, 1).await.unwrap().remove(0);
+    assert!(!turn.parts.is_empty());
+    assert_eq!(
+        turn.target,
+        pulse_shared::domain::ReplyTarget::None,
+        "read here, not on Discord"
+    );
+
+    // Wake now, and a snooze that is too long.
+    let woke = u
+        .post(
+            &format!("{base}/wake"),
+            &[("csrf", &csrf), ("back", &format!("{base}/settings"))],
+        )
+        .await;
+    assert_eq!(woke.status, 303, "{}", woke.body);
+    let long = u
+        .post(
+            &format!("{base}/snooze"),
+            &[("csrf", &csrf), ("length", "400d")],
+        )
+        .await;
+    assert_eq!(long.status, 400, "{}", long.body);
+    assert!(long.body.contains("a minute to 30 days"), "{}", long.body);
+    let snoozed = u
+        .post(
+            &format!("{base}/snooze"),
+            &[("csrf", &csrf), ("length", "2h")],
+        )
+        .await;
+    assert_eq!(snoozed.status, 303);
+    let settings_page = u.get(&format!("{base}/settings")).await.body;
+    assert!(settings_page.contains("Snoozed"), "{settings_page}");
+}
+
+on_both_backends!(
+    the_charts_data_counts_heartbeats_by_outcome_and_agents_by_state,
+    charts_data
+);
+async fn charts_data(kind: Kind) {
+    let u = ui(kind, Access::Open).await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    let (other, _) = u.b.agent("idle", "15m").await;
+    let services = pulse_tests::offline_services();
+    let worker =
+        u.b.connected()
+            .worker(u.b.clock.clone(), &settings(), &services);
+    // Three heartbeats: with nothing new to think about, each skips its model.
+    for _ in 0..3 {
+        let swept = u.b.sweeper(settings()).sweep_once(u.b.now()).await;
+        assert!(swept.errors.is_empty());
+        u.b.drain(&worker).await;
+        u.b.advance(jiff::SignedDuration::from_mins(16));
+    }
+    // A chat turn spends tokens today.
+    u.b.say(&agent, "hello").await;
+    u.b.drain(&worker).await;
+    let days: serde_json::Value = serde_json::from_str(
+        &u.get(&format!("/ui/agents/{}/charts.json", agent.id))
+            .await
+            .body,
+    )
+    .unwrap();
+    assert_eq!(days["days"].as_array().unwrap().len(), 14);
+    let today = days["tokens"].as_array().unwrap().last().unwrap();
+    assert!(today.as_f64().unwrap() > 0.0, "{days}");
+    let series = |name: &str| -> f64 {
+        days["heartbeats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap()["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .sum()
+    };
+    assert_eq!(series("skipped"), 3.0, "{days}");
+    assert_eq!(
+        series("failed") + series("spoke") + series("silent"),
+        0.0,
+        "{days}"
+    );
+    // The page draws them.
+    let page = u
+        .get(&format!("/ui/agents/{}/heartbeats", agent.id))
+        .await
+        .body;
+    assert!(
+        page.contains("Heartbeats a day") && page.contains("skipped 3"),
+        "{page}"
+    );
+    // The fleet: by state.
+    u.b.connected()
+        .lifecycle(u.b.clock.clone(), &settings())
+        .pause(&other.id)
+        .await
+        .unwrap();
+    let fleet: serde_json::Value =
+        serde_json::from_str(&u.get("/ui/charts.json").await.body).unwrap();
+    assert_eq!(fleet["states"]["active"], 1, "{fleet}");
+    assert_eq!(fleet["states"]["paused"], 1, "{fleet}");
+    assert!(u.get("/ui/").await.body.contains("Agents by state"));
 }

@@ -6,7 +6,7 @@
     var url = document.body.getAttribute("data-live");
     if (!url || !window.EventSource) return;
     var source = new EventSource(url);
-    ["heartbeats", "events", "deliveries"].forEach(function (kind) {
+    ["heartbeats", "events", "chat", "deliveries"].forEach(function (kind) {
       source.addEventListener(kind, function () {
         if (window.htmx) window.htmx.trigger(document.body, "live-" + kind);
       });

@@ -31,7 +31,7 @@ impl Tab {
         (Tab::Heartbeats, "heartbeats", "Heartbeats"),
         (Tab::Events, "events", "Events"),
         (Tab::Actions, "actions", "Actions"),
-        (Tab::Conversation, "conversation", "Conversation"),
+        (Tab::Conversation, "chat", "Chat"),
         (Tab::Memories, "memories", "Memories"),
         (Tab::Tools, "tools", "Tools"),
         (Tab::Hooks, "hooks", "Hooks"),
@@ -98,10 +98,12 @@ pub(crate) fn agent_page(agent: &Agent, tab: Tab, body: Markup) -> Markup {
     )
 }
 
-/// `active` or `paused`.
+/// `active`, `paused` or `snoozed`.
 pub(crate) fn status(agent: &Agent) -> &'static str {
     if agent.is_paused() {
         "paused"
+    } else if agent.snoozed_until.is_some() {
+        "snoozed"
     } else {
         "active"
     }

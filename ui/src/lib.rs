@@ -10,6 +10,7 @@
 //! the engine and the ports only.
 
 mod assets;
+mod charts;
 mod layout;
 mod live;
 mod pages;
@@ -28,7 +29,7 @@ use pulse_shared::engine::{
     DispatchSettings, Dispatcher, EngineSettings, Lifecycle, LifecycleError,
 };
 use pulse_shared::error::StoreError;
-use pulse_shared::ports::{Clock, Store};
+use pulse_shared::ports::{Clock, SessionQueue, Store};
 
 pub use security::{Access, AccessError};
 
@@ -38,6 +39,8 @@ pub struct Dashboard(Arc<Inner>);
 
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
+    /// The sessions queue: messages sent from the Chat tab.
+    pub(crate) queue: Arc<dyn SessionQueue>,
     pub(crate) lifecycle: Lifecycle,
     /// Sends hook tests and replays; `None` when the backend has no hooks queue.
     pub(crate) dispatcher: Option<Dispatcher>,
@@ -60,6 +63,7 @@ impl Dashboard {
     ) -> Self {
         Self(Arc::new(Inner {
             store: b.store.clone(),
+            queue: b.queue.clone(),
             lifecycle: b.lifecycle(clock.clone(), settings),
             dispatcher: b.dispatcher(clock.clone(), &services.egress, DispatchSettings::default()),
             clock,
@@ -70,7 +74,7 @@ impl Dashboard {
 
     /// Its routes, all under `/ui/` (and `/`, which leads there).
     pub fn router(&self) -> Router {
-        use pages::{agent, agents, hooks, login, mind, trace, webhooks};
+        use pages::{agent, agents, chat, hooks, login, mind, trace, webhooks};
         Router::new()
             .route("/", get(|| async { Redirect::to("/ui/") }))
             .route("/ui", get(|| async { Redirect::to("/ui/") }))
@@ -81,11 +85,17 @@ impl Dashboard {
             .route("/ui/agents", post(agents::create))
             .route("/ui/agents/{id}", get(agent::home))
             .route("/ui/agents/{id}/heartbeats", get(agent::heartbeats))
+            .route("/ui/agents/{id}/charts", get(agent::charts))
+            .route("/ui/agents/{id}/charts.json", get(agent::charts_json))
+            .route("/ui/charts.json", get(agents::charts_json))
             .route("/ui/agents/{id}/heartbeats/{beat}", get(trace::show))
             .route("/ui/agents/{id}/events", get(agent::events))
             .route("/ui/agents/{id}/actions", get(agent::actions))
             .route("/ui/agents/{id}/settings", get(agent::settings))
-            .route("/ui/agents/{id}/conversation", get(mind::conversation))
+            .route("/ui/agents/{id}/conversation", get(chat::old_address))
+            .route("/ui/agents/{id}/chat", get(chat::show).post(chat::send))
+            .route("/ui/agents/{id}/wake", post(agent::wake))
+            .route("/ui/agents/{id}/snooze", post(agent::snooze))
             .route("/ui/agents/{id}/memories", get(mind::memories))
             .route("/ui/agents/{id}/tools", get(mind::tools))
             .route("/ui/agents/{id}/tools/{tool}/{to}", post(mind::switch_tool))

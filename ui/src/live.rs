@@ -1,7 +1,8 @@
-//! The live stream of an agent's page: server-sent events named `heartbeats`, `events` and
-//! (on the Hooks tab) `deliveries` when they change. It polls the store once a second — one
-//! heartbeat read and one event read, plus the hooks and each hook's newest delivery when the
-//! page shows them — the same on SQLite and on DynamoDB, where nothing pushes changes.
+//! The live stream of an agent's page: server-sent events named `heartbeats`, `events`,
+//! `chat` (the newest conversation turn) and (on the Hooks tab) `deliveries` when they
+//! change. It polls the store once a second — one heartbeat read, one event read and one
+//! turn read, plus the hooks and each hook's newest delivery when the page shows them —
+//! the same on SQLite and on DynamoDB, where nothing pushes changes.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -34,6 +35,8 @@ pub(crate) struct Watch {
 struct Seen {
     heartbeat: Option<(u64, String)>,
     event: Option<String>,
+    /// The newest turn: its id and status (the Chat tab).
+    turn: Option<(String, String)>,
     /// Each hook's newest delivery: its id, status and attempts.
     deliveries: Vec<(String, String, u32)>,
 }
@@ -47,6 +50,9 @@ impl Seen {
         }
         if self.event != before.event {
             kinds.push("events");
+        }
+        if self.turn != before.turn {
+            kinds.push("chat");
         }
         if self.deliveries != before.deliveries {
             kinds.push("deliveries");
@@ -69,6 +75,12 @@ async fn look(d: &Dashboard, agent: &AgentId, deliveries: bool) -> Seen {
         .ok()
         .and_then(|mut e| e.pop())
         .map(|e| e.id.to_string());
+    let turn = store
+        .list_turns(agent, 1)
+        .await
+        .ok()
+        .and_then(|mut t| t.pop())
+        .map(|t| (t.id.to_string(), format!("{:?}", t.status)));
     let mut newest = Vec::new();
     if deliveries {
         for hook in store.list_hooks(agent).await.unwrap_or_default() {
@@ -88,6 +100,7 @@ async fn look(d: &Dashboard, agent: &AgentId, deliveries: bool) -> Seen {
     }
     Seen {
         heartbeat,
+        turn,
         event,
         deliveries: newest,
     }
@@ -149,9 +162,10 @@ mod tests {
         let after = Seen {
             heartbeat: Some((1, "COMPLETED".into())),
             event: None,
+            turn: Some(("tn_1".into(), "Done".into())),
             deliveries: vec![("d1".into(), "SUCCEEDED".into(), 1)],
         };
-        assert_eq!(after.changed(&before), ["heartbeats", "deliveries"]);
+        assert_eq!(after.changed(&before), ["heartbeats", "chat", "deliveries"]);
         assert!(after.changed(&after).is_empty());
         let retried = Seen {
             deliveries: vec![("d1".into(), "SUCCEEDED".into(), 2)],

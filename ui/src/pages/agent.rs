@@ -94,7 +94,43 @@ pub(crate) async fn heartbeats(
                 }
         },
     );
-    Ok(tab(&agent, Tab::Heartbeats, &view, part, html! {}))
+    let around = match view.is_partial() {
+        true => html! {},
+        false => charts_part(&d, &agent).await?,
+    };
+    Ok(tab(&agent, Tab::Heartbeats, &view, part, around))
+}
+
+/// The agent's charts, redrawn when a heartbeat changes.
+async fn charts_part(d: &Dashboard, agent: &Agent) -> Result<Markup, Problem> {
+    let days = crate::charts::agent_days(d.0.store.as_ref(), agent, d.0.clock.now()).await?;
+    Ok(live_part(
+        "charts",
+        &format!("/ui/agents/{}/charts", agent.id),
+        "heartbeats",
+        crate::charts::agent_charts(&days),
+    ))
+}
+
+/// `GET /ui/agents/{id}/charts`: the charts alone (what the live update swaps).
+pub(crate) async fn charts(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    charts_part(&d, &agent).await
+}
+
+/// `GET /ui/agents/{id}/charts.json`: the numbers the agent's charts draw.
+pub(crate) async fn charts_json(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<crate::charts::AgentDays>, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let now = d.0.clock.now();
+    Ok(axum::Json(
+        crate::charts::agent_days(d.0.store.as_ref(), &agent, now).await?,
+    ))
 }
 
 /// `GET /ui/agents/{id}/events`: the log, newest first, filtered by type, with parents.
@@ -240,7 +276,21 @@ pub(crate) async fn settings(
                     p { "Paused " (ago(d.0.clock.now(), agent.paused_at)) ": no heartbeats run; its user is still answered." }
                     (button(&d, &format!("/ui/agents/{}/resume", agent.id), "Resume", "", &here))
                 } @else {
-                    p { "Active. Pausing stops its heartbeats (one running finishes); its user is still answered." }
+                    @if let Some(until) = agent.snoozed_until {
+                        p { "Snoozed: its own heartbeats wait until " (ago(d.0.clock.now(), Some(until))) " (reminders still wake it)." }
+                        (button(&d, &format!("/ui/agents/{}/resume", agent.id), "Resume", "", &here))
+                    } @else {
+                        p { "Active. Pausing stops its heartbeats (one running finishes); its user is still answered." }
+                    }
+                    (button(&d, &format!("/ui/agents/{}/wake", agent.id), "Wake now", "", &here))
+                    " "
+                    form.inline method="post" action={"/ui/agents/" (agent.id) "/snooze"} {
+                        (csrf(&d))
+                        input type="hidden" name="back" value=(here);
+                        input.short name="length" value="2h" aria-label="Snooze for" title="a minute to 30 days: 30m, 2h, 1d";
+                        " " button.quiet type="submit" { "Snooze" }
+                    }
+                    " "
                     (button(&d, &format!("/ui/agents/{}/pause", agent.id), "Pause", "quiet", &here))
                 }
             }
@@ -349,6 +399,38 @@ pub(crate) async fn pause(
 ) -> Result<Redirect, Problem> {
     let agent = agent_of(&d, &id).await?;
     let _: Toggled = d.0.lifecycle.pause(&agent.id).await?;
+    Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
+}
+
+/// `POST /ui/agents/{id}/wake`: a heartbeat due now (none more if one is due or running).
+pub(crate) async fn wake(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Form(f): Form<Back>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    d.0.lifecycle.wake(&agent.id).await?;
+    Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct SnoozeForm {
+    #[serde(default)]
+    length: String,
+    #[serde(default)]
+    back: Option<String>,
+}
+
+/// `POST /ui/agents/{id}/snooze`.
+pub(crate) async fn snooze(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Form(f): Form<SnoozeForm>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let length = pulse_shared::domain::parse_duration("snooze", &f.length)
+        .map_err(|e| Problem::Invalid(format!("{}; e.g. 2h", e.message)))?;
+    d.0.lifecycle.snooze(&agent.id, length).await?;
     Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
 }
 

@@ -8,7 +8,8 @@ use maud::{Markup, html};
 use pulse_shared::domain::{Agent, Heartbeat, HeartbeatStatus, Interval, NewAgent};
 use pulse_shared::engine::budget;
 use pulse_shared::error::StoreError;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use crate::layout::{ago, badge, button, csrf, empty, page, status};
 use crate::{Dashboard, Problem};
@@ -30,40 +31,22 @@ pub(crate) async fn list(
     Query(paging): Query<Paging>,
 ) -> Result<Markup, Problem> {
     let now = d.0.clock.now();
-    let agents = d.0.store.list_agents().await?;
-    let total = agents.len();
-    let pages = total.div_ceil(PER_PAGE).max(1);
-    let at = paging.page.unwrap_or(1).clamp(1, pages);
-    let shown: Vec<Agent> = agents
-        .into_iter()
-        .skip((at - 1) * PER_PAGE)
-        .take(PER_PAGE)
-        .collect();
-    type Row = Result<(Vec<Heartbeat>, u64), StoreError>;
-    let recent: Vec<Row> = futures::stream::iter(shown.iter().cloned())
-        .map(|a| {
-            let store = d.0.store.clone();
-            async move {
-                let (recent, today) = futures::try_join!(
-                    store.list_heartbeats(&a.id, 2),
-                    budget::spent_today(store.as_ref(), &a, now)
-                )?;
-                Ok((recent, today.spent))
-            }
-        })
-        .buffered(16)
-        .collect()
-        .await;
-    let mut rows = Vec::with_capacity(shown.len());
-    for (a, r) in shown.iter().zip(recent) {
-        let (recent, spent) = r?;
-        rows.push((a, recent, spent));
-    }
+    let Listed {
+        total,
+        pages,
+        at,
+        states,
+        rows,
+    } = listed(&d, paging.page, now).await?;
+    let rows: Vec<(&Agent, &Vec<Heartbeat>, &u64)> =
+        rows.iter().map(|(a, r, s)| (a, r, s)).collect();
+    let fleet = fleet_of(&states, &rows);
     Ok(page(
         "Agents",
         None,
         html! {
             h1 { "Agents" }
+            @if !rows.is_empty() { (fleet_charts(&fleet)) }
             @if rows.is_empty() {
                 (empty("No agents yet: create one below, or from a terminal with", "pulse agents create --name scout"))
             } @else {
@@ -120,6 +103,142 @@ pub(crate) async fn list(
             }
         },
     ))
+}
+
+/// One page of the agents listing, with what each row shows.
+struct Listed {
+    total: usize,
+    pages: usize,
+    at: usize,
+    /// Every agent's state: `active`, `snoozed` or `paused`.
+    states: Vec<&'static str>,
+    /// The page's agents, their latest heartbeats and today's tokens.
+    rows: Vec<(Agent, Vec<Heartbeat>, u64)>,
+}
+
+/// Reads page `page` (from 1) of the agents, each with its latest heartbeats and today's
+/// tokens (read a few at a time: on DynamoDB each is a request).
+async fn listed(
+    d: &Dashboard,
+    page: Option<usize>,
+    now: jiff::Timestamp,
+) -> Result<Listed, Problem> {
+    let agents = d.0.store.list_agents().await?;
+    let total = agents.len();
+    let pages = total.div_ceil(PER_PAGE).max(1);
+    let at = page.unwrap_or(1).clamp(1, pages);
+    let states = agents.iter().map(status).collect();
+    let shown: Vec<Agent> = agents
+        .into_iter()
+        .skip((at - 1) * PER_PAGE)
+        .take(PER_PAGE)
+        .collect();
+    type Row = Result<(Vec<Heartbeat>, u64), StoreError>;
+    let recent: Vec<Row> = futures::stream::iter(shown.iter().cloned())
+        .map(|a| {
+            let store = d.0.store.clone();
+            async move {
+                let (recent, today) = futures::try_join!(
+                    store.list_heartbeats(&a.id, 2),
+                    budget::spent_today(store.as_ref(), &a, now)
+                )?;
+                Ok((recent, today.spent))
+            }
+        })
+        .buffered(16)
+        .collect()
+        .await;
+    let mut rows = Vec::with_capacity(shown.len());
+    for (a, r) in shown.into_iter().zip(recent) {
+        let (recent, spent) = r?;
+        rows.push((a, recent, spent));
+    }
+    Ok(Listed {
+        total,
+        pages,
+        at,
+        states,
+        rows,
+    })
+}
+
+/// What the agents page's charts draw.
+#[derive(Serialize)]
+pub(crate) struct Fleet {
+    /// How many agents are in each state (all agents).
+    states: BTreeMap<&'static str, usize>,
+    /// How many of the page's agents failed their last heartbeat(s).
+    failing: usize,
+    /// Today's tokens of the page's agents, most first (at most 12): name, tokens, budget.
+    tokens_today: Vec<(String, u64, Option<u64>)>,
+}
+
+fn fleet_of(states: &[&'static str], rows: &[(&Agent, &Vec<Heartbeat>, &u64)]) -> Fleet {
+    let mut counts = BTreeMap::new();
+    for s in ["active", "snoozed", "paused"] {
+        counts.insert(s, states.iter().filter(|x| **x == s).count());
+    }
+    let mut tokens: Vec<(String, u64, Option<u64>)> = rows
+        .iter()
+        .map(|(a, _, s)| (a.name.clone(), **s, a.budgets.daily_tokens))
+        .collect();
+    tokens.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    tokens.truncate(12);
+    Fleet {
+        states: counts,
+        failing: rows
+            .iter()
+            .filter(|(_, r, _)| r.first().is_some_and(|h| h.consecutive_failures > 0))
+            .count(),
+        tokens_today: tokens,
+    }
+}
+
+fn fleet_charts(f: &Fleet) -> Markup {
+    use crate::charts::{Series, bars};
+    let names: Vec<String> = f
+        .tokens_today
+        .iter()
+        .map(|t| crate::layout::short(&t.0, 10))
+        .collect();
+    let tokens = [Series {
+        name: "tokens today",
+        color: "#4a6fa5",
+        values: f.tokens_today.iter().map(|t| t.1 as f64).collect(),
+    }];
+    let states: Vec<String> = f
+        .states
+        .keys()
+        .map(|s| (*s).to_owned())
+        .chain(["failing".to_owned()])
+        .collect();
+    let counts = [Series {
+        name: "agents",
+        color: "#2f7d4f",
+        values: f
+            .states
+            .values()
+            .map(|n| *n as f64)
+            .chain([f.failing as f64])
+            .collect(),
+    }];
+    html! {
+        div.charts {
+            (bars("Agents by state", &states, &counts, None))
+            (bars("Tokens today, the most spending agents", &names, &tokens, None))
+        }
+    }
+}
+
+/// `GET /ui/charts.json[?page=N]`: the numbers the agents page's charts draw.
+pub(crate) async fn charts_json(
+    State(d): State<Dashboard>,
+    Query(paging): Query<Paging>,
+) -> Result<axum::Json<Fleet>, Problem> {
+    let l = listed(&d, paging.page, d.0.clock.now()).await?;
+    let rows: Vec<(&Agent, &Vec<Heartbeat>, &u64)> =
+        l.rows.iter().map(|(a, r, s)| (a, r, s)).collect();
+    Ok(axum::Json(fleet_of(&l.states, &rows)))
 }
 
 fn last_heartbeat(now: jiff::Timestamp, last: Option<&Heartbeat>) -> Markup {

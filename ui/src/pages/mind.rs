@@ -1,11 +1,11 @@
-//! An agent's Conversation, Memories and Tools tabs: what it said and heard, what it
-//! remembers, and the tools that run on its events.
+//! An agent's Memories and Tools tabs: what it remembers, and the tools that run on its
+//! events.
 
 use axum::extract::{Path, Query, State};
 use axum::response::Redirect;
 use maud::{Markup, html};
 use pulse_shared::domain::{
-    DEFAULT_MEMORY_HALF_LIFE, Memory, MemoryKind, MemoryStatus, Role, SubscriptionId, ToolName,
+    DEFAULT_MEMORY_HALF_LIFE, Memory, MemoryKind, MemoryStatus, SubscriptionId, ToolName,
     builtin_tools,
 };
 use pulse_shared::engine;
@@ -18,57 +18,6 @@ use crate::{Dashboard, Problem};
 
 /// Messages and memories shown.
 const ROWS: usize = 100;
-
-/// `GET /ui/agents/{id}/conversation`: the latest messages, oldest first, with who spoke
-/// — the user, the conversation's reply, or a heartbeat's thought a reply came from.
-pub(crate) async fn conversation(
-    State(d): State<Dashboard>,
-    Path(id): Path<String>,
-) -> Result<Markup, Problem> {
-    let agent = agent_of(&d, &id).await?;
-    let now = d.0.clock.now();
-    let mut messages = d.0.store.recent_messages(&agent.id, ROWS).await?;
-    messages.reverse();
-    // The tools a reply's turn used (remember, recall), shown under the reply.
-    let turns = d.0.store.list_turns(&agent.id, ROWS).await?;
-    let tools_of = |m: &pulse_shared::domain::ConversationMessage| -> Vec<String> {
-        if m.role != Role::Assistant || m.source == "heartbeat" {
-            return Vec::new();
-        }
-        turns
-            .iter()
-            .find(|t| t.id == m.turn_id)
-            .map(|t| {
-                t.steps
-                    .iter()
-                    .filter(|s| s["kind"] == "tool")
-                    .map(|s| format!("{} {}", s["name"].as_str().unwrap_or("?"), s["input"]))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    Ok(agent_page(
-        &agent,
-        Tab::Conversation,
-        html! {
-            @if messages.is_empty() {
-                (empty("No conversation yet. Say something as if from Discord with", &format!("pulse say --agent {} \"hello\"", agent.id)))
-            }
-            @for m in &messages {
-                @let who = match (m.role, m.source.as_str()) {
-                    (Role::User, _) => format!("user{}", m.author.as_deref().map(|a| format!(" ({a})")).unwrap_or_default()),
-                    (_, "heartbeat") => "heartbeat thought".to_owned(),
-                    _ => format!("{} reply", m.agent.as_deref().unwrap_or("agent")),
-                };
-                div.card {
-                    p.muted { strong { (who) } " · " (ago(now, Some(m.created_at))) }
-                    p { (m.content) }
-                    @for used in tools_of(m) { p.muted { "used " code { (used) } } }
-                }
-            }
-        },
-    ))
-}
 
 /// The Memories tab's search and filters.
 #[derive(Debug, Default, Deserialize)]

@@ -1,0 +1,184 @@
+//! An agent's Chat tab: its conversation — the user's messages, its replies, and the
+//! heartbeat thoughts a reply came from, marked as such — and a box to talk to it.
+//!
+//! A message sent here goes through the same session queue as one from Discord or the
+//! messages API (one FIFO per session: batched with what else is pending, interrupting a
+//! heartbeat, superseding a reply still being written), from `dashboard`; its reply is
+//! read here, never posted to Discord. The page shows the message at once with
+//! "thinking…" until the turn that answers it is written; the live stream (a `chat`
+//! event when the newest turn changes) swaps the conversation in place.
+
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::response::Redirect;
+use maud::{Markup, html};
+use pulse_shared::domain::{ConversationMessage, Role, Signal, SignalId, SignalMeta, Turn};
+use pulse_shared::engine::intake;
+use serde::Deserialize;
+
+use super::agent_of;
+use crate::layout::{Tab, agent_page, ago, csrf, empty, live_part, short};
+use crate::{Dashboard, Problem};
+
+/// Messages shown.
+const ROWS: usize = 100;
+
+/// `?sent=<signal id>&said=<its text>`: a message just sent, shown until answered.
+#[derive(Deserialize, Default)]
+pub(crate) struct ChatView {
+    #[serde(default)]
+    partial: Option<u8>,
+    #[serde(default)]
+    sent: Option<String>,
+    #[serde(default)]
+    said: Option<String>,
+}
+
+/// `GET /ui/agents/{id}/conversation`: the Chat tab's old address.
+pub(crate) async fn old_address(Path(id): Path<String>) -> Result<Redirect, Problem> {
+    let id = pulse_shared::domain::AgentId::parse(&id)
+        .map_err(|_| Problem::NotFound(format!("agent {}", id.escape_debug())))?;
+    Ok(Redirect::permanent(&format!("/ui/agents/{id}/chat")))
+}
+
+/// `GET /ui/agents/{id}/chat`.
+pub(crate) async fn show(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Query(view): Query<ChatView>,
+) -> Result<Markup, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let now = d.0.clock.now();
+    let mut messages = d.0.store.recent_messages(&agent.id, ROWS).await?;
+    messages.reverse();
+    let turns = d.0.store.list_turns(&agent.id, ROWS).await?;
+    // A message sent from this page and not answered yet is shown, thinking.
+    let waiting = match view.sent.as_deref().map(SignalId::parse) {
+        Some(Ok(sent)) => {
+            d.0.store
+                .answered(&agent.id, std::slice::from_ref(&sent))
+                .await?
+                .is_empty()
+        }
+        _ => false,
+    };
+    let mut url = format!("/ui/agents/{}/chat?partial=1", agent.id);
+    if waiting {
+        let q = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("sent", view.sent.as_deref().unwrap_or_default())
+            .append_pair("said", view.said.as_deref().unwrap_or_default())
+            .finish();
+        url.push('&');
+        url.push_str(&q);
+    }
+    let part = live_part(
+        "chat",
+        &url,
+        "chat",
+        html! {
+            div.chat {
+                @if messages.is_empty() && !waiting {
+                    (empty("No conversation yet: say something below, or from a terminal with", &format!("pulse say --agent {} \"hello\"", agent.id)))
+                }
+                @for m in &messages { (message(m, &turns, now)) }
+                @if waiting {
+                    div.card.said.user {
+                        p.muted { strong { "you" } " · just now" }
+                        p { (short(view.said.as_deref().unwrap_or_default(), 2_000)) }
+                    }
+                    div.card.thinking { p.muted { "thinking…" } }
+                }
+            }
+        },
+    );
+    if view.partial.is_some() {
+        return Ok(part);
+    }
+    let form = html! {
+        form.chat-box method="post" action={"/ui/agents/" (agent.id) "/chat"} {
+            (csrf(&d))
+            label for="text" { "Message" }
+            textarea id="text" name="text" rows="3" maxlength="16000" required placeholder="Say something — or /heartbeat, /snooze 2h, /pause, /resume, /quiet 22:00-07:00" {}
+            button type="submit" { "Send" }
+        }
+    };
+    Ok(agent_page(
+        &agent,
+        Tab::Conversation,
+        html! { (part) (form) },
+    ))
+}
+
+/// One message, with who said it; a reply shows the tools its turn used.
+fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Markup {
+    let (class, who) = match (m.role, m.source.as_str()) {
+        (Role::User, _) => (
+            "user",
+            format!(
+                "{}{}",
+                m.author.as_deref().unwrap_or("user"),
+                match m.source.as_str() {
+                    "discord" | "dashboard" | "api" | "cli" => format!(" · {}", m.source),
+                    _ => String::new(),
+                }
+            ),
+        ),
+        (_, "heartbeat") => (
+            "thought",
+            "heartbeat thought (what led to the reply below)".to_owned(),
+        ),
+        _ => (
+            "reply",
+            m.agent
+                .as_deref()
+                .map_or("agent".to_owned(), |a| format!("{a} reply")),
+        ),
+    };
+    let turn = turns.iter().find(|t| t.id == m.turn_id);
+    let used: Vec<String> = match (m.role, turn) {
+        (Role::Assistant, Some(t)) if m.source != "heartbeat" => t
+            .steps
+            .iter()
+            .filter(|s| s["kind"] == "tool")
+            .map(|s| format!("{} {}", s["name"].as_str().unwrap_or("?"), s["input"]))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let superseded = m.role == Role::User && turn.is_some_and(Turn::superseded);
+    html! {
+        div class={"card said " (class)} {
+            p.muted { strong { (who) } " · " (ago(now, Some(m.created_at))) }
+            p { (m.content) }
+            @if superseded { p.muted { "answered with the next message" } }
+            @for u in used { p.muted { "used " code { (u) } } }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Said {
+    #[serde(default)]
+    text: String,
+}
+
+/// `POST /ui/agents/{id}/chat`: queues the message, as the dashboard's user.
+pub(crate) async fn send(
+    State(d): State<Dashboard>,
+    Path(id): Path<String>,
+    Form(f): Form<Said>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let meta = SignalMeta {
+        source: Some("dashboard".into()),
+        user_name: Some("you".into()),
+        ..SignalMeta::default()
+    };
+    let signal = Signal::user_message(&agent.id, &agent.session, &f.text, meta, d.0.clock.now())
+        .map_err(|e| Problem::Invalid(format!("{}; write something to send", e.message)))?;
+    intake::submit(d.0.store.as_ref(), d.0.queue.as_ref(), signal.clone()).await?;
+    let q = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("sent", signal.id.as_str())
+        .append_pair("said", &short(&f.text, 500))
+        .finish();
+    Ok(Redirect::to(&format!("/ui/agents/{}/chat?{q}", agent.id)))
+}
