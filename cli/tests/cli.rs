@@ -2056,3 +2056,64 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
     assert!(bad(dir.path(), &["simulate", "--duration", "soon"]).contains("--duration"));
     assert!(bad(dir.path(), &["simulate", "--agents", "0"]).contains("--agents"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_a_program_over_the_messages_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let agent = ok(
+        &d,
+        &["agents", "create", "--name", "scout", "--interval", "1h"],
+    );
+    let token = ok(&d, &["tokens", "create", "--agent", "scout"]);
+    let port = common::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut serve = common::command(&d, &["serve", "--listen", &listen, "--tick", "100ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("serve listens", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let http = reqwest::Client::new();
+    let base = format!("http://{listen}");
+    let sent = http
+        .post(format!("{base}/v1/agents/{agent}/messages"))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"text": "ping from a script"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 202);
+    let queued: Value = sent.json().await.unwrap();
+    let poll = queued["poll"].as_str().unwrap().replace("30s", "20s");
+    let turn: Value = http
+        .get(format!("{base}{poll}"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(turn["status"], "done", "{turn}");
+    assert!(
+        turn["reply"]
+            .as_str()
+            .unwrap()
+            .contains("ping from a script"),
+        "{turn}"
+    );
+    let doc: Value = http
+        .get(format!("{base}/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["paths"]["/v1/turns/{turn_id}"]["get"].is_object());
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+}

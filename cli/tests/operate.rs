@@ -944,3 +944,74 @@ fn memories_on(backend: Backend) {
         "{reindexed}"
     );
 }
+
+both!(
+    tokens_are_made_listed_and_revoked_and_agents_snoozed_and_woken,
+    tokens_and_steering_on
+);
+fn tokens_and_steering_on(backend: Backend) {
+    let dir = dir_on(backend);
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "scout", "--interval", "1h"],
+    );
+    // Bad input: exit 2, nothing written.
+    assert!(
+        bad(
+            d,
+            &["tokens", "create", "--agent", "scout", "--expires", "0s"]
+        )
+        .contains("a minute to a year")
+    );
+    assert!(
+        bad(
+            d,
+            &["tokens", "create", "--agent", "scout", "--expires", "2y"]
+        )
+        .contains("--expires")
+    );
+    assert!(bad(d, &["tokens", "revoke", "nope"]).contains("token id"));
+    assert_eq!(json(d, &["tokens", "list"]), serde_json::json!([]));
+    let token = ok(
+        d,
+        &[
+            "tokens",
+            "create",
+            "--agent",
+            "scout",
+            "--expires",
+            "30d",
+            "--label",
+            "ci",
+        ],
+    );
+    let (id, secret) = token.split_once('.').expect("pt_<id>.<secret>");
+    assert!(id.starts_with("pt_") && secret.len() >= 40, "{token}");
+    let listed = json(d, &["tokens", "list", "--agent", &agent]);
+    assert_eq!(listed[0]["id"], id);
+    assert_eq!(listed[0]["state"], "active");
+    assert_eq!(listed[0]["label"], "ci");
+    let table = String::from_utf8(pulse(d, &["tokens", "list"]).stdout).unwrap();
+    assert!(table.contains(id) && !table.contains(secret), "{table}");
+    ok(d, &["tokens", "revoke", &token]);
+    assert_eq!(json(d, &["tokens", "list"])[0]["state"], "revoked");
+    let unknown = format!("pt_{}", "0".repeat(26));
+    assert!(bad(d, &["tokens", "revoke", &unknown]).contains("no token"));
+
+    // Snooze: bad lengths refused; a good one shown.
+    for length in ["0s", "400d", "soon"] {
+        bad(d, &["agents", "snooze", "scout", length]);
+    }
+    ok(d, &["agents", "snooze", "scout", "2h"]);
+    let shown = json(d, &["agents", "show", &agent]);
+    assert!(shown["agent"]["snoozed_until"].is_string(), "{shown}");
+    let listed = String::from_utf8(pulse(d, &["agents", "list"]).stdout).unwrap();
+    assert!(listed.contains("snoozed"), "{listed}");
+    // Woken: the snooze ends and a heartbeat is due; a second wake makes none.
+    let first = String::from_utf8(pulse(d, &["heartbeats", "trigger", "scout"]).stderr).unwrap();
+    assert!(first.contains("due now"), "{first}");
+    let second = String::from_utf8(pulse(d, &["heartbeats", "trigger", "scout"]).stderr).unwrap();
+    assert!(second.contains("due already"), "{second}");
+    assert!(json(d, &["agents", "show", &agent])["agent"]["snoozed_until"].is_null());
+}
