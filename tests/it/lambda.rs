@@ -51,6 +51,10 @@ on_both_backends!(
 async fn daily_retention(kind: Kind) {
     let b = Backend::new(kind).await;
     let (agent, _) = b.agent("scout", "15m").await;
+    // A month without a word from its user would auto-pause it: not what this is about.
+    let mut kept_on = agent.clone();
+    kept_on.auto_pause_after = Some(pulse_shared::domain::AutoPause::Off);
+    b.store.update_agent(&kept_on, &agent).await.unwrap();
     let worker = b.worker(settings());
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&worker).await;

@@ -40,6 +40,14 @@ async fn retention(kind: Kind) {
     let mut longer = keeper.clone();
     longer.retention = Some("90d".parse().unwrap());
     w.b.store.update_agent(&longer, &keeper).await.unwrap();
+    // Forty days without a word from their user would auto-pause them: not what this is
+    // about.
+    for a in [&active, &paused, &keeper] {
+        let before = w.b.store.get_agent(&a.id).await.unwrap().unwrap();
+        let mut kept_on = before.clone();
+        kept_on.auto_pause_after = Some(pulse_shared::domain::AutoPause::Off);
+        w.b.store.update_agent(&kept_on, &before).await.unwrap();
+    }
 
     // Day 0: an event for each, read by its first heartbeat; a conversation turn.
     let read_early = w.b.emit(&active, "ORDER", json!({"n": 1})).await;

@@ -182,3 +182,77 @@ async fn chat_commands(kind: Kind) {
             .contains("/snooze 2h")
     );
 }
+
+on_both_backends!(
+    an_agent_whose_user_is_silent_stops_beating_keeps_its_reminders_and_wakes_when_they_write,
+    auto_pause
+);
+async fn auto_pause(kind: Kind) {
+    use pulse_shared::domain::{AgentChanges, ScheduleRule};
+    let w = world(kind).await;
+    let agent = w.agent("1d", "1001").await;
+    let changes = AgentChanges {
+        auto_pause_after: Some(Some("14d".parse().unwrap())),
+        ..AgentChanges::default()
+    };
+    w.ops.update(&agent.id, &changes).await.unwrap();
+    let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
+    w.hook(&agent, "AGENT_AUTO_PAUSED", &receiver.url()).await;
+    w.hook(&agent, "AGENT_RESUMED", &receiver.url()).await;
+    assert_eq!(w.beat().await, 1);
+    w.b.say(&agent, "see you in a while").await;
+    w.b.drain(&w.worker).await;
+    let last_word = w.b.now();
+    // A heartbeat a day while the user is quiet, until the silence reaches 14 days.
+    for _ in 0..15 {
+        w.b.advance(SignedDuration::from_hours(24));
+        w.beat().await;
+    }
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    let since = stored.auto_paused_since.expect("auto-paused");
+    assert!(
+        since.duration_since(last_word).abs() < SignedDuration::from_mins(1),
+        "{since} vs {last_word}"
+    );
+    assert_eq!(w.dispatch().await, 1, "AGENT_AUTO_PAUSED, once");
+    assert!(w.latest(&agent).await.scheduled_at > w.b.now() + SignedDuration::from_hours(300 * 24));
+    w.b.advance(SignedDuration::from_hours(48));
+    assert_eq!(w.beat().await, 0, "no heartbeats of its own");
+
+    // A reminder the user set still fires.
+    let at = w.b.now() + SignedDuration::from_hours(1);
+    w.ops
+        .schedule(
+            &agent.id,
+            ScheduleRule::Once { at },
+            Some("water the plants".into()),
+        )
+        .await
+        .unwrap();
+    w.b.advance(SignedDuration::from_mins(61));
+    assert_eq!(w.beat().await, 1, "the reminder's heartbeat");
+    let events = w.b.store.list_events(&agent.id, 50).await.unwrap();
+    assert!(events.iter().any(|e| e.event_type.as_str() == "SCHEDULED"));
+    w.b.advance(SignedDuration::from_hours(25));
+    w.beat().await;
+    assert_eq!(w.dispatch().await, 0, "still auto-paused, not marked twice");
+
+    // The user writes: it is back, and beats again after the quiet period.
+    w.b.say(&agent, "I'm back").await;
+    w.b.drain(&w.worker).await;
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(stored.auto_paused_since, None);
+    assert_eq!(w.dispatch().await, 1, "AGENT_RESUMED");
+    let types: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| r.header("x-pulse-hook-type"))
+        .collect();
+    assert_eq!(types, ["AGENT_AUTO_PAUSED", "AGENT_RESUMED"]);
+    w.b.advance(SignedDuration::from_hours(13));
+    assert_eq!(w.beat().await, 1, "beating again");
+    assert_eq!(
+        w.b.store.list_heartbeats(&agent.id, 2).await.unwrap()[1].status,
+        HeartbeatStatus::Completed
+    );
+}

@@ -102,6 +102,8 @@ pub(crate) fn agent_page(agent: &Agent, tab: Tab, body: Markup) -> Markup {
 pub(crate) fn status(agent: &Agent) -> &'static str {
     if agent.is_paused() {
         "paused"
+    } else if agent.auto_paused_since.is_some() {
+        "auto-paused"
     } else if agent.snoozed_until.is_some() {
         "snoozed"
     } else {

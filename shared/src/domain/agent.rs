@@ -65,6 +65,14 @@ pub struct Agent {
     /// heartbeat of its own before then; reminders still wake it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snoozed_until: Option<Timestamp>,
+    /// How long its user may stay silent before it stops beating on its own
+    /// ([`AutoPause::DEFAULT`], 30 days, when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_after: Option<super::time::AutoPause>,
+    /// Since when its user has been silent, when that silence auto-paused it: no
+    /// heartbeats of its own (reminders still fire) until the user writes again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_paused_since: Option<Timestamp>,
     /// When its heartbeat agent calls the model.
     #[serde(default, skip_serializing_if = "ThinkPolicy::is_auto")]
     pub think: ThinkPolicy,
@@ -85,6 +93,17 @@ impl Agent {
     /// Whether it is paused.
     pub fn is_paused(&self) -> bool {
         self.paused_at.is_some()
+    }
+
+    /// Since when its user has been silent, if for longer than its auto-pause allows at
+    /// `now`: then it should stop beating on its own.
+    pub fn silent_too_long(&self, now: Timestamp) -> Option<Timestamp> {
+        let after = self
+            .auto_pause_after
+            .unwrap_or(super::time::AutoPause::DEFAULT)
+            .after()?;
+        let since = self.last_interaction_at.unwrap_or(self.created_at);
+        (now.duration_since(since) >= after).then_some(since)
     }
 
     /// Checks the settings a user gives (on create and on update) and normalises them:

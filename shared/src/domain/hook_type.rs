@@ -35,6 +35,9 @@ impl HookType {
     pub const AGENT_PAUSED: &'static str = "AGENT_PAUSED";
     /// The agent was resumed: its next heartbeat is due at once.
     pub const AGENT_RESUMED: &'static str = "AGENT_RESUMED";
+    /// The agent's user was silent longer than its `--auto-pause-after`: it stopped
+    /// beating on its own until the user writes again.
+    pub const AGENT_AUTO_PAUSED: &'static str = "AGENT_AUTO_PAUSED";
     /// The agent spent its daily token budget: no model calls until midnight.
     pub const BUDGET_EXHAUSTED: &'static str = "BUDGET_EXHAUSTED";
     /// Too many heartbeats in an hour: the breaker paused the agent.
@@ -42,7 +45,7 @@ impl HookType {
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 13] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 14] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -71,6 +74,10 @@ impl HookType {
         (
             Self::AGENT_RESUMED,
             "the agent was resumed; a heartbeat is due at once",
+        ),
+        (
+            Self::AGENT_AUTO_PAUSED,
+            "its user was silent too long; the agent stops beating until the user writes",
         ),
         (
             Self::BUDGET_EXHAUSTED,

@@ -67,7 +67,8 @@ pub use task::{
     SignalJob, TASK_VERSION, TaskDecodeError, TaskEnvelope,
 };
 pub use time::{
-    ActiveHours, Interval, Retention, TimeZoneName, format_duration, from_ms, parse_duration, to_ms,
+    ActiveHours, AutoPause, Interval, Retention, TimeZoneName, format_duration, from_ms,
+    parse_duration, to_ms,
 };
 pub use token::{ApiToken, MAX_TOKEN_LIFE, TokenRefusal};
 pub use tool::{

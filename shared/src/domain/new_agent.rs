@@ -8,7 +8,7 @@ use super::chat::ProviderKind;
 use super::event::EventCursor;
 use super::heartbeat::Heartbeat;
 use super::ids::{AgentId, SessionId};
-use super::time::{ActiveHours, Interval, Retention, TimeZoneName};
+use super::time::{ActiveHours, AutoPause, Interval, Retention, TimeZoneName};
 use crate::error::ValidationError;
 
 /// What a user gives to create an agent.
@@ -44,6 +44,8 @@ pub struct NewAgent {
     pub think: ThinkPolicy,
     /// How long its finished records are kept; the deployment's when unset.
     pub retention: Option<Retention>,
+    /// `--auto-pause-after` (default 30 days of silence).
+    pub auto_pause_after: Option<AutoPause>,
 }
 
 impl NewAgent {
@@ -65,6 +67,7 @@ impl NewAgent {
             discord: DiscordAccess::default(),
             think: ThinkPolicy::Auto,
             retention: None,
+            auto_pause_after: None,
         }
     }
 
@@ -92,6 +95,8 @@ impl NewAgent {
             discord: self.discord,
             paused_at: None,
             snoozed_until: None,
+            auto_pause_after: self.auto_pause_after,
+            auto_paused_since: None,
             think: self.think,
             next_wake: None,
             retention: self.retention,
@@ -144,6 +149,8 @@ pub struct AgentChanges {
     pub think: Option<ThinkPolicy>,
     /// How long its finished records are kept; `Some(None)` goes back to the deployment's.
     pub retention: Option<Option<Retention>>,
+    /// `--auto-pause-after`; `Some(None)` goes back to the default.
+    pub auto_pause_after: Option<Option<AutoPause>>,
     /// Memory half-life; `Some(None)` goes back to 30 days.
     pub memory_half_life: Option<Option<Interval>>,
 }
@@ -170,6 +177,7 @@ impl AgentChanges {
             && self.discord_listen.is_none()
             && self.think.is_none()
             && self.retention.is_none()
+            && self.auto_pause_after.is_none()
             && self.memory_half_life.is_none()
     }
 
@@ -200,6 +208,7 @@ impl AgentChanges {
         set(&mut a.discord.listen, &self.discord_listen);
         set(&mut a.think, &self.think);
         set(&mut a.retention, &self.retention);
+        set(&mut a.auto_pause_after, &self.auto_pause_after);
         set(&mut a.memory_half_life, &self.memory_half_life);
         a.validated()
     }

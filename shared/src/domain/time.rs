@@ -166,6 +166,72 @@ impl<'de> Deserialize<'de> for Retention {
     }
 }
 
+/// How long an agent's user may stay silent before the agent stops beating on its own
+/// (`--auto-pause-after`): a day to a year, or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AutoPause {
+    /// Never.
+    Off,
+    /// After this much silence.
+    After(SignedDuration),
+}
+
+impl AutoPause {
+    /// The default: after 30 days of silence.
+    pub const DEFAULT: AutoPause = AutoPause::After(SignedDuration::from_hours(30 * 24));
+
+    /// The silence it waits for, unless off.
+    pub fn after(self) -> Option<SignedDuration> {
+        match self {
+            Self::Off => None,
+            Self::After(d) => Some(d),
+        }
+    }
+}
+
+impl FromStr for AutoPause {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().eq_ignore_ascii_case("off") {
+            return Ok(Self::Off);
+        }
+        let d = parse_duration("auto-pause", s)?;
+        if d < SignedDuration::from_hours(24) || d > SignedDuration::from_hours(366 * 24) {
+            return Err(ValidationError::new(
+                "auto-pause",
+                format!(
+                    "{} is out of range; give 1d to 366d of silence, or off",
+                    format_duration(d)
+                ),
+            ));
+        }
+        Ok(Self::After(d))
+    }
+}
+
+impl fmt::Display for AutoPause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::After(d) if d.as_secs() % 86_400 == 0 => write!(f, "{}d", d.as_hours() / 24),
+            Self::After(d) => f.write_str(&format_duration(*d)),
+        }
+    }
+}
+
+impl Serialize for AutoPause {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for AutoPause {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// An IANA time zone name (`UTC`, `Europe/Paris`), checked against the bundled database.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TimeZoneName(String);

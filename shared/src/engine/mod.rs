@@ -26,6 +26,7 @@ pub mod memory;
 pub mod reminders;
 mod retention;
 mod schedule;
+mod silence;
 mod status;
 pub mod steering;
 mod sweep;

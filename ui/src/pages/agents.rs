@@ -175,7 +175,7 @@ pub(crate) struct Fleet {
 
 fn fleet_of(states: &[&'static str], rows: &[(&Agent, &Vec<Heartbeat>, &u64)]) -> Fleet {
     let mut counts = BTreeMap::new();
-    for s in ["active", "snoozed", "paused"] {
+    for s in ["active", "snoozed", "auto-paused", "paused"] {
         counts.insert(s, states.iter().filter(|x| **x == s).count());
     }
     let mut tokens: Vec<(String, u64, Option<u64>)> = rows

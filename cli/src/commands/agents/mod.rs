@@ -6,8 +6,8 @@ pub(crate) use lifecycle::lifecycle_failure;
 
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
-    ActiveHours, Agent, AgentChanges, AgentLlm, Budgets, DiscordAccess, DiscordListen, Interval,
-    NewAgent, ProviderKind, Retention, ThinkPolicy, TimeZoneName,
+    ActiveHours, Agent, AgentChanges, AgentLlm, AutoPause, Budgets, DiscordAccess, DiscordListen,
+    Interval, NewAgent, ProviderKind, Retention, ThinkPolicy, TimeZoneName,
 };
 use pulse_shared::engine::budget;
 
@@ -138,6 +138,11 @@ pub(crate) struct UpdateAgent {
     /// PULSE_RETENTION.
     #[arg(long, value_name = "DURATION")]
     retention: Option<String>,
+    /// After how long a silence from its user it stops beating on its own (1d to 366d,
+    /// or off; its reminders still fire, the user's next message brings it back); ""
+    /// goes back to 30d.
+    #[arg(long, value_name = "DURATION|off")]
+    auto_pause_after: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -228,6 +233,10 @@ pub(crate) struct CreateAgent {
     /// PULSE_RETENTION, 30d). Memories and settings are kept while the agent exists.
     #[arg(long, value_name = "DURATION")]
     retention: Option<String>,
+    /// After how long a silence from its user it stops beating on its own, 1d to 366d, or
+    /// off (default 30d). Its reminders still fire; the user's next message brings it back.
+    #[arg(long, value_name = "DURATION|off")]
+    auto_pause_after: Option<String>,
 }
 
 /// A validated agents command.
@@ -319,6 +328,9 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             q.parse::<Interval>().map_err(input)
         })?,
         retention: cleared_with(a.retention, |r| r.parse::<Retention>().map_err(input))?,
+        auto_pause_after: cleared_with(a.auto_pause_after, |r| {
+            r.parse::<AutoPause>().map_err(input)
+        })?,
         discord_channel: cleared(a.discord_channel),
         discord_users: a
             .discord_users
@@ -466,6 +478,12 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         .map(str::parse::<Retention>)
         .transpose()
         .map_err(input)?;
+    new.auto_pause_after = a
+        .auto_pause_after
+        .as_deref()
+        .map(str::parse::<AutoPause>)
+        .transpose()
+        .map_err(input)?;
     // Validate the name now, so a bad one is reported before anything is opened.
     new.clone().create(now).map_err(input)?;
     Ok(new)
@@ -588,6 +606,17 @@ async fn show(cx: &Ctx<'_>, agent: &AgentRef) -> Result<(), Failure> {
         },
     );
     field(
+        "auto-pause",
+        match (
+            agent.auto_pause_after.unwrap_or(AutoPause::DEFAULT),
+            agent.auto_paused_since,
+        ) {
+            (_, Some(since)) => format!("paused: user silent since {}", when(Some(since))),
+            (AutoPause::Off, None) => "off".into(),
+            (after, None) => format!("after {after} of silence"),
+        },
+    );
+    field(
         "vision",
         match agent.llm.vision {
             Some(true) => "on".into(),
@@ -644,6 +673,8 @@ struct Listed {
 fn status(a: &Agent) -> &'static str {
     if a.is_paused() {
         "paused"
+    } else if a.auto_paused_since.is_some() {
+        "auto-paused"
     } else if a.snoozed_until.is_some() {
         "snoozed"
     } else {

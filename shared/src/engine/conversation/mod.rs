@@ -256,6 +256,10 @@ impl Conversation {
         let now = self.clock.now();
         let turn_id = TurnId::for_signal(&pending[0].id);
         let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
+        if user_spoke && agent.auto_paused_since.is_some() {
+            crate::engine::silence::wake(self.store.as_ref(), self.hooks.as_ref(), agent, now)
+                .await?;
+        }
         let (steered, talk) = self.steer(agent, pending).await;
         // Steering alone asks no model: the day's budget does not bear on it.
         let spent = match talk.is_empty() {

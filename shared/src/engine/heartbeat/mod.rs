@@ -27,6 +27,7 @@ use tracing::{Instrument, debug, info, info_span};
 
 use super::EngineSettings;
 use super::hooks::HookEmitter;
+use super::silence;
 use super::{budget, reminders};
 use crate::domain::{
     Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventType, Heartbeat,
@@ -109,6 +110,13 @@ fn held_back(agent: &Agent, now: Timestamp) -> Option<(Timestamp, &'static str)>
             until,
             "the agent is snoozed: heartbeat deferred to the end of the snooze",
         ));
+    }
+    if agent.silent_too_long(now).is_some() {
+        let until = agent
+            .next_wake
+            .filter(|w| *w > now)
+            .unwrap_or_else(|| now.saturating_add(silence::PUT_OFF).unwrap_or(now));
+        return Some((until, silence::AUTO_PAUSED));
     }
     if let Some(at) = agent.last_interaction_at {
         let until = agent.in_active_hours(at.saturating_add(agent.quiet_period()).unwrap_or(at));
@@ -256,6 +264,13 @@ impl HeartbeatRunner {
         };
         let now = self.clock.now();
         if let Some((until, why)) = held_back(&agent, now) {
+            if why == silence::AUTO_PAUSED
+                && agent.auto_paused_since.is_none()
+                && let Some(since) = agent.silent_too_long(now)
+            {
+                silence::auto_pause(self.store.as_ref(), self.hooks.as_ref(), &agent, since, now)
+                    .await?;
+            }
             return self.defer(hb, until, why).await;
         }
         if agent.next_wake.is_some_and(|w| w <= now) {
