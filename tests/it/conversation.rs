@@ -1149,3 +1149,64 @@ async fn a_resumed_turn_emits_message_sent_once() {
     {}
     assert_eq!(receiver.hook_types(), ["MESSAGE_RECEIVED", "MESSAGE_SENT"]);
 }
+
+on_both_backends!(
+    an_operator_cancels_a_running_heartbeat_whose_model_call_is_dropped,
+    operator_cancel
+);
+async fn operator_cancel(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    let ops = w.b.connected().lifecycle(w.b.clock.clone(), &settings());
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.queued, 1);
+    let job = w.b.receive_all().await;
+    let hb = match TaskEnvelope::decode(&job[0].body).unwrap().task {
+        pulse_shared::domain::SessionTask::Heartbeat(j) => j.heartbeat,
+        other => panic!("{other:?}"),
+    };
+    // Not running yet: refused, nothing marked.
+    let e = ops.cancel_heartbeat(&hb.next_id()).await.unwrap_err();
+    assert!(e.to_string().contains("no heartbeat"), "{e}");
+    w.b.advance(SignedDuration::from_secs(1));
+    w.llm.hold();
+    w.llm
+        .script([Scripted::tool("speak", json!({"thought": "never said"}))]);
+    let runner = {
+        let (batch, worker) = (job.clone(), &w.worker);
+        async move { worker.process_batch(&batch).await }
+    };
+    let operator = async {
+        w.llm.wait_for(1).await;
+        ops.cancel_heartbeat(&hb.id()).await.unwrap();
+        w.llm.wait_abandoned(1).await;
+        w.llm.release();
+    };
+    let (outcome, ()) = tokio::join!(runner, operator);
+    assert!(outcome.failed.is_empty());
+    let done = w.b.store.get_heartbeat(&hb.id()).await.unwrap().unwrap();
+    assert_eq!(done.status, HeartbeatStatus::Cancelled);
+    assert!(
+        done.error
+            .as_deref()
+            .unwrap()
+            .contains("operator cancelled"),
+        "{:?}",
+        done.error
+    );
+    assert!(w.discord.messages().is_empty(), "it never spoke");
+    let next =
+        w.b.store
+            .get_heartbeat(&hb.next_id())
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(next.status, HeartbeatStatus::Pending);
+    assert_eq!(
+        next.scheduled_at,
+        done.completed_at.unwrap() + SignedDuration::from_mins(10)
+    );
+    // A heartbeat that is over is not cancelled again.
+    let e = ops.cancel_heartbeat(&hb.id()).await.unwrap_err();
+    assert!(e.to_string().contains("not running"), "{e}");
+}

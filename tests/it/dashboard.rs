@@ -1202,6 +1202,12 @@ async fn chat_tab(kind: Kind) {
     assert_eq!(snoozed.status, 303);
     let settings_page = u.get(&format!("{base}/settings")).await.body;
     assert!(settings_page.contains("Snoozed"), "{settings_page}");
+    // Stopping a heartbeat that is not running says so.
+    let stop = u
+        .post(&format!("{base}/heartbeats/1/cancel"), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(stop.status, 400, "{}", stop.body);
+    assert!(stop.body.contains("not running"), "{}", stop.body);
 }
 
 on_both_backends!(

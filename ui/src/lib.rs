@@ -95,6 +95,10 @@ impl Dashboard {
             .route("/ui/agents/{id}/conversation", get(chat::old_address))
             .route("/ui/agents/{id}/chat", get(chat::show).post(chat::send))
             .route("/ui/agents/{id}/wake", post(agent::wake))
+            .route(
+                "/ui/agents/{id}/heartbeats/{beat}/cancel",
+                post(agent::cancel),
+            )
             .route("/ui/agents/{id}/snooze", post(agent::snooze))
             .route("/ui/agents/{id}/memories", get(mind::memories))
             .route("/ui/agents/{id}/tools", get(mind::tools))

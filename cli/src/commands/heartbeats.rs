@@ -50,6 +50,12 @@ pub(crate) enum HeartbeatsCmd {
         /// The agent: its id, name or alias.
         agent: String,
     },
+    /// Stop a running heartbeat: its model call in flight is dropped, what it did stays,
+    /// and the next heartbeat is planned as usual.
+    Cancel {
+        /// The heartbeat's id (hb_…).
+        id: String,
+    },
 }
 
 /// A validated heartbeats command.
@@ -59,6 +65,7 @@ pub(crate) enum HeartbeatsPlan {
     /// `--agent` and `--beat`.
     ShowBeat(AgentRef, u64),
     Trigger(AgentRef),
+    Cancel(HeartbeatId),
 }
 
 /// Which heartbeats to list.
@@ -95,6 +102,7 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
             limit: limit(n)?,
         })),
         HeartbeatsCmd::Trigger { agent } => HeartbeatsPlan::Trigger(agent_ref(&agent)?),
+        HeartbeatsCmd::Cancel { id } => HeartbeatsPlan::Cancel(HeartbeatId::parse(&id).map_err(input)?),
         HeartbeatsCmd::Show { id, agent, beat } => match (id, agent, beat) {
             (Some(id), _, _) => HeartbeatsPlan::Show(HeartbeatId::parse(&id).map_err(input)?),
             (None, Some(agent), Some(beat)) => HeartbeatsPlan::ShowBeat(agent_ref(&agent)?, beat),
@@ -118,6 +126,18 @@ pub(crate) async fn execute(plan: HeartbeatsPlan, cx: &Ctx<'_>) -> Result<(), Fa
         HeartbeatsPlan::ShowBeat(agent, beat) => {
             let id = HeartbeatId::new(agent.id(cx.b).await?, beat);
             super::story::show(cx, &id).await?
+        }
+        HeartbeatsPlan::Cancel(id) => {
+            let ops = cx.b.lifecycle(
+                cx.clock.clone(),
+                &pulse_shared::engine::EngineSettings::default(),
+            );
+            ops.cancel_heartbeat(&id)
+                .await
+                .map_err(super::agents::lifecycle_failure)?;
+            cx.out.done(&format!(
+                "asked heartbeat {id} to stop: it ends CANCELLED at its next step or model call (within a second; a tool running now finishes first), and the next heartbeat is planned as usual"
+            ));
         }
         HeartbeatsPlan::Trigger(agent) => {
             let id = agent.id(cx.b).await?;

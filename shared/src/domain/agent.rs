@@ -73,6 +73,10 @@ pub struct Agent {
     /// heartbeats of its own (reminders still fire) until the user writes again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_paused_since: Option<Timestamp>,
+    /// When its operator asked the heartbeat running then to stop (`pulse heartbeats
+    /// cancel`): a heartbeat that started before it stops at its next step or model call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_at: Option<Timestamp>,
     /// When its heartbeat agent calls the model.
     #[serde(default, skip_serializing_if = "ThinkPolicy::is_auto")]
     pub think: ThinkPolicy,

@@ -97,6 +97,7 @@ impl NewAgent {
             snoozed_until: None,
             auto_pause_after: self.auto_pause_after,
             auto_paused_since: None,
+            cancel_requested_at: None,
             think: self.think,
             next_wake: None,
             retention: self.retention,

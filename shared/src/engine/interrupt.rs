@@ -26,31 +26,49 @@ pub enum Raced<T> {
     Interrupted(Timestamp),
 }
 
-/// Runs `call` unless a user message newer than `known` reaches `agent` first.
+/// What stops a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopOn {
+    /// A user message (a conversation turn's call).
+    UserMessage,
+    /// A user message, or its operator cancelling the heartbeat (a heartbeat's call).
+    UserOrCancel,
+}
+
+/// Runs `call` unless a user message newer than `known` reaches `agent` first (or, with
+/// [`StopOn::UserOrCancel`], a cancel asked after `known`).
 pub async fn unless_user_speaks<T>(
     store: &dyn Store,
     agent: &AgentId,
     known: Option<Timestamp>,
+    stop: StopOn,
     call: impl Future<Output = T>,
 ) -> Raced<T> {
     tokio::select! {
         biased;
         done = call => Raced::Done(done),
-        at = user_spoke_after(store, agent, known) => Raced::Interrupted(at),
+        at = stopped_after(store, agent, known, stop) => Raced::Interrupted(at),
     }
 }
 
-/// Resolves when the agent's last interaction is later than `known`. A failed read is
-/// not an interruption: the call goes on.
-async fn user_spoke_after(
+/// Resolves when the agent's mark is later than `known`. A failed read is not an
+/// interruption: the call goes on.
+async fn stopped_after(
     store: &dyn Store,
     agent: &AgentId,
     known: Option<Timestamp>,
+    stop: StopOn,
 ) -> Timestamp {
     loop {
         tokio::time::sleep(LOOK_EVERY).await;
-        if let Ok(Some(a)) = store.get_agent(agent).await
-            && let Some(at) = a.last_interaction_at
+        let Ok(Some(a)) = store.get_agent(agent).await else {
+            continue;
+        };
+        let cancel = match stop {
+            StopOn::UserMessage => None,
+            StopOn::UserOrCancel => a.cancel_requested_at,
+        };
+        if let Some(at) = a.last_interaction_at.into_iter().chain(cancel).max()
             && known.is_none_or(|k| at > k)
         {
             return at;

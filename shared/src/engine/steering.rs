@@ -5,6 +5,11 @@
 //! active hours (as a reminder does) and reads a WAKE_REQUESTED event. A second wake
 //! while one is due or running makes no second heartbeat.
 //!
+//! A cancel asks the heartbeat running now to stop: it is marked on the agent, which the
+//! heartbeat agent reads before each step and during each model call (the call is
+//! dropped), so it ends CANCELLED with what it had done, and the next heartbeat is
+//! planned as usual. A heartbeat busy in another tool stops when that tool returns.
+//!
 //! A snooze keeps the agent's own heartbeats back until a time: the pending one is
 //! re-planned to then (or to an earlier reminder, which still wakes it), and one filed
 //! meanwhile waits for the end of the snooze when it comes due. `resume` ends a snooze.
@@ -13,7 +18,7 @@ use jiff::{SignedDuration, Timestamp};
 use tracing::info;
 
 use super::lifecycle::{Lifecycle, LifecycleError, MOVES, Toggled};
-use crate::domain::{Agent, AgentId, HeartbeatStatus};
+use crate::domain::{Agent, AgentId, HeartbeatId, HeartbeatStatus};
 use crate::error::ValidationError;
 use crate::ports::Reschedule;
 
@@ -84,6 +89,37 @@ impl Lifecycle {
             "the agent has no heartbeat to wake right now; try again in a moment",
         )
         .into())
+    }
+
+    /// Asks the running heartbeat `id` to stop (see the module's documentation): when
+    /// it was asked. A heartbeat that is not running is refused with its status.
+    pub async fn cancel_heartbeat(&self, id: &HeartbeatId) -> Result<Timestamp, LifecycleError> {
+        let hb = self
+            .store
+            .get_heartbeat(id)
+            .await
+            .map_err(LifecycleError::Store)?
+            .ok_or_else(|| ValidationError::new("heartbeat", format!("no heartbeat {id}")))?;
+        if hb.status != HeartbeatStatus::Executing {
+            return Err(ValidationError::new(
+                "heartbeat",
+                format!(
+                    "heartbeat {id} is {}, not running: nothing to cancel",
+                    hb.status.as_str()
+                ),
+            )
+            .into());
+        }
+        let agent = self.agent(&hb.agent_id).await?;
+        let now = self.clock.now();
+        let mut marked = agent.clone();
+        marked.cancel_requested_at = Some(now);
+        self.store
+            .update_agent(&marked, &agent)
+            .await
+            .map_err(|e| LifecycleError::store(&agent.id, e))?;
+        info!(heartbeat_id = %id, "the operator asked the running heartbeat to stop");
+        Ok(now)
     }
 
     /// Snoozes the agent for `length` (a minute to 30 days): when it will wake.

@@ -236,6 +236,7 @@ impl HeartbeatAgent {
                 self.store.as_ref(),
                 &agent.id,
                 Some(req.heartbeat.started_at),
+                interrupt::StopOn::UserOrCancel,
                 llm.complete(&request),
             );
             let resp = match call.await {
@@ -250,8 +251,17 @@ impl HeartbeatAgent {
                         "usage": estimate,
                         "usage_estimated": true,
                     }));
+                    let by = match self
+                        .agent(req)
+                        .await
+                        .ok()
+                        .and_then(|a| a.cancel_requested_at)
+                    {
+                        Some(c) if c == at => "its operator cancelled it",
+                        _ => "a user message arrived",
+                    };
                     return Ok(Some(format!(
-                        "interrupted: a user message arrived at {at}, during the model call (dropped)"
+                        "interrupted: {by} at {at}, during the model call (dropped)"
                     )));
                 }
             };
@@ -533,6 +543,11 @@ impl HeartbeatAgent {
 
 /// Why the run must yield, if the user wrote after the heartbeat started.
 fn interruption(agent: &Agent, req: &ToolRequest) -> Option<String> {
+    if let Some(at) = agent.cancel_requested_at
+        && at > req.heartbeat.started_at
+    {
+        return Some(format!("interrupted: its operator cancelled it at {at}"));
+    }
     match agent.last_interaction_at {
         Some(at) if at > req.heartbeat.started_at => Some(format!(
             "interrupted: a user message arrived at {at}, after the heartbeat started"

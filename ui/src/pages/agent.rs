@@ -84,7 +84,8 @@ pub(crate) async fn heartbeats(
                             td { (h.actions_failed) }
                             td.wrap {
                                 @if let (HeartbeatStatus::Executing, Some(until)) = (h.status, h.lease_until) {
-                                    "running since " (ago(now, h.started_at)) "; if its worker stopped, retried " (ago(now, Some(until)))
+                                    "running since " (ago(now, h.started_at)) "; if its worker stopped, retried " (ago(now, Some(until))) " "
+                                    (button(&d, &format!("/ui/agents/{}/heartbeats/{}/cancel", agent.id, h.beat), "Stop", "quiet", &format!("/ui/agents/{}/heartbeats", agent.id)))
                                 } @else {
                                     (h.error.as_deref().map(|e| short(e, 120)).unwrap_or_default())
                                 }
@@ -399,6 +400,18 @@ pub(crate) async fn pause(
 ) -> Result<Redirect, Problem> {
     let agent = agent_of(&d, &id).await?;
     let _: Toggled = d.0.lifecycle.pause(&agent.id).await?;
+    Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
+}
+
+/// `POST /ui/agents/{id}/heartbeats/{beat}/cancel`: asks the running heartbeat to stop.
+pub(crate) async fn cancel(
+    State(d): State<Dashboard>,
+    Path((id, beat)): Path<(String, u64)>,
+    Form(f): Form<Back>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let hb = pulse_shared::domain::HeartbeatId::new(agent.id.clone(), beat);
+    d.0.lifecycle.cancel_heartbeat(&hb).await?;
     Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
 }
 

@@ -92,6 +92,7 @@ impl Conversation {
                 self.store.as_ref(),
                 &agent.id,
                 known,
+                interrupt::StopOn::UserMessage,
                 llm.complete(&request),
             );
             let resp = match call.await {
