@@ -1156,7 +1156,7 @@ on_both_backends!(
 );
 async fn operator_cancel(kind: Kind) {
     let w = world(kind).await;
-    let agent = w.agent(|_| {}).await;
+    w.agent(|_| {}).await;
     let ops = w.b.connected().lifecycle(w.b.clock.clone(), &settings());
     let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
     assert_eq!(swept.queued, 1);
