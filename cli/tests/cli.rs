@@ -1103,7 +1103,23 @@ fn discord_commands_are_registered_by_bulk_overwrite() {
     );
     assert_eq!(reqs[0].headers["authorization"], "Bot bot-token");
     assert_eq!(reqs[0].body[0]["options"][0]["name"], "text");
-    assert_eq!(reqs[0].body[1]["type"], 3);
+    let names: Vec<&str> = reqs[0]
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names[..6],
+        ["ask", "heartbeat", "pause", "resume", "snooze", "quiet"]
+    );
+    assert_eq!(reqs[0].body[4]["options"][0]["name"], "for");
+    assert_eq!(
+        reqs[0].body.as_array().unwrap().last().unwrap()["type"],
+        3,
+        "the menu command"
+    );
 
     // Without credentials it says what to set, and sends nothing.
     let out = pulse(dir.path(), &["discord", "register-commands"]);

@@ -1014,4 +1014,7 @@ fn tokens_and_steering_on(backend: Backend) {
     let second = String::from_utf8(pulse(d, &["heartbeats", "trigger", "scout"]).stderr).unwrap();
     assert!(second.contains("due already"), "{second}");
     assert!(json(d, &["agents", "show", &agent])["agent"]["snoozed_until"].is_null());
+    // Cancelling or retrying what is not there is bad input.
+    assert!(bad(d, &["heartbeats", "cancel", "nope"]).contains("heartbeat"));
+    assert!(bad(d, &["actions", "retry", "nope"]).contains("action"));
 }

@@ -160,16 +160,7 @@ pub struct InboundConfig {
     pub api_rate: ApiRate,
 }
 
-/// Requests one API token may make a minute on the messages API (default 60, in bursts
-/// of up to a third of that).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ApiRate(pub u32);
-
-impl Default for ApiRate {
-    fn default() -> Self {
-        Self(60)
-    }
-}
+pub use crate::http::messages::ApiRate;
 
 impl InboundConfig {
     /// How long delivery ids are remembered by default: a week, longer than any

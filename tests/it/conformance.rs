@@ -880,7 +880,34 @@ async fn actions(kind: Kind) {
     );
     assert_eq!(
         b.store.list_actions(&agent.id, 10).await.unwrap(),
-        vec![done]
+        vec![done.clone()]
+    );
+
+    // Its operator retries the finished action: once, at the attempt read; a running
+    // action is not retried.
+    let mut third = done.clone();
+    third.status = ActionStatus::Running;
+    third.attempt = 3;
+    assert!(
+        !b.store.retry_action(&third, 1).await.unwrap(),
+        "a stale attempt"
+    );
+    assert!(b.store.retry_action(&third, 2).await.unwrap());
+    assert!(!b.store.retry_action(&third, 2).await.unwrap(), "once");
+    let mut fourth = third.clone();
+    fourth.attempt = 4;
+    assert!(
+        !b.store.retry_action(&fourth, 3).await.unwrap(),
+        "it is running"
+    );
+    assert_eq!(
+        b.store
+            .get_action(&agent.id, &done.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .attempt,
+        3
     );
 }
 

@@ -983,3 +983,71 @@ async fn new_subscription(kind: Kind) {
     assert_eq!(beat().await, 1);
     assert_eq!(tool.event_ids().len(), 1, "a disabled tool is not called");
 }
+
+on_both_backends!(
+    a_failed_action_is_retried_as_its_next_attempt_and_its_events_are_read_next,
+    retry
+);
+async fn retry(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let tool = FakeTool::answering(|_| Reply::Json(500, json!({"error": "down"}))).await;
+    b.tool("mailer", &tool.url(), "ORDER").await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    b.emit(&agent, "ORDER", json!({"n": 1})).await;
+    b.advance(SignedDuration::from_secs(10));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker(settings())).await;
+    let failed = b.store.list_actions(&agent.id, 10).await.unwrap();
+    let failed = failed
+        .iter()
+        .find(|a| a.tool.as_str() == "mailer")
+        .unwrap()
+        .clone();
+    assert_eq!((failed.status, failed.attempt), (ActionStatus::Failed, 1));
+
+    // The tool is back: the retry is attempt 2 of the same action, with the same event.
+    tool.set(|_| ok_with_events(json!([{"event_type": "SENT", "payload": {"to": "ana"}}])));
+    let runner = b.runner(settings());
+    let done = runner.retry_action(&agent.id, &failed.id).await.unwrap();
+    assert_eq!(
+        (done.id.clone(), done.status, done.attempt),
+        (failed.id.clone(), ActionStatus::Completed, 2)
+    );
+    let asked = tool.requests();
+    let last = asked.last().unwrap();
+    assert_eq!(last["attempt"], 2);
+    assert_eq!(
+        last["event"]["id"], asked[0]["event"]["id"],
+        "the request it was given"
+    );
+    let stored = b
+        .store
+        .get_action(&agent.id, &failed.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (stored.status, stored.attempt, stored.new_events.len()),
+        (ActionStatus::Completed, 2, 1)
+    );
+    let sent = b
+        .store
+        .get_events(&agent.id, &stored.new_events)
+        .await
+        .unwrap();
+    assert_eq!(sent[0].event_type.as_str(), "SENT");
+    assert_eq!(sent[0].parent_id.as_ref(), Some(&failed.event_id));
+    // The next heartbeat reads what the retry returned: a tool on SENT runs.
+    let logger = FakeTool::start().await;
+    b.tool("logger", &logger.url(), "SENT").await;
+    b.advance(SignedDuration::from_mins(16));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker(settings())).await;
+    assert_eq!(logger.event_ids(), vec![sent[0].id.to_string()]);
+
+    // A heartbeat agent's run is not retried this way, nor an unknown action.
+    let unknown =
+        pulse_shared::domain::ActionId::for_event(&failed.event_id, &"nope".parse().unwrap());
+    let e = runner.retry_action(&agent.id, &unknown).await.unwrap_err();
+    assert!(e.to_string().contains("has no action"), "{e}");
+}

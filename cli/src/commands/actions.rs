@@ -34,6 +34,16 @@ pub(crate) enum ActionsCmd {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// Run a finished action again, as the next attempt of the same action id: its tool
+    /// is called with the request it was given; the events it returns are read by the
+    /// agent's next heartbeat.
+    Retry {
+        /// The action's id (act_…).
+        id: String,
+        /// The agent (its id, name or alias), to look in its actions only.
+        #[arg(long)]
+        agent: Option<String>,
+    },
     /// One action: its request, response, timing, attempts and the events it made.
     Show {
         /// The action's id (act_…).
@@ -50,6 +60,10 @@ pub(crate) enum ActionsCmd {
 pub(crate) enum ActionsPlan {
     List(Box<Listing>),
     Show {
+        agent: Option<AgentRef>,
+        id: ActionId,
+    },
+    Retry {
         agent: Option<AgentRef>,
         id: ActionId,
     },
@@ -101,6 +115,10 @@ pub(crate) fn plan(cmd: ActionsCmd) -> Result<ActionsPlan, Failure> {
             since: since.as_deref().map(Since::parse).transpose()?,
             limit: limit(n)?,
         })),
+        ActionsCmd::Retry { id, agent } => ActionsPlan::Retry {
+            agent: agent.as_deref().map(agent_ref).transpose()?,
+            id: ActionId::parse(&id).map_err(input)?,
+        },
         ActionsCmd::Show { id, agent } => ActionsPlan::Show {
             agent: agent.as_deref().map(agent_ref).transpose()?,
             id: ActionId::parse(&id).map_err(input)?,
@@ -135,6 +153,37 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
         ActionsPlan::Show { agent, id } => {
             let action = find(cx, agent.as_ref(), &id).await?;
             show(cx, &action);
+        }
+        ActionsPlan::Retry { agent, id } => {
+            let found = find(cx, agent.as_ref(), &id).await?;
+            let services = pulse_shared::app::Services::from_config(cx.config);
+            let memories = cx.b.memories(&services);
+            let tools =
+                cx.b.tools(cx.clock.clone(), &cx.config.engine, &services, memories);
+            let runner = cx.b.runner(cx.clock.clone(), &cx.config.engine, tools);
+            let done = runner
+                .retry_action(&found.agent_id, &id)
+                .await
+                .map_err(|e| match e {
+                    pulse_shared::engine::RetryError::Invalid(v) => input(v),
+                    pulse_shared::engine::RetryError::Failed(e) => Failure::Runtime(e.into()),
+                })?;
+            if cx.out.json {
+                cx.out.json_value(&done);
+            } else {
+                let how = match &done.error {
+                    Some(e) => format!("{}: {e}", done.status.as_str()),
+                    None => format!(
+                        "{}, {} new events",
+                        done.status.as_str(),
+                        done.new_events.len()
+                    ),
+                };
+                cx.out.done(&format!(
+                    "action {id} ran again as attempt {}: {how}",
+                    done.attempt
+                ));
+            }
         }
     }
     Ok(())

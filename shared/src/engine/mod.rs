@@ -42,7 +42,7 @@ use jiff::SignedDuration;
 pub use conversation::{
     Conversation, ConversationSettings, TurnOutcome, build_context, estimate_tokens,
 };
-pub use heartbeat::{HeartbeatRunner, RunOutcome};
+pub use heartbeat::{HeartbeatRunner, RetryError, RunOutcome};
 pub use hooks::{
     DispatchReport, DispatchSettings, Dispatcher, Emission, Handled, HookEmitter, RECOVER_SCAN,
     Recovered, Switched, set_hook_active,

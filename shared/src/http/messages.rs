@@ -47,6 +47,17 @@ const LOOK_EVERY: Duration = Duration::from_millis(200);
 /// that, the id is unknown (never sent, or removed by retention).
 const QUEUED_FOR: SignedDuration = SignedDuration::from_hours(24);
 
+/// Requests one API token may make a minute on the messages API (default 60, in bursts
+/// of up to a third of that): `PULSE_API_RATE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiRate(pub u32);
+
+impl Default for ApiRate {
+    fn default() -> Self {
+        Self(60)
+    }
+}
+
 /// Per-token request budgets, refilled continuously: `rate` a minute, in bursts of up
 /// to a third of it.
 pub(crate) struct TokenBuckets {

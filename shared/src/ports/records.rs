@@ -25,6 +25,14 @@ pub trait ActionLog: Send + Sync {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError>;
+    /// Runs a finished action again at its operator's asking: writes `action` (RUNNING,
+    /// the next attempt) if the stored one is finished (not RUNNING) at
+    /// `expected_attempt`. False if it is running, or another retry came first.
+    async fn retry_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError>;
     /// Records the action's outcome and appends the events its tool returned, atomically,
     /// if the stored action is still RUNNING at `action.attempt`; `Conflict` otherwise
     /// (another run took it over).

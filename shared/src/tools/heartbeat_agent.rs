@@ -8,13 +8,11 @@
 //! - `remember({text})` / `recall({query})` over the agent's memories.
 //! - `emit_event({type, payload, priority})`: events that cascade in the same heartbeat.
 //!
-//! Budgets (max steps, max tokens per run) stop the loop and are recorded. Before every
-//! LLM call and before every `speak`, and during every LLM call
-//! ([`interrupt::unless_user_speaks`]: the call is dropped), the run checks whether a
-//! user message arrived after the heartbeat started (the agent's `last_interaction_at`,
-//! set on arrival); if so it stops and reports the interruption, and the heartbeat ends
-//! CANCELLED so the user's turn runs next. Every step is logged and kept in the action's
-//! output.
+//! Budgets (max steps, max tokens per run) stop the loop and are recorded. Before each
+//! LLM call and `speak`, and during each call (which is then dropped), the run checks
+//! for a user message or its operator's cancel since it started (marks on the agent);
+//! finding one, it stops, and the heartbeat ends CANCELLED so the user's turn runs next.
+//! Every step is logged and kept in the action's output.
 
 use std::sync::Arc;
 
@@ -242,27 +240,7 @@ impl HeartbeatAgent {
             let resp = match call.await {
                 Raced::Done(done) => done.map_err(|e| chain(&e))?,
                 Raced::Interrupted(at) => {
-                    let estimate = interrupt::estimated_usage(&request.messages);
-                    t.usage.add(estimate);
-                    t.steps.push(json!({
-                        "step": step,
-                        "kind": "aborted",
-                        "reason": "a user message arrived",
-                        "usage": estimate,
-                        "usage_estimated": true,
-                    }));
-                    let by = match self
-                        .agent(req)
-                        .await
-                        .ok()
-                        .and_then(|a| a.cancel_requested_at)
-                    {
-                        Some(c) if c == at => "its operator cancelled it",
-                        _ => "a user message arrived",
-                    };
-                    return Ok(Some(format!(
-                        "interrupted: {by} at {at}, during the model call (dropped)"
-                    )));
+                    return Ok(Some(self.dropped(req, t, &request, step, at).await));
                 }
             };
             t.usage.add(resp.usage);
@@ -307,6 +285,37 @@ impl HeartbeatAgent {
             "heartbeat agent stopped: step budget reached"
         );
         Ok(None)
+    }
+
+    /// Records a model call dropped at `at` (a user message, or its operator's cancel):
+    /// its usage estimated and marked so. The interruption's reason.
+    async fn dropped(
+        &self,
+        req: &ToolRequest,
+        t: &mut Transcript,
+        request: &LlmRequest,
+        step: u32,
+        at: jiff::Timestamp,
+    ) -> String {
+        let by = match self
+            .agent(req)
+            .await
+            .ok()
+            .and_then(|a| a.cancel_requested_at)
+        {
+            Some(c) if c == at => "its operator cancelled it",
+            _ => "a user message arrived",
+        };
+        let estimate = interrupt::estimated_usage(&request.messages);
+        t.usage.add(estimate);
+        t.steps.push(json!({
+            "step": step,
+            "kind": "aborted",
+            "reason": by,
+            "usage": estimate,
+            "usage_estimated": true,
+        }));
+        format!("interrupted: {by} at {at}, during the model call (dropped)")
     }
 
     /// Runs the tools the model asked for, in order, adding each result to the

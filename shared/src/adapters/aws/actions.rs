@@ -44,6 +44,31 @@ impl ActionLog for DynamoStore {
         }
     }
 
+    async fn retry_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError> {
+        let r = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(action_item(action)))
+            .condition_expression("#status <> :running AND attempt = :expected")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":running", s("RUNNING"))
+            .expression_attribute_values(":expected", n(expected_attempt))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", "retry action", other)),
+            },
+        }
+    }
+
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
         let conflict = || {
             StoreError::Conflict(format!(

@@ -78,6 +78,32 @@ impl ActionLog for SqliteStore {
             .await
     }
 
+    async fn retry_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError> {
+        let action = action.clone();
+        self.db
+            .call("retry action", move |conn| {
+                let n = conn
+                    .exec(
+                        "UPDATE actions SET status = ?2, attempt = ?3, doc = ?4 \
+                         WHERE id = ?1 AND attempt = ?5 AND status <> 'RUNNING'",
+                        params![
+                            action.id.as_str(),
+                            action.status.as_str(),
+                            action.attempt,
+                            to_doc(&action),
+                            expected_attempt
+                        ],
+                    )
+                    .map_err(sqlite_err("retry action"))?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
         let (action, new_events) = (action.clone(), new_events.to_vec());
         self.db

@@ -16,8 +16,10 @@
 //!   crash or an engine failure, finds the finished action and reuses its result.
 
 mod actions;
+pub use retry::RetryError;
 mod emitting;
 mod ending;
+mod retry;
 
 use std::sync::Arc;
 

@@ -1,0 +1,139 @@
+//! An action run again at its operator's asking (`pulse actions retry ID`).
+//!
+//! The action keeps its id; its next attempt is written RUNNING in one conditional write
+//! that only a finished action at the attempt read passes (a running action, or a retry
+//! that came first, is refused), its tool is called with the request it was given — the
+//! tool's configuration as it is now — and the outcome and the events it returned are
+//! recorded as any action's. Those events are dated now, so the agent's next heartbeat
+//! reads them. The heartbeat agent is not retried this way: its run belongs to a
+//! heartbeat (wake the agent instead).
+
+use std::time::Instant;
+
+use tracing::info;
+
+use super::HeartbeatRunner;
+use crate::domain::{
+    Action, ActionId, ActionStatus, AgentId, EventId, HEARTBEAT_AGENT, ToolRequest,
+};
+use crate::engine::actions;
+use crate::error::{EngineError, StoreError, ValidationError};
+use crate::ports::ToolFailure;
+
+/// Why an action was not retried.
+#[derive(Debug, thiserror::Error)]
+pub enum RetryError {
+    /// There is no such action, or it cannot be retried as it is.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// Storage or the tool registry could not be read.
+    #[error(transparent)]
+    Failed(#[from] EngineError),
+}
+
+impl From<StoreError> for RetryError {
+    fn from(e: StoreError) -> Self {
+        Self::Failed(e.into())
+    }
+}
+
+impl HeartbeatRunner {
+    /// Runs agent `agent`'s action `id` again (see the module's documentation): the
+    /// action as recorded after this attempt.
+    pub async fn retry_action(&self, agent: &AgentId, id: &ActionId) -> Result<Action, RetryError> {
+        let invalid = |m: String| RetryError::Invalid(ValidationError::new("action", m));
+        let Some(before) = actions::find(self.store.as_ref(), agent, id).await? else {
+            return Err(invalid(format!("agent {agent} has no action {id}")));
+        };
+        if before.tool.as_str() == HEARTBEAT_AGENT {
+            return Err(invalid(format!(
+                "the heartbeat agent runs within a heartbeat; wake the agent instead (`pulse heartbeats trigger {agent}`)"
+            )));
+        }
+        if before.status == ActionStatus::Running {
+            return Err(invalid(format!(
+                "action {id} is running (attempt {}); wait for it to finish",
+                before.attempt
+            )));
+        }
+        let registry = self.store.load_registry().await?;
+        let Some(tool) = registry
+            .tools
+            .iter()
+            .find(|t| t.name == before.tool)
+            .cloned()
+        else {
+            return Err(invalid(format!(
+                "its tool {} no longer exists; add it again first",
+                before.tool
+            )));
+        };
+        let mut request: ToolRequest = serde_json::from_value(before.request.clone())
+            .map_err(|e| invalid(format!("its recorded request cannot be read again: {e}")))?;
+        request.attempt = before.attempt + 1;
+        request.tool_config = tool.config.clone();
+        let mut action = Action {
+            status: ActionStatus::Running,
+            attempt: request.attempt,
+            request: serde_json::to_value(&request).unwrap_or_default(),
+            response: None,
+            error: None,
+            started_at: self.clock.now(),
+            completed_at: None,
+            duration_ms: None,
+            new_events: Vec::new(),
+            ..before.clone()
+        };
+        if !self.store.retry_action(&action, before.attempt).await? {
+            return Err(invalid(format!(
+                "action {id} changed meanwhile (running, or retried by someone else); look again with `pulse actions show {id}`"
+            )));
+        }
+        let began = Instant::now();
+        let call = self.tools.call(&tool, &request).await;
+        let now = self.clock.now();
+        action.completed_at = Some(now);
+        action.duration_ms = Some(began.elapsed().as_millis() as u64);
+        action.response = call.response_meta;
+        let ms = now.as_millisecond().max(0) as u64;
+        let attempt = action.attempt.to_string();
+        let new_events = match call.result {
+            Ok(resp) if resp.success => {
+                action.status = ActionStatus::Completed;
+                resp.new_events
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, ne)| {
+                        let mut e =
+                            ne.into_event(agent.clone(), format!("tool:{}", tool.name), now);
+                        e.id = EventId::derived(ms, &[id.as_str(), &attempt, &i.to_string()]);
+                        e.parent_id = Some(before.event_id.clone());
+                        e
+                    })
+                    .collect()
+            }
+            Ok(resp) => {
+                action.status = ActionStatus::Failed;
+                action.error = Some(
+                    resp.error
+                        .unwrap_or_else(|| "the tool answered \"success\": false".to_owned()),
+                );
+                Vec::new()
+            }
+            Err(ToolFailure::Skipped(why) | ToolFailure::Interrupted(why)) => {
+                action.status = ActionStatus::Skipped;
+                action.error = Some(why);
+                Vec::new()
+            }
+            Err(failure) => {
+                action.status = ActionStatus::Failed;
+                action.error = Some(failure.to_string());
+                Vec::new()
+            }
+        };
+        action.new_events = new_events.iter().map(|e| e.id.clone()).collect();
+        self.store.finish_action(&action, &new_events).await?;
+        info!(action_id = %id, attempt = action.attempt, status = ?action.status, "action retried");
+        Ok(action)
+    }
+}
