@@ -24,24 +24,13 @@ impl ActionLog for DynamoStore {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError> {
-        let r = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(action_item(action)))
-            .condition_expression("#status = :running AND attempt = :expected")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":running", s("RUNNING"))
-            .expression_attribute_values(":expected", n(expected_attempt))
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "restart action", other)),
-            },
-        }
+        self.replace_action(
+            action,
+            expected_attempt,
+            "#status = :running",
+            "restart action",
+        )
+        .await
     }
 
     async fn retry_action(
@@ -49,24 +38,13 @@ impl ActionLog for DynamoStore {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError> {
-        let r = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(action_item(action)))
-            .condition_expression("#status <> :running AND attempt = :expected")
-            .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":running", s("RUNNING"))
-            .expression_attribute_values(":expected", n(expected_attempt))
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "retry action", other)),
-            },
-        }
+        self.replace_action(
+            action,
+            expected_attempt,
+            "#status <> :running",
+            "retry action",
+        )
+        .await
     }
 
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
@@ -151,5 +129,36 @@ impl ActionLog for DynamoStore {
             |a: &Action| after.is_before(&a.event_id) && through.covers(&a.event_id),
         )
         .await
+    }
+}
+
+impl DynamoStore {
+    /// Writes `action` over the stored one if that is at `expected_attempt` and its
+    /// status passes `status` (`#status = :running`, or `<>`); false otherwise.
+    async fn replace_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+        status: &str,
+        op: &'static str,
+    ) -> Result<bool, StoreError> {
+        let r = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(action_item(action)))
+            .condition_expression(format!("{status} AND attempt = :expected"))
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":running", s("RUNNING"))
+            .expression_attribute_values(":expected", n(expected_attempt))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
     }
 }

@@ -57,25 +57,13 @@ impl ActionLog for SqliteStore {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError> {
-        let action = action.clone();
-        self.db
-            .call("restart action", move |conn| {
-                let n = conn
-                    .exec(
-                        "UPDATE actions SET status = ?2, attempt = ?3, doc = ?4 \
-                         WHERE id = ?1 AND attempt = ?5 AND status = 'RUNNING'",
-                        params![
-                            action.id.as_str(),
-                            action.status.as_str(),
-                            action.attempt,
-                            to_doc(&action),
-                            expected_attempt
-                        ],
-                    )
-                    .map_err(sqlite_err("restart action"))?;
-                Ok(n == 1)
-            })
-            .await
+        self.replace_action(
+            action,
+            expected_attempt,
+            "status = 'RUNNING'",
+            "restart action",
+        )
+        .await
     }
 
     async fn retry_action(
@@ -83,25 +71,13 @@ impl ActionLog for SqliteStore {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError> {
-        let action = action.clone();
-        self.db
-            .call("retry action", move |conn| {
-                let n = conn
-                    .exec(
-                        "UPDATE actions SET status = ?2, attempt = ?3, doc = ?4 \
-                         WHERE id = ?1 AND attempt = ?5 AND status <> 'RUNNING'",
-                        params![
-                            action.id.as_str(),
-                            action.status.as_str(),
-                            action.attempt,
-                            to_doc(&action),
-                            expected_attempt
-                        ],
-                    )
-                    .map_err(sqlite_err("retry action"))?;
-                Ok(n == 1)
-            })
-            .await
+        self.replace_action(
+            action,
+            expected_attempt,
+            "status <> 'RUNNING'",
+            "retry action",
+        )
+        .await
     }
 
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
@@ -183,6 +159,40 @@ impl ActionLog for SqliteStore {
                     "SELECT id, doc FROM actions WHERE agent_id = ?1 AND event_id > ?2 AND event_id <= ?3 ORDER BY event_id, tool LIMIT ?4",
                     params![agent.as_str(), lo, hi, limit as i64],
                 )
+            })
+            .await
+    }
+}
+
+impl SqliteStore {
+    /// Writes `action` over the stored one if that is at `expected_attempt` and its
+    /// status passes `status` (`status = 'RUNNING'`, or `<>`); false otherwise.
+    async fn replace_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+        status: &'static str,
+        op: &'static str,
+    ) -> Result<bool, StoreError> {
+        let action = action.clone();
+        let sql = format!(
+            "UPDATE actions SET status = ?2, attempt = ?3, doc = ?4 WHERE id = ?1 AND attempt = ?5 AND {status}"
+        );
+        self.db
+            .call(op, move |conn| {
+                let n = conn
+                    .exec(
+                        &sql,
+                        params![
+                            action.id.as_str(),
+                            action.status.as_str(),
+                            action.attempt,
+                            to_doc(&action),
+                            expected_attempt
+                        ],
+                    )
+                    .map_err(sqlite_err(op))?;
+                Ok(n == 1)
             })
             .await
     }
