@@ -1281,3 +1281,63 @@ async fn charts_data(kind: Kind) {
     assert_eq!(fleet["states"]["paused"], 1, "{fleet}");
     assert!(u.get("/ui/").await.body.contains("Agents by state"));
 }
+
+on_both_backends!(
+    the_actions_tab_runs_a_failed_action_again,
+    retry_from_the_tab
+);
+async fn retry_from_the_tab(kind: Kind) {
+    use pulse_shared::domain::ActionStatus;
+    use pulse_tests::{FakeTool, Reply, ok_with_events};
+    let u = ui(kind, Access::Open).await;
+    let tool =
+        FakeTool::answering(|_| Reply::Json(500, serde_json::json!({"error": "down"}))).await;
+    u.b.tool("mailer", &tool.url(), "ORDER").await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    u.b.emit(&agent, "ORDER", serde_json::json!({"n": 1})).await;
+    u.b.advance(jiff::SignedDuration::from_secs(10));
+    u.b.sweeper(settings()).sweep_once(u.b.now()).await;
+    let worker = u.b.connected().worker(
+        u.b.clock.clone(),
+        &settings(),
+        &pulse_tests::offline_services(),
+    );
+    u.b.drain(&worker).await;
+    let failed = u.b.store.list_actions(&agent.id, 10).await.unwrap();
+    let failed = failed
+        .iter()
+        .find(|a| a.tool.as_str() == "mailer")
+        .unwrap()
+        .clone();
+    assert_eq!(failed.status, ActionStatus::Failed);
+    let base = format!("/ui/agents/{}", agent.id);
+    let page = u.get(&format!("{base}/actions")).await.body;
+    assert!(
+        page.contains(&format!("/actions/{}/retry", failed.id)),
+        "{page}"
+    );
+    tool.set(|_| ok_with_events(serde_json::json!([])));
+    let csrf = u.csrf().await;
+    let done = u
+        .post(
+            &format!("{base}/actions/{}/retry", failed.id),
+            &[("csrf", &csrf), ("back", &format!("{base}/actions"))],
+        )
+        .await;
+    assert_eq!(
+        (done.status, done.location.as_str()),
+        (303, format!("{base}/actions").as_str()),
+        "{}",
+        done.body
+    );
+    let stored =
+        u.b.store
+            .get_action(&agent.id, &failed.id)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        (stored.status, stored.attempt),
+        (ActionStatus::Completed, 2)
+    );
+}

@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) guard: security::Guard,
     /// Recalls as the agents do, for the Memories tab's search.
     pub(crate) memories: Arc<Memories>,
+    /// Runs an action again (the Actions tab's Retry), through the agents' tools.
+    pub(crate) runner: pulse_shared::engine::HeartbeatRunner,
 }
 
 impl Dashboard {
@@ -61,14 +63,17 @@ impl Dashboard {
         services: &Services,
         access: Access,
     ) -> Self {
+        let memories = b.memories(services);
+        let tools = b.tools(clock.clone(), settings, services, memories.clone());
         Self(Arc::new(Inner {
             store: b.store.clone(),
             queue: b.queue.clone(),
             lifecycle: b.lifecycle(clock.clone(), settings),
             dispatcher: b.dispatcher(clock.clone(), &services.egress, DispatchSettings::default()),
+            runner: b.runner(clock.clone(), settings, tools),
             clock,
             guard: security::Guard::new(access),
-            memories: b.memories(services),
+            memories,
         }))
     }
 
@@ -95,6 +100,7 @@ impl Dashboard {
             .route("/ui/agents/{id}/conversation", get(chat::old_address))
             .route("/ui/agents/{id}/chat", get(chat::show).post(chat::send))
             .route("/ui/agents/{id}/wake", post(agent::wake))
+            .route("/ui/agents/{id}/actions/{action}/retry", post(agent::retry))
             .route(
                 "/ui/agents/{id}/heartbeats/{beat}/cancel",
                 post(agent::cancel),

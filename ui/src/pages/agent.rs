@@ -209,15 +209,22 @@ pub(crate) async fn actions(
                     (empty("No actions yet: tools run when a heartbeat reads an event they are subscribed to.", "pulse subscriptions list"))
                 } @else {
                     div.scroll { table {
-                        thead { tr { th { "Tool" } th { "Beat" } th { "Status" } th { "Started" } th { "Took" } th { "Error" } } }
+                        thead { tr { th { "Tool" } th { "Beat" } th { "Status" } th { "Try" } th { "Started" } th { "Took" } th { "Error" } th {} } }
                         tbody { @for a in &actions {
                             tr {
                                 td { (a.tool) }
                                 td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (a.heartbeat_id.beat())} { "#" (a.heartbeat_id.beat()) } }
                                 td { (badge(a.status.as_str())) }
+                                td { (a.attempt) }
                                 td { (ago(now, Some(a.started_at))) }
                                 td { (a.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
                                 td.wrap { (a.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
+                                td {
+                                    // A finished action of a tool (not the heartbeat agent's run) can run again.
+                                    @if a.status.is_final() && a.tool.as_str() != pulse_shared::domain::HEARTBEAT_AGENT {
+                                        (button(&d, &format!("/ui/agents/{}/actions/{}/retry", agent.id, a.id), "Retry", "quiet", &format!("/ui/agents/{}/actions", agent.id)))
+                                    }
+                                }
                             }
                         } }
                     } }
@@ -412,6 +419,31 @@ pub(crate) async fn cancel(
     let agent = agent_of(&d, &id).await?;
     let hb = pulse_shared::domain::HeartbeatId::new(agent.id.clone(), beat);
     d.0.lifecycle.cancel_heartbeat(&hb).await?;
+    Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
+}
+
+/// `POST /ui/agents/{id}/actions/{action}/retry`: runs a finished action again, as its
+/// next attempt, and comes back when it is done.
+pub(crate) async fn retry(
+    State(d): State<Dashboard>,
+    Path((id, action)): Path<(String, String)>,
+    Form(f): Form<Back>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let action = pulse_shared::domain::ActionId::parse(&action)
+        .map_err(|_| Problem::NotFound(format!("action {}", action.escape_debug())))?;
+    d.0.runner
+        .retry_action(&agent.id, &action)
+        .await
+        .map_err(|e| match e {
+            pulse_shared::engine::RetryError::Invalid(v) => Problem::Invalid(v.message),
+            pulse_shared::engine::RetryError::Failed(pulse_shared::error::EngineError::Store(
+                e,
+            )) => Problem::Store(e),
+            pulse_shared::engine::RetryError::Failed(e) => {
+                Problem::Invalid(format!("the retry did not run: {e}"))
+            }
+        })?;
     Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
 }
 
