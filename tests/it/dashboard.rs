@@ -1229,9 +1229,24 @@ async fn charts_data(kind: Kind) {
         u.b.drain(&worker).await;
         u.b.advance(jiff::SignedDuration::from_mins(16));
     }
-    // A chat turn spends tokens today.
+    // A chat turn spends tokens today; a memory is kept, and recalled.
     u.b.say(&agent, "hello").await;
     u.b.drain(&worker).await;
+    let mut kept = pulse_shared::domain::Memory::new(
+        pulse_shared::domain::MemoryId::derived(1, &["tea"]),
+        &agent.id,
+        "likes green tea",
+        0,
+        u.b.now(),
+    )
+    .unwrap();
+    u.b.store
+        .remember(std::slice::from_ref(&kept))
+        .await
+        .unwrap();
+    kept.recalled_at = Some(u.b.now());
+    kept.recalls = 1;
+    u.b.store.reinforce(&[kept]).await.unwrap();
     let days: serde_json::Value = serde_json::from_str(
         &u.get(&format!("/ui/agents/{}/charts.json", agent.id))
             .await
@@ -1255,6 +1270,20 @@ async fn charts_data(kind: Kind) {
             .sum()
     };
     assert_eq!(series("skipped"), 3.0, "{days}");
+    let memory = |name: &str| -> f64 {
+        days["memory"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap()["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .sum()
+    };
+    assert_eq!((memory("kept"), memory("recalled")), (1.0, 1.0), "{days}");
     assert_eq!(
         series("failed") + series("spoke") + series("silent"),
         0.0,

@@ -21,6 +21,8 @@ use serde::Serialize;
 pub(crate) const DAYS: usize = 14;
 /// Most heartbeats, messages and deliveries read for them.
 const SCAN: usize = 3_000;
+/// Most memories read for them (the newest).
+const MEMORY_SCAN: usize = 1_000;
 
 /// One stacked series of a bar chart.
 #[derive(Clone, Debug, Serialize)]
@@ -46,6 +48,9 @@ pub(crate) struct AgentDays {
     pub(crate) budget: Option<u64>,
     /// Hook deliveries by result.
     pub(crate) deliveries: Vec<Series>,
+    /// Memory: memories kept a day, and memories last recalled that day (a memory
+    /// recalled on several days counts on its latest), from its newest 1,000.
+    pub(crate) memory: Vec<Series>,
 }
 
 /// Reads `agent`'s last [`DAYS`] days.
@@ -122,6 +127,15 @@ pub(crate) async fn agent_days(
             }
         }
     }
+    let (mut kept, mut recalled) = (zeros(), zeros());
+    for m in store.memories(&agent.id, MEMORY_SCAN).await? {
+        if let Some(i) = slot(m.created_at) {
+            kept[i] += 1.0;
+        }
+        if let Some(i) = m.recalled_at.and_then(slot) {
+            recalled[i] += 1.0;
+        }
+    }
     let delivery = |name: &'static str, color| Series {
         name,
         color,
@@ -154,6 +168,18 @@ pub(crate) async fn agent_days(
             delivery("delivered", "#2f7d4f"),
             delivery("retrying", "#e0a030"),
             delivery("failed", "#c0392b"),
+        ],
+        memory: vec![
+            Series {
+                name: "kept",
+                color: "#7a5ea8",
+                values: kept,
+            },
+            Series {
+                name: "recalled",
+                color: "#d08a3c",
+                values: recalled,
+            },
         ],
         days,
         tokens,
@@ -296,6 +322,7 @@ pub(crate) fn agent_charts(days: &AgentDays) -> Markup {
             (bars(&format!("Heartbeats a day, last {DAYS} days"), &labels, &days.heartbeats, None))
             (bars(&format!("Tokens a day (about ${dollars:.2} in {DAYS} days)"), &labels, &tokens, budget))
             (bars("Hook deliveries a day", &labels, &days.deliveries, None))
+            (bars("Memories kept and recalled a day", &labels, &days.memory, None))
         }
     }
 }
