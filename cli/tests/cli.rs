@@ -2060,6 +2060,9 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
             "5",
             "--duration",
             "30m",
+            // Without faults: the default ones may delete an agent (sim-4 among them).
+            "--faults",
+            "none",
             "--keep",
             kept,
         ],
