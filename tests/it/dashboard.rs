@@ -1176,6 +1176,17 @@ async fn chat_tab(kind: Kind) {
         pulse_shared::domain::ReplyTarget::None,
         "read here, not on Discord"
     );
+    // A stream opened after the reply was written (the page drawn while thinking, its
+    // event source connecting a moment later) still tells the page at once.
+    let late = u
+        .http
+        .get(format!("{}{base}/live", u.base))
+        .send()
+        .await
+        .unwrap();
+    told(late, "chat")
+        .await
+        .unwrap_or_else(|seen| panic!("a late stream missed the reply: {seen:?}"));
 
     // Wake now, and a snooze that is too long.
     let woke = u

@@ -3,6 +3,12 @@
 //! change. It polls the store once a second — one heartbeat read, one event read and one
 //! turn read, plus the hooks and each hook's newest delivery when the page shows them —
 //! the same on SQLite and on DynamoDB, where nothing pushes changes.
+//!
+//! A stream opens after its page was drawn (and again after each lifetime), so what
+//! changed in between would be missed if the stream began from what it first saw: it
+//! begins from nothing instead, telling at once every kind that has anything, and the
+//! page fetches those parts once more. One extra fetch per part and connection is the
+//! price of never leaving a reply behind "thinking…".
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -122,7 +128,8 @@ pub(crate) async fn stream(
     };
     let deliveries = watch.deliveries.is_some();
     let first = look(&d, &agent, deliveries).await;
-    let state = (d, agent, first, VecDeque::<&'static str>::new());
+    let told = VecDeque::from(first.changed(&Seen::default()));
+    let state = (d, agent, first, told);
     let events = futures::stream::unfold(state, move |(d, agent, mut seen, mut told)| async move {
         loop {
             if let Some(kind) = told.pop_front() {
