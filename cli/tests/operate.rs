@@ -1021,3 +1021,121 @@ fn tokens_and_steering_on(backend: Backend) {
     assert!(bad(d, &["heartbeats", "cancel", "nope"]).contains("heartbeat"));
     assert!(bad(d, &["actions", "retry", "nope"]).contains("action"));
 }
+
+both_async!(
+    an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed,
+    an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_on
+);
+async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_on(
+    backend: Backend,
+) {
+    let server = pulse_tests::fake_mcp::FakeMcp::start().await;
+    let dir = dir_on(backend);
+    let d = dir.path();
+    let agent = ok(d, &["agents", "create", "--name", "scout"]);
+    // Bad input: refused, nothing stored.
+    let metadata = bad(
+        d,
+        &[
+            "tools",
+            "add-mcp",
+            "meta",
+            "--url",
+            "http://169.254.169.254/mcp",
+        ],
+    );
+    assert!(metadata.contains("not reachable from Pulse"), "{metadata}");
+    let header = bad(
+        d,
+        &[
+            "tools",
+            "add-mcp",
+            "cal",
+            "--url",
+            &server.url(),
+            "--header",
+            "nocolon",
+        ],
+    );
+    assert!(header.contains("Name: value"), "{header}");
+    let allow = bad(
+        d,
+        &[
+            "tools",
+            "add-mcp",
+            "cal",
+            "--url",
+            &server.url(),
+            "--allow",
+            "add,ghost",
+        ],
+    );
+    assert!(
+        allow.contains("ghost") && allow.contains("it lists add"),
+        "{allow}"
+    );
+    let unknown = bad(d, &["agents", "update", &agent, "--tools", "mcp:cal"]);
+    assert!(unknown.contains("pulse tools add-mcp cal"), "{unknown}");
+    let bare = bad(d, &["agents", "update", &agent, "--tools", "cal"]);
+    assert!(bare.contains("mcp:NAME"), "{bare}");
+    assert!(!json(d, &["tools", "list"]).to_string().contains("\"cal\""));
+
+    // Added: its tools listed at once, the header never shown again.
+    let added = said(
+        d,
+        &[
+            "tools",
+            "add-mcp",
+            "cal",
+            "--url",
+            &server.url(),
+            "--header",
+            "Authorization: Bearer s3cr3t",
+            "--allow",
+            "add,note",
+        ],
+    );
+    assert!(added.contains("2 tools (add, note)"), "{added}");
+    assert!(added.contains("--tools mcp:cal"), "{added}");
+    let listed = ok(d, &["tools", "list"]);
+    assert!(listed.contains("cal") && listed.contains("mcp"), "{listed}");
+    let listed = json(d, &["tools", "list"]).to_string();
+    assert!(!listed.contains("s3cr3t"), "{listed}");
+    assert!(listed.contains("***"), "{listed}");
+
+    // Given to the agent, and taken away.
+    ok(d, &["agents", "update", &agent, "--tools", "mcp:cal"]);
+    let shown = json(d, &["agents", "show", &agent]);
+    assert_eq!(
+        shown["agent"]["tools"],
+        serde_json::json!(["mcp:cal"]),
+        "{shown}"
+    );
+    let busy = bad(d, &["tools", "remove", "cal"]);
+    assert!(busy.contains("scout"), "{busy}");
+
+    // Refreshed: the server's new tool is listed (the allow-list still applies).
+    server.add_tool("weather", "Today's weather.").await;
+    let refreshed = said(d, &["tools", "refresh", "cal"]);
+    assert!(refreshed.contains("2 tools (add, note)"), "{refreshed}");
+    let stored = json(d, &["tools", "list"]);
+    let cal = find(&stored, "name", "cal").unwrap();
+    assert_eq!(cal["kind"]["tools"].as_array().unwrap().len(), 6, "{cal}");
+    let http = bad(d, &["tools", "update", "cal", "--timeout", "5s"]);
+    assert!(http.contains("is an MCP server"), "{http}");
+
+    ok(d, &["agents", "update", &agent, "--tools", ""]);
+    ok(d, &["tools", "remove", "cal"]);
+    assert!(!json(d, &["tools", "list"]).to_string().contains("\"cal\""));
+}
+
+/// What a successful `pulse args` said, on both of its streams.
+fn said(d: &Path, args: &[&str]) -> String {
+    let out = pulse(d, args);
+    assert!(out.status.success(), "pulse {args:?}: {out:?}");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

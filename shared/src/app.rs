@@ -10,6 +10,7 @@ use pulse_egress::Egress;
 
 use crate::adapters::{aws, sqlite};
 use crate::config::{Backend, Config};
+use crate::engine::agent_tools::AgentTools;
 use crate::engine::memory::Memories;
 use crate::engine::{
     Conversation, ConversationSettings, DispatchSettings, Dispatcher, EngineSettings,
@@ -20,7 +21,7 @@ use crate::outbound::HookClient;
 use crate::ports::{
     Clock, DiscordApi, EventBus, HookQueue, LlmSelector, SessionQueue, Store, ToolRunner,
 };
-use crate::tools::{HeartbeatAgent, Tools};
+use crate::tools::{HeartbeatAgent, McpClients, Tools};
 
 /// How long fetching one image a user sent may take.
 const IMAGE_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
@@ -91,12 +92,42 @@ impl Connected {
         settings: &EngineSettings,
         services: &Services,
     ) -> Worker {
+        // One set of MCP sessions for the heartbeat agent and the conversation.
+        let agent_tools = self.agent_tools(clock.clone(), services);
+        self.worker_with(clock, settings, services, agent_tools)
+    }
+
+    /// A worker whose agents call their MCP tools through `agent_tools` (sessions shared
+    /// with whoever else holds them).
+    pub fn worker_with(
+        &self,
+        clock: Arc<dyn Clock>,
+        settings: &EngineSettings,
+        services: &Services,
+        agent_tools: Arc<AgentTools>,
+    ) -> Worker {
         // One cache of recall indexes for the heartbeat agent and the conversation.
         let memories = self.memories(services);
-        let tools = self.tools(clock.clone(), settings, services, memories.clone());
+        let tools = self.tools(
+            clock.clone(),
+            settings,
+            services,
+            memories.clone(),
+            agent_tools.clone(),
+        );
         let runner = self.runner(clock.clone(), settings, tools);
         Worker::new(Arc::new(runner)).with_conversation(Arc::new(
-            self.conversation(clock, settings, services, memories),
+            self.conversation(clock, settings, services, memories)
+                .with_agent_tools(agent_tools),
+        ))
+    }
+
+    /// The agents' MCP tools, called through the services' egress guard.
+    pub fn agent_tools(&self, clock: Arc<dyn Clock>, services: &Services) -> Arc<AgentTools> {
+        Arc::new(AgentTools::new(
+            self.store.clone(),
+            McpClients::new(services.egress.clone()),
+            clock,
         ))
     }
 
@@ -109,13 +140,14 @@ impl Connected {
     }
 
     /// Every tool: HTTP tools through the egress guard, and the heartbeat agent (keeping
-    /// and recalling `memories`).
+    /// and recalling `memories`, calling the agents' MCP tools).
     pub fn tools(
         &self,
         clock: Arc<dyn Clock>,
         settings: &EngineSettings,
         services: &Services,
         memories: Arc<Memories>,
+        agent_tools: Arc<AgentTools>,
     ) -> Arc<dyn ToolRunner> {
         let agent = HeartbeatAgent::new(
             self.store.clone(),
@@ -124,7 +156,8 @@ impl Connected {
             clock,
             memories,
         )
-        .with_schedule_limits(settings.schedules);
+        .with_schedule_limits(settings.schedules)
+        .with_agent_tools(agent_tools);
         Arc::new(Tools::with_heartbeat_agent(agent, services.egress.clone()))
     }
 

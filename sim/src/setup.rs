@@ -386,7 +386,13 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
     let memories = connected.memories(&services);
     let tools = Arc::new(SimTools {
         world: world.clone(),
-        builtin: connected.tools(clock.clone(), &settings, &services, memories.clone()),
+        builtin: connected.tools(
+            clock.clone(),
+            &settings,
+            &services,
+            memories.clone(),
+            connected.agent_tools(clock.clone(), &services),
+        ),
     });
     let runner = connected.runner(clock.clone(), &settings, tools);
     let worker = Worker::new(Arc::new(runner)).with_conversation(Arc::new(connected.conversation(

@@ -16,6 +16,7 @@ mod lambda;
 mod lifecycle;
 mod listener;
 mod llm;
+mod mcp;
 mod memory;
 mod messages_api;
 mod queue;

@@ -8,6 +8,7 @@ pub mod fake_discord;
 pub mod fake_gateway;
 pub mod fake_hooks;
 pub mod fake_llm;
+pub mod fake_mcp;
 pub mod faults;
 
 use std::net::SocketAddr;

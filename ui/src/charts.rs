@@ -136,33 +136,19 @@ pub(crate) async fn agent_days(
             recalled[i] += 1.0;
         }
     }
-    let delivery = |name: &'static str, color| Series {
-        name,
-        color,
-        values: by_result.get(name).cloned().unwrap_or_else(zeros),
+    let delivery = |name: &'static str, color| {
+        series(
+            name,
+            color,
+            by_result.get(name).cloned().unwrap_or_else(zeros),
+        )
     };
     Ok(AgentDays {
         heartbeats: vec![
-            Series {
-                name: "spoke",
-                color: "#2f7d4f",
-                values: spoke,
-            },
-            Series {
-                name: "silent",
-                color: "#9bb7d4",
-                values: silent,
-            },
-            Series {
-                name: "skipped",
-                color: "#d8dde3",
-                values: skipped,
-            },
-            Series {
-                name: "failed",
-                color: "#c0392b",
-                values: failed,
-            },
+            series("spoke", "#2f7d4f", spoke),
+            series("silent", "#9bb7d4", silent),
+            series("skipped", "#d8dde3", skipped),
+            series("failed", "#c0392b", failed),
         ],
         deliveries: vec![
             delivery("delivered", "#2f7d4f"),
@@ -170,22 +156,23 @@ pub(crate) async fn agent_days(
             delivery("failed", "#c0392b"),
         ],
         memory: vec![
-            Series {
-                name: "kept",
-                color: "#7a5ea8",
-                values: kept,
-            },
-            Series {
-                name: "recalled",
-                color: "#d08a3c",
-                values: recalled,
-            },
+            series("kept", "#7a5ea8", kept),
+            series("recalled", "#d08a3c", recalled),
         ],
         days,
         tokens,
         dollars,
         budget: agent.budgets.daily_tokens,
     })
+}
+
+/// One named, coloured series of a chart.
+fn series(name: &'static str, color: &'static str, values: Vec<f64>) -> Series {
+    Series {
+        name,
+        color,
+        values,
+    }
 }
 
 /// A day's short label: `11-26`.

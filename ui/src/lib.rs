@@ -64,7 +64,13 @@ impl Dashboard {
         access: Access,
     ) -> Self {
         let memories = b.memories(services);
-        let tools = b.tools(clock.clone(), settings, services, memories.clone());
+        let tools = b.tools(
+            clock.clone(),
+            settings,
+            services,
+            memories.clone(),
+            b.agent_tools(clock.clone(), services),
+        );
         Self(Arc::new(Inner {
             store: b.store.clone(),
             queue: b.queue.clone(),

@@ -158,8 +158,14 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
             let found = find(cx, agent.as_ref(), &id).await?;
             let services = pulse_shared::app::Services::from_config(cx.config);
             let memories = cx.b.memories(&services);
-            let tools =
-                cx.b.tools(cx.clock.clone(), &cx.config.engine, &services, memories);
+            let agent_tools = cx.b.agent_tools(cx.clock.clone(), &services);
+            let tools = cx.b.tools(
+                cx.clock.clone(),
+                &cx.config.engine,
+                &services,
+                memories,
+                agent_tools,
+            );
             let runner = cx.b.runner(cx.clock.clone(), &cx.config.engine, tools);
             let done = runner
                 .retry_action(&found.agent_id, &id)

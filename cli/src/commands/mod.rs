@@ -14,6 +14,7 @@ pub(crate) mod heartbeats;
 pub(crate) mod hooks;
 pub(crate) mod init;
 mod listen;
+mod mcp;
 pub(crate) mod memories;
 pub(crate) mod prune;
 pub(crate) mod schedules;

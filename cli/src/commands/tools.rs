@@ -31,6 +31,14 @@ pub(crate) enum ToolsCmd {
         #[arg(long)]
         description: Option<String>,
     },
+    /// Register an MCP server (streamable HTTP): its tools are listed now and kept;
+    /// agents attached to it (`pulse agents update A --tools mcp:NAME`) may call them.
+    AddMcp(super::mcp::AddMcp),
+    /// List an MCP server's tools again and keep the new list.
+    Refresh {
+        /// The MCP server's name.
+        name: String,
+    },
     /// List tools.
     List,
     /// Let a tool run again.
@@ -79,6 +87,8 @@ pub(crate) struct ToolChanges {
 /// A validated tools command.
 pub(crate) enum ToolsPlan {
     Add(Box<Tool>),
+    AddMcp(Box<Tool>),
+    Refresh(ToolName),
     List,
     Set { name: ToolName, active: bool },
     Update(Box<ToolChanges>),
@@ -115,6 +125,8 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
             tool.description = description;
             ToolsPlan::Add(Box::new(tool))
         }
+        ToolsCmd::AddMcp(a) => ToolsPlan::AddMcp(Box::new(super::mcp::plan(a, now)?)),
+        ToolsCmd::Refresh { name } => ToolsPlan::Refresh(ToolName::parse(&name).map_err(input)?),
         ToolsCmd::List => ToolsPlan::List,
         ToolsCmd::Enable { name } => ToolsPlan::Set {
             name: ToolName::parse(&name).map_err(input)?,
@@ -187,7 +199,10 @@ async fn change(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             let c = *c;
             let old = stored_http_tool(&registry, &c.name)?;
             let ToolKind::Http { url, timeout_ms } = &old.kind else {
-                unreachable!("only the built-in is not HTTP");
+                return Err(Failure::Input(format!(
+                    "{} is an MCP server: `pulse tools refresh {}` lists its tools again; to change its URL, headers or allow-list, remove it and add it again",
+                    old.name, old.name
+                )));
             };
             let mut tool = Tool::http(
                 old.name.clone(),
@@ -212,7 +227,9 @@ async fn change(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             );
         }
         ToolsPlan::Remove(name) => {
-            stored_http_tool(&registry, &name)?;
+            if stored_http_tool(&registry, &name)?.mcp_server().is_some() {
+                super::mcp::refuse_attached(cx, &name).await?;
+            }
             let subs: Vec<String> = registry
                 .subscriptions
                 .iter()
@@ -250,7 +267,10 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                 .load_registry()
                 .await?
                 .with_builtins(builtin_tools())
-                .tools;
+                .tools
+                .iter()
+                .map(Tool::redacted)
+                .collect::<Vec<_>>();
             tools.sort_by(|a, b| a.name.cmp(&b.name));
             out.table(
                 &tools,
@@ -261,6 +281,7 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                             ("http", url.to_string(), duration_ms(*timeout_ms))
                         }
                         ToolKind::HeartbeatAgent => ("built-in", "-".into(), "-".into()),
+                        ToolKind::Mcp(m) => ("mcp", m.url.to_string(), duration_ms(m.timeout_ms)),
                     };
                     vec![
                         t.name.to_string(),
@@ -268,7 +289,10 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                         kind.into(),
                         url,
                         timeout,
-                        t.description.clone().unwrap_or_else(|| "-".into()),
+                        match t.mcp_server() {
+                            Some(m) => super::mcp::summary(m, t.description.as_deref()),
+                            None => t.description.clone().unwrap_or_else(|| "-".into()),
+                        },
                     ]
                 },
             );
@@ -282,6 +306,8 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                 if active { "enabled" } else { "disabled" }
             ));
         }
+        ToolsPlan::AddMcp(tool) => super::mcp::add(*tool, cx).await?,
+        ToolsPlan::Refresh(name) => super::mcp::refresh(&name, cx).await?,
         other => return change(other, cx).await,
     }
     Ok(())

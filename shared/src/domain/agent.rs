@@ -91,6 +91,9 @@ pub struct Agent {
     /// How many days of beats halve a memory's weight (default 30 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_half_life: Option<Interval>,
+    /// The MCP servers whose tools it may call, in heartbeats and chat turns alike.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<super::mcp::AgentTool>,
 }
 
 impl Agent {

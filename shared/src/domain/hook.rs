@@ -276,15 +276,16 @@ pub struct Hook {
     pub unreadable: Option<Unreadable>,
 }
 
-mod secret_string {
+/// A [`Secret`] stored as its string (sealed by the store adapters before it is written).
+pub(crate) mod secret_string {
     use serde::{Deserialize, Deserializer, Serializer};
 
     use crate::domain::Secret;
 
-    pub(super) fn serialize<S: Serializer>(s: &Secret, ser: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(s: &Secret, ser: S) -> Result<S::Ok, S::Error> {
         ser.serialize_str(s.expose())
     }
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
         String::deserialize(d).map(Secret::new)
     }
 }

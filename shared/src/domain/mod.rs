@@ -10,6 +10,7 @@ mod hook;
 mod hook_delivery;
 mod hook_type;
 mod ids;
+mod mcp;
 mod memory;
 mod new_agent;
 mod reply;
@@ -50,6 +51,9 @@ pub use ids::{
     ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
     RequestId, SessionId, SignalId, SubscriptionId, TokenId, ToolName, TurnId, WebhookId,
     first_id_at, quote_input,
+};
+pub use mcp::{
+    AgentTool, MAX_MCP_TOOLS, MCP_PREFIX, McpHeader, McpServer, McpTool, OfferedTool, offered,
 };
 pub use memory::{
     DotQuery, Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus,

@@ -46,6 +46,8 @@ pub struct NewAgent {
     pub retention: Option<Retention>,
     /// `--auto-pause-after` (default 30 days of silence).
     pub auto_pause_after: Option<AutoPause>,
+    /// The MCP servers whose tools it may call.
+    pub tools: Vec<super::mcp::AgentTool>,
 }
 
 impl NewAgent {
@@ -68,6 +70,7 @@ impl NewAgent {
             think: ThinkPolicy::Auto,
             retention: None,
             auto_pause_after: None,
+            tools: Vec::new(),
         }
     }
 
@@ -101,6 +104,7 @@ impl NewAgent {
             think: self.think,
             next_wake: None,
             retention: self.retention,
+            tools: self.tools,
         }
         .validated()?;
         let due = agent.in_active_hours(now);
@@ -154,6 +158,8 @@ pub struct AgentChanges {
     pub auto_pause_after: Option<Option<AutoPause>>,
     /// Memory half-life; `Some(None)` goes back to 30 days.
     pub memory_half_life: Option<Option<Interval>>,
+    /// The MCP servers it may use (replaces the list; empty for none).
+    pub tools: Option<Vec<super::mcp::AgentTool>>,
 }
 
 impl AgentChanges {
@@ -180,6 +186,7 @@ impl AgentChanges {
             && self.retention.is_none()
             && self.auto_pause_after.is_none()
             && self.memory_half_life.is_none()
+            && self.tools.is_none()
     }
 
     /// `agent` with the changes, validated as on create.
@@ -211,6 +218,7 @@ impl AgentChanges {
         set(&mut a.retention, &self.retention);
         set(&mut a.auto_pause_after, &self.auto_pause_after);
         set(&mut a.memory_half_life, &self.memory_half_life);
+        set(&mut a.tools, &self.tools);
         a.validated()
     }
 }

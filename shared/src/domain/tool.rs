@@ -27,6 +27,9 @@ pub enum ToolKind {
     /// The built-in heartbeat agent: an LLM tool loop with speak, remember, recall and
     /// emit_event.
     HeartbeatAgent,
+    /// An MCP server whose tools the agents attached to it may call (never run on
+    /// events: subscriptions name the other kinds).
+    Mcp(Box<super::mcp::McpServer>),
 }
 
 /// A capability agents can use, registered once and shared by all agents.
@@ -44,6 +47,10 @@ pub struct Tool {
     pub config: Value,
     /// A disabled tool matches no subscription.
     pub active: bool,
+    /// Whether calling it twice does no harm (`--idempotent`): a call whose answer was
+    /// lost may then be made again; otherwise it is recorded UNKNOWN for an operator.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idempotent: bool,
     /// When it was registered.
     pub created_at: Timestamp,
 }
@@ -59,27 +66,12 @@ impl Tool {
         timeout: Duration,
         now: Timestamp,
     ) -> Result<Self, ValidationError> {
-        let url = Url::parse(url)
-            .map_err(|e| ValidationError::new("tool url", format!("{url:?} is not a URL: {e}")))?;
-        if !url.username().is_empty() || url.password().is_some() {
-            // Checked first, so the error never repeats the credentials.
-            return Err(ValidationError::new(
-                "tool url",
-                "credentials in a tool URL end up in listings, action errors and logs; take them out of the URL (a tool authenticates Pulse by its own means, e.g. a secret in --config)",
-            ));
-        }
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-            return Err(ValidationError::new(
-                "tool url",
-                format!("{url} must be an http:// or https:// URL with a host"),
-            ));
-        }
-        if timeout.is_zero() || timeout > Duration::from_secs(900) {
-            return Err(ValidationError::new(
-                "tool timeout",
-                "use a timeout between 1ms and 15m",
-            ));
-        }
+        let url = web_url(
+            "tool url",
+            url,
+            "credentials in a tool URL end up in listings, action errors and logs; take them out of the URL (a tool authenticates Pulse by its own means, e.g. a secret in --config)",
+        )?;
+        check_timeout("tool timeout", timeout)?;
         Ok(Self {
             name,
             description: None,
@@ -89,9 +81,74 @@ impl Tool {
             },
             config: Value::Null,
             active: true,
+            idempotent: false,
             created_at: now,
         })
     }
+
+    /// A new active MCP server tool, its tools not listed yet.
+    pub fn mcp(name: ToolName, server: super::mcp::McpServer, now: Timestamp) -> Self {
+        Self {
+            name,
+            description: None,
+            kind: ToolKind::Mcp(Box::new(server)),
+            config: Value::Null,
+            active: true,
+            idempotent: false,
+            created_at: now,
+        }
+    }
+
+    /// The tool as it may be shown: an MCP server's header values replaced by `***`.
+    pub fn redacted(&self) -> Self {
+        let mut shown = self.clone();
+        if let ToolKind::Mcp(s) = &mut shown.kind {
+            for h in &mut s.headers {
+                h.value = super::chat::Secret::new("***");
+            }
+        }
+        shown
+    }
+
+    /// The MCP server it is, if it is one.
+    pub fn mcp_server(&self) -> Option<&super::mcp::McpServer> {
+        match &self.kind {
+            ToolKind::Mcp(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// `s` as an `http`/`https` URL with a host. Credentials in it are refused first, with
+/// `credentials` (where they go instead), so the error never repeats them.
+pub(super) fn web_url(
+    what: &'static str,
+    s: &str,
+    credentials: &'static str,
+) -> Result<Url, ValidationError> {
+    let url = Url::parse(s)
+        .map_err(|e| ValidationError::new(what, format!("{s:?} is not a URL: {e}")))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ValidationError::new(what, credentials));
+    }
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(ValidationError::new(
+            what,
+            format!("{url} must be an http:// or https:// URL with a host"),
+        ));
+    }
+    Ok(url)
+}
+
+/// A call's timeout: from 1 ms to 15 minutes.
+pub(super) fn check_timeout(what: &'static str, timeout: Duration) -> Result<(), ValidationError> {
+    if timeout.is_zero() || timeout > Duration::from_secs(900) {
+        return Err(ValidationError::new(
+            what,
+            "use a timeout between 1ms and 15m",
+        ));
+    }
+    Ok(())
 }
 
 /// Conditions an event must meet, beyond its type, for a subscription to fire.
@@ -211,7 +268,7 @@ impl Registry {
             .filter_map(|s| {
                 self.tools
                     .iter()
-                    .find(|t| t.name == s.tool && t.active)
+                    .find(|t| t.name == s.tool && t.active && t.mcp_server().is_none())
                     .map(|t| (s, t))
             })
             .collect();
@@ -235,6 +292,7 @@ impl Tool {
                     .to_owned(),
             ),
             kind: ToolKind::HeartbeatAgent,
+            idempotent: false,
             config: Value::Null,
             active: true,
             created_at: Timestamp::UNIX_EPOCH,

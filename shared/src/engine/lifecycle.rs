@@ -141,6 +141,9 @@ impl Lifecycle {
     ) -> Result<Updated, LifecycleError> {
         let before = self.agent(id).await?;
         let agent = changes.apply(&before)?;
+        if let Some(tools) = &changes.tools {
+            self.check_tools(tools).await?;
+        }
         self.store
             .update_agent(&agent, &before)
             .await
@@ -160,6 +163,38 @@ impl Lifecycle {
         }
         info!(agent_id = %id, replanned = ?replanned, "agent updated");
         Ok(Updated { agent, replanned })
+    }
+
+    /// Every tool given to an agent is a registered MCP server.
+    async fn check_tools(&self, tools: &[crate::domain::AgentTool]) -> Result<(), LifecycleError> {
+        if tools.is_empty() {
+            return Ok(());
+        }
+        let registry = self
+            .store
+            .load_registry()
+            .await
+            .map_err(LifecycleError::Store)?;
+        for t in tools {
+            match registry.tools.iter().find(|r| r.name == t.server) {
+                Some(r) if r.mcp_server().is_some() => {}
+                Some(_) => {
+                    return Err(ValidationError::new(
+                        "tools",
+                        format!("{} is not an MCP server: HTTP tools run on events through subscriptions (`pulse subscriptions add`)", t.server),
+                    )
+                    .into());
+                }
+                None => {
+                    return Err(ValidationError::new(
+                        "tools",
+                        format!("there is no MCP server {}: add it with `pulse tools add-mcp {} --url URL`", t.server, t.server),
+                    )
+                    .into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// When `pending` is due under the agent's new plan.

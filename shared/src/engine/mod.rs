@@ -14,6 +14,7 @@
 //!   delivers them, one attempt per message, retrying by re-enqueueing with a delay.
 
 pub mod actions;
+pub mod agent_tools;
 pub mod budget;
 mod conversation;
 pub mod framing;

@@ -261,6 +261,41 @@ impl EncryptionKeys {
         Ok(stored)
     }
 
+    /// The tool as stored: an MCP server's header values sealed.
+    pub fn seal_tool(&self, tool: &crate::domain::Tool) -> Result<crate::domain::Tool, SealError> {
+        let mut stored = tool.clone();
+        if let crate::domain::ToolKind::Mcp(server) = &mut stored.kind {
+            if server.unreadable.is_some() {
+                // Read unopened: its values are still sealed as they were read.
+                return Ok(stored);
+            }
+            for h in &mut server.headers {
+                let context = format!("tool:{}:header:{}", tool.name, h.name.to_ascii_lowercase());
+                self.seal_secret(&mut h.value, &context, false)?;
+            }
+        }
+        Ok(stored)
+    }
+
+    /// Opens a stored tool's header values. One no configured key opens is kept sealed
+    /// and the server marked unreadable (it is not called, and says why); never fails.
+    pub fn open_tool(&self, tool: &mut crate::domain::Tool) {
+        let name = tool.name.clone();
+        if let crate::domain::ToolKind::Mcp(server) = &mut tool.kind {
+            let mut opened = server.headers.clone();
+            for h in &mut opened {
+                let context = format!("tool:{name}:header:{}", h.name.to_ascii_lowercase());
+                if let Err(e) = self.open_secret(&mut h.value, &context) {
+                    server.unreadable = Some(format!(
+                        "the headers of MCP server {name} cannot be read ({e}); add it again with its headers"
+                    ));
+                    return;
+                }
+            }
+            server.headers = opened;
+        }
+    }
+
     /// Opens a stored hook's secrets; `Stale` if any should be sealed again.
     pub fn open_hook(&self, hook: &mut Hook) -> Result<Stored, SealError> {
         let mut state = self.open_secret(&mut hook.secret, &format!("hook:{}:secret", hook.id))?;
@@ -339,6 +374,49 @@ impl SealedRecord for Hook {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_mcp_servers_headers_are_sealed_and_one_no_key_opens_is_marked_not_called() {
+        use crate::domain::{McpHeader, McpServer, Tool, ToolName};
+        let keys = EncryptionKeys::parse(&EncryptionKeys::new_key(), None).unwrap();
+        let server = McpServer::new(
+            "https://mcp.example.com/mcp",
+            vec![McpHeader::parse("Authorization: Bearer s3cret").unwrap()],
+            Vec::new(),
+            McpServer::DEFAULT_TIMEOUT,
+        )
+        .unwrap();
+        let tool = Tool::mcp(
+            ToolName::parse("cal").unwrap(),
+            server,
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let stored = keys.seal_tool(&tool).unwrap();
+        let doc = serde_json::to_string(&stored).unwrap();
+        assert!(
+            !doc.contains("s3cret") && doc.contains(SEALED_PREFIX),
+            "{doc}"
+        );
+        let mut read = stored.clone();
+        keys.open_tool(&mut read);
+        assert_eq!(read, tool);
+        // Another deployment's key: kept sealed, marked, never sent.
+        let other = EncryptionKeys::parse(&EncryptionKeys::new_key(), None).unwrap();
+        let mut lost = stored.clone();
+        other.open_tool(&mut lost);
+        let m = lost.mcp_server().unwrap();
+        assert!(
+            m.unreadable
+                .as_deref()
+                .is_some_and(|w| w.contains("add it again"))
+        );
+        assert!(m.headers[0].value.expose().starts_with(SEALED_PREFIX));
+        assert_eq!(
+            other.seal_tool(&lost).unwrap(),
+            lost,
+            "written back as it was read"
+        );
+    }
 
     #[test]
     fn a_sealed_value_opens_only_with_its_key_and_its_context() {

@@ -3,6 +3,7 @@
 
 mod heartbeat_agent;
 mod http;
+mod mcp;
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use pulse_egress::Egress;
 
 pub use heartbeat_agent::HeartbeatAgent;
 pub use http::HttpTool;
+pub use mcp::{MAX_ANSWER, McpCall, McpClients};
 
 use crate::domain::{Subscription, Tool, ToolKind, ToolRequest, builtin_tools};
 use crate::ports::{ToolCall, ToolFailure, ToolRunner};
@@ -58,6 +60,13 @@ impl ToolRunner for Tools {
                     .call(url, Duration::from_millis(*timeout_ms), request)
                     .await
             }
+            ToolKind::Mcp(_) => ToolCall {
+                result: Err(ToolFailure::Unavailable(format!(
+                    "{} is an MCP server: its tools are called by the agents attached to it (`pulse agents update A --tools mcp:{}`), not run on events",
+                    tool.name, tool.name
+                ))),
+                response_meta: None,
+            },
             ToolKind::HeartbeatAgent => match &self.heartbeat_agent {
                 Some(agent) => agent.call(request).await,
                 None => ToolCall {

@@ -287,6 +287,10 @@ pub(crate) async fn tools(
                     td { @match &t.kind {
                         pulse_shared::domain::ToolKind::Http { url, .. } => code { (url) },
                         pulse_shared::domain::ToolKind::HeartbeatAgent => "built in",
+                        pulse_shared::domain::ToolKind::Mcp(m) => {
+                            "MCP " code { (m.url) } " · " (m.allowed().count()) " tools"
+                            @if agent.tools.iter().any(|a| a.server == t.name) { " · attached" }
+                        },
                     } }
                     td.wrap { (t.description.clone().unwrap_or_default()) }
                     td { (switch(&d, &back, &format!("/ui/agents/{}/tools/{}", agent.id, t.name), t.active)) }

@@ -6,8 +6,8 @@ pub(crate) use lifecycle::lifecycle_failure;
 
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
-    ActiveHours, Agent, AgentChanges, AgentLlm, AutoPause, Budgets, DiscordAccess, DiscordListen,
-    Interval, NewAgent, ProviderKind, Retention, ThinkPolicy, TimeZoneName,
+    ActiveHours, Agent, AgentChanges, AgentLlm, AgentTool, AutoPause, Budgets, DiscordAccess,
+    DiscordListen, Interval, NewAgent, ProviderKind, Retention, ThinkPolicy, TimeZoneName,
 };
 use pulse_shared::engine::budget;
 
@@ -143,6 +143,10 @@ pub(crate) struct UpdateAgent {
     /// goes back to 30d.
     #[arg(long, value_name = "DURATION|off")]
     auto_pause_after: Option<String>,
+    /// The MCP servers whose tools it may call, in heartbeats and chat turns
+    /// (mcp:NAME,...; replaces the list; "" detaches them all).
+    #[arg(long, value_name = "mcp:NAME,...")]
+    tools: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -348,6 +352,12 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .think
             .as_deref()
             .map(ThinkPolicy::parse)
+            .transpose()
+            .map_err(input)?,
+        tools: a
+            .tools
+            .as_deref()
+            .map(AgentTool::parse_list)
             .transpose()
             .map_err(input)?,
     };

@@ -105,6 +105,7 @@ fn version_of(item: &Item) -> Option<u64> {
 #[async_trait]
 impl ToolRegistry for DynamoStore {
     async fn add_tool(&self, tool: &Tool) -> Result<(), StoreError> {
+        let tool = &self.keys.seal_tool(tool)?;
         let put = self.registry_put(
             format!("T#{}", tool.name),
             tool,
@@ -130,6 +131,7 @@ impl ToolRegistry for DynamoStore {
     }
 
     async fn update_tool(&self, tool: &Tool) -> Result<(), StoreError> {
+        let tool = &self.keys.seal_tool(tool)?;
         let put = self.registry_put(
             format!("T#{}", tool.name),
             tool,
@@ -212,6 +214,7 @@ impl ToolRegistry for DynamoStore {
             } else if sk.starts_with("T#") {
                 let mut t: Tool = read_doc(&item)?;
                 t.active = active_flag(&item).unwrap_or(t.active);
+                self.keys.open_tool(&mut t);
                 registry.tools.push(t);
             } else if sk.starts_with("S#") {
                 let mut sub: Subscription = read_doc(&item)?;

@@ -12,7 +12,7 @@ use crate::ports::ToolRegistry;
 #[async_trait]
 impl ToolRegistry for SqliteStore {
     async fn add_tool(&self, tool: &Tool) -> Result<(), StoreError> {
-        let tool = tool.clone();
+        let tool = self.keys.seal_tool(tool)?;
         self.db
             .call("add tool", move |conn| {
                 let n = conn
@@ -47,7 +47,7 @@ impl ToolRegistry for SqliteStore {
     }
 
     async fn update_tool(&self, tool: &Tool) -> Result<(), StoreError> {
-        let tool = tool.clone();
+        let tool = self.keys.seal_tool(tool)?;
         self.db
             .call("update tool", move |conn| {
                 let n = conn
@@ -139,7 +139,8 @@ impl ToolRegistry for SqliteStore {
     }
 
     async fn load_registry(&self) -> Result<Registry, StoreError> {
-        self.db
+        let mut registry: Registry = self
+            .db
             .call("load registry", |conn| {
                 let tx = conn.transaction().map_err(sqlite_err("load registry"))?;
                 let tools = read_docs(
@@ -161,7 +162,11 @@ impl ToolRegistry for SqliteStore {
                     version,
                 })
             })
-            .await
+            .await?;
+        for t in &mut registry.tools {
+            self.keys.open_tool(t);
+        }
+        Ok(registry)
     }
 
     async fn registry_version(&self) -> Result<u64, StoreError> {

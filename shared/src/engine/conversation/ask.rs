@@ -59,8 +59,10 @@ impl Conversation {
             provider: llm.provider().to_owned(),
             ..Asked::default()
         };
-        let mut tools = memory::specs("in later conversations and heartbeats");
-        tools.push(reminders::tool_spec());
+        let mut own = memory::specs("in later conversations and heartbeats");
+        own.push(reminders::tool_spec());
+        let (tools, offer) =
+            crate::engine::agent_tools::with_own(self.agent_tools.as_deref(), agent, own).await;
         let budgets = &agent.budgets;
         let steps = budgets.max_steps.max(1);
         let mut last_input = 0;
@@ -126,8 +128,13 @@ impl Conversation {
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
+                let key = format!("{turn_id}.{calls}");
                 calls += 1;
-                let result = self.run_tool(agent, call, id, &cx).await;
+                let result = match &self.agent_tools {
+                    Some(at) if offer.offers(&call.name) => at.run(&offer, call, &key).await,
+                    _ => Some(self.run_tool(agent, call, id, &cx).await),
+                }
+                .unwrap_or_else(|| Err(format!("no tool {}", call.name)));
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
                 let (step, message) = transcript::tool_step(call, result);
                 asked.steps.push(step);

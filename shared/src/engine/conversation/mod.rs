@@ -91,6 +91,7 @@ pub struct Conversation {
     images: Option<Arc<dyn ImageFetcher>>,
     memories: Arc<memory::Memories>,
     lifecycle: Option<Arc<crate::engine::Lifecycle>>,
+    agent_tools: Option<Arc<crate::engine::agent_tools::AgentTools>>,
 }
 
 impl Conversation {
@@ -114,7 +115,14 @@ impl Conversation {
             images: None,
             memories,
             lifecycle: None,
+            agent_tools: None,
         }
+    }
+
+    /// Offers the model the tools of the MCP servers each agent is attached to.
+    pub fn with_agent_tools(mut self, tools: Arc<crate::engine::agent_tools::AgentTools>) -> Self {
+        self.agent_tools = Some(tools);
+        self
     }
 
     /// Fetches the images users send with `fetcher` when the model cannot reach their

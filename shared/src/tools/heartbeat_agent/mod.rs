@@ -22,8 +22,13 @@ use tracing::{info, warn};
 use crate::domain::{
     Agent, ChatMessage, ContentBlock, Event, LlmRequest, Memory, MemoryId, MemoryKind,
     MemorySource, NewEvent, OutgoingTask, REMEMBER, Role, Signal, SignalId, SignalKind, SignalMeta,
-    StopReason, ToolRequest, ToolResponse, ToolSpec, ToolUse, Usage,
+    StopReason, ToolRequest, ToolResponse, ToolUse, Usage,
 };
+mod prompt;
+
+use prompt::{MAX_EVENTS_SHOWN, about, briefing, clip, system_prompt, tool_specs};
+
+use crate::engine::agent_tools::{AgentTools, Offer};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
 use crate::engine::reminders::{self, ScheduleLimits};
@@ -31,10 +36,6 @@ use crate::engine::{framing, transcript};
 use crate::error::chain;
 use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
-/// Events shown to the model per run; the rest are counted.
-const MAX_EVENTS_SHOWN: usize = 50;
-/// Characters of one event's payload shown to the model.
-const MAX_PAYLOAD_CHARS: usize = 500;
 /// Conversation messages in the digest.
 const DIGEST_MESSAGES: usize = 6;
 /// Tokens the model may write per step.
@@ -49,6 +50,7 @@ pub struct HeartbeatAgent {
     clock: Arc<dyn Clock>,
     schedules: ScheduleLimits,
     memories: Arc<memory::Memories>,
+    agent_tools: Option<Arc<AgentTools>>,
 }
 
 /// What the run did, step by step: the action's output.
@@ -61,6 +63,8 @@ struct Transcript {
     budget_stop: Option<String>,
     provider: String,
     model: String,
+    /// Tool calls made so far: the next one's place in the run.
+    calls: usize,
     /// Schedules made with the `schedule` tool: the runner files the next heartbeat no
     /// later than their first wake.
     scheduled: Vec<String>,
@@ -104,7 +108,14 @@ impl HeartbeatAgent {
             clock,
             schedules: ScheduleLimits::default(),
             memories,
+            agent_tools: None,
         }
+    }
+
+    /// Offers the model the tools of the MCP servers each agent is attached to.
+    pub fn with_agent_tools(mut self, tools: Arc<AgentTools>) -> Self {
+        self.agent_tools = Some(tools);
+        self
     }
 
     /// Bounds the schedules its `schedule` tool makes by `limits`.
@@ -188,9 +199,10 @@ impl HeartbeatAgent {
             ChatMessage::system(system_prompt(&agent)),
             ChatMessage::user(briefing(&agent, req, &window, &digest, known.as_deref())),
         ];
-        let tools = tool_specs();
+        let (tools, offer) =
+            crate::engine::agent_tools::with_own(self.agent_tools.as_deref(), &agent, tool_specs())
+                .await;
         let budgets = agent.budgets;
-        let mut calls = 0usize;
         // The last prompt's size, in tokens: the next one is at least as long.
         let mut last_input = 0u64;
         for step in 0..budgets.max_steps {
@@ -270,7 +282,7 @@ impl HeartbeatAgent {
                 return Ok(None);
             }
             if let Some(why) = self
-                .answer_calls(req, &agent, &resp.tool_calls, &mut calls, t, &mut messages)
+                .answer_calls(req, &agent, &offer, &resp.tool_calls, t, &mut messages)
                 .await?
             {
                 return Ok(Some(why));
@@ -325,8 +337,8 @@ impl HeartbeatAgent {
         &self,
         req: &ToolRequest,
         agent: &Agent,
+        offer: &Offer,
         tool_calls: &[ToolUse],
-        calls: &mut usize,
         t: &mut Transcript,
         messages: &mut Vec<ChatMessage>,
     ) -> Result<Option<String>, String> {
@@ -336,8 +348,9 @@ impl HeartbeatAgent {
             {
                 return Ok(Some(why));
             }
-            let result = self.run_tool(req, agent, call, *calls, t).await;
-            *calls += 1;
+            let index = t.calls;
+            t.calls += 1;
+            let result = self.run_tool(req, agent, offer, call, index, t).await;
             info!(tool = %call.name, is_error = result.is_err(), "heartbeat agent tool call");
             let (step, message) = transcript::tool_step(call, result);
             t.steps.push(step);
@@ -454,6 +467,7 @@ impl HeartbeatAgent {
         &self,
         req: &ToolRequest,
         agent: &Agent,
+        offer: &Offer,
         call: &ToolUse,
         index: usize,
         t: &mut Transcript,
@@ -543,9 +557,17 @@ impl HeartbeatAgent {
                 t.new_events.push(event);
                 Ok(json!({"emitted": true, "type": ty}))
             }
-            other => Err(format!(
-                "there is no tool {other:?}; use speak, remember, recall, emit_event or schedule"
-            )),
+            other => match &self.agent_tools {
+                Some(at) if offer.offers(other) => {
+                    let key = format!("{}.{index}", req.action_id);
+                    at.run(offer, call, &key)
+                        .await
+                        .unwrap_or_else(|| Err(format!("no tool {other}")))
+                }
+                _ => Err(format!(
+                    "there is no tool {other:?}; use speak, remember, recall, emit_event or schedule"
+                )),
+            },
         }
     }
 }
@@ -563,136 +585,4 @@ fn interruption(agent: &Agent, req: &ToolRequest) -> Option<String> {
         )),
         _ => None,
     }
-}
-
-fn clip(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_owned()
-    } else {
-        let mut out: String = s.chars().take(max).collect();
-        out.push('…');
-        out
-    }
-}
-
-fn system_prompt(agent: &Agent) -> String {
-    let persona = agent
-        .persona
-        .clone()
-        .unwrap_or_else(|| format!("You are {}, an autonomous assistant.", agent.name));
-    format!(
-        "{persona}\n\nThis is your heartbeat: you woke on your own schedule, not because the user wrote. \
-         Look at what happened since you last woke and decide whether anything is worth telling the user. \
-         If it is, call speak with your thought (what you want to bring up and why); your conversational \
-         self will phrase it. If nothing is worth saying, do not call speak: silence is a fine outcome. \
-         Use remember for facts worth keeping, recall to look them up, emit_event to raise events for \
-         other tools, schedule to wake yourself at a later time (a SCHEDULED event brings its note back). \
-         Be brief; every step costs.\n\n{}",
-        framing::EXPLAINED
-    )
-}
-
-/// What the heartbeat's memories are recalled for: its window's events (their types and
-/// payloads), or, with none, its instructions.
-fn about(agent: &Agent, window: &[Event]) -> String {
-    if window.is_empty() {
-        return agent.instructions.clone().unwrap_or_default();
-    }
-    window
-        .iter()
-        .map(|e| format!("{} {}", e.event_type, clip(&e.payload.to_string(), 500)))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn briefing(
-    agent: &Agent,
-    req: &ToolRequest,
-    window: &[Event],
-    digest: &[String],
-    known: Option<&str>,
-) -> String {
-    let mut out = String::new();
-    out.push_str("Heartbeat instructions:\n");
-    out.push_str(
-        agent
-            .instructions
-            .as_deref()
-            .unwrap_or("(none: use your judgement)"),
-    );
-    out.push_str(&format!(
-        "\n\nBeats: {}\nNow: {}\n",
-        json!({"beat": req.heartbeat.beats.beat, "since_last": req.heartbeat.beats.since_last}),
-        req.heartbeat.started_at
-    ));
-    out.push_str(&format!(
-        "\nEvents since you last woke ({}):\n",
-        window.len()
-    ));
-    if window.is_empty() {
-        out.push_str("(none)\n");
-    }
-    for e in window {
-        let from = format!(
-            "event {} (priority {}, from {}, at {})",
-            e.event_type,
-            e.priority.get(),
-            e.source,
-            e.created_at
-        );
-        let payload = e.payload.to_string();
-        // Whole when it fits; cut (as text) when it does not.
-        let line = if payload.chars().count() <= MAX_PAYLOAD_CHARS {
-            framing::frame_data(&from, &e.payload)
-        } else {
-            framing::frame(&from, &clip(&payload, MAX_PAYLOAD_CHARS))
-        };
-        out.push_str(&line);
-        out.push('\n');
-    }
-    if let Some(known) = known {
-        out.push_str("\nWhat you remember that bears on this:\n");
-        out.push_str(known);
-        out.push('\n');
-    }
-    out.push_str("\nRecent conversation:\n");
-    if digest.is_empty() {
-        out.push_str("(none yet)\n");
-    }
-    for line in digest {
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
-fn tool_specs() -> Vec<ToolSpec> {
-    let mut specs = vec![
-        ToolSpec {
-            name: "speak".to_owned(),
-            description: "Communicate something to the user. Use when you have something worth saying: a proactive check-in, a reminder, a thought to share. Returns at once; your conversational self phrases and sends it.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"thought": {"type": "string", "description": "Your thought, e.g. 'The user mentioned a deadline tomorrow; I should check in about it'"}},
-                "required": ["thought"]
-            }),
-        },
-        ToolSpec {
-            name: "emit_event".to_owned(),
-            description: "Raise an event in your log; subscribed tools process it in this same heartbeat.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "type": {"type": "string", "description": "Event type, e.g. REMINDER_DUE"},
-                    "payload": {"type": "object"},
-                    "priority": {"type": "integer", "minimum": 1, "maximum": 10, "description": "1 highest, 10 lowest; 5 if left out"}
-                },
-                "required": ["type"]
-            }),
-        },
-    ];
-    // After speak, as before: remember, recall; schedule last.
-    specs.splice(1..1, memory::specs("in later heartbeats and conversations"));
-    specs.push(reminders::tool_spec());
-    specs
 }

@@ -1,0 +1,177 @@
+//! `pulse tools add-mcp` and `pulse tools refresh`: MCP servers as agent tools.
+
+use clap::Args;
+use pulse_shared::app::Services;
+use pulse_shared::domain::{McpHeader, McpServer, Tool, ToolName};
+
+use super::{Ctx, input, store};
+use crate::Failure;
+
+#[derive(Args, Debug)]
+pub(crate) struct AddMcp {
+    /// Its name: agents are given it as mcp:NAME, and the model sees its tools as
+    /// NAME__tool.
+    name: String,
+    /// Its streamable HTTP endpoint (https://…/mcp).
+    #[arg(long)]
+    url: String,
+    /// A header sent with every request, "Name: value" (repeat for more). Stored
+    /// encrypted; never listed.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+    /// Only these of its tools are offered (comma-separated; default: all it lists).
+    #[arg(long, value_name = "TOOL,...")]
+    allow: Option<String>,
+    /// How long one call may take.
+    #[arg(long, default_value = "30s")]
+    timeout: String,
+    /// Its tools may be called again after a call whose answer was lost (they do no
+    /// harm twice); otherwise such a call is reported to the model as not known.
+    #[arg(long)]
+    idempotent: bool,
+    /// What it is, for people.
+    #[arg(long)]
+    description: Option<String>,
+}
+
+/// The server `a` describes, not listed yet.
+pub(crate) fn plan(a: AddMcp, now: jiff::Timestamp) -> Result<Tool, Failure> {
+    let name = ToolName::parse(&a.name).map_err(input)?;
+    let headers = a
+        .headers
+        .iter()
+        .map(|h| McpHeader::parse(h))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(input)?;
+    let allow = a
+        .allow
+        .as_deref()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let timeout = pulse_shared::domain::parse_duration("timeout", &a.timeout).map_err(input)?;
+    if timeout.is_negative() {
+        return Err(Failure::Input("--timeout must not be negative".into()));
+    }
+    let server = McpServer::new(&a.url, headers, allow, timeout.unsigned_abs()).map_err(input)?;
+    let mut tool = Tool::mcp(name, server, now);
+    tool.idempotent = a.idempotent;
+    tool.description = a.description;
+    Ok(tool)
+}
+
+/// A server's line in `tools list`: its tools, and when they were listed.
+pub(crate) fn summary(m: &McpServer, description: Option<&str>) -> String {
+    let tools: Vec<&str> = m.allowed().map(|t| t.name.as_str()).collect();
+    let listed = m
+        .listed_at
+        .map_or("never listed".to_owned(), |t| format!("listed {t}"));
+    let mut line = format!("{} tools ({}); {listed}", tools.len(), tools.join(", "));
+    if let Some(d) = description {
+        line = format!("{d}; {line}");
+    }
+    line
+}
+
+/// `tools add-mcp`: lists the server's tools first — a server that cannot be reached or
+/// does not speak MCP is refused with nothing stored — then registers it with them.
+pub(crate) async fn add(mut tool: Tool, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let services = Services::from_config(cx.config);
+    let agent_tools = cx.b.agent_tools(cx.clock.clone(), &services);
+    let server = tool
+        .mcp_server()
+        .cloned()
+        .expect("planned as an MCP server");
+    let (tools, left_out) = agent_tools
+        .clients()
+        .list(&tool.name, &server)
+        .await
+        .map_err(|why| Failure::Input(format!("{why}; nothing was registered")))?;
+    let mut listed = server;
+    listed.tools = tools;
+    listed.listed_at = Some(cx.clock.now());
+    let missing = listed.missing_allowed();
+    if !missing.is_empty() {
+        let have: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
+        return Err(Failure::Input(format!(
+            "--allow names tools the server does not list: {}; it lists {}",
+            missing.join(", "),
+            have.join(", ")
+        )));
+    }
+    tool.kind = pulse_shared::domain::ToolKind::Mcp(Box::new(listed));
+    cx.b.store.add_tool(&tool).await.map_err(store)?;
+    let m = tool.mcp_server().expect("an MCP server");
+    let mut line = format!(
+        "registered MCP server {}: {}; give it to an agent with `pulse agents update AGENT --tools mcp:{}`",
+        tool.name,
+        summary(m, None),
+        tool.name
+    );
+    for why in left_out {
+        line.push_str(&format!("\nleft out: {why}"));
+    }
+    cx.out.created(&tool.redacted(), tool.name.as_str(), &line);
+    Ok(())
+}
+
+/// `tools refresh NAME`.
+pub(crate) async fn refresh(name: &ToolName, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let registry = cx.b.store.load_registry().await?;
+    let tool = registry
+        .tools
+        .iter()
+        .find(|t| t.name == *name)
+        .ok_or_else(|| {
+            Failure::Input(format!(
+                "there is no MCP server {name}; `pulse tools list` shows the tools"
+            ))
+        })?;
+    if tool.mcp_server().is_none() {
+        return Err(Failure::Input(format!(
+            "{name} is not an MCP server: only MCP servers have tools to list"
+        )));
+    }
+    let services = Services::from_config(cx.config);
+    let agent_tools = cx.b.agent_tools(cx.clock.clone(), &services);
+    let (fresh, left_out) = agent_tools
+        .refresh(tool)
+        .await
+        .map_err(|why| Failure::Runtime(anyhow::anyhow!("{why}; the stored list is kept")))?;
+    let m = fresh.mcp_server().expect("an MCP server");
+    let mut line = format!("MCP server {name}: {}", summary(m, None));
+    let missing = m.missing_allowed();
+    if !missing.is_empty() {
+        line.push_str(&format!(
+            "\nits allow-list names tools it no longer lists: {}",
+            missing.join(", ")
+        ));
+    }
+    for why in left_out {
+        line.push_str(&format!("\nleft out: {why}"));
+    }
+    cx.out.created(&fresh.redacted(), name.as_str(), &line);
+    Ok(())
+}
+
+/// Refuses to remove an MCP server agents are still given.
+pub(crate) async fn refuse_attached(cx: &Ctx<'_>, name: &ToolName) -> Result<(), Failure> {
+    let attached: Vec<String> =
+        cx.b.store
+            .list_agents()
+            .await?
+            .into_iter()
+            .filter(|a| a.tools.iter().any(|t| t.server == *name))
+            .map(|a| format!("{} ({})", a.name, a.id))
+            .collect();
+    if attached.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::Input(format!(
+        "MCP server {name} is given to {}: take it from them first with `pulse agents update AGENT --tools …`",
+        attached.join(", ")
+    )))
+}

@@ -1,0 +1,291 @@
+//! The tools an agent is given beyond Pulse's own: the tools of the MCP servers it is
+//! attached to (`pulse agents update A --tools mcp:NAME`), offered to the model in its
+//! heartbeats and its chat turns alike.
+//!
+//! An agent with nothing attached costs nothing here: no read is made. Otherwise the
+//! registry is read once per run and each attached, active server's stored list is
+//! offered (see [`crate::domain::offered`] for the names). A server that said its list
+//! changed is listed again, and the new list stored, before it is offered.
+//!
+//! A call is checked against the tool's schema (an object, its required properties)
+//! before it is sent; what comes back — the server's answer, its `isError`, or a call
+//! whose answer was lost — reaches the model as the call's result, so it can say so
+//! rather than guess.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::domain::{Agent, McpServer, OfferedTool, Tool, ToolKind, ToolName, ToolSpec, ToolUse};
+use crate::error::chain;
+use crate::ports::{Clock, Store};
+use crate::tools::{McpCall, McpClients};
+
+/// The MCP tools of the agents, and the sessions their calls go through.
+#[derive(Clone)]
+pub struct AgentTools {
+    store: Arc<dyn Store>,
+    clients: McpClients,
+    clock: Arc<dyn Clock>,
+}
+
+/// What one run offers the model, and where each call goes.
+#[derive(Default)]
+pub struct Offer {
+    tools: Vec<OfferedTool>,
+    servers: HashMap<ToolName, McpServer>,
+}
+
+impl Offer {
+    /// The tools' definitions for the model.
+    pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {
+        self.tools.iter().map(|t| &t.spec)
+    }
+
+    /// Whether `name` is one of the offered tools.
+    pub fn offers(&self, name: &str) -> bool {
+        self.tools.iter().any(|t| t.model_name == name)
+    }
+}
+
+impl AgentTools {
+    /// Over `store`, calling servers through `clients`.
+    pub fn new(store: Arc<dyn Store>, clients: McpClients, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            store,
+            clients,
+            clock,
+        }
+    }
+
+    /// The sessions with the servers.
+    pub fn clients(&self) -> &McpClients {
+        &self.clients
+    }
+
+    /// What `agent` is offered, named apart from `taken` (Pulse's own tools). A failure
+    /// to read the registry offers nothing, and says so in the log: the run goes on
+    /// with Pulse's own tools.
+    pub async fn offer(&self, agent: &Agent, taken: &[&str]) -> Offer {
+        if agent.tools.is_empty() {
+            return Offer::default();
+        }
+        let registry = match self.store.load_registry().await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %chain(&e), "the agent's MCP tools could not be read; this run goes without them");
+                return Offer::default();
+            }
+        };
+        let mut servers = Vec::new();
+        for attached in &agent.tools {
+            let Some(tool) = registry
+                .tools
+                .iter()
+                .find(|t| t.name == attached.server && t.active)
+            else {
+                continue;
+            };
+            let Some(server) = tool.mcp_server() else {
+                continue;
+            };
+            let server = if self.clients.changed(&tool.name) {
+                match self.refresh(tool).await {
+                    Ok((fresh, _)) => fresh
+                        .mcp_server()
+                        .cloned()
+                        .unwrap_or_else(|| server.clone()),
+                    Err(why) => {
+                        warn!(server = %tool.name, error = %why, "the changed tools list could not be read; the stored one is offered");
+                        server.clone()
+                    }
+                }
+            } else {
+                server.clone()
+            };
+            servers.push((tool.name.clone(), server));
+        }
+        let tools = crate::domain::offered(servers.iter().map(|(n, s)| (n, s)), taken);
+        Offer {
+            tools,
+            servers: servers.into_iter().collect(),
+        }
+    }
+
+    /// Lists the server `tool` is and stores the list: the tool as stored, and the
+    /// listed tools left out (with why).
+    pub async fn refresh(&self, tool: &Tool) -> Result<(Tool, Vec<String>), String> {
+        let ToolKind::Mcp(server) = &tool.kind else {
+            return Err(format!("{} is not an MCP server", tool.name));
+        };
+        let (tools, left_out) = self.clients.list(&tool.name, server).await?;
+        let mut updated = tool.clone();
+        if let ToolKind::Mcp(s) = &mut updated.kind {
+            s.tools = tools;
+            s.listed_at = Some(self.clock.now());
+        }
+        self.store
+            .update_tool(&updated)
+            .await
+            .map_err(|e| chain(&e))?;
+        info!(server = %tool.name, tools = updated.mcp_server().map_or(0, |s| s.tools.len()), "MCP tools listed");
+        Ok((updated, left_out))
+    }
+
+    /// Runs `call` if it names an offered tool (`None` otherwise). `key` identifies the
+    /// call among its run's (the run's id and the call's place); the idempotency key
+    /// sent adds a digest of the tool and arguments, so the same call made again after
+    /// a crash carries the same key, and a different one does not.
+    pub async fn run(
+        &self,
+        offer: &Offer,
+        call: &ToolUse,
+        key: &str,
+    ) -> Option<Result<Value, String>> {
+        let offered = offer.tools.iter().find(|t| t.model_name == call.name)?;
+        let server = offer.servers.get(&offered.server)?;
+        if let Err(why) = fits(&call.input, &offered.spec.parameters) {
+            return Some(Err(format!(
+                "the arguments do not fit {}: {why}; nothing was sent",
+                call.name
+            )));
+        }
+        let key = idempotency_key(key, call);
+        let started = std::time::Instant::now();
+        let outcome = self
+            .clients
+            .call(&offered.server, server, &offered.tool, &call.input, &key)
+            .await;
+        info!(
+            server = %offered.server,
+            tool = %offered.tool,
+            ms = started.elapsed().as_millis() as u64,
+            outcome = match &outcome {
+                McpCall::Answered { is_error: false, .. } => "succeeded",
+                McpCall::Answered { is_error: true, .. } => "failed",
+                McpCall::NotSent(_) => "not sent",
+                McpCall::Unknown(_) => "unknown",
+            },
+            "MCP tool call"
+        );
+        Some(match outcome {
+            McpCall::Answered {
+                result,
+                is_error: false,
+            } => Ok(result),
+            McpCall::Answered {
+                result,
+                is_error: true,
+            } => Err(format!("{} failed: {result}", call.name)),
+            McpCall::NotSent(why) => Err(format!("{why}; nothing was done")),
+            McpCall::Unknown(why) => Err(format!(
+                "{why}; it may or may not have been done, so do not repeat it and do not say it was done"
+            )),
+        })
+    }
+}
+
+/// What a run offers the model: `own` (Pulse's tools), then the MCP tools `agent` is
+/// given, when `tools` is set up.
+pub async fn with_own(
+    tools: Option<&AgentTools>,
+    agent: &Agent,
+    mut own: Vec<ToolSpec>,
+) -> (Vec<ToolSpec>, Offer) {
+    let offer = match tools {
+        Some(at) => {
+            let taken: Vec<&str> = own.iter().map(|t| t.name.as_str()).collect();
+            at.offer(agent, &taken).await
+        }
+        None => Offer::default(),
+    };
+    own.extend(offer.specs().cloned());
+    (own, offer)
+}
+
+/// The idempotency key of `call` within its run.
+pub fn idempotency_key(key: &str, call: &ToolUse) -> String {
+    let mut h = Sha256::new();
+    h.update(call.name.as_bytes());
+    h.update([0]);
+    h.update(call.input.to_string().as_bytes());
+    let digest = h.finalize();
+    format!("{key}.{}", hex::encode(&digest[..6]))
+}
+
+/// Whether `input` fits the top of `schema`: an object with every required property,
+/// and properties of the primitive types the schema names. The server checks the rest.
+fn fits(input: &Value, schema: &Value) -> Result<(), String> {
+    let Some(obj) = input.as_object() else {
+        return Err(format!("they must be a JSON object, not {input}"));
+    };
+    for req in schema["required"].as_array().into_iter().flatten() {
+        if let Some(r) = req.as_str()
+            && !obj.contains_key(r)
+        {
+            return Err(format!("\"{r}\" is required"));
+        }
+    }
+    for (k, v) in obj {
+        let Some(want) = schema["properties"][k]["type"].as_str() else {
+            continue;
+        };
+        let ok = match want {
+            "string" => v.is_string(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "number" => v.is_number(),
+            "boolean" => v.is_boolean(),
+            "array" => v.is_array(),
+            "object" => v.is_object(),
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("\"{k}\" must be of type {want}, not {v}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn arguments_are_checked_against_the_top_of_the_schema() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+            "required": ["a"]
+        });
+        assert!(fits(&json!({"a": 1, "b": "x"}), &schema).is_ok());
+        assert!(
+            fits(&json!({"b": "x"}), &schema)
+                .unwrap_err()
+                .contains("\"a\" is required")
+        );
+        assert!(
+            fits(&json!({"a": "1"}), &schema)
+                .unwrap_err()
+                .contains("type integer")
+        );
+        assert!(fits(&json!([1]), &schema).is_err());
+    }
+
+    #[test]
+    fn the_idempotency_key_is_the_same_for_the_same_call_only() {
+        let call = |input: Value| ToolUse {
+            id: "c1".into(),
+            name: "cal__add".into(),
+            input,
+        };
+        let a = idempotency_key("ac_1.0", &call(json!({"x": 1})));
+        assert_eq!(a, idempotency_key("ac_1.0", &call(json!({"x": 1}))));
+        assert_ne!(a, idempotency_key("ac_1.0", &call(json!({"x": 2}))));
+        assert_ne!(a, idempotency_key("ac_1.1", &call(json!({"x": 1}))));
+        assert!(a.starts_with("ac_1.0."));
+    }
+}

@@ -1,0 +1,144 @@
+//! What the heartbeat agent's model reads: its system prompt, the briefing of one
+//! heartbeat, and Pulse's own tools.
+
+use serde_json::json;
+
+use crate::domain::{Agent, Event, ToolRequest, ToolSpec};
+use crate::engine::{framing, memory, reminders};
+
+/// Events shown to the model per run; the rest are counted.
+pub(super) const MAX_EVENTS_SHOWN: usize = 50;
+/// Characters of one event's payload shown to the model.
+const MAX_PAYLOAD_CHARS: usize = 500;
+
+pub(super) fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(max).collect();
+        out.push('…');
+        out
+    }
+}
+
+pub(super) fn system_prompt(agent: &Agent) -> String {
+    let persona = agent
+        .persona
+        .clone()
+        .unwrap_or_else(|| format!("You are {}, an autonomous assistant.", agent.name));
+    format!(
+        "{persona}\n\nThis is your heartbeat: you woke on your own schedule, not because the user wrote. \
+         Look at what happened since you last woke and decide whether anything is worth telling the user. \
+         If it is, call speak with your thought (what you want to bring up and why); your conversational \
+         self will phrase it. If nothing is worth saying, do not call speak: silence is a fine outcome. \
+         Use remember for facts worth keeping, recall to look them up, emit_event to raise events for \
+         other tools, schedule to wake yourself at a later time (a SCHEDULED event brings its note back). \
+         Be brief; every step costs.\n\n{}",
+        framing::EXPLAINED
+    )
+}
+
+/// What the heartbeat's memories are recalled for: its window's events (their types and
+/// payloads), or, with none, its instructions.
+pub(super) fn about(agent: &Agent, window: &[Event]) -> String {
+    if window.is_empty() {
+        return agent.instructions.clone().unwrap_or_default();
+    }
+    window
+        .iter()
+        .map(|e| format!("{} {}", e.event_type, clip(&e.payload.to_string(), 500)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub(super) fn briefing(
+    agent: &Agent,
+    req: &ToolRequest,
+    window: &[Event],
+    digest: &[String],
+    known: Option<&str>,
+) -> String {
+    let mut out = String::new();
+    out.push_str("Heartbeat instructions:\n");
+    out.push_str(
+        agent
+            .instructions
+            .as_deref()
+            .unwrap_or("(none: use your judgement)"),
+    );
+    out.push_str(&format!(
+        "\n\nBeats: {}\nNow: {}\n",
+        json!({"beat": req.heartbeat.beats.beat, "since_last": req.heartbeat.beats.since_last}),
+        req.heartbeat.started_at
+    ));
+    out.push_str(&format!(
+        "\nEvents since you last woke ({}):\n",
+        window.len()
+    ));
+    if window.is_empty() {
+        out.push_str("(none)\n");
+    }
+    for e in window {
+        let from = format!(
+            "event {} (priority {}, from {}, at {})",
+            e.event_type,
+            e.priority.get(),
+            e.source,
+            e.created_at
+        );
+        let payload = e.payload.to_string();
+        // Whole when it fits; cut (as text) when it does not.
+        let line = if payload.chars().count() <= MAX_PAYLOAD_CHARS {
+            framing::frame_data(&from, &e.payload)
+        } else {
+            framing::frame(&from, &clip(&payload, MAX_PAYLOAD_CHARS))
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if let Some(known) = known {
+        out.push_str("\nWhat you remember that bears on this:\n");
+        out.push_str(known);
+        out.push('\n');
+    }
+    out.push_str("\nRecent conversation:\n");
+    if digest.is_empty() {
+        out.push_str("(none yet)\n");
+    }
+    for line in digest {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+pub(super) fn tool_specs() -> Vec<ToolSpec> {
+    let mut specs = vec![
+        ToolSpec {
+            name: "speak".to_owned(),
+            description: "Communicate something to the user. Use when you have something worth saying: a proactive check-in, a reminder, a thought to share. Returns at once; your conversational self phrases and sends it.".to_owned(),
+            parameters: json!({
+                "type": "object",
+                "properties": {"thought": {"type": "string", "description": "Your thought, e.g. 'The user mentioned a deadline tomorrow; I should check in about it'"}},
+                "required": ["thought"]
+            }),
+        },
+        ToolSpec {
+            name: "emit_event".to_owned(),
+            description: "Raise an event in your log; subscribed tools process it in this same heartbeat.".to_owned(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "description": "Event type, e.g. REMINDER_DUE"},
+                    "payload": {"type": "object"},
+                    "priority": {"type": "integer", "minimum": 1, "maximum": 10, "description": "1 highest, 10 lowest; 5 if left out"}
+                },
+                "required": ["type"]
+            }),
+        },
+    ];
+    // After speak, as before: remember, recall; schedule last.
+    specs.splice(1..1, memory::specs("in later heartbeats and conversations"));
+    specs.push(reminders::tool_spec());
+    specs
+}

@@ -1,0 +1,451 @@
+//! Calling MCP servers: the official SDK's client (`rmcp`) over streamable HTTP, on the
+//! egress guard's HTTP client — so an MCP URL is held to the same rules as a hook or an
+//! HTTP tool (public addresses only unless `PULSE_HOOKS_ALLOW` lists them, checked as
+//! each connection opens; no redirects; no proxy).
+//!
+//! One session per server and process, opened on first use and kept: a warm worker
+//! calls at once, a cold one initializes once. A session the server expired (`404`) is
+//! initialized again and the request sent once more by the SDK. A session whose worker
+//! ended is dropped and opened afresh on the next call.
+//!
+//! Every `tools/call` carries the caller's key as an `Idempotency-Key` header (and in
+//! the request's `_meta`), the same on every attempt of the same call, so a server that
+//! honours it does the work once.
+//!
+//! What a call can come to ([`McpCall`]): an answer (the server's result, `isError`
+//! included, which the model sees as a failed call); not sent (the connection or the
+//! session could not be made: safe to try again); or unknown (the request went out and
+//! no answer came: timed out, or the connection broke) — the work may have been done.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use pulse_egress::Egress;
+use rmcp::model::{
+    CallToolRequestParams, ClientConfig, ClientJsonRpcMessage, Implementation, MetaObject,
+    RequestMetaObject,
+};
+use rmcp::service::{NotificationContext, RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
+use rmcp::{ClientHandler, ServiceError, ServiceExt};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::domain::{MAX_MCP_TOOLS, McpServer, McpTool, ToolName};
+
+/// The largest answer read from an MCP server (a tools list or a call's result).
+pub const MAX_ANSWER: usize = 1 << 20;
+/// How long opening a session and listing tools may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Where the caller's key travels in a call's `_meta`.
+const META_KEY: &str = "pulse/idempotency-key";
+
+/// What one `tools/call` came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum McpCall {
+    /// The server answered: its result for the model, whether it says the call
+    /// failed (`isError`), and how many images it held.
+    Answered {
+        /// Text, structured content and image notes.
+        result: Value,
+        /// The server's `isError`.
+        is_error: bool,
+    },
+    /// Nothing reached the server (no connection, no session): safe to try again.
+    NotSent(String),
+    /// The request went out and no answer came back: the work may have been done.
+    Unknown(String),
+}
+
+/// The sessions this process keeps with MCP servers.
+#[derive(Clone)]
+pub struct McpClients {
+    egress: Egress,
+    sessions: Arc<Mutex<HashMap<ToolName, Arc<Session>>>>,
+}
+
+struct Session {
+    /// The URL and headers it was opened with: a changed server opens a new one.
+    opened_for: (String, Vec<(String, String)>),
+    service: RunningService<RoleClient, Handler>,
+    changed: Arc<AtomicBool>,
+}
+
+/// Receives the server's notifications: a changed tools list is marked, and the
+/// list is made again before the tools are next offered.
+#[derive(Clone)]
+struct Handler {
+    changed: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            Default::default(),
+            Implementation::new("pulse", env!("CARGO_PKG_VERSION")),
+        )
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        info!("an MCP server says its tools changed; they are listed again before next use");
+        self.changed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl McpClients {
+    /// Sessions over `egress` (the guarded client: every connection checked).
+    pub fn new(egress: Egress) -> Self {
+        Self {
+            egress,
+            sessions: Arc::default(),
+        }
+    }
+
+    /// Lists the server's tools, following pages, each checked: at most
+    /// [`MAX_MCP_TOOLS`]; a tool the model could not use is left out with the reason.
+    pub async fn list(
+        &self,
+        name: &ToolName,
+        server: &McpServer,
+    ) -> Result<(Vec<McpTool>, Vec<String>), String> {
+        let listing = async {
+            let session = self.session(name, server).await?;
+            session.changed.store(false, Ordering::SeqCst);
+            session
+                .service
+                .list_all_tools()
+                .await
+                .map_err(|e| format!("the MCP server {name} did not list its tools: {e}"))
+        };
+        let tools = match tokio::time::timeout(LIST_TIMEOUT, listing).await {
+            Ok(r) => r.inspect_err(|_| self.forget(name))?,
+            Err(_) => {
+                self.forget(name);
+                return Err(format!(
+                    "the MCP server {name} did not list its tools within {LIST_TIMEOUT:?}"
+                ));
+            }
+        };
+        if tools.len() > MAX_MCP_TOOLS {
+            return Err(format!(
+                "the MCP server {name} lists {} tools, over the {MAX_MCP_TOOLS} Pulse keeps: give the ones agents need with --allow",
+                tools.len()
+            ));
+        }
+        let mut kept = Vec::new();
+        let mut left_out = Vec::new();
+        for t in tools {
+            let schema = Value::Object((*t.input_schema).clone());
+            match McpTool::checked(&t.name, t.description.as_deref(), schema) {
+                Ok(tool) => kept.push(tool),
+                Err(why) => left_out.push(why),
+            }
+        }
+        Ok((kept, left_out))
+    }
+
+    /// Whether the server said its tools changed since they were last listed here.
+    pub fn changed(&self, name: &ToolName) -> bool {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .is_some_and(|s| s.changed.load(Ordering::SeqCst))
+    }
+
+    /// Calls `tool` with `arguments` under the server's timeout; `key` is the call's
+    /// idempotency key, the same on every attempt.
+    pub async fn call(
+        &self,
+        name: &ToolName,
+        server: &McpServer,
+        tool: &str,
+        arguments: &Value,
+        key: &str,
+    ) -> McpCall {
+        if let Some(why) = &server.unreadable {
+            return McpCall::NotSent(why.clone());
+        }
+        let Some(arguments) = arguments.as_object().cloned() else {
+            return McpCall::NotSent(format!(
+                "the arguments for {tool} must be a JSON object, not {arguments}"
+            ));
+        };
+        let timeout = Duration::from_millis(server.timeout_ms);
+        let session = match tokio::time::timeout(timeout, self.session(name, server)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(why)) => return McpCall::NotSent(why),
+            Err(_) => {
+                return McpCall::NotSent(format!(
+                    "no session with the MCP server {name} within {timeout:?}"
+                ));
+            }
+        };
+        let mut meta = serde_json::Map::new();
+        meta.insert(META_KEY.to_owned(), Value::String(key.to_owned()));
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        params.meta = Some(RequestMetaObject(MetaObject(meta)));
+        match tokio::time::timeout(timeout, session.service.call_tool(params)).await {
+            Ok(Ok(result)) => {
+                let is_error = result.is_error == Some(true);
+                let result = serde_json::to_value(&result).unwrap_or_default();
+                McpCall::Answered {
+                    result: for_model(&result),
+                    is_error,
+                }
+            }
+            Ok(Err(ServiceError::McpError(e))) => McpCall::Answered {
+                result: json!({"error": e.message, "code": e.code.0}),
+                is_error: true,
+            },
+            Ok(Err(e)) => {
+                self.forget(name);
+                if never_sent(&e) {
+                    McpCall::NotSent(format!("the MCP server {name} could not be reached: {e}"))
+                } else {
+                    McpCall::Unknown(format!(
+                        "the call to {tool} on the MCP server {name} got no answer: {e}"
+                    ))
+                }
+            }
+            Err(_) => McpCall::Unknown(format!(
+                "the call to {tool} on the MCP server {name} did not answer within {timeout:?}"
+            )),
+        }
+    }
+
+    /// Drops the session with `name`, if any (a broken one, or a changed server).
+    pub fn forget(&self, name: &ToolName) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+
+    async fn session(&self, name: &ToolName, server: &McpServer) -> Result<Arc<Session>, String> {
+        let opened_for = (
+            server.url.to_string(),
+            server
+                .headers
+                .iter()
+                .map(|h| (h.name.clone(), h.value.expose().to_owned()))
+                .collect::<Vec<_>>(),
+        );
+        if let Some(s) = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .filter(|s| s.opened_for == opened_for && !s.service.is_closed())
+        {
+            return Ok(s.clone());
+        }
+        // The client's resolver checks names as it connects; an address written in the
+        // URL is checked here.
+        self.egress.check(&server.url).await.map_err(|e| {
+            format!(
+                "the MCP server {name} at {} is not reachable from Pulse: {e}",
+                server.url
+            )
+        })?;
+        let mut headers = HashMap::new();
+        for (k, v) in &opened_for.1 {
+            let (Ok(k), Ok(v)) = (HeaderName::try_from(k.as_str()), HeaderValue::from_str(v))
+            else {
+                return Err(format!(
+                    "the MCP server {name} has a header that HTTP cannot carry"
+                ));
+            };
+            headers.insert(k, v);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str())
+            .custom_headers(headers)
+            .max_json_response_size(MAX_ANSWER)
+            .max_sse_event_size(MAX_ANSWER)
+            .reinit_on_expired_session(true);
+        let transport =
+            StreamableHttpClientTransport::with_client(Keyed(self.egress.client().clone()), config);
+        let changed = Arc::new(AtomicBool::new(false));
+        let handler = Handler {
+            changed: changed.clone(),
+        };
+        let service = handler.serve(transport).await.map_err(|e| {
+            warn!(server = %name, error = %e, "no MCP session");
+            format!(
+                "the MCP server {name} at {} did not open a session (is it an MCP server, over streamable HTTP?): {e}",
+                server.url
+            )
+        })?;
+        let session = Arc::new(Session {
+            opened_for,
+            service,
+            changed,
+        });
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone(), session.clone());
+        Ok(session)
+    }
+}
+
+/// Whether the request surely never reached the server: the connection was refused or
+/// could not be made.
+fn never_sent(e: &ServiceError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(r) = err.downcast_ref::<reqwest::Error>()
+            && r.is_connect()
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// A tool result as the model reads it: the text parts, the structured content, and a
+/// note for each image or other part.
+fn for_model(result: &Value) -> Value {
+    let mut parts = Vec::new();
+    for c in result["content"].as_array().into_iter().flatten() {
+        match c["type"].as_str() {
+            Some("text") => parts.push(c["text"].clone()),
+            Some("image") => parts.push(json!(format!(
+                "[image, {}, {} base64 characters]",
+                c["mimeType"].as_str().unwrap_or("?"),
+                c["data"].as_str().map_or(0, str::len)
+            ))),
+            Some("resource_link") | Some("resource") => parts.push(c.clone()),
+            other => parts.push(json!(format!("[{} content]", other.unwrap_or("unknown")))),
+        }
+    }
+    let mut out = serde_json::Map::new();
+    out.insert("content".to_owned(), Value::Array(parts));
+    if let Some(s) = result.get("structuredContent").filter(|s| !s.is_null()) {
+        out.insert("structured".to_owned(), s.clone());
+    }
+    Value::Object(out)
+}
+
+/// The guarded reqwest client, with each `tools/call` given its `Idempotency-Key`
+/// header from the key in its `_meta`.
+#[derive(Clone)]
+struct Keyed(reqwest::Client);
+
+fn with_key(
+    message: &ClientJsonRpcMessage,
+    mut headers: HashMap<HeaderName, HeaderValue>,
+) -> HashMap<HeaderName, HeaderValue> {
+    let Ok(v) = serde_json::to_value(message) else {
+        return headers;
+    };
+    if v["method"] == "tools/call"
+        && let Some(key) = v["params"]["_meta"][META_KEY].as_str()
+        && let Ok(value) = HeaderValue::from_str(key)
+    {
+        headers.insert(HeaderName::from_static("idempotency-key"), value);
+    }
+    headers
+}
+
+type Answer = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
+
+impl StreamableHttpClient for Keyed {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Answer {
+        let headers = with_key(&message, custom_headers);
+        self.0
+            .post_message(uri, message, session_id, auth_header, headers)
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Answer {
+        let headers = with_key(&message, custom_headers);
+        self.0
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                headers,
+                limits,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<reqwest::Error>> {
+        self.0
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<
+        futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
+        StreamableHttpError<reqwest::Error>,
+    > {
+        self.0
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<
+        futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
+        StreamableHttpError<reqwest::Error>,
+    > {
+        self.0
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
