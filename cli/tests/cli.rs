@@ -619,6 +619,9 @@ fn add_heartbeat_tool(dir: &Path, url: &str, agent: Option<&str>) {
             url,
             "--timeout",
             "60s",
+            // Calling it again after a crash does no harm: a run that died during the
+            // call runs it again (a tool that is not idempotent would be left UNKNOWN).
+            "--idempotent",
         ],
     );
     let mut args = vec![

@@ -1126,6 +1126,17 @@ async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_o
 
     ok(d, &["agents", "update", &agent, "--tools", ""]);
     ok(d, &["tools", "remove", "cal"]);
+    let maybe = bad(
+        d,
+        &[
+            "actions",
+            "resolve",
+            &format!("act_{}", "0".repeat(32)),
+            "--as",
+            "maybe",
+        ],
+    );
+    assert!(maybe.contains("say succeeded"), "{maybe}");
     assert!(!json(d, &["tools", "list"]).to_string().contains("\"cal\""));
 }
 

@@ -328,13 +328,16 @@ async fn seed(
 /// The one HTTP tool, subscribed to every agent's PING events.
 async fn add_tool(store: &dyn Store, now: Timestamp) -> Result<(), SimError> {
     let tool_name = ToolName::parse(TOOL).map_err(|e| fail("the tool")(&e))?;
-    let tool = Tool::http(
+    let mut tool = Tool::http(
         tool_name.clone(),
         "https://tool.sim.example/echo",
         TOOL_TIMEOUT,
         now,
     )
     .map_err(|e| fail("the tool")(&e))?;
+    // It keys its work by the action id, so a run that crashed during a call calls it
+    // again (the world checks it never sees a finished action again).
+    tool.idempotent = true;
     store
         .add_tool(&tool)
         .await

@@ -117,6 +117,7 @@ faulty!(ActionLog {
     fn start_action(&self, action: &Action) -> Option<Action>;
     fn restart_action(&self, action: &Action, expected_attempt: u32) -> bool;
     fn retry_action(&self, action: &Action, expected_attempt: u32) -> bool;
+    fn settle_action(&self, action: &Action, expected_attempt: u32) -> bool;
     fn finish_action(&self, action: &Action, new_events: &[Event]) -> ();
     fn get_action(&self, agent: &AgentId, id: &ActionId) -> Option<Action>;
     fn list_actions(&self, agent: &AgentId, limit: usize) -> Vec<Action>;

@@ -909,6 +909,27 @@ async fn actions(kind: Kind) {
             .attempt,
         3
     );
+    // An UNKNOWN outcome is settled once, and only while it is UNKNOWN.
+    let mut unknown = third.clone();
+    unknown.status = ActionStatus::Unknown;
+    b.store.finish_action(&unknown, &[]).await.unwrap();
+    let mut settled = unknown.clone();
+    settled.status = ActionStatus::Completed;
+    assert!(
+        !b.store.settle_action(&settled, 2).await.unwrap(),
+        "a stale attempt"
+    );
+    assert!(b.store.settle_action(&settled, 3).await.unwrap());
+    assert!(!b.store.settle_action(&settled, 3).await.unwrap(), "once");
+    assert_eq!(
+        b.store
+            .get_action(&agent.id, &done.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        ActionStatus::Completed
+    );
 }
 
 on_both_backends!(

@@ -23,6 +23,7 @@ mod queue;
 mod reminders;
 mod retention;
 mod secrets_at_rest;
+mod side_effects;
 mod status;
 mod steering;
 mod thinking;

@@ -44,6 +44,18 @@ pub(crate) enum ActionsCmd {
         #[arg(long)]
         agent: Option<String>,
     },
+    /// Settle an UNKNOWN action (its request went out and no answer came back) as the
+    /// tool's own records show it: done, or not done.
+    Resolve {
+        /// The action's id (act_…).
+        id: String,
+        /// What happened: succeeded or failed.
+        #[arg(long = "as", value_name = "succeeded|failed")]
+        outcome: String,
+        /// The agent (its id, name or alias), to look in its actions only.
+        #[arg(long)]
+        agent: Option<String>,
+    },
     /// One action: its request, response, timing, attempts and the events it made.
     Show {
         /// The action's id (act_…).
@@ -67,6 +79,11 @@ pub(crate) enum ActionsPlan {
         agent: Option<AgentRef>,
         id: ActionId,
     },
+    Resolve {
+        agent: Option<AgentRef>,
+        id: ActionId,
+        succeeded: bool,
+    },
 }
 
 /// Which actions to list.
@@ -88,7 +105,7 @@ impl Listing {
 fn status_arg(s: &str) -> Result<ActionStatus, Failure> {
     ActionStatus::parse(s).ok_or_else(|| {
         Failure::Input(format!(
-            "invalid --status {s:?}: use RUNNING, COMPLETED, FAILED or CANCELLED"
+            "invalid --status {s:?}: use RUNNING, COMPLETED, FAILED, CANCELLED, SKIPPED or UNKNOWN"
         ))
     })
 }
@@ -118,6 +135,19 @@ pub(crate) fn plan(cmd: ActionsCmd) -> Result<ActionsPlan, Failure> {
         ActionsCmd::Retry { id, agent } => ActionsPlan::Retry {
             agent: agent.as_deref().map(agent_ref).transpose()?,
             id: ActionId::parse(&id).map_err(input)?,
+        },
+        ActionsCmd::Resolve { id, outcome, agent } => ActionsPlan::Resolve {
+            agent: agent.as_deref().map(agent_ref).transpose()?,
+            id: ActionId::parse(&id).map_err(input)?,
+            succeeded: match outcome.trim().to_ascii_lowercase().as_str() {
+                "succeeded" | "completed" | "done" => true,
+                "failed" | "not-done" => false,
+                other => {
+                    return Err(Failure::Input(format!(
+                        "--as {other:?}: say succeeded (the tool did its work) or failed (it did not)"
+                    )));
+                }
+            },
         },
         ActionsCmd::Show { id, agent } => ActionsPlan::Show {
             agent: agent.as_deref().map(agent_ref).transpose()?,
@@ -154,6 +184,11 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
             let action = find(cx, agent.as_ref(), &id).await?;
             show(cx, &action);
         }
+        ActionsPlan::Resolve {
+            agent,
+            id,
+            succeeded,
+        } => resolve(cx, agent.as_ref(), &id, succeeded).await?,
         ActionsPlan::Retry { agent, id } => {
             let found = find(cx, agent.as_ref(), &id).await?;
             let services = pulse_shared::app::Services::from_config(cx.config);
@@ -192,6 +227,33 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
             }
         }
     }
+    Ok(())
+}
+
+/// `actions resolve`.
+async fn resolve(
+    cx: &Ctx<'_>,
+    agent: Option<&AgentRef>,
+    id: &ActionId,
+    succeeded: bool,
+) -> Result<(), Failure> {
+    let found = find(cx, agent, id).await?;
+    let settled = pulse_shared::engine::actions::settle(
+        cx.b.store.as_ref(),
+        &found,
+        succeeded,
+        cx.clock.now(),
+    )
+    .await
+    .map_err(|e| match e {
+        pulse_shared::engine::actions::SettleError::NotUnknown(why) => Failure::Input(why),
+        pulse_shared::engine::actions::SettleError::Store(e) => super::store(e),
+    })?;
+    cx.out.created(
+        &settled,
+        settled.id.as_str(),
+        &format!("action {id} settled as {}", settled.status.as_str()),
+    );
     Ok(())
 }
 

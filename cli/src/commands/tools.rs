@@ -30,6 +30,11 @@ pub(crate) enum ToolsCmd {
         /// What it does.
         #[arg(long)]
         description: Option<String>,
+        /// Calling it twice does no harm: a call whose answer was lost (or a run that
+        /// stopped during it) may call it again. Otherwise such a call ends UNKNOWN, for
+        /// its operator to settle.
+        #[arg(long)]
+        idempotent: bool,
     },
     /// Register an MCP server (streamable HTTP): its tools are listed now and kept;
     /// agents attached to it (`pulse agents update A --tools mcp:NAME`) may call them.
@@ -67,6 +72,9 @@ pub(crate) enum ToolsCmd {
         /// What it does ("" removes it).
         #[arg(long)]
         description: Option<String>,
+        /// Whether calling it twice does no harm (true or false).
+        #[arg(long, value_name = "true|false")]
+        idempotent: Option<bool>,
     },
     /// Remove a tool. Refused while subscriptions name it: remove those first.
     Remove {
@@ -82,6 +90,7 @@ pub(crate) struct ToolChanges {
     timeout: Option<std::time::Duration>,
     config: Option<Value>,
     description: Option<String>,
+    idempotent: Option<bool>,
 }
 
 /// A validated tools command.
@@ -109,6 +118,7 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
             timeout,
             config,
             description,
+            idempotent,
         } => {
             let mut tool = Tool::http(
                 ToolName::parse(&name).map_err(input)?,
@@ -123,6 +133,7 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
                 .transpose()?
                 .unwrap_or(Value::Null);
             tool.description = description;
+            tool.idempotent = idempotent;
             ToolsPlan::Add(Box::new(tool))
         }
         ToolsCmd::AddMcp(a) => ToolsPlan::AddMcp(Box::new(super::mcp::plan(a, now)?)),
@@ -142,10 +153,16 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
             timeout,
             config,
             description,
+            idempotent,
         } => {
-            if url.is_none() && timeout.is_none() && config.is_none() && description.is_none() {
+            if url.is_none()
+                && timeout.is_none()
+                && config.is_none()
+                && description.is_none()
+                && idempotent.is_none()
+            {
                 return Err(Failure::Input(
-                    "nothing to change: give --url, --timeout, --config or --description".into(),
+                    "nothing to change: give --url, --timeout, --config, --description or --idempotent".into(),
                 ));
             }
             ToolsPlan::Update(Box::new(ToolChanges {
@@ -157,6 +174,7 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
                     .map(|c| json_arg("config", c))
                     .transpose()?,
                 description,
+                idempotent,
             }))
         }
         ToolsCmd::Remove { name } => ToolsPlan::Remove(ToolName::parse(&name).map_err(input)?),
@@ -213,6 +231,7 @@ async fn change(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             )
             .map_err(input)?;
             tool.active = old.active;
+            tool.idempotent = c.idempotent.unwrap_or(old.idempotent);
             tool.config = c.config.unwrap_or(old.config);
             tool.description = match c.description {
                 Some(d) if d.trim().is_empty() => None,

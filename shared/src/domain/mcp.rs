@@ -153,12 +153,12 @@ impl McpServer {
         allow: Vec<String>,
         timeout: std::time::Duration,
     ) -> Result<Self, ValidationError> {
-        let url = super::tool::web_url(
+        let url = super::outbound::web_url(
             "mcp url",
             url,
             "credentials in the URL would end up in listings and logs; give them with --header \"Authorization: …\" instead",
         )?;
-        super::tool::check_timeout("mcp timeout", timeout)?;
+        super::outbound::check_timeout("mcp timeout", timeout)?;
         Ok(Self {
             url,
             headers,

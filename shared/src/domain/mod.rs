@@ -13,6 +13,7 @@ mod ids;
 mod mcp;
 mod memory;
 mod new_agent;
+mod outbound;
 mod reply;
 mod requests;
 mod schedule;

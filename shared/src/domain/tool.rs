@@ -66,12 +66,12 @@ impl Tool {
         timeout: Duration,
         now: Timestamp,
     ) -> Result<Self, ValidationError> {
-        let url = web_url(
+        let url = super::outbound::web_url(
             "tool url",
             url,
             "credentials in a tool URL end up in listings, action errors and logs; take them out of the URL (a tool authenticates Pulse by its own means, e.g. a secret in --config)",
         )?;
-        check_timeout("tool timeout", timeout)?;
+        super::outbound::check_timeout("tool timeout", timeout)?;
         Ok(Self {
             name,
             description: None,
@@ -117,38 +117,6 @@ impl Tool {
             _ => None,
         }
     }
-}
-
-/// `s` as an `http`/`https` URL with a host. Credentials in it are refused first, with
-/// `credentials` (where they go instead), so the error never repeats them.
-pub(super) fn web_url(
-    what: &'static str,
-    s: &str,
-    credentials: &'static str,
-) -> Result<Url, ValidationError> {
-    let url = Url::parse(s)
-        .map_err(|e| ValidationError::new(what, format!("{s:?} is not a URL: {e}")))?;
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(ValidationError::new(what, credentials));
-    }
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err(ValidationError::new(
-            what,
-            format!("{url} must be an http:// or https:// URL with a host"),
-        ));
-    }
-    Ok(url)
-}
-
-/// A call's timeout: from 1 ms to 15 minutes.
-pub(super) fn check_timeout(what: &'static str, timeout: Duration) -> Result<(), ValidationError> {
-    if timeout.is_zero() || timeout > Duration::from_secs(900) {
-        return Err(ValidationError::new(
-            what,
-            "use a timeout between 1ms and 15m",
-        ));
-    }
-    Ok(())
 }
 
 /// Conditions an event must meet, beyond its type, for a subscription to fire.
@@ -292,7 +260,9 @@ impl Tool {
                     .to_owned(),
             ),
             kind: ToolKind::HeartbeatAgent,
-            idempotent: false,
+            // What it does is keyed by its action (its thoughts, memories and events
+            // have ids derived from it): running it again does nothing twice.
+            idempotent: true,
             config: Value::Null,
             active: true,
             created_at: Timestamp::UNIX_EPOCH,
@@ -354,16 +324,22 @@ pub enum ActionStatus {
     /// The tool chose not to run (the heartbeat agent with nothing to think about);
     /// `error` says why.
     Skipped,
+    /// The request went out and no answer came back (a timeout, a connection lost
+    /// mid-answer, a worker that stopped during the call): the tool may have done its
+    /// work. Never run again on its own unless the tool is idempotent; an operator
+    /// settles it (`pulse actions retry` or `pulse actions resolve`).
+    Unknown,
 }
 
 impl ActionStatus {
     /// Every status, in the order of an action's life.
-    pub const ALL: [ActionStatus; 5] = [
+    pub const ALL: [ActionStatus; 6] = [
         Self::Running,
         Self::Completed,
         Self::Failed,
         Self::Cancelled,
         Self::Skipped,
+        Self::Unknown,
     ];
 
     /// The stored name (`RUNNING`, ...), as it is serialized.
@@ -374,6 +350,7 @@ impl ActionStatus {
             Self::Failed => "FAILED",
             Self::Cancelled => "CANCELLED",
             Self::Skipped => "SKIPPED",
+            Self::Unknown => "UNKNOWN",
         }
     }
 

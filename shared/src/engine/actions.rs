@@ -99,3 +99,54 @@ pub async fn find(
     }
     Ok(None)
 }
+
+/// Why an action could not be settled.
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    /// It is not UNKNOWN (anymore): nothing to settle.
+    #[error("{0}")]
+    NotUnknown(String),
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Settles an UNKNOWN action as its operator found it (the tool's own records say
+/// whether the work was done): COMPLETED or FAILED, with a note of who said so.
+pub async fn settle(
+    store: &dyn Store,
+    action: &Action,
+    succeeded: bool,
+    now: jiff::Timestamp,
+) -> Result<Action, SettleError> {
+    use crate::domain::ActionStatus;
+    if action.status != ActionStatus::Unknown {
+        return Err(SettleError::NotUnknown(format!(
+            "action {} is {}, not UNKNOWN: only an action whose outcome is not known is settled by hand",
+            action.id,
+            action.status.as_str()
+        )));
+    }
+    let mut settled = action.clone();
+    settled.status = if succeeded {
+        ActionStatus::Completed
+    } else {
+        ActionStatus::Failed
+    };
+    settled.completed_at = Some(now);
+    let was = action
+        .error
+        .as_deref()
+        .unwrap_or("its outcome was not known");
+    settled.error = Some(format!(
+        "settled by its operator at {now} as {}; before: {was}",
+        settled.status.as_str()
+    ));
+    if !store.settle_action(&settled, action.attempt).await? {
+        return Err(SettleError::NotUnknown(format!(
+            "action {} changed meanwhile (retried or settled): look at it again",
+            action.id
+        )));
+    }
+    Ok(settled)
+}

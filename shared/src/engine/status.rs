@@ -16,6 +16,8 @@ use crate::ports::{Backlog, HookQueue, SessionQueue, Store};
 const CONCURRENCY: usize = 8;
 /// Overdue heartbeats counted at most (the count says "at least" beyond).
 const OVERDUE_SCAN: usize = 1_000;
+/// An agent's latest actions looked through for ones whose outcome is not known.
+const ACTIONS_SCAN: usize = 200;
 /// A webhook's latest requests looked at.
 const REQUESTS_SCAN: usize = 20;
 /// A heartbeat running longer than this is reported as perhaps stuck (a run with many
@@ -378,6 +380,27 @@ async fn agent_status(
                 agent.name, h.beat
             ),
             look: format!("pulse heartbeats show {}", h.id()),
+        });
+    }
+    let unknown: Vec<_> = store
+        .list_actions(&agent.id, ACTIONS_SCAN)
+        .await?
+        .into_iter()
+        .filter(|a| a.status == crate::domain::ActionStatus::Unknown)
+        .collect();
+    if let Some(first) = unknown.first() {
+        findings.push(Finding {
+            what: format!(
+                "agent {}: {} whose outcome is not known (the request went out and no answer came back; the tool may have done its work), e.g. {} ({})",
+                agent.name,
+                plural(unknown.len(), "action"),
+                first.id,
+                first.tool
+            ),
+            look: format!(
+                "pulse actions list --agent {} --status UNKNOWN; then pulse actions retry ID or pulse actions resolve ID --as succeeded|failed",
+                agent.id
+            ),
         });
     }
     for h in store.list_hooks(&agent.id).await? {

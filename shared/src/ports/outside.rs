@@ -119,6 +119,11 @@ pub enum ToolFailure {
     /// action ends SKIPPED with this reason.
     #[error("{0}")]
     Skipped(String),
+    /// The request was sent and no answer came back (timed out, or the connection was
+    /// lost mid-answer): the tool may have done its work. The action ends UNKNOWN
+    /// unless the tool is idempotent.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 /// Runs tools. Never returns an error: a tool's failure is an outcome recorded on its

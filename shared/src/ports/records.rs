@@ -33,6 +33,14 @@ pub trait ActionLog: Send + Sync {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError>;
+    /// Settles an UNKNOWN action at its operator's word: writes `action` (its outcome
+    /// as the operator found it) if the stored one is still UNKNOWN at
+    /// `expected_attempt`. False if it is not UNKNOWN, or another write came first.
+    async fn settle_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError>;
     /// Records the action's outcome and appends the events its tool returned, atomically,
     /// if the stored action is still RUNNING at `action.attempt`; `Conflict` otherwise
     /// (another run took it over).

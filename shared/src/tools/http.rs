@@ -42,6 +42,9 @@ impl HttpTool {
             HeaderValue::from_static("application/json"),
         );
         if let Ok(v) = HeaderValue::from_str(request.action_id.as_str()) {
+            // The same on every attempt of the action: a tool that honours it does the
+            // work once.
+            headers.insert("idempotency-key", v.clone());
             headers.insert("x-pulse-action-id", v);
         }
         let body = serde_json::to_vec(request).unwrap_or_default();
@@ -52,8 +55,16 @@ impl HttpTool {
         {
             Ok(r) => r,
             Err(e) => {
+                let why = describe(url, timeout, &e);
+                let failure = if sent(&e) {
+                    ToolFailure::Unknown(format!(
+                        "{why}, after the request was sent: the tool may have done its work"
+                    ))
+                } else {
+                    ToolFailure::Unreachable(why)
+                };
                 return ToolCall {
-                    result: Err(ToolFailure::Unreachable(describe(url, timeout, &e))),
+                    result: Err(failure),
                     response_meta: None,
                 };
             }
@@ -106,6 +117,20 @@ fn failure(why: String, meta: Option<Value>) -> ToolCall {
         result: Err(ToolFailure::BadAnswer(why)),
         response_meta: meta,
     }
+}
+
+/// Whether the request may have reached the tool: it timed out or broke after the
+/// connection was made (a refused address, a failed lookup or connection never sent it).
+fn sent(e: &EgressError) -> bool {
+    !matches!(
+        e,
+        EgressError::BadUrl(_)
+            | EgressError::Refused(_)
+            | EgressError::Connect { .. }
+            | EgressError::Resolve { .. }
+            | EgressError::NoAddresses(_)
+            | EgressError::Tls { .. }
+    )
 }
 
 fn describe(url: &Url, timeout: Duration, e: &EgressError) -> String {

@@ -24,13 +24,8 @@ impl ActionLog for DynamoStore {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError> {
-        self.replace_action(
-            action,
-            expected_attempt,
-            "#status = :running",
-            "restart action",
-        )
-        .await
+        self.replace_action(action, expected_attempt, "=", "RUNNING", "restart action")
+            .await
     }
 
     async fn retry_action(
@@ -38,13 +33,17 @@ impl ActionLog for DynamoStore {
         action: &Action,
         expected_attempt: u32,
     ) -> Result<bool, StoreError> {
-        self.replace_action(
-            action,
-            expected_attempt,
-            "#status <> :running",
-            "retry action",
-        )
-        .await
+        self.replace_action(action, expected_attempt, "<>", "RUNNING", "retry action")
+            .await
+    }
+
+    async fn settle_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError> {
+        self.replace_action(action, expected_attempt, "=", "UNKNOWN", "settle action")
+            .await
     }
 
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
@@ -139,6 +138,7 @@ impl DynamoStore {
         &self,
         action: &Action,
         expected_attempt: u32,
+        compare: &str,
         status: &str,
         op: &'static str,
     ) -> Result<bool, StoreError> {
@@ -147,9 +147,9 @@ impl DynamoStore {
             .put_item()
             .table_name(&self.table)
             .set_item(Some(action_item(action)))
-            .condition_expression(format!("{status} AND attempt = :expected"))
+            .condition_expression(format!("#status {compare} :status AND attempt = :expected"))
             .expression_attribute_names("#status", "status")
-            .expression_attribute_values(":running", s("RUNNING"))
+            .expression_attribute_values(":status", s(status))
             .expression_attribute_values(":expected", n(expected_attempt))
             .send()
             .await;

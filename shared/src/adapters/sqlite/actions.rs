@@ -80,6 +80,20 @@ impl ActionLog for SqliteStore {
         .await
     }
 
+    async fn settle_action(
+        &self,
+        action: &Action,
+        expected_attempt: u32,
+    ) -> Result<bool, StoreError> {
+        self.replace_action(
+            action,
+            expected_attempt,
+            "status = 'UNKNOWN'",
+            "settle action",
+        )
+        .await
+    }
+
     async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
         let (action, new_events) = (action.clone(), new_events.to_vec());
         self.db

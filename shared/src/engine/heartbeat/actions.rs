@@ -17,6 +17,9 @@ use crate::meter;
 use crate::ports::ToolFailure;
 
 /// How starting an action went.
+/// What an UNKNOWN action's error says to do.
+const SETTLE: &str = "settle it with `pulse actions retry ID` (the same Idempotency-Key is sent) or `pulse actions resolve ID --as succeeded|failed`";
+
 enum Begun {
     /// Run the tool with this request; the action is recorded RUNNING.
     Run(Box<(ToolRequest, Action)>),
@@ -61,6 +64,11 @@ impl HeartbeatRunner {
                     action.error = Some(why);
                     Vec::new()
                 }
+                Err(ToolFailure::Unknown(why)) if !tool.idempotent => {
+                    action.status = ActionStatus::Unknown;
+                    action.error = Some(format!("{why}; {SETTLE}"));
+                    Vec::new()
+                }
                 Ok(resp) if resp.success => {
                     action.status = ActionStatus::Completed;
                     let new_events = self.cascade(plan, event, tool, &action, resp.new_events);
@@ -87,7 +95,7 @@ impl HeartbeatRunner {
                 Err(e) => return Err(e.into()),
             }
             // Counted once, when recorded: a replayed action is not counted again.
-            if action.status == ActionStatus::Failed {
+            if matches!(action.status, ActionStatus::Failed | ActionStatus::Unknown) {
                 meter::action_failed();
             }
             let capped = new_events
@@ -210,6 +218,25 @@ impl HeartbeatRunner {
             Some(existing) if existing.status.is_final() => {
                 return Ok(Begun::Finished(Box::new(existing)));
             }
+            Some(existing) if !tool.idempotent => {
+                // A run stopped while the tool was being called: it may have done its
+                // work, so it is not called again blindly.
+                let mut unknown = existing.clone();
+                unknown.status = ActionStatus::Unknown;
+                unknown.completed_at = Some(self.clock.now());
+                unknown.error = Some(format!(
+                    "an earlier run stopped while {} was being called (attempt {}), so it may have done its work; {SETTLE}",
+                    tool.name, existing.attempt
+                ));
+                match self.store.finish_action(&unknown, &[]).await {
+                    Ok(()) => {}
+                    Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
+                    Err(e) => return Err(e.into()),
+                }
+                warn!(tool = %tool.name, attempt = existing.attempt, "an earlier run of this action did not finish and the tool is not idempotent: recorded UNKNOWN, not called again");
+                meter::action_failed();
+                return Ok(Begun::Finished(Box::new(unknown)));
+            }
             Some(existing) => {
                 request.attempt = existing.attempt + 1;
                 action.attempt = request.attempt;
@@ -314,7 +341,7 @@ impl HeartbeatRunner {
                     .as_array()
                     .is_some_and(|a| !a.is_empty())
             }),
-            failed: action.status == ActionStatus::Failed,
+            failed: matches!(action.status, ActionStatus::Failed | ActionStatus::Unknown),
             cascade,
             capped: capped.len() as u32,
             interrupted: (action.status == ActionStatus::Cancelled).then(|| {

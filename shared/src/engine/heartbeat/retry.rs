@@ -125,6 +125,11 @@ impl HeartbeatRunner {
                 action.error = Some(why);
                 Vec::new()
             }
+            Err(ToolFailure::Unknown(why)) if !tool.idempotent => {
+                action.status = ActionStatus::Unknown;
+                action.error = Some(why);
+                Vec::new()
+            }
             Err(failure) => {
                 action.status = ActionStatus::Failed;
                 action.error = Some(failure.to_string());
