@@ -1137,6 +1137,9 @@ async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_o
         ],
     );
     assert!(maybe.contains("say succeeded"), "{maybe}");
+    let since = bad(d, &["tools", "stats", "--since", "lately"]);
+    assert!(since.contains("invalid --since"), "{since}");
+    assert!(json(d, &["tools", "stats", "--since", "1d"]).is_array());
     assert!(!json(d, &["tools", "list"]).to_string().contains("\"cal\""));
 }
 

@@ -150,11 +150,29 @@ async fn an_idempotent_tool_that_timed_out_is_a_plain_failure_and_an_unknown_one
     beat(&b).await;
     let unknown = mailer_action(&b, &other).await;
     assert_eq!(unknown.status, ActionStatus::Unknown);
+    // `pulse tools stats` counts them by outcome, with their times.
+    let mailer = || async {
+        pulse_shared::engine::actions::tool_stats(b.store.as_ref(), jiff::Timestamp::UNIX_EPOCH)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|s| s.tool == "mailer")
+            .unwrap()
+    };
+    let stats = mailer().await;
+    assert_eq!(
+        (stats.calls, stats.succeeded, stats.failed, stats.unknown),
+        (2, 0, 1, 1)
+    );
+    assert!(stats.p50_ms.is_some_and(|ms| ms >= 300), "{stats:?}");
+    assert!(stats.p95_ms >= stats.p50_ms);
     let settled = pulse_shared::engine::actions::settle(b.store.as_ref(), &unknown, true, b.now())
         .await
         .unwrap();
     assert_eq!(settled.status, ActionStatus::Completed);
     assert_eq!(mailer_action(&b, &other).await, settled);
+    let stats = mailer().await;
+    assert_eq!((stats.succeeded, stats.unknown), (1, 0));
     let again = pulse_shared::engine::actions::settle(b.store.as_ref(), &settled, false, b.now())
         .await
         .unwrap_err();

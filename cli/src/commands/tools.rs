@@ -44,6 +44,12 @@ pub(crate) enum ToolsCmd {
         /// The MCP server's name.
         name: String,
     },
+    /// How each tool fared: calls, succeeded, failed, unknown, and p50/p95 time.
+    Stats {
+        /// Since when: a duration back from now (1d, 12h) or a time.
+        #[arg(long, default_value = "1d")]
+        since: String,
+    },
     /// List tools.
     List,
     /// Let a tool run again.
@@ -98,6 +104,7 @@ pub(crate) enum ToolsPlan {
     Add(Box<Tool>),
     AddMcp(Box<Tool>),
     Refresh(ToolName),
+    Stats(super::events::Since),
     List,
     Set { name: ToolName, active: bool },
     Update(Box<ToolChanges>),
@@ -106,7 +113,7 @@ pub(crate) enum ToolsPlan {
 
 impl ToolsPlan {
     pub(crate) fn writes(&self) -> bool {
-        !matches!(self, Self::List)
+        !matches!(self, Self::List | Self::Stats(_))
     }
 }
 
@@ -138,6 +145,7 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
         }
         ToolsCmd::AddMcp(a) => ToolsPlan::AddMcp(Box::new(super::mcp::plan(a, now)?)),
         ToolsCmd::Refresh { name } => ToolsPlan::Refresh(ToolName::parse(&name).map_err(input)?),
+        ToolsCmd::Stats { since } => ToolsPlan::Stats(super::events::Since::parse(&since)?),
         ToolsCmd::List => ToolsPlan::List,
         ToolsCmd::Enable { name } => ToolsPlan::Set {
             name: ToolName::parse(&name).map_err(input)?,
@@ -327,6 +335,36 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
         }
         ToolsPlan::AddMcp(tool) => super::mcp::add(*tool, cx).await?,
         ToolsPlan::Refresh(name) => super::mcp::refresh(&name, cx).await?,
+        ToolsPlan::Stats(since) => {
+            let since = since.at(cx.clock.now());
+            let stats = pulse_shared::engine::actions::tool_stats(b.store.as_ref(), since).await?;
+            let ms = |v: Option<u64>| v.map_or("-".into(), duration_ms);
+            out.table(
+                &stats,
+                &[
+                    "TOOL",
+                    "CALLS",
+                    "SUCCEEDED",
+                    "FAILED",
+                    "UNKNOWN",
+                    "RUNNING",
+                    "P50",
+                    "P95",
+                ],
+                |s| {
+                    vec![
+                        s.tool.clone(),
+                        s.calls.to_string(),
+                        s.succeeded.to_string(),
+                        s.failed.to_string(),
+                        s.unknown.to_string(),
+                        s.running.to_string(),
+                        ms(s.p50_ms),
+                        ms(s.p95_ms),
+                    ]
+                },
+            );
+        }
         other => return change(other, cx).await,
     }
     Ok(())

@@ -150,3 +150,71 @@ pub async fn settle(
     }
     Ok(settled)
 }
+
+/// Most actions read per agent for [`tool_stats`].
+pub const STATS_SCAN: usize = 5_000;
+
+/// How one tool fared: its calls since a time, by outcome, and how long they took.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ToolStats {
+    /// The tool.
+    pub tool: String,
+    /// Calls started in the window.
+    pub calls: usize,
+    /// Completed.
+    pub succeeded: usize,
+    /// Failed (cancelled and skipped runs are not counted as calls).
+    pub failed: usize,
+    /// Whose outcome is not known.
+    pub unknown: usize,
+    /// Still running.
+    pub running: usize,
+    /// Median time of the finished calls, in milliseconds.
+    pub p50_ms: Option<u64>,
+    /// 95th percentile, in milliseconds.
+    pub p95_ms: Option<u64>,
+}
+
+/// Every tool's calls started since `since`, over every agent's latest
+/// [`STATS_SCAN`] actions, by tool name.
+pub async fn tool_stats(
+    store: &dyn Store,
+    since: jiff::Timestamp,
+) -> Result<Vec<ToolStats>, StoreError> {
+    use crate::domain::ActionStatus;
+    use std::collections::BTreeMap;
+    let mut by_tool: BTreeMap<String, (ToolStats, Vec<u64>)> = BTreeMap::new();
+    for agent in store.list_agents().await? {
+        for a in store.list_actions(&agent.id, STATS_SCAN).await? {
+            if a.started_at < since
+                || matches!(a.status, ActionStatus::Cancelled | ActionStatus::Skipped)
+            {
+                continue;
+            }
+            let (s, times) = by_tool.entry(a.tool.to_string()).or_default();
+            s.tool = a.tool.to_string();
+            s.calls += 1;
+            match a.status {
+                ActionStatus::Completed => s.succeeded += 1,
+                ActionStatus::Failed => s.failed += 1,
+                ActionStatus::Unknown => s.unknown += 1,
+                _ => s.running += 1,
+            }
+            times.extend(a.duration_ms);
+        }
+    }
+    Ok(by_tool
+        .into_values()
+        .map(|(mut s, mut times)| {
+            times.sort_unstable();
+            let at = |q: f64| {
+                (!times.is_empty()).then(|| {
+                    times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1]
+                })
+            };
+            s.p50_ms = at(0.5);
+            s.p95_ms = at(0.95);
+            s
+        })
+        .collect())
+}

@@ -130,42 +130,53 @@ impl Conversation {
                 );
                 let key = format!("{turn_id}.{calls}");
                 calls += 1;
-                let result = match &self.agent_tools {
-                    Some(at) if offer.offers(&call.name) => at.run(&offer, call, &key).await,
-                    _ => Some(self.run_tool(agent, call, id, &cx).await),
-                }
-                .unwrap_or_else(|| Err(format!("no tool {}", call.name)));
+                let result = self.run_tool(agent, (&offer, &key), call, id, &cx).await;
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
                 let (step, message) = transcript::tool_step(call, result);
                 asked.steps.push(step);
                 messages.push(message);
             }
         }
-        info!(
-            provider = %asked.provider,
-            model = %asked.model,
-            input_tokens = asked.usage.input_tokens,
-            output_tokens = asked.usage.output_tokens,
-            steps = asked.steps.len(),
-            "reply written"
-        );
-        if asked.text.trim().is_empty() {
-            asked.text = "(no reply)".to_owned();
-        }
-        Ok(asked)
+        Ok(written(asked))
     }
 }
 
+/// The reply as written: logged, and never empty.
+fn written(mut asked: Asked) -> Asked {
+    info!(
+        provider = %asked.provider,
+        model = %asked.model,
+        input_tokens = asked.usage.input_tokens,
+        output_tokens = asked.usage.output_tokens,
+        steps = asked.steps.len(),
+        "reply written"
+    );
+    if asked.text.trim().is_empty() {
+        asked.text = "(no reply)".to_owned();
+    }
+    asked
+}
+
 impl Conversation {
-    /// Runs one of the turn's tools (`remember`, `recall`, `schedule`) for the model; a
-    /// memory it keeps gets `id`.
+    /// Runs one of the turn's tools for the model: an MCP tool the agent is given (its
+    /// calls keyed by `key`), or `remember`, `recall`, `schedule` (a memory it keeps gets
+    /// `id`).
     async fn run_tool(
         &self,
         agent: &Agent,
+        (offer, key): (&crate::engine::agent_tools::Offer, &str),
         call: &crate::domain::ToolUse,
         id: MemoryId,
         cx: &memory::Context,
     ) -> Result<serde_json::Value, String> {
+        if let Some(at) = &self.agent_tools
+            && offer.offers(&call.name)
+        {
+            return at
+                .run(offer, call, key)
+                .await
+                .unwrap_or_else(|| Err(format!("no tool {}", call.name)));
+        }
         let now = self.clock.now();
         match memory::run(&self.memories, agent, call, id, cx, now).await {
             Some(r) => r,

@@ -28,7 +28,7 @@ mod prompt;
 
 use prompt::{MAX_EVENTS_SHOWN, about, briefing, clip, system_prompt, tool_specs};
 
-use crate::engine::agent_tools::{AgentTools, Offer};
+use crate::engine::agent_tools::{AgentTools, Offer, with_own};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
 use crate::engine::reminders::{self, ScheduleLimits};
@@ -199,9 +199,7 @@ impl HeartbeatAgent {
             ChatMessage::system(system_prompt(&agent)),
             ChatMessage::user(briefing(&agent, req, &window, &digest, known.as_deref())),
         ];
-        let (tools, offer) =
-            crate::engine::agent_tools::with_own(self.agent_tools.as_deref(), &agent, tool_specs())
-                .await;
+        let (tools, offer) = with_own(self.agent_tools.as_deref(), &agent, tool_specs()).await;
         let budgets = agent.budgets;
         // The last prompt's size, in tokens: the next one is at least as long.
         let mut last_input = 0u64;
