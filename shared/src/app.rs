@@ -115,7 +115,9 @@ impl Connected {
             memories.clone(),
             agent_tools.clone(),
         );
-        let runner = self.runner(clock.clone(), settings, tools);
+        let runner = self
+            .runner(clock.clone(), settings, tools)
+            .with_health(agent_tools.health());
         Worker::new(Arc::new(runner)).with_conversation(Arc::new(
             self.conversation(clock, settings, services, memories)
                 .with_agent_tools(agent_tools),
@@ -124,11 +126,15 @@ impl Connected {
 
     /// The agents' MCP tools, called through the services' egress guard.
     pub fn agent_tools(&self, clock: Arc<dyn Clock>, services: &Services) -> Arc<AgentTools> {
-        Arc::new(AgentTools::new(
+        let tools = AgentTools::new(
             self.store.clone(),
             McpClients::new(services.egress.clone()),
-            clock,
-        ))
+            clock.clone(),
+        );
+        Arc::new(match self.emitter(clock) {
+            Some(emitter) => tools.with_hooks(emitter),
+            None => tools,
+        })
     }
 
     /// The agents' memories, embedded by the services' embedder, with a cache of recall

@@ -48,6 +48,7 @@ fn running_action(
         completed_at: None,
         duration_ms: None,
         new_events: vec![],
+        call: None,
     }
 }
 

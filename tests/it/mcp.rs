@@ -224,6 +224,18 @@ async fn heartbeat(kind: Kind) {
         thought.id
     );
     assert!(r.results(1)[0].contains("noted"));
+    // The call is an action of the heartbeat, filed under the heartbeat agent's event.
+    let call = actions
+        .iter()
+        .find(|a| a.call.is_some())
+        .expect("the call's action");
+    assert_eq!(call.label(), "cal/note");
+    assert_eq!(call.heartbeat_id, thought.heartbeat_id);
+    assert_eq!(
+        call.call.as_ref().unwrap().event_id.as_ref(),
+        Some(&thought.event_id)
+    );
+    assert_eq!(call.status, pulse_shared::domain::ActionStatus::Completed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,4 +369,235 @@ async fn urls_the_egress_guard_refuses_and_servers_that_are_not_mcp_are_refused(
     };
     let refused = lifecycle.update(&agent.id, &changes).await.unwrap_err();
     assert!(refused.to_string().contains("tools add-mcp"), "{refused}");
+}
+
+/// Hooks of `types` on `agent`, all to `receiver`.
+async fn hooks_to(
+    b: &Backend,
+    agent: &pulse_shared::domain::Agent,
+    receiver: &pulse_tests::fake_hooks::FakeReceiver,
+    types: &[&str],
+) {
+    for t in types {
+        let hook = pulse_shared::domain::Hook::new(
+            agent.id.clone(),
+            pulse_shared::domain::HookType::parse(t).unwrap(),
+            pulse_shared::domain::HookTarget::parse(&receiver.url()).unwrap(),
+            &pulse_signatures::inbound::generate_secret(),
+            b.now(),
+        );
+        b.store.create_hook(&hook).await.unwrap();
+    }
+}
+
+/// Sends every queued hook delivery.
+async fn dispatch(b: &Backend) {
+    let d = b.dispatcher();
+    while d
+        .poll_once(10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .handled
+        > 0
+    {}
+}
+
+on_both_backends!(
+    every_mcp_call_is_an_action_with_its_hooks_and_in_the_tool_stats,
+    recorded
+);
+async fn recorded(kind: Kind) {
+    let r = rig(kind).await;
+    r.register(Duration::from_secs(5)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
+    hooks_to(
+        &r.b,
+        &agent,
+        &receiver,
+        &["BEFORE_CAL", "AFTER_CAL", "ACTION_COMPLETED"],
+    )
+    .await;
+    r.llm.script([
+        Scripted::tool("cal__add", json!({"a": 2, "b": 3})),
+        Scripted::text("It is 5."),
+    ]);
+    r.turn(&agent, "what is 2 + 3?").await;
+    let turn = r.b.store.list_turns(&agent.id, 1).await.unwrap().remove(0);
+    let actions = r.b.store.list_actions(&agent.id, 10).await.unwrap();
+    assert_eq!(actions.len(), 1, "{actions:?}");
+    let a = &actions[0];
+    assert_eq!(a.tool.as_str(), "cal");
+    assert_eq!(a.label(), "cal/add");
+    assert_eq!(a.status, pulse_shared::domain::ActionStatus::Completed);
+    assert_eq!(
+        a.heartbeat_id.beat(),
+        0,
+        "a chat turn's call is in no heartbeat"
+    );
+    assert_eq!(a.request["arguments"], json!({"a": 2, "b": 3}));
+    assert_eq!(a.response.as_ref().unwrap()["result"]["content"][0], "5");
+    assert!(a.duration_ms.is_some());
+    let call = a.call.as_ref().expect("a model's call");
+    assert_eq!(call.turn_id.as_ref(), Some(&turn.id));
+    assert_eq!(
+        Some(call.key.clone()),
+        r.mcp.calls()[0].idempotency_key,
+        "the recorded key is the one sent"
+    );
+    // Its hooks went out, with the MCP tool named.
+    dispatch(&r.b).await;
+    assert_eq!(
+        receiver.hook_types(),
+        ["ACTION_COMPLETED", "AFTER_CAL", "BEFORE_CAL"]
+    );
+    let done = receiver
+        .received()
+        .into_iter()
+        .find(|d| d.header("x-pulse-hook-type") == "ACTION_COMPLETED")
+        .unwrap();
+    let body: Value = serde_json::from_slice(&done.body).unwrap();
+    assert_eq!(body["data"]["mcp_tool"], "add");
+    assert_eq!(body["action_id"], a.id.as_str());
+    // The stats count it under the server and its tool.
+    let since = r.b.now() - jiff::SignedDuration::from_hours(1);
+    let stats = pulse_shared::engine::actions::tool_stats(r.b.store.as_ref(), since)
+        .await
+        .unwrap();
+    let row = stats.iter().find(|s| s.tool == "cal/add").expect("a row");
+    assert_eq!((row.calls, row.succeeded, row.failed), (1, 1, 0));
+}
+
+on_both_backends!(
+    a_call_made_before_a_crash_is_answered_from_the_log_and_never_sent_twice,
+    rerun
+);
+async fn rerun(kind: Kind) {
+    use pulse_shared::domain::{ActionId, ActionStatus, EventId, HeartbeatId, ToolUse};
+    use pulse_shared::engine::agent_tools::{Site, idempotency_key};
+    let r = rig(kind).await;
+    r.register(Duration::from_millis(400)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    let offer = r.tools.offer(&agent, &[]).await;
+    let at_ms = r.b.now().as_millisecond() as u64;
+    let site = |index| Site {
+        agent: &agent,
+        heartbeat_id: HeartbeatId::new(agent.id.clone(), 0),
+        event: None,
+        turn_id: None,
+        run: "tn_run",
+        index,
+        at_ms,
+    };
+    let add = ToolUse {
+        id: "c1".into(),
+        name: "cal__add".into(),
+        input: json!({"a": 1, "b": 2}),
+    };
+    // The same call of the same run, made again (a rerun after a crash): answered from
+    // the log, not sent.
+    let first = r.tools.run(&offer, &add, &site(0)).await.unwrap().unwrap();
+    let again = r.tools.run(&offer, &add, &site(0)).await.unwrap().unwrap();
+    assert_eq!(first, again);
+    assert_eq!(r.mcp.calls().len(), 1);
+    // A lost answer is UNKNOWN, and a rerun does not send it again either.
+    let slow = ToolUse {
+        id: "c2".into(),
+        name: "cal__slow".into(),
+        input: json!({"ms": 1500}),
+    };
+    for _ in 0..2 {
+        let why = r
+            .tools
+            .run(&offer, &slow, &site(1))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(why.contains("may or may not have been done"), "{why}");
+    }
+    assert_eq!(r.mcp.calls().len(), 2, "the slow call went out once");
+    // A call a crashed run left RUNNING is not sent again: the server is not idempotent.
+    let note = ToolUse {
+        id: "c3".into(),
+        name: "cal__note".into(),
+        input: json!({"text": "once"}),
+    };
+    let key = idempotency_key("tn_run.2", &note);
+    let event_id = EventId::derived(at_ms, &[&key]);
+    let cal = ToolName::parse("cal").unwrap();
+    let mut left =
+        r.b.store
+            .list_actions(&agent.id, 1)
+            .await
+            .unwrap()
+            .remove(0);
+    left.id = ActionId::for_event(&event_id, &cal);
+    left.event_id = event_id;
+    left.status = ActionStatus::Running;
+    left.completed_at = None;
+    left.error = None;
+    left.call.as_mut().unwrap().key = key;
+    assert!(r.b.store.start_action(&left).await.unwrap().is_none());
+    let why = r
+        .tools
+        .run(&offer, &note, &site(2))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(why.contains("may or may not have been done"), "{why}");
+    assert_eq!(r.mcp.calls().len(), 2, "nothing more was sent");
+    let stored =
+        r.b.store
+            .get_action(&agent.id, &left.id)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(stored.status, ActionStatus::Unknown);
+    assert!(stored.error.unwrap().contains("pulse actions resolve"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded() {
+    let r = rig(Kind::Sqlite).await;
+    r.register(Duration::from_secs(5)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
+    hooks_to(
+        &r.b,
+        &agent,
+        &receiver,
+        &["TOOL_DEGRADED", "TOOL_RECOVERED"],
+    )
+    .await;
+    let mut a = agent.clone();
+    a.budgets.max_steps = 8;
+    r.b.store.update_agent(&a, &agent).await.unwrap();
+    let mut script: Vec<Scripted> = (0..6)
+        .map(|i| Scripted::tool("cal__fail", json!({"n": i})))
+        .collect();
+    script.push(Scripted::text("it is broken"));
+    r.llm.script(script);
+    r.turn(&a, "try it six times").await;
+    assert_eq!(r.mcp.calls().len(), 6);
+    dispatch(&r.b).await;
+    assert_eq!(receiver.hook_types(), ["TOOL_DEGRADED"], "told once");
+    let body: Value = serde_json::from_slice(&receiver.received()[0].body).unwrap();
+    assert_eq!(body["data"]["tool_name"], "cal");
+    assert_eq!(
+        (
+            body["data"]["calls"].as_u64(),
+            body["data"]["failed"].as_u64()
+        ),
+        (Some(5), Some(5))
+    );
+    // A later window of successes recovers it.
+    r.b.advance(jiff::SignedDuration::from_mins(11));
+    let script: Vec<Scripted> = (0..5)
+        .map(|i| Scripted::tool("cal__add", json!({"a": i, "b": 1})))
+        .chain([Scripted::text("fixed")])
+        .collect();
+    r.llm.script(script);
+    r.turn(&a, "and now?").await;
+    dispatch(&r.b).await;
+    assert_eq!(receiver.hook_types(), ["TOOL_DEGRADED", "TOOL_RECOVERED"]);
 }

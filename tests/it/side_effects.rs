@@ -215,3 +215,47 @@ async fn stopped(kind: Kind) {
     );
     assert_eq!(mail.received().len(), 1, "called once, never again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_tool_failing_most_calls_is_told_to_the_hooks_once_as_degraded() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let mail = FakeReceiver::start().await;
+    mail.script((0..6).map(|_| Answer::status(500)).collect());
+    b.tool_with(
+        "mailer",
+        &mail.url(),
+        Duration::from_secs(5),
+        "SEND",
+        0,
+        Filter::default(),
+    )
+    .await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let told = FakeReceiver::start().await;
+    for t in ["TOOL_DEGRADED", "TOOL_RECOVERED"] {
+        let hook = pulse_shared::domain::Hook::new(
+            agent.id.clone(),
+            pulse_shared::domain::HookType::parse(t).unwrap(),
+            pulse_shared::domain::HookTarget::parse(&told.url()).unwrap(),
+            &pulse_signatures::inbound::generate_secret(),
+            b.now(),
+        );
+        b.store.create_hook(&hook).await.unwrap();
+    }
+    for n in 0..6 {
+        b.emit(&agent, "SEND", json!({"n": n})).await;
+    }
+    b.advance(SignedDuration::from_mins(16));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker_with_hooks(settings())).await;
+    assert_eq!(mail.received().len(), 6, "six calls, each failed");
+    let d = b.dispatcher();
+    while d
+        .poll_once(10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .handled
+        > 0
+    {}
+    assert_eq!(told.hook_types(), ["TOOL_DEGRADED"], "told once");
+}

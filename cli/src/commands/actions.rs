@@ -169,7 +169,7 @@ pub(crate) async fn execute(plan: ActionsPlan, cx: &Ctx<'_>) -> Result<(), Failu
                 |a| {
                     vec![
                         a.id.to_string(),
-                        a.tool.to_string(),
+                        a.label(),
                         a.event_id.to_string(),
                         a.heartbeat_id.beat().to_string(),
                         a.status.as_str().to_owned(),
@@ -324,12 +324,26 @@ fn show(cx: &Ctx<'_>, a: &Action) {
     }
     let field = |k: &str, v: String| outln!("{k:<12}{v}");
     field("id", a.id.to_string());
-    field("tool", a.tool.to_string());
-    field("event", a.event_id.to_string());
-    field(
-        "heartbeat",
-        format!("{} (beat {})", a.heartbeat_id, a.heartbeat_id.beat()),
-    );
+    field("tool", a.label());
+    match &a.call {
+        // A model's MCP call: its own id stands in the event's place.
+        Some(call) => {
+            if let Some(e) = &call.event_id {
+                field("event", e.to_string());
+            }
+            if let Some(t) = &call.turn_id {
+                field("turn", t.to_string());
+            }
+            field("key", call.key.clone());
+        }
+        None => field("event", a.event_id.to_string()),
+    }
+    if a.heartbeat_id.beat() > 0 {
+        field(
+            "heartbeat",
+            format!("{} (beat {})", a.heartbeat_id, a.heartbeat_id.beat()),
+        );
+    }
     field("status", a.status.as_str().to_owned());
     field("attempts", a.attempt.to_string());
     field("depth", a.depth.to_string());

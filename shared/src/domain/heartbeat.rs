@@ -214,6 +214,7 @@ impl Heartbeat {
             completed_at: Some(at),
             duration_ms: Some(0),
             new_events: Vec::new(),
+            call: None,
         })
     }
 

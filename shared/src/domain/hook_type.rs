@@ -42,10 +42,14 @@ impl HookType {
     pub const BUDGET_EXHAUSTED: &'static str = "BUDGET_EXHAUSTED";
     /// Too many heartbeats in an hour: the breaker paused the agent.
     pub const BREAKER_TRIPPED: &'static str = "BREAKER_TRIPPED";
+    /// Most of a tool's calls failed over a window: told once, until it recovers.
+    pub const TOOL_DEGRADED: &'static str = "TOOL_DEGRADED";
+    /// A degraded tool's calls mostly succeed again.
+    pub const TOOL_RECOVERED: &'static str = "TOOL_RECOVERED";
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 14] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 16] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -86,6 +90,14 @@ impl HookType {
         (
             Self::BREAKER_TRIPPED,
             "too many heartbeats in an hour; the breaker paused the agent",
+        ),
+        (
+            Self::TOOL_DEGRADED,
+            "most calls of a tool failed over 10 minutes (told once, until it recovers)",
+        ),
+        (
+            Self::TOOL_RECOVERED,
+            "a degraded tool's calls mostly succeed again",
         ),
     ];
 

@@ -78,7 +78,7 @@ pub use time::{
 pub use token::{ApiToken, MAX_TOKEN_LIFE, TokenRefusal};
 pub use tool::{
     Action, ActionStatus, AgentContext, BadToolResponse, Beats, Filter, HEARTBEAT_AGENT,
-    HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
+    HeartbeatContext, ModelCall, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
     builtin_tools,
 };
 pub use unreadable::Unreadable;

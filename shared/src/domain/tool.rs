@@ -10,7 +10,9 @@ use url::Url;
 
 use super::agent::{Agent, ThinkPolicy};
 use super::event::{Event, EventCursor, NewEvent, Priority};
-use super::ids::{ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName};
+use super::ids::{
+    ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName, TurnId,
+};
 use crate::error::ValidationError;
 
 /// How a tool runs.
@@ -376,9 +378,11 @@ pub struct Action {
     pub agent_id: AgentId,
     /// The heartbeat that ran it (the latest, if it ran again after a crash).
     pub heartbeat_id: HeartbeatId,
-    /// The event that triggered it.
+    /// The event that triggered it. A model's call to an MCP tool has an id of its own
+    /// here, derived from the call and dated with its run's event (or chat turn), so
+    /// each call is one action and is filed, kept and deleted with its run.
     pub event_id: EventId,
-    /// The tool.
+    /// The tool (for a model's call, the MCP server).
     pub tool: ToolName,
     /// Its status.
     pub status: ActionStatus,
@@ -405,6 +409,35 @@ pub struct Action {
     /// Events the tool returned, appended to the log.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub new_events: Vec<EventId>,
+    /// Set for a call the model made to one of an MCP server's tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<ModelCall>,
+}
+
+/// A call a model made, in a heartbeat or a chat turn, to a tool of an MCP server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCall {
+    /// The server's own name for the tool.
+    pub tool: String,
+    /// The event its heartbeat run answered; none for a chat turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<EventId>,
+    /// The chat turn it was made in; none for a heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<TurnId>,
+    /// The `Idempotency-Key` it was sent with, the same on every attempt.
+    pub key: String,
+}
+
+impl Action {
+    /// What the action ran, as listings and `pulse tools stats` name it: the tool, or
+    /// for a model's call `server/tool`.
+    pub fn label(&self) -> String {
+        match &self.call {
+            Some(c) => format!("{}/{}", self.tool, c.tool),
+            None => self.tool.to_string(),
+        }
+    }
 }
 
 /// What a tool receives: the event, the agent, the heartbeat's beats, and its config.

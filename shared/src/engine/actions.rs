@@ -176,7 +176,7 @@ pub struct ToolStats {
 }
 
 /// Every tool's calls started since `since`, over every agent's latest
-/// [`STATS_SCAN`] actions, by tool name.
+/// [`STATS_SCAN`] actions, by tool name (a model's MCP calls by `server/tool`).
 pub async fn tool_stats(
     store: &dyn Store,
     since: jiff::Timestamp,
@@ -191,8 +191,9 @@ pub async fn tool_stats(
             {
                 continue;
             }
-            let (s, times) = by_tool.entry(a.tool.to_string()).or_default();
-            s.tool = a.tool.to_string();
+            let label = a.label();
+            let (s, times) = by_tool.entry(label.clone()).or_default();
+            s.tool = label;
             s.calls += 1;
             match a.status {
                 ActionStatus::Completed => s.succeeded += 1,

@@ -32,6 +32,7 @@ mod status;
 pub mod steering;
 mod sweep;
 mod switches;
+pub mod tool_health;
 mod trace;
 pub mod transcript;
 mod usage;

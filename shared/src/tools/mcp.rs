@@ -50,8 +50,8 @@ const META_KEY: &str = "pulse/idempotency-key";
 /// What one `tools/call` came to.
 #[derive(Clone, Debug, PartialEq)]
 pub enum McpCall {
-    /// The server answered: its result for the model, whether it says the call
-    /// failed (`isError`), and how many images it held.
+    /// The server answered: its result for the model, and whether it says the call
+    /// failed (`isError`).
     Answered {
         /// Text, structured content and image notes.
         result: Value,

@@ -212,7 +212,7 @@ pub(crate) async fn actions(
                         thead { tr { th { "Tool" } th { "Beat" } th { "Status" } th { "Try" } th { "Started" } th { "Took" } th { "Error" } th {} } }
                         tbody { @for a in &actions {
                             tr {
-                                td { (a.tool) }
+                                td { (a.label()) }
                                 td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (a.heartbeat_id.beat())} { "#" (a.heartbeat_id.beat()) } }
                                 td { (badge(a.status.as_str())) }
                                 td { (a.attempt) }
@@ -220,8 +220,8 @@ pub(crate) async fn actions(
                                 td { (a.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default()) }
                                 td.wrap { (a.error.as_deref().map(|e| short(e, 120)).unwrap_or_default()) }
                                 td {
-                                    // A finished action of a tool (not the heartbeat agent's run) can run again.
-                                    @if a.status.is_final() && a.tool.as_str() != pulse_shared::domain::HEARTBEAT_AGENT {
+                                    // A finished action of a tool (not the heartbeat agent's run, nor a model's call) can run again.
+                                    @if a.status.is_final() && a.call.is_none() && a.tool.as_str() != pulse_shared::domain::HEARTBEAT_AGENT {
                                         (button(&d, &format!("/ui/agents/{}/actions/{}/retry", agent.id, a.id), "Retry", "quiet", &format!("/ui/agents/{}/actions", agent.id)))
                                     }
                                 }

@@ -90,7 +90,7 @@ fn action(a: &Action, now: jiff::Timestamp) -> Markup {
         .and_then(|r| r["output"]["steps"].as_array().cloned());
     html! {
         div.card {
-            p { strong { (a.tool) } " " (badge(a.status.as_str())) " started " (ago(now, Some(a.started_at)))
+            p { strong { (a.label()) } " " (badge(a.status.as_str())) " started " (ago(now, Some(a.started_at)))
                 @if let Some(ms) = a.duration_ms { ", took " (ms) " ms" }
                 @if a.attempt > 1 { " (attempt " (a.attempt) ")" } }
             @if let Some(e) = &a.error { p.error { (e) } }

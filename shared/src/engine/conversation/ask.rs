@@ -4,6 +4,7 @@ use tracing::{error, info, warn};
 
 use super::*;
 use crate::domain::{Agent, ChatMessage, LlmRequest, MemoryId, TurnId, Usage};
+use crate::engine::agent_tools::Site;
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::{memory, reminders, transcript};
 use crate::error::{EngineError, chain};
@@ -128,9 +129,18 @@ impl Conversation {
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
-                let key = format!("{turn_id}.{calls}");
+                // A turn's calls belong to no heartbeat: beat 0.
+                let site = Site {
+                    agent,
+                    heartbeat_id: crate::domain::HeartbeatId::new(agent.id.clone(), 0),
+                    event: None,
+                    turn_id: Some(turn_id),
+                    run: turn_id.as_str(),
+                    index: calls,
+                    at_ms: first_ms,
+                };
                 calls += 1;
-                let result = self.run_tool(agent, (&offer, &key), call, id, &cx).await;
+                let result = self.run_tool(agent, (&offer, &site), call, id, &cx).await;
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
                 let (step, message) = transcript::tool_step(call, result);
                 asked.steps.push(step);
@@ -158,13 +168,13 @@ fn written(mut asked: Asked) -> Asked {
 }
 
 impl Conversation {
-    /// Runs one of the turn's tools for the model: an MCP tool the agent is given (its
-    /// calls keyed by `key`), or `remember`, `recall`, `schedule` (a memory it keeps gets
+    /// Runs one of the turn's tools for the model: an MCP tool the agent is given (a
+    /// call made at `site`), or `remember`, `recall`, `schedule` (a memory it keeps gets
     /// `id`).
     async fn run_tool(
         &self,
         agent: &Agent,
-        (offer, key): (&crate::engine::agent_tools::Offer, &str),
+        (offer, site): (&crate::engine::agent_tools::Offer, &Site<'_>),
         call: &crate::domain::ToolUse,
         id: MemoryId,
         cx: &memory::Context,
@@ -173,7 +183,7 @@ impl Conversation {
             && offer.offers(&call.name)
         {
             return at
-                .run(offer, call, key)
+                .run(offer, call, site)
                 .await
                 .unwrap_or_else(|| Err(format!("no tool {}", call.name)));
         }

@@ -9,17 +9,17 @@ use tracing::{Instrument, info, info_span, warn};
 use super::{ActionDone, HeartbeatRunner, Plan, to_json};
 use crate::domain::{
     Action, ActionId, ActionStatus, Cascade, Event, EventId, HEARTBEAT_AGENT, NewEvent, Tool,
-    ToolRequest,
+    ToolKind, ToolRequest,
 };
 use crate::engine::budget;
 use crate::error::{EngineError, StoreError};
 use crate::meter;
 use crate::ports::ToolFailure;
 
-/// How starting an action went.
 /// What an UNKNOWN action's error says to do.
-const SETTLE: &str = "settle it with `pulse actions retry ID` (the same Idempotency-Key is sent) or `pulse actions resolve ID --as succeeded|failed`";
+pub(super) const SETTLE: &str = "settle it with `pulse actions retry ID` (the same Idempotency-Key is sent) or `pulse actions resolve ID --as succeeded|failed`";
 
+/// How starting an action went.
 enum Begun {
     /// Run the tool with this request; the action is recorded RUNNING.
     Run(Box<(ToolRequest, Action)>),
@@ -53,41 +53,13 @@ impl HeartbeatRunner {
             action.completed_at = Some(completed_at);
             action.duration_ms = Some(began.elapsed().as_millis() as u64);
             action.response = call.response_meta;
-            let new_events = match call.result {
-                Err(ToolFailure::Interrupted(why)) => {
-                    action.status = ActionStatus::Cancelled;
-                    action.error = Some(why);
-                    Vec::new()
+            let new_events = match outcome(&mut action, call.result, tool.idempotent) {
+                Some(events) => {
+                    let made = self.cascade(plan, event, tool, &action, events);
+                    action.new_events = made.iter().map(|e| e.id.clone()).collect();
+                    made
                 }
-                Err(ToolFailure::Skipped(why)) => {
-                    action.status = ActionStatus::Skipped;
-                    action.error = Some(why);
-                    Vec::new()
-                }
-                Err(ToolFailure::Unknown(why)) if !tool.idempotent => {
-                    action.status = ActionStatus::Unknown;
-                    action.error = Some(format!("{why}; {SETTLE}"));
-                    Vec::new()
-                }
-                Ok(resp) if resp.success => {
-                    action.status = ActionStatus::Completed;
-                    let new_events = self.cascade(plan, event, tool, &action, resp.new_events);
-                    action.new_events = new_events.iter().map(|e| e.id.clone()).collect();
-                    new_events
-                }
-                Ok(resp) => {
-                    action.status = ActionStatus::Failed;
-                    action.error = Some(
-                        resp.error
-                            .unwrap_or_else(|| "the tool answered \"success\": false".to_owned()),
-                    );
-                    Vec::new()
-                }
-                Err(failure) => {
-                    action.status = ActionStatus::Failed;
-                    action.error = Some(failure.to_string());
-                    Vec::new()
-                }
+                None => Vec::new(),
             };
             match self.store.finish_action(&action, &new_events).await {
                 Ok(()) => {}
@@ -117,6 +89,12 @@ impl HeartbeatRunner {
                 .await;
             }
             self.finish_hooks(plan, event, &action, &new_events).await?;
+            if matches!(tool.kind, ToolKind::Http { .. }) && action.status.is_final() {
+                let ok = action.status == ActionStatus::Completed;
+                if let Some(change) = self.health.record(&tool.name, ok, completed_at) {
+                    self.health_hook(plan, change).await;
+                }
+            }
             let done = self.settle(&action, new_events);
             if action.status == ActionStatus::Skipped {
                 info!(reason = action.error.as_deref(), "action skipped");
@@ -212,6 +190,7 @@ impl HeartbeatRunner {
             completed_at: None,
             duration_ms: None,
             new_events: Vec::new(),
+            call: None,
         };
         match self.store.start_action(&action).await? {
             None => {}
@@ -359,4 +338,36 @@ fn model_tokens(response: Option<&serde_json::Value>) -> u64 {
     let usage = response.map(|r| &r["usage"]);
     let n = |k: &str| usage.and_then(|u| u[k].as_u64()).unwrap_or(0);
     n("input_tokens") + n("output_tokens")
+}
+
+/// Records a tool's answer on `action`: its status and error. The events a completed
+/// call returned, for the caller to date and file; `None` for any other outcome.
+///
+/// A call whose answer was lost after it was sent is UNKNOWN unless the tool is
+/// idempotent (then it is a plain failure, safe to run again).
+pub(super) fn outcome(
+    action: &mut Action,
+    result: Result<crate::domain::ToolResponse, ToolFailure>,
+    idempotent: bool,
+) -> Option<Vec<NewEvent>> {
+    let (status, error) = match result {
+        Ok(resp) if resp.success => {
+            action.status = ActionStatus::Completed;
+            return Some(resp.new_events);
+        }
+        Ok(resp) => (
+            ActionStatus::Failed,
+            resp.error
+                .unwrap_or_else(|| "the tool answered \"success\": false".to_owned()),
+        ),
+        Err(ToolFailure::Interrupted(why)) => (ActionStatus::Cancelled, why),
+        Err(ToolFailure::Skipped(why)) => (ActionStatus::Skipped, why),
+        Err(ToolFailure::Unknown(why)) if !idempotent => {
+            (ActionStatus::Unknown, format!("{why}; {SETTLE}"))
+        }
+        Err(failure) => (ActionStatus::Failed, failure.to_string()),
+    };
+    action.status = status;
+    action.error = Some(error);
+    None
 }

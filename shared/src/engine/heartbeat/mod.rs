@@ -84,6 +84,8 @@ pub struct HeartbeatRunner {
     settings: EngineSettings,
     /// Emits hooks at the lifecycle points, when a hooks queue is configured.
     hooks: Option<HookEmitter>,
+    /// The tools' health counts (shared with the agents' MCP calls).
+    health: Arc<crate::engine::tool_health::ToolHealth>,
     /// The cached registry. An async mutex, held while loading, so runs that start
     /// together share one read instead of each making their own.
     registry: tokio::sync::Mutex<Option<Arc<Registry>>>,
@@ -193,6 +195,7 @@ impl HeartbeatRunner {
             clock,
             settings,
             hooks: None,
+            health: Arc::default(),
             registry: tokio::sync::Mutex::new(None),
         }
     }
@@ -201,6 +204,12 @@ impl HeartbeatRunner {
     /// BEFORE/AFTER_<TOOL>, ACTION_*).
     pub fn with_hooks(mut self, emitter: HookEmitter) -> Self {
         self.hooks = Some(emitter);
+        self
+    }
+
+    /// Counts the HTTP tools' outcomes in `health` (TOOL_DEGRADED, TOOL_RECOVERED).
+    pub fn with_health(mut self, health: Arc<crate::engine::tool_health::ToolHealth>) -> Self {
+        self.health = health;
         self
     }
 

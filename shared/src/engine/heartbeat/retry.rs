@@ -18,7 +18,6 @@ use crate::domain::{
 };
 use crate::engine::actions;
 use crate::error::{EngineError, StoreError, ValidationError};
-use crate::ports::ToolFailure;
 
 /// Why an action was not retried.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +47,12 @@ impl HeartbeatRunner {
         if before.tool.as_str() == HEARTBEAT_AGENT {
             return Err(invalid(format!(
                 "the heartbeat agent runs within a heartbeat; wake the agent instead (`pulse heartbeats trigger {agent}`)"
+            )));
+        }
+        if let Some(call) = &before.call {
+            return Err(invalid(format!(
+                "action {id} is a call the agent's model made to {}/{} in its own run; Pulse does not make it again on its own. Look at the server, then settle it with `pulse actions resolve {id} --as succeeded|failed`; the agent can make the call again",
+                before.tool, call.tool
             )));
         }
         if before.status == ActionStatus::Running {
@@ -97,45 +102,17 @@ impl HeartbeatRunner {
         action.response = call.response_meta;
         let ms = now.as_millisecond().max(0) as u64;
         let attempt = action.attempt.to_string();
-        let new_events = match call.result {
-            Ok(resp) if resp.success => {
-                action.status = ActionStatus::Completed;
-                resp.new_events
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, ne)| {
-                        let mut e =
-                            ne.into_event(agent.clone(), format!("tool:{}", tool.name), now);
-                        e.id = EventId::derived(ms, &[id.as_str(), &attempt, &i.to_string()]);
-                        e.parent_id = Some(before.event_id.clone());
-                        e
-                    })
-                    .collect()
-            }
-            Ok(resp) => {
-                action.status = ActionStatus::Failed;
-                action.error = Some(
-                    resp.error
-                        .unwrap_or_else(|| "the tool answered \"success\": false".to_owned()),
-                );
-                Vec::new()
-            }
-            Err(ToolFailure::Skipped(why) | ToolFailure::Interrupted(why)) => {
-                action.status = ActionStatus::Skipped;
-                action.error = Some(why);
-                Vec::new()
-            }
-            Err(ToolFailure::Unknown(why)) if !tool.idempotent => {
-                action.status = ActionStatus::Unknown;
-                action.error = Some(why);
-                Vec::new()
-            }
-            Err(failure) => {
-                action.status = ActionStatus::Failed;
-                action.error = Some(failure.to_string());
-                Vec::new()
-            }
-        };
+        let new_events: Vec<_> = super::actions::outcome(&mut action, call.result, tool.idempotent)
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, ne)| {
+                let mut e = ne.into_event(agent.clone(), format!("tool:{}", tool.name), now);
+                e.id = EventId::derived(ms, &[id.as_str(), &attempt, &i.to_string()]);
+                e.parent_id = Some(before.event_id.clone());
+                e
+            })
+            .collect();
         action.new_events = new_events.iter().map(|e| e.id.clone()).collect();
         self.store.finish_action(&action, &new_events).await?;
         info!(action_id = %id, attempt = action.attempt, status = ?action.status, "action retried");

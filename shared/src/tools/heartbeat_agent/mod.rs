@@ -28,7 +28,7 @@ mod prompt;
 
 use prompt::{MAX_EVENTS_SHOWN, about, briefing, clip, system_prompt, tool_specs};
 
-use crate::engine::agent_tools::{AgentTools, Offer, with_own};
+use crate::engine::agent_tools::{AgentTools, Offer, Site, with_own};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
 use crate::engine::reminders::{self, ScheduleLimits};
@@ -557,8 +557,16 @@ impl HeartbeatAgent {
             }
             other => match &self.agent_tools {
                 Some(at) if offer.offers(other) => {
-                    let key = format!("{}.{index}", req.action_id);
-                    at.run(offer, call, &key)
+                    let site = Site {
+                        agent,
+                        heartbeat_id: req.heartbeat.id.clone(),
+                        event: Some(&req.event),
+                        turn_id: None,
+                        run: req.action_id.as_str(),
+                        index,
+                        at_ms: req.event.id.timestamp_ms(),
+                    };
+                    at.run(offer, call, &site)
                         .await
                         .unwrap_or_else(|| Err(format!("no tool {other}")))
                 }

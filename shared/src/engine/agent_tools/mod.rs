@@ -10,7 +10,11 @@
 //! A call is checked against the tool's schema (an object, its required properties)
 //! before it is sent; what comes back — the server's answer, its `isError`, or a call
 //! whose answer was lost — reaches the model as the call's result, so it can say so
-//! rather than guess.
+//! rather than guess. Each call is an action in the agent's log (see [`calls`]).
+
+mod calls;
+
+pub use calls::Site;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,10 +23,14 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::domain::{Agent, McpServer, OfferedTool, Tool, ToolKind, ToolName, ToolSpec, ToolUse};
+use crate::domain::{
+    Agent, HookRoute, McpServer, OfferedTool, Tool, ToolKind, ToolName, ToolSpec, ToolUse,
+};
+use crate::engine::HookEmitter;
+use crate::engine::tool_health::ToolHealth;
 use crate::error::chain;
 use crate::ports::{Clock, Store};
-use crate::tools::{McpCall, McpClients};
+use crate::tools::McpClients;
 
 /// The MCP tools of the agents, and the sessions their calls go through.
 #[derive(Clone)]
@@ -30,13 +38,18 @@ pub struct AgentTools {
     store: Arc<dyn Store>,
     clients: McpClients,
     clock: Arc<dyn Clock>,
+    hooks: Option<HookEmitter>,
+    health: Arc<ToolHealth>,
 }
 
 /// What one run offers the model, and where each call goes.
 #[derive(Default)]
 pub struct Offer {
     tools: Vec<OfferedTool>,
-    servers: HashMap<ToolName, McpServer>,
+    /// Each server, and whether its tools may be called again safely.
+    servers: HashMap<ToolName, (McpServer, bool)>,
+    /// The agent's hooks, read with the offer when it has tools and hooks are on.
+    routes: Vec<HookRoute>,
 }
 
 impl Offer {
@@ -58,7 +71,21 @@ impl AgentTools {
             store,
             clients,
             clock,
+            hooks: None,
+            health: Arc::default(),
         }
+    }
+
+    /// Emitting the calls' hooks (BEFORE/AFTER_<SERVER>, ACTION_*, TOOL_DEGRADED and
+    /// TOOL_RECOVERED) through `emitter`.
+    pub fn with_hooks(mut self, emitter: HookEmitter) -> Self {
+        self.hooks = Some(emitter);
+        self
+    }
+
+    /// The tools' health counts of this process, shared with the heartbeat runner.
+    pub fn health(&self) -> Arc<ToolHealth> {
+        self.health.clone()
     }
 
     /// The sessions with the servers.
@@ -106,12 +133,23 @@ impl AgentTools {
             } else {
                 server.clone()
             };
-            servers.push((tool.name.clone(), server));
+            servers.push((tool.name.clone(), server, tool.idempotent));
         }
-        let tools = crate::domain::offered(servers.iter().map(|(n, s)| (n, s)), taken);
+        let tools = crate::domain::offered(servers.iter().map(|(n, s, _)| (n, s)), taken);
+        let routes = match &self.hooks {
+            Some(hooks) if !tools.is_empty() => hooks.routes(&agent.id).await.unwrap_or_else(|e| {
+                warn!(error = %e, "the agent's hooks could not be read; its tool calls emit none this run");
+                Vec::new()
+            }),
+            _ => Vec::new(),
+        };
         Offer {
             tools,
-            servers: servers.into_iter().collect(),
+            servers: servers
+                .into_iter()
+                .map(|(n, s, idem)| (n, (s, idem)))
+                .collect(),
+            routes,
         }
     }
 
@@ -133,58 +171,6 @@ impl AgentTools {
             .map_err(|e| chain(&e))?;
         info!(server = %tool.name, tools = updated.mcp_server().map_or(0, |s| s.tools.len()), "MCP tools listed");
         Ok((updated, left_out))
-    }
-
-    /// Runs `call` if it names an offered tool (`None` otherwise). `key` identifies the
-    /// call among its run's (the run's id and the call's place); the idempotency key
-    /// sent adds a digest of the tool and arguments, so the same call made again after
-    /// a crash carries the same key, and a different one does not.
-    pub async fn run(
-        &self,
-        offer: &Offer,
-        call: &ToolUse,
-        key: &str,
-    ) -> Option<Result<Value, String>> {
-        let offered = offer.tools.iter().find(|t| t.model_name == call.name)?;
-        let server = offer.servers.get(&offered.server)?;
-        if let Err(why) = fits(&call.input, &offered.spec.parameters) {
-            return Some(Err(format!(
-                "the arguments do not fit {}: {why}; nothing was sent",
-                call.name
-            )));
-        }
-        let key = idempotency_key(key, call);
-        let started = std::time::Instant::now();
-        let outcome = self
-            .clients
-            .call(&offered.server, server, &offered.tool, &call.input, &key)
-            .await;
-        info!(
-            server = %offered.server,
-            tool = %offered.tool,
-            ms = started.elapsed().as_millis() as u64,
-            outcome = match &outcome {
-                McpCall::Answered { is_error: false, .. } => "succeeded",
-                McpCall::Answered { is_error: true, .. } => "failed",
-                McpCall::NotSent(_) => "not sent",
-                McpCall::Unknown(_) => "unknown",
-            },
-            "MCP tool call"
-        );
-        Some(match outcome {
-            McpCall::Answered {
-                result,
-                is_error: false,
-            } => Ok(result),
-            McpCall::Answered {
-                result,
-                is_error: true,
-            } => Err(format!("{} failed: {result}", call.name)),
-            McpCall::NotSent(why) => Err(format!("{why}; nothing was done")),
-            McpCall::Unknown(why) => Err(format!(
-                "{why}; it may or may not have been done, so do not repeat it and do not say it was done"
-            )),
-        })
     }
 }
 

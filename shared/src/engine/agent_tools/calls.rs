@@ -1,0 +1,361 @@
+//! A model's call to an MCP tool, as an action.
+//!
+//! Every call is recorded in the agent's action log before it is sent: RUNNING, then
+//! COMPLETED, FAILED or UNKNOWN with the answer (clipped for the log), its time and its
+//! `Idempotency-Key`. Its hooks are the same as any tool's: BEFORE_<SERVER> and
+//! ACTION_STARTED, then AFTER_<SERVER> and ACTION_COMPLETED or ACTION_FAILED.
+//!
+//! The action's id derives from the run (the heartbeat agent's action, or the chat
+//! turn), the call's place in it, the tool and the arguments, so a run made again after
+//! a crash finds each call it had already made:
+//! - finished: its recorded answer is given to the model again, and nothing is sent;
+//! - still RUNNING (the process stopped during the call): the server may have done the
+//!   work, so unless the server is marked `--idempotent` the call is recorded UNKNOWN
+//!   and not sent again; an idempotent one is sent again with the same key.
+//!
+//! A call whose answer was lost after it was sent is UNKNOWN the same way. The model is
+//! told so, and an operator settles it (`pulse actions resolve ID --as ...`).
+
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::{AgentTools, Offer, fits, idempotency_key};
+use crate::domain::{
+    Action, ActionId, ActionStatus, Agent, Event, EventId, HeartbeatId, HookData, HookType,
+    ModelCall, ToolName, ToolUse, TurnId,
+};
+use crate::engine::hooks::Emission;
+use crate::engine::tool_health::HealthChange;
+use crate::error::chain;
+use crate::tools::McpCall;
+
+/// The most of an answer kept in the action log (the model gets all of it).
+const KEPT_ANSWER: usize = 16 * 1024;
+
+/// Where a model's call is made: its run, for the action record and the hooks.
+pub struct Site<'a> {
+    /// The agent.
+    pub agent: &'a Agent,
+    /// The heartbeat (for a chat turn, beat 0: no heartbeat).
+    pub heartbeat_id: HeartbeatId,
+    /// The event the heartbeat agent answers; none in a chat turn.
+    pub event: Option<&'a Event>,
+    /// The chat turn; none in a heartbeat.
+    pub turn_id: Option<&'a TurnId>,
+    /// The run: the heartbeat agent's action id, or the turn id.
+    pub run: &'a str,
+    /// The call's place in its run.
+    pub index: usize,
+    /// When the run's event (or the turn's first message) was made, in ms: the stamp
+    /// of the call's ids, which files the call with its run.
+    pub at_ms: u64,
+}
+
+impl Site<'_> {
+    fn triggered_by(&self) -> &str {
+        self.event.map_or("TURN", |e| e.event_type.as_str())
+    }
+    fn in_heartbeat(&self) -> Option<HeartbeatId> {
+        self.event.map(|_| self.heartbeat_id.clone())
+    }
+}
+
+/// How starting a call's action went.
+enum Begun {
+    /// Send it.
+    Send,
+    /// A run before finished it (or left it UNKNOWN): its answer, nothing sent.
+    Done(Box<Action>),
+}
+
+impl AgentTools {
+    /// Runs `call` if it names an offered tool (`None` otherwise), recorded as an action
+    /// of `site` (see the module's documentation).
+    pub async fn run(
+        &self,
+        offer: &Offer,
+        call: &ToolUse,
+        site: &Site<'_>,
+    ) -> Option<Result<Value, String>> {
+        let offered = offer.tools.iter().find(|t| t.model_name == call.name)?;
+        let (server, idempotent) = offer.servers.get(&offered.server)?;
+        if let Err(why) = fits(&call.input, &offered.spec.parameters) {
+            return Some(Err(format!(
+                "the arguments do not fit {}: {why}; nothing was sent",
+                call.name
+            )));
+        }
+        let key = idempotency_key(&format!("{}.{}", site.run, site.index), call);
+        let mut action = self.action(site, &offered.server, &offered.tool, call, key);
+        match self.begin(&mut action, *idempotent).await {
+            Err(why) => return Some(Err(why)),
+            Ok(Begun::Done(done)) => {
+                info!(action_id = %done.id, status = ?done.status, "MCP call already made in an earlier run; its answer is reused");
+                self.finish_hooks(offer, site, &done).await;
+                return Some(answer_of(&done));
+            }
+            Ok(Begun::Send) => {}
+        }
+        self.start_hooks(offer, site, &action).await;
+        let started = Instant::now();
+        let key = action
+            .call
+            .as_ref()
+            .map_or("", |c| c.key.as_str())
+            .to_owned();
+        let outcome = self
+            .clients
+            .call(&offered.server, server, &offered.tool, &call.input, &key)
+            .await;
+        action.duration_ms = Some(started.elapsed().as_millis() as u64);
+        action.completed_at = Some(self.clock.now());
+        let answer = settle(&mut action, outcome, &call.name, *idempotent);
+        info!(
+            server = %offered.server,
+            tool = %offered.tool,
+            ms = action.duration_ms,
+            status = ?action.status,
+            "MCP tool call"
+        );
+        if let Err(e) = self.store.finish_action(&action, &[]).await {
+            warn!(action_id = %action.id, error = %chain(&e), "the MCP call's outcome could not be recorded; it stays RUNNING, and a rerun finds it so");
+        }
+        self.finish_hooks(offer, site, &action).await;
+        let ok = action.status == ActionStatus::Completed;
+        if let Some(change) = self.health.record(&action.tool, ok, self.clock.now()) {
+            self.health_hook(offer, site.agent, change).await;
+        }
+        Some(answer)
+    }
+
+    fn action(
+        &self,
+        site: &Site<'_>,
+        server: &ToolName,
+        tool: &str,
+        call: &ToolUse,
+        key: String,
+    ) -> Action {
+        let event_id = EventId::derived(site.at_ms, &[&key]);
+        Action {
+            id: ActionId::for_event(&event_id, server),
+            agent_id: site.agent.id.clone(),
+            heartbeat_id: site.heartbeat_id.clone(),
+            event_id,
+            tool: server.clone(),
+            status: ActionStatus::Running,
+            attempt: 1,
+            depth: site
+                .event
+                .and_then(|e| e.cascade.as_ref())
+                .map_or(0, |c| c.depth),
+            request: json!({"tool": tool, "as": call.name, "arguments": call.input}),
+            response: None,
+            error: None,
+            started_at: self.clock.now(),
+            completed_at: None,
+            duration_ms: None,
+            new_events: Vec::new(),
+            call: Some(ModelCall {
+                tool: tool.to_owned(),
+                event_id: site.event.map(|e| e.id.clone()),
+                turn_id: site.turn_id.cloned(),
+                key,
+            }),
+        }
+    }
+
+    /// Records the call RUNNING, or finds what a run before made of it.
+    async fn begin(&self, action: &mut Action, idempotent: bool) -> Result<Begun, String> {
+        let existing = match self.store.start_action(action).await {
+            Ok(None) => return Ok(Begun::Send),
+            Ok(Some(existing)) => existing,
+            Err(e) => {
+                return Err(format!(
+                    "the call could not be recorded ({}); nothing was sent",
+                    chain(&e)
+                ));
+            }
+        };
+        if existing.status.is_final() {
+            return Ok(Begun::Done(Box::new(existing)));
+        }
+        if !idempotent {
+            let mut unknown = existing.clone();
+            unknown.status = ActionStatus::Unknown;
+            unknown.completed_at = Some(self.clock.now());
+            unknown.error = Some(format!(
+                "an earlier run stopped while this call to {} was being made (attempt {}), so it may have been done; settle it with `pulse actions resolve {} --as succeeded|failed`",
+                existing.tool, existing.attempt, existing.id
+            ));
+            if let Err(e) = self.store.finish_action(&unknown, &[]).await {
+                warn!(action_id = %unknown.id, error = %chain(&e), "the call could not be recorded UNKNOWN");
+            }
+            warn!(action_id = %unknown.id, "an MCP call of an earlier run did not finish and its server is not idempotent: recorded UNKNOWN, not sent again");
+            return Ok(Begun::Done(Box::new(unknown)));
+        }
+        action.attempt = existing.attempt + 1;
+        match self.store.restart_action(action, existing.attempt).await {
+            Ok(true) => Ok(Begun::Send),
+            Ok(false) => Err("another run of this heartbeat is making this call".to_owned()),
+            Err(e) => Err(format!(
+                "the call could not be recorded ({}); nothing was sent",
+                chain(&e)
+            )),
+        }
+    }
+
+    async fn start_hooks(&self, offer: &Offer, site: &Site<'_>, action: &Action) {
+        let data = json!({
+            "tool_name": action.tool,
+            "mcp_tool": action.call.as_ref().map(|c| &c.tool),
+            "attempt": action.attempt,
+            "event_id": site.event.map(|e| &e.id),
+            "turn_id": site.turn_id,
+        });
+        for t in [
+            HookType::before_tool(&action.tool),
+            HookType::of(HookType::ACTION_STARTED),
+        ] {
+            self.emit_for(offer, site, action, t, data.clone()).await;
+        }
+    }
+
+    async fn finish_hooks(&self, offer: &Offer, site: &Site<'_>, action: &Action) {
+        let mut data = HookData::tool_finished(action, &[]);
+        data["mcp_tool"] = json!(action.call.as_ref().map(|c| &c.tool));
+        data["turn_id"] = json!(site.turn_id);
+        let finished = match action.status {
+            ActionStatus::Completed => Some(HookType::ACTION_COMPLETED),
+            ActionStatus::Failed => Some(HookType::ACTION_FAILED),
+            _ => None,
+        };
+        let types =
+            std::iter::once(HookType::after_tool(&action.tool)).chain(finished.map(HookType::of));
+        for t in types {
+            self.emit_for(offer, site, action, t, data.clone()).await;
+        }
+    }
+
+    /// Emits one of a call's hooks. A queue that refuses it is logged: the call was
+    /// made and its answer stands; a rerun of the run emits the same deliveries again.
+    async fn emit_for(
+        &self,
+        offer: &Offer,
+        site: &Site<'_>,
+        action: &Action,
+        hook_type: HookType,
+        data: Value,
+    ) {
+        let Some(hooks) = &self.hooks else {
+            return;
+        };
+        let emission = Emission {
+            hook_type,
+            heartbeat_id: site.in_heartbeat(),
+            action_id: Some(action.id.clone()),
+            data,
+            triggered_by: site.triggered_by().to_owned(),
+            key_ms: site.at_ms,
+            key: vec![action.id.to_string()],
+        };
+        if let Err(e) = hooks.emit(&offer.routes, site.agent, emission).await {
+            warn!(action_id = %action.id, error = %e, "a hook of an MCP call was not queued");
+        }
+    }
+
+    async fn health_hook(&self, offer: &Offer, agent: &Agent, change: HealthChange) {
+        warn!(tool = %change.tool, change = %change.hook_type, calls = change.calls, failed = change.failed, "tool health changed");
+        let Some(hooks) = &self.hooks else {
+            return;
+        };
+        if let Err(e) = hooks.emit(&offer.routes, agent, change.emission()).await {
+            warn!(error = %e, "a tool health hook was not queued");
+        }
+    }
+}
+
+/// Records `outcome` on `action`; what the model is told.
+fn settle(
+    action: &mut Action,
+    outcome: McpCall,
+    name: &str,
+    idempotent: bool,
+) -> Result<Value, String> {
+    let (status, answer) = match outcome {
+        McpCall::Answered {
+            result,
+            is_error: false,
+        } => {
+            action.response = Some(json!({"result": kept(&result)}));
+            (ActionStatus::Completed, Ok(result))
+        }
+        McpCall::Answered {
+            result,
+            is_error: true,
+        } => {
+            action.response = Some(json!({"result": kept(&result), "is_error": true}));
+            (
+                ActionStatus::Failed,
+                Err(format!("{name} failed: {result}")),
+            )
+        }
+        McpCall::NotSent(why) => (
+            ActionStatus::Failed,
+            Err(format!("{why}; nothing was done")),
+        ),
+        McpCall::Unknown(why) if idempotent => (
+            ActionStatus::Failed,
+            Err(format!(
+                "{why}; it may have been done, and may be tried again"
+            )),
+        ),
+        McpCall::Unknown(why) => (
+            ActionStatus::Unknown,
+            Err(format!(
+                "{why}; it may or may not have been done, so do not repeat it and do not say it was done"
+            )),
+        ),
+    };
+    action.status = status;
+    if let Err(why) = &answer {
+        action.error = Some(why.clone());
+    }
+    answer
+}
+
+/// What the model is told of a call a run before made.
+fn answer_of(action: &Action) -> Result<Value, String> {
+    match action.status {
+        ActionStatus::Completed => Ok(action
+            .response
+            .as_ref()
+            .map_or(Value::Null, |r| r["result"].clone())),
+        ActionStatus::Unknown => Err(format!(
+            "{}; it may or may not have been done, so do not repeat it and do not say it was done",
+            action
+                .error
+                .as_deref()
+                .unwrap_or("this call's answer was lost")
+        )),
+        _ => Err(action
+            .error
+            .clone()
+            .unwrap_or_else(|| "the call failed".to_owned())),
+    }
+}
+
+/// An answer as the log keeps it: whole, or its start when it is long.
+fn kept(result: &Value) -> Value {
+    let text = result.to_string();
+    if text.len() <= KEPT_ANSWER {
+        return result.clone();
+    }
+    let mut end = KEPT_ANSWER;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    json!({"clipped": true, "bytes": text.len(), "start": &text[..end]})
+}
