@@ -178,6 +178,23 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_owned();
     let port = free_port();
+    // A tool on every heartbeat, for the Tools tab's figures.
+    let echo = pulse_tests::FakeTool::start().await;
+    ok(
+        &d,
+        &["tools", "add", "--name", "echo", "--url", &echo.url()],
+    );
+    ok(
+        &d,
+        &[
+            "subscriptions",
+            "add",
+            "--tool",
+            "echo",
+            "--event",
+            "HEARTBEAT",
+        ],
+    );
     let _serve = serve(&d, port);
     let (_driver, c) = browser().await;
     let base = format!("http://127.0.0.1:{port}");
@@ -368,6 +385,13 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     expect_text(&c, "p.muted", "What a recall of").await;
     expect_text(&c, "table.memories tbody tr:first-child", "vegetarian").await;
     screenshot(&c, &d, "memories").await;
+
+    // The Tools tab: how the agent's tools fared today.
+    c.goto(&format!("{base}/ui/agents/{agent}/tools"))
+        .await
+        .unwrap();
+    expect_text(&c, "#tool-stats", "echo").await;
+    screenshot(&c, &d, "tools").await;
 
     c.goto(&format!("{base}/ui/")).await.unwrap();
     expect_text(&c, "td", "paused").await;

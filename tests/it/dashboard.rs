@@ -1380,4 +1380,76 @@ async fn retry_from_the_tab(kind: Kind) {
         (stored.status, stored.attempt),
         (ActionStatus::Completed, 2)
     );
+    // The Tools tab counts it in the agent's tool health.
+    let tools = u.get(&format!("{base}/tools")).await.body;
+    let at = tools.find("id=\"tool-stats\"").expect("a health table");
+    let row = &tools[at..];
+    let row = &row[row.find("<td>mailer</td>").expect("a row for the mailer")..];
+    assert!(
+        row.starts_with("<td>mailer</td><td>1</td><td>1</td>"),
+        "{row}"
+    );
+}
+
+on_both_backends!(
+    the_actions_tab_settles_an_unknown_action,
+    resolve_from_the_tab
+);
+async fn resolve_from_the_tab(kind: Kind) {
+    use pulse_shared::domain::{ActionStatus, Filter};
+    use pulse_tests::fake_hooks::{Answer as Slow, FakeReceiver};
+    let u = ui(kind, Access::Open).await;
+    let mail = FakeReceiver::start().await;
+    mail.script(vec![
+        Slow::status(200).after(std::time::Duration::from_millis(1_500)),
+    ]);
+    u.b.tool_with(
+        "mailer",
+        &mail.url(),
+        std::time::Duration::from_millis(300),
+        "ORDER",
+        0,
+        Filter::default(),
+    )
+    .await;
+    let (agent, _) = u.b.agent("scout", "15m").await;
+    u.b.emit(&agent, "ORDER", serde_json::json!({"n": 1})).await;
+    u.b.advance(jiff::SignedDuration::from_secs(10));
+    u.b.sweeper(settings()).sweep_once(u.b.now()).await;
+    u.b.drain(&u.b.worker(settings())).await;
+    let actions = u.b.store.list_actions(&agent.id, 10).await.unwrap();
+    let lost = actions
+        .iter()
+        .find(|a| a.tool.as_str() == "mailer")
+        .unwrap();
+    assert_eq!(lost.status, ActionStatus::Unknown);
+    let base = format!("/ui/agents/{}", agent.id);
+    let page = u.get(&format!("{base}/actions")).await.body;
+    let resolve = format!("{base}/actions/{}/resolve/failed", lost.id);
+    assert!(page.contains(&resolve), "{page}");
+    assert!(page.contains("It was done"), "{page}");
+    let csrf = u.csrf().await;
+    let done = u
+        .post(
+            &resolve,
+            &[("csrf", &csrf), ("back", &format!("{base}/actions"))],
+        )
+        .await;
+    assert_eq!(done.status, 303, "{}", done.body);
+    let stored =
+        u.b.store
+            .get_action(&agent.id, &lost.id)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(stored.status, ActionStatus::Failed);
+    // Settled once: a second word is refused, saying why.
+    let again = u
+        .post(
+            &resolve,
+            &[("csrf", &csrf), ("back", &format!("{base}/actions"))],
+        )
+        .await;
+    assert_eq!(again.status, 400, "{}", again.body);
+    assert!(again.body.contains("not UNKNOWN"), "{}", again.body);
 }

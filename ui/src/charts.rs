@@ -107,7 +107,7 @@ pub(crate) async fn agent_days(
             .await?
             .iter()
             .map(|s| s.tokens as f64)
-            .sum();
+            .fold(0.0, |a, b| a + b);
     }
     for row in usage(store, agent, since, &Prices::default()).await?.models {
         if let Some(i) = days.iter().position(|d| *d == row.day) {
@@ -265,7 +265,8 @@ pub(crate) fn bars(
                         // A presentation attribute, not an inline style: the page's policy
                         // allows no inline styles.
                         svg.swatch viewBox="0 0 10 10" aria-hidden="true" { rect width="10" height="10" rx="2" fill=(s.color) {} }
-                        (s.name) " " (fmt(s.values.iter().sum()))
+                        // Folded from +0: an empty f64 sum is -0, which reads "-0".
+                        (s.name) " " (fmt(s.values.iter().fold(0.0, |a, b| a + b)))
                     }
                     " "
                 }
@@ -338,5 +339,19 @@ mod tests {
         assert!(svg.contains("11-26: 1 failed"));
         assert!(svg.contains("class=\"budget\"") && svg.contains("budget 5"));
         assert!(svg.contains("spoke 3") && svg.contains("failed 1"), "{svg}");
+    }
+
+    #[test]
+    fn days_of_nothing_total_zero_not_minus_zero() {
+        let labels: Vec<String> = vec!["11-25".into(), "11-26".into()];
+        // What summing nothing gives in f64: -0.
+        let nothing: f64 = std::iter::empty::<f64>().sum();
+        let series = [Series {
+            name: "tokens",
+            color: "#000",
+            values: vec![nothing, nothing],
+        }];
+        let svg = bars("Tokens", &labels, &series, None).into_string();
+        assert!(svg.contains("tokens 0") && !svg.contains("-0"), "{svg}");
     }
 }

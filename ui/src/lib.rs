@@ -108,6 +108,10 @@ impl Dashboard {
             .route("/ui/agents/{id}/wake", post(agent::wake))
             .route("/ui/agents/{id}/actions/{action}/retry", post(agent::retry))
             .route(
+                "/ui/agents/{id}/actions/{action}/resolve/{to}",
+                post(agent::resolve),
+            )
+            .route(
                 "/ui/agents/{id}/heartbeats/{beat}/cancel",
                 post(agent::cancel),
             )

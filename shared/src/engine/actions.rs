@@ -181,18 +181,39 @@ pub async fn tool_stats(
     store: &dyn Store,
     since: jiff::Timestamp,
 ) -> Result<Vec<ToolStats>, StoreError> {
-    use crate::domain::ActionStatus;
-    use std::collections::BTreeMap;
-    let mut by_tool: BTreeMap<String, (ToolStats, Vec<u64>)> = BTreeMap::new();
+    let mut tally = Tally::default();
     for agent in store.list_agents().await? {
-        for a in store.list_actions(&agent.id, STATS_SCAN).await? {
+        tally.add(store.list_actions(&agent.id, STATS_SCAN).await?, since);
+    }
+    Ok(tally.stats())
+}
+
+/// [`tool_stats`] for one agent: one read of its latest [`STATS_SCAN`] actions.
+pub async fn agent_tool_stats(
+    store: &dyn Store,
+    agent: &AgentId,
+    since: jiff::Timestamp,
+) -> Result<Vec<ToolStats>, StoreError> {
+    let mut tally = Tally::default();
+    tally.add(store.list_actions(agent, STATS_SCAN).await?, since);
+    Ok(tally.stats())
+}
+
+/// Calls counted by tool, with their times.
+#[derive(Default)]
+struct Tally(std::collections::BTreeMap<String, (ToolStats, Vec<u64>)>);
+
+impl Tally {
+    fn add(&mut self, actions: Vec<Action>, since: jiff::Timestamp) {
+        use crate::domain::ActionStatus;
+        for a in actions {
             if a.started_at < since
                 || matches!(a.status, ActionStatus::Cancelled | ActionStatus::Skipped)
             {
                 continue;
             }
             let label = a.label();
-            let (s, times) = by_tool.entry(label.clone()).or_default();
+            let (s, times) = self.0.entry(label.clone()).or_default();
             s.tool = label;
             s.calls += 1;
             match a.status {
@@ -204,18 +225,21 @@ pub async fn tool_stats(
             times.extend(a.duration_ms);
         }
     }
-    Ok(by_tool
-        .into_values()
-        .map(|(mut s, mut times)| {
-            times.sort_unstable();
-            let at = |q: f64| {
-                (!times.is_empty()).then(|| {
-                    times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1]
-                })
-            };
-            s.p50_ms = at(0.5);
-            s.p95_ms = at(0.95);
-            s
-        })
-        .collect())
+
+    fn stats(self) -> Vec<ToolStats> {
+        self.0
+            .into_values()
+            .map(|(mut s, mut times)| {
+                times.sort_unstable();
+                let at = |q: f64| {
+                    (!times.is_empty()).then(|| {
+                        times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1]
+                    })
+                };
+                s.p50_ms = at(0.5);
+                s.p95_ms = at(0.95);
+                s
+            })
+            .collect()
+    }
 }

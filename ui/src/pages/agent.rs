@@ -224,6 +224,11 @@ pub(crate) async fn actions(
                                     @if a.status.is_final() && a.call.is_none() && a.tool.as_str() != pulse_shared::domain::HEARTBEAT_AGENT {
                                         (button(&d, &format!("/ui/agents/{}/actions/{}/retry", agent.id, a.id), "Retry", "quiet", &format!("/ui/agents/{}/actions", agent.id)))
                                     }
+                                    // Nobody knows whether it was done: the operator, who can look, says.
+                                    @if a.status == pulse_shared::domain::ActionStatus::Unknown {
+                                        (button(&d, &format!("/ui/agents/{}/actions/{}/resolve/succeeded", agent.id, a.id), "It was done", "quiet", &format!("/ui/agents/{}/actions", agent.id)))
+                                        (button(&d, &format!("/ui/agents/{}/actions/{}/resolve/failed", agent.id, a.id), "It was not", "quiet", &format!("/ui/agents/{}/actions", agent.id)))
+                                    }
                                 }
                             }
                         } }
@@ -443,6 +448,33 @@ pub(crate) async fn retry(
             pulse_shared::engine::RetryError::Failed(e) => {
                 Problem::Invalid(format!("the retry did not run: {e}"))
             }
+        })?;
+    Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
+}
+
+/// `POST /ui/agents/{id}/actions/{action}/resolve/{as}`: settles an UNKNOWN action as
+/// `succeeded` or `failed`, as `pulse actions resolve` does.
+pub(crate) async fn resolve(
+    State(d): State<Dashboard>,
+    Path((id, action, to)): Path<(String, String, String)>,
+    Form(f): Form<Back>,
+) -> Result<Redirect, Problem> {
+    let agent = agent_of(&d, &id).await?;
+    let succeeded = match to.as_str() {
+        "succeeded" => true,
+        "failed" => false,
+        _ => return Err(Problem::NotFound(format!("outcome {}", to.escape_debug()))),
+    };
+    let missing = || Problem::NotFound(format!("action {}", action.escape_debug()));
+    let id = pulse_shared::domain::ActionId::parse(&action).map_err(|_| missing())?;
+    let found = pulse_shared::engine::actions::find(d.0.store.as_ref(), &agent.id, &id)
+        .await?
+        .ok_or_else(missing)?;
+    pulse_shared::engine::actions::settle(d.0.store.as_ref(), &found, succeeded, d.0.clock.now())
+        .await
+        .map_err(|e| match e {
+            pulse_shared::engine::actions::SettleError::NotUnknown(why) => Problem::Invalid(why),
+            pulse_shared::engine::actions::SettleError::Store(e) => Problem::Store(e),
         })?;
     Ok(Redirect::to(&back_to(f.back.as_deref(), "/ui/")))
 }

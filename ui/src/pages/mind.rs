@@ -262,10 +262,29 @@ pub(crate) async fn tools(
         .collect();
     subs.sort_by(|a, b| (&a.event_type, a.order, &a.tool).cmp(&(&b.event_type, b.order, &b.tool)));
     let back = format!("/ui/agents/{}/tools", agent.id);
+    let since = d.0.clock.now() - jiff::SignedDuration::from_hours(24);
+    let stats = engine::actions::agent_tool_stats(d.0.store.as_ref(), &agent.id, since).await?;
     Ok(agent_page(
         &agent,
         Tab::Tools,
         html! {
+            h2 { "Health, last 24 hours" }
+            @if stats.is_empty() {
+                (empty("No tool ran for this agent in the last 24 hours. The whole deployment's figures:", "pulse tools stats --since 1d"))
+            } @else {
+                div.scroll { table #tool-stats {
+                    thead { tr { th { "Tool" } th { "Calls" } th { "Succeeded" } th { "Failed" } th { "Unknown" } th { "p50" } th { "p95" } } }
+                    tbody { @for s in &stats { tr {
+                        td { (s.tool) }
+                        td { (s.calls) }
+                        td { (s.succeeded) }
+                        td { @if s.failed > 0 { (badge("FAILED")) " " } (s.failed) }
+                        td { @if s.unknown > 0 { (badge("UNKNOWN")) " " } (s.unknown) }
+                        td { (s.p50_ms.map(|ms| format!("{ms} ms")).unwrap_or_else(|| "-".into())) }
+                        td { (s.p95_ms.map(|ms| format!("{ms} ms")).unwrap_or_else(|| "-".into())) }
+                    } } }
+                } }
+            }
             p.muted { "Tools and subscriptions for every agent are shared: switching one here switches it for all of them." }
             h2 { "Subscriptions" }
             div.scroll { table {
