@@ -469,3 +469,71 @@ async fn a_webhook_whose_secret_cannot_be_read_is_answered_503_without_the_reaso
         "nothing was taken in"
     );
 }
+
+/// An MCP server's headers under a rotated key: unreadable with the new key alone (the
+/// server is not called, and `pulse status` says so), readable with the old key beside
+/// it, and written back (what `pulse secrets reseal` does) readable with the new alone.
+async fn an_mcp_servers_headers_follow_a_key_rotation(kind: Kind) {
+    use pulse_shared::domain::{McpHeader, McpServer, Tool, ToolName};
+    let b = Backend::new(kind).await;
+    let name = ToolName::parse("cal").unwrap();
+    let server = McpServer::new(
+        "https://mcp.example.com/mcp",
+        vec![McpHeader::parse(&format!("Authorization: {AUTH}")).unwrap()],
+        Vec::new(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    b.store
+        .add_tool(&Tool::mcp(name.clone(), server, b.now()))
+        .await
+        .unwrap();
+    assert!(!raw(&b).await.contains(AUTH), "sealed at rest");
+    let header_of = |store: Arc<dyn Store>| {
+        let name = name.clone();
+        async move {
+            let registry = store.load_registry().await.unwrap();
+            let tool = registry.tools.into_iter().find(|t| t.name == name).unwrap();
+            let server = tool.mcp_server().unwrap().clone();
+            (tool, server)
+        }
+    };
+    let new_key = EncryptionKeys::new_key();
+    let new_only = EncryptionKeys::parse(&new_key, None).unwrap();
+    let (_, unread) = header_of(store_with(&b, new_only.clone())).await;
+    assert!(unread.unreadable.is_some(), "{unread:?}");
+    let status = pulse_shared::engine::status(
+        store_with(&b, new_only.clone()).as_ref(),
+        b.queue.as_ref(),
+        None,
+        b.now(),
+        jiff::SignedDuration::from_secs(60),
+        "run the sweeper",
+    )
+    .await
+    .unwrap();
+    assert!(
+        status
+            .findings
+            .iter()
+            .any(|f| f.what.contains("MCP server cal") && f.look.contains("tools add-mcp")),
+        "{:?}",
+        status.findings
+    );
+    let rotating = EncryptionKeys::parse(
+        &new_key,
+        Some("cHVsc2UtdGVzdHMtZml4ZWQta2V5LTMyLWJ5dGVzISE="),
+    )
+    .unwrap();
+    let store = store_with(&b, rotating);
+    let (tool, read) = header_of(store.clone()).await;
+    assert_eq!(read.headers[0].value.expose(), AUTH);
+    store.update_tool(&tool).await.unwrap();
+    let (_, after) = header_of(store_with(&b, new_only)).await;
+    assert_eq!(after.unreadable, None);
+    assert_eq!(after.headers[0].value.expose(), AUTH);
+}
+on_both_backends!(
+    an_mcp_servers_headers_follow_a_key_rotation,
+    an_mcp_servers_headers_follow_a_key_rotation
+);

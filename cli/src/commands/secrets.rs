@@ -1,7 +1,8 @@
 //! `pulse secrets …`: the key stored secrets are encrypted with. `new-key` prints a key
 //! for `PULSE_ENCRYPTION_KEY`; `reseal` reads every webhook and hook, which encrypts
-//! again with the current key whatever is stored in plain text or under an old key, so
-//! that an old key can be dropped after a rotation.
+//! again with the current key whatever is stored in plain text or under an old key, and
+//! writes every MCP server back (its headers sealed with the current key), so that an
+//! old key can be dropped after a rotation.
 
 use clap::Subcommand;
 use pulse_shared::app::Connected;
@@ -65,19 +66,39 @@ pub(crate) async fn reseal(b: &Connected, out: &Out) -> Result<(), Failure> {
             }
         }
     }
+    // An MCP server's headers are sealed again by writing the server back.
+    let mut servers = 0;
+    for t in b.store.load_registry().await?.tools {
+        let Some(m) = t.mcp_server() else {
+            continue;
+        };
+        match &m.unreadable {
+            Some(why) => unreadable.push(format!(
+                "MCP server {}: {why} (restore that key, or `pulse tools remove {}` and add it again with its headers)",
+                t.name, t.name
+            )),
+            None => {
+                if !m.headers.is_empty() {
+                    b.store.update_tool(&t).await?;
+                }
+                servers += 1;
+            }
+        }
+    }
     if out.json {
         out.json_value(&serde_json::json!({
             "webhooks": webhooks,
             "hooks": hooks,
+            "mcp_servers": servers,
             "unreadable": unreadable,
         }));
     } else if unreadable.is_empty() {
         eprintln!(
-            "{webhooks} webhooks and {hooks} hooks are encrypted with the current key; the old keys are no longer needed for them"
+            "{webhooks} webhooks, {hooks} hooks and {servers} MCP servers are encrypted with the current key; the old keys are no longer needed for them"
         );
     } else {
         eprintln!(
-            "{webhooks} webhooks and {hooks} hooks are encrypted with the current key; {} cannot be read with any configured key:",
+            "{webhooks} webhooks, {hooks} hooks and {servers} MCP servers are encrypted with the current key; {} cannot be read with any configured key:",
             unreadable.len()
         );
         for line in &unreadable {

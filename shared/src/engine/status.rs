@@ -144,6 +144,17 @@ pub async fn status(
     let agents = store.list_agents().await?;
     agents_status(store, &agents, now, &mut s).await?;
     webhooks_status(store, &agents, now, &mut s).await?;
+    for t in store.load_registry().await?.tools {
+        if let Some(why) = t.mcp_server().and_then(|m| m.unreadable.as_ref()) {
+            s.findings.push(Finding {
+                what: format!("MCP server {}: {why}; its tools are not called", t.name),
+                look: format!(
+                    "restore that key (PULSE_ENCRYPTION_KEY or PULSE_ENCRYPTION_OLD_KEYS), or add the server again with its headers: pulse tools remove {} && pulse tools add-mcp {} ...",
+                    t.name, t.name
+                ),
+            });
+        }
+    }
     queues_status(sessions, hooks, &mut s).await?;
     Ok(s)
 }

@@ -47,7 +47,7 @@ fn sealed_key_ids(db: &Db) -> Result<BTreeMap<String, usize>, StoreError> {
     db.blocking(|conn| {
         let op = sqlite_err("read the stored secrets' key ids");
         let mut stmt = conn
-            .prepare("SELECT doc FROM webhooks UNION ALL SELECT doc FROM hooks")
+            .prepare("SELECT doc FROM webhooks UNION ALL SELECT doc FROM hooks UNION ALL SELECT doc FROM tools")
             .map_err(&op)?;
         let docs = stmt
             .query_map([], |r| r.get::<_, String>(0))
