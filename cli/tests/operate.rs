@@ -1078,6 +1078,29 @@ async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_o
     assert!(unknown.contains("pulse tools add-mcp cal"), "{unknown}");
     let bare = bad(d, &["agents", "update", &agent, "--tools", "cal"]);
     assert!(bare.contains("mcp:NAME"), "{bare}");
+    // A local program: only with PULSE_MCP_STDIO=on, on the embedded database.
+    let local = [
+        "tools",
+        "add-mcp",
+        "loc",
+        "--command",
+        "no-such-mcp-server --stdio",
+    ];
+    let off = bad(d, &local);
+    assert!(off.contains("PULSE_MCP_STDIO=on"), "{off}");
+    let on = common::command(d, &local)
+        .env("PULSE_MCP_STDIO", "on")
+        .output()
+        .unwrap();
+    assert_eq!(on.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&on.stderr);
+    match backend {
+        Backend::Sqlite => assert!(why.contains("could not be started"), "{why}"),
+        Backend::Aws => assert!(
+            why.contains("Lambda functions never start programs"),
+            "{why}"
+        ),
+    }
     assert!(!json(d, &["tools", "list"]).to_string().contains("\"cal\""));
 
     // Added: its tools listed at once, the header never shown again.

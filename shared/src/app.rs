@@ -126,9 +126,20 @@ impl Connected {
 
     /// The agents' MCP tools, called through the services' egress guard.
     pub fn agent_tools(&self, clock: Arc<dyn Clock>, services: &Services) -> Arc<AgentTools> {
+        self.agent_tools_with(clock, services, false)
+    }
+
+    /// [`Self::agent_tools`], starting local MCP servers (programs) when `local` is set:
+    /// `pulse serve` with `PULSE_MCP_STDIO=on`, never a Lambda function.
+    pub fn agent_tools_with(
+        &self,
+        clock: Arc<dyn Clock>,
+        services: &Services,
+        local: bool,
+    ) -> Arc<AgentTools> {
         let tools = AgentTools::new(
             self.store.clone(),
-            McpClients::new(services.egress.clone()),
+            McpClients::new(services.egress.clone()).with_local_servers(local),
             clock.clone(),
         );
         Arc::new(match self.emitter(clock) {

@@ -601,3 +601,71 @@ async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded() {
     dispatch(&r.b).await;
     assert_eq!(receiver.hook_types(), ["TOOL_DEGRADED", "TOOL_RECOVERED"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_variables() {
+    use pulse_shared::domain::ToolKind;
+    let b = Backend::new(Kind::Sqlite).await;
+    let llm = FakeLlm::start().await;
+    let discord = FakeDiscord::start().await;
+    let services = pulse_tests::fake_services(&llm, &discord);
+    let server = McpServer::local(
+        vec![env!("CARGO_BIN_EXE_fake-mcp-stdio").to_owned()],
+        vec!["CARGO_MANIFEST_DIR".to_owned()],
+        Vec::new(),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let name = ToolName::parse("local").unwrap();
+    // Off (as on Lambda): never started.
+    let off = b.connected().agent_tools(b.clock.clone(), &services);
+    let why = off.clients().list(&name, &server).await.unwrap_err();
+    assert!(why.contains("PULSE_MCP_STDIO=on"), "{why}");
+    // On: started, listed, called.
+    let tools = b
+        .connected()
+        .agent_tools_with(b.clock.clone(), &services, true);
+    let tool = Tool::mcp(name.clone(), server, b.now());
+    b.store.add_tool(&tool).await.unwrap();
+    let tool = tools.refresh(&tool).await.unwrap().0;
+    let ToolKind::Mcp(listed) = &tool.kind else {
+        unreachable!()
+    };
+    assert_eq!(listed.tools.len(), 6, "{:?}", listed.tools);
+    let worker = b
+        .connected()
+        .worker_with(b.clock.clone(), &settings(), &services, tools.clone());
+    let (agent, _) = b.agent("scout", "10m").await;
+    let lifecycle = b.connected().lifecycle(b.clock.clone(), &settings());
+    let changes = AgentChanges {
+        tools: Some(AgentTool::parse_list("mcp:local").unwrap()),
+        ..AgentChanges::default()
+    };
+    lifecycle.update(&agent.id, &changes).await.unwrap();
+    llm.script([
+        Scripted::tool("local__add", json!({"a": 2, "b": 3})),
+        Scripted::tool("local__env", json!({})),
+        Scripted::text("done"),
+    ]);
+    b.say(&agent, "add and look around").await;
+    b.drain(&worker).await;
+    let results: Vec<String> = llm.requests()[2].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(results[0].contains("\"5\""), "{}", results[0]);
+    let names: Value = serde_json::from_str(&results[1]).unwrap();
+    let names = names["content"][0].as_str().unwrap().to_owned();
+    let names: Vec<&str> = names.split(',').collect();
+    assert!(names.contains(&"CARGO_MANIFEST_DIR"), "{names:?}");
+    assert!(names.contains(&"PATH"), "{names:?}");
+    for secret in ["PULSE_TEST_MOTO_URL", "CARGO", "RUST_BACKTRACE"] {
+        if std::env::var_os(secret).is_some() {
+            assert!(!names.contains(&secret), "{secret} was passed: {names:?}");
+        }
+    }
+}

@@ -140,6 +140,14 @@ impl ServerHandler for Handler {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 CallToolResult::success(vec![ContentBlock::text("done slowly")])
             }
+            // The names of the variables it was started with (a local server only).
+            "env" => {
+                let mut names: Vec<String> = std::env::vars_os()
+                    .map(|(k, _)| k.to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                CallToolResult::success(vec![ContentBlock::text(names.join(","))])
+            }
             "picture" => CallToolResult::success(vec![
                 ContentBlock::text("a red dot"),
                 ContentBlock::image("aGVsbG8=", "image/png"),
@@ -248,6 +256,25 @@ impl FakeMcp {
             let _ = p.notify_tool_list_changed().await;
         }
     }
+}
+
+/// Serves the same tools, and `env` (the names of its environment variables), over
+/// stdin and stdout until the client goes away: the `fake-mcp-stdio` program.
+pub async fn serve_stdio() {
+    use rmcp::ServiceExt;
+    let shared = Arc::new(Shared::default());
+    let mut tools = first_tools();
+    tools.push(tool(
+        "env",
+        "Names the environment variables it was given.",
+        json!({"type": "object"}),
+    ));
+    *shared.tools.lock().unwrap() = tools;
+    let running = Handler(shared)
+        .serve((tokio::io::stdin(), tokio::io::stdout()))
+        .await
+        .expect("an MCP client on stdin and stdout");
+    let _ = running.waiting().await;
 }
 
 impl Drop for FakeMcp {

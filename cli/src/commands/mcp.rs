@@ -13,8 +13,16 @@ pub(crate) struct AddMcp {
     /// NAME__tool.
     name: String,
     /// Its streamable HTTP endpoint (https://…/mcp).
-    #[arg(long)]
-    url: String,
+    #[arg(long, required_unless_present = "command", conflicts_with = "command")]
+    url: Option<String>,
+    /// Or a local program to start and speak to over stdin and stdout ("npx -y
+    /// @acme/mcp-server"): under `pulse serve` with PULSE_MCP_STDIO=on only.
+    #[arg(long, value_name = "PROGRAM ARGS")]
+    command: Option<String>,
+    /// An environment variable the local program is given from pulse serve's
+    /// environment, by name (repeat for more); nothing else of it is passed.
+    #[arg(long = "env", value_name = "NAME", requires = "command")]
+    env: Vec<String>,
     /// A header sent with every request, "Name: value" (repeat for more). Stored
     /// encrypted; never listed.
     #[arg(long = "header", value_name = "NAME: VALUE")]
@@ -56,7 +64,20 @@ pub(crate) fn plan(a: AddMcp, now: jiff::Timestamp) -> Result<Tool, Failure> {
     if timeout.is_negative() {
         return Err(Failure::Input("--timeout must not be negative".into()));
     }
-    let server = McpServer::new(&a.url, headers, allow, timeout.unsigned_abs()).map_err(input)?;
+    let server = match (&a.url, &a.command) {
+        (Some(url), _) => McpServer::new(url, headers, allow, timeout.unsigned_abs()),
+        (None, Some(command)) => {
+            if !headers.is_empty() {
+                return Err(Failure::Input(
+                    "--header is for servers at a URL; a local program is given --env NAME".into(),
+                ));
+            }
+            let words = command.split_whitespace().map(str::to_owned).collect();
+            McpServer::local(words, a.env.clone(), allow, timeout.unsigned_abs())
+        }
+        (None, None) => return Err(Failure::Input("give --url, or --command".into())),
+    }
+    .map_err(input)?;
     let mut tool = Tool::mcp(name, server, now);
     tool.idempotent = a.idempotent;
     tool.description = a.description;
@@ -80,7 +101,11 @@ pub(crate) fn summary(m: &McpServer, description: Option<&str>) -> String {
 /// does not speak MCP is refused with nothing stored — then registers it with them.
 pub(crate) async fn add(mut tool: Tool, cx: &Ctx<'_>) -> Result<(), Failure> {
     let services = Services::from_config(cx.config);
-    let agent_tools = cx.b.agent_tools(cx.clock.clone(), &services);
+    let local = tool.mcp_server().is_some_and(McpServer::is_local);
+    if local {
+        local_servers(cx.config)?;
+    }
+    let agent_tools = cx.b.agent_tools_with(cx.clock.clone(), &services, local);
     let server = tool
         .mcp_server()
         .cloned()
@@ -136,7 +161,11 @@ pub(crate) async fn refresh(name: &ToolName, cx: &Ctx<'_>) -> Result<(), Failure
         )));
     }
     let services = Services::from_config(cx.config);
-    let agent_tools = cx.b.agent_tools(cx.clock.clone(), &services);
+    let local = tool.mcp_server().is_some_and(McpServer::is_local);
+    if local {
+        local_servers(cx.config)?;
+    }
+    let agent_tools = cx.b.agent_tools_with(cx.clock.clone(), &services, local);
     let (fresh, left_out) = agent_tools
         .refresh(tool)
         .await
@@ -174,4 +203,42 @@ pub(crate) async fn refuse_attached(cx: &Ctx<'_>, name: &ToolName) -> Result<(),
         "MCP server {name} is given to {}: take it from them first with `pulse agents update AGENT --tools …`",
         attached.join(", ")
     )))
+}
+
+/// Refuses unless local MCP servers may be started here ([`local_switch`]).
+fn local_servers(config: &pulse_shared::config::Config) -> Result<(), Failure> {
+    if local_switch(config)? {
+        return Ok(());
+    }
+    Err(Failure::Input(
+        "local MCP servers (--command) are started by `pulse serve` only when PULSE_MCP_STDIO=on is set, here and where it runs: a program started this way runs with your user's rights".into(),
+    ))
+}
+
+/// Whether local MCP servers (programs) may be started here: `PULSE_MCP_STDIO=on`, on
+/// the embedded backend. Unset or `off` is no; anything else, or `on` with the AWS
+/// backend (whose Lambda functions never start programs), is refused saying why.
+pub(crate) fn local_switch(config: &pulse_shared::config::Config) -> Result<bool, Failure> {
+    let on = match std::env::var("PULSE_MCP_STDIO")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("") | Some("off") => false,
+        Some("on") => true,
+        Some(other) => {
+            return Err(Failure::Input(format!(
+                "PULSE_MCP_STDIO={other:?}: give on or off"
+            )));
+        }
+    };
+    if !on {
+        return Ok(false);
+    }
+    if !matches!(config.backend, pulse_shared::config::Backend::Sqlite { .. }) {
+        return Err(Failure::Input(
+            "local MCP servers run only under `pulse serve` on the embedded database: the Lambda functions never start programs".into(),
+        ));
+    }
+    Ok(true)
 }

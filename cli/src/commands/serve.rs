@@ -183,32 +183,37 @@ pub(crate) async fn execute(plan: ServePlan, cx: &Ctx<'_>) -> Result<(), Failure
 /// (60 s), so a message is not handed to a second loop while its attempt runs.
 const HOOK_VISIBILITY: Duration = Duration::from_secs(120);
 
-/// The dispatcher of `pulse sweep`: it leaves what it may not send for `pulse serve`.
-fn helper_dispatcher(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> Option<Dispatcher> {
-    b.dispatcher(
-        clock,
-        &pulse_shared::app::egress(config),
-        DispatchSettings {
-            leave_unsendable: true,
-            ..DispatchSettings::default()
-        },
-    )
+/// The hook dispatcher; `pulse sweep`'s (`helper`) leaves what it may not send for
+/// `pulse serve`.
+fn dispatcher(
+    config: &Config,
+    b: &Connected,
+    clock: Arc<dyn Clock>,
+    helper: bool,
+) -> Option<Dispatcher> {
+    let settings = DispatchSettings {
+        leave_unsendable: helper,
+        ..DispatchSettings::default()
+    };
+    b.dispatcher(clock, &pulse_shared::app::egress(config), settings)
 }
 
-fn dispatcher(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> Option<Dispatcher> {
-    b.dispatcher(
-        clock,
-        &pulse_shared::app::egress(config),
-        DispatchSettings::default(),
-    )
-}
-
-fn engine(config: &Config, b: &Connected, clock: Arc<dyn Clock>) -> (Sweeper, Worker) {
+/// The sweeper and the worker; the worker starts local MCP servers if they are on.
+fn engine(
+    config: &Config,
+    b: &Connected,
+    clock: Arc<dyn Clock>,
+) -> Result<(Sweeper, Worker), Failure> {
     let services = Services::from_config(config);
-    (
-        b.sweeper(&config.engine),
-        b.worker(clock, &config.engine, &services),
-    )
+    let local = super::mcp::local_switch(config)?;
+    if local {
+        tracing::warn!(
+            "PULSE_MCP_STDIO=on: local MCP servers run as programs with this user's rights"
+        );
+    }
+    let tools = b.agent_tools_with(clock.clone(), &services, local);
+    let worker = b.worker_with(clock, &config.engine, &services, tools);
+    Ok((b.sweeper(&config.engine), worker))
 }
 
 fn describe(backend: &Backend) -> String {
@@ -244,7 +249,7 @@ pub(crate) async fn serve(
     } = serving;
     // Recording starts before any work, so the first sweep is counted.
     crate::scrape::install();
-    let (sweeper, worker) = engine(config, b, clock.clone());
+    let (sweeper, worker) = engine(config, b, clock.clone())?;
     // Set when the sweeper has stopped: nothing is claimed after it.
     let (swept_tx, swept_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -449,7 +454,7 @@ impl Loops<'_> {
     /// Delivers hooks until stopped, if this backend has a hooks queue.
     async fn dispatch(&self) {
         let config = self.config;
-        let Some(dispatcher) = dispatcher(config, self.b, self.clock.clone()) else {
+        let Some(dispatcher) = dispatcher(config, self.b, self.clock.clone(), false) else {
             info!("no hooks queue: hooks are not delivered by this process");
             return;
         };
@@ -591,7 +596,7 @@ pub(crate) async fn sweep_and_drain(
     clock: Arc<dyn Clock>,
     out: &Out,
 ) -> Result<(), Failure> {
-    let (sweeper, worker) = engine(config, b, clock.clone());
+    let (sweeper, worker) = engine(config, b, clock.clone())?;
     take_back_orphans(b, clock.now()).await;
     let report = sweeper.sweep_once(clock.now()).await;
     let (mut ran, mut failed) = (0, 0);
@@ -608,7 +613,7 @@ pub(crate) async fn sweep_and_drain(
     // Deliver the hooks those jobs emitted that are due now (retries wait for serve).
     // Run beside `pulse serve` (perhaps without its PULSE_HOOKS_ALLOW), it leaves the
     // deliveries it may not send to the server rather than failing them.
-    let hooks = match helper_dispatcher(config, b, clock.clone()) {
+    let hooks = match dispatcher(config, b, clock.clone(), true) {
         Some(d) => d.drain_report(16, HOOK_VISIBILITY).await?,
         None => DispatchReport::default(),
     };

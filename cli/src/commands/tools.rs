@@ -308,7 +308,7 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                             ("http", url.to_string(), duration_ms(*timeout_ms))
                         }
                         ToolKind::HeartbeatAgent => ("built-in", "-".into(), "-".into()),
-                        ToolKind::Mcp(m) => ("mcp", m.url.to_string(), duration_ms(m.timeout_ms)),
+                        ToolKind::Mcp(m) => ("mcp", m.place(), duration_ms(m.timeout_ms)),
                     };
                     vec![
                         t.name.to_string(),

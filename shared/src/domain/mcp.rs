@@ -30,11 +30,21 @@ pub(crate) const MAX_SCHEMA_BYTES: usize = 16 * 1024;
 /// The longest name a model provider accepts for a tool.
 pub(crate) const MAX_MODEL_NAME: usize = 64;
 
-/// A remote MCP server, reached over streamable HTTP.
+/// An MCP server: a remote one reached over streamable HTTP, or (under `pulse serve`
+/// with `PULSE_MCP_STDIO=on` only) a local program spoken to over its stdin and stdout.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct McpServer {
-    /// Its endpoint (`https://mcp.example.com/mcp`).
-    pub url: Url,
+    /// Its endpoint (`https://mcp.example.com/mcp`); none for a local program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<Url>,
+    /// A local program and its arguments (`npx -y @acme/mcp-server`), started by
+    /// `pulse serve` and spoken to over its stdin and stdout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// The environment variables a local program is given, by name, from `pulse
+    /// serve`'s own environment (nothing else of it is passed: not its keys or tokens).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
     /// Sent with every request (`Authorization: Bearer …`). Sealed at rest; never listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<McpHeader>,
@@ -160,7 +170,9 @@ impl McpServer {
         )?;
         super::outbound::check_timeout("mcp timeout", timeout)?;
         Ok(Self {
-            url,
+            url: Some(url),
+            command: Vec::new(),
+            env: Vec::new(),
             headers,
             allow,
             timeout_ms: timeout.as_millis() as u64,
@@ -168,6 +180,60 @@ impl McpServer {
             listed_at: None,
             unreadable: None,
         })
+    }
+
+    /// A local program, `command` (the program, then its arguments), given the
+    /// variables `env` names from `pulse serve`'s environment.
+    pub fn local(
+        command: Vec<String>,
+        env: Vec<String>,
+        allow: Vec<String>,
+        timeout: std::time::Duration,
+    ) -> Result<Self, ValidationError> {
+        let bad = |why: String| ValidationError::new("mcp command", why);
+        if command.first().is_none_or(|p| p.trim().is_empty()) {
+            return Err(bad(
+                "give the program to start, e.g. --command \"npx -y @acme/mcp-server\"".into(),
+            ));
+        }
+        for name in &env {
+            let ok = !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !name.as_bytes()[0].is_ascii_digit();
+            if !ok {
+                return Err(ValidationError::new(
+                    "mcp env",
+                    format!(
+                        "{name:?} is not an environment variable name; give names only (--env GITHUB_TOKEN): the values are read where pulse serve runs"
+                    ),
+                ));
+            }
+        }
+        super::outbound::check_timeout("mcp timeout", timeout)?;
+        Ok(Self {
+            url: None,
+            command,
+            env,
+            headers: Vec::new(),
+            allow,
+            timeout_ms: timeout.as_millis() as u64,
+            tools: Vec::new(),
+            listed_at: None,
+            unreadable: None,
+        })
+    }
+
+    /// Whether it is a local program.
+    pub fn is_local(&self) -> bool {
+        !self.command.is_empty()
+    }
+
+    /// Where it is, for people: its URL, or `local: PROGRAM ARGS…`.
+    pub fn place(&self) -> String {
+        match &self.url {
+            Some(url) => url.to_string(),
+            None => format!("local: {}", self.command.join(" ")),
+        }
     }
 
     /// The tools agents may use: the listed ones the allow-list names (all without one).

@@ -69,13 +69,18 @@ pub enum McpCall {
 pub struct McpClients {
     egress: Egress,
     sessions: Arc<Mutex<HashMap<ToolName, Arc<Session>>>>,
+    /// Whether local servers (programs) may be started: `pulse serve` with
+    /// `PULSE_MCP_STDIO=on` only, never a Lambda function.
+    local: bool,
 }
 
 struct Session {
-    /// The URL and headers it was opened with: a changed server opens a new one.
+    /// Where and with which headers it was opened: a changed server opens a new one.
     opened_for: (String, Vec<(String, String)>),
     service: RunningService<RoleClient, Handler>,
     changed: Arc<AtomicBool>,
+    /// A local server's process, stopped with the session.
+    _child: Option<tokio::process::Child>,
 }
 
 /// Receives the server's notifications: a changed tools list is marked, and the
@@ -105,7 +110,14 @@ impl McpClients {
         Self {
             egress,
             sessions: Arc::default(),
+            local: false,
         }
+    }
+
+    /// Local servers may be started (see [`McpServer::local`]).
+    pub fn with_local_servers(mut self, on: bool) -> Self {
+        self.local = on;
+        self
     }
 
     /// Lists the server's tools, following pages, each checked: at most
@@ -231,7 +243,7 @@ impl McpClients {
 
     async fn session(&self, name: &ToolName, server: &McpServer) -> Result<Arc<Session>, String> {
         let opened_for = (
-            server.url.to_string(),
+            server.place(),
             server
                 .headers
                 .iter()
@@ -247,52 +259,139 @@ impl McpClients {
         {
             return Ok(s.clone());
         }
-        // The client's resolver checks names as it connects; an address written in the
-        // URL is checked here.
-        self.egress.check(&server.url).await.map_err(|e| {
-            format!(
-                "the MCP server {name} at {} is not reachable from Pulse: {e}",
-                server.url
-            )
-        })?;
-        let mut headers = HashMap::new();
-        for (k, v) in &opened_for.1 {
-            let (Ok(k), Ok(v)) = (HeaderName::try_from(k.as_str()), HeaderValue::from_str(v))
-            else {
-                return Err(format!(
-                    "the MCP server {name} has a header that HTTP cannot carry"
-                ));
-            };
-            headers.insert(k, v);
-        }
-        let config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str())
-            .custom_headers(headers)
-            .max_json_response_size(MAX_ANSWER)
-            .max_sse_event_size(MAX_ANSWER)
-            .reinit_on_expired_session(true);
-        let transport =
-            StreamableHttpClientTransport::with_client(Keyed(self.egress.client().clone()), config);
         let changed = Arc::new(AtomicBool::new(false));
         let handler = Handler {
             changed: changed.clone(),
         };
-        let service = handler.serve(transport).await.map_err(|e| {
-            warn!(server = %name, error = %e, "no MCP session");
-            format!(
-                "the MCP server {name} at {} did not open a session (is it an MCP server, over streamable HTTP?): {e}",
-                server.url
-            )
-        })?;
+        let (service, child) = match &server.url {
+            Some(url) => (
+                self.open_http(name, url, &opened_for.1, handler).await?,
+                None,
+            ),
+            None => {
+                let (service, child) = self.open_local(name, server, handler).await?;
+                (service, Some(child))
+            }
+        };
         let session = Arc::new(Session {
             opened_for,
             service,
             changed,
+            _child: child,
         });
         self.sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(name.clone(), session.clone());
         Ok(session)
+    }
+
+    async fn open_http(
+        &self,
+        name: &ToolName,
+        url: &url::Url,
+        headers: &[(String, String)],
+        handler: Handler,
+    ) -> Result<RunningService<RoleClient, Handler>, String> {
+        // The client's resolver checks names as it connects; an address written in the
+        // URL is checked here.
+        self.egress.check(url).await.map_err(|e| {
+            format!("the MCP server {name} at {url} is not reachable from Pulse: {e}")
+        })?;
+        let mut custom = HashMap::new();
+        for (k, v) in headers {
+            let (Ok(k), Ok(v)) = (HeaderName::try_from(k.as_str()), HeaderValue::from_str(v))
+            else {
+                return Err(format!(
+                    "the MCP server {name} has a header that HTTP cannot carry"
+                ));
+            };
+            custom.insert(k, v);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+            .custom_headers(custom)
+            .max_json_response_size(MAX_ANSWER)
+            .max_sse_event_size(MAX_ANSWER)
+            .reinit_on_expired_session(true);
+        let transport =
+            StreamableHttpClientTransport::with_client(Keyed(self.egress.client().clone()), config);
+        handler.serve(transport).await.map_err(|e| {
+            warn!(server = %name, error = %e, "no MCP session");
+            format!(
+                "the MCP server {name} at {url} did not open a session (is it an MCP server, over streamable HTTP?): {e}"
+            )
+        })
+    }
+
+    /// Starts a local server: its program with a clean environment (`PATH`, `HOME` and
+    /// the variables it names, nothing else of this process's), spoken to over its
+    /// stdin and stdout, its stderr logged line by line. It is stopped when its session
+    /// is dropped.
+    async fn open_local(
+        &self,
+        name: &ToolName,
+        server: &McpServer,
+        handler: Handler,
+    ) -> Result<(RunningService<RoleClient, Handler>, tokio::process::Child), String> {
+        if !self.local {
+            return Err(format!(
+                "the MCP server {name} is a local program, and local MCP servers run only under `pulse serve` with PULSE_MCP_STDIO=on"
+            ));
+        }
+        let (program, args) = server
+            .command
+            .split_first()
+            .ok_or_else(|| format!("the MCP server {name} has no program to start"))?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        for var in ["PATH", "HOME"]
+            .iter()
+            .copied()
+            .chain(server.env.iter().map(String::as_str))
+        {
+            match std::env::var_os(var) {
+                Some(v) => {
+                    cmd.env(var, v);
+                }
+                None if server.env.iter().any(|e| e == var) => {
+                    return Err(format!(
+                        "the MCP server {name} is given {var}, which is not set where Pulse runs"
+                    ));
+                }
+                None => {}
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("the MCP server {name} could not be started ({program}): {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(format!("the MCP server {name} gave no stdin or stdout"));
+        };
+        if let Some(stderr) = child.stderr.take() {
+            let server = name.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let line: String = line.chars().take(500).collect();
+                    // The log escapes what it writes: one line stays one line.
+                    info!(server = %server, line = %line, "the local MCP server says");
+                }
+            });
+        }
+        let service = handler.serve((stdout, stdin)).await.map_err(|e| {
+            warn!(server = %name, error = %e, "no MCP session");
+            format!(
+                "the MCP server {name} ({}) did not open a session (does it speak MCP on stdin and stdout?): {e}",
+                server.command.join(" ")
+            )
+        })?;
+        Ok((service, child))
     }
 }
 

@@ -307,7 +307,7 @@ pub(crate) async fn tools(
                         pulse_shared::domain::ToolKind::Http { url, .. } => code { (url) },
                         pulse_shared::domain::ToolKind::HeartbeatAgent => "built in",
                         pulse_shared::domain::ToolKind::Mcp(m) => {
-                            "MCP " code { (m.url) } " · " (m.allowed().count()) " tools"
+                            "MCP " code { (m.place()) } " · " (m.allowed().count()) " tools"
                             @if agent.tools.iter().any(|a| a.server == t.name) { " · attached" }
                         },
                     } }
