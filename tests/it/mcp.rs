@@ -669,3 +669,59 @@ async fn a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_var
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_images_reach_a_model_that_sees_images_and_a_note_reaches_one_that_does_not() {
+    let r = rig(Kind::Sqlite).await;
+    r.register(Duration::from_secs(5)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    for (n, vision) in [(0, true), (2, false)] {
+        let mut a = r.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+        let before = a.clone();
+        a.llm.vision = Some(vision);
+        r.b.store.update_agent(&a, &before).await.unwrap();
+        r.llm.script([
+            Scripted::tool("cal__picture", json!({})),
+            Scripted::text("a red dot"),
+        ]);
+        r.turn(&a, "draw").await;
+        let messages = r.llm.requests()[n + 1].body["messages"].clone();
+        let images: Vec<&Value> = messages
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user" && m["content"].is_array())
+            .flat_map(|m| m["content"].as_array().unwrap())
+            .filter(|p| p["type"] == "image_url")
+            .collect();
+        let result = r.results(n + 1).pop().unwrap();
+        assert!(
+            result.contains("a red dot") && result.contains("[image"),
+            "{result}"
+        );
+        assert!(
+            !result.contains("aGVsbG8="),
+            "the image is not in the text: {result}"
+        );
+        if vision {
+            assert_eq!(images.len(), 1, "{messages}");
+            assert_eq!(
+                images[0]["image_url"]["url"],
+                "data:image/png;base64,aGVsbG8="
+            );
+        } else {
+            assert!(images.is_empty(), "{messages}");
+        }
+    }
+    // The log keeps the answer without the image's bytes.
+    let actions = r.b.store.list_actions(&agent.id, 5).await.unwrap();
+    assert!(
+        actions.iter().all(|a| !a
+            .response
+            .as_ref()
+            .unwrap()
+            .to_string()
+            .contains("aGVsbG8=")),
+        "{actions:?}"
+    );
+}

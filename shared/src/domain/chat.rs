@@ -41,6 +41,9 @@ pub enum ChatMessage {
         /// True when the tool failed.
         #[serde(default)]
         is_error: bool,
+        /// Images the tool returned, for a model that is sent images.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImageInput>,
     },
 }
 

@@ -31,13 +31,10 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
             ChatMessage::User { text, images } => {
                 // Images first, then the words about them (Anthropic's advice).
                 for image in images {
-                    let source = match image {
-                        ImageInput::Url { url } => json!({"type": "url", "url": url}),
-                        ImageInput::Inline { media_type, data } => {
-                            json!({"type": "base64", "media_type": media_type, "data": data})
-                        }
-                    };
-                    push("user", json!({"type": "image", "source": source}));
+                    push(
+                        "user",
+                        json!({"type": "image", "source": image_source(image)}),
+                    );
                 }
                 push("user", json!({"type": "text", "text": text}));
             }
@@ -56,10 +53,25 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
                 call_id,
                 content,
                 is_error,
-            } => push(
-                "user",
-                json!({"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error}),
-            ),
+                images,
+            } => {
+                // A tool's images are blocks of its result.
+                let content = if images.is_empty() {
+                    json!(content)
+                } else {
+                    let mut blocks = vec![json!({"type": "text", "text": content})];
+                    blocks.extend(
+                        images
+                            .iter()
+                            .map(|i| json!({"type": "image", "source": image_source(i)})),
+                    );
+                    Value::Array(blocks)
+                };
+                push(
+                    "user",
+                    json!({"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error}),
+                )
+            }
         }
     }
     let mut body = json!({
@@ -81,6 +93,16 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
             .collect();
     }
     body
+}
+
+/// An image block's source.
+fn image_source(image: &ImageInput) -> Value {
+    match image {
+        ImageInput::Url { url } => json!({"type": "url", "url": url}),
+        ImageInput::Inline { media_type, data } => {
+            json!({"type": "base64", "media_type": media_type, "data": data})
+        }
+    }
 }
 
 pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
@@ -169,6 +191,7 @@ mod tests {
                     call_id: "t1".into(),
                     content: "{}".into(),
                     is_error: false,
+                    images: Vec::new(),
                 },
             ],
             tools: vec![ToolSpec {
@@ -204,5 +227,40 @@ mod tests {
         assert_eq!(r.tool_calls[0].input["thought"], "hi");
         assert_eq!(r.usage.total(), 15);
         assert!(parse_response(&json!({"nothing": 1})).is_err());
+    }
+
+    #[test]
+    fn a_tools_images_are_blocks_of_its_result() {
+        let req = LlmRequest {
+            model: None,
+            messages: vec![
+                ChatMessage::system("s"),
+                ChatMessage::Assistant {
+                    text: None,
+                    tool_calls: vec![ToolUse {
+                        id: "t1".into(),
+                        name: "cal__picture".into(),
+                        input: json!({}),
+                    }],
+                },
+                ChatMessage::ToolResult {
+                    call_id: "t1".into(),
+                    content: "{\"content\":[\"a red dot\"]}".into(),
+                    is_error: false,
+                    images: vec![ImageInput::Inline {
+                        media_type: "image/png".into(),
+                        data: "aGVsbG8=".into(),
+                    }],
+                },
+            ],
+            tools: Vec::new(),
+            max_tokens: 10,
+        };
+        let body = request_body(&req, "claude-sonnet-4");
+        let result = &body["messages"][1]["content"][0];
+        assert_eq!(result["type"], "tool_result");
+        assert_eq!(result["content"][0]["type"], "text");
+        assert_eq!(result["content"][1]["type"], "image");
+        assert_eq!(result["content"][1]["source"]["data"], "aGVsbG8=");
     }
 }

@@ -263,6 +263,7 @@ mod tests {
             call_id: "offline_call_1".into(),
             content: "{}".into(),
             is_error: false,
+            images: Vec::new(),
         }));
         assert!(back.tool_calls.is_empty());
         assert_eq!(

@@ -10,25 +10,22 @@ use crate::error::LlmError;
 pub(crate) struct OpenAi(pub(crate) HttpLlm);
 
 pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
-    let messages: Vec<Value> = req
-        .messages
-        .iter()
-        .map(|m| match m {
+    let mut messages: Vec<Value> = Vec::new();
+    // A tool message carries text only: the images tools returned follow the run of
+    // tool messages as one user message.
+    let mut tool_images: Vec<Value> = Vec::new();
+    for m in &req.messages {
+        if !matches!(m, ChatMessage::ToolResult { .. }) {
+            flush_images(&mut messages, &mut tool_images);
+        }
+        messages.push(match m {
             ChatMessage::System { text } => json!({"role": "system", "content": text}),
             ChatMessage::User { text, images } if images.is_empty() => {
                 json!({"role": "user", "content": text})
             }
             ChatMessage::User { text, images } => {
                 let mut parts = vec![json!({"type": "text", "text": text})];
-                for image in images {
-                    let url = match image {
-                        ImageInput::Url { url } => url.clone(),
-                        ImageInput::Inline { media_type, data } => {
-                            format!("data:{media_type};base64,{data}")
-                        }
-                    };
-                    parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
-                }
+                parts.extend(images.iter().map(image_part));
                 json!({"role": "user", "content": parts})
             }
             ChatMessage::Assistant { text, tool_calls } => {
@@ -48,12 +45,17 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
                 v
             }
             ChatMessage::ToolResult {
-                call_id, content, ..
+                call_id,
+                content,
+                images,
+                ..
             } => {
+                tool_images.extend(images.iter().map(image_part));
                 json!({"role": "tool", "tool_call_id": call_id, "content": content})
             }
-        })
-        .collect();
+        });
+    }
+    flush_images(&mut messages, &mut tool_images);
     let mut body = json!({"model": model, "max_tokens": req.max_tokens, "messages": messages});
     if !req.tools.is_empty() {
         body["tools"] = req
@@ -63,6 +65,27 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
             .collect();
     }
     body
+}
+
+/// An image as a content part.
+fn image_part(image: &ImageInput) -> Value {
+    let url = match image {
+        ImageInput::Url { url } => url.clone(),
+        ImageInput::Inline { media_type, data } => format!("data:{media_type};base64,{data}"),
+    };
+    json!({"type": "image_url", "image_url": {"url": url}})
+}
+
+/// The images of the tool results just written, as one user message after them.
+fn flush_images(messages: &mut Vec<Value>, images: &mut Vec<Value>) {
+    if images.is_empty() {
+        return;
+    }
+    let mut parts = vec![
+        json!({"type": "text", "text": "The images the tool calls above returned, in order:"}),
+    ];
+    parts.append(images);
+    messages.push(json!({"role": "user", "content": parts}));
 }
 
 pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
@@ -162,6 +185,7 @@ mod tests {
                     call_id: "c1".into(),
                     content: "[]".into(),
                     is_error: false,
+                    images: Vec::new(),
                 },
                 ChatMessage::system("note"),
             ],
@@ -188,5 +212,52 @@ mod tests {
             &json!({"choices": [{"message": {"tool_calls": [{"function": {"name": "x", "arguments": "{"}}]}}]}),
         );
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn a_tools_images_follow_the_tool_messages_as_one_user_message() {
+        let call = |id: &str| ToolUse {
+            id: id.into(),
+            name: "cal__picture".into(),
+            input: json!({}),
+        };
+        let result = |id: &str, images: Vec<ImageInput>| ChatMessage::ToolResult {
+            call_id: id.into(),
+            content: "{}".into(),
+            is_error: false,
+            images,
+        };
+        let png = ImageInput::Inline {
+            media_type: "image/png".into(),
+            data: "aGVsbG8=".into(),
+        };
+        let req = LlmRequest {
+            model: None,
+            messages: vec![
+                ChatMessage::system("s"),
+                ChatMessage::Assistant {
+                    text: None,
+                    tool_calls: vec![call("a"), call("b")],
+                },
+                result("a", vec![png.clone()]),
+                result("b", vec![png]),
+            ],
+            tools: Vec::new(),
+            max_tokens: 5,
+        };
+        let body = request_body(&req, "gpt-4o");
+        let roles: Vec<&str> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "assistant", "tool", "tool", "user"]);
+        let parts = &body["messages"][4]["content"];
+        assert_eq!(parts.as_array().unwrap().len(), 3, "{parts}");
+        assert_eq!(
+            parts[1]["image_url"]["url"],
+            "data:image/png;base64,aGVsbG8="
+        );
     }
 }

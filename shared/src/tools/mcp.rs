@@ -410,18 +410,39 @@ fn never_sent(e: &ServiceError) -> bool {
     false
 }
 
+/// Where a result carries its images beside its text: taken out before the result is
+/// shown to the model or logged, and given to a model that is sent images as image
+/// parts of the tool's result.
+pub const IMAGES: &str = "_images";
+/// Most images taken from one result.
+const MAX_IMAGES: usize = 4;
+
 /// A tool result as the model reads it: the text parts, the structured content, and a
-/// note for each image or other part.
+/// note for each image or other part; the images (PNG, JPEG, GIF or WebP, at most
+/// [`MAX_IMAGES`]) under [`IMAGES`].
 fn for_model(result: &Value) -> Value {
     let mut parts = Vec::new();
+    let mut images = Vec::new();
     for c in result["content"].as_array().into_iter().flatten() {
         match c["type"].as_str() {
+            Some("image") => {
+                let media_type = c["mimeType"].as_str().unwrap_or("?");
+                let data = c["data"].as_str().unwrap_or_default();
+                let usable = matches!(
+                    media_type,
+                    "image/png" | "image/jpeg" | "image/gif" | "image/webp"
+                ) && !data.is_empty()
+                    && images.len() < MAX_IMAGES;
+                if usable {
+                    images.push(json!({"media_type": media_type, "data": data}));
+                }
+                parts.push(json!(format!(
+                    "[image {}, {media_type}, {} base64 characters]",
+                    if usable { images.len() } else { 0 },
+                    data.len()
+                )));
+            }
             Some("text") => parts.push(c["text"].clone()),
-            Some("image") => parts.push(json!(format!(
-                "[image, {}, {} base64 characters]",
-                c["mimeType"].as_str().unwrap_or("?"),
-                c["data"].as_str().map_or(0, str::len)
-            ))),
             Some("resource_link") | Some("resource") => parts.push(c.clone()),
             other => parts.push(json!(format!("[{} content]", other.unwrap_or("unknown")))),
         }
@@ -430,6 +451,9 @@ fn for_model(result: &Value) -> Value {
     out.insert("content".to_owned(), Value::Array(parts));
     if let Some(s) = result.get("structuredContent").filter(|s| !s.is_null()) {
         out.insert("structured".to_owned(), s.clone());
+    }
+    if !images.is_empty() {
+        out.insert(IMAGES.to_owned(), Value::Array(images));
     }
     Value::Object(out)
 }

@@ -12,7 +12,7 @@ use pulse_egress::Egress;
 
 pub use heartbeat_agent::HeartbeatAgent;
 pub use http::HttpTool;
-pub use mcp::{MAX_ANSWER, McpCall, McpClients};
+pub use mcp::{IMAGES, MAX_ANSWER, McpCall, McpClients};
 
 use crate::domain::{Subscription, Tool, ToolKind, ToolRequest, builtin_tools};
 use crate::ports::{ToolCall, ToolFailure, ToolRunner};

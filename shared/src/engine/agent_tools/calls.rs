@@ -347,11 +347,16 @@ fn answer_of(action: &Action) -> Result<Value, String> {
     }
 }
 
-/// An answer as the log keeps it: whole, or its start when it is long.
+/// An answer as the log keeps it (its images left out): whole, or its start when it is
+/// long.
 fn kept(result: &Value) -> Value {
+    let mut result = result.clone();
+    if let Some(o) = result.as_object_mut() {
+        o.remove(crate::tools::IMAGES);
+    }
     let text = result.to_string();
     if text.len() <= KEPT_ANSWER {
-        return result.clone();
+        return result;
     }
     let mut end = KEPT_ANSWER;
     while !text.is_char_boundary(end) {

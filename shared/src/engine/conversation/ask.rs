@@ -142,7 +142,8 @@ impl Conversation {
                 calls += 1;
                 let result = self.run_tool(agent, (&offer, &site), call, id, &cx).await;
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
-                let (step, message) = transcript::tool_step(call, result);
+                let (step, message) =
+                    transcript::tool_step(call, result, agent.llm.sees_images(&resp.model));
                 asked.steps.push(step);
                 messages.push(message);
             }

@@ -350,7 +350,8 @@ impl HeartbeatAgent {
             t.calls += 1;
             let result = self.run_tool(req, agent, offer, call, index, t).await;
             info!(tool = %call.name, is_error = result.is_err(), "heartbeat agent tool call");
-            let (step, message) = transcript::tool_step(call, result);
+            let (step, message) =
+                transcript::tool_step(call, result, agent.llm.sees_images(&t.model));
             t.steps.push(step);
             messages.push(message);
         }
