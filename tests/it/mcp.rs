@@ -371,37 +371,6 @@ async fn urls_the_egress_guard_refuses_and_servers_that_are_not_mcp_are_refused(
     assert!(refused.to_string().contains("tools add-mcp"), "{refused}");
 }
 
-/// Hooks of `types` on `agent`, all to `receiver`.
-async fn hooks_to(
-    b: &Backend,
-    agent: &pulse_shared::domain::Agent,
-    receiver: &pulse_tests::fake_hooks::FakeReceiver,
-    types: &[&str],
-) {
-    for t in types {
-        let hook = pulse_shared::domain::Hook::new(
-            agent.id.clone(),
-            pulse_shared::domain::HookType::parse(t).unwrap(),
-            pulse_shared::domain::HookTarget::parse(&receiver.url()).unwrap(),
-            &pulse_signatures::inbound::generate_secret(),
-            b.now(),
-        );
-        b.store.create_hook(&hook).await.unwrap();
-    }
-}
-
-/// Sends every queued hook delivery.
-async fn dispatch(b: &Backend) {
-    let d = b.dispatcher();
-    while d
-        .poll_once(10, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .handled
-        > 0
-    {}
-}
-
 on_both_backends!(
     every_mcp_call_is_an_action_with_its_hooks_and_in_the_tool_stats,
     recorded
@@ -411,10 +380,9 @@ async fn recorded(kind: Kind) {
     r.register(Duration::from_secs(5)).await;
     let agent = r.agent("scout", "mcp:cal").await;
     let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
-    hooks_to(
-        &r.b,
+    r.b.hooks_to(
         &agent,
-        &receiver,
+        &receiver.url(),
         &["BEFORE_CAL", "AFTER_CAL", "ACTION_COMPLETED"],
     )
     .await;
@@ -446,7 +414,7 @@ async fn recorded(kind: Kind) {
         "the recorded key is the one sent"
     );
     // Its hooks went out, with the MCP tool named.
-    dispatch(&r.b).await;
+    r.b.dispatch_all().await;
     assert_eq!(
         receiver.hook_types(),
         ["ACTION_COMPLETED", "AFTER_CAL", "BEFORE_CAL"]
@@ -562,10 +530,9 @@ async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded() {
     r.register(Duration::from_secs(5)).await;
     let agent = r.agent("scout", "mcp:cal").await;
     let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
-    hooks_to(
-        &r.b,
+    r.b.hooks_to(
         &agent,
-        &receiver,
+        &receiver.url(),
         &["TOOL_DEGRADED", "TOOL_RECOVERED"],
     )
     .await;
@@ -579,7 +546,7 @@ async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded() {
     r.llm.script(script);
     r.turn(&a, "try it six times").await;
     assert_eq!(r.mcp.calls().len(), 6);
-    dispatch(&r.b).await;
+    r.b.dispatch_all().await;
     assert_eq!(receiver.hook_types(), ["TOOL_DEGRADED"], "told once");
     let body: Value = serde_json::from_slice(&receiver.received()[0].body).unwrap();
     assert_eq!(body["data"]["tool_name"], "cal");
@@ -598,7 +565,7 @@ async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded() {
         .collect();
     r.llm.script(script);
     r.turn(&a, "and now?").await;
-    dispatch(&r.b).await;
+    r.b.dispatch_all().await;
     assert_eq!(receiver.hook_types(), ["TOOL_DEGRADED", "TOOL_RECOVERED"]);
 }
 

@@ -232,16 +232,8 @@ async fn an_http_tool_failing_most_calls_is_told_to_the_hooks_once_as_degraded()
     .await;
     let (agent, _) = b.agent("scout", "15m").await;
     let told = FakeReceiver::start().await;
-    for t in ["TOOL_DEGRADED", "TOOL_RECOVERED"] {
-        let hook = pulse_shared::domain::Hook::new(
-            agent.id.clone(),
-            pulse_shared::domain::HookType::parse(t).unwrap(),
-            pulse_shared::domain::HookTarget::parse(&told.url()).unwrap(),
-            &pulse_signatures::inbound::generate_secret(),
-            b.now(),
-        );
-        b.store.create_hook(&hook).await.unwrap();
-    }
+    b.hooks_to(&agent, &told.url(), &["TOOL_DEGRADED", "TOOL_RECOVERED"])
+        .await;
     for n in 0..6 {
         b.emit(&agent, "SEND", json!({"n": n})).await;
     }
@@ -249,13 +241,6 @@ async fn an_http_tool_failing_most_calls_is_told_to_the_hooks_once_as_degraded()
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&b.worker_with_hooks(settings())).await;
     assert_eq!(mail.received().len(), 6, "six calls, each failed");
-    let d = b.dispatcher();
-    while d
-        .poll_once(10, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .handled
-        > 0
-    {}
+    b.dispatch_all().await;
     assert_eq!(told.hook_types(), ["TOOL_DEGRADED"], "told once");
 }

@@ -469,6 +469,32 @@ impl Backend {
         .unwrap()
     }
 
+    /// Hooks of each of `types` on `agent`, all to `url`.
+    pub async fn hooks_to(&self, agent: &Agent, url: &str, types: &[&str]) {
+        for t in types {
+            let hook = pulse_shared::domain::Hook::new(
+                agent.id.clone(),
+                pulse_shared::domain::HookType::parse(t).unwrap(),
+                pulse_shared::domain::HookTarget::parse(url).unwrap(),
+                &pulse_signatures::inbound::generate_secret(),
+                self.now(),
+            );
+            self.store.create_hook(&hook).await.unwrap();
+        }
+    }
+
+    /// Sends every queued hook delivery.
+    pub async fn dispatch_all(&self) {
+        let d = self.dispatcher();
+        while d
+            .poll_once(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .handled
+            > 0
+        {}
+    }
+
     /// What emits hooks to this backend's hooks queue.
     pub fn emitter(&self) -> pulse_shared::engine::HookEmitter {
         self.connected()

@@ -16,7 +16,7 @@ use serde_json::Value;
 use url::Url;
 
 use super::chat::{Secret, ToolSpec};
-use super::ids::ToolName;
+use super::ids::{EventId, ToolName, TurnId};
 use crate::error::ValidationError;
 
 /// What an agent's tools list says to attach a whole MCP server: `mcp:NAME`.
@@ -308,6 +308,21 @@ impl From<AgentTool> for String {
     fn from(t: AgentTool) -> Self {
         t.to_string()
     }
+}
+
+/// A call a model made, in a heartbeat or a chat turn, to a tool of an MCP server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCall {
+    /// The server's own name for the tool.
+    pub tool: String,
+    /// The event its heartbeat run answered; none for a chat turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<EventId>,
+    /// The chat turn it was made in; none for a heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<TurnId>,
+    /// The `Idempotency-Key` it was sent with, the same on every attempt.
+    pub key: String,
 }
 
 /// One MCP tool as the model sees it, and where its calls go.

@@ -54,7 +54,8 @@ pub use ids::{
     first_id_at, quote_input,
 };
 pub use mcp::{
-    AgentTool, MAX_MCP_TOOLS, MCP_PREFIX, McpHeader, McpServer, McpTool, OfferedTool, offered,
+    AgentTool, MAX_MCP_TOOLS, MCP_PREFIX, McpHeader, McpServer, McpTool, ModelCall, OfferedTool,
+    offered,
 };
 pub use memory::{
     DotQuery, Embedding, MAX_MEMORY_CHARS, Memory, MemoryKind, MemorySource, MemoryStatus,
@@ -78,7 +79,7 @@ pub use time::{
 pub use token::{ApiToken, MAX_TOKEN_LIFE, TokenRefusal};
 pub use tool::{
     Action, ActionStatus, AgentContext, BadToolResponse, Beats, Filter, HEARTBEAT_AGENT,
-    HeartbeatContext, ModelCall, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
+    HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
     builtin_tools,
 };
 pub use unreadable::Unreadable;

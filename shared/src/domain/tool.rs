@@ -10,9 +10,8 @@ use url::Url;
 
 use super::agent::{Agent, ThinkPolicy};
 use super::event::{Event, EventCursor, NewEvent, Priority};
-use super::ids::{
-    ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName, TurnId,
-};
+use super::ids::{ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName};
+use super::mcp::ModelCall;
 use crate::error::ValidationError;
 
 /// How a tool runs.
@@ -412,21 +411,6 @@ pub struct Action {
     /// Set for a call the model made to one of an MCP server's tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<ModelCall>,
-}
-
-/// A call a model made, in a heartbeat or a chat turn, to a tool of an MCP server.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ModelCall {
-    /// The server's own name for the tool.
-    pub tool: String,
-    /// The event its heartbeat run answered; none for a chat turn.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event_id: Option<EventId>,
-    /// The chat turn it was made in; none for a heartbeat.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn_id: Option<TurnId>,
-    /// The `Idempotency-Key` it was sent with, the same on every attempt.
-    pub key: String,
 }
 
 impl Action {

@@ -53,7 +53,21 @@ pub struct Site<'a> {
     pub at_ms: u64,
 }
 
-impl Site<'_> {
+impl<'a> Site<'a> {
+    /// Call `index` of chat turn `turn`, whose first message was made at `at_ms`. A
+    /// turn's calls belong to no heartbeat: beat 0.
+    pub fn in_turn(agent: &'a Agent, turn: &'a TurnId, index: usize, at_ms: u64) -> Self {
+        Self {
+            agent,
+            heartbeat_id: HeartbeatId::new(agent.id.clone(), 0),
+            event: None,
+            turn_id: Some(turn),
+            run: turn.as_str(),
+            index,
+            at_ms,
+        }
+    }
+
     fn triggered_by(&self) -> &str {
         self.event.map_or("TURN", |e| e.event_type.as_str())
     }

@@ -129,16 +129,7 @@ impl Conversation {
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
-                // A turn's calls belong to no heartbeat: beat 0.
-                let site = Site {
-                    agent,
-                    heartbeat_id: crate::domain::HeartbeatId::new(agent.id.clone(), 0),
-                    event: None,
-                    turn_id: Some(turn_id),
-                    run: turn_id.as_str(),
-                    index: calls,
-                    at_ms: first_ms,
-                };
+                let site = Site::in_turn(agent, turn_id, calls, first_ms);
                 calls += 1;
                 let result = self.run_tool(agent, (&offer, &site), call, id, &cx).await;
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
