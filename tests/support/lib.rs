@@ -249,6 +249,26 @@ impl Backend {
         }
     }
 
+    /// The AWS backend's store and sessions queue again, over clients whose requests
+    /// meet the faults `plan` injects under the SDK.
+    pub fn with_faults(
+        &self,
+        plan: Arc<pulse_shared::adapters::aws::faults::FaultPlan>,
+    ) -> (Arc<dyn Store>, Arc<dyn SessionQueue>) {
+        let clients = AwsClients::for_emulator_with_faults(&moto_url(), plan);
+        (
+            Arc::new(
+                DynamoStore::new(
+                    clients.dynamodb.clone(),
+                    self.table.as_ref().expect("the AWS backend"),
+                    Duration::from_secs(20),
+                )
+                .with_keys(test_keys()),
+            ),
+            Arc::new(SqsQueue::new(clients.sqs, self.queue_url.as_ref().unwrap())),
+        )
+    }
+
     /// The SQLite file (SQLite backend).
     pub fn sqlite_file(&self) -> Option<&std::path::Path> {
         self.sqlite_path.as_deref()

@@ -195,6 +195,10 @@ impl HeartbeatStore for DynamoStore {
         let now = to_ms(req.now);
         let lease = to_ms(req.now.saturating_add(req.lease).unwrap_or(req.now));
         let item_key = key(agent_pk(id.agent()), heartbeat_sk(id.beat()));
+        // This claim's own mark. The SDK sends a request again when its answer is lost;
+        // a claim that was done then fails its own condition, and the mark on the item
+        // it finds says the claim is this one's.
+        let claim_token = ulid::Ulid::new().to_string();
         let mut values: Item = HashMap::from([
             (":executing".to_owned(), s("EXECUTING")),
             (":pending".to_owned(), s("PENDING")),
@@ -202,6 +206,7 @@ impl HeartbeatStore for DynamoStore {
             (":lease".to_owned(), n(lease)),
             (":now".to_owned(), n(now)),
             (":wend".to_owned(), s(req.window_end.as_str())),
+            (":token".to_owned(), s(&claim_token)),
         ]);
         // The heartbeat's request count starts with its claim (a reclaim starts it
         // again: what a dead run did was never written).
@@ -217,7 +222,7 @@ impl HeartbeatStore for DynamoStore {
             .update_expression(
                 "SET #status = :executing, #claim = #claim + :one, lease_until = :lease, due_at = :lease, \
                  started_at = if_not_exists(started_at, :now), window_end = if_not_exists(window_end, :wend), \
-                 requests = :req",
+                 requests = :req, claim_token = :token",
             )
             // On the item itself: the index may be stale.
             .condition_expression(
@@ -227,6 +232,9 @@ impl HeartbeatStore for DynamoStore {
             .expression_attribute_names("#claim", "claim")
             .set_expression_attribute_values(Some(values))
             .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(
+                aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+            )
             .send()
             .await;
         match r {
@@ -237,7 +245,15 @@ impl HeartbeatStore for DynamoStore {
                 .ok_or_else(|| StoreError::backend("dynamodb", "claim heartbeat", "no attributes returned"))
                 .map(Some),
             Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(None),
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(failed) => {
+                    match failed.item {
+                        Some(item) if item.get("claim_token").and_then(|t| t.as_s().ok()) == Some(&claim_token) => {
+                            tracing::info!(heartbeat = %id, "the claim's answer was lost and it was sent again: the claim is this one's");
+                            read_heartbeat(item).map(Some)
+                        }
+                        _ => Ok(None),
+                    }
+                }
                 other => Err(StoreError::backend("dynamodb", "claim heartbeat", other)),
             },
         }

@@ -24,6 +24,8 @@ mod codec;
 mod conversations;
 mod eventbridge;
 mod events;
+#[cfg(feature = "faults")]
+pub mod faults;
 mod heartbeats;
 mod hook_queue;
 mod hooks;
@@ -165,9 +167,26 @@ impl AwsClients {
 
     /// Clients for a local emulator: fixed test credentials and region, no lookups.
     pub fn for_emulator(endpoint_url: &str) -> Self {
+        Self::for_emulator_over(endpoint_url, https_client())
+    }
+
+    /// [`Self::for_emulator`], with faults injected under the SDK by `plan` (see
+    /// [`faults`]).
+    #[cfg(feature = "faults")]
+    pub fn for_emulator_with_faults(
+        endpoint_url: &str,
+        plan: std::sync::Arc<faults::FaultPlan>,
+    ) -> Self {
+        Self::for_emulator_over(
+            endpoint_url,
+            faults::FaultyHttp::shared(https_client(), plan),
+        )
+    }
+
+    fn for_emulator_over(endpoint_url: &str, http: SharedHttpClient) -> Self {
         let sdk = aws_config::SdkConfig::builder()
             .behavior_version(BehaviorVersion::latest())
-            .http_client(https_client())
+            .http_client(http)
             .endpoint_url(endpoint_url)
             .region(aws_config::Region::new("us-east-1"))
             .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(

@@ -284,11 +284,18 @@ impl DynamoStore {
     }
 
     /// Puts `item` if no item has its key; returns the existing item otherwise.
+    ///
+    /// Each put carries a mark of its own (`put_token`). When its answer is lost the SDK
+    /// sends it again, and the item it then finds is the one it wrote: the mark tells
+    /// that apart from an item someone else wrote first, so the caller is told it
+    /// created it.
     pub(super) async fn put_new(
         &self,
         op: &'static str,
-        item: Item,
+        mut item: Item,
     ) -> Result<Option<Item>, StoreError> {
+        let token = ulid::Ulid::new().to_string();
+        item.insert("put_token".to_owned(), AttributeValue::S(token.clone()));
         let r = self
             .client
             .put_item()
@@ -302,7 +309,12 @@ impl DynamoStore {
             Ok(_) => Ok(None),
             Err(e) => match e.into_service_error() {
                 aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
-                    Ok(Some(c.item.unwrap_or_default()))
+                    let found = c.item.unwrap_or_default();
+                    if found.get("put_token").and_then(|t| t.as_s().ok()) == Some(&token) {
+                        tracing::info!(op, "a put's answer was lost and it was sent again: the item is the one it wrote");
+                        return Ok(None);
+                    }
+                    Ok(Some(found))
                 }
                 other => Err(StoreError::backend("dynamodb", op, other)),
             },
