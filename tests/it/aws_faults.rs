@@ -160,3 +160,46 @@ async fn an_action_whose_start_was_answered_late_still_runs_its_tool_once() {
     assert_eq!(mail.status, ActionStatus::Completed, "{mail:?}");
     assert_eq!(tool.requests().len(), 1, "called once");
 }
+
+/// A throttling storm: the client's retries (four attempts, from 50 ms) ride out three
+/// throttled answers in a row; a fourth makes the call fail, saying why, rather than
+/// wait on — the claim is then simply left for the next sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_storm_is_ridden_out_within_the_retry_budget_and_then_reported() {
+    let b = Backend::new(Kind::Aws).await;
+    let (_, first) = b.agent("scout", "15m").await;
+    let plan = FaultPlan::new();
+    let (store, _) = b.with_faults(plan.clone());
+    for _ in 0..3 {
+        plan.next("UpdateItem", Fault::Throttled);
+    }
+    let claimed = store.claim(&first.id(), &claim_req(&b)).await.unwrap();
+    assert_eq!(
+        claimed
+            .expect("claimed after three throttled answers")
+            .claim,
+        1
+    );
+    assert_eq!(plan.seen("UpdateItem"), 4);
+
+    let (_, second) = b.agent("other", "15m").await;
+    for _ in 0..4 {
+        plan.next("UpdateItem", Fault::Throttled);
+    }
+    let why = pulse_shared::error::chain(
+        &store
+            .claim(&second.id(), &claim_req(&b))
+            .await
+            .expect_err("four throttled answers spend the retries"),
+    );
+    assert!(why.contains("ProvisionedThroughputExceeded"), "{why}");
+    assert_eq!(plan.seen("UpdateItem"), 8);
+    // Nothing was claimed: the next sweep finds it due.
+    assert!(
+        b.store
+            .claim(&second.id(), &claim_req(&b))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

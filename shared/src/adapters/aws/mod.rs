@@ -66,6 +66,79 @@ pub use session_queue::SqsQueue;
 pub use setup::{STACK_VARIABLES, SetupError, check, explain, region, stack_outputs};
 pub use table::DynamoStore;
 
+/// How long opening a connection to an AWS endpoint may take: within a region it takes
+/// milliseconds, so a second means the endpoint or the network is in trouble and a
+/// new attempt does better than waiting.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How one service's client retries and how long it waits: decisions, not the SDK's
+/// defaults, made for a Lambda function's time budget (the worker has 120 s for a job,
+/// the receiver must answer a webhook in seconds) and shown to keep every invariant by
+/// the fault tests (`tests/it/aws_faults.rs`).
+///
+/// Standard retry mode: throttling, 5xx, timeouts and broken connections are retried
+/// with jittered exponential backoff from `backoff` up to 2 s, within a token bucket
+/// that stops retrying when most requests fail (a retry storm would only deepen an
+/// outage). A request the SDK sends again is the same request, so the adapters treat
+/// a second arrival of their own write as theirs (claim and put tokens, the
+/// transactions' client request token, the FIFO deduplication id).
+struct Decision {
+    /// Attempts in all, the first included.
+    attempts: u32,
+    /// The first retry's backoff (before jitter).
+    backoff: Duration,
+    /// How long one attempt may take, from sending to the whole answer.
+    attempt: Duration,
+    /// How long the call may take with its retries.
+    operation: Duration,
+}
+
+impl Decision {
+    fn retry(&self) -> aws_config::retry::RetryConfig {
+        aws_config::retry::RetryConfig::standard()
+            .with_max_attempts(self.attempts)
+            .with_initial_backoff(self.backoff)
+            .with_max_backoff(Duration::from_secs(2))
+    }
+
+    fn timeouts(&self, connect: Duration) -> aws_config::timeout::TimeoutConfig {
+        aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(connect)
+            .operation_attempt_timeout(self.attempt)
+            .operation_timeout(self.operation)
+            .build()
+    }
+}
+
+/// DynamoDB answers in milliseconds; a partition that is too busy answers
+/// `ProvisionedThroughputExceeded` and recovers within a second or two. Four attempts
+/// from 50 ms ride that out; an attempt that takes 3 s is stuck, not slow; 10 s bounds
+/// a call well inside any function's budget.
+const DYNAMODB: Decision = Decision {
+    attempts: 4,
+    backoff: Duration::from_millis(50),
+    attempt: Duration::from_secs(3),
+    operation: Duration::from_secs(10),
+};
+
+/// SQS sends and deletes (receives do not wait: the event source mapping long-polls).
+/// A little more room per attempt than DynamoDB: a batch of ten is one request.
+const SQS: Decision = Decision {
+    attempts: 4,
+    backoff: Duration::from_millis(100),
+    attempt: Duration::from_secs(5),
+    operation: Duration::from_secs(15),
+};
+
+/// EventBridge `PutEvents`, from the hook dispatcher, whose deliveries have their own
+/// retry schedule: fewer attempts here, since a failed delivery is tried again later.
+const EVENTBRIDGE: Decision = Decision {
+    attempts: 3,
+    backoff: Duration::from_millis(100),
+    attempt: Duration::from_secs(5),
+    operation: Duration::from_secs(10),
+};
+
 /// The SDK clients, with a shared request counter.
 #[derive(Clone, Debug)]
 pub struct AwsClients {
@@ -162,7 +235,7 @@ impl AwsClients {
     /// Loads the SDK configuration from the environment (see [`sdk_config`]) and builds
     /// the clients. No network calls are made here.
     pub async fn new(endpoint_url: Option<&str>) -> Self {
-        Self::from_sdk_config(&sdk_config(endpoint_url).await)
+        Self::from_sdk_config(&sdk_config(endpoint_url).await, CONNECT_TIMEOUT)
     }
 
     /// Clients for a local emulator: fixed test credentials and region, no lookups.
@@ -198,29 +271,31 @@ impl AwsClients {
                     "pulse-emulator",
                 ),
             ))
-            .timeout_config(
-                aws_config::timeout::TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(5))
-                    .build(),
-            )
             .build();
-        Self::from_sdk_config(&sdk)
+        // A loaded test machine may take a while to accept a connection.
+        Self::from_sdk_config(&sdk, Duration::from_secs(5))
     }
 
-    fn from_sdk_config(sdk: &aws_config::SdkConfig) -> Self {
+    fn from_sdk_config(sdk: &aws_config::SdkConfig, connect: Duration) -> Self {
         let counter = RequestCounter::default();
         let dynamodb = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(sdk)
+                .retry_config(DYNAMODB.retry())
+                .timeout_config(DYNAMODB.timeouts(connect))
                 .interceptor(counter.clone())
                 .build(),
         );
         let sqs = aws_sdk_sqs::Client::from_conf(
             aws_sdk_sqs::config::Builder::from(sdk)
+                .retry_config(SQS.retry())
+                .timeout_config(SQS.timeouts(connect))
                 .interceptor(counter.clone())
                 .build(),
         );
         let eventbridge = aws_sdk_eventbridge::Client::from_conf(
             aws_sdk_eventbridge::config::Builder::from(sdk)
+                .retry_config(EVENTBRIDGE.retry())
+                .timeout_config(EVENTBRIDGE.timeouts(connect))
                 .interceptor(counter.clone())
                 .build(),
         );
