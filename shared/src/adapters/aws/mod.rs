@@ -101,11 +101,11 @@ impl Decision {
             .with_max_backoff(Duration::from_secs(2))
     }
 
-    fn timeouts(&self, connect: Duration) -> aws_config::timeout::TimeoutConfig {
+    fn timeouts(&self, slack: u32) -> aws_config::timeout::TimeoutConfig {
         aws_config::timeout::TimeoutConfig::builder()
-            .connect_timeout(connect)
-            .operation_attempt_timeout(self.attempt)
-            .operation_timeout(self.operation)
+            .connect_timeout(CONNECT_TIMEOUT * slack)
+            .operation_attempt_timeout(self.attempt * slack)
+            .operation_timeout(self.operation * slack)
             .build()
     }
 }
@@ -235,7 +235,10 @@ impl AwsClients {
     /// Loads the SDK configuration from the environment (see [`sdk_config`]) and builds
     /// the clients. No network calls are made here.
     pub async fn new(endpoint_url: Option<&str>) -> Self {
-        Self::from_sdk_config(&sdk_config(endpoint_url).await, CONNECT_TIMEOUT)
+        // An endpoint of one's own is an emulator or a proxy, slower than AWS: the same
+        // attempts and backoff, five times the time.
+        let slack = if endpoint_url.is_some() { 5 } else { 1 };
+        Self::from_sdk_config(&sdk_config(endpoint_url).await, slack)
     }
 
     /// Clients for a local emulator: fixed test credentials and region, no lookups.
@@ -272,30 +275,33 @@ impl AwsClients {
                 ),
             ))
             .build();
-        // A loaded test machine may take a while to accept a connection.
-        Self::from_sdk_config(&sdk, Duration::from_secs(5))
+        // The emulator on a loaded test machine answers far slower than AWS: the same
+        // attempts and backoff, five times the time.
+        Self::from_sdk_config(&sdk, 5)
     }
 
-    fn from_sdk_config(sdk: &aws_config::SdkConfig, connect: Duration) -> Self {
+    /// The clients over `sdk`, with each service's [`Decision`], its times multiplied by
+    /// `slack`.
+    fn from_sdk_config(sdk: &aws_config::SdkConfig, slack: u32) -> Self {
         let counter = RequestCounter::default();
         let dynamodb = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(sdk)
                 .retry_config(DYNAMODB.retry())
-                .timeout_config(DYNAMODB.timeouts(connect))
+                .timeout_config(DYNAMODB.timeouts(slack))
                 .interceptor(counter.clone())
                 .build(),
         );
         let sqs = aws_sdk_sqs::Client::from_conf(
             aws_sdk_sqs::config::Builder::from(sdk)
                 .retry_config(SQS.retry())
-                .timeout_config(SQS.timeouts(connect))
+                .timeout_config(SQS.timeouts(slack))
                 .interceptor(counter.clone())
                 .build(),
         );
         let eventbridge = aws_sdk_eventbridge::Client::from_conf(
             aws_sdk_eventbridge::config::Builder::from(sdk)
                 .retry_config(EVENTBRIDGE.retry())
-                .timeout_config(EVENTBRIDGE.timeouts(connect))
+                .timeout_config(EVENTBRIDGE.timeouts(slack))
                 .interceptor(counter.clone())
                 .build(),
         );
