@@ -89,7 +89,13 @@ impl HeartbeatRunner {
                 .await;
             }
             self.finish_hooks(plan, event, &action, &new_events).await?;
-            if matches!(tool.kind, ToolKind::Http { .. }) && action.status.is_final() {
+            // Health counts calls that were made: not a skipped or cancelled one.
+            if matches!(tool.kind, ToolKind::Http { .. })
+                && matches!(
+                    action.status,
+                    ActionStatus::Completed | ActionStatus::Failed | ActionStatus::Unknown
+                )
+            {
                 let ok = action.status == ActionStatus::Completed;
                 if let Some(change) = self.health.record(&tool.name, ok, completed_at) {
                     self.health_hook(plan, change).await;
