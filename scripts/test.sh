@@ -11,20 +11,34 @@
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed);
 #   5. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
 #   6. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
+# It ends with the time each stage took, the slowest test binaries and the slowest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
 
+T0=$(date +%s)
+STAGE="" STAGE_T=$T0 STAGE_TIMES=()
+# Starts a stage: prints its name with the time since the start, and closes the last one.
+stage() {
+    local now
+    now=$(date +%s)
+    if [ -n "$STAGE" ]; then
+        STAGE_TIMES+=("$(printf '%6d s  %s' $((now - STAGE_T)) "$STAGE")")
+    fi
+    STAGE=$1 STAGE_T=$now
+    printf '==> [%dm%02ds] %s\n' $(((now - T0) / 60)) $(((now - T0) % 60)) "$1"
+}
+
 VENV=.venv
 PY_PACKAGES=("moto[server]==5.2.5" "cfn-lint==1.58.0" "aws-sam-cli==1.170.0" "cargo-lambda==1.9.2")
 if ! "$VENV/bin/python" -c "import moto, cfnlint, samcli" 2>/dev/null || [ ! -x "$VENV/bin/cargo-lambda" ]; then
-    echo "==> installing ${PY_PACKAGES[*]} into $VENV"
+    stage "installing ${PY_PACKAGES[*]} into $VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
-    echo "==> installing chromium and chromium-driver (the dashboard's browser test)"
+    stage "installing chromium and chromium-driver (the dashboard's browser test)"
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
@@ -50,24 +64,37 @@ for _ in $(seq 1 100); do
 done
 echo "==> moto listening on $PULSE_TEST_MOTO_URL"
 
-echo "==> cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "==> cargo build (the function binaries, for cargo lambda watch)"
+stage "cargo build (the function binaries, for cargo lambda watch)"
 cargo build --workspace --bins --locked
-echo "==> cargo test"
+stage "cargo test"
 export PULSE_TEST_CARGO_LAMBDA="$PWD/$VENV/bin/cargo-lambda"
-cargo test --workspace --locked
-echo "==> pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each"
+# Every test binary runs through scripts/test-runner.sh, which asks for each test's time.
+TEST_LOG=target/test-output.log
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/test-runner.sh" \
+    cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
+stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each"
 # Each prints its seed first; a violation exits 1 with the command that replays it.
 for _ in 1 2 3; do
     ./target/debug/pulse simulate --agents 1000 --duration 6h
 done
-echo "==> fuzzing the signature header parsers"
+stage "fuzzing the signature header parsers"
 PULSE_FUZZ_SECONDS="${PULSE_FUZZ_SECONDS:-15}" ./scripts/fuzz.sh
-echo "==> sam validate --lint, cfn-lint and the template check"
+stage "sam validate --lint, cfn-lint and the template check"
 (cd infra && SAM_CLI_TELEMETRY=0 "../$VENV/bin/sam" validate --lint)
 "$VENV/bin/cfn-lint" infra/template.yaml
 "$VENV/bin/python" scripts/check_template.py --self-test infra/template.yaml
-echo "==> all tests passed"
+stage "summary"
+echo "==> the slowest test binaries (seconds, from libtest's own count)"
+# (`|| true`: head closing the pipe early is no failure.)
+awk '/^ *Running /{sub(/^ *Running /, ""); bin=$0} /^test result:/{t=$NF; sub(/s$/, "", t); printf "%8.1f  %s\n", t, bin}' "$TEST_LOG" |
+    sort -rn | head -8 || true
+echo "==> the slowest tests (seconds)"
+sed -nE 's/^test (.*) \.\.\. ok <([0-9.]+)s>$/\2  \1/p' "$TEST_LOG" | sort -rn | head -15 |
+    awk '{printf "%8.1f  %s\n", $1, $2}' || true
+echo "==> time per stage"
+printf '%s\n' "${STAGE_TIMES[@]}"
+echo "==> all tests passed in $(($(date +%s) - T0)) s"

@@ -90,6 +90,9 @@ impl Watch {
         .arg("--env-file")
         .arg(&env_file)
         .current_dir(workspace)
+        // scripts/test.sh runs test binaries with RUSTC_BOOTSTRAP set (for libtest's
+        // timings); cargo fingerprints it, and the functions' build must not see it.
+        .env_remove("RUSTC_BOOTSTRAP")
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out);
