@@ -7,14 +7,31 @@
 #   3. cargo fmt --check, cargo clippy -D warnings, the four function binaries, and every
 #      Rust test (unit, the conformance suite and end-to-end flows on SQLite and on moto,
 #      the functions under `cargo lambda watch`, `pulse demo` with its transcript checked,
-#      the scale tests);
+#      the scale tests, the fault run over the AWS adapters);
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed);
-#   5. a short fuzzing run of the signature header parsers (installs cargo-fuzz once);
-#   6. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
+#   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
 # It ends with the time each stage took, the slowest test binaries and the slowest tests.
+#
+# `--long` (for a nightly or weekly job; about 12 minutes more on 2 cores) adds what is
+# too slow for every change: the scale tests at full size on the emulator, a simulated
+# day of 10,000 agents, and five minutes of fuzzing the signature header parsers
+# (installs cargo-fuzz once). The property tests of the same parsers run every time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
+
+LONG=0
+for arg in "$@"; do
+    case "$arg" in
+    --long) LONG=1 ;;
+    *)
+        echo "usage: $0 [--long]   (--long adds the scale tests at full size, a 10,000-agent day and fuzzing)" >&2
+        exit 2
+        ;;
+    esac
+done
+# Read by the tests that have a larger size for the long run.
+export PULSE_TEST_LONG=$LONG
 
 T0=$(date +%s)
 STAGE="" STAGE_T=$T0 STAGE_TIMES=()
@@ -81,8 +98,12 @@ stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hour
 for _ in 1 2 3; do
     ./target/debug/pulse simulate --agents 1000 --duration 6h
 done
-stage "fuzzing the signature header parsers"
-PULSE_FUZZ_SECONDS="${PULSE_FUZZ_SECONDS:-15}" ./scripts/fuzz.sh
+if [ "$LONG" = 1 ]; then
+    stage "pulse simulate: 10,000 agents through a simulated day"
+    ./target/debug/pulse simulate --agents 10000 --duration 24h
+    stage "fuzzing the signature header parsers"
+    PULSE_FUZZ_SECONDS="${PULSE_FUZZ_SECONDS:-300}" ./scripts/fuzz.sh
+fi
 stage "sam validate --lint, cfn-lint and the template check"
 (cd infra && SAM_CLI_TELEMETRY=0 "../$VENV/bin/sam" validate --lint)
 "$VENV/bin/cfn-lint" infra/template.yaml

@@ -4,13 +4,14 @@
 //! screenshots of the main pages are written there (the README's come from this test).
 
 mod common;
+mod webdriver;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{free_port, json, ok};
-use fantoccini::{Client, ClientBuilder, Locator};
+use webdriver::{Client, Locator};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -77,17 +78,13 @@ async fn browser() -> (Running, Client) {
         .expect("chromedriver starts");
     let driver = Running(driver);
     wait_for_port("chromedriver", port);
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({
+    let caps = serde_json::json!({
+        "goog:chromeOptions": {
             "binary": CHROMIUM,
             "args": ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"],
-        }),
-    );
-    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&format!("http://127.0.0.1:{port}"))
+        },
+    });
+    let client = Client::connect(&format!("http://127.0.0.1:{port}"), caps)
         .await
         .expect("a WebDriver session");
     (driver, client)

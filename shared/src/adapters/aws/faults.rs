@@ -99,6 +99,14 @@ impl FaultPlan {
         self.lock().random = Some((seed.max(1), per_million));
     }
 
+    /// No more faults: the scripted ones still waiting and the seeded share are dropped
+    /// (what was met and seen is kept).
+    pub fn calm(&self) {
+        let mut s = self.lock();
+        s.next.clear();
+        s.random = None;
+    }
+
     /// Faults met so far, by kind.
     pub fn met(&self) -> BTreeMap<Fault, u64> {
         self.lock().met.clone()
