@@ -102,6 +102,7 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
             .map(|(f, n)| (f.name(), n))
             .collect(),
         invariants: vec![
+            lock(&sim.inbound).clone(),
             inv.lost,
             tool_once,
             inv.windows,

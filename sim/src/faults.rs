@@ -66,11 +66,15 @@ pub enum Fault {
     AgentUpdated,
     /// An agent is deleted.
     AgentDeleted,
+    /// A webhook's sender sends a delivery again within minutes (its answer was lost).
+    WebhookResent,
+    /// A captured webhook request is sent again after the signature's tolerance.
+    WebhookReplayed,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 26] = [
+    pub const ALL: [Fault; 28] = [
         Fault::StoreFails,
         Fault::StoreLostAck,
         Fault::QueueLostAck,
@@ -97,6 +101,8 @@ impl Fault {
         Fault::AgentPaused,
         Fault::AgentUpdated,
         Fault::AgentDeleted,
+        Fault::WebhookResent,
+        Fault::WebhookReplayed,
     ];
 
     /// Its name in reports.
@@ -157,6 +163,8 @@ impl Mix {
             (AgentPaused, 0.3),
             (AgentUpdated, 0.3),
             (AgentDeleted, 0.1),
+            (WebhookResent, 0.05),
+            (WebhookReplayed, 0.01),
         ];
         Self {
             rates: rates.into_iter().collect(),

@@ -34,12 +34,14 @@
 //! - [`queue`]: the simulation's policy — interleaving, store faults, lost queue
 //!   acknowledgements, redeliveries, killed tasks — and the queue wrappers.
 //! - [`world`]: the fake outside world, recording what it received.
+//! - `inbound`: the agents' webhooks, their events sent as signed requests through the
+//!   receiver's real router, some sent again or replayed.
 //! - [`setup`]: the options and constants of a run, a shard's store, fleet and engine.
 //! - [`run`]: the shards side by side, the driving tasks, the drain. `check`: the
 //!   invariants. [`report`]: what a run reports.
 //!
 //! Imports run one way: `faults`, `store`, `queue`, `world` ← `setup` ← `report`,
-//! `check` ← `run`.
+//! `check`, `inbound` ← `run`.
 
 pub mod faults;
 pub mod queue;
@@ -50,6 +52,7 @@ pub mod store;
 pub mod world;
 
 mod check;
+mod inbound;
 
 pub use faults::{Fault, Mix};
 pub use report::Report;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
-use pulse_shared::domain::{AgentChanges, AgentId, Interval, NewEvent, Signal, SignalMeta};
+use pulse_shared::domain::{AgentChanges, AgentId, Interval, Signal, SignalMeta};
 use pulse_shared::engine::intake;
 use pulse_shared::ports::Clock;
 use tokio::task::JoinHandle;
@@ -20,7 +20,6 @@ use crate::setup::{
     DRAIN, EVENTS_PER_AGENT_HOUR, MESSAGES_PER_CHATTER_HOUR, OPERATOR_EVERY, Options, START,
     SWEEP_EVERY, Shard, Sim, SimClock, SimError, VISIBILITY, WORKERS, fail, set_up, shards,
 };
-use crate::world::PING;
 
 /// Runs the simulation `options` describe and checks it.
 pub fn run(options: &Options) -> Result<Report, SimError> {
@@ -221,7 +220,8 @@ async fn dispatch(sim: Arc<Sim>) {
     }
 }
 
-/// The agents' webhooks: events arrive as a Poisson process over the whole fleet.
+/// The agents' webhooks: events arrive as a Poisson process over the whole fleet, each a
+/// signed request through the receiver.
 async fn events(sim: Arc<Sim>) {
     let n = sim.agents.len().max(1);
     let mean = Duration::from_secs_f64(3600.0 / (n as f64 * EVENTS_PER_AGENT_HOUR));
@@ -231,18 +231,7 @@ async fn events(sim: Arc<Sim>) {
         if lock(&sim.ledger).deleted.contains(&agent) {
             continue;
         }
-        let Ok(new) = NewEvent::new(PING, serde_json::json!({"n": 1}), None) else {
-            continue;
-        };
-        let event = new.into_event(agent.clone(), "webhook", sim.clock.now());
-        // The receiver's write: it answers 2xx only once this is stored.
-        if sim.inner.append(&event).await.is_ok() {
-            lock(&sim.ledger)
-                .events
-                .entry(agent)
-                .or_default()
-                .push(event.id);
-        }
+        crate::inbound::send_event(&sim, &agent).await;
     }
 }
 

@@ -8,9 +8,10 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use pulse_shared::adapters::sqlite::{Db, SqliteHookQueue, SqliteQueue, SqliteStore};
 use pulse_shared::app::{Connected, Services};
+use pulse_shared::config::InboundConfig;
 use pulse_shared::domain::{
     AgentId, EventId, EventType, Hook, HookTarget, HookType, Interval, NewAgent, SignalId,
-    Subscription, SubscriptionId, Tool, ToolName,
+    Subscription, SubscriptionId, Tool, ToolName, Webhook, WebhookId, WebhookScheme,
 };
 use pulse_shared::engine::{
     DispatchSettings, Dispatcher, EngineSettings, Lifecycle, Sweeper, Worker,
@@ -19,6 +20,7 @@ use pulse_shared::ports::{Clock, HookQueue, SessionQueue, Store};
 
 use crate::faults::{Dice, Mix};
 use crate::queue::{SimHookQueue, SimPolicy, SimQueue};
+use crate::report::Invariant;
 use crate::store::FaultyStore;
 use crate::world::{PING, SimDiscord, SimHooks, SimLlm, SimTools, TOOL, TOOL_TIMEOUT, World};
 
@@ -47,6 +49,8 @@ pub(crate) const OPERATOR_EVERY: Duration = Duration::from_secs(600);
 pub(crate) const DRAIN: Duration = Duration::from_secs(2 * 15 * 60 + 15 * 60);
 /// The virtual start of every run.
 pub(crate) const START: &str = "2026-01-05T00:00:00Z";
+/// Every agent's webhook secret (Standard Webhooks), which its sender signs with.
+pub(crate) const WEBHOOK_SECRET: &str = "whsec_c2ltdWxhdGVkIHdlYmhvb2sgc2VjcmV0IQ==";
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -122,6 +126,14 @@ pub(crate) struct Sim {
     pub ledger: Mutex<Ledger>,
     /// The sessions queue without faults, for the checks.
     pub queue: SqliteQueue,
+    /// Each agent's webhook.
+    pub webhooks: BTreeMap<AgentId, WebhookId>,
+    /// The receiver's router (`POST /webhooks/{id}` and the rest), over the store with
+    /// no faults, as the receiver's side is.
+    pub receiver: axum::Router,
+    /// Webhook deliveries: each fresh one accepted, none sent again making a second
+    /// event. Checked as the receiver answers.
+    pub inbound: Mutex<Invariant>,
 }
 
 /// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
@@ -202,6 +214,8 @@ struct Fleet {
     chatting: Vec<AgentId>,
     /// Chatting agents by name, for the simulated Discord.
     chatters: BTreeMap<String, AgentId>,
+    /// Each agent's webhook.
+    webhooks: BTreeMap<AgentId, WebhookId>,
 }
 
 /// Sets a shard up: its store and queues (faults around them), its fleet with the tool,
@@ -318,10 +332,26 @@ async fn seed(
             .await
             .map_err(|e| fail("a hook")(&e))?;
     }
+    let mut webhooks = BTreeMap::new();
+    for (agent, _) in &agents {
+        let webhook = Webhook::new(
+            agent.id.clone(),
+            WebhookScheme::Standard,
+            WEBHOOK_SECRET,
+            now,
+        )
+        .map_err(|e| fail("a webhook")(&e))?;
+        store
+            .create_webhook(&webhook)
+            .await
+            .map_err(|e| fail("a webhook")(&e))?;
+        webhooks.insert(agent.id.clone(), webhook.id);
+    }
     Ok(Fleet {
         agents: agents.into_iter().map(|(a, _)| a.id).collect(),
         chatting,
         chatters,
+        webhooks,
     })
 }
 
@@ -404,6 +434,15 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
         &services,
         memories,
     )));
+    let inbound = pulse_shared::http::Inbound::new(
+        inner.clone(),
+        Arc::new(queue.clone()),
+        clock.clone(),
+        InboundConfig {
+            delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+            ..InboundConfig::default()
+        },
+    );
     let dispatcher = Dispatcher::new(
         connected.store.clone(),
         hooks,
@@ -428,5 +467,11 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
         connected,
         ledger: Mutex::default(),
         queue,
+        webhooks: fleet.webhooks,
+        receiver: pulse_shared::http::router(Arc::new(inbound)),
+        inbound: Mutex::new(Invariant::new(
+            "webhook_delivered_once",
+            "every fresh signed webhook delivery was stored and answered 2xx; one sent again (a retry, or replayed past the signature's tolerance) never made a second event",
+        )),
     }
 }

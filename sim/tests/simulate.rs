@@ -142,3 +142,28 @@ fn a_heartbeat_interrupted_by_its_user_does_not_speak_after_the_message() {
         r.text()
     );
 }
+
+/// Every event comes in as a signed request through the receiver's router. Senders that
+/// send a delivery again (within the signature's tolerance) or have one replayed (past
+/// it) never make a second event: the first is answered as a duplicate naming its
+/// event, the second is refused.
+#[test]
+fn webhook_deliveries_sent_again_or_replayed_never_make_a_second_event() {
+    let mix = Mix::only(&[(Fault::WebhookResent, 0.5), (Fault::WebhookReplayed, 0.5)]);
+    let r = run(200, 4, 9, mix);
+    assert!(r.passed(), "{}", r.text());
+    let resent = r.injected["webhook_resent"];
+    let replayed = r.injected["webhook_replayed"];
+    assert!(resent >= 20 && replayed >= 5, "{}", r.text());
+    let once = r.invariant("webhook_delivered_once").unwrap();
+    // Each fresh delivery and each one sent again is a case.
+    assert!(
+        once.checked >= r.counts.actions + resent + replayed,
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        r.counts.tool_calls, r.counts.actions,
+        "one call per event: no delivery made a second one"
+    );
+}

@@ -16,6 +16,17 @@ fn claim_req(b: &Backend) -> ClaimRequest {
     }
 }
 
+/// A worker (HTTP tools, the test settings) whose store is `store`: one over clients
+/// that meet injected faults.
+fn worker_over(
+    b: &Backend,
+    store: std::sync::Arc<dyn pulse_shared::ports::Store>,
+) -> pulse_shared::engine::Worker {
+    let tools = pulse_shared::tools::Tools::new(pulse_tests::test_egress());
+    let runner = b.runner_with(store, std::sync::Arc::new(tools), pulse_tests::settings());
+    pulse_shared::engine::Worker::new(runner)
+}
+
 /// A claim is a conditional write: sent again after its answer was lost, it fails its
 /// own condition. Taken for another claimer's, the heartbeat was left claimed by no one
 /// until its lease ran out.
@@ -86,13 +97,8 @@ async fn a_finish_whose_answer_was_lost_is_finished_once() {
     assert!(swept.errors.is_empty(), "{:?}", swept.errors);
     let plan = FaultPlan::new();
     let (store, _) = b.with_faults(plan.clone());
-    let runner = b.runner_with(
-        store,
-        std::sync::Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
-        pulse_tests::settings(),
-    );
     plan.next("TransactWriteItems", Fault::LostAnswer);
-    let worker = pulse_shared::engine::Worker::new(runner);
+    let worker = worker_over(&b, store);
     let ran = worker
         .poll_once(b.queue.as_ref(), 10, std::time::Duration::from_secs(60))
         .await
@@ -144,13 +150,8 @@ async fn an_action_whose_start_was_answered_late_still_runs_its_tool_once() {
     assert!(swept.errors.is_empty(), "{:?}", swept.errors);
     let plan = FaultPlan::new();
     let (store, _) = b.with_faults(plan.clone());
-    let runner = b.runner_with(
-        store,
-        std::sync::Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
-        pulse_tests::settings(),
-    );
     plan.next("PutItem", Fault::LostAnswer);
-    b.drain(&pulse_shared::engine::Worker::new(runner)).await;
+    b.drain(&worker_over(&b, store)).await;
     assert_eq!(plan.met().get(&Fault::LostAnswer), Some(&1));
     let actions = b.store.list_actions(&agent.id, 10).await.unwrap();
     let mail = actions
@@ -230,11 +231,10 @@ struct QueueFaults {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seeded_fault_run_keeps_every_invariant() {
     use std::collections::BTreeMap;
-    use std::sync::Arc;
     use std::time::Duration;
 
     use pulse_shared::domain::{ActionStatus, Delivery, HeartbeatStatus};
-    use pulse_shared::engine::{Sweeper, Worker};
+    use pulse_shared::engine::Sweeper;
     use pulse_shared::ports::EventQuery;
     use serde_json::json;
 
@@ -262,9 +262,8 @@ async fn a_seeded_fault_run_keeps_every_invariant() {
     );
     let s = pulse_tests::settings();
     let lease = s.lease.unsigned_abs();
-    let sweeper = Sweeper::new(store.clone(), queue.clone(), s.clone());
-    let tools = Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress()));
-    let worker = Worker::new(b.runner_with(store, tools, s));
+    let sweeper = Sweeper::new(store.clone(), queue.clone(), s);
+    let worker = worker_over(&b, store);
     let mut dice = fastrand::Rng::with_seed(SEED);
     let mut emitted = Vec::new();
     let mut held: Vec<Delivery> = Vec::new();

@@ -1061,14 +1061,7 @@ async fn message_received(kind: Kind) {
         .say(&agent, "is the deploy done?", SignalMeta::default())
         .await;
     w.b.drain(&w.worker).await;
-    let d = w.b.dispatcher();
-    while d
-        .poll_once(10, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .handled
-        > 0
-    {}
+    w.b.dispatch_all().await;
     let got = receiver.received();
     assert_eq!(got.len(), 1);
     let r = &got[0];

@@ -675,18 +675,6 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
 // recording receiver, checks the signature with the hook's secret and the documented
 // `data` fields.
 
-/// Delivers everything queued now.
-async fn dispatch_all(b: &Backend) {
-    let d = b.dispatcher();
-    while d
-        .poll_once(10, Duration::from_secs(60))
-        .await
-        .unwrap()
-        .handled
-        > 0
-    {}
-}
-
 /// The one delivery of `hook` the receiver got, checked: signed with the hook's secret
 /// (Standard Webhooks), of its type, for its agent, with each of `fields` in `data`.
 fn delivered(
@@ -736,7 +724,7 @@ async fn action_point(b: &Backend, hook_type: &str) -> (Hook, FakeReceiver) {
     let h = hook(b, &agent, hook_type, &receiver.url()).await;
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&b.worker_with_hooks(settings())).await;
-    dispatch_all(b).await;
+    b.dispatch_all().await;
     // The receivers must outlive the run: keep the tools alive until here.
     drop((ok, broken));
     (h, receiver)
@@ -762,7 +750,7 @@ async fn action_started(kind: Kind) {
     let h = hook(&b, &agent, "ACTION_STARTED", &receiver.url()).await;
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&b.worker_with_hooks(settings())).await;
-    dispatch_all(&b).await;
+    b.dispatch_all().await;
     let data = delivered(&b, &receiver, &h, BEFORE_FIELDS);
     assert_eq!(data["tool_name"], "SnipCreate");
     assert_eq!(data["event"]["type"], "HEARTBEAT");
@@ -787,7 +775,7 @@ async fn action_completed(kind: Kind) {
     let h = hook(&b, &agent, "ACTION_COMPLETED", &receiver.url()).await;
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&b.worker_with_hooks(settings())).await;
-    dispatch_all(&b).await;
+    b.dispatch_all().await;
     let data = delivered(&b, &receiver, &h, AFTER_FIELDS);
     assert_eq!(data["status"], "COMPLETED");
     assert_eq!(data["response"]["output"], json!({"ok": true}));
@@ -827,7 +815,7 @@ async fn heartbeat_failed(kind: Kind) {
     b.sweeper(settings()).sweep_once(b.now()).await;
     b.drain(&pulse_shared::engine::Worker::new(Arc::new(runner)))
         .await;
-    dispatch_all(&b).await;
+    b.dispatch_all().await;
     let data = delivered(
         &b,
         &receiver,
@@ -1018,7 +1006,7 @@ async fn a_hook_the_queue_refused_fails_the_job_and_its_rerun_emits_it_once() {
     assert_eq!(poll_jobs(&b, &worker).await, (1, 0));
     assert_eq!(tool.requests().len(), 1, "the tool ran once");
 
-    dispatch_all(&b).await;
+    b.dispatch_all().await;
     let data = delivered(
         &b,
         &receiver,
@@ -1094,7 +1082,7 @@ async fn an_action_reused_by_a_later_heartbeat_delivers_its_hooks_once() {
     b.drain(&worker).await;
     assert_eq!(first_tool.requests().len(), 1, "reused, not run again");
     assert_eq!(second_tool.requests().len(), 1);
-    dispatch_all(&b).await;
+    b.dispatch_all().await;
     // Both heartbeats emitted AFTER_FIRST for the one action: one delivery.
     delivered(&b, &receiver, &completed, &["status", "tool_name"]);
 }

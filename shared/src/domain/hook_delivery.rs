@@ -48,7 +48,7 @@ pub struct PayloadContext {
     pub related_events: Option<Vec<Value>>,
 }
 
-/// Seed 001's HookPayload: the JSON body of every delivery.
+/// The JSON body of every delivery: what happened, to which agent, when, and its data.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HookPayload {
     /// The hook type.

@@ -108,7 +108,7 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    /// Seed 001's default: 100 an hour.
+    /// The default: 100 an hour, a steady trickle for one agent's webhook.
     pub const DEFAULT: RateLimit = RateLimit { per_hour: 100 };
 
     /// Reads `100/h` (also `100/hour`, `2400/d`, `100`). `none` means no limit.

@@ -18,8 +18,8 @@ use std::sync::Mutex;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::domain::{HookType, ToolName};
-use crate::engine::hooks::Emission;
+use crate::domain::{Agent, HookRoute, HookType, ToolName};
+use crate::engine::hooks::{Emission, HookEmitter};
 
 /// The span outcomes are counted over.
 pub const WINDOW: std::time::Duration = std::time::Duration::from_secs(10 * 60);
@@ -66,6 +66,18 @@ impl HealthChange {
             triggered_by: "TOOL_HEALTH".to_owned(),
             key_ms: self.window_ms,
             key: self.key(),
+        }
+    }
+
+    /// Logs the change and queues its hook to `agent`'s hooks (when hooks are on). A
+    /// queue that refuses it is logged, not retried: the action it follows is recorded.
+    pub async fn announce(self, hooks: Option<&HookEmitter>, routes: &[HookRoute], agent: &Agent) {
+        tracing::warn!(tool = %self.tool, change = %self.hook_type, calls = self.calls, failed = self.failed, "tool health changed");
+        let Some(hooks) = hooks else {
+            return;
+        };
+        if let Err(e) = hooks.emit(routes, agent, self.emission()).await {
+            tracing::warn!(error = %e, "a tool health hook was not queued");
         }
     }
 

@@ -84,6 +84,12 @@ pub(super) struct Batcher {
 
 impl Batcher {
     fn start(db: super::Db) -> Self {
+        // A simulated database runs every call on the caller's thread, in the order the
+        // run reaches it: a writer thread would decide that order itself (and the run's
+        // virtual time would move on while it waited). Each acceptance commits inline.
+        if db.inline {
+            return Self { jobs: None };
+        }
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let spawned = std::thread::Builder::new()
             .name("pulse-accept".into())

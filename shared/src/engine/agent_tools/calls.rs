@@ -27,7 +27,6 @@ use crate::domain::{
     ModelCall, ToolName, ToolUse, TurnId,
 };
 use crate::engine::hooks::Emission;
-use crate::engine::tool_health::HealthChange;
 use crate::error::chain;
 use crate::tools::McpCall;
 
@@ -139,7 +138,9 @@ impl AgentTools {
         self.finish_hooks(offer, site, &action).await;
         let ok = action.status == ActionStatus::Completed;
         if let Some(change) = self.health.record(&action.tool, ok, self.clock.now()) {
-            self.health_hook(offer, site.agent, change).await;
+            change
+                .announce(self.hooks.as_ref(), &offer.routes, site.agent)
+                .await;
         }
         Some(answer)
     }
@@ -279,16 +280,6 @@ impl AgentTools {
             warn!(action_id = %action.id, error = %e, "a hook of an MCP call was not queued");
         }
     }
-
-    async fn health_hook(&self, offer: &Offer, agent: &Agent, change: HealthChange) {
-        warn!(tool = %change.tool, change = %change.hook_type, calls = change.calls, failed = change.failed, "tool health changed");
-        let Some(hooks) = &self.hooks else {
-            return;
-        };
-        if let Err(e) = hooks.emit(&offer.routes, agent, change.emission()).await {
-            warn!(error = %e, "a tool health hook was not queued");
-        }
-    }
 }
 
 /// Records `outcome` on `action`; what the model is told.
@@ -364,10 +355,16 @@ fn answer_of(action: &Action) -> Result<Value, String> {
 /// An answer as the log keeps it (its images left out): whole, or its start when it is
 /// long.
 fn kept(result: &Value) -> Value {
-    let mut result = result.clone();
-    if let Some(o) = result.as_object_mut() {
-        o.remove(crate::tools::IMAGES);
-    }
+    // Copied without the images (their bytes can run to megabytes).
+    let result = match result.as_object() {
+        Some(o) => Value::Object(
+            o.iter()
+                .filter(|(k, _)| k.as_str() != crate::tools::IMAGES)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        None => result.clone(),
+    };
     let text = result.to_string();
     if text.len() <= KEPT_ANSWER {
         return result;

@@ -98,7 +98,9 @@ impl HeartbeatRunner {
             {
                 let ok = action.status == ActionStatus::Completed;
                 if let Some(change) = self.health.record(&tool.name, ok, completed_at) {
-                    self.health_hook(plan, change).await;
+                    change
+                        .announce(self.hooks.as_ref(), &plan.routes, &plan.agent)
+                        .await;
                 }
             }
             let done = self.settle(&action, new_events);

@@ -62,25 +62,6 @@ impl HeartbeatRunner {
             .map(|_| ())
     }
 
-    /// TOOL_DEGRADED or TOOL_RECOVERED, to this agent's hooks. A queue that refuses it
-    /// is logged, not retried: the action it follows is recorded.
-    pub(super) async fn health_hook(
-        &self,
-        plan: &Plan,
-        change: crate::engine::tool_health::HealthChange,
-    ) {
-        tracing::warn!(tool = %change.tool, change = %change.hook_type, calls = change.calls, failed = change.failed, "tool health changed");
-        let Some(hooks) = &self.hooks else {
-            return;
-        };
-        if let Err(e) = hooks
-            .emit(&plan.routes, &plan.agent, change.emission())
-            .await
-        {
-            tracing::warn!(error = %e, "a tool health hook was not queued");
-        }
-    }
-
     /// BEFORE_<TOOL> and ACTION_STARTED for an action of `tool` on `event`.
     pub(super) async fn start_hooks(
         &self,
