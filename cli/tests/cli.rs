@@ -169,7 +169,7 @@ fn bad_input_exits_two_and_writes_nothing() {
     );
 }
 
-/// Hardening finding 7: a tool URL with a password was accepted and the password shown in
+/// Found in review: a tool URL with a password was accepted and the password shown in
 /// `tools list`, action errors and logs.
 #[test]
 fn a_tool_url_with_credentials_is_refused_without_repeating_them() {
@@ -196,7 +196,7 @@ fn a_tool_url_with_credentials_is_refused_without_repeating_them() {
     );
 }
 
-/// Hardening finding 9: `pulse --json heartbeats list … | head` panicked with "failed
+/// Found in review: `pulse --json heartbeats list … | head` panicked with "failed
 /// printing to stdout: Broken pipe".
 #[test]
 fn a_listing_whose_reader_goes_away_exits_quietly() {
@@ -673,7 +673,7 @@ async fn hangs_once(d: &Path) -> FakeTool {
     tool
 }
 
-/// Hardening finding 4 as a user meets it: `kill -9` in the middle of a heartbeat used to
+/// A dead worker as a user meets it: `kill -9` in the middle of a heartbeat used to
 /// stall the agent for about five minutes, whatever `PULSE_LEASE` said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
@@ -761,7 +761,7 @@ async fn a_restarted_serve_takes_back_the_heartbeat_its_killed_predecessor_held(
     );
 }
 
-/// Hardening finding 4: on SIGTERM, heartbeats claimed but not started were left
+/// A stopping worker: on SIGTERM, heartbeats claimed but not started were left
 /// EXECUTING (23 by two servers), and a hung run held the process forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_releases_the_heartbeats_claimed_but_not_started() {

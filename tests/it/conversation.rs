@@ -444,7 +444,7 @@ async fn images_are_taken_from_their_hosts_only_whatever_the_hooks_may_reach() {
     assert!("cdn.discordapp.com/x".parse::<ImageHosts>().is_err());
 }
 
-/// Issue 20: images reached the model as `[image: URL]` text. Now they are image parts
+/// Images once reached the model as `[image: URL]` text. Now they are image parts
 /// (a URL the provider can reach, or the bytes Pulse fetched through the egress guard),
 /// and text for a model marked `--vision off`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -794,7 +794,7 @@ async fn fifo_failures(kind: Kind) {
     );
 }
 
-/// Issue 14, item 2: the token budget had no test, and was checked only before each
+/// The token budget once had no test, and was checked only before each
 /// call, so one step could overrun it by a whole response. Now each request asks for at
 /// most what is left (after a prompt as long as the last), and the stop is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -908,7 +908,7 @@ async fn both_wire_formats_carry_tool_calls_and_a_budget_stops_the_loop() {
     assert!(review.parent_id.is_some(), "linked to the HEARTBEAT event");
 }
 
-/// Issue 20: a response carrying tool calls with another stop reason (some
+/// A response carrying tool calls with another stop reason (some
 /// OpenAI-compatible servers; OpenAI when `tool_choice` forces a function) had its calls
 /// dropped, so such a model never spoke. They are run whatever the reason says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1044,7 +1044,7 @@ on_both_backends!(
     message_received_is_delivered_signed_with_the_turns_signals,
     message_received
 );
-/// Issue 14, item 3: MESSAGE_RECEIVED was emitted but never delivered in any test.
+/// MESSAGE_RECEIVED was once emitted but never delivered in any test.
 async fn message_received(kind: Kind) {
     let w = world(kind).await;
     let agent = w.agent(|_| {}).await;
@@ -1086,7 +1086,7 @@ async fn message_received(kind: Kind) {
     assert_eq!(data["signals"][0]["text"], "is the deploy done?");
 }
 
-/// Issue 14, item 5: MESSAGE_SENT was not emitted for a turn whose delivery resumed after
+/// MESSAGE_SENT was once not emitted for a turn whose delivery resumed after
 /// a redelivery; now a turn's hooks are emitted again on resume (each sent once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_turn_emits_message_sent_once() {

@@ -711,7 +711,7 @@ async fn partial_batch(kind: Kind) {
     let _ = agent_a;
 }
 
-/// Hardening finding 4: under `pulse serve` a dead worker's job stayed hidden for a fixed
+/// A dead worker: under `pulse serve` its job once stayed hidden for a fixed
 /// 300 s whatever the lease, and every expired lease queued another job behind it (15–16
 /// superseded runs per recovery). Now a job is hidden for the lease, a reclaim queues one
 /// job, and a job that waited renews its claim or steps aside without running anything.
@@ -856,7 +856,7 @@ fn at(s: &str) -> jiff::Timestamp {
     s.parse().unwrap()
 }
 
-/// Issue 14, item 1: active hours were applied only after a completed heartbeat.
+/// Active hours were once applied only after a completed heartbeat.
 async fn every_due_time_falls_inside_the_active_hours(kind: Kind) {
     // A new agent, created after hours: its first heartbeat waits for the morning.
     let b = Backend::new(kind).await;

@@ -670,7 +670,7 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
     assert_eq!(event["detail"]["agent"]["id"], agent.id.as_str());
 }
 
-// Issue 14, item 3: six hook types were emitted but never delivered in any test. Each
+// Six hook types were once emitted but never delivered in any test. Each
 // test below makes the lifecycle point happen, delivers through the dispatcher to the
 // recording receiver, checks the signature with the hook's secret and the documented
 // `data` fields.
@@ -830,7 +830,7 @@ async fn heartbeat_failed(kind: Kind) {
     );
 }
 
-// Issue 14, item 4: the AWS hook path past the happy case.
+// The AWS hook path past the happy case.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_delivery_is_sent_to_the_sqs_dead_letter_queue() {
@@ -948,7 +948,7 @@ async fn a_wait_beyond_fifteen_minutes_is_chained_through_sqs_messages() {
     assert_eq!(done.status, DeliveryStatus::Succeeded);
 }
 
-// Issue 14, item 5: emissions that were lost.
+// Emissions that were lost.
 
 /// Runs queued jobs once with `worker`; returns (received, failed).
 async fn poll_jobs(b: &Backend, worker: &pulse_shared::engine::Worker) -> (usize, usize) {

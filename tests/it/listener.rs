@@ -1,4 +1,4 @@
-//! `pulse serve`'s HTTP listener against slow and idle clients (hardening finding 5):
+//! `pulse serve`'s HTTP listener against slow and idle clients:
 //! an idle connection, a partial request line, unfinished headers and a body that never
 //! comes each used to hold a connection forever, 1,100 idle connections exhausted the
 //! process's files, and a shutdown waited for the slowest client.

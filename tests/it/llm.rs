@@ -1,4 +1,4 @@
-//! Where the model and Discord clients send credentials (hardening finding 3): the
+//! Where the model and Discord clients send credentials: the
 //! deployment's key goes only to the base URLs it was configured for, an agent's own base
 //! URL needs its own key and goes through the egress guard, and no client follows a
 //! redirect. Every server here is a real HTTP server on loopback.

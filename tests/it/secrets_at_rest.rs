@@ -1,4 +1,4 @@
-//! Secrets at rest (hardening finding 8): the SQLite file and its -wal/-shm were created
+//! Secrets at rest: the SQLite file and its -wal/-shm were created
 //! 0644 and held webhook secrets, hook secrets and hook Authorization headers in plain
 //! text, as did the DynamoDB table. Now files are 0600 and those values are sealed
 //! (AES-256-GCM) on both backends, with key rotation and migration of plain values.
