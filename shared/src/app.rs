@@ -307,8 +307,10 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
         Backend::Sqlite { path } => {
             let path = path.clone();
             let configured = config.encryption.clone();
+            let deadline = event_write_timeout(config.engine.event_settle);
+            let stamps = clock.clone();
             let (db, (keys, keys_missing)) = tokio::task::spawn_blocking(move || {
-                let db = sqlite::Db::open(&path)?;
+                let db = sqlite::Db::open(&path)?.with_event_deadline(stamps, deadline);
                 let keys = sqlite::keys_for(&db, configured)?;
                 Ok::<_, StoreError>((db, keys))
             })

@@ -237,7 +237,11 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
             p.display()
         )));
     }
-    let db = Db::open_simulated(options.keep.as_deref()).map_err(|e| fail("the database")(&e))?;
+    // Events are held to the write deadline `pulse serve` keeps, on the run's clock.
+    let deadline = pulse_shared::app::event_write_timeout(EngineSettings::default().event_settle);
+    let db = Db::open_simulated(options.keep.as_deref())
+        .map_err(|e| fail("the database")(&e))?
+        .with_event_deadline(clock.clone(), deadline);
     let keys = pulse_shared::sealing::EncryptionKeys::parse(
         &pulse_shared::sealing::EncryptionKeys::new_key(),
         None,

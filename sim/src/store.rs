@@ -108,6 +108,7 @@ faulty!(HeartbeatStore {
 
 faulty!(EventLog {
     fn append(&self, event: &Event) -> ();
+    fn append_in_session(&self, event: &Event) -> ();
     fn read_window(&self, agent: &AgentId, start: &EventCursor, end: &EventCursor, limit: usize) -> Window;
     fn get_events(&self, agent: &AgentId, ids: &[EventId]) -> Vec<Event>;
     fn events_page(&self, agent: &AgentId, after: Option<&EventCursor>, before: Option<&EventId>, limit: usize) -> Vec<Event>;

@@ -1059,3 +1059,56 @@ async fn retry(kind: Kind) {
     let e = runner.retry_action(&agent.id, &unknown).await.unwrap_err();
     assert!(e.to_string().contains("has no action"), "{e}");
 }
+
+/// An event stamped before a window's end but committed after the window was read would
+/// land behind it, read by no heartbeat. On SQLite nothing bounds how long a write waits
+/// for the file (a stalled disk, another process holding it), so an event from outside
+/// the agent's session is refused when its commit comes later than the write deadline
+/// after its stamp; sent again, it is stamped anew and read by the next heartbeat.
+/// (On AWS the same bound is the event writes' operation timeout, on real time.)
+#[tokio::test]
+async fn an_event_committed_after_a_window_passed_its_stamp_is_refused_not_lost() {
+    use pulse_shared::adapters::sqlite::{Db, SqliteStore};
+    use pulse_shared::domain::NewEvent;
+    use pulse_shared::ports::EventLog;
+    let b = Backend::new(Kind::Sqlite).await;
+    let tool = FakeTool::start().await;
+    b.tool("reader", &tool.url(), "NOTE").await;
+    let (agent, _) = b.agent("scout", "5m").await;
+    let note = |n: u32| {
+        NewEvent::new("NOTE", json!({"n": n}), None)
+            .unwrap()
+            .into_event(agent.id.clone(), "test", b.now())
+    };
+    // Stamped now, held up on its way to the file while a heartbeat comes and goes.
+    let stalled = note(1);
+    b.advance(SignedDuration::from_mins(5));
+    assert_eq!(beat(&b).await, 1);
+    let why = pulse_shared::error::chain(&b.store.append(&stalled).await.unwrap_err());
+    assert!(
+        why.contains("waited 300.0s") && why.contains("send it again"),
+        "{why}"
+    );
+    // What the deadline prevents: written all the same (a store without one), the
+    // event sits behind a window already read, and no heartbeat ever reads it.
+    let unbounded = SqliteStore::new(Db::open(b.sqlite_file().unwrap()).unwrap());
+    unbounded.append(&stalled).await.unwrap();
+    for _ in 0..2 {
+        b.advance(SignedDuration::from_mins(5));
+        assert_eq!(beat(&b).await, 1);
+    }
+    assert!(tool.event_ids().is_empty(), "{:?}", tool.event_ids());
+    // Written again by a store with the deadline, it is there already: not refused.
+    b.store.append(&stalled).await.unwrap();
+    // Sent again, stamped anew: the next heartbeat reads it.
+    let again = note(1);
+    b.store.append(&again).await.unwrap();
+    b.advance(SignedDuration::from_mins(5));
+    assert_eq!(beat(&b).await, 1);
+    assert_eq!(tool.event_ids(), vec![again.id.to_string()]);
+    // In its own session, a heartbeat's reminders are dated back into its window:
+    // written however late, since that heartbeat reads them after writing them.
+    let dated_back = note(2);
+    b.advance(SignedDuration::from_mins(1));
+    b.store.append_in_session(&dated_back).await.unwrap();
+}

@@ -40,10 +40,26 @@ async fn rig(kind: Kind) -> Rig {
         delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
         api_rate: Default::default(),
     };
+    let base = serve(&b, b.clock.clone(), config).await;
+    Rig {
+        b,
+        agent,
+        base,
+        http: reqwest::Client::new(),
+        discord,
+    }
+}
+
+/// The receiver over `b`'s store and queue, reading `clock`, on a loopback port: its URL.
+async fn serve(
+    b: &Backend,
+    clock: Arc<dyn pulse_shared::ports::Clock>,
+    config: InboundConfig,
+) -> String {
     let inbound = Arc::new(Inbound::new(
         b.store.clone(),
         b.queue.clone(),
-        b.clock.clone(),
+        clock,
         config,
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -54,13 +70,7 @@ async fn rig(kind: Kind) -> Rig {
         http::ServeLimits::default(),
         std::future::pending(),
     ));
-    Rig {
-        b,
-        agent,
-        base,
-        http: reqwest::Client::new(),
-        discord,
-    }
+    base
 }
 
 impl Rig {
@@ -1297,5 +1307,59 @@ async fn a_steering_slash_command_reaches_the_conversation_as_its_words() {
     assert_eq!(
         signals[0].meta.user_id.as_deref(),
         Some("1000000000000000001")
+    );
+}
+
+/// A webhook acceptance waits for the file behind other writers (a group commit, a
+/// stalled disk, another process). One that reaches it later than the write deadline
+/// after the receiver stamped its event is answered 503 and not remembered, rather than
+/// written where a heartbeat may already have read past it; the sender's next attempt is
+/// stamped anew and accepted.
+#[tokio::test]
+async fn a_webhook_whose_commit_came_past_the_write_deadline_is_answered_503_and_taken_on_retry() {
+    let r = rig(Kind::Sqlite).await;
+    let w = r
+        .webhook(WebhookScheme::Pulse, |w| w.rate_limit = None)
+        .await;
+    // The receiver's stamps are three seconds behind the store's clock: as if each
+    // acceptance had waited that long for the file.
+    let stamps = Arc::new(pulse_shared::ports::ManualClock::new(
+        r.b.now() - SignedDuration::from_secs(3),
+    ));
+    let config = InboundConfig {
+        discord_public_key: None,
+        default_agent: None,
+        delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+        api_rate: Default::default(),
+    };
+    let late = serve(&r.b, stamps.clone(), config).await;
+    let body = body_for(WebhookScheme::Pulse, "NOTE", 1);
+    let send = |base: String| {
+        let headers = signed(WebhookScheme::Pulse, SECRET, r.now_s(), "d-1", &body);
+        r.http
+            .post(format!("{base}/webhooks/{}", w.id))
+            .headers(headers)
+            .body(body.clone())
+            .send()
+    };
+    let refused = send(late.clone()).await.unwrap();
+    assert_eq!(refused.status().as_u16(), 503);
+    let why = refused.text().await.unwrap();
+    assert!(why.contains("retry"), "{why}");
+    assert!(r.events().await.is_empty(), "nothing written");
+    // The stall is over: the same delivery, sent again, is new to the receiver.
+    stamps.set(r.b.now());
+    let taken = send(late).await.unwrap();
+    assert_eq!(
+        taken.status().as_u16(),
+        200,
+        "{}",
+        taken.text().await.unwrap()
+    );
+    let events = r.events().await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        events[0].id.timestamp_ms() as i64,
+        r.b.now().as_millisecond()
     );
 }

@@ -163,7 +163,12 @@ impl Backend {
             Kind::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let path = dir.path().join("pulse.db");
-                let db = Db::open(&path).unwrap();
+                // Events are written within 1.5 s of their stamp, as `pulse serve` writes
+                // them with the default settle time.
+                let db = Db::open(&path).unwrap().with_event_deadline(
+                    clock.clone() as Arc<dyn Clock>,
+                    pulse_shared::app::event_write_timeout(settings().event_settle),
+                );
                 Self {
                     kind,
                     store: Arc::new(SqliteStore::new(db.clone()).with_keys(test_keys())),

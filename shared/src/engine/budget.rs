@@ -164,7 +164,7 @@ pub async fn fire_exhausted(
         payload.clone(),
         now,
     );
-    store.append(&event).await?;
+    store.append_in_session(&event).await?;
     if let Some(hooks) = hooks {
         let routes = hooks.routes(&agent.id).await?;
         let emission = Emission {

@@ -325,13 +325,13 @@ pub(crate) async fn wake(
         };
         if !missed.is_empty() {
             let event = missed_event(agent, schedule, missed, dated(missed[0]));
-            store.append(&event).await?;
+            store.append_in_session(&event).await?;
             warn!(schedule_id = %schedule.id, missed = missed.len(), first_missed_at = %missed[0], "a schedule's wakes passed without a run: recorded SCHEDULE_MISSED");
             events.push(event);
         }
         if runs {
             let event = scheduled_event(agent, schedule, latest, dated(latest));
-            store.append(&event).await?;
+            store.append_in_session(&event).await?;
             info!(schedule_id = %schedule.id, due_at = %latest, event_id = %event.id, "a schedule woke the agent");
             events.push(event);
             schedule.wakes = schedule.wakes.saturating_add(1);
@@ -357,7 +357,7 @@ pub(crate) async fn wake(
             at,
         );
         event.source = "user".to_owned();
-        store.append(&event).await?;
+        store.append_in_session(&event).await?;
         info!(event_id = %event.id, "the agent was asked to wake now");
         events.push(event);
     }

@@ -87,7 +87,7 @@ async fn record(
         cascade: None,
         created_at: now,
     };
-    store.append(&event).await?;
+    store.append_in_session(&event).await?;
     let Some(hooks) = hooks else {
         return Ok(());
     };

@@ -298,7 +298,19 @@ pub struct Window {
 pub trait EventLog: Send + Sync {
     /// Appends an event. Writing an event with an existing id replaces it; ids are only
     /// reused for the engine's derived events, whose content is the same.
+    ///
+    /// An event from outside the agent's session (the CLI, the hook dispatcher; a
+    /// webhook's acceptance keeps the same rule) is refused when it was stamped longer ago than the
+    /// event write deadline (three quarters of `event_settle`) by the time it would be
+    /// committed: a heartbeat may already have read past its time. The caller sends it
+    /// again with a new stamp.
     async fn append(&self, event: &Event) -> Result<(), StoreError>;
+    /// Appends an event written by a job of the agent's own session (a heartbeat run, a
+    /// conversation turn). The agent's windows are read by jobs of that same session, so
+    /// by a later job than this one, after this write: the event may be written however
+    /// long after its stamp, and may be dated back into the window of the heartbeat
+    /// writing it (a reminder's wake, read by that heartbeat once written).
+    async fn append_in_session(&self, event: &Event) -> Result<(), StoreError>;
     /// Reads the agent and at most `limit` events of the window `(start, end]`.
     async fn read_window(
         &self,

@@ -192,7 +192,11 @@ pub trait WebhookStore: Send + Sync {
     /// [`Acceptance::refusal`] then only records its key and log entry; otherwise the
     /// hour's counter is incremented by one conditional write, refused at the limit; then
     /// the event, the log entry and the key are written atomically, so the same request
-    /// sent twice at once still makes one event.
+    /// sent twice at once still makes one event. Like [`EventLog::append`], it fails,
+    /// writing nothing, when the event would be committed later than the event write
+    /// deadline after its stamp.
+    ///
+    /// [`EventLog::append`]: super::EventLog::append
     async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError>;
     /// Logs a request that was not accepted, within the webhook's logging budget: the
     /// first [`REFUSED_LOG_BUDGET`](crate::domain::REFUSED_LOG_BUDGET) of a minute in

@@ -27,6 +27,12 @@ impl EventLog for DynamoStore {
         Ok(())
     }
 
+    /// The same write: its operation timeout bounds how late an event may become
+    /// visible, which no event needs more than another.
+    async fn append_in_session(&self, event: &Event) -> Result<(), StoreError> {
+        self.append(event).await
+    }
+
     async fn read_window(
         &self,
         agent: &AgentId,

@@ -113,7 +113,9 @@ impl ActionLog for SqliteStore {
                     )));
                 }
                 for e in &new_events {
-                    upsert_event(&tx, e)?;
+                    // Written by the engine as soon as stamped (an action's outcome, a pause or
+                    // resume), often inside a heartbeat run: no deadline.
+                    upsert_event(&tx, e, None)?;
                 }
                 tx.commit().map_err(&op)
             })

@@ -246,7 +246,9 @@ impl AgentStore for SqliteStore {
                 }
                 agent.paused_at = paused_at;
                 write_agent(&tx, op, &agent)?;
-                upsert_event(&tx, &event)?;
+                // Stamped as the change is made, often inside a heartbeat run (the breaker):
+                // no deadline.
+                upsert_event(&tx, &event, None)?;
                 tx.commit().map_err(sqlite_err(op))?;
                 Ok(true)
             })

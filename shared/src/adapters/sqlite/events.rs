@@ -9,7 +9,15 @@ use crate::domain::{Agent, AgentId, Event, EventCursor, EventId};
 use crate::error::StoreError;
 use crate::ports::{EventLog, Window};
 
-pub(super) fn upsert_event(conn: &Connection, e: &Event) -> Result<(), StoreError> {
+/// Writes `e` (again, if it is there), within the database's [`super::EventDeadline`].
+pub(super) fn upsert_event(
+    conn: &Connection,
+    e: &Event,
+    deadline: Option<&super::EventDeadline>,
+) -> Result<(), StoreError> {
+    if let Some(d) = deadline {
+        d.check(conn, e)?;
+    }
     conn.exec(
         "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4) \
          ON CONFLICT (agent_id, id) DO UPDATE SET own = excluded.own, doc = excluded.doc",
@@ -28,8 +36,18 @@ pub(super) fn upsert_event(conn: &Connection, e: &Event) -> Result<(), StoreErro
 impl EventLog for SqliteStore {
     async fn append(&self, event: &Event) -> Result<(), StoreError> {
         let event = event.clone();
+        let deadline = self.db.deadline.clone();
         self.db
-            .call("append event", move |conn| upsert_event(conn, &event))
+            .call("append event", move |conn| {
+                upsert_event(conn, &event, deadline.as_ref())
+            })
+            .await
+    }
+
+    async fn append_in_session(&self, event: &Event) -> Result<(), StoreError> {
+        let event = event.clone();
+        self.db
+            .call("append event", move |conn| upsert_event(conn, &event, None))
             .await
     }
 

@@ -331,8 +331,9 @@ impl HeartbeatStore for SqliteStore {
                         Some(_) => insert_heartbeat(&tx, next)?,
                     }
                 }
+                // The heartbeat's own event, which no window reads: no deadline.
                 if let Some(e) = &finish.heartbeat_event {
-                    upsert_event(&tx, e)?;
+                    upsert_event(&tx, e, None)?;
                 }
                 tx.commit().map_err(&op)?;
                 Ok(FinishOutcome::Finished)

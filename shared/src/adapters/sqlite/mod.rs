@@ -117,6 +117,69 @@ pub struct Db {
     /// Why writes are failing (a full disk, a read-only file), from the last call that
     /// failed so, until a call writes again: what `/healthz` reports.
     trouble: Arc<Mutex<Option<String>>>,
+    /// How late an event a window reads may still be committed: see [`EventDeadline`].
+    deadline: Option<EventDeadline>,
+}
+
+/// The longest an event may take from its stamp (the time in its id) to its commit.
+///
+/// A heartbeat's window ends `event_settle` before its claim, and trusts that every
+/// event stamped before that end is committed by the time the window is read. Nothing
+/// bounds how long a write waits for the connection (a stalled disk, a large group
+/// commit, another process holding the file): an event stamped before a window's end
+/// and committed after the window was read would land behind it, never read by any
+/// heartbeat. So inside its transaction, holding the file's write lock, an event the
+/// windows read is refused when its stamp is older than the deadline, unless it is
+/// already there (a write sent again). The caller is told to send it again, and its new
+/// stamp falls in a later window. A claim committed before the event's transaction
+/// began read the clock no later than the check, so its window ends at least
+/// `event_settle` before the check, and before any stamp the check lets through (the
+/// deadline being shorter than `event_settle`); a claim after the commit sees the event.
+/// The AWS store keeps the same bound with an operation timeout on event writes.
+#[derive(Clone)]
+pub struct EventDeadline {
+    clock: Arc<dyn crate::ports::Clock>,
+    within: std::time::Duration,
+}
+
+impl EventDeadline {
+    /// Fails when `e`, an event the windows read, was stamped longer ago than the
+    /// deadline and is not yet in the log. Run inside the transaction that writes it.
+    fn check(&self, conn: &Connection, e: &crate::domain::Event) -> Result<(), StoreError> {
+        if e.cascade.is_some() {
+            return Ok(());
+        }
+        let now = crate::domain::to_ms(self.clock.now()).max(0) as u64;
+        let waited = now.saturating_sub(e.id.timestamp_ms());
+        if u128::from(waited) <= self.within.as_millis() {
+            return Ok(());
+        }
+        let there = conn
+            .prepare_cached("SELECT 1 FROM events WHERE agent_id = ?1 AND id = ?2")
+            .and_then(|mut st| {
+                rusqlite::OptionalExtension::optional(st.query_row(
+                    rusqlite::params![e.agent_id.as_str(), e.id.as_str()],
+                    |_| Ok(()),
+                ))
+            })
+            .map_err(sqlite_err("append event"))?;
+        if there.is_some() {
+            return Ok(());
+        }
+        Err(StoreError::backend(
+            "sqlite",
+            "append event",
+            format!(
+                "event {} waited {:.1}s for the database, longer than the {:.1}s an event \
+                 may take to be written (three quarters of PULSE_EVENT_SETTLE): it was not \
+                 written, since a heartbeat may already have read past its time; send it \
+                 again",
+                e.id,
+                waited as f64 / 1000.0,
+                self.within.as_secs_f64()
+            ),
+        ))
+    }
 }
 
 fn sqlite_err(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
@@ -202,7 +265,20 @@ impl Db {
             claimants: Arc::new(claimants::Claimants::new(path)),
             inline: false,
             trouble: Arc::default(),
+            deadline: None,
         })
+    }
+
+    /// Refuses to write an event the windows read more than `within` after its stamp, by
+    /// `clock` (the clock that stamps events): see [`EventDeadline`]. Without, events are
+    /// written however late (tools that write a file alone).
+    pub fn with_event_deadline(
+        mut self,
+        clock: Arc<dyn crate::ports::Clock>,
+        within: std::time::Duration,
+    ) -> Self {
+        self.deadline = Some(EventDeadline { clock, within });
+        self
     }
 
     /// Opens a database for the simulator, in memory (or in the file at `path`, to
@@ -235,6 +311,7 @@ impl Db {
                     path,
                     inline: false,
                     trouble: Arc::default(),
+                    deadline: None,
                 }
             }
         };

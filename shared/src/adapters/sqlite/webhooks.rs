@@ -105,7 +105,7 @@ impl Batcher {
                     }
                     let results = db.blocking(|conn| {
                         let before = conn.total_changes();
-                        let results = commit_batch(conn, &jobs);
+                        let results = commit_batch(conn, &jobs, db.deadline.as_ref());
                         let failed = results.iter().find_map(|r| r.as_ref().err());
                         super::note_writes(&db.trouble, conn.total_changes() != before, failed);
                         results
@@ -121,7 +121,11 @@ impl Batcher {
     }
 }
 
-fn commit_batch(conn: &mut Connection, jobs: &[Job]) -> Vec<Result<AcceptOutcome, StoreError>> {
+fn commit_batch(
+    conn: &mut Connection,
+    jobs: &[Job],
+    deadline: Option<&super::EventDeadline>,
+) -> Vec<Result<AcceptOutcome, StoreError>> {
     let op = sqlite_err("accept webhook request");
     let all_fail = |e: StoreError| -> Vec<Result<AcceptOutcome, StoreError>> {
         let msg = crate::error::chain(&e);
@@ -142,7 +146,7 @@ fn commit_batch(conn: &mut Connection, jobs: &[Job]) -> Vec<Result<AcceptOutcome
     let mut results = Vec::with_capacity(jobs.len());
     for (a, _) in jobs {
         let r = match tx.savepoint() {
-            Ok(mut sp) => match accept_in(&sp, a) {
+            Ok(mut sp) => match accept_in(&sp, a, deadline) {
                 Ok(outcome) => sp.commit().map_err(&op).map(|()| outcome),
                 Err(e) => {
                     let _ = sp.rollback();
@@ -167,7 +171,11 @@ fn commit_batch(conn: &mut Connection, jobs: &[Job]) -> Vec<Result<AcceptOutcome
 }
 
 /// One acceptance inside a transaction: dedup, count, write.
-fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+fn accept_in(
+    tx: &Connection,
+    a: &Acceptance,
+    deadline: Option<&super::EventDeadline>,
+) -> Result<AcceptOutcome, StoreError> {
     let op = sqlite_err("accept webhook request");
     let hook = a.log.webhook_id.clone();
     let now = a.log.received_at;
@@ -245,7 +253,7 @@ fn accept_in(tx: &Connection, a: &Acceptance) -> Result<AcceptOutcome, StoreErro
             Some(_) => {}
         }
     }
-    upsert_event(tx, &a.event)?;
+    upsert_event(tx, &a.event, deadline)?;
     remember(a.event.id.as_str())?;
     let outcome = AcceptOutcome::Accepted;
     insert_log(tx, &a.log_for(&outcome))?;
@@ -358,13 +366,14 @@ impl WebhookStore for SqliteStore {
         }
         // No writer thread: one transaction of its own.
         let a = acceptance.clone();
+        let deadline = self.db.deadline.clone();
         self.db
             .call("accept webhook request", move |conn| {
                 let op = sqlite_err("accept webhook request");
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(&op)?;
-                let outcome = accept_in(&tx, &a)?;
+                let outcome = accept_in(&tx, &a, deadline.as_ref())?;
                 tx.commit().map_err(&op)?;
                 Ok(outcome)
             })

@@ -557,7 +557,7 @@ impl HeartbeatRunner {
                         .iter()
                         .any(|(_, tool)| self.skip_without_call(plan, event, tool).is_none())
                 {
-                    self.store.append(&plan.heartbeat_event).await?;
+                    self.store.append_in_session(&plan.heartbeat_event).await?;
                     stats.heartbeat_event_stored = true;
                 }
                 for (_, tool) in matching {

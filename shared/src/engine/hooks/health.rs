@@ -70,7 +70,9 @@ impl Dispatcher {
         let reason = hook.disabled_reason.clone().unwrap_or_default();
         warn!(hook_id = %hook.id, agent_id = %hook.agent_id, reason = %reason, "hook disabled; `pulse hooks enable {}` turns it back on", hook.id);
         let data = HookData::hook_disabled(&hook.id, &hook.hook_type, &hook.target, &reason);
-        let ms = to_ms(at).max(0) as u64;
+        // Stamped as it is written, not when the failing attempt began: the log takes an
+        // event from outside the agent's session only soon after its stamp.
+        let ms = to_ms(self.clock.now()).max(0) as u64;
         let event = Event {
             id: EventId::generate(ms),
             agent_id: hook.agent_id.clone(),
