@@ -9,7 +9,8 @@
 #      the functions under `cargo lambda watch`, `pulse demo` with its transcript checked,
 #      the scale tests, the fault run over the AWS adapters);
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed);
-#   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml.
+#   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml;
+#   6. the book in docs/ built with mdBook (installed into ./.tools once).
 # It ends with the time each stage took, the slowest test binaries and the slowest tests.
 #
 # `--long` (for a nightly or weekly job; about 12 minutes more on 2 cores) adds what is
@@ -108,6 +109,18 @@ stage "sam validate --lint, cfn-lint and the template check"
 (cd infra && SAM_CLI_TELEMETRY=0 "../$VENV/bin/sam" validate --lint)
 "$VENV/bin/cfn-lint" infra/template.yaml
 "$VENV/bin/python" scripts/check_template.py --self-test infra/template.yaml
+stage "the book: mdbook build docs (installs mdbook into ./.tools once)"
+# The links inside it, the reference pages and the documented commands are checked by
+# the tests above (cli/tests/book); this checks that mdBook builds it.
+MDBOOK_VERSION=0.5.4
+if ! .tools/bin/mdbook --version 2>/dev/null | grep -q "v$MDBOOK_VERSION"; then
+    cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" --no-default-features --root .tools
+fi
+.tools/bin/mdbook build docs 2>&1 | tee target/mdbook.log
+if grep -qE "ERROR|WARN" target/mdbook.log; then
+    echo "mdbook reported problems (above)" >&2
+    exit 1
+fi
 stage "summary"
 echo "==> the slowest test binaries (seconds, from libtest's own count)"
 # (`|| true`: head closing the pipe early is no failure.)

@@ -558,7 +558,7 @@ fn delivery_summary(t: &str, body: &[u8]) -> String {
 fn finish(started: std::time::Instant, delivered: usize, verified: usize) -> Result<(), Failure> {
     section("Done");
     outln!(
-        "in {:.1} s. Run it for real with `pulse serve`; see README.md.",
+        "in {:.1} s. Run it for real with `pulse serve`; see docs/src/getting-started.md.",
         started.elapsed().as_secs_f64()
     );
     if verified != delivered || delivered == 0 {

@@ -9,6 +9,7 @@
 mod bench;
 mod commands;
 mod demo;
+mod docs;
 mod output;
 mod scrape;
 
@@ -127,6 +128,9 @@ pub(crate) enum Command {
     /// Measure the engine; prints figures.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Print a reference page of the book, made from the code.
+    #[command(subcommand, hide = true)]
+    Docs(docs::DocsCmd),
 }
 
 /// A command's failure: bad input (exit 2, nothing written) or a failure to do the work

@@ -1,7 +1,7 @@
 //! The dashboard in a real browser: Chromium driven over WebDriver (chromedriver) against
 //! a `pulse serve` on a free loopback port. `scripts/test.sh` installs Debian's `chromium`
 //! and `chromium-driver` when they are missing. With `PULSE_SCREENSHOTS=DIR` the
-//! screenshots of the main pages are written there (the README's come from this test).
+//! screenshots of the main pages are written there (the book's, in docs/src/screenshots, come from this test).
 
 mod common;
 mod webdriver;

@@ -4,6 +4,8 @@
 #[macro_use]
 mod common;
 
+mod book;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -884,7 +886,7 @@ fn an_encryption_key_is_rotated_with_reseal() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("PULSE_ENCRYPTION_KEY"));
 }
 
-/// Hardening II, findings 7 and 8: with the key file gone, `pulse serve` made a new one
+/// A past defect: with the key file gone, `pulse serve` made a new one
 /// (the database then held secrets under two keys), and listings, `hooks disable` and
 /// `pulse status` failed outright. Now no key is made while sealed secrets are stored,
 /// serve refuses with the key id it needs and where it looked, and the CLI works on,
@@ -1233,16 +1235,17 @@ fn pulse_gateway_on(backend: Backend) {
         ("DISCORD_API_BASE", api.as_str()),
         ("DISCORD_GATEWAY_URL", url.as_str()),
     ];
-    let forwarder = || {
+    let forwarder = |log: Stdio| {
         let mut cmd = common::command(d, &["gateway"]);
-        cmd.envs(env).stdout(Stdio::null()).stderr(Stdio::null());
+        cmd.envs(env).stdout(Stdio::null()).stderr(log);
         cmd.spawn().unwrap()
     };
-    let mut first = forwarder();
+    let log = d.join("gateway.log");
+    let mut first = forwarder(std::fs::File::create(&log).unwrap().into());
     wait_until("the first is live", Duration::from_secs(30), || {
         gateway.is_live()
     });
-    let mut second = forwarder();
+    let mut second = forwarder(Stdio::null());
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(gateway.connections(), 1, "the second stands by");
 
@@ -1258,6 +1261,9 @@ fn pulse_gateway_on(backend: Backend) {
     let mut status = common::command(d, &["status"]);
     let shown = String::from_utf8(status.envs(env).output().unwrap().stdout).unwrap();
     assert!(shown.contains("discord    gateway connected"), "{shown}");
+    // It logs, as a service should (it once printed nothing).
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("Discord message queued"), "{logged}");
 
     // SIGTERM: the first gives the lease up with its resume point.
     Command::new("kill")

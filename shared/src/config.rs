@@ -1,42 +1,10 @@
 //! Typed configuration from the environment, validated at start. Every error names the
 //! variable at fault and what it expects.
 //!
-//! | variable | meaning | default |
-//! |---|---|---|
-//! | `PULSE_BACKEND` | `sqlite` or `aws` | `sqlite` (the Lambda functions always use `aws`) |
-//! | `PULSE_DB` | SQLite file | `./pulse.db` |
-//! | `PULSE_TABLE` | DynamoDB table | required for `aws` |
-//! | `PULSE_SESSIONS_QUEUE_URL` | SQS FIFO queue URL | required for `aws` |
-//! | `AWS_ENDPOINT_URL` | an emulator instead of AWS | unset |
-//! | `PULSE_LEASE` | claim lease | `10m` |
-//! | `PULSE_EVENT_SETTLE` | how far behind its claim a window ends | `2s` |
-//! | `PULSE_CASCADE_DEPTH` | cascade depth cap | `3` |
-//! | `PULSE_MAX_WINDOW_EVENTS` | window events per heartbeat | `500` |
-//! | `PULSE_SWEEP_MAX` | claims per sweep | `10000` |
-//! | `PULSE_LLM_PROVIDER` | `anthropic`, `openai` or `offline` | the provider whose key is set; `offline` (logged) when none is |
-//! | `PULSE_LLM_BASE_URL` | API base of the default provider | the provider's own |
-//! | `PULSE_LLM_BASE_URLS` | further base URLs (comma-separated) the deployment's key may be sent to when an agent names one | none |
-//! | `PULSE_LLM_KEY_<NAME>` | keys agents name with `--llm-api-key-env`, sent only to that agent's base URL | unset |
-//! | `PULSE_LLM_MODEL` | model of the default provider | `claude-sonnet-4-5` / `gpt-4o-mini` |
-//! | `ANTHROPIC_API_KEY`, `OPENAI_API_KEY` | provider keys | unset |
-//! | `PULSE_LLM_TIMEOUT` | one LLM exchange | `60s` |
-//! | `PULSE_LLM_MAX_ATTEMPTS` | attempts per LLM request (429/5xx/timeouts retry) | `4` |
-//! | `DISCORD_BOT_TOKEN` | posts to channels | unset: replies are stored only |
-//! | `DISCORD_APPLICATION_ID` | answers interactions | unset |
-//! | `DISCORD_API_BASE` | Discord's API | `https://discord.com/api/v10` |
-//! | `DISCORD_PUBLIC_KEY` | the application's public key (hex); checks interaction signatures | unset: `POST /discord/interactions` answers 401 |
-//! | `DISCORD_GATEWAY_URL` | the gateway `pulse serve` and `pulse gateway` connect to | asked of `GET {DISCORD_API_BASE}/gateway/bot` |
-//! | `PULSE_DISCORD_GATEWAY` | `off` keeps `pulse serve` off the gateway (e.g. when `pulse gateway` runs elsewhere) | `on` when `DISCORD_BOT_TOKEN` is set |
-//! | `PULSE_DISCORD_DEFAULT_AGENT` | the agent that answers in channels no agent is created for | unset |
-//! | `PULSE_RETENTION` | how long finished heartbeats, processed events, actions, conversation turns, hook deliveries and webhook request logs are kept (agents override it with `--retention`); memories and settings are kept | `30d` |
-//! | `PULSE_DELIVERY_MEMORY` | how long webhook delivery ids are remembered (replay guard) | `7d` |
-//! | `PULSE_HOOKS_ALLOW` | addresses outbound requests (hooks, HTTP tools) may reach although not public, e.g. `127.0.0.1/32,::1/128` — local development only | empty |
-//! | `PULSE_HOOKS_QUEUE_URL` | the hooks standard SQS queue (`aws`) | unset: hooks are not emitted |
-//! | `PULSE_HOOKS_DLQ_URL` | where exhausted deliveries are sent (`aws`) | unset: recorded EXHAUSTED only |
-//! | `PULSE_ENCRYPTION_KEY` | the key webhook and hook secrets are encrypted with at rest (base64 of 32 bytes; `pulse secrets new-key`) | SQLite: a key file beside the database (`<db>.key`, mode 0600), made on first use; AWS: required to create or read webhooks and hooks |
-//! | `PULSE_ENCRYPTION_KEY_FILE` | instead of `PULSE_ENCRYPTION_KEY`: a file holding the key (mode 0600, yours, not a symlink); `pulse init` on AWS makes one and exports this | unset |
-//! | `PULSE_ENCRYPTION_OLD_KEYS` | earlier keys, comma separated: they still decrypt, and what they decrypt is encrypted again with the current key | none |
-//! | `PULSE_SECRETS_PATH` | Lambda only: an SSM Parameter Store path whose parameters (named like these variables, e.g. `/pulse/DISCORD_BOT_TOKEN`) are read on the first invocation and override the environment | unset: the environment only |
+//! Every variable, with its default and what a wrong value does, is listed in
+//! [`variables::VARIABLES`], from which the book's configuration page is made.
+
+pub mod variables;
 
 use std::path::PathBuf;
 

@@ -251,7 +251,7 @@ fn the_pulse_delivery_id_is_signed_so_changing_or_dropping_it_fails() {
     );
 }
 
-/// The worked example in the README's security section, computed independently (Python's
+/// The worked example in the book's Security chapter, computed independently (Python's
 /// hmac module): a sender's implementation can be checked against it.
 #[test]
 fn the_readme_pulse_example_is_reproduced_and_verifies() {

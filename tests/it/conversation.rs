@@ -409,7 +409,7 @@ async fn pictures() -> String {
     base
 }
 
-/// Hardening II, finding 10: `PULSE_HOOKS_ALLOW` also opened the fetch of the images
+/// A past defect: `PULSE_HOOKS_ALLOW` also opened the fetch of the images
 /// users send to the private ranges it allows. Now images come from their hosts only
 /// (`PULSE_IMAGE_HOSTS`, Discord's CDN by default), through an allow-list of their own.
 #[tokio::test]

@@ -339,7 +339,7 @@ async fn login(kind: Kind) {
     let u = ui(kind, Access::for_listener(anywhere, Some(token)).unwrap()).await;
     let r = u.get("/ui/").await;
     assert_eq!((r.status, r.location.as_str()), (303, "/ui/login"));
-    // Hardening II, finding 4: the login page handed every visitor the CSRF token, every
+    // A past defect: the login page handed every visitor the CSRF token, every
     // login got the same cookie, and nothing checked where a form came from.
     let login = u.get("/ui/login").await.body;
     assert!(!login.contains("name=\"csrf\""), "no token before a login");
@@ -1040,7 +1040,7 @@ async fn no_page(kind: Kind) {
     );
     assert!(!elsewhere.body.starts_with('{'), "HTML, not JSON");
 
-    // Hardening II, finding 9: a CR/LF in the path was put in a redirect's Location
+    // A past defect: a CR/LF in the path was put in a redirect's Location
     // and answered a bare 500. It names no agent: 404, the dashboard's own page.
     for path in [
         "/ui/agents/%0D%0ASet-Cookie:%20x=1",
@@ -1068,7 +1068,7 @@ async fn no_page(kind: Kind) {
     assert!(r.cookie.is_empty());
 }
 
-/// Hardening II, finding 2: server-sent event streams held a connection place for as
+/// A past defect: server-sent event streams held a connection place for as
 /// long as their clients kept them open, and 600 of them kept health and webhooks from
 /// being answered. Now they have a budget of their own and a lifetime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -181,7 +181,7 @@ async fn one_address_holds_no_more_than_its_share() {
     assert!(healthy_within(l.addr, Duration::from_millis(500)).await);
 }
 
-/// Hardening II, finding 1: 1,000 sockets from one address, each sending a header line
+/// A past defect: 1,000 sockets from one address, each sending a header line
 /// every 2 s, kept `/healthz` from answering at all. Now a slowloris client holds its
 /// address's share, and clients from many addresses are shed as idle: health is answered
 /// at once throughout.

@@ -283,7 +283,7 @@ async fn the_database_and_its_key_file_are_readable_by_their_owner_only() {
     assert_eq!(mode(&old), 0o600);
 }
 
-/// Hardening II, finding 7: with one webhook and one hook sealed under a key that is not
+/// A past defect: with one webhook and one hook sealed under a key that is not
 /// configured, `webhooks list`, `hooks list|disable|delete` and `pulse status` failed
 /// outright, and the receiver answered 500 with the internal message. Now the records are
 /// read marked unreadable; they can be listed, disabled, deleted and given new secrets

@@ -190,7 +190,7 @@ fn dollars(sweep: &Phase, run: &Phase, n: usize) -> Vec<(&'static str, f64)> {
     // Lambda's event source receives and deletes each batch: two requests per batch.
     let sqs = per(sqs_sends as f64) + 2.0 / JOBS_PER_BATCH;
     let busy = per(sweep.seconds + run.seconds);
-    // The list prices `pulse usage` uses too (the README dates them).
+    // The list prices `pulse usage` uses too (the book's Costs chapter dates them).
     let price = AwsPrices::default();
     vec![
         ("DynamoDB writes", (sw + rw) * price.dynamodb_write_units),

@@ -129,6 +129,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Discord(_)
         | Command::Bench(_)
         | Command::Demo
+        | Command::Docs(_)
         | Command::Init(_)
         | Command::Simulate(_) => {
             unreachable!("answered before planning: they need no database")
@@ -142,6 +143,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
     let command = match cli.command {
         Command::Bench(cmd) => return crate::bench::run(cmd, &out).await,
         Command::Demo => return crate::demo::demo().await,
+        Command::Docs(cmd) => return crate::docs::run(cmd),
         Command::Simulate(a) => return simulate::run(a, &out).await,
         Command::Secrets(secrets::SecretsCmd::NewKey) => {
             secrets::new_key(&out);
@@ -166,7 +168,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             path.display()
         )));
     }
-    if matches!(plan, Plan::Serve(_) | Plan::Dashboard(_)) {
+    if matches!(plan, Plan::Serve(_) | Plan::Dashboard(_) | Plan::Gateway) {
         telemetry::init(LogFormat::Text);
     }
     if let Backend::Aws(settings) = &config.backend {

@@ -69,7 +69,7 @@ pub struct HookPayload {
     pub context: PayloadContext,
 }
 
-/// The `data` of each hook type, as the README's hook table documents it: the one place
+/// The `data` of each hook type, as the book's hook table (docs/src/hooks.md) documents it: the one place
 /// that shape is written.
 pub struct HookData;
 

@@ -76,7 +76,7 @@ pub async fn gateway_status(
     };
     let record: crate::discord::GatewayRecord =
         serde_json::from_value(l.state.clone()).unwrap_or_default();
-    let look = "its log (pulse serve's, or pulse gateway's) says more; the README's Discord section says how to run it";
+    let look = "its log (pulse serve's, or pulse gateway's) says more; the book's Discord chapter (docs/src/discord.md) says how to run it";
     if record.state == "failed" {
         s.findings.push(Finding {
             what: format!(

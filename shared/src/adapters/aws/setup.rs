@@ -79,7 +79,7 @@ pub enum SetupError {
     },
     /// `PULSE_STACK` names no stack.
     #[error(
-        "no CloudFormation stack `{name}` in {region}: check PULSE_STACK (or --stack) and AWS_REGION, or deploy it (see README, Deploy to AWS)"
+        "no CloudFormation stack `{name}` in {region}: check PULSE_STACK (or --stack) and AWS_REGION, or deploy it (see docs/src/aws.md, Deploying to AWS)"
     )]
     NoStack {
         /// The stack name.
