@@ -70,11 +70,15 @@ pub enum Fault {
     WebhookResent,
     /// A captured webhook request is sent again after the signature's tolerance.
     WebhookReplayed,
+    /// A Discord interaction (a user's slash command) is delivered again within minutes.
+    InteractionResent,
+    /// A captured interaction is sent again after the signature's tolerance.
+    InteractionReplayed,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 28] = [
+    pub const ALL: [Fault; 30] = [
         Fault::StoreFails,
         Fault::StoreLostAck,
         Fault::QueueLostAck,
@@ -103,6 +107,8 @@ impl Fault {
         Fault::AgentDeleted,
         Fault::WebhookResent,
         Fault::WebhookReplayed,
+        Fault::InteractionResent,
+        Fault::InteractionReplayed,
     ];
 
     /// Its name in reports.
@@ -165,6 +171,8 @@ impl Mix {
             (AgentDeleted, 0.1),
             (WebhookResent, 0.05),
             (WebhookReplayed, 0.01),
+            (InteractionResent, 0.05),
+            (InteractionReplayed, 0.02),
         ];
         Self {
             rates: rates.into_iter().collect(),

@@ -5,12 +5,18 @@
 //! sends a delivery again because its answer was lost (within the signature's tolerance,
 //! so it must be recognised as a duplicate), and a captured request is replayed after the
 //! tolerance (so it must be refused). Neither may ever make a second event.
+//!
+//! The chatting users' messages come in the same way, as Discord delivers a slash
+//! command: an interaction signed with the application's key, answered as deferred once
+//! the receiver has queued it. The same interaction delivered again is the same message
+//! (its signal id comes from the interaction's id), and one replayed past the tolerance
+//! is refused.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use pulse_shared::domain::{AgentId, EventId, WebhookScheme};
+use pulse_shared::domain::{Agent, AgentId, EventId, SignalId, WebhookScheme};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -44,6 +50,9 @@ pub(crate) async fn send_event(sim: &Arc<Sim>, agent: &AgentId) {
         &delivery,
     );
     let Ok(headers) = signed else {
+        lock(&sim.inbound).checked(false, || {
+            format!("the delivery to {webhook} could not be signed")
+        });
         return;
     };
     let sent = Sent {
@@ -67,18 +76,7 @@ pub(crate) async fn send_event(sim: &Arc<Sim>, agent: &AgentId) {
         .entry(agent.clone())
         .or_default()
         .push(event.clone());
-    let again = if sim.dice.roll(Fault::WebhookResent) {
-        // Its answer was lost on the way back: the sender retries within minutes.
-        Some(sim.dice.between(Duration::ZERO, Duration::from_secs(240)))
-    } else if sim.dice.roll(Fault::WebhookReplayed) {
-        // Someone who captured it sends it again, past the signature's tolerance.
-        Some(
-            sim.dice
-                .between(Duration::from_secs(360), Duration::from_secs(1800)),
-        )
-    } else {
-        None
-    };
+    let again = again(sim, Fault::WebhookResent, Fault::WebhookReplayed);
     if let Some(after) = again {
         let sim = sim.clone();
         tokio::task::spawn_local(async move {
@@ -97,10 +95,109 @@ pub(crate) async fn send_event(sim: &Arc<Sim>, agent: &AgentId) {
     }
 }
 
+/// When a request is sent again, if it is: within minutes (`resent`: its answer was lost
+/// on the way back, and its sender retries), or 6 to 30 minutes later (`replayed`: someone
+/// who captured it sends it again, past the signature's tolerance).
+fn again(sim: &Sim, resent: Fault, replayed: Fault) -> Option<Duration> {
+    if sim.dice.roll(resent) {
+        Some(sim.dice.between(Duration::ZERO, Duration::from_secs(240)))
+    } else if sim.dice.roll(replayed) {
+        Some(
+            sim.dice
+                .between(Duration::from_secs(360), Duration::from_secs(1800)),
+        )
+    } else {
+        None
+    }
+}
+
+/// Discord's epoch (2015-01-01) in Unix milliseconds: snowflakes count from it.
+const DISCORD_EPOCH_MS: i64 = 1_420_070_400_000;
+
+/// A user's message to `agent` (which has a Discord channel), as Discord delivers a
+/// slash command: `/ask` signed with the application's key, through the receiver's
+/// router. The message id it was queued under, once the receiver answered it deferred.
+/// Now and then Discord delivers it again, or someone replays it much later.
+pub(crate) async fn send_message(sim: &Arc<Sim>, agent: &Agent) -> Option<SignalId> {
+    let channel = agent.discord_channel.as_deref()?;
+    let now = sim.clock.now();
+    let seq = sim
+        .interaction_seq
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let minted = (now.as_millisecond() - DISCORD_EPOCH_MS).max(0) as u64;
+    let id = ((minted << 22) | (seq & 0x3f_ffff)).to_string();
+    let body = serde_json::json!({
+        "id": id,
+        "application_id": "1200000000000000000",
+        "type": 2,
+        "token": format!("sim-token-{id}"),
+        "version": 1,
+        "channel": {"id": channel, "type": 0},
+        "channel_id": channel,
+        "guild_id": "1100000000000000000",
+        "member": {"user": {"id": "1000000000000000001", "username": "sim-user"}, "nick": null},
+        "data": {
+            "id": "1250000000000000000",
+            "name": "ask",
+            "type": 1,
+            "options": [{"name": "text", "type": 3, "value": "how is it going?"}]
+        }
+    })
+    .to_string()
+    .into_bytes();
+    let sent = Sent {
+        webhook: String::new(),
+        headers: sim.discord.sign(now.as_second(), &body),
+        body,
+    };
+    let (status, answer) = post_to(sim, "/discord/interactions", &sent).await;
+    let taken = status == 200 && answer["type"] == 5;
+    if !taken {
+        // Pulse could not queue it (its store failed): the user sees the command fail
+        // and sends it again, as a new interaction.
+        lock(&sim.interactions).checked(status >= 500, || {
+            format!(
+                "a fresh signed slash command {id} to {channel} was answered {status}: {answer}"
+            )
+        });
+        return None;
+    }
+    lock(&sim.interactions).checked(true, String::new);
+    let signal = SignalId::derived(minted + DISCORD_EPOCH_MS as u64, &["discord", &id]);
+    let again = again(sim, Fault::InteractionResent, Fault::InteractionReplayed);
+    if let Some(after) = again {
+        let sim = sim.clone();
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(after).await;
+            let (status, answer) = post_to(&sim, "/discord/interactions", &sent).await;
+            let within = after.as_secs() < pulse_signatures::TOLERANCE_SECS as u64;
+            // Within the tolerance it is taken again as the same message (a second
+            // queueing of it makes no second turn: the turns are checked); past it, refused.
+            let ok = if within {
+                status >= 500 || (status == 200 && (answer["type"] == 5 || answer["type"] == 4))
+            } else {
+                status == 401
+            };
+            lock(&sim.interactions).checked(ok, || {
+                format!(
+                    "interaction {id} delivered again after {} s was answered {status}: {answer}",
+                    after.as_secs()
+                )
+            });
+        });
+    }
+    Some(signal)
+}
+
 /// POSTs `sent` through the receiver's router; the status and the JSON answer.
 async fn post(sim: &Sim, sent: &Sent) -> (u16, Value) {
-    let mut request = http::Request::post(format!("/webhooks/{}", sent.webhook))
-        .header(http::header::CONTENT_TYPE, "application/json");
+    post_to(sim, &format!("/webhooks/{}", sent.webhook), sent).await
+}
+
+/// POSTs `sent` to `path` through the receiver's router.
+async fn post_to(sim: &Sim, path: &str, sent: &Sent) -> (u16, Value) {
+    let mut request =
+        http::Request::post(path).header(http::header::CONTENT_TYPE, "application/json");
     for (k, v) in &sent.headers {
         request = request.header(k, v);
     }

@@ -49,6 +49,8 @@ pub(crate) const OPERATOR_EVERY: Duration = Duration::from_secs(600);
 pub(crate) const DRAIN: Duration = Duration::from_secs(2 * 15 * 60 + 15 * 60);
 /// The virtual start of every run.
 pub(crate) const START: &str = "2026-01-05T00:00:00Z";
+/// The seed of the simulated Discord application's signing key.
+pub(crate) const DISCORD_SEED: [u8; 32] = [7; 32];
 /// Every agent's webhook secret (Standard Webhooks), which its sender signs with.
 pub(crate) const WEBHOOK_SECRET: &str = "whsec_c2ltdWxhdGVkIHdlYmhvb2sgc2VjcmV0IQ==";
 
@@ -134,6 +136,14 @@ pub(crate) struct Sim {
     /// Webhook deliveries: each fresh one accepted, none sent again making a second
     /// event. Checked as the receiver answers.
     pub inbound: Mutex<Invariant>,
+    /// The Discord application's signing key: the users' slash commands are signed with
+    /// it, and the receiver checks them with its public half.
+    pub discord: pulse_signatures::discord::DiscordSigner,
+    /// Discord interactions: each fresh one taken, one delivered again never taken
+    /// twice, one replayed past the tolerance refused. Checked as the receiver answers.
+    pub interactions: Mutex<Invariant>,
+    /// The last interaction id's sequence number, for the low bits of the next.
+    pub interaction_seq: std::sync::atomic::AtomicU64,
 }
 
 /// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
@@ -438,12 +448,14 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
         &services,
         memories,
     )));
+    let discord = pulse_signatures::discord::DiscordSigner::from_seed(DISCORD_SEED);
     let inbound = pulse_shared::http::Inbound::new(
         inner.clone(),
         Arc::new(queue.clone()),
         clock.clone(),
         InboundConfig {
             delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+            discord_public_key: Some(discord.public_key_hex()),
             ..InboundConfig::default()
         },
     );
@@ -477,5 +489,11 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
             "webhook_delivered_once",
             "every fresh signed webhook delivery was stored and answered 2xx; one sent again (a retry, or replayed past the signature's tolerance) never made a second event",
         )),
+        discord,
+        interactions: Mutex::new(Invariant::new(
+            "interaction_taken_once",
+            "every fresh signed Discord slash command was answered as deferred and queued as the user's message; one delivered again was the same message, and one replayed past the signature's tolerance was refused",
+        )),
+        interaction_seq: std::sync::atomic::AtomicU64::new(0),
     }
 }
