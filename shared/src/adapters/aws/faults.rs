@@ -133,10 +133,20 @@ impl FaultPlan {
                 *state ^= *state >> 27;
                 let draw = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) % 1_000_000;
                 let mut edge = 0;
-                rates.iter().find_map(|(f, r)| {
+                let drawn = rates.iter().find_map(|(f, r)| {
                     edge += u64::from(*r);
                     (draw < edge).then_some(*f)
-                })
+                });
+                // A receive whose answer is lost leaves the messages it took in flight,
+                // out of every receiver's sight, until their visibility timeout: on the
+                // emulator's real time, minutes, while a run on the injected clock lasts
+                // seconds, and their FIFO groups wait behind them. SQS brings them back
+                // by itself (no code of Pulse's is involved), so a drawn one meets a
+                // reset instead: nothing is taken.
+                match (drawn, operation) {
+                    (Some(Fault::LostAnswer), "ReceiveMessage") => Some(Fault::Reset),
+                    (f, _) => f,
+                }
             }),
         };
         if let Some(f) = fault {
