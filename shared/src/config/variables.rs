@@ -508,6 +508,15 @@ pub const VARIABLES: &[Variable] = &[
     },
 ];
 
+/// `text` with its first letter in capitals (a Markdown code span is left as it is).
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(c) if c.is_lowercase() => c.to_uppercase().chain(chars).collect(),
+        _ => text.to_owned(),
+    }
+}
+
 /// The configuration reference, as the book's page.
 pub fn reference() -> String {
     let mut page = String::from(
@@ -519,20 +528,20 @@ pub fn reference() -> String {
          `PULSE_LISTEN`, `PULSE_HTTP_…`, `PULSE_SHUTDOWN_GRACE`, `PULSE_PUBLIC_URL`, \
          `PULSE_WEBHOOK_SECRET`, `PULSE_HOOK_AUTH_HEADER`), which take it as an empty value. \
          Most values are checked at start-up, so a wrong one stops the program at once with a \
-         message naming the variable and what it expects; the last column says what each \
+         message naming the variable and what it expects; each variable below says what a \
          wrong value does.\n",
     );
     let mut groups: Vec<Group> = VARIABLES.iter().map(|v| v.group).collect();
     groups.dedup();
     for group in groups {
-        page.push_str(&format!(
-            "\n## {}\n\n| variable | meaning | default | when wrong |\n|---|---|---|---|\n",
-            group.title()
-        ));
+        page.push_str(&format!("\n## {}\n", group.title()));
         for v in VARIABLES.iter().filter(|v| v.group == group) {
             page.push_str(&format!(
-                "| `{}` | {} | {} | {} |\n",
-                v.name, v.meaning, v.default, v.wrong
+                "\n### `{}`\n\n{}.\n\n- **Default:** {}.\n- **When wrong:** {}.\n",
+                v.name,
+                capitalised(v.meaning),
+                v.default,
+                v.wrong
             ));
         }
     }
