@@ -92,7 +92,10 @@ stage "cargo test"
 export PULSE_TEST_CARGO_LAMBDA="$PWD/$VENV/bin/cargo-lambda"
 # Every test binary runs through scripts/test-runner.sh, which asks for each test's time.
 TEST_LOG=target/test-output.log
-CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/test-runner.sh" \
+# (The runner variable is named after the host, e.g. CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER.)
+HOST=$(rustc -vV | sed -n 's/^host: //p')
+RUNNER_VAR="CARGO_TARGET_$(echo "$HOST" | tr 'a-z-' 'A-Z_')_RUNNER"
+env "$RUNNER_VAR=$PWD/scripts/test-runner.sh" \
     cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
 stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each"
 # Each prints its seed first; a violation exits 1 with the command that replays it.

@@ -360,11 +360,7 @@ async fn a_seeded_fault_run_keeps_every_invariant() {
     let mut actions = BTreeMap::new();
     let mut unknown = 0;
     for a in &agents {
-        let beats = {
-            let mut hbs = b.store.list_heartbeats(&a.id, 500).await.unwrap();
-            hbs.reverse();
-            hbs
-        };
+        let beats = b.heartbeats(&a.id).await;
         let finished: Vec<_> = beats.iter().filter(|h| h.status.is_final()).collect();
         // Every agent still beats: one unfinished heartbeat, the newest.
         let open: Vec<_> = beats.iter().filter(|h| !h.status.is_final()).collect();

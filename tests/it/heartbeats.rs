@@ -23,12 +23,6 @@ async fn beat(b: &Backend) -> usize {
     b.drain(&b.worker(settings())).await
 }
 
-async fn heartbeats(b: &Backend, agent: &Agent) -> Vec<pulse_shared::domain::Heartbeat> {
-    let mut hbs = b.store.list_heartbeats(&agent.id, 100).await.unwrap();
-    hbs.reverse();
-    hbs
-}
-
 fn job_of(d: &Delivery) -> pulse_shared::domain::Heartbeat {
     match TaskEnvelope::decode(&d.body).unwrap().task {
         SessionTask::Heartbeat(j) => j.heartbeat,
@@ -131,7 +125,7 @@ async fn dead_worker(kind: Kind) {
     assert_eq!(beat(&b).await, 1);
     assert_eq!(tool.requests().len(), 3);
     assert_eq!(
-        heartbeats(&b, &agent).await[1].status,
+        b.heartbeats(&agent.id).await[1].status,
         HeartbeatStatus::Completed
     );
 }
@@ -210,7 +204,7 @@ async fn events_during_run(kind: Kind) {
     b.advance(SignedDuration::from_mins(2));
     assert_eq!(beat(&b).await, 1);
     assert_eq!(notes.requests().len(), 5, "nothing processed twice");
-    let hbs = heartbeats(&b, &agent).await;
+    let hbs = b.heartbeats(&agent.id).await;
     assert_eq!(
         hbs.iter()
             .filter(|h| h.status == HeartbeatStatus::Completed)
@@ -519,7 +513,7 @@ async fn duplicate_delivery(kind: Kind) {
     assert_eq!(tool.requests().len(), 2, "JOB and HEARTBEAT, once each");
     let actions = b.store.list_actions(&agent.id, 100).await.unwrap();
     assert_eq!(actions.len(), 2);
-    let hbs = heartbeats(&b, &agent).await;
+    let hbs = b.heartbeats(&agent.id).await;
     assert_eq!(hbs.len(), 2, "one completed heartbeat and one next");
     assert_eq!(hbs[0].id(), first.id());
     assert_eq!(hbs[0].actions_triggered, 2);
@@ -562,7 +556,7 @@ async fn beats(kind: Kind) {
     assert_eq!(beats, vec![(1, 1), (2, 2), (3, 1), (4, 2)]);
     assert_eq!(tool.requests()[0]["event"]["type"], EventType::HEARTBEAT);
     assert_eq!(tool.requests()[0]["agent"]["name"], "scout");
-    let hbs = heartbeats(&b, &agent).await;
+    let hbs = b.heartbeats(&agent.id).await;
     assert_eq!(
         hbs.iter().map(|h| h.since_last).collect::<Vec<_>>()[..4],
         [Some(1), Some(2), Some(1), Some(2)]
@@ -777,7 +771,7 @@ async fn a_dead_workers_heartbeat_recovers_within_a_lease_and_a_tick_and_runs_on
         .unwrap();
     assert_eq!(b.drain(&worker).await, 1);
     assert_eq!(sweeper.sweep_once(b.now()).await.claimed, 0);
-    let hbs = heartbeats(&b, &agent).await;
+    let hbs = b.heartbeats(&agent.id).await;
     let second = &hbs[1];
     assert_eq!(
         (second.status, second.claim),
@@ -887,7 +881,7 @@ async fn every_due_time_falls_inside_the_active_hours(kind: Kind) {
     });
     assert_eq!(b.sweeper(s.clone()).sweep_once(b.now()).await.claimed, 1);
     b.drain(&Worker::new(slow)).await;
-    let hbs = heartbeats(&b, &agent).await;
+    let hbs = b.heartbeats(&agent.id).await;
     let next = hbs.last().unwrap();
     assert_eq!(next.status, HeartbeatStatus::Pending);
     assert_eq!(

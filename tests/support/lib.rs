@@ -555,6 +555,13 @@ impl Backend {
             .unwrap()
     }
 
+    /// The agent's latest 500 heartbeats, oldest first.
+    pub async fn heartbeats(&self, agent: &pulse_shared::domain::AgentId) -> Vec<Heartbeat> {
+        let mut hbs = self.store.list_heartbeats(agent, 500).await.unwrap();
+        hbs.reverse();
+        hbs
+    }
+
     /// Creates an agent (interval `interval`) and returns it with its first heartbeat.
     pub async fn agent(&self, name: &str, interval: &str) -> (Agent, Heartbeat) {
         let mut new = NewAgent::named(name);
