@@ -2048,7 +2048,7 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
         "seed 11: 30 agents, 2 simulated hours, faults default",
         "faults injected:",
         "pass  webhook_delivered_once",
-        "pass  interaction_taken_once",
+        "pass  webhook_rate_limited",
         "pass  no_event_lost",
         "pass  session_order",
         "heartbeats per second",
@@ -2058,7 +2058,7 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
     assert!(!text.contains("FAIL"), "{text}");
     let doc = json(dir.path(), &args);
     assert_eq!(doc["seed"], 11);
-    assert_eq!(doc["invariants"].as_array().unwrap().len(), 11);
+    assert_eq!(doc["invariants"].as_array().unwrap().len(), 12);
     assert!(doc["counts"]["heartbeats_completed"].as_u64().unwrap() > 100);
 
     let kept = dir.path().join("run.db");

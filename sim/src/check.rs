@@ -103,6 +103,7 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
             .collect(),
         invariants: vec![
             lock(&sim.inbound).clone(),
+            lock(&sim.limits).clone(),
             lock(&sim.interactions).clone(),
             inv.lost,
             tool_once,

@@ -70,6 +70,8 @@ pub enum Fault {
     WebhookResent,
     /// A captured webhook request is sent again after the signature's tolerance.
     WebhookReplayed,
+    /// A webhook's sender sends a burst of fresh deliveries, past the hourly limit.
+    WebhookBurst,
     /// A Discord interaction (a user's slash command) is delivered again within minutes.
     InteractionResent,
     /// A captured interaction is sent again after the signature's tolerance.
@@ -78,7 +80,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 30] = [
+    pub const ALL: [Fault; 31] = [
         Fault::StoreFails,
         Fault::StoreLostAck,
         Fault::QueueLostAck,
@@ -107,6 +109,7 @@ impl Fault {
         Fault::AgentDeleted,
         Fault::WebhookResent,
         Fault::WebhookReplayed,
+        Fault::WebhookBurst,
         Fault::InteractionResent,
         Fault::InteractionReplayed,
     ];
@@ -171,6 +174,7 @@ impl Mix {
             (AgentDeleted, 0.1),
             (WebhookResent, 0.05),
             (WebhookReplayed, 0.01),
+            (WebhookBurst, 0.005),
             (InteractionResent, 0.05),
             (InteractionReplayed, 0.02),
         ];

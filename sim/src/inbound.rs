@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use pulse_shared::domain::{Agent, AgentId, EventId, SignalId, WebhookScheme};
+use pulse_shared::domain::{Agent, AgentId, EventId, RateLimit, SignalId, WebhookScheme};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -35,18 +35,36 @@ struct Sent {
 }
 
 /// Sends a fresh event to `agent`'s webhook; once the receiver has stored it, it is in
-/// the ledger. Now and then its sender sends it again, or it is replayed much later.
+/// the ledger. Now and then its sender sends it again, or it is replayed much later; and
+/// now and then it sends a burst of fresh ones, past the webhook's hourly limit.
 pub(crate) async fn send_event(sim: &Arc<Sim>, agent: &AgentId) {
+    send_fresh(sim, agent).await;
+    if sim.dice.roll(Fault::WebhookBurst) {
+        for _ in 0..BURST {
+            send_fresh(sim, agent).await;
+        }
+    }
+}
+
+/// Deliveries a burst sends at once: more than a webhook's hourly limit in the
+/// simulation ([`crate::setup::WEBHOOK_LIMIT`]).
+const BURST: usize = 16;
+
+/// One fresh delivery to `agent`'s webhook, and its answer checked: accepted while the
+/// clock hour's count is under the webhook's limit, 429 (with `Retry-After`) once it
+/// is at the limit.
+async fn send_fresh(sim: &Arc<Sim>, agent: &AgentId) {
     let Some(webhook) = sim.webhooks.get(agent) else {
         return;
     };
     let delivery = format!("msg_{:016x}", sim.dice.below(u64::MAX));
     let body = serde_json::json!({"event_type": PING, "payload": {"n": 1}}).to_string();
+    let now = sim.clock.now();
     let signed = pulse_signatures::inbound::sign(
         WebhookScheme::Standard.signing(),
         WEBHOOK_SECRET,
         body.as_bytes(),
-        sim.clock.now().as_second(),
+        now.as_second(),
         &delivery,
     );
     let Ok(headers) = signed else {
@@ -60,8 +78,25 @@ pub(crate) async fn send_event(sim: &Arc<Sim>, agent: &AgentId) {
         headers,
         body: body.into_bytes(),
     };
-    let (status, answer) = post(sim, &sent).await;
+    let (status, answer, retry_after) = post(sim, &sent).await;
     let accepted = status == 200 && answer["status"] == "accepted";
+    let hour = (webhook.to_string(), RateLimit::window(now));
+    {
+        let mut counts = lock(&sim.hourly);
+        let count = counts.entry(hour).or_default();
+        let full = *count >= crate::setup::WEBHOOK_LIMIT;
+        let limited = status == 429 && retry_after.is_some_and(|s| s > 0 && s <= 3600);
+        lock(&sim.limits).checked(if full { limited } else { accepted }, || {
+            format!(
+                "delivery {delivery} to {webhook}, with {count} accepted this hour (limit {}), was answered {status}: {answer}",
+                crate::setup::WEBHOOK_LIMIT
+            )
+        });
+        if full {
+            return;
+        }
+        *count += u32::from(accepted);
+    }
     lock(&sim.inbound).checked(accepted, || {
         format!("a fresh signed delivery {delivery} to {webhook} was answered {status}: {answer}")
     });
@@ -81,7 +116,7 @@ pub(crate) async fn send_event(sim: &Arc<Sim>, agent: &AgentId) {
         let sim = sim.clone();
         tokio::task::spawn_local(async move {
             tokio::time::sleep(after).await;
-            let (status, answer) = post(&sim, &sent).await;
+            let (status, answer, _) = post(&sim, &sent).await;
             // A duplicate names the first event; anything else must be a refusal.
             let ok = status != 200
                 || (answer["status"] == "duplicate" && answer["event_id"] == event.as_str());
@@ -150,7 +185,7 @@ pub(crate) async fn send_message(sim: &Arc<Sim>, agent: &Agent) -> Option<Signal
         headers: sim.discord.sign(now.as_second(), &body),
         body,
     };
-    let (status, answer) = post_to(sim, "/discord/interactions", &sent).await;
+    let (status, answer, _) = post_to(sim, "/discord/interactions", &sent).await;
     let taken = status == 200 && answer["type"] == 5;
     if !taken {
         // Pulse could not queue it (its store failed): the user sees the command fail
@@ -169,7 +204,7 @@ pub(crate) async fn send_message(sim: &Arc<Sim>, agent: &Agent) -> Option<Signal
         let sim = sim.clone();
         tokio::task::spawn_local(async move {
             tokio::time::sleep(after).await;
-            let (status, answer) = post_to(&sim, "/discord/interactions", &sent).await;
+            let (status, answer, _) = post_to(&sim, "/discord/interactions", &sent).await;
             let within = after.as_secs() < pulse_signatures::TOLERANCE_SECS as u64;
             // Within the tolerance it is taken again as the same message (a second
             // queueing of it makes no second turn: the turns are checked); past it, refused.
@@ -189,27 +224,32 @@ pub(crate) async fn send_message(sim: &Arc<Sim>, agent: &Agent) -> Option<Signal
     Some(signal)
 }
 
-/// POSTs `sent` through the receiver's router; the status and the JSON answer.
-async fn post(sim: &Sim, sent: &Sent) -> (u16, Value) {
+/// POSTs `sent` through the receiver's router; the status, the JSON answer and the
+/// `Retry-After` seconds.
+async fn post(sim: &Sim, sent: &Sent) -> (u16, Value, Option<u64>) {
     post_to(sim, &format!("/webhooks/{}", sent.webhook), sent).await
 }
 
 /// POSTs `sent` to `path` through the receiver's router.
-async fn post_to(sim: &Sim, path: &str, sent: &Sent) -> (u16, Value) {
+async fn post_to(sim: &Sim, path: &str, sent: &Sent) -> (u16, Value, Option<u64>) {
     let mut request =
         http::Request::post(path).header(http::header::CONTENT_TYPE, "application/json");
     for (k, v) in &sent.headers {
         request = request.header(k, v);
     }
     let Ok(request) = request.body(Body::from(sent.body.clone())) else {
-        return (0, Value::Null);
+        return (0, Value::Null, None);
     };
     let Ok(response) = sim.receiver.clone().oneshot(request).await;
     let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let answer = axum::body::to_bytes(response.into_body(), ANSWER_LIMIT)
         .await
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(Value::Null);
-    (status, answer)
+    (status, answer, retry_after)
 }

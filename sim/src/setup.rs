@@ -49,6 +49,9 @@ pub(crate) const OPERATOR_EVERY: Duration = Duration::from_secs(600);
 pub(crate) const DRAIN: Duration = Duration::from_secs(2 * 15 * 60 + 15 * 60);
 /// The virtual start of every run.
 pub(crate) const START: &str = "2026-01-05T00:00:00Z";
+/// Every agent's webhook accepts this many deliveries a clock hour: low, so a sender's
+/// burst goes past it.
+pub(crate) const WEBHOOK_LIMIT: u32 = 12;
 /// The seed of the simulated Discord application's signing key.
 pub(crate) const DISCORD_SEED: [u8; 32] = [7; 32];
 /// Every agent's webhook secret (Standard Webhooks), which its sender signs with.
@@ -144,6 +147,11 @@ pub(crate) struct Sim {
     pub interactions: Mutex<Invariant>,
     /// The last interaction id's sequence number, for the low bits of the next.
     pub interaction_seq: std::sync::atomic::AtomicU64,
+    /// Fresh deliveries accepted, by webhook and clock hour.
+    pub hourly: Mutex<BTreeMap<(String, i64), u32>>,
+    /// Webhook rate limits: deliveries accepted up to the hourly limit, refused 429 with
+    /// `Retry-After` past it. Checked as the receiver answers.
+    pub limits: Mutex<Invariant>,
 }
 
 /// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
@@ -348,13 +356,16 @@ async fn seed(
     }
     let mut webhooks = BTreeMap::new();
     for (agent, _) in &agents {
-        let webhook = Webhook::new(
+        let mut webhook = Webhook::new(
             agent.id.clone(),
             WebhookScheme::Standard,
             WEBHOOK_SECRET,
             now,
         )
         .map_err(|e| fail("a webhook")(&e))?;
+        webhook.rate_limit = Some(pulse_shared::domain::RateLimit {
+            per_hour: WEBHOOK_LIMIT,
+        });
         store
             .create_webhook(&webhook)
             .await
@@ -495,5 +506,10 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
             "every fresh signed Discord slash command was answered as deferred and queued as the user's message; one delivered again was the same message, and one replayed past the signature's tolerance was refused",
         )),
         interaction_seq: std::sync::atomic::AtomicU64::new(0),
+        hourly: Mutex::default(),
+        limits: Mutex::new(Invariant::new(
+            "webhook_rate_limited",
+            "each webhook accepted fresh deliveries up to its hourly limit and refused the rest of the clock hour with 429 and a Retry-After",
+        )),
     }
 }

@@ -198,3 +198,19 @@ fn slash_commands_delivered_again_or_replayed_are_answered_once() {
     let answered = r.invariant("message_answered_once").unwrap();
     assert_eq!(answered.checked, r.counts.messages, "{}", r.text());
 }
+
+/// Senders now and then send a burst of fresh deliveries, past their webhook's hourly
+/// limit: each is accepted while the clock hour has room, and refused with 429 and a
+/// Retry-After once it has none; every one accepted reaches the tool.
+#[test]
+fn webhook_bursts_past_the_hourly_limit_are_refused_429_and_nothing_accepted_is_lost() {
+    let mix = Mix::only(&[(Fault::WebhookBurst, 0.5)]);
+    let r = run(100, 4, 17, mix);
+    assert!(r.passed(), "{}", r.text());
+    assert!(r.injected["webhook_burst"] >= 10, "{}", r.text());
+    let limited = r.invariant("webhook_rate_limited").unwrap();
+    // A case per fresh delivery: the accepted ones became actions, the rest were 429s.
+    let refused = limited.checked - r.counts.actions;
+    assert!(refused >= 20, "{refused} refused: {}", r.text());
+    assert_eq!(r.counts.tool_calls, r.counts.actions);
+}
