@@ -2,7 +2,7 @@
 //! with an injected clock — and never an event a heartbeat has still to read.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use jiff::SignedDuration;
 use pulse_shared::domain::{Agent, HeartbeatStatus, Retention};
@@ -307,15 +307,13 @@ async fn pruning_holds_the_write_lock_one_short_batch_at_a_time() {
         report.pruned.total(),
         during.len()
     );
+    // A pass that held the lock throughout would let no write start and finish inside
+    // it. How long one writer waited is printed, not asserted: on a loaded 2-core
+    // machine a thread's wait is as much the scheduler's as the lock's (CI once saw one
+    // wait 79 ms of a 93 ms pass while 120 writes got in between the batches).
     assert!(
         during.len() >= 2,
         "writers got in between the batches: {} writes during the pass",
         during.len()
-    );
-    // One batch of 500 rows holds the lock for a few milliseconds; a pass that held it
-    // throughout would keep a writer waiting for most of the pass.
-    assert!(
-        longest * 2 < took || longest < Duration::from_millis(50),
-        "a writer waited {longest:?} while the whole pass took {took:?}"
     );
 }
