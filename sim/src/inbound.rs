@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use pulse_shared::domain::{Agent, AgentId, EventId, RateLimit, SignalId, WebhookScheme};
+use pulse_shared::http::discord::{interaction_signal_id, snowflake_time};
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -198,7 +199,7 @@ pub(crate) async fn send_message(sim: &Arc<Sim>, agent: &Agent) -> Option<Signal
         return None;
     }
     lock(&sim.interactions).checked(true, String::new);
-    let signal = SignalId::derived(minted + DISCORD_EPOCH_MS as u64, &["discord", &id]);
+    let signal = snowflake_time(&id).map(|at| interaction_signal_id(&id, at))?;
     let again = again(sim, Fault::InteractionResent, Fault::InteractionReplayed);
     if let Some(after) = again {
         let sim = sim.clone();

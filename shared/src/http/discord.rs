@@ -82,6 +82,15 @@ pub fn interaction_time(id: &str, now: Timestamp) -> Result<Timestamp, Interacti
     Ok(minted)
 }
 
+/// The signal a command interaction becomes, from its id (minted at `minted`) alone:
+/// the same interaction sent again is the same signal.
+pub fn interaction_signal_id(interaction_id: &str, minted: Timestamp) -> SignalId {
+    SignalId::derived(
+        minted.as_millisecond().max(0) as u64,
+        &["discord", interaction_id],
+    )
+}
+
 /// Why an interaction's id is refused as its identity.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InteractionIdError {
@@ -235,11 +244,7 @@ async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
             Ok(s) => s,
             Err(e) => return tell_user(format!("Pulse cannot take this message: {e}")),
         };
-    // From the id alone: the same interaction sent again is the same signal.
-    signal.id = SignalId::derived(
-        minted.as_millisecond().max(0) as u64,
-        &["discord", interaction_id],
-    );
+    signal.id = interaction_signal_id(interaction_id, minted);
     signal.content.extend(message.images);
     let signal_id = signal.id.clone();
     if let Err(e) = intake::submit(app.store.as_ref(), app.queue.as_ref(), signal).await {
