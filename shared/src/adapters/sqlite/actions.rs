@@ -1,7 +1,7 @@
 //! The action log on SQLite.
 
 use async_trait::async_trait;
-use rusqlite::{TransactionBehavior, params};
+use rusqlite::params;
 
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
@@ -17,9 +17,7 @@ impl ActionLog for SqliteStore {
         self.db
             .call("start action", move |conn| {
                 let op = "start action";
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sqlite_err(op))?;
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
                 let n = tx
                     .exec(
                         "INSERT INTO actions (id, agent_id, event_id, tool, status, attempt, doc) \
@@ -99,7 +97,7 @@ impl ActionLog for SqliteStore {
         self.db
             .call("finish action", move |conn| {
                 let op = sqlite_err("finish action");
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 let n = tx
                     .exec(
                         "UPDATE actions SET status = ?2, doc = ?3 WHERE id = ?1 AND attempt = ?4 AND status = 'RUNNING'",

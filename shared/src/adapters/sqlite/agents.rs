@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use jiff::Timestamp;
 use jiff::civil::Date;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
@@ -84,8 +84,7 @@ impl AgentStore for SqliteStore {
         let (agent, first) = (agent.clone(), first.clone());
         self.db
             .call("create agent", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                let tx = super::begin(conn)
                     .map_err(sqlite_err("create agent"))?;
                 let n = tx
                     .exec(
@@ -110,8 +109,7 @@ impl AgentStore for SqliteStore {
         self.db
             .call("import agents", move |conn| {
                 let op = sqlite_err("import agents");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                let tx = super::begin(conn)
                     .map_err(&op)?;
                 for (agent, first) in &agents {
                     tx.exec(
@@ -170,9 +168,7 @@ impl AgentStore for SqliteStore {
         let id = id.clone();
         self.db
             .call("record interaction", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sqlite_err("record interaction"))?;
+                let tx = super::begin(conn).map_err(sqlite_err("record interaction"))?;
                 let mut agent = stored_agent(&tx, "record interaction", &id)?;
                 if agent.last_interaction_at.is_some_and(|t| t >= at) {
                     return Ok(());
@@ -188,9 +184,7 @@ impl AgentStore for SqliteStore {
         let id = id.clone();
         self.db
             .call("set next wake", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sqlite_err("set next wake"))?;
+                let tx = super::begin(conn).map_err(sqlite_err("set next wake"))?;
                 let mut agent = stored_agent(&tx, "set next wake", &id)?;
                 agent.next_wake = at;
                 write_agent(&tx, "set next wake", &agent)?;
@@ -204,9 +198,7 @@ impl AgentStore for SqliteStore {
         self.db
             .call("update agent", move |conn| {
                 let op = "update agent";
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sqlite_err(op))?;
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
                 let stored = stored_agent(&tx, op, &agent.id)?;
                 agent.paused_at = stored.paused_at;
                 agent.last_interaction_at = stored.last_interaction_at;
@@ -237,9 +229,7 @@ impl AgentStore for SqliteStore {
         self.db
             .call("pause or resume agent", move |conn| {
                 let op = "pause or resume agent";
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sqlite_err(op))?;
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
                 let mut agent = stored_agent(&tx, op, &id)?;
                 if agent.paused_at.is_some() == paused_at.is_some() {
                     return Ok(false);
@@ -273,8 +263,7 @@ impl AgentStore for SqliteStore {
                     .day
                     .checked_sub(jiff::Span::new().days(Spend::KEPT_DAYS))
                     .unwrap_or(spend.day);
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                let tx = super::begin(conn)
                     .map_err(sqlite_err(op))?;
                 tx.exec(
                     "INSERT INTO spend (agent_id, day, source, tokens, at_ms) VALUES (?1, ?2, ?3, ?4, ?5) \

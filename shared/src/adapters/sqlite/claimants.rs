@@ -143,8 +143,7 @@ impl OrphanedClaims {
             .db
             .call("take back orphaned claims", move |conn| {
                 let op = sqlite_err("take back orphaned claims");
-                let tx = conn
-                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                let tx = super::begin(conn)
                     .map_err(&op)?;
                 let messages = tx
                     .exec(

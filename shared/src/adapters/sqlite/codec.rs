@@ -1,7 +1,7 @@
 //! Records as JSON documents beside the columns queries need: reading, writing and
 //! updating them, sealed secrets included.
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, params};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -88,9 +88,7 @@ pub(super) fn update_doc<T: Serialize + DeserializeOwned>(
     what: String,
     change: impl FnOnce(&mut T),
 ) -> Result<(), StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(sqlite_err(op))?;
+    let tx = super::begin(conn).map_err(sqlite_err(op))?;
     let mut doc: T = read_docs(
         &tx,
         op,
@@ -119,9 +117,7 @@ pub(super) fn delete_with(
     key: &str,
     what: String,
 ) -> Result<(), StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(sqlite_err(op))?;
+    let tx = super::begin(conn).map_err(sqlite_err(op))?;
     for sql in dependents {
         tx.exec(sql, [key]).map_err(sqlite_err(op))?;
     }

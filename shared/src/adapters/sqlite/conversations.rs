@@ -1,7 +1,7 @@
 //! Conversation turns, their messages and the signals they answered, on SQLite.
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 
 use super::codec::{from_doc, read_docs, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
@@ -51,7 +51,7 @@ impl ConversationStore for SqliteStore {
         self.db
             .call("begin turn", move |conn| {
                 let op = sqlite_err("begin turn");
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 let agent = turn.agent_id.as_str();
                 let existing: Option<String> = tx
                     .query_row(

@@ -62,7 +62,7 @@ impl EventLog for SqliteStore {
         self.db
             .call("read event window", move |conn| {
                 let op = "read event window";
-                let tx = conn.transaction().map_err(sqlite_err(op))?;
+                let tx = super::begin_deferred(conn).map_err(sqlite_err(op))?;
                 let found: Option<Agent> =
                     read_docs(&tx, op, "SELECT id, doc FROM agents WHERE id = ?1", [agent.as_str()])?.pop();
                 let mut events: Vec<Event> = read_docs(

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use jiff::Timestamp;
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::events::upsert_event;
 use super::{CachedExecute, SqliteStore, sqlite_err};
@@ -207,8 +207,7 @@ impl HeartbeatStore for SqliteStore {
                 let op = sqlite_err("claim heartbeats");
                 let now = to_ms(req.now);
                 let lease = to_ms(req.now.saturating_add(req.lease).unwrap_or(req.now));
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                let tx = super::begin(conn)
                     .map_err(&op)?;
                 let mut out = Vec::with_capacity(owned.len());
                 {
@@ -267,7 +266,7 @@ impl HeartbeatStore for SqliteStore {
             .call("finish heartbeat", move |conn| {
                 let op = sqlite_err("finish heartbeat");
                 let hb = &finish.heartbeat;
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 let current: Option<(String, i64)> = tx
                     .query_row(
                         "SELECT status, claim FROM heartbeats WHERE agent_id = ?1 AND beat = ?2",

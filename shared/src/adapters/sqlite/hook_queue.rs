@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jiff::SignedDuration;
-use rusqlite::{TransactionBehavior, params};
+use rusqlite::params;
 
 use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, HookTask, Receipt, to_ms};
@@ -69,9 +69,7 @@ impl HookQueue for SqliteHookQueue {
         self.db
             .call("send to hook queue", move |conn| {
                 let op = sqlite_err("send to hook queue");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 for (body, visible) in &rows {
                     tx.prepare_cached("INSERT INTO hook_queue (body, visible_ms) VALUES (?1, ?2)")
                         .and_then(|mut st| st.execute(params![body, visible]))
@@ -89,8 +87,7 @@ impl HookQueue for SqliteHookQueue {
         self.db
             .call("receive from hook queue", move |conn| {
                 let op = sqlite_err("receive from hook queue");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                let tx = super::begin(conn)
                     .map_err(&op)?;
                 let picked: Vec<(i64, String, u32)> = {
                     let mut st = tx

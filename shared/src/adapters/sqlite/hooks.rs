@@ -3,7 +3,7 @@
 //! expires them by TTL).
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{delete_with, read_docs, read_sealed, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
@@ -172,8 +172,7 @@ impl HookStore for SqliteStore {
         self.db
             .call("save delivery", move |conn| {
                 let op = sqlite_err("save delivery");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                let tx = super::begin(conn)
                     .map_err(&op)?;
                 let expected = d.version.saturating_sub(1);
                 let stored = stored_version(&tx, "hook_deliveries", d.id.as_str())?;

@@ -3,7 +3,7 @@
 //! recall indexes check (words are scored by the recall index, in the worker).
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{from_doc, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
@@ -46,7 +46,7 @@ fn read_memories(
     rows.into_iter().map(memory_of).collect()
 }
 
-fn bump(tx: &Transaction<'_>, agent: &str) -> rusqlite::Result<usize> {
+fn bump(tx: &Connection, agent: &str) -> rusqlite::Result<usize> {
     tx.exec(
         "INSERT INTO memory_versions (agent_id, version) VALUES (?1, 1)
          ON CONFLICT (agent_id) DO UPDATE SET version = version + 1",
@@ -55,7 +55,7 @@ fn bump(tx: &Transaction<'_>, agent: &str) -> rusqlite::Result<usize> {
 }
 
 /// Writes one memory (replacing the one with its id).
-fn write_memory(tx: &Transaction<'_>, m: &Memory) -> rusqlite::Result<()> {
+fn write_memory(tx: &Connection, m: &Memory) -> rusqlite::Result<()> {
     let (vector, model) = vector_of(m);
     tx.exec(
         "INSERT OR REPLACE INTO memories (agent_id, id, doc, vector, vector_model)
@@ -86,9 +86,7 @@ impl MemoryStore for SqliteStore {
         self.db
             .call("write memories", move |conn| {
                 let op = sqlite_err("write memories");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 for m in &memories {
                     write_memory(&tx, m).map_err(&op)?;
                 }
@@ -173,9 +171,7 @@ impl MemoryStore for SqliteStore {
         self.db
             .call("reinforce memories", move |conn| {
                 let op = sqlite_err("reinforce memories");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 for m in &memories {
                     tx.exec(
                         "UPDATE memories SET doc = ?3 WHERE agent_id = ?1 AND id = ?2",
@@ -194,9 +190,7 @@ impl MemoryStore for SqliteStore {
         self.db
             .call("forget memory", move |conn| {
                 let op = sqlite_err("forget memory");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 let n = tx
                     .exec(
                         "DELETE FROM memories WHERE agent_id = ?1 AND id = ?2",

@@ -1,8 +1,9 @@
 //! The embedded backend: one SQLite file (WAL) holding the records and a durable FIFO
 //! queue with the semantics of SQS FIFO, for `pulse serve` on one machine with no cloud.
 //!
-//! rusqlite is synchronous, so every operation runs on tokio's blocking pool holding the
-//! connection's mutex. One connection per [`Db`]: SQLite serialises writers anyway, and a
+//! rusqlite is synchronous, so every operation from async code runs on the connection's
+//! own thread (see [`thread`]: calls waiting together are committed together). One
+//! connection per [`Db`]: SQLite serialises writers anyway, and a
 //! process that wants parallel writers (tests, benchmarks) opens several `Db`s on one file;
 //! `busy_timeout` makes them wait for each other instead of failing.
 //!
@@ -33,6 +34,7 @@ mod retention;
 mod schedules;
 mod schema;
 mod session_queue;
+mod thread;
 mod tokens;
 mod webhooks;
 
@@ -112,8 +114,10 @@ pub struct Db {
     /// The id this process claims and receives under, and the other processes on the
     /// file.
     claimants: Arc<claimants::Claimants>,
-    /// Calls run on the caller's thread instead of the blocking pool (the simulator).
+    /// Calls run on the caller's thread instead of the connection's (the simulator).
     inline: bool,
+    /// The connection's thread, started by the first call from async code.
+    thread: Arc<std::sync::OnceLock<Option<thread::ConnThread>>>,
     /// Why writes are failing (a full disk, a read-only file), from the last call that
     /// failed so, until a call writes again: what `/healthz` reports.
     trouble: Arc<Mutex<Option<String>>>,
@@ -264,6 +268,7 @@ impl Db {
             path: path.to_owned(),
             claimants: Arc::new(claimants::Claimants::new(path)),
             inline: false,
+            thread: Arc::default(),
             trouble: Arc::default(),
             deadline: None,
         })
@@ -310,6 +315,7 @@ impl Db {
                     claimants: Arc::new(claimants::Claimants::new(&path)),
                     path,
                     inline: false,
+                    thread: Arc::default(),
                     trouble: Arc::default(),
                     deadline: None,
                 }
@@ -341,29 +347,86 @@ impl Db {
         f(&mut guard)
     }
 
-    /// Runs `f` with the connection on the blocking pool, noting whether writes fail.
+    /// Runs `f` with the connection on the connection's thread (see [`thread`]), noting
+    /// whether writes fail. Calls that arrive together are committed together.
     async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.call_as(op, false, f).await
+    }
+
+    /// As [`call`](Self::call), never inside a group: for statements that cannot run
+    /// inside a transaction (`VACUUM`, a checkpoint).
+    async fn call_alone<T, F>(&self, op: &'static str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.call_as(op, true, f).await
+    }
+
+    async fn call_as<T, F>(&self, op: &'static str, alone: bool, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let trouble = self.trouble.clone();
-        let watched = move |conn: &mut Connection| {
-            let before = conn.total_changes();
-            let r = f(conn);
-            note_writes(&trouble, conn.total_changes() != before, r.as_ref().err());
-            r
+        let watched = {
+            let trouble = trouble.clone();
+            move |conn: &mut Connection| {
+                let before = conn.total_changes();
+                let r = f(conn);
+                note_writes(&trouble, conn.total_changes() != before, r.as_ref().err());
+                r
+            }
         };
         if self.inline {
             return self.blocking(watched);
         }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = thread::Job {
+            alone,
+            run: Box::new(move |conn| {
+                let r = watched(conn);
+                Box::new(move |failed: Option<&rusqlite::Error>| {
+                    let r = match failed {
+                        None => r,
+                        Some(e) => {
+                            let e = sqlite_err(op)(copy_error(e));
+                            note_writes(&trouble, false, Some(&e));
+                            Err(e)
+                        }
+                    };
+                    let _ = reply.send(r);
+                })
+            }),
+        };
         let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn.lock().unwrap_or_else(|e| e.into_inner());
-            watched(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::backend("sqlite", op, e))?
+        let started = self
+            .thread
+            .get_or_init(|| thread::ConnThread::start(conn.clone()));
+        let unsent = match started {
+            Some(t) => t.send(job).err(),
+            None => Some(job),
+        };
+        if let Some(job) = unsent {
+            // No thread to run it: the blocking pool, holding the mutex.
+            tokio::task::spawn_blocking(move || {
+                let mut guard = conn.lock().unwrap_or_else(|e| e.into_inner());
+                (job.run)(&mut guard)(None)
+            })
+            .await
+            .map_err(|e| StoreError::backend("sqlite", op, e))?;
+        }
+        answer.await.map_err(|_| {
+            StoreError::backend(
+                "sqlite",
+                op,
+                "the call panicked on the database's thread (the log has the panic)",
+            )
+        })?
     }
 
     /// Why writes are failing now, if they are: the last failure that says the file
@@ -380,6 +443,75 @@ impl Db {
     pub fn cap_pages(&self, pages: i64) -> Result<(), StoreError> {
         self.blocking(|c| c.pragma_update(None, "max_page_count", pages))
             .map_err(sqlite_err("cap the file's size"))
+    }
+}
+
+/// A write transaction: its own (`BEGIN IMMEDIATE`), or, inside a group of calls the
+/// connection's thread commits together, a savepoint in the group's. Either way what is
+/// written through it lands whole or not at all.
+pub(super) enum Tx<'c> {
+    Own(rusqlite::Transaction<'c>),
+    InGroup(rusqlite::Savepoint<'c>),
+}
+
+/// Begins a write transaction on `conn` (see [`Tx`]).
+pub(super) fn begin(conn: &mut Connection) -> rusqlite::Result<Tx<'_>> {
+    if conn.is_autocommit() {
+        conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map(Tx::Own)
+    } else {
+        conn.savepoint().map(Tx::InGroup)
+    }
+}
+
+/// As [`begin`], a read snapshot outside a group (`BEGIN DEFERRED`: no write lock
+/// until the first write).
+pub(super) fn begin_deferred(conn: &mut Connection) -> rusqlite::Result<Tx<'_>> {
+    if conn.is_autocommit() {
+        conn.transaction().map(Tx::Own)
+    } else {
+        conn.savepoint().map(Tx::InGroup)
+    }
+}
+
+impl Tx<'_> {
+    pub(super) fn commit(self) -> rusqlite::Result<()> {
+        match self {
+            Tx::Own(tx) => tx.commit(),
+            Tx::InGroup(sp) => sp.commit(),
+        }
+    }
+
+    /// A savepoint inside this transaction.
+    pub(super) fn savepoint(&mut self) -> rusqlite::Result<rusqlite::Savepoint<'_>> {
+        match self {
+            Tx::Own(tx) => tx.savepoint(),
+            Tx::InGroup(sp) => sp.savepoint(),
+        }
+    }
+}
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        match self {
+            Tx::Own(tx) => tx,
+            Tx::InGroup(sp) => sp,
+        }
+    }
+}
+
+/// A copy of `e` for each call of a group that failed to commit: SQLite's code and
+/// message where it has them (so a full disk still reads as one), its text otherwise.
+fn copy_error(e: &rusqlite::Error) -> rusqlite::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(code, msg) => {
+            rusqlite::Error::SqliteFailure(*code, msg.clone())
+        }
+        other => rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(other.to_string()),
+        ),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Deleting an agent and everything that is its own, in one transaction.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, OptionalExtension};
 
 use super::{CachedExecute, sqlite_err};
 use crate::domain::AgentId;
@@ -64,9 +64,7 @@ pub(super) fn purge(
     apply: bool,
 ) -> Result<Footprint, StoreError> {
     let op = sqlite_err("delete agent");
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(&op)?;
+    let tx = super::begin(conn).map_err(&op)?;
     let mut footprint = Footprint {
         agent: tx
             .query_row("SELECT 1 FROM agents WHERE id = ?1", [id.as_str()], |_| {

@@ -142,7 +142,7 @@ impl ToolRegistry for SqliteStore {
         let mut registry: Registry = self
             .db
             .call("load registry", |conn| {
-                let tx = conn.transaction().map_err(sqlite_err("load registry"))?;
+                let tx = super::begin_deferred(conn).map_err(sqlite_err("load registry"))?;
                 let tools = read_docs(
                     &tx,
                     "load registry",

@@ -292,7 +292,7 @@ impl SqliteStore {
         // 0 none, 1 full, 2 incremental.
         if mode != 2 && rebuild {
             self.db
-                .call(op, |conn| {
+                .call_alone(op, |conn| {
                     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
                         .and_then(|()| conn.execute_batch("VACUUM"))
                         .map_err(sqlite_err(op))
@@ -303,7 +303,7 @@ impl SqliteStore {
             loop {
                 let free = self
                     .db
-                    .call(op, |conn| {
+                    .call_alone(op, |conn| {
                         conn.execute_batch(&format!(
                             "PRAGMA incremental_vacuum({VACUUM_STEP_PAGES})"
                         ))
@@ -321,7 +321,7 @@ impl SqliteStore {
         }
         let (bytes_after, mode) = self
             .db
-            .call(op, |conn| {
+            .call_alone(op, |conn| {
                 // Copy the write-ahead log into the file and empty it, so the file
                 // shrinks and the log does not keep the size the pass gave it. It
                 // waits for readers (busy timeout) and holds writers for the copy.

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
-use rusqlite::{TransactionBehavior, params};
+use rusqlite::params;
 
 use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, OutgoingTask, Receipt, to_ms};
@@ -136,7 +136,7 @@ impl SessionQueue for SqliteQueue {
         self.db
             .call("send to queue", move |conn| {
                 let op = sqlite_err("send to queue");
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 tx.exec("DELETE FROM queue_dedup WHERE sent_ms < ?1", [forget_before])
                     .map_err(&op)?;
                 for t in &tasks {
@@ -175,7 +175,7 @@ impl SessionQueue for SqliteQueue {
         self.db
             .call("receive from queue", move |conn| {
                 let op = sqlite_err("receive from queue");
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 // Messages that used up their receives and are not in flight go to the
                 // dead-letter table, unblocking their group.
                 tx.exec(

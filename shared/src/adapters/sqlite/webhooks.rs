@@ -6,7 +6,7 @@
 //! id can never both append an event.
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{delete_with, from_doc, read_sealed, to_doc};
 use super::events::upsert_event;
@@ -139,7 +139,7 @@ fn commit_batch(
             })
             .collect()
     };
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let mut tx = match super::begin(conn) {
         Ok(tx) => tx,
         Err(e) => return all_fail(op(e)),
     };
@@ -370,9 +370,7 @@ impl WebhookStore for SqliteStore {
         self.db
             .call("accept webhook request", move |conn| {
                 let op = sqlite_err("accept webhook request");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 let outcome = accept_in(&tx, &a, deadline.as_ref())?;
                 tx.commit().map_err(&op)?;
                 Ok(outcome)
@@ -385,9 +383,7 @@ impl WebhookStore for SqliteStore {
         self.db
             .call("log webhook request", move |conn| {
                 let op = sqlite_err("log webhook request");
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(&op)?;
+                let tx = super::begin(conn).map_err(&op)?;
                 log_refused(&tx, &r)?;
                 tx.commit().map_err(&op)
             })
