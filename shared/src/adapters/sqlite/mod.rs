@@ -456,19 +456,18 @@ pub(super) enum Tx<'c> {
 
 /// Begins a write transaction on `conn` (see [`Tx`]).
 pub(super) fn begin(conn: &mut Connection) -> rusqlite::Result<Tx<'_>> {
-    if conn.is_autocommit() {
-        conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map(Tx::Own)
-    } else {
-        conn.savepoint().map(Tx::InGroup)
-    }
+    begin_as(conn, rusqlite::TransactionBehavior::Immediate)
 }
 
 /// As [`begin`], a read snapshot outside a group (`BEGIN DEFERRED`: no write lock
 /// until the first write).
 pub(super) fn begin_deferred(conn: &mut Connection) -> rusqlite::Result<Tx<'_>> {
+    begin_as(conn, rusqlite::TransactionBehavior::Deferred)
+}
+
+fn begin_as(conn: &mut Connection, own: rusqlite::TransactionBehavior) -> rusqlite::Result<Tx<'_>> {
     if conn.is_autocommit() {
-        conn.transaction().map(Tx::Own)
+        conn.transaction_with_behavior(own).map(Tx::Own)
     } else {
         conn.savepoint().map(Tx::InGroup)
     }

@@ -89,12 +89,8 @@ fn serve(conn: &Mutex<Connection>, rx: &Receiver<Job>) {
             }
         }
         let mut guard = conn.lock().unwrap_or_else(|e| e.into_inner());
-        if jobs.len() == 1 || guard.execute_batch("BEGIN IMMEDIATE").is_err() {
-            for job in jobs {
-                if let Some(reply) = run(&mut guard, job) {
-                    reply(None);
-                }
-            }
+        if jobs.len() == 1 || exec(&guard, "BEGIN IMMEDIATE").is_err() {
+            each_alone(&mut guard, jobs);
         } else {
             group(&mut guard, jobs);
         }
@@ -110,6 +106,15 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// Runs one call; `None` when it panicked (its caller's reply is dropped, an error).
 fn run(conn: &mut Connection, job: Job) -> Option<Reply> {
     catch_unwind(AssertUnwindSafe(|| (job.run)(conn))).ok()
+}
+
+/// Runs `jobs` one after another outside any group, answering each as it finishes.
+fn each_alone(conn: &mut Connection, jobs: Vec<Job>) {
+    for job in jobs {
+        if let Some(reply) = run(conn, job) {
+            reply(None);
+        }
+    }
 }
 
 /// Runs `jobs` inside the transaction begun for them, each in a savepoint, then commits
@@ -130,15 +135,10 @@ fn group(conn: &mut Connection, jobs: Vec<Job>) {
                 r(Some(&lost));
             }
             let rest: Vec<Job> = jobs.collect();
-            if !rest.is_empty() && conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
+            if !rest.is_empty() && exec(conn, "BEGIN IMMEDIATE").is_ok() {
                 return group(conn, rest);
             }
-            for job in rest {
-                if let Some(reply) = run(conn, job) {
-                    reply(None);
-                }
-            }
-            return;
+            return each_alone(conn, rest);
         }
         if mark.is_ok() {
             // A panic: undo what it wrote.
@@ -152,7 +152,7 @@ fn group(conn: &mut Connection, jobs: Vec<Job>) {
     match exec(conn, "COMMIT") {
         Ok(()) => replies.into_iter().for_each(|r| r(None)),
         Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = exec(conn, "ROLLBACK");
             replies.into_iter().for_each(|r| r(Some(&e)));
         }
     }
