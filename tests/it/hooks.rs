@@ -1133,3 +1133,32 @@ async fn leave_unsendable(kind: Kind) {
         DeliveryStatus::Succeeded
     );
 }
+
+/// A batch of deliveries to one hook reads the hook once, not once per delivery, and
+/// deletes every message it handled: on DynamoDB one `GetItem` for the hook beside one per
+/// delivery, and one `DeleteMessage` per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_reads_its_hook_once() {
+    let b = Backend::new(Kind::Aws).await;
+    let receiver = FakeReceiver::start().await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    for _ in 0..5 {
+        assert_eq!(emit(&b, &agent, "AFTER_HEARTBEAT").await, 1);
+        b.advance(SignedDuration::from_secs(1));
+    }
+    let counter = b.aws.as_ref().unwrap().counter.clone();
+    counter.reset();
+    assert_eq!(poll(&b).await, 5);
+    let sent = counter.snapshot();
+    assert_eq!(sent.get("DynamoDB.GetItem"), Some(&6), "{sent:?}");
+    assert_eq!(sent.get("SQS.DeleteMessage"), Some(&5), "{sent:?}");
+    assert_eq!(receiver.received().len(), 5);
+    assert!(
+        deliveries(&b, &h.id)
+            .await
+            .iter()
+            .all(|d| d.status == DeliveryStatus::Succeeded)
+    );
+    assert_eq!(poll(&b).await, 0, "every handled message was deleted");
+}

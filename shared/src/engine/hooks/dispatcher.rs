@@ -1,17 +1,19 @@
 //! Dispatching: one attempt per queue message, claimed on the delivery record; a retry
 //! is a new message with a delay.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
+use tokio::sync::OnceCell;
 use tracing::{error, info, warn};
 
 use super::HookEmitter;
 use crate::domain::{
-    AttemptStatus, Delivery, DeliveryStatus, Hook, HookAttempt, HookDelivery, HookTask, MessageId,
-    retry_delay, truncate_utf8,
+    AttemptStatus, Delivery, DeliveryStatus, Hook, HookAttempt, HookDelivery, HookId, HookTask,
+    MessageId, retry_delay, truncate_utf8,
 };
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::{Clock, HookMessage, HookQueue, HookSender, Store};
@@ -119,6 +121,16 @@ impl Dispatcher {
 
     /// Handles one queue message.
     pub async fn handle(&self, task: &HookTask) -> Result<Handled, EngineError> {
+        self.handle_with(task, &HookReads::default()).await
+    }
+
+    /// Handles one queue message, reading its hook through `reads`, which the messages
+    /// of one batch share.
+    async fn handle_with(
+        &self,
+        task: &HookTask,
+        reads: &HookReads,
+    ) -> Result<Handled, EngineError> {
         let now = self.clock.now();
         // SQS delays are whole seconds of at most 15 minutes: a longer wait arrives early
         // and is sent on with what remains.
@@ -127,7 +139,7 @@ impl Dispatcher {
             self.requeue(task.clone(), remaining).await?;
             return Ok(Handled::Deferred(task.not_before));
         }
-        let Some(hook) = self.store.get_hook(&task.hook_id).await? else {
+        let Some(hook) = reads.get(self.store.as_ref(), &task.hook_id).await? else {
             warn!(hook_id = %task.hook_id, delivery_id = %task.delivery_id, "the hook no longer exists; delivery dropped");
             return Ok(Handled::Skipped("the hook no longer exists".into()));
         };
@@ -366,11 +378,12 @@ impl Dispatcher {
     /// Handles a batch of queue messages concurrently; reports those to deliver again.
     /// An unreadable message is logged and dropped (nothing Pulse sent looks like it).
     pub async fn process_batch(&self, batch: &[Delivery]) -> DispatchReport {
+        let reads = &HookReads::default();
         let results: Vec<(MessageId, Result<Handled, EngineError>)> =
             futures::stream::iter(batch.iter())
                 .map(|m| async move {
                     let r = match HookTask::decode(&m.body) {
-                        Ok(task) => self.handle(&task).await,
+                        Ok(task) => self.handle_with(&task, reads).await,
                         Err(e) => {
                             error!(message_id = %m.message_id, error = %e, body = %truncate_utf8(&m.body, 200), "not a hook task; dropped");
                             Ok(Handled::Skipped("unreadable message".into()))
@@ -406,11 +419,12 @@ impl Dispatcher {
     ) -> Result<DispatchReport, StoreError> {
         let batch = self.queue.receive(max, visibility).await?;
         let report = self.process_batch(&batch).await;
-        for m in &batch {
-            if !report.failed.contains(&m.message_id) {
-                self.queue.ack(&m.receipt).await?;
-            }
-        }
+        // Deleted together: the embedded queue commits them as one group, and SQS
+        // takes the requests side by side.
+        let handled = batch
+            .iter()
+            .filter(|m| !report.failed.contains(&m.message_id));
+        futures::future::try_join_all(handled.map(|m| self.queue.ack(&m.receipt))).await?;
         Ok(report)
     }
 
@@ -437,6 +451,25 @@ impl Dispatcher {
             total.left += r.left;
             total.failed.extend(r.failed);
         }
+    }
+}
+
+/// The hooks the messages of one batch read, each read from the store once: a batch is
+/// mostly deliveries to the same few hooks, and a hook changes rarely. A read that failed
+/// is not kept, so the next message of the batch reads again.
+#[derive(Default)]
+struct HookReads(std::sync::Mutex<HashMap<HookId, Arc<OnceCell<Option<Hook>>>>>);
+
+impl HookReads {
+    async fn get(&self, store: &dyn Store, id: &HookId) -> Result<Option<Hook>, StoreError> {
+        let cell = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.clone())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| store.get_hook(id)).await.cloned()
     }
 }
 
