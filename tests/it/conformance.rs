@@ -1392,3 +1392,42 @@ async fn actions_by_range(kind: Kind) {
     assert_eq!(all.len(), 3);
     assert_eq!(all[0].event_id, events[0].id);
 }
+
+on_both_backends!(a_window_says_whether_its_agent_has_hooks, window_has_hooks);
+/// The window read may spare the heartbeat its read of the routes, but never for an agent
+/// that has hooks: `Some(false)` only when it has none. SQLite always knows.
+async fn window_has_hooks(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let read = || async {
+        b.store
+            .read_window(
+                &agent.id,
+                &EventCursor::origin(),
+                &EventCursor::through(b.now()),
+                10,
+            )
+            .await
+            .unwrap()
+            .has_hooks
+    };
+    let without = read().await;
+    assert_ne!(without, Some(true));
+    let hook = pulse_shared::domain::Hook::new(
+        agent.id.clone(),
+        pulse_shared::domain::HookType::parse("AFTER_HEARTBEAT").unwrap(),
+        pulse_shared::domain::HookTarget::parse("https://hooks.example.com/in").unwrap(),
+        &pulse_signatures::inbound::generate_secret(),
+        b.now(),
+    );
+    b.store.create_hook(&hook).await.unwrap();
+    let with = read().await;
+    assert_ne!(
+        with,
+        Some(false),
+        "an agent with a hook must have its routes read"
+    );
+    if kind == Kind::Sqlite {
+        assert_eq!((without, with), (Some(false), Some(true)));
+    }
+}

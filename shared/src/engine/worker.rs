@@ -172,15 +172,17 @@ impl Worker {
             return Ok(PollReport::default());
         }
         let outcome = self.process_batch(&batch).await;
-        for d in &batch {
+        // Settled side by side: the embedded queue commits them as one group.
+        futures::future::try_join_all(batch.iter().map(|d| async {
             if outcome.failed.contains(&d.message_id) {
                 queue
                     .release(&d.receipt, retry_delay(d.receive_count))
-                    .await?;
+                    .await
             } else {
-                queue.ack(&d.receipt).await?;
+                queue.ack(&d.receipt).await
             }
-        }
+        }))
+        .await?;
         Ok(PollReport {
             received: batch.len(),
             failed: outcome.failed.len(),

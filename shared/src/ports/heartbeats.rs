@@ -288,8 +288,8 @@ pub struct Window {
     /// True when `limit` cut the window short; the rest is left for the next heartbeat.
     pub truncated: bool,
     /// Whether the agent has outbound hooks, when the read told (DynamoDB keeps a flag on
-    /// the agent's record, which the window read returns): `Some(false)` spares the
-    /// routes read. `None`: unknown; read them.
+    /// the agent's record, which the window read returns; SQLite looks in the same
+    /// snapshot): `Some(false)` spares the routes read. `None`: unknown; read them.
     pub has_hooks: Option<bool>,
 }
 

@@ -74,11 +74,17 @@ impl EventLog for SqliteStore {
                 )?;
                 let truncated = events.len() > limit;
                 events.truncate(limit);
+                // Told here, in the same snapshot, so an agent without hooks costs its
+                // heartbeat no read of its routes.
+                let has_hooks: bool = tx
+                    .prepare_cached("SELECT EXISTS (SELECT 1 FROM hooks WHERE agent_id = ?1)")
+                    .and_then(|mut st| st.query_row([agent.as_str()], |r| r.get(0)))
+                    .map_err(sqlite_err(op))?;
                 Ok(Window {
                     agent: found,
                     events,
                     truncated,
-                    has_hooks: None,
+                    has_hooks: Some(has_hooks),
                 })
             })
             .await
