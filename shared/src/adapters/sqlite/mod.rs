@@ -175,12 +175,13 @@ impl EventDeadline {
             "append event",
             format!(
                 "event {} waited {:.1}s for the database, longer than the {:.1}s an event \
-                 may take to be written (three quarters of PULSE_EVENT_SETTLE): it was not \
-                 written, since a heartbeat may already have read past its time; send it \
-                 again",
+                 may take to be written (set by PULSE_EVENT_SETTLE: three quarters of it, or \
+                 {}s when it is 0): it was not written, since a heartbeat may already have \
+                 read past its time; send it again",
                 e.id,
                 waited as f64 / 1000.0,
-                self.within.as_secs_f64()
+                self.within.as_secs_f64(),
+                crate::app::UNSETTLED_WRITE_TIMEOUT.as_secs()
             ),
         ))
     }
