@@ -172,17 +172,18 @@ impl Worker {
             return Ok(PollReport::default());
         }
         let outcome = self.process_batch(&batch).await;
-        // Settled side by side: the embedded queue commits them as one group.
-        futures::future::try_join_all(batch.iter().map(|d| async {
+        // One after another, in the batch's order, stopping at the first that fails: a
+        // message whose ack failed comes back, and so must every later one of its
+        // session, or it would run again after them.
+        for d in &batch {
             if outcome.failed.contains(&d.message_id) {
                 queue
                     .release(&d.receipt, retry_delay(d.receive_count))
-                    .await
+                    .await?;
             } else {
-                queue.ack(&d.receipt).await
+                queue.ack(&d.receipt).await?;
             }
-        }))
-        .await?;
+        }
         Ok(PollReport {
             received: batch.len(),
             failed: outcome.failed.len(),
