@@ -1,5 +1,5 @@
-"""Starts moto's server with one fix for testing: requests to each emulated service run
-one at a time.
+"""Starts moto's server with two fixes for testing: requests to each emulated service run
+one at a time, and a DynamoDB transaction no longer copies whole tables (below).
 
 moto's DynamoDB TransactWriteItems deep-copies the table for rollback without a lock, so a
 concurrent write to the same table crashes it ("dictionary changed size during
@@ -24,6 +24,77 @@ def _serialised(self):
 
 
 responses.BaseResponse.call_action = _serialised
+
+
+# A second fix, for speed: moto's TransactWriteItems deep-copies every table it names,
+# once per item of the transaction, to roll back on a failed condition; a transaction
+# then costs time in proportion to the whole table, and a long test's table grows to
+# thousands of items. A transaction writes only the items it names, so those are what
+# is kept here (their attributes, or that they were absent) and put back if it fails,
+# while the whole-table copy is skipped. Anything this cannot read falls back to
+# moto's own copy.
+import copy as _copy  # noqa: E402
+import types as _types  # noqa: E402
+
+from moto.dynamodb import models as _dynamodb  # noqa: E402
+from moto.dynamodb.models.table import Table as _Table  # noqa: E402
+
+_skip_table_copy = threading.local()
+
+
+def _deepcopy(value, memo=None):
+    if getattr(_skip_table_copy, "on", False) and isinstance(value, _Table):
+        return value
+    return _copy.deepcopy(value, memo)
+
+
+_dynamodb.copy = _types.SimpleNamespace(
+    **{name: getattr(_copy, name) for name in dir(_copy) if not name.startswith("__")}
+)
+_dynamodb.copy.deepcopy = _deepcopy
+_transact = _dynamodb.DynamoDBBackend.transact_write_items
+
+
+def _named_items(backend, transact_items):
+    """(table, key, attributes or None) of each item a transaction names, before it."""
+    kept = []
+    for entry in transact_items:
+        op_type, op = next(iter(entry.items()))
+        name = op["TableName"]
+        table = backend.get_table(name)
+        if op_type == "Put":
+            attrs = op["Item"]
+            key = {table.hash_key_attr: attrs[table.hash_key_attr]}
+            if table.range_key_attr is not None:
+                key[table.range_key_attr] = attrs[table.range_key_attr]
+        else:
+            key = op["Key"]
+        current = backend.get_item(name, key)
+        kept.append((name, key, None if current is None else current.to_json()["Attributes"]))
+    return kept
+
+
+def _transact_keeping_named_items(self, transact_items):
+    try:
+        kept = _named_items(self, transact_items)
+    except Exception:  # noqa: BLE001  (moto's own path says what is wrong)
+        return _transact(self, transact_items)
+    _skip_table_copy.on = True
+    try:
+        return _transact(self, transact_items)
+    except Exception:
+        for name, key, attrs in reversed(kept):
+            if attrs is None:
+                if self.get_item(name, key) is not None:
+                    self.delete_item(name, key)
+            else:
+                self.put_item(name, attrs, overwrite=True)
+        raise
+    finally:
+        _skip_table_copy.on = False
+
+
+_dynamodb.DynamoDBBackend.transact_write_items = _transact_keeping_named_items
 
 from moto.server import main  # noqa: E402  (after the patch, so handlers pick it up)
 

@@ -8,7 +8,8 @@
 #      Rust test (unit, the conformance suite and end-to-end flows on SQLite and on moto,
 #      the functions under `cargo lambda watch`, `pulse demo` with its transcript checked,
 #      the scale tests, the fault run over the AWS adapters);
-#   4. three seeded whole-system simulations with injected faults (random seeds, printed);
+#   4. three seeded whole-system simulations with injected faults (random seeds, printed),
+#      and one on the AWS adapters over the moto server;
 #   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml;
 #   6. the book in docs/ built with mdBook (installed into ./.tools once).
 # It ends with the time each stage took, the slowest test binaries and the slowest tests.
@@ -102,6 +103,8 @@ stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hour
 for _ in 1 2 3; do
     ./target/debug/pulse simulate --agents 1000 --duration 6h
 done
+stage "pulse simulate --backend aws: a random seed, 30 agents through a simulated hour on moto"
+./target/debug/pulse simulate --backend aws --endpoint "$PULSE_TEST_MOTO_URL" --agents 30 --duration 1h
 if [ "$LONG" = 1 ]; then
     stage "pulse simulate: 10,000 agents through a simulated day"
     ./target/debug/pulse simulate --agents 10000 --duration 24h

@@ -2085,6 +2085,20 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
     assert!(bad(dir.path(), &["simulate", "--faults", "some"]).contains("none, default or heavy"));
     assert!(bad(dir.path(), &["simulate", "--duration", "soon"]).contains("--duration"));
     assert!(bad(dir.path(), &["simulate", "--agents", "0"]).contains("--agents"));
+    assert!(bad(dir.path(), &["simulate", "--backend", "azure"]).contains("sqlite or aws"));
+    let aws = ["simulate", "--backend", "aws"];
+    assert!(bad(dir.path(), &aws).contains("--endpoint"));
+    let endpoint = ["--endpoint", "http://127.0.0.1:9"];
+    let keep = [&aws[..], &endpoint[..], &["--keep", "x.db"]].concat();
+    assert!(bad(dir.path(), &keep).contains("no meaning with --backend aws"));
+    // Nothing listens there: the run stops at once, naming the emulator.
+    let down = pulse(dir.path(), &[&aws[..], &endpoint[..]].concat());
+    let said = String::from_utf8_lossy(&down.stderr);
+    assert_eq!(down.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("the emulator at http://127.0.0.1:9"),
+        "{said}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,13 +94,16 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
         shard_agents: options.shard_agents,
         simulated_seconds: options.duration.as_secs(),
         faults: sim.dice.mix().name.to_owned(),
+        backend: match &options.backend {
+            crate::setup::SimBackend::Embedded => "sqlite".into(),
+            crate::setup::SimBackend::Aws { .. } => "aws".into(),
+        },
+        endpoint: match &options.backend {
+            crate::setup::SimBackend::Embedded => None,
+            crate::setup::SimBackend::Aws { endpoint } => Some(endpoint.clone()),
+        },
         counts,
-        injected: sim
-            .dice
-            .injected()
-            .into_iter()
-            .map(|(f, n)| (f.name(), n))
-            .collect(),
+        injected: injected(sim),
         invariants: vec![
             lock(&sim.inbound).clone(),
             lock(&sim.limits).clone(),
@@ -117,6 +120,35 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
         ],
         wall_seconds: 0.0,
     })
+}
+
+/// The faults injected, by kind: the dice's, and on the AWS backend those met beneath
+/// the SDK and the messages whose visibility ran out before they were deleted.
+fn injected(sim: &Sim) -> std::collections::BTreeMap<String, u64> {
+    let mut all: std::collections::BTreeMap<String, u64> = sim
+        .dice
+        .injected()
+        .into_iter()
+        .map(|(f, n)| (f.name(), n))
+        .collect();
+    if let Some(aws) = &sim.aws {
+        use pulse_shared::adapters::aws::faults::Fault as Sdk;
+        let met = aws.emulated.plan.met();
+        for (f, name) in [
+            (Sdk::Throttled, "aws_throttled"),
+            (Sdk::ServerError, "aws_server_error"),
+            (Sdk::Reset, "aws_connection_reset"),
+            (Sdk::LostAnswer, "aws_answer_lost"),
+        ] {
+            all.insert(name.into(), met.get(&f).copied().unwrap_or(0));
+        }
+        let expired = aws
+            .visibility
+            .expired
+            .load(std::sync::atomic::Ordering::Relaxed);
+        all.insert("sqs_visibility_expired".into(), expired);
+    }
+    all
 }
 
 /// The ledger (taken from the run), and the dead letters: messages parked after their

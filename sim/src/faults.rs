@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use pulse_shared::adapters::aws::faults::Fault as AwsFault;
 use serde::Serialize;
 
 /// A kind of fault.
@@ -128,6 +129,9 @@ impl Fault {
 #[derive(Clone, Debug)]
 pub struct Mix {
     rates: BTreeMap<Fault, f64>,
+    /// On the AWS backend, the share of requests (per million) that meet each fault
+    /// beneath the SDK: throttled, `500`, reset, answer lost.
+    sdk: [u32; 4],
     /// The name it was chosen by.
     pub name: &'static str,
 }
@@ -137,6 +141,7 @@ impl Mix {
     pub fn none() -> Self {
         Self {
             rates: BTreeMap::new(),
+            sdk: [0; 4],
             name: "none",
         }
     }
@@ -180,6 +185,8 @@ impl Mix {
         ];
         Self {
             rates: rates.into_iter().collect(),
+            // 3 % of requests: with four attempts a call fails about once in a million.
+            sdk: [10_000, 5_000, 5_000, 10_000],
             name: "default",
         }
     }
@@ -190,6 +197,8 @@ impl Mix {
         for r in m.rates.values_mut() {
             *r = (*r * 10.0).min(0.5);
         }
+        // 10 % of requests: a call fails about once in ten thousand.
+        m.sdk = [30_000, 20_000, 20_000, 30_000];
         m.name = "heavy";
         m
     }
@@ -199,6 +208,7 @@ impl Mix {
     pub fn only(rates: &[(Fault, f64)]) -> Self {
         Self {
             rates: rates.iter().copied().collect(),
+            sdk: [0; 4],
             name: "custom",
         }
     }
@@ -217,11 +227,24 @@ impl Mix {
     pub fn rate(&self, fault: Fault) -> f64 {
         self.rates.get(&fault).copied().unwrap_or(0.0)
     }
+
+    /// On the AWS backend, each fault beneath the SDK with its share of requests, per
+    /// million.
+    pub fn aws(&self) -> [(AwsFault, u32); 4] {
+        let [t, e, r, l] = self.sdk;
+        [
+            (AwsFault::Throttled, t),
+            (AwsFault::ServerError, e),
+            (AwsFault::Reset, r),
+            (AwsFault::LostAnswer, l),
+        ]
+    }
 }
 
 /// The simulation's randomness and its count of injected faults. One generator, drawn
 /// from in the order the single-threaded run reaches each choice.
 pub struct Dice {
+    seed: u64,
     rng: Mutex<fastrand::Rng>,
     mix: Mix,
     injected: Mutex<BTreeMap<Fault, u64>>,
@@ -233,11 +256,17 @@ impl Dice {
     /// Dice from `seed` with `mix`.
     pub fn new(seed: u64, mix: Mix) -> Self {
         Self {
+            seed,
             rng: Mutex::new(fastrand::Rng::with_seed(seed)),
             mix,
             injected: Mutex::default(),
             armed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The seed the dice were made from.
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Faults are injected from now on (`true`) or no more (`false`).

@@ -1,8 +1,8 @@
 //! # Pulse simulated: the whole system on virtual time, from one seed
 //!
 //! The real engine — sweeper, workers (heartbeat runner and conversation), hook
-//! dispatcher, lifecycle — on the embedded store, driven through a simulated day by one
-//! seed: the agents' webhooks, their users, their operator and the outside world (model,
+//! dispatcher, lifecycle — on the embedded store, or on the AWS adapters over an
+//! emulator (see [`SimBackend`]), driven through a simulated day by one seed: the agents' webhooks, their users, their operator and the outside world (model,
 //! Discord, tool, hook receivers) all act at times the seed draws, and faults are
 //! injected at rates the mix sets. Afterwards the invariants are checked from the store
 //! and from what the outside world received. The same seed gives the same run: a
@@ -15,7 +15,11 @@
 //!   engine reads time through its clock port, here that same virtual time.
 //! - **No other threads.** The store runs its SQLite calls on the calling thread
 //!   ([`Db::open_simulated`](pulse_shared::adapters::sqlite::Db::open_simulated)), so no
-//!   thread pool decides the order calls finish in.
+//!   thread pool decides the order calls finish in. On the AWS backend each request
+//!   blocks the thread until its whole answer is in
+//!   ([`lockstep`](pulse_shared::adapters::aws::lockstep)), so virtual time stands
+//!   still while the emulator works and requests go out in the order the tasks make
+//!   them; the `aws` module says what stays on the emulator's real time.
 //! - **Seeded randomness.** The simulation's choices come from [`faults::Dice`]; the
 //!   engine's own (id suffixes, jitter, the sweep's starting shard) from
 //!   [`pulse_shared::entropy`], seeded from the same number.
@@ -34,13 +38,15 @@
 //! - [`queue`]: the simulation's policy — interleaving, store faults, lost queue
 //!   acknowledgements, redeliveries, killed tasks — and the queue wrappers.
 //! - [`world`]: the fake outside world, recording what it received.
+//! - `aws`: the run's table and queues on the emulator, the clients that meet faults
+//!   beneath the SDK, and the queues' visibility and delays on virtual time.
 //! - `inbound`: the agents' webhooks, their events sent as signed requests through the
 //!   receiver's real router, some sent again or replayed.
 //! - [`setup`]: the options and constants of a run, a shard's store, fleet and engine.
 //! - [`run`]: the shards side by side, the driving tasks, the drain. `check`: the
 //!   invariants. [`report`]: what a run reports.
 //!
-//! Imports run one way: `faults`, `store`, `queue`, `world` ← `setup` ← `report`,
+//! Imports run one way: `faults`, `store`, `queue`, `world`, `aws` ← `setup` ← `report`,
 //! `check`, `inbound` ← `run`.
 
 pub mod faults;
@@ -51,11 +57,12 @@ pub mod setup;
 pub mod store;
 pub mod world;
 
+mod aws;
 mod check;
 mod inbound;
 
 pub use faults::{Fault, Mix};
 pub use report::Report;
 pub use run::run;
-pub use setup::{Options, SHARD_AGENTS, SimError};
+pub use setup::{Options, SHARD_AGENTS, SimBackend, SimError};
 pub use store::{FaultyStore, StorePolicy};

@@ -34,8 +34,13 @@ pub struct SimPolicy {
     pub(crate) doomed: Mutex<Vec<Role>>,
     /// Per session: the queue sequence numbers of its completed messages, in order.
     pub(crate) completed: Mutex<BTreeMap<String, Vec<i64>>>,
-    /// Receipt → session, for the messages in flight.
-    pub(crate) receipts: Mutex<HashMap<String, String>>,
+    /// Receipt → session and the message's place in the queue, for the messages in
+    /// flight.
+    pub(crate) receipts: Mutex<HashMap<String, (String, Option<i64>)>>,
+    /// Where receipts carry no sequence number (SQS): each message's place, numbered
+    /// as it is first received. A FIFO queue hands a session's messages out in the
+    /// order they were sent, so that is their order.
+    pub(crate) first_received: Mutex<HashMap<String, i64>>,
 }
 
 impl SimPolicy {
@@ -47,6 +52,7 @@ impl SimPolicy {
             doomed: Mutex::default(),
             completed: Mutex::default(),
             receipts: Mutex::default(),
+            first_received: Mutex::default(),
         }
     }
 
@@ -124,7 +130,13 @@ impl SessionQueue for SimQueue {
         self.policy.maybe_die().await;
         let batch = self.inner.receive(max, visibility).await?;
         for d in &batch {
-            lock(&self.policy.receipts).insert(d.receipt.as_str().to_owned(), d.group.clone());
+            let place = seq(&d.receipt).or_else(|| {
+                let mut first = lock(&self.policy.first_received);
+                let next = first.len() as i64;
+                Some(*first.entry(d.message_id.to_string()).or_insert(next))
+            });
+            lock(&self.policy.receipts)
+                .insert(d.receipt.as_str().to_owned(), (d.group.clone(), place));
             if self.policy.dice.roll(Fault::QueueRedelivered) {
                 // Its visibility "timed out": another worker may take it while this one runs.
                 self.inner.release(&d.receipt, Duration::ZERO).await?;
@@ -139,8 +151,8 @@ impl SessionQueue for SimQueue {
             return Err(injected("queue ack", "the delete was lost"));
         }
         self.inner.ack(receipt).await?;
-        let group = lock(&self.policy.receipts).remove(receipt.as_str());
-        if let (Some(group), Some(seq)) = (group, seq(receipt)) {
+        let taken = lock(&self.policy.receipts).remove(receipt.as_str());
+        if let Some((group, Some(seq))) = taken {
             // A stale receipt (the message was delivered again meanwhile) deletes
             // nothing; the message counts as completed at its first acknowledgement.
             let mut completed = lock(&self.policy.completed);

@@ -128,6 +128,11 @@ pub struct Report {
     pub simulated_seconds: u64,
     /// The fault mix.
     pub faults: String,
+    /// Where the run kept its state: `sqlite`, or `aws` (over an emulator).
+    pub backend: String,
+    /// The emulator's URL, on the AWS backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// What happened.
     pub counts: Counts,
     /// Faults injected, by kind.
@@ -234,8 +239,12 @@ impl Report {
         } else {
             format!(" --shard-agents {}", self.shard_agents)
         };
+        let backend = match &self.endpoint {
+            Some(url) => format!(" --backend aws --endpoint {url}"),
+            None => String::new(),
+        };
         format!(
-            "pulse simulate --agents {} --duration {}s --seed {} --faults {}{split}",
+            "pulse simulate --agents {} --duration {}s --seed {} --faults {}{split}{backend}",
             self.agents, self.simulated_seconds, self.seed, self.faults
         )
     }
@@ -247,8 +256,14 @@ impl Report {
         let hours = self.simulated_seconds as f64 / 3600.0;
         let _ = writeln!(
             s,
-            "seed {}: {} agents, {hours} simulated hours, faults {}",
-            self.seed, self.agents, self.faults
+            "seed {}: {} agents, {hours} simulated hours, faults {}, on {}",
+            self.seed,
+            self.agents,
+            self.faults,
+            match &self.endpoint {
+                Some(url) => format!("the AWS adapters over the emulator at {url}"),
+                None => "the embedded store".into(),
+            }
         );
         if self.shards > 1 {
             let _ = writeln!(

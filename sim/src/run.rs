@@ -81,6 +81,8 @@ fn run_shard(shard: &Shard) -> Result<Report, SimError> {
         .start_paused(true)
         .build()
         .map_err(|e| fail("the runtime")(&e))?;
+    // The AWS SDK draws its retry backoff's jitter from this thread's generator.
+    fastrand::seed(shard.options.seed ^ 0x0b4c_c0ff);
     // Tasks are local: one thread runs them all, in the order the seed leads to.
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, simulate(shard))
@@ -100,7 +102,7 @@ async fn simulate(shard: &Shard) -> Result<Report, SimError> {
     });
     let sim = Arc::new(set_up(shard, clock).await?);
 
-    sim.dice.arm(true);
+    arm(&sim, true);
     let mut tasks = Tasks::default();
     tasks.start(&sim);
     let traffic = vec![
@@ -111,7 +113,7 @@ async fn simulate(shard: &Shard) -> Result<Report, SimError> {
     supervise(&sim, &mut tasks, options.duration).await;
 
     // The quiet drain: no faults, no new traffic, paused agents resumed.
-    sim.dice.arm(false);
+    arm(&sim, false);
     for t in traffic {
         t.abort();
     }
@@ -126,7 +128,20 @@ async fn simulate(shard: &Shard) -> Result<Report, SimError> {
     // Let aborted tasks drop their futures.
     tokio::task::yield_now().await;
 
-    crate::check::check(&sim, shard).await
+    let report = crate::check::check(&sim, shard).await;
+    if let Some(aws) = &sim.aws {
+        aws.emulated.remove().await;
+    }
+    report
+}
+
+/// Faults on or off: the dice, and on the AWS backend the faults beneath the SDK.
+fn arm(sim: &Sim, on: bool) {
+    sim.dice.arm(on);
+    if let Some(aws) = &sim.aws {
+        let seed = sim.dice.seed();
+        aws.emulated.arm(seed, on, sim.dice.mix().aws());
+    }
 }
 
 /// The long-lived tasks: the sweeper, the workers and the dispatcher.
@@ -174,6 +189,9 @@ async fn supervise(sim: &Arc<Sim>, tasks: &mut Tasks, span: Duration) {
     let until = tokio::time::Instant::now() + span;
     while tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Some(aws) = &sim.aws {
+            aws.visibility.tick().await;
+        }
         let doomed: Vec<Role> = std::mem::take(&mut *lock(&sim.policy.doomed));
         for role in doomed {
             tasks.spawn(sim, role);
@@ -201,12 +219,27 @@ async fn sweeps(sim: Arc<Sim>) {
     }
 }
 
+/// Waits after finding a queue empty: on the AWS backend, until a message may have
+/// arrived, or at most the idle time.
+async fn idle(sim: &Sim, hooks: bool) {
+    let Some(aws) = &sim.aws else {
+        return tokio::time::sleep(sim.idle).await;
+    };
+    let v = &aws.visibility;
+    let arrived = if hooks {
+        v.hooks_arrived.notified()
+    } else {
+        v.sessions_arrived.notified()
+    };
+    let _ = tokio::time::timeout(sim.idle, arrived).await;
+}
+
 async fn work(sim: Arc<Sim>) {
     loop {
         let queue = sim.connected.queue.clone();
         match sim.worker.poll_once(queue.as_ref(), 10, VISIBILITY).await {
             Ok(r) if r.received > 0 => {}
-            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+            _ => idle(&sim, false).await,
         }
     }
 }
@@ -215,7 +248,7 @@ async fn dispatch(sim: Arc<Sim>) {
     loop {
         match sim.dispatcher.poll_once(10, VISIBILITY).await {
             Ok(r) if r.handled > 0 => {}
-            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+            _ => idle(&sim, true).await,
         }
     }
 }

@@ -18,6 +18,7 @@ use pulse_shared::engine::{
 };
 use pulse_shared::ports::{Clock, HookQueue, SessionQueue, Store};
 
+use crate::aws::{Emulated, Visibility};
 use crate::faults::{Dice, Mix};
 use crate::queue::{SimHookQueue, SimPolicy, SimQueue};
 use crate::report::Invariant;
@@ -74,6 +75,36 @@ pub struct Options {
     pub keep: Option<std::path::PathBuf>,
     /// The most agents one shard holds: [`SHARD_AGENTS`], unless testing the split.
     pub shard_agents: usize,
+    /// Where the run keeps its state.
+    pub backend: SimBackend,
+}
+
+/// Where a run keeps its state: the two sets of adapters `pulse serve` and the Lambda
+/// functions run on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimBackend {
+    /// The embedded store and its queues (SQLite), in memory or in the file to keep.
+    Embedded,
+    /// The AWS adapters (DynamoDB and SQS) over the emulator at `endpoint` (moto), each
+    /// shard on a table and queues of its own, deleted after the run; faults are also
+    /// injected beneath the SDK (see the `aws` module).
+    Aws {
+        /// The emulator's URL, e.g. `http://127.0.0.1:5000`.
+        endpoint: String,
+    },
+}
+
+impl SimBackend {
+    /// How long a worker or the dispatcher waits after finding its queue empty: a
+    /// second on the embedded store; on the emulator, where each look is a request,
+    /// until a message is sent or comes back (as Lambda's event source mapping invokes
+    /// a function), or a minute at most.
+    pub(crate) fn idle(&self) -> Duration {
+        match self {
+            Self::Embedded => Duration::from_secs(1),
+            Self::Aws { .. } => Duration::from_secs(60),
+        }
+    }
 }
 
 /// Why a run could not be made (not an invariant violation: those are in the report).
@@ -130,7 +161,11 @@ pub(crate) struct Sim {
     pub chatting: Vec<AgentId>,
     pub ledger: Mutex<Ledger>,
     /// The sessions queue without faults, for the checks.
-    pub queue: SqliteQueue,
+    pub queue: Checks,
+    /// On the AWS backend: the emulator's resources and the queues' virtual clock.
+    pub aws: Option<AwsRun>,
+    /// How long a worker or the dispatcher waits after finding its queue empty.
+    pub idle: Duration,
     /// Each agent's webhook.
     pub webhooks: BTreeMap<AgentId, WebhookId>,
     /// The receiver's router (`POST /webhooks/{id}` and the rest), over the store with
@@ -223,7 +258,49 @@ struct Backend {
     connected: Connected,
     hooks: Arc<dyn HookQueue>,
     /// The sessions queue without faults, for the checks.
-    queue: SqliteQueue,
+    queue: Checks,
+    aws: Option<AwsRun>,
+}
+
+/// A shard's run on the AWS backend.
+pub(crate) struct AwsRun {
+    pub emulated: Emulated,
+    pub visibility: Arc<Visibility>,
+}
+
+/// The sessions queue without faults: the receiver sends to it, and the checks read it.
+pub(crate) enum Checks {
+    Embedded(SqliteQueue),
+    Aws(Arc<crate::aws::VirtualSessions>),
+}
+
+impl Checks {
+    /// The queue as the receiver sends to it.
+    fn sending(&self) -> Arc<dyn SessionQueue> {
+        match self {
+            Self::Embedded(q) => Arc::new(q.clone()),
+            Self::Aws(q) => q.clone(),
+        }
+    }
+
+    /// Messages left in the queue, received or not.
+    pub(crate) async fn depth(&self) -> Result<u64, pulse_shared::error::StoreError> {
+        match self {
+            Self::Embedded(q) => q.depth().await,
+            Self::Aws(q) => q.backlog().await.map(|b| b.waiting + b.in_flight),
+        }
+    }
+
+    /// The dead-lettered messages: sequence number and body. The run's SQS queue has no
+    /// dead-letter queue (a message is tried until it is done), so none there.
+    pub(crate) async fn dead_lettered(
+        &self,
+    ) -> Result<Vec<(i64, String)>, pulse_shared::error::StoreError> {
+        match self {
+            Self::Embedded(q) => q.dead_lettered().await,
+            Self::Aws(_) => Ok(Vec::new()),
+        }
+    }
 }
 
 /// The agents of one shard, and which of them chat with their users.
@@ -241,9 +318,12 @@ struct Fleet {
 pub(crate) async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, SimError> {
     let options = &shard.options;
     let dice = Arc::new(Dice::new(options.seed, options.mix.clone()));
-    let backend = open(options, &dice, &clock)?;
+    let backend = match &options.backend {
+        SimBackend::Embedded => open(options, &dice, &clock)?,
+        SimBackend::Aws { endpoint } => open_aws(shard, endpoint, &dice, &clock).await?,
+    };
     let fleet = seed(shard, backend.inner.as_ref(), &dice, clock.now()).await?;
-    Ok(engine(backend, fleet, dice, clock))
+    Ok(engine(backend, fleet, dice, clock, options.backend.idle()))
 }
 
 /// A fresh embedded store (in memory, or in the file to keep) and its queues, each
@@ -260,12 +340,7 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
     let db = Db::open_simulated(options.keep.as_deref())
         .map_err(|e| fail("the database")(&e))?
         .with_event_deadline(clock.clone(), deadline);
-    let keys = pulse_shared::sealing::EncryptionKeys::parse(
-        &pulse_shared::sealing::EncryptionKeys::new_key(),
-        None,
-    )
-    .map_err(|e| fail("the encryption key")(&e))?;
-    let inner: Arc<dyn Store> = Arc::new(SqliteStore::new(db.clone()).with_keys(keys));
+    let inner: Arc<dyn Store> = Arc::new(SqliteStore::new(db.clone()).with_keys(keys()?));
     let policy = Arc::new(SimPolicy::new(dice.clone()));
     let store: Arc<dyn Store> = Arc::new(FaultyStore::new(inner.clone(), policy.clone()));
     let session_queue = SqliteQueue::new(db.clone(), clock.clone());
@@ -292,7 +367,67 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
         policy,
         connected,
         hooks,
-        queue: session_queue,
+        queue: Checks::Embedded(session_queue),
+        aws: None,
+    })
+}
+
+/// A fresh key to seal webhook and hook secrets with.
+fn keys() -> Result<pulse_shared::sealing::EncryptionKeys, SimError> {
+    pulse_shared::sealing::EncryptionKeys::parse(
+        &pulse_shared::sealing::EncryptionKeys::new_key(),
+        None,
+    )
+    .map_err(|e| fail("the encryption key")(&e))
+}
+
+/// A table and queues of the shard's own on the emulator, the engine's side reaching
+/// them through clients that meet injected faults, on the run's virtual time (see the
+/// `aws` module), with the run's policy around the ports as on the embedded store.
+async fn open_aws(
+    shard: &Shard,
+    endpoint: &str,
+    dice: &Arc<Dice>,
+    clock: &Arc<dyn Clock>,
+) -> Result<Backend, SimError> {
+    let emulated = Emulated::create(endpoint, shard.options.seed, shard.index)
+        .await
+        .map_err(SimError)?;
+    let keys = keys()?;
+    let inner: Arc<dyn Store> = Arc::new(emulated.store(&emulated.clean, keys.clone()));
+    let policy = Arc::new(SimPolicy::new(dice.clone()));
+    let store: Arc<dyn Store> = Arc::new(FaultyStore::new(
+        Arc::new(emulated.store(&emulated.faulty, keys)),
+        policy.clone(),
+    ));
+    let (visibility, sessions, hook_queue) = emulated.queues(clock.clone());
+    let queue: Arc<dyn SessionQueue> = Arc::new(SimQueue {
+        inner: Arc::new(sessions),
+        policy: policy.clone(),
+    });
+    let hooks: Arc<dyn HookQueue> = Arc::new(SimHookQueue {
+        inner: Arc::new(hook_queue),
+        policy: policy.clone(),
+    });
+    let connected = Connected {
+        store,
+        queue,
+        hooks: Some(hooks.clone()),
+        bus: None,
+        aws_requests: None,
+        orphans: None,
+        keys_missing: None,
+    };
+    Ok(Backend {
+        inner,
+        policy,
+        connected,
+        hooks,
+        queue: Checks::Aws(Arc::new(emulated.clean_sessions(visibility.clone()))),
+        aws: Some(AwsRun {
+            emulated,
+            visibility,
+        }),
     })
 }
 
@@ -415,13 +550,20 @@ async fn add_tool(store: &dyn Store, now: Timestamp) -> Result<(), SimError> {
 
 /// The outside world and the engine over the backend: the sweeper, a worker whose tools
 /// and model are the world's, the hook dispatcher sending to the world's receivers.
-fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>) -> Sim {
+fn engine(
+    backend: Backend,
+    fleet: Fleet,
+    dice: Arc<Dice>,
+    clock: Arc<dyn Clock>,
+    idle: Duration,
+) -> Sim {
     let Backend {
         inner,
         policy,
         connected,
         hooks,
         queue,
+        aws,
     } = backend;
     let world = Arc::new(World::new(
         dice.clone(),
@@ -462,7 +604,7 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
     let discord = pulse_signatures::discord::DiscordSigner::from_seed(DISCORD_SEED);
     let inbound = pulse_shared::http::Inbound::new(
         inner.clone(),
-        Arc::new(queue.clone()),
+        queue.sending(),
         clock.clone(),
         InboundConfig {
             delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
@@ -494,6 +636,8 @@ fn engine(backend: Backend, fleet: Fleet, dice: Arc<Dice>, clock: Arc<dyn Clock>
         connected,
         ledger: Mutex::default(),
         queue,
+        aws,
+        idle,
         webhooks: fleet.webhooks,
         receiver: pulse_shared::http::router(Arc::new(inbound)),
         inbound: Mutex::new(Invariant::new(

@@ -17,6 +17,7 @@ fn split(agents: usize, hours: u64, seed: u64, mix: Mix, shard_agents: usize) ->
         mix,
         keep: None,
         shard_agents,
+        backend: pulse_sim::SimBackend::Embedded,
     })
     .expect("the simulation runs")
 }

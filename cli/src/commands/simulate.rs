@@ -5,7 +5,7 @@
 
 use anyhow::anyhow;
 use clap::Args;
-use pulse_sim::{Mix, Options};
+use pulse_sim::{Mix, Options, SimBackend};
 
 use crate::Failure;
 use crate::output::{Out, outln};
@@ -13,12 +13,12 @@ use crate::output::{Out, outln};
 #[derive(Args, Debug)]
 pub(crate) struct SimulateArgs {
     /// Agents in the fleet (15-minute interval, a tool subscription each, one in ten with
-    /// a hook, one in twenty chatting).
-    #[arg(long, default_value_t = 1000)]
-    agents: usize,
-    /// Simulated time: 24h, 6h, 90m.
-    #[arg(long, default_value = "24h")]
-    duration: String,
+    /// a hook, one in twenty chatting) [default: 1000; 200 with --backend aws]
+    #[arg(long)]
+    agents: Option<usize>,
+    /// Simulated time: 24h, 6h, 90m [default: 24h; 6h with --backend aws]
+    #[arg(long)]
+    duration: Option<String>,
     /// The seed every choice is drawn from (default: a random one, printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -33,20 +33,39 @@ pub(crate) struct SimulateArgs {
     /// their own (own store, sweeper, workers, dispatcher), side by side on the cores.
     #[arg(long, value_name = "N", default_value_t = pulse_sim::SHARD_AGENTS)]
     shard_agents: usize,
+    /// Where the run keeps its state: sqlite (the embedded store, as `pulse serve`) or
+    /// aws (the DynamoDB and SQS adapters, as the Lambda functions, over the emulator
+    /// at --endpoint, with faults injected beneath the SDK as well).
+    #[arg(long, default_value = "sqlite", value_name = "sqlite|aws")]
+    backend: String,
+    /// The AWS emulator (moto) for --backend aws, e.g. http://127.0.0.1:5000. Each shard
+    /// makes a table and two queues of its own there, and deletes them afterwards.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "AWS_ENDPOINT_URL",
+        hide_env_values = true
+    )]
+    endpoint: Option<String>,
 }
 
 /// Checks the arguments into the simulation's options.
 fn options(a: SimulateArgs) -> Result<Options, Failure> {
-    let duration: jiff::SignedDuration = a.duration.parse().map_err(|e| {
+    // On the emulator every store call is a request of a few milliseconds: a smaller
+    // default run, about ten minutes on two cores.
+    let aws = a.backend == "aws";
+    let agents = a.agents.unwrap_or(if aws { 200 } else { 1000 });
+    let given = a
+        .duration
+        .unwrap_or_else(|| if aws { "6h" } else { "24h" }.to_owned());
+    let duration: jiff::SignedDuration = given.parse().map_err(|e| {
         Failure::Input(format!(
-            "--duration {:?} is not a duration such as 24h, 6h or 90m: {e}",
-            a.duration
+            "--duration {given:?} is not a duration such as 24h, 6h or 90m: {e}"
         ))
     })?;
     if duration.is_negative() || duration.is_zero() {
         return Err(Failure::Input(format!(
-            "--duration {:?} must be more than zero",
-            a.duration
+            "--duration {given:?} must be more than zero"
         )));
     }
     if let Some(p) = a.keep.as_ref().filter(|p| p.exists()) {
@@ -55,12 +74,34 @@ fn options(a: SimulateArgs) -> Result<Options, Failure> {
             p.display()
         )));
     }
-    if a.agents == 0 {
+    if agents == 0 {
         return Err(Failure::Input("--agents must be at least 1".into()));
     }
     if a.shard_agents == 0 {
         return Err(Failure::Input("--shard-agents must be at least 1".into()));
     }
+    let backend = match (a.backend.as_str(), a.endpoint) {
+        ("sqlite", _) => SimBackend::Embedded,
+        ("aws", Some(endpoint)) => {
+            if a.keep.is_some() {
+                return Err(Failure::Input(
+                    "--keep keeps the embedded store's file: it has no meaning with --backend aws"
+                        .into(),
+                ));
+            }
+            SimBackend::Aws { endpoint }
+        }
+        ("aws", None) => {
+            return Err(Failure::Input(
+                "--backend aws runs over an AWS emulator, never AWS itself: start one (`moto_server -p 5000`) and give its URL with --endpoint http://127.0.0.1:5000".into(),
+            ));
+        }
+        (other, _) => {
+            return Err(Failure::Input(format!(
+                "--backend {other:?}: choose sqlite or aws"
+            )));
+        }
+    };
     let mix = Mix::named(&a.faults).ok_or_else(|| {
         Failure::Input(format!(
             "--faults {:?}: choose none, default or heavy",
@@ -68,7 +109,7 @@ fn options(a: SimulateArgs) -> Result<Options, Failure> {
         ))
     })?;
     Ok(Options {
-        agents: a.agents,
+        agents,
         duration: duration.unsigned_abs(),
         seed: a
             .seed
@@ -76,6 +117,7 @@ fn options(a: SimulateArgs) -> Result<Options, Failure> {
         mix,
         keep: a.keep,
         shard_agents: a.shard_agents,
+        backend,
     })
 }
 
@@ -83,11 +125,15 @@ pub(crate) async fn run(a: SimulateArgs, out: &Out) -> Result<(), Failure> {
     let options = options(a)?;
     // Printed first, so a run that never ends can still be replayed.
     eprintln!(
-        "simulating {} agents for {} s of virtual time, seed {}, faults {}",
+        "simulating {} agents for {} s of virtual time, seed {}, faults {}{}",
         options.agents,
         options.duration.as_secs(),
         options.seed,
-        options.mix.name
+        options.mix.name,
+        match &options.backend {
+            SimBackend::Embedded => String::new(),
+            SimBackend::Aws { endpoint } => format!(", on the AWS adapters over {endpoint}"),
+        }
     );
     // The simulation runs its own single-threaded runtime on virtual time.
     let report = tokio::task::spawn_blocking(move || pulse_sim::run(&options))

@@ -32,6 +32,8 @@ mod hooks;
 mod init;
 mod keys;
 mod leases;
+#[cfg(feature = "faults")]
+pub mod lockstep;
 mod memories;
 mod metrics;
 mod provision;
@@ -258,6 +260,17 @@ impl AwsClients {
             endpoint_url,
             faults::FaultyHttp::shared(https_client(), plan),
         )
+    }
+
+    /// Clients for a local emulator whose HTTP client is the real one as `wrap` makes
+    /// it over: under injected faults, in lockstep with a simulated clock (see
+    /// [`faults`] and [`lockstep`]).
+    #[cfg(feature = "faults")]
+    pub fn for_emulator_wrapped(
+        endpoint_url: &str,
+        wrap: impl FnOnce(SharedHttpClient) -> SharedHttpClient,
+    ) -> Self {
+        Self::for_emulator_over(endpoint_url, wrap(https_client()))
     }
 
     fn for_emulator_over(endpoint_url: &str, http: SharedHttpClient) -> Self {
