@@ -1,5 +1,6 @@
-"""Starts moto's server with two fixes for testing: requests to each emulated service run
-one at a time, and a DynamoDB transaction no longer copies whole tables (below).
+"""Starts moto's server with three fixes for testing: requests to each emulated service
+run one at a time, and a DynamoDB transaction or query no longer reads whole tables
+(below).
 
 moto's DynamoDB TransactWriteItems deep-copies the table for rollback without a lock, so a
 concurrent write to the same table crashes it ("dictionary changed size during
@@ -95,6 +96,43 @@ def _transact_keeping_named_items(self, transact_items):
 
 
 _dynamodb.DynamoDBBackend.transact_write_items = _transact_keeping_named_items
+
+
+# A third, for speed too: moto's Query reads the whole table, sorted, to find one
+# partition's items (or an index's), so every query costs time in proportion to the
+# table. Inside a query, the table's items are listed as the query needs them: only
+# the partition's for a query on the table's key, every item unsorted for a query on
+# an index (which sorts what it keeps). What it keeps and returns is unchanged.
+_query_scope = threading.local()
+_all_items = _Table.all_items
+_query = _Table.query
+
+
+def _items_for_query(self):
+    if getattr(_query_scope, "table", None) is not self:
+        return _all_items(self)
+    rows = self.items.values()
+    hash_key = _query_scope.hash_key
+    if hash_key is not None:
+        partition = self.items.get(hash_key)
+        rows = [] if partition is None else [partition]
+    if self.range_key_attr:
+        return [item for partition in rows for item in partition.values()]
+    return list(rows)
+
+
+def _query_reading_what_it_needs(self, hash_key, *args, **kwargs):
+    index_name = kwargs.get("index_name", args[6] if len(args) > 6 else None)
+    _query_scope.table = self
+    _query_scope.hash_key = None if index_name else hash_key
+    try:
+        return _query(self, hash_key, *args, **kwargs)
+    finally:
+        _query_scope.table = None
+
+
+_Table.all_items = _items_for_query
+_Table.query = _query_reading_what_it_needs
 
 from moto.server import main  # noqa: E402  (after the patch, so handlers pick it up)
 

@@ -24,11 +24,11 @@ use pulse_shared::discord::envelope::{
     attachments, bounded, describe, display_name, image_block, message_envelope,
 };
 use pulse_shared::domain::{
-    Agent, DiscordListen, Event, EventId, EventType, Priority, Signal, SignalId, SignalMeta,
+    Agent, DiscordListen, Event, EventId, EventType, Priority, Signal, SignalMeta,
 };
 use pulse_shared::engine::intake;
-use pulse_shared::error::chain;
-use pulse_shared::http::discord::snowflake_time;
+use pulse_shared::error::{StoreError, chain};
+use pulse_shared::http::discord::{message_signal_id, snowflake_time};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
@@ -103,7 +103,12 @@ impl Gateway {
             }
         };
         let signal_id = signal.id.clone();
-        self.submit(signal).await;
+        if !self.submit(signal).await {
+            // Deleted after it was found: the message is for no one now.
+            self.count("not_addressed");
+            info!(agent_id = %agent.id, message_id = id, "a Discord message was not queued: its agent was deleted meanwhile");
+            return;
+        }
         self.count("accepted");
         info!(agent_id = %agent.id, signal_id = %signal_id, message_id = id, "Discord message queued");
     }
@@ -218,10 +223,7 @@ impl Gateway {
         let at = minted.min(self.clock.now());
         let mut signal = Signal::user_message(&agent.id, &agent.session, &text, meta, at)
             .map_err(|e| e.to_string())?;
-        signal.id = SignalId::derived(
-            minted.as_millisecond().max(0) as u64,
-            &["discord-message", id],
-        );
+        signal.id = message_signal_id(id, minted);
         signal.content.extend(files.iter().filter_map(image_block));
         Ok(signal)
     }
@@ -229,13 +231,18 @@ impl Gateway {
     /// Queues `signal`, trying again with backoff for as long as the queue does not
     /// take it: Discord will not send the message again, so it is kept here, and the
     /// gateway reads nothing else meanwhile (a long wait ends in a resume, which
-    /// replays what was missed).
-    async fn submit(&self, signal: Signal) {
+    /// replays what was missed). Whether it was queued: not when its agent was deleted
+    /// meanwhile, which no retry would change.
+    async fn submit(&self, signal: Signal) -> bool {
         kept(
             || async {
-                intake::submit(self.store.as_ref(), self.queue.as_ref(), signal.clone())
+                match intake::submit(self.store.as_ref(), self.queue.as_ref(), signal.clone())
                     .await
-                    .map_err(|e| chain(&e))
+                {
+                    Ok(()) => Ok(true),
+                    Err(StoreError::NotFound(_)) => Ok(false),
+                    Err(e) => Err(chain(&e)),
+                }
             },
             |why, wait| warn!(signal_id = %signal.id, error = %why, retry_in = ?wait, "cannot queue a Discord message; keeping it and trying again"),
         )

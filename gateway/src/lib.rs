@@ -355,8 +355,10 @@ impl Gateway {
 
     /// One payload from the gateway: READY and RESUMED mark the connection up; messages
     /// and reactions go to [`inbound`]; everything else is the shard's business.
-    /// Whether the connection just came up (READY or RESUMED).
-    async fn on_payload(&self, json: &str) -> bool {
+    /// Whether the connection just came up (READY or RESUMED). Returns once what
+    /// arrived is queued (or known to be for no agent). The simulation hands its users'
+    /// channel messages in here, as the connection would.
+    pub async fn on_payload(&self, json: &str) -> bool {
         let Ok(v) = serde_json::from_str::<Value>(json) else {
             pulse_shared::meter::gateway_message("malformed");
             warn!("a gateway payload that is not JSON was skipped");

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jiff::Timestamp;
-use pulse_shared::adapters::aws::faults::{self, FaultPlan, FaultyHttp};
+use pulse_shared::adapters::aws::faults::{self, FaultPlan};
 use pulse_shared::adapters::aws::lockstep::LockstepIo;
 use pulse_shared::adapters::aws::{self, AwsClients, DynamoStore, SqsHookQueue, SqsQueue};
 use pulse_shared::domain::{Delivery, HookTask, OutgoingTask, Receipt};
@@ -64,10 +64,9 @@ impl Emulated {
     pub(crate) async fn create(endpoint: &str, seed: u64, shard: usize) -> Result<Self, String> {
         let io = LockstepIo::start().map_err(|e| format!("the lockstep I/O thread: {e}"))?;
         let plan = FaultPlan::new();
-        let clean = AwsClients::for_emulator_wrapped(endpoint, |http| io.wrap(http));
-        let faulty = AwsClients::for_emulator_wrapped(endpoint, |http| {
-            io.wrap(FaultyHttp::shared(http, plan.clone()))
-        });
+        // With the retry and time limits the functions have on AWS.
+        let clean = AwsClients::for_emulator_in_lockstep(endpoint, &io, None);
+        let faulty = AwsClients::for_emulator_in_lockstep(endpoint, &io, Some(plan.clone()));
         // Names of the run's own: a seed may be run again against the same emulator.
         let unique = format!(
             "{seed:016x}-{shard}-{:x}",
@@ -178,6 +177,8 @@ struct Held {
     hooks: bool,
     receipt: String,
     due: Timestamp,
+    /// Released with a delay (not its visibility running out).
+    released: bool,
 }
 
 /// The queues' clocks on virtual time: received messages come back when their
@@ -212,6 +213,7 @@ impl Visibility {
             hooks,
             receipt: d.receipt.as_str().to_owned(),
             due,
+            released: false,
         }));
     }
 
@@ -224,6 +226,7 @@ impl Visibility {
         for h in lock(&self.held).iter_mut() {
             if h.receipt == receipt.as_str() {
                 h.due = due;
+                h.released = true;
             }
         }
     }
@@ -257,7 +260,9 @@ impl Visibility {
                 .send()
                 .await;
             if back.is_ok() {
-                self.expired.fetch_add(1, Ordering::Relaxed);
+                if !h.released {
+                    self.expired.fetch_add(1, Ordering::Relaxed);
+                }
                 self.arrived(h.hooks);
             }
         }

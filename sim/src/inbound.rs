@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use axum::body::Body;
 use pulse_shared::domain::{Agent, AgentId, EventId, RateLimit, SignalId, WebhookScheme};
-use pulse_shared::http::discord::{interaction_signal_id, snowflake_time};
+use pulse_shared::http::discord::{interaction_signal_id, message_signal_id, snowflake_time};
 use serde_json::Value;
 use tower::ServiceExt;
 
 use crate::faults::{Fault, lock};
-use crate::setup::{Sim, WEBHOOK_SECRET};
+use crate::setup::{BOT, Sim, WEBHOOK_SECRET};
 use crate::world::PING;
 
 /// The largest answer read back from the receiver.
@@ -150,6 +150,43 @@ fn again(sim: &Sim, resent: Fault, replayed: Fault) -> Option<Duration> {
 /// Discord's epoch (2015-01-01) in Unix milliseconds: snowflakes count from it.
 const DISCORD_EPOCH_MS: i64 = 1_420_070_400_000;
 
+/// A new Discord id (a snowflake), minted now.
+fn snowflake(sim: &Sim) -> String {
+    let seq = sim
+        .interaction_seq
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let minted = (sim.clock.now().as_millisecond() - DISCORD_EPOCH_MS).max(0) as u64;
+    ((minted << 22) | (seq & 0x3f_ffff)).to_string()
+}
+
+/// A user's message in `agent`'s Discord channel, mentioning the bot, handed to the
+/// gateway as its connection hands over a `MESSAGE_CREATE`. The gateway keeps trying
+/// until it is queued, or its agent is gone. The signal it was queued under.
+pub(crate) async fn channel_message(sim: &Sim, agent: &Agent) -> Option<SignalId> {
+    let channel = agent.discord_channel.as_deref()?;
+    let id = snowflake(sim);
+    let payload = serde_json::json!({
+        "op": 0,
+        "t": "MESSAGE_CREATE",
+        "s": 1,
+        "d": {
+            "id": id,
+            "channel_id": channel,
+            "guild_id": "1100000000000000000",
+            "author": {"id": "1000000000000000001", "username": "sim-user"},
+            "content": format!("<@{BOT}> how is it going?"),
+            "mentions": [{"id": BOT, "username": "sim-bot", "bot": true}],
+            "attachments": [],
+        }
+    });
+    let before = sim.gateway.status().accepted;
+    sim.gateway.on_payload(&payload.to_string()).await;
+    if sim.gateway.status().accepted == before {
+        return None;
+    }
+    snowflake_time(&id).map(|at| message_signal_id(&id, at))
+}
+
 /// A user's message to `agent` (which has a Discord channel), as Discord delivers a
 /// slash command: `/ask` signed with the application's key, through the receiver's
 /// router. The message id it was queued under, once the receiver answered it deferred.
@@ -157,11 +194,7 @@ const DISCORD_EPOCH_MS: i64 = 1_420_070_400_000;
 pub(crate) async fn send_message(sim: &Arc<Sim>, agent: &Agent) -> Option<SignalId> {
     let channel = agent.discord_channel.as_deref()?;
     let now = sim.clock.now();
-    let seq = sim
-        .interaction_seq
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let minted = (now.as_millisecond() - DISCORD_EPOCH_MS).max(0) as u64;
-    let id = ((minted << 22) | (seq & 0x3f_ffff)).to_string();
+    let id = snowflake(sim);
     let body = serde_json::json!({
         "id": id,
         "application_id": "1200000000000000000",

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
-use pulse_shared::domain::{Agent, AgentChanges, AgentId, Interval, Signal, SignalId, SignalMeta};
-use pulse_shared::engine::intake;
+use pulse_shared::domain::{AgentChanges, AgentId, Interval};
 use pulse_shared::ports::Clock;
 use tokio::task::JoinHandle;
 
@@ -284,7 +283,7 @@ async fn messages(sim: Arc<Sim>) {
 
 /// A user message to `agent`, as Discord delivers one: half as a slash command through
 /// the receiver's router (answered through the interaction), half as a channel message
-/// the gateway queues (answered in the channel). When it cannot be queued, the user sends
+/// through the gateway's handling (answered in the channel). When it cannot be queued, the user sends
 /// it again.
 async fn say(sim: &Arc<Sim>, agent: &AgentId) {
     if lock(&sim.ledger).deleted.contains(agent) {
@@ -298,7 +297,7 @@ async fn say(sim: &Arc<Sim>, agent: &AgentId) {
         let queued = if slash {
             crate::inbound::send_message(sim, &a).await
         } else {
-            gateway_message(sim, &a).await
+            crate::inbound::channel_message(sim, &a).await
         };
         if let Some(id) = queued {
             lock(&sim.ledger)
@@ -310,24 +309,6 @@ async fn say(sim: &Arc<Sim>, agent: &AgentId) {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-}
-
-/// A channel message, queued as the gateway queues one.
-async fn gateway_message(sim: &Sim, agent: &Agent) -> Option<SignalId> {
-    let signal = Signal::user_message(
-        &agent.id,
-        &agent.session,
-        "how is it going?",
-        SignalMeta::default(),
-        sim.clock.now(),
-    )
-    .ok()?;
-    let id = signal.id.clone();
-    let (store, queue) = (sim.inner.clone(), sim.connected.queue.clone());
-    intake::submit(store.as_ref(), queue.as_ref(), signal)
-        .await
-        .ok()
-        .map(|()| id)
 }
 
 /// The operator: pauses agents (resuming them later), changes their interval, deletes

@@ -55,6 +55,8 @@ pub(crate) const START: &str = "2026-01-05T00:00:00Z";
 pub(crate) const WEBHOOK_LIMIT: u32 = 12;
 /// The seed of the simulated Discord application's signing key.
 pub(crate) const DISCORD_SEED: [u8; 32] = [7; 32];
+/// The simulated Discord bot's user id: channel messages mention it.
+pub(crate) const BOT: &str = "1300000000000000000";
 /// Every agent's webhook secret (Standard Webhooks), which its sender signs with.
 pub(crate) const WEBHOOK_SECRET: &str = "whsec_c2ltdWxhdGVkIHdlYmhvb2sgc2VjcmV0IQ==";
 
@@ -182,6 +184,10 @@ pub(crate) struct Sim {
     pub interactions: Mutex<Invariant>,
     /// The last interaction id's sequence number, for the low bits of the next.
     pub interaction_seq: std::sync::atomic::AtomicU64,
+    /// The Discord gateway's handling of what arrives over its connection: the users'
+    /// channel messages come in through it (over the store with no faults, queueing
+    /// through the sessions queue with them).
+    pub gateway: pulse_gateway::Gateway,
     /// Fresh deliveries accepted, by webhook and clock hour.
     pub hourly: Mutex<BTreeMap<(String, i64), u32>>,
     /// Webhook rate limits: deliveries accepted up to the hourly limit, refused 429 with
@@ -323,7 +329,11 @@ pub(crate) async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, 
         SimBackend::Aws { endpoint } => open_aws(shard, endpoint, &dice, &clock).await?,
     };
     let fleet = seed(shard, backend.inner.as_ref(), &dice, clock.now()).await?;
-    Ok(engine(backend, fleet, dice, clock, options.backend.idle()))
+    let sim = engine(backend, fleet, dice, clock, options.backend.idle());
+    // The connection is up: the gateway knows the bot's own id, which messages mention.
+    let ready = serde_json::json!({"op": 0, "t": "READY", "s": 0, "d": {"user": {"id": BOT}}});
+    sim.gateway.on_payload(&ready.to_string()).await;
+    Ok(sim)
 }
 
 /// A fresh embedded store (in memory, or in the file to keep) and its queues, each
@@ -621,7 +631,23 @@ fn engine(
         clock.clone(),
         DispatchSettings::default(),
     );
+    let gateway = pulse_gateway::Gateway::new(
+        inner.clone(),
+        connected.queue.clone(),
+        clock.clone(),
+        pulse_shared::discord::DiscordClient::new(pulse_shared::discord::DiscordConfig {
+            bot_token: Some(pulse_shared::domain::Secret::new("sim-bot-token")),
+            ..pulse_shared::discord::DiscordConfig::unconfigured()
+        }),
+        pulse_gateway::GatewaySettings {
+            token: pulse_shared::domain::Secret::new("sim-bot-token"),
+            url: None,
+            default_agent: None,
+            lease: pulse_gateway::LEASE,
+        },
+    );
     Sim {
+        gateway,
         sweeper: connected.sweeper(&settings),
         lifecycle: connected.lifecycle(clock.clone(), &settings),
         worker: Arc::new(worker),

@@ -585,6 +585,45 @@ async fn a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back(
     w.stop().await;
 }
 
+/// A past defect: a message whose agent was deleted between the gateway finding it and
+/// queueing its signal was kept and tried again for good (every try answered "not
+/// found"), and the gateway read nothing else meanwhile.
+async fn message_to_a_deleted_agent(kind: Kind) {
+    let (mut w, faults) = world_with_faults(kind).await;
+    let agent = w.agent(|_| {}).await;
+    w.connect().await;
+    // Three failed tries: 200 + 400 + 800 ms for the agent to be deleted meanwhile.
+    faults.policy().fail_times("record_interaction", 3);
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "still there?"),
+    );
+    let f = faults.clone();
+    until("the first try failed", async || {
+        f.policy().failed("record_interaction") >= 1
+    })
+    .await;
+    w.b.store.purge_agent(&agent.id, true).await.unwrap();
+    w.handled(1).await;
+    let s = w.gateway.status();
+    assert_eq!((s.accepted, s.ignored), (0, 1), "{s:?}");
+    assert_eq!(faults.policy().failed("record_interaction"), 3);
+    // It reads on: the next message is dealt with (from a stranger, now).
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(2), DM, None, FRIEND, "hello?"),
+    );
+    w.handled(2).await;
+    assert_eq!(w.gateway.status().strangers, 1);
+    assert_eq!(w.b.queue.backlog().await.unwrap().waiting, 0);
+    w.stop().await;
+}
+
+on_both_backends!(
+    a_message_whose_agent_is_deleted_while_it_waits_is_let_go,
+    message_to_a_deleted_agent
+);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messages() {
     let w = world().await;

@@ -91,6 +91,16 @@ pub fn interaction_signal_id(interaction_id: &str, minted: Timestamp) -> SignalI
     )
 }
 
+/// The signal a channel or direct message from the gateway becomes, from its id
+/// (minted at `minted`) alone: the same message replayed after a resume is the same
+/// signal.
+pub fn message_signal_id(message_id: &str, minted: Timestamp) -> SignalId {
+    SignalId::derived(
+        minted.as_millisecond().max(0) as u64,
+        &["discord-message", message_id],
+    )
+}
+
 /// Why an interaction's id is refused as its identity.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InteractionIdError {

@@ -262,18 +262,29 @@ impl AwsClients {
         )
     }
 
-    /// Clients for a local emulator whose HTTP client is the real one as `wrap` makes
-    /// it over: under injected faults, in lockstep with a simulated clock (see
-    /// [`faults`] and [`lockstep`]).
+    /// Clients for a local emulator whose requests run in lockstep with a simulated
+    /// clock on `io`'s thread, meeting the faults of `plan` when one is given (see
+    /// [`lockstep`] and [`faults`]). A request then takes no time on the caller's
+    /// clock, so the time limits made for AWS apply as they would there: an attempt's
+    /// and a call's limit run out only through the retries' backoff.
     #[cfg(feature = "faults")]
-    pub fn for_emulator_wrapped(
+    pub fn for_emulator_in_lockstep(
         endpoint_url: &str,
-        wrap: impl FnOnce(SharedHttpClient) -> SharedHttpClient,
+        io: &lockstep::LockstepIo,
+        plan: Option<std::sync::Arc<faults::FaultPlan>>,
     ) -> Self {
-        Self::for_emulator_over(endpoint_url, wrap(https_client()))
+        let http = match plan {
+            Some(plan) => faults::FaultyHttp::shared(https_client(), plan),
+            None => https_client(),
+        };
+        Self::for_emulator_timed(endpoint_url, io.wrap(http), true)
     }
 
     fn for_emulator_over(endpoint_url: &str, http: SharedHttpClient) -> Self {
+        Self::for_emulator_timed(endpoint_url, http, false)
+    }
+
+    fn for_emulator_timed(endpoint_url: &str, http: SharedHttpClient, timed: bool) -> Self {
         let sdk = aws_config::SdkConfig::builder()
             .behavior_version(BehaviorVersion::latest())
             .http_client(http)
@@ -289,7 +300,7 @@ impl AwsClients {
                 ),
             ))
             .build();
-        Self::from_sdk_config(&sdk, false)
+        Self::from_sdk_config(&sdk, timed)
     }
 
     /// The clients over `sdk`, each with its service's [`Decision`]: its attempts and
