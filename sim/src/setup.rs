@@ -352,26 +352,13 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
         .with_event_deadline(clock.clone(), deadline);
     let inner: Arc<dyn Store> = Arc::new(SqliteStore::new(db.clone()).with_keys(keys()?));
     let policy = Arc::new(SimPolicy::new(dice.clone()));
-    let store: Arc<dyn Store> = Arc::new(FaultyStore::new(inner.clone(), policy.clone()));
     let session_queue = SqliteQueue::new(db.clone(), clock.clone());
-    let hook_queue = SqliteHookQueue::new(db, clock.clone());
-    let queue: Arc<dyn SessionQueue> = Arc::new(SimQueue {
-        inner: Arc::new(session_queue.clone()),
-        policy: policy.clone(),
-    });
-    let hooks: Arc<dyn HookQueue> = Arc::new(SimHookQueue {
-        inner: Arc::new(hook_queue),
-        policy: policy.clone(),
-    });
-    let connected = Connected {
-        store,
-        queue,
-        hooks: Some(hooks.clone()),
-        bus: None,
-        aws_requests: None,
-        orphans: None,
-        keys_missing: None,
-    };
+    let (connected, hooks) = under_policy(
+        inner.clone(),
+        Arc::new(session_queue.clone()),
+        Arc::new(SqliteHookQueue::new(db, clock.clone())),
+        &policy,
+    );
     Ok(Backend {
         inner,
         policy,
@@ -380,6 +367,33 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
         queue: Checks::Embedded(session_queue),
         aws: None,
     })
+}
+
+/// The engine's side of a backend: its store and queues, each asking the run's policy
+/// around every call.
+fn under_policy(
+    store: Arc<dyn Store>,
+    sessions: Arc<dyn SessionQueue>,
+    hooks: Arc<dyn HookQueue>,
+    policy: &Arc<SimPolicy>,
+) -> (Connected, Arc<dyn HookQueue>) {
+    let hooks: Arc<dyn HookQueue> = Arc::new(SimHookQueue {
+        inner: hooks,
+        policy: policy.clone(),
+    });
+    let connected = Connected {
+        store: Arc::new(FaultyStore::new(store, policy.clone())),
+        queue: Arc::new(SimQueue {
+            inner: sessions,
+            policy: policy.clone(),
+        }),
+        hooks: Some(hooks.clone()),
+        bus: None,
+        aws_requests: None,
+        orphans: None,
+        keys_missing: None,
+    };
+    (connected, hooks)
 }
 
 /// A fresh key to seal webhook and hook secrets with.
@@ -406,28 +420,13 @@ async fn open_aws(
     let keys = keys()?;
     let inner: Arc<dyn Store> = Arc::new(emulated.store(&emulated.clean, keys.clone()));
     let policy = Arc::new(SimPolicy::new(dice.clone()));
-    let store: Arc<dyn Store> = Arc::new(FaultyStore::new(
-        Arc::new(emulated.store(&emulated.faulty, keys)),
-        policy.clone(),
-    ));
     let (visibility, sessions, hook_queue) = emulated.queues(clock.clone());
-    let queue: Arc<dyn SessionQueue> = Arc::new(SimQueue {
-        inner: Arc::new(sessions),
-        policy: policy.clone(),
-    });
-    let hooks: Arc<dyn HookQueue> = Arc::new(SimHookQueue {
-        inner: Arc::new(hook_queue),
-        policy: policy.clone(),
-    });
-    let connected = Connected {
-        store,
-        queue,
-        hooks: Some(hooks.clone()),
-        bus: None,
-        aws_requests: None,
-        orphans: None,
-        keys_missing: None,
-    };
+    let (connected, hooks) = under_policy(
+        Arc::new(emulated.store(&emulated.faulty, keys)),
+        Arc::new(sessions),
+        Arc::new(hook_queue),
+        &policy,
+    );
     Ok(Backend {
         inner,
         policy,
