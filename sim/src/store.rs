@@ -21,10 +21,10 @@ use pulse_shared::domain::{
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
-    ActionLog, AgentStore, ConversationStore, DuePage, EventLog, Finish, FinishOutcome, Footprint,
-    HeartbeatStore, HookStore, Lease, LeaseStore, Maintenance, MemoryStore, PageToken, Pruned,
-    Reclaimed, Reschedule, ScheduleStore, Store, TokenStore, ToolRegistry, TurnStart, WebhookStore,
-    Window,
+    ActionLog, AgentStore, AgentsPage, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
+    Footprint, HeartbeatStore, HookStore, Lease, LeaseStore, Maintenance, MemoryStore, PageToken,
+    Pruned, Reclaimed, Reschedule, ScheduleStore, Store, TokenStore, ToolRegistry, TurnStart,
+    WebhookStore, Window,
 };
 
 /// What happens around each store call.
@@ -83,6 +83,7 @@ faulty!(AgentStore {
     fn import_agents(&self, agents: &[(Agent, Heartbeat)]) -> ();
     fn get_agent(&self, id: &AgentId) -> Option<Agent>;
     fn list_agents(&self) -> Vec<Agent>;
+    fn agents_page(&self, offset: usize, limit: usize) -> AgentsPage;
     fn record_interaction(&self, id: &AgentId, at: Timestamp) -> ();
     fn update_agent(&self, agent: &Agent, previous: &Agent) -> ();
     fn set_next_wake(&self, id: &AgentId, at: Option<Timestamp>) -> ();

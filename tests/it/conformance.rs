@@ -4,8 +4,8 @@ use std::collections::HashSet;
 
 use jiff::SignedDuration;
 use pulse_shared::domain::{
-    Action, ActionId, ActionStatus, AgentId, Cascade, ClaimRequest, EventCursor, EventType, Filter,
-    HeartbeatId, HeartbeatStatus, NewEvent, Requests, Tool, ToolName,
+    Action, ActionId, ActionStatus, AgentId, AgentStates, Cascade, ClaimRequest, EventCursor,
+    EventType, Filter, HeartbeatId, HeartbeatStatus, NewEvent, Requests, Tool, ToolName,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{Finish, FinishOutcome};
@@ -119,6 +119,82 @@ async fn agents(kind: Kind) {
         .await
         .unwrap_err();
     assert!(matches!(missing, StoreError::NotFound(_)), "{missing}");
+}
+
+on_both_backends!(
+    a_page_of_agents_comes_with_the_count_of_every_state,
+    agents_page
+);
+async fn agents_page(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let empty = b.store.agents_page(0, 3).await.unwrap();
+    assert_eq!((empty.states.total(), empty.agents.len()), (0, 0));
+    let mut made = Vec::new();
+    for i in 0..7 {
+        made.push(b.agent(&format!("agent {i}"), "15m").await.0);
+        b.advance(SignedDuration::from_secs(1));
+    }
+    // 1 snoozed; 2 auto-paused and snoozed (the auto-pause wins); 3 paused, auto-paused
+    // and snoozed (the pause wins); 4 paused.
+    let t = b.now();
+    let later = Some(t + SignedDuration::from_hours(2));
+    for (i, auto, paused) in [
+        (1, false, false),
+        (2, true, false),
+        (3, true, true),
+        (4, false, true),
+    ] {
+        let mut next = made[i].clone();
+        next.snoozed_until = (i != 4).then_some(later).flatten();
+        next.auto_paused_since = auto.then_some(t);
+        b.store.update_agent(&next, &made[i]).await.unwrap();
+        if paused {
+            let event = NewEvent::new("AGENT_PAUSED", json!({}), None)
+                .unwrap()
+                .into_event(next.id.clone(), "operator", t);
+            assert!(b.store.set_paused(&next.id, Some(t), &event).await.unwrap());
+        }
+    }
+    let all = b.store.list_agents().await.unwrap();
+    let mut expected = AgentStates::default();
+    for a in &all {
+        expected.add(a.state());
+    }
+    assert_eq!(
+        expected,
+        AgentStates {
+            active: 3,
+            snoozed: 1,
+            auto_paused: 1,
+            paused: 2
+        }
+    );
+    // Pages in creation order, the counts always of all agents.
+    let ids = |p: &pulse_shared::ports::AgentsPage| -> Vec<AgentId> {
+        p.agents.iter().map(|a| a.id.clone()).collect()
+    };
+    let first = b.store.agents_page(0, 3).await.unwrap();
+    assert_eq!(first.states, expected);
+    assert_eq!(
+        first.agents,
+        all[..3].to_vec(),
+        "the page's agents are whole"
+    );
+    let middle = b.store.agents_page(3, 3).await.unwrap();
+    assert_eq!(
+        ids(&middle),
+        all[3..6].iter().map(|a| a.id.clone()).collect::<Vec<_>>()
+    );
+    assert_eq!(middle.states, expected);
+    let last = b.store.agents_page(6, 3).await.unwrap();
+    assert_eq!(ids(&last), vec![all[6].id.clone()]);
+    let past = b.store.agents_page(9, 3).await.unwrap();
+    assert!(past.agents.is_empty());
+    assert_eq!(past.states, expected);
+    assert_eq!(
+        ids(&b.store.agents_page(0, 100).await.unwrap()),
+        made.iter().map(|a| a.id.clone()).collect::<Vec<_>>()
+    );
 }
 
 on_both_backends!(

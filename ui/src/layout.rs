@@ -86,7 +86,7 @@ pub(crate) fn agent_page(agent: &Agent, tab: Tab, body: Markup) -> Markup {
         html! {
             h1 {
                 a href="/ui/" { "Agents" } " / " (agent.name) " "
-                span class={"status " (status(agent))} { (status(agent)) }
+                span class={"status " (agent.state().as_str())} { (agent.state().as_str()) }
             }
             nav.tabs {
                 @for (t, path, label) in Tab::ALL {
@@ -96,19 +96,6 @@ pub(crate) fn agent_page(agent: &Agent, tab: Tab, body: Markup) -> Markup {
             (body)
         },
     )
-}
-
-/// `active`, `paused` or `snoozed`.
-pub(crate) fn status(agent: &Agent) -> &'static str {
-    if agent.is_paused() {
-        "paused"
-    } else if agent.auto_paused_since.is_some() {
-        "auto-paused"
-    } else if agent.snoozed_until.is_some() {
-        "snoozed"
-    } else {
-        "active"
-    }
 }
 
 /// A time as "3m ago" / "in 5m", with the absolute time on hover.

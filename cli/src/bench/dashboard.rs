@@ -1,7 +1,8 @@
 //! `pulse bench dashboard`: the server time of the dashboard's busiest pages on SQLite
 //! with a fleet behind them — the agents page (every agent's latest heartbeats), an
-//! agent's Heartbeats tab (100 rows) and its Events tab — over loopback, one request at a
-//! time, so each figure is one page's own time.
+//! agent's Heartbeats tab (100 rows) and its Events tab, and the data the charts of the
+//! agents page and of an agent's page draw — over loopback, one request at a time, so
+//! each figure is one page's own time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,6 +72,11 @@ pub(crate) async fn dashboard(
             format!("/ui/agents/{}/heartbeats", watched.id),
         ),
         ("events tab", format!("/ui/agents/{}/events", watched.id)),
+        ("agents charts", "/ui/charts.json".to_owned()),
+        (
+            "agent charts",
+            format!("/ui/agents/{}/charts.json", watched.id),
+        ),
     ];
     let results = time_pages(&base, &pages, requests).await?;
     let _ = stop.send(());

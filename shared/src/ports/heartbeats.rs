@@ -7,8 +7,8 @@ use jiff::Timestamp;
 use jiff::civil::Date;
 
 use crate::domain::{
-    Agent, AgentId, ClaimRequest, Event, EventCursor, EventId, EventType, Heartbeat, HeartbeatId,
-    HeartbeatStatus, Spend,
+    Agent, AgentId, AgentStates, ClaimRequest, Event, EventCursor, EventId, EventType, Heartbeat,
+    HeartbeatId, HeartbeatStatus, Spend,
 };
 use crate::error::StoreError;
 
@@ -25,6 +25,10 @@ pub trait AgentStore: Send + Sync {
     async fn get_agent(&self, id: &AgentId) -> Result<Option<Agent>, StoreError>;
     /// All agents, oldest first.
     async fn list_agents(&self) -> Result<Vec<Agent>, StoreError>;
+    /// The agents from `offset` (oldest first) up to `limit` of them, with how many
+    /// agents there are in each state: what a listing page needs, without reading every
+    /// agent's whole record where the store can count them itself.
+    async fn agents_page(&self, offset: usize, limit: usize) -> Result<AgentsPage, StoreError>;
     /// Records that the user interacted with the agent at `at` (beats count from here).
     async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError>;
     /// The agent that answers in a Discord channel (`--discord-channel`), if any. One
@@ -63,6 +67,16 @@ pub trait AgentStore: Send + Sync {
     async fn record_spend(&self, agent: &AgentId, spend: &Spend) -> Result<(), StoreError>;
     /// The agent's ledger entries of `day`.
     async fn spend_of_day(&self, agent: &AgentId, day: Date) -> Result<Vec<Spend>, StoreError>;
+}
+
+/// One page of the agents and the count of all agents by state
+/// ([`AgentStore::agents_page`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentsPage {
+    /// How many agents are in each state (all of them, not only this page's).
+    pub states: AgentStates,
+    /// This page's agents, oldest first.
+    pub agents: Vec<Agent>,
 }
 
 /// What belongs to an agent, by kind: what `pulse agents delete` removes.

@@ -5,13 +5,15 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use futures::StreamExt;
 use maud::{Markup, html};
-use pulse_shared::domain::{Agent, Heartbeat, HeartbeatStatus, Interval, NewAgent};
+use pulse_shared::domain::{
+    Agent, AgentState, AgentStates, Heartbeat, HeartbeatStatus, Interval, NewAgent,
+};
 use pulse_shared::engine::budget;
 use pulse_shared::error::StoreError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::layout::{ago, badge, button, csrf, empty, page, status};
+use crate::layout::{ago, badge, button, csrf, empty, page};
 use crate::{Dashboard, Problem};
 
 /// Agents per page.
@@ -60,7 +62,7 @@ pub(crate) async fn list(
                         @let last = recent.iter().find(|h| h.completed_at.is_some());
                         tr {
                             td { a href={"/ui/agents/" (a.id) "/heartbeats"} { (a.name) } }
-                            td { (badge(status(a))) }
+                            td { (badge(a.state().as_str())) }
                             td { (live.map_or(0, |h| h.beat)) }
                             td { (last_heartbeat(now, last)) }
                             td { (next_due(now, live)) }
@@ -110,8 +112,8 @@ struct Listed {
     total: usize,
     pages: usize,
     at: usize,
-    /// Every agent's state: `active`, `snoozed` or `paused`.
-    states: Vec<&'static str>,
+    /// How many agents are in each state (all of them).
+    states: AgentStates,
     /// The page's agents, their latest heartbeats and today's tokens.
     rows: Vec<(Agent, Vec<Heartbeat>, u64)>,
 }
@@ -123,16 +125,19 @@ async fn listed(
     page: Option<usize>,
     now: jiff::Timestamp,
 ) -> Result<Listed, Problem> {
-    let agents = d.0.store.list_agents().await?;
-    let total = agents.len();
+    let wanted = page.unwrap_or(1).max(1);
+    let mut listing =
+        d.0.store
+            .agents_page((wanted - 1) * PER_PAGE, PER_PAGE)
+            .await?;
+    let total = listing.states.total();
     let pages = total.div_ceil(PER_PAGE).max(1);
-    let at = page.unwrap_or(1).clamp(1, pages);
-    let states = agents.iter().map(status).collect();
-    let shown: Vec<Agent> = agents
-        .into_iter()
-        .skip((at - 1) * PER_PAGE)
-        .take(PER_PAGE)
-        .collect();
+    let at = wanted.min(pages);
+    if at != wanted {
+        // Past the last page: show the last one.
+        listing = d.0.store.agents_page((at - 1) * PER_PAGE, PER_PAGE).await?;
+    }
+    let shown = listing.agents;
     type Row = Result<(Vec<Heartbeat>, u64), StoreError>;
     let recent: Vec<Row> = futures::stream::iter(shown.iter().cloned())
         .map(|a| {
@@ -157,7 +162,7 @@ async fn listed(
         total,
         pages,
         at,
-        states,
+        states: listing.states,
         rows,
     })
 }
@@ -173,11 +178,11 @@ pub(crate) struct Fleet {
     tokens_today: Vec<(String, u64, Option<u64>)>,
 }
 
-fn fleet_of(states: &[&'static str], rows: &[(&Agent, &Vec<Heartbeat>, &u64)]) -> Fleet {
-    let mut counts = BTreeMap::new();
-    for s in ["active", "snoozed", "auto-paused", "paused"] {
-        counts.insert(s, states.iter().filter(|x| **x == s).count());
-    }
+fn fleet_of(states: &AgentStates, rows: &[(&Agent, &Vec<Heartbeat>, &u64)]) -> Fleet {
+    let counts = AgentState::ALL
+        .iter()
+        .map(|s| (s.as_str(), states.of(*s)))
+        .collect();
     let mut tokens: Vec<(String, u64, Option<u64>)> = rows
         .iter()
         .map(|(a, _, s)| (a.name.clone(), **s, a.budgets.daily_tokens))

@@ -554,7 +554,7 @@ async fn list(cx: &Ctx<'_>) -> Result<(), Failure> {
             vec![
                 a.id.to_string(),
                 a.name.clone(),
-                status(a).into(),
+                a.state().as_str().into(),
                 a.interval.to_string(),
                 a.active_hours.map_or("always".into(), |h| h.to_string()),
                 a.timezone.to_string(),
@@ -678,16 +678,4 @@ struct Listed {
     #[serde(flatten)]
     agent: Agent,
     tokens_today: u64,
-}
-
-fn status(a: &Agent) -> &'static str {
-    if a.is_paused() {
-        "paused"
-    } else if a.auto_paused_since.is_some() {
-        "auto-paused"
-    } else if a.snoozed_until.is_some() {
-        "snoozed"
-    } else {
-        "active"
-    }
 }

@@ -11,9 +11,11 @@ use jiff::civil::Date;
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{Agent, AgentId, Event, Heartbeat, Spend, from_ms, to_ms};
+use crate::domain::{
+    Agent, AgentId, AgentState, AgentStates, Event, Heartbeat, Spend, from_ms, to_ms,
+};
 use crate::error::StoreError;
-use crate::ports::{AgentStore, Footprint};
+use crate::ports::{AgentStore, AgentsPage, Footprint};
 
 pub(super) fn channel_item(channel: &str, agent: &AgentId) -> Item {
     let mut item = key(format!("CH#{channel}"), "CH");
@@ -26,6 +28,30 @@ fn live_item(agent: &Agent) -> Item {
     let mut item = doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent);
     item.insert(HAS_HOOKS.to_owned(), AttributeValue::Bool(false));
     item
+}
+
+/// What a listing needs of a directory entry: its order, and the fields that decide its
+/// state (in the order of [`Agent::state`]).
+#[derive(serde::Deserialize)]
+struct Listed {
+    id: AgentId,
+    created_at: Timestamp,
+    #[serde(default)]
+    paused_at: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    auto_paused_since: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    snoozed_until: Option<serde::de::IgnoredAny>,
+}
+
+impl Listed {
+    fn state(&self) -> AgentState {
+        AgentState::of(
+            self.paused_at.is_some(),
+            self.auto_paused_since.is_some(),
+            self.snoozed_until.is_some(),
+        )
+    }
 }
 
 #[async_trait]
@@ -114,6 +140,31 @@ impl AgentStore for DynamoStore {
             .collect::<Result<_, _>>()?;
         agents.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         Ok(agents)
+    }
+
+    async fn agents_page(&self, offset: usize, limit: usize) -> Result<AgentsPage, StoreError> {
+        // DynamoDB counts nothing itself: the directory is read whole (as a listing
+        // is), but each entry is parsed only for the fields that order and count it,
+        // and only the page's entries into agents.
+        let items = self
+            .query_prefix("list agents", DIRECTORY_PK, "", false, None)
+            .await?;
+        let mut entries: Vec<(Listed, &Item)> = items
+            .iter()
+            .map(|i| Ok((read_doc::<Listed>(i)?, i)))
+            .collect::<Result<_, StoreError>>()?;
+        entries.sort_by(|(a, _), (b, _)| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        let mut states = AgentStates::default();
+        for (e, _) in &entries {
+            states.add(e.state());
+        }
+        let agents = entries
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|(_, i)| read_doc(i))
+            .collect::<Result<_, _>>()?;
+        Ok(AgentsPage { states, agents })
     }
 
     async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError> {

@@ -8,10 +8,24 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::heartbeats::insert_heartbeat;
+use super::schema::agent_state;
 use super::{CachedExecute, SqliteStore, sqlite_err};
-use crate::domain::{Agent, AgentId, Event, Heartbeat, Spend, from_ms, to_ms};
+use crate::domain::{Agent, AgentId, AgentStates, Event, Heartbeat, Spend, from_ms, to_ms};
 use crate::error::StoreError;
-use crate::ports::{AgentStore, Footprint};
+use crate::ports::{AgentStore, AgentsPage, Footprint};
+
+/// How many agents are in each state, read from the index `agents_by_state`.
+const COUNT_BY_STATE: &str = concat!(
+    "SELECT ",
+    agent_state!(),
+    " AS state, count(*) FROM agents GROUP BY state"
+);
+
+/// A page of agents (`LIMIT ?1 OFFSET ?2`), oldest first: found in the index
+/// `agents_by_age`, then only those records read.
+const PAGE_BY_AGE: &str = "SELECT id, doc FROM agents WHERE rowid IN (
+        SELECT rowid FROM agents ORDER BY created_ms, id LIMIT ?1 OFFSET ?2)
+     ORDER BY created_ms, id";
 
 /// The stored agent, read inside a transaction; `NotFound` if there is none.
 fn stored_agent(conn: &Connection, op: &'static str, id: &AgentId) -> Result<Agent, StoreError> {
@@ -164,6 +178,42 @@ impl AgentStore for SqliteStore {
             .await
     }
 
+    async fn agents_page(&self, offset: usize, limit: usize) -> Result<AgentsPage, StoreError> {
+        self.db
+            .call("list agents", move |conn| {
+                let op = "list agents";
+                // Counted from the index, so no record is read but the page's.
+                let mut stmt = conn
+                    .prepare_cached(COUNT_BY_STATE)
+                    .map_err(sqlite_err(op))?;
+                let counts = stmt
+                    .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                    .map_err(sqlite_err(op))?;
+                let mut states = AgentStates::default();
+                for row in counts {
+                    let (state, n) = row.map_err(sqlite_err(op))?;
+                    let n = usize::try_from(n).unwrap_or(0);
+                    match state {
+                        3 => states.paused = n,
+                        2 => states.auto_paused = n,
+                        1 => states.snoozed = n,
+                        _ => states.active = n,
+                    }
+                }
+                let agents = read_docs(
+                    conn,
+                    op,
+                    PAGE_BY_AGE,
+                    params![
+                        i64::try_from(limit).unwrap_or(i64::MAX),
+                        i64::try_from(offset).unwrap_or(i64::MAX)
+                    ],
+                )?;
+                Ok(AgentsPage { states, agents })
+            })
+            .await
+    }
+
     async fn record_interaction(&self, id: &AgentId, at: Timestamp) -> Result<(), StoreError> {
         let id = id.clone();
         self.db
@@ -310,5 +360,38 @@ impl AgentStore for SqliteStore {
                 rows.collect::<Result<Vec<_>, _>>().map_err(sqlite_err(op))
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What SQLite plans for `sql`, one line per step.
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let args: Vec<i64> = (0..stmt.parameter_count()).map(|_| 1).collect();
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>();
+        rows.join("\n")
+    }
+
+    #[test]
+    fn the_listing_reads_its_counts_and_its_page_from_indexes() {
+        let conn = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&conn, std::path::Path::new(":memory:")).unwrap();
+        let counts = plan(&conn, COUNT_BY_STATE);
+        assert!(
+            counts.contains("USING INDEX agents_by_state") && !counts.contains("TEMP B-TREE"),
+            "the counts are not read from the index: {counts:?}"
+        );
+        let page = plan(&conn, PAGE_BY_AGE);
+        assert!(
+            page.contains("SCAN agents USING COVERING INDEX agents_by_age"),
+            "the page is not found in the index: {page:?}"
+        );
     }
 }

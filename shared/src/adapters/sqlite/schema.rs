@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 12;
+const SCHEMA_VERSION: i64 = 13;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -316,6 +316,28 @@ CREATE TABLE api_tokens (
 CREATE INDEX api_tokens_by_agent ON api_tokens (agent_id);
 "#;
 
+/// An agent's state from its stored record, in the order of `Agent::state`: 3 paused,
+/// 2 auto-paused, 1 snoozed, 0 active. A query must spell it exactly so for SQLite to
+/// read it from the index `agents_by_state`.
+macro_rules! agent_state {
+    () => {
+        "CASE WHEN json_extract(doc, '$.paused_at') IS NOT NULL THEN 3 \
+         WHEN json_extract(doc, '$.auto_paused_since') IS NOT NULL THEN 2 \
+         WHEN json_extract(doc, '$.snoozed_until') IS NOT NULL THEN 1 ELSE 0 END"
+    };
+}
+pub(super) use agent_state;
+
+/// Version 13: the agents listing's indexes — by age (the order pages go in), and by
+/// state, an index on [`agent_state!`] so the counts by state are read from it, not
+/// from every agent's record.
+const SCHEMA_V13: &str = concat!(
+    "CREATE INDEX agents_by_age ON agents (created_ms, id);\n",
+    "CREATE INDEX agents_by_state ON agents ((",
+    agent_state!(),
+    "));\n"
+);
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -369,6 +391,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 12 {
             conn.execute_batch(SCHEMA_V12).map_err(&err)?;
+        }
+        if version < 13 {
+            conn.execute_batch(SCHEMA_V13).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
