@@ -7,10 +7,10 @@ use std::time::Duration;
 use jiff::SignedDuration;
 use pulse_shared::adapters::sqlite::{Db, SqliteQueue};
 use pulse_shared::domain::{
-    AgentId, EventCursor, Heartbeat, HeartbeatStatus, NewAgent, OutgoingTask, SessionId,
+    AgentId, EventCursor, Heartbeat, HeartbeatStatus, NewAgent, OutgoingTask, Receipt, SessionId,
     SessionTask, TaskEnvelope,
 };
-use pulse_shared::ports::{Clock, SessionQueue};
+use pulse_shared::ports::{Clock, SessionQueue, Settle};
 use pulse_tests::{Backend, Kind, on_both_backends, test_clock};
 
 /// A task in `group` whose beat number tells messages apart.
@@ -140,6 +140,59 @@ async fn release(kind: Kind) {
     assert_eq!(beat_of(&again[0].body), 1);
     assert_eq!(again[0].receive_count, 2);
     assert_eq!(again[0].message_id, got[0].message_id);
+}
+
+on_both_backends!(
+    a_settled_batch_deletes_and_releases_each_message_as_told,
+    settle
+);
+async fn settle(kind: Kind) {
+    let b = Backend::new(kind).await;
+    b.queue
+        .send(&[task("a", 1), task("b", 1), task("c", 1), task("a", 2)])
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.extend(b.queue.receive(10, VIS).await.unwrap());
+        if got.len() >= 4 {
+            break;
+        }
+    }
+    let mut groups: Vec<(&str, u64)> = got
+        .iter()
+        .map(|d| (d.group.as_str(), beat_of(&d.body)))
+        .collect();
+    groups.sort();
+    assert_eq!(groups, vec![("a", 1), ("a", 2), ("b", 1), ("c", 1)]);
+    let told: Vec<(Receipt, Settle)> = got
+        .iter()
+        .map(|d| {
+            let settle = if d.group == "b" {
+                Settle::Release(Duration::ZERO)
+            } else {
+                Settle::Delete
+            };
+            (d.receipt.clone(), settle)
+        })
+        .collect();
+    b.queue.settle(&told).await.unwrap();
+    // Only b1 is back, with a second receive; the others are gone.
+    let mut next = Vec::new();
+    for _ in 0..3 {
+        next.extend(b.queue.receive(10, VIS).await.unwrap());
+    }
+    let after: Vec<(&str, u64, u32)> = next
+        .iter()
+        .map(|d| (d.group.as_str(), beat_of(&d.body), d.receive_count))
+        .collect();
+    assert_eq!(after, vec![("b", 1, 2)]);
+    b.queue
+        .settle(&[(next[0].receipt.clone(), Settle::Delete)])
+        .await
+        .unwrap();
+    assert!(b.queue.settle(&[]).await.is_ok());
+    assert!(b.queue.receive(10, VIS).await.unwrap().is_empty());
 }
 
 /// The embedded queue's own timing (SQS's is AWS's): with the injected clock.

@@ -95,25 +95,24 @@ async fn timed_sweep(backend: &Connected, clock: &dyn Clock, n: usize) -> Result
     Ok(secs)
 }
 
-/// Runs every queued job through `worker`, reading the queue with `queue`.
+/// Runs every queued job through `worker`, as `pulse serve`'s worker loop does (batches
+/// of ten, each settled on the queue at once), reading the queue with `queue`.
 pub(super) async fn drain(worker: &Worker, queue: &dyn SessionQueue) -> Result<usize, Failure> {
     let mut ran = 0;
     loop {
-        let batch = queue.receive(10, Duration::from_secs(300)).await?;
-        if batch.is_empty() {
-            return Ok(ran);
-        }
-        let outcome = worker.process_batch(&batch).await;
-        if !outcome.failed.is_empty() {
+        let polled = worker
+            .poll_once(queue, 10, Duration::from_secs(300))
+            .await?;
+        if polled.failed > 0 {
             return Err(Failure::Runtime(anyhow::anyhow!(
                 "{} jobs failed during the benchmark",
-                outcome.failed.len()
+                polled.failed
             )));
         }
-        for d in &batch {
-            queue.ack(&d.receipt).await?;
+        if polled.received == 0 {
+            return Ok(ran);
         }
-        ran += batch.len();
+        ran += polled.received;
     }
 }
 

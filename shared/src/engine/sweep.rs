@@ -273,9 +273,12 @@ impl Sweeper {
             .into_iter()
             .map(|(hb, version)| OutgoingTask::heartbeat(hb, version))
             .collect();
-        // Batches of ten (one SQS SendMessageBatch each), a few in flight at once.
-        let batches: Vec<Vec<OutgoingTask>> =
-            tasks.chunks(10).map(<[OutgoingTask]>::to_vec).collect();
+        // Batches of the queue's size (ten, one SQS SendMessageBatch each; more on the
+        // embedded queue), a few in flight at once.
+        let batches: Vec<Vec<OutgoingTask>> = tasks
+            .chunks(self.queue.batch_size().max(1))
+            .map(<[OutgoingTask]>::to_vec)
+            .collect();
         let results: Vec<(usize, Vec<SweepProblem>)> = stream::iter(batches)
             .map(|batch| self.send_batch(batch))
             .buffer_unordered(4)

@@ -15,10 +15,11 @@ use tracing::error;
 use super::conversation::Conversation;
 use super::heartbeat::HeartbeatRunner;
 use crate::domain::{
-    ConsolidateJob, Delivery, MessageId, SessionTask, Signal, TaskDecodeError, TaskEnvelope,
+    ConsolidateJob, Delivery, MessageId, Receipt, SessionTask, Signal, TaskDecodeError,
+    TaskEnvelope,
 };
 use crate::error::{EngineError, StoreError, chain};
-use crate::ports::SessionQueue;
+use crate::ports::{SessionQueue, Settle};
 
 /// The messages of a batch that must be delivered again.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -172,18 +173,21 @@ impl Worker {
             return Ok(PollReport::default());
         }
         let outcome = self.process_batch(&batch).await;
-        // One after another, in the batch's order, stopping at the first that fails: a
-        // message whose ack failed comes back, and so must every later one of its
-        // session, or it would run again after them.
-        for d in &batch {
-            if outcome.failed.contains(&d.message_id) {
-                queue
-                    .release(&d.receipt, retry_delay(d.receive_count))
-                    .await?;
-            } else {
-                queue.ack(&d.receipt).await?;
-            }
-        }
+        // In the batch's order, stopping at the first that fails: a message whose ack
+        // failed comes back, and so must every later one of its session, or it would run
+        // again after them.
+        let settled: Vec<(Receipt, Settle)> = batch
+            .iter()
+            .map(|d| {
+                let settle = if outcome.failed.contains(&d.message_id) {
+                    Settle::Release(retry_delay(d.receive_count))
+                } else {
+                    Settle::Delete
+                };
+                (d.receipt.clone(), settle)
+            })
+            .collect();
+        queue.settle(&settled).await?;
         Ok(PollReport {
             received: batch.len(),
             failed: outcome.failed.len(),

@@ -68,6 +68,12 @@ pub struct Backlog {
 /// deduplication by id, redelivery after a visibility timeout.
 #[async_trait]
 pub trait SessionQueue: Send + Sync {
+    /// How many tasks one [`send`](Self::send) is best given: the sweep queues its
+    /// claims in batches of this many, a few batches at once. SQS takes ten a request;
+    /// the embedded queue writes a batch in one transaction, so it takes more.
+    fn batch_size(&self) -> usize {
+        10
+    }
     /// Sends tasks, in order. Tasks that could not be sent are reported, not retried.
     async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError>;
     /// Receives up to `max` messages, hiding them for `visibility`. Messages of a group
@@ -77,6 +83,29 @@ pub trait SessionQueue: Send + Sync {
     async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError>;
     /// Makes an in-flight message visible again after `delay`.
     async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), StoreError>;
+    /// Deletes or releases each of a batch's messages, in the batch's order, stopping at
+    /// the first that fails: that one and every later one stay in flight, so a session's
+    /// message never comes back behind a later one of its session that was deleted. One
+    /// request each unless the queue can do better: the embedded queue settles the whole
+    /// batch in one transaction (all of it or none).
+    async fn settle(&self, batch: &[(Receipt, Settle)]) -> Result<(), StoreError> {
+        for (receipt, settle) in batch {
+            match settle {
+                Settle::Delete => self.ack(receipt).await?,
+                Settle::Release(delay) => self.release(receipt, *delay).await?,
+            }
+        }
+        Ok(())
+    }
     /// What it holds, and its dead-letter queue.
     async fn backlog(&self) -> Result<Backlog, StoreError>;
+}
+
+/// What becomes of a received message once it was handled ([`SessionQueue::settle`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// Done: deleted.
+    Delete,
+    /// To be tried again: visible again after this delay.
+    Release(Duration),
 }

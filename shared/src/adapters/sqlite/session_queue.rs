@@ -21,7 +21,7 @@ use rusqlite::params;
 use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, OutgoingTask, Receipt, to_ms};
 use crate::error::StoreError;
-use crate::ports::{Backlog, Clock, SendReport, SessionQueue};
+use crate::ports::{Backlog, Clock, SendReport, SessionQueue, Settle};
 
 /// The sessions queue of `pulse serve`.
 #[derive(Clone)]
@@ -124,6 +124,12 @@ pub(super) async fn backlog(
 
 #[async_trait]
 impl SessionQueue for SqliteQueue {
+    fn batch_size(&self) -> usize {
+        // A page of claims in a few transactions; each holds the connection for about
+        // a millisecond.
+        250
+    }
+
     async fn backlog(&self) -> Result<Backlog, StoreError> {
         backlog(&self.db, "queue_messages", "queue_dead", self.clock.now()).await
     }
@@ -234,42 +240,57 @@ impl SessionQueue for SqliteQueue {
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), StoreError> {
-        let Some(seq) = receipt_seq(receipt) else {
-            return Ok(());
-        };
-        let receipt = receipt.to_string();
-        self.db
-            .call("delete from queue", move |conn| {
-                // A stale receipt (the message was delivered again since) deletes nothing,
-                // as with SQS: the newer delivery owns the message.
-                conn.exec(
-                    "DELETE FROM queue_messages WHERE seq = ?1 AND receipt = ?2",
-                    params![seq, receipt],
-                )
-                .map_err(sqlite_err("delete from queue"))?;
-                Ok(())
-            })
-            .await
+        self.settle(&[(receipt.clone(), Settle::Delete)]).await
     }
 
     async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), StoreError> {
+        self.settle(&[(receipt.clone(), Settle::Release(delay))])
+            .await
+    }
+
+    async fn settle(&self, batch: &[(Receipt, Settle)]) -> Result<(), StoreError> {
         let now = self.clock.now();
-        let at = to_ms(
-            now.saturating_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
-                .unwrap_or(now),
-        );
-        let Some(seq) = receipt_seq(receipt) else {
+        // Receipts this queue did not issue are no message of it: nothing to settle.
+        let settled: Vec<(i64, String, Option<i64>)> = batch
+            .iter()
+            .filter_map(|(receipt, settle)| {
+                let seq = receipt_seq(receipt)?;
+                let visible = match settle {
+                    Settle::Delete => None,
+                    Settle::Release(delay) => Some(to_ms(
+                        now.saturating_add(
+                            SignedDuration::try_from(*delay).unwrap_or(SignedDuration::MAX),
+                        )
+                        .unwrap_or(now),
+                    )),
+                };
+                Some((seq, receipt.to_string(), visible))
+            })
+            .collect();
+        if settled.is_empty() {
             return Ok(());
-        };
-        let receipt = receipt.to_string();
+        }
         self.db
-            .call("release queue message", move |conn| {
-                conn.exec(
-                    "UPDATE queue_messages SET visible_ms = ?3 WHERE seq = ?1 AND receipt = ?2",
-                    params![seq, receipt, at],
-                )
-                .map_err(sqlite_err("release queue message"))?;
-                Ok(())
+            .call("settle queue messages", move |conn| {
+                let op = sqlite_err("settle queue messages");
+                // One transaction: every message settled, or none.
+                let tx = super::begin(conn).map_err(&op)?;
+                for (seq, receipt, visible) in &settled {
+                    // A stale receipt (the message was delivered again since) changes
+                    // nothing, as with SQS: the newer delivery owns the message.
+                    match visible {
+                        None => tx.exec(
+                            "DELETE FROM queue_messages WHERE seq = ?1 AND receipt = ?2",
+                            params![seq, receipt],
+                        ),
+                        Some(at) => tx.exec(
+                            "UPDATE queue_messages SET visible_ms = ?3 WHERE seq = ?1 AND receipt = ?2",
+                            params![seq, receipt, at],
+                        ),
+                    }
+                    .map_err(&op)?;
+                }
+                tx.commit().map_err(&op)
             })
             .await
     }
