@@ -551,6 +551,39 @@ async fn consumed_twice(kind: Kind) {
     assert_eq!((d.status, d.attempts), (DeliveryStatus::Succeeded, 1));
 }
 
+on_both_backends!(
+    a_first_attempt_claimed_by_a_dispatcher_that_stopped_is_made_once_its_lease_ends,
+    stopped_claimer
+);
+async fn stopped_claimer(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+    emit(&b, &agent, "AFTER_HEARTBEAT").await;
+    let batch = b.hooks.receive(10, Duration::from_secs(60)).await.unwrap();
+    let task = pulse_shared::domain::HookTask::decode(&batch[0].body).unwrap();
+    // Another dispatcher claimed the first attempt, then stopped before making it.
+    let mut claimed = task.new_delivery(b.now());
+    claimed.attempts = 1;
+    claimed.lease_until = Some(b.now() + SignedDuration::from_mins(2));
+    claimed.version = 1;
+    b.store.save_delivery(&claimed, None).await.unwrap();
+    match b.dispatcher().handle(&task).await.unwrap() {
+        Handled::Skipped(why) => assert!(why.contains("in flight elsewhere"), "{why}"),
+        other => panic!("expected a skip while the claim holds, got {other:?}"),
+    }
+    assert!(receiver.received().is_empty());
+    b.advance(SignedDuration::from_mins(3));
+    match b.dispatcher().handle(&task).await.unwrap() {
+        Handled::Attempted(a) => assert_eq!(a.status, AttemptStatus::Success),
+        other => panic!("expected the attempt once the lease ended, got {other:?}"),
+    }
+    assert_eq!(receiver.received().len(), 1);
+    let d = deliveries(&b, &h.id).await.remove(0);
+    assert_eq!((d.status, d.attempts), (DeliveryStatus::Succeeded, 1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disabled_hook_cancels_its_queued_deliveries() {
     let b = Backend::new(Kind::Sqlite).await;
@@ -1134,9 +1167,9 @@ async fn leave_unsendable(kind: Kind) {
     );
 }
 
-/// A batch of deliveries to one hook reads the hook once, not once per delivery, and
-/// deletes every message it handled: on DynamoDB one `GetItem` for the hook beside one per
-/// delivery, and one `DeleteMessage` per message.
+/// A batch of deliveries to one hook reads the hook once, not once per delivery, claims
+/// first attempts without reading them, and deletes every message it handled: on
+/// DynamoDB one `GetItem` (the hook's), and one `DeleteMessage` per message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_reads_its_hook_once() {
     let b = Backend::new(Kind::Aws).await;
@@ -1151,7 +1184,7 @@ async fn a_batch_reads_its_hook_once() {
     counter.reset();
     assert_eq!(poll(&b).await, 5);
     let sent = counter.snapshot();
-    assert_eq!(sent.get("DynamoDB.GetItem"), Some(&6), "{sent:?}");
+    assert_eq!(sent.get("DynamoDB.GetItem"), Some(&1), "{sent:?}");
     assert_eq!(sent.get("SQS.DeleteMessage"), Some(&5), "{sent:?}");
     assert_eq!(receiver.received().len(), 5);
     assert!(

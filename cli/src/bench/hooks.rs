@@ -10,7 +10,7 @@ use axum::Router;
 use axum::routing::post;
 use pulse_shared::app::{Connected, Services};
 use pulse_shared::domain::{Agent, Hook, HookRoute, HookTarget, HookType};
-use pulse_shared::engine::{DispatchSettings, Dispatcher, Emission, HookEmitter};
+use pulse_shared::engine::{DispatchSettings, Dispatcher, Emission, HOOK_BATCH, HookEmitter};
 use pulse_shared::ports::{Clock, SystemClock};
 use serde_json::json;
 
@@ -152,7 +152,7 @@ impl Bench {
             self.emit(i).await?;
         }
         let began = Instant::now();
-        let attempts = self.dispatcher.drain(16, VISIBILITY).await?;
+        let attempts = self.dispatcher.drain(HOOK_BATCH, VISIBILITY).await?;
         let drain = began.elapsed();
         let delivered = self
             .backend
@@ -175,7 +175,7 @@ impl Bench {
         for i in 0..samples {
             let t = Instant::now();
             self.emit(deliveries + i).await?;
-            let r = self.dispatcher.poll_once(16, VISIBILITY).await?;
+            let r = self.dispatcher.poll_once(HOOK_BATCH, VISIBILITY).await?;
             if r.attempts != 1 {
                 return Err(Failure::Runtime(anyhow::anyhow!(
                     "a sample made {} attempts",

@@ -12,7 +12,7 @@ use std::time::Duration;
 use pulse_shared::app::{Connected, Services};
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::engine::{
-    DispatchReport, DispatchSettings, Dispatcher, PollReport, Sweeper, Worker,
+    DispatchReport, DispatchSettings, Dispatcher, HOOK_BATCH, PollReport, Sweeper, Worker,
 };
 use pulse_shared::error::chain;
 use pulse_shared::http::{self, Inbound, ServeLimits};
@@ -463,7 +463,7 @@ impl Loops<'_> {
         }
         let mut stop = self.stop.clone();
         while !*stop.borrow() {
-            match dispatcher.poll_once(16, HOOK_VISIBILITY).await {
+            match dispatcher.poll_once(HOOK_BATCH, HOOK_VISIBILITY).await {
                 Ok(r) if r.handled > 0 => continue,
                 Ok(_) => {}
                 Err(e) => error!(error = %chain(&e), "cannot read the hooks queue; retrying"),
@@ -614,7 +614,7 @@ pub(crate) async fn sweep_and_drain(
     // Run beside `pulse serve` (perhaps without its PULSE_HOOKS_ALLOW), it leaves the
     // deliveries it may not send to the server rather than failing them.
     let hooks = match dispatcher(config, b, clock.clone(), true) {
-        Some(d) => d.drain_report(16, HOOK_VISIBILITY).await?,
+        Some(d) => d.drain_report(HOOK_BATCH, HOOK_VISIBILITY).await?,
         None => DispatchReport::default(),
     };
     if out.json {

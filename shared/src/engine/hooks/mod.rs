@@ -18,6 +18,6 @@ mod emitter;
 mod health;
 mod operator;
 
-pub use dispatcher::{DispatchReport, DispatchSettings, Dispatcher, Handled};
+pub use dispatcher::{DispatchReport, DispatchSettings, Dispatcher, HOOK_BATCH, Handled};
 pub use emitter::{Emission, HookEmitter};
 pub use operator::{RECOVER_SCAN, Recovered, Switched, set_hook_active};
