@@ -360,15 +360,78 @@ fn every_pulse_command_the_book_shows_is_accepted_by_the_command_line() {
     );
 }
 
+/// The blocks marked `<!-- transcript: NAME -->` on `page`, by name.
+fn transcripts(page: &str) -> Vec<(String, String)> {
+    split_fences(page)
+        .1
+        .into_iter()
+        .filter_map(|(before, block)| {
+            // The line before the fence, then the fence's language.
+            let marker = before.lines().next()?;
+            let name = marker
+                .trim()
+                .strip_prefix("<!-- transcript: ")?
+                .strip_suffix(" -->")?;
+            Some((name.to_owned(), block))
+        })
+        .collect()
+}
+
+/// Runs `block` with bash as a reader would type it, `pulse` being this build, in `dir`
+/// on the database `db` with the offline model: its output, or why it failed.
+fn run_block(block: &str, dir: &Path, db: &Path) -> Result<String, String> {
+    // Background jobs end with the script.
+    let script = format!(
+        "set -e\npulse() {{ {:?} \"$@\"; }}\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{block}",
+        env!("CARGO_BIN_EXE_pulse"),
+    );
+    let ran = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(dir)
+        .env("PULSE_DB", db)
+        .env("PULSE_LLM_PROVIDER", "offline")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&ran.stdout).into_owned();
+    if ran.status.success() {
+        Ok(out)
+    } else {
+        Err(format!("{out}\n{}", String::from_utf8_lossy(&ran.stderr)))
+    }
+}
+
+/// Every page's transcripts but the quick start's (which needs a server; below), each
+/// run as written on a fresh database: a flag renamed or a value no longer accepted
+/// fails here, not for the reader.
+#[test]
+fn the_book_s_transcripts_run_as_written() {
+    let mut ran = Vec::new();
+    for (name, text) in pages() {
+        for (transcript, block) in transcripts(&text) {
+            if transcript == "quick-start" {
+                continue;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let db = dir.path().join("scratch.db");
+            if let Err(why) = run_block(&block, dir.path(), &db) {
+                panic!("{name}'s transcript {transcript:?} failed:\n{block}\n{why}");
+            }
+            ran.push(transcript);
+        }
+    }
+    ran.sort();
+    assert_eq!(ran, ["agents", "memories"], "the transcripts found");
+}
+
 /// The quick start's second-terminal block, run as written against `pulse serve` in a
 /// fresh directory (its tool on a free port instead of 8765).
 #[test]
 fn the_quick_start_runs_as_written() {
     let page = std::fs::read_to_string(root().join("docs/src/getting-started.md")).unwrap();
-    let (_, blocks) = split_fences(&page);
-    let (_, block) = blocks
+    let (_, block) = transcripts(&page)
         .into_iter()
-        .find(|(before, _)| before.contains("<!-- transcript: quick-start -->"))
+        .find(|(name, _)| name == "quick-start")
         .expect("the quick start block is marked");
     assert!(
         block.starts_with("alias pulse=target/release/pulse\n"),
@@ -395,30 +458,14 @@ fn the_quick_start_runs_as_written() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // As typed, but `pulse` is this build, and background jobs end with the script.
-    let script = format!(
-        "set -e\npulse() {{ {:?} \"$@\"; }}\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n{}",
-        env!("CARGO_BIN_EXE_pulse"),
-        block
-            .replacen("alias pulse=target/release/pulse\n", "", 1)
-            .replace("8765", &port.to_string())
-    );
-    let ran = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .current_dir(root())
-        .env("PULSE_DB", &db)
-        .env("PULSE_LLM_PROVIDER", "offline")
-        .output()
-        .unwrap();
+    // As typed, but `pulse` is this build.
+    let block = block
+        .replacen("alias pulse=target/release/pulse\n", "", 1)
+        .replace("8765", &port.to_string());
+    let ran = run_block(&block, &root(), &db);
     let _ = serve.kill();
     let _ = serve.wait();
-    let out = String::from_utf8_lossy(&ran.stdout);
-    assert!(
-        ran.status.success(),
-        "the quick start failed:\n{out}\n{}",
-        String::from_utf8_lossy(&ran.stderr)
-    );
+    let out = ran.unwrap_or_else(|why| panic!("the quick start failed:\n{why}"));
     // What it promises: echo ran, and the conversation has the message and a reply.
     assert!(out.contains("echo"), "{out}");
     assert!(out.contains("how are you?"), "{out}");
