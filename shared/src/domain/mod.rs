@@ -2,6 +2,7 @@
 //! tasks. Types, newtypes and validation; no I/O.
 
 mod agent;
+mod agent_state;
 mod chat;
 mod conversation;
 mod event;
@@ -26,10 +27,11 @@ mod webhook;
 mod webhook_request;
 
 pub use agent::{
-    AGENT_KEY_PREFIX, Agent, AgentLlm, AgentState, AgentStates, Budgets, DEFAULT_BEATS_PER_HOUR,
-    DEFAULT_MEMORY_HALF_LIFE, DiscordAccess, DiscordHome, DiscordListen, MAX_DISCORD_USERS, Spend,
-    ThinkPolicy, agents_named, check_key_variable,
+    AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, DEFAULT_MEMORY_HALF_LIFE,
+    DiscordAccess, DiscordHome, DiscordListen, MAX_DISCORD_USERS, Spend, ThinkPolicy, agents_named,
+    check_key_variable,
 };
+pub use agent_state::{AgentState, AgentStates};
 pub use chat::{
     ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,
     Secret, StopReason, ToolSpec, ToolUse, Usage, model_sees_images,
