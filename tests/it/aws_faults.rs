@@ -430,7 +430,11 @@ fn the_simulation_on_the_aws_adapters_keeps_every_invariant_and_replays() {
     let options = pulse_sim::Options {
         agents: 30,
         duration: std::time::Duration::from_secs(3600),
-        seed: 0x5eed_0039,
+        // A seed whose run meets each kind several times (here 14 visibility expiries,
+        // 8 to 17 of each SDK fault): the report is the same from run to run on one
+        // machine, but another machine's emulator may take a run down a slightly
+        // different path, and a kind met once could then be missed.
+        seed: 3,
         mix: pulse_sim::Mix::default_mix(),
         keep: None,
         shard_agents: pulse_sim::SHARD_AGENTS,

@@ -394,4 +394,26 @@ mod tests {
             "the page is not found in the index: {page:?}"
         );
     }
+
+    #[test]
+    fn a_record_that_is_not_json_does_not_stop_the_listing_s_migration() {
+        let conn = Connection::open_in_memory().unwrap();
+        let path = std::path::Path::new(":memory:");
+        super::super::schema::migrate(&conn, path).unwrap();
+        // A file of the version before, holding a record that is not JSON.
+        conn.execute_batch(
+            "DROP INDEX agents_by_state; DROP INDEX agents_by_age; PRAGMA user_version = 12;
+             INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
+        )
+        .unwrap();
+        super::super::schema::migrate(&conn, path).unwrap();
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 13);
+        let counted: (i64, i64) = conn
+            .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        assert_eq!(counted, (0, 1), "the broken record is counted, as active");
+    }
 }

@@ -318,10 +318,13 @@ CREATE INDEX api_tokens_by_agent ON api_tokens (agent_id);
 
 /// An agent's state from its stored record, in the order of `Agent::state`: 3 paused,
 /// 2 auto-paused, 1 snoozed, 0 active. A query must spell it exactly so for SQLite to
-/// read it from the index `agents_by_state`.
+/// read it from the index `agents_by_state`. A record that is not JSON counts as active:
+/// otherwise it would fail the migration that builds the index, and every later write
+/// to the table. Reading that record still reports it as corrupt.
 macro_rules! agent_state {
     () => {
-        "CASE WHEN json_extract(doc, '$.paused_at') IS NOT NULL THEN 3 \
+        "CASE WHEN NOT json_valid(doc) THEN 0 \
+         WHEN json_extract(doc, '$.paused_at') IS NOT NULL THEN 3 \
          WHEN json_extract(doc, '$.auto_paused_since') IS NOT NULL THEN 2 \
          WHEN json_extract(doc, '$.snoozed_until') IS NOT NULL THEN 1 ELSE 0 END"
     };
