@@ -150,16 +150,13 @@ impl Dispatcher {
             warn!(hook_id = %task.hook_id, delivery_id = %task.delivery_id, "the hook no longer exists; delivery dropped");
             return Ok(Handled::Skipped("the hook no longer exists".into()));
         };
-        // Asked once: it may look the destination up.
-        let unsendable = match self.settings.leave_unsendable {
-            true => self.sender.can_send(&hook).await.err(),
-            false => None,
-        };
-        if task.attempt == 1 && hook.active && unsendable.is_none() {
+        if task.attempt == 1 && hook.active && !self.settings.leave_unsendable {
             // The common case, a first attempt with no delivery stored yet, is claimed
             // straight away: the claim is conditional on there being none, so the read
             // before it is spared. If there is one (the message came again, or the
-            // dispatcher that claimed it stopped), what is stored decides, below.
+            // dispatcher that claimed it stopped), what is stored decides, below. A
+            // dispatcher that leaves what it may not send (`pulse sweep`) asks that
+            // first, below, only of deliveries still to be made.
             let mut fresh = task.new_delivery(now);
             fresh.attempts = 1;
             if let Some(d) = self.claim(fresh, now).await? {
@@ -222,7 +219,9 @@ impl Dispatcher {
                 Err(e) => Err(e.into()),
             };
         }
-        if let Some(why) = unsendable {
+        if self.settings.leave_unsendable
+            && let Err(why) = self.sender.can_send(&hook).await
+        {
             self.requeue(task.clone(), LEFT_DELAY).await?;
             info!(hook_id = %hook.id, delivery_id = %d.id, reason = %why, "delivery left for a process that may send it");
             return Ok(Handled::Left(why.to_string()));
