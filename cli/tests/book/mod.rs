@@ -421,7 +421,11 @@ fn the_book_s_transcripts_run_as_written() {
         }
     }
     ran.sort();
-    assert_eq!(ran, ["agents", "memories"], "the transcripts found");
+    assert_eq!(
+        ran,
+        ["agents", "hooks", "memories", "retention", "webhooks"],
+        "the transcripts found"
+    );
 }
 
 /// The quick start's second-terminal block, run as written against `pulse serve` in a
