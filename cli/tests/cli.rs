@@ -1552,6 +1552,34 @@ fn bench_coldstart_times_each_function_beside_the_baseline() {
     assert!(err.contains("hello-lambda is missing"), "{err}");
 }
 
+/// The four functions are linked at a fixed address (`functions/link.rs`): an ELF
+/// executable of type `EXEC`, with no relocations for the loader to apply at start-up.
+/// The baseline is built as usual (`DYN`, position-independent), so the check would see a
+/// build script that stopped applying.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_functions_are_linked_at_a_fixed_address() {
+    let bins = Path::new(env!("CARGO_BIN_EXE_pulse")).parent().unwrap();
+    // e_type, at offset 16 of the ELF header (little-endian on the targets we build).
+    let elf_type = |name: &str| {
+        let bytes = std::fs::read(bins.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e} (run cargo build --workspace --bins)"));
+        assert_eq!(&bytes[..4], b"\x7fELF", "{name} is not an ELF file");
+        u16::from_le_bytes([bytes[16], bytes[17]])
+    };
+    const EXEC: u16 = 2;
+    const DYN: u16 = 3;
+    for name in [
+        "heartbeat-sweeper",
+        "conversation-worker",
+        "webhook-receiver",
+        "hook-dispatcher",
+    ] {
+        assert_eq!(elf_type(name), EXEC, "{name} should be position-dependent");
+    }
+    assert_eq!(elf_type("hello-lambda"), DYN);
+}
+
 /// A function's init builds its AWS clients but reads no TLS roots: they are read on the
 /// first request. Run as Lambda runs it, against a runtime API on loopback, with a CA
 /// bundle path that does not exist, so that reading the roots logs a warning.

@@ -604,9 +604,12 @@ async fn a_disabled_hook_cancels_its_queued_deliveries() {
 async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
     let b = Backend::new(Kind::Aws).await;
     let clients = b.aws.clone().unwrap();
+    // Built on its first use, not with the other clients.
+    assert!(!clients.eventbridge.is_built());
     let bus = pulse_tests::unique("bus");
     clients
         .eventbridge
+        .client()
         .create_event_bus()
         .name(&bus)
         .send()
@@ -631,6 +634,7 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
         .clone();
     clients
         .eventbridge
+        .client()
         .put_rule()
         .name("pulse-hooks")
         .event_bus_name(&bus)
@@ -640,6 +644,7 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
         .unwrap();
     clients
         .eventbridge
+        .client()
         .put_targets()
         .rule("pulse-hooks")
         .event_bus_name(&bus)

@@ -13,12 +13,12 @@ pub const EVENT_SOURCE: &str = "pulse";
 /// EventBridge through the SDK.
 #[derive(Clone, Debug)]
 pub struct EventBridgeBus {
-    client: aws_sdk_eventbridge::Client,
+    client: super::LazyEventBridge,
 }
 
 impl EventBridgeBus {
     /// A bus client.
-    pub fn new(client: aws_sdk_eventbridge::Client) -> Self {
+    pub fn new(client: super::LazyEventBridge) -> Self {
         Self { client }
     }
 }
@@ -34,6 +34,7 @@ impl EventBus for EventBridgeBus {
             .build();
         let out = self
             .client
+            .client()
             .put_events()
             .entries(entry)
             .send()

@@ -48,6 +48,7 @@ mod table;
 mod tokens;
 mod webhooks;
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
@@ -151,8 +152,8 @@ pub struct AwsClients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     /// SQS.
     pub sqs: aws_sdk_sqs::Client,
-    /// EventBridge.
-    pub eventbridge: aws_sdk_eventbridge::Client,
+    /// EventBridge, built on its first use (see [`LazyEventBridge`]).
+    pub eventbridge: LazyEventBridge,
     /// Requests sent so far, by operation.
     pub counter: RequestCounter,
 }
@@ -224,6 +225,24 @@ pub(crate) async fn sdk_config(endpoint_url: Option<&str>) -> aws_config::SdkCon
     if let Some(url) = endpoint_url {
         loader = loader.endpoint_url(url);
     }
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    // Lambda gives a function its role's credentials and its region as variables. The
+    // default chains look there first and would find them, but building the chains
+    // (profile files, web identity with its STS client, the container and instance
+    // metadata clients) was a tenth of a function's init. Where the variables are set,
+    // they are taken directly: the same credentials and region as the chains would give.
+    if set("AWS_ACCESS_KEY_ID") && set("AWS_SECRET_ACCESS_KEY") {
+        loader = loader.credentials_provider(
+            aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+        );
+    }
+    if let Some(region) = ["AWS_REGION", "AWS_DEFAULT_REGION"]
+        .into_iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find(|v| !v.trim().is_empty())
+    {
+        loader = loader.region(aws_config::Region::new(region));
+    }
     let config = loader.load().await;
     let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
     // Two first callers at once both load; the first stored is the one used.
@@ -233,6 +252,39 @@ pub(crate) async fn sdk_config(endpoint_url: Option<&str>) -> aws_config::SdkCon
             loaded.push((endpoint, config.clone()));
             config
         }
+    }
+}
+
+/// The EventBridge client, built when a hook first puts an event on a bus.
+///
+/// Only hooks with an `eventbridge://` target use it, and most deployments have none,
+/// yet building an SDK client parses its service's endpoint rules: done at init, it
+/// cost every function about a tenth of a millisecond for nothing.
+#[derive(Clone, Debug)]
+pub struct LazyEventBridge {
+    sdk: aws_config::SdkConfig,
+    timed: bool,
+    counter: RequestCounter,
+    client: Arc<OnceLock<aws_sdk_eventbridge::Client>>,
+}
+
+impl LazyEventBridge {
+    /// The client: built on the first call, shared by every clone after it.
+    pub fn client(&self) -> &aws_sdk_eventbridge::Client {
+        self.client.get_or_init(|| {
+            aws_sdk_eventbridge::Client::from_conf(
+                aws_sdk_eventbridge::config::Builder::from(&self.sdk)
+                    .retry_config(EVENTBRIDGE.retry())
+                    .timeout_config(EVENTBRIDGE.timeouts(self.timed))
+                    .interceptor(self.counter.clone())
+                    .build(),
+            )
+        })
+    }
+
+    /// Whether the client has been built yet.
+    pub fn is_built(&self) -> bool {
+        self.client.get().is_some()
     }
 }
 
@@ -324,13 +376,12 @@ impl AwsClients {
                 .interceptor(counter.clone())
                 .build(),
         );
-        let eventbridge = aws_sdk_eventbridge::Client::from_conf(
-            aws_sdk_eventbridge::config::Builder::from(sdk)
-                .retry_config(EVENTBRIDGE.retry())
-                .timeout_config(EVENTBRIDGE.timeouts(timed))
-                .interceptor(counter.clone())
-                .build(),
-        );
+        let eventbridge = LazyEventBridge {
+            sdk: sdk.clone(),
+            timed,
+            counter: counter.clone(),
+            client: Arc::new(OnceLock::new()),
+        };
         Self {
             dynamodb,
             sqs,
