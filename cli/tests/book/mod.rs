@@ -380,14 +380,21 @@ fn transcripts(page: &str) -> Vec<(String, String)> {
 /// Runs `block` with bash as a reader would type it, `pulse` being this build, in `dir`
 /// on the database `db` with the offline model: its output, or why it failed.
 fn run_block(block: &str, dir: &Path, db: &Path) -> Result<String, String> {
-    // Background jobs end with the script.
-    let script = format!(
-        "set -e\npulse() {{ {:?} \"$@\"; }}\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{block}",
-        env!("CARGO_BIN_EXE_pulse"),
-    );
+    // `pulse` is found on the PATH, so that `pulse serve &` is the server's own process
+    // (a shell function run in the background would be a subshell, and killing it
+    // would leave the server holding the output open). Background jobs end with the
+    // script.
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_pulse"), bin.path().join("pulse")).unwrap();
+    let path = std::env::join_paths(std::iter::once(bin.path().to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
+    let script = format!("set -e\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n{block}");
     let ran = Command::new("bash")
         .arg("-c")
         .arg(&script)
+        .env("PATH", path)
         .current_dir(dir)
         .env("PULSE_DB", db)
         .env("PULSE_LLM_PROVIDER", "offline")
@@ -401,8 +408,8 @@ fn run_block(block: &str, dir: &Path, db: &Path) -> Result<String, String> {
     }
 }
 
-/// Every page's transcripts but the quick start's (which needs a server; below), each
-/// run as written on a fresh database: a flag renamed or a value no longer accepted
+/// Every page's transcripts but the quick start's (which needs a server started for it;
+/// below), each run as written on a fresh database: a flag renamed or a value no longer accepted
 /// fails here, not for the reader.
 #[test]
 fn the_book_s_transcripts_run_as_written() {
@@ -414,8 +421,18 @@ fn the_book_s_transcripts_run_as_written() {
             }
             let dir = tempfile::tempdir().unwrap();
             let db = dir.path().join("scratch.db");
-            if let Err(why) = run_block(&block, dir.path(), &db) {
-                panic!("{name}'s transcript {transcript:?} failed:\n{block}\n{why}");
+            // A block that starts `pulse serve` gets a free port for it.
+            let free = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            let block = block.replace("127.0.0.1:8080", &free.to_string());
+            let out = run_block(&block, dir.path(), &db).unwrap_or_else(|why| {
+                panic!("{name}'s transcript {transcript:?} failed:\n{block}\n{why}")
+            });
+            if transcript == "messages-api" {
+                // The reply was written within the wait, not left queued.
+                assert!(out.contains(r#""status":"done""#), "{out}");
             }
             ran.push(transcript);
         }
@@ -423,7 +440,14 @@ fn the_book_s_transcripts_run_as_written() {
     ran.sort();
     assert_eq!(
         ran,
-        ["agents", "hooks", "memories", "retention", "webhooks"],
+        [
+            "agents",
+            "hooks",
+            "memories",
+            "messages-api",
+            "retention",
+            "webhooks"
+        ],
         "the transcripts found"
     );
 }
