@@ -442,9 +442,11 @@ fn the_book_s_transcripts_run_as_written() {
         ran,
         [
             "agents",
+            "discord-access",
             "hooks",
             "memories",
             "messages-api",
+            "reminders",
             "retention",
             "webhooks"
         ],
