@@ -20,7 +20,7 @@
 //! awake, instead of paying a sleep and a wake on every call: one hook delivery alone
 //! went from 0.68 ms of queueing to 0.39 ms, and the worker's idle heartbeat cycles from
 //! about 4,900 a second to about 6,500. The caller's side does the same: its task looks
-//! for the answer for a moment before it parks (`ANSWER_SPIN` in the module above), so
+//! for the answer for a moment before it parks (`ANSWER_SPIN` in `sqlite/mod.rs`), so
 //! a short call costs neither thread a sleep and a wake.
 //!
 //! An error that ends the whole transaction (a full disk) would take the earlier calls'
