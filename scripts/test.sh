@@ -56,12 +56,13 @@ if ! "$VENV/bin/python" -c "import moto, cfnlint, samcli" 2>/dev/null || [ ! -x 
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
-    stage "installing chromium and chromium-driver (the dashboard's browser test)"
+# openssl and curl: the book's transcripts sign and send a webhook request as a reader would.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || ! command -v openssl > /dev/null || ! command -v curl > /dev/null; then
+    stage "installing chromium and chromium-driver (the dashboard's browser test), openssl and curl (the book's transcripts)"
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver > /dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver openssl curl > /dev/null
 fi
 
 mkdir -p target

@@ -434,6 +434,11 @@ fn the_book_s_transcripts_run_as_written() {
                 // The reply was written within the wait, not left queued.
                 assert!(out.contains(r#""status":"done""#), "{out}");
             }
+            if transcript == "signed-request" {
+                // Accepted, and the event is in the agent's log.
+                assert!(out.contains(r#""status":"accepted""#), "{out}");
+                assert!(out.contains("DEPLOY_FINISHED"), "{out}");
+            }
             ran.push(transcript);
         }
     }
@@ -448,6 +453,7 @@ fn the_book_s_transcripts_run_as_written() {
             "messages-api",
             "reminders",
             "retention",
+            "signed-request",
             "webhooks"
         ],
         "the transcripts found"
