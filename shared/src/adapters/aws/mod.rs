@@ -225,22 +225,19 @@ pub(crate) async fn sdk_config(endpoint_url: Option<&str>) -> aws_config::SdkCon
     if let Some(url) = endpoint_url {
         loader = loader.endpoint_url(url);
     }
-    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    // A blank variable counts as unset, as the SDK's own providers read it.
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     // Lambda gives a function its role's credentials and its region as variables. The
     // default chains look there first and would find them, but building the chains
     // (profile files, web identity with its STS client, the container and instance
     // metadata clients) was a tenth of a function's init. Where the variables are set,
     // they are taken directly: the same credentials and region as the chains would give.
-    if set("AWS_ACCESS_KEY_ID") && set("AWS_SECRET_ACCESS_KEY") {
+    if var("AWS_ACCESS_KEY_ID").is_some() && var("AWS_SECRET_ACCESS_KEY").is_some() {
         loader = loader.credentials_provider(
             aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
         );
     }
-    if let Some(region) = ["AWS_REGION", "AWS_DEFAULT_REGION"]
-        .into_iter()
-        .filter_map(|name| std::env::var(name).ok())
-        .find(|v| !v.trim().is_empty())
-    {
+    if let Some(region) = var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")) {
         loader = loader.region(aws_config::Region::new(region));
     }
     let config = loader.load().await;
