@@ -1580,11 +1580,12 @@ fn the_functions_are_linked_at_a_fixed_address() {
     assert_eq!(elf_type("hello-lambda"), DYN);
 }
 
-/// A function's init builds its AWS clients but reads no TLS roots: they are read on the
-/// first request. Run as Lambda runs it, against a runtime API on loopback, with a CA
+/// A function's init builds its AWS clients on its one thread (a single-thread runtime:
+/// no worker threads are started) but reads no TLS roots: they are read on the first
+/// request. Run as Lambda runs it, against a runtime API on loopback, with a CA
 /// bundle path that does not exist, so that reading the roots logs a warning.
 #[test]
-fn a_function_reads_tls_roots_on_its_first_request_not_at_init() {
+fn a_function_s_init_starts_no_threads_and_reads_tls_roots_only_on_its_first_request() {
     use std::io::{BufRead, BufReader, Write};
     use std::net::TcpListener;
 
@@ -1639,6 +1640,7 @@ fn a_function_reads_tls_roots_on_its_first_request_not_at_init() {
             let _ = self.0.wait();
         }
     }
+    let pid = child.id();
     let mut child = Kill(child);
     let log_text = || std::fs::read_to_string(&log_path).unwrap();
     // Waits for the function's next connection, for at most 60 s.
@@ -1688,6 +1690,13 @@ fn a_function_reads_tls_roots_on_its_first_request_not_at_init() {
         "TLS roots were read during init:\n{}",
         log_text()
     );
+    // One invocation at a time, on at most one vCPU at the usual sizes: init starts no
+    // runtime threads beside the main one.
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap())
+        .collect();
+    assert_eq!(threads.len(), 1, "threads at init: {threads:?}");
 
     // One scheduled sweep: its first DynamoDB request builds the connection.
     let event = r#"{"version":"0","id":"e1","detail-type":"Scheduled Event","source":"aws.scheduler","account":"123456789012","time":"2026-11-23T10:00:00Z","region":"us-east-1","resources":[],"detail":{}}"#;

@@ -12,7 +12,9 @@ use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
-#[tokio::main]
+// Lambda sends one invocation at a time, and below 1,769 MB gives less than a vCPU:
+// a single-thread runtime does the same work without starting worker threads at init.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
     let metrics = Metrics::install(function::SWEEPER)?;

@@ -27,7 +27,9 @@ async fn source_ip(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-#[tokio::main]
+// Lambda sends one invocation at a time, and below 1,769 MB gives less than a vCPU:
+// a single-thread runtime does the same work without starting worker threads at init.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     telemetry::init(telemetry::LogFormat::Json);
     let metrics = Metrics::install(function::RECEIVER)?;
