@@ -421,6 +421,9 @@ fn the_book_s_transcripts_run_as_written() {
             }
             let dir = tempfile::tempdir().unwrap();
             let db = dir.path().join("scratch.db");
+            // Run as from the project's directory, whose examples a block may start.
+            std::os::unix::fs::symlink(root().join("examples"), dir.path().join("examples"))
+                .unwrap();
             // A block that starts `pulse serve` gets a free port for it.
             let free = std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -430,6 +433,10 @@ fn the_book_s_transcripts_run_as_written() {
             let out = run_block(&block, dir.path(), &db).unwrap_or_else(|why| {
                 panic!("{name}'s transcript {transcript:?} failed:\n{block}\n{why}")
             });
+            if transcript == "local-mcp" {
+                // The program spoke MCP: its tools were listed and kept.
+                assert!(out.contains("2 tools (add_note, find_notes)"), "{out}");
+            }
             if transcript == "messages-api" {
                 // The reply was written within the wait, not left queued.
                 assert!(out.contains(r#""status":"done""#), "{out}");
@@ -449,6 +456,7 @@ fn the_book_s_transcripts_run_as_written() {
             "agents",
             "discord-access",
             "hooks",
+            "local-mcp",
             "memories",
             "messages-api",
             "reminders",
