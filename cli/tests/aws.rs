@@ -516,3 +516,89 @@ async fn a_signed_webhook_reaches_the_agent_through_pulse_serve_on_aws() {
     assert!(text.contains("AWS requests"), "{text}");
     assert!(text.contains("counted  heartbeats"), "{text}");
 }
+
+/// The Benchmarks chapter's table of what a heartbeat cycle costs on AWS is what
+/// `pulse bench sweep --aws-endpoint` measures now, in both phases: each operation a
+/// cycle makes, the capacity, and what the heartbeats recorded. A change to the
+/// requests of a cycle fails here until the book says so.
+#[test]
+fn the_book_s_cost_of_a_cycle_on_aws_is_what_the_bench_measures() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = pulse_tests::moto_url();
+    let out = common::command(
+        dir.path(),
+        &[
+            "bench",
+            "sweep",
+            "--heartbeats",
+            "200",
+            "--aws-endpoint",
+            &moto,
+            "--json",
+        ],
+    )
+    .envs(common::emulator_env())
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let measured: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let book = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/src/benchmarks.md"),
+    )
+    .unwrap();
+    // A table row's cells after its label.
+    let row = |label: &str| -> Vec<String> {
+        let line = book
+            .lines()
+            .find(|l| l.starts_with(&format!("| {label} |")))
+            .unwrap_or_else(|| panic!("the cost table has no {label} row"));
+        line.split(" | ").skip(1).map(str::to_owned).collect()
+    };
+    // "N Operation" for each operation of `part` in `phase`, as the table writes them.
+    let ops = |phase: &str, part: &str| -> Vec<String> {
+        measured["aws"][phase]["requests"][part]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(op, n)| format!("{} {}", n.as_f64().unwrap(), op.split_once('.').unwrap().1))
+            .collect()
+    };
+    let (sweeper, worker) = (row("sweeper"), row("worker"));
+    for (phase, cell) in [("idle", 0), ("one_event", 1)] {
+        for op in ops(phase, "sweep") {
+            assert!(
+                sweeper[0].contains(&op),
+                "{phase}: the sweeper row lacks {op:?}: {sweeper:?}"
+            );
+        }
+        for op in ops(phase, "worker") {
+            assert!(
+                worker[cell].contains(&op),
+                "{phase}: the worker row lacks {op:?}: {worker:?}"
+            );
+        }
+    }
+    let f = |phase: &str, k: &str| measured["aws"][phase][k].as_f64().unwrap();
+    let capacity = format!("{:.1} WRU, {:.2} RRU", f("idle", "wru"), f("idle", "rru"));
+    let capacity_event = format!(
+        "{:.1} WRU, {:.2} RRU",
+        f("one_event", "wru"),
+        f("one_event", "rru")
+    );
+    assert_eq!(
+        row("DynamoDB capacity")[..2],
+        [capacity, format!("{capacity_event} |")],
+        "the capacity row"
+    );
+    let prose = book.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (word, phase) in [("idle", "idle"), ("event", "one_event")] {
+        let r = &measured["aws"][phase]["recorded"];
+        let said = format!(
+            "{word} {:.2} requests, {:.2} WRU and {:.2} RRU",
+            r["requests"].as_f64().unwrap(),
+            r["wru"].as_f64().unwrap(),
+            r["rru"].as_f64().unwrap()
+        );
+        assert!(prose.contains(&said), "the book does not say {said:?}");
+    }
+}
