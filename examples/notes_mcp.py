@@ -41,10 +41,13 @@ TOOLS = [
 
 
 def call(name, args):
-    """A tool's answer: its text, and whether it failed."""
+    """A tool's answer: its text, and whether it failed (the model is told either way)."""
     if name == "add_note":
-        with open(NOTES, "a") as f:
-            f.write(json.dumps({"text": args["text"]}) + "\n")
+        try:
+            with open(NOTES, "a") as f:
+                f.write(json.dumps({"text": args["text"]}) + "\n")
+        except OSError as e:
+            return f"the note was not kept: {e}", True
         return "kept", False
     if name == "find_notes":
         try:
@@ -76,14 +79,31 @@ def answer(request):
     return None
 
 
-for line in sys.stdin:
-    request = json.loads(line)
+def reply(line):
+    """The answer to one line, or None for a notification (such as
+    notifications/initialized), which gets none."""
+    try:
+        request = json.loads(line)
+    except ValueError as e:
+        return {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": str(e)}}
     if "id" not in request:
-        continue  # a notification, such as notifications/initialized
-    reply = {"jsonrpc": "2.0", "id": request["id"]}
-    result = answer(request)
+        return None
+    answered = {"jsonrpc": "2.0", "id": request["id"]}
+    try:
+        result = answer(request)
+    except (KeyError, TypeError) as e:
+        # A request without what it needs: said, and the server goes on.
+        answered["error"] = {"code": -32602, "message": f"{type(e).__name__}: {e}"}
+        return answered
     if result is None:
-        reply["error"] = {"code": -32601, "message": f"no method {request.get('method')}"}
+        answered["error"] = {"code": -32601, "message": f"no method {request.get('method')}"}
     else:
-        reply["result"] = result
-    print(json.dumps(reply), flush=True)
+        answered["result"] = result
+    return answered
+
+
+for line in sys.stdin:
+    if line.strip():
+        out = reply(line)
+        if out is not None:
+            print(json.dumps(out), flush=True)

@@ -98,9 +98,11 @@ const STATEMENT_CACHE: usize = 128;
 /// the database.
 const WAL_CHECKPOINT_PAGES: i64 = 10_000;
 
-/// Keeps every statement prepared once: a statement cache that holds them all (rusqlite
-/// keeps 16 by default), and plans that do not depend on bound values (the query
-/// planner stability guarantee), so a new `now` or limit never re-prepares a statement.
+/// A connection's settings. Every statement is prepared once: a statement cache that
+/// holds them all (rusqlite keeps 16 by default), and plans that do not depend on bound
+/// values (the query planner stability guarantee), so a new `now` or limit never
+/// re-prepares a statement. And the log is copied into the database at
+/// [`WAL_CHECKPOINT_PAGES`].
 fn tune(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.set_db_config(
