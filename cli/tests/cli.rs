@@ -1552,6 +1552,13 @@ fn bench_coldstart_times_each_function_beside_the_baseline() {
     assert!(err.contains("hello-lambda is missing"), "{err}");
 }
 
+/// The bytes of a binary of this build, beside `pulse`.
+fn built_binary(name: &str) -> Vec<u8> {
+    let bins = Path::new(env!("CARGO_BIN_EXE_pulse")).parent().unwrap();
+    std::fs::read(bins.join(name))
+        .unwrap_or_else(|e| panic!("{name}: {e} (run cargo build --workspace --bins)"))
+}
+
 /// The four functions are linked at a fixed address (`functions/link.rs`): an ELF
 /// executable of type `EXEC`, with no relocations for the loader to apply at start-up.
 /// The baseline is built as usual (`DYN`, position-independent), so the check would see a
@@ -1559,11 +1566,9 @@ fn bench_coldstart_times_each_function_beside_the_baseline() {
 #[cfg(target_os = "linux")]
 #[test]
 fn the_functions_are_linked_at_a_fixed_address() {
-    let bins = Path::new(env!("CARGO_BIN_EXE_pulse")).parent().unwrap();
     // e_type, at offset 16 of the ELF header (little-endian on the targets we build).
     let elf_type = |name: &str| {
-        let bytes = std::fs::read(bins.join(name))
-            .unwrap_or_else(|e| panic!("{name}: {e} (run cargo build --workspace --bins)"));
+        let bytes = built_binary(name);
         assert_eq!(&bytes[..4], b"\x7fELF", "{name} is not an ELF file");
         u16::from_le_bytes([bytes[16], bytes[17]])
     };
@@ -1578,6 +1583,28 @@ fn the_functions_are_linked_at_a_fixed_address() {
         assert_eq!(elf_type(name), EXEC, "{name} should be position-dependent");
     }
     assert_eq!(elf_type("hello-lambda"), DYN);
+}
+
+/// The functions connect DynamoDB and SQS only (`app::connect_aws`), so none carries the
+/// embedded database: SQLite's code writes the header every database file starts with,
+/// and no function binary holds it. `pulse`, which runs on SQLite, does: the check would
+/// see SQLite linked back in.
+#[test]
+fn the_functions_carry_no_embedded_database() {
+    let holds_sqlite = |name: &str| {
+        built_binary(name)
+            .windows(16)
+            .any(|w| w == b"SQLite format 3\0")
+    };
+    assert!(holds_sqlite("pulse"));
+    for name in [
+        "heartbeat-sweeper",
+        "conversation-worker",
+        "webhook-receiver",
+        "hook-dispatcher",
+    ] {
+        assert!(!holds_sqlite(name), "{name} links SQLite");
+    }
 }
 
 /// A function's init builds its AWS clients on its one thread (a single-thread runtime:

@@ -326,40 +326,52 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
                 aws_requests: None,
             })
         }
-        Backend::Aws(settings) => {
-            let clients = aws::AwsClients::new(settings.endpoint_url.as_deref()).await;
-            Ok(Connected {
-                // Without PULSE_ENCRYPTION_KEY, webhooks and hooks cannot be written (or
-                // read, once sealed), and say so; everything else works.
-                store: Arc::new(
-                    aws::DynamoStore::new(
-                        clients.dynamodb.clone(),
-                        &settings.table,
-                        event_write_timeout(config.engine.event_settle),
-                    )
-                    .with_keys(config.encryption.clone().unwrap_or_default())
-                    .with_retention(config.retention),
-                ),
-                queue: Arc::new(aws::SqsQueue::new(
-                    clients.sqs.clone(),
-                    &settings.sessions_queue_url,
-                )),
-                hooks: settings.hooks_queue_url.as_ref().map(|url| {
-                    Arc::new(aws::SqsHookQueue::new(
-                        clients.sqs.clone(),
-                        url,
-                        settings.hooks_dlq_url.clone(),
-                    )) as Arc<dyn HookQueue>
-                }),
-                bus: Some(Arc::new(aws::EventBridgeBus::new(
-                    clients.eventbridge.clone(),
-                ))),
-                aws_requests: Some(clients.counter),
-                orphans: None,
-                keys_missing: None,
-            })
-        }
+        Backend::Aws(_) => connect_aws(config).await,
     }
+}
+
+/// Connects DynamoDB and SQS, which the configuration must name: what the Lambda
+/// functions run on. Calling this rather than [`connect`] keeps the embedded database
+/// (SQLite's code and its adapters) out of their binaries.
+pub async fn connect_aws(config: &Config) -> Result<Connected, StoreError> {
+    let Backend::Aws(settings) = &config.backend else {
+        return Err(StoreError::backend(
+            "aws",
+            "connect",
+            "this configuration names the embedded store; the Lambda functions run on DynamoDB and SQS only (set PULSE_TABLE and PULSE_SESSIONS_QUEUE_URL)",
+        ));
+    };
+    let clients = aws::AwsClients::new(settings.endpoint_url.as_deref()).await;
+    Ok(Connected {
+        // Without PULSE_ENCRYPTION_KEY, webhooks and hooks cannot be written (or read,
+        // once sealed), and say so; everything else works.
+        store: Arc::new(
+            aws::DynamoStore::new(
+                clients.dynamodb.clone(),
+                &settings.table,
+                event_write_timeout(config.engine.event_settle),
+            )
+            .with_keys(config.encryption.clone().unwrap_or_default())
+            .with_retention(config.retention),
+        ),
+        queue: Arc::new(aws::SqsQueue::new(
+            clients.sqs.clone(),
+            &settings.sessions_queue_url,
+        )),
+        hooks: settings.hooks_queue_url.as_ref().map(|url| {
+            Arc::new(aws::SqsHookQueue::new(
+                clients.sqs.clone(),
+                url,
+                settings.hooks_dlq_url.clone(),
+            )) as Arc<dyn HookQueue>
+        }),
+        bus: Some(Arc::new(aws::EventBridgeBus::new(
+            clients.eventbridge.clone(),
+        ))),
+        aws_requests: Some(clients.counter),
+        orphans: None,
+        keys_missing: None,
+    })
 }
 
 /// Three quarters of the settle time: an event write that has not succeeded by then is

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use pulse_shared::app::{Services, connect};
+use pulse_shared::app::{Services, connect_aws};
 use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
@@ -20,7 +20,7 @@ async fn main() -> Result<(), Error> {
     let worker = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);
-        let connected = connect(&config, clock.clone()).await?;
+        let connected = connect_aws(&config).await?;
         Ok(connected.worker(clock, &config.engine, &Services::from_config(&config)))
     })
     .await?;

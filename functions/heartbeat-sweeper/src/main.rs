@@ -3,13 +3,10 @@
 //! `Pulse Retention`) runs the retention pass instead, and queues each agent's memory
 //! consolidation for the worker.
 
-use std::sync::Arc;
-
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use pulse_shared::app::connect;
+use pulse_shared::app::connect_aws;
 use pulse_shared::lambda::{Metrics, Ready, function};
-use pulse_shared::ports::SystemClock;
 use pulse_shared::{lambda, telemetry};
 
 // Lambda sends one invocation at a time, and below 1,769 MB gives less than a vCPU:
@@ -20,7 +17,7 @@ async fn main() -> Result<(), Error> {
     let metrics = Metrics::install(function::SWEEPER)?;
     let ready = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
-        let connected = connect(&config, Arc::new(SystemClock)).await?;
+        let connected = connect_aws(&config).await?;
         let sweeper = connected.sweeper(&config.engine);
         Ok((sweeper, connected.store, connected.queue, config.retention))
     })

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_runtime::{Error, LambdaEvent, run, service_fn};
-use pulse_shared::app::connect;
+use pulse_shared::app::connect_aws;
 use pulse_shared::engine::DispatchSettings;
 use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
@@ -22,7 +22,7 @@ async fn main() -> Result<(), Error> {
     let dispatcher = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);
-        connect(&config, clock.clone())
+        connect_aws(&config)
             .await?
             .dispatcher(
                 clock,

@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use lambda_http::request::RequestContext;
 use lambda_http::{Error, run, service_fn};
-use pulse_shared::app::connect;
+use pulse_shared::app::connect_aws;
 use pulse_shared::http::{ClientIp, Inbound, router};
 use pulse_shared::lambda::{Metrics, Ready, function};
 use pulse_shared::ports::SystemClock;
@@ -36,7 +36,7 @@ async fn main() -> Result<(), Error> {
     let app = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);
-        let backend = connect(&config, clock.clone()).await?;
+        let backend = connect_aws(&config).await?;
         let inbound = Inbound::new(backend.store, backend.queue, clock, config.inbound);
         Ok::<Router, Error>(router(Arc::new(inbound)).layer(middleware::from_fn(source_ip)))
     })

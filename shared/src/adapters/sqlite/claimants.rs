@@ -13,8 +13,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use async_trait::async_trait;
 use jiff::Timestamp;
 use rusqlite::params;
 
@@ -119,20 +120,36 @@ pub struct TakenBack {
 }
 
 /// Takes back the claims of processes that stopped on this database file.
+///
+/// The database is held as a trait object: a program that only ever has none of these
+/// (the Lambda functions, whose backend has no claimants) then links no SQLite code
+/// for dropping one.
 #[derive(Clone)]
 pub struct OrphanedClaims {
-    db: Db,
+    db: Arc<dyn TakeBack>,
 }
 
 impl OrphanedClaims {
     pub(super) fn new(db: Db) -> Self {
-        Self { db }
+        Self { db: Arc::new(db) }
     }
 
     /// Hands back what processes that are gone held (see the module doc) and forgets
     /// them. Safe beside live processes on the same file.
     pub async fn take_back(&self, now: Timestamp) -> Result<TakenBack, StoreError> {
-        let dead = self.db.claimants.dead();
+        self.db.take_back(now).await
+    }
+}
+
+#[async_trait]
+trait TakeBack: Send + Sync {
+    async fn take_back(&self, now: Timestamp) -> Result<TakenBack, StoreError>;
+}
+
+#[async_trait]
+impl TakeBack for Db {
+    async fn take_back(&self, now: Timestamp) -> Result<TakenBack, StoreError> {
+        let dead = self.claimants.dead();
         if dead.is_empty() {
             return Ok(TakenBack::default());
         }
@@ -140,7 +157,6 @@ impl OrphanedClaims {
             .unwrap_or_default();
         let now = to_ms(now);
         let mut taken = self
-            .db
             .call("take back orphaned claims", move |conn| {
                 let op = sqlite_err("take back orphaned claims");
                 let tx = super::begin(conn)
