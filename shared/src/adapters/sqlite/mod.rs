@@ -95,7 +95,10 @@ impl CachedExecute for Connection {
 const STATEMENT_CACHE: usize = 128;
 
 /// Pages of write-ahead log (4 KiB each: 40 MB) at which a commit copies the log into
-/// the database.
+/// the database (SQLite's default is 1,000). Each copy writes every page the log changed
+/// once, so a longer log writes a page that many commits touched (an index's last leaf,
+/// the tables' upper levels) once instead of ten times; and the commit that crosses the
+/// mark, whose callers wait for the copy, comes ten times less often.
 const WAL_CHECKPOINT_PAGES: i64 = 10_000;
 
 /// A connection's settings. Every statement is prepared once: a statement cache that
@@ -109,11 +112,6 @@ fn tune(conn: &Connection) -> rusqlite::Result<()> {
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,
     )?;
-    // The write-ahead log is copied into the database once it holds this many pages
-    // (SQLite's default is 1,000). Each copy writes every page the log changed once,
-    // so a longer log writes a page that many commits touched (an index's last leaf,
-    // the tables' upper levels) once instead of ten times; and the commit that
-    // crosses the mark, whose callers wait for the copy, comes ten times less often.
     conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
     Ok(())
 }
