@@ -514,3 +514,61 @@ fn the_quick_start_runs_as_written() {
     assert!(out.contains("echo"), "{out}");
     assert!(out.contains("how are you?"), "{out}");
 }
+
+/// Security's worked signature, as a sender would check theirs against it: the digest
+/// the page prints is one Pulse's verifier accepts for the secret, timestamp, delivery id
+/// and body the page sets, and the request line sends the same digest.
+#[test]
+fn the_security_chapter_s_worked_signature_is_one_pulse_accepts() {
+    use pulse_signatures::inbound::{Scheme, verify};
+    use reqwest::header::{HeaderMap, HeaderValue};
+
+    let page = std::fs::read_to_string(root().join("docs/src/security.md")).unwrap();
+    let (_, block) = split_fences(&page)
+        .1
+        .into_iter()
+        .find(|(_, b)| b.contains("openssl dgst"))
+        .expect("the worked example");
+    // `NAME=value   # comment`, quoted or not.
+    let set = |name: &str| -> String {
+        let line = block
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name}= in:\n{block}"));
+        let value = line[name.len() + 1..].split("  #").next().unwrap().trim();
+        value.trim_matches('\'').to_owned()
+    };
+    let (secret, ts, delivery, body) = (set("SECRET"), set("TS"), set("DELIVERY"), set("BODY"));
+    // The line after `openssl dgst` is the digest it prints.
+    let lines: Vec<&str> = block.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("openssl dgst"))
+        .unwrap();
+    let digest = lines[at + 1].trim_start_matches("# ").trim();
+    assert_eq!(digest.len(), 64, "a SHA-256 digest in hex: {digest:?}");
+    let shown = block
+        .split("X-Pulse-Signature: sha256=")
+        .nth(1)
+        .and_then(|s| s.split('…').next())
+        .expect("the request line's signature");
+    assert!(
+        digest.starts_with(shown),
+        "the request sends {shown}…, not {digest}"
+    );
+
+    let mut headers = HeaderMap::new();
+    let header = |v: &str| HeaderValue::from_str(v).unwrap();
+    headers.insert("x-pulse-timestamp", header(&ts));
+    headers.insert("x-pulse-delivery", header(&delivery));
+    headers.insert("x-pulse-signature", header(&format!("sha256={digest}")));
+    let now: i64 = ts.parse().unwrap();
+    let verified = verify(Scheme::Pulse, &[&secret], &headers, body.as_bytes(), now);
+    assert!(
+        verified.is_ok(),
+        "Pulse refuses the worked example: {verified:?}"
+    );
+    // And a digest of anything else is refused: the check is not vacuous.
+    headers.insert("x-pulse-timestamp", header(&(now + 1).to_string()));
+    assert!(verify(Scheme::Pulse, &[&secret], &headers, body.as_bytes(), now).is_err());
+}
