@@ -74,10 +74,10 @@ const BATCH: usize = 256;
 
 /// Group commit for webhook acceptances: one thread takes every acceptance waiting and
 /// writes them in one transaction (one failing does not undo the others: see
-/// [`commit_batch`]), then answers each. Under load, hundreds of requests share one commit instead
-/// of queueing for the connection one by one; alone, a request commits at once. Results
-/// are as if run one after another: a delivery id accepted earlier in the batch makes a
-/// later one a duplicate.
+/// [`commit_batch`]), then answers each. Under load, hundreds of requests share one
+/// commit instead of queueing for the connection one by one; alone, a request commits at
+/// once. Results are as if run one after another: a delivery id accepted earlier in the
+/// batch makes a later one a duplicate.
 pub(super) struct Batcher {
     jobs: Option<std::sync::mpsc::Sender<Job>>,
 }
