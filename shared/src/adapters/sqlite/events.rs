@@ -15,12 +15,43 @@ pub(super) fn upsert_event(
     e: &Event,
     deadline: Option<&super::EventDeadline>,
 ) -> Result<(), StoreError> {
+    write_event(
+        conn,
+        e,
+        deadline,
+        "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (agent_id, id) DO UPDATE SET own = excluded.own, doc = excluded.doc",
+    )
+}
+
+/// Inserts an event stamped moments ago with a fresh id (a webhook's), which cannot be
+/// there yet. A plain insert: SQLite writes it with no statement journal, where an
+/// upsert inside a transaction first copies each page it changes, to undo its update
+/// should a later step of the statement fail.
+pub(super) fn insert_new_event(
+    conn: &Connection,
+    e: &Event,
+    deadline: Option<&super::EventDeadline>,
+) -> Result<(), StoreError> {
+    write_event(
+        conn,
+        e,
+        deadline,
+        "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4)",
+    )
+}
+
+fn write_event(
+    conn: &Connection,
+    e: &Event,
+    deadline: Option<&super::EventDeadline>,
+    sql: &str,
+) -> Result<(), StoreError> {
     if let Some(d) = deadline {
         d.check(conn, e)?;
     }
     conn.exec(
-        "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4) \
-         ON CONFLICT (agent_id, id) DO UPDATE SET own = excluded.own, doc = excluded.doc",
+        sql,
         params![
             e.agent_id.as_str(),
             e.id.as_str(),

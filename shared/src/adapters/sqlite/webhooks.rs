@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{delete_with, from_doc, read_sealed, to_doc};
-use super::events::upsert_event;
+use super::events::insert_new_event;
 use super::sqlite_err;
 use super::{CachedExecute, SqliteStore};
 use crate::domain::{AcceptOutcome, Acceptance};
@@ -20,11 +20,27 @@ use crate::error::StoreError;
 use crate::ports::WebhookStore;
 
 fn insert_log(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
-    conn.prepare_cached(
+    write_log(
+        conn,
+        r,
         "INSERT OR REPLACE INTO webhook_requests (webhook_id, id, doc) VALUES (?1, ?2, ?3)",
     )
-    .and_then(|mut st| st.execute(params![r.webhook_id.as_str(), r.id.as_str(), to_doc(r)]))
-    .map_err(sqlite_err("log webhook request"))?;
+}
+
+/// Logs an accepted request, whose entry is new: a plain insert, with no statement
+/// journal (see `insert_new_event`).
+fn insert_new_log(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
+    write_log(
+        conn,
+        r,
+        "INSERT INTO webhook_requests (webhook_id, id, doc) VALUES (?1, ?2, ?3)",
+    )
+}
+
+fn write_log(conn: &Connection, r: &WebhookRequest, sql: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(sql)
+        .and_then(|mut st| st.execute(params![r.webhook_id.as_str(), r.id.as_str(), to_doc(r)]))
+        .map_err(sqlite_err("log webhook request"))?;
     Ok(())
 }
 
@@ -287,10 +303,10 @@ fn accept_in(
             Some(_) => {}
         }
     }
-    upsert_event(tx, &a.event, deadline)?;
+    insert_new_event(tx, &a.event, deadline)?;
     remember(a.event.id.as_str())?;
     let outcome = AcceptOutcome::Accepted;
-    insert_log(tx, &a.log_for(&outcome))?;
+    insert_new_log(tx, &a.log_for(&outcome))?;
     Ok(outcome)
 }
 
