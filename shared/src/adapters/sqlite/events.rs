@@ -25,23 +25,15 @@ pub(super) fn upsert_event(
 }
 
 /// Inserts an event stamped moments ago with a fresh id (a webhook's), which cannot be
-/// there yet. A plain insert: SQLite writes it with no statement journal, where an
-/// upsert inside a transaction first copies each page it changes, to undo its update
-/// should a later step of the statement fail.
-pub(super) fn insert_new_event(
-    conn: &Connection,
-    e: &Event,
-    deadline: Option<&super::EventDeadline>,
-) -> Result<(), StoreError> {
-    write_event(
-        conn,
-        e,
-        deadline,
-        "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4)",
-    )
-}
+/// there yet, with [`write_event`]. A plain insert: SQLite writes it with no statement
+/// journal, where an upsert inside a transaction first copies each page it changes, to
+/// undo its update should a later step of the statement fail.
+pub(super) const INSERT_NEW_EVENT: &str =
+    "INSERT INTO events (agent_id, id, own, doc) VALUES (?1, ?2, ?3, ?4)";
 
-fn write_event(
+/// Writes `e` with `sql` (an insert of its four columns), after the write deadline's
+/// check.
+pub(super) fn write_event(
     conn: &Connection,
     e: &Event,
     deadline: Option<&super::EventDeadline>,

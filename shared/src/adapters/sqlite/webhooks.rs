@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{delete_with, from_doc, read_sealed, to_doc};
-use super::events::insert_new_event;
+use super::events::{INSERT_NEW_EVENT, write_event};
 use super::sqlite_err;
 use super::{CachedExecute, SqliteStore};
 use crate::domain::{AcceptOutcome, Acceptance};
@@ -28,7 +28,7 @@ fn insert_log(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
 }
 
 /// Logs an accepted request, whose entry is new: a plain insert, with no statement
-/// journal (see `insert_new_event`).
+/// journal (see [`INSERT_NEW_EVENT`]).
 fn insert_new_log(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> {
     write_log(
         conn,
@@ -303,7 +303,7 @@ fn accept_in(
             Some(_) => {}
         }
     }
-    insert_new_event(tx, &a.event, deadline)?;
+    write_event(tx, &a.event, deadline, INSERT_NEW_EVENT)?;
     remember(a.event.id.as_str())?;
     let outcome = AcceptOutcome::Accepted;
     insert_new_log(tx, &a.log_for(&outcome))?;
