@@ -31,6 +31,8 @@ struct Run {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// The process's CPU time (all threads, the client's included) a request, in µs.
+    cpu_us: Option<f64>,
 }
 
 impl Run {
@@ -46,6 +48,7 @@ impl Run {
             "p50_ms": self.p50_ms,
             "p99_ms": self.p99_ms,
             "max_ms": self.max_ms,
+            "cpu_us_per_request": self.cpu_us,
         })
     }
 }
@@ -58,6 +61,7 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         .pool_max_idle_per_host(concurrency)
         .build()?;
     let n = requests.len();
+    let cpu_before = cpu_seconds();
     let started = Instant::now();
     let results: Vec<(bool, Duration)> = futures::stream::iter(requests)
         .map(|(headers, body)| {
@@ -75,6 +79,9 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         .collect()
         .await;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_us = cpu_before
+        .zip(cpu_seconds())
+        .map(|(before, after)| (after - before) * 1e6 / n as f64);
     let mut lat: Vec<Duration> = results.iter().map(|r| r.1).collect();
     lat.sort();
     let pct =
@@ -86,8 +93,27 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
         max_ms: pct(1.0),
+        cpu_us,
     })
 }
+
+/// The CPU time this process has used, all threads, in seconds (Linux's `/proc`; `None`
+/// elsewhere). It counts in ticks of 10 ms: a run of a second on two cores is read to
+/// within a per cent.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command's name, which is in parentheses and may hold spaces:
+    // utime and stime are the 14th and 15th of the line, the 12th and 13th after it.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: f64 = fields.next()?.parse().ok()?;
+    let system: f64 = fields.next()?.parse().ok()?;
+    Some((user + system) / CLOCK_TICKS)
+}
+
+/// Linux's `USER_HZ`, the unit of `/proc`'s CPU times: 100 on every architecture Linux
+/// runs on today.
+const CLOCK_TICKS: f64 = 100.0;
 
 pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> Result<(), Failure> {
     if !(100..=1_000_000).contains(&requests) || !(1..=1024).contains(&concurrency) {
@@ -300,6 +326,13 @@ fn report(
         "  pulse/bare: {:.0} %  (goals: >= 50 % of bare, p99 <= 5 ms)",
         ratio * 100.0
     );
+    if let (Some(bare), Some(pulse)) = (bare_run.cpu_us, pulse_run.cpu_us) {
+        figure!(
+            out,
+            "  CPU a request (the whole process, client included): bare {bare:.0} µs, pulse {pulse:.0} µs ({:.2} ×)",
+            pulse / bare
+        );
+    }
     figure!(
         out,
         "  events stored: {stored} (accepted: {})",
