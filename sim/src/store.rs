@@ -169,7 +169,7 @@ faulty!(WebhookStore {
     fn list_webhooks(&self) -> Vec<Webhook>;
     fn update_webhook(&self, webhook: &Webhook) -> ();
     fn delete_webhook(&self, id: &WebhookId) -> ();
-    fn accept_webhook(&self, acceptance: &Acceptance) -> AcceptOutcome;
+    fn accept_webhook(&self, acceptance: Arc<Acceptance>) -> AcceptOutcome;
     fn log_request(&self, request: &WebhookRequest) -> ();
     fn list_requests(&self, id: &WebhookId, limit: usize) -> Vec<WebhookRequest>;
 });

@@ -340,7 +340,8 @@ impl WebhookIntake {
 
     /// Lets the store dedup, count and write the request.
     async fn accept(&self, webhook: &Webhook, acceptance: Acceptance, now: Timestamp) -> Verdict {
-        match self.store.accept_webhook(&acceptance).await {
+        let acceptance = Arc::new(acceptance);
+        match self.store.accept_webhook(acceptance.clone()).await {
             Ok(AcceptOutcome::Accepted) => {
                 let event = &acceptance.event;
                 info!(webhook_id = %webhook.id, event_id = %event.id, event_type = %event.event_type, "webhook accepted");
@@ -362,7 +363,10 @@ impl WebhookIntake {
                 )
             }
             Ok(AcceptOutcome::Refused) => {
-                let reason = acceptance.refusal.map_or_else(String::new, |r| r.reason);
+                let reason = acceptance
+                    .refusal
+                    .as_ref()
+                    .map_or_else(String::new, |r| r.reason.clone());
                 warn!(webhook_id = %webhook.id, reason, "webhook request refused");
                 Verdict::Refused(Refused::NotAllowed, reason)
             }

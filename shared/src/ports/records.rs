@@ -1,6 +1,8 @@
 //! The records around a heartbeat and a turn: actions, the tool registry, conversations,
 //! schedules, memories, inbound webhooks and outbound hooks.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::domain::{
@@ -197,7 +199,13 @@ pub trait WebhookStore: Send + Sync {
     /// deadline after its stamp.
     ///
     /// [`EventLog::append`]: super::EventLog::append
-    async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError>;
+    ///
+    /// The acceptance is shared rather than borrowed so that an adapter writing it from
+    /// another thread (SQLite's group commit) need not copy its event.
+    async fn accept_webhook(
+        &self,
+        acceptance: Arc<Acceptance>,
+    ) -> Result<AcceptOutcome, StoreError>;
     /// Logs a request that was not accepted, within the webhook's logging budget: the
     /// first [`REFUSED_LOG_BUDGET`](crate::domain::REFUSED_LOG_BUDGET) of a minute in
     /// full, the rest only counted, in that minute's SUPPRESSED entry. (The duplicate and

@@ -14,6 +14,8 @@
 //! `ADD` and a condition (never a count over the log); the event, its log entry and the
 //! delivery id are one transaction conditional on the delivery id being new.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
 
@@ -288,7 +290,8 @@ impl WebhookStore for DynamoStore {
         self.batch_delete("delete webhook", keys).await
     }
 
-    async fn accept_webhook(&self, a: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+    async fn accept_webhook(&self, a: Arc<Acceptance>) -> Result<AcceptOutcome, StoreError> {
+        let a = a.as_ref();
         let hook = &a.log.webhook_id;
         if let Some(first) = self.remembered(hook, &a.replay_key).await? {
             return self.answer_duplicate(a, first).await;

@@ -50,8 +50,19 @@ pub(super) fn read_sealed<T: Serialize + DeserializeOwned + SealedRecord>(
     Ok(out)
 }
 
+/// Room a document is written into at first. serde_json starts at 128 bytes and doubles;
+/// an event with a small payload runs to 250 – 400 (244 for one with three fields, more
+/// with a webhook's metadata), so that was two copies of each as it grew, on the thread
+/// every write goes through.
+const DOC_START: usize = 512;
+
 pub(super) fn to_doc<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_default()
+    let mut doc = Vec::with_capacity(DOC_START);
+    match serde_json::to_writer(&mut doc, v) {
+        // serde_json writes UTF-8 only.
+        Ok(()) => String::from_utf8(doc).unwrap_or_default(),
+        Err(_) => String::new(),
+    }
 }
 
 pub(super) fn from_doc<T: DeserializeOwned>(key: &str, doc: &str) -> Result<T, StoreError> {

@@ -5,6 +5,8 @@
 //! the delivery-id check, the counter and the writes — so two requests with one delivery
 //! id can never both append an event.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -81,7 +83,7 @@ fn log_refused(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> 
 }
 
 type Job = (
-    Acceptance,
+    Arc<Acceptance>,
     tokio::sync::oneshot::Sender<Result<AcceptOutcome, StoreError>>,
 );
 
@@ -435,7 +437,10 @@ impl WebhookStore for SqliteStore {
             .await
     }
 
-    async fn accept_webhook(&self, acceptance: &Acceptance) -> Result<AcceptOutcome, StoreError> {
+    async fn accept_webhook(
+        &self,
+        acceptance: Arc<Acceptance>,
+    ) -> Result<AcceptOutcome, StoreError> {
         let batcher = self.accepts.get_or_init(|| Batcher::start(self.db.clone()));
         let (reply, answer) = tokio::sync::oneshot::channel();
         if let Some(jobs) = &batcher.jobs
@@ -445,7 +450,7 @@ impl WebhookStore for SqliteStore {
             return result;
         }
         // No writer thread: one transaction of its own.
-        let a = acceptance.clone();
+        let a = acceptance;
         let deadline = self.db.deadline.clone();
         self.db
             .call("accept webhook request", move |conn| {
@@ -501,8 +506,6 @@ impl WebhookStore for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use jiff::{SignedDuration, Timestamp};
     use serde_json::json;
 
@@ -524,7 +527,7 @@ mod tests {
             remember_until: stamped + SignedDuration::from_hours(1),
             refusal: None,
         };
-        (acceptance, tokio::sync::oneshot::channel().0)
+        (Arc::new(acceptance), tokio::sync::oneshot::channel().0)
     }
 
     fn count(conn: &Connection, table: &str) -> i64 {
