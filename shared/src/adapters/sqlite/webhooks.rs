@@ -450,13 +450,12 @@ impl WebhookStore for SqliteStore {
             return result;
         }
         // No writer thread: one transaction of its own.
-        let a = acceptance;
         let deadline = self.db.deadline.clone();
         self.db
             .call("accept webhook request", move |conn| {
                 let op = sqlite_err("accept webhook request");
                 let tx = super::begin(conn).map_err(&op)?;
-                let outcome = accept_in(&tx, &a, deadline.as_ref())?;
+                let outcome = accept_in(&tx, &acceptance, deadline.as_ref())?;
                 tx.commit().map_err(&op)?;
                 Ok(outcome)
             })
