@@ -462,6 +462,18 @@ async fn the_rate_limit_answers_429_and_the_allowed_types_403(kind: Kind) {
         )
         .await;
     assert_eq!(s, 200, "{v}");
+    // A request refused for the rate is not remembered: sent again, it is taken.
+    let (s, v) = r
+        .send(
+            &w,
+            SECRET,
+            r.now_s(),
+            "x4",
+            &body_for(WebhookScheme::Pulse, "ORDER", 4),
+        )
+        .await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("accepted")), "{v}");
+    assert_eq!(r.events().await.len(), 5);
 }
 on_both_backends!(
     the_rate_limit_answers_429_and_the_allowed_types_403,

@@ -1,6 +1,8 @@
 //! A webhook's requests: each one logged with what became of it, and what accepting one
 //! writes (the event, the log entry, the replay key) in one step.
 
+use std::borrow::Cow;
+
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -153,6 +155,15 @@ impl WebhookRequest {
         }
     }
 
+    /// The entry of a request accepted as `event`: an [`Acceptance`] carries its log in
+    /// this form.
+    pub fn accepted(mut self, event: &EventId) -> Self {
+        self.status = RequestStatus::Accepted;
+        self.http_status = 200;
+        self.event_id = Some(event.clone());
+        self
+    }
+
     /// Marks it refused with `status`, keeping the start of the body.
     pub fn refuse(
         mut self,
@@ -241,8 +252,17 @@ pub enum AcceptOutcome {
 }
 
 impl Acceptance {
-    /// Its log entry for `outcome`.
-    pub fn log_for(&self, outcome: &AcceptOutcome) -> WebhookRequest {
+    /// Its log entry for `outcome`. The entry of an accepted request is [`Self::log`]
+    /// itself when the engine made it in that form (see [`WebhookRequest::accepted`]),
+    /// so the common case copies nothing.
+    pub fn log_for(&self, outcome: &AcceptOutcome) -> Cow<'_, WebhookRequest> {
+        if *outcome == AcceptOutcome::Accepted
+            && self.log.status == RequestStatus::Accepted
+            && self.log.http_status == 200
+            && self.log.event_id.as_ref() == Some(&self.event.id)
+        {
+            return Cow::Borrowed(&self.log);
+        }
         let mut log = self.log.clone();
         let seen = || {
             if self.replay_key.starts_with("sha256:") {
@@ -292,7 +312,7 @@ impl Acceptance {
                 log.body = Some(self.excerpt.clone());
             }
         }
-        log
+        Cow::Owned(log)
     }
 }
 
@@ -307,5 +327,55 @@ mod tests {
         assert!(s.ends_with('…'));
         assert_eq!(s.chars().filter(|c| *c == 'x').count(), LOGGED_BODY_LIMIT);
         assert_eq!(truncate_body(&[0xff, b'a']), "\u{fffd}a");
+    }
+
+    /// An acceptance made in the accepted form lends its entry for that outcome; any
+    /// other outcome, or an entry not in that form, is written out afresh.
+    #[test]
+    fn the_accepted_entry_is_lent_and_the_others_made() {
+        use crate::domain::{NewEvent, WebhookScheme};
+        let now = Timestamp::UNIX_EPOCH;
+        let webhook =
+            Webhook::new(AgentId::generate(), WebhookScheme::Pulse, "secret-1", now).unwrap();
+        let event = NewEvent::new("NOTE", serde_json::json!({}), None)
+            .unwrap()
+            .into_event(webhook.agent_id.clone(), "webhook", now);
+        let arrived = WebhookRequest::arrived(&webhook, now, b"{}", None);
+        let mut a = Acceptance {
+            log: arrived.clone().accepted(&event.id),
+            event,
+            replay_key: "d1".into(),
+            rate_limit: None,
+            excerpt: "{}".into(),
+            remember_until: now,
+            refusal: None,
+        };
+        let accepted = a.log_for(&AcceptOutcome::Accepted);
+        assert!(matches!(accepted, Cow::Borrowed(_)));
+        assert_eq!(
+            (
+                accepted.status,
+                accepted.http_status,
+                accepted.event_id.as_ref()
+            ),
+            (RequestStatus::Accepted, 200, Some(&a.event.id))
+        );
+        let limited = a.log_for(&AcceptOutcome::RateLimited);
+        assert!(matches!(limited, Cow::Owned(_)));
+        assert_eq!(
+            (
+                limited.status,
+                limited.http_status,
+                limited.event_id.as_ref()
+            ),
+            (RequestStatus::RateLimited, 429, None)
+        );
+        a.log = arrived;
+        let made = a.log_for(&AcceptOutcome::Accepted);
+        assert!(matches!(made, Cow::Owned(_)));
+        assert_eq!(
+            (made.status, made.http_status, made.event_id.as_ref()),
+            (RequestStatus::Accepted, 200, Some(&a.event.id))
+        );
     }
 }

@@ -138,7 +138,7 @@ pub struct WebhookIntake {
     /// How long a request's replay key is remembered (`PULSE_DELIVERY_MEMORY`).
     delivery_memory: SignedDuration,
     /// Webhooks read in the last [`WEBHOOK_CACHE_TTL`]: most requests then cost no read.
-    cache: Mutex<HashMap<WebhookId, (Webhook, Timestamp)>>,
+    cache: Mutex<HashMap<WebhookId, (Arc<Webhook>, Timestamp)>>,
 }
 
 impl WebhookIntake {
@@ -160,7 +160,11 @@ impl WebhookIntake {
 
     /// The webhook, from the cache if it was read within [`WEBHOOK_CACHE_TTL`] and
     /// `fresh` is not asked for.
-    async fn webhook(&self, id: &WebhookId, fresh: bool) -> Result<Option<Webhook>, StoreError> {
+    async fn webhook(
+        &self,
+        id: &WebhookId,
+        fresh: bool,
+    ) -> Result<Option<Arc<Webhook>>, StoreError> {
         let now = self.clock.now();
         if !fresh {
             let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
@@ -170,7 +174,7 @@ impl WebhookIntake {
                 return Ok(Some(w.clone()));
             }
         }
-        let w = self.store.get_webhook(id).await?;
+        let w = self.store.get_webhook(id).await?.map(Arc::new);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= WEBHOOK_CACHE_MAX {
             cache.clear();
@@ -285,10 +289,12 @@ impl WebhookIntake {
                 reason: cap_reason(reason),
             });
         }
+        let event = stamp(new, &webhook, &verified, ip.as_deref(), now);
+        let log = log.accepted(&event.id);
         let acceptance = Acceptance {
-            event: stamp(new, &webhook, &verified, ip.as_deref(), now),
+            event,
             log,
-            replay_key: verified.replay_key.clone(),
+            replay_key: verified.replay_key,
             rate_limit: webhook.rate_limit,
             excerpt: truncate_body(body),
             remember_until: now.saturating_add(self.delivery_memory).unwrap_or(now),
@@ -302,11 +308,11 @@ impl WebhookIntake {
     /// `Err(Ok(why))` for a bad signature, `Err(Err(verdict))` when the store failed.
     async fn verify(
         &self,
-        mut webhook: Webhook,
+        mut webhook: Arc<Webhook>,
         headers: &HeaderMap,
         body: &[u8],
         now: Timestamp,
-    ) -> Result<(Webhook, Verified), Result<inbound::VerifyError, Verdict>> {
+    ) -> Result<(Arc<Webhook>, Verified), Result<inbound::VerifyError, Verdict>> {
         let check = |w: &Webhook| {
             inbound::verify(
                 w.scheme.signing(),
@@ -488,7 +494,7 @@ fn read_event(
     let json: Value = serde_json::from_slice(body).map_err(BadBody::NotJson)?;
     let (event_type, payload, priority) = match scheme {
         WebhookScheme::Pulse | WebhookScheme::Standard => {
-            let Value::Object(obj) = &json else {
+            let Value::Object(mut obj) = json else {
                 return Err(BadBody::NotObject);
             };
             let event_type = match obj.get("event_type").or_else(|| obj.get("type")) {
@@ -500,11 +506,15 @@ fn read_event(
                 None | Some(Value::Null) => None,
                 Some(p) => Some(p.as_i64().ok_or(BadBody::PriorityNotWhole)?),
             };
-            let payload = obj
-                .get("payload")
-                .or_else(|| obj.get("data"))
-                .cloned()
-                .unwrap_or_else(|| json.clone());
+            // The payload is taken out of the body, not copied; a body with neither
+            // field is the payload as a whole.
+            let payload = match ["payload", "data"]
+                .into_iter()
+                .find(|k| obj.contains_key(*k))
+            {
+                Some(key) => obj.remove(key).unwrap_or_default(),
+                None => Value::Object(obj),
+            };
             (event_type, payload, priority)
         }
         WebhookScheme::Github | WebhookScheme::Stripe => {
@@ -537,4 +547,45 @@ pub(crate) fn stamp(
         "source_ip": ip,
     });
     new.into_event(webhook.agent_id.clone(), "webhook", now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verified() -> Verified {
+        Verified {
+            delivery_id: Some("d1".into()),
+            timestamp: None,
+            event_type: None,
+            secret_index: 0,
+            replay_key: "d1".into(),
+        }
+    }
+
+    fn read(body: Value) -> NewEvent {
+        read_event(
+            WebhookScheme::Pulse,
+            &verified(),
+            body.to_string().as_bytes(),
+        )
+        .unwrap()
+    }
+
+    /// The payload is the body's `payload`, else its `data`, else the whole body; the
+    /// type is `event_type`, else `type`, and a null one is the default.
+    #[test]
+    fn the_payload_is_payload_then_data_then_the_whole_body() {
+        let e = read(json!({"event_type": "A", "payload": {"n": 1}, "data": {"n": 2}}));
+        assert_eq!((e.event_type.as_str(), e.payload), ("A", json!({"n": 1})));
+        let e = read(json!({"type": "B", "data": [1, 2]}));
+        assert_eq!((e.event_type.as_str(), e.payload), ("B", json!([1, 2])));
+        let body = json!({"type": "C", "n": 3, "priority": 2});
+        let e = read(body.clone());
+        assert_eq!((e.event_type.as_str(), &e.payload), ("C", &body));
+        assert_eq!(e.priority.get(), 2);
+        let e = read(json!({"event_type": null, "type": "D", "payload": null}));
+        assert_eq!(e.event_type.as_str(), DEFAULT_EVENT_TYPE);
+        assert_eq!(e.payload, Value::Null);
+    }
 }

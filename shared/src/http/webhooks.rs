@@ -7,10 +7,10 @@ use std::sync::Arc;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use axum::response::Response;
 
-use super::{Inbound, Json, client_ip, error_response, read_body, store_failure};
+use super::{Inbound, client_ip, error_response, read_body, store_failure};
+use crate::domain::EventId;
 use crate::engine::{Refused, Verdict};
 
 pub(super) async fn receive(
@@ -26,12 +26,8 @@ pub(super) async fn receive(
     };
     let id = id.map(|Path(id)| id).unwrap_or_default();
     match app.webhooks.receive(&id, &parts.headers, &body, ip).await {
-        Verdict::Accepted(event_id) => {
-            Json(json!({"event_id": event_id, "status": "accepted"})).into_response()
-        }
-        Verdict::Duplicate(event_id) => {
-            Json(json!({"event_id": event_id, "status": "duplicate"})).into_response()
-        }
+        Verdict::Accepted(event_id) => answer(&event_id, "accepted"),
+        Verdict::Duplicate(event_id) => answer(&event_id, "duplicate"),
         Verdict::Refused(why, reason) => error_response(
             match why {
                 Refused::NotFound | Refused::Disabled => StatusCode::NOT_FOUND,
@@ -65,4 +61,21 @@ pub(super) async fn receive(
             r
         }
     }
+}
+
+/// `{"event_id": …, "status": …}`, written straight from its two fields (every accepted
+/// request is answered with it, so no JSON tree is built for it).
+fn answer(event_id: &EventId, status: &str) -> Response {
+    #[derive(serde::Serialize)]
+    struct Answer<'a> {
+        event_id: &'a EventId,
+        status: &'a str,
+    }
+    let body = serde_json::to_vec(&Answer { event_id, status }).unwrap_or_default();
+    let mut r = Response::new(axum::body::Body::from(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
 }

@@ -253,25 +253,47 @@ fn commit_each(
 }
 
 /// One acceptance inside a transaction: dedup, count, write.
+///
+/// The replay key is inserted first, unless present already: for a new delivery (nearly
+/// every request) one statement both checks and remembers it. Only a key seen before is
+/// read back, and only a request over the rate limit takes its key out again (the key of
+/// a request refused for its rate is not remembered: it may be sent again later).
 fn accept_in(
     tx: &Connection,
     a: &Acceptance,
     deadline: Option<&super::EventDeadline>,
 ) -> Result<AcceptOutcome, StoreError> {
     let op = sqlite_err("accept webhook request");
-    let hook = a.log.webhook_id.clone();
+    let hook = a.log.webhook_id.as_str();
     let now = a.log.received_at;
-    // The key is remembered with its event's id, or '' when the request was refused.
-    let first: Option<String> = tx
+    // The key is remembered with its event's id, or '' when the request is refused.
+    let event_id = if a.refusal.is_some() {
+        ""
+    } else {
+        a.event.id.as_str()
+    };
+    let new = tx
         .prepare_cached(
-            "SELECT event_id FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
+            "INSERT INTO webhook_deliveries (webhook_id, delivery_id, event_id, expires_ms) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (webhook_id, delivery_id) DO NOTHING",
         )
         .and_then(|mut st| {
-            st.query_row(params![hook.as_str(), a.replay_key], |r| r.get(0))
-                .optional()
+            st.execute(params![
+                hook,
+                a.replay_key,
+                event_id,
+                to_ms(a.remember_until)
+            ])
         })
-        .map_err(&op)?;
-    if let Some(first) = first {
+        .map_err(&op)?
+        == 1;
+    if !new {
+        let first: String = tx
+            .prepare_cached(
+                "SELECT event_id FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
+            )
+            .and_then(|mut st| st.query_row(params![hook, a.replay_key], |r| r.get(0)))
+            .map_err(&op)?;
         let outcome = if first.is_empty() {
             AcceptOutcome::RefusedBefore
         } else {
@@ -282,23 +304,7 @@ fn accept_in(
         log_refused(tx, &a.log_for(&outcome))?;
         return Ok(outcome);
     }
-    let remember = |event_id: &str| {
-        tx.prepare_cached(
-            "INSERT INTO webhook_deliveries (webhook_id, delivery_id, event_id, expires_ms) \
-             VALUES (?1, ?2, ?3, ?4)",
-        )
-        .and_then(|mut st| {
-            st.execute(params![
-                hook.as_str(),
-                a.replay_key,
-                event_id,
-                to_ms(a.remember_until)
-            ])
-        })
-        .map_err(&op)
-    };
     if a.refusal.is_some() {
-        remember("")?;
         let outcome = AcceptOutcome::Refused;
         insert_log(tx, &a.log_for(&outcome))?;
         return Ok(outcome);
@@ -312,12 +318,17 @@ fn accept_in(
                  WHERE count < ?3 RETURNING count",
             )
             .and_then(|mut st| {
-                st.query_row(params![hook.as_str(), window, limit.per_hour], |r| r.get(0))
+                st.query_row(params![hook, window, limit.per_hour], |r| r.get(0))
                     .optional()
             })
             .map_err(&op)?;
         match count {
             None => {
+                tx.exec(
+                    "DELETE FROM webhook_deliveries WHERE webhook_id = ?1 AND delivery_id = ?2",
+                    params![hook, a.replay_key],
+                )
+                .map_err(&op)?;
                 let outcome = AcceptOutcome::RateLimited;
                 log_refused(tx, &a.log_for(&outcome))?;
                 return Ok(outcome);
@@ -328,7 +339,7 @@ fn accept_in(
             Some(1) => {
                 tx.exec(
                     "DELETE FROM webhook_counters WHERE webhook_id = ?1 AND window < ?2",
-                    params![hook.as_str(), window],
+                    params![hook, window],
                 )
                 .map_err(&op)?;
             }
@@ -336,10 +347,8 @@ fn accept_in(
         }
     }
     write_event(tx, &a.event, deadline, INSERT_NEW_EVENT)?;
-    remember(a.event.id.as_str())?;
-    let outcome = AcceptOutcome::Accepted;
-    insert_new_log(tx, &a.log_for(&outcome))?;
-    Ok(outcome)
+    insert_new_log(tx, &a.log_for(&AcceptOutcome::Accepted))?;
+    Ok(AcceptOutcome::Accepted)
 }
 
 #[async_trait]
