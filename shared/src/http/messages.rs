@@ -446,12 +446,7 @@ fn describe(asked: &TurnId, t: &Turn) -> serde_json::Value {
 
 /// `GET /v1/openapi.json`: the messages API described.
 pub(crate) async fn openapi() -> Response {
-    let mut r = Response::new(Body::from(OPENAPI));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    super::json_body(OPENAPI)
 }
 
 /// The OpenAPI 3.1 document of the messages API.

@@ -167,13 +167,18 @@ pub(crate) struct Json(pub(crate) Value);
 
 impl IntoResponse for Json {
     fn into_response(self) -> Response {
-        let mut r = Response::new(Body::from(self.0.to_string()));
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        r
+        json_body(self.0.to_string())
     }
+}
+
+/// A 200 answer of `body`, JSON written already, with its content type.
+pub(crate) fn json_body(body: impl Into<Body>) -> Response {
+    let mut r = Response::new(body.into());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// `{"error": message}` with `status`.

@@ -9,7 +9,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 
-use super::{Inbound, client_ip, error_response, read_body, store_failure};
+use super::{Inbound, client_ip, error_response, json_body, read_body, store_failure};
 use crate::domain::EventId;
 use crate::engine::{Refused, Verdict};
 
@@ -71,11 +71,5 @@ fn answer(event_id: &EventId, status: &str) -> Response {
         event_id: &'a EventId,
         status: &'a str,
     }
-    let body = serde_json::to_vec(&Answer { event_id, status }).unwrap_or_default();
-    let mut r = Response::new(axum::body::Body::from(body));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    json_body(serde_json::to_vec(&Answer { event_id, status }).unwrap_or_default())
 }
