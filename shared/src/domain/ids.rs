@@ -55,6 +55,15 @@ macro_rules! string_newtype {
     };
 }
 
+/// `prefix` and `ulid`'s 26 characters: an id made or parsed without the formatting
+/// machinery (a webhook request makes and parses several).
+fn prefixed(prefix: &str, ulid: Ulid) -> String {
+    let mut id = String::with_capacity(prefix.len() + ulid::ULID_LEN);
+    id.push_str(prefix);
+    id.push_str(ulid.array_to_str(&mut [0; ulid::ULID_LEN]));
+    id
+}
+
 fn parse_prefixed_ulid(kind: &'static str, prefix: &str, s: &str) -> Result<Ulid, ValidationError> {
     let rest = s.strip_prefix(prefix).ok_or_else(|| {
         ValidationError::new(kind, format!("{s:?} does not start with {prefix:?}"))
@@ -72,9 +81,9 @@ fn parse_prefixed_ulid(kind: &'static str, prefix: &str, s: &str) -> Result<Ulid
 /// stamped before `t` sorts below it, every one stamped at or after it does not (what
 /// retention removes below).
 pub fn first_id_at(prefix: &str, t: jiff::Timestamp) -> String {
-    format!(
-        "{prefix}{}",
-        Ulid::from_parts(t.as_millisecond().max(0) as u64, 0)
+    prefixed(
+        prefix,
+        Ulid::from_parts(t.as_millisecond().max(0) as u64, 0),
     )
 }
 
@@ -98,11 +107,11 @@ string_newtype!(AgentId);
 impl AgentId {
     /// A new random id.
     pub fn generate() -> Self {
-        Self(format!("ag_{}", crate::entropy::ulid()))
+        Self(prefixed("ag_", crate::entropy::ulid()))
     }
     /// Validates an id given by a user or read back from storage.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("agent id", "ag_", s).map(|u| Self(format!("ag_{u}")))
+        parse_prefixed_ulid("agent id", "ag_", s).map(|u| Self(prefixed("ag_", u)))
     }
     /// A stable 16-bit hash, used to spread agents over index shards.
     pub fn stable_hash(&self) -> u16 {
@@ -128,11 +137,11 @@ impl EventId {
         Self::from_parts(ms, digest128(parts))
     }
     fn from_parts(ms: u64, random: u128) -> Self {
-        Self(format!("ev_{}", Ulid::from_parts(ms, random)))
+        Self(prefixed("ev_", Ulid::from_parts(ms, random)))
     }
     /// Validates an id given by a user or read back from storage.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("event id", "ev_", s).map(|u| Self(format!("ev_{u}")))
+        parse_prefixed_ulid("event id", "ev_", s).map(|u| Self(prefixed("ev_", u)))
     }
     /// The creation time encoded in the id, in milliseconds since the Unix epoch.
     pub fn timestamp_ms(&self) -> u64 {
@@ -360,6 +369,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_id_is_its_prefix_and_the_ulid_as_written() {
+        for u in [
+            Ulid::nil(),
+            Ulid::from_parts(1_764_000_000_000, 42),
+            Ulid::from(u128::MAX),
+        ] {
+            assert_eq!(prefixed("ev_", u), format!("ev_{u}"));
+        }
+        // Parsing writes a ULID given in lower case as the canonical upper case.
+        let id = EventId::generate(1_764_000_000_000);
+        let lower = format!("ev_{}", id.as_str()[3..].to_ascii_lowercase());
+        assert_eq!(EventId::parse(&lower).unwrap(), id);
+    }
+
+    #[test]
     fn event_ids_sort_by_their_timestamp() {
         let a = EventId::generate(1_000);
         let b = EventId::generate(1_001);
@@ -441,11 +465,11 @@ impl SignalId {
     /// An id derived from `parts`, stamped with `ms`: the same parts give the same id, so
     /// a retried send is deduplicated by the queue.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
-        Self(format!("sg_{}", Ulid::from_parts(ms, digest128(parts))))
+        Self(prefixed("sg_", Ulid::from_parts(ms, digest128(parts))))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("signal id", "sg_", s).map(|u| Self(format!("sg_{u}")))
+        parse_prefixed_ulid("signal id", "sg_", s).map(|u| Self(prefixed("sg_", u)))
     }
     /// Its ULID part.
     pub fn ulid(&self) -> &str {
@@ -466,7 +490,7 @@ impl TurnId {
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("turn id", "tn_", s).map(|u| Self(format!("tn_{u}")))
+        parse_prefixed_ulid("turn id", "tn_", s).map(|u| Self(prefixed("tn_", u)))
     }
 }
 
@@ -479,11 +503,11 @@ impl MemoryId {
     /// An id derived from `parts` (the action and call that made it), so a retried
     /// `remember` writes the same memory again rather than a second one.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
-        Self(format!("mem_{}", Ulid::from_parts(ms, digest128(parts))))
+        Self(prefixed("mem_", Ulid::from_parts(ms, digest128(parts))))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("memory id", "mem_", s).map(|u| Self(format!("mem_{u}")))
+        parse_prefixed_ulid("memory id", "mem_", s).map(|u| Self(prefixed("mem_", u)))
     }
 }
 
@@ -509,11 +533,11 @@ string_newtype!(WebhookId);
 impl WebhookId {
     /// A new random id.
     pub fn generate() -> Self {
-        Self(format!("wh_{}", crate::entropy::ulid()))
+        Self(prefixed("wh_", crate::entropy::ulid()))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("webhook id", "wh_", s).map(|u| Self(format!("wh_{u}")))
+        parse_prefixed_ulid("webhook id", "wh_", s).map(|u| Self(prefixed("wh_", u)))
     }
 }
 
@@ -534,11 +558,11 @@ impl RequestId {
     }
     /// The id stamped `ms` derived from `parts`: the same parts give the same id.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
-        Self(format!("wr_{}", Ulid::from_parts(ms, digest128(parts))))
+        Self(prefixed("wr_", Ulid::from_parts(ms, digest128(parts))))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("request id", "wr_", s).map(|u| Self(format!("wr_{u}")))
+        parse_prefixed_ulid("request id", "wr_", s).map(|u| Self(prefixed("wr_", u)))
     }
 }
 
@@ -550,11 +574,11 @@ string_newtype!(TokenId);
 impl TokenId {
     /// A new random id.
     pub fn generate() -> Self {
-        Self(format!("pt_{}", crate::entropy::ulid()))
+        Self(prefixed("pt_", crate::entropy::ulid()))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("token id", "pt_", s).map(|u| Self(format!("pt_{u}")))
+        parse_prefixed_ulid("token id", "pt_", s).map(|u| Self(prefixed("pt_", u)))
     }
 }
 
@@ -566,11 +590,11 @@ string_newtype!(HookId);
 impl HookId {
     /// A new random id.
     pub fn generate() -> Self {
-        Self(format!("hk_{}", crate::entropy::ulid()))
+        Self(prefixed("hk_", crate::entropy::ulid()))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("hook id", "hk_", s).map(|u| Self(format!("hk_{u}")))
+        parse_prefixed_ulid("hook id", "hk_", s).map(|u| Self(prefixed("hk_", u)))
     }
 }
 
@@ -592,10 +616,10 @@ impl HookDeliveryId {
     }
     /// A deterministic id: the same `ms` and `parts` always give the same id.
     pub fn derived(ms: u64, parts: &[&str]) -> Self {
-        Self(format!("msg_{}", Ulid::from_parts(ms, digest128(parts))))
+        Self(prefixed("msg_", Ulid::from_parts(ms, digest128(parts))))
     }
     /// Validates an id.
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        parse_prefixed_ulid("delivery id", "msg_", s).map(|u| Self(format!("msg_{u}")))
+        parse_prefixed_ulid("delivery id", "msg_", s).map(|u| Self(prefixed("msg_", u)))
     }
 }

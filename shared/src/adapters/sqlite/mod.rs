@@ -36,6 +36,7 @@ mod schema;
 mod session_queue;
 mod thread;
 mod tokens;
+mod wal;
 mod webhooks;
 
 use std::path::{Path, PathBuf};
@@ -94,26 +95,17 @@ impl CachedExecute for Connection {
 /// Prepared statements kept per connection.
 const STATEMENT_CACHE: usize = 128;
 
-/// Pages of write-ahead log (4 KiB each: 40 MB) at which a commit copies the log into
-/// the database (SQLite's default is 1,000). Each copy writes every page the log changed
-/// once, so a longer log writes a page that many commits touched (an index's last leaf,
-/// the tables' upper levels) once instead of ten times; and the commit that crosses the
-/// mark, whose callers wait for the copy, comes ten times less often.
-const WAL_CHECKPOINT_PAGES: i64 = 10_000;
-
 /// A connection's settings. Every statement is prepared once: a statement cache that
 /// holds them all (rusqlite keeps 16 by default), and plans that do not depend on bound
 /// values (the query planner stability guarantee), so a new `now` or limit never
-/// re-prepares a statement. And the log is copied into the database at
-/// [`WAL_CHECKPOINT_PAGES`].
-fn tune(conn: &Connection) -> rusqlite::Result<()> {
+/// re-prepares a statement. And the write-ahead log is kept by [`wal::keep`].
+fn tune(conn: &mut Connection) -> rusqlite::Result<()> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,
     )?;
-    conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
-    Ok(())
+    wal::keep(conn)
 }
 
 /// One connection to a Pulse database file.
@@ -253,7 +245,7 @@ impl Db {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let open = sqlite_err("open database");
         private_file(path)?;
-        let conn = Connection::open(path).map_err(|e| {
+        let mut conn = Connection::open(path).map_err(|e| {
             StoreError::backend(
                 "sqlite",
                 "open database",
@@ -278,7 +270,7 @@ impl Db {
             .map_err(&open)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(&open)?;
-        tune(&conn).map_err(&open)?;
+        tune(&mut conn).map_err(&open)?;
         schema::migrate(&conn, path)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -319,12 +311,12 @@ impl Db {
         let mut db = match path {
             Some(path) => Self::open(path)?,
             None => {
-                let conn = Connection::open_with_flags(
+                let mut conn = Connection::open_with_flags(
                     "file:pulse-simulated?vfs=memdb",
                     rusqlite::OpenFlags::default(),
                 )
                 .map_err(&open)?;
-                tune(&conn).map_err(&open)?;
+                tune(&mut conn).map_err(&open)?;
                 let path = PathBuf::from(":memory:");
                 schema::migrate(&conn, &path)?;
                 Self {
