@@ -38,10 +38,10 @@ pub(super) fn keep(conn: &mut Connection) -> rusqlite::Result<()> {
 }
 
 /// How the log is synced: [`sync_file`], or what a test watches.
-type Sync = Arc<dyn Fn(&Path) + Send + std::marker::Sync>;
+type SyncLog = Arc<dyn Fn(&Path) + Send + Sync>;
 
 /// [`keep`], syncing the log with `sync` (the tests watch it).
-fn keep_with(conn: &mut Connection, sync: Sync) -> rusqlite::Result<()> {
+fn keep_with(conn: &mut Connection, sync: SyncLog) -> rusqlite::Result<()> {
     let log = conn
         .path()
         .filter(|p| !p.is_empty())
@@ -88,12 +88,12 @@ impl SyncDue {
 /// connection (which holds the hook and with it the sending end) closes.
 struct Syncer {
     log: PathBuf,
-    sync: Sync,
+    sync: SyncLog,
     wake: Option<SyncSender<()>>,
 }
 
 impl Syncer {
-    fn new(log: PathBuf, sync: Sync) -> Self {
+    fn new(log: PathBuf, sync: SyncLog) -> Self {
         Self {
             log,
             sync,
@@ -165,7 +165,7 @@ mod tests {
 
     /// A database in WAL mode kept by [`keep_with`], syncing with `sync`, and a table of
     /// pages to fill.
-    fn database(dir: &Path, sync: Sync) -> Connection {
+    fn database(dir: &Path, sync: SyncLog) -> Connection {
         let mut conn = Connection::open(dir.join("t.db")).unwrap();
         conn.pragma_update(None, "journal_mode", "WAL").unwrap();
         conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
