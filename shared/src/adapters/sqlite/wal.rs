@@ -25,10 +25,10 @@ use rusqlite::Connection;
 /// longer log writes a page that many commits touched (an index's last leaf, the
 /// tables' upper levels) once instead of ten times; and the commit that crosses the
 /// mark, whose callers wait for the copy, comes ten times less often.
-pub(super) const CHECKPOINT_PAGES: i32 = 10_000;
+const CHECKPOINT_PAGES: i32 = 10_000;
 
 /// Pages the log grows by between two syncs by the log's thread.
-pub(super) const SYNC_PAGES: i32 = 1_000;
+const SYNC_PAGES: i32 = 1_000;
 
 /// Copies the log at [`CHECKPOINT_PAGES`] and syncs it every [`SYNC_PAGES`], after each
 /// commit on `conn` (SQLite's hook for a commit to the log, in place of its own copying
