@@ -194,88 +194,12 @@ fn commit_all(
 ) -> Option<Vec<AcceptOutcome>> {
     let tx = super::begin(conn).ok()?;
     let mut results = Vec::with_capacity(jobs.len());
-    let mut accepted = Vec::with_capacity(jobs.len());
     for (a, _) in jobs {
         // On an error the transaction is dropped, which rolls it back.
-        results.push(accept_in(&tx, a, deadline, Some(&mut accepted)).ok()?);
+        results.push(accept_in(&tx, a, deadline).ok()?);
     }
-    insert_accepted(&tx, &accepted).ok()?;
     tx.commit().ok()?;
     Some(results)
-}
-
-/// Most rows one insert of [`insert_accepted`] writes.
-const ROWS_AT_ONCE: usize = 64;
-
-/// Writes the events and log entries of `accepted` (requests accepted in one batch, in
-/// order), in a few inserts of many rows each: a batch of 12 takes 4 statements (8 rows
-/// and 4, in each table) instead of 24. Each statement costs its binding, its start and
-/// its reset whatever it writes, and that was about a third of an acceptance's time in
-/// SQLite. The statements are one for each power of two up to [`ROWS_AT_ONCE`], so
-/// that the connection's cache keeps them all.
-fn insert_accepted(conn: &Connection, accepted: &[&Acceptance]) -> Result<(), StoreError> {
-    static EVENTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    static LOGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    let events = EVENTS
-        .get_or_init(|| rows_at_once("INSERT INTO events (agent_id, id, own, doc) VALUES ", 4));
-    let logs = LOGS.get_or_init(|| {
-        rows_at_once(
-            "INSERT INTO webhook_requests (webhook_id, id, doc) VALUES ",
-            3,
-        )
-    });
-    let mut rest = accepted;
-    while !rest.is_empty() {
-        // The largest power of two that fits, and the statement for that many rows.
-        let size = rest.len().min(ROWS_AT_ONCE).ilog2() as usize;
-        let (now, later) = rest.split_at(1 << size);
-        let docs: Vec<String> = now.iter().map(|a| to_doc(&a.event)).collect();
-        conn.prepare_cached(&events[size])
-            .and_then(|mut st| {
-                for (i, (a, doc)) in now.iter().zip(&docs).enumerate() {
-                    st.raw_bind_parameter(4 * i + 1, a.event.agent_id.as_str())?;
-                    st.raw_bind_parameter(4 * i + 2, a.event.id.as_str())?;
-                    st.raw_bind_parameter(4 * i + 3, a.event.cascade.is_some())?;
-                    st.raw_bind_parameter(4 * i + 4, doc.as_str())?;
-                }
-                st.raw_execute()
-            })
-            .map_err(sqlite_err("append event"))?;
-        let docs: Vec<String> = now
-            .iter()
-            .map(|a| to_doc(&*a.log_for(&AcceptOutcome::Accepted)))
-            .collect();
-        conn.prepare_cached(&logs[size])
-            .and_then(|mut st| {
-                for (i, (a, doc)) in now.iter().zip(&docs).enumerate() {
-                    st.raw_bind_parameter(3 * i + 1, a.log.webhook_id.as_str())?;
-                    st.raw_bind_parameter(3 * i + 2, a.log.id.as_str())?;
-                    st.raw_bind_parameter(3 * i + 3, doc.as_str())?;
-                }
-                st.raw_execute()
-            })
-            .map_err(sqlite_err("log webhook request"))?;
-        rest = later;
-    }
-    Ok(())
-}
-
-/// `insert` (an `INSERT … VALUES `) of 1, 2, 4 … [`ROWS_AT_ONCE`] rows of `columns`
-/// numbered parameters each, indexed by the power of two.
-fn rows_at_once(insert: &str, columns: usize) -> Vec<String> {
-    (0..=ROWS_AT_ONCE.ilog2())
-        .map(|size| {
-            let rows: Vec<String> = (0..1usize << size)
-                .map(|row| {
-                    let params: Vec<String> = (1..=columns)
-                        .map(|c| format!("?{}", row * columns + c))
-                        .collect();
-                    format!("({})", params.join(", "))
-                })
-                .collect();
-            format!("{insert}{}", rows.join(", "))
-        })
-        .collect()
 }
 
 /// The batch with a savepoint each, so that one failing does not undo the others.
@@ -304,7 +228,7 @@ fn commit_each(
     let mut results = Vec::with_capacity(jobs.len());
     for (a, _) in jobs {
         let r = match tx.savepoint() {
-            Ok(mut sp) => match accept_in(&sp, a, deadline, None) {
+            Ok(mut sp) => match accept_in(&sp, a, deadline) {
                 Ok(outcome) => sp.commit().map_err(&op).map(|()| outcome),
                 Err(e) => {
                     let _ = sp.rollback();
@@ -334,15 +258,10 @@ fn commit_each(
 /// every request) one statement both checks and remembers it. Only a key seen before is
 /// read back, and only a request over the rate limit takes its key out again (the key of
 /// a request refused for its rate is not remembered: it may be sent again later).
-///
-/// An accepted request's event and log entry are written at once, or, with `defer`,
-/// left there for the caller to write with the rest of its batch (by
-/// [`insert_accepted`], before the commit): nothing later in the batch reads them.
-fn accept_in<'a>(
+fn accept_in(
     tx: &Connection,
-    a: &'a Acceptance,
+    a: &Acceptance,
     deadline: Option<&super::EventDeadline>,
-    defer: Option<&mut Vec<&'a Acceptance>>,
 ) -> Result<AcceptOutcome, StoreError> {
     let op = sqlite_err("accept webhook request");
     let hook = a.log.webhook_id.as_str();
@@ -427,18 +346,8 @@ fn accept_in<'a>(
             Some(_) => {}
         }
     }
-    match defer {
-        Some(accepted) => {
-            if let Some(d) = deadline {
-                d.check(tx, &a.event)?;
-            }
-            accepted.push(a);
-        }
-        None => {
-            write_event(tx, &a.event, deadline, INSERT_NEW_EVENT)?;
-            insert_new_log(tx, &a.log_for(&AcceptOutcome::Accepted))?;
-        }
-    }
+    write_event(tx, &a.event, deadline, INSERT_NEW_EVENT)?;
+    insert_new_log(tx, &a.log_for(&AcceptOutcome::Accepted))?;
     Ok(AcceptOutcome::Accepted)
 }
 
@@ -555,7 +464,7 @@ impl WebhookStore for SqliteStore {
             .call("accept webhook request", move |conn| {
                 let op = sqlite_err("accept webhook request");
                 let tx = super::begin(conn).map_err(&op)?;
-                let outcome = accept_in(&tx, &acceptance, deadline.as_ref(), None)?;
+                let outcome = accept_in(&tx, &acceptance, deadline.as_ref())?;
                 tx.commit().map_err(&op)?;
                 Ok(outcome)
             })
@@ -693,76 +602,6 @@ mod tests {
         // a, b and d: the late event and its delivery id were not written.
         assert_eq!(count(&conn, "events"), 3);
         assert_eq!(count(&conn, "webhook_deliveries"), 3);
-    }
-
-    /// A batch's accepted requests are written in inserts of many rows (here 8, 4 and
-    /// 1): every event and log entry is there, as each acceptance made it, and a
-    /// duplicate in the batch is answered with the first one's event.
-    #[test]
-    fn a_batch_is_written_in_inserts_of_many_rows() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&conn, std::path::Path::new(":memory:")).unwrap();
-        let now = Timestamp::from_second(1_800_000_000).unwrap();
-        let webhook = Webhook::new(
-            AgentId::generate(),
-            WebhookScheme::Pulse,
-            "a-secret-of-enough-characters",
-            now,
-        )
-        .unwrap();
-        let mut jobs: Vec<Job> = (0..13)
-            .map(|i| job(&webhook, &format!("k{i}"), now))
-            .collect();
-        jobs.insert(5, job(&webhook, "k2", now));
-        let results = commit_batch(&mut conn, &jobs, None);
-        for (i, r) in results.iter().enumerate() {
-            match (i, r) {
-                (5, Ok(AcceptOutcome::Duplicate(id))) => assert_eq!(*id, jobs[2].0.event.id),
-                (5, r) => panic!("the repeated key: {r:?}"),
-                (_, Ok(AcceptOutcome::Accepted)) => {}
-                (i, r) => panic!("job {i}: {r:?}"),
-            }
-        }
-        assert_eq!(count(&conn, "events"), 13);
-        // 13 accepted and the duplicate.
-        assert_eq!(count(&conn, "webhook_requests"), 14);
-        for (i, (a, _)) in jobs.iter().enumerate().filter(|(i, _)| *i != 5) {
-            let doc: String = conn
-                .query_row(
-                    "SELECT doc FROM events WHERE agent_id = ?1 AND id = ?2",
-                    params![a.event.agent_id.as_str(), a.event.id.as_str()],
-                    |r| r.get(0),
-                )
-                .unwrap_or_else(|e| panic!("job {i}'s event: {e}"));
-            let event: crate::domain::Event = from_doc("event", &doc).unwrap();
-            assert_eq!(event, a.event, "job {i}");
-            let doc: String = conn
-                .query_row(
-                    "SELECT doc FROM webhook_requests WHERE webhook_id = ?1 AND id = ?2",
-                    params![a.log.webhook_id.as_str(), a.log.id.as_str()],
-                    |r| r.get(0),
-                )
-                .unwrap_or_else(|e| panic!("job {i}'s log entry: {e}"));
-            let log: WebhookRequest = from_doc("request", &doc).unwrap();
-            assert_eq!(
-                log.status,
-                crate::domain::RequestStatus::Accepted,
-                "job {i}"
-            );
-            assert_eq!(log.event_id.as_ref(), Some(&a.event.id), "job {i}");
-        }
-    }
-
-    #[test]
-    fn the_inserts_of_many_rows_number_their_parameters_row_by_row() {
-        let sql = rows_at_once("INSERT INTO t (a, b) VALUES ", 2);
-        assert_eq!(sql.len(), 7);
-        assert_eq!(sql[0], "INSERT INTO t (a, b) VALUES (?1, ?2)");
-        assert_eq!(
-            sql[2],
-            "INSERT INTO t (a, b) VALUES (?1, ?2), (?3, ?4), (?5, ?6), (?7, ?8)"
-        );
-        assert!(sql[6].ends_with("(?127, ?128)"), "{}", sql[6]);
     }
 
     /// The batch waits once for more when it is smaller than the last, and takes what
