@@ -746,3 +746,16 @@ fn sign_refuses_a_delivery_id_that_cannot_be_a_header() {
         Err(VerifyError::MalformedHeader { .. })
     ));
 }
+
+#[test]
+fn a_hex_tag_is_decoded_in_either_case_and_refused_when_not_hex() {
+    let hex = "00ff10AB".repeat(8);
+    let tag = parse_hex_signature(&format!("sha256={hex}")).unwrap();
+    assert_eq!(tag, [0x00, 0xff, 0x10, 0xab].repeat(8));
+    let bad = format!("sha256={}zz", &hex[..62]);
+    assert_eq!(
+        parse_hex_signature(&bad).unwrap_err(),
+        "the signature is not hex"
+    );
+    assert!(parse_hex_signature(&format!("sha256={}", &hex[..62])).is_err());
+}

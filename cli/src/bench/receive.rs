@@ -33,6 +33,9 @@ struct Run {
     max_ms: f64,
     /// The process's CPU time (all threads, the client's included) a request, in µs.
     cpu_us: Option<f64>,
+    /// The CPU time of the store's acceptance thread (every webhook's SQLite work but
+    /// the reads) a request, in µs.
+    writer_us: Option<f64>,
 }
 
 impl Run {
@@ -49,6 +52,7 @@ impl Run {
             "p99_ms": self.p99_ms,
             "max_ms": self.max_ms,
             "cpu_us_per_request": self.cpu_us,
+            "writer_cpu_us_per_request": self.writer_us,
         })
     }
 }
@@ -62,6 +66,7 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         .build()?;
     let n = requests.len();
     let cpu_before = cpu_seconds();
+    let writer_before = thread_cpu_seconds(WRITER);
     let started = Instant::now();
     let results: Vec<(bool, Duration)> = futures::stream::iter(requests)
         .map(|(headers, body)| {
@@ -79,9 +84,11 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         .collect()
         .await;
     let seconds = started.elapsed().as_secs_f64();
-    let cpu_us = cpu_before
-        .zip(cpu_seconds())
-        .map(|(before, after)| (after - before) * 1e6 / n as f64);
+    let per_request = |(before, after): (f64, f64)| (after - before) * 1e6 / n as f64;
+    let cpu_us = cpu_before.zip(cpu_seconds()).map(per_request);
+    let writer_us = writer_before
+        .zip(thread_cpu_seconds(WRITER))
+        .map(per_request);
     let mut lat: Vec<Duration> = results.iter().map(|r| r.1).collect();
     lat.sort();
     let pct =
@@ -94,6 +101,7 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         p99_ms: pct(0.99),
         max_ms: pct(1.0),
         cpu_us,
+        writer_us,
     })
 }
 
@@ -101,7 +109,28 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
 /// elsewhere). It counts in ticks of 10 ms: a run of a second on two cores is read to
 /// within a per cent.
 fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    stat_cpu_seconds(std::path::Path::new("/proc/self"))
+}
+
+/// The name of the store's thread that commits webhook acceptances.
+const WRITER: &str = "pulse-accept";
+
+/// The CPU time of this process's thread named `name`, in seconds (`None` when there is
+/// none, or off Linux).
+fn thread_cpu_seconds(name: &str) -> Option<f64> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .find(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == name)
+        })
+        .and_then(|task| stat_cpu_seconds(&task.path()))
+}
+
+/// The user and system CPU time in `dir`'s `stat` (a process's or a thread's), in
+/// seconds.
+fn stat_cpu_seconds(dir: &std::path::Path) -> Option<f64> {
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
     // The fields after the command's name, which is in parentheses and may hold spaces:
     // utime and stime are the 14th and 15th of the line, the 12th and 13th after it.
     let rest = stat.get(stat.rfind(')')? + 1..)?;
@@ -333,6 +362,12 @@ fn report(
             pulse / bare
         );
     }
+    if let Some(writer) = pulse_run.writer_us {
+        figure!(
+            out,
+            "  the store's acceptance thread (its statements, commits and log copies): {writer:.1} µs a request"
+        );
+    }
     figure!(
         out,
         "  events stored: {stored} (accepted: {})",
@@ -347,5 +382,50 @@ fn report(
             "ratio": ratio,
             "events_stored": stored,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread is found by its name and its CPU time read; a name no thread has is
+    /// none.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_threads_cpu_time_is_read_by_its_name() {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let (busy, ready) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("bench-cpu-probe".into())
+            .spawn(move || {
+                // Spins until its own stat shows 30 ms of CPU (three of /proc's ticks),
+                // read through its task's directory, then waits.
+                let own = format!("/proc/self/task/{}", own_tid());
+                let mut x = 0u64;
+                while stat_cpu_seconds(std::path::Path::new(&own)).unwrap_or(0.0) < 0.03 {
+                    for _ in 0..100_000 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                    }
+                }
+                busy.send(()).unwrap();
+                let _ = wait.recv();
+            })
+            .unwrap();
+        ready.recv().unwrap();
+        let spent = thread_cpu_seconds("bench-cpu-probe").expect("the thread is found");
+        assert!((0.03..10.0).contains(&spent), "{spent} s");
+        assert_eq!(thread_cpu_seconds("no-such-thread"), None);
+        done.send(()).unwrap();
+        thread.join().unwrap();
+    }
+
+    /// The calling thread's id, as `/proc/self/task` names it.
+    #[cfg(target_os = "linux")]
+    fn own_tid() -> i64 {
+        std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+            .expect("/proc/thread-self names the thread")
     }
 }

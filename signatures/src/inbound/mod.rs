@@ -325,8 +325,8 @@ fn read_pulse(headers: &HeaderMap, now_unix: i64) -> Result<Signed, VerifyError>
     // The delivery id is signed with the rest, so it cannot be changed or dropped to pass
     // a captured request off as a new delivery.
     let prefix = match &delivery_id {
-        Some(id) => format!("{id}.{ts_text}."),
-        None => format!("{ts_text}."),
+        Some(id) => [id.as_str(), ".", ts_text, "."].concat(),
+        None => [ts_text, "."].concat(),
     };
     let mut verified = unverified(delivery_id.clone(), Some(timestamp));
     verified.replay_key = delivery_id.unwrap_or_default();
@@ -349,7 +349,7 @@ fn read_standard(headers: &HeaderMap, now_unix: i64) -> Result<Signed, VerifyErr
     let mut verified = unverified(Some(id.to_owned()), Some(timestamp));
     verified.replay_key = id.to_owned();
     Ok(Signed {
-        prefix: format!("{id}.{ts_text}."),
+        prefix: [id, ".", ts_text, "."].concat(),
         tags,
         verified,
     })
