@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use futures::StreamExt;
+use pulse_shared::adapters::sqlite::ACCEPT_THREAD;
 use pulse_shared::app::Connected;
 use pulse_shared::domain::{Agent, Webhook, WebhookScheme};
 use pulse_shared::http::{self, Inbound};
@@ -66,7 +67,7 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         .build()?;
     let n = requests.len();
     let cpu_before = cpu_seconds();
-    let writer_before = thread_cpu_seconds(WRITER);
+    let writer_before = thread_cpu_seconds(ACCEPT_THREAD);
     let started = Instant::now();
     let results: Vec<(bool, Duration)> = futures::stream::iter(requests)
         .map(|(headers, body)| {
@@ -87,7 +88,7 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
     let per_request = |(before, after): (f64, f64)| (after - before) * 1e6 / n as f64;
     let cpu_us = cpu_before.zip(cpu_seconds()).map(per_request);
     let writer_us = writer_before
-        .zip(thread_cpu_seconds(WRITER))
+        .zip(thread_cpu_seconds(ACCEPT_THREAD))
         .map(per_request);
     let mut lat: Vec<Duration> = results.iter().map(|r| r.1).collect();
     lat.sort();
@@ -111,9 +112,6 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
 fn cpu_seconds() -> Option<f64> {
     stat_cpu_seconds(std::path::Path::new("/proc/self"))
 }
-
-/// The name of the store's thread that commits webhook acceptances.
-const WRITER: &str = "pulse-accept";
 
 /// The CPU time of this process's thread named `name`, in seconds (`None` when there is
 /// none, or off Linux).

@@ -48,6 +48,7 @@ pub use claimants::{OrphanedClaims, TakenBack};
 pub use hook_queue::SqliteHookQueue;
 pub use keys::{KeysMissing, keys_for};
 pub use session_queue::SqliteQueue;
+pub use webhooks::ACCEPT_THREAD;
 
 use crate::error::StoreError;
 use crate::sealing::EncryptionKeys;

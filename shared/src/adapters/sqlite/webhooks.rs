@@ -82,6 +82,10 @@ fn log_refused(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> 
     }
 }
 
+/// The name of the thread that commits webhook acceptances (`pulse bench receive` reads
+/// its CPU time by it).
+pub const ACCEPT_THREAD: &str = "pulse-accept";
+
 type Job = (
     Arc<Acceptance>,
     tokio::sync::oneshot::Sender<Result<AcceptOutcome, StoreError>>,
@@ -110,7 +114,7 @@ impl Batcher {
         }
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let spawned = std::thread::Builder::new()
-            .name("pulse-accept".into())
+            .name(ACCEPT_THREAD.into())
             .spawn(move || {
                 let mut last = 0;
                 // Ends when the store (the last sender) is dropped.
