@@ -580,7 +580,12 @@ async fn delete(kind: Kind) {
     };
     let (headers, body) = post(1);
     let verdict = intake_
-        .receive(webhook.id.as_str(), &headers, body.as_bytes(), None)
+        .receive(
+            webhook.id.as_str(),
+            headers.clone(),
+            body.as_bytes().to_vec().into(),
+            None,
+        )
         .await;
     assert!(matches!(verdict, Verdict::Accepted(_)), "{verdict:?}");
     let hook = w.hook(&agent, "AFTER_HEARTBEAT", &receiver.url()).await;
@@ -639,7 +644,12 @@ async fn delete(kind: Kind) {
     b.advance(SignedDuration::from_secs(3));
     let (headers, body) = post(2);
     let verdict = intake_
-        .receive(webhook.id.as_str(), &headers, body.as_bytes(), None)
+        .receive(
+            webhook.id.as_str(),
+            headers.clone(),
+            body.as_bytes().to_vec().into(),
+            None,
+        )
         .await;
     assert!(
         matches!(verdict, Verdict::Refused(Refused::NotFound, _)),

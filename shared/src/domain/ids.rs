@@ -457,9 +457,9 @@ string_newtype!(SignalId);
 impl SignalId {
     /// A new id stamped with `ms`.
     pub fn generate(ms: u64) -> Self {
-        Self(format!(
-            "sg_{}",
-            Ulid::from_parts(ms, crate::entropy::bits())
+        Self(prefixed(
+            "sg_",
+            Ulid::from_parts(ms, crate::entropy::bits()),
         ))
     }
     /// An id derived from `parts`, stamped with `ms`: the same parts give the same id, so
@@ -551,9 +551,9 @@ impl RequestId {
     /// A new id stamped with `ms`; ids made one after another in the same millisecond
     /// increase, so a webhook's log keeps arrival order.
     pub fn generate(ms: u64) -> Self {
-        Self(format!(
-            "wr_{}",
-            Ulid::from_parts(ms, crate::entropy::monotonic(ms))
+        Self(prefixed(
+            "wr_",
+            Ulid::from_parts(ms, crate::entropy::monotonic(ms)),
         ))
     }
     /// The id stamped `ms` derived from `parts`: the same parts give the same id.

@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use http::HeaderMap;
 use jiff::{SignedDuration, Timestamp};
 use pulse_signatures::inbound::{self, Verified};
@@ -191,26 +192,37 @@ impl WebhookIntake {
     }
 
     /// Takes in a request to webhook `id` (as the URL gave it) with its headers, raw
-    /// body and source address.
+    /// body and source address. Headers and body are dropped once the event is made,
+    /// before the store is waited for: under `pulse serve` they hold on to the
+    /// connection's read buffer.
     pub async fn receive(
         &self,
         id: &str,
-        headers: &HeaderMap,
-        body: &[u8],
+        headers: HeaderMap,
+        body: Bytes,
         ip: Option<String>,
     ) -> Verdict {
-        let verdict = self.judge(id, headers, body, ip).await;
+        let verdict = match self.assess(id, &headers, &body, ip).await {
+            Ok((webhook, acceptance, now)) => {
+                drop((headers, body));
+                self.accept(&webhook, acceptance, now).await
+            }
+            Err(verdict) => verdict,
+        };
         crate::meter::webhook_request(verdict.outcome());
         verdict
     }
 
-    async fn judge(
+    /// Everything before the store's decision: the webhook, the signature, the event and
+    /// its allowed type. A request refused on the way is logged and answered here
+    /// (`Err`); one that may be accepted gives what the store is to write.
+    async fn assess(
         &self,
         id: &str,
         headers: &HeaderMap,
         body: &[u8],
         ip: Option<String>,
-    ) -> Verdict {
+    ) -> Result<(Arc<Webhook>, Acceptance, Timestamp), Verdict> {
         let not_found = || {
             Verdict::Refused(
                 Refused::NotFound,
@@ -218,29 +230,29 @@ impl WebhookIntake {
             )
         };
         let Ok(id) = WebhookId::parse(id) else {
-            return not_found();
+            return Err(not_found());
         };
         let webhook = match self.webhook(&id, false).await {
             Ok(Some(w)) => w,
-            Ok(None) => return not_found(),
-            Err(e) => return Verdict::Unavailable("reading the webhook", e),
+            Ok(None) => return Err(not_found()),
+            Err(e) => return Err(Verdict::Unavailable("reading the webhook", e)),
         };
         let now = self.clock.now();
         let log = WebhookRequest::arrived(&webhook, now, body, ip.clone());
         if !webhook.active {
             let why = "the webhook is disabled; `pulse webhooks enable` turns it back on";
-            return self
+            return Err(self
                 .refuse(log, RequestStatus::Rejected, Refused::Disabled, why, body)
-                .await;
+                .await);
         }
         if let Some(why) = &webhook.unreadable {
-            return unreadable(&webhook, why);
+            return Err(unreadable(&webhook, why));
         }
         let (webhook, verified) = match self.verify(webhook, headers, body, now).await {
             Ok(checked) => checked,
             Err(Ok(why)) => {
                 let reason = format!("invalid signature: {why}");
-                return self
+                return Err(self
                     .refuse(
                         log,
                         RequestStatus::InvalidSignature,
@@ -248,16 +260,16 @@ impl WebhookIntake {
                         &reason,
                         body,
                     )
-                    .await;
+                    .await);
             }
-            Err(Err(verdict)) => return verdict,
+            Err(Err(verdict)) => return Err(verdict),
         };
         let mut log = log;
         log.delivery_id = verified.delivery_id.clone();
         let new = match read_event(webhook.scheme, &verified, body) {
             Ok(n) => n,
             Err(bad) => {
-                return self
+                return Err(self
                     .refuse(
                         log,
                         RequestStatus::Rejected,
@@ -265,7 +277,7 @@ impl WebhookIntake {
                         &bad.to_string(),
                         body,
                     )
-                    .await;
+                    .await);
             }
         };
         log.event_type = Some(new.event_type.to_string());
@@ -274,7 +286,7 @@ impl WebhookIntake {
             let reason = not_allowed(&webhook, &new.event_type);
             if webhook.scheme != WebhookScheme::Github {
                 // The type is signed: the same request is refused again whatever is resent.
-                return self
+                return Err(self
                     .refuse(
                         log,
                         RequestStatus::Rejected,
@@ -282,7 +294,7 @@ impl WebhookIntake {
                         &reason,
                         body,
                     )
-                    .await;
+                    .await);
             }
             refusal = Some(Refusal {
                 http_status: 403,
@@ -300,7 +312,7 @@ impl WebhookIntake {
             remember_until: now.saturating_add(self.delivery_memory).unwrap_or(now),
             refusal,
         };
-        self.accept(&webhook, acceptance, now).await
+        Ok((webhook, acceptance, now))
     }
 
     /// Checks the signature with the webhook's current secrets; a failure with a cached

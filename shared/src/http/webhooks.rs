@@ -19,13 +19,19 @@ pub(super) async fn receive(
     req: Request,
 ) -> Response {
     let ip = client_ip(&req);
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let body = match read_body(body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
     let id = id.map(|Path(id)| id).unwrap_or_default();
-    match app.webhooks.receive(&id, &parts.headers, &body, ip).await {
+    // The request's parts and body are slices of the connection's read buffer: the
+    // intake lets go of them before it waits for the store, so that the connection
+    // reads its next request into the same buffer rather than a new one. Only the
+    // headers go on; the rest is dropped here.
+    let headers = std::mem::take(&mut parts.headers);
+    drop(parts);
+    match app.webhooks.receive(&id, headers, body, ip).await {
         Verdict::Accepted(event_id) => answer(&event_id, "accepted"),
         Verdict::Duplicate(event_id) => answer(&event_id, "duplicate"),
         Verdict::Refused(why, reason) => error_response(
