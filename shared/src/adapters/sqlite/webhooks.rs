@@ -60,29 +60,37 @@ fn write_log(conn: &Connection, r: &WebhookRequest, sql: &str) -> Result<(), Sto
 /// acceptance's commit writes. `None` for any other entry, which is stored as its
 /// document; [`read_log`] reads both.
 fn accepted_doc(r: &WebhookRequest) -> Option<String> {
+    // Every field is named, so that a field added to the entry cannot be left out of
+    // the short form unnoticed.
     let WebhookRequest {
+        id: _,
+        webhook_id: _,
+        agent_id,
+        received_at,
         status: RequestStatus::Accepted,
         http_status: 200,
         reason: None,
-        body: None,
-        count: None,
+        source_ip,
+        delivery_id,
         event_type: Some(event_type),
         event_id: Some(event_id),
-        ..
+        body_bytes,
+        body: None,
+        count: None,
     } = r
     else {
         return None;
     };
-    let received = i64::try_from(r.received_at.as_nanosecond()).ok()?;
+    let received = i64::try_from(received_at.as_nanosecond()).ok()?;
     let mut doc = Vec::with_capacity(192);
     let row: AcceptedRow<'_> = (
-        &r.agent_id,
+        agent_id,
         received,
-        r.source_ip.as_deref(),
-        r.delivery_id.as_deref(),
+        source_ip.as_deref(),
+        delivery_id.as_deref(),
         event_type,
         event_id,
-        r.body_bytes,
+        *body_bytes,
     );
     serde_json::to_writer(&mut doc, &row).ok()?;
     String::from_utf8(doc).ok()
