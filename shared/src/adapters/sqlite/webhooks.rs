@@ -82,45 +82,29 @@ fn accepted_doc(r: &WebhookRequest) -> Option<String> {
         return None;
     };
     let received = i64::try_from(received_at.as_nanosecond()).ok()?;
-    let mut doc = Vec::with_capacity(192);
-    let row: AcceptedRow<'_> = (
+    Some(to_doc(&AcceptedRow(
         agent_id,
         received,
         source_ip.as_deref(),
         delivery_id.as_deref(),
-        event_type,
+        event_type.as_str(),
         event_id,
         *body_bytes,
-    );
-    serde_json::to_writer(&mut doc, &row).ok()?;
-    String::from_utf8(doc).ok()
+    )))
 }
 
-/// The fields of an accepted request's stored entry, in order (see [`accepted_doc`]).
-type AcceptedRow<'a> = (
-    &'a AgentId,
-    i64,
-    Option<&'a str>,
-    Option<&'a str>,
-    &'a str,
-    &'a EventId,
-    usize,
-);
+/// The fields of an accepted request's stored entry, in order (see [`accepted_doc`]):
+/// borrowed from the entry to write it, owned to read it back.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AcceptedRow<Agent, Text, Event>(Agent, i64, Option<Text>, Option<Text>, Text, Event, usize);
 
 /// A stored log entry of `webhook` with id `key`, in either form (see [`accepted_doc`]).
 fn read_log(webhook: &WebhookId, key: &str, doc: &str) -> Result<WebhookRequest, StoreError> {
     if !doc.starts_with('[') {
         return from_doc(key, doc);
     }
-    let (agent_id, received, source_ip, delivery_id, event_type, event_id, body_bytes): (
-        AgentId,
-        i64,
-        Option<String>,
-        Option<String>,
-        String,
-        EventId,
-        usize,
-    ) = from_doc(key, doc)?;
+    let AcceptedRow(agent_id, received, source_ip, delivery_id, event_type, event_id, body_bytes) =
+        from_doc::<AcceptedRow<AgentId, String, EventId>>(key, doc)?;
     Ok(WebhookRequest {
         id: RequestId::parse(key).map_err(|e| StoreError::corrupt(key, e))?,
         webhook_id: webhook.clone(),
