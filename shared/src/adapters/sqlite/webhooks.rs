@@ -96,7 +96,15 @@ fn accepted_doc(r: &WebhookRequest) -> Option<String> {
 /// The fields of an accepted request's stored entry, in order (see [`accepted_doc`]):
 /// borrowed from the entry to write it, owned to read it back.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct AcceptedRow<Agent, Text, Event>(Agent, i64, Option<Text>, Option<Text>, Text, Event, usize);
+struct AcceptedRow<Agent, Text, EventKey>(
+    Agent,
+    i64,
+    Option<Text>,
+    Option<Text>,
+    Text,
+    EventKey,
+    usize,
+);
 
 /// A stored log entry of `webhook` with id `key`, in either form (see [`accepted_doc`]).
 fn read_log(webhook: &WebhookId, key: &str, doc: &str) -> Result<WebhookRequest, StoreError> {
