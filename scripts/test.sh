@@ -3,11 +3,12 @@
 #   1. moto (the local AWS emulator), cargo-lambda (a local Lambda runtime API), the SAM
 #      CLI and cfn-lint into ./.venv, once;
 #   2. Debian's chromium and chromium-driver (the dashboard's browser test), when missing;
-#      a moto server on a free loopback port, stopped when this script exits;
-#   3. cargo fmt --check, cargo clippy -D warnings, the four function binaries, and every
-#      Rust test (unit, the conformance suite and end-to-end flows on SQLite and on moto,
-#      the functions under `cargo lambda watch`, `pulse demo` with its transcript checked,
-#      the scale tests, the fault run over the AWS adapters);
+#      two moto servers on free loopback ports, stopped when this script exits;
+#   3. cargo fmt --check, the four function binaries and every Rust test, all compiled
+#      with Clippy's lints and every warning denied (unit, the conformance suite and
+#      end-to-end flows on SQLite and on moto, the functions under `cargo lambda watch`,
+#      `pulse demo` with its transcript checked, the scale tests, the fault run over the
+#      AWS adapters);
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed),
 #      and one on the AWS adapters over the moto server;
 #   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml;
@@ -77,46 +78,115 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || ! command -v 
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver openssl curl > /dev/null
 fi
 
-PORT=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$VENV/bin/python" scripts/moto_server.py -H 127.0.0.1 -p "$PORT" > target/moto.log 2>&1 &
-MOTO_PID=$!
-trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT
-export PULSE_TEST_MOTO_URL="http://127.0.0.1:$PORT"
-for _ in $(seq 1 100); do
-    if "$VENV/bin/python" -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1] + '/moto-api/')" "$PULSE_TEST_MOTO_URL" 2>/dev/null; then
-        break
-    fi
-    if ! kill -0 "$MOTO_PID" 2>/dev/null; then
-        echo "moto failed to start; its log:" >&2
-        cat target/moto.log >&2
-        exit 1
-    fi
-    sleep 0.2
-done
-echo "==> moto listening on $PULSE_TEST_MOTO_URL"
+# Two moto servers, each on a free loopback port: the two groups of test binaries below
+# run side by side, each against its own emulator (one Python process is one core at
+# most). Both stop when this script exits.
+MOTO_PIDS=()
+trap 'kill "${MOTO_PIDS[@]}" 2>/dev/null || true' EXIT
+# Starts one and prints its URL once it answers.
+start_moto() {
+    local port pid log=target/moto-$1.log
+    port=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$VENV/bin/python" scripts/moto_server.py -H 127.0.0.1 -p "$port" > "$log" 2>&1 &
+    pid=$!
+    MOTO_PIDS+=("$pid")
+    for _ in $(seq 1 100); do
+        if "$VENV/bin/python" -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1] + '/moto-api/')" "http://127.0.0.1:$port" 2>/dev/null; then
+            echo "==> moto listening on http://127.0.0.1:$port" >&2
+            echo "http://127.0.0.1:$port"
+            return
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "moto failed to start; its log:" >&2
+            cat "$log" >&2
+            exit 1
+        fi
+        sleep 0.2
+    done
+    echo "moto did not answer on port $port within 20 s; its log:" >&2
+    cat "$log" >&2
+    exit 1
+}
+# (Started here rather than in $(…), so that their PIDs reach MOTO_PIDS and the trap.)
+start_moto 1 > target/moto-1.url
+start_moto 2 > target/moto-2.url
+export PULSE_TEST_MOTO_URL
+PULSE_TEST_MOTO_URL=$(cat target/moto-1.url)
+MOTO_URL_2=$(cat target/moto-2.url)
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check
-stage "cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-stage "cargo build (the function binaries, for cargo lambda watch)"
+# Clippy's lints, with every warning denied, as the workspace's crates compile for the
+# build and the tests below (see scripts/lint-wrapper.sh): the same lints as
+# `cargo clippy --workspace --all-targets -- -D warnings`, without compiling every
+# dependency a second time in check mode.
+export RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/lint-wrapper.sh"
+stage "cargo build with Clippy's lints (the function binaries, for cargo lambda watch)"
 cargo build --workspace --bins --locked
-stage "cargo test"
+stage "cargo test: compiling the test targets, with Clippy's lints"
 export PULSE_TEST_CARGO_LAMBDA="$PWD/$VENV/bin/cargo-lambda"
 # Every test binary runs through scripts/test-runner.sh, which asks for each test's time.
-TEST_LOG=target/test-output.log
 # (The runner variable is named after the host, e.g. CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER.)
 HOST=$(rustc -vV | sed -n 's/^host: //p')
-RUNNER_VAR="CARGO_TARGET_$(echo "$HOST" | tr 'a-z-' 'A-Z_')_RUNNER"
-env "$RUNNER_VAR=$PWD/scripts/test-runner.sh" \
-    cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
-stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each"
-# Each prints its seed first; a violation exits 1 with the command that replays it.
-for _ in 1 2 3; do
-    ./target/debug/pulse simulate --agents 1000 --duration 6h
+export "CARGO_TARGET_$(echo "$HOST" | tr 'a-z-' 'A-Z_')_RUNNER=$PWD/scripts/test-runner.sh"
+cargo test --workspace --locked --no-run
+stage "cargo test: the tests crate's binaries beside all the others, each group on its own moto"
+# One test binary at a time left 43 % of the 2 cores idle (waiting on the emulator,
+# Chromium or its own loopback servers), so two groups of about equal length run side by
+# side: the tests crate's binaries (the integration tests, the scale tests, the functions
+# under cargo lambda watch) with their output shown as it comes, and every other binary
+# (the CLI's, the simulator's, the libraries') into a log printed after them.
+# Both select from the whole workspace, so that cargo resolves the same features as for
+# the build above and compiles nothing again (`-p pulse-tests` alone would resolve fewer):
+# the first names the tests crate's test targets (read from cargo metadata, so a new one
+# is not left out; the crate has no unit tests), the second leaves the crate out.
+TEST_LOG=target/test-output.log
+mapfile -t TESTS_CRATE_TARGETS < <(cargo metadata --no-deps --format-version 1 --locked |
+    "$VENV/bin/python" -c 'import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if p["name"] == "pulse-tests":
+        for t in p["targets"]:
+            if "test" in t["kind"]:
+                print("--test"); print(t["name"])')
+if [ "${#TESTS_CRATE_TARGETS[@]}" -eq 0 ]; then
+    echo "found no test targets of pulse-tests in cargo metadata" >&2
+    exit 1
+fi
+cargo test --workspace --locked --exclude pulse-tests > target/test-others.log 2>&1 &
+OTHERS_PID=$!
+set +e
+PULSE_TEST_MOTO_URL=$MOTO_URL_2 cargo test --workspace --locked "${TESTS_CRATE_TARGETS[@]}" 2>&1 | tee target/test-tests-crate.log
+TESTS_CRATE=${PIPESTATUS[0]}
+wait "$OTHERS_PID"
+OTHERS=$?
+set -e
+echo "==> the other test binaries (cargo test --workspace --exclude pulse-tests):"
+cat target/test-others.log
+cat target/test-tests-crate.log target/test-others.log > "$TEST_LOG"
+if [ "$TESTS_CRATE" -ne 0 ] || [ "$OTHERS" -ne 0 ]; then
+    echo "tests failed: the tests crate's binaries exited $TESTS_CRATE, the others $OTHERS (their output is above)" >&2
+    exit 1
+fi
+stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each, and one on moto"
+# Each prints its seed first; a violation exits 1 with the command that replays it. Each
+# simulation runs on one core on its own clock, so all four run at once (the one on the
+# AWS adapters: 30 agents through a simulated hour), and their outputs follow in order.
+SIM_PIDS=()
+for i in 1 2 3; do
+    ./target/debug/pulse simulate --agents 1000 --duration 6h > "target/simulate-$i.log" 2>&1 &
+    SIM_PIDS+=($!)
 done
-stage "pulse simulate --backend aws: a random seed, 30 agents through a simulated hour on moto"
-./target/debug/pulse simulate --backend aws --endpoint "$PULSE_TEST_MOTO_URL" --agents 30 --duration 1h
+./target/debug/pulse simulate --backend aws --endpoint "$MOTO_URL_2" --agents 30 --duration 1h > target/simulate-aws.log 2>&1 &
+SIM_PIDS+=($!)
+SIM_FAILED=0
+for pid in "${SIM_PIDS[@]}"; do
+    wait "$pid" || SIM_FAILED=1
+done
+cat target/simulate-1.log target/simulate-2.log target/simulate-3.log target/simulate-aws.log
+if [ "$SIM_FAILED" -ne 0 ]; then
+    echo "a simulation failed: its seed and the command that replays it are above" >&2
+    exit 1
+fi
 if [ "$LONG" = 1 ]; then
     stage "pulse simulate: 10,000 agents through a simulated day"
     ./target/debug/pulse simulate --agents 10000 --duration 24h

@@ -825,3 +825,26 @@ async fn interrupted_toggles(kind: Kind) {
     assert_eq!(w.beat().await, 1, "filed again: it beats");
     assert_eq!(faulty.policy().failed("reschedule"), 2);
 }
+
+/// The store faults the tests inject (`pulse_tests::faults`) fail the named call, for as
+/// many calls as they are told or until healed, and count what they failed.
+#[test]
+fn a_fault_fails_the_named_call_for_as_long_as_it_is_told() {
+    let f = pulse_tests::faults::Faults::default();
+    assert!(f.check("claim").is_ok());
+    f.fail_times("claim", 2);
+    assert!(f.check("start_action").is_ok(), "only the named call fails");
+    let err = f.check("claim").unwrap_err();
+    assert!(err.to_string().contains("claim"), "{err}");
+    assert!(f.check("claim").is_err());
+    assert!(f.check("claim").is_ok(), "two calls, then it recovers");
+    assert_eq!(f.failed("claim"), 2);
+
+    f.fail("finish");
+    for _ in 0..5 {
+        assert!(f.check("finish").is_err());
+    }
+    f.heal("finish");
+    assert!(f.check("finish").is_ok());
+    assert_eq!(f.failed("finish"), 5);
+}

@@ -90,29 +90,3 @@ impl pulse_sim::StorePolicy for Faults {
         self.check(op)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_fault_fails_the_named_call_for_as_long_as_it_is_told() {
-        let f = Faults::default();
-        assert!(f.check("claim").is_ok());
-        f.fail_times("claim", 2);
-        assert!(f.check("start_action").is_ok(), "only the named call fails");
-        let err = f.check("claim").unwrap_err();
-        assert!(err.to_string().contains("claim"), "{err}");
-        assert!(f.check("claim").is_err());
-        assert!(f.check("claim").is_ok(), "two calls, then it recovers");
-        assert_eq!(f.failed("claim"), 2);
-
-        f.fail("finish");
-        for _ in 0..5 {
-            assert!(f.check("finish").is_err());
-        }
-        f.heal("finish");
-        assert!(f.check("finish").is_ok());
-        assert_eq!(f.failed("finish"), 5);
-    }
-}
