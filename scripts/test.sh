@@ -83,17 +83,17 @@ fi
 # most). Both stop when this script exits.
 MOTO_PIDS=()
 trap 'kill "${MOTO_PIDS[@]}" 2>/dev/null || true' EXIT
-# Starts one and prints its URL once it answers.
+# Starts one and sets MOTO_URL to its URL once it answers.
 start_moto() {
     local port pid log=target/moto-$1.log
     port=$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     "$VENV/bin/python" scripts/moto_server.py -H 127.0.0.1 -p "$port" > "$log" 2>&1 &
     pid=$!
     MOTO_PIDS+=("$pid")
+    MOTO_URL="http://127.0.0.1:$port"
     for _ in $(seq 1 100); do
-        if "$VENV/bin/python" -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1] + '/moto-api/')" "http://127.0.0.1:$port" 2>/dev/null; then
-            echo "==> moto listening on http://127.0.0.1:$port" >&2
-            echo "http://127.0.0.1:$port"
+        if "$VENV/bin/python" -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1] + '/moto-api/')" "$MOTO_URL" 2>/dev/null; then
+            echo "==> moto listening on $MOTO_URL"
             return
         fi
         if ! kill -0 "$pid" 2>/dev/null; then
@@ -107,12 +107,10 @@ start_moto() {
     cat "$log" >&2
     exit 1
 }
-# (Started here rather than in $(…), so that their PIDs reach MOTO_PIDS and the trap.)
-start_moto 1 > target/moto-1.url
-start_moto 2 > target/moto-2.url
-export PULSE_TEST_MOTO_URL
-PULSE_TEST_MOTO_URL=$(cat target/moto-1.url)
-MOTO_URL_2=$(cat target/moto-2.url)
+start_moto 1
+export PULSE_TEST_MOTO_URL=$MOTO_URL
+start_moto 2
+MOTO_URL_2=$MOTO_URL
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check
