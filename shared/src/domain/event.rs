@@ -88,9 +88,40 @@ pub struct Cascade {
     pub capped: bool,
 }
 
-/// One immutable event in an agent's log.
+/// JSON text kept as it was received, checked but not parsed into a tree: a webhook's
+/// payload goes into the log this way, so a request is spared building, copying out and
+/// freeing a tree of maps and strings that only the log's writer would read.
+pub type RawJson = Box<serde_json::value::RawValue>;
+
+/// What an event's payload and metadata are held as: a parsed tree ([`Value`], as every
+/// event read from a log is) or, for an event on its way in, the JSON text it arrived as
+/// ([`RawJson`]). Both are written into a log alike and read back as trees.
+pub trait Json: Serialize {
+    /// Whether it is JSON `null` (metadata that is null is not written).
+    fn is_null(&self) -> bool;
+}
+
+impl Json for Value {
+    fn is_null(&self) -> bool {
+        Value::is_null(self)
+    }
+}
+
+impl Json for RawJson {
+    fn is_null(&self) -> bool {
+        self.get() == "null"
+    }
+}
+
+fn json_is_null<P: Json>(p: &P) -> bool {
+    p.is_null()
+}
+
+/// One immutable event in an agent's log. Its payload and metadata are trees (`P` =
+/// [`Value`]) but for a webhook's event on its way into the log (see [`RawJson`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Event {
+#[serde(bound(serialize = "P: Json", deserialize = "P: Deserialize<'de> + Default"))]
+pub struct Event<P = Value> {
     /// Time-ordered id; its timestamp is `created_at`.
     pub id: EventId,
     /// The agent whose log holds the event.
@@ -103,10 +134,10 @@ pub struct Event {
     /// Where it came from: `cli`, `system`, `tool:<name>`, `webhook`, ...
     pub source: String,
     /// Event-specific data, given to tools.
-    pub payload: Value,
+    pub payload: P,
     /// Extra context (tags, delivery ids).
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub metadata: Value,
+    #[serde(default, skip_serializing_if = "json_is_null")]
+    pub metadata: P,
     /// The event whose tool produced this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_id: Option<EventId>,
@@ -118,16 +149,17 @@ pub struct Event {
 }
 
 /// An event as given by a user, a webhook or a tool, before it gets an id and a time.
+/// Its payload and metadata are trees, or the JSON text a webhook sent (see [`Event`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct NewEvent {
+pub struct NewEvent<P = Value> {
     /// Its type.
     pub event_type: EventType,
     /// Its priority (already defaulted).
     pub priority: Priority,
     /// Its payload.
-    pub payload: Value,
+    pub payload: P,
     /// Its metadata.
-    pub metadata: Value,
+    pub metadata: P,
 }
 
 impl NewEvent {
@@ -135,6 +167,18 @@ impl NewEvent {
     pub fn new(
         event_type: &str,
         payload: Value,
+        priority: Option<i64>,
+    ) -> Result<Self, ValidationError> {
+        NewEvent::with_payload(event_type, payload, Value::Null, priority)
+    }
+}
+
+impl<P> NewEvent<P> {
+    /// [`NewEvent::new`] with its payload and metadata held as `P`.
+    pub fn with_payload(
+        event_type: &str,
+        payload: P,
+        metadata: P,
         priority: Option<i64>,
     ) -> Result<Self, ValidationError> {
         let event_type = EventType::parse(event_type)?;
@@ -148,12 +192,17 @@ impl NewEvent {
             event_type,
             priority: Priority::or_default(priority)?,
             payload,
-            metadata: Value::Null,
+            metadata,
         })
     }
 
     /// Stamps the event into an agent's log at `now` with a fresh id.
-    pub fn into_event(self, agent_id: AgentId, source: impl Into<String>, now: Timestamp) -> Event {
+    pub fn into_event(
+        self,
+        agent_id: AgentId,
+        source: impl Into<String>,
+        now: Timestamp,
+    ) -> Event<P> {
         Event {
             id: EventId::generate(now.as_millisecond().max(0) as u64),
             agent_id,
@@ -165,6 +214,28 @@ impl NewEvent {
             parent_id: None,
             cascade: None,
             created_at: now,
+        }
+    }
+}
+
+impl Event {
+    /// The event with its payload and metadata as JSON text, the form a webhook's event
+    /// is written in (see [`RawJson`]).
+    pub fn into_raw(self) -> Event<RawJson> {
+        let raw = |v: &Value| {
+            serde_json::value::to_raw_value(v).expect("a JSON tree always writes as text")
+        };
+        Event {
+            payload: raw(&self.payload),
+            metadata: raw(&self.metadata),
+            id: self.id,
+            agent_id: self.agent_id,
+            event_type: self.event_type,
+            priority: self.priority,
+            source: self.source,
+            parent_id: self.parent_id,
+            cascade: self.cascade,
+            created_at: self.created_at,
         }
     }
 }

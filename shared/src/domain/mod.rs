@@ -40,7 +40,7 @@ pub use conversation::{
     ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, ReplyTarget, Role, Signal,
     SignalKind, SignalMeta, Turn, TurnStatus,
 };
-pub use event::{Cascade, Event, EventCursor, NewEvent, Priority};
+pub use event::{Cascade, Event, EventCursor, Json, NewEvent, Priority, RawJson};
 pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus};
 pub use hook::{
     Hook, HookRoute, HookSummary, HookTarget, MAX_RETRY_AFTER, RetrySchedule, retry_delay,

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::event::Event;
+use super::event::{Event, RawJson};
 use super::ids::{AgentId, EventId, RequestId, WebhookId};
 use super::webhook::{RateLimit, Webhook};
 
@@ -203,8 +203,8 @@ pub fn truncate_body(body: &[u8]) -> String {
 /// A signed request a webhook may accept: what to write if it is accepted.
 #[derive(Clone, Debug)]
 pub struct Acceptance {
-    /// The event to append.
-    pub event: Event,
+    /// The event to append, its payload and metadata as the JSON text they arrived as.
+    pub event: Event<RawJson>,
     /// Its log entry as ACCEPTED; the store turns it into DUPLICATE, RATE_LIMITED or
     /// REJECTED when that is the outcome.
     pub log: WebhookRequest,
@@ -339,7 +339,8 @@ mod tests {
             Webhook::new(AgentId::generate(), WebhookScheme::Pulse, "secret-1", now).unwrap();
         let event = NewEvent::new("NOTE", serde_json::json!({}), None)
             .unwrap()
-            .into_event(webhook.agent_id.clone(), "webhook", now);
+            .into_event(webhook.agent_id.clone(), "webhook", now)
+            .into_raw();
         let arrived = WebhookRequest::arrived(&webhook, now, b"{}", None);
         let mut a = Acceptance {
             log: arrived.clone().accepted(&event.id),

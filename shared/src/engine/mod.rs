@@ -22,6 +22,7 @@ mod heartbeat;
 mod hooks;
 pub mod intake;
 pub mod interrupt;
+mod json_body;
 mod lifecycle;
 pub mod memory;
 pub mod reminders;

@@ -33,13 +33,14 @@ use bytes::Bytes;
 use http::HeaderMap;
 use jiff::{SignedDuration, Timestamp};
 use pulse_signatures::inbound::{self, Verified};
-use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::intake;
+use serde_json::value::RawValue;
+
+use super::{intake, json_body};
 use crate::domain::{
     AcceptOutcome, Acceptance, ContentBlock, Event, EventId, EventType, NewEvent, RateLimit,
-    Refusal, RequestStatus, Signal, SignalId, SignalKind, SignalMeta, Webhook, WebhookId,
+    RawJson, Refusal, RequestStatus, Signal, SignalId, SignalKind, SignalMeta, Webhook, WebhookId,
     WebhookRequest, WebhookScheme, cap_reason, to_ms, truncate_body,
 };
 use crate::error::{StoreError, ValidationError, chain};
@@ -423,7 +424,7 @@ impl WebhookIntake {
 
     /// Wakes the agent's conversation with a `webhook` signal. The event is stored already,
     /// so a queue failure only costs the early wake-up: the next heartbeat sees the event.
-    async fn wake(&self, webhook: &Webhook, event: &Event) {
+    async fn wake(&self, webhook: &Webhook, event: &Event<RawJson>) {
         let agent = match self.store.get_agent(&webhook.agent_id).await {
             Ok(Some(a)) => a,
             Ok(None) => return,
@@ -497,36 +498,34 @@ enum BadBody {
     Invalid(#[from] ValidationError),
 }
 
-/// The event a verified body asks for.
+/// The event a verified body asks for, its payload the body's JSON text (checked, not
+/// parsed into a tree: see [`json_body`]).
 fn read_event(
     scheme: WebhookScheme,
     verified: &Verified,
     body: &[u8],
-) -> Result<NewEvent, BadBody> {
-    let json: Value = serde_json::from_slice(body).map_err(BadBody::NotJson)?;
+) -> Result<NewEvent<RawJson>, BadBody> {
+    let text = json_body::checked(body).map_err(BadBody::NotJson)?;
+    let whole = || json_body::raw(text).map_err(BadBody::NotJson);
     let (event_type, payload, priority) = match scheme {
         WebhookScheme::Pulse | WebhookScheme::Standard => {
-            let Value::Object(mut obj) = json else {
-                return Err(BadBody::NotObject);
+            let fields = json_body::Fields::of(text).ok_or(BadBody::NotObject)?;
+            let event_type = match fields.event_type.or(fields.type_) {
+                None => None,
+                Some(t) => serde_json::from_str::<Option<String>>(t.get())
+                    .map_err(|_| BadBody::EventTypeNotString)?,
             };
-            let event_type = match obj.get("event_type").or_else(|| obj.get("type")) {
-                None | Some(Value::Null) => DEFAULT_EVENT_TYPE.to_owned(),
-                Some(Value::String(t)) => t.clone(),
-                Some(_) => return Err(BadBody::EventTypeNotString),
+            let priority = match fields.priority {
+                None => None,
+                Some(p) => serde_json::from_str::<Option<i64>>(p.get())
+                    .map_err(|_| BadBody::PriorityNotWhole)?,
             };
-            let priority = match obj.get("priority") {
-                None | Some(Value::Null) => None,
-                Some(p) => Some(p.as_i64().ok_or(BadBody::PriorityNotWhole)?),
+            // A body with neither field is the payload as a whole.
+            let payload = match fields.payload.or(fields.data) {
+                Some(p) => p.to_owned(),
+                None => whole()?,
             };
-            // The payload is taken out of the body, not copied; a body with neither
-            // field is the payload as a whole.
-            let payload = match ["payload", "data"]
-                .into_iter()
-                .find(|k| obj.contains_key(*k))
-            {
-                Some(key) => obj.remove(key).unwrap_or_default(),
-                None => Value::Object(obj),
-            };
+            let event_type = event_type.unwrap_or_else(|| DEFAULT_EVENT_TYPE.to_owned());
             (event_type, payload, priority)
         }
         WebhookScheme::Github | WebhookScheme::Stripe => {
@@ -539,30 +538,48 @@ fn read_event(
                     } else {
                         BadBody::NoStripeType
                     })?;
-            (event_type, json, None)
+            (event_type, whole()?, None)
         }
     };
-    Ok(NewEvent::new(&event_type, payload, priority)?)
+    Ok(NewEvent::with_payload(
+        &event_type,
+        payload,
+        RawValue::NULL.to_owned(),
+        priority,
+    )?)
+}
+
+/// A webhook event's metadata, its fields in the order a JSON tree writes them.
+#[derive(serde::Serialize)]
+struct WebhookMetadata<'a> {
+    delivery_id: Option<&'a str>,
+    scheme: WebhookScheme,
+    source_ip: Option<&'a str>,
+    webhook_id: &'a WebhookId,
 }
 
 pub(crate) fn stamp(
-    mut new: NewEvent,
+    mut new: NewEvent<RawJson>,
     webhook: &Webhook,
     verified: &Verified,
     ip: Option<&str>,
     now: Timestamp,
-) -> Event {
-    new.metadata = json!({
-        "webhook_id": webhook.id,
-        "scheme": webhook.scheme,
-        "delivery_id": verified.delivery_id,
-        "source_ip": ip,
-    });
+) -> Event<RawJson> {
+    let metadata = WebhookMetadata {
+        delivery_id: verified.delivery_id.as_deref(),
+        scheme: webhook.scheme,
+        source_ip: ip,
+        webhook_id: &webhook.id,
+    };
+    new.metadata =
+        serde_json::value::to_raw_value(&metadata).expect("ids and addresses always write as JSON");
     new.into_event(webhook.agent_id.clone(), "webhook", now)
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
 
     fn verified() -> Verified {
@@ -575,11 +592,25 @@ mod tests {
         }
     }
 
+    fn verified_github() -> Verified {
+        Verified {
+            event_type: Some("push".into()),
+            ..verified()
+        }
+    }
+
+    /// The event `body` makes, its payload parsed back into a tree.
     fn read(body: Value) -> NewEvent {
-        read_event(
+        let e = read_event(
             WebhookScheme::Pulse,
             &verified(),
             body.to_string().as_bytes(),
+        )
+        .unwrap();
+        NewEvent::new(
+            e.event_type.as_str(),
+            serde_json::from_str(e.payload.get()).unwrap(),
+            Some(i64::from(e.priority.get())),
         )
         .unwrap()
     }
@@ -599,5 +630,53 @@ mod tests {
         let e = read(json!({"event_type": null, "type": "D", "payload": null}));
         assert_eq!(e.event_type.as_str(), DEFAULT_EVENT_TYPE);
         assert_eq!(e.payload, Value::Null);
+    }
+
+    /// The payload is stored as the sender wrote it (its keys in their order, its white
+    /// space inside), and a body the log could not read back is refused as not JSON.
+    #[test]
+    fn the_payload_is_kept_as_sent_and_checked() {
+        let body = br#" {"payload": {"z": 1, "a": [1, 2.50]}, "type": "T"} "#;
+        let e = read_event(WebhookScheme::Pulse, &verified(), body).unwrap();
+        assert_eq!(e.payload.get(), r#"{"z": 1, "a": [1, 2.50]}"#);
+        let whole = read_event(WebhookScheme::Github, &verified_github(), body).unwrap();
+        assert_eq!(
+            whole.payload.get(),
+            r#"{"payload": {"z": 1, "a": [1, 2.50]}, "type": "T"}"#
+        );
+        for bad in [
+            &br#"{"payload": 1e999}"#[..],
+            br#"{"payload": "\ud800"}"#,
+            b"{} x",
+        ] {
+            let e = read_event(WebhookScheme::Pulse, &verified(), bad);
+            assert!(matches!(e, Err(BadBody::NotJson(_))), "{e:?}");
+        }
+        for (body, want) in [
+            (&b"[1]"[..], "NotObject"),
+            (br#"{"type": 1}"#, "EventTypeNotString"),
+            (br#"{"priority": 2.5}"#, "PriorityNotWhole"),
+            (br#"{"priority": "2"}"#, "PriorityNotWhole"),
+        ] {
+            let e = read_event(WebhookScheme::Pulse, &verified(), body).unwrap_err();
+            assert!(format!("{e:?}").starts_with(want), "{e:?}");
+        }
+    }
+
+    /// A webhook's event carries its metadata as the tree it was written from before.
+    #[test]
+    fn the_metadata_is_what_it_was() {
+        let now = Timestamp::UNIX_EPOCH;
+        let agent = crate::domain::AgentId::generate();
+        let webhook = Webhook::new(agent, WebhookScheme::Pulse, "secret-1", now).unwrap();
+        let new = read_event(WebhookScheme::Pulse, &verified(), b"{}").unwrap();
+        let event = stamp(new, &webhook, &verified(), Some("10.0.0.1"), now);
+        let metadata = json!({
+            "webhook_id": webhook.id,
+            "scheme": webhook.scheme,
+            "delivery_id": "d1",
+            "source_ip": "10.0.0.1",
+        });
+        assert_eq!(event.metadata.get(), metadata.to_string());
     }
 }

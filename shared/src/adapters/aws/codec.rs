@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::*;
 use crate::domain::{
-    Action, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus, Requests, SessionId,
-    from_ms, to_ms,
+    Action, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus, Json, Requests,
+    SessionId, from_ms, to_ms,
 };
 use crate::error::StoreError;
 use crate::ports::PageToken;
@@ -100,7 +100,7 @@ pub(super) fn active_flag(item: &Item) -> Option<bool> {
     item.get("active").and_then(|v| v.as_bool().ok()).copied()
 }
 
-pub(super) fn event_item(e: &Event) -> Item {
+pub(super) fn event_item<P: Json>(e: &Event<P>) -> Item {
     let mut item = doc_item(agent_pk(&e.agent_id), event_sk(&e.id), e);
     if e.cascade.is_some() {
         item.insert("own".to_owned(), AttributeValue::Bool(true));

@@ -5,7 +5,7 @@ use rusqlite::{Connection, params};
 
 use super::codec::{read_docs, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
-use crate::domain::{Agent, AgentId, Event, EventCursor, EventId};
+use crate::domain::{Agent, AgentId, Event, EventCursor, EventId, Json};
 use crate::error::StoreError;
 use crate::ports::{EventLog, Window};
 
@@ -33,9 +33,9 @@ pub(super) const INSERT_NEW_EVENT: &str =
 
 /// Writes `e` with `sql` (an insert of its four columns), after the write deadline's
 /// check.
-pub(super) fn write_event(
+pub(super) fn write_event<P: Json>(
     conn: &Connection,
-    e: &Event,
+    e: &Event<P>,
     deadline: Option<&super::EventDeadline>,
     sql: &str,
 ) -> Result<(), StoreError> {

@@ -152,7 +152,7 @@ pub struct EventDeadline {
 impl EventDeadline {
     /// Fails when `e`, an event the windows read, was stamped longer ago than the
     /// deadline and is not yet in the log. Run inside the transaction that writes it.
-    fn check(&self, conn: &Connection, e: &crate::domain::Event) -> Result<(), StoreError> {
+    fn check<P>(&self, conn: &Connection, e: &crate::domain::Event<P>) -> Result<(), StoreError> {
         if e.cascade.is_some() {
             return Ok(());
         }

@@ -615,7 +615,8 @@ mod tests {
     fn job(webhook: &Webhook, key: &str, stamped: Timestamp) -> Job {
         let event = NewEvent::new("NOTE", json!({ "key": key }), None)
             .unwrap()
-            .into_event(webhook.agent_id.clone(), "webhook", stamped);
+            .into_event(webhook.agent_id.clone(), "webhook", stamped)
+            .into_raw();
         let acceptance = Acceptance {
             event,
             log: WebhookRequest::arrived(webhook, stamped, b"{}", None),
