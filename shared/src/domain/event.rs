@@ -113,10 +113,6 @@ impl Json for RawJson {
     }
 }
 
-fn json_is_null<P: Json>(p: &P) -> bool {
-    p.is_null()
-}
-
 /// One immutable event in an agent's log. Its payload and metadata are trees (`P` =
 /// [`Value`]) but for a webhook's event on its way into the log (see [`RawJson`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -136,7 +132,7 @@ pub struct Event<P = Value> {
     /// Event-specific data, given to tools.
     pub payload: P,
     /// Extra context (tags, delivery ids).
-    #[serde(default, skip_serializing_if = "json_is_null")]
+    #[serde(default, skip_serializing_if = "Json::is_null")]
     pub metadata: P,
     /// The event whose tool produced this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,7 +8,9 @@
 
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 use serde_json::value::RawValue;
 
 use crate::domain::RawJson;
@@ -18,7 +20,7 @@ use crate::domain::RawJson;
 /// and gives it as text without the white space around it.
 pub(crate) fn checked(body: &[u8]) -> Result<&str, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    Checked.deserialize(&mut de)?;
+    Checked::deserialize(&mut de)?;
     de.end()?;
     // Checked: every byte outside a string is ASCII, every string valid UTF-8.
     let text = std::str::from_utf8(body).map_err(de::Error::custom)?;
@@ -124,15 +126,7 @@ impl Visitor<'_> for KeySeed {
 /// text that cannot be read back.
 struct Checked;
 
-impl<'de> DeserializeSeed<'de> for Checked {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(Checked)
-    }
-}
-
-impl<'de> de::Deserialize<'de> for Checked {
+impl<'de> Deserialize<'de> for Checked {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(Checked).map(|()| Checked)
     }

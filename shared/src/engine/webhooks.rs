@@ -33,9 +33,8 @@ use bytes::Bytes;
 use http::HeaderMap;
 use jiff::{SignedDuration, Timestamp};
 use pulse_signatures::inbound::{self, Verified};
-use tracing::{info, warn};
-
 use serde_json::value::RawValue;
+use tracing::{info, warn};
 
 use super::{intake, json_body};
 use crate::domain::{
