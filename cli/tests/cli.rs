@@ -1789,6 +1789,33 @@ fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
     assert!(String::from_utf8_lossy(&json.stderr).contains("claims/s"));
 }
 
+/// `pulse bench receive`, small: every request is accepted and stored, and the store's
+/// commits during the Pulse run are counted (each acceptance in one commit, and every
+/// commit appending pages to the log).
+#[test]
+fn bench_receive_stores_every_webhook_and_counts_the_stores_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = pulse(
+        dir.path(),
+        &["bench", "receive", "--requests", "300", "--json"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    assert_eq!(doc["pulse"]["ok"], 300, "{doc}");
+    assert_eq!(doc["events_stored"], 300, "{doc}");
+    let writes = &doc["pulse"]["store_writes"];
+    assert_eq!(writes["acceptances"], 300, "{doc}");
+    let commits = writes["commits"].as_u64().unwrap();
+    assert!((1..=300).contains(&commits), "{doc}");
+    // Each commit holds one acceptance at least, and appends a page for each tree it
+    // writes at least (the event, the log entry, the replay key and its expiry).
+    let frames = writes["log_frames"].as_u64().unwrap();
+    assert!(frames >= 4 * commits, "{doc}");
+    assert_eq!(doc["bare"]["store_writes"], Value::Null, "{doc}");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("pages of log a commit"), "{text}");
+}
+
 /// `pulse bench siege`, small: every webhook is answered while slowloris clients and
 /// idle streams hold on, and the streams past their budget are refused, not held.
 #[test]

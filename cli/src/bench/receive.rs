@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::routing::post;
 use futures::StreamExt;
-use pulse_shared::adapters::sqlite::ACCEPT_THREAD;
+use pulse_shared::adapters::sqlite::{ACCEPT_THREAD, WriteCounts, write_counts};
 use pulse_shared::app::Connected;
 use pulse_shared::domain::{Agent, Webhook, WebhookScheme};
 use pulse_shared::http::{self, Inbound};
@@ -37,6 +37,40 @@ struct Run {
     /// The CPU time of the store's acceptance thread (every webhook's SQLite work but
     /// the reads) a request, in µs.
     writer_us: Option<f64>,
+    /// What the store wrote during the run (the Pulse run only).
+    writes: Option<Writes>,
+}
+
+/// The store's commits during a run: how many acceptances each held, and how many pages
+/// (frames of the write-ahead log) each appended.
+#[derive(Clone, Copy)]
+struct Writes {
+    commits: u64,
+    acceptances: u64,
+    frames: u64,
+}
+
+impl Writes {
+    fn between(before: WriteCounts, after: WriteCounts) -> Self {
+        Self {
+            commits: after.acceptance_commits - before.acceptance_commits,
+            acceptances: after.acceptances - before.acceptances,
+            frames: after.log_frames - before.log_frames,
+        }
+    }
+    fn per_commit(&self, n: u64) -> f64 {
+        n as f64 / self.commits.max(1) as f64
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "commits": self.commits,
+            "acceptances": self.acceptances,
+            "log_frames": self.frames,
+            "acceptances_per_commit": self.per_commit(self.acceptances),
+            "log_frames_per_commit": self.per_commit(self.frames),
+            "log_frames_per_acceptance": self.frames as f64 / self.acceptances.max(1) as f64,
+        })
+    }
 }
 
 impl Run {
@@ -54,6 +88,7 @@ impl Run {
             "max_ms": self.max_ms,
             "cpu_us_per_request": self.cpu_us,
             "writer_cpu_us_per_request": self.writer_us,
+            "store_writes": self.writes.map(|w| w.json()),
         })
     }
 }
@@ -103,6 +138,7 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         max_ms: pct(1.0),
         cpu_us,
         writer_us,
+        writes: None,
     })
 }
 
@@ -234,8 +270,12 @@ impl Bench {
         .await?;
         let before = self.events(requests).await?;
         let bare_run = drive(&self.bare_url, prepare(requests, "bench")?, concurrency).await?;
-        let pulse_run = drive(&self.pulse_url, prepare(requests, "bench")?, concurrency).await?;
+        let pulse_requests = prepare(requests, "bench")?;
+        let written_before = write_counts();
+        let mut pulse_run = drive(&self.pulse_url, pulse_requests, concurrency).await?;
+        let written = write_counts();
         let _ = self.stop.send(());
+        pulse_run.writes = Some(Writes::between(written_before, written));
 
         let stored = self.events(requests).await? - before;
         Ok((bare_run, pulse_run, stored))
@@ -364,6 +404,17 @@ fn report(
         figure!(
             out,
             "  the store's acceptance thread (its statements, commits and log copies): {writer:.1} µs a request"
+        );
+    }
+    if let Some(w) = pulse_run.writes {
+        figure!(
+            out,
+            "  its commits: {} for {} acceptances, {:.1} a commit; {:.1} pages of log a commit, {:.2} an acceptance",
+            w.commits,
+            w.acceptances,
+            w.per_commit(w.acceptances),
+            w.per_commit(w.frames),
+            w.frames as f64 / w.acceptances.max(1) as f64
         );
     }
     figure!(

@@ -50,6 +50,30 @@ pub use keys::{KeysMissing, keys_for};
 pub use session_queue::SqliteQueue;
 pub use webhooks::ACCEPT_THREAD;
 
+/// What the stores in this process have written, counted since it started, for
+/// `pulse bench receive` to read before and after a run: the acceptance threads' commits
+/// and the acceptances they held (the batches' size), and the frames every connection
+/// appended to its write-ahead log (a frame is one page: what a commit costs in writes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    /// Transactions committed by the acceptance threads (each a batch).
+    pub acceptance_commits: u64,
+    /// Webhook acceptances in those transactions.
+    pub acceptances: u64,
+    /// Pages appended to the write-ahead logs, by every commit of every connection.
+    pub log_frames: u64,
+}
+
+/// The counts so far (see [`WriteCounts`]).
+pub fn write_counts() -> WriteCounts {
+    use std::sync::atomic::Ordering::Relaxed;
+    WriteCounts {
+        acceptance_commits: webhooks::ACCEPT_COMMITS.load(Relaxed),
+        acceptances: webhooks::ACCEPTANCES.load(Relaxed),
+        log_frames: wal::LOG_FRAMES.load(Relaxed),
+    }
+}
+
 use crate::error::StoreError;
 use crate::sealing::EncryptionKeys;
 

@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 
 use rusqlite::Connection;
@@ -29,6 +30,10 @@ const CHECKPOINT_PAGES: i32 = 10_000;
 
 /// Pages the log grows by between two syncs by the log's thread.
 const SYNC_PAGES: i32 = 1_000;
+
+/// Frames (pages) appended to the logs of every connection in this process, counted in
+/// the commit hook below (see [`WriteCounts`](super::WriteCounts)).
+pub(super) static LOG_FRAMES: AtomicU64 = AtomicU64::new(0);
 
 /// Copies the log at [`CHECKPOINT_PAGES`] and syncs it every [`SYNC_PAGES`], after each
 /// commit on `conn` (SQLite's hook for a commit to the log, in place of its own copying
@@ -47,8 +52,10 @@ fn keep_with(conn: &mut Connection, sync: SyncLog) -> rusqlite::Result<()> {
         .filter(|p| !p.is_empty())
         .map(|p| PathBuf::from(format!("{p}-wal")));
     let mut due = SyncDue::default();
+    let mut frames = Appended::default();
     let mut syncer = log.map(|log| Syncer::new(log, sync));
     conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages| {
+        LOG_FRAMES.fetch_add(frames.after_commit(pages), Ordering::Relaxed);
         if pages >= CHECKPOINT_PAGES {
             // As SQLite's own: a copy that cannot finish now (a reader holds old pages)
             // is taken up by a later commit, and the commit has succeeded either way.
@@ -60,6 +67,28 @@ fn keep_with(conn: &mut Connection, sync: SyncLog) -> rusqlite::Result<()> {
         }
         Ok(())
     }))
+}
+
+/// How many frames each commit appended, from the log's length after it.
+#[derive(Default)]
+struct Appended {
+    /// The log's length after the last commit.
+    last: i32,
+}
+
+impl Appended {
+    /// The log is `pages` long after a commit: the frames that commit appended. A log
+    /// shorter than after the last commit was copied and started over, so all of it is
+    /// the commit's.
+    fn after_commit(&mut self, pages: i32) -> u64 {
+        let appended = if pages >= self.last {
+            pages - self.last
+        } else {
+            pages
+        };
+        self.last = pages;
+        appended.max(0) as u64
+    }
 }
 
 /// When the log has grown by [`SYNC_PAGES`] since its last sync.
@@ -143,6 +172,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_commit_counts_the_frames_it_appended_and_a_log_started_over_counts_whole() {
+        let mut frames = Appended::default();
+        let appended: Vec<u64> = [20, 41, 41, 10_003, 18, 30]
+            .into_iter()
+            .map(|p| frames.after_commit(p))
+            .collect();
+        // 41 twice: the same length appends nothing. 18 after 10,003: the log was copied
+        // and started over.
+        assert_eq!(appended, [20, 21, 0, 9_962, 18, 12]);
+    }
+
+    #[test]
     fn the_log_is_synced_each_time_it_grows_by_the_step() {
         let mut due = SyncDue::default();
         let commits = [12, 500, 999, 1_000, 1_020, 1_999, 2_000, 2_500, 3_100];
@@ -209,6 +250,24 @@ mod tests {
         // it over, once.
         let (_, after) = log_file(dir.path());
         assert_eq!(after, restarts + 1);
+    }
+
+    #[test]
+    fn the_frames_appended_are_counted_for_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let before = LOG_FRAMES.load(Ordering::Relaxed);
+        let conn = database(dir.path(), Arc::new(|_: &Path| {}));
+        fill(&conn, 4);
+        // Every frame in the file was counted (other tests' connections add theirs to
+        // the same count, never take any away).
+        let (len, _) = log_file(dir.path());
+        let in_file = len.saturating_sub(32) / (24 + 4096);
+        let counted = LOG_FRAMES.load(Ordering::Relaxed) - before;
+        assert!(in_file > 150, "{in_file} frames in the file");
+        assert!(
+            counted >= in_file,
+            "counted {counted}, the file holds {in_file}"
+        );
     }
 
     #[test]

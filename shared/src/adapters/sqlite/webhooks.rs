@@ -6,6 +6,7 @@
 //! id can never both append an event.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use jiff::Timestamp;
@@ -172,6 +173,11 @@ fn log_refused(conn: &Connection, r: &WebhookRequest) -> Result<(), StoreError> 
 /// its CPU time by it).
 pub const ACCEPT_THREAD: &str = "pulse-accept";
 
+/// Commits made by the acceptance threads of every store in this process, and the
+/// acceptances they held (see [`WriteCounts`](super::WriteCounts)).
+pub(super) static ACCEPT_COMMITS: AtomicU64 = AtomicU64::new(0);
+pub(super) static ACCEPTANCES: AtomicU64 = AtomicU64::new(0);
+
 type Job = (
     Arc<Acceptance>,
     tokio::sync::oneshot::Sender<Result<AcceptOutcome, StoreError>>,
@@ -207,6 +213,8 @@ impl Batcher {
                 while let Ok(first) = rx.recv() {
                     let jobs = gather(&rx, first, last, || std::thread::sleep(GATHER_WAIT));
                     last = jobs.len();
+                    ACCEPT_COMMITS.fetch_add(1, Ordering::Relaxed);
+                    ACCEPTANCES.fetch_add(jobs.len() as u64, Ordering::Relaxed);
                     let results = db.blocking(|conn| {
                         let before = conn.total_changes();
                         let results = commit_batch(conn, &jobs, db.deadline.as_ref());
