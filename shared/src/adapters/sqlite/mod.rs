@@ -60,7 +60,10 @@ pub struct WriteCounts {
     pub acceptance_commits: u64,
     /// Webhook acceptances in those transactions.
     pub acceptances: u64,
-    /// Pages appended to the write-ahead logs, by every commit of every connection.
+    /// Pages appended to the write-ahead logs, by every commit of every connection. Each
+    /// connection counts the log's growth since its own last commit: exact while one
+    /// connection writes to a file (as in the bench); where several do, a commit also
+    /// counts what the others appended since.
     pub log_frames: u64,
 }
 
