@@ -61,6 +61,9 @@ impl Writes {
     fn per_commit(&self, n: u64) -> f64 {
         n as f64 / self.commits.max(1) as f64
     }
+    fn frames_per_acceptance(&self) -> f64 {
+        self.frames as f64 / self.acceptances.max(1) as f64
+    }
     fn json(&self) -> serde_json::Value {
         json!({
             "commits": self.commits,
@@ -68,7 +71,7 @@ impl Writes {
             "log_frames": self.frames,
             "acceptances_per_commit": self.per_commit(self.acceptances),
             "log_frames_per_commit": self.per_commit(self.frames),
-            "log_frames_per_acceptance": self.frames as f64 / self.acceptances.max(1) as f64,
+            "log_frames_per_acceptance": self.frames_per_acceptance(),
         })
     }
 }
@@ -414,7 +417,7 @@ fn report(
             w.acceptances,
             w.per_commit(w.acceptances),
             w.per_commit(w.frames),
-            w.frames as f64 / w.acceptances.max(1) as f64
+            w.frames_per_acceptance()
         );
     }
     figure!(

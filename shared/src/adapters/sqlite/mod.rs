@@ -50,6 +50,9 @@ pub use keys::{KeysMissing, keys_for};
 pub use session_queue::SqliteQueue;
 pub use webhooks::ACCEPT_THREAD;
 
+use crate::error::StoreError;
+use crate::sealing::EncryptionKeys;
+
 /// What the stores in this process have written, counted since it started, for
 /// `pulse bench receive` to read before and after a run: the acceptance threads' commits
 /// and the acceptances they held (the batches' size), and the frames every connection
@@ -76,9 +79,6 @@ pub fn write_counts() -> WriteCounts {
         log_frames: wal::LOG_FRAMES.load(Relaxed),
     }
 }
-
-use crate::error::StoreError;
-use crate::sealing::EncryptionKeys;
 
 /// The records of Pulse in a SQLite file.
 #[derive(Clone)]
