@@ -32,14 +32,15 @@ use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
-use super::{ClientIp, error_response, explain_timeout};
+use super::{ClientIp, error_response};
 
 /// Limits of the listener (see the module's documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServeLimits {
     /// Longest wait for a request's headers (hyper's header-read timeout).
     pub header_timeout: Duration,
-    /// Longest a request may take, its body included (tower-http's timeout).
+    /// Longest a request may take, its body included: past it the request is answered
+    /// 408 with why.
     pub request_timeout: Duration,
     /// Most connections open at once (streams aside).
     pub max_connections: usize,
@@ -302,12 +303,7 @@ pub async fn serve_app(
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tower_service::Service;
 
-    let app = app
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            limits.request_timeout,
-        ))
-        .layer(axum::middleware::map_response(explain_timeout));
+    let request_timeout = limits.request_timeout;
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
         .timer(TokioTimer::new())
@@ -354,7 +350,15 @@ pub async fn serve_app(
             let (state, since) = (state.clone(), since.clone());
             let mut app = app.clone();
             async move {
-                let response = app.call(req.map(Body::new)).await?;
+                // The timeout is kept here, around the router, rather than as a layer of
+                // it: a router layer wraps every route in another boxed service, cloned
+                // and called for each request.
+                let response =
+                    match tokio::time::timeout(request_timeout, app.call(req.map(Body::new))).await
+                    {
+                        Ok(response) => response?,
+                        Err(_) => timed_out(),
+                    };
                 Ok::<_, std::convert::Infallible>(response.map(|inner| {
                     Body::new(Tracked {
                         inner,
@@ -387,6 +391,14 @@ pub async fn serve_app(
     }
     connections.abort_all();
     Ok(())
+}
+
+/// The answer to a request that took longer than [`ServeLimits::request_timeout`].
+fn timed_out() -> Response {
+    error_response(
+        StatusCode::REQUEST_TIMEOUT,
+        "the request (its body included) took too long to arrive; send it in one go",
+    )
 }
 
 /// Refused connections, logged at most once a minute with their count and the busiest

@@ -116,20 +116,6 @@ pub async fn serve(
     serve_app(listener, router(inbound), limits, shutdown).await
 }
 
-/// The timeout layer answers 408 with an empty body; say what happened, as every other
-/// error does.
-async fn explain_timeout(response: Response) -> Response {
-    if response.status() == StatusCode::REQUEST_TIMEOUT
-        && response.headers().get(header::CONTENT_TYPE).is_none()
-    {
-        return error_response(
-            StatusCode::REQUEST_TIMEOUT,
-            "the request (its body included) took too long to arrive; send it in one go",
-        );
-    }
-    response
-}
-
 /// `ok`, or `degraded` (503) with why when the store cannot write: a full disk answers
 /// every webhook 503, so a load balancer should stop sending here.
 async fn healthz(axum::extract::State(inbound): axum::extract::State<Arc<Inbound>>) -> Response {
