@@ -24,7 +24,7 @@ use pulse_shared::ports::{
     ActionLog, AgentStore, AgentsPage, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
     Footprint, HeartbeatStore, HookStore, Lease, LeaseStore, Maintenance, MemoryStore, PageToken,
     Pruned, Reclaimed, Reschedule, ScheduleStore, Store, TokenStore, ToolRegistry, TurnStart,
-    WebhookStore, Window,
+    WebhookStore, Window, Writer,
 };
 
 /// What happens around each store call.
@@ -87,7 +87,7 @@ faulty!(AgentStore {
     fn record_interaction(&self, id: &AgentId, at: Timestamp) -> ();
     fn update_agent(&self, agent: &Agent, previous: &Agent) -> ();
     fn set_next_wake(&self, id: &AgentId, at: Option<Timestamp>) -> ();
-    fn set_paused(&self, id: &AgentId, paused_at: Option<Timestamp>, event: &Event) -> bool;
+    fn set_paused(&self, id: &AgentId, paused_at: Option<Timestamp>, event: &Event, writer: Writer) -> bool;
     fn purge_agent(&self, id: &AgentId, apply: bool) -> Footprint;
     fn record_spend(&self, agent: &AgentId, spend: &Spend) -> ();
     fn spend_of_day(&self, agent: &AgentId, day: jiff::civil::Date) -> Vec<Spend>;
@@ -120,7 +120,7 @@ faulty!(ActionLog {
     fn restart_action(&self, action: &Action, expected_attempt: u32) -> bool;
     fn retry_action(&self, action: &Action, expected_attempt: u32) -> bool;
     fn settle_action(&self, action: &Action, expected_attempt: u32) -> bool;
-    fn finish_action(&self, action: &Action, new_events: &[Event]) -> ();
+    fn finish_action(&self, action: &Action, new_events: &[Event], writer: Writer) -> ();
     fn get_action(&self, agent: &AgentId, id: &ActionId) -> Option<Action>;
     fn list_actions(&self, agent: &AgentId, limit: usize) -> Vec<Action>;
     fn actions_between(&self, agent: &AgentId, after: &EventCursor, through: &EventCursor, limit: usize) -> Vec<Action>;

@@ -8,7 +8,7 @@ use pulse_shared::domain::{
     EventType, Filter, HeartbeatId, HeartbeatStatus, NewEvent, Requests, Tool, ToolName,
 };
 use pulse_shared::error::StoreError;
-use pulse_shared::ports::{Finish, FinishOutcome};
+use pulse_shared::ports::{Finish, FinishOutcome, Writer};
 use pulse_tests::{Backend, Kind, on_both_backends};
 use serde_json::json;
 
@@ -152,7 +152,12 @@ async fn agents_page(kind: Kind) {
             let event = NewEvent::new("AGENT_PAUSED", json!({}), None)
                 .unwrap()
                 .into_event(next.id.clone(), "operator", t);
-            assert!(b.store.set_paused(&next.id, Some(t), &event).await.unwrap());
+            assert!(
+                b.store
+                    .set_paused(&next.id, Some(t), &event, Writer::Outside)
+                    .await
+                    .unwrap()
+            );
         }
     }
     let all = b.store.list_agents().await.unwrap();
@@ -923,7 +928,7 @@ async fn actions(kind: Kind) {
     let mut stale = action.clone();
     stale.status = ActionStatus::Completed;
     assert!(matches!(
-        b.store.finish_action(&stale, &[]).await,
+        b.store.finish_action(&stale, &[], Writer::Session).await,
         Err(StoreError::Conflict(_))
     ));
 
@@ -941,7 +946,7 @@ async fn actions(kind: Kind) {
     done.response = Some(json!({"success": true}));
     done.new_events = vec![out.id.clone()];
     b.store
-        .finish_action(&done, std::slice::from_ref(&out))
+        .finish_action(&done, std::slice::from_ref(&out), Writer::Session)
         .await
         .unwrap();
     assert_eq!(
@@ -989,7 +994,10 @@ async fn actions(kind: Kind) {
     // An UNKNOWN outcome is settled once, and only while it is UNKNOWN.
     let mut unknown = third.clone();
     unknown.status = ActionStatus::Unknown;
-    b.store.finish_action(&unknown, &[]).await.unwrap();
+    b.store
+        .finish_action(&unknown, &[], Writer::Session)
+        .await
+        .unwrap();
     let mut settled = unknown.clone();
     settled.status = ActionStatus::Completed;
     assert!(
@@ -1006,6 +1014,101 @@ async fn actions(kind: Kind) {
             .unwrap()
             .status,
         ActionStatus::Completed
+    );
+}
+
+/// A pause, or an action's outcome, written from outside the agent's session (an
+/// operator's verb) that reaches the database later than the write deadline after its
+/// event's stamp is refused with nothing written, as a single event from outside is: a
+/// heartbeat may already have read past the stamp. Written by the agent's own session,
+/// the same late events are taken (its windows are read by its later jobs). SQLite
+/// checks inside the transaction; DynamoDB bounds the request with the same timeout, which
+/// a local emulator cannot be made to exceed.
+#[tokio::test]
+async fn events_written_with_a_pause_or_an_outcome_from_outside_keep_the_write_deadline() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    // Stamped three seconds ago: as if the write had waited that long for the file.
+    let late = |name: &str| {
+        NewEvent::new(name, json!({}), None).unwrap().into_event(
+            agent.id.clone(),
+            "operator",
+            b.now() - SignedDuration::from_secs(3),
+        )
+    };
+    let paused = late("AGENT_PAUSED");
+    let refused = b
+        .store
+        .set_paused(&agent.id, Some(b.now()), &paused, Writer::Outside)
+        .await
+        .unwrap_err();
+    let why = pulse_shared::error::chain(&refused);
+    assert!(why.contains("send it again"), "{why}");
+    assert_eq!(
+        b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .paused_at,
+        None
+    );
+    assert!(
+        b.store
+            .get_events(&agent.id, std::slice::from_ref(&paused.id))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        b.store
+            .set_paused(&agent.id, Some(b.now()), &paused, Writer::Session)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        b.store
+            .get_events(&agent.id, std::slice::from_ref(&paused.id))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let event = b.emit(&agent, "A", json!({})).await;
+    let tool = ToolName::parse("echo").unwrap();
+    let action = running_action(&b, &first, &event, &tool, json!({}));
+    assert!(b.store.start_action(&action).await.unwrap().is_none());
+    let out = late("B");
+    let mut done = action.clone();
+    done.status = ActionStatus::Completed;
+    done.new_events = vec![out.id.clone()];
+    let refused = b
+        .store
+        .finish_action(&done, std::slice::from_ref(&out), Writer::Outside)
+        .await
+        .unwrap_err();
+    let why = pulse_shared::error::chain(&refused);
+    assert!(why.contains("send it again"), "{why}");
+    assert_eq!(
+        b.store
+            .start_action(&action)
+            .await
+            .unwrap()
+            .map(|a| a.status),
+        Some(ActionStatus::Running),
+        "the outcome was not written either"
+    );
+    b.store
+        .finish_action(&done, std::slice::from_ref(&out), Writer::Session)
+        .await
+        .unwrap();
+    assert_eq!(
+        b.store
+            .get_events(&agent.id, std::slice::from_ref(&out.id))
+            .await
+            .unwrap(),
+        vec![out]
     );
 }
 

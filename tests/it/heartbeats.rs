@@ -1054,6 +1054,88 @@ async fn retry(kind: Kind) {
     assert!(e.to_string().contains("has no action"), "{e}");
 }
 
+/// A retried action's outcome is written from outside the agent's session, so its
+/// events keep the write deadline. When the write waits past it (here the clock moves
+/// three seconds while the write waits for the store), nothing is written and the
+/// outcome is written again with its events dated anew, instead of leaving the action
+/// RUNNING where no retry could take it again; the next heartbeat reads the events.
+#[tokio::test]
+async fn a_retried_actions_outcome_that_came_too_late_is_dated_again_and_written() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    struct Stall {
+        clock: Arc<pulse_shared::ports::ManualClock>,
+        once: AtomicBool,
+    }
+    #[async_trait::async_trait]
+    impl pulse_sim::StorePolicy for Stall {
+        async fn before(&self, op: &'static str) -> Result<(), pulse_shared::error::StoreError> {
+            if op == "finish_action" && self.once.swap(false, Ordering::SeqCst) {
+                self.clock.advance(SignedDuration::from_secs(3));
+            }
+            Ok(())
+        }
+    }
+    let b = Backend::new(Kind::Sqlite).await;
+    let tool = FakeTool::answering(|_| Reply::Json(500, json!({"error": "down"}))).await;
+    b.tool("mailer", &tool.url(), "ORDER").await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    b.emit(&agent, "ORDER", json!({"n": 1})).await;
+    b.advance(SignedDuration::from_secs(10));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker(settings())).await;
+    let failed = b.store.list_actions(&agent.id, 10).await.unwrap();
+    let failed = failed
+        .iter()
+        .find(|a| a.tool.as_str() == "mailer")
+        .unwrap()
+        .clone();
+
+    tool.set(|_| ok_with_events(json!([{"event_type": "SENT", "payload": {}}])));
+    let stalling = Arc::new(pulse_sim::FaultyStore::new(
+        b.store.clone(),
+        Arc::new(Stall {
+            clock: b.clock.clone(),
+            once: AtomicBool::new(true),
+        }),
+    ));
+    let runner = b.runner_with(
+        stalling,
+        Arc::new(pulse_shared::tools::Tools::new(pulse_tests::test_egress())),
+        settings(),
+    );
+    let before = b.now();
+    let done = runner.retry_action(&agent.id, &failed.id).await.unwrap();
+    assert_eq!((done.status, done.attempt), (ActionStatus::Completed, 2));
+    let stored = b
+        .store
+        .get_action(&agent.id, &failed.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (stored.status, stored.new_events.len()),
+        (ActionStatus::Completed, 1)
+    );
+    let sent = b
+        .store
+        .get_events(&agent.id, &stored.new_events)
+        .await
+        .unwrap();
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent[0].id.timestamp_ms() as i64
+            >= (before + SignedDuration::from_secs(3)).as_millisecond(),
+        "dated after the stall, not before it"
+    );
+    // The next heartbeat reads it.
+    let logger = FakeTool::start().await;
+    b.tool("logger", &logger.url(), "SENT").await;
+    b.advance(SignedDuration::from_mins(16));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker(settings())).await;
+    assert_eq!(logger.event_ids(), vec![sent[0].id.to_string()]);
+}
+
 /// An event stamped before a window's end but committed after the window was read would
 /// land behind it, read by no heartbeat. On SQLite nothing bounds how long a write waits
 /// for the file (a stalled disk, another process holding it), so an event from outside

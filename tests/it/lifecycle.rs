@@ -15,7 +15,7 @@ use pulse_shared::engine::{
     EngineSettings, Lifecycle, LifecycleError, Refused, Toggled, Verdict, WebhookIntake, Worker,
 };
 use pulse_shared::error::StoreError;
-use pulse_shared::ports::{Finish, FinishOutcome, Reschedule, Store};
+use pulse_shared::ports::{Finish, FinishOutcome, Reschedule, Store, Writer};
 use pulse_tests::fake_discord::FakeDiscord;
 use pulse_tests::fake_hooks::FakeReceiver;
 use pulse_tests::fake_llm::FakeLlm;
@@ -188,8 +188,18 @@ async fn store_ports(kind: Kind) {
 
     // Pausing is one write with its event; twice is a no-op.
     let paused = marker(&a, b, "AGENT_PAUSED");
-    assert!(b.store.set_paused(&a.id, Some(t), &paused).await.unwrap());
-    assert!(!b.store.set_paused(&a.id, Some(t), &paused).await.unwrap());
+    assert!(
+        b.store
+            .set_paused(&a.id, Some(t), &paused, Writer::Outside)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !b.store
+            .set_paused(&a.id, Some(t), &paused, Writer::Outside)
+            .await
+            .unwrap()
+    );
     assert_eq!(
         b.store.get_agent(&a.id).await.unwrap().unwrap().paused_at,
         Some(t)
@@ -290,7 +300,12 @@ async fn store_ports(kind: Kind) {
 
     // Once the agent is deleted, a late finish of its heartbeat is Gone.
     let resumed = marker(&a, b, "AGENT_RESUMED");
-    assert!(b.store.set_paused(&a.id, None, &resumed).await.unwrap());
+    assert!(
+        b.store
+            .set_paused(&a.id, None, &resumed, Writer::Outside)
+            .await
+            .unwrap()
+    );
     b.store
         .reschedule(&second.id(), Reschedule::Resume(b.now()))
         .await
@@ -509,7 +524,7 @@ async fn pause_races(kind: Kind) {
     let paused = marker(&agent, &w.b, "AGENT_PAUSED");
     assert!(
         w.b.store
-            .set_paused(&agent.id, Some(w.b.now()), &paused)
+            .set_paused(&agent.id, Some(w.b.now()), &paused, Writer::Outside)
             .await
             .unwrap()
     );

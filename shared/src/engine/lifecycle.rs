@@ -22,7 +22,7 @@ use crate::domain::{
     HeartbeatStatus, HookData, HookType, Priority, Schedule, ScheduleId, ScheduleRule, to_ms,
 };
 use crate::error::{StoreError, ValidationError, chain};
-use crate::ports::{Clock, Footprint, Reschedule, Store};
+use crate::ports::{Clock, Footprint, Reschedule, Store, Writer};
 
 /// How many times a pause or resume looks again at a heartbeat that moved on meanwhile
 /// (claimed, or finished) before it settles.
@@ -229,7 +229,7 @@ impl Lifecycle {
         let event = lifecycle_event(&agent, HookType::AGENT_PAUSED, now, None);
         let already = !self
             .store
-            .set_paused(id, Some(now), &event)
+            .set_paused(id, Some(now), &event, Writer::Outside)
             .await
             .map_err(|e| LifecycleError::store(id, e))?;
         // The pending heartbeat is parked; a running one is marked, so its finish files
@@ -274,7 +274,7 @@ impl Lifecycle {
         let event = lifecycle_event(&agent, HookType::AGENT_RESUMED, now, Some(at));
         let already = !self
             .store
-            .set_paused(id, None, &event)
+            .set_paused(id, None, &event, Writer::Outside)
             .await
             .map_err(|e| LifecycleError::store(id, e))?;
         let mut running = false;

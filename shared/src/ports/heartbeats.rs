@@ -44,15 +44,16 @@ pub trait AgentStore: Send + Sync {
     /// `NotFound` if the agent is gone.
     async fn set_next_wake(&self, id: &AgentId, at: Option<Timestamp>) -> Result<(), StoreError>;
     /// Pauses (`paused_at` set) or resumes (`None`) an agent and appends `event` to its
-    /// log, atomically. False, with nothing written, when it already was so; `NotFound`
-    /// if the agent is gone. The pending heartbeat is moved by
-    /// [`HeartbeatStore::reschedule`], a running one marked with
+    /// log, atomically, within the deadline `writer` has. False, with nothing written,
+    /// when it already was so; `NotFound` if the agent is gone. The pending heartbeat is
+    /// moved by [`HeartbeatStore::reschedule`], a running one marked with
     /// [`Reschedule::Running`], so its finish schedules the next one PAUSED.
     async fn set_paused(
         &self,
         id: &AgentId,
         paused_at: Option<Timestamp>,
         event: &Event,
+        writer: Writer,
     ) -> Result<bool, StoreError>;
     /// Everything that is the agent's own: its record, heartbeats, events, actions,
     /// conversation, memories, webhooks (with their request logs, replay keys and
@@ -305,6 +306,22 @@ pub struct Window {
     /// the agent's record, which the window read returns; SQLite looks in the same
     /// snapshot): `Some(false)` spares the routes read. `None`: unknown; read them.
     pub has_hooks: Option<bool>,
+}
+
+/// Who writes the events of a write that carries some with it (a pause, an action's
+/// outcome): that decides how late after its stamp an event may still be committed, as
+/// [`EventLog::append`] and [`EventLog::append_in_session`] do for a single event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// A job of the agent's own session (a heartbeat run, a conversation turn): the
+    /// agent's windows are read by later jobs of that session, after this write, so the
+    /// events may be committed however long after their stamps.
+    Session,
+    /// Anything else (an operator's `pulse agents pause`, `pulse actions retry`): the
+    /// write is refused, with nothing written, when it would be committed later than the
+    /// event write deadline after an event's stamp, since a heartbeat may already have
+    /// read past it. The caller makes it again, with new stamps.
+    Outside,
 }
 
 /// The event log.

@@ -45,8 +45,14 @@ pub trait ActionLog: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Records the action's outcome and appends the events its tool returned, atomically,
     /// if the stored action is still RUNNING at `action.attempt`; `Conflict` otherwise
-    /// (another run took it over).
-    async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError>;
+    /// (another run took it over). The events are written within the deadline `writer`
+    /// has.
+    async fn finish_action(
+        &self,
+        action: &Action,
+        new_events: &[Event],
+        writer: super::Writer,
+    ) -> Result<(), StoreError>;
     /// One of the agent's actions by id. Actions are filed by (event, tool), so on
     /// DynamoDB this reads the agent's actions newest first until it is found.
     async fn get_action(

@@ -8,7 +8,7 @@ use super::codec::*;
 use super::keys::*;
 use crate::domain::{Action, ActionId, AgentId, Event, EventCursor};
 use crate::error::StoreError;
-use crate::ports::ActionLog;
+use crate::ports::{ActionLog, Writer};
 
 #[async_trait]
 impl ActionLog for DynamoStore {
@@ -46,7 +46,12 @@ impl ActionLog for DynamoStore {
             .await
     }
 
-    async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
+    async fn finish_action(
+        &self,
+        action: &Action,
+        new_events: &[Event],
+        writer: Writer,
+    ) -> Result<(), StoreError> {
         let conflict = || {
             StoreError::Conflict(format!(
                 "action {} is no longer RUNNING at attempt {}; another run took it over",
@@ -66,7 +71,7 @@ impl ActionLog for DynamoStore {
         for e in new_events {
             items.push(self.put(event_item(e), None)?);
         }
-        match self.transact("finish action", items).await? {
+        match self.transact_events("finish action", items, writer).await? {
             Ok(()) => Ok(()),
             Err(reasons) if is_ccf(reasons.first()) => Err(conflict()),
             Err(reasons) => Err(StoreError::backend(

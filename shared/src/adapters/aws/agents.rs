@@ -15,7 +15,7 @@ use crate::domain::{
     Agent, AgentId, AgentState, AgentStates, Event, Heartbeat, Spend, from_ms, to_ms,
 };
 use crate::error::StoreError;
-use crate::ports::{AgentStore, AgentsPage, Footprint};
+use crate::ports::{AgentStore, AgentsPage, Footprint, Writer};
 
 pub(super) fn channel_item(channel: &str, agent: &AgentId) -> Item {
     let mut item = key(format!("CH#{channel}"), "CH");
@@ -280,6 +280,7 @@ impl AgentStore for DynamoStore {
         id: &AgentId,
         paused_at: Option<Timestamp>,
         event: &Event,
+        writer: Writer,
     ) -> Result<bool, StoreError> {
         let Some(mut agent) = self.get_agent(id).await? else {
             return Err(StoreError::NotFound(format!("agent {id}")));
@@ -307,7 +308,10 @@ impl AgentStore for DynamoStore {
             )?,
             self.put(event_item(event), None)?,
         ];
-        match self.transact("pause or resume agent", items).await? {
+        match self
+            .transact_events("pause or resume agent", items, writer)
+            .await?
+        {
             Ok(()) => Ok(true),
             Err(reasons) if is_ccf(reasons.first()) => match self.get_agent(id).await? {
                 Some(_) => Ok(false),

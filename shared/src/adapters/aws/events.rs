@@ -12,15 +12,12 @@ use crate::ports::{AgentStore, EventLog, Window};
 #[async_trait]
 impl EventLog for DynamoStore {
     async fn append(&self, event: &Event) -> Result<(), StoreError> {
-        let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
-            .operation_timeout(self.event_write_timeout)
-            .build();
         self.client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(event_item(event)))
             .customize()
-            .config_override(aws_sdk_dynamodb::config::Builder::default().timeout_config(timeouts))
+            .config_override(self.event_write_config())
             .send()
             .await
             .map_err(backend("append event"))?;

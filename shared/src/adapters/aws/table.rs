@@ -14,6 +14,7 @@ use super::codec::*;
 use super::keys::*;
 use crate::domain::Heartbeat;
 use crate::error::StoreError;
+use crate::ports::Writer;
 use crate::sealing::{EncryptionKeys, SealError, SealedRecord, Stored, open_or_mark};
 
 /// Pulse's records in one DynamoDB table.
@@ -321,18 +322,43 @@ impl DynamoStore {
         }
     }
 
+    /// The override that bounds a request writing events from outside the agent's
+    /// session by the event write timeout.
+    pub(super) fn event_write_config(&self) -> aws_sdk_dynamodb::config::Builder {
+        let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+            .operation_timeout(self.event_write_timeout)
+            .build();
+        aws_sdk_dynamodb::config::Builder::default().timeout_config(timeouts)
+    }
+
     /// Runs a transaction; returns the cancellation reason codes if it was cancelled.
     pub(super) async fn transact(
         &self,
         op: &'static str,
         items: Vec<TransactWriteItem>,
     ) -> Result<Result<(), Vec<String>>, StoreError> {
-        let r = self
+        self.transact_events(op, items, Writer::Session).await
+    }
+
+    /// [`Self::transact`] for a transaction that appends events `writer` wrote: from
+    /// outside the agent's session it gives up after the event write timeout, as
+    /// `append` does, so that its events are visible within the settle time or not at
+    /// all.
+    pub(super) async fn transact_events(
+        &self,
+        op: &'static str,
+        items: Vec<TransactWriteItem>,
+        writer: Writer,
+    ) -> Result<Result<(), Vec<String>>, StoreError> {
+        let mut call = self
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
-            .send()
-            .await;
+            .customize();
+        if writer == Writer::Outside {
+            call = call.config_override(self.event_write_config());
+        }
+        let r = call.send().await;
         match r {
             Ok(_) => Ok(Ok(())),
             Err(e) => match e.into_service_error() {

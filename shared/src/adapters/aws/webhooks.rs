@@ -321,15 +321,12 @@ impl WebhookStore for DynamoStore {
             Some("attribute_not_exists(pk)"),
         )?);
         // The event must be visible within the settle time or not at all, as `append`.
-        let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
-            .operation_timeout(self.event_write_timeout)
-            .build();
         let r = self
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
             .customize()
-            .config_override(aws_sdk_dynamodb::config::Builder::default().timeout_config(timeouts))
+            .config_override(self.event_write_config())
             .send()
             .await;
         match r {

@@ -8,7 +8,7 @@ use super::events::upsert_event;
 use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{Action, ActionId, AgentId, Event, EventCursor};
 use crate::error::StoreError;
-use crate::ports::ActionLog;
+use crate::ports::{ActionLog, Writer};
 
 #[async_trait]
 impl ActionLog for SqliteStore {
@@ -92,8 +92,14 @@ impl ActionLog for SqliteStore {
         .await
     }
 
-    async fn finish_action(&self, action: &Action, new_events: &[Event]) -> Result<(), StoreError> {
+    async fn finish_action(
+        &self,
+        action: &Action,
+        new_events: &[Event],
+        writer: Writer,
+    ) -> Result<(), StoreError> {
         let (action, new_events) = (action.clone(), new_events.to_vec());
+        let deadline = self.db.deadline_for(writer);
         self.db
             .call("finish action", move |conn| {
                 let op = sqlite_err("finish action");
@@ -111,9 +117,7 @@ impl ActionLog for SqliteStore {
                     )));
                 }
                 for e in &new_events {
-                    // Written by the engine as soon as stamped (an action's outcome, a pause or
-                    // resume), often inside a heartbeat run: no deadline.
-                    upsert_event(&tx, e, None)?;
+                    upsert_event(&tx, e, deadline.as_ref())?;
                 }
                 tx.commit().map_err(&op)
             })

@@ -12,7 +12,7 @@ use super::schema::agent_state;
 use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{Agent, AgentId, AgentStates, Event, Heartbeat, Spend, from_ms, to_ms};
 use crate::error::StoreError;
-use crate::ports::{AgentStore, AgentsPage, Footprint};
+use crate::ports::{AgentStore, AgentsPage, Footprint, Writer};
 
 /// How many agents are in each state, read from the index `agents_by_state`.
 const COUNT_BY_STATE: &str = concat!(
@@ -274,8 +274,10 @@ impl AgentStore for SqliteStore {
         id: &AgentId,
         paused_at: Option<Timestamp>,
         event: &Event,
+        writer: Writer,
     ) -> Result<bool, StoreError> {
         let (id, event) = (id.clone(), event.clone());
+        let deadline = self.db.deadline_for(writer);
         self.db
             .call("pause or resume agent", move |conn| {
                 let op = "pause or resume agent";
@@ -286,9 +288,7 @@ impl AgentStore for SqliteStore {
                 }
                 agent.paused_at = paused_at;
                 write_agent(&tx, op, &agent)?;
-                // Stamped as the change is made, often inside a heartbeat run (the breaker):
-                // no deadline.
-                upsert_event(&tx, &event, None)?;
+                upsert_event(&tx, &event, deadline.as_ref())?;
                 tx.commit().map_err(sqlite_err(op))?;
                 Ok(true)
             })

@@ -323,6 +323,14 @@ impl Db {
         self
     }
 
+    /// The deadline of events `writer` writes: none for a job of the agent's session.
+    pub(crate) fn deadline_for(&self, writer: crate::ports::Writer) -> Option<EventDeadline> {
+        match writer {
+            crate::ports::Writer::Session => None,
+            crate::ports::Writer::Outside => self.deadline.clone(),
+        }
+    }
+
     /// Opens a database for the simulator, in memory (or in the file at `path`, to
     /// look into afterwards): every call runs on the caller's thread, so a
     /// single-threaded run is deterministic (no blocking pool decides the order calls

@@ -28,6 +28,7 @@ use crate::domain::{
 };
 use crate::engine::hooks::Emission;
 use crate::error::chain;
+use crate::ports::Writer;
 use crate::tools::McpCall;
 
 /// The most of an answer kept in the action log (the model gets all of it).
@@ -132,7 +133,11 @@ impl AgentTools {
             status = ?action.status,
             "MCP tool call"
         );
-        if let Err(e) = self.store.finish_action(&action, &[]).await {
+        if let Err(e) = self
+            .store
+            .finish_action(&action, &[], Writer::Session)
+            .await
+        {
             warn!(action_id = %action.id, error = %chain(&e), "the MCP call's outcome could not be recorded; it stays RUNNING, and a rerun finds it so");
         }
         self.finish_hooks(offer, site, &action).await;
@@ -205,7 +210,11 @@ impl AgentTools {
                 "an earlier run stopped while this call to {} was being made (attempt {}), so it may have been done; settle it with `pulse actions resolve {} --as succeeded|failed`",
                 existing.tool, existing.attempt, existing.id
             ));
-            if let Err(e) = self.store.finish_action(&unknown, &[]).await {
+            if let Err(e) = self
+                .store
+                .finish_action(&unknown, &[], Writer::Session)
+                .await
+            {
                 warn!(action_id = %unknown.id, error = %chain(&e), "the call could not be recorded UNKNOWN");
             }
             warn!(action_id = %unknown.id, "an MCP call of an earlier run did not finish and its server is not idempotent: recorded UNKNOWN, not sent again");

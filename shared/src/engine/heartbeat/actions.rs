@@ -14,7 +14,7 @@ use crate::domain::{
 use crate::engine::budget;
 use crate::error::{EngineError, StoreError};
 use crate::meter;
-use crate::ports::ToolFailure;
+use crate::ports::{ToolFailure, Writer};
 
 /// What an UNKNOWN action's error says to do.
 pub(super) const SETTLE: &str = "settle it with `pulse actions retry ID` (the same Idempotency-Key is sent) or `pulse actions resolve ID --as succeeded|failed`";
@@ -61,7 +61,11 @@ impl HeartbeatRunner {
                 }
                 None => Vec::new(),
             };
-            match self.store.finish_action(&action, &new_events).await {
+            match self
+                .store
+                .finish_action(&action, &new_events, Writer::Session)
+                .await
+            {
                 Ok(()) => {}
                 Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
                 Err(e) => return Err(e.into()),
@@ -215,7 +219,11 @@ impl HeartbeatRunner {
                     "an earlier run stopped while {} was being called (attempt {}), so it may have done its work; {SETTLE}",
                     tool.name, existing.attempt
                 ));
-                match self.store.finish_action(&unknown, &[]).await {
+                match self
+                    .store
+                    .finish_action(&unknown, &[], Writer::Session)
+                    .await
+                {
                     Ok(()) => {}
                     Err(StoreError::Conflict(why)) => return Err(EngineError::Contended(why)),
                     Err(e) => return Err(e.into()),

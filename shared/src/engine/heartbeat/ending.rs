@@ -13,7 +13,7 @@ use crate::domain::{
 use crate::engine::budget;
 use crate::engine::schedule::next_run;
 use crate::error::{EngineError, StoreError, chain};
-use crate::ports::{Finish, FinishOutcome, Reschedule};
+use crate::ports::{Finish, FinishOutcome, Reschedule, Writer};
 
 impl HeartbeatRunner {
     /// Puts the claimed heartbeat back to PENDING, due at `until`.
@@ -168,7 +168,7 @@ impl HeartbeatRunner {
         );
         let paused = match self
             .store
-            .set_paused(&plan.agent.id, Some(now), &event)
+            .set_paused(&plan.agent.id, Some(now), &event, Writer::Session)
             .await
         {
             Ok(paused) => paused,

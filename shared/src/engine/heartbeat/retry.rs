@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::HeartbeatRunner;
 use crate::domain::{
@@ -18,6 +18,7 @@ use crate::domain::{
 };
 use crate::engine::actions;
 use crate::error::{EngineError, StoreError, ValidationError};
+use crate::ports::Writer;
 
 /// Why an action was not retried.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,10 @@ pub enum RetryError {
     #[error(transparent)]
     Failed(#[from] EngineError),
 }
+
+/// How many times a retried action's outcome is written, dated anew each time, before
+/// the retry fails with the store's error.
+const FINISH_TRIES: u32 = 3;
 
 impl From<StoreError> for RetryError {
     fn from(e: StoreError) -> Self {
@@ -100,21 +105,61 @@ impl HeartbeatRunner {
         action.completed_at = Some(now);
         action.duration_ms = Some(began.elapsed().as_millis() as u64);
         action.response = call.response_meta;
-        let ms = now.as_millisecond().max(0) as u64;
+        let returned =
+            super::actions::outcome(&mut action, call.result, tool.idempotent).unwrap_or_default();
+        // The events are read by the agent's next heartbeat, which may start at any
+        // moment, so they are written within the event write deadline of their date. A
+        // write refused for coming too late (the database stalled) writes nothing: the
+        // events are dated again and written once more, rather than leaving the action
+        // RUNNING, which no retry could take again.
         let attempt = action.attempt.to_string();
-        let new_events: Vec<_> = super::actions::outcome(&mut action, call.result, tool.idempotent)
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-            .map(|(i, ne)| {
-                let mut e = ne.into_event(agent.clone(), format!("tool:{}", tool.name), now);
-                e.id = EventId::derived(ms, &[id.as_str(), &attempt, &i.to_string()]);
-                e.parent_id = Some(before.event_id.clone());
-                e
-            })
-            .collect();
-        action.new_events = new_events.iter().map(|e| e.id.clone()).collect();
-        self.store.finish_action(&action, &new_events).await?;
+        let mut dated_at = now;
+        for tries in 1.. {
+            let ms = dated_at.as_millisecond().max(0) as u64;
+            let new_events: Vec<_> = returned
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, ne)| {
+                    let mut e =
+                        ne.into_event(agent.clone(), format!("tool:{}", tool.name), dated_at);
+                    e.id = EventId::derived(ms, &[id.as_str(), &attempt, &i.to_string()]);
+                    e.parent_id = Some(before.event_id.clone());
+                    e
+                })
+                .collect();
+            action.new_events = new_events.iter().map(|e| e.id.clone()).collect();
+            match self
+                .store
+                .finish_action(&action, &new_events, Writer::Outside)
+                .await
+            {
+                Ok(()) => break,
+                Err(e @ StoreError::Backend { .. }) if tries < FINISH_TRIES => {
+                    warn!(action_id = %id, error = %crate::error::chain(&e), "the retried action's outcome was not written; writing it again");
+                    dated_at = self.clock.now();
+                }
+                // A write that timed out may have landed all the same (DynamoDB): then
+                // the next one finds the action finished at this attempt.
+                Err(StoreError::Conflict(_)) if tries > 1 => {
+                    match actions::find(self.store.as_ref(), agent, id).await? {
+                        Some(stored)
+                            if stored.attempt == action.attempt
+                                && stored.status != ActionStatus::Running =>
+                        {
+                            action = stored;
+                            break;
+                        }
+                        _ => {
+                            return Err(invalid(format!(
+                                "action {id} changed while its outcome was being written; look again with `pulse actions show {id}`"
+                            )));
+                        }
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         info!(action_id = %id, attempt = action.attempt, status = ?action.status, "action retried");
         Ok(action)
     }
