@@ -986,12 +986,15 @@ async fn new_subscription(kind: Kind) {
     assert_eq!(tool.event_ids().len(), 1, "a disabled tool is not called");
 }
 
-on_both_backends!(
-    a_failed_action_is_retried_as_its_next_attempt_and_its_events_are_read_next,
-    retry
-);
-async fn retry(kind: Kind) {
-    let b = Backend::new(kind).await;
+/// An agent whose tool `mailer` failed its action on an ORDER event: the tool (still
+/// failing until told otherwise), the agent and the FAILED action.
+async fn failed_mailer_action(
+    b: &Backend,
+) -> (
+    FakeTool,
+    pulse_shared::domain::Agent,
+    pulse_shared::domain::Action,
+) {
     let tool = FakeTool::answering(|_| Reply::Json(500, json!({"error": "down"}))).await;
     b.tool("mailer", &tool.url(), "ORDER").await;
     let (agent, _) = b.agent("scout", "15m").await;
@@ -1005,6 +1008,16 @@ async fn retry(kind: Kind) {
         .find(|a| a.tool.as_str() == "mailer")
         .unwrap()
         .clone();
+    (tool, agent, failed)
+}
+
+on_both_backends!(
+    a_failed_action_is_retried_as_its_next_attempt_and_its_events_are_read_next,
+    retry
+);
+async fn retry(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (tool, agent, failed) = failed_mailer_action(&b).await;
     assert_eq!((failed.status, failed.attempt), (ActionStatus::Failed, 1));
 
     // The tool is back: the retry is attempt 2 of the same action, with the same event.
@@ -1076,19 +1089,7 @@ async fn a_retried_actions_outcome_that_came_too_late_is_dated_again_and_written
         }
     }
     let b = Backend::new(Kind::Sqlite).await;
-    let tool = FakeTool::answering(|_| Reply::Json(500, json!({"error": "down"}))).await;
-    b.tool("mailer", &tool.url(), "ORDER").await;
-    let (agent, _) = b.agent("scout", "15m").await;
-    b.emit(&agent, "ORDER", json!({"n": 1})).await;
-    b.advance(SignedDuration::from_secs(10));
-    b.sweeper(settings()).sweep_once(b.now()).await;
-    b.drain(&b.worker(settings())).await;
-    let failed = b.store.list_actions(&agent.id, 10).await.unwrap();
-    let failed = failed
-        .iter()
-        .find(|a| a.tool.as_str() == "mailer")
-        .unwrap()
-        .clone();
+    let (tool, agent, failed) = failed_mailer_action(&b).await;
 
     tool.set(|_| ok_with_events(json!([{"event_type": "SENT", "payload": {}}])));
     let stalling = Arc::new(pulse_sim::FaultyStore::new(
