@@ -353,12 +353,11 @@ pub async fn serve_app(
                 // The timeout is kept here, around the router, rather than as a layer of
                 // it: a router layer wraps every route in another boxed service, cloned
                 // and called for each request.
-                let response =
-                    match tokio::time::timeout(request_timeout, app.call(req.map(Body::new))).await
-                    {
-                        Ok(response) => response?,
-                        Err(_) => timed_out(),
-                    };
+                let call = app.call(req.map(Body::new));
+                let response = match tokio::time::timeout(request_timeout, call).await {
+                    Ok(response) => response?,
+                    Err(_) => timed_out(),
+                };
                 Ok::<_, std::convert::Infallible>(response.map(|inner| {
                     Body::new(Tracked {
                         inner,

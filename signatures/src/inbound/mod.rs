@@ -6,6 +6,7 @@
 //! that the cheap, informative errors come first and the MAC is only computed for
 //! requests that could be valid.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -200,28 +201,24 @@ fn describe_skew(skew_secs: i64) -> String {
     }
 }
 
-/// The HMAC key bytes of a secret under a scheme.
-fn key_bytes(
-    scheme: Scheme,
-    secret: &str,
-    index: usize,
-) -> Result<std::borrow::Cow<'_, [u8]>, VerifyError> {
-    let key: std::borrow::Cow<'_, [u8]> =
-        match scheme {
-            // Standard Webhooks secrets are base64 keys, optionally prefixed with `whsec_`.
-            Scheme::Standard => {
-                let encoded = secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret);
-                BASE64.decode(encoded).map_err(|_| {
+/// The HMAC key bytes of a secret under a scheme: the secret's own bytes, lent, or the
+/// key its base64 decodes to.
+fn key_bytes(scheme: Scheme, secret: &str, index: usize) -> Result<Cow<'_, [u8]>, VerifyError> {
+    let key = match scheme {
+        // Standard Webhooks secrets are base64 keys, optionally prefixed with `whsec_`.
+        Scheme::Standard => {
+            let encoded = secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret);
+            let decoded = BASE64.decode(encoded).map_err(|_| {
                 VerifyError::BadSecret(format!(
                     "secret #{index} is not base64 (after an optional {SECRET_PREFIX} prefix), \
                      as the standard scheme requires"
                 ))
-            })?
-            .into()
-            }
-            // GitHub and Stripe use the secret's text as the key, and so does Pulse.
-            Scheme::Pulse | Scheme::Github | Scheme::Stripe => secret.as_bytes().into(),
-        };
+            })?;
+            Cow::Owned(decoded)
+        }
+        // GitHub and Stripe use the secret's text as the key, and so does Pulse.
+        Scheme::Pulse | Scheme::Github | Scheme::Stripe => Cow::Borrowed(secret.as_bytes()),
+    };
     // An empty key would let anyone sign: refuse it rather than accept forgeries.
     if key.is_empty() {
         return Err(VerifyError::BadSecret(format!("secret #{index} is empty")));
