@@ -29,17 +29,7 @@ pub fn key_file(path: &Path, make: bool) -> Result<(String, bool), KeyFileError>
         path: path.to_owned(),
         why,
     };
-    let mut made = false;
-    if make {
-        match options().write(true).create_new(true).open(path) {
-            Ok(mut f) => {
-                writeln!(f, "{}", EncryptionKeys::new_key()).map_err(|e| failed(e.to_string()))?;
-                made = true;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(failed(e.to_string())),
-        }
-    }
+    let made = make && !path.exists() && make_key_file(path).map_err(|e| failed(e.to_string()))?;
     let mut file = options().read(true).open(path).map_err(|e| {
         failed(if is_symlink(path) {
             "it is a symbolic link; a key file must be a plain file (replace the link with the file it points to, if that is yours)".to_owned()
@@ -53,6 +43,48 @@ pub fn key_file(path: &Path, make: bool) -> Result<(String, bool), KeyFileError>
     let key = text.trim().to_owned();
     EncryptionKeys::parse(&key, None).map_err(|e| failed(e.to_string()))?;
     Ok((key, made))
+}
+
+/// Makes the key file at `path` holding a new key, unless another process made it first
+/// (false then). Another process may look for the file at the same moment (`pulse serve
+/// &` and the command after it), so it never sees the file part-written: the key is
+/// written whole to a file of its own beside it, which is then linked in under the
+/// key file's name, an operation that fails when the name is taken.
+fn make_key_file(path: &Path) -> std::io::Result<bool> {
+    static DRAFTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = DRAFTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".{}-{n}.new", std::process::id()));
+    let draft = Draft(path.with_file_name(name));
+    // One by that name is left from a process that stopped halfway, whose id this one
+    // now has: no one else writes it.
+    let _ = std::fs::remove_file(&draft.0);
+    let key = EncryptionKeys::new_key();
+    let mut f = options().write(true).create_new(true).open(&draft.0)?;
+    writeln!(f, "{key}")?;
+    f.sync_all()?;
+    match std::fs::hard_link(&draft.0, path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        // A file system without hard links: made in place, as the next best thing.
+        Err(_) => match options().write(true).create_new(true).open(path) {
+            Ok(mut f) => {
+                writeln!(f, "{key}")?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// A key written beside its file before it is linked in; removed however that went.
+struct Draft(PathBuf);
+
+impl Drop for Draft {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn is_symlink(path: &Path) -> bool {
@@ -119,6 +151,46 @@ mod tests {
         let (again, made) = key_file(&path, true).unwrap();
         assert!(!made);
         assert_eq!(first, again);
+    }
+
+    /// `pulse serve &` and the command after it may both find the key file missing and
+    /// make it at once: each gets the one key, never a file still being written.
+    #[test]
+    fn processes_making_the_key_file_at_once_all_read_the_one_key() {
+        for round in 0..40 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("pulse.key");
+            let start = std::sync::Barrier::new(6);
+            let got: Vec<(String, bool)> = std::thread::scope(|s| {
+                let makers: Vec<_> = (0..6)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            key_file(&path, true)
+                        })
+                    })
+                    .collect();
+                makers
+                    .into_iter()
+                    .map(|m| {
+                        m.join()
+                            .unwrap()
+                            .unwrap_or_else(|e| panic!("round {round}: {e}"))
+                    })
+                    .collect()
+            });
+            assert_eq!(
+                got.iter().filter(|(_, made)| *made).count(),
+                1,
+                "round {round}"
+            );
+            assert!(
+                got.iter().all(|(k, _)| *k == got[0].0),
+                "round {round}: {got:?}"
+            );
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+            assert_eq!(left.len(), 1, "round {round}: only the key file is left");
+        }
     }
 
     #[test]
