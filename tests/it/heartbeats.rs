@@ -1011,6 +1011,17 @@ async fn failed_mailer_action(
     (tool, agent, failed)
 }
 
+/// The agent's next heartbeat reads `event`: a tool subscribed to its type is sent it.
+async fn read_by_the_next_heartbeat(b: &Backend, event: &pulse_shared::domain::Event) {
+    let logger = FakeTool::start().await;
+    b.tool("logger", &logger.url(), event.event_type.as_str())
+        .await;
+    b.advance(SignedDuration::from_mins(16));
+    b.sweeper(settings()).sweep_once(b.now()).await;
+    b.drain(&b.worker(settings())).await;
+    assert_eq!(logger.event_ids(), vec![event.id.to_string()]);
+}
+
 on_both_backends!(
     a_failed_action_is_retried_as_its_next_attempt_and_its_events_are_read_next,
     retry
@@ -1053,12 +1064,7 @@ async fn retry(kind: Kind) {
     assert_eq!(sent[0].event_type.as_str(), "SENT");
     assert_eq!(sent[0].parent_id.as_ref(), Some(&failed.event_id));
     // The next heartbeat reads what the retry returned: a tool on SENT runs.
-    let logger = FakeTool::start().await;
-    b.tool("logger", &logger.url(), "SENT").await;
-    b.advance(SignedDuration::from_mins(16));
-    b.sweeper(settings()).sweep_once(b.now()).await;
-    b.drain(&b.worker(settings())).await;
-    assert_eq!(logger.event_ids(), vec![sent[0].id.to_string()]);
+    read_by_the_next_heartbeat(&b, &sent[0]).await;
 
     // A heartbeat agent's run is not retried this way, nor an unknown action.
     let unknown =
@@ -1129,12 +1135,7 @@ async fn a_retried_actions_outcome_that_came_too_late_is_dated_again_and_written
         "dated after the stall, not before it"
     );
     // The next heartbeat reads it.
-    let logger = FakeTool::start().await;
-    b.tool("logger", &logger.url(), "SENT").await;
-    b.advance(SignedDuration::from_mins(16));
-    b.sweeper(settings()).sweep_once(b.now()).await;
-    b.drain(&b.worker(settings())).await;
-    assert_eq!(logger.event_ids(), vec![sent[0].id.to_string()]);
+    read_by_the_next_heartbeat(&b, &sent[0]).await;
 }
 
 /// An event stamped before a window's end but committed after the window was read would

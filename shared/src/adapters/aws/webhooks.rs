@@ -26,7 +26,7 @@ use crate::domain::{
     EventId, REFUSED_LOG_BUDGET, RateLimit, RequestStatus, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
-use crate::ports::WebhookStore;
+use crate::ports::{WebhookStore, Writer};
 
 const DIRECTORY_PK: &str = "WEBHOOKS";
 const WEBHOOK_SK: &str = "WH";
@@ -321,31 +321,26 @@ impl WebhookStore for DynamoStore {
             Some("attribute_not_exists(pk)"),
         )?);
         // The event must be visible within the settle time or not at all, as `append`.
-        let r = self
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .customize()
-            .config_override(self.event_write_config())
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(outcome),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError::TransactionCanceledException(c)
-                    if c.cancellation_reasons().iter().any(|r| is_ccf(r.code.as_ref())) =>
-                {
-                    // Another request with this key won the race: answer as it was.
-                    let first = self.remembered(hook, &a.replay_key).await?.ok_or_else(|| {
-                        StoreError::Conflict(format!(
-                            "request {} of webhook {hook} is being accepted by another request",
-                            a.replay_key
-                        ))
-                    })?;
-                    self.answer_duplicate(a, first).await
-                }
-                other => Err(StoreError::backend("dynamodb", "accept webhook request", other)),
-            },
+        match self
+            .transact_events("accept webhook request", items, Writer::Outside)
+            .await?
+        {
+            Ok(()) => Ok(outcome),
+            Err(reasons) if reasons.iter().any(|r| is_ccf(Some(r))) => {
+                // Another request with this key won the race: answer as it was.
+                let first = self.remembered(hook, &a.replay_key).await?.ok_or_else(|| {
+                    StoreError::Conflict(format!(
+                        "request {} of webhook {hook} is being accepted by another request",
+                        a.replay_key
+                    ))
+                })?;
+                self.answer_duplicate(a, first).await
+            }
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                "accept webhook request",
+                format!("transaction cancelled: {}", reasons.join(", ")),
+            )),
         }
     }
 
