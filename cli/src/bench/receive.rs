@@ -48,6 +48,7 @@ struct Writes {
     commits: u64,
     acceptances: u64,
     frames: u64,
+    log_writes: u64,
 }
 
 impl Writes {
@@ -56,6 +57,7 @@ impl Writes {
             commits: after.acceptance_commits - before.acceptance_commits,
             acceptances: after.acceptances - before.acceptances,
             frames: after.log_frames - before.log_frames,
+            log_writes: after.log_writes - before.log_writes,
         }
     }
     fn per_commit(&self, n: u64) -> f64 {
@@ -72,6 +74,8 @@ impl Writes {
             "acceptances_per_commit": self.per_commit(self.acceptances),
             "log_frames_per_commit": self.per_commit(self.frames),
             "log_frames_per_acceptance": self.frames_per_acceptance(),
+            "log_writes": self.log_writes,
+            "log_writes_per_commit": self.per_commit(self.log_writes),
         })
     }
 }
@@ -412,12 +416,13 @@ fn report(
     if let Some(w) = pulse_run.writes {
         figure!(
             out,
-            "  its commits: {} for {} acceptances, {:.1} a commit; {:.1} pages of log a commit, {:.2} an acceptance",
+            "  its commits: {} for {} acceptances, {:.1} a commit; {:.1} pages of log a commit, {:.2} an acceptance, in {:.2} writes a commit",
             w.commits,
             w.acceptances,
             w.per_commit(w.acceptances),
             w.per_commit(w.frames),
-            w.frames_per_acceptance()
+            w.frames_per_acceptance(),
+            w.per_commit(w.log_writes)
         );
     }
     figure!(

@@ -56,7 +56,8 @@ use crate::sealing::EncryptionKeys;
 /// What the stores in this process have written, counted since it started, for
 /// `pulse bench receive` to read before and after a run: the acceptance threads' commits
 /// and the acceptances they held (the batches' size), and the frames every connection
-/// appended to its write-ahead log (a frame is one page: what a commit costs in writes).
+/// appended to its write-ahead log (a frame is one page: what a commit costs in writes)
+/// and the writes that took them to the file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriteCounts {
     /// Transactions committed by the acceptance threads (each a batch).
@@ -68,6 +69,9 @@ pub struct WriteCounts {
     /// connection writes to a file (as in the bench); where several do, a commit also
     /// counts what the others appended since.
     pub log_frames: u64,
+    /// Writes made to the write-ahead logs: one a commit, the frames gathered into it
+    /// (see `pulse_sqlite_log`).
+    pub log_writes: u64,
 }
 
 /// The counts so far (see [`WriteCounts`]).
@@ -77,6 +81,7 @@ pub fn write_counts() -> WriteCounts {
         acceptance_commits: webhooks::ACCEPT_COMMITS.load(Relaxed),
         acceptances: webhooks::ACCEPTANCES.load(Relaxed),
         log_frames: wal::LOG_FRAMES.load(Relaxed),
+        log_writes: pulse_sqlite_log::counts().writes,
     }
 }
 
@@ -273,13 +278,24 @@ impl Db {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let open = sqlite_err("open database");
         private_file(path)?;
-        let mut conn = Connection::open(path).map_err(|e| {
+        // SQLite's file system with the log's appends gathered into one write a commit
+        // (see `pulse_sqlite_log`).
+        let vfs = pulse_sqlite_log::register().map_err(|rc| {
             StoreError::backend(
                 "sqlite",
                 "open database",
-                format!("{}: {e}", path.display()),
+                format!("cannot register the log's file system (SQLite error {rc})"),
             )
         })?;
+        let mut conn =
+            Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), vfs)
+                .map_err(|e| {
+                    StoreError::backend(
+                        "sqlite",
+                        "open database",
+                        format!("{}: {e}", path.display()),
+                    )
+                })?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(&open)?;
         // A new file gives the pages pruning frees back to the file system (by
