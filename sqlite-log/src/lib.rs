@@ -93,7 +93,7 @@ fn register_once() -> Result<(), c_int> {
     vfs.zName = NAME.as_ptr();
     vfs.xOpen = Some(open);
     // The copy's other functions are the platform's, which read nothing of the copy but
-    // its application data, copied with them.
+    // its application data and longest path, copied with them.
     let vfs: &'static mut ffi::sqlite3_vfs = Box::leak(Box::new(vfs));
     // SAFETY: `vfs` lives for the rest of the process (leaked), as SQLite requires of a
     // registered file system; 0 leaves the default file system as it is.
@@ -169,7 +169,8 @@ unsafe extern "C" fn open(
         return unsafe { base_open(base, name, file, flags, out_flags) };
     }
     // SAFETY: the memory holds `INNER_AT` plus the platform's `szOsFile` bytes (see
-    // `register_once`), and `INNER_AT` keeps the platform's file 16-byte aligned.
+    // `register_once`); SQLite aligns it to 8 bytes, and `INNER_AT`, a multiple of 16,
+    // keeps the platform's file so aligned.
     let inner = unsafe { file.cast::<u8>().add(INNER_AT) }.cast::<ffi::sqlite3_file>();
     // SAFETY: as for any other file, at `inner`.
     let rc = unsafe { base_open(base, name, inner, flags, out_flags) };
