@@ -13,6 +13,9 @@
 //! [`SYNC_PAGES`] (4 MB). The checkpoint's own sync then finds at most that much
 //! unwritten, and a power cut loses at most that much. The copy itself, and the
 //! database's sync after it, stay in the commit, where SQLite puts them.
+//!
+//! A commit's pages reach the log in one write, not two a page: the connection's file
+//! system (`pulse_sqlite_log`) gathers them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
