@@ -237,17 +237,15 @@ impl LogFile {
             at += piece.len() as i64;
         }
         // `in_commit` stays: a commit's page SQLite writes in two parts (around a sync
-        // point, with `synchronous = FULL`) is written part by part.
+        // point, with `synchronous = FULL`) is written part by part. The buffer keeps its
+        // memory for the next commit: never more than `GATHER_AT_MOST` and a page.
         self.gathered.bytes.clear();
-        if self.gathered.bytes.capacity() > 2 * GATHER_AT_MOST {
-            self.gathered.bytes.shrink_to(GATHER_AT_MOST);
-        }
         rc
     }
 
     /// Takes SQLite's write of `data` at `at`: gathered when it extends what is gathered
     /// (or starts it), and written when it completes a commit.
-    fn append(&mut self, buf: *const c_void, data: &[u8], at: i64) -> c_int {
+    fn append(&mut self, data: &[u8], at: i64) -> c_int {
         APPENDS.fetch_add(1, Ordering::Relaxed);
         let g = &mut self.gathered;
         let end = g.at + g.bytes.len() as i64;
@@ -259,7 +257,7 @@ impl LogFile {
                 return rc;
             }
             return match c_int::try_from(data.len()) {
-                Ok(len) => self.write_inner(buf, len, at),
+                Ok(len) => self.write_inner(data.as_ptr().cast(), len, at),
                 Err(_) => ffi::SQLITE_IOERR_WRITE,
             };
         }
@@ -314,29 +312,11 @@ unsafe extern "C" fn write(
     // SAFETY: SQLite passes `len` readable bytes at `buf`, unchanged during the call.
     let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
     // SAFETY: SQLite calls this on a file `open` opened, one call at a time.
-    unsafe { log_file(file) }.append(buf, data, at)
+    unsafe { log_file(file) }.append(data, at)
 }
 
-/// Calls the platform file's method `$m` with `$args` once what is gathered is written;
+/// Calls the platform file's method `$m` with `$args`, with nothing written first;
 /// `$missing` when the platform has no such method.
-macro_rules! after_gathered {
-    ($file:ident, $m:ident, $missing:expr $(, $arg:expr)*) => {{
-        // SAFETY: SQLite calls this on a file `open` opened, one call at a time.
-        let f = unsafe { log_file($file) };
-        let rc = f.write_gathered();
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        match f.methods().$m {
-            // SAFETY: `inner` is open (see `LogFile::methods`); the arguments are
-            // SQLite's own, passed on.
-            Some(m) => unsafe { m(f.inner $(, $arg)*) },
-            None => $missing,
-        }
-    }};
-}
-
-/// Calls the platform file's method `$m` with `$args`, with nothing written first.
 macro_rules! passed_on {
     ($file:ident, $m:ident, $missing:expr $(, $arg:expr)*) => {{
         // SAFETY: SQLite calls this on a file `open` opened, one call at a time.
@@ -347,6 +327,18 @@ macro_rules! passed_on {
             Some(m) => unsafe { m(f.inner $(, $arg)*) },
             None => $missing,
         }
+    }};
+}
+
+/// [`passed_on!`] once what is gathered is written.
+macro_rules! after_gathered {
+    ($file:ident, $m:ident, $missing:expr $(, $arg:expr)*) => {{
+        // SAFETY: SQLite calls this on a file `open` opened, one call at a time.
+        let rc = unsafe { log_file($file) }.write_gathered();
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        passed_on!($file, $m, $missing $(, $arg)*)
     }};
 }
 

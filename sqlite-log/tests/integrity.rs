@@ -21,6 +21,17 @@ fn body_len(id: i64) -> i64 {
     (id * 733) % 5_000
 }
 
+/// Inserts the rows `ids`, each with its body.
+fn insert(c: &Connection, ids: std::ops::RangeInclusive<i64>) {
+    for id in ids {
+        c.execute(
+            "INSERT INTO t (id, body) VALUES (?1, zeroblob(?2))",
+            [id, body_len(id)],
+        )
+        .unwrap();
+    }
+}
+
 /// Rows 1..=n and their bodies' lengths as a reader sees them: both must agree with
 /// `body_len`.
 fn check(c: &Connection) -> i64 {
@@ -65,13 +76,7 @@ fn readers_beside_the_writer_never_see_a_frame_before_it_is_written() {
             })
         })
         .collect();
-    for id in 1..=1_500_i64 {
-        w.execute(
-            "INSERT INTO t (id, body) VALUES (?1, zeroblob(?2))",
-            [id, body_len(id)],
-        )
-        .unwrap();
-    }
+    insert(&w, 1..=1_500_i64);
     stop.store(true, Ordering::Relaxed);
     for r in readers {
         assert!(r.join().unwrap() > 10, "a reader read too seldom to tell");
@@ -88,21 +93,9 @@ fn a_rolled_back_transaction_that_spilled_pages_leaves_no_trace() {
     w.pragma_update(None, "cache_size", 10).unwrap();
     w.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
         .unwrap();
-    for id in 1..=20 {
-        w.execute(
-            "INSERT INTO t (id, body) VALUES (?1, zeroblob(?2))",
-            [id, body_len(id)],
-        )
-        .unwrap();
-    }
+    insert(&w, 1..=20);
     w.execute_batch("BEGIN").unwrap();
-    for id in 21..=900 {
-        w.execute(
-            "INSERT INTO t (id, body) VALUES (?1, zeroblob(?2))",
-            [id, body_len(id)],
-        )
-        .unwrap();
-    }
+    insert(&w, 21..=900);
     let r = Connection::open(&path).unwrap();
     assert_eq!(
         check(&r),
@@ -111,13 +104,7 @@ fn a_rolled_back_transaction_that_spilled_pages_leaves_no_trace() {
     );
     w.execute_batch("ROLLBACK").unwrap();
     assert_eq!(check(&r), 20);
-    for id in 21..=40 {
-        w.execute(
-            "INSERT INTO t (id, body) VALUES (?1, zeroblob(?2))",
-            [id, body_len(id)],
-        )
-        .unwrap();
-    }
+    insert(&w, 21..=40);
     assert_eq!(check(&r), 40);
     let ok: String = r
         .query_row("PRAGMA integrity_check", [], |row| row.get(0))
