@@ -54,7 +54,7 @@ impl ConversationStore for SqliteStore {
                 let tx = super::begin(conn).map_err(&op)?;
                 let agent = turn.agent_id.as_str();
                 let existing: Option<String> = tx
-                    .query_row(
+                    .row(
                         "SELECT doc FROM turns WHERE agent_id = ?1 AND id = ?2",
                         params![agent, turn.id.as_str()],
                         |r| r.get(0),

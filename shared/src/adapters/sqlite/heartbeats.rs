@@ -268,7 +268,7 @@ impl HeartbeatStore for SqliteStore {
                 let hb = &finish.heartbeat;
                 let tx = super::begin(conn).map_err(&op)?;
                 let current: Option<(String, i64)> = tx
-                    .query_row(
+                    .row(
                         "SELECT status, claim FROM heartbeats WHERE agent_id = ?1 AND beat = ?2",
                         params![hb.agent_id.as_str(), hb.beat as i64],
                         |r| Ok((r.get(0)?, r.get(1)?)),
@@ -313,7 +313,7 @@ impl HeartbeatStore for SqliteStore {
                 if let Some(next) = &finish.next {
                     // The agent's state now decides how the next one is filed.
                     let paused: Option<Option<i64>> = tx
-                        .query_row(
+                        .row(
                             "SELECT json_extract(doc, '$.paused_at') IS NOT NULL FROM agents WHERE id = ?1",
                             [hb.agent_id.as_str()],
                             |r| r.get(0),
@@ -356,7 +356,7 @@ impl HeartbeatStore for SqliteStore {
                     Reschedule::Pause => ("'PAUSED'", "PENDING", None),
                     Reschedule::Resume(at) => ("'PENDING'", "PAUSED", Some(to_ms(at))),
                 };
-                conn.query_row(
+                conn.row(
                     &format!(
                         "UPDATE heartbeats SET status = {set}, scheduled_ms = COALESCE(?4, scheduled_ms), \
                              due_ms = CASE WHEN ?3 = 'EXECUTING' THEN due_ms ELSE ?4 END \
@@ -409,7 +409,7 @@ impl HeartbeatStore for SqliteStore {
         let id = id.clone();
         self.db
             .call("get heartbeat", move |conn| {
-                conn.query_row(
+                conn.row(
                     &format!("SELECT {HB_COLS} FROM heartbeats WHERE agent_id = ?1 AND beat = ?2"),
                     params![id.agent().as_str(), id.beat() as i64],
                     heartbeat_row,

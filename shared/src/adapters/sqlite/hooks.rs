@@ -19,7 +19,7 @@ pub(super) fn stored_version(
     id: &str,
 ) -> Result<Option<u64>, StoreError> {
     let sql = format!("SELECT version FROM {table} WHERE id = ?1");
-    conn.query_row(&sql, [id], |r| r.get::<_, i64>(0))
+    conn.row(&sql, [id], |r| r.get::<_, i64>(0))
         .optional()
         .map(|v| v.map(|v| v as u64))
         .map_err(sqlite_err("read version"))

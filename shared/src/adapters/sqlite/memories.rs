@@ -151,7 +151,7 @@ impl MemoryStore for SqliteStore {
         self.db
             .call("read memory version", move |conn| {
                 let v: Option<i64> = conn
-                    .query_row(
+                    .row(
                         "SELECT version FROM memory_versions WHERE agent_id = ?1",
                         [agent],
                         |r| r.get(0),

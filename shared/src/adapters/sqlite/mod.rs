@@ -113,15 +113,30 @@ impl SqliteStore {
     }
 }
 
-/// `execute` through the connection's statement cache: the hot paths run the same few
-/// dozen statements over and over, and `Connection::execute` parses the SQL each call.
+/// `execute` and `query_row` through the connection's statement cache: the hot paths
+/// run the same few dozen statements over and over, and `Connection::execute` and
+/// `Connection::query_row` parse the SQL each call (the two reads of a heartbeat's
+/// finish, parsed afresh, were 7 % of the database thread's time in `bench sweep`).
 trait CachedExecute {
     fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+
+    fn row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
 }
 
 impl CachedExecute for Connection {
     fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
         self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
     }
 }
 
@@ -520,44 +535,91 @@ impl Db {
 
 /// A write transaction: its own (`BEGIN IMMEDIATE`), or, inside a group of calls the
 /// connection's thread commits together, a savepoint in the group's. Either way what is
-/// written through it lands whole or not at all.
-pub(super) enum Tx<'c> {
-    Own(rusqlite::Transaction<'c>),
-    InGroup(rusqlite::Savepoint<'c>),
+/// written through it lands whole or not at all: dropped without [`Tx::commit`], it is
+/// rolled back.
+///
+/// Its statements (`BEGIN`, `SAVEPOINT`, `RELEASE`, `COMMIT`, the rollbacks) run through
+/// the statement cache. rusqlite's own `Transaction` and `Savepoint` run them through
+/// `execute_batch`, which parses each afresh: two parses for each webhook request the
+/// receiver accepts (its savepoint in the batch's transaction) and for each call of a
+/// group. Savepoints need no unique names: SQLite releases or rolls back to the newest
+/// of a name, so every one is `pulse_tx`.
+pub(super) struct Tx<'c> {
+    conn: &'c mut Connection,
+    savepoint: bool,
+    open: bool,
 }
 
 /// Begins a write transaction on `conn` (see [`Tx`]).
 pub(super) fn begin(conn: &mut Connection) -> rusqlite::Result<Tx<'_>> {
-    begin_as(conn, rusqlite::TransactionBehavior::Immediate)
+    begin_as(conn, "BEGIN IMMEDIATE")
 }
 
 /// As [`begin`], a read snapshot outside a group (`BEGIN DEFERRED`: no write lock
 /// until the first write).
 pub(super) fn begin_deferred(conn: &mut Connection) -> rusqlite::Result<Tx<'_>> {
-    begin_as(conn, rusqlite::TransactionBehavior::Deferred)
+    begin_as(conn, "BEGIN DEFERRED")
 }
 
-fn begin_as(conn: &mut Connection, own: rusqlite::TransactionBehavior) -> rusqlite::Result<Tx<'_>> {
+fn begin_as<'c>(conn: &'c mut Connection, own: &str) -> rusqlite::Result<Tx<'c>> {
     if conn.is_autocommit() {
-        conn.transaction_with_behavior(own).map(Tx::Own)
+        Tx::start(conn, own, false)
     } else {
-        conn.savepoint().map(Tx::InGroup)
+        Tx::start(conn, "SAVEPOINT pulse_tx", true)
     }
 }
 
-impl Tx<'_> {
-    pub(super) fn commit(self) -> rusqlite::Result<()> {
-        match self {
-            Tx::Own(tx) => tx.commit(),
-            Tx::InGroup(sp) => sp.commit(),
+impl<'c> Tx<'c> {
+    fn start(conn: &'c mut Connection, sql: &str, savepoint: bool) -> rusqlite::Result<Self> {
+        statement(conn, sql)?;
+        Ok(Self {
+            conn,
+            savepoint,
+            open: true,
+        })
+    }
+
+    /// Keeps what was written: the transaction commits, a savepoint is released into the
+    /// transaction around it. On failure it is rolled back when dropped.
+    pub(super) fn commit(mut self) -> rusqlite::Result<()> {
+        statement(
+            self.conn,
+            if self.savepoint {
+                "RELEASE pulse_tx"
+            } else {
+                "COMMIT"
+            },
+        )?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// Undoes what was written.
+    pub(super) fn rollback(mut self) -> rusqlite::Result<()> {
+        self.open = false;
+        self.undo()
+    }
+
+    fn undo(&mut self) -> rusqlite::Result<()> {
+        if self.savepoint {
+            statement(self.conn, "ROLLBACK TO pulse_tx")?;
+            statement(self.conn, "RELEASE pulse_tx")
+        } else {
+            statement(self.conn, "ROLLBACK")
         }
     }
 
     /// A savepoint inside this transaction.
-    pub(super) fn savepoint(&mut self) -> rusqlite::Result<rusqlite::Savepoint<'_>> {
-        match self {
-            Tx::Own(tx) => tx.savepoint(),
-            Tx::InGroup(sp) => sp.savepoint(),
+    pub(super) fn savepoint(&mut self) -> rusqlite::Result<Tx<'_>> {
+        Tx::start(self.conn, "SAVEPOINT pulse_tx", true)
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        // An error that ended the whole transaction (a full disk) leaves nothing to undo.
+        if self.open && !self.conn.is_autocommit() {
+            let _ = self.undo();
         }
     }
 }
@@ -565,11 +627,13 @@ impl Tx<'_> {
 impl std::ops::Deref for Tx<'_> {
     type Target = Connection;
     fn deref(&self) -> &Connection {
-        match self {
-            Tx::Own(tx) => tx,
-            Tx::InGroup(sp) => sp,
-        }
+        self.conn
     }
+}
+
+/// Runs `sql`, a statement without parameters or rows, through the statement cache.
+fn statement(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// A copy of `e` for each call of a group that failed to commit: SQLite's code and
@@ -622,4 +686,77 @@ fn cannot_write(e: &StoreError) -> Option<String> {
         }
     };
     full.then(|| crate::error::chain(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(conn: &Connection) -> Vec<String> {
+        let mut st = conn.prepare("SELECT k FROM t ORDER BY k").unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    fn insert(conn: &Connection, k: &str) {
+        conn.exec("INSERT INTO t (k) VALUES (?1)", [k]).unwrap();
+    }
+
+    #[test]
+    fn a_transaction_lands_whole_or_not_at_all_and_its_savepoints_nest() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY)")
+            .unwrap();
+
+        // Dropped without a commit: nothing, and no transaction left open.
+        let tx = begin(&mut conn).unwrap();
+        insert(&tx, "dropped");
+        drop(tx);
+        assert!(conn.is_autocommit());
+        assert!(keys(&conn).is_empty());
+
+        // Savepoints inside it: rolled back, released, dropped.
+        let mut tx = begin(&mut conn).unwrap();
+        insert(&tx, "a");
+        let sp = tx.savepoint().unwrap();
+        insert(&sp, "b");
+        sp.rollback().unwrap();
+        let sp = tx.savepoint().unwrap();
+        insert(&sp, "c");
+        sp.commit().unwrap();
+        {
+            let sp = tx.savepoint().unwrap();
+            insert(&sp, "d");
+        }
+        tx.commit().unwrap();
+        assert!(conn.is_autocommit());
+        assert_eq!(keys(&conn), ["a", "c"]);
+
+        // Inside a transaction already (a group's), it is a savepoint of that one: what
+        // it keeps goes only when the transaction commits.
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let tx = begin(&mut conn).unwrap();
+        insert(&tx, "x");
+        drop(tx);
+        let tx = begin(&mut conn).unwrap();
+        insert(&tx, "y");
+        tx.commit().unwrap();
+        assert!(
+            !conn.is_autocommit(),
+            "the group's transaction is still open"
+        );
+        assert_eq!(keys(&conn), ["a", "c", "y"]);
+        conn.execute_batch("ROLLBACK").unwrap();
+        assert_eq!(keys(&conn), ["a", "c"]);
+
+        // A transaction an error already ended is not rolled back twice.
+        let tx = begin(&mut conn).unwrap();
+        insert(&tx, "z");
+        tx.execute_batch("ROLLBACK").unwrap();
+        drop(tx);
+        assert!(conn.is_autocommit());
+        assert_eq!(keys(&conn), ["a", "c"]);
+    }
 }

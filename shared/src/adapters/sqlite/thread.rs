@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
+use super::statement;
+
 /// Called once the call's group is settled: with the error that kept the group from
 /// committing, or `None` when it committed (or there was no group).
 pub(super) type Reply = Box<dyn FnOnce(Option<&rusqlite::Error>) + Send>;
@@ -98,7 +100,7 @@ fn serve(conn: &Mutex<Connection>, rx: &Receiver<Job>) {
             }
         }
         let mut guard = conn.lock().unwrap_or_else(|e| e.into_inner());
-        if jobs.len() == 1 || exec(&guard, "BEGIN IMMEDIATE").is_err() {
+        if jobs.len() == 1 || statement(&guard, "BEGIN IMMEDIATE").is_err() {
             each_alone(&mut guard, jobs);
         } else {
             group(&mut guard, jobs);
@@ -130,12 +132,6 @@ fn next(rx: &Receiver<Job>) -> Option<Job> {
     }
 }
 
-/// Runs a statement of the group's through the statement cache (it runs thousands of
-/// times a second under load).
-fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(drop)
-}
-
 /// Runs one call; `None` when it panicked (its caller's reply is dropped, an error).
 fn run(conn: &mut Connection, job: Job) -> Option<Reply> {
     catch_unwind(AssertUnwindSafe(|| (job.run)(conn))).ok()
@@ -156,7 +152,7 @@ fn group(conn: &mut Connection, jobs: Vec<Job>) {
     let mut replies: Vec<Reply> = Vec::with_capacity(jobs.len());
     let mut jobs = jobs.into_iter();
     while let Some(job) = jobs.next() {
-        let mark = exec(conn, "SAVEPOINT pulse_call");
+        let mark = statement(conn, "SAVEPOINT pulse_call");
         let reply = run(conn, job);
         if conn.is_autocommit() {
             // The call's error ended the transaction: the group's writes so far are gone.
@@ -168,7 +164,7 @@ fn group(conn: &mut Connection, jobs: Vec<Job>) {
                 r(Some(&lost));
             }
             let rest: Vec<Job> = jobs.collect();
-            if !rest.is_empty() && exec(conn, "BEGIN IMMEDIATE").is_ok() {
+            if !rest.is_empty() && statement(conn, "BEGIN IMMEDIATE").is_ok() {
                 return group(conn, rest);
             }
             return each_alone(conn, rest);
@@ -176,16 +172,16 @@ fn group(conn: &mut Connection, jobs: Vec<Job>) {
         if mark.is_ok() {
             // A panic: undo what it wrote.
             if reply.is_none() {
-                let _ = exec(conn, "ROLLBACK TO pulse_call");
+                let _ = statement(conn, "ROLLBACK TO pulse_call");
             }
-            let _ = exec(conn, "RELEASE pulse_call");
+            let _ = statement(conn, "RELEASE pulse_call");
         }
         replies.extend(reply);
     }
-    match exec(conn, "COMMIT") {
+    match statement(conn, "COMMIT") {
         Ok(()) => replies.into_iter().for_each(|r| r(None)),
         Err(e) => {
-            let _ = exec(conn, "ROLLBACK");
+            let _ = statement(conn, "ROLLBACK");
             replies.into_iter().for_each(|r| r(Some(&e)));
         }
     }

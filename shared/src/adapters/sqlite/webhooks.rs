@@ -326,7 +326,7 @@ fn commit_each(
     let mut results = Vec::with_capacity(jobs.len());
     for (a, _) in jobs {
         let r = match tx.savepoint() {
-            Ok(mut sp) => match accept_in(&sp, a, deadline) {
+            Ok(sp) => match accept_in(&sp, a, deadline) {
                 Ok(outcome) => sp.commit().map_err(&op).map(|()| outcome),
                 Err(e) => {
                     let _ = sp.rollback();
