@@ -540,9 +540,9 @@ impl Db {
 ///
 /// Its statements (`BEGIN`, `SAVEPOINT`, `RELEASE`, `COMMIT`, the rollbacks) run through
 /// the statement cache. rusqlite's own `Transaction` and `Savepoint` run them through
-/// `execute_batch`, which parses each afresh: two parses for each webhook request the
-/// receiver accepts (its savepoint in the batch's transaction) and for each call of a
-/// group. Savepoints need no unique names: SQLite releases or rolls back to the newest
+/// `execute_batch`, which parses each afresh: two parses for each call of a group (its
+/// transaction is a savepoint in the group's), and for each acceptance the receiver
+/// writes again in a savepoint of its own after a batch failed. Savepoints need no unique names: SQLite releases or rolls back to the newest
 /// of a name, so every one is `pulse_tx`.
 pub(super) struct Tx<'c> {
     conn: &'c mut Connection,
@@ -692,7 +692,8 @@ fn cannot_write(e: &StoreError) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn keys(conn: &Connection) -> Vec<String> {
+    /// The keys of the tests' table `t`, in order.
+    pub(in crate::adapters::sqlite) fn keys(conn: &Connection) -> Vec<String> {
         let mut st = conn.prepare("SELECT k FROM t ORDER BY k").unwrap();
         st.query_map([], |r| r.get(0))
             .unwrap()

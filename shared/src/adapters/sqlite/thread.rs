@@ -247,13 +247,7 @@ mod tests {
         drop(thread);
         let told: Vec<Told> = rx.iter().filter(|t| t.0 != "first").collect();
         assert!(told.len() <= n);
-        let conn = conn.lock().unwrap();
-        let mut st = conn.prepare("SELECT k FROM t ORDER BY k").unwrap();
-        let keys = st
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let keys = crate::adapters::sqlite::tests::keys(&conn.lock().unwrap());
         (told, keys)
     }
 
