@@ -1791,7 +1791,7 @@ fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
 
 /// `pulse bench receive`, small: every request is accepted and stored, and the store's
 /// commits during the Pulse run are counted (each acceptance in one commit, and every
-/// commit appending pages to the log).
+/// commit appending pages to the log), in one round or in several.
 #[test]
 fn bench_receive_stores_every_webhook_and_counts_the_stores_commits() {
     let dir = tempfile::tempdir().unwrap();
@@ -1812,8 +1812,48 @@ fn bench_receive_stores_every_webhook_and_counts_the_stores_commits() {
     let frames = writes["log_frames"].as_u64().unwrap();
     assert!(frames >= 4 * commits, "{doc}");
     assert_eq!(doc["bare"]["store_writes"], Value::Null, "{doc}");
+    assert_eq!(doc["rounds"], 1, "{doc}");
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("pages of log a commit"), "{text}");
+
+    // In rounds that take turns: every request still sent once to each endpoint, every
+    // webhook stored, the commits of all three Pulse slices counted, a ratio a round.
+    let out = pulse(
+        dir.path(),
+        &[
+            "bench",
+            "receive",
+            "--requests",
+            "300",
+            "--rounds",
+            "3",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["rounds"], 3, "{doc}");
+    assert_eq!(doc["bare"]["requests"], 300, "{doc}");
+    assert_eq!(doc["pulse"]["ok"], 300, "{doc}");
+    assert_eq!(doc["events_stored"], 300, "{doc}");
+    assert_eq!(doc["pulse"]["store_writes"]["acceptances"], 300, "{doc}");
+    let by_round = doc["ratio_by_round"].as_array().unwrap();
+    assert_eq!(by_round.len(), 3, "{doc}");
+    assert!(by_round.iter().all(|r| r.as_f64().unwrap() > 0.0), "{doc}");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("pulse/bare by round"), "{text}");
+
+    // Rounds too small to measure are refused, saying how many the requests allow.
+    let out = pulse(
+        dir.path(),
+        &["bench", "receive", "--requests", "300", "--rounds", "4"],
+    );
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("at least 100 requests a round") && text.contains("allow 3 rounds"),
+        "{text}"
+    );
 }
 
 /// `pulse bench siege`, small: every webhook is answered while slowloris clients and

@@ -37,6 +37,11 @@ pub(crate) enum BenchCmd {
         /// Requests in flight at once.
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
+        /// Slices the requests take turns in, bare then Pulse, each endpoint's figures
+        /// summed over its slices: with more than one, both endpoints meet the
+        /// machine's slower and faster minutes alike.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
     },
     /// Hook deliveries per second through the embedded hooks queue to a loopback
     /// receiver, and the latency queueing adds to one delivery beside a bare POST.
@@ -135,7 +140,8 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         BenchCmd::Receive {
             requests,
             concurrency,
-        } => receive::receive(requests, concurrency, out).await,
+            rounds,
+        } => receive::receive(requests, concurrency, rounds, out).await,
         BenchCmd::Hooks {
             deliveries,
             samples,

@@ -7,6 +7,9 @@
 //! so the client's HMACs are not counted. At the end the stored events are counted: an
 //! accepted request is one durably stored event. The bare endpoint reads the body and
 //! answers `{}`; client and servers share the machine in both runs, so the ratio is fair.
+//! With `--rounds N` the requests are sent in N slices that take turns, bare then Pulse,
+//! and each endpoint's figures are summed over its slices: a minute when the shared
+//! machine runs slower falls on both endpoints rather than on one.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +46,7 @@ struct Run {
 
 /// The store's commits during a run: how many acceptances each held, and how many pages
 /// (frames of the write-ahead log) each appended.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Writes {
     commits: u64,
     acceptances: u64,
@@ -59,6 +62,12 @@ impl Writes {
             frames: after.log_frames - before.log_frames,
             log_writes: after.log_writes - before.log_writes,
         }
+    }
+    fn add(&mut self, more: Self) {
+        self.commits += more.commits;
+        self.acceptances += more.acceptances;
+        self.frames += more.frames;
+        self.log_writes += more.log_writes;
     }
     fn per_commit(&self, n: u64) -> f64 {
         n as f64 / self.commits.max(1) as f64
@@ -80,7 +89,59 @@ impl Writes {
     }
 }
 
+/// One endpoint's part of one round: what [`Run`] is made of.
+struct Slice {
+    ok: usize,
+    seconds: f64,
+    /// Each request's time, answered or not.
+    latencies: Vec<Duration>,
+    /// The process's CPU time during the slice, in seconds.
+    cpu_seconds: Option<f64>,
+    /// The acceptance thread's CPU time during the slice, in seconds.
+    writer_seconds: Option<f64>,
+}
+
+impl Slice {
+    fn per_second(&self) -> f64 {
+        self.ok as f64 / self.seconds
+    }
+}
+
 impl Run {
+    /// One endpoint's figures over its slices: their requests, answers, times and CPU
+    /// summed, the percentiles of all their latencies together.
+    fn of(slices: &[Slice]) -> Self {
+        let mut lat: Vec<Duration> = slices
+            .iter()
+            .flat_map(|s| s.latencies.iter().copied())
+            .collect();
+        lat.sort_unstable();
+        let requests = lat.len();
+        let pct = |p: f64| {
+            lat.get(((requests as f64 * p) as usize).min(requests.saturating_sub(1)))
+                .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        };
+        // A CPU figure counts only when every slice has one.
+        let per_request = |part: fn(&Slice) -> Option<f64>| {
+            slices
+                .iter()
+                .map(part)
+                .sum::<Option<f64>>()
+                .map(|s| s * 1e6 / requests.max(1) as f64)
+        };
+        Run {
+            requests,
+            ok: slices.iter().map(|s| s.ok).sum(),
+            seconds: slices.iter().map(|s| s.seconds).sum(),
+            p50_ms: pct(0.50),
+            p99_ms: pct(0.99),
+            max_ms: pct(1.0),
+            cpu_us: per_request(|s| s.cpu_seconds),
+            writer_us: per_request(|s| s.writer_seconds),
+            writes: None,
+        }
+    }
+
     fn per_second(&self) -> f64 {
         self.ok as f64 / self.seconds
     }
@@ -102,8 +163,30 @@ impl Run {
 
 type Prepared = Vec<(reqwest::header::HeaderMap, Vec<u8>)>;
 
+/// `requests` cut into `rounds` slices in order, their sizes differing by one at most.
+fn slices(mut requests: Prepared, rounds: usize) -> Vec<Prepared> {
+    let (base, extra) = (requests.len() / rounds, requests.len() % rounds);
+    let mut out = Vec::with_capacity(rounds);
+    for round in (0..rounds).rev() {
+        let size = base + usize::from(round < extra);
+        out.push(requests.split_off(requests.len() - size));
+    }
+    out.reverse();
+    out
+}
+
+/// Both endpoints' figures over the whole run.
+struct Measured {
+    bare: Run,
+    pulse: Run,
+    /// Pulse's rate over bare's in each round.
+    by_round: Vec<f64>,
+    /// Events the Pulse run stored.
+    stored: usize,
+}
+
 /// Sends every prepared request to `url` with `concurrency` in flight.
-async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run, Failure> {
+async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Slice, Failure> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()?;
@@ -127,25 +210,18 @@ async fn drive(url: &str, requests: Prepared, concurrency: usize) -> Result<Run,
         .collect()
         .await;
     let seconds = started.elapsed().as_secs_f64();
-    let per_request = |(before, after): (f64, f64)| (after - before) * 1e6 / n as f64;
-    let cpu_us = cpu_before.zip(cpu_seconds()).map(per_request);
-    let writer_us = writer_before
+    let spent = |(before, after): (f64, f64)| after - before;
+    let cpu_seconds = cpu_before.zip(cpu_seconds()).map(spent);
+    let writer_seconds = writer_before
         .zip(thread_cpu_seconds(ACCEPT_THREAD))
-        .map(per_request);
-    let mut lat: Vec<Duration> = results.iter().map(|r| r.1).collect();
-    lat.sort();
-    let pct =
-        |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3;
-    Ok(Run {
-        requests: n,
+        .map(spent);
+    debug_assert_eq!(results.len(), n);
+    Ok(Slice {
         ok: results.iter().filter(|r| r.0).count(),
         seconds,
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
-        max_ms: pct(1.0),
-        cpu_us,
-        writer_us,
-        writes: None,
+        latencies: results.into_iter().map(|r| r.1).collect(),
+        cpu_seconds,
+        writer_seconds,
     })
 }
 
@@ -185,15 +261,28 @@ fn stat_cpu_seconds(dir: &std::path::Path) -> Option<f64> {
 /// runs on today.
 const CLOCK_TICKS: f64 = 100.0;
 
-pub(crate) async fn receive(requests: usize, concurrency: usize, out: &Out) -> Result<(), Failure> {
+pub(crate) async fn receive(
+    requests: usize,
+    concurrency: usize,
+    rounds: usize,
+    out: &Out,
+) -> Result<(), Failure> {
     if !(100..=1_000_000).contains(&requests) || !(1..=1024).contains(&concurrency) {
         return Err(Failure::Input(
             "invalid size: use --requests 100 to 1000000 and --concurrency 1 to 1024".into(),
         ));
     }
+    if !(1..=100).contains(&rounds) || requests / rounds < 100 {
+        return Err(Failure::Input(format!(
+            "invalid --rounds {rounds}: use 1 to 100, with at least 100 requests a round \
+             ({requests} requests allow {} rounds)",
+            (requests / 100).min(100)
+        )));
+    }
     let bench = Bench::start().await?;
-    let (bare_run, pulse_run, stored) = bench.measure(requests, concurrency).await?;
-    report(out, requests, concurrency, &bare_run, &pulse_run, stored);
+    let measured = bench.measure(requests, concurrency, rounds).await?;
+    report(out, requests, concurrency, &measured);
+    let (pulse_run, stored) = (&measured.pulse, measured.stored);
     if stored != pulse_run.ok {
         return Err(Failure::Runtime(anyhow::anyhow!(
             "{} requests were accepted but {stored} events are stored",
@@ -253,13 +342,14 @@ impl Bench {
         })
     }
 
-    /// Warms both servers, then drives `requests` to each and stops them; returns the
-    /// bare run, the Pulse run and how many events the Pulse run stored.
+    /// Warms both servers, then drives `requests` to each, in `rounds` slices that take
+    /// turns, and stops them.
     async fn measure(
         &self,
         requests: usize,
         concurrency: usize,
-    ) -> Result<(Run, Run, usize), Failure> {
+        rounds: usize,
+    ) -> Result<Measured, Failure> {
         let now = self.clock.now().as_second();
         let prepare = |n: usize, prefix: &str| signed_requests(&self.secret, now, n, prefix);
         // Warm both servers and the connection pools.
@@ -276,16 +366,30 @@ impl Bench {
         )
         .await?;
         let before = self.events(requests).await?;
-        let bare_run = drive(&self.bare_url, prepare(requests, "bench")?, concurrency).await?;
-        let pulse_requests = prepare(requests, "bench")?;
-        let written_before = write_counts();
-        let mut pulse_run = drive(&self.pulse_url, pulse_requests, concurrency).await?;
-        let written = write_counts();
+        let mut bare_requests = slices(prepare(requests, "bench")?, rounds);
+        let mut pulse_requests = slices(prepare(requests, "bench")?, rounds);
+        let (mut bare, mut pulse) = (Vec::new(), Vec::new());
+        let mut writes = Writes::default();
+        for (b, p) in bare_requests.drain(..).zip(pulse_requests.drain(..)) {
+            bare.push(drive(&self.bare_url, b, concurrency).await?);
+            let written_before = write_counts();
+            pulse.push(drive(&self.pulse_url, p, concurrency).await?);
+            writes.add(Writes::between(written_before, write_counts()));
+        }
         let _ = self.stop.send(());
-        pulse_run.writes = Some(Writes::between(written_before, written));
-
         let stored = self.events(requests).await? - before;
-        Ok((bare_run, pulse_run, stored))
+        let mut pulse_run = Run::of(&pulse);
+        pulse_run.writes = Some(writes);
+        Ok(Measured {
+            bare: Run::of(&bare),
+            pulse: pulse_run,
+            by_round: bare
+                .iter()
+                .zip(&pulse)
+                .map(|(b, p)| p.per_second() / b.per_second())
+                .collect(),
+            stored,
+        })
     }
 
     /// How many events the agent has (counting up to twice `requests`).
@@ -369,14 +473,8 @@ fn signed_requests(secret: &str, now: i64, n: usize, prefix: &str) -> Result<Pre
 }
 
 /// Prints both runs side by side (and their JSON).
-fn report(
-    out: &Out,
-    requests: usize,
-    concurrency: usize,
-    bare_run: &Run,
-    pulse_run: &Run,
-    stored: usize,
-) {
+fn report(out: &Out, requests: usize, concurrency: usize, measured: &Measured) {
+    let (bare_run, pulse_run, stored) = (&measured.bare, &measured.pulse, measured.stored);
     let ratio = pulse_run.per_second() / bare_run.per_second();
     figure!(
         out,
@@ -400,6 +498,21 @@ fn report(
         "  pulse/bare: {:.0} %  (goals: >= 50 % of bare, p99 <= 5 ms)",
         ratio * 100.0
     );
+    if measured.by_round.len() > 1 {
+        let low = measured
+            .by_round
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        let high = measured.by_round.iter().copied().fold(0.0, f64::max);
+        figure!(
+            out,
+            "  pulse/bare by round: {:.0} – {:.0} % over {} rounds",
+            low * 100.0,
+            high * 100.0,
+            measured.by_round.len()
+        );
+    }
     if let (Some(bare), Some(pulse)) = (bare_run.cpu_us, pulse_run.cpu_us) {
         figure!(
             out,
@@ -434,6 +547,8 @@ fn report(
         out.json_value(&json!({
             "requests": requests,
             "concurrency": concurrency,
+            "rounds": measured.by_round.len(),
+            "ratio_by_round": measured.by_round,
             "bare": bare_run.json(),
             "pulse": pulse_run.json(),
             "ratio": ratio,
@@ -445,6 +560,71 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Requests are cut into rounds in order, none lost or repeated, the rounds' sizes
+    /// differing by one at most.
+    #[test]
+    fn requests_are_cut_into_rounds_in_order() {
+        let prepared = |n: usize| -> Prepared {
+            (0..n)
+                .map(|i| {
+                    (
+                        reqwest::header::HeaderMap::new(),
+                        i.to_string().into_bytes(),
+                    )
+                })
+                .collect()
+        };
+        let bodies = |slices: &[Prepared]| -> Vec<Vec<String>> {
+            slices
+                .iter()
+                .map(|s| {
+                    s.iter()
+                        .map(|(_, b)| String::from_utf8(b.clone()).unwrap())
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(
+            bodies(&slices(prepared(7), 3)),
+            [vec!["0", "1", "2"], vec!["3", "4"], vec!["5", "6"]]
+        );
+        assert_eq!(bodies(&slices(prepared(4), 1)), [vec!["0", "1", "2", "3"]]);
+        let sizes: Vec<usize> = slices(prepared(150_000), 7).iter().map(Vec::len).collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 150_000);
+        assert!(
+            sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1,
+            "{sizes:?}"
+        );
+    }
+
+    /// An endpoint's run over its slices: requests, answers, seconds and CPU summed,
+    /// percentiles over every latency together; a CPU figure only when every slice has
+    /// one.
+    #[test]
+    fn a_run_sums_its_slices() {
+        let ms = Duration::from_millis;
+        let slice = |ok, seconds, lat: &[u64], cpu: Option<f64>| Slice {
+            ok,
+            seconds,
+            latencies: lat.iter().map(|m| ms(*m)).collect(),
+            cpu_seconds: cpu,
+            writer_seconds: None,
+        };
+        let run = Run::of(&[
+            slice(2, 1.0, &[1, 9], Some(0.5)),
+            slice(3, 2.0, &[2, 3, 4], Some(1.0)),
+        ]);
+        assert_eq!((run.requests, run.ok), (5, 5));
+        assert!((run.seconds - 3.0).abs() < 1e-9);
+        assert!((run.per_second() - 5.0 / 3.0).abs() < 1e-9);
+        assert!((run.p50_ms - 3.0).abs() < 1e-9, "{}", run.p50_ms);
+        assert!((run.max_ms - 9.0).abs() < 1e-9, "{}", run.max_ms);
+        assert!((run.cpu_us.unwrap() - 1.5e6 / 5.0).abs() < 1e-6);
+        assert_eq!(run.writer_us, None);
+        let partial = Run::of(&[slice(1, 1.0, &[1], Some(0.5)), slice(1, 1.0, &[1], None)]);
+        assert_eq!(partial.cpu_us, None);
+    }
 
     /// A thread is found by its name and its CPU time read; a name no thread has is
     /// none.
