@@ -366,11 +366,11 @@ impl Bench {
         )
         .await?;
         let before = self.events(requests).await?;
-        let mut bare_requests = slices(prepare(requests, "bench")?, rounds);
-        let mut pulse_requests = slices(prepare(requests, "bench")?, rounds);
+        let bare_requests = slices(prepare(requests, "bench")?, rounds);
+        let pulse_requests = slices(prepare(requests, "bench")?, rounds);
         let (mut bare, mut pulse) = (Vec::new(), Vec::new());
         let mut writes = Writes::default();
-        for (b, p) in bare_requests.drain(..).zip(pulse_requests.drain(..)) {
+        for (b, p) in bare_requests.into_iter().zip(pulse_requests) {
             bare.push(drive(&self.bare_url, b, concurrency).await?);
             let written_before = write_counts();
             pulse.push(drive(&self.pulse_url, p, concurrency).await?);
