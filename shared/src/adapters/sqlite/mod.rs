@@ -542,8 +542,9 @@ impl Db {
 /// the statement cache. rusqlite's own `Transaction` and `Savepoint` run them through
 /// `execute_batch`, which parses each afresh: two parses for each call of a group (its
 /// transaction is a savepoint in the group's), and for each acceptance the receiver
-/// writes again in a savepoint of its own after a batch failed. Savepoints need no unique names: SQLite releases or rolls back to the newest
-/// of a name, so every one is `pulse_tx`.
+/// writes again in a savepoint of its own after a batch failed. Savepoints need no
+/// unique names: SQLite releases or rolls back to the newest of a name, so every one is
+/// `pulse_tx`.
 pub(super) struct Tx<'c> {
     conn: &'c mut Connection,
     savepoint: bool,
