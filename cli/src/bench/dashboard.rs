@@ -17,6 +17,7 @@ use pulse_shared::ports::{Clock, SystemClock};
 use pulse_ui::{Access, Dashboard};
 use serde_json::json;
 
+use super::percentile_ms;
 use crate::Failure;
 use crate::output::{Out, figure};
 
@@ -175,13 +176,8 @@ async fn time_pages<'a>(
             }
         }
         times.sort();
-        let ms = |p: f64| pct(&times, p);
+        let ms = |p: f64| percentile_ms(&times, p);
         results.push((*name, ms(0.5), ms(0.99), ms(1.0)));
     }
     Ok(results)
-}
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 * p) as usize).min(sorted.len() - 1);
-    sorted[i].as_secs_f64() * 1e3
 }

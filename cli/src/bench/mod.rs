@@ -11,6 +11,8 @@ mod retention;
 mod siege;
 mod sweep;
 
+use std::time::Duration;
+
 use clap::Subcommand;
 
 use crate::Failure;
@@ -163,7 +165,7 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         } => {
             let hold = pulse_shared::domain::parse_duration("hold", &hold)
                 .ok()
-                .and_then(|d| std::time::Duration::try_from(d).ok())
+                .and_then(|d| Duration::try_from(d).ok())
                 .ok_or_else(|| Failure::Input(format!("invalid --hold {hold:?}: give e.g. 20s")))?;
             siege::siege(
                 siege::Siege {
@@ -182,4 +184,11 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
             requests,
         } => dashboard::dashboard(agents, events, requests, out).await,
     }
+}
+
+/// The `p` percentile (0 to 1) of `sorted` durations, in milliseconds: the one at
+/// `len × p`, the last for 1; 0 when there are none.
+pub(crate) fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1));
+    sorted.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }

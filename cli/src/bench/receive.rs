@@ -25,6 +25,7 @@ use pulse_signatures::inbound::{Scheme, generate_secret, sign};
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::percentile_ms;
 use crate::Failure;
 use crate::output::{Out, figure};
 
@@ -117,10 +118,6 @@ impl Run {
             .collect();
         lat.sort_unstable();
         let requests = lat.len();
-        let pct = |p: f64| {
-            lat.get(((requests as f64 * p) as usize).min(requests.saturating_sub(1)))
-                .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-        };
         // A CPU figure counts only when every slice has one.
         let per_request = |part: fn(&Slice) -> Option<f64>| {
             slices
@@ -133,9 +130,9 @@ impl Run {
             requests,
             ok: slices.iter().map(|s| s.ok).sum(),
             seconds: slices.iter().map(|s| s.seconds).sum(),
-            p50_ms: pct(0.50),
-            p99_ms: pct(0.99),
-            max_ms: pct(1.0),
+            p50_ms: percentile_ms(&lat, 0.50),
+            p99_ms: percentile_ms(&lat, 0.99),
+            max_ms: percentile_ms(&lat, 1.0),
             cpu_us: per_request(|s| s.cpu_seconds),
             writer_us: per_request(|s| s.writer_seconds),
             writes: None,
