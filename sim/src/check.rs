@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use pulse_shared::domain::{
     ActionId, ActionStatus, AgentId, ConversationMessage, EventCursor, Heartbeat, HeartbeatStatus,
-    Role, SessionTask, SignalId, TaskEnvelope, ToolName,
+    Role, SessionTask, SignalId, TaskEnvelope, ToolName, window_links,
 };
 use pulse_shared::error::StoreError;
 
@@ -365,20 +365,20 @@ fn check_heartbeats(
     next: &mut Invariant,
 ) -> Option<EventCursor> {
     beats.sort_by_key(|h| h.beat);
+    for link in window_links(&beats) {
+        windows.checked(link.joined(), || {
+            format!(
+                "agent {agent}: beat {} starts its window at {:?}, the previous completed one ended at {:?}",
+                link.after.beat, link.after.window_start, link.before.window_end
+            )
+        });
+    }
     let mut last_end: Option<&EventCursor> = None;
     let mut unfinished = 0;
     for h in &beats {
         match h.status {
             HeartbeatStatus::Completed => {
                 counts.heartbeats_completed += 1;
-                if let Some(end) = last_end {
-                    windows.checked(&h.window_start == end, || {
-                        format!(
-                            "agent {agent}: beat {} starts its window at {:?}, the previous completed one ended at {end:?}",
-                            h.beat, h.window_start
-                        )
-                    });
-                }
                 last_end = h.window_end.as_ref();
             }
             HeartbeatStatus::Failed => counts.heartbeats_failed += 1,

@@ -5,7 +5,7 @@
 
 use jiff::SignedDuration;
 use pulse_shared::adapters::aws::faults::{Fault, FaultPlan};
-use pulse_shared::domain::{ClaimRequest, EventCursor};
+use pulse_shared::domain::{ClaimRequest, EventCursor, window_links};
 use pulse_tests::{Backend, Kind};
 
 fn claim_req(b: &Backend) -> ClaimRequest {
@@ -377,19 +377,14 @@ async fn a_seeded_fault_run_keeps_every_invariant() {
         // previous completed one ended. One that failed or was cancelled in between (a
         // fault the SDK's retries did not absorb) hands its window on unread, so the
         // next reads it again.
-        let completed: Vec<_> = finished
-            .iter()
-            .filter(|h| h.status == HeartbeatStatus::Completed)
-            .collect();
-        for pair in completed.windows(2) {
-            assert_eq!(
-                Some(&pair[1].window_start),
-                pair[0].window_end.as_ref(),
+        for link in window_links(&beats) {
+            assert!(
+                link.joined(),
                 "{}: beat {} does not start where beat {}, the completed one before it, ended; \
                  the agent's heartbeats: {:?}",
                 a.name,
-                pair[1].beat,
-                pair[0].beat,
+                link.after.beat,
+                link.before.beat,
                 beats
                     .iter()
                     .map(|h| (h.beat, h.status, &h.window_start, &h.window_end))

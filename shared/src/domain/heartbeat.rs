@@ -258,6 +258,44 @@ impl Heartbeat {
     }
 }
 
+/// Each completed heartbeat of an agent's history beside the completed one before it,
+/// in beat order: the links of the chain its event windows must form.
+///
+/// A heartbeat that failed or was cancelled reads nothing for good (the next one reads
+/// its window again), so the chain runs over the completed ones: where each starts its
+/// window where the one before ended it ([`WindowLink::joined`]), no event was skipped
+/// and none read twice.
+pub fn window_links(beats: &[Heartbeat]) -> Vec<WindowLink<'_>> {
+    let mut completed: Vec<&Heartbeat> = beats
+        .iter()
+        .filter(|h| h.status == HeartbeatStatus::Completed)
+        .collect();
+    completed.sort_by_key(|h| h.beat);
+    completed
+        .windows(2)
+        .map(|pair| WindowLink {
+            before: pair[0],
+            after: pair[1],
+        })
+        .collect()
+}
+
+/// Two completed heartbeats in a row (see [`window_links`]).
+#[derive(Clone, Copy, Debug)]
+pub struct WindowLink<'a> {
+    /// The earlier.
+    pub before: &'a Heartbeat,
+    /// The next completed one.
+    pub after: &'a Heartbeat,
+}
+
+impl WindowLink<'_> {
+    /// Whether `after` starts its window where `before` ended its own.
+    pub fn joined(&self) -> bool {
+        self.before.window_end.as_ref() == Some(&self.after.window_start)
+    }
+}
+
 /// What a sweeper asks of a claim.
 #[derive(Clone, Debug)]
 pub struct ClaimRequest {
@@ -267,4 +305,43 @@ pub struct ClaimRequest {
     pub lease: SignedDuration,
     /// The end of the event window, set only by the first claim.
     pub window_end: EventCursor,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::NewAgent;
+
+    #[test]
+    fn window_links_pass_over_failed_heartbeats_and_find_a_gap() {
+        let now: Timestamp = "2026-01-05T00:00:00Z".parse().unwrap();
+        let (agent, _) = NewAgent::named("a").create(now).unwrap();
+        let cursor = |m: i64| EventCursor::through(now + SignedDuration::from_mins(m));
+        let beat = |n: u64, status, start: EventCursor, end: Option<EventCursor>| {
+            let mut h = Heartbeat::pending(&agent, n, now, start, 0, None, 0);
+            h.status = status;
+            h.window_end = end;
+            h
+        };
+        use HeartbeatStatus::{Completed, Failed, Pending};
+        // Beat 2 failed: beat 3 reads its window again, from where beat 1 ended. Given
+        // out of order, as a page of the store may be.
+        let beats = vec![
+            beat(3, Completed, cursor(15), Some(cursor(45))),
+            beat(1, Completed, EventCursor::origin(), Some(cursor(15))),
+            beat(2, Failed, cursor(15), Some(cursor(30))),
+            beat(4, Pending, cursor(45), None),
+        ];
+        let links = window_links(&beats);
+        let pairs: Vec<_> = links
+            .iter()
+            .map(|l| (l.before.beat, l.after.beat, l.joined()))
+            .collect();
+        assert_eq!(pairs, [(1, 3, true)]);
+
+        // Beat 3 starting where the failed beat 2 ended skips beat 2's events.
+        let mut gap = beats.clone();
+        gap[0].window_start = cursor(30);
+        assert!(!window_links(&gap)[0].joined());
+    }
 }

@@ -41,7 +41,7 @@ pub use conversation::{
     SignalKind, SignalMeta, Turn, TurnStatus,
 };
 pub use event::{Cascade, Event, EventCursor, Json, NewEvent, Priority, RawJson};
-pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus};
+pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus, WindowLink, window_links};
 pub use hook::{
     Hook, HookRoute, HookSummary, HookTarget, MAX_RETRY_AFTER, RetrySchedule, retry_delay,
 };
