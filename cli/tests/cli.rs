@@ -1535,9 +1535,25 @@ fn bench_coldstart_times_each_function_beside_the_baseline() {
     let bin_dir = bins.to_str().unwrap();
     let report = json(
         dir.path(),
-        &["bench", "coldstart", "--runs", "2", "--bin-dir", bin_dir],
+        &[
+            "bench",
+            "coldstart",
+            "--runs",
+            "2",
+            "--repeat",
+            "2",
+            "--bin-dir",
+            bin_dir,
+        ],
     );
     assert_eq!(report["runs"], 2);
+    assert_eq!(report["repeat"], 2);
+    let measurements = report["measurements"].as_array().unwrap();
+    assert_eq!(measurements.len(), 2);
+    for m in measurements {
+        assert_eq!(m["binaries"].as_array().unwrap().len(), names.len(), "{m}");
+        assert_eq!(m["binaries"][0]["ratio_p50"], 1.0, "{m}");
+    }
     let rows = report["binaries"].as_array().unwrap();
     assert_eq!(
         rows.iter()
@@ -1550,11 +1566,27 @@ fn bench_coldstart_times_each_function_beside_the_baseline() {
         let p50 = r["p50_ms"].as_f64().unwrap();
         assert!(p50 > 0.0 && p50 < 20_000.0, "{r}");
         assert!(r["size_bytes"].as_u64().unwrap() > 0, "{r}");
+        // Counted over the two measurements: the range holds the median, and the
+        // count agrees with the measurements' own ratios.
+        let (min, max) = (
+            r["ratio_p50_min"].as_f64().unwrap(),
+            r["ratio_p50_max"].as_f64().unwrap(),
+        );
+        let median = r["ratio_p50"].as_f64().unwrap();
+        assert!(min <= median && median <= max, "{r}");
+        let i = names.iter().position(|n| r["binary"] == *n).unwrap();
+        let within = measurements
+            .iter()
+            .filter(|m| m["binaries"][i]["ratio_p50"].as_f64().unwrap() <= 1.3)
+            .count();
+        assert_eq!(r["within_goal"], within, "{r}");
     }
     assert_eq!(rows[0]["ratio_p50"], 1.0);
+    assert_eq!(rows[0]["within_goal"], 2);
 
     // Bad input: nothing to run, or no binaries where it looks.
     assert!(bad(dir.path(), &["bench", "coldstart", "--runs", "0"]).contains("runs"));
+    assert!(bad(dir.path(), &["bench", "coldstart", "--repeat", "0"]).contains("repeat"));
     let empty = dir.path().to_str().unwrap();
     let err = bad(dir.path(), &["bench", "coldstart", "--bin-dir", empty]);
     assert!(err.contains("hello-lambda is missing"), "{err}");
