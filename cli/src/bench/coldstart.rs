@@ -180,36 +180,21 @@ pub(crate) async fn coldstart(
 
     let summary = Summary::of(&measurements);
     if out.json {
-        let rows: Vec<_> = BINARIES
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                json!({
-                    "binary": name,
-                    "p50_ms": summary.p50_ms[i],
-                    "p90_ms": summary.p90_ms[i],
-                    "ratio_p50": summary.ratio[i],
-                    "ratio_p50_min": summary.ratio_min[i],
-                    "ratio_p50_max": summary.ratio_max[i],
-                    "within_goal": summary.within[i],
-                    "size_bytes": sizes[i],
-                })
+        let rows: Vec<_> = (0..BINARIES.len())
+            .map(|i| {
+                let mut row = row(i, summary.p50_ms[i], summary.p90_ms[i], summary.ratio[i]);
+                row["ratio_p50_min"] = json!(summary.ratio_min[i]);
+                row["ratio_p50_max"] = json!(summary.ratio_max[i]);
+                row["within_goal"] = json!(summary.within[i]);
+                row["size_bytes"] = json!(sizes[i]);
+                row
             })
             .collect();
         let each: Vec<_> = measurements
             .iter()
             .map(|m| {
-                let rows: Vec<_> = BINARIES
-                    .iter()
-                    .enumerate()
-                    .map(|(i, name)| {
-                        json!({
-                            "binary": name,
-                            "p50_ms": m.p50_ms[i],
-                            "p90_ms": m.p90_ms[i],
-                            "ratio_p50": m.ratio(i),
-                        })
-                    })
+                let rows: Vec<_> = (0..BINARIES.len())
+                    .map(|i| row(i, m.p50_ms[i], m.p90_ms[i], m.ratio(i)))
                     .collect();
                 json!({ "binaries": rows })
             })
@@ -225,6 +210,16 @@ pub(crate) async fn coldstart(
         summary.print(repeat);
     }
     Ok(())
+}
+
+/// Binary `i`'s figures, as the JSON gives them.
+fn row(i: usize, p50_ms: f64, p90_ms: f64, ratio: f64) -> serde_json::Value {
+    json!({
+        "binary": BINARIES[i],
+        "p50_ms": p50_ms,
+        "p90_ms": p90_ms,
+        "ratio_p50": ratio,
+    })
 }
 
 /// The goal: each function's init p50 within this multiple of hello's.
