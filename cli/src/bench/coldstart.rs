@@ -285,7 +285,11 @@ impl Summary {
     fn of(measurements: &[Measurement]) -> Self {
         let median = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
-            pct(&v, 0.5)
+            let n = v.len();
+            match n % 2 {
+                1 => v[n / 2],
+                _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+            }
         };
         let column = |i: usize, f: &dyn Fn(&Measurement, usize) -> f64| -> Vec<f64> {
             measurements.iter().map(|m| f(m, i)).collect()
@@ -362,5 +366,13 @@ mod tests {
         assert_eq!(s.ratio[0], 1.0);
         assert_eq!(s.p50_ms[0], 1.5);
         assert_eq!(s.p90_ms[0], 3.0);
+
+        // Of an even number, the mean of the middle two.
+        let s = Summary::of(&[
+            measured([1.0, 1.2, 1.0, 1.0, 1.0]),
+            measured([1.0, 1.4, 1.0, 1.0, 1.0]),
+        ]);
+        assert!((s.ratio[1] - 1.3).abs() < 1e-12, "{}", s.ratio[1]);
+        assert_eq!(s.within[1], 1);
     }
 }

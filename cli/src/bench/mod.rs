@@ -62,8 +62,8 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 30)]
         runs: usize,
         /// Measurements of `--runs` inits each, one after the other, then how many
-        /// of them met the goal: the ratio moves with the host from one minute to the
-        /// next.
+        /// of them met the goal: the ratio moves with the host's load from one
+        /// measurement to the next.
         #[arg(long, default_value_t = 1)]
         repeat: usize,
         /// Where the release binaries are (default: beside this `pulse`).
