@@ -178,14 +178,16 @@ pub(crate) async fn coldstart(
     }
     server.abort();
 
-    let summary = Summary::of(&measurements);
+    let tallies = tallies(&measurements);
     if out.json {
-        let rows: Vec<_> = (0..BINARIES.len())
-            .map(|i| {
-                let mut row = row(i, summary.p50_ms[i], summary.p90_ms[i], summary.ratio[i]);
-                row["ratio_p50_min"] = json!(summary.ratio_min[i]);
-                row["ratio_p50_max"] = json!(summary.ratio_max[i]);
-                row["within_goal"] = json!(summary.within[i]);
+        let rows: Vec<_> = tallies
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let mut row = row(i, t.p50_ms, t.p90_ms, t.ratio);
+                row["ratio_p50_min"] = json!(t.ratio_min);
+                row["ratio_p50_max"] = json!(t.ratio_max);
+                row["within_goal"] = json!(t.within);
                 row["size_bytes"] = json!(sizes[i]);
                 row
             })
@@ -207,7 +209,7 @@ pub(crate) async fn coldstart(
             "measurements": each,
         }));
     } else if repeat > 1 {
-        summary.print(repeat);
+        print_tallies(&tallies, repeat);
     }
     Ok(())
 }
@@ -270,72 +272,62 @@ impl Measurement {
     }
 }
 
-/// The measurements together: per binary, the median of their p50s, p90s and ratios,
-/// the ratios' range, and in how many the ratio met [`GOAL_RATIO`].
-struct Summary {
-    p50_ms: Vec<f64>,
-    p90_ms: Vec<f64>,
-    ratio: Vec<f64>,
-    ratio_min: Vec<f64>,
-    ratio_max: Vec<f64>,
-    within: Vec<usize>,
+/// One binary over the measurements: the median of its p50s, p90s and ratios, the
+/// ratios' range, and in how many the ratio met [`GOAL_RATIO`].
+struct Tally {
+    p50_ms: f64,
+    p90_ms: f64,
+    ratio: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+    within: usize,
 }
 
-impl Summary {
-    fn of(measurements: &[Measurement]) -> Self {
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            let n = v.len();
-            match n % 2 {
-                1 => v[n / 2],
-                _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+/// Each binary's [`Tally`], in [`BINARIES`] order.
+fn tallies(measurements: &[Measurement]) -> Vec<Tally> {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        match n % 2 {
+            1 => v[n / 2],
+            _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    let column =
+        |f: &dyn Fn(&Measurement) -> f64| -> Vec<f64> { measurements.iter().map(f).collect() };
+    (0..BINARIES.len())
+        .map(|i| {
+            let ratios = column(&|m| m.ratio(i));
+            Tally {
+                p50_ms: median(column(&|m| m.p50_ms[i])),
+                p90_ms: median(column(&|m| m.p90_ms[i])),
+                ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                within: ratios.iter().filter(|r| **r <= GOAL_RATIO).count(),
+                ratio: median(ratios),
             }
-        };
-        let column = |i: usize, f: &dyn Fn(&Measurement, usize) -> f64| -> Vec<f64> {
-            measurements.iter().map(|m| f(m, i)).collect()
-        };
-        let mut s = Self {
-            p50_ms: Vec::new(),
-            p90_ms: Vec::new(),
-            ratio: Vec::new(),
-            ratio_min: Vec::new(),
-            ratio_max: Vec::new(),
-            within: Vec::new(),
-        };
-        for i in 0..BINARIES.len() {
-            let ratios = column(i, &|m, i| m.ratio(i));
-            s.p50_ms.push(median(column(i, &|m, i| m.p50_ms[i])));
-            s.p90_ms.push(median(column(i, &|m, i| m.p90_ms[i])));
-            s.ratio_min
-                .push(ratios.iter().copied().fold(f64::INFINITY, f64::min));
-            s.ratio_max
-                .push(ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max));
-            s.within
-                .push(ratios.iter().filter(|r| **r <= GOAL_RATIO).count());
-            s.ratio.push(median(ratios));
-        }
-        s
-    }
+        })
+        .collect()
+}
 
-    fn print(&self, repeat: usize) {
-        outln!("over {repeat} measurements, × hello p50 (goal <= {GOAL_RATIO}):");
-        for (i, name) in BINARIES.iter().enumerate().skip(1) {
-            outln!(
-                "{:<22} {:>5.2} – {:<5.2} median {:.2}, within the goal in {} of {repeat}",
-                name,
-                self.ratio_min[i],
-                self.ratio_max[i],
-                self.ratio[i],
-                self.within[i]
-            );
-        }
-        let functions = BINARIES.len() - 1;
+fn print_tallies(tallies: &[Tally], repeat: usize) {
+    outln!("over {repeat} measurements, × hello p50 (goal <= {GOAL_RATIO}):");
+    for (name, t) in BINARIES.iter().zip(tallies).skip(1) {
         outln!(
-            "the {functions} functions: within the goal in {} of {} measurements",
-            self.within[1..].iter().sum::<usize>(),
-            functions * repeat
+            "{:<22} {:>5.2} – {:<5.2} median {:.2}, within the goal in {} of {repeat}",
+            name,
+            t.ratio_min,
+            t.ratio_max,
+            t.ratio,
+            t.within
         );
     }
+    let functions = BINARIES.len() - 1;
+    outln!(
+        "the {functions} functions: within the goal in {} of {} measurements",
+        tallies[1..].iter().map(|t| t.within).sum::<usize>(),
+        functions * repeat
+    );
 }
 
 #[cfg(test)]
@@ -353,26 +345,27 @@ mod tests {
     /// measurement's hello; the goal is met at 1.3 exactly, not above it.
     #[test]
     fn the_summary_counts_the_measurements_within_the_goal() {
-        let s = Summary::of(&[
+        let t = tallies(&[
             measured([1.0, 1.2, 1.3, 1.31, 1.0]),
             measured([2.0, 2.8, 2.4, 2.0, 2.0]),
             measured([1.5, 1.5, 1.5, 2.4, 1.5]),
         ]);
-        assert_eq!(s.within, [3, 2, 3, 1, 3]);
-        assert_eq!(s.ratio_min[1], 1.0);
-        assert_eq!(s.ratio_max[1], 1.4);
-        assert_eq!(s.ratio[1], 1.2);
-        assert_eq!(s.ratio[3], 1.31);
-        assert_eq!(s.ratio[0], 1.0);
-        assert_eq!(s.p50_ms[0], 1.5);
-        assert_eq!(s.p90_ms[0], 3.0);
+        let within: Vec<_> = t.iter().map(|t| t.within).collect();
+        assert_eq!(within, [3, 2, 3, 1, 3]);
+        assert_eq!(t[1].ratio_min, 1.0);
+        assert_eq!(t[1].ratio_max, 1.4);
+        assert_eq!(t[1].ratio, 1.2);
+        assert_eq!(t[3].ratio, 1.31);
+        assert_eq!(t[0].ratio, 1.0);
+        assert_eq!(t[0].p50_ms, 1.5);
+        assert_eq!(t[0].p90_ms, 3.0);
 
         // Of an even number, the mean of the middle two.
-        let s = Summary::of(&[
+        let t = tallies(&[
             measured([1.0, 1.2, 1.0, 1.0, 1.0]),
             measured([1.0, 1.4, 1.0, 1.0, 1.0]),
         ]);
-        assert!((s.ratio[1] - 1.3).abs() < 1e-12, "{}", s.ratio[1]);
-        assert_eq!(s.within[1], 1);
+        assert!((t[1].ratio - 1.3).abs() < 1e-12, "{}", t[1].ratio);
+        assert_eq!(t[1].within, 1);
     }
 }
