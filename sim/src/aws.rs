@@ -119,7 +119,7 @@ impl Emulated {
     ) -> (Arc<Visibility>, VirtualSessions, VirtualHooks) {
         let visibility = Arc::new(Visibility {
             clock,
-            sqs: self.clean.sqs.clone(),
+            sqs: (*self.clean.sqs).clone(),
             sessions_url: self.sessions_url.clone(),
             hooks_url: self.hooks_url.clone(),
             hooks: SqsHookQueue::new(self.clean.sqs.clone(), &self.hooks_url, None),

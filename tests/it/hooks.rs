@@ -609,7 +609,6 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
     let bus = pulse_tests::unique("bus");
     clients
         .eventbridge
-        .client()
         .create_event_bus()
         .name(&bus)
         .send()
@@ -634,7 +633,6 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
         .clone();
     clients
         .eventbridge
-        .client()
         .put_rule()
         .name("pulse-hooks")
         .event_bus_name(&bus)
@@ -644,7 +642,6 @@ async fn an_eventbridge_target_puts_the_payload_on_the_bus() {
         .unwrap();
     clients
         .eventbridge
-        .client()
         .put_targets()
         .rule("pulse-hooks")
         .event_bus_name(&bus)

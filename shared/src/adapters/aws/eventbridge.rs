@@ -13,12 +13,12 @@ pub const EVENT_SOURCE: &str = "pulse";
 /// EventBridge through the SDK.
 #[derive(Clone, Debug)]
 pub struct EventBridgeBus {
-    client: super::LazyEventBridge,
+    client: super::LazyClient<aws_sdk_eventbridge::Client>,
 }
 
 impl EventBridgeBus {
     /// A bus client.
-    pub fn new(client: super::LazyEventBridge) -> Self {
+    pub fn new(client: super::LazyClient<aws_sdk_eventbridge::Client>) -> Self {
         Self { client }
     }
 }
@@ -34,7 +34,6 @@ impl EventBus for EventBridgeBus {
             .build();
         let out = self
             .client
-            .client()
             .put_events()
             .entries(entry)
             .send()

@@ -16,7 +16,7 @@ use crate::ports::{Backlog, HookMessage, HookQueue, SendReport, SessionQueue};
 /// deliveries are sent to.
 #[derive(Clone, Debug)]
 pub struct SqsHookQueue {
-    client: aws_sdk_sqs::Client,
+    client: super::LazyClient<aws_sdk_sqs::Client>,
     url: String,
     dead_letter_url: Option<String>,
 }
@@ -24,7 +24,7 @@ pub struct SqsHookQueue {
 impl SqsHookQueue {
     /// The queue at `url`, dead-lettering to `dead_letter_url` if given.
     pub fn new(
-        client: aws_sdk_sqs::Client,
+        client: super::LazyClient<aws_sdk_sqs::Client>,
         url: impl Into<String>,
         dead_letter_url: Option<String>,
     ) -> Self {

@@ -150,10 +150,10 @@ const EVENTBRIDGE: Decision = Decision {
 pub struct AwsClients {
     /// DynamoDB.
     pub dynamodb: aws_sdk_dynamodb::Client,
-    /// SQS.
-    pub sqs: aws_sdk_sqs::Client,
-    /// EventBridge, built on its first use (see [`LazyEventBridge`]).
-    pub eventbridge: LazyEventBridge,
+    /// SQS, built on its first use (see [`LazyClient`]).
+    pub sqs: LazyClient<aws_sdk_sqs::Client>,
+    /// EventBridge, built on its first use.
+    pub eventbridge: LazyClient<aws_sdk_eventbridge::Client>,
     /// Requests sent so far, by operation.
     pub counter: RequestCounter,
 }
@@ -252,36 +252,59 @@ pub(crate) async fn sdk_config(endpoint_url: Option<&str>) -> aws_config::SdkCon
     }
 }
 
-/// The EventBridge client, built when a hook first puts an event on a bus.
+/// An SDK client built on its first use, then shared by every clone of this handle; it
+/// dereferences to the client, as [`std::sync::LazyLock`] does to its value.
 ///
-/// Only hooks with an `eventbridge://` target use it, and most deployments have none,
-/// yet building an SDK client parses its service's endpoint rules: done at init, it
-/// cost every function about a tenth of a millisecond for nothing.
-#[derive(Clone, Debug)]
-pub struct LazyEventBridge {
-    sdk: aws_config::SdkConfig,
-    timed: bool,
-    counter: RequestCounter,
-    client: Arc<OnceLock<aws_sdk_eventbridge::Client>>,
+/// Building an SDK client parses its service's endpoint rules (AWS's partitions, their
+/// region patterns compiled), a tenth of a millisecond or more. A client that a
+/// function's invocations seldom need is therefore not built at init: SQS is used by
+/// the receiver only for Discord and messages (not for signed webhooks), by the worker
+/// only when a hook matches, by the dispatcher only to retry a delivery; EventBridge only
+/// by hooks with an `eventbridge://` target, which most deployments have none of. The
+/// DynamoDB client, which every invocation uses, is built at init.
+pub struct LazyClient<C> {
+    build: Arc<dyn Fn() -> C + Send + Sync>,
+    client: Arc<OnceLock<C>>,
 }
 
-impl LazyEventBridge {
-    /// The client: built on the first call, shared by every clone after it.
-    pub fn client(&self) -> &aws_sdk_eventbridge::Client {
-        self.client.get_or_init(|| {
-            aws_sdk_eventbridge::Client::from_conf(
-                aws_sdk_eventbridge::config::Builder::from(&self.sdk)
-                    .retry_config(EVENTBRIDGE.retry())
-                    .timeout_config(EVENTBRIDGE.timeouts(self.timed))
-                    .interceptor(self.counter.clone())
-                    .build(),
-            )
-        })
+impl<C> LazyClient<C> {
+    /// A client `build` makes when it is first used.
+    pub fn new(build: impl Fn() -> C + Send + Sync + 'static) -> Self {
+        Self {
+            build: Arc::new(build),
+            client: Arc::new(OnceLock::new()),
+        }
     }
 
     /// Whether the client has been built yet.
     pub fn is_built(&self) -> bool {
         self.client.get().is_some()
+    }
+}
+
+impl<C> Clone for LazyClient<C> {
+    fn clone(&self) -> Self {
+        Self {
+            build: self.build.clone(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl<C> std::ops::Deref for LazyClient<C> {
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        self.client.get_or_init(|| (self.build)())
+    }
+}
+
+impl<C> std::fmt::Debug for LazyClient<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyClient")
+            .field("service", &std::any::type_name::<C>())
+            .field("built", &self.is_built())
+            .finish()
     }
 }
 
@@ -359,31 +382,53 @@ impl AwsClients {
     /// (5 s).
     fn from_sdk_config(sdk: &aws_config::SdkConfig, timed: bool) -> Self {
         let counter = RequestCounter::default();
-        let dynamodb = aws_sdk_dynamodb::Client::from_conf(
-            aws_sdk_dynamodb::config::Builder::from(sdk)
-                .retry_config(DYNAMODB.retry())
-                .timeout_config(DYNAMODB.timeouts(timed))
-                .interceptor(counter.clone())
-                .build(),
-        );
-        let sqs = aws_sdk_sqs::Client::from_conf(
-            aws_sdk_sqs::config::Builder::from(sdk)
-                .retry_config(SQS.retry())
-                .timeout_config(SQS.timeouts(timed))
-                .interceptor(counter.clone())
-                .build(),
-        );
-        let eventbridge = LazyEventBridge {
-            sdk: sdk.clone(),
-            timed,
-            counter: counter.clone(),
-            client: Arc::new(OnceLock::new()),
-        };
+        // One service's client over `sdk`: its decision, the shared request counter.
+        macro_rules! client {
+            ($service:ident, $decision:expr, $sdk:expr, $counter:expr) => {
+                $service::Client::from_conf(
+                    $service::config::Builder::from($sdk)
+                        .retry_config($decision.retry())
+                        .timeout_config($decision.timeouts(timed))
+                        .interceptor($counter.clone())
+                        .build(),
+                )
+            };
+        }
+        let dynamodb = client!(aws_sdk_dynamodb, DYNAMODB, sdk, counter);
+        let (conf, c) = (sdk.clone(), counter.clone());
+        let sqs = LazyClient::new(move || client!(aws_sdk_sqs, SQS, &conf, c));
+        let (conf, c) = (sdk.clone(), counter.clone());
+        let eventbridge =
+            LazyClient::new(move || client!(aws_sdk_eventbridge, EVENTBRIDGE, &conf, c));
         Self {
             dynamodb,
             sqs,
             eventbridge,
             counter,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seldom_used_clients_are_built_on_first_use_and_shared_by_clones() {
+        let clients = AwsClients::for_emulator("http://127.0.0.1:9");
+        // Handing the clients to their adapters builds nothing.
+        let _sessions = SqsQueue::new(clients.sqs.clone(), "http://127.0.0.1:9/q.fifo");
+        let _hooks = SqsHookQueue::new(clients.sqs.clone(), "http://127.0.0.1:9/h", None);
+        let _bus = EventBridgeBus::new(clients.eventbridge.clone());
+        assert!(!clients.sqs.is_built());
+        assert!(!clients.eventbridge.is_built());
+
+        // The first use builds the client once, for every clone of the handle.
+        let region = clients.sqs.config().region().map(|r| r.to_string());
+        assert_eq!(region.as_deref(), Some("us-east-1"));
+        assert!(clients.sqs.is_built());
+        let again = clients.sqs.clone();
+        assert!(std::ptr::eq(&*again, &*clients.sqs));
+        assert!(!clients.eventbridge.is_built());
     }
 }

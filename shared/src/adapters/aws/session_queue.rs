@@ -14,13 +14,13 @@ use crate::ports::{Backlog, SendFailure, SendReport, SessionQueue};
 /// An SQS FIFO queue.
 #[derive(Clone, Debug)]
 pub struct SqsQueue {
-    client: aws_sdk_sqs::Client,
+    client: super::LazyClient<aws_sdk_sqs::Client>,
     url: String,
 }
 
 impl SqsQueue {
     /// The queue at `url`.
-    pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
+    pub fn new(client: super::LazyClient<aws_sdk_sqs::Client>, url: impl Into<String>) -> Self {
         Self {
             client,
             url: url.into(),
