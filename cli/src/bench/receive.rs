@@ -102,9 +102,26 @@ struct Slice {
     writer_seconds: Option<f64>,
 }
 
-impl Slice {
+/// Requests answered `2xx` per second, of a [`Slice`] or of a whole [`Run`].
+trait Throughput {
+    /// The requests answered `2xx` and the seconds they took.
+    fn answered(&self) -> (usize, f64);
+
     fn per_second(&self) -> f64 {
-        self.ok as f64 / self.seconds
+        let (ok, seconds) = self.answered();
+        ok as f64 / seconds
+    }
+}
+
+impl Throughput for Slice {
+    fn answered(&self) -> (usize, f64) {
+        (self.ok, self.seconds)
+    }
+}
+
+impl Throughput for Run {
+    fn answered(&self) -> (usize, f64) {
+        (self.ok, self.seconds)
     }
 }
 
@@ -139,9 +156,6 @@ impl Run {
         }
     }
 
-    fn per_second(&self) -> f64 {
-        self.ok as f64 / self.seconds
-    }
     fn json(&self) -> serde_json::Value {
         json!({
             "requests": self.requests,
