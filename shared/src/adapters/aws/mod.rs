@@ -1,7 +1,8 @@
 //! The AWS backend: DynamoDB for the records, SQS FIFO for the sessions queue, a standard
 //! SQS queue for hook deliveries, EventBridge for hooks that target a bus.
 //!
-//! SDK clients are built once per process ([`AwsClients::new`]) and shared. Every request
+//! SDK clients are built once per process ([`AwsClients::new`]) and shared: DynamoDB's
+//! at once, SQS's and EventBridge's on their first use ([`LazyClient`]). Every request
 //! goes through a [`RequestCounter`], so benchmarks can report AWS requests per heartbeat
 //! cycle by operation — the number a user prices a fleet with.
 //!
