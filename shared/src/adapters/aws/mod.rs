@@ -257,12 +257,14 @@ pub(crate) async fn sdk_config(endpoint_url: Option<&str>) -> aws_config::SdkCon
 /// dereferences to the client, as [`std::sync::LazyLock`] does to its value.
 ///
 /// Building an SDK client parses its service's endpoint rules (AWS's partitions, their
-/// region patterns compiled), a tenth of a millisecond or more. A client that a
-/// function's invocations seldom need is therefore not built at init: SQS is used by
-/// the receiver only for Discord and messages (not for signed webhooks), by the worker
-/// only when a hook matches, by the dispatcher only to retry a delivery; EventBridge only
-/// by hooks with an `eventbridge://` target, which most deployments have none of. The
-/// DynamoDB client, which every invocation uses, is built at init.
+/// region patterns compiled) and touches its code for the first time: 0.2 ms of a
+/// function's init for SQS (`pulse bench coldstart`). A client that most invocations
+/// never use is therefore not built at init: SQS is used by the receiver only for
+/// Discord, the messages API and webhooks that wake their agent, by the worker only when
+/// a hook matches, by the dispatcher only to retry a delivery, by the sweeper when
+/// heartbeats are due; EventBridge only by hooks with an `eventbridge://` target, which
+/// most deployments have none of. The DynamoDB client, which every invocation uses, is
+/// built at init: deferring it would only move its cost to the first request.
 pub struct LazyClient<C> {
     build: Arc<dyn Fn() -> C + Send + Sync>,
     client: Arc<OnceLock<C>>,
