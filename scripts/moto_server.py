@@ -134,6 +134,128 @@ def _query_reading_what_it_needs(self, hash_key, *args, **kwargs):
 _Table.all_items = _items_for_query
 _Table.query = _query_reading_what_it_needs
 
+# A fourth, for IAM: with authorisation on (`INITIAL_NO_AUTH_ACTION_COUNT`, or
+# `POST /moto-api/reset-auth`), moto checks DynamoDB, SSM and EventBridge requests
+# against the resource "*" only, so a policy naming the table (as a least-privilege role
+# does) would deny everything, and one naming the wrong table would pass. Here each such
+# request is checked as AWS checks it: against the ARN of the table or index it names
+# (every table of a batch), the parameter path, the event bus; and a transaction as the
+# actions of its items (a TransactWriteItems needs PutItem, UpdateItem, DeleteItem or
+# ConditionCheckItem on each item's table; there is no IAM action of its own).
+import os  # noqa: E402
+
+from moto import settings as _settings  # noqa: E402
+from moto.core.exceptions import AccessDeniedError as _AccessDenied  # noqa: E402
+from moto.core.exceptions import JsonRESTError as _JsonError  # noqa: E402
+from moto.core.authorization import ActionAuthenticatorMixin as _Auth  # noqa: E402
+from moto.dynamodb.responses import DynamoHandler as _DynamoHandler  # noqa: E402
+from moto.events.responses import EventsHandler as _EventsHandler  # noqa: E402
+from moto.iam.access_control import IAMRequest as _IAMRequest  # noqa: E402
+from moto.sqs.responses import SQSResponse as _SqsHandler  # noqa: E402
+from moto.ssm.responses import SimpleSystemManagerResponse as _SsmHandler  # noqa: E402
+
+_TRANSACT_ACTIONS = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem", "ConditionCheck": "ConditionCheckItem"}
+
+
+def _dynamodb_targets(handler):
+    """(action, resource ARN) pairs a DynamoDB request needs."""
+    body = handler.body if isinstance(handler.body, dict) else {}
+    action = handler._get_action()
+    prefix = f"arn:aws:dynamodb:{handler.region}:{handler.current_account}:table/"
+    if action in ("BatchGetItem", "BatchWriteItem"):
+        return [(action, prefix + t) for t in body.get("RequestItems", {})]
+    if action == "TransactWriteItems":
+        return [
+            (_TRANSACT_ACTIONS[kind], prefix + op["TableName"])
+            for item in body.get("TransactItems", [])
+            for kind, op in item.items()
+        ]
+    if action == "TransactGetItems":
+        return [("GetItem", prefix + item["Get"]["TableName"]) for item in body.get("TransactItems", [])]
+    if "TableName" in body:
+        arn = prefix + body["TableName"]
+        if body.get("IndexName"):
+            arn += "/index/" + body["IndexName"]
+        return [(action, arn)]
+    return [(action, "*")]
+
+
+def _ssm_targets(handler):
+    action = handler._get_action()
+    prefix = f"arn:aws:ssm:{handler.region}:{handler.current_account}:parameter"
+    params = handler._get_param
+    if action == "GetParametersByPath":
+        return [(action, prefix + params("Path"))]
+    if action in ("GetParameter", "PutParameter", "DeleteParameter"):
+        name = params("Name")
+        return [(action, prefix + (name if name.startswith("/") else "/" + name))]
+    return [(action, "*")]
+
+
+def _events_targets(handler):
+    action = handler._get_action()
+    if action == "PutEvents":
+        prefix = f"arn:aws:events:{handler.region}:{handler.current_account}:event-bus/"
+        buses = {e.get("EventBusName") or "default" for e in handler._get_param("Entries") or []}
+        return [(action, b if b.startswith("arn:") else prefix + b) for b in sorted(buses)] or [(action, prefix + "default")]
+    return [(action, "*")]
+
+
+def _sqs_targets(handler):
+    # A batch needs the action of its entries: SendMessageBatch needs sqs:SendMessage.
+    return [(handler._get_action().removesuffix("Batch"), handler._determine_resource())]
+
+
+def _authorising_each(targets):
+    def authorise(self, resource="*"):
+        if _Auth.request_count < _settings.INITIAL_NO_AUTH_ACTION_COUNT:
+            _Auth.request_count += 1
+            return
+        path = self.raw_path
+        if self.parsed_url.query:
+            path += "?" + self.parsed_url.query
+        for action, arn in targets(self):
+            request = _IAMRequest(
+                account_id=self.current_account,
+                method=self.method,
+                path=path,
+                data=self.data,
+                body=self.raw_body,
+                headers=self.headers,
+                action=action,
+            )
+            request.check_signature()
+            try:
+                request.check_action_permitted(arn)
+            except _AccessDenied:
+                user = request._access_key.arn
+                _record_denial(user, action, arn)
+                # As AWS answers these JSON services: the action and the resource named.
+                raise _JsonError(
+                    "AccessDeniedException",
+                    f"User: {user} is not authorized to perform: {request._action} on resource: {arn}",
+                )
+
+    return authorise
+
+
+def _record_denial(user, action, arn):
+    """Appends the denial to the file PULSE_MOTO_DENIALS names (if set), so a test can
+    tell a refusal its code swallowed (a warning in a log) from none at all."""
+    path = os.environ.get("PULSE_MOTO_DENIALS")
+    if path:
+        with _lock_denials, open(path, "a") as f:
+            f.write(f"{user}\t{action}\t{arn}\n")
+
+
+_lock_denials = threading.Lock()
+
+
+_DynamoHandler._authenticate_and_authorize_normal_action = _authorising_each(_dynamodb_targets)
+_SsmHandler._authenticate_and_authorize_normal_action = _authorising_each(_ssm_targets)
+_EventsHandler._authenticate_and_authorize_normal_action = _authorising_each(_events_targets)
+_SqsHandler._authenticate_and_authorize_normal_action = _authorising_each(_sqs_targets)
+
 from moto.server import main  # noqa: E402  (after the patch, so handlers pick it up)
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 #      two moto servers on free loopback ports, stopped when this script exits;
 #   3. cargo fmt --check, the four function binaries and every Rust test, all compiled
 #      with Clippy's lints and every warning denied (unit, the conformance suite and
-#      end-to-end flows on SQLite and on moto, the functions under `cargo lambda watch`,
+#      end-to-end flows on SQLite and on moto, the functions under a Lambda runtime API
+#      stand-in, each with its own role from the template and IAM enforced,
 #      `pulse demo` with its transcript checked, the scale tests, the fault run over the
 #      AWS adapters);
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed),
@@ -111,6 +112,18 @@ start_moto 1
 export PULSE_TEST_MOTO_URL=$MOTO_URL
 start_moto 2
 MOTO_URL_2=$MOTO_URL
+# A third, for IAM: the end-to-end run of the functions switches its authorisation on and
+# runs each function as a user holding its role's statements from infra/template.yaml
+# (tests/support/iam.rs); the refusals it makes are appended to the file below.
+export PULSE_TEST_MOTO_IAM_DENIALS=$PWD/target/moto-iam-denials.log
+: > "$PULSE_TEST_MOTO_IAM_DENIALS"
+PULSE_MOTO_DENIALS=$PULSE_TEST_MOTO_IAM_DENIALS start_moto iam
+export PULSE_TEST_MOTO_IAM_URL=$MOTO_URL
+export PULSE_TEST_PYTHON=$PWD/$VENV/bin/python
+# What each function's runs sent AWS, as IAM actions (shared/src/adapters/aws/actions_log.rs),
+# held against the template's roles after the tests (scripts/roles.py check-actions).
+export PULSE_TEST_AWS_ACTIONS_DIR=$PWD/target/aws-actions
+rm -rf "$PULSE_TEST_AWS_ACTIONS_DIR" && mkdir -p "$PULSE_TEST_AWS_ACTIONS_DIR"
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check
@@ -119,10 +132,9 @@ cargo fmt --all -- --check
 # `cargo clippy --workspace --all-targets -- -D warnings`, without compiling every
 # dependency a second time in check mode.
 export RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/lint-wrapper.sh"
-stage "cargo build with Clippy's lints (the function binaries, for cargo lambda watch)"
+stage "cargo build with Clippy's lints (the function binaries, for the end-to-end run)"
 cargo build --workspace --bins --locked
 stage "cargo test: compiling the test targets, with Clippy's lints"
-export PULSE_TEST_CARGO_LAMBDA="$PWD/$VENV/bin/cargo-lambda"
 # Every test binary runs through scripts/test-runner.sh, which asks for each test's time.
 # (The runner variable is named after the host, e.g. CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER.)
 HOST=$(rustc -vV | sed -n 's/^host: //p')
@@ -132,7 +144,7 @@ stage "cargo test: the tests crate's binaries beside all the others, each group 
 # One test binary at a time left 43 % of the 2 cores idle (waiting on the emulator,
 # Chromium or its own loopback servers), so two groups of about equal length run side by
 # side: the tests crate's binaries (the integration tests, the scale tests, the functions
-# under cargo lambda watch) with their output shown as it comes, and every other binary
+# under their roles with IAM enforced) with their output shown as it comes, and every other binary
 # (the CLI's, the simulator's, the libraries') into a log printed after them.
 # Both select from the whole workspace, so that cargo resolves the same features as for
 # the build above and compiles nothing again (`-p pulse-tests` alone would resolve fewer):
@@ -191,10 +203,12 @@ if [ "$LONG" = 1 ]; then
     stage "fuzzing the signature header parsers"
     PULSE_FUZZ_SECONDS="${PULSE_FUZZ_SECONDS:-300}" ./scripts/fuzz.sh
 fi
-stage "sam validate --lint, cfn-lint and the template check"
+stage "sam validate --lint, cfn-lint, the template check and the roles against what the functions sent"
 (cd infra && SAM_CLI_TELEMETRY=0 "../$VENV/bin/sam" validate --lint)
 "$VENV/bin/cfn-lint" infra/template.yaml
 "$VENV/bin/python" scripts/check_template.py --self-test infra/template.yaml
+"$VENV/bin/python" scripts/roles.py --self-test infra/template.yaml
+"$VENV/bin/python" scripts/roles.py check-actions infra/template.yaml "$PULSE_TEST_AWS_ACTIONS_DIR"
 stage "the book: mdbook build docs (installs mdbook into ./.tools once)"
 # The links inside it, the reference pages and the documented commands are checked by
 # the tests above (cli/tests/book); this checks that mdBook builds it.

@@ -1,16 +1,19 @@
-//! The four Lambda functions as built binaries, under `cargo lambda watch` (a local
-//! Lambda runtime API) on loopback, against moto: each is invoked with the event shapes
-//! Lambda really sends (fixtures in `tests/fixtures/`), configured only by environment
-//! variables and secrets in SSM Parameter Store, as the SAM template configures them.
-//! The effects are read back from DynamoDB and SQS, and from loopback stand-ins for
-//! Discord, the LLM API and a hook receiver.
+//! The four Lambda functions as built binaries, each under a stand-in for the Lambda
+//! service (its runtime API on loopback), against a moto server that enforces IAM: each
+//! function signs its requests as a user whose policy is its role in
+//! `infra/template.yaml`, so a call its role does not allow is refused here as on AWS,
+//! and fails the test with the function, the action, the resource and the path. Each
+//! is invoked with the event shapes Lambda really sends (fixtures in
+//! `tests/fixtures/`), configured only by environment variables and secrets in SSM
+//! Parameter Store, as the SAM template configures them. The effects are read back
+//! from DynamoDB and SQS, and from loopback stand-ins for Discord, the LLM API and a
+//! hook receiver.
 //!
-//! Needs `PULSE_TEST_MOTO_URL` and `PULSE_TEST_CARGO_LAMBDA` (the `cargo-lambda`
-//! executable); `scripts/test.sh` sets both, and builds the function binaries first.
+//! Needs `PULSE_TEST_MOTO_IAM_URL`, `PULSE_TEST_MOTO_IAM_DENIALS` and
+//! `PULSE_TEST_PYTHON` (see `pulse_tests::iam`); `scripts/test.sh` sets them, and
+//! builds the function binaries first.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,16 +23,22 @@ use pulse_shared::adapters::aws::{
     AwsClients, DynamoStore, create_hooks_queue, create_sessions_queue, create_table,
 };
 use pulse_shared::domain::{
-    AgentId, EventType, HeartbeatStatus, Hook, HookTarget, HookType, NewAgent, SessionTask,
-    TaskEnvelope, Webhook, WebhookScheme,
+    AgentId, EventType, Filter, HeartbeatStatus, Hook, HookTarget, HookType, Memory, MemoryId,
+    NewAgent, ReplyTarget, RetrySchedule, Schedule, ScheduleRule, SessionTask, SignalId,
+    Subscription, SubscriptionId, TaskEnvelope, TimeZoneName, Tool, ToolName, Turn, TurnId,
+    TurnStatus, Usage, Webhook, WebhookScheme,
 };
-use pulse_shared::ports::Store;
+use pulse_shared::engine::Lifecycle;
+use pulse_shared::ports::{Store, SystemClock};
 use pulse_signatures::discord::DiscordSigner;
 use pulse_signatures::inbound::{Scheme, generate_secret, sign, verify};
+use pulse_tests::FakeTool;
 use pulse_tests::fake_discord::{FakeDiscord, Posted};
 use pulse_tests::fake_hooks::FakeReceiver;
 use pulse_tests::fake_llm::{FakeLlm, Scripted};
-use pulse_tests::{moto_url, unique};
+use pulse_tests::iam::{Users, moto_iam_url, resolve};
+use pulse_tests::lambda_runtime::{Function, built};
+use pulse_tests::unique;
 use serde_json::{Value, json};
 
 const CHANNEL: &str = "1300000000000000001";
@@ -45,111 +54,62 @@ fn fixture(name: &str) -> Value {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The four functions, each under its own runtime API stand-in and credentials.
+struct Stack {
+    functions: Vec<(&'static str, Function)>,
+    users: Arc<Users>,
 }
 
-/// `cargo lambda watch` on a free loopback port, stopped (with the functions it started)
-/// when dropped.
-struct Watch {
-    child: Child,
-    base: String,
-    http: reqwest::Client,
-    log: PathBuf,
-}
+const FUNCTIONS: [&str; 4] = [
+    "heartbeat-sweeper",
+    "conversation-worker",
+    "webhook-receiver",
+    "hook-dispatcher",
+];
 
-impl Watch {
-    fn start(env: &[(String, String)], dir: &Path) -> Self {
-        let cargo_lambda = std::env::var("PULSE_TEST_CARGO_LAMBDA").unwrap_or_else(|_| {
-            panic!(
-                "PULSE_TEST_CARGO_LAMBDA is not set: run ./scripts/test.sh, which installs \
-                 cargo-lambda into .venv, or set it to a cargo-lambda executable"
-            )
-        });
-        let port = free_port();
-        let env_file = dir.join("functions.env");
-        let vars: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-        std::fs::write(&env_file, vars).unwrap();
-        let log = dir.join("cargo-lambda-watch.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let mut cmd = Command::new(cargo_lambda);
-        cmd.args([
-            "lambda",
-            "watch",
-            "--ignore-changes",
-            "--quiet",
-            "-A",
-            "127.0.0.1",
-        ])
-        .args(["-P", &port.to_string()])
-        .arg("--env-file")
-        .arg(&env_file)
-        .current_dir(workspace)
-        // scripts/test.sh runs test binaries with RUSTC_BOOTSTRAP set (for libtest's
-        // timings); cargo fingerprints it, and the functions' build must not see it.
-        .env_remove("RUSTC_BOOTSTRAP")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out);
-        #[cfg(unix)]
-        {
-            use std::os::unix::process::CommandExt;
-            cmd.process_group(0);
-        }
-        let child = cmd.spawn().expect("start cargo lambda watch");
-        Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::new(),
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Invokes `function` with `event` through the runtime API's invoke endpoint, as
-    /// Lambda's service does; returns the function's response (or error) document.
-    async fn invoke(&self, function: &str, event: &Value) -> Value {
-        let url = format!("{}/2015-03-31/functions/{function}/invocations", self.base);
-        let started = std::time::Instant::now();
-        loop {
-            match self
-                .http
-                .post(&url)
-                .json(event)
-                .timeout(Duration::from_secs(300))
-                .send()
-                .await
-            {
-                Ok(r) => {
-                    let text = r.text().await.unwrap();
-                    return serde_json::from_str(&text).unwrap_or_else(|_| {
-                        panic!("{function} answered {text:?}; log:\n{}", self.log())
-                    });
-                }
-                Err(e) if e.is_connect() && started.elapsed() < Duration::from_secs(60) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("invoking {function}: {e}; log:\n{}", self.log()),
+impl Stack {
+    /// Starts each function with what of `env` the template gives it, and its own
+    /// role's keys. With
+    /// `PULSE_TEST_AWS_ACTIONS_DIR` set, each records the IAM actions it sent there (for
+    /// `scripts/roles.py check-actions`).
+    async fn start(env: &[(String, String)], users: Arc<Users>, dir: &Path) -> Self {
+        let mut functions = Vec::new();
+        for name in FUNCTIONS {
+            let mut env = users.environment_of(name, env);
+            if let Ok(d) = std::env::var("PULSE_TEST_AWS_ACTIONS_DIR") {
+                env.push(("PULSE_AWS_ACTIONS_DIR".into(), d));
             }
+            let f = Function::start(name, &built(name), None, &env, dir).await;
+            functions.push((name, f));
         }
+        Self { functions, users }
     }
-}
 
-impl Drop for Watch {
-    fn drop(&mut self) {
-        // The whole group: cargo-lambda, the cargo runs it started and the functions.
-        let _ = Command::new("kill")
-            .args(["-TERM", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
+    fn function(&self, name: &str) -> &Function {
+        &self.functions.iter().find(|(n, _)| *n == name).unwrap().1
+    }
+
+    /// Every function's log so far, one after another.
+    fn log(&self) -> String {
+        self.functions
+            .iter()
+            .map(|(n, f)| format!("==> {n}\n{}", f.log()))
+            .collect()
+    }
+
+    /// Invokes `function` with `event` as Lambda's service does, on the user's `path`
+    /// (named in a refusal); fails if IAM refused any call meanwhile.
+    async fn invoke(&self, function: &str, event: &Value, path: &str) -> Value {
+        let resp = self.function(function).invoke(event).await;
+        let denied = self.users.new_denials();
+        assert!(
+            denied.is_empty(),
+            "IAM refused, on the path \"{path}\" (invoking {function}):\n  {}\n\
+             the role in infra/template.yaml lacks the action; the log:\n{}",
+            denied.join("\n  "),
+            self.log()
+        );
+        resp
     }
 }
 
@@ -255,20 +215,32 @@ fn task_of(m: &aws_sdk_sqs::types::Message) -> SessionTask {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_four_functions_run_under_a_local_lambda_runtime() {
-    let moto = moto_url();
-    let clients = AwsClients::for_emulator(&moto);
+async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
+    let moto = moto_iam_url();
     let table = unique("e2e");
+    let sessions_name = format!("{}.fifo", unique("e2e-sessions"));
+    let hooks_name = unique("e2e-hooks");
+    let dlq_name = unique("e2e-hooks-dlq");
+    let secrets_path = format!("/{}", unique("pulse-e2e"));
+    // Each function's user holds its role's statements, with the template's references
+    // resolved to these resources; the test itself works as an administrator.
+    let users = Arc::new(Users::create(
+        &moto,
+        &resolve(
+            &table,
+            &sessions_name,
+            &hooks_name,
+            &dlq_name,
+            &secrets_path,
+        ),
+    ));
+    let clients = AwsClients::for_emulator_as(&moto, &users.admin.id, &users.admin.secret);
     create_table(&clients.dynamodb, &table).await.unwrap();
-    let sessions = create_sessions_queue(&clients.sqs, &format!("{}.fifo", unique("e2e-sessions")))
+    let sessions = create_sessions_queue(&clients.sqs, &sessions_name)
         .await
         .unwrap();
-    let hooks = create_hooks_queue(&clients.sqs, &unique("e2e-hooks"))
-        .await
-        .unwrap();
-    let hooks_dlq = create_hooks_queue(&clients.sqs, &unique("e2e-hooks-dlq"))
-        .await
-        .unwrap();
+    let hooks = create_hooks_queue(&clients.sqs, &hooks_name).await.unwrap();
+    let hooks_dlq = create_hooks_queue(&clients.sqs, &dlq_name).await.unwrap();
     // Secrets at rest are sealed with the deployment's key, which the functions read
     // from SSM with the other secrets.
     let encryption_key = pulse_shared::sealing::EncryptionKeys::new_key();
@@ -280,14 +252,17 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
 
     // Secrets live in SSM Parameter Store, as the template expects.
     let discord_signer = DiscordSigner::from_seed([9; 32]);
-    let secrets_path = format!("/{}", unique("pulse-e2e"));
     let ssm = aws_sdk_ssm::Client::from_conf(
         aws_sdk_ssm::config::Builder::new()
             .behavior_version(aws_sdk_ssm::config::BehaviorVersion::latest())
             .endpoint_url(&moto)
             .region(aws_sdk_ssm::config::Region::new("us-east-1"))
             .credentials_provider(aws_sdk_ssm::config::Credentials::new(
-                "test", "test", None, None, "e2e",
+                &users.admin.id,
+                &users.admin.secret,
+                None,
+                None,
+                "e2e",
             ))
             .build(),
     );
@@ -355,14 +330,12 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         ("PULSE_HOOKS_ALLOW", "127.0.0.1/32".to_owned()),
         ("AWS_ENDPOINT_URL", moto.clone()),
         ("AWS_REGION", "us-east-1".to_owned()),
-        ("AWS_ACCESS_KEY_ID", "test".to_owned()),
-        ("AWS_SECRET_ACCESS_KEY", "test".to_owned()),
         ("RUST_LOG", "info".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    let watch = Watch::start(&env, dir.path());
+    let watch = Stack::start(&env, users.clone(), dir.path()).await;
 
     // 1. Webhook receiver, Function URL: a signed external webhook → an event in the log.
     let body =
@@ -386,6 +359,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
                 body.as_bytes(),
                 &headers,
             ),
+            "a signed webhook, accepted",
         )
         .await;
     assert_eq!(resp["statusCode"], 200, "{resp}\n{}", watch.log());
@@ -403,7 +377,11 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
     // 2. Heartbeat sweeper, EventBridge scheduled event → the heartbeat claimed, its job
     // on the sessions queue in the agent's message group.
     let resp = watch
-        .invoke("heartbeat-sweeper", &fixture("eventbridge-scheduled.json"))
+        .invoke(
+            "heartbeat-sweeper",
+            &fixture("eventbridge-scheduled.json"),
+            "a sweep claims a due heartbeat",
+        )
         .await;
     assert_eq!(resp["claimed"], 1, "{resp}\n{}", watch.log());
     let hb = store.get_heartbeat(&first.id()).await.unwrap().unwrap();
@@ -429,6 +407,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         .invoke(
             "conversation-worker",
             &sqs_event("sqs-fifo-record.json", &jobs),
+            "a heartbeat job: the heartbeat agent speaks",
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
@@ -453,6 +432,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         .invoke(
             "conversation-worker",
             &sqs_event("sqs-fifo-record.json", &thoughts),
+            "the thought's turn, posted to Discord",
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new());
@@ -497,6 +477,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         .invoke(
             "webhook-receiver",
             &function_url_request("/discord/interactions", command.as_bytes(), &headers),
+            "a Discord slash command",
         )
         .await;
     assert_eq!(resp["statusCode"], 200, "{resp}\n{}", watch.log());
@@ -533,6 +514,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         .invoke(
             "conversation-worker",
             &sqs_event("sqs-fifo-record.json", &batch),
+            "a chat turn beside a broken message",
         )
         .await;
     assert_eq!(failures(&resp), vec![broken.clone()], "{}", watch.log());
@@ -553,6 +535,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         .invoke(
             "hook-dispatcher",
             &sqs_event("sqs-hooks-record.json", &deliveries),
+            "hooks delivered",
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
@@ -650,6 +633,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
                 body.as_bytes(),
                 &bearer,
             ),
+            "POST /v1/agents/{id}/messages",
         )
         .await;
     assert_eq!(resp["statusCode"], 202, "{resp}\n{}", watch.log());
@@ -662,6 +646,7 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         .invoke(
             "conversation-worker",
             &sqs_event("sqs-fifo-record.json", &asked),
+            "the API message's turn",
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
@@ -669,7 +654,9 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
     let mut get = function_url_request(&format!("/v1/turns/{turn_id}"), b"", &bearer);
     get["requestContext"]["http"]["method"] = json!("GET");
     get["rawQueryString"] = json!("wait=5s");
-    let resp = watch.invoke("webhook-receiver", &get).await;
+    let resp = watch
+        .invoke("webhook-receiver", &get, "GET /v1/turns/{id}?wait=5s")
+        .await;
     assert_eq!(resp["statusCode"], 200, "{resp}\n{}", watch.log());
     let turn: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
     assert_eq!(
@@ -682,6 +669,261 @@ async fn the_four_functions_run_under_a_local_lambda_runtime() {
         2,
         "the API's reply is not posted to Discord"
     );
+
+    // 10. A webhook signed with another secret is refused and appends nothing.
+    let events_before = store.list_events(&agent.id, 100).await.unwrap().len();
+    let body = json!({"event_type": "DEPLOY_FINISHED", "payload": {"service": "web"}}).to_string();
+    let forged = header_pairs(
+        sign(
+            WebhookScheme::Standard.signing(),
+            &generate_secret(),
+            body.as_bytes(),
+            Timestamp::now().as_second(),
+            "msg_e2e_forged_1",
+        )
+        .unwrap(),
+    );
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &function_url_request(
+                &format!("/webhooks/{}", webhook.id),
+                body.as_bytes(),
+                &forged,
+            ),
+            "a forged webhook, refused",
+        )
+        .await;
+    assert_eq!(resp["statusCode"], 401, "{resp}");
+    assert_eq!(
+        store.list_events(&agent.id, 100).await.unwrap().len(),
+        events_before
+    );
+
+    // 11. Memory: the agent holds a memory the user's next message matches. The turn
+    // shows it to the model (reinforcing it: a batch write), and the model keeps a new
+    // one (`remember`) and searches (`recall`). A hook that cannot be reached and has no
+    // retries is dead-lettered by the dispatcher.
+    let kept = Memory::new(
+        MemoryId::derived(now.as_millisecond() as u64, &["e2e", "friday"]),
+        &agent.id,
+        "The api service deploys every Friday afternoon",
+        0,
+        now,
+    )
+    .unwrap();
+    store.remember(std::slice::from_ref(&kept)).await.unwrap();
+    let mut dead = Hook::new(
+        agent.id.clone(),
+        HookType::parse("MESSAGE_SENT").unwrap(),
+        HookTarget::parse(&format!("http://127.0.0.1:{}/", closed_port())).unwrap(),
+        &generate_secret(),
+        now,
+    );
+    dead.retry = RetrySchedule::none();
+    store.create_hook(&dead).await.unwrap();
+    let body = json!({"text": "when does the api service deploy?"}).to_string();
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &function_url_request(
+                &format!("/v1/agents/{}/messages", agent.id),
+                body.as_bytes(),
+                &bearer,
+            ),
+            "POST /v1/agents/{id}/messages (a question a memory answers)",
+        )
+        .await;
+    assert_eq!(resp["statusCode"], 202, "{resp}");
+    let queued: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    let turn_id = queued["turn_id"].as_str().unwrap().to_owned();
+    let asked = receive(&clients.sqs, &sessions, 1).await;
+    assert_eq!(asked.len(), 1);
+    llm.script([
+        Scripted::tool(
+            "remember",
+            json!({"text": "The user follows the api service's deploys", "kind": "fact"}),
+        ),
+        Scripted::tool("recall", json!({"query": "api deploy friday"})),
+        Scripted::text("Every Friday afternoon."),
+    ]);
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &asked),
+            "a chat turn with a matching memory, remember and recall",
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&clients.sqs, &sessions, &asked, &[]).await;
+    let prompt = llm.requests()[llm.requests().len() - 3].body.to_string();
+    assert!(prompt.contains("deploys every Friday"), "{prompt}");
+    let reinforced = store
+        .get_memory(&agent.id, &kept.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(reinforced.recalls > kept.recalls, "{reinforced:?}");
+    let all = store.all_memories(&agent.id).await.unwrap();
+    assert!(
+        all.iter()
+            .any(|m| m.text == "The user follows the api service's deploys"),
+        "{all:?}"
+    );
+    let mut get = function_url_request(&format!("/v1/turns/{turn_id}"), b"", &bearer);
+    get["requestContext"]["http"]["method"] = json!("GET");
+    get["rawQueryString"] = json!("wait=5s");
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &get,
+            "GET /v1/turns/{id} (the memory's answer)",
+        )
+        .await;
+    let turn: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    assert_eq!(turn["reply"], "Every Friday afternoon.", "{turn}");
+    let deliveries = receive(&clients.sqs, &hooks, 2).await;
+    let resp = watch
+        .invoke(
+            "hook-dispatcher",
+            &sqs_event("sqs-hooks-record.json", &deliveries),
+            "hooks delivered, one dead-lettered",
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&clients.sqs, &hooks, &deliveries, &[]).await;
+    let dead_lettered = receive(&clients.sqs, &hooks_dlq, 2).await;
+    assert_eq!(dead_lettered.len(), 1, "{}", watch.log());
+
+    // 12. Reminders: a one-time reminder two seconds ahead pulls the next heartbeat
+    // forward; a cron reminder is due at the same beat. The sweep claims it, the worker
+    // runs it (a tool subscribed to SCHEDULED runs on each): the one-time reminder is
+    // deleted, the cron one filed for its next minute.
+    let tool = FakeTool::start().await;
+    let tool_name = ToolName::parse("stretcher").unwrap();
+    store
+        .add_tool(
+            &Tool::http(tool_name.clone(), &tool.url(), Duration::from_secs(10), now).unwrap(),
+        )
+        .await
+        .unwrap();
+    let scheduled = EventType::parse("SCHEDULED").unwrap();
+    store
+        .add_subscription(&Subscription {
+            id: SubscriptionId::for_route(&tool_name, &scheduled, None),
+            tool: tool_name.clone(),
+            event_type: scheduled,
+            agent_id: None,
+            filter: Filter::default(),
+            order: 0,
+            active: true,
+            created_at: now,
+        })
+        .await
+        .unwrap();
+    let ops = Lifecycle::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        pulse_tests::settings(),
+        None,
+    );
+    // (Stored times are kept to the millisecond.)
+    let at = Timestamp::from_millisecond(Timestamp::now().as_millisecond() + 2_000).unwrap();
+    let once = ops
+        .schedule(&agent.id, ScheduleRule::Once { at }, Some("stretch".into()))
+        .await
+        .unwrap();
+    assert_eq!(once.pulled, Some(at));
+    let cron = Schedule::new(
+        &agent.id,
+        ScheduleRule::cron("* * * * *", TimeZoneName::parse("UTC").unwrap()).unwrap(),
+        Some("standup".into()),
+        Timestamp::now() - jiff::SignedDuration::from_secs(61),
+    )
+    .unwrap();
+    store.put_schedule(&cron).await.unwrap();
+    let due_in = at.duration_since(Timestamp::now());
+    tokio::time::sleep(Duration::try_from(due_in).unwrap_or_default() + Duration::from_millis(50))
+        .await;
+    let resp = watch
+        .invoke(
+            "heartbeat-sweeper",
+            &fixture("eventbridge-scheduled.json"),
+            "a sweep claims the reminders' heartbeat",
+        )
+        .await;
+    assert_eq!(resp["claimed"], 1, "{resp}\n{}", watch.log());
+    let jobs = receive(&clients.sqs, &sessions, 1).await;
+    assert_eq!(jobs.len(), 1);
+    llm.script([Scripted::text("done")]);
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &jobs),
+            "the reminders' heartbeat: a tool on each, the one-time one deleted",
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&clients.sqs, &sessions, &jobs, &[]).await;
+    assert_eq!(tool.requests().len(), 2, "{}", watch.log());
+    let left = store.schedules(&agent.id).await.unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].id, cron.id);
+    assert!(left[0].next_at > cron.next_at, "{left:?}");
+    // Whatever else the beat queued (a thought, hooks) is not this test's.
+    let _ = receive(&clients.sqs, &sessions, 0).await;
+
+    // 13. Retention: the daily pass removes a conversation turn from forty days ago.
+    let old = now - jiff::SignedDuration::from_hours(40 * 24);
+    let signal = SignalId::generate(old.as_millisecond() as u64);
+    let old_turn = Turn {
+        id: TurnId::for_signal(&signal),
+        agent_id: agent.id.clone(),
+        session: agent.session.clone(),
+        signals: vec![signal],
+        status: TurnStatus::Done,
+        parts: vec!["an old answer".into()],
+        delivered: 1,
+        target: ReplyTarget::None,
+        discord_message_ids: Vec::new(),
+        provider: "offline".into(),
+        model: "offline".into(),
+        usage: Usage::default(),
+        steps: Vec::new(),
+        error: None,
+        created_at: old,
+        completed_at: Some(old),
+        requests: None,
+    };
+    store.begin_turn(&old_turn, &[]).await.unwrap();
+    let mut retention = fixture("eventbridge-scheduled.json");
+    retention["detail-type"] = json!("Pulse Retention");
+    let resp = watch
+        .invoke("heartbeat-sweeper", &retention, "the daily retention pass")
+        .await;
+    assert!(resp.get("errorType").is_none(), "{resp}\n{}", watch.log());
+    assert_eq!(
+        store.get_turn(&agent.id, &old_turn.id).await.unwrap(),
+        None,
+        "{resp}"
+    );
+    assert!(
+        store
+            .get_turn(&agent.id, &TurnId::parse(&turn_id).unwrap())
+            .await
+            .unwrap()
+            .is_some(),
+        "today's turn is kept"
+    );
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// The EMF documents in a log: the lines that are JSON objects with an `_aws` member.

@@ -10,6 +10,8 @@ pub mod fake_hooks;
 pub mod fake_llm;
 pub mod fake_mcp;
 pub mod faults;
+pub mod iam;
+pub mod lambda_runtime;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -17,9 +17,11 @@
 //! `eventbridge`, `secrets` (SSM), `provision` (creating the table and queues), `init`
 //! (`pulse init`), `setup` (the check before a command, a stack's outputs, errors with
 //! their fix)
-//! and `metrics` (the request counter).
+//! `metrics` (the request counter) and `actions_log` (the IAM actions a process's
+//! requests needed, for the test suite's check of the template's roles).
 
 mod actions;
+mod actions_log;
 mod agents;
 mod codec;
 mod conversations;
@@ -360,6 +362,21 @@ impl AwsClients {
     }
 
     fn for_emulator_timed(endpoint_url: &str, http: SharedHttpClient, timed: bool) -> Self {
+        Self::for_emulator_signed(endpoint_url, http, timed, ("test", "test"))
+    }
+
+    /// Clients for a local emulator that checks IAM, signing as the user whose access
+    /// key is `(id, secret)`.
+    pub fn for_emulator_as(endpoint_url: &str, id: &str, secret: &str) -> Self {
+        Self::for_emulator_signed(endpoint_url, https_client(), false, (id, secret))
+    }
+
+    fn for_emulator_signed(
+        endpoint_url: &str,
+        http: SharedHttpClient,
+        timed: bool,
+        (id, secret): (&str, &str),
+    ) -> Self {
         let sdk = aws_config::SdkConfig::builder()
             .behavior_version(BehaviorVersion::latest())
             .http_client(http)
@@ -367,8 +384,8 @@ impl AwsClients {
             .region(aws_config::Region::new("us-east-1"))
             .credentials_provider(aws_sdk_dynamodb::config::SharedCredentialsProvider::new(
                 aws_sdk_dynamodb::config::Credentials::new(
-                    "test",
-                    "test",
+                    id,
+                    secret,
                     None,
                     None,
                     "pulse-emulator",
@@ -393,6 +410,7 @@ impl AwsClients {
                         .retry_config($decision.retry())
                         .timeout_config($decision.timeouts(timed))
                         .interceptor($counter.clone())
+                        .interceptor(actions_log::ActionsLog)
                         .build(),
                 )
             };

@@ -49,7 +49,11 @@ impl SecretParameters {
         }
         let sdk = super::sdk_config(endpoint_url).await;
         Ok(Self {
-            client: aws_sdk_ssm::Client::new(&sdk),
+            client: aws_sdk_ssm::Client::from_conf(
+                aws_sdk_ssm::config::Builder::from(&sdk)
+                    .interceptor(super::actions_log::ActionsLog)
+                    .build(),
+            ),
             path: path.to_owned(),
         })
     }
