@@ -229,7 +229,7 @@ def _authorising_each(targets):
                 request.check_action_permitted(arn)
             except _AccessDenied:
                 user = request._access_key.arn
-                _record_denial(user, action, arn)
+                _record_denial(user, request._action, arn)
                 # As AWS answers these JSON services: the action and the resource named.
                 raise _JsonError(
                     "AccessDeniedException",

@@ -23,7 +23,8 @@ is what a deployment allows.
       `<action>\\t<resource>` per distinct request, written when PULSE_AWS_ACTIONS_DIR
       is set). Fails if a function sent an action its role does not allow, or if its role
       allows an action no run sent (least privilege: an action nobody uses is one a
-      compromised function could use).
+      compromised function could use). A function fed by a queue is also sent for by
+      Lambda's event source mapping (EVENT_SOURCE_MAPPING below).
 
   roles.py --self-test TEMPLATE
       Checks that check-actions catches an action a role lacks and one no run used.
@@ -41,6 +42,22 @@ from cfnlint.decode import decode  # noqa: E402
 
 # The gateway's task role: `pulse gateway` runs in ECS with it.
 GATEWAY = "gateway"
+
+# What Lambda's event source mapping sends, with the function's own role, for a
+# function an SQS queue feeds: it receives the batches, reads the queue's attributes and
+# deletes the messages the function did not report failed. (The end-to-end test plays
+# the mapping with the function's keys, so these are checked under IAM too.)
+EVENT_SOURCE_MAPPING = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
+
+
+def fed_by_a_queue(sam):
+    """The functions with an SQS event source."""
+    return {
+        r.get("Metadata", {}).get("BuildProperties", {}).get("Binary")
+        for r in sam["Resources"].values()
+        if r["Type"] == "AWS::Serverless::Function"
+        and any(e.get("Type") == "SQS" for e in r["Properties"].get("Events", {}).values())
+    }
 
 
 def roles(sam):
@@ -176,12 +193,15 @@ def check_actions(sam, directory):
         if name.endswith(".actions"):
             with open(os.path.join(directory, name)) as f:
                 sent_by[name[: -len(".actions")]] = {line.split("\t")[0] for line in f if line.strip()}
+    queued = fed_by_a_queue(sam)
     for function, statements in sorted(roles(sam).items()):
         allowed = allowed_actions(statements)
         sent = sent_by.get(function)
         if sent is None:
             found.append(f"{function}: no run of it recorded what it sent (no {function}.actions in {directory})")
             continue
+        if function in queued:
+            sent = sent | EVENT_SOURCE_MAPPING
         for action in sorted(sent):
             if not any(_matches(a, action) for a in allowed):
                 found.append(f"{function}: sent {action}, which its role does not allow (a deployment refuses it)")

@@ -23,10 +23,10 @@ use pulse_shared::adapters::aws::{
     AwsClients, DynamoStore, create_hooks_queue, create_sessions_queue, create_table,
 };
 use pulse_shared::domain::{
-    AgentId, EventType, Filter, HeartbeatStatus, Hook, HookTarget, HookType, Memory, MemoryId,
-    NewAgent, ReplyTarget, RetrySchedule, Schedule, ScheduleRule, SessionTask, SignalId,
-    Subscription, SubscriptionId, TaskEnvelope, TimeZoneName, Tool, ToolName, Turn, TurnId,
-    TurnStatus, Usage, Webhook, WebhookScheme,
+    AgentId, DeliveryStatus, EventType, Filter, HeartbeatStatus, Hook, HookTarget, HookType,
+    Memory, MemoryId, NewAgent, ReplyTarget, RetrySchedule, Schedule, ScheduleRule, SessionTask,
+    SignalId, Subscription, SubscriptionId, TaskEnvelope, TimeZoneName, Tool, ToolName, Turn,
+    TurnId, TurnStatus, Usage, Webhook, WebhookScheme,
 };
 use pulse_shared::engine::Lifecycle;
 use pulse_shared::ports::{Store, SystemClock};
@@ -34,6 +34,7 @@ use pulse_signatures::discord::DiscordSigner;
 use pulse_signatures::inbound::{Scheme, generate_secret, sign, verify};
 use pulse_tests::FakeTool;
 use pulse_tests::fake_discord::{FakeDiscord, Posted};
+use pulse_tests::fake_gateway::{FakeGateway, message, snowflake};
 use pulse_tests::fake_hooks::FakeReceiver;
 use pulse_tests::fake_llm::{FakeLlm, Scripted};
 use pulse_tests::iam::{Users, moto_iam_url, resolve};
@@ -45,6 +46,8 @@ const CHANNEL: &str = "1300000000000000001";
 const APPLICATION: &str = "1200000000000000000";
 const OPENAI_KEY: &str = "sk-from-ssm-7f3a";
 const BOT_TOKEN: &str = "bot-token-from-ssm";
+const FRIEND: &str = "2000000000000000001";
+const DM: &str = "4000000000000000001";
 
 fn fixture(name: &str) -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -133,13 +136,32 @@ fn header_pairs(pairs: Vec<(http::HeaderName, http::HeaderValue)>) -> Vec<(Strin
         .collect()
 }
 
+/// SQS clients signed as the functions whose queues they read, as the event source
+/// mappings are.
+struct Mappings {
+    worker: aws_sdk_sqs::Client,
+    dispatcher: aws_sdk_sqs::Client,
+}
+
+fn signed_as(moto: &str, users: &Users, function: &str) -> aws_sdk_sqs::Client {
+    let keys = users.of(function);
+    (*AwsClients::for_emulator_as(moto, &keys.id, &keys.secret).sqs).clone()
+}
+
 /// Receives every message on `url` (waiting up to `wait` for the first), with the
-/// attributes Lambda's event source mapping passes on.
+/// attributes Lambda's event source mapping passes on, reading the queue's attributes
+/// first as the mapping does.
 async fn receive(
     sqs: &aws_sdk_sqs::Client,
     url: &str,
     wait: i32,
 ) -> Vec<aws_sdk_sqs::types::Message> {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{}", aws_sdk_sqs::error::DisplayErrorContext(e)));
     let mut all = Vec::new();
     let mut wait = wait;
     loop {
@@ -152,7 +174,7 @@ async fn receive(
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .send()
             .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("{}", aws_sdk_sqs::error::DisplayErrorContext(e)));
         let got = out.messages.unwrap_or_default();
         if got.is_empty() {
             return all;
@@ -205,7 +227,7 @@ async fn settle(
                 .receipt_handle(m.receipt_handle().unwrap())
                 .send()
                 .await
-                .unwrap();
+                .unwrap_or_else(|e| panic!("{}", aws_sdk_sqs::error::DisplayErrorContext(e)));
         }
     }
 }
@@ -241,6 +263,41 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         .unwrap();
     let hooks = create_hooks_queue(&clients.sqs, &hooks_name).await.unwrap();
     let hooks_dlq = create_hooks_queue(&clients.sqs, &dlq_name).await.unwrap();
+    // moto's IAM is basic: first, a call a role lacks really is refused (the receiver
+    // may not delete).
+    let receiver_keys = users.of("webhook-receiver");
+    let refused = AwsClients::for_emulator_as(&moto, &receiver_keys.id, &receiver_keys.secret)
+        .dynamodb
+        .delete_item()
+        .table_name(&table)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S("AG#x".into()),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S("AGENT".into()),
+        )
+        .send()
+        .await
+        .expect_err("the receiver's role has no dynamodb:DeleteItem");
+    let refused = aws_sdk_dynamodb::error::DisplayErrorContext(refused).to_string();
+    assert!(
+        refused.contains("not authorized to perform: dynamodb:DeleteItem"),
+        "{refused}"
+    );
+    assert_eq!(
+        users.new_denials(),
+        [format!(
+            "webhook-receiver: dynamodb:DeleteItem on arn:aws:dynamodb:us-east-1:123456789012:table/{table}"
+        )]
+    );
+    // Lambda's event source mappings receive and delete with the function's own role:
+    // the test plays them with the same keys.
+    let mapping = Mappings {
+        worker: signed_as(&moto, &users, "conversation-worker"),
+        dispatcher: signed_as(&moto, &users, "hook-dispatcher"),
+    };
     // Secrets at rest are sealed with the deployment's key, which the functions read
     // from SSM with the other secrets.
     let encryption_key = pulse_shared::sealing::EncryptionKeys::new_key();
@@ -386,7 +443,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
     assert_eq!(resp["claimed"], 1, "{resp}\n{}", watch.log());
     let hb = store.get_heartbeat(&first.id()).await.unwrap().unwrap();
     assert_eq!(hb.status, HeartbeatStatus::Executing);
-    let jobs = receive(&clients.sqs, &sessions, 1).await;
+    let jobs = receive(&mapping.worker, &sessions, 1).await;
     assert_eq!(jobs.len(), 1);
     assert!(matches!(task_of(&jobs[0]), SessionTask::Heartbeat(_)));
     assert_eq!(
@@ -411,7 +468,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
-    settle(&clients.sqs, &sessions, &jobs, &[]).await;
+    settle(&mapping.worker, &sessions, &jobs, &[]).await;
     let hb = store.get_heartbeat(&first.id()).await.unwrap().unwrap();
     assert_eq!(hb.status, HeartbeatStatus::Completed, "{}", watch.log());
     let reqs = llm.requests();
@@ -421,7 +478,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         format!("Bearer {OPENAI_KEY}"),
         "the LLM key comes from SSM"
     );
-    let thoughts = receive(&clients.sqs, &sessions, 1).await;
+    let thoughts = receive(&mapping.worker, &sessions, 1).await;
     assert_eq!(thoughts.len(), 1);
     assert!(matches!(task_of(&thoughts[0]), SessionTask::Signal(_)));
 
@@ -436,7 +493,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new());
-    settle(&clients.sqs, &sessions, &thoughts, &[]).await;
+    settle(&mapping.worker, &sessions, &thoughts, &[]).await;
     assert_eq!(
         discord.messages(),
         [Posted {
@@ -483,7 +540,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
     assert_eq!(resp["statusCode"], 200, "{resp}\n{}", watch.log());
     let reply: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
     assert_eq!(reply, json!({"type": 5}), "a deferred reply");
-    let mut batch = receive(&clients.sqs, &sessions, 1).await;
+    let mut batch = receive(&mapping.worker, &sessions, 1).await;
     assert_eq!(batch.len(), 1);
 
     // 6. Conversation worker: the user's turn, beside a broken message of another
@@ -500,7 +557,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         .send()
         .await
         .unwrap();
-    batch.extend(receive(&clients.sqs, &sessions, 1).await);
+    batch.extend(receive(&mapping.worker, &sessions, 1).await);
     assert_eq!(batch.len(), 2);
     let broken = batch
         .iter()
@@ -518,7 +575,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), vec![broken.clone()], "{}", watch.log());
-    settle(&clients.sqs, &sessions, &batch, &[broken]).await;
+    settle(&mapping.worker, &sessions, &batch, &[broken]).await;
     assert_eq!(
         discord.messages()[1],
         Posted {
@@ -529,7 +586,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
 
     // 7. Hook dispatcher, SQS batch from the hooks queue → signed deliveries to the
     // receiver: AFTER_HEARTBEAT once, MESSAGE_SENT for each of the two replies.
-    let deliveries = receive(&clients.sqs, &hooks, 2).await;
+    let deliveries = receive(&mapping.dispatcher, &hooks, 2).await;
     assert_eq!(deliveries.len(), 3, "{}", watch.log());
     let resp = watch
         .invoke(
@@ -539,7 +596,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
-    settle(&clients.sqs, &hooks, &deliveries, &[]).await;
+    settle(&mapping.dispatcher, &hooks, &deliveries, &[]).await;
     let got = receiver.received();
     assert_eq!(got.len(), 3);
     let mut types: Vec<String> = Vec::new();
@@ -639,7 +696,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
     assert_eq!(resp["statusCode"], 202, "{resp}\n{}", watch.log());
     let queued: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
     let turn_id = queued["turn_id"].as_str().unwrap().to_owned();
-    let asked = receive(&clients.sqs, &sessions, 1).await;
+    let asked = receive(&mapping.worker, &sessions, 1).await;
     assert_eq!(asked.len(), 1);
     llm.script([Scripted::text("One deploy, of the api.")]);
     let resp = watch
@@ -650,7 +707,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
-    settle(&clients.sqs, &sessions, &asked, &[]).await;
+    settle(&mapping.worker, &sessions, &asked, &[]).await;
     let mut get = function_url_request(&format!("/v1/turns/{turn_id}"), b"", &bearer);
     get["requestContext"]["http"]["method"] = json!("GET");
     get["rawQueryString"] = json!("wait=5s");
@@ -722,6 +779,24 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
     );
     dead.retry = RetrySchedule::none();
     store.create_hook(&dead).await.unwrap();
+    // One that fails and is retried (re-queued with its delay), and one onto the
+    // account's default event bus.
+    let flaky = Hook::new(
+        agent.id.clone(),
+        HookType::parse("MESSAGE_SENT").unwrap(),
+        HookTarget::parse(&format!("http://127.0.0.1:{}/", closed_port())).unwrap(),
+        &generate_secret(),
+        now,
+    );
+    store.create_hook(&flaky).await.unwrap();
+    let bus = Hook::new(
+        agent.id.clone(),
+        HookType::parse("MESSAGE_SENT").unwrap(),
+        HookTarget::parse("eventbridge://default").unwrap(),
+        &generate_secret(),
+        now,
+    );
+    store.create_hook(&bus).await.unwrap();
     let body = json!({"text": "when does the api service deploy?"}).to_string();
     let resp = watch
         .invoke(
@@ -737,7 +812,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
     assert_eq!(resp["statusCode"], 202, "{resp}");
     let queued: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
     let turn_id = queued["turn_id"].as_str().unwrap().to_owned();
-    let asked = receive(&clients.sqs, &sessions, 1).await;
+    let asked = receive(&mapping.worker, &sessions, 1).await;
     assert_eq!(asked.len(), 1);
     llm.script([
         Scripted::tool(
@@ -755,7 +830,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
-    settle(&clients.sqs, &sessions, &asked, &[]).await;
+    settle(&mapping.worker, &sessions, &asked, &[]).await;
     let prompt = llm.requests()[llm.requests().len() - 3].body.to_string();
     assert!(prompt.contains("deploys every Friday"), "{prompt}");
     let reinforced = store
@@ -782,7 +857,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         .await;
     let turn: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
     assert_eq!(turn["reply"], "Every Friday afternoon.", "{turn}");
-    let deliveries = receive(&clients.sqs, &hooks, 2).await;
+    let deliveries = receive(&mapping.dispatcher, &hooks, 2).await;
     let resp = watch
         .invoke(
             "hook-dispatcher",
@@ -791,9 +866,88 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
-    settle(&clients.sqs, &hooks, &deliveries, &[]).await;
+    settle(&mapping.dispatcher, &hooks, &deliveries, &[]).await;
     let dead_lettered = receive(&clients.sqs, &hooks_dlq, 2).await;
     assert_eq!(dead_lettered.len(), 1, "{}", watch.log());
+    let status = |id| {
+        let store = store.clone();
+        async move { store.list_deliveries(&id, 1).await.unwrap()[0].status }
+    };
+    assert_eq!(status(bus.id.clone()).await, DeliveryStatus::Succeeded);
+    assert_eq!(status(flaky.id.clone()).await, DeliveryStatus::Pending);
+    assert_eq!(status(dead.id.clone()).await, DeliveryStatus::Exhausted);
+
+    // 11b. Double texting through the API: a second message while the model answers
+    // the first drops that call; the first message's turn is superseded, and polling it
+    // returns the turn that answered both (read from the agent's latest turns).
+    let post = |text: &str| {
+        function_url_request(
+            &format!("/v1/agents/{}/messages", agent.id),
+            json!({ "text": text }).to_string().as_bytes(),
+            &bearer,
+        )
+    };
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &post("is the api up?"),
+            "POST /v1/agents/{id}/messages (a first message)",
+        )
+        .await;
+    let first_turn: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    let first_turn = first_turn["turn_id"].as_str().unwrap().to_owned();
+    let first_asked = receive(&mapping.worker, &sessions, 1).await;
+    assert_eq!(first_asked.len(), 1);
+    llm.hold();
+    llm.script([Scripted::text("Yes, and the web one too.")]);
+    let calls = llm.requests().len();
+    let first_batch = sqs_event("sqs-fifo-record.json", &first_asked);
+    let (resp, ()) = tokio::join!(
+        watch.invoke(
+            "conversation-worker",
+            &first_batch,
+            "a turn a second message supersedes",
+        ),
+        async {
+            llm.wait_for(calls + 1).await;
+            let resp = watch
+                .invoke(
+                    "webhook-receiver",
+                    &post("and the web one?"),
+                    "POST /v1/agents/{id}/messages (a second message, while the first is answered)",
+                )
+                .await;
+            assert_eq!(resp["statusCode"], 202, "{resp}");
+            llm.wait_abandoned(1).await;
+            llm.release();
+        }
+    );
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&mapping.worker, &sessions, &first_asked, &[]).await;
+    let second_asked = receive(&mapping.worker, &sessions, 1).await;
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &second_asked),
+            "the turn that answers both messages",
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&mapping.worker, &sessions, &second_asked, &[]).await;
+    let mut get = function_url_request(&format!("/v1/turns/{first_turn}"), b"", &bearer);
+    get["requestContext"]["http"]["method"] = json!("GET");
+    let resp = watch
+        .invoke(
+            "webhook-receiver",
+            &get,
+            "GET /v1/turns/{id} (a superseded turn)",
+        )
+        .await;
+    let turn: Value = serde_json::from_str(resp["body"].as_str().unwrap()).unwrap();
+    assert_eq!(turn["reply"], "Yes, and the web one too.", "{turn}");
+    assert_ne!(turn["answered_by"], json!(first_turn), "{turn}");
+    // The hooks the two turns emitted are not this test's.
+    let _ = receive(&mapping.dispatcher, &hooks, 0).await;
 
     // 12. Reminders: a one-time reminder two seconds ahead pulls the next heartbeat
     // forward; a cron reminder is due at the same beat. The sweep claims it, the worker
@@ -853,7 +1007,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(resp["claimed"], 1, "{resp}\n{}", watch.log());
-    let jobs = receive(&clients.sqs, &sessions, 1).await;
+    let jobs = receive(&mapping.worker, &sessions, 1).await;
     assert_eq!(jobs.len(), 1);
     llm.script([Scripted::text("done")]);
     let resp = watch
@@ -864,14 +1018,14 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         )
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
-    settle(&clients.sqs, &sessions, &jobs, &[]).await;
+    settle(&mapping.worker, &sessions, &jobs, &[]).await;
     assert_eq!(tool.requests().len(), 2, "{}", watch.log());
     let left = store.schedules(&agent.id).await.unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].id, cron.id);
     assert!(left[0].next_at > cron.next_at, "{left:?}");
     // Whatever else the beat queued (a thought, hooks) is not this test's.
-    let _ = receive(&clients.sqs, &sessions, 0).await;
+    let _ = receive(&mapping.worker, &sessions, 0).await;
 
     // 13. Retention: the daily pass removes a conversation turn from forty days ago.
     let old = now - jiff::SignedDuration::from_hours(40 * 24);
@@ -914,6 +1068,100 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
             .unwrap()
             .is_some(),
         "today's turn is kept"
+    );
+    // The pass queued the agent's memory consolidation; the worker runs it.
+    let consolidations = receive(&mapping.worker, &sessions, 2).await;
+    assert_eq!(consolidations.len(), 1, "{}", watch.log());
+    let resp = watch
+        .invoke(
+            "conversation-worker",
+            &sqs_event("sqs-fifo-record.json", &consolidations),
+            "a memory consolidation the retention pass queued",
+        )
+        .await;
+    assert_eq!(failures(&resp), Vec::<String>::new(), "{}", watch.log());
+    settle(&mapping.worker, &sessions, &consolidations, &[]).await;
+
+    // 14. The Discord gateway's forwarder (`pulse gateway`, the optional ECS task) under
+    // its task role: a direct message from the agent's user is queued for the worker.
+    let before = store.get_agent(&agent.id).await.unwrap().unwrap();
+    let mut befriended = before.clone();
+    befriended.discord.users = vec![FRIEND.to_owned()];
+    store.update_agent(&befriended, &before).await.unwrap();
+    let gateway = FakeGateway::start().await;
+    let mut gateway_env: Vec<(String, String)> = [
+        ("PULSE_BACKEND", "aws".to_owned()),
+        ("PULSE_TABLE", table.clone()),
+        ("PULSE_SESSIONS_QUEUE_URL", sessions.clone()),
+        ("DISCORD_BOT_TOKEN", BOT_TOKEN.to_owned()),
+        ("DISCORD_API_BASE", discord.api_base()),
+        ("DISCORD_GATEWAY_URL", gateway.url()),
+        ("AWS_ENDPOINT_URL", moto.clone()),
+        ("AWS_REGION", "us-east-1".to_owned()),
+        ("RUST_LOG", "info".to_owned()),
+        ("PULSE_AWS_ACTIONS_AS", "gateway".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    if let Ok(d) = std::env::var("PULSE_TEST_AWS_ACTIONS_DIR") {
+        gateway_env.push(("PULSE_AWS_ACTIONS_DIR".into(), d));
+    }
+    let gateway_env = users.environment_of("gateway", &gateway_env);
+    let log_path = dir.path().join("gateway.log");
+    let mut forwarder = std::process::Command::new(built("pulse"))
+        .arg("gateway")
+        .env_clear()
+        .envs(gateway_env)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let gateway_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let started = std::time::Instant::now();
+    while !gateway.is_live() {
+        if let Some(status) = forwarder.try_wait().unwrap() {
+            panic!("pulse gateway exited ({status}):\n{}", gateway_log());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "pulse gateway did not connect in 30 s:\n{}",
+            gateway_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gateway.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "hello from Discord"),
+    );
+    // Polled without a long wait: moto serves one request at a time, so a long poll
+    // would hold up the forwarder's send.
+    let started = std::time::Instant::now();
+    let mut forwarded = Vec::new();
+    while forwarded.is_empty() && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        forwarded = receive(&mapping.worker, &sessions, 0).await;
+    }
+    // Stopped as ECS stops a task: SIGTERM, and it gives up its lease.
+    std::process::Command::new("kill")
+        .args(["-TERM", &forwarder.id().to_string()])
+        .status()
+        .unwrap();
+    let stopped = forwarder.wait().unwrap();
+    assert!(stopped.success(), "{stopped}\n{}", gateway_log());
+    let denied = users.new_denials();
+    assert!(
+        denied.is_empty(),
+        "IAM refused, on the path \"a direct message forwarded by pulse gateway\":\n  {}\n{}",
+        denied.join("\n  "),
+        gateway_log()
+    );
+    assert_eq!(forwarded.len(), 1, "{}", gateway_log());
+    assert!(
+        matches!(task_of(&forwarded[0]), SessionTask::Signal(_)),
+        "{:?}",
+        forwarded[0].body()
     );
 }
 
