@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Runs Pulse's whole test suite on a fresh machine, installing what it needs:
-#   1. moto (the local AWS emulator), cargo-lambda (a local Lambda runtime API), the SAM
+#   1. moto (the local AWS emulator), cargo-lambda (the deploy's build, with zig), the SAM
 #      CLI and cfn-lint into ./.venv, once;
-#   2. Debian's chromium and chromium-driver (the dashboard's browser test), when missing;
-#      two moto servers on free loopback ports, stopped when this script exits;
+#   2. Debian's chromium and chromium-driver (the dashboard's browser test), qemu-user
+#      and the arm64 libc, the aarch64 Rust target, when missing; three moto servers on
+#      free loopback ports (one enforcing IAM), stopped when this script exits;
 #   3. cargo fmt --check, the four function binaries and every Rust test, all compiled
 #      with Clippy's lints and every warning denied (unit, the conformance suite and
 #      end-to-end flows on SQLite and on moto, the functions under a Lambda runtime API
 #      stand-in, each with its own role from the template and IAM enforced,
 #      `pulse demo` with its transcript checked, the scale tests, the fault run over the
 #      AWS adapters);
+#   3b. the four functions built for arm64 as the deploy builds them (in the background,
+#      beside the tests), each started under qemu-user for one invocation;
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed),
 #      and one on the AWS adapters over the moto server;
-#   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml;
+#   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml, and
+#      each function's role against the IAM actions its runs sent (scripts/roles.py);
 #   6. the book in docs/ built with mdBook (installed into ./.tools once).
 # It ends with the time each stage took, the slowest test binaries and the slowest tests.
 #
@@ -71,19 +75,28 @@ if ! "$VENV/bin/python" -c "import moto, cfnlint, samcli" 2>/dev/null || [ ! -x 
 fi
 
 # openssl and curl: the book's transcripts sign and send a webhook request as a reader would.
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || ! command -v openssl > /dev/null || ! command -v curl > /dev/null; then
-    stage "installing chromium and chromium-driver (the dashboard's browser test), openssl and curl (the book's transcripts)"
+# qemu-user-static and libc6-arm64-cross (the arm64 loader and libc): the arm64 builds of
+# the functions are started on this machine.
+QEMU=/usr/bin/qemu-aarch64-static ARM64_SYSROOT=/usr/aarch64-linux-gnu
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || ! command -v openssl > /dev/null || ! command -v curl > /dev/null ||
+    [ ! -x "$QEMU" ] || [ ! -e "$ARM64_SYSROOT/lib/ld-linux-aarch64.so.1" ]; then
+    stage "installing chromium and chromium-driver (the dashboard's browser test), openssl and curl (the book's transcripts), qemu-user-static and libc6-arm64-cross (the arm64 builds)"
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver openssl curl > /dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver openssl curl qemu-user-static libc6-arm64-cross > /dev/null
+fi
+# The deploy's target (README: `rustup target add aarch64-unknown-linux-gnu`).
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+    stage "rustup target add aarch64-unknown-linux-gnu"
+    rustup target add aarch64-unknown-linux-gnu
 fi
 
 # Two moto servers, each on a free loopback port: the two groups of test binaries below
 # run side by side, each against its own emulator (one Python process is one core at
 # most). Both stop when this script exits.
 MOTO_PIDS=()
-trap 'kill "${MOTO_PIDS[@]}" 2>/dev/null || true' EXIT
+trap 'kill "${MOTO_PIDS[@]}" ${ARM64_PID:-} 2>/dev/null || true' EXIT
 # Starts one and sets MOTO_URL to its URL once it answers.
 start_moto() {
     local port pid log=target/moto-$1.log
@@ -127,6 +140,19 @@ rm -rf "$PULSE_TEST_AWS_ACTIONS_DIR" && mkdir -p "$PULSE_TEST_AWS_ACTIONS_DIR"
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check
+# The four functions for arm64, as the deploy builds them (`sam build` runs this per
+# function; cargo-lambda cross-compiles the C of aws-lc with zig, from the venv's
+# ziglang), in their own target directory so that its lock does not hold up the
+# builds below. It runs beside them at a lower priority, filling the time the tests
+# leave a core idle, and is waited for at the arm64 stage.
+ARM64_TARGET=target/arm64 ARM64_LOG=target/arm64-build.log
+ARM64_FUNCTIONS=(heartbeat-sweeper conversation-worker webhook-receiver hook-dispatcher)
+ARM64_PACKAGES=()
+for f in "${ARM64_FUNCTIONS[@]}"; do ARM64_PACKAGES+=(-p "$f"); done
+echo "==> building the functions for arm64 in the background (its log: $ARM64_LOG)"
+PATH="$PWD/$VENV/bin:$PATH" CARGO_TARGET_DIR=$ARM64_TARGET nice -n 10 \
+    "$VENV/bin/cargo-lambda" lambda build --release --arm64 --output-format zip "${ARM64_PACKAGES[@]}" > "$ARM64_LOG" 2>&1 &
+ARM64_PID=$!
 # Clippy's lints, with every warning denied, as the workspace's crates compile for the
 # build and the tests below (see scripts/lint-wrapper.sh): the same lints as
 # `cargo clippy --workspace --all-targets -- -D warnings`, without compiling every
@@ -177,6 +203,28 @@ if [ "$TESTS_CRATE" -ne 0 ] || [ "$OTHERS" -ne 0 ]; then
     echo "tests failed: the tests crate's binaries exited $TESTS_CRATE, the others $OTHERS (their output is above)" >&2
     exit 1
 fi
+stage "arm64: the functions' builds, each started under qemu-user for one invocation"
+if ! wait "$ARM64_PID"; then
+    cat "$ARM64_LOG" >&2
+    echo "the arm64 build failed (its log is above)" >&2
+    exit 1
+fi
+tail -1 "$ARM64_LOG"
+echo "==> the arm64 zips (bytes zipped, unzipped):"
+for f in "${ARM64_FUNCTIONS[@]}"; do
+    out=$ARM64_TARGET/lambda/$f
+    "$VENV/bin/python" -m zipfile -e "$out/bootstrap.zip" "$out"
+    chmod +x "$out/bootstrap"
+    printf '%10d %10d  %s\n' "$(stat -c %s "$out/bootstrap.zip")" "$(stat -c %s "$out/bootstrap")" "$f"
+done
+ARM64_RUN=$(PULSE_TEST_ARM64_DIR="$PWD/$ARM64_TARGET/lambda" PULSE_TEST_QEMU="$QEMU -L $ARM64_SYSROOT" \
+    cargo test --workspace --locked --test lambda_e2e -- --ignored --exact the_arm64_builds_start_under_qemu_and_answer_an_invocation_each 2>&1) || {
+    echo "$ARM64_RUN" >&2
+    exit 1
+}
+echo "$ARM64_RUN" | grep -E "^test |^test result"
+# A filter that matched nothing would pass with nothing run.
+echo "$ARM64_RUN" | grep -q "^test result: ok. 1 passed" || { echo "the arm64 test did not run" >&2; exit 1; }
 stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each, and one on moto"
 # Each prints its seed first; a violation exits 1 with the command that replays it. Each
 # simulation runs on one core on its own clock, so all four run at once (the one on the

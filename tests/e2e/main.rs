@@ -13,7 +13,7 @@
 //! `PULSE_TEST_PYTHON` (see `pulse_tests::iam`); `scripts/test.sh` sets them, and
 //! builds the function binaries first.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,7 +82,7 @@ impl Stack {
             if let Ok(d) = std::env::var("PULSE_TEST_AWS_ACTIONS_DIR") {
                 env.push(("PULSE_AWS_ACTIONS_DIR".into(), d));
             }
-            let f = Function::start(name, &built(name), None, &env, dir).await;
+            let f = Function::start(name, &built(name), &[], &env, dir).await;
             functions.push((name, f));
         }
         Self { functions, users }
@@ -1289,4 +1289,95 @@ fn emf_values(docs: &[Value], function: &str, metric: &str, labels: &[(&str, &st
             _ => Vec::new(),
         })
         .collect()
+}
+
+/// The arm64 builds as the deploy makes them (`cargo lambda build --release --arm64`,
+/// cross-compiled with zig), each started under qemu-user against the runtime API
+/// stand-in for one invocation, on the emulator: the sweeper's scheduled event, the
+/// worker's and the dispatcher's batch with one message they cannot read (the worker
+/// reports it failed, by id; the dispatcher drops it), the receiver's health check. The test command's arm64 stage runs it
+/// after that build: `PULSE_TEST_ARM64_DIR` is the build's `lambda/` directory (each
+/// function's `bootstrap`, unzipped), `PULSE_TEST_QEMU` the emulator and its sysroot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the arm64 build: ./scripts/test.sh builds it and runs this with --ignored"]
+async fn the_arm64_builds_start_under_qemu_and_answer_an_invocation_each() {
+    let dir_of = |name| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} is not set: ./scripts/test.sh sets it for its arm64 stage")
+        })
+    };
+    let builds = PathBuf::from(dir_of("PULSE_TEST_ARM64_DIR"));
+    let runner: Vec<String> = dir_of("PULSE_TEST_QEMU")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let moto = pulse_tests::moto_url();
+    let clients = AwsClients::for_emulator(&moto);
+    let table = unique("arm64");
+    create_table(&clients.dynamodb, &table).await.unwrap();
+    let sessions = create_sessions_queue(&clients.sqs, &format!("{}.fifo", unique("arm64")))
+        .await
+        .unwrap();
+    let hooks = create_hooks_queue(&clients.sqs, &unique("arm64-hooks"))
+        .await
+        .unwrap();
+    let env: Vec<(String, String)> = [
+        ("PULSE_BACKEND", "aws".to_owned()),
+        ("PULSE_TABLE", table),
+        ("PULSE_SESSIONS_QUEUE_URL", sessions),
+        ("PULSE_HOOKS_QUEUE_URL", hooks),
+        ("AWS_ENDPOINT_URL", moto.clone()),
+        ("AWS_REGION", "us-east-1".to_owned()),
+        ("AWS_ACCESS_KEY_ID", "test".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", "test".to_owned()),
+        ("RUST_LOG", "info".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let broken = |record: &str| {
+        let mut r = fixture(record);
+        r["messageId"] = json!("unreadable-1");
+        r["body"] = json!("not a task");
+        json!({ "Records": [r] })
+    };
+    let mut health = function_url_request("/healthz", b"", &[]);
+    health["requestContext"]["http"]["method"] = json!("GET");
+    for (name, event) in [
+        ("heartbeat-sweeper", fixture("eventbridge-scheduled.json")),
+        ("conversation-worker", broken("sqs-fifo-record.json")),
+        ("hook-dispatcher", broken("sqs-hooks-record.json")),
+        ("webhook-receiver", health.clone()),
+    ] {
+        let bootstrap = builds.join(name).join("bootstrap");
+        let kind =
+            std::fs::read(&bootstrap).unwrap_or_else(|e| panic!("{}: {e}", bootstrap.display()));
+        // ELF, 64-bit, machine 183 (AArch64).
+        assert_eq!(
+            &kind[..5],
+            b"\x7fELF\x02",
+            "{} is not a 64-bit ELF",
+            bootstrap.display()
+        );
+        assert_eq!(
+            u16::from_le_bytes([kind[18], kind[19]]),
+            183,
+            "{} is not aarch64",
+            bootstrap.display()
+        );
+        let f = Function::start(name, &bootstrap, &runner, &env, dir.path()).await;
+        let resp = f.invoke(&event).await;
+        match name {
+            "heartbeat-sweeper" => assert_eq!(resp["claimed"], 0, "{resp}\n{}", f.log()),
+            "webhook-receiver" => assert_eq!(resp["statusCode"], 200, "{resp}\n{}", f.log()),
+            // The worker hands an unreadable message back (its redrive dead-letters
+            // it); the dispatcher drops an unreadable hook task, saying so.
+            "conversation-worker" => assert_eq!(failures(&resp), ["unreadable-1"], "{}", f.log()),
+            _ => {
+                assert_eq!(failures(&resp), Vec::<String>::new(), "{}", f.log());
+                assert!(f.log().contains("not a hook task; dropped"), "{}", f.log());
+            }
+        }
+    }
 }

@@ -5,8 +5,8 @@
 //! `AWS_LAMBDA_FUNCTION_NAME` and the rest) plus the test's own variables — its own
 //! credentials among them, so each function can run under its own IAM policy.
 //!
-//! The executable may run under a runner (`qemu-aarch64-static` for an arm64 build on
-//! this machine). [`Function::invoke`] hands the function one event, as Lambda's invoke
+//! The executable may run under a runner (`qemu-aarch64-static -L <sysroot>` for an
+//! arm64 build on this machine). [`Function::invoke`] hands the function one event, as Lambda's invoke
 //! does, and returns its response document, or its error document; if the process dies
 //! or sends nothing in time, it panics with the function's log.
 
@@ -27,6 +27,7 @@ use tokio::sync::{Notify, oneshot};
 
 #[derive(Default)]
 struct Api {
+    name: String,
     waiting: Mutex<VecDeque<(String, Value)>>,
     arrived: Notify,
     answers: Mutex<HashMap<String, oneshot::Sender<Value>>>,
@@ -58,16 +59,19 @@ pub fn built(binary: &str) -> PathBuf {
 }
 
 impl Function {
-    /// Starts `executable` (under `runner`, if given) as the function `name`, with
-    /// `env`, its output in `dir/<name>.log`.
+    /// Starts `executable` (under `runner`, a program and its arguments, if not empty)
+    /// as the function `name`, with `env`, its output in `dir/<name>.log`.
     pub async fn start(
         name: &str,
         executable: &Path,
-        runner: Option<&Path>,
+        runner: &[String],
         env: &[(String, String)],
         dir: &Path,
     ) -> Self {
-        let api = Arc::new(Api::default());
+        let api = Arc::new(Api {
+            name: name.to_owned(),
+            ..Api::default()
+        });
         let app = Router::new()
             .route("/2018-06-01/runtime/invocation/next", get(next))
             .route(
@@ -84,10 +88,10 @@ impl Function {
         });
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
-        let mut cmd = match runner {
-            Some(r) => {
-                let mut c = Command::new(r);
-                c.arg(executable);
+        let mut cmd = match runner.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(executable);
                 c
             }
             None => Command::new(executable),
@@ -192,7 +196,7 @@ async fn next(State(api): State<Arc<Api>>) -> impl IntoResponse {
                 "lambda-runtime-invoked-function-arn",
                 format!(
                     "arn:aws:lambda:us-east-1:123456789012:function:{}",
-                    id.rsplit_once('-').map_or("f", |(n, _)| n)
+                    api.name
                 ),
             );
             set(
