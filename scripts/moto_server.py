@@ -1,6 +1,7 @@
-"""Starts moto's server with three fixes for testing: requests to each emulated service
-run one at a time, and a DynamoDB transaction or query no longer reads whole tables
-(below).
+"""Starts moto's server with four fixes for testing: requests to each emulated service
+run one at a time, a DynamoDB transaction or query no longer reads whole tables, and,
+with IAM switched on, requests are authorised against the resources they name, as AWS
+authorises them (below).
 
 moto's DynamoDB TransactWriteItems deep-copies the table for rollback without a lock, so a
 concurrent write to the same table crashes it ("dictionary changed size during
@@ -9,6 +10,7 @@ concurrently, so the tests would trip over it. moto is bound by Python's GIL any
 serialising its request handlers costs little.
 
 Usage: python scripts/moto_server.py -H 127.0.0.1 -p PORT
+(PULSE_MOTO_DENIALS=FILE: append each IAM refusal to FILE, as `user<TAB>action<TAB>resource`.)
 """
 
 import threading
