@@ -659,6 +659,68 @@ async fn double_texting(kind: Kind) {
 }
 
 on_both_backends!(
+    a_steering_command_sent_while_the_model_answers_does_not_drop_the_question,
+    command_mid_reply
+);
+async fn command_mid_reply(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|a| a.discord.users = vec!["42".into()]).await;
+    w.say(&agent, "what's the weather like?", SignalMeta::default())
+        .await;
+    w.llm.hold();
+    w.llm.script([Scripted::text("Sunny all day.")]);
+    let marked = |b: &Backend| {
+        let (store, id) = (b.store.clone(), agent.id.clone());
+        async move {
+            store
+                .get_agent(&id)
+                .await
+                .unwrap()
+                .unwrap()
+                .last_interaction_at
+        }
+    };
+    let user = async {
+        w.llm.wait_for(1).await;
+        let before = marked(&w.b).await;
+        assert!(before.is_some(), "the question is an interaction");
+        // The owner snoozes the agent, and a stranger in the channel tries to pause
+        // it, while the reply to the question is being written.
+        w.say(&agent, "/snooze 2h", SignalMeta::default()).await;
+        let stranger = SignalMeta {
+            source: Some("discord".into()),
+            user_id: Some("999".into()),
+            channel_id: Some("1001".into()),
+            ..SignalMeta::default()
+        };
+        w.say(&agent, "/pause", stranger).await;
+        // Neither is an interaction: neither can drop the reply being written.
+        assert_eq!(marked(&w.b).await, before);
+        w.llm.release();
+        before
+    };
+    let (handled, before) = tokio::join!(w.b.drain(&w.worker), user);
+    assert_eq!(handled, 3);
+    assert_eq!(w.llm.abandoned(), 0);
+    assert_eq!(w.llm.requests().len(), 1, "the commands need no model");
+    let said: Vec<String> = w
+        .discord
+        .messages()
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(said[0], "Sunny all day.", "the question is answered");
+    let rest = said[1..].join("\n");
+    assert!(rest.contains("Snoozed until"), "{said:?}");
+    assert!(rest.contains("Only my owner"), "{said:?}");
+    let turns = w.b.store.list_turns(&agent.id, 10).await.unwrap();
+    assert!(turns.iter().all(|t| !t.superseded()), "{turns:?}");
+    // A message is still an interaction.
+    w.say(&agent, "thanks!", SignalMeta::default()).await;
+    assert!(marked(&w.b).await > before);
+}
+
+on_both_backends!(
     a_user_message_interrupts_a_running_heartbeat_which_yields_and_the_next_is_deferred,
     interrupt
 );

@@ -9,13 +9,19 @@ use crate::ports::{SessionQueue, Store};
 
 /// Queues a signal. A user message first records the interaction on the agent: that is
 /// the cancel mark a running heartbeat checks between its steps (it started before the
-/// interaction, so it yields), and the start of the agent's quiet period.
+/// interaction, so it yields), the mark that drops a reply being written to an earlier
+/// message (the next turn answers both), and the start of the agent's quiet period.
+///
+/// A steering command (`/snooze 2h`, `/pause`, …, anyone's, refused or not) is no
+/// interaction: it is answered without the model and asks nothing of the reply being
+/// written, so it must not drop it, or the question that reply answers would never be
+/// answered.
 pub async fn submit(
     store: &dyn Store,
     queue: &dyn SessionQueue,
     signal: Signal,
 ) -> Result<(), StoreError> {
-    if signal.kind == SignalKind::Message {
+    if signal.kind == SignalKind::Message && !super::conversation::is_steering_command(&signal) {
         store
             .record_interaction(&signal.agent_id, signal.created_at)
             .await?;

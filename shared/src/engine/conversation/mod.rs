@@ -44,6 +44,12 @@ use crate::error::EngineError;
 use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
 use ask::Asked;
 
+/// Whether `signal` is a steering command (see [`commands`]), well formed or not: it is
+/// answered without the model and is not an interaction.
+pub(crate) fn is_steering_command(signal: &Signal) -> bool {
+    commands::parse(signal).is_some()
+}
+
 /// Tunables of conversation turns.
 #[derive(Clone, Debug)]
 pub struct ConversationSettings {
