@@ -14,6 +14,7 @@ mod heartbeats;
 mod hooks;
 mod inbound;
 mod lambda;
+mod large_records;
 mod lifecycle;
 mod listener;
 mod llm;

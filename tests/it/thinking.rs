@@ -332,3 +332,75 @@ async fn a_heartbeat_records_the_aws_requests_its_claim_run_and_finish_sent() {
         }
     }
 }
+
+on_both_backends!(
+    the_thinking_reads_what_the_tools_found_in_the_same_heartbeat,
+    tools_first
+);
+async fn tools_first(kind: Kind) {
+    use pulse_tests::{FakeTool, Reply};
+    let w = world(kind).await;
+    let agent = w.agent(|a| a.think = ThinkPolicy::Events).await;
+    // A check of what an event announced, and an inbox read on every heartbeat.
+    let checker = FakeTool::answering(|_| {
+        Reply::Json(
+            200,
+            json!({"success": true, "output": "3 of 3 checks passed; p99 latency 840 ms",
+                   "new_events": [{"type": "DEPLOY_CHECKED", "payload": {"verdict": "slow"}}]}),
+        )
+    })
+    .await;
+    let inbox = FakeTool::answering(|_| {
+        Reply::Json(
+            200,
+            json!({"success": true, "output": {"unread": 1},
+                   "new_events": [{"type": "NEW_MAIL", "payload": {"subject": "lunch on friday?"}}]}),
+        )
+    })
+    .await;
+    w.b.tool("checker", &checker.url(), "DEPLOY_FINISHED").await;
+    w.b.tool("inbox", &inbox.url(), "HEARTBEAT").await;
+    w.b.emit(&agent, "DEPLOY_FINISHED", json!({"version": "1.4.2"}))
+        .await;
+    w.b.advance(SignedDuration::from_secs(5));
+    w.beat().await;
+
+    assert_eq!(w.calls(), 1);
+    let briefing = w.llm.requests()[0].body.to_string();
+    for seen in [
+        "DEPLOY_FINISHED",
+        "1.4.2",
+        "tool checker on DEPLOY_FINISHED (completed)",
+        "p99 latency 840 ms",
+        "DEPLOY_CHECKED",
+        "slow",
+        "tool inbox on HEARTBEAT (completed)",
+        "unread",
+        "NEW_MAIL",
+        "lunch on friday?",
+    ] {
+        assert!(briefing.contains(seen), "{seen:?} is not in {briefing}");
+    }
+    // What the tools found is data in frames, like any event.
+    assert!(
+        briefing.contains(r#"{\"data\":{\"events\":[{\"payload\":{\"verdict\":\"slow\"}"#),
+        "{briefing}"
+    );
+
+    // The next heartbeat: nothing arrived, but the inbox returned an event, which is
+    // something to think about under `--think events`.
+    w.beat().await;
+    assert_eq!(w.calls(), 2, "the inbox's event made it think");
+    assert!(
+        !w.llm.requests()[1]
+            .body
+            .to_string()
+            .contains("DEPLOY_CHECKED")
+    );
+    // An inbox with nothing new: nothing to think about.
+    inbox.set(|_| Reply::Json(200, json!({"success": true, "output": {"unread": 0}})));
+    w.beat().await;
+    assert_eq!(w.calls(), 2, "nothing found, no thinking");
+    assert_eq!(checker.requests().len(), 1);
+    assert_eq!(inbox.requests().len(), 3);
+}

@@ -376,15 +376,10 @@ impl ThinkPolicy {
     }
 
     /// Whether a heartbeat thinks: `Ok(())`, or `Err(reason)` for the SKIPPED action.
-    /// `window_events` counts the events that arrived since the last heartbeat (its own
-    /// HEARTBEAT event and its cascades not included).
-    pub fn decide(
-        self,
-        beat: u64,
-        window_events: usize,
-        has_instructions: bool,
-    ) -> Result<(), String> {
-        let events = window_events > 0;
+    /// `events` counts the events that arrived since the last heartbeat and those its
+    /// tools returned before the thinking (its own HEARTBEAT event not included).
+    pub fn decide(self, beat: u64, events: usize, has_instructions: bool) -> Result<(), String> {
+        let events = events > 0;
         match self {
             Self::Always => Ok(()),
             Self::Auto if events || has_instructions => Ok(()),

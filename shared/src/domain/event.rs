@@ -158,15 +158,64 @@ pub struct NewEvent<P = Value> {
     pub metadata: P,
 }
 
+/// The most an event's payload and metadata may hold together, as JSON: a webhook
+/// body's limit. An event is read into the request of every tool subscribed to it, and
+/// that request is kept whole on the tool's action (a retry sends it again), so this and
+/// the most of a tool's answer the action keeps ([`super::Action::KEPT_RESPONSE`]) stay
+/// well inside a DynamoDB item's 400 KB.
+pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+
 impl NewEvent {
-    /// Validates an event given from outside the engine. HEARTBEAT is reserved.
+    /// Validates an event given from outside the engine. HEARTBEAT is reserved; the
+    /// payload is at most [`MAX_EVENT_BYTES`].
     pub fn new(
         event_type: &str,
         payload: Value,
         priority: Option<i64>,
     ) -> Result<Self, ValidationError> {
-        NewEvent::with_payload(event_type, payload, Value::Null, priority)
+        let event = NewEvent::with_payload(event_type, payload, Value::Null, priority)?;
+        event.check_size()?;
+        Ok(event)
     }
+
+    /// Whether the payload and metadata together keep within [`MAX_EVENT_BYTES`].
+    pub fn check_size(&self) -> Result<(), ValidationError> {
+        let metadata = if self.metadata.is_null() {
+            0
+        } else {
+            json_size(&self.metadata)
+        };
+        let size = json_size(&self.payload) + metadata;
+        if size > MAX_EVENT_BYTES {
+            return Err(ValidationError::new(
+                "event",
+                format!(
+                    "its payload and metadata are {size} bytes of JSON; an event holds at most {} KiB: \
+                     keep the large part elsewhere and send a link to it",
+                    MAX_EVENT_BYTES / 1024
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The length of a value's compact JSON, counted without building the text.
+fn json_size(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` into a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
 }
 
 impl<P> NewEvent<P> {

@@ -6,6 +6,7 @@ mod agent_state;
 mod chat;
 mod conversation;
 mod event;
+mod found;
 mod heartbeat;
 mod hook;
 mod hook_delivery;
@@ -40,7 +41,8 @@ pub use conversation::{
     ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, ReplyTarget, Role, Signal,
     SignalKind, SignalMeta, Turn, TurnStatus,
 };
-pub use event::{Cascade, Event, EventCursor, Json, NewEvent, Priority, RawJson};
+pub use event::{Cascade, Event, EventCursor, Json, MAX_EVENT_BYTES, NewEvent, Priority, RawJson};
+pub use found::{Found, FoundEvent, ToolResult};
 pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus, WindowLink, window_links};
 pub use hook::{
     Hook, HookRoute, HookSummary, HookTarget, MAX_RETRY_AFTER, RetrySchedule, retry_delay,
@@ -82,7 +84,7 @@ pub use token::{ApiToken, MAX_TOKEN_LIFE, TokenRefusal};
 pub use tool::{
     Action, ActionStatus, AgentContext, BadToolResponse, Beats, Filter, HEARTBEAT_AGENT,
     HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
-    builtin_tools,
+    builtin_tools, clipped,
 };
 pub use unreadable::Unreadable;
 pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};

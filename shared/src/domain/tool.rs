@@ -10,6 +10,7 @@ use url::Url;
 
 use super::agent::{Agent, ThinkPolicy};
 use super::event::{Event, EventCursor, NewEvent, Priority};
+use super::found::Found;
 use super::ids::{ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName};
 use super::mcp::ModelCall;
 use crate::error::ValidationError;
@@ -414,6 +415,25 @@ pub struct Action {
 }
 
 impl Action {
+    /// The most of a tool's answer the action keeps, as JSON (the engine reads all of
+    /// it). With the request, which holds an event of up to
+    /// [`MAX_EVENT_BYTES`](super::MAX_EVENT_BYTES) and is kept whole, the record stays
+    /// well inside a DynamoDB item's 400 KB.
+    pub const KEPT_RESPONSE: usize = 64 * 1024;
+
+    /// Keeps `response` as the action's: whole, or clipped to [`Self::KEPT_RESPONSE`]
+    /// with its usage figures kept beside, so costs still count what the call spent.
+    pub fn keep_response(&mut self, response: Option<Value>) {
+        self.response = response.map(|r| {
+            let usage = r.get("usage").cloned();
+            let mut kept = clipped(r, Self::KEPT_RESPONSE);
+            if let (Some(usage), true) = (usage, kept.get("clipped").is_some()) {
+                kept["usage"] = usage;
+            }
+            kept
+        });
+    }
+
     /// What the action ran, as listings and `pulse tools stats` name it: the tool, or
     /// for a model's call `server/tool`.
     pub fn label(&self) -> String {
@@ -422,6 +442,20 @@ impl Action {
             None => self.tool.to_string(),
         }
     }
+}
+
+/// `value` whole when its JSON is at most `limit` bytes; else the start of its JSON
+/// text, marked clipped, with the whole length.
+pub fn clipped(value: Value, limit: usize) -> Value {
+    let text = value.to_string();
+    if text.len() <= limit {
+        return value;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    serde_json::json!({"clipped": true, "bytes": text.len(), "start": &text[..end]})
 }
 
 /// What a tool receives: the event, the agent, the heartbeat's beats, and its config.
@@ -472,7 +506,7 @@ impl AgentContext {
         }
         self.think.decide(
             heartbeat.beats.beat,
-            heartbeat.window_events,
+            heartbeat.window_events + heartbeat.found.events(),
             self.instructions
                 .as_deref()
                 .is_some_and(|i| !i.trim().is_empty()),
@@ -516,6 +550,10 @@ pub struct HeartbeatContext {
     /// token budget is spent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_spent: Option<String>,
+    /// What the tools found before the heartbeat agent thinks: set on its request only
+    /// (the tools run first, the thinking last).
+    #[serde(default, skip_serializing_if = "Found::is_empty")]
+    pub found: Found,
 }
 
 /// The agent's sense of time: its beat counter, and beats since the user last
@@ -616,6 +654,7 @@ fn parse_new_event(e: &Value) -> Result<NewEvent, String> {
     )
     .map_err(|e| e.to_string())?;
     ev.metadata = obj.get("metadata").cloned().unwrap_or(Value::Null);
+    ev.check_size().map_err(|e| e.to_string())?;
     Ok(ev)
 }
 

@@ -283,7 +283,7 @@ fn read_units(op: &str, body: &Value, consistent: bool) -> f64 {
 
 /// The size DynamoDB counts for an item (or a map of attributes) in its JSON form:
 /// each attribute's name and value.
-fn item_size(item: &Value) -> usize {
+pub(super) fn item_size(item: &Value) -> usize {
     item.as_object()
         .map_or(0, |m| m.iter().map(|(k, v)| k.len() + value_size(v)).sum())
 }

@@ -16,9 +16,10 @@
 //! table operations its ports share), `purge` (deleting an agent and all it owns),
 //! `eventbridge`, `secrets` (SSM), `provision` (creating the table and queues), `init`
 //! (`pulse init`), `setup` (the check before a command, a stack's outputs, errors with
-//! their fix)
-//! `metrics` (the request counter) and `actions_log` (the IAM actions a process's
-//! requests needed, for the test suite's check of the template's roles).
+//! their fix),
+//! `metrics` (the request counter), `limits` (AWS's service limits, checked on every
+//! request before it is sent) and `actions_log` (the IAM actions a process's requests
+//! needed, for the test suite's check of the template's roles).
 
 mod actions;
 mod actions_log;
@@ -35,6 +36,7 @@ mod hooks;
 mod init;
 mod keys;
 mod leases;
+mod limits;
 #[cfg(feature = "faults")]
 pub mod lockstep;
 mod memories;
@@ -409,6 +411,7 @@ impl AwsClients {
                     $service::config::Builder::from($sdk)
                         .retry_config($decision.retry())
                         .timeout_config($decision.timeouts(timed))
+                        .interceptor(limits::LimitsGuard)
                         .interceptor($counter.clone())
                         .interceptor(actions_log::ActionsLog)
                         .build(),

@@ -374,13 +374,5 @@ fn kept(result: &Value) -> Value {
         ),
         None => result.clone(),
     };
-    let text = result.to_string();
-    if text.len() <= KEPT_ANSWER {
-        return result;
-    }
-    let mut end = KEPT_ANSWER;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    json!({"clipped": true, "bytes": text.len(), "start": &text[..end]})
+    crate::domain::clipped(result, KEPT_ANSWER)
 }

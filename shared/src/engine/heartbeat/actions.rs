@@ -52,7 +52,7 @@ impl HeartbeatRunner {
             let completed_at = self.clock.now();
             action.completed_at = Some(completed_at);
             action.duration_ms = Some(began.elapsed().as_millis() as u64);
-            action.response = call.response_meta;
+            action.keep_response(call.response_meta);
             let new_events = match outcome(&mut action, call.result, tool.idempotent) {
                 Some(events) => {
                     let made = self.cascade(plan, event, tool, &action, events);
@@ -319,6 +319,7 @@ impl HeartbeatRunner {
     /// Splits an action's new events into the ones to process next and the ones the
     /// depth cap stopped.
     fn settle(&self, action: &Action, new_events: Vec<Event>) -> ActionDone {
+        let returned = new_events.clone();
         let (capped, cascade): (Vec<Event>, Vec<Event>) = new_events
             .into_iter()
             .partition(|e| e.cascade.as_ref().is_some_and(|c| c.capped));
@@ -330,6 +331,8 @@ impl HeartbeatRunner {
             );
         }
         ActionDone {
+            action: action.clone(),
+            returned,
             // The heartbeat agent made schedules: its finish must see the new wake.
             scheduled: action.response.as_ref().is_some_and(|r| {
                 r["output"]["scheduled"]

@@ -32,8 +32,9 @@ use super::hooks::HookEmitter;
 use super::silence;
 use super::{budget, reminders};
 use crate::domain::{
-    Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventType, Heartbeat,
-    HeartbeatContext, HeartbeatJob, HookData, HookRoute, HookType, Priority, Registry,
+    Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventType, Found, HEARTBEAT_AGENT,
+    Heartbeat, HeartbeatContext, HeartbeatJob, HookData, HookRoute, HookType, Priority, Registry,
+    Tool,
 };
 use crate::error::{EngineError, StoreError};
 use crate::ports::{Clock, Store, ToolRunner, Window};
@@ -173,7 +174,18 @@ struct Stats {
     scheduled: bool,
 }
 
+/// The two phases of a heartbeat's processing: the tools, then the thinking.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Tools,
+    Thinking,
+}
+
 struct ActionDone {
+    /// The action, and every event it returned (capped ones too), for what the tools
+    /// found.
+    action: crate::domain::Action,
+    returned: Vec<Event>,
     scheduled: bool,
     failed: bool,
     cascade: Vec<Event>,
@@ -319,7 +331,9 @@ impl HeartbeatRunner {
             },
         )
         .await?;
-        let result = self.process(&plan, window.events, registry_version).await;
+        let result = self
+            .process(&mut plan, window.events, registry_version)
+            .await;
         // Schedules made in this run (the `schedule` tool) moved the agent's next wake:
         // read it, so the finish files the next heartbeat no later than that.
         if let Ok(stats) = &result
@@ -519,6 +533,7 @@ impl HeartbeatRunner {
                     .unwrap_or_else(|| hb.window_start.clone()),
                 window_events: 0,
                 budget_spent: None,
+                found: Found::default(),
             },
             hour: hb.hour_count(started_at),
             heartbeat: hb.clone(),
@@ -532,10 +547,14 @@ impl HeartbeatRunner {
     }
 
     /// Processes the window and the HEARTBEAT event, then the cascades they cause, one
-    /// level at a time.
+    /// level at a time: first with every tool but the heartbeat agent, then the heartbeat
+    /// agent on the HEARTBEAT event, told what the tools found, and what it raises. The
+    /// tools run first and the thinking last, so what they fetched or checked (an inbox
+    /// subscribed to the heartbeat, a check of what an event announced) is thought about
+    /// in the heartbeat that found it.
     async fn process(
         &self,
-        plan: &Plan,
+        plan: &mut Plan,
         window: Vec<Event>,
         registry_version: Option<u64>,
     ) -> Result<Stats, EngineError> {
@@ -543,24 +562,73 @@ impl HeartbeatRunner {
         let mut stats = Stats::default();
         let mut level = window;
         level.push(plan.heartbeat_event.clone());
+        let mut found = Found::default();
+        self.levels(plan, &registry, level, Phase::Tools, &mut stats, &mut found)
+            .await?;
+        if stats.interrupted.is_some() {
+            return Ok(stats);
+        }
+        plan.heartbeat_context.found = found;
+        let hb_event = vec![plan.heartbeat_event.clone()];
+        self.levels(
+            plan,
+            &registry,
+            hb_event,
+            Phase::Thinking,
+            &mut stats,
+            &mut Found::default(),
+        )
+        .await?;
+        Ok(stats)
+    }
+
+    /// Runs `level` and the levels of events its actions return, to the depth cap. In
+    /// the tools' phase the heartbeat agent is left out on the HEARTBEAT event, and each
+    /// action is added to `found`; in the thinking's phase the first level is the
+    /// heartbeat agent's alone.
+    async fn levels(
+        &self,
+        plan: &Plan,
+        registry: &Registry,
+        mut level: Vec<Event>,
+        phase: Phase,
+        stats: &mut Stats,
+        found: &mut Found,
+    ) -> Result<(), EngineError> {
         let mut depth = 0u8;
         while !level.is_empty() {
             let mut next = Vec::new();
             for event in &level {
-                stats.events_processed += 1;
-                let matching = registry.matching(event);
+                let thinker_level = phase == Phase::Thinking && depth == 0;
+                if !thinker_level {
+                    stats.events_processed += 1;
+                }
+                let runs = |tool: &Tool| {
+                    let thinker = event.id == plan.heartbeat_event.id
+                        && tool.name.as_str() == HEARTBEAT_AGENT;
+                    match phase {
+                        Phase::Tools => !thinker,
+                        Phase::Thinking => thinker || !thinker_level,
+                    }
+                };
+                let matching: Vec<&Tool> = registry
+                    .matching(event)
+                    .into_iter()
+                    .map(|(_, tool)| tool)
+                    .filter(|tool| runs(tool))
+                    .collect();
                 // Actions refer to their event: store HEARTBEAT before its first action
                 // of its own, not only with the finish.
                 if !stats.heartbeat_event_stored
                     && event.id == plan.heartbeat_event.id
                     && matching
                         .iter()
-                        .any(|(_, tool)| self.skip_without_call(plan, event, tool).is_none())
+                        .any(|tool| self.skip_without_call(plan, event, tool).is_none())
                 {
                     self.store.append_in_session(&plan.heartbeat_event).await?;
                     stats.heartbeat_event_stored = true;
                 }
-                for (_, tool) in matching {
+                for tool in matching {
                     if let Some(why) = self.skip_without_call(plan, event, tool) {
                         self.skipped(plan, event, tool, &why).await?;
                         stats.actions_triggered += 1;
@@ -572,18 +640,21 @@ impl HeartbeatRunner {
                     stats.actions_failed += u32::from(done.failed);
                     stats.cascade_capped += done.capped;
                     stats.scheduled |= done.scheduled;
+                    if phase == Phase::Tools {
+                        found.add(event, &done.action, &done.returned);
+                    }
                     next.extend(done.cascade);
                     if done.interrupted.is_some() {
                         // Yield to the user's turn now: nothing else runs in this heartbeat.
                         stats.interrupted = done.interrupted;
-                        return Ok(stats);
+                        return Ok(());
                     }
                 }
             }
             level = next;
             depth = depth.saturating_add(1);
         }
-        Ok(stats)
+        Ok(())
     }
 
     /// The registry: the cached one when it is at least at `version` (the job's), else

@@ -104,7 +104,7 @@ impl HeartbeatRunner {
         let now = self.clock.now();
         action.completed_at = Some(now);
         action.duration_ms = Some(began.elapsed().as_millis() as u64);
-        action.response = call.response_meta;
+        action.keep_response(call.response_meta);
         let returned =
             super::actions::outcome(&mut action, call.result, tool.idempotent).unwrap_or_default();
         // The events are read by the agent's next heartbeat, which may start at any

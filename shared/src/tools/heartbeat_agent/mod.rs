@@ -188,7 +188,7 @@ impl HeartbeatAgent {
         let known = memory::known(
             &self.memories,
             &agent,
-            &about(&agent, &window),
+            &about(&agent, &window, &req.heartbeat.found),
             req.heartbeat.beats.beat,
             memory::PROMPT_TOKENS,
             self.clock.now(),

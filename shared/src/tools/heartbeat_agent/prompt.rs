@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::domain::{Agent, Event, ToolRequest, ToolSpec};
+use crate::domain::{Agent, Event, Found, ToolRequest, ToolSpec};
 use crate::engine::{framing, memory, reminders};
 
 /// Events shown to the model per run; the rest are counted.
@@ -28,7 +28,7 @@ pub(super) fn system_prompt(agent: &Agent) -> String {
         .unwrap_or_else(|| format!("You are {}, an autonomous assistant.", agent.name));
     format!(
         "{persona}\n\nThis is your heartbeat: you woke on your own schedule, not because the user wrote. \
-         Look at what happened since you last woke and decide whether anything is worth telling the user. \
+         Look at what happened since you last woke and at what your tools found this heartbeat (they run before you), and decide whether anything is worth telling the user. \
          If it is, call speak with your thought (what you want to bring up and why); your conversational \
          self will phrase it. If nothing is worth saying, do not call speak: silence is a fine outcome. \
          Use remember for facts worth keeping, recall to look them up, emit_event to raise events for \
@@ -38,17 +38,72 @@ pub(super) fn system_prompt(agent: &Agent) -> String {
     )
 }
 
-/// What the heartbeat's memories are recalled for: its window's events (their types and
-/// payloads), or, with none, its instructions.
-pub(super) fn about(agent: &Agent, window: &[Event]) -> String {
-    if window.is_empty() {
-        return agent.instructions.clone().unwrap_or_default();
-    }
-    window
+/// What the heartbeat's memories are recalled for: its window's events and what its
+/// tools found (their types and payloads, the tools' outputs), or, with none of these,
+/// its instructions.
+pub(super) fn about(agent: &Agent, window: &[Event], found: &Found) -> String {
+    let mut lines: Vec<String> = window
         .iter()
         .map(|e| format!("{} {}", e.event_type, clip(&e.payload.to_string(), 500)))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    for r in &found.results {
+        lines.extend(r.output.as_deref().map(|o| clip(o, 500)));
+        lines.extend(
+            r.events
+                .iter()
+                .map(|e| format!("{} {}", e.event_type, clip(&e.payload.to_string(), 500))),
+        );
+    }
+    if lines.is_empty() {
+        return agent.instructions.clone().unwrap_or_default();
+    }
+    lines.join("\n")
+}
+
+/// What the tools found, as the briefing shows it: one frame of data per tool run.
+fn found_section(found: &Found, out: &mut String) {
+    if found.is_empty() {
+        return;
+    }
+    out.push_str(&format!(
+        "\nWhat your tools found this heartbeat (they ran before you; {} runs, {} events returned):\n",
+        found.results.len() + found.more_results,
+        found.events()
+    ));
+    for r in &found.results {
+        let from = format!(
+            "tool {} on {} ({})",
+            r.tool,
+            r.event_type,
+            r.status.as_str().to_lowercase()
+        );
+        let mut data = serde_json::Map::new();
+        if let Some(output) = &r.output {
+            data.insert("output".into(), json!(output));
+        }
+        if let Some(error) = &r.error {
+            data.insert("error".into(), json!(error));
+        }
+        if !r.events.is_empty() {
+            let events: Vec<_> = r
+                .events
+                .iter()
+                .map(|e| json!({"type": e.event_type, "priority": e.priority.get(), "payload": e.payload}))
+                .collect();
+            data.insert("events".into(), json!(events));
+        }
+        out.push_str(&framing::frame_data(
+            &from,
+            &serde_json::Value::Object(data),
+        ));
+        out.push('\n');
+    }
+    if found.more_results > 0 || found.more_events > 0 {
+        out.push_str(&format!(
+            "({} more runs and {} more events not shown)\n",
+            found.more_results, found.more_events
+        ));
+    }
 }
 
 pub(super) fn briefing(
@@ -96,6 +151,7 @@ pub(super) fn briefing(
         out.push_str(&line);
         out.push('\n');
     }
+    found_section(&req.heartbeat.found, &mut out);
     if let Some(known) = known {
         out.push_str("\nWhat you remember that bears on this:\n");
         out.push_str(known);
@@ -125,7 +181,7 @@ pub(super) fn tool_specs() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "emit_event".to_owned(),
-            description: "Raise an event in your log; subscribed tools process it in this same heartbeat.".to_owned(),
+            description: "Raise an event in your log; subscribed tools process it in this same heartbeat, after you.".to_owned(),
             parameters: json!({
                 "type": "object",
                 "properties": {

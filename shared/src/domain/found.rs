@@ -1,0 +1,238 @@
+//! What a heartbeat's tools found before its agent thinks: each tool's outcome, the start
+//! of its output and the events it returned, bounded. The tools run first and the
+//! thinking last, so an inbox or a weather tool subscribed to the heartbeat, or a tool
+//! that checks what an event announced, is read by the thinking it exists for.
+//!
+//! It travels in the heartbeat agent's request ([`super::HeartbeatContext::found`]),
+//! which its action keeps whole, so every part is bounded: the record stays small
+//! whatever the tools answered.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Action, ActionStatus, Event, EventType, Priority, ToolName};
+
+/// What the tools found on one heartbeat, in the order they ran.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Found {
+    /// The first [`Found::MAX_RESULTS`] tool runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<ToolResult>,
+    /// Tool runs past those, counted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more_results: usize,
+    /// Events returned past the [`Found::MAX_EVENTS`] shown, counted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more_events: usize,
+}
+
+/// One tool's run on an event of the heartbeat.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// The tool.
+    pub tool: ToolName,
+    /// The type of the event it ran on.
+    pub event_type: EventType,
+    /// How it ended.
+    pub status: ActionStatus,
+    /// The start of its output, as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The events it returned (the first ones of the heartbeat, up to
+    /// [`Found::MAX_EVENTS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<FoundEvent>,
+}
+
+/// An event a tool returned, as the thinking reads it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FoundEvent {
+    /// Its type.
+    pub event_type: EventType,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its payload: whole when its JSON is at most [`Found::MAX_PAYLOAD_CHARS`]
+    /// characters, else the start of that text.
+    pub payload: Value,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// `s` whole, or its first `max` characters and an ellipsis.
+fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((end, _)) => format!("{}…", &s[..end]),
+    }
+}
+
+impl Found {
+    /// Tool runs shown.
+    pub const MAX_RESULTS: usize = 20;
+    /// Characters of one tool's output shown.
+    pub const MAX_OUTPUT_CHARS: usize = 2_000;
+    /// Events shown, over all the runs.
+    pub const MAX_EVENTS: usize = 50;
+    /// Characters of one event's payload shown.
+    pub const MAX_PAYLOAD_CHARS: usize = 500;
+
+    /// Adds a finished action on `on` and the events it returned.
+    pub fn add(&mut self, on: &Event, action: &Action, events: &[Event]) {
+        if self.results.len() >= Self::MAX_RESULTS {
+            self.more_results += 1;
+            self.more_events += events.len();
+            return;
+        }
+        let shown: usize = self.results.iter().map(|r| r.events.len()).sum();
+        let room = Self::MAX_EVENTS.saturating_sub(shown);
+        self.more_events += events.len().saturating_sub(room);
+        self.results.push(ToolResult {
+            tool: action.tool.clone(),
+            event_type: on.event_type.clone(),
+            status: action.status,
+            output: output_of(action).map(|o| clip(&o, Self::MAX_OUTPUT_CHARS)),
+            error: action.error.clone(),
+            events: events
+                .iter()
+                .take(room)
+                .map(|e| FoundEvent {
+                    event_type: e.event_type.clone(),
+                    priority: e.priority,
+                    payload: payload_shown(&e.payload),
+                })
+                .collect(),
+        });
+    }
+
+    /// Whether no tool ran.
+    pub fn is_empty(&self) -> bool {
+        self.results.is_empty() && self.more_results == 0
+    }
+
+    /// The events the tools returned, all of them (shown or counted).
+    pub fn events(&self) -> usize {
+        self.results.iter().map(|r| r.events.len()).sum::<usize>() + self.more_events
+    }
+}
+
+/// A tool's output as text: its answer's `output` (a string as it is, anything else as
+/// JSON), or the start of an answer the action kept clipped.
+fn output_of(action: &Action) -> Option<String> {
+    let response = action.response.as_ref()?;
+    if response["clipped"] == Value::Bool(true) {
+        return response["start"].as_str().map(str::to_owned);
+    }
+    match response.get("output") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => Some(other.to_string()),
+    }
+}
+
+fn payload_shown(payload: &Value) -> Value {
+    let text = payload.to_string();
+    if text.chars().count() <= Found::MAX_PAYLOAD_CHARS {
+        payload.clone()
+    } else {
+        Value::String(clip(&text, Found::MAX_PAYLOAD_CHARS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use jiff::Timestamp;
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{ActionId, AgentId, EventId, HeartbeatId, NewEvent};
+
+    fn action(tool: &str, response: Value) -> Action {
+        let agent = AgentId::generate();
+        let on = EventId::generate(0);
+        Action {
+            id: ActionId::for_event(&on, &ToolName::parse(tool).unwrap()),
+            agent_id: agent.clone(),
+            heartbeat_id: HeartbeatId::new(agent, 1),
+            event_id: on,
+            tool: ToolName::parse(tool).unwrap(),
+            status: ActionStatus::Completed,
+            attempt: 1,
+            depth: 0,
+            request: json!({}),
+            response: Some(response),
+            error: None,
+            started_at: Timestamp::UNIX_EPOCH,
+            completed_at: None,
+            duration_ms: None,
+            new_events: Vec::new(),
+            call: None,
+        }
+    }
+
+    fn event(payload: Value) -> Event {
+        event_of("DEPLOY_CHECKED", payload)
+    }
+
+    fn event_of(ty: &str, payload: Value) -> Event {
+        NewEvent::new(ty, payload, None).unwrap().into_event(
+            AgentId::generate(),
+            "tool:checker",
+            Timestamp::UNIX_EPOCH,
+        )
+    }
+
+    #[test]
+    fn a_result_keeps_the_start_of_the_output_and_the_events_payloads() {
+        let mut found = Found::default();
+        let long = "x".repeat(5_000);
+        let on = event_of("DEPLOY_FINISHED", json!({}));
+        found.add(
+            &on,
+            &action("checker", json!({"success": true, "output": long})),
+            &[
+                event(json!({"ok": true})),
+                event(json!({"log": "y".repeat(900)})),
+            ],
+        );
+        let r = &found.results[0];
+        assert_eq!(r.event_type.as_str(), "DEPLOY_FINISHED");
+        assert_eq!(
+            r.output.as_ref().unwrap().chars().count(),
+            Found::MAX_OUTPUT_CHARS + 1
+        );
+        assert_eq!(r.events[0].payload, json!({"ok": true}));
+        let cut = r.events[1].payload.as_str().unwrap();
+        assert_eq!(cut.chars().count(), Found::MAX_PAYLOAD_CHARS + 1);
+        assert_eq!(found.events(), 2);
+        // An object output is shown as its JSON; a clipped answer by its start.
+        found.add(&on, &action("a", json!({"output": {"n": 1}})), &[]);
+        found.add(
+            &on,
+            &action("b", json!({"clipped": true, "start": "{\"out"})),
+            &[],
+        );
+        assert_eq!(found.results[1].output.as_deref(), Some(r#"{"n":1}"#));
+        assert_eq!(found.results[2].output.as_deref(), Some("{\"out"));
+    }
+
+    #[test]
+    fn past_the_bounds_runs_and_events_are_counted_not_shown() {
+        let mut found = Found::default();
+        let events: Vec<Event> = (0..30).map(|i| event(json!({"i": i}))).collect();
+        for _ in 0..25 {
+            found.add(&events[0], &action("t", json!({"output": "ok"})), &events);
+        }
+        assert_eq!(found.results.len(), Found::MAX_RESULTS);
+        assert_eq!(found.more_results, 5);
+        let shown: usize = found.results.iter().map(|r| r.events.len()).sum();
+        assert_eq!(shown, Found::MAX_EVENTS);
+        assert_eq!(found.events(), 25 * 30);
+        let json = serde_json::to_value(&found).unwrap();
+        assert_eq!(serde_json::from_value::<Found>(json).unwrap(), found);
+    }
+}
