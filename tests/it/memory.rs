@@ -559,3 +559,73 @@ async fn daily_consolidation(kind: Kind) {
     assert_eq!(folded.len(), 1, "one duplicate folded: {folded:?}");
     assert_eq!(folded[0].folded_into.as_ref(), Some(&batch[0].id));
 }
+
+on_both_backends!(
+    being_shown_in_a_prompt_is_not_being_recalled,
+    shown_not_recalled
+);
+async fn shown_not_recalled(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (_, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    let kept = memories
+        .remember(
+            &agent.id,
+            vec![
+                memory(&b, &agent, 0, "the dog is called Rex", 0),
+                memory(&b, &agent, 1, "she eats no meat", 0),
+            ],
+        )
+        .await
+        .unwrap();
+    let stored = |id: MemoryId| {
+        let store = b.store.clone();
+        let agent = agent.id.clone();
+        async move { store.get_memory(&agent, &id).await.unwrap().unwrap() }
+    };
+    // Every turn about the dog shows its memory, and reinforces nothing.
+    for beat in [10, 20, 30] {
+        let known = pulse_shared::engine::memory::known(
+            &memories,
+            &agent,
+            "walk the dog",
+            beat,
+            1_000,
+            b.now(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(known.contains("Rex"), "{known}");
+    }
+    let rex = stored(kept[0].id.clone()).await;
+    assert_eq!((rex.recalls, rex.weighed_beat), (0, 0), "{rex:?}");
+    assert_eq!(rex.weight, kept[0].weight);
+
+    // Four half-lives on, both are suspended: being shown would not bring one back, and
+    // a suspended memory is not shown.
+    let beat = 4 * 2_880;
+    let known = pulse_shared::engine::memory::known(
+        &memories,
+        &agent,
+        "walk the puppy",
+        beat,
+        1_000,
+        b.now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(known, None, "nothing active to show");
+    let rex = stored(kept[0].id.clone()).await;
+    assert_eq!(rex.status_at(beat, 2_880), MemoryStatus::Suspended);
+    // An explicit recall does both: reinforces, and brings it back.
+    let found = memories
+        .recall(&agent, &Recall::for_model("walk puppy", beat), b.now())
+        .await
+        .unwrap();
+    assert!(found[0].reactivated, "{found:?}");
+    let rex = stored(kept[0].id.clone()).await;
+    assert_eq!(rex.recalls, 1);
+    assert_eq!(rex.status_at(beat, 2_880), MemoryStatus::Active);
+}

@@ -158,11 +158,15 @@ pub(crate) fn text_arg(input: &Value, name: &str) -> Result<String, String> {
 }
 
 /// What the agent knows that bears on `about` (the new messages, the window's events),
-/// for a prompt: the memories a recall of it finds first (reinforcing them), then, while
+/// for a prompt: the memories a recall of it finds first, then, while
 /// room is left, what it knows best whatever the subject (its weightiest memories: the
 /// user's name, that they are vegetarian), within `tokens` (estimated at 4 characters a
 /// token), one frame each ([`super::framing`]: a memory's text is data, whoever wrote
 /// it), labelled with where it came from. `None` without memories.
+///
+/// Being shown is not being recalled: nothing shown here is reinforced, and a suspended
+/// memory stays suspended and out of the prompt, so memories on a recurring subject still fade when the agent
+/// never recalls them (the `recall` tool does). What was shown is logged by id.
 pub async fn known(
     memories: &Memories,
     agent: &Agent,
@@ -176,13 +180,14 @@ pub async fn known(
         beat,
         limit: 20,
         max_chars: tokens * 4,
-        reinforce: true,
+        reinforce: false,
         skip_folded: true,
     };
     let mut shown: Vec<Memory> = memories
         .recall(agent, &recall, now)
         .await?
         .into_iter()
+        .filter(|f| f.status == MemoryStatus::Active)
         .map(|f| f.memory)
         .collect();
     for m in memories.weightiest(agent, beat, 20).await? {
@@ -190,7 +195,12 @@ pub async fn known(
             shown.push(m);
         }
     }
-    Ok(frames(&shown, tokens))
+    let text = frames(&shown, tokens);
+    if !shown.is_empty() {
+        let ids: Vec<&str> = shown.iter().map(|m| m.id.as_str()).collect();
+        tracing::info!(agent_id = %agent.id, shown = shown.len(), memories = ?ids, "memories shown in the prompt");
+    }
+    Ok(text)
 }
 
 /// The beat `agent` is at: its newest heartbeat's, or the one before it when that one
