@@ -153,7 +153,7 @@ faulty!(MemoryStore {
     fn all_memories(&self, agent: &AgentId) -> Vec<Memory>;
     fn get_memory(&self, agent: &AgentId, id: &MemoryId) -> Option<Memory>;
     fn memory_version(&self, agent: &AgentId) -> u64;
-    fn reinforce(&self, memories: &[Memory]) -> ();
+    fn reinforce(&self, memories: &[Memory]) -> Vec<MemoryId>;
     fn forget(&self, agent: &AgentId, id: &MemoryId) -> bool;
 });
 

@@ -629,3 +629,86 @@ async fn shown_not_recalled(kind: Kind) {
     assert_eq!(rex.recalls, 1);
     assert_eq!(rex.status_at(beat, 2_880), MemoryStatus::Active);
 }
+
+on_both_backends!(
+    a_reinforcement_never_undoes_a_forget_or_a_fold_nor_another_recalls,
+    reinforcement_races
+);
+async fn reinforcement_races(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (_, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    let kept = memories
+        .remember(
+            &agent.id,
+            vec![
+                memory(&b, &agent, 0, "the dog is called Rex", 0),
+                memory(&b, &agent, 1, "she eats no meat", 0),
+                memory(&b, &agent, 2, "the boss is called Ana", 0),
+            ],
+        )
+        .await
+        .unwrap();
+    let stored = |id: &MemoryId| {
+        let (store, agent, id) = (b.store.clone(), agent.id.clone(), id.clone());
+        async move { store.get_memory(&agent, &id).await.unwrap() }
+    };
+    // A recall read the first two; before its write lands, the first is forgotten and
+    // the second folded into the third by a consolidation.
+    let read: Vec<Memory> = kept[..2]
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            m.reinforce(10, 2_880, 0.1, b.now());
+            m
+        })
+        .collect();
+    assert!(b.store.forget(&agent.id, &kept[0].id).await.unwrap());
+    let mut folded = stored(&kept[1].id).await.unwrap();
+    folded.folded_into = Some(kept[2].id.clone());
+    b.store.remember(&[folded]).await.unwrap();
+    let missed = b.store.reinforce(&read).await.unwrap();
+    assert_eq!(missed, vec![kept[0].id.clone()], "the forgotten one");
+    assert_eq!(stored(&kept[0].id).await, None, "forgotten stays forgotten");
+    let back = stored(&kept[1].id).await.unwrap();
+    assert_eq!(
+        back.folded_into.as_ref(),
+        Some(&kept[2].id),
+        "the fold stands"
+    );
+    assert_eq!((back.recalls, back.weighed_beat), (1, 10));
+    assert_eq!(back.weight, read[1].weight);
+    assert_eq!(back.text, "she eats no meat");
+    // The same stale read written twice: the second finds the count moved on.
+    assert_eq!(
+        b.store.reinforce(&read[1..]).await.unwrap(),
+        vec![kept[1].id.clone()]
+    );
+    assert_eq!(stored(&kept[1].id).await.unwrap().recalls, 1);
+
+    // Two workers, each with its index cached, recall the same memory: neither
+    // overwrites the other's reinforcement.
+    let (one, two) = (
+        Memories::new(b.store.clone(), embedder(&url, 64)),
+        Memories::new(b.store.clone(), embedder(&url, 64)),
+    );
+    async fn recall(m: &Memories, agent: &Agent, now: jiff::Timestamp) -> MemoryId {
+        let found = m
+            .recall(
+                agent,
+                &Recall::for_model("who is my boss at work?", 20),
+                now,
+            )
+            .await
+            .unwrap();
+        found[0].memory.id.clone()
+    }
+    assert_eq!(recall(&one, &agent, b.now()).await, kept[2].id);
+    assert_eq!(recall(&two, &agent, b.now()).await, kept[2].id);
+    // `one` still holds the copy it read before `two`'s recall.
+    assert_eq!(recall(&one, &agent, b.now()).await, kept[2].id);
+    let boss = stored(&kept[2].id).await.unwrap();
+    assert_eq!(boss.recalls, 3, "three recalls, three reinforcements");
+    assert_eq!(boss.weighed_beat, 20);
+}

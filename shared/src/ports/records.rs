@@ -174,9 +174,14 @@ pub trait MemoryStore: Send + Sync {
     /// The agent's memory version: bumped by every change to its memories but a recall's
     /// reinforcement, so a cached index is read again only when it must be.
     async fn memory_version(&self, agent: &AgentId) -> Result<u64, StoreError>;
-    /// Writes what recalls changed of these memories (weights, recall counts), without
-    /// bumping the version: another process's index sees the change when it next loads.
-    async fn reinforce(&self, memories: &[Memory]) -> Result<(), StoreError>;
+    /// Writes what a recall changed of each memory — its weight, the beat it was weighed
+    /// at, its recall time and count — and nothing else (a fold or an edit made meanwhile
+    /// stands), and only if it still exists and its stored recall count is one less than
+    /// the given one: no other recall reinforced it since it was read. The ids of those
+    /// not written (forgotten, or reinforced by another process meanwhile), which the
+    /// caller reads again. Does not bump the version: another process's index sees the
+    /// change when it next loads.
+    async fn reinforce(&self, memories: &[Memory]) -> Result<Vec<MemoryId>, StoreError>;
     /// Deletes a memory; `false` if there was none. Bumps the version.
     async fn forget(&self, agent: &AgentId, id: &MemoryId) -> Result<bool, StoreError>;
 }

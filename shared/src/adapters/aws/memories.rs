@@ -2,10 +2,18 @@
 //! (`ME#<id>`, time-ordered), its vector in the item as a binary attribute (quantized
 //! bytes, `vec`, and the model, `vm`), and the agent's memory version (`MV`). Words are
 //! scored by the worker's recall index: DynamoDB keeps no word index.
+//!
+//! A memory's weighing — weight `wt`, the beat it was weighed at `wb`, its last recall
+//! `ra` and its recall count `rc` — is kept beside its doc and read over it, so a
+//! recall's reinforcement updates those four and nothing else, on the condition that the
+//! memory exists and its count is the one the recall read: a forget or a fold landing
+//! meanwhile stands, and two recalls never overwrite each other's weights.
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem, Update};
+use futures::StreamExt;
 
 use super::DynamoStore;
 use super::codec::*;
@@ -23,6 +31,7 @@ fn memory_sk(id: &MemoryId) -> String {
 
 fn memory_item(m: &Memory) -> Item {
     let mut item = doc_item(agent_pk(&m.agent_id), memory_sk(&m.id), m);
+    item.extend(weighing(m));
     if let Some(e) = &m.embedding {
         item.insert(
             "vec".to_owned(),
@@ -35,8 +44,37 @@ fn memory_item(m: &Memory) -> Item {
     item
 }
 
+/// The weighing attributes of `m`.
+fn weighing(m: &Memory) -> Vec<(String, AttributeValue)> {
+    let mut out = vec![
+        ("wt".to_owned(), n(m.weight)),
+        ("wb".to_owned(), n(m.weighed_beat)),
+        ("rc".to_owned(), n(m.recalls)),
+    ];
+    if let Some(at) = m.recalled_at {
+        out.push(("ra".to_owned(), s(at.to_string())));
+    }
+    out
+}
+
 fn read_memory(item: &Item) -> Result<Memory, StoreError> {
     let mut m: Memory = read_doc(item)?;
+    let num = |k: &str| item.get(k).and_then(|v| v.as_n().ok());
+    if let Some(w) = num("wt").and_then(|v| v.parse().ok()) {
+        m.weight = w;
+    }
+    if let Some(b) = num("wb").and_then(|v| v.parse().ok()) {
+        m.weighed_beat = b;
+    }
+    if let Some(c) = num("rc").and_then(|v| v.parse().ok()) {
+        m.recalls = c;
+    }
+    if let Some(at) = item.get("ra").and_then(|v| v.as_s().ok()) {
+        m.recalled_at =
+            Some(at.parse().map_err(|e| {
+                StoreError::corrupt(format!("memory {}", m.id), format!("ra: {e}"))
+            })?);
+    }
     m.embedding = match (item.get("vec"), item.get("vm")) {
         (Some(AttributeValue::B(bytes)), Some(AttributeValue::S(model))) => Some(Embedding {
             model: model.clone(),
@@ -48,6 +86,35 @@ fn read_memory(item: &Item) -> Result<Memory, StoreError> {
 }
 
 impl DynamoStore {
+    /// Reinforces one memory (see [`MemoryStore::reinforce`]): its id when not written.
+    async fn reinforce_one(&self, m: &Memory) -> Result<Option<MemoryId>, StoreError> {
+        let mut set = "SET wt = :wt, wb = :wb, rc = :rc".to_owned();
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(&m.agent_id), memory_sk(&m.id))))
+            // An item written before the weighing was kept beside the doc has no count.
+            .condition_expression(
+                "attribute_exists(pk) AND (rc = :read OR attribute_not_exists(rc))",
+            )
+            .expression_attribute_values(":wt", n(m.weight))
+            .expression_attribute_values(":wb", n(m.weighed_beat))
+            .expression_attribute_values(":rc", n(m.recalls))
+            .expression_attribute_values(":read", n(m.recalls.saturating_sub(1)));
+        if let Some(at) = m.recalled_at {
+            set.push_str(", ra = :ra");
+            req = req.expression_attribute_values(":ra", s(at.to_string()));
+        }
+        match req.update_expression(set).send().await {
+            Ok(_) => Ok(None),
+            Err(e) => match e.into_service_error() {
+                UpdateItemError::ConditionalCheckFailedException(_) => Ok(Some(m.id.clone())),
+                other => Err(StoreError::backend("dynamodb", "reinforce memory", other)),
+            },
+        }
+    }
+
     fn bump_memory_version(&self, agent: &AgentId) -> Result<TransactWriteItem, StoreError> {
         let bump = Update::builder()
             .table_name(&self.table)
@@ -141,12 +208,13 @@ impl MemoryStore for DynamoStore {
             .unwrap_or(0))
     }
 
-    async fn reinforce(&self, memories: &[Memory]) -> Result<(), StoreError> {
-        for chunk in memories.chunks(25) {
-            self.batch_put(chunk.iter().map(memory_item).collect())
-                .await?;
-        }
-        Ok(())
+    async fn reinforce(&self, memories: &[Memory]) -> Result<Vec<MemoryId>, StoreError> {
+        let calls: Vec<_> = memories.iter().map(|m| self.reinforce_one(m)).collect();
+        let written: Vec<Result<Option<MemoryId>, StoreError>> = futures::stream::iter(calls)
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        written.into_iter().filter_map(Result::transpose).collect()
     }
 
     async fn forget(&self, agent: &AgentId, id: &MemoryId) -> Result<bool, StoreError> {

@@ -163,24 +163,40 @@ impl MemoryStore for SqliteStore {
             .await
     }
 
-    async fn reinforce(&self, memories: &[Memory]) -> Result<(), StoreError> {
+    async fn reinforce(&self, memories: &[Memory]) -> Result<Vec<MemoryId>, StoreError> {
         if memories.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let memories = memories.to_vec();
         self.db
             .call("reinforce memories", move |conn| {
                 let op = sqlite_err("reinforce memories");
                 let tx = super::begin(conn).map_err(&op)?;
+                let mut missed = Vec::new();
                 for m in &memories {
-                    tx.exec(
-                        "UPDATE memories SET doc = ?3 WHERE agent_id = ?1 AND id = ?2",
-                        params![m.agent_id.as_str(), m.id.as_str(), to_doc(m)],
-                    )
-                    .map_err(&op)?;
+                    // The weighing only, and only over the count this recall read.
+                    let n = tx
+                        .exec(
+                            "UPDATE memories SET doc = json_set(doc, '$.weight', ?3, '$.weighed_beat', ?4, \
+                             '$.recalled_at', ?5, '$.recalls', ?6) \
+                             WHERE agent_id = ?1 AND id = ?2 AND COALESCE(json_extract(doc, '$.recalls'), 0) = ?7",
+                            params![
+                                m.agent_id.as_str(),
+                                m.id.as_str(),
+                                f64::from(m.weight),
+                                m.weighed_beat as i64,
+                                m.recalled_at.map(|t| t.to_string()),
+                                m.recalls,
+                                m.recalls.saturating_sub(1),
+                            ],
+                        )
+                        .map_err(&op)?;
+                    if n == 0 {
+                        missed.push(m.id.clone());
+                    }
                 }
                 tx.commit().map_err(&op)?;
-                Ok(())
+                Ok(missed)
             })
             .await
     }

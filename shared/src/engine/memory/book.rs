@@ -279,13 +279,56 @@ impl Memories {
                 reactivated,
             });
         }
-        if !changed.is_empty() {
-            let reinforced: Vec<Memory> =
-                changed.iter().map(|at| with_vector(index, *at)).collect();
-            self.store.reinforce(&reinforced).await?;
-        }
+        self.store_reinforced(agent, index, changed, r.beat, now)
+            .await?;
         self.backfill(agent, index, BACKFILL).await?;
         Ok(out)
+    }
+
+    /// Stores the reinforcement of the memories at `changed` in `index`. One forgotten
+    /// since the index was read is left gone; one another process reinforced meanwhile
+    /// is read again and reinforced over what it holds now, so no reinforcement is lost.
+    async fn store_reinforced(
+        &self,
+        agent: &Agent,
+        index: &mut Index,
+        mut changed: Vec<usize>,
+        beat: u64,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let half_life = agent.memory_half_life_beats();
+        // A few rounds: each loses only to a recall that landed in between.
+        for _ in 0..4 {
+            if changed.is_empty() {
+                return Ok(());
+            }
+            let batch: Vec<Memory> = changed
+                .iter()
+                .map(|at| index.memories[*at].clone())
+                .collect();
+            let missed = self.store.reinforce(&batch).await?;
+            let mut again = Vec::new();
+            for id in missed {
+                let Some(at) = changed
+                    .iter()
+                    .copied()
+                    .find(|at| index.memories[*at].id == id)
+                else {
+                    continue;
+                };
+                if let Some(mut fresh) = self.store.get_memory(&agent.id, &id).await? {
+                    fresh.embedding = None;
+                    fresh.reinforce(beat, half_life, GAIN, now);
+                    index.memories[at] = fresh;
+                    again.push(at);
+                }
+            }
+            changed = again;
+        }
+        if !changed.is_empty() {
+            tracing::warn!(agent_id = %agent.id, memories = changed.len(), "reinforcements kept losing to other recalls; left as they are");
+        }
+        Ok(())
     }
 
     /// Embeds up to `max` of the agent's memories that have no vector of the current
@@ -397,12 +440,6 @@ impl Memories {
 }
 
 /// The memory at `at` with its vector again (the index keeps vectors apart).
-fn with_vector(index: &Index, at: usize) -> Memory {
-    let mut m = index.memories[at].clone();
-    m.embedding = index.vector_of(at);
-    m
-}
-
 /// The best of `scored` for `r`: ranked by match × (0.5 + 0.3 × weight + 0.2 ×
 /// importance), within the count and character limits.
 fn pick(index: &Index, scored: Vec<Scored>, r: &Recall, half_life: u64) -> Vec<(Scored, f32)> {
