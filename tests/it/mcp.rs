@@ -456,6 +456,7 @@ async fn rerun(kind: Kind) {
         run: "tn_run",
         index,
         at_ms,
+        earlier: &[],
     };
     let add = ToolUse {
         id: "c1".into(),
@@ -691,4 +692,76 @@ async fn a_tools_images_reach_a_model_that_sees_images_and_a_note_reaches_one_th
             .contains("aGVsbG8=")),
         "{actions:?}"
     );
+}
+
+on_both_backends!(
+    a_call_made_by_a_turn_a_newer_message_dropped_is_not_made_again_by_the_turn_answering_both,
+    taken_over
+);
+async fn taken_over(kind: Kind) {
+    let r = rig(kind).await;
+    r.register(Duration::from_secs(5)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    let book = json!({"text": "a table for two at 8"});
+    r.llm.hold();
+    r.llm.script([
+        Scripted::tool("cal__note", book.clone()),
+        // The turn answering both messages asks for the same call...
+        Scripted::tool("cal__note", book.clone()),
+        Scripted::text("Booked a table for two at 8, and asked for a high chair."),
+    ]);
+    r.b.say(&agent, "book us a table for two at 8").await;
+    let user = async {
+        // The first step calls the tool; the second is being written when...
+        r.llm.wait_for(1).await;
+        r.llm.release_one();
+        r.llm.wait_for(2).await;
+        assert_eq!(r.mcp.calls().len(), 1);
+        // ...a second message arrives: that step is dropped.
+        r.b.advance(jiff::SignedDuration::from_millis(10));
+        r.b.say(&agent, "and a high chair please").await;
+        r.llm.wait_abandoned(1).await;
+        r.llm.release();
+    };
+    let (handled, ()) = tokio::join!(r.b.drain(&r.worker), user);
+    assert_eq!(handled, 2);
+    // ...and is answered from the call made, not sent again.
+    assert_eq!(r.mcp.calls().len(), 1, "booked once");
+    // The turn answering both was told what the dropped one had done, after both
+    // messages.
+    let third = &r.llm.requests()[2].body["messages"];
+    let texts = third.to_string();
+    assert!(texts.contains("high chair please"), "{texts}");
+    let messages = third.as_array().unwrap();
+    let called = messages
+        .iter()
+        .position(|m| {
+            m["role"] == "assistant" && m["tool_calls"][0]["function"]["name"] == "cal__note"
+        })
+        .expect("the dropped turn's call, in the context");
+    assert_eq!(messages[called + 1]["role"], "tool");
+    assert!(
+        messages[called + 1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("noted")
+    );
+    let turns = r.b.store.list_turns(&agent.id, 5).await.unwrap();
+    assert_eq!(turns.len(), 2);
+    assert!(turns[1].superseded());
+    assert_eq!(
+        turns[0].parts,
+        ["Booked a table for two at 8, and asked for a high chair."]
+    );
+    // The answer the turn's model got for its own call is the one the server gave.
+    assert_eq!(r.results(3).len(), 2, "{:?}", r.results(3));
+    assert!(r.results(3).iter().all(|res| res.contains("noted")));
+
+    // Asked again in a later turn, the call is made: only a turn taken over is reused.
+    r.llm.script([
+        Scripted::tool("cal__note", book.clone()),
+        Scripted::text("Booked another."),
+    ]);
+    r.turn(&agent, "book the same again for tomorrow").await;
+    assert_eq!(r.mcp.calls().len(), 2);
 }

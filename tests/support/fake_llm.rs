@@ -100,6 +100,13 @@ impl FakeLlm {
     pub fn hold(&self) {
         self.inner.lock().unwrap().held = Some(Arc::new(tokio::sync::Semaphore::new(0)));
     }
+    /// Answers one held request (the first to take the permit) and goes on holding.
+    pub fn release_one(&self) {
+        if let Some(gate) = self.inner.lock().unwrap().held.as_ref() {
+            gate.add_permits(1);
+        }
+    }
+
     /// Answers the held requests and stops holding.
     pub fn release(&self) {
         if let Some(gate) = self.inner.lock().unwrap().held.take() {
@@ -170,8 +177,11 @@ async fn next((inner, arrived): &Shared, path: &str, headers: HeaderMap, body: V
     };
     arrived.notify_waiters();
     let mut answering = Answering(inner.clone(), false);
-    if let Some(gate) = gate {
-        let _ = gate.acquire().await;
+    if let Some(gate) = gate
+        && let Ok(permit) = gate.acquire().await
+    {
+        // Each held request takes a permit for good: `release_one` answers one.
+        permit.forget();
     }
     answering.1 = true;
     let mut g = inner.lock().unwrap();

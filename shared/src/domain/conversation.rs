@@ -311,6 +311,11 @@ pub struct Turn {
 }
 
 impl Turn {
+    /// The most of a turn's steps kept on it, as JSON: a tool's answer can run to a
+    /// megabyte, and the turn is one DynamoDB item (400 KB). Longer ones have their
+    /// longest texts cut ([`super::clipped`]).
+    pub const KEPT_STEPS: usize = 96 * 1024;
+
     /// The error of a turn whose model call was dropped because a newer user message
     /// arrived: it has no reply; the next turn answers its messages with the newer ones.
     pub const SUPERSEDED: &'static str = "superseded: a newer message arrived while the model was answering; the next turn answers both";

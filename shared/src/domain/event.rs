@@ -201,7 +201,7 @@ impl NewEvent {
 }
 
 /// The length of a value's compact JSON, counted without building the text.
-fn json_size(v: &Value) -> usize {
+pub(crate) fn json_size(v: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

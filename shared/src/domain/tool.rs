@@ -9,7 +9,7 @@ use serde_json::Value;
 use url::Url;
 
 use super::agent::{Agent, ThinkPolicy};
-use super::event::{Event, EventCursor, NewEvent, Priority};
+use super::event::{Event, EventCursor, NewEvent, Priority, json_size};
 use super::found::Found;
 use super::ids::{ActionId, AgentId, EventId, EventType, HeartbeatId, SubscriptionId, ToolName};
 use super::mcp::ModelCall;
@@ -421,17 +421,11 @@ impl Action {
     /// well inside a DynamoDB item's 400 KB.
     pub const KEPT_RESPONSE: usize = 64 * 1024;
 
-    /// Keeps `response` as the action's: whole, or clipped to [`Self::KEPT_RESPONSE`]
-    /// with its usage figures kept beside, so costs still count what the call spent.
+    /// Keeps `response` as the action's: whole, or [`clipped`] to
+    /// [`Self::KEPT_RESPONSE`] (its longest texts cut, its usage figures kept, so costs
+    /// still count what the call spent).
     pub fn keep_response(&mut self, response: Option<Value>) {
-        self.response = response.map(|r| {
-            let usage = r.get("usage").cloned();
-            let mut kept = clipped(r, Self::KEPT_RESPONSE);
-            if let (Some(usage), true) = (usage, kept.get("clipped").is_some()) {
-                kept["usage"] = usage;
-            }
-            kept
-        });
+        self.response = response.map(|r| clipped(r, Self::KEPT_RESPONSE));
     }
 
     /// What the action ran, as listings and `pulse tools stats` name it: the tool, or
@@ -444,18 +438,66 @@ impl Action {
     }
 }
 
-/// `value` whole when its JSON is at most `limit` bytes; else the start of its JSON
-/// text, marked clipped, with the whole length.
-pub fn clipped(value: Value, limit: usize) -> Value {
-    let text = value.to_string();
-    if text.len() <= limit {
+/// `value` within `limit` bytes of JSON: whole when it fits; else with its longest
+/// strings cut (each cut one ending `… [N more bytes]`), so that its shape — usage
+/// figures, statuses, ids, what was scheduled — is kept; else, when strings are not what
+/// makes it long, the start of its JSON text, marked clipped, with the whole length.
+pub fn clipped(mut value: Value, limit: usize) -> Value {
+    let mut size = json_size(&value);
+    if size <= limit {
         return value;
     }
-    let mut end = limit;
+    let whole = size;
+    // Each round cuts the longest string by what is still too much (and room for its
+    // marker); escapes can make the text longer than the string, hence the rounds.
+    for _ in 0..256 {
+        let Some(at) = longest_string(&value, String::new()).map(|(at, _)| at) else {
+            break;
+        };
+        let Some(Value::String(text)) = value.pointer_mut(&at) else {
+            break;
+        };
+        let len = text.len();
+        if len < 64 {
+            break;
+        }
+        // At most half of it in one round, so that the cut falls on every long text
+        // rather than emptying the first.
+        let mut keep = len.saturating_sub(size - limit + 48).max(len / 2);
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        *text = format!("{}… [{} more bytes]", &text[..keep], len - keep);
+        size = json_size(&value);
+        if size <= limit {
+            return value;
+        }
+    }
+    let text = value.to_string();
+    let mut end = limit.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    serde_json::json!({"clipped": true, "bytes": text.len(), "start": &text[..end]})
+    serde_json::json!({"clipped": true, "bytes": whole, "start": &text[..end]})
+}
+
+/// The JSON pointer and length of the longest string in `v`.
+fn longest_string(v: &Value, at: String) -> Option<(String, usize)> {
+    let longer = |a: Option<(String, usize)>, b: Option<(String, usize)>| match (a, b) {
+        (Some(a), Some(b)) => Some(if b.1 > a.1 { b } else { a }),
+        (a, b) => a.or(b),
+    };
+    match v {
+        Value::String(s) => Some((at, s.len())),
+        Value::Array(items) => items.iter().enumerate().fold(None, |best, (i, item)| {
+            longer(best, longest_string(item, format!("{at}/{i}")))
+        }),
+        Value::Object(map) => map.iter().fold(None, |best, (k, item)| {
+            let key = k.replace('~', "~0").replace('/', "~1");
+            longer(best, longest_string(item, format!("{at}/{key}")))
+        }),
+        _ => None,
+    }
 }
 
 /// What a tool receives: the event, the agent, the heartbeat's beats, and its config.
@@ -662,6 +704,32 @@ fn parse_new_event(e: &Value) -> Result<NewEvent, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn clipping_cuts_the_longest_texts_and_keeps_the_shape() {
+        let small = json!({"usage": {"input_tokens": 7}, "output": "ok"});
+        assert_eq!(clipped(small.clone(), 1_000), small);
+        let big = json!({
+            "usage": {"input_tokens": 7},
+            "output": {"scheduled": ["sc_1"], "steps": [{"result": "x".repeat(50_000)}, {"result": "é".repeat(30_000)}]},
+        });
+        let kept = clipped(big, 10_000);
+        assert!(json_size(&kept) <= 10_000, "{}", json_size(&kept));
+        assert_eq!(kept["usage"], json!({"input_tokens": 7}));
+        assert_eq!(kept["output"]["scheduled"], json!(["sc_1"]));
+        let first = kept["output"]["steps"][0]["result"].as_str().unwrap();
+        assert!(
+            first.starts_with("xxx") && first.ends_with("more bytes]"),
+            "{first}"
+        );
+        let second = kept["output"]["steps"][1]["result"].as_str().unwrap();
+        assert!(second.starts_with('é'), "cut on a character's boundary");
+        // Made long by something else than text: the start of it, marked.
+        let numbers = json!((0..5_000).collect::<Vec<u32>>());
+        let kept = clipped(numbers, 1_000);
+        assert_eq!(kept["clipped"], json!(true));
+        assert_eq!(kept["start"].as_str().unwrap().len(), 1_000);
+    }
 
     #[test]
     fn action_statuses_are_named_as_they_are_serialized() {

@@ -51,6 +51,10 @@ pub struct Site<'a> {
     /// When the run's event (or the turn's first message) was made, in ms: the stamp
     /// of the call's ids, which files the call with its run.
     pub at_ms: u64,
+    /// The calls made by the turns this run takes over (turns a newer message dropped
+    /// mid-answer, whose messages it answers): an identical call is answered from the
+    /// one made, and not sent again.
+    pub earlier: &'a [Action],
 }
 
 impl<'a> Site<'a> {
@@ -65,7 +69,14 @@ impl<'a> Site<'a> {
             run: turn.as_str(),
             index,
             at_ms,
+            earlier: &[],
         }
+    }
+
+    /// The same site, taking over the calls `earlier` turns made.
+    pub fn taking_over(mut self, earlier: &'a [Action]) -> Self {
+        self.earlier = earlier;
+        self
     }
 
     fn triggered_by(&self) -> &str {
@@ -100,6 +111,15 @@ impl AgentTools {
                 "the arguments do not fit {}: {why}; nothing was sent",
                 call.name
             )));
+        }
+        if let Some(made) = site.earlier.iter().find(|a| {
+            a.tool == offered.server
+                && a.call.as_ref().is_some_and(|c| c.tool == offered.tool)
+                && a.request["arguments"] == call.input
+                && a.status != ActionStatus::Running
+        }) {
+            info!(action_id = %made.id, status = ?made.status, "the same call was made by the turn this one takes over; its answer is reused, nothing is sent");
+            return Some(answer_of(made));
         }
         let key = idempotency_key(&format!("{}.{}", site.run, site.index), call);
         let mut action = self.action(site, &offered.server, &offered.tool, call, key);

@@ -21,8 +21,9 @@ pub(super) struct Asked {
 }
 
 impl Conversation {
-    /// Asks the model for the reply, in a tool loop with `remember` and `recall` under
-    /// the agent's step and token budgets (the heartbeat agent's): each request asks for
+    /// Asks the model for the reply, in a tool loop with `remember` and `recall` (and
+    /// the agent's MCP tools: a call identical to one in `earlier`, made by a turn this
+    /// one takes over, is answered from it) under the agent's step and token budgets (the heartbeat agent's): each request asks for
     /// at most the tokens left, and the last step allowed offers no tools, so the loop
     /// ends with words. A failure that retrying cannot fix (no key, a rejected request)
     /// becomes a reply saying so, recorded as the turn's error, rather than a message
@@ -32,7 +33,7 @@ impl Conversation {
         agent: &Agent,
         mut messages: Vec<ChatMessage>,
         turn_id: &TurnId,
-        first_ms: u64,
+        (first_ms, earlier): (u64, &[crate::domain::Action]),
         beat: u64,
         known: Option<jiff::Timestamp>,
     ) -> Result<Asked, EngineError> {
@@ -129,7 +130,7 @@ impl Conversation {
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
-                let site = Site::in_turn(agent, turn_id, calls, first_ms);
+                let site = Site::in_turn(agent, turn_id, calls, first_ms).taking_over(earlier);
                 calls += 1;
                 let result = self.run_tool(agent, (&offer, &site), call, id, &cx).await;
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");

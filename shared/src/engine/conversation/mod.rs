@@ -19,13 +19,15 @@
 //! - `context`: what the model reads, and what the turn persists;
 //! - `images`: the pictures the messages carry;
 //! - `ask`: the model's tool loop;
-//! - `deliver`: the reply to Discord, part by part, and the turn's hooks.
+//! - `deliver`: the reply to Discord, part by part, and the turn's hooks;
+//! - `taken_over`: what the turns a turn takes over (dropped for a newer message) did.
 
 mod ask;
 mod commands;
 mod context;
 mod deliver;
 mod images;
+mod taken_over;
 
 pub use context::{build_context, estimate_tokens};
 use context::{persisted, target, turn_beats};
@@ -43,6 +45,14 @@ use crate::engine::{budget, memory};
 use crate::error::EngineError;
 use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
 use ask::Asked;
+
+/// A turn's steps as the turn keeps them: within [`Turn::KEPT_STEPS`].
+fn kept_steps(steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    match crate::domain::clipped(serde_json::Value::Array(steps), Turn::KEPT_STEPS) {
+        serde_json::Value::Array(kept) => kept,
+        start => vec![start],
+    }
+}
 
 /// Whether `signal` is a steering command (see [`commands`]), well formed or not: it is
 /// answered without the model and is not an interaction.
@@ -332,7 +342,13 @@ impl Conversation {
             None => {
                 outcome.asked_model = true;
                 let _typing = self.typing(talk).await;
-                let (context, beat) = self.context(agent, talk, now).await?;
+                let (mut context, beat, unanswered) = self.context(agent, talk, now).await?;
+                // Only a turn whose messages got no reply can have been taken over.
+                let taken = match unanswered {
+                    true => taken_over::taken_over(self.store.as_ref(), &agent.id).await?,
+                    false => taken_over::TakenOver::default(),
+                };
+                context.extend(taken.messages);
                 // Memories the turn's tools keep get ids from the turn and its first
                 // signal's time, so a redelivered turn keeps each once.
                 let first_ms = talk[0].created_at.as_millisecond().max(0) as u64;
@@ -344,8 +360,15 @@ impl Conversation {
                     .map(|s| s.created_at)
                     .chain(agent.last_interaction_at)
                     .max();
-                self.ask(agent, context, turn_id, first_ms, beat, known)
-                    .await?
+                self.ask(
+                    agent,
+                    context,
+                    turn_id,
+                    (first_ms, &taken.calls),
+                    beat,
+                    known,
+                )
+                .await?
             }
             Some(today) => {
                 budget::fire_exhausted(self.store.as_ref(), self.hooks.as_ref(), agent, today, now)
@@ -398,13 +421,14 @@ impl Conversation {
 
     /// The turn's context — the history, what the agent knows that bears on the new
     /// messages, its beats, and the pictures sent with the messages (on its user
-    /// message) — and the beat it is at.
+    /// message) — the beat it is at, and whether the newest message of the history is
+    /// the user's, left without a reply (by a turn a newer message dropped, maybe).
     async fn context(
         &self,
         agent: &Agent,
         pending: &[Signal],
         now: Timestamp,
-    ) -> Result<(Vec<ChatMessage>, u64), EngineError> {
+    ) -> Result<(Vec<ChatMessage>, u64, bool), EngineError> {
         let history = self
             .store
             .recent_messages(&agent.id, self.settings.history_messages)
@@ -440,7 +464,10 @@ impl Conversation {
         {
             *slot = images;
         }
-        Ok((context, beat))
+        let unanswered = history
+            .first()
+            .is_some_and(|m| m.role == crate::domain::Role::User);
+        Ok((context, beat, unanswered))
     }
 
     /// Writes the turn with its messages and the marks that its signals are answered
@@ -478,7 +505,7 @@ impl Conversation {
             provider: asked.provider,
             model: asked.model,
             usage: asked.usage,
-            steps: asked.steps,
+            steps: kept_steps(asked.steps),
             error: asked.failed,
             created_at: now,
             completed_at: silent.then_some(now),
