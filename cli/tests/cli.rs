@@ -198,6 +198,37 @@ fn a_tool_url_with_credentials_is_refused_without_repeating_them() {
     );
 }
 
+/// A tool on an address the outbound guard refuses is registered (it may be allowed
+/// where Pulse runs), and the command says at once that every call will be refused.
+#[test]
+fn a_tool_on_an_address_the_guard_refuses_is_said_so_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["agents", "create", "--name", "scout"]);
+    let add = |name: &str, url: &str| {
+        let out = pulse(d, &["tools", "add", "--name", name, "--url", url]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    // The tests allow 127.0.0.1/32 only.
+    let said = add("intranet", "http://10.1.2.3:8080/check");
+    assert!(
+        said.contains("every call to http://10.1.2.3:8080/check will be refused"),
+        "{said}"
+    );
+    assert!(said.contains("PULSE_HOOKS_ALLOW"), "{said}");
+    let said = add("local", "http://127.0.0.1:9/check");
+    assert!(
+        !said.contains("note:"),
+        "an allowed address: no note: {said}"
+    );
+    let tools = ok(d, &["tools", "list"]);
+    assert!(
+        tools.contains("intranet") && tools.contains("local"),
+        "{tools}"
+    );
+}
+
 /// Found in review: `pulse --json heartbeats list … | head` panicked with "failed
 /// printing to stdout: Broken pipe".
 #[test]

@@ -1146,6 +1146,24 @@ async fn message_received(kind: Kind) {
     assert_eq!(data["signals"][0]["id"], said.id.as_str());
     assert_eq!(data["signals"][0]["kind"], "message");
     assert_eq!(data["signals"][0]["text"], "is the deploy done?");
+
+    // The heartbeat's own thought, phrased and sent, is no message received.
+    let s = thought(
+        &agent,
+        "the deploy finished",
+        w.b.now().as_millisecond() as u64,
+    );
+    intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), s)
+        .await
+        .unwrap();
+    w.b.drain(&w.worker).await;
+    w.b.dispatch_all().await;
+    assert_eq!(w.discord.messages().len(), 2, "the thought was sent");
+    assert_eq!(
+        receiver.received().len(),
+        1,
+        "and told to no MESSAGE_RECEIVED hook"
+    );
 }
 
 /// MESSAGE_SENT was once not emitted for a turn whose delivery resumed after

@@ -287,6 +287,9 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                 tool.name.as_str(),
                 &format!("registered tool {}", tool.name),
             );
+            if let ToolKind::Http { url, .. } = &tool.kind {
+                warn_if_refused(cx, url).await;
+            }
         }
         ToolsPlan::List => {
             let mut tools = b
@@ -368,4 +371,19 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
         other => return change(other, cx).await,
     }
     Ok(())
+}
+
+/// Says at once when the guard on outbound requests will refuse every call to `url`
+/// (an address that is private, loopback or link-local and not allowed), rather than
+/// leaving it to the first heartbeat's failed action.
+async fn warn_if_refused(cx: &Ctx<'_>, url: &url::Url) {
+    match pulse_shared::app::egress(cx.config).check(url).await {
+        Ok(_) => {}
+        Err(e) if e.is_refused() => eprintln!(
+            "note: every call to {url} will be refused: {e}. Allow its address with PULSE_HOOKS_ALLOW (e.g. PULSE_HOOKS_ALLOW=10.0.0.0/8) where Pulse runs, or give the tool a public URL"
+        ),
+        Err(e) => eprintln!(
+            "note: {url} could not be checked now ({e}); calls to it fail until it resolves"
+        ),
+    }
 }

@@ -186,18 +186,25 @@ impl Conversation {
         hooks.emit(&routes, agent, emission).await.map(|_| ())
     }
 
-    /// MESSAGE_RECEIVED for `turn`, which took in `signals`.
+    /// MESSAGE_RECEIVED for `turn`, which took in `signals`: none when they are all the
+    /// heartbeat's own thoughts.
     pub(super) async fn emit_received(
         &self,
         agent: &Agent,
         turn: &Turn,
         signals: &[Signal],
     ) -> Result<(), EngineError> {
-        let trigger = signals
-            .first()
-            .map_or("message", |s| s.kind.as_str())
-            .to_ascii_uppercase();
-        let data = HookData::message_received(turn, signals);
+        // A heartbeat's thought is the agent's own: not a message it received.
+        let received: Vec<Signal> = signals
+            .iter()
+            .filter(|s| s.kind != SignalKind::Heartbeat)
+            .cloned()
+            .collect();
+        let Some(first) = received.first() else {
+            return Ok(());
+        };
+        let trigger = first.kind.as_str().to_ascii_uppercase();
+        let data = HookData::message_received(turn, &received);
         self.emit(agent, turn, HookType::MESSAGE_RECEIVED, &trigger, data)
             .await
     }
