@@ -96,7 +96,9 @@ fi
 # run side by side, each against its own emulator (one Python process is one core at
 # most). Both stop when this script exits.
 MOTO_PIDS=()
-trap 'kill "${MOTO_PIDS[@]}" ${ARM64_PID:-} 2>/dev/null || true' EXIT
+# The arm64 build runs in its own process group (setsid, below), so that a run that
+# stops early stops all of it, not only its first process.
+trap 'kill "${MOTO_PIDS[@]}" 2>/dev/null; if [ -n "${ARM64_PID:-}" ]; then kill -- "-$ARM64_PID" 2>/dev/null; fi; true' EXIT
 # Starts one and sets MOTO_URL to its URL once it answers.
 start_moto() {
     local port pid log=target/moto-$1.log
@@ -150,7 +152,7 @@ ARM64_FUNCTIONS=(heartbeat-sweeper conversation-worker webhook-receiver hook-dis
 ARM64_PACKAGES=()
 for f in "${ARM64_FUNCTIONS[@]}"; do ARM64_PACKAGES+=(-p "$f"); done
 echo "==> building the functions for arm64 in the background (its log: $ARM64_LOG)"
-PATH="$PWD/$VENV/bin:$PATH" CARGO_TARGET_DIR=$ARM64_TARGET nice -n 10 \
+PATH="$PWD/$VENV/bin:$PATH" CARGO_TARGET_DIR=$ARM64_TARGET setsid nice -n 10 \
     "$VENV/bin/cargo-lambda" lambda build --release --arm64 --output-format zip "${ARM64_PACKAGES[@]}" > "$ARM64_LOG" 2>&1 &
 ARM64_PID=$!
 # Clippy's lints, with every warning denied, as the workspace's crates compile for the

@@ -3,7 +3,9 @@
 //! The run reads the window `(window_start, window_end]` of the agent's log (both cursors
 //! are on the claimed record, so a retried run reads the same window), appends the
 //! HEARTBEAT event, and runs every subscribed tool for every event, breadth first: the
-//! events a level's tools return form the next level, up to the depth cap. Then one atomic
+//! events a level's tools return form the next level, up to the depth cap. The heartbeat
+//! agent runs last, on the HEARTBEAT event, told what those tools found
+//! ([`crate::domain::Found`]); the events it raises cascade the same way. Then one atomic
 //! write finishes the heartbeat, schedules the next one with `window_start` = this
 //! `window_end`, and stores the HEARTBEAT event.
 //!
