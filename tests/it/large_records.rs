@@ -5,7 +5,8 @@
 //! would take some of them: a real table would not).
 
 use jiff::SignedDuration;
-use pulse_shared::domain::{Action, ActionStatus, Agent, MAX_EVENT_BYTES, NewEvent};
+use pulse_shared::domain::{Action, ActionStatus, Agent, HookPayload, MAX_EVENT_BYTES, NewEvent};
+use pulse_tests::fake_hooks::FakeReceiver;
 use pulse_tests::{Backend, FakeTool, Kind, Reply, on_both_backends, settings};
 use serde_json::{Value, json};
 
@@ -54,9 +55,14 @@ async fn at_the_bound(kind: Kind) {
     b.tool("fetcher", &fetcher.url(), "FETCH").await;
     b.tool("reader", &reader.url(), "FETCHED").await;
     let (agent, _) = b.agent("scout", "15m").await;
+    let hooks = FakeReceiver::start().await;
+    b.hooks_to(&agent, &hooks.url(), &["ACTION_STARTED"]).await;
     b.emit(&agent, "FETCH", json!({"url": "https://example.com/big"}))
         .await;
-    beat(&b).await;
+    b.advance(SignedDuration::from_mins(16));
+    let swept = b.sweeper(settings()).sweep_once(b.now()).await;
+    assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+    b.drain(&b.worker_with_hooks(settings())).await;
 
     let fetched = action_of(&b, &agent, "fetcher").await;
     assert_eq!(
@@ -89,6 +95,22 @@ async fn at_the_bound(kind: Kind) {
         read.request["event"]["payload"],
         payload_of(MAX_EVENT_BYTES)
     );
+
+    // The hook told of that action carries the event cut to fit a queue message, and
+    // says so.
+    b.dispatch_all().await;
+    let started: Vec<Value> = hooks.received().iter().map(|r| r.json()).collect();
+    assert_eq!(started.len(), 2, "one ACTION_STARTED per action");
+    let to_reader = started
+        .iter()
+        .find(|h| h["data"]["tool_name"] == "reader")
+        .expect("the reader's ACTION_STARTED");
+    let cut = to_reader["data"]["event"]["payload"]["text"]
+        .as_str()
+        .unwrap();
+    assert!(cut.ends_with("more bytes]"), "{}", &cut[cut.len() - 60..]);
+    assert!(to_reader["data"].to_string().len() <= HookPayload::MAX_DATA);
+    assert_eq!(to_reader["data"]["event"]["type"], json!("FETCHED"));
 }
 
 on_both_backends!(

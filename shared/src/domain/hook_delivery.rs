@@ -69,6 +69,14 @@ pub struct HookPayload {
     pub context: PayloadContext,
 }
 
+impl HookPayload {
+    /// The most of `data` a delivery carries, as JSON: its longest texts are cut past
+    /// it ([`super::clipped`]). A delivery travels whole in a queue message (SQS takes
+    /// 256 KiB, with the body escaped inside it) and in an EventBridge entry (256 KB),
+    /// and an event's payload alone may be 256 KiB.
+    pub const MAX_DATA: usize = 96 * 1024;
+}
+
 /// The `data` of each hook type, as the book's hook table (docs/src/hooks.md) documents it: the one place
 /// that shape is written.
 pub struct HookData;

@@ -90,7 +90,7 @@ impl HookEmitter {
             timestamp: now,
             heartbeat_id: e.heartbeat_id.clone(),
             action_id: e.action_id.clone(),
-            data: e.data,
+            data: crate::domain::clipped(e.data, HookPayload::MAX_DATA),
             context: PayloadContext {
                 triggered_by: e.triggered_by,
                 related_events: None,
