@@ -98,7 +98,8 @@ fi
 MOTO_PIDS=()
 # The arm64 build runs in its own process group (setsid, below), so that a run that
 # stops early stops all of it, not only its first process.
-trap 'kill "${MOTO_PIDS[@]}" 2>/dev/null; if [ -n "${ARM64_PID:-}" ]; then kill -- "-$ARM64_PID" 2>/dev/null; fi; true' EXIT
+# Each kill may find its target gone; under errexit only an AND-OR list may fail.
+trap 'kill "${MOTO_PIDS[@]}" 2>/dev/null || true; [ -z "${ARM64_PID:-}" ] || kill -- "-$ARM64_PID" 2>/dev/null || true' EXIT
 # Starts one and sets MOTO_URL to its URL once it answers.
 start_moto() {
     local port pid log=target/moto-$1.log
