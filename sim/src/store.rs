@@ -16,8 +16,8 @@ use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ApiToken, ClaimRequest,
     ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt,
     HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryId, Registry, Schedule,
-    ScheduleId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool, ToolName, Turn,
-    TurnId, Webhook, WebhookId, WebhookRequest,
+    ScheduleId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool, ToolCount, ToolName,
+    Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
@@ -124,6 +124,7 @@ faulty!(ActionLog {
     fn get_action(&self, agent: &AgentId, id: &ActionId) -> Option<Action>;
     fn list_actions(&self, agent: &AgentId, limit: usize) -> Vec<Action>;
     fn actions_between(&self, agent: &AgentId, after: &EventCursor, through: &EventCursor, limit: usize) -> Vec<Action>;
+    fn tool_counts(&self, from: Timestamp, through: Timestamp, agent: Option<&AgentId>) -> Vec<ToolCount>;
 });
 
 faulty!(ToolRegistry {

@@ -1017,6 +1017,114 @@ async fn actions(kind: Kind) {
     );
 }
 
+on_both_backends!(
+    each_finished_call_is_counted_by_its_hour_and_settling_moves_it,
+    tool_counts
+);
+async fn tool_counts(kind: Kind) {
+    use pulse_shared::domain::{ToolCount, bucket_of, hour_of};
+    let b = Backend::new(kind).await;
+    let (scout, first) = b.agent("scout", "15m").await;
+    let (other, other_beat) = b.agent("other", "15m").await;
+    let start = b.now();
+    // Finishes one call of `tool` by `agent` with `status`, taking `ms`.
+    async fn call(
+        b: &Backend,
+        agent: &pulse_shared::domain::Agent,
+        beat: &pulse_shared::domain::Heartbeat,
+        status: ActionStatus,
+        ms: Option<u64>,
+    ) -> Action {
+        let event = b.emit(agent, "A", json!({})).await;
+        let tool = ToolName::parse("alpha").unwrap();
+        let mut action = running_action(b, beat, &event, &tool, json!({}));
+        assert!(b.store.start_action(&action).await.unwrap().is_none());
+        action.status = status;
+        action.duration_ms = ms;
+        b.store
+            .finish_action(&action, &[], Writer::Session)
+            .await
+            .unwrap();
+        action
+    }
+    call(&b, &scout, &first, ActionStatus::Completed, Some(100)).await;
+    call(&b, &scout, &first, ActionStatus::Failed, Some(2_000)).await;
+    let unknown = call(&b, &scout, &first, ActionStatus::Unknown, None).await;
+    // A cancelled run made no call.
+    call(&b, &scout, &first, ActionStatus::Cancelled, Some(5)).await;
+    call(&b, &other, &other_beat, ActionStatus::Completed, Some(100)).await;
+    // A day and an hour later (another day's partition on DynamoDB).
+    b.advance(SignedDuration::from_hours(25));
+    call(&b, &scout, &first, ActionStatus::Completed, Some(100)).await;
+
+    let read = |from, agent: Option<AgentId>| {
+        let b = &b;
+        async move {
+            let mut got = b
+                .store
+                .tool_counts(from, b.now(), agent.as_ref())
+                .await
+                .unwrap();
+            got.sort_by(|x, y| (x.hour, &x.agent_id).cmp(&(y.hour, &y.agent_id)));
+            got
+        }
+    };
+    let outcomes = |c: &ToolCount| (c.agent_id.clone(), c.hour, c.succeeded, c.failed, c.unknown);
+    let h0 = hour_of(start);
+    let mut want = vec![
+        (scout.id.clone(), h0, 1, 1, 1),
+        (other.id.clone(), h0, 1, 0, 0),
+        (scout.id.clone(), h0 + 25, 1, 0, 0),
+    ];
+    want[..2].sort_by(|x, y| x.0.cmp(&y.0));
+    let all = read(start, None).await;
+    assert_eq!(all.iter().map(outcomes).collect::<Vec<_>>(), want);
+    let first_hour = all.iter().find(|c| c.agent_id == scout.id).unwrap();
+    assert_eq!(first_hour.tool, "alpha");
+    assert_eq!(
+        first_hour.times,
+        [(bucket_of(100), 1), (bucket_of(2_000), 1)].into()
+    );
+    // A window from the next hour holds only the later call; an agent only its own.
+    let later = read(
+        start + SignedDuration::from_hours(1),
+        Some(scout.id.clone()),
+    )
+    .await;
+    assert_eq!(
+        later.iter().map(outcomes).collect::<Vec<_>>(),
+        vec![(scout.id.clone(), h0 + 25, 1, 0, 0)]
+    );
+    let theirs = read(start, Some(other.id.clone())).await;
+    assert_eq!(
+        theirs.iter().map(outcomes).collect::<Vec<_>>(),
+        vec![(other.id.clone(), h0, 1, 0, 0)]
+    );
+
+    // Settled, the unknown call moves to its outcome in its own hour; only once.
+    let mut settled = unknown.clone();
+    settled.status = ActionStatus::Completed;
+    assert!(b.store.settle_action(&settled, 1).await.unwrap());
+    assert!(!b.store.settle_action(&settled, 1).await.unwrap());
+    let scout_first = |all: Vec<ToolCount>| {
+        all.into_iter()
+            .find(|c| c.agent_id == scout.id && c.hour == h0)
+            .map(|c| (c.succeeded, c.failed, c.unknown))
+    };
+    assert_eq!(scout_first(read(start, None).await), Some((2, 1, 0)));
+
+    // Deleting an agent deletes its counts, not another's.
+    b.store.purge_agent(&scout.id, true).await.unwrap();
+    assert_eq!(
+        read(start, None)
+            .await
+            .iter()
+            .map(outcomes)
+            .collect::<Vec<_>>(),
+        vec![(other.id.clone(), h0, 1, 0, 0)]
+    );
+}
+
 /// A pause, or an action's outcome, written from outside the agent's session (an
 /// operator's verb) that reaches the database later than the write deadline after its
 /// event's stamp is refused with nothing written, as a single event from outside is: a

@@ -1380,13 +1380,14 @@ async fn retry_from_the_tab(kind: Kind) {
         (stored.status, stored.attempt),
         (ActionStatus::Completed, 2)
     );
-    // The Tools tab counts it in the agent's tool health.
+    // The Tools tab counts it in the agent's tool health: each attempt is a call, the
+    // first failed and the second succeeded.
     let tools = u.get(&format!("{base}/tools")).await.body;
     let at = tools.find("id=\"tool-stats\"").expect("a health table");
     let row = &tools[at..];
     let row = &row[row.find("<td>mailer</td>").expect("a row for the mailer")..];
     assert!(
-        row.starts_with("<td>mailer</td><td>1</td><td>1</td>"),
+        row.starts_with("<td>mailer</td><td>2</td><td>1</td>"),
         "{row}"
     );
 }

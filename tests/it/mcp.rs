@@ -429,7 +429,7 @@ async fn recorded(kind: Kind) {
     assert_eq!(body["action_id"], a.id.as_str());
     // The stats count it under the server and its tool.
     let since = r.b.now() - jiff::SignedDuration::from_hours(1);
-    let stats = pulse_shared::engine::actions::tool_stats(r.b.store.as_ref(), since)
+    let stats = pulse_shared::engine::actions::tool_stats(r.b.store.as_ref(), since, r.b.now())
         .await
         .unwrap();
     let row = stats.iter().find(|s| s.tool == "cal/add").expect("a row");

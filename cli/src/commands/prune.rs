@@ -106,11 +106,14 @@ fn print(report: &PruneReport, apply: bool, retention: String, sqlite: bool) {
         ),
         (p.hook_deliveries, "hook deliveries and attempts"),
         (p.webhook_records, "webhook log entries and replay keys"),
+        (p.tool_counts, "hourly tool call counts past their 90 days"),
     ] {
         outln!("  {n:>8}  {what}");
     }
     if !sqlite {
-        outln!("  hook deliveries and webhook logs on DynamoDB expire by TTL, written with them");
+        outln!(
+            "  hook deliveries, webhook logs and tool call counts on DynamoDB expire by TTL, written with them"
+        );
     }
     for (agent, e) in &report.failed {
         outln!("  {agent}: not pruned: {e}");

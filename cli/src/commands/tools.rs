@@ -339,8 +339,10 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
         ToolsPlan::AddMcp(tool) => super::mcp::add(*tool, cx).await?,
         ToolsPlan::Refresh(name) => super::mcp::refresh(&name, cx).await?,
         ToolsPlan::Stats(since) => {
-            let since = since.at(cx.clock.now());
-            let stats = pulse_shared::engine::actions::tool_stats(b.store.as_ref(), since).await?;
+            let now = cx.clock.now();
+            let stats =
+                pulse_shared::engine::actions::tool_stats(b.store.as_ref(), since.at(now), now)
+                    .await?;
             let ms = |v: Option<u64>| v.map_or("-".into(), duration_ms);
             out.table(
                 &stats,
@@ -350,7 +352,6 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                     "SUCCEEDED",
                     "FAILED",
                     "UNKNOWN",
-                    "RUNNING",
                     "P50",
                     "P95",
                 ],
@@ -361,7 +362,6 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
                         s.succeeded.to_string(),
                         s.failed.to_string(),
                         s.unknown.to_string(),
-                        s.running.to_string(),
                         ms(s.p50_ms),
                         ms(s.p95_ms),
                     ]

@@ -23,6 +23,7 @@ mod task;
 mod time;
 mod token;
 mod tool;
+mod tool_count;
 mod unreadable;
 mod webhook;
 mod webhook_request;
@@ -86,6 +87,7 @@ pub use tool::{
     HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
     builtin_tools, clipped,
 };
+pub use tool_count::{COUNT_DAYS, CountChange, ToolCount, bucket_ms, bucket_of, hour_of};
 pub use unreadable::Unreadable;
 pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};
 pub use webhook_request::{

@@ -2,7 +2,9 @@
 //! heartbeat agent's SKIPPED runs, which an idle heartbeat keeps on its own record
 //! ([`Heartbeat::skipped`]) rather than as an action and an event of their own.
 
-use crate::domain::{Action, ActionId, AgentId, EventCursor, Heartbeat};
+use crate::domain::{
+    Action, ActionId, AgentId, COUNT_DAYS, EventCursor, Heartbeat, ToolCount, bucket_ms,
+};
 use crate::error::StoreError;
 use crate::ports::Store;
 
@@ -151,95 +153,125 @@ pub async fn settle(
     Ok(settled)
 }
 
-/// Most actions read per agent for [`tool_stats`].
-pub const STATS_SCAN: usize = 5_000;
-
 /// How one tool fared: its calls since a time, by outcome, and how long they took.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct ToolStats {
     /// The tool.
     pub tool: String,
-    /// Calls started in the window.
-    pub calls: usize,
+    /// Calls started in the window that have finished (a running call is counted
+    /// when it ends; cancelled and skipped runs are no calls).
+    pub calls: u64,
     /// Completed.
-    pub succeeded: usize,
-    /// Failed (cancelled and skipped runs are not counted as calls).
-    pub failed: usize,
+    pub succeeded: u64,
+    /// Failed.
+    pub failed: u64,
     /// Whose outcome is not known.
-    pub unknown: usize,
-    /// Still running.
-    pub running: usize,
-    /// Median time of the finished calls, in milliseconds.
+    pub unknown: u64,
+    /// Median time of the calls, in milliseconds (within 10 %: read from buckets).
     pub p50_ms: Option<u64>,
     /// 95th percentile, in milliseconds.
     pub p95_ms: Option<u64>,
 }
 
-/// Every tool's calls started since `since`, over every agent's latest
-/// [`STATS_SCAN`] actions, by tool name (a model's MCP calls by `server/tool`).
+/// Every tool's calls started from the hour `since` falls in through `now`, over every
+/// agent, by tool name (a model's MCP calls by `server/tool`): the sums of the counts
+/// written with the actions, so the window is exact however many calls it holds, and
+/// a fleet's figures cost one read a day. A window reaches back [`COUNT_DAYS`] days at
+/// most.
 pub async fn tool_stats(
     store: &dyn Store,
     since: jiff::Timestamp,
+    now: jiff::Timestamp,
 ) -> Result<Vec<ToolStats>, StoreError> {
-    let mut tally = Tally::default();
-    for agent in store.list_agents().await? {
-        tally.add(store.list_actions(&agent.id, STATS_SCAN).await?, since);
-    }
-    Ok(tally.stats())
+    let since = since.max(now - jiff::SignedDuration::from_hours(COUNT_DAYS * 24));
+    Ok(sum(store.tool_counts(since, now, None).await?))
 }
 
-/// [`tool_stats`] for one agent: one read of its latest [`STATS_SCAN`] actions.
+/// [`tool_stats`] for one agent.
 pub async fn agent_tool_stats(
     store: &dyn Store,
     agent: &AgentId,
     since: jiff::Timestamp,
+    now: jiff::Timestamp,
 ) -> Result<Vec<ToolStats>, StoreError> {
-    let mut tally = Tally::default();
-    tally.add(store.list_actions(agent, STATS_SCAN).await?, since);
-    Ok(tally.stats())
+    let since = since.max(now - jiff::SignedDuration::from_hours(COUNT_DAYS * 24));
+    Ok(sum(store.tool_counts(since, now, Some(agent)).await?))
 }
 
-/// Calls counted by tool, with their times.
-#[derive(Default)]
-struct Tally(std::collections::BTreeMap<String, (ToolStats, Vec<u64>)>);
+/// Hourly counts added up by tool, percentiles read from their time buckets.
+fn sum(counts: Vec<ToolCount>) -> Vec<ToolStats> {
+    use std::collections::BTreeMap;
+    let mut by_tool: BTreeMap<String, (ToolStats, BTreeMap<u8, u64>)> = BTreeMap::new();
+    for c in counts {
+        let (s, times) = by_tool.entry(c.tool.clone()).or_default();
+        s.tool = c.tool;
+        s.succeeded += c.succeeded.max(0) as u64;
+        s.failed += c.failed.max(0) as u64;
+        s.unknown += c.unknown.max(0) as u64;
+        for (b, n) in c.times {
+            *times.entry(b).or_default() += n.max(0) as u64;
+        }
+    }
+    by_tool
+        .into_values()
+        .filter_map(|(mut s, times)| {
+            s.calls = s.succeeded + s.failed + s.unknown;
+            let timed: u64 = times.values().sum();
+            let at = |q: f64| {
+                let rank = ((timed as f64 * q).ceil() as u64).clamp(1, timed.max(1));
+                let mut seen = 0;
+                times.iter().find_map(|(b, n)| {
+                    seen += n;
+                    (seen >= rank).then(|| bucket_ms(*b))
+                })
+            };
+            if timed > 0 {
+                s.p50_ms = at(0.5);
+                s.p95_ms = at(0.95);
+            }
+            (s.calls > 0).then_some(s)
+        })
+        .collect()
+}
 
-impl Tally {
-    fn add(&mut self, actions: Vec<Action>, since: jiff::Timestamp) {
-        use crate::domain::ActionStatus;
-        for a in actions {
-            if a.started_at < since
-                || matches!(a.status, ActionStatus::Cancelled | ActionStatus::Skipped)
-            {
-                continue;
-            }
-            let label = a.label();
-            let (s, times) = self.0.entry(label.clone()).or_default();
-            s.tool = label;
-            s.calls += 1;
-            match a.status {
-                ActionStatus::Completed => s.succeeded += 1,
-                ActionStatus::Failed => s.failed += 1,
-                ActionStatus::Unknown => s.unknown += 1,
-                _ => s.running += 1,
-            }
-            times.extend(a.duration_ms);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::bucket_of;
+
+    fn count(tool: &str, hour: i64, ok: i64, times: &[(u64, i64)]) -> ToolCount {
+        ToolCount {
+            hour,
+            agent_id: AgentId::generate(),
+            tool: tool.into(),
+            succeeded: ok,
+            failed: 0,
+            unknown: 0,
+            times: times.iter().map(|(ms, n)| (bucket_of(*ms), *n)).collect(),
         }
     }
 
-    fn stats(self) -> Vec<ToolStats> {
-        self.0
-            .into_values()
-            .map(|(mut s, mut times)| {
-                times.sort_unstable();
-                let at = |q: f64| {
-                    (!times.is_empty()).then(|| {
-                        times[((times.len() as f64 * q).ceil() as usize).clamp(1, times.len()) - 1]
-                    })
-                };
-                s.p50_ms = at(0.5);
-                s.p95_ms = at(0.95);
-                s
-            })
-            .collect()
+    #[test]
+    fn hours_add_up_by_tool_and_percentiles_come_from_the_buckets() {
+        let stats = sum(vec![
+            count("a", 1, 90, &[(100, 90)]),
+            count("a", 2, 10, &[(2_000, 10)]),
+            count("b", 1, 1, &[]),
+            // An hour whose only call was settled away from unknown: no calls left.
+            ToolCount {
+                unknown: 0,
+                ..count("c", 1, 0, &[])
+            },
+        ]);
+        assert_eq!(stats.len(), 2, "{stats:?}");
+        let a = &stats[0];
+        assert_eq!((a.tool.as_str(), a.calls, a.succeeded), ("a", 100, 100));
+        let near = |got: Option<u64>, want: f64| {
+            let got = got.expect("a percentile") as f64;
+            assert!((got - want).abs() / want < 0.1, "{got} is not near {want}");
+        };
+        near(a.p50_ms, 100.0);
+        near(a.p95_ms, 2_000.0);
+        assert_eq!((stats[1].calls, stats[1].p50_ms), (1, None));
     }
 }

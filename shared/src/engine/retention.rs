@@ -59,6 +59,7 @@ pub async fn prune(
                 conversation = p.conversation,
                 hook_deliveries = p.hook_deliveries,
                 webhook_records = p.webhook_records,
+                tool_counts = p.tool_counts,
                 bytes_before = reclaimed.bytes_before,
                 bytes_after = reclaimed.bytes_after,
                 "pruned records past their retention"

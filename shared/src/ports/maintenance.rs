@@ -22,6 +22,9 @@ pub struct Pruned {
     pub hook_deliveries: u64,
     /// Webhook request log entries and replay keys past their memory.
     pub webhook_records: u64,
+    /// Hourly tool call counts older than [`COUNT_DAYS`](crate::domain::COUNT_DAYS)
+    /// (on DynamoDB they expire by TTL).
+    pub tool_counts: u64,
 }
 
 impl Pruned {
@@ -33,6 +36,7 @@ impl Pruned {
             + self.conversation
             + self.hook_deliveries
             + self.webhook_records
+            + self.tool_counts
     }
 }
 
@@ -44,6 +48,7 @@ impl std::ops::AddAssign for Pruned {
         self.conversation += o.conversation;
         self.hook_deliveries += o.hook_deliveries;
         self.webhook_records += o.webhook_records;
+        self.tool_counts += o.tool_counts;
     }
 }
 

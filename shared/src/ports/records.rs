@@ -9,7 +9,7 @@ use crate::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, AgentId, ApiToken, ConversationMessage, Event,
     EventCursor, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory,
     MemoryId, Registry, Schedule, ScheduleId, SignalId, Subscription, SubscriptionId, TokenId,
-    Tool, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    Tool, ToolCount, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -71,6 +71,16 @@ pub trait ActionLog: Send + Sync {
         through: &EventCursor,
         limit: usize,
     ) -> Result<Vec<Action>, StoreError>;
+    /// The hourly call counts of every agent's tools (only `agent`'s, when given) from
+    /// the hour `from` falls in through the hour `through` falls in. Each finished or
+    /// settled action updates its tool's count in the same write
+    /// ([`CountChange`](crate::domain::CountChange)).
+    async fn tool_counts(
+        &self,
+        from: jiff::Timestamp,
+        through: jiff::Timestamp,
+        agent: Option<&AgentId>,
+    ) -> Result<Vec<ToolCount>, StoreError>;
 }
 
 /// Tools and subscriptions.

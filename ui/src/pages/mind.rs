@@ -262,8 +262,10 @@ pub(crate) async fn tools(
         .collect();
     subs.sort_by(|a, b| (&a.event_type, a.order, &a.tool).cmp(&(&b.event_type, b.order, &b.tool)));
     let back = format!("/ui/agents/{}/tools", agent.id);
-    let since = d.0.clock.now() - jiff::SignedDuration::from_hours(24);
-    let stats = engine::actions::agent_tool_stats(d.0.store.as_ref(), &agent.id, since).await?;
+    let now = d.0.clock.now();
+    let since = now - jiff::SignedDuration::from_hours(24);
+    let stats =
+        engine::actions::agent_tool_stats(d.0.store.as_ref(), &agent.id, since, now).await?;
     Ok(agent_page(
         &agent,
         Tab::Tools,

@@ -18,9 +18,13 @@
 //! | daily spend ledger entry | `AG#<agent>` | `SP#<day>#<source>` (expires after a week) |
 //! | schedule (reminder) | `AG#<agent>` | `SC#<schedule id>` |
 //! | Discord channel's agent | `CH#<channel id>` | `CH` |
+//! | a tool's calls in an hour | `TC#<day>` | `<agent>#<hour, 8 digits>#<tool>` (expires after 90 days) |
 //!
 //! Webhooks, their request logs, delivery ids and counters: see `webhooks.rs`. Outbound
 //! hooks, their deliveries and attempts: see `hooks.rs`.
+//!
+//! Tool call counts are filed by day, not by agent: the fleet's figures for a window
+//! are one Query a day, one agent's a `begins_with` on the same keys.
 //!
 //! `EV~` sorts after every `EV#…` key, so the one Query that reads a heartbeat's event
 //! window also returns the agent's live record at its end: a heartbeat cycle costs one
@@ -64,6 +68,20 @@ pub(super) fn heartbeat_sk(beat: u64) -> String {
 
 pub(super) fn action_sk(a: &Action) -> String {
     format!("AC#{}#{}", a.event_id, a.tool)
+}
+
+/// The partition of the tool call counts of the day `hour` (hours since 1970) is in.
+pub(super) fn tool_count_pk(hour: i64) -> String {
+    let day = hour.div_euclid(24) * 86_400;
+    let date = jiff::Timestamp::from_second(day)
+        .map(|t| t.to_zoned(jiff::tz::TimeZone::UTC).date().to_string())
+        .unwrap_or_else(|_| day.to_string());
+    format!("TC#{date}")
+}
+
+/// The sort key of an agent's counts of one tool in one hour.
+pub(super) fn tool_count_sk(agent: &AgentId, hour: i64, tool: &str) -> String {
+    format!("{agent}#{hour:08}#{tool}")
 }
 
 pub(super) fn due_shard(agent: &AgentId) -> String {

@@ -4,7 +4,7 @@
 use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
-use crate::domain::{AgentId, HookId, Subscription};
+use crate::domain::{AgentId, EventId, HookId, Subscription};
 use crate::error::StoreError;
 use crate::ports::{AgentStore, Footprint};
 
@@ -26,6 +26,7 @@ impl DynamoStore {
         let mut doomed = Doomed::default();
         let mut hooks = Vec::new();
         let mut other = 0;
+        let mut action_hours = std::collections::BTreeSet::new();
         for k in self.partition_keys(op, &pk).await? {
             let sk = k
                 .get("sk")
@@ -36,7 +37,12 @@ impl DynamoStore {
                 "EV~" => &mut other,
                 "EV" => &mut f.events,
                 "HB" => &mut f.heartbeats,
-                "AC" => &mut f.actions,
+                "AC" => {
+                    if let Some(event) = sk.split('#').nth(1).and_then(|e| EventId::parse(e).ok()) {
+                        action_hours.insert((event.timestamp_ms() / 3_600_000) as i64);
+                    }
+                    &mut f.actions
+                }
                 "TN" | "MS" | "SG" => &mut f.conversation,
                 "ME" => &mut f.memories,
                 "SP" => &mut f.usage,
@@ -84,6 +90,25 @@ impl DynamoStore {
             if sub.agent_id.as_ref() == Some(id) {
                 f.subscriptions += 1;
                 doomed.first.push(key(REGISTRY_PK, format!("S#{}", sub.id)));
+            }
+        }
+        // Its tool call counts, filed by the day a call started: the days of the
+        // actions it still has and the next (a call starts within a day of its event
+        // unless its agent was paused), one Query each, so that deleting an agent costs
+        // in proportion to what it kept. Counts of days whose actions retention has
+        // already pruned (or of a call started after a long pause) are left to their
+        // TTL, at most COUNT_DAYS days: numbers and tool names, no content.
+        let days: std::collections::BTreeSet<i64> = action_hours
+            .iter()
+            .flat_map(|h| [h.div_euclid(24), h.div_euclid(24) + 1])
+            .collect();
+        let prefix = format!("{id}#");
+        for day in days {
+            let pk = tool_count_pk(day * 24);
+            for item in self.query_prefix(op, &pk, &prefix, false, None).await? {
+                if let Some(sk) = item.get("sk").and_then(|v| v.as_s().ok()) {
+                    doomed.rest.push(key(pk.clone(), sk.clone()));
+                }
             }
         }
         doomed.first.push(key(DIRECTORY_PK, id.to_string()));

@@ -6,7 +6,9 @@ use rusqlite::params;
 use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::{CachedExecute, SqliteStore, sqlite_err};
-use crate::domain::{Action, ActionId, AgentId, Event, EventCursor};
+use crate::domain::{
+    Action, ActionId, AgentId, CountChange, Event, EventCursor, ToolCount, hour_of,
+};
 use crate::error::StoreError;
 use crate::ports::{ActionLog, Writer};
 
@@ -60,6 +62,7 @@ impl ActionLog for SqliteStore {
             expected_attempt,
             "status = 'RUNNING'",
             "restart action",
+            None,
         )
         .await
     }
@@ -74,6 +77,7 @@ impl ActionLog for SqliteStore {
             expected_attempt,
             "status <> 'RUNNING'",
             "retry action",
+            None,
         )
         .await
     }
@@ -88,6 +92,7 @@ impl ActionLog for SqliteStore {
             expected_attempt,
             "status = 'UNKNOWN'",
             "settle action",
+            CountChange::settled(action),
         )
         .await
     }
@@ -115,6 +120,9 @@ impl ActionLog for SqliteStore {
                         "action {} is no longer RUNNING at attempt {}; another run took it over",
                         action.id, action.attempt
                     )));
+                }
+                if let Some(change) = CountChange::finished(&action) {
+                    add_count(&tx, &change).map_err(&op)?;
                 }
                 for e in &new_events {
                     upsert_event(&tx, e, deadline.as_ref())?;
@@ -180,17 +188,80 @@ impl ActionLog for SqliteStore {
             })
             .await
     }
+
+    async fn tool_counts(
+        &self,
+        from: jiff::Timestamp,
+        through: jiff::Timestamp,
+        agent: Option<&AgentId>,
+    ) -> Result<Vec<ToolCount>, StoreError> {
+        let (from, through) = (hour_of(from), hour_of(through));
+        let agent = agent.map(|a| a.as_str().to_owned());
+        self.db
+            .call("read tool counts", move |conn| {
+                let op = sqlite_err("read tool counts");
+                let mut counts = std::collections::BTreeMap::new();
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT hour, agent_id, tool, succeeded, failed, unknown FROM tool_counts \
+                         WHERE hour BETWEEN ?1 AND ?3 AND (?2 IS NULL OR agent_id = ?2)",
+                    )
+                    .map_err(&op)?;
+                let mut rows = stmt.query(params![from, agent, through]).map_err(&op)?;
+                while let Some(r) = rows.next().map_err(&op)? {
+                    let key: (i64, String, String) = (
+                        r.get(0).map_err(&op)?,
+                        r.get(1).map_err(&op)?,
+                        r.get(2).map_err(&op)?,
+                    );
+                    let count = ToolCount {
+                        hour: key.0,
+                        agent_id: AgentId::parse(&key.1)
+                            .map_err(|e| StoreError::corrupt("tool_counts", e))?,
+                        tool: key.2.clone(),
+                        succeeded: r.get(3).map_err(&op)?,
+                        failed: r.get(4).map_err(&op)?,
+                        unknown: r.get(5).map_err(&op)?,
+                        times: Default::default(),
+                    };
+                    counts.insert(key, count);
+                }
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT hour, agent_id, tool, bucket, calls FROM tool_times \
+                         WHERE hour BETWEEN ?1 AND ?3 AND (?2 IS NULL OR agent_id = ?2)",
+                    )
+                    .map_err(&op)?;
+                let mut rows = stmt.query(params![from, agent, through]).map_err(&op)?;
+                while let Some(r) = rows.next().map_err(&op)? {
+                    let key: (i64, String, String) = (
+                        r.get(0).map_err(&op)?,
+                        r.get(1).map_err(&op)?,
+                        r.get(2).map_err(&op)?,
+                    );
+                    if let Some(count) = counts.get_mut(&key) {
+                        count
+                            .times
+                            .insert(r.get(3).map_err(&op)?, r.get(4).map_err(&op)?);
+                    }
+                }
+                Ok(counts.into_values().collect())
+            })
+            .await
+    }
 }
 
 impl SqliteStore {
     /// Writes `action` over the stored one if that is at `expected_attempt` and its
-    /// status passes `status` (`status = 'RUNNING'`, or `<>`); false otherwise.
+    /// status passes `status` (`status = 'RUNNING'`, or `<>`), and adds `change` to its
+    /// tool's counts in the same transaction; false otherwise.
     async fn replace_action(
         &self,
         action: &Action,
         expected_attempt: u32,
         status: &'static str,
         op: &'static str,
+        change: Option<CountChange>,
     ) -> Result<bool, StoreError> {
         let action = action.clone();
         let sql = format!(
@@ -198,7 +269,8 @@ impl SqliteStore {
         );
         self.db
             .call(op, move |conn| {
-                let n = conn
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
+                let n = tx
                     .exec(
                         &sql,
                         params![
@@ -210,8 +282,60 @@ impl SqliteStore {
                         ],
                     )
                     .map_err(sqlite_err(op))?;
+                if n == 1
+                    && let Some(change) = &change
+                {
+                    add_count(&tx, change).map_err(sqlite_err(op))?;
+                }
+                tx.commit().map_err(sqlite_err(op))?;
                 Ok(n == 1)
             })
             .await
     }
+}
+
+/// Adds one write's change to its tool's hourly counts.
+fn add_count(conn: &rusqlite::Connection, c: &CountChange) -> rusqlite::Result<()> {
+    conn.exec(
+        "INSERT INTO tool_counts (hour, agent_id, tool, succeeded, failed, unknown) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (hour, agent_id, tool) DO UPDATE SET \
+         succeeded = succeeded + excluded.succeeded, failed = failed + excluded.failed, \
+         unknown = unknown + excluded.unknown",
+        params![
+            c.hour,
+            c.agent_id.as_str(),
+            c.tool,
+            c.succeeded,
+            c.failed,
+            c.unknown
+        ],
+    )?;
+    if let Some(bucket) = c.time {
+        conn.exec(
+            "INSERT INTO tool_times (hour, agent_id, tool, bucket, calls) \
+             VALUES (?1, ?2, ?3, ?4, 1) ON CONFLICT (hour, agent_id, tool, bucket) \
+             DO UPDATE SET calls = calls + 1",
+            params![c.hour, c.agent_id.as_str(), c.tool, bucket],
+        )?;
+    }
+    Ok(())
+}
+
+/// Counts the calls already in the action log, for a file that had no counts (the
+/// migration to version 14). A record that does not read is not counted.
+pub(super) fn count_logged_calls(conn: &rusqlite::Connection) -> Result<(), StoreError> {
+    let op = sqlite_err("migrate schema");
+    let mut stmt = conn
+        .prepare("SELECT doc FROM actions WHERE status IN ('COMPLETED', 'FAILED', 'UNKNOWN')")
+        .map_err(&op)?;
+    let mut rows = stmt.query([]).map_err(&op)?;
+    while let Some(row) = rows.next().map_err(&op)? {
+        let doc: String = row.get(0).map_err(&op)?;
+        if let Ok(action) = serde_json::from_str::<Action>(&doc)
+            && let Some(change) = CountChange::finished(&action)
+        {
+            add_count(conn, &change).map_err(&op)?;
+        }
+    }
+    Ok(())
 }

@@ -400,9 +400,11 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         let path = std::path::Path::new(":memory:");
         super::super::schema::migrate(&conn, path).unwrap();
-        // A file of the version before, holding a record that is not JSON.
+        // A file of version 12 (before the listing's indexes and the tool counts),
+        // holding a record that is not JSON.
         conn.execute_batch(
-            "DROP INDEX agents_by_state; DROP INDEX agents_by_age; PRAGMA user_version = 12;
+            "DROP INDEX agents_by_state; DROP INDEX agents_by_age;
+             DROP TABLE tool_counts; DROP TABLE tool_times; PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
         .unwrap();
@@ -410,7 +412,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 13);
+        assert_eq!(version, 14);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

@@ -97,8 +97,14 @@ pub(super) fn purge(
         *count(&mut footprint) += n;
     }
     if apply {
-        // The memories' version goes with them (counted as memories).
-        for table in ["memory_versions", "discord_channels"] {
+        // The memories' version goes with them (counted as memories); its tool call
+        // counts too (sums of its actions, not counted again).
+        for table in [
+            "memory_versions",
+            "discord_channels",
+            "tool_counts",
+            "tool_times",
+        ] {
             tx.exec(
                 &format!("DELETE FROM {table} WHERE agent_id = ?1"),
                 [id.as_str()],

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use rusqlite::{Connection, ToSql};
 
 use super::{SqliteStore, sqlite_err};
-use crate::domain::{AgentId, EventCursor, first_id_at, to_ms};
+use crate::domain::{AgentId, COUNT_DAYS, EventCursor, first_id_at, hour_of, to_ms};
 use crate::error::StoreError;
 use crate::ports::{Maintenance, PRUNE_BATCH, Pruned, Reclaimed};
 
@@ -103,6 +103,18 @@ fn doomed() -> Vec<Doomed> {
             &format!("webhook_id IN {WEBHOOKS} AND expires_ms < :now"),
             |p| &mut p.webhook_records,
         ),
+        d(
+            "tool_times",
+            "hour, agent_id, tool, bucket",
+            "agent_id = :agent AND hour < :counts_to",
+            |p| &mut p.tool_counts,
+        ),
+        d(
+            "tool_counts",
+            "hour, agent_id, tool",
+            "agent_id = :agent AND hour < :counts_to",
+            |p| &mut p.tool_counts,
+        ),
     ]
 }
 
@@ -119,10 +131,12 @@ struct Bounds {
     /// Request log entries sort before this when received before the horizon.
     requests_to: String,
     now: i64,
+    /// Tool call counts of hours before this are past [`COUNT_DAYS`].
+    counts_to: i64,
 }
 
 impl Bounds {
-    fn params(&self) -> [(&'static str, &dyn ToSql); 6] {
+    fn params(&self) -> [(&'static str, &dyn ToSql); 7] {
         [
             (":agent", &self.agent),
             (":events_to", &self.events_to),
@@ -130,6 +144,7 @@ impl Bounds {
             (":turns_to", &self.turns_to),
             (":requests_to", &self.requests_to),
             (":now", &self.now),
+            (":counts_to", &self.counts_to),
         ]
     }
 }
@@ -242,6 +257,7 @@ impl Maintenance for SqliteStore {
             turns_to: first_id_at("tn_", horizon),
             requests_to: first_id_at("wr_", horizon),
             now: to_ms(now),
+            counts_to: hour_of(now) - COUNT_DAYS * 24,
         });
         let mut pruned = Pruned::default();
         for rows in doomed() {

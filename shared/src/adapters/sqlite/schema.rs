@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 13;
+const SCHEMA_VERSION: i64 = 14;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -341,6 +341,31 @@ const SCHEMA_V13: &str = concat!(
     "));\n"
 );
 
+/// Version 14: each tool's calls counted by the hour as they are written (what `tools
+/// stats` adds up), their times in buckets beside them. The migration counts the calls
+/// already in the action log.
+const SCHEMA_V14: &str = r#"
+CREATE TABLE tool_counts (
+    hour       INTEGER NOT NULL,
+    agent_id   TEXT NOT NULL,
+    tool       TEXT NOT NULL,
+    succeeded  INTEGER NOT NULL,
+    failed     INTEGER NOT NULL,
+    unknown    INTEGER NOT NULL,
+    PRIMARY KEY (hour, agent_id, tool)
+) WITHOUT ROWID;
+CREATE INDEX tool_counts_by_agent ON tool_counts (agent_id, hour);
+CREATE TABLE tool_times (
+    hour      INTEGER NOT NULL,
+    agent_id  TEXT NOT NULL,
+    tool      TEXT NOT NULL,
+    bucket    INTEGER NOT NULL,
+    calls     INTEGER NOT NULL,
+    PRIMARY KEY (hour, agent_id, tool, bucket)
+) WITHOUT ROWID;
+CREATE INDEX tool_times_by_agent ON tool_times (agent_id, hour);
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -397,6 +422,10 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 13 {
             conn.execute_batch(SCHEMA_V13).map_err(&err)?;
+        }
+        if version < 14 {
+            conn.execute_batch(SCHEMA_V14).map_err(&err)?;
+            super::actions::count_logged_calls(conn)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
