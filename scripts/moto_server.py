@@ -1,7 +1,8 @@
-"""Starts moto's server with four fixes for testing: requests to each emulated service
-run one at a time, a DynamoDB transaction or query no longer reads whole tables, and,
-with IAM switched on, requests are authorised against the resources they name, as AWS
-authorises them (below).
+"""Starts moto's server with four fixes for testing and two bounds: requests to each
+emulated service run one at a time, a DynamoDB transaction or query no longer reads
+whole tables, and, with IAM switched on, requests are authorised against the resources
+they name, as AWS authorises them (below); its memory is bounded, and it ends when told
+to or when the process that started it ends (at the end).
 
 moto's DynamoDB TransactWriteItems deep-copies the table for rollback without a lock, so a
 concurrent write to the same table crashes it ("dictionary changed size during
@@ -10,12 +11,38 @@ concurrently, so the tests would trip over it. moto is bound by Python's GIL any
 serialising its request handlers costs little.
 
 Usage: python scripts/moto_server.py -H 127.0.0.1 -p PORT
-(PULSE_MOTO_DENIALS=FILE: append each IAM refusal to FILE, as `user<TAB>action<TAB>resource`.)
+(PULSE_MOTO_DENIALS=FILE: append each IAM refusal to FILE, as `user<TAB>action<TAB>resource`;
+PULSE_MOTO_MAX_RSS_MB=N: the memory bound, default 2048; PULSE_MOTO_DETACHED=1: keep
+running after the process that started it ends.)
 """
 
+import os
 import threading
 
-from moto.core import responses
+
+def _end_with_parent():
+    """The kernel sends this process SIGKILL when the one that started it ends (Linux's
+    PR_SET_PDEATHSIG), set first, before moto's imports take their seconds. Returns the
+    parent's id, which the watchdog at the end also keeps an eye on."""
+    parent = os.getppid()
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))
+    except (OSError, AttributeError):
+        pass  # not Linux: the watchdog still sees the parent go
+    if os.getppid() != parent:
+        os._exit(0)  # it ended before this was set
+    return parent
+
+
+# PULSE_MOTO_DETACHED=1 leaves it running after the process that started it (a server
+# started by hand from a script that ends): its memory bound still holds.
+_DETACHED = os.environ.get("PULSE_MOTO_DETACHED") == "1"
+_PARENT = _end_with_parent() if __name__ == "__main__" and not _DETACHED else None
+
+from moto.core import responses  # noqa: E402
 
 _lock = threading.Lock()
 _call_action = responses.BaseResponse.call_action
@@ -144,8 +171,6 @@ _Table.query = _query_reading_what_it_needs
 # (every table of a batch), the parameter path, the event bus; and a transaction as the
 # actions of its items (a TransactWriteItems needs PutItem, UpdateItem, DeleteItem or
 # ConditionCheckItem on each item's table; there is no IAM action of its own).
-import os  # noqa: E402
-
 from moto import settings as _settings  # noqa: E402
 from moto.core.exceptions import AccessDeniedError as _AccessDenied  # noqa: E402
 from moto.core.exceptions import JsonRESTError as _JsonError  # noqa: E402
@@ -258,7 +283,65 @@ _SsmHandler._authenticate_and_authorize_normal_action = _authorising_each(_ssm_t
 _EventsHandler._authenticate_and_authorize_normal_action = _authorising_each(_events_targets)
 _SqsHandler._authenticate_and_authorize_normal_action = _authorising_each(_sqs_targets)
 
+# The last two are bounds, so that no run can take the machine down with the emulator.
+#
+# Memory: moto keeps everything in memory and never frees a deleted table's items
+# promptly, so a long run grows it without end (a 200-agent simulation grew it by about
+# 1.3 GB a minute, to 15 GB). A watchdog thread reads the server's resident size four
+# times a second; past the bound (PULSE_MOTO_MAX_RSS_MB, default 2048) it says so on
+# stderr, in one line naming the figure and the bound, and ends the process at once
+# (exit code 70): the requests in flight fail, and the run that started it says why.
+#
+# Ending: moto's own SIGTERM handler raises SystemExit in the main thread, which then
+# waits for every request thread, so a loaded server outlives a SIGTERM (seen: a 15 GB
+# server still running after its run was stopped). Here SIGTERM and SIGINT end the
+# process at once, and so does its parent's end: the kernel sends it SIGKILL when the
+# process that started it dies (PR_SET_PDEATHSIG, set at the top), and the watchdog
+# also sees the parent change.
+import signal as _signal  # noqa: E402
+import sys as _sys  # noqa: E402
+import time as _time  # noqa: E402
+
+import moto.server as _server  # noqa: E402
+
+MAX_RSS_MB = int(os.environ.get("PULSE_MOTO_MAX_RSS_MB", "2048"))
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE / (1 << 20)
+
+
+def _end_now(signum, _frame):
+    os._exit(128 + signum)
+
+
+def _watch(parent):
+    while True:
+        rss = _rss_mb()
+        if rss > MAX_RSS_MB:
+            print(
+                f"moto_server: stopped: its resident memory reached {rss:.0f} MB, past its bound of "
+                f"{MAX_RSS_MB} MB (PULSE_MOTO_MAX_RSS_MB); the run that uses it is too large for "
+                "the emulator, not for Pulse: make it smaller",
+                file=_sys.stderr,
+                flush=True,
+            )
+            os._exit(70)
+        if parent is not None and os.getppid() != parent:
+            os._exit(0)
+        _time.sleep(0.25)
+
+
+def _bounded():
+    threading.Thread(target=_watch, args=(_PARENT,), name="bounds", daemon=True).start()
+    # moto's main() installs its handler by this name.
+    _server.signal_handler = _end_now
+
+
 from moto.server import main  # noqa: E402  (after the patch, so handlers pick it up)
 
 if __name__ == "__main__":
+    _bounded()
     main()

@@ -11,33 +11,51 @@
 #      stand-in, each with its own role from the template and IAM enforced,
 #      `pulse demo` with its transcript checked, the scale tests, the fault run over the
 #      AWS adapters);
-#   3b. the four functions built for arm64 as the deploy builds them (in the background,
-#      beside the tests), each started under qemu-user for one invocation;
+#   3b. the four functions cross-compiled for arm64 with cargo-lambda and zig, as the
+#      deploy builds them, but with the `lambda-check` profile (Cargo.toml: no LTO, 256
+#      codegen units, opt-level 0 — it proves they build and start, not how small they
+#      are), in the background beside the tests, each started under qemu-user for one
+#      invocation;
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed),
 #      and one on the AWS adapters over the moto server;
 #   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml, and
 #      each function's role against the IAM actions its runs sent (scripts/roles.py);
-#   6. the book in docs/ built with mdBook (installed into ./.tools once).
-# It ends with the time each stage took, the slowest test binaries and the slowest tests.
+#   6. the book in docs/ built with mdBook (installed once per machine, into
+#      ~/.cache/pulse/tools or PULSE_TOOLS_DIR, so that fresh clones share it).
+# It ends with the time each stage took, the slowest test binaries and the slowest tests,
+# and the disk its build holds. Whatever way it ends, the moto servers end with it (a
+# SIGTERM, then SIGKILL after two seconds), and each stops by itself past 2 GB of memory
+# (scripts/moto_server.py). With CI=true (a fresh clone in CI, `.ci/run`) it removes its
+# target/ when it ends, passed or failed, after printing those figures.
 #
-# `--long` (for a nightly or weekly job; about 12 minutes more on 2 cores) adds what is
-# too slow for every change: the scale tests at full size on the emulator, a simulated
-# day of 10,000 agents, and five minutes of fuzzing the signature header parsers
-# (installs cargo-fuzz once). The property tests of the same parsers run every time.
+# `--long` (for a nightly or weekly job; about 25 minutes more on 2 cores) adds what is
+# too slow for every change: the arm64 functions built with the deploy's own release
+# profile (fat LTO) instead of `lambda-check`, the scale tests at full size on the
+# emulator, a simulated day of 10,000 agents, and five minutes of fuzzing the signature
+# header parsers (installs cargo-fuzz once). The property tests of the same parsers run
+# every time.
+#
+# `--quick` (a developer's loop; CI never uses it) leaves out the arm64 builds and the
+# simulations: the build, every test, the template checks and the book.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
 
-LONG=0
+LONG=0 QUICK=0
 for arg in "$@"; do
     case "$arg" in
     --long) LONG=1 ;;
+    --quick) QUICK=1 ;;
     *)
-        echo "usage: $0 [--long]   (--long adds the scale tests at full size, a 10,000-agent day and fuzzing)" >&2
+        echo "usage: $0 [--long | --quick]   (--long adds the deploy's release build, the scale tests at full size, a 10,000-agent day and fuzzing; --quick leaves out the arm64 builds and the simulations)" >&2
         exit 2
         ;;
     esac
 done
+if [ "$LONG" = 1 ] && [ "$QUICK" = 1 ]; then
+    echo "$0: --long and --quick ask for opposite things; give one" >&2
+    exit 2
+fi
 # Read by the tests that have a larger size for the long run.
 export PULSE_TEST_LONG=$LONG
 
@@ -53,6 +71,45 @@ stage() {
     STAGE=$1 STAGE_T=$now
     printf '==> [%dm%02ds] %s\n' $(((now - T0) / 60)) $(((now - T0) % 60)) "$1"
 }
+
+# The end, however it comes (passed, failed, or stopped): the emulators and the arm64
+# build stop; a run that did not reach its summary prints the time per stage so far,
+# and why an emulator stopped by itself; every run prints the disk its build holds; and
+# a CI run removes its target/.
+SUMMARY_DONE=0
+finish() {
+    local status=$? pid
+    trap - EXIT INT TERM
+    [ -z "${ARM64_PID:-}" ] || kill -- "-$ARM64_PID" 2>/dev/null || true
+    stop_motos
+    if [ "$SUMMARY_DONE" = 0 ]; then
+        # A stage that was under way when the run ended counts up to now.
+        stage "(ended with exit code $status)" > /dev/null
+        echo "==> time per stage, up to the end (exit code $status)"
+        printf '%s\n' "${STAGE_TIMES[@]}"
+    fi
+    grep -h "^moto_server: stopped" target/moto-*.log 2>/dev/null || true
+    echo "==> disk held at the end: target/ $(du -sh target 2>/dev/null | cut -f1), .venv $(du -sh "$VENV" 2>/dev/null | cut -f1)"
+    if [ "${CI:-}" = true ]; then
+        rm -rf target
+        echo "==> CI=true: target/ removed"
+    fi
+    exit "$status"
+}
+# Each moto server: SIGTERM, and SIGKILL for any still there two seconds later.
+stop_motos() {
+    [ "${#MOTO_PIDS[@]}" -gt 0 ] || return 0
+    kill "${MOTO_PIDS[@]}" 2>/dev/null || true
+    for _ in $(seq 1 20); do
+        kill -0 "${MOTO_PIDS[@]}" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "${MOTO_PIDS[@]}" 2>/dev/null || true
+}
+MOTO_PIDS=()
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 mkdir -p target
 # A clean build gains nothing from incremental state and pays to write it.
@@ -94,12 +151,9 @@ fi
 
 # Two moto servers, each on a free loopback port: the two groups of test binaries below
 # run side by side, each against its own emulator (one Python process is one core at
-# most). Both stop when this script exits.
-MOTO_PIDS=()
-# The arm64 build runs in its own process group (setsid, below), so that a run that
-# stops early stops all of it, not only its first process.
-# Each kill may find its target gone; under errexit only an AND-OR list may fail.
-trap 'kill "${MOTO_PIDS[@]}" 2>/dev/null || true; [ -z "${ARM64_PID:-}" ] || kill -- "-$ARM64_PID" 2>/dev/null || true' EXIT
+# most). Both stop when this script exits (finish, above); the arm64 build runs in its
+# own process group (setsid, below), so that a run that stops early stops all of it,
+# not only its first process.
 # Starts one and sets MOTO_URL to its URL once it answers.
 start_moto() {
     local port pid log=target/moto-$1.log
@@ -147,15 +201,20 @@ cargo fmt --all -- --check
 # function; cargo-lambda cross-compiles the C of aws-lc with zig, from the venv's
 # ziglang), in their own target directory so that its lock does not hold up the
 # builds below. It runs beside them at a lower priority, filling the time the tests
-# leave a core idle, and is waited for at the arm64 stage.
+# leave a core idle, and is waited for at the arm64 stage. Its profile proves that
+# they build and start: `lambda-check` (Cargo.toml) unless --long, which builds the
+# deploy's own release profile (fat LTO, one codegen unit: 18 minutes of the two cores).
 ARM64_TARGET=target/arm64 ARM64_LOG=target/arm64-build.log
 ARM64_FUNCTIONS=(heartbeat-sweeper conversation-worker webhook-receiver hook-dispatcher)
 ARM64_PACKAGES=()
 for f in "${ARM64_FUNCTIONS[@]}"; do ARM64_PACKAGES+=(-p "$f"); done
-echo "==> building the functions for arm64 in the background (its log: $ARM64_LOG)"
-PATH="$PWD/$VENV/bin:$PATH" CARGO_TARGET_DIR=$ARM64_TARGET setsid nice -n 10 \
-    "$VENV/bin/cargo-lambda" lambda build --release --arm64 --output-format zip "${ARM64_PACKAGES[@]}" > "$ARM64_LOG" 2>&1 &
-ARM64_PID=$!
+if [ "$LONG" = 1 ]; then ARM64_PROFILE=(--release); else ARM64_PROFILE=(--profile lambda-check); fi
+if [ "$QUICK" = 0 ]; then
+    echo "==> building the functions for arm64 (${ARM64_PROFILE[*]}) in the background (its log: $ARM64_LOG)"
+    PATH="$PWD/$VENV/bin:$PATH" CARGO_TARGET_DIR=$ARM64_TARGET setsid nice -n 10 \
+        "$VENV/bin/cargo-lambda" lambda build "${ARM64_PROFILE[@]}" --arm64 --output-format zip "${ARM64_PACKAGES[@]}" > "$ARM64_LOG" 2>&1 &
+    ARM64_PID=$!
+fi
 # Clippy's lints, with every warning denied, as the workspace's crates compile for the
 # build and the tests below (see scripts/lint-wrapper.sh): the same lints as
 # `cargo clippy --workspace --all-targets -- -D warnings`, without compiling every
@@ -206,7 +265,8 @@ if [ "$TESTS_CRATE" -ne 0 ] || [ "$OTHERS" -ne 0 ]; then
     echo "tests failed: the tests crate's binaries exited $TESTS_CRATE, the others $OTHERS (their output is above)" >&2
     exit 1
 fi
-stage "arm64: the functions' builds, each started under qemu-user for one invocation"
+if [ "$QUICK" = 0 ]; then
+stage "arm64: the functions' builds (${ARM64_PROFILE[*]}), each started under qemu-user for one invocation"
 if ! wait "$ARM64_PID"; then
     cat "$ARM64_LOG" >&2
     echo "the arm64 build failed (its log is above)" >&2
@@ -228,6 +288,8 @@ ARM64_RUN=$(PULSE_TEST_ARM64_DIR="$PWD/$ARM64_TARGET/lambda" PULSE_TEST_QEMU="$Q
 echo "$ARM64_RUN" | grep -E "^test |^test result"
 # A filter that matched nothing would pass with nothing run.
 echo "$ARM64_RUN" | grep -q "^test result: ok. 1 passed" || { echo "the arm64 test did not run" >&2; exit 1; }
+fi
+if [ "$QUICK" = 0 ]; then
 stage "pulse simulate: three random seeds, 1,000 agents through 6 simulated hours each, and one on moto"
 # Each prints its seed first; a violation exits 1 with the command that replays it. Each
 # simulation runs on one core on its own clock, so all four run at once (the one on the
@@ -248,6 +310,7 @@ if [ "$SIM_FAILED" -ne 0 ]; then
     echo "a simulation failed: its seed and the command that replays it are above" >&2
     exit 1
 fi
+fi
 if [ "$LONG" = 1 ]; then
     stage "pulse simulate: 10,000 agents through a simulated day"
     ./target/debug/pulse simulate --agents 10000 --duration 24h
@@ -260,17 +323,18 @@ stage "sam validate --lint, cfn-lint, the template check and the roles against w
 "$VENV/bin/python" scripts/check_template.py --self-test infra/template.yaml
 "$VENV/bin/python" scripts/roles.py --self-test infra/template.yaml
 "$VENV/bin/python" scripts/roles.py check-actions infra/template.yaml "$PULSE_TEST_AWS_ACTIONS_DIR"
-stage "the book: mdbook build docs (installs mdbook into ./.tools once)"
+TOOLS=${PULSE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pulse/tools}
+stage "the book: mdbook build docs (installs mdbook into $TOOLS once)"
 # The links inside it, the reference pages and the documented commands are checked by
 # the tests above (cli/tests/book); this checks that mdBook builds it.
 MDBOOK_VERSION=0.5.4
-if ! .tools/bin/mdbook --version 2>/dev/null | grep -q "v$MDBOOK_VERSION"; then
+if ! "$TOOLS/bin/mdbook" --version 2>/dev/null | grep -q "v$MDBOOK_VERSION"; then
     # Unoptimised: half the build's wall time (70 s against 144 s on 2 cores, 40 % of the
     # CPU), and it still builds this book in a quarter of a second, byte for byte the same.
     CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
-        cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" --no-default-features --root .tools
+        cargo install --quiet --locked mdbook --version "$MDBOOK_VERSION" --no-default-features --root "$TOOLS"
 fi
-.tools/bin/mdbook build docs 2>&1 | tee target/mdbook.log
+"$TOOLS/bin/mdbook" build docs 2>&1 | tee target/mdbook.log
 if grep -qE "ERROR|WARN" target/mdbook.log; then
     echo "mdbook reported problems (above)" >&2
     exit 1
@@ -283,6 +347,8 @@ awk '/^ *Running /{sub(/^ *Running /, ""); bin=$0} /^test result:/{t=$NF; sub(/s
 echo "==> the slowest tests (seconds)"
 sed -nE 's/^test (.*) \.\.\. ok <([0-9.]+)s>$/\2  \1/p' "$TEST_LOG" | sort -rn | head -15 |
     awk '{printf "%8.1f  %s\n", $1, $2}' || true
+stage "end" > /dev/null
 echo "==> time per stage"
 printf '%s\n' "${STAGE_TIMES[@]}"
+SUMMARY_DONE=1
 echo "==> all tests passed in $(($(date +%s) - T0)) s"

@@ -104,6 +104,11 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
         },
         counts,
         injected: injected(sim),
+        requests: sim
+            .aws
+            .as_ref()
+            .map(|aws| aws.emulated.plan.seen_all())
+            .unwrap_or_default(),
         invariants: vec![
             lock(&sim.inbound).clone(),
             lock(&sim.limits).clone(),

@@ -137,6 +137,10 @@ pub struct Report {
     pub counts: Counts,
     /// Faults injected, by kind.
     pub injected: BTreeMap<String, u64>,
+    /// On the AWS backend, the requests the engine sent the emulator (each of the SDK's
+    /// retries counts), by operation: what the run costs on AWS.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, u64>,
     /// The invariants.
     pub invariants: Vec<Invariant>,
     /// Wall time of the run: the only figure that differs between runs of one seed.
@@ -207,6 +211,9 @@ impl Report {
         self.counts += next.counts;
         for (kind, n) in next.injected {
             *self.injected.entry(kind).or_default() += n;
+        }
+        for (op, n) in next.requests {
+            *self.requests.entry(op).or_default() += n;
         }
         for (mine, theirs) in self.invariants.iter_mut().zip(next.invariants) {
             mine.checked += theirs.checked;
@@ -292,6 +299,21 @@ impl Report {
             "at-least-once repeats after a lost answer: {} tool successes, {} hook successes (same ids), {} Discord posts; user messages dead-lettered {}",
             c.tool_repeats, c.hook_repeats, c.discord_repeats, c.messages_dead_lettered
         );
+        if !self.requests.is_empty() {
+            let total: u64 = self.requests.values().sum();
+            let beats = c.heartbeats_completed + c.heartbeats_failed + c.heartbeats_cancelled;
+            let per = |n: u64| n as f64 / beats.max(1) as f64;
+            let _ = writeln!(
+                s,
+                "AWS requests the engine sent: {total}, {:.1} per heartbeat cycle ({beats} heartbeats; turns and hook deliveries included), by operation:",
+                per(total)
+            );
+            let mut ops: Vec<_> = self.requests.iter().collect();
+            ops.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            for (op, n) in ops {
+                let _ = writeln!(s, "  {op:<24} {n:>8}  {:>6.2} per heartbeat", per(*n));
+            }
+        }
         let total: u64 = self.injected.values().sum();
         let _ = writeln!(s, "faults injected: {total}");
         for (kind, n) in &self.injected {

@@ -117,6 +117,11 @@ impl FaultPlan {
         self.lock().seen.get(operation).copied().unwrap_or(0)
     }
 
+    /// Requests seen so far, by operation (each retry of the SDK counts).
+    pub fn seen_all(&self) -> BTreeMap<String, u64> {
+        self.lock().seen.clone()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, PlanState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
