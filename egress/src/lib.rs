@@ -35,6 +35,24 @@ use url::{Host, Url};
 
 pub use guard::{AllowList, AllowListError, Refusal, check_public};
 
+/// A URL as errors, logs, hooks, prompts and listings show it: without a user name or
+/// password, and with every query value replaced by `***` (its names kept), so a key
+/// someone put in a tool's URL (`?api_key=…`) never travels further than the request.
+pub fn redacted(url: &Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    if shown.query().is_some() {
+        let names: Vec<String> = shown.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        shown
+            .query_pairs_mut()
+            .clear()
+            .extend_pairs(names.iter().map(|k| (k.as_str(), "***")));
+    }
+    shown.set_fragment(None);
+    shown.to_string()
+}
+
 /// Looks a host name up.
 #[async_trait]
 pub trait Resolver: Send + Sync + 'static {
@@ -104,6 +122,8 @@ impl EgressError {
     /// its resolver refused, a TLS failure by the TLS library's error, a connection that
     /// could not be opened, or the exchange failing.
     fn from_client(url: &Url, e: reqwest::Error) -> Self {
+        // The client's own text names the whole URL, query and all.
+        let e = e.without_url();
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(err) = source {
             if let Some(ours) = err.downcast_ref::<EgressError>() {
@@ -363,7 +383,8 @@ impl Egress {
     ) -> Result<Response, EgressError> {
         if !matches!(url.scheme(), "http" | "https") {
             return Err(EgressError::BadUrl(format!(
-                "{url}: only http and https URLs"
+                "{}: only http and https URLs",
+                redacted(url)
             )));
         }
         // The client resolves names through the guard; an address given outright is
@@ -372,7 +393,7 @@ impl Egress {
             Some(Host::Ipv4(ip)) => self.permits(IpAddr::V4(ip)),
             Some(Host::Ipv6(ip)) => self.permits(IpAddr::V6(ip)),
             Some(Host::Domain(_)) => Ok(()),
-            None => return Err(EgressError::BadUrl(format!("{url}: no host"))),
+            None => return Err(EgressError::BadUrl(format!("{}: no host", redacted(url)))),
         }
         .map_err(EgressError::Refused)?;
         let mut resp = self
@@ -423,17 +444,18 @@ impl Check {
     async fn check(&self, url: &Url) -> Result<Vec<SocketAddr>, EgressError> {
         if !matches!(url.scheme(), "http" | "https") {
             return Err(EgressError::BadUrl(format!(
-                "{url}: only http and https URLs"
+                "{}: only http and https URLs",
+                redacted(url)
             )));
         }
         let port = url
             .port_or_known_default()
-            .ok_or_else(|| EgressError::BadUrl(format!("{url}: no port")))?;
+            .ok_or_else(|| EgressError::BadUrl(format!("{}: no port", redacted(url))))?;
         let ip = match url.host() {
             Some(Host::Ipv4(ip)) => IpAddr::V4(ip),
             Some(Host::Ipv6(ip)) => IpAddr::V6(ip),
             Some(Host::Domain(name)) => return self.resolve(name, port).await,
-            None => return Err(EgressError::BadUrl(format!("{url}: no host"))),
+            None => return Err(EgressError::BadUrl(format!("{}: no host", redacted(url)))),
         };
         self.permits(ip).map_err(EgressError::Refused)?;
         Ok(vec![SocketAddr::new(ip, port)])

@@ -431,3 +431,32 @@ async fn https_verifies_the_server_certificate_against_the_platform_roots() {
         other => panic!("expected a TLS refusal, got {other}"),
     }
 }
+
+#[test]
+fn a_url_is_shown_without_its_credentials_or_query_values() {
+    let url = Url::parse("https://me:pw@api.example.com/v1/x?api_key=SECRET&limit=5#frag").unwrap();
+    assert_eq!(
+        pulse_egress::redacted(&url),
+        "https://api.example.com/v1/x?api_key=***&limit=***"
+    );
+    let plain = Url::parse("http://127.0.0.1:8080/tool").unwrap();
+    assert_eq!(pulse_egress::redacted(&plain), "http://127.0.0.1:8080/tool");
+}
+
+#[tokio::test]
+async fn a_failed_request_s_error_does_not_carry_the_key_in_its_url() {
+    // A port nothing listens on: the connection is refused.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let e = Egress::new(allow_loopback_one());
+    let err = post(&e, &format!("http://127.0.0.1:{port}/x?api_key=SECRET"))
+        .await
+        .expect_err("nothing listens there");
+    let text = err.to_string();
+    assert!(!text.contains("SECRET"), "{text}");
+    let refused = post(&e, &format!("ftp://127.0.0.1:{port}/x?api_key=SECRET"))
+        .await
+        .expect_err("not http");
+    assert!(!refused.to_string().contains("SECRET"), "{refused}");
+}

@@ -198,6 +198,7 @@ faulty!(TokenStore {
     fn get_token(&self, id: &TokenId) -> Option<ApiToken>;
     fn list_tokens(&self, agent: Option<&AgentId>) -> Vec<ApiToken>;
     fn revoke_token(&self, id: &TokenId, at: Timestamp) -> ();
+    fn count_api_request(&self, token: &TokenId, now: Timestamp, limit: u32) -> bool;
 });
 
 faulty!(LeaseStore {

@@ -38,6 +38,52 @@ impl World {
 }
 
 on_both_backends!(
+    a_spent_budget_holds_when_what_the_tools_found_makes_the_agent_think,
+    budget_after_the_tools
+);
+/// A past defect: the budget was read before the tools ran, and only when the window
+/// alone made the agent think; an inbox tool's events then made it think with the
+/// budget unread, and the model was called every beat past the budget.
+async fn budget_after_the_tools(kind: Kind) {
+    use pulse_shared::domain::ThinkPolicy;
+    use pulse_tests::{FakeTool, Reply};
+    let w = world_with(kind, settings()).await;
+    let receiver = FakeReceiver::start().await;
+    let agent = w.agent("10m", "81").await;
+    // 120 tokens a call: one call spends it.
+    let agent = w
+        .change(
+            &agent,
+            AgentChanges {
+                daily_tokens: Some(Some(100)),
+                think: Some(ThinkPolicy::Events),
+                ..AgentChanges::default()
+            },
+        )
+        .await;
+    w.hook(&agent, "BUDGET_EXHAUSTED", &receiver.url()).await;
+    // An inbox read on every heartbeat, which always has something new.
+    let inbox = FakeTool::answering(|_| {
+        Reply::Json(
+            200,
+            json!({"success": true, "output": {"unread": 1},
+                   "new_events": [{"type": "NEW_MAIL", "payload": {"subject": "lunch?"}}]}),
+        )
+    })
+    .await;
+    w.b.tool("inbox", &inbox.url(), "HEARTBEAT").await;
+    for _ in 0..4 {
+        assert_eq!(w.beat().await, 1);
+        w.b.advance(SignedDuration::from_mins(10) + SignedDuration::from_secs(5));
+    }
+    assert_eq!(inbox.requests().len(), 4, "the inbox ran every beat");
+    assert_eq!(w.calls(), 1, "the first call spent the budget; none after");
+    assert_eq!(w.events_of(&agent, "BUDGET_EXHAUSTED").await, 1);
+    assert_eq!(w.dispatch().await, 1, "the hook fired once");
+    assert_eq!(receiver.hook_types(), ["BUDGET_EXHAUSTED"]);
+}
+
+on_both_backends!(
     a_spent_daily_budget_stops_the_model_tells_the_user_once_and_renews_at_midnight,
     daily_budget
 );

@@ -38,6 +38,21 @@ async fn api(kind: Kind, rate: u32) -> Api {
     new.discord_channel = Some("1001".into());
     let (agent, first) = new.create(b.now()).unwrap();
     b.store.create_agent(&agent, &first).await.unwrap();
+    let base = receiver(&b, rate).await;
+    Api {
+        b,
+        llm,
+        discord,
+        worker,
+        agent,
+        base,
+        http: reqwest::Client::new(),
+    }
+}
+
+/// A receiver of its own (as a second Lambda instance or `serve` process would be) over
+/// `b`'s store and queue; its base URL.
+async fn receiver(b: &Backend, rate: u32) -> String {
     let config = InboundConfig {
         delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
         api_rate: ApiRate(rate),
@@ -57,15 +72,7 @@ async fn api(kind: Kind, rate: u32) -> Api {
         http::ServeLimits::default(),
         std::future::pending(),
     ));
-    Api {
-        b,
-        llm,
-        discord,
-        worker,
-        agent,
-        base,
-        http: reqwest::Client::new(),
-    }
+    base
 }
 
 impl Api {
@@ -88,9 +95,19 @@ impl Api {
         agent: &str,
         body: Vec<u8>,
     ) -> (u16, Value, reqwest::header::HeaderMap) {
+        self.send_to(&self.base, token, agent, body).await
+    }
+
+    async fn send_to(
+        &self,
+        base: &str,
+        token: Option<&str>,
+        agent: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
         let mut r = self
             .http
-            .post(format!("{}/v1/agents/{agent}/messages", self.base))
+            .post(format!("{base}/v1/agents/{agent}/messages"))
             .header("content-type", "application/json")
             .body(body);
         if let Some(t) = token {
@@ -233,20 +250,39 @@ on_both_backends!(
     a_token_over_its_rate_is_told_when_to_come_back,
     rate_limited
 );
+/// A past defect: each receiver counted a token's requests alone, so the limit grew
+/// with the number of warm Lambda instances (or `serve` processes).
 async fn rate_limited(kind: Kind) {
-    // 3 a minute: a burst of 1, then one every 20 s.
+    // 3 a minute, counted in the store: two receivers share them.
     let a = api(kind, 3).await;
+    let other = receiver(&a.b, 3).await;
     let (_, token) = a.token(&a.agent).await;
     let id = a.agent.id.as_str();
-    let (s, _, _) = a.send(Some(&token), id, text("one")).await;
-    assert_eq!(s, 202);
-    let (s, body, headers) = a.send(Some(&token), id, text("two")).await;
-    assert_eq!(s, 429, "{body}");
-    assert_eq!(headers["retry-after"], "20");
-    assert_eq!(a.b.queued_messages().await, 1, "only the first was queued");
-    a.b.advance(SignedDuration::from_secs(20));
-    let (s, _, _) = a.send(Some(&token), id, text("three")).await;
-    assert_eq!(s, 202, "the budget refills with time");
+    // At the start of a minute, so that all four fall in it.
+    let into = a.b.now().as_second().rem_euclid(60);
+    a.b.advance(SignedDuration::from_secs(60 - into));
+    a.b.advance(SignedDuration::from_secs(5));
+    for (base, said) in [(&a.base, "one"), (&other, "two"), (&a.base, "three")] {
+        let (s, body, _) = a.send_to(base, Some(&token), id, text(said)).await;
+        assert_eq!(s, 202, "{said}: {body}");
+    }
+    let (s, body, headers) = a.send_to(&other, Some(&token), id, text("four")).await;
+    assert_eq!(
+        s, 429,
+        "the other receiver counts the first's requests: {body}"
+    );
+    assert_eq!(
+        headers["retry-after"], "55",
+        "the seconds to the next minute"
+    );
+    assert_eq!(
+        a.b.queued_messages().await,
+        3,
+        "only the first three were queued"
+    );
+    a.b.advance(SignedDuration::from_secs(55));
+    let (s, _, _) = a.send_to(&other, Some(&token), id, text("five")).await;
+    assert_eq!(s, 202, "a new minute, a new count");
 }
 
 #[tokio::test]

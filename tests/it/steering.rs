@@ -123,6 +123,9 @@ async fn chat_commands(kind: Kind) {
     agent.discord.users = vec!["42".into()];
     let before = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
     w.b.store.update_agent(&agent, &before).await.unwrap();
+    let quiet_from = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    // Later than the owner's last word: a command taken as one would move it.
+    w.b.advance(SignedDuration::from_mins(5));
     let stranger = SignalMeta {
         source: Some("discord".into()),
         user_id: Some("999".into()),
@@ -149,14 +152,11 @@ async fn chat_commands(kind: Kind) {
             .content
             .starts_with("Only my owner")
     );
-    assert!(
-        !w.b.store
-            .get_agent(&agent.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .is_paused()
-    );
+    let after = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert!(!after.is_paused());
+    // A stranger's command is no interaction, at intake nor at the turn's end: the
+    // owner's quiet period still counts from their own last word.
+    assert_eq!(after.last_interaction_at, quiet_from.last_interaction_at);
 
     // The owner sets quiet hours, and wakes it (which ends the snooze).
     w.b.say(&agent, "/quiet 22:00-07:00").await;

@@ -404,3 +404,101 @@ async fn tools_first(kind: Kind) {
     assert_eq!(checker.requests().len(), 1);
     assert_eq!(inbox.requests().len(), 3);
 }
+
+on_both_backends!(
+    what_the_tools_found_is_sent_to_the_heartbeat_agent_alone,
+    found_for_the_thinker_only
+);
+/// A past defect: what the tools found was put on the heartbeat's context that every
+/// action's request carries, so a tool subscribed to an event the agent emits while it
+/// thinks received what the inbox had returned.
+async fn found_for_the_thinker_only(kind: Kind) {
+    use pulse_tests::fake_llm::Scripted;
+    use pulse_tests::{FakeTool, Reply};
+    let w = world(kind).await;
+    let agent = w
+        .agent(|a| {
+            a.think = ThinkPolicy::Events;
+            a.persona = Some("a private persona".into());
+            a.instructions = Some("read the mail".into());
+        })
+        .await;
+    let inbox = FakeTool::answering(|_| {
+        Reply::Json(
+            200,
+            json!({"success": true, "output": "one unread: the door code is 4417",
+                   "new_events": [{"type": "NEW_MAIL", "payload": {"subject": "the door code"}}]}),
+        )
+    })
+    .await;
+    let follower = FakeTool::answering(|_| Reply::Json(200, json!({"success": true}))).await;
+    w.b.tool("inbox", &inbox.url(), "HEARTBEAT").await;
+    w.b.tool("follower", &follower.url(), "FOLLOW_UP").await;
+    w.llm.script([
+        Scripted::tool("emit_event", json!({"type": "FOLLOW_UP"})),
+        Scripted::text("noted"),
+    ]);
+    w.beat().await;
+
+    assert!(w.calls() >= 1);
+    let thought = w.llm.requests()[0].body.to_string();
+    assert!(thought.contains("4417"), "the thinking reads it: {thought}");
+    let sent = follower.requests();
+    assert_eq!(sent.len(), 1, "the emitted event ran its tool");
+    let body = sent[0].to_string();
+    assert!(body.contains("FOLLOW_UP"), "{body}");
+    assert!(
+        !body.contains("4417") && !body.contains("door code") && !body.contains("\"found\""),
+        "another tool's output was sent to it: {body}"
+    );
+    // Every tool is sent the agent as the protocol documents it, nothing more.
+    for request in inbox.requests().iter().chain(&sent) {
+        let fields: Vec<&String> = request["agent"].as_object().unwrap().keys().collect();
+        assert_eq!(fields, ["id", "instructions", "name"], "{request}");
+        assert_eq!(request["agent"]["id"], agent.id.to_string());
+    }
+}
+
+on_both_backends!(
+    a_key_in_a_tool_s_url_stays_out_of_its_errors_the_prompt_and_the_listing,
+    key_in_url
+);
+/// A past defect: a failed call copied the tool's whole URL, `?api_key=…` and all, into
+/// its error, and from there into the thinking's prompt, the hooks and the logs.
+async fn key_in_url(kind: Kind) {
+    use pulse_tests::{FakeTool, Reply};
+    let w = world(kind).await;
+    let agent = w.agent(|a| a.think = ThinkPolicy::Always).await;
+    let down = FakeTool::answering(|_| Reply::Json(500, json!({"error": "down"}))).await;
+    let url = format!("{}?api_key=SECRET4417&region=eu", down.url());
+    w.b.tool("inbox", &url, "HEARTBEAT").await;
+    w.beat().await;
+
+    assert_eq!(down.requests().len(), 1, "the call was made");
+    let actions = w.b.store.list_actions(&agent.id, 10).await.unwrap();
+    let failed = actions
+        .iter()
+        .find(|a| a.tool.as_str() == "inbox")
+        .expect("the inbox's action");
+    assert_eq!(failed.status, ActionStatus::Failed);
+    let error = failed.error.as_deref().unwrap();
+    assert!(
+        error.contains("api_key=***") && !error.contains("SECRET4417"),
+        "{error}"
+    );
+    let thought = w.llm.requests()[0].body.to_string();
+    assert!(
+        thought.contains("HTTP 500"),
+        "the thinking reads the failure: {thought}"
+    );
+    assert!(!thought.contains("SECRET4417"), "{thought}");
+    let registry = w.b.store.load_registry().await.unwrap();
+    let listed = registry
+        .tools
+        .iter()
+        .find(|t| t.name.as_str() == "inbox")
+        .unwrap()
+        .redacted();
+    let listed = serde_json::to_string(&listed).unwrap();
+    assert!(!listed.contains("SECRET4417"), "{listed}");
+}

@@ -283,11 +283,16 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
         ToolsPlan::Add(tool) => {
             b.store.add_tool(&tool).await.map_err(store)?;
             out.created(
-                &tool,
+                &tool.redacted(),
                 tool.name.as_str(),
                 &format!("registered tool {}", tool.name),
             );
             if let ToolKind::Http { url, .. } = &tool.kind {
+                if url.query().is_some() {
+                    eprintln!(
+                        "note: the URL's query is sent with every call; errors, hooks, logs and listings show its values as ***. A key belongs in --config (sent in each request's tool_config) rather than in the URL"
+                    );
+                }
                 warn_if_refused(cx, url).await;
             }
         }
@@ -377,13 +382,14 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
 /// (an address that is private, loopback or link-local and not allowed), rather than
 /// leaving it to the first heartbeat's failed action.
 async fn warn_if_refused(cx: &Ctx<'_>, url: &url::Url) {
+    let shown = pulse_egress::redacted(url);
     match pulse_shared::app::egress(cx.config).check(url).await {
         Ok(_) => {}
         Err(e) if e.is_refused() => eprintln!(
-            "note: every call to {url} will be refused: {e}. Allow its address with PULSE_HOOKS_ALLOW (e.g. PULSE_HOOKS_ALLOW=10.0.0.0/8) where Pulse runs, or give the tool a public URL"
+            "note: every call to {shown} will be refused: {e}. Allow its address with PULSE_HOOKS_ALLOW (e.g. PULSE_HOOKS_ALLOW=10.0.0.0/8) where Pulse runs, or give the tool a public URL"
         ),
         Err(e) => eprintln!(
-            "note: {url} could not be checked now ({e}); calls to it fail until it resolves"
+            "note: {shown} could not be checked now ({e}); calls to it fail until it resolves"
         ),
     }
 }

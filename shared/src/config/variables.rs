@@ -369,7 +369,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "PULSE_API_RATE",
         group: Group::Receiver,
-        meaning: "requests one API token may make a minute on the messages API (per receiver process)",
+        meaning: "requests one API token may make a minute on the messages API (counted in the store: every receiver shares them)",
         default: "`60`",
         wrong: STOPS_NUMBER,
     },
@@ -576,7 +576,7 @@ mod tests {
             read_rust(&root.join(dir), &mut text);
         }
         let listed: std::collections::BTreeSet<&str> = VARIABLES.iter().map(|v| v.name).collect();
-        for piece in text.split('"').skip(1).step_by(2) {
+        for piece in string_literals(&text) {
             if piece.starts_with("PULSE_")
                 && piece.len() > 6
                 && piece
@@ -586,10 +586,15 @@ mod tests {
                 named.insert(piece.to_owned());
             }
         }
+        // Read only under the test command, which sets them to collect the IAM actions
+        // the functions' runs sent (`adapters/aws/actions_log.rs`): not settings.
+        let harness = ["PULSE_AWS_ACTIONS_AS", "PULSE_AWS_ACTIONS_DIR"];
         let missing: Vec<_> = named
             .iter()
             .filter(|n| {
-                !listed.contains(n.as_str()) && !listed.contains(format!("{n}<NAME>").as_str())
+                !listed.contains(n.as_str())
+                    && !listed.contains(format!("{n}<NAME>").as_str())
+                    && !harness.contains(&n.as_str())
             })
             .collect();
         assert!(missing.is_empty(), "read but not in VARIABLES: {missing:?}");
@@ -598,6 +603,63 @@ mod tests {
             .filter(|n| !text.contains(n.trim_end_matches("<NAME>")))
             .collect();
         assert!(unread.is_empty(), "in VARIABLES but never read: {unread:?}");
+    }
+
+    /// The contents of the string literals in Rust source `text`: a quote in a char
+    /// literal (`'"'`), an escaped one (`\"`) or one inside a raw string does not end one.
+    fn string_literals(text: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find(['"', '\'']) {
+            let (before, from) = rest.split_at(at);
+            if let Some(inside) = from.strip_prefix('\'') {
+                // A char literal ('x', '\n', '\u{22}') is skipped whole; an apostrophe
+                // that starts none (a lifetime, prose) is passed over.
+                let mut chars = inside.char_indices();
+                let end = match chars.next() {
+                    // An escape: the character after the backslash, then the quote.
+                    Some((_, '\\')) => from.get(3..).and_then(|f| f.find('\'')).map(|e| e + 4),
+                    Some((i, c)) => {
+                        let after = 1 + i + c.len_utf8();
+                        from[after..].starts_with('\'').then_some(after + 1)
+                    }
+                    None => None,
+                };
+                rest = &from[end.unwrap_or(1)..];
+                continue;
+            }
+            // A raw string: r"…" or r#"…"#, ending at the quote and as many hashes.
+            let hashes = before.len() - before.trim_end_matches('#').len();
+            if before[..before.len() - hashes].ends_with('r') {
+                let close = format!("\"{}", "#".repeat(hashes));
+                let end = from[1..].find(&close).map_or(from.len(), |e| e + 1);
+                out.push(&from[1..end]);
+                rest = &from[(end + close.len()).min(from.len())..];
+                continue;
+            }
+            let mut end = from.len();
+            let mut escaped = false;
+            for (i, c) in from.char_indices().skip(1) {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => {
+                        end = i;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            out.push(&from[1..end]);
+            rest = &from[(end + 1).min(from.len())..];
+        }
+        out
+    }
+
+    #[test]
+    fn string_literals_are_read_past_quotes_that_end_none() {
+        let src = r##"let a = '"'; let b = "x\"y"; let c = r#"in "raw""#; let d = "PULSE_A";"##;
+        assert_eq!(string_literals(src), ["x\\\"y", "in \"raw\"", "PULSE_A"]);
     }
 
     fn read_rust(dir: &std::path::Path, text: &mut String) {

@@ -162,7 +162,9 @@ pub struct NewEvent<P = Value> {
 /// body's limit. An event is read into the request of every tool subscribed to it, and
 /// that request is kept whole on the tool's action (a retry sends it again), so this and
 /// the most of a tool's answer the action keeps ([`super::Action::KEPT_RESPONSE`]) stay
-/// well inside a DynamoDB item's 400 KB.
+/// well inside a DynamoDB item's 400 KB. The one request that carries more than its
+/// event is the heartbeat agent's, on the HEARTBEAT event (a few hundred bytes): it also
+/// carries what the tools found, at most [`super::Found::MAX_BYTES`] (about 125 KB).
 pub const MAX_EVENT_BYTES: usize = 256 * 1024;
 
 impl NewEvent {
@@ -201,6 +203,33 @@ impl NewEvent {
 }
 
 /// The length of a value's compact JSON, counted without building the text.
+/// The bytes `c` takes inside a JSON string as it is written (serde_json escapes
+/// quotes, backslashes and control characters, and nothing else).
+pub(crate) fn escaped_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if u32::from(c) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// The bytes `s` takes inside a JSON string, its quotes left out.
+pub(crate) fn json_str_len(s: &str) -> usize {
+    s.chars().map(escaped_len).sum()
+}
+
+/// The longest start of `s` that takes at most `max` bytes inside a JSON string.
+pub(crate) fn json_prefix(s: &str, max: usize) -> &str {
+    let mut used = 0;
+    for (at, c) in s.char_indices() {
+        used += escaped_len(c);
+        if used > max {
+            return &s[..at];
+        }
+    }
+    s
+}
+
 pub(crate) fn json_size(v: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {

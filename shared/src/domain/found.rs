@@ -3,9 +3,10 @@
 //! thinking last, so an inbox or a weather tool subscribed to the heartbeat, or a tool
 //! that checks what an event announced, is read by the thinking it exists for.
 //!
-//! It travels in the heartbeat agent's request ([`super::HeartbeatContext::found`]),
-//! which its action keeps whole, so every part is bounded: the record stays small
-//! whatever the tools answered.
+//! It travels in the heartbeat agent's request alone ([`super::HeartbeatContext::found`]:
+//! no other tool is sent another's output), which its action keeps whole, so every
+//! part is bounded in bytes as it is written, escapes counted: all of it stays under
+//! [`Found::MAX_BYTES`] whatever the tools answered.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -54,8 +55,8 @@ pub struct FoundEvent {
     pub event_type: EventType,
     /// Its priority.
     pub priority: Priority,
-    /// Its payload: whole when its JSON is at most [`Found::MAX_PAYLOAD_CHARS`]
-    /// characters, else the start of that text.
+    /// Its payload: whole when its JSON is at most [`Found::MAX_PAYLOAD_BYTES`] bytes,
+    /// else the start of that text.
     pub payload: Value,
 }
 
@@ -63,23 +64,31 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
-/// `s` whole, or its first `max` characters and an ellipsis.
+/// `s` whole, or as much of its start as takes at most `max` bytes written as a JSON
+/// string (its escapes counted: a quote takes two, a control character up to six), and
+/// an ellipsis. One pass over `s`.
 fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_owned(),
-        Some((end, _)) => format!("{}…", &s[..end]),
+    let start = super::event::json_prefix(s, max);
+    match start.len() == s.len() {
+        true => s.to_owned(),
+        false => format!("{start}…"),
     }
 }
 
 impl Found {
     /// Tool runs shown.
     pub const MAX_RESULTS: usize = 20;
-    /// Characters of one tool's output shown.
-    pub const MAX_OUTPUT_CHARS: usize = 2_000;
+    /// Bytes of one tool's output shown (as a JSON string), and of its error.
+    pub const MAX_OUTPUT_BYTES: usize = 2_000;
     /// Events shown, over all the runs.
     pub const MAX_EVENTS: usize = 50;
-    /// Characters of one event's payload shown.
-    pub const MAX_PAYLOAD_CHARS: usize = 500;
+    /// Bytes of one event's payload shown, as JSON.
+    pub const MAX_PAYLOAD_BYTES: usize = 500;
+    /// The most all of it takes as JSON: each result's output and error at their bound
+    /// (and an ellipsis each), each event's payload at its bound, and a generous 600
+    /// bytes a result and 200 an event for the rest (names, types, statuses, keys).
+    pub const MAX_BYTES: usize = Self::MAX_RESULTS * (2 * (Self::MAX_OUTPUT_BYTES + 5) + 600)
+        + Self::MAX_EVENTS * (Self::MAX_PAYLOAD_BYTES + 5 + 200);
 
     /// Adds a finished action on `on` and the events it returned.
     pub fn add(&mut self, on: &Event, action: &Action, events: &[Event]) {
@@ -95,8 +104,11 @@ impl Found {
             tool: action.tool.clone(),
             event_type: on.event_type.clone(),
             status: action.status,
-            output: output_of(action).map(|o| clip(&o, Self::MAX_OUTPUT_CHARS)),
-            error: action.error.clone(),
+            output: output_of(action).map(|o| clip(&o, Self::MAX_OUTPUT_BYTES)),
+            error: action
+                .error
+                .as_deref()
+                .map(|e| clip(e, Self::MAX_OUTPUT_BYTES)),
             events: events
                 .iter()
                 .take(room)
@@ -136,10 +148,10 @@ fn output_of(action: &Action) -> Option<String> {
 
 fn payload_shown(payload: &Value) -> Value {
     let text = payload.to_string();
-    if text.chars().count() <= Found::MAX_PAYLOAD_CHARS {
+    if text.len() <= Found::MAX_PAYLOAD_BYTES {
         payload.clone()
     } else {
-        Value::String(clip(&text, Found::MAX_PAYLOAD_CHARS))
+        Value::String(clip(&text, Found::MAX_PAYLOAD_BYTES))
     }
 }
 
@@ -203,11 +215,16 @@ mod tests {
         assert_eq!(r.event_type.as_str(), "DEPLOY_FINISHED");
         assert_eq!(
             r.output.as_ref().unwrap().chars().count(),
-            Found::MAX_OUTPUT_CHARS + 1
+            Found::MAX_OUTPUT_BYTES + 1
         );
         assert_eq!(r.events[0].payload, json!({"ok": true}));
         let cut = r.events[1].payload.as_str().unwrap();
-        assert_eq!(cut.chars().count(), Found::MAX_PAYLOAD_CHARS + 1);
+        // The payload's JSON, its quotes escaped: `{\"log\":\"yyy…`.
+        let written = serde_json::to_string(cut).unwrap().len();
+        assert!(
+            (Found::MAX_PAYLOAD_BYTES - 4..=Found::MAX_PAYLOAD_BYTES + 5).contains(&written),
+            "{written}"
+        );
         assert_eq!(found.events(), 2);
         // An object output is shown as its JSON; a clipped answer by its start.
         found.add(&on, &action("a", json!({"output": {"n": 1}})), &[]);
@@ -234,5 +251,36 @@ mod tests {
         assert_eq!(found.events(), 25 * 30);
         let json = serde_json::to_value(&found).unwrap();
         assert_eq!(serde_json::from_value::<Found>(json).unwrap(), found);
+    }
+
+    #[test]
+    fn the_bound_holds_in_bytes_for_wide_and_escaped_text() {
+        let mut found = Found::default();
+        // Four bytes a character, quotes and control characters that escape to two and
+        // six bytes: as many results and events as it shows, each at its worst.
+        let hostile = "𝄞\"\u{1}".repeat(3_000);
+        let events: Vec<Event> = (0..3)
+            .map(|_| event(json!({"text": hostile, "more": [hostile, hostile]})))
+            .collect();
+        for i in 0..Found::MAX_RESULTS + 3 {
+            let mut a = action(
+                &format!("tool-{i}"),
+                json!({"success": false, "output": {"text": hostile}}),
+            );
+            a.error = Some(hostile.clone());
+            found.add(&events[0], &a, &events);
+        }
+        let written = serde_json::to_string(&found).unwrap().len();
+        assert!(
+            written <= Found::MAX_BYTES,
+            "{written} bytes past the bound of {}",
+            Found::MAX_BYTES
+        );
+        for r in &found.results {
+            for text in [&r.output, &r.error] {
+                let n = serde_json::to_string(text.as_ref().unwrap()).unwrap().len();
+                assert!(n <= Found::MAX_OUTPUT_BYTES + 5, "{n}");
+            }
+        }
     }
 }

@@ -69,7 +69,10 @@ impl HookType {
             Self::MESSAGE_RECEIVED,
             "the conversation takes in user messages",
         ),
-        (Self::MESSAGE_SENT, "a reply reached Discord"),
+        (
+            Self::MESSAGE_SENT,
+            "a reply was delivered: posted to Discord, or stored for the dashboard and the API",
+        ),
         (Self::HOOK_DISABLED, "one of the agent's hooks was disabled"),
         (
             Self::AGENT_PAUSED,

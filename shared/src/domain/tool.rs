@@ -101,14 +101,24 @@ impl Tool {
         }
     }
 
-    /// The tool as it may be shown: an MCP server's header values replaced by `***`.
+    /// The tool as it may be shown: an MCP server's header values, an HTTP tool's URL
+    /// query values and every value of its config replaced by `***` (the names kept).
     pub fn redacted(&self) -> Self {
         let mut shown = self.clone();
-        if let ToolKind::Mcp(s) = &mut shown.kind {
-            for h in &mut s.headers {
-                h.value = super::chat::Secret::new("***");
+        match &mut shown.kind {
+            ToolKind::Mcp(s) => {
+                for h in &mut s.headers {
+                    h.value = super::chat::Secret::new("***");
+                }
             }
+            ToolKind::Http { url, .. } => {
+                if let Ok(u) = url::Url::parse(&pulse_egress::redacted(url)) {
+                    *url = u;
+                }
+            }
+            ToolKind::HeartbeatAgent => {}
         }
+        hide_values(&mut shown.config);
         shown
     }
 
@@ -118,6 +128,16 @@ impl Tool {
             ToolKind::Mcp(s) => Some(s),
             _ => None,
         }
+    }
+}
+
+/// Every scalar of `v` replaced by `***`, its structure and keys kept.
+fn hide_values(v: &mut Value) {
+    match v {
+        Value::Null => {}
+        Value::Object(m) => m.values_mut().for_each(hide_values),
+        Value::Array(a) => a.iter_mut().for_each(hide_values),
+        other => *other = Value::String("***".into()),
     }
 }
 
@@ -442,61 +462,77 @@ impl Action {
 /// strings cut (each cut one ending `… [N more bytes]`), so that its shape — usage
 /// figures, statuses, ids, what was scheduled — is kept; else, when strings are not what
 /// makes it long, the start of its JSON text, marked clipped, with the whole length.
+///
+/// The bound holds by construction, escapes counted: the strings' written sizes are
+/// read in one pass, one cap is chosen from them that removes the excess (each cut
+/// string given room for its marker), every longer string is cut to it once, and what
+/// is written is measured. Linear in the value's size, but for sorting its strings.
 pub fn clipped(mut value: Value, limit: usize) -> Value {
-    let mut size = json_size(&value);
-    if size <= limit {
+    let whole = json_size(&value);
+    if whole <= limit {
         return value;
     }
-    let whole = size;
-    // Each round cuts the longest string by what is still too much (and room for its
-    // marker); escapes can make the text longer than the string, hence the rounds.
-    for _ in 0..256 {
-        let Some(at) = longest_string(&value, String::new()).map(|(at, _)| at) else {
-            break;
-        };
-        let Some(Value::String(text)) = value.pointer_mut(&at) else {
-            break;
-        };
-        let len = text.len();
-        if len < 64 {
-            break;
-        }
-        // At most half of it in one round, so that the cut falls on every long text
-        // rather than emptying the first.
-        let mut keep = len.saturating_sub(size - limit + 48).max(len / 2);
-        while !text.is_char_boundary(keep) {
-            keep -= 1;
-        }
-        *text = format!("{}… [{} more bytes]", &text[..keep], len - keep);
-        size = json_size(&value);
-        if size <= limit {
+    let mut sizes = Vec::new();
+    string_sizes(&value, &mut sizes);
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    if let Some(cap) = cap_for(&sizes, whole - limit) {
+        cut_strings(&mut value, cap);
+        if json_size(&value) <= limit {
             return value;
         }
     }
     let text = value.to_string();
-    let mut end = limit.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    serde_json::json!({"clipped": true, "bytes": whole, "start": &text[..end]})
+    let start = super::event::json_prefix(&text, limit.saturating_sub(CLIPPED_WRAPPER));
+    serde_json::json!({"clipped": true, "bytes": whole, "start": start})
 }
 
-/// The JSON pointer and length of the longest string in `v`.
-fn longest_string(v: &Value, at: String) -> Option<(String, usize)> {
-    let longer = |a: Option<(String, usize)>, b: Option<(String, usize)>| match (a, b) {
-        (Some(a), Some(b)) => Some(if b.1 > a.1 { b } else { a }),
-        (a, b) => a.or(b),
-    };
+/// Room for a cut string's marker, `… [N more bytes]`, as written.
+const CUT_MARKER: usize = 40;
+/// A string is never cut below this many bytes (nor is one this short cut at all).
+const MIN_KEPT: usize = 64;
+/// Room for `{"clipped":true,"bytes":N,"start":""}` around the start of the text.
+const CLIPPED_WRAPPER: usize = 64;
+
+/// The written sizes of every string value in `v` (keys are kept whole).
+fn string_sizes(v: &Value, out: &mut Vec<usize>) {
     match v {
-        Value::String(s) => Some((at, s.len())),
-        Value::Array(items) => items.iter().enumerate().fold(None, |best, (i, item)| {
-            longer(best, longest_string(item, format!("{at}/{i}")))
-        }),
-        Value::Object(map) => map.iter().fold(None, |best, (k, item)| {
-            let key = k.replace('~', "~0").replace('/', "~1");
-            longer(best, longest_string(item, format!("{at}/{key}")))
-        }),
-        _ => None,
+        Value::String(s) => out.push(super::event::json_str_len(s)),
+        Value::Array(items) => items.iter().for_each(|i| string_sizes(i, out)),
+        Value::Object(map) => map.values().for_each(|i| string_sizes(i, out)),
+        _ => {}
+    }
+}
+
+/// The largest cap such that cutting every string longer than it (sizes sorted, the
+/// longest first) removes `excess` bytes with a marker on each; None when that would
+/// cut a string below [`MIN_KEPT`].
+fn cap_for(sizes: &[usize], excess: usize) -> Option<usize> {
+    let mut sum = 0;
+    for (k, size) in sizes.iter().enumerate() {
+        let cut = k + 1;
+        sum += size;
+        // Cutting the `cut` longest to `cap` removes sum - cut * cap, and adds markers.
+        let Some(room) = sum.checked_sub(excess + cut * CUT_MARKER) else {
+            continue;
+        };
+        let cap = room / cut;
+        if cap >= sizes.get(cut).copied().unwrap_or(0) {
+            return (cap >= MIN_KEPT).then_some(cap);
+        }
+    }
+    None
+}
+
+/// Every string of `v` written longer than `cap` bytes cut to at most `cap`, and marked.
+fn cut_strings(v: &mut Value, cap: usize) {
+    match v {
+        Value::String(s) if super::event::json_str_len(s) > cap => {
+            let kept = super::event::json_prefix(s, cap);
+            *s = format!("{kept}… [{} more bytes]", s.len() - kept.len());
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| cut_strings(i, cap)),
+        Value::Object(map) => map.values_mut().for_each(|i| cut_strings(i, cap)),
+        _ => {}
     }
 }
 
@@ -728,7 +764,46 @@ mod tests {
         let numbers = json!((0..5_000).collect::<Vec<u32>>());
         let kept = clipped(numbers, 1_000);
         assert_eq!(kept["clipped"], json!(true));
-        assert_eq!(kept["start"].as_str().unwrap().len(), 1_000);
+        assert!(json_size(&kept) <= 1_000, "{}", json_size(&kept));
+        assert!(kept["start"].as_str().unwrap().starts_with("[0,1,2,"));
+    }
+
+    /// Values of the shapes that once broke the bound: many short strings (a fallback
+    /// whose JSON text doubled as it was escaped again), quotes and control characters,
+    /// wide characters, deep nesting.
+    fn hostile() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let text = prop_oneof![
+            "[a-z]{0,12}",
+            "[\"\\\\\u{1}\n\t]{0,200}",
+            "[𝄞é\"]{0,300}",
+            "[a-z\"]{300,3000}",
+        ];
+        let leaf = prop_oneof![
+            text.prop_map(Value::String),
+            any::<i64>().prop_map(|n| json!(n)),
+            Just(Value::Null),
+        ];
+        leaf.prop_recursive(4, 400, 40, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..40).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-z\"]{1,8}", inner, 0..20)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        #[test]
+        fn the_bound_holds_for_any_value(value in hostile(), limit in 100usize..6_000) {
+            let fits = json_size(&value) <= limit;
+            let kept = clipped(value.clone(), limit);
+            proptest::prop_assert!(json_size(&kept) <= limit, "{} > {limit}", json_size(&kept));
+            if fits {
+                proptest::prop_assert_eq!(kept, value);
+            }
+        }
     }
 
     #[test]

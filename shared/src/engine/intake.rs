@@ -3,7 +3,7 @@
 
 use tracing::info;
 
-use crate::domain::{OutgoingTask, Signal, SignalKind};
+use crate::domain::{OutgoingTask, Signal};
 use crate::error::StoreError;
 use crate::ports::{SessionQueue, Store};
 
@@ -21,7 +21,7 @@ pub async fn submit(
     queue: &dyn SessionQueue,
     signal: Signal,
 ) -> Result<(), StoreError> {
-    if signal.kind == SignalKind::Message && !super::conversation::is_steering_command(&signal) {
+    if super::conversation::is_interaction(&signal) {
         store
             .record_interaction(&signal.agent_id, signal.created_at)
             .await?;

@@ -1,7 +1,8 @@
 //! Tool health: whether a tool's calls are mostly failing, told once to the agents'
 //! hooks as `TOOL_DEGRADED`, and once more as `TOOL_RECOVERED` when they stop failing.
 //!
-//! Outcomes are counted in fixed windows of the clock ([`WINDOW`]). A tool is degraded
+//! Outcomes are counted per agent and tool, in fixed windows of the clock ([`WINDOW`]):
+//! an agent's hooks are told of its own calls, never another agent's. A tool is degraded
 //! when, within one window, it has had at least [`MIN_CALLS`] calls and at least
 //! [`FAILED_SHARE`] % of them failed (an UNKNOWN outcome counts as failed: nobody knows
 //! it worked). It recovers in a later window with as many calls and a smaller share.
@@ -18,7 +19,7 @@ use std::sync::Mutex;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::domain::{Agent, HookRoute, HookType, ToolName};
+use crate::domain::{Agent, AgentId, HookRoute, HookType, ToolName};
 use crate::engine::hooks::{Emission, HookEmitter};
 
 /// The span outcomes are counted over.
@@ -100,19 +101,26 @@ struct Window {
     degraded_in: Option<u64>,
 }
 
-/// The counts of this process.
+/// The counts of this process, by agent and tool.
 #[derive(Default)]
 pub struct ToolHealth {
-    tools: Mutex<HashMap<ToolName, Window>>,
+    tools: Mutex<HashMap<(AgentId, ToolName), Window>>,
 }
 
 impl ToolHealth {
-    /// Counts an outcome of `tool` at `now`; the change it makes, if any.
-    pub fn record(&self, tool: &ToolName, ok: bool, now: Timestamp) -> Option<HealthChange> {
+    /// Counts an outcome of `agent`'s call of `tool` at `now`; the change it makes to
+    /// that agent's view of the tool, if any.
+    pub fn record(
+        &self,
+        agent: &AgentId,
+        tool: &ToolName,
+        ok: bool,
+        now: Timestamp,
+    ) -> Option<HealthChange> {
         let span = WINDOW.as_millis() as u64;
         let index = now.as_millisecond().max(0) as u64 / span;
         let mut tools = self.tools.lock().unwrap_or_else(|p| p.into_inner());
-        let w = tools.entry(tool.clone()).or_default();
+        let w = tools.entry((agent.clone(), tool.clone())).or_default();
         if w.index != index {
             w.index = index;
             w.calls = 0;
@@ -158,40 +166,60 @@ mod tests {
     #[test]
     fn a_tool_is_degraded_once_and_recovers_in_a_later_window() {
         let h = ToolHealth::default();
+        let me = AgentId::generate();
         let t = ToolName::parse("mailer").unwrap();
         // Four failures are too few to judge.
         for _ in 0..4 {
-            assert_eq!(h.record(&t, false, at(1)), None);
+            assert_eq!(h.record(&me, &t, false, at(1)), None);
         }
-        let degraded = h.record(&t, false, at(2)).expect("degraded at the fifth");
+        let degraded = h
+            .record(&me, &t, false, at(2))
+            .expect("degraded at the fifth");
         let change = degraded.clone();
         assert_eq!(change.hook_type.as_str(), HookType::TOOL_DEGRADED);
         assert_eq!((change.calls, change.failed), (5, 5));
         // Told once: more failures and a few successes in the same window say nothing.
         for ok in [false, true, true, true, true, true, true] {
-            assert_eq!(h.record(&t, ok, at(3)), None);
+            assert_eq!(h.record(&me, &t, ok, at(3)), None);
         }
         // The next window: four successes are too few, the fifth recovers it.
         for _ in 0..4 {
-            assert_eq!(h.record(&t, true, at(11)), None);
+            assert_eq!(h.record(&me, &t, true, at(11)), None);
         }
-        let change = h.record(&t, true, at(12)).expect("recovered");
+        let change = h.record(&me, &t, true, at(12)).expect("recovered");
         assert_eq!(change.hook_type.as_str(), HookType::TOOL_RECOVERED);
         assert_eq!(change.window_ms, degraded.window_ms + 600_000);
         assert_ne!(change.key(), degraded.key());
-        assert_eq!(h.record(&t, true, at(13)), None);
+        assert_eq!(h.record(&me, &t, true, at(13)), None);
     }
 
     #[test]
     fn under_half_failing_is_healthy_and_tools_are_counted_apart() {
         let h = ToolHealth::default();
+        let me = AgentId::generate();
         let (a, b) = (ToolName::parse("a").unwrap(), ToolName::parse("b").unwrap());
         for ok in [true, false, true, false, true, true] {
-            assert_eq!(h.record(&a, ok, at(0)), None);
+            assert_eq!(h.record(&me, &a, ok, at(0)), None);
         }
         for _ in 0..4 {
-            assert_eq!(h.record(&b, false, at(0)), None);
+            assert_eq!(h.record(&me, &b, false, at(0)), None);
         }
-        assert!(h.record(&b, false, at(0)).is_some());
+        assert!(h.record(&me, &b, false, at(0)).is_some());
+    }
+
+    #[test]
+    fn an_agent_is_told_of_its_own_calls_only() {
+        let h = ToolHealth::default();
+        let (me, other) = (AgentId::generate(), AgentId::generate());
+        let t = ToolName::parse("mailer").unwrap();
+        // Another agent's failure does not count toward mine.
+        assert_eq!(h.record(&other, &t, false, at(0)), None);
+        for _ in 0..4 {
+            assert_eq!(h.record(&me, &t, false, at(0)), None);
+        }
+        let change = h
+            .record(&me, &t, false, at(0))
+            .expect("degraded at my fifth");
+        assert_eq!((change.calls, change.failed), (5, 5));
     }
 }

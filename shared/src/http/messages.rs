@@ -9,14 +9,15 @@
 //! `pulse tokens create`) that speaks to one agent. A missing, unknown, expired or
 //! revoked token is 401 and a token for another agent 403, before the body is read;
 //! nothing is queued. Each token may make [`ApiRate`](crate::config::ApiRate) requests a
-//! minute (429 with `Retry-After` past that), counted by each receiver process.
+//! minute (429 with `Retry-After`, the seconds to the next minute, past that), counted
+//! in the store, so that every receiver sharing it — warm Lambda instances, `serve`
+//! processes — shares the one limit.
 //!
 //! A message's turn id is `tn_` + its own ULID. When the agent answers several messages
 //! at once (a second message arrived while it thought about the first), the turn that
 //! answered them carries the first one's id: `answered_by` says which.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
@@ -24,14 +25,14 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use jiff::{SignedDuration, Timestamp};
+use jiff::SignedDuration;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::{Inbound, Json, StreamSlot, error_response, store_failure};
 use crate::domain::{
-    AgentId, ApiToken, ContentBlock, MAX_SIGNAL_TEXT, Signal, SignalId, SignalMeta, TokenId,
-    TokenRefusal, Turn, TurnId, TurnStatus, parse_duration,
+    AgentId, ApiToken, ContentBlock, MAX_SIGNAL_TEXT, Signal, SignalId, SignalMeta, TokenRefusal,
+    Turn, TurnId, TurnStatus, parse_duration,
 };
 use crate::engine::intake;
 
@@ -47,53 +48,14 @@ const LOOK_EVERY: Duration = Duration::from_millis(200);
 /// that, the id is unknown (never sent, or removed by retention).
 const QUEUED_FOR: SignedDuration = SignedDuration::from_hours(24);
 
-/// Requests one API token may make a minute on the messages API (default 60, in bursts
-/// of up to a third of that): `PULSE_API_RATE`.
+/// Requests one API token may make a minute on the messages API (default 60), counted
+/// in the store by the minute: `PULSE_API_RATE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApiRate(pub u32);
 
 impl Default for ApiRate {
     fn default() -> Self {
         Self(60)
-    }
-}
-
-/// Per-token request budgets, refilled continuously: `rate` a minute, in bursts of up
-/// to a third of it.
-pub(crate) struct TokenBuckets {
-    rate: u32,
-    buckets: Mutex<HashMap<TokenId, (f64, Timestamp)>>,
-}
-
-impl TokenBuckets {
-    pub(crate) fn new(rate: u32) -> Self {
-        Self {
-            rate: rate.max(1),
-            buckets: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Takes one request from `token`'s budget, or the seconds until one is there.
-    fn take(&self, token: &TokenId, now: Timestamp) -> Result<(), u64> {
-        let per_sec = f64::from(self.rate) / 60.0;
-        let burst = (f64::from(self.rate) / 3.0).max(1.0);
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() > 10_000 {
-            // Forget the full ones: they are the same as new.
-            buckets.retain(|_, (left, at)| {
-                *left + per_sec * now.duration_since(*at).as_secs_f64().max(0.0) < burst
-            });
-        }
-        let (left, at) = buckets.entry(token.clone()).or_insert((burst, now));
-        let elapsed = now.duration_since(*at).as_secs_f64().max(0.0);
-        *left = (*left + elapsed * per_sec).min(burst);
-        *at = now;
-        if *left >= 1.0 {
-            *left -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - *left) / per_sec).ceil().max(1.0) as u64)
-        }
     }
 }
 
@@ -120,7 +82,14 @@ async fn admitted(inbound: &Inbound, headers: &HeaderMap) -> Result<ApiToken, Re
         Err(e) => return Err(store_failure("read the API token", &e)),
     };
     token.admit(secret, now).map_err(refuse)?;
-    if let Err(wait) = inbound.api_buckets.take(&token.id, now) {
+    let counted = inbound
+        .store
+        .count_api_request(&token.id, now, inbound.config.api_rate.0.max(1))
+        .await
+        .map_err(|e| store_failure("count the request", &e))?;
+    if !counted {
+        // Until the next minute, when the count starts again.
+        let wait = (60 - now.as_second().rem_euclid(60)).max(1) as u64;
         let mut r = error_response(
             StatusCode::TOO_MANY_REQUESTS,
             format!(
@@ -457,23 +426,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_token_spends_its_burst_then_waits_for_the_refill() {
-        let buckets = TokenBuckets::new(6);
-        let t = TokenId::generate();
-        let now = Timestamp::from_second(1_800_000_000).unwrap();
-        assert_eq!(buckets.take(&t, now), Ok(()));
-        assert_eq!(buckets.take(&t, now), Ok(()));
-        // A burst of a third of 6 a minute is 2; the next comes 10 s later.
-        assert_eq!(buckets.take(&t, now), Err(10));
-        assert_eq!(
-            buckets.take(&t, now + SignedDuration::from_secs(10)),
-            Ok(())
-        );
-        assert_eq!(
-            buckets.take(&TokenId::generate(), now),
-            Ok(()),
-            "budgets are per token"
-        );
+    fn the_openapi_document_is_json() {
         assert!(serde_json::from_str::<serde_json::Value>(OPENAPI).is_ok());
     }
 }

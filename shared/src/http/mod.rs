@@ -55,8 +55,6 @@ pub struct Inbound {
     pub(crate) config: InboundConfig,
     /// The signed-webhook use case.
     pub(crate) webhooks: crate::engine::WebhookIntake,
-    /// The messages API's per-token budgets.
-    pub(crate) api_buckets: messages::TokenBuckets,
 }
 
 impl Inbound {
@@ -78,7 +76,6 @@ impl Inbound {
             clock.clone(),
             config.delivery_memory,
         );
-        let api_buckets = messages::TokenBuckets::new(config.api_rate.0);
         Self {
             store,
             queue,
@@ -86,7 +83,6 @@ impl Inbound {
             discord_key,
             config,
             webhooks,
-            api_buckets,
         }
     }
 }

@@ -296,4 +296,13 @@ pub trait TokenStore: Send + Sync {
     /// Marks a token revoked at `at` (a token revoked already keeps its first time).
     /// `NotFound` if there is none.
     async fn revoke_token(&self, id: &TokenId, at: jiff::Timestamp) -> Result<(), StoreError>;
+    /// Counts one request of `token` in the minute `now` falls in, unless `limit` were
+    /// counted in it already: true when counted, false when over the limit. The count is
+    /// the store's, so every receiver sharing it shares the limit.
+    async fn count_api_request(
+        &self,
+        token: &TokenId,
+        now: jiff::Timestamp,
+        limit: u32,
+    ) -> Result<bool, StoreError>;
 }

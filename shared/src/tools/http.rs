@@ -47,7 +47,9 @@ impl HttpTool {
             headers.insert("idempotency-key", v.clone());
             headers.insert("x-pulse-action-id", v);
         }
-        let body = serde_json::to_vec(request).unwrap_or_default();
+        let body = serde_json::to_vec(&on_the_wire(request)).unwrap_or_default();
+        // What every error below says of the URL: no credentials, no query values.
+        let url_shown = pulse_egress::redacted(url);
         let resp = match self
             .egress
             .post(url, headers, body.into(), timeout, MAX_BODY)
@@ -55,7 +57,7 @@ impl HttpTool {
         {
             Ok(r) => r,
             Err(e) => {
-                let why = describe(url, timeout, &e);
+                let why = describe(&url_shown, timeout, &e);
                 let failure = if sent(&e) {
                     ToolFailure::Unknown(format!(
                         "{why}, after the request was sent: the tool may have done its work"
@@ -73,7 +75,7 @@ impl HttpTool {
         if resp.truncated {
             return failure(
                 format!(
-                    "the tool at {url} answered with a body over {} KiB",
+                    "the tool at {url_shown} answered with a body over {} KiB",
                     MAX_BODY / 1024
                 ),
                 Some(json!({ "status": status.as_u16() })),
@@ -83,7 +85,7 @@ impl HttpTool {
         if !status.is_success() {
             return failure(
                 format!(
-                    "the tool at {url} answered HTTP {status}{}",
+                    "the tool at {url_shown} answered HTTP {status}{}",
                     excerpt_suffix(&body)
                 ),
                 Some(json!({ "status": status.as_u16(), "body": excerpt(&body) })),
@@ -93,7 +95,7 @@ impl HttpTool {
             Ok(v) => v,
             Err(e) => {
                 return failure(
-                    format!("the tool at {url} answered with a body that is not JSON: {e}"),
+                    format!("the tool at {url_shown} answered with a body that is not JSON: {e}"),
                     Some(json!({ "status": status.as_u16(), "body": excerpt(&body) })),
                 );
             }
@@ -104,7 +106,7 @@ impl HttpTool {
                 response_meta: Some(json),
             },
             Err(why) => failure(
-                format!("the tool at {url} answered with a malformed response: {why}"),
+                format!("the tool at {url_shown} answered with a malformed response: {why}"),
                 Some(json),
             ),
         }
@@ -133,7 +135,18 @@ fn sent(e: &EgressError) -> bool {
     )
 }
 
-fn describe(url: &Url, timeout: Duration, e: &EgressError) -> String {
+/// The request as the protocol documents it: the agent as `{id, name, instructions}`.
+/// Its persona and think policy are the agent's own, not every subscribed tool's (a
+/// subscription for every agent would otherwise receive every agent's persona).
+fn on_the_wire(request: &ToolRequest) -> Value {
+    let mut v = serde_json::to_value(request).unwrap_or(Value::Null);
+    if let Some(agent) = v.get_mut("agent").and_then(Value::as_object_mut) {
+        agent.retain(|k, _| matches!(k.as_str(), "id" | "name" | "instructions"));
+    }
+    v
+}
+
+fn describe(url: &str, timeout: Duration, e: &EgressError) -> String {
     match e {
         EgressError::Timeout(_) => format!("the tool at {url} did not answer within {timeout:?}"),
         EgressError::Refused(_) => format!("the tool at {url} is not reachable from Pulse: {e}"),

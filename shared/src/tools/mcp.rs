@@ -296,7 +296,10 @@ impl McpClients {
         // The client's resolver checks names as it connects; an address written in the
         // URL is checked here.
         self.egress.check(url).await.map_err(|e| {
-            format!("the MCP server {name} at {url} is not reachable from Pulse: {e}")
+            format!(
+                "the MCP server {name} at {} is not reachable from Pulse: {e}",
+                pulse_egress::redacted(url)
+            )
         })?;
         let mut custom = HashMap::new();
         for (k, v) in headers {
@@ -318,7 +321,8 @@ impl McpClients {
         handler.serve(transport).await.map_err(|e| {
             warn!(server = %name, error = %e, "no MCP session");
             format!(
-                "the MCP server {name} at {url} did not open a session (is it an MCP server, over streamable HTTP?): {e}"
+                "the MCP server {name} at {} did not open a session (is it an MCP server, over streamable HTTP?): {e}",
+                pulse_egress::redacted(url)
             )
         })
     }

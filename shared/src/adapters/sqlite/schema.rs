@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 14;
+const SCHEMA_VERSION: i64 = 15;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -366,6 +366,17 @@ CREATE TABLE tool_times (
 CREATE INDEX tool_times_by_agent ON tool_times (agent_id, hour);
 "#;
 
+/// Version 15: the messages API's requests counted by token and minute in the store, so
+/// that every process serving the API shares one limit.
+const SCHEMA_V15: &str = r#"
+CREATE TABLE api_counts (
+    token_id  TEXT NOT NULL,
+    minute    INTEGER NOT NULL,
+    count     INTEGER NOT NULL,
+    PRIMARY KEY (token_id, minute)
+) WITHOUT ROWID;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -426,6 +437,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         if version < 14 {
             conn.execute_batch(SCHEMA_V14).map_err(&err)?;
             super::actions::count_logged_calls(conn)?;
+        }
+        if version < 15 {
+            conn.execute_batch(SCHEMA_V15).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

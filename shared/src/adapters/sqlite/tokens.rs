@@ -44,6 +44,40 @@ impl TokenStore for SqliteStore {
             .await
     }
 
+    async fn count_api_request(
+        &self,
+        token: &TokenId,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<bool, StoreError> {
+        let (id, minute) = (token.to_string(), now.as_second().div_euclid(60));
+        self.db
+            .call("count API request", move |conn| {
+                let op = sqlite_err("count API request");
+                let count: Option<i64> = conn
+                    .prepare_cached(
+                        "INSERT INTO api_counts (token_id, minute, count) VALUES (?1, ?2, 1) \
+                         ON CONFLICT (token_id, minute) DO UPDATE SET count = count + 1 \
+                         WHERE count < ?3 RETURNING count",
+                    )
+                    .and_then(|mut st| {
+                        st.query_row(params![id, minute, limit], |r| r.get(0))
+                            .optional()
+                    })
+                    .map_err(&op)?;
+                // The minute's first request: the token's past minutes go.
+                if count == Some(1) {
+                    conn.exec(
+                        "DELETE FROM api_counts WHERE token_id = ?1 AND minute < ?2",
+                        params![id, minute],
+                    )
+                    .map_err(&op)?;
+                }
+                Ok(count.is_some())
+            })
+            .await
+    }
+
     async fn list_tokens(&self, agent: Option<&AgentId>) -> Result<Vec<ApiToken>, StoreError> {
         let agent = agent.map(ToString::to_string);
         self.db

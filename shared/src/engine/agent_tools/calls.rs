@@ -162,7 +162,10 @@ impl AgentTools {
         }
         self.finish_hooks(offer, site, &action).await;
         let ok = action.status == ActionStatus::Completed;
-        if let Some(change) = self.health.record(&action.tool, ok, self.clock.now()) {
+        if let Some(change) =
+            self.health
+                .record(&action.agent_id, &action.tool, ok, self.clock.now())
+        {
             change
                 .announce(self.hooks.as_ref(), &offer.routes, site.agent)
                 .await;

@@ -85,7 +85,8 @@ impl Conversation {
             let part = turn.parts[i].clone();
             let result = match (&turn.target, &self.discord) {
                 (ReplyTarget::None, _) | (_, None) => {
-                    info!(turn_id = %turn.id, reply = %part, "reply stored (no Discord destination configured)");
+                    // Ids and sizes, not what was said: message texts stay out of logs.
+                    info!(turn_id = %turn.id, part = i + 1, chars = part.chars().count(), "reply stored (no Discord destination configured)");
                     Ok(None)
                 }
                 (ReplyTarget::Interaction(it), Some(d)) => {

@@ -54,10 +54,13 @@ fn kept_steps(steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
     }
 }
 
-/// Whether `signal` is a steering command (see [`commands`]), well formed or not: it is
-/// answered without the model and is not an interaction.
-pub(crate) fn is_steering_command(signal: &Signal) -> bool {
-    commands::parse(signal).is_some()
+/// Whether `signal` is the user speaking: a message that is not a steering command
+/// (see [`commands`]; anyone's, well formed or not, refused or not: it is answered
+/// without the model). The one rule for what counts as an interaction — at intake (the
+/// cancel mark a running heartbeat reads), when a turn wakes an auto-paused agent, and
+/// when its end starts the quiet period.
+pub(crate) fn is_interaction(signal: &Signal) -> bool {
+    signal.kind == SignalKind::Message && commands::parse(signal).is_none()
 }
 
 /// Tunables of conversation turns.
@@ -279,7 +282,7 @@ impl Conversation {
     ) -> Result<(), EngineError> {
         let now = self.clock.now();
         let turn_id = TurnId::for_signal(&pending[0].id);
-        let user_spoke = pending.iter().any(|s| s.kind == SignalKind::Message);
+        let user_spoke = pending.iter().any(is_interaction);
         if user_spoke && agent.auto_paused_since.is_some() {
             crate::engine::silence::wake(self.store.as_ref(), self.hooks.as_ref(), agent, now)
                 .await?;
@@ -337,7 +340,7 @@ impl Conversation {
         outcome: &mut TurnOutcome,
         now: Timestamp,
     ) -> Result<Asked, EngineError> {
-        let user_spoke = talk.iter().any(|s| s.kind == SignalKind::Message);
+        let user_spoke = talk.iter().any(is_interaction);
         Ok(match spent {
             None => {
                 outcome.asked_model = true;
@@ -356,7 +359,7 @@ impl Conversation {
                 // supersedes it.
                 let known = talk
                     .iter()
-                    .filter(|s| s.kind == SignalKind::Message)
+                    .filter(|s| is_interaction(s))
                     .map(|s| s.created_at)
                     .chain(agent.last_interaction_at)
                     .max();

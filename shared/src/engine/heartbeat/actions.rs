@@ -101,7 +101,10 @@ impl HeartbeatRunner {
                 )
             {
                 let ok = action.status == ActionStatus::Completed;
-                if let Some(change) = self.health.record(&tool.name, ok, completed_at) {
+                if let Some(change) =
+                    self.health
+                        .record(&plan.agent.id, &tool.name, ok, completed_at)
+                {
                     change
                         .announce(self.hooks.as_ref(), &plan.routes, &plan.agent)
                         .await;
@@ -178,12 +181,18 @@ impl HeartbeatRunner {
         tool: &Tool,
     ) -> Result<Begun, EngineError> {
         let id = ActionId::for_event(&event.id, &tool.name);
+        let mut heartbeat = plan.heartbeat_context.clone();
+        // What the tools found is for the heartbeat agent to think about: no other tool
+        // is sent another tool's output.
+        if tool.name.as_str() != HEARTBEAT_AGENT || event.id != plan.heartbeat_event.id {
+            heartbeat.found = Default::default();
+        }
         let mut request = ToolRequest {
             action_id: id.clone(),
             attempt: 1,
             event: event.clone(),
             agent: plan.agent_context.clone(),
-            heartbeat: plan.heartbeat_context.clone(),
+            heartbeat,
             tool_config: tool.config.clone(),
         };
         let mut action = Action {

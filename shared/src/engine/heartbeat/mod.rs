@@ -317,7 +317,6 @@ impl HeartbeatRunner {
         if plan.hour.1 > plan.agent.beat_cap() {
             return self.trip(plan).await;
         }
-        self.check_budget(&mut plan, now).await?;
         self.emit(
             &plan,
             HookType::of(HookType::BEFORE_HEARTBEAT),
@@ -463,8 +462,9 @@ impl HeartbeatRunner {
         Ok(())
     }
 
-    /// The daily budget, read only when the heartbeat agent is about to think: spent,
-    /// the heartbeat agent is told so (and BUDGET_EXHAUSTED fires once a day).
+    /// The daily budget, read only when the heartbeat agent is about to think (after the
+    /// tools, so what they found counts): spent, the heartbeat agent is told so (and
+    /// BUDGET_EXHAUSTED fires once a day).
     async fn check_budget(&self, plan: &mut Plan, now: Timestamp) -> Result<(), EngineError> {
         if plan.agent.budgets.daily_tokens.is_none()
             || plan.agent_context.thinks(&plan.heartbeat_context).is_err()
@@ -571,6 +571,9 @@ impl HeartbeatRunner {
             return Ok(stats);
         }
         plan.heartbeat_context.found = found;
+        // The budget is read when the model would be called, whatever makes it think:
+        // events in the window, or what the tools just found.
+        self.check_budget(plan, self.clock.now()).await?;
         let hb_event = vec![plan.heartbeat_event.clone()];
         self.levels(
             plan,
