@@ -42,27 +42,9 @@ impl TokenStore for DynamoStore {
         limit: u32,
     ) -> Result<bool, StoreError> {
         let minute = now.as_second().div_euclid(60);
-        let r = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(counts_pk(token), minute.to_string())))
-            .update_expression("ADD #c :one SET #exp = :exp")
-            .condition_expression("attribute_not_exists(#c) OR #c < :limit")
-            .expression_attribute_names("#c", "count")
-            .expression_attribute_names("#exp", super::TTL_ATTRIBUTE)
-            .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":limit", n(limit))
-            .expression_attribute_values(":exp", n((minute + 3) * 60))
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "count API request", other)),
-            },
-        }
+        let at = key(counts_pk(token), minute.to_string());
+        self.count_up("count API request", at, limit, (minute + 3) * 60)
+            .await
     }
 
     async fn list_tokens(&self, agent: Option<&AgentId>) -> Result<Vec<ApiToken>, StoreError> {

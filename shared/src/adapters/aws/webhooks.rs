@@ -190,22 +190,39 @@ impl DynamoStore {
 
     /// Adds one to the hour's counter unless it has reached the limit.
     async fn count(&self, a: &Acceptance, limit: RateLimit) -> Result<bool, StoreError> {
-        let now = a.log.received_at;
-        let window = RateLimit::window(now);
+        let window = RateLimit::window(a.log.received_at);
+        let at = key(webhook_pk(&a.log.webhook_id), format!("RL#{window}"));
+        self.count_up(
+            "count webhook request",
+            at,
+            limit.per_hour,
+            (window + 2) * 3600,
+        )
+        .await
+    }
+
+    /// Adds one to the counter item at `at` unless it has reached `limit`, and sets it
+    /// to expire at `expires` (seconds since 1970): false when it had. One conditional
+    /// UpdateItem, so every process counting on the table shares the count.
+    pub(super) async fn count_up(
+        &self,
+        op: &'static str,
+        at: Item,
+        limit: u32,
+        expires: i64,
+    ) -> Result<bool, StoreError> {
         let r = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(key(
-                webhook_pk(&a.log.webhook_id),
-                format!("RL#{window}"),
-            )))
-            .update_expression("ADD #c :one SET expires_at = :exp")
+            .set_key(Some(at))
+            .update_expression("ADD #c :one SET #exp = :exp")
             .condition_expression("attribute_not_exists(#c) OR #c < :limit")
             .expression_attribute_names("#c", "count")
+            .expression_attribute_names("#exp", super::TTL_ATTRIBUTE)
             .expression_attribute_values(":one", n(1))
-            .expression_attribute_values(":limit", n(limit.per_hour))
-            .expression_attribute_values(":exp", n((window + 2) * 3600))
+            .expression_attribute_values(":limit", n(limit))
+            .expression_attribute_values(":exp", n(expires))
             .return_values(ReturnValue::None)
             .send()
             .await;
@@ -213,7 +230,7 @@ impl DynamoStore {
             Ok(_) => Ok(true),
             Err(e) => match e.into_service_error() {
                 aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "count webhook request", other)),
+                other => Err(StoreError::backend("dynamodb", op, other)),
             },
         }
     }
