@@ -298,7 +298,6 @@ _SqsHandler._authenticate_and_authorize_normal_action = _authorising_each(_sqs_t
 # process at once, and so does its parent's end: the kernel sends it SIGKILL when the
 # process that started it dies (PR_SET_PDEATHSIG, set at the top), and the watchdog
 # also sees the parent change.
-import signal as _signal  # noqa: E402
 import sys as _sys  # noqa: E402
 import time as _time  # noqa: E402
 

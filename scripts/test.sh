@@ -89,7 +89,7 @@ finish() {
         printf '%s\n' "${STAGE_TIMES[@]}"
     fi
     grep -h "^moto_server: stopped" target/moto-*.log 2>/dev/null || true
-    echo "==> disk held at the end: target/ $(du -sh target 2>/dev/null | cut -f1), .venv $(du -sh "$VENV" 2>/dev/null | cut -f1)"
+    echo "==> disk held at the end: target/ $(du -sh target 2>/dev/null | cut -f1), .venv $(du -sh "${VENV:-.venv}" 2>/dev/null | cut -f1)"
     if [ "${CI:-}" = true ]; then
         rm -rf target
         echo "==> CI=true: target/ removed"
