@@ -15,9 +15,9 @@ use jiff::Timestamp;
 use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ApiToken, ClaimRequest,
     ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt,
-    HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryId, Registry, Schedule,
-    ScheduleId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool, ToolCount, ToolName,
-    Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryChange, MemoryId, Registry,
+    Schedule, ScheduleId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool, ToolCount,
+    ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
@@ -156,6 +156,8 @@ faulty!(MemoryStore {
     fn memory_version(&self, agent: &AgentId) -> u64;
     fn reinforce(&self, memories: &[Memory]) -> Vec<MemoryId>;
     fn forget(&self, agent: &AgentId, id: &MemoryId) -> bool;
+    fn change(&self, agent: &AgentId, changes: &[MemoryChange]) -> bool;
+    fn set_vectors(&self, agent: &AgentId, memories: &[Memory]) -> Vec<MemoryId>;
 });
 
 faulty!(ScheduleStore {

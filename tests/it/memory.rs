@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use jiff::SignedDuration;
-use pulse_shared::domain::{Agent, Memory, MemoryId, MemoryKind, MemoryStatus};
+use pulse_shared::domain::{Agent, Memory, MemoryChange, MemoryId, MemoryKind, MemoryStatus};
 use pulse_shared::embed::HttpEmbedder;
 use pulse_shared::engine::memory::consolidate::{self, Consolidated};
 use pulse_shared::engine::memory::{Memories, Recall};
@@ -39,6 +39,18 @@ const CONCEPTS: [&[&str]; 3] = [
 struct Fake {
     failing: AtomicBool,
     texts: AtomicUsize,
+    /// A text whose embedding is held until the gate opens, and the signal that it came.
+    held: std::sync::Mutex<Option<(String, Arc<tokio::sync::Semaphore>)>>,
+    arrived: tokio::sync::Notify,
+}
+
+impl Fake {
+    /// Holds the next request that embeds `text` until the returned gate gets a permit.
+    fn hold(&self, text: &str) -> Arc<tokio::sync::Semaphore> {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        *self.held.lock().unwrap() = Some((text.to_owned(), gate.clone()));
+        gate
+    }
 }
 
 fn vector(text: &str, dims: usize) -> Vec<f32> {
@@ -79,6 +91,16 @@ async fn embeddings(
         .map(|t| t.as_str().unwrap().to_owned())
         .collect();
     f.texts.fetch_add(input.len(), Ordering::SeqCst);
+    let gate = {
+        let held = f.held.lock().unwrap();
+        held.as_ref()
+            .filter(|(t, _)| input.contains(t))
+            .map(|(_, g)| g.clone())
+    };
+    if let Some(gate) = gate {
+        f.arrived.notify_one();
+        let _ = gate.acquire().await.unwrap();
+    }
     let data: Vec<Value> = input
         .iter()
         .enumerate()
@@ -95,6 +117,8 @@ async fn fake_embeddings() -> (Arc<Fake>, url::Url) {
     let fake = Arc::new(Fake {
         failing: AtomicBool::new(false),
         texts: AtomicUsize::new(0),
+        held: std::sync::Mutex::new(None),
+        arrived: tokio::sync::Notify::new(),
     });
     let app = axum::Router::new()
         .route("/v1/embeddings", axum::routing::post(embeddings))
@@ -711,4 +735,263 @@ async fn reinforcement_races(kind: Kind) {
     let boss = stored(&kept[2].id).await.unwrap();
     assert_eq!(boss.recalls, 3, "three recalls, three reinforcements");
     assert_eq!(boss.weighed_beat, 20);
+}
+
+on_both_backends!(
+    a_memory_is_rewritten_only_as_it_was_read_all_or_none_and_a_vector_touches_nothing_else,
+    conditional_writes
+);
+async fn conditional_writes(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (_, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    let kept = memories
+        .remember(
+            &agent.id,
+            vec![
+                memory(&b, &agent, 0, "the dog is called Rex", 0),
+                memory(&b, &agent, 1, "the cat is called Tom", 0),
+                memory(&b, &agent, 2, "the boss is called Ana", 0),
+            ],
+        )
+        .await
+        .unwrap();
+    let stored = |id: &MemoryId| {
+        let (store, agent, id) = (b.store.clone(), agent.id.clone(), id.clone());
+        async move { store.get_memory(&agent, &id).await.unwrap() }
+    };
+    let folded = |m: &Memory, into: &Memory| {
+        let mut f = m.clone();
+        f.folded_into = Some(into.id.clone());
+        MemoryChange::of(m, f)
+    };
+    let version = b.store.memory_version(&agent.id).await.unwrap();
+
+    // A recall lands after the read: a fold of that read is refused, and the one beside
+    // it in the same write is not made either.
+    let mut recalled = kept[0].clone();
+    recalled.reinforce(5, 2_880, 0.1, b.now());
+    assert!(b.store.reinforce(&[recalled]).await.unwrap().is_empty());
+    assert!(
+        !b.store
+            .change(
+                &agent.id,
+                &[folded(&kept[1], &kept[2]), folded(&kept[0], &kept[2])]
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        stored(&kept[1].id).await.unwrap().folded_into,
+        None,
+        "all or none"
+    );
+    assert_eq!(
+        stored(&kept[0].id).await.unwrap().recalls,
+        1,
+        "the recall stands"
+    );
+    assert_eq!(b.store.memory_version(&agent.id).await.unwrap(), version);
+
+    // A forget lands after the read: the change does not bring the memory back.
+    assert!(b.store.forget(&agent.id, &kept[1].id).await.unwrap());
+    assert!(
+        !b.store
+            .change(&agent.id, &[folded(&kept[1], &kept[2])])
+            .await
+            .unwrap()
+    );
+    assert_eq!(stored(&kept[1].id).await, None, "forgotten stays forgotten");
+
+    // A fold lands after the read: a second fold of the same read is refused.
+    let fresh = stored(&kept[0].id).await.unwrap();
+    assert!(
+        b.store
+            .change(&agent.id, &[folded(&fresh, &kept[2])])
+            .await
+            .unwrap()
+    );
+    let again = folded(&fresh, &kept[1]);
+    assert!(!b.store.change(&agent.id, &[again]).await.unwrap());
+    let now_folded = stored(&kept[0].id).await.unwrap();
+    assert_eq!(now_folded.folded_into.as_ref(), Some(&kept[2].id));
+    assert!(
+        now_folded.embedding.is_some(),
+        "a change keeps the stored vector"
+    );
+    // Restoring from what is stored now works.
+    let mut back = now_folded.clone();
+    back.folded_into = None;
+    assert!(
+        b.store
+            .change(&agent.id, &[MemoryChange::of(&now_folded, back)])
+            .await
+            .unwrap()
+    );
+    assert_eq!(stored(&kept[0].id).await.unwrap().folded_into, None);
+
+    // A new memory is written only if its id is free.
+    let mut twin = kept[2].clone();
+    twin.text = "the boss is called Bob".to_owned();
+    assert!(
+        !b.store
+            .change(&agent.id, &[MemoryChange::new(twin)])
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        stored(&kept[2].id).await.unwrap().text,
+        "the boss is called Ana"
+    );
+    let new = memory(&b, &agent, 3, "the fish is called Nemo", 0);
+    assert!(
+        b.store
+            .change(&agent.id, &[MemoryChange::new(new.clone())])
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        stored(&new.id).await.unwrap().text,
+        "the fish is called Nemo"
+    );
+    assert!(b.store.memory_version(&agent.id).await.unwrap() > version);
+
+    // Vectors alone: a forgotten memory is not brought back, a fold stands.
+    let mut with_vector = vec![kept[1].clone(), now_folded.clone()];
+    for m in &mut with_vector {
+        m.embedding = Some(pulse_shared::domain::Embedding {
+            model: "other".to_owned(),
+            values: vec![1; 8],
+        });
+        m.folded_into = None;
+    }
+    let fold_again = folded(&stored(&kept[0].id).await.unwrap(), &kept[2]);
+    assert!(b.store.change(&agent.id, &[fold_again]).await.unwrap());
+    let missed = b.store.set_vectors(&agent.id, &with_vector).await.unwrap();
+    assert_eq!(missed, vec![kept[1].id.clone()]);
+    assert_eq!(stored(&kept[1].id).await, None);
+    let vectored = stored(&kept[0].id).await.unwrap();
+    assert_eq!(vectored.embedding.unwrap().model, "other");
+    assert_eq!(
+        vectored.folded_into.as_ref(),
+        Some(&kept[2].id),
+        "the fold stands"
+    );
+}
+
+on_both_backends!(
+    a_forget_made_while_a_recall_embeds_or_a_consolidation_thinks_is_never_undone,
+    forget_races
+);
+async fn forget_races(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (fake, url) = fake_embeddings().await;
+    let memories = Arc::new(Memories::new(b.store.clone(), embedder(&url, 64)));
+    // Kept while the embedder was down: no vector yet, so a recall backfills it.
+    let late = memory(&b, &agent, 0, "the dog is called Rex", 0);
+    b.store.remember(std::slice::from_ref(&late)).await.unwrap();
+    let gate = fake.hold("the dog is called Rex");
+    let recall = tokio::spawn({
+        let (memories, agent) = (memories.clone(), agent.clone());
+        async move {
+            memories
+                .recall(
+                    &agent,
+                    &Recall::for_model("what is the cat called?", 1),
+                    jiff::Timestamp::now(),
+                )
+                .await
+                .unwrap()
+        }
+    });
+    // The backfill is embedding it when another process forgets it.
+    fake.arrived.notified().await;
+    assert!(b.store.forget(&agent.id, &late.id).await.unwrap());
+    gate.add_permits(1);
+    recall.await.unwrap();
+    assert_eq!(
+        b.store.get_memory(&agent.id, &late.id).await.unwrap(),
+        None,
+        "the backfill does not bring it back"
+    );
+
+    // A consolidation reads six faded episodes and asks the model for a summary; one
+    // of them is forgotten while it waits.
+    let (dreamer, _) = b.agent("dreamer", "15m").await;
+    let llm = FakeLlm::start().await;
+    let discord = pulse_tests::fake_discord::FakeDiscord::start().await;
+    let services = pulse_tests::fake_services(&llm, &discord);
+    let mut batch: Vec<Memory> = (0..10u64)
+        .map(|i| memory(&b, &dreamer, 200 + i, &format!("colour number {i}"), 0))
+        .collect();
+    for i in 0..6u64 {
+        let mut m = memory(
+            &b,
+            &dreamer,
+            100 + i,
+            &format!("met Ana for lunch on day {i}"),
+            0,
+        );
+        m.kind = MemoryKind::Episode;
+        batch.push(m);
+    }
+    let kept = memories.remember(&dreamer.id, batch).await.unwrap();
+    b.advance(SignedDuration::from_hours(24 * 8));
+    llm.script([
+        Scripted::text("The user often has lunch with Ana."),
+        Scripted::text("The user often has lunch with Ana."),
+    ]);
+    llm.hold();
+    let pass = |memories: Arc<Memories>| {
+        let (store, llm, dreamer, now) = (
+            b.store.clone(),
+            services.llm.clone(),
+            dreamer.clone(),
+            b.now(),
+        );
+        async move {
+            consolidate::consolidate(
+                &memories,
+                store.as_ref(),
+                Some(llm.as_ref()),
+                &dreamer,
+                2 * 2_880 + 1,
+                now,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let first = tokio::spawn(pass(memories.clone()));
+    llm.wait_for(1).await;
+    let episodes: Vec<&Memory> = kept
+        .iter()
+        .filter(|m| m.kind == MemoryKind::Episode)
+        .collect();
+    assert!(b.store.forget(&dreamer.id, &episodes[0].id).await.unwrap());
+    llm.release();
+    let done = first.await.unwrap();
+    assert_eq!(
+        (done.summarized, done.changed_meanwhile),
+        (0, 4),
+        "{done:?}"
+    );
+    assert!(done.no_summary.unwrap().contains("changed"));
+    assert_eq!(
+        b.store
+            .get_memory(&dreamer.id, &episodes[0].id)
+            .await
+            .unwrap(),
+        None,
+        "forgotten stays forgotten"
+    );
+    let all = b.store.all_memories(&dreamer.id).await.unwrap();
+    assert_eq!(all.len(), 15, "no summary written: {all:?}");
+    assert!(all.iter().all(|m| m.folded_into.is_none()));
+    // The next pass sums up what is left.
+    let done = pass(memories.clone()).await;
+    assert_eq!(done.summarized, 3, "{done:?}");
+    assert_eq!(done.changed_meanwhile, 0);
 }

@@ -334,6 +334,12 @@ pub(crate) async fn execute(plan: MemoriesPlan, cx: &Ctx<'_>) -> Result<(), Fail
                 done.held_back,
                 done.tokens
             );
+            if done.changed_meanwhile > 0 {
+                eprintln!(
+                    "{} not folded: their memories changed during the pass (forgotten, folded or recalled elsewhere); the next pass tries again",
+                    count(done.changed_meanwhile, "memory")
+                );
+            }
             if let Some(why) = &done.no_summary {
                 eprintln!("no summary of old faded episodes: {why}");
             }

@@ -329,6 +329,46 @@ pub enum MemoryStatus {
     Suspended,
 }
 
+/// One write of a memory that is conditional on the store still holding what was read:
+/// a new memory is written only if its id is free; a memory read before is rewritten
+/// (all but its vector) only if it still exists with the recall count and the fold it
+/// was read with. A forget, a fold or a recall landing between the read and the write
+/// therefore stands, and the write is refused instead.
+#[derive(Clone, Debug)]
+pub struct MemoryChange {
+    /// What to write.
+    pub memory: Memory,
+    /// What the store held when it was read: `None` for a new memory.
+    pub read: Option<MemoryRead>,
+}
+
+/// What a conditional write of a memory expects the store to still hold.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryRead {
+    /// Its recall count: every recall bumps it.
+    pub recalls: u32,
+    /// The memory it was folded into.
+    pub folded_into: Option<MemoryId>,
+}
+
+impl MemoryChange {
+    /// A new memory, written only if its id is free.
+    pub fn new(memory: Memory) -> Self {
+        Self { memory, read: None }
+    }
+
+    /// `changed`, written over `read` only if the store still holds it as read.
+    pub fn of(read: &Memory, changed: Memory) -> Self {
+        Self {
+            memory: changed,
+            read: Some(MemoryRead {
+                recalls: read.recalls,
+                folded_into: read.folded_into.clone(),
+            }),
+        }
+    }
+}
+
 impl MemoryStatus {
     /// Its name.
     pub fn as_str(self) -> &'static str {

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use crate::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, AgentId, ApiToken, ConversationMessage, Event,
     EventCursor, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory,
-    MemoryId, Registry, Schedule, ScheduleId, SignalId, Subscription, SubscriptionId, TokenId,
-    Tool, ToolCount, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    MemoryChange, MemoryId, Registry, Schedule, ScheduleId, SignalId, Subscription, SubscriptionId,
+    TokenId, Tool, ToolCount, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -194,6 +194,32 @@ pub trait MemoryStore: Send + Sync {
     async fn reinforce(&self, memories: &[Memory]) -> Result<Vec<MemoryId>, StoreError>;
     /// Deletes a memory; `false` if there was none. Bumps the version.
     async fn forget(&self, agent: &AgentId, id: &MemoryId) -> Result<bool, StoreError>;
+    /// Writes `changes` (at most [`MAX_CHANGES`] of the agent's), all or none: each only
+    /// if the store holds what it was read from (see [`MemoryChange`]). Bumps the
+    /// version. `false`, with nothing written, when one had changed meanwhile.
+    async fn change(&self, agent: &AgentId, changes: &[MemoryChange]) -> Result<bool, StoreError>;
+    /// Stores the vectors of `memories` (all the agent's) and nothing else, each only if
+    /// the memory still exists; bumps the version once if one was written. The ids of
+    /// those not written: forgotten meanwhile.
+    async fn set_vectors(
+        &self,
+        agent: &AgentId,
+        memories: &[Memory],
+    ) -> Result<Vec<MemoryId>, StoreError>;
+}
+
+/// Most writes one [`MemoryStore::change`] takes: a DynamoDB transaction holds 100
+/// items, one of them the memory version.
+pub const MAX_CHANGES: usize = 99;
+
+/// The error of a [`MemoryStore::change`] given more than [`MAX_CHANGES`]: the caller's
+/// mistake, not the store's.
+pub fn too_many_changes(backend: &'static str, n: usize) -> StoreError {
+    StoreError::backend(
+        backend,
+        "change memories",
+        format!("{n} memory changes in one write; at most {MAX_CHANGES}"),
+    )
 }
 
 /// Inbound webhooks, their request log, delivery ids and rate counters.

@@ -7,9 +7,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{from_doc, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
-use crate::domain::{AgentId, Embedding, Memory, MemoryId};
+use crate::domain::{AgentId, Embedding, Memory, MemoryChange, MemoryId};
 use crate::error::StoreError;
-use crate::ports::MemoryStore;
+use crate::ports::{MAX_CHANGES, MemoryStore};
 
 const COLUMNS: &str = "id, doc, vector, vector_model";
 
@@ -63,6 +63,36 @@ fn write_memory(tx: &Connection, m: &Memory) -> rusqlite::Result<()> {
         params![m.agent_id.as_str(), m.id.as_str(), to_doc(m), vector, model],
     )?;
     Ok(())
+}
+
+/// Writes one conditional change (see [`MemoryChange`]); `false` when the store no
+/// longer holds what it was read from.
+fn write_change(tx: &Connection, c: &MemoryChange) -> rusqlite::Result<bool> {
+    let m = &c.memory;
+    let n = match &c.read {
+        None => {
+            let (vector, model) = vector_of(m);
+            tx.exec(
+                "INSERT INTO memories (agent_id, id, doc, vector, vector_model)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                params![m.agent_id.as_str(), m.id.as_str(), to_doc(m), vector, model],
+            )?
+        }
+        // The record only: the vector stays as stored.
+        Some(read) => tx.exec(
+            "UPDATE memories SET doc = ?3 WHERE agent_id = ?1 AND id = ?2 \
+             AND COALESCE(json_extract(doc, '$.recalls'), 0) = ?4 \
+             AND json_extract(doc, '$.folded_into') IS ?5",
+            params![
+                m.agent_id.as_str(),
+                m.id.as_str(),
+                to_doc(m),
+                read.recalls,
+                read.folded_into.as_ref().map(MemoryId::as_str),
+            ],
+        )?,
+    };
+    Ok(n == 1)
 }
 
 fn vector_of(m: &Memory) -> (Option<Vec<u8>>, Option<&str>) {
@@ -194,6 +224,69 @@ impl MemoryStore for SqliteStore {
                     if n == 0 {
                         missed.push(m.id.clone());
                     }
+                }
+                tx.commit().map_err(&op)?;
+                Ok(missed)
+            })
+            .await
+    }
+
+    async fn change(&self, agent: &AgentId, changes: &[MemoryChange]) -> Result<bool, StoreError> {
+        if changes.is_empty() {
+            return Ok(true);
+        }
+        if changes.len() > MAX_CHANGES {
+            return Err(crate::ports::too_many_changes("sqlite", changes.len()));
+        }
+        let agent = agent.to_string();
+        let changes = changes.to_vec();
+        self.db
+            .call("change memories", move |conn| {
+                let op = sqlite_err("change memories");
+                let tx = super::begin(conn).map_err(&op)?;
+                for c in &changes {
+                    if !write_change(&tx, c).map_err(&op)? {
+                        // Dropping the transaction rolls the others back.
+                        return Ok(false);
+                    }
+                }
+                bump(&tx, &agent).map_err(&op)?;
+                tx.commit().map_err(&op)?;
+                Ok(true)
+            })
+            .await
+    }
+
+    async fn set_vectors(
+        &self,
+        agent: &AgentId,
+        memories: &[Memory],
+    ) -> Result<Vec<MemoryId>, StoreError> {
+        if memories.is_empty() {
+            return Ok(Vec::new());
+        }
+        let agent = agent.to_string();
+        let memories = memories.to_vec();
+        self.db
+            .call("store vectors", move |conn| {
+                let op = sqlite_err("store vectors");
+                let tx = super::begin(conn).map_err(&op)?;
+                let mut missed = Vec::new();
+                for m in &memories {
+                    let (vector, model) = vector_of(m);
+                    let n = tx
+                        .exec(
+                            "UPDATE memories SET vector = ?3, vector_model = ?4 \
+                             WHERE agent_id = ?1 AND id = ?2",
+                            params![agent, m.id.as_str(), vector, model],
+                        )
+                        .map_err(&op)?;
+                    if n == 0 {
+                        missed.push(m.id.clone());
+                    }
+                }
+                if missed.len() < memories.len() {
+                    bump(&tx, &agent).map_err(&op)?;
                 }
                 tx.commit().map_err(&op)?;
                 Ok(missed)

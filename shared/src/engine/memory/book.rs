@@ -21,7 +21,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tracing::{info, warn};
 
 use super::index::{Index, Scored};
-use crate::domain::{Agent, AgentId, Embedding, Memory, MemoryId, MemoryStatus};
+use crate::domain::{Agent, AgentId, Embedding, Memory, MemoryChange, MemoryId, MemoryStatus};
 use crate::error::StoreError;
 use crate::ports::{Embedder, Store};
 
@@ -193,8 +193,16 @@ impl Memories {
     pub async fn remember(
         &self,
         agent: &AgentId,
-        mut memories: Vec<Memory>,
+        memories: Vec<Memory>,
     ) -> Result<Vec<Memory>, StoreError> {
+        let memories = self.embedded(memories).await;
+        self.write(agent, &memories).await?;
+        Ok(memories)
+    }
+
+    /// `memories`, each without a vector embedded (best effort: one the embedder
+    /// failed on is left without, for a later pass).
+    pub async fn embedded(&self, mut memories: Vec<Memory>) -> Vec<Memory> {
         let missing: Vec<usize> = (0..memories.len())
             .filter(|i| memories[*i].embedding.is_none())
             .collect();
@@ -204,8 +212,7 @@ impl Memories {
                 memories[i].embedding = v;
             }
         }
-        self.write(agent, &memories).await?;
-        Ok(memories)
+        memories
     }
 
     /// Writes memories and keeps the cached index in step with the write.
@@ -225,6 +232,20 @@ impl Memories {
             _ => *guard = None,
         }
         Ok(())
+    }
+
+    /// Writes `changes` all or none, each only if the store still holds what it was read
+    /// from (see [`MemoryChange`]); `false`, with nothing written, when one changed
+    /// meanwhile. The cached index is read again next time.
+    pub async fn change(
+        &self,
+        agent: &AgentId,
+        changes: &[MemoryChange],
+    ) -> Result<bool, StoreError> {
+        let slot = self.slot(agent);
+        let mut guard = slot.lock().await;
+        *guard = None;
+        self.store.change(agent, changes).await
     }
 
     /// Deletes a memory; `false` if there was none.
@@ -360,14 +381,19 @@ impl Memories {
             return Ok(0);
         }
         let memories: Vec<Memory> = batch.iter().map(|(_, m)| m.clone()).collect();
-        self.store.remember(&memories).await?;
+        // The vectors alone, and only of memories that still exist: a forget made
+        // meanwhile stands, and so does a fold or a recall.
+        let missed = self.store.set_vectors(&agent.id, &memories).await?;
         let version = self.store.memory_version(&agent.id).await?;
         for (at, m) in &batch {
-            if let Some(e) = &m.embedding {
+            if let Some(e) = &m.embedding
+                && !missed.contains(&m.id)
+            {
                 index.set_vector(*at, e);
             }
         }
-        index.version = if index.version + memories.len().div_ceil(99) as u64 == version {
+        let bumps = u64::from(missed.len() < memories.len());
+        index.version = if missed.is_empty() && index.version + bumps == version {
             version
         } else {
             // Another process wrote meanwhile: the next recall loads again.

@@ -17,7 +17,7 @@
 //! Folded memories are kept, suspended (`folded_into` names the memory they live on in),
 //! and [`restore`] undoes a fold.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use jiff::{SignedDuration, Timestamp};
 use serde::Serialize;
@@ -25,11 +25,11 @@ use tracing::{info, warn};
 
 use super::Memories;
 use crate::domain::{
-    Agent, ChatMessage, Embedding, LlmRequest, Memory, MemoryId, MemoryKind, MemorySource,
-    MemoryStatus,
+    Agent, ChatMessage, Embedding, LlmRequest, Memory, MemoryChange, MemoryId, MemoryKind,
+    MemorySource, MemoryStatus,
 };
 use crate::error::{StoreError, chain};
-use crate::ports::{LlmSelector, Store};
+use crate::ports::{LlmSelector, MAX_CHANGES, Store};
 
 /// Vectors at least this alike are duplicates.
 pub const DUPLICATE: f32 = 0.95;
@@ -57,6 +57,9 @@ pub struct Consolidated {
     pub summaries: Vec<MemoryId>,
     /// Folds left for a later pass by the gate.
     pub held_back: usize,
+    /// Folds not made because their memories changed during the pass (forgotten,
+    /// folded or recalled by another process): the next pass tries again.
+    pub changed_meanwhile: usize,
     /// Tokens the model spent.
     pub tokens: u64,
     /// Why no summary was made, when one could have been.
@@ -89,32 +92,47 @@ pub async fn consolidate(
         ..Consolidated::default()
     };
     let mut budget = (active.len() as f32 * MOST_FOLDED).floor() as usize;
-    let mut changed: HashMap<usize, Memory> = HashMap::new();
+    // Each group (a keeper and what folds into it) is written all or none, on the
+    // condition that its memories are still as read: a forget, a fold or a recall made
+    // by another process meanwhile stands, and the group waits for the next pass.
+    let mut taken: HashSet<usize> = HashSet::new();
     for (keeper, folded) in duplicates(&all, &active) {
+        let mut k = all[keeper].clone();
+        let mut group = Vec::new();
         for f in folded {
-            if budget == 0 {
+            // One write holds the keeper and at most MAX_CHANGES - 1 folds.
+            if budget == 0 || group.len() + 1 >= MAX_CHANGES {
                 done.held_back += 1;
                 continue;
             }
             budget -= 1;
-            let k = changed.entry(keeper).or_insert_with(|| all[keeper].clone());
             k.weight = k.weight.max(all[f].weight_at(beat, half_life));
             k.importance = k.importance.max(all[f].importance);
             k.recalls = k.recalls.saturating_add(all[f].recalls);
             let mut m = all[f].clone();
             m.folded_into = Some(all[keeper].id.clone());
-            changed.insert(f, m);
-            done.merged += 1;
+            group.push(MemoryChange::of(&all[f], m));
+            taken.insert(f);
+        }
+        if group.is_empty() {
+            continue;
+        }
+        let folds = group.len();
+        group.push(MemoryChange::of(&all[keeper], k));
+        taken.insert(keeper);
+        if memories.change(&agent.id, &group).await? {
+            done.merged += folds;
+        } else {
+            done.changed_meanwhile += folds;
         }
     }
-    let mut new = Vec::new();
     if let Some(llm) = llm {
         let episodes: Vec<usize> = active
             .iter()
             .copied()
             .filter(|i| {
                 let m = &all[*i];
-                !changed.contains_key(i)
+                !taken.contains(i)
                     && m.kind == MemoryKind::Episode
                     && now.duration_since(m.created_at) >= EPISODE_AGE
                     && m.weight_at(beat, half_life) < FADED
@@ -125,25 +143,32 @@ pub async fn consolidate(
             match summarize(store, llm, agent, &all, &episodes, beat, now).await {
                 Ok((summary, tokens)) => {
                     done.tokens = tokens;
-                    for i in &episodes {
-                        let mut m = all[*i].clone();
-                        m.folded_into = Some(summary.id.clone());
-                        changed.insert(*i, m);
+                    let summary = memories.embedded(vec![summary]).await.remove(0);
+                    let mut group: Vec<MemoryChange> = episodes
+                        .iter()
+                        .map(|i| {
+                            let mut m = all[*i].clone();
+                            m.folded_into = Some(summary.id.clone());
+                            MemoryChange::of(&all[*i], m)
+                        })
+                        .collect();
+                    let id = summary.id.clone();
+                    group.push(MemoryChange::new(summary));
+                    if memories.change(&agent.id, &group).await? {
+                        done.summarized = episodes.len();
+                        done.summaries.push(id);
+                    } else {
+                        done.changed_meanwhile += episodes.len();
+                        done.no_summary = Some(
+                            "its episodes changed while the model summed them up (forgotten, folded or recalled elsewhere); the next pass tries again".to_owned(),
+                        );
                     }
-                    done.summarized = episodes.len();
-                    done.summaries.push(summary.id.clone());
-                    new.push(summary);
                 }
                 Err(why) => done.no_summary = Some(why),
             }
         }
     }
-    let mut writes: Vec<Memory> = new;
-    writes.extend(changed.into_values());
-    if !writes.is_empty() {
-        memories.remember(&agent.id, writes).await?;
-    }
-    info!(agent_id = %agent.id, merged = done.merged, summarized = done.summarized, held_back = done.held_back, tokens = done.tokens, "memories consolidated");
+    info!(agent_id = %agent.id, merged = done.merged, summarized = done.summarized, held_back = done.held_back, changed_meanwhile = done.changed_meanwhile, tokens = done.tokens, "memories consolidated");
     Ok(done)
 }
 
@@ -307,20 +332,26 @@ pub async fn restore(
         return Ok(None);
     };
     let all = store.all_memories(&agent.id).await?;
-    let mut back: Vec<Memory> = all
+    let back: Vec<Memory> = all
         .iter()
         .filter(|m| m.folded_into.as_ref() == Some(id) || (m.id == *id && m.folded_into.is_some()))
         .cloned()
         .collect();
-    for m in &mut back {
-        m.folded_into = None;
-    }
     let mut done = Restored {
-        restored: back.iter().map(|m| m.id.clone()).collect(),
+        restored: Vec::new(),
         removed: None,
     };
-    if !back.is_empty() {
-        memories.remember(&agent.id, back).await?;
+    // Each on the condition that the memory is still folded as read: one forgotten,
+    // refolded or recalled meanwhile is left as it is now.
+    for read in &back {
+        let mut m = read.clone();
+        m.folded_into = None;
+        if memories
+            .change(&agent.id, &[MemoryChange::of(read, m)])
+            .await?
+        {
+            done.restored.push(read.id.clone());
+        }
     }
     if target.source == MemorySource::Consolidation && !done.restored.is_empty() {
         memories.forget(&agent.id, id).await?;
