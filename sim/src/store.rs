@@ -122,6 +122,7 @@ faulty!(ActionLog {
     fn settle_action(&self, action: &Action, expected_attempt: u32) -> bool;
     fn finish_action(&self, action: &Action, new_events: &[Event], writer: Writer) -> ();
     fn get_action(&self, agent: &AgentId, id: &ActionId) -> Option<Action>;
+    fn action_on(&self, agent: &AgentId, event: &EventId, tool: &ToolName) -> Option<Action>;
     fn list_actions(&self, agent: &AgentId, limit: usize) -> Vec<Action>;
     fn actions_between(&self, agent: &AgentId, after: &EventCursor, through: &EventCursor, limit: usize) -> Vec<Action>;
     fn tool_counts(&self, from: Timestamp, through: Timestamp, agent: Option<&AgentId>) -> Vec<ToolCount>;

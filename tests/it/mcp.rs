@@ -456,7 +456,6 @@ async fn rerun(kind: Kind) {
         run: "tn_run",
         index,
         at_ms,
-        earlier: &[],
     };
     let add = ToolUse {
         id: "c1".into(),
@@ -764,4 +763,68 @@ async fn taken_over(kind: Kind) {
     ]);
     r.turn(&agent, "book the same again for tomorrow").await;
     assert_eq!(r.mcp.calls().len(), 2);
+}
+
+on_both_backends!(
+    a_dropped_turns_reminder_and_memory_are_made_once_and_its_failed_call_is_tried_again,
+    taken_over_built_ins
+);
+async fn taken_over_built_ins(kind: Kind) {
+    let r = rig(kind).await;
+    r.register(Duration::from_secs(5)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    let calls = Scripted::Answer {
+        text: None,
+        tools: vec![
+            (
+                "schedule".to_owned(),
+                json!({"in": "90m", "note": "call mum"}),
+            ),
+            (
+                "remember".to_owned(),
+                json!({"text": "mum's birthday is on Sunday"}),
+            ),
+            ("cal__fail".to_owned(), json!({})),
+        ],
+    };
+    r.llm.hold();
+    // The turn answering both messages asks for the same three calls.
+    r.llm
+        .script([calls.clone(), calls, Scripted::text("All set.")]);
+    r.b.say(
+        &agent,
+        "remind me to call mum in 90 minutes; her birthday is Sunday",
+    )
+    .await;
+    let user = async {
+        r.llm.wait_for(1).await;
+        r.llm.release_one();
+        // The three calls are made; the next step is being written when...
+        r.llm.wait_for(2).await;
+        assert_eq!(r.mcp.calls().len(), 1);
+        // ...a second message arrives, and that step is dropped.
+        r.b.advance(jiff::SignedDuration::from_millis(10));
+        r.b.say(&agent, "and put it in the calendar").await;
+        r.llm.wait_abandoned(1).await;
+        r.llm.release();
+    };
+    let (handled, ()) = tokio::join!(r.b.drain(&r.worker), user);
+    assert_eq!(handled, 2);
+    let turns = r.b.store.list_turns(&agent.id, 5).await.unwrap();
+    assert!(turns[1].superseded(), "{turns:?}");
+    assert_eq!(turns[0].parts, ["All set."]);
+    // One reminder, one memory: what the dropped turn did is not done again...
+    let schedules = r.b.store.schedules(&agent.id).await.unwrap();
+    assert_eq!(schedules.len(), 1, "{schedules:?}");
+    let memories = r.b.store.all_memories(&agent.id).await.unwrap();
+    assert_eq!(memories.len(), 1, "{memories:?}");
+    // ...but the call that failed is tried again.
+    let sent: Vec<String> = r.mcp.calls().into_iter().map(|c| c.name).collect();
+    assert_eq!(sent, ["fail", "fail"]);
+    // The model was told what the dropped turn's calls answered.
+    let results = r.results(3);
+    assert_eq!(results.len(), 6, "{results:?}");
+    assert_eq!(results[3], results[0], "the reminder's answer, reused");
+    assert_eq!(results[4], results[1], "the memory's answer, reused");
+    assert!(results[5].contains("the calendar is locked"), "{results:?}");
 }

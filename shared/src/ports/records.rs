@@ -7,9 +7,10 @@ use async_trait::async_trait;
 
 use crate::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, AgentId, ApiToken, ConversationMessage, Event,
-    EventCursor, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory,
-    MemoryChange, MemoryId, Registry, Schedule, ScheduleId, SignalId, Subscription, SubscriptionId,
-    TokenId, Tool, ToolCount, ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    EventCursor, EventId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute,
+    Memory, MemoryChange, MemoryId, Registry, Schedule, ScheduleId, SignalId, Subscription,
+    SubscriptionId, TokenId, Tool, ToolCount, ToolName, Turn, TurnId, Webhook, WebhookId,
+    WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -59,6 +60,13 @@ pub trait ActionLog: Send + Sync {
         &self,
         agent: &AgentId,
         id: &ActionId,
+    ) -> Result<Option<Action>, StoreError>;
+    /// The agent's action on `event` by `tool` (how actions are filed): one keyed read.
+    async fn action_on(
+        &self,
+        agent: &AgentId,
+        event: &EventId,
+        tool: &ToolName,
     ) -> Result<Option<Action>, StoreError>;
     /// An agent's latest actions, newest first.
     async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError>;

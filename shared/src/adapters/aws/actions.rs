@@ -7,7 +7,8 @@ use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
 use crate::domain::{
-    Action, ActionId, AgentId, COUNT_DAYS, CountChange, Event, EventCursor, ToolCount, hour_of,
+    Action, ActionId, AgentId, COUNT_DAYS, CountChange, Event, EventCursor, EventId, ToolCount,
+    ToolName, hour_of,
 };
 use crate::error::StoreError;
 use crate::ports::{ActionLog, Writer};
@@ -129,6 +130,22 @@ impl ActionLog for DynamoStore {
             )
             .await?;
         Ok(found.into_iter().next())
+    }
+
+    async fn action_on(
+        &self,
+        agent: &AgentId,
+        event: &EventId,
+        tool: &ToolName,
+    ) -> Result<Option<Action>, StoreError> {
+        self.get(
+            "read action",
+            key(agent_pk(agent), format!("AC#{event}#{tool}")),
+        )
+        .await?
+        .as_ref()
+        .map(read_doc)
+        .transpose()
     }
 
     async fn list_actions(&self, agent: &AgentId, limit: usize) -> Result<Vec<Action>, StoreError> {

@@ -7,7 +7,8 @@ use super::codec::{read_docs, to_doc};
 use super::events::upsert_event;
 use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{
-    Action, ActionId, AgentId, CountChange, Event, EventCursor, ToolCount, hour_of,
+    Action, ActionId, AgentId, CountChange, Event, EventCursor, EventId, ToolCount, ToolName,
+    hour_of,
 };
 use crate::error::StoreError;
 use crate::ports::{ActionLog, Writer};
@@ -145,6 +146,26 @@ impl ActionLog for SqliteStore {
                     "get action",
                     "SELECT id, doc FROM actions WHERE id = ?1 AND agent_id = ?2",
                     params![id.as_str(), agent.as_str()],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn action_on(
+        &self,
+        agent: &AgentId,
+        event: &EventId,
+        tool: &ToolName,
+    ) -> Result<Option<Action>, StoreError> {
+        let (agent, event, tool) = (agent.to_string(), event.to_string(), tool.to_string());
+        self.db
+            .call("read action", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "read action",
+                    "SELECT id, doc FROM actions WHERE agent_id = ?1 AND event_id = ?2 AND tool = ?3",
+                    params![agent, event, tool],
                 )?
                 .pop())
             })

@@ -51,10 +51,6 @@ pub struct Site<'a> {
     /// When the run's event (or the turn's first message) was made, in ms: the stamp
     /// of the call's ids, which files the call with its run.
     pub at_ms: u64,
-    /// The calls made by the turns this run takes over (turns a newer message dropped
-    /// mid-answer, whose messages it answers): an identical call is answered from the
-    /// one made, and not sent again.
-    pub earlier: &'a [Action],
 }
 
 impl<'a> Site<'a> {
@@ -69,14 +65,12 @@ impl<'a> Site<'a> {
             run: turn.as_str(),
             index,
             at_ms,
-            earlier: &[],
         }
     }
 
-    /// The same site, taking over the calls `earlier` turns made.
-    pub fn taking_over(mut self, earlier: &'a [Action]) -> Self {
-        self.earlier = earlier;
-        self
+    /// The key of `call` made here, which its server is sent as `Idempotency-Key`.
+    fn key(&self, call: &ToolUse) -> String {
+        idempotency_key(&format!("{}.{}", self.run, self.index), call)
     }
 
     fn triggered_by(&self) -> &str {
@@ -93,6 +87,18 @@ enum Begun {
     Send,
     /// A run before finished it (or left it UNKNOWN): its answer, nothing sent.
     Done(Box<Action>),
+}
+
+impl Offer {
+    /// Where the action of `call` made at `site` is filed (its event and its server),
+    /// so that it can be read again by key. `None` when `call` names no offered tool.
+    pub fn filed(&self, site: &Site<'_>, call: &ToolUse) -> Option<(EventId, ToolName)> {
+        let offered = self.tools.iter().find(|t| t.model_name == call.name)?;
+        Some((
+            EventId::derived(site.at_ms, &[&site.key(call)]),
+            offered.server.clone(),
+        ))
+    }
 }
 
 impl AgentTools {
@@ -112,16 +118,7 @@ impl AgentTools {
                 call.name
             )));
         }
-        if let Some(made) = site.earlier.iter().find(|a| {
-            a.tool == offered.server
-                && a.call.as_ref().is_some_and(|c| c.tool == offered.tool)
-                && a.request["arguments"] == call.input
-                && a.status != ActionStatus::Running
-        }) {
-            info!(action_id = %made.id, status = ?made.status, "the same call was made by the turn this one takes over; its answer is reused, nothing is sent");
-            return Some(answer_of(made));
-        }
-        let key = idempotency_key(&format!("{}.{}", site.run, site.index), call);
+        let key = site.key(call);
         let mut action = self.action(site, &offered.server, &offered.tool, call, key);
         match self.begin(&mut action, *idempotent).await {
             Err(why) => return Some(Err(why)),
@@ -364,18 +361,18 @@ fn settle(
 }
 
 /// What the model is told of a call a run before made.
-fn answer_of(action: &Action) -> Result<Value, String> {
+pub(crate) fn answer_of(action: &Action) -> Result<Value, String> {
     match action.status {
         ActionStatus::Completed => Ok(action
             .response
             .as_ref()
             .map_or(Value::Null, |r| r["result"].clone())),
-        ActionStatus::Unknown => Err(format!(
+        ActionStatus::Unknown | ActionStatus::Running => Err(format!(
             "{}; it may or may not have been done, so do not repeat it and do not say it was done",
             action
                 .error
                 .as_deref()
-                .unwrap_or("this call's answer was lost")
+                .unwrap_or("this call's answer was never recorded")
         )),
         _ => Err(action
             .error

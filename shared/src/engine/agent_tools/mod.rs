@@ -15,6 +15,7 @@
 mod calls;
 
 pub use calls::Site;
+pub(crate) use calls::answer_of;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -21,9 +21,10 @@ pub(super) struct Asked {
 }
 
 impl Conversation {
-    /// Asks the model for the reply, in a tool loop with `remember` and `recall` (and
-    /// the agent's MCP tools: a call identical to one in `earlier`, made by a turn this
-    /// one takes over, is answered from it) under the agent's step and token budgets (the heartbeat agent's): each request asks for
+    /// Asks the model for the reply, in a tool loop with `remember`, `recall`,
+    /// `schedule` and the agent's MCP tools (a call identical to one `taken` made, in a
+    /// turn this one takes over, is answered from it and not made again) under the
+    /// agent's step and token budgets (the heartbeat agent's): each request asks for
     /// at most the tokens left, and the last step allowed offers no tools, so the loop
     /// ends with words. A failure that retrying cannot fix (no key, a rejected request)
     /// becomes a reply saying so, recorded as the turn's error, rather than a message
@@ -33,7 +34,7 @@ impl Conversation {
         agent: &Agent,
         mut messages: Vec<ChatMessage>,
         turn_id: &TurnId,
-        (first_ms, earlier): (u64, &[crate::domain::Action]),
+        (first_ms, mut taken): (u64, taken_over::TakenOver),
         beat: u64,
         known: Option<jiff::Timestamp>,
     ) -> Result<Asked, EngineError> {
@@ -130,12 +131,27 @@ impl Conversation {
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
-                let site = Site::in_turn(agent, turn_id, calls, first_ms).taking_over(earlier);
+                let site = Site::in_turn(agent, turn_id, calls, first_ms);
                 calls += 1;
-                let result = self.run_tool(agent, (&offer, &site), call, id, &cx).await;
+                let (result, reused) = match taken.answer(call) {
+                    Some(answer) => {
+                        info!(tool = %call.name, "the turn this one takes over made this call: its answer is reused, nothing is done again");
+                        (answer, true)
+                    }
+                    None => (
+                        self.run_tool(agent, (&offer, &site), call, id, &cx).await,
+                        false,
+                    ),
+                };
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
-                let (step, message) =
+                let (mut step, message) =
                     transcript::tool_step(call, result, agent.llm.sees_images(&resp.model));
+                if reused {
+                    step["reused"] = true.into();
+                } else if let Some((event_id, tool)) = offer.filed(&site, call) {
+                    // Where its action is, for a turn that takes this one over.
+                    step["filed"] = serde_json::json!({"event_id": event_id, "tool": tool});
+                }
                 asked.steps.push(step);
                 messages.push(message);
             }

@@ -347,11 +347,11 @@ impl Conversation {
                 let _typing = self.typing(talk).await;
                 let (mut context, beat, unanswered) = self.context(agent, talk, now).await?;
                 // Only a turn whose messages got no reply can have been taken over.
-                let taken = match unanswered {
+                let mut taken = match unanswered {
                     true => taken_over::taken_over(self.store.as_ref(), &agent.id).await?,
                     false => taken_over::TakenOver::default(),
                 };
-                context.extend(taken.messages);
+                context.extend(std::mem::take(&mut taken.messages));
                 // Memories the turn's tools keep get ids from the turn and its first
                 // signal's time, so a redelivered turn keeps each once.
                 let first_ms = talk[0].created_at.as_millisecond().max(0) as u64;
@@ -363,15 +363,8 @@ impl Conversation {
                     .map(|s| s.created_at)
                     .chain(agent.last_interaction_at)
                     .max();
-                self.ask(
-                    agent,
-                    context,
-                    turn_id,
-                    (first_ms, &taken.calls),
-                    beat,
-                    known,
-                )
-                .await?
+                self.ask(agent, context, turn_id, (first_ms, taken), beat, known)
+                    .await?
             }
             Some(today) => {
                 budget::fire_exhausted(self.store.as_ref(), self.hooks.as_ref(), agent, today, now)

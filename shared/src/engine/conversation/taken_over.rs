@@ -1,30 +1,53 @@
 //! What the turns a turn takes over did. A turn that a newer message dropped mid-answer
 //! leaves its messages to the next turn, which answers them with the newer ones; the
 //! steps it had taken — its tool calls and their results — go into that turn's context
-//! after the messages, so the model knows what was done already, and its calls to MCP
-//! tools go to that turn's calls, so an identical one is answered from the call made
-//! and not sent again: a table asked for once is booked once.
-
-use std::collections::HashSet;
+//! after the messages, so the model knows what was done already, and its calls that
+//! were done go to that turn as [`Made`]: a call of the next turn identical to one of
+//! them (same tool, same arguments) is answered from it and not made again, whatever
+//! the tool — a table asked for once is booked once, a reminder set once, a memory kept
+//! once. Only what was done is carried: a call that failed is made again when the model
+//! asks again (a transient failure can be retried); an MCP call whose outcome is
+//! unknown is not (it may have been done). An MCP call's outcome is read from its
+//! action by the key the step keeps, not by scanning the log.
 
 use serde_json::Value;
+use tracing::warn;
 
-use crate::domain::{Action, AgentId, ChatMessage, ToolUse, Turn, TurnId};
+use crate::domain::{ActionStatus, AgentId, ChatMessage, EventId, ToolName, ToolUse, Turn};
+use crate::engine::agent_tools::answer_of;
 use crate::error::StoreError;
 use crate::ports::Store;
 
 /// Turns read back, newest first, to find the ones taken over.
 const TURNS_BACK: usize = 8;
-/// Actions read back, newest first, to find their calls.
-const ACTIONS_BACK: usize = 200;
 
 /// What the turns taken over did.
 #[derive(Default)]
 pub(super) struct TakenOver {
     /// Their tool calls and results, as the model was given them.
     pub(super) messages: Vec<ChatMessage>,
-    /// Their calls to MCP tools.
-    pub(super) calls: Vec<Action>,
+    /// Their calls that were done, oldest first.
+    pub(super) made: Vec<Made>,
+}
+
+/// A call a turn taken over made and that is not to be made again.
+pub(super) struct Made {
+    name: String,
+    input: Value,
+    /// What the model is told again.
+    answer: Result<Value, String>,
+}
+
+impl TakenOver {
+    /// The answer of the first call made like `call` (same tool, same arguments), taken
+    /// out so that it answers one call only; `None` when none was made.
+    pub(super) fn answer(&mut self, call: &ToolUse) -> Option<Result<Value, String>> {
+        let at = self
+            .made
+            .iter()
+            .position(|m| m.name == call.name && m.input == call.input)?;
+        Some(self.made.remove(at).answer)
+    }
 }
 
 /// What the turns the next turn of `agent` takes over did: the newest turns, as long as
@@ -42,23 +65,58 @@ pub(super) async fn taken_over(
     let mut out = TakenOver::default();
     for t in dropped.iter().rev() {
         out.messages.extend(replayed(&t.steps));
+        for step in t.steps.iter().filter(|s| s["kind"] == "tool") {
+            if let Some(made) = made(store, agent, step).await? {
+                out.made.push(made);
+            }
+        }
     }
-    if out.messages.is_empty() {
-        return Ok(out);
-    }
-    let ids: HashSet<&TurnId> = dropped.iter().map(|t| &t.id).collect();
-    out.calls = store
-        .list_actions(agent, ACTIONS_BACK)
-        .await?
-        .into_iter()
-        .filter(|a| {
-            a.call
-                .as_ref()
-                .and_then(|c| c.turn_id.as_ref())
-                .is_some_and(|t| ids.contains(t))
-        })
-        .collect();
     Ok(out)
+}
+
+/// The call a tool step records, if it was done. A step that reused an earlier turn's
+/// answer is not counted again.
+async fn made(
+    store: &dyn Store,
+    agent: &AgentId,
+    step: &Value,
+) -> Result<Option<Made>, StoreError> {
+    if step["reused"] == true {
+        return Ok(None);
+    }
+    let (Some(name), input) = (step["name"].as_str(), step["input"].clone()) else {
+        return Ok(None);
+    };
+    let failed = step["is_error"].as_bool().unwrap_or(false);
+    let filed = (
+        step["filed"]["event_id"].as_str().map(EventId::parse),
+        step["filed"]["tool"].as_str().map(ToolName::parse),
+    );
+    let answer = match filed {
+        // An MCP call: its action says how it went.
+        (Some(Ok(event)), Some(Ok(tool))) => match store.action_on(agent, &event, &tool).await? {
+            Some(a) if a.status == ActionStatus::Completed => Ok(step["result"].clone()),
+            Some(a) if matches!(a.status, ActionStatus::Unknown | ActionStatus::Running) => {
+                answer_of(&a)
+            }
+            Some(_) => return Ok(None),
+            None if failed => return Ok(None),
+            None => {
+                warn!(
+                    tool = name,
+                    "a dropped turn's call has no action on record; taken as done"
+                );
+                Ok(step["result"].clone())
+            }
+        },
+        _ if failed => return Ok(None),
+        _ => Ok(step["result"].clone()),
+    };
+    Ok(Some(Made {
+        name: name.to_owned(),
+        input,
+        answer,
+    }))
 }
 
 /// A turn's kept steps as the messages that gave them to the model: each model step

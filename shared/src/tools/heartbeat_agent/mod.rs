@@ -566,7 +566,6 @@ impl HeartbeatAgent {
                         run: req.action_id.as_str(),
                         index,
                         at_ms: req.event.id.timestamp_ms(),
-                        earlier: &[],
                     };
                     at.run(offer, call, &site)
                         .await
