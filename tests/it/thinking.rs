@@ -502,3 +502,59 @@ async fn key_in_url(kind: Kind) {
     let listed = serde_json::to_string(&listed).unwrap();
     assert!(!listed.contains("SECRET4417"), "{listed}");
 }
+
+on_both_backends!(
+    what_a_tool_returns_after_the_thinking_is_thought_about_in_the_next_heartbeat_once,
+    late_events
+);
+/// A past defect: a tool subscribed to an event the agent raises runs after its
+/// thinking, and what it returned was read by no heartbeat's thinking.
+async fn late_events(kind: Kind) {
+    use pulse_tests::fake_llm::Scripted;
+    use pulse_tests::{FakeTool, Reply};
+    let w = world(kind).await;
+    let agent = w.agent(|a| a.think = ThinkPolicy::Events).await;
+    let booker = FakeTool::answering(|_| {
+        Reply::Json(
+            200,
+            json!({"success": true, "output": "booked",
+                   "new_events": [{"type": "TABLE_BOOKED", "payload": {"table": 7, "at": "20:00"}}]}),
+        )
+    })
+    .await;
+    w.b.tool("booker", &booker.url(), "BOOK_TABLE").await;
+    w.llm.script([
+        Scripted::tool("emit_event", json!({"type": "BOOK_TABLE"})),
+        Scripted::text("asked for a table"),
+        Scripted::text("table 7 at 8 is booked"),
+    ]);
+    w.b.emit(&agent, "DINNER_PLANNED", json!({"guests": 2}))
+        .await;
+    w.b.advance(SignedDuration::from_secs(5));
+    w.beat().await;
+    assert_eq!(booker.requests().len(), 1, "the raised event ran its tool");
+    assert_eq!(w.calls(), 2);
+    assert!(
+        !w.llm.requests()[1]
+            .body
+            .to_string()
+            .contains("TABLE_BOOKED")
+    );
+
+    // Nothing new arrives, but what the booker returned is handed on: under `--think
+    // events` it is something to think about, and it is read as found data.
+    w.beat().await;
+    assert_eq!(w.calls(), 3, "the handed-on event made it think");
+    let briefing = w.llm.requests()[2].body.to_string();
+    for seen in [
+        "tool booker on BOOK_TABLE (completed, after your last heartbeat's thinking",
+        "TABLE_BOOKED",
+        r#"\"table\":7"#,
+    ] {
+        assert!(briefing.contains(seen), "{seen:?} is not in {briefing}");
+    }
+    // Thought about once.
+    w.beat().await;
+    assert_eq!(w.calls(), 3, "nothing new, no thinking");
+    assert_eq!(booker.requests().len(), 1);
+}

@@ -46,6 +46,10 @@ pub struct ToolResult {
     /// [`Found::MAX_EVENTS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<FoundEvent>,
+    /// It ran after the previous heartbeat's thinking (on what the heartbeat agent
+    /// raised), and is handed on to this one's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late: bool,
 }
 
 /// An event a tool returned, as the thinking reads it.
@@ -118,7 +122,28 @@ impl Found {
                     payload: payload_shown(&e.payload),
                 })
                 .collect(),
+            late: false,
         });
+    }
+
+    /// Adds what `other` found after this, within the same bounds (what does not fit is
+    /// counted), marked [`ToolResult::late`].
+    pub fn hand_on(&mut self, other: Found) {
+        self.more_results += other.more_results;
+        self.more_events += other.more_events;
+        for mut r in other.results {
+            if self.results.len() >= Self::MAX_RESULTS {
+                self.more_results += 1;
+                self.more_events += r.events.len();
+                continue;
+            }
+            let shown: usize = self.results.iter().map(|r| r.events.len()).sum();
+            let room = Self::MAX_EVENTS.saturating_sub(shown);
+            self.more_events += r.events.len().saturating_sub(room);
+            r.events.truncate(room);
+            r.late = true;
+            self.results.push(r);
+        }
     }
 
     /// Whether no tool ran.

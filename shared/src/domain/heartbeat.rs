@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::agent::Agent;
 use super::event::EventCursor;
+use super::found::Found;
 use super::ids::{ActionId, AgentId, EventId, HeartbeatId, SessionId, ToolName};
 use super::requests::Requests;
 use super::tool::{Action, ActionStatus, HEARTBEAT_AGENT};
@@ -127,6 +128,11 @@ pub struct Heartbeat {
     /// backend counts them (AWS; none on the embedded store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests: Option<Requests>,
+    /// What tools found after the previous heartbeat's thinking (the events returned by
+    /// tools that ran on what its heartbeat agent raised), handed on for this
+    /// heartbeat's agent to think about with its own tools' findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_on: Option<Found>,
 }
 
 impl Heartbeat {
@@ -165,7 +171,15 @@ impl Heartbeat {
             beats_in_hour: 0,
             skipped: None,
             requests: None,
+            handed_on: None,
         }
+    }
+
+    /// This pending heartbeat, given what an earlier run found after its thinking (see
+    /// [`Heartbeat::handed_on`]); nothing when it found nothing.
+    pub fn handing_on(mut self, found: Found) -> Self {
+        self.handed_on = (!found.is_empty()).then_some(found);
+        self
     }
 
     /// The beat its agent is at, this being the newest heartbeat: its own once it has

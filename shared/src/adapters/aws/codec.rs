@@ -155,6 +155,9 @@ pub(super) struct HeartbeatItem {
     skipped: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     requests: Option<Requests>,
+    /// What is handed on to this heartbeat's thinking, as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    handed_on: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,6 +194,10 @@ impl HeartbeatItem {
             beats_in_hour: hb.beats_in_hour,
             skipped: hb.skipped.clone(),
             requests: hb.requests.clone(),
+            handed_on: hb
+                .handed_on
+                .as_ref()
+                .map(|f| serde_json::to_string(f).unwrap_or_default()),
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -225,6 +232,11 @@ impl HeartbeatItem {
             beats_in_hour: self.beats_in_hour,
             skipped: self.skipped,
             requests: self.requests,
+            handed_on: self
+                .handed_on
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|e| StoreError::corrupt(&key, format!("handed_on: {e}")))?,
         })
     }
 }

@@ -405,6 +405,7 @@ mod tests {
         conn.execute_batch(
             "DROP INDEX agents_by_state; DROP INDEX agents_by_age;
              DROP TABLE tool_counts; DROP TABLE tool_times; DROP TABLE api_counts;
+             ALTER TABLE heartbeats DROP COLUMN handed_on;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -413,7 +414,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 15);
+        assert_eq!(version, 16);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

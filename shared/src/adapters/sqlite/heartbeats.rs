@@ -17,7 +17,7 @@ use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Re
 pub(super) const HB_COLS: &str = "agent_id, beat, session, status, scheduled_ms, claim, lease_ms, started_ms, \
     completed_ms, window_start, window_end, last_interaction_beat, interaction_seen_ms, since_last, \
     consecutive_failures, events_processed, actions_triggered, actions_failed, cascade_capped, error, \
-    hour_from_ms, beats_in_hour, skipped, requests";
+    hour_from_ms, beats_in_hour, skipped, requests, handed_on";
 
 pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, StoreError>> {
     let agent: String = r.get(0)?;
@@ -77,6 +77,13 @@ pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, S
                 Err(e) => return Ok(Err(StoreError::corrupt(key, e))),
             },
         },
+        handed_on: match r.get::<_, Option<String>>(24)? {
+            None => None,
+            Some(json) => match serde_json::from_str(&json) {
+                Ok(found) => Some(found),
+                Err(e) => return Ok(Err(StoreError::corrupt(key, format!("handed_on: {e}")))),
+            },
+        },
     }))
 }
 
@@ -90,7 +97,7 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
     conn.exec(
         &format!(
             "INSERT INTO heartbeats ({HB_COLS}, due_ms) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)"
         ),
         params![
             hb.agent_id.as_str(),
@@ -117,6 +124,9 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
             hb.beats_in_hour,
             hb.skipped,
             requests_json(hb),
+            hb.handed_on
+                .as_ref()
+                .map(|f| serde_json::to_string(f).unwrap_or_default()),
             hb.due_at().map(to_ms),
         ],
     )

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 15;
+const SCHEMA_VERSION: i64 = 16;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -377,6 +377,12 @@ CREATE TABLE api_counts (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 16: what a heartbeat's tools found after its thinking, handed on to the next
+/// heartbeat's (JSON).
+const SCHEMA_V16: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN handed_on TEXT;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -440,6 +446,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 15 {
             conn.execute_batch(SCHEMA_V15).map_err(&err)?;
+        }
+        if version < 16 {
+            conn.execute_batch(SCHEMA_V16).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

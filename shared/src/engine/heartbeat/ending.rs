@@ -8,7 +8,7 @@ use tracing::{error, info, warn};
 
 use super::{HeartbeatRunner, Plan, RunOutcome, Stats};
 use crate::domain::{
-    Agent, EventCursor, EventId, Heartbeat, HeartbeatId, HeartbeatStatus, HookType, to_ms,
+    Agent, EventCursor, EventId, Found, Heartbeat, HeartbeatId, HeartbeatStatus, HookType, to_ms,
 };
 use crate::engine::budget;
 use crate::engine::schedule::next_run;
@@ -78,7 +78,8 @@ impl HeartbeatRunner {
             plan.interaction_seen_at,
             0,
         )
-        .counted(plan.hour);
+        .counted(plan.hour)
+        .handing_on(stats.late.clone());
         let outcome = self
             .file(Finish {
                 heartbeat: done.clone(),
@@ -238,7 +239,8 @@ impl HeartbeatRunner {
             plan.heartbeat.last_interaction_beat,
             plan.heartbeat.interaction_seen_at,
             plan.heartbeat.consecutive_failures,
-        );
+        )
+        .handing_on(handed_on(&plan.heartbeat, stats));
         (done, next, at)
     }
 
@@ -274,7 +276,8 @@ impl HeartbeatRunner {
             hb.interaction_seen_at,
             failures,
         )
-        .counted(hb.hour_count(hb.started_at.unwrap_or(now)));
+        .counted(hb.hour_count(hb.started_at.unwrap_or(now)))
+        .handing_on(handed_on(hb, &Stats::default()));
         let outcome = self
             .file(Finish {
                 heartbeat: done.clone(),
@@ -375,4 +378,15 @@ fn ended(
     done.since_last = Some(plan.beats.since_last);
     done.error = error;
     done
+}
+
+/// What a heartbeat that did not complete hands on to the next: what it was handed
+/// (its agent may not have thought about it), and what its tools found after thinking.
+fn handed_on(hb: &Heartbeat, stats: &Stats) -> Found {
+    let mut out = Found::default();
+    if let Some(earlier) = hb.handed_on.clone() {
+        out.hand_on(earlier);
+    }
+    out.hand_on(stats.late.clone());
+    out
 }

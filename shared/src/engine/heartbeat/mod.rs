@@ -174,6 +174,9 @@ struct Stats {
     heartbeat_event_stored: bool,
     /// Whether an action made schedules (the heartbeat agent's `schedule` tool).
     scheduled: bool,
+    /// What tools found after the thinking (on what the heartbeat agent raised): the
+    /// next heartbeat's agent is told.
+    late: Found,
 }
 
 /// The two phases of a heartbeat's processing: the tools, then the thinking.
@@ -564,7 +567,11 @@ impl HeartbeatRunner {
         let mut stats = Stats::default();
         let mut level = window;
         level.push(plan.heartbeat_event.clone());
+        // What the previous heartbeat's tools found after its thinking comes first.
         let mut found = Found::default();
+        if let Some(earlier) = plan.heartbeat.handed_on.clone() {
+            found.hand_on(earlier);
+        }
         self.levels(plan, &registry, level, Phase::Tools, &mut stats, &mut found)
             .await?;
         if stats.interrupted.is_some() {
@@ -575,22 +582,25 @@ impl HeartbeatRunner {
         // events in the window, or what the tools just found.
         self.check_budget(plan, self.clock.now()).await?;
         let hb_event = vec![plan.heartbeat_event.clone()];
+        let mut late = Found::default();
         self.levels(
             plan,
             &registry,
             hb_event,
             Phase::Thinking,
             &mut stats,
-            &mut Found::default(),
+            &mut late,
         )
         .await?;
+        stats.late = late;
         Ok(stats)
     }
 
     /// Runs `level` and the levels of events its actions return, to the depth cap. In
     /// the tools' phase the heartbeat agent is left out on the HEARTBEAT event, and each
     /// action is added to `found`; in the thinking's phase the first level is the
-    /// heartbeat agent's alone.
+    /// heartbeat agent's alone, and each later action that returned events is added to
+    /// `found`: what the next heartbeat's agent is told, since this one's has thought.
     async fn levels(
         &self,
         plan: &Plan,
@@ -645,7 +655,7 @@ impl HeartbeatRunner {
                     stats.actions_failed += u32::from(done.failed);
                     stats.cascade_capped += done.capped;
                     stats.scheduled |= done.scheduled;
-                    if phase == Phase::Tools {
+                    if phase == Phase::Tools || (!thinker_level && !done.returned.is_empty()) {
                         found.add(event, &done.action, &done.returned);
                     }
                     next.extend(done.cascade);

@@ -72,10 +72,15 @@ fn found_section(found: &Found, out: &mut String) {
     ));
     for r in &found.results {
         let from = format!(
-            "tool {} on {} ({})",
+            "tool {} on {} ({}{})",
             r.tool,
             r.event_type,
-            r.status.as_str().to_lowercase()
+            r.status.as_str().to_lowercase(),
+            if r.late {
+                ", after your last heartbeat's thinking, on what you raised"
+            } else {
+                ""
+            }
         );
         let mut data = serde_json::Map::new();
         if let Some(output) = &r.output {
