@@ -418,7 +418,10 @@ async fn list(
                 } else {
                     format!("{}× {}", m.recalls, when(m.recalled_at))
                 },
-                m.source.as_str().into(),
+                match m.read_from().as_slice() {
+                    [] => m.source.as_str().into(),
+                    from => format!("{} after {}", m.source.as_str(), from.join(", ")),
+                },
                 short(&m.text, 100),
             ]
         },

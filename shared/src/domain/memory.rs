@@ -264,6 +264,58 @@ impl DotQuery {
     }
 }
 
+/// Most sources of outside text a memory keeps ([`Memory::after_reading`]).
+pub const MAX_AFTER_READING: usize = 10;
+
+/// Outside text an agent had read: where it came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outside {
+    /// Its source: `webhook:<id>`, `tool:<name>`, `api`, ….
+    pub source: String,
+    /// The event that carried it, when it was one of the window's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<super::ids::EventId>,
+}
+
+impl Outside {
+    /// Whether an event from `source` is outside text (not Pulse's own, nor its
+    /// operator's).
+    pub fn is_outside(source: &str) -> bool {
+        !matches!(source, "system" | "pulse" | "hooks" | "operator" | "cli")
+    }
+}
+
+impl Memory {
+    /// Where it came from, as a prompt's frame and a listing name it.
+    pub fn provenance(&self) -> String {
+        let base = match self.source {
+            MemorySource::User => "kept in a conversation",
+            MemorySource::Agent => "kept in a heartbeat",
+            MemorySource::Event => "from an event: outside text",
+            MemorySource::Operator => "kept by your operator",
+            MemorySource::Consolidation => "a summary of older memories",
+        };
+        match self.read_from().as_slice() {
+            [] => base.to_owned(),
+            from => format!(
+                "{base}, after reading outside text from {}",
+                from.join(", ")
+            ),
+        }
+    }
+
+    /// The sources of the outside text read before it was kept, each once.
+    pub fn read_from(&self) -> Vec<&str> {
+        let mut sources: Vec<&str> = Vec::new();
+        for o in &self.after_reading {
+            if !sources.contains(&o.source.as_str()) {
+                sources.push(&o.source);
+            }
+        }
+        sources
+    }
+}
+
 /// Something an agent remembers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
@@ -300,6 +352,12 @@ pub struct Memory {
     /// The heartbeat that wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_id: Option<HeartbeatId>,
+    /// The outside text its agent had read when it kept it in a heartbeat (the events
+    /// of the heartbeat's window from webhooks, tools or the API, and what its tools
+    /// found), at most [`MAX_AFTER_READING`]: a note a webhook's text prompted stays
+    /// marked as such wherever it is shown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_reading: Vec<Outside>,
     /// Set when consolidation folded it into another memory (a duplicate, or a summary):
     /// it is kept, suspended, and `pulse memories restore` brings it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -412,6 +470,7 @@ impl Memory {
             source: MemorySource::User,
             source_ids: Vec::new(),
             heartbeat_id: None,
+            after_reading: Vec::new(),
             folded_into: None,
             created_at: now,
             embedding: None,

@@ -63,8 +63,9 @@ pub use mcp::{
     offered,
 };
 pub use memory::{
-    DotQuery, Embedding, MAX_MEMORY_CHARS, Memory, MemoryChange, MemoryKind, MemoryRead,
-    MemorySource, MemoryStatus, REMEMBER, STOP_WORDS, SUSPENDED_BELOW, dot_i8, telling_words,
+    DotQuery, Embedding, MAX_AFTER_READING, MAX_MEMORY_CHARS, Memory, MemoryChange, MemoryKind,
+    MemoryRead, MemorySource, MemoryStatus, Outside, REMEMBER, STOP_WORDS, SUSPENDED_BELOW, dot_i8,
+    telling_words,
 };
 pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};

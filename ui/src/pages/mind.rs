@@ -161,6 +161,10 @@ pub(crate) async fn memories(
                         td { @if m.recalls == 0 { "never" } @else { (m.recalls) "× · " (ago(now, m.recalled_at)) } }
                         td { (m.source.as_str()) @if let Some(h) = &m.heartbeat_id {
                             " · " a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat())} { "#" (h.beat()) }
+                        } @if !m.after_reading.is_empty() {
+                            br; span.muted title=(m.after_reading.iter().filter_map(|o| o.event_id.as_ref().map(|e| e.to_string())).collect::<Vec<_>>().join(" ")) {
+                                "after reading " (m.read_from().join(", "))
+                            }
                         } }
                         td { (ago(now, Some(m.created_at))) }
                     } } }

@@ -42,6 +42,7 @@ impl Conversation {
             source: crate::domain::MemorySource::User,
             heartbeat: None,
             source_ids: vec![turn_id.to_string()],
+            after_reading: Vec::new(),
             beat,
         };
         let llm = match self.llm.select(agent) {

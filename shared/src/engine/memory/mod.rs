@@ -63,6 +63,8 @@ pub struct Context {
     pub heartbeat: Option<HeartbeatId>,
     /// The ids a memory kept here comes from (the heartbeat, the turn).
     pub source_ids: Vec<String>,
+    /// The outside text read before (see [`Memory::after_reading`]).
+    pub after_reading: Vec<crate::domain::Outside>,
     /// The agent's beat.
     pub beat: u64,
 }
@@ -115,6 +117,7 @@ async fn remember(
     memory.source = cx.source;
     memory.source_ids = cx.source_ids.clone();
     memory.heartbeat_id = cx.heartbeat.clone();
+    memory.after_reading = cx.after_reading.clone();
     match memories.remember(&agent.id, vec![memory]).await {
         Ok(kept) => Ok(json!({"remembered": true, "memory_id": kept[0].id})),
         Err(e) => Err(chain(&e)),
@@ -238,14 +241,8 @@ pub fn frames(memories: &[Memory], tokens: usize) -> Option<String> {
     let mut left = tokens;
     let mut lines = Vec::new();
     for m in memories {
-        let from = match m.source {
-            MemorySource::User => "memory (kept in a conversation)",
-            MemorySource::Agent => "memory (kept in a heartbeat)",
-            MemorySource::Event => "memory (from an event: outside text)",
-            MemorySource::Operator => "memory (kept by your operator)",
-            MemorySource::Consolidation => "memory (a summary of older memories)",
-        };
-        let line = super::framing::frame(from, &m.text);
+        let from = format!("memory ({})", m.provenance());
+        let line = super::framing::frame(&from, &m.text);
         let cost = line.chars().count().div_ceil(4) + 1;
         if cost > left {
             continue;

@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::domain::{
-    Agent, ChatMessage, ContentBlock, Event, LlmRequest, Memory, MemoryId, MemoryKind,
-    MemorySource, NewEvent, OutgoingTask, REMEMBER, Role, Signal, SignalId, SignalKind, SignalMeta,
-    StopReason, ToolRequest, ToolResponse, ToolUse, Usage,
+    Agent, ChatMessage, ContentBlock, Event, Found, LlmRequest, MAX_AFTER_READING, Memory,
+    MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside, REMEMBER, Role, Signal,
+    SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse, ToolUse, Usage,
 };
 mod prompt;
 
@@ -68,6 +68,9 @@ struct Transcript {
     /// Schedules made with the `schedule` tool: the runner files the next heartbeat no
     /// later than their first wake.
     scheduled: Vec<String>,
+    /// The outside text the briefing carried: what a memory kept in this run was kept
+    /// after reading.
+    read: Vec<Outside>,
 }
 
 impl Transcript {
@@ -185,6 +188,7 @@ impl HeartbeatAgent {
         self.keep_remembered(&agent, req, &window)
             .await
             .map_err(|e| chain(&e))?;
+        t.read = outside_read(&window, &req.heartbeat.found);
         let known = memory::known(
             &self.memories,
             &agent,
@@ -516,6 +520,7 @@ impl HeartbeatAgent {
                     source: crate::domain::MemorySource::Agent,
                     heartbeat: Some(req.heartbeat.id.clone()),
                     source_ids: vec![req.heartbeat.id.to_string()],
+                    after_reading: t.read.clone(),
                     beat: req.heartbeat.beats.beat,
                 },
                 now,
@@ -592,4 +597,29 @@ fn interruption(agent: &Agent, req: &ToolRequest) -> Option<String> {
         )),
         _ => None,
     }
+}
+
+/// The outside text a briefing of `window` and `found` carries: the window's events from
+/// outside (webhooks, tools, the API), then the tools that found something; the first
+/// [`MAX_AFTER_READING`] sources.
+fn outside_read(window: &[Event], found: &Found) -> Vec<Outside> {
+    let mut out: Vec<Outside> = window
+        .iter()
+        .filter(|e| Outside::is_outside(&e.source))
+        .map(|e| Outside {
+            source: e.source.clone(),
+            event_id: Some(e.id.clone()),
+        })
+        .collect();
+    for r in &found.results {
+        let source = format!("tool:{}", r.tool);
+        if !out.iter().any(|o| o.source == source) {
+            out.push(Outside {
+                source,
+                event_id: None,
+            });
+        }
+    }
+    out.truncate(MAX_AFTER_READING);
+    out
 }
