@@ -112,7 +112,14 @@ async fn attached(kind: Kind) {
     // Listed through its pages of two, and kept with the server.
     let server = tool.mcp_server().unwrap();
     let names: Vec<&str> = server.tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["add", "note", "fail", "slow", "picture"]);
+    assert_eq!(names, ["add", "note", "fail", "slow", "picture", "lookup"]);
+    let read_only: Vec<&str> = server
+        .tools
+        .iter()
+        .filter(|t| t.read_only)
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(read_only, ["lookup"], "readOnlyHint is kept");
     assert!(server.listed_at.is_some());
     let stored = r.b.store.load_registry().await.unwrap();
     let stored = stored
@@ -123,7 +130,7 @@ async fn attached(kind: Kind) {
     let stored = stored.mcp_server().unwrap();
     assert_eq!(
         stored.tools.len(),
-        5,
+        6,
         "a cold worker offers them without listing"
     );
     assert_eq!(
@@ -343,7 +350,7 @@ async fn a_changed_tools_list_is_listed_again_before_the_next_turn() {
     let tools = &stored.tools.iter().find(|t| t.name == name).unwrap();
     assert_eq!(
         tools.mcp_server().unwrap().tools.len(),
-        6,
+        7,
         "the new list is kept"
     );
 }
@@ -456,6 +463,7 @@ async fn rerun(kind: Kind) {
         run: "tn_run",
         index,
         at_ms,
+        race: None,
     };
     let add = ToolUse {
         id: "c1".into(),
@@ -598,7 +606,7 @@ async fn a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_var
     let ToolKind::Mcp(listed) = &tool.kind else {
         unreachable!()
     };
-    assert_eq!(listed.tools.len(), 6, "{:?}", listed.tools);
+    assert_eq!(listed.tools.len(), 7, "{:?}", listed.tools);
     let worker = b
         .connected()
         .worker_with(b.clock.clone(), &settings(), &services, tools.clone());
@@ -827,4 +835,96 @@ async fn taken_over_built_ins(kind: Kind) {
     assert_eq!(results[3], results[0], "the reminder's answer, reused");
     assert_eq!(results[4], results[1], "the memory's answer, reused");
     assert!(results[5].contains("the calendar is locked"), "{results:?}");
+}
+
+on_both_backends!(
+    a_slow_tool_never_holds_the_persons_turn_a_read_only_call_is_dropped_another_finishes_behind,
+    slow_calls
+);
+async fn slow_calls(kind: Kind) {
+    use pulse_shared::domain::ActionStatus;
+    let r = rig(kind).await;
+    r.register(Duration::from_secs(30)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    async fn called(r: &Rig, n: usize) {
+        while r.mcp.calls().len() < n {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    async fn status(
+        r: &Rig,
+        agent: &pulse_shared::domain::Agent,
+        tool: &str,
+    ) -> Option<ActionStatus> {
+        r.b.store
+            .list_actions(&agent.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|a| a.call.as_ref().is_some_and(|c| c.tool == tool))
+            .map(|a| a.status)
+    }
+
+    // A read-only lookup that takes 20 s, and the person writes again meanwhile.
+    r.llm.script([
+        Scripted::tool("cal__lookup", json!({"ms": 20_000})),
+        Scripted::text("Never mind the lookup: it is 9 o'clock."),
+    ]);
+    r.b.say(&agent, "look up the opening hours").await;
+    let user = async {
+        called(&r, 1).await;
+        r.b.advance(jiff::SignedDuration::from_millis(10));
+        r.b.say(&agent, "never mind, what time is it?").await;
+    };
+    let (handled, ()) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(r.b.drain(&r.worker), user)
+    })
+    .await
+    .expect("the person waited for the 20 s call");
+    assert_eq!(handled, 2);
+    let turns = r.b.store.list_turns(&agent.id, 5).await.unwrap();
+    assert!(turns[1].superseded(), "{turns:?}");
+    assert_eq!(turns[0].parts, ["Never mind the lookup: it is 9 o'clock."]);
+    assert_eq!(
+        status(&r, &agent, "lookup").await,
+        Some(ActionStatus::Cancelled)
+    );
+
+    // A call that is not safe to make again (no annotation, the server not marked
+    // idempotent) goes on behind the answer, and its outcome is recorded.
+    r.b.advance(jiff::SignedDuration::from_secs(60));
+    r.llm.script([
+        Scripted::tool("cal__slow", json!({"ms": 3_000})),
+        Scripted::text("Booking it; ask me anything meanwhile."),
+    ]);
+    r.b.say(&agent, "book the usual table").await;
+    let user = async {
+        called(&r, 2).await;
+        r.b.advance(jiff::SignedDuration::from_millis(10));
+        r.b.say(&agent, "and is it sunny?").await;
+    };
+    let (handled, ()) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(r.b.drain(&r.worker), user)
+    })
+    .await
+    .unwrap();
+    assert_eq!(handled, 2);
+    let told = r.results(3);
+    assert!(
+        told.iter().any(|t| t.contains("still being made")),
+        "{told:?}"
+    );
+    for _ in 0..200 {
+        if status(&r, &agent, "slow").await == Some(ActionStatus::Completed) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status(&r, &agent, "slow").await,
+        Some(ActionStatus::Completed),
+        "finished behind"
+    );
+    let sent: Vec<String> = r.mcp.calls().into_iter().map(|c| c.name).collect();
+    assert_eq!(sent, ["lookup", "slow"], "made once each");
 }

@@ -609,3 +609,92 @@ async fn provenance(kind: Kind) {
         "{briefing}"
     );
 }
+
+on_both_backends!(
+    a_slow_idempotent_tool_yields_its_heartbeat_to_the_person_and_is_called_again_after,
+    slow_tool
+);
+/// A past defect: a tool's call in flight was not raced against a user message, and
+/// the person waited for its timeout.
+async fn slow_tool(kind: Kind) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use pulse_shared::domain::{Filter, HeartbeatStatus, ToolName};
+    use pulse_tests::fake_llm::Scripted;
+    use pulse_tests::{FakeTool, Reply};
+    let w = world(kind).await;
+    let agent = w.agent(|a| a.think = ThinkPolicy::Events).await;
+    let first = Arc::new(AtomicBool::new(true));
+    let inbox = FakeTool::answering({
+        let first = first.clone();
+        move |_| match first.swap(false, Ordering::SeqCst) {
+            true => Reply::Hang,
+            false => Reply::Json(200, json!({"success": true, "output": "no new mail"})),
+        }
+    })
+    .await;
+    let name = ToolName::parse("inbox").unwrap();
+    w.b.tool_with(
+        "inbox",
+        &inbox.url(),
+        Duration::from_secs(30),
+        "HEARTBEAT",
+        0,
+        Filter::default(),
+    )
+    .await;
+    let registry = w.b.store.load_registry().await.unwrap();
+    let mut tool = registry
+        .tools
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap()
+        .clone();
+    tool.idempotent = true;
+    w.b.store.update_tool(&tool).await.unwrap();
+    w.llm.script([Scripted::text("hello!")]);
+
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    let user = async {
+        while inbox.requests().is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        w.b.advance(SignedDuration::from_millis(10));
+        w.b.say(&agent, "hi").await;
+    };
+    let (handled, ()) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(w.b.drain(&w.worker), user)
+    })
+    .await
+    .expect("the person waited for the tool's 30 s timeout");
+    assert_eq!(handled, 2, "the heartbeat, then the turn");
+    let turns = w.b.store.list_turns(&agent.id, 5).await.unwrap();
+    assert_eq!(turns[0].parts, ["hello!"]);
+    let beats = w.b.store.list_heartbeats(&agent.id, 5).await.unwrap();
+    let interrupted = beats.iter().find(|h| h.beat == 1).unwrap();
+    assert_eq!(
+        interrupted.status,
+        HeartbeatStatus::Cancelled,
+        "{interrupted:?}"
+    );
+
+    // The next heartbeat reads the window again and makes the call again.
+    w.b.advance(SignedDuration::from_mins(30));
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    w.b.drain(&w.worker).await;
+    assert!(inbox.requests().len() >= 2, "called again");
+    let latest = w.b.store.list_heartbeats(&agent.id, 1).await.unwrap();
+    assert!(
+        w.b.store
+            .list_heartbeats(&agent.id, 5)
+            .await
+            .unwrap()
+            .iter()
+            .any(|h| h.beat == 2 && h.status == HeartbeatStatus::Completed),
+        "{latest:?}"
+    );
+}

@@ -21,6 +21,7 @@ use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::{Peer, RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -82,6 +83,12 @@ fn first_tools() -> Vec<Tool> {
             json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
         ),
         tool("picture", "Draws a picture.", json!({"type": "object"})),
+        tool(
+            "lookup",
+            "Looks something up after a pause (read-only).",
+            json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+        )
+        .annotate(ToolAnnotations::new().read_only(true)),
     ]
 }
 
@@ -135,7 +142,7 @@ impl ServerHandler for Handler {
             }
             "note" => CallToolResult::success(vec![ContentBlock::text("noted")]),
             "fail" => CallToolResult::error(vec![ContentBlock::text("the calendar is locked")]),
-            "slow" => {
+            "slow" | "lookup" => {
                 let ms = args["ms"].as_u64().unwrap_or(1_000);
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 CallToolResult::success(vec![ContentBlock::text("done slowly")])

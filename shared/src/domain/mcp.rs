@@ -118,6 +118,10 @@ pub struct McpTool {
     pub description: Option<String>,
     /// The JSON Schema of its arguments (an object schema).
     pub input_schema: Value,
+    /// The server marks it read-only (`readOnlyHint`): a call of it changes nothing, so
+    /// it may be dropped mid-flight and made again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
 }
 
 impl McpTool {
@@ -147,6 +151,7 @@ impl McpTool {
             name: name.to_owned(),
             description: description.map(|d| d.chars().take(MAX_DESCRIPTION).collect()),
             input_schema,
+            read_only: false,
         })
     }
 }
@@ -336,6 +341,8 @@ pub struct OfferedTool {
     pub tool: String,
     /// Its definition for the model.
     pub spec: ToolSpec,
+    /// The server marks it read-only.
+    pub read_only: bool,
 }
 
 /// The MCP tools offered to the model from `servers` (each with its registered name),
@@ -365,6 +372,7 @@ pub fn offered<'a>(
                 model_name,
                 server: name.clone(),
                 tool: tool.name.clone(),
+                read_only: tool.read_only,
             });
         }
     }

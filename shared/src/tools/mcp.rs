@@ -156,7 +156,14 @@ impl McpClients {
         for t in tools {
             let schema = Value::Object((*t.input_schema).clone());
             match McpTool::checked(&t.name, t.description.as_deref(), schema) {
-                Ok(tool) => kept.push(tool),
+                Ok(mut tool) => {
+                    tool.read_only = t
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.read_only_hint)
+                        .unwrap_or(false);
+                    kept.push(tool);
+                }
                 Err(why) => left_out.push(why),
             }
         }

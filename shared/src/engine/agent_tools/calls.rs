@@ -18,6 +18,7 @@
 
 use std::time::Instant;
 
+use jiff::Timestamp;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
@@ -27,6 +28,7 @@ use crate::domain::{
     ModelCall, ToolName, ToolUse, TurnId,
 };
 use crate::engine::hooks::Emission;
+use crate::engine::interrupt::{self, Raced, StopOn};
 use crate::error::chain;
 use crate::ports::Writer;
 use crate::tools::McpCall;
@@ -51,6 +53,8 @@ pub struct Site<'a> {
     /// When the run's event (or the turn's first message) was made, in ms: the stamp
     /// of the call's ids, which files the call with its run.
     pub at_ms: u64,
+    /// What stops the wait for a call in flight; none: it is waited for.
+    pub race: Option<Race>,
 }
 
 impl<'a> Site<'a> {
@@ -65,7 +69,14 @@ impl<'a> Site<'a> {
             run: turn.as_str(),
             index,
             at_ms,
+            race: None,
         }
+    }
+
+    /// The same site, its calls raced against `race`.
+    pub fn raced(mut self, race: Race) -> Self {
+        self.race = Some(race);
+        self
     }
 
     /// The key of `call` made here, which its server is sent as `Idempotency-Key`.
@@ -101,19 +112,91 @@ impl Offer {
     }
 }
 
+/// What drops the wait for a call in flight: a user message newer than `known` (or,
+/// with [`StopOn::UserOrCancel`], its operator's cancel).
+#[derive(Clone, Copy, Debug)]
+pub struct Race {
+    /// What the run already answers.
+    pub known: Option<Timestamp>,
+    /// What stops it.
+    pub stop: StopOn,
+}
+
+/// How a call went.
+pub struct Called {
+    /// What the model is told.
+    pub answer: Result<Value, String>,
+    /// A user message (or a cancel) at this time stopped the wait for the call: the run
+    /// yields to it.
+    pub interrupted: Option<Timestamp>,
+}
+
+/// A [`Site`] that owns what it names: a call finished in the background.
+struct OwnedSite {
+    agent: Agent,
+    heartbeat_id: HeartbeatId,
+    event: Option<Event>,
+    turn_id: Option<TurnId>,
+    run: String,
+    index: usize,
+    at_ms: u64,
+}
+
+impl OwnedSite {
+    fn of(site: &Site<'_>) -> Self {
+        Self {
+            agent: site.agent.clone(),
+            heartbeat_id: site.heartbeat_id.clone(),
+            event: site.event.cloned(),
+            turn_id: site.turn_id.cloned(),
+            run: site.run.to_owned(),
+            index: site.index,
+            at_ms: site.at_ms,
+        }
+    }
+
+    fn site(&self) -> Site<'_> {
+        Site {
+            agent: &self.agent,
+            heartbeat_id: self.heartbeat_id.clone(),
+            event: self.event.as_ref(),
+            turn_id: self.turn_id.as_ref(),
+            run: &self.run,
+            index: self.index,
+            at_ms: self.at_ms,
+            race: None,
+        }
+    }
+}
+
 impl AgentTools {
     /// Runs `call` if it names an offered tool (`None` otherwise), recorded as an action
-    /// of `site` (see the module's documentation).
+    /// of `site` (see the module's documentation): what the model is told.
     pub async fn run(
         &self,
         offer: &Offer,
         call: &ToolUse,
         site: &Site<'_>,
     ) -> Option<Result<Value, String>> {
+        Some(self.call(offer, call, site).await?.answer)
+    }
+
+    /// [`AgentTools::run`], raced against `site`'s [`Race`]: when a user message arrives
+    /// during the call, a call that is safe to make again (the tool is read-only, or
+    /// its server idempotent) is dropped (its request closed) and recorded CANCELLED; any
+    /// other goes on in the background, its outcome recorded when it ends, and the
+    /// run is told at once — the person is answered first either way.
+    pub async fn call(&self, offer: &Offer, call: &ToolUse, site: &Site<'_>) -> Option<Called> {
         let offered = offer.tools.iter().find(|t| t.model_name == call.name)?;
         let (server, idempotent) = offer.servers.get(&offered.server)?;
+        let answered = |answer| {
+            Some(Called {
+                answer,
+                interrupted: None,
+            })
+        };
         if let Err(why) = fits(&call.input, &offered.spec.parameters) {
-            return Some(Err(format!(
+            return answered(Err(format!(
                 "the arguments do not fit {}: {why}; nothing was sent",
                 call.name
             )));
@@ -121,11 +204,11 @@ impl AgentTools {
         let key = site.key(call);
         let mut action = self.action(site, &offered.server, &offered.tool, call, key);
         match self.begin(&mut action, *idempotent).await {
-            Err(why) => return Some(Err(why)),
+            Err(why) => return answered(Err(why)),
             Ok(Begun::Done(done)) => {
                 info!(action_id = %done.id, status = ?done.status, "MCP call already made in an earlier run; its answer is reused");
                 self.finish_hooks(offer, site, &done).await;
-                return Some(answer_of(&done));
+                return answered(answer_of(&done));
             }
             Ok(Begun::Send) => {}
         }
@@ -136,16 +219,119 @@ impl AgentTools {
             .as_ref()
             .map_or("", |c| c.key.as_str())
             .to_owned();
-        let outcome = self
-            .clients
-            .call(&offered.server, server, &offered.tool, &call.input, &key)
+        let sent = {
+            let (clients, name, server) =
+                (self.clients.clone(), offered.server.clone(), server.clone());
+            let (tool, input) = (offered.tool.clone(), call.input.clone());
+            Box::pin(async move { clients.call(&name, &server, &tool, &input, &key).await })
+        };
+        let outcome = match site.race {
+            None => sent.await,
+            Some(race) => {
+                let mut sent = sent;
+                let raced = interrupt::unless_user_speaks(
+                    self.store.as_ref(),
+                    &site.agent.id,
+                    race.known,
+                    race.stop,
+                    &mut sent,
+                )
+                .await;
+                match raced {
+                    Raced::Done(outcome) => outcome,
+                    Raced::Interrupted(at) if offered.read_only || *idempotent => {
+                        // Dropping the future closes the request.
+                        drop(sent);
+                        let why = format!(
+                            "dropped in flight: a newer message arrived at {at}; this call is safe to make again"
+                        );
+                        action.status = ActionStatus::Cancelled;
+                        action.completed_at = Some(self.clock.now());
+                        action.duration_ms = Some(started.elapsed().as_millis() as u64);
+                        action.error = Some(why.clone());
+                        info!(action_id = %action.id, "an MCP call in flight was dropped for a newer message");
+                        if let Err(e) = self
+                            .store
+                            .finish_action(&action, &[], Writer::Session)
+                            .await
+                        {
+                            warn!(action_id = %action.id, error = %chain(&e), "the dropped call could not be recorded; it stays RUNNING, and a rerun makes it again");
+                        }
+                        self.finish_hooks(offer, site, &action).await;
+                        return Some(Called {
+                            answer: Err(why),
+                            interrupted: Some(at),
+                        });
+                    }
+                    Raced::Interrupted(at) => {
+                        let id = action.id.clone();
+                        info!(action_id = %id, "a newer message arrived during an MCP call that is not safe to make again: it finishes in the background");
+                        let (me, offer, owned, name) = (
+                            self.clone(),
+                            offer.clone(),
+                            OwnedSite::of(site),
+                            call.name.clone(),
+                        );
+                        let idempotent = *idempotent;
+                        tokio::spawn(async move {
+                            let outcome = sent.await;
+                            // Its answer is on the action's record, for the turn that
+                            // takes this one over.
+                            let _answer = me
+                                .finished(
+                                    &offer,
+                                    &owned.site(),
+                                    action,
+                                    outcome,
+                                    &name,
+                                    idempotent,
+                                    started,
+                                )
+                                .await;
+                        });
+                        return Some(Called {
+                            answer: Err(format!(
+                                "still being made: a newer message arrived at {at}, so it goes on in the background and its outcome is recorded on action {id}; do not make it again"
+                            )),
+                            interrupted: Some(at),
+                        });
+                    }
+                }
+            }
+        };
+        let answer = self
+            .finished(
+                offer,
+                site,
+                action,
+                outcome,
+                &call.name,
+                *idempotent,
+                started,
+            )
             .await;
+        answered(answer)
+    }
+
+    /// Records how a sent call ended, emits its hooks and counts its health; what the
+    /// model is told.
+    #[allow(clippy::too_many_arguments)]
+    async fn finished(
+        &self,
+        offer: &Offer,
+        site: &Site<'_>,
+        mut action: Action,
+        outcome: McpCall,
+        name: &str,
+        idempotent: bool,
+        started: Instant,
+    ) -> Result<Value, String> {
         action.duration_ms = Some(started.elapsed().as_millis() as u64);
         action.completed_at = Some(self.clock.now());
-        let answer = settle(&mut action, outcome, &call.name, *idempotent);
+        let answer = settle(&mut action, outcome, name, idempotent);
         info!(
-            server = %offered.server,
-            tool = %offered.tool,
+            action_id = %action.id,
+            tool = %action.tool,
             ms = action.duration_ms,
             status = ?action.status,
             "MCP tool call"
@@ -167,7 +353,7 @@ impl AgentTools {
                 .announce(self.hooks.as_ref(), &offer.routes, site.agent)
                 .await;
         }
-        Some(answer)
+        answer
     }
 
     fn action(

@@ -14,8 +14,8 @@
 
 mod calls;
 
-pub use calls::Site;
 pub(crate) use calls::answer_of;
+pub use calls::{Called, Race, Site};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,7 +44,7 @@ pub struct AgentTools {
 }
 
 /// What one run offers the model, and where each call goes.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Offer {
     tools: Vec<OfferedTool>,
     /// Each server, and whether its tools may be called again safely.

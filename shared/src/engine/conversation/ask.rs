@@ -4,7 +4,7 @@ use tracing::{error, info, warn};
 
 use super::*;
 use crate::domain::{Agent, ChatMessage, LlmRequest, MemoryId, TurnId, Usage};
-use crate::engine::agent_tools::Site;
+use crate::engine::agent_tools::{Race, Site};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::{memory, reminders, transcript};
 use crate::error::{EngineError, chain};
@@ -132,29 +132,38 @@ impl Conversation {
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
-                let site = Site::in_turn(agent, turn_id, calls, first_ms);
+                let site = Site::in_turn(agent, turn_id, calls, first_ms).raced(Race {
+                    known,
+                    stop: interrupt::StopOn::UserMessage,
+                });
                 calls += 1;
-                let (result, reused) = match taken.answer(call) {
+                let (result, reused, interrupted) = match taken.answer(call) {
                     Some(answer) => {
                         info!(tool = %call.name, "the turn this one takes over made this call: its answer is reused, nothing is done again");
-                        (answer, true)
+                        (answer, true, None)
                     }
-                    None => (
-                        self.run_tool(agent, (&offer, &site), call, id, &cx).await,
-                        false,
-                    ),
+                    None => {
+                        let (answer, interrupted) =
+                            self.run_tool(agent, (&offer, &site), call, id, &cx).await;
+                        (answer, false, interrupted)
+                    }
                 };
                 info!(tool = %call.name, is_error = result.is_err(), "reply tool call");
-                let (mut step, message) =
+                let (mut record, message) =
                     transcript::tool_step(call, result, agent.llm.sees_images(&resp.model));
                 if reused {
-                    step["reused"] = true.into();
+                    record["reused"] = true.into();
                 } else if let Some((event_id, tool)) = offer.filed(&site, call) {
                     // Where its action is, for a turn that takes this one over.
-                    step["filed"] = serde_json::json!({"event_id": event_id, "tool": tool});
+                    record["filed"] = serde_json::json!({"event_id": event_id, "tool": tool});
                 }
-                asked.steps.push(step);
+                asked.steps.push(record);
                 messages.push(message);
+                if let Some(at) = interrupted {
+                    // A newer message arrived during the call: this turn yields to it
+                    // now, and the turn answering both takes over what it did.
+                    return Ok(yielded(asked, step + 1, at));
+                }
             }
         }
         Ok(written(asked))
@@ -181,6 +190,8 @@ impl Conversation {
     /// Runs one of the turn's tools for the model: an MCP tool the agent is given (a
     /// call made at `site`), or `remember`, `recall`, `schedule` (a memory it keeps gets
     /// `id`).
+    /// An MCP call is raced against a newer message (see [`crate::engine::agent_tools::AgentTools::call`]): the time
+    /// one arrived, when it stopped the wait.
     async fn run_tool(
         &self,
         agent: &Agent,
@@ -188,15 +199,26 @@ impl Conversation {
         call: &crate::domain::ToolUse,
         id: MemoryId,
         cx: &memory::Context,
-    ) -> Result<serde_json::Value, String> {
+    ) -> (Result<serde_json::Value, String>, Option<jiff::Timestamp>) {
         if let Some(at) = &self.agent_tools
             && offer.offers(&call.name)
         {
-            return at
-                .run(offer, call, site)
-                .await
-                .unwrap_or_else(|| Err(format!("no tool {}", call.name)));
+            return match at.call(offer, call, site).await {
+                Some(c) => (c.answer, c.interrupted),
+                None => (Err(format!("no tool {}", call.name)), None),
+            };
         }
+        (self.run_own(agent, call, id, cx).await, None)
+    }
+
+    /// Runs one of Pulse's own tools for the turn's model.
+    async fn run_own(
+        &self,
+        agent: &Agent,
+        call: &crate::domain::ToolUse,
+        id: MemoryId,
+        cx: &memory::Context,
+    ) -> Result<serde_json::Value, String> {
         let now = self.clock.now();
         match memory::run(&self.memories, agent, call, id, cx, now).await {
             Some(r) => r,
@@ -243,6 +265,22 @@ fn apology(why: &str) -> String {
     format!(
         "I could not think of a reply just now: {why}. An operator should check my LLM settings."
     )
+}
+
+/// What a turn that yielded to a newer message during a tool call records: no reply,
+/// what it did so far, and [`Turn::SUPERSEDED`](crate::domain::Turn::SUPERSEDED) as its
+/// error. No model call was dropped: nothing is estimated.
+fn yielded(mut asked: Asked, step: u32, at: jiff::Timestamp) -> Asked {
+    info!(newer_message_at = %at, "a newer message arrived during a tool call: the turn yields to it; the next turn answers both");
+    asked.steps.push(serde_json::json!({
+        "step": step,
+        "kind": "aborted",
+        "reason": "a newer user message arrived during a tool call",
+        "newer_message_at": at,
+    }));
+    asked.text = String::new();
+    asked.failed = Some(crate::domain::Turn::SUPERSEDED.to_owned());
+    asked
 }
 
 /// What a turn whose model call was dropped for a newer message records: no reply, the

@@ -95,6 +95,9 @@ async fn made(
     let answer = match filed {
         // An MCP call: its action says how it went.
         (Some(Ok(event)), Some(Ok(tool))) => match store.action_on(agent, &event, &tool).await? {
+            // Finished in the background, after its turn was told it was still going:
+            // the answer is the one recorded.
+            Some(a) if a.status == ActionStatus::Completed && failed => answer_of(&a),
             Some(a) if a.status == ActionStatus::Completed => Ok(step["result"].clone()),
             Some(a) if matches!(a.status, ActionStatus::Unknown | ActionStatus::Running) => {
                 answer_of(&a)

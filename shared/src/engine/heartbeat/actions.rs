@@ -12,6 +12,7 @@ use crate::domain::{
     ToolKind, ToolRequest,
 };
 use crate::engine::budget;
+use crate::engine::interrupt::{self, Raced};
 use crate::error::{EngineError, StoreError};
 use crate::meter;
 use crate::ports::{ToolFailure, Writer};
@@ -48,7 +49,28 @@ impl HeartbeatRunner {
             self.start_hooks(plan, event, tool, &id, request.attempt)
                 .await?;
             let began = Instant::now();
-            let call = self.tools.call(tool, &request).await;
+            // An HTTP tool that is safe to call again is raced against a user message:
+            // the person is answered first, and the action, left RUNNING, is called again
+            // (the same key) by the heartbeat that reads this window next.
+            let call = if matches!(tool.kind, ToolKind::Http { .. }) && tool.idempotent {
+                let raced = interrupt::unless_user_speaks(
+                    self.store.as_ref(),
+                    &plan.agent.id,
+                    Some(plan.heartbeat_context.started_at),
+                    interrupt::StopOn::UserOrCancel,
+                    self.tools.call(tool, &request),
+                )
+                .await;
+                match raced {
+                    Raced::Done(call) => call,
+                    Raced::Interrupted(at) => {
+                        info!(newer_message_at = %at, "a user message arrived during an idempotent tool's call: dropped, to be made again by the next heartbeat");
+                        return Ok(self.dropped(action, at));
+                    }
+                }
+            } else {
+                self.tools.call(tool, &request).await
+            };
             let completed_at = self.clock.now();
             action.completed_at = Some(completed_at);
             action.duration_ms = Some(began.elapsed().as_millis() as u64);
@@ -323,6 +345,24 @@ impl HeartbeatRunner {
             .await?;
         self.finish_hooks(plan, event, &action, &events).await?;
         Ok(self.settle(&action, events))
+    }
+
+    /// What an action whose call was dropped for a user message at `at` leaves: nothing
+    /// recorded (it stays RUNNING, for the next run to make again), and the heartbeat
+    /// interrupted.
+    fn dropped(&self, mut action: Action, at: jiff::Timestamp) -> ActionDone {
+        action.status = ActionStatus::Cancelled;
+        ActionDone {
+            action,
+            returned: Vec::new(),
+            scheduled: false,
+            failed: false,
+            cascade: Vec::new(),
+            capped: 0,
+            interrupted: Some(format!(
+                "interrupted: a user message arrived at {at}, during a tool's call"
+            )),
+        }
     }
 
     /// Splits an action's new events into the ones to process next and the ones the

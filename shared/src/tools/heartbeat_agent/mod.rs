@@ -28,7 +28,7 @@ mod prompt;
 
 use prompt::{MAX_EVENTS_SHOWN, about, briefing, clip, system_prompt, tool_specs};
 
-use crate::engine::agent_tools::{AgentTools, Offer, Site, with_own};
+use crate::engine::agent_tools::{AgentTools, Offer, Race, Site, with_own};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
 use crate::engine::reminders::{self, ScheduleLimits};
@@ -571,6 +571,12 @@ impl HeartbeatAgent {
                         run: req.action_id.as_str(),
                         index,
                         at_ms: req.event.id.timestamp_ms(),
+                        // A user message (or a cancel) during a call yields at once;
+                        // the next step sees it and ends the heartbeat.
+                        race: Some(Race {
+                            known: Some(req.heartbeat.started_at),
+                            stop: interrupt::StopOn::UserOrCancel,
+                        }),
                     };
                     at.run(offer, call, &site)
                         .await
