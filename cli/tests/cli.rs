@@ -2370,3 +2370,113 @@ async fn serve_answers_a_program_over_the_messages_api() {
     serve.kill().unwrap();
     serve.wait().unwrap();
 }
+
+#[test]
+fn serve_logs_json_lines_with_each_lines_agent_and_run_and_never_a_messages_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "logged",
+            "--interval",
+            "1s",
+            "--instructions",
+            "say how the day went",
+        ],
+    );
+    let log_path = d.join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let serve = common::command(d, &["serve", "--tick", "100ms", "--listen", "off"])
+        .env("PULSE_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let secret = "my locker code is periwinkle-4417";
+    ok(d, &["say", "--agent", &agent, "--user", "ana", secret]);
+    wait_until("a heartbeat and the turn", Duration::from_secs(60), || {
+        let done = json(d, &["heartbeats", "list", "--agent", &agent])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["status"] == "COMPLETED");
+        let said = json(d, &["conversation", "show", "--agent", &agent]);
+        done && said
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "assistant")
+    });
+    let killed = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(serve.wait_with_output().unwrap().status.success());
+    let replies: Vec<String> = json(d, &["conversation", "show", "--agent", &agent])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .map(|m| m["content"].as_str().unwrap().to_owned())
+        .collect();
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() > 5, "{text}");
+    // Ids and sizes, never what a person or the model said.
+    for l in &lines {
+        let line = l.to_string();
+        assert!(!line.contains("periwinkle"), "the message's text: {line}");
+        for r in &replies {
+            assert!(!line.contains(r.as_str()), "the reply's text: {line}");
+        }
+    }
+    // Each run's lines say whose and which run they are.
+    let field = |l: &Value, name: &str| -> Option<String> {
+        l["span"][name]
+            .as_str()
+            .or_else(|| l["fields"][name].as_str())
+            .or_else(|| l["spans"].as_array()?.iter().find_map(|s| s[name].as_str()))
+            .map(str::to_owned)
+    };
+    let message = |l: &Value| l["fields"]["message"].as_str().unwrap_or("").to_owned();
+    let completed = lines
+        .iter()
+        .find(|l| message(l) == "heartbeat completed")
+        .unwrap_or_else(|| panic!("no heartbeat completed: {text}"));
+    assert_eq!(
+        field(completed, "agent_id").as_deref(),
+        Some(agent.as_str()),
+        "{completed}"
+    );
+    assert!(
+        field(completed, "heartbeat_id").is_some_and(|h| h
+            == format!(
+                "hb_{}_{}",
+                agent.trim_start_matches("ag_"),
+                completed["fields"]["beat"]
+            )),
+        "{completed}"
+    );
+    let written = lines
+        .iter()
+        .find(|l| message(l) == "reply written")
+        .unwrap_or_else(|| panic!("no reply written: {text}"));
+    assert_eq!(
+        field(written, "agent_id").as_deref(),
+        Some(agent.as_str()),
+        "{written}"
+    );
+    assert!(
+        field(written, "turn_id").is_some_and(|t| t.starts_with("tn_")),
+        "{written}"
+    );
+}

@@ -169,7 +169,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         )));
     }
     if matches!(plan, Plan::Serve(_) | Plan::Dashboard(_) | Plan::Gateway) {
-        telemetry::init(LogFormat::Text);
+        telemetry::init(log_format()?);
     }
     if let Backend::Aws(settings) = &config.backend {
         let clients = AwsClients::new(settings.endpoint_url.as_deref()).await;
@@ -391,4 +391,15 @@ pub(crate) async fn require_agent(b: &Connected, id: &AgentId) -> Result<Agent, 
 /// `yes` or `no`, for tables.
 pub(crate) fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.into()
+}
+
+/// The log format `PULSE_LOG_FORMAT` names: `text` (unset or empty too) or `json`.
+fn log_format() -> Result<LogFormat, Failure> {
+    match std::env::var("PULSE_LOG_FORMAT").unwrap_or_default().trim() {
+        "" | "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => Err(Failure::Input(format!(
+            "PULSE_LOG_FORMAT is {other:?}; it is `text` (readable lines on stderr) or `json` (one JSON object a line on stdout)"
+        ))),
+    }
 }

@@ -486,6 +486,13 @@ pub const VARIABLES: &[Variable] = &[
         wrong: "a filter that does not parse is ignored without a word: `info` is used",
     },
     Variable {
+        name: "PULSE_LOG_FORMAT",
+        group: Group::Cli,
+        meaning: "how `pulse serve`, `pulse dashboard` and `pulse gateway` write their logs: `text`, readable lines on stderr, or `json`, one JSON object a line on stdout with its spans' fields (`agent_id`, `heartbeat_id`, `turn_id`), as the Lambda functions write them, for a log shipper",
+        default: "`text`",
+        wrong: STOPS,
+    },
+    Variable {
         name: "PULSE_SECRETS_PATH",
         group: Group::Lambda,
         meaning: "an SSM path whose SecureString parameters (`/pulse/DISCORD_BOT_TOKEN`, ...) are read on the first invocation and override the environment",

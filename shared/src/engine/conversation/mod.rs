@@ -193,7 +193,7 @@ impl Conversation {
         let Some(first) = signals.first() else {
             return Ok(TurnOutcome::default());
         };
-        let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len());
+        let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len(), turn_id = tracing::field::Empty);
         // The requests the run makes are counted onto the turn it writes.
         let outcome = crate::tally::scope(
             self.run_inner(&first.agent_id.clone(), signals)
@@ -282,6 +282,7 @@ impl Conversation {
     ) -> Result<(), EngineError> {
         let now = self.clock.now();
         let turn_id = TurnId::for_signal(&pending[0].id);
+        tracing::Span::current().record("turn_id", tracing::field::display(&turn_id));
         let user_spoke = pending.iter().any(is_interaction);
         if user_spoke && agent.auto_paused_since.is_some() {
             crate::engine::silence::wake(self.store.as_ref(), self.hooks.as_ref(), agent, now)
