@@ -1143,7 +1143,7 @@ async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_o
     assert!(refreshed.contains("2 tools (add, note)"), "{refreshed}");
     let stored = json(d, &["tools", "list"]);
     let cal = find(&stored, "name", "cal").unwrap();
-    assert_eq!(cal["kind"]["tools"].as_array().unwrap().len(), 6, "{cal}");
+    assert_eq!(cal["kind"]["tools"].as_array().unwrap().len(), 7, "{cal}");
     let http = bad(d, &["tools", "update", "cal", "--timeout", "5s"]);
     assert!(http.contains("is an MCP server"), "{http}");
 
