@@ -2480,3 +2480,57 @@ fn serve_logs_json_lines_with_each_lines_agent_and_run_and_never_a_messages_text
         "{written}"
     );
 }
+
+#[test]
+fn durability_is_synced_by_default_relaxed_on_request_said_at_start_and_in_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(
+        d,
+        &["agents", "create", "--name", "kept", "--interval", "1h"],
+    );
+    let status = |durability: Option<&str>| {
+        let mut cmd = common::command(d, &["status", "--json"]);
+        if let Some(v) = durability {
+            cmd.env("PULSE_DURABILITY", v);
+        }
+        cmd.output().unwrap()
+    };
+    let shown = |out: &std::process::Output| -> Value {
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    };
+    assert_eq!(shown(&status(None))["durability"], "synced");
+    assert_eq!(shown(&status(Some("relaxed")))["durability"], "relaxed");
+    let refused = status(Some("fast"));
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("PULSE_DURABILITY") && why.contains("relaxed"),
+        "{why}"
+    );
+
+    // `serve` says what its answers promise, and its connection syncs every commit.
+    let log_path = d.join("serve.log");
+    let serve = common::command(d, &["serve", "--tick", "100ms", "--listen", "off"])
+        .env("PULSE_LOG_FORMAT", "json")
+        .stdout(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let said = || {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                l.contains("\"durability\":\"synced\"")
+                    && l.contains("every acknowledgement waits for its commit to reach the disk")
+            })
+    };
+    wait_until("serve says its durability", Duration::from_secs(30), said);
+    let killed = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(serve.wait_with_output().unwrap().status.success());
+}

@@ -306,11 +306,14 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
     match &config.backend {
         Backend::Sqlite { path } => {
             let path = path.clone();
+            let durability = config.durability;
             let configured = config.encryption.clone();
             let deadline = event_write_timeout(config.engine.event_settle);
             let stamps = clock.clone();
             let (db, (keys, keys_missing)) = tokio::task::spawn_blocking(move || {
-                let db = sqlite::Db::open(&path)?.with_event_deadline(stamps, deadline);
+                let db = sqlite::Db::open(&path)?
+                    .with_durability(durability)?
+                    .with_event_deadline(stamps, deadline);
                 let keys = sqlite::keys_for(&db, configured)?;
                 Ok::<_, StoreError>((db, keys))
             })

@@ -34,6 +34,40 @@ pub enum Backend {
     Aws(AwsSettings),
 }
 
+/// What an acknowledgement of the embedded store promises (`PULSE_DURABILITY`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Every commit is synced to the disk before its callers are answered (SQLite's
+    /// `synchronous = FULL`; the calls that arrive together share one commit and one
+    /// sync): a 2xx survives a power cut.
+    #[default]
+    Synced,
+    /// Commits are synced in the background, every 4 MB of log and at each copy of the
+    /// log into the database (`synchronous = NORMAL`): a crash of the process loses
+    /// nothing, a power cut or a kernel crash may lose the last acknowledged writes.
+    Relaxed,
+}
+
+impl Durability {
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Synced => "synced",
+            Self::Relaxed => "relaxed",
+        }
+    }
+
+    /// What a 2xx promises under it, in a sentence.
+    pub fn promise(self) -> &'static str {
+        match self {
+            Self::Synced => "every acknowledgement waits for its commit to reach the disk",
+            Self::Relaxed => {
+                "acknowledgements do not wait for the disk: a power cut may lose the last few MB of acknowledged writes"
+            }
+        }
+    }
+}
+
 /// Where the AWS resources are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AwsSettings {
@@ -72,6 +106,8 @@ pub struct Config {
     pub retention: Retention,
     /// The embeddings model memories are recalled by.
     pub embed: EmbedConfig,
+    /// `PULSE_DURABILITY`: what the embedded store's acknowledgements promise.
+    pub durability: Durability,
 }
 
 /// The embeddings model (`PULSE_EMBED_*`): none means the offline embedder.
@@ -155,6 +191,7 @@ impl Config {
             encryption: None,
             retention: Retention::DEFAULT,
             embed: EmbedConfig::default(),
+            durability: Durability::Synced,
         }
     }
 }
@@ -516,6 +553,20 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         })
     }
 
+    /// `PULSE_DURABILITY`: `synced` (the default) or `relaxed`.
+    fn durability(&self) -> Result<Durability, ConfigError> {
+        match self.get("PULSE_DURABILITY").as_deref().map(str::trim) {
+            None | Some("synced") => Ok(Durability::Synced),
+            Some("relaxed") => Ok(Durability::Relaxed),
+            Some(other) => Err(ConfigError::new(
+                "PULSE_DURABILITY",
+                format!(
+                    "{other:?} is not a durability; use synced (every acknowledgement waits for the disk) or relaxed (a power cut may lose the last acknowledged writes)"
+                ),
+            )),
+        }
+    }
+
     /// `PULSE_RETENTION`.
     fn retention(&self) -> Result<Retention, ConfigError> {
         match self.get("PULSE_RETENTION") {
@@ -538,6 +589,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             encryption: self.encryption()?,
             retention: self.retention()?,
             embed: self.embed()?,
+            durability: self.durability()?,
         })
     }
 
@@ -553,6 +605,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             encryption: self.encryption()?,
             retention: self.retention()?,
             embed: self.embed()?,
+            durability: self.durability()?,
         })
     }
 }
@@ -600,6 +653,26 @@ mod tests {
         assert_eq!(err.variable, "PULSE_SESSIONS_QUEUE_URL");
         let err = env(&[("PULSE_BACKEND", "cloud")]).config(None).unwrap_err();
         assert_eq!(err.variable, "PULSE_BACKEND");
+    }
+
+    #[test]
+    fn durability_is_synced_unless_relaxed_is_asked_for_and_nothing_else_is_taken() {
+        assert_eq!(
+            env(&[]).config(None).unwrap().durability,
+            Durability::Synced
+        );
+        assert_eq!(
+            env(&[("PULSE_DURABILITY", "relaxed")])
+                .config(None)
+                .unwrap()
+                .durability,
+            Durability::Relaxed
+        );
+        let err = env(&[("PULSE_DURABILITY", "fast")])
+            .config(None)
+            .unwrap_err();
+        assert_eq!(err.variable, "PULSE_DURABILITY");
+        assert!(err.message.contains("synced"), "{}", err.message);
     }
 
     #[test]

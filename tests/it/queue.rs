@@ -267,3 +267,15 @@ async fn the_embedded_dedup_window_is_five_minutes() {
     assert_eq!(q.depth().await.unwrap(), 2);
     let _ = AgentId::generate();
 }
+
+#[test]
+fn a_database_syncs_every_commit_unless_it_is_told_to_relax() {
+    use pulse_shared::config::Durability;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("d.db")).unwrap();
+    assert_eq!(db.durability().unwrap(), Durability::Synced);
+    let db = db.with_durability(Durability::Relaxed).unwrap();
+    assert_eq!(db.durability().unwrap(), Durability::Relaxed);
+    let db = db.with_durability(Durability::Synced).unwrap();
+    assert_eq!(db.durability().unwrap(), Durability::Synced);
+}

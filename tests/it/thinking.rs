@@ -698,3 +698,94 @@ async fn slow_tool(kind: Kind) {
         "{latest:?}"
     );
 }
+
+on_both_backends!(
+    a_slow_tool_not_safe_to_call_again_finishes_behind_the_persons_turn_and_is_called_once,
+    slow_tool_behind
+);
+async fn slow_tool_behind(kind: Kind) {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use pulse_shared::domain::{ActionStatus, Filter};
+    use pulse_tests::fake_llm::Scripted;
+    use pulse_tests::{FakeTool, Reply};
+    let w = world(kind).await;
+    let agent = w.agent(|a| a.think = ThinkPolicy::Events).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let booker = FakeTool::answering({
+        let gate = gate.clone();
+        move |_| {
+            Reply::After(
+                gate.clone(),
+                Box::new(Reply::Json(
+                    200,
+                    json!({"success": true, "output": "booked",
+                           "new_events": [{"type": "TABLE_BOOKED", "payload": {"table": 4}}]}),
+                )),
+            )
+        }
+    })
+    .await;
+    w.b.tool_with(
+        "booker",
+        &booker.url(),
+        Duration::from_secs(30),
+        "BOOK_TABLE",
+        0,
+        Filter::default(),
+    )
+    .await;
+    w.b.emit(&agent, "BOOK_TABLE", json!({"guests": 2})).await;
+    w.b.advance(SignedDuration::from_secs(5));
+    w.llm.script([
+        Scripted::text("hello!"),
+        Scripted::text("your table is booked"),
+    ]);
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    let user = async {
+        while booker.requests().is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        w.b.advance(SignedDuration::from_millis(10));
+        w.b.say(&agent, "hi").await;
+    };
+    let (handled, ()) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(w.b.drain(&w.worker), user)
+    })
+    .await
+    .expect("the person waited for the tool");
+    assert_eq!(handled, 2);
+    assert_eq!(
+        w.b.store.list_turns(&agent.id, 1).await.unwrap()[0].parts,
+        ["hello!"]
+    );
+    // The call goes on, and its outcome is recorded when it ends.
+    gate.add_permits(1);
+    let mut status = None;
+    for _ in 0..200 {
+        status =
+            w.b.store
+                .list_actions(&agent.id, 10)
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|a| a.tool.as_str() == "booker")
+                .map(|a| a.status);
+        if status == Some(ActionStatus::Completed) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, Some(ActionStatus::Completed));
+    // The next heartbeat reuses it (the booking is made once) and thinks about what it
+    // returned.
+    w.b.advance(SignedDuration::from_mins(30));
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert_eq!(swept.claimed, 1);
+    w.b.drain(&w.worker).await;
+    assert_eq!(booker.requests().len(), 1, "booked once");
+    let briefing = w.llm.requests().last().unwrap().body.to_string();
+    assert!(briefing.contains("TABLE_BOOKED"), "{briefing}");
+}

@@ -44,6 +44,11 @@ pub(crate) enum BenchCmd {
         /// machine's slower and faster minutes alike.
         #[arg(long, default_value_t = 1)]
         rounds: usize,
+        /// What the store's 2xx promises: `synced` (each commit synced before its
+        /// requests are answered, as `pulse serve` runs by default) or `relaxed`
+        /// (`PULSE_DURABILITY=relaxed`).
+        #[arg(long, default_value = "synced", value_parser = ["synced", "relaxed"])]
+        durability: String,
     },
     /// Hook deliveries per second through the embedded hooks queue to a loopback
     /// receiver, and the latency queueing adds to one delivery beside a bare POST.
@@ -148,7 +153,14 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
             requests,
             concurrency,
             rounds,
-        } => receive::receive(requests, concurrency, rounds, out).await,
+            durability,
+        } => {
+            let durability = match durability.as_str() {
+                "relaxed" => pulse_shared::config::Durability::Relaxed,
+                _ => pulse_shared::config::Durability::Synced,
+            };
+            receive::receive(requests, concurrency, rounds, durability, out).await
+        }
         BenchCmd::Hooks {
             deliveries,
             samples,

@@ -465,10 +465,20 @@ pub(super) async fn bench_agent(
     dir: &std::path::Path,
     clock: Arc<dyn Clock>,
 ) -> Result<(Config, Connected, pulse_shared::domain::Agent), Failure> {
+    bench_agent_with(dir, clock, pulse_shared::config::Durability::Synced).await
+}
+
+/// [`bench_agent`] on a store that acknowledges as `durability` says.
+pub(super) async fn bench_agent_with(
+    dir: &std::path::Path,
+    clock: Arc<dyn Clock>,
+    durability: pulse_shared::config::Durability,
+) -> Result<(Config, Connected, pulse_shared::domain::Agent), Failure> {
     let config = Config {
         backend: Backend::Sqlite {
             path: dir.join("bench.db"),
         },
+        durability,
         ..Config::defaults()
     };
     let now = clock.now();

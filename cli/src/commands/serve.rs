@@ -314,6 +314,13 @@ async fn bind(listen: Option<SocketAddr>) -> Result<Option<TcpListener>, Failure
 /// Logs what `serve` runs on.
 fn announce(config: &Config, tick: Duration) {
     info!(backend = %describe(&config.backend), tick = ?tick, "pulse serve started; Ctrl-C stops it");
+    if matches!(config.backend, pulse_shared::config::Backend::Sqlite { .. }) {
+        info!(
+            durability = config.durability.as_str(),
+            "PULSE_DURABILITY: {}",
+            config.durability.promise()
+        );
+    }
     info!(llm = %config.llm.describe(), "language model");
     if !config.discord.is_configured() {
         info!(

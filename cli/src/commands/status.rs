@@ -55,6 +55,9 @@ pub(crate) async fn execute(plan: StatusPlan, cx: &Ctx<'_>) -> Result<(), Failur
         hint,
     )
     .await?;
+    if matches!(cx.config.backend, Backend::Sqlite { .. }) {
+        s.durability = Some(cx.config.durability.as_str());
+    }
     if let Some(token) = &cx.config.discord.bot_token {
         let lease = pulse_shared::discord::lease_name(token);
         gateway_status(cx.b.store.as_ref(), &lease, cx.clock.now(), &mut s).await?;
@@ -101,6 +104,9 @@ fn print(s: &Status) {
         None => outln!("hooks      not configured (PULSE_HOOKS_QUEUE_URL)"),
     }
     outln!("tokens     {} today", s.tokens_today);
+    if let Some(d) = s.durability {
+        outln!("durability {d} (PULSE_DURABILITY here; `pulse serve` logs its own at start-up)");
+    }
     if let Some(g) = &s.discord_gateway {
         let r = &g.record;
         outln!(

@@ -150,6 +150,13 @@ pub const VARIABLES: &[Variable] = &[
         wrong: "start-up stops unless it is a duration of at least `1s`",
     },
     Variable {
+        name: "PULSE_DURABILITY",
+        group: Group::Engine,
+        meaning: "what the embedded store's acknowledgements promise: `synced`, every commit reaches the disk before anyone is told it was kept (a webhook's 2xx, a message's 202, a hook delivery recorded), the calls that arrive together sharing one commit and one sync; `relaxed`, commits are synced in the background (every 4 MB of log): a process crash loses nothing, a power cut or kernel crash may lose the last acknowledged writes — for a laptop demo or a tmpfs. `pulse serve` says which at start-up, and `pulse status` shows it",
+        default: "`synced`",
+        wrong: STOPS,
+    },
+    Variable {
         name: "PULSE_EVENT_SETTLE",
         group: Group::Engine,
         meaning: "how far behind its claim a heartbeat's window ends; an event from outside the agent's session that would be written more than three quarters of it after its stamp is refused (sent again, it is stamped anew); `0s` (tests on one process) lets a write take 10 s",

@@ -49,6 +49,10 @@ pub struct Status {
     /// state, counts and last error, and until when its holder's lease runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub discord_gateway: Option<GatewayReport>,
+    /// What the embedded store's acknowledgements promise as this process is configured
+    /// (`PULSE_DURABILITY`); none on AWS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durability: Option<&'static str>,
     /// What needs attention.
     pub findings: Vec<Finding>,
 }

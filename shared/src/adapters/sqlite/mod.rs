@@ -50,6 +50,7 @@ pub use keys::{KeysMissing, keys_for};
 pub use session_queue::SqliteQueue;
 pub use webhooks::ACCEPT_THREAD;
 
+use crate::config::Durability;
 use crate::error::StoreError;
 use crate::sealing::EncryptionKeys;
 
@@ -322,12 +323,13 @@ impl Db {
             conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
                 .map_err(&open)?;
         }
-        // WAL lets readers (the CLI) work while `pulse serve` writes; NORMAL syncs at
-        // checkpoints, not every commit: a power cut may lose the last commits, never
-        // corrupt the file.
+        // WAL lets readers (the CLI) work while `pulse serve` writes; FULL syncs the log
+        // at every commit, before the commit's callers are answered (see
+        // [`Durability`]); the connection's thread commits the calls that arrive
+        // together as one, so they share one sync.
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(&open)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
+        conn.pragma_update(None, "synchronous", "FULL")
             .map_err(&open)?;
         tune(&mut conn).map_err(&open)?;
         schema::migrate(&conn, path)?;
@@ -339,6 +341,32 @@ impl Db {
             thread: Arc::default(),
             trouble: Arc::default(),
             deadline: None,
+        })
+    }
+
+    /// Acknowledges as `durability` says: [`Durability::Synced`] (how a file opens) syncs
+    /// the log at every commit; [`Durability::Relaxed`] leaves it to the log's own
+    /// thread (every 4 MB) and the copies into the database.
+    pub fn with_durability(self, durability: Durability) -> Result<Self, StoreError> {
+        let level = match durability {
+            Durability::Synced => "FULL",
+            Durability::Relaxed => "NORMAL",
+        };
+        self.blocking(|c| c.pragma_update(None, "synchronous", level))
+            .map_err(sqlite_err("open database"))?;
+        Ok(self)
+    }
+
+    /// What the connection's commits promise, as SQLite says it now.
+    pub fn durability(&self) -> Result<Durability, StoreError> {
+        let level: i64 = self
+            .blocking(|c| c.pragma_query_value(None, "synchronous", |r| r.get(0)))
+            .map_err(sqlite_err("read durability"))?;
+        // 2 is FULL, 3 EXTRA; 1 NORMAL, 0 OFF.
+        Ok(if level >= 2 {
+            Durability::Synced
+        } else {
+            Durability::Relaxed
         })
     }
 

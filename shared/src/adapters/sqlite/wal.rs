@@ -1,9 +1,11 @@
 //! The write-ahead log's upkeep on each connection: when the log is copied into the
 //! database, and how its pages reach the disk before that copy.
 //!
-//! Commits append pages to the log. With `synchronous = NORMAL` they are not synced: a
-//! commit is durable against a crash of the process at once, and against a power cut
-//! once the log is synced. SQLite syncs the log only when it copies the log into the
+//! Commits append pages to the log. By default (`PULSE_DURABILITY=synced`, SQLite's
+//! `synchronous = FULL`) each commit syncs the log before its callers are answered, and
+//! what follows only keeps the copies short. With `relaxed` (`synchronous = NORMAL`)
+//! commits are not synced: a commit is durable against a crash of the process at once,
+//! and against a power cut once the log is synced. SQLite syncs the log only when it copies the log into the
 //! database (a checkpoint), in the commit that takes the log past [`CHECKPOINT_PAGES`].
 //! That sync found the whole log (40 MB) still in the page cache, and it took 26–33 ms
 //! of the checkpoint's 45–55, while every caller of the connection waited: under a

@@ -49,22 +49,46 @@ impl HeartbeatRunner {
             self.start_hooks(plan, event, tool, &id, request.attempt)
                 .await?;
             let began = Instant::now();
-            // An HTTP tool that is safe to call again is raced against a user message:
-            // the person is answered first, and the action, left RUNNING, is called again
-            // (the same key) by the heartbeat that reads this window next.
-            let call = if matches!(tool.kind, ToolKind::Http { .. }) && tool.idempotent {
+            // An HTTP tool's call is raced against a user message, so the person is
+            // answered first. One that is safe to make again is dropped: the action,
+            // left RUNNING, is called again (the same key) by the heartbeat that reads
+            // this window next. Any other goes on in the background and its outcome is
+            // recorded when it ends; the next heartbeat reuses it.
+            let call = if matches!(tool.kind, ToolKind::Http { .. }) {
+                let mut sent = {
+                    let (tools, tool, request) = (self.tools.clone(), tool.clone(), request.clone());
+                    Box::pin(async move { tools.call(&tool, &request).await })
+                };
                 let raced = interrupt::unless_user_speaks(
                     self.store.as_ref(),
                     &plan.agent.id,
                     Some(plan.heartbeat_context.started_at),
                     interrupt::StopOn::UserOrCancel,
-                    self.tools.call(tool, &request),
+                    &mut sent,
                 )
                 .await;
                 match raced {
                     Raced::Done(call) => call,
-                    Raced::Interrupted(at) => {
+                    Raced::Interrupted(at) if tool.idempotent => {
                         info!(newer_message_at = %at, "a user message arrived during an idempotent tool's call: dropped, to be made again by the next heartbeat");
+                        return Ok(self.dropped(action, at));
+                    }
+                    Raced::Interrupted(at) => {
+                        info!(newer_message_at = %at, "a user message arrived during a tool's call that is not safe to make again: it finishes in the background");
+                        let behind = Behind {
+                            store: self.store.clone(),
+                            clock: self.clock.clone(),
+                            cap: self.settings.cascade_depth,
+                            heartbeat: plan.heartbeat.id(),
+                            parent: event.id.clone(),
+                            tool: tool.name.clone(),
+                            idempotent: tool.idempotent,
+                        };
+                        let running = action.clone();
+                        tokio::spawn(async move {
+                            let call = sent.await;
+                            behind.finish(running, call, began).await;
+                        });
                         return Ok(self.dropped(action, at));
                     }
                 }
@@ -240,6 +264,25 @@ impl HeartbeatRunner {
             Some(existing) if existing.status.is_final() => {
                 return Ok(Begun::Finished(Box::new(existing)));
             }
+            Some(existing)
+                if !tool.idempotent
+                    && match tool.kind {
+                        ToolKind::Http { timeout_ms, .. } => existing
+                            .started_at
+                            .checked_add(jiff::SignedDuration::from_millis(
+                                timeout_ms.saturating_add(5_000).min(i64::MAX as u64) as i64,
+                            ))
+                            .is_ok_and(|until| until > self.clock.now()),
+                        _ => false,
+                    } =>
+            {
+                // A run that yielded to the person may still be calling it in the
+                // background: wait for it rather than call it twice or give up on it.
+                return Err(EngineError::Contended(format!(
+                    "{} may still be being called by an earlier run of this heartbeat (started {}); trying again later",
+                    tool.name, existing.started_at
+                )));
+            }
             Some(existing) if !tool.idempotent => {
                 // A run stopped while the tool was being called: it may have done its
                 // work, so it is not called again blindly.
@@ -292,30 +335,14 @@ impl HeartbeatRunner {
         action: &Action,
         returned: Vec<NewEvent>,
     ) -> Vec<Event> {
-        let child_depth = action.depth.saturating_add(1);
-        let capped = child_depth > self.settings.cascade_depth;
-        let completed_at = action.completed_at.unwrap_or(action.started_at);
-        let ms = completed_at.as_millisecond().max(0) as u64;
-        returned
-            .into_iter()
-            .enumerate()
-            .map(|(i, ne)| Event {
-                id: EventId::derived(ms, &[action.id.as_str(), &i.to_string()]),
-                agent_id: plan.agent.id.clone(),
-                event_type: ne.event_type,
-                priority: ne.priority,
-                source: format!("tool:{}", tool.name),
-                payload: ne.payload,
-                metadata: ne.metadata,
-                parent_id: Some(event.id.clone()),
-                cascade: Some(Cascade {
-                    heartbeat_id: plan.heartbeat.id(),
-                    depth: child_depth,
-                    capped,
-                }),
-                created_at: completed_at,
-            })
-            .collect()
+        made_events(
+            self.settings.cascade_depth,
+            plan.heartbeat.id(),
+            &event.id,
+            &tool.name,
+            action,
+            returned,
+        )
     }
 
     /// Reuses a finished action: its new events are read back and cascade as before,
@@ -413,6 +440,90 @@ fn model_tokens(response: Option<&serde_json::Value>) -> u64 {
 ///
 /// A call whose answer was lost after it was sent is UNKNOWN unless the tool is
 /// idempotent (then it is a plain failure, safe to run again).
+/// The events an action returned, as events of its heartbeat's cascade one level down
+/// from `parent` (capped past `cap`), their ids derived from the action.
+fn made_events(
+    cap: u8,
+    heartbeat: crate::domain::HeartbeatId,
+    parent: &EventId,
+    tool: &crate::domain::ToolName,
+    action: &Action,
+    returned: Vec<NewEvent>,
+) -> Vec<Event> {
+    let child_depth = action.depth.saturating_add(1);
+    let capped = child_depth > cap;
+    let completed_at = action.completed_at.unwrap_or(action.started_at);
+    let ms = completed_at.as_millisecond().max(0) as u64;
+    returned
+        .into_iter()
+        .enumerate()
+        .map(|(i, ne)| Event {
+            id: EventId::derived(ms, &[action.id.as_str(), &i.to_string()]),
+            agent_id: action.agent_id.clone(),
+            event_type: ne.event_type,
+            priority: ne.priority,
+            source: format!("tool:{tool}"),
+            payload: ne.payload,
+            metadata: ne.metadata,
+            parent_id: Some(parent.clone()),
+            cascade: Some(Cascade {
+                heartbeat_id: heartbeat.clone(),
+                depth: child_depth,
+                capped,
+            }),
+            created_at: completed_at,
+        })
+        .collect()
+}
+
+/// What an action's call needs to be recorded after its heartbeat yielded to the
+/// person: its outcome and the events it returned, written as a run would write them
+/// (the next heartbeat reuses the action and cascades its events, and emits its hooks).
+struct Behind {
+    store: std::sync::Arc<dyn crate::ports::Store>,
+    clock: std::sync::Arc<dyn crate::ports::Clock>,
+    cap: u8,
+    heartbeat: crate::domain::HeartbeatId,
+    parent: EventId,
+    tool: crate::domain::ToolName,
+    idempotent: bool,
+}
+
+impl Behind {
+    async fn finish(self, mut action: Action, call: crate::ports::ToolCall, began: Instant) {
+        action.completed_at = Some(self.clock.now());
+        action.duration_ms = Some(began.elapsed().as_millis() as u64);
+        action.keep_response(call.response_meta);
+        let new_events = match outcome(&mut action, call.result, self.idempotent) {
+            Some(events) => {
+                let made = made_events(
+                    self.cap,
+                    self.heartbeat.clone(),
+                    &self.parent,
+                    &self.tool,
+                    &action,
+                    events,
+                );
+                action.new_events = made.iter().map(|e| e.id.clone()).collect();
+                made
+            }
+            None => Vec::new(),
+        };
+        match self
+            .store
+            .finish_action(&action, &new_events, Writer::Session)
+            .await
+        {
+            Ok(()) => {
+                info!(action_id = %action.id, status = ?action.status, "a tool's call finished in the background; recorded")
+            }
+            Err(e) => {
+                warn!(action_id = %action.id, error = %crate::error::chain(&e), "a tool's call finished in the background but could not be recorded; the next run finds it RUNNING")
+            }
+        }
+    }
+}
+
 pub(super) fn outcome(
     action: &mut Action,
     result: Result<crate::domain::ToolResponse, ToolFailure>,
