@@ -345,9 +345,9 @@ impl HeartbeatAgent {
         messages: &mut Vec<ChatMessage>,
     ) -> Result<Option<String>, String> {
         for call in tool_calls {
-            if call.name == "speak"
-                && let Some(why) = self.interrupted(req).await?
-            {
+            // A user message (or a cancel) that arrived meanwhile — perhaps during the
+            // previous call, which then yielded — stops the run before the next call.
+            if let Some(why) = self.interrupted(req).await? {
                 return Ok(Some(why));
             }
             let index = t.calls;
