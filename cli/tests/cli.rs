@@ -2447,11 +2447,13 @@ fn serve_logs_json_lines_with_each_lines_agent_and_run_and_never_a_messages_text
             .or_else(|| l["spans"].as_array()?.iter().find_map(|s| s[name].as_str()))
             .map(str::to_owned)
     };
-    let message = |l: &Value| l["fields"]["message"].as_str().unwrap_or("").to_owned();
-    let completed = lines
-        .iter()
-        .find(|l| message(l) == "heartbeat completed")
-        .unwrap_or_else(|| panic!("no heartbeat completed: {text}"));
+    let line = |message: &str| {
+        lines
+            .iter()
+            .find(|l| l["fields"]["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?}: {text}"))
+    };
+    let completed = line("heartbeat completed");
     assert_eq!(
         field(completed, "agent_id").as_deref(),
         Some(agent.as_str()),
@@ -2466,10 +2468,7 @@ fn serve_logs_json_lines_with_each_lines_agent_and_run_and_never_a_messages_text
             )),
         "{completed}"
     );
-    let written = lines
-        .iter()
-        .find(|l| message(l) == "reply written")
-        .unwrap_or_else(|| panic!("no reply written: {text}"));
+    let written = line("reply written");
     assert_eq!(
         field(written, "agent_id").as_deref(),
         Some(agent.as_str()),

@@ -150,6 +150,32 @@ fn memory(b: &Backend, agent: &Agent, n: u64, text: &str, beat: u64) -> Memory {
     .unwrap()
 }
 
+/// Ten facts and six lunches with Ana (episodes): eight days on, the lunches have faded
+/// enough to be summed up, four at a time (a quarter of sixteen).
+fn colours_and_lunches(b: &Backend, agent: &Agent) -> Vec<Memory> {
+    let colours = [
+        "red", "blue", "green", "cyan", "pink", "gold", "grey", "teal", "navy", "lime",
+    ];
+    let mut batch: Vec<Memory> = (0..10u64)
+        .map(|i| {
+            let text = format!("{} is a colour", colours[i as usize]);
+            memory(b, agent, 200 + i, &text, 0)
+        })
+        .collect();
+    for i in 0..6u64 {
+        let mut m = memory(
+            b,
+            agent,
+            100 + i,
+            &format!("met Ana for lunch on day {i}"),
+            0,
+        );
+        m.kind = MemoryKind::Episode;
+        batch.push(m);
+    }
+    batch
+}
+
 on_both_backends!(
     the_first_of_two_thousand_memories_is_recalled_by_meaning,
     by_meaning
@@ -456,35 +482,10 @@ async fn consolidation(kind: Kind) {
     let llm = FakeLlm::start().await;
     let discord = pulse_tests::fake_discord::FakeDiscord::start().await;
     let services = pulse_tests::fake_services(&llm, &discord);
-    let mut batch: Vec<Memory> = (0..10u64)
-        .map(|i| {
-            memory(
-                &b,
-                &dreamer,
-                200 + i,
-                &format!(
-                    "{} is a colour",
-                    [
-                        "red", "blue", "green", "cyan", "pink", "gold", "grey", "teal", "navy",
-                        "lime"
-                    ][i as usize]
-                ),
-                0,
-            )
-        })
-        .collect();
-    for i in 0..6u64 {
-        let mut m = memory(
-            &b,
-            &dreamer,
-            100 + i,
-            &format!("met Ana for lunch on day {i}"),
-            0,
-        );
-        m.kind = MemoryKind::Episode;
-        batch.push(m);
-    }
-    memories.remember(&dreamer.id, batch).await.unwrap();
+    memories
+        .remember(&dreamer.id, colours_and_lunches(&b, &dreamer))
+        .await
+        .unwrap();
     // Eight days and two half-lives later, the episodes have faded under 0.3.
     b.advance(SignedDuration::from_hours(24 * 8));
     llm.script([Scripted::text("The user often has lunch with Ana.")]);
@@ -923,21 +924,10 @@ async fn forget_races(kind: Kind) {
     let llm = FakeLlm::start().await;
     let discord = pulse_tests::fake_discord::FakeDiscord::start().await;
     let services = pulse_tests::fake_services(&llm, &discord);
-    let mut batch: Vec<Memory> = (0..10u64)
-        .map(|i| memory(&b, &dreamer, 200 + i, &format!("colour number {i}"), 0))
-        .collect();
-    for i in 0..6u64 {
-        let mut m = memory(
-            &b,
-            &dreamer,
-            100 + i,
-            &format!("met Ana for lunch on day {i}"),
-            0,
-        );
-        m.kind = MemoryKind::Episode;
-        batch.push(m);
-    }
-    let kept = memories.remember(&dreamer.id, batch).await.unwrap();
+    let kept = memories
+        .remember(&dreamer.id, colours_and_lunches(&b, &dreamer))
+        .await
+        .unwrap();
     b.advance(SignedDuration::from_hours(24 * 8));
     llm.script([
         Scripted::text("The user often has lunch with Ana."),

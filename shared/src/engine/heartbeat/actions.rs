@@ -75,19 +75,10 @@ impl HeartbeatRunner {
                     }
                     Raced::Interrupted(at) => {
                         info!(newer_message_at = %at, "a user message arrived during a tool's call that is not safe to make again: it finishes in the background");
-                        let behind = Behind {
-                            store: self.store.clone(),
-                            clock: self.clock.clone(),
-                            cap: self.settings.cascade_depth,
-                            heartbeat: plan.heartbeat.id(),
-                            parent: event.id.clone(),
-                            tool: tool.name.clone(),
-                            idempotent: tool.idempotent,
-                        };
-                        let running = action.clone();
+                        let (recorder, running) = (self.recorder(plan, event, tool), action.clone());
                         tokio::spawn(async move {
                             let call = sent.await;
-                            behind.finish(running, call, began).await;
+                            recorder.finish_behind(running, call, began).await;
                         });
                         return Ok(self.dropped(action, at));
                     }
@@ -95,18 +86,10 @@ impl HeartbeatRunner {
             } else {
                 self.tools.call(tool, &request).await
             };
-            let completed_at = self.clock.now();
-            action.completed_at = Some(completed_at);
-            action.duration_ms = Some(began.elapsed().as_millis() as u64);
-            action.keep_response(call.response_meta);
-            let new_events = match outcome(&mut action, call.result, tool.idempotent) {
-                Some(events) => {
-                    let made = self.cascade(plan, event, tool, &action, events);
-                    action.new_events = made.iter().map(|e| e.id.clone()).collect();
-                    made
-                }
-                None => Vec::new(),
-            };
+            let new_events = self
+                .recorder(plan, event, tool)
+                .settle_call(&mut action, call, began);
+            let completed_at = action.completed_at.unwrap_or(action.started_at);
             match self
                 .store
                 .finish_action(&action, &new_events, Writer::Session)
@@ -327,22 +310,17 @@ impl HeartbeatRunner {
     /// The events a completed action returned, as events of this heartbeat's cascade one
     /// level below `event` (marked capped past the depth limit). Their ids derive from
     /// the action, so a rerun makes the same ones.
-    fn cascade(
-        &self,
-        plan: &Plan,
-        event: &Event,
-        tool: &Tool,
-        action: &Action,
-        returned: Vec<NewEvent>,
-    ) -> Vec<Event> {
-        made_events(
-            self.settings.cascade_depth,
-            plan.heartbeat.id(),
-            &event.id,
-            &tool.name,
-            action,
-            returned,
-        )
+    /// What records `tool`'s action on `event` once its call ends.
+    fn recorder(&self, plan: &Plan, event: &Event, tool: &Tool) -> Recorder {
+        Recorder {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            cap: self.settings.cascade_depth,
+            heartbeat: plan.heartbeat.id(),
+            parent: event.id.clone(),
+            tool: tool.name.clone(),
+            idempotent: tool.idempotent,
+        }
     }
 
     /// Reuses a finished action: its new events are read back and cascade as before,
@@ -476,10 +454,10 @@ fn made_events(
         .collect()
 }
 
-/// What an action's call needs to be recorded after its heartbeat yielded to the
-/// person: its outcome and the events it returned, written as a run would write them
-/// (the next heartbeat reuses the action and cascades its events, and emits its hooks).
-struct Behind {
+/// What an action's call needs to be recorded when it ends: in the run, or after the
+/// run yielded to the person (the next heartbeat then reuses the action, cascades its
+/// events and emits its hooks).
+struct Recorder {
     store: std::sync::Arc<dyn crate::ports::Store>,
     clock: std::sync::Arc<dyn crate::ports::Clock>,
     cap: u8,
@@ -489,26 +467,36 @@ struct Behind {
     idempotent: bool,
 }
 
-impl Behind {
-    async fn finish(self, mut action: Action, call: crate::ports::ToolCall, began: Instant) {
+impl Recorder {
+    /// Puts the call's outcome on `action` (its time, its response, its status); the
+    /// events it returned, as events of the heartbeat's cascade.
+    fn settle_call(
+        &self,
+        action: &mut Action,
+        call: crate::ports::ToolCall,
+        began: Instant,
+    ) -> Vec<Event> {
         action.completed_at = Some(self.clock.now());
         action.duration_ms = Some(began.elapsed().as_millis() as u64);
         action.keep_response(call.response_meta);
-        let new_events = match outcome(&mut action, call.result, self.idempotent) {
-            Some(events) => {
-                let made = made_events(
-                    self.cap,
-                    self.heartbeat.clone(),
-                    &self.parent,
-                    &self.tool,
-                    &action,
-                    events,
-                );
-                action.new_events = made.iter().map(|e| e.id.clone()).collect();
-                made
-            }
-            None => Vec::new(),
+        let Some(events) = outcome(action, call.result, self.idempotent) else {
+            return Vec::new();
         };
+        let made = made_events(
+            self.cap,
+            self.heartbeat.clone(),
+            &self.parent,
+            &self.tool,
+            action,
+            events,
+        );
+        action.new_events = made.iter().map(|e| e.id.clone()).collect();
+        made
+    }
+
+    /// Records a call that ended after its run yielded.
+    async fn finish_behind(self, mut action: Action, call: crate::ports::ToolCall, began: Instant) {
+        let new_events = self.settle_call(&mut action, call, began);
         match self
             .store
             .finish_action(&action, &new_events, Writer::Session)
