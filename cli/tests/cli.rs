@@ -227,6 +227,32 @@ fn a_tool_on_an_address_the_guard_refuses_is_said_so_at_once() {
         tools.contains("intranet") && tools.contains("local"),
         "{tools}"
     );
+    // Moved onto a refused address by an update: said at once too; a change that keeps
+    // the URL says nothing. Neither prints the tool's config in clear.
+    let update = |args: &[&str]| {
+        let out = pulse(d, &[&["--json", "tools", "update", "local"], args].concat());
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (shown, said) = update(&[
+        "--url",
+        "http://10.9.9.9/check",
+        "--config",
+        r#"{"key":"s3cret"}"#,
+    ]);
+    assert!(
+        said.contains("every call to http://10.9.9.9/check will be refused"),
+        "{said}"
+    );
+    assert!(
+        !shown.contains("s3cret") && !said.contains("s3cret"),
+        "{shown}{said}"
+    );
+    let (_, said) = update(&["--timeout", "5s"]);
+    assert!(!said.contains("note:"), "the URL did not change: {said}");
 }
 
 /// Found in review: `pulse --json heartbeats list … | head` panicked with "failed

@@ -248,10 +248,15 @@ async fn change(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             };
             cx.b.store.update_tool(&tool).await.map_err(store)?;
             cx.out.created(
-                &tool,
+                &tool.redacted(),
                 tool.name.as_str(),
                 &format!("updated tool {}", tool.name),
             );
+            if c.url.is_some()
+                && let ToolKind::Http { url, .. } = &tool.kind
+            {
+                warn_if_refused(cx, url).await;
+            }
         }
         ToolsPlan::Remove(name) => {
             if stored_http_tool(&registry, &name)?.mcp_server().is_some() {
