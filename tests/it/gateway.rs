@@ -321,6 +321,10 @@ async fn a_voice_note_reaches_the_model_as_its_envelope_and_a_picture_as_an_imag
         said.contains("waveform"),
         "the envelope reaches the model: {said}"
     );
+    assert!(
+        said.contains("IS_VOICE_MESSAGE"),
+        "its flags, named: {said}"
+    );
 
     let mut picture = message(&snowflake(2), DM, None, FRIEND, "what is this?");
     picture["attachments"] = json!([{

@@ -104,6 +104,39 @@ pub fn attachments(m: &Value) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// Discord's message flags by bit, as its documentation names them.
+const MESSAGE_FLAGS: [(u64, &str); 14] = [
+    (1 << 0, "CROSSPOSTED"),
+    (1 << 1, "IS_CROSSPOST"),
+    (1 << 2, "SUPPRESS_EMBEDS"),
+    (1 << 3, "SOURCE_MESSAGE_DELETED"),
+    (1 << 4, "URGENT"),
+    (1 << 5, "HAS_THREAD"),
+    (1 << 6, "EPHEMERAL"),
+    (1 << 7, "LOADING"),
+    (1 << 8, "FAILED_TO_MENTION_SOME_ROLES_IN_THREAD"),
+    (1 << 10, "SHOULD_SHOW_LINK_NOT_DISCORD_WARNING"),
+    (1 << 12, "SUPPRESS_NOTIFICATIONS"),
+    (1 << 13, "IS_VOICE_MESSAGE"),
+    (1 << 14, "HAS_SNAPSHOT"),
+    (1 << 15, "IS_COMPONENTS_V2"),
+];
+
+/// The names of the bits set in `flags` (a bit Discord has not named as `BIT_<n>`), so
+/// a model can tell a voice message without knowing the table.
+pub fn flag_names(flags: u64) -> Vec<String> {
+    (0..64)
+        .map(|bit| 1u64 << bit)
+        .filter(|b| flags & b != 0)
+        .map(|b| {
+            MESSAGE_FLAGS.iter().find(|(v, _)| *v == b).map_or_else(
+                || format!("BIT_{}", b.trailing_zeros()),
+                |(_, n)| (*n).to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// The envelope of a Discord message object.
 pub fn message_envelope(m: &Value) -> Value {
     let files = attachments(m);
@@ -121,6 +154,7 @@ pub fn message_envelope(m: &Value) -> Value {
     json!({
         "type": m.get("type"),
         "flags": m.get("flags"),
+        "flag_names": m.get("flags").and_then(Value::as_u64).map(flag_names),
         "created_at": m.get("timestamp"),
         "edited_at": m.get("edited_timestamp"),
         "pinned": m.get("pinned"),
@@ -147,6 +181,19 @@ mod tests {
             "(no text; 1 attachment: voice-message.ogg (audio/ogg, 12.5 s))"
         );
         assert_eq!(describe(&[]), "(no text)");
+    }
+
+    #[test]
+    fn flags_are_named_beside_the_integer() {
+        assert_eq!(flag_names(8192), ["IS_VOICE_MESSAGE"]);
+        assert_eq!(
+            flag_names(4096 | 4),
+            ["SUPPRESS_EMBEDS", "SUPPRESS_NOTIFICATIONS"]
+        );
+        assert_eq!(flag_names(1 << 20), ["BIT_20"]);
+        assert!(flag_names(0).is_empty());
+        let envelope = message_envelope(&json!({"flags": 8192}));
+        assert_eq!(envelope["flag_names"], json!(["IS_VOICE_MESSAGE"]));
     }
 
     #[test]
