@@ -96,14 +96,9 @@ impl Found {
 
     /// Adds a finished action on `on` and the events it returned.
     pub fn add(&mut self, on: &Event, action: &Action, events: &[Event]) {
-        if self.results.len() >= Self::MAX_RESULTS {
-            self.more_results += 1;
-            self.more_events += events.len();
+        let Some(room) = self.room_for(events.len()) else {
             return;
-        }
-        let shown: usize = self.results.iter().map(|r| r.events.len()).sum();
-        let room = Self::MAX_EVENTS.saturating_sub(shown);
-        self.more_events += events.len().saturating_sub(room);
+        };
         self.results.push(ToolResult {
             tool: action.tool.clone(),
             event_type: on.event_type.clone(),
@@ -132,18 +127,27 @@ impl Found {
         self.more_results += other.more_results;
         self.more_events += other.more_events;
         for mut r in other.results {
-            if self.results.len() >= Self::MAX_RESULTS {
-                self.more_results += 1;
-                self.more_events += r.events.len();
+            let Some(room) = self.room_for(r.events.len()) else {
                 continue;
-            }
-            let shown: usize = self.results.iter().map(|r| r.events.len()).sum();
-            let room = Self::MAX_EVENTS.saturating_sub(shown);
-            self.more_events += r.events.len().saturating_sub(room);
+            };
             r.events.truncate(room);
             r.late = true;
             self.results.push(r);
         }
+    }
+
+    /// How many of a new run's `events` are shown, the rest counted; `None`, with the
+    /// run and its events counted, when no more runs are shown.
+    fn room_for(&mut self, events: usize) -> Option<usize> {
+        if self.results.len() >= Self::MAX_RESULTS {
+            self.more_results += 1;
+            self.more_events += events;
+            return None;
+        }
+        let shown: usize = self.results.iter().map(|r| r.events.len()).sum();
+        let room = Self::MAX_EVENTS.saturating_sub(shown);
+        self.more_events += events.saturating_sub(room);
+        Some(room)
     }
 
     /// Whether no tool ran.
