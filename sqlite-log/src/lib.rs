@@ -20,6 +20,9 @@
 //! A crash loses nothing that SQLite's own writes would have kept: what is gathered is
 //! the unpublished part of a commit under way, which a crash between SQLite's own writes
 //! would leave unpublished as well, and recovery ignores.
+//!
+//! [`faults`] is the same file system with every file recorded: the tests cut the power
+//! at every point of a run, and make writes and syncs fail, over this crate's code.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::ptr;
@@ -27,6 +30,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use rusqlite::ffi;
+
+pub mod faults;
 
 /// The file system's name, for `Connection::open_with_flags_and_vfs`.
 pub const NAME: &CStr = c"pulse-log";
@@ -71,27 +76,34 @@ pub fn counts() -> Counts {
 /// the registration.
 pub fn register() -> Result<&'static CStr, c_int> {
     static DONE: OnceLock<Result<(), c_int>> = OnceLock::new();
-    (*DONE.get_or_init(register_once)).map(|()| NAME)
+    (*DONE.get_or_init(|| register_as(NAME, open, None))).map(|()| NAME)
 }
 
-fn register_once() -> Result<(), c_int> {
+/// Registers a copy of the platform's default file system under `name`, opening files
+/// with `open` (and deleting them with `delete`, when given).
+fn register_as(name: &'static CStr, open: Open, delete: Option<Delete>) -> Result<(), c_int> {
     // SAFETY: `sqlite3_vfs_find` initialises SQLite if needed and returns a pointer to
     // the default file system, which SQLite keeps for the life of the process, or null.
     let base = unsafe { ffi::sqlite3_vfs_find(ptr::null()) };
     if base.is_null() {
         return Err(ffi::SQLITE_ERROR);
     }
+    // Every registration finds the same default (this crate never registers its own as
+    // the default), so storing it again changes nothing.
     BASE.store(base, Ordering::Release);
     // SAFETY: `base` points at a live `sqlite3_vfs` (above); it is copied, not moved.
     let mut vfs = unsafe { ptr::read(base) };
     // SAFETY: as above; only its size is read.
     let base_size = unsafe { (*base).szOsFile };
-    // A log file is this crate's `LogFile` followed by the platform's file; any other
-    // file is the platform's alone, at the start of the same memory.
+    // A wrapped file is this crate's `LogFile` followed by the platform's file; any
+    // other file is the platform's alone, at the start of the same memory.
     vfs.szOsFile = base_size + c_int::try_from(INNER_AT).map_err(|_| ffi::SQLITE_ERROR)?;
     vfs.pNext = ptr::null_mut();
-    vfs.zName = NAME.as_ptr();
+    vfs.zName = name.as_ptr();
     vfs.xOpen = Some(open);
+    if let Some(delete) = delete {
+        vfs.xDelete = Some(delete);
+    }
     // The copy's other functions are the platform's, which read nothing of the copy but
     // its application data and longest path, copied with them.
     let vfs: &'static mut ffi::sqlite3_vfs = Box::leak(Box::new(vfs));
@@ -103,6 +115,18 @@ fn register_once() -> Result<(), c_int> {
     }
 }
 
+/// A file system's `xOpen`.
+type Open = unsafe extern "C" fn(
+    *mut ffi::sqlite3_vfs,
+    ffi::sqlite3_filename,
+    *mut ffi::sqlite3_file,
+    c_int,
+    *mut c_int,
+) -> c_int;
+
+/// A file system's `xDelete`.
+type Delete = unsafe extern "C" fn(*mut ffi::sqlite3_vfs, *const std::ffi::c_char, c_int) -> c_int;
+
 /// A write-ahead log file: the header SQLite sees, the platform's file, and the appends
 /// gathered for it.
 #[repr(C)]
@@ -112,6 +136,11 @@ struct LogFile {
     /// The platform's file, [`INNER_AT`] bytes after this one in the same memory.
     inner: *mut ffi::sqlite3_file,
     gathered: Gathered,
+    /// A write-ahead log, whose appends are gathered; any other file (wrapped only under
+    /// [`faults`]) writes as it is asked.
+    gathers: bool,
+    /// What [`faults`] records of this file and does to it, when it is watched.
+    watched: Option<faults::Watched>,
 }
 
 /// Appends not yet written: `bytes` go at `at` in the file.
@@ -157,19 +186,45 @@ unsafe extern "C" fn open(
     flags: c_int,
     out_flags: *mut c_int,
 ) -> c_int {
+    // SAFETY: the arguments are SQLite's, passed on.
+    unsafe { open_file(name, file, flags, out_flags, false) }
+}
+
+/// Opens a file through the platform's file system: inside a [`LogFile`] when it is a
+/// write-ahead log or `watch` is set ([`faults`]: every file, recorded when it is under
+/// a recorded directory), as the platform's alone otherwise.
+///
+/// # Safety
+/// The arguments are those SQLite passes to `xOpen` of a file system registered by
+/// [`register_as`].
+unsafe fn open_file(
+    name: ffi::sqlite3_filename,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+    watch: bool,
+) -> c_int {
     let base = BASE.load(Ordering::Acquire);
     // SAFETY: `base` was stored before this file system was registered, so before SQLite
     // could call this; the platform's file system always has `xOpen`.
     let Some(base_open) = (unsafe { (*base).xOpen }) else {
         return ffi::SQLITE_ERROR;
     };
-    if flags & ffi::SQLITE_OPEN_WAL == 0 {
+    let gathers = flags & ffi::SQLITE_OPEN_WAL != 0;
+    if !gathers && !watch {
         // SAFETY: SQLite gave `file` this file system's `szOsFile` bytes, more than the
         // platform's; the other arguments are SQLite's own, passed on.
         return unsafe { base_open(base, name, file, flags, out_flags) };
     }
+    let watched = if watch && !name.is_null() {
+        // SAFETY: a name SQLite passes is a NUL-terminated path it keeps while the file
+        // is open.
+        faults::watch(unsafe { CStr::from_ptr(name) })
+    } else {
+        None
+    };
     // SAFETY: the memory holds `INNER_AT` plus the platform's `szOsFile` bytes (see
-    // `register_once`); SQLite aligns it to 8 bytes, and `INNER_AT`, a multiple of 16,
+    // `register_as`); SQLite aligns it to 8 bytes, and `INNER_AT`, a multiple of 16,
     // keeps the platform's file so aligned.
     let inner = unsafe { file.cast::<u8>().add(INNER_AT) }.cast::<ffi::sqlite3_file>();
     // SAFETY: as for any other file, at `inner`.
@@ -185,6 +240,8 @@ unsafe extern "C" fn open(
                 file: ffi::sqlite3_file { pMethods: &METHODS },
                 inner,
                 gathered: Gathered::default(),
+                gathers,
+                watched,
             });
         }
     }
@@ -209,15 +266,27 @@ impl LogFile {
         unsafe { &*(*self.inner).pMethods }
     }
 
-    /// Writes `len` bytes at `buf` to the platform's file at `at`.
+    /// Writes `len` bytes at `buf` to the platform's file at `at` (as [`faults`] says,
+    /// when the file is watched).
     fn write_inner(&self, buf: *const c_void, len: c_int, at: i64) -> c_int {
         WRITES.fetch_add(1, Ordering::Relaxed);
-        match self.methods().xWrite {
+        let Some(write) = self.methods().xWrite else {
+            return ffi::SQLITE_IOERR_WRITE;
+        };
+        let Some(watched) = &self.watched else {
             // SAFETY: `inner` is open (see `methods`); `buf` holds `len` bytes (the
             // callers' promise).
-            Some(write) => unsafe { write(self.inner, buf, len, at) },
-            None => ffi::SQLITE_IOERR_WRITE,
-        }
+            return unsafe { write(self.inner, buf, len, at) };
+        };
+        let Ok(n) = usize::try_from(len) else {
+            return ffi::SQLITE_IOERR_WRITE;
+        };
+        // SAFETY: the callers' promise: `buf` holds `len` bytes, unchanged during the call.
+        let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) };
+        watched.write(data, at, |part| {
+            // SAFETY: `part` is a prefix of `data`, within a `c_int`; `inner` is open.
+            unsafe { write(self.inner, part.as_ptr().cast(), part.len() as c_int, at) }
+        })
     }
 
     /// Writes what is gathered, if anything. A failed write drops it all the same: it
@@ -247,6 +316,12 @@ impl LogFile {
     /// (or starts it), and written when it completes a commit.
     fn append(&mut self, data: &[u8], at: i64) -> c_int {
         APPENDS.fetch_add(1, Ordering::Relaxed);
+        if !self.gathers {
+            return match c_int::try_from(data.len()) {
+                Ok(len) => self.write_inner(data.as_ptr().cast(), len, at),
+                Err(_) => ffi::SQLITE_IOERR_WRITE,
+            };
+        }
         let g = &mut self.gathered;
         let end = g.at + g.bytes.len() as i64;
         if !g.bytes.is_empty() && at != end {
@@ -352,11 +427,32 @@ unsafe extern "C" fn read(
 }
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
-    after_gathered!(file, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size)
+    let rc = after_gathered!(file, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size);
+    // SAFETY: SQLite calls this on a file `open` opened, one call at a time.
+    if let Some(w) = &unsafe { log_file(file) }.watched
+        && rc == ffi::SQLITE_OK
+    {
+        w.truncated(size);
+    }
+    rc
 }
 
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    after_gathered!(file, xSync, ffi::SQLITE_IOERR_FSYNC, flags)
+    // SAFETY: SQLite calls this on a file `open` opened, one call at a time.
+    let f = unsafe { log_file(file) };
+    let rc = f.write_gathered();
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    let Some(sync) = f.methods().xSync else {
+        return ffi::SQLITE_IOERR_FSYNC;
+    };
+    // SAFETY: `inner` is open (see `LogFile::methods`); the flags are SQLite's own.
+    let synced = || unsafe { sync(f.inner, flags) };
+    match &f.watched {
+        Some(w) => w.sync(synced),
+        None => synced(),
+    }
 }
 
 unsafe extern "C" fn file_size(

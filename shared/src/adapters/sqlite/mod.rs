@@ -47,6 +47,8 @@ use rusqlite::Connection;
 pub use claimants::{OrphanedClaims, TakenBack};
 pub use hook_queue::SqliteHookQueue;
 pub use keys::{KeysMissing, keys_for};
+/// Power cuts and failing disks under a [`Db`] opened with [`Db::open_with_faults`].
+pub use pulse_sqlite_log::faults;
 pub use session_queue::SqliteQueue;
 pub use webhooks::ACCEPT_THREAD;
 
@@ -148,7 +150,7 @@ const STATEMENT_CACHE: usize = 128;
 /// holds them all (rusqlite keeps 16 by default), and plans that do not depend on bound
 /// values (the query planner stability guarantee), so a new `now` or limit never
 /// re-prepares a statement. And the write-ahead log is kept by [`wal::keep`].
-fn tune(conn: &mut Connection) -> rusqlite::Result<()> {
+fn tune(conn: &mut Connection) -> rusqlite::Result<wal::SyncBehind> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
@@ -174,6 +176,8 @@ pub struct Db {
     trouble: Arc<Mutex<Option<String>>>,
     /// How late an event a window reads may still be committed: see [`EventDeadline`].
     deadline: Option<EventDeadline>,
+    /// Whether the log's own thread syncs it as it grows (only when commits do not).
+    sync_behind: wal::SyncBehind,
 }
 
 /// The longest an event may take from its stamp (the time in its id) to its commit.
@@ -292,11 +296,32 @@ impl Db {
     /// Opens (creating if needed, mode 0600) the database at `path` and brings its
     /// schema up to date.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let open = sqlite_err("open database");
-        private_file(path)?;
         // SQLite's file system with the log's appends gathered into one write a commit
         // (see `pulse_sqlite_log`).
-        let vfs = pulse_sqlite_log::register().map_err(|rc| {
+        Self::open_through(path, pulse_sqlite_log::register())
+    }
+
+    /// [`Db::open`] through the file system of `pulse_sqlite_log::faults`: the same,
+    /// but every write and sync of a file under a directory a `Recording` watches is
+    /// recorded, and can be made to fail. For tests of power cuts and failing disks.
+    pub fn open_with_faults(path: &Path) -> Result<Self, StoreError> {
+        faults::register().map_err(|rc| {
+            StoreError::backend(
+                "sqlite",
+                "open database",
+                format!("cannot register the faults' file system (SQLite error {rc})"),
+            )
+        })?;
+        Self::open_through(path, pulse_sqlite_log::faults::register())
+    }
+
+    fn open_through(
+        path: &Path,
+        vfs: Result<&'static std::ffi::CStr, std::ffi::c_int>,
+    ) -> Result<Self, StoreError> {
+        let open = sqlite_err("open database");
+        private_file(path)?;
+        let vfs = vfs.map_err(|rc| {
             StoreError::backend(
                 "sqlite",
                 "open database",
@@ -331,9 +356,10 @@ impl Db {
             .map_err(&open)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(&open)?;
-        tune(&mut conn).map_err(&open)?;
+        let sync_behind = tune(&mut conn).map_err(&open)?;
         schema::migrate(&conn, path)?;
         Ok(Self {
+            sync_behind,
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_owned(),
             claimants: Arc::new(claimants::Claimants::new(path)),
@@ -354,6 +380,7 @@ impl Db {
         };
         self.blocking(|c| c.pragma_update(None, "synchronous", level))
             .map_err(sqlite_err("open database"))?;
+        self.sync_behind.set(durability == Durability::Relaxed);
         Ok(self)
     }
 
@@ -411,10 +438,11 @@ impl Db {
                     rusqlite::OpenFlags::default(),
                 )
                 .map_err(&open)?;
-                tune(&mut conn).map_err(&open)?;
+                let sync_behind = tune(&mut conn).map_err(&open)?;
                 let path = PathBuf::from(":memory:");
                 schema::migrate(&conn, &path)?;
                 Self {
+                    sync_behind,
                     conn: Arc::new(Mutex::new(conn)),
                     claimants: Arc::new(claimants::Claimants::new(&path)),
                     path,

@@ -11,9 +11,12 @@
 //! of the checkpoint's 45–55, while every caller of the connection waited: under a
 //! stream of webhooks a tenth of the run.
 //!
-//! So a thread of the connection's own syncs the log each time it has grown by
-//! [`SYNC_PAGES`] (4 MB). The checkpoint's own sync then finds at most that much
-//! unwritten, and a power cut loses at most that much. The copy itself, and the
+//! So, with `relaxed` only, a thread of the connection's own syncs the log each time it
+//! has grown by [`SYNC_PAGES`] (4 MB). The checkpoint's own sync then finds at most that
+//! much unwritten, and a power cut loses at most that much. With `synced` the thread
+//! has nothing to add, and a sync beside the commits' would be a hazard: when one
+//! fails, Linux may drop the pages a commit is about to sync, and that commit's own
+//! sync then succeeds (the lesson of PostgreSQL's "fsyncgate"). So it does not run. The copy itself, and the
 //! database's sync after it, stay in the commit, where SQLite puts them.
 //!
 //! A commit's pages reach the log in one write, not two a page: the connection's file
@@ -21,7 +24,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 
 use rusqlite::Connection;
@@ -40,18 +43,36 @@ const SYNC_PAGES: i32 = 1_000;
 /// the commit hook below (see [`WriteCounts`](super::WriteCounts)).
 pub(super) static LOG_FRAMES: AtomicU64 = AtomicU64::new(0);
 
-/// Copies the log at [`CHECKPOINT_PAGES`] and syncs it every [`SYNC_PAGES`], after each
-/// commit on `conn` (SQLite's hook for a commit to the log, in place of its own copying
-/// at a mark). A database in memory has no log and no thread.
-pub(super) fn keep(conn: &mut Connection) -> rusqlite::Result<()> {
-    keep_with(conn, Arc::new(sync_file))
+/// Whether the log's own thread syncs it as it grows: only while commits are not synced
+/// (off as a connection opens, with `synchronous = FULL`).
+#[derive(Clone, Default)]
+pub(super) struct SyncBehind(Arc<AtomicBool>);
+
+impl SyncBehind {
+    pub(super) fn set(&self, on: bool) {
+        self.0.store(on, Ordering::Relaxed);
+    }
+
+    fn on(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Copies the log at [`CHECKPOINT_PAGES`] and, while [`SyncBehind`] says so, syncs it
+/// every [`SYNC_PAGES`], after each commit on `conn` (SQLite's hook for a commit to the
+/// log, in place of its own copying at a mark). A database in memory has no log and no
+/// thread.
+pub(super) fn keep(conn: &mut Connection) -> rusqlite::Result<SyncBehind> {
+    let behind = SyncBehind::default();
+    keep_with(conn, Arc::new(sync_file), behind.clone())?;
+    Ok(behind)
 }
 
 /// How the log is synced: [`sync_file`], or what a test watches.
 type SyncLog = Arc<dyn Fn(&Path) + Send + Sync>;
 
 /// [`keep`], syncing the log with `sync` (the tests watch it).
-fn keep_with(conn: &mut Connection, sync: SyncLog) -> rusqlite::Result<()> {
+fn keep_with(conn: &mut Connection, sync: SyncLog, behind: SyncBehind) -> rusqlite::Result<()> {
     let log = conn
         .path()
         .filter(|p| !p.is_empty())
@@ -65,7 +86,8 @@ fn keep_with(conn: &mut Connection, sync: SyncLog) -> rusqlite::Result<()> {
             // As SQLite's own: a copy that cannot finish now (a reader holds old pages)
             // is taken up by a later commit, and the commit has succeeded either way.
             let _ = wal.checkpoint();
-        } else if due.after_commit(pages)
+        } else if behind.on()
+            && due.after_commit(pages)
             && let Some(s) = syncer.as_mut()
         {
             s.sync();
@@ -163,12 +185,14 @@ impl Syncer {
     }
 }
 
-/// Syncs the file at `path`'s data to the disk. A failure is only logged: the sync is
-/// ahead of the one SQLite makes before it copies the log, which reports its own errors.
+/// Syncs the file at `path`'s data to the disk. A failure is logged as a warning: the
+/// commits since the last sync may not survive a power cut (they were never promised
+/// to, under `relaxed`), and SQLite's own sync before it copies the log may then succeed
+/// without them.
 fn sync_file(path: &Path) {
     let synced = std::fs::File::open(path).and_then(|f| f.sync_data());
     if let Err(e) = synced {
-        tracing::debug!(log = %path.display(), error = %e, "could not sync the write-ahead log ahead of its copy");
+        tracing::warn!(log = %path.display(), error = %e, "could not sync the write-ahead log: commits since its last sync may not survive a power cut; check the disk");
     }
 }
 
@@ -210,12 +234,21 @@ mod tests {
     }
 
     /// A database in WAL mode kept by [`keep_with`], syncing with `sync`, and a table of
-    /// pages to fill.
+    /// pages to fill; commits unsynced (`relaxed`).
     fn database(dir: &Path, sync: SyncLog) -> Connection {
+        database_with(dir, sync, "NORMAL")
+    }
+
+    /// [`database`] with commits synced as `synchronous` says, and the log's thread on
+    /// only when they are not.
+    fn database_with(dir: &Path, sync: SyncLog, synchronous: &str) -> Connection {
         let mut conn = Connection::open(dir.join("t.db")).unwrap();
         conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-        conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
-        keep_with(&mut conn, sync).unwrap();
+        conn.pragma_update(None, "synchronous", synchronous)
+            .unwrap();
+        let behind = SyncBehind::default();
+        behind.set(synchronous == "NORMAL");
+        keep_with(&mut conn, sync, behind).unwrap();
         conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
         conn
     }
@@ -294,5 +327,27 @@ mod tests {
             .expect("the log's thread synced it");
         assert_eq!(synced, dir.path().join("t.db-wal"));
         assert!(synced.exists());
+    }
+
+    #[test]
+    fn with_every_commit_synced_the_log_has_no_thread_syncing_beside_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<PathBuf>();
+        let tx = std::sync::Mutex::new(tx);
+        let conn = database_with(
+            dir.path(),
+            Arc::new(move |log: &Path| {
+                let _ = tx.lock().unwrap().send(log.to_owned());
+            }),
+            "FULL",
+        );
+        // Past two steps' pages: the thread would have synced twice.
+        fill(&conn, 45);
+        let (len, _) = log_file(dir.path());
+        assert!(len / (24 + 4096) > 2 * SYNC_PAGES as u64, "{len}");
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(50))
+                .is_err()
+        );
     }
 }
