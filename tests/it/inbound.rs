@@ -16,7 +16,7 @@ use pulse_tests::{Backend, Kind, on_both_backends};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const CHANNEL: &str = "1300000000000000001";
 
 struct Rig {
@@ -145,7 +145,13 @@ impl Rig {
     }
 }
 
-fn signed(s: WebhookScheme, secret: &str, ts: i64, delivery: &str, body: &[u8]) -> HeaderMap {
+pub(crate) fn signed(
+    s: WebhookScheme,
+    secret: &str,
+    ts: i64,
+    delivery: &str,
+    body: &[u8],
+) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in sign(s.signing(), secret, body, ts, delivery).unwrap() {
         h.insert(k, v);
@@ -158,7 +164,7 @@ fn signed(s: WebhookScheme, secret: &str, ts: i64, delivery: &str, body: &[u8]) 
 }
 
 /// A body each scheme reads as an event of type `ty`.
-fn body_for(s: WebhookScheme, ty: &str, n: u32) -> Vec<u8> {
+pub(crate) fn body_for(s: WebhookScheme, ty: &str, n: u32) -> Vec<u8> {
     match s {
         WebhookScheme::Pulse | WebhookScheme::Standard => {
             json!({"event_type": ty, "priority": 3, "payload": {"n": n}})

@@ -21,6 +21,7 @@ mod llm;
 mod mcp;
 mod memory;
 mod messages_api;
+mod power_cut;
 mod queue;
 mod reminders;
 mod retention;
