@@ -2525,7 +2525,15 @@ fn durability_is_synced_by_default_relaxed_on_request_said_at_start_and_in_statu
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     };
     assert_eq!(shown(&status(None))["durability"], "synced");
-    assert_eq!(shown(&status(Some("relaxed")))["durability"], "relaxed");
+    let own = shown(&status(Some("relaxed")));
+    assert_eq!(own["durability"], "relaxed");
+    assert!(
+        own["durability_of"]
+            .as_str()
+            .unwrap()
+            .contains("no pulse serve runs"),
+        "{own}"
+    );
     let refused = status(Some("fast"));
     assert!(!refused.status.success());
     let why = String::from_utf8_lossy(&refused.stderr);
@@ -2534,10 +2542,12 @@ fn durability_is_synced_by_default_relaxed_on_request_said_at_start_and_in_statu
         "{why}"
     );
 
-    // `serve` says what its answers promise, and its connection syncs every commit.
+    // `serve` says what its answers promise, in its log and to `pulse status`, whose
+    // own environment says otherwise.
     let log_path = d.join("serve.log");
     let serve = common::command(d, &["serve", "--tick", "100ms", "--listen", "off"])
         .env("PULSE_LOG_FORMAT", "json")
+        .env("PULSE_DURABILITY", "relaxed")
         .stdout(Stdio::from(std::fs::File::create(&log_path).unwrap()))
         .stderr(Stdio::null())
         .spawn()
@@ -2547,15 +2557,24 @@ fn durability_is_synced_by_default_relaxed_on_request_said_at_start_and_in_statu
             .unwrap_or_default()
             .lines()
             .any(|l| {
-                l.contains("\"durability\":\"synced\"")
-                    && l.contains("every acknowledgement waits for its commit to reach the disk")
+                l.contains("\"durability\":\"relaxed\"")
+                    && l.contains("a power cut may lose the last few MB")
             })
     };
     wait_until("serve says its durability", Duration::from_secs(30), said);
+    let told = shown(&status(None));
+    assert_eq!(told["durability"], "relaxed", "{told}");
+    assert_eq!(
+        told["durability_of"],
+        format!("pulse serve, pid {}", serve.id()),
+        "{told}"
+    );
     let killed = Command::new("kill")
         .args(["-TERM", &serve.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     assert!(serve.wait_with_output().unwrap().status.success());
+    // Gone, it says nothing: the status is this process's own again.
+    assert_eq!(shown(&status(None))["durability"], "synced");
 }

@@ -265,6 +265,7 @@ pub(crate) async fn serve(
         wake: Notify::new(),
     };
     announce(config, tick);
+    tell_others(config, b);
 
     let signals = async {
         shutdown_signal().await;
@@ -297,6 +298,20 @@ pub(crate) async fn serve(
     release_queued(&worker, b).await;
     info!("pulse serve stopped");
     Ok(())
+}
+
+/// Says, for `pulse status` to read while this process lives, what its acknowledgements
+/// promise (in its claim lock file beside the database; see `OrphanedClaims::announce`).
+fn tell_others(config: &Config, b: &Connected) {
+    let Some(orphans) = &b.orphans else { return };
+    let about = serde_json::json!({
+        "program": "pulse serve",
+        "pid": std::process::id(),
+        "durability": config.durability.as_str(),
+    });
+    if let Err(e) = orphans.announce(&about.to_string()) {
+        warn!(error = %e, "cannot tell other processes what this one runs with: `pulse status` shows its own PULSE_DURABILITY instead");
+    }
 }
 
 /// Binds the HTTP receiver's address, if it has one.

@@ -56,7 +56,7 @@ pub(crate) async fn execute(plan: StatusPlan, cx: &Ctx<'_>) -> Result<(), Failur
     )
     .await?;
     if matches!(cx.config.backend, Backend::Sqlite { .. }) {
-        s.durability = Some(cx.config.durability.as_str());
+        durability(cx, &mut s);
     }
     if let Some(token) = &cx.config.discord.bot_token {
         let lease = pulse_shared::discord::lease_name(token);
@@ -75,6 +75,29 @@ pub(crate) async fn execute(plan: StatusPlan, cx: &Ctx<'_>) -> Result<(), Failur
             if n == 1 { "needs" } else { "need" }
         ))),
     }
+}
+
+/// What acknowledgements promise: as the running `pulse serve` said at start-up (in its
+/// claim lock file), else as this process's environment says.
+fn durability(cx: &Ctx<'_>, s: &mut Status) {
+    let serve = cx.b.orphans.as_ref().and_then(|o| {
+        o.announced()
+            .iter()
+            .filter_map(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+            .find(|v| v["program"] == "pulse serve")
+    });
+    let (durability, of) = match serve
+        .as_ref()
+        .and_then(|v| Some((v["durability"].as_str()?, &v["pid"])))
+    {
+        Some((d, pid)) => (d.to_owned(), format!("pulse serve, pid {pid}")),
+        None => (
+            cx.config.durability.as_str().to_owned(),
+            "this process's PULSE_DURABILITY: no pulse serve runs on this database".to_owned(),
+        ),
+    };
+    s.durability = Some(durability);
+    s.durability_of = Some(of);
 }
 
 fn queue(b: &Backlog) -> String {
@@ -104,8 +127,8 @@ fn print(s: &Status) {
         None => outln!("hooks      not configured (PULSE_HOOKS_QUEUE_URL)"),
     }
     outln!("tokens     {} today", s.tokens_today);
-    if let Some(d) = s.durability {
-        outln!("durability {d} (PULSE_DURABILITY here; `pulse serve` logs its own at start-up)");
+    if let (Some(d), Some(of)) = (&s.durability, &s.durability_of) {
+        outln!("durability {d} ({of})");
     }
     if let Some(g) = &s.discord_gateway {
         let r = &g.record;

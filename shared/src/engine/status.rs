@@ -49,10 +49,14 @@ pub struct Status {
     /// state, counts and last error, and until when its holder's lease runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub discord_gateway: Option<GatewayReport>,
-    /// What the embedded store's acknowledgements promise as this process is configured
-    /// (`PULSE_DURABILITY`); none on AWS.
+    /// What the embedded store's acknowledgements promise (`PULSE_DURABILITY`): the
+    /// running `pulse serve`'s, or this process's own when none runs; none on AWS.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub durability: Option<&'static str>,
+    pub durability: Option<String>,
+    /// Whose [`Status::durability`] that is: "pulse serve, pid N", or "this process's
+    /// PULSE_DURABILITY: no pulse serve runs on this database".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durability_of: Option<String>,
     /// What needs attention.
     pub findings: Vec<Finding>,
 }

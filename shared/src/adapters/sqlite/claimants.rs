@@ -10,6 +10,10 @@
 //! died before sending it) has its lease ended now, so the next sweep claims it again.
 //! A live process's claims are never touched, so two processes on one file still never
 //! share a claim.
+//!
+//! A process may also say what it runs with in its lock file ([`OrphanedClaims::announce`]:
+//! `pulse serve` writes its durability), which others read from the live ones
+//! ([`OrphanedClaims::announced`]: `pulse status`).
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -27,7 +31,7 @@ use crate::error::StoreError;
 struct Held {
     id: String,
     /// Locked while this process lives.
-    _file: File,
+    file: File,
 }
 
 /// The claimants of one database file.
@@ -67,7 +71,7 @@ impl Claimants {
                     })
                     .and_then(|file| file.try_lock().map(|()| file).map_err(std::io::Error::from));
                 match held {
-                    Ok(file) => Some(Held { id, _file: file }),
+                    Ok(file) => Some(Held { id, file }),
                     Err(e) => {
                         tracing::warn!(dir = %dir.display(), error = %e, "cannot make this process's claim lock file: if it stops, its heartbeats wait for their leases");
                         None
@@ -76,6 +80,53 @@ impl Claimants {
             })
             .as_ref()
             .map(|h| h.id.clone())
+    }
+
+    /// Writes `about` into this process's lock file (made if need be), in place of what
+    /// it said before.
+    fn announce(&self, about: &str) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.id();
+        let Some(held) = self.own.get().and_then(Option::as_ref) else {
+            return Err(std::io::Error::other("this process has no claim lock file"));
+        };
+        held.file.set_len(0)?;
+        held.file.write_all_at(about.as_bytes(), 0)
+    }
+
+    /// What the other live processes on the file said of themselves (those that said
+    /// anything).
+    fn announced(&self) -> Vec<String> {
+        let Some(dir) = &self.dir else {
+            return Vec::new();
+        };
+        let own = self
+            .own
+            .get()
+            .and_then(Option::as_ref)
+            .map(|h| h.id.as_str());
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_str() != own)
+            .filter_map(|e| {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(e.path())
+                    .ok()?;
+                // Locked by its process: alive. A lock this takes is a process gone
+                // (dropped with the file, for `take_back` to find).
+                match file.try_lock() {
+                    Err(std::fs::TryLockError::WouldBlock) => {}
+                    _ => return None,
+                }
+                let said = std::io::read_to_string(&file).ok()?;
+                (!said.is_empty()).then_some(said)
+            })
+            .collect()
     }
 
     /// The claimants whose process is gone: their lock files, locked now by this
@@ -139,15 +190,36 @@ impl OrphanedClaims {
     pub async fn take_back(&self, now: Timestamp) -> Result<TakenBack, StoreError> {
         self.db.take_back(now).await
     }
+
+    /// Says `about` (a line of JSON, say) for other processes on the file to read while
+    /// this one lives, in place of what it said before.
+    pub fn announce(&self, about: &str) -> std::io::Result<()> {
+        self.db.announce(about)
+    }
+
+    /// What the other live processes on the file announced.
+    pub fn announced(&self) -> Vec<String> {
+        self.db.announced()
+    }
 }
 
 #[async_trait]
 trait TakeBack: Send + Sync {
     async fn take_back(&self, now: Timestamp) -> Result<TakenBack, StoreError>;
+    fn announce(&self, about: &str) -> std::io::Result<()>;
+    fn announced(&self) -> Vec<String>;
 }
 
 #[async_trait]
 impl TakeBack for Db {
+    fn announce(&self, about: &str) -> std::io::Result<()> {
+        self.claimants.announce(about)
+    }
+
+    fn announced(&self) -> Vec<String> {
+        self.claimants.announced()
+    }
+
     async fn take_back(&self, now: Timestamp) -> Result<TakenBack, StoreError> {
         let dead = self.claimants.dead();
         if dead.is_empty() {
@@ -235,5 +307,24 @@ mod tests {
         assert_eq!(dead[0].0, id);
         // In memory, nobody else can open the database: no claimants at all.
         assert_eq!(Claimants::new(Path::new(":memory:")).id(), None);
+    }
+
+    #[test]
+    fn what_a_live_process_announced_is_read_by_the_others_and_goes_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("pulse.db");
+        let serve = Claimants::new(&db);
+        let status = Claimants::new(&db);
+        assert!(status.announced().is_empty());
+        serve
+            .announce(r#"{"durability":"relaxed","note":"a longer first say"}"#)
+            .unwrap();
+        serve.announce(r#"{"durability":"synced"}"#).unwrap();
+        assert_eq!(status.announced(), [r#"{"durability":"synced"}"#]);
+        // A process's own word is not among the others'.
+        assert!(serve.announced().is_empty());
+        drop(serve);
+        assert!(status.announced().is_empty(), "a process gone says nothing");
+        assert_eq!(status.dead().len(), 1, "and is still found gone");
     }
 }
