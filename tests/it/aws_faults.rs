@@ -485,3 +485,94 @@ fn the_simulation_on_the_aws_adapters_keeps_every_invariant_and_replays() {
     };
     assert_eq!(replayable(&first), replayable(&again));
 }
+
+/// A past defect: `/healthz` on AWS said ok for as long as DynamoDB did not answer,
+/// while every webhook was answered 503. Now it is degraded, with why, from the first
+/// attempt that got no answer until one is answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_degraded_while_dynamodb_does_not_answer() {
+    use pulse_shared::domain::{Webhook, WebhookScheme};
+    use pulse_shared::http::{self, Inbound};
+    let b = Backend::new(Kind::Aws).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let mut webhook = Webhook::new(
+        agent.id.clone(),
+        WebhookScheme::Pulse,
+        crate::inbound::SECRET,
+        b.now(),
+    )
+    .unwrap();
+    webhook.rate_limit = None;
+    b.store.create_webhook(&webhook).await.unwrap();
+    let plan = FaultPlan::new();
+    let (store, queue) = b.with_faults(plan.clone());
+    let inbound = std::sync::Arc::new(Inbound::new(
+        store,
+        queue,
+        b.clock.clone(),
+        pulse_shared::config::InboundConfig::default(),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(http::serve(
+        listener,
+        inbound,
+        http::ServeLimits::default(),
+        std::future::pending(),
+    ));
+    let client = reqwest::Client::new();
+    let send = |n: u32| {
+        let body = crate::inbound::body_for(WebhookScheme::Pulse, "NOTE", n);
+        let headers = crate::inbound::signed(
+            WebhookScheme::Pulse,
+            crate::inbound::SECRET,
+            b.now().as_second(),
+            &format!("d-{n}"),
+            &body,
+        );
+        client
+            .post(format!("{base}/webhooks/{}", webhook.id))
+            .headers(headers)
+            .body(body)
+            .send()
+    };
+    let health = || async {
+        let r = client.get(format!("{base}/healthz")).send().await.unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    };
+    assert_eq!(send(1).await.unwrap().status().as_u16(), 200);
+    assert_eq!(health().await.0, 200);
+
+    // Every connection to DynamoDB breaks: the webhook is refused for a retry, and
+    // health says why.
+    plan.random(
+        1,
+        [
+            (Fault::Reset, 1_000_000),
+            (Fault::Throttled, 0),
+            (Fault::ServerError, 0),
+            (Fault::LostAnswer, 0),
+        ],
+    );
+    assert_eq!(send(2).await.unwrap().status().as_u16(), 503);
+    let (status, v) = health().await;
+    assert_eq!(
+        (status, v["status"].as_str()),
+        (503, Some("degraded")),
+        "{v}"
+    );
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("DynamoDB") && reason.contains("no answer"),
+        "{v}"
+    );
+
+    // It answers again: the sender's retry is taken, and health is ok with no step.
+    plan.calm();
+    assert_eq!(send(2).await.unwrap().status().as_u16(), 200);
+    let (status, v) = health().await;
+    assert_eq!((status, v["status"].as_str()), (200, Some("ok")), "{v}");
+}

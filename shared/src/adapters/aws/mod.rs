@@ -43,6 +43,7 @@ mod memories;
 mod metrics;
 mod provision;
 mod purge;
+mod reachable;
 mod registry;
 mod retention;
 mod schedules;

@@ -92,6 +92,12 @@ impl DynamoStore {
 
 #[async_trait]
 impl Maintenance for DynamoStore {
+    /// DynamoDB did not answer the last attempt (no answer, or a 5xx), until one is
+    /// answered again.
+    fn write_trouble(&self) -> Option<String> {
+        self.reachable.trouble()
+    }
+
     async fn prune_agent(
         &self,
         agent: &AgentId,

@@ -27,6 +27,8 @@ pub struct DynamoStore {
     pub(super) keys: EncryptionKeys,
     /// `PULSE_RETENTION`: the TTL written with hook deliveries and webhook request logs.
     pub(super) retention: crate::domain::Retention,
+    /// Whether DynamoDB answered the last attempt: what `/healthz` reports.
+    pub(super) reachable: super::reachable::Reachability,
 }
 
 impl DynamoStore {
@@ -38,12 +40,22 @@ impl DynamoStore {
         table: impl Into<String>,
         event_write_timeout: Duration,
     ) -> Self {
+        // The client as given, watched by what `/healthz` reads.
+        let reachable = super::reachable::Reachability::default();
+        let client = aws_sdk_dynamodb::Client::from_conf(
+            client
+                .config()
+                .to_builder()
+                .interceptor(reachable.clone())
+                .build(),
+        );
         Self {
             client,
             table: table.into(),
             event_write_timeout,
             keys: EncryptionKeys::none(),
             retention: crate::domain::Retention::DEFAULT,
+            reachable,
         }
     }
 
