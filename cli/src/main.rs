@@ -23,7 +23,7 @@ use commands::{
     actions::ActionsCmd, agents::AgentsCmd, conversation::ConversationCmd, conversation::SayArgs,
     discord::DiscordCmd, events::EventsCmd, heartbeats::HeartbeatsCmd, hooks::HooksCmd,
     memories::MemoriesCmd, schedules::SchedulesCmd, secrets::SecretsCmd, serve::ServeArgs,
-    subscriptions::SubscriptionsCmd, tools::ToolsCmd, webhooks::WebhooksCmd,
+    sessions::SessionsCmd, subscriptions::SubscriptionsCmd, tools::ToolsCmd, webhooks::WebhooksCmd,
 };
 
 /// Pulse: a heartbeat runtime for autonomous agents.
@@ -108,6 +108,10 @@ pub(crate) enum Command {
     /// finished heartbeats, read events, actions, conversation turns, hook deliveries,
     /// webhook logs. `pulse serve` does this hourly.
     Prune(commands::prune::PruneArgs),
+    /// The sessions queue, where heartbeat jobs and conversation turns wait: move its
+    /// dead letters back onto it.
+    #[command(subcommand)]
+    Sessions(SessionsCmd),
     /// Is the deployment healthy? Agents, overdue heartbeats, queues and dead letters,
     /// failing hooks, refusing webhooks, today's tokens; exits 1 when something needs
     /// attention, one line each with the command to look closer.

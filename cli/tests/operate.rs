@@ -1176,3 +1176,59 @@ fn said(d: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+#[test]
+fn a_dead_lettered_turn_is_found_by_status_and_redriven_onto_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "kept", "--interval", "1h"],
+    );
+    // A message whose turn failed five times: queued by `say`, then moved to the dead
+    // letters as the queue moves it after its fifth receive.
+    ok(
+        d,
+        &["say", "--agent", &agent, "--user", "ana", "still there?"],
+    );
+    let db = rusqlite::Connection::open(d.join("pulse.db")).unwrap();
+    db.execute_batch(
+        "INSERT INTO queue_dead (seq, message_id, group_id, body, sent_ms, receive_count, dead_ms) \
+         SELECT seq, message_id, group_id, body, sent_ms, 5, sent_ms FROM queue_messages; \
+         DELETE FROM queue_messages;",
+    )
+    .unwrap();
+    let status = || {
+        let out = pulse(d, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.code(), v)
+    };
+    let (code, v) = status();
+    assert_eq!(code, Some(1), "{v}");
+    assert_eq!(v["sessions_queue"]["dead"], 1, "{v}");
+    let finding = &v["findings"][0];
+    assert!(
+        finding["look"]
+            .as_str()
+            .unwrap()
+            .contains("pulse sessions redrive"),
+        "{v}"
+    );
+
+    assert!(bad(d, &["sessions", "redrive", "--limit", "0"]).contains("--limit"));
+    let said = ok(d, &["sessions", "redrive"]);
+    assert_eq!(said, "1 dead letter moved back onto the sessions queue");
+    let (code, v) = status();
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["sessions_queue"]["dead"], 0, "{v}");
+    assert_eq!(v["sessions_queue"]["waiting"], 1, "{v}");
+    let body: String = db
+        .query_row("SELECT body FROM queue_messages", [], |r| r.get(0))
+        .unwrap();
+    assert!(body.contains("still there?"), "{body}");
+    assert_eq!(
+        json(d, &["sessions", "redrive"])["redriven"],
+        0,
+        "nothing left"
+    );
+}

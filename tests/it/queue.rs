@@ -124,6 +124,91 @@ async fn dedup(kind: Kind) {
 }
 
 on_both_backends!(
+    a_dead_lettered_message_is_redriven_behind_its_group_and_received_afresh,
+    redrive
+);
+async fn redrive(kind: Kind) {
+    let b = Backend::new(kind).await;
+    // A queue that dead-letters after two receives, as a deployment's does after five.
+    let queue: std::sync::Arc<dyn SessionQueue> = match kind {
+        Kind::Sqlite => std::sync::Arc::new(
+            SqliteQueue::new(
+                Db::open(b.sqlite_file().unwrap()).unwrap(),
+                b.clock.clone() as std::sync::Arc<dyn Clock>,
+            )
+            .with_max_receives(2),
+        ),
+        Kind::Aws => {
+            use aws_sdk_sqs::types::QueueAttributeName as A;
+            let sqs = &b.aws.as_ref().unwrap().sqs;
+            let name = format!("dead-{}", pulse_shared::entropy::ulid());
+            let dlq = sqs
+                .create_queue()
+                .queue_name(format!("{name}-dlq.fifo"))
+                .attributes(A::FifoQueue, "true")
+                .send()
+                .await
+                .unwrap();
+            let arn = sqs
+                .get_queue_attributes()
+                .queue_url(dlq.queue_url().unwrap())
+                .attribute_names(A::QueueArn)
+                .send()
+                .await
+                .unwrap()
+                .attributes()
+                .unwrap()[&A::QueueArn]
+                .clone();
+            let main = sqs
+                .create_queue()
+                .queue_name(format!("{name}.fifo"))
+                .attributes(A::FifoQueue, "true")
+                .attributes(A::ContentBasedDeduplication, "false")
+                .attributes(
+                    A::RedrivePolicy,
+                    serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": 2})
+                        .to_string(),
+                )
+                .send()
+                .await
+                .unwrap();
+            std::sync::Arc::new(pulse_shared::adapters::aws::SqsQueue::new(
+                sqs.clone(),
+                main.queue_url().unwrap(),
+            ))
+        }
+    };
+    queue.send(&[task("a", 1), task("a", 2)]).await.unwrap();
+    for n in 1..=2 {
+        let got = queue.receive(1, VIS).await.unwrap();
+        assert_eq!((beat_of(&got[0].body), got[0].receive_count), (1, n));
+        queue
+            .release(&got[0].receipt, Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    // Its receives spent, 1 goes to the dead letters and 2 comes.
+    let got = queue.receive(10, VIS).await.unwrap();
+    assert_eq!(
+        got.iter().map(|d| beat_of(&d.body)).collect::<Vec<_>>(),
+        [2]
+    );
+    queue.ack(&got[0].receipt).await.unwrap();
+    assert_eq!(queue.backlog().await.unwrap().dead, Some(1));
+    assert_eq!(queue.redrive(10).await.unwrap(), 1);
+    assert_eq!(queue.backlog().await.unwrap().dead, Some(0));
+    let got = queue.receive(10, VIS).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((beat_of(&got[0].body), got[0].receive_count), (1, 1));
+    queue.ack(&got[0].receipt).await.unwrap();
+    assert_eq!(
+        queue.redrive(10).await.unwrap(),
+        0,
+        "nothing left to redrive"
+    );
+}
+
+on_both_backends!(
     a_released_message_comes_back_first_with_its_receive_count,
     release
 );

@@ -20,6 +20,7 @@ pub(crate) mod prune;
 pub(crate) mod schedules;
 pub(crate) mod secrets;
 pub(crate) mod serve;
+pub(crate) mod sessions;
 pub(crate) mod simulate;
 pub(crate) mod status;
 mod story;
@@ -72,6 +73,7 @@ enum Plan {
     Hooks(hooks::HooksPlan),
     Usage(usage::UsagePlan),
     Prune(prune::PrunePlan),
+    Sessions(sessions::SessionsPlan),
     Status(status::StatusPlan),
     Gateway,
     Secrets,
@@ -96,6 +98,7 @@ impl Plan {
             | Plan::Schedules(_)
             | Plan::Usage(_)
             | Plan::Prune(_)
+            | Plan::Sessions(_)
             | Plan::Status(_)
             | Plan::Gateway
             | Plan::Secrets => false,
@@ -123,6 +126,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Hooks(c) => Plan::Hooks(hooks::plan(c, now)?),
         Command::Usage(a) => Plan::Usage(usage::plan(a)?),
         Command::Prune(a) => Plan::Prune(prune::plan(a)?),
+        Command::Sessions(c) => Plan::Sessions(sessions::plan(c)?),
         Command::Status(a) => Plan::Status(status::plan(a)?),
         Command::Gateway => Plan::Gateway,
         Command::Secrets(_) => Plan::Secrets,
@@ -210,6 +214,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Hooks(p) => hooks::execute(p, &cx).await,
         Plan::Usage(p) => usage::execute(p, &cx).await,
         Plan::Prune(p) => prune::execute(p, &cx).await,
+        Plan::Sessions(p) => sessions::execute(p, &cx).await,
         Plan::Status(p) => status::execute(p, &cx).await,
         Plan::Gateway => gateway::execute(&cx).await,
         Plan::Secrets => secrets::reseal(&b, &out).await,

@@ -351,7 +351,7 @@ async fn queues_status(
                 "{} in the sessions dead-letter queue: heartbeat jobs or turns that failed five times",
                 plural(dead as usize, "message")
             ),
-            look: "the worker's log names each failure by message id; fix the cause, then redrive the dead-letter queue".into(),
+            look: "the worker's log names each failure by message id; fix the cause, then pulse sessions redrive".into(),
         });
     }
     if let Some(hooks) = hooks {

@@ -99,6 +99,17 @@ pub trait SessionQueue: Send + Sync {
     }
     /// What it holds, and its dead-letter queue.
     async fn backlog(&self) -> Result<Backlog, StoreError>;
+    /// Moves up to `max` of its dead-lettered messages back onto it, oldest first: each
+    /// goes behind what its group holds now, with its receives counted afresh. Returns
+    /// how many moved. A queue without a dead-letter queue it can read says so.
+    async fn redrive(&self, max: usize) -> Result<u64, StoreError> {
+        let _ = max;
+        Err(StoreError::backend(
+            "queue",
+            "redrive dead letters",
+            "this queue has no dead-letter queue to redrive",
+        ))
+    }
 }
 
 /// What becomes of a received message once it was handled ([`SessionQueue::settle`]).

@@ -62,27 +62,7 @@ pub(super) async fn backlog(
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    // The redrive policy names the DLQ by ARN; its URL comes from its name.
-    let redrive = attrs
-        .get(&A::RedrivePolicy)
-        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned))
-        .and_then(|arn| arn.rsplit(':').next().map(str::to_owned));
-    let dead_url = match redrive {
-        Some(name) => Some(
-            client
-                .get_queue_url()
-                .queue_name(name)
-                .send()
-                .await
-                .map_err(|e| err("find the dead-letter queue")(e.into()))?
-                .queue_url()
-                .unwrap_or_default()
-                .to_owned(),
-        ),
-        None => dead_letter_url.map(str::to_owned),
-    };
-    let dead = match dead_url.filter(|u| !u.is_empty()) {
+    let dead = match dead_letter_queue(client, &attrs, dead_letter_url).await? {
         Some(dlq) => {
             let out = client
                 .get_queue_attributes()
@@ -105,10 +85,119 @@ pub(super) async fn backlog(
     })
 }
 
+/// The URL of the dead-letter queue a queue's attributes (with its redrive policy) name,
+/// else `dead_letter_url`.
+async fn dead_letter_queue(
+    client: &aws_sdk_sqs::Client,
+    attrs: &std::collections::HashMap<aws_sdk_sqs::types::QueueAttributeName, String>,
+    dead_letter_url: Option<&str>,
+) -> Result<Option<String>, StoreError> {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    // The redrive policy names the DLQ by ARN; its URL comes from its name.
+    let redrive = attrs
+        .get(&A::RedrivePolicy)
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+        .and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_owned))
+        .and_then(|arn| arn.rsplit(':').next().map(str::to_owned));
+    let dead_url = match redrive {
+        Some(name) => Some(
+            client
+                .get_queue_url()
+                .queue_name(name)
+                .send()
+                .await
+                .map_err(|e| err("find the dead-letter queue")(e.into()))?
+                .queue_url()
+                .unwrap_or_default()
+                .to_owned(),
+        ),
+        None => dead_letter_url.map(str::to_owned),
+    };
+    Ok(dead_url.filter(|u| !u.is_empty()))
+}
+
+/// Moves up to `max` messages of the dead-letter queue of the queue at `url` back onto
+/// it, oldest first as SQS hands them out: each is sent again in its group (with a new
+/// deduplication id, so the five-minute window does not drop it), then deleted from the
+/// dead-letter queue. A message sent and not yet deleted (a failure between the two)
+/// comes back in the dead-letter queue and would be sent once more: its task is one the
+/// worker runs at most once all the same (a claim, a turn found by its signals).
+async fn redrive(client: &aws_sdk_sqs::Client, url: &str, max: usize) -> Result<u64, StoreError> {
+    use aws_sdk_sqs::types::QueueAttributeName as A;
+    let attrs = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(A::RedrivePolicy)
+        .send()
+        .await
+        .map_err(|e| err("read queue attributes")(e.into()))?;
+    let attrs = attrs.attributes().cloned().unwrap_or_default();
+    let Some(dlq) = dead_letter_queue(client, &attrs, None).await? else {
+        return Err(StoreError::backend(
+            "sqs",
+            "redrive dead letters",
+            format!("the queue {url} has no redrive policy naming a dead-letter queue"),
+        ));
+    };
+    let fifo = url.ends_with(".fifo");
+    let mut moved = 0u64;
+    while (moved as usize) < max {
+        let out = client
+            .receive_message()
+            .queue_url(&dlq)
+            .max_number_of_messages((max - moved as usize).clamp(1, 10) as i32)
+            .visibility_timeout(60)
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .send()
+            .await
+            .map_err(|e| err("receive dead letters")(e.into()))?;
+        let messages = out.messages();
+        if messages.is_empty() {
+            break;
+        }
+        for m in messages {
+            let mut send = client
+                .send_message()
+                .queue_url(url)
+                .message_body(m.body().unwrap_or_default());
+            if fifo {
+                let group = m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+                    .cloned()
+                    .unwrap_or_else(|| "redriven".to_owned());
+                let id = m.message_id().unwrap_or_default();
+                send = send.message_group_id(group).message_deduplication_id(
+                    format!("redrive-{id}")
+                        .chars()
+                        .take(128)
+                        .collect::<String>(),
+                );
+            }
+            send.send()
+                .await
+                .map_err(|e| err("redrive dead letter")(e.into()))?;
+            client
+                .delete_message()
+                .queue_url(&dlq)
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .send()
+                .await
+                .map_err(|e| err("delete redriven dead letter")(e.into()))?;
+            moved += 1;
+        }
+    }
+    Ok(moved)
+}
+
 #[async_trait]
 impl SessionQueue for SqsQueue {
     async fn backlog(&self) -> Result<Backlog, StoreError> {
         backlog(&self.client, &self.url, None).await
+    }
+
+    async fn redrive(&self, max: usize) -> Result<u64, StoreError> {
+        redrive(&self.client, &self.url, max).await
     }
 
     async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError> {

@@ -134,6 +134,34 @@ impl SessionQueue for SqliteQueue {
         backlog(&self.db, "queue_messages", "queue_dead", self.clock.now()).await
     }
 
+    async fn redrive(&self, max: usize) -> Result<u64, StoreError> {
+        let now = to_ms(self.clock.now());
+        self.db
+            .call("redrive dead letters", move |conn| {
+                let op = sqlite_err("redrive dead letters");
+                let tx = super::begin(conn).map_err(&op)?;
+                // A new sequence number puts each behind its group's messages; the
+                // oldest first keeps their order among themselves.
+                let moved = tx
+                    .exec(
+                        "INSERT INTO queue_messages (message_id, group_id, body, sent_ms, visible_ms) \
+                         SELECT message_id, group_id, body, ?1, ?1 FROM queue_dead \
+                         WHERE seq IN (SELECT seq FROM queue_dead ORDER BY seq LIMIT ?2) \
+                         ORDER BY seq",
+                        params![now, max as i64],
+                    )
+                    .map_err(&op)?;
+                tx.exec(
+                    "DELETE FROM queue_dead WHERE seq IN (SELECT seq FROM queue_dead ORDER BY seq LIMIT ?1)",
+                    params![max as i64],
+                )
+                .map_err(&op)?;
+                tx.commit().map_err(&op)?;
+                Ok(moved as u64)
+            })
+            .await
+    }
+
     async fn send(&self, tasks: &[OutgoingTask]) -> Result<SendReport, StoreError> {
         let tasks = tasks.to_vec();
         let now = self.clock.now();
