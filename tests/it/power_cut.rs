@@ -325,3 +325,150 @@ async fn a_disk_whose_syncs_fail_gets_the_sender_a_503_and_health_says_why_until
         &failures[..failures.len().min(5)]
     );
 }
+
+/// What the engine acknowledged, to itself or to a person: each must survive a cut, or
+/// it is done twice (a heartbeat's tool called again, a hook sent again) or lost (a
+/// token shown once and gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Kept {
+    /// A heartbeat finished (COMPLETED): its tools are not called again.
+    Finished(String, u64),
+    /// A hook delivery recorded as delivered: not sent again.
+    Delivered(String),
+    /// An API token made and shown.
+    Token(String),
+}
+
+fn holds(c: &rusqlite::Connection, kept: &Kept) -> Result<bool, String> {
+    let one = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> Result<Option<String>, String> {
+        match c.query_row(sql, p, |r| r.get::<_, String>(0)) {
+            Ok(v) => Ok(Some(v)),
+            Err(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    Ok(match kept {
+        Kept::Finished(agent, beat) => {
+            one(
+                "SELECT status FROM heartbeats WHERE agent_id = ?1 AND beat = ?2",
+                &[agent, &(*beat as i64)],
+            )?
+            .as_deref()
+                == Some("COMPLETED")
+        }
+        Kept::Delivered(id) => one(
+            "SELECT json_extract(doc, '$.status') FROM hook_deliveries WHERE id = ?1",
+            &[id],
+        )?
+        .is_some_and(|s| s == "SUCCEEDED"),
+        Kept::Token(id) => one("SELECT id FROM api_tokens WHERE id = ?1", &[id])?.is_some(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_finished_heartbeat_delivered_hook_and_token_survives_a_power_cut_at_every_point() {
+    use pulse_shared::domain::{DeliveryStatus, HeartbeatStatus};
+    use pulse_tests::fake_hooks::FakeReceiver;
+    use pulse_tests::{Backend, FakeTool, settings};
+
+    let (b, rec) = Backend::sqlite_recorded();
+    let receiver = FakeReceiver::start().await;
+    let tool = FakeTool::start().await;
+    b.tool("SnipCreate", &tool.url(), "HEARTBEAT").await;
+    let mut agents = Vec::new();
+    for name in ["ana", "ben", "cy"] {
+        let (agent, _) = b.agent(name, "15m").await;
+        b.hooks_to(&agent, &receiver.url(), &["AFTER_HEARTBEAT"])
+            .await;
+        agents.push(agent);
+    }
+    let mut kept: Vec<Kept> = Vec::new();
+    let mark = |k: Kept, kept: &mut Vec<Kept>| {
+        if !kept.contains(&k) {
+            kept.push(k);
+            rec.mark(kept.len() as u64 - 1);
+        }
+    };
+    let worker = b.worker_with_hooks(settings());
+    for round in 0..8 {
+        b.advance(SignedDuration::from_mins(16));
+        b.sweeper(settings()).sweep_once(b.now()).await;
+        b.drain(&worker).await;
+        for a in &agents {
+            for h in b.heartbeats(&a.id).await {
+                if h.status == HeartbeatStatus::Completed {
+                    mark(Kept::Finished(a.id.to_string(), h.beat), &mut kept);
+                }
+            }
+        }
+        b.dispatch_all().await;
+        for a in &agents {
+            for hook in b.store.list_hooks(&a.id).await.unwrap() {
+                for d in b.store.list_deliveries(&hook.id, 100).await.unwrap() {
+                    if d.status == DeliveryStatus::Succeeded {
+                        mark(Kept::Delivered(d.id.to_string()), &mut kept);
+                    }
+                }
+            }
+        }
+        let (t, _) = ApiToken::issue(&agents[round % 3].id, "cut", None, b.now()).unwrap();
+        b.store.put_token(&t).await.unwrap();
+        mark(Kept::Token(t.id.to_string()), &mut kept);
+    }
+    let finished = kept
+        .iter()
+        .filter(|k| matches!(k, Kept::Finished(..)))
+        .count();
+    let delivered = kept
+        .iter()
+        .filter(|k| matches!(k, Kept::Delivered(_)))
+        .count();
+    assert_eq!((finished, delivered), (24, 24), "{kept:?}");
+    assert_eq!(tool.requests().len(), 24);
+
+    let out = tempfile::tempdir_in(if Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    })
+    .unwrap();
+    let mut failures = Vec::new();
+    let checked = rec.replay(9, |image| {
+        let found = image
+            .write_to(out.path())
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                let c = rusqlite::Connection::open(out.path().join("pulse.db"))
+                    .map_err(|e| e.to_string())?;
+                let ok: String = c
+                    .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+                    .map_err(|e| e.to_string())?;
+                if ok != "ok" {
+                    return Err(format!("integrity_check: {ok}"));
+                }
+                for &i in image.acknowledged() {
+                    if !holds(&c, &kept[i as usize])? {
+                        return Err(format!(
+                            "{:?} was acknowledged and is lost",
+                            kept[i as usize]
+                        ));
+                    }
+                }
+                Ok(())
+            });
+        if let Err(why) = found {
+            failures.push(format!("at {} ({:?}): {why}", image.point, image.cut));
+        }
+    });
+    let (writes, syncs) = rec.writes_and_syncs();
+    eprintln!(
+        "24 heartbeats, 24 deliveries, 8 tokens: {writes} writes, {syncs} syncs, {checked} cuts checked"
+    );
+    assert!(checked > 600, "{checked}");
+    assert!(
+        failures.is_empty(),
+        "{} of {checked}: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}

@@ -165,28 +165,8 @@ impl Backend {
             Kind::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let path = dir.path().join("pulse.db");
-                // Events are written within 1.5 s of their stamp, as `pulse serve` writes
-                // them with the default settle time.
-                let db = Db::open(&path).unwrap().with_event_deadline(
-                    clock.clone() as Arc<dyn Clock>,
-                    pulse_shared::app::event_write_timeout(settings().event_settle),
-                );
-                Self {
-                    kind,
-                    store: Arc::new(SqliteStore::new(db.clone()).with_keys(test_keys())),
-                    queue: Arc::new(SqliteQueue::new(
-                        db.clone(),
-                        clock.clone() as Arc<dyn Clock>,
-                    )),
-                    hooks: Arc::new(SqliteHookQueue::new(db, clock.clone() as Arc<dyn Clock>)),
-                    clock,
-                    aws: None,
-                    hooks_dlq_url: None,
-                    sqlite_path: Some(path),
-                    table: None,
-                    queue_url: None,
-                    _dir: Some(dir),
-                }
+                let db = Db::open(&path).unwrap();
+                Self::sqlite_over(db, dir, clock)
             }
             Kind::Aws => {
                 let clients = AwsClients::for_emulator(&moto_url());
@@ -225,6 +205,46 @@ impl Backend {
                     _dir: None,
                 }
             }
+        }
+    }
+
+    /// The embedded store, through the recording file system of
+    /// `pulse_sqlite_log::faults`: every write and sync of its files is recorded, for
+    /// power cuts at every point of what the test runs ([`Recording::replay`]).
+    ///
+    /// [`Recording::replay`]: pulse_shared::adapters::sqlite::faults::Recording::replay
+    pub fn sqlite_recorded() -> (Self, pulse_shared::adapters::sqlite::faults::Recording) {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = pulse_shared::adapters::sqlite::faults::Recording::start(dir.path()).unwrap();
+        let db = Db::open_with_faults(&dir.path().join("pulse.db")).unwrap();
+        (Self::sqlite_over(db, dir, test_clock()), rec)
+    }
+
+    /// The embedded store on `db` (in `dir`).
+    fn sqlite_over(db: Db, dir: tempfile::TempDir, clock: Arc<ManualClock>) -> Self {
+        let path = db.path().to_owned();
+        // Events are written within 1.5 s of their stamp, as `pulse serve` writes them
+        // with the default settle time.
+        let db = db.with_event_deadline(
+            clock.clone() as Arc<dyn Clock>,
+            pulse_shared::app::event_write_timeout(settings().event_settle),
+        );
+        let kind = Kind::Sqlite;
+        Self {
+            kind,
+            store: Arc::new(SqliteStore::new(db.clone()).with_keys(test_keys())),
+            queue: Arc::new(SqliteQueue::new(
+                db.clone(),
+                clock.clone() as Arc<dyn Clock>,
+            )),
+            hooks: Arc::new(SqliteHookQueue::new(db, clock.clone() as Arc<dyn Clock>)),
+            clock,
+            aws: None,
+            hooks_dlq_url: None,
+            sqlite_path: Some(path),
+            table: None,
+            queue_url: None,
+            _dir: Some(dir),
         }
     }
 
