@@ -209,6 +209,7 @@ impl Connected {
             clock.clone(),
             ConversationSettings {
                 schedules: settings.schedules,
+                patience: settings.turn_patience,
                 ..ConversationSettings::default()
             },
             memories,

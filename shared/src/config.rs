@@ -263,6 +263,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
                 max_per_agent: self.number("PULSE_MAX_SCHEDULES", d.schedules.max_per_agent, 1)?,
                 grace: self.duration("PULSE_SCHEDULE_GRACE", d.schedules.grace)?,
             },
+            turn_patience: self.duration("PULSE_TURN_PATIENCE", d.turn_patience)?,
             ..d
         };
         if settings.lease < SignedDuration::from_secs(1) {

@@ -98,6 +98,10 @@ pub enum EngineError {
     /// delivered again later.
     #[error("{0}")]
     Unavailable(String),
+    /// The model could not answer a turn for now (unreachable, 429, 5xx): the turn waits
+    /// and is tried again later (see `WaitingTurn`).
+    #[error("{0}")]
+    ModelDown(String),
     /// Another run of the same heartbeat is working on it right now. Not a failure of
     /// the heartbeat: the job is retried later, when the other run has finished.
     #[error("{0}")]

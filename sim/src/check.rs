@@ -42,7 +42,7 @@ impl StoreInvariants {
             ),
             answered: Invariant::new(
                 "message_answered_once",
-                "every user message queued was answered by exactly one turn, or parked in the dead-letter queue",
+                "every user message queued was answered by exactly one turn, or parked (in the dead-letter queue, or waiting on the model)",
             ),
             yielded: Invariant::new(
                 "interrupted_heartbeat_silent",
@@ -167,13 +167,25 @@ async fn read(sim: &Sim) -> Result<Seen, SimError> {
         .await
         .map_err(store_failed("the dead letters"))?;
     let dead_seqs = dead.iter().map(|(seq, _)| *seq).collect();
-    let parked = dead
+    let mut parked: BTreeSet<SignalId> = dead
         .iter()
         .filter_map(|(_, body)| match TaskEnvelope::decode(body).ok()?.task {
             SessionTask::Signal(job) => Some(job.signal.id),
-            SessionTask::Heartbeat(_) | SessionTask::Consolidate(_) => None,
+            SessionTask::Heartbeat(_) | SessionTask::Consolidate(_) | SessionTask::Retry(_) => None,
         })
         .collect();
+    // A message whose turn still waits on the model at the end is kept, to be answered
+    // when the model answers again: parked, as a dead letter is.
+    let waiting = sim
+        .inner
+        .list_waiting(usize::MAX)
+        .await
+        .map_err(store_failed("the waiting turns"))?;
+    parked.extend(
+        waiting
+            .iter()
+            .flat_map(|w| w.signals.iter().map(|s| s.id.clone())),
+    );
     Ok(Seen {
         ledger,
         now: sim.clock.now(),

@@ -16,8 +16,8 @@ use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ApiToken, ClaimRequest,
     ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt,
     HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryChange, MemoryId, Registry,
-    Schedule, ScheduleId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool, ToolCount,
-    ToolName, Turn, TurnId, Webhook, WebhookId, WebhookRequest,
+    Schedule, ScheduleId, SessionId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool,
+    ToolCount, ToolName, Turn, TurnId, WaitingTurn, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
@@ -147,6 +147,10 @@ faulty!(ConversationStore {
     fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Option<Turn>;
     fn list_turns(&self, agent: &AgentId, limit: usize) -> Vec<Turn>;
     fn recent_messages(&self, agent: &AgentId, limit: usize) -> Vec<ConversationMessage>;
+    fn put_waiting(&self, waiting: &WaitingTurn) -> ();
+    fn get_waiting(&self, agent: &AgentId, session: &SessionId) -> Option<WaitingTurn>;
+    fn delete_waiting(&self, agent: &AgentId, session: &SessionId) -> ();
+    fn list_waiting(&self, limit: usize) -> Vec<WaitingTurn>;
 });
 
 faulty!(MemoryStore {

@@ -1387,3 +1387,86 @@ async fn ack_fails_mid_batch(kind: Kind) {
         turns
     );
 }
+
+on_both_backends!(
+    a_model_down_for_ten_minutes_keeps_the_turn_waiting_and_answers_it_once_when_back,
+    model_outage
+);
+/// A past defect: with the model answering 500 for about 40 s, a turn was tried five
+/// times, dead-lettered, and the person's message was gone. Now the turn waits (kept in
+/// the store, nothing dead-lettered), is tried again with growing gaps by the sweep, a
+/// newer message joins it, and one reply answers both once the model is back.
+async fn model_outage(kind: Kind) {
+    let w = world(kind).await;
+    // Its heartbeats think only on events: the model's answers are the turn's.
+    let agent = w
+        .agent(|a| a.think = pulse_shared::domain::ThinkPolicy::Events)
+        .await;
+    w.llm.down(Some(500));
+    let first = w.say(&agent, "are you there?", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    let waiting = w.b.store.list_waiting(10).await.unwrap();
+    assert_eq!(waiting.len(), 1, "the turn waits");
+    assert_eq!(waiting[0].attempts, 1);
+    assert!(waiting[0].reason.contains("500"), "{}", waiting[0].reason);
+    assert_eq!(w.b.queue.backlog().await.unwrap().waiting, 0);
+
+    // Ten minutes of outage, a sweep a minute: tried again after 30 s, 1, 2 and 4 min.
+    let sweeper = w.b.sweeper(settings());
+    for _ in 0..10 {
+        w.b.advance(SignedDuration::from_mins(1));
+        let swept = sweeper.sweep_once(w.b.now()).await;
+        assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+        w.b.drain(&w.worker).await;
+    }
+    let waiting = w.b.store.list_waiting(10).await.unwrap();
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0].attempts, 5, "tried at 0, 1, 2, 4 and 8 min");
+    assert!(w.discord.messages().is_empty(), "no reply while it is down");
+    // A newer message joins the waiting turn.
+    let second = w.say(&agent, "hello?", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    let waiting = w.b.store.list_waiting(10).await.unwrap();
+    assert_eq!(waiting[0].signals.len(), 2);
+    assert_eq!(waiting[0].attempts, 6);
+
+    // The model is back: the next try answers both, once.
+    w.llm.down(None);
+    w.llm.script([Scripted::text("Here now.")]);
+    for _ in 0..16 {
+        if w.b.store.list_waiting(10).await.unwrap().is_empty() {
+            break;
+        }
+        w.b.advance(SignedDuration::from_mins(1));
+        sweeper.sweep_once(w.b.now()).await;
+        w.b.drain(&w.worker).await;
+    }
+    assert!(w.b.store.list_waiting(10).await.unwrap().is_empty());
+    let posted: Vec<String> = w
+        .discord
+        .messages()
+        .into_iter()
+        .map(|p| p.content)
+        .collect();
+    assert_eq!(posted, ["Here now."]);
+    let last = w.llm.requests().len() - 1;
+    let said = w.said(last);
+    assert!(
+        said.contains("are you there?") && said.contains("hello?"),
+        "{said}"
+    );
+    let answered =
+        w.b.store
+            .answered(&agent.id, &[first.id.clone(), second.id.clone()])
+            .await
+            .unwrap();
+    assert_eq!(answered.len(), 2);
+    assert_eq!(answered[0].1, answered[1].1, "one turn answered both");
+    // More sweeps find nothing to try, and nothing was dead-lettered.
+    w.b.advance(SignedDuration::from_mins(30));
+    assert_eq!(sweeper.sweep_once(w.b.now()).await.retried, 0);
+    w.b.drain(&w.worker).await;
+    let backlog = w.b.queue.backlog().await.unwrap();
+    assert_eq!((backlog.waiting, backlog.dead.unwrap_or(0)), (0, 0));
+    assert_eq!(w.discord.messages().len(), 1);
+}

@@ -68,6 +68,9 @@ struct Inner {
     held: Option<Arc<tokio::sync::Semaphore>>,
     /// Requests whose client closed the connection before they were answered.
     abandoned: usize,
+    /// While set, every request is answered with this status (an outage), the script
+    /// left as it is.
+    down: Option<u16>,
 }
 
 /// The fake LLM server.
@@ -131,6 +134,11 @@ impl FakeLlm {
     pub fn script(&self, answers: impl IntoIterator<Item = Scripted>) {
         self.inner.lock().unwrap().script.extend(answers);
     }
+    /// From now on answers every request with `status` (an outage: 500, 503, 429), or,
+    /// with `None`, from the script again.
+    pub fn down(&self, status: Option<u16>) {
+        self.inner.lock().unwrap().down = status;
+    }
     /// Every request so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.inner.lock().unwrap().requests.clone()
@@ -185,6 +193,9 @@ async fn next((inner, arrived): &Shared, path: &str, headers: HeaderMap, body: V
     }
     answering.1 = true;
     let mut g = inner.lock().unwrap();
+    if let Some(code) = g.down {
+        return Scripted::Status(code);
+    }
     g.script.pop_front().unwrap_or_else(|| Scripted::text("ok"))
 }
 

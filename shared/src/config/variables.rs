@@ -164,6 +164,13 @@ pub const VARIABLES: &[Variable] = &[
         wrong: STOPS_DURATION,
     },
     Variable {
+        name: "PULSE_TURN_PATIENCE",
+        group: Group::Engine,
+        meaning: "how long a conversation turn waits on a model that does not answer (unreachable, 429, 5xx): the person's message is kept, the turn is tried again after 30 s, 1 min, 2 min … every 15 min at most (by the sweep), and a newer message joins it; past this the turn is answered with an apology",
+        default: "`24h`",
+        wrong: STOPS_DURATION,
+    },
+    Variable {
         name: "PULSE_CASCADE_DEPTH",
         group: Group::Engine,
         meaning: "how many levels of events a heartbeat's tools may make from one event",

@@ -25,6 +25,7 @@ mod token;
 mod tool;
 mod tool_count;
 mod unreadable;
+mod waiting;
 mod webhook;
 mod webhook_request;
 
@@ -75,8 +76,8 @@ pub use schedule::{
     busiest_hour,
 };
 pub use task::{
-    ConsolidateJob, DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, SessionTask,
-    SignalJob, TASK_VERSION, TaskDecodeError, TaskEnvelope,
+    ConsolidateJob, DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, RetryJob,
+    SessionTask, SignalJob, TASK_VERSION, TaskDecodeError, TaskEnvelope,
 };
 pub use time::{
     ActiveHours, AutoPause, Interval, Retention, TimeZoneName, format_duration, from_ms,
@@ -90,6 +91,7 @@ pub use tool::{
 };
 pub use tool_count::{COUNT_DAYS, CountChange, ToolCount, bucket_ms, bucket_of, hour_of};
 pub use unreadable::Unreadable;
+pub use waiting::WaitingTurn;
 pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};
 pub use webhook_request::{
     AcceptOutcome, Acceptance, LOGGED_BODY_LIMIT, LOGGED_REASON_LIMIT, REFUSED_LOG_BUDGET, Refusal,

@@ -108,6 +108,17 @@ pub enum SessionTask {
     Signal(SignalJob),
     /// Consolidate an agent's memories (the daily pass).
     Consolidate(ConsolidateJob),
+    /// Try again a session's turn that waits on the model (see `WaitingTurn`).
+    Retry(RetryJob),
+}
+
+/// A waiting turn to try again: the sweep sends one when it is due.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetryJob {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The session whose turn waits.
+    pub session: SessionId,
 }
 
 /// The daily consolidation of one agent's memories, run by the worker (which has the
@@ -218,6 +229,24 @@ impl OutgoingTask {
             group: signal.session.clone(),
             dedup_id: DedupId::new(signal.id.to_string()),
             envelope: TaskEnvelope::new(SessionTask::Signal(SignalJob { signal })),
+        }
+    }
+}
+
+impl OutgoingTask {
+    /// The message that tries `waiting` again: one a try (its deduplication id counts
+    /// the tries), so sweeps that overlap send it once.
+    pub fn retry(waiting: &super::WaitingTurn) -> Self {
+        Self {
+            group: waiting.session.clone(),
+            dedup_id: DedupId::new(format!(
+                "retry.{}.{}.{}",
+                waiting.agent_id, waiting.session, waiting.attempts
+            )),
+            envelope: TaskEnvelope::new(SessionTask::Retry(RetryJob {
+                agent_id: waiting.agent_id.clone(),
+                session: waiting.session.clone(),
+            })),
         }
     }
 }

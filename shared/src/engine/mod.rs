@@ -92,6 +92,9 @@ pub struct EngineSettings {
     pub max_backoff: SignedDuration,
     /// Bounds on agents' schedules: how many, and how late a missed wake still runs.
     pub schedules: reminders::ScheduleLimits,
+    /// How long a conversation turn waits on a model that does not answer before it is
+    /// answered with an apology (`PULSE_TURN_PATIENCE`; see `WaitingTurn`).
+    pub turn_patience: SignedDuration,
 }
 
 impl Default for EngineSettings {
@@ -107,6 +110,7 @@ impl Default for EngineSettings {
             due_page_size: 1_000,
             max_backoff: SignedDuration::from_hours(24),
             schedules: reminders::ScheduleLimits::default(),
+            turn_patience: conversation::ConversationSettings::DEFAULT_PATIENCE,
         }
     }
 }

@@ -26,6 +26,8 @@ pub struct SweepReport {
     pub skipped: usize,
     /// Jobs queued.
     pub queued: usize,
+    /// Turns waiting on the model sent to be tried again (see `WaitingTurn`).
+    pub retried: usize,
     /// Problems met (failed queries, claims or sends). A heartbeat claimed but not
     /// queued is picked up again when its lease expires.
     pub errors: Vec<SweepProblem>,
@@ -66,6 +68,13 @@ pub enum SweepProblem {
         /// The queue's reason.
         why: SendFailure,
     },
+    /// The turns waiting on the model could not be read; they are tried at a later
+    /// sweep.
+    #[error("reading the turns that wait on the model: {message}")]
+    Waiting {
+        /// The store's error, with its causes.
+        message: String,
+    },
     /// A whole batch could not be sent.
     #[error("sending {count} jobs: {message}; they are reclaimed when their leases expire")]
     Send {
@@ -81,6 +90,9 @@ impl Serialize for SweepProblem {
         s.collect_str(self)
     }
 }
+
+/// Most waiting turns one sweep sends to be tried again.
+const RETRIES_A_SWEEP: usize = 100;
 
 /// Finds due heartbeats, claims them and queues their jobs.
 pub struct Sweeper {
@@ -124,6 +136,7 @@ impl Sweeper {
         let rest = std::mem::take(&mut *lock(&pending));
         let mut last = SweepReport::default();
         self.queue_jobs(rest, &mut last).await;
+        self.retry_waiting(now, &mut last).await;
         reports.push(last);
         let mut total = SweepReport::default();
         for r in reports {
@@ -131,6 +144,7 @@ impl Sweeper {
             total.claimed += r.claimed;
             total.skipped += r.skipped;
             total.queued += r.queued;
+            total.retried += r.retried;
             total.errors.extend(r.errors);
             total.lateness.extend(r.lateness);
         }
@@ -262,6 +276,32 @@ impl Sweeper {
                 warn!(error = %chain(&e), "the registry version could not be read: the workers read the registry afresh for these jobs");
                 None
             }
+        }
+    }
+
+    /// Sends the turns waiting on the model that are due to be tried again, the soonest
+    /// due first, at most [`RETRIES_A_SWEEP`]. A try sent twice (sweeps that overlap)
+    /// is one message (its deduplication id counts the tries), and a try that finds its
+    /// turn answered or not yet due does nothing.
+    async fn retry_waiting(&self, now: Timestamp, report: &mut SweepReport) {
+        let waiting = match self.store.list_waiting(RETRIES_A_SWEEP).await {
+            Ok(w) => w,
+            Err(e) => {
+                report
+                    .errors
+                    .push(SweepProblem::Waiting { message: chain(&e) });
+                return;
+            }
+        };
+        let due: Vec<OutgoingTask> = waiting
+            .iter()
+            .filter(|w| w.next_at <= now)
+            .map(OutgoingTask::retry)
+            .collect();
+        for batch in due.chunks(self.queue.batch_size().max(1)) {
+            let (sent, errors) = self.send_batch(batch.to_vec()).await;
+            report.retried += sent;
+            report.errors.extend(errors);
         }
     }
 

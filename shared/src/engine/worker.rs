@@ -15,7 +15,7 @@ use tracing::error;
 use super::conversation::Conversation;
 use super::heartbeat::HeartbeatRunner;
 use crate::domain::{
-    ConsolidateJob, Delivery, MessageId, Receipt, SessionTask, Signal, TaskDecodeError,
+    ConsolidateJob, Delivery, MessageId, Receipt, RetryJob, SessionTask, Signal, TaskDecodeError,
     TaskEnvelope,
 };
 use crate::error::{EngineError, StoreError, chain};
@@ -124,6 +124,7 @@ impl Worker {
                             (signals.len(), self.answer(&signals).await)
                         }
                         SessionTask::Consolidate(job) => (1, self.consolidate(&job).await),
+                        SessionTask::Retry(job) => (1, self.retry(&job).await),
                     },
                 };
             if let Err(why) = result {
@@ -148,6 +149,14 @@ impl Worker {
             return Err(TaskError::NoConversation);
         };
         conversation.run(signals).await?;
+        Ok(())
+    }
+
+    async fn retry(&self, job: &RetryJob) -> Result<(), TaskError> {
+        let Some(conversation) = &self.conversation else {
+            return Err(TaskError::NoConversation);
+        };
+        conversation.retry(job).await?;
         Ok(())
     }
 

@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use crate::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, AgentId, ApiToken, ConversationMessage, Event,
     EventCursor, EventId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute,
-    Memory, MemoryChange, MemoryId, Registry, Schedule, ScheduleId, SignalId, Subscription,
-    SubscriptionId, TokenId, Tool, ToolCount, ToolName, Turn, TurnId, Webhook, WebhookId,
-    WebhookRequest,
+    Memory, MemoryChange, MemoryId, Registry, Schedule, ScheduleId, SessionId, SignalId,
+    Subscription, SubscriptionId, TokenId, Tool, ToolCount, ToolName, Turn, TurnId, WaitingTurn,
+    Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -160,6 +160,18 @@ pub trait ConversationStore: Send + Sync {
         agent: &AgentId,
         limit: usize,
     ) -> Result<Vec<ConversationMessage>, StoreError>;
+    /// Keeps a session's turn that waits on the model, in place of the one before.
+    async fn put_waiting(&self, waiting: &WaitingTurn) -> Result<(), StoreError>;
+    /// The session's waiting turn.
+    async fn get_waiting(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Option<WaitingTurn>, StoreError>;
+    /// Forgets the session's waiting turn (answered, or given up).
+    async fn delete_waiting(&self, agent: &AgentId, session: &SessionId) -> Result<(), StoreError>;
+    /// The waiting turns, soonest due first, at most `limit`.
+    async fn list_waiting(&self, limit: usize) -> Result<Vec<WaitingTurn>, StoreError>;
 }
 
 /// Agents' schedules (reminders).

@@ -10,7 +10,9 @@ use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
 use super::metrics::{put_units, with_own};
-use crate::domain::{AgentId, ConversationMessage, Requests, SignalId, Turn, TurnId};
+use crate::domain::{
+    AgentId, ConversationMessage, Requests, SessionId, SignalId, Turn, TurnId, WaitingTurn,
+};
 use crate::error::StoreError;
 use crate::ports::{ConversationStore, TurnStart};
 
@@ -177,6 +179,62 @@ impl ConversationStore for DynamoStore {
             .map(read_doc)
             .collect()
     }
+
+    async fn put_waiting(&self, waiting: &WaitingTurn) -> Result<(), StoreError> {
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(doc_item(
+                WAITING_PK.to_owned(),
+                waiting_sk(&waiting.agent_id, &waiting.session),
+                waiting,
+            )))
+            .send()
+            .await
+            .map_err(backend("keep waiting turn"))?;
+        Ok(())
+    }
+
+    async fn get_waiting(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Option<WaitingTurn>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(WAITING_PK, waiting_sk(agent, session))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend("read waiting turn"))?;
+        out.item.as_ref().map(read_doc).transpose()
+    }
+
+    async fn delete_waiting(&self, agent: &AgentId, session: &SessionId) -> Result<(), StoreError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(key(WAITING_PK, waiting_sk(agent, session))))
+            .send()
+            .await
+            .map_err(backend("forget waiting turn"))?;
+        Ok(())
+    }
+
+    async fn list_waiting(&self, limit: usize) -> Result<Vec<WaitingTurn>, StoreError> {
+        // One partition holds them all: there are some only while a model is down.
+        let mut all: Vec<WaitingTurn> = self
+            .query_prefix("read waiting turns", WAITING_PK, "", false, None)
+            .await?
+            .iter()
+            .map(read_doc)
+            .collect::<Result<_, _>>()?;
+        all.sort_by_key(|w| w.next_at);
+        all.truncate(limit);
+        Ok(all)
+    }
 }
 
 /// The turn's item, its requests counting the `op` that writes it, whose units `units`
@@ -188,4 +246,12 @@ fn with_own_cost(turn: &Turn, op: &str, units: impl Fn(&Item) -> f64) -> Item {
         doc_item(agent_pk(&turn.agent_id), turn_sk(&turn.id), &t)
     };
     item(&with_own(turn.requests.as_ref(), op, |r| units(&item(r))))
+}
+
+/// The partition of the turns that wait on the model (see [`WaitingTurn`]).
+const WAITING_PK: &str = "WAITING";
+
+/// A waiting turn's sort key: its agent and session.
+fn waiting_sk(agent: &AgentId, session: &SessionId) -> String {
+    format!("{agent}#{session}")
 }

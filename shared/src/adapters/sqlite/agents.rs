@@ -406,6 +406,7 @@ mod tests {
             "DROP INDEX agents_by_state; DROP INDEX agents_by_age;
              DROP TABLE tool_counts; DROP TABLE tool_times; DROP TABLE api_counts;
              ALTER TABLE heartbeats DROP COLUMN handed_on;
+             DROP TABLE waiting_turns;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -414,7 +415,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 16);
+        assert_eq!(version, 17);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

@@ -5,7 +5,9 @@ use rusqlite::{OptionalExtension, params};
 
 use super::codec::{from_doc, read_docs, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
-use crate::domain::{AgentId, ConversationMessage, SignalId, Turn, TurnId};
+use crate::domain::{
+    AgentId, ConversationMessage, SessionId, SignalId, Turn, TurnId, WaitingTurn, to_ms,
+};
 use crate::error::StoreError;
 use crate::ports::{ConversationStore, TurnStart};
 
@@ -155,6 +157,72 @@ impl ConversationStore for SqliteStore {
                     "read messages",
                     "SELECT id, doc FROM messages WHERE agent_id = ?1 ORDER BY id DESC LIMIT ?2",
                     params![agent, limit as i64],
+                )
+            })
+            .await
+    }
+
+    async fn put_waiting(&self, waiting: &WaitingTurn) -> Result<(), StoreError> {
+        let w = waiting.clone();
+        self.db
+            .call("keep waiting turn", move |conn| {
+                conn.exec(
+                    "INSERT OR REPLACE INTO waiting_turns (agent_id, session, next_ms, doc) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                    params![
+                        w.agent_id.as_str(),
+                        w.session.as_str(),
+                        to_ms(w.next_at),
+                        to_doc(&w)
+                    ],
+                )
+                .map_err(sqlite_err("keep waiting turn"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get_waiting(
+        &self,
+        agent: &AgentId,
+        session: &SessionId,
+    ) -> Result<Option<WaitingTurn>, StoreError> {
+        let (agent, session) = (agent.to_string(), session.to_string());
+        self.db
+            .call("read waiting turn", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "read waiting turn",
+                    "SELECT session, doc FROM waiting_turns WHERE agent_id = ?1 AND session = ?2",
+                    params![agent, session],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn delete_waiting(&self, agent: &AgentId, session: &SessionId) -> Result<(), StoreError> {
+        let (agent, session) = (agent.to_string(), session.to_string());
+        self.db
+            .call("forget waiting turn", move |conn| {
+                conn.exec(
+                    "DELETE FROM waiting_turns WHERE agent_id = ?1 AND session = ?2",
+                    params![agent, session],
+                )
+                .map_err(sqlite_err("forget waiting turn"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn list_waiting(&self, limit: usize) -> Result<Vec<WaitingTurn>, StoreError> {
+        self.db
+            .call("read waiting turns", move |conn| {
+                read_docs(
+                    conn,
+                    "read waiting turns",
+                    "SELECT session, doc FROM waiting_turns ORDER BY next_ms, agent_id, session LIMIT ?1",
+                    params![limit as i64],
                 )
             })
             .await

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 16;
+const SCHEMA_VERSION: i64 = 17;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -383,6 +383,18 @@ const SCHEMA_V16: &str = r#"
 ALTER TABLE heartbeats ADD COLUMN handed_on TEXT;
 "#;
 
+/// Version 17: turns that wait on the model, one a session, found by when they are due.
+const SCHEMA_V17: &str = r#"
+CREATE TABLE waiting_turns (
+    agent_id  TEXT NOT NULL,
+    session   TEXT NOT NULL,
+    next_ms   INTEGER NOT NULL,
+    doc       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, session)
+) WITHOUT ROWID;
+CREATE INDEX waiting_turns_due ON waiting_turns (next_ms);
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -449,6 +461,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 16 {
             conn.execute_batch(SCHEMA_V16).map_err(&err)?;
+        }
+        if version < 17 {
+            conn.execute_batch(SCHEMA_V17).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

@@ -241,7 +241,7 @@ impl Conversation {
 }
 
 /// A model call that failed: a transient failure (transport, 429, 5xx) fails the step,
-/// so the signals are delivered again; one retrying cannot fix (no key, a rejected
+/// so the turn waits and is tried again (see `WaitingTurn`); one retrying cannot fix (no key, a rejected
 /// request) becomes the reply, saying so, and the turn's error.
 fn refused(e: crate::error::LlmError, mut asked: Asked) -> Result<Asked, EngineError> {
     let why = chain(&e);
@@ -251,7 +251,7 @@ fn refused(e: crate::error::LlmError, mut asked: Asked) -> Result<Asked, EngineE
         _ => false,
     };
     if retry {
-        return Err(EngineError::Unavailable(format!(
+        return Err(EngineError::ModelDown(format!(
             "the model did not answer: {why}"
         )));
     }

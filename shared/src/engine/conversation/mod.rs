@@ -72,6 +72,9 @@ pub struct ConversationSettings {
     pub history_messages: usize,
     /// Most tokens of a reply.
     pub reply_max_tokens: u32,
+    /// How long a turn waits on a model that does not answer (unreachable, 429, 5xx),
+    /// tried again with growing gaps, before it is answered with an apology instead.
+    pub patience: jiff::SignedDuration,
     /// Bounds on the schedules the `schedule` tool makes.
     pub schedules: super::reminders::ScheduleLimits,
 }
@@ -82,9 +85,15 @@ impl Default for ConversationSettings {
             history_tokens: 8_000,
             history_messages: 100,
             reply_max_tokens: 1_024,
+            patience: ConversationSettings::DEFAULT_PATIENCE,
             schedules: super::reminders::ScheduleLimits::default(),
         }
     }
+}
+
+impl ConversationSettings {
+    /// How long a turn waits on the model by default: a day.
+    pub const DEFAULT_PATIENCE: jiff::SignedDuration = jiff::SignedDuration::from_hours(24);
 }
 
 /// How a turn ended.
@@ -97,6 +106,8 @@ pub struct TurnOutcome {
     pub parts_sent: usize,
     /// Whether the model was asked (false when everything was answered already).
     pub asked_model: bool,
+    /// The model did not answer: the turn waits, and is tried again later.
+    pub waiting: bool,
 }
 
 /// Runs conversation turns.
@@ -211,24 +222,111 @@ impl Conversation {
         agent_id: &AgentId,
         signals: &[Signal],
     ) -> Result<TurnOutcome, EngineError> {
+        // A turn of this session that waits on the model: its signals come first, and
+        // this turn answers them with the new ones.
+        let session = signals[0].session.clone();
+        let waiting = self.store.get_waiting(agent_id, &session).await?;
+        let signals = match &waiting {
+            Some(w) => w.joined(signals),
+            None => signals.to_vec(),
+        };
         let ids: Vec<_> = signals.iter().map(|s| s.id.clone()).collect();
         let answered = self.store.answered(agent_id, &ids).await?;
         let mut outcome = TurnOutcome::default();
-        self.resume(agent_id, signals, &answered, &mut outcome)
+        self.resume(agent_id, &signals, &answered, &mut outcome)
             .await?;
         let pending: Vec<Signal> = signals
             .iter()
             .filter(|s| !answered.iter().any(|(id, _)| *id == s.id))
             .cloned()
             .collect();
-        if pending.is_empty() {
-            return Ok(outcome);
-        }
-        let Some(agent) = self.store.get_agent(agent_id).await? else {
-            warn!("the agent no longer exists; its signals are dropped");
+        let agent = match pending.is_empty() {
+            true => None,
+            false => self.store.get_agent(agent_id).await?,
+        };
+        let Some(agent) = agent else {
+            if !pending.is_empty() {
+                warn!("the agent no longer exists; its signals are dropped");
+            }
+            if waiting.is_some() {
+                self.store.delete_waiting(agent_id, &session).await?;
+            }
             return Ok(outcome);
         };
-        self.answer(&agent, &pending, &mut outcome).await?;
+        match self.answer(&agent, &pending, None, &mut outcome).await {
+            Ok(()) => {}
+            Err(EngineError::ModelDown(why)) => {
+                return self.wait(&agent, waiting, pending, why, outcome).await;
+            }
+            Err(e) => return Err(e),
+        }
+        if waiting.is_some() {
+            info!(
+                signals = pending.len(),
+                "the model answered: the turn that waited on it is answered"
+            );
+            self.store.delete_waiting(agent_id, &session).await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Tries again a session's turn that waits on the model, when it is due: as a
+    /// redelivery of its signals would. Nothing, when it was answered meanwhile (a newer
+    /// message of the session took it along) or is not due yet.
+    pub async fn retry(&self, job: &crate::domain::RetryJob) -> Result<TurnOutcome, EngineError> {
+        let Some(w) = self.store.get_waiting(&job.agent_id, &job.session).await? else {
+            return Ok(TurnOutcome::default());
+        };
+        if w.next_at > self.clock.now() {
+            return Ok(TurnOutcome::default());
+        }
+        info!(agent_id = %w.agent_id, attempts = w.attempts, since = %w.since, "trying again a turn that waits on the model");
+        self.run(&w.signals).await
+    }
+
+    /// The model did not answer `pending`: the turn waits (kept, to be tried again after
+    /// a growing gap), or, past the agent's patience, is answered with an apology.
+    async fn wait(
+        &self,
+        agent: &Agent,
+        waiting: Option<crate::domain::WaitingTurn>,
+        pending: Vec<Signal>,
+        why: String,
+        mut outcome: TurnOutcome,
+    ) -> Result<TurnOutcome, EngineError> {
+        let now = self.clock.now();
+        let session = pending[0].session.clone();
+        let since = waiting.as_ref().map_or(now, |w| w.since);
+        if now.duration_since(since) >= self.settings.patience {
+            warn!(since = %since, error = %why, "the model has not answered this turn for as long as it may wait: it is answered with an apology");
+            let asked = Asked {
+                text: format!(
+                    "I could not answer this: the model I think with has not answered since {}. Please say it again later.",
+                    since.strftime("%Y-%m-%d %H:%M UTC")
+                ),
+                provider: "pulse".into(),
+                model: "none".into(),
+                failed: Some(format!(
+                    "the model did not answer for {:#}: {why}",
+                    now.duration_since(since)
+                )),
+                ..Asked::default()
+            };
+            self.answer(agent, &pending, Some(asked), &mut outcome)
+                .await?;
+            self.store.delete_waiting(&agent.id, &session).await?;
+            return Ok(outcome);
+        }
+        let next = match waiting {
+            Some(w) => w.failed_again(pending, why.clone(), now),
+            None => match crate::domain::WaitingTurn::first(pending, why.clone(), now) {
+                Some(w) => w,
+                None => return Ok(outcome),
+            },
+        };
+        warn!(error = %why, attempts = next.attempts, next_at = %next.next_at, "the model did not answer: the turn waits and is tried again");
+        self.store.put_waiting(&next).await?;
+        outcome.waiting = true;
         Ok(outcome)
     }
 
@@ -278,6 +376,7 @@ impl Conversation {
         &self,
         agent: &Agent,
         pending: &[Signal],
+        preset: Option<Asked>,
         outcome: &mut TurnOutcome,
     ) -> Result<(), EngineError> {
         let now = self.clock.now();
@@ -287,6 +386,18 @@ impl Conversation {
         if user_spoke && agent.auto_paused_since.is_some() {
             crate::engine::silence::wake(self.store.as_ref(), self.hooks.as_ref(), agent, now)
                 .await?;
+        }
+        if let Some(asked) = preset {
+            let turn = self
+                .write(agent, turn_id, pending, asked, None, now)
+                .await?;
+            outcome.turns.push(turn.id.clone());
+            if turn.status == TurnStatus::Delivering {
+                let (sent, delivered) = self.deliver(turn).await?;
+                outcome.parts_sent += sent;
+                self.emit_sent(agent, &delivered).await?;
+            }
+            return Ok(());
         }
         let (steered, talk) = self.steer(agent, pending).await;
         // Steering alone asks no model: the day's budget does not bear on it.
