@@ -29,12 +29,16 @@ fn services(llm: &FakeLlm, discord: &FakeDiscord) -> Services {
 }
 
 async fn world(kind: Kind) -> World {
+    world_with(kind, settings()).await
+}
+
+async fn world_with(kind: Kind, settings: pulse_shared::engine::EngineSettings) -> World {
     let b = Backend::new(kind).await;
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
     let services = services(&llm, &discord);
     let connected = b.connected();
-    let worker = connected.worker(b.clock.clone(), &settings(), &services);
+    let worker = connected.worker(b.clock.clone(), &settings, &services);
     World {
         b,
         llm,
@@ -1423,6 +1427,28 @@ async fn model_outage(kind: Kind) {
     assert_eq!(waiting.len(), 1);
     assert_eq!(waiting[0].attempts, 5, "tried at 0, 1, 2, 4 and 8 min");
     assert!(w.discord.messages().is_empty(), "no reply while it is down");
+    // `pulse status` says a turn waits on the model, since when, and why.
+    let status = || async {
+        pulse_shared::engine::status(
+            w.b.store.as_ref(),
+            w.b.queue.as_ref(),
+            None,
+            w.b.now(),
+            SignedDuration::from_mins(10),
+            "",
+        )
+        .await
+        .unwrap()
+    };
+    let s = status().await;
+    assert_eq!(s.turns_waiting, 1);
+    let what: Vec<&str> = s.findings.iter().map(|f| f.what.as_str()).collect();
+    assert!(
+        what.iter().any(|w| w
+            .starts_with("1 conversation turn waiting on the model, the oldest for 10m")
+            && w.contains("500")),
+        "{what:?}"
+    );
     // A newer message joins the waiting turn.
     let second = w.say(&agent, "hello?", SignalMeta::default()).await;
     w.b.drain(&w.worker).await;
@@ -1442,6 +1468,7 @@ async fn model_outage(kind: Kind) {
         w.b.drain(&w.worker).await;
     }
     assert!(w.b.store.list_waiting(10).await.unwrap().is_empty());
+    assert_eq!(status().await.turns_waiting, 0);
     let posted: Vec<String> = w
         .discord
         .messages()
@@ -1469,4 +1496,59 @@ async fn model_outage(kind: Kind) {
     let backlog = w.b.queue.backlog().await.unwrap();
     assert_eq!((backlog.waiting, backlog.dead.unwrap_or(0)), (0, 0));
     assert_eq!(w.discord.messages().len(), 1);
+}
+
+on_both_backends!(
+    a_turn_that_waited_past_its_patience_is_answered_once_with_an_apology,
+    patience
+);
+async fn patience(kind: Kind) {
+    let w = world_with(
+        kind,
+        pulse_shared::engine::EngineSettings {
+            turn_patience: SignedDuration::from_mins(5),
+            ..settings()
+        },
+    )
+    .await;
+    let agent = w
+        .agent(|a| a.think = pulse_shared::domain::ThinkPolicy::Events)
+        .await;
+    w.llm.down(Some(503));
+    let said = w.say(&agent, "are you there?", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    let sweeper = w.b.sweeper(settings());
+    for _ in 0..8 {
+        w.b.advance(SignedDuration::from_mins(1));
+        sweeper.sweep_once(w.b.now()).await;
+        w.b.drain(&w.worker).await;
+    }
+    // Tried at 0, 1, 2 and 4 min; the try at 8 min is past the five minutes.
+    assert!(w.b.store.list_waiting(10).await.unwrap().is_empty());
+    let posted: Vec<String> = w
+        .discord
+        .messages()
+        .into_iter()
+        .map(|p| p.content)
+        .collect();
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert!(
+        posted[0].starts_with("I could not answer this"),
+        "{posted:?}"
+    );
+    let turns = w.b.store.answered(&agent.id, &[said.id]).await.unwrap();
+    let turn =
+        w.b.store
+            .get_turn(&agent.id, &turns[0].1)
+            .await
+            .unwrap()
+            .unwrap();
+    assert!(
+        turn.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not answer"),
+        "{:?}",
+        turn.error
+    );
 }

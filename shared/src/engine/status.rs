@@ -45,6 +45,8 @@ pub struct Status {
     pub hooks_queue: Option<Backlog>,
     /// Model tokens spent today (each agent's day, in its time zone).
     pub tokens_today: u64,
+    /// Conversation turns waiting on a model that does not answer (see `WaitingTurn`).
+    pub turns_waiting: usize,
     /// The Discord gateway, when a bot token is configured and a gateway ever ran: its
     /// state, counts and last error, and until when its holder's lease runs.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -164,6 +166,7 @@ pub async fn status(
         }
     }
     queues_status(sessions, hooks, &mut s).await?;
+    waiting_status(store, now, &mut s).await?;
     Ok(s)
 }
 
@@ -335,6 +338,31 @@ async fn webhooks_status(
             look: format!("pulse webhooks requests --webhook {}", w.id),
         });
     }
+    Ok(())
+}
+
+/// The conversation turns waiting on the model: a finding while any waits, with the
+/// oldest and why the last try failed.
+async fn waiting_status(
+    store: &dyn Store,
+    now: Timestamp,
+    s: &mut Status,
+) -> Result<(), StoreError> {
+    let waiting = store.list_waiting(1_000).await?;
+    s.turns_waiting = waiting.len();
+    let Some(oldest) = waiting.iter().min_by_key(|w| w.since) else {
+        return Ok(());
+    };
+    let latest = waiting.iter().max_by_key(|w| w.next_at).unwrap_or(oldest);
+    s.findings.push(Finding {
+        what: format!(
+            "{} waiting on the model, the oldest for {:#} (last try: {}); the people who wrote are answered when it answers again",
+            plural(waiting.len(), "conversation turn"),
+            jiff::SignedDuration::from_secs(now.duration_since(oldest.since).as_secs()),
+            latest.reason
+        ),
+        look: "the model provider's status and the key (PULSE_LLM_PROVIDER, its API key); the turns are tried again every 15 min at most, by the sweep".into(),
+    });
     Ok(())
 }
 
