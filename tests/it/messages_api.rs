@@ -331,3 +331,40 @@ async fn the_openapi_document_describes_the_routes_the_receiver_serves() {
         }
     }
 }
+
+on_both_backends!(
+    a_message_the_model_cannot_answer_yet_reads_as_waiting_with_why_and_then_done,
+    waiting_turn
+);
+async fn waiting_turn(kind: Kind) {
+    let a = api(kind, 60).await;
+    let (_, token) = a.token(&a.agent).await;
+    a.llm.down(Some(500));
+    let (status, queued, _) = a
+        .send(Some(&token), a.agent.id.as_str(), text("still there?"))
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let turn = format!("/v1/turns/{}", queued["turn_id"].as_str().unwrap());
+    a.b.drain(&a.worker).await;
+    let (s, v) = a.turn(&token, &turn).await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("waiting")), "{v}");
+    assert_eq!(v["waiting"]["tries"], 1, "{v}");
+    assert!(
+        v["waiting"]["reason"].as_str().unwrap().contains("500"),
+        "{v}"
+    );
+    assert!(v["reply"].is_null());
+    // The model is back: the sweep tries it again once its gap has passed.
+    a.llm.down(None);
+    a.llm.script([Scripted::text("Here.")]);
+    a.b.advance(jiff::SignedDuration::from_secs(31));
+    let swept = a.b.sweeper(settings()).sweep_once(a.b.now()).await;
+    assert_eq!(swept.retried, 1);
+    a.b.drain(&a.worker).await;
+    let (s, v) = a.turn(&token, &turn).await;
+    assert_eq!(
+        (s, v["status"].as_str(), v["reply"].as_str()),
+        (200, Some("done"), Some("Here.")),
+        "{v}"
+    );
+}

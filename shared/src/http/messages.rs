@@ -343,6 +343,20 @@ pub(crate) async fn get(
                 return Json(describe(&id, &t)).into_response();
             }
             Ok(None) if tokio::time::Instant::now() >= deadline => {
+                if let Some(w) = waiting_on(&inbound, &token.agent_id, &signal).await {
+                    return Json(json!({
+                        "turn_id": id,
+                        "status": "waiting",
+                        "reply": null,
+                        "waiting": {
+                            "since": w.since,
+                            "tries": w.attempts,
+                            "next_try_at": w.next_at,
+                            "reason": w.reason,
+                        },
+                    }))
+                    .into_response();
+                }
                 let now = inbound.clock.now();
                 if sent > now + SignedDuration::from_mins(5)
                     || now.duration_since(sent) > QUEUED_FOR
@@ -355,6 +369,19 @@ pub(crate) async fn get(
             Ok(_) => tokio::time::sleep(LOOK_EVERY).await,
         }
     }
+}
+
+/// The turn waiting on the model that holds `signal`, if one does: there are some only
+/// while a model does not answer, so they are all read. A failure to read them is
+/// answered as the message being queued.
+async fn waiting_on(
+    inbound: &Inbound,
+    agent: &AgentId,
+    signal: &SignalId,
+) -> Option<crate::domain::WaitingTurn> {
+    let all = inbound.store.list_waiting(10_000).await.ok()?;
+    all.into_iter()
+        .find(|w| w.agent_id == *agent && w.signals.iter().any(|s| s.id == *signal))
 }
 
 /// The turn that answered `signal`, if one did.
