@@ -1426,7 +1426,14 @@ async fn model_outage(kind: Kind) {
     let waiting = w.b.store.list_waiting(10).await.unwrap();
     assert_eq!(waiting.len(), 1);
     assert_eq!(waiting[0].attempts, 5, "tried at 0, 1, 2, 4 and 8 min");
-    assert!(w.discord.messages().is_empty(), "no reply while it is down");
+    // No reply while it is down; told once, at the second try, that it is delayed.
+    let notice = "The model I think with is not answering right now. I have your message, and I will reply as soon as it is back.";
+    let posted: Vec<_> = w.discord.messages();
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert_eq!(
+        (posted[0].place.as_str(), posted[0].content.as_str()),
+        ("channel:1001", notice)
+    );
     // `pulse status` says a turn waits on the model, since when, and why.
     let status = || async {
         pulse_shared::engine::status(
@@ -1475,7 +1482,7 @@ async fn model_outage(kind: Kind) {
         .into_iter()
         .map(|p| p.content)
         .collect();
-    assert_eq!(posted, ["Here now."]);
+    assert_eq!(posted, [notice, "Here now."]);
     let last = w.llm.requests().len() - 1;
     let said = w.said(last);
     assert!(
@@ -1495,7 +1502,7 @@ async fn model_outage(kind: Kind) {
     w.b.drain(&w.worker).await;
     let backlog = w.b.queue.backlog().await.unwrap();
     assert_eq!((backlog.waiting, backlog.dead.unwrap_or(0)), (0, 0));
-    assert_eq!(w.discord.messages().len(), 1);
+    assert_eq!(w.discord.messages().len(), 2);
 }
 
 on_both_backends!(
@@ -1523,7 +1530,8 @@ async fn patience(kind: Kind) {
         sweeper.sweep_once(w.b.now()).await;
         w.b.drain(&w.worker).await;
     }
-    // Tried at 0, 1, 2 and 4 min; the try at 8 min is past the five minutes.
+    // Tried at 0, 1, 2 and 4 min (told at the second that it is delayed); the try at
+    // 8 min is past the five minutes.
     assert!(w.b.store.list_waiting(10).await.unwrap().is_empty());
     let posted: Vec<String> = w
         .discord
@@ -1531,9 +1539,13 @@ async fn patience(kind: Kind) {
         .into_iter()
         .map(|p| p.content)
         .collect();
-    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert_eq!(posted.len(), 2, "{posted:?}");
     assert!(
-        posted[0].starts_with("I could not answer this"),
+        posted[0].starts_with("The model I think with is not answering"),
+        "{posted:?}"
+    );
+    assert!(
+        posted[1].starts_with("I could not answer this"),
         "{posted:?}"
     );
     let turns = w.b.store.answered(&agent.id, &[said.id]).await.unwrap();

@@ -36,9 +36,17 @@ pub struct WaitingTurn {
     pub next_at: Timestamp,
     /// Why the last try failed.
     pub reason: String,
+    /// Whether the person was told, in the channel they wrote in, that the answer is
+    /// delayed (once, from the [`WaitingTurn::TELL_AFTER`]th try).
+    #[serde(default)]
+    pub told: bool,
 }
 
 impl WaitingTurn {
+    /// The try from which the person is told the answer is delayed: the second, about
+    /// 30 s after the first.
+    pub const TELL_AFTER: u32 = 2;
+
     /// The gap after `attempts` tries: 30 s, 1 min, 2 min … up to 15 min.
     pub fn backoff(attempts: u32) -> SignedDuration {
         let doubled = FIRST_WAIT.as_secs() << attempts.saturating_sub(1).min(10);
@@ -86,6 +94,7 @@ impl WaitingTurn {
                 next_at: now,
                 reason: String::new(),
                 signals: Vec::new(),
+                told: false,
             }
             .failed_again(signals, reason, now),
         )

@@ -70,6 +70,59 @@ impl Conversation {
         })))
     }
 
+    /// Tells the person, where the reply would go, that it is delayed: the model does not
+    /// answer. Whether they were told (or there is nowhere to tell them: a message over
+    /// the API or the dashboard reads as waiting there); a failure is logged and tried
+    /// at the next try. The post's nonce comes from the waiting turn, so Discord takes a
+    /// post sent twice once.
+    pub(super) async fn tell_delayed(
+        &self,
+        agent: &Agent,
+        waiting: &crate::domain::WaitingTurn,
+        now: jiff::Timestamp,
+    ) -> bool {
+        const NOTICE: &str = "The model I think with is not answering right now. I have your message, and I will reply as soon as it is back.";
+        let Some(turn_id) = waiting.turn_id() else {
+            return true;
+        };
+        let Some(d) = &self.discord else {
+            return true;
+        };
+        let told = match target(agent, &waiting.signals, now, true) {
+            ReplyTarget::None => return true,
+            ReplyTarget::Interaction(it) => d.edit_original(&it.token, NOTICE).await.map(|_| ()),
+            ReplyTarget::Channel {
+                channel_id,
+                reply_to,
+            } => d
+                .create_message(
+                    &channel_id,
+                    NOTICE,
+                    &nonce(&turn_id, 99),
+                    reply_to.as_deref(),
+                )
+                .await
+                .map(|_| ()),
+            ReplyTarget::User { user_id } => match d.open_dm(&user_id).await {
+                Ok(channel) => d
+                    .create_message(&channel, NOTICE, &nonce(&turn_id, 99), None)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            },
+        };
+        match told {
+            Ok(()) => {
+                info!(turn_id = %turn_id, "told the person the reply is delayed");
+                true
+            }
+            Err(e) => {
+                warn!(error = %chain(&e), "cannot tell the person the reply is delayed; tried again at the next try");
+                false
+            }
+        }
+    }
+
     /// Records the turn as it stands, with the requests made since its last write.
     async fn save(&self, turn: &mut Turn) -> Result<(), crate::error::StoreError> {
         crate::tally::stamp(&mut turn.requests);

@@ -325,6 +325,10 @@ impl Conversation {
             },
         };
         warn!(error = %why, attempts = next.attempts, next_at = %next.next_at, "the model did not answer: the turn waits and is tried again");
+        let mut next = next;
+        if !next.told && next.attempts >= crate::domain::WaitingTurn::TELL_AFTER {
+            next.told = self.tell_delayed(agent, &next, now).await;
+        }
         self.store.put_waiting(&next).await?;
         outcome.waiting = true;
         Ok(outcome)
