@@ -1414,6 +1414,15 @@ async fn model_outage(kind: Kind) {
     assert_eq!(waiting[0].attempts, 1);
     assert!(waiting[0].reason.contains("500"), "{}", waiting[0].reason);
     assert_eq!(w.b.queue.backlog().await.unwrap().waiting, 0);
+    // The person's message is in the conversation at once, marked waiting.
+    let shown = pulse_shared::engine::history(w.b.store.as_ref(), &agent.id, 10)
+        .await
+        .unwrap();
+    assert_eq!(shown.len(), 1);
+    assert_eq!(
+        (shown[0].content.as_str(), shown[0].waiting),
+        ("are you there?", true)
+    );
 
     // Ten minutes of outage, a sweep a minute: tried again after 30 s, 1, 2 and 4 min.
     let sweeper = w.b.sweeper(settings());
@@ -1496,6 +1505,22 @@ async fn model_outage(kind: Kind) {
             .unwrap();
     assert_eq!(answered.len(), 2);
     assert_eq!(answered[0].1, answered[1].1, "one turn answered both");
+    let shown: Vec<(String, bool)> =
+        pulse_shared::engine::history(w.b.store.as_ref(), &agent.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .rev()
+            .map(|m| (m.content, m.waiting))
+            .collect();
+    assert_eq!(
+        shown,
+        [
+            ("are you there?".to_owned(), false),
+            ("hello?".to_owned(), false),
+            ("Here now.".to_owned(), false)
+        ]
+    );
     // More sweeps find nothing to try, and nothing was dead-lettered.
     w.b.advance(SignedDuration::from_mins(30));
     assert_eq!(sweeper.sweep_once(w.b.now()).await.retried, 0);

@@ -48,6 +48,7 @@ fn message(t: &Turn, n: usize, role: Role, text: &str) -> ConversationMessage {
         author: None,
         content: text.into(),
         created_at: t.created_at,
+        waiting: false,
     }
 }
 
@@ -271,4 +272,54 @@ async fn deferral(kind: Kind) {
     let again = b.store.claim(&first.id(), &req(&b)).await.unwrap().unwrap();
     assert_eq!(again.claim, claimed.claim + 1);
     assert_eq!(again.window_end, Some(EventCursor::through(b.now())));
+}
+
+on_both_backends!(
+    a_waiting_turn_is_kept_per_session_replaced_listed_soonest_first_and_forgotten,
+    waiting_turns
+);
+async fn waiting_turns(kind: Kind) {
+    use pulse_shared::domain::{NewAgent, Signal, SignalMeta, WaitingTurn};
+    let b = Backend::new(kind).await;
+    let mut sessions = Vec::new();
+    for name in ["ana", "ben"] {
+        let (agent, first) = NewAgent::named(name).create(b.now()).unwrap();
+        b.store.create_agent(&agent, &first).await.unwrap();
+        sessions.push(agent);
+    }
+    let said = |a: &pulse_shared::domain::Agent, text: &str| {
+        Signal::user_message(&a.id, &a.session, text, SignalMeta::default(), b.now()).unwrap()
+    };
+    assert!(b.store.list_waiting(10).await.unwrap().is_empty());
+    let (ana, ben) = (&sessions[0], &sessions[1]);
+    let w_ana = WaitingTurn::first(vec![said(ana, "one")], "down".into(), b.now()).unwrap();
+    b.store.put_waiting(&w_ana).await.unwrap();
+    b.advance(SignedDuration::from_secs(5));
+    let w_ben = WaitingTurn::first(vec![said(ben, "two")], "down".into(), b.now()).unwrap();
+    b.store.put_waiting(&w_ben).await.unwrap();
+    let got = b
+        .store
+        .get_waiting(&ana.id, &ana.session)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, w_ana);
+    // Tried again: replaced in place, now due after ben's.
+    let again = got.failed_again(
+        vec![said(ana, "one"), said(ana, "three")],
+        "still down".into(),
+        b.now(),
+    );
+    b.store.put_waiting(&again).await.unwrap();
+    let listed: Vec<_> = b.store.list_waiting(10).await.unwrap();
+    assert_eq!(listed, [w_ben.clone(), again.clone()]);
+    assert_eq!(b.store.list_waiting(1).await.unwrap(), std::slice::from_ref(&w_ben));
+    b.store.delete_waiting(&ana.id, &ana.session).await.unwrap();
+    assert_eq!(
+        b.store.get_waiting(&ana.id, &ana.session).await.unwrap(),
+        None
+    );
+    assert_eq!(b.store.list_waiting(10).await.unwrap(), [w_ben]);
+    // Forgetting one that is not there is no error.
+    b.store.delete_waiting(&ana.id, &ana.session).await.unwrap();
 }

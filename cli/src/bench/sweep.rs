@@ -578,6 +578,7 @@ async fn seed_history(
                 author: None,
                 content: text.clone(),
                 created_at: now,
+                waiting: false,
             })
             .collect();
         store.begin_turn(&turn, &messages).await?;

@@ -119,7 +119,10 @@ pub(crate) async fn execute(plan: ConversationPlan, cx: &Ctx<'_>) -> Result<(), 
         }
         ConversationPlan::Show { agent, limit } => {
             let agent = agent.find(b).await?.id;
-            let mut messages = b.store.recent_messages(&agent, limit).await?;
+            // A message the model has not answered yet (it waits on the model) is shown,
+            // marked waiting.
+            let mut messages =
+                pulse_shared::engine::history(b.store.as_ref(), &agent, limit).await?;
             messages.reverse();
             out.table(&messages, &["TIME", "WHO", "SOURCE", "TEXT"], |m| {
                 let who = match m.role {
@@ -129,7 +132,10 @@ pub(crate) async fn execute(plan: ConversationPlan, cx: &Ctx<'_>) -> Result<(), 
                 vec![
                     when(Some(m.created_at)),
                     who,
-                    m.source.clone(),
+                    match m.waiting {
+                        true => format!("{} (waiting on the model)", m.source),
+                        false => m.source.clone(),
+                    },
                     short(&m.content, 120),
                 ]
             });

@@ -224,6 +224,10 @@ pub struct ConversationMessage {
     pub content: String,
     /// When it was said (the signal's time for inbound messages).
     pub created_at: Timestamp,
+    /// A message of a turn that waits on the model: not answered yet, and not stored as
+    /// part of a turn (it is read from the waiting turn).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waiting: bool,
 }
 
 /// Where a turn is.

@@ -43,7 +43,7 @@ mod worker;
 use jiff::SignedDuration;
 
 pub use conversation::{
-    Conversation, ConversationSettings, TurnOutcome, build_context, estimate_tokens,
+    Conversation, ConversationSettings, TurnOutcome, build_context, estimate_tokens, history,
 };
 pub use heartbeat::{HeartbeatRunner, RetryError, RunOutcome};
 pub use hooks::{

@@ -157,6 +157,44 @@ pub(super) fn persisted(
     reply: &str,
     now: Timestamp,
 ) -> Vec<ConversationMessage> {
+    let mut out = said(&turn.id, &turn.agent_id, signals);
+    if reply.is_empty() {
+        return out;
+    }
+    out.push(ConversationMessage {
+        id: format!("{}.{:02}", turn.id, signals.len()),
+        agent_id: turn.agent_id.clone(),
+        turn_id: turn.id.clone(),
+        role: Role::Assistant,
+        source: "conversation".to_owned(),
+        agent: Some("conversation".to_owned()),
+        author: None,
+        content: reply.to_owned(),
+        created_at: now,
+        waiting: false,
+    });
+    out
+}
+
+/// The messages of a turn that waits on the model, as its turn will keep them, marked
+/// waiting.
+pub(crate) fn waiting_messages(w: &crate::domain::WaitingTurn) -> Vec<ConversationMessage> {
+    let Some(turn_id) = w.turn_id() else {
+        return Vec::new();
+    };
+    let mut out = said(&turn_id, &w.agent_id, &w.signals);
+    for m in &mut out {
+        m.waiting = true;
+    }
+    out
+}
+
+/// What `signals` said, as a turn keeps it.
+fn said(
+    turn_id: &crate::domain::TurnId,
+    agent_id: &crate::domain::AgentId,
+    signals: &[Signal],
+) -> Vec<ConversationMessage> {
     let mut out = Vec::with_capacity(signals.len() + 1);
     for (i, s) in signals.iter().enumerate() {
         let (role, source, agent) = match s.kind {
@@ -180,31 +218,18 @@ pub(super) fn persisted(
             ),
         };
         out.push(ConversationMessage {
-            id: format!("{}.{i:02}", turn.id),
-            agent_id: turn.agent_id.clone(),
-            turn_id: turn.id.clone(),
+            id: format!("{turn_id}.{i:02}"),
+            agent_id: agent_id.clone(),
+            turn_id: turn_id.clone(),
             role,
             source,
             agent,
             author: s.meta.user_name.clone(),
             content: s.text(),
             created_at: s.created_at,
+            waiting: false,
         });
     }
-    if reply.is_empty() {
-        return out;
-    }
-    out.push(ConversationMessage {
-        id: format!("{}.{:02}", turn.id, signals.len()),
-        agent_id: turn.agent_id.clone(),
-        turn_id: turn.id.clone(),
-        role: Role::Assistant,
-        source: "conversation".to_owned(),
-        agent: Some("conversation".to_owned()),
-        author: None,
-        content: reply.to_owned(),
-        created_at: now,
-    });
     out
 }
 

@@ -46,6 +46,34 @@ use crate::error::EngineError;
 use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
 use ask::Asked;
 
+/// The agent's latest `limit` messages, newest first, the messages of its turns that wait
+/// on the model among them (marked waiting): what a person reads as the conversation,
+/// their message shown from the moment the model first failed it.
+pub async fn history(
+    store: &dyn Store,
+    agent: &AgentId,
+    limit: usize,
+) -> Result<Vec<crate::domain::ConversationMessage>, crate::error::StoreError> {
+    let mut messages = store.recent_messages(agent, limit).await?;
+    let waiting = store.list_waiting(1_000).await?;
+    let mut held: Vec<_> = waiting
+        .iter()
+        .filter(|w| w.agent_id == *agent)
+        .flat_map(context::waiting_messages)
+        .collect();
+    if held.is_empty() {
+        return Ok(messages);
+    }
+    messages.append(&mut held);
+    messages.sort_by(|a, b| {
+        b.created_at
+            .cmp(&a.created_at)
+            .then_with(|| b.id.cmp(&a.id))
+    });
+    messages.truncate(limit);
+    Ok(messages)
+}
+
 /// A turn's steps as the turn keeps them: within [`Turn::KEPT_STEPS`].
 fn kept_steps(steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
     match crate::domain::clipped(serde_json::Value::Array(steps), Turn::KEPT_STEPS) {
