@@ -309,6 +309,7 @@ mod tests {
                 author: None,
                 content: format!("{i:05}{}", "x".repeat(chars.saturating_sub(5))),
                 created_at: Timestamp::UNIX_EPOCH,
+                waiting: false,
             })
             .collect()
     }
