@@ -492,7 +492,7 @@ fn the_simulation_on_the_aws_adapters_keeps_every_invariant_and_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_is_degraded_while_dynamodb_does_not_answer() {
     use pulse_shared::domain::{Webhook, WebhookScheme};
-    use pulse_shared::http::{self, Inbound};
+    use pulse_shared::http::Inbound;
     let b = Backend::new(Kind::Aws).await;
     let (agent, _) = b.agent("scout", "15m").await;
     let mut webhook = Webhook::new(
@@ -512,14 +512,7 @@ async fn healthz_is_degraded_while_dynamodb_does_not_answer() {
         b.clock.clone(),
         pulse_shared::config::InboundConfig::default(),
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(http::serve(
-        listener,
-        inbound,
-        http::ServeLimits::default(),
-        std::future::pending(),
-    ));
+    let base = pulse_tests::serve_inbound(inbound).await;
     let client = reqwest::Client::new();
     let send = |n: u32| {
         let body = crate::inbound::body_for(WebhookScheme::Pulse, "NOTE", n);

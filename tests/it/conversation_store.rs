@@ -313,7 +313,10 @@ async fn waiting_turns(kind: Kind) {
     b.store.put_waiting(&again).await.unwrap();
     let listed: Vec<_> = b.store.list_waiting(10).await.unwrap();
     assert_eq!(listed, [w_ben.clone(), again.clone()]);
-    assert_eq!(b.store.list_waiting(1).await.unwrap(), std::slice::from_ref(&w_ben));
+    assert_eq!(
+        b.store.list_waiting(1).await.unwrap(),
+        std::slice::from_ref(&w_ben)
+    );
     b.store.delete_waiting(&ana.id, &ana.session).await.unwrap();
     assert_eq!(
         b.store.get_waiting(&ana.id, &ana.session).await.unwrap(),

@@ -62,14 +62,7 @@ async fn serve(
         clock,
         config,
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(http::serve(
-        listener,
-        inbound,
-        http::ServeLimits::default(),
-        std::future::pending(),
-    ));
+    let base = pulse_tests::serve_inbound(inbound).await;
     base
 }
 
@@ -1242,14 +1235,7 @@ async fn healthz_is_degraded_while_the_store_cannot_write() {
             api_rate: Default::default(),
         },
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(http::serve(
-        listener,
-        inbound,
-        http::ServeLimits::default(),
-        std::future::pending(),
-    ));
+    let base = pulse_tests::serve_inbound(inbound).await;
     let client = reqwest::Client::new();
     let health = || async {
         let r = client.get(format!("{base}/healthz")).send().await.unwrap();

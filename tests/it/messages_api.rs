@@ -8,7 +8,7 @@ use jiff::SignedDuration;
 use pulse_shared::config::{ApiRate, InboundConfig};
 use pulse_shared::domain::{Agent, ApiToken, NewAgent};
 use pulse_shared::engine::Worker;
-use pulse_shared::http::{self, Inbound};
+use pulse_shared::http::Inbound;
 use pulse_tests::fake_discord::FakeDiscord;
 use pulse_tests::fake_llm::{FakeLlm, Scripted};
 use pulse_tests::{Backend, Kind, on_both_backends, settings};
@@ -64,14 +64,7 @@ async fn receiver(b: &Backend, rate: u32) -> String {
         b.clock.clone(),
         config,
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(http::serve(
-        listener,
-        inbound,
-        http::ServeLimits::default(),
-        std::future::pending(),
-    ));
+    let base = pulse_tests::serve_inbound(inbound).await;
     base
 }
 

@@ -17,7 +17,7 @@ use pulse_shared::adapters::sqlite::faults::{Fault, File, Image, Recording};
 use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
 use pulse_shared::config::{ApiRate, Durability, InboundConfig};
 use pulse_shared::domain::{ApiToken, NewAgent, Webhook, WebhookScheme};
-use pulse_shared::http::{self, Inbound};
+use pulse_shared::http::Inbound;
 use pulse_shared::ports::{AgentStore, Clock, TokenStore, WebhookStore};
 use serde_json::{Value, json};
 
@@ -70,14 +70,7 @@ async fn rig_with(dir: &Path, durability: Durability) -> Rig {
             ..InboundConfig::default()
         },
     ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(http::serve(
-        listener,
-        inbound,
-        http::ServeLimits::default(),
-        std::future::pending(),
-    ));
+    let base = pulse_tests::serve_inbound(inbound).await;
     Rig {
         base,
         webhook,

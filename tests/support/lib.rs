@@ -129,6 +129,20 @@ pub fn fake_services(
     }
 }
 
+/// Serves `inbound`'s router on a free loopback port, with the listener's default limits,
+/// for as long as the test's runtime lives: its base URL.
+pub async fn serve_inbound(inbound: Arc<pulse_shared::http::Inbound>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(pulse_shared::http::serve(
+        listener,
+        inbound,
+        pulse_shared::http::ServeLimits::default(),
+        std::future::pending(),
+    ));
+    base
+}
+
 /// The offline model and no Discord, as the benches run: the heartbeat agent is on but
 /// never reaches a provider.
 pub fn offline_services() -> pulse_shared::app::Services {

@@ -97,26 +97,10 @@ impl Claimants {
     /// What the other live processes on the file said of themselves (those that said
     /// anything).
     fn announced(&self) -> Vec<String> {
-        let Some(dir) = &self.dir else {
-            return Vec::new();
-        };
-        let own = self
-            .own
-            .get()
-            .and_then(Option::as_ref)
-            .map(|h| h.id.as_str());
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
-        };
-        entries
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_str() != own)
-            .filter_map(|e| {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(e.path())
-                    .ok()?;
+        self.others()
+            .into_iter()
+            .filter_map(|(_, path)| {
+                let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
                 // Locked by its process: alive. A lock this takes is a process gone
                 // (dropped with the file, for `take_back` to find).
                 match file.try_lock() {
@@ -129,9 +113,8 @@ impl Claimants {
             .collect()
     }
 
-    /// The claimants whose process is gone: their lock files, locked now by this
-    /// process (so none is counted twice), with their ids.
-    fn dead(&self) -> Vec<(String, PathBuf, File)> {
+    /// The lock files of the other claimants on the file, with their ids.
+    fn others(&self) -> Vec<(String, PathBuf)> {
         let Some(dir) = &self.dir else {
             return Vec::new();
         };
@@ -147,12 +130,20 @@ impl Claimants {
             .filter_map(Result::ok)
             .filter_map(|e| {
                 let id = e.file_name().to_str()?.to_owned();
-                if Some(id.as_str()) == own {
-                    return None;
-                }
-                let file = OpenOptions::new().write(true).open(e.path()).ok()?;
+                (Some(id.as_str()) != own).then(|| (id, e.path()))
+            })
+            .collect()
+    }
+
+    /// The claimants whose process is gone: their lock files, locked now by this
+    /// process (so none is counted twice), with their ids.
+    fn dead(&self) -> Vec<(String, PathBuf, File)> {
+        self.others()
+            .into_iter()
+            .filter_map(|(id, path)| {
+                let file = OpenOptions::new().write(true).open(&path).ok()?;
                 file.try_lock().ok()?;
-                Some((id, e.path(), file))
+                Some((id, path, file))
             })
             .collect()
     }
