@@ -62,8 +62,7 @@ async fn serve(
         clock,
         config,
     ));
-    let base = pulse_tests::serve_inbound(inbound).await;
-    base
+    pulse_tests::serve_inbound(inbound).await
 }
 
 impl Rig {

@@ -64,8 +64,7 @@ async fn receiver(b: &Backend, rate: u32) -> String {
         b.clock.clone(),
         config,
     ));
-    let base = pulse_tests::serve_inbound(inbound).await;
-    base
+    pulse_tests::serve_inbound(inbound).await
 }
 
 impl Api {
