@@ -2578,3 +2578,61 @@ fn durability_is_synced_by_default_relaxed_on_request_said_at_start_and_in_statu
     // Gone, it says nothing: the status is this process's own again.
     assert_eq!(shown(&status(None))["durability"], "synced");
 }
+
+#[test]
+fn a_message_the_model_cannot_answer_is_shown_waiting_and_status_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "kept", "--interval", "1h"],
+    );
+    ok(
+        d,
+        &["say", "--agent", &agent, "--user", "ana", "are you there?"],
+    );
+    // A model nothing answers at.
+    let down = format!("http://127.0.0.1:{}/v1", common::free_port());
+    let mut serve = spawn_serve(
+        d,
+        &[
+            ("PULSE_LLM_PROVIDER", "openai"),
+            ("PULSE_LLM_BASE_URL", &down),
+            ("OPENAI_API_KEY", "sk-test"),
+            ("PULSE_LLM_MAX_ATTEMPTS", "1"),
+        ],
+        &[],
+    );
+    let waiting = || {
+        json(d, &["conversation", "show", "--agent", &agent])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["waiting"] == true && m["content"] == "are you there?")
+    };
+    wait_until(
+        "the message shown waiting",
+        Duration::from_secs(60),
+        waiting,
+    );
+    let killed = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    serve.wait().unwrap();
+    let table = ok(d, &["conversation", "show", "--agent", &agent]);
+    assert!(table.contains("(waiting on the model)"), "{table}");
+    let out = pulse(d, &["status", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["turns_waiting"], 1, "{v}");
+    assert!(
+        v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["what"].as_str().unwrap().contains("waiting on the model")),
+        "{v}"
+    );
+}
