@@ -232,8 +232,16 @@ async fn every_webhook_and_message_answered_2xx_survives_a_power_cut_at_every_po
     let (writes, syncs) = rec.writes_and_syncs();
     let (checked, failures) = replay(&rec, 3);
     eprintln!("480 answered 2xx: {writes} writes, {syncs} syncs, {checked} cuts checked");
-    assert!(syncs > 20, "{syncs} syncs");
-    assert!(checked > 2_000, "{checked} cuts");
+    // How many commits the 480 make depends on how the host schedules the senders (a
+    // loaded host groups more of them into one commit), so the bounds are what any
+    // grouping must reach: at most eight acceptances a commit, each commit a write.
+    assert!(writes >= 60 && syncs > 20, "{writes} writes, {syncs} syncs");
+    // Each point after a write is cut four ways (lost, a prefix, a subset, torn), and
+    // each acceptance marked is a point of its own.
+    assert!(
+        checked >= 4 * writes + 480,
+        "{checked} cuts of {writes} writes"
+    );
     assert!(
         failures.is_empty(),
         "{} of {checked} cuts: {:?}",
