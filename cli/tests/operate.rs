@@ -795,6 +795,22 @@ async fn first_hour_on(backend: Backend) {
             .any(|r| r["delivery"]["status"] == "EXHAUSTED"),
         "{deliveries}"
     );
+    let hooks_dead = || {
+        let out = pulse(d, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["hooks_queue"]["dead"].clone()
+    };
+    assert_eq!(hooks_dead(), 1);
+    // Redriven while the receiver still fails: sent, failed, kept, exit 1.
+    let out = pulse(d, &["hooks", "redrive"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("FAILED  500")
+            && err.contains("0 sent and succeeded, 0 removed with nothing to send, 1 left in it"),
+        "{out:?}"
+    );
+    assert_eq!(hooks_dead(), 1);
     // The receiver is fixed: everything that failed in the last hour goes again.
     receiver.script(vec![Answer::status(200); 20]);
     let recovered = json(
@@ -808,6 +824,17 @@ async fn first_hour_on(backend: Backend) {
         "the real delivery, not the test: {recovered}"
     );
     assert_eq!(replayed[0]["attempt"]["status"], "SUCCESS");
+    // Its dead letter has nothing left to send: the redrive removes it.
+    let redriven = json(d, &["hooks", "redrive"]);
+    assert_eq!(redriven["left"], 0, "{redriven}");
+    assert!(
+        redriven["dropped"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("succeeded already"),
+        "{redriven}"
+    );
+    assert_eq!(hooks_dead(), 0);
 
     // `say -` reads the message from standard input.
     let mut say = common::command(d, &["say", "--agent", "scout", "-", "--json"])

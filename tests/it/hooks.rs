@@ -412,6 +412,97 @@ async fn an_exhausted_delivery_is_dead_lettered_and_can_be_replayed() {
     );
 }
 
+on_both_backends!(
+    the_dead_letter_queue_is_emptied_by_redrive_and_keeps_what_cannot_be_sent,
+    redrive
+);
+async fn redrive(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let receiver = FakeReceiver::start().await;
+    receiver.script(vec![Answer::status(503)]);
+    // Three hooks whose one try fails: three dead letters.
+    let mut hooks = Vec::new();
+    for name in ["one", "two", "three"] {
+        let (agent, _) = b.agent(name, "15m").await;
+        let mut h = hook(&b, &agent, "AFTER_HEARTBEAT", &receiver.url()).await;
+        h.retry = RetrySchedule::none();
+        h.version += 1;
+        b.store.update_hook(&h).await.unwrap();
+        emit(&b, &agent, "AFTER_HEARTBEAT").await;
+        hooks.push(h);
+    }
+    assert_eq!(poll(&b).await, 3);
+    let dead = async || b.hooks.backlog().await.unwrap().dead;
+    assert_eq!(dead().await, Some(3));
+    let delivery = async |h: &Hook| deliveries(&b, &h.id).await.remove(0);
+    // Meanwhile the second hook was turned off, and the third's delivery was sent again
+    // by hand and succeeded.
+    pulse_shared::engine::set_hook_active(b.store.as_ref(), &hooks[1].id, false)
+        .await
+        .unwrap();
+    receiver.script(vec![Answer::status(204)]);
+    let third = delivery(&hooks[2]).await;
+    b.dispatcher().replay(&third.id).await.unwrap();
+    assert_eq!(receiver.received().len(), 4);
+
+    // The first is sent and succeeds, the third leaves with nothing to send, the
+    // second stays: its hook is off.
+    let done = b.dispatcher().redrive(100).await.unwrap();
+    let first = delivery(&hooks[0]).await;
+    assert_eq!(
+        done.sent
+            .iter()
+            .map(|(d, a)| (d.id.clone(), a.status))
+            .collect::<Vec<_>>(),
+        [(first.id.clone(), AttemptStatus::Success)]
+    );
+    assert_eq!(first.status, DeliveryStatus::Succeeded);
+    assert_eq!(done.dropped.len(), 1);
+    assert_eq!(done.dropped[0].0, third.id.to_string());
+    assert!(done.dropped[0].1.contains("succeeded already"), "{done:?}");
+    assert_eq!(done.kept.len(), 1);
+    assert!(done.kept[0].1.contains("disabled"), "{done:?}");
+    assert_eq!(done.left(), 1);
+    assert_eq!(dead().await, Some(1));
+    assert_eq!(
+        receiver.received().len(),
+        5,
+        "nothing sent for the other two"
+    );
+
+    // Turned on again, its receiver still failing: sent, failed, and still there, at
+    // once visible to the next redrive.
+    pulse_shared::engine::set_hook_active(b.store.as_ref(), &hooks[1].id, true)
+        .await
+        .unwrap();
+    receiver.script(vec![Answer::status(503)]);
+    let done = b.dispatcher().redrive(100).await.unwrap();
+    assert_eq!(done.sent.len(), 1);
+    assert_eq!(done.sent[0].1.status, AttemptStatus::Failed);
+    assert_eq!((done.left(), dead().await), (1, Some(1)));
+    receiver.script(vec![Answer::status(204)]);
+    let done = b.dispatcher().redrive(100).await.unwrap();
+    assert_eq!(done.sent.len(), 1);
+    assert_eq!(done.sent[0].1.status, AttemptStatus::Success);
+    assert_eq!((done.left(), dead().await), (0, Some(0)));
+    // Each try went out under its delivery's own id.
+    let second = delivery(&hooks[1]).await;
+    assert_eq!(second.status, DeliveryStatus::Succeeded);
+    assert_eq!(
+        receiver
+            .received()
+            .iter()
+            .filter(|r| r.header("webhook-id") == second.id.as_str())
+            .count(),
+        3
+    );
+    let done = b.dispatcher().redrive(100).await.unwrap();
+    assert_eq!(
+        (done.sent.len(), done.dropped.len(), done.kept.len()),
+        (0, 0, 0)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_receiver_is_a_timeout_and_is_retried() {
     let b = Backend::new(Kind::Sqlite).await;

@@ -48,7 +48,7 @@ pub use conversation::{
 pub use heartbeat::{HeartbeatRunner, RetryError, RunOutcome};
 pub use hooks::{
     DispatchReport, DispatchSettings, Dispatcher, Emission, HOOK_BATCH, Handled, HookEmitter,
-    RECOVER_SCAN, Recovered, Switched, set_hook_active,
+    RECOVER_SCAN, Recovered, Redriven, Switched, set_hook_active,
 };
 pub use lifecycle::{Lifecycle, LifecycleError, Scheduled, Toggled, Updated};
 pub use retention::{PruneReport, prune};

@@ -390,7 +390,7 @@ async fn queues_status(
                     "{} in the hooks dead-letter queue: deliveries whose retries ran out",
                     plural(dead as usize, "message")
                 ),
-                look: "pulse hooks deliveries --hook ID, then pulse hooks replay --delivery ID"
+                look: "pulse hooks deliveries --hook ID shows why; fix the receiver, then pulse hooks redrive"
                     .into(),
             });
         }

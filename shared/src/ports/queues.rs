@@ -34,6 +34,32 @@ pub trait HookQueue: Send + Sync {
     async fn dead_letter(&self, task: &HookTask, reason: &str) -> Result<(), StoreError>;
     /// What it holds, and its dead-letter queue.
     async fn backlog(&self) -> Result<Backlog, StoreError>;
+    /// Up to `max` of its dead letters, oldest first as the queue hands them out, each
+    /// hidden from the next reader for `visibility` until it is settled
+    /// ([`HookQueue::settle_dead`]). A queue without a dead-letter queue it can read
+    /// says so.
+    async fn receive_dead(
+        &self,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let _ = (max, visibility);
+        Err(no_dead_letters())
+    }
+    /// Deletes a dead letter received by [`HookQueue::receive_dead`], or shows it again
+    /// after a delay.
+    async fn settle_dead(&self, receipt: &Receipt, settle: Settle) -> Result<(), StoreError> {
+        let _ = (receipt, settle);
+        Err(no_dead_letters())
+    }
+}
+
+fn no_dead_letters() -> StoreError {
+    StoreError::backend(
+        "queue",
+        "read dead letters",
+        "this queue has no dead-letter queue to read",
+    )
 }
 
 /// A message a queue did not take, with the queue's own code and message.

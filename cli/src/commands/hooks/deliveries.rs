@@ -1,9 +1,9 @@
-//! A hook's deliveries: listed with their attempts, sent again one by one (`replay`) or
-//! all since a time (`recover`).
+//! A hook's deliveries: listed with their attempts, sent again one by one (`replay`), all
+//! since a time (`recover`) or all the dead-letter queue holds (`redrive`).
 
 use pulse_shared::app::Connected;
 use pulse_shared::domain::{AttemptStatus, HookAttempt, HookDelivery, HookDeliveryId, HookId};
-use pulse_shared::engine::{Dispatcher, Recovered};
+use pulse_shared::engine::{Dispatcher, Recovered, Redriven};
 
 use super::super::AgentRef;
 use super::require_hook;
@@ -51,6 +51,74 @@ pub(super) async fn recover(
         .await
         .map_err(|e| Failure::Runtime(e.into()))?;
     recovered(out, &done, since)
+}
+
+/// Sends the dead-letter queue's deliveries again; exit 1 when some stay in it.
+pub(super) async fn redrive(
+    dispatcher: &Dispatcher,
+    out: &Out,
+    limit: usize,
+) -> Result<(), Failure> {
+    let done = dispatcher
+        .redrive(limit)
+        .await
+        .map_err(|e| Failure::Runtime(e.into()))?;
+    redriven(out, &done, limit)
+}
+
+fn redriven(out: &Out, done: &Redriven, limit: usize) -> Result<(), Failure> {
+    let left = done.left();
+    let reasons = |v: &[(String, String)]| {
+        v.iter()
+            .map(|(id, why)| serde_json::json!({"id": id, "reason": why}))
+            .collect::<Vec<_>>()
+    };
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "sent": done.sent.iter().map(|(d, a)| serde_json::json!({"id": d.id, "delivery": d, "attempt": a})).collect::<Vec<_>>(),
+            "dropped": reasons(&done.dropped),
+            "kept": reasons(&done.kept),
+            "left": left,
+        }));
+    } else {
+        for (d, a) in &done.sent {
+            outln!(
+                "{}  {}  {}  {}",
+                d.id,
+                d.hook_type,
+                a.status.as_str(),
+                a.http_status.map_or("-".into(), |s| s.to_string())
+            );
+        }
+        for (id, why) in &done.dropped {
+            eprintln!("removed {id}: {why}");
+        }
+        for (id, why) in &done.kept {
+            eprintln!("kept {id}: {why}");
+        }
+        let taken = done.sent.len() + done.dropped.len() + done.kept.len();
+        let succeeded = done
+            .sent
+            .iter()
+            .filter(|(_, a)| a.status == AttemptStatus::Success)
+            .count();
+        eprintln!(
+            "{} taken from the hooks dead-letter queue: {succeeded} sent and succeeded, {} removed with nothing to send, {left} left in it{}",
+            crate::output::count(taken, "dead letter"),
+            done.dropped.len(),
+            if taken == limit {
+                " (more may wait: run it again)"
+            } else {
+                ""
+            }
+        );
+    }
+    if left > 0 {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "{left} of the dead letters stay in the queue; `pulse hooks deliveries --hook ID` shows why each failed"
+        )));
+    }
+    Ok(())
 }
 
 pub(super) fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {

@@ -78,6 +78,16 @@ pub(crate) enum HooksCmd {
         #[arg(long)]
         agent: Option<String>,
     },
+    /// Empty the hooks dead-letter queue (deliveries whose retries ran out), oldest
+    /// first: each is sent again now, one attempt, and leaves the queue when it succeeds
+    /// or has nothing left to send (it succeeded since, or it or its hook is gone). A
+    /// failure or a disabled hook leaves it there. Fix the receiver first: `pulse hooks
+    /// deliveries --hook ID` shows each attempt.
+    Redrive {
+        /// Take at most this many.
+        #[arg(long, default_value_t = 1_000)]
+        limit: usize,
+    },
     /// Change where a hook delivers, its retry schedule, timeout, disable-after or auth
     /// header. Deliveries already queued go to the new settings.
     Update(Box<UpdateHook>),
@@ -186,6 +196,7 @@ pub(crate) enum HooksPlan {
         hook: Option<HookId>,
         agent: Option<AgentRef>,
     },
+    Redrive(usize),
     Update(HookId, Box<HookChanges>),
     Rotate {
         id: HookId,
@@ -229,6 +240,10 @@ pub(crate) fn plan(cmd: HooksCmd, now: jiff::Timestamp) -> Result<HooksPlan, Fai
         HooksCmd::Replay { delivery } => {
             HooksPlan::Replay(HookDeliveryId::parse(&delivery).map_err(input)?)
         }
+        HooksCmd::Redrive { limit: 0 } => {
+            return Err(Failure::Input("--limit must be at least 1".into()));
+        }
+        HooksCmd::Redrive { limit } => HooksPlan::Redrive(limit),
         HooksCmd::Recover { since, hook, agent } => HooksPlan::Recover {
             since: super::events::Since::parse(&since)?,
             hook: hook
@@ -429,6 +444,9 @@ pub(crate) async fn execute(plan: HooksPlan, cx: &Ctx<'_>) -> Result<(), Failure
             let since = since.at(cx.clock.now());
             let dispatcher = dispatcher(config, b, clock)?;
             deliveries::recover(b, &dispatcher, out, hook, agent, since).await
+        }
+        HooksPlan::Redrive(limit) => {
+            deliveries::redrive(&dispatcher(config, b, clock)?, out, limit).await
         }
     }
 }

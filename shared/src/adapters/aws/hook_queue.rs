@@ -9,7 +9,7 @@ use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use super::session_queue::{SqsQueue, err, record_failed};
 use crate::domain::{Delivery, HookTask, Receipt};
 use crate::error::StoreError;
-use crate::ports::{Backlog, HookMessage, HookQueue, SendReport, SessionQueue};
+use crate::ports::{Backlog, HookMessage, HookQueue, SendReport, SessionQueue, Settle};
 
 /// The hooks queue on a standard SQS queue: per-message delay (at most 15 minutes),
 /// redelivery after the visibility timeout, and a dead-letter queue that exhausted
@@ -33,6 +33,19 @@ impl SqsHookQueue {
             url: url.into(),
             dead_letter_url,
         }
+    }
+}
+
+impl SqsHookQueue {
+    /// The dead-letter queue's URL, or what to set.
+    fn dead_letters(&self) -> Result<&str, StoreError> {
+        self.dead_letter_url.as_deref().ok_or_else(|| {
+            StoreError::backend(
+                "sqs",
+                "read dead hook deliveries",
+                "no hooks dead-letter queue is configured: set PULSE_HOOKS_DLQ_URL (the stack's HooksDeadLetterQueueUrl)",
+            )
+        })
     }
 }
 
@@ -76,6 +89,45 @@ impl HookQueue for SqsHookQueue {
         SqsQueue::new(self.client.clone(), &self.url)
             .ack(receipt)
             .await
+    }
+
+    async fn receive_dead(
+        &self,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let dlq = self.dead_letters()?;
+        // A long poll of a second asks every server of the queue, where a short one
+        // samples a few and may answer nothing while letters are there.
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(dlq)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .visibility_timeout(visibility.as_secs().clamp(1, 43_200) as i32)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .map_err(|e| err("receive dead hook deliveries")(e.into()))?;
+        Ok(out
+            .messages()
+            .iter()
+            .map(|m| Delivery {
+                message_id: m.message_id().unwrap_or_default().into(),
+                receipt: m.receipt_handle().unwrap_or_default().into(),
+                group: String::new(),
+                body: m.body().unwrap_or_default().to_owned(),
+                receive_count: 1,
+            })
+            .collect())
+    }
+
+    async fn settle_dead(&self, receipt: &Receipt, settle: Settle) -> Result<(), StoreError> {
+        let dlq = SqsQueue::new(self.client.clone(), self.dead_letters()?);
+        match settle {
+            Settle::Delete => dlq.ack(receipt).await,
+            Settle::Release(after) => dlq.release(receipt, after).await,
+        }
     }
 
     async fn dead_letter(&self, task: &HookTask, reason: &str) -> Result<(), StoreError> {

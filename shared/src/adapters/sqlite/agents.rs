@@ -407,6 +407,7 @@ mod tests {
              DROP TABLE tool_counts; DROP TABLE tool_times; DROP TABLE api_counts;
              ALTER TABLE heartbeats DROP COLUMN handed_on;
              DROP TABLE waiting_turns;
+             ALTER TABLE hook_dead DROP COLUMN visible_ms;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -415,7 +416,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 17);
+        assert_eq!(version, 18);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

@@ -11,7 +11,7 @@ use rusqlite::params;
 use super::{CachedExecute, Db, sqlite_err};
 use crate::domain::{Delivery, HookTask, Receipt, to_ms};
 use crate::error::StoreError;
-use crate::ports::{Backlog, Clock, HookMessage, HookQueue, SendReport};
+use crate::ports::{Backlog, Clock, HookMessage, HookQueue, SendReport, Settle};
 
 /// The hooks queue of `pulse serve`.
 #[derive(Clone)]
@@ -143,6 +143,74 @@ impl HookQueue for SqliteHookQueue {
                     params![seq, receipt],
                 )
                 .map_err(sqlite_err("delete from hook queue"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn receive_dead(
+        &self,
+        max: usize,
+        visibility: Duration,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let now = to_ms(self.clock.now());
+        let hidden_until = self.at(visibility);
+        self.db
+            .call("receive dead hook deliveries", move |conn| {
+                let op = sqlite_err("receive dead hook deliveries");
+                let tx = super::begin(conn).map_err(&op)?;
+                let picked: Vec<(i64, String)> = {
+                    let mut st = tx
+                        .prepare_cached(
+                            "SELECT seq, body FROM hook_dead WHERE visible_ms <= ?1 \
+                             ORDER BY seq LIMIT ?2",
+                        )
+                        .map_err(&op)?;
+                    let rows = st
+                        .query_map(params![now, max as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .map_err(&op)?;
+                    rows.collect::<Result<_, _>>().map_err(&op)?
+                };
+                let mut out = Vec::with_capacity(picked.len());
+                for (seq, body) in picked {
+                    tx.exec(
+                        "UPDATE hook_dead SET visible_ms = ?2 WHERE seq = ?1",
+                        params![seq, hidden_until],
+                    )
+                    .map_err(&op)?;
+                    out.push(Delivery {
+                        message_id: seq.to_string().into(),
+                        receipt: seq.to_string().into(),
+                        group: String::new(),
+                        body,
+                        receive_count: 1,
+                    });
+                }
+                tx.commit().map_err(&op)?;
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn settle_dead(&self, receipt: &Receipt, settle: Settle) -> Result<(), StoreError> {
+        let Ok(seq) = receipt.as_str().parse::<i64>() else {
+            return Ok(());
+        };
+        let visible = match settle {
+            Settle::Delete => None,
+            Settle::Release(after) => Some(self.at(after)),
+        };
+        self.db
+            .call("settle dead hook delivery", move |conn| {
+                let op = sqlite_err("settle dead hook delivery");
+                match visible {
+                    None => conn.exec("DELETE FROM hook_dead WHERE seq = ?1", [seq]),
+                    Some(at) => conn.exec(
+                        "UPDATE hook_dead SET visible_ms = ?2 WHERE seq = ?1",
+                        params![seq, at],
+                    ),
+                }
+                .map_err(op)?;
                 Ok(())
             })
             .await

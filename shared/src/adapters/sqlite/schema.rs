@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 17;
+const SCHEMA_VERSION: i64 = 18;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -395,6 +395,11 @@ CREATE TABLE waiting_turns (
 CREATE INDEX waiting_turns_due ON waiting_turns (next_ms);
 "#;
 
+/// Version 18: dead hook deliveries hidden while `pulse hooks redrive` sends them again.
+const SCHEMA_V18: &str = r#"
+ALTER TABLE hook_dead ADD COLUMN visible_ms INTEGER NOT NULL DEFAULT 0;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -464,6 +469,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 17 {
             conn.execute_batch(SCHEMA_V17).map_err(&err)?;
+        }
+        if version < 18 {
+            conn.execute_batch(SCHEMA_V18).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

@@ -20,4 +20,4 @@ mod operator;
 
 pub use dispatcher::{DispatchReport, DispatchSettings, Dispatcher, HOOK_BATCH, Handled};
 pub use emitter::{Emission, HookEmitter};
-pub use operator::{RECOVER_SCAN, Recovered, Switched, set_hook_active};
+pub use operator::{RECOVER_SCAN, Recovered, Redriven, Switched, set_hook_active};

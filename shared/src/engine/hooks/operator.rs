@@ -238,3 +238,149 @@ fn is_test(d: &HookDelivery) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// How long [`Dispatcher::redrive`] hides each dead letter it took while it sends them
+/// (a page of ten, each within its hook's timeout).
+const REDRIVE_HIDE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// What [`Dispatcher::redrive`] did with each dead letter it took.
+#[derive(Debug, Default)]
+pub struct Redriven {
+    /// Sent again, with the attempt each made: a success left the dead-letter queue, a
+    /// failure stays in it.
+    pub sent: Vec<(HookDelivery, HookAttempt)>,
+    /// Left the dead-letter queue with nothing sent, and why: the delivery succeeded
+    /// already, or it or its hook is gone.
+    pub dropped: Vec<(String, String)>,
+    /// Stayed in the dead-letter queue unsent, and why: its hook is disabled, another
+    /// attempt is in flight, or the letter cannot be read.
+    pub kept: Vec<(String, String)>,
+}
+
+impl Redriven {
+    /// Letters that stay in the dead-letter queue: kept, or sent and failed again.
+    pub fn left(&self) -> usize {
+        self.kept.len()
+            + self
+                .sent
+                .iter()
+                .filter(|(_, a)| a.status != crate::domain::AttemptStatus::Success)
+                .count()
+    }
+}
+
+/// What became of one dead letter.
+enum Fate {
+    Sent(Box<(HookDelivery, HookAttempt)>),
+    Dropped(String),
+    Kept(String),
+}
+
+impl Dispatcher {
+    /// Empties the hooks dead-letter queue, up to `max` letters, oldest first: each
+    /// delivery is sent again now, one attempt (as `replay`), and leaves the queue when
+    /// it succeeds or when there is nothing left to send (it succeeded already, or it or
+    /// its hook is gone). A failure, a disabled hook or an attempt in flight leaves the
+    /// letter where it was, visible again at once.
+    pub async fn redrive(&self, max: usize) -> Result<Redriven, EngineError> {
+        let mut done = Redriven::default();
+        let mut again = Vec::new();
+        let mut taken = 0;
+        while taken < max {
+            let page = self
+                .queue
+                .receive_dead((max - taken).min(10), REDRIVE_HIDE)
+                .await?;
+            if page.is_empty() {
+                break;
+            }
+            taken += page.len();
+            for letter in page {
+                let (id, fate) = self.redrive_one(&letter).await?;
+                let delete = match fate {
+                    Fate::Sent(sent) => {
+                        let ok = sent.1.status == crate::domain::AttemptStatus::Success;
+                        done.sent.push(*sent);
+                        ok
+                    }
+                    Fate::Dropped(why) => {
+                        done.dropped.push((id, why));
+                        true
+                    }
+                    Fate::Kept(why) => {
+                        done.kept.push((id, why));
+                        false
+                    }
+                };
+                if delete {
+                    self.queue
+                        .settle_dead(&letter.receipt, crate::ports::Settle::Delete)
+                        .await?;
+                } else {
+                    again.push(letter.receipt);
+                }
+            }
+        }
+        // Shown again only now, so this run does not take them twice.
+        for receipt in again {
+            self.queue
+                .settle_dead(
+                    &receipt,
+                    crate::ports::Settle::Release(std::time::Duration::ZERO),
+                )
+                .await?;
+        }
+        Ok(done)
+    }
+
+    async fn redrive_one(
+        &self,
+        letter: &crate::domain::Delivery,
+    ) -> Result<(String, Fate), EngineError> {
+        let task = match HookTask::decode(&letter.body) {
+            Ok(task) => task,
+            Err(e) => {
+                return Ok((
+                    letter.message_id.to_string(),
+                    Fate::Kept(format!("the letter cannot be read as a hook delivery: {e}")),
+                ));
+            }
+        };
+        let id = task.delivery_id.to_string();
+        let Some(d) = self.store.get_delivery(&task.delivery_id).await? else {
+            return Ok((
+                id,
+                Fate::Dropped("the delivery is no longer stored (retention removed it)".into()),
+            ));
+        };
+        if d.status == DeliveryStatus::Succeeded {
+            return Ok((
+                id,
+                Fate::Dropped("it succeeded already, sent again since".into()),
+            ));
+        }
+        let Some(hook) = self.store.get_hook(&d.hook_id).await? else {
+            return Ok((
+                id,
+                Fate::Dropped(format!("its hook {} was deleted", d.hook_id)),
+            ));
+        };
+        if !hook.active {
+            return Ok((
+                id,
+                Fate::Kept(format!(
+                    "hook {} is disabled; `pulse hooks enable {}` first",
+                    hook.id, hook.id
+                )),
+            ));
+        }
+        Ok((
+            id,
+            match self.replay(&task.delivery_id).await {
+                Ok(sent) => Fate::Sent(Box::new(sent)),
+                Err(EngineError::Missing(why) | EngineError::Contended(why)) => Fate::Kept(why),
+                Err(e) => return Err(e),
+            },
+        ))
+    }
+}
