@@ -412,6 +412,57 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_model_cannot_answer_is_shown_waiting_in_the_chat_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let agent = ok(
+        &d,
+        &["agents", "create", "--name", "kept", "--interval", "1h"],
+    );
+    // A model nothing answers at.
+    let down = format!("http://127.0.0.1:{}/v1", free_port());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _serve = spawn(
+        &d,
+        &["serve", "--listen", &listen, "--tick", "200ms"],
+        &[
+            ("PULSE_LLM_PROVIDER", "openai"),
+            ("PULSE_LLM_BASE_URL", &down),
+            ("OPENAI_API_KEY", "sk-test"),
+            ("PULSE_LLM_MAX_ATTEMPTS", "1"),
+        ],
+        port,
+    );
+    let (_driver, c) = browser().await;
+    c.goto(&format!("http://127.0.0.1:{port}/ui/agents/{agent}/chat"))
+        .await
+        .unwrap();
+    type_into(&c, Locator::Css("#text"), "are you there?").await;
+    click(&c, Locator::Css("form.chat-box button")).await;
+    expect_text(&c, ".chat .said.user", "are you there?").await;
+    // The turn fails on the model and waits: the page swaps "thinking…" for the message
+    // marked waiting, with why and when it is tried next, without a reload.
+    mark_page(&c).await;
+    expect_text(&c, ".chat .said.user.waiting", "waiting on the model").await;
+    expect_text(&c, ".chat .thinking.waiting", "Waiting on the model").await;
+    expect_text(&c, ".chat .thinking.waiting", "next try in").await;
+    assert_not_reloaded(&c).await;
+    let said = c
+        .find_all(Locator::Css(".chat .said.user"))
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(said, 1, "the message is shown once, not also as thinking");
+    assert!(
+        !wait_for_text(&c, ".chat", "thinking…", Duration::from_millis(10)).await,
+        "nothing is left thinking"
+    );
+    screenshot(&c, &d, "chat-waiting").await;
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_token_the_dashboard_asks_for_it_in_a_browser() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_owned();

@@ -1,7 +1,8 @@
 //! The live stream of an agent's page: server-sent events named `heartbeats`, `events`,
-//! `chat` (the newest conversation turn) and (on the Hooks tab) `deliveries` when they
-//! change. It polls the store once a second — one heartbeat read, one event read and one
-//! turn read, plus the hooks and each hook's newest delivery when the page shows them —
+//! `chat` (the newest conversation turn, or the turn waiting on the model) and (on the
+//! Hooks tab) `deliveries` when they change. It polls the store once a second — one
+//! heartbeat read, one event read, one turn read and one waiting-turn read, plus the hooks
+//! and each hook's newest delivery when the page shows them —
 //! the same on SQLite and on DynamoDB, where nothing pushes changes.
 //!
 //! A stream opens after its page was drawn (and again after each lifetime), so what
@@ -19,7 +20,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use pulse_shared::domain::AgentId;
+use pulse_shared::domain::{AgentId, SessionId};
 use pulse_shared::http::StreamSlot;
 use serde::Deserialize;
 
@@ -43,6 +44,8 @@ struct Seen {
     event: Option<String>,
     /// The newest turn: its id and status (the Chat tab).
     turn: Option<(String, String)>,
+    /// The session's turn waiting on the model: its tries and messages (the Chat tab).
+    waiting: Option<(u32, usize)>,
     /// Each hook's newest delivery: its id, status and attempts.
     deliveries: Vec<(String, String, u32)>,
 }
@@ -57,7 +60,7 @@ impl Seen {
         if self.event != before.event {
             kinds.push("events");
         }
-        if self.turn != before.turn {
+        if self.turn != before.turn || self.waiting != before.waiting {
             kinds.push("chat");
         }
         if self.deliveries != before.deliveries {
@@ -67,8 +70,14 @@ impl Seen {
     }
 }
 
-async fn look(d: &Dashboard, agent: &AgentId, deliveries: bool) -> Seen {
+async fn look(d: &Dashboard, agent: &AgentId, session: &SessionId, deliveries: bool) -> Seen {
     let store = &d.0.store;
+    let waiting = store
+        .get_waiting(agent, session)
+        .await
+        .ok()
+        .flatten()
+        .map(|w| (w.attempts, w.signals.len()));
     let heartbeat = store
         .list_heartbeats(agent, 1)
         .await
@@ -107,6 +116,7 @@ async fn look(d: &Dashboard, agent: &AgentId, deliveries: bool) -> Seen {
     Seen {
         heartbeat,
         turn,
+        waiting,
         event,
         deliveries: newest,
     }
@@ -121,27 +131,32 @@ pub(crate) async fn stream(
     Query(watch): Query<Watch>,
     slot: Option<Extension<StreamSlot>>,
 ) -> Result<Response, Problem> {
-    let agent = super::pages::agent_of(&d, &id).await?.id;
+    let agent = super::pages::agent_of(&d, &id).await?;
+    let session = agent.session;
+    let agent = agent.id;
     let place = match slot.map(|Extension(s)| s.open()).transpose() {
         Ok(place) => place,
         Err(full) => return Ok(full.into_response()),
     };
     let deliveries = watch.deliveries.is_some();
-    let first = look(&d, &agent, deliveries).await;
+    let first = look(&d, &agent, &session, deliveries).await;
     let told = VecDeque::from(first.changed(&Seen::default()));
-    let state = (d, agent, first, told);
-    let events = futures::stream::unfold(state, move |(d, agent, mut seen, mut told)| async move {
-        loop {
-            if let Some(kind) = told.pop_front() {
-                let event = Event::default().event(kind).data("changed");
-                return Some((Ok::<_, Infallible>(event), (d, agent, seen, told)));
+    let state = (d, agent, session, first, told);
+    let events = futures::stream::unfold(
+        state,
+        move |(d, agent, session, mut seen, mut told)| async move {
+            loop {
+                if let Some(kind) = told.pop_front() {
+                    let event = Event::default().event(kind).data("changed");
+                    return Some((Ok::<_, Infallible>(event), (d, agent, session, seen, told)));
+                }
+                tokio::time::sleep(EVERY).await;
+                let now = look(&d, &agent, &session, deliveries).await;
+                told.extend(now.changed(&seen));
+                seen = now;
             }
-            tokio::time::sleep(EVERY).await;
-            let now = look(&d, &agent, deliveries).await;
-            told.extend(now.changed(&seen));
-            seen = now;
-        }
-    });
+        },
+    );
     // The place is held as long as the stream runs, and given back when it ends.
     let lifetime = place.as_ref().map(|p| p.lifetime);
     let ends = async move {
@@ -170,6 +185,7 @@ mod tests {
             heartbeat: Some((1, "COMPLETED".into())),
             event: None,
             turn: Some(("tn_1".into(), "Done".into())),
+            waiting: None,
             deliveries: vec![("d1".into(), "SUCCEEDED".into(), 1)],
         };
         assert_eq!(after.changed(&before), ["heartbeats", "chat", "deliveries"]);
@@ -179,5 +195,16 @@ mod tests {
             ..after.clone()
         };
         assert_eq!(retried.changed(&after), ["deliveries"]);
+        // A turn that starts waiting on the model, or is tried again, changes the chat.
+        let waits = Seen {
+            waiting: Some((1, 1)),
+            ..after.clone()
+        };
+        assert_eq!(waits.changed(&after), ["chat"]);
+        let again = Seen {
+            waiting: Some((2, 1)),
+            ..waits.clone()
+        };
+        assert_eq!(again.changed(&waits), ["chat"]);
     }
 }

@@ -6,13 +6,17 @@
 //! heartbeat, superseding a reply still being written), from `dashboard`; its reply is
 //! read here, never posted to Discord. The page shows the message at once with
 //! "thinking…" until the turn that answers it is written; the live stream (a `chat`
-//! event when the newest turn changes) swaps the conversation in place.
+//! event when the newest turn or the waiting turn changes) swaps the conversation in
+//! place. While the model does not answer, the messages its turn holds are shown marked
+//! waiting, with why and when it is tried next.
 
 use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::Redirect;
 use maud::{Markup, html};
-use pulse_shared::domain::{ConversationMessage, Role, Signal, SignalId, SignalMeta, Turn};
+use pulse_shared::domain::{
+    ConversationMessage, Role, Signal, SignalId, SignalMeta, Turn, WaitingTurn,
+};
 use pulse_shared::engine::intake;
 use serde::Deserialize;
 
@@ -49,16 +53,22 @@ pub(crate) async fn show(
 ) -> Result<Markup, Problem> {
     let agent = agent_of(&d, &id).await?;
     let now = d.0.clock.now();
-    let mut messages = d.0.store.recent_messages(&agent.id, ROWS).await?;
+    let mut messages = pulse_shared::engine::history(d.0.store.as_ref(), &agent.id, ROWS).await?;
     messages.reverse();
     let turns = d.0.store.list_turns(&agent.id, ROWS).await?;
-    // A message sent from this page and not answered yet is shown, thinking.
+    let held = d.0.store.get_waiting(&agent.id, &agent.session).await?;
+    // A message sent from this page and not answered yet is shown, thinking, until the
+    // turn that holds it waits on the model (then it is among the messages).
     let waiting = match view.sent.as_deref().map(SignalId::parse) {
         Some(Ok(sent)) => {
-            d.0.store
-                .answered(&agent.id, std::slice::from_ref(&sent))
-                .await?
-                .is_empty()
+            !held
+                .as_ref()
+                .is_some_and(|w| w.signals.iter().any(|s| s.id == sent))
+                && d.0
+                    .store
+                    .answered(&agent.id, std::slice::from_ref(&sent))
+                    .await?
+                    .is_empty()
         }
         _ => false,
     };
@@ -81,6 +91,7 @@ pub(crate) async fn show(
                     (empty("No conversation yet: say something below, or from a terminal with", &format!("pulse say --agent {} \"hello\"", agent.id)))
                 }
                 @for m in &messages { (message(m, &turns, now)) }
+                @if let Some(w) = &held { (waiting_on_the_model(w, now)) }
                 @if waiting {
                     div.card.said.user {
                         p.muted { strong { "you" } " · just now" }
@@ -146,11 +157,31 @@ fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Mar
     };
     let superseded = m.role == Role::User && turn.is_some_and(Turn::superseded);
     html! {
-        div class={"card said " (class)} {
+        div class={"card said " (class) @if m.waiting { " waiting" }} {
             p.muted { strong { (who) } " · " (ago(now, Some(m.created_at))) }
             p { (m.content) }
             @if superseded { p.muted { "answered with the next message" } }
+            @if m.waiting { p.muted { "waiting on the model" } }
             @for u in used { p.muted { "used " code { (u) } } }
+        }
+    }
+}
+
+/// A turn that waits on the model: why, how often it was tried, and when next.
+fn waiting_on_the_model(w: &WaitingTurn, now: jiff::Timestamp) -> Markup {
+    html! {
+        div.card.thinking.waiting {
+            p {
+                strong { "Waiting on the model" }
+                @if w.attempts == 1 {
+                    " · tried once " (ago(now, Some(w.since)))
+                } @else {
+                    " · tried " (w.attempts) " times, first " (ago(now, Some(w.since)))
+                }
+                " · next try " (ago(now, Some(w.next_at)))
+            }
+            p.muted { (short(&w.reason, 300)) }
+            @if w.told { p.muted { "The person was told the answer is delayed." } }
         }
     }
 }
