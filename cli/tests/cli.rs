@@ -2317,7 +2317,29 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
     assert!(listed.contains("sim-4"), "{listed}");
     assert!(bad(dir.path(), &["simulate", "--agents", "5", "--keep", kept]).contains("exists"));
 
-    assert!(bad(dir.path(), &["simulate", "--faults", "some"]).contains("none, default or heavy"));
+    assert!(
+        bad(dir.path(), &["simulate", "--faults", "some"])
+            .contains("none, default, heavy or power")
+    );
+    // Power cuts are of the embedded store's own recorded file.
+    let power = [
+        "simulate",
+        "--agents",
+        "5",
+        "--duration",
+        "30m",
+        "--faults",
+        "power",
+    ];
+    let fresh = dir.path().join("power.db");
+    let keep = [&power[..], &["--keep", fresh.to_str().unwrap()]].concat();
+    assert!(bad(dir.path(), &keep).contains("without --keep"));
+    let on_aws = [
+        &power[..],
+        &["--backend", "aws", "--endpoint", "http://127.0.0.1:9"],
+    ]
+    .concat();
+    assert!(bad(dir.path(), &on_aws).contains("sqlite backend"));
     assert!(bad(dir.path(), &["simulate", "--duration", "soon"]).contains("--duration"));
     assert!(bad(dir.path(), &["simulate", "--agents", "0"]).contains("--agents"));
     assert!(bad(dir.path(), &["simulate", "--backend", "azure"]).contains("sqlite or aws"));

@@ -87,6 +87,32 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
     counts.agents_deleted = seen.ledger.deleted.len() as u64;
     let [tool_once, discord_once, hook_once] = outside_world(sim, &mut counts);
     let order = session_order(sim, &seen.dead_seqs);
+    let mut invariants = vec![
+        lock(&sim.inbound).clone(),
+        lock(&sim.limits).clone(),
+        lock(&sim.interactions).clone(),
+        inv.lost,
+        tool_once,
+        inv.windows,
+        inv.next,
+        order,
+        inv.answered,
+        inv.yielded,
+        discord_once,
+        hook_once,
+    ];
+    if let Some(power) = &sim.power {
+        let mut cuts = Invariant::new(
+            "acknowledged_survives_power_cut",
+            "a power cut just after an acknowledgement leaves a database that opens whole and holds every webhook event accepted and user message queued before it",
+        );
+        power
+            .check(options.seed, &seen.ledger.deleted, |broke| {
+                cuts.checked(broke.is_none(), || broke.unwrap_or_default());
+            })
+            .map_err(SimError)?;
+        invariants.push(cuts);
+    }
     Ok(Report {
         seed: options.seed,
         agents: options.agents,
@@ -109,20 +135,7 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
             .as_ref()
             .map(|aws| aws.emulated.plan.seen_all())
             .unwrap_or_default(),
-        invariants: vec![
-            lock(&sim.inbound).clone(),
-            lock(&sim.limits).clone(),
-            lock(&sim.interactions).clone(),
-            inv.lost,
-            tool_once,
-            inv.windows,
-            inv.next,
-            order,
-            inv.answered,
-            inv.yielded,
-            discord_once,
-            hook_once,
-        ],
+        invariants,
         wall_seconds: 0.0,
     })
 }

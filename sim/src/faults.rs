@@ -77,11 +77,15 @@ pub enum Fault {
     InteractionResent,
     /// A captured interaction is sent again after the signature's tolerance.
     InteractionReplayed,
+    /// The power is cut just after an acknowledgement, on the embedded store: the files
+    /// the cut would leave are checked after the run (see the `power` module). Not in
+    /// the default or heavy mix, which keep the store in memory: the `power` mix adds it.
+    PowerCut,
 }
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 31] = [
+    pub const ALL: [Fault; 32] = [
         Fault::StoreFails,
         Fault::StoreLostAck,
         Fault::QueueLostAck,
@@ -113,6 +117,7 @@ impl Fault {
         Fault::WebhookBurst,
         Fault::InteractionResent,
         Fault::InteractionReplayed,
+        Fault::PowerCut,
     ];
 
     /// Its name in reports.
@@ -146,8 +151,8 @@ impl Mix {
         }
     }
 
-    /// Every kind, at rates that make a simulated day meet each many times without the
-    /// system spending it all on retries.
+    /// Every kind but the power cut, at rates that make a simulated day meet each many
+    /// times without the system spending it all on retries.
     pub fn default_mix() -> Self {
         use Fault::*;
         let rates = [
@@ -203,6 +208,15 @@ impl Mix {
         m
     }
 
+    /// The default mix, with the power cut after one acknowledgement in a hundred: the
+    /// store is then a recorded file (the embedded backend only).
+    pub fn power() -> Self {
+        let mut m = Self::default_mix();
+        m.rates.insert(Fault::PowerCut, 0.01);
+        m.name = "power";
+        m
+    }
+
     /// Only the given faults at the given rates, for a test that aims at one behaviour
     /// (not replayable from the command line: its name is `custom`).
     pub fn only(rates: &[(Fault, f64)]) -> Self {
@@ -213,14 +227,21 @@ impl Mix {
         }
     }
 
-    /// The mix named `name`: `none`, `default` or `heavy`.
+    /// The mix named `name`: `none`, `default`, `heavy` or `power`.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "none" => Some(Self::none()),
             "default" => Some(Self::default_mix()),
             "heavy" => Some(Self::heavy()),
+            "power" => Some(Self::power()),
             _ => None,
         }
+    }
+
+    /// Sets the rate of `fault` (the mix is then `custom`).
+    pub fn set(&mut self, fault: Fault, rate: f64) {
+        self.rates.insert(fault, rate);
+        self.name = "custom";
     }
 
     /// The rate of `fault`.
@@ -356,10 +377,15 @@ mod tests {
     }
 
     #[test]
-    fn every_fault_has_a_rate_in_the_default_mix_and_a_name() {
-        let m = Mix::default_mix();
+    fn every_fault_has_a_rate_in_the_power_mix_and_a_name() {
+        let m = Mix::power();
         for f in Fault::ALL {
             assert!(m.rate(f) > 0.0, "{f:?}");
+            assert_eq!(
+                Mix::default_mix().rate(f) > 0.0,
+                f != Fault::PowerCut,
+                "{f:?}"
+            );
             assert!(!f.name().is_empty());
         }
     }

@@ -107,11 +107,7 @@ async fn send_fresh(sim: &Arc<Sim>, agent: &AgentId) {
     else {
         return;
     };
-    lock(&sim.ledger)
-        .events
-        .entry(agent.clone())
-        .or_default()
-        .push(event.clone());
+    sim.accepted_event(agent, event.clone());
     let again = again(sim, Fault::WebhookResent, Fault::WebhookReplayed);
     if let Some(after) = again {
         let sim = sim.clone();

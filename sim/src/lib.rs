@@ -40,14 +40,15 @@
 //! - [`world`]: the fake outside world, recording what it received.
 //! - `aws`: the run's table and queues on the emulator, the clients that meet faults
 //!   beneath the SDK, and the queues' visibility and delays on virtual time.
+//! - `power`: the power-cut fault on the embedded store, and its check.
 //! - `inbound`: the agents' webhooks, their events sent as signed requests through the
 //!   receiver's real router, some sent again or replayed.
 //! - [`setup`]: the options and constants of a run, a shard's store, fleet and engine.
 //! - [`run`]: the shards side by side, the driving tasks, the drain. `check`: the
 //!   invariants. [`report`]: what a run reports.
 //!
-//! Imports run one way: `faults`, `store`, `queue`, `world`, `aws` ← `setup` ← `report`,
-//! `check`, `inbound` ← `run`.
+//! Imports run one way: `faults`, `store`, `queue`, `world`, `aws`, `power` ← `setup` ←
+//! `report`, `check`, `inbound` ← `run`.
 
 pub mod faults;
 pub mod queue;
@@ -60,6 +61,7 @@ pub mod world;
 mod aws;
 mod check;
 mod inbound;
+mod power;
 
 pub use faults::{Fault, Mix};
 pub use report::Report;

@@ -300,11 +300,7 @@ async fn say(sim: &Arc<Sim>, agent: &AgentId) {
             crate::inbound::channel_message(sim, &a).await
         };
         if let Some(id) = queued {
-            lock(&sim.ledger)
-                .messages
-                .entry(agent.clone())
-                .or_default()
-                .push(id);
+            sim.queued_message(agent, id);
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -166,6 +166,8 @@ pub(crate) struct Sim {
     pub queue: Checks,
     /// On the AWS backend: the emulator's resources and the queues' virtual clock.
     pub aws: Option<AwsRun>,
+    /// With the power-cut fault: the recorded store and the cuts chosen.
+    pub power: Option<crate::power::PowerCuts>,
     /// How long a worker or the dispatcher waits after finding its queue empty.
     pub idle: Duration,
     /// Each agent's webhook.
@@ -193,6 +195,38 @@ pub(crate) struct Sim {
     /// Webhook rate limits: deliveries accepted up to the hourly limit, refused 429 with
     /// `Retry-After` past it. Checked as the receiver answers.
     pub limits: Mutex<Invariant>,
+}
+
+impl Sim {
+    /// A webhook delivery to `agent` was answered accepted as `event`.
+    pub(crate) fn accepted_event(&self, agent: &AgentId, event: EventId) {
+        if let Some(power) = &self.power {
+            power.acknowledged(
+                &self.dice,
+                crate::power::Acked::Event(agent.clone(), event.clone()),
+            );
+        }
+        crate::faults::lock(&self.ledger)
+            .events
+            .entry(agent.clone())
+            .or_default()
+            .push(event);
+    }
+
+    /// A user message to `agent` was queued as `signal`.
+    pub(crate) fn queued_message(&self, agent: &AgentId, signal: SignalId) {
+        if let Some(power) = &self.power {
+            power.acknowledged(
+                &self.dice,
+                crate::power::Acked::Message(agent.clone(), signal.clone()),
+            );
+        }
+        crate::faults::lock(&self.ledger)
+            .messages
+            .entry(agent.clone())
+            .or_default()
+            .push(signal);
+    }
 }
 
 /// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
@@ -266,6 +300,7 @@ struct Backend {
     /// The sessions queue without faults, for the checks.
     queue: Checks,
     aws: Option<AwsRun>,
+    power: Option<crate::power::PowerCuts>,
 }
 
 /// A shard's run on the AWS backend.
@@ -326,6 +361,11 @@ pub(crate) async fn set_up(shard: &Shard, clock: Arc<dyn Clock>) -> Result<Sim, 
     let dice = Arc::new(Dice::new(options.seed, options.mix.clone()));
     let backend = match &options.backend {
         SimBackend::Embedded => open(options, &dice, &clock)?,
+        SimBackend::Aws { .. } if options.mix.rate(crate::faults::Fault::PowerCut) > 0.0 => {
+            return Err(SimError(
+                "the power-cut fault is of the embedded store's files: run it on the sqlite backend, or choose another mix".into(),
+            ));
+        }
         SimBackend::Aws { endpoint } => open_aws(shard, endpoint, &dice, &clock).await?,
     };
     let fleet = seed(shard, backend.inner.as_ref(), &dice, clock.now()).await?;
@@ -347,9 +387,20 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
     }
     // Events are held to the write deadline `pulse serve` keeps, on the run's clock.
     let deadline = pulse_shared::app::event_write_timeout(EngineSettings::default().event_settle);
-    let db = Db::open_simulated(options.keep.as_deref())
-        .map_err(|e| fail("the database")(&e))?
-        .with_event_deadline(clock.clone(), deadline);
+    let (db, power) = if options.mix.rate(crate::faults::Fault::PowerCut) > 0.0 {
+        if options.keep.is_some() {
+            return Err(SimError(
+                "the power-cut fault keeps the run's database in a recorded file of its own: run it without --keep".into(),
+            ));
+        }
+        let (db, power) = crate::power::PowerCuts::open().map_err(SimError)?;
+        (db, Some(power))
+    } else {
+        let db =
+            Db::open_simulated(options.keep.as_deref()).map_err(|e| fail("the database")(&e))?;
+        (db, None)
+    };
+    let db = db.with_event_deadline(clock.clone(), deadline);
     let inner: Arc<dyn Store> = Arc::new(SqliteStore::new(db.clone()).with_keys(keys()?));
     let policy = Arc::new(SimPolicy::new(dice.clone()));
     let session_queue = SqliteQueue::new(db.clone(), clock.clone());
@@ -366,6 +417,7 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
         hooks,
         queue: Checks::Embedded(session_queue),
         aws: None,
+        power,
     })
 }
 
@@ -437,6 +489,7 @@ async fn open_aws(
             emulated,
             visibility,
         }),
+        power: None,
     })
 }
 
@@ -573,6 +626,7 @@ fn engine(
         hooks,
         queue,
         aws,
+        power,
     } = backend;
     let world = Arc::new(World::new(
         dice.clone(),
@@ -662,6 +716,7 @@ fn engine(
         ledger: Mutex::default(),
         queue,
         aws,
+        power,
         idle,
         webhooks: fleet.webhooks,
         receiver: pulse_shared::http::router(Arc::new(inbound)),

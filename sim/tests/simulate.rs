@@ -215,3 +215,27 @@ fn webhook_bursts_past_the_hourly_limit_are_refused_429_and_nothing_accepted_is_
     assert!(refused >= 20, "{refused} refused: {}", r.text());
     assert_eq!(r.counts.tool_calls, r.counts.actions);
 }
+
+#[test]
+fn a_power_cut_after_any_acknowledgement_leaves_everything_acknowledged() {
+    // The store is a file synced at every commit, recorded; after one acknowledgement in
+    // two the files a cut there would leave are checked, four ways each.
+    let mut mix = Mix::power();
+    mix.set(Fault::PowerCut, 0.5);
+    let r = run(100, 3, 5, mix);
+    assert!(r.passed(), "{}", r.text());
+    let cuts = r
+        .invariants
+        .iter()
+        .find(|i| i.name == "acknowledged_survives_power_cut")
+        .expect("the power-cut invariant is checked");
+    let chosen = r.injected.get("power_cut").copied().unwrap_or(0);
+    eprintln!(
+        "{chosen} cuts chosen, {} images checked, in {:.1} s",
+        cuts.checked, r.wall_seconds
+    );
+    assert!(chosen >= 10, "{}", r.text());
+    // Each chosen point is cut at least once (everything unsynced lost).
+    assert!(cuts.checked >= chosen, "{}", r.text());
+    assert_eq!(cuts.violations, 0, "{}", r.text());
+}

@@ -326,10 +326,35 @@ impl Recording {
         (writes, syncs)
     }
 
+    /// Where the run is now: a power cut now would be at this point (for
+    /// [`Recording::replay_at`]).
+    pub fn point(&self) -> usize {
+        self.ops()
+    }
+
     /// Cuts the power at every point of the run so far (before each recorded operation,
     /// and at its end), in the ways [`Cut`] names, chosen by `seed`; `check` is given the
     /// files each cut leaves. Returns how many images were checked.
-    pub fn replay(&self, seed: u64, mut check: impl FnMut(&Image)) -> usize {
+    pub fn replay(&self, seed: u64, check: impl FnMut(&Image)) -> usize {
+        self.replay_where(seed, usize::MAX, |_| true, check)
+    }
+
+    /// As [`Recording::replay`], at the given points of the run only (as
+    /// [`Recording::point`] gave them): for a long run, whose every point would be too
+    /// many to check.
+    pub fn replay_at(&self, points: &[usize], seed: u64, check: impl FnMut(&Image)) -> usize {
+        let at: std::collections::BTreeSet<usize> = points.iter().copied().collect();
+        let last = at.last().copied().unwrap_or(0);
+        self.replay_where(seed, last, |p| at.contains(&p), check)
+    }
+
+    fn replay_where(
+        &self,
+        seed: u64,
+        last: usize,
+        at: impl Fn(usize) -> bool,
+        mut check: impl FnMut(&Image),
+    ) -> usize {
         let (names, ops) = {
             let state = self.shared.state();
             (state.names.clone(), state.ops.clone())
@@ -338,13 +363,16 @@ impl Recording {
         let mut files: Vec<Model> = names.iter().map(|_| Model::default()).collect();
         let mut acknowledged = Vec::new();
         let mut checked = 0;
-        for point in 0..=ops.len() {
+        for point in 0..=ops.len().min(last) {
             let pending: usize = files.iter().map(|f| f.pending.len()).sum();
-            let mut cuts = vec![Cut::Lost];
-            if pending > 0 {
-                cuts.push(Cut::Prefix(rng.usize(0..=pending)));
-                cuts.push(Cut::Subset(rng.u64(..)));
-                cuts.push(Cut::Torn(rng.usize(0..pending), rng.u64(..)));
+            let mut cuts = Vec::new();
+            if at(point) {
+                cuts.push(Cut::Lost);
+                if pending > 0 {
+                    cuts.push(Cut::Prefix(rng.usize(0..=pending)));
+                    cuts.push(Cut::Subset(rng.u64(..)));
+                    cuts.push(Cut::Torn(rng.usize(0..pending), rng.u64(..)));
+                }
             }
             for cut in cuts {
                 let image = Image {
@@ -584,6 +612,26 @@ mod tests {
             ]);
         }
         rec
+    }
+
+    #[test]
+    fn cuts_at_chosen_points_are_those_of_the_whole_replay_there() {
+        let rec = recorded();
+        let mut all = Vec::new();
+        rec.replay(5, |image| all.push((image.point, image.cut)));
+        let mut some = Vec::new();
+        let checked = rec.replay_at(&[1, 3], 9, |image| {
+            some.push((image.point, image.cut, image.files[0].1.clone()));
+        });
+        assert_eq!(checked, some.len());
+        // At 1 the first write is unsynced (four cuts), at 3 nothing is (one).
+        assert_eq!(
+            some.iter().map(|(p, ..)| *p).collect::<Vec<_>>(),
+            [1, 1, 1, 1, 3]
+        );
+        assert!(some.iter().all(|(p, ..)| all.iter().any(|(q, _)| q == p)));
+        assert_eq!(some[4].2, vec![1; 1_024], "synced by point 3");
+        assert_eq!(rec.point(), 5);
     }
 
     #[test]

@@ -22,7 +22,8 @@ pub(crate) struct SimulateArgs {
     /// The seed every choice is drawn from (default: a random one, printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// The fault mix: none, default or heavy.
+    /// The fault mix: none, default, heavy, or power (the default mix and power cuts of
+    /// the embedded store, checked afterwards).
     #[arg(long, default_value = "default")]
     faults: String,
     /// Keep the run's database in FILE (a new file), to look into with the other
@@ -105,10 +106,22 @@ fn options(a: SimulateArgs) -> Result<Options, Failure> {
     };
     let mix = Mix::named(&a.faults).ok_or_else(|| {
         Failure::Input(format!(
-            "--faults {:?}: choose none, default or heavy",
+            "--faults {:?}: choose none, default, heavy or power",
             a.faults
         ))
     })?;
+    if mix.rate(pulse_sim::Fault::PowerCut) > 0.0 {
+        if backend != SimBackend::Embedded {
+            return Err(Failure::Input(
+                "--faults power cuts the power under the embedded store's files: run it on the sqlite backend".into(),
+            ));
+        }
+        if a.keep.is_some() {
+            return Err(Failure::Input(
+                "--faults power keeps the run's database in a recorded file of its own: run it without --keep".into(),
+            ));
+        }
+    }
     Ok(Options {
         agents,
         duration: duration.unsigned_abs(),

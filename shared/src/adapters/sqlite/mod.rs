@@ -463,6 +463,16 @@ impl Db {
         Ok(db)
     }
 
+    /// [`Db::open_with_faults`] for the simulator: `pulse serve`'s file, write-ahead log
+    /// and synced commits, with every call on the caller's thread as
+    /// [`Db::open_simulated`]'s: for a simulated run whose power is cut (its files under
+    /// a `Recording`).
+    pub fn open_simulated_with_faults(path: &Path) -> Result<Self, StoreError> {
+        let mut db = Self::open_with_faults(path)?;
+        db.inline = true;
+        Ok(db)
+    }
+
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path
