@@ -20,9 +20,10 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::domain::{
-    Agent, ChatMessage, ContentBlock, Event, Found, LlmRequest, MAX_AFTER_READING, Memory,
-    MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside, REMEMBER, Role, Signal,
-    SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse, ToolUse, Usage,
+    Agent, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest, MAX_AFTER_READING,
+    Memory, MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside, REMEMBER, Role,
+    Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse, ToolUse,
+    Usage,
 };
 mod prompt;
 
@@ -71,7 +72,22 @@ struct Transcript {
     /// The outside text the briefing carried: what a memory kept in this run was kept
     /// after reading.
     read: Vec<Outside>,
+    /// The window's events: how many in all, and how many the model was shown.
+    events: (usize, usize),
 }
+
+/// What a heartbeat reads of its window.
+struct WindowRead {
+    /// The events the model is shown, oldest first.
+    shown: Vec<Event>,
+    /// Every event of the window.
+    total: usize,
+    /// The REMEMBER events past those shown.
+    remembered_past: Vec<Event>,
+}
+
+/// Events a read of the window past those shown takes at a time.
+const WINDOW_PAGE: usize = 500;
 
 impl Transcript {
     fn output(&self, interrupted: Option<&str>) -> Value {
@@ -84,6 +100,7 @@ impl Transcript {
             "interrupted": interrupted,
             "provider": self.provider,
             "model": self.model,
+            "events": {"in_window": self.events.0, "shown": self.events.1},
         })
     }
     fn usage(&self) -> Value {
@@ -183,11 +200,19 @@ impl HeartbeatAgent {
         let agent = self.agent(req).await?;
         let llm = self.llm.select(&agent).map_err(|e| chain(&e))?;
         t.provider = llm.provider().to_owned();
-        let (window, digest) =
+        let (read, digest) =
             futures::try_join!(self.window(req), self.digest(&agent)).map_err(|e| chain(&e))?;
-        self.keep_remembered(&agent, req, &window)
+        let remembered: Vec<&Event> = read
+            .shown
+            .iter()
+            .chain(&read.remembered_past)
+            .filter(|e| e.event_type.as_str() == REMEMBER)
+            .collect();
+        self.keep_remembered(&agent, req, &remembered)
             .await
             .map_err(|e| chain(&e))?;
+        t.events = (read.total, read.shown.len());
+        let window = read.shown;
         t.read = outside_read(&window, &req.heartbeat.found);
         let known = memory::known(
             &self.memories,
@@ -201,7 +226,13 @@ impl HeartbeatAgent {
         .map_err(|e| chain(&e))?;
         let mut messages = vec![
             ChatMessage::system(system_prompt(&agent)),
-            ChatMessage::user(briefing(&agent, req, &window, &digest, known.as_deref())),
+            ChatMessage::user(briefing(
+                &agent,
+                req,
+                (&window, t.events.0),
+                &digest,
+                known.as_deref(),
+            )),
         ];
         let (tools, offer) = with_own(self.agent_tools.as_deref(), &agent, tool_specs()).await;
         let budgets = agent.budgets;
@@ -375,17 +406,37 @@ impl HeartbeatAgent {
         Ok(interruption(&self.agent(req).await?, req))
     }
 
-    async fn window(&self, req: &ToolRequest) -> Result<Vec<Event>, crate::error::StoreError> {
-        let w = self
+    /// The heartbeat's window: the events the model is shown (the first
+    /// [`MAX_EVENTS_SHOWN`]), and past them, read a page at a time, how many there are
+    /// and the REMEMBER events among them (they need no model to be kept).
+    async fn window(&self, req: &ToolRequest) -> Result<WindowRead, crate::error::StoreError> {
+        let (start, end) = (&req.heartbeat.window_start, &req.heartbeat.window_end);
+        let first = self
             .store
-            .read_window(
-                &req.agent.id,
-                &req.heartbeat.window_start,
-                &req.heartbeat.window_end,
-                MAX_EVENTS_SHOWN,
-            )
+            .read_window(&req.agent.id, start, end, MAX_EVENTS_SHOWN)
             .await?;
-        Ok(w.events)
+        let mut read = WindowRead {
+            total: first.events.len(),
+            shown: first.events,
+            remembered_past: Vec::new(),
+        };
+        let mut more = first.truncated;
+        let mut after = read.shown.last().map(|e| EventCursor::after(&e.id));
+        while more && let Some(from) = after.take() {
+            let page = self
+                .store
+                .read_window(&req.agent.id, &from, end, WINDOW_PAGE)
+                .await?;
+            read.total += page.events.len();
+            after = page.events.last().map(|e| EventCursor::after(&e.id));
+            more = page.truncated;
+            read.remembered_past.extend(
+                page.events
+                    .into_iter()
+                    .filter(|e| e.event_type.as_str() == REMEMBER),
+            );
+        }
+        Ok(read)
     }
 
     /// Keeps the memories the window's REMEMBER events carry, marked as coming from an
@@ -394,10 +445,10 @@ impl HeartbeatAgent {
         &self,
         agent: &Agent,
         req: &ToolRequest,
-        window: &[Event],
+        remembered: &[&Event],
     ) -> Result<(), crate::error::StoreError> {
         let mut kept = Vec::new();
-        for e in window.iter().filter(|e| e.event_type.as_str() == REMEMBER) {
+        for e in remembered {
             let text = e.payload.get("text").and_then(Value::as_str).unwrap_or("");
             let id = MemoryId::derived(
                 e.created_at.as_millisecond().max(0) as u64,

@@ -111,10 +111,12 @@ fn found_section(found: &Found, out: &mut String) {
     }
 }
 
+/// The heartbeat's briefing: its instructions, the window's events (`window`, the first
+/// of `total`), what its tools found, what it remembers and the recent conversation.
 pub(super) fn briefing(
     agent: &Agent,
     req: &ToolRequest,
-    window: &[Event],
+    (window, total): (&[Event], usize),
     digest: &[String],
     known: Option<&str>,
 ) -> String {
@@ -131,10 +133,18 @@ pub(super) fn briefing(
         json!({"beat": req.heartbeat.beats.beat, "since_last": req.heartbeat.beats.since_last}),
         req.heartbeat.started_at
     ));
-    out.push_str(&format!(
-        "\nEvents since you last woke ({}):\n",
-        window.len()
-    ));
+    if total > window.len() {
+        out.push_str(&format!(
+            "\nEvents since you last woke ({total}; the oldest {} are shown, the other {} are not, and the next heartbeat starts after them; the memories their REMEMBER events carry were kept all the same):\n",
+            window.len(),
+            total - window.len()
+        ));
+    } else {
+        out.push_str(&format!(
+            "\nEvents since you last woke ({}):\n",
+            window.len()
+        ));
+    }
     if window.is_empty() {
         out.push_str("(none)\n");
     }
