@@ -332,7 +332,9 @@ pub async fn serve_app(
         let ip = peer.ip();
         let Some((id, state, since)) = book.admit(ip) else {
             // Closed at once: its address holds its share, or every place is busy.
-            refused.count(ip);
+            if let Some(r) = refused.count(ip, Instant::now()) {
+                info!(refused = r.count, busiest = %r.busiest, from_it = r.from_busiest, "connections refused: their address held its share of places, or every place was busy");
+            }
             drop(stream);
             continue;
         };
@@ -400,30 +402,89 @@ fn timed_out() -> Response {
     )
 }
 
-/// Refused connections, logged at most once a minute with their count and the busiest
-/// address (a flood must not flood the log).
+/// Refused connections, told at most once a minute with their count and the busiest
+/// address (a flood must not flood the log): the first at once, then those of each
+/// minute at the first refusal after it.
 #[derive(Default)]
 struct Refusals {
-    since: Option<Instant>,
+    /// When they were last told.
+    told: Option<Instant>,
     count: u64,
     by_ip: HashMap<IpAddr, u64>,
 }
 
+/// What [`Refusals::count`] says to log.
+#[derive(Debug, PartialEq, Eq)]
+struct Refused {
+    count: u64,
+    busiest: IpAddr,
+    from_busiest: u64,
+}
+
 impl Refusals {
-    fn count(&mut self, ip: IpAddr) {
+    /// Counts a refusal of `ip` at `now`: what to log, when it is time to.
+    fn count(&mut self, ip: IpAddr, now: Instant) -> Option<Refused> {
         self.count += 1;
         *self.by_ip.entry(ip).or_default() += 1;
-        let since = *self.since.get_or_insert_with(Instant::now);
-        if since.elapsed() < Duration::from_secs(60) && self.count > 1 {
-            return;
+        if self
+            .told
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(60))
+        {
+            return None;
         }
-        let busiest = self.by_ip.iter().max_by_key(|(_, n)| **n);
-        if let Some((ip, n)) = busiest {
-            info!(refused = self.count, busiest = %ip, from_it = n, "connections refused: their address held its share of places, or every place was busy");
-        }
+        let (busiest, from_busiest) = self
+            .by_ip
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(ip, n)| (*ip, *n))?;
+        let told = Refused {
+            count: self.count,
+            busiest,
+            from_busiest,
+        };
         *self = Self {
-            since: Some(Instant::now()),
+            told: Some(now),
             ..Self::default()
         };
+        Some(told)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_refusals_is_told_once_a_minute_with_its_count() {
+        let mut r = Refusals::default();
+        let t0 = Instant::now();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        // The first is told at once.
+        assert_eq!(
+            r.count(a, t0),
+            Some(Refused {
+                count: 1,
+                busiest: a,
+                from_busiest: 1
+            })
+        );
+        // 17,000 more within the minute: none told.
+        let told = (0..17_000u64)
+            .filter_map(|n| {
+                let ip = if n % 4 == 0 { a } else { b };
+                r.count(ip, t0 + Duration::from_millis(n * 3))
+            })
+            .count();
+        assert_eq!(told, 0);
+        // The first past the minute tells them all, and the busiest address.
+        assert_eq!(
+            r.count(b, t0 + Duration::from_secs(61)),
+            Some(Refused {
+                count: 17_001,
+                busiest: b,
+                from_busiest: 12_751
+            })
+        );
+        assert_eq!(r.count(a, t0 + Duration::from_secs(62)), None);
     }
 }
