@@ -307,31 +307,42 @@ pub async fn connect(config: &Config, clock: Arc<dyn Clock>) -> Result<Connected
     match &config.backend {
         Backend::Sqlite { path } => {
             let path = path.clone();
-            let durability = config.durability;
-            let configured = config.encryption.clone();
-            let deadline = event_write_timeout(config.engine.event_settle);
-            let stamps = clock.clone();
-            let (db, (keys, keys_missing)) = tokio::task::spawn_blocking(move || {
-                let db = sqlite::Db::open(&path)?
-                    .with_durability(durability)?
-                    .with_event_deadline(stamps, deadline);
-                let keys = sqlite::keys_for(&db, configured)?;
-                Ok::<_, StoreError>((db, keys))
-            })
-            .await
-            .map_err(|e| StoreError::backend("sqlite", "open database", e))??;
-            Ok(Connected {
-                store: Arc::new(sqlite::SqliteStore::new(db.clone()).with_keys(keys)),
-                queue: Arc::new(sqlite::SqliteQueue::new(db.clone(), clock.clone())),
-                orphans: Some(db.orphaned_claims()),
-                keys_missing,
-                hooks: Some(Arc::new(sqlite::SqliteHookQueue::new(db, clock))),
-                bus: None,
-                aws_requests: None,
-            })
+            connect_sqlite(config, clock, move || sqlite::Db::open(&path)).await
         }
         Backend::Aws(_) => connect_aws(config).await,
     }
+}
+
+/// [`connect`] on the embedded store that `open` opens (the configured file, or for a
+/// benchmark the same file through a slower disk), with the configuration's durability,
+/// event deadline and keys.
+pub async fn connect_sqlite(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+    open: impl FnOnce() -> Result<sqlite::Db, StoreError> + Send + 'static,
+) -> Result<Connected, StoreError> {
+    let durability = config.durability;
+    let configured = config.encryption.clone();
+    let deadline = event_write_timeout(config.engine.event_settle);
+    let stamps = clock.clone();
+    let (db, (keys, keys_missing)) = tokio::task::spawn_blocking(move || {
+        let db = open()?
+            .with_durability(durability)?
+            .with_event_deadline(stamps, deadline);
+        let keys = sqlite::keys_for(&db, configured)?;
+        Ok::<_, StoreError>((db, keys))
+    })
+    .await
+    .map_err(|e| StoreError::backend("sqlite", "open database", e))??;
+    Ok(Connected {
+        store: Arc::new(sqlite::SqliteStore::new(db.clone()).with_keys(keys)),
+        queue: Arc::new(sqlite::SqliteQueue::new(db.clone(), clock.clone())),
+        orphans: Some(db.orphaned_claims()),
+        keys_missing,
+        hooks: Some(Arc::new(sqlite::SqliteHookQueue::new(db, clock))),
+        bus: None,
+        aws_requests: None,
+    })
 }
 
 /// Connects DynamoDB and SQS, which the configuration must name: what the Lambda

@@ -21,6 +21,9 @@
 //! never counts those writes as kept, so a caller told "committed" after such a failure
 //! shows up as a lost item.
 //!
+//! [`SlowDisk`] records nothing: it makes every sync of the files under a directory
+//! slower, for measuring group commit on a disk slower than the machine's.
+//!
 //! Directory entries are taken as durable at once (a file exists from its first write,
 //! and is gone when deleted): the cuts are of the files' contents.
 
@@ -150,6 +153,8 @@ enum Op {
 struct Shared {
     dir: PathBuf,
     state: Mutex<State>,
+    /// A [`SlowDisk`]'s: each sync waits this long first, and nothing is recorded.
+    slow: Option<std::time::Duration>,
 }
 
 #[derive(Default)]
@@ -219,6 +224,9 @@ impl Watched {
     /// Writes `data` at `at` with `write` (given the part to write), as an injected
     /// fault says, and records what was written.
     pub(crate) fn write(&self, data: &[u8], at: i64, write: impl FnOnce(&[u8]) -> c_int) -> c_int {
+        if self.shared.slow.is_some() {
+            return write(data);
+        }
         let mut state = self.shared.state();
         let (part, failed) = match self.fault(&mut state, false) {
             Some(Fault::ShortWrite { kept, .. }) => {
@@ -244,6 +252,10 @@ impl Watched {
 
     /// Syncs with `sync`, as an injected fault says, and records it.
     pub(crate) fn sync(&self, sync: impl FnOnce() -> c_int) -> c_int {
+        if let Some(delay) = self.shared.slow {
+            std::thread::sleep(delay);
+            return sync();
+        }
         let mut state = self.shared.state();
         if self.fault(&mut state, true).is_some() {
             state.ops.push(Op::SyncFailed { file: self.file });
@@ -260,6 +272,9 @@ impl Watched {
 
     /// Records a truncation to `size` bytes.
     pub(crate) fn truncated(&self, size: i64) {
+        if self.shared.slow.is_some() {
+            return;
+        }
         self.record(Op::Truncate {
             file: self.file,
             size: size.max(0) as u64,
@@ -277,15 +292,9 @@ impl Recording {
     /// Starts recording the files opened through [`NAME`] under `dir` from now on
     /// (open them after this).
     pub fn start(dir: &Path) -> std::io::Result<Self> {
-        let shared = Arc::new(Shared {
-            dir: dir.canonicalize()?,
-            state: Mutex::default(),
-        });
-        RECORDINGS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(&shared));
-        Ok(Self { shared })
+        Ok(Self {
+            shared: watching(dir, None)?,
+        })
     }
 
     /// Marks item `id` as acknowledged: a caller was told it is committed. Every replayed
@@ -412,12 +421,53 @@ impl Recording {
     }
 }
 
+/// Watches the files under `dir` from now on: recorded, or, with `slow`, synced late.
+fn watching(dir: &Path, slow: Option<std::time::Duration>) -> std::io::Result<Arc<Shared>> {
+    let shared = Arc::new(Shared {
+        dir: dir.canonicalize()?,
+        state: Mutex::default(),
+        slow,
+    });
+    RECORDINGS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::downgrade(&shared));
+    Ok(shared)
+}
+
+/// Stops watching what `shared` watched.
+fn unwatch(shared: &Arc<Shared>) {
+    let mut all = RECORDINGS.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(shared)));
+}
+
+/// A disk slower to sync than this machine's: every sync of a file opened through
+/// [`NAME`] under a directory while it lives takes `delay` longer (a sleep before it);
+/// nothing is recorded or injected. For measuring what a commit's
+/// wait for its sync does on a disk whose syncs take milliseconds (a cloud volume, a
+/// consumer SSD without power-loss protection) on a machine whose disk is fast.
+pub struct SlowDisk {
+    shared: Arc<Shared>,
+}
+
+impl SlowDisk {
+    /// Slows the syncs of the files opened under `dir` from now on (open them after).
+    pub fn start(dir: &Path, delay: std::time::Duration) -> std::io::Result<Self> {
+        Ok(Self {
+            shared: watching(dir, Some(delay))?,
+        })
+    }
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        unwatch(&self.shared);
+    }
+}
+
 impl Drop for Recording {
     fn drop(&mut self) {
-        let mut all = RECORDINGS.lock().unwrap_or_else(|e| e.into_inner());
-        all.retain(|w| {
-            w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.shared))
-        });
+        unwatch(&self.shared);
     }
 }
 
@@ -586,6 +636,7 @@ mod tests {
             shared: Arc::new(Shared {
                 dir: PathBuf::from("/nowhere"),
                 state: Mutex::default(),
+                slow: None,
             }),
         };
         {

@@ -250,3 +250,29 @@ fn a_failed_sync_of_the_database_in_a_copy_of_the_log_loses_nothing() {
     let (_, failures) = replay(&rec, 13);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn a_slow_disk_makes_each_synced_commit_wait_and_records_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let delay = std::time::Duration::from_millis(40);
+    let slow = faults::SlowDisk::start(dir.path(), delay).unwrap();
+    let c = open(&dir.path().join("t.db"), "FULL");
+    // Each synced commit waits for at least one slowed sync of its log.
+    for id in 1..=3 {
+        let started = std::time::Instant::now();
+        insert(&c, id).unwrap();
+        assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
+    }
+    let n: i64 = c
+        .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 3);
+    // Dropped, the disk is this machine's again: a file opened after is not slowed, and
+    // a recording of the same directory sees its writes.
+    drop(slow);
+    let rec = Recording::start(dir.path()).unwrap();
+    let c = open(&dir.path().join("u.db"), "FULL");
+    insert(&c, 1).unwrap();
+    let (writes, syncs) = rec.writes_and_syncs();
+    assert!(writes > 0 && syncs > 0, "{writes} writes, {syncs} syncs");
+}

@@ -49,6 +49,13 @@ pub(crate) enum BenchCmd {
         /// (`PULSE_DURABILITY=relaxed`).
         #[arg(long, default_value = "synced", value_parser = ["synced", "relaxed"])]
         durability: String,
+        /// Make every sync of the store's files this many milliseconds slower (a sleep
+        /// before it): this machine's disk standing in for a slower one, such as a
+        /// network volume (about 1 – 2 ms a sync) or an SSD without power-loss
+        /// protection (several ms). The store is then opened through the file system
+        /// that slows it; 0 opens it so without slowing it, the floor to compare with.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=100))]
+        sync_delay_ms: Option<u64>,
     },
     /// Hook deliveries per second through the embedded hooks queue to a loopback
     /// receiver, and the latency queueing adds to one delivery beside a bare POST.
@@ -154,12 +161,14 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
             concurrency,
             rounds,
             durability,
+            sync_delay_ms,
         } => {
             let durability = match durability.as_str() {
                 "relaxed" => pulse_shared::config::Durability::Relaxed,
                 _ => pulse_shared::config::Durability::Synced,
             };
-            receive::receive(requests, concurrency, rounds, durability, out).await
+            let slower = sync_delay_ms.map(std::time::Duration::from_millis);
+            receive::receive(requests, concurrency, rounds, (durability, slower), out).await
         }
         BenchCmd::Hooks {
             deliveries,

@@ -275,7 +275,7 @@ pub(crate) async fn receive(
     requests: usize,
     concurrency: usize,
     rounds: usize,
-    durability: Durability,
+    (durability, slower): (Durability, Option<Duration>),
     out: &Out,
 ) -> Result<(), Failure> {
     if !(100..=1_000_000).contains(&requests) || !(1..=1024).contains(&concurrency) {
@@ -290,9 +290,9 @@ pub(crate) async fn receive(
             (requests / 100).min(100)
         )));
     }
-    let bench = Bench::start(durability).await?;
+    let bench = Bench::start(durability, slower).await?;
     let measured = bench.measure(requests, concurrency, rounds).await?;
-    report(out, requests, concurrency, durability, &measured);
+    report(out, requests, concurrency, (durability, slower), &measured);
     let (pulse_run, stored) = (&measured.pulse, measured.stored);
     if stored != pulse_run.ok {
         return Err(Failure::Runtime(anyhow::anyhow!(
@@ -308,6 +308,8 @@ pub(crate) async fn receive(
 struct Bench {
     /// Holds the store; removed when the bench ends.
     _dir: tempfile::TempDir,
+    /// With `--sync-delay-ms`: what slows the store's syncs, while it lives.
+    _slower: Option<pulse_shared::adapters::sqlite::faults::SlowDisk>,
     clock: Arc<dyn Clock>,
     backend: Connected,
     agent: Agent,
@@ -321,11 +323,19 @@ struct Bench {
 impl Bench {
     /// Creates the store, the agent and its webhook (no rate limit), and starts both
     /// servers.
-    async fn start(durability: Durability) -> Result<Self, Failure> {
+    async fn start(durability: Durability, slower: Option<Duration>) -> Result<Self, Failure> {
         let dir = tempfile::tempdir()?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (config, backend, agent) =
-            super::sweep::bench_agent_with(dir.path(), clock.clone(), durability).await?;
+        let slow_disk = slower
+            .map(|delay| pulse_shared::adapters::sqlite::faults::SlowDisk::start(dir.path(), delay))
+            .transpose()?;
+        let (config, backend, agent) = super::sweep::bench_agent_with(
+            dir.path(),
+            clock.clone(),
+            durability,
+            slow_disk.is_some(),
+        )
+        .await?;
         let secret = generate_secret();
         let mut webhook =
             Webhook::new(agent.id.clone(), WebhookScheme::Pulse, &secret, clock.now())
@@ -344,6 +354,7 @@ impl Bench {
         let bare_url = serve_bare(&stop_rx).await?;
         Ok(Self {
             _dir: dir,
+            _slower: slow_disk,
             clock,
             backend,
             agent,
@@ -489,7 +500,7 @@ fn report(
     out: &Out,
     requests: usize,
     concurrency: usize,
-    durability: Durability,
+    (durability, slower): (Durability, Option<Duration>),
     measured: &Measured,
 ) {
     let (bare_run, pulse_run, stored) = (&measured.bare, &measured.pulse, measured.stored);
@@ -500,6 +511,18 @@ fn report(
         durability.as_str(),
         durability.promise()
     );
+    if let Some(d) = slower {
+        figure!(
+            out,
+            "  a slower disk: every sync of the store's files made {} ms slower (through the file system that slows it{})",
+            d.as_millis(),
+            if d.is_zero() {
+                "; not slowed: the floor"
+            } else {
+                ""
+            }
+        );
+    }
     for (name, r) in [("bare axum", bare_run), ("pulse serve", pulse_run)] {
         figure!(
             out,
@@ -583,6 +606,7 @@ fn report(
             "pulse": pulse_run.json(),
             "ratio": ratio,
             "durability": durability.as_str(),
+            "sync_delay_ms": slower.map(|d| d.as_millis() as u64),
             "events_stored": stored,
         }));
     }

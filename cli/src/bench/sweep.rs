@@ -465,24 +465,33 @@ pub(super) async fn bench_agent(
     dir: &std::path::Path,
     clock: Arc<dyn Clock>,
 ) -> Result<(Config, Connected, pulse_shared::domain::Agent), Failure> {
-    bench_agent_with(dir, clock, pulse_shared::config::Durability::Synced).await
+    bench_agent_with(dir, clock, pulse_shared::config::Durability::Synced, false).await
 }
 
-/// [`bench_agent`] on a store that acknowledges as `durability` says.
+/// [`bench_agent`] on a store that acknowledges as `durability` says, opened through the
+/// faults' file system when `through_faults` (where a `SlowDisk` slows the syncs).
 pub(super) async fn bench_agent_with(
     dir: &std::path::Path,
     clock: Arc<dyn Clock>,
     durability: pulse_shared::config::Durability,
+    through_faults: bool,
 ) -> Result<(Config, Connected, pulse_shared::domain::Agent), Failure> {
+    let path = dir.join("bench.db");
     let config = Config {
-        backend: Backend::Sqlite {
-            path: dir.join("bench.db"),
-        },
+        backend: Backend::Sqlite { path: path.clone() },
         durability,
         ..Config::defaults()
     };
     let now = clock.now();
-    let backend = connect(&config, clock).await?;
+    let backend = if through_faults {
+        // The faults' file system, where a `SlowDisk` slows the syncs.
+        pulse_shared::app::connect_sqlite(&config, clock, move || {
+            pulse_shared::adapters::sqlite::Db::open_with_faults(&path)
+        })
+        .await?
+    } else {
+        connect(&config, clock).await?
+    };
     let (agent, first) = NewAgent::named("bench").create(now)?;
     backend.store.create_agent(&agent, &first).await?;
     Ok((config, backend, agent))
