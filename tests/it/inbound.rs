@@ -1202,89 +1202,176 @@ async fn a_webhooks_memory_saying_ignore_your_instructions_reaches_later_prompts
     );
 }
 
-/// A past defect: `/healthz` said ok while the disk was full (webhooks were
-/// answered 503 correctly). Now it is degraded, with why, from the first write that
-/// fails for want of space until one succeeds again.
-#[tokio::test]
-async fn healthz_is_degraded_while_the_store_cannot_write() {
-    use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
-    use pulse_shared::ports::{AgentStore, Clock, WebhookStore};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("pulse.db");
-    let db = Db::open(&path).unwrap();
-    let clock = pulse_tests::test_clock();
-    let store = Arc::new(SqliteStore::new(db.clone()).with_keys(pulse_tests::test_keys()));
-    let queue = Arc::new(SqliteQueue::new(db.clone(), clock.clone()));
-    let (agent, first) = pulse_shared::domain::NewAgent::named("full")
-        .create(clock.now())
-        .unwrap();
-    store.create_agent(&agent, &first).await.unwrap();
-    let mut webhook =
-        Webhook::new(agent.id.clone(), WebhookScheme::Pulse, SECRET, clock.now()).unwrap();
-    webhook.rate_limit = None;
-    store.create_webhook(&webhook).await.unwrap();
-    let inbound = Arc::new(Inbound::new(
-        store,
-        queue,
-        clock.clone(),
-        InboundConfig {
-            discord_public_key: None,
-            default_agent: None,
-            delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
-            api_rate: Default::default(),
-        },
-    ));
-    let base = pulse_tests::serve_inbound(inbound).await;
-    let client = reqwest::Client::new();
-    let health = || async {
-        let r = client.get(format!("{base}/healthz")).send().await.unwrap();
+/// A receiver over a file database in `dir`, for the disk's trouble: its one webhook,
+/// sent to with fresh delivery ids.
+struct DiskRig {
+    db: pulse_shared::adapters::sqlite::Db,
+    base: String,
+    client: reqwest::Client,
+    webhook: Webhook,
+    clock: Arc<dyn pulse_shared::ports::Clock>,
+    sent: std::sync::atomic::AtomicU32,
+}
+
+impl DiskRig {
+    async fn new(dir: &std::path::Path) -> Self {
+        use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
+        use pulse_shared::ports::{AgentStore, Clock, WebhookStore};
+        let db = Db::open(&dir.join("pulse.db")).unwrap();
+        let clock = pulse_tests::test_clock();
+        let store = Arc::new(SqliteStore::new(db.clone()).with_keys(pulse_tests::test_keys()));
+        let queue = Arc::new(SqliteQueue::new(db.clone(), clock.clone()));
+        let (agent, first) = pulse_shared::domain::NewAgent::named("full")
+            .create(clock.now())
+            .unwrap();
+        store.create_agent(&agent, &first).await.unwrap();
+        let mut webhook =
+            Webhook::new(agent.id.clone(), WebhookScheme::Pulse, SECRET, clock.now()).unwrap();
+        webhook.rate_limit = None;
+        store.create_webhook(&webhook).await.unwrap();
+        let inbound = Arc::new(Inbound::new(
+            store,
+            queue,
+            clock.clone(),
+            InboundConfig {
+                discord_public_key: None,
+                default_agent: None,
+                delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
+                api_rate: Default::default(),
+            },
+        ));
+        Self {
+            db,
+            base: pulse_tests::serve_inbound(inbound).await,
+            client: reqwest::Client::new(),
+            webhook,
+            clock,
+            sent: Default::default(),
+        }
+    }
+
+    async fn health(&self) -> (u16, Value) {
+        let r = self
+            .client
+            .get(format!("{}/healthz", self.base))
+            .send()
+            .await
+            .unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
-    };
-    let mut n = 0;
-    let mut send = || {
-        n += 1;
+    }
+
+    /// A fresh delivery: its status.
+    async fn send(&self) -> u16 {
+        let n = self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let body = body_for(WebhookScheme::Pulse, "NOTE", n);
         let headers = signed(
             WebhookScheme::Pulse,
             SECRET,
-            clock.now().as_second(),
+            self.clock.now().as_second(),
             &format!("d-{n}"),
             &body,
         );
-        client
-            .post(format!("{base}/webhooks/{}", webhook.id))
+        self.client
+            .post(format!("{}/webhooks/{}", self.base, self.webhook.id))
             .headers(headers)
             .body(body)
             .send()
-    };
-    assert_eq!(send().await.unwrap().status().as_u16(), 200);
-    assert_eq!(health().await.0, 200);
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    /// Sends until one is refused (at most `tries`): its status.
+    async fn until_refused(&self, tries: usize) -> Option<u16> {
+        for _ in 0..tries {
+            let status = self.send().await;
+            if status != 200 {
+                return Some(status);
+            }
+        }
+        None
+    }
+}
+
+/// A past defect: `/healthz` said ok while the disk was full (webhooks were
+/// answered 503 correctly). Now it is degraded, with why, from the first write that
+/// fails for want of space until the room is back, which the next probe sees.
+#[tokio::test]
+async fn healthz_is_degraded_while_the_store_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = DiskRig::new(dir.path()).await;
+    assert_eq!(r.send().await, 200);
+    assert_eq!(r.health().await.0, 200);
 
     // The file may not grow: within a few hundred events, a write finds no room.
-    let pages: i64 = rusqlite::Connection::open(&path)
+    let pages: i64 = rusqlite::Connection::open(dir.path().join("pulse.db"))
         .unwrap()
         .pragma_query_value(None, "page_count", |r| r.get(0))
         .unwrap();
-    db.cap_pages(pages).unwrap();
-    let mut refused = None;
-    for _ in 0..500 {
-        let status = send().await.unwrap().status().as_u16();
-        if status != 200 {
-            refused = Some(status);
-            break;
-        }
-    }
-    assert_eq!(refused, Some(503), "a write failed for want of room");
-    let (status, v) = health().await;
+    r.db.cap_pages(pages).unwrap();
+    assert_eq!(
+        r.until_refused(500).await,
+        Some(503),
+        "a write failed for want of room"
+    );
+    let (status, v) = r.health().await;
     assert_eq!(status, 503, "{v}");
     assert_eq!(v["status"], "degraded");
     assert!(v["reason"].as_str().unwrap().contains("full"), "{v}");
-
-    // Room again: the next write goes through, and health is ok.
-    db.cap_pages(1 << 30).unwrap();
-    assert_eq!(send().await.unwrap().status().as_u16(), 200);
-    let (status, v) = health().await;
+    // Still no room: the next probe looks again, and says so again.
+    let (status, v) = r.health().await;
+    assert_eq!((status, &v["status"]), (503, &json!("degraded")), "{v}");
+    // Room again: the next probe finds writes go through before any webhook comes, and
+    // the next webhook is taken.
+    r.db.cap_pages(1 << 30).unwrap();
+    let (status, v) = r.health().await;
     assert_eq!((status, &v["status"]), (200, &json!("ok")), "{v}");
+    assert_eq!(r.send().await, 200);
+}
+
+/// The same on a real file system that fills: a 4 MiB tmpfs, part of it held by a file
+/// that is removed to give the room back. Where this process may not mount one (not
+/// root), it says so and checks nothing.
+#[tokio::test]
+async fn a_full_tmpfs_gets_senders_a_503_and_its_room_back_is_seen_by_the_next_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(dir.path())
+        .output();
+    match &mounted {
+        Ok(out) if out.status.success() => {}
+        other => {
+            eprintln!("no tmpfs could be mounted here ({other:?}): not checked");
+            return;
+        }
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(dir.path().to_owned());
+    // 1.5 MiB held by a file, the rest left to the database.
+    let filler = dir.path().join("filler");
+    std::fs::write(&filler, vec![7u8; 3 << 19]).unwrap();
+    let r = DiskRig::new(dir.path()).await;
+    assert_eq!(r.send().await, 200);
+    assert_eq!(r.until_refused(20_000).await, Some(503), "the disk filled");
+    let (status, v) = r.health().await;
+    assert_eq!((status, &v["status"]), (503, &json!("degraded")), "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("full"), "{v}");
+    // Room again, with no operator step: the next probe sees it, the next sender is
+    // taken.
+    std::fs::remove_file(&filler).unwrap();
+    let (status, v) = r.health().await;
+    assert_eq!((status, &v["status"]), (200, &json!("ok")), "{v}");
+    assert_eq!(r.send().await, 200);
 }
 
 #[tokio::test]

@@ -115,7 +115,7 @@ pub async fn serve(
 /// `ok`, or `degraded` (503) with why when the store cannot write: a full disk answers
 /// every webhook 503, so a load balancer should stop sending here.
 async fn healthz(axum::extract::State(inbound): axum::extract::State<Arc<Inbound>>) -> Response {
-    match inbound.store.write_trouble() {
+    match inbound.store.recheck_writes().await {
         None => Json(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")})).into_response(),
         Some(why) => {
             let mut r = Json(json!({

@@ -99,6 +99,12 @@ pub trait Maintenance: Send + Sync {
     fn write_trouble(&self) -> Option<String> {
         None
     }
+    /// [`Maintenance::write_trouble`], looked at again while there is trouble: a store
+    /// that can tell whether its cause is gone (room on the disk again) tries a write,
+    /// so `/healthz` turns ok on the next probe, not at the next write that comes.
+    async fn recheck_writes(&self) -> Option<String> {
+        self.write_trouble()
+    }
 }
 
 /// A named lease: which process holds it, until when, and what the holder keeps with it

@@ -98,6 +98,19 @@ impl Maintenance for DynamoStore {
         self.reachable.trouble()
     }
 
+    /// While DynamoDB did not answer: one consistent read of an item that need not
+    /// exist, whose answer (or none) sets what [`Maintenance::write_trouble`] says.
+    async fn recheck_writes(&self) -> Option<String> {
+        self.reachable.trouble()?;
+        let _ = self
+            .get(
+                "check that DynamoDB answers",
+                super::codec::key("HEALTH", "CHECK"),
+            )
+            .await;
+        self.reachable.trouble()
+    }
+
     async fn prune_agent(
         &self,
         agent: &AgentId,

@@ -591,6 +591,52 @@ impl Db {
             .clone()
     }
 
+    /// [`Db::write_trouble`], looked at again: while there is trouble, when the file has
+    /// room to grow again (its file system has [`ROOM_TO_WRITE`] free, and it is under
+    /// its page cap), a small write is tried — its outcome sets or clears the trouble as
+    /// any write's does.
+    pub async fn recheck_writes(&self) -> Option<String> {
+        let trouble = self.write_trouble()?;
+        let dir = self
+            .path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_owned();
+        if free_bytes(&dir).is_some_and(|free| free < ROOM_TO_WRITE) {
+            return Some(trouble);
+        }
+        let now = jiff::Timestamp::now().as_millisecond();
+        let _ = self
+            .call("check that writes go through", move |conn| {
+                let op = sqlite_err("check that writes go through");
+                let (pages, cap): (i64, i64) = (
+                    conn.pragma_query_value(None, "page_count", |r| r.get(0))
+                        .map_err(&op)?,
+                    conn.pragma_query_value(None, "max_page_count", |r| r.get(0))
+                        .map_err(&op)?,
+                );
+                if pages >= cap {
+                    return Err(StoreError::backend(
+                        "sqlite",
+                        "check that writes go through",
+                        rusqlite::Error::SqliteFailure(
+                            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                            Some("the file is at its page cap".into()),
+                        ),
+                    ));
+                }
+                conn.exec(
+                    "INSERT OR REPLACE INTO write_checks (id, at_ms) VALUES (1, ?1)",
+                    [now],
+                )
+                .map_err(op)?;
+                Ok(())
+            })
+            .await;
+        self.write_trouble()
+    }
+
     /// Caps the file at `pages` pages (SQLite's `max_page_count`), so writes past it
     /// fail as on a full disk: for drills and tests of what a full disk does.
     pub fn cap_pages(&self, pages: i64) -> Result<(), StoreError> {
@@ -714,6 +760,24 @@ fn copy_error(e: &rusqlite::Error) -> rusqlite::Error {
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
             Some(other.to_string()),
         ),
+    }
+}
+
+/// Free space a file system needs before [`Db::recheck_writes`] tries a write: a few
+/// commits' worth of log.
+pub const ROOM_TO_WRITE: u64 = 1 << 20;
+
+/// The bytes free to this process on the file system holding `dir`, when it can tell.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let s = rustix::fs::statvfs(dir).ok()?;
+        Some(s.f_bavail.saturating_mul(s.f_frsize))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        None
     }
 }
 

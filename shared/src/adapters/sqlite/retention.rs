@@ -271,6 +271,10 @@ impl Maintenance for SqliteStore {
         self.db.write_trouble()
     }
 
+    async fn recheck_writes(&self) -> Option<String> {
+        self.db.recheck_writes().await
+    }
+
     async fn reclaim(&self) -> Result<Reclaimed, StoreError> {
         self.reclaim_space(false).await
     }

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 18;
+const SCHEMA_VERSION: i64 = 19;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -400,6 +400,14 @@ const SCHEMA_V18: &str = r#"
 ALTER TABLE hook_dead ADD COLUMN visible_ms INTEGER NOT NULL DEFAULT 0;
 "#;
 
+/// Version 19: the row `/healthz` writes to see whether writes go through again.
+const SCHEMA_V19: &str = r#"
+CREATE TABLE write_checks (
+    id     INTEGER PRIMARY KEY,
+    at_ms  INTEGER NOT NULL
+);
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -472,6 +480,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 18 {
             conn.execute_batch(SCHEMA_V18).map_err(&err)?;
+        }
+        if version < 19 {
+            conn.execute_batch(SCHEMA_V19).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))
