@@ -67,8 +67,9 @@ pub(crate) struct ServeArgs {
         value_name = "N"
     )]
     max_connections: usize,
-    /// Most HTTP connections one address holds at once (raise it when many clients
-    /// share one address, behind a NAT or a proxy).
+    /// Most HTTP connections one address (an IPv6 /64) holds at once, an eighth of
+    /// which may be reading request bodies (raise it when many clients share one
+    /// address, behind a NAT or a proxy).
     #[arg(
         long,
         env = "PULSE_HTTP_MAX_PER_ADDRESS",
@@ -144,6 +145,9 @@ pub(crate) fn plan_serve(a: ServeArgs) -> Result<ServePlan, Failure> {
         request_timeout: positive("request timeout", &a.request_timeout)?,
         max_connections: a.max_connections,
         max_per_address: a.max_per_address,
+        // One address may have an eighth of its connections reading bodies (8 of the
+        // default 64; more behind a proxy that raises its share).
+        max_reading_per_address: (a.max_per_address / 8).max(1),
         max_streams: a.max_streams,
         max_streams_per_address: ServeLimits::default()
             .max_streams_per_address

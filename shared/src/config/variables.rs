@@ -418,7 +418,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "PULSE_HTTP_MAX_PER_ADDRESS",
         group: Group::Receiver,
-        meaning: "the most connections from one address (raise it behind a proxy)",
+        meaning: "the most connections from one address (an IPv6 /64), an eighth of which may be reading request bodies (raise it behind a proxy)",
         default: "`64`",
         wrong: SERVE_NUMBER,
     },

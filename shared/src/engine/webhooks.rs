@@ -213,6 +213,23 @@ impl WebhookIntake {
         verdict
     }
 
+    /// Whether a request to webhook `id` (as the URL gave it) can be taken at all, before
+    /// its body is read: `Err` with the verdict when no webhook has that id (404) or the
+    /// store cannot say. A body is read only for a webhook that exists, so a stranger's
+    /// slow body to a made-up id holds no connection (the lookup is cached).
+    pub async fn precheck(&self, id: &str) -> Result<(), Verdict> {
+        let verdict = match WebhookId::parse(id) {
+            Err(_) => not_found(),
+            Ok(id) => match self.webhook(&id, false).await {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => not_found(),
+                Err(e) => Verdict::Unavailable("reading the webhook", e),
+            },
+        };
+        crate::meter::webhook_request(verdict.outcome());
+        Err(verdict)
+    }
+
     /// Everything before the store's decision: the webhook, the signature, the event and
     /// its allowed type. A request refused on the way is logged and answered here
     /// (`Err`); one that may be accepted gives what the store is to write.
@@ -223,12 +240,6 @@ impl WebhookIntake {
         body: &[u8],
         ip: Option<String>,
     ) -> Result<(Arc<Webhook>, Acceptance, Timestamp), Verdict> {
-        let not_found = || {
-            Verdict::Refused(
-                Refused::NotFound,
-                "no active webhook with this id; `pulse webhooks list` shows the URLs".into(),
-            )
-        };
         let Ok(id) = WebhookId::parse(id) else {
             return Err(not_found());
         };
@@ -573,6 +584,14 @@ pub(crate) fn stamp(
     new.metadata =
         serde_json::value::to_raw_value(&metadata).expect("ids and addresses always write as JSON");
     new.into_event(webhook.agent_id.clone(), "webhook", now)
+}
+
+/// The answer to a request for a webhook that does not exist (or an id that is none).
+fn not_found() -> Verdict {
+    Verdict::Refused(
+        Refused::NotFound,
+        "no active webhook with this id; `pulse webhooks list` shows the URLs".into(),
+    )
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ fn tell_user(content: String) -> Response {
 
 pub(super) async fn interaction(State(app): State<Arc<Inbound>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let body = match read_body(body).await {
+    let body = match read_body(body, &parts.headers, super::MAX_BODY).await {
         Ok(b) => b,
         Err(r) => return r,
     };

@@ -9,6 +9,13 @@
 //! [`ServeLimits::header_timeout`], and no request takes longer than
 //! [`ServeLimits::request_timeout`].
 //!
+//! A request with a body is *reading* until its body has arrived, and one address may
+//! have at most [`ServeLimits::max_reading_per_address`] requests reading at once: past
+//! it a request is answered 503 before its body is read, and its connection closed. With
+//! each body's deadline (its size at a minimum rate, see [`super::body_deadline`]), a
+//! crowd trickling bodies holds a few places an address for seconds, never all of them.
+//! An IPv6 client is counted by its /64, the block one machine is usually given.
+//!
 //! Long-lived streams (the dashboard's server-sent events, long polls) hold a connection
 //! by design, so they leave the connection places for a budget of their own
 //! ([`ServeLimits::max_streams`], [`ServeLimits::max_streams_per_address`]), each for at
@@ -46,6 +53,8 @@ pub struct ServeLimits {
     pub max_connections: usize,
     /// Most connections one address holds at once (streams aside).
     pub max_per_address: usize,
+    /// Most requests one address may have reading their bodies at once.
+    pub max_reading_per_address: usize,
     /// Most long-lived streams open at once.
     pub max_streams: usize,
     /// Most long-lived streams one address holds at once.
@@ -66,6 +75,7 @@ impl Default for ServeLimits {
             // streams and outbound connections.
             max_connections: 512,
             max_per_address: 64,
+            max_reading_per_address: 8,
             max_streams: 128,
             max_streams_per_address: 16,
             stream_lifetime: Duration::from_secs(300),
@@ -95,6 +105,22 @@ struct Places {
     next_id: u64,
     streams: usize,
     streams_by_ip: HashMap<IpAddr, usize>,
+    /// Requests reading their bodies, by address.
+    reading: HashMap<IpAddr, usize>,
+}
+
+/// The address a client is counted by: an IPv4 address (an IPv4-mapped IPv6 one too) as
+/// it is, an IPv6 one by its /64.
+fn counted_as(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !((1u128 << 64) - 1),
+            )),
+        },
+    }
 }
 
 impl Places {
@@ -177,6 +203,98 @@ impl Book {
     fn closed(&self, id: u64) {
         lock(&self.places).conns.remove(&id);
     }
+
+    /// A place for a request of `ip` to read its body in, held until the guard is
+    /// dropped; `None` when its address has its share reading already.
+    fn start_reading(&self, ip: IpAddr) -> Option<Reading> {
+        let mut places = lock(&self.places);
+        let n = places.reading.entry(ip).or_default();
+        if *n >= self.limits.max_reading_per_address {
+            return None;
+        }
+        *n += 1;
+        Some(Reading {
+            book: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// A request's place among those reading their bodies; given back when dropped.
+struct Reading {
+    book: Book,
+    ip: IpAddr,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut places = lock(&self.book.places);
+        if let Some(n) = places.reading.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                places.reading.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A request body that holds its [`Reading`] place until it has all arrived (or is
+/// dropped unread).
+struct ReadingBody {
+    inner: hyper::body::Incoming,
+    place: Option<Reading>,
+}
+
+impl HttpBody for ReadingBody {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.place = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether a request comes with a body to read.
+fn has_body(req: &Request<hyper::body::Incoming>) -> bool {
+    let headers = req.headers();
+    headers.contains_key(axum::http::header::TRANSFER_ENCODING)
+        || headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
+}
+
+/// The answer to a request whose address has its share of requests reading bodies.
+fn reading_full() -> Response {
+    let mut r = error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many requests from your address are still sending their bodies; send each in one go, and retry in a few seconds",
+    );
+    let headers = r.headers_mut();
+    headers.insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("5"),
+    );
+    headers.insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    r
 }
 
 /// A connection's place in the book, handed to handlers in the request's extensions so
@@ -329,7 +447,7 @@ pub async fn serve_app(
             },
             () = &mut shutdown => break,
         };
-        let ip = peer.ip();
+        let ip = counted_as(peer.ip());
         let Some((id, state, since)) = book.admit(ip) else {
             // Closed at once: its address holds its share, or every place is busy.
             if let Some(r) = refused.count(ip, Instant::now()) {
@@ -343,19 +461,47 @@ pub async fn serve_app(
             ip,
             state: state.clone(),
         };
-        let client = ClientIp(ip.to_string());
+        let client = ClientIp(peer.ip().to_string());
+        let reading = book.clone();
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
             state.store(BUSY, Ordering::Release);
             req.extensions_mut().insert(client.clone());
             req.extensions_mut().insert(slot.clone());
             let (state, since) = (state.clone(), since.clone());
+            // No body: nothing to hold. A body: a place among those reading, or `Err`
+            // when the address has its share.
+            let place = if has_body(&req) {
+                reading.start_reading(ip).map(Some).ok_or(())
+            } else {
+                Ok(None)
+            };
             let mut app = app.clone();
             async move {
+                let place = match place {
+                    Ok(place) => place,
+                    Err(()) => {
+                        return Ok::<_, std::convert::Infallible>(reading_full().map(|inner| {
+                            Body::new(Tracked {
+                                inner,
+                                state,
+                                since,
+                            })
+                        }));
+                    }
+                };
                 // The timeout is kept here, around the router, rather than as a layer of
                 // it: a router layer wraps every route in another boxed service, cloned
                 // and called for each request.
-                let call = app.call(req.map(Body::new));
+                let call = match place {
+                    Some(place) => app.call(req.map(|inner| {
+                        Body::new(ReadingBody {
+                            inner,
+                            place: Some(place),
+                        })
+                    })),
+                    None => app.call(req.map(Body::new)),
+                };
                 let response = match tokio::time::timeout(request_timeout, call).await {
                     Ok(response) => response?,
                     Err(_) => timed_out(),

@@ -135,14 +135,9 @@ pub(crate) async fn post(
             ),
         );
     }
-    let body = match axum::body::to_bytes(body, MAX_MESSAGE_BODY).await {
+    let body = match super::read_body(body, &headers, MAX_MESSAGE_BODY).await {
         Ok(b) => b,
-        Err(_) => {
-            return too_large(format!(
-                "the body is larger than {} KiB",
-                MAX_MESSAGE_BODY / 1024
-            ));
-        }
+        Err(r) => return r,
     };
     let message: NewMessage = match serde_json::from_slice(&body) {
         Ok(m) => m,

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -187,17 +187,54 @@ pub(crate) fn store_failure(what: &str, e: &StoreError) -> Response {
     }
 }
 
-/// Reads the body up to [`MAX_BODY`]; a larger one is 413.
-pub(crate) async fn read_body(body: Body) -> Result<Bytes, Response> {
-    axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        error_response(
+/// How long any body may take to arrive, beyond what its size allows at
+/// [`MIN_BODY_RATE`].
+pub const BODY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The slowest a body may arrive, in bytes a second: a sender on any working link sends
+/// far faster, and a body trickled slower holds its connection only until its deadline
+/// ([`body_deadline`]).
+pub const MIN_BODY_RATE: u64 = 32 * 1024;
+
+/// How long a body of the size `headers` declare (or, without a `Content-Length`, of
+/// `limit` bytes) may take: [`BODY_GRACE`] and its size at [`MIN_BODY_RATE`] — 10 s for
+/// the largest webhook.
+pub fn body_deadline(headers: &HeaderMap, limit: usize) -> std::time::Duration {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(limit as u64)
+        .min(limit as u64);
+    BODY_GRACE + std::time::Duration::from_millis(declared * 1_000 / MIN_BODY_RATE)
+}
+
+/// Reads the body up to `limit` bytes (a larger one is 413), within its deadline (a
+/// slower one is 408).
+pub(crate) async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, Response> {
+    let deadline = body_deadline(headers, limit);
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(error_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
                 "the body is larger than {} KiB (or was cut off); send less",
-                MAX_BODY / 1024
+                limit / 1024
             ),
-        )
-    })
+        )),
+        Err(_) => Err(error_response(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the body did not arrive within {} s (it may come no slower than {} KiB a second); send it in one go",
+                deadline.as_secs_f64().ceil(),
+                MIN_BODY_RATE / 1024
+            ),
+        )),
+    }
 }
 
 /// The client address recorded in a request's extensions.

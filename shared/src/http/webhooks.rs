@@ -9,7 +9,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 
-use super::{Inbound, client_ip, error_response, json_body, read_body, store_failure};
+use super::{Inbound, MAX_BODY, client_ip, error_response, json_body, read_body, store_failure};
 use crate::domain::EventId;
 use crate::engine::{Refused, Verdict};
 
@@ -20,18 +20,27 @@ pub(super) async fn receive(
 ) -> Response {
     let ip = client_ip(&req);
     let (mut parts, body) = req.into_parts();
-    let body = match read_body(body).await {
+    let id = id.map(|Path(id)| id).unwrap_or_default();
+    // No body is read for a webhook that does not exist.
+    if let Err(refused) = app.webhooks.precheck(&id).await {
+        return respond(refused);
+    }
+    let body = match read_body(body, &parts.headers, MAX_BODY).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let id = id.map(|Path(id)| id).unwrap_or_default();
     // The request's parts and body are slices of the connection's read buffer: the
     // intake lets go of them before it waits for the store, so that the connection
     // reads its next request into the same buffer rather than a new one. Only the
     // headers go on; the rest is dropped here.
     let headers = std::mem::take(&mut parts.headers);
     drop(parts);
-    match app.webhooks.receive(&id, headers, body, ip).await {
+    respond(app.webhooks.receive(&id, headers, body, ip).await)
+}
+
+/// The answer to a verdict: a status and a JSON body.
+fn respond(verdict: Verdict) -> Response {
+    match verdict {
         Verdict::Accepted(event_id) => answer(&event_id, "accepted"),
         Verdict::Duplicate(event_id) => answer(&event_id, "duplicate"),
         Verdict::Refused(why, reason) => error_response(
