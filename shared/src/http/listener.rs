@@ -601,6 +601,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_ipv6_client_is_counted_by_its_64_and_a_mapped_ipv4_one_as_ipv4() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            counted_as(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")),
+            counted_as(ip("2001:db8:1:2::1"))
+        );
+        assert_eq!(counted_as(ip("2001:db8:1:2::1")), ip("2001:db8:1:2::"));
+        assert_ne!(
+            counted_as(ip("2001:db8:1:2::1")),
+            counted_as(ip("2001:db8:1:3::1"))
+        );
+        assert_eq!(counted_as(ip("::ffff:10.0.0.1")), ip("10.0.0.1"));
+        assert_eq!(counted_as(ip("10.0.0.1")), ip("10.0.0.1"));
+    }
+
+    #[test]
     fn a_flood_of_refusals_is_told_once_a_minute_with_its_count() {
         let mut r = Refusals::default();
         let t0 = Instant::now();
