@@ -457,6 +457,38 @@ async fn login(kind: Kind) {
     let r = sign_in(false).await;
     assert_eq!(r.status, 429, "{}", r.body);
     assert!(r.cookie.is_empty());
+    // The owner, from another address, gets in all the same: however many wrong tokens
+    // come from elsewhere (a hundred from twenty more addresses), nobody else waits.
+    let from = |last: u8| {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .local_address(std::net::IpAddr::from([127, 0, 0, last]))
+            .build()
+            .unwrap()
+    };
+    for last in 10..30u8 {
+        let guesser = from(last);
+        for _ in 0..5 {
+            let r = u
+                .send(
+                    guesser
+                        .post(format!("{}/ui/login", u.base))
+                        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                        .body("token=guess-guess-guess"),
+                )
+                .await;
+            assert_eq!(r.status, 401);
+        }
+    }
+    let owner = u
+        .send(
+            from(2)
+                .post(format!("{}/ui/login", u.base))
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(format!("token={token}")),
+        )
+        .await;
+    assert_eq!(owner.status, 303, "{}", owner.body);
     u.b.advance(SignedDuration::from_mins(15));
     assert_eq!(sign_in(false).await.status, 303, "the window ended");
 }

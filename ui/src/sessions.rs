@@ -6,10 +6,11 @@
 //! logout, or when the process stops (sessions are kept in memory only): a stolen cookie
 //! is good for one session, never for the next login.
 //!
-//! Logins are throttled: an address that gave a wrong token [`PER_ADDRESS`] times within
-//! [`WINDOW`] waits for the window to end, and after [`ALL_ADDRESSES`] wrong tokens from
-//! anywhere within it every new login waits (open sessions go on). A token of 16 or more
-//! random characters is not guessed at that rate.
+//! Logins are throttled by address (an IPv6 client by its /64), never for everyone: an
+//! address that gave a wrong token [`PER_ADDRESS`] times within [`WINDOW`] waits for the
+//! window to end, and the owner's right token from any other address always gets in (a
+//! crowd of wrong tokens from elsewhere once locked everyone out). A token of 16 or more
+//! random characters is not guessed at that rate, from however many addresses.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,8 +27,16 @@ const MAX_SESSIONS: usize = 256;
 pub(crate) const WINDOW: SignedDuration = SignedDuration::from_mins(15);
 /// Wrong tokens one address may give within [`WINDOW`].
 pub(crate) const PER_ADDRESS: u32 = 5;
-/// Wrong tokens all addresses together may give within [`WINDOW`].
-pub(crate) const ALL_ADDRESSES: u32 = 100;
+/// Addresses whose wrong tokens are remembered at once; past it the oldest are forgotten.
+const ADDRESSES_KEPT: usize = 10_000;
+
+/// The key an address's wrong tokens are counted under.
+fn counted_as(address: &str) -> String {
+    match address.parse::<std::net::IpAddr>() {
+        Ok(ip) => pulse_shared::http::counted_as(ip).to_string(),
+        Err(_) => address.to_owned(),
+    }
+}
 
 /// An open session: what its pages carry, and when it ends.
 #[derive(Clone)]
@@ -72,7 +81,6 @@ struct State {
     /// By the MAC of the session id: a lookup's timing says nothing of the ids.
     open: HashMap<[u8; 32], Session>,
     by_address: HashMap<String, Failures>,
-    all: Option<Failures>,
 }
 
 /// The sessions of one dashboard process.
@@ -168,43 +176,41 @@ impl Sessions {
     /// How long a login from `address` must wait at `now`, if it must.
     pub(crate) fn throttled(&self, address: &str, now: Timestamp) -> Option<SignedDuration> {
         let s = self.state();
-        let wait = |f: Failures| WINDOW - now.duration_since(f.since);
-        if let Some(f) = s.by_address.get(address)
-            && f.at(now) >= PER_ADDRESS
-        {
-            return Some(wait(*f));
-        }
-        match s.all {
-            Some(f) if f.at(now) >= ALL_ADDRESSES => Some(wait(f)),
-            _ => None,
-        }
+        s.by_address
+            .get(&counted_as(address))
+            .filter(|f| f.at(now) >= PER_ADDRESS)
+            .map(|f| WINDOW - now.duration_since(f.since))
     }
 
     /// Counts a wrong token from `address` at `now`.
     pub(crate) fn failed(&self, address: &str, now: Timestamp) {
         let mut s = self.state();
+        let key = counted_as(address);
         s.by_address
             .retain(|_, f| now.duration_since(f.since) < WINDOW);
-        let f = s.by_address.get(address).copied().map_or(
+        if s.by_address.len() >= ADDRESSES_KEPT && !s.by_address.contains_key(&key) {
+            let oldest = s
+                .by_address
+                .iter()
+                .min_by_key(|(_, f)| f.since)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                s.by_address.remove(&oldest);
+            }
+        }
+        let f = s.by_address.get(&key).copied().map_or(
             Failures {
                 since: now,
                 count: 1,
             },
             |f| f.add(now),
         );
-        s.by_address.insert(address.to_owned(), f);
-        s.all = Some(s.all.map_or(
-            Failures {
-                since: now,
-                count: 1,
-            },
-            |f| f.add(now),
-        ));
+        s.by_address.insert(key, f);
     }
 
     /// Forgets `address`'s wrong tokens after a right one.
     pub(crate) fn succeeded(&self, address: &str) {
-        self.state().by_address.remove(address);
+        self.state().by_address.remove(&counted_as(address));
     }
 }
 
@@ -241,9 +247,16 @@ mod tests {
             None,
             "the window ended"
         );
-        for i in 0..ALL_ADDRESSES {
+        // A crowd of wrong tokens from elsewhere makes nobody else wait.
+        for i in 0..1_000 {
             s.failed(&format!("10.1.{}.{}", i / 200, i % 200), t0);
         }
-        assert!(s.throttled("10.0.0.3", t0).is_some(), "everyone waits");
+        assert_eq!(s.throttled("10.0.0.3", t0), None, "the owner gets in");
+        // An IPv6 client is counted by its /64.
+        for i in 0..PER_ADDRESS {
+            s.failed(&format!("2001:db8:1:2::{i}"), t0);
+        }
+        assert_eq!(s.throttled("2001:db8:1:2::ff", t0), Some(WINDOW));
+        assert_eq!(s.throttled("2001:db8:1:3::1", t0), None);
     }
 }

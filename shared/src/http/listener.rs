@@ -110,8 +110,8 @@ struct Places {
 }
 
 /// The address a client is counted by: an IPv4 address (an IPv4-mapped IPv6 one too) as
-/// it is, an IPv6 one by its /64.
-fn counted_as(ip: IpAddr) -> IpAddr {
+/// it is, an IPv6 one by its /64, the block one machine is usually given.
+pub fn counted_as(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

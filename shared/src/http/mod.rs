@@ -20,7 +20,7 @@ mod listener;
 pub mod messages;
 pub mod webhooks;
 
-pub use listener::{ServeLimits, StreamPlace, StreamSlot, StreamsFull, serve_app};
+pub use listener::{ServeLimits, StreamPlace, StreamSlot, StreamsFull, counted_as, serve_app};
 
 use std::sync::Arc;
 
