@@ -342,9 +342,14 @@ async fn a_changed_tools_list_is_listed_again_before_the_next_turn() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Listed a moment ago: a notice within the minute is not followed yet.
+    r.llm.script([Scripted::text("not yet")]);
+    r.turn(&agent, "weather?").await;
+    assert!(!r.offered(2).iter().any(|o| o == "cal__weather"));
+    r.b.advance(jiff::SignedDuration::from_mins(1));
     r.llm.script([Scripted::text("sunny")]);
     r.turn(&agent, "weather?").await;
-    let offered = r.offered(2);
+    let offered = r.offered(3);
     assert!(offered.iter().any(|o| o == "cal__weather"), "{offered:?}");
     let stored = r.b.store.load_registry().await.unwrap();
     let tools = &stored.tools.iter().find(|t| t.name == name).unwrap();
@@ -353,6 +358,55 @@ async fn a_changed_tools_list_is_listed_again_before_the_next_turn() {
         7,
         "the new list is kept"
     );
+}
+
+on_both_backends!(
+    a_server_that_pages_its_tools_forever_is_refused_and_the_stored_list_kept,
+    endless_pager
+);
+/// A past defect: the tools list was followed page after page with no bound (a server
+/// that always named a next page grew `pulse serve` to 2.5 GB in 30 s), and a server
+/// that said its tools changed was listed again on every run.
+async fn endless_pager(kind: Kind) {
+    let r = rig(kind).await;
+    let tool = r.register(Duration::from_secs(5)).await;
+    let kept = tool.mcp_server().unwrap().tools.len();
+    let agent = r.agent("scout", "mcp:cal").await;
+    // The server starts paging forever, and says its tools changed.
+    r.mcp.page_forever();
+    r.mcp.say_tools_changed().await;
+    let name = ToolName::parse("cal").unwrap();
+    let start = std::time::Instant::now();
+    while !r.tools.clients().changed(&name) {
+        assert!(start.elapsed() < Duration::from_secs(10), "no notice came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past the minute, the next run lists it again: followed to the bound and no
+    // further, refused, and the list stored before is what the agent is offered.
+    r.b.advance(jiff::SignedDuration::from_mins(1));
+    let before = r.mcp.pages();
+    for n in 0..3 {
+        r.llm.script([Scripted::text("ok")]);
+        r.turn(&agent, &format!("turn {n}")).await;
+    }
+    assert_eq!(
+        r.mcp.pages() - before,
+        32,
+        "one listing of 32 pages in three turns"
+    );
+    for n in 0..3 {
+        let offered = r.offered(n);
+        assert_eq!(
+            offered.iter().filter(|o| o.starts_with("cal__")).count(),
+            kept,
+            "{offered:?}"
+        );
+    }
+    // Listed by hand, it is refused with why.
+    let before = r.mcp.pages();
+    let why = r.tools.refresh(&tool).await.unwrap_err();
+    assert!(why.contains("more than 32 pages"), "{why}");
+    assert_eq!(r.mcp.pages() - before, 32);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -47,6 +47,10 @@ struct Shared {
     expired: Mutex<u32>,
     peers: Mutex<Vec<Peer<RoleServer>>>,
     initialized: Mutex<u32>,
+    /// Every `tools/list` page names a next one.
+    endless: AtomicBool,
+    /// `tools/list` pages served.
+    pages: Mutex<u32>,
 }
 
 /// The server.
@@ -115,12 +119,21 @@ impl ServerHandler for Handler {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        *self.0.pages.lock().unwrap() += 1;
         // Pages of two: the cursor is where the page starts.
-        let all = self.0.tools.lock().unwrap().clone();
         let start: usize = request
             .and_then(|r| r.cursor)
             .and_then(|c| c.parse().ok())
             .unwrap_or(0);
+        if self.0.endless.load(Ordering::SeqCst) {
+            let two = (start..start + 2)
+                .map(|n| tool(&format!("t{n}"), "one of many", json!({"type": "object"})))
+                .collect();
+            let mut page = ListToolsResult::with_all_items(two);
+            page.next_cursor = Some((start + 2).to_string());
+            return Ok(page);
+        }
+        let all = self.0.tools.lock().unwrap().clone();
         let end = (start + 2).min(all.len());
         let mut page = ListToolsResult::with_all_items(all[start.min(end)..end].to_vec());
         page.next_cursor = (end < all.len()).then(|| end.to_string());
@@ -249,6 +262,24 @@ impl FakeMcp {
     /// The next request in a session is answered 404, as a server that forgot it.
     pub fn expire_next(&self) {
         self.shared.expire_next.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on every `tools/list` page names a next one, forever.
+    pub fn page_forever(&self) {
+        self.shared.endless.store(true, Ordering::SeqCst);
+    }
+
+    /// How many `tools/list` pages it served.
+    pub fn pages(&self) -> u32 {
+        *self.shared.pages.lock().unwrap()
+    }
+
+    /// Tells connected clients the list changed, without changing it.
+    pub async fn say_tools_changed(&self) {
+        let peers = self.shared.peers.lock().unwrap().clone();
+        for p in peers {
+            let _ = p.notify_tool_list_changed().await;
+        }
     }
 
     /// Adds a tool and tells connected clients the list changed.

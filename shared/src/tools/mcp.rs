@@ -44,6 +44,12 @@ use crate::domain::{MAX_MCP_TOOLS, McpServer, McpTool, ToolName};
 pub const MAX_ANSWER: usize = 1 << 20;
 /// How long opening a session and listing tools may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Most pages of `tools/list` followed.
+const MAX_LIST_PAGES: usize = 32;
+
+/// Most bytes of tool definitions (as JSON) one listing may bring.
+const MAX_LIST_BYTES: usize = 4 << 20;
 /// Where the caller's key travels in a call's `_meta`.
 const META_KEY: &str = "pulse/idempotency-key";
 
@@ -130,11 +136,45 @@ impl McpClients {
         let listing = async {
             let session = self.session(name, server).await?;
             session.changed.store(false, Ordering::SeqCst);
-            session
-                .service
-                .list_all_tools()
-                .await
-                .map_err(|e| format!("the MCP server {name} did not list its tools: {e}"))
+            // Page by page, stopping at the first bound passed: a server that pages
+            // forever (or answers pages of megabytes) is refused, not followed.
+            let mut tools = Vec::new();
+            let mut cursor = None;
+            let mut bytes = 0;
+            for page_no in 1.. {
+                let page = session
+                    .service
+                    .list_tools(Some(
+                        rmcp::model::PaginatedRequestParams::default().with_cursor(cursor),
+                    ))
+                    .await
+                    .map_err(|e| format!("the MCP server {name} did not list its tools: {e}"))?;
+                bytes += serde_json::to_vec(&page.tools).map_or(0, |v| v.len());
+                tools.extend(page.tools);
+                let over = if tools.len() > MAX_MCP_TOOLS {
+                    Some(format!("more than {MAX_MCP_TOOLS} tools"))
+                } else if bytes > MAX_LIST_BYTES {
+                    Some(format!(
+                        "more than {} MiB of tool definitions",
+                        MAX_LIST_BYTES >> 20
+                    ))
+                } else if page.next_cursor.is_some() && page_no >= MAX_LIST_PAGES {
+                    Some(format!("more than {MAX_LIST_PAGES} pages"))
+                } else {
+                    None
+                };
+                if let Some(over) = over {
+                    return Err(format!(
+                        "the MCP server {name} lists {over}, past what Pulse keeps (at most {MAX_MCP_TOOLS} tools, {MAX_LIST_PAGES} pages, {} MiB); give the tools agents need with --allow",
+                        MAX_LIST_BYTES >> 20
+                    ));
+                }
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            Ok(tools)
         };
         let tools = match tokio::time::timeout(LIST_TIMEOUT, listing).await {
             Ok(r) => r.inspect_err(|_| self.forget(name))?,
@@ -145,12 +185,6 @@ impl McpClients {
                 ));
             }
         };
-        if tools.len() > MAX_MCP_TOOLS {
-            return Err(format!(
-                "the MCP server {name} lists {} tools, over the {MAX_MCP_TOOLS} Pulse keeps: give the ones agents need with --allow",
-                tools.len()
-            ));
-        }
         let mut kept = Vec::new();
         let mut left_out = Vec::new();
         for t in tools {

@@ -120,7 +120,12 @@ impl AgentTools {
             let Some(server) = tool.mcp_server() else {
                 continue;
             };
-            let server = if self.clients.changed(&tool.name) {
+            // A server that says its tools changed is listed again, at most once a
+            // minute: one that says so on every call is not followed on every call.
+            let due = server
+                .listed_at
+                .is_none_or(|at| self.clock.now().duration_since(at) >= RELIST_EVERY);
+            let server = if due && self.clients.changed(&tool.name) {
                 match self.refresh(tool).await {
                     Ok((fresh, _)) => fresh
                         .mcp_server()
@@ -174,6 +179,9 @@ impl AgentTools {
         Ok((updated, left_out))
     }
 }
+
+/// The least time between two listings of a server's tools that a change notice asks.
+const RELIST_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_mins(1);
 
 /// What a run offers the model: `own` (Pulse's tools), then the MCP tools `agent` is
 /// given, when `tools` is set up.
