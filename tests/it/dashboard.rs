@@ -317,7 +317,7 @@ async fn csrf(kind: Kind) {
             .contains("script-src 'self'")
     );
     assert_eq!(h["x-frame-options"], "DENY");
-    assert_eq!(h["referrer-policy"], "no-referrer");
+    assert_eq!(h["referrer-policy"], "same-origin");
     assert!(!page.body.contains("<script>"), "no inline script");
 }
 
@@ -417,10 +417,12 @@ async fn login(kind: Kind) {
     let same_site = [("sec-fetch-site", "same-site".to_owned())];
     assert_eq!(create(&a, &csrf_a, &same_site).await.status, 403);
     assert!(u.b.store.list_agents().await.unwrap().is_empty());
-    // From its own page (which a browser sends with the `null` origin, as the pages
-    // send no referrer): made.
+    // The `null` origin (a sandboxed frame, a data: page) is another site's.
+    let null = [("origin", "null".to_owned())];
+    assert_eq!(create(&a, &csrf_a, &null).await.status, 403);
+    // From its own page: made.
     let own = [
-        ("origin", "null".to_owned()),
+        ("origin", format!("http://{host}")),
         ("sec-fetch-site", "same-origin".to_owned()),
     ];
     assert_eq!(create(&a, &csrf_a, &own).await.status, 303);

@@ -247,17 +247,21 @@ enum Admit {
 }
 
 /// Whether a state-changing request comes from another site: the browser says so
-/// (`Sec-Fetch-Site`, which decides when it is sent), or its `Origin` is not this host.
-/// A request with neither (a script, an old browser), or with the `null` origin our own
-/// pages send under `Referrer-Policy: no-referrer`, is judged by its CSRF token alone.
+/// (`Sec-Fetch-Site`, which decides when it is sent), or its `Origin` is not this host —
+/// the `null` origin too (a sandboxed frame, a `data:` page; the dashboard's own pages,
+/// served with `Referrer-Policy: same-origin`, send their real origin). A request with
+/// neither header (a script, an old browser) is judged by its CSRF token alone.
 fn cross_site(headers: &HeaderMap) -> bool {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(site) = get("sec-fetch-site") {
         return site != "same-origin";
     }
-    let Some(origin) = get(header::ORIGIN.as_str()).filter(|o| *o != "null") else {
+    let Some(origin) = get(header::ORIGIN.as_str()) else {
         return false;
     };
+    if origin == "null" {
+        return true;
+    }
     let host = get("x-forwarded-host")
         .or_else(|| get(header::HOST.as_str()))
         .unwrap_or_default();
@@ -303,7 +307,9 @@ fn harden(headers: &mut HeaderMap) {
             "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
         ),
         (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        // Same-origin requests carry the page's address and origin (so a form's
+        // `Origin` is this host's, never `null`); nothing goes to another site.
+        (header::REFERRER_POLICY, "same-origin"),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
     ];
     for (name, value) in set {
