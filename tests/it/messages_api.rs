@@ -360,3 +360,68 @@ async fn waiting_turn(kind: Kind) {
         "{v}"
     );
 }
+
+/// A past defect: a long poll looked again every 200 ms (three reads each for a turn a
+/// newer message superseded: 16 such polls took one to two cores). On the embedded store
+/// a poll now waits for a turn to be written, and is answered the moment it is.
+#[tokio::test(start_paused = true)]
+async fn a_long_poll_is_answered_the_moment_its_turn_is_written() {
+    use tokio::time::{Duration, Instant};
+    let b = Backend::sqlite_inline();
+    let worker = b.connected().worker(
+        b.clock.clone(),
+        &settings(),
+        &pulse_tests::offline_services(),
+    );
+    let (agent, first) = NewAgent::named("scout").create(b.now()).unwrap();
+    b.store.create_agent(&agent, &first).await.unwrap();
+    let (t, token) = ApiToken::issue(&agent.id, "poll", None, b.now()).unwrap();
+    b.store.put_token(&t).await.unwrap();
+    let inbound = Arc::new(Inbound::new(
+        b.store.clone(),
+        b.queue.clone(),
+        b.clock.clone(),
+        InboundConfig::default(),
+    ));
+    let base = pulse_tests::serve_inbound(inbound).await;
+    let http = reqwest::Client::new();
+    let queued: Value = http
+        .post(format!("{base}/v1/agents/{}/messages", agent.id))
+        .bearer_auth(&token)
+        .json(&json!({"text": "are you there?"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let turn = queued["turn_id"].as_str().unwrap().to_owned();
+    let start = Instant::now();
+    let poll = tokio::spawn({
+        let (http, token) = (http.clone(), token.clone());
+        async move {
+            let v: Value = http
+                .get(format!("{base}/v1/turns/{turn}?wait=30s"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (v, Instant::now())
+        }
+    });
+    // Written between what would have been two looks 200 ms apart.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let written = Instant::now();
+    assert_eq!(b.drain(&worker).await, 1);
+    let (v, answered) = poll.await.unwrap();
+    assert_eq!(v["status"], "done", "{v}");
+    assert!(
+        answered.duration_since(written) < Duration::from_millis(50),
+        "answered {:?} after the write, {:?} after the poll began",
+        answered.duration_since(written),
+        answered.duration_since(start)
+    );
+}

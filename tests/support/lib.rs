@@ -234,6 +234,14 @@ impl Backend {
         (Self::sqlite_over(db, dir, test_clock()), rec)
     }
 
+    /// The embedded store in memory, every call on the caller's thread: for tests on
+    /// tokio's paused clock, where a call that waited for another thread would let time
+    /// jump past the deadlines meanwhile.
+    pub fn sqlite_inline() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self::sqlite_over(Db::open_simulated(None).unwrap(), dir, test_clock())
+    }
+
     /// The embedded store on `db` (in `dir`).
     fn sqlite_over(db: Db, dir: tempfile::TempDir, clock: Arc<ManualClock>) -> Self {
         let path = db.path().to_owned();

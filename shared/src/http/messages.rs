@@ -42,8 +42,10 @@ pub const MAX_MESSAGE_BODY: usize = 64 * 1024;
 pub const MAX_IMAGES: usize = 4;
 /// The longest a `GET /v1/turns/{id}` waits.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
-/// How often a waiting read looks again.
+/// How often a waiting read looks again, where the store cannot tell it of writes.
 const LOOK_EVERY: Duration = Duration::from_millis(200);
+/// How often a waiting read the store wakes looks again all the same.
+const LOOK_ANYWAY: Duration = Duration::from_secs(5);
 /// How long after its message a turn no one has answered yet is still `queued`; past
 /// that, the id is unknown (never sent, or removed by retention).
 const QUEUED_FOR: SignedDuration = SignedDuration::from_hours(24);
@@ -328,7 +330,12 @@ pub(crate) async fn get(
         None
     };
     let deadline = tokio::time::Instant::now() + wait;
+    let mut written = inbound.store.turns_written();
     loop {
+        // Seen before the look: a turn written during it wakes the wait after it.
+        if let Some(w) = written.as_mut() {
+            w.borrow_and_update();
+        }
         match look(&inbound, &token.agent_id, &signal).await {
             Err(r) => return r,
             Ok(Some(t))
@@ -361,7 +368,17 @@ pub(crate) async fn get(
                 return Json(json!({"turn_id": id, "status": "queued", "reply": null}))
                     .into_response();
             }
-            Ok(_) => tokio::time::sleep(LOOK_EVERY).await,
+            Ok(_) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match written.as_mut() {
+                    // Woken by the next turn written (or at the deadline, or after a
+                    // while in case a write came through another process).
+                    Some(w) => {
+                        let _ = tokio::time::timeout(left.min(LOOK_ANYWAY), w.changed()).await;
+                    }
+                    None => tokio::time::sleep(LOOK_EVERY.min(left)).await,
+                }
+            }
         }
     }
 }

@@ -133,6 +133,13 @@ pub enum TurnStart {
 /// Conversations: turns, their persisted messages, and which signals they answered.
 #[async_trait]
 pub trait ConversationStore: Send + Sync {
+    /// A receiver that changes each time a turn is written through this store, where
+    /// the store can tell (the embedded one: its writers share the process); `None`
+    /// where it cannot (DynamoDB: the worker is another function), and a waiter looks
+    /// again on a timer.
+    fn turns_written(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
     /// Which of `signals` a turn answered already, as (signal, turn) pairs.
     async fn answered(
         &self,

@@ -95,6 +95,7 @@ impl ConversationStore for SqliteStore {
                 Ok(TurnStart::Created)
             })
             .await
+            .inspect(|_| self.db.turn_written())
     }
 
     async fn update_turn(&self, turn: &Turn) -> Result<(), StoreError> {
@@ -113,6 +114,11 @@ impl ConversationStore for SqliteStore {
                 Ok(())
             })
             .await
+            .inspect(|()| self.db.turn_written())
+    }
+
+    fn turns_written(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.db.turns_written())
     }
 
     async fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Result<Option<Turn>, StoreError> {

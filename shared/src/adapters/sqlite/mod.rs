@@ -174,6 +174,10 @@ pub struct Db {
     /// Why writes are failing (a full disk, a read-only file), from the last call that
     /// failed so, until a call writes again: what `/healthz` reports.
     trouble: Arc<Mutex<Option<String>>>,
+    /// Counts the conversation turns written through this database (by any process
+    /// part sharing it), so a long poll waits for a write rather than looking again
+    /// and again.
+    turns: Arc<tokio::sync::watch::Sender<u64>>,
     /// How late an event a window reads may still be committed: see [`EventDeadline`].
     deadline: Option<EventDeadline>,
     /// Whether the log's own thread syncs it as it grows (only when commits do not).
@@ -366,6 +370,7 @@ impl Db {
             inline: false,
             thread: Arc::default(),
             trouble: Arc::default(),
+            turns: Arc::new(tokio::sync::watch::channel(0).0),
             deadline: None,
         })
     }
@@ -449,6 +454,7 @@ impl Db {
                     inline: false,
                     thread: Arc::default(),
                     trouble: Arc::default(),
+                    turns: Arc::new(tokio::sync::watch::channel(0).0),
                     deadline: None,
                 }
             }
@@ -471,6 +477,16 @@ impl Db {
         let mut db = Self::open_with_faults(path)?;
         db.inline = true;
         Ok(db)
+    }
+
+    /// A turn was written: wakes the long polls waiting on one.
+    pub(crate) fn turn_written(&self) {
+        self.turns.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes each time a turn is written through this database.
+    pub(crate) fn turns_written(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.turns.subscribe()
     }
 
     /// The file.
