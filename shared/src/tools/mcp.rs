@@ -370,7 +370,7 @@ impl McpClients {
 
     /// Starts a local server: its program with a clean environment (`PATH`, `HOME` and
     /// the variables it names, nothing else of this process's), spoken to over its
-    /// stdin and stdout, its stderr logged line by line. It is stopped when its session
+    /// stdin and stdout, its stderr logged line by line (within [`StderrLog`]'s bounds). It is stopped when its session
     /// is dropped.
     async fn open_local(
         &self,
@@ -417,15 +417,27 @@ impl McpClients {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(format!("the MCP server {name} gave no stdin or stdout"));
         };
-        if let Some(stderr) = child.stderr.take() {
+        if let Some(mut stderr) = child.stderr.take() {
             let server = name.clone();
             tokio::spawn(async move {
-                use tokio::io::AsyncBufReadExt;
-                let mut lines = tokio::io::BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    let line: String = line.chars().take(500).collect();
-                    // The log escapes what it writes: one line stays one line.
-                    info!(server = %server, line = %line, "the local MCP server says");
+                use tokio::io::AsyncReadExt;
+                let mut log = StderrLog::default();
+                let mut buf = vec![0u8; 8 * 1024];
+                while let Ok(n) = stderr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    for said in log.read(&buf[..n], std::time::Instant::now()) {
+                        // The log escapes what it writes: one line stays one line.
+                        match said {
+                            Said::Line(line) => {
+                                info!(server = %server, line = %line, "the local MCP server says");
+                            }
+                            Said::Dropped(lines) => {
+                                info!(server = %server, lines, "the local MCP server said more than the log keeps: lines dropped this minute");
+                            }
+                        }
+                    }
                 }
             });
         }
@@ -437,6 +449,80 @@ impl McpClients {
             )
         })?;
         Ok((service, child))
+    }
+}
+
+/// Lines of a local server's stderr logged a minute; past them, lines are counted and
+/// the count logged once the minute is over.
+const STDERR_LINES_A_MINUTE: u32 = 20;
+/// Characters of a stderr line logged; the rest of the line is read and dropped.
+const STDERR_LINE_CHARS: usize = 500;
+
+/// A local server's stderr, cut into lines as it arrives, each cut short, at most
+/// [`STDERR_LINES_A_MINUTE`] a minute: a server that floods it (or writes one endless
+/// line) neither fills the log nor the memory.
+#[derive(Default)]
+struct StderrLog {
+    /// The line being read, up to [`STDERR_LINE_CHARS`] bytes and a few more (a
+    /// character cut in two is left out).
+    line: Vec<u8>,
+    minute: Option<std::time::Instant>,
+    logged: u32,
+    dropped: u32,
+}
+
+/// What [`StderrLog::read`] says to log.
+#[derive(Debug, PartialEq, Eq)]
+enum Said {
+    Line(String),
+    Dropped(u32),
+}
+
+impl StderrLog {
+    /// Reads `bytes` at `now`: the lines to log, and a count of those dropped when a
+    /// minute that dropped some is over.
+    fn read(&mut self, bytes: &[u8], now: std::time::Instant) -> Vec<Said> {
+        let mut out = Vec::new();
+        let mut rest = bytes;
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            self.keep(&rest[..end]);
+            self.finish(now, &mut out);
+            rest = &rest[end + 1..];
+        }
+        self.keep(rest);
+        out
+    }
+
+    fn keep(&mut self, part: &[u8]) {
+        let room = (STDERR_LINE_CHARS * 4).saturating_sub(self.line.len());
+        self.line.extend_from_slice(&part[..part.len().min(room)]);
+    }
+
+    fn finish(&mut self, now: std::time::Instant, out: &mut Vec<Said>) {
+        let line = std::mem::take(&mut self.line);
+        if self
+            .minute
+            .is_none_or(|m| now.saturating_duration_since(m) >= Duration::from_secs(60))
+        {
+            if self.dropped > 0 {
+                out.push(Said::Dropped(self.dropped));
+            }
+            self.minute = Some(now);
+            self.logged = 0;
+            self.dropped = 0;
+        }
+        if self.logged >= STDERR_LINES_A_MINUTE {
+            self.dropped += 1;
+            return;
+        }
+        self.logged += 1;
+        let text = String::from_utf8_lossy(&line);
+        out.push(Said::Line(
+            text.trim_end_matches('\r')
+                .chars()
+                .take(STDERR_LINE_CHARS)
+                .collect(),
+        ));
     }
 }
 
@@ -615,5 +701,36 @@ impl StreamableHttpClient for Keyed {
                 max_sse_event_size,
             )
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn a_flood_of_stderr_is_logged_twenty_lines_a_minute_each_cut_short() {
+        let mut log = StderrLog::default();
+        let t0 = Instant::now();
+        // A line in two pieces, then one endless line of 10 MB.
+        assert!(log.read(b"start", t0).is_empty());
+        assert_eq!(log.read(b"ed\n", t0), [Said::Line("started".into())]);
+        let endless = vec![b'x'; 10 << 20];
+        assert!(log.read(&endless, t0).is_empty());
+        assert!(log.line.len() <= STDERR_LINE_CHARS * 4, "nothing piles up");
+        let said = log.read(b"\n", t0);
+        assert_eq!(said, [Said::Line("x".repeat(STDERR_LINE_CHARS))]);
+        // 100,000 lines within the minute: 18 more logged, the rest counted.
+        let flood = "noise\n".repeat(100_000);
+        let said = log.read(flood.as_bytes(), t0 + Duration::from_secs(1));
+        assert_eq!(said.len(), 18);
+        // The next line past the minute says how many were dropped, and is logged.
+        let said = log.read(b"calm again\n", t0 + Duration::from_secs(61));
+        assert_eq!(
+            said,
+            [Said::Dropped(99_982), Said::Line("calm again".into())]
+        );
     }
 }
