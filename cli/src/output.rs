@@ -25,11 +25,16 @@ macro_rules! figure {
 }
 pub(crate) use figure;
 
-/// Writes `args` and a newline to stdout; see [`outln!`].
+/// Writes `args` and a newline to stdout, with what could hide or disguise text on a
+/// terminal escaped ([`shown`]); see [`outln!`].
 pub(crate) fn write_line(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
+    let text = shown(&args.to_string());
     let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+    if let Err(e) = out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+    {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
@@ -129,6 +134,36 @@ pub(crate) fn when(t: Option<jiff::Timestamp>) -> String {
     t.map_or("-".into(), |t| t.strftime("%Y-%m-%d %H:%M:%SZ").to_string())
 }
 
+/// `text` as a terminal may show it: control characters (but line breaks and tabs),
+/// and the characters that reorder or hide text (bidirectional overrides and isolates,
+/// direction marks), written as `\u{…}` escapes. A memory or a message that reads
+/// `invoice\u{202e}fdp.exe` is shown so, not as `invoiceexe.pdf`.
+pub(crate) fn shown(text: &str) -> String {
+    let hidden = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(
+                c,
+                '\u{061c}'
+                    | '\u{200e}'
+                    | '\u{200f}'
+                    | '\u{202a}'..='\u{202e}'
+                    | '\u{2066}'..='\u{2069}'
+            )
+    };
+    if !text.chars().any(hidden) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if hidden(c) {
+                format!("\\u{{{:04x}}}", u32::from(c))
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// At most `n` characters, with an ellipsis when cut.
 pub(crate) fn short(s: &str, n: usize) -> String {
     let one_line = s.replace('\n', " ");
@@ -162,7 +197,21 @@ pub(crate) fn count(n: usize, noun: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{count, duration_ms};
+    use super::{count, duration_ms, shown};
+
+    #[test]
+    fn what_reorders_or_hides_text_is_shown_escaped() {
+        assert_eq!(
+            shown("plain, with\ttabs\nand lines"),
+            "plain, with\ttabs\nand lines"
+        );
+        assert_eq!(shown("invoice\u{202e}fdp.exe"), "invoice\\u{202e}fdp.exe");
+        assert_eq!(
+            shown("a\u{1b}[2Jb\u{2067}c\u{200f}"),
+            "a\\u{001b}[2Jb\\u{2067}c\\u{200f}"
+        );
+        assert_eq!(shown("café ✓ 日本"), "café ✓ 日本");
+    }
 
     #[test]
     fn counts_agree_with_their_nouns() {

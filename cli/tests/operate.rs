@@ -973,6 +973,20 @@ fn memories_on(backend: Backend) {
         reindexed.contains("ada: 0 memories embedded"),
         "{reindexed}"
     );
+
+    // What could reorder or hide text on a terminal is shown escaped.
+    ok(
+        d,
+        &[
+            "memories",
+            "add",
+            "ada",
+            "the invoice is invoice\u{202e}fdp.exe",
+        ],
+    );
+    let table = ok(d, &["memories", "list", "--agent", "ada"]);
+    assert!(table.contains("invoice\\u{202e}fdp.exe"), "{table}");
+    assert!(!table.contains('\u{202e}'), "{table}");
 }
 
 both!(
