@@ -287,7 +287,9 @@ async fn a_disk_whose_syncs_fail_gets_the_sender_a_503_and_health_says_why_until
         assert_eq!(r.webhook(n).await, 200);
         rec.mark(u64::from(n));
     }
-    // The batch's commit fails at its sync, and so does its commit again one by one.
+    // The batch's commit fails at its sync, and so does its commit again one by one;
+    // and the probe's write, which health tries while it is degraded.
+    rec.inject(Fault::FailedSync { file: File::Log });
     rec.inject(Fault::FailedSync { file: File::Log });
     rec.inject(Fault::FailedSync { file: File::Log });
     assert_eq!(
@@ -297,6 +299,11 @@ async fn a_disk_whose_syncs_fail_gets_the_sender_a_503_and_health_says_why_until
     );
     assert_eq!(rec.faults_met(), 2);
     let (status, v) = r.health().await;
+    assert_eq!(
+        rec.faults_met(),
+        3,
+        "health tried a write, which failed too"
+    );
     assert_eq!(
         (status, v["status"].as_str()),
         (503, Some("degraded")),
@@ -308,7 +315,7 @@ async fn a_disk_whose_syncs_fail_gets_the_sender_a_503_and_health_says_why_until
     rec.inject(Fault::FailedSync { file: File::Log });
     rec.inject(Fault::FailedSync { file: File::Log });
     assert_eq!(r.say(7).await, 503);
-    assert_eq!(rec.faults_met(), 4);
+    assert_eq!(rec.faults_met(), 5);
     // The disk syncs again: the sender's retry of 6 is taken, once, and health is ok.
     assert_eq!(r.webhook(6).await, 200);
     rec.mark(6);

@@ -75,21 +75,13 @@ fn redriven(out: &Out, done: &Redriven, limit: usize) -> Result<(), Failure> {
     };
     if out.json {
         out.json_value(&serde_json::json!({
-            "sent": done.sent.iter().map(|(d, a)| serde_json::json!({"id": d.id, "delivery": d, "attempt": a})).collect::<Vec<_>>(),
+            "sent": sent_json(&done.sent),
             "dropped": reasons(&done.dropped),
             "kept": reasons(&done.kept),
             "left": left,
         }));
     } else {
-        for (d, a) in &done.sent {
-            outln!(
-                "{}  {}  {}  {}",
-                d.id,
-                d.hook_type,
-                a.status.as_str(),
-                a.http_status.map_or("-".into(), |s| s.to_string())
-            );
-        }
+        print_sent(&done.sent);
         for (id, why) in &done.dropped {
             eprintln!("removed {id}: {why}");
         }
@@ -119,6 +111,26 @@ fn redriven(out: &Out, done: &Redriven, limit: usize) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+/// One line a delivery sent again: its id, type, the attempt's status and HTTP status.
+fn print_sent(sent: &[(HookDelivery, HookAttempt)]) {
+    for (d, a) in sent {
+        outln!(
+            "{}  {}  {}  {}",
+            d.id,
+            d.hook_type,
+            a.status.as_str(),
+            a.http_status.map_or("-".into(), |s| s.to_string())
+        );
+    }
+}
+
+/// The JSON of deliveries sent again: each with its id on top.
+fn sent_json(sent: &[(HookDelivery, HookAttempt)]) -> Vec<serde_json::Value> {
+    sent.iter()
+        .map(|(d, a)| serde_json::json!({"id": d.id, "delivery": d, "attempt": a}))
+        .collect()
 }
 
 pub(super) fn print_attempt(out: &Out, d: &HookDelivery, a: &HookAttempt) {
@@ -152,20 +164,12 @@ fn recovered(out: &Out, done: &Recovered, since: jiff::Timestamp) -> Result<(), 
         .count();
     if out.json {
         out.json_value(&serde_json::json!({
-            "replayed": done.replayed.iter().map(|(d, a)| serde_json::json!({"id": d.id, "delivery": d, "attempt": a})).collect::<Vec<_>>(),
+            "replayed": sent_json(&done.replayed),
             "skipped": done.skipped.iter().map(|(id, why)| serde_json::json!({"id": id, "reason": why})).collect::<Vec<_>>(),
             "truncated": done.truncated,
         }));
     } else {
-        for (d, a) in &done.replayed {
-            outln!(
-                "{}  {}  {}  {}",
-                d.id,
-                d.hook_type,
-                a.status.as_str(),
-                a.http_status.map_or("-".into(), |s| s.to_string())
-            );
-        }
+        print_sent(&done.replayed);
         for (id, why) in &done.skipped {
             eprintln!("skipped {id}: {why}");
         }
