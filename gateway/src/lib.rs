@@ -40,6 +40,10 @@ use twilight_gateway::error::ReceiveMessageErrorType;
 use twilight_gateway::queue::InMemoryQueue;
 use twilight_gateway::{CloseFrame, ConfigBuilder, Intents, Message, Shard, ShardId};
 
+/// The largest gateway payload read: a message with every embed and attachment Discord
+/// allows is a small fraction of it.
+const MAX_PAYLOAD: usize = 1 << 20;
+
 pub use directory::Directory;
 pub use inbound::DISCORD_REACTION;
 
@@ -305,7 +309,9 @@ impl Gateway {
                 Some(Err(e)) => match e.kind() {
                     ReceiveMessageErrorType::Deserializing { .. } => {
                         pulse_shared::meter::gateway_message("malformed");
-                        warn!(error = %e, "an unreadable gateway payload was skipped");
+                        // The error carries the payload: only its start is logged.
+                        let said: String = e.to_string().chars().take(300).collect();
+                        warn!(error = %said, "an unreadable gateway payload was skipped");
                     }
                     _ => {
                         warn!(error = %e, "the Discord gateway failed to reconnect; trying again");
@@ -359,6 +365,17 @@ impl Gateway {
     /// arrived is queued (or known to be for no agent). The simulation hands its users'
     /// channel messages in here, as the connection would.
     pub async fn on_payload(&self, json: &str) -> bool {
+        if json.len() > MAX_PAYLOAD {
+            // Nothing Discord sends a bot comes near: not parsed, and not logged whole.
+            pulse_shared::meter::gateway_message("too_large");
+            warn!(
+                bytes = json.len(),
+                start = %json.chars().take(120).collect::<String>(),
+                "a gateway payload past {} KiB was skipped",
+                MAX_PAYLOAD / 1024
+            );
+            return false;
+        }
         let Ok(v) = serde_json::from_str::<Value>(json) else {
             pulse_shared::meter::gateway_message("malformed");
             warn!("a gateway payload that is not JSON was skipped");

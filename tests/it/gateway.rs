@@ -660,21 +660,32 @@ async fn an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messag
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one() {
     let mut w = world().await;
-    w.agent(|_| {}).await;
+    let agent = w.agent(|_| {}).await;
     w.connect().await;
-    // No id, no channel, not an object, an unknown event: skipped, nothing crashes.
+    // No id, no channel, not an object, an unknown event, a payload past 1 MiB:
+    // skipped, nothing crashes.
     w.fake.dispatch(
         "MESSAGE_CREATE",
         json!({"content": "no id", "author": {"id": FRIEND}}),
     );
     w.fake.dispatch("MESSAGE_CREATE", json!("nonsense"));
     w.fake.dispatch("SOMETHING_NEW", json!({"x": 1}));
+    let huge = "a".repeat(2 << 20);
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(9), DM, None, FRIEND, &huge),
+    );
     w.fake.dispatch(
         "MESSAGE_CREATE",
         message(&snowflake(1), DM, None, FRIEND, "still here?"),
     );
     w.answered(1).await;
     assert_eq!(w.posts().len(), 1);
+    let said = w.b.store.recent_messages(&agent.id, 10).await.unwrap();
+    assert!(
+        said.iter().all(|m| m.content.len() < 1_000),
+        "the huge message was not taken"
+    );
 
     // INVALID_SESSION, not resumable: a new session (a second IDENTIFY), then on as before.
     w.fake.invalid_session(false);
