@@ -28,8 +28,12 @@ pub(crate) use figure;
 /// Writes `args` and a newline to stdout, with what could hide or disguise text on a
 /// terminal escaped ([`shown`]); see [`outln!`].
 pub(crate) fn write_line(args: std::fmt::Arguments<'_>) {
+    write_raw(&shown(&args.to_string()));
+}
+
+/// Writes `text` and a newline to stdout as it is.
+fn write_raw(text: &str) {
     use std::io::Write;
-    let text = shown(&args.to_string());
     let mut out = std::io::stdout().lock();
     if let Err(e) = out
         .write_all(text.as_bytes())
@@ -121,9 +125,11 @@ impl Out {
         }
     }
 
+    /// `v` as JSON: what could reorder or hide text is written as JSON's own `\uXXXX`
+    /// escapes (the JSON reads back the same; a terminal shows the escape).
     pub(crate) fn json_value<T: Serialize + ?Sized>(&self, v: &T) {
         match serde_json::to_string_pretty(v) {
-            Ok(s) => outln!("{s}"),
+            Ok(s) => write_raw(&escaped_as(&s, |c| format!("\\u{:04x}", u32::from(c)))),
             Err(e) => eprintln!("error: cannot print JSON: {e}"),
         }
     }
@@ -139,28 +145,26 @@ pub(crate) fn when(t: Option<jiff::Timestamp>) -> String {
 /// direction marks), written as `\u{…}` escapes. A memory or a message that reads
 /// `invoice\u{202e}fdp.exe` is shown so, not as `invoiceexe.pdf`.
 pub(crate) fn shown(text: &str) -> String {
-    let hidden = |c: char| {
-        (c.is_control() && c != '\n' && c != '\t')
-            || matches!(
-                c,
-                '\u{061c}'
-                    | '\u{200e}'
-                    | '\u{200f}'
-                    | '\u{202a}'..='\u{202e}'
-                    | '\u{2066}'..='\u{2069}'
-            )
-    };
+    escaped_as(text, |c| format!("\\u{{{:04x}}}", u32::from(c)))
+}
+
+/// Whether `c` could hide or disguise text on a terminal: a control character (but a
+/// line break or a tab), or one that reorders text or marks its direction.
+fn hidden(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text` with each [`hidden`] character written as `escape` says.
+fn escaped_as(text: &str, escape: impl Fn(char) -> String) -> String {
     if !text.chars().any(hidden) {
         return text.to_owned();
     }
     text.chars()
-        .map(|c| {
-            if hidden(c) {
-                format!("\\u{{{:04x}}}", u32::from(c))
-            } else {
-                c.to_string()
-            }
-        })
+        .map(|c| if hidden(c) { escape(c) } else { c.to_string() })
         .collect()
 }
 
@@ -211,6 +215,12 @@ mod tests {
             "a\\u{001b}[2Jb\\u{2067}c\\u{200f}"
         );
         assert_eq!(shown("café ✓ 日本"), "café ✓ 日本");
+        // In JSON, as JSON's own escape: it reads back the same.
+        let json = serde_json::to_string(&serde_json::json!({"t": "a\u{202e}b"})).unwrap();
+        let escaped = super::escaped_as(&json, |c| format!("\\u{:04x}", u32::from(c)));
+        assert_eq!(escaped, r#"{"t":"a\u202eb"}"#);
+        let back: serde_json::Value = serde_json::from_str(&escaped).unwrap();
+        assert_eq!(back["t"], "a\u{202e}b");
     }
 
     #[test]

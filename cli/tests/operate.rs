@@ -987,6 +987,16 @@ fn memories_on(backend: Backend) {
     let table = ok(d, &["memories", "list", "--agent", "ada"]);
     assert!(table.contains("invoice\\u{202e}fdp.exe"), "{table}");
     assert!(!table.contains('\u{202e}'), "{table}");
+    // As JSON, JSON's own escape: the text reads back as it was.
+    let listed = json(d, &["memories", "list", "--agent", "ada"]);
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["text"] == "the invoice is invoice\u{202e}fdp.exe"),
+        "{listed}"
+    );
 }
 
 both!(
