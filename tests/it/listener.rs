@@ -92,6 +92,11 @@ impl Listener {
     /// A signed webhook delivery `n` sent whole from 127.0.0.1 on a new connection: the
     /// status line it was answered with, if within `within`.
     async fn deliver(&self, n: u32, within: Duration) -> Option<String> {
+        self.deliver_from([127, 0, 0, 1], n, within).await
+    }
+
+    /// [`Listener::deliver`] from `from`, its head and body in one write.
+    async fn deliver_from(&self, from: [u8; 4], n: u32, within: Duration) -> Option<String> {
         let body = crate::inbound::body_for(WebhookScheme::Pulse, "NOTE", n);
         let headers = crate::inbound::signed(
             WebhookScheme::Pulse,
@@ -109,10 +114,11 @@ impl Listener {
             request.push_str(&format!("{k}: {}\r\n", v.to_str().unwrap()));
         }
         request.push_str("\r\n");
+        let mut whole = request.into_bytes();
+        whole.extend_from_slice(&body);
         let ask = async {
-            let mut s = TcpStream::connect(self.addr).await.ok()?;
-            s.write_all(request.as_bytes()).await.ok()?;
-            s.write_all(&body).await.ok()?;
+            let mut s = connect_from(from, self.addr).await;
+            s.write_all(&whole).await.ok()?;
             let answer = until_closed(&mut s).await;
             answer.lines().next().map(str::to_owned)
         };
@@ -225,6 +231,14 @@ async fn one_address_has_a_few_requests_reading_their_bodies_at_once() {
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.to_lowercase().contains("retry-after: 5"), "{answer}");
     assert!(start.elapsed() < Duration::from_millis(100));
+    // A body that comes with its headers is never waited for: it takes no place, and
+    // is taken even now.
+    assert_eq!(
+        l.deliver_from([127, 0, 0, 2], 0, Duration::from_secs(1))
+            .await
+            .as_deref(),
+        Some("HTTP/1.1 200 OK")
+    );
     // Another address's delivery is taken meanwhile; so is 127.0.0.2's once its
     // bodies are done with (answered 408 at their deadline).
     assert_eq!(

@@ -9,9 +9,10 @@
 //! [`ServeLimits::header_timeout`], and no request takes longer than
 //! [`ServeLimits::request_timeout`].
 //!
-//! A request with a body is *reading* until its body has arrived, and one address may
-//! have at most [`ServeLimits::max_reading_per_address`] requests reading at once: past
-//! it a request is answered 503 before its body is read, and its connection closed. With
+//! A request whose body must be waited for (it did not come with its headers) is
+//! *reading* until it has arrived, and one address may have at most
+//! [`ServeLimits::max_reading_per_address`] requests reading at once: past it a body is
+//! not waited for, the request is answered 503, and its connection closed. With
 //! each body's deadline (its size at a minimum rate, see [`super::body_deadline`]), a
 //! crowd trickling bodies holds a few places an address for seconds, never all of them.
 //! An IPv6 client is counted by its /64, the block one machine is usually given.
@@ -238,26 +239,41 @@ impl Drop for Reading {
     }
 }
 
-/// A request body that holds its [`Reading`] place until it has all arrived (or is
-/// dropped unread).
+/// A request body that takes a [`Reading`] place the first time it must be waited for
+/// (a body that came with its headers never does), and holds it until it has all
+/// arrived or is dropped. When its address has its share reading, it ends in
+/// [`ReadingFull`] instead of waiting.
 struct ReadingBody {
     inner: hyper::body::Incoming,
+    book: Book,
+    ip: IpAddr,
     place: Option<Reading>,
 }
 
+/// A body that would have waited while its address has its share of bodies reading.
+#[derive(Debug, thiserror::Error)]
+#[error("too many requests from this address are still sending their bodies")]
+pub(crate) struct ReadingFull;
+
 impl HttpBody for ReadingBody {
     type Data = axum::body::Bytes;
-    type Error = hyper::Error;
+    type Error = axum::BoxError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
-            self.place = None;
+        match &polled {
+            Poll::Pending if self.place.is_none() => match self.book.start_reading(self.ip) {
+                Some(place) => self.place = Some(place),
+                None => return Poll::Ready(Some(Err(Box::new(ReadingFull)))),
+            },
+            Poll::Ready(None) => self.place = None,
+            Poll::Ready(Some(_)) if self.inner.is_end_stream() => self.place = None,
+            _ => {}
         }
-        polled
+        polled.map(|frame| frame.map(|r| r.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -277,24 +293,6 @@ fn has_body(req: &Request<hyper::body::Incoming>) -> bool {
             .get(axum::http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim() != "0")
-}
-
-/// The answer to a request whose address has its share of requests reading bodies.
-fn reading_full() -> Response {
-    let mut r = error_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "too many requests from your address are still sending their bodies; send each in one go, and retry in a few seconds",
-    );
-    let headers = r.headers_mut();
-    headers.insert(
-        axum::http::header::RETRY_AFTER,
-        axum::http::HeaderValue::from_static("5"),
-    );
-    headers.insert(
-        axum::http::header::CONNECTION,
-        axum::http::HeaderValue::from_static("close"),
-    );
-    r
 }
 
 /// A connection's place in the book, handed to handlers in the request's extensions so
@@ -469,35 +467,19 @@ pub async fn serve_app(
             req.extensions_mut().insert(client.clone());
             req.extensions_mut().insert(slot.clone());
             let (state, since) = (state.clone(), since.clone());
-            // No body: nothing to hold. A body: a place among those reading, or `Err`
-            // when the address has its share.
-            let place = if has_body(&req) {
-                reading.start_reading(ip).map(Some).ok_or(())
-            } else {
-                Ok(None)
-            };
+            let reading = has_body(&req).then(|| reading.clone());
             let mut app = app.clone();
             async move {
-                let place = match place {
-                    Ok(place) => place,
-                    Err(()) => {
-                        return Ok::<_, std::convert::Infallible>(reading_full().map(|inner| {
-                            Body::new(Tracked {
-                                inner,
-                                state,
-                                since,
-                            })
-                        }));
-                    }
-                };
                 // The timeout is kept here, around the router, rather than as a layer of
                 // it: a router layer wraps every route in another boxed service, cloned
                 // and called for each request.
-                let call = match place {
-                    Some(place) => app.call(req.map(|inner| {
+                let call = match reading {
+                    Some(book) => app.call(req.map(|inner| {
                         Body::new(ReadingBody {
                             inner,
-                            place: Some(place),
+                            book,
+                            ip,
+                            place: None,
                         })
                     })),
                     None => app.call(req.map(Body::new)),

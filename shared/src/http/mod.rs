@@ -219,6 +219,16 @@ pub(crate) async fn read_body(
     let deadline = body_deadline(headers, limit);
     match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) if is_reading_full(&e) => {
+            let mut r = error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many requests from your address are still sending their bodies; send each in one go, and retry in a few seconds",
+            );
+            let h = r.headers_mut();
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Err(r)
+        }
         Ok(Err(_)) => Err(error_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
@@ -235,6 +245,18 @@ pub(crate) async fn read_body(
             ),
         )),
     }
+}
+
+/// Whether reading a body failed because its address has its share reading.
+fn is_reading_full(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<listener::ReadingFull>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// The client address recorded in a request's extensions.
