@@ -554,9 +554,18 @@ async fn serve_counts_its_work_at_get_metrics_for_this_machine_or_the_token() {
         },
     );
 
-    let scrape = http.get(format!("{base}/metrics")).send().await.unwrap();
-    assert_eq!(scrape.status(), 200);
-    let text = scrape.text().await.unwrap();
+    // The turn is counted once its reply is delivered, a moment after the reply is in
+    // the conversation: scraped until it is.
+    let mut text = String::new();
+    for _ in 0..300 {
+        let scrape = http.get(format!("{base}/metrics")).send().await.unwrap();
+        assert_eq!(scrape.status(), 200);
+        text = scrape.text().await.unwrap();
+        if sample(&text, r#"pulse_turns_total{outcome="answered"}"#).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let completed = json(&d, &["heartbeats", "list", "--agent", &agent])
         .as_array()
         .unwrap()
