@@ -158,6 +158,22 @@ pub(crate) fn signed(
 }
 
 /// A body each scheme reads as an event of type `ty`.
+/// An agent and its webhook (the Pulse scheme, signed with [`SECRET`], no rate limit),
+/// made in `store` at `now`.
+pub(crate) async fn unlimited_webhook(
+    store: &dyn pulse_shared::ports::Store,
+    now: jiff::Timestamp,
+) -> Webhook {
+    let (agent, first) = pulse_shared::domain::NewAgent::named("scout")
+        .create(now)
+        .unwrap();
+    store.create_agent(&agent, &first).await.unwrap();
+    let mut webhook = Webhook::new(agent.id, WebhookScheme::Pulse, SECRET, now).unwrap();
+    webhook.rate_limit = None;
+    store.create_webhook(&webhook).await.unwrap();
+    webhook
+}
+
 pub(crate) fn body_for(s: WebhookScheme, ty: &str, n: u32) -> Vec<u8> {
     match s {
         WebhookScheme::Pulse | WebhookScheme::Standard => {
@@ -1216,19 +1232,12 @@ struct DiskRig {
 impl DiskRig {
     async fn new(dir: &std::path::Path) -> Self {
         use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
-        use pulse_shared::ports::{AgentStore, Clock, WebhookStore};
+        use pulse_shared::ports::Clock;
         let db = Db::open(&dir.join("pulse.db")).unwrap();
         let clock = pulse_tests::test_clock();
         let store = Arc::new(SqliteStore::new(db.clone()).with_keys(pulse_tests::test_keys()));
         let queue = Arc::new(SqliteQueue::new(db.clone(), clock.clone()));
-        let (agent, first) = pulse_shared::domain::NewAgent::named("full")
-            .create(clock.now())
-            .unwrap();
-        store.create_agent(&agent, &first).await.unwrap();
-        let mut webhook =
-            Webhook::new(agent.id.clone(), WebhookScheme::Pulse, SECRET, clock.now()).unwrap();
-        webhook.rate_limit = None;
-        store.create_webhook(&webhook).await.unwrap();
+        let webhook = unlimited_webhook(store.as_ref(), clock.now()).await;
         let inbound = Arc::new(Inbound::new(
             store,
             queue,

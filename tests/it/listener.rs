@@ -40,25 +40,14 @@ struct Listener {
 
 async fn listen(limits: ServeLimits) -> Listener {
     use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
-    use pulse_shared::domain::NewAgent;
-    use pulse_shared::ports::{AgentStore, Clock, WebhookStore};
+    use pulse_shared::ports::Clock;
     // The store answers on the caller's thread: on the paused clock, a call that waited
     // for another thread would let time jump past the listener's deadlines meanwhile.
     let db = Db::open_simulated(None).unwrap();
     let clock = pulse_tests::test_clock();
     let store = Arc::new(SqliteStore::new(db.clone()).with_keys(pulse_tests::test_keys()));
     let queue = Arc::new(SqliteQueue::new(db, clock.clone()));
-    let (agent, first) = NewAgent::named("scout").create(clock.now()).unwrap();
-    store.create_agent(&agent, &first).await.unwrap();
-    let mut webhook = Webhook::new(
-        agent.id.clone(),
-        WebhookScheme::Pulse,
-        crate::inbound::SECRET,
-        clock.now(),
-    )
-    .unwrap();
-    webhook.rate_limit = None;
-    store.create_webhook(&webhook).await.unwrap();
+    let webhook = crate::inbound::unlimited_webhook(store.as_ref(), clock.now()).await;
     let inbound = Arc::new(Inbound::new(
         store,
         queue,

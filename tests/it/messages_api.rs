@@ -25,10 +25,14 @@ struct Api {
 }
 
 async fn api(kind: Kind, rate: u32) -> Api {
-    let b = Backend::new(kind).await;
+    api_over(Backend::new(kind).await, rate, None).await
+}
+
+/// [`api`] over `b`, its worker answering with `services` (the fake model's by default).
+async fn api_over(b: Backend, rate: u32, services: Option<pulse_shared::app::Services>) -> Api {
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
-    let services = pulse_tests::fake_services(&llm, &discord);
+    let services = services.unwrap_or_else(|| pulse_tests::fake_services(&llm, &discord));
     let worker = b
         .connected()
         .worker(b.clock.clone(), &settings(), &services);
@@ -367,56 +371,32 @@ async fn waiting_turn(kind: Kind) {
 #[tokio::test(start_paused = true)]
 async fn a_long_poll_is_answered_the_moment_its_turn_is_written() {
     use tokio::time::{Duration, Instant};
-    let b = Backend::sqlite_inline();
-    let worker = b.connected().worker(
-        b.clock.clone(),
-        &settings(),
-        &pulse_tests::offline_services(),
-    );
-    let (agent, first) = NewAgent::named("scout").create(b.now()).unwrap();
-    b.store.create_agent(&agent, &first).await.unwrap();
-    let (t, token) = ApiToken::issue(&agent.id, "poll", None, b.now()).unwrap();
-    b.store.put_token(&t).await.unwrap();
-    let inbound = Arc::new(Inbound::new(
-        b.store.clone(),
-        b.queue.clone(),
-        b.clock.clone(),
-        InboundConfig::default(),
-    ));
-    let base = pulse_tests::serve_inbound(inbound).await;
-    let http = reqwest::Client::new();
-    let queued: Value = http
-        .post(format!("{base}/v1/agents/{}/messages", agent.id))
-        .bearer_auth(&token)
-        .json(&json!({"text": "are you there?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let turn = queued["turn_id"].as_str().unwrap().to_owned();
+    let a = api_over(
+        Backend::sqlite_inline(),
+        60,
+        Some(pulse_tests::offline_services()),
+    )
+    .await;
+    let (_, token) = a.token(&a.agent).await;
+    let (status, queued, _) = a
+        .send(Some(&token), a.agent.id.as_str(), text("are you there?"))
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let path = format!("/v1/turns/{}?wait=30s", queued["turn_id"].as_str().unwrap());
     let start = Instant::now();
-    let poll = tokio::spawn({
-        let (http, token) = (http.clone(), token.clone());
-        async move {
-            let v: Value = http
-                .get(format!("{base}/v1/turns/{turn}?wait=30s"))
-                .bearer_auth(&token)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+    let ((v, answered), written) = tokio::join!(
+        async {
+            let (_, v) = a.turn(&token, &path).await;
             (v, Instant::now())
+        },
+        async {
+            // Written between what would have been two looks 200 ms apart.
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            let written = Instant::now();
+            assert_eq!(a.b.drain(&a.worker).await, 1);
+            written
         }
-    });
-    // Written between what would have been two looks 200 ms apart.
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let written = Instant::now();
-    assert_eq!(b.drain(&worker).await, 1);
-    let (v, answered) = poll.await.unwrap();
+    );
     assert_eq!(v["status"], "done", "{v}");
     assert!(
         answered.duration_since(written) < Duration::from_millis(50),

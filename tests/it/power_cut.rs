@@ -16,9 +16,9 @@ use jiff::SignedDuration;
 use pulse_shared::adapters::sqlite::faults::{Fault, File, Image, Recording};
 use pulse_shared::adapters::sqlite::{Db, SqliteQueue, SqliteStore};
 use pulse_shared::config::{ApiRate, Durability, InboundConfig};
-use pulse_shared::domain::{ApiToken, NewAgent, Webhook, WebhookScheme};
+use pulse_shared::domain::{ApiToken, Webhook, WebhookScheme};
 use pulse_shared::http::Inbound;
-use pulse_shared::ports::{AgentStore, Clock, TokenStore, WebhookStore};
+use pulse_shared::ports::{Clock, TokenStore};
 use serde_json::{Value, json};
 
 use crate::inbound::{SECRET, body_for, signed};
@@ -46,14 +46,10 @@ async fn rig_with(dir: &Path, durability: Durability) -> Rig {
     let clock = pulse_tests::test_clock();
     let store = Arc::new(SqliteStore::new(db.clone()).with_keys(pulse_tests::test_keys()));
     let queue = Arc::new(SqliteQueue::new(db, clock.clone()));
-    let (agent, first) = NewAgent::named("kept").create(clock.now()).unwrap();
-    store.create_agent(&agent, &first).await.unwrap();
-    let mut webhook =
-        Webhook::new(agent.id.clone(), WebhookScheme::Pulse, SECRET, clock.now()).unwrap();
-    webhook.rate_limit = None;
-    store.create_webhook(&webhook).await.unwrap();
+    let webhook = crate::inbound::unlimited_webhook(store.as_ref(), clock.now()).await;
+    let agent = webhook.agent_id.clone();
     let (t, token) = ApiToken::issue(
-        &agent.id,
+        &agent,
         "test",
         Some(SignedDuration::from_hours(24)),
         clock.now(),
@@ -74,7 +70,7 @@ async fn rig_with(dir: &Path, durability: Durability) -> Rig {
     Rig {
         base,
         webhook,
-        agent: agent.id.to_string(),
+        agent: agent.to_string(),
         token,
         http: reqwest::Client::new(),
         clock,
