@@ -885,9 +885,10 @@ async fn the_token_budget_caps_each_request_and_stops_the_loop_on_both_wire_form
             .iter()
             .map(|r| r.body["max_tokens"].as_u64().unwrap())
             .collect();
-        // 400 left; then 400 - 120 used - a 100-token prompt = 180; then 60; then the
-        // next prompt would not fit.
-        assert_eq!(asked, [400, 180, 60], "{provider:?}");
+        // 400 left; then 400 - 120 used - a 116-token prompt (the last one's 100 and
+        // the 16 of the tool's result) = 164; then 44; then the next prompt would not
+        // fit.
+        assert_eq!(asked, [400, 164, 44], "{provider:?}");
         let actions = w.b.store.list_actions(&agent.id, 10).await.unwrap();
         let response = actions[0].response.as_ref().unwrap();
         let stop = response["output"]["budget_stop"].as_str().unwrap();

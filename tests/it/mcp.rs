@@ -982,3 +982,165 @@ async fn slow_calls(kind: Kind) {
     let sent: Vec<String> = r.mcp.calls().into_iter().map(|c| c.name).collect();
     assert_eq!(sent, ["lookup", "slow"], "made once each");
 }
+
+on_both_backends!(
+    a_long_tool_answer_reaches_the_model_and_the_records_clipped,
+    long_answer
+);
+async fn long_answer(kind: Kind) {
+    let r = rig(kind).await;
+    r.mcp.add_tool("big", "Answers at length.").await;
+    r.register(Duration::from_secs(5)).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    r.llm.script([
+        Scripted::tool("cal__big", json!({"bytes": 900_000})),
+        Scripted::text("It said a lot."),
+    ]);
+    r.turn(&agent, "read it all").await;
+    let limit = pulse_shared::engine::transcript::RESULT_BYTES;
+    // The model is given the start of it, and how much was left out.
+    let results = r.results(1);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].len() <= limit, "{} bytes", results[0].len());
+    assert!(
+        results[0].starts_with("{\"content\":[\"bbbb"),
+        "{}",
+        &results[0][..40]
+    );
+    assert!(results[0].contains("more bytes]"), "the cut is marked");
+    let whole = serde_json::to_string(&r.llm.requests()[1].body)
+        .unwrap()
+        .len();
+    assert!(whole < 64 * 1024, "the second request is {whole} bytes");
+    // The turn keeps it clipped, and so does the action log.
+    let turn = r.b.store.list_turns(&agent.id, 1).await.unwrap().remove(0);
+    let step = turn.steps.iter().find(|s| s["kind"] == "tool").unwrap();
+    assert!(step["result"].to_string().len() <= limit);
+    let actions = r.b.store.list_actions(&agent.id, 10).await.unwrap();
+    let call = actions.iter().find(|a| a.call.is_some()).unwrap();
+    assert!(call.response.as_ref().unwrap().to_string().len() <= limit + 64);
+}
+
+/// One answer asking for 1,000 `remember` calls makes 16 of them; each of the rest is
+/// answered "not made", and nothing is kept for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_answer_makes_at_most_sixteen_tool_calls() {
+    let r = rig(Kind::Sqlite).await;
+    let agent = r.agent("scout", "").await;
+    let calls = (0..1_000)
+        .map(|i| ("remember".to_owned(), json!({"text": format!("fact {i}")})))
+        .collect();
+    r.llm.script([
+        Scripted::Answer {
+            text: None,
+            tools: calls,
+        },
+        Scripted::text("Kept some."),
+    ]);
+    r.turn(&agent, "remember a thousand things").await;
+    let kept = r.b.store.memories(&agent.id, 2_000).await.unwrap();
+    let cap = pulse_shared::engine::transcript::CALLS_PER_ANSWER;
+    assert_eq!(kept.len(), cap, "{} memories", kept.len());
+    let results = r.results(1);
+    assert_eq!(results.len(), 1_000, "every call is answered");
+    let refused = results.iter().filter(|r| r.contains("not made")).count();
+    assert_eq!(refused, 1_000 - cap);
+    assert!(
+        results[cap].contains("at most 16 tool calls"),
+        "{}",
+        results[cap]
+    );
+    assert!(!results[0].contains("not made"));
+    // The turn keeps its steps as steps, within what a turn holds.
+    let turn = r.b.store.list_turns(&agent.id, 1).await.unwrap().remove(0);
+    let size = serde_json::to_string(&turn.steps).unwrap().len();
+    assert!(size <= pulse_shared::domain::Turn::KEPT_STEPS, "{size}");
+    assert_eq!(turn.steps[0]["kind"], "llm");
+    assert_eq!(turn.steps[1]["kind"], "tool");
+    assert_eq!(turn.steps[1]["name"], "remember");
+}
+
+/// The heartbeat agent does not send a prompt its results have pushed past the token
+/// budget: sixteen 16 KiB answers (about 65,000 tokens) end the run after one step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_prompt_the_results_pushed_past_the_budget_is_not_made() {
+    let r = rig(Kind::Sqlite).await;
+    r.mcp.add_tool("big", "Answers at length.").await;
+    r.register(Duration::from_secs(5)).await;
+    let mut agent = r.agent("scout", "mcp:cal").await;
+    agent.think = pulse_shared::domain::ThinkPolicy::Always;
+    agent.budgets.max_tokens = 50_000;
+    let before = r.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    r.b.store.update_agent(&agent, &before).await.unwrap();
+    let calls = (0..16)
+        .map(|_| ("cal__big".to_owned(), json!({"bytes": 900_000})))
+        .collect();
+    r.llm.script([
+        Scripted::Answer {
+            text: None,
+            tools: calls,
+        },
+        Scripted::text("never asked"),
+    ]);
+    let swept = r.b.sweeper(settings()).sweep_once(r.b.now()).await;
+    assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+    r.b.drain(&r.worker).await;
+    assert_eq!(r.mcp.calls().len(), 16);
+    assert_eq!(r.llm.requests().len(), 1, "the second step was not sent");
+    let actions = r.b.store.list_actions(&agent.id, 30).await.unwrap();
+    let thought = actions
+        .iter()
+        .find(|a| a.tool.as_str() == pulse_shared::domain::HEARTBEAT_AGENT)
+        .unwrap();
+    let stop = thought.response.as_ref().unwrap()["output"]["budget_stop"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(stop.starts_with("max_tokens"), "{stop}");
+    let needs: u64 = stop
+        .split("next prompt needs about ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_default();
+    assert!(needs > 60_000, "{stop}");
+}
+
+/// A server of 64 tools with large schemas (about 1 MB of definitions) is offered only
+/// as far as 64 KiB of definitions a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_definitions_of_one_request_stay_within_their_budget() {
+    let r = rig(Kind::Sqlite).await;
+    r.mcp.add_wide_tools(58).await;
+    let tool = r.register(Duration::from_secs(5)).await;
+    assert_eq!(tool.mcp_server().unwrap().tools.len(), 64);
+    let agent = r.agent("scout", "mcp:cal").await;
+    r.llm.script([Scripted::text("hello")]);
+    r.turn(&agent, "hi").await;
+    let tools = r.llm.requests()[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let mcp: Vec<&Value> = tools
+        .iter()
+        .filter(|t| t["function"]["name"].as_str().unwrap().starts_with("cal__"))
+        .collect();
+    let bytes: usize = mcp.iter().map(|t| t.to_string().len()).sum();
+    assert!(bytes <= 66 * 1024, "{bytes} bytes of definitions");
+    let names: Vec<&str> = mcp
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    // The small ones listed first are all offered, and as many wide ones as fit.
+    for n in [
+        "cal__add",
+        "cal__note",
+        "cal__lookup",
+        "cal__wide0",
+        "cal__wide1",
+    ] {
+        assert!(names.contains(&n), "{n} in {names:?}");
+    }
+    assert!(names.len() < 12, "{names:?}");
+    assert!(tools.iter().any(|t| t["function"]["name"] == "remember"));
+}

@@ -168,6 +168,11 @@ impl ServerHandler for Handler {
                 names.sort();
                 CallToolResult::success(vec![ContentBlock::text(names.join(","))])
             }
+            // A long answer: `bytes` of text (900,000 unless told).
+            "big" => {
+                let n = args["bytes"].as_u64().unwrap_or(900_000) as usize;
+                CallToolResult::success(vec![ContentBlock::text("b".repeat(n))])
+            }
             "picture" => CallToolResult::success(vec![
                 ContentBlock::text("a red dot"),
                 ContentBlock::image("aGVsbG8=", "image/png"),
@@ -276,6 +281,22 @@ impl FakeMcp {
 
     /// Tells connected clients the list changed, without changing it.
     pub async fn say_tools_changed(&self) {
+        let peers = self.shared.peers.lock().unwrap().clone();
+        for p in peers {
+            let _ = p.notify_tool_list_changed().await;
+        }
+    }
+
+    /// Adds `n` tools (`wide0`, `wide1`, …), each with a description of 1,000
+    /// characters and an input schema of about 15 KiB, and tells connected clients the
+    /// list changed.
+    pub async fn add_wide_tools(&self, n: usize) {
+        let schema = json!({"type": "object", "description": "w".repeat(15_000)});
+        self.shared
+            .tools
+            .lock()
+            .unwrap()
+            .extend((0..n).map(|i| tool(&format!("wide{i}"), &"d".repeat(1_000), schema.clone())));
         let peers = self.shared.peers.lock().unwrap().clone();
         for p in peers {
             let _ = p.notify_tool_list_changed().await;

@@ -27,6 +27,9 @@ pub const MAX_MCP_TOOLS: usize = 128;
 pub(crate) const MAX_DESCRIPTION: usize = 1_024;
 /// Most bytes of one tool's input schema.
 pub(crate) const MAX_SCHEMA_BYTES: usize = 16 * 1024;
+/// Most bytes of MCP tool definitions (names, descriptions and input schemas) sent with
+/// one request to the model: past it, the later tools are not offered.
+pub const MAX_OFFERED_BYTES: usize = 64 * 1024;
 /// The longest name a model provider accepts for a tool.
 pub(crate) const MAX_MODEL_NAME: usize = 64;
 
@@ -379,6 +382,25 @@ pub fn offered<'a>(
     out
 }
 
+/// `tools` within [`MAX_OFFERED_BYTES`] of definitions, in their order (one too large to
+/// fit is left out, a smaller one after it may still be offered); and the model names
+/// of those left out.
+pub fn within_budget(tools: Vec<OfferedTool>) -> (Vec<OfferedTool>, Vec<String>) {
+    let mut used = 0;
+    let (mut kept, mut left_out) = (Vec::new(), Vec::new());
+    for t in tools {
+        let size =
+            t.spec.name.len() + t.spec.description.len() + t.spec.parameters.to_string().len();
+        if used + size <= MAX_OFFERED_BYTES {
+            used += size;
+            kept.push(t);
+        } else {
+            left_out.push(t.model_name);
+        }
+    }
+    (kept, left_out)
+}
+
 fn sanitize(s: &str) -> String {
     let clean: String = s
         .chars()
@@ -453,6 +475,49 @@ mod tests {
         let names: Vec<&str> = again.iter().map(|o| o.model_name.as_str()).collect();
         assert_eq!(names, ["cal__a_b", "cal__a_b_3", "cal__a_b_4"]);
         assert_eq!(again[1].tool, "a.b", "calls go to the server's own name");
+    }
+
+    #[test]
+    fn the_definitions_offered_in_one_request_stay_within_their_budget() {
+        let big = ToolName::parse("big").unwrap();
+        let mut s = server(&[], &[]);
+        // 128 tools, each with a schema of nearly the largest size allowed.
+        s.tools = (0..MAX_MCP_TOOLS)
+            .map(|i| {
+                let schema =
+                    json!({"type": "object", "description": "x".repeat(MAX_SCHEMA_BYTES - 64)});
+                McpTool::checked(&format!("t{i}"), Some(&"d".repeat(MAX_DESCRIPTION)), schema)
+                    .unwrap()
+            })
+            .collect();
+        let all = offered([(&big, &s)], &[]);
+        assert_eq!(all.len(), MAX_MCP_TOOLS);
+        let whole: usize = all
+            .iter()
+            .map(|t| t.spec.description.len() + t.spec.parameters.to_string().len())
+            .sum();
+        assert!(whole > 2_000_000, "{whole}");
+        let (kept, left_out) = within_budget(all);
+        let sent: usize = kept
+            .iter()
+            .map(|t| {
+                t.spec.name.len() + t.spec.description.len() + t.spec.parameters.to_string().len()
+            })
+            .sum();
+        assert!(sent <= MAX_OFFERED_BYTES, "{sent}");
+        assert_eq!(kept.len(), 3, "three of these fit in 64 KiB");
+        assert_eq!(kept.len() + left_out.len(), MAX_MCP_TOOLS);
+        assert_eq!(left_out[0], "big__t3", "the first ones listed are kept");
+        // A small tool after the large ones still fits.
+        let small = server(&["tiny"], &[]);
+        let tiny = ToolName::parse("tiny").unwrap();
+        let mut both = offered([(&big, &s)], &[]);
+        both.extend(offered([(&tiny, &small)], &[]));
+        let (kept, _) = within_budget(both);
+        assert_eq!(
+            kept.last().map(|t| t.model_name.as_str()),
+            Some("tiny__tiny")
+        );
     }
 
     #[test]

@@ -60,8 +60,8 @@ pub use ids::{
     first_id_at, quote_input,
 };
 pub use mcp::{
-    AgentTool, MAX_MCP_TOOLS, MCP_PREFIX, McpHeader, McpServer, McpTool, ModelCall, OfferedTool,
-    offered,
+    AgentTool, MAX_MCP_TOOLS, MAX_OFFERED_BYTES, MCP_PREFIX, McpHeader, McpServer, McpTool,
+    ModelCall, OfferedTool, offered, within_budget,
 };
 pub use memory::{
     DotQuery, Embedding, MAX_AFTER_READING, MAX_MEMORY_CHARS, Memory, MemoryChange, MemoryKind,

@@ -26,6 +26,10 @@ use crate::{Dashboard, Problem};
 
 /// Messages shown.
 const ROWS: usize = 100;
+/// Tool calls named under a reply; the others are counted.
+const USED_SHOWN: usize = 8;
+/// The most characters of one tool call shown (its name and input).
+const USED_CHARS: usize = 200;
 
 /// `?sent=<signal id>&said=<its text>`: a message just sent, shown until answered.
 #[derive(Deserialize, Default)]
@@ -146,15 +150,20 @@ fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Mar
         ),
     };
     let turn = turns.iter().find(|t| t.id == m.turn_id);
-    let used: Vec<String> = match (m.role, turn) {
-        (Role::Assistant, Some(t)) if m.source != "heartbeat" => t
-            .steps
-            .iter()
-            .filter(|s| s["kind"] == "tool")
-            .map(|s| format!("{} {}", s["name"].as_str().unwrap_or("?"), s["input"]))
-            .collect(),
+    let used: Vec<&serde_json::Value> = match (m.role, turn) {
+        (Role::Assistant, Some(t)) if m.source != "heartbeat" => {
+            t.steps.iter().filter(|s| s["kind"] == "tool").collect()
+        }
         _ => Vec::new(),
     };
+    // A turn may have made many calls: the first few are named, the rest counted.
+    let more = used.len().saturating_sub(USED_SHOWN);
+    let used = used.iter().take(USED_SHOWN).map(|s| {
+        short(
+            &format!("{} {}", s["name"].as_str().unwrap_or("?"), s["input"]),
+            USED_CHARS,
+        )
+    });
     let superseded = m.role == Role::User && turn.is_some_and(Turn::superseded);
     html! {
         div class={"card said " (class) @if m.waiting { " waiting" }} {
@@ -163,6 +172,9 @@ fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Mar
             @if superseded { p.muted { "answered with the next message" } }
             @if m.waiting { p.muted { "waiting on the model" } }
             @for u in used { p.muted { "used " code { (u) } } }
+            @if more > 0 {
+                p.muted { "and " (more) " more tool " (if more == 1 { "call" } else { "calls" }) " in turn " code { (m.turn_id) } }
+            }
         }
     }
 }
@@ -212,4 +224,36 @@ pub(crate) async fn send(
         .append_pair("said", &short(&f.text, 500))
         .finish();
     Ok(Redirect::to(&format!("/ui/agents/{}/chat?{q}", agent.id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_reply_names_a_few_of_its_tool_calls_and_counts_the_rest() {
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let turn_id = "tn_01jq0000000000000000000000";
+        let steps: Vec<serde_json::Value> = (0..1_000)
+            .map(|i| json!({"kind": "tool", "name": "remember", "input": {"text": format!("{i} {}", "x".repeat(5_000))}}))
+            .collect();
+        let turn: Turn = serde_json::from_value(json!({
+            "id": turn_id, "agent_id": "ag_01jq0000000000000000000000", "session": "main",
+            "signals": [], "status": "DONE", "parts": ["ok"], "delivered": 1,
+            "target": {"type": "none"}, "provider": "fake", "model": "m",
+            "usage": {"input_tokens": 1, "output_tokens": 1}, "steps": steps,
+            "created_at": now,
+        }))
+        .unwrap();
+        let m: ConversationMessage = serde_json::from_value(json!({
+            "id": "m1", "agent_id": "ag_01jq0000000000000000000000", "turn_id": turn_id,
+            "role": "assistant", "source": "discord", "content": "kept them", "created_at": now,
+        }))
+        .unwrap();
+        let html = message(&m, &[turn], now).into_string();
+        assert_eq!(html.matches("used ").count(), USED_SHOWN);
+        assert!(html.contains("and 992 more tool calls in turn"), "{html}");
+        assert!(html.len() < 4_000, "{} bytes", html.len());
+    }
 }

@@ -33,7 +33,8 @@ use crate::error::chain;
 use crate::ports::Writer;
 use crate::tools::McpCall;
 
-/// The most of an answer kept in the action log (the model gets all of it).
+/// The most of an answer kept in the action log (the model is given as much: see
+/// [`crate::engine::transcript::RESULT_BYTES`]).
 const KEPT_ANSWER: usize = 16 * 1024;
 
 /// Where a model's call is made: its run, for the action record and the hooks.

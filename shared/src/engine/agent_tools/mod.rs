@@ -4,7 +4,8 @@
 //!
 //! An agent with nothing attached costs nothing here: no read is made. Otherwise the
 //! registry is read once per run and each attached, active server's stored list is
-//! offered (see [`crate::domain::offered`] for the names). A server that said its list
+//! offered (see [`crate::domain::offered`] for the names), within
+//! [`crate::domain::MAX_OFFERED_BYTES`] of definitions a request. A server that said its list
 //! changed is listed again, and the new list stored, before it is offered.
 //!
 //! A call is checked against the tool's schema (an object, its required properties)
@@ -142,6 +143,18 @@ impl AgentTools {
             servers.push((tool.name.clone(), server, tool.idempotent));
         }
         let tools = crate::domain::offered(servers.iter().map(|(n, s, _)| (n, s)), taken);
+        // Every request carries the definitions: past their budget, a tool is not
+        // offered (the first attached and listed come first).
+        let (tools, left_out) = crate::domain::within_budget(tools);
+        if !left_out.is_empty() {
+            warn!(
+                agent_id = %agent.id,
+                left_out = left_out.len(),
+                first = %left_out[0],
+                budget_bytes = crate::domain::MAX_OFFERED_BYTES,
+                "the agent's MCP tool definitions exceed what one request carries: these tools are not offered; attach fewer servers, or offer fewer of a server's tools (`pulse tools add-mcp NAME URL --allow TOOL,...`)"
+            );
+        }
         let routes = match &self.hooks {
             Some(hooks) if !tools.is_empty() => hooks.routes(&agent.id).await.unwrap_or_else(|e| {
                 warn!(error = %e, "the agent's hooks could not be read; its tool calls emit none this run");

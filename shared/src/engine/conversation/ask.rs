@@ -72,7 +72,8 @@ impl Conversation {
         let mut last_input = 0;
         let mut calls = 0usize;
         for step in 0..steps {
-            // Another step only if a prompt as long as the last one still fits.
+            // Another step only if the next prompt (the last one and the results since)
+            // still fits.
             let left = budgets
                 .max_tokens
                 .saturating_sub(asked.usage.total() + last_input);
@@ -127,7 +128,15 @@ impl Conversation {
                 text: resp.text.clone(),
                 tool_calls: resp.tool_calls.clone(),
             });
-            for call in &resp.tool_calls {
+            let answered_from = messages.len();
+            for (n, call) in resp.tool_calls.iter().enumerate() {
+                if n >= transcript::CALLS_PER_ANSWER {
+                    let (record, message) =
+                        transcript::tool_step(call, transcript::not_made(call), false);
+                    asked.steps.push(record);
+                    messages.push(message);
+                    continue;
+                }
                 let id = MemoryId::derived(
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
@@ -165,6 +174,8 @@ impl Conversation {
                     return Ok(yielded(asked, step + 1, at));
                 }
             }
+            // The next prompt is the last one with the results added.
+            last_input += transcript::added_tokens(&messages[answered_from..]);
         }
         Ok(written(asked))
     }

@@ -76,10 +76,7 @@ pub async fn history(
 
 /// A turn's steps as the turn keeps them: within [`Turn::KEPT_STEPS`].
 fn kept_steps(steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
-    match crate::domain::clipped(serde_json::Value::Array(steps), Turn::KEPT_STEPS) {
-        serde_json::Value::Array(kept) => kept,
-        start => vec![start],
-    }
+    super::transcript::kept(steps, Turn::KEPT_STEPS)
 }
 
 /// Whether `signal` is the user speaking: a message that is not a steering command

@@ -20,10 +20,10 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::domain::{
-    Agent, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest, MAX_AFTER_READING,
-    Memory, MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside, REMEMBER, Role,
-    Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse, ToolUse,
-    Usage,
+    Action, Agent, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest,
+    MAX_AFTER_READING, Memory, MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside,
+    REMEMBER, Role, Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest,
+    ToolResponse, ToolUse, Usage,
 };
 mod prompt;
 
@@ -95,7 +95,9 @@ impl Transcript {
             "spoke": self.spoke,
             "scheduled": self.scheduled,
             "silent": self.spoke.is_empty(),
-            "steps": self.steps,
+            // Within half of what the action keeps of its response, so the figures
+            // beside the steps are never cut.
+            "steps": transcript::kept(self.steps.clone(), Action::KEPT_RESPONSE / 2),
             "budget_stop": self.budget_stop,
             "interrupted": interrupted,
             "provider": self.provider,
@@ -236,7 +238,7 @@ impl HeartbeatAgent {
         ];
         let (tools, offer) = with_own(self.agent_tools.as_deref(), &agent, tool_specs()).await;
         let budgets = agent.budgets;
-        // The last prompt's size, in tokens: the next one is at least as long.
+        // The next prompt's size, in tokens: the last one's, and the results added since.
         let mut last_input = 0u64;
         for step in 0..budgets.max_steps {
             // The agent read above answers the first check; later ones read it again.
@@ -248,8 +250,8 @@ impl HeartbeatAgent {
             if let Some(why) = why {
                 return Ok(Some(why));
             }
-            // The budget counts input and output. The next prompt is at least as long as
-            // the last one, so a step is made only if that prompt still fits, and the
+            // The budget counts input and output. The next prompt is the last one and
+            // the results added since, so a step is made only if that prompt still fits, and the
             // model may answer with at most what is left: one step cannot overrun the
             // budget by a whole response.
             let used = t.usage.total();
@@ -314,12 +316,15 @@ impl HeartbeatAgent {
             if resp.tool_calls.is_empty() {
                 return Ok(None);
             }
+            let answered_from = messages.len();
             if let Some(why) = self
                 .answer_calls(req, &agent, &offer, &resp.tool_calls, t, &mut messages)
                 .await?
             {
                 return Ok(Some(why));
             }
+            // The next prompt is the last one with the results added.
+            last_input += transcript::added_tokens(&messages[answered_from..]);
         }
         t.budget_stop = Some(format!(
             "max_steps: the model still wanted tools after {} steps",
@@ -375,7 +380,14 @@ impl HeartbeatAgent {
         t: &mut Transcript,
         messages: &mut Vec<ChatMessage>,
     ) -> Result<Option<String>, String> {
-        for call in tool_calls {
+        for (n, call) in tool_calls.iter().enumerate() {
+            if n >= transcript::CALLS_PER_ANSWER {
+                let (step, message) =
+                    transcript::tool_step(call, transcript::not_made(call), false);
+                t.steps.push(step);
+                messages.push(message);
+                continue;
+            }
             // A user message (or a cancel) that arrived meanwhile — perhaps during the
             // previous call, which then yielded — stops the run before the next call.
             if let Some(why) = self.interrupted(req).await? {
