@@ -29,6 +29,12 @@ fn handle() -> Option<&'static PrometheusHandle> {
                     Matcher::Full(pulse_shared::meter::TURN_LATENCY.to_owned()),
                     &pulse_shared::meter::TURN_LATENCY_BUCKETS,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(pulse_shared::meter::START_DELAY.to_owned()),
+                        &pulse_shared::meter::START_DELAY_BUCKETS,
+                    )
+                })
                 .and_then(PrometheusBuilder::install_recorder)
             {
                 Ok(handle) => {

@@ -654,9 +654,19 @@ fn status_says_what_needs_attention_and_exits_1_for_an_overdue_heartbeat_on(back
     assert_eq!(s["agents"]["active"], 1);
     assert_eq!(s["findings"].as_array().unwrap().len(), 1, "{s}");
 
-    // A sweep claims it: nothing is overdue.
+    // A sweep claims and runs it: nothing is overdue, but it started over 300 ms after
+    // it was due, late for a 100 ms sweep and not for the default minute.
     ok(d, &["sweep"]);
-    ok(d, &["status", "--sweep-interval", "100ms"]);
+    let out = pulse(d, &["status", "--sweep-interval", "100ms"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("! 1 agent's latest heartbeat started more than 200ms after it was due"),
+        "{text}"
+    );
+    assert!(!text.contains("overdue: due more than"), "{text}");
+    let text = ok(d, &["status"]);
+    assert!(text.contains("0 late"), "{text}");
     let err = bad(d, &["status", "--sweep-interval", "0s"]);
     assert!(err.contains("positive duration"), "{err}");
 }

@@ -28,6 +28,14 @@ pub const CLAIMED: &str = "pulse_heartbeats_claimed_total";
 pub const LATENESS_MAX: &str = "pulse_heartbeat_lateness_max_seconds";
 /// The 99th percentile of the last sweep's lateness.
 pub const LATENESS_P99: &str = "pulse_heartbeat_lateness_p99_seconds";
+/// Seconds from a heartbeat's due time to the start of its run's work: its claim and its
+/// wait on the sessions queue (a heartbeat held back by a snooze, a quiet period or the
+/// active hours is filed again with a later due time, and counted from that). The
+/// sweep's lateness stops at the claim; this one shows workers that cannot keep up.
+pub const START_DELAY: &str = "pulse_heartbeat_start_delay_seconds";
+/// The buckets (upper bounds, seconds) a Prometheus scrape reports [`START_DELAY`] in.
+pub const START_DELAY_BUCKETS: [f64; 10] =
+    [0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 /// Actions that failed (the tool answered an error or could not be reached).
 pub const ACTIONS_FAILED: &str = "pulse_actions_failed_total";
 /// Events a tool returned past the cascade depth cap: recorded, not processed.
@@ -70,6 +78,11 @@ pub fn describe() {
         LATENESS_P99,
         Unit::Seconds,
         "99th percentile of due time to claim in the last sweep"
+    );
+    describe_histogram!(
+        START_DELAY,
+        Unit::Seconds,
+        "A heartbeat's due time to the start of its run (claim and queue wait)"
     );
     describe_counter!(ACTIONS_FAILED, Unit::Count, "Actions that failed");
     describe_counter!(
@@ -134,6 +147,11 @@ pub fn action_failed() {
 /// `n` events were held back at the cascade depth cap.
 pub fn cascade_capped(n: usize) {
     counter!(CASCADE_CAPPED).increment(n as u64);
+}
+
+/// A heartbeat's run began its work `delay` after its due time.
+pub fn heartbeat_started(delay: Duration) {
+    metrics::histogram!(START_DELAY).record(delay.as_secs_f64());
 }
 
 /// A turn was answered, `latency` after the message it answered arrived.

@@ -286,3 +286,87 @@ async fn stuck(kind: Kind) {
         format!("pulse heartbeats show {}", running.id())
     );
 }
+
+on_both_backends!(
+    heartbeats_that_wait_for_a_worker_are_reported_late_and_a_held_back_one_is_not,
+    late_starts
+);
+/// Seven agents due at once and one worker that takes a second a job (an injected
+/// clock): each heartbeat is claimed on time — the sweep's lateness reads 0 — but starts
+/// a second later than the one before. The status counts those that started more than
+/// two sweep intervals after due; the heartbeat of the agent its user just talked to,
+/// held back to the end of its quiet period, is not late.
+async fn late_starts(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let mut agents = Vec::new();
+    for i in 0..6 {
+        agents.push(b.agent(&format!("busy{i}"), "1m").await.0);
+    }
+    // The user just talked to this one: its heartbeat, claimed with the others, is
+    // held back to the end of its quiet period when its run begins.
+    let (sleepy, _) = b.agent("sleepy", "1m").await;
+    b.store
+        .record_interaction(&sleepy.id, b.now())
+        .await
+        .unwrap();
+    let swept = b.sweeper(settings()).sweep_once(b.now()).await;
+    assert_eq!(swept.claimed, 7);
+    assert_eq!(swept.lateness_max_ms, 0, "claimed when due");
+    let worker = b.worker(settings());
+    let mut ran = 0;
+    while ran < 7 {
+        b.advance(SignedDuration::from_secs(1));
+        let r = worker
+            .poll_once(b.queue.as_ref(), 1, std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(r.received > 0, "a job for each of the seven");
+        ran += r.received;
+    }
+    // Each ran agent's record says how late it started: 1 s to 7 s, one of them the
+    // held back agent's slot (no start).
+    let mut delays = Vec::new();
+    for a in &agents {
+        let hb = b.store.list_heartbeats(&a.id, 5).await.unwrap();
+        let first = hb.iter().find(|h| h.beat == 1).unwrap();
+        let ran = first.ran_at.expect("its run started");
+        delays.push(ran.duration_since(first.scheduled_at).as_secs());
+    }
+    let held = b.store.list_heartbeats(&sleepy.id, 5).await.unwrap();
+    assert!(held.iter().all(|h| h.ran_at.is_none()), "{held:?}");
+    assert!(
+        held.iter().any(|h| h.scheduled_at > b.now()),
+        "deferred to the quiet period's end: {held:?}"
+    );
+    delays.sort_unstable();
+    let late = delays.iter().filter(|d| **d > 2).count();
+    assert!(late >= 4, "{delays:?}");
+    let s = status(
+        b.store.as_ref(),
+        b.queue.as_ref(),
+        Some(b.hooks.as_ref()),
+        b.now(),
+        SignedDuration::from_secs(1),
+        "is the sweeper running?",
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.late_starts, late, "{delays:?}");
+    assert_eq!(s.start_delay_max_ms as i64, delays[5] * 1_000);
+    let finding = whats(&s)
+        .into_iter()
+        .find(|w| w.contains("started more than 2s after"))
+        .unwrap_or_else(|| panic!("{:?}", s.findings));
+    assert!(
+        finding.starts_with(&format!("{late} agents' latest heartbeats")),
+        "{finding}"
+    );
+    assert!(
+        finding.contains(&format!("{}s late", delays[5])),
+        "{finding}"
+    );
+    // The same agents with a one-minute sweep: within two sweep intervals, no finding.
+    let s = read(&b).await;
+    assert_eq!(s.late_starts, 0);
+    assert!(!whats(&s).iter().any(|w| w.contains("started more than")));
+}

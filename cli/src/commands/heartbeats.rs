@@ -203,6 +203,7 @@ pub(crate) fn heartbeat_table(out: &Out, hbs: &[Heartbeat]) {
             "STATUS",
             "SCHEDULED",
             "STARTED",
+            "LATE",
             "COMPLETED",
             "EVENTS",
             "ACTIONS",
@@ -215,6 +216,11 @@ pub(crate) fn heartbeat_table(out: &Out, hbs: &[Heartbeat]) {
                 h.status.as_str().to_owned(),
                 when(Some(h.scheduled_at)),
                 when(h.started_at),
+                // Due time to the start of its run's work (after its wait on the queue).
+                h.ran_at.map_or("-".into(), |r| {
+                    let late = r.duration_since(h.scheduled_at);
+                    format!("{:#}", late.round(jiff::Unit::Millisecond).unwrap_or(late))
+                }),
                 when(h.completed_at),
                 h.events_processed.to_string(),
                 h.actions_triggered.to_string(),

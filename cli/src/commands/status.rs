@@ -121,6 +121,13 @@ fn print(s: &Status) {
         count(s.overdue, "heartbeat"),
         jiff::SignedDuration::from_millis(s.overdue_after_ms)
     );
+    let ms = |n: u64| jiff::SignedDuration::from_millis(n as i64);
+    outln!(
+        "started    p99 {:#}, max {:#} after due (each agent's latest run); {} late",
+        ms(s.start_delay_p99_ms),
+        ms(s.start_delay_max_ms),
+        s.late_starts
+    );
     outln!("sessions   {}", queue(&s.sessions_queue));
     match &s.hooks_queue {
         Some(h) => outln!("hooks      {}", queue(h)),

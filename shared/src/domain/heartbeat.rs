@@ -133,6 +133,11 @@ pub struct Heartbeat {
     /// heartbeat's agent to think about with its own tools' findings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handed_on: Option<Found>,
+    /// When its run began its work: after its claim, its wait on the sessions queue and
+    /// any hold (a snooze, a quiet period, the active hours, which file it again with a
+    /// later due time instead). From its due time to this is how late it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran_at: Option<Timestamp>,
 }
 
 impl Heartbeat {
@@ -172,6 +177,7 @@ impl Heartbeat {
             skipped: None,
             requests: None,
             handed_on: None,
+            ran_at: None,
         }
     }
 

@@ -37,8 +37,18 @@ pub struct Status {
     pub overdue: usize,
     /// The oldest due time of the overdue heartbeats.
     pub oldest_overdue: Option<Timestamp>,
-    /// How long past due counts as overdue, in milliseconds.
+    /// How long past due counts as overdue, in milliseconds; a run that starts later
+    /// than this after its due time started late.
     pub overdue_after_ms: i64,
+    /// Agents whose latest heartbeat run started late: more than
+    /// [`Status::overdue_after_ms`] after it was due (claimed, then waiting on the
+    /// sessions queue for a worker).
+    pub late_starts: usize,
+    /// From due time to the start of its run, of each agent's latest run: the 99th
+    /// percentile and the largest, in milliseconds.
+    pub start_delay_p99_ms: u64,
+    /// The largest.
+    pub start_delay_max_ms: u64,
     /// The sessions queue.
     pub sessions_queue: Backlog,
     /// The hooks queue, when hooks are configured.
@@ -250,8 +260,20 @@ async fn agents_status(
         .buffered(CONCURRENCY)
         .collect()
         .await;
+    let mut delays = Vec::new();
+    let mut latest: Option<(SignedDuration, &Agent)> = None;
+    let late_after = SignedDuration::from_millis(s.overdue_after_ms);
     for (agent, r) in agents.iter().zip(read) {
         let a = r?;
+        if let Some(d) = a.start_delay {
+            delays.push(d.unsigned_abs());
+            if d > late_after {
+                s.late_starts += 1;
+            }
+            if latest.is_none_or(|(l, _)| d > l) {
+                latest = Some((d, agent));
+            }
+        }
         if agent.is_paused() {
             s.agents.paused += 1;
         } else {
@@ -270,6 +292,30 @@ async fn agents_status(
             });
         }
         s.findings.extend(a.findings);
+    }
+    let (max, p99) = crate::meter::max_and_p99(&delays);
+    s.start_delay_max_ms = max.as_millis() as u64;
+    s.start_delay_p99_ms = p99.as_millis() as u64;
+    if s.late_starts > 0
+        && let Some((d, agent)) = latest
+    {
+        s.findings.push(Finding {
+            what: format!(
+                "{} started more than {late_after:#} after {} due (due time to the start of its run; the latest, agent {}, {:#} late): the workers do not keep up with the agents' intervals",
+                if s.late_starts == 1 {
+                    "1 agent's latest heartbeat".to_owned()
+                } else {
+                    format!("{} agents' latest heartbeats", s.late_starts)
+                },
+                if s.late_starts == 1 { "it was" } else { "they were" },
+                agent.name,
+                d.round(jiff::Unit::Millisecond).unwrap_or(d),
+            ),
+            look: format!(
+                "pulse heartbeats list --agent {} (due and started times); give agents longer intervals, or the workers more room (on AWS, the WorkerMaximumConcurrency parameter)",
+                agent.id
+            ),
+        });
     }
     Ok(())
 }
@@ -403,6 +449,8 @@ async fn queues_status(
 struct AgentStatus {
     /// Failed heartbeats in a row before its live one.
     failures: u32,
+    /// From due time to the start of its latest run.
+    start_delay: Option<SignedDuration>,
     tokens_today: u64,
     findings: Vec<Finding>,
 }
@@ -412,8 +460,12 @@ async fn agent_status(
     agent: &Agent,
     now: Timestamp,
 ) -> Result<AgentStatus, StoreError> {
-    let live = store.heartbeats_page(&agent.id, None, 1).await?;
+    // The live heartbeat, and the one before: the latest run that started.
+    let live = store.heartbeats_page(&agent.id, None, 2).await?;
     let failures = live.first().map_or(0, |h| h.consecutive_failures);
+    let start_delay = live
+        .iter()
+        .find_map(|h| Some(h.ran_at?.duration_since(h.scheduled_at)));
     let tokens_today = budget::spent_today(store, agent, now).await?.spent;
     let mut findings = Vec::new();
     if let Some(h) = live.first()
@@ -494,6 +546,7 @@ async fn agent_status(
     }
     Ok(AgentStatus {
         failures,
+        start_delay,
         tokens_today,
         findings,
     })

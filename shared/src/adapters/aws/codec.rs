@@ -159,6 +159,8 @@ pub(super) struct HeartbeatItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     handed_on: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    ran_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_at: Option<i64>,
@@ -198,6 +200,7 @@ impl HeartbeatItem {
                 .handed_on
                 .as_ref()
                 .map(|f| serde_json::to_string(f).unwrap_or_default()),
+            ran_at: hb.ran_at.map(to_ms),
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -237,6 +240,7 @@ impl HeartbeatItem {
                 .map(|json| serde_json::from_str(&json))
                 .transpose()
                 .map_err(|e| StoreError::corrupt(&key, format!("handed_on: {e}")))?,
+            ran_at: self.ran_at.map(from_ms),
         })
     }
 }

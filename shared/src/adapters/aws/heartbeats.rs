@@ -78,6 +78,12 @@ impl DynamoStore {
                 ":skip",
                 hb.skipped.clone().map(s),
             ),
+            (
+                "ran_at = :ran",
+                "ran_at",
+                ":ran",
+                hb.ran_at.map(|t| n(to_ms(t))),
+            ),
         ];
         for (assign, attr, placeholder, value) in optional {
             match value {

@@ -409,6 +409,7 @@ mod tests {
              DROP TABLE waiting_turns;
              ALTER TABLE hook_dead DROP COLUMN visible_ms;
              DROP TABLE write_checks;
+             ALTER TABLE heartbeats DROP COLUMN ran_ms;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -417,7 +418,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 19);
+        assert_eq!(version, 20);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

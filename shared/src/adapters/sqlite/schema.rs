@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 19;
+const SCHEMA_VERSION: i64 = 20;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -408,6 +408,11 @@ CREATE TABLE write_checks (
 );
 "#;
 
+/// Version 20: when a heartbeat's run began its work, for how late it started.
+const SCHEMA_V20: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN ran_ms INTEGER;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -483,6 +488,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 19 {
             conn.execute_batch(SCHEMA_V19).map_err(&err)?;
+        }
+        if version < 20 {
+            conn.execute_batch(SCHEMA_V20).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

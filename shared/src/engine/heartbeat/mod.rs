@@ -311,6 +311,13 @@ impl HeartbeatRunner {
         };
         let mut plan = self.plan(hb, agent);
         plan.heartbeat_context.window_events = window.events.len();
+        // Held back or not, its work starts now: how late is kept on its record.
+        plan.heartbeat.ran_at = Some(now);
+        crate::meter::heartbeat_started(
+            now.duration_since(hb.scheduled_at)
+                .try_into()
+                .unwrap_or_default(),
+        );
         // An agent the store knows has no hooks costs no routes read.
         if let Some(hooks) = &self.hooks
             && window.has_hooks != Some(false)
