@@ -12,6 +12,12 @@
 //! model once, never persisted). A message with no text — a voice note, a file, a
 //! sticker — is never dropped: its text says what arrived.
 //!
+//! **One user cannot flood an agent.** An agent reads at most
+//! [`USER_MESSAGES_PER_MINUTE`] messages a minute from one user (a clock minute, counted
+//! in this process, which holds the gateway's lease); the ones past it are not queued and
+//! are counted as `rate_limited`, and the first of them in a minute is answered once with
+//! a note saying so, so the person knows to wait rather than think they were read.
+//!
 //! **Nothing twice.** The signal's id is derived from the message's id, so a message
 //! replayed after a resume is the same signal: the queue drops a duplicate it still
 //! holds, and a turn never answers a signal it answered. A reaction's event id is
@@ -24,11 +30,12 @@ use pulse_shared::discord::envelope::{
     attachments, bounded, describe, display_name, image_block, message_envelope,
 };
 use pulse_shared::domain::{
-    Agent, DiscordListen, Event, EventId, EventType, Priority, Signal, SignalMeta,
+    Agent, AgentId, DiscordListen, Event, EventId, EventType, Priority, Signal, SignalMeta,
 };
 use pulse_shared::engine::intake;
 use pulse_shared::error::{StoreError, chain};
 use pulse_shared::http::discord::{message_signal_id, snowflake_time};
+use pulse_shared::ports::DiscordApi;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
@@ -36,6 +43,54 @@ use crate::Gateway;
 
 /// The event type a reaction to an agent's message is recorded as.
 pub const DISCORD_REACTION: &str = "DISCORD_REACTION";
+
+/// Most messages an agent reads from one user in a minute.
+pub const USER_MESSAGES_PER_MINUTE: u32 = 20;
+
+/// What a user is told, once a minute, when their messages pass the rate.
+pub const SLOW_DOWN: &str = "You are writing faster than I read: I take at most 20 messages a minute from one person, and the ones past that this minute were not read. Send what is still needed in a minute.";
+
+/// Messages each user sent each agent in the current minute.
+#[derive(Default)]
+pub(crate) struct UserRates {
+    /// The minute counted (since the epoch).
+    minute: i64,
+    /// (agent, user) → messages this minute.
+    counts: std::collections::HashMap<(AgentId, String), u32>,
+}
+
+/// How one more message from a user stands against their rate.
+#[derive(Debug, PartialEq, Eq)]
+enum Rate {
+    /// Within it: queue it.
+    Within,
+    /// The first past it this minute: not queued; say so once.
+    FirstPast,
+    /// Past it again: not queued.
+    Past,
+}
+
+impl UserRates {
+    /// Counts one message from `user` to `agent` at `now`.
+    fn count(&mut self, agent: &AgentId, user: &str, now: Timestamp) -> Rate {
+        let minute = now.as_second().div_euclid(60);
+        if minute != self.minute {
+            // A new minute: every count starts again (and the map holds only this one).
+            self.minute = minute;
+            self.counts.clear();
+        }
+        let n = self
+            .counts
+            .entry((agent.clone(), user.to_owned()))
+            .or_default();
+        *n = n.saturating_add(1);
+        match *n {
+            n if n <= USER_MESSAGES_PER_MINUTE => Rate::Within,
+            n if n == USER_MESSAGES_PER_MINUTE + 1 => Rate::FirstPast,
+            _ => Rate::Past,
+        }
+    }
+}
 
 /// Longest wait between two tries to queue a message the queue did not take.
 const MOST_RETRY_WAIT: Duration = Duration::from_secs(30);
@@ -94,6 +149,32 @@ impl Gateway {
             );
             return;
         };
+        let rate = crate::lock(&self.rates).count(&agent.id, author_id, self.clock.now());
+        if rate != Rate::Within {
+            self.count("rate_limited");
+            if rate == Rate::FirstPast {
+                // Who and where, once a minute: never what.
+                info!(
+                    agent_id = %agent.id,
+                    user_id = author_id,
+                    channel_id = channel,
+                    per_minute = USER_MESSAGES_PER_MINUTE,
+                    "a user's messages passed the rate an agent reads them at: the rest of this minute's are not queued"
+                );
+                let (discord, channel, id) =
+                    (self.discord.clone(), channel.to_owned(), id.to_owned());
+                let nonce = format!("slow-{id}");
+                tokio::spawn(async move {
+                    if let Err(e) = discord
+                        .create_message(&channel, SLOW_DOWN, &nonce, Some(&id))
+                        .await
+                    {
+                        warn!(error = %e, "the note that messages passed the rate could not be posted");
+                    }
+                });
+            }
+            return;
+        }
         let signal = match self.signal(&agent, m, id, channel, &author, minted) {
             Ok(s) => s,
             Err(why) => {
@@ -375,6 +456,24 @@ fn without_mention(content: &str, bot: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_user_s_messages_are_counted_per_agent_and_per_minute() {
+        let mut rates = UserRates::default();
+        let (a, b) = (AgentId::generate(), AgentId::generate());
+        let t = Timestamp::from_second(1_800_000_000).unwrap();
+        for _ in 0..USER_MESSAGES_PER_MINUTE {
+            assert_eq!(rates.count(&a, "u1", t), Rate::Within);
+        }
+        assert_eq!(rates.count(&a, "u1", t), Rate::FirstPast);
+        assert_eq!(rates.count(&a, "u1", t), Rate::Past);
+        assert_eq!(rates.count(&a, "u2", t), Rate::Within, "another user");
+        assert_eq!(rates.count(&b, "u1", t), Rate::Within, "another agent");
+        let next = t.checked_add(jiff::SignedDuration::from_secs(60)).unwrap();
+        assert_eq!(rates.count(&a, "u1", next), Rate::Within, "a new minute");
+        assert_eq!(rates.counts.len(), 1, "only this minute's counts are kept");
+        assert!(SLOW_DOWN.contains(&USER_MESSAGES_PER_MINUTE.to_string()));
+    }
 
     #[test]
     fn a_mention_is_found_in_the_list_or_the_text_and_taken_out_of_the_words() {

@@ -45,7 +45,7 @@ use twilight_gateway::{CloseFrame, ConfigBuilder, Intents, Message, Shard, Shard
 const MAX_PAYLOAD: usize = 1 << 20;
 
 pub use directory::Directory;
-pub use inbound::DISCORD_REACTION;
+pub use inbound::{DISCORD_REACTION, SLOW_DOWN, USER_MESSAGES_PER_MINUTE};
 
 /// What the gateway listens to: messages in guilds and DMs (with their content), and
 /// reactions in both.
@@ -147,6 +147,8 @@ pub struct Gateway {
     /// The reactions recorded lately (message/user/emoji), oldest first: a resume
     /// replays what the connection missed, and a replayed reaction is recorded once.
     reactions_seen: Mutex<std::collections::VecDeque<String>>,
+    /// Messages each user sent each agent in the current minute.
+    rates: Mutex<inbound::UserRates>,
 }
 
 /// How many recent reactions are remembered to recognise a replay.
@@ -177,6 +179,7 @@ impl Gateway {
             })),
             bot: Mutex::new(None),
             reactions_seen: Mutex::new(std::collections::VecDeque::new()),
+            rates: Mutex::new(inbound::UserRates::default()),
         }
     }
 
@@ -431,12 +434,13 @@ impl Gateway {
             "stranger" => s.strangers += 1,
             "reaction" => s.reactions += 1,
             "bot" | "not_addressed" => s.ignored += 1,
+            "rate_limited" => s.rate_limited += 1,
             _ => {}
         }
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -61,7 +61,8 @@ pub const WEBHOOK_REQUESTS: &str = "pulse_webhook_requests_total";
 /// What reached the Discord gateway, by `outcome`: `accepted` (queued for its agent),
 /// `stranger` (a direct message from a user no agent lets in), `bot` (from a bot, the
 /// agent's own included), `not_addressed` (a channel message that does not mention the
-/// agent, or in a channel no agent answers in), `reaction` (a reaction to the agent's
+/// agent, or in a channel no agent answers in), `rate_limited` (past the messages a
+/// minute an agent reads from one person), `reaction` (a reaction to the agent's
 /// message, recorded as an event), `malformed` (a payload that could not be read).
 pub const GATEWAY_MESSAGES: &str = "pulse_discord_gateway_messages_total";
 

@@ -7,7 +7,9 @@
 //! readable format escapes every control character in field values and messages
 //! (`\n`, `\r`, escape sequences, the Unicode line separators). A reply reading
 //! `ok\n2026-01-01T00:00:00Z ERROR ...` is logged as `ok\n2026-...` on its own line, never
-//! as a forged line of its own.
+//! as a forged line of its own. The characters that reorder text or mark its direction
+//! (U+202E and the other bidirectional controls) are escaped in both formats, so a log
+//! viewer cannot be made to show a line other than as it was written.
 
 use std::fmt;
 
@@ -18,6 +20,7 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -51,12 +54,11 @@ fn subscriber(
     writer: BoxMakeWriter,
     ansi: bool,
 ) -> Box<dyn Subscriber + Send + Sync> {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match format {
         LogFormat::Json => Box::new(
             builder
+                .with_writer(EscapedJson(writer))
                 .json()
                 .with_current_span(true)
                 .with_span_list(true)
@@ -66,6 +68,7 @@ fn subscriber(
         ),
         LogFormat::Text => Box::new(
             builder
+                .with_writer(writer)
                 .with_target(false)
                 .with_ansi(ansi)
                 .fmt_fields(EscapedFields)
@@ -147,13 +150,61 @@ fn escape_into(out: &mut impl fmt::Write, text: &str, quoted: bool) -> fmt::Resu
                 out.write_char('\\')?;
                 out.write_char(c)?;
             }
-            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') => {
+            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') || reorders(c) => {
                 write!(out, "\\u{{{:x}}}", c as u32)?
             }
             c => out.write_char(c)?,
         }
     }
     Ok(())
+}
+
+/// Whether `c` reorders text or marks its direction: a bidirectional control.
+fn reorders(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+    )
+}
+
+/// The JSON format's writer: each line with its bidirectional controls written as JSON
+/// escapes (`\u202e`), which a JSON reader takes back as the same characters. They can
+/// only stand inside the line's strings, where the escape means the same.
+struct EscapedJson(BoxMakeWriter);
+
+impl<'a> MakeWriter<'a> for EscapedJson {
+    type Writer = JsonLine<<BoxMakeWriter as MakeWriter<'a>>::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        JsonLine(self.0.make_writer())
+    }
+}
+
+/// One writer of [`EscapedJson`]. The formatter writes each line whole, in one call.
+struct JsonLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for JsonLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) if text.chars().any(reorders) => {
+                let mut out = String::with_capacity(text.len() + 16);
+                for c in text.chars() {
+                    if reorders(c) {
+                        out.push_str(&format!("\\u{:04x}", c as u32));
+                    } else {
+                        out.push(c);
+                    }
+                }
+                self.0.write_all(out.as_bytes())?;
+            }
+            _ => self.0.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 #[cfg(test)]
@@ -230,6 +281,26 @@ mod tests {
                     let v: serde_json::Value = serde_json::from_str(l).unwrap();
                     assert!(v["fields"].is_object(), "{l}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn characters_that_reorder_a_line_are_escaped_in_both_formats() {
+        // "file_txt.exe" shown as "file_exe.txt" by a viewer that follows U+202E.
+        let name = "file_\u{202e}txt.exe \u{2066}x\u{2069}";
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let out = logged(format, || {
+                tracing::info!(name, "a webhook named {name}");
+            });
+            assert!(!out.chars().any(reorders), "{format:?}: {out:?}");
+            if format == LogFormat::Text {
+                assert!(out.contains(r#"name="file_\u{202e}txt.exe"#), "{out}");
+            } else {
+                assert!(out.contains(r"file_\u202etxt.exe"), "{out}");
+                // Read back, the JSON holds the characters as they were.
+                let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+                assert_eq!(v["fields"]["name"], name, "{out}");
             }
         }
     }

@@ -136,7 +136,7 @@ impl World {
         let g = self.gateway.clone();
         until(&format!("{n} messages are handled"), async || {
             let s = g.status();
-            s.accepted + s.strangers + s.ignored >= n
+            s.accepted + s.strangers + s.ignored + s.rate_limited >= n
         })
         .await;
     }
@@ -699,5 +699,57 @@ async fn malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one(
         message(&snowflake(2), DM, None, FRIEND, "and now?"),
     );
     w.answered(2).await;
+    w.stop().await;
+}
+
+/// 25 messages from one person within a minute: 20 are queued for the agent, 5 are not,
+/// and the person is told once; the next minute they are read again. The minute is the
+/// injected clock's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_person_s_flood_is_read_at_twenty_a_minute_and_told_once() {
+    let mut w = world().await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+    let per_minute = pulse_gateway::USER_MESSAGES_PER_MINUTE as usize;
+    let ids: Vec<String> = (0..per_minute + 5)
+        .map(|n| snowflake(10 + n as u64))
+        .collect();
+    for (n, id) in ids.iter().enumerate() {
+        w.fake.dispatch(
+            "MESSAGE_CREATE",
+            message(id, DM, None, FRIEND, &format!("message {n}")),
+        );
+    }
+    w.handled(25).await;
+    let s = w.gateway.status();
+    assert_eq!((s.accepted, s.rate_limited), (20, 5), "{s:?}");
+    assert_eq!(
+        w.b.queued_messages().await,
+        20,
+        "only the twenty are queued"
+    );
+    // Told once, in the DM, as a reply to the first message past the rate.
+    until("the note is posted", async || {
+        !w.discord.messages().is_empty()
+    })
+    .await;
+    let notes = w.discord.messages();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0].content, pulse_gateway::SLOW_DOWN);
+    assert_eq!(notes[0].place, format!("channel:{DM}"));
+    let post = w.posts().remove(0);
+    assert_eq!(
+        post["body"]["message_reference"]["message_id"],
+        ids[per_minute].as_str()
+    );
+    // A minute on, the person is read again.
+    w.b.advance(jiff::SignedDuration::from_mins(1));
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(99), DM, None, FRIEND, "still there?"),
+    );
+    w.handled(26).await;
+    assert_eq!(w.gateway.status().accepted, 21);
+    assert_eq!(w.b.queued_messages().await, 21);
     w.stop().await;
 }

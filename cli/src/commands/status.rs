@@ -140,10 +140,11 @@ fn print(s: &Status) {
     if let Some(g) = &s.discord_gateway {
         let r = &g.record;
         outln!(
-            "discord    gateway {}, {} accepted, {} from strangers, {} reactions, lease until {}",
+            "discord    gateway {}, {} accepted, {} from strangers, {} past a person's rate, {} reactions, lease until {}",
             r.state,
             r.accepted,
             r.strangers,
+            r.rate_limited,
             r.reactions,
             g.held_until
         );

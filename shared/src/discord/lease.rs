@@ -37,6 +37,10 @@ pub struct GatewayRecord {
     pub reactions: u64,
     /// Messages for no agent: from bots, or channel messages not addressed to one.
     pub ignored: u64,
+    /// Messages from one user to one agent past what it reads from them a minute: not
+    /// queued.
+    #[serde(default)]
+    pub rate_limited: u64,
 }
 
 impl GatewayRecord {
