@@ -462,6 +462,130 @@ async fn a_message_the_model_cannot_answer_is_shown_waiting_in_the_chat_in_a_bro
     c.close().await.unwrap();
 }
 
+/// A long chat opens at its newest message with the message box in view, follows new
+/// messages while the person is at the bottom, and stays where they are once they have
+/// scrolled up; the persona is read and changed in Settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_opens_at_the_newest_message_and_follows_unless_scrolled_up_in_a_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let agent = ok(
+        &d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "talker",
+            "--interval",
+            "1h",
+            "--persona",
+            "You are Talker.",
+        ],
+    );
+    let port = free_port();
+    let _serve = serve(&d, port);
+    // Twelve exchanges, each answered before the next is sent: 24 messages.
+    for i in 0..12 {
+        ok(
+            &d,
+            &[
+                "say",
+                "--agent",
+                "talker",
+                &format!("message number {i}, with words enough to fill a line or two of the page"),
+            ],
+        );
+        let answered = Instant::now();
+        while json(&d, &["conversation", "show", "--agent", "talker"])
+            .as_array()
+            .map_or(0, Vec::len)
+            < 2 * (i + 1)
+        {
+            assert!(
+                answered.elapsed() < PAGE_LIMIT,
+                "message {i} was not answered"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let (_driver, c) = browser().await;
+    c.goto(&format!("http://127.0.0.1:{port}/ui/agents/{agent}/chat"))
+        .await
+        .unwrap();
+    expect_text(&c, ".chat", "message number 11").await;
+    let bottom =
+        "return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 4;";
+    let tall = "return document.documentElement.scrollHeight > window.innerHeight * 1.5;";
+    assert_eq!(
+        c.execute(tall, vec![]).await.unwrap(),
+        serde_json::json!(true),
+        "a chat longer than the window"
+    );
+    assert_eq!(
+        c.execute(bottom, vec![]).await.unwrap(),
+        serde_json::json!(true),
+        "opened at the bottom"
+    );
+    let in_view = "var r = document.querySelector('#text').getBoundingClientRect(); return r.top >= 0 && r.bottom <= window.innerHeight;";
+    assert_eq!(
+        c.execute(in_view, vec![]).await.unwrap(),
+        serde_json::json!(true),
+        "the message box is in view"
+    );
+    screenshot(&c, &d, "chat-long").await;
+    // A new exchange while at the bottom: the page follows it.
+    ok(&d, &["say", "--agent", "talker", "one more at the bottom"]);
+    let replies = "return document.querySelectorAll('.chat .said.reply').length;";
+    let followed = Instant::now();
+    while c.execute(replies, vec![]).await.unwrap() != serde_json::json!(13)
+        || c.execute(bottom, vec![]).await.unwrap() != serde_json::json!(true)
+    {
+        assert!(
+            followed.elapsed() < PAGE_LIMIT,
+            "the page did not show and follow the new reply"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Scrolled up to read: a new exchange does not move the page.
+    c.execute("window.scrollTo(0, 0);", vec![]).await.unwrap();
+    ok(&d, &["say", "--agent", "talker", "one more while reading"]);
+    expect_text(&c, ".chat", "one more while reading").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let top = c.execute("return window.scrollY;", vec![]).await.unwrap();
+    assert_eq!(top.as_f64(), Some(0.0), "the reader's place is kept");
+
+    // The persona in Settings.
+    c.goto(&format!(
+        "http://127.0.0.1:{port}/ui/agents/{agent}/settings"
+    ))
+    .await
+    .unwrap();
+    let value = "return document.querySelector('#persona').value;";
+    assert_eq!(
+        c.execute(value, vec![]).await.unwrap(),
+        serde_json::json!("You are Talker.")
+    );
+    let persona = c.find(Locator::Css("#persona")).await.unwrap();
+    persona.clear().await.unwrap();
+    persona
+        .send_keys("You are Talker, brief and warm.")
+        .await
+        .unwrap();
+    click(
+        &c,
+        Locator::Css("form[action$='/update'] button[type=submit]"),
+    )
+    .await;
+    expect_text(&c, "nav.tabs a.on", "Settings").await;
+    let shown = json(&d, &["agents", "show", "talker"]);
+    assert_eq!(
+        shown["agent"]["persona"], "You are Talker, brief and warm.",
+        "{shown}"
+    );
+    screenshot(&c, &d, "settings-persona").await;
+    c.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_token_the_dashboard_asks_for_it_in_a_browser() {
     let dir = tempfile::tempdir().unwrap();

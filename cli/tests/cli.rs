@@ -681,6 +681,74 @@ fn spawn_serve(dir: &Path, extra_env: &[(&str, &str)], extra_args: &[&str]) -> s
     cmd.spawn().unwrap()
 }
 
+/// A second `pulse serve` on the same database is refused, naming the first (its pid and
+/// its listener), and starts with `--allow-second`.
+#[test]
+fn a_second_serve_on_one_database_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    ok(d, &["agents", "create", "--name", "scout"]);
+    let port = common::free_port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let mut first = common::command(d, &["serve", "--tick", "100ms", "--listen", &listen])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // It has said who it is once `pulse status` reads it.
+    wait_until("the first serve is known", Duration::from_secs(30), || {
+        let out = pulse(d, &["status", "--json"]);
+        serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|s| {
+            s["durability_of"]
+                .as_str()
+                .is_some_and(|o| o.starts_with("pulse serve"))
+        })
+    });
+    let refused = pulse(d, &["serve", "--listen", "off"]);
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{why}");
+    assert!(
+        why.contains(&format!(
+            "another pulse serve (pid {}, listening on {listen})",
+            first.id()
+        )) && why.contains("--allow-second"),
+        "{why}"
+    );
+    // Allowed, it starts (and says so) beside the first.
+    let mut second = common::command(
+        d,
+        &[
+            "serve",
+            "--tick",
+            "100ms",
+            "--listen",
+            "off",
+            "--allow-second",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut log = std::io::BufReader::new(second.stderr.take().unwrap());
+    let mut started = false;
+    for _ in 0..200 {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut log, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if line.contains("pulse serve started") {
+            started = true;
+            break;
+        }
+    }
+    assert!(started, "the allowed second serve started");
+    for p in [&mut first, &mut second] {
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
+}
+
 /// Registers the tool at `url` as `slow` and runs it on every heartbeat (of `agent` only,
 /// when given).
 fn add_heartbeat_tool(dir: &Path, url: &str, agent: Option<&str>) {

@@ -702,10 +702,23 @@ async fn first_hour_on(backend: Backend) {
             "{name}"
         );
     }
-    let twin = ok(d, &["agents", "create", "--name", "scout"]);
+    // Names are unique (ignoring case), named with the agent that holds it.
+    let twin = bad(d, &["agents", "create", "--name", "SCOUT"]);
+    assert!(
+        twin.contains(&format!("an agent named \"SCOUT\" already exists ({id}")),
+        "{twin}"
+    );
+    // A name another agent has as its alias is ambiguous: both are listed, with the fix.
+    let twin = ok(
+        d,
+        &["agents", "create", "--name", "Ranger", "--alias", "scout"],
+    );
     let both = bad(d, &["agents", "show", "scout"]);
     assert!(
-        both.contains("names 2 agents") && both.contains(&id) && both.contains(&twin),
+        both.contains("names 2 agents")
+            && both.contains(&id)
+            && both.contains(&twin)
+            && both.contains("pulse agents update ID --name NEW"),
         "{both}"
     );
     assert!(bad(d, &["agents", "show", "nobody"]).contains("no agent has the id, name or alias"));
@@ -917,9 +930,16 @@ fn memories_on(backend: Backend) {
         ],
     );
     assert!(veg.starts_with("mem_"), "{veg}");
+    // The agent by --agent, as every command takes it, or first, as before.
     let walk = ok(
         d,
-        &["memories", "add", "ada", "The user walks the dog at dawn"],
+        &[
+            "memories",
+            "add",
+            "--agent",
+            "ada",
+            "The user walks the dog at dawn",
+        ],
     );
     let again = ok(
         d,
@@ -932,9 +952,22 @@ fn memories_on(backend: Backend) {
     assert!(bad_importance.contains("importance"), "{bad_importance}");
     let bad_kind = bad(d, &["memories", "add", "ada", "x", "--kind", "rumour"]);
     assert!(bad_kind.contains("fact"), "{bad_kind}");
+    let twice = bad(d, &["memories", "add", "--agent", "ada", "ada", "x"]);
+    assert!(twice.contains("given twice"), "{twice}");
+    let none = bad(d, &["memories", "add", "x"]);
+    assert!(none.contains("which agent? give --agent"), "{none}");
 
     // A look does not reinforce; --reinforce does, as the agent's own recall.
-    let found = json(d, &["memories", "recall", "ada", "eats vegetarian meat"]);
+    let found = json(
+        d,
+        &[
+            "memories",
+            "recall",
+            "--agent",
+            "ada",
+            "eats vegetarian meat",
+        ],
+    );
     assert_eq!(found[0]["memory"]["id"], veg, "{found}");
     assert_eq!(found[0]["state"], "active");
     let listed = json(d, &["memories", "list", "--agent", "ada"]);
@@ -951,7 +984,7 @@ fn memories_on(backend: Backend) {
     assert_eq!(listed[0]["recalls"], 1, "{listed}");
 
     // Nine active memories: the gate allows 2 folds; one duplicate is folded.
-    let done = json(d, &["memories", "consolidate", "ada"]);
+    let done = json(d, &["memories", "consolidate", "--agent", "ada"]);
     assert_eq!(
         (done["active"].as_u64(), done["merged"].as_u64()),
         (Some(9), Some(1)),

@@ -121,6 +121,68 @@ async fn agents(kind: Kind) {
     assert!(matches!(missing, StoreError::NotFound(_)), "{missing}");
 }
 
+on_both_backends!(a_name_is_held_by_one_agent, unique_names);
+/// A name (ignoring ASCII case) is held by one agent: a second create or a rename to it
+/// is refused naming the holder, of two racing creates one wins, and a rename or a
+/// delete gives the name up.
+async fn unique_names(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (scout, _) = b.agent("scout", "15m").await;
+    let (dup, dup_first) = pulse_shared::domain::NewAgent::named("Scout")
+        .create(b.now())
+        .unwrap();
+    let refused = b.store.create_agent(&dup, &dup_first).await.unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::AlreadyExists(w) if w.contains(scout.id.as_str())),
+        "{refused}"
+    );
+    assert!(
+        b.store.get_agent(&dup.id).await.unwrap().is_none(),
+        "nothing of it was written"
+    );
+    // Two creates of one name at once: one wins.
+    let racers: Vec<_> = (0..2)
+        .map(|_| {
+            pulse_shared::domain::NewAgent::named("ranger")
+                .create(b.now())
+                .unwrap()
+        })
+        .collect();
+    let (x, y) = tokio::join!(
+        b.store.create_agent(&racers[0].0, &racers[0].1),
+        b.store.create_agent(&racers[1].0, &racers[1].1)
+    );
+    assert_eq!(u8::from(x.is_ok()) + u8::from(y.is_ok()), 1, "{x:?} {y:?}");
+    let ranger = if x.is_ok() {
+        &racers[0].0
+    } else {
+        &racers[1].0
+    };
+    // A rename to a held name is refused; a rename gives up the old name.
+    let mut renamed = ranger.clone();
+    renamed.name = "SCOUT".into();
+    let refused = b.store.update_agent(&renamed, ranger).await.unwrap_err();
+    assert!(matches!(refused, StoreError::AlreadyExists(_)), "{refused}");
+    assert_eq!(
+        b.store.get_agent(&ranger.id).await.unwrap().unwrap().name,
+        "ranger"
+    );
+    let mut moved = scout.clone();
+    moved.name = "pathfinder".into();
+    b.store.update_agent(&moved, &scout).await.unwrap();
+    b.store.create_agent(&dup, &dup_first).await.unwrap();
+    // A rename in case only keeps the name.
+    let mut cased = moved.clone();
+    cased.name = "PathFinder".into();
+    b.store.update_agent(&cased, &moved).await.unwrap();
+    // Deleting an agent frees its name.
+    b.store.purge_agent(&ranger.id, true).await.unwrap();
+    let (again, again_first) = pulse_shared::domain::NewAgent::named("Ranger")
+        .create(b.now())
+        .unwrap();
+    b.store.create_agent(&again, &again_first).await.unwrap();
+}
+
 on_both_backends!(
     a_page_of_agents_comes_with_the_count_of_every_state,
     agents_page

@@ -241,6 +241,54 @@ async fn pages(kind: Kind) {
     let page = u.get(&format!("{base}/settings")).await.body;
     assert!(page.contains("value=\"5000\""));
     assert!(page.contains("<option value=\"off\" selected>"), "{page}");
+    // The persona is read and changed here, within the CLI's limit; a form without it
+    // (as above) leaves it as it was.
+    let (u, base) = (&u, &base);
+    let with_persona = |persona: String| {
+        let csrf = csrf.clone();
+        async move {
+            u.post(
+                &format!("{base}/update"),
+                &[
+                    ("csrf", csrf.as_str()),
+                    ("name", "scout-2"),
+                    ("interval", "1h"),
+                    ("timezone", "Europe/Paris"),
+                    ("persona", persona.as_str()),
+                ],
+            )
+            .await
+        }
+    };
+    assert_eq!(
+        with_persona("You are Scout, terse and kind.".into())
+            .await
+            .status,
+        303
+    );
+    let page = u.get(&format!("{base}/settings")).await.body;
+    assert!(
+        page.contains("name=\"persona\"") && page.contains("You are Scout, terse and kind."),
+        "{page}"
+    );
+    let long = with_persona("x".repeat(pulse_shared::domain::MAX_PROMPT_TEXT + 1)).await;
+    assert_eq!(long.status, 400, "{}", long.body);
+    assert!(long.body.contains("at most 16000"), "{}", long.body);
+    let stored = u.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.persona.as_deref(),
+        Some("You are Scout, terse and kind.")
+    );
+    assert_eq!(with_persona(String::new()).await.status, 303);
+    assert_eq!(
+        u.b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .persona,
+        None
+    );
     let spend = pulse_shared::domain::Spend {
         day: pulse_shared::engine::budget::day_of(&stored, u.b.now()),
         source: "tn_test".into(),

@@ -182,6 +182,32 @@ async fn sends_and_waits(kind: Kind) {
 }
 
 on_both_backends!(
+    the_api_names_the_agent_by_id_name_or_alias,
+    named_in_the_url
+);
+async fn named_in_the_url(kind: Kind) {
+    let a = api(kind, 600).await;
+    let mut new = NewAgent::named("Ranger");
+    new.alias = Some("@rng".into());
+    let (agent, first) = new.create(a.b.now()).unwrap();
+    a.b.store.create_agent(&agent, &first).await.unwrap();
+    let (_, token) = a.token(&agent).await;
+    for named in [agent.id.as_str(), "ranger", "Ranger", "rng", "@rng"] {
+        let (s, body, _) = a.send(Some(&token), named, text("hi")).await;
+        assert_eq!(s, 202, "{named}: {body}");
+    }
+    assert_eq!(a.b.queued_messages().await, 5);
+    // Another agent's name or id is still refused with this token.
+    for named in [a.agent.name.as_str(), a.agent.id.as_str(), "nobody"] {
+        let (s, body, _) = a.send(Some(&token), named, text("hi")).await;
+        assert_eq!(s, 403, "{named}: {body}");
+        let e = body["error"].as_str().unwrap_or_default();
+        assert!(e.contains("by its id, name or alias"), "{e}");
+    }
+    assert_eq!(a.b.queued_messages().await, 5);
+}
+
+on_both_backends!(
     the_api_refuses_bad_tokens_and_bad_bodies_and_queues_nothing,
     refusals
 );

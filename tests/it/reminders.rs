@@ -157,6 +157,116 @@ async fn refused(kind: Kind) {
 }
 
 on_both_backends!(
+    a_chat_lists_and_cancels_a_reminder_with_the_schedule_tool,
+    cancel_in_chat
+);
+/// "Cancel that reminder" in one turn: the model lists the reminders, then cancels the
+/// one whose note matches; it is gone, and the agent's next wake is the other one's.
+async fn cancel_in_chat(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent("1d", "2004").await;
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    let run = |input: serde_json::Value| {
+        let (w, stored) = (&w, stored.clone());
+        async move {
+            pulse_shared::engine::reminders::run_tool(
+                w.b.store.as_ref(),
+                &stored,
+                &input,
+                w.b.now(),
+                ScheduleLimits::default(),
+            )
+            .await
+        }
+    };
+    run(json!({"in": "2h", "note": "Call the dentist"}))
+        .await
+        .unwrap();
+    run(json!({"in": "5h", "note": "water the plants"}))
+        .await
+        .unwrap();
+    let dentist = w.b.now() + SignedDuration::from_hours(2);
+    let plants = w.b.now() + SignedDuration::from_hours(5);
+    assert_eq!(
+        w.b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .next_wake,
+        Some(dentist)
+    );
+
+    w.llm.script([
+        Scripted::tool("schedule", json!({"action": "list"})),
+        Scripted::tool("schedule", json!({"action": "cancel", "note": "dentist"})),
+        Scripted::text("Cancelled the dentist reminder."),
+    ]);
+    let signal = pulse_shared::domain::Signal::user_message(
+        &agent.id,
+        &agent.session,
+        "cancel the dentist reminder",
+        SignalMeta::default(),
+        w.b.now(),
+    )
+    .unwrap();
+    pulse_shared::engine::intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), signal)
+        .await
+        .unwrap();
+    w.b.drain(&w.worker).await;
+    // The list the model read named both, with their ids and notes.
+    let asked = w.llm.requests();
+    let listed = asked[1].body["messages"].to_string();
+    assert!(
+        listed.contains("Call the dentist") && listed.contains("water the plants"),
+        "{listed}"
+    );
+    let left = w.ops.schedules(&agent.id).await.unwrap();
+    let notes: Vec<_> = left.iter().filter_map(|s| s.note.as_deref()).collect();
+    assert_eq!(notes, ["water the plants"]);
+    assert_eq!(
+        w.b.store
+            .get_agent(&agent.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .next_wake,
+        Some(plants),
+        "the next wake is the one left"
+    );
+    assert!(asked[2].body["messages"].to_string().contains("cancelled"));
+
+    // Refusals say what to do: nothing matches, several match, nothing named.
+    let none = run(json!({"action": "cancel", "note": "gym"}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        none.contains("no reminder matches the note \"gym\""),
+        "{none}"
+    );
+    run(json!({"in": "6h", "note": "water the garden plants"}))
+        .await
+        .unwrap();
+    let several = run(json!({"action": "cancel", "note": "plants"}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(several.contains("2 reminders match"), "{several}");
+    let unnamed = run(json!({"action": "cancel"}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(unnamed.contains("schedule_id"), "{unnamed}");
+    let by_id = left[0].id.to_string();
+    let done = run(json!({"action": "cancel", "schedule_id": by_id}))
+        .await
+        .unwrap();
+    assert_eq!(done.1["cancelled"], true);
+    assert_eq!(w.ops.schedules(&agent.id).await.unwrap().len(), 1);
+}
+
+on_both_backends!(
     the_heartbeat_agent_and_a_chat_make_wakes_with_the_schedule_tool,
     tool
 );

@@ -26,6 +26,26 @@
     var form = event.target.closest("form[data-confirm]");
     if (form && !window.confirm(form.getAttribute("data-confirm"))) event.preventDefault();
   }
+  // The chat opens at its newest message with the message box in view, and follows new
+  // messages as they come unless the person has scrolled up to read.
+  function atBottom() {
+    var page = document.documentElement;
+    return window.innerHeight + window.scrollY >= page.scrollHeight - 48;
+  }
+  function toBottom() {
+    window.scrollTo(0, document.documentElement.scrollHeight);
+  }
+  var following = true;
+  function chatOpened() {
+    if (document.querySelector(".chat")) toBottom();
+  }
+  document.addEventListener("htmx:beforeSwap", function () {
+    if (document.querySelector(".chat")) following = atBottom();
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    if (document.querySelector(".chat") && following) toBottom();
+  });
+  document.addEventListener("DOMContentLoaded", chatOpened);
   document.addEventListener("DOMContentLoaded", live);
   document.addEventListener("click", copy);
   document.addEventListener("submit", confirmSubmit, true);

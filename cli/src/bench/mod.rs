@@ -105,7 +105,8 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 200)]
         turns: usize,
     },
-    /// Signed webhooks answered while slowloris clients and idle live streams hold on
+    /// Signed webhooks answered while slowloris clients, idle live streams and slow
+    /// bodies hold on
     /// (`pulse serve`'s listener on loopback, default limits): p50/p99 calm and
     /// besieged. Goal: besieged p99 under a second.
     Siege {
@@ -115,6 +116,10 @@ pub(crate) enum BenchCmd {
         /// Idle live streams (the dashboard's server-sent events, never read).
         #[arg(long, default_value_t = 600)]
         streams: usize,
+        /// Slow bodies: signed-looking webhook requests to the real webhook whose body
+        /// (256 KiB announced) comes one byte every 2 s, 64 from each source address.
+        #[arg(long, default_value_t = 0)]
+        slow_bodies: usize,
         /// Webhooks timed, calm and again besieged.
         #[arg(long, default_value_t = 200)]
         requests: usize,
@@ -190,6 +195,7 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         BenchCmd::Siege {
             slowloris,
             streams,
+            slow_bodies,
             requests,
             hold,
         } => {
@@ -201,6 +207,7 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
                 siege::Siege {
                     slowloris,
                     streams,
+                    slow_bodies,
                     requests,
                     hold,
                 },

@@ -9,7 +9,11 @@
 //! - each slowloris client opens a request (`POST /webhooks/…`, never finished) and sends
 //!   one more header line every 2 s; when the listener closes it, it connects again;
 //! - each stream opens the dashboard's live updates (server-sent events) and never
-//!   reads past the status line.
+//!   reads past the status line;
+//! - each slow body (`--slow-bodies`, from 127.0.3.x, 64 an address as a few machines
+//!   would) posts to the real webhook with signature headers that look right, announces
+//!   a 256 KiB body and sends one byte of it every 2 s; when the listener answers or
+//!   closes it, it connects again.
 //!
 //! First the sender's requests are timed back to back with nothing else going on, then
 //! again spread over `--hold` while the siege holds (so it outlasts several header
@@ -39,6 +43,7 @@ use crate::output::{Out, figure};
 pub(crate) struct Siege {
     pub(crate) slowloris: usize,
     pub(crate) streams: usize,
+    pub(crate) slow_bodies: usize,
     pub(crate) requests: usize,
     /// How long the besieged run is spread over.
     pub(crate) hold: Duration,
@@ -57,6 +62,17 @@ struct Tally {
     streams_open: AtomicUsize,
     /// Streams answered 503, or closed before an answer.
     streams_refused: AtomicUsize,
+    /// Slow bodies open now, as the clients count (headers sent, body trickling or
+    /// about to be refused).
+    bodies_sending: AtomicUsize,
+    /// The most at once.
+    bodies_most: AtomicUsize,
+    /// Slow bodies answered 408 (too slow), 503 (no reading place) or closed unanswered.
+    bodies_timed_out: AtomicUsize,
+    /// Answered 503.
+    bodies_refused: AtomicUsize,
+    /// Closed with no answer.
+    bodies_closed: AtomicUsize,
 }
 
 /// One sender's timed requests.
@@ -75,13 +91,17 @@ impl Timed {
 }
 
 pub(crate) async fn siege(s: Siege, out: &Out) -> Result<(), Failure> {
-    if s.slowloris > 5_000 || s.streams > 5_000 || !(10..=100_000).contains(&s.requests) {
+    if s.slowloris > 5_000
+        || s.streams > 5_000
+        || s.slow_bodies > 5_000
+        || !(10..=100_000).contains(&s.requests)
+    {
         return Err(Failure::Input(
-            "invalid size: use --slowloris and --streams up to 5000, --requests 10 to 100000"
+            "invalid size: use --slowloris, --streams and --slow-bodies up to 5000, --requests 10 to 100000"
                 .into(),
         ));
     }
-    raise_file_limit(s.slowloris + s.streams);
+    raise_file_limit(s.slowloris + s.streams + s.slow_bodies);
     let dir = tempfile::tempdir()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (config, backend, agent) = super::sweep::bench_agent(dir.path(), clock.clone()).await?;
@@ -135,7 +155,15 @@ pub(crate) async fn siege(s: Siege, out: &Out) -> Result<(), Failure> {
     // (at most the listener's places), or 30 s.
     let placed = Instant::now();
     let wanted = s.slowloris.min(ServeLimits::default().max_connections / 2);
+    // Slow bodies past the reading budget are refused at once: wait for them to have
+    // tried, each at least once.
+    let bodies_tried = || {
+        tally.bodies_most.load(Ordering::Relaxed)
+            + tally.bodies_refused.load(Ordering::Relaxed)
+            + tally.bodies_closed.load(Ordering::Relaxed)
+    };
     while (tally.most.load(Ordering::Relaxed) < wanted
+        || bodies_tried() < s.slow_bodies
         || tally.streams_open.load(Ordering::Relaxed)
             + tally.streams_refused.load(Ordering::Relaxed)
             < s.streams)
@@ -208,7 +236,74 @@ fn besiege(
             stop.clone(),
         )));
     }
+    for i in 0..s.slow_bodies {
+        // 64 a source address.
+        let from = [127, 0, 3 + (i / 16_000) as u8, (i / 64 % 250) as u8 + 1];
+        attackers.push(tokio::spawn(slow_body(
+            addr,
+            from,
+            path.to_owned(),
+            tally.clone(),
+            stop.clone(),
+        )));
+    }
     attackers
+}
+
+/// A slow body: a webhook request with signature headers that look right (signed with
+/// a secret that is not the webhook's), 256 KiB announced, one byte every 2 s; again
+/// when answered or closed.
+async fn slow_body(
+    addr: SocketAddr,
+    from: [u8; 4],
+    path: String,
+    tally: Arc<Tally>,
+    stop: watch::Receiver<bool>,
+) {
+    const ANNOUNCED: usize = 256 * 1024;
+    let forged = generate_secret();
+    let mut n = 0u64;
+    while !*stop.borrow() {
+        n += 1;
+        let Ok(mut s) = connect_from(from, addr).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let now = jiff::Timestamp::now().as_second();
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: pulse\r\nContent-Type: application/json\r\nContent-Length: {ANNOUNCED}\r\n"
+        );
+        let id = format!("slow-{}-{n}", u32::from_be_bytes(from));
+        for (k, v) in sign(Scheme::Pulse, &forged, b"{}", now, &id).unwrap_or_default() {
+            head.push_str(&format!("{k}: {}\r\n", v.to_str().unwrap_or_default()));
+        }
+        head.push_str("\r\n");
+        if s.write_all(head.as_bytes()).await.is_err() {
+            tally.bodies_closed.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let now = tally.bodies_sending.fetch_add(1, Ordering::Relaxed) + 1;
+        tally.bodies_most.fetch_max(now, Ordering::Relaxed);
+        let mut buf = [0u8; 64];
+        let answered = loop {
+            tokio::select! {
+                read = s.read(&mut buf) => break match read {
+                    Ok(n) if n >= 12 => Some(buf[9..12].to_vec()),
+                    _ => None,
+                },
+                () = tokio::time::sleep(Duration::from_secs(2)) => {
+                    if s.write_all(b"{").await.is_err() { break None }
+                }
+            }
+        };
+        tally.bodies_sending.fetch_sub(1, Ordering::Relaxed);
+        match answered.as_deref() {
+            Some(b"408") => tally.bodies_timed_out.fetch_add(1, Ordering::Relaxed),
+            Some(b"503") => tally.bodies_refused.fetch_add(1, Ordering::Relaxed),
+            _ => tally.bodies_closed.fetch_add(1, Ordering::Relaxed),
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Raises the soft limit on open files toward the hard one: each attacker and its
@@ -394,6 +489,23 @@ fn report(
         s.streams,
         setup.as_secs_f64()
     );
+    let bodies = (
+        tally.bodies_most.load(Ordering::Relaxed),
+        tally.bodies_timed_out.load(Ordering::Relaxed),
+        tally.bodies_refused.load(Ordering::Relaxed),
+        tally.bodies_closed.load(Ordering::Relaxed),
+    );
+    if s.slow_bodies > 0 {
+        figure!(
+            out,
+            "  and by {} slow bodies (64 an address, a byte every 2 s): at most {} open at once as they count, {} answered 408 for their pace, {} refused 503 (no reading place), {} closed unanswered",
+            s.slow_bodies,
+            bodies.0,
+            bodies.1,
+            bodies.2,
+            bodies.3
+        );
+    }
     figure!(
         out,
         "  goal: besieged p99 < 1000 ms: {}",
@@ -414,6 +526,11 @@ fn report(
             "slowloris_shed": shed,
             "streams_held": open,
             "streams_refused": refused,
+            "slow_bodies": s.slow_bodies,
+            "slow_bodies_most_open": bodies.0,
+            "slow_bodies_timed_out": bodies.1,
+            "slow_bodies_refused": bodies.2,
+            "slow_bodies_closed": bodies.3,
         }));
     }
 }

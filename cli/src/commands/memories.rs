@@ -33,9 +33,12 @@ pub(crate) enum MemoriesCmd {
     /// Gives an agent a memory, as its operator (embedded now, recalled by meaning).
     Add {
         /// The agent: its id, name or alias.
-        agent: String,
-        /// What to remember (at most 4,000 characters).
-        text: String,
+        #[arg(long)]
+        agent: Option<String>,
+        /// What to remember (at most 4,000 characters). The agent may come first instead
+        /// of --agent: `memories add scout "…"`.
+        #[arg(value_name = "TEXT", num_args = 1..=2, required = true)]
+        words: Vec<String>,
         /// fact, preference, plan, episode or summary.
         #[arg(long, default_value = "fact")]
         kind: String,
@@ -47,9 +50,12 @@ pub(crate) enum MemoriesCmd {
     /// weight and importance. Looking does not reinforce, unless --reinforce.
     Recall {
         /// The agent: its id, name or alias.
-        agent: String,
-        /// What to look for.
-        query: String,
+        #[arg(long)]
+        agent: Option<String>,
+        /// What to look for. The agent may come first instead of --agent: `memories
+        /// recall scout "…"`.
+        #[arg(value_name = "QUERY", num_args = 1..=2, required = true)]
+        words: Vec<String>,
         /// How many, at most.
         #[arg(long, default_value_t = 5)]
         limit: usize,
@@ -77,7 +83,11 @@ pub(crate) enum MemoriesCmd {
     /// summed up by its model (spending its tokens); at most 25 % of its active memories.
     Consolidate {
         /// The agent: its id, name or alias.
-        agent: String,
+        #[arg(long)]
+        agent: Option<String>,
+        /// The agent, given without --agent (`memories consolidate scout`).
+        #[arg(hide = true, value_name = "AGENT")]
+        named: Option<String>,
     },
     /// Undoes a consolidation: a summary gives back what it folded (and goes); a memory
     /// others were merged into gives them back; a folded memory comes back.
@@ -138,6 +148,34 @@ pub(crate) enum MemoriesPlan {
     },
 }
 
+/// The agent and the text of `memories add` and `recall`: `--agent A TEXT`, or the
+/// older `A TEXT`.
+fn agent_and(
+    agent: Option<String>,
+    mut words: Vec<String>,
+    what: &str,
+) -> Result<(String, String), Failure> {
+    match (agent, words.len()) {
+        (Some(a), 1) => Ok((a, words.remove(0))),
+        (None, 2) => {
+            let text = words.remove(1);
+            Ok((words.remove(0), text))
+        }
+        (Some(_), _) => Err(twice()),
+        (None, _) => Err(Failure::Input(format!(
+            "which agent? give --agent ID|NAME|ALIAS before {what}"
+        ))),
+    }
+}
+
+fn twice() -> Failure {
+    Failure::Input("the agent is given twice: give --agent ID|NAME|ALIAS once".into())
+}
+
+fn which_agent() -> Failure {
+    Failure::Input("which agent? give --agent ID|NAME|ALIAS".into())
+}
+
 pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
     let kind = |k: &str| MemoryKind::parse(k).map_err(input);
     let agent_opt = |a: Option<String>| a.as_deref().map(agent_ref).transpose();
@@ -155,10 +193,11 @@ pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
         },
         MemoriesCmd::Add {
             agent,
-            text,
+            words,
             kind: k,
             importance,
         } => {
+            let (agent, text) = agent_and(agent, words, "the memory's text")?;
             let text = text.trim().to_owned();
             if text.is_empty() {
                 return Err(Failure::Input("give the memory's text".into()));
@@ -172,10 +211,11 @@ pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
         }
         MemoriesCmd::Recall {
             agent,
-            query,
+            words,
             limit: n,
             reinforce,
         } => {
+            let (agent, query) = agent_and(agent, words, "what to recall")?;
             if query.trim().is_empty() {
                 return Err(Failure::Input("give something to recall".into()));
             }
@@ -193,8 +233,12 @@ pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
         MemoriesCmd::Reindex { agent } => MemoriesPlan::Reindex {
             agent: agent_opt(agent)?,
         },
-        MemoriesCmd::Consolidate { agent } => MemoriesPlan::Consolidate {
-            agent: agent_ref(&agent)?,
+        MemoriesCmd::Consolidate { agent, named } => MemoriesPlan::Consolidate {
+            agent: agent_ref(&match (agent, named) {
+                (Some(a), None) | (None, Some(a)) => a,
+                (Some(_), Some(_)) => return Err(twice()),
+                (None, None) => return Err(which_agent()),
+            })?,
         },
         MemoriesCmd::Restore { id, agent } => MemoriesPlan::Restore {
             id: MemoryId::parse(id.trim()).map_err(input)?,

@@ -354,7 +354,7 @@ impl AgentRef {
                 self.0
             ))),
             several => Err(Failure::Input(format!(
-                "{:?} names {} agents: {}; give the id",
+                "{:?} names {} agents: {}; give the id, or rename one with `pulse agents update ID --name NEW`",
                 self.0,
                 several.len(),
                 several

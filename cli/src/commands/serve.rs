@@ -100,6 +100,12 @@ pub(crate) struct ServeArgs {
     /// served only on a loopback listener.
     #[arg(long, env = "PULSE_DASHBOARD_TOKEN", hide_env_values = true)]
     dashboard_token: Option<String>,
+    /// Start even when another `pulse serve` runs on this database. Two sweep and run
+    /// the same agents (their claims keep each heartbeat to one of them), each serves
+    /// its own dashboard, and each runs the hourly retention and the memories'
+    /// consolidation: for a deliberate hand-over only.
+    #[arg(long)]
+    allow_second: bool,
 }
 
 /// A validated `serve` or `sweep`.
@@ -109,6 +115,7 @@ pub(crate) enum ServePlan {
         listen: Option<SocketAddr>,
         limits: ServeLimits,
         dashboard_token: Option<String>,
+        allow_second: bool,
     },
     Sweep,
 }
@@ -160,6 +167,7 @@ pub(crate) fn plan_serve(a: ServeArgs) -> Result<ServePlan, Failure> {
         listen,
         limits,
         dashboard_token: a.dashboard_token,
+        allow_second: a.allow_second,
     })
 }
 
@@ -170,7 +178,11 @@ pub(crate) async fn execute(plan: ServePlan, cx: &Ctx<'_>) -> Result<(), Failure
             listen,
             limits,
             dashboard_token,
+            allow_second,
         } => {
+            if !allow_second {
+                alone(cx.b)?;
+            }
             let serving = Serving {
                 tick,
                 listen,
@@ -269,7 +281,11 @@ pub(crate) async fn serve(
         wake: Notify::new(),
     };
     announce(config, tick);
-    tell_others(config, b);
+    tell_others(
+        config,
+        b,
+        listener.as_ref().and_then(|l| l.local_addr().ok()),
+    );
 
     let signals = async {
         shutdown_signal().await;
@@ -304,14 +320,37 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// Says, for `pulse status` to read while this process lives, what its acknowledgements
-/// promise (in its claim lock file beside the database; see `OrphanedClaims::announce`).
-fn tell_others(config: &Config, b: &Connected) {
+/// Refuses to start beside another live `pulse serve` on the same database (as its claim
+/// lock file says; see `OrphanedClaims::announced`), naming it.
+fn alone(b: &Connected) -> Result<(), Failure> {
+    let Some(orphans) = &b.orphans else {
+        return Ok(());
+    };
+    let Some(other) = orphans
+        .announced()
+        .iter()
+        .filter_map(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+        .find(|v| v["program"] == "pulse serve")
+    else {
+        return Ok(());
+    };
+    let listen = other["listen"].as_str().unwrap_or("no listener");
+    Err(Failure::Input(format!(
+        "another pulse serve (pid {}, listening on {listen}) runs on this database: two would both sweep and run its agents, serve two dashboards, and run retention and consolidation twice. Stop it first, or start this one with --allow-second for a deliberate hand-over",
+        other["pid"]
+    )))
+}
+
+/// Says, for `pulse status` and a second `pulse serve` to read while this process
+/// lives, what it runs with (in its claim lock file beside the database; see
+/// `OrphanedClaims::announce`).
+fn tell_others(config: &Config, b: &Connected, listen: Option<SocketAddr>) {
     let Some(orphans) = &b.orphans else { return };
     let about = serde_json::json!({
         "program": "pulse serve",
         "pid": std::process::id(),
         "durability": config.durability.as_str(),
+        "listen": listen.map(|a| a.to_string()),
     });
     if let Err(e) = orphans.announce(&about.to_string()) {
         warn!(error = %e, "cannot tell other processes what this one runs with: `pulse status` shows its own PULSE_DURABILITY instead");

@@ -132,6 +132,24 @@ impl Agent {
                 "give a name of 1 to 100 characters",
             ));
         }
+        for (what, text) in [
+            ("persona", &mut self.persona),
+            ("instructions", &mut self.instructions),
+        ] {
+            *text = text
+                .take()
+                .map(|t| t.trim().to_owned())
+                .filter(|t| !t.is_empty());
+            let chars = text.as_deref().map_or(0, |t| t.chars().count());
+            if chars > MAX_PROMPT_TEXT {
+                return Err(ValidationError::new(
+                    what,
+                    format!(
+                        "{chars} characters; at most {MAX_PROMPT_TEXT} (it is sent with every model call): shorten it"
+                    ),
+                ));
+            }
+        }
         if let Some(var) = &self.llm.api_key_env {
             check_key_variable(var)?;
         }
@@ -245,23 +263,29 @@ impl Agent {
     }
 }
 
+/// The most characters of an agent's persona, and of its heartbeat instructions.
+pub const MAX_PROMPT_TEXT: usize = 16_000;
+
 /// The agents `name` refers to: those whose name it is (ignoring case), or whose alias it
 /// is, with or without a leading `@`.
 pub fn agents_named<'a>(agents: &'a [Agent], name: &str) -> Vec<&'a Agent> {
-    let name = name.trim();
-    let bare = name.strip_prefix('@').unwrap_or(name);
-    agents
-        .iter()
-        .filter(|a| {
-            a.name.eq_ignore_ascii_case(name)
-                || a.alias.as_deref().is_some_and(|alias| {
-                    alias
-                        .strip_prefix('@')
-                        .unwrap_or(alias)
-                        .eq_ignore_ascii_case(bare)
-                })
-        })
-        .collect()
+    agents.iter().filter(|a| a.is_named(name)).collect()
+}
+
+impl Agent {
+    /// Whether `name` is this agent's name (ignoring case) or its alias (with or
+    /// without a leading `@`).
+    pub fn is_named(&self, name: &str) -> bool {
+        let name = name.trim();
+        let bare = name.strip_prefix('@').unwrap_or(name);
+        self.name.eq_ignore_ascii_case(name)
+            || self.alias.as_deref().is_some_and(|alias| {
+                alias
+                    .strip_prefix('@')
+                    .unwrap_or(alias)
+                    .eq_ignore_ascii_case(bare)
+            })
+    }
 }
 
 /// An agent's own LLM settings; each unset field falls back to the configuration.

@@ -126,6 +126,8 @@ pub struct AgentChanges {
     pub timezone: Option<TimeZoneName>,
     /// Heartbeat instructions; `Some(None)` removes them.
     pub instructions: Option<Option<String>>,
+    /// Persona (the system prompt's first part); `Some(None)` removes it.
+    pub persona: Option<Option<String>>,
     /// LLM provider; `Some(None)` goes back to the configured one.
     pub llm_provider: Option<Option<ProviderKind>>,
     /// Model; `Some(None)` goes back to the configured one.
@@ -170,6 +172,7 @@ impl AgentChanges {
             && self.active_hours.is_none()
             && self.timezone.is_none()
             && self.instructions.is_none()
+            && self.persona.is_none()
             && self.llm_provider.is_none()
             && self.llm_model.is_none()
             && self.llm_base_url.is_none()
@@ -202,6 +205,7 @@ impl AgentChanges {
         set(&mut a.active_hours, &self.active_hours);
         set(&mut a.timezone, &self.timezone);
         set(&mut a.instructions, &self.instructions);
+        set(&mut a.persona, &self.persona);
         set(&mut a.llm.provider, &self.llm_provider);
         set(&mut a.llm.model, &self.llm_model);
         set(&mut a.llm.base_url, &self.llm_base_url);

@@ -154,10 +154,12 @@ pub(crate) async fn pull_forward(
 pub fn tool_spec() -> ToolSpec {
     ToolSpec {
         name: "schedule".to_owned(),
-        description: "Wake yourself later, e.g. for a reminder the user asked for: once at a time (`at`, RFC 3339 with an offset) or after a while (`in`: 30m, 2h, 1d), or on a cron pattern (`cron`: minute hour day-of-month month day-of-week, in `timezone`, default yours). The `note` comes back to you with the wake.".to_owned(),
+        description: "Wake yourself later, e.g. for a reminder the user asked for: once at a time (`at`, RFC 3339 with an offset) or after a while (`in`: 30m, 2h, 1d), or on a cron pattern (`cron`: minute hour day-of-month month day-of-week, in `timezone`, default yours). The `note` comes back to you with the wake. With `action` \"list\", your reminders (id, when, next wake, note); with `action` \"cancel\", the one whose `schedule_id` is given, or whose note contains `note`.".to_owned(),
         parameters: json!({
             "type": "object",
             "properties": {
+                "action": {"type": "string", "enum": ["set", "list", "cancel"], "description": "set (the default), list or cancel"},
+                "schedule_id": {"type": "string", "description": "The reminder to cancel (from list)"},
                 "at": {"type": "string", "description": "e.g. 2026-11-25T09:00:00+01:00"},
                 "in": {"type": "string", "description": "e.g. 90m"},
                 "cron": {"type": "string", "description": "e.g. 0 9 * * MON-FRI"},
@@ -168,14 +170,15 @@ pub fn tool_spec() -> ToolSpec {
     }
 }
 
-/// Runs the `schedule` tool for `agent`: the schedule made, as the model reads it.
+/// Runs the `schedule` tool for `agent`: the schedule made (none when it listed or
+/// cancelled), and what the model reads.
 pub async fn run_tool(
     store: &dyn Store,
     agent: &Agent,
     input: &Value,
     now: Timestamp,
     limits: ScheduleLimits,
-) -> Result<(Schedule, Value), ScheduleToolError> {
+) -> Result<(Option<Schedule>, Value), ScheduleToolError> {
     let text = |k: &str| {
         input
             .get(k)
@@ -184,6 +187,22 @@ pub async fn run_tool(
             .filter(|s| !s.is_empty())
     };
     let bad = |why: String| ScheduleToolError::Input(why);
+    match text("action").unwrap_or("set") {
+        "set" => {}
+        "list" => {
+            let listed = store.schedules(&agent.id).await.map_err(MakeError::from)?;
+            return Ok((
+                None,
+                json!({"schedules": listed.iter().map(|s| listed_json(s, now)).collect::<Vec<_>>()}),
+            ));
+        }
+        "cancel" => return cancel(store, agent, text("schedule_id"), text("note")).await,
+        other => {
+            return Err(bad(format!(
+                "\"action\" {other:?}: give set, list or cancel"
+            )));
+        }
+    }
     let rule = match (text("at"), text("in"), text("cron")) {
         (Some(at), None, None) => ScheduleRule::Once {
             at: at
@@ -216,7 +235,78 @@ pub async fn run_tool(
         "schedule_id": schedule.id,
         "next_at": schedule.next_at,
     });
-    Ok((schedule, answer))
+    Ok((Some(schedule), answer))
+}
+
+/// A schedule as the `schedule` tool lists it.
+fn listed_json(s: &Schedule, now: Timestamp) -> Value {
+    json!({
+        "schedule_id": s.id,
+        "rule": rule_json(&s.rule, s.next_at.unwrap_or(now)),
+        "next_at": s.next_at,
+        "note": s.note,
+    })
+}
+
+/// Cancels the agent's schedule `id`, or the one whose note contains `note` (ignoring
+/// case): refused, saying which, when none or several match.
+async fn cancel(
+    store: &dyn Store,
+    agent: &Agent,
+    id: Option<&str>,
+    note: Option<&str>,
+) -> Result<(Option<Schedule>, Value), ScheduleToolError> {
+    let listed = store.schedules(&agent.id).await.map_err(MakeError::from)?;
+    let found: Vec<&Schedule> = match (id, note) {
+        (Some(id), _) => listed.iter().filter(|s| s.id.as_str() == id).collect(),
+        (None, Some(note)) => {
+            let note = note.to_lowercase();
+            listed
+                .iter()
+                .filter(|s| {
+                    s.note
+                        .as_deref()
+                        .is_some_and(|n| n.to_lowercase().contains(&note))
+                })
+                .collect()
+        }
+        (None, None) => {
+            return Err(ScheduleToolError::Input(
+                "to cancel, give \"schedule_id\" (from action list) or words of its \"note\""
+                    .to_owned(),
+            ));
+        }
+    };
+    let schedule = match found.as_slice() {
+        [one] => *one,
+        [] => {
+            return Err(ScheduleToolError::Input(format!(
+                "no reminder matches{}; you have {}: use action list to see them",
+                id.map(|i| format!(" the id {i}"))
+                    .or_else(|| note.map(|n| format!(" the note {n:?}")))
+                    .unwrap_or_default(),
+                listed.len()
+            )));
+        }
+        several => {
+            let ids: Vec<&str> = several.iter().map(|s| s.id.as_str()).collect();
+            return Err(ScheduleToolError::Input(format!(
+                "{} reminders match that note ({}); cancel one by its schedule_id",
+                several.len(),
+                ids.join(", ")
+            )));
+        }
+    };
+    store
+        .delete_schedule(&agent.id, &schedule.id)
+        .await
+        .map_err(MakeError::from)?;
+    refresh(store, &agent.id).await.map_err(MakeError::from)?;
+    info!(agent_id = %agent.id, schedule_id = %schedule.id, "schedule cancelled by the agent");
+    Ok((
+        None,
+        json!({"cancelled": true, "schedule_id": schedule.id, "note": schedule.note}),
+    ))
 }
 
 /// The earliest next wake of `schedules`.

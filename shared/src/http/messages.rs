@@ -128,14 +128,21 @@ pub(crate) async fn post(
         Ok(t) => t,
         Err(r) => return r,
     };
+    // The URL names the agent by id, name or alias; the token's own agent only.
     if agent != token.agent_id.as_str() {
-        return error_response(
-            StatusCode::FORBIDDEN,
-            format!(
-                "this token speaks to agent {} only; use a token made for {agent} (`pulse tokens create --agent {agent}`)",
-                token.agent_id
-            ),
-        );
+        let own = match inbound.store.get_agent(&token.agent_id).await {
+            Ok(a) => a,
+            Err(e) => return store_failure("read the agent", &e),
+        };
+        if !own.is_some_and(|a| a.is_named(&agent)) {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "this token speaks to agent {} only; name it in the URL by its id, name or alias, or use a token made for {agent} (`pulse tokens create --agent {agent}`)",
+                    token.agent_id
+                ),
+            );
+        }
     }
     let body = match super::read_body(body, &headers, MAX_MESSAGE_BODY).await {
         Ok(b) => b,

@@ -262,8 +262,10 @@ pub(crate) async fn settings(
                     value=(agent.active_hours.map(|h| h.to_string()).unwrap_or_default());
                 label for="timezone" { "Time zone" }
                 input #timezone name="timezone" value=(agent.timezone.to_string());
+                label for="persona" { "Persona" }
+                textarea #persona name="persona" rows="4" maxlength="16000" placeholder="Who the agent is: the system prompt's first part" { (agent.persona.clone().unwrap_or_default()) }
                 label for="instructions" { "Instructions" }
-                textarea #instructions name="instructions" rows="4" { (agent.instructions.clone().unwrap_or_default()) }
+                textarea #instructions name="instructions" rows="4" maxlength="16000" { (agent.instructions.clone().unwrap_or_default()) }
                 label for="think" { "Think" }
                 input #think name="think" value=(agent.think.to_string()) title="auto (new events or instructions), events, always, or every:N";
                 label for="vision" { "Images to the model" }
@@ -329,6 +331,9 @@ pub(crate) struct UpdateForm {
     timezone: String,
     #[serde(default)]
     instructions: String,
+    /// Absent: unchanged; empty: none.
+    #[serde(default)]
+    persona: Option<String>,
     #[serde(default)]
     think: String,
     /// `auto`, `on` or `off`; absent: unchanged.
@@ -369,6 +374,9 @@ pub(crate) async fn update(
         }),
         timezone: Some(TimeZoneName::parse(f.timezone.trim()).map_err(invalid)?),
         instructions: Some(Some(f.instructions.trim().to_owned()).filter(|i| !i.is_empty())),
+        persona: f
+            .persona
+            .map(|p| Some(p.trim().to_owned()).filter(|p| !p.is_empty())),
         think: match f.think.trim() {
             "" => None,
             t => Some(ThinkPolicy::parse(t).map_err(invalid)?),

@@ -85,6 +85,9 @@ pub(crate) struct UpdateAgent {
     /// is given, so an edited file is taken up by `agents update --instructions-file`.
     #[arg(long, value_name = "FILE")]
     instructions_file: Option<std::path::PathBuf>,
+    /// Persona (the system prompt's first part, at most 16,000 characters); "" removes it.
+    #[arg(long)]
+    persona: Option<String>,
     /// LLM provider: anthropic, openai or offline; "" goes back to the configured one.
     #[arg(long, value_name = "PROVIDER")]
     llm_provider: Option<String>,
@@ -169,7 +172,7 @@ pub(crate) struct CreateAgent {
     /// Read the instructions from this file (e.g. HEARTBEAT.md).
     #[arg(long, value_name = "FILE")]
     instructions_file: Option<std::path::PathBuf>,
-    /// Persona (system prompt).
+    /// Persona (the system prompt's first part, at most 16,000 characters).
     #[arg(long)]
     persona: Option<String>,
     /// Short handle.
@@ -313,6 +316,7 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .transpose()
             .map_err(input)?,
         instructions: cleared(a.instructions),
+        persona: cleared(a.persona),
         llm_provider: cleared_with(a.llm_provider, |p| ProviderKind::parse(p).map_err(input))?,
         llm_model: cleared(a.llm_model),
         llm_base_url: cleared_with(a.llm_base_url, base_url)?,
@@ -504,6 +508,15 @@ pub(crate) async fn execute(plan: AgentsPlan, cx: &Ctx<'_>) -> Result<(), Failur
     match plan {
         AgentsPlan::Create(new) => {
             let (agent, first) = new.create(cx.clock.now()).map_err(input)?;
+            // The store holds each name for one agent; this read also finds a name
+            // another agent has as its alias, and agents made before names were held.
+            let agents = b.store.list_agents().await?;
+            if let Some(other) = pulse_shared::domain::agents_named(&agents, &agent.name).first() {
+                return Err(Failure::Input(format!(
+                    "an agent named {:?} already exists ({}, named {:?}); give this one another name, or rename that one with `pulse agents update {} --name NEW`",
+                    agent.name, other.id, other.name, other.id
+                )));
+            }
             b.store.create_agent(&agent, &first).await.map_err(store)?;
             warn_without_key(cx, &agent);
             out.created(

@@ -23,6 +23,17 @@ pub(super) fn channel_item(channel: &str, agent: &AgentId) -> Item {
     item
 }
 
+/// The key of the item that holds an agent's name (ignoring ASCII case) for one agent.
+pub(super) fn name_key(name: &str) -> Item {
+    key(format!("NM#{}", name.to_ascii_lowercase()), "NM")
+}
+
+fn name_item(name: &str, agent: &AgentId) -> Item {
+    let mut item = name_key(name);
+    item.insert("agent_id".to_owned(), s(agent.as_str()));
+    item
+}
+
 /// A new agent's live record: no hooks yet.
 fn live_item(agent: &Agent) -> Item {
     let mut item = doc_item(agent_pk(&agent.id), AGENT_SK.to_owned(), agent);
@@ -54,6 +65,26 @@ impl Listed {
     }
 }
 
+impl DynamoStore {
+    /// `AlreadyExists`, naming the agent that holds `name`.
+    async fn name_taken(&self, name: &str) -> StoreError {
+        let other = self
+            .get_id(
+                "find name's agent",
+                name_key(name),
+                "agent_id",
+                AgentId::parse,
+            )
+            .await
+            .ok()
+            .flatten();
+        StoreError::AlreadyExists(format!(
+            "an agent named {name:?} ({})",
+            other.map_or_else(|| "?".to_owned(), |a| a.to_string())
+        ))
+    }
+}
+
 #[async_trait]
 impl AgentStore for DynamoStore {
     async fn agent_for_channel(&self, channel_id: &str) -> Result<Option<AgentId>, StoreError> {
@@ -74,6 +105,10 @@ impl AgentStore for DynamoStore {
                 None,
             )?,
             self.put(heartbeat_item(first)?, Some("attribute_not_exists(pk)"))?,
+            self.put(
+                name_item(&agent.name, &agent.id),
+                Some("attribute_not_exists(pk)"),
+            )?,
         ];
         if let Some(channel) = &agent.discord_channel {
             items.push(self.put(
@@ -84,11 +119,15 @@ impl AgentStore for DynamoStore {
         match self.transact("create agent", items).await? {
             Ok(()) => Ok(()),
             Err(reasons) => {
-                if agent.discord_channel.is_some()
-                    && reasons
-                        .get(3)
+                let failed = |i: usize| {
+                    reasons
+                        .get(i)
                         .is_some_and(|r| r == "ConditionalCheckFailed")
-                {
+                };
+                if failed(3) {
+                    return Err(self.name_taken(&agent.name).await);
+                }
+                if agent.discord_channel.is_some() && failed(4) {
                     let channel = agent.discord_channel.as_deref().unwrap_or_default();
                     let other = self.agent_for_channel(channel).await?;
                     return Err(StoreError::AlreadyExists(format!(
@@ -114,6 +153,7 @@ impl AgentStore for DynamoStore {
             if let Some(channel) = &agent.discord_channel {
                 items.push(channel_item(channel, &agent.id));
             }
+            items.push(name_item(&agent.name, &agent.id));
         }
         let batches: Vec<Vec<Item>> = items.chunks(25).map(<[Item]>::to_vec).collect();
         let results: Vec<Result<(), StoreError>> = futures::stream::iter(batches)
@@ -242,6 +282,32 @@ impl AgentStore for DynamoStore {
                 None,
             )?,
         ];
+        // Renamed: the new name is taken in the same transaction, and the old one given
+        // up if this agent held it (one of a pair that shared it before names were held
+        // may not; a read tells).
+        let renamed = !agent.name.eq_ignore_ascii_case(&previous.name);
+        if renamed {
+            items.push(self.put(
+                name_item(&agent.name, &agent.id),
+                Some("attribute_not_exists(pk)"),
+            )?);
+            let held = self
+                .get_id(
+                    "find name's agent",
+                    name_key(&previous.name),
+                    "agent_id",
+                    AgentId::parse,
+                )
+                .await?;
+            if held.as_ref() == Some(&agent.id) {
+                let delete = Delete::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(name_key(&previous.name)))
+                    .build()
+                    .map_err(backend("build transaction"))?;
+                items.push(TransactWriteItem::builder().delete(delete).build());
+            }
+        }
         let moved = agent.discord_channel != previous.discord_channel;
         if moved {
             if let Some(old) = &previous.discord_channel {
@@ -263,6 +329,9 @@ impl AgentStore for DynamoStore {
             Ok(()) => Ok(()),
             Err(reasons) if is_ccf(reasons.first()) => {
                 Err(StoreError::NotFound(format!("agent {}", agent.id)))
+            }
+            Err(reasons) if renamed && is_ccf(reasons.get(2)) => {
+                Err(self.name_taken(&agent.name).await)
             }
             Err(_) => {
                 let channel = agent.discord_channel.as_deref().unwrap_or_default();

@@ -63,12 +63,27 @@ impl DynamoStore {
                 doomed.rest.push(k);
             }
         }
-        if let Some(agent) = self.get_agent(id).await?
-            && let Some(channel) = agent.discord_channel
+        let agent = self.get_agent(id).await?;
+        if let Some(channel) = agent.as_ref().and_then(|a| a.discord_channel.clone())
             && self.agent_for_channel(&channel).await?.as_ref() == Some(id)
         {
             doomed.first.push(key(format!("CH#{channel}"), "CH"));
             f.channel = Some(channel);
+        }
+        // Its name, when it holds it.
+        if let Some(agent) = &agent
+            && self
+                .get_id(
+                    "find name's agent",
+                    super::agents::name_key(&agent.name),
+                    "agent_id",
+                    AgentId::parse,
+                )
+                .await?
+                .as_ref()
+                == Some(id)
+        {
+            doomed.first.push(super::agents::name_key(&agent.name));
         }
         for webhook in self.webhooks_of(id).await? {
             let (keys, records) = self.webhook_keys(&webhook).await?;

@@ -49,6 +49,34 @@ fn write_agent(conn: &Connection, op: &'static str, agent: &Agent) -> Result<(),
 }
 
 /// Files `agent` as the one that answers in `channel`; `AlreadyExists` if another does.
+/// Gives `agent` its name (ignoring ASCII case): `AlreadyExists` naming the agent that
+/// holds it.
+fn claim_name(conn: &Connection, name: &str, agent: &AgentId) -> Result<(), StoreError> {
+    let op = sqlite_err("hold the agent's name");
+    let key = name.to_ascii_lowercase();
+    let n = conn
+        .exec(
+            "INSERT INTO agent_names (name, agent_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            params![key, agent.as_str()],
+        )
+        .map_err(&op)?;
+    if n == 0 {
+        let other: String = conn
+            .query_row(
+                "SELECT agent_id FROM agent_names WHERE name = ?1",
+                [&key],
+                |r| r.get(0),
+            )
+            .map_err(&op)?;
+        if other != agent.as_str() {
+            return Err(StoreError::AlreadyExists(format!(
+                "an agent named {name:?} ({other})"
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn claim_channel(
     conn: &Connection,
     channel: &str,
@@ -109,6 +137,7 @@ impl AgentStore for SqliteStore {
                 if n == 0 {
                     return Err(StoreError::AlreadyExists(format!("agent {}", agent.id)));
                 }
+                claim_name(&tx, &agent.name, &agent.id)?;
                 if let Some(channel) = &agent.discord_channel {
                     claim_channel(&tx, channel, &agent.id)?;
                 }
@@ -143,6 +172,11 @@ impl AgentStore for SqliteStore {
                         )
                         .map_err(&op)?;
                     }
+                    tx.exec(
+                        "INSERT OR REPLACE INTO agent_names (name, agent_id) VALUES (?1, ?2)",
+                        params![agent.name.to_ascii_lowercase(), agent.id.as_str()],
+                    )
+                    .map_err(&op)?;
                     insert_heartbeat(&tx, first)?;
                 }
                 tx.commit().map_err(&op)
@@ -253,6 +287,16 @@ impl AgentStore for SqliteStore {
                 agent.paused_at = stored.paused_at;
                 agent.last_interaction_at = stored.last_interaction_at;
                 agent.next_wake = stored.next_wake;
+                if !agent.name.eq_ignore_ascii_case(&stored.name) {
+                    // Renamed: the new name is taken first, then the old one given up
+                    // (if this agent held it: one of a pair that shared it may not).
+                    claim_name(&tx, &agent.name, &agent.id)?;
+                    tx.exec(
+                        "DELETE FROM agent_names WHERE name = ?1 AND agent_id = ?2",
+                        params![stored.name.to_ascii_lowercase(), agent.id.as_str()],
+                    )
+                    .map_err(sqlite_err(op))?;
+                }
                 if agent.discord_channel != previous.discord_channel {
                     tx.exec(
                         "DELETE FROM discord_channels WHERE agent_id = ?1",
@@ -410,6 +454,7 @@ mod tests {
              ALTER TABLE hook_dead DROP COLUMN visible_ms;
              DROP TABLE write_checks;
              ALTER TABLE heartbeats DROP COLUMN ran_ms;
+             DROP TABLE agent_names;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -418,7 +463,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 20);
+        assert_eq!(version, 21);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

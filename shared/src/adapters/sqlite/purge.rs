@@ -102,6 +102,7 @@ pub(super) fn purge(
         for table in [
             "memory_versions",
             "discord_channels",
+            "agent_names",
             "tool_counts",
             "tool_times",
         ] {

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 20;
+const SCHEMA_VERSION: i64 = 21;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -413,6 +413,19 @@ const SCHEMA_V20: &str = r#"
 ALTER TABLE heartbeats ADD COLUMN ran_ms INTEGER;
 "#;
 
+/// Version 21: each agent's name, held by one agent (ignoring ASCII case). A file that
+/// already holds agents sharing a name gives it to the oldest of them; the others keep
+/// working, named by id, until one is renamed.
+const SCHEMA_V21: &str = r#"
+CREATE TABLE agent_names (
+    name      TEXT PRIMARY KEY,
+    agent_id  TEXT NOT NULL
+);
+INSERT OR IGNORE INTO agent_names (name, agent_id)
+    SELECT lower(json_extract(doc, '$.name')), id FROM agents
+    WHERE json_valid(doc) AND json_extract(doc, '$.name') IS NOT NULL ORDER BY created_ms;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -491,6 +504,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 20 {
             conn.execute_batch(SCHEMA_V20).map_err(&err)?;
+        }
+        if version < 21 {
+            conn.execute_batch(SCHEMA_V21).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

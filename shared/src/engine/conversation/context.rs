@@ -217,6 +217,11 @@ fn said(
                 None,
             ),
         };
+        // A webhook's wake is shown as the webhook that sent it, never as the user.
+        let author = match s.kind {
+            SignalKind::Webhook => Some(format!("webhook {source}")),
+            _ => s.meta.user_name.clone(),
+        };
         out.push(ConversationMessage {
             id: format!("{turn_id}.{i:02}"),
             agent_id: agent_id.clone(),
@@ -224,7 +229,7 @@ fn said(
             role,
             source,
             agent,
-            author: s.meta.user_name.clone(),
+            author,
             content: s.text(),
             created_at: s.created_at,
             waiting: false,
@@ -322,6 +327,29 @@ mod tests {
         assert_eq!(ctx.len(), 11, "system + the 10 newest");
         assert!(ctx[1].text().unwrap().starts_with("00040"));
         assert!(ctx[10].text().unwrap().starts_with("00049"));
+    }
+
+    #[test]
+    fn a_webhooks_wake_is_kept_as_said_by_the_webhook() {
+        let a = agent();
+        let now = Timestamp::UNIX_EPOCH;
+        let user = SignalMeta {
+            user_name: Some("ada".into()),
+            ..SignalMeta::default()
+        };
+        let m = Signal::user_message(&a.id, &a.session, "hi", user, now).unwrap();
+        let mut w = m.clone();
+        w.kind = SignalKind::Webhook;
+        w.meta = SignalMeta {
+            source: Some("wh_1".into()),
+            user_name: Some("spoofed".into()),
+            ..SignalMeta::default()
+        };
+        let turn = crate::domain::TurnId::parse("tn_01JQ0000000000000000000000").unwrap();
+        let kept = said(&turn, &a.id, &[m, w]);
+        assert_eq!(kept[0].author.as_deref(), Some("ada"));
+        assert_eq!(kept[1].author.as_deref(), Some("webhook wh_1"));
+        assert_eq!(kept[1].source, "wh_1");
     }
 
     #[test]

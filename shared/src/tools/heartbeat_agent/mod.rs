@@ -600,7 +600,9 @@ impl HeartbeatAgent {
                 )
                 .await
                 .map_err(|e| e.to_string())?;
-                t.scheduled.push(schedule.id.to_string());
+                if let Some(made) = schedule {
+                    t.scheduled.push(made.id.to_string());
+                }
                 Ok(answer)
             }
             "emit_event" => {
