@@ -147,6 +147,7 @@ faulty!(ConversationStore {
     fn get_turn(&self, agent: &AgentId, id: &TurnId) -> Option<Turn>;
     fn list_turns(&self, agent: &AgentId, limit: usize) -> Vec<Turn>;
     fn recent_messages(&self, agent: &AgentId, limit: usize) -> Vec<ConversationMessage>;
+    fn messages_before(&self, agent: &AgentId, before: &str, limit: usize) -> Vec<ConversationMessage>;
     fn put_waiting(&self, waiting: &WaitingTurn) -> ();
     fn get_waiting(&self, agent: &AgentId, session: &SessionId) -> Option<WaitingTurn>;
     fn delete_waiting(&self, agent: &AgentId, session: &SessionId) -> ();

@@ -130,6 +130,27 @@ async fn turns(kind: Kind) {
     let recent = b.store.recent_messages(&agent.id, 2).await.unwrap();
     let texts: Vec<_> = recent.iter().map(|m| m.content.as_str()).collect();
     assert_eq!(texts, ["reply", "two"], "newest first, limited");
+    // The page before the oldest of those: what is older, newest first.
+    let older = b
+        .store
+        .messages_before(&agent.id, &recent[1].id, 10)
+        .await
+        .unwrap();
+    let texts: Vec<_> = older.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(texts, ["one"], "older only, the given one left out");
+    let first = b
+        .store
+        .messages_before(&agent.id, &recent[0].id, 1)
+        .await
+        .unwrap();
+    assert_eq!(first[0].content, "two", "limited");
+    assert!(
+        b.store
+            .messages_before(&agent.id, &older[0].id, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // Turns are listed newest first, as updated, up to the limit.
     b.advance(SignedDuration::from_secs(1));

@@ -918,6 +918,59 @@ async fn paging(kind: Kind) {
     assert!(u.get("/ui/?page=9").await.body.contains("page 2 of 2"));
 }
 
+/// 60 exchanges (120 messages): the Chat tab shows the newest 100, and a link to the
+/// older ones, whose page links back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_tab_pages_a_long_conversation() {
+    use pulse_shared::domain::{Signal, SignalMeta};
+    let u = ui(Kind::Sqlite, Access::Open).await;
+    let (agent, _) = u.b.agent("talker", "1h").await;
+    let services = pulse_tests::offline_services();
+    let worker =
+        u.b.connected()
+            .worker(u.b.clock.clone(), &settings(), &services);
+    for i in 0..60 {
+        u.b.advance(SignedDuration::from_secs(1));
+        let s = Signal::user_message(
+            &agent.id,
+            &agent.session,
+            &format!("note {i:03}"),
+            SignalMeta::default(),
+            u.b.now(),
+        )
+        .unwrap();
+        pulse_shared::engine::intake::submit(u.b.store.as_ref(), u.b.queue.as_ref(), s)
+            .await
+            .unwrap();
+        u.b.drain(&worker).await;
+    }
+    let base = format!("/ui/agents/{}/chat", agent.id);
+    let newest = u.get(&base).await.body;
+    // The newest 100 messages: the user's notes 010 to 059 and their replies.
+    assert!(
+        newest.contains("note 059") && newest.contains("note 010"),
+        "{newest}"
+    );
+    assert!(!newest.contains("note 009"));
+    let link = newest
+        .split("href=\"")
+        .map(|s| s.split('"').next().unwrap_or_default())
+        .find(|h| h.contains("chat?before="))
+        .expect("a link to the older messages")
+        .replace("&amp;", "&");
+    let older = u.get(&link).await.body;
+    assert!(
+        older.contains("note 000") && older.contains("note 009"),
+        "{older}"
+    );
+    assert!(!older.contains("note 010"), "only what is older");
+    assert!(older.contains("Back to the newest"));
+    assert!(
+        !older.contains("chat?before="),
+        "nothing older than the first page"
+    );
+}
+
 on_both_backends!(
     the_conversation_memories_and_tools_tabs_show_what_the_agent_heard_kept_and_runs,
     mind_tabs

@@ -167,6 +167,14 @@ pub trait ConversationStore: Send + Sync {
         agent: &AgentId,
         limit: usize,
     ) -> Result<Vec<ConversationMessage>, StoreError>;
+    /// The agent's `limit` messages just older than message `before` (by id), newest
+    /// first: the page before one that starts at `before`.
+    async fn messages_before(
+        &self,
+        agent: &AgentId,
+        before: &str,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError>;
     /// Keeps a session's turn that waits on the model, in place of the one before.
     async fn put_waiting(&self, waiting: &WaitingTurn) -> Result<(), StoreError>;
     /// The session's waiting turn.

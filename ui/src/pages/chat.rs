@@ -40,6 +40,9 @@ pub(crate) struct ChatView {
     sent: Option<String>,
     #[serde(default)]
     said: Option<String>,
+    /// An older page: the messages before this message id.
+    #[serde(default)]
+    before: Option<String>,
 }
 
 /// `GET /ui/agents/{id}/conversation`: the Chat tab's old address.
@@ -57,10 +60,19 @@ pub(crate) async fn show(
 ) -> Result<Markup, Problem> {
     let agent = agent_of(&d, &id).await?;
     let now = d.0.clock.now();
-    let mut messages = pulse_shared::engine::history(d.0.store.as_ref(), &agent.id, ROWS).await?;
+    // The newest page (with the messages a waiting turn holds), or an older one.
+    let before = view.before.as_deref().filter(|b| !b.is_empty());
+    let mut messages = match before {
+        Some(b) => d.0.store.messages_before(&agent.id, b, ROWS).await?,
+        None => pulse_shared::engine::history(d.0.store.as_ref(), &agent.id, ROWS).await?,
+    };
     messages.reverse();
+    let older = (messages.len() == ROWS).then(|| messages[0].id.clone());
     let turns = d.0.store.list_turns(&agent.id, ROWS).await?;
-    let held = d.0.store.get_waiting(&agent.id, &agent.session).await?;
+    let held = match before {
+        None => d.0.store.get_waiting(&agent.id, &agent.session).await?,
+        Some(_) => None,
+    };
     // A message sent from this page and not answered yet is shown, thinking, until the
     // turn that holds it waits on the model (then it is among the messages).
     let waiting = match view.sent.as_deref().map(SignalId::parse) {
@@ -77,6 +89,13 @@ pub(crate) async fn show(
         _ => false,
     };
     let mut url = format!("/ui/agents/{}/chat?partial=1", agent.id);
+    if let Some(b) = before {
+        let q = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("before", b)
+            .finish();
+        url.push('&');
+        url.push_str(&q);
+    }
     if waiting {
         let q = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("sent", view.sent.as_deref().unwrap_or_default())
@@ -91,6 +110,12 @@ pub(crate) async fn show(
         "chat",
         html! {
             div.chat {
+                @if let Some(o) = &older {
+                    p.muted.pages { a href={"/ui/agents/" (agent.id) "/chat?before=" (o)} { "Older messages" } }
+                }
+                @if before.is_some() {
+                    p.muted.pages { "Older messages, up to " (ROWS) " a page. " a href={"/ui/agents/" (agent.id) "/chat"} { "Back to the newest" } }
+                }
                 @if messages.is_empty() && !waiting {
                     (empty("No conversation yet: say something below, or from a terminal with", &format!("pulse say --agent {} \"hello\"", agent.id)))
                 }

@@ -180,6 +180,27 @@ impl ConversationStore for DynamoStore {
             .collect()
     }
 
+    async fn messages_before(
+        &self,
+        agent: &AgentId,
+        before: &str,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let hi = format!("MS#{before}");
+        self.query_between(
+            "read older messages",
+            &agent_pk(agent),
+            "MS#"..=hi.as_str(),
+            true,
+            limit,
+            |m: &ConversationMessage| m.id.as_str() < before,
+        )
+        .await
+    }
+
     async fn put_waiting(&self, waiting: &WaitingTurn) -> Result<(), StoreError> {
         self.client
             .put_item()

@@ -168,6 +168,25 @@ impl ConversationStore for SqliteStore {
             .await
     }
 
+    async fn messages_before(
+        &self,
+        agent: &AgentId,
+        before: &str,
+        limit: usize,
+    ) -> Result<Vec<ConversationMessage>, StoreError> {
+        let (agent, before) = (agent.to_string(), before.to_owned());
+        self.db
+            .call("read older messages", move |conn| {
+                read_docs(
+                    conn,
+                    "read older messages",
+                    "SELECT id, doc FROM messages WHERE agent_id = ?1 AND id < ?2 ORDER BY id DESC LIMIT ?3",
+                    params![agent, before, limit as i64],
+                )
+            })
+            .await
+    }
+
     async fn put_waiting(&self, waiting: &WaitingTurn) -> Result<(), StoreError> {
         let w = waiting.clone();
         self.db
