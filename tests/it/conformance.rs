@@ -1464,6 +1464,7 @@ async fn channels_and_webhooks(kind: Kind) {
         Some(a.id.clone())
     );
     assert_eq!(b.store.agent_for_channel("43").await.unwrap(), None);
+    new.name = "b".into();
     let (other, first) = new.create(b.now()).unwrap();
     match b.store.create_agent(&other, &first).await {
         Err(StoreError::AlreadyExists(what)) => assert!(what.contains("channel 42"), "{what}"),

@@ -49,7 +49,7 @@ async fn world_with(kind: Kind, settings: pulse_shared::engine::EngineSettings) 
 
 impl World {
     async fn agent(&self, f: impl FnOnce(&mut NewAgent)) -> Agent {
-        let mut new = NewAgent::named("scout");
+        let mut new = NewAgent::named(self.b.next_name("scout").await);
         new.persona = Some("You are Scout.".into());
         new.interval = "10m".parse().unwrap();
         new.discord_channel = Some("1001".into());

@@ -57,7 +57,8 @@ pub(crate) async fn world_with(kind: Kind, settings: EngineSettings) -> World {
 
 impl World {
     pub(crate) async fn agent(&self, interval: &str, channel: &str) -> Agent {
-        let mut new = NewAgent::named("scout");
+        // Names are held by one agent each: the first is scout, the next scout-2, …
+        let mut new = NewAgent::named(self.b.next_name("scout").await);
         new.interval = interval.parse().unwrap();
         new.discord_channel = Some(channel.into());
         // These tests script the heartbeat agent's model on every beat.

@@ -34,7 +34,7 @@ async fn world(kind: Kind) -> World {
 
 impl World {
     async fn agent(&self, f: impl FnOnce(&mut NewAgent)) -> Agent {
-        let mut new = NewAgent::named("scout");
+        let mut new = NewAgent::named(self.b.next_name("scout").await);
         new.interval = "10m".parse().unwrap();
         f(&mut new);
         let (agent, first) = new.create(self.b.now()).unwrap();

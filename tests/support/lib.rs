@@ -606,6 +606,15 @@ impl Backend {
         hbs
     }
 
+    /// `base` if no agent has that name yet, else `base-N` (N the count of agents, plus
+    /// one): a name no agent holds, for helpers that make several agents.
+    pub async fn next_name(&self, base: &str) -> String {
+        match self.store.list_agents().await.unwrap().len() {
+            0 => base.to_owned(),
+            n => format!("{base}-{}", n + 1),
+        }
+    }
+
     /// Creates an agent (interval `interval`) and returns it with its first heartbeat.
     pub async fn agent(&self, name: &str, interval: &str) -> (Agent, Heartbeat) {
         let mut new = NewAgent::named(name);
