@@ -92,6 +92,9 @@ impl UserRates {
     }
 }
 
+/// How many messages' texts are kept to tell an edit what the message read before.
+const TEXTS_REMEMBERED: usize = 1_024;
+
 /// Longest wait between two tries to queue a message the queue did not take.
 const MOST_RETRY_WAIT: Duration = Duration::from_secs(30);
 
@@ -109,6 +112,31 @@ enum Skip {
 impl Gateway {
     /// A `MESSAGE_CREATE`: queued for its agent, or counted and dropped.
     pub(crate) async fn on_message(&self, m: &Value) {
+        self.take_message(m, None).await;
+    }
+
+    /// A `MESSAGE_UPDATE` that edited a message's text: queued for its agent as an
+    /// edit, saying what the message reads now and, when this gateway saw it, what it
+    /// read before; any other update (an embed unfurled, a pin) is not an edit.
+    pub(crate) async fn on_update(&self, m: &Value) {
+        let edited = m
+            .get("edited_timestamp")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<Timestamp>().ok());
+        match edited {
+            // The bot's own messages (its replies, edited as they are written) are not
+            // the person's edits.
+            _ if m.pointer("/author/bot").and_then(Value::as_bool) == Some(true) => {}
+            Some(at) if m.get("content").is_some_and(Value::is_string) => {
+                self.take_message(m, Some(at)).await;
+            }
+            _ => {}
+        }
+    }
+
+    /// A message, or the edit of one made at `edited`: queued for its agent, or counted
+    /// and dropped.
+    async fn take_message(&self, m: &Value, edited: Option<Timestamp>) {
         let (Some(id), Some(channel)) = (
             m.get("id").and_then(Value::as_str),
             m.get("channel_id").and_then(Value::as_str),
@@ -175,7 +203,7 @@ impl Gateway {
             }
             return;
         }
-        let signal = match self.signal(&agent, m, id, channel, &author, minted) {
+        let mut signal = match self.signal(&agent, m, id, channel, &author, minted) {
             Ok(s) => s,
             Err(why) => {
                 self.count("malformed");
@@ -183,6 +211,29 @@ impl Gateway {
                 return;
             }
         };
+        let now_reads = signal.text();
+        let before = self.remember_text(id, &now_reads);
+        if let Some(at) = edited {
+            // An edit is its own signal (an id from the message and the edit's time), told
+            // as an edit: the turn that reads it, or the one that already answered the
+            // message's first words, knows what changed.
+            signal.id = pulse_shared::domain::SignalId::derived(
+                at.as_millisecond().max(0) as u64,
+                &["discord-edit", id, &at.to_string()],
+            );
+            signal.created_at = at.min(self.clock.now());
+            let told = match before {
+                Some(old) if old != now_reads => format!(
+                    "(edited their message {id}; it read: {old:?}; it reads now:) {now_reads}"
+                ),
+                _ => format!("(edited their message {id}; it reads now:) {now_reads}"),
+            };
+            if let Some(pulse_shared::domain::ContentBlock::Text { text }) =
+                signal.content.first_mut()
+            {
+                *text = told;
+            }
+        }
         let signal_id = signal.id.clone();
         if !self.submit(signal).await {
             // Deleted after it was found: the message is for no one now.
@@ -307,6 +358,22 @@ impl Gateway {
         signal.id = message_signal_id(id, minted);
         signal.content.extend(files.iter().filter_map(image_block));
         Ok(signal)
+    }
+
+    /// Keeps what message `id` reads now among the last texts seen; what it read before,
+    /// when this gateway saw it.
+    fn remember_text(&self, id: &str, text: &str) -> Option<String> {
+        let mut said = crate::lock(&self.said_lately);
+        let before = said
+            .iter()
+            .position(|(seen, _)| seen == id)
+            .and_then(|i| said.remove(i))
+            .map(|(_, t)| t);
+        if said.len() >= TEXTS_REMEMBERED {
+            said.pop_front();
+        }
+        said.push_back((id.to_owned(), text.to_owned()));
+        before
     }
 
     /// Queues `signal`, trying again with backoff for as long as the queue does not

@@ -8,7 +8,8 @@
 //! limits) and turns what arrives into what the engine already understands:
 //!
 //! - a `MESSAGE_CREATE` an agent should answer becomes a `message` signal on the agent's
-//!   session, through the one intake path every channel uses ([`inbound`]);
+//!   session, through the one intake path every channel uses ([`inbound`]), and a
+//!   `MESSAGE_UPDATE` that edited one becomes a signal telling the edit;
 //! - a reaction to an agent's message becomes a `DISCORD_REACTION` event in its log, read
 //!   by its next heartbeat.
 //!
@@ -149,6 +150,9 @@ pub struct Gateway {
     reactions_seen: Mutex<std::collections::VecDeque<String>>,
     /// Messages each user sent each agent in the current minute.
     rates: Mutex<inbound::UserRates>,
+    /// The latest messages' texts (id, text), oldest first: an edit says what the
+    /// message read before.
+    said_lately: Mutex<std::collections::VecDeque<(String, String)>>,
 }
 
 /// How many recent reactions are remembered to recognise a replay.
@@ -180,6 +184,7 @@ impl Gateway {
             bot: Mutex::new(None),
             reactions_seen: Mutex::new(std::collections::VecDeque::new()),
             rates: Mutex::new(inbound::UserRates::default()),
+            said_lately: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -403,6 +408,7 @@ impl Gateway {
                 return true;
             }
             Some("MESSAGE_CREATE") => self.on_message(data).await,
+            Some("MESSAGE_UPDATE") => self.on_update(data).await,
             Some("MESSAGE_REACTION_ADD") => self.on_reaction(data).await,
             _ => {}
         }

@@ -753,3 +753,69 @@ async fn one_person_s_flood_is_read_at_twenty_a_minute_and_told_once() {
     assert_eq!(w.b.queued_messages().await, 21);
     w.stop().await;
 }
+
+/// An edited message (`MESSAGE_UPDATE` with its `edited_timestamp`): after the reply, the
+/// next turn reads it as an edit, with what the message read before; before the reply,
+/// the turn that answers reads both; an update that is not an edit (an embed unfurled)
+/// and the bot's own edits queue nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_message_reaches_the_agent_as_an_edit_with_what_it_read_before() {
+    let mut w = world().await;
+    w.agent(|_| {}).await;
+    w.connect().await;
+    let edit = |m: &Value, text: &str, at: &str| {
+        let mut e = m.clone();
+        e["content"] = json!(text);
+        e["edited_timestamp"] = json!(at);
+        e
+    };
+    // After the reply.
+    let first = message(&snowflake(1), DM, None, FRIEND, "meet at 5pm");
+    w.llm.script([Scripted::text("See you at 5.")]);
+    w.fake.dispatch("MESSAGE_CREATE", first.clone());
+    w.answered(1).await;
+    w.llm.script([Scripted::text("Noted, 6pm then.")]);
+    w.fake.dispatch(
+        "MESSAGE_UPDATE",
+        edit(&first, "meet at 6pm", "2026-12-06T12:00:00.000000+00:00"),
+    );
+    w.answered(2).await;
+    let asked = w.llm.requests()[1].body["messages"].to_string();
+    assert!(
+        asked.contains("edited their message")
+            && asked.contains("meet at 5pm")
+            && asked.contains("meet at 6pm"),
+        "{asked}"
+    );
+    // An update that is not an edit, and the bot editing its own message: nothing.
+    let mut unfurled = first.clone();
+    unfurled["embeds"] = json!([{"type": "link", "url": "https://example.com"}]);
+    w.fake.dispatch("MESSAGE_UPDATE", unfurled);
+    let mut own = message(&snowflake(2), DM, None, BOT_ID, "typing the reply");
+    own["author"]["bot"] = json!(true);
+    w.fake.dispatch(
+        "MESSAGE_UPDATE",
+        edit(&own, "the reply", "2026-12-06T12:00:01.000000+00:00"),
+    );
+    // Before the reply: the message and its edit, answered in one turn that reads both.
+    w.llm.script([Scripted::text("Tea it is.")]);
+    let second = message(&snowflake(3), DM, None, FRIEND, "coffee?");
+    w.fake.dispatch("MESSAGE_CREATE", second.clone());
+    w.fake.dispatch(
+        "MESSAGE_UPDATE",
+        edit(&second, "tea?", "2026-12-06T12:00:02.000000+00:00"),
+    );
+    w.handled(4).await;
+    w.answered(3).await;
+    assert_eq!(
+        w.llm.requests().len(),
+        3,
+        "one turn for the message and its edit"
+    );
+    let asked = w.llm.requests()[2].body["messages"].to_string();
+    assert!(
+        asked.contains("coffee?") && asked.contains("reads now:) tea?"),
+        "{asked}"
+    );
+    w.stop().await;
+}
