@@ -51,6 +51,26 @@ pub(crate) struct AgentDays {
     /// Memory: memories kept a day, and memories last recalled that day (a memory
     /// recalled on several days counts on its latest), from its newest 1,000.
     pub(crate) memory: Vec<Series>,
+    /// Where a chart counts fewer than there were: a read stopped at its cap before the
+    /// first day, so the days before the oldest row read are short.
+    pub(crate) notes: Vec<String>,
+}
+
+/// What to say under the charts when `read` rows of `what` were read, `cap` at most,
+/// the oldest at `oldest`: nothing when the read ended before the cap, or reached back
+/// past `since`; else that the days before `oldest` count only part of them.
+fn cut_note(
+    what: &str,
+    read: usize,
+    cap: usize,
+    oldest: Option<Timestamp>,
+    since: Timestamp,
+) -> Option<String> {
+    let oldest = oldest.filter(|o| read >= cap && *o > since)?;
+    Some(format!(
+        "{what}: the newest {cap} were read, back to {}; the days before count only some",
+        oldest.strftime("%Y-%m-%d %H:%M UTC")
+    ))
 }
 
 /// Reads `agent`'s last [`DAYS`] days.
@@ -71,9 +91,18 @@ pub(crate) async fn agent_days(
             .position(|d| *d == t.to_zoned(zone.clone()).date())
     };
     let zeros = || vec![0.0f64; days.len()];
+    let mut notes = Vec::new();
     let (mut spoke, mut silent, mut skipped, mut failed) = (zeros(), zeros(), zeros(), zeros());
     // What the heartbeats said: their thoughts that became replies, by day.
-    for m in store.recent_messages(&agent.id, SCAN).await? {
+    let messages = store.recent_messages(&agent.id, SCAN).await?;
+    notes.extend(cut_note(
+        "Conversation messages (the heartbeats that spoke)",
+        messages.len(),
+        SCAN,
+        messages.last().map(|m| m.created_at),
+        since,
+    ));
+    for m in messages {
         if m.role == Role::Assistant
             && m.source == "heartbeat"
             && let Some(i) = slot(m.created_at)
@@ -81,7 +110,17 @@ pub(crate) async fn agent_days(
             spoke[i] += 1.0;
         }
     }
-    for hb in store.list_heartbeats(&agent.id, SCAN).await? {
+    let heartbeats = store.list_heartbeats(&agent.id, SCAN).await?;
+    notes.extend(cut_note(
+        "Heartbeats",
+        heartbeats.len(),
+        SCAN,
+        heartbeats
+            .last()
+            .map(|h| h.completed_at.unwrap_or(h.scheduled_at)),
+        since,
+    ));
+    for hb in heartbeats {
         let (Some(ended), Some(i)) = (hb.completed_at, hb.completed_at.and_then(slot)) else {
             continue;
         };
@@ -116,7 +155,15 @@ pub(crate) async fn agent_days(
     }
     let mut by_result: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for hook in store.list_hooks(&agent.id).await? {
-        for del in store.list_deliveries(&hook.id, SCAN).await? {
+        let deliveries = store.list_deliveries(&hook.id, SCAN).await?;
+        notes.extend(cut_note(
+            &format!("Deliveries of hook {}", hook.id),
+            deliveries.len(),
+            SCAN,
+            deliveries.last().map(|d| d.created_at),
+            since,
+        ));
+        for del in deliveries {
             if let Some(i) = slot(del.created_at) {
                 let result = match del.status {
                     DeliveryStatus::Succeeded => "delivered",
@@ -128,7 +175,15 @@ pub(crate) async fn agent_days(
         }
     }
     let (mut kept, mut recalled) = (zeros(), zeros());
-    for m in store.memories(&agent.id, MEMORY_SCAN).await? {
+    let memories = store.memories(&agent.id, MEMORY_SCAN).await?;
+    notes.extend(cut_note(
+        "Memories",
+        memories.len(),
+        MEMORY_SCAN,
+        memories.last().map(|m| m.created_at),
+        since,
+    ));
+    for m in memories {
         if let Some(i) = slot(m.created_at) {
             kept[i] += 1.0;
         }
@@ -163,6 +218,7 @@ pub(crate) async fn agent_days(
         tokens,
         dollars,
         budget: agent.budgets.daily_tokens,
+        notes,
     })
 }
 
@@ -312,6 +368,7 @@ pub(crate) fn agent_charts(days: &AgentDays) -> Markup {
             (bars("Hook deliveries a day", &labels, &days.deliveries, None))
             (bars("Memories kept and recalled a day", &labels, &days.memory, None))
         }
+        @for n in &days.notes { p.muted.note { (n) } }
     }
 }
 
@@ -339,6 +396,28 @@ mod tests {
         assert!(svg.contains("11-26: 1 failed"));
         assert!(svg.contains("class=\"budget\"") && svg.contains("budget 5"));
         assert!(svg.contains("spoke 3") && svg.contains("failed 1"), "{svg}");
+    }
+
+    #[test]
+    fn a_read_cut_at_its_cap_before_the_first_day_is_said() {
+        let since = Timestamp::from_second(1_800_000_000).unwrap();
+        let later = since + SignedDuration::from_hours(30);
+        let earlier = since - SignedDuration::from_hours(1);
+        assert_eq!(
+            cut_note("Heartbeats", 10, 3_000, Some(later), since),
+            None,
+            "all read"
+        );
+        assert_eq!(
+            cut_note("Heartbeats", 3_000, 3_000, Some(earlier), since),
+            None,
+            "read back past the first day"
+        );
+        let note = cut_note("Heartbeats", 3_000, 3_000, Some(later), since).unwrap();
+        assert!(
+            note.starts_with("Heartbeats: the newest 3000 were read, back to 2027-01-16 14:00 UTC"),
+            "{note}"
+        );
     }
 
     #[test]
