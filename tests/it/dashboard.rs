@@ -922,7 +922,6 @@ async fn paging(kind: Kind) {
 /// older ones, whose page links back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chat_tab_pages_a_long_conversation() {
-    use pulse_shared::domain::{Signal, SignalMeta};
     let u = ui(Kind::Sqlite, Access::Open).await;
     let (agent, _) = u.b.agent("talker", "1h").await;
     let services = pulse_tests::offline_services();
@@ -931,17 +930,7 @@ async fn the_chat_tab_pages_a_long_conversation() {
             .worker(u.b.clock.clone(), &settings(), &services);
     for i in 0..60 {
         u.b.advance(SignedDuration::from_secs(1));
-        let s = Signal::user_message(
-            &agent.id,
-            &agent.session,
-            &format!("note {i:03}"),
-            SignalMeta::default(),
-            u.b.now(),
-        )
-        .unwrap();
-        pulse_shared::engine::intake::submit(u.b.store.as_ref(), u.b.queue.as_ref(), s)
-            .await
-            .unwrap();
+        u.b.say(&agent, &format!("note {i:03}")).await;
         u.b.drain(&worker).await;
     }
     let base = format!("/ui/agents/{}/chat", agent.id);
@@ -976,7 +965,7 @@ on_both_backends!(
     mind_tabs
 );
 async fn mind_tabs(kind: Kind) {
-    use pulse_shared::domain::{Memory, MemoryId, Signal, SignalMeta};
+    use pulse_shared::domain::{Memory, MemoryId};
     let u = ui(kind, Access::Open).await;
     let (agent, _) = u.b.agent("scout", "15m").await;
     let base = format!("/ui/agents/{}", agent.id);
@@ -997,17 +986,7 @@ async fn mind_tabs(kind: Kind) {
             .body
             .contains("No memories yet")
     );
-    let s = Signal::user_message(
-        &agent.id,
-        &agent.session,
-        "hello there",
-        SignalMeta::default(),
-        u.b.now(),
-    )
-    .unwrap();
-    pulse_shared::engine::intake::submit(u.b.store.as_ref(), u.b.queue.as_ref(), s)
-        .await
-        .unwrap();
+    u.b.say(&agent, "hello there").await;
     let services = pulse_tests::offline_services();
     let worker =
         u.b.connected()

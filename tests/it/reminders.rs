@@ -3,7 +3,7 @@
 //! injected clock.
 
 use jiff::SignedDuration;
-use pulse_shared::domain::{ScheduleRule, SignalMeta, TimeZoneName};
+use pulse_shared::domain::{ScheduleRule, TimeZoneName};
 use pulse_shared::engine::reminders::ScheduleLimits;
 use pulse_shared::engine::{EngineSettings, LifecycleError};
 use pulse_tests::fake_llm::Scripted;
@@ -202,17 +202,7 @@ async fn cancel_in_chat(kind: Kind) {
         Scripted::tool("schedule", json!({"action": "cancel", "note": "dentist"})),
         Scripted::text("Cancelled the dentist reminder."),
     ]);
-    let signal = pulse_shared::domain::Signal::user_message(
-        &agent.id,
-        &agent.session,
-        "cancel the dentist reminder",
-        SignalMeta::default(),
-        w.b.now(),
-    )
-    .unwrap();
-    pulse_shared::engine::intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), signal)
-        .await
-        .unwrap();
+    w.b.say(&agent, "cancel the dentist reminder").await;
     w.b.drain(&w.worker).await;
     // The list the model read named both, with their ids and notes.
     let asked = w.llm.requests();
@@ -301,17 +291,7 @@ async fn tool(kind: Kind) {
         ),
         Scripted::text("I will remind you."),
     ]);
-    let signal = pulse_shared::domain::Signal::user_message(
-        &agent.id,
-        &agent.session,
-        "remind me about the call at nine",
-        SignalMeta::default(),
-        w.b.now(),
-    )
-    .unwrap();
-    pulse_shared::engine::intake::submit(w.b.store.as_ref(), w.b.queue.as_ref(), signal)
-        .await
-        .unwrap();
+    w.b.say(&agent, "remind me about the call at nine").await;
     w.b.drain(&w.worker).await;
     assert_eq!(
         w.discord.messages().last().unwrap().content,

@@ -214,41 +214,48 @@ fn besiege(
     stop: &watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut attackers = Vec::new();
-    for i in 0..s.slowloris {
-        // 50 a source address: under the per-address cap of 64.
-        let from = [127, 0, 1 + (i / 12_500) as u8, (i / 50 % 250) as u8 + 1];
-        attackers.push(tokio::spawn(slowloris(
-            addr,
-            from,
-            path.to_owned(),
-            tally.clone(),
-            stop.clone(),
-        )));
-    }
-    for i in 0..s.streams {
-        // 15 a source address: under the per-address cap of 16 streams.
-        let from = [127, 0, 2 + (i / 3_750) as u8, (i / 15 % 250) as u8 + 1];
-        attackers.push(tokio::spawn(stream(
-            addr,
-            from,
-            live.to_owned(),
-            tally.clone(),
-            stop.clone(),
-        )));
-    }
-    for i in 0..s.slow_bodies {
-        // 64 a source address.
-        let from = [127, 0, 3 + (i / 16_000) as u8, (i / 64 % 250) as u8 + 1];
-        attackers.push(tokio::spawn(slow_body(
-            addr,
-            from,
-            path.to_owned(),
-            tally.clone(),
-            stop.clone(),
-        )));
+    // Each kind from its own 127.0.N.x: slowloris clients 50 an address (under the
+    // per-address cap of 64), streams 15 (under the cap of 16 streams), slow bodies 64.
+    let kinds: [(usize, usize, &str, Attack); 3] = [
+        (s.slowloris, 50, path, |a, f, p, t, s| {
+            tokio::spawn(slowloris(a, f, p, t, s))
+        }),
+        (s.streams, 15, live, |a, f, p, t, s| {
+            tokio::spawn(stream(a, f, p, t, s))
+        }),
+        (s.slow_bodies, 64, path, |a, f, p, t, s| {
+            tokio::spawn(slow_body(a, f, p, t, s))
+        }),
+    ];
+    for (subnet, (n, per_address, target, attack)) in (1u8..).zip(kinds) {
+        for i in 0..n {
+            let block = i / (250 * per_address);
+            let from = [
+                127,
+                0,
+                subnet + block as u8 * 3,
+                (i / per_address % 250) as u8 + 1,
+            ];
+            attackers.push(attack(
+                addr,
+                from,
+                target.to_owned(),
+                tally.clone(),
+                stop.clone(),
+            ));
+        }
     }
     attackers
 }
+
+/// Starts one attacker from an address at a target path.
+type Attack = fn(
+    SocketAddr,
+    [u8; 4],
+    String,
+    Arc<Tally>,
+    watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()>;
 
 /// A slow body: a webhook request with signature headers that look right (signed with
 /// a secret that is not the webhook's), 256 KiB announced, one byte every 2 s; again
