@@ -369,4 +369,17 @@ async fn late_starts(kind: Kind) {
     let s = read(&b).await;
     assert_eq!(s.late_starts, 0);
     assert!(!whats(&s).iter().any(|w| w.contains("started more than")));
+    // An hour on, with nothing run since, those starts are history: not reported.
+    b.advance(SignedDuration::from_mins(61));
+    let s = status(
+        b.store.as_ref(),
+        b.queue.as_ref(),
+        Some(b.hooks.as_ref()),
+        b.now(),
+        SignedDuration::from_secs(1),
+        "is the sweeper running?",
+    )
+    .await
+    .unwrap();
+    assert_eq!((s.late_starts, s.start_delay_max_ms), (0, 0));
 }

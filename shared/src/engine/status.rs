@@ -25,6 +25,9 @@ const REQUESTS_SCAN: usize = 20;
 /// ends).
 const STUCK_AFTER: SignedDuration = SignedDuration::from_mins(5);
 
+/// How recent an agent's latest run must be for its start to count in the status.
+const LATE_LOOKS_BACK: SignedDuration = SignedDuration::from_hours(1);
+
 /// What `pulse status` reports.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Status {
@@ -44,8 +47,8 @@ pub struct Status {
     /// [`Status::overdue_after_ms`] after it was due (claimed, then waiting on the
     /// sessions queue for a worker).
     pub late_starts: usize,
-    /// From due time to the start of its run, of each agent's latest run: the 99th
-    /// percentile and the largest, in milliseconds.
+    /// From due time to the start of its run, of each agent's latest run (when it
+    /// started within the hour): the 99th percentile and the largest, in milliseconds.
     pub start_delay_p99_ms: u64,
     /// The largest.
     pub start_delay_max_ms: u64,
@@ -460,12 +463,15 @@ async fn agent_status(
     agent: &Agent,
     now: Timestamp,
 ) -> Result<AgentStatus, StoreError> {
-    // The live heartbeat, and the one before: the latest run that started.
+    // The live heartbeat, and the one before: the latest run that started, if it started
+    // within the hour (an agent paused for a week is not late now).
     let live = store.heartbeats_page(&agent.id, None, 2).await?;
     let failures = live.first().map_or(0, |h| h.consecutive_failures);
     let start_delay = live
         .iter()
-        .find_map(|h| Some(h.ran_at?.duration_since(h.scheduled_at)));
+        .find_map(|h| h.ran_at.map(|r| (r, h.scheduled_at)))
+        .filter(|(ran, _)| now.duration_since(*ran) < LATE_LOOKS_BACK)
+        .map(|(ran, due)| ran.duration_since(due));
     let tokens_today = budget::spent_today(store, agent, now).await?.spent;
     let mut findings = Vec::new();
     if let Some(h) = live.first()
