@@ -721,6 +721,12 @@ async fn first_hour_on(backend: Backend) {
             && both.contains("pulse agents update ID --name NEW"),
         "{both}"
     );
+    // Renaming to another agent's alias is refused too, naming it.
+    let renamed = bad(d, &["agents", "update", &twin, "--name", "SC"]);
+    assert!(
+        renamed.contains("an agent named \"SC\"") && renamed.contains(&id),
+        "{renamed}"
+    );
     assert!(bad(d, &["agents", "show", "nobody"]).contains("no agent has the id, name or alias"));
     ok(d, &["agents", "delete", &twin, "--yes"]);
 

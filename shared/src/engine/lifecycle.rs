@@ -144,6 +144,24 @@ impl Lifecycle {
         if let Some(tools) = &changes.tools {
             self.check_tools(tools).await?;
         }
+        // A new name is held by the store's write; this read also finds it as another
+        // agent's alias, or held by an agent made before names were held.
+        if !agent.name.eq_ignore_ascii_case(&before.name) {
+            let agents = self
+                .store
+                .list_agents()
+                .await
+                .map_err(LifecycleError::Store)?;
+            if let Some(other) = crate::domain::agents_named(&agents, &agent.name)
+                .into_iter()
+                .find(|a| a.id != agent.id)
+            {
+                return Err(LifecycleError::Store(StoreError::AlreadyExists(format!(
+                    "an agent named {:?} ({}, named {:?})",
+                    agent.name, other.id, other.name
+                ))));
+            }
+        }
         self.store
             .update_agent(&agent, &before)
             .await
