@@ -13,12 +13,17 @@ use pulse_tests::{Backend, FakeTool, Kind, on_both_backends, settings};
 use serde_json::json;
 
 async fn read(b: &Backend) -> Status {
+    read_every(b, SignedDuration::from_mins(1)).await
+}
+
+/// The status as a sweeper running every `sweep_interval` would have it.
+async fn read_every(b: &Backend, sweep_interval: SignedDuration) -> Status {
     status(
         b.store.as_ref(),
         b.queue.as_ref(),
         Some(b.hooks.as_ref()),
         b.now(),
-        SignedDuration::from_mins(1),
+        sweep_interval,
         "is the sweeper running?",
     )
     .await
@@ -341,16 +346,7 @@ async fn late_starts(kind: Kind) {
     delays.sort_unstable();
     let late = delays.iter().filter(|d| **d > 2).count();
     assert!(late >= 4, "{delays:?}");
-    let s = status(
-        b.store.as_ref(),
-        b.queue.as_ref(),
-        Some(b.hooks.as_ref()),
-        b.now(),
-        SignedDuration::from_secs(1),
-        "is the sweeper running?",
-    )
-    .await
-    .unwrap();
+    let s = read_every(&b, SignedDuration::from_secs(1)).await;
     assert_eq!(s.late_starts, late, "{delays:?}");
     assert_eq!(s.start_delay_max_ms as i64, delays[5] * 1_000);
     let finding = whats(&s)
@@ -371,15 +367,6 @@ async fn late_starts(kind: Kind) {
     assert!(!whats(&s).iter().any(|w| w.contains("started more than")));
     // An hour on, with nothing run since, those starts are history: not reported.
     b.advance(SignedDuration::from_mins(61));
-    let s = status(
-        b.store.as_ref(),
-        b.queue.as_ref(),
-        Some(b.hooks.as_ref()),
-        b.now(),
-        SignedDuration::from_secs(1),
-        "is the sweeper running?",
-    )
-    .await
-    .unwrap();
+    let s = read_every(&b, SignedDuration::from_secs(1)).await;
     assert_eq!((s.late_starts, s.start_delay_max_ms), (0, 0));
 }
