@@ -13,18 +13,19 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use pulse_shared::domain::{
-    AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ApiToken, ClaimRequest,
-    ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook, HookAttempt,
-    HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryChange, MemoryId, Registry,
-    Schedule, ScheduleId, SessionId, SignalId, Spend, Subscription, SubscriptionId, TokenId, Tool,
-    ToolCount, ToolName, Turn, TurnId, WaitingTurn, Webhook, WebhookId, WebhookRequest,
+    AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ApiToken, Approval, ApprovalId,
+    ClaimRequest, ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook,
+    HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryChange, MemoryId,
+    Registry, Schedule, ScheduleId, SessionId, SignalId, Spend, Subscription, SubscriptionId,
+    TokenId, Tool, ToolCount, ToolName, Turn, TurnId, WaitingTurn, Webhook, WebhookId,
+    WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
-    ActionLog, AgentStore, AgentsPage, ConversationStore, DuePage, EventLog, Finish, FinishOutcome,
-    Footprint, HeartbeatStore, HookStore, Lease, LeaseStore, Maintenance, MemoryStore, PageToken,
-    Pruned, Reclaimed, Reschedule, ScheduleStore, Store, TokenStore, ToolRegistry, TurnStart,
-    WebhookStore, Window, Writer,
+    ActionLog, AgentStore, AgentsPage, ApprovalStore, ConversationStore, DuePage, EventLog, Finish,
+    FinishOutcome, Footprint, HeartbeatStore, HookStore, Lease, LeaseStore, Maintenance,
+    MemoryStore, PageToken, Pruned, Reclaimed, Reschedule, ScheduleStore, Store, TokenStore,
+    ToolRegistry, TurnStart, WebhookStore, Window, Writer,
 };
 
 /// What happens around each store call.
@@ -213,4 +214,13 @@ faulty!(LeaseStore {
     fn hold_lease(&self, name: &str, holder: &str, now: Timestamp, until: Timestamp, state: &serde_json::Value) -> bool;
     fn get_lease(&self, name: &str) -> Option<Lease>;
     fn release_lease(&self, name: &str, holder: &str, now: Timestamp, state: &serde_json::Value) -> ();
+});
+
+faulty!(ApprovalStore {
+    fn park_approval(&self, approval: &Approval) -> Option<Approval>;
+    fn get_approval(&self, agent: &AgentId, id: &ApprovalId) -> Option<Approval>;
+    fn approvals(&self, agent: &AgentId, limit: usize) -> Vec<Approval>;
+    fn pending_approvals(&self, limit: usize) -> Vec<Approval>;
+    fn decide_approval(&self, decided: &Approval) -> Option<Approval>;
+    fn settle_approval(&self, settled: &Approval) -> ();
 });

@@ -1781,3 +1781,191 @@ async fn window_has_hooks(kind: Kind) {
         assert_eq!((without, with), (Some(false), Some(true)));
     }
 }
+
+/// A pending approval of `agent`'s call `key`, parked now and expiring after `expiry`.
+fn parked(
+    b: &Backend,
+    agent: &AgentId,
+    key: &str,
+    expiry: SignedDuration,
+) -> pulse_shared::domain::Approval {
+    use pulse_shared::domain::{Approval, ApprovalId, ApprovalStatus, schema_digest};
+    let at_ms = b.now().as_millisecond() as u64;
+    Approval {
+        id: ApprovalId::derived(at_ms, key),
+        agent_id: agent.clone(),
+        server: ToolName::parse("mail").unwrap(),
+        tool: "send".into(),
+        model_name: "mail__send".into(),
+        arguments: json!({"to": "ada@example.com", "key": key}),
+        key: key.into(),
+        at_ms,
+        heartbeat_id: None,
+        event_id: None,
+        turn_id: None,
+        step: 0,
+        reason: Some("the user asked for it".into()),
+        schema: schema_digest(&json!({"type": "object"})),
+        requested_at: b.now(),
+        expires_at: b.now() + expiry,
+        status: ApprovalStatus::Pending,
+        decided_by: None,
+        decided_at: None,
+        decision_reason: None,
+        outcome: None,
+    }
+}
+
+on_both_backends!(
+    a_parked_call_is_decided_once_listed_by_expiry_settled_and_purged,
+    approvals
+);
+async fn approvals(kind: Kind) {
+    use pulse_shared::domain::{ApprovalOutcome, ApprovalStatus, Decision};
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("asker", "15m").await;
+    let (other, _) = b.agent("other", "15m").await;
+    let late = parked(&b, &agent.id, "late", SignedDuration::from_hours(2));
+    let soon = parked(&b, &agent.id, "soon", SignedDuration::from_mins(10));
+    let others = parked(&b, &other.id, "theirs", SignedDuration::from_hours(1));
+    for a in [&late, &soon, &others] {
+        assert_eq!(b.store.park_approval(a).await.unwrap(), None, "parked");
+    }
+    // Parked again (a run made again): the stored one comes back, nothing is written.
+    let mut again = late.clone();
+    again.reason = Some("changed".into());
+    assert_eq!(
+        b.store.park_approval(&again).await.unwrap(),
+        Some(late.clone())
+    );
+    assert_eq!(
+        b.store.get_approval(&agent.id, &late.id).await.unwrap(),
+        Some(late.clone())
+    );
+    assert_eq!(
+        b.store.get_approval(&other.id, &late.id).await.unwrap(),
+        None,
+        "another agent's id is not found"
+    );
+    let pending: Vec<_> = b
+        .store
+        .pending_approvals(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(
+        pending,
+        [soon.id.clone(), others.id.clone(), late.id.clone()],
+        "soonest to expire first, across agents"
+    );
+    assert_eq!(b.store.pending_approvals(1).await.unwrap().len(), 1);
+    // Settling a pending one is refused: it has to be decided first.
+    assert!(matches!(
+        b.store.settle_approval(&late).await,
+        Err(StoreError::Conflict(_))
+    ));
+    // Eight deciders at once: one decision is written, seven are given it.
+    let mut racing = Vec::new();
+    for n in 0..8 {
+        let (store, decided) = (
+            b.store.clone(),
+            late.decided(
+                &Decision {
+                    approve: n % 2 == 0,
+                    by: format!("decider {n}"),
+                    reason: None,
+                },
+                b.now(),
+            ),
+        );
+        racing.push(tokio::spawn(async move {
+            store.decide_approval(&decided).await.unwrap()
+        }));
+    }
+    let mut written = 0;
+    let mut refusals = Vec::new();
+    for r in racing {
+        match r.await.unwrap() {
+            None => written += 1,
+            Some(stored) => refusals.push(stored),
+        }
+    }
+    assert_eq!(written, 1, "the first decision is the only one");
+    let stored = b
+        .store
+        .get_approval(&agent.id, &late.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(stored.status, ApprovalStatus::Pending);
+    assert_eq!(refusals.len(), 7);
+    for r in &refusals {
+        assert_eq!(r, &stored, "a refused decider is told who decided");
+    }
+    // Out of the pending index; the others are still there.
+    let pending: Vec<_> = b
+        .store
+        .pending_approvals(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(pending, [soon.id.clone(), others.id.clone()]);
+    // Expired by the sweep the same way, once.
+    let expired = soon.expired(b.now());
+    assert_eq!(b.store.decide_approval(&expired).await.unwrap(), None);
+    assert_eq!(
+        b.store
+            .decide_approval(&soon.expired(b.now()))
+            .await
+            .unwrap()
+            .map(|a| a.status),
+        Some(ApprovalStatus::Expired)
+    );
+    // Settled: its outcome recorded, its decision unchanged.
+    let mut settled = stored.clone();
+    settled.outcome = Some(ApprovalOutcome {
+        sent: true,
+        action_id: None,
+        summary: "sent".into(),
+        failed: false,
+        at: b.now(),
+    });
+    settled.decided_by = Some("someone else".into());
+    b.store.settle_approval(&settled).await.unwrap();
+    let read = b
+        .store
+        .get_approval(&agent.id, &late.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.outcome, settled.outcome);
+    assert_eq!(
+        read.decided_by, stored.decided_by,
+        "only the outcome is written"
+    );
+    // Listed newest first (ids are stamped alike here, so by id).
+    let listed = b.store.approvals(&agent.id, 10).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed[0].id > listed[1].id);
+    assert_eq!(b.store.approvals(&agent.id, 1).await.unwrap().len(), 1);
+    // Unknown ones are not found.
+    let ghost = parked(&b, &agent.id, "ghost", SignedDuration::from_hours(1));
+    assert!(matches!(
+        b.store.decide_approval(&ghost.expired(b.now())).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        b.store.settle_approval(&ghost).await,
+        Err(StoreError::NotFound(_))
+    ));
+    // Purged with the agent, its pending entries too.
+    let footprint = b.store.purge_agent(&other.id, false).await.unwrap();
+    assert_eq!(footprint.approvals, 1);
+    b.store.purge_agent(&other.id, true).await.unwrap();
+    assert!(b.store.pending_approvals(10).await.unwrap().is_empty());
+    assert!(b.store.approvals(&other.id, 10).await.unwrap().is_empty());
+}

@@ -511,6 +511,27 @@ impl MemoryId {
     }
 }
 
+/// A call parked for a person's approval: `ap_` + ULID, derived from the call's key and
+/// stamped with its run's time, so a run made again after a crash finds the approval it
+/// parked rather than parking a second.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ApprovalId(String);
+string_newtype!(ApprovalId);
+
+impl ApprovalId {
+    /// The id of the call parked with `key`, stamped with `ms`.
+    pub fn derived(ms: u64, key: &str) -> Self {
+        Self(prefixed(
+            "ap_",
+            Ulid::from_parts(ms, digest128(&["approval", key])),
+        ))
+    }
+    /// Validates an id.
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        parse_prefixed_ulid("approval id", "ap_", s).map(|u| Self(prefixed("ap_", u)))
+    }
+}
+
 /// `s` quoted for an error message, cut to its first 40 characters (with its length) when
 /// longer: an error about an input must not repeat a huge input back.
 pub fn quote_input(s: &str) -> String {

@@ -8,13 +8,14 @@
 //! (`pulse agents update A --tools mcp:NAME`): then, in its heartbeats and its chat
 //! turns alike, the model sees each allowed tool under `NAME__tool`.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use url::Url;
 
+use super::approval::{PolicySource, ToolPolicy};
 use super::chat::{Secret, ToolSpec};
 use super::ids::{EventId, ToolName, TurnId};
 use crate::error::ValidationError;
@@ -62,6 +63,14 @@ pub struct McpServer {
     /// When they were listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listed_at: Option<Timestamp>,
+    /// What a call of any of its tools needs (`pulse tools policy SERVER allow|ask|deny`);
+    /// unset, each tool's marks decide: read-only tools are allowed, the others asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<ToolPolicy>,
+    /// What a call of one tool needs, by the tool's name, over the server's policy
+    /// (`pulse tools policy SERVER TOOL allow|ask|deny`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub policies: BTreeMap<String, ToolPolicy>,
     /// Why its headers could not be opened (sealed with a key that is not configured):
     /// then it is not called. Never stored.
     #[serde(skip)]
@@ -186,6 +195,8 @@ impl McpServer {
             timeout_ms: timeout.as_millis() as u64,
             tools: Vec::new(),
             listed_at: None,
+            policy: None,
+            policies: BTreeMap::new(),
             unreadable: None,
         })
     }
@@ -227,6 +238,8 @@ impl McpServer {
             timeout_ms: timeout.as_millis() as u64,
             tools: Vec::new(),
             listed_at: None,
+            policy: None,
+            policies: BTreeMap::new(),
             unreadable: None,
         })
     }
@@ -249,6 +262,21 @@ impl McpServer {
         self.tools
             .iter()
             .filter(|t| self.allow.is_empty() || self.allow.iter().any(|a| a == &t.name))
+    }
+
+    /// What a call of `tool` needs, and why: the tool's own policy, else the server's,
+    /// else its marks (read-only: allowed; anything else: asked).
+    pub fn policy_of(&self, tool: &str) -> (ToolPolicy, PolicySource) {
+        if let Some(p) = self.policies.get(tool) {
+            return (*p, PolicySource::Tool);
+        }
+        if let Some(p) = self.policy {
+            return (p, PolicySource::Server);
+        }
+        match self.tools.iter().find(|t| t.name == tool) {
+            Some(t) if t.read_only => (ToolPolicy::Allow, PolicySource::ReadOnly),
+            _ => (ToolPolicy::Ask, PolicySource::Unmarked),
+        }
     }
 
     /// Names the allow-list gives that the server did not list.
@@ -564,5 +592,40 @@ mod tests {
         assert_eq!(json, r#"["mcp:cal","mcp:home"]"#);
         let back: Vec<AgentTool> = serde_json::from_str(&json).unwrap();
         assert_eq!(back, list);
+    }
+
+    #[test]
+    fn a_tools_policy_is_its_own_else_its_servers_else_its_marks() {
+        let mut s = server(&["lookup", "send"], &[]);
+        s.tools[0].read_only = true;
+        assert_eq!(
+            s.policy_of("lookup"),
+            (ToolPolicy::Allow, PolicySource::ReadOnly)
+        );
+        assert_eq!(
+            s.policy_of("send"),
+            (ToolPolicy::Ask, PolicySource::Unmarked)
+        );
+        assert_eq!(
+            s.policy_of("unlisted"),
+            (ToolPolicy::Ask, PolicySource::Unmarked)
+        );
+        s.policy = Some(ToolPolicy::Deny);
+        assert_eq!(
+            s.policy_of("lookup"),
+            (ToolPolicy::Deny, PolicySource::Server)
+        );
+        s.policies.insert("send".into(), ToolPolicy::Allow);
+        assert_eq!(s.policy_of("send"), (ToolPolicy::Allow, PolicySource::Tool));
+        // Stored and read back the same; a server stored before policies reads as unset.
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["policy"], "deny");
+        assert_eq!(json["policies"]["send"], "allow");
+        let back: McpServer = serde_json::from_value(json).unwrap();
+        assert_eq!(back.policies, s.policies);
+        let mut old = serde_json::to_value(server(&["send"], &[])).unwrap();
+        old.as_object_mut().unwrap().remove("policy");
+        let old: McpServer = serde_json::from_value(old).unwrap();
+        assert_eq!(old.policy_of("send").0, ToolPolicy::Ask);
     }
 }

@@ -3,6 +3,7 @@
 
 mod agent;
 mod agent_state;
+mod approval;
 mod chat;
 mod conversation;
 mod event;
@@ -35,6 +36,11 @@ pub use agent::{
     ThinkPolicy, agents_named, check_key_variable,
 };
 pub use agent_state::{AgentState, AgentStates};
+pub use approval::{
+    APPROVAL_EXPIRY_RANGE, Approval, ApprovalOutcome, ApprovalStatus, DEFAULT_APPROVAL_EXPIRY,
+    Decision, MAX_APPROVAL_REASON, MAX_PARKED_ARGUMENTS, PolicySource, ToolPolicy,
+    check_approval_expiry, clip_reason, schema_digest,
+};
 pub use chat::{
     ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,
     Secret, StopReason, ToolSpec, ToolUse, Usage, model_sees_images,
@@ -55,8 +61,8 @@ pub use hook_delivery::{
 };
 pub use hook_type::{HookType, screaming_snake};
 pub use ids::{
-    ActionId, AgentId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId, MemoryId,
-    RequestId, SessionId, SignalId, SubscriptionId, TokenId, ToolName, TurnId, WebhookId,
+    ActionId, AgentId, ApprovalId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId,
+    MemoryId, RequestId, SessionId, SignalId, SubscriptionId, TokenId, ToolName, TurnId, WebhookId,
     first_id_at, quote_input,
 };
 pub use mcp::{

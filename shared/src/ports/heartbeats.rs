@@ -109,6 +109,8 @@ pub struct Footprint {
     pub usage: u64,
     /// Its schedules (reminders).
     pub schedules: u64,
+    /// Calls parked for approval, decided or not.
+    pub approvals: u64,
     /// The Discord channel it answered in.
     pub channel: Option<String>,
 }
@@ -135,6 +137,7 @@ impl Footprint {
             (self.subscriptions, "subscription"),
             (self.usage, "usage record"),
             (self.schedules, "schedule"),
+            (self.approvals, "approval"),
             (u64::from(self.channel.is_some()), "channel binding"),
         ]
         .into_iter()

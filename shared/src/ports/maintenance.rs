@@ -167,6 +167,7 @@ pub trait Store:
     + Maintenance
     + LeaseStore
     + TokenStore
+    + ApprovalStore
 {
 }
 
@@ -184,5 +185,6 @@ impl<T> Store for T where
         + Maintenance
         + LeaseStore
         + TokenStore
+        + ApprovalStore
 {
 }

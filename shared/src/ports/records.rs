@@ -6,11 +6,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::domain::{
-    AcceptOutcome, Acceptance, Action, ActionId, AgentId, ApiToken, ConversationMessage, Event,
-    EventCursor, EventId, Hook, HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute,
-    Memory, MemoryChange, MemoryId, Registry, Schedule, ScheduleId, SessionId, SignalId,
-    Subscription, SubscriptionId, TokenId, Tool, ToolCount, ToolName, Turn, TurnId, WaitingTurn,
-    Webhook, WebhookId, WebhookRequest,
+    AcceptOutcome, Acceptance, Action, ActionId, AgentId, ApiToken, Approval, ApprovalId,
+    ConversationMessage, Event, EventCursor, EventId, Hook, HookAttempt, HookDelivery,
+    HookDeliveryId, HookId, HookRoute, Memory, MemoryChange, MemoryId, Registry, Schedule,
+    ScheduleId, SessionId, SignalId, Subscription, SubscriptionId, TokenId, Tool, ToolCount,
+    ToolName, Turn, TurnId, WaitingTurn, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -366,4 +366,31 @@ pub trait TokenStore: Send + Sync {
         now: jiff::Timestamp,
         limit: u32,
     ) -> Result<bool, StoreError>;
+}
+
+/// Calls parked for a person's approval (see [`crate::domain::Approval`]).
+#[async_trait]
+pub trait ApprovalStore: Send + Sync {
+    /// Parks `approval` (pending), unless an approval with its id exists: then that one
+    /// is returned and nothing is written (a run made again finds what it parked).
+    async fn park_approval(&self, approval: &Approval) -> Result<Option<Approval>, StoreError>;
+    /// Reads one of the agent's approvals.
+    async fn get_approval(
+        &self,
+        agent: &AgentId,
+        id: &ApprovalId,
+    ) -> Result<Option<Approval>, StoreError>;
+    /// The agent's latest `limit` approvals, newest first, decided or not.
+    async fn approvals(&self, agent: &AgentId, limit: usize) -> Result<Vec<Approval>, StoreError>;
+    /// The approvals still pending, of every agent, soonest to expire first, at most
+    /// `limit`: what the sweep expires and what the pending counts are read from.
+    async fn pending_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
+    /// Writes `decided` (approved, denied or expired) only if the stored approval is
+    /// still pending, in one conditional write: the first decision is the only one.
+    /// `None` when it was written; the stored approval, unchanged, when it had been
+    /// decided already. `NotFound` if there is none.
+    async fn decide_approval(&self, decided: &Approval) -> Result<Option<Approval>, StoreError>;
+    /// Writes what came of a decided approval (its outcome) and nothing else. `NotFound`
+    /// if there is none; `Conflict` if it is still pending.
+    async fn settle_approval(&self, settled: &Approval) -> Result<(), StoreError>;
 }

@@ -24,6 +24,7 @@
 mod actions;
 mod actions_log;
 mod agents;
+mod approvals;
 mod codec;
 mod conversations;
 mod eventbridge;

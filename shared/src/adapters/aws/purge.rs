@@ -47,6 +47,7 @@ impl DynamoStore {
                 "ME" => &mut f.memories,
                 "SP" => &mut f.usage,
                 "SC" => &mut f.schedules,
+                "AP" => &mut f.approvals,
                 "HR" => {
                     // Deleted with its hook.
                     if let Some(h) = sk.strip_prefix("HR#").and_then(|h| HookId::parse(h).ok()) {
@@ -124,6 +125,20 @@ impl DynamoStore {
                 if let Some(sk) = item.get("sk").and_then(|v| v.as_s().ok()) {
                     doomed.rest.push(key(pk.clone(), sk.clone()));
                 }
+            }
+        }
+        // Its pending approvals' entries in the pending index (the approvals themselves
+        // are in its partition).
+        for item in self
+            .query_prefix(op, super::approvals::PENDING_PK, "", false, None)
+            .await?
+        {
+            let a: crate::domain::Approval = read_doc(&item)?;
+            if a.agent_id == *id {
+                doomed.first.push(key(
+                    super::approvals::PENDING_PK,
+                    super::approvals::pending_sk(&a),
+                ));
             }
         }
         doomed.first.push(key(DIRECTORY_PK, id.to_string()));

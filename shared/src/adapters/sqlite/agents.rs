@@ -455,6 +455,7 @@ mod tests {
              DROP TABLE write_checks;
              ALTER TABLE heartbeats DROP COLUMN ran_ms;
              DROP TABLE agent_names;
+             DROP TABLE approvals;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -463,7 +464,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 21);
+        assert_eq!(version, 22);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

@@ -18,6 +18,7 @@
 
 mod actions;
 mod agents;
+mod approvals;
 mod claimants;
 mod codec;
 mod conversations;

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 21;
+const SCHEMA_VERSION: i64 = 22;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -426,6 +426,19 @@ INSERT OR IGNORE INTO agent_names (name, agent_id)
     WHERE json_valid(doc) AND json_extract(doc, '$.name') IS NOT NULL ORDER BY created_ms;
 "#;
 
+/// Version 22: calls parked for a person's approval; the pending ones found by expiry.
+const SCHEMA_V22: &str = r#"
+CREATE TABLE approvals (
+    id          TEXT PRIMARY KEY,
+    agent_id    TEXT NOT NULL,
+    pending     INTEGER NOT NULL,
+    expires_ms  INTEGER NOT NULL,
+    doc         TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX approvals_agent ON approvals (agent_id, id);
+CREATE INDEX approvals_pending ON approvals (expires_ms) WHERE pending = 1;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -507,6 +520,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 21 {
             conn.execute_batch(SCHEMA_V21).map_err(&err)?;
+        }
+        if version < 22 {
+            conn.execute_batch(SCHEMA_V22).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

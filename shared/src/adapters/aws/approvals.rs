@@ -1,0 +1,203 @@
+//! Calls parked for a person's approval on DynamoDB.
+//!
+//! Each approval is an `AP#<id>` document in its agent's partition (listed newest first,
+//! deleted with the agent), with its status beside the document for the decision's
+//! condition. While it is pending a copy is filed in the `APPROVALS` partition under
+//! `<expires ms>#<id>`, so the sweep finds the pending approvals of every agent, soonest
+//! to expire first, with one query; parking writes both in one transaction, and the
+//! decision — conditional on the status still being pending — updates the one and deletes
+//! the other in one transaction.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{Delete, TransactWriteItem, Update};
+
+use super::DynamoStore;
+use super::codec::*;
+use super::keys::*;
+use crate::domain::{AgentId, Approval, ApprovalId, to_ms};
+use crate::error::StoreError;
+use crate::ports::ApprovalStore;
+
+/// The partition of the pending approvals of every agent.
+pub(super) const PENDING_PK: &str = "APPROVALS";
+
+fn approval_sk(id: &ApprovalId) -> String {
+    format!("AP#{id}")
+}
+
+/// A pending approval's key in [`PENDING_PK`]: by when it expires, then its id.
+pub(super) fn pending_sk(a: &Approval) -> String {
+    format!("{:013}#{}", to_ms(a.expires_at).max(0), a.id)
+}
+
+fn approval_item(a: &Approval) -> Item {
+    let mut item = doc_item(agent_pk(&a.agent_id), approval_sk(&a.id), a);
+    item.insert("status".to_owned(), s(a.status.as_str()));
+    item
+}
+
+impl DynamoStore {
+    async fn read_approval(
+        &self,
+        op: &'static str,
+        agent: &AgentId,
+        id: &ApprovalId,
+    ) -> Result<Option<Approval>, StoreError> {
+        self.get(op, key(agent_pk(agent), approval_sk(id)))
+            .await?
+            .as_ref()
+            .map(read_doc)
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl ApprovalStore for DynamoStore {
+    async fn park_approval(&self, approval: &Approval) -> Result<Option<Approval>, StoreError> {
+        let op = "park approval";
+        let mut items = vec![self.put(approval_item(approval), Some("attribute_not_exists(pk)"))?];
+        if approval.is_pending() {
+            items.push(self.put(
+                doc_item(PENDING_PK.to_owned(), pending_sk(approval), approval),
+                None,
+            )?);
+        }
+        match self.transact(op, items).await? {
+            Ok(()) => Ok(None),
+            Err(reasons) if is_ccf(reasons.first()) => {
+                match self
+                    .read_approval(op, &approval.agent_id, &approval.id)
+                    .await?
+                {
+                    Some(stored) => Ok(Some(stored)),
+                    None => Err(StoreError::backend(
+                        "dynamodb",
+                        op,
+                        format!("approval {} was refused but is not stored", approval.id),
+                    )),
+                }
+            }
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                op,
+                format!("transaction cancelled: {reasons:?}"),
+            )),
+        }
+    }
+
+    async fn get_approval(
+        &self,
+        agent: &AgentId,
+        id: &ApprovalId,
+    ) -> Result<Option<Approval>, StoreError> {
+        self.read_approval("read approval", agent, id).await
+    }
+
+    async fn approvals(&self, agent: &AgentId, limit: usize) -> Result<Vec<Approval>, StoreError> {
+        self.query_between(
+            "read approvals",
+            &agent_pk(agent),
+            "AP#"..="AP#~",
+            true,
+            limit,
+            |_: &Approval| true,
+        )
+        .await
+    }
+
+    async fn pending_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+        self.query_between(
+            "read pending approvals",
+            PENDING_PK,
+            "0"..="9~",
+            false,
+            limit,
+            |_: &Approval| true,
+        )
+        .await
+    }
+
+    async fn decide_approval(&self, decided: &Approval) -> Result<Option<Approval>, StoreError> {
+        let op = "decide approval";
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(
+                agent_pk(&decided.agent_id),
+                approval_sk(&decided.id),
+            )))
+            .update_expression("SET #doc = :doc, #status = :status")
+            .condition_expression("#status = :pending")
+            .expression_attribute_names("#doc", "doc")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(
+                ":doc",
+                s(serde_json::to_string(decided).unwrap_or_default()),
+            )
+            .expression_attribute_values(":status", s(decided.status.as_str()))
+            .expression_attribute_values(":pending", s("pending"))
+            .build()
+            .map_err(backend("build transaction"))?;
+        let delete = Delete::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(PENDING_PK, pending_sk(decided))))
+            .build()
+            .map_err(backend("build transaction"))?;
+        let items = vec![
+            TransactWriteItem::builder().update(update).build(),
+            TransactWriteItem::builder().delete(delete).build(),
+        ];
+        match self.transact(op, items).await? {
+            Ok(()) => Ok(None),
+            Err(reasons) if is_ccf(reasons.first()) => {
+                match self
+                    .read_approval(op, &decided.agent_id, &decided.id)
+                    .await?
+                {
+                    Some(stored) => Ok(Some(stored)),
+                    None => Err(StoreError::NotFound(format!("approval {}", decided.id))),
+                }
+            }
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                op,
+                format!("transaction cancelled: {reasons:?}"),
+            )),
+        }
+    }
+
+    async fn settle_approval(&self, settled: &Approval) -> Result<(), StoreError> {
+        let op = "settle approval";
+        let Some(mut stored) = self
+            .read_approval(op, &settled.agent_id, &settled.id)
+            .await?
+        else {
+            return Err(StoreError::NotFound(format!("approval {}", settled.id)));
+        };
+        if stored.is_pending() {
+            return Err(StoreError::Conflict(format!(
+                "approval {} is still pending: decide it before settling it",
+                settled.id
+            )));
+        }
+        stored.outcome = settled.outcome.clone();
+        let r = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(approval_item(&stored)))
+            .condition_expression("#status = :status")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":status", s(stored.status.as_str()))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => {
+                    Err(StoreError::Conflict(format!("approval {} changed while it was settled", settled.id)))
+                }
+                other => Err(StoreError::backend("dynamodb", op, other)),
+            },
+        }
+    }
+}
