@@ -36,6 +36,9 @@ TOOLS = [
             "properties": {"word": {"type": "string"}},
             "required": ["word"],
         },
+        # Marked read-only: Pulse lets agents call it without asking (add_note, which
+        # says nothing, waits for its owner's approval unless a policy says otherwise).
+        "annotations": {"readOnlyHint": True},
     },
 ]
 

@@ -78,6 +78,10 @@ pub(crate) enum Command {
     /// Register and switch tools.
     #[command(subcommand)]
     Tools(ToolsCmd),
+    /// Tool calls parked for a person's yes (a tool whose policy is `ask`): list them,
+    /// approve or deny them.
+    #[command(subcommand)]
+    Approvals(commands::approvals::ApprovalsCmd),
     /// Route event types to tools.
     #[command(subcommand)]
     Subscriptions(SubscriptionsCmd),

@@ -638,3 +638,80 @@ async fn with_a_token_the_dashboard_asks_for_it_in_a_browser() {
     expect_text(&c, "h1", "Sign in").await;
     c.close().await.unwrap();
 }
+
+/// A call parked for approval shows as a card on the dashboard, counted in the header;
+/// Approve sends it once (the serve's worker carries it out) and the card goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_call_is_a_card_approved_from_the_dashboard_in_a_browser() {
+    use pulse_tests::fake_llm::{FakeLlm, Scripted};
+    let mcp = pulse_tests::fake_mcp::FakeMcp::start().await;
+    let llm = FakeLlm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let agent = ok(
+        &d,
+        &["agents", "create", "--name", "scout", "--interval", "1h"],
+    );
+    ok(&d, &["tools", "add-mcp", "cal", "--url", &mcp.url()]);
+    ok(&d, &["agents", "update", &agent, "--tools", "mcp:cal"]);
+    llm.script([
+        Scripted::Answer {
+            text: Some("I will add them for the invoice.".into()),
+            tools: vec![("cal__add".into(), serde_json::json!({"a": 2, "b": 3}))],
+        },
+        Scripted::text("I asked you first."),
+        Scripted::text("It is 5."),
+    ]);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let base = llm.url();
+    let _serve = spawn(
+        &d,
+        &["serve", "--listen", &listen, "--tick", "200ms"],
+        &[
+            ("PULSE_LLM_PROVIDER", "anthropic"),
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+            ("PULSE_LLM_BASE_URL", &base),
+        ],
+        port,
+    );
+    ok(&d, &["say", "--agent", "scout", "add 2 and 3"]);
+    let (_driver, c) = browser().await;
+    c.goto(&format!(
+        "http://127.0.0.1:{port}/ui/agents/{agent}/heartbeats"
+    ))
+    .await
+    .unwrap();
+    // The header counts it (the turn parks it within a tick or two).
+    let start = Instant::now();
+    while !wait_for_text(&c, "header", "Approvals 1", Duration::from_secs(2)).await {
+        assert!(start.elapsed() < PAGE_LIMIT, "the header never counted it");
+        c.goto(&format!(
+            "http://127.0.0.1:{port}/ui/agents/{agent}/heartbeats"
+        ))
+        .await
+        .unwrap();
+    }
+    assert!(mcp.calls().is_empty(), "parked, not sent");
+    click(&c, Locator::Css("header .approvals-count")).await;
+    expect_text(&c, ".approval", "scout wants to call cal/add").await;
+    expect_text(&c, ".approval", "I will add them for the invoice.").await;
+    expect_text(&c, ".approval pre.arguments", "\"a\": 2").await;
+    screenshot(&c, &d, "approval-card").await;
+    click(&c, Locator::Css(".approval button.approve")).await;
+    expect_text(&c, "main", "No call waits for your approval.").await;
+    // Sent once, by the serve's worker, in the agent's session.
+    let start = Instant::now();
+    while mcp.calls().is_empty() {
+        assert!(
+            start.elapsed() < PAGE_LIMIT,
+            "the approved call was never sent"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let shown = json(&d, &["approvals", "list", "--agent", "scout"]);
+    assert_eq!(shown[0]["status"], "approved", "{shown}");
+    assert_eq!(shown[0]["decided_by"], "dashboard", "{shown}");
+    assert_eq!(mcp.calls().len(), 1);
+    c.close().await.unwrap();
+}

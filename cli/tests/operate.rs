@@ -1218,7 +1218,7 @@ async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_o
             "add,note",
         ],
     );
-    assert!(added.contains("2 tools (add, note)"), "{added}");
+    assert!(added.contains("2 tools (add ask, note ask)"), "{added}");
     assert!(added.contains("--tools mcp:cal"), "{added}");
     let listed = ok(d, &["tools", "list"]);
     assert!(listed.contains("cal") && listed.contains("mcp"), "{listed}");
@@ -1240,7 +1240,10 @@ async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_o
     // Refreshed: the server's new tool is listed (the allow-list still applies).
     server.add_tool("weather", "Today's weather.").await;
     let refreshed = said(d, &["tools", "refresh", "cal"]);
-    assert!(refreshed.contains("2 tools (add, note)"), "{refreshed}");
+    assert!(
+        refreshed.contains("2 tools (add ask, note ask)"),
+        "{refreshed}"
+    );
     let stored = json(d, &["tools", "list"]);
     let cal = find(&stored, "name", "cal").unwrap();
     assert_eq!(cal["kind"]["tools"].as_array().unwrap().len(), 7, "{cal}");
@@ -1264,6 +1267,95 @@ async fn an_mcp_server_is_added_listed_given_to_an_agent_refreshed_and_removed_o
     assert!(since.contains("invalid --since"), "{since}");
     assert!(json(d, &["tools", "stats", "--since", "1d"]).is_array());
     assert!(!json(d, &["tools", "list"]).to_string().contains("\"cal\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_call_is_listed_shown_approved_once_from_the_cli_and_then_sent() {
+    use pulse_tests::fake_llm::{FakeLlm, Scripted};
+    let server = pulse_tests::fake_mcp::FakeMcp::start().await;
+    let llm = FakeLlm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The model is the fake, reached as the deployment's Anthropic.
+    let with_model = |args: &[&str]| {
+        let out = common::command(d, args)
+            .env("PULSE_LLM_PROVIDER", "anthropic")
+            .env("ANTHROPIC_API_KEY", "sk-ant-test")
+            .env("PULSE_LLM_BASE_URL", llm.url())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pulse {args:?}: {out:?}");
+    };
+    let agent = ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "scout",
+            "--approval-expiry",
+            "2h",
+        ],
+    );
+    let short = bad(d, &["agents", "update", &agent, "--approval-expiry", "5s"]);
+    assert!(short.contains("1m..30d"), "{short}");
+    // Its tools' policies: by their marks, then set.
+    let added = said(d, &["tools", "add-mcp", "cal", "--url", &server.url()]);
+    assert!(
+        added.contains("add ask") && added.contains("lookup allow"),
+        "read-only tools are allowed, the others asked: {added}"
+    );
+    let set = said(d, &["tools", "policy", "cal", "note", "deny"]);
+    assert!(set.contains("policy of cal/note: deny"), "{set}");
+    assert!(set.contains("note deny"), "{set}");
+    let ghost = bad(d, &["tools", "policy", "cal", "ghost", "allow"]);
+    assert!(ghost.contains("lists no tool \"ghost\""), "{ghost}");
+    let maybe = bad(d, &["tools", "policy", "cal", "maybe"]);
+    assert!(maybe.contains("allow, ask, deny or default"), "{maybe}");
+    ok(d, &["agents", "update", &agent, "--tools", "mcp:cal"]);
+
+    // The model makes `add`: parked, not sent.
+    llm.script([
+        Scripted::Answer {
+            text: Some("Adding them.".into()),
+            tools: vec![("cal__add".into(), serde_json::json!({"a": 2, "b": 3}))],
+        },
+        Scripted::text("I asked you first."),
+    ]);
+    with_model(&["say", "--agent", "scout", "add 2 and 3"]);
+    with_model(&["sweep"]);
+    assert!(server.calls().is_empty(), "parked, not sent");
+    let listed = json(d, &["approvals", "list"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["status"], "pending");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    let table = ok(d, &["approvals", "list", "--agent", "scout"]);
+    assert!(table.contains(&id) && table.contains("cal/add"), "{table}");
+    let shown = ok(d, &["approvals", "show", &id]);
+    for want in ["cal/add", "Adding them.", "pending", "\"a\": 2"] {
+        assert!(shown.contains(want), "{want}: {shown}");
+    }
+
+    // Approved once; the second decision is refused, naming the first.
+    let approved = said(d, &["approvals", "approve", &id]);
+    assert!(approved.contains("approved"), "{approved}");
+    let again = bad(
+        d,
+        &["approvals", "deny", &id, "--reason", "changed my mind"],
+    );
+    assert!(again.contains("approved by cli"), "{again}");
+    llm.script([Scripted::text("It is 5.")]);
+    with_model(&["sweep"]);
+    let calls = server.calls();
+    assert_eq!(calls.len(), 1, "sent once: {calls:?}");
+    assert_eq!(calls[0].arguments, serde_json::json!({"a": 2, "b": 3}));
+    let shown = ok(d, &["approvals", "show", &id]);
+    assert!(shown.contains("outcome    sent (action"), "{shown}");
+    let unknown = bad(d, &["approvals", "show", "ap_01JABCDEFGHJKMNPQRSTVWXYZ0"]);
+    assert!(unknown.contains("no approval"), "{unknown}");
+    let malformed = bad(d, &["approvals", "approve", "nope"]);
+    assert!(malformed.contains("approval id"), "{malformed}");
 }
 
 /// What a successful `pulse args` said, on both of its streams.

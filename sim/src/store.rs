@@ -220,7 +220,7 @@ faulty!(ApprovalStore {
     fn park_approval(&self, approval: &Approval) -> Option<Approval>;
     fn get_approval(&self, agent: &AgentId, id: &ApprovalId) -> Option<Approval>;
     fn approvals(&self, agent: &AgentId, limit: usize) -> Vec<Approval>;
-    fn pending_approvals(&self, limit: usize) -> Vec<Approval>;
+    fn open_approvals(&self, limit: usize) -> Vec<Approval>;
     fn decide_approval(&self, decided: &Approval) -> Option<Approval>;
     fn settle_approval(&self, settled: &Approval) -> ();
 });

@@ -1849,7 +1849,7 @@ async fn approvals(kind: Kind) {
     );
     let pending: Vec<_> = b
         .store
-        .pending_approvals(10)
+        .open_approvals(10)
         .await
         .unwrap()
         .into_iter()
@@ -1860,7 +1860,7 @@ async fn approvals(kind: Kind) {
         [soon.id.clone(), others.id.clone(), late.id.clone()],
         "soonest to expire first, across agents"
     );
-    assert_eq!(b.store.pending_approvals(1).await.unwrap().len(), 1);
+    assert_eq!(b.store.open_approvals(1).await.unwrap().len(), 1);
     // Settling a pending one is refused: it has to be decided first.
     assert!(matches!(
         b.store.settle_approval(&late).await,
@@ -1904,16 +1904,23 @@ async fn approvals(kind: Kind) {
     for r in &refusals {
         assert_eq!(r, &stored, "a refused decider is told who decided");
     }
-    // Out of the pending index; the others are still there.
-    let pending: Vec<_> = b
+    // Open, decided, until it is settled.
+    let open: Vec<_> = b
         .store
-        .pending_approvals(10)
+        .open_approvals(10)
         .await
         .unwrap()
         .into_iter()
-        .map(|a| a.id)
+        .map(|a| (a.id, a.status))
         .collect();
-    assert_eq!(pending, [soon.id.clone(), others.id.clone()]);
+    assert_eq!(
+        open,
+        [
+            (soon.id.clone(), ApprovalStatus::Pending),
+            (others.id.clone(), ApprovalStatus::Pending),
+            (late.id.clone(), stored.status)
+        ]
+    );
     // Expired by the sweep the same way, once.
     let expired = soon.expired(b.now());
     assert_eq!(b.store.decide_approval(&expired).await.unwrap(), None);
@@ -1962,10 +1969,18 @@ async fn approvals(kind: Kind) {
         b.store.settle_approval(&ghost).await,
         Err(StoreError::NotFound(_))
     ));
-    // Purged with the agent, its pending entries too.
+    // Purged with the agent, its open entries too.
     let footprint = b.store.purge_agent(&other.id, false).await.unwrap();
     assert_eq!(footprint.approvals, 1);
     b.store.purge_agent(&other.id, true).await.unwrap();
-    assert!(b.store.pending_approvals(10).await.unwrap().is_empty());
+    let open: Vec<_> = b
+        .store
+        .open_approvals(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(open, vec![soon.id], "the expired one waits to be settled");
     assert!(b.store.approvals(&other.id, 10).await.unwrap().is_empty());
 }

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use pulse_shared::domain::{AgentChanges, AgentTool, McpHeader, McpServer, Tool, ToolName};
+use pulse_shared::domain::{
+    AgentChanges, AgentTool, McpHeader, McpServer, Tool, ToolName, ToolPolicy,
+};
 use pulse_shared::engine::Worker;
 use pulse_shared::engine::agent_tools::AgentTools;
 use pulse_tests::fake_discord::FakeDiscord;
@@ -14,16 +16,16 @@ use pulse_tests::fake_mcp::FakeMcp;
 use pulse_tests::{Backend, Kind, on_both_backends, settings};
 use serde_json::{Value, json};
 
-struct Rig {
-    b: Backend,
-    llm: FakeLlm,
+pub(crate) struct Rig {
+    pub(crate) b: Backend,
+    pub(crate) llm: FakeLlm,
     _discord: FakeDiscord,
-    mcp: FakeMcp,
-    tools: std::sync::Arc<AgentTools>,
-    worker: Worker,
+    pub(crate) mcp: FakeMcp,
+    pub(crate) tools: std::sync::Arc<AgentTools>,
+    pub(crate) worker: Worker,
 }
 
-async fn rig(kind: Kind) -> Rig {
+pub(crate) async fn rig(kind: Kind) -> Rig {
     let b = Backend::new(kind).await;
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
@@ -43,22 +45,34 @@ async fn rig(kind: Kind) -> Rig {
 }
 
 impl Rig {
-    /// Registers the fake as `cal`, with `timeout`, and lists its tools.
+    /// Registers the fake as `cal`, with `timeout`, every tool allowed without asking,
+    /// and lists its tools.
     async fn register(&self, timeout: Duration) -> Tool {
-        let server = McpServer::new(
+        self.register_with(timeout, Some(ToolPolicy::Allow)).await
+    }
+
+    /// Registers the fake as `cal`, with `timeout` and `policy` for all its tools (none:
+    /// each tool's marks decide), and lists its tools.
+    pub(crate) async fn register_with(
+        &self,
+        timeout: Duration,
+        policy: Option<ToolPolicy>,
+    ) -> Tool {
+        let mut server = McpServer::new(
             &self.mcp.url(),
             vec![McpHeader::parse("Authorization: Bearer s3cret").unwrap()],
             Vec::new(),
             timeout,
         )
         .unwrap();
+        server.policy = policy;
         let tool = Tool::mcp(ToolName::parse("cal").unwrap(), server, self.b.now());
         self.b.store.add_tool(&tool).await.unwrap();
         self.tools.refresh(&tool).await.unwrap().0
     }
 
     /// An agent, given `tools`.
-    async fn agent(&self, name: &str, tools: &str) -> pulse_shared::domain::Agent {
+    pub(crate) async fn agent(&self, name: &str, tools: &str) -> pulse_shared::domain::Agent {
         let (agent, _) = self.b.agent(name, "10m").await;
         if tools.is_empty() {
             return agent;
@@ -75,7 +89,7 @@ impl Rig {
     }
 
     /// The user says `text` and the worker answers.
-    async fn turn(&self, agent: &pulse_shared::domain::Agent, text: &str) {
+    pub(crate) async fn turn(&self, agent: &pulse_shared::domain::Agent, text: &str) {
         self.b.say(agent, text).await;
         self.b.drain(&self.worker).await;
     }
@@ -91,7 +105,7 @@ impl Rig {
     }
 
     /// The tool results request `n` gives back to the model.
-    fn results(&self, n: usize) -> Vec<String> {
+    pub(crate) fn results(&self, n: usize) -> Vec<String> {
         self.llm.requests()[n].body["messages"]
             .as_array()
             .into_iter()
@@ -518,6 +532,7 @@ async fn rerun(kind: Kind) {
         index,
         at_ms,
         race: None,
+        said: None,
     };
     let add = ToolUse {
         id: "c1".into(),
@@ -638,13 +653,14 @@ async fn a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_var
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
     let services = pulse_tests::fake_services(&llm, &discord);
-    let server = McpServer::local(
+    let mut server = McpServer::local(
         vec![env!("CARGO_BIN_EXE_fake-mcp-stdio").to_owned()],
         vec!["CARGO_MANIFEST_DIR".to_owned()],
         Vec::new(),
         Duration::from_secs(10),
     )
     .unwrap();
+    server.policy = Some(ToolPolicy::Allow);
     let name = ToolName::parse("local").unwrap();
     // Off (as on Lambda): never started.
     let off = b.connected().agent_tools(b.clock.clone(), &services);

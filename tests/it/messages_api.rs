@@ -321,11 +321,12 @@ async fn the_openapi_document_describes_the_routes_the_receiver_serves() {
         .unwrap();
     assert_eq!(doc["openapi"], "3.1.0");
     let paths = doc["paths"].as_object().unwrap();
-    assert_eq!(paths.len(), 3, "{:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(paths.len(), 5, "{:?}", paths.keys().collect::<Vec<_>>());
     for (path, ops) in paths {
         let concrete = path
             .replace("{agent_id}", a.agent.id.as_str())
-            .replace("{turn_id}", "tn_01JAAAAAAAAAAAAAAAAAAAAAAA");
+            .replace("{turn_id}", "tn_01JAAAAAAAAAAAAAAAAAAAAAAA")
+            .replace("{approval_id}", "ap_01JAAAAAAAAAAAAAAAAAAAAAAA");
         for method in ["get", "post", "put", "delete", "patch"] {
             let r = a
                 .http

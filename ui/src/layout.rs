@@ -58,6 +58,11 @@ pub(crate) fn page(title: &str, live: Option<&str>, body: Markup) -> Markup {
                 header {
                     a href="/ui/" { "Pulse" } span.muted { "agents" }
                     @let caller = crate::security::caller();
+                    // How many calls wait for a decision: for a caller let in only (a
+                    // login page has no CSRF token yet).
+                    @if !caller.csrf.is_empty() {
+                        span #approvals-count hx-get="/ui/approvals/count" hx-trigger="load, every 30s" {}
+                    }
                     @if caller.session {
                         form.inline.logout method="post" action="/ui/logout" {
                             input type="hidden" name="csrf" value=(caller.csrf);

@@ -85,7 +85,7 @@ impl Dashboard {
 
     /// Its routes, all under `/ui/` (and `/`, which leads there).
     pub fn router(&self) -> Router {
-        use pages::{agent, agents, chat, hooks, login, mind, trace, webhooks};
+        use pages::{agent, agents, approvals, chat, hooks, login, mind, trace, webhooks};
         Router::new()
             .route("/", get(|| async { Redirect::to("/ui/") }))
             .route("/ui", get(|| async { Redirect::to("/ui/") }))
@@ -94,6 +94,9 @@ impl Dashboard {
             .route("/ui/logout", post(login::logout))
             .route("/ui/assets/{file}", get(assets::serve))
             .route("/ui/agents", post(agents::create))
+            .route("/ui/approvals", get(approvals::list))
+            .route("/ui/approvals/count", get(approvals::count))
+            .route("/ui/approvals/{agent}/{id}/{verb}", post(approvals::decide))
             .route("/ui/agents/{id}", get(agent::home))
             .route("/ui/agents/{id}/heartbeats", get(agent::heartbeats))
             .route("/ui/agents/{id}/charts", get(agent::charts))
@@ -167,6 +170,8 @@ pub(crate) enum Problem {
     NotFound(String),
     /// The input was wrong (400); nothing was written.
     Invalid(String),
+    /// What was asked was done already, otherwise (409): a second decision.
+    Conflict(String),
     /// Storage failed (503).
     Store(StoreError),
 }
@@ -200,6 +205,7 @@ impl IntoResponse for Problem {
         let (status, text) = match self {
             Self::NotFound(what) => (StatusCode::NOT_FOUND, format!("{what} not found")),
             Self::Invalid(why) => (StatusCode::BAD_REQUEST, why),
+            Self::Conflict(why) => (StatusCode::CONFLICT, why),
             Self::Store(e) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(

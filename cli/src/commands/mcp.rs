@@ -2,7 +2,7 @@
 
 use clap::Args;
 use pulse_shared::app::Services;
-use pulse_shared::domain::{McpHeader, McpServer, Tool, ToolName};
+use pulse_shared::domain::{McpHeader, McpServer, Tool, ToolName, ToolPolicy};
 
 use super::{Ctx, input, store};
 use crate::Failure;
@@ -37,6 +37,11 @@ pub(crate) struct AddMcp {
     /// harm twice); otherwise such a call is reported to the model as not known.
     #[arg(long)]
     idempotent: bool,
+    /// What a call of any of its tools needs: allow, ask (parked until a person
+    /// approves it) or deny. Unset, each tool's marks decide: read-only tools are allowed,
+    /// the others asked.
+    #[arg(long, value_name = "allow|ask|deny")]
+    policy: Option<String>,
     /// What it is, for people.
     #[arg(long)]
     description: Option<String>,
@@ -78,15 +83,26 @@ pub(crate) fn plan(a: AddMcp, now: jiff::Timestamp) -> Result<Tool, Failure> {
         (None, None) => return Err(Failure::Input("give --url, or --command".into())),
     }
     .map_err(input)?;
+    let mut server = server;
+    server.policy = a
+        .policy
+        .as_deref()
+        .map(ToolPolicy::parse)
+        .transpose()
+        .map_err(input)?;
     let mut tool = Tool::mcp(name, server, now);
     tool.idempotent = a.idempotent;
     tool.description = a.description;
     Ok(tool)
 }
 
-/// A server's line in `tools list`: its tools, and when they were listed.
+/// A server's line in `tools list`: its tools, each with what a call of it needs, and
+/// when they were listed.
 pub(crate) fn summary(m: &McpServer, description: Option<&str>) -> String {
-    let tools: Vec<&str> = m.allowed().map(|t| t.name.as_str()).collect();
+    let tools: Vec<String> = m
+        .allowed()
+        .map(|t| format!("{} {}", t.name, m.policy_of(&t.name).0))
+        .collect();
     let listed = m
         .listed_at
         .map_or("never listed".to_owned(), |t| format!("listed {t}"));
@@ -183,6 +199,61 @@ pub(crate) async fn refresh(name: &ToolName, cx: &Ctx<'_>) -> Result<(), Failure
         line.push_str(&format!("\nleft out: {why}"));
     }
     cx.out.created(&fresh.redacted(), name.as_str(), &line);
+    Ok(())
+}
+
+/// `tools policy SERVER [TOOL] POLICY`: sets (or with `None` clears) the policy of the
+/// server's tools, or of one of them.
+pub(crate) async fn set_policy(
+    cx: &Ctx<'_>,
+    name: &ToolName,
+    tool: Option<&str>,
+    policy: Option<ToolPolicy>,
+) -> Result<(), Failure> {
+    let registry = cx.b.store.load_registry().await?;
+    let mut stored = registry
+        .tools
+        .iter()
+        .find(|t| t.name == *name)
+        .cloned()
+        .ok_or_else(|| {
+            Failure::Input(format!(
+                "there is no MCP server {name}; `pulse tools list` shows the tools"
+            ))
+        })?;
+    let pulse_shared::domain::ToolKind::Mcp(server) = &mut stored.kind else {
+        return Err(Failure::Input(format!(
+            "{name} is not an MCP server: policies are for the tools agents call themselves"
+        )));
+    };
+    let said = policy.map_or("default".to_owned(), |p| p.to_string());
+    let what = match tool {
+        Some(t) => {
+            if !server.tools.iter().any(|l| l.name == t) {
+                let have: Vec<&str> = server.tools.iter().map(|l| l.name.as_str()).collect();
+                return Err(Failure::Input(format!(
+                    "{name} lists no tool {t:?}; it lists {} (`pulse tools refresh {name}` lists them again)",
+                    have.join(", ")
+                )));
+            }
+            match policy {
+                Some(p) => server.policies.insert(t.to_owned(), p),
+                None => server.policies.remove(t),
+            };
+            format!("{name}/{t}")
+        }
+        None => {
+            server.policy = policy;
+            format!("every tool of {name} without its own")
+        }
+    };
+    cx.b.store.update_tool(&stored).await.map_err(store)?;
+    let m = stored.mcp_server().expect("an MCP server");
+    cx.out.created(
+        &stored.redacted(),
+        name.as_str(),
+        &format!("policy of {what}: {said}\n{name}: {}", summary(m, None)),
+    );
     Ok(())
 }
 

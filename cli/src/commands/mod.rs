@@ -5,6 +5,7 @@
 
 pub(crate) mod actions;
 pub(crate) mod agents;
+pub(crate) mod approvals;
 pub(crate) mod conversation;
 pub(crate) mod dashboard;
 pub(crate) mod discord;
@@ -64,6 +65,7 @@ enum Plan {
     Heartbeats(heartbeats::HeartbeatsPlan),
     Actions(actions::ActionsPlan),
     Tools(tools::ToolsPlan),
+    Approvals(approvals::ApprovalsPlan),
     Tokens(tokens::TokensPlan),
     Subscriptions(subscriptions::SubscriptionsPlan),
     Conversation(conversation::ConversationPlan),
@@ -87,6 +89,7 @@ impl Plan {
             Plan::Agents(p) => p.writes(),
             Plan::Events(p) => p.writes(),
             Plan::Tools(p) => p.writes(),
+            Plan::Approvals(p) => p.writes(),
             Plan::Tokens(p) => p.writes(),
             Plan::Subscriptions(p) => p.writes(),
             Plan::Conversation(p) => p.writes(),
@@ -116,6 +119,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Heartbeats(c) => Plan::Heartbeats(heartbeats::plan(c)?),
         Command::Actions(c) => Plan::Actions(actions::plan(c)?),
         Command::Tools(c) => Plan::Tools(tools::plan(c, now)?),
+        Command::Approvals(c) => Plan::Approvals(approvals::plan(c)?),
         Command::Tokens(c) => Plan::Tokens(tokens::plan(c)?),
         Command::Subscriptions(c) => Plan::Subscriptions(subscriptions::plan(c, now)?),
         Command::Say(a) => Plan::Conversation(conversation::plan_say(a, now)?),
@@ -205,6 +209,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Heartbeats(p) => heartbeats::execute(p, &cx).await,
         Plan::Actions(p) => actions::execute(p, &cx).await,
         Plan::Tools(p) => tools::execute(p, &cx).await,
+        Plan::Approvals(p) => approvals::execute(p, &cx).await,
         Plan::Tokens(p) => tokens::execute(p, &cx).await,
         Plan::Subscriptions(p) => subscriptions::execute(p, &cx).await,
         Plan::Conversation(p) => conversation::execute(p, &cx).await,

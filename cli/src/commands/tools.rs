@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 use pulse_shared::domain::{
-    HEARTBEAT_AGENT, Registry, Tool, ToolKind, ToolName, builtin_tools, parse_duration,
+    HEARTBEAT_AGENT, Registry, Tool, ToolKind, ToolName, ToolPolicy, builtin_tools, parse_duration,
 };
 use pulse_shared::engine::switch_tool;
 use serde_json::Value;
@@ -39,6 +39,21 @@ pub(crate) enum ToolsCmd {
     /// Register an MCP server (streamable HTTP): its tools are listed now and kept;
     /// agents attached to it (`pulse agents update A --tools mcp:NAME`) may call them.
     AddMcp(super::mcp::AddMcp),
+    /// What a call of an MCP server's tools needs: `allow` (called as the model asks),
+    /// `ask` (parked until a person approves it: `pulse approvals`) or `deny` (never
+    /// called); `default` goes back to the tools' marks (read-only tools allowed, the
+    /// others asked). `pulse tools policy SERVER ask` sets the whole server;
+    /// `pulse tools policy SERVER TOOL allow` one tool, over the server's.
+    Policy {
+        /// The MCP server's name.
+        server: String,
+        /// A tool of it, then the policy; or the policy alone, for all its tools.
+        #[arg(value_name = "TOOL|POLICY")]
+        first: String,
+        /// The policy, when a tool is named: allow, ask, deny or default.
+        #[arg(value_name = "POLICY")]
+        policy: Option<String>,
+    },
     /// List an MCP server's tools again and keep the new list.
     Refresh {
         /// The MCP server's name.
@@ -104,9 +119,17 @@ pub(crate) enum ToolsPlan {
     Add(Box<Tool>),
     AddMcp(Box<Tool>),
     Refresh(ToolName),
+    Policy {
+        server: ToolName,
+        tool: Option<String>,
+        policy: Option<ToolPolicy>,
+    },
     Stats(super::events::Since),
     List,
-    Set { name: ToolName, active: bool },
+    Set {
+        name: ToolName,
+        active: bool,
+    },
     Update(Box<ToolChanges>),
     Remove(ToolName),
 }
@@ -145,6 +168,28 @@ pub(crate) fn plan(cmd: ToolsCmd, now: jiff::Timestamp) -> Result<ToolsPlan, Fai
         }
         ToolsCmd::AddMcp(a) => ToolsPlan::AddMcp(Box::new(super::mcp::plan(a, now)?)),
         ToolsCmd::Refresh { name } => ToolsPlan::Refresh(ToolName::parse(&name).map_err(input)?),
+        ToolsCmd::Policy {
+            server,
+            first,
+            policy,
+        } => {
+            let (tool, policy) = match policy {
+                Some(p) => (Some(first), p),
+                None => (None, first),
+            };
+            ToolsPlan::Policy {
+                server: ToolName::parse(&server).map_err(input)?,
+                tool,
+                policy: match policy.trim() {
+                    "default" => None,
+                    p => Some(ToolPolicy::parse(p).map_err(|_| {
+                        Failure::Input(format!(
+                            "{p:?} is not a policy: give allow, ask, deny or default (`pulse tools policy SERVER [TOOL] POLICY`)"
+                        ))
+                    })?),
+                },
+            }
+        }
         ToolsCmd::Stats { since } => ToolsPlan::Stats(super::events::Since::parse(&since)?),
         ToolsCmd::List => ToolsPlan::List,
         ToolsCmd::Enable { name } => ToolsPlan::Set {
@@ -347,6 +392,11 @@ pub(crate) async fn execute(plan: ToolsPlan, cx: &Ctx<'_>) -> Result<(), Failure
             ));
         }
         ToolsPlan::AddMcp(tool) => super::mcp::add(*tool, cx).await?,
+        ToolsPlan::Policy {
+            server,
+            tool,
+            policy,
+        } => super::mcp::set_policy(cx, &server, tool.as_deref(), policy).await?,
         ToolsPlan::Refresh(name) => super::mcp::refresh(&name, cx).await?,
         ToolsPlan::Stats(since) => {
             let now = cx.clock.now();

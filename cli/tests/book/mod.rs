@@ -435,7 +435,11 @@ fn the_book_s_transcripts_run_as_written() {
             });
             if transcript == "local-mcp" {
                 // The program spoke MCP: its tools were listed and kept.
-                assert!(out.contains("2 tools (add_note, find_notes)"), "{out}");
+                // The one it marks read-only is allowed; the other is asked.
+                assert!(
+                    out.contains("2 tools (add_note ask, find_notes allow)"),
+                    "{out}"
+                );
             }
             if transcript == "messages-api" {
                 // The reply was written within the wait, not left queued.

@@ -91,6 +91,10 @@ pub struct Agent {
     /// How many days of beats halve a memory's weight (default 30 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_half_life: Option<Interval>,
+    /// How long a call parked for its owner's approval waits before it expires (default
+    /// a day; see [`super::Approval`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_expiry: Option<Interval>,
     /// The MCP servers whose tools it may call, in heartbeats and chat turns alike.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<super::mcp::AgentTool>,
@@ -164,6 +168,9 @@ impl Agent {
                 "daily tokens",
                 "give at least 1, or `off` for no daily budget",
             ));
+        }
+        if let Some(e) = self.approval_expiry {
+            super::check_approval_expiry(e.duration())?;
         }
         let scheduled = self.scheduled_beats_per_hour();
         if let Some(cap) = self.budgets.max_beats_per_hour
@@ -252,6 +259,12 @@ impl Agent {
             .map_or(DEFAULT_MEMORY_HALF_LIFE, |h| h.duration());
         let interval = self.interval.duration().as_secs().max(1);
         (life.as_secs().max(1) / interval).max(1) as u64
+    }
+
+    /// How long a parked call waits for a decision.
+    pub fn approval_expiry(&self) -> SignedDuration {
+        self.approval_expiry
+            .map_or(super::DEFAULT_APPROVAL_EXPIRY, |e| e.duration())
     }
 
     /// How long after a user turn the next heartbeat waits.

@@ -20,15 +20,19 @@ pub enum SignalKind {
     Heartbeat,
     /// Something an external system sent through a webhook.
     Webhook,
+    /// What came of a call parked for approval: approved (and what the tool answered),
+    /// denied or expired.
+    Approval,
 }
 
 impl SignalKind {
-    /// The name (`message`, `heartbeat`, `webhook`).
+    /// The name (`message`, `heartbeat`, `webhook`, `approval`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Message => "message",
             Self::Heartbeat => "heartbeat",
             Self::Webhook => "webhook",
+            Self::Approval => "approval",
         }
     }
 }

@@ -46,10 +46,16 @@ impl HookType {
     pub const TOOL_DEGRADED: &'static str = "TOOL_DEGRADED";
     /// A degraded tool's calls mostly succeed again.
     pub const TOOL_RECOVERED: &'static str = "TOOL_RECOVERED";
+    /// A tool call was parked for a person's approval.
+    pub const APPROVAL_REQUESTED: &'static str = "APPROVAL_REQUESTED";
+    /// A parked call was approved (and sent) or denied.
+    pub const APPROVAL_DECIDED: &'static str = "APPROVAL_DECIDED";
+    /// A parked call expired with nobody's decision; it was not sent.
+    pub const APPROVAL_EXPIRED: &'static str = "APPROVAL_EXPIRED";
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 16] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 19] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -101,6 +107,18 @@ impl HookType {
         (
             Self::TOOL_RECOVERED,
             "a degraded tool's calls mostly succeed again",
+        ),
+        (
+            Self::APPROVAL_REQUESTED,
+            "a tool call was parked for a person's approval (not sent)",
+        ),
+        (
+            Self::APPROVAL_DECIDED,
+            "a parked call was approved (then sent) or denied (never sent)",
+        ),
+        (
+            Self::APPROVAL_EXPIRED,
+            "a parked call expired with no decision; it was not sent",
         ),
     ];
 

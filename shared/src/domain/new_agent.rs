@@ -36,6 +36,8 @@ pub struct NewAgent {
     pub quiet_period: Option<Interval>,
     /// Memory half-life (default 30 days).
     pub memory_half_life: Option<Interval>,
+    /// How long a parked call waits for approval (default a day).
+    pub approval_expiry: Option<Interval>,
     /// Discord channel.
     pub discord_channel: Option<String>,
     /// Who talks to it in direct messages, and when it answers in its channel.
@@ -65,6 +67,7 @@ impl NewAgent {
             budgets: Budgets::default(),
             quiet_period: None,
             memory_half_life: None,
+            approval_expiry: None,
             discord_channel: None,
             discord: DiscordAccess::default(),
             think: ThinkPolicy::Auto,
@@ -94,6 +97,7 @@ impl NewAgent {
             budgets: self.budgets,
             quiet_period: self.quiet_period,
             memory_half_life: self.memory_half_life,
+            approval_expiry: self.approval_expiry,
             discord_channel: self.discord_channel,
             discord: self.discord,
             paused_at: None,
@@ -160,6 +164,8 @@ pub struct AgentChanges {
     pub auto_pause_after: Option<Option<AutoPause>>,
     /// Memory half-life; `Some(None)` goes back to 30 days.
     pub memory_half_life: Option<Option<Interval>>,
+    /// How long a parked call waits for approval; `Some(None)` goes back to a day.
+    pub approval_expiry: Option<Option<Interval>>,
     /// The MCP servers it may use (replaces the list; empty for none).
     pub tools: Option<Vec<super::mcp::AgentTool>>,
 }
@@ -189,6 +195,7 @@ impl AgentChanges {
             && self.retention.is_none()
             && self.auto_pause_after.is_none()
             && self.memory_half_life.is_none()
+            && self.approval_expiry.is_none()
             && self.tools.is_none()
     }
 
@@ -222,6 +229,7 @@ impl AgentChanges {
         set(&mut a.retention, &self.retention);
         set(&mut a.auto_pause_after, &self.auto_pause_after);
         set(&mut a.memory_half_life, &self.memory_half_life);
+        set(&mut a.approval_expiry, &self.approval_expiry);
         set(&mut a.tools, &self.tools);
         a.validated()
     }

@@ -15,6 +15,7 @@
 
 pub mod actions;
 pub mod agent_tools;
+pub mod approvals;
 pub mod budget;
 mod conversation;
 pub mod framing;

@@ -28,6 +28,8 @@ pub struct SweepReport {
     pub queued: usize,
     /// Turns waiting on the model sent to be tried again (see `WaitingTurn`).
     pub retried: usize,
+    /// Approvals expired, and decisions queued again (see [`super::approvals::sweep`]).
+    pub approvals: super::approvals::Expiry,
     /// Problems met (failed queries, claims or sends). A heartbeat claimed but not
     /// queued is picked up again when its lease expires.
     pub errors: Vec<SweepProblem>,
@@ -72,6 +74,12 @@ pub enum SweepProblem {
     /// sweep.
     #[error("reading the turns that wait on the model: {message}")]
     Waiting {
+        /// The store's error, with its causes.
+        message: String,
+    },
+    /// The open approvals could not be read or expired; they are at a later sweep.
+    #[error("expiring approvals: {message}")]
+    Approvals {
         /// The store's error, with its causes.
         message: String,
     },
@@ -137,6 +145,12 @@ impl Sweeper {
         let mut last = SweepReport::default();
         self.queue_jobs(rest, &mut last).await;
         self.retry_waiting(now, &mut last).await;
+        match super::approvals::sweep(self.store.as_ref(), self.queue.as_ref(), now).await {
+            Ok(done) => last.approvals = done,
+            Err(e) => last
+                .errors
+                .push(SweepProblem::Approvals { message: chain(&e) }),
+        }
         reports.push(last);
         let mut total = SweepReport::default();
         for r in reports {
@@ -145,6 +159,8 @@ impl Sweeper {
             total.skipped += r.skipped;
             total.queued += r.queued;
             total.retried += r.retried;
+            total.approvals.expired += r.approvals.expired;
+            total.approvals.requeued += r.approvals.requeued;
             total.errors.extend(r.errors);
             total.lateness.extend(r.lateness);
         }

@@ -62,7 +62,7 @@ impl Default for ApiRate {
 }
 
 /// A request's token, checked and counted: the token, or the answer to give.
-async fn admitted(inbound: &Inbound, headers: &HeaderMap) -> Result<ApiToken, Response> {
+pub(super) async fn admitted(inbound: &Inbound, headers: &HeaderMap) -> Result<ApiToken, Response> {
     let refuse = |r: TokenRefusal| {
         let mut resp = error_response(StatusCode::UNAUTHORIZED, r.to_string());
         resp.headers_mut().insert(

@@ -15,6 +15,7 @@
 //! is a 5xx (503, so senders retry). Bodies are read up to [`MAX_BODY`] bytes; larger ones
 //! get 413 before anything is verified or stored.
 
+pub mod approvals;
 pub mod discord;
 mod listener;
 pub mod messages;
@@ -95,6 +96,8 @@ pub fn router(inbound: Arc<Inbound>) -> Router {
         .route("/webhooks/{webhook_id}", post(webhooks::receive))
         .route("/v1/agents/{agent_id}/messages", post(messages::post))
         .route("/v1/turns/{turn_id}", get(messages::get))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/{approval_id}", post(approvals::decide))
         .route("/v1/openapi.json", get(messages::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

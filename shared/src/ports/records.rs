@@ -382,15 +382,18 @@ pub trait ApprovalStore: Send + Sync {
     ) -> Result<Option<Approval>, StoreError>;
     /// The agent's latest `limit` approvals, newest first, decided or not.
     async fn approvals(&self, agent: &AgentId, limit: usize) -> Result<Vec<Approval>, StoreError>;
-    /// The approvals still pending, of every agent, soonest to expire first, at most
-    /// `limit`: what the sweep expires and what the pending counts are read from.
-    async fn pending_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
+    /// The approvals not yet settled — pending, or decided with what came of the decision
+    /// still to be recorded — of every agent, soonest to expire first, at most `limit`:
+    /// what the sweep expires, and carries out again when a decision's carrying out was
+    /// lost with its process.
+    async fn open_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError>;
     /// Writes `decided` (approved, denied or expired) only if the stored approval is
-    /// still pending, in one conditional write: the first decision is the only one.
-    /// `None` when it was written; the stored approval, unchanged, when it had been
+    /// still pending, in one conditional write: the first decision is the only one. It
+    /// stays open until it is settled. `None` when it was written; the stored approval, unchanged, when it had been
     /// decided already. `NotFound` if there is none.
     async fn decide_approval(&self, decided: &Approval) -> Result<Option<Approval>, StoreError>;
-    /// Writes what came of a decided approval (its outcome) and nothing else. `NotFound`
-    /// if there is none; `Conflict` if it is still pending.
+    /// Writes what came of a decided approval (its outcome) and nothing else, and closes
+    /// it (no longer open). `NotFound` if there is none; `Conflict` if it is still
+    /// pending.
     async fn settle_approval(&self, settled: &Approval) -> Result<(), StoreError>;
 }

@@ -2,6 +2,7 @@
 
 pub(crate) mod agent;
 pub(crate) mod agents;
+pub(crate) mod approvals;
 pub(crate) mod chat;
 pub(crate) mod hooks;
 pub(crate) mod login;

@@ -123,6 +123,10 @@ pub(crate) struct UpdateAgent {
     /// beats); "" goes back to 30d.
     #[arg(long, value_name = "DURATION")]
     memory_half_life: Option<String>,
+    /// How long a tool call parked for approval waits for a decision before it expires
+    /// (1m to 30d); "" goes back to 1d.
+    #[arg(long, value_name = "DURATION")]
+    approval_expiry: Option<String>,
     /// The Discord channel the agent speaks in; "" unbinds it.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
@@ -220,6 +224,10 @@ pub(crate) struct CreateAgent {
     /// beats (default 30d).
     #[arg(long, value_name = "DURATION")]
     memory_half_life: Option<String>,
+    /// How long a tool call parked for approval waits for a decision before it expires
+    /// (1m to 30d; default 1d).
+    #[arg(long, value_name = "DURATION")]
+    approval_expiry: Option<String>,
     /// The Discord channel the agent speaks in when no interaction is open.
     #[arg(long, value_name = "CHANNEL_ID")]
     discord_channel: Option<String>,
@@ -335,6 +343,7 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
         memory_half_life: cleared_with(a.memory_half_life, |q| {
             q.parse::<Interval>().map_err(input)
         })?,
+        approval_expiry: cleared_with(a.approval_expiry, |q| q.parse::<Interval>().map_err(input))?,
         retention: cleared_with(a.retention, |r| r.parse::<Retention>().map_err(input))?,
         auto_pause_after: cleared_with(a.auto_pause_after, |r| {
             r.parse::<AutoPause>().map_err(input)
@@ -470,6 +479,12 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         .map_err(input)?;
     new.memory_half_life = a
         .memory_half_life
+        .as_deref()
+        .map(str::parse::<Interval>)
+        .transpose()
+        .map_err(input)?;
+    new.approval_expiry = a
+        .approval_expiry
         .as_deref()
         .map(str::parse::<Interval>)
         .transpose()

@@ -2,14 +2,14 @@
 //!
 //! Each approval is an `AP#<id>` document in its agent's partition (listed newest first,
 //! deleted with the agent), with its status beside the document for the decision's
-//! condition. While it is pending a copy is filed in the `APPROVALS` partition under
-//! `<expires ms>#<id>`, so the sweep finds the pending approvals of every agent, soonest
-//! to expire first, with one query; parking writes both in one transaction, and the
-//! decision — conditional on the status still being pending — updates the one and deletes
-//! the other in one transaction.
+//! condition. Until it is settled (open) a copy is filed in the `APPROVALS` partition
+//! under `<expires ms>#<id>`, so the sweep finds the open approvals of every agent,
+//! soonest to expire first, with one query. Parking writes both in one transaction; the
+//! decision — conditional on the status still being pending — updates both in one
+//! transaction; settling writes the outcome and removes the copy in one.
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::types::{Delete, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{Delete, Put, TransactWriteItem, Update};
 
 use super::DynamoStore;
 use super::codec::*;
@@ -18,14 +18,14 @@ use crate::domain::{AgentId, Approval, ApprovalId, to_ms};
 use crate::error::StoreError;
 use crate::ports::ApprovalStore;
 
-/// The partition of the pending approvals of every agent.
+/// The partition of the open approvals of every agent.
 pub(super) const PENDING_PK: &str = "APPROVALS";
 
 fn approval_sk(id: &ApprovalId) -> String {
     format!("AP#{id}")
 }
 
-/// A pending approval's key in [`PENDING_PK`]: by when it expires, then its id.
+/// An open approval's key in [`PENDING_PK`]: by when it expires, then its id.
 pub(super) fn pending_sk(a: &Approval) -> String {
     format!("{:013}#{}", to_ms(a.expires_at).max(0), a.id)
 }
@@ -56,7 +56,7 @@ impl ApprovalStore for DynamoStore {
     async fn park_approval(&self, approval: &Approval) -> Result<Option<Approval>, StoreError> {
         let op = "park approval";
         let mut items = vec![self.put(approval_item(approval), Some("attribute_not_exists(pk)"))?];
-        if approval.is_pending() {
+        if approval.outcome.is_none() {
             items.push(self.put(
                 doc_item(PENDING_PK.to_owned(), pending_sk(approval), approval),
                 None,
@@ -105,9 +105,9 @@ impl ApprovalStore for DynamoStore {
         .await
     }
 
-    async fn pending_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+    async fn open_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
         self.query_between(
-            "read pending approvals",
+            "read open approvals",
             PENDING_PK,
             "0"..="9~",
             false,
@@ -137,14 +137,12 @@ impl ApprovalStore for DynamoStore {
             .expression_attribute_values(":pending", s("pending"))
             .build()
             .map_err(backend("build transaction"))?;
-        let delete = Delete::builder()
-            .table_name(&self.table)
-            .set_key(Some(key(PENDING_PK, pending_sk(decided))))
-            .build()
-            .map_err(backend("build transaction"))?;
         let items = vec![
             TransactWriteItem::builder().update(update).build(),
-            TransactWriteItem::builder().delete(delete).build(),
+            self.put(
+                doc_item(PENDING_PK.to_owned(), pending_sk(decided), decided),
+                None,
+            )?,
         ];
         match self.transact(op, items).await? {
             Ok(()) => Ok(None),
@@ -180,24 +178,29 @@ impl ApprovalStore for DynamoStore {
             )));
         }
         stored.outcome = settled.outcome.clone();
-        let r = self
-            .client
-            .put_item()
+        let put = Put::builder()
             .table_name(&self.table)
             .set_item(Some(approval_item(&stored)))
             .condition_expression("#status = :status")
             .expression_attribute_names("#status", "status")
             .expression_attribute_values(":status", s(stored.status.as_str()))
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(()),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(_) => {
-                    Err(StoreError::Conflict(format!("approval {} changed while it was settled", settled.id)))
-                }
-                other => Err(StoreError::backend("dynamodb", op, other)),
-            },
+            .build()
+            .map_err(backend("build transaction"))?;
+        let delete = Delete::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(PENDING_PK, pending_sk(&stored))))
+            .build()
+            .map_err(backend("build transaction"))?;
+        let items = vec![
+            TransactWriteItem::builder().put(put).build(),
+            TransactWriteItem::builder().delete(delete).build(),
+        ];
+        match self.transact(op, items).await? {
+            Ok(()) => Ok(()),
+            Err(_) => Err(StoreError::Conflict(format!(
+                "approval {} changed while it was settled",
+                settled.id
+            ))),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Calls parked for a person's approval on SQLite: one row each, the record as JSON
-//! beside its agent, whether it is pending and when it expires (the pending ones are
-//! found by expiry through a partial index).
+//! beside its agent, whether it is pending, whether it is open (not yet settled) and when
+//! it expires (the open ones are found by expiry through a partial index).
 
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
@@ -31,12 +31,13 @@ impl ApprovalStore for SqliteStore {
             .call("park approval", move |conn| {
                 let n = conn
                     .exec(
-                        "INSERT OR IGNORE INTO approvals (id, agent_id, pending, expires_ms, doc) \
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        "INSERT OR IGNORE INTO approvals (id, agent_id, pending, open, expires_ms, doc) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                         params![
                             a.id.as_str(),
                             a.agent_id.as_str(),
                             a.is_pending(),
+                            a.outcome.is_none(),
                             to_ms(a.expires_at),
                             to_doc(&a)
                         ],
@@ -77,13 +78,13 @@ impl ApprovalStore for SqliteStore {
             .await
     }
 
-    async fn pending_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
+    async fn open_approvals(&self, limit: usize) -> Result<Vec<Approval>, StoreError> {
         self.db
-            .call("read pending approvals", move |conn| {
+            .call("read open approvals", move |conn| {
                 read_docs(
                     conn,
-                    "read pending approvals",
-                    "SELECT id, doc FROM approvals WHERE pending = 1 \
+                    "read open approvals",
+                    "SELECT id, doc FROM approvals WHERE open = 1 \
                      ORDER BY expires_ms, id LIMIT ?1",
                     params![limit as i64],
                 )
@@ -133,7 +134,7 @@ impl ApprovalStore for SqliteStore {
                 }
                 stored.outcome = outcome;
                 conn.exec(
-                    "UPDATE approvals SET doc = ?2 WHERE id = ?1",
+                    "UPDATE approvals SET doc = ?2, open = 0 WHERE id = ?1",
                     params![id, to_doc(&stored)],
                 )
                 .map_err(sqlite_err("settle approval"))?;

@@ -426,17 +426,19 @@ INSERT OR IGNORE INTO agent_names (name, agent_id)
     WHERE json_valid(doc) AND json_extract(doc, '$.name') IS NOT NULL ORDER BY created_ms;
 "#;
 
-/// Version 22: calls parked for a person's approval; the pending ones found by expiry.
+/// Version 22: calls parked for a person's approval; those not yet settled (`open`)
+/// found by expiry.
 const SCHEMA_V22: &str = r#"
 CREATE TABLE approvals (
     id          TEXT PRIMARY KEY,
     agent_id    TEXT NOT NULL,
     pending     INTEGER NOT NULL,
+    open        INTEGER NOT NULL,
     expires_ms  INTEGER NOT NULL,
     doc         TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX approvals_agent ON approvals (agent_id, id);
-CREATE INDEX approvals_pending ON approvals (expires_ms) WHERE pending = 1;
+CREATE INDEX approvals_open ON approvals (expires_ms) WHERE open = 1;
 "#;
 
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use super::{AgentTools, Offer, fits, idempotency_key};
 use crate::domain::{
     Action, ActionId, ActionStatus, Agent, Event, EventId, HeartbeatId, HookData, HookType,
-    ModelCall, ToolName, ToolUse, TurnId,
+    ModelCall, ToolName, ToolPolicy, ToolUse, TurnId,
 };
 use crate::engine::hooks::Emission;
 use crate::engine::interrupt::{self, Raced, StopOn};
@@ -56,6 +56,9 @@ pub struct Site<'a> {
     pub at_ms: u64,
     /// What stops the wait for a call in flight; none: it is waited for.
     pub race: Option<Race>,
+    /// What the model said beside its calls, if anything: the reason a parked call's
+    /// approval shows.
+    pub said: Option<&'a str>,
 }
 
 impl<'a> Site<'a> {
@@ -71,7 +74,14 @@ impl<'a> Site<'a> {
             index,
             at_ms,
             race: None,
+            said: None,
         }
+    }
+
+    /// The same site, with what the model said beside its calls.
+    pub fn said(mut self, text: Option<&'a str>) -> Self {
+        self.said = text.filter(|t| !t.trim().is_empty());
+        self
     }
 
     /// The same site, its calls raced against `race`.
@@ -81,20 +91,20 @@ impl<'a> Site<'a> {
     }
 
     /// The key of `call` made here, which its server is sent as `Idempotency-Key`.
-    fn key(&self, call: &ToolUse) -> String {
+    pub(super) fn key(&self, call: &ToolUse) -> String {
         idempotency_key(&format!("{}.{}", self.run, self.index), call)
     }
 
-    fn triggered_by(&self) -> &str {
+    pub(super) fn triggered_by(&self) -> &str {
         self.event.map_or("TURN", |e| e.event_type.as_str())
     }
-    fn in_heartbeat(&self) -> Option<HeartbeatId> {
+    pub(super) fn in_heartbeat(&self) -> Option<HeartbeatId> {
         self.event.map(|_| self.heartbeat_id.clone())
     }
 }
 
 /// How starting a call's action went.
-enum Begun {
+pub(super) enum Begun {
     /// Send it.
     Send,
     /// A run before finished it (or left it UNKNOWN): its answer, nothing sent.
@@ -166,6 +176,7 @@ impl OwnedSite {
             index: self.index,
             at_ms: self.at_ms,
             race: None,
+            said: None,
         }
     }
 }
@@ -201,6 +212,20 @@ impl AgentTools {
                 "the arguments do not fit {}: {why}; nothing was sent",
                 call.name
             )));
+        }
+        match server.policy_of(&offered.tool) {
+            (ToolPolicy::Allow, _) => {}
+            (ToolPolicy::Deny, source) => {
+                info!(tool = %call.name, "a call of a tool whose policy is deny: not sent");
+                return answered(Err(format!(
+                    "{} may not be called: its policy is deny ({}); nothing was sent. Tell your owner if it is needed",
+                    call.name,
+                    source.as_str()
+                )));
+            }
+            (ToolPolicy::Ask, _) => {
+                return answered(self.park(offer, call, site, offered).await);
+            }
         }
         let key = site.key(call);
         let mut action = self.action(site, &offered.server, &offered.tool, call, key);
@@ -317,7 +342,7 @@ impl AgentTools {
     /// Records how a sent call ended, emits its hooks and counts its health; what the
     /// model is told.
     #[allow(clippy::too_many_arguments)]
-    async fn finished(
+    pub(super) async fn finished(
         &self,
         offer: &Offer,
         site: &Site<'_>,
@@ -357,7 +382,7 @@ impl AgentTools {
         answer
     }
 
-    fn action(
+    pub(super) fn action(
         &self,
         site: &Site<'_>,
         server: &ToolName,
@@ -395,7 +420,11 @@ impl AgentTools {
     }
 
     /// Records the call RUNNING, or finds what a run before made of it.
-    async fn begin(&self, action: &mut Action, idempotent: bool) -> Result<Begun, String> {
+    pub(super) async fn begin(
+        &self,
+        action: &mut Action,
+        idempotent: bool,
+    ) -> Result<Begun, String> {
         let existing = match self.store.start_action(action).await {
             Ok(None) => return Ok(Begun::Send),
             Ok(Some(existing)) => existing,
@@ -438,7 +467,7 @@ impl AgentTools {
         }
     }
 
-    async fn start_hooks(&self, offer: &Offer, site: &Site<'_>, action: &Action) {
+    pub(super) async fn start_hooks(&self, offer: &Offer, site: &Site<'_>, action: &Action) {
         let data = json!({
             "tool_name": action.tool,
             "mcp_tool": action.call.as_ref().map(|c| &c.tool),
@@ -454,7 +483,7 @@ impl AgentTools {
         }
     }
 
-    async fn finish_hooks(&self, offer: &Offer, site: &Site<'_>, action: &Action) {
+    pub(super) async fn finish_hooks(&self, offer: &Offer, site: &Site<'_>, action: &Action) {
         let mut data = HookData::tool_finished(action, &[]);
         data["mcp_tool"] = json!(action.call.as_ref().map(|c| &c.tool));
         data["turn_id"] = json!(site.turn_id);

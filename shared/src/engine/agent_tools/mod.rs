@@ -14,9 +14,11 @@
 //! rather than guess. Each call is an action in the agent's log (see [`calls`]).
 
 mod calls;
+mod parked;
 
 pub(crate) use calls::answer_of;
 pub use calls::{Called, Race, Site};
+pub use parked::{approval_data, not_sent, told};
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -141,10 +141,12 @@ impl Conversation {
                     first_ms,
                     &[turn_id.as_str(), &step.to_string(), &calls.to_string()],
                 );
-                let site = Site::in_turn(agent, turn_id, calls, first_ms).raced(Race {
-                    known,
-                    stop: interrupt::StopOn::UserMessage,
-                });
+                let site = Site::in_turn(agent, turn_id, calls, first_ms)
+                    .raced(Race {
+                        known,
+                        stop: interrupt::StopOn::UserMessage,
+                    })
+                    .said(resp.text.as_deref());
                 calls += 1;
                 let (result, reused, interrupted) = match taken.answer(call) {
                     Some(answer) => {

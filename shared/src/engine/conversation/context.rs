@@ -50,6 +50,9 @@ pub fn build_context(
     }
     for m in kept.into_iter().rev() {
         messages.push(match m.role {
+            Role::User if m.source == APPROVAL_SOURCE => {
+                ChatMessage::user(framing::frame(APPROVAL_SOURCE, &m.content))
+            }
             Role::User if from_webhook(&m.source) => {
                 ChatMessage::user(framing::frame(&format!("webhook {}", m.source), &m.content))
             }
@@ -81,6 +84,7 @@ pub fn build_context(
                 &format!("webhook {}", s.meta.source.as_deref().unwrap_or("external")),
                 &text,
             )),
+            SignalKind::Approval => user_parts.push(framing::frame(APPROVAL_SOURCE, &text)),
         }
         if let Some(env) = &s.meta.discord {
             frames.push(framing::frame_data("discord envelope", env));
@@ -109,6 +113,10 @@ pub fn build_context(
     }
     messages
 }
+
+/// The source (and author) of what came of an approval, as a turn keeps it: not the
+/// person's words, so it is framed as data.
+pub(crate) const APPROVAL_SOURCE: &str = "approval";
 
 /// Whether a persisted message's source is a webhook (its id), not a person.
 fn from_webhook(source: &str) -> bool {
@@ -216,10 +224,12 @@ fn said(
                     .unwrap_or_else(|| "webhook".to_owned()),
                 None,
             ),
+            SignalKind::Approval => (Role::User, APPROVAL_SOURCE.to_owned(), None),
         };
         // A webhook's wake is shown as the webhook that sent it, never as the user.
         let author = match s.kind {
             SignalKind::Webhook => Some(format!("webhook {source}")),
+            SignalKind::Approval => Some(APPROVAL_SOURCE.to_owned()),
             _ => s.meta.user_name.clone(),
         };
         out.push(ConversationMessage {

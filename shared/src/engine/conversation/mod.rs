@@ -278,6 +278,7 @@ impl Conversation {
             }
             return Ok(outcome);
         };
+        let pending = self.carry_out(&agent, pending).await?;
         match self.answer(&agent, &pending, None, &mut outcome).await {
             Ok(()) => {}
             Err(EngineError::ModelDown(why)) => {
@@ -293,6 +294,68 @@ impl Conversation {
             self.store.delete_waiting(agent_id, &session).await?;
         }
         Ok(outcome)
+    }
+
+    /// Carries out the decided approvals among `pending` (see
+    /// [`crate::engine::approvals`]): an approved call is sent (or, checked again, not),
+    /// a denied or expired one is not; the outcome is settled on the approval and its hook
+    /// emitted; and the signal's text becomes what the agent is told of it. A redelivery
+    /// finds the outcome settled, or the call's action recorded, and sends nothing twice.
+    async fn carry_out(
+        &self,
+        agent: &Agent,
+        mut pending: Vec<Signal>,
+    ) -> Result<Vec<Signal>, EngineError> {
+        for s in &mut pending {
+            let Some(id) = crate::engine::approvals::carried(s) else {
+                continue;
+            };
+            let Some(approval) = self.store.get_approval(&agent.id, &id).await? else {
+                warn!(approval_id = %id, "the approval a signal carries is gone");
+                continue;
+            };
+            if approval.is_pending() {
+                continue;
+            }
+            let outcome = match &approval.outcome {
+                Some(o) => o.clone(),
+                None => {
+                    let now = self.clock.now();
+                    let outcome = match (
+                        crate::engine::agent_tools::not_sent(&approval, now),
+                        &self.agent_tools,
+                    ) {
+                        (Some(o), _) => o,
+                        (None, Some(at)) => at.carry_out(agent, &approval).await,
+                        (None, None) => crate::domain::ApprovalOutcome {
+                            sent: false,
+                            action_id: None,
+                            summary: "approved, but not sent: this worker has no MCP tools set up"
+                                .to_owned(),
+                            failed: false,
+                            at: now,
+                        },
+                    };
+                    let mut settled = approval.clone();
+                    settled.outcome = Some(outcome.clone());
+                    self.store.settle_approval(&settled).await?;
+                    if let Some(hooks) = &self.hooks {
+                        let kind = match settled.status {
+                            crate::domain::ApprovalStatus::Expired => {
+                                crate::domain::HookType::APPROVAL_EXPIRED
+                            }
+                            _ => crate::domain::HookType::APPROVAL_DECIDED,
+                        };
+                        crate::engine::approvals::announce(hooks, agent, &settled, kind).await;
+                    }
+                    outcome
+                }
+            };
+            s.content = vec![crate::domain::ContentBlock::Text {
+                text: crate::engine::agent_tools::told(&approval, &outcome),
+            }];
+        }
+        Ok(pending)
     }
 
     /// Tries again a session's turn that waits on the model, when it is due: as a

@@ -380,6 +380,11 @@ impl HeartbeatAgent {
         t: &mut Transcript,
         messages: &mut Vec<ChatMessage>,
     ) -> Result<Option<String>, String> {
+        // What the model said beside its calls: the reason a parked call shows.
+        let said = match messages.last() {
+            Some(ChatMessage::Assistant { text, .. }) => text.clone(),
+            _ => None,
+        };
         for (n, call) in tool_calls.iter().enumerate() {
             if n >= transcript::CALLS_PER_ANSWER {
                 let (step, message) =
@@ -395,7 +400,9 @@ impl HeartbeatAgent {
             }
             let index = t.calls;
             t.calls += 1;
-            let result = self.run_tool(req, agent, offer, call, index, t).await;
+            let result = self
+                .run_tool(req, agent, (offer, said.as_deref()), call, index, t)
+                .await;
             info!(tool = %call.name, is_error = result.is_err(), "heartbeat agent tool call");
             let (step, message) =
                 transcript::tool_step(call, result, agent.llm.sees_images(&t.model));
@@ -533,7 +540,7 @@ impl HeartbeatAgent {
         &self,
         req: &ToolRequest,
         agent: &Agent,
-        offer: &Offer,
+        (offer, said): (&Offer, Option<&str>),
         call: &ToolUse,
         index: usize,
         t: &mut Transcript,
@@ -642,7 +649,9 @@ impl HeartbeatAgent {
                             known: Some(req.heartbeat.started_at),
                             stop: interrupt::StopOn::UserOrCancel,
                         }),
-                    };
+                        said: None,
+                    }
+                    .said(said);
                     at.run(offer, call, &site)
                         .await
                         .unwrap_or_else(|| Err(format!("no tool {other}")))
