@@ -117,7 +117,8 @@ impl Connected {
         );
         let runner = self
             .runner(clock.clone(), settings, tools)
-            .with_health(agent_tools.health());
+            .with_health(agent_tools.health())
+            .with_agent_tools(agent_tools.clone());
         Worker::new(Arc::new(runner)).with_conversation(Arc::new(
             self.conversation(clock, settings, services, memories)
                 .with_agent_tools(agent_tools),
@@ -141,7 +142,8 @@ impl Connected {
             self.store.clone(),
             McpClients::new(services.egress.clone()).with_local_servers(local),
             clock.clone(),
-        );
+        )
+        .with_discord(services.discord.clone());
         Arc::new(match self.emitter(clock) {
             Some(emitter) => tools.with_hooks(emitter),
             None => tools,

@@ -223,4 +223,5 @@ faulty!(ApprovalStore {
     fn open_approvals(&self, limit: usize) -> Vec<Approval>;
     fn decide_approval(&self, decided: &Approval) -> Option<Approval>;
     fn settle_approval(&self, settled: &Approval) -> ();
+    fn mark_asked(&self, asked: &Approval) -> bool;
 });

@@ -460,3 +460,228 @@ async fn over_the_api(kind: Kind) {
     r.b.drain(&r.worker).await;
     assert!(r.mcp.calls().is_empty(), "denied over the API: never sent");
 }
+
+/// The Discord interaction a press of `custom_id` by `user` makes, signed with `signer`
+/// at `at`: the receiver's answer.
+async fn press(
+    base: &str,
+    signer: &pulse_signatures::discord::DiscordSigner,
+    at: i64,
+    custom_id: &str,
+    user: &str,
+) -> Value {
+    let body = json!({
+        "id": "1300000000000000077",
+        "application_id": "1",
+        "type": 3,
+        "token": "interaction-token",
+        "channel_id": "555",
+        "user": {"id": user, "username": "ada"},
+        "message": {"id": "9", "content": "**scout** asks to call `cal/add`."},
+        "data": {"custom_id": custom_id, "component_type": 2},
+    })
+    .to_string();
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/discord/interactions"))
+        .header("content-type", "application/json")
+        .body(body.clone());
+    for (k, v) in signer.sign(at, body.as_bytes()) {
+        req = req.header(k, v);
+    }
+    let r = req.send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+on_both_backends!(
+    the_owner_is_asked_on_discord_and_decides_with_a_signed_button_through_the_receiver,
+    on_discord
+);
+async fn on_discord(kind: Kind) {
+    use pulse_shared::config::InboundConfig;
+    use pulse_shared::domain::AgentChanges;
+    let r = rig(kind).await;
+    r.register_with(Duration::from_secs(5), None).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    let lifecycle = r.b.connected().lifecycle(r.b.clock.clone(), &settings());
+    let agent = lifecycle
+        .update(
+            &agent.id,
+            &AgentChanges {
+                discord_users: Some(vec!["4242".into()]),
+                ..AgentChanges::default()
+            },
+        )
+        .await
+        .unwrap()
+        .agent;
+    r.llm.script([
+        Scripted::Answer {
+            text: Some("For the invoice.".into()),
+            tools: vec![("cal__add".into(), json!({"a": 2, "b": 3}))],
+        },
+        Scripted::text("Asked."),
+    ]);
+    r.turn(&agent, "add 2 and 3").await;
+    let a = r.b.store.approvals(&agent.id, 1).await.unwrap().remove(0);
+    // Asked once, in the owner's direct messages, with its two buttons.
+    let cards: Vec<Value> = r
+        .discord
+        .requests()
+        .into_iter()
+        .filter(|q| q.body.get("components").is_some())
+        .map(|q| q.body)
+        .collect();
+    assert_eq!(cards.len(), 1, "{cards:?}");
+    let buttons = &cards[0]["components"][0]["components"];
+    assert_eq!(buttons[0]["custom_id"], a.button(true));
+    assert_eq!(buttons[1]["custom_id"], a.button(false));
+    let content = cards[0]["content"].as_str().unwrap();
+    for want in [
+        "**scout** asks to call `cal/add`",
+        "For the invoice.",
+        "\"a\": 2",
+    ] {
+        assert!(content.contains(want), "{want}: {content}");
+    }
+    assert_eq!(a.asked_at, Some(r.b.now()), "marked asked");
+    // A heartbeat does not ask again.
+    assert_eq!(r.tools.ask_waiting(&agent).await, 0);
+
+    // The button's interaction arrives signed, through the receiver.
+    let signer = pulse_signatures::discord::DiscordSigner::from_seed([7; 32]);
+    let base = pulse_tests::serve_inbound(std::sync::Arc::new(pulse_shared::http::Inbound::new(
+        r.b.store.clone(),
+        r.b.queue.clone(),
+        r.b.clock.clone(),
+        InboundConfig {
+            discord_public_key: Some(signer.public_key_hex()),
+            ..InboundConfig::default()
+        },
+    )))
+    .await;
+    let at = r.b.now().as_second();
+    // Someone the agent does not let in: told so, only them; nothing decided.
+    let stranger = press(&base, &signer, at, &a.button(true), "999").await;
+    assert_eq!(stranger["type"], 4, "{stranger}");
+    assert_eq!(stranger["data"]["flags"], 64, "only they see it");
+    assert!(
+        stranger["data"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Only scout's owner"),
+        "{stranger}"
+    );
+    assert!(
+        r.b.store
+            .get_approval(&agent.id, &a.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_pending()
+    );
+    // A signature from another key is refused before anything is read.
+    let forged = pulse_signatures::discord::DiscordSigner::from_seed([9; 32]);
+    let body = json!({"type": 3, "data": {"custom_id": a.button(true)}}).to_string();
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/discord/interactions"))
+        .body(body.clone());
+    for (k, v) in forged.sign(at, body.as_bytes()) {
+        req = req.header(k, v);
+    }
+    assert_eq!(req.send().await.unwrap().status(), 401);
+    // The owner approves: the message says so, its buttons gone.
+    let owner = press(&base, &signer, at, &a.button(true), "4242").await;
+    assert_eq!(owner["type"], 7, "{owner}");
+    assert_eq!(owner["data"]["components"], json!([]));
+    let said = owner["data"]["content"].as_str().unwrap();
+    assert!(said.contains("Approved by <@4242>"), "{said}");
+    assert!(
+        said.starts_with("**scout** asks"),
+        "the message is kept: {said}"
+    );
+    let decided =
+        r.b.store
+            .get_approval(&agent.id, &a.id)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(decided.decided_by.as_deref(), Some("discord 4242"));
+    // Pressed again (Deny, this time): the first decision stands.
+    let again = press(&base, &signer, at, &a.button(false), "4242").await;
+    assert!(
+        again["data"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("approved by discord 4242"),
+        "{again}"
+    );
+    r.llm.script([Scripted::text("Done: 5.")]);
+    r.b.drain(&r.worker).await;
+    assert_eq!(r.mcp.calls().len(), 1, "sent once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snoozed_agents_owner_is_asked_on_discord_when_it_wakes_not_before() {
+    use pulse_shared::domain::AgentChanges;
+    let r = rig(Kind::Sqlite).await;
+    r.register_with(Duration::from_secs(5), None).await;
+    let agent = r.agent("scout", "mcp:cal").await;
+    let lifecycle = r.b.connected().lifecycle(r.b.clock.clone(), &settings());
+    lifecycle
+        .update(
+            &agent.id,
+            &AgentChanges {
+                discord_channel: Some(Some("1300000000000000001".into())),
+                ..AgentChanges::default()
+            },
+        )
+        .await
+        .unwrap();
+    lifecycle
+        .snooze(&agent.id, SignedDuration::from_hours(2))
+        .await
+        .unwrap();
+    let agent = r.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    r.llm.script([
+        Scripted::tool("cal__add", json!({"a": 1, "b": 1})),
+        Scripted::text("Asked."),
+    ]);
+    r.turn(&agent, "add one and one").await;
+    let cards = || {
+        r.discord
+            .requests()
+            .into_iter()
+            .filter(|q| q.body.get("components").is_some())
+            .count()
+    };
+    assert_eq!(
+        cards(),
+        0,
+        "snoozed: the record is there, the message waits"
+    );
+    let a = r.b.store.approvals(&agent.id, 1).await.unwrap().remove(0);
+    assert!(a.is_pending() && a.asked_at.is_none());
+    // Awake again: its next heartbeat asks, once.
+    r.b.advance(SignedDuration::from_hours(3));
+    r.llm.script([Scripted::text("nothing new")]);
+    let swept = r.b.sweeper(settings()).sweep_once(r.b.now()).await;
+    assert!(swept.claimed >= 1, "{swept:?}");
+    r.b.drain(&r.worker).await;
+    assert_eq!(cards(), 1, "asked when it woke");
+    let channel_card = r
+        .discord
+        .requests()
+        .into_iter()
+        .find(|q| q.body.get("components").is_some())
+        .unwrap();
+    assert!(
+        channel_card.path.contains("1300000000000000001"),
+        "in its channel: {}",
+        channel_card.path
+    );
+    r.b.advance(SignedDuration::from_hours(1));
+    r.b.sweeper(settings()).sweep_once(r.b.now()).await;
+    r.b.drain(&r.worker).await;
+    assert_eq!(cards(), 1, "asked once");
+}

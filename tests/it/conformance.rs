@@ -1813,6 +1813,7 @@ fn parked(
         decided_at: None,
         decision_reason: None,
         outcome: None,
+        asked_at: None,
     }
 }
 
@@ -1861,6 +1862,14 @@ async fn approvals(kind: Kind) {
         "soonest to expire first, across agents"
     );
     assert_eq!(b.store.open_approvals(1).await.unwrap().len(), 1);
+    // Its owner asked once: the first mark is written, a second (a race) is not.
+    let mut asked = soon.clone();
+    asked.asked_at = Some(b.now());
+    assert!(b.store.mark_asked(&asked).await.unwrap());
+    assert!(!b.store.mark_asked(&asked).await.unwrap(), "asked once");
+    let open = b.store.open_approvals(1).await.unwrap().remove(0);
+    assert_eq!(open.asked_at, Some(b.now()), "the open copy says so too");
+    let soon = asked;
     // Settling a pending one is refused: it has to be decided first.
     assert!(matches!(
         b.store.settle_approval(&late).await,
@@ -1969,6 +1978,14 @@ async fn approvals(kind: Kind) {
         b.store.settle_approval(&ghost).await,
         Err(StoreError::NotFound(_))
     ));
+    assert!(matches!(
+        b.store.mark_asked(&ghost).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(
+        !b.store.mark_asked(&stored).await.unwrap(),
+        "a decided one is not asked about"
+    );
     // Purged with the agent, its open entries too.
     let footprint = b.store.purge_agent(&other.id, false).await.unwrap();
     assert_eq!(footprint.approvals, 1);

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 pub(crate) struct Rig {
     pub(crate) b: Backend,
     pub(crate) llm: FakeLlm,
-    _discord: FakeDiscord,
+    pub(crate) discord: FakeDiscord,
     pub(crate) mcp: FakeMcp,
     pub(crate) tools: std::sync::Arc<AgentTools>,
     pub(crate) worker: Worker,
@@ -37,7 +37,7 @@ pub(crate) async fn rig(kind: Kind) -> Rig {
     Rig {
         b,
         llm,
-        _discord: discord,
+        discord,
         mcp,
         tools,
         worker,

@@ -288,6 +288,21 @@ impl DiscordApi for DiscordClient {
         self.send(reqwest::Method::POST, url, true, b).await
     }
 
+    async fn post_card(
+        &self,
+        channel_id: &str,
+        content: &str,
+        nonce: &str,
+        components: serde_json::Value,
+    ) -> Result<String, DiscordError> {
+        let mut b = body(content);
+        b["nonce"] = json!(nonce);
+        b["enforce_nonce"] = json!(true);
+        b["components"] = components;
+        let url = self.url(&format!("channels/{channel_id}/messages"));
+        self.send(reqwest::Method::POST, url, true, b).await
+    }
+
     async fn typing(&self, channel_id: &str) -> Result<(), DiscordError> {
         let url = self.url(&format!("channels/{channel_id}/typing"));
         self.request(reqwest::Method::POST, url, true, json!({}))

@@ -204,7 +204,15 @@ pub struct Approval {
     /// What came of it, once settled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<ApprovalOutcome>,
+    /// When its owner was asked on Discord (a message with Approve and Deny buttons);
+    /// none until then — not yet, while the agent is snoozed or outside its active
+    /// hours, or the agent has no Discord home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_at: Option<Timestamp>,
 }
+
+/// The prefix of the custom id of an approval's Discord buttons.
+const BUTTON: &str = "approval";
 
 /// What a decision says: yes or no, by whom, why.
 #[derive(Clone, Debug, PartialEq)]
@@ -262,6 +270,17 @@ impl Approval {
         )
     }
 
+    /// The custom id of its Discord button: `approval:approve|deny:AGENT:ID` (at most
+    /// 100 characters, as Discord allows).
+    pub fn button(&self, approve: bool) -> String {
+        format!(
+            "{BUTTON}:{}:{}:{}",
+            if approve { "approve" } else { "deny" },
+            self.agent_id,
+            self.id
+        )
+    }
+
     /// One line on what it asks, for people: `cal/send_mail {"to": …}`.
     pub fn summary(&self, max: usize) -> String {
         let args = self.arguments.to_string();
@@ -273,6 +292,23 @@ impl Approval {
         };
         format!("{}/{} {args}", self.server, self.tool)
     }
+}
+
+/// What a Discord button's custom id says: approve (true) or deny, of which agent's
+/// approval. `None` for a custom id that is not an approval's button.
+pub fn parse_button(custom_id: &str) -> Option<(bool, AgentId, ApprovalId)> {
+    let mut parts = custom_id.split(':');
+    if parts.next()? != BUTTON {
+        return None;
+    }
+    let approve = match parts.next()? {
+        "approve" => true,
+        "deny" => false,
+        _ => return None,
+    };
+    let agent = AgentId::parse(parts.next()?).ok()?;
+    let id = ApprovalId::parse(parts.next()?).ok()?;
+    parts.next().is_none().then_some((approve, agent, id))
 }
 
 /// A reason as kept: trimmed and bounded.
@@ -335,7 +371,24 @@ mod tests {
             decided_at: None,
             decision_reason: None,
             outcome: None,
+            asked_at: None,
         }
+    }
+
+    #[test]
+    fn a_button_names_the_decision_the_agent_and_the_approval_within_discords_limit() {
+        let p = parked();
+        for approve in [true, false] {
+            let id = p.button(approve);
+            assert!(id.len() <= 100, "{id}");
+            assert_eq!(
+                parse_button(&id),
+                Some((approve, p.agent_id.clone(), p.id.clone()))
+            );
+        }
+        assert_eq!(parse_button("approval:maybe:x:y"), None);
+        assert_eq!(parse_button(&format!("{}:extra", p.button(true))), None);
+        assert_eq!(parse_button("other:approve"), None);
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub use agent_state::{AgentState, AgentStates};
 pub use approval::{
     APPROVAL_EXPIRY_RANGE, Approval, ApprovalOutcome, ApprovalStatus, DEFAULT_APPROVAL_EXPIRY,
     Decision, MAX_APPROVAL_REASON, MAX_PARKED_ARGUMENTS, PolicySource, ToolPolicy,
-    check_approval_expiry, clip_reason, schema_digest,
+    check_approval_expiry, clip_reason, parse_button, schema_digest,
 };
 pub use chat::{
     ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,

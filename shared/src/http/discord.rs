@@ -11,6 +11,11 @@
 //!   `message` signal on the session of the agent that answers in the channel (or the
 //!   default agent). The conversation worker answers by editing the deferred reply.
 //!
+//! - a button of an approval's message (a message component) → `{"type": 7}`: the
+//!   message updated to say who decided, its buttons gone, after the decision is
+//!   written (see [`crate::engine::approvals`]). Only a Discord user the agent lets in
+//!   may decide; anyone else is told so, only them, and nothing is decided.
+//!
 //! The signal carries the text, image attachments as image blocks, and in
 //! `metadata.discord` the message's envelope — type, flags, timestamps, author,
 //! content, attachments (name, content type, size, duration, waveform, width, height,
@@ -161,13 +166,88 @@ pub(super) async fn interaction(State(app): State<Arc<Inbound>>, req: Request) -
     match raw.get("type").and_then(Value::as_u64) {
         Some(1) => Json(json!({"type": 1})).into_response(),
         Some(2) => command(&app, &raw, now).await,
+        Some(3) => button(&app, &raw, now).await,
         // Autocomplete: Pulse's commands have none; answer with no choices.
         Some(4) => Json(json!({"type": 8, "data": {"choices": []}})).into_response(),
         Some(t) => bad_request(format!(
-            "interaction type {t} is not handled; Pulse answers PING and application commands"
+            "interaction type {t} is not handled; Pulse answers PING, application commands and its approval buttons"
         )),
         None => bad_request("the interaction has no type"),
     }
+}
+
+/// A press of an approval's Approve or Deny button: decided, and its message updated.
+async fn button(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
+    let Some(custom_id) = raw.pointer("/data/custom_id").and_then(Value::as_str) else {
+        return bad_request("the component has no custom_id");
+    };
+    let Some((approve, agent_id, id)) = crate::domain::parse_button(custom_id) else {
+        return tell_user("This button is not one Pulse knows.".to_owned());
+    };
+    let user = raw
+        .pointer("/member/user/id")
+        .or_else(|| raw.pointer("/user/id"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let agent = match app.store.get_agent(&agent_id).await {
+        Ok(Some(a)) => a,
+        Ok(None) => return tell_user(format!("The agent {agent_id} no longer exists.")),
+        Err(e) => return store_failure("reading the agent", &e),
+    };
+    if user.is_empty() || !agent.discord.users.iter().any(|u| u == user) {
+        info!(approval_id = %id, user, "an approval button pressed by someone the agent does not let in: refused");
+        return tell_user(format!(
+            "Only {}'s owner can decide this (the Discord users it answers in direct messages).",
+            agent.name
+        ));
+    }
+    let decision = crate::domain::Decision {
+        approve,
+        by: format!("discord {user}"),
+        reason: None,
+    };
+    let content = raw
+        .pointer("/message/content")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let said = match crate::engine::approvals::decide(
+        app.store.as_ref(),
+        app.queue.as_ref(),
+        &agent,
+        &id,
+        &decision,
+        now,
+    )
+    .await
+    {
+        Ok(_) if approve => format!(
+            "✅ Approved by <@{user}>: {} makes the call and tells you what came of it.",
+            agent.name
+        ),
+        Ok(_) => format!("⛔ Denied by <@{user}>: the call is not made. (`{}`)", id),
+        Err(crate::engine::approvals::DecideError::Decided(first)) => {
+            format!(
+                "This was {} already; the first decision stands.",
+                first.who_decided()
+            )
+        }
+        Err(crate::engine::approvals::DecideError::NotFound(_)) => {
+            return tell_user(format!(
+                "There is no approval {id} of {} any more.",
+                agent.name
+            ));
+        }
+        Err(crate::engine::approvals::DecideError::Store(e)) => {
+            return store_failure("deciding the approval", &e);
+        }
+    };
+    // The message, its buttons gone, says who decided; no one is pinged by it.
+    let mut text = format!("{content}\n\n{said}");
+    if text.chars().count() > crate::domain::MESSAGE_LIMIT {
+        text = said;
+    }
+    Json(json!({"type": 7, "data": {"content": text, "components": [], "allowed_mentions": {"parse": []}}}))
+        .into_response()
 }
 
 async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {

@@ -261,6 +261,19 @@ pub trait DiscordApi: Send + Sync {
         nonce: &str,
         reply_to: Option<&str>,
     ) -> Result<String, DiscordError>;
+    /// Posts a message with `components` (buttons) to a channel, as
+    /// [`DiscordApi::create_message`] does. Where components are not supported, the
+    /// message alone.
+    async fn post_card(
+        &self,
+        channel_id: &str,
+        content: &str,
+        nonce: &str,
+        components: serde_json::Value,
+    ) -> Result<String, DiscordError> {
+        let _ = components;
+        self.create_message(channel_id, content, nonce, None).await
+    }
     /// Shows "typing…" in a channel for about ten seconds, or until a message is posted.
     async fn typing(&self, channel_id: &str) -> Result<(), DiscordError>;
     /// The direct-message channel with a user (opened if there is none); its id.

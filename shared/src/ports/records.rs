@@ -396,4 +396,8 @@ pub trait ApprovalStore: Send + Sync {
     /// it (no longer open). `NotFound` if there is none; `Conflict` if it is still
     /// pending.
     async fn settle_approval(&self, settled: &Approval) -> Result<(), StoreError>;
+    /// Records that the owner was asked about `asked` (its `asked_at`) and nothing else,
+    /// only if it is still pending and was not asked before: true when this call marked
+    /// it. `NotFound` if there is none.
+    async fn mark_asked(&self, asked: &Approval) -> Result<bool, StoreError>;
 }

@@ -21,6 +21,9 @@ use crate::ports::ApprovalStore;
 /// The partition of the open approvals of every agent.
 pub(super) const PENDING_PK: &str = "APPROVALS";
 
+/// Beside an approval's document once its owner was asked on Discord.
+const ASKED: &str = "asked";
+
 fn approval_sk(id: &ApprovalId) -> String {
     format!("AP#{id}")
 }
@@ -201,6 +204,46 @@ impl ApprovalStore for DynamoStore {
                 "approval {} changed while it was settled",
                 settled.id
             ))),
+        }
+    }
+
+    async fn mark_asked(&self, asked: &Approval) -> Result<bool, StoreError> {
+        let op = "mark approval asked";
+        let Some(mut stored) = self.read_approval(op, &asked.agent_id, &asked.id).await? else {
+            return Err(StoreError::NotFound(format!("approval {}", asked.id)));
+        };
+        if !stored.is_pending() || stored.asked_at.is_some() {
+            return Ok(false);
+        }
+        stored.asked_at = asked.asked_at;
+        // Still pending and not asked by anyone else (marked beside the document), and its
+        // copy in the open partition with it.
+        let mut item = approval_item(&stored);
+        item.insert(ASKED.to_owned(), s("1"));
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("#status = :pending AND attribute_not_exists(#asked)")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_names("#asked", ASKED)
+            .expression_attribute_values(":pending", s("pending"))
+            .build()
+            .map_err(backend("build transaction"))?;
+        let items = vec![
+            TransactWriteItem::builder().put(put).build(),
+            self.put(
+                doc_item(PENDING_PK.to_owned(), pending_sk(&stored), &stored),
+                None,
+            )?,
+        ];
+        match self.transact(op, items).await? {
+            Ok(()) => Ok(true),
+            Err(reasons) if is_ccf(reasons.first()) => Ok(false),
+            Err(reasons) => Err(StoreError::backend(
+                "dynamodb",
+                op,
+                format!("transaction cancelled: {reasons:?}"),
+            )),
         }
     }
 }

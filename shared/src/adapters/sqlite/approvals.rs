@@ -142,4 +142,27 @@ impl ApprovalStore for SqliteStore {
             })
             .await
     }
+
+    async fn mark_asked(&self, asked: &Approval) -> Result<bool, StoreError> {
+        let (id, agent, at) = (asked.id.to_string(), asked.agent_id.clone(), asked.asked_at);
+        self.db
+            .call("mark approval asked", move |conn| {
+                let Some(mut stored) =
+                    read_one(conn, "mark approval asked", &id)?.filter(|a| a.agent_id == agent)
+                else {
+                    return Err(StoreError::NotFound(format!("approval {id}")));
+                };
+                if !stored.is_pending() || stored.asked_at.is_some() {
+                    return Ok(false);
+                }
+                stored.asked_at = at;
+                conn.exec(
+                    "UPDATE approvals SET doc = ?2 WHERE id = ?1 AND pending = 1",
+                    params![id, to_doc(&stored)],
+                )
+                .map_err(sqlite_err("mark approval asked"))
+                .map(|n| n == 1)
+            })
+            .await
+    }
 }

@@ -44,6 +44,8 @@ pub struct AgentTools {
     clock: Arc<dyn Clock>,
     hooks: Option<HookEmitter>,
     health: Arc<ToolHealth>,
+    /// Where a parked call's owner is asked (see [`crate::engine::approvals::ask`]).
+    discord: Option<Arc<dyn crate::ports::DiscordApi>>,
 }
 
 /// What one run offers the model, and where each call goes.
@@ -77,6 +79,32 @@ impl AgentTools {
             clock,
             hooks: None,
             health: Arc::default(),
+            discord: None,
+        }
+    }
+
+    /// Asking the owner of a parked call on Discord through `discord` (none: it is
+    /// decided from the CLI, the dashboard or the API only).
+    pub fn with_discord(mut self, discord: Option<Arc<dyn crate::ports::DiscordApi>>) -> Self {
+        self.discord = discord;
+        self
+    }
+
+    /// Asks `agent`'s owner about its parked calls not asked about yet (they were parked
+    /// while it was snoozed or outside its active hours, or the post failed): the
+    /// heartbeat runner calls this when the agent wakes. How many were asked.
+    pub async fn ask_waiting(&self, agent: &Agent) -> usize {
+        match &self.discord {
+            Some(d) if !agent.tools.is_empty() => {
+                crate::engine::approvals::ask_waiting(
+                    self.store.as_ref(),
+                    d.as_ref(),
+                    agent,
+                    self.clock.now(),
+                )
+                .await
+            }
+            _ => 0,
         }
     }
 

@@ -72,6 +72,7 @@ impl AgentTools {
             decided_at: None,
             decision_reason: None,
             outcome: None,
+            asked_at: None,
         };
         match self.store.park_approval(&approval).await {
             Err(e) => Err(format!(
@@ -87,6 +88,16 @@ impl AgentTools {
                 info!(approval_id = %approval.id, tool = %call.name, expires_at = %approval.expires_at, "a call parked for its owner's approval; not sent");
                 self.emit_approval(offer, site.agent, &approval, HookType::APPROVAL_REQUESTED)
                     .await;
+                if let Some(d) = &self.discord {
+                    crate::engine::approvals::ask(
+                        self.store.as_ref(),
+                        d.as_ref(),
+                        site.agent,
+                        &approval,
+                        now,
+                    )
+                    .await;
+                }
                 Ok(parked_answer(&approval))
             }
         }

@@ -89,6 +89,9 @@ pub struct HeartbeatRunner {
     hooks: Option<HookEmitter>,
     /// The tools' health counts (shared with the agents' MCP calls).
     health: Arc<crate::engine::tool_health::ToolHealth>,
+    /// The agents' MCP tools: a heartbeat asks the owner about the calls parked while the
+    /// agent was snoozed or outside its active hours.
+    agent_tools: Option<Arc<crate::engine::agent_tools::AgentTools>>,
     /// The cached registry. An async mutex, held while loading, so runs that start
     /// together share one read instead of each making their own.
     registry: tokio::sync::Mutex<Option<Arc<Registry>>>,
@@ -213,6 +216,7 @@ impl HeartbeatRunner {
             settings,
             hooks: None,
             health: Arc::default(),
+            agent_tools: None,
             registry: tokio::sync::Mutex::new(None),
         }
     }
@@ -227,6 +231,13 @@ impl HeartbeatRunner {
     /// Counts the HTTP tools' outcomes in `health` (TOOL_DEGRADED, TOOL_RECOVERED).
     pub fn with_health(mut self, health: Arc<crate::engine::tool_health::ToolHealth>) -> Self {
         self.health = health;
+        self
+    }
+
+    /// Asks, at each heartbeat of an agent with MCP tools, about its parked calls whose
+    /// owner was not asked yet (see [`crate::engine::agent_tools::AgentTools::ask_waiting`]).
+    pub fn with_agent_tools(mut self, tools: Arc<crate::engine::agent_tools::AgentTools>) -> Self {
+        self.agent_tools = Some(tools);
         self
     }
 
@@ -304,6 +315,10 @@ impl HeartbeatRunner {
         if agent.next_wake.is_some_and(|w| w <= now) {
             self.wake(hb, &mut agent, &mut window, &window_end, now)
                 .await?;
+        }
+        // Awake: its owner is asked about the calls parked while it was not.
+        if let Some(tools) = &self.agent_tools {
+            tools.ask_waiting(&agent).await;
         }
         let next_start = match (window.truncated, window.events.last()) {
             (true, Some(last)) => EventCursor::after(&last.id),
