@@ -2370,7 +2370,7 @@ fn simulate_prints_its_seed_faults_and_invariants_and_checks_its_input() {
     assert!(!text.contains("FAIL"), "{text}");
     let doc = json(dir.path(), &args);
     assert_eq!(doc["seed"], 11);
-    assert_eq!(doc["invariants"].as_array().unwrap().len(), 12);
+    assert_eq!(doc["invariants"].as_array().unwrap().len(), 14);
     assert!(doc["counts"]["heartbeats_completed"].as_u64().unwrap() > 100);
 
     let kept = dir.path().join("run.db");

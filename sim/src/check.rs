@@ -101,6 +101,9 @@ pub(crate) async fn check(sim: &Sim, shard: &Shard) -> Result<Report, SimError> 
         discord_once,
         hook_once,
     ];
+    invariants.extend(
+        crate::approvals::check(sim, &seen.ledger.approvals, &seen.ledger.deleted, seen.now).await,
+    );
     if let Some(power) = &sim.power {
         let mut cuts = Invariant::new(
             "acknowledged_survives_power_cut",

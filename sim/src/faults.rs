@@ -67,6 +67,9 @@ pub enum Fault {
     AgentUpdated,
     /// An agent is deleted.
     AgentDeleted,
+    /// An agent's model calls a tool whose policy is `ask`: the call is parked for its
+    /// owner, and decided late, twice at once, or never.
+    ApprovalParked,
     /// A webhook's sender sends a delivery again within minutes (its answer was lost).
     WebhookResent,
     /// A captured webhook request is sent again after the signature's tolerance.
@@ -85,7 +88,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in report order.
-    pub const ALL: [Fault; 32] = [
+    pub const ALL: [Fault; 33] = [
         Fault::StoreFails,
         Fault::StoreLostAck,
         Fault::QueueLostAck,
@@ -112,6 +115,7 @@ impl Fault {
         Fault::AgentPaused,
         Fault::AgentUpdated,
         Fault::AgentDeleted,
+        Fault::ApprovalParked,
         Fault::WebhookResent,
         Fault::WebhookReplayed,
         Fault::WebhookBurst,
@@ -182,6 +186,7 @@ impl Mix {
             (AgentPaused, 0.3),
             (AgentUpdated, 0.3),
             (AgentDeleted, 0.1),
+            (ApprovalParked, 0.5),
             (WebhookResent, 0.05),
             (WebhookReplayed, 0.01),
             (WebhookBurst, 0.005),

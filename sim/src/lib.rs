@@ -58,6 +58,7 @@ pub mod setup;
 pub mod store;
 pub mod world;
 
+mod approvals;
 mod aws;
 mod check;
 mod inbound;

@@ -352,6 +352,9 @@ async fn operate(sim: &Arc<Sim>) {
         };
         let _ = sim.lifecycle.update(&id, &changes).await;
     }
+    if sim.dice.roll(Fault::ApprovalParked) {
+        crate::approvals::park_one(sim).await;
+    }
     if sim.dice.roll(Fault::AgentDeleted) {
         let id = pick(sim);
         // Counted as deleted from the first attempt: a failed delete may have

@@ -144,6 +144,8 @@ pub(crate) struct Ledger {
     pub deleted: BTreeSet<AgentId>,
     /// Agents paused now.
     pub paused: BTreeSet<AgentId>,
+    /// Calls parked for approval, with the decisions their deciders were told they made.
+    pub approvals: BTreeMap<pulse_shared::domain::ApprovalId, crate::approvals::Parked>,
 }
 
 /// Everything a running simulation shares.
