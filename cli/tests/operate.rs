@@ -1338,8 +1338,14 @@ async fn a_parked_call_is_listed_shown_approved_once_from_the_cli_and_then_sent(
     }
 
     // Approved once; the second decision is refused, naming the first.
-    let approved = said(d, &["approvals", "approve", &id]);
+    let approved = said(d, &["approvals", "approve", &id, "--always"]);
     assert!(approved.contains("approved"), "{approved}");
+    assert!(approved.contains("granted to scout"), "{approved}");
+    let grants = ok(d, &["approvals", "grants"]);
+    assert!(
+        grants.contains("scout") && grants.contains("cal/add") && grants.contains(&id),
+        "{grants}"
+    );
     let again = bad(
         d,
         &["approvals", "deny", &id, "--reason", "changed my mind"],
@@ -1352,6 +1358,13 @@ async fn a_parked_call_is_listed_shown_approved_once_from_the_cli_and_then_sent(
     assert_eq!(calls[0].arguments, serde_json::json!({"a": 2, "b": 3}));
     let shown = ok(d, &["approvals", "show", &id]);
     assert!(shown.contains("outcome    sent (action"), "{shown}");
+    let revoked = said(d, &["approvals", "revoke", "--agent", "scout", "cal/add"]);
+    assert!(revoked.contains("asked about again"), "{revoked}");
+    let none = bad(d, &["approvals", "revoke", "--agent", "scout", "cal/add"]);
+    assert!(none.contains("holds no grant"), "{none}");
+    let shape = bad(d, &["approvals", "revoke", "--agent", "scout", "add"]);
+    assert!(shape.contains("SERVER/TOOL"), "{shape}");
+    assert_eq!(json(d, &["approvals", "grants"]), serde_json::json!([]));
     let unknown = bad(d, &["approvals", "show", "ap_01JABCDEFGHJKMNPQRSTVWXYZ0"]);
     assert!(unknown.contains("no approval"), "{unknown}");
     let malformed = bad(d, &["approvals", "approve", "nope"]);

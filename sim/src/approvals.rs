@@ -126,6 +126,7 @@ async fn decide(
         approve,
         by: by.to_owned(),
         reason: None,
+        always: false,
     };
     let decided = approvals::decide(
         sim.connected.store.as_ref(),

@@ -21,6 +21,7 @@ fn decision(approve: bool, by: &str, reason: Option<&str>) -> Decision {
         approve,
         by: by.to_owned(),
         reason: reason.map(str::to_owned),
+        always: false,
     }
 }
 
@@ -684,4 +685,136 @@ async fn a_snoozed_agents_owner_is_asked_on_discord_when_it_wakes_not_before() {
     r.b.sweeper(settings()).sweep_once(r.b.now()).await;
     r.b.drain(&r.worker).await;
     assert_eq!(cards(), 1, "asked once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_always_grants_that_tool_to_that_agent_only_until_revoked() {
+    let (r, agent) = parked(Kind::Sqlite).await;
+    let a = r.b.store.approvals(&agent.id, 1).await.unwrap().remove(0);
+    let mut always = decision(true, "cli", None);
+    always.always = true;
+    approvals::decide(
+        r.b.store.as_ref(),
+        r.b.queue.as_ref(),
+        &agent,
+        &a.id,
+        &always,
+        r.b.now(),
+    )
+    .await
+    .unwrap();
+    r.llm.script([Scripted::text("Done.")]);
+    r.b.drain(&r.worker).await;
+    assert_eq!(r.mcp.calls().len(), 1);
+    let granted = r.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert_eq!(granted.granted.len(), 1);
+    assert_eq!(
+        (
+            granted.granted[0].server.as_str(),
+            granted.granted[0].tool.as_str()
+        ),
+        ("cal", "add")
+    );
+    assert_eq!(granted.granted[0].approval_id, a.id);
+    // The same tool again: sent at once, nothing parked. Another of its tools: asked.
+    r.llm.script([
+        Scripted::Answer {
+            text: None,
+            tools: vec![
+                ("cal__add".into(), json!({"a": 4, "b": 4})),
+                ("cal__note".into(), json!({"text": "hi"})),
+            ],
+        },
+        Scripted::text("ok"),
+    ]);
+    r.turn(&granted, "add 4 and 4, and note it").await;
+    let names: Vec<String> = r.mcp.calls().iter().map(|c| c.name.clone()).collect();
+    assert_eq!(names, ["add", "add"], "add granted, note asked");
+    let pending: Vec<_> =
+        r.b.store
+            .approvals(&agent.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.is_pending())
+            .map(|a| a.tool)
+            .collect();
+    assert_eq!(pending, ["note"]);
+    // Another agent given the same server is still asked.
+    let other = r.agent("other", "mcp:cal").await;
+    r.llm.script([
+        Scripted::tool("cal__add", json!({"a": 1, "b": 1})),
+        Scripted::text("asked"),
+    ]);
+    r.turn(&other, "add one and one").await;
+    assert_eq!(r.mcp.calls().len(), 2, "never wider than that agent");
+    // Revoked: asked again.
+    let cal = pulse_shared::domain::ToolName::parse("cal").unwrap();
+    assert!(
+        approvals::revoke(r.b.store.as_ref(), &agent.id, &cal, "add")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !approvals::revoke(r.b.store.as_ref(), &agent.id, &cal, "add")
+            .await
+            .unwrap()
+    );
+    let revoked = r.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    r.llm.script([
+        Scripted::tool("cal__add", json!({"a": 5, "b": 5})),
+        Scripted::text("asked"),
+    ]);
+    r.turn(&revoked, "add 5 and 5").await;
+    assert_eq!(r.mcp.calls().len(), 2, "asked again once revoked");
+    // A deny policy wins over a grant.
+    let mut again = decision(true, "cli", None);
+    again.always = true;
+    let parked_add =
+        r.b.store
+            .approvals(&agent.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|a| a.is_pending() && a.tool == "add")
+            .unwrap();
+    approvals::decide(
+        r.b.store.as_ref(),
+        r.b.queue.as_ref(),
+        &revoked,
+        &parked_add.id,
+        &again,
+        r.b.now(),
+    )
+    .await
+    .unwrap();
+    let mut registry = r.b.store.load_registry().await.unwrap();
+    let tool = registry
+        .tools
+        .iter_mut()
+        .find(|t| t.name.as_str() == "cal")
+        .unwrap();
+    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut tool.kind {
+        s.policies.insert("add".into(), ToolPolicy::Deny);
+    }
+    r.b.store.update_tool(tool).await.unwrap();
+    r.llm.script([
+        Scripted::text("The approved call was set to deny since."),
+        Scripted::tool("cal__add", json!({"a": 6, "b": 6})),
+        Scripted::text("denied"),
+    ]);
+    r.b.drain(&r.worker).await;
+    let regranted = r.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert!(regranted.is_granted(&cal, "add"));
+    r.turn(&regranted, "add 6 and 6").await;
+    assert_eq!(r.mcp.calls().len(), 2, "deny wins over the grant");
+    let approved =
+        r.b.store
+            .get_approval(&agent.id, &parked_add.id)
+            .await
+            .unwrap()
+            .unwrap();
+    let outcome = approved.outcome.unwrap();
+    assert!(!outcome.sent, "re-checked before it ran: {outcome:?}");
+    assert!(outcome.summary.contains("set to deny"), "{outcome:?}");
 }

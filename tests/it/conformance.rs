@@ -1885,6 +1885,7 @@ async fn approvals(kind: Kind) {
                     approve: n % 2 == 0,
                     by: format!("decider {n}"),
                     reason: None,
+                    always: false,
                 },
                 b.now(),
             ),

@@ -2,7 +2,7 @@
 //! one, approve or deny it.
 
 use clap::Subcommand;
-use pulse_shared::domain::{Agent, Approval, ApprovalId, ApprovalStatus, Decision};
+use pulse_shared::domain::{Agent, Approval, ApprovalId, ApprovalStatus, Decision, ToolName};
 use pulse_shared::engine::approvals::{self, DecideError};
 
 use super::{AgentRef, Ctx, agent_ref, input};
@@ -34,6 +34,10 @@ pub(crate) enum ApprovalsCmd {
         /// Why (kept with the decision, and told to the agent).
         #[arg(long)]
         reason: Option<String>,
+        /// And let this agent call this tool from now on without asking (that tool,
+        /// that agent only; `pulse approvals revoke` takes it back).
+        #[arg(long)]
+        always: bool,
     },
     /// Say no: the call is never sent, and the agent is told (with the reason).
     Deny {
@@ -42,6 +46,21 @@ pub(crate) enum ApprovalsCmd {
         /// Why (kept with the decision, and told to the agent).
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// The tools agents were granted with `approve --always`: called without asking.
+    Grants {
+        /// Only this agent's (its id, name or alias).
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// Take a grant back: the agent's calls of the tool are asked about again.
+    Revoke {
+        /// The agent (its id, name or alias).
+        #[arg(long)]
+        agent: String,
+        /// The tool, as SERVER/TOOL (`cal/send_mail`).
+        #[arg(value_name = "SERVER/TOOL")]
+        tool: String,
     },
 }
 
@@ -56,12 +75,19 @@ pub(crate) enum ApprovalsPlan {
         id: ApprovalId,
         approve: bool,
         reason: Option<String>,
+        always: bool,
+    },
+    Grants(Option<AgentRef>),
+    Revoke {
+        agent: AgentRef,
+        server: ToolName,
+        tool: String,
     },
 }
 
 impl ApprovalsPlan {
     pub(crate) fn writes(&self) -> bool {
-        matches!(self, Self::Decide { .. })
+        matches!(self, Self::Decide { .. } | Self::Revoke { .. })
     }
 }
 
@@ -76,16 +102,33 @@ pub(crate) fn plan(cmd: ApprovalsCmd) -> Result<ApprovalsPlan, Failure> {
             limit: limit.clamp(1, 1_000),
         },
         ApprovalsCmd::Show { id } => ApprovalsPlan::Show(id_arg(&id)?),
-        ApprovalsCmd::Approve { id, reason } => ApprovalsPlan::Decide {
+        ApprovalsCmd::Approve { id, reason, always } => ApprovalsPlan::Decide {
             id: id_arg(&id)?,
             approve: true,
             reason,
+            always,
         },
         ApprovalsCmd::Deny { id, reason } => ApprovalsPlan::Decide {
             id: id_arg(&id)?,
             approve: false,
             reason,
+            always: false,
         },
+        ApprovalsCmd::Grants { agent } => {
+            ApprovalsPlan::Grants(agent.as_deref().map(agent_ref).transpose()?)
+        }
+        ApprovalsCmd::Revoke { agent, tool } => {
+            let Some((server, name)) = tool.split_once('/') else {
+                return Err(Failure::Input(format!(
+                    "{tool:?}: give the tool as SERVER/TOOL, e.g. cal/send_mail (`pulse approvals grants` lists them)"
+                )));
+            };
+            ApprovalsPlan::Revoke {
+                agent: agent_ref(&agent)?,
+                server: ToolName::parse(server).map_err(input)?,
+                tool: name.to_owned(),
+            }
+        }
     })
 }
 
@@ -184,16 +227,72 @@ pub(crate) async fn execute(plan: ApprovalsPlan, cx: &Ctx<'_>) -> Result<(), Fai
                 );
             }
         }
+        ApprovalsPlan::Grants(agent) => {
+            let agents = match agent {
+                Some(r) => vec![r.find(b).await?],
+                None => b.store.list_agents().await?,
+            };
+            let rows: Vec<serde_json::Value> = agents
+                .iter()
+                .flat_map(|a| {
+                    a.granted.iter().map(|g| {
+                        serde_json::json!({
+                            "agent_id": a.id,
+                            "agent": a.name,
+                            "server": g.server,
+                            "tool": g.tool,
+                            "by": g.by,
+                            "at": g.at,
+                            "approval_id": g.approval_id,
+                        })
+                    })
+                })
+                .collect();
+            out.table(
+                &rows,
+                &["AGENT", "TOOL", "GRANTED BY", "AT", "APPROVAL"],
+                |r| {
+                    let s = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+                    vec![
+                        shown(&s("agent")),
+                        format!("{}/{}", s("server"), s("tool")),
+                        s("by"),
+                        s("at"),
+                        s("approval_id"),
+                    ]
+                },
+            );
+        }
+        ApprovalsPlan::Revoke {
+            agent,
+            server,
+            tool,
+        } => {
+            let a = agent.find(b).await?;
+            if approvals::revoke(b.store.as_ref(), &a.id, &server, &tool).await? {
+                out.done(&format!(
+                    "revoked: {}'s calls of {server}/{tool} are asked about again",
+                    a.name
+                ));
+            } else {
+                return Err(Failure::Input(format!(
+                    "{} holds no grant of {server}/{tool}; `pulse approvals grants --agent {}` lists its grants",
+                    a.name, a.id
+                )));
+            }
+        }
         ApprovalsPlan::Decide {
             id,
             approve,
             reason,
+            always,
         } => {
             let (agent, _) = found(cx, &id).await?;
             let decision = Decision {
                 approve,
                 by: "cli".to_owned(),
                 reason,
+                always,
             };
             match approvals::decide(
                 b.store.as_ref(),
@@ -210,9 +309,17 @@ pub(crate) async fn execute(plan: ApprovalsPlan, cx: &Ctx<'_>) -> Result<(), Fai
                     decided.id.as_str(),
                     &match approve {
                         true => format!(
-                            "approved: {} is sent in {}'s session, and it is told what came of it; `pulse approvals show {id}` shows the outcome",
+                            "approved: {} is sent in {}'s session, and it is told what came of it; `pulse approvals show {id}` shows the outcome{}",
                             decided.summary(80),
-                            agent.name
+                            agent.name,
+                            if always {
+                                format!(
+                                    "\n{}/{} is granted to {} from now on: `pulse approvals revoke --agent {} {}/{}` takes it back",
+                                    decided.server, decided.tool, agent.name, agent.id, decided.server, decided.tool
+                                )
+                            } else {
+                                String::new()
+                            }
                         ),
                         false => format!(
                             "denied: {} is never sent; {} is told",

@@ -7,7 +7,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::chat::ProviderKind;
-use super::ids::{AgentId, SessionId};
+use super::ids::{AgentId, SessionId, ToolName};
 use super::time::{ActiveHours, Interval, Retention, TimeZoneName};
 use crate::error::ValidationError;
 
@@ -98,6 +98,10 @@ pub struct Agent {
     /// The MCP servers whose tools it may call, in heartbeats and chat turns alike.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<super::mcp::AgentTool>,
+    /// Tools whose policy is `ask` that it may call without asking: granted by an
+    /// approval made with `--always` (see [`super::ToolGrant`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub granted: Vec<super::ToolGrant>,
 }
 
 impl Agent {
@@ -259,6 +263,13 @@ impl Agent {
             .map_or(DEFAULT_MEMORY_HALF_LIFE, |h| h.duration());
         let interval = self.interval.duration().as_secs().max(1);
         (life.as_secs().max(1) / interval).max(1) as u64
+    }
+
+    /// Whether it was granted `server`'s `tool` (its calls are not asked about).
+    pub fn is_granted(&self, server: &ToolName, tool: &str) -> bool {
+        self.granted
+            .iter()
+            .any(|g| g.server == *server && g.tool == tool)
     }
 
     /// How long a parked call waits for a decision.

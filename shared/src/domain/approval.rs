@@ -223,6 +223,25 @@ pub struct Decision {
     pub by: String,
     /// Why, if they said.
     pub reason: Option<String>,
+    /// Approved, and the agent may call this tool from now on without asking (a
+    /// [`ToolGrant`]): that tool, that agent, nothing wider.
+    pub always: bool,
+}
+
+/// A tool one agent may call without asking, though its policy is `ask`: granted by an
+/// approval made with `--always`, listed, and revocable. A `deny` policy still wins.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolGrant {
+    /// The MCP server.
+    pub server: ToolName,
+    /// The tool's name on the server.
+    pub tool: String,
+    /// Who granted it (as the approval's `decided_by`).
+    pub by: String,
+    /// When.
+    pub at: Timestamp,
+    /// The approval it was granted with.
+    pub approval_id: ApprovalId,
 }
 
 impl Approval {
@@ -400,6 +419,7 @@ mod tests {
                 approve: false,
                 by: "cli".into(),
                 reason: Some("x".repeat(5_000)),
+                always: false,
             },
             at,
         );

@@ -38,7 +38,7 @@ pub use agent::{
 pub use agent_state::{AgentState, AgentStates};
 pub use approval::{
     APPROVAL_EXPIRY_RANGE, Approval, ApprovalOutcome, ApprovalStatus, DEFAULT_APPROVAL_EXPIRY,
-    Decision, MAX_APPROVAL_REASON, MAX_PARKED_ARGUMENTS, PolicySource, ToolPolicy,
+    Decision, MAX_APPROVAL_REASON, MAX_PARKED_ARGUMENTS, PolicySource, ToolGrant, ToolPolicy,
     check_approval_expiry, clip_reason, parse_button, schema_digest,
 };
 pub use chat::{

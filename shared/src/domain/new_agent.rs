@@ -109,6 +109,7 @@ impl NewAgent {
             next_wake: None,
             retention: self.retention,
             tools: self.tools,
+            granted: Vec::new(),
         }
         .validated()?;
         let due = agent.in_active_hours(now);

@@ -73,8 +73,55 @@ pub async fn decide(
         return Err(DecideError::Decided(Box::new(decided)));
     }
     info!(approval_id = %id, decided = %decided.who_decided(), "approval decided");
+    if decision.approve && decision.always {
+        grant(store, &decided).await?;
+    }
     queue_outcome(store, queue, agent, &decided).await;
     Ok(decided)
+}
+
+/// Grants the approved call's tool to its agent from now on (once: a grant it holds is
+/// kept as it is).
+async fn grant(store: &dyn Store, approved: &Approval) -> Result<(), StoreError> {
+    let Some(agent) = store.get_agent(&approved.agent_id).await? else {
+        return Ok(());
+    };
+    if agent.is_granted(&approved.server, &approved.tool) {
+        return Ok(());
+    }
+    let mut next = agent.clone();
+    next.granted.push(crate::domain::ToolGrant {
+        server: approved.server.clone(),
+        tool: approved.tool.clone(),
+        by: approved.decided_by.clone().unwrap_or_default(),
+        at: approved.decided_at.unwrap_or(approved.requested_at),
+        approval_id: approved.id.clone(),
+    });
+    store.update_agent(&next, &agent).await?;
+    info!(agent_id = %agent.id, server = %approved.server, tool = %approved.tool, "the tool is granted to the agent: its calls are not asked about any more");
+    Ok(())
+}
+
+/// Takes back a grant of `server`'s `tool` from `agent`: its calls are asked about again.
+/// Whether it held one.
+pub async fn revoke(
+    store: &dyn Store,
+    agent: &AgentId,
+    server: &crate::domain::ToolName,
+    tool: &str,
+) -> Result<bool, StoreError> {
+    let Some(current) = store.get_agent(agent).await? else {
+        return Err(StoreError::NotFound(format!("agent {agent}")));
+    };
+    if !current.is_granted(server, tool) {
+        return Ok(false);
+    }
+    let mut next = current.clone();
+    next.granted
+        .retain(|g| !(g.server == *server && g.tool == tool));
+    store.update_agent(&next, &current).await?;
+    info!(agent_id = %agent, %server, tool, "grant revoked: the tool's calls are asked about again");
+    Ok(true)
 }
 
 /// What one pass over the open approvals did.

@@ -4,7 +4,8 @@
 //! - `GET /v1/approvals?status=pending` lists the token's agent's approvals, newest
 //!   first (pending ones only with `status=pending`).
 //! - `POST /v1/approvals/{approval_id}` with `{"decision": "approve"|"deny", "reason":
-//!   "…"}` decides one: the first decision is the only one (409 after, naming it). The
+//!   "…", "always": true}` decides one (`always`: approved, and the tool granted to the
+//!   agent from then on): the first decision is the only one (409 after, naming it). The
 //!   call is sent, or not, in the agent's session, not on this request.
 //!
 //! A token sees and decides its own agent's approvals only: another agent's id is 404,
@@ -68,6 +69,8 @@ struct NewDecision {
     decision: String,
     #[serde(default)]
     reason: Option<String>,
+    #[serde(default)]
+    always: bool,
 }
 
 /// `POST /v1/approvals/{approval_id}`.
@@ -123,6 +126,7 @@ pub(crate) async fn decide(
         approve,
         by: format!("api {}", token.id),
         reason: asked.reason,
+        always: approve && asked.always,
     };
     match approvals::decide(
         inbound.store.as_ref(),

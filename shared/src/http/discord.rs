@@ -205,6 +205,7 @@ async fn button(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
         approve,
         by: format!("discord {user}"),
         reason: None,
+        always: false,
     };
     let content = raw
         .pointer("/message/content")

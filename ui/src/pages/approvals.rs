@@ -75,6 +75,10 @@ fn card(d: &Dashboard, a: &Approval, agent: &str, now: jiff::Timestamp) -> Marku
                 (csrf(d))
                 button.approve type="submit" { "Approve" }
             }
+            form.inline method="post" action={(action) "/always"} {
+                (csrf(d))
+                button.quiet type="submit" title={"Approve, and let " (agent) " call " (a.server) "/" (a.tool) " from now on without asking"} { "Always allow" }
+            }
             form.inline method="post" action={(action) "/deny"} {
                 (csrf(d))
                 input name="reason" placeholder="why not (optional)" maxlength="1000";
@@ -91,7 +95,8 @@ pub(crate) struct DecisionForm {
     reason: Option<String>,
 }
 
-/// `POST /ui/approvals/{agent}/{id}/{approve|deny}`.
+/// `POST /ui/approvals/{agent}/{id}/{approve|always|deny}` (`always`: approved, and the
+/// tool granted to the agent from now on).
 pub(crate) async fn decide(
     State(d): State<Dashboard>,
     Path((agent, id, verb)): Path<(String, String, String)>,
@@ -99,15 +104,17 @@ pub(crate) async fn decide(
 ) -> Result<Redirect, Problem> {
     let agent = super::agent_of(&d, &agent).await?;
     let id = ApprovalId::parse(&id).map_err(|_| Problem::NotFound(format!("approval {id}")))?;
-    let approve = match verb.as_str() {
-        "approve" => true,
-        "deny" => false,
+    let (approve, always) = match verb.as_str() {
+        "approve" => (true, false),
+        "always" => (true, true),
+        "deny" => (false, false),
         other => return Err(Problem::NotFound(format!("decision {other}"))),
     };
     let decision = Decision {
         approve,
         by: "dashboard".to_owned(),
         reason: form.reason.filter(|r| !r.trim().is_empty()),
+        always,
     };
     match approvals::decide(
         d.0.store.as_ref(),

@@ -215,6 +215,8 @@ impl AgentTools {
         }
         match server.policy_of(&offered.tool) {
             (ToolPolicy::Allow, _) => {}
+            // Granted to this agent by an approval made with --always.
+            (ToolPolicy::Ask, _) if site.agent.is_granted(&offered.server, &offered.tool) => {}
             (ToolPolicy::Deny, source) => {
                 info!(tool = %call.name, "a call of a tool whose policy is deny: not sent");
                 return answered(Err(format!(
