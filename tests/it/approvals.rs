@@ -818,3 +818,184 @@ async fn approved_always_grants_that_tool_to_that_agent_only_until_revoked() {
     assert!(!outcome.sent, "re-checked before it ran: {outcome:?}");
     assert!(outcome.summary.contains("set to deny"), "{outcome:?}");
 }
+
+/// What came of `a`, as settled.
+async fn outcome(
+    r: &Rig,
+    a: &pulse_shared::domain::Approval,
+) -> pulse_shared::domain::ApprovalOutcome {
+    r.b.store
+        .get_approval(&a.agent_id, &a.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .outcome
+        .expect("settled")
+}
+
+on_both_backends!(
+    a_call_parked_by_a_heartbeat_is_checked_again_before_it_is_sent_and_kept_unsent_when_things_changed,
+    rechecked
+);
+async fn rechecked(kind: Kind) {
+    use pulse_shared::domain::{AgentChanges, AgentTool};
+    let r = rig(kind).await;
+    r.register_with(Duration::from_secs(5), None).await;
+    let mut agent = r.agent("scout", "mcp:cal").await;
+    agent.think = pulse_shared::domain::ThinkPolicy::Always;
+    let before = r.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    r.b.store.update_agent(&agent, &before).await.unwrap();
+    // Its heartbeat agent makes three calls that need a yes.
+    r.llm.script([
+        Scripted::Answer {
+            text: Some("Three chores.".into()),
+            tools: vec![
+                ("cal__note".into(), json!({"text": "water the plants"})),
+                ("cal__add".into(), json!({"a": 1, "b": 2})),
+                ("cal__picture".into(), json!({})),
+            ],
+        },
+        Scripted::text("done"),
+    ]);
+    let swept = r.b.sweeper(settings()).sweep_once(r.b.now()).await;
+    assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+    r.b.drain(&r.worker).await;
+    assert!(r.mcp.calls().is_empty(), "parked, not sent");
+    let parked = r.b.store.approvals(&agent.id, 10).await.unwrap();
+    assert_eq!(parked.len(), 3);
+    for a in &parked {
+        assert!(a.heartbeat_id.is_some() && a.event_id.is_some(), "{a:?}");
+        assert!(a.turn_id.is_none());
+        assert_eq!(a.reason.as_deref(), Some("Three chores."));
+    }
+    let by_tool = |t: &str| parked.iter().find(|a| a.tool == t).unwrap().clone();
+    let (note, add, picture) = (by_tool("note"), by_tool("add"), by_tool("picture"));
+    // Meanwhile: add's schema changes (the server lists it anew), and all three are
+    // approved; the agent is then paused before its worker carries them out.
+    let mut registry = r.b.store.load_registry().await.unwrap();
+    let tool = registry
+        .tools
+        .iter_mut()
+        .find(|t| t.name.as_str() == "cal")
+        .unwrap();
+    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut tool.kind {
+        let add = s.tools.iter_mut().find(|t| t.name == "add").unwrap();
+        add.input_schema["properties"]["c"] = json!({"type": "integer"});
+    }
+    r.b.store.update_tool(tool).await.unwrap();
+    for a in [&note, &add, &picture] {
+        approvals::decide(
+            r.b.store.as_ref(),
+            r.b.queue.as_ref(),
+            &agent,
+            &a.id,
+            &decision(true, "cli", None),
+            r.b.now(),
+        )
+        .await
+        .unwrap();
+    }
+    r.llm.script([Scripted::text("None was made.")]);
+    // Then the server is taken from the agent before its worker carries them out.
+    let lifecycle = r.b.connected().lifecycle(r.b.clock.clone(), &settings());
+    let detach = AgentChanges {
+        tools: Some(Vec::<AgentTool>::new()),
+        ..AgentChanges::default()
+    };
+    lifecycle.update(&agent.id, &detach).await.unwrap();
+    r.b.drain(&r.worker).await;
+    assert!(
+        r.mcp.calls().is_empty(),
+        "nothing sent: {:?}",
+        r.mcp.calls()
+    );
+    for a in [&note, &add, &picture] {
+        let o = outcome(&r, a).await;
+        assert!(!o.sent, "{o:?}");
+        assert!(
+            o.summary.contains("no longer has the MCP server cal"),
+            "{o:?}"
+        );
+    }
+    // Given back: a schema that changed since is not sent either; one that did not is.
+    let regive = AgentChanges {
+        tools: Some(AgentTool::parse_list("mcp:cal").unwrap()),
+        ..AgentChanges::default()
+    };
+    let agent = lifecycle.update(&agent.id, &regive).await.unwrap().agent;
+    r.llm.script([
+        Scripted::Answer {
+            text: None,
+            tools: vec![
+                ("cal__add".into(), json!({"a": 1, "b": 2})),
+                ("cal__note".into(), json!({"text": "again"})),
+            ],
+        },
+        Scripted::text("asked"),
+    ]);
+    r.turn(&agent, "try again").await;
+    let fresh = r.b.store.approvals(&agent.id, 10).await.unwrap();
+    let pending: Vec<_> = fresh.iter().filter(|a| a.is_pending()).collect();
+    assert_eq!(pending.len(), 2);
+    let new_add = pending.iter().find(|a| a.tool == "add").unwrap();
+    let new_note = pending.iter().find(|a| a.tool == "note").unwrap();
+    let mut registry = r.b.store.load_registry().await.unwrap();
+    let tool = registry
+        .tools
+        .iter_mut()
+        .find(|t| t.name.as_str() == "cal")
+        .unwrap();
+    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut tool.kind {
+        let add = s.tools.iter_mut().find(|t| t.name == "add").unwrap();
+        add.input_schema["properties"]["d"] = json!({"type": "integer"});
+    }
+    r.b.store.update_tool(tool).await.unwrap();
+    for a in [new_add, new_note] {
+        approvals::decide(
+            r.b.store.as_ref(),
+            r.b.queue.as_ref(),
+            &agent,
+            &a.id,
+            &decision(true, "cli", None),
+            r.b.now(),
+        )
+        .await
+        .unwrap();
+    }
+    r.llm.script([Scripted::text("One made, one not.")]);
+    r.b.drain(&r.worker).await;
+    let names: Vec<String> = r.mcp.calls().iter().map(|c| c.name.clone()).collect();
+    assert_eq!(names, ["note"], "the changed schema's call is not sent");
+    let o = outcome(&r, new_add).await;
+    assert!(o.summary.contains("changed its arguments' schema"), "{o:?}");
+    // Paused: an approved call waits for nothing and is not sent.
+    r.llm.script([
+        Scripted::tool("cal__note", json!({"text": "third"})),
+        Scripted::text("asked"),
+    ]);
+    r.turn(&agent, "note a third").await;
+    let third =
+        r.b.store
+            .approvals(&agent.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|a| a.is_pending())
+            .unwrap();
+    lifecycle.pause(&agent.id).await.unwrap();
+    approvals::decide(
+        r.b.store.as_ref(),
+        r.b.queue.as_ref(),
+        &agent,
+        &third.id,
+        &decision(true, "cli", None),
+        r.b.now(),
+    )
+    .await
+    .unwrap();
+    r.llm.script([Scripted::text("Paused, so not made.")]);
+    r.b.drain(&r.worker).await;
+    assert_eq!(r.mcp.calls().len(), 1, "paused: not sent");
+    let o = outcome(&r, &third).await;
+    assert!(o.summary.contains("the agent was paused"), "{o:?}");
+}
