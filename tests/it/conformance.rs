@@ -2002,3 +2002,59 @@ async fn approvals(kind: Kind) {
     assert_eq!(open, vec![soon.id], "the expired one waits to be settled");
     assert!(b.store.approvals(&other.id, 10).await.unwrap().is_empty());
 }
+
+on_both_backends!(
+    retention_removes_settled_approvals_past_the_horizon_and_keeps_open_ones,
+    approvals_pruned
+);
+async fn approvals_pruned(kind: Kind) {
+    use pulse_shared::domain::ApprovalOutcome;
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("asker", "15m").await;
+    let old_settled = parked(&b, &agent.id, "settled", SignedDuration::from_mins(10));
+    let old_open = parked(&b, &agent.id, "open", SignedDuration::from_hours(20 * 24));
+    for a in [&old_settled, &old_open] {
+        b.store.park_approval(a).await.unwrap();
+    }
+    let mut done = old_settled.expired(b.now());
+    b.store.decide_approval(&done).await.unwrap();
+    done.outcome = Some(ApprovalOutcome {
+        sent: false,
+        action_id: None,
+        summary: "expired".into(),
+        failed: false,
+        at: b.now(),
+    });
+    b.store.settle_approval(&done).await.unwrap();
+    b.advance(SignedDuration::from_hours(10 * 24));
+    let recent = parked(&b, &agent.id, "recent", SignedDuration::from_hours(1));
+    b.store.park_approval(&recent).await.unwrap();
+    // The horizon a week back: the old settled one goes, the old open one stays.
+    let horizon = b.now() - SignedDuration::from_hours(7 * 24);
+    let counted = b
+        .store
+        .prune_agent(&agent.id, horizon, b.now(), false)
+        .await
+        .unwrap();
+    assert_eq!(counted.approvals, 1, "{counted:?}");
+    assert_eq!(
+        b.store.approvals(&agent.id, 10).await.unwrap().len(),
+        3,
+        "a dry run keeps them"
+    );
+    let pruned = b
+        .store
+        .prune_agent(&agent.id, horizon, b.now(), true)
+        .await
+        .unwrap();
+    assert_eq!(pruned.approvals, 1);
+    let left: Vec<_> = b
+        .store
+        .approvals(&agent.id, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(left, [recent.id.clone(), old_open.id.clone()]);
+}

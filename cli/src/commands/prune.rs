@@ -107,6 +107,7 @@ fn print(report: &PruneReport, apply: bool, retention: String, sqlite: bool) {
         (p.hook_deliveries, "hook deliveries and attempts"),
         (p.webhook_records, "webhook log entries and replay keys"),
         (p.tool_counts, "hourly tool call counts past their 90 days"),
+        (p.approvals, "approvals decided and carried out"),
     ] {
         outln!("  {n:>8}  {what}");
     }

@@ -60,6 +60,7 @@ pub async fn prune(
                 hook_deliveries = p.hook_deliveries,
                 webhook_records = p.webhook_records,
                 tool_counts = p.tool_counts,
+                approvals = p.approvals,
                 bytes_before = reclaimed.bytes_before,
                 bytes_after = reclaimed.bytes_after,
                 "pruned records past their retention"

@@ -25,6 +25,8 @@ pub struct Pruned {
     /// Hourly tool call counts older than [`COUNT_DAYS`](crate::domain::COUNT_DAYS)
     /// (on DynamoDB they expire by TTL).
     pub tool_counts: u64,
+    /// Approvals parked before the horizon and settled (decided and carried out).
+    pub approvals: u64,
 }
 
 impl Pruned {
@@ -37,6 +39,7 @@ impl Pruned {
             + self.hook_deliveries
             + self.webhook_records
             + self.tool_counts
+            + self.approvals
     }
 }
 
@@ -49,6 +52,7 @@ impl std::ops::AddAssign for Pruned {
         self.hook_deliveries += o.hook_deliveries;
         self.webhook_records += o.webhook_records;
         self.tool_counts += o.tool_counts;
+        self.approvals += o.approvals;
     }
 }
 
@@ -78,7 +82,9 @@ pub trait Maintenance: Send + Sync {
     /// - conversation turns begun before it, with their messages and answered signals;
     /// - hook deliveries made before it, with their attempts;
     /// - its webhooks' request log entries received before it, and replay keys whose
-    ///   memory ended before `now`.
+    ///   memory ended before `now`;
+    /// - its approvals parked before it and settled (an open one is kept, whatever its
+    ///   age).
     ///
     /// On SQLite in batches of at most [`PRUNE_BATCH`] rows, each its own transaction, so
     /// receivers and workers wait for one batch at most. DynamoDB removes hook deliveries

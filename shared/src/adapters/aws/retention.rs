@@ -148,6 +148,25 @@ impl Maintenance for DynamoStore {
             pruned.conversation += rows.len() as u64;
             doomed.extend(rows);
         }
+        // Approvals parked before the horizon, once settled (an open one stays).
+        let settled = self
+            .query_range(
+                OP,
+                &pk,
+                "AP#"..=first_id_at("AP#ap_", horizon).as_str(),
+                false,
+                usize::MAX,
+                1_000,
+                |item| {
+                    let a: crate::domain::Approval = read_doc(&item)?;
+                    Ok(a.outcome
+                        .is_some()
+                        .then(|| key(pk.clone(), format!("AP#{}", a.id))))
+                },
+            )
+            .await?;
+        pruned.approvals = settled.len() as u64;
+        doomed.extend(settled);
         if apply {
             self.batch_delete(OP, doomed).await?;
         }

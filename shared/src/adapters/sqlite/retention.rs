@@ -115,6 +115,12 @@ fn doomed() -> Vec<Doomed> {
             "agent_id = :agent AND hour < :counts_to",
             |p| &mut p.tool_counts,
         ),
+        d(
+            "approvals",
+            "id",
+            "agent_id = :agent AND open = 0 AND id < :approvals_to",
+            |p| &mut p.approvals,
+        ),
     ]
 }
 
@@ -133,10 +139,12 @@ struct Bounds {
     now: i64,
     /// Tool call counts of hours before this are past [`COUNT_DAYS`].
     counts_to: i64,
+    /// Approvals sort before this when parked by a run that began before the horizon.
+    approvals_to: String,
 }
 
 impl Bounds {
-    fn params(&self) -> [(&'static str, &dyn ToSql); 7] {
+    fn params(&self) -> [(&'static str, &dyn ToSql); 8] {
         [
             (":agent", &self.agent),
             (":events_to", &self.events_to),
@@ -145,6 +153,7 @@ impl Bounds {
             (":requests_to", &self.requests_to),
             (":now", &self.now),
             (":counts_to", &self.counts_to),
+            (":approvals_to", &self.approvals_to),
         ]
     }
 }
@@ -258,6 +267,7 @@ impl Maintenance for SqliteStore {
             requests_to: first_id_at("wr_", horizon),
             now: to_ms(now),
             counts_to: hour_of(now) - COUNT_DAYS * 24,
+            approvals_to: first_id_at("ap_", horizon),
         });
         let mut pruned = Pruned::default();
         for rows in doomed() {
