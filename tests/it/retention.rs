@@ -119,10 +119,10 @@ async fn retention(kind: Kind) {
         let n =
             |m: &std::collections::BTreeMap<String, u64>, op: &str| m.get(op).copied().unwrap_or(0);
         assert_eq!(n(&idle, "DynamoDB.BatchWriteItem"), 0, "{idle:?}");
-        // Seven ranged Queries an agent (old heartbeats, the event frontier, events,
-        // actions, messages, signals, turns), one listing the agents.
-        assert_eq!(n(&idle, "DynamoDB.Query"), 7 * 3 + 1, "{idle:?}");
-        assert_eq!(n(&removing, "DynamoDB.Query"), 7 * 3 + 1, "{removing:?}");
+        // Eight ranged Queries an agent (old heartbeats, the event frontier, events,
+        // actions, messages, signals, turns, approvals), one listing the agents.
+        assert_eq!(n(&idle, "DynamoDB.Query"), 8 * 3 + 1, "{idle:?}");
+        assert_eq!(n(&removing, "DynamoDB.Query"), 8 * 3 + 1, "{removing:?}");
         let items = done.pruned.total();
         eprintln!("retention pass: {items} items removed");
         assert!(
