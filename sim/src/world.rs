@@ -245,6 +245,7 @@ impl Llm for SimLlm {
         let usage = Usage {
             input_tokens: 100,
             output_tokens: 20,
+            ..Usage::default()
         };
         let offered: Vec<&str> = request
             .tools

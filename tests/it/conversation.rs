@@ -920,7 +920,7 @@ async fn both_wire_formats_carry_tool_calls_and_a_budget_stops_the_loop() {
     assert!(reqs.iter().all(|r| r.path == "/v1/messages"));
     assert_eq!(reqs[0].headers["x-api-key"], "sk-ant-test");
     assert!(
-        reqs[0].body["system"]
+        reqs[0].body["system"][0]["text"]
             .as_str()
             .unwrap()
             .starts_with("You are Scout.")
@@ -1589,4 +1589,58 @@ async fn patience(kind: Kind) {
         "{:?}",
         turn.error
     );
+}
+
+/// A turn answered from Anthropic's prompt cache: its usage keeps the cached parts, and
+/// `pulse usage` prices each at its rate and says what the cache saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_prompt_is_recorded_by_its_parts_and_priced_so() {
+    let w = world(Kind::Sqlite).await;
+    let agent = w
+        .agent(|a| {
+            a.llm.provider = Some(ProviderKind::Anthropic);
+            a.llm.base_url = Some(w.llm.url().parse().unwrap());
+        })
+        .await;
+    w.llm.script([Scripted::Raw(json!({
+        "id": "msg_cached", "type": "message", "role": "assistant",
+        "model": "claude-sonnet-4-5-20250929",
+        "content": [{"type": "text", "text": "Hello again."}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 40, "cache_creation_input_tokens": 1_000,
+                  "cache_read_input_tokens": 6_000, "output_tokens": 9}
+    }))]);
+    w.say(&agent, "hi", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    // The request marked the prefix to cache.
+    let req = &w.llm.requests()[0].body;
+    assert_eq!(req["system"][0]["cache_control"]["type"], "ephemeral");
+    let turn = w.b.store.list_turns(&agent.id, 1).await.unwrap().remove(0);
+    assert_eq!(turn.usage.input_tokens, 7_040);
+    assert_eq!(turn.usage.cache_read_tokens, 6_000);
+    assert_eq!(turn.usage.cache_write_tokens, 1_000);
+    let since = w.b.now() - jiff::SignedDuration::from_hours(1);
+    let report = pulse_shared::engine::usage(
+        w.b.store.as_ref(),
+        &agent,
+        since,
+        &pulse_shared::engine::Prices::default(),
+    )
+    .await
+    .unwrap();
+    let row = &report.models[0];
+    assert_eq!(
+        (
+            row.input_tokens,
+            row.cache_read_tokens,
+            row.cache_write_tokens
+        ),
+        (7_040, 6_000, 1_000)
+    );
+    // 40 plain at $3, 6,000 read at $0.30, 1,000 written at $3.75, 9 out at $15 (per
+    // million); saved: 6,000 at $2.70 less the writes' premium, 1,000 at $0.75.
+    let cost = row.cost_usd.unwrap();
+    assert!((cost - 0.005_805).abs() < 1e-9, "{cost}");
+    let saved = row.saved_usd.unwrap();
+    assert!((saved - 0.015_45).abs() < 1e-9, "{saved}");
 }

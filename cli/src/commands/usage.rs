@@ -100,7 +100,7 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
     cx.out.table(
         rows,
         &[
-            "DAY", "AGENT", "SOURCE", "MODEL", "CALLS", "INPUT", "OUTPUT", "COST",
+            "DAY", "AGENT", "SOURCE", "MODEL", "CALLS", "INPUT", "CACHED", "OUTPUT", "COST",
         ],
         |r| {
             vec![
@@ -114,6 +114,7 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
                 },
                 r.calls.to_string(),
                 tokens(r.input_tokens),
+                hit_rate(r.cache_read_tokens, r.input_tokens),
                 tokens(r.output_tokens),
                 dollars(r.cost_usd),
             ]
@@ -122,23 +123,47 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
     if !rows.is_empty() {
         outln!();
         outln!("{}", total_line(rows));
+        outln!(
+            "model prices as of {} (PULSE_PRICES=FILE overrides them); CACHED is the share of input tokens read from the provider's prompt cache",
+            pulse_shared::engine::PRICES_AS_OF
+        );
     }
     aws_table(&report, cx);
     Ok(())
 }
 
+/// The share of `input` tokens read from the cache, as a percentage (`-` for none).
+fn hit_rate(read: u64, input: u64) -> String {
+    match (read, input) {
+        (0, _) | (_, 0) => "-".to_owned(),
+        (r, i) => format!("{:.0} %", r as f64 * 100.0 / i as f64),
+    }
+}
+
 /// The line under the models table: the tokens, and what they cost where the price
 /// table knows the model; a model it does not know is named, with how to price it,
-/// never counted as free.
+/// never counted as free. What the prompt cache saved, when it read anything.
 fn total_line(rows: &[UsageRow]) -> String {
-    let (input, output): (u64, u64) = rows.iter().fold((0, 0), |(i, o), r| {
-        (i + r.input_tokens, o + r.output_tokens)
+    let (input, output, read): (u64, u64, u64) = rows.iter().fold((0, 0, 0), |(i, o, c), r| {
+        (
+            i + r.input_tokens,
+            o + r.output_tokens,
+            c + r.cache_read_tokens,
+        )
     });
-    let tokens_used = format!(
+    let mut tokens_used = format!(
         "{} input and {} output tokens",
         tokens(input),
         tokens(output)
     );
+    if read > 0 {
+        let saved: f64 = rows.iter().filter_map(|r| r.saved_usd).sum();
+        tokens_used.push_str(&format!(
+            " ({} of the input read from the prompt cache, saving about {})",
+            hit_rate(read, input),
+            dollars(Some(saved))
+        ));
+    }
     let unpriced: std::collections::BTreeSet<&str> = rows
         .iter()
         .filter(|r| r.cost_usd.is_none())
@@ -229,7 +254,10 @@ mod tests {
             calls: 1,
             input_tokens: 1_200,
             output_tokens: 34,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
             cost_usd: cost,
+            saved_usd: cost.map(|_| 0.0),
         }
     }
 

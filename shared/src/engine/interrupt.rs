@@ -82,6 +82,6 @@ pub fn estimated_usage(messages: &[ChatMessage]) -> Usage {
     let chars: usize = messages.iter().map(|m| m.text().map_or(0, str::len)).sum();
     Usage {
         input_tokens: (chars as u64).div_ceil(4),
-        output_tokens: 0,
+        ..Usage::default()
     }
 }

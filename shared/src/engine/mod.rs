@@ -59,8 +59,8 @@ pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};
 pub use trace::{Trace, trace};
 pub use usage::{
-    AwsPrices, AwsRow, ModelPrice, PriceTableError, Prices, USAGE_SCAN, UsageReport, UsageRow,
-    usage,
+    AwsPrices, AwsRow, ModelPrice, PRICES_AS_OF, PriceTableError, Prices, USAGE_SCAN, UsageReport,
+    UsageRow, usage,
 };
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
 pub use worker::{BatchOutcome, PollReport, TaskError, Worker};

@@ -24,7 +24,43 @@ pub struct ModelPrice {
     pub input: f64,
     /// Per million output (completion) tokens.
     pub output: f64,
+    /// Per million prompt tokens read from the provider's cache; the input price when
+    /// not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+    /// Per million prompt tokens written to the provider's cache (Anthropic's
+    /// five-minute writes cost 1.25 times the input); the input price when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
 }
+
+impl ModelPrice {
+    /// What `usage` cost at this price, in US dollars: the prompt by the tokens not
+    /// cached, read from the cache and written to it, then the output.
+    pub fn cost(&self, usage: &crate::domain::Usage) -> f64 {
+        let (read, written) = (usage.cache_read_tokens, usage.cache_write_tokens);
+        let plain = usage.input_tokens.saturating_sub(read + written);
+        (plain as f64 * self.input
+            + read as f64 * self.cached_input.unwrap_or(self.input)
+            + written as f64 * self.cache_write.unwrap_or(self.input)
+            + usage.output_tokens as f64 * self.output)
+            / 1_000_000.0
+    }
+
+    /// What the cache saved on `usage`, in US dollars: its reads at the input price less
+    /// what they cost, less the premium its writes paid (negative when writes cost
+    /// more than reads saved).
+    pub fn saved(&self, usage: &crate::domain::Usage) -> f64 {
+        let read =
+            usage.cache_read_tokens as f64 * (self.input - self.cached_input.unwrap_or(self.input));
+        let premium =
+            usage.cache_write_tokens as f64 * (self.cache_write.unwrap_or(self.input) - self.input);
+        (read - premium) / 1_000_000.0
+    }
+}
+
+/// When the built-in model prices were copied from the providers' price pages.
+pub const PRICES_AS_OF: &str = "2025-11-01";
 
 /// Prices by model name, and AWS's. A model is priced by the longest name in the table
 /// it starts with (`gpt-4o-mini-2024-07-18` by `gpt-4o-mini`).
@@ -87,26 +123,33 @@ impl AwsPrices {
     }
 }
 
-/// The built-in list prices (USD per million tokens, input / output), as the providers
-/// published them when this table was written. Prices change: `PULSE_PRICES` overrides.
-const LIST_PRICES: [(&str, f64, f64); 16] = [
-    ("claude-opus-4-1", 15.0, 75.0),
-    ("claude-opus-4", 15.0, 75.0),
-    ("claude-sonnet-4-5", 3.0, 15.0),
-    ("claude-sonnet-4", 3.0, 15.0),
-    ("claude-haiku-4-5", 1.0, 5.0),
-    ("claude-3-5-haiku", 0.8, 4.0),
-    ("gpt-5", 1.25, 10.0),
-    ("gpt-5-mini", 0.25, 2.0),
-    ("gpt-5-nano", 0.05, 0.4),
-    ("gpt-4.1", 2.0, 8.0),
-    ("gpt-4.1-mini", 0.4, 1.6),
-    ("gpt-4.1-nano", 0.1, 0.4),
-    ("gpt-4o", 2.5, 10.0),
-    ("gpt-4o-mini", 0.15, 0.6),
-    ("o4-mini", 1.1, 4.4),
-    ("offline", 0.0, 0.0),
+/// The built-in list prices (USD per million tokens: input, output, and the cached
+/// input's share of the input price), as the providers published them on
+/// [`PRICES_AS_OF`]. Anthropic bills cache reads at 0.1 times the input and five-minute
+/// cache writes at 1.25 times; OpenAI's automatic caching bills reads at its models'
+/// cached-input price and writes at the input price. Prices change: `PULSE_PRICES`
+/// overrides.
+const LIST_PRICES: [(&str, f64, f64, f64); 16] = [
+    ("claude-opus-4-1", 15.0, 75.0, 0.1),
+    ("claude-opus-4", 15.0, 75.0, 0.1),
+    ("claude-sonnet-4-5", 3.0, 15.0, 0.1),
+    ("claude-sonnet-4", 3.0, 15.0, 0.1),
+    ("claude-haiku-4-5", 1.0, 5.0, 0.1),
+    ("claude-3-5-haiku", 0.8, 4.0, 0.1),
+    ("gpt-5", 1.25, 10.0, 0.1),
+    ("gpt-5-mini", 0.25, 2.0, 0.1),
+    ("gpt-5-nano", 0.05, 0.4, 0.1),
+    ("gpt-4.1", 2.0, 8.0, 0.25),
+    ("gpt-4.1-mini", 0.4, 1.6, 0.25),
+    ("gpt-4.1-nano", 0.1, 0.4, 0.25),
+    ("gpt-4o", 2.5, 10.0, 0.5),
+    ("gpt-4o-mini", 0.15, 0.6, 0.5),
+    ("o4-mini", 1.1, 4.4, 0.25),
+    ("offline", 0.0, 0.0, 1.0),
 ];
+
+/// Anthropic's five-minute cache writes: 1.25 times the input price.
+const ANTHROPIC_CACHE_WRITE: f64 = 1.25;
 
 impl Default for Prices {
     fn default() -> Self {
@@ -114,12 +157,19 @@ impl Default for Prices {
             aws: AwsPrices::default(),
             models: LIST_PRICES
                 .iter()
-                .map(|(m, i, o)| {
+                .map(|(m, i, o, cached)| {
+                    let write = if m.starts_with("claude") {
+                        ANTHROPIC_CACHE_WRITE
+                    } else {
+                        1.0
+                    };
                     (
                         (*m).to_owned(),
                         ModelPrice {
                             input: *i,
                             output: *o,
+                            cached_input: Some(i * cached),
+                            cache_write: Some(i * write),
                         },
                     )
                 })
@@ -178,8 +228,14 @@ pub struct UsageRow {
     pub input_tokens: u64,
     /// Output tokens.
     pub output_tokens: u64,
+    /// Of the input tokens, those read from the provider's cache.
+    pub cache_read_tokens: u64,
+    /// Of the input tokens, those written to the provider's cache.
+    pub cache_write_tokens: u64,
     /// Estimated cost in US dollars; `None` for a model the price table does not know.
     pub cost_usd: Option<f64>,
+    /// What the cache saved, in US dollars (see [`ModelPrice::saved`]).
+    pub saved_usd: Option<f64>,
 }
 
 /// One row: the AWS requests one agent's heartbeats or turns made on one day.
@@ -223,12 +279,11 @@ pub async fn usage(
 ) -> Result<UsageReport, StoreError> {
     let zone = agent.timezone.zone();
     let day = |t: Timestamp| t.to_zoned(zone.clone()).date();
-    let mut rows: BTreeMap<Key, (u64, u64, u64)> = BTreeMap::new();
-    let mut add = |key: Key, calls: u64, input: u64, output: u64| {
+    let mut rows: BTreeMap<Key, (u64, crate::domain::Usage)> = BTreeMap::new();
+    let mut add = |key: Key, calls: u64, usage: crate::domain::Usage| {
         let r = rows.entry(key).or_default();
         r.0 += calls;
-        r.1 += input;
-        r.2 += output;
+        r.1.add(usage);
     };
     for a in store.list_actions(&agent.id, USAGE_SCAN).await? {
         if a.tool.as_str() != HEARTBEAT_AGENT || a.started_at < since {
@@ -252,8 +307,12 @@ pub async fn usage(
                 text("model"),
             ),
             calls,
-            n(&usage["input_tokens"]),
-            n(&usage["output_tokens"]),
+            crate::domain::Usage {
+                input_tokens: n(&usage["input_tokens"]),
+                output_tokens: n(&usage["output_tokens"]),
+                cache_read_tokens: n(&usage["cache_read_tokens"]),
+                cache_write_tokens: n(&usage["cache_write_tokens"]),
+            },
         );
     }
     let mut aws: BTreeMap<(Date, &'static str), (u64, Requests)> = BTreeMap::new();
@@ -288,17 +347,16 @@ pub async fn usage(
                 t.model.clone(),
             ),
             1,
-            t.usage.input_tokens,
-            t.usage.output_tokens,
+            t.usage,
         );
     }
     let models = rows
         .into_iter()
-        .map(
-            |((day, source, provider, model), (calls, input, output))| UsageRow {
-                cost_usd: prices
-                    .of(&model)
-                    .map(|p| (input as f64 * p.input + output as f64 * p.output) / 1_000_000.0),
+        .map(|((day, source, provider, model), (calls, usage))| {
+            let price = prices.of(&model);
+            UsageRow {
+                cost_usd: price.map(|p| p.cost(&usage)),
+                saved_usd: price.map(|p| p.saved(&usage)),
                 day,
                 agent_id: agent.id.to_string(),
                 agent_name: agent.name.clone(),
@@ -306,10 +364,12 @@ pub async fn usage(
                 provider,
                 model,
                 calls,
-                input_tokens: input,
-                output_tokens: output,
-            },
-        )
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+                cache_read_tokens: usage.cache_read_tokens,
+                cache_write_tokens: usage.cache_write_tokens,
+            }
+        })
         .collect();
     let aws = aws
         .into_iter()
@@ -328,6 +388,42 @@ pub async fn usage(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_cached_prompt_is_priced_by_its_parts_and_the_saving_said() {
+        let prices = Prices::default();
+        let sonnet = prices.of("claude-sonnet-4-5-20250929").unwrap();
+        let usage = crate::domain::Usage {
+            input_tokens: 1_000_000,
+            output_tokens: 0,
+            cache_read_tokens: 800_000,
+            cache_write_tokens: 100_000,
+        };
+        // 100k plain at $3, 800k read at $0.30, 100k written at $3.75.
+        let cost = sonnet.cost(&usage);
+        assert!((cost - (0.3 + 0.24 + 0.375)).abs() < 1e-9, "{cost}");
+        // Saved: 800k at $2.70 less the writes' premium of 100k at $0.75.
+        let saved = sonnet.saved(&usage);
+        assert!((saved - (2.16 - 0.075)).abs() < 1e-9, "{saved}");
+        let plain = crate::domain::Usage {
+            input_tokens: 1_000_000,
+            output_tokens: 1_000_000,
+            ..Default::default()
+        };
+        assert!((sonnet.cost(&plain) - 18.0).abs() < 1e-9);
+        assert_eq!(sonnet.saved(&plain), 0.0);
+        // OpenAI: reads at the model's cached price, writes at the input price.
+        let mini = prices.of("gpt-4o-mini").unwrap();
+        assert_eq!(mini.cached_input, Some(0.075));
+        assert_eq!(mini.cache_write, Some(0.15));
+        // A table given without cache prices bills cached tokens as plain input.
+        let given =
+            Prices::with_overrides(r#"{"models": {"my-model": {"input": 1, "output": 2}}}"#)
+                .unwrap()
+                .of("my-model")
+                .unwrap();
+        assert!((given.cost(&usage) - 1.0).abs() < 1e-9);
+    }
     use super::*;
 
     #[test]

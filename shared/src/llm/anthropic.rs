@@ -82,15 +82,21 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
             .map(|(role, content)| json!({"role": role, "content": content}))
             .collect::<Vec<_>>(),
     });
+    // Cache breakpoints: the tools (they come first in the prompt) and the system prompt,
+    // the prefix every call of the agent repeats; the default 5-minute lifetime.
     if let Some(s) = system {
-        body["system"] = json!(s);
+        body["system"] = json!([{"type": "text", "text": s, "cache_control": ephemeral()}]);
     }
     if !req.tools.is_empty() {
-        body["tools"] = req
+        let mut tools: Vec<Value> = req
             .tools
             .iter()
             .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
             .collect();
+        if let Some(last) = tools.last_mut() {
+            last["cache_control"] = ephemeral();
+        }
+        body["tools"] = Value::Array(tools);
     }
     body
 }
@@ -103,6 +109,12 @@ fn image_source(image: &ImageInput) -> Value {
             json!({"type": "base64", "media_type": media_type, "data": data})
         }
     }
+}
+
+/// A prompt-cache breakpoint with the default lifetime (five minutes, renewed by each
+/// read).
+fn ephemeral() -> Value {
+    json!({"type": "ephemeral"})
 }
 
 pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
@@ -143,19 +155,22 @@ pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
     };
     super::disagreement("anthropic", v.get("stop_reason"), &tool_calls, stop);
     let usage = v.get("usage").cloned().unwrap_or(Value::Null);
+    let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+    // Anthropic counts the prompt in three parts: not cached, written to the cache, read
+    // from it. Pulse's input tokens are the whole prompt.
+    let (read, written) = (
+        n("cache_read_input_tokens"),
+        n("cache_creation_input_tokens"),
+    );
     Ok(LlmResponse {
         text: (!text.is_empty()).then_some(text),
         tool_calls,
         stop,
         usage: Usage {
-            input_tokens: usage
-                .get("input_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
-            output_tokens: usage
-                .get("output_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
+            input_tokens: n("input_tokens") + read + written,
+            output_tokens: n("output_tokens"),
+            cache_read_tokens: read,
+            cache_write_tokens: written,
         },
         model: v
             .get("model")
@@ -202,7 +217,13 @@ mod tests {
             max_tokens: 10,
         };
         let body = request_body(&req, "m");
-        assert_eq!(body["system"], "persona");
+        // The system prompt and the tools end in cache breakpoints: the prefix every
+        // call of the agent repeats is read from the cache at a tenth of the price.
+        assert_eq!(
+            body["system"],
+            json!([{"type": "text", "text": "persona", "cache_control": {"type": "ephemeral"}}])
+        );
+        assert_eq!(body["tools"][0]["cache_control"]["type"], "ephemeral");
         let msgs = body["messages"].as_array().unwrap();
         assert_eq!(msgs.len(), 3);
         assert_eq!(msgs[0]["role"], "user");
@@ -227,6 +248,21 @@ mod tests {
         assert_eq!(r.tool_calls[0].input["thought"], "hi");
         assert_eq!(r.usage.total(), 15);
         assert!(parse_response(&json!({"nothing": 1})).is_err());
+    }
+
+    #[test]
+    fn the_prompt_counts_its_cached_parts_and_says_which_they_were() {
+        let r = parse_response(&json!({
+            "model": "claude", "stop_reason": "end_turn",
+            "content": [{"type": "text", "text": "hi"}],
+            "usage": {"input_tokens": 40, "cache_creation_input_tokens": 1_000,
+                      "cache_read_input_tokens": 6_000, "output_tokens": 9}
+        }))
+        .unwrap();
+        assert_eq!(r.usage.input_tokens, 7_040, "the whole prompt");
+        assert_eq!(r.usage.cache_read_tokens, 6_000);
+        assert_eq!(r.usage.cache_write_tokens, 1_000);
+        assert_eq!(r.usage.output_tokens, 9);
     }
 
     #[test]

@@ -164,6 +164,7 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
         usage: Usage {
             input_tokens: input_chars.div_ceil(4) as u64,
             output_tokens: text.chars().count().div_ceil(4) as u64,
+            ..Usage::default()
         },
         stop: if tool_calls.is_empty() {
             StopReason::EndTurn

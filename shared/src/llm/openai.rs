@@ -153,6 +153,13 @@ pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
                 .get("completion_tokens")
                 .and_then(Value::as_u64)
                 .unwrap_or(0),
+            // Automatic prefix caching: the prompt tokens read from the cache are part of
+            // the prompt's count.
+            cache_read_tokens: usage
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            cache_write_tokens: 0,
         },
         model: v
             .get("model")
@@ -259,5 +266,18 @@ mod tests {
             parts[1]["image_url"]["url"],
             "data:image/png;base64,aGVsbG8="
         );
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_read_from_the_details() {
+        let r = parse_response(&json!({
+            "model": "gpt", "usage": {"prompt_tokens": 5_000, "completion_tokens": 2,
+                                      "prompt_tokens_details": {"cached_tokens": 4_096}},
+            "choices": [{"finish_reason": "stop", "message": {"content": "hi"}}]
+        }))
+        .unwrap();
+        assert_eq!(r.usage.input_tokens, 5_000);
+        assert_eq!(r.usage.cache_read_tokens, 4_096);
+        assert_eq!(r.usage.cache_write_tokens, 0);
     }
 }

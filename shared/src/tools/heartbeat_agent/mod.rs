@@ -109,6 +109,8 @@ impl Transcript {
         json!({
             "input_tokens": self.usage.input_tokens,
             "output_tokens": self.usage.output_tokens,
+            "cache_read_tokens": self.usage.cache_read_tokens,
+            "cache_write_tokens": self.usage.cache_write_tokens,
             "llm_calls": self.steps.iter().filter(|s| s["kind"] == "llm").count(),
         })
     }
