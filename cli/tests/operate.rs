@@ -1437,3 +1437,32 @@ fn a_dead_lettered_turn_is_found_by_status_and_redriven_onto_the_queue() {
         "nothing left"
     );
 }
+
+#[test]
+fn an_agent_is_given_a_model_for_its_heartbeats_and_back_to_its_chat_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "frugal",
+            "--llm-model",
+            "claude-sonnet-4-5",
+            "--heartbeat-model",
+            "claude-haiku-4-5",
+        ],
+    );
+    let shown = json(d, &["agents", "show", &agent]);
+    assert_eq!(shown["agent"]["llm"]["heartbeat_model"], "claude-haiku-4-5");
+    assert_eq!(shown["agent"]["llm"]["model"], "claude-sonnet-4-5");
+    ok(d, &["agents", "update", &agent, "--heartbeat-model", ""]);
+    let shown = json(d, &["agents", "show", &agent]);
+    assert!(
+        shown["agent"]["llm"]["heartbeat_model"].is_null(),
+        "{shown}"
+    );
+    assert_eq!(shown["agent"]["llm"]["model"], "claude-sonnet-4-5");
+}

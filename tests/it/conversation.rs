@@ -1644,3 +1644,30 @@ async fn a_cached_prompt_is_recorded_by_its_parts_and_priced_so() {
     let saved = row.saved_usd.unwrap();
     assert!((saved - 0.015_45).abs() < 1e-9, "{saved}");
 }
+
+/// An agent whose heartbeats think with a cheaper model: its beats ask that one, its
+/// turns the chat model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_think_with_the_heartbeat_model_and_turns_talk_with_the_chat_model() {
+    let w = world(Kind::Sqlite).await;
+    let agent = w
+        .agent(|a| {
+            a.llm.provider = Some(ProviderKind::Anthropic);
+            a.llm.base_url = Some(w.llm.url().parse().unwrap());
+            a.llm.model = Some("claude-sonnet-4-5".into());
+            a.llm.heartbeat_model = Some("claude-haiku-4-5".into());
+        })
+        .await;
+    w.llm.script([Scripted::text("nothing to say")]);
+    w.beat().await;
+    w.llm.script([Scripted::text("hello")]);
+    w.say(&agent, "hi", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    let models: Vec<String> = w
+        .llm
+        .requests()
+        .iter()
+        .map(|r| r.body["model"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(models, ["claude-haiku-4-5", "claude-sonnet-4-5"]);
+}

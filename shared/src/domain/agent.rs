@@ -321,6 +321,10 @@ pub struct AgentLlm {
     /// Model name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The model its heartbeats think with (of the same provider), when not the one it
+    /// talks with: a cheaper model for beats, the chat model for the person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_model: Option<String>,
     /// API base URL (an OpenAI-compatible server, a proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<url::Url>,

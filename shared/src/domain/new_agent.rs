@@ -137,6 +137,8 @@ pub struct AgentChanges {
     pub llm_provider: Option<Option<ProviderKind>>,
     /// Model; `Some(None)` goes back to the configured one.
     pub llm_model: Option<Option<String>>,
+    /// The heartbeats' model; `Some(None)` goes back to the chat model.
+    pub heartbeat_model: Option<Option<String>>,
     /// API base URL; `Some(None)` goes back to the configured one.
     pub llm_base_url: Option<Option<url::Url>>,
     /// Images to the model; `Some(None)` goes back to deciding by the model.
@@ -182,6 +184,7 @@ impl AgentChanges {
             && self.persona.is_none()
             && self.llm_provider.is_none()
             && self.llm_model.is_none()
+            && self.heartbeat_model.is_none()
             && self.llm_base_url.is_none()
             && self.vision.is_none()
             && self.max_steps.is_none()
@@ -216,6 +219,7 @@ impl AgentChanges {
         set(&mut a.persona, &self.persona);
         set(&mut a.llm.provider, &self.llm_provider);
         set(&mut a.llm.model, &self.llm_model);
+        set(&mut a.llm.heartbeat_model, &self.heartbeat_model);
         set(&mut a.llm.base_url, &self.llm_base_url);
         set(&mut a.llm.vision, &self.vision);
         set(&mut a.budgets.max_steps, &self.max_steps);

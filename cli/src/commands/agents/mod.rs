@@ -94,6 +94,10 @@ pub(crate) struct UpdateAgent {
     /// Model; "" goes back to the configured one.
     #[arg(long, value_name = "MODEL")]
     llm_model: Option<String>,
+    /// The model its heartbeats think with (the same provider): a cheaper one for beats,
+    /// the chat model for the person; "" goes back to the chat model.
+    #[arg(long, value_name = "MODEL")]
+    heartbeat_model: Option<String>,
     /// API base URL; "" goes back to the configured one.
     #[arg(long, value_name = "URL")]
     llm_base_url: Option<String>,
@@ -188,6 +192,10 @@ pub(crate) struct CreateAgent {
     /// Model for this agent.
     #[arg(long, value_name = "MODEL")]
     llm_model: Option<String>,
+    /// The model its heartbeats think with (the same provider), when not --llm-model:
+    /// a cheaper one for beats, the chat model for the person.
+    #[arg(long, value_name = "MODEL")]
+    heartbeat_model: Option<String>,
     /// API base URL for this agent (an OpenAI-compatible server, a proxy). The
     /// deployment's key is sent there only if the URL is listed in PULSE_LLM_BASE_URLS;
     /// otherwise give the agent its own key with --llm-api-key-env.
@@ -327,6 +335,7 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
         persona: cleared(a.persona),
         llm_provider: cleared_with(a.llm_provider, |p| ProviderKind::parse(p).map_err(input))?,
         llm_model: cleared(a.llm_model),
+        heartbeat_model: cleared(a.heartbeat_model),
         llm_base_url: cleared_with(a.llm_base_url, base_url)?,
         vision: a.vision.as_deref().map(vision).transpose()?,
         max_steps: a.max_steps,
@@ -461,6 +470,7 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
             .transpose()
             .map_err(input)?,
         model: a.llm_model.filter(|m| !m.trim().is_empty()),
+        heartbeat_model: a.heartbeat_model.filter(|m| !m.trim().is_empty()),
         base_url: a.llm_base_url.as_deref().map(base_url).transpose()?,
         api_key_env: a.llm_api_key_env.map(|v| v.trim().to_owned()),
         vision: vision(&a.vision)?,

@@ -272,7 +272,8 @@ impl HeartbeatAgent {
             }
             let max_tokens = u32::try_from(left).unwrap_or(u32::MAX).min(STEP_MAX_TOKENS);
             let request = LlmRequest {
-                model: None,
+                // Beats may think with a cheaper model than the one that talks.
+                model: agent.llm.heartbeat_model.clone(),
                 messages: messages.clone(),
                 tools: tools.clone(),
                 max_tokens,
