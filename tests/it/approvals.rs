@@ -16,6 +16,38 @@ use serde_json::{Value, json};
 
 use crate::mcp::{Rig, rig};
 
+/// `agent`'s approval `id` decided by `d` now, through the rig's store and queue.
+async fn decide(
+    r: &Rig,
+    agent: &pulse_shared::domain::Agent,
+    id: &pulse_shared::domain::ApprovalId,
+    d: &Decision,
+) -> Result<pulse_shared::domain::Approval, DecideError> {
+    approvals::decide(
+        r.b.store.as_ref(),
+        r.b.queue.as_ref(),
+        agent,
+        id,
+        d,
+        r.b.now(),
+    )
+    .await
+}
+
+/// Changes the stored `cal` server with `change`.
+async fn edit_cal(r: &Rig, change: impl FnOnce(&mut pulse_shared::domain::McpServer)) {
+    let mut registry = r.b.store.load_registry().await.unwrap();
+    let cal = registry
+        .tools
+        .iter_mut()
+        .find(|t| t.name.as_str() == "cal")
+        .unwrap();
+    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut cal.kind {
+        change(s);
+    }
+    r.b.store.update_tool(cal).await.unwrap();
+}
+
 fn decision(approve: bool, by: &str, reason: Option<&str>) -> Decision {
     Decision {
         approve,
@@ -99,27 +131,13 @@ async fn approved(kind: Kind) {
     );
 
     // Approved: queued to the agent's session; a second decision is refused.
-    let decided = approvals::decide(
-        r.b.store.as_ref(),
-        r.b.queue.as_ref(),
-        &agent,
-        &a.id,
-        &decision(true, "cli", None),
-        r.b.now(),
-    )
-    .await
-    .unwrap();
+    let decided = decide(&r, &agent, &a.id, &decision(true, "cli", None))
+        .await
+        .unwrap();
     assert_eq!(decided.status, ApprovalStatus::Approved);
-    let again = approvals::decide(
-        r.b.store.as_ref(),
-        r.b.queue.as_ref(),
-        &agent,
-        &a.id,
-        &decision(false, "dashboard", Some("no")),
-        r.b.now(),
-    )
-    .await
-    .unwrap_err();
+    let again = decide(&r, &agent, &a.id, &decision(false, "dashboard", Some("no")))
+        .await
+        .unwrap_err();
     let DecideError::Decided(first) = &again else {
         panic!("{again}")
     };
@@ -191,13 +209,11 @@ on_both_backends!(
 async fn denied(kind: Kind) {
     let (r, agent) = parked(kind).await;
     let a = r.b.store.approvals(&agent.id, 1).await.unwrap().remove(0);
-    approvals::decide(
-        r.b.store.as_ref(),
-        r.b.queue.as_ref(),
+    decide(
+        &r,
         &agent,
         &a.id,
         &decision(false, "dashboard", Some("too early for sums")),
-        r.b.now(),
     )
     .await
     .unwrap();
@@ -239,16 +255,9 @@ async fn expired(kind: Kind) {
     let again = r.b.sweeper(settings()).sweep_once(r.b.now()).await;
     assert_eq!(again.approvals.expired, 0, "expired once");
     // A decision after it expired is refused.
-    let late = approvals::decide(
-        r.b.store.as_ref(),
-        r.b.queue.as_ref(),
-        &agent,
-        &a.id,
-        &decision(true, "cli", None),
-        r.b.now(),
-    )
-    .await
-    .unwrap_err();
+    let late = decide(&r, &agent, &a.id, &decision(true, "cli", None))
+        .await
+        .unwrap_err();
     assert!(late.to_string().contains("expired by expiry"), "{late}");
     r.llm.script([
         Scripted::text("Nobody approved it, so I did not add them."),
@@ -307,16 +316,10 @@ async fn a_restart_between_park_and_approve_loses_nothing_and_policies_hold() {
     assert_eq!(r.mcp.calls().len(), 1, "sent after the restart");
 
     // `lookup` is read-only: allowed without asking. A tool set to deny is never sent.
-    let mut registry = r.b.store.load_registry().await.unwrap();
-    let cal = registry
-        .tools
-        .iter_mut()
-        .find(|t| t.name.as_str() == "cal")
-        .unwrap();
-    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut cal.kind {
+    edit_cal(&r, |s| {
         s.policies.insert("note".into(), ToolPolicy::Deny);
-    }
-    r.b.store.update_tool(cal).await.unwrap();
+    })
+    .await;
     r.llm.script([
         Scripted::Answer {
             text: None,
@@ -693,16 +696,7 @@ async fn approved_always_grants_that_tool_to_that_agent_only_until_revoked() {
     let a = r.b.store.approvals(&agent.id, 1).await.unwrap().remove(0);
     let mut always = decision(true, "cli", None);
     always.always = true;
-    approvals::decide(
-        r.b.store.as_ref(),
-        r.b.queue.as_ref(),
-        &agent,
-        &a.id,
-        &always,
-        r.b.now(),
-    )
-    .await
-    .unwrap();
+    decide(&r, &agent, &a.id, &always).await.unwrap();
     r.llm.script([Scripted::text("Done.")]);
     r.b.drain(&r.worker).await;
     assert_eq!(r.mcp.calls().len(), 1);
@@ -778,26 +772,11 @@ async fn approved_always_grants_that_tool_to_that_agent_only_until_revoked() {
             .into_iter()
             .find(|a| a.is_pending() && a.tool == "add")
             .unwrap();
-    approvals::decide(
-        r.b.store.as_ref(),
-        r.b.queue.as_ref(),
-        &revoked,
-        &parked_add.id,
-        &again,
-        r.b.now(),
-    )
-    .await
-    .unwrap();
-    let mut registry = r.b.store.load_registry().await.unwrap();
-    let tool = registry
-        .tools
-        .iter_mut()
-        .find(|t| t.name.as_str() == "cal")
-        .unwrap();
-    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut tool.kind {
+    decide(&r, &revoked, &parked_add.id, &again).await.unwrap();
+    edit_cal(&r, |s| {
         s.policies.insert("add".into(), ToolPolicy::Deny);
-    }
-    r.b.store.update_tool(tool).await.unwrap();
+    })
+    .await;
     r.llm.script([
         Scripted::text("The approved call was set to deny since."),
         Scripted::tool("cal__add", json!({"a": 6, "b": 6})),
@@ -872,28 +851,15 @@ async fn rechecked(kind: Kind) {
     let (note, add, picture) = (by_tool("note"), by_tool("add"), by_tool("picture"));
     // Meanwhile: add's schema changes (the server lists it anew), and all three are
     // approved; the agent is then paused before its worker carries them out.
-    let mut registry = r.b.store.load_registry().await.unwrap();
-    let tool = registry
-        .tools
-        .iter_mut()
-        .find(|t| t.name.as_str() == "cal")
-        .unwrap();
-    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut tool.kind {
+    edit_cal(&r, |s| {
         let add = s.tools.iter_mut().find(|t| t.name == "add").unwrap();
         add.input_schema["properties"]["c"] = json!({"type": "integer"});
-    }
-    r.b.store.update_tool(tool).await.unwrap();
+    })
+    .await;
     for a in [&note, &add, &picture] {
-        approvals::decide(
-            r.b.store.as_ref(),
-            r.b.queue.as_ref(),
-            &agent,
-            &a.id,
-            &decision(true, "cli", None),
-            r.b.now(),
-        )
-        .await
-        .unwrap();
+        decide(&r, &agent, &a.id, &decision(true, "cli", None))
+            .await
+            .unwrap();
     }
     r.llm.script([Scripted::text("None was made.")]);
     // Then the server is taken from the agent before its worker carries them out.
@@ -939,28 +905,15 @@ async fn rechecked(kind: Kind) {
     assert_eq!(pending.len(), 2);
     let new_add = pending.iter().find(|a| a.tool == "add").unwrap();
     let new_note = pending.iter().find(|a| a.tool == "note").unwrap();
-    let mut registry = r.b.store.load_registry().await.unwrap();
-    let tool = registry
-        .tools
-        .iter_mut()
-        .find(|t| t.name.as_str() == "cal")
-        .unwrap();
-    if let pulse_shared::domain::ToolKind::Mcp(s) = &mut tool.kind {
+    edit_cal(&r, |s| {
         let add = s.tools.iter_mut().find(|t| t.name == "add").unwrap();
         add.input_schema["properties"]["d"] = json!({"type": "integer"});
-    }
-    r.b.store.update_tool(tool).await.unwrap();
+    })
+    .await;
     for a in [new_add, new_note] {
-        approvals::decide(
-            r.b.store.as_ref(),
-            r.b.queue.as_ref(),
-            &agent,
-            &a.id,
-            &decision(true, "cli", None),
-            r.b.now(),
-        )
-        .await
-        .unwrap();
+        decide(&r, &agent, &a.id, &decision(true, "cli", None))
+            .await
+            .unwrap();
     }
     r.llm.script([Scripted::text("One made, one not.")]);
     r.b.drain(&r.worker).await;
@@ -983,16 +936,9 @@ async fn rechecked(kind: Kind) {
             .find(|a| a.is_pending())
             .unwrap();
     lifecycle.pause(&agent.id).await.unwrap();
-    approvals::decide(
-        r.b.store.as_ref(),
-        r.b.queue.as_ref(),
-        &agent,
-        &third.id,
-        &decision(true, "cli", None),
-        r.b.now(),
-    )
-    .await
-    .unwrap();
+    decide(&r, &agent, &third.id, &decision(true, "cli", None))
+        .await
+        .unwrap();
     r.llm.script([Scripted::text("Paused, so not made.")]);
     r.b.drain(&r.worker).await;
     assert_eq!(r.mcp.calls().len(), 1, "paused: not sent");
