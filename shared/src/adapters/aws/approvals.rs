@@ -140,12 +140,22 @@ impl ApprovalStore for DynamoStore {
             .expression_attribute_values(":pending", s("pending"))
             .build()
             .map_err(backend("build transaction"))?;
+        // The open copy is updated, not put: the sweeper expires approvals with the
+        // UpdateItem its role holds for its claims, and no PutItem.
+        let copy = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(key(PENDING_PK, pending_sk(decided))))
+            .update_expression("SET #doc = :doc")
+            .expression_attribute_names("#doc", "doc")
+            .expression_attribute_values(
+                ":doc",
+                s(serde_json::to_string(decided).unwrap_or_default()),
+            )
+            .build()
+            .map_err(backend("build transaction"))?;
         let items = vec![
             TransactWriteItem::builder().update(update).build(),
-            self.put(
-                doc_item(PENDING_PK.to_owned(), pending_sk(decided), decided),
-                None,
-            )?,
+            TransactWriteItem::builder().update(copy).build(),
         ];
         match self.transact(op, items).await? {
             Ok(()) => Ok(None),
