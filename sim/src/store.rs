@@ -15,10 +15,10 @@ use jiff::Timestamp;
 use pulse_shared::domain::{
     AcceptOutcome, Acceptance, Action, ActionId, Agent, AgentId, ApiToken, Approval, ApprovalId,
     ClaimRequest, ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook,
-    HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Memory, MemoryChange, MemoryId,
-    Registry, Schedule, ScheduleId, SessionId, SignalId, Spend, Subscription, SubscriptionId,
-    TokenId, Tool, ToolCount, ToolName, Turn, TurnId, WaitingTurn, Webhook, WebhookId,
-    WebhookRequest,
+    HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Limit, Memory, MemoryChange,
+    MemoryId, Registry, Schedule, ScheduleId, SessionId, SignalId, Spend, Subscription,
+    SubscriptionId, Tally, TokenId, Tool, ToolCount, ToolName, Turn, TurnId, Usd, WaitingTurn,
+    Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
@@ -92,6 +92,9 @@ faulty!(AgentStore {
     fn purge_agent(&self, id: &AgentId, apply: bool) -> Footprint;
     fn record_spend(&self, agent: &AgentId, spend: &Spend) -> ();
     fn spend_of_day(&self, agent: &AgentId, day: jiff::civil::Date) -> Vec<Spend>;
+    fn hold_usd(&self, agent: &AgentId, limits: &[Limit], amount: Usd, at: Timestamp) -> Result<(), Tally>;
+    fn settle_usd(&self, agent: &AgentId, periods: &[String], held: Usd, spent: Usd, at: Timestamp) -> Vec<Tally>;
+    fn usd_tallies(&self, agent: &AgentId, periods: &[String]) -> Vec<Tally>;
     fn agent_for_channel(&self, channel_id: &str) -> Option<AgentId>;
 });
 

@@ -551,6 +551,97 @@ async fn spend_ledger(kind: Kind) {
 }
 
 on_both_backends!(
+    dollars_are_held_in_every_period_or_none_and_one_cent_left_goes_to_one_worker,
+    dollars
+);
+async fn dollars(kind: Kind) {
+    use pulse_shared::domain::{Limit, NewAgent, Usd};
+    let b = Backend::new(kind).await;
+    let (agent, first) = NewAgent::named("frugal").create(b.now()).unwrap();
+    b.store.create_agent(&agent, &first).await.unwrap();
+    let usd = |cents: u64| Usd::from_micros(cents * 10_000);
+    let limits = |day: u64, month: u64| {
+        vec![
+            Limit {
+                period: "2026-03-02".into(),
+                limit: usd(day),
+            },
+            Limit {
+                period: "2026-03".into(),
+                limit: usd(month),
+            },
+        ]
+    };
+    let periods = vec!["2026-03-02".to_owned(), "2026-03".to_owned()];
+    let tallies = |b: &Backend| {
+        let (store, agent, periods) = (b.store.clone(), agent.id.clone(), periods.clone());
+        async move { store.usd_tallies(&agent, &periods).await.unwrap() }
+    };
+    assert_eq!(tallies(&b).await[0].committed(), Usd::ZERO, "nothing yet");
+    // 30 cents held in both, then settled at 12.
+    let held = b
+        .store
+        .hold_usd(&agent.id, &limits(100, 200), usd(30), b.now())
+        .await;
+    assert_eq!(held.unwrap(), Ok(()));
+    let t = tallies(&b).await;
+    assert_eq!(
+        (t[0].spent, t[0].held, t[1].held),
+        (Usd::ZERO, usd(30), usd(30))
+    );
+    let after = b
+        .store
+        .settle_usd(&agent.id, &periods, usd(30), usd(12), b.now())
+        .await
+        .unwrap();
+    assert_eq!((after[0].spent, after[0].held), (usd(12), Usd::ZERO));
+    assert_eq!((after[1].spent, after[1].held), (usd(12), Usd::ZERO));
+    // The month has 8 cents of room and the day 88: a 10-cent hold fits the day, not
+    // the month, and is held in neither.
+    let refused = b
+        .store
+        .hold_usd(&agent.id, &limits(100, 20), usd(10), b.now())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.period, "2026-03");
+    assert_eq!(refused.spent, usd(12));
+    let t = tallies(&b).await;
+    assert_eq!(
+        (t[0].held, t[1].held),
+        (Usd::ZERO, Usd::ZERO),
+        "all or none"
+    );
+    // More than the whole budget is refused without a write.
+    assert!(
+        b.store
+            .hold_usd(&agent.id, &limits(5, 200), usd(6), b.now())
+            .await
+            .unwrap()
+            .is_err()
+    );
+    // One cent left in the day, and eight workers each want one: one gets it.
+    let day_only = vec![Limit {
+        period: "2026-03-02".into(),
+        limit: usd(13),
+    }];
+    let tries = (0..8).map(|_| {
+        let (store, agent, limits) = (b.store.clone(), agent.id.clone(), day_only.clone());
+        let now = b.now();
+        tokio::spawn(async move { store.hold_usd(&agent, &limits, usd(1), now).await })
+    });
+    let won = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Ok(Ok(())))))
+        .count();
+    assert_eq!(won, 1, "one cent, one call");
+    // Deleting the agent removes its tallies.
+    b.store.purge_agent(&agent.id, true).await.unwrap();
+    assert_eq!(tallies(&b).await[1].committed(), Usd::ZERO);
+}
+
+on_both_backends!(
     a_new_agents_first_heartbeat_is_due_at_once_and_claimed_once,
     first_claim
 );

@@ -346,7 +346,11 @@ async fn chat_memory(kind: Kind) {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(tools, ["remember", "recall", "schedule"]);
+    // The heartbeat's tools too, so both share one prefix.
+    assert_eq!(
+        tools,
+        ["speak", "remember", "recall", "emit_event", "schedule"]
+    );
     assert_eq!(w.discord.messages().len(), 1, "one reply");
     assert_eq!(w.discord.messages()[0].content, "Noted: no meat.");
     let memories = w.b.store.memories(&agent.id, 10).await.unwrap();
@@ -1643,6 +1647,103 @@ async fn a_cached_prompt_is_recorded_by_its_parts_and_priced_so() {
     assert!((cost - 0.005_805).abs() < 1e-9, "{cost}");
     let saved = row.saved_usd.unwrap();
     assert!((saved - 0.015_45).abs() < 1e-9, "{saved}");
+}
+
+/// The prompt a request asks Anthropic to cache: its tools, its system prompt, and its
+/// messages' blocks up to the last one that carries a breakpoint, as JSON text.
+fn cached_prefix(body: &serde_json::Value) -> String {
+    let mut blocks = Vec::new();
+    let mut last = 0;
+    for m in body["messages"].as_array().unwrap() {
+        for b in m["content"].as_array().unwrap() {
+            blocks.push(json!({"role": m["role"], "block": b}));
+            if b.get("cache_control").is_some() {
+                last = blocks.len();
+            }
+        }
+    }
+    blocks.truncate(last);
+    json!({"tools": body["tools"], "system": body["system"], "messages": blocks}).to_string()
+}
+
+/// Two heartbeats and a conversation turn of one agent send the same bytes first — the
+/// tools, the system prompt, the conversation so far — up to the breakpoint at the end
+/// of the history, so each call reads what the one before it cached; what is new to a
+/// call (the heartbeat's briefing, the turn's message) comes after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_and_turns_send_one_byte_identical_prefix_up_to_the_breakpoint() {
+    let w = world(Kind::Sqlite).await;
+    let agent = w
+        .agent(|a| {
+            a.llm.provider = Some(ProviderKind::Anthropic);
+            a.llm.base_url = Some(w.llm.url().parse().unwrap());
+            a.llm.model = Some("claude-sonnet-4-5".into());
+            a.instructions = Some("Check on the report.".into());
+        })
+        .await;
+    w.llm.script([Scripted::text("Good luck with it.")]);
+    w.say(&agent, "my report is due Friday", SignalMeta::default())
+        .await;
+    w.b.drain(&w.worker).await;
+    w.llm.script([Scripted::text("Nothing to say yet.")]);
+    w.b.advance(SignedDuration::from_mins(11));
+    assert_eq!(w.beat().await, 1, "the first heartbeat");
+    w.b.advance(SignedDuration::from_mins(11));
+    w.llm.script([Scripted::text("Still nothing.")]);
+    assert_eq!(w.beat().await, 1, "the second heartbeat");
+    w.llm.script([Scripted::text("All quiet.")]);
+    w.say(&agent, "anything new?", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+
+    let reqs = w.llm.requests();
+    assert_eq!(reqs.len(), 4, "a turn, two heartbeats, a turn");
+    let prefixes: Vec<String> = reqs[1..].iter().map(|r| cached_prefix(&r.body)).collect();
+    assert_eq!(prefixes[0], prefixes[1], "two heartbeats");
+    assert_eq!(prefixes[0], prefixes[2], "a heartbeat and a turn");
+    assert!(
+        prefixes[0].contains("my report is due Friday")
+            && prefixes[0].contains("Good luck with it."),
+        "the history is in it: {}",
+        prefixes[0]
+    );
+    for r in &reqs[1..] {
+        // One set of tools, the heartbeat's among them, in one order.
+        let tools: Vec<&str> = r.body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            tools,
+            ["speak", "remember", "recall", "emit_event", "schedule"]
+        );
+        // The agent wakes every 10 minutes: the prefix is kept an hour.
+        assert_eq!(
+            r.body["system"][0]["cache_control"],
+            json!({"type": "ephemeral", "ttl": "1h"})
+        );
+        let marked = r.body.to_string().matches("cache_control").count();
+        assert_eq!(marked, 3, "the tools, the system prompt, the history");
+    }
+    // After the prefix: each heartbeat's briefing, and the turn's own message.
+    let after = |n: usize| {
+        let body = &reqs[n].body;
+        let all = body["messages"].to_string();
+        let last = body["messages"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .to_string();
+        assert!(all.ends_with(&format!("{last}]")));
+        last
+    };
+    assert!(after(1).contains("Heartbeat: you woke on your own schedule"));
+    assert!(after(1).contains("Check on the report."));
+    assert!(after(3).contains("anything new?") && !after(3).contains("Heartbeat:"));
+    // The first turn had no history: only the tools and the system prompt were marked.
+    assert_eq!(reqs[0].body.to_string().matches("cache_control").count(), 2);
 }
 
 /// An agent whose heartbeats think with a cheaper model: its beats ask that one, its

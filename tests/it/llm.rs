@@ -33,6 +33,7 @@ fn request() -> LlmRequest {
         messages: vec![ChatMessage::user("hello")],
         tools: Vec::new(),
         max_tokens: 16,
+        ..LlmRequest::default()
     }
 }
 

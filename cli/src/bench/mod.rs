@@ -3,6 +3,7 @@
 //! configured backend.
 
 mod coldstart;
+mod cost;
 mod dashboard;
 mod hooks;
 mod recall;
@@ -144,6 +145,10 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 2_000)]
         aws_memories: usize,
     },
+    /// One agent's scripted day (96 beats at 15 minutes, 12 thinking, 20 messages) against
+    /// a loopback stand-in for Anthropic that caches prompt prefixes as Anthropic
+    /// documents it: input tokens and dollars with the cache off and on.
+    Cost,
     /// One agent at 15 minutes for a year of simulated time on SQLite (an event and a
     /// heartbeat a beat, a conversation turn a day), then the retention pass: the file
     /// before and after.
@@ -185,6 +190,7 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
             bin_dir,
         } => coldstart::coldstart(runs, repeat, bin_dir, out).await,
         BenchCmd::Turn { history, turns } => sweep::turn(&history, turns, out).await,
+        BenchCmd::Cost => cost::cost(out).await,
         BenchCmd::Retention { beats } => retention::retention(beats, out).await,
         BenchCmd::Recall {
             memories,

@@ -256,6 +256,7 @@ mod tests {
             output_tokens: 34,
             cache_read_tokens: 0,
             cache_write_tokens: 0,
+            cache_write_long_tokens: 0,
             cost_usd: cost,
             saved_usd: cost.map(|_| 0.0),
         }

@@ -182,6 +182,10 @@ pub struct Usage {
     /// by Anthropic).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_write_tokens: u64,
+    /// Of the cache writes, those kept for an hour rather than five minutes (Anthropic
+    /// bills them at a higher premium).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_long_tokens: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -199,20 +203,50 @@ impl Usage {
         self.output_tokens += other.output_tokens;
         self.cache_read_tokens += other.cache_read_tokens;
         self.cache_write_tokens += other.cache_write_tokens;
+        self.cache_write_long_tokens += other.cache_write_long_tokens;
     }
 }
 
 /// One request to a model.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct LlmRequest {
     /// The model; the provider's configured default when `None`.
     pub model: Option<String>,
     /// The conversation, in order.
     pub messages: Vec<ChatMessage>,
-    /// Tools the model may call.
+    /// Tools the model is shown.
     pub tools: Vec<ToolSpec>,
+    /// Whether the model may call them: `false` shows the tools (so the prompt's
+    /// prefix, and the provider's cache of it, stays the same) but asks for words.
+    pub tools_off: bool,
     /// Most tokens to generate.
     pub max_tokens: u32,
+    /// Where the prompt's stable prefix ends, for the provider's prompt cache; none
+    /// marked when `None`.
+    pub cache: Option<PromptCache>,
+}
+
+/// The stable prefix of a request: the tools, the system prompt, then the first
+/// `history` messages (the system message counted) — the same bytes from one call of
+/// the agent to the next, heartbeats and conversation turns alike — and how long the
+/// provider should keep it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PromptCache {
+    /// Messages of the prefix, from the first.
+    pub history: usize,
+    /// How long the cached prefix is kept after its last use.
+    pub ttl: CacheTtl,
+}
+
+/// How long a provider keeps a cached prompt prefix after its last use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheTtl {
+    /// Five minutes, Anthropic's default.
+    #[default]
+    Minutes5,
+    /// An hour: dearer to write, for agents whose calls come less than an hour apart.
+    Hour,
 }
 
 /// Why the model stopped.

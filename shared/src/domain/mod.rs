@@ -15,6 +15,7 @@ mod hook_type;
 mod ids;
 mod mcp;
 mod memory;
+mod money;
 mod new_agent;
 mod outbound;
 mod reply;
@@ -42,8 +43,8 @@ pub use approval::{
     check_approval_expiry, clip_reason, parse_button, schema_digest,
 };
 pub use chat::{
-    ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES, ProviderKind,
-    Secret, StopReason, ToolSpec, ToolUse, Usage, model_sees_images,
+    CacheTtl, ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES,
+    PromptCache, ProviderKind, Secret, StopReason, ToolSpec, ToolUse, Usage, model_sees_images,
 };
 pub use conversation::{
     ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, ReplyTarget, Role, Signal,
@@ -74,6 +75,7 @@ pub use memory::{
     MemoryRead, MemorySource, MemoryStatus, Outside, REMEMBER, STOP_WORDS, SUSPENDED_BELOW, dot_i8,
     telling_words,
 };
+pub use money::{Limit, Tally, Usd};
 pub use new_agent::{AgentChanges, NewAgent};
 pub use reply::{MESSAGE_LIMIT, split_message};
 pub use requests::Requests;

@@ -26,6 +26,7 @@ pub mod interrupt;
 mod json_body;
 mod lifecycle;
 pub mod memory;
+pub mod prompt;
 pub mod reminders;
 mod retention;
 mod schedule;
@@ -43,15 +44,14 @@ mod worker;
 
 use jiff::SignedDuration;
 
-pub use conversation::{
-    Conversation, ConversationSettings, TurnOutcome, build_context, estimate_tokens, history,
-};
+pub use conversation::{Conversation, ConversationSettings, TurnOutcome, build_context, history};
 pub use heartbeat::{HeartbeatRunner, RetryError, RunOutcome};
 pub use hooks::{
     DispatchReport, DispatchSettings, Dispatcher, Emission, HOOK_BATCH, Handled, HookEmitter,
     RECOVER_SCAN, Recovered, Redriven, Switched, set_hook_active,
 };
 pub use lifecycle::{Lifecycle, LifecycleError, Scheduled, Toggled, Updated};
+pub use prompt::estimate_tokens;
 pub use retention::{PruneReport, prune};
 pub use schedule::{failure_delay, next_run};
 pub use status::{AgentCounts, Finding, GatewayReport, Status, gateway_status, status};

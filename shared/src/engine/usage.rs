@@ -32,6 +32,10 @@ pub struct ModelPrice {
     /// five-minute writes cost 1.25 times the input); the input price when not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<f64>,
+    /// Per million prompt tokens written to the provider's cache for an hour
+    /// (Anthropic: twice the input); the five-minute write price when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_long: Option<f64>,
 }
 
 impl ModelPrice {
@@ -39,12 +43,33 @@ impl ModelPrice {
     /// cached, read from the cache and written to it, then the output.
     pub fn cost(&self, usage: &crate::domain::Usage) -> f64 {
         let (read, written) = (usage.cache_read_tokens, usage.cache_write_tokens);
+        let long = usage.cache_write_long_tokens.min(written);
         let plain = usage.input_tokens.saturating_sub(read + written);
         (plain as f64 * self.input
-            + read as f64 * self.cached_input.unwrap_or(self.input)
-            + written as f64 * self.cache_write.unwrap_or(self.input)
+            + read as f64 * self.read()
+            + (written - long) as f64 * self.write()
+            + long as f64 * self.write_long()
             + usage.output_tokens as f64 * self.output)
             / 1_000_000.0
+    }
+
+    fn read(&self) -> f64 {
+        self.cached_input.unwrap_or(self.input)
+    }
+    fn write(&self) -> f64 {
+        self.cache_write.unwrap_or(self.input)
+    }
+    fn write_long(&self) -> f64 {
+        self.cache_write_long.unwrap_or_else(|| self.write())
+    }
+
+    /// Whether an hour's cache pays at these prices for calls that come more than five
+    /// minutes and less than an hour apart: an hour's write costs more than five
+    /// minutes' by `write_long − write`, and each call that reads it rather than
+    /// writing the prefix again saves `write − read`; so one read in the hour pays
+    /// for it when the first is smaller (Anthropic: 0.75 against 1.15 times the input).
+    pub fn hour_cache_pays(&self) -> bool {
+        self.write_long() - self.write() < self.write() - self.read()
     }
 
     /// What the cache saved on `usage`, in US dollars: its reads at the input price less
@@ -53,8 +78,9 @@ impl ModelPrice {
     pub fn saved(&self, usage: &crate::domain::Usage) -> f64 {
         let read =
             usage.cache_read_tokens as f64 * (self.input - self.cached_input.unwrap_or(self.input));
-        let premium =
-            usage.cache_write_tokens as f64 * (self.cache_write.unwrap_or(self.input) - self.input);
+        let long = usage.cache_write_long_tokens.min(usage.cache_write_tokens);
+        let premium = (usage.cache_write_tokens - long) as f64 * (self.write() - self.input)
+            + long as f64 * (self.write_long() - self.input);
         (read - premium) / 1_000_000.0
     }
 }
@@ -125,8 +151,8 @@ impl AwsPrices {
 
 /// The built-in list prices (USD per million tokens: input, output, and the cached
 /// input's share of the input price), as the providers published them on
-/// [`PRICES_AS_OF`]. Anthropic bills cache reads at 0.1 times the input and five-minute
-/// cache writes at 1.25 times; OpenAI's automatic caching bills reads at its models'
+/// [`PRICES_AS_OF`]. Anthropic bills cache reads at 0.1 times the input, five-minute
+/// cache writes at 1.25 times and one-hour writes at 2 times; OpenAI's automatic caching bills reads at its models'
 /// cached-input price and writes at the input price. Prices change: `PULSE_PRICES`
 /// overrides.
 const LIST_PRICES: [(&str, f64, f64, f64); 16] = [
@@ -150,6 +176,8 @@ const LIST_PRICES: [(&str, f64, f64, f64); 16] = [
 
 /// Anthropic's five-minute cache writes: 1.25 times the input price.
 const ANTHROPIC_CACHE_WRITE: f64 = 1.25;
+/// Anthropic's one-hour cache writes: twice the input price.
+const ANTHROPIC_CACHE_WRITE_HOUR: f64 = 2.0;
 
 impl Default for Prices {
     fn default() -> Self {
@@ -158,10 +186,10 @@ impl Default for Prices {
             models: LIST_PRICES
                 .iter()
                 .map(|(m, i, o, cached)| {
-                    let write = if m.starts_with("claude") {
-                        ANTHROPIC_CACHE_WRITE
+                    let (write, long) = if m.starts_with("claude") {
+                        (ANTHROPIC_CACHE_WRITE, ANTHROPIC_CACHE_WRITE_HOUR)
                     } else {
-                        1.0
+                        (1.0, 1.0)
                     };
                     (
                         (*m).to_owned(),
@@ -170,6 +198,7 @@ impl Default for Prices {
                             output: *o,
                             cached_input: Some(i * cached),
                             cache_write: Some(i * write),
+                            cache_write_long: Some(i * long),
                         },
                     )
                 })
@@ -195,6 +224,12 @@ impl Prices {
         prices.models.extend(given.models);
         prices.aws = given.aws;
         Ok(prices)
+    }
+
+    /// The built-in table, built once.
+    pub fn builtin() -> &'static Prices {
+        static BUILTIN: std::sync::LazyLock<Prices> = std::sync::LazyLock::new(Prices::default);
+        &BUILTIN
     }
 
     /// The price of `model`, if the table knows it.
@@ -232,6 +267,8 @@ pub struct UsageRow {
     pub cache_read_tokens: u64,
     /// Of the input tokens, those written to the provider's cache.
     pub cache_write_tokens: u64,
+    /// Of the cache writes, those kept for an hour.
+    pub cache_write_long_tokens: u64,
     /// Estimated cost in US dollars; `None` for a model the price table does not know.
     pub cost_usd: Option<f64>,
     /// What the cache saved, in US dollars (see [`ModelPrice::saved`]).
@@ -312,6 +349,7 @@ pub async fn usage(
                 output_tokens: n(&usage["output_tokens"]),
                 cache_read_tokens: n(&usage["cache_read_tokens"]),
                 cache_write_tokens: n(&usage["cache_write_tokens"]),
+                cache_write_long_tokens: n(&usage["cache_write_long_tokens"]),
             },
         );
     }
@@ -368,6 +406,7 @@ pub async fn usage(
                 output_tokens: usage.output_tokens,
                 cache_read_tokens: usage.cache_read_tokens,
                 cache_write_tokens: usage.cache_write_tokens,
+                cache_write_long_tokens: usage.cache_write_long_tokens,
             }
         })
         .collect();
@@ -398,6 +437,7 @@ mod tests {
             output_tokens: 0,
             cache_read_tokens: 800_000,
             cache_write_tokens: 100_000,
+            cache_write_long_tokens: 0,
         };
         // 100k plain at $3, 800k read at $0.30, 100k written at $3.75.
         let cost = sonnet.cost(&usage);
@@ -423,6 +463,21 @@ mod tests {
                 .of("my-model")
                 .unwrap();
         assert!((given.cost(&usage) - 1.0).abs() < 1e-9);
+        // An hour's writes at twice the input: 100k at $6 instead of $3.75.
+        let long = crate::domain::Usage {
+            cache_write_long_tokens: 100_000,
+            ..usage
+        };
+        assert!((sonnet.cost(&long) - (0.3 + 0.24 + 0.6)).abs() < 1e-9);
+        assert!((sonnet.saved(&long) - (2.16 - 0.3)).abs() < 1e-9);
+        // One read in the hour pays for an hour's cache at Anthropic's prices, not at
+        // prices where the hour's write costs as much as the rewrite it saves.
+        assert!(sonnet.hour_cache_pays());
+        let dear = ModelPrice {
+            cache_write_long: Some(3.0 * 3.0),
+            ..sonnet
+        };
+        assert!(!dear.hour_cache_pays());
     }
     use super::*;
 

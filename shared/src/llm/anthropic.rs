@@ -9,7 +9,9 @@
 use serde_json::{Value, json};
 
 use super::HttpLlm;
-use crate::domain::{ChatMessage, ImageInput, LlmRequest, LlmResponse, StopReason, ToolUse, Usage};
+use crate::domain::{
+    CacheTtl, ChatMessage, ImageInput, LlmRequest, LlmResponse, StopReason, ToolUse, Usage,
+};
 use crate::error::LlmError;
 
 pub(crate) struct Anthropic(pub(crate) HttpLlm);
@@ -17,11 +19,13 @@ pub(crate) struct Anthropic(pub(crate) HttpLlm);
 pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
     let mut system = None;
     let mut messages: Vec<(String, Vec<Value>)> = Vec::new();
-    let mut push = |role: &str, block: Value| match messages.last_mut() {
-        Some((r, blocks)) if r == role => blocks.push(block),
-        _ => messages.push((role.to_owned(), vec![block])),
-    };
+    // Where each of the request's messages ended: (message, block) of its last block.
+    let mut ends: Vec<Option<(usize, usize)>> = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
+        let mut push = |role: &str, block: Value| match messages.last_mut() {
+            Some((r, blocks)) if r == role => blocks.push(block),
+            _ => messages.push((role.to_owned(), vec![block])),
+        };
         match m {
             ChatMessage::System { text } if i == 0 => system = Some(text.clone()),
             ChatMessage::System { text } => push(
@@ -73,6 +77,49 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
                 )
             }
         }
+        ends.push(
+            messages
+                .len()
+                .checked_sub(1)
+                .map(|at| (at, messages[at].1.len() - 1)),
+        );
+    }
+    let mut tools: Vec<Value> = req
+        .tools
+        .iter()
+        .map(
+            |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
+        )
+        .collect();
+    let mut system = system.map(|s| vec![json!({"type": "text", "text": s})]);
+    if let Some(cache) = req.cache {
+        // Cache breakpoints, at most four, in the order the prompt is read (the longer
+        // lifetime first, as the API requires): the tools, the system prompt, the end of
+        // the history (the prefix every call of the agent repeats), and the end of a
+        // tool loop's prompt, which the loop's next step starts with.
+        let long = breakpoint(cache.ttl);
+        if let Some(last) = tools.last_mut() {
+            last["cache_control"] = long.clone();
+        }
+        if let Some(block) = system.as_mut().and_then(|s| s.last_mut()) {
+            block["cache_control"] = long.clone();
+        }
+        let history_end = cache
+            .history
+            .checked_sub(1)
+            .and_then(|i| ends.get(i).copied().flatten());
+        if let Some((m, b)) = history_end {
+            messages[m].1[b]["cache_control"] = long;
+        }
+        let in_loop = matches!(req.messages.last(), Some(ChatMessage::ToolResult { .. }));
+        let tail = ends.last().copied().flatten();
+        if let Some((m, b)) = tail
+            && in_loop
+            && req.messages.len() > cache.history
+            && tail != history_end
+        {
+            messages[m].1[b]["cache_control"] = breakpoint(CacheTtl::Minutes5);
+        }
     }
     let mut body = json!({
         "model": model,
@@ -82,21 +129,14 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
             .map(|(role, content)| json!({"role": role, "content": content}))
             .collect::<Vec<_>>(),
     });
-    // Cache breakpoints: the tools (they come first in the prompt) and the system prompt,
-    // the prefix every call of the agent repeats; the default 5-minute lifetime.
     if let Some(s) = system {
-        body["system"] = json!([{"type": "text", "text": s, "cache_control": ephemeral()}]);
+        body["system"] = Value::Array(s);
     }
-    if !req.tools.is_empty() {
-        let mut tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-            .collect();
-        if let Some(last) = tools.last_mut() {
-            last["cache_control"] = ephemeral();
-        }
+    if !tools.is_empty() {
         body["tools"] = Value::Array(tools);
+        if req.tools_off {
+            body["tool_choice"] = json!({"type": "none"});
+        }
     }
     body
 }
@@ -111,10 +151,13 @@ fn image_source(image: &ImageInput) -> Value {
     }
 }
 
-/// A prompt-cache breakpoint with the default lifetime (five minutes, renewed by each
-/// read).
-fn ephemeral() -> Value {
-    json!({"type": "ephemeral"})
+/// A prompt-cache breakpoint: five minutes (the default) or an hour, renewed by each
+/// read.
+fn breakpoint(ttl: CacheTtl) -> Value {
+    match ttl {
+        CacheTtl::Minutes5 => json!({"type": "ephemeral"}),
+        CacheTtl::Hour => json!({"type": "ephemeral", "ttl": "1h"}),
+    }
 }
 
 pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
@@ -162,6 +205,12 @@ pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
         n("cache_read_input_tokens"),
         n("cache_creation_input_tokens"),
     );
+    // The writes kept for an hour, when the answer breaks them down.
+    let long = usage
+        .pointer("/cache_creation/ephemeral_1h_input_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .min(written);
     Ok(LlmResponse {
         text: (!text.is_empty()).then_some(text),
         tool_calls,
@@ -171,6 +220,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
             output_tokens: n("output_tokens"),
             cache_read_tokens: read,
             cache_write_tokens: written,
+            cache_write_long_tokens: long,
         },
         model: v
             .get("model")
@@ -215,15 +265,15 @@ mod tests {
                 parameters: json!({"type": "object"}),
             }],
             max_tokens: 10,
+            ..LlmRequest::default()
         };
         let body = request_body(&req, "m");
-        // The system prompt and the tools end in cache breakpoints: the prefix every
-        // call of the agent repeats is read from the cache at a tenth of the price.
-        assert_eq!(
-            body["system"],
-            json!([{"type": "text", "text": "persona", "cache_control": {"type": "ephemeral"}}])
+        assert_eq!(body["system"], json!([{"type": "text", "text": "persona"}]));
+        assert!(body.get("tool_choice").is_none());
+        assert!(
+            !body.to_string().contains("cache_control"),
+            "no breakpoint unless asked"
         );
-        assert_eq!(body["tools"][0]["cache_control"]["type"], "ephemeral");
         let msgs = body["messages"].as_array().unwrap();
         assert_eq!(msgs.len(), 3);
         assert_eq!(msgs[0]["role"], "user");
@@ -262,7 +312,120 @@ mod tests {
         assert_eq!(r.usage.input_tokens, 7_040, "the whole prompt");
         assert_eq!(r.usage.cache_read_tokens, 6_000);
         assert_eq!(r.usage.cache_write_tokens, 1_000);
+        assert_eq!(r.usage.cache_write_long_tokens, 0);
         assert_eq!(r.usage.output_tokens, 9);
+        let r = parse_response(&json!({
+            "model": "claude", "stop_reason": "end_turn", "content": [],
+            "usage": {"input_tokens": 40, "cache_creation_input_tokens": 1_000,
+                      "cache_creation": {"ephemeral_5m_input_tokens": 200, "ephemeral_1h_input_tokens": 800},
+                      "cache_read_input_tokens": 0, "output_tokens": 9}
+        }))
+        .unwrap();
+        assert_eq!(r.usage.cache_write_tokens, 1_000);
+        assert_eq!(r.usage.cache_write_long_tokens, 800, "the hour's writes");
+    }
+
+    /// A heartbeat's loop, two steps in: the history's last message and the loop's
+    /// tail carry breakpoints as well as the tools and the system prompt.
+    fn looping(ttl: CacheTtl) -> Value {
+        let req = LlmRequest {
+            messages: vec![
+                ChatMessage::system("persona"),
+                ChatMessage::user("old question"),
+                ChatMessage::assistant("old answer"),
+                ChatMessage::user("briefing"),
+                ChatMessage::Assistant {
+                    text: None,
+                    tool_calls: vec![ToolUse {
+                        id: "t1".into(),
+                        name: "recall".into(),
+                        input: json!({"query": "tea"}),
+                    }],
+                },
+                ChatMessage::ToolResult {
+                    call_id: "t1".into(),
+                    content: "green".into(),
+                    is_error: false,
+                    images: Vec::new(),
+                },
+            ],
+            tools: vec![
+                ToolSpec {
+                    name: "speak".into(),
+                    description: "d".into(),
+                    parameters: json!({"type": "object"}),
+                },
+                ToolSpec {
+                    name: "recall".into(),
+                    description: "d".into(),
+                    parameters: json!({"type": "object"}),
+                },
+            ],
+            tools_off: true,
+            max_tokens: 10,
+            cache: Some(crate::domain::PromptCache { history: 3, ttl }),
+            ..LlmRequest::default()
+        };
+        request_body(&req, "m")
+    }
+
+    /// Where the breakpoints are: JSON pointers to each block that has one.
+    fn breakpoints(v: &Value, at: &str, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Object(o) => {
+                if let Some(c) = o.get("cache_control") {
+                    out.push((at.to_owned(), c.clone()));
+                }
+                for (k, v) in o {
+                    breakpoints(v, &format!("{at}/{k}"), out);
+                }
+            }
+            Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    breakpoints(v, &format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_prefix_ends_in_breakpoints_at_most_four_the_longer_lifetime_first() {
+        let body = looping(CacheTtl::Minutes5);
+        let mut found = Vec::new();
+        breakpoints(&body, "", &mut found);
+        let at: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        // The tools' last, the system prompt, the history's last message (the
+        // assistant's old answer), and the tool result the next step starts with.
+        assert_eq!(
+            at,
+            [
+                "/messages/1/content/0",
+                "/messages/4/content/0",
+                "/system/0",
+                "/tools/1"
+            ]
+        );
+        assert!(
+            found
+                .iter()
+                .all(|(_, c)| *c == json!({"type": "ephemeral"}))
+        );
+        assert_eq!(body["messages"][1]["content"][0]["text"], "old answer");
+        assert_eq!(body["messages"][4]["content"][0]["type"], "tool_result");
+        // Tools shown, not to be called: the prefix stays the one cached.
+        assert_eq!(body["tool_choice"], json!({"type": "none"}));
+
+        let body = looping(CacheTtl::Hour);
+        let hour = json!({"type": "ephemeral", "ttl": "1h"});
+        assert_eq!(body["tools"][1]["cache_control"], hour);
+        assert_eq!(body["system"][0]["cache_control"], hour);
+        assert_eq!(body["messages"][1]["content"][0]["cache_control"], hour);
+        // The loop's tail lives five minutes: it comes after the hour's breakpoints.
+        assert_eq!(
+            body["messages"][4]["content"][0]["cache_control"],
+            json!({"type": "ephemeral"})
+        );
     }
 
     #[test]
@@ -291,6 +454,7 @@ mod tests {
             ],
             tools: Vec::new(),
             max_tokens: 10,
+            ..LlmRequest::default()
         };
         let body = request_body(&req, "claude-sonnet-4");
         let result = &body["messages"][1]["content"][0];

@@ -4,13 +4,14 @@
 //! Rules:
 //! - Usage: input tokens = characters of all messages / 4, output = reply characters / 4
 //!   (rounded up).
-//! - With tools offered, the text is scanned for directives `speak: …`, `remember: …`,
-//!   `recall: …`, `emit_event: TYPE`, each at the start of a line or right after a `"`,
-//!   its argument running to the end of the line or the next `"`; each directive naming
-//!   an offered tool becomes a tool call, in order. The text scanned: the heartbeat
-//!   agent's prompt (it offers `speak`), when a user message is last; a conversation
-//!   turn's own time-stamped user message (it offers `remember` and `recall`), not the
-//!   history; nothing once a tool result came back.
+//! - With tools offered (and not turned off), the text is scanned for directives
+//!   `speak: …`, `remember: …`, `recall: …`, `emit_event: TYPE`, each at the start of a
+//!   line or right after a `"`, its argument running to the end of the line or the next
+//!   `"`; each directive naming an offered tool becomes a tool call, in order. The text
+//!   scanned: a heartbeat's briefing (a user message that begins
+//!   [`crate::engine::prompt::HEARTBEAT_OPENING`]), when it is last; a conversation
+//!   turn's own time-stamped user message, not the history, and never `speak` or
+//!   `emit_event` there (a heartbeat's tools); nothing once a tool result came back.
 //! - The heartbeat agent without directives: "(offline) nothing to say", no calls — the
 //!   silent outcome; after a tool result: "(offline) done".
 //! - Otherwise (a conversation turn, also after its tools ran): `(offline) You said:
@@ -88,9 +89,10 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
         .map(|t| t.chars().count())
         .sum();
     let mut tool_calls = Vec::new();
-    // The heartbeat agent offers `speak`; a conversation turn offers only its memory
-    // tools.
-    let heartbeat = req.tools.iter().any(|t| t.name == "speak");
+    // A heartbeat's briefing says it is one; a conversation turn's messages do not.
+    let heartbeat = req.messages.iter().rev().any(|m| {
+        matches!(m, ChatMessage::User { text, .. } if text.starts_with(crate::engine::prompt::HEARTBEAT_OPENING))
+    });
     let newest_user = req.messages.iter().rev().find_map(|m| match m {
         ChatMessage::User { text, .. } => Some(text.as_str()),
         _ => None,
@@ -99,7 +101,7 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
     // from the turn's own time-stamped user message (not the history before it); never
     // once the loop came back with a tool result.
     let scanned = match req.messages.last() {
-        _ if req.tools.is_empty() => None,
+        _ if req.tools.is_empty() || req.tools_off => None,
         Some(ChatMessage::ToolResult { .. }) => None,
         Some(ChatMessage::User { text, .. }) if heartbeat => Some(text.as_str()),
         _ if heartbeat => None,
@@ -107,7 +109,8 @@ pub fn answer(req: &LlmRequest) -> LlmResponse {
     };
     if let Some(text) = scanned {
         for (verb, arg) in directives(text) {
-            if !req.tools.iter().any(|t| t.name == verb) {
+            let heartbeats_only = crate::engine::prompt::heartbeat_only(verb).is_some();
+            if !req.tools.iter().any(|t| t.name == verb) || (heartbeats_only && !heartbeat) {
                 continue;
             }
             let input: Value = match verb {
@@ -253,12 +256,17 @@ mod tests {
     fn a_heartbeat_with_nothing_to_say_calls_no_tool() {
         let r = answer(&LlmRequest {
             model: None,
-            messages: vec![ChatMessage::user("all quiet")],
+            messages: vec![ChatMessage::user(format!(
+                "{}\nall quiet",
+                crate::engine::prompt::HEARTBEAT_OPENING
+            ))],
             tools: tools(&["speak"]),
             max_tokens: 10,
+            ..LlmRequest::default()
         });
         assert!(r.tool_calls.is_empty());
         assert_eq!(r.stop, StopReason::EndTurn);
+        assert_eq!(r.text.as_deref(), Some("(offline) nothing to say"));
     }
 
     #[test]
@@ -269,14 +277,21 @@ mod tests {
                 ChatMessage::system("s"),
                 ChatMessage::user("remember: an old request"),
                 ChatMessage::assistant("ok"),
-                ChatMessage::user("[2026-01-01T00:00:00Z]\nremember: tea is green"),
+                ChatMessage::user(
+                    "[2026-01-01T00:00:00Z]\nremember: tea is green\nspeak: not in a turn",
+                ),
                 last,
             ],
-            tools: tools(&["remember", "recall"]),
+            tools: tools(&["speak", "remember", "recall", "emit_event"]),
             max_tokens: 10,
+            ..LlmRequest::default()
         };
         let r = answer(&turn(ChatMessage::system("Beats: {}")));
-        assert_eq!(r.tool_calls.len(), 1, "only the turn's own message");
+        assert_eq!(
+            r.tool_calls.len(),
+            1,
+            "only the turn's own message, and never a heartbeat's tool"
+        );
         assert_eq!(r.tool_calls[0].input, json!({"text": "tea is green"}));
         let back = answer(&turn(ChatMessage::ToolResult {
             call_id: "offline_call_1".into(),
@@ -287,7 +302,7 @@ mod tests {
         assert!(back.tool_calls.is_empty());
         assert_eq!(
             back.text.as_deref(),
-            Some("(offline) You said: \"remember: tea is green\".")
+            Some("(offline) You said: \"speak: not in a turn\".")
         );
         // A turn of a thought alone: the history's requests are not read again.
         let mut thought = turn(ChatMessage::assistant("check in"));
@@ -306,6 +321,7 @@ mod tests {
             ],
             tools: Vec::new(),
             max_tokens: 10,
+            ..LlmRequest::default()
         });
         assert_eq!(
             r.text.as_deref(),
@@ -328,6 +344,7 @@ mod tests {
             ],
             tools: Vec::new(),
             max_tokens: 10,
+            ..LlmRequest::default()
         });
         assert_eq!(
             r.text.as_deref(),

@@ -63,7 +63,12 @@ pub(crate) fn request_body(req: &LlmRequest, model: &str) -> Value {
             .iter()
             .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
             .collect();
+        if req.tools_off {
+            body["tool_choice"] = json!("none");
+        }
     }
+    // The provider caches a prompt's prefix on its own; a request keeps it the same
+    // bytes from call to call (the tools, the system prompt, the history first).
     body
 }
 
@@ -160,6 +165,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<LlmResponse, LlmError> {
                 .and_then(Value::as_u64)
                 .unwrap_or(0),
             cache_write_tokens: 0,
+            cache_write_long_tokens: 0,
         },
         model: v
             .get("model")
@@ -198,6 +204,7 @@ mod tests {
             ],
             tools: Vec::new(),
             max_tokens: 5,
+            ..LlmRequest::default()
         };
         let body = request_body(&req, "gpt");
         assert_eq!(
@@ -251,6 +258,7 @@ mod tests {
             ],
             tools: Vec::new(),
             max_tokens: 5,
+            ..LlmRequest::default()
         };
         let body = request_body(&req, "gpt-4o");
         let roles: Vec<&str> = body["messages"]

@@ -8,7 +8,7 @@ use jiff::civil::Date;
 
 use crate::domain::{
     Agent, AgentId, AgentStates, ClaimRequest, Event, EventCursor, EventId, EventType, Heartbeat,
-    HeartbeatId, HeartbeatStatus, Spend,
+    HeartbeatId, HeartbeatStatus, Limit, Spend, Tally, Usd,
 };
 use crate::error::StoreError;
 
@@ -68,6 +68,35 @@ pub trait AgentStore: Send + Sync {
     async fn record_spend(&self, agent: &AgentId, spend: &Spend) -> Result<(), StoreError>;
     /// The agent's ledger entries of `day`.
     async fn spend_of_day(&self, agent: &AgentId, day: Date) -> Result<Vec<Spend>, StoreError>;
+    /// Holds `amount` against each of `limits` (a day's and a month's dollar budget) —
+    /// in all of them or none, atomically, so two workers cannot both take what is
+    /// left. `Ok(Err(tally))`, with nothing held, names the first period it does not
+    /// fit in: what that period has spent and held.
+    async fn hold_usd(
+        &self,
+        agent: &AgentId,
+        limits: &[Limit],
+        amount: Usd,
+        at: Timestamp,
+    ) -> Result<Result<(), Tally>, StoreError>;
+    /// Settles a hold: releases `held` and adds what the call cost, `spent`, in each of
+    /// `periods`. The tallies after, in order; each settle's change of `spent` is the
+    /// only one between the two values it returns, so a threshold crossed is crossed by
+    /// one settle only.
+    async fn settle_usd(
+        &self,
+        agent: &AgentId,
+        periods: &[String],
+        held: Usd,
+        spent: Usd,
+        at: Timestamp,
+    ) -> Result<Vec<Tally>, StoreError>;
+    /// The tallies of `periods`, in order (zero for one nothing was held in).
+    async fn usd_tallies(
+        &self,
+        agent: &AgentId,
+        periods: &[String],
+    ) -> Result<Vec<Tally>, StoreError>;
 }
 
 /// One page of the agents and the count of all agents by state

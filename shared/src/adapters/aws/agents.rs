@@ -1,5 +1,7 @@
 //! Agents on DynamoDB, their directory entry and the Discord channel each answers in.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{
     AttributeValue, Delete, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
@@ -12,7 +14,8 @@ use super::DynamoStore;
 use super::codec::*;
 use super::keys::*;
 use crate::domain::{
-    Agent, AgentId, AgentState, AgentStates, Event, Heartbeat, Spend, from_ms, to_ms,
+    Agent, AgentId, AgentState, AgentStates, Event, Heartbeat, Limit, Spend, Tally, Usd, from_ms,
+    to_ms,
 };
 use crate::error::StoreError;
 use crate::ports::{AgentStore, AgentsPage, Footprint, Writer};
@@ -415,6 +418,161 @@ impl AgentStore for DynamoStore {
         Ok(())
     }
 
+    async fn hold_usd(
+        &self,
+        agent: &AgentId,
+        limits: &[Limit],
+        amount: Usd,
+        at: Timestamp,
+    ) -> Result<Result<(), Tally>, StoreError> {
+        let op = "hold dollars";
+        if limits.is_empty() {
+            return Ok(Ok(()));
+        }
+        let over = |tallies: Vec<Tally>| -> Result<(), Tally> {
+            match limits
+                .iter()
+                .zip(tallies)
+                .find(|(l, t)| t.committed().saturating_add(amount) > l.limit)
+            {
+                Some((_, t)) => Err(t),
+                None => Ok(()),
+            }
+        };
+        if limits.iter().any(|l| amount > l.limit) {
+            let periods: Vec<String> = limits.iter().map(|l| l.period.clone()).collect();
+            return Ok(over(self.usd_tallies(agent, &periods).await?));
+        }
+        // Each period's item: `committed` (spent and held) may take `amount` only while
+        // it stays within the limit; the condition and the addition are one write (one
+        // transaction for a day's and a month's budget together).
+        const HOLD: &str = "SET #at = :at, #ttl = :ttl ADD committed :amount, held :amount";
+        const FITS: &str = "attribute_not_exists(committed) OR committed <= :room";
+        let values = |l: &Limit| {
+            HashMap::from([
+                (":at".to_owned(), n(to_ms(at))),
+                (":ttl".to_owned(), n(usd_expiry(at))),
+                (":amount".to_owned(), n(amount.micros())),
+                (
+                    ":room".to_owned(),
+                    n(l.limit.saturating_sub(amount).micros()),
+                ),
+            ])
+        };
+        let names = HashMap::from([
+            ("#at".to_owned(), "at".to_owned()),
+            ("#ttl".to_owned(), super::TTL_ATTRIBUTE.to_owned()),
+        ]);
+        let refused = if let [l] = limits {
+            let r = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(key(agent_pk(agent), usd_sk(&l.period))))
+                .update_expression(HOLD)
+                .condition_expression(FITS)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(values(l)))
+                .send()
+                .await;
+            match r {
+                Ok(_) => false,
+                Err(e) => match e.into_service_error() {
+                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => true,
+                    other => return Err(StoreError::backend("dynamodb", op, other)),
+                },
+            }
+        } else {
+            let mut items = Vec::with_capacity(limits.len());
+            for l in limits {
+                let update = Update::builder()
+                    .table_name(&self.table)
+                    .set_key(Some(key(agent_pk(agent), usd_sk(&l.period))))
+                    .update_expression(HOLD)
+                    .condition_expression(FITS)
+                    .set_expression_attribute_names(Some(names.clone()))
+                    .set_expression_attribute_values(Some(values(l)))
+                    .build()
+                    .map_err(backend("build transaction"))?;
+                items.push(TransactWriteItem::builder().update(update).build());
+            }
+            match self.transact(op, items).await? {
+                Ok(()) => false,
+                Err(reasons) if reasons.iter().any(|r| is_ccf(Some(r))) => true,
+                Err(reasons) => {
+                    return Err(StoreError::backend(
+                        "dynamodb",
+                        op,
+                        format!("the hold was cancelled: {reasons:?}"),
+                    ));
+                }
+            }
+        };
+        if !refused {
+            return Ok(Ok(()));
+        }
+        let periods: Vec<String> = limits.iter().map(|l| l.period.clone()).collect();
+        let tallies = self.usd_tallies(agent, &periods).await?;
+        // Refused: the period that was full when read (or, if another settle freed room
+        // meanwhile, the first).
+        Ok(Err(over(tallies.clone()).err().unwrap_or_else(|| {
+            tallies.into_iter().next().unwrap_or_default()
+        })))
+    }
+
+    async fn settle_usd(
+        &self,
+        agent: &AgentId,
+        periods: &[String],
+        held: Usd,
+        spent: Usd,
+        at: Timestamp,
+    ) -> Result<Vec<Tally>, StoreError> {
+        let mut out = Vec::with_capacity(periods.len());
+        let change = spent.micros() as i128 - held.micros() as i128;
+        for p in periods {
+            let r = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(key(agent_pk(agent), usd_sk(p))))
+                .update_expression(
+                    "SET #at = :at, #ttl = :ttl ADD committed :change, held :release, spent :spent",
+                )
+                .expression_attribute_names("#at", "at")
+                .expression_attribute_names("#ttl", super::TTL_ATTRIBUTE)
+                .expression_attribute_values(":at", n(to_ms(at)))
+                .expression_attribute_values(":ttl", n(usd_expiry(at)))
+                .expression_attribute_values(":change", AttributeValue::N(change.to_string()))
+                .expression_attribute_values(
+                    ":release",
+                    AttributeValue::N(format!("-{}", held.micros())),
+                )
+                .expression_attribute_values(":spent", n(spent.micros()))
+                .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
+                .send()
+                .await
+                .map_err(backend("settle dollars"))?;
+            out.push(usd_tally(p, r.attributes.as_ref()));
+        }
+        Ok(out)
+    }
+
+    async fn usd_tallies(
+        &self,
+        agent: &AgentId,
+        periods: &[String],
+    ) -> Result<Vec<Tally>, StoreError> {
+        let mut out = Vec::with_capacity(periods.len());
+        for p in periods {
+            let item = self
+                .get("read dollars", key(agent_pk(agent), usd_sk(p)))
+                .await?;
+            out.push(usd_tally(p, item.as_ref()));
+        }
+        Ok(out)
+    }
+
     async fn spend_of_day(&self, agent: &AgentId, day: Date) -> Result<Vec<Spend>, StoreError> {
         let prefix = spend_sk(day, "");
         let items = self
@@ -446,5 +604,27 @@ impl AgentStore for DynamoStore {
             });
         }
         Ok(out)
+    }
+}
+
+/// When a dollar tally expires: two months after it was last written, past the month
+/// it counts.
+fn usd_expiry(at: Timestamp) -> i64 {
+    at.as_second() + 62 * 86_400
+}
+
+/// A period's tally from its item; zero when there is none.
+fn usd_tally(period: &str, item: Option<&Item>) -> Tally {
+    let number = |k: &str| {
+        item.and_then(|i| i.get(k))
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+            .max(0) as u64
+    };
+    Tally {
+        period: period.to_owned(),
+        spent: Usd::from_micros(number("spent")),
+        held: Usd::from_micros(number("held")),
     }
 }

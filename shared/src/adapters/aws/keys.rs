@@ -16,6 +16,7 @@
 //! | signal answered by a turn | `AG#<agent>` | `SG#<signal id>` |
 //! | memory | `AG#<agent>` | `ME#<memory id>` (time-ordered) |
 //! | daily spend ledger entry | `AG#<agent>` | `SP#<day>#<source>` (expires after a week) |
+//! | dollar budget tally of a day or month | `AG#<agent>` | `USD#<period>` (expires two months after its last write) |
 //! | schedule (reminder) | `AG#<agent>` | `SC#<schedule id>` |
 //! | Discord channel's agent | `CH#<channel id>` | `CH` |
 //! | a tool's calls in an hour | `TC#<day>` | `<agent>#<hour, 8 digits>#<tool>` (expires after 90 days) |
@@ -90,6 +91,11 @@ pub(super) fn due_shard(agent: &AgentId) -> String {
 
 pub(super) fn spend_sk(day: jiff::civil::Date, source: &str) -> String {
     format!("SP#{day}#{source}")
+}
+
+/// A dollar budget's tally of one period (`2026-12-06`, `2026-12`).
+pub(super) fn usd_sk(period: &str) -> String {
+    format!("USD#{period}")
 }
 
 pub(super) fn schedule_sk(id: &crate::domain::ScheduleId) -> String {

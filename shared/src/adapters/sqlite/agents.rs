@@ -10,7 +10,9 @@ use super::events::upsert_event;
 use super::heartbeats::insert_heartbeat;
 use super::schema::agent_state;
 use super::{CachedExecute, SqliteStore, sqlite_err};
-use crate::domain::{Agent, AgentId, AgentStates, Event, Heartbeat, Spend, from_ms, to_ms};
+use crate::domain::{
+    Agent, AgentId, AgentStates, Event, Heartbeat, Limit, Spend, Tally, Usd, from_ms, to_ms,
+};
 use crate::error::StoreError;
 use crate::ports::{AgentStore, AgentsPage, Footprint, Writer};
 
@@ -381,6 +383,92 @@ impl AgentStore for SqliteStore {
             .await
     }
 
+    async fn hold_usd(
+        &self,
+        agent: &AgentId,
+        limits: &[Limit],
+        amount: Usd,
+        at: Timestamp,
+    ) -> Result<Result<(), Tally>, StoreError> {
+        let (agent, limits) = (agent.clone(), limits.to_vec());
+        let op = "hold dollars";
+        self.db
+            .call(op, move |conn| {
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
+                for l in &limits {
+                    let t = usd_tally(&tx, &agent, &l.period).map_err(sqlite_err(op))?;
+                    if t.committed().saturating_add(amount) > l.limit {
+                        // Nothing held: the transaction is dropped, so rolled back.
+                        return Ok(Err(t));
+                    }
+                }
+                for l in &limits {
+                    tx.exec(
+                        "INSERT INTO usd (agent_id, period, spent, held, at_ms) VALUES (?1, ?2, 0, ?3, ?4) \
+                         ON CONFLICT (agent_id, period) DO UPDATE SET held = held + excluded.held, at_ms = excluded.at_ms",
+                        params![agent.as_str(), l.period, amount.micros() as i64, to_ms(at)],
+                    )
+                    .map_err(sqlite_err(op))?;
+                }
+                tx.commit().map_err(sqlite_err(op))?;
+                Ok(Ok(()))
+            })
+            .await
+    }
+
+    async fn settle_usd(
+        &self,
+        agent: &AgentId,
+        periods: &[String],
+        held: Usd,
+        spent: Usd,
+        at: Timestamp,
+    ) -> Result<Vec<Tally>, StoreError> {
+        let (agent, periods) = (agent.clone(), periods.to_vec());
+        let op = "settle dollars";
+        self.db
+            .call(op, move |conn| {
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
+                let mut out = Vec::with_capacity(periods.len());
+                for p in &periods {
+                    tx.exec(
+                        "INSERT INTO usd (agent_id, period, spent, held, at_ms) VALUES (?1, ?2, ?3, 0, ?4) \
+                         ON CONFLICT (agent_id, period) DO UPDATE SET spent = spent + excluded.spent, \
+                         held = max(held - ?5, 0), at_ms = excluded.at_ms",
+                        params![
+                            agent.as_str(),
+                            p,
+                            spent.micros() as i64,
+                            to_ms(at),
+                            held.micros() as i64
+                        ],
+                    )
+                    .map_err(sqlite_err(op))?;
+                    out.push(usd_tally(&tx, &agent, p).map_err(sqlite_err(op))?);
+                }
+                tx.commit().map_err(sqlite_err(op))?;
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn usd_tallies(
+        &self,
+        agent: &AgentId,
+        periods: &[String],
+    ) -> Result<Vec<Tally>, StoreError> {
+        let (agent, periods) = (agent.clone(), periods.to_vec());
+        let op = "read dollars";
+        self.db
+            .call(op, move |conn| {
+                periods
+                    .iter()
+                    .map(|p| usd_tally(conn, &agent, p).map_err(sqlite_err(op)))
+                    .collect()
+            })
+            .await
+    }
+
     async fn spend_of_day(&self, agent: &AgentId, day: Date) -> Result<Vec<Spend>, StoreError> {
         let agent = agent.clone();
         let op = "read spend";
@@ -405,6 +493,22 @@ impl AgentStore for SqliteStore {
             })
             .await
     }
+}
+
+/// One period's tally; zero when nothing was held or spent in it.
+fn usd_tally(conn: &Connection, agent: &AgentId, period: &str) -> rusqlite::Result<Tally> {
+    let row: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT spent, held FROM usd WHERE agent_id = ?1 AND period = ?2")?
+        .query_row(params![agent.as_str(), period], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    let (spent, held) = row.unwrap_or((0, 0));
+    Ok(Tally {
+        period: period.to_owned(),
+        spent: Usd::from_micros(spent.max(0) as u64),
+        held: Usd::from_micros(held.max(0) as u64),
+    })
 }
 
 #[cfg(test)]
@@ -456,6 +560,7 @@ mod tests {
              ALTER TABLE heartbeats DROP COLUMN ran_ms;
              DROP TABLE agent_names;
              DROP TABLE approvals;
+             DROP TABLE usd;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -464,7 +569,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 22);
+        assert_eq!(version, 23);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

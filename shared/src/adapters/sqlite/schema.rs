@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 22;
+const SCHEMA_VERSION: i64 = 23;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -441,6 +441,19 @@ CREATE INDEX approvals_agent ON approvals (agent_id, id);
 CREATE INDEX approvals_open ON approvals (expires_ms) WHERE open = 1;
 "#;
 
+/// Version 23: dollar budgets' tallies, per agent and period (a day or a month): spent
+/// by settled calls and held for calls being made, in millionths of a dollar.
+const SCHEMA_V23: &str = r#"
+CREATE TABLE usd (
+    agent_id  TEXT NOT NULL,
+    period    TEXT NOT NULL,
+    spent     INTEGER NOT NULL,
+    held      INTEGER NOT NULL,
+    at_ms     INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, period)
+) WITHOUT ROWID;
+"#;
+
 pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = sqlite_err("migrate schema");
     // Under the write lock, so processes opening a new file at once migrate it once.
@@ -525,6 +538,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 22 {
             conn.execute_batch(SCHEMA_V22).map_err(&err)?;
+        }
+        if version < 23 {
+            conn.execute_batch(SCHEMA_V23).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

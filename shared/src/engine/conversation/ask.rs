@@ -6,7 +6,7 @@ use super::*;
 use crate::domain::{Agent, ChatMessage, LlmRequest, MemoryId, TurnId, Usage};
 use crate::engine::agent_tools::{Race, Site};
 use crate::engine::interrupt::{self, Raced};
-use crate::engine::{memory, reminders, transcript};
+use crate::engine::{memory, prompt, reminders, transcript};
 use crate::error::{EngineError, chain};
 
 /// What the model answered a turn.
@@ -25,14 +25,17 @@ impl Conversation {
     /// `schedule` and the agent's MCP tools (a call identical to one `taken` made, in a
     /// turn this one takes over, is answered from it and not made again) under the
     /// agent's step and token budgets (the heartbeat agent's): each request asks for
-    /// at most the tokens left, and the last step allowed offers no tools, so the loop
-    /// ends with words. A failure that retrying cannot fix (no key, a rejected request)
+    /// at most the tokens left, and the last step allowed shows the tools but lets the
+    /// model call none, so the loop ends with words. The tools are the heartbeat's too
+    /// (its `speak` and `emit_event` answered "heartbeats only"), and the context's
+    /// first `prefix` messages are marked for the provider's prompt cache, so a turn
+    /// and a heartbeat share what they send first ([`prompt`]). A failure that retrying cannot fix (no key, a rejected request)
     /// becomes a reply saying so, recorded as the turn's error, rather than a message
     /// that is redelivered until it is dead-lettered.
     pub(super) async fn ask(
         &self,
         agent: &Agent,
-        mut messages: Vec<ChatMessage>,
+        (mut messages, prefix): (Vec<ChatMessage>, usize),
         turn_id: &TurnId,
         (first_ms, mut taken): (u64, taken_over::TakenOver),
         beat: u64,
@@ -63,10 +66,15 @@ impl Conversation {
             provider: llm.provider().to_owned(),
             ..Asked::default()
         };
-        let mut own = memory::specs("in later conversations and heartbeats");
-        own.push(reminders::tool_spec());
-        let (tools, offer) =
-            crate::engine::agent_tools::with_own(self.agent_tools.as_deref(), agent, own).await;
+        let (tools, offer) = crate::engine::agent_tools::with_own(
+            self.agent_tools.as_deref(),
+            agent,
+            prompt::tools(),
+        )
+        .await;
+        // Someone is talking now.
+        let now = self.clock.now();
+        let cache = prompt::cache(agent, llm.model(), prefix, (Some(now), now));
         let budgets = &agent.budgets;
         let steps = budgets.max_steps.max(1);
         let mut last_input = 0;
@@ -88,10 +96,12 @@ impl Conversation {
             let request = LlmRequest {
                 model: None,
                 messages: messages.clone(),
-                tools: if last { Vec::new() } else { tools.clone() },
+                tools: tools.clone(),
+                tools_off: last,
                 max_tokens: u32::try_from(left)
                     .unwrap_or(u32::MAX)
                     .min(self.settings.reply_max_tokens),
+                cache: Some(cache),
             };
             // A user message that arrives meanwhile makes this reply stale: the call is
             // dropped and the turn ends superseded, so the next turn answers all of it.
@@ -233,6 +243,9 @@ impl Conversation {
         cx: &memory::Context,
     ) -> Result<serde_json::Value, String> {
         let now = self.clock.now();
+        if let Some(why) = prompt::heartbeat_only(&call.name) {
+            return Err(why);
+        }
         match memory::run(&self.memories, agent, call, id, cx, now).await {
             Some(r) => r,
             None if call.name == "schedule" => reminders::run_tool(

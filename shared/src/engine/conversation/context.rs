@@ -4,27 +4,26 @@
 use jiff::Timestamp;
 
 use crate::engine::framing;
+use crate::engine::prompt::{self, APPROVAL_SOURCE};
 
 use crate::domain::{
     Agent, Beats, ChatMessage, ConversationMessage, DiscordHome, Heartbeat, ReplyTarget, Role,
     Signal, SignalKind, Turn,
 };
 
-/// Estimated tokens of a text: 4 characters a token, plus a little per message.
-pub fn estimate_tokens(text: &str) -> usize {
-    text.chars().count().div_ceil(4) + 4
-}
-
-/// Builds a turn's context. `history` is newest first, as read; `known` is what the agent
-/// knows about its user (framed memories, [`crate::engine::memory::known`]).
+/// Builds a turn's context, and how many of its messages are the stable prefix (the
+/// system prompt and the history, [`prompt`]). `history` is newest first, as read (at
+/// most `limit` asked for); `known` is what the agent knows about its user (framed
+/// memories, [`crate::engine::memory::known`]).
 ///
-/// The system prompt is the agent's own (its persona and what frames are), the same from
-/// turn to turn so a provider's prompt cache keeps it. Everything from outside (memories,
-/// the Discord envelopes of the messages, what a webhook sent, now or in the history)
-/// reaches the model as frames in user-role messages ([`framing`]), never in the system
-/// prompt: a context message (the agent's beats, then the frames) comes before the
-/// turn's own time-stamped message, and the heartbeat's thoughts last, as the agent's own
-/// words.
+/// The system prompt and the history are the agent's, the same bytes in its heartbeats
+/// and its turns, so a provider's prompt cache keeps them. Everything from outside
+/// (memories, the Discord envelopes of the messages, what a webhook sent, now or in the
+/// history) reaches the model as frames in user-role messages ([`framing`]), never in
+/// the system prompt: a context message (the agent's beats, then the frames) comes
+/// after the history, before the turn's own time-stamped message, and the heartbeat's
+/// thoughts last, as the agent's own words.
+#[allow(clippy::too_many_arguments)]
 pub fn build_context(
     agent: &Agent,
     history: &[ConversationMessage],
@@ -32,34 +31,11 @@ pub fn build_context(
     beats: Option<Beats>,
     known: Option<&str>,
     now: Timestamp,
-    history_tokens: usize,
-) -> Vec<ChatMessage> {
-    let system = format!("{}\n\n{}", system_prompt(agent), framing::EXPLAINED);
-    let mut messages = vec![ChatMessage::system(system)];
-
-    // Newest first until the budget is spent, then back to oldest first.
-    let mut budget = history_tokens;
-    let mut kept = Vec::new();
-    for m in history {
-        let cost = estimate_tokens(&m.content);
-        if cost > budget {
-            break;
-        }
-        budget -= cost;
-        kept.push(m);
-    }
-    for m in kept.into_iter().rev() {
-        messages.push(match m.role {
-            Role::User if m.source == APPROVAL_SOURCE => {
-                ChatMessage::user(framing::frame(APPROVAL_SOURCE, &m.content))
-            }
-            Role::User if from_webhook(&m.source) => {
-                ChatMessage::user(framing::frame(&format!("webhook {}", m.source), &m.content))
-            }
-            Role::User => ChatMessage::user(m.content.clone()),
-            Role::Assistant => ChatMessage::assistant(m.content.clone()),
-        });
-    }
+    (tokens, limit): (usize, usize),
+) -> (Vec<ChatMessage>, usize) {
+    let mut messages = vec![ChatMessage::system(prompt::system(agent))];
+    messages.extend(prompt::history(history, tokens, limit));
+    let prefix = messages.len();
 
     let mut user_parts = Vec::new();
     let mut thoughts = Vec::new();
@@ -111,16 +87,7 @@ pub fn build_context(
     if !thoughts.is_empty() {
         messages.push(ChatMessage::assistant(thoughts.join("\n")));
     }
-    messages
-}
-
-/// The source (and author) of what came of an approval, as a turn keeps it: not the
-/// person's words, so it is framed as data.
-pub(crate) const APPROVAL_SOURCE: &str = "approval";
-
-/// Whether a persisted message's source is a webhook (its id), not a person.
-fn from_webhook(source: &str) -> bool {
-    source.starts_with("wh_") || source == "webhook"
+    (messages, prefix)
 }
 
 /// The agent's beats at a turn, from its newest heartbeat record: the beat it
@@ -146,15 +113,6 @@ pub(super) fn turn_beats(
         beat.saturating_sub(h.last_interaction_beat)
     };
     Some(Beats { beat, since_last })
-}
-
-pub(super) fn system_prompt(agent: &Agent) -> String {
-    agent.persona.clone().unwrap_or_else(|| {
-        format!(
-            "You are {}, an assistant talking with your user on Discord. Be warm and brief.",
-            agent.name
-        )
-    })
 }
 
 /// The messages a turn persists: each inbound signal (a spoken thought as the agent's
@@ -333,10 +291,18 @@ mod tests {
     fn history_beyond_the_token_budget_is_dropped_oldest_first() {
         let a = agent();
         let h = history(&a, 50, 40); // 14 tokens each
-        let ctx = build_context(&a, &h, &[], None, None, Timestamp::UNIX_EPOCH, 14 * 10);
-        assert_eq!(ctx.len(), 11, "system + the 10 newest");
-        assert!(ctx[1].text().unwrap().starts_with("00040"));
-        assert!(ctx[10].text().unwrap().starts_with("00049"));
+        let (ctx, prefix) = build_context(
+            &a,
+            &h,
+            &[],
+            None,
+            None,
+            Timestamp::UNIX_EPOCH,
+            (14 * 10, 100),
+        );
+        assert!(ctx.len() <= 11, "system + at most the 10 newest");
+        assert_eq!(prefix, ctx.len(), "nothing new: all of it is the prefix");
+        assert!(ctx.last().unwrap().text().unwrap().starts_with("00049"));
     }
 
     #[test]
@@ -391,12 +357,15 @@ mod tests {
             since_last: 2,
         });
         let known = crate::engine::framing::frame("memory", "tea");
-        let ctx = build_context(&a, &[], &[t, m, w], beats, Some(&known), now, 1000);
+        let (ctx, prefix) =
+            build_context(&a, &[], &[t, m, w], beats, Some(&known), now, (1000, 100));
+        assert_eq!(prefix, 1, "the system prompt, and no history");
         let roles: Vec<_> = ctx.iter().map(ChatMessage::role).collect();
         assert_eq!(roles, ["system", "user", "user", "assistant"]);
         let system = ctx[0].text().unwrap();
         assert!(
-            system.starts_with("You are Scout.\n\nLines that are JSON"),
+            system.starts_with("You are Scout.\n\nYou live in two kinds of moments.")
+                && system.ends_with(crate::engine::framing::EXPLAINED),
             "{system}"
         );
         assert!(

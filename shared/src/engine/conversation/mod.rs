@@ -29,7 +29,7 @@ mod deliver;
 mod images;
 mod taken_over;
 
-pub use context::{build_context, estimate_tokens};
+pub use context::build_context;
 use context::{persisted, target, turn_beats};
 
 use std::sync::Arc;
@@ -41,7 +41,7 @@ use crate::domain::{
     Agent, AgentId, ChatMessage, ConsolidateJob, MESSAGE_LIMIT, Signal, SignalId, SignalKind,
     Spend, Turn, TurnId, TurnStatus, split_message,
 };
-use crate::engine::{budget, memory};
+use crate::engine::{budget, memory, prompt};
 use crate::error::EngineError;
 use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
 use ask::Asked;
@@ -91,10 +91,6 @@ pub(crate) fn is_interaction(signal: &Signal) -> bool {
 /// Tunables of conversation turns.
 #[derive(Clone, Debug)]
 pub struct ConversationSettings {
-    /// Most history tokens (estimated at 4 characters a token) put in a context.
-    pub history_tokens: usize,
-    /// Most history messages read per turn.
-    pub history_messages: usize,
     /// Most tokens of a reply.
     pub reply_max_tokens: u32,
     /// How long a turn waits on a model that does not answer (unreachable, 429, 5xx),
@@ -107,8 +103,6 @@ pub struct ConversationSettings {
 impl Default for ConversationSettings {
     fn default() -> Self {
         Self {
-            history_tokens: 8_000,
-            history_messages: 100,
             reply_max_tokens: 1_024,
             patience: ConversationSettings::DEFAULT_PATIENCE,
             schedules: super::reminders::ScheduleLimits::default(),
@@ -549,7 +543,8 @@ impl Conversation {
             None => {
                 outcome.asked_model = true;
                 let _typing = self.typing(talk).await;
-                let (mut context, beat, unanswered) = self.context(agent, talk, now).await?;
+                let (mut context, prefix, beat, unanswered) =
+                    self.context(agent, talk, now).await?;
                 // Only a turn whose messages got no reply can have been taken over.
                 let mut taken = match unanswered {
                     true => taken_over::taken_over(self.store.as_ref(), &agent.id).await?,
@@ -567,8 +562,15 @@ impl Conversation {
                     .map(|s| s.created_at)
                     .chain(agent.last_interaction_at)
                     .max();
-                self.ask(agent, context, turn_id, (first_ms, taken), beat, known)
-                    .await?
+                self.ask(
+                    agent,
+                    (context, prefix),
+                    turn_id,
+                    (first_ms, taken),
+                    beat,
+                    known,
+                )
+                .await?
             }
             Some(today) => {
                 budget::fire_exhausted(self.store.as_ref(), self.hooks.as_ref(), agent, today, now)
@@ -628,10 +630,10 @@ impl Conversation {
         agent: &Agent,
         pending: &[Signal],
         now: Timestamp,
-    ) -> Result<(Vec<ChatMessage>, u64, bool), EngineError> {
+    ) -> Result<(Vec<ChatMessage>, usize, u64, bool), EngineError> {
         let history = self
             .store
-            .recent_messages(&agent.id, self.settings.history_messages)
+            .recent_messages(&agent.id, prompt::HISTORY_MESSAGES)
             .await?;
         let newest = self.store.heartbeats_page(&agent.id, None, 1).await?;
         let said: Vec<String> = pending.iter().map(Signal::text).collect();
@@ -646,14 +648,14 @@ impl Conversation {
             now,
         )
         .await?;
-        let mut context = build_context(
+        let (mut context, prefix) = build_context(
             agent,
             &history,
             pending,
             beats,
             known.as_deref(),
             now,
-            self.settings.history_tokens,
+            (prompt::HISTORY_TOKENS, prompt::HISTORY_MESSAGES),
         );
         let images = self.images_for(agent, pending, now).await;
         if !images.is_empty()
@@ -667,7 +669,7 @@ impl Conversation {
         let unanswered = history
             .first()
             .is_some_and(|m| m.role == crate::domain::Role::User);
-        Ok((context, beat, unanswered))
+        Ok((context, prefix, beat, unanswered))
     }
 
     /// Writes the turn with its messages and the marks that its signals are answered

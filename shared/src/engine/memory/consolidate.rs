@@ -279,6 +279,7 @@ async fn summarize(
         ],
         tools: Vec::new(),
         max_tokens: 300,
+        ..LlmRequest::default()
     };
     let answer = model.complete(&request).await.map_err(|e| e.to_string())?;
     let tokens = answer.usage.input_tokens + answer.usage.output_tokens;

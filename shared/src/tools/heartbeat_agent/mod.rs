@@ -22,23 +22,22 @@ use tracing::{info, warn};
 use crate::domain::{
     Action, Agent, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest,
     MAX_AFTER_READING, Memory, MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside,
-    REMEMBER, Role, Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest,
-    ToolResponse, ToolUse, Usage,
+    REMEMBER, Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse,
+    ToolUse, Usage,
 };
 mod prompt;
 
-use prompt::{MAX_EVENTS_SHOWN, about, briefing, clip, system_prompt, tool_specs};
+use prompt::{MAX_EVENTS_SHOWN, about, briefing};
 
 use crate::engine::agent_tools::{AgentTools, Offer, Race, Site, with_own};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
+use crate::engine::prompt as shared_prompt;
 use crate::engine::reminders::{self, ScheduleLimits};
-use crate::engine::{framing, transcript};
+use crate::engine::transcript;
 use crate::error::chain;
 use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
-/// Conversation messages in the digest.
-const DIGEST_MESSAGES: usize = 6;
 /// Tokens the model may write per step.
 const STEP_MAX_TOKENS: u32 = 1_024;
 
@@ -111,6 +110,7 @@ impl Transcript {
             "output_tokens": self.usage.output_tokens,
             "cache_read_tokens": self.usage.cache_read_tokens,
             "cache_write_tokens": self.usage.cache_write_tokens,
+            "cache_write_long_tokens": self.usage.cache_write_long_tokens,
             "llm_calls": self.steps.iter().filter(|s| s["kind"] == "llm").count(),
         })
     }
@@ -204,8 +204,12 @@ impl HeartbeatAgent {
         let agent = self.agent(req).await?;
         let llm = self.llm.select(&agent).map_err(|e| chain(&e))?;
         t.provider = llm.provider().to_owned();
-        let (read, digest) =
-            futures::try_join!(self.window(req), self.digest(&agent)).map_err(|e| chain(&e))?;
+        let (read, history) = futures::try_join!(
+            self.window(req),
+            self.store
+                .recent_messages(&agent.id, shared_prompt::HISTORY_MESSAGES)
+        )
+        .map_err(|e| chain(&e))?;
         let remembered: Vec<&Event> = read
             .shown
             .iter()
@@ -228,17 +232,28 @@ impl HeartbeatAgent {
         )
         .await
         .map_err(|e| chain(&e))?;
-        let mut messages = vec![
-            ChatMessage::system(system_prompt(&agent)),
-            ChatMessage::user(briefing(
-                &agent,
-                req,
-                (&window, t.events.0),
-                &digest,
-                known.as_deref(),
-            )),
-        ];
-        let (tools, offer) = with_own(self.agent_tools.as_deref(), &agent, tool_specs()).await;
+        // The prompt the agent's turns start with too — the system prompt, the
+        // conversation's history — then this heartbeat's briefing.
+        let mut messages = vec![ChatMessage::system(shared_prompt::system(&agent))];
+        messages.extend(shared_prompt::history(
+            &history,
+            shared_prompt::HISTORY_TOKENS,
+            shared_prompt::HISTORY_MESSAGES,
+        ));
+        let cache = shared_prompt::cache(
+            &agent,
+            agent.llm.heartbeat_model.as_deref().unwrap_or(llm.model()),
+            messages.len(),
+            (history.first().map(|m| m.created_at), self.clock.now()),
+        );
+        messages.push(ChatMessage::user(briefing(
+            &agent,
+            req,
+            (&window, t.events.0),
+            known.as_deref(),
+        )));
+        let (tools, offer) =
+            with_own(self.agent_tools.as_deref(), &agent, shared_prompt::tools()).await;
         let budgets = agent.budgets;
         // The next prompt's size, in tokens: the last one's, and the results added since.
         let mut last_input = 0u64;
@@ -276,7 +291,9 @@ impl HeartbeatAgent {
                 model: agent.llm.heartbeat_model.clone(),
                 messages: messages.clone(),
                 tools: tools.clone(),
+                tools_off: false,
                 max_tokens,
+                cache: Some(cache),
             };
             // A user message during the call drops it (its request is closed) rather
             // than waiting for an answer the heartbeat would throw away.
@@ -515,28 +532,6 @@ impl HeartbeatAgent {
             self.memories.remember(&agent.id, kept).await?;
         }
         Ok(())
-    }
-
-    async fn digest(&self, agent: &Agent) -> Result<Vec<String>, crate::error::StoreError> {
-        let mut recent = self
-            .store
-            .recent_messages(&agent.id, DIGEST_MESSAGES)
-            .await?;
-        recent.reverse();
-        Ok(recent
-            .iter()
-            .map(|m| {
-                let who = match (m.role, m.source.as_str()) {
-                    (Role::User, _) => "user",
-                    (Role::Assistant, "heartbeat") => "you (thought)",
-                    (Role::Assistant, _) => "you",
-                };
-                framing::frame(
-                    &format!("{who} at {}", m.created_at),
-                    &clip(&m.content, 300),
-                )
-            })
-            .collect())
     }
 
     async fn run_tool(

@@ -1,17 +1,17 @@
-//! What the heartbeat agent's model reads: its system prompt, the briefing of one
-//! heartbeat, and Pulse's own tools.
+//! What the heartbeat agent's model reads after the prompt it shares with the agent's
+//! conversation turns ([`prompt`]): the briefing of one heartbeat.
 
 use serde_json::json;
 
-use crate::domain::{Agent, Event, Found, ToolRequest, ToolSpec};
-use crate::engine::{framing, memory, reminders};
+use crate::domain::{Agent, Event, Found, ToolRequest};
+use crate::engine::{framing, prompt};
 
 /// Events shown to the model per run; the rest are counted.
 pub(super) const MAX_EVENTS_SHOWN: usize = 50;
 /// Characters of one event's payload shown to the model.
 const MAX_PAYLOAD_CHARS: usize = 500;
 
-pub(super) fn clip(s: &str, max: usize) -> String {
+fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         s.to_owned()
     } else {
@@ -19,23 +19,6 @@ pub(super) fn clip(s: &str, max: usize) -> String {
         out.push('…');
         out
     }
-}
-
-pub(super) fn system_prompt(agent: &Agent) -> String {
-    let persona = agent
-        .persona
-        .clone()
-        .unwrap_or_else(|| format!("You are {}, an autonomous assistant.", agent.name));
-    format!(
-        "{persona}\n\nThis is your heartbeat: you woke on your own schedule, not because the user wrote. \
-         Look at what happened since you last woke and at what your tools found this heartbeat (they run before you), and decide whether anything is worth telling the user. \
-         If it is, call speak with your thought (what you want to bring up and why); your conversational \
-         self will phrase it. If nothing is worth saying, do not call speak: silence is a fine outcome. \
-         Use remember for facts worth keeping, recall to look them up, emit_event to raise events for \
-         other tools, schedule to wake yourself at a later time (a SCHEDULED event brings its note back). \
-         Be brief; every step costs.\n\n{}",
-        framing::EXPLAINED
-    )
 }
 
 /// What the heartbeat's memories are recalled for: its window's events and what its
@@ -111,17 +94,18 @@ fn found_section(found: &Found, out: &mut String) {
     }
 }
 
-/// The heartbeat's briefing: its instructions, the window's events (`window`, the first
-/// of `total`), what its tools found, what it remembers and the recent conversation.
+/// The heartbeat's briefing, after the conversation's history: that this is a
+/// heartbeat, its instructions, the window's events (`window`, the first of `total`),
+/// what its tools found and what it remembers.
 pub(super) fn briefing(
     agent: &Agent,
     req: &ToolRequest,
     (window, total): (&[Event], usize),
-    digest: &[String],
     known: Option<&str>,
 ) -> String {
     let mut out = String::new();
-    out.push_str("Heartbeat instructions:\n");
+    out.push_str(prompt::HEARTBEAT_OPENING);
+    out.push_str("\n\nHeartbeat instructions:\n");
     out.push_str(
         agent
             .instructions
@@ -172,44 +156,5 @@ pub(super) fn briefing(
         out.push_str(known);
         out.push('\n');
     }
-    out.push_str("\nRecent conversation:\n");
-    if digest.is_empty() {
-        out.push_str("(none yet)\n");
-    }
-    for line in digest {
-        out.push_str(line);
-        out.push('\n');
-    }
     out
-}
-
-pub(super) fn tool_specs() -> Vec<ToolSpec> {
-    let mut specs = vec![
-        ToolSpec {
-            name: "speak".to_owned(),
-            description: "Communicate something to the user. Use when you have something worth saying: a proactive check-in, a reminder, a thought to share. Returns at once; your conversational self phrases and sends it.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"thought": {"type": "string", "description": "Your thought, e.g. 'The user mentioned a deadline tomorrow; I should check in about it'"}},
-                "required": ["thought"]
-            }),
-        },
-        ToolSpec {
-            name: "emit_event".to_owned(),
-            description: "Raise an event in your log; subscribed tools process it in this same heartbeat, after you.".to_owned(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "type": {"type": "string", "description": "Event type, e.g. REMINDER_DUE"},
-                    "payload": {"type": "object"},
-                    "priority": {"type": "integer", "minimum": 1, "maximum": 10, "description": "1 highest, 10 lowest; 5 if left out"}
-                },
-                "required": ["type"]
-            }),
-        },
-    ];
-    // After speak, as before: remember, recall; schedule last.
-    specs.splice(1..1, memory::specs("in later heartbeats and conversations"));
-    specs.push(reminders::tool_spec());
-    specs
 }
