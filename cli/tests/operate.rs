@@ -96,6 +96,49 @@ fn agents_are_updated_paused_resumed_and_deleted_on(backend: Backend) {
     let shown = json(d, &["agents", "show", &agent]);
     assert!(shown["agent"]["budgets"].get("daily_tokens").is_none());
     assert_eq!(shown["max_beats_per_hour"], 60);
+    // Dollars: a day's and a month's, shown, refused when not an amount, removed.
+    ok(
+        d,
+        &[
+            "agents",
+            "update",
+            &agent,
+            "--budget-usd-day",
+            "2.50",
+            "--budget-usd-month",
+            "$40",
+        ],
+    );
+    let text = ok(d, &["agents", "show", &agent]);
+    assert!(text.contains("at most $2.50"), "{text}");
+    assert!(text.contains("at most $40.00"), "{text}");
+    assert_eq!(
+        json(d, &["agents", "show", &agent])["agent"]["budgets"]["usd_day"],
+        2.5
+    );
+    assert!(
+        bad(d, &["agents", "update", &agent, "--budget-usd-day", "lots"])
+            .contains("give dollars, e.g. 2.50")
+    );
+    assert!(
+        bad(d, &["agents", "update", &agent, "--budget-usd-month", "0"]).contains("more than 0")
+    );
+    ok(
+        d,
+        &[
+            "agents",
+            "update",
+            &agent,
+            "--budget-usd-day",
+            "off",
+            "--budget-usd-month",
+            "off",
+        ],
+    );
+    let shown = json(d, &["agents", "show", &agent]);
+    assert!(shown["agent"]["budgets"].get("usd_day").is_none());
+    // What each run and turn cost: none yet.
+    assert_eq!(json(d, &["usage", "--by", "action"]), serde_json::json!([]));
     // Images to the model: by the model unless said.
     assert!(ok(d, &["agents", "show", &agent]).contains("vision            auto"));
     ok(d, &["agents", "update", &agent, "--vision", "off"]);

@@ -168,6 +168,7 @@ impl Connected {
         memories: Arc<Memories>,
         agent_tools: Arc<AgentTools>,
     ) -> Arc<dyn ToolRunner> {
+        let clock_for_hooks = clock.clone();
         let agent = HeartbeatAgent::new(
             self.store.clone(),
             self.queue.clone(),
@@ -176,6 +177,7 @@ impl Connected {
             memories,
         )
         .with_schedule_limits(settings.schedules)
+        .with_dollars(settings.prices.clone(), self.emitter(clock_for_hooks))
         .with_agent_tools(agent_tools);
         Arc::new(Tools::with_heartbeat_agent(agent, services.egress.clone()))
     }
@@ -212,6 +214,7 @@ impl Connected {
             ConversationSettings {
                 schedules: settings.schedules,
                 patience: settings.turn_patience,
+                prices: settings.prices.clone(),
                 ..ConversationSettings::default()
             },
             memories,

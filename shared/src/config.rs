@@ -264,6 +264,10 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
                 grace: self.duration("PULSE_SCHEDULE_GRACE", d.schedules.grace)?,
             },
             turn_patience: self.duration("PULSE_TURN_PATIENCE", d.turn_patience)?,
+            prices: match self.get("PULSE_PRICES") {
+                None => d.prices.clone(),
+                Some(path) => std::sync::Arc::new(read_prices(&path)?),
+            },
             ..d
         };
         if settings.lease < SignedDuration::from_secs(1) {
@@ -611,6 +615,14 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
     }
 }
 
+/// The price table in the file at `path`, over the built-in one.
+pub fn read_prices(path: &str) -> Result<crate::engine::Prices, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("PULSE_PRICES", format!("cannot read {path}: {e}")))?;
+    crate::engine::Prices::with_overrides(&text)
+        .map_err(|e| ConfigError::new("PULSE_PRICES", format!("{path}: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -689,6 +701,32 @@ mod tests {
             .unwrap();
         assert_eq!(ok.event_settle, SignedDuration::from_secs(5));
         assert_eq!(ok.cascade_depth, 2);
+    }
+
+    #[test]
+    fn the_engine_keeps_dollar_budgets_at_the_prices_given_or_stops_on_a_bad_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("prices.json");
+        std::fs::write(
+            &good,
+            r#"{"models": {"my-llama": {"input": 0.5, "output": 0.7}}}"#,
+        )
+        .unwrap();
+        let ok = env(&[("PULSE_PRICES", good.to_str().unwrap())])
+            .engine()
+            .unwrap();
+        assert_eq!(ok.prices.of("my-llama").unwrap().output, 0.7);
+        assert!(
+            ok.prices.of("claude-sonnet-4-5").is_some(),
+            "over the built-in"
+        );
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, r#"{"models": {"my-llama": {"in": 1}}}"#).unwrap();
+        for path in [bad.to_str().unwrap(), "/nowhere/prices.json"] {
+            let err = env(&[("PULSE_PRICES", path)]).engine().unwrap_err();
+            assert_eq!(err.variable, "PULSE_PRICES");
+            assert!(err.message.contains(path), "{}", err.message);
+        }
     }
 
     #[test]

@@ -94,6 +94,7 @@ faulty!(AgentStore {
     fn spend_of_day(&self, agent: &AgentId, day: jiff::civil::Date) -> Vec<Spend>;
     fn hold_usd(&self, agent: &AgentId, limits: &[Limit], amount: Usd, at: Timestamp) -> Result<(), Tally>;
     fn settle_usd(&self, agent: &AgentId, periods: &[String], held: Usd, spent: Usd, at: Timestamp) -> Vec<Tally>;
+    fn mark_usd(&self, agent: &AgentId, period: &str, percent: u64, at: Timestamp) -> bool;
     fn usd_tallies(&self, agent: &AgentId, periods: &[String]) -> Vec<Tally>;
     fn agent_for_channel(&self, channel_id: &str) -> Option<AgentId>;
 });

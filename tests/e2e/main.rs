@@ -1043,6 +1043,7 @@ async fn the_four_functions_run_under_their_template_roles_with_iam_enforced() {
         provider: "offline".into(),
         model: "offline".into(),
         usage: Usage::default(),
+        cost_usd: None,
         steps: Vec::new(),
         error: None,
         created_at: old,

@@ -262,3 +262,142 @@ async fn breaker(kind: Kind) {
         "one window event and its HEARTBEAT"
     );
 }
+
+/// An answer of the fake model (OpenAI's wire) whose prompt was `prompt` tokens.
+fn answer(text: &str, prompt: u64) -> pulse_tests::fake_llm::Scripted {
+    pulse_tests::fake_llm::Scripted::Raw(json!({
+        "id": "chatcmpl_priced", "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 5}
+    }))
+}
+
+on_both_backends!(
+    a_dollar_budget_holds_each_calls_worst_case_tells_its_thresholds_once_and_answers_past_it_without_the_model,
+    dollar_budget
+);
+/// Prices where a thousand prompt tokens cost a dollar and answers nothing: each of
+/// this test's turns costs $1.10 (1,100 tokens, as the fake model says), and its worst
+/// case — the prompt as Pulse estimates it, with margins — about $1.40.
+async fn dollar_budget(kind: Kind) {
+    use pulse_shared::domain::Usd;
+    use pulse_shared::engine::{Prices, dollars};
+    let mut s = settings();
+    s.prices = std::sync::Arc::new(
+        Prices::with_overrides(r#"{"models": {"gpt-4o-mini": {"input": 1000, "output": 0}}}"#)
+            .unwrap(),
+    );
+    let w = world_with(kind, s).await;
+    let receiver = FakeReceiver::start().await;
+    let agent = w.agent("10m", "81").await;
+    let agent = w
+        .change(
+            &agent,
+            AgentChanges {
+                usd_day: Some(Some(Usd::parse_budget("2.60").unwrap())),
+                ..AgentChanges::default()
+            },
+        )
+        .await;
+    w.hook(&agent, "BUDGET_THRESHOLD", &receiver.url()).await;
+    let day = dollars::limits(&agent, w.b.now())[0].period.clone();
+    let spent = || {
+        let (store, id, day) = (w.b.store.clone(), agent.id.clone(), day.clone());
+        async move { store.usd_tallies(&id, &[day]).await.unwrap().remove(0) }
+    };
+
+    w.llm.script([answer("one", 1_100), answer("two", 1_100)]);
+    w.say(&agent, "first").await;
+    let t = spent().await;
+    assert_eq!((t.spent, t.held), (Usd::from_micros(1_100_000), Usd::ZERO));
+    assert_eq!(
+        w.events_of(&agent, "BUDGET_THRESHOLD").await,
+        0,
+        "42 %: none yet"
+    );
+    w.b.advance(SignedDuration::from_secs(5));
+    w.say(&agent, "second").await;
+    assert_eq!(w.calls(), 2);
+    assert_eq!(spent().await.spent, Usd::from_micros(2_200_000));
+    assert_eq!(
+        w.events_of(&agent, "BUDGET_THRESHOLD").await,
+        2,
+        "85 %: 50 and 80 at once"
+    );
+    // $0.40 left, and the next call's worst case is more: it is not made, the person is
+    // told in a fixed line when the model answers again, and 100 % is told.
+    w.b.advance(SignedDuration::from_secs(5));
+    w.say(&agent, "third").await;
+    assert_eq!(w.calls(), 2, "no model call");
+    let posted = w.discord.messages();
+    let line = &posted.last().unwrap().content;
+    assert!(
+        line.contains("today's budget of $2.60") && line.contains("at midnight"),
+        "{line}"
+    );
+    let turn = &w.b.store.list_turns(&agent.id, 1).await.unwrap()[0];
+    assert_eq!(
+        (turn.provider.as_str(), turn.model.as_str()),
+        ("pulse", "none")
+    );
+    assert_eq!(turn.status, TurnStatus::Done, "answered, by Pulse");
+    // Again: the same line, and no threshold told twice.
+    w.b.advance(SignedDuration::from_secs(5));
+    w.say(&agent, "fourth").await;
+    assert_eq!(w.calls(), 2);
+    assert_eq!(w.events_of(&agent, "BUDGET_THRESHOLD").await, 3);
+    assert_eq!(w.dispatch().await, 3, "50, 80, 100: each once");
+    let mut percents: Vec<u64> = receiver
+        .received()
+        .iter()
+        .map(|r| r.json()["data"]["percent"].as_u64().unwrap())
+        .collect();
+    percents.sort();
+    assert_eq!(percents, [50, 80, 100]);
+    // A heartbeat past the budget makes no call either: its action is SKIPPED, why said.
+    w.b.advance(SignedDuration::from_mins(11));
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(w.calls(), 2);
+    let skipped =
+        w.b.store
+            .list_actions(&agent.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|a| a.tool.as_str() == "heartbeat-agent")
+            .unwrap();
+    assert_eq!(skipped.status, ActionStatus::Skipped);
+    assert!(
+        skipped
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("dollar budget spent: $2.20 of today's $2.60"),
+        "{:?}",
+        skipped.error
+    );
+    // Past two thirds, the model reads what is left (raised to $3.20: $1.00 left).
+    let raised = w
+        .change(
+            &agent,
+            AgentChanges {
+                usd_day: Some(Some(Usd::parse_budget("3.20").unwrap())),
+                ..AgentChanges::default()
+            },
+        )
+        .await;
+    let line = dollars::left_line(w.b.store.as_ref(), &raised, w.b.now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        line.starts_with("Budget: $1.00 of today's $3.20 is left"),
+        "{line}"
+    );
+    // A new day, a new budget.
+    let midnight = budget::next_midnight(&agent, w.b.now());
+    w.b.advance(midnight.duration_since(w.b.now()) + SignedDuration::from_mins(1));
+    w.llm.script([answer("morning", 1_100)]);
+    w.say(&raised, "good morning").await;
+    assert_eq!(w.calls(), 3);
+}

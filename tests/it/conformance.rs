@@ -636,6 +636,27 @@ async fn dollars(kind: Kind) {
         .filter(|r| matches!(r, Ok(Ok(Ok(())))))
         .count();
     assert_eq!(won, 1, "one cent, one call");
+    // A threshold is marked once per period.
+    let mark = |period: &'static str, percent: u64| {
+        let (store, agent, now) = (b.store.clone(), agent.id.clone(), b.now());
+        async move { store.mark_usd(&agent, period, percent, now).await.unwrap() }
+    };
+    assert!(mark("2026-03", 50).await);
+    assert!(!mark("2026-03", 50).await, "once");
+    assert!(mark("2026-03", 80).await);
+    assert!(mark("2026-03", 100).await);
+    assert!(!mark("2026-03", 100).await);
+    assert!(mark("2026-04", 50).await, "another period");
+    assert!(
+        mark("2026-03-02", 10).await,
+        "a share not a prefix of another"
+    );
+    assert!(mark("2026-03-02", 100).await);
+    assert_eq!(
+        tallies(&b).await[0].spent,
+        usd(12),
+        "a mark leaves the tally as it was"
+    );
     // Deleting the agent removes its tallies.
     b.store.purge_agent(&agent.id, true).await.unwrap();
     assert_eq!(tallies(&b).await[1].committed(), Usd::ZERO);

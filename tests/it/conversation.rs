@@ -1647,6 +1647,30 @@ async fn a_cached_prompt_is_recorded_by_its_parts_and_priced_so() {
     assert!((cost - 0.005_805).abs() < 1e-9, "{cost}");
     let saved = row.saved_usd.unwrap();
     assert!((saved - 0.015_45).abs() < 1e-9, "{saved}");
+    // The cost is kept with the turn at that day's prices: a later table does not
+    // rewrite it.
+    assert_eq!(
+        turn.cost_usd,
+        Some(pulse_shared::domain::Usd::from_micros(5_805))
+    );
+    let dearer = pulse_shared::engine::Prices::with_overrides(
+        r#"{"models": {"claude-sonnet-4-5": {"input": 300, "output": 1500}}}"#,
+    )
+    .unwrap();
+    let later = pulse_shared::engine::usage(w.b.store.as_ref(), &agent, since, &dearer)
+        .await
+        .unwrap();
+    assert!((later.models[0].cost_usd.unwrap() - 0.005_805).abs() < 1e-9);
+    let listed = pulse_shared::engine::records(w.b.store.as_ref(), &agent, since)
+        .await
+        .unwrap()
+        .calls;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].source, listed[0].id.as_str()),
+        ("turns", turn.id.as_str())
+    );
+    assert_eq!(listed[0].cost_usd, turn.cost_usd);
 }
 
 /// The prompt a request asks Anthropic to cache: its tools, its system prompt, and its

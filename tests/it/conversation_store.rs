@@ -23,6 +23,7 @@ fn turn(b: &Backend, agent: &pulse_shared::domain::Agent, signals: &[SignalId]) 
         provider: "offline".into(),
         model: "offline".into(),
         usage: Usage::default(),
+        cost_usd: None,
         steps: Vec::new(),
         error: None,
         created_at: b.now(),

@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use jiff::SignedDuration;
 use pulse_shared::domain::{Agent, Memory, MemoryChange, MemoryId, MemoryKind, MemoryStatus};
 use pulse_shared::embed::HttpEmbedder;
+use pulse_shared::engine::Prices;
 use pulse_shared::engine::memory::consolidate::{self, Consolidated};
 use pulse_shared::engine::memory::{Memories, Recall};
 use pulse_shared::ports::Embedder;
@@ -434,7 +435,7 @@ async fn consolidation(kind: Kind) {
     let done = consolidate::consolidate(
         &memories,
         b.store.as_ref(),
-        Some(offline.llm.as_ref()),
+        Some((offline.llm.as_ref(), Prices::builtin())),
         &agent,
         1,
         b.now(),
@@ -492,7 +493,7 @@ async fn consolidation(kind: Kind) {
     let done: Consolidated = consolidate::consolidate(
         &memories,
         b.store.as_ref(),
-        Some(services.llm.as_ref()),
+        Some((services.llm.as_ref(), Prices::builtin())),
         &dreamer,
         2 * 2_880 + 1,
         b.now(),
@@ -945,7 +946,7 @@ async fn forget_races(kind: Kind) {
             consolidate::consolidate(
                 &memories,
                 store.as_ref(),
-                Some(llm.as_ref()),
+                Some((llm.as_ref(), Prices::builtin())),
                 &dreamer,
                 2 * 2_880 + 1,
                 now,

@@ -564,6 +564,7 @@ async fn seed_history(
             provider: ProviderKind::Offline.to_string(),
             model: "offline".into(),
             usage: Usage::default(),
+            cost_usd: None,
             steps: Vec::new(),
             error: None,
             created_at: now,

@@ -358,7 +358,7 @@ pub(crate) async fn execute(plan: MemoriesPlan, cx: &Ctx<'_>) -> Result<(), Fail
             let done = consolidate::consolidate(
                 &book,
                 cx.b.store.as_ref(),
-                Some(services.llm.as_ref()),
+                Some((services.llm.as_ref(), &cx.config.engine.prices)),
                 &agent,
                 beat,
                 cx.clock.now(),

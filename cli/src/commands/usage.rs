@@ -4,7 +4,7 @@
 
 use clap::Args;
 use pulse_shared::config::Env;
-use pulse_shared::engine::{Prices, UsageReport, UsageRow, usage};
+use pulse_shared::engine::{Prices, UsageReport, UsageRow, records, usage};
 
 use super::events::Since;
 use super::{AgentRef, Ctx, agent_ref};
@@ -19,6 +19,10 @@ pub(crate) struct UsageArgs {
     /// From when: a duration back from now (7d, 24h) or a time.
     #[arg(long, default_value = "7d")]
     since: String,
+    /// `day`: a row per day, source and model; `action`: a row per heartbeat agent run
+    /// and per turn, newest first, with what it cost when it was made.
+    #[arg(long, default_value = "day", value_parser = ["day", "action"])]
+    by: String,
 }
 
 /// A validated `pulse usage`.
@@ -26,6 +30,7 @@ pub(crate) struct UsagePlan {
     agent: Option<AgentRef>,
     since: Since,
     prices: Prices,
+    by_action: bool,
 }
 
 pub(crate) fn plan(a: UsageArgs) -> Result<UsagePlan, Failure> {
@@ -42,6 +47,7 @@ pub(crate) fn plan(a: UsageArgs) -> Result<UsagePlan, Failure> {
         agent: a.agent.as_deref().map(agent_ref).transpose()?,
         since: Since::parse(&a.since)?,
         prices,
+        by_action: a.by == "action",
     })
 }
 
@@ -75,6 +81,9 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
         None => store.list_agents().await?,
     };
     let since = plan.since.at(cx.clock.now());
+    if plan.by_action {
+        return by_action(&plan, &agents, since, cx).await;
+    }
     let mut report = UsageReport::default();
     for agent in &agents {
         let one = usage(store, agent, since, &plan.prices).await?;
@@ -129,6 +138,74 @@ pub(crate) async fn execute(plan: UsagePlan, cx: &Ctx<'_>) -> Result<(), Failure
         );
     }
     aws_table(&report, cx);
+    Ok(())
+}
+
+/// `pulse usage --by action`: each run's and turn's model calls, newest first, with the
+/// cost kept when it was made (or, marked `*`, priced at today's table).
+async fn by_action(
+    plan: &UsagePlan,
+    agents: &[pulse_shared::domain::Agent],
+    since: jiff::Timestamp,
+    cx: &Ctx<'_>,
+) -> Result<(), Failure> {
+    let store = cx.b.store.as_ref();
+    let mut rows = Vec::new();
+    for agent in agents {
+        for r in records(store, agent, since).await?.calls {
+            rows.push((agent.name.clone(), r));
+        }
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1.at));
+    if cx.out.json {
+        let list: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(name, r)| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                v["agent_name"] = name.clone().into();
+                v
+            })
+            .collect();
+        cx.out.json_value(&list);
+        return Ok(());
+    }
+    let repriced = rows
+        .iter()
+        .any(|(_, r)| r.cost_usd.is_none() && plan.prices.of(&r.model).is_some());
+    cx.out.table(
+        &rows,
+        &[
+            "AT", "AGENT", "SOURCE", "ID", "MODEL", "CALLS", "INPUT", "CACHED", "OUTPUT", "COST",
+        ],
+        |(name, r)| {
+            let cost = match r.cost_usd {
+                Some(c) => dollars(Some(c.dollars())),
+                None => match plan.prices.of(&r.model) {
+                    Some(p) => format!("{}*", dollars(Some(p.cost(&r.usage)))),
+                    None => "?".to_owned(),
+                },
+            };
+            vec![
+                r.at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
+                name.clone(),
+                r.source.to_owned(),
+                r.id.clone(),
+                r.model.clone(),
+                r.calls.to_string(),
+                tokens(r.usage.input_tokens),
+                hit_rate(r.usage.cache_read_tokens, r.usage.input_tokens),
+                tokens(r.usage.output_tokens),
+                cost,
+            ]
+        },
+    );
+    if repriced {
+        outln!();
+        outln!(
+            "* priced at today's table (prices as of {}): its cost was not recorded when it was made",
+            pulse_shared::engine::PRICES_AS_OF
+        );
+    }
     Ok(())
 }
 

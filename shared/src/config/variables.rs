@@ -278,9 +278,9 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "PULSE_PRICES",
         group: Group::Models,
-        meaning: "`pulse usage`: a JSON file of model prices over the built-in ones",
+        meaning: "a JSON file of model prices over the built-in ones: what `pulse usage` reports and what dollar budgets are kept at",
         default: "the built-in list prices",
-        wrong: "`pulse usage` stops (exit 2), naming the file and what is wrong in it",
+        wrong: "start-up and `pulse usage` stop (exit 2), naming the file and what is wrong in it",
     },
     Variable {
         name: "PULSE_EMBED_MODEL",

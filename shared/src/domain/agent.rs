@@ -173,6 +173,17 @@ impl Agent {
                 "give at least 1, or `off` for no daily budget",
             ));
         }
+        for usd in [self.budgets.usd_day, self.budgets.usd_month]
+            .into_iter()
+            .flatten()
+        {
+            if usd == super::Usd::ZERO || usd > super::Usd::MAX_BUDGET {
+                return Err(ValidationError::new(
+                    "dollar budget",
+                    format!("{usd}: give more than $0 and at most $1000000, or `off` for none"),
+                ));
+            }
+        }
         if let Some(e) = self.approval_expiry {
             super::check_approval_expiry(e.duration())?;
         }
@@ -490,6 +501,14 @@ pub struct Budgets {
     /// a user message gets one short notice a day, until the next day.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daily_tokens: Option<u64>,
+    /// Most US dollars a day of model calls (at the price table's prices), heartbeats
+    /// and turns together, from midnight in the agent's time zone. Each call holds its
+    /// worst case against it before it is made; one that does not fit is not made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_day: Option<super::Usd>,
+    /// Most US dollars a calendar month, in the agent's time zone; as `usd_day`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_month: Option<super::Usd>,
     /// Most heartbeats that start in an hour; past it the breaker pauses the agent.
     /// Unset: see [`Agent::beat_cap`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -502,6 +521,8 @@ impl Default for Budgets {
             max_steps: 8,
             max_tokens: 50_000,
             daily_tokens: None,
+            usd_day: None,
+            usd_month: None,
             max_beats_per_hour: None,
         }
     }

@@ -300,6 +300,11 @@ pub struct Turn {
     pub model: String,
     /// Tokens used.
     pub usage: Usage,
+    /// What the turn's model calls cost at the prices of the day they were made (none
+    /// for a model the price table did not know): a later price change does not
+    /// rewrite it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<super::Usd>,
     /// The model's steps when it used tools (`remember`, `recall`): each call with its
     /// text, tool calls, usage and stop reason, and each tool's input and result.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

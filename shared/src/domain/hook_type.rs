@@ -40,6 +40,8 @@ impl HookType {
     pub const AGENT_AUTO_PAUSED: &'static str = "AGENT_AUTO_PAUSED";
     /// The agent spent its daily token budget: no model calls until midnight.
     pub const BUDGET_EXHAUSTED: &'static str = "BUDGET_EXHAUSTED";
+    /// The agent's spent share of a dollar budget crossed 50, 80 or 100 %.
+    pub const BUDGET_THRESHOLD: &'static str = "BUDGET_THRESHOLD";
     /// Too many heartbeats in an hour: the breaker paused the agent.
     pub const BREAKER_TRIPPED: &'static str = "BREAKER_TRIPPED";
     /// Most of a tool's calls failed over a window: told once, until it recovers.
@@ -55,7 +57,7 @@ impl HookType {
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 19] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 20] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -95,6 +97,10 @@ impl HookType {
         (
             Self::BUDGET_EXHAUSTED,
             "the agent spent its daily token budget; no model calls until midnight",
+        ),
+        (
+            Self::BUDGET_THRESHOLD,
+            "the agent spent 50, 80 or 100 % of a dollar budget (once each a day or month)",
         ),
         (
             Self::BREAKER_TRIPPED,

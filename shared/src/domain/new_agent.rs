@@ -149,6 +149,10 @@ pub struct AgentChanges {
     pub max_tokens: Option<u64>,
     /// Most tokens a day; `Some(None)` removes the daily budget.
     pub daily_tokens: Option<Option<u64>>,
+    /// Most dollars a day; `Some(None)` removes the budget.
+    pub usd_day: Option<Option<super::Usd>>,
+    /// Most dollars a month; `Some(None)` removes the budget.
+    pub usd_month: Option<Option<super::Usd>>,
     /// The breaker's cap; `Some(None)` goes back to the default.
     pub max_beats_per_hour: Option<Option<u32>>,
     /// Quiet period after a user turn; `Some(None)` goes back to half the interval.
@@ -190,6 +194,8 @@ impl AgentChanges {
             && self.max_steps.is_none()
             && self.max_tokens.is_none()
             && self.daily_tokens.is_none()
+            && self.usd_day.is_none()
+            && self.usd_month.is_none()
             && self.max_beats_per_hour.is_none()
             && self.quiet_period.is_none()
             && self.discord_channel.is_none()
@@ -225,6 +231,8 @@ impl AgentChanges {
         set(&mut a.budgets.max_steps, &self.max_steps);
         set(&mut a.budgets.max_tokens, &self.max_tokens);
         set(&mut a.budgets.daily_tokens, &self.daily_tokens);
+        set(&mut a.budgets.usd_day, &self.usd_day);
+        set(&mut a.budgets.usd_month, &self.usd_month);
         set(&mut a.budgets.max_beats_per_hour, &self.max_beats_per_hour);
         set(&mut a.quiet_period, &self.quiet_period);
         set(&mut a.discord_channel, &self.discord_channel);

@@ -18,6 +18,7 @@ pub mod agent_tools;
 pub mod approvals;
 pub mod budget;
 mod conversation;
+pub mod dollars;
 pub mod framing;
 mod heartbeat;
 mod hooks;
@@ -59,8 +60,8 @@ pub use sweep::{SweepProblem, SweepReport, Sweeper};
 pub use switches::{switch_subscription, switch_tool};
 pub use trace::{Trace, trace};
 pub use usage::{
-    AwsPrices, AwsRow, ModelPrice, PRICES_AS_OF, PriceTableError, Prices, USAGE_SCAN, UsageReport,
-    UsageRow, usage,
+    AwsPrices, AwsRow, CallRecord, ModelPrice, PRICES_AS_OF, PriceTableError, Prices, Records,
+    USAGE_SCAN, UsageReport, UsageRow, records, usage,
 };
 pub use webhooks::{DEFAULT_EVENT_TYPE, Refused, Verdict, WEBHOOK_CACHE_TTL, WebhookIntake};
 pub use worker::{BatchOutcome, PollReport, TaskError, Worker};
@@ -96,6 +97,8 @@ pub struct EngineSettings {
     /// How long a conversation turn waits on a model that does not answer before it is
     /// answered with an apology (`PULSE_TURN_PATIENCE`; see `WaitingTurn`).
     pub turn_patience: SignedDuration,
+    /// The model prices dollar budgets are kept at (`PULSE_PRICES` over the built-in).
+    pub prices: std::sync::Arc<Prices>,
 }
 
 impl Default for EngineSettings {
@@ -112,6 +115,7 @@ impl Default for EngineSettings {
             max_backoff: SignedDuration::from_hours(24),
             schedules: reminders::ScheduleLimits::default(),
             turn_patience: conversation::ConversationSettings::DEFAULT_PATIENCE,
+            prices: std::sync::Arc::new(Prices::default()),
         }
     }
 }

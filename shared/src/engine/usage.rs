@@ -306,6 +306,106 @@ pub struct UsageReport {
 
 type Key = (Date, &'static str, String, String);
 
+/// One row's sums: its calls, all its tokens, those recorded without a cost (priced
+/// now), and the costs recorded with the rest.
+#[derive(Default)]
+struct Summed {
+    calls: u64,
+    usage: crate::domain::Usage,
+    unpriced: crate::domain::Usage,
+    stored: f64,
+}
+
+/// One heartbeat agent run's or one turn's model calls, as `pulse usage --by action`
+/// lists them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CallRecord {
+    /// When it started.
+    pub at: Timestamp,
+    /// `heartbeats` or `turns`.
+    pub source: &'static str,
+    /// The action's or the turn's id.
+    pub id: String,
+    /// The provider.
+    pub provider: String,
+    /// The model.
+    pub model: String,
+    /// Model calls.
+    pub calls: u64,
+    /// Their tokens, by kind.
+    pub usage: crate::domain::Usage,
+    /// What they cost at the prices of the day they were made; `None` when that was
+    /// not recorded (made before costs were kept, or a model the table did not know).
+    pub cost_usd: Option<crate::domain::Usd>,
+}
+
+/// What [`records`] read.
+pub struct Records {
+    /// Each run's and turn's model calls, newest first.
+    pub calls: Vec<CallRecord>,
+    /// The turns read, for their AWS requests.
+    turns: Vec<crate::domain::Turn>,
+}
+
+/// `agent`'s heartbeat agent runs and turns since `since` that called a model, newest
+/// first. Reads at most [`USAGE_SCAN`] actions and turns.
+pub async fn records(
+    store: &dyn Store,
+    agent: &Agent,
+    since: Timestamp,
+) -> Result<Records, StoreError> {
+    let mut calls = Vec::new();
+    for a in store.list_actions(&agent.id, USAGE_SCAN).await? {
+        if a.tool.as_str() != HEARTBEAT_AGENT || a.started_at < since {
+            continue;
+        }
+        let Some(response) = &a.response else {
+            continue;
+        };
+        let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+        let usage = &response["usage"];
+        let count = n(&usage["llm_calls"]);
+        if count == 0 {
+            continue;
+        }
+        let text = |k: &str| response["output"][k].as_str().unwrap_or("").to_owned();
+        calls.push(CallRecord {
+            at: a.started_at,
+            source: "heartbeats",
+            id: a.id.to_string(),
+            provider: text("provider"),
+            model: text("model"),
+            calls: count,
+            usage: crate::domain::Usage {
+                input_tokens: n(&usage["input_tokens"]),
+                output_tokens: n(&usage["output_tokens"]),
+                cache_read_tokens: n(&usage["cache_read_tokens"]),
+                cache_write_tokens: n(&usage["cache_write_tokens"]),
+                cache_write_long_tokens: n(&usage["cache_write_long_tokens"]),
+            },
+            cost_usd: serde_json::from_value(usage["cost_usd"].clone()).ok(),
+        });
+    }
+    let turns = store.list_turns(&agent.id, USAGE_SCAN).await?;
+    for t in &turns {
+        if t.created_at < since || t.model.is_empty() || t.usage.total() == 0 {
+            continue;
+        }
+        calls.push(CallRecord {
+            at: t.created_at,
+            source: "turns",
+            id: t.id.to_string(),
+            provider: t.provider.clone(),
+            model: t.model.clone(),
+            calls: t.steps.iter().filter(|s| s["kind"] == "llm").count().max(1) as u64,
+            usage: t.usage,
+            cost_usd: t.cost_usd,
+        });
+    }
+    calls.sort_by(|a, b| b.at.cmp(&a.at).then_with(|| b.id.cmp(&a.id)));
+    Ok(Records { calls, turns })
+}
+
 /// `agent`'s usage since `since`, by day (its time zone), source and model; oldest day
 /// first. Reads at most [`USAGE_SCAN`] actions, turns and heartbeats.
 pub async fn usage(
@@ -316,42 +416,18 @@ pub async fn usage(
 ) -> Result<UsageReport, StoreError> {
     let zone = agent.timezone.zone();
     let day = |t: Timestamp| t.to_zoned(zone.clone()).date();
-    let mut rows: BTreeMap<Key, (u64, crate::domain::Usage)> = BTreeMap::new();
-    let mut add = |key: Key, calls: u64, usage: crate::domain::Usage| {
-        let r = rows.entry(key).or_default();
-        r.0 += calls;
-        r.1.add(usage);
-    };
-    for a in store.list_actions(&agent.id, USAGE_SCAN).await? {
-        if a.tool.as_str() != HEARTBEAT_AGENT || a.started_at < since {
-            continue;
+    let mut rows: BTreeMap<Key, Summed> = BTreeMap::new();
+    let records = records(store, agent, since).await?;
+    for r in &records.calls {
+        let row = rows
+            .entry((day(r.at), r.source, r.provider.clone(), r.model.clone()))
+            .or_default();
+        row.calls += r.calls;
+        row.usage.add(r.usage);
+        match r.cost_usd {
+            Some(c) => row.stored += c.dollars(),
+            None => row.unpriced.add(r.usage),
         }
-        let Some(response) = &a.response else {
-            continue;
-        };
-        let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-        let usage = &response["usage"];
-        let calls = n(&usage["llm_calls"]);
-        if calls == 0 {
-            continue;
-        }
-        let text = |k: &str| response["output"][k].as_str().unwrap_or("").to_owned();
-        add(
-            (
-                day(a.started_at),
-                "heartbeats",
-                text("provider"),
-                text("model"),
-            ),
-            calls,
-            crate::domain::Usage {
-                input_tokens: n(&usage["input_tokens"]),
-                output_tokens: n(&usage["output_tokens"]),
-                cache_read_tokens: n(&usage["cache_read_tokens"]),
-                cache_write_tokens: n(&usage["cache_write_tokens"]),
-                cache_write_long_tokens: n(&usage["cache_write_long_tokens"]),
-            },
-        );
     }
     let mut aws: BTreeMap<(Date, &'static str), (u64, Requests)> = BTreeMap::new();
     let mut add_requests = |key: (Date, &'static str), r: &Option<Requests>| {
@@ -367,33 +443,30 @@ pub async fn usage(
             add_requests((day(at), "heartbeats"), &hb.requests);
         }
     }
-    let turns = store.list_turns(&agent.id, USAGE_SCAN).await?;
-    for t in &turns {
+    for t in &records.turns {
         if t.created_at >= since {
             add_requests((day(t.created_at), "turns"), &t.requests);
         }
     }
-    for t in turns {
-        if t.created_at < since || t.model.is_empty() {
-            continue;
-        }
-        add(
-            (
-                day(t.created_at),
-                "turns",
-                t.provider.clone(),
-                t.model.clone(),
-            ),
-            1,
-            t.usage,
-        );
-    }
     let models = rows
         .into_iter()
-        .map(|((day, source, provider, model), (calls, usage))| {
+        .map(|((day, source, provider, model), summed)| {
+            let Summed {
+                calls,
+                usage,
+                unpriced,
+                stored,
+            } = summed;
             let price = prices.of(&model);
+            // What was priced when it was made stays at that price; the rest is priced
+            // now, and is unknown for a model the table does not know.
+            let cost = match price {
+                Some(p) => Some(stored + p.cost(&unpriced)),
+                None if unpriced.total() == 0 => Some(stored),
+                None => None,
+            };
             UsageRow {
-                cost_usd: price.map(|p| p.cost(&usage)),
+                cost_usd: cost,
                 saved_usd: price.map(|p| p.saved(&usage)),
                 day,
                 agent_id: agent.id.to_string(),

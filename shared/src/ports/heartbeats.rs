@@ -91,6 +91,15 @@ pub trait AgentStore: Send + Sync {
         spent: Usd,
         at: Timestamp,
     ) -> Result<Vec<Tally>, StoreError>;
+    /// Marks that `period`'s budget crossed `percent`: `true` the first time only, so
+    /// what is told of it is told once per period whoever finds it.
+    async fn mark_usd(
+        &self,
+        agent: &AgentId,
+        period: &str,
+        percent: u64,
+        at: Timestamp,
+    ) -> Result<bool, StoreError>;
     /// The tallies of `periods`, in order (zero for one nothing was held in).
     async fn usd_tallies(
         &self,

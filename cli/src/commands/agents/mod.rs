@@ -115,6 +115,13 @@ pub(crate) struct UpdateAgent {
     /// `off` removes the budget.
     #[arg(long, value_name = "N|off")]
     daily_tokens: Option<String>,
+    /// Most US dollars a day of model calls (at the price table's prices); `off`
+    /// removes the budget.
+    #[arg(long, value_name = "USD|off")]
+    budget_usd_day: Option<String>,
+    /// Most US dollars a calendar month of model calls; `off` removes the budget.
+    #[arg(long, value_name = "USD|off")]
+    budget_usd_month: Option<String>,
     /// The breaker: most heartbeats that start in an hour before the agent is paused;
     /// `default` goes back to 60 (or twice what the interval plans, if more).
     #[arg(long, value_name = "N|default")]
@@ -220,6 +227,16 @@ pub(crate) struct CreateAgent {
     /// gets one short notice a day, and BUDGET_EXHAUSTED fires once (default: no budget).
     #[arg(long, value_name = "N")]
     daily_tokens: Option<u64>,
+    /// Most US dollars a day of model calls, heartbeats and turns together, at the price
+    /// table's prices (`PULSE_PRICES`), from midnight in its time zone. Each call holds
+    /// its worst case (the prompt, and all of its `max_tokens` written) before it is
+    /// made; one that does not fit is not made (default: no budget).
+    #[arg(long, value_name = "USD")]
+    budget_usd_day: Option<String>,
+    /// Most US dollars a calendar month of model calls, in its time zone; as
+    /// `--budget-usd-day`.
+    #[arg(long, value_name = "USD")]
+    budget_usd_month: Option<String>,
     /// The breaker: most heartbeats that start in an hour, however a backlog or
     /// wake-ups pull them forward; past it the agent is paused with BREAKER_TRIPPED
     /// until resumed (default: 60, or twice what the interval plans, if more).
@@ -344,6 +361,14 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .daily_tokens
             .map(|v| number_or(&v, "off", "--daily-tokens"))
             .transpose()?,
+        usd_day: a
+            .budget_usd_day
+            .map(|v| usd_or_off(&v, "--budget-usd-day"))
+            .transpose()?,
+        usd_month: a
+            .budget_usd_month
+            .map(|v| usd_or_off(&v, "--budget-usd-month"))
+            .transpose()?,
         max_beats_per_hour: a
             .max_beats_per_hour
             .map(|v| number_or(&v, "default", "--max-beats-per-hour"))
@@ -414,6 +439,21 @@ fn number_or<T: std::str::FromStr>(v: &str, word: &str, flag: &str) -> Result<Op
         .map_err(|_| Failure::Input(format!("{flag} {v:?}: give a whole number, or {word}")))
 }
 
+/// A dollar budget's amount.
+fn usd(v: &str) -> Result<pulse_shared::domain::Usd, Failure> {
+    pulse_shared::domain::Usd::parse_budget(v).map_err(input)
+}
+
+/// A dollar budget's amount, or `off` for none.
+fn usd_or_off(v: &str, flag: &str) -> Result<Option<pulse_shared::domain::Usd>, Failure> {
+    match v.trim() {
+        "off" => Ok(None),
+        v => pulse_shared::domain::Usd::parse_budget(v)
+            .map(Some)
+            .map_err(|e| Failure::Input(format!("{flag}: {e}, or off"))),
+    }
+}
+
 fn base_url(u: &str) -> Result<url::Url, Failure> {
     url::Url::parse(u).map_err(|e| Failure::Input(format!("invalid LLM base URL {u:?}: {e}")))
 }
@@ -479,6 +519,8 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         max_steps: a.max_steps,
         max_tokens: a.max_tokens,
         daily_tokens: a.daily_tokens,
+        usd_day: a.budget_usd_day.as_deref().map(usd).transpose()?,
+        usd_month: a.budget_usd_month.as_deref().map(usd).transpose()?,
         max_beats_per_hour: a.max_beats_per_hour,
     };
     new.quiet_period = a
@@ -679,6 +721,14 @@ async fn show(cx: &Ctx<'_>, agent: &AgentRef) -> Result<(), Failure> {
             None => format!("{} (no daily budget)", today.spent),
         },
     );
+    for (what, limit) in [
+        ("dollars a day", agent.budgets.usd_day),
+        ("dollars a month", agent.budgets.usd_month),
+    ] {
+        if let Some(limit) = limit {
+            field(what, format!("at most {limit}"));
+        }
+    }
     field(
         "breaker",
         format!("{} heartbeats an hour", agent.beat_cap()),

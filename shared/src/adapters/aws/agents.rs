@@ -558,6 +558,37 @@ impl AgentStore for DynamoStore {
         Ok(out)
     }
 
+    async fn mark_usd(
+        &self,
+        agent: &AgentId,
+        period: &str,
+        percent: u64,
+        at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(agent), usd_sk(period))))
+            .update_expression("SET #at = :at, #ttl = :ttl ADD marks :mark")
+            .condition_expression("attribute_not_exists(marks) OR NOT contains(marks, :percent)")
+            .expression_attribute_names("#at", "at")
+            .expression_attribute_names("#ttl", super::TTL_ATTRIBUTE)
+            .expression_attribute_values(":at", n(to_ms(at)))
+            .expression_attribute_values(":ttl", n(usd_expiry(at)))
+            .expression_attribute_values(":mark", AttributeValue::Ns(vec![percent.to_string()]))
+            .expression_attribute_values(":percent", n(percent))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", "mark dollars", other)),
+            },
+        }
+    }
+
     async fn usd_tallies(
         &self,
         agent: &AgentId,

@@ -452,6 +452,38 @@ impl AgentStore for SqliteStore {
             .await
     }
 
+    async fn mark_usd(
+        &self,
+        agent: &AgentId,
+        period: &str,
+        percent: u64,
+        at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let (agent, period) = (agent.clone(), period.to_owned());
+        let op = "mark dollars";
+        let mark = format!("{percent};");
+        self.db
+            .call(op, move |conn| {
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
+                tx.exec(
+                    "INSERT INTO usd (agent_id, period, spent, held, at_ms) VALUES (?1, ?2, 0, 0, ?3) \
+                     ON CONFLICT (agent_id, period) DO NOTHING",
+                    params![agent.as_str(), period, to_ms(at)],
+                )
+                .map_err(sqlite_err(op))?;
+                let changed = tx
+                    .exec(
+                        "UPDATE usd SET marks = marks || ?3 \
+                         WHERE agent_id = ?1 AND period = ?2 AND instr(';' || marks, ';' || ?3) = 0",
+                        params![agent.as_str(), period, mark],
+                    )
+                    .map_err(sqlite_err(op))?;
+                tx.commit().map_err(sqlite_err(op))?;
+                Ok(changed == 1)
+            })
+            .await
+    }
+
     async fn usd_tallies(
         &self,
         agent: &AgentId,

@@ -449,6 +449,7 @@ CREATE TABLE usd (
     period    TEXT NOT NULL,
     spent     INTEGER NOT NULL,
     held      INTEGER NOT NULL,
+    marks     TEXT NOT NULL DEFAULT '',
     at_ms     INTEGER NOT NULL,
     PRIMARY KEY (agent_id, period)
 ) WITHOUT ROWID;

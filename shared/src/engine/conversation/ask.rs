@@ -5,6 +5,7 @@ use tracing::{error, info, warn};
 use super::*;
 use crate::domain::{Agent, ChatMessage, LlmRequest, MemoryId, TurnId, Usage};
 use crate::engine::agent_tools::{Race, Site};
+use crate::engine::dollars::{self, Held};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::{memory, prompt, reminders, transcript};
 use crate::error::{EngineError, chain};
@@ -38,7 +39,7 @@ impl Conversation {
         (mut messages, prefix): (Vec<ChatMessage>, usize),
         turn_id: &TurnId,
         (first_ms, mut taken): (u64, taken_over::TakenOver),
-        beat: u64,
+        (beat, user_spoke): (u64, bool),
         known: Option<jiff::Timestamp>,
     ) -> Result<Asked, EngineError> {
         let cx = memory::Context {
@@ -103,6 +104,38 @@ impl Conversation {
                     .min(self.settings.reply_max_tokens),
                 cache: Some(cache),
             };
+            // The call's worst case is held against a dollar budget first: one that
+            // does not fit is not made.
+            let hold = match dollars::hold(
+                self.store.as_ref(),
+                self.hooks.as_ref(),
+                &self.settings.prices,
+                agent,
+                llm.model(),
+                &request,
+                self.clock.now(),
+            )
+            .await?
+            {
+                Held::Free => None,
+                Held::Held(h) => Some(h),
+                Held::Refused(r) if step == 0 => {
+                    warn!(reason = %r.reason, "no model call for this turn");
+                    // A person is told in a fixed line (the reason is in the log); a
+                    // thought alone goes unspoken.
+                    return Ok(Asked {
+                        failed: (!user_spoke).then(|| format!("not answered: {}", r.reason)),
+                        text: if user_spoke { r.line } else { String::new() },
+                        provider: "pulse".into(),
+                        model: "none".into(),
+                        ..Asked::default()
+                    });
+                }
+                Held::Refused(r) => {
+                    warn!(reason = %r.reason, "the turn stops: its next model call does not fit the dollar budget");
+                    break;
+                }
+            };
             // A user message that arrives meanwhile makes this reply stale: the call is
             // dropped and the turn ends superseded, so the next turn answers all of it.
             let call = interrupt::unless_user_speaks(
@@ -112,7 +145,24 @@ impl Conversation {
                 interrupt::StopOn::UserMessage,
                 llm.complete(&request),
             );
-            let resp = match call.await {
+            let raced = call.await;
+            if let Some(hold) = hold {
+                let used = match &raced {
+                    Raced::Done(Ok(r)) => Some(r.usage),
+                    Raced::Done(Err(_)) => None,
+                    Raced::Interrupted(_) => Some(interrupt::estimated_usage(&request.messages)),
+                };
+                dollars::settle(
+                    self.store.as_ref(),
+                    self.hooks.as_ref(),
+                    agent,
+                    hold,
+                    used.as_ref(),
+                    self.clock.now(),
+                )
+                .await;
+            }
+            let resp = match raced {
                 Raced::Done(Ok(resp)) => resp,
                 Raced::Done(Err(e)) => return refused(e, asked),
                 Raced::Interrupted(at) => return Ok(superseded(asked, &request, step, at)),

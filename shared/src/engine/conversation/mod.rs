@@ -98,6 +98,8 @@ pub struct ConversationSettings {
     pub patience: jiff::SignedDuration,
     /// Bounds on the schedules the `schedule` tool makes.
     pub schedules: super::reminders::ScheduleLimits,
+    /// The prices dollar budgets are kept at.
+    pub prices: std::sync::Arc<super::Prices>,
 }
 
 impl Default for ConversationSettings {
@@ -106,6 +108,7 @@ impl Default for ConversationSettings {
             reply_max_tokens: 1_024,
             patience: ConversationSettings::DEFAULT_PATIENCE,
             schedules: super::reminders::ScheduleLimits::default(),
+            prices: std::sync::Arc::new(super::Prices::default()),
         }
     }
 }
@@ -204,7 +207,7 @@ impl Conversation {
         let done = memory::consolidate::consolidate(
             &self.memories,
             self.store.as_ref(),
-            Some(self.llm.as_ref()),
+            Some((self.llm.as_ref(), &self.settings.prices)),
             &agent,
             beat,
             self.clock.now(),
@@ -567,7 +570,7 @@ impl Conversation {
                     (context, prefix),
                     turn_id,
                     (first_ms, taken),
-                    beat,
+                    (beat, user_spoke),
                     known,
                 )
                 .await?
@@ -648,6 +651,12 @@ impl Conversation {
             now,
         )
         .await?;
+        // From two thirds of a dollar budget on, the model reads what is left.
+        let left = super::dollars::left_line(self.store.as_ref(), agent, now).await?;
+        let known = match (known, left) {
+            (Some(k), Some(l)) => Some(format!("{k}\n{l}")),
+            (k, l) => k.or(l),
+        };
         let (mut context, prefix) = build_context(
             agent,
             &history,
@@ -704,6 +713,12 @@ impl Conversation {
             delivered: 0,
             target: target(agent, pending, now, self.discord.is_some()),
             discord_message_ids: Vec::new(),
+            cost_usd: self
+                .settings
+                .prices
+                .of(&asked.model)
+                .filter(|_| asked.usage.total() > 0)
+                .map(|p| crate::domain::Usd::from_dollars(p.cost(&asked.usage))),
             provider: asked.provider,
             model: asked.model,
             usage: asked.usage,

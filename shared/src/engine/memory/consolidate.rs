@@ -73,11 +73,12 @@ fn normalized(text: &str) -> String {
 }
 
 /// Runs one pass over `agent`'s memories at `beat`; `llm` summarizes (none, or the
-/// offline model: duplicates only).
+/// offline model: duplicates only), its calls held against the agent's dollar budget
+/// at `prices`.
 pub async fn consolidate(
     memories: &Memories,
     store: &dyn Store,
-    llm: Option<&dyn LlmSelector>,
+    llm: Option<(&dyn LlmSelector, &crate::engine::Prices)>,
     agent: &Agent,
     beat: u64,
     now: Timestamp,
@@ -242,7 +243,7 @@ fn duplicates(all: &[Memory], active: &[usize]) -> Vec<(usize, Vec<usize>)> {
 /// tokens spent (recorded against the daily budget). `Err` says why there is none.
 async fn summarize(
     store: &dyn Store,
-    llm: &dyn LlmSelector,
+    (llm, prices): (&dyn LlmSelector, &crate::engine::Prices),
     agent: &Agent,
     all: &[Memory],
     episodes: &[usize],
@@ -281,7 +282,25 @@ async fn summarize(
         max_tokens: 300,
         ..LlmRequest::default()
     };
-    let answer = model.complete(&request).await.map_err(|e| e.to_string())?;
+    let served = request
+        .model
+        .clone()
+        .unwrap_or_else(|| model.model().to_owned());
+    let hold =
+        match crate::engine::dollars::hold(store, None, prices, agent, &served, &request, now)
+            .await
+            .map_err(|e| chain(&e))?
+        {
+            crate::engine::dollars::Held::Free => None,
+            crate::engine::dollars::Held::Held(h) => Some(h),
+            crate::engine::dollars::Held::Refused(r) => return Err(r.reason),
+        };
+    let answer = model.complete(&request).await;
+    if let Some(hold) = hold {
+        let used = answer.as_ref().ok().map(|a| a.usage);
+        crate::engine::dollars::settle(store, None, agent, hold, used.as_ref(), now).await;
+    }
+    let answer = answer.map_err(|e| e.to_string())?;
     let tokens = answer.usage.input_tokens + answer.usage.output_tokens;
     let source = format!("consolidation:{beat}");
     crate::engine::budget::record(store, agent, now, &source, tokens).await;

@@ -23,18 +23,20 @@ use crate::domain::{
     Action, Agent, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest,
     MAX_AFTER_READING, Memory, MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside,
     REMEMBER, Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse,
-    ToolUse, Usage,
+    ToolUse, Usage, Usd,
 };
 mod prompt;
 
 use prompt::{MAX_EVENTS_SHOWN, about, briefing};
 
 use crate::engine::agent_tools::{AgentTools, Offer, Race, Site, with_own};
+use crate::engine::dollars::{self, Held};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
 use crate::engine::prompt as shared_prompt;
 use crate::engine::reminders::{self, ScheduleLimits};
 use crate::engine::transcript;
+use crate::engine::{HookEmitter, Prices};
 use crate::error::chain;
 use crate::ports::{Clock, LlmSelector, SessionQueue, Store, ToolCall, ToolFailure};
 
@@ -51,6 +53,10 @@ pub struct HeartbeatAgent {
     schedules: ScheduleLimits,
     memories: Arc<memory::Memories>,
     agent_tools: Option<Arc<AgentTools>>,
+    /// The prices dollar budgets are kept at.
+    prices: Arc<Prices>,
+    /// Where BUDGET_THRESHOLD is told.
+    hooks: Option<HookEmitter>,
 }
 
 /// What the run did, step by step: the action's output.
@@ -73,6 +79,8 @@ struct Transcript {
     read: Vec<Outside>,
     /// The window's events: how many in all, and how many the model was shown.
     events: (usize, usize),
+    /// Why the run made no model call at all (a dollar budget that does not fit).
+    skipped: Option<String>,
 }
 
 /// What a heartbeat reads of its window.
@@ -104,8 +112,15 @@ impl Transcript {
             "events": {"in_window": self.events.0, "shown": self.events.1},
         })
     }
-    fn usage(&self) -> Value {
+    /// What the run used, and what it cost at today's `prices` (kept with the action,
+    /// so a later price change does not rewrite it).
+    fn usage(&self, prices: &Prices) -> Value {
+        let cost = prices
+            .of(&self.model)
+            .filter(|_| self.usage.total() > 0)
+            .map(|p| Usd::from_dollars(p.cost(&self.usage)));
         json!({
+            "cost_usd": cost,
             "input_tokens": self.usage.input_tokens,
             "output_tokens": self.usage.output_tokens,
             "cache_read_tokens": self.usage.cache_read_tokens,
@@ -133,12 +148,21 @@ impl HeartbeatAgent {
             schedules: ScheduleLimits::default(),
             memories,
             agent_tools: None,
+            prices: Arc::new(Prices::default()),
+            hooks: None,
         }
     }
 
     /// Offers the model the tools of the MCP servers each agent is attached to.
     pub fn with_agent_tools(mut self, tools: Arc<AgentTools>) -> Self {
         self.agent_tools = Some(tools);
+        self
+    }
+
+    /// Keeps dollar budgets at `prices`, telling BUDGET_THRESHOLD through `hooks`.
+    pub fn with_dollars(mut self, prices: Arc<Prices>, hooks: Option<HookEmitter>) -> Self {
+        self.prices = prices;
+        self.hooks = hooks;
         self
     }
 
@@ -162,6 +186,17 @@ impl HeartbeatAgent {
         }
         let mut t = Transcript::default();
         match self.run(request, &mut t).await {
+            Ok(None) if t.skipped.is_some() => {
+                let why = t.skipped.clone().unwrap_or_default();
+                info!(reason = %why, "heartbeat agent skipped: no model call");
+                ToolCall {
+                    response_meta: Some(json!({
+                        "output": {"skipped": why},
+                        "usage": {"input_tokens": 0, "output_tokens": 0, "llm_calls": 0},
+                    })),
+                    result: Err(ToolFailure::Skipped(why)),
+                }
+            }
             Ok(None) => {
                 let output = t.output(None);
                 info!(
@@ -177,24 +212,26 @@ impl HeartbeatAgent {
                         success: true,
                         output: output.clone(),
                         new_events: std::mem::take(&mut t.new_events),
-                        usage: t.usage(),
+                        usage: t.usage(&self.prices),
                         error: None,
                     }),
-                    response_meta: Some(json!({"output": output, "usage": t.usage()})),
+                    response_meta: Some(json!({"output": output, "usage": t.usage(&self.prices)})),
                 }
             }
             Ok(Some(why)) => {
                 info!(reason = %why, steps = t.steps.len(), "heartbeat agent interrupted; yielding to the user's turn");
                 ToolCall {
                     response_meta: Some(
-                        json!({"output": t.output(Some(&why)), "usage": t.usage()}),
+                        json!({"output": t.output(Some(&why)), "usage": t.usage(&self.prices)}),
                     ),
                     result: Err(ToolFailure::Interrupted(why)),
                 }
             }
             Err(why) => ToolCall {
                 result: Err(ToolFailure::Agent(why)),
-                response_meta: Some(json!({"output": t.output(None), "usage": t.usage()})),
+                response_meta: Some(
+                    json!({"output": t.output(None), "usage": t.usage(&self.prices)}),
+                ),
             },
         }
     }
@@ -246,11 +283,15 @@ impl HeartbeatAgent {
             messages.len(),
             (history.first().map(|m| m.created_at), self.clock.now()),
         );
+        let left = dollars::left_line(self.store.as_ref(), &agent, self.clock.now())
+            .await
+            .map_err(|e| chain(&e))?;
         messages.push(ChatMessage::user(briefing(
             &agent,
             req,
             (&window, t.events.0),
             known.as_deref(),
+            left.as_deref(),
         )));
         let (tools, offer) =
             with_own(self.agent_tools.as_deref(), &agent, shared_prompt::tools()).await;
@@ -295,6 +336,33 @@ impl HeartbeatAgent {
                 max_tokens,
                 cache: Some(cache),
             };
+            // The call's worst case is held against a dollar budget first: one that
+            // does not fit is not made.
+            let model = request.model.as_deref().unwrap_or(llm.model()).to_owned();
+            let hold = match dollars::hold(
+                self.store.as_ref(),
+                self.hooks.as_ref(),
+                &self.prices,
+                &agent,
+                &model,
+                &request,
+                self.clock.now(),
+            )
+            .await
+            .map_err(|e| chain(&e))?
+            {
+                Held::Free => None,
+                Held::Held(h) => Some(h),
+                Held::Refused(r) => {
+                    warn!(reason = %r.reason, "heartbeat agent: no model call");
+                    if step == 0 {
+                        t.skipped = Some(r.reason);
+                    } else {
+                        t.budget_stop = Some(r.reason);
+                    }
+                    return Ok(None);
+                }
+            };
             // A user message during the call drops it (its request is closed) rather
             // than waiting for an answer the heartbeat would throw away.
             let call = interrupt::unless_user_speaks(
@@ -304,7 +372,24 @@ impl HeartbeatAgent {
                 interrupt::StopOn::UserOrCancel,
                 llm.complete(&request),
             );
-            let resp = match call.await {
+            let raced = call.await;
+            if let Some(hold) = hold {
+                let used = match &raced {
+                    Raced::Done(Ok(r)) => Some(r.usage),
+                    Raced::Done(Err(_)) => None,
+                    Raced::Interrupted(_) => Some(interrupt::estimated_usage(&request.messages)),
+                };
+                dollars::settle(
+                    self.store.as_ref(),
+                    self.hooks.as_ref(),
+                    &agent,
+                    hold,
+                    used.as_ref(),
+                    self.clock.now(),
+                )
+                .await;
+            }
+            let resp = match raced {
                 Raced::Done(done) => done.map_err(|e| chain(&e))?,
                 Raced::Interrupted(at) => {
                     return Ok(Some(self.dropped(req, t, &request, step, at).await));

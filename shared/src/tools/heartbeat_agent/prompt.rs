@@ -96,12 +96,14 @@ fn found_section(found: &Found, out: &mut String) {
 
 /// The heartbeat's briefing, after the conversation's history: that this is a
 /// heartbeat, its instructions, the window's events (`window`, the first of `total`),
-/// what its tools found and what it remembers.
+/// what its tools found, what it remembers, and what is left of a dollar budget once
+/// two thirds are spent.
 pub(super) fn briefing(
     agent: &Agent,
     req: &ToolRequest,
     (window, total): (&[Event], usize),
     known: Option<&str>,
+    budget: Option<&str>,
 ) -> String {
     let mut out = String::new();
     out.push_str(prompt::HEARTBEAT_OPENING);
@@ -154,6 +156,11 @@ pub(super) fn briefing(
     if let Some(known) = known {
         out.push_str("\nWhat you remember that bears on this:\n");
         out.push_str(known);
+        out.push('\n');
+    }
+    if let Some(budget) = budget {
+        out.push('\n');
+        out.push_str(budget);
         out.push('\n');
     }
     out
