@@ -358,7 +358,16 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         .unwrap();
     click(&c, Locator::Css("form[action$='/update'] button")).await;
     expect_text(&c, "#vision option[selected]", "off").await;
+    // What its model calls cost this week (the offline model's: nothing).
+    expect_text(&c, "#costs", "model call, $0.00").await;
     screenshot(&c, &d, "settings").await;
+    c.execute(
+        "document.getElementById('costs').scrollIntoView(); return null;",
+        vec![],
+    )
+    .await
+    .unwrap();
+    screenshot(&c, &d, "settings-costs").await;
     assert_eq!(
         json(&d, &["agents", "show", &agent])["agent"]["llm"]["vision"],
         false

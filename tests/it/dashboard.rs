@@ -230,16 +230,28 @@ async fn pages(kind: Kind) {
                 ("daily_tokens", "5000"),
                 ("max_beats_per_hour", ""),
                 ("vision", "off"),
+                ("usd_day", "2.50"),
+                ("usd_month", ""),
             ],
         )
         .await;
     assert_eq!(limits.status, 303, "{}", limits.body);
     let stored = u.b.store.get_agent(&agent.id).await.unwrap().unwrap();
     assert_eq!(stored.budgets.daily_tokens, Some(5000));
+    assert_eq!(
+        stored.budgets.usd_day,
+        Some(pulse_shared::domain::Usd::from_micros(2_500_000))
+    );
+    assert_eq!(stored.budgets.usd_month, None);
     assert_eq!(stored.budgets.max_beats_per_hour, None);
     assert_eq!(stored.llm.vision, Some(false));
     let page = u.get(&format!("{base}/settings")).await.body;
     assert!(page.contains("value=\"5000\""));
+    assert!(page.contains("value=\"2.50\""), "{page}");
+    assert!(
+        page.contains("No model calls in the last 7 days."),
+        "{page}"
+    );
     assert!(page.contains("<option value=\"off\" selected>"), "{page}");
     // The persona is read and changed here, within the CLI's limit; a form without it
     // (as above) leaves it as it was.

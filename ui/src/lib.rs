@@ -50,6 +50,8 @@ pub(crate) struct Inner {
     pub(crate) memories: Arc<Memories>,
     /// Runs an action again (the Actions tab's Retry), through the agents' tools.
     pub(crate) runner: pulse_shared::engine::HeartbeatRunner,
+    /// The prices costs are shown at.
+    pub(crate) prices: Arc<pulse_shared::engine::Prices>,
 }
 
 impl Dashboard {
@@ -80,6 +82,7 @@ impl Dashboard {
             clock,
             guard: security::Guard::new(access),
             memories,
+            prices: settings.prices.clone(),
         }))
     }
 

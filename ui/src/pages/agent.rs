@@ -246,6 +246,7 @@ pub(crate) async fn settings(
 ) -> Result<Markup, Problem> {
     let agent = agent_of(&d, &id).await?;
     let here = format!("/ui/agents/{}/settings", agent.id);
+    let costs = costs(&d, &agent).await?;
     Ok(agent_page(
         &agent,
         Tab::Settings,
@@ -278,6 +279,12 @@ pub(crate) async fn settings(
                 label for="daily_tokens" { "Daily tokens" }
                 input #daily_tokens name="daily_tokens" inputmode="numeric" placeholder="no daily budget"
                     value=(agent.budgets.daily_tokens.map(|n| n.to_string()).unwrap_or_default());
+                label for="usd_day" { "Dollars a day" }
+                input #usd_day name="usd_day" inputmode="decimal" placeholder="no dollar budget"
+                    value=(agent.budgets.usd_day.map(|u| format!("{:.2}", u.dollars())).unwrap_or_default());
+                label for="usd_month" { "Dollars a month" }
+                input #usd_month name="usd_month" inputmode="decimal" placeholder="no dollar budget"
+                    value=(agent.budgets.usd_month.map(|u| format!("{:.2}", u.dollars())).unwrap_or_default());
                 label for="max_beats_per_hour" { "Max beats an hour" }
                 input #max_beats_per_hour name="max_beats_per_hour" inputmode="numeric"
                     placeholder={"default (" (agent.beat_cap()) ")"}
@@ -285,6 +292,7 @@ pub(crate) async fn settings(
                 span {}
                 button type="submit" { "Save" }
             }
+            (costs)
             h2 { "Heartbeats" }
             div.card {
                 @if agent.is_paused() {
@@ -345,6 +353,66 @@ pub(crate) struct UpdateForm {
     /// Absent: unchanged; empty: the default cap.
     #[serde(default)]
     max_beats_per_hour: Option<String>,
+    /// Absent: unchanged; empty: no dollar budget.
+    #[serde(default)]
+    usd_day: Option<String>,
+    /// Absent: unchanged; empty: no dollar budget.
+    #[serde(default)]
+    usd_month: Option<String>,
+}
+
+/// An optional dollar budget from a form field: empty for none.
+fn optional_usd(v: &str, what: &str) -> Result<Option<pulse_shared::domain::Usd>, Problem> {
+    match v.trim() {
+        "" => Ok(None),
+        v => pulse_shared::domain::Usd::parse_budget(v)
+            .map(Some)
+            .map_err(|e| Problem::Invalid(format!("{what}: {e}, or leave it empty"))),
+    }
+}
+
+/// The last seven days' model costs of `agent`: what it spent, what share of its prompts
+/// the provider's cache read, and what that saved.
+async fn costs(d: &Dashboard, agent: &Agent) -> Result<Markup, Problem> {
+    let now = d.0.clock.now();
+    let since = now - jiff::SignedDuration::from_hours(24 * 7);
+    let report = pulse_shared::engine::usage(d.0.store.as_ref(), agent, since, &d.0.prices).await?;
+    let rows = &report.models;
+    let calls: u64 = rows.iter().map(|r| r.calls).sum();
+    let input: u64 = rows.iter().map(|r| r.input_tokens).sum();
+    let read: u64 = rows.iter().map(|r| r.cache_read_tokens).sum();
+    let cost: Option<f64> = rows.iter().map(|r| r.cost_usd).sum();
+    let saved: f64 = rows.iter().filter_map(|r| r.saved_usd).sum();
+    let usd = |c: f64| {
+        if c > 0.0 && c < 0.01 {
+            format!("${c:.4}")
+        } else {
+            format!("${c:.2}")
+        }
+    };
+    Ok(html! {
+        h2 { "Model costs" }
+        div.card #costs {
+            @if calls == 0 {
+                p { "No model calls in the last 7 days." }
+            } @else {
+                p {
+                    "Last 7 days: " (calls) @if calls == 1 { " model call, " } @else { " model calls, " }
+                    @match cost {
+                        Some(c) => { strong { (usd(c)) } }
+                        None => { "a cost unknown (a model the price table does not know)" }
+                    }
+                    ". "
+                    @if read > 0 {
+                        (format!("{:.0}", read as f64 * 100.0 / input.max(1) as f64)) " % of prompt tokens read from the provider's cache, saving about " (usd(saved)) "."
+                    } @else {
+                        "No prompt tokens read from the provider's cache."
+                    }
+                }
+                p.muted { "At list prices (PULSE_PRICES overrides them); " code { "pulse usage --by action" } " lists each run and turn." }
+            }
+        }
+    })
 }
 
 /// An optional whole number from a form field: empty for none.
@@ -399,6 +467,14 @@ pub(crate) async fn update(
         max_beats_per_hour: f
             .max_beats_per_hour
             .map(|v| optional_number(&v, "max beats an hour"))
+            .transpose()?,
+        usd_day: f
+            .usd_day
+            .map(|v| optional_usd(&v, "dollars a day"))
+            .transpose()?,
+        usd_month: f
+            .usd_month
+            .map(|v| optional_usd(&v, "dollars a month"))
             .transpose()?,
         ..AgentChanges::default()
     };
