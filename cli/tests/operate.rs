@@ -107,9 +107,12 @@ fn agents_are_updated_paused_resumed_and_deleted_on(backend: Backend) {
             "2.50",
             "--budget-usd-month",
             "$40",
+            "--max-calls-per-minute",
+            "6",
         ],
     );
     let text = ok(d, &["agents", "show", &agent]);
+    assert!(text.contains("at most 6"), "{text}");
     assert!(text.contains("at most $2.50"), "{text}");
     assert!(text.contains("at most $40.00"), "{text}");
     assert_eq!(
@@ -133,10 +136,17 @@ fn agents_are_updated_paused_resumed_and_deleted_on(backend: Backend) {
             "off",
             "--budget-usd-month",
             "off",
+            "--max-calls-per-minute",
+            "off",
         ],
     );
     let shown = json(d, &["agents", "show", &agent]);
     assert!(shown["agent"]["budgets"].get("usd_day").is_none());
+    assert!(
+        shown["agent"]["budgets"]
+            .get("max_calls_per_minute")
+            .is_none()
+    );
     // What each run and turn cost: none yet.
     assert_eq!(json(d, &["usage", "--by", "action"]), serde_json::json!([]));
     // Images to the model: by the model unless said.

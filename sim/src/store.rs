@@ -96,6 +96,7 @@ faulty!(AgentStore {
     fn settle_usd(&self, agent: &AgentId, periods: &[String], held: Usd, spent: Usd, at: Timestamp) -> Vec<Tally>;
     fn mark_usd(&self, agent: &AgentId, period: &str, percent: u64, at: Timestamp) -> bool;
     fn usd_tallies(&self, agent: &AgentId, periods: &[String]) -> Vec<Tally>;
+    fn take_call(&self, agent: &AgentId, minute: &str, limit: u32, at: Timestamp) -> bool;
     fn agent_for_channel(&self, channel_id: &str) -> Option<AgentId>;
 });
 

@@ -401,3 +401,72 @@ async fn dollar_budget(kind: Kind) {
     w.say(&raised, "good morning").await;
     assert_eq!(w.calls(), 3);
 }
+
+on_both_backends!(
+    past_its_calls_a_minute_a_heartbeat_yields_its_window_and_a_turn_waits_its_turn,
+    calls_per_minute
+);
+async fn calls_per_minute(kind: Kind) {
+    use pulse_shared::domain::HeartbeatStatus;
+    use pulse_tests::fake_llm::Scripted;
+    let w = world_with(kind, settings()).await;
+    let agent = w.agent("10m", "81").await;
+    let agent = w
+        .change(
+            &agent,
+            AgentChanges {
+                max_calls_per_minute: Some(Some(1)),
+                ..AgentChanges::default()
+            },
+        )
+        .await;
+    // The heartbeat's model asks for a tool: its second call would be the minute's
+    // second, so the heartbeat yields, CANCELLED, and its window goes to the next.
+    w.llm.script([
+        Scripted::tool("recall", json!({"query": "tea"})),
+        Scripted::text("hello"),
+    ]);
+    assert_eq!(w.beat().await, 1);
+    assert_eq!(w.calls(), 1, "one call in the minute");
+    let hb = w.latest(&agent).await;
+    let first =
+        w.b.store
+            .heartbeats_page(&agent.id, None, 2)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|h| h.beat == hb.beat - 1)
+            .unwrap();
+    assert_eq!(first.status, HeartbeatStatus::Cancelled, "{first:?}");
+    assert!(
+        first
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("calls per minute"),
+        "{:?}",
+        first.error
+    );
+    assert_eq!(
+        hb.window_start, first.window_start,
+        "the window is handed on"
+    );
+    // A message in the same minute: its turn waits, kept, and is tried again.
+    w.say(&agent, "hello").await;
+    assert_eq!(w.calls(), 1, "no second call in the minute");
+    let waiting = w.b.store.list_waiting(10).await.unwrap();
+    assert_eq!(waiting.len(), 1);
+    assert!(
+        waiting[0].reason.contains("calls per minute"),
+        "{}",
+        waiting[0].reason
+    );
+    // The next minute, the sweep tries it again and it is answered.
+    w.b.advance(SignedDuration::from_secs(61));
+    let swept = w.b.sweeper(settings()).sweep_once(w.b.now()).await;
+    assert!(swept.errors.is_empty(), "{:?}", swept.errors);
+    w.b.drain(&w.worker).await;
+    assert_eq!(w.calls(), 2);
+    assert!(w.b.store.list_waiting(10).await.unwrap().is_empty());
+    assert_eq!(w.discord.messages().last().unwrap().content, "hello");
+}

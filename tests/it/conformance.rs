@@ -551,7 +551,7 @@ async fn spend_ledger(kind: Kind) {
 }
 
 on_both_backends!(
-    dollars_are_held_in_every_period_or_none_and_one_cent_left_goes_to_one_worker,
+    dollars_are_held_in_every_period_or_none_and_one_cent_left_goes_to_one_worker_and_calls_a_minute_are_counted_so,
     dollars
 );
 async fn dollars(kind: Kind) {
@@ -657,6 +657,26 @@ async fn dollars(kind: Kind) {
         usd(12),
         "a mark leaves the tally as it was"
     );
+    // Model calls a minute: two, then none, and two again the next minute; eight
+    // workers at once in a fresh minute get two between them.
+    let take = |minute: &'static str| {
+        let (store, agent, now) = (b.store.clone(), agent.id.clone(), b.now());
+        async move { store.take_call(&agent, minute, 2, now).await.unwrap() }
+    };
+    assert!(take("2026-03-02T10:15").await);
+    assert!(take("2026-03-02T10:15").await);
+    assert!(!take("2026-03-02T10:15").await, "the minute is full");
+    assert!(take("2026-03-02T10:16").await);
+    let tries = (0..8).map(|_| {
+        let (store, agent, now) = (b.store.clone(), agent.id.clone(), b.now());
+        tokio::spawn(async move { store.take_call(&agent, "2026-03-02T10:17", 2, now).await })
+    });
+    let counted = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .filter(|r| matches!(r, Ok(Ok(true))))
+        .count();
+    assert_eq!(counted, 2);
     // Deleting the agent removes its tallies.
     b.store.purge_agent(&agent.id, true).await.unwrap();
     assert_eq!(tallies(&b).await[1].committed(), Usd::ZERO);

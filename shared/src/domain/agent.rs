@@ -509,6 +509,10 @@ pub struct Budgets {
     /// Most US dollars a calendar month, in the agent's time zone; as `usd_day`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usd_month: Option<super::Usd>,
+    /// Most model calls in a minute (of the clock), heartbeats and turns together: past
+    /// it a heartbeat yields its window to the next and a turn waits its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_calls_per_minute: Option<u32>,
     /// Most heartbeats that start in an hour; past it the breaker pauses the agent.
     /// Unset: see [`Agent::beat_cap`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -523,6 +527,7 @@ impl Default for Budgets {
             daily_tokens: None,
             usd_day: None,
             usd_month: None,
+            max_calls_per_minute: None,
             max_beats_per_hour: None,
         }
     }

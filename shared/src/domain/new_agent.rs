@@ -153,6 +153,8 @@ pub struct AgentChanges {
     pub usd_day: Option<Option<super::Usd>>,
     /// Most dollars a month; `Some(None)` removes the budget.
     pub usd_month: Option<Option<super::Usd>>,
+    /// Most model calls a minute; `Some(None)` removes the limit.
+    pub max_calls_per_minute: Option<Option<u32>>,
     /// The breaker's cap; `Some(None)` goes back to the default.
     pub max_beats_per_hour: Option<Option<u32>>,
     /// Quiet period after a user turn; `Some(None)` goes back to half the interval.
@@ -196,6 +198,7 @@ impl AgentChanges {
             && self.daily_tokens.is_none()
             && self.usd_day.is_none()
             && self.usd_month.is_none()
+            && self.max_calls_per_minute.is_none()
             && self.max_beats_per_hour.is_none()
             && self.quiet_period.is_none()
             && self.discord_channel.is_none()
@@ -233,6 +236,10 @@ impl AgentChanges {
         set(&mut a.budgets.daily_tokens, &self.daily_tokens);
         set(&mut a.budgets.usd_day, &self.usd_day);
         set(&mut a.budgets.usd_month, &self.usd_month);
+        set(
+            &mut a.budgets.max_calls_per_minute,
+            &self.max_calls_per_minute,
+        );
         set(&mut a.budgets.max_beats_per_hour, &self.max_beats_per_hour);
         set(&mut a.quiet_period, &self.quiet_period);
         set(&mut a.discord_channel, &self.discord_channel);

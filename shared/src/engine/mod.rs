@@ -27,6 +27,7 @@ pub mod interrupt;
 mod json_body;
 mod lifecycle;
 pub mod memory;
+pub mod pace;
 pub mod prompt;
 pub mod reminders;
 mod retention;

@@ -100,6 +100,16 @@ pub trait AgentStore: Send + Sync {
         percent: u64,
         at: Timestamp,
     ) -> Result<bool, StoreError>;
+    /// Counts one model call of the agent in `minute` (`2026-12-06T10:15`) if fewer than
+    /// `limit` were counted in it: `true` when counted (the call may be made), `false`
+    /// when the minute is full. The check and the count are one write.
+    async fn take_call(
+        &self,
+        agent: &AgentId,
+        minute: &str,
+        limit: u32,
+        at: Timestamp,
+    ) -> Result<bool, StoreError>;
     /// The tallies of `periods`, in order (zero for one nothing was held in).
     async fn usd_tallies(
         &self,

@@ -122,6 +122,10 @@ pub(crate) struct UpdateAgent {
     /// Most US dollars a calendar month of model calls; `off` removes the budget.
     #[arg(long, value_name = "USD|off")]
     budget_usd_month: Option<String>,
+    /// Most model calls in a minute, heartbeats and turns together; `off` removes the
+    /// limit.
+    #[arg(long, value_name = "N|off")]
+    max_calls_per_minute: Option<String>,
     /// The breaker: most heartbeats that start in an hour before the agent is paused;
     /// `default` goes back to 60 (or twice what the interval plans, if more).
     #[arg(long, value_name = "N|default")]
@@ -237,6 +241,11 @@ pub(crate) struct CreateAgent {
     /// `--budget-usd-day`.
     #[arg(long, value_name = "USD")]
     budget_usd_month: Option<String>,
+    /// Most model calls in a minute, heartbeats and turns together, counted in the
+    /// store: past it a heartbeat yields its window to the next one and a turn waits its
+    /// turn (default: no limit).
+    #[arg(long, value_name = "N")]
+    max_calls_per_minute: Option<u32>,
     /// The breaker: most heartbeats that start in an hour, however a backlog or
     /// wake-ups pull them forward; past it the agent is paused with BREAKER_TRIPPED
     /// until resumed (default: 60, or twice what the interval plans, if more).
@@ -368,6 +377,10 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
         usd_month: a
             .budget_usd_month
             .map(|v| usd_or_off(&v, "--budget-usd-month"))
+            .transpose()?,
+        max_calls_per_minute: a
+            .max_calls_per_minute
+            .map(|v| number_or(&v, "off", "--max-calls-per-minute"))
             .transpose()?,
         max_beats_per_hour: a
             .max_beats_per_hour
@@ -521,6 +534,7 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         daily_tokens: a.daily_tokens,
         usd_day: a.budget_usd_day.as_deref().map(usd).transpose()?,
         usd_month: a.budget_usd_month.as_deref().map(usd).transpose()?,
+        max_calls_per_minute: a.max_calls_per_minute,
         max_beats_per_hour: a.max_beats_per_hour,
     };
     new.quiet_period = a
@@ -721,6 +735,9 @@ async fn show(cx: &Ctx<'_>, agent: &AgentRef) -> Result<(), Failure> {
             None => format!("{} (no daily budget)", today.spent),
         },
     );
+    if let Some(n) = agent.budgets.max_calls_per_minute {
+        field("calls a minute", format!("at most {n}"));
+    }
     for (what, limit) in [
         ("dollars a day", agent.budgets.usd_day),
         ("dollars a month", agent.budgets.usd_month),

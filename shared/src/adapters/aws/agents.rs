@@ -589,6 +589,36 @@ impl AgentStore for DynamoStore {
         }
     }
 
+    async fn take_call(
+        &self,
+        agent: &AgentId,
+        minute: &str,
+        limit: u32,
+        at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let r = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(agent_pk(agent), calls_sk(minute))))
+            .update_expression("SET #ttl = :ttl ADD calls :one")
+            .condition_expression("attribute_not_exists(calls) OR calls < :limit")
+            .expression_attribute_names("#ttl", super::TTL_ATTRIBUTE)
+            // A minute's count is done with after it; kept a day.
+            .expression_attribute_values(":ttl", n(at.as_second() + 86_400))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":limit", n(limit))
+            .send()
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(StoreError::backend("dynamodb", "count a model call", other)),
+            },
+        }
+    }
+
     async fn usd_tallies(
         &self,
         agent: &AgentId,

@@ -17,6 +17,7 @@
 //! | memory | `AG#<agent>` | `ME#<memory id>` (time-ordered) |
 //! | daily spend ledger entry | `AG#<agent>` | `SP#<day>#<source>` (expires after a week) |
 //! | dollar budget tally of a day or month | `AG#<agent>` | `USD#<period>` (expires two months after its last write) |
+//! | model calls counted in a minute | `AG#<agent>` | `CPM#<minute>` (expires after a day) |
 //! | schedule (reminder) | `AG#<agent>` | `SC#<schedule id>` |
 //! | Discord channel's agent | `CH#<channel id>` | `CH` |
 //! | a tool's calls in an hour | `TC#<day>` | `<agent>#<hour, 8 digits>#<tool>` (expires after 90 days) |
@@ -96,6 +97,11 @@ pub(super) fn spend_sk(day: jiff::civil::Date, source: &str) -> String {
 /// A dollar budget's tally of one period (`2026-12-06`, `2026-12`).
 pub(super) fn usd_sk(period: &str) -> String {
     format!("USD#{period}")
+}
+
+/// The model calls of one minute (`2026-12-06T10:15`).
+pub(super) fn calls_sk(minute: &str) -> String {
+    format!("CPM#{minute}")
 }
 
 pub(super) fn schedule_sk(id: &crate::domain::ScheduleId) -> String {

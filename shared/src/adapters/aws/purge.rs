@@ -45,7 +45,7 @@ impl DynamoStore {
                 }
                 "TN" | "MS" | "SG" => &mut f.conversation,
                 "ME" => &mut f.memories,
-                "SP" | "USD" => &mut f.usage,
+                "SP" | "USD" | "CPM" => &mut f.usage,
                 "SC" => &mut f.schedules,
                 "AP" => &mut f.approvals,
                 "HR" => {

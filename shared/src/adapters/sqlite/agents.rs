@@ -484,6 +484,38 @@ impl AgentStore for SqliteStore {
             .await
     }
 
+    async fn take_call(
+        &self,
+        agent: &AgentId,
+        minute: &str,
+        limit: u32,
+        at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let (agent, minute) = (agent.clone(), minute.to_owned());
+        let op = "count a model call";
+        self.db
+            .call(op, move |conn| {
+                let tx = super::begin(conn).map_err(sqlite_err(op))?;
+                let counted = tx
+                    .exec(
+                        "INSERT INTO calls (agent_id, minute, count, at_ms) VALUES (?1, ?2, 1, ?3) \
+                         ON CONFLICT (agent_id, minute) DO UPDATE SET count = count + 1, at_ms = excluded.at_ms \
+                         WHERE count < ?4",
+                        params![agent.as_str(), minute, to_ms(at), i64::from(limit)],
+                    )
+                    .map_err(sqlite_err(op))?;
+                // Minutes more than an hour old are done with.
+                tx.exec(
+                    "DELETE FROM calls WHERE agent_id = ?1 AND at_ms < ?2",
+                    params![agent.as_str(), to_ms(at) - 3_600_000],
+                )
+                .map_err(sqlite_err(op))?;
+                tx.commit().map_err(sqlite_err(op))?;
+                Ok(counted == 1)
+            })
+            .await
+    }
+
     async fn usd_tallies(
         &self,
         agent: &AgentId,
@@ -593,6 +625,7 @@ mod tests {
              DROP TABLE agent_names;
              DROP TABLE approvals;
              DROP TABLE usd;
+             DROP TABLE calls;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )

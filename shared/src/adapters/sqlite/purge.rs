@@ -54,6 +54,7 @@ fn owned() -> Vec<(String, Counter)> {
     rows.push((by_agent("memories"), |f| &mut f.memories));
     rows.push((by_agent("spend"), |f| &mut f.usage));
     rows.push((by_agent("usd"), |f| &mut f.usage));
+    rows.push((by_agent("calls"), |f| &mut f.usage));
     rows.push((by_agent("schedules"), |f| &mut f.schedules));
     rows.push((by_agent("approvals"), |f| &mut f.approvals));
     rows

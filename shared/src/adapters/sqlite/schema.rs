@@ -442,7 +442,8 @@ CREATE INDEX approvals_open ON approvals (expires_ms) WHERE open = 1;
 "#;
 
 /// Version 23: dollar budgets' tallies, per agent and period (a day or a month): spent
-/// by settled calls and held for calls being made, in millionths of a dollar.
+/// by settled calls and held for calls being made, in millionths of a dollar; and the
+/// model calls counted per minute (`calls`).
 const SCHEMA_V23: &str = r#"
 CREATE TABLE usd (
     agent_id  TEXT NOT NULL,
@@ -452,6 +453,13 @@ CREATE TABLE usd (
     marks     TEXT NOT NULL DEFAULT '',
     at_ms     INTEGER NOT NULL,
     PRIMARY KEY (agent_id, period)
+) WITHOUT ROWID;
+CREATE TABLE calls (
+    agent_id  TEXT NOT NULL,
+    minute    TEXT NOT NULL,
+    count     INTEGER NOT NULL,
+    at_ms     INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, minute)
 ) WITHOUT ROWID;
 "#;
 

@@ -104,6 +104,17 @@ impl Conversation {
                     .min(self.settings.reply_max_tokens),
                 cache: Some(cache),
             };
+            // Past the agent's calls a minute, the turn waits its turn (tried again, as
+            // when the model is down); a later step ends the loop with what was written.
+            if let Some(why) =
+                crate::engine::pace::take(self.store.as_ref(), agent, self.clock.now()).await?
+            {
+                if step == 0 {
+                    return Err(EngineError::ModelDown(why));
+                }
+                warn!(reason = %why, "the turn stops: its next model call would pass the calls a minute");
+                break;
+            }
             // The call's worst case is held against a dollar budget first: one that
             // does not fit is not made.
             let hold = match dollars::hold(

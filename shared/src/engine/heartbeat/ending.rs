@@ -132,7 +132,7 @@ impl HeartbeatRunner {
         Ok(match outcome {
             FinishOutcome::Finished => {
                 self.after(&plan, &done, Some(at)).await?;
-                info!(reason = %reason, actions = stats.actions_triggered, next_at = %at, "heartbeat interrupted by a user message; recorded CANCELLED");
+                info!(reason = %reason, actions = stats.actions_triggered, next_at = %at, "heartbeat interrupted; recorded CANCELLED, its window handed on");
                 RunOutcome::Interrupted(done)
             }
             other => self.finished_before(&plan, other).await?,

@@ -33,6 +33,7 @@ use crate::engine::agent_tools::{AgentTools, Offer, Race, Site, with_own};
 use crate::engine::dollars::{self, Held};
 use crate::engine::interrupt::{self, Raced};
 use crate::engine::memory::{self, text_arg};
+use crate::engine::pace;
 use crate::engine::prompt as shared_prompt;
 use crate::engine::reminders::{self, ScheduleLimits};
 use crate::engine::transcript;
@@ -336,6 +337,15 @@ impl HeartbeatAgent {
                 max_tokens,
                 cache: Some(cache),
             };
+            // Past the agent's calls a minute, the heartbeat yields: its window goes to
+            // the next heartbeat, which reads it again.
+            if let Some(why) = pace::take(self.store.as_ref(), &agent, self.clock.now())
+                .await
+                .map_err(|e| chain(&e))?
+            {
+                warn!(reason = %why, "heartbeat agent: no model call; the window goes to the next heartbeat");
+                return Ok(Some(why));
+            }
             // The call's worst case is held against a dollar budget first: one that
             // does not fit is not made.
             let model = request.model.as_deref().unwrap_or(llm.model()).to_owned();
