@@ -156,11 +156,37 @@ pub async fn fire_exhausted(
         "daily_tokens": agent.budgets.daily_tokens,
         "resets_at": next_midnight(agent, now),
     });
+    told(
+        store,
+        hooks,
+        agent,
+        HookType::BUDGET_EXHAUSTED,
+        &["budget", agent.id.as_str(), &day],
+        payload,
+        now,
+    )
+    .await?;
+    info!(spent = today.spent, day = %today.day, "daily token budget spent: no model calls until midnight");
+    mark(store, &agent.id, today.day, Spend::EXHAUSTED, 0, now).await;
+    Ok(())
+}
+
+/// A budget's event (`name`, its id derived from `key` and the time) written into the
+/// agent's log, and the agent's hooks on it told.
+pub(crate) async fn told(
+    store: &dyn Store,
+    hooks: Option<&HookEmitter>,
+    agent: &Agent,
+    name: &'static str,
+    key: &[&str],
+    payload: Value,
+    now: Timestamp,
+) -> Result<(), EngineError> {
     let at_ms = to_ms(now).max(0) as u64;
     let event = system_event(
         agent,
-        HookType::BUDGET_EXHAUSTED,
-        EventId::derived(at_ms, &["budget", agent.id.as_str(), &day]),
+        name,
+        EventId::derived(at_ms, key),
         payload.clone(),
         now,
     );
@@ -168,7 +194,7 @@ pub async fn fire_exhausted(
     if let Some(hooks) = hooks {
         let routes = hooks.routes(&agent.id).await?;
         let emission = Emission {
-            hook_type: HookType::of(HookType::BUDGET_EXHAUSTED),
+            hook_type: HookType::of(name),
             heartbeat_id: None,
             action_id: None,
             data: payload,
@@ -178,8 +204,6 @@ pub async fn fire_exhausted(
         };
         hooks.emit(&routes, agent, emission).await?;
     }
-    info!(spent = today.spent, day = %today.day, "daily token budget spent: no model calls until midnight");
-    mark(store, &agent.id, today.day, Spend::EXHAUSTED, 0, now).await;
     Ok(())
 }
 

@@ -14,14 +14,15 @@ use jiff::Timestamp;
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::budget::{day_of, next_midnight, system_event};
-use super::hooks::{Emission, HookEmitter};
+use super::budget::{day_of, next_midnight, told};
+use super::hooks::HookEmitter;
 use super::{ModelPrice, Prices};
-use crate::domain::{
-    Agent, CacheTtl, ChatMessage, EventId, HookType, Limit, LlmRequest, Tally, Usage, Usd, to_ms,
-};
+use crate::domain::{Agent, CacheTtl, ChatMessage, HookType, Limit, LlmRequest, Tally, Usage, Usd};
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::Store;
+
+/// The most tokens one picture in a prompt is billed as.
+const IMAGE_TOKENS: f64 = 1_600.0;
 
 /// The shares of a budget at which BUDGET_THRESHOLD fires, in percent.
 pub const THRESHOLDS: [u64; 3] = [50, 80, 100];
@@ -74,8 +75,9 @@ pub fn limits(agent: &Agent, now: Timestamp) -> Vec<Limit> {
 }
 
 /// The most `request` can cost at `price`: its prompt (estimated at four characters a
-/// token, tools included) at the dearest rate it may be billed at — written to the
-/// cache for an hour, if it asks for that — and all of `max_tokens` written.
+/// token, tools included, and 1,600 tokens a picture) at the dearest rate it may be
+/// billed at — written to the cache for an hour, if it asks for that — and all of
+/// `max_tokens` written.
 pub fn worst_case(price: &ModelPrice, request: &LlmRequest) -> Usd {
     let chars: usize = request
         .messages
@@ -90,9 +92,23 @@ pub fn worst_case(price: &ModelPrice, request: &LlmRequest) -> Usd {
             .iter()
             .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
             .sum::<usize>();
+    // A picture is at most about 1,600 tokens (Anthropic: width × height / 750, images
+    // scaled to 1.15 megapixels; OpenAI's high detail is less).
+    let images: usize = request
+        .messages
+        .iter()
+        .map(|m| match m {
+            ChatMessage::User { images, .. } | ChatMessage::ToolResult { images, .. } => {
+                images.len()
+            }
+            _ => 0,
+        })
+        .sum();
     // Bytes, not characters: never fewer tokens than the provider counts; 10 % more
     // for what the wire format adds.
-    let prompt = (chars.div_ceil(4) as f64 * 1.1).ceil() + 64.0 * request.messages.len() as f64;
+    let prompt = (chars.div_ceil(4) as f64 * 1.1).ceil()
+        + 64.0 * request.messages.len() as f64
+        + IMAGE_TOKENS * images as f64;
     let write = match request.cache.map(|c| c.ttl) {
         Some(CacheTtl::Hour) => price.cache_write_long.or(price.cache_write),
         Some(CacheTtl::Minutes5) => price.cache_write,
@@ -205,6 +221,22 @@ pub fn resets(agent: &Agent, period: &str, now: Timestamp) -> String {
     }
 }
 
+/// What a call raced against a newer message used, for its settle: its answer's usage,
+/// the estimate of one dropped, nothing for one that failed.
+pub fn used(
+    raced: &crate::engine::interrupt::Raced<
+        Result<crate::domain::LlmResponse, crate::error::LlmError>,
+    >,
+    request: &LlmRequest,
+) -> Option<Usage> {
+    use crate::engine::interrupt::{Raced, estimated_usage};
+    match raced {
+        Raced::Done(Ok(r)) => Some(r.usage),
+        Raced::Done(Err(_)) => None,
+        Raced::Interrupted(_) => Some(estimated_usage(&request.messages)),
+    }
+}
+
 /// Settles `hold` with what the call used (nothing, for a call that failed before an
 /// answer), and fires BUDGET_THRESHOLD for each share it crossed. A failure to settle is
 /// logged: the hold then keeps counting the worst case, so the budget errs on the side
@@ -264,8 +296,7 @@ async fn tell(
     }
 }
 
-/// BUDGET_THRESHOLD: the event in the agent's log (its id derived from the agent, the
-/// period and the share, so it is one event whoever writes it) and the hooks on it.
+/// BUDGET_THRESHOLD: the event in the agent's log and the hooks on it.
 async fn crossed(
     store: &dyn Store,
     hooks: Option<&HookEmitter>,
@@ -281,36 +312,21 @@ async fn crossed(
         "budget_usd": limit,
         "resets": resets(agent, &tally.period, now),
     });
-    let at_ms = to_ms(now).max(0) as u64;
-    let event = system_event(
+    told(
+        store,
+        hooks,
         agent,
         HookType::BUDGET_THRESHOLD,
-        EventId::derived(
-            at_ms,
-            &[
-                "usd",
-                agent.id.as_str(),
-                &tally.period,
-                &percent.to_string(),
-            ],
-        ),
-        payload.clone(),
+        &[
+            "usd",
+            agent.id.as_str(),
+            &tally.period,
+            &percent.to_string(),
+        ],
+        payload,
         now,
-    );
-    store.append_in_session(&event).await?;
-    if let Some(hooks) = hooks {
-        let routes = hooks.routes(&agent.id).await?;
-        let emission = Emission {
-            hook_type: HookType::of(HookType::BUDGET_THRESHOLD),
-            heartbeat_id: None,
-            action_id: None,
-            data: payload,
-            triggered_by: "BUDGET".to_owned(),
-            key_ms: at_ms,
-            key: vec![event.id.to_string()],
-        };
-        hooks.emit(&routes, agent, emission).await?;
-    }
+    )
+    .await?;
     info!(percent, period = %tally.period, spent = %tally.spent, budget = %limit, "dollar budget threshold crossed");
     Ok(())
 }
@@ -372,6 +388,17 @@ mod tests {
         });
         let hour = worst_case(&sonnet, &req);
         assert_eq!(hour, Usd::from_dollars((11_064.0 * 6.0 + 15_000.0) / 1e6));
+        // A picture counts as 1,600 tokens.
+        if let ChatMessage::User { images, .. } = &mut req.messages[0] {
+            images.push(crate::domain::ImageInput::Url {
+                url: "https://example.com/a.png".into(),
+            });
+        }
+        let pictured = worst_case(&sonnet, &req);
+        assert_eq!(
+            pictured,
+            Usd::from_dollars((12_664.0 * 6.0 + 15_000.0) / 1e6)
+        );
     }
 
     #[test]

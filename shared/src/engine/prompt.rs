@@ -218,18 +218,18 @@ fn thinking_gap(agent: &Agent) -> Option<SignedDuration> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::domain::{NewAgent, TurnId};
 
-    fn said(n: usize, chars: usize) -> Vec<ConversationMessage> {
-        // Newest first, as read; a turn a pair, user then assistant.
+    /// `n` messages of `chars` characters, newest first as read, a user's and the
+    /// agent's in turn.
+    pub(crate) fn said(
+        agent: &crate::domain::AgentId,
+        n: usize,
+        chars: usize,
+    ) -> Vec<ConversationMessage> {
         let turn = TurnId::parse("tn_01J00000000000000000000000").unwrap();
-        let agent = NewAgent::named("scout")
-            .create(Timestamp::UNIX_EPOCH)
-            .unwrap()
-            .0
-            .id;
         (0..n)
             .rev()
             .map(|i| ConversationMessage {
@@ -251,19 +251,27 @@ mod tests {
             .collect()
     }
 
+    fn scout() -> crate::domain::AgentId {
+        NewAgent::named("scout")
+            .create(Timestamp::UNIX_EPOCH)
+            .unwrap()
+            .0
+            .id
+    }
+
     fn first(h: &[ChatMessage]) -> String {
         h[0].text().unwrap()[..5].to_owned()
     }
 
     #[test]
     fn a_history_that_fits_is_whole_and_one_that_does_not_starts_at_a_cut_point() {
-        let all = said(10, 40);
+        let all = said(&scout(), 10, 40);
         let h = history(&all, 10_000, 100);
         assert_eq!(h.len(), 10);
         assert_eq!(first(&h), "00000");
         // 14 tokens a message, 140 in all: with room for 100, some are left out and
         // the rest starts on a user message.
-        let all = said(200, 40);
+        let all = said(&scout(), 200, 40);
         let h = history(&all, 1_400, 1_000);
         assert!(h.len() <= 100, "{}", h.len());
         assert!(matches!(h[0], ChatMessage::User { .. }));
@@ -271,7 +279,7 @@ mod tests {
 
     #[test]
     fn the_start_stays_put_as_the_conversation_grows_and_jumps_ahead_in_steps() {
-        let all = said(400, 40);
+        let all = said(&scout(), 400, 40);
         // The conversation as it was after each of its last 200 messages.
         let starts: Vec<String> = (200..=400)
             .map(|n| first(&history(&all[400 - n..], 1_400, 1_000)))

@@ -475,13 +475,7 @@ impl AgentStore for DynamoStore {
                 .set_expression_attribute_values(Some(values(l)))
                 .send()
                 .await;
-            match r {
-                Ok(_) => false,
-                Err(e) => match e.into_service_error() {
-                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => true,
-                    other => return Err(StoreError::backend("dynamodb", op, other)),
-                },
-            }
+            !conditional(op, r)?
         } else {
             let mut items = Vec::with_capacity(limits.len());
             for l in limits {
@@ -580,13 +574,7 @@ impl AgentStore for DynamoStore {
             .expression_attribute_values(":percent", n(percent))
             .send()
             .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "mark dollars", other)),
-            },
-        }
+        conditional("mark dollars", r)
     }
 
     async fn take_call(
@@ -610,13 +598,7 @@ impl AgentStore for DynamoStore {
             .expression_attribute_values(":limit", n(limit))
             .send()
             .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) => match e.into_service_error() {
-                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
-                other => Err(StoreError::backend("dynamodb", "count a model call", other)),
-            },
-        }
+        conditional("count a model call", r)
     }
 
     async fn usd_tallies(
@@ -687,5 +669,25 @@ fn usd_tally(period: &str, item: Option<&Item>) -> Tally {
         period: period.to_owned(),
         spent: Usd::from_micros(number("spent")),
         held: Usd::from_micros(number("held")),
+    }
+}
+
+/// Whether a conditional update was made: `false` when its condition did not hold.
+fn conditional<O, R: std::fmt::Debug + Send + Sync + 'static>(
+    op: &'static str,
+    r: Result<
+        O,
+        aws_sdk_dynamodb::error::SdkError<
+            aws_sdk_dynamodb::operation::update_item::UpdateItemError,
+            R,
+        >,
+    >,
+) -> Result<bool, StoreError> {
+    match r {
+        Ok(_) => Ok(true),
+        Err(e) => match e.into_service_error() {
+            aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(false),
+            other => Err(StoreError::backend("dynamodb", op, other)),
+        },
     }
 }

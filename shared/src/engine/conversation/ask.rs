@@ -158,11 +158,7 @@ impl Conversation {
             );
             let raced = call.await;
             if let Some(hold) = hold {
-                let used = match &raced {
-                    Raced::Done(Ok(r)) => Some(r.usage),
-                    Raced::Done(Err(_)) => None,
-                    Raced::Interrupted(_) => Some(interrupt::estimated_usage(&request.messages)),
-                };
+                let used = dollars::used(&raced, &request);
                 dollars::settle(
                     self.store.as_ref(),
                     self.hooks.as_ref(),

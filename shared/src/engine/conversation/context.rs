@@ -252,7 +252,6 @@ pub(super) fn target(
 
 #[cfg(test)]
 mod tests {
-    use crate::domain::TurnId;
 
     use super::*;
     use crate::domain::{NewAgent, SignalMeta};
@@ -265,26 +264,7 @@ mod tests {
     }
 
     fn history(agent: &Agent, n: usize, chars: usize) -> Vec<ConversationMessage> {
-        // Newest first, as read.
-        (0..n)
-            .rev()
-            .map(|i| ConversationMessage {
-                id: format!("m{i:05}"),
-                agent_id: agent.id.clone(),
-                turn_id: TurnId::parse("tn_01J00000000000000000000000").unwrap(),
-                role: if i % 2 == 0 {
-                    Role::User
-                } else {
-                    Role::Assistant
-                },
-                source: "cli".into(),
-                agent: None,
-                author: None,
-                content: format!("{i:05}{}", "x".repeat(chars.saturating_sub(5))),
-                created_at: Timestamp::UNIX_EPOCH,
-                waiting: false,
-            })
-            .collect()
+        crate::engine::prompt::tests::said(&agent.id, n, chars)
     }
 
     #[test]
