@@ -261,10 +261,14 @@ pub async fn settle(
             return;
         }
     };
+    // Only the settle whose cost took `spent` across a share tells it (the store's mark
+    // keeps that once): a settle past it, as most after the first are, writes nothing
+    // more.
     for (tally, limit) in tallies.iter().zip(&hold.limits) {
+        let before = tally.spent.saturating_sub(cost).micros();
         for percent in THRESHOLDS {
             let at = limit.limit.micros().saturating_mul(percent).div_ceil(100);
-            if tally.spent.micros() >= at {
+            if before < at && tally.spent.micros() >= at {
                 tell(store, hooks, agent, (tally, limit.limit), percent, now).await;
             }
         }
