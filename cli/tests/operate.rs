@@ -806,6 +806,31 @@ async fn first_hour_on(backend: Backend) {
         )
         .contains("nope.md")
     );
+    // A task heading whose cadence is wrong is refused with what to write, and the
+    // instructions stay as they were.
+    std::fs::write(
+        d.join("HEARTBEAT.md"),
+        "Be brief.\n\n## Inbox (every often)\nLook at the inbox.\n",
+    )
+    .unwrap();
+    let wrong = bad(
+        d,
+        &[
+            "agents",
+            "update",
+            "sc",
+            "--instructions-file",
+            "HEARTBEAT.md",
+        ],
+    );
+    assert!(
+        wrong.contains("## Inbox (every often)") && wrong.contains("e.g. (every 4h)"),
+        "{wrong}"
+    );
+    assert_eq!(
+        json(d, &["agents", "show", "sc"])["agent"]["instructions"],
+        "check the calendar"
+    );
 
     // A reminder `--in 0s` says what to give, not that a time has passed.
     let zero = bad(d, &["schedules", "add", "--agent", "sc", "--in", "0s"]);

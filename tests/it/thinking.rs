@@ -186,6 +186,94 @@ async fn instructions(kind: Kind) {
 }
 
 on_both_backends!(
+    heartbeat_tasks_make_it_think_only_when_one_is_due_and_the_prompt_holds_those_due,
+    tasks_due
+);
+async fn tasks_due(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w
+        .agent(|a| {
+            a.instructions = Some(
+                "Be brief.\n\n## Inbox (every 1h)\nINBOX-TASK: look at the inbox.\n\n## Builds (on ci.failed)\nBUILDS-TASK: say what broke."
+                    .into(),
+            )
+        })
+        .await;
+    let last_prompt = |w: &World| w.llm.requests().last().unwrap().body.to_string();
+    // Beat 1: the inbox was never looked at, so it is due; the builds task is not.
+    w.beat().await;
+    assert_eq!(w.calls(), 1);
+    let prompt = last_prompt(&w);
+    assert!(prompt.contains("Be brief."), "the guidance is always read");
+    assert!(prompt.contains("INBOX-TASK"), "{prompt}");
+    assert!(
+        !prompt.contains("BUILDS-TASK"),
+        "a task not due is not in the prompt"
+    );
+    assert!(
+        prompt.contains("Not due now: Builds (on ci.failed)"),
+        "{prompt}"
+    );
+    // Beats 2 and 3 (10 and 20 minutes on): nothing new, nothing due, no call.
+    w.beat().await;
+    w.beat().await;
+    assert_eq!(w.calls(), 1, "no task due, no call");
+    // A failed build: its task is due, the inbox's is not.
+    w.b.emit(&agent, "ci.failed", json!({"job": "lint"})).await;
+    w.b.advance(SignedDuration::from_secs(5));
+    w.beat().await;
+    assert_eq!(w.calls(), 2);
+    let prompt = last_prompt(&w);
+    assert!(
+        prompt.contains("BUILDS-TASK") && !prompt.contains("INBOX-TASK"),
+        "{prompt}"
+    );
+    // Beats 5 and 6 are idle; beat 7 comes an hour after the first: the inbox again.
+    w.beat().await;
+    w.beat().await;
+    assert_eq!(w.calls(), 2);
+    w.beat().await;
+    assert_eq!(
+        w.calls(),
+        3,
+        "the inbox is due an hour after it was last done"
+    );
+    assert!(last_prompt(&w).contains("INBOX-TASK"));
+
+    // Each heartbeat says which tasks were due, and why one that did not think skipped.
+    let hbs = w.b.store.list_heartbeats(&agent.id, 20).await.unwrap();
+    let due = |beat: u64| {
+        hbs.iter()
+            .find(|h| h.beat == beat)
+            .unwrap()
+            .tasks
+            .due
+            .clone()
+    };
+    assert_eq!(due(1), ["Inbox"]);
+    assert!(due(2).is_empty());
+    assert_eq!(due(4), ["Builds"]);
+    assert_eq!(due(7), ["Inbox"]);
+    let idle = hbs.iter().find(|h| h.beat == 2).unwrap();
+    assert_eq!(
+        idle.skipped.as_deref(),
+        Some("think auto: no new events and no heartbeat task due")
+    );
+    // The pending heartbeat carries when each was last done.
+    let next = hbs.iter().find(|h| h.beat == 8).unwrap();
+    let inbox = next.tasks.runs["Inbox"];
+    assert_eq!(
+        inbox,
+        hbs.iter()
+            .find(|h| h.beat == 7)
+            .unwrap()
+            .started_at
+            .unwrap()
+    );
+    assert!(next.tasks.runs.contains_key("Builds"));
+}
+
+on_both_backends!(
     usage_totals_are_the_sum_of_the_recorded_heartbeats_and_turns,
     usage_totals
 );

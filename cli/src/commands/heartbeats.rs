@@ -208,6 +208,7 @@ pub(crate) fn heartbeat_table(out: &Out, hbs: &[Heartbeat]) {
             "EVENTS",
             "ACTIONS",
             "FAILED",
+            "THINKING",
             "ERROR",
         ],
         |h| {
@@ -225,6 +226,7 @@ pub(crate) fn heartbeat_table(out: &Out, hbs: &[Heartbeat]) {
                 h.events_processed.to_string(),
                 h.actions_triggered.to_string(),
                 h.actions_failed.to_string(),
+                h.thinking().map_or("-".into(), |t| short(&t, 60)),
                 h.error.as_deref().map_or("-".into(), |e| short(e, 60)),
             ]
         },

@@ -158,6 +158,9 @@ impl Agent {
                 ));
             }
         }
+        if let Some(text) = &self.instructions {
+            super::instructions::Instructions::parse(text)?;
+        }
         if let Some(var) = &self.llm.api_key_env {
             check_key_variable(var)?;
         }
@@ -396,7 +399,8 @@ pub fn check_key_variable(var: &str) -> Result<(), ValidationError> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ThinkPolicy {
     /// When there is something to think about: events arrived since the last heartbeat,
-    /// or the agent has heartbeat instructions.
+    /// or one of its heartbeat tasks is due (instructions without tasks are one, due
+    /// every beat).
     #[default]
     Auto,
     /// Only when events arrived since the last heartbeat.
@@ -441,12 +445,13 @@ impl ThinkPolicy {
     /// Whether a heartbeat thinks: `Ok(())`, or `Err(reason)` for the SKIPPED action.
     /// `events` counts the events that arrived since the last heartbeat and those its
     /// tools returned before the thinking (its own HEARTBEAT event not included).
-    pub fn decide(self, beat: u64, events: usize, has_instructions: bool) -> Result<(), String> {
+    /// `tasks_due` counts the heartbeat tasks due.
+    pub fn decide(self, beat: u64, events: usize, tasks_due: usize) -> Result<(), String> {
         let events = events > 0;
         match self {
             Self::Always => Ok(()),
-            Self::Auto if events || has_instructions => Ok(()),
-            Self::Auto => Err("think auto: no new events and no heartbeat instructions".into()),
+            Self::Auto if events || tasks_due > 0 => Ok(()),
+            Self::Auto => Err("think auto: no new events and no heartbeat task due".into()),
             Self::Events if events => Ok(()),
             Self::Events => Err("think events: no new events".into()),
             Self::Every(n) if beat.is_multiple_of(u64::from(n)) => Ok(()),
@@ -575,15 +580,13 @@ mod tests {
             "\"every:4\""
         );
         let auto = ThinkPolicy::Auto;
-        assert!(auto.decide(1, 0, false).is_err());
-        assert!(auto.decide(1, 1, false).is_ok());
-        assert!(auto.decide(1, 0, true).is_ok());
-        assert!(ThinkPolicy::Events.decide(1, 0, true).is_err());
-        assert!(ThinkPolicy::Always.decide(1, 0, false).is_ok());
+        assert!(auto.decide(1, 0, 0).is_err());
+        assert!(auto.decide(1, 1, 0).is_ok());
+        assert!(auto.decide(1, 0, 1).is_ok());
+        assert!(ThinkPolicy::Events.decide(1, 0, 1).is_err());
+        assert!(ThinkPolicy::Always.decide(1, 0, 0).is_ok());
         let every = ThinkPolicy::Every(3);
-        let thought: Vec<u64> = (1..=9)
-            .filter(|b| every.decide(*b, 5, true).is_ok())
-            .collect();
+        let thought: Vec<u64> = (1..=9).filter(|b| every.decide(*b, 5, 1).is_ok()).collect();
         assert_eq!(thought, [3, 6, 9], "every:N counts beats, events or not");
     }
 }

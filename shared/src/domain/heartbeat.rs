@@ -8,6 +8,7 @@ use super::agent::Agent;
 use super::event::EventCursor;
 use super::found::Found;
 use super::ids::{ActionId, AgentId, EventId, HeartbeatId, SessionId, ToolName};
+use super::instructions::TaskLedger;
 use super::requests::Requests;
 use super::tool::{Action, ActionStatus, HEARTBEAT_AGENT};
 
@@ -138,6 +139,10 @@ pub struct Heartbeat {
     /// later due time instead). From its due time to this is how late it started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ran_at: Option<Timestamp>,
+    /// Its agent's heartbeat tasks: when each was last done, handed on from the
+    /// heartbeat before, and which were due in this one once it ran.
+    #[serde(default, skip_serializing_if = "TaskLedger::is_empty")]
+    pub tasks: TaskLedger,
 }
 
 impl Heartbeat {
@@ -178,6 +183,7 @@ impl Heartbeat {
             requests: None,
             handed_on: None,
             ran_at: None,
+            tasks: TaskLedger::default(),
         }
     }
 
@@ -186,6 +192,22 @@ impl Heartbeat {
     pub fn handing_on(mut self, found: Found) -> Self {
         self.handed_on = (!found.is_empty()).then_some(found);
         self
+    }
+
+    /// This pending heartbeat, given its agent's task ledger as the run before left it.
+    pub fn carrying(mut self, tasks: TaskLedger) -> Self {
+        self.tasks = tasks;
+        self
+    }
+
+    /// What its heartbeat agent did about thinking, in a few words: why it did not
+    /// think, or the heartbeat tasks that were due when it did; `None` before it ran or
+    /// when neither is known.
+    pub fn thinking(&self) -> Option<String> {
+        if let Some(why) = &self.skipped {
+            return Some(format!("skipped: {why}"));
+        }
+        (!self.tasks.due.is_empty()).then(|| format!("tasks due: {}", self.tasks.due.join(", ")))
     }
 
     /// The beat its agent is at, this being the newest heartbeat: its own once it has

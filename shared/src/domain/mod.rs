@@ -13,6 +13,7 @@ mod hook;
 mod hook_delivery;
 mod hook_type;
 mod ids;
+mod instructions;
 mod mcp;
 mod memory;
 mod money;
@@ -65,6 +66,9 @@ pub use ids::{
     ActionId, AgentId, ApprovalId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId,
     MemoryId, RequestId, SessionId, SignalId, SubscriptionId, TokenId, ToolName, TurnId, WebhookId,
     first_id_at, quote_input,
+};
+pub use instructions::{
+    BeatTask, Cadence, EVERY_BEAT_TASK, Instructions, Moment as TaskMoment, TaskLedger,
 };
 pub use mcp::{
     AgentTool, MAX_MCP_TOOLS, MAX_OFFERED_BYTES, MCP_PREFIX, McpHeader, McpServer, McpTool,

@@ -585,9 +585,7 @@ impl AgentContext {
         self.think.decide(
             heartbeat.beats.beat,
             heartbeat.window_events + heartbeat.found.events(),
-            self.instructions
-                .as_deref()
-                .is_some_and(|i| !i.trim().is_empty()),
+            heartbeat.tasks_due.len(),
         )
     }
 }
@@ -632,6 +630,10 @@ pub struct HeartbeatContext {
     /// (the tools run first, the thinking last).
     #[serde(default, skip_serializing_if = "Found::is_empty")]
     pub found: Found,
+    /// The agent's heartbeat tasks due in this heartbeat, by name: set on the heartbeat
+    /// agent's request, with `found`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks_due: Vec<String>,
 }
 
 /// The agent's sense of time: its beat counter, and beats since the user last

@@ -22,7 +22,8 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::domain::{
-    Agent, CacheTtl, ChatMessage, ConversationMessage, PromptCache, Role, ThinkPolicy, ToolSpec,
+    Agent, CacheTtl, ChatMessage, ConversationMessage, Instructions, PromptCache, Role,
+    ThinkPolicy, ToolSpec,
 };
 use crate::engine::{framing, memory, reminders};
 
@@ -202,18 +203,17 @@ pub fn cache(
 }
 
 /// How far apart the agent's heartbeats call the model, when that is known ahead: every
-/// beat under `always` (and `auto` with instructions), every Nth under `every:N`.
+/// beat under `always`, every Nth under `every:N`, and under `auto` as often as its most
+/// frequent heartbeat task with a period (instructions without tasks: every beat).
 fn thinking_gap(agent: &Agent) -> Option<SignedDuration> {
     let every = agent.interval.duration();
-    let instructed = agent
-        .instructions
-        .as_deref()
-        .is_some_and(|i| !i.trim().is_empty());
     match agent.think {
         ThinkPolicy::Always => Some(every),
-        ThinkPolicy::Auto if instructed => Some(every),
         ThinkPolicy::Every(n) => every.checked_mul(i32::try_from(n).ok()?),
-        ThinkPolicy::Auto | ThinkPolicy::Events => None,
+        ThinkPolicy::Auto => Instructions::of(agent.instructions.as_deref())
+            .shortest_period()
+            .map(|d| d.max(every)),
+        ThinkPolicy::Events => None,
     }
 }
 

@@ -73,7 +73,7 @@ pub(crate) async fn heartbeats(
                 } @else {
                     div.scroll { table {
                         thead { tr { th { "Beat" } th { "Status" } th { "Scheduled" } th { "Completed" }
-                            th { "Events" } th { "Actions" } th { "Failed" } th { "Error" } } }
+                            th { "Events" } th { "Actions" } th { "Failed" } th { "Thinking" } th { "Error" } } }
                         tbody { @for h in &hbs { tr {
                             td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat)} { "#" (h.beat) } }
                             td { (badge(h.status.as_str())) }
@@ -82,6 +82,7 @@ pub(crate) async fn heartbeats(
                             td { (h.events_processed) }
                             td { (h.actions_triggered) }
                             td { (h.actions_failed) }
+                            td.wrap.muted { (h.thinking().map(|t| short(&t, 80)).unwrap_or_default()) }
                             td.wrap {
                                 @if let (HeartbeatStatus::Executing, Some(until)) = (h.status, h.lease_until) {
                                     "running since " (ago(now, h.started_at)) "; if its worker stopped, retried " (ago(now, Some(until))) " "
@@ -266,9 +267,9 @@ pub(crate) async fn settings(
                 label for="persona" { "Persona" }
                 textarea #persona name="persona" rows="4" maxlength="16000" placeholder="Who the agent is: the system prompt's first part" { (agent.persona.clone().unwrap_or_default()) }
                 label for="instructions" { "Instructions" }
-                textarea #instructions name="instructions" rows="4" maxlength="16000" { (agent.instructions.clone().unwrap_or_default()) }
+                textarea #instructions name="instructions" rows="6" maxlength="16000" placeholder="What to do on waking. Tasks with cadences: ## Inbox (every 4h), ## Plan (cron 0 8 * * MON-FRI), ## Builds (on ci.failed), ## Check in (when silent 2d)" { (agent.instructions.clone().unwrap_or_default()) }
                 label for="think" { "Think" }
-                input #think name="think" value=(agent.think.to_string()) title="auto (new events or instructions), events, always, or every:N";
+                input #think name="think" value=(agent.think.to_string()) title="auto (new events or a heartbeat task due), events, always, or every:N";
                 label for="vision" { "Images to the model" }
                 select #vision name="vision" {
                     @for (value, label) in [("auto", "auto: if the model takes them"), ("on", "on"), ("off", "off: as [image: URL] text")] {

@@ -78,7 +78,10 @@ pub(crate) struct UpdateAgent {
     /// IANA time zone of the active hours.
     #[arg(long)]
     timezone: Option<String>,
-    /// What to look at on waking; "" removes them.
+    /// What to do on waking; "" removes them. Tasks with cadences are headings such
+    /// as `## Inbox (every 4h)`, `(cron 0 8 * * MON-FRI)`, `(on ci.failed)` or
+    /// `(when silent 2d)`; under --think auto a beat with nothing new and no task due
+    /// makes no model call.
     #[arg(long, conflicts_with = "instructions_file")]
     instructions: Option<String>,
     /// Read the instructions from this file (e.g. HEARTBEAT.md): read again each time it
@@ -185,7 +188,10 @@ pub(crate) struct CreateAgent {
     /// IANA time zone of the active hours.
     #[arg(long, default_value = "UTC")]
     timezone: String,
-    /// What to look at on waking, like a HEARTBEAT.md.
+    /// What to do on waking, like a HEARTBEAT.md. Tasks with cadences are headings such
+    /// as `## Inbox (every 4h)`, `(cron 0 8 * * MON-FRI)`, `(on ci.failed)` or
+    /// `(when silent 2d)`; under --think auto a beat with nothing new and no task due
+    /// makes no model call. Text without tasks is one task, due every beat.
     #[arg(long, conflicts_with = "instructions_file")]
     instructions: Option<String>,
     /// Read the instructions from this file (e.g. HEARTBEAT.md).
@@ -272,7 +278,7 @@ pub(crate) struct CreateAgent {
     /// When it answers in its channel over the gateway: mentions (when mentioned) or all.
     #[arg(long, value_name = "mentions|all", default_value = "mentions")]
     discord_listen: String,
-    /// When the heartbeat agent calls the model: auto (new events or instructions),
+    /// When the heartbeat agent calls the model: auto (new events or a task due),
     /// events (new events only), always, or every:N (every Nth beat). A heartbeat that
     /// does not think records its action SKIPPED, at no token cost.
     #[arg(long, value_name = "POLICY", default_value = "auto")]

@@ -160,6 +160,9 @@ pub(super) struct HeartbeatItem {
     handed_on: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ran_at: Option<i64>,
+    /// The task ledger, as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tasks: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -201,6 +204,7 @@ impl HeartbeatItem {
                 .as_ref()
                 .map(|f| serde_json::to_string(f).unwrap_or_default()),
             ran_at: hb.ran_at.map(to_ms),
+            tasks: hb.tasks.stored(),
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -241,6 +245,12 @@ impl HeartbeatItem {
                 .transpose()
                 .map_err(|e| StoreError::corrupt(&key, format!("handed_on: {e}")))?,
             ran_at: self.ran_at.map(from_ms),
+            tasks: self
+                .tasks
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|e| StoreError::corrupt(&key, format!("tasks: {e}")))?
+                .unwrap_or_default(),
         })
     }
 }

@@ -84,6 +84,12 @@ impl DynamoStore {
                 ":ran",
                 hb.ran_at.map(|t| n(to_ms(t))),
             ),
+            (
+                "tasks = :tasks",
+                "tasks",
+                ":tasks",
+                hb.tasks.stored().map(s),
+            ),
         ];
         for (assign, attr, placeholder, value) in optional {
             match value {

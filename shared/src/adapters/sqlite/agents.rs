@@ -626,6 +626,7 @@ mod tests {
              DROP TABLE approvals;
              DROP TABLE usd;
              DROP TABLE calls;
+             ALTER TABLE heartbeats DROP COLUMN tasks;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -634,7 +635,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 23);
+        assert_eq!(version, 24);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 23;
+const SCHEMA_VERSION: i64 = 24;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -444,6 +444,12 @@ CREATE INDEX approvals_open ON approvals (expires_ms) WHERE open = 1;
 /// Version 23: dollar budgets' tallies, per agent and period (a day or a month): spent
 /// by settled calls and held for calls being made, in millionths of a dollar; and the
 /// model calls counted per minute (`calls`).
+/// Version 24: heartbeats carry their agent's task ledger (when each heartbeat task was
+/// last done, which were due).
+const SCHEMA_V24: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN tasks TEXT;
+"#;
+
 const SCHEMA_V23: &str = r#"
 CREATE TABLE usd (
     agent_id  TEXT NOT NULL,
@@ -550,6 +556,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 23 {
             conn.execute_batch(SCHEMA_V23).map_err(&err)?;
+        }
+        if version < 24 {
+            conn.execute_batch(SCHEMA_V24).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

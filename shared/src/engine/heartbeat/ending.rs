@@ -8,7 +8,8 @@ use tracing::{error, info, warn};
 
 use super::{HeartbeatRunner, Plan, RunOutcome, Stats};
 use crate::domain::{
-    Agent, EventCursor, EventId, Found, Heartbeat, HeartbeatId, HeartbeatStatus, HookType, to_ms,
+    Agent, EventCursor, EventId, Found, Heartbeat, HeartbeatId, HeartbeatStatus, HookType,
+    Instructions, TaskLedger, to_ms,
 };
 use crate::engine::budget;
 use crate::engine::schedule::next_run;
@@ -79,7 +80,8 @@ impl HeartbeatRunner {
             0,
         )
         .counted(plan.hour)
-        .handing_on(stats.late.clone());
+        .handing_on(stats.late.clone())
+        .carrying(ledger(&plan.agent, &done, stats.thought));
         let outcome = self
             .file(Finish {
                 heartbeat: done.clone(),
@@ -240,7 +242,8 @@ impl HeartbeatRunner {
             plan.heartbeat.interaction_seen_at,
             plan.heartbeat.consecutive_failures,
         )
-        .handing_on(handed_on(&plan.heartbeat, stats));
+        .handing_on(handed_on(&plan.heartbeat, stats))
+        .carrying(ledger(&plan.agent, &done, stats.thought));
         (done, next, at)
     }
 
@@ -277,7 +280,8 @@ impl HeartbeatRunner {
             failures,
         )
         .counted(hb.hour_count(hb.started_at.unwrap_or(now)))
-        .handing_on(handed_on(hb, &Stats::default()));
+        .handing_on(handed_on(hb, &Stats::default()))
+        .carrying(ledger(&agent, hb, false));
         let outcome = self
             .file(Finish {
                 heartbeat: done.clone(),
@@ -378,6 +382,16 @@ fn ended(
     done.since_last = Some(plan.beats.since_last);
     done.error = error;
     done
+}
+
+/// The task ledger the next heartbeat starts from: the tasks due in `done` marked done
+/// at its start when its heartbeat agent thought.
+fn ledger(agent: &Agent, done: &Heartbeat, thought: bool) -> TaskLedger {
+    done.tasks.handed_on(
+        thought,
+        done.started_at.unwrap_or(done.scheduled_at),
+        &Instructions::of(agent.instructions.as_deref()),
+    )
 }
 
 /// What a heartbeat that did not complete hands on to the next: what it was handed

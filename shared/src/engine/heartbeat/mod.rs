@@ -35,8 +35,8 @@ use super::silence;
 use super::{budget, reminders};
 use crate::domain::{
     Agent, AgentContext, Beats, Cascade, Event, EventCursor, EventType, Found, HEARTBEAT_AGENT,
-    Heartbeat, HeartbeatContext, HeartbeatJob, HookData, HookRoute, HookType, Priority, Registry,
-    Tool,
+    Heartbeat, HeartbeatContext, HeartbeatJob, HookData, HookRoute, HookType, Instructions,
+    Priority, Registry, TaskMoment, Tool,
 };
 use crate::error::{EngineError, StoreError};
 use crate::ports::{Clock, Store, ToolRunner, Window};
@@ -180,6 +180,8 @@ struct Stats {
     /// What tools found after the thinking (on what the heartbeat agent raised): the
     /// next heartbeat's agent is told.
     late: Found,
+    /// Whether the heartbeat agent was called and finished: the tasks due are done.
+    thought: bool,
 }
 
 /// The two phases of a heartbeat's processing: the tools, then the thinking.
@@ -561,6 +563,7 @@ impl HeartbeatRunner {
                 window_events: 0,
                 budget_spent: None,
                 found: Found::default(),
+                tasks_due: Vec::new(),
             },
             hour: hb.hour_count(started_at),
             heartbeat: hb.clone(),
@@ -587,6 +590,7 @@ impl HeartbeatRunner {
     ) -> Result<Stats, EngineError> {
         let registry = self.registry(registry_version).await?;
         let mut stats = Stats::default();
+        let window_types: Vec<String> = window.iter().map(|e| e.event_type.to_string()).collect();
         let mut level = window;
         level.push(plan.heartbeat_event.clone());
         // What the previous heartbeat's tools found after its thinking comes first.
@@ -600,6 +604,9 @@ impl HeartbeatRunner {
             return Ok(stats);
         }
         plan.heartbeat_context.found = found;
+        let due = tasks_due(plan, &window_types);
+        plan.heartbeat_context.tasks_due = due.clone();
+        plan.heartbeat.tasks.due = due;
         // The budget is read when the model would be called, whatever makes it think:
         // events in the window, or what the tools just found.
         self.check_budget(plan, self.clock.now()).await?;
@@ -673,6 +680,9 @@ impl HeartbeatRunner {
                         continue;
                     }
                     let done = self.run_action(plan, event, depth, tool).await?;
+                    stats.thought |= thinker_level
+                        && tool.name.as_str() == HEARTBEAT_AGENT
+                        && done.action.status == crate::domain::ActionStatus::Completed;
                     stats.actions_triggered += 1;
                     stats.actions_failed += u32::from(done.failed);
                     stats.cascade_capped += done.capped;
@@ -718,4 +728,36 @@ impl HeartbeatRunner {
 
 fn to_json<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// The agent's heartbeat tasks due in this heartbeat: by their cadences, the ledger the
+/// heartbeat before handed on, the types of the window's events (`window_types`) and
+/// of what the tools found.
+fn tasks_due(plan: &Plan, window_types: &[String]) -> Vec<String> {
+    let tasks = Instructions::of(plan.agent.instructions.as_deref());
+    if tasks.tasks.is_empty() {
+        return Vec::new();
+    }
+    let found = &plan.heartbeat_context.found;
+    let types: Vec<&str> = window_types
+        .iter()
+        .map(String::as_str)
+        .chain(
+            found
+                .results
+                .iter()
+                .flat_map(|r| r.events.iter().map(|e| e.event_type.as_str())),
+        )
+        .collect();
+    tasks.due(&TaskMoment {
+        now: plan.heartbeat_context.started_at,
+        interval: plan.agent.interval.duration(),
+        timezone: &plan.agent.timezone,
+        silent_since: plan
+            .agent
+            .last_interaction_at
+            .unwrap_or(plan.agent.created_at),
+        event_types: &types,
+        runs: &plan.heartbeat.tasks.runs,
+    })
 }

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::domain::{Agent, Event, Found, ToolRequest};
+use crate::domain::{Agent, BeatTask, EVERY_BEAT_TASK, Event, Found, Instructions, ToolRequest};
 use crate::engine::{framing, prompt};
 
 /// Events shown to the model per run; the rest are counted.
@@ -94,6 +94,47 @@ fn found_section(found: &Found, out: &mut String) {
     }
 }
 
+/// The agent's heartbeat instructions as this heartbeat reads them: the guidance, and
+/// only the tasks due (the others are named, with their cadences, so the model knows they
+/// are not for now).
+fn instructions_section(instructions: Option<&str>, due: &[String], out: &mut String) {
+    let tasks = Instructions::of(instructions);
+    out.push_str("\n\nHeartbeat instructions:\n");
+    if tasks.guidance.is_empty() && tasks.tasks.is_empty() {
+        out.push_str("(none: use your judgement)");
+        return;
+    }
+    if !tasks.guidance.is_empty() {
+        out.push_str(&tasks.guidance);
+        out.push('\n');
+    }
+    let (now, later): (Vec<&BeatTask>, Vec<&BeatTask>) =
+        tasks.tasks.iter().partition(|t| due.contains(&t.name));
+    if let [only] = now.as_slice()
+        && only.name == EVERY_BEAT_TASK
+    {
+        out.push_str(&only.text);
+        return;
+    }
+    if now.is_empty() {
+        out.push_str(
+            "\nNo task is due this heartbeat: look at what is new, and act only if it matters.\n",
+        );
+    } else {
+        out.push_str("\nTasks due now:\n");
+        for t in &now {
+            out.push_str(&format!("\n## {} ({})\n{}\n", t.name, t.cadence, t.text));
+        }
+    }
+    if !later.is_empty() {
+        let names: Vec<String> = later
+            .iter()
+            .map(|t| format!("{} ({})", t.name, t.cadence))
+            .collect();
+        out.push_str(&format!("\nNot due now: {}.", names.join("; ")));
+    }
+}
+
 /// The heartbeat's briefing, after the conversation's history: that this is a
 /// heartbeat, its instructions, the window's events (`window`, the first of `total`),
 /// what its tools found, what it remembers, and what is left of a dollar budget once
@@ -107,12 +148,10 @@ pub(super) fn briefing(
 ) -> String {
     let mut out = String::new();
     out.push_str(prompt::HEARTBEAT_OPENING);
-    out.push_str("\n\nHeartbeat instructions:\n");
-    out.push_str(
-        agent
-            .instructions
-            .as_deref()
-            .unwrap_or("(none: use your judgement)"),
+    instructions_section(
+        agent.instructions.as_deref(),
+        &req.heartbeat.tasks_due,
+        &mut out,
     );
     out.push_str(&format!(
         "\n\nBeats: {}\nNow: {}\n",
