@@ -859,6 +859,100 @@ async fn not_due(kind: Kind) {
 }
 
 on_both_backends!(
+    an_idle_finish_is_fenced_by_the_claim_and_files_one_next_heartbeat,
+    idle_finish
+);
+/// A finish with no event to write (an idle beat's): a stale run's finish is refused,
+/// and the run that holds the claim files exactly one next heartbeat, whichever of the
+/// two got to write it (DynamoDB writes the next before the record it completes).
+async fn idle_finish(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, first) = b.agent("scout", "15m").await;
+    let c1 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    b.advance(SignedDuration::from_mins(11));
+    let c2 = b
+        .store
+        .claim(&first.id(), &claim_req(&b))
+        .await
+        .unwrap()
+        .unwrap();
+    let due = b
+        .now()
+        .saturating_add(SignedDuration::from_mins(15))
+        .unwrap();
+    let finished = |claimed: &pulse_shared::domain::Heartbeat, skipped: &str| {
+        let mut done = claimed.clone();
+        done.status = HeartbeatStatus::Completed;
+        done.completed_at = Some(b.now());
+        done.skipped = Some(skipped.to_owned());
+        Finish {
+            heartbeat: done,
+            next: Some(pulse_shared::domain::Heartbeat::pending(
+                &agent,
+                2,
+                due,
+                claimed.window_end.clone().unwrap(),
+                0,
+                None,
+                0,
+            )),
+            heartbeat_event: None,
+        }
+    };
+    assert_eq!(
+        b.store.finish(&finished(&c1, "stale")).await.unwrap(),
+        FinishOutcome::Superseded {
+            claim: 2,
+            status: HeartbeatStatus::Executing
+        }
+    );
+    let current = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(
+        (current.status, current.claim),
+        (HeartbeatStatus::Executing, 2)
+    );
+    // In a unit of work's tally, as a worker runs it: the record counts every write.
+    let finish = finished(&c2, "idle");
+    let outcome = pulse_shared::tally::scope(b.store.finish(&finish)).await;
+    assert_eq!(outcome.unwrap(), FinishOutcome::Finished);
+    assert_eq!(
+        b.store.finish(&finished(&c2, "idle")).await.unwrap(),
+        FinishOutcome::AlreadyFinished
+    );
+    let done = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
+    assert_eq!(done.status, HeartbeatStatus::Completed);
+    assert_eq!(done.skipped.as_deref(), Some("idle"));
+    let listed = b.store.list_heartbeats(&agent.id, 10).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|h| (h.beat, h.status))
+            .collect::<Vec<_>>(),
+        vec![
+            (2, HeartbeatStatus::Pending),
+            (1, HeartbeatStatus::Completed)
+        ]
+    );
+    assert!(all_due(&b).await.is_empty());
+    b.advance(SignedDuration::from_mins(15));
+    assert_eq!(all_due(&b).await, vec![first.next_id()]);
+    if kind == Kind::Aws {
+        // Two writes of a unit each (the next, then the record) where a transaction
+        // bills four; the claim's one before them.
+        let kept = done.requests.clone().unwrap();
+        assert_eq!(kept.ops["DynamoDB.PutItem"], 1, "{kept:?}");
+        assert_eq!(kept.ops["DynamoDB.UpdateItem"], 2, "{kept:?}");
+        assert!(!kept.ops.contains_key("DynamoDB.TransactWriteItems"));
+        assert_eq!(kept.wru, 3.0, "{kept:?}");
+    }
+}
+
+on_both_backends!(
     finishing_is_atomic_idempotent_and_fenced_by_the_claim,
     finish
 );

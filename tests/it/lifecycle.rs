@@ -319,15 +319,31 @@ async fn store_ports(kind: Kind) {
         .unwrap()
         .unwrap();
     b.store.purge_agent(&a.id, true).await.unwrap();
-    let mut done = claimed;
+    let mut done = claimed.clone();
     done.status = HeartbeatStatus::Completed;
     done.completed_at = Some(b.now());
     let finish = Finish {
         heartbeat: done,
-        next: None,
+        next: Some(pulse_shared::domain::Heartbeat::pending(
+            &a,
+            3,
+            b.now(),
+            claimed.window_end.clone().unwrap(),
+            0,
+            None,
+            0,
+        )),
         heartbeat_event: None,
     };
     assert_eq!(b.store.finish(&finish).await.unwrap(), FinishOutcome::Gone);
+    assert!(
+        b.store
+            .get_heartbeat(&HeartbeatId::new(a.id.clone(), 3))
+            .await
+            .unwrap()
+            .is_none(),
+        "no next heartbeat is left behind for a deleted agent"
+    );
     assert!(
         b.store.get_agent(&other.id).await.unwrap().is_some(),
         "the other agent is untouched"

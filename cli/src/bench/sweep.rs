@@ -403,7 +403,7 @@ async fn on_aws(n: usize, endpoint: &str, out: &Out) -> Result<serde_json::Value
         .await?;
     figure!(
         out,
-        "  targets: idle <= 1 claim + 1 window read + 1 completion transaction, other requests <= 0.1 each; <= $4 per million idle cycles"
+        "  targets: idle <= 1 claim + 1 window read + 1 completion (the next heartbeat put, the record updated), other requests <= 0.1 each; <= $3 per million idle cycles"
     );
     let _ = setup
         .dynamodb

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{ReturnValue, TransactWriteItem, Update};
 use jiff::Timestamp;
+use tracing::info;
 
 use super::DynamoStore;
 use super::codec::*;
@@ -115,6 +116,94 @@ impl DynamoStore {
             .expression_attribute_names("#claim", "claim")
             .expression_attribute_names("#error", "error");
         Ok((update, values, item_key))
+    }
+
+    /// A finish that writes no event (an idle beat's, a failure's, a cancel's) in two
+    /// writes of one unit each, where a transaction of the same two items bills four:
+    /// the next heartbeat first, put only if it is not there (only a run of this
+    /// heartbeat writes it), then this one's record, under its claim and the pause mark
+    /// as in a transactional finish. A run stopped between the two leaves this
+    /// heartbeat EXECUTING beside its next: its lease runs out, it is run again, and that
+    /// run's finish finds the next there and only completes this one. A pause or resume
+    /// that came in between moves the next as it would have been filed.
+    async fn finish_in_two(
+        &self,
+        hb: &Heartbeat,
+        next: &Heartbeat,
+    ) -> Result<FinishOutcome, StoreError> {
+        let (update, values, item_key) = self.finish_update(hb)?;
+        let mut paused = next.status == HeartbeatStatus::Paused;
+        let next_id = next.id();
+        let put = self
+            .put_new("file next heartbeat", heartbeat_item(next)?)
+            .await?;
+        if put.is_some() {
+            info!(heartbeat = %next_id, "the next heartbeat was filed by an earlier run of this one: kept");
+        }
+        let update = update
+            .condition_expression("#status = :executing AND #claim = :claim")
+            .build()
+            .map_err(backend("build update"))?;
+        let mut counted = hb.requests.clone();
+        for _ in 0..4 {
+            crate::tally::stamp(&mut counted);
+            let requests = with_own(counted.as_ref(), "DynamoDB.UpdateItem", |r| {
+                update_units(&item_key, &with_requests(&values, r))
+            });
+            let mark = if paused {
+                "attribute_exists(pause_next)"
+            } else {
+                "attribute_not_exists(pause_next)"
+            };
+            let sent = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(update.key.clone()))
+                .update_expression(update.update_expression.clone())
+                .set_expression_attribute_names(update.expression_attribute_names.clone())
+                .set_expression_attribute_values(Some(with_requests(&values, &requests)))
+                .condition_expression(format!(
+                    "{} AND {mark}",
+                    update.condition_expression.as_deref().unwrap_or_default()
+                ))
+                .send()
+                .await;
+            match sent {
+                Ok(_) => return Ok(FinishOutcome::Finished),
+                Err(e) => match e.into_service_error() {
+                    aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => {}
+                    other => return Err(StoreError::backend("dynamodb", "finish heartbeat", other)),
+                },
+            }
+            match self.why_not_finished(hb, paused).await? {
+                Refused::Marked(now_paused) => {
+                    paused = now_paused;
+                    let to = if paused {
+                        Reschedule::Pause
+                    } else {
+                        Reschedule::Resume(next.scheduled_at)
+                    };
+                    self.reschedule(&next_id, to).await?;
+                }
+                Refused::Because(FinishOutcome::Gone) => {
+                    // The agent was deleted meanwhile: the next is not left behind.
+                    let _ = self
+                        .delete_existing(
+                            "delete next heartbeat",
+                            item_key_of(&next_id),
+                            next_id.to_string(),
+                        )
+                        .await;
+                    return Ok(FinishOutcome::Gone);
+                }
+                Refused::Because(outcome) => return Ok(outcome),
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "heartbeat {}: the agent was paused and resumed while it finished; the job runs again",
+            hb.id()
+        )))
     }
 
     /// Reads the record back after a finish whose condition failed (`paused`: the mark
@@ -275,6 +364,9 @@ impl HeartbeatStore for DynamoStore {
     /// No check of the agent's record: a pause marks the running
     /// heartbeat instead (and a delete removes it, which fails the finish).
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError> {
+        if let (Some(next), None) = (&finish.next, &finish.heartbeat_event) {
+            return self.finish_in_two(&finish.heartbeat, next).await;
+        }
         let hb = &finish.heartbeat;
         let (update, values, item_key) = self.finish_update(hb)?;
         // How the next heartbeat is filed follows the mark a pause or resume left on this
@@ -464,4 +556,8 @@ impl HeartbeatStore for DynamoStore {
         )
         .await
     }
+}
+
+fn item_key_of(id: &HeartbeatId) -> Item {
+    key(agent_pk(id.agent()), heartbeat_sk(id.beat()))
 }
