@@ -1770,6 +1770,79 @@ async fn heartbeats_and_turns_send_one_byte_identical_prefix_up_to_the_breakpoin
     assert_eq!(reqs[0].body.to_string().matches("cache_control").count(), 2);
 }
 
+/// Every request Pulse sends to Anthropic — a turn with a tool loop, a heartbeat with
+/// one, their breakpoints and lifetimes, the last step's tools turned off — is of the
+/// anthropic SDK's own request types, checked by `scripts/check_anthropic.py` with the
+/// SDK installed; the same check refuses a body with a lifetime the API does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_anthropic_request_is_of_the_anthropic_sdk_s_types() {
+    let w = world(Kind::Sqlite).await;
+    let agent = w
+        .agent(|a| {
+            a.llm.provider = Some(ProviderKind::Anthropic);
+            a.llm.base_url = Some(w.llm.url().parse().unwrap());
+            a.llm.model = Some("claude-sonnet-4-5".into());
+            a.instructions = Some("Be brief.\n\n## Report (every 1h)\nCheck on the report.".into());
+            // Two steps at most: the second is sent with its tools turned off.
+            a.budgets.max_steps = 2;
+        })
+        .await;
+    w.llm.script([
+        Scripted::tool("remember", json!({"text": "the report is due Friday"})),
+        Scripted::text("Noted."),
+    ]);
+    w.say(
+        &agent,
+        "please remember: my report is due Friday",
+        SignalMeta::default(),
+    )
+    .await;
+    w.b.drain(&w.worker).await;
+    w.b.advance(SignedDuration::from_mins(11));
+    w.llm.script([
+        Scripted::tool("recall", json!({"query": "report"})),
+        Scripted::text("Nothing to say yet."),
+    ]);
+    assert_eq!(w.beat().await, 1, "the heartbeat");
+    let bodies: Vec<serde_json::Value> = w.llm.requests().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies.len(), 4, "two steps of a turn, two of a heartbeat");
+    assert!(
+        bodies
+            .iter()
+            .any(|b| b["tool_choice"] == json!({"type": "none"})),
+        "a last step with its tools off is among them"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bodies.json");
+    std::fs::write(&file, serde_json::to_vec(&bodies).unwrap()).unwrap();
+    let out = pulse_tests::python_script("check_anthropic.py", &[&file]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let marks: usize = bodies
+        .iter()
+        .map(|b| b.to_string().matches("cache_control").count())
+        .sum();
+    assert!(
+        said.contains(&format!("4 bodies, {marks} breakpoints")),
+        "{said}"
+    );
+    // The check can fail: a lifetime the API does not have is refused, by name.
+    let mut wrong = bodies.clone();
+    wrong[0]["system"][0]["cache_control"]["ttl"] = json!("2h");
+    std::fs::write(&file, serde_json::to_vec(&wrong).unwrap()).unwrap();
+    let out = pulse_tests::python_script("check_anthropic.py", &[&file]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("body 0.system[0].cache_control") && err.contains("'5m' or '1h'"),
+        "{err}"
+    );
+}
+
 /// An agent whose heartbeats think with a cheaper model: its beats ask that one, its
 /// turns the chat model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

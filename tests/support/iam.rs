@@ -39,7 +39,7 @@ pub struct Users {
     seen: Mutex<u64>,
 }
 
-fn var(name: &str, what: &str) -> String {
+pub(crate) fn var(name: &str, what: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run ./scripts/test.sh, which sets it ({what})")
     })
@@ -53,7 +53,7 @@ pub fn moto_iam_url() -> String {
     )
 }
 
-fn workspace() -> &'static Path {
+pub(crate) fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
 }
 

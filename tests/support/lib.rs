@@ -983,3 +983,17 @@ macro_rules! on_both_backends {
         }
     };
 }
+
+/// Runs `scripts/NAME` with the test command's Python (`PULSE_TEST_PYTHON`, the venv
+/// that holds moto, cfn-lint and the anthropic SDK) on `args`.
+pub fn python_script(name: &str, args: &[&std::path::Path]) -> std::process::Output {
+    let python = iam::var(
+        "PULSE_TEST_PYTHON",
+        "the venv's Python, with the anthropic SDK",
+    );
+    std::process::Command::new(&python)
+        .arg(iam::workspace().join("scripts").join(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {python} scripts/{name}: {e}"))
+}
