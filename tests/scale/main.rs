@@ -79,7 +79,7 @@ async fn concurrent_sweepers(kind: Kind) {
 /// prices. As deployed: a hooks queue, and the heartbeat agent on (the offline model),
 /// which finds nothing to think about; a tenth of the agents have a hook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transaction() {
+async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_two_one_unit_writes() {
     use pulse_shared::domain::{ActionStatus, Hook, HookTarget, HookType};
     let b = Backend::new(Kind::Aws).await;
     let n = 200;
@@ -139,13 +139,19 @@ async fn a_heartbeat_cycle_on_aws_costs_one_claim_one_window_read_and_one_transa
         "{run:?}"
     );
     // The heartbeat agent's SKIPPED run rides on the finished heartbeat: no write of its
-    // own, and no HEARTBEAT event.
+    // own, and no HEARTBEAT event. The completion is the next heartbeat put and the
+    // record updated, one unit each, with no transaction.
     assert_eq!(
-        per(&run, "DynamoDB.TransactWriteItems"),
+        per(&run, "DynamoDB.PutItem"),
         1.0,
-        "one completion each: {run:?}"
+        "one next heartbeat each: {run:?}"
     );
-    assert_eq!(run.len(), 2, "nothing else: {run:?}");
+    assert_eq!(
+        per(&run, "DynamoDB.UpdateItem"),
+        1.0,
+        "one completed record each: {run:?}"
+    );
+    assert_eq!(run.len(), 3, "nothing else: {run:?}");
     let (agent, _) = &fleet[n - 1];
     let actions = pulse_shared::engine::actions::recent(b.store.as_ref(), &agent.id, 10)
         .await
