@@ -38,8 +38,8 @@ struct World {
     running: Option<tokio::task::JoinHandle<Result<(), GatewayError>>>,
 }
 
-async fn world() -> World {
-    world_with_faults(Kind::Sqlite).await.0
+async fn world(kind: Kind) -> World {
+    world_with_faults(kind).await.0
 }
 
 /// A world whose gateway reaches the store through faults the test can inject.
@@ -173,10 +173,14 @@ impl World {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_friend_s_direct_message_is_answered_once_as_a_reply_and_strangers_and_bots_get_nothing()
-{
-    let mut w = world().await;
+on_both_backends!(
+    a_friend_s_direct_message_is_answered_once_as_a_reply_and_strangers_and_bots_get_nothing,
+    a_friend_s_direct_message_is_answered_once_as_a_reply_and_strangers_and_bots_get_nothing
+);
+async fn a_friend_s_direct_message_is_answered_once_as_a_reply_and_strangers_and_bots_get_nothing(
+    kind: Kind,
+) {
+    let mut w = world(kind).await;
     w.agent(|_| {}).await;
     w.connect().await;
 
@@ -229,9 +233,14 @@ async fn a_friend_s_direct_message_is_answered_once_as_a_reply_and_strangers_and
     w.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_a_channel_the_agent_answers_when_mentioned_or_always_when_it_listens_to_all() {
-    let mut w = world().await;
+on_both_backends!(
+    in_a_channel_the_agent_answers_when_mentioned_or_always_when_it_listens_to_all,
+    in_a_channel_the_agent_answers_when_mentioned_or_always_when_it_listens_to_all
+);
+async fn in_a_channel_the_agent_answers_when_mentioned_or_always_when_it_listens_to_all(
+    kind: Kind,
+) {
+    let mut w = world(kind).await;
     let agent = w
         .agent(|a| {
             a.discord_channel = Some(ROOM.into());
@@ -296,9 +305,12 @@ async fn in_a_channel_the_agent_answers_when_mentioned_or_always_when_it_listens
     w.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_voice_note_reaches_the_model_as_its_envelope_and_a_picture_as_an_image() {
-    let mut w = world().await;
+on_both_backends!(
+    a_voice_note_reaches_the_model_as_its_envelope_and_a_picture_as_an_image,
+    a_voice_note_reaches_the_model_as_its_envelope_and_a_picture_as_an_image
+);
+async fn a_voice_note_reaches_the_model_as_its_envelope_and_a_picture_as_an_image(kind: Kind) {
+    let mut w = world(kind).await;
     w.agent(|_| {}).await;
     w.connect().await;
 
@@ -352,9 +364,12 @@ async fn a_voice_note_reaches_the_model_as_its_envelope_and_a_picture_as_an_imag
     w.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_connection_is_resumed_and_a_replayed_message_answered_once() {
-    let mut w = world().await;
+on_both_backends!(
+    a_dropped_connection_is_resumed_and_a_replayed_message_answered_once,
+    a_dropped_connection_is_resumed_and_a_replayed_message_answered_once
+);
+async fn a_dropped_connection_is_resumed_and_a_replayed_message_answered_once(kind: Kind) {
+    let mut w = world(kind).await;
     w.agent(|_| {}).await;
     w.connect().await;
 
@@ -397,9 +412,12 @@ async fn a_dropped_connection_is_resumed_and_a_replayed_message_answered_once() 
     w.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat() {
-    let mut w = world().await;
+on_both_backends!(
+    a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat,
+    a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat
+);
+async fn a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat(kind: Kind) {
+    let mut w = world(kind).await;
     let agent = w.agent(|_| {}).await;
     w.connect().await;
     w.fake.dispatch(
@@ -467,9 +485,12 @@ async fn a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat() {
     w.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_token_stops_the_gateway_with_what_to_do() {
-    let w = world().await;
+on_both_backends!(
+    a_refused_token_stops_the_gateway_with_what_to_do,
+    a_refused_token_stops_the_gateway_with_what_to_do
+);
+async fn a_refused_token_stops_the_gateway_with_what_to_do(kind: Kind) {
+    let w = world(kind).await;
     w.fake.refuse_with(4004);
     let (_tx, stop) = watch::channel(false);
     let outcome = tokio::time::timeout(Duration::from_secs(20), w.gateway.run(stop))
@@ -568,9 +589,12 @@ async fn two_gateways(kind: Kind) {
     running.abort();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back() {
-    let (mut w, faults) = world_with_faults(Kind::Sqlite).await;
+on_both_backends!(
+    a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back,
+    a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back
+);
+async fn a_message_is_kept_while_the_store_is_down_and_answered_once_it_is_back(kind: Kind) {
+    let (mut w, faults) = world_with_faults(kind).await;
     w.agent(|_| {}).await;
     w.connect().await;
     // Who the message is for cannot be read, then it cannot be queued.
@@ -628,9 +652,12 @@ on_both_backends!(
     message_to_a_deleted_agent
 );
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messages() {
-    let w = world().await;
+on_both_backends!(
+    an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messages,
+    an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messages
+);
+async fn an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messages(kind: Kind) {
+    let w = world(kind).await;
     w.agent(|a| {
         a.instructions = Some("Check on the user's deadlines.".into());
         a.discord.users = vec![FRIEND.into(), STRANGER.into()];
@@ -657,9 +684,12 @@ async fn an_agent_with_no_channel_speaks_first_in_its_first_user_s_direct_messag
     assert_eq!(posted[0].content, "How is the report going?");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one() {
-    let mut w = world().await;
+on_both_backends!(
+    malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one,
+    malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one
+);
+async fn malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one(kind: Kind) {
+    let mut w = world(kind).await;
     let agent = w.agent(|_| {}).await;
     w.connect().await;
     // No id, no channel, not an object, an unknown event, a payload past 1 MiB:
@@ -702,12 +732,15 @@ async fn malformed_payloads_are_skipped_and_an_invalid_session_starts_a_new_one(
     w.stop().await;
 }
 
+on_both_backends!(
+    one_person_s_flood_is_read_at_twenty_a_minute_and_told_once,
+    one_person_s_flood_is_read_at_twenty_a_minute_and_told_once
+);
 /// 25 messages from one person within a minute: 20 are queued for the agent, 5 are not,
 /// and the person is told once; the next minute they are read again. The minute is the
 /// injected clock's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_person_s_flood_is_read_at_twenty_a_minute_and_told_once() {
-    let mut w = world().await;
+async fn one_person_s_flood_is_read_at_twenty_a_minute_and_told_once(kind: Kind) {
+    let mut w = world(kind).await;
     w.agent(|_| {}).await;
     w.connect().await;
     let per_minute = pulse_gateway::USER_MESSAGES_PER_MINUTE as usize;
@@ -754,13 +787,16 @@ async fn one_person_s_flood_is_read_at_twenty_a_minute_and_told_once() {
     w.stop().await;
 }
 
+on_both_backends!(
+    an_edited_message_reaches_the_agent_as_an_edit_with_what_it_read_before,
+    an_edited_message_reaches_the_agent_as_an_edit_with_what_it_read_before
+);
 /// An edited message (`MESSAGE_UPDATE` with its `edited_timestamp`): after the reply, the
 /// next turn reads it as an edit, with what the message read before; before the reply,
 /// the turn that answers reads both; an update that is not an edit (an embed unfurled)
 /// and the bot's own edits queue nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_edited_message_reaches_the_agent_as_an_edit_with_what_it_read_before() {
-    let mut w = world().await;
+async fn an_edited_message_reaches_the_agent_as_an_edit_with_what_it_read_before(kind: Kind) {
+    let mut w = world(kind).await;
     w.agent(|_| {}).await;
     w.connect().await;
     let edit = |m: &Value, text: &str, at: &str| {

@@ -259,9 +259,12 @@ async fn heartbeat(kind: Kind) {
     assert_eq!(call.status, pulse_shared::domain::ActionStatus::Completed);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failures_reach_the_model_as_failed_calls_and_nothing_is_done_twice_blindly() {
-    let r = rig(Kind::Sqlite).await;
+on_both_backends!(
+    failures_reach_the_model_as_failed_calls_and_nothing_is_done_twice_blindly,
+    failures_reach_the_model_as_failed_calls_and_nothing_is_done_twice_blindly
+);
+async fn failures_reach_the_model_as_failed_calls_and_nothing_is_done_twice_blindly(kind: Kind) {
+    let r = rig(kind).await;
     r.register(Duration::from_millis(400)).await;
     let agent = r.agent("scout", "mcp:cal").await;
     r.llm.script([
@@ -301,9 +304,12 @@ async fn failures_reach_the_model_as_failed_calls_and_nothing_is_done_twice_blin
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_session_is_opened_again_and_the_call_sent_with_the_same_key() {
-    let r = rig(Kind::Sqlite).await;
+on_both_backends!(
+    an_expired_session_is_opened_again_and_the_call_sent_with_the_same_key,
+    an_expired_session_is_opened_again_and_the_call_sent_with_the_same_key
+);
+async fn an_expired_session_is_opened_again_and_the_call_sent_with_the_same_key(kind: Kind) {
+    let r = rig(kind).await;
     r.register(Duration::from_secs(5)).await;
     let agent = r.agent("scout", "mcp:cal").await;
     r.llm.script([
@@ -336,9 +342,12 @@ async fn an_expired_session_is_opened_again_and_the_call_sent_with_the_same_key(
     assert!(r.results(3)[0].contains("noted"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_changed_tools_list_is_listed_again_before_the_next_turn() {
-    let r = rig(Kind::Sqlite).await;
+on_both_backends!(
+    a_changed_tools_list_is_listed_again_before_the_next_turn,
+    a_changed_tools_list_is_listed_again_before_the_next_turn
+);
+async fn a_changed_tools_list_is_listed_again_before_the_next_turn(kind: Kind) {
+    let r = rig(kind).await;
     r.register(Duration::from_secs(5)).await;
     let agent = r.agent("scout", "mcp:cal").await;
     r.llm.script([
@@ -423,9 +432,12 @@ async fn endless_pager(kind: Kind) {
     assert_eq!(r.mcp.pages() - before, 32);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn urls_the_egress_guard_refuses_and_servers_that_are_not_mcp_are_refused() {
-    let r = rig(Kind::Sqlite).await;
+on_both_backends!(
+    urls_the_egress_guard_refuses_and_servers_that_are_not_mcp_are_refused,
+    urls_the_egress_guard_refuses_and_servers_that_are_not_mcp_are_refused
+);
+async fn urls_the_egress_guard_refuses_and_servers_that_are_not_mcp_are_refused(kind: Kind) {
+    let r = rig(kind).await;
     let name = ToolName::parse("x").unwrap();
     let to = Duration::from_secs(5);
     let metadata = McpServer::new("http://169.254.169.254/mcp", vec![], vec![], to).unwrap();
@@ -601,9 +613,12 @@ async fn rerun(kind: Kind) {
     assert!(stored.error.unwrap().contains("pulse actions resolve"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded() {
-    let r = rig(Kind::Sqlite).await;
+on_both_backends!(
+    a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded,
+    a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded
+);
+async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded(kind: Kind) {
+    let r = rig(kind).await;
     r.register(Duration::from_secs(5)).await;
     let agent = r.agent("scout", "mcp:cal").await;
     let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
@@ -646,10 +661,13 @@ async fn a_failing_mcp_tool_tells_its_hooks_once_that_it_is_degraded() {
     assert_eq!(receiver.hook_types(), ["TOOL_DEGRADED", "TOOL_RECOVERED"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_variables() {
+on_both_backends!(
+    a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_variables,
+    a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_variables
+);
+async fn a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_variables(kind: Kind) {
     use pulse_shared::domain::ToolKind;
-    let b = Backend::new(Kind::Sqlite).await;
+    let b = Backend::new(kind).await;
     let llm = FakeLlm::start().await;
     let discord = FakeDiscord::start().await;
     let services = pulse_tests::fake_services(&llm, &discord);
@@ -715,9 +733,14 @@ async fn a_local_mcp_program_is_started_only_when_allowed_and_given_only_its_var
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tools_images_reach_a_model_that_sees_images_and_a_note_reaches_one_that_does_not() {
-    let r = rig(Kind::Sqlite).await;
+on_both_backends!(
+    a_tools_images_reach_a_model_that_sees_images_and_a_note_reaches_one_that_does_not,
+    a_tools_images_reach_a_model_that_sees_images_and_a_note_reaches_one_that_does_not
+);
+async fn a_tools_images_reach_a_model_that_sees_images_and_a_note_reaches_one_that_does_not(
+    kind: Kind,
+) {
+    let r = rig(kind).await;
     r.register(Duration::from_secs(5)).await;
     let agent = r.agent("scout", "mcp:cal").await;
     for (n, vision) in [(0, true), (2, false)] {
@@ -1037,11 +1060,14 @@ async fn long_answer(kind: Kind) {
     assert!(call.response.as_ref().unwrap().to_string().len() <= limit + 64);
 }
 
+on_both_backends!(
+    one_answer_makes_at_most_sixteen_tool_calls,
+    one_answer_makes_at_most_sixteen_tool_calls
+);
 /// One answer asking for 1,000 `remember` calls makes 16 of them; each of the rest is
 /// answered "not made", and nothing is kept for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_answer_makes_at_most_sixteen_tool_calls() {
-    let r = rig(Kind::Sqlite).await;
+async fn one_answer_makes_at_most_sixteen_tool_calls(kind: Kind) {
+    let r = rig(kind).await;
     let agent = r.agent("scout", "").await;
     let calls = (0..1_000)
         .map(|i| ("remember".to_owned(), json!({"text": format!("fact {i}")})))
@@ -1076,11 +1102,14 @@ async fn one_answer_makes_at_most_sixteen_tool_calls() {
     assert_eq!(turn.steps[1]["name"], "remember");
 }
 
+on_both_backends!(
+    a_step_whose_prompt_the_results_pushed_past_the_budget_is_not_made,
+    a_step_whose_prompt_the_results_pushed_past_the_budget_is_not_made
+);
 /// The heartbeat agent does not send a prompt its results have pushed past the token
 /// budget: sixteen 16 KiB answers (about 65,000 tokens) end the run after one step.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_step_whose_prompt_the_results_pushed_past_the_budget_is_not_made() {
-    let r = rig(Kind::Sqlite).await;
+async fn a_step_whose_prompt_the_results_pushed_past_the_budget_is_not_made(kind: Kind) {
+    let r = rig(kind).await;
     r.mcp.add_tool("big", "Answers at length.").await;
     r.register(Duration::from_secs(5)).await;
     let mut agent = r.agent("scout", "mcp:cal").await;
@@ -1122,14 +1151,32 @@ async fn a_step_whose_prompt_the_results_pushed_past_the_budget_is_not_made() {
     assert!(needs > 60_000, "{stop}");
 }
 
-/// A server of 64 tools with large schemas (about 1 MB of definitions) is offered only
-/// as far as 64 KiB of definitions a request.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_tool_definitions_of_one_request_stay_within_their_budget() {
-    let r = rig(Kind::Sqlite).await;
+on_both_backends!(
+    the_tool_definitions_of_one_request_stay_within_their_budget,
+    the_tool_definitions_of_one_request_stay_within_their_budget
+);
+/// A server of 64 tools with large schemas (about 1 MB of definitions) is kept as far as
+/// 256 KiB of definitions (a DynamoDB item holds 400 KB: the whole list was refused
+/// there), each tool left out said, and offered only as far as 64 KiB a request.
+async fn the_tool_definitions_of_one_request_stay_within_their_budget(kind: Kind) {
+    let r = rig(kind).await;
     r.mcp.add_wide_tools(58).await;
     let tool = r.register(Duration::from_secs(5)).await;
-    assert_eq!(tool.mcp_server().unwrap().tools.len(), 64);
+    let kept = &tool.mcp_server().unwrap().tools;
+    let bytes: usize = kept.iter().map(|t| t.definition_bytes()).sum();
+    assert!(
+        bytes <= pulse_shared::domain::MAX_KEPT_BYTES && bytes > 200 * 1024,
+        "{bytes} bytes kept"
+    );
+    assert!(kept.len() > 12 && kept.len() < 64, "{} kept", kept.len());
+    let (again, left_out) = r.tools.refresh(&tool).await.unwrap();
+    assert_eq!(again.mcp_server().unwrap().tools.len(), kept.len());
+    assert_eq!(
+        left_out.len(),
+        64 - kept.len(),
+        "each tool left out is said"
+    );
+    assert!(left_out[0].contains("256 KiB"), "{left_out:?}");
     let agent = r.agent("scout", "mcp:cal").await;
     r.llm.script([Scripted::text("hello")]);
     r.turn(&agent, "hi").await;

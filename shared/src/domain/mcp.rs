@@ -31,6 +31,10 @@ pub(crate) const MAX_SCHEMA_BYTES: usize = 16 * 1024;
 /// Most bytes of MCP tool definitions (names, descriptions and input schemas) sent with
 /// one request to the model: past it, the later tools are not offered.
 pub const MAX_OFFERED_BYTES: usize = 64 * 1024;
+/// Most bytes of one server's tool definitions kept with its record: four requests'
+/// worth, and well inside a DynamoDB item's 400 KB. Past it, the later tools of its list
+/// are left out when it is listed, each said.
+pub const MAX_KEPT_BYTES: usize = 256 * 1024;
 /// The longest name a model provider accepts for a tool.
 pub(crate) const MAX_MODEL_NAME: usize = 64;
 
@@ -165,6 +169,13 @@ impl McpTool {
             input_schema,
             read_only: false,
         })
+    }
+
+    /// Bytes of its definition as a request carries it: name, description, schema.
+    pub fn definition_bytes(&self) -> usize {
+        self.name.len()
+            + self.description.as_deref().map_or(0, str::len)
+            + self.input_schema.to_string().len()
     }
 }
 

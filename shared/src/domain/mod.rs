@@ -71,8 +71,8 @@ pub use instructions::{
     BeatTask, Cadence, EVERY_BEAT_TASK, Instructions, Moment as TaskMoment, TaskLedger,
 };
 pub use mcp::{
-    AgentTool, MAX_MCP_TOOLS, MAX_OFFERED_BYTES, MCP_PREFIX, McpHeader, McpServer, McpTool,
-    ModelCall, OfferedTool, offered, within_budget,
+    AgentTool, MAX_KEPT_BYTES, MAX_MCP_TOOLS, MAX_OFFERED_BYTES, MCP_PREFIX, McpHeader, McpServer,
+    McpTool, ModelCall, OfferedTool, offered, within_budget,
 };
 pub use memory::{
     DotQuery, Embedding, MAX_AFTER_READING, MAX_MEMORY_CHARS, Memory, MemoryChange, MemoryKind,

@@ -38,7 +38,7 @@ use rmcp::{ClientHandler, ServiceError, ServiceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use crate::domain::{MAX_MCP_TOOLS, McpServer, McpTool, ToolName};
+use crate::domain::{MAX_KEPT_BYTES, MAX_MCP_TOOLS, McpServer, McpTool, ToolName};
 
 /// The largest answer read from an MCP server (a tools list or a call's result).
 pub const MAX_ANSWER: usize = 1 << 20;
@@ -187,10 +187,19 @@ impl McpClients {
         };
         let mut kept = Vec::new();
         let mut left_out = Vec::new();
+        let mut bytes = 0;
         for t in tools {
             let schema = Value::Object((*t.input_schema).clone());
             match McpTool::checked(&t.name, t.description.as_deref(), schema) {
+                Ok(tool) if bytes + tool.definition_bytes() > MAX_KEPT_BYTES => {
+                    left_out.push(format!(
+                        "tool {:?}: the definitions listed before it fill the {} KiB a server's record keeps",
+                        tool.name,
+                        MAX_KEPT_BYTES / 1024
+                    ));
+                }
                 Ok(mut tool) => {
+                    bytes += tool.definition_bytes();
                     tool.read_only = t
                         .annotations
                         .as_ref()
