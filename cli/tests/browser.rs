@@ -254,27 +254,41 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
     expect_text(&c, ".chat .said.reply", "You said").await;
     screenshot(&c, &d, "chat").await;
 
-    // Paused: no new heartbeat over two intervals.
+    // Paused: no new heartbeat while an agent beside it, at the same interval, beats
+    // twice (the server sweeps all along, so the paused one's would have run).
+    let control = ok(
+        &d,
+        &["agents", "create", "--name", "control", "--interval", "2s"],
+    );
     c.goto(&format!("{base}/ui/agents/{agent}/settings"))
         .await
         .unwrap();
     click(&c, Locator::XPath("//button[text()='Pause']")).await;
     expect_text(&c, ".card", "Paused").await;
-    let latest = |d: &Path| {
-        let hbs = json(d, &["heartbeats", "list", "--agent", &agent]);
+    let latest = |d: &Path, of: &str| {
+        let hbs = json(d, &["heartbeats", "list", "--agent", of]);
         (
             hbs[0]["beat"].as_u64().unwrap(),
             hbs[0]["status"].as_str().unwrap().to_owned(),
         )
     };
-    let before = latest(&d);
+    let before = latest(&d, &agent);
     assert_eq!(before.1, "PAUSED");
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (from, _) = latest(&d, &control);
+    let start = Instant::now();
+    while latest(&d, &control).0 < from + 2 {
+        assert!(
+            start.elapsed() < PAGE_LIMIT,
+            "the control agent did not beat"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(
-        latest(&d),
+        latest(&d, &agent),
         before,
         "a heartbeat ran while the agent was paused"
     );
+    ok(&d, &["agents", "delete", &control, "--yes"]);
 
     // A hook, added and tested from its tab.
     let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;

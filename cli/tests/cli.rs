@@ -9,9 +9,9 @@ mod book;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{Backend, bad, dir_on, json, ok, pulse};
 use std::time::{Duration, Instant};
 
+use common::{Backend, bad, dir_on, json, ok, pulse, wait_until};
 use pulse_tests::FakeTool;
 use serde_json::Value;
 
@@ -791,15 +791,6 @@ fn heartbeat_status(dir: &Path, agent: &str, beat: u64) -> Option<String> {
         .map(|h| h["status"].as_str().unwrap().to_owned())
 }
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
-}
-
 /// A tool run on every heartbeat whose first run hangs (its process is killed in it) and
 /// whose later runs answer.
 async fn hangs_once(d: &Path) -> FakeTool {
@@ -1309,8 +1300,11 @@ fn serve_answers_a_direct_message_over_the_gateway_unless_told_not_to() {
         ("DISCORD_API_BASE", api.as_str()),
     ];
 
+    // Off means off: once serve has come to the gateway and said it is off, nothing has
+    // connected (and, with the token set, something would have).
     let mut off = spawn_serve(d, &[env[0], env[1], ("PULSE_DISCORD_GATEWAY", "off")], &[]);
-    std::thread::sleep(Duration::from_millis(500));
+    let said = read_until(off.stderr.take().unwrap(), "PULSE_DISCORD_GATEWAY=off");
+    assert!(said.contains("messages are not read here"), "{said}");
     assert_eq!(gateway.connections(), 0, "off means off");
     off.kill().unwrap();
     off.wait().unwrap();
@@ -1387,8 +1381,14 @@ fn pulse_gateway_on(backend: Backend) {
     wait_until("the first is live", Duration::from_secs(30), || {
         gateway.is_live()
     });
-    let mut second = forwarder(Stdio::null());
-    std::thread::sleep(Duration::from_secs(1));
+    // The second tries the lease, finds it held and says so: still one connection.
+    let standby = d.join("standby.log");
+    let mut second = forwarder(std::fs::File::create(&standby).unwrap().into());
+    wait_until("the second stands by", Duration::from_secs(30), || {
+        std::fs::read_to_string(&standby)
+            .unwrap_or_default()
+            .contains("another process holds the Discord gateway; standing by")
+    });
     assert_eq!(gateway.connections(), 1, "the second stands by");
 
     gateway.dispatch(
@@ -2734,4 +2734,32 @@ fn a_message_the_model_cannot_answer_is_shown_waiting_and_status_says_why() {
             .any(|f| f["what"].as_str().unwrap().contains("waiting on the model")),
         "{v}"
     );
+}
+
+/// What a child wrote to `stream` up to the first line containing `needle` (read on a
+/// thread, 30 s at most); the rest is drained so the child never blocks on a full pipe.
+fn read_until(stream: impl std::io::Read + Send + 'static, needle: &str) -> String {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let needle = needle.to_owned();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut told = false;
+        for line in std::io::BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if !told {
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.contains(&needle) {
+                    let _ = tx.send(std::mem::take(&mut seen));
+                    told = true;
+                }
+            }
+        }
+        if !told {
+            let _ = tx.send(seen);
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("the line within 30 s")
 }

@@ -681,9 +681,16 @@ fn status_says_what_needs_attention_and_exits_1_for_an_overdue_heartbeat_on(back
     assert!(text.contains("nothing needs attention"), "{text}");
 
     // No sweeper runs here: held to a 100 ms sweep, the heartbeat is overdue once
-    // 200 ms have passed.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let out = pulse(d, &["status", "--sweep-interval", "100ms"]);
+    // 200 ms have passed, which the status says as soon as it is so.
+    let mut out = pulse(d, &["status", "--sweep-interval", "100ms"]);
+    common::wait_until(
+        "the heartbeat is overdue",
+        std::time::Duration::from_secs(10),
+        || {
+            out = pulse(d, &["status", "--sweep-interval", "100ms"]);
+            out.status.code() == Some(1)
+        },
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(

@@ -169,3 +169,18 @@ pub(crate) fn bad(dir: &Path, args: &[&str]) -> String {
     );
     String::from_utf8(out.stderr).unwrap()
 }
+
+/// Polls `f` every 50 ms until it holds; fails naming `what` past `limit`. How long it
+/// took.
+pub(crate) fn wait_until(
+    what: &str,
+    limit: std::time::Duration,
+    mut f: impl FnMut() -> bool,
+) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    start.elapsed()
+}
