@@ -2763,3 +2763,100 @@ fn read_until(stream: impl std::io::Read + Send + 'static, needle: &str) -> Stri
     rx.recv_timeout(Duration::from_secs(30))
         .expect("the line within 30 s")
 }
+
+/// With JSON logs, every line `pulse serve` writes inside a heartbeat names the agent and
+/// the heartbeat, and every line inside a conversation turn the agent and the turn, as a
+/// log shipper reads them: a real heartbeat (it thinks, with the offline model) and a
+/// real turn, their lines read back from the process's output.
+#[test]
+fn serve_s_json_log_lines_carry_the_agent_and_the_heartbeat_or_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "scout",
+            "--instructions",
+            "Look at what is new.",
+        ],
+    );
+    let log = d.join("serve.jsonl");
+    let mut serve = common::command(d, &["serve", "--tick", "100ms", "--listen", "off"])
+        .env("PULSE_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the first heartbeat completed",
+        Duration::from_secs(30),
+        || {
+            json(d, &["heartbeats", "list", "--agent", &agent])
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h["status"] == "COMPLETED")
+        },
+    );
+    ok(d, &["say", "--agent", &agent, "hello there"]);
+    wait_until("the turn was answered", Duration::from_secs(30), || {
+        ok(d, &["conversation", "show", "--agent", &agent]).contains("You said")
+    });
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    // The spans a line was written in, by name.
+    let in_span = |line: &Value, name: &str| -> Option<Value> {
+        line["spans"]
+            .as_array()?
+            .iter()
+            .find(|s| s["name"] == name)
+            .cloned()
+    };
+    let of = |name: &str| -> Vec<(Value, Value)> {
+        lines
+            .iter()
+            .filter_map(|l| in_span(l, name).map(|s| (l.clone(), s)))
+            .collect()
+    };
+    let heartbeat = of("heartbeat");
+    assert!(
+        heartbeat
+            .iter()
+            .any(|(l, _)| l["fields"]["message"] == "heartbeat completed"),
+        "no heartbeat's completion among {} lines",
+        lines.len()
+    );
+    for (line, span) in &heartbeat {
+        assert_eq!(span["agent_id"], agent.as_str(), "{line}");
+        let beat = span["beat"].as_u64().unwrap();
+        let ulid = agent.strip_prefix("ag_").unwrap();
+        assert_eq!(span["heartbeat_id"], format!("hb_{ulid}_{beat}"), "{line}");
+    }
+    let turn = of("turn");
+    assert!(
+        turn.iter()
+            .any(|(l, _)| l["fields"]["message"]
+                == "reply stored (no Discord destination configured)"),
+        "no turn's reply among {} lines",
+        lines.len()
+    );
+    for (line, span) in &turn {
+        assert_eq!(span["agent_id"], agent.as_str(), "{line}");
+        assert!(
+            span["turn_id"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("tn_")),
+            "{line}"
+        );
+    }
+}
