@@ -355,6 +355,124 @@ async fn the_openapi_document_describes_the_routes_the_receiver_serves() {
     }
 }
 
+/// The schema the OpenAPI document gives `path`'s `method` for a request body (`None`)
+/// or for the answer of `status`, compiled with the document's components so its `$ref`s
+/// resolve: JSON Schema 2020-12, as OpenAPI 3.1 uses, formats checked.
+fn documented(doc: &Value, path: &str, method: &str, status: Option<u16>) -> jsonschema::Validator {
+    let op = &doc["paths"][path][method];
+    let mut part = match status {
+        None => op["requestBody"].clone(),
+        Some(s) => op["responses"][s.to_string()].clone(),
+    };
+    if let Some(r) = part["$ref"].as_str() {
+        let name = r.rsplit('/').next().unwrap();
+        part = doc["components"]["responses"][name].clone();
+    }
+    let schema = &part["content"]["application/json"]["schema"];
+    assert!(
+        schema.is_object(),
+        "{method} {path} {status:?}: no JSON schema documented"
+    );
+    let root = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "components": doc["components"],
+        "allOf": [schema],
+    });
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(&root)
+        .unwrap_or_else(|e| panic!("{method} {path} {status:?}: the schema does not compile: {e}"))
+}
+
+/// Checks `body` against what the document says, naming every mismatch.
+fn conforms(doc: &Value, path: &str, method: &str, status: Option<u16>, body: &Value) {
+    let v = documented(doc, path, method, status);
+    let errors: Vec<String> = v
+        .iter_errors(body)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{method} {path} {status:?}: {body} is not what the document says: {errors:?}"
+    );
+}
+
+/// Real requests and answers of the messages API, each validated against the schema the
+/// OpenAPI document gives it: a message queued (202), its turn while queued and when
+/// done (200), the errors' bodies (400, 401, 403, 404, 413), the approvals listed (200);
+/// and the validator refuses what the document rules out (a reply of the wrong type, an
+/// unknown field in a message), so it is not a check that cannot fail.
+#[tokio::test]
+async fn the_messages_api_s_bodies_are_what_its_openapi_document_says() {
+    let a = api(Kind::Sqlite, 600).await;
+    let doc: Value = a
+        .http
+        .get(format!("{}/v1/openapi.json", a.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let messages = "/v1/agents/{agent_id}/messages";
+    let turns = "/v1/turns/{turn_id}";
+    let (_, token) = a.token(&a.agent).await;
+    let id = a.agent.id.as_str();
+
+    let sent = json!({"text": "what's on today?", "user": "ada"});
+    conforms(&doc, messages, "post", None, &sent);
+    let (s, queued, _) = a
+        .send(Some(&token), id, serde_json::to_vec(&sent).unwrap())
+        .await;
+    assert_eq!(s, 202, "{queued}");
+    conforms(&doc, messages, "post", Some(202), &queued);
+    // Read at once (the document's `poll` waits for the reply).
+    let poll = format!("/v1/turns/{}", queued["turn_id"].as_str().unwrap());
+    let (s, waiting) = a.turn(&token, &poll).await;
+    assert_eq!(s, 200);
+    assert_eq!(waiting["status"], "queued", "{waiting}");
+    conforms(&doc, turns, "get", Some(200), &waiting);
+    a.llm.script([Scripted::text("A quiet day.")]);
+    a.b.drain(&a.worker).await;
+    let (s, done) = a.turn(&token, &poll).await;
+    assert_eq!((s, done["status"].as_str()), (200, Some("done")), "{done}");
+    conforms(&doc, turns, "get", Some(200), &done);
+
+    // Errors: each status with the body the document gives it.
+    let (s, empty, _) = a.send(Some(&token), id, text("  ")).await;
+    assert_eq!(s, 400);
+    conforms(&doc, messages, "post", Some(400), &empty);
+    let (s, nobody, _) = a.send(None, id, text("hi")).await;
+    assert_eq!(s, 401);
+    conforms(&doc, messages, "post", Some(401), &nobody);
+    let mut other = NewAgent::named("other");
+    other.discord_channel = None;
+    let (other, first) = other.create(a.b.now()).unwrap();
+    a.b.store.create_agent(&other, &first).await.unwrap();
+    let (s, elsewhere, _) = a.send(Some(&token), other.id.as_str(), text("hi")).await;
+    assert_eq!(s, 403);
+    conforms(&doc, messages, "post", Some(403), &elsewhere);
+    let (s, huge, _) = a.send(Some(&token), id, text(&"x".repeat(16_001))).await;
+    assert_eq!(s, 413);
+    conforms(&doc, messages, "post", Some(413), &huge);
+    let (s, unknown) = a
+        .turn(&token, "/v1/turns/tn_01JAAAAAAAAAAAAAAAAAAAAAAA")
+        .await;
+    assert_eq!(s, 404);
+    conforms(&doc, turns, "get", Some(404), &unknown);
+    let (s, listed) = a.turn(&token, "/v1/approvals").await;
+    assert_eq!(s, 200);
+    conforms(&doc, "/v1/approvals", "get", Some(200), &listed);
+
+    // The check can fail.
+    let mut wrong = done.clone();
+    wrong["reply"] = json!(42);
+    let v = documented(&doc, turns, "get", Some(200));
+    assert!(!v.is_valid(&wrong), "a numeric reply passed");
+    let v = documented(&doc, messages, "post", None);
+    assert!(!v.is_valid(&json!({"text": "hi", "colour": "red"})));
+}
+
 on_both_backends!(
     a_message_the_model_cannot_answer_yet_reads_as_waiting_with_why_and_then_done,
     waiting_turn
