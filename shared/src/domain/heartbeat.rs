@@ -4,13 +4,14 @@
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
+use super::action::{Action, ActionStatus};
 use super::agent::Agent;
 use super::event::EventCursor;
 use super::found::Found;
 use super::ids::{ActionId, AgentId, EventId, HeartbeatId, SessionId, ToolName};
 use super::instructions::TaskLedger;
 use super::requests::Requests;
-use super::tool::{Action, ActionStatus, HEARTBEAT_AGENT};
+use super::tool::HEARTBEAT_AGENT;
 
 /// Where a heartbeat is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -7,6 +7,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::action::Action;
 use super::agent::Agent;
 use super::conversation::{Signal, Turn};
 use super::event::Event;
@@ -14,7 +15,7 @@ use super::heartbeat::Heartbeat;
 use super::hook::HookTarget;
 use super::hook_type::HookType;
 use super::ids::{ActionId, AgentId, HeartbeatId, HookDeliveryId, HookId, ToolName};
-use super::tool::{Action, Beats};
+use super::tool_request::Beats;
 use crate::error::ValidationError;
 
 /// The agent as a payload names it.

@@ -1,6 +1,7 @@
 //! The domain: agents, heartbeats, events, tools, subscriptions, actions and the queue's
 //! tasks. Types, newtypes and validation; no I/O.
 
+mod action;
 mod agent;
 mod agent_state;
 mod approval;
@@ -27,11 +28,13 @@ mod time;
 mod token;
 mod tool;
 mod tool_count;
+mod tool_request;
 mod unreadable;
 mod waiting;
 mod webhook;
 mod webhook_request;
 
+pub use action::{Action, ActionStatus, clipped};
 pub use agent::{
     AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, DEFAULT_MEMORY_HALF_LIFE,
     DiscordAccess, DiscordHome, DiscordListen, MAX_DISCORD_USERS, MAX_PROMPT_TEXT, Spend,
@@ -96,12 +99,11 @@ pub use time::{
     parse_duration, to_ms,
 };
 pub use token::{ApiToken, MAX_TOKEN_LIFE, TokenRefusal};
-pub use tool::{
-    Action, ActionStatus, AgentContext, BadToolResponse, Beats, Filter, HEARTBEAT_AGENT,
-    HeartbeatContext, Registry, Subscription, Tool, ToolKind, ToolRequest, ToolResponse,
-    builtin_tools, clipped,
-};
+pub use tool::{Filter, HEARTBEAT_AGENT, Registry, Subscription, Tool, ToolKind, builtin_tools};
 pub use tool_count::{COUNT_DAYS, CountChange, ToolCount, bucket_ms, bucket_of, hour_of};
+pub use tool_request::{
+    AgentContext, BadToolResponse, Beats, HeartbeatContext, ToolRequest, ToolResponse,
+};
 pub use unreadable::Unreadable;
 pub use waiting::WaitingTurn;
 pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};
