@@ -253,6 +253,52 @@ async fn pages(kind: Kind) {
         "{page}"
     );
     assert!(page.contains("<option value=\"off\" selected>"), "{page}");
+    // A turn whose prompt the provider's cache mostly read: its cost, the share read
+    // and what that saved (7,040 tokens in, 6,000 of them read and 1,000 written, 9 out:
+    // $0.005805, saving $0.01545 at Sonnet's list prices).
+    let signal = pulse_shared::domain::SignalId::parse("sg_01JAAAAAAAAAAAAAAAAAAAAAAA").unwrap();
+    let mut turn = pulse_shared::domain::Turn {
+        id: pulse_shared::domain::TurnId::for_signal(&signal),
+        agent_id: agent.id.clone(),
+        session: agent.session.clone(),
+        signals: vec![signal],
+        status: pulse_shared::domain::TurnStatus::Delivering,
+        parts: vec!["hello".into()],
+        delivered: 0,
+        target: pulse_shared::domain::ReplyTarget::None,
+        discord_message_ids: Vec::new(),
+        provider: "anthropic".into(),
+        model: "claude-sonnet-4-5".into(),
+        usage: pulse_shared::domain::Usage {
+            input_tokens: 7_040,
+            output_tokens: 9,
+            cache_read_tokens: 6_000,
+            cache_write_tokens: 1_000,
+            ..Default::default()
+        },
+        cost_usd: None,
+        steps: Vec::new(),
+        error: None,
+        created_at: u.b.now(),
+        completed_at: None,
+        requests: None,
+    };
+    u.b.store.begin_turn(&turn, &[]).await.unwrap();
+    turn.status = pulse_shared::domain::TurnStatus::Done;
+    turn.completed_at = Some(u.b.now());
+    u.b.store.update_turn(&turn).await.unwrap();
+    let page = u.get(&format!("{base}/settings")).await.body;
+    assert!(
+        page.contains("Last 7 days: 1 model call, <strong>$0.0058</strong>."),
+        "{page}"
+    );
+    assert!(
+        page.contains(
+            "85 % of prompt tokens read from the provider&#39;s cache, saving about $0.02."
+        ) || page
+            .contains("85 % of prompt tokens read from the provider's cache, saving about $0.02."),
+        "{page}"
+    );
     // The persona is read and changed here, within the CLI's limit; a form without it
     // (as above) leaves it as it was.
     let (u, base) = (&u, &base);
