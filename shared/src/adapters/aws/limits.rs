@@ -82,8 +82,45 @@ impl Intercept for LimitsGuard {
     }
 }
 
-/// Whether a request (its JSON body) keeps inside AWS's limits; why not, if not.
-pub(crate) fn check(service: &str, op: &str, body: &Value) -> Result<(), String> {
+/// What in a request passes one of AWS's limits.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Breach {
+    /// A count or a size past its limit.
+    #[error("{what} is {size} {unit}, past AWS's limit of {limit} {unit}")]
+    Over {
+        /// What is too large: "the item", "item 3 of the transaction", "the batch"…
+        what: String,
+        /// How large it is.
+        size: usize,
+        /// AWS's limit.
+        limit: usize,
+        /// Of what: bytes, items, entries…
+        unit: &'static str,
+    },
+    /// A FIFO group or deduplication id of a length SQS refuses.
+    #[error("the {what} {id:?} has {chars} characters; SQS takes 1 to {FIFO_ID_CHARS}")]
+    IdLength {
+        /// Which id.
+        what: &'static str,
+        /// The id.
+        id: String,
+        /// Its characters.
+        chars: usize,
+    },
+    /// A FIFO id holding a character SQS refuses.
+    #[error("the {what} {id:?} holds {c:?}; SQS takes letters, digits and punctuation only")]
+    IdCharacter {
+        /// Which id.
+        what: &'static str,
+        /// The id.
+        id: String,
+        /// The first character refused.
+        c: char,
+    },
+}
+
+/// Whether a request (its JSON body) keeps inside AWS's limits; what passes one, if not.
+pub(crate) fn check(service: &str, op: &str, body: &Value) -> Result<(), Breach> {
     match service {
         "DynamoDB" => dynamodb(op, body),
         "SQS" => sqs(op, body),
@@ -92,11 +129,16 @@ pub(crate) fn check(service: &str, op: &str, body: &Value) -> Result<(), String>
     }
 }
 
-fn over(what: &str, size: usize, limit: usize, unit: &str) -> String {
-    format!("{what} is {size} {unit}, past AWS's limit of {limit} {unit}")
+fn over(what: &str, size: usize, limit: usize, unit: &'static str) -> Breach {
+    Breach::Over {
+        what: what.to_owned(),
+        size,
+        limit,
+        unit,
+    }
 }
 
-fn item(what: &str, item: &Value) -> Result<usize, String> {
+fn item(what: &str, item: &Value) -> Result<usize, Breach> {
     let size = super::metrics::item_size(item);
     if size > ITEM_BYTES {
         return Err(over(what, size, ITEM_BYTES, "bytes"));
@@ -104,7 +146,7 @@ fn item(what: &str, item: &Value) -> Result<usize, String> {
     Ok(size)
 }
 
-fn dynamodb(op: &str, body: &Value) -> Result<(), String> {
+fn dynamodb(op: &str, body: &Value) -> Result<(), Breach> {
     match op {
         "PutItem" => item("the item", &body["Item"]).map(|_| ()),
         "TransactWriteItems" | "TransactGetItems" => {
@@ -189,26 +231,29 @@ fn message_size(m: &Value) -> usize {
 
 /// A FIFO group or deduplication id: at most 128 characters, each an ASCII letter, digit
 /// or punctuation mark.
-fn fifo_id(what: &str, v: &Value) -> Result<(), String> {
+fn fifo_id(what: &'static str, v: &Value) -> Result<(), Breach> {
     let Some(id) = v.as_str() else { return Ok(()) };
     if id.is_empty() || id.len() > FIFO_ID_CHARS {
-        return Err(format!(
-            "the {what} {id:?} has {} characters; SQS takes 1 to {FIFO_ID_CHARS}",
-            id.chars().count()
-        ));
+        return Err(Breach::IdLength {
+            what,
+            id: id.to_owned(),
+            chars: id.chars().count(),
+        });
     }
     if let Some(c) = id
         .chars()
         .find(|c| !c.is_ascii_alphanumeric() && !c.is_ascii_punctuation())
     {
-        return Err(format!(
-            "the {what} {id:?} holds {c:?}; SQS takes letters, digits and punctuation only"
-        ));
+        return Err(Breach::IdCharacter {
+            what,
+            id: id.to_owned(),
+            c,
+        });
     }
     Ok(())
 }
 
-fn one_message(m: &Value) -> Result<usize, String> {
+fn one_message(m: &Value) -> Result<usize, Breach> {
     let size = message_size(m);
     if size > SQS_MESSAGE_BYTES {
         return Err(over("the message", size, SQS_MESSAGE_BYTES, "bytes"));
@@ -218,7 +263,7 @@ fn one_message(m: &Value) -> Result<usize, String> {
     Ok(size)
 }
 
-fn sqs(op: &str, body: &Value) -> Result<(), String> {
+fn sqs(op: &str, body: &Value) -> Result<(), Breach> {
     match op {
         "SendMessage" => one_message(body).map(|_| ()),
         "SendMessageBatch" => {
@@ -255,7 +300,7 @@ fn entry_size(e: &Value) -> usize {
     s("Source") + s("DetailType") + s("Detail") + resources + time
 }
 
-fn eventbridge(body: &Value) -> Result<(), String> {
+fn eventbridge(body: &Value) -> Result<(), Breach> {
     let entries = body["Entries"].as_array().map_or(&[][..], Vec::as_slice);
     if entries.len() > EVENT_ENTRIES {
         return Err(over("PutEvents", entries.len(), EVENT_ENTRIES, "entries"));
@@ -290,7 +335,12 @@ mod tests {
         assert_eq!(put(ITEM_BYTES), Ok(()));
         assert_eq!(
             put(ITEM_BYTES + 1),
-            Err("the item is 409601 bytes, past AWS's limit of 409600 bytes".into())
+            Err(Breach::Over {
+                what: "the item".into(),
+                size: 409_601,
+                limit: ITEM_BYTES,
+                unit: "bytes"
+            })
         );
         let in_a_transaction =
             json!({"TransactItems": [{"Put": {"Item": item_of(ITEM_BYTES + 1)}}]});
@@ -314,7 +364,7 @@ mod tests {
             Ok(())
         );
         let err = check("DynamoDB", "TransactWriteItems", &puts(11, ITEM_BYTES)).unwrap_err();
-        assert!(err.contains("4194304 bytes"), "{err}");
+        assert!(err.to_string().contains("4194304 bytes"), "{err}");
         let writes = |n: usize| json!({"RequestItems": {"t": (0..n).map(|_| json!({"DeleteRequest": {"Key": {}}})).collect::<Vec<_>>()}});
         assert_eq!(check("DynamoDB", "BatchWriteItem", &writes(25)), Ok(()));
         assert!(check("DynamoDB", "BatchWriteItem", &writes(26)).is_err());
@@ -341,6 +391,7 @@ mod tests {
         assert!(
             check("SQS", "SendMessageBatch", &heavy)
                 .unwrap_err()
+                .to_string()
                 .contains("the batch is 270080 bytes")
         );
         let eleven = json!({"Entries": (0..11).map(|_| message(1, "v")).collect::<Vec<_>>()});
@@ -351,6 +402,7 @@ mod tests {
         assert!(
             check("SQS", "SendMessage", &with("a b"))
                 .unwrap_err()
+                .to_string()
                 .contains("' '")
         );
         assert!(check("SQS", "SendMessage", &with("é")).is_err());
