@@ -4,7 +4,6 @@
 //! stores and queues in tests) and the [`Services`] the workers talk to.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use pulse_egress::Egress;
 
@@ -20,6 +19,7 @@ use crate::error::StoreError;
 use crate::outbound::HookClient;
 use crate::ports::{
     Clock, DiscordApi, EventBus, HookQueue, LlmSelector, SessionQueue, Store, ToolRunner,
+    event_write_timeout,
 };
 use crate::tools::{HeartbeatAgent, McpClients, Tools};
 
@@ -392,32 +392,4 @@ pub async fn connect_aws(config: &Config) -> Result<Connected, StoreError> {
         orphans: None,
         keys_missing: None,
     })
-}
-
-/// Three quarters of the settle time: an event write that has not succeeded by then is
-/// abandoned (and reported) rather than risk becoming visible behind a read window.
-/// A settle of zero (tests, a single process) promises no such margin, so a write then
-/// has [`UNSETTLED_WRITE_TIMEOUT`] rather than a cut-off a busy store would trip.
-pub fn event_write_timeout(settle: jiff::SignedDuration) -> Duration {
-    let settle = settle.unsigned_abs();
-    if settle.is_zero() {
-        return UNSETTLED_WRITE_TIMEOUT;
-    }
-    settle.mul_f64(0.75).max(Duration::from_millis(100))
-}
-
-/// How long an event write may take when the settle time is zero.
-pub const UNSETTLED_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn event_writes_stop_before_the_settle_time_unless_there_is_none() {
-        let t = |s: i64| event_write_timeout(jiff::SignedDuration::from_millis(s));
-        assert_eq!(t(2000), Duration::from_millis(1500));
-        assert_eq!(t(40), Duration::from_millis(100));
-        assert_eq!(t(0), UNSETTLED_WRITE_TIMEOUT);
-    }
 }

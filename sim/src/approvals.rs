@@ -23,11 +23,7 @@ use serde_json::json;
 
 use crate::faults::lock;
 use crate::report::Invariant;
-use crate::setup::Sim;
-
-/// What the run knows of one parked call: its agent, and the decisions the deciders were
-/// told they made (approve true, deny false).
-pub(crate) type Parked = (AgentId, Vec<bool>);
+use crate::setup::{Parked, Sim};
 
 /// Parks a call for a live agent picked by the dice, and sets its fate going.
 pub(crate) async fn park_one(sim: &Arc<Sim>) {

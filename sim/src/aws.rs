@@ -107,7 +107,7 @@ impl Emulated {
         DynamoStore::new(
             clients.dynamodb.clone(),
             &self.table,
-            pulse_shared::app::event_write_timeout(settle),
+            pulse_shared::ports::event_write_timeout(settle),
         )
         .with_keys(keys)
     }

@@ -67,5 +67,13 @@ mod power;
 pub use faults::{Fault, Mix};
 pub use report::Report;
 pub use run::run;
-pub use setup::{Options, SHARD_AGENTS, SimBackend, SimError};
+pub use setup::{Options, SimBackend, SimError};
 pub use store::{FaultyStore, StorePolicy};
+
+/// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
+/// otherwise. A larger fleet is simulated as shards of near-equal size, each a deployment
+/// of its own (store, sweeper, workers, dispatcher, outside world) driven by a seed drawn
+/// from the run's, run side by side on the machine's cores; the report sums them. The
+/// split follows from the options alone, never from the machine, so a seed replays the
+/// same run on any machine.
+pub const SHARD_AGENTS: usize = 5_000;

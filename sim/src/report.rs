@@ -241,7 +241,7 @@ impl Report {
 
     /// The command that replays this run.
     pub fn replay(&self) -> String {
-        let split = if self.shard_agents == crate::setup::SHARD_AGENTS {
+        let split = if self.shard_agents == crate::SHARD_AGENTS {
             String::new()
         } else {
             format!(" --shard-agents {}", self.shard_agents)

@@ -75,7 +75,7 @@ pub struct Options {
     /// (`PULSE_DB=FILE`; a fleet in several shards keeps shard N's in `FILE.shardN`); in
     /// memory when `None`.
     pub keep: Option<std::path::PathBuf>,
-    /// The most agents one shard holds: [`SHARD_AGENTS`], unless testing the split.
+    /// The most agents one shard holds: [`crate::SHARD_AGENTS`], unless testing the split.
     pub shard_agents: usize,
     /// Where the run keeps its state.
     pub backend: SimBackend,
@@ -145,7 +145,7 @@ pub(crate) struct Ledger {
     /// Agents paused now.
     pub paused: BTreeSet<AgentId>,
     /// Calls parked for approval, with the decisions their deciders were told they made.
-    pub approvals: BTreeMap<pulse_shared::domain::ApprovalId, crate::approvals::Parked>,
+    pub approvals: BTreeMap<pulse_shared::domain::ApprovalId, Parked>,
 }
 
 /// Everything a running simulation shares.
@@ -231,13 +231,9 @@ impl Sim {
     }
 }
 
-/// The most agents one simulated deployment holds, unless [`Options::shard_agents`] says
-/// otherwise. A larger fleet is simulated as shards of near-equal size, each a deployment
-/// of its own (store, sweeper, workers, dispatcher, outside world) driven by a seed drawn
-/// from the run's, run side by side on the machine's cores; the report sums them. The
-/// split follows from the options alone, never from the machine, so a seed replays the
-/// same run on any machine.
-pub const SHARD_AGENTS: usize = 5_000;
+/// What the run knows of one parked call: its agent, and the decisions the deciders were
+/// told they made (approve true, deny false).
+pub(crate) type Parked = (pulse_shared::domain::AgentId, Vec<bool>);
 
 /// One shard of a run: which of the fleet's agents it holds, and its own seed.
 #[derive(Clone, Debug)]
@@ -388,7 +384,7 @@ fn open(options: &Options, dice: &Arc<Dice>, clock: &Arc<dyn Clock>) -> Result<B
         )));
     }
     // Events are held to the write deadline `pulse serve` keeps, on the run's clock.
-    let deadline = pulse_shared::app::event_write_timeout(EngineSettings::default().event_settle);
+    let deadline = pulse_shared::ports::event_write_timeout(EngineSettings::default().event_settle);
     let (db, power) = if options.mix.rate(crate::faults::Fault::PowerCut) > 0.0 {
         if options.keep.is_some() {
             return Err(SimError(

@@ -16,6 +16,7 @@ mod hooks;
 mod inbound;
 mod lambda;
 mod large_records;
+mod layout;
 mod lifecycle;
 mod listener;
 mod llm;

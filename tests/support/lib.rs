@@ -249,7 +249,7 @@ impl Backend {
         // with the default settle time.
         let db = db.with_event_deadline(
             clock.clone() as Arc<dyn Clock>,
-            pulse_shared::app::event_write_timeout(settings().event_settle),
+            pulse_shared::ports::event_write_timeout(settings().event_settle),
         );
         let kind = Kind::Sqlite;
         Self {

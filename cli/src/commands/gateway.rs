@@ -65,7 +65,7 @@ pub(crate) async fn execute(cx: &Ctx<'_>) -> Result<(), Failure> {
     };
     let (stop_tx, stop) = watch::channel(false);
     tokio::spawn(async move {
-        super::serve::shutdown_signal().await;
+        super::shutdown::shutdown_signal().await;
         tracing::info!("stopping: giving the Discord gateway's lease up");
         let _ = stop_tx.send(true);
     });

@@ -22,6 +22,7 @@ pub(crate) mod schedules;
 pub(crate) mod secrets;
 pub(crate) mod serve;
 pub(crate) mod sessions;
+mod shutdown;
 pub(crate) mod simulate;
 pub(crate) mod status;
 mod story;

@@ -288,7 +288,7 @@ pub(crate) async fn serve(
     );
 
     let signals = async {
-        shutdown_signal().await;
+        super::shutdown::shutdown_signal().await;
         info!(grace = ?limits.shutdown_grace, "stopping: finishing the work in hand");
         let _ = stop_tx.send(true);
     };
@@ -629,28 +629,6 @@ impl Loops<'_> {
         if let Err(e) = http::serve_app(listener, app, limits, shutdown).await {
             error!(error = %e, "the HTTP receiver stopped");
         }
-    }
-}
-
-pub(crate) async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

@@ -479,3 +479,33 @@ impl EventQuery {
         self.types.is_empty() || self.types.contains(&event.event_type)
     }
 }
+
+/// Three quarters of the settle time: an event write that has not succeeded by then is
+/// abandoned (and reported) rather than risk becoming visible behind a read window.
+/// A settle of zero (tests, a single process) promises no such margin, so a write then
+/// has [`UNSETTLED_WRITE_TIMEOUT`] rather than a cut-off a busy store would trip.
+pub fn event_write_timeout(settle: jiff::SignedDuration) -> std::time::Duration {
+    let settle = settle.unsigned_abs();
+    if settle.is_zero() {
+        return UNSETTLED_WRITE_TIMEOUT;
+    }
+    settle
+        .mul_f64(0.75)
+        .max(std::time::Duration::from_millis(100))
+}
+
+/// How long an event write may take when the settle time is zero.
+pub const UNSETTLED_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_writes_stop_before_the_settle_time_unless_there_is_none() {
+        let t = |s: i64| event_write_timeout(jiff::SignedDuration::from_millis(s));
+        assert_eq!(t(2000), std::time::Duration::from_millis(1500));
+        assert_eq!(t(40), std::time::Duration::from_millis(100));
+        assert_eq!(t(0), UNSETTLED_WRITE_TIMEOUT);
+    }
+}

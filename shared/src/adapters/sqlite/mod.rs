@@ -241,7 +241,7 @@ impl EventDeadline {
                 e.id,
                 waited as f64 / 1000.0,
                 self.within.as_secs_f64(),
-                crate::app::UNSETTLED_WRITE_TIMEOUT.as_secs()
+                crate::ports::UNSETTLED_WRITE_TIMEOUT.as_secs()
             ),
         ))
     }
