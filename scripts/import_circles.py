@@ -175,7 +175,10 @@ def main():
               file=sys.stderr)
     if new or gone:
         sys.exit(1)
-    print(f"{len(found)} import circles, all known: " + "; ".join(sorted(found)))
+    if found:
+        print(f"{len(found)} import circles, all known: " + "; ".join(sorted(found)))
+    else:
+        print("no import circle")
 
 
 if __name__ == "__main__":

@@ -343,3 +343,17 @@ impl std::fmt::Debug for Secret {
         f.write_str("Secret(***)")
     }
 }
+
+/// A [`Secret`] stored as its string (sealed by the store adapters before it is written).
+pub(crate) mod secret_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Secret;
+
+    pub(crate) fn serialize<S: Serializer>(s: &Secret, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(s.expose())
+    }
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
+        String::deserialize(d).map(Secret::new)
+    }
+}

@@ -240,7 +240,7 @@ pub struct Hook {
     pub target: HookTarget,
     /// Its Standard Webhooks signing secret (`whsec_…`). Shown once at creation; never
     /// listed or logged.
-    #[serde(with = "secret_string")]
+    #[serde(with = "super::chat::secret_string")]
     pub secret: Secret,
     /// Sent as the `Authorization` header, if set. Never listed or logged.
     #[serde(
@@ -274,20 +274,6 @@ pub struct Hook {
     /// stored and never used (its deliveries wait). Never stored.
     #[serde(skip)]
     pub unreadable: Option<Unreadable>,
-}
-
-/// A [`Secret`] stored as its string (sealed by the store adapters before it is written).
-pub(crate) mod secret_string {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use crate::domain::Secret;
-
-    pub(crate) fn serialize<S: Serializer>(s: &Secret, ser: S) -> Result<S::Ok, S::Error> {
-        ser.serialize_str(s.expose())
-    }
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
-        String::deserialize(d).map(Secret::new)
-    }
 }
 
 mod opt_secret_string {

@@ -169,20 +169,19 @@ impl HookType {
 
     /// Every type a hook may take with these tools, and when it fires: the lifecycle
     /// types, then `BEFORE_`/`AFTER_` of each tool.
-    pub fn catalogue(tools: &[super::tool::Tool]) -> Vec<(HookType, String)> {
+    pub fn catalogue<'a>(
+        tools: impl IntoIterator<Item = &'a super::ids::ToolName>,
+    ) -> Vec<(HookType, String)> {
         let mut all: Vec<(HookType, String)> = Self::LIFECYCLE
             .iter()
             .map(|(t, what)| (Self::of(t), (*what).to_owned()))
             .collect();
-        for tool in tools {
+        for name in tools {
             for (t, when) in [
-                (Self::before_tool(&tool.name), "before"),
-                (Self::after_tool(&tool.name), "after"),
+                (Self::before_tool(name), "before"),
+                (Self::after_tool(name), "after"),
             ] {
-                all.push((
-                    t,
-                    format!("{when} the tool {} runs for an event", tool.name),
-                ));
+                all.push((t, format!("{when} the tool {name} runs for an event")));
             }
         }
         all

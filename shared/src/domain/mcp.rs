@@ -87,7 +87,7 @@ pub struct McpHeader {
     /// Its name (`Authorization`).
     pub name: String,
     /// Its value; sealed at rest.
-    #[serde(with = "super::hook::secret_string")]
+    #[serde(with = "super::chat::secret_string")]
     pub value: Secret,
 }
 

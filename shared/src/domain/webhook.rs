@@ -78,26 +78,13 @@ impl fmt::Display for WebhookScheme {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WebhookSecret {
     /// The secret. Stored (it is needed to check signatures); never listed or logged.
-    #[serde(with = "secret_string")]
+    #[serde(with = "super::chat::secret_string")]
     pub secret: Secret,
     /// When it was added.
     pub added_at: Timestamp,
     /// When it stops being accepted; `None` while it is the current secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retires_at: Option<Timestamp>,
-}
-
-mod secret_string {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    use crate::domain::Secret;
-
-    pub(super) fn serialize<S: Serializer>(s: &Secret, ser: S) -> Result<S::Ok, S::Error> {
-        ser.serialize_str(s.expose())
-    }
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
-        String::deserialize(d).map(Secret::new)
-    }
 }
 
 /// How many requests a webhook accepts per clock hour.

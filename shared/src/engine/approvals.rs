@@ -221,7 +221,7 @@ pub(crate) fn emission(approval: &Approval, hook_type: &'static str) -> Emission
         hook_type: HookType::of(hook_type),
         heartbeat_id: approval.heartbeat_id.clone(),
         action_id: approval.outcome.as_ref().and_then(|o| o.action_id.clone()),
-        data: super::agent_tools::approval_data(approval),
+        data: approval_data(approval),
         triggered_by: "APPROVAL".to_owned(),
         key_ms: approval.at_ms,
         key: vec![approval.id.to_string(), hook_type.to_owned()],
@@ -389,4 +389,23 @@ pub async fn ask_waiting(
         n += usize::from(ask(store, discord, agent, a, now).await);
     }
     n
+}
+
+/// What a hook of an approval carries.
+pub fn approval_data(a: &Approval) -> serde_json::Value {
+    serde_json::json!({
+        "approval_id": a.id,
+        "status": a.status.as_str(),
+        "tool_name": a.server,
+        "mcp_tool": a.tool,
+        "arguments": a.arguments,
+        "reason": a.reason,
+        "requested_at": a.requested_at,
+        "expires_at": a.expires_at,
+        "decided_by": a.decided_by,
+        "decided_at": a.decided_at,
+        "decision_reason": a.decision_reason,
+        "turn_id": a.turn_id,
+        "outcome": a.outcome,
+    })
 }

@@ -34,7 +34,7 @@ async fn page(d: &Dashboard, agent: &Agent, notice: Option<Notice>) -> Result<Ma
             .load_registry()
             .await?
             .with_builtins(builtin_tools());
-    let catalogue = HookType::catalogue(&registry.tools);
+    let catalogue = HookType::catalogue(registry.tools.iter().map(|t| &t.name));
     let part = cards(d, agent).await?;
     Ok(agent_page(
         agent,
@@ -187,7 +187,7 @@ pub(crate) async fn add(
             .load_registry()
             .await?
             .with_builtins(builtin_tools());
-    if !HookType::catalogue(&registry.tools)
+    if !HookType::catalogue(registry.tools.iter().map(|t| &t.name))
         .iter()
         .any(|(t, _)| *t == hook_type)
     {

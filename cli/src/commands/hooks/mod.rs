@@ -573,7 +573,7 @@ async fn catalogue(b: &Connected) -> Result<Vec<(HookType, String)>, Failure> {
         .load_registry()
         .await?
         .with_builtins(builtin_tools());
-    Ok(HookType::catalogue(&registry.tools))
+    Ok(HookType::catalogue(registry.tools.iter().map(|t| &t.name)))
 }
 
 async fn valid_types(b: &Connected) -> Result<Vec<String>, Failure> {

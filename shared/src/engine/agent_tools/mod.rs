@@ -18,7 +18,7 @@ mod parked;
 
 pub(crate) use calls::answer_of;
 pub use calls::{Called, Race, Site};
-pub use parked::{approval_data, not_sent, told};
+pub use parked::{not_sent, told};
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -299,25 +299,6 @@ pub fn not_sent(approval: &Approval, now: jiff::Timestamp) -> Option<ApprovalOut
     })
 }
 
-/// What a hook of an approval carries.
-pub fn approval_data(a: &Approval) -> Value {
-    json!({
-        "approval_id": a.id,
-        "status": a.status.as_str(),
-        "tool_name": a.server,
-        "mcp_tool": a.tool,
-        "arguments": a.arguments,
-        "reason": a.reason,
-        "requested_at": a.requested_at,
-        "expires_at": a.expires_at,
-        "decided_by": a.decided_by,
-        "decided_at": a.decided_at,
-        "decision_reason": a.decision_reason,
-        "turn_id": a.turn_id,
-        "outcome": a.outcome,
-    })
-}
-
 /// What the model is told of a call it made that is parked (or, on a run made again,
 /// was parked and maybe decided since).
 fn parked_answer(a: &Approval) -> Value {

@@ -25,6 +25,15 @@ pub(super) enum Command {
 }
 
 /// The command `signal` gives, if it is one: `Err` says what was wrong with it.
+/// Whether `signal` is the user speaking: a message that is not a steering command
+/// (see [`parse`]; anyone's, well formed or not, refused or not: it is answered
+/// without the model). The one rule for what counts as an interaction — at intake (the
+/// cancel mark a running heartbeat reads), when a turn wakes an auto-paused agent, and
+/// when its end starts the quiet period.
+pub(crate) fn is_interaction(signal: &Signal) -> bool {
+    signal.kind == SignalKind::Message && parse(signal).is_none()
+}
+
 pub(super) fn parse(signal: &Signal) -> Option<Result<Command, String>> {
     if signal.kind != SignalKind::Message {
         return None;

@@ -24,6 +24,7 @@
 
 mod ask;
 mod commands;
+pub(crate) use commands::is_interaction;
 mod context;
 mod deliver;
 mod images;
@@ -77,15 +78,6 @@ pub async fn history(
 /// A turn's steps as the turn keeps them: within [`Turn::KEPT_STEPS`].
 fn kept_steps(steps: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
     super::transcript::kept(steps, Turn::KEPT_STEPS)
-}
-
-/// Whether `signal` is the user speaking: a message that is not a steering command
-/// (see [`commands`]; anyone's, well formed or not, refused or not: it is answered
-/// without the model). The one rule for what counts as an interaction — at intake (the
-/// cancel mark a running heartbeat reads), when a turn wakes an auto-paused agent, and
-/// when its end starts the quiet period.
-pub(crate) fn is_interaction(signal: &Signal) -> bool {
-    signal.kind == SignalKind::Message && commands::parse(signal).is_none()
 }
 
 /// Tunables of conversation turns.
