@@ -858,14 +858,17 @@ async fn not_due(kind: Kind) {
     );
 }
 
-on_both_backends!(
-    an_idle_finish_is_fenced_by_the_claim_and_files_one_next_heartbeat,
-    idle_finish
-);
-/// A finish with no event to write (an idle beat's): a stale run's finish is refused,
-/// and the run that holds the claim files exactly one next heartbeat, whichever of the
-/// two got to write it (DynamoDB writes the next before the record it completes).
-async fn idle_finish(kind: Kind) {
+/// A heartbeat claimed, its lease run out and claimed again: the backend, its agent, the
+/// heartbeat as filed, and the first and second claims.
+async fn reclaimed(
+    kind: Kind,
+) -> (
+    Backend,
+    pulse_shared::domain::Agent,
+    pulse_shared::domain::Heartbeat,
+    pulse_shared::domain::Heartbeat,
+    pulse_shared::domain::Heartbeat,
+) {
     let b = Backend::new(kind).await;
     let (agent, first) = b.agent("scout", "15m").await;
     let c1 = b
@@ -881,6 +884,18 @@ async fn idle_finish(kind: Kind) {
         .await
         .unwrap()
         .unwrap();
+    (b, agent, first, c1, c2)
+}
+
+on_both_backends!(
+    an_idle_finish_is_fenced_by_the_claim_and_files_one_next_heartbeat,
+    idle_finish
+);
+/// A finish with no event to write (an idle beat's): a stale run's finish is refused,
+/// and the run that holds the claim files exactly one next heartbeat, whichever of the
+/// two got to write it (DynamoDB writes the next before the record it completes).
+async fn idle_finish(kind: Kind) {
+    let (b, agent, first, c1, c2) = reclaimed(kind).await;
     let due = b
         .now()
         .saturating_add(SignedDuration::from_mins(15))
@@ -957,21 +972,7 @@ on_both_backends!(
     finish
 );
 async fn finish(kind: Kind) {
-    let b = Backend::new(kind).await;
-    let (agent, first) = b.agent("scout", "15m").await;
-    let c1 = b
-        .store
-        .claim(&first.id(), &claim_req(&b))
-        .await
-        .unwrap()
-        .unwrap();
-    b.advance(SignedDuration::from_mins(11));
-    let c2 = b
-        .store
-        .claim(&first.id(), &claim_req(&b))
-        .await
-        .unwrap()
-        .unwrap();
+    let (b, agent, first, c1, c2) = reclaimed(kind).await;
 
     let hb_event = NewEvent::new("X", json!({}), None).unwrap().into_event(
         agent.id.clone(),

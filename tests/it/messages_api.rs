@@ -114,6 +114,12 @@ impl Api {
         (status, r.json().await.unwrap(), headers)
     }
 
+    /// The OpenAPI document the receiver serves.
+    async fn openapi(&self) -> Value {
+        let r = self.http.get(format!("{}/v1/openapi.json", self.base));
+        r.send().await.unwrap().json().await.unwrap()
+    }
+
     async fn turn(&self, token: &str, path: &str) -> (u16, Value) {
         let r = self
             .http
@@ -310,15 +316,7 @@ async fn rate_limited(kind: Kind) {
 #[tokio::test]
 async fn the_openapi_document_describes_the_routes_the_receiver_serves() {
     let a = api(Kind::Sqlite, 600).await;
-    let doc: Value = a
-        .http
-        .get(format!("{}/v1/openapi.json", a.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = a.openapi().await;
     assert_eq!(doc["openapi"], "3.1.0");
     let paths = doc["paths"].as_object().unwrap();
     assert_eq!(paths.len(), 5, "{:?}", paths.keys().collect::<Vec<_>>());
@@ -405,15 +403,7 @@ fn conforms(doc: &Value, path: &str, method: &str, status: Option<u16>, body: &V
 #[tokio::test]
 async fn the_messages_api_s_bodies_are_what_its_openapi_document_says() {
     let a = api(Kind::Sqlite, 600).await;
-    let doc: Value = a
-        .http
-        .get(format!("{}/v1/openapi.json", a.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = a.openapi().await;
     let messages = "/v1/agents/{agent_id}/messages";
     let turns = "/v1/turns/{turn_id}";
     let (_, token) = a.token(&a.agent).await;
