@@ -1177,6 +1177,33 @@ async fn the_tool_definitions_of_one_request_stay_within_their_budget(kind: Kind
         "each tool left out is said"
     );
     assert!(left_out[0].contains("256 KiB"), "{left_out:?}");
+    assert!(
+        !kept.iter().any(|t| t.name == "wide57"),
+        "the last is past the bound"
+    );
+    // A tool an allow-list names is kept however late the server lists it.
+    let allowing = McpServer::new(
+        &r.mcp.url(),
+        vec![McpHeader::parse("Authorization: Bearer s3cret").unwrap()],
+        vec!["wide57".into(), "add".into()],
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let named = Tool::mcp(ToolName::parse("named").unwrap(), allowing, r.b.now());
+    r.b.store.add_tool(&named).await.unwrap();
+    let (named, _) = r.tools.refresh(&named).await.unwrap();
+    let kept: Vec<&str> = named
+        .mcp_server()
+        .unwrap()
+        .tools
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
+    assert!(
+        kept.contains(&"wide57") && kept.contains(&"add"),
+        "{kept:?}"
+    );
+    assert!(named.mcp_server().unwrap().missing_allowed().is_empty());
     let agent = r.agent("scout", "mcp:cal").await;
     r.llm.script([Scripted::text("hello")]);
     r.turn(&agent, "hi").await;

@@ -137,11 +137,15 @@ pub(crate) async fn add(mut tool: Tool, cx: &Ctx<'_>) -> Result<(), Failure> {
     let missing = listed.missing_allowed();
     if !missing.is_empty() {
         let have: Vec<&str> = listed.tools.iter().map(|t| t.name.as_str()).collect();
-        return Err(Failure::Input(format!(
+        let mut why = format!(
             "--allow names tools the server does not list: {}; it lists {}",
             missing.join(", "),
             have.join(", ")
-        )));
+        );
+        for out in &left_out {
+            why.push_str(&format!("\nleft out: {out}"));
+        }
+        return Err(Failure::Input(why));
     }
     tool.kind = pulse_shared::domain::ToolKind::Mcp(Box::new(listed));
     cx.b.store.add_tool(&tool).await.map_err(store)?;

@@ -185,31 +185,49 @@ impl McpClients {
                 ));
             }
         };
-        let mut kept = Vec::new();
+        let mut checked = Vec::new();
         let mut left_out = Vec::new();
-        let mut bytes = 0;
         for t in tools {
             let schema = Value::Object((*t.input_schema).clone());
             match McpTool::checked(&t.name, t.description.as_deref(), schema) {
-                Ok(tool) if bytes + tool.definition_bytes() > MAX_KEPT_BYTES => {
-                    left_out.push(format!(
-                        "tool {:?}: the definitions listed before it fill the {} KiB a server's record keeps",
-                        tool.name,
-                        MAX_KEPT_BYTES / 1024
-                    ));
-                }
                 Ok(mut tool) => {
-                    bytes += tool.definition_bytes();
                     tool.read_only = t
                         .annotations
                         .as_ref()
                         .and_then(|a| a.read_only_hint)
                         .unwrap_or(false);
-                    kept.push(tool);
+                    checked.push(tool);
                 }
                 Err(why) => left_out.push(why),
             }
         }
+        // Within the bound a record keeps, the tools an allow-list names come first (one
+        // the operator named is never left out for the others), then the rest in the
+        // server's order; those kept stay in that order.
+        let named = |t: &McpTool| server.allow.contains(&t.name);
+        let mut keep = vec![false; checked.len()];
+        let mut bytes = 0;
+        let order = (0..checked.len())
+            .filter(|&i| named(&checked[i]))
+            .chain((0..checked.len()).filter(|&i| !named(&checked[i])));
+        for i in order {
+            let size = checked[i].definition_bytes();
+            if bytes + size <= MAX_KEPT_BYTES {
+                bytes += size;
+                keep[i] = true;
+            } else {
+                left_out.push(format!(
+                    "tool {:?}: the definitions kept before it fill the {} KiB a server's record keeps",
+                    checked[i].name,
+                    MAX_KEPT_BYTES / 1024
+                ));
+            }
+        }
+        let kept = checked
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(t, k)| k.then_some(t))
+            .collect();
         Ok((kept, left_out))
     }
 
