@@ -191,7 +191,7 @@ impl DynamoStore {
                     let _ = self
                         .delete_existing(
                             "delete next heartbeat",
-                            item_key_of(&next_id),
+                            heartbeat_key(&next_id),
                             next_id.to_string(),
                         )
                         .await;
@@ -295,7 +295,7 @@ impl HeartbeatStore for DynamoStore {
     ) -> Result<Option<Heartbeat>, StoreError> {
         let now = to_ms(req.now);
         let lease = to_ms(req.now.saturating_add(req.lease).unwrap_or(req.now));
-        let item_key = key(agent_pk(id.agent()), heartbeat_sk(id.beat()));
+        let item_key = heartbeat_key(id);
         // This claim's own mark. The SDK sends a request again when its answer is lost;
         // a claim that was done then fails its own condition, and the mark on the item
         // it finds says the claim is this one's.
@@ -450,7 +450,7 @@ impl HeartbeatStore for DynamoStore {
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(key(agent_pk(id.agent()), heartbeat_sk(id.beat()))))
+            .set_key(Some(heartbeat_key(id)))
             .condition_expression("#status = :from")
             .expression_attribute_names("#status", "status")
             .return_values(ReturnValue::AllNew);
@@ -524,13 +524,10 @@ impl HeartbeatStore for DynamoStore {
     }
 
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError> {
-        self.get(
-            "get heartbeat",
-            key(agent_pk(id.agent()), heartbeat_sk(id.beat())),
-        )
-        .await?
-        .map(read_heartbeat)
-        .transpose()
+        self.get("get heartbeat", heartbeat_key(id))
+            .await?
+            .map(read_heartbeat)
+            .transpose()
     }
 
     async fn heartbeats_page(
@@ -558,6 +555,7 @@ impl HeartbeatStore for DynamoStore {
     }
 }
 
-fn item_key_of(id: &HeartbeatId) -> Item {
+/// The key of a heartbeat's record.
+fn heartbeat_key(id: &HeartbeatId) -> Item {
     key(agent_pk(id.agent()), heartbeat_sk(id.beat()))
 }
