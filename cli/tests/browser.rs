@@ -570,10 +570,33 @@ async fn the_chat_opens_at_the_newest_message_and_follows_unless_scrolled_up_in_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Scrolled up to read: a new exchange does not move the page.
-    c.execute("window.scrollTo(0, 0);", vec![]).await.unwrap();
+    // The page decides whether to follow when htmx settles a swap; a listener added after
+    // the page's own runs after it, so once it has counted the swap that brought the
+    // fourteenth reply (the answer to this message), the page has had every chance to move.
+    c.execute(
+        "window.scrollTo(0, 0); window.settledSwaps = 0; \
+         document.addEventListener('htmx:afterSettle', function () { \
+           if (document.querySelectorAll('.chat .said.reply').length >= 14) \
+             window.settledSwaps++; });",
+        vec![],
+    )
+    .await
+    .unwrap();
     ok(&d, &["say", "--agent", "talker", "one more while reading"]);
     expect_text(&c, ".chat", "one more while reading").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let settled = Instant::now();
+    while c
+        .execute("return window.settledSwaps;", vec![])
+        .await
+        .unwrap()
+        == serde_json::json!(0)
+    {
+        assert!(
+            settled.elapsed() < PAGE_LIMIT,
+            "the swap that brought the reply to the message never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let top = c.execute("return window.scrollY;", vec![]).await.unwrap();
     assert_eq!(top.as_f64(), Some(0.0), "the reader's place is kept");
 

@@ -208,6 +208,8 @@ async fn one_address_has_a_few_requests_reading_their_bodies_at_once() {
             .unwrap();
         reading.push(s);
     }
+    // On the paused clock this returns once every task waits: the server has taken both
+    // in. Not decisive: had it not, the third below would be read, not refused.
     tokio::time::sleep(Duration::from_millis(100)).await;
     // A third from there is answered 503 before its body is read, and closed.
     let start = Instant::now();
@@ -414,7 +416,8 @@ async fn a_shutdown_waits_for_a_slow_client_no_longer_than_the_grace() {
     slow.write_all(format!("{}{{", l.head(256 * 1024)).as_bytes())
         .await
         .unwrap();
-    // Let the server take the request in.
+    // On the paused clock this returns once every task waits: the server has taken the
+    // request in. Not decisive: had it not, the shutdown would end at once, not at the grace.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let start = Instant::now();
     l.stop.take().unwrap().send(()).unwrap();
