@@ -1960,6 +1960,53 @@ fn bench_figures_go_to_stdout_and_to_stderr_beside_json() {
     let doc: Value = serde_json::from_slice(&json.stdout).expect("stdout is one JSON document");
     assert_eq!(doc["embedded"]["heartbeats"], 20);
     assert!(String::from_utf8_lossy(&json.stderr).contains("claims/s"));
+    // Each phase beside its floor: its own statements, recorded on a second fleet and run
+    // again bare (a claim each for the sweep at least, a read and a write each for the
+    // worker), with the ratio and the goal it is held to.
+    let e = &doc["embedded"];
+    assert!(e["sweep_statements"].as_u64().unwrap() >= 20, "{e}");
+    assert!(e["worker_statements"].as_u64().unwrap() >= 40, "{e}");
+    for phase in ["sweep", "worker"] {
+        let floor = e[format!("{phase}_floor_seconds")].as_f64().unwrap();
+        let ratio = e[format!("{phase}_ratio")].as_f64().unwrap();
+        assert!(floor > 0.0 && ratio > 0.0, "{e}");
+        assert!(
+            e[format!("{phase}_goal_ratio")].as_f64().unwrap() > 0.0,
+            "{e}"
+        );
+    }
+}
+
+/// `pulse bench hooks`, small: every delivery succeeds, and the throughput is printed
+/// beside its floor (a bare loop of POSTs to the same receiver) as a ratio.
+#[test]
+fn bench_hooks_delivers_every_hook_and_holds_it_against_a_bare_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = pulse(
+        dir.path(),
+        &[
+            "bench",
+            "hooks",
+            "--deliveries",
+            "200",
+            "--samples",
+            "20",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    assert_eq!(doc["succeeded"], 200, "{doc}");
+    let (rate, floor) = (
+        doc["deliveries_per_sec"].as_f64().unwrap(),
+        doc["floor_per_sec"].as_f64().unwrap(),
+    );
+    assert!(rate > 0.0 && floor > 0.0, "{doc}");
+    assert!(
+        (doc["ratio"].as_f64().unwrap() - rate / floor).abs() < 1e-9,
+        "{doc}"
+    );
+    assert_eq!(doc["goal_ratio"], 0.5, "{doc}");
 }
 
 /// `pulse bench receive`, small: every request is accepted and stored, and the store's

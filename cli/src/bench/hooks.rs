@@ -1,6 +1,8 @@
 //! `pulse bench hooks`: hook deliveries per second through the embedded hooks queue to a
-//! receiver on loopback, and the latency the queue and dispatcher add to one delivery
-//! beside a bare POST to the same receiver, in the same run.
+//! receiver on loopback, against its floor measured in the same run — a bare loop of
+//! POSTs of the same size to the same receiver, as many in flight as the dispatcher
+//! sends, through the same egress client — and the latency the queue and dispatcher add
+//! to one delivery beside a bare POST.
 
 use crate::output::outln;
 use std::sync::Arc;
@@ -37,10 +39,11 @@ pub(crate) async fn hooks(deliveries: usize, samples: usize, out: &Out) -> Resul
     }
     let bench = Bench::start().await?;
     let throughput = bench.throughput(deliveries).await?;
+    let floor = bench.bare_throughput(deliveries).await?;
     let through = bench.queued_latency(deliveries, samples).await?;
     let bare = bench.bare_latency(samples).await?;
     bench.server.abort();
-    report(out, deliveries, &throughput, through, bare);
+    report(out, deliveries, &throughput, floor, through, bare);
     Ok(())
 }
 
@@ -67,6 +70,9 @@ struct Throughput {
     drain: Duration,
     delivered: usize,
 }
+
+/// Deliveries through the queue, as a share of the bare loop's.
+const GOAL: f64 = 0.5;
 
 /// How long a received hook message stays hidden.
 const VISIBILITY: Duration = Duration::from_secs(120);
@@ -169,6 +175,42 @@ impl Bench {
         })
     }
 
+    /// The floor: `deliveries` POSTs of a delivery's size to the same receiver through
+    /// the same egress client, [`HOOK_BATCH`] in flight as the dispatcher sends them,
+    /// and nothing else; deliveries a second.
+    async fn bare_throughput(&self, deliveries: usize) -> Result<f64, Failure> {
+        use futures::StreamExt;
+        let target: url::Url = self.url.parse()?;
+        let body = bytes::Bytes::from(serde_json::to_vec(&json!({
+            "hook_type": "AFTER_HEARTBEAT",
+            "agent": { "id": self.agent.id.as_str(), "name": self.agent.name },
+            "data": self.emission(0).data,
+            "triggered_by": "BENCH",
+        }))?);
+        let began = Instant::now();
+        let answered = futures::stream::iter(0..deliveries)
+            .map(|_| {
+                self.services.egress.post(
+                    &target,
+                    http::HeaderMap::new(),
+                    body.clone(),
+                    Duration::from_secs(5),
+                    1024,
+                )
+            })
+            .buffer_unordered(HOOK_BATCH)
+            .filter(|r| std::future::ready(r.is_ok()))
+            .count()
+            .await;
+        let secs = began.elapsed().as_secs_f64();
+        if answered != deliveries {
+            return Err(Failure::Runtime(anyhow::anyhow!(
+                "the bare loop's receiver answered {answered} of {deliveries} POSTs"
+            )));
+        }
+        Ok(deliveries as f64 / secs)
+    }
+
     /// Latency: one delivery at a time, emit → dispatched → answered; the samples in ms.
     async fn queued_latency(&self, deliveries: usize, samples: usize) -> Result<Vec<f64>, Failure> {
         let mut through = Vec::with_capacity(samples);
@@ -213,11 +255,19 @@ impl Bench {
 }
 
 /// Prints the figures (or their JSON).
-fn report(out: &Out, deliveries: usize, t: &Throughput, mut through: Vec<f64>, mut bare: Vec<f64>) {
+fn report(
+    out: &Out,
+    deliveries: usize,
+    t: &Throughput,
+    floor: f64,
+    mut through: Vec<f64>,
+    mut bare: Vec<f64>,
+) {
     let (attempts, drain, delivered) = (t.attempts, t.drain, t.delivered);
     through.sort_by(f64::total_cmp);
     bare.sort_by(f64::total_cmp);
     let per_sec = attempts as f64 / drain.as_secs_f64();
+    let ratio = per_sec / floor;
     let added = pct(&through, 0.5) - pct(&bare, 0.5);
     if out.json {
         out.json_value(&json!({
@@ -225,6 +275,9 @@ fn report(out: &Out, deliveries: usize, t: &Throughput, mut through: Vec<f64>, m
             "attempts": attempts,
             "succeeded": delivered,
             "deliveries_per_sec": per_sec,
+            "floor_per_sec": floor,
+            "ratio": ratio,
+            "goal_ratio": GOAL,
             "queued_p50_ms": pct(&through, 0.5),
             "queued_p99_ms": pct(&through, 0.99),
             "bare_p50_ms": pct(&bare, 0.5),
@@ -235,6 +288,13 @@ fn report(out: &Out, deliveries: usize, t: &Throughput, mut through: Vec<f64>, m
         outln!(
             "hooks through the embedded queue: {per_sec:.0} deliveries/s ({attempts} attempts, {delivered} succeeded, in {:.2} s)",
             drain.as_secs_f64()
+        );
+        outln!(
+            "floor, a bare loop of POSTs ({HOOK_BATCH} in flight, the same client and receiver): {floor:.0}/s; \
+             hooks at {:.0} % of it (goal >= {:.0} %: {})",
+            ratio * 100.0,
+            GOAL * 100.0,
+            if ratio >= GOAL { "met" } else { "not met" }
         );
         outln!(
             "one delivery, emit → answered: p50 {:.2} ms, p99 {:.2} ms; bare POST: p50 {:.2} ms, p99 {:.2} ms; added p50 {added:.2} ms",

@@ -35,6 +35,7 @@ mod retention;
 mod schedules;
 mod schema;
 mod session_queue;
+mod statements;
 mod thread;
 mod tokens;
 mod wal;
@@ -51,6 +52,7 @@ pub use keys::{KeysMissing, keys_for};
 /// Power cuts and failing disks under a [`Db`] opened with [`Db::open_with_faults`].
 pub use pulse_sqlite_log::faults;
 pub use session_queue::SqliteQueue;
+pub use statements::{Recorded, Recording};
 pub use webhooks::ACCEPT_THREAD;
 
 use crate::config::Durability;
