@@ -570,7 +570,10 @@ async fn rerun(kind: Kind) {
             .await
             .unwrap()
             .unwrap_err();
-        assert!(why.contains("may or may not have been done"), "{why}");
+        assert!(
+            why.as_str().contains("may or may not have been done"),
+            "{why}"
+        );
     }
     assert_eq!(r.mcp.calls().len(), 2, "the slow call went out once");
     // A call a crashed run left RUNNING is not sent again: the server is not idempotent.
@@ -601,7 +604,10 @@ async fn rerun(kind: Kind) {
         .await
         .unwrap()
         .unwrap_err();
-    assert!(why.contains("may or may not have been done"), "{why}");
+    assert!(
+        why.as_str().contains("may or may not have been done"),
+        "{why}"
+    );
     assert_eq!(r.mcp.calls().len(), 2, "nothing more was sent");
     let stored =
         r.b.store

@@ -17,12 +17,46 @@ pub const RESULT_BYTES: usize = 16 * 1024;
 /// its next answer.
 pub const CALLS_PER_ANSWER: usize = 16;
 
+/// What a tool call tells the model: what the tool returned, or why it was not done.
+/// Neither is a failure of Pulse's: the model reads either one and goes on.
+pub type ToolAnswer = Result<Value, Refusal>;
+
+/// Why a tool call was not done, in words for the model (given back to it marked as an
+/// error, as `{"error": …}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal(pub String);
+
+impl Refusal {
+    /// The words the model is given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Self {
+        Self(why)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(why: &str) -> Self {
+        Self(why.to_owned())
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// What the model is told of a call past [`CALLS_PER_ANSWER`] in one answer.
-pub fn not_made(call: &ToolUse) -> Result<serde_json::Value, String> {
-    Err(format!(
+pub fn not_made(call: &ToolUse) -> ToolAnswer {
+    Err(Refusal(format!(
         "not made: one answer may make at most {CALLS_PER_ANSWER} tool calls, and this was a later one; nothing was done for {}. Make the calls still needed in your next answer",
         call.name
-    ))
+    )))
 }
 
 /// The most of each field of a step kept when a record holds too many steps for their
@@ -95,14 +129,10 @@ pub fn call_step(step: u32, resp: &LlmResponse, run: &'static str) -> Value {
 
 /// What `call` returned: the step kept, and the message giving the result back to the
 /// model (an error as `{"error": …}`, marked so), each within [`RESULT_BYTES`].
-pub fn tool_step(
-    call: &ToolUse,
-    result: Result<Value, String>,
-    sees_images: bool,
-) -> (Value, ChatMessage) {
+pub fn tool_step(call: &ToolUse, result: ToolAnswer, sees_images: bool) -> (Value, ChatMessage) {
     let (mut content, is_error) = match result {
         Ok(v) => (v, false),
-        Err(e) => (json!({"error": e}), true),
+        Err(Refusal(why)) => (json!({"error": why}), true),
     };
     // Images ride beside the result (see [`crate::tools::IMAGES`]): given to a model that
     // is sent images, left as the result's notes for one that is not, kept out of the
@@ -185,7 +215,7 @@ mod tests {
         assert!(content.len() <= RESULT_BYTES, "{}", content.len());
         assert!(content.contains("more bytes]"));
         assert!(step.to_string().len() <= 2 * RESULT_BYTES + 200);
-        let err = tool_step(&call, Err("e".repeat(1 << 20)), false).1;
+        let err = tool_step(&call, Err(Refusal("e".repeat(1 << 20))), false).1;
         assert!(err.text().unwrap().len() <= RESULT_BYTES);
     }
 }

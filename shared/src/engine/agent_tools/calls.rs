@@ -16,6 +16,7 @@
 //! A call whose answer was lost after it was sent is UNKNOWN the same way. The model is
 //! told so, and an operator settles it (`pulse actions resolve ID --as ...`).
 
+use crate::engine::transcript::{Refusal, ToolAnswer};
 use std::time::Instant;
 
 use jiff::Timestamp;
@@ -136,7 +137,7 @@ pub struct Race {
 /// How a call went.
 pub struct Called {
     /// What the model is told.
-    pub answer: Result<Value, String>,
+    pub answer: ToolAnswer,
     /// A user message (or a cancel) at this time stopped the wait for the call: the run
     /// yields to it.
     pub interrupted: Option<Timestamp>,
@@ -184,12 +185,7 @@ impl OwnedSite {
 impl AgentTools {
     /// Runs `call` if it names an offered tool (`None` otherwise), recorded as an action
     /// of `site` (see the module's documentation): what the model is told.
-    pub async fn run(
-        &self,
-        offer: &Offer,
-        call: &ToolUse,
-        site: &Site<'_>,
-    ) -> Option<Result<Value, String>> {
+    pub async fn run(&self, offer: &Offer, call: &ToolUse, site: &Site<'_>) -> Option<ToolAnswer> {
         Some(self.call(offer, call, site).await?.answer)
     }
 
@@ -211,7 +207,8 @@ impl AgentTools {
             return answered(Err(format!(
                 "the arguments do not fit {}: {why}; nothing was sent",
                 call.name
-            )));
+            )
+            .into()));
         }
         match server.policy_of(&offered.tool) {
             (ToolPolicy::Allow, _) => {}
@@ -223,7 +220,7 @@ impl AgentTools {
                     "{} may not be called: its policy is deny ({}); nothing was sent. Tell your owner if it is needed",
                     call.name,
                     source.as_str()
-                )));
+                ).into()));
             }
             (ToolPolicy::Ask, _) => {
                 return answered(self.park(offer, call, site, offered).await);
@@ -287,7 +284,7 @@ impl AgentTools {
                         }
                         self.finish_hooks(offer, site, &action).await;
                         return Some(Called {
-                            answer: Err(why),
+                            answer: Err(why.into()),
                             interrupted: Some(at),
                         });
                     }
@@ -320,7 +317,7 @@ impl AgentTools {
                         return Some(Called {
                             answer: Err(format!(
                                 "still being made: a newer message arrived at {at}, so it goes on in the background and its outcome is recorded on action {id}; do not make it again"
-                            )),
+                            ).into()),
                             interrupted: Some(at),
                         });
                     }
@@ -353,7 +350,7 @@ impl AgentTools {
         name: &str,
         idempotent: bool,
         started: Instant,
-    ) -> Result<Value, String> {
+    ) -> ToolAnswer {
         action.duration_ms = Some(started.elapsed().as_millis() as u64);
         action.completed_at = Some(self.clock.now());
         let answer = settle(&mut action, outcome, name, idempotent);
@@ -426,15 +423,15 @@ impl AgentTools {
         &self,
         action: &mut Action,
         idempotent: bool,
-    ) -> Result<Begun, String> {
+    ) -> Result<Begun, Refusal> {
         let existing = match self.store.start_action(action).await {
             Ok(None) => return Ok(Begun::Send),
             Ok(Some(existing)) => existing,
             Err(e) => {
-                return Err(format!(
+                return Err(Refusal(format!(
                     "the call could not be recorded ({}); nothing was sent",
                     chain(&e)
-                ));
+                )));
             }
         };
         if existing.status.is_final() {
@@ -461,11 +458,11 @@ impl AgentTools {
         action.attempt = existing.attempt + 1;
         match self.store.restart_action(action, existing.attempt).await {
             Ok(true) => Ok(Begun::Send),
-            Ok(false) => Err("another run of this heartbeat is making this call".to_owned()),
-            Err(e) => Err(format!(
+            Ok(false) => Err("another run of this heartbeat is making this call".into()),
+            Err(e) => Err(Refusal(format!(
                 "the call could not be recorded ({}); nothing was sent",
                 chain(&e)
-            )),
+            ))),
         }
     }
 
@@ -530,12 +527,7 @@ impl AgentTools {
 }
 
 /// Records `outcome` on `action`; what the model is told.
-fn settle(
-    action: &mut Action,
-    outcome: McpCall,
-    name: &str,
-    idempotent: bool,
-) -> Result<Value, String> {
+fn settle(action: &mut Action, outcome: McpCall, name: &str, idempotent: bool) -> ToolAnswer {
     let (status, answer) = match outcome {
         McpCall::Answered {
             result,
@@ -575,11 +567,11 @@ fn settle(
     if let Err(why) = &answer {
         action.error = Some(why.clone());
     }
-    answer
+    answer.map_err(Refusal)
 }
 
 /// What the model is told of a call a run before made.
-pub(crate) fn answer_of(action: &Action) -> Result<Value, String> {
+pub(crate) fn answer_of(action: &Action) -> ToolAnswer {
     match action.status {
         ActionStatus::Completed => Ok(action
             .response
@@ -591,11 +583,13 @@ pub(crate) fn answer_of(action: &Action) -> Result<Value, String> {
                 .error
                 .as_deref()
                 .unwrap_or("this call's answer was never recorded")
-        )),
+        )
+        .into()),
         _ => Err(action
             .error
             .clone()
-            .unwrap_or_else(|| "the call failed".to_owned())),
+            .unwrap_or_else(|| "the call failed".to_owned())
+            .into()),
     }
 }
 

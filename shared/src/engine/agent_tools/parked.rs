@@ -14,6 +14,7 @@
 //! between sending and recording is settled as any call's is; a denied or expired one is
 //! never sent.
 
+use crate::engine::transcript::{Refusal, ToolAnswer};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
@@ -39,14 +40,14 @@ impl AgentTools {
         call: &ToolUse,
         site: &Site<'_>,
         offered: &OfferedTool,
-    ) -> Result<Value, String> {
+    ) -> ToolAnswer {
         let size = call.input.to_string().len();
         if size > MAX_PARKED_ARGUMENTS {
             return Err(format!(
                 "{} needs its owner's approval, and its arguments ({size} bytes) are too long to ask about (at most {} KiB); nothing was sent",
                 call.name,
                 MAX_PARKED_ARGUMENTS / 1024
-            ));
+            ).into());
         }
         let key = site.key(call);
         let now = self.clock.now();
@@ -79,7 +80,8 @@ impl AgentTools {
                 "{} needs its owner's approval, and it could not be parked ({}); nothing was sent",
                 call.name,
                 chain(&e)
-            )),
+            )
+            .into()),
             Ok(Some(earlier)) => {
                 info!(approval_id = %earlier.id, status = earlier.status.as_str(), "a call parked by an earlier run of this one: nothing parked again");
                 Ok(parked_answer(&earlier))
@@ -156,10 +158,10 @@ impl AgentTools {
         if let Some(c) = &mut action.call {
             c.event_id = approval.event_id.clone();
         }
-        let sent = |answer: Result<Value, String>, action_id| {
+        let sent = |answer: ToolAnswer, action_id| {
             let (summary, failed) = match answer {
                 Ok(v) => (crate::domain::clipped(v, OUTCOME_BYTES).to_string(), false),
-                Err(why) => (why, true),
+                Err(Refusal(why)) => (why, true),
             };
             ApprovalOutcome {
                 sent: true,

@@ -1,5 +1,6 @@
 //! Asking the model for a turn's reply: a tool loop within the agent's budgets.
 
+use crate::engine::transcript::{Refusal, ToolAnswer};
 use tracing::{error, info, warn};
 
 use super::*;
@@ -279,13 +280,13 @@ impl Conversation {
         call: &crate::domain::ToolUse,
         id: MemoryId,
         cx: &memory::Context,
-    ) -> (Result<serde_json::Value, String>, Option<jiff::Timestamp>) {
+    ) -> (ToolAnswer, Option<jiff::Timestamp>) {
         if let Some(at) = &self.agent_tools
             && offer.offers(&call.name)
         {
             return match at.call(offer, call, site).await {
                 Some(c) => (c.answer, c.interrupted),
-                None => (Err(format!("no tool {}", call.name)), None),
+                None => (Err(format!("no tool {}", call.name).into()), None),
             };
         }
         (self.run_own(agent, call, id, cx).await, None)
@@ -298,10 +299,10 @@ impl Conversation {
         call: &crate::domain::ToolUse,
         id: MemoryId,
         cx: &memory::Context,
-    ) -> Result<serde_json::Value, String> {
+    ) -> ToolAnswer {
         let now = self.clock.now();
         if let Some(why) = prompt::heartbeat_only(&call.name) {
-            return Err(why);
+            return Err(why.into());
         }
         match memory::run(&self.memories, agent, call, id, cx, now).await {
             Some(r) => r,
@@ -314,11 +315,12 @@ impl Conversation {
             )
             .await
             .map(|(_, answer)| answer)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| Refusal(e.to_string())),
             None => Err(format!(
                 "there is no tool {:?}; use remember, recall or schedule",
                 call.name
-            )),
+            )
+            .into()),
         }
     }
 }

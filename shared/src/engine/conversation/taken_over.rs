@@ -10,6 +10,7 @@
 //! unknown is not (it may have been done). An MCP call's outcome is read from its
 //! action by the key the step keeps, not by scanning the log.
 
+use crate::engine::transcript::ToolAnswer;
 use serde_json::Value;
 use tracing::warn;
 
@@ -35,13 +36,13 @@ pub(super) struct Made {
     name: String,
     input: Value,
     /// What the model is told again.
-    answer: Result<Value, String>,
+    answer: ToolAnswer,
 }
 
 impl TakenOver {
     /// The answer of the first call made like `call` (same tool, same arguments), taken
     /// out so that it answers one call only; `None` when none was made.
-    pub(super) fn answer(&mut self, call: &ToolUse) -> Option<Result<Value, String>> {
+    pub(super) fn answer(&mut self, call: &ToolUse) -> Option<ToolAnswer> {
         let at = self
             .made
             .iter()

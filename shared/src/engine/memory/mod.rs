@@ -11,6 +11,7 @@ pub mod index;
 
 pub use book::{BACKFILL, CACHE_BYTES, Found, GAIN, Memories, REACTIVATE_ABOVE, Recall};
 
+use crate::engine::transcript::{Refusal, ToolAnswer};
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
@@ -78,7 +79,7 @@ pub async fn run(
     id: MemoryId,
     cx: &Context,
     now: Timestamp,
-) -> Option<Result<Value, String>> {
+) -> Option<ToolAnswer> {
     Some(match call.name.as_str() {
         "remember" => remember(memories, agent, call, id, cx, now).await,
         "recall" => match text_arg(&call.input, "query") {
@@ -87,7 +88,7 @@ pub async fn run(
                 .recall(agent, &Recall::for_model(&query, cx.beat), now)
                 .await
             {
-                Err(e) => Err(chain(&e)),
+                Err(e) => Err(chain(&e).into()),
                 Ok(found) => Ok(json!({"memories": found.iter().map(shown).collect::<Vec<_>>()})),
             },
         },
@@ -102,7 +103,7 @@ async fn remember(
     id: MemoryId,
     cx: &Context,
     now: Timestamp,
-) -> Result<Value, String> {
+) -> ToolAnswer {
     let text = text_arg(&call.input, "text")?;
     let mut memory = Memory::new(id, &agent.id, &text, cx.beat, now).map_err(|e| e.to_string())?;
     if let Some(kind) = call.input.get("kind").and_then(Value::as_str) {
@@ -120,7 +121,7 @@ async fn remember(
     memory.after_reading = cx.after_reading.clone();
     match memories.remember(&agent.id, vec![memory]).await {
         Ok(kept) => Ok(json!({"remembered": true, "memory_id": kept[0].id})),
-        Err(e) => Err(chain(&e)),
+        Err(e) => Err(chain(&e).into()),
     }
 }
 
@@ -150,14 +151,14 @@ fn round2(x: f32) -> f64 {
 }
 
 /// A tool's string argument, trimmed and not empty.
-pub(crate) fn text_arg(input: &Value, name: &str) -> Result<String, String> {
+pub(crate) fn text_arg(input: &Value, name: &str) -> Result<String, Refusal> {
     input
         .get(name)
         .and_then(Value::as_str)
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
-        .ok_or_else(|| format!("give a non-empty string \"{name}\""))
+        .ok_or_else(|| Refusal(format!("give a non-empty string \"{name}\"")))
 }
 
 /// What the agent knows that bears on `about` (the new messages, the window's events),

@@ -14,6 +14,7 @@
 //! finding one, it stops, and the heartbeat ends CANCELLED so the user's turn runs next.
 //! Every step is logged and kept in the action's output.
 
+use crate::engine::transcript::ToolAnswer;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -633,7 +634,7 @@ impl HeartbeatAgent {
         call: &ToolUse,
         index: usize,
         t: &mut Transcript,
-    ) -> Result<Value, String> {
+    ) -> ToolAnswer {
         let now = self.clock.now();
         let ms = now.as_millisecond().max(0) as u64;
         let key = [
@@ -665,7 +666,7 @@ impl HeartbeatAgent {
                     .await
                     .map_err(|e| chain(&e))?;
                 if let Some((_, why)) = report.failed.first() {
-                    return Err(format!("the thought could not be queued: {why}"));
+                    return Err(format!("the thought could not be queued: {why}").into());
                 }
                 t.spoke.push(thought);
                 Ok(json!({"queued": true, "signal_id": signal.id}))
@@ -685,7 +686,7 @@ impl HeartbeatAgent {
                 now,
             )
             .await
-            .unwrap_or_else(|| Err(format!("no tool {}", call.name))),
+            .unwrap_or_else(|| Err(format!("no tool {}", call.name).into())),
             "schedule" => {
                 let (schedule, answer) = reminders::run_tool(
                     self.store.as_ref(),
@@ -706,7 +707,7 @@ impl HeartbeatAgent {
                 let payload = match call.input.get("payload") {
                     None | Some(Value::Null) => json!({}),
                     Some(p @ Value::Object(_)) => p.clone(),
-                    Some(_) => return Err("\"payload\" must be a JSON object".to_owned()),
+                    Some(_) => return Err("\"payload\" must be a JSON object".to_owned().into()),
                 };
                 let priority = match call.input.get("priority") {
                     None | Some(Value::Null) => None,
@@ -716,7 +717,7 @@ impl HeartbeatAgent {
                     return Err(format!(
                         "at most {} events per run",
                         ToolResponse::MAX_NEW_EVENTS
-                    ));
+                    ).into());
                 }
                 let event = NewEvent::new(&ty, payload, priority).map_err(|e| e.to_string())?;
                 t.new_events.push(event);
@@ -743,11 +744,11 @@ impl HeartbeatAgent {
                     .said(said);
                     at.run(offer, call, &site)
                         .await
-                        .unwrap_or_else(|| Err(format!("no tool {other}")))
+                        .unwrap_or_else(|| Err(format!("no tool {other}").into()))
                 }
                 _ => Err(format!(
                     "there is no tool {other:?}; use speak, remember, recall, emit_event or schedule"
-                )),
+                ).into()),
             },
         }
     }
