@@ -542,7 +542,7 @@ pub(crate) async fn turn(sizes: &[usize], turns: usize, out: &Out) -> Result<(),
         let per_turn_ms = turns_with_history(size, turns).await?;
         figure!(
             out,
-            "  history {size:>7} messages: {per_turn_ms:.3} ms per turn (target <= 5 ms)"
+            "  history {size:>7} messages: {per_turn_ms:.3} ms per turn (goal <= 1 ms)"
         );
         rows.push(json!({ "history": size, "ms_per_turn": per_turn_ms }));
     }
