@@ -7,24 +7,14 @@ mod common;
 mod webdriver;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, json, ok};
+use common::{Running, free_port, json, ok};
 use webdriver::{Client, Locator};
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
-
-/// A child process killed when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Waits until `port` on loopback accepts connections.
 fn wait_for_port(what: &str, port: u16) {

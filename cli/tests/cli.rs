@@ -1841,15 +1841,8 @@ fn a_function_s_init_starts_no_threads_and_reads_tls_roots_only_on_its_first_req
         .stderr(log)
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let pid = child.id();
-    let mut child = Kill(child);
+    let mut child = common::Running(child);
     let log_text = || std::fs::read_to_string(&log_path).unwrap();
     // Waits for the function's next connection, for at most 60 s.
     api.set_nonblocking(true).unwrap();
@@ -2831,13 +2824,15 @@ fn serve_s_json_log_lines_carry_the_agent_and_the_heartbeat_or_the_turn() {
         ],
     );
     let log = d.join("serve.jsonl");
-    let mut serve = common::command(d, &["serve", "--tick", "100ms", "--listen", "off"])
-        .env("PULSE_LOG_FORMAT", "json")
-        .env("RUST_LOG", "info")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let serve = common::Running(
+        common::command(d, &["serve", "--tick", "100ms", "--listen", "off"])
+            .env("PULSE_LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     wait_until(
         "the first heartbeat completed",
         Duration::from_secs(30),
@@ -2853,8 +2848,7 @@ fn serve_s_json_log_lines_carry_the_agent_and_the_heartbeat_or_the_turn() {
     wait_until("the turn was answered", Duration::from_secs(30), || {
         ok(d, &["conversation", "show", "--agent", &agent]).contains("You said")
     });
-    serve.kill().unwrap();
-    serve.wait().unwrap();
+    drop(serve);
 
     let lines: Vec<Value> = std::fs::read_to_string(&log)
         .unwrap()

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 use serde_json::Value;
 
@@ -183,4 +183,15 @@ pub(crate) fn wait_until(
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     start.elapsed()
+}
+
+/// A child process killed (and waited for) when dropped, so that a test that fails
+/// half-way leaves no process behind.
+pub(crate) struct Running(pub(crate) Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
