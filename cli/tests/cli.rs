@@ -577,6 +577,17 @@ async fn serve_counts_its_work_at_get_metrics_for_this_machine_or_the_token() {
         Some(completed),
         "{text}"
     );
+    // Each of them counted once more by what it did.
+    let by_outcome: f64 = ["acted", "nothing_to_do", "skipped", "failed"]
+        .iter()
+        .filter_map(|k| {
+            sample(
+                &text,
+                &format!(r#"pulse_heartbeat_outcomes_total{{outcome="{k}"}}"#),
+            )
+        })
+        .sum();
+    assert_eq!(by_outcome, completed, "{text}");
     assert!(
         sample(&text, "pulse_heartbeats_claimed_total") >= Some(completed),
         "{text}"

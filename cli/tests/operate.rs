@@ -444,6 +444,23 @@ async fn heartbeats_and_actions_are_filtered_and_one_action_is_shown_on(backend:
         assert_eq!(beats(&["--limit", "1"]), [2]);
         assert_eq!(beats(&["--since", "1h"]), [2, 1]);
         assert!(beats(&["--since", "2099-01-01T00:00:00Z"]).is_empty());
+        // The first beat ran the tool: it acted, and says what did.
+        assert_eq!(beats(&["--outcome", "acted"]), [1]);
+        assert!(beats(&["--outcome", "nothing_to_do,failed"]).is_empty());
+        assert_eq!(
+            json(
+                d,
+                &["heartbeats", "list", "--agent", &agent, "--before", "2"]
+            )[0]["outcome"],
+            serde_json::json!({"kind": "acted", "reason": "echo"})
+        );
+        assert!(
+            bad(
+                d,
+                &["heartbeats", "list", "--agent", &agent, "--outcome", "done"]
+            )
+            .contains("nothing_to_do")
+        );
         assert!(
             bad(
                 d,

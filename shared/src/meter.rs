@@ -20,6 +20,8 @@ use crate::domain::Usage;
 /// Heartbeats finished, by `outcome`: `completed`, `failed`, `cancelled` (the agent was
 /// deleted, a user interrupted, or the breaker tripped).
 pub const HEARTBEATS: &str = "pulse_heartbeats_total";
+/// Heartbeats finished, by how they ended: `acted`, `nothing_to_do`, `skipped`, `failed`.
+pub const HEARTBEAT_OUTCOMES: &str = "pulse_heartbeat_outcomes_total";
 /// Heartbeats claimed by sweeps.
 pub const CLAIMED: &str = "pulse_heartbeats_claimed_total";
 /// The most overdue of the heartbeats the last sweep claimed: seconds from its due time
@@ -69,6 +71,11 @@ pub const GATEWAY_MESSAGES: &str = "pulse_discord_gateway_messages_total";
 /// Every metric, with its unit and what it means: what the exporters print beside them.
 pub fn describe() {
     describe_counter!(HEARTBEATS, Unit::Count, "Heartbeats finished, by outcome");
+    describe_counter!(
+        HEARTBEAT_OUTCOMES,
+        Unit::Count,
+        "Heartbeats finished, by what they did: acted, nothing_to_do, skipped, failed"
+    );
     describe_counter!(CLAIMED, Unit::Count, "Heartbeats claimed by sweeps");
     describe_gauge!(
         LATENESS_MAX,
@@ -118,6 +125,11 @@ pub fn describe() {
 /// A heartbeat finished this way (`completed`, `failed`, `cancelled`).
 pub fn heartbeat(outcome: &'static str) {
     counter!(HEARTBEATS, "outcome" => outcome).increment(1);
+}
+
+/// A heartbeat ended this way (`acted`, `nothing_to_do`, `skipped`, `failed`).
+pub fn heartbeat_outcome(kind: &'static str) {
+    counter!(HEARTBEAT_OUTCOMES, "outcome" => kind).increment(1);
 }
 
 /// One sweep's claims and how late each was (due time to claim).

@@ -132,6 +132,23 @@ async fn daily_budget(kind: Kind) {
             "{why}"
         );
     }
+    // The two heartbeats past the budget ended skipped, saying why.
+    let ended: Vec<_> =
+        w.b.store
+            .list_heartbeats(&agent.id, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|h| h.outcome)
+            .filter(|o| o.kind == pulse_shared::domain::OutcomeKind::Skipped)
+            .collect();
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    assert!(
+        ended
+            .iter()
+            .all(|o| o.reason.contains("daily token budget spent")),
+        "{ended:?}"
+    );
     assert_eq!(
         w.events_of(&agent, "BUDGET_EXHAUSTED").await,
         1,

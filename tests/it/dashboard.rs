@@ -140,8 +140,17 @@ async fn pages(kind: Kind) {
         assert_eq!(page.status, 200, "{path}: {}", page.body);
         assert!(page.body.contains(shows), "{path} shows {shows:?}");
     }
+    // The first beat ran nothing (this world has no heartbeat agent, and no tool is
+    // subscribed): its outcome, with why, in the list and its trace.
+    let listed = u.get(&format!("{base}/heartbeats")).await.body;
+    assert!(
+        listed.contains(r#"<span class="status nothing_to_do">nothing_to_do</span>"#)
+            && listed.contains("no tool runs on its events"),
+        "{listed}"
+    );
     // On AWS the trace shows the requests the heartbeat made.
     let trace = u.get(&format!("{base}/heartbeats/1")).await.body;
+    assert!(trace.contains("Outcome: "), "{trace}");
     assert_eq!(
         trace.contains("AWS requests: 4 (2 <code>DynamoDB.Query</code>"),
         kind == Kind::Aws,

@@ -5,7 +5,7 @@ use jiff::SignedDuration;
 use pulse_shared::domain::{ActionStatus, Agent, NewAgent, ThinkPolicy};
 use pulse_shared::engine::Worker;
 use pulse_tests::fake_discord::FakeDiscord;
-use pulse_tests::fake_llm::FakeLlm;
+use pulse_tests::fake_llm::{FakeLlm, Scripted};
 use pulse_tests::{Backend, Kind, on_both_backends, settings};
 use serde_json::json;
 
@@ -140,6 +140,63 @@ async fn idle(kind: Kind) {
     assert!(prompt.contains("the build broke"), "the event is shown");
     w.beat().await;
     assert_eq!(w.calls(), 1, "idle again");
+}
+
+on_both_backends!(each_heartbeat_ends_in_one_outcome_with_its_reason, outcomes);
+/// Each finished heartbeat records how it ended, and why: nothing new and no task due,
+/// nothing to do (no model call); the model speaks, acted; it answers in words only,
+/// nothing to do in its own words; its call is refused, failed.
+async fn outcomes(kind: Kind) {
+    use pulse_shared::domain::{Outcome, OutcomeKind};
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    w.beat().await;
+    let news = |text: &'static str| {
+        let (w, agent) = (&w, &agent);
+        async move {
+            w.b.emit(agent, "NOTE", json!({ "text": text })).await;
+            w.b.advance(SignedDuration::from_secs(5));
+        }
+    };
+    news("the build broke").await;
+    w.llm.script([
+        Scripted::tool("speak", json!({"thought": "Tell them the build broke."})),
+        Scripted::text("Told them."),
+    ]);
+    w.beat().await;
+    news("the build is green again").await;
+    w.llm.script([Scripted::text(
+        "Nothing to say: it fixed itself.\nMore words.",
+    )]);
+    w.beat().await;
+    news("a deploy started").await;
+    w.llm.script([Scripted::Status(400)]);
+    w.beat().await;
+    // Two calls of the beat that spoke, one of the turn that phrased its thought, one
+    // each of the next two.
+    assert_eq!(w.calls(), 5);
+    let mut hbs = w.b.store.list_heartbeats(&agent.id, 10).await.unwrap();
+    hbs.retain(|h| h.status.is_final());
+    hbs.sort_by_key(|h| h.beat);
+    let outcomes: Vec<Outcome> = hbs.iter().map(|h| h.outcome.clone().unwrap()).collect();
+    assert_eq!(outcomes.len(), 4, "{hbs:?}");
+    assert_eq!(outcomes[0].kind, OutcomeKind::NothingToDo);
+    assert!(outcomes[0].reason.contains("no new events"), "{outcomes:?}");
+    assert_eq!(
+        outcomes[1],
+        Outcome::new(OutcomeKind::Acted, "spoke"),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes[2],
+        Outcome::new(OutcomeKind::NothingToDo, "Nothing to say: it fixed itself."),
+        "the model's words, their first line"
+    );
+    assert_eq!(outcomes[3].kind, OutcomeKind::Failed, "{outcomes:?}");
+    assert!(
+        outcomes[3].reason.contains("heartbeat-agent failed"),
+        "{outcomes:?}"
+    );
 }
 
 on_both_backends!(every_third_beat_thinks_three_times_in_nine, every_third);

@@ -1,7 +1,7 @@
 //! `pulse heartbeats …`: an agent's heartbeats.
 
 use clap::Subcommand;
-use pulse_shared::domain::{AgentId, Heartbeat, HeartbeatId, HeartbeatStatus};
+use pulse_shared::domain::{AgentId, Heartbeat, HeartbeatId, HeartbeatStatus, OutcomeKind};
 
 use super::events::Since;
 use super::{AgentRef, Ctx, agent_ref, input, limit};
@@ -19,6 +19,9 @@ pub(crate) enum HeartbeatsCmd {
         /// Only these statuses (comma-separated), e.g. FAILED,CANCELLED.
         #[arg(long, value_name = "STATUS,...", value_delimiter = ',')]
         status: Vec<String>,
+        /// Only these outcomes (comma-separated): acted, nothing_to_do, skipped, failed.
+        #[arg(long, value_name = "OUTCOME,...", value_delimiter = ',')]
+        outcome: Vec<String>,
         /// Only heartbeats scheduled since then: a duration back from now (10m, 2h) or a
         /// time (2026-11-23T09:00:00Z).
         #[arg(long, value_name = "10m|TIMESTAMP")]
@@ -72,6 +75,7 @@ pub(crate) enum HeartbeatsPlan {
 pub(crate) struct Listing {
     agent: AgentRef,
     statuses: Vec<HeartbeatStatus>,
+    outcomes: Vec<OutcomeKind>,
     since: Option<Since>,
     before: Option<u64>,
     limit: usize,
@@ -82,6 +86,7 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
         HeartbeatsCmd::List {
             agent,
             status,
+            outcome,
             since,
             before,
             limit: n,
@@ -93,6 +98,16 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
                     HeartbeatStatus::parse(&s.trim().to_ascii_uppercase()).ok_or_else(|| {
                         Failure::Input(format!(
                             "invalid --status {s:?}: use PENDING, EXECUTING, COMPLETED, FAILED, CANCELLED or PAUSED"
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            outcomes: outcome
+                .iter()
+                .map(|o| {
+                    OutcomeKind::parse(&o.trim().to_ascii_lowercase()).ok_or_else(|| {
+                        Failure::Input(format!(
+                            "invalid --outcome {o:?}: use acted, nothing_to_do, skipped or failed"
                         ))
                     })
                 })
@@ -169,7 +184,11 @@ pub(crate) async fn execute(plan: HeartbeatsPlan, cx: &Ctx<'_>) -> Result<(), Fa
 /// The newest `limit` heartbeats that match, read a page at a time, back to `since`.
 async fn list(cx: &Ctx<'_>, agent: &AgentId, l: &Listing) -> Result<Vec<Heartbeat>, Failure> {
     let since = l.since.as_ref().map(|s| s.at(cx.clock.now()));
-    let page = if l.statuses.is_empty() { l.limit } else { 200 };
+    let page = if l.statuses.is_empty() && l.outcomes.is_empty() {
+        l.limit
+    } else {
+        200
+    };
     let mut found = Vec::new();
     let mut before = l.before;
     loop {
@@ -181,7 +200,10 @@ async fn list(cx: &Ctx<'_>, agent: &AgentId, l: &Listing) -> Result<Vec<Heartbea
             if since.is_some_and(|t| h.scheduled_at < t) {
                 return Ok(found);
             }
-            if l.statuses.is_empty() || l.statuses.contains(&h.status) {
+            let outcome = h.outcome.as_ref().map(|o| o.kind);
+            if (l.statuses.is_empty() || l.statuses.contains(&h.status))
+                && (l.outcomes.is_empty() || outcome.is_some_and(|k| l.outcomes.contains(&k)))
+            {
                 found.push(h);
                 if found.len() == l.limit {
                     return Ok(found);
@@ -208,6 +230,7 @@ pub(crate) fn heartbeat_table(out: &Out, hbs: &[Heartbeat]) {
             "EVENTS",
             "ACTIONS",
             "FAILED",
+            "OUTCOME",
             "THINKING",
             "ERROR",
         ],
@@ -226,6 +249,9 @@ pub(crate) fn heartbeat_table(out: &Out, hbs: &[Heartbeat]) {
                 h.events_processed.to_string(),
                 h.actions_triggered.to_string(),
                 h.actions_failed.to_string(),
+                h.outcome.as_ref().map_or("-".into(), |o| {
+                    short(&format!("{}: {}", o.kind, o.reason), 60)
+                }),
                 h.thinking().map_or("-".into(), |t| short(&t, 60)),
                 h.error.as_deref().map_or("-".into(), |e| short(e, 60)),
             ]

@@ -43,6 +43,9 @@ fn print(s: &Story) {
         when(h.started_at),
         when(h.completed_at)
     );
+    if let Some(o) = &h.outcome {
+        outln!("  outcome: {}: {}", o.kind, o.reason);
+    }
     if let Some(e) = &h.error {
         outln!("  error: {e}");
     }

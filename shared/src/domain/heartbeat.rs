@@ -62,6 +62,72 @@ impl HeartbeatStatus {
     }
 }
 
+/// How a finished heartbeat ended, in one word: what "it ran" does not say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// Something was done: its agent spoke, called a tool, remembered or emitted an
+    /// event, or a tool subscribed to its events ran.
+    Acted,
+    /// It ran and found nothing to do: no new events and no task due (its agent was not
+    /// called), or its agent thought and chose to do nothing.
+    NothingToDo,
+    /// Its agent was not called for a reason outside it (a spent budget).
+    Skipped,
+    /// The engine could not finish it.
+    Failed,
+}
+
+impl OutcomeKind {
+    /// Every kind, in the order they are listed.
+    pub const ALL: [Self; 4] = [Self::Acted, Self::NothingToDo, Self::Skipped, Self::Failed];
+
+    /// The kind as it is written: `acted`, `nothing_to_do`, `skipped`, `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acted => "acted",
+            Self::NothingToDo => "nothing_to_do",
+            Self::Skipped => "skipped",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// The kind written `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a heartbeat ended and a short reason: what it did, why it did nothing, why it
+/// was skipped, or its error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub kind: OutcomeKind,
+    pub reason: String,
+}
+
+impl Outcome {
+    /// The most of a reason kept, in characters.
+    pub const REASON_CHARS: usize = 200;
+
+    /// An outcome of `kind`, its reason cut to its first line and
+    /// [`Outcome::REASON_CHARS`].
+    pub fn new(kind: OutcomeKind, reason: &str) -> Self {
+        let line = reason.trim().lines().next().unwrap_or("").trim();
+        let mut reason: String = line.chars().take(Self::REASON_CHARS).collect();
+        if line.chars().count() > Self::REASON_CHARS {
+            reason.push('…');
+        }
+        Self { kind, reason }
+    }
+}
+
 /// One consciousness cycle of an agent.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
@@ -144,6 +210,10 @@ pub struct Heartbeat {
     /// heartbeat before, and which were due in this one once it ran.
     #[serde(default, skip_serializing_if = "TaskLedger::is_empty")]
     pub tasks: TaskLedger,
+    /// How it ended, once it has (none before, and none on heartbeats finished before
+    /// outcomes were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
 }
 
 impl Heartbeat {
@@ -185,6 +255,7 @@ impl Heartbeat {
             handed_on: None,
             ran_at: None,
             tasks: TaskLedger::default(),
+            outcome: None,
         }
     }
 
@@ -354,6 +425,23 @@ pub struct ClaimRequest {
 mod tests {
     use super::*;
     use crate::domain::NewAgent;
+
+    #[test]
+    fn an_outcome_keeps_the_first_line_of_its_reason_within_its_bound() {
+        let o = Outcome::new(OutcomeKind::NothingToDo, "  All quiet.\nMore detail.  ");
+        assert_eq!(o.reason, "All quiet.");
+        let long = Outcome::new(OutcomeKind::Acted, &"x".repeat(500));
+        assert_eq!(long.reason.chars().count(), Outcome::REASON_CHARS + 1);
+        assert!(long.reason.ends_with('…'));
+        for kind in OutcomeKind::ALL {
+            assert_eq!(OutcomeKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::json!(kind.as_str())
+            );
+        }
+        assert_eq!(OutcomeKind::parse("done"), None);
+    }
 
     #[test]
     fn window_links_pass_over_failed_heartbeats_and_find_a_gap() {

@@ -56,7 +56,9 @@ pub use conversation::{
 };
 pub use event::{Cascade, Event, EventCursor, Json, MAX_EVENT_BYTES, NewEvent, Priority, RawJson};
 pub use found::{Found, FoundEvent, ToolResult};
-pub use heartbeat::{ClaimRequest, Heartbeat, HeartbeatStatus, WindowLink, window_links};
+pub use heartbeat::{
+    ClaimRequest, Heartbeat, HeartbeatStatus, Outcome, OutcomeKind, WindowLink, window_links,
+};
 pub use hook::{
     Hook, HookRoute, HookSummary, HookTarget, MAX_RETRY_AFTER, RetrySchedule, retry_delay,
 };

@@ -101,6 +101,10 @@ pub const TASK_VERSION: u32 = 1;
 /// One unit of work of a session.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a task is decoded from its message and handled one at a time, never kept in bulk"
+)]
 pub enum SessionTask {
     /// Run a claimed heartbeat.
     Heartbeat(HeartbeatJob),

@@ -73,7 +73,7 @@ pub(crate) async fn heartbeats(
                 } @else {
                     div.scroll { table {
                         thead { tr { th { "Beat" } th { "Status" } th { "Scheduled" } th { "Completed" }
-                            th { "Events" } th { "Actions" } th { "Failed" } th { "Thinking" } th { "Error" } } }
+                            th { "Events" } th { "Actions" } th { "Failed" } th { "Outcome" } th { "Thinking" } th { "Error" } } }
                         tbody { @for h in &hbs { tr {
                             td { a href={"/ui/agents/" (agent.id) "/heartbeats/" (h.beat)} { "#" (h.beat) } }
                             td { (badge(h.status.as_str())) }
@@ -82,6 +82,9 @@ pub(crate) async fn heartbeats(
                             td { (h.events_processed) }
                             td { (h.actions_triggered) }
                             td { (h.actions_failed) }
+                            td.wrap { @if let Some(o) = &h.outcome {
+                                (badge(o.kind.as_str())) " " span.muted { (short(&o.reason, 80)) }
+                            } }
                             td.wrap.muted { (h.thinking().map(|t| short(&t, 80)).unwrap_or_default()) }
                             td.wrap {
                                 @if let (HeartbeatStatus::Executing, Some(until)) = (h.status, h.lease_until) {

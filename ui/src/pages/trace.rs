@@ -44,6 +44,7 @@ fn render(t: &Trace, now: jiff::Timestamp) -> Markup {
                     @for (i, (op, n)) in r.ops.iter().enumerate() { @if i > 0 { ", " } (n) " " code { (op) } }
                     "), " (format!("{:.1}", r.wru)) " write and " (format!("{:.1}", r.rru)) " read units." }
             }
+            @if let Some(o) = &h.outcome { p { "Outcome: " (badge(o.kind.as_str())) " " (o.reason) } }
             @if let Some(t) = h.thinking() { p.muted { "Thinking: " (t) } }
             @if let Some(e) = &h.error { p.error { (e) } }
         }

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::*;
 use crate::domain::{
-    Action, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus, Json, Requests,
-    SessionId, from_ms, to_ms,
+    Action, Agent, AgentId, Event, EventCursor, Heartbeat, HeartbeatStatus, Json, Outcome,
+    OutcomeKind, Requests, SessionId, from_ms, to_ms,
 };
 use crate::error::StoreError;
 use crate::ports::PageToken;
@@ -164,6 +164,12 @@ pub(super) struct HeartbeatItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tasks: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<String>,
+    /// The outcome's reason, where it is not the `skipped` reason or the error already
+    /// on the record (an idle beat's record stays within one write unit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_at: Option<i64>,
@@ -205,6 +211,8 @@ impl HeartbeatItem {
                 .map(|f| serde_json::to_string(f).unwrap_or_default()),
             ran_at: hb.ran_at.map(to_ms),
             tasks: hb.tasks.stored(),
+            outcome: hb.outcome.as_ref().map(|o| o.kind.as_str().to_owned()),
+            outcome_reason: outcome_reason(hb),
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -212,6 +220,7 @@ impl HeartbeatItem {
 
     fn into_heartbeat(self) -> Result<Heartbeat, StoreError> {
         let key = format!("{}/{}", self.pk, self.sk);
+        let (skipped, error) = (self.skipped.clone(), self.error.clone());
         Ok(Heartbeat {
             agent_id: AgentId::parse(&self.agent_id).map_err(|e| StoreError::corrupt(&key, e))?,
             beat: self.beat,
@@ -234,10 +243,10 @@ impl HeartbeatItem {
             actions_triggered: self.actions_triggered,
             actions_failed: self.actions_failed,
             cascade_capped: self.cascade_capped,
-            error: self.error,
+            error: error.clone(),
             hour_from: self.hour_from.map(from_ms),
             beats_in_hour: self.beats_in_hour,
-            skipped: self.skipped,
+            skipped: skipped.clone(),
             requests: self.requests,
             handed_on: self
                 .handed_on
@@ -251,8 +260,29 @@ impl HeartbeatItem {
                 .transpose()
                 .map_err(|e| StoreError::corrupt(&key, format!("tasks: {e}")))?
                 .unwrap_or_default(),
+            outcome: match self.outcome {
+                None => None,
+                Some(kind) => Some(Outcome {
+                    kind: OutcomeKind::parse(&kind).ok_or_else(|| {
+                        StoreError::corrupt(&key, format!("unknown outcome {kind}"))
+                    })?,
+                    reason: self
+                        .outcome_reason
+                        .or(skipped)
+                        .or(error)
+                        .unwrap_or_default(),
+                }),
+            },
         })
     }
+}
+
+/// What a heartbeat record stores of its outcome's reason: nothing where it is the
+/// `skipped` reason or the error the record holds anyway.
+pub(super) fn outcome_reason(hb: &Heartbeat) -> Option<String> {
+    let o = hb.outcome.as_ref()?;
+    let held = [hb.skipped.as_deref(), hb.error.as_deref()];
+    (!held.contains(&Some(o.reason.as_str()))).then(|| o.reason.clone())
 }
 
 pub(super) fn heartbeat_item(hb: &Heartbeat) -> Result<Item, StoreError> {

@@ -91,6 +91,18 @@ impl DynamoStore {
                 ":tasks",
                 hb.tasks.stored().map(s),
             ),
+            (
+                "outcome = :oc",
+                "outcome",
+                ":oc",
+                hb.outcome.as_ref().map(|o| s(o.kind.as_str())),
+            ),
+            (
+                "outcome_reason = :ocr",
+                "outcome_reason",
+                ":ocr",
+                super::codec::outcome_reason(hb).map(s),
+            ),
         ];
         for (assign, attr, placeholder, value) in optional {
             match value {

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 24;
+const SCHEMA_VERSION: i64 = 25;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -450,6 +450,13 @@ const SCHEMA_V24: &str = r#"
 ALTER TABLE heartbeats ADD COLUMN tasks TEXT;
 "#;
 
+/// Version 25: a finished heartbeat's outcome (`acted`, `nothing_to_do`, …) and its
+/// reason.
+const SCHEMA_V25: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN outcome TEXT;
+ALTER TABLE heartbeats ADD COLUMN outcome_reason TEXT;
+"#;
+
 const SCHEMA_V23: &str = r#"
 CREATE TABLE usd (
     agent_id  TEXT NOT NULL,
@@ -559,6 +566,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 24 {
             conn.execute_batch(SCHEMA_V24).map_err(&err)?;
+        }
+        if version < 25 {
+            conn.execute_batch(SCHEMA_V25).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

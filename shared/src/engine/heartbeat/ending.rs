@@ -9,7 +9,7 @@ use tracing::{error, info, warn};
 use super::{HeartbeatRunner, Plan, RunOutcome, Stats};
 use crate::domain::{
     Agent, EventCursor, EventId, Found, Heartbeat, HeartbeatId, HeartbeatStatus, HookType,
-    Instructions, TaskLedger, to_ms,
+    Instructions, Outcome, OutcomeKind, TaskLedger, to_ms,
 };
 use crate::engine::budget;
 use crate::engine::schedule::next_run;
@@ -267,6 +267,7 @@ impl HeartbeatRunner {
         let mut done = hb.clone();
         done.status = HeartbeatStatus::Failed;
         done.completed_at = Some(now);
+        done.outcome = Some(Outcome::new(OutcomeKind::Failed, &message));
         done.error = Some(message.clone());
         // The window is handed on unprocessed: the next heartbeat reads it again, and
         // the actions this run finished are reused, not repeated.
@@ -316,6 +317,10 @@ impl HeartbeatRunner {
         done.status = HeartbeatStatus::Cancelled;
         done.completed_at = Some(self.clock.now());
         done.error = Some("the agent no longer exists".to_owned());
+        done.outcome = Some(Outcome::new(
+            OutcomeKind::Skipped,
+            "the agent no longer exists",
+        ));
         let outcome = self
             .file(Finish {
                 heartbeat: done,
@@ -380,6 +385,7 @@ fn ended(
     done.cascade_capped = stats.cascade_capped;
     done.skipped = stats.skipped.clone();
     done.since_last = Some(plan.beats.since_last);
+    done.outcome = Some(stats.outcome(status, error.as_deref()));
     done.error = error;
     done
 }

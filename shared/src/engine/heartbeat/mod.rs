@@ -77,6 +77,17 @@ impl RunOutcome {
             Self::Deferred(_) | Self::AlreadyFinished | Self::Superseded => None,
         }
     }
+
+    /// How the heartbeat ended (`acted`, `nothing_to_do`, …), if this run finished it
+    /// and wrote the record.
+    pub fn outcome(&self) -> Option<crate::domain::OutcomeKind> {
+        match self {
+            Self::Completed(h) | Self::Failed(h) | Self::Interrupted(h) | Self::Tripped(h) => {
+                h.outcome.as_ref().map(|o| o.kind)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Runs heartbeat jobs.
@@ -182,6 +193,106 @@ struct Stats {
     late: Found,
     /// Whether the heartbeat agent was called and finished: the tasks due are done.
     thought: bool,
+    /// What was done, for the outcome: "spoke", a tool's name.
+    acted: Vec<String>,
+    /// Why the heartbeat agent, called, made no model call (a spent budget).
+    thinker_skipped: Option<String>,
+    /// What the heartbeat agent's model said last, for the outcome of a run that did
+    /// nothing: its reason.
+    thinker_said: Option<String>,
+    /// Each action that failed: its tool and error.
+    failures: Vec<String>,
+}
+
+/// Tools the heartbeat agent calls that only read: calling one is not acting.
+const READING_TOOLS: [&str; 1] = ["recall"];
+
+impl Stats {
+    /// Notes what `action` did for the outcome: a subscribed tool that ran acted; the
+    /// heartbeat agent (`thinker`) acted when it spoke or called a tool that does
+    /// something, and otherwise said why not, or was skipped.
+    fn note(&mut self, action: &crate::domain::Action, thinker: bool) {
+        use crate::domain::ActionStatus;
+        if action.status == ActionStatus::Failed {
+            self.failures.push(format!(
+                "{} failed: {}",
+                action.tool,
+                action.error.as_deref().unwrap_or("no reason given")
+            ));
+        }
+        if !thinker {
+            if action.status == ActionStatus::Completed {
+                self.acted.push(action.tool.to_string());
+            }
+            return;
+        }
+        if action.status == ActionStatus::Skipped {
+            self.thinker_skipped = action.error.clone();
+        }
+        let output = action.response.as_ref().map(|r| &r["output"]);
+        let Some(output) = output else {
+            return;
+        };
+        if output["spoke"].as_array().is_some_and(|s| !s.is_empty()) {
+            self.acted.push("spoke".to_owned());
+        }
+        for step in output["steps"].as_array().into_iter().flatten() {
+            match step["kind"].as_str() {
+                Some("tool") => {
+                    let name = step["name"].as_str().unwrap_or_default();
+                    if step["is_error"] != true
+                        && name != "speak"
+                        && !READING_TOOLS.contains(&name)
+                        && !self.acted.iter().any(|a| a == name)
+                    {
+                        self.acted.push(name.to_owned());
+                    }
+                }
+                Some("llm") => {
+                    if let Some(text) = step["text"].as_str().filter(|t| !t.trim().is_empty()) {
+                        self.thinker_said = Some(text.to_owned());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// How a run that ended with `status` (and `error`) ended.
+    fn outcome(
+        &self,
+        status: crate::domain::HeartbeatStatus,
+        error: Option<&str>,
+    ) -> crate::domain::Outcome {
+        use crate::domain::{HeartbeatStatus, Outcome, OutcomeKind};
+        if status == HeartbeatStatus::Failed {
+            return Outcome::new(OutcomeKind::Failed, error.unwrap_or("failed"));
+        }
+        if !self.acted.is_empty() {
+            let mut did = self.acted.join(", ");
+            if !self.failures.is_empty() {
+                did.push_str(&format!("; {} failed", self.failures.len()));
+            }
+            return Outcome::new(OutcomeKind::Acted, &did);
+        }
+        if status == HeartbeatStatus::Cancelled {
+            return Outcome::new(OutcomeKind::Skipped, error.unwrap_or("cancelled"));
+        }
+        if let Some(failed) = self.failures.first() {
+            return Outcome::new(OutcomeKind::Failed, failed);
+        }
+        if let Some(why) = &self.thinker_skipped {
+            return Outcome::new(OutcomeKind::Skipped, why);
+        }
+        if let Some(why) = &self.skipped {
+            return Outcome::new(OutcomeKind::NothingToDo, why);
+        }
+        match &self.thinker_said {
+            Some(said) if self.thought => Outcome::new(OutcomeKind::NothingToDo, said),
+            _ if self.thought => Outcome::new(OutcomeKind::NothingToDo, "thought, and did nothing"),
+            _ => Outcome::new(OutcomeKind::NothingToDo, "no tool runs on its events"),
+        }
+    }
 }
 
 /// The two phases of a heartbeat's processing: the tools, then the thinking.
@@ -286,6 +397,9 @@ impl HeartbeatRunner {
             && let Some(name) = outcome.finished_as()
         {
             crate::meter::heartbeat(name);
+        }
+        if let Some(kind) = outcome.as_ref().ok().and_then(RunOutcome::outcome) {
+            crate::meter::heartbeat_outcome(kind.as_str());
         }
         outcome
     }
@@ -680,9 +794,10 @@ impl HeartbeatRunner {
                         continue;
                     }
                     let done = self.run_action(plan, event, depth, tool).await?;
-                    stats.thought |= thinker_level
-                        && tool.name.as_str() == HEARTBEAT_AGENT
-                        && done.action.status == crate::domain::ActionStatus::Completed;
+                    let thinker = thinker_level && tool.name.as_str() == HEARTBEAT_AGENT;
+                    stats.thought |=
+                        thinker && done.action.status == crate::domain::ActionStatus::Completed;
+                    stats.note(&done.action, thinker);
                     stats.actions_triggered += 1;
                     stats.actions_failed += u32::from(done.failed);
                     stats.cascade_capped += done.capped;
