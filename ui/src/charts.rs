@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use jiff::civil::Date;
 use jiff::{SignedDuration, Timestamp};
 use maud::{Markup, PreEscaped, html};
-use pulse_shared::domain::{Agent, DeliveryStatus, HeartbeatStatus, Role};
+use pulse_shared::domain::{Agent, DeliveryStatus, HeartbeatStatus, OutcomeKind, Role};
 use pulse_shared::engine::{Prices, usage};
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::Store;
@@ -92,24 +92,10 @@ pub(crate) async fn agent_days(
     };
     let zeros = || vec![0.0f64; days.len()];
     let mut notes = Vec::new();
-    let (mut spoke, mut silent, mut skipped, mut failed) = (zeros(), zeros(), zeros(), zeros());
-    // What the heartbeats said: their thoughts that became replies, by day.
-    let messages = store.recent_messages(&agent.id, SCAN).await?;
-    notes.extend(cut_note(
-        "Conversation messages (the heartbeats that spoke)",
-        messages.len(),
-        SCAN,
-        messages.last().map(|m| m.created_at),
-        since,
-    ));
-    for m in messages {
-        if m.role == Role::Assistant
-            && m.source == "heartbeat"
-            && let Some(i) = slot(m.created_at)
-        {
-            spoke[i] += 1.0;
-        }
-    }
+    let (mut acted, mut nothing, mut skipped, mut failed) = (zeros(), zeros(), zeros(), zeros());
+    // Heartbeats finished before outcomes were recorded: those that completed without a
+    // skip, by day; each that spoke (its thought became a reply) counted as acted.
+    let mut unrecorded = zeros();
     let heartbeats = store.list_heartbeats(&agent.id, SCAN).await?;
     notes.extend(cut_note(
         "Heartbeats",
@@ -127,16 +113,39 @@ pub(crate) async fn agent_days(
         if ended < since {
             continue;
         }
-        match hb.status {
-            HeartbeatStatus::Failed => failed[i] += 1.0,
-            HeartbeatStatus::Cancelled => skipped[i] += 1.0,
-            _ if hb.skipped.is_some() => skipped[i] += 1.0,
-            _ => silent[i] += 1.0,
+        match (hb.outcome.as_ref().map(|o| o.kind), hb.status) {
+            (Some(OutcomeKind::Acted), _) => acted[i] += 1.0,
+            (Some(OutcomeKind::NothingToDo), _) => nothing[i] += 1.0,
+            (Some(OutcomeKind::Skipped), _) => skipped[i] += 1.0,
+            (Some(OutcomeKind::Failed), _) | (None, HeartbeatStatus::Failed) => failed[i] += 1.0,
+            (None, HeartbeatStatus::Cancelled) => skipped[i] += 1.0,
+            (None, _) if hb.skipped.is_some() => nothing[i] += 1.0,
+            (None, _) => unrecorded[i] += 1.0,
         }
     }
-    // A heartbeat that spoke is counted once, as spoke.
-    for i in 0..days.len() {
-        silent[i] = (silent[i] - spoke[i]).max(0.0);
+    if unrecorded.iter().any(|n| *n > 0.0) {
+        let messages = store.recent_messages(&agent.id, SCAN).await?;
+        notes.extend(cut_note(
+            "Conversation messages (the heartbeats that spoke)",
+            messages.len(),
+            SCAN,
+            messages.last().map(|m| m.created_at),
+            since,
+        ));
+        let mut spoke = zeros();
+        for m in messages {
+            if m.role == Role::Assistant
+                && m.source == "heartbeat"
+                && let Some(i) = slot(m.created_at)
+            {
+                spoke[i] += 1.0;
+            }
+        }
+        for i in 0..days.len() {
+            let did = spoke[i].min(unrecorded[i]);
+            acted[i] += did;
+            nothing[i] += unrecorded[i] - did;
+        }
     }
     // Tokens from the ledger the daily budget counts; dollars from the usage by model.
     let (mut tokens, mut dollars) = (zeros(), zeros());
@@ -200,8 +209,8 @@ pub(crate) async fn agent_days(
     };
     Ok(AgentDays {
         heartbeats: vec![
-            series("spoke", "#2f7d4f", spoke),
-            series("silent", "#9bb7d4", silent),
+            series("acted", "#2f7d4f", acted),
+            series("nothing to do", "#9bb7d4", nothing),
             series("skipped", "#d8dde3", skipped),
             series("failed", "#c0392b", failed),
         ],
