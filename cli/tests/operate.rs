@@ -1568,3 +1568,36 @@ fn an_agent_is_given_a_model_for_its_heartbeats_and_back_to_its_chat_model() {
     );
     assert_eq!(shown["agent"]["llm"]["model"], "claude-sonnet-4-5");
 }
+
+#[test]
+fn an_agent_is_told_what_each_heartbeat_must_do_and_when_to_raise_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "herald", "--expect", "speak"],
+    );
+    let expect = |d: &Path| json(d, &["agents", "show", &agent])["agent"]["expect"].clone();
+    assert_eq!(
+        expect(d),
+        serde_json::json!({"must": "speak", "alert_after": 3}),
+        "three in a row unless told"
+    );
+    assert!(ok(d, &["agents", "show", &agent]).contains("HEARTBEAT_INCOMPLETE after 3"));
+    ok(d, &["agents", "update", &agent, "--alert-after", "5"]);
+    assert_eq!(expect(d)["alert_after"], 5);
+    ok(d, &["agents", "update", &agent, "--expect", "act"]);
+    assert_eq!(
+        expect(d),
+        serde_json::json!({"must": "act", "alert_after": 5}),
+        "a new expectation keeps the count"
+    );
+    assert!(bad(d, &["agents", "update", &agent, "--alert-after", "0"]).contains("1 to 100"));
+    assert!(bad(d, &["agents", "update", &agent, "--expect", "shout"]).contains("speak or act"));
+    ok(d, &["agents", "update", &agent, "--expect", "none"]);
+    assert!(expect(d).is_null());
+    assert!(
+        bad(d, &["agents", "update", &agent, "--alert-after", "2"]).contains("--expect"),
+        "a count with nothing expected says what to give"
+    );
+}

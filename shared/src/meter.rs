@@ -20,7 +20,8 @@ use crate::domain::Usage;
 /// Heartbeats finished, by `outcome`: `completed`, `failed`, `cancelled` (the agent was
 /// deleted, a user interrupted, or the breaker tripped).
 pub const HEARTBEATS: &str = "pulse_heartbeats_total";
-/// Heartbeats finished, by how they ended: `acted`, `nothing_to_do`, `skipped`, `failed`.
+/// Heartbeats finished, by how they ended: `acted`, `nothing_to_do`, `skipped`, `failed`,
+/// `incomplete`.
 pub const HEARTBEAT_OUTCOMES: &str = "pulse_heartbeat_outcomes_total";
 /// Heartbeats claimed by sweeps.
 pub const CLAIMED: &str = "pulse_heartbeats_claimed_total";
@@ -74,7 +75,7 @@ pub fn describe() {
     describe_counter!(
         HEARTBEAT_OUTCOMES,
         Unit::Count,
-        "Heartbeats finished, by what they did: acted, nothing_to_do, skipped, failed"
+        "Heartbeats finished, by what they did: acted, nothing_to_do, skipped, failed, incomplete"
     );
     describe_counter!(CLAIMED, Unit::Count, "Heartbeats claimed by sweeps");
     describe_gauge!(

@@ -880,3 +880,84 @@ fn a_fault_fails_the_named_call_for_as_long_as_it_is_told() {
     assert!(f.check("finish").is_ok());
     assert_eq!(f.failed("finish"), 5);
 }
+
+on_both_backends!(
+    a_heartbeat_that_does_not_do_what_is_expected_is_incomplete_and_a_streak_is_told_once,
+    expectations
+);
+/// An agent that must speak every heartbeat: each that does not ends `incomplete` with
+/// why; the second in a row (`--alert-after 2`) fires HEARTBEAT_INCOMPLETE, the third
+/// fires nothing more; one that speaks ends the streak, and the next streak is told again.
+async fn expectations(kind: Kind) {
+    use pulse_shared::domain::{AgentChanges, Must, OutcomeKind};
+    use pulse_tests::fake_llm::Scripted;
+    let w = world(kind).await;
+    let receiver = FakeReceiver::start().await;
+    let agent = w.agent("10m", "81").await;
+    let agent = w
+        .ops
+        .update(
+            &agent.id,
+            &AgentChanges {
+                expect: Some(Some(Must::Speak)),
+                alert_after: Some(2),
+                ..AgentChanges::default()
+            },
+        )
+        .await
+        .unwrap()
+        .agent;
+    w.hook(&agent, "HEARTBEAT_INCOMPLETE", &receiver.url())
+        .await;
+    let next = || {
+        w.b.advance(SignedDuration::from_mins(10) + SignedDuration::from_secs(5))
+    };
+    let mut kinds = Vec::new();
+    for beat in 0..6 {
+        if beat == 3 {
+            w.llm.script([
+                Scripted::tool("speak", json!({"thought": "Time for a stretch."})),
+                Scripted::text("Said it."),
+            ]);
+        } else {
+            w.llm.script([Scripted::text("Nothing worth saying.")]);
+        }
+        assert_eq!(w.beat().await, 1);
+        let done = w.latest(&agent).await;
+        let done = if done.status.is_final() {
+            done
+        } else {
+            // The latest is the next one, pending: the one before it finished.
+            w.b.store
+                .list_heartbeats(&agent.id, 2)
+                .await
+                .unwrap()
+                .pop()
+                .unwrap()
+        };
+        kinds.push(done.outcome.clone().unwrap());
+        next();
+    }
+    let got: Vec<OutcomeKind> = kinds.iter().map(|o| o.kind).collect();
+    use OutcomeKind::{Acted, Incomplete};
+    assert_eq!(
+        got,
+        [
+            Incomplete, Incomplete, Incomplete, Acted, Incomplete, Incomplete
+        ],
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds[0].reason,
+        "expected to speak, it did not (nothing_to_do: Nothing worth saying.)"
+    );
+    w.dispatch().await;
+    assert_eq!(
+        receiver.hook_types(),
+        ["HEARTBEAT_INCOMPLETE", "HEARTBEAT_INCOMPLETE"],
+        "once for each streak of two"
+    );
+    let told = receiver.received()[0].json();
+    assert_eq!(told["data"]["expect"], "speak");
+    assert_eq!(told["data"]["in_a_row"], 2);
+}

@@ -19,7 +19,8 @@ pub(crate) enum HeartbeatsCmd {
         /// Only these statuses (comma-separated), e.g. FAILED,CANCELLED.
         #[arg(long, value_name = "STATUS,...", value_delimiter = ',')]
         status: Vec<String>,
-        /// Only these outcomes (comma-separated): acted, nothing_to_do, skipped, failed.
+        /// Only these outcomes (comma-separated): acted, nothing_to_do, skipped, failed,
+        /// incomplete.
         #[arg(long, value_name = "OUTCOME,...", value_delimiter = ',')]
         outcome: Vec<String>,
         /// Only heartbeats scheduled since then: a duration back from now (10m, 2h) or a
@@ -107,7 +108,7 @@ pub(crate) fn plan(cmd: HeartbeatsCmd) -> Result<HeartbeatsPlan, Failure> {
                 .map(|o| {
                     OutcomeKind::parse(&o.trim().to_ascii_lowercase()).ok_or_else(|| {
                         Failure::Input(format!(
-                            "invalid --outcome {o:?}: use acted, nothing_to_do, skipped or failed"
+                            "invalid --outcome {o:?}: use acted, nothing_to_do, skipped, failed or incomplete"
                         ))
                     })
                 })

@@ -76,19 +76,29 @@ pub enum OutcomeKind {
     Skipped,
     /// The engine could not finish it.
     Failed,
+    /// It ran, but did not do what its agent expects of every heartbeat (`--expect`).
+    Incomplete,
 }
 
 impl OutcomeKind {
     /// Every kind, in the order they are listed.
-    pub const ALL: [Self; 4] = [Self::Acted, Self::NothingToDo, Self::Skipped, Self::Failed];
+    pub const ALL: [Self; 5] = [
+        Self::Acted,
+        Self::NothingToDo,
+        Self::Skipped,
+        Self::Failed,
+        Self::Incomplete,
+    ];
 
-    /// The kind as it is written: `acted`, `nothing_to_do`, `skipped`, `failed`.
+    /// The kind as it is written: `acted`, `nothing_to_do`, `skipped`, `failed`,
+    /// `incomplete`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Acted => "acted",
             Self::NothingToDo => "nothing_to_do",
             Self::Skipped => "skipped",
             Self::Failed => "failed",
+            Self::Incomplete => "incomplete",
         }
     }
 

@@ -44,6 +44,8 @@ impl HookType {
     pub const BUDGET_THRESHOLD: &'static str = "BUDGET_THRESHOLD";
     /// Too many heartbeats in an hour: the breaker paused the agent.
     pub const BREAKER_TRIPPED: &'static str = "BREAKER_TRIPPED";
+    /// `--alert-after` heartbeats in a row did not do what the agent expects of each.
+    pub const HEARTBEAT_INCOMPLETE: &'static str = "HEARTBEAT_INCOMPLETE";
     /// Most of a tool's calls failed over a window: told once, until it recovers.
     pub const TOOL_DEGRADED: &'static str = "TOOL_DEGRADED";
     /// A degraded tool's calls mostly succeed again.
@@ -57,7 +59,7 @@ impl HookType {
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 20] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 21] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -105,6 +107,10 @@ impl HookType {
         (
             Self::BREAKER_TRIPPED,
             "too many heartbeats in an hour; the breaker paused the agent",
+        ),
+        (
+            Self::HEARTBEAT_INCOMPLETE,
+            "heartbeats in a row (--alert-after) did not do what the agent expects of each (--expect); once a streak",
         ),
         (
             Self::TOOL_DEGRADED,

@@ -3,7 +3,9 @@
 
 use jiff::Timestamp;
 
-use super::agent::{Agent, AgentLlm, Budgets, DiscordAccess, DiscordListen, ThinkPolicy};
+use super::agent::{
+    Agent, AgentLlm, Budgets, DiscordAccess, DiscordListen, Expectation, Must, ThinkPolicy,
+};
 use super::chat::ProviderKind;
 use super::event::EventCursor;
 use super::heartbeat::Heartbeat;
@@ -44,6 +46,8 @@ pub struct NewAgent {
     pub discord: DiscordAccess,
     /// When its heartbeat agent thinks.
     pub think: ThinkPolicy,
+    /// What each heartbeat must do.
+    pub expect: Option<Expectation>,
     /// How long its finished records are kept; the deployment's when unset.
     pub retention: Option<Retention>,
     /// `--auto-pause-after` (default 30 days of silence).
@@ -71,6 +75,7 @@ impl NewAgent {
             discord_channel: None,
             discord: DiscordAccess::default(),
             think: ThinkPolicy::Auto,
+            expect: None,
             retention: None,
             auto_pause_after: None,
             tools: Vec::new(),
@@ -106,6 +111,7 @@ impl NewAgent {
             auto_paused_since: None,
             cancel_requested_at: None,
             think: self.think,
+            expect: self.expect,
             next_wake: None,
             retention: self.retention,
             tools: self.tools,
@@ -167,6 +173,10 @@ pub struct AgentChanges {
     pub discord_listen: Option<DiscordListen>,
     /// When its heartbeat agent thinks.
     pub think: Option<ThinkPolicy>,
+    /// What each heartbeat must do; `Some(None)` expects nothing.
+    pub expect: Option<Option<Must>>,
+    /// Incomplete heartbeats in a row before the hook fires (kept with a new `expect`).
+    pub alert_after: Option<u32>,
     /// How long its finished records are kept; `Some(None)` goes back to the deployment's.
     pub retention: Option<Option<Retention>>,
     /// `--auto-pause-after`; `Some(None)` goes back to the default.
@@ -205,6 +215,8 @@ impl AgentChanges {
             && self.discord_users.is_none()
             && self.discord_listen.is_none()
             && self.think.is_none()
+            && self.expect.is_none()
+            && self.alert_after.is_none()
             && self.retention.is_none()
             && self.auto_pause_after.is_none()
             && self.memory_half_life.is_none()
@@ -246,6 +258,21 @@ impl AgentChanges {
         set(&mut a.discord.users, &self.discord_users);
         set(&mut a.discord.listen, &self.discord_listen);
         set(&mut a.think, &self.think);
+        if let Some(must) = self.expect {
+            let alert_after = self
+                .alert_after
+                .or(a.expect.map(|e| e.alert_after))
+                .unwrap_or(Expectation::ALERT_AFTER);
+            a.expect = must.map(|must| Expectation { must, alert_after });
+        } else if let Some(n) = self.alert_after {
+            let Some(e) = &mut a.expect else {
+                return Err(ValidationError::new(
+                    "alert-after",
+                    "the agent expects nothing of its heartbeats: give --expect speak|act with it",
+                ));
+            };
+            e.alert_after = n;
+        }
         set(&mut a.retention, &self.retention);
         set(&mut a.auto_pause_after, &self.auto_pause_after);
         set(&mut a.memory_half_life, &self.memory_half_life);

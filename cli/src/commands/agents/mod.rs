@@ -7,7 +7,8 @@ pub(crate) use lifecycle::lifecycle_failure;
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
     ActiveHours, Agent, AgentChanges, AgentLlm, AgentTool, AutoPause, Budgets, DiscordAccess,
-    DiscordListen, Interval, NewAgent, ProviderKind, Retention, ThinkPolicy, TimeZoneName,
+    DiscordListen, Expectation, Interval, Must, NewAgent, ProviderKind, Retention, ThinkPolicy,
+    TimeZoneName,
 };
 use pulse_shared::engine::budget;
 
@@ -158,6 +159,13 @@ pub(crate) struct UpdateAgent {
     /// When the heartbeat agent calls the model: auto, events, always or every:N.
     #[arg(long, value_name = "POLICY")]
     think: Option<String>,
+    /// What each heartbeat must do: speak, act, or none. One that does not ends
+    /// `incomplete`.
+    #[arg(long, value_name = "speak|act|none")]
+    expect: Option<String>,
+    /// Incomplete heartbeats in a row before the HEARTBEAT_INCOMPLETE hook fires (1 to 100).
+    #[arg(long, value_name = "N")]
+    alert_after: Option<u32>,
     /// How long its finished heartbeats, processed events, actions, conversation turns,
     /// hook deliveries and webhook request logs are kept (1d to 3650d); "" goes back to
     /// PULSE_RETENTION.
@@ -283,6 +291,15 @@ pub(crate) struct CreateAgent {
     /// does not think records its action SKIPPED, at no token cost.
     #[arg(long, value_name = "POLICY", default_value = "auto")]
     think: String,
+    /// What each heartbeat must do: speak (to its user) or act (speak, or call a tool
+    /// that does something). One that does not ends `incomplete`, and after
+    /// --alert-after of them in a row the HEARTBEAT_INCOMPLETE hook fires, once.
+    #[arg(long, value_name = "speak|act")]
+    expect: Option<String>,
+    /// Incomplete heartbeats in a row before the HEARTBEAT_INCOMPLETE hook fires (1 to
+    /// 100; default 3).
+    #[arg(long, value_name = "N", requires = "expect")]
+    alert_after: Option<u32>,
     /// How long its finished heartbeats, processed events, actions, conversation turns,
     /// hook deliveries and webhook request logs are kept, 1d to 3650d (default:
     /// PULSE_RETENTION, 30d). Memories and settings are kept while the agent exists.
@@ -420,6 +437,16 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .map(ThinkPolicy::parse)
             .transpose()
             .map_err(input)?,
+        expect: a
+            .expect
+            .as_deref()
+            .map(|e| match e.trim() {
+                "none" | "" => Ok(None),
+                e => Must::parse(e).map(Some),
+            })
+            .transpose()
+            .map_err(input)?,
+        alert_after: a.alert_after,
         tools: a
             .tools
             .as_deref()
@@ -573,6 +600,16 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
         listen: DiscordListen::parse(&a.discord_listen).map_err(input)?,
     };
     new.think = ThinkPolicy::parse(&a.think).map_err(input)?;
+    new.expect = a
+        .expect
+        .as_deref()
+        .map(Must::parse)
+        .transpose()
+        .map_err(input)?
+        .map(|must| Expectation {
+            must,
+            alert_after: a.alert_after.unwrap_or(Expectation::ALERT_AFTER),
+        });
     new.retention = a
         .retention
         .as_deref()
@@ -708,6 +745,16 @@ async fn show(cx: &Ctx<'_>, agent: &AgentRef) -> Result<(), Failure> {
     );
     field("time zone", agent.timezone.to_string());
     field("think", agent.think.to_string());
+    field(
+        "expect",
+        agent.expect.map_or("nothing".into(), |e| {
+            format!(
+                "{} (HEARTBEAT_INCOMPLETE after {} in a row that do not)",
+                e.must.as_str(),
+                e.alert_after
+            )
+        }),
+    );
     field(
         "retention",
         match agent.retention {

@@ -191,4 +191,51 @@ impl HeartbeatRunner {
         )
         .await
     }
+
+    /// The `HEARTBEAT_INCOMPLETE` hook, when `done` is the `--alert-after`-th incomplete
+    /// heartbeat in a row of its agent: once a streak (the next incomplete ones make no
+    /// second, until one meets the expectation and a new streak starts). The heartbeats
+    /// before it are read only when a hook of that type is there to tell.
+    pub(super) async fn incomplete_hook(
+        &self,
+        plan: &Plan,
+        done: &Heartbeat,
+    ) -> Result<(), EngineError> {
+        let incomplete = |h: &Heartbeat| {
+            h.outcome
+                .as_ref()
+                .is_some_and(|o| o.kind == crate::domain::OutcomeKind::Incomplete)
+        };
+        let (Some(expect), true) = (plan.agent.expect, incomplete(done)) else {
+            return Ok(());
+        };
+        let hook_type = HookType::of(HookType::HEARTBEAT_INCOMPLETE);
+        if self.hooks.is_none()
+            || !plan
+                .routes
+                .iter()
+                .any(|r| r.active && r.hook_type == hook_type)
+        {
+            return Ok(());
+        }
+        let n = expect.alert_after as usize;
+        let before = self
+            .store
+            .heartbeats_page(&done.agent_id, Some(done.beat), n)
+            .await?;
+        let streak = 1 + before.iter().take_while(|h| incomplete(h)).count();
+        if streak != n {
+            return Ok(());
+        }
+        let reason = done.outcome.as_ref().map(|o| o.reason.clone());
+        self.emit(plan, hook_type, None, "SCHEDULE", || {
+            serde_json::json!({
+                "beat": done.beat,
+                "expect": expect.must.as_str(),
+                "in_a_row": n,
+                "reason": reason,
+            })
+        })
+        .await
+    }
 }

@@ -92,6 +92,7 @@ impl HeartbeatRunner {
         Ok(match outcome {
             FinishOutcome::Finished => {
                 self.after(&plan, &done, Some(at)).await?;
+                self.incomplete_hook(&plan, &done).await?;
                 info!(
                     events = stats.events_processed,
                     actions = stats.actions_triggered,
@@ -385,7 +386,7 @@ fn ended(
     done.cascade_capped = stats.cascade_capped;
     done.skipped = stats.skipped.clone();
     done.since_last = Some(plan.beats.since_last);
-    done.outcome = Some(stats.outcome(status, error.as_deref()));
+    done.outcome = Some(stats.outcome(&plan.agent, status, error.as_deref()));
     done.error = error;
     done
 }

@@ -258,8 +258,39 @@ impl Stats {
         }
     }
 
-    /// How a run that ended with `status` (and `error`) ended.
+    /// How a run of `agent` that ended with `status` (and `error`) ended: what it did,
+    /// held against what the agent expects of every heartbeat, if anything.
     fn outcome(
+        &self,
+        agent: &Agent,
+        status: crate::domain::HeartbeatStatus,
+        error: Option<&str>,
+    ) -> crate::domain::Outcome {
+        use crate::domain::{Must, Outcome, OutcomeKind};
+        let did = self.did(status, error);
+        let Some(expect) = agent.expect else {
+            return did;
+        };
+        let met = match expect.must {
+            Must::Speak => self.acted.iter().any(|a| a == "spoke"),
+            Must::Act => did.kind == OutcomeKind::Acted,
+        };
+        if met || matches!(did.kind, OutcomeKind::Skipped | OutcomeKind::Failed) {
+            return did;
+        }
+        Outcome::new(
+            OutcomeKind::Incomplete,
+            &format!(
+                "expected to {}, it did not ({}: {})",
+                expect.must.as_str(),
+                did.kind,
+                did.reason
+            ),
+        )
+    }
+
+    /// What a run that ended with `status` (and `error`) did.
+    fn did(
         &self,
         status: crate::domain::HeartbeatStatus,
         error: Option<&str>,
