@@ -222,7 +222,7 @@ impl Stats {
         }
         if !thinker {
             if action.status == ActionStatus::Completed {
-                self.acted.push(action.tool.to_string());
+                self.did_act(action.tool.as_str());
             }
             return;
         }
@@ -234,18 +234,15 @@ impl Stats {
             return;
         };
         if output["spoke"].as_array().is_some_and(|s| !s.is_empty()) {
-            self.acted.push("spoke".to_owned());
+            self.did_act("spoke");
         }
         for step in output["steps"].as_array().into_iter().flatten() {
             match step["kind"].as_str() {
                 Some("tool") => {
                     let name = step["name"].as_str().unwrap_or_default();
-                    if step["is_error"] != true
-                        && name != "speak"
-                        && !READING_TOOLS.contains(&name)
-                        && !self.acted.iter().any(|a| a == name)
+                    if step["is_error"] != true && name != "speak" && !READING_TOOLS.contains(&name)
                     {
-                        self.acted.push(name.to_owned());
+                        self.did_act(name);
                     }
                 }
                 Some("llm") => {
@@ -255,6 +252,13 @@ impl Stats {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Notes that `what` acted, once however often it did.
+    fn did_act(&mut self, what: &str) {
+        if !self.acted.iter().any(|a| a == what) {
+            self.acted.push(what.to_owned());
         }
     }
 
