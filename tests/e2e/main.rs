@@ -129,6 +129,16 @@ fn function_url_request(path: &str, body: &[u8], headers: &[(String, String)]) -
     e
 }
 
+/// A Function URL GET of `path` with `query` (the raw query string, "" for none).
+fn function_url_get(path: &str, query: &str, headers: &[(String, String)]) -> Value {
+    let mut e = function_url_request(path, b"", headers);
+    e["requestContext"]["http"]["method"] = json!("GET");
+    if !query.is_empty() {
+        e["rawQueryString"] = json!(query);
+    }
+    e
+}
+
 fn header_pairs(pairs: Vec<(http::HeaderName, http::HeaderValue)>) -> Vec<(String, String)> {
     pairs
         .into_iter()
@@ -830,9 +840,7 @@ async fn the_messages_api_answers_and_a_second_message_supersedes_the_first() {
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", w.watch.log());
     settle(&w.mapping.worker, &w.sessions, &asked, &[]).await;
-    let mut get = function_url_request(&format!("/v1/turns/{turn_id}"), b"", &bearer);
-    get["requestContext"]["http"]["method"] = json!("GET");
-    get["rawQueryString"] = json!("wait=5s");
+    let get = function_url_get(&format!("/v1/turns/{turn_id}"), "wait=5s", &bearer);
     let resp = w
         .watch
         .invoke("webhook-receiver", &get, "GET /v1/turns/{id}?wait=5s")
@@ -910,8 +918,7 @@ async fn the_messages_api_answers_and_a_second_message_supersedes_the_first() {
         .await;
     assert_eq!(failures(&resp), Vec::<String>::new(), "{}", w.watch.log());
     settle(&w.mapping.worker, &w.sessions, &second_asked, &[]).await;
-    let mut get = function_url_request(&format!("/v1/turns/{first_turn}"), b"", &bearer);
-    get["requestContext"]["http"]["method"] = json!("GET");
+    let get = function_url_get(&format!("/v1/turns/{first_turn}"), "", &bearer);
     let resp = w
         .watch
         .invoke(
@@ -1062,9 +1069,7 @@ async fn a_turn_recalls_and_keeps_memories_and_an_unreachable_hook_is_dead_lette
             .any(|m| m.text == "The user follows the api service's deploys"),
         "{all:?}"
     );
-    let mut get = function_url_request(&format!("/v1/turns/{turn_id}"), b"", &bearer);
-    get["requestContext"]["http"]["method"] = json!("GET");
-    get["rawQueryString"] = json!("wait=5s");
+    let get = function_url_get(&format!("/v1/turns/{turn_id}"), "wait=5s", &bearer);
     let resp = w
         .watch
         .invoke(
@@ -1530,8 +1535,7 @@ async fn the_arm64_builds_start_under_qemu_and_answer_an_invocation_each() {
         r["body"] = json!("not a task");
         json!({ "Records": [r] })
     };
-    let mut health = function_url_request("/healthz", b"", &[]);
-    health["requestContext"]["http"]["method"] = json!("GET");
+    let health = function_url_get("/healthz", "", &[]);
     for (name, event) in [
         ("heartbeat-sweeper", fixture("eventbridge-scheduled.json")),
         ("conversation-worker", broken("sqs-fifo-record.json")),

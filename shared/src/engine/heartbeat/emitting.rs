@@ -15,6 +15,16 @@ use crate::error::EngineError;
 use crate::ports::FinishOutcome;
 
 impl HeartbeatRunner {
+    /// Whether a hook of `hook_type` of the agent's is there to be told (and hooks are
+    /// emitted at all).
+    fn tells(&self, plan: &Plan, hook_type: &HookType) -> bool {
+        self.hooks.is_some()
+            && plan
+                .routes
+                .iter()
+                .any(|r| r.active && &r.hook_type == hook_type)
+    }
+
     /// Enqueues the hooks of `hook_type` for this run. `data` is built only when one of
     /// the agent's hooks fires on it.
     ///
@@ -33,11 +43,7 @@ impl HeartbeatRunner {
         let Some(hooks) = &self.hooks else {
             return Ok(());
         };
-        if !plan
-            .routes
-            .iter()
-            .any(|r| r.active && r.hook_type == hook_type)
-        {
+        if !self.tells(plan, &hook_type) {
             return Ok(());
         }
         let (key_ms, key) = match action {
@@ -210,12 +216,7 @@ impl HeartbeatRunner {
             return Ok(());
         };
         let hook_type = HookType::of(HookType::HEARTBEAT_INCOMPLETE);
-        if self.hooks.is_none()
-            || !plan
-                .routes
-                .iter()
-                .any(|r| r.active && r.hook_type == hook_type)
-        {
+        if !self.tells(plan, &hook_type) {
             return Ok(());
         }
         let n = expect.alert_after as usize;
