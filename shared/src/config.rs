@@ -264,6 +264,16 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
                 grace: self.duration("PULSE_SCHEDULE_GRACE", d.schedules.grace)?,
             },
             turn_patience: self.duration("PULSE_TURN_PATIENCE", d.turn_patience)?,
+            keep_cache_warm: match self.get("PULSE_CACHE_WARM").as_deref().map(str::trim) {
+                None | Some("on") => true,
+                Some("off") => false,
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        "PULSE_CACHE_WARM",
+                        format!("{other:?}: give on or off"),
+                    ));
+                }
+            },
             prices: match self.get("PULSE_PRICES") {
                 None => d.prices.clone(),
                 Some(path) => std::sync::Arc::new(read_prices(&path)?),

@@ -1770,6 +1770,111 @@ async fn heartbeats_and_turns_send_one_byte_identical_prefix_up_to_the_breakpoin
     assert_eq!(reqs[0].body.to_string().matches("cache_control").count(), 2);
 }
 
+on_both_backends!(
+    a_beat_with_nothing_to_do_keeps_the_prompt_cache_warm_once_before_it_lapses,
+    warm_up
+);
+/// An agent at 15 minutes that thinks on events: a beat that thinks writes the prefix
+/// for an hour; the idle beat 45 minutes later, the last before it would lapse, makes one
+/// small call with the same prefix and one token of answer; the next thinking beat,
+/// an hour and a quarter after the first, reads the same prefix again. One warm-up per
+/// call, recorded as a beat with nothing to do and counted in the agent's usage; with
+/// `PULSE_CACHE_WARM=off`, none.
+async fn warm_up(kind: Kind) {
+    for keep_warm in [true, false] {
+        let mut with = settings();
+        with.keep_cache_warm = keep_warm;
+        let w = world_with(kind, with).await;
+        let agent = w
+            .agent(|a| {
+                a.llm.provider = Some(ProviderKind::Anthropic);
+                a.llm.base_url = Some(w.llm.url().parse().unwrap());
+                a.llm.model = Some("claude-sonnet-4-5".into());
+                a.interval = "15m".parse().unwrap();
+                a.think = pulse_shared::domain::ThinkPolicy::Events;
+            })
+            .await;
+        let event = |n: u32| {
+            pulse_shared::domain::NewEvent::new("NOTE", json!({"n": n}), None)
+                .unwrap()
+                .into_event(agent.id.clone(), "test", w.b.now())
+        };
+        w.llm.script([Scripted::text("Noted.")]);
+        w.say(&agent, "my report is due Friday", SignalMeta::default())
+            .await;
+        w.b.drain(&w.worker).await;
+        w.b.store.append(&event(1)).await.unwrap();
+        w.b.advance(SignedDuration::from_mins(16));
+        w.llm.script([Scripted::text("Nothing to say about it.")]);
+        assert_eq!(w.beat().await, 1, "the first heartbeat");
+        assert_eq!(w.llm.requests().len(), 2, "a turn, a thinking beat");
+        // Three idle beats; the third is the last before the hour's cache lapses.
+        for _ in 0..4 {
+            w.b.advance(SignedDuration::from_secs(15 * 60 + 1));
+            assert_eq!(w.beat().await, 1);
+        }
+        let reqs = w.llm.requests();
+        if !keep_warm {
+            assert_eq!(reqs.len(), 2, "nothing is kept warm");
+            continue;
+        }
+        assert_eq!(reqs.len(), 3, "one warm-up in four idle beats");
+        let warm = &reqs[2].body;
+        assert_eq!(warm["max_tokens"], 1);
+        assert_eq!(cached_prefix(warm), cached_prefix(&reqs[1].body));
+        assert_eq!(
+            warm["system"][0]["cache_control"],
+            json!({"type": "ephemeral", "ttl": "1h"})
+        );
+        let last = warm["messages"].as_array().unwrap().last().unwrap();
+        assert!(
+            last.to_string().contains(
+                pulse_shared::engine::prompt::WARM_UP_LINE
+                    .split(':')
+                    .next()
+                    .unwrap()
+            ),
+            "{last}"
+        );
+        let beats = w.b.store.list_heartbeats(&agent.id, 10).await.unwrap();
+        let warmed: Vec<_> = beats
+            .iter()
+            .filter_map(|h| h.outcome.as_ref())
+            .filter(|o| o.reason.contains("kept warm"))
+            .collect();
+        assert_eq!(warmed.len(), 1, "{beats:#?}");
+        assert_eq!(
+            warmed[0].kind,
+            pulse_shared::domain::OutcomeKind::NothingToDo
+        );
+        // The next beat that thinks, an hour and a quarter after the first, sends the
+        // same prefix and asks for an hour again: its last call was in reach.
+        w.b.store.append(&event(2)).await.unwrap();
+        w.llm.script([Scripted::text("Still nothing.")]);
+        w.b.advance(SignedDuration::from_secs(15 * 60 + 1));
+        assert_eq!(w.beat().await, 1);
+        let reqs = w.llm.requests();
+        assert_eq!(reqs.len(), 4);
+        assert_eq!(cached_prefix(&reqs[3].body), cached_prefix(warm));
+        assert_eq!(
+            reqs[3].body["system"][0]["cache_control"],
+            json!({"type": "ephemeral", "ttl": "1h"})
+        );
+        // The warm-up is in the agent's usage, as a heartbeat's call.
+        let records =
+            pulse_shared::engine::records(w.b.store.as_ref(), &agent, jiff::Timestamp::UNIX_EPOCH)
+                .await
+                .unwrap();
+        let beat_calls: u64 = records
+            .calls
+            .iter()
+            .filter(|c| c.source == "heartbeats")
+            .map(|c| c.calls)
+            .sum();
+        assert_eq!(beat_calls, 3, "two thinking beats and a warm-up");
+    }
+}
+
 /// Every request Pulse sends to Anthropic — a turn with a tool loop, a heartbeat with
 /// one, their breakpoints and lifetimes, the last step's tools turned off — is of the
 /// anthropic SDK's own request types, checked by `scripts/check_anthropic.py` with the

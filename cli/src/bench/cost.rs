@@ -84,6 +84,8 @@ const YESTERDAY: usize = 30;
 #[derive(Clone, Copy, Debug, Default)]
 struct Bill {
     calls: u64,
+    /// Of the calls, those that only kept the cache warm.
+    warm_ups: u64,
     usage: Usage,
 }
 
@@ -251,7 +253,15 @@ impl Provider {
             )
         };
         let n = self.bill.calls;
-        let (content, stop) = if heartbeat {
+        let last_text = messages
+            .last()
+            .map(|m| texts(m).join("\n"))
+            .unwrap_or_default();
+        let warm_up = last_text == pulse_shared::engine::prompt::WARM_UP_LINE;
+        let (content, stop) = if warm_up {
+            self.bill.warm_ups += 1;
+            (json!([{"type": "text", "text": "Ok"}]), "max_tokens")
+        } else if heartbeat {
             if own_text.contains("\"look_up\":true") && !has("recall") {
                 tool(
                     "recall",
@@ -397,12 +407,14 @@ async fn day(caching: bool) -> Result<Day, Failure> {
         let _ = axum::serve(listener, app).await;
     });
 
-    let config = Config {
+    let mut config = Config {
         backend: Backend::Sqlite {
             path: dir.path().join("day.db"),
         },
         ..Config::defaults()
     };
+    // Without a cache there is nothing to keep warm.
+    config.engine.keep_cache_warm = caching;
     let offline = offline_services();
     let llm = LlmConfig {
         provider: ProviderKind::Anthropic,
@@ -533,6 +545,7 @@ async fn day(caching: bool) -> Result<Day, Failure> {
     let turns = b.store.list_turns(&agent.id, 1_000).await?.len() - YESTERDAY;
     let mut bill = end;
     bill.calls -= day_start.calls;
+    bill.warm_ups -= day_start.warm_ups;
     bill.usage = minus(end.usage, day_start.usage);
     Ok(Day {
         bill,
@@ -584,8 +597,9 @@ pub(crate) async fn cost(out: &Out) -> Result<(), Failure> {
     );
     figure!(
         out,
-        "  caching on:  {} calls, {} input tokens: {} read from the cache ({:.1} % hit rate), {} written ({} for an hour), {} plain; ${b:.4}",
+        "  caching on:  {} calls ({} of them warm-ups), {} input tokens: {} read from the cache ({:.1} % hit rate), {} written ({} for an hour), {} plain; ${b:.4}",
         on.bill.calls,
+        on.bill.warm_ups,
         u.input_tokens,
         u.cache_read_tokens,
         100.0 * u.cache_read_tokens as f64 / u.input_tokens.max(1) as f64,
@@ -603,7 +617,7 @@ pub(crate) async fn cost(out: &Out) -> Result<(), Failure> {
         out.json_value(&json!({
             "model": MODEL,
             "off": {"calls": off.bill.calls, "usage": off.bill.usage, "usd": a},
-            "on": {"calls": on.bill.calls, "usage": on.bill.usage, "usd": b},
+            "on": {"calls": on.bill.calls, "warm_ups": on.bill.warm_ups, "usage": on.bill.usage, "usd": b},
             "saved_share": 1.0 - b / a.max(f64::MIN_POSITIVE),
             "hit_rate": u.cache_read_tokens as f64 / u.input_tokens.max(1) as f64,
         }));

@@ -171,6 +171,13 @@ pub const VARIABLES: &[Variable] = &[
         wrong: STOPS_DURATION,
     },
     Variable {
+        name: "PULSE_CACHE_WARM",
+        group: Group::Engine,
+        meaning: "whether a heartbeat with nothing to think about makes one small call (one output token, the prompt read from the cache at a tenth of its price) when the agent's hour-long prompt cache would lapse before its next beat, at most once after each call the agent made for its work; `off` lets it lapse (it is written again, at 1.25 – 2 times the input, by the next call). Only for models whose hour-long cache pays (Anthropic's)",
+        default: "`on`",
+        wrong: "start-up stops unless it is `on` or `off`",
+    },
+    Variable {
         name: "PULSE_CASCADE_DEPTH",
         group: Group::Engine,
         meaning: "how many levels of events a heartbeat's tools may make from one event",

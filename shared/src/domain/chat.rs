@@ -249,6 +249,32 @@ pub enum CacheTtl {
     Hour,
 }
 
+impl CacheTtl {
+    /// The lifetime as a duration.
+    pub fn duration(self) -> jiff::SignedDuration {
+        match self {
+            CacheTtl::Minutes5 => jiff::SignedDuration::from_mins(5),
+            CacheTtl::Hour => jiff::SignedDuration::from_hours(1),
+        }
+    }
+}
+
+/// What a heartbeat hands on to the next about its agent's prompt cache, so that a beat
+/// that does not think can keep it warm for one that will (see
+/// [`crate::engine::prompt::warm_up_due`]). Only written for a model whose hour-long
+/// cache pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheKept {
+    /// When the agent last called the model for its work: a heartbeat's thinking or a
+    /// conversation turn, not a warm-up.
+    pub called_at: jiff::Timestamp,
+    /// Until when the cached prefix lives, as the last call's breakpoints asked.
+    pub until: jiff::Timestamp,
+    /// When a warm-up call renewed it, if one has since `called_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmed_at: Option<jiff::Timestamp>,
+}
+
 /// Why the model stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

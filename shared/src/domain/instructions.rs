@@ -329,7 +329,8 @@ fn type_matches(pattern: &str, event_type: &str) -> bool {
 }
 
 /// What a heartbeat carries about its agent's tasks: when each was last done (handed on
-/// from heartbeat to heartbeat) and, once it has run, which were due in it.
+/// from heartbeat to heartbeat) and, once it has run, which were due in it; and what it
+/// knows of the agent's prompt cache, handed on the same way.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskLedger {
     /// When each task was last done, by name.
@@ -338,12 +339,23 @@ pub struct TaskLedger {
     /// The tasks due in this heartbeat.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub due: Vec<String>,
+    /// The agent's prompt cache, as the last model call left it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::domain::CacheKept>,
 }
 
 impl TaskLedger {
     /// Whether it holds nothing (left out of stored records).
     pub fn is_empty(&self) -> bool {
-        self.runs.is_empty() && self.due.is_empty()
+        self.runs.is_empty() && self.due.is_empty() && self.cache.is_none()
+    }
+
+    /// This ledger with `cache` as what is known of the prompt cache, when known.
+    pub fn caching(mut self, cache: Option<crate::domain::CacheKept>) -> Self {
+        if cache.is_some() {
+            self.cache = cache;
+        }
+        self
     }
 
     /// As a store keeps it: JSON, or nothing when it is empty.
@@ -365,6 +377,7 @@ impl TaskLedger {
         Self {
             runs,
             due: Vec::new(),
+            cache: self.cache,
         }
     }
 }
@@ -482,6 +495,7 @@ mod tests {
         let ledger = TaskLedger {
             runs: BTreeMap::from([("Gone".to_owned(), at), ("Builds".to_owned(), at)]),
             due: vec!["Inbox".into()],
+            cache: None,
         };
         let next = ledger.handed_on(true, at, &i);
         assert_eq!(next.runs.keys().collect::<Vec<_>>(), ["Builds", "Inbox"]);

@@ -47,8 +47,9 @@ pub use approval::{
     check_approval_expiry, clip_reason, parse_button, schema_digest,
 };
 pub use chat::{
-    CacheTtl, ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse, MAX_IMAGE_BYTES,
-    PromptCache, ProviderKind, Secret, StopReason, ToolSpec, ToolUse, Usage, model_sees_images,
+    CacheKept, CacheTtl, ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse,
+    MAX_IMAGE_BYTES, PromptCache, ProviderKind, Secret, StopReason, ToolSpec, ToolUse, Usage,
+    model_sees_images,
 };
 pub use conversation::{
     ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, ReplyTarget, Role, Signal,

@@ -108,6 +108,15 @@ pub struct HeartbeatContext {
     /// agent's request, with `found`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks_due: Vec<String>,
+    /// The agent's prompt cache as the heartbeat found it, when it is kept warm: set on
+    /// the heartbeat agent's request, with `found`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::domain::CacheKept>,
+    /// Whether the heartbeat agent, having nothing to think about, should make one
+    /// small call to keep that cache from lapsing before the next beat
+    /// ([`crate::engine::prompt::warm_up_due`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm_up: bool,
 }
 
 /// The agent's sense of time: its beat counter, and beats since the user last

@@ -100,6 +100,10 @@ pub struct EngineSettings {
     pub turn_patience: SignedDuration,
     /// The model prices dollar budgets are kept at (`PULSE_PRICES` over the built-in).
     pub prices: std::sync::Arc<Prices>,
+    /// Whether a beat that does not think makes one small call to keep its agent's
+    /// hour-long prompt cache from lapsing before the next beat (`PULSE_CACHE_WARM`; see
+    /// [`prompt::warm_up_due`]).
+    pub keep_cache_warm: bool,
 }
 
 impl Default for EngineSettings {
@@ -117,6 +121,7 @@ impl Default for EngineSettings {
             schedules: reminders::ScheduleLimits::default(),
             turn_patience: conversation::ConversationSettings::DEFAULT_PATIENCE,
             prices: std::sync::Arc::new(Prices::default()),
+            keep_cache_warm: true,
         }
     }
 }

@@ -22,7 +22,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::domain::{
-    Agent, CacheTtl, ChatMessage, ConversationMessage, Instructions, PromptCache, Role,
+    Agent, CacheKept, CacheTtl, ChatMessage, ConversationMessage, Instructions, PromptCache, Role,
     ThinkPolicy, ToolSpec,
 };
 use crate::engine::{framing, memory, reminders};
@@ -163,43 +163,103 @@ fn from_webhook(source: &str) -> bool {
     source.starts_with("wh_") || source == "webhook"
 }
 
+/// What a warm-up call says after the stable prefix: it has one token to answer with.
+pub const WARM_UP_LINE: &str =
+    "(This call only keeps the prompt cache warm: nothing has happened. Answer with one word.)";
+
 /// The breakpoints of a call by `agent` to `model` whose first `prefix` messages (the
 /// system prompt and the history) are the stable prefix, and how long they are kept;
 /// `said` is when the conversation last moved (now, for a turn; the history's newest
-/// message, for a heartbeat).
+/// message, for a heartbeat), `called` when the agent last called the model for its
+/// work, when its heartbeats keep its cache warm ([`warm_up_due`]).
 ///
 /// An hour when another call is likely within one but maybe not within five minutes —
 /// the conversation moved less than an hour ago (people come back to a conversation a
-/// few minutes later, and a heartbeat after it reads what it cached), or the agent's
-/// own heartbeats will call the model within the hour (every beat, or every Nth,
-/// thinks, more than five minutes apart) — and the model's price says an hour pays
+/// few minutes later, and a heartbeat after it reads what it cached), the agent's own
+/// heartbeats will call the model within the hour (every beat, or every Nth, thinks,
+/// more than five minutes apart), or its last call came within [`WARM_REACH`] and its
+/// cache is kept warm (a warm-up near the hour's end carries it to a call up to that
+/// far apart) — and the model's price says an hour pays
 /// ([`crate::engine::ModelPrice::hour_cache_pays`]); else five minutes. A beat that
-/// thinks on an event hours after anyone spoke is written for five minutes: an hour's
-/// write (twice the input, against 1.25 times) would be paid for a read that seldom
-/// comes.
+/// thinks on an event hours after anyone spoke or anything was called is written for
+/// five minutes: an hour's write (twice the input, against 1.25 times) would be paid
+/// for a read that seldom comes.
 pub fn cache(
     agent: &Agent,
     model: &str,
     prefix: usize,
-    (said, now): (Option<Timestamp>, Timestamp),
+    (said, called, now): (Option<Timestamp>, Option<Timestamp>, Timestamp),
 ) -> PromptCache {
     let within = |gap: SignedDuration| gap < SignedDuration::from_hours(1);
     let talking = said.is_some_and(|t| within(now.duration_since(t)));
     let beating =
         thinking_gap(agent).is_some_and(|gap| gap > SignedDuration::from_mins(5) && within(gap));
-    let pays = || {
-        crate::engine::Prices::builtin()
-            .of(model)
-            .is_some_and(|p| p.hour_cache_pays())
-    };
+    let calling = called.is_some_and(|t| now.duration_since(t) <= warm_reach(agent));
     PromptCache {
         history: prefix,
-        ttl: if (talking || beating) && pays() {
+        ttl: if (talking || beating || calling) && hour_pays(model) {
             CacheTtl::Hour
         } else {
             CacheTtl::Minutes5
         },
     }
+}
+
+/// Whether an hour's cache pays at `model`'s built-in price.
+pub fn hour_pays(model: &str) -> bool {
+    crate::engine::Prices::builtin()
+        .of(model)
+        .is_some_and(|p| p.hour_cache_pays())
+}
+
+/// How long after an hour's cache is written a warm-up may still renew it: an hour less
+/// nothing, so the beat that does it is the last before the cache would lapse.
+pub const WARM_REACH: SignedDuration = SignedDuration::from_hours(2);
+
+/// How far apart two calls of `agent` may be for a warm-up between them to pay: two
+/// hours and a beat (the warm-up comes at the last beat before the hour ends).
+fn warm_reach(agent: &Agent) -> SignedDuration {
+    WARM_REACH + agent.interval.duration()
+}
+
+/// How late a beat may come after its interval and still be "the next beat" for a
+/// warm-up's decision: sweeps run a minute apart.
+const NEXT_BEAT_SLACK: SignedDuration = SignedDuration::from_mins(1);
+
+/// The agent's prompt cache as a heartbeat at `now` finds it: what the last heartbeat
+/// handed on, moved forward by a conversation turn since (a turn writes for an hour:
+/// the conversation is moving). `None` when nothing was handed on: the agent's model
+/// has no hour-long cache, or it has not thought yet.
+pub fn cache_kept(agent: &Agent, handed: Option<CacheKept>) -> Option<CacheKept> {
+    let mut kept = handed?;
+    if let Some(turn) = agent.last_interaction_at.filter(|t| *t > kept.called_at) {
+        kept.called_at = turn;
+        kept.until = kept.until.max(turn + SignedDuration::from_hours(1));
+    }
+    Some(kept)
+}
+
+/// Whether a heartbeat at `now` that does not think should make one small call to keep
+/// the agent's prompt cache warm (`kept`, from [`cache_kept`]): the cache was written for
+/// an hour and is still alive, but would lapse before the next beat, no warm-up has renewed it since the
+/// agent's last call, and its beats come less than an hour apart. A read costs a tenth
+/// of the input and a lapsed prefix 1.25 – 2 times to write again, so one warm-up pays
+/// when a call follows within its hour one time in ten. At most one per call: an agent
+/// that stops calling stops being warmed an hour later.
+pub fn warm_up_due(agent: &Agent, kept: Option<&CacheKept>, now: Timestamp) -> bool {
+    let Some(kept) = kept else {
+        return false;
+    };
+    let every = agent.interval.duration();
+    let warmed = kept.warmed_at.is_some_and(|w| w >= kept.called_at);
+    let hour = SignedDuration::from_hours(1);
+    // Five minutes' cache is written again by any call: only an hour's is renewed.
+    let long = kept.until.duration_since(kept.called_at) >= hour;
+    every < hour
+        && long
+        && !warmed
+        && kept.until > now
+        && kept.until <= now + every + NEXT_BEAT_SLACK
 }
 
 /// How far apart the agent's heartbeats call the model, when that is known ahead: every
@@ -299,7 +359,7 @@ pub(crate) mod tests {
             .0;
         let cache = |a: &Agent, model: &str, n: usize| {
             let now = Timestamp::UNIX_EPOCH + SignedDuration::from_hours(5);
-            cache(a, model, n, (Some(Timestamp::UNIX_EPOCH), now))
+            cache(a, model, n, (Some(Timestamp::UNIX_EPOCH), None, now))
         };
         // Every 15 minutes, but only on events, hours after the user last spoke:
         // nobody knows when the next call is.
@@ -334,11 +394,65 @@ pub(crate) mod tests {
             &a,
             "claude-sonnet-4-5",
             3,
-            (Some(Timestamp::UNIX_EPOCH), now),
+            (Some(Timestamp::UNIX_EPOCH), None, now),
         );
         assert_eq!(talking.ttl, CacheTtl::Hour);
-        let none = super::cache(&a, "claude-sonnet-4-5", 3, (None, now));
+        let none = super::cache(&a, "claude-sonnet-4-5", 3, (None, None, now));
         assert_eq!(none.ttl, CacheTtl::Minutes5);
+        // Nobody spoke, but the agent called the model two hours ago and its cache is
+        // kept warm: the next call reads what this one writes.
+        let later = Timestamp::UNIX_EPOCH + SignedDuration::from_hours(3);
+        let called = Some(Timestamp::UNIX_EPOCH + SignedDuration::from_hours(1));
+        let calling = super::cache(&a, "claude-sonnet-4-5", 3, (None, called, later));
+        assert_eq!(calling.ttl, CacheTtl::Hour);
+        let long_ago = Some(Timestamp::UNIX_EPOCH);
+        let cold = super::cache(&a, "claude-sonnet-4-5", 3, (None, long_ago, later));
+        assert_eq!(cold.ttl, CacheTtl::Minutes5, "three hours between calls");
+    }
+
+    #[test]
+    fn a_beat_warms_the_cache_once_just_before_it_would_lapse() {
+        let (a, _) = NewAgent::named("scout")
+            .create(Timestamp::UNIX_EPOCH)
+            .unwrap();
+        let at = |m: i64| Timestamp::UNIX_EPOCH + SignedDuration::from_mins(m);
+        // A heartbeat thought at 0:00 and wrote for an hour; beats every 15 minutes.
+        let kept = CacheKept {
+            called_at: at(0),
+            until: at(60),
+            warmed_at: None,
+        };
+        let due = |k: &CacheKept, m| warm_up_due(&a, Some(k), at(m));
+        assert!(
+            !due(&kept, 15) && !due(&kept, 30),
+            "the next beat still reads it"
+        );
+        assert!(due(&kept, 45), "the last beat before it lapses");
+        assert!(!due(&kept, 60), "lapsed: a warm-up would write it again");
+        // Once warmed, not again until the agent calls the model for its work.
+        let warmed = CacheKept {
+            until: at(105),
+            warmed_at: Some(at(45)),
+            ..kept
+        };
+        assert!(!due(&warmed, 90));
+        // A turn since moves it on: the cache lives an hour past the turn.
+        let mut talked = a.clone();
+        talked.last_interaction_at = Some(at(70));
+        let moved = cache_kept(&talked, Some(warmed)).unwrap();
+        assert_eq!((moved.called_at, moved.until), (at(70), at(130)));
+        assert!(!warm_up_due(&talked, Some(&moved), at(100)));
+        assert!(warm_up_due(&talked, Some(&moved), at(115)));
+        // Five minutes' cache, nothing handed on, or beats an hour apart: none.
+        let short = CacheKept {
+            until: at(5),
+            ..kept
+        };
+        assert!(!due(&short, 0), "five minutes' cache is not renewed");
+        assert!(!warm_up_due(&a, None, at(45)));
+        let mut hourly = a.clone();
+        hourly.interval = crate::domain::Interval::new(SignedDuration::from_hours(1)).unwrap();
+        assert!(!warm_up_due(&hourly, Some(&kept), at(1)));
     }
 
     #[test]

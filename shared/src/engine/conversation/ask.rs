@@ -76,7 +76,7 @@ impl Conversation {
         .await;
         // Someone is talking now.
         let now = self.clock.now();
-        let cache = prompt::cache(agent, llm.model(), prefix, (Some(now), now));
+        let cache = prompt::cache(agent, llm.model(), prefix, (Some(now), None, now));
         let budgets = &agent.budgets;
         let steps = budgets.max_steps.max(1);
         let mut last_input = 0;

@@ -174,7 +174,10 @@ impl HeartbeatRunner {
         {
             return None;
         }
-        plan.agent_context.thinks(&plan.heartbeat_context).err()
+        // A beat that keeps the cache warm calls the heartbeat agent, which makes the
+        // warm-up call and records it as its skip.
+        let why = plan.agent_context.thinks(&plan.heartbeat_context).err()?;
+        (!plan.heartbeat_context.warm_up).then_some(why)
     }
 
     /// Emits the hooks of the heartbeat agent's SKIPPED action, not called, as for any

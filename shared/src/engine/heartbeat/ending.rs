@@ -81,7 +81,10 @@ impl HeartbeatRunner {
         )
         .counted(plan.hour)
         .handing_on(stats.late.clone())
-        .carrying(ledger(&plan.agent, &done, stats.thought));
+        .carrying(
+            ledger(&plan.agent, &done, stats.thought)
+                .caching(stats.cache.or(plan.heartbeat_context.cache)),
+        );
         let outcome = self
             .file(Finish {
                 heartbeat: done.clone(),
@@ -244,7 +247,10 @@ impl HeartbeatRunner {
             plan.heartbeat.consecutive_failures,
         )
         .handing_on(handed_on(&plan.heartbeat, stats))
-        .carrying(ledger(&plan.agent, &done, stats.thought));
+        .carrying(
+            ledger(&plan.agent, &done, stats.thought)
+                .caching(stats.cache.or(plan.heartbeat_context.cache)),
+        );
         (done, next, at)
     }
 

@@ -202,6 +202,8 @@ struct Stats {
     thinker_said: Option<String>,
     /// Each action that failed: its tool and error.
     failures: Vec<String>,
+    /// The agent's prompt cache as the heartbeat agent's calls left it.
+    cache: Option<crate::domain::CacheKept>,
 }
 
 /// Tools the heartbeat agent calls that only read: calling one is not acting.
@@ -226,10 +228,19 @@ impl Stats {
             }
             return;
         }
-        if action.status == ActionStatus::Skipped {
-            self.thinker_skipped = action.error.clone();
-        }
         let output = action.response.as_ref().map(|r| &r["output"]);
+        if let Some(kept) = output.and_then(|o| serde_json::from_value(o["cache"].clone()).ok()) {
+            self.cache = Some(kept);
+        }
+        if action.status == ActionStatus::Skipped {
+            // A warm-up is a beat with nothing to do that kept the cache alive, not a
+            // thought that was held back.
+            if output.is_some_and(|o| o["warm_up"] == true) {
+                self.skipped = action.error.clone();
+            } else {
+                self.thinker_skipped = action.error.clone();
+            }
+        }
         let Some(output) = output else {
             return;
         };
@@ -713,6 +724,8 @@ impl HeartbeatRunner {
                 budget_spent: None,
                 found: Found::default(),
                 tasks_due: Vec::new(),
+                cache: None,
+                warm_up: false,
             },
             hour: hb.hour_count(started_at),
             heartbeat: hb.clone(),
@@ -756,6 +769,13 @@ impl HeartbeatRunner {
         let due = tasks_due(plan, &window_types);
         plan.heartbeat_context.tasks_due = due.clone();
         plan.heartbeat.tasks.due = due;
+        if self.settings.keep_cache_warm {
+            let now = self.clock.now();
+            let kept = crate::engine::prompt::cache_kept(&plan.agent, plan.heartbeat.tasks.cache);
+            plan.heartbeat_context.warm_up =
+                crate::engine::prompt::warm_up_due(&plan.agent, kept.as_ref(), now);
+            plan.heartbeat_context.cache = kept;
+        }
         // The budget is read when the model would be called, whatever makes it think:
         // events in the window, or what the tools just found.
         self.check_budget(plan, self.clock.now()).await?;

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::domain::{
-    Action, Agent, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest,
+    Action, Agent, CacheKept, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest,
     MAX_AFTER_READING, Memory, MemoryId, MemoryKind, MemorySource, NewEvent, OutgoingTask, Outside,
     REMEMBER, Signal, SignalId, SignalKind, SignalMeta, StopReason, ToolRequest, ToolResponse,
     ToolUse, Usage, Usd,
@@ -83,6 +83,9 @@ struct Transcript {
     events: (usize, usize),
     /// Why the run made no model call at all (a dollar budget that does not fit).
     skipped: Option<String>,
+    /// The agent's prompt cache as the run's calls left it, for a model whose hour-long
+    /// cache pays: handed on to the next heartbeat, which may keep it warm.
+    cache: Option<CacheKept>,
 }
 
 /// What a heartbeat reads of its window.
@@ -112,6 +115,7 @@ impl Transcript {
             "provider": self.provider,
             "model": self.model,
             "events": {"in_window": self.events.0, "shown": self.events.1},
+            "cache": self.cache,
         })
     }
     /// What the run used, and what it cost at today's `prices` (kept with the action,
@@ -178,6 +182,9 @@ impl HeartbeatAgent {
     /// nothing to think about: then no model call and no read is made.
     pub async fn call(&self, request: &ToolRequest) -> ToolCall {
         if let Err(why) = request.agent.thinks(&request.heartbeat) {
+            if request.heartbeat.warm_up && request.heartbeat.budget_spent.is_none() {
+                return self.warm_up(request, why).await;
+            }
             return ToolCall {
                 response_meta: Some(json!({
                     "output": {"skipped": why},
@@ -283,7 +290,11 @@ impl HeartbeatAgent {
             &agent,
             agent.llm.heartbeat_model.as_deref().unwrap_or(llm.model()),
             messages.len(),
-            (history.first().map(|m| m.created_at), self.clock.now()),
+            (
+                history.first().map(|m| m.created_at),
+                req.heartbeat.cache.map(|k| k.called_at),
+                self.clock.now(),
+            ),
         );
         let left = dollars::left_line(self.store.as_ref(), &agent, self.clock.now())
             .await
@@ -406,6 +417,14 @@ impl HeartbeatAgent {
             crate::meter::tokens(resp.provider, &resp.usage);
             last_input = resp.usage.input_tokens;
             t.model = resp.model.clone();
+            if shared_prompt::hour_pays(&model) {
+                let now = self.clock.now();
+                t.cache = Some(CacheKept {
+                    called_at: now,
+                    until: now + cache.ttl.duration(),
+                    warmed_at: None,
+                });
+            }
             t.steps
                 .push(transcript::call_step(step, &resp, "heartbeat agent"));
             messages.push(ChatMessage::Assistant {
@@ -522,6 +541,150 @@ impl HeartbeatAgent {
             messages.push(message);
         }
         Ok(None)
+    }
+
+    /// A beat with nothing to think about (`why`) whose agent's hour-long prompt cache
+    /// would lapse before the next beat: one call with the prompt's stable prefix — the
+    /// tools, the system prompt, the history, marked for an hour as a thinking beat
+    /// marks them — a line saying what the call is for, and one token of answer. The
+    /// prefix is read at a tenth of its price and lives another hour. Skipped like any
+    /// beat with nothing to do, with the call's usage; a failed warm-up is logged and
+    /// costs the next call a write, nothing else.
+    async fn warm_up(&self, req: &ToolRequest, why: String) -> ToolCall {
+        let skipped = |why: String, output: Value, usage: Value| ToolCall {
+            response_meta: Some(json!({"output": output, "usage": usage})),
+            result: Err(ToolFailure::Skipped(why)),
+        };
+        let nothing = json!({"input_tokens": 0, "output_tokens": 0, "llm_calls": 0});
+        match self.warm(req).await {
+            Ok(Some((t, kept))) => {
+                info!(
+                    cache_read_tokens = t.usage.cache_read_tokens,
+                    until = %kept.until,
+                    "heartbeat agent kept the prompt cache warm"
+                );
+                let output = json!({
+                    "skipped": why,
+                    "warm_up": true,
+                    "provider": t.provider,
+                    "model": t.model,
+                    "cache": kept,
+                    "steps": t.steps,
+                });
+                skipped(
+                    format!("{why}; the prompt cache was kept warm"),
+                    output,
+                    t.usage(&self.prices),
+                )
+            }
+            Ok(None) => skipped(why.clone(), json!({"skipped": why}), nothing),
+            Err(e) => {
+                warn!(error = %e, "heartbeat agent: the prompt cache could not be kept warm; the next call writes it again");
+                skipped(why.clone(), json!({"skipped": why}), nothing)
+            }
+        }
+    }
+
+    /// The warm-up call, when the agent's model still caches for an hour and its
+    /// budgets let it be made: what it used, and the cache it renewed.
+    async fn warm(&self, req: &ToolRequest) -> Result<Option<(Transcript, CacheKept)>, String> {
+        let Some(kept) = req.heartbeat.cache else {
+            return Ok(None);
+        };
+        let agent = self.agent(req).await?;
+        let llm = self.llm.select(&agent).map_err(|e| chain(&e))?;
+        let model = agent
+            .llm
+            .heartbeat_model
+            .clone()
+            .unwrap_or_else(|| llm.model().to_owned());
+        if !shared_prompt::hour_pays(&model) {
+            return Ok(None);
+        }
+        let history = self
+            .store
+            .recent_messages(&agent.id, shared_prompt::HISTORY_MESSAGES)
+            .await
+            .map_err(|e| chain(&e))?;
+        let mut messages = vec![ChatMessage::system(shared_prompt::system(&agent))];
+        messages.extend(shared_prompt::history(
+            &history,
+            shared_prompt::HISTORY_TOKENS,
+            shared_prompt::HISTORY_MESSAGES,
+        ));
+        let cache = crate::domain::PromptCache {
+            history: messages.len(),
+            ttl: crate::domain::CacheTtl::Hour,
+        };
+        messages.push(ChatMessage::user(shared_prompt::WARM_UP_LINE.to_owned()));
+        let (tools, _) =
+            with_own(self.agent_tools.as_deref(), &agent, shared_prompt::tools()).await;
+        let request = LlmRequest {
+            model: agent.llm.heartbeat_model.clone(),
+            messages,
+            tools,
+            tools_off: false,
+            max_tokens: 1,
+            cache: Some(cache),
+        };
+        let now = self.clock.now();
+        if let Some(why) = pace::take(self.store.as_ref(), &agent, now)
+            .await
+            .map_err(|e| chain(&e))?
+        {
+            info!(reason = %why, "no warm-up: the agent's calls this minute are made");
+            return Ok(None);
+        }
+        let hold = match dollars::hold(
+            self.store.as_ref(),
+            self.hooks.as_ref(),
+            &self.prices,
+            &agent,
+            &model,
+            &request,
+            now,
+        )
+        .await
+        .map_err(|e| chain(&e))?
+        {
+            Held::Free => None,
+            Held::Held(h) => Some(h),
+            Held::Refused(r) => {
+                info!(reason = %r.reason, "no warm-up: it does not fit the dollar budget");
+                return Ok(None);
+            }
+        };
+        let answer = llm.complete(&request).await;
+        if let Some(hold) = hold {
+            let used = answer.as_ref().ok().map(|r| r.usage);
+            dollars::settle(
+                self.store.as_ref(),
+                self.hooks.as_ref(),
+                &agent,
+                hold,
+                used.as_ref(),
+                self.clock.now(),
+            )
+            .await;
+        }
+        let resp = answer.map_err(|e| chain(&e))?;
+        let mut t = Transcript {
+            provider: llm.provider().to_owned(),
+            model: resp.model.clone(),
+            ..Transcript::default()
+        };
+        t.usage.add(resp.usage);
+        crate::meter::tokens(resp.provider, &resp.usage);
+        t.steps.push(transcript::call_step(0, &resp, "warm-up"));
+        let at = self.clock.now();
+        Ok(Some((
+            t,
+            CacheKept {
+                until: at + cache.ttl.duration(),
+                warmed_at: Some(at),
+                ..kept
+            },
+        )))
     }
 
     async fn agent(&self, req: &ToolRequest) -> Result<Agent, String> {
