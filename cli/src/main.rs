@@ -116,6 +116,10 @@ pub(crate) enum Command {
     /// dead letters back onto it.
     #[command(subcommand)]
     Sessions(SessionsCmd),
+    /// Replies Discord did not take: those tried again later while their session goes
+    /// on, and those given up on (undeliverable).
+    #[command(subcommand)]
+    Deliveries(commands::deliveries::DeliveriesCmd),
     /// Is the deployment healthy? Agents, overdue heartbeats, queues and dead letters,
     /// failing hooks, refusing webhooks, today's tokens; exits 1 when something needs
     /// attention, one line each with the command to look closer.

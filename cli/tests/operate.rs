@@ -1601,3 +1601,69 @@ fn an_agent_is_told_what_each_heartbeat_must_do_and_when_to_raise_it() {
         "a count with nothing expected says what to give"
     );
 }
+
+#[test]
+fn replies_discord_did_not_take_are_listed_retrying_first_and_by_agent() {
+    use pulse_shared::domain::{AgentId, TurnId, Undelivered};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ana = ok(
+        d,
+        &["agents", "create", "--name", "ana", "--interval", "1h"],
+    );
+    let ben = ok(
+        d,
+        &["agents", "create", "--name", "ben", "--interval", "1h"],
+    );
+    assert_eq!(json(d, &["deliveries", "list"]), serde_json::json!([]));
+    // One reply still tried again (a 503), one given up on (a 400).
+    let now = jiff::Timestamp::now();
+    let turn = |n: u8| TurnId::parse(&format!("tn_01J0000000000000000000000{n}")).unwrap();
+    let kept = |agent: &str, n: u8, why: &str, hopeless: bool| {
+        let agent = AgentId::parse(agent).unwrap();
+        let session = pulse_shared::domain::SessionId::for_agent(&agent);
+        Undelivered::first((agent, session, turn(n)), why.into(), hopeless, now)
+    };
+    let db = rusqlite::Connection::open(d.join("pulse.db")).unwrap();
+    for u in [
+        kept(&ana, 1, "Discord did not take part 1: 503", false),
+        kept(
+            &ben,
+            2,
+            "Discord did not take part 1: 400 Bad Request",
+            true,
+        ),
+    ] {
+        db.execute(
+            "INSERT INTO undelivered (agent_id, turn_id, state, next_ms, doc) VALUES (?1, ?2, ?3, ?4, ?5)",
+            rusqlite::params![
+                u.agent_id.as_str(),
+                u.turn_id.as_str(),
+                u.state.as_str(),
+                u.next_at.as_millisecond(),
+                serde_json::to_string(&u).unwrap()
+            ],
+        )
+        .unwrap();
+    }
+    let listed = json(d, &["deliveries", "list"]);
+    let states: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["retrying", "undeliverable"], "{listed}");
+    let dead = json(d, &["deliveries", "list", "--undeliverable"]);
+    assert_eq!(dead.as_array().unwrap().len(), 1, "{dead}");
+    assert_eq!(dead[0]["agent_id"], ben.as_str());
+    let of_ana = json(d, &["deliveries", "list", "--agent", "ana"]);
+    assert_eq!(of_ana.as_array().unwrap().len(), 1);
+    assert_eq!(of_ana[0]["turn_id"], turn(1).as_str());
+    let table = said(d, &["deliveries", "list"]);
+    assert!(
+        table.contains("STATE") && table.contains("undeliverable") && table.contains("400"),
+        "{table}"
+    );
+    assert!(bad(d, &["deliveries", "list", "--agent", "nobody"]).contains("nobody"));
+}

@@ -179,6 +179,16 @@ pub fn turn_failed() {
     counter!(TURNS, "outcome" => "failed").increment(1);
 }
 
+/// A turn's reply was not delivered: to be tried again, or (`given_up`) undeliverable.
+pub fn reply_undelivered(given_up: bool) {
+    let outcome = if given_up {
+        "undeliverable"
+    } else {
+        "delivery_retried"
+    };
+    counter!(TURNS, "outcome" => outcome).increment(1);
+}
+
 /// A model answered, using these tokens.
 pub fn tokens(provider: &'static str, usage: &Usage) {
     counter!(TOKENS, "kind" => "input", "provider" => provider).increment(usage.input_tokens);

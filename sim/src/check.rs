@@ -187,7 +187,10 @@ async fn read(sim: &Sim) -> Result<Seen, SimError> {
         .iter()
         .filter_map(|(_, body)| match TaskEnvelope::decode(body).ok()?.task {
             SessionTask::Signal(job) => Some(job.signal.id),
-            SessionTask::Heartbeat(_) | SessionTask::Consolidate(_) | SessionTask::Retry(_) => None,
+            SessionTask::Heartbeat(_)
+            | SessionTask::Consolidate(_)
+            | SessionTask::Retry(_)
+            | SessionTask::Redeliver(_) => None,
         })
         .collect();
     // A message whose turn still waits on the model at the end is kept, to be answered

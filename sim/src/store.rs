@@ -17,8 +17,8 @@ use pulse_shared::domain::{
     ClaimRequest, ConversationMessage, Event, EventCursor, EventId, Heartbeat, HeartbeatId, Hook,
     HookAttempt, HookDelivery, HookDeliveryId, HookId, HookRoute, Limit, Memory, MemoryChange,
     MemoryId, Registry, Schedule, ScheduleId, SessionId, SignalId, Spend, Subscription,
-    SubscriptionId, Tally, TokenId, Tool, ToolCount, ToolName, Turn, TurnId, Usd, WaitingTurn,
-    Webhook, WebhookId, WebhookRequest,
+    SubscriptionId, Tally, TokenId, Tool, ToolCount, ToolName, Turn, TurnId, Undelivered, Usd,
+    WaitingTurn, Webhook, WebhookId, WebhookRequest,
 };
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::{
@@ -158,6 +158,10 @@ faulty!(ConversationStore {
     fn get_waiting(&self, agent: &AgentId, session: &SessionId) -> Option<WaitingTurn>;
     fn delete_waiting(&self, agent: &AgentId, session: &SessionId) -> ();
     fn list_waiting(&self, limit: usize) -> Vec<WaitingTurn>;
+    fn put_undelivered(&self, undelivered: &Undelivered) -> ();
+    fn get_undelivered(&self, agent: &AgentId, turn: &TurnId) -> Option<Undelivered>;
+    fn delete_undelivered(&self, agent: &AgentId, turn: &TurnId) -> ();
+    fn list_undelivered(&self, limit: usize) -> Vec<Undelivered>;
 });
 
 faulty!(MemoryStore {

@@ -1078,7 +1078,7 @@ async fn a_reply_goes_through_the_open_interaction_and_long_replies_are_split() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn discord_rate_limits_are_waited_out_and_a_refusal_fails_the_turn_once() {
+async fn discord_rate_limits_are_waited_out_and_a_malformed_reply_fails_the_turn_at_once() {
     let w = world(Kind::Sqlite).await;
     let agent = w.agent(|_| {}).await;
     w.discord.fail_next([429]);
@@ -1091,8 +1091,10 @@ async fn discord_rate_limits_are_waited_out_and_a_refusal_fails_the_turn_once() 
     assert_eq!(post.headers["authorization"], "Bot bot-token");
     assert_eq!(post.body["enforce_nonce"], true);
 
-    // A refusal (403) is not retried: the turn is FAILED with Discord's answer.
-    w.discord.fail_next([403]);
+    // A request Discord refuses as malformed (400) cannot succeed however often it is
+    // sent: the turn is FAILED with Discord's answer, and kept as undeliverable. (A 403
+    // is tried again later: a permission may be granted meanwhile.)
+    w.discord.fail_next([400]);
     let s = w.say(&agent, "again", SignalMeta::default()).await;
     w.llm.script([Scripted::text("pong again")]);
     assert_eq!(w.b.drain(&w.worker).await, 1);
@@ -1103,12 +1105,119 @@ async fn discord_rate_limits_are_waited_out_and_a_refusal_fails_the_turn_once() 
             .unwrap()
             .unwrap();
     assert_eq!(turn.status, pulse_shared::domain::TurnStatus::Failed);
+    let error = turn.error.as_deref().unwrap();
     assert!(
-        turn.error.as_deref().unwrap().contains("403"),
-        "{:?}",
-        turn.error
+        error.starts_with("undeliverable after 1 try") && error.contains("400"),
+        "{error}"
     );
     assert_eq!(w.discord.messages().len(), 1);
+    let dead = w.b.store.list_undelivered(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].undeliverable());
+}
+
+on_both_backends!(
+    a_reply_discord_refuses_is_tried_again_later_without_holding_up_the_session,
+    undelivered
+);
+/// Discord refuses a reply (403): the turn's job finishes, the session's next message
+/// is answered and delivered at once, and the sweep delivers the first reply again
+/// 30 s later. A reply refused at every try is given up on after
+/// `Undelivered::MAX_TRIES`: the turn is FAILED, listed as undeliverable, and
+/// MESSAGE_UNDELIVERABLE is told, signed.
+async fn undelivered(kind: Kind) {
+    use pulse_shared::domain::{TurnId, TurnStatus, Undelivered, UndeliveredState};
+    let w = world(kind).await;
+    let agent = w
+        .agent(|a| a.think = pulse_shared::domain::ThinkPolicy::Events)
+        .await;
+    let receiver = pulse_tests::fake_hooks::FakeReceiver::start().await;
+    let hook = pulse_shared::domain::Hook::new(
+        agent.id.clone(),
+        pulse_shared::domain::HookType::parse("MESSAGE_UNDELIVERABLE").unwrap(),
+        pulse_shared::domain::HookTarget::parse(&receiver.url()).unwrap(),
+        &pulse_signatures::inbound::generate_secret(),
+        w.b.now(),
+    );
+    w.b.store.create_hook(&hook).await.unwrap();
+    let turn_of = |s: &Signal| TurnId::for_signal(&s.id);
+    let turn = |id: TurnId| {
+        let store = w.b.store.clone();
+        let agent = agent.id.clone();
+        async move { store.get_turn(&agent, &id).await.unwrap().unwrap() }
+    };
+
+    w.discord.fail_next([403]);
+    w.llm.script([Scripted::text("First answer.")]);
+    let first = w.say(&agent, "first", SignalMeta::default()).await;
+    assert_eq!(w.b.drain(&w.worker).await, 1, "the job finished");
+    assert_eq!(turn(turn_of(&first)).await.status, TurnStatus::Delivering);
+    let kept = w.b.store.list_undelivered(10).await.unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].state, UndeliveredState::Retrying);
+    assert!(kept[0].reason.contains("403"), "{}", kept[0].reason);
+
+    // The session goes on: the next message is answered and delivered now.
+    w.llm.script([Scripted::text("Second answer.")]);
+    let second = w.say(&agent, "second", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    assert_eq!(turn(turn_of(&second)).await.status, TurnStatus::Done);
+    let texts = || -> Vec<String> {
+        w.discord
+            .messages()
+            .iter()
+            .map(|m| m.content.clone())
+            .collect()
+    };
+    assert_eq!(texts(), ["Second answer."]);
+
+    // Not due yet: a sweep sends nothing. Due: delivered, and forgotten.
+    w.beat().await;
+    assert_eq!(texts().len(), 1);
+    w.b.advance(SignedDuration::from_secs(31));
+    w.beat().await;
+    assert_eq!(texts(), ["Second answer.", "First answer."]);
+    assert_eq!(turn(turn_of(&first)).await.status, TurnStatus::Done);
+    assert!(w.b.store.list_undelivered(10).await.unwrap().is_empty());
+
+    // Refused at every try: given up on after the last.
+    w.discord
+        .fail_next(std::iter::repeat_n(403, Undelivered::MAX_TRIES as usize));
+    w.llm.script([Scripted::text("Third answer.")]);
+    let third = w.say(&agent, "third", SignalMeta::default()).await;
+    w.b.drain(&w.worker).await;
+    for _ in 1..Undelivered::MAX_TRIES {
+        w.b.advance(SignedDuration::from_mins(16));
+        w.beat().await;
+    }
+    let t = turn(turn_of(&third)).await;
+    assert_eq!(t.status, TurnStatus::Failed);
+    let error = t.error.unwrap();
+    assert!(error.starts_with("undeliverable after 8 tries"), "{error}");
+    let dead = w.b.store.list_undelivered(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].state, UndeliveredState::Undeliverable);
+    assert_eq!(dead[0].attempts, Undelivered::MAX_TRIES);
+    // The later sweeps leave a dead letter alone.
+    w.b.advance(SignedDuration::from_mins(16));
+    w.beat().await;
+    assert_eq!(texts().len(), 2);
+    w.b.dispatch_all().await;
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+    pulse_signatures::inbound::verify(
+        pulse_signatures::inbound::Scheme::Standard,
+        &[hook.secret.expose()],
+        &got[0].headers,
+        &got[0].body,
+        w.b.now().as_second(),
+    )
+    .unwrap();
+    let body = got[0].json();
+    assert_eq!(body["hook_type"], "MESSAGE_UNDELIVERABLE");
+    assert_eq!(body["data"]["turn_id"], turn_of(&third).as_str());
+    assert_eq!(body["data"]["attempts"], Undelivered::MAX_TRIES);
+    assert_eq!(body["data"]["parts"][0], "Third answer.");
 }
 
 on_both_backends!(

@@ -348,3 +348,56 @@ async fn waiting_turns(kind: Kind) {
     // Forgetting one that is not there is no error.
     b.store.delete_waiting(&ana.id, &ana.session).await.unwrap();
 }
+
+on_both_backends!(
+    an_undelivered_reply_is_kept_per_turn_replaced_listed_retrying_first_and_forgotten,
+    undelivered_replies
+);
+async fn undelivered_replies(kind: Kind) {
+    use pulse_shared::domain::{NewAgent, TurnId, Undelivered, UndeliveredState};
+    let b = Backend::new(kind).await;
+    let (agent, first) = NewAgent::named("ana").create(b.now()).unwrap();
+    b.store.create_agent(&agent, &first).await.unwrap();
+    let turn = |n: u8| TurnId::parse(&format!("tn_01J0000000000000000000000{n}")).unwrap();
+    let ids = |n: u8| (agent.id.clone(), agent.session.clone(), turn(n));
+    assert!(b.store.list_undelivered(10).await.unwrap().is_empty());
+    let one = Undelivered::first(ids(1), "503".into(), false, b.now());
+    b.store.put_undelivered(&one).await.unwrap();
+    b.advance(SignedDuration::from_secs(5));
+    let two = Undelivered::first(ids(2), "400".into(), true, b.now());
+    assert_eq!(two.state, UndeliveredState::Undeliverable);
+    b.store.put_undelivered(&two).await.unwrap();
+    b.advance(SignedDuration::from_secs(5));
+    let three = Undelivered::first(ids(3), "403".into(), false, b.now());
+    b.store.put_undelivered(&three).await.unwrap();
+    assert_eq!(
+        b.store.get_undelivered(&agent.id, &turn(1)).await.unwrap(),
+        Some(one.clone())
+    );
+    // Retrying ones first, soonest due first; then the dead letters.
+    assert_eq!(
+        b.store.list_undelivered(10).await.unwrap(),
+        [one.clone(), three.clone(), two.clone()]
+    );
+    // Tried again: replaced in place, now due after the third.
+    let again = one.failed_again("503 again".into(), false, b.now());
+    b.store.put_undelivered(&again).await.unwrap();
+    assert_eq!(
+        b.store.list_undelivered(2).await.unwrap(),
+        [three.clone(), again.clone()]
+    );
+    b.store
+        .delete_undelivered(&agent.id, &turn(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.store.get_undelivered(&agent.id, &turn(1)).await.unwrap(),
+        None
+    );
+    assert_eq!(b.store.list_undelivered(10).await.unwrap(), [three, two]);
+    // Forgetting one that is not there is no error.
+    b.store
+        .delete_undelivered(&agent.id, &turn(1))
+        .await
+        .unwrap();
+}

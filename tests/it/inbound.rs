@@ -131,9 +131,10 @@ impl Rig {
             .into_iter()
             .filter_map(|d| match TaskEnvelope::decode(&d.body).unwrap().task {
                 SessionTask::Signal(j) => Some(j.signal),
-                SessionTask::Heartbeat(_) | SessionTask::Consolidate(_) | SessionTask::Retry(_) => {
-                    None
-                }
+                SessionTask::Heartbeat(_)
+                | SessionTask::Consolidate(_)
+                | SessionTask::Retry(_)
+                | SessionTask::Redeliver(_) => None,
             })
             .collect()
     }

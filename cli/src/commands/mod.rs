@@ -8,6 +8,7 @@ pub(crate) mod agents;
 pub(crate) mod approvals;
 pub(crate) mod conversation;
 pub(crate) mod dashboard;
+pub(crate) mod deliveries;
 pub(crate) mod discord;
 pub(crate) mod events;
 pub(crate) mod gateway;
@@ -77,6 +78,7 @@ enum Plan {
     Usage(usage::UsagePlan),
     Prune(prune::PrunePlan),
     Sessions(sessions::SessionsPlan),
+    Deliveries(deliveries::DeliveriesPlan),
     Status(status::StatusPlan),
     Gateway,
     Secrets,
@@ -103,6 +105,7 @@ impl Plan {
             | Plan::Usage(_)
             | Plan::Prune(_)
             | Plan::Sessions(_)
+            | Plan::Deliveries(_)
             | Plan::Status(_)
             | Plan::Gateway
             | Plan::Secrets => false,
@@ -132,6 +135,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Usage(a) => Plan::Usage(usage::plan(a)?),
         Command::Prune(a) => Plan::Prune(prune::plan(a)?),
         Command::Sessions(c) => Plan::Sessions(sessions::plan(c)?),
+        Command::Deliveries(c) => Plan::Deliveries(deliveries::plan(c)?),
         Command::Status(a) => Plan::Status(status::plan(a)?),
         Command::Gateway => Plan::Gateway,
         Command::Secrets(_) => Plan::Secrets,
@@ -221,6 +225,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Usage(p) => usage::execute(p, &cx).await,
         Plan::Prune(p) => prune::execute(p, &cx).await,
         Plan::Sessions(p) => sessions::execute(p, &cx).await,
+        Plan::Deliveries(p) => deliveries::execute(p, &cx).await,
         Plan::Status(p) => status::execute(p, &cx).await,
         Plan::Gateway => gateway::execute(&cx).await,
         Plan::Secrets => secrets::reseal(&b, &out).await,

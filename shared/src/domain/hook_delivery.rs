@@ -184,6 +184,18 @@ impl HookData {
         })
     }
 
+    /// MESSAGE_UNDELIVERABLE: `turn`'s reply, given up on after `attempts` tries, and
+    /// why the last failed.
+    pub fn message_undeliverable(turn: &Turn, attempts: u32, reason: &str) -> Value {
+        json!({
+            "turn_id": turn.id,
+            "parts": turn.parts,
+            "delivered_parts": turn.delivered,
+            "attempts": attempts,
+            "reason": reason,
+        })
+    }
+
     /// AGENT_PAUSED / AGENT_RESUMED: when, and (on resume) when the next heartbeat is due.
     pub fn agent_lifecycle(at: Timestamp, next_heartbeat_at: Option<Timestamp>) -> Value {
         match next_heartbeat_at {

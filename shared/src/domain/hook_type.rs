@@ -29,6 +29,9 @@ impl HookType {
     pub const MESSAGE_RECEIVED: &'static str = "MESSAGE_RECEIVED";
     /// The agent's reply reached Discord.
     pub const MESSAGE_SENT: &'static str = "MESSAGE_SENT";
+    /// The agent's reply could not be delivered, however often it was tried: a dead
+    /// letter (`pulse deliveries list`).
+    pub const MESSAGE_UNDELIVERABLE: &'static str = "MESSAGE_UNDELIVERABLE";
     /// One of the agent's hooks was disabled (410 Gone, or failing for too long).
     pub const HOOK_DISABLED: &'static str = "HOOK_DISABLED";
     /// The agent was paused: its heartbeats stop until it is resumed.
@@ -59,7 +62,7 @@ impl HookType {
 
     /// The fixed types with what they report; per-tool types are `BEFORE_<TOOL>` and
     /// `AFTER_<TOOL>`.
-    pub const LIFECYCLE: [(&'static str, &'static str); 21] = [
+    pub const LIFECYCLE: [(&'static str, &'static str); 22] = [
         (
             Self::BEFORE_HEARTBEAT,
             "a heartbeat starts processing its window",
@@ -82,6 +85,10 @@ impl HookType {
         (
             Self::MESSAGE_SENT,
             "a reply was delivered: posted to Discord, or stored for the dashboard and the API",
+        ),
+        (
+            Self::MESSAGE_UNDELIVERABLE,
+            "a reply the channel would not take was given up on after its tries",
         ),
         (Self::HOOK_DISABLED, "one of the agent's hooks was disabled"),
         (

@@ -29,6 +29,7 @@ mod token;
 mod tool;
 mod tool_count;
 mod tool_request;
+mod undelivered;
 mod unreadable;
 mod waiting;
 mod webhook;
@@ -94,8 +95,8 @@ pub use schedule::{
     busiest_hour,
 };
 pub use task::{
-    ConsolidateJob, DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt, RetryJob,
-    SessionTask, SignalJob, TASK_VERSION, TaskDecodeError, TaskEnvelope,
+    ConsolidateJob, DedupId, Delivery, HeartbeatJob, MessageId, OutgoingTask, Receipt,
+    RedeliverJob, RetryJob, SessionTask, SignalJob, TASK_VERSION, TaskDecodeError, TaskEnvelope,
 };
 pub use time::{
     ActiveHours, AutoPause, Interval, Retention, TimeZoneName, format_duration, from_ms,
@@ -107,6 +108,7 @@ pub use tool_count::{COUNT_DAYS, CountChange, ToolCount, bucket_ms, bucket_of, h
 pub use tool_request::{
     AgentContext, BadToolResponse, Beats, HeartbeatContext, ToolRequest, ToolResponse,
 };
+pub use undelivered::{Undelivered, UndeliveredState};
 pub use unreadable::Unreadable;
 pub use waiting::WaitingTurn;
 pub use webhook::{RateLimit, Webhook, WebhookScheme, WebhookSecret, WebhookSummary};

@@ -114,6 +114,17 @@ pub enum SessionTask {
     Consolidate(ConsolidateJob),
     /// Try again a session's turn that waits on the model (see `WaitingTurn`).
     Retry(RetryJob),
+    /// Deliver again a turn's reply the channel did not take (see `Undelivered`).
+    Redeliver(RedeliverJob),
+}
+
+/// An undelivered reply to try again: the sweep sends one when it is due.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RedeliverJob {
+    /// The agent.
+    pub agent_id: AgentId,
+    /// The turn whose reply was not delivered.
+    pub turn_id: super::TurnId,
 }
 
 /// A waiting turn to try again: the sweep sends one when it is due.
@@ -250,6 +261,24 @@ impl OutgoingTask {
             envelope: TaskEnvelope::new(SessionTask::Retry(RetryJob {
                 agent_id: waiting.agent_id.clone(),
                 session: waiting.session.clone(),
+            })),
+        }
+    }
+}
+
+impl OutgoingTask {
+    /// The message that delivers `undelivered` again, in its session's group: one a try
+    /// (its deduplication id counts the tries), so sweeps that overlap send it once.
+    pub fn redeliver(undelivered: &super::Undelivered) -> Self {
+        Self {
+            group: undelivered.session.clone(),
+            dedup_id: DedupId::new(format!(
+                "redeliver.{}.{}.{}",
+                undelivered.agent_id, undelivered.turn_id, undelivered.attempts
+            )),
+            envelope: TaskEnvelope::new(SessionTask::Redeliver(RedeliverJob {
+                agent_id: undelivered.agent_id.clone(),
+                turn_id: undelivered.turn_id.clone(),
             })),
         }
     }

@@ -26,7 +26,8 @@ pub struct SweepReport {
     pub skipped: usize,
     /// Jobs queued.
     pub queued: usize,
-    /// Turns waiting on the model sent to be tried again (see `WaitingTurn`).
+    /// Turns waiting on the model sent to be tried again (see `WaitingTurn`), and
+    /// undelivered replies sent to be delivered again (see `Undelivered`).
     pub retried: usize,
     /// Approvals expired, and decisions queued again (see [`super::approvals::sweep`]).
     pub approvals: super::approvals::Expiry,
@@ -70,9 +71,9 @@ pub enum SweepProblem {
         /// The queue's reason.
         why: SendFailure,
     },
-    /// The turns waiting on the model could not be read; they are tried at a later
-    /// sweep.
-    #[error("reading the turns that wait on the model: {message}")]
+    /// The turns waiting on the model, or the undelivered replies, could not be read;
+    /// they are tried at a later sweep.
+    #[error("reading the turns that wait on the model or to be delivered again: {message}")]
     Waiting {
         /// The store's error, with its causes.
         message: String,
@@ -309,11 +310,23 @@ impl Sweeper {
                 return;
             }
         };
-        let due: Vec<OutgoingTask> = waiting
+        let mut due: Vec<OutgoingTask> = waiting
             .iter()
             .filter(|w| w.next_at <= now)
             .map(OutgoingTask::retry)
             .collect();
+        // And the replies the channel did not take, due to be delivered again.
+        match self.store.list_undelivered(RETRIES_A_SWEEP).await {
+            Ok(undelivered) => due.extend(
+                undelivered
+                    .iter()
+                    .filter(|u| !u.undeliverable() && u.next_at <= now)
+                    .map(OutgoingTask::redeliver),
+            ),
+            Err(e) => report
+                .errors
+                .push(SweepProblem::Waiting { message: chain(&e) }),
+        }
         for batch in due.chunks(self.queue.batch_size().max(1)) {
             let (sent, errors) = self.send_batch(batch.to_vec()).await;
             report.retried += sent;

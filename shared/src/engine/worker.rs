@@ -15,8 +15,8 @@ use tracing::error;
 use super::conversation::Conversation;
 use super::heartbeat::HeartbeatRunner;
 use crate::domain::{
-    ConsolidateJob, Delivery, MessageId, Receipt, RetryJob, SessionTask, Signal, TaskDecodeError,
-    TaskEnvelope,
+    ConsolidateJob, Delivery, MessageId, Receipt, RedeliverJob, RetryJob, SessionTask, Signal,
+    TaskDecodeError, TaskEnvelope,
 };
 use crate::error::{EngineError, StoreError, chain};
 use crate::ports::{SessionQueue, Settle};
@@ -125,6 +125,7 @@ impl Worker {
                         }
                         SessionTask::Consolidate(job) => (1, self.consolidate(&job).await),
                         SessionTask::Retry(job) => (1, self.retry(&job).await),
+                        SessionTask::Redeliver(job) => (1, self.redeliver(&job).await),
                     },
                 };
             if let Err(why) = result {
@@ -157,6 +158,14 @@ impl Worker {
             return Err(TaskError::NoConversation);
         };
         conversation.retry(job).await?;
+        Ok(())
+    }
+
+    async fn redeliver(&self, job: &RedeliverJob) -> Result<(), TaskError> {
+        let Some(conversation) = &self.conversation else {
+            return Err(TaskError::NoConversation);
+        };
+        conversation.redeliver(job).await?;
         Ok(())
     }
 

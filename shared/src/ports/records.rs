@@ -10,7 +10,7 @@ use crate::domain::{
     ConversationMessage, Event, EventCursor, EventId, Hook, HookAttempt, HookDelivery,
     HookDeliveryId, HookId, HookRoute, Memory, MemoryChange, MemoryId, Registry, Schedule,
     ScheduleId, SessionId, SignalId, Subscription, SubscriptionId, TokenId, Tool, ToolCount,
-    ToolName, Turn, TurnId, WaitingTurn, Webhook, WebhookId, WebhookRequest,
+    ToolName, Turn, TurnId, Undelivered, WaitingTurn, Webhook, WebhookId, WebhookRequest,
 };
 use crate::error::StoreError;
 
@@ -187,6 +187,19 @@ pub trait ConversationStore: Send + Sync {
     async fn delete_waiting(&self, agent: &AgentId, session: &SessionId) -> Result<(), StoreError>;
     /// The waiting turns, soonest due first, at most `limit`.
     async fn list_waiting(&self, limit: usize) -> Result<Vec<WaitingTurn>, StoreError>;
+    /// Keeps a turn whose reply was not delivered, in place of its record before.
+    async fn put_undelivered(&self, undelivered: &Undelivered) -> Result<(), StoreError>;
+    /// The turn's undelivered record.
+    async fn get_undelivered(
+        &self,
+        agent: &AgentId,
+        turn: &TurnId,
+    ) -> Result<Option<Undelivered>, StoreError>;
+    /// Forgets the turn's undelivered record (delivered at last, or dismissed).
+    async fn delete_undelivered(&self, agent: &AgentId, turn: &TurnId) -> Result<(), StoreError>;
+    /// The undelivered replies: those still retrying, soonest due first, then the
+    /// undeliverable, newest first; at most `limit`.
+    async fn list_undelivered(&self, limit: usize) -> Result<Vec<Undelivered>, StoreError>;
 }
 
 /// Agents' schedules (reminders).

@@ -190,17 +190,41 @@ fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Mar
         )
     });
     let superseded = m.role == Role::User && turn.is_some_and(Turn::superseded);
+    let undelivered = match turn {
+        Some(t) if m.role == Role::Assistant && m.source != "heartbeat" => undelivered(t),
+        _ => None,
+    };
     html! {
         div class={"card said " (class) @if m.waiting { " waiting" }} {
             p.muted { strong { (who) } " · " (ago(now, Some(m.created_at))) }
             p { (m.content) }
             @if superseded { p.muted { "answered with the next message" } }
             @if m.waiting { p.muted { "waiting on the model" } }
+            @if let Some(u) = undelivered { p.muted.undelivered { (u) } }
             @for u in used { p.muted { "used " code { (u) } } }
             @if more > 0 {
                 p.muted { "and " (more) " more tool " (if more == 1 { "call" } else { "calls" }) " in turn " code { (m.turn_id) } }
             }
         }
+    }
+}
+
+/// What a reply's delivery came to, when it did not reach its channel: not yet (tried
+/// again later), or never (given up on, with why).
+fn undelivered(t: &Turn) -> Option<String> {
+    use pulse_shared::domain::{ReplyTarget, TurnStatus};
+    if t.target == ReplyTarget::None || t.delivered as usize >= t.parts.len() {
+        return None;
+    }
+    match t.status {
+        TurnStatus::Delivering => {
+            Some("not delivered to Discord yet: it is tried again shortly".to_owned())
+        }
+        TurnStatus::Failed => Some(format!(
+            "not delivered to Discord: {}",
+            short(t.error.as_deref().unwrap_or("given up on"), 200)
+        )),
+        TurnStatus::Done => None,
     }
 }
 
@@ -280,5 +304,38 @@ mod tests {
         assert_eq!(html.matches("used ").count(), USED_SHOWN);
         assert!(html.contains("and 992 more tool calls in turn"), "{html}");
         assert!(html.len() < 4_000, "{} bytes", html.len());
+    }
+
+    #[test]
+    fn a_reply_discord_did_not_take_says_so_and_why() {
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let turn_id = "tn_01jq0000000000000000000000";
+        let turn = |status: &str, delivered: u32, error: Option<&str>| -> Turn {
+            serde_json::from_value(json!({
+                "id": turn_id, "agent_id": "ag_01jq0000000000000000000000", "session": "main",
+                "signals": [], "status": status, "parts": ["ok"], "delivered": delivered,
+                "target": {"type": "channel", "channel_id": "1001"}, "provider": "fake",
+                "model": "m", "usage": {"input_tokens": 1, "output_tokens": 1},
+                "error": error, "created_at": now,
+            }))
+            .unwrap()
+        };
+        let m: ConversationMessage = serde_json::from_value(json!({
+            "id": "m1", "agent_id": "ag_01jq0000000000000000000000", "turn_id": turn_id,
+            "role": "assistant", "source": "conversation", "content": "ok", "created_at": now,
+        }))
+        .unwrap();
+        let shown = |t: Turn| message(&m, &[t], now).into_string();
+        assert!(shown(turn("DELIVERING", 0, None)).contains("not delivered to Discord yet"));
+        let dead = shown(turn(
+            "FAILED",
+            0,
+            Some("undeliverable after 8 tries: Discord did not take part 1: 403"),
+        ));
+        assert!(
+            dead.contains("not delivered to Discord: undeliverable after 8 tries"),
+            "{dead}"
+        );
+        assert!(!shown(turn("DONE", 1, None)).contains("not delivered"));
     }
 }

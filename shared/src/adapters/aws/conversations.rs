@@ -11,7 +11,8 @@ use super::codec::*;
 use super::keys::*;
 use super::metrics::{put_units, with_own};
 use crate::domain::{
-    AgentId, ConversationMessage, Requests, SessionId, SignalId, Turn, TurnId, WaitingTurn,
+    AgentId, ConversationMessage, Requests, SessionId, SignalId, Turn, TurnId, Undelivered,
+    WaitingTurn,
 };
 use crate::error::StoreError;
 use crate::ports::{ConversationStore, TurnStart};
@@ -244,6 +245,66 @@ impl ConversationStore for DynamoStore {
         Ok(())
     }
 
+    async fn put_undelivered(&self, u: &Undelivered) -> Result<(), StoreError> {
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(doc_item(
+                UNDELIVERED_PK.to_owned(),
+                undelivered_sk(&u.agent_id, &u.turn_id),
+                u,
+            )))
+            .send()
+            .await
+            .map_err(backend("keep undelivered reply"))?;
+        Ok(())
+    }
+
+    async fn get_undelivered(
+        &self,
+        agent: &AgentId,
+        turn: &TurnId,
+    ) -> Result<Option<Undelivered>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(UNDELIVERED_PK, undelivered_sk(agent, turn))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(backend("read undelivered reply"))?;
+        out.item.as_ref().map(read_doc).transpose()
+    }
+
+    async fn delete_undelivered(&self, agent: &AgentId, turn: &TurnId) -> Result<(), StoreError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(key(UNDELIVERED_PK, undelivered_sk(agent, turn))))
+            .send()
+            .await
+            .map_err(backend("forget undelivered reply"))?;
+        Ok(())
+    }
+
+    async fn list_undelivered(&self, limit: usize) -> Result<Vec<Undelivered>, StoreError> {
+        // One partition holds them all: there are some only while a channel refuses
+        // replies, and the dead letters until they are dismissed.
+        let mut all: Vec<Undelivered> = self
+            .query_prefix("read undelivered replies", UNDELIVERED_PK, "", false, None)
+            .await?
+            .iter()
+            .map(read_doc)
+            .collect::<Result<_, _>>()?;
+        all.sort_by_key(|u| {
+            let ms = u.next_at.as_millisecond();
+            (u.undeliverable(), if u.undeliverable() { -ms } else { ms })
+        });
+        all.truncate(limit);
+        Ok(all)
+    }
+
     async fn list_waiting(&self, limit: usize) -> Result<Vec<WaitingTurn>, StoreError> {
         // One partition holds them all: there are some only while a model is down.
         let mut all: Vec<WaitingTurn> = self
@@ -267,6 +328,14 @@ fn with_own_cost(turn: &Turn, op: &str, units: impl Fn(&Item) -> f64) -> Item {
         doc_item(agent_pk(&turn.agent_id), turn_sk(&turn.id), &t)
     };
     item(&with_own(turn.requests.as_ref(), op, |r| units(&item(r))))
+}
+
+/// The partition of the replies the channel did not take (see [`Undelivered`]).
+const UNDELIVERED_PK: &str = "UNDELIVERED";
+
+/// An undelivered reply's sort key: its agent and turn.
+fn undelivered_sk(agent: &AgentId, turn: &TurnId) -> String {
+    format!("{agent}#{turn}")
 }
 
 /// The partition of the turns that wait on the model (see [`WaitingTurn`]).

@@ -6,7 +6,8 @@ use rusqlite::{OptionalExtension, params};
 use super::codec::{from_doc, read_docs, to_doc};
 use super::{CachedExecute, SqliteStore, sqlite_err};
 use crate::domain::{
-    AgentId, ConversationMessage, SessionId, SignalId, Turn, TurnId, WaitingTurn, to_ms,
+    AgentId, ConversationMessage, SessionId, SignalId, Turn, TurnId, Undelivered, WaitingTurn,
+    to_ms,
 };
 use crate::error::StoreError;
 use crate::ports::{ConversationStore, TurnStart};
@@ -236,6 +237,83 @@ impl ConversationStore for SqliteStore {
                 )
                 .map_err(sqlite_err("forget waiting turn"))?;
                 Ok(())
+            })
+            .await
+    }
+
+    async fn put_undelivered(&self, u: &Undelivered) -> Result<(), StoreError> {
+        let u = u.clone();
+        self.db
+            .call("keep undelivered reply", move |conn| {
+                conn.exec(
+                    "INSERT OR REPLACE INTO undelivered (agent_id, turn_id, state, next_ms, doc) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![
+                        u.agent_id.as_str(),
+                        u.turn_id.as_str(),
+                        u.state.as_str(),
+                        to_ms(u.next_at),
+                        to_doc(&u)
+                    ],
+                )
+                .map_err(sqlite_err("keep undelivered reply"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get_undelivered(
+        &self,
+        agent: &AgentId,
+        turn: &TurnId,
+    ) -> Result<Option<Undelivered>, StoreError> {
+        let (agent, turn) = (agent.to_string(), turn.to_string());
+        self.db
+            .call("read undelivered reply", move |conn| {
+                Ok(read_docs(
+                    conn,
+                    "read undelivered reply",
+                    "SELECT turn_id, doc FROM undelivered WHERE agent_id = ?1 AND turn_id = ?2",
+                    params![agent, turn],
+                )?
+                .pop())
+            })
+            .await
+    }
+
+    async fn delete_undelivered(&self, agent: &AgentId, turn: &TurnId) -> Result<(), StoreError> {
+        let (agent, turn) = (agent.to_string(), turn.to_string());
+        self.db
+            .call("forget undelivered reply", move |conn| {
+                conn.exec(
+                    "DELETE FROM undelivered WHERE agent_id = ?1 AND turn_id = ?2",
+                    params![agent, turn],
+                )
+                .map_err(sqlite_err("forget undelivered reply"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn list_undelivered(&self, limit: usize) -> Result<Vec<Undelivered>, StoreError> {
+        self.db
+            .call("read undelivered replies", move |conn| {
+                let mut all: Vec<Undelivered> = read_docs(
+                    conn,
+                    "read undelivered replies",
+                    "SELECT turn_id, doc FROM undelivered WHERE state = 'retrying' \
+                     ORDER BY next_ms LIMIT ?1",
+                    params![limit as i64],
+                )?;
+                let left = limit.saturating_sub(all.len());
+                all.extend(read_docs::<Undelivered>(
+                    conn,
+                    "read undelivered replies",
+                    "SELECT turn_id, doc FROM undelivered WHERE state = 'undeliverable' \
+                     ORDER BY next_ms DESC LIMIT ?1",
+                    params![left as i64],
+                )?);
+                Ok(all)
             })
             .await
     }

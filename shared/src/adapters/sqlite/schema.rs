@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 25;
+const SCHEMA_VERSION: i64 = 26;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -457,6 +457,20 @@ ALTER TABLE heartbeats ADD COLUMN outcome TEXT;
 ALTER TABLE heartbeats ADD COLUMN outcome_reason TEXT;
 "#;
 
+/// Version 26: replies the channel did not take, retrying or given up on, found by when
+/// they are due.
+const SCHEMA_V26: &str = r#"
+CREATE TABLE undelivered (
+    agent_id  TEXT NOT NULL,
+    turn_id   TEXT NOT NULL,
+    state     TEXT NOT NULL,
+    next_ms   INTEGER NOT NULL,
+    doc       TEXT NOT NULL,
+    PRIMARY KEY (agent_id, turn_id)
+) WITHOUT ROWID;
+CREATE INDEX undelivered_due ON undelivered (state, next_ms);
+"#;
+
 const SCHEMA_V23: &str = r#"
 CREATE TABLE usd (
     agent_id  TEXT NOT NULL,
@@ -569,6 +583,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 25 {
             conn.execute_batch(SCHEMA_V25).map_err(&err)?;
+        }
+        if version < 26 {
+            conn.execute_batch(SCHEMA_V26).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

@@ -3,7 +3,9 @@
 use tracing::{error, info, warn};
 
 use super::*;
-use crate::domain::{Agent, HookData, HookType, ReplyTarget, Signal, Turn, TurnId, TurnStatus};
+use crate::domain::{
+    Agent, HookData, HookType, ReplyTarget, Signal, Turn, TurnId, TurnStatus, Undelivered,
+};
 use crate::error::{DiscordError, EngineError, chain};
 
 /// A nonce for a channel post (Discord allows 25 characters): the turn's ULID without
@@ -13,12 +15,14 @@ fn nonce(turn: &TurnId, part: usize) -> String {
     format!("{}{part:02}", &ulid[ulid.len().saturating_sub(22)..])
 }
 
-/// Whether a Discord error is worth retrying later (the queue redelivers).
-fn transient(e: &DiscordError) -> bool {
+/// Whether trying a reply again cannot help: Discord is not set up, or refused the
+/// request itself as malformed (400). A refusal of access (401, 403, 404: a permission,
+/// a channel) may be put right meanwhile, and an outage (429, 5xx, the network) passes.
+fn hopeless(e: &DiscordError) -> bool {
     match e {
-        DiscordError::Transport(_) | DiscordError::RateLimited { .. } => true,
-        DiscordError::Status { status, .. } => *status >= 500,
-        DiscordError::NotConfigured(_) | DiscordError::Malformed(_) => false,
+        DiscordError::Transport(_) | DiscordError::RateLimited { .. } => false,
+        DiscordError::Status { status, .. } => *status == 400,
+        DiscordError::NotConfigured(_) | DiscordError::Malformed(_) => true,
     }
 }
 
@@ -188,21 +192,8 @@ impl Conversation {
                     self.save(&mut turn).await?;
                 }
                 Err(e) => {
-                    let why = chain(&e);
-                    if transient(&e) {
-                        turn.error = Some(why.clone());
-                        self.save(&mut turn).await?;
-                        return Err(EngineError::Unavailable(format!(
-                            "Discord did not take part {} of turn {}: {why}",
-                            i + 1,
-                            turn.id
-                        )));
-                    }
-                    error!(turn_id = %turn.id, error = %why, "Discord refused the reply; the turn is recorded FAILED");
-                    turn.status = TurnStatus::Failed;
-                    turn.error = Some(why);
-                    turn.completed_at = Some(self.clock.now());
-                    self.save(&mut turn).await?;
+                    let why = format!("Discord did not take part {}: {}", i + 1, chain(&e));
+                    self.undelivered(&mut turn, why, hopeless(&e)).await?;
                     return Ok((sent, turn));
                 }
             }
@@ -211,6 +202,94 @@ impl Conversation {
             info!(turn_id = %turn.id, parts = sent, "reply delivered");
         }
         Ok((sent, turn))
+    }
+
+    /// The channel did not take `turn`'s reply, for `why`: kept as undelivered, and
+    /// tried again later by the sweep while the session goes on — or, after its last try
+    /// (or at once, `hopeless`), given up on: the turn is FAILED and MESSAGE_UNDELIVERABLE
+    /// told. The record is written before the turn, so a crash between the two leaves a
+    /// turn that is tried again rather than one nobody tries.
+    async fn undelivered(
+        &self,
+        turn: &mut Turn,
+        why: String,
+        hopeless: bool,
+    ) -> Result<(), EngineError> {
+        let now = self.clock.now();
+        let record = match self.store.get_undelivered(&turn.agent_id, &turn.id).await? {
+            Some(u) => u.failed_again(why.clone(), hopeless, now),
+            None => Undelivered::first(
+                (turn.agent_id.clone(), turn.session.clone(), turn.id.clone()),
+                why.clone(),
+                hopeless,
+                now,
+            ),
+        };
+        self.store.put_undelivered(&record).await?;
+        crate::meter::reply_undelivered(record.undeliverable());
+        if !record.undeliverable() {
+            warn!(turn_id = %turn.id, attempts = record.attempts, next_at = %record.next_at, error = %why, "the reply was not delivered: it is tried again later, and the session goes on");
+            return Ok(());
+        }
+        error!(turn_id = %turn.id, attempts = record.attempts, error = %why, "the reply could not be delivered: the turn is recorded FAILED, and kept as undeliverable");
+        turn.status = TurnStatus::Failed;
+        turn.error = Some(format!(
+            "undeliverable after {} {}: {why}",
+            record.attempts,
+            if record.attempts == 1 { "try" } else { "tries" }
+        ));
+        turn.completed_at = Some(now);
+        self.save(turn).await?;
+        if self.hooks.is_some()
+            && let Some(agent) = self.store.get_agent(&turn.agent_id).await?
+        {
+            let data = HookData::message_undeliverable(turn, record.attempts, &why);
+            self.emit(&agent, turn, HookType::MESSAGE_UNDELIVERABLE, "TURN", data)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Delivers again a turn whose reply the channel did not take, when it is due (the
+    /// sweep sends it). Nothing when it was delivered meanwhile (a redelivery of its
+    /// signals resumed it), given up on, or not due yet.
+    pub async fn redeliver(
+        &self,
+        job: &crate::domain::RedeliverJob,
+    ) -> Result<TurnOutcome, EngineError> {
+        let mut outcome = TurnOutcome::default();
+        let Some(u) = self
+            .store
+            .get_undelivered(&job.agent_id, &job.turn_id)
+            .await?
+        else {
+            return Ok(outcome);
+        };
+        if u.undeliverable() || u.next_at > self.clock.now() {
+            return Ok(outcome);
+        }
+        let turn = self.store.get_turn(&job.agent_id, &job.turn_id).await?;
+        let Some(turn) = turn.filter(|t| t.status == TurnStatus::Delivering) else {
+            self.store
+                .delete_undelivered(&job.agent_id, &job.turn_id)
+                .await?;
+            return Ok(outcome);
+        };
+        info!(turn_id = %turn.id, attempts = u.attempts, since = %u.since, "delivering again a reply the channel did not take");
+        outcome.turns.push(turn.id.clone());
+        let (sent, delivered) = self.deliver(turn).await?;
+        outcome.parts_sent += sent;
+        // Every part delivered: no longer undelivered. Otherwise `deliver` kept the
+        // record, retrying or given up on.
+        if delivered.delivered as usize == delivered.parts.len() {
+            self.store
+                .delete_undelivered(&job.agent_id, &job.turn_id)
+                .await?;
+            if let Some(agent) = self.store.get_agent(&job.agent_id).await? {
+                self.emit_sent(&agent, &delivered).await?;
+            }
+        }
+        Ok(outcome)
     }
 
     /// Enqueues the agent's hooks of `hook_type` for `turn`. A failure fails the step:
