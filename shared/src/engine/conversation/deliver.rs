@@ -232,21 +232,30 @@ impl Conversation {
             return Ok(());
         }
         error!(turn_id = %turn.id, attempts = record.attempts, error = %why, "the reply could not be delivered: the turn is recorded FAILED, and kept as undeliverable");
-        turn.status = TurnStatus::Failed;
-        turn.error = Some(format!(
-            "undeliverable after {} {}: {why}",
-            record.attempts,
-            if record.attempts == 1 { "try" } else { "tries" }
-        ));
-        turn.completed_at = Some(now);
-        self.save(turn).await?;
+        self.give_up(turn, &record).await
+    }
+
+    /// Tells MESSAGE_UNDELIVERABLE for `turn`, then records it FAILED. In that order:
+    /// a failure between the two leaves the turn DELIVERING under a record given up
+    /// on, which the next try finishes (the hook's delivery id is the same, so it is
+    /// told once).
+    async fn give_up(&self, turn: &mut Turn, record: &Undelivered) -> Result<(), EngineError> {
         if self.hooks.is_some()
             && let Some(agent) = self.store.get_agent(&turn.agent_id).await?
         {
-            let data = HookData::message_undeliverable(turn, record.attempts, &why);
+            let data = HookData::message_undeliverable(turn, record.attempts, &record.reason);
             self.emit(&agent, turn, HookType::MESSAGE_UNDELIVERABLE, "TURN", data)
                 .await?;
         }
+        turn.status = TurnStatus::Failed;
+        turn.error = Some(format!(
+            "undeliverable after {} {}: {}",
+            record.attempts,
+            if record.attempts == 1 { "try" } else { "tries" },
+            record.reason
+        ));
+        turn.completed_at = Some(self.clock.now());
+        self.save(turn).await?;
         Ok(())
     }
 
@@ -265,11 +274,19 @@ impl Conversation {
         else {
             return Ok(outcome);
         };
-        if u.undeliverable() || u.next_at > self.clock.now() {
+        if u.next_at > self.clock.now() {
             return Ok(outcome);
         }
         let turn = self.store.get_turn(&job.agent_id, &job.turn_id).await?;
-        let Some(turn) = turn.filter(|t| t.status == TurnStatus::Delivering) else {
+        let turn = turn.filter(|t| t.status == TurnStatus::Delivering);
+        if u.undeliverable() {
+            // Given up on, but not yet recorded so: finish that.
+            if let Some(mut turn) = turn {
+                self.give_up(&mut turn, &u).await?;
+            }
+            return Ok(outcome);
+        }
+        let Some(turn) = turn else {
             self.store
                 .delete_undelivered(&job.agent_id, &job.turn_id)
                 .await?;
