@@ -88,6 +88,14 @@ struct Transcript {
     cache: Option<CacheKept>,
 }
 
+/// Why a model call is not made.
+enum Closed {
+    /// The agent's calls this minute are made.
+    Pace(String),
+    /// Its worst case does not fit a dollar budget.
+    Budget(String),
+}
+
 /// What a heartbeat reads of its window.
 struct WindowRead {
     /// The events the model is shown, oldest first.
@@ -349,38 +357,21 @@ impl HeartbeatAgent {
                 max_tokens,
                 cache: Some(cache),
             };
-            // Past the agent's calls a minute, the heartbeat yields: its window goes to
-            // the next heartbeat, which reads it again.
-            if let Some(why) = pace::take(self.store.as_ref(), &agent, self.clock.now())
-                .await
-                .map_err(|e| chain(&e))?
-            {
-                warn!(reason = %why, "heartbeat agent: no model call; the window goes to the next heartbeat");
-                return Ok(Some(why));
-            }
-            // The call's worst case is held against a dollar budget first: one that
-            // does not fit is not made.
             let model = request.model.as_deref().unwrap_or(llm.model()).to_owned();
-            let hold = match dollars::hold(
-                self.store.as_ref(),
-                self.hooks.as_ref(),
-                &self.prices,
-                &agent,
-                &model,
-                &request,
-                self.clock.now(),
-            )
-            .await
-            .map_err(|e| chain(&e))?
-            {
-                Held::Free => None,
-                Held::Held(h) => Some(h),
-                Held::Refused(r) => {
-                    warn!(reason = %r.reason, "heartbeat agent: no model call");
+            let hold = match self.open_call(&agent, &model, &request).await? {
+                Ok(hold) => hold,
+                // Past the agent's calls a minute, the heartbeat yields: its window goes
+                // to the next heartbeat, which reads it again.
+                Err(Closed::Pace(why)) => {
+                    warn!(reason = %why, "heartbeat agent: no model call; the window goes to the next heartbeat");
+                    return Ok(Some(why));
+                }
+                Err(Closed::Budget(why)) => {
+                    warn!(reason = %why, "heartbeat agent: no model call");
                     if step == 0 {
-                        t.skipped = Some(r.reason);
+                        t.skipped = Some(why);
                     } else {
-                        t.budget_stop = Some(r.reason);
+                        t.budget_stop = Some(why);
                     }
                     return Ok(None);
                 }
@@ -395,18 +386,8 @@ impl HeartbeatAgent {
                 llm.complete(&request),
             );
             let raced = call.await;
-            if let Some(hold) = hold {
-                let used = dollars::used(&raced, &request);
-                dollars::settle(
-                    self.store.as_ref(),
-                    self.hooks.as_ref(),
-                    &agent,
-                    hold,
-                    used.as_ref(),
-                    self.clock.now(),
-                )
+            self.close_call(&agent, hold, || dollars::used(&raced, &request))
                 .await;
-            }
             let resp = match raced {
                 Raced::Done(done) => done.map_err(|e| chain(&e))?,
                 Raced::Interrupted(at) => {
@@ -627,46 +608,16 @@ impl HeartbeatAgent {
             max_tokens: 1,
             cache: Some(cache),
         };
-        let now = self.clock.now();
-        if let Some(why) = pace::take(self.store.as_ref(), &agent, now)
-            .await
-            .map_err(|e| chain(&e))?
-        {
-            info!(reason = %why, "no warm-up: the agent's calls this minute are made");
-            return Ok(None);
-        }
-        let hold = match dollars::hold(
-            self.store.as_ref(),
-            self.hooks.as_ref(),
-            &self.prices,
-            &agent,
-            &model,
-            &request,
-            now,
-        )
-        .await
-        .map_err(|e| chain(&e))?
-        {
-            Held::Free => None,
-            Held::Held(h) => Some(h),
-            Held::Refused(r) => {
-                info!(reason = %r.reason, "no warm-up: it does not fit the dollar budget");
+        let hold = match self.open_call(&agent, &model, &request).await? {
+            Ok(hold) => hold,
+            Err(Closed::Pace(why) | Closed::Budget(why)) => {
+                info!(reason = %why, "no warm-up");
                 return Ok(None);
             }
         };
         let answer = llm.complete(&request).await;
-        if let Some(hold) = hold {
-            let used = answer.as_ref().ok().map(|r| r.usage);
-            dollars::settle(
-                self.store.as_ref(),
-                self.hooks.as_ref(),
-                &agent,
-                hold,
-                used.as_ref(),
-                self.clock.now(),
-            )
+        self.close_call(&agent, hold, || answer.as_ref().ok().map(|r| r.usage))
             .await;
-        }
         let resp = answer.map_err(|e| chain(&e))?;
         let mut t = Transcript {
             provider: llm.provider().to_owned(),
@@ -685,6 +636,61 @@ impl HeartbeatAgent {
                 ..kept
             },
         )))
+    }
+
+    /// Opens a model call of `agent` to `model` with `request`: counted against the
+    /// agent's calls a minute, then its worst case held against its dollar budgets. The
+    /// hold to settle after the call (none without a dollar budget), or why the call is
+    /// not to be made.
+    async fn open_call(
+        &self,
+        agent: &Agent,
+        model: &str,
+        request: &LlmRequest,
+    ) -> Result<Result<Option<dollars::Hold>, Closed>, String> {
+        if let Some(why) = pace::take(self.store.as_ref(), agent, self.clock.now())
+            .await
+            .map_err(|e| chain(&e))?
+        {
+            return Ok(Err(Closed::Pace(why)));
+        }
+        let held = dollars::hold(
+            self.store.as_ref(),
+            self.hooks.as_ref(),
+            &self.prices,
+            agent,
+            model,
+            request,
+            self.clock.now(),
+        )
+        .await
+        .map_err(|e| chain(&e))?;
+        Ok(match held {
+            Held::Free => Ok(None),
+            Held::Held(h) => Ok(Some(h)),
+            Held::Refused(r) => Err(Closed::Budget(r.reason)),
+        })
+    }
+
+    /// Settles the hold [`Self::open_call`] took with what the call `used` (read only
+    /// when there is a hold).
+    async fn close_call(
+        &self,
+        agent: &Agent,
+        hold: Option<dollars::Hold>,
+        used: impl FnOnce() -> Option<Usage>,
+    ) {
+        if let Some(hold) = hold {
+            dollars::settle(
+                self.store.as_ref(),
+                self.hooks.as_ref(),
+                agent,
+                hold,
+                used().as_ref(),
+                self.clock.now(),
+            )
+            .await;
+        }
     }
 
     async fn agent(&self, req: &ToolRequest) -> Result<Agent, String> {
