@@ -299,6 +299,44 @@ fn private_file(path: &Path) -> Result<(), StoreError> {
 /// comes within this gets it without that wake.
 const ANSWER_SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
+/// How long a call waits for another process holding the file before it fails.
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `step` again while it fails because another process holds the file, for up to
+/// `within`, then returns what it last returned.
+///
+/// SQLite waits (its busy timeout) where waiting cannot deadlock, but refuses at once
+/// where a connection that read must then write — as turning a new file to the
+/// write-ahead log does — since both of two such connections waiting would wait
+/// forever. Each try here starts over, holding nothing, so the other finishes first.
+/// `pulse serve &` and a CLI command right after it open a new file at once.
+fn until_free<T>(
+    within: std::time::Duration,
+    mut sleep: impl FnMut(std::time::Duration),
+    mut step: impl FnMut() -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    let mut waited = std::time::Duration::ZERO;
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        match step() {
+            Err(e)
+                if waited < within
+                    && matches!(
+                        e.sqlite_error_code(),
+                        Some(
+                            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                        )
+                    ) =>
+            {
+                sleep(pause);
+                waited += pause;
+                pause = (pause * 2).min(std::time::Duration::from_millis(200));
+            }
+            done => return done,
+        }
+    }
+}
+
 impl Db {
     /// Opens (creating if needed, mode 0600) the database at `path` and brings its
     /// schema up to date.
@@ -344,25 +382,23 @@ impl Db {
                         format!("{}: {e}", path.display()),
                     )
                 })?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(&open)?;
-        // A new file gives the pages pruning frees back to the file system (by
-        // `Maintenance::reclaim`); the mode can only be chosen before the first table.
-        let pages: i64 = conn
-            .pragma_query_value(None, "page_count", |r| r.get(0))
-            .map_err(&open)?;
-        if pages == 0 {
-            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
-                .map_err(&open)?;
-        }
-        // WAL lets readers (the CLI) work while `pulse serve` writes; FULL syncs the log
-        // at every commit, before the commit's callers are answered (see
-        // [`Durability`]); the connection's thread commits the calls that arrive
-        // together as one, so they share one sync.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(&open)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(&open)?;
+        conn.busy_timeout(BUSY_WAIT).map_err(&open)?;
+        until_free(BUSY_WAIT, std::thread::sleep, || {
+            // A new file gives the pages pruning frees back to the file system (by
+            // `Maintenance::reclaim`); the mode can only be chosen before the first
+            // table.
+            let pages: i64 = conn.pragma_query_value(None, "page_count", |r| r.get(0))?;
+            if pages == 0 {
+                conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+            }
+            // WAL lets readers (the CLI) work while `pulse serve` writes; FULL syncs
+            // the log at every commit, before the commit's callers are answered (see
+            // [`Durability`]); the connection's thread commits the calls that arrive
+            // together as one, so they share one sync.
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "FULL")
+        })
+        .map_err(&open)?;
         let sync_behind = tune(&mut conn).map_err(&open)?;
         schema::migrate(&conn, path)?;
         Ok(Self {
@@ -909,5 +945,88 @@ mod tests {
         drop(tx);
         assert!(conn.is_autocommit());
         assert_eq!(keys(&conn), ["a", "c"]);
+    }
+}
+
+#[cfg(test)]
+mod opening {
+    use super::*;
+
+    #[test]
+    fn a_step_refused_while_another_process_holds_the_file_is_tried_again_until_it_is_free() {
+        let busy = || {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                Some("database is locked".into()),
+            )
+        };
+        let mut slept = Vec::new();
+        let mut tries = 0;
+        let got = until_free(
+            std::time::Duration::from_secs(10),
+            |d| slept.push(d.as_millis()),
+            || {
+                tries += 1;
+                if tries < 4 { Err(busy()) } else { Ok(tries) }
+            },
+        );
+        assert_eq!(got.unwrap(), 4);
+        assert_eq!(slept, [5, 10, 20], "spaced, doubling");
+
+        // Past the wait, the refusal is the answer; any other error is at once.
+        let mut tries = 0;
+        let got: rusqlite::Result<()> = until_free(
+            std::time::Duration::from_millis(300),
+            |_| {},
+            || {
+                tries += 1;
+                Err(busy())
+            },
+        );
+        assert_eq!(
+            got.unwrap_err().sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy)
+        );
+        assert_eq!(
+            tries, 7,
+            "5 + 10 + 20 + 40 + 80 + 160 ms waited, then one more try"
+        );
+        let mut tries = 0;
+        let got: rusqlite::Result<()> = until_free(
+            std::time::Duration::from_secs(10),
+            |_| {},
+            || {
+                tries += 1;
+                Err(rusqlite::Error::InvalidQuery)
+            },
+        );
+        assert!(got.is_err());
+        assert_eq!(tries, 1);
+    }
+
+    /// Another connection reading the new file as it is opened: the open waits for it.
+    #[test]
+    fn a_new_file_another_connection_reads_is_opened_once_it_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pulse.db");
+        let (reading, read) = std::sync::mpsc::channel();
+        let reader = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let conn = Connection::open(&path).unwrap();
+                conn.execute_batch("BEGIN; SELECT count(*) FROM sqlite_master;")
+                    .unwrap();
+                reading.send(()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                conn.execute_batch("COMMIT").unwrap();
+            })
+        };
+        read.recv().unwrap();
+        let db = Db::open(&path).expect("opened once the reader is done");
+        reader.join().unwrap();
+        let mode: String = db
+            .blocking(|c| c.pragma_query_value(None, "journal_mode", |r| r.get(0)))
+            .unwrap();
+        assert_eq!(mode, "wal");
     }
 }
