@@ -2654,6 +2654,90 @@ fn serve_logs_json_lines_with_each_lines_agent_and_run_and_never_a_messages_text
     );
 }
 
+/// `pulse serve` with a collector named: each heartbeat a trace, sent by the time it
+/// has stopped, its id on the heartbeat's log lines; a protocol it cannot speak stops it
+/// at start, naming the variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_sends_its_traces_to_the_collector_named_and_refuses_a_protocol_it_cannot_speak() {
+    let collector = pulse_tests::fake_collector::FakeCollector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "traced",
+            "--interval",
+            "1s",
+            "--instructions",
+            "say how the day went",
+        ],
+    );
+    let refused = common::command(d, &["serve", "--listen", "off"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url())
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc") && why.contains("4318"),
+        "{why}"
+    );
+
+    let log_path = d.join("serve.log");
+    let serve = common::command(d, &["serve", "--tick", "100ms", "--listen", "off"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url())
+        .env("PULSE_LOG_FORMAT", "json")
+        .stdout(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("a heartbeat", Duration::from_secs(60), || {
+        json(d, &["heartbeats", "list", "--agent", &agent])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["status"] == "COMPLETED")
+    });
+    let killed = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(serve.wait_with_output().unwrap().status.success());
+    // Sent before it exited, not left in its batch.
+    let spans = collector.spans();
+    let root = spans
+        .iter()
+        .find(|s| s.name == "invoke_agent traced" && !s.text("pulse.heartbeat.id").is_empty())
+        .unwrap_or_else(|| panic!("a heartbeat's trace among {spans:#?}"));
+    assert_eq!(root.service, "pulse");
+    assert_eq!(root.text("gen_ai.agent.id"), agent);
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let logged = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["fields"]["message"] == "heartbeat completed")
+        .find(|l| {
+            l["spans"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["heartbeat_id"] == root.text("pulse.heartbeat.id").as_str())
+        })
+        .unwrap_or_else(|| panic!("the heartbeat's line: {text}"));
+    let trace_id = logged["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|s| s["trace_id"].as_str())
+        .unwrap_or_else(|| panic!("a trace id on {logged}"));
+    assert_eq!(trace_id, root.trace_id);
+}
+
 #[test]
 fn durability_is_synced_by_default_relaxed_on_request_said_at_start_and_in_status() {
     let dir = tempfile::tempdir().unwrap();

@@ -116,7 +116,13 @@ impl<T> Ready<T> {
 /// during an invocation, printed to stdout after it as one JSON line per label set,
 /// which CloudWatch Logs turns into metrics in the namespace `PULSE_METRICS_NAMESPACE`
 /// (default `Pulse`), with the dimension `function`. No API call is made.
-pub struct Metrics(&'static metrics_cloudwatch_embedded::Collector);
+///
+/// It also sends the invocation's traces, when they are on, before the invocation
+/// returns: Lambda may freeze the process as soon as it has.
+pub struct Metrics(
+    &'static metrics_cloudwatch_embedded::Collector,
+    crate::traces::Traces,
+);
 
 /// The function dimension of each Lambda function's metrics.
 pub mod function {
@@ -128,6 +134,17 @@ pub mod function {
     pub const RECEIVER: &str = "receiver";
     /// The hook dispatcher.
     pub const DISPATCHER: &str = "dispatcher";
+
+    /// The service name of `function`'s traces: `pulse-sweeper`, `pulse-worker`…
+    pub fn service(function: &str) -> &'static str {
+        match function {
+            SWEEPER => "pulse-sweeper",
+            WORKER => "pulse-worker",
+            RECEIVER => "pulse-receiver",
+            DISPATCHER => "pulse-dispatcher",
+            _ => "pulse",
+        }
+    }
 }
 
 impl Metrics {
@@ -143,7 +160,12 @@ impl Metrics {
             .with_dimension("function", function)
             .init()?;
         crate::meter::describe();
-        Ok(Self(collector))
+        Ok(Self(collector, crate::traces::Traces::default()))
+    }
+
+    /// Sends `traces` too after each invocation.
+    pub fn with_traces(self, traces: crate::traces::Traces) -> Self {
+        Self(self.0, traces)
     }
 
     /// Writes what was recorded since the last flush as EMF lines, and starts again
@@ -152,12 +174,14 @@ impl Metrics {
         self.0.flush(out)
     }
 
-    /// Runs one invocation, then prints its metrics to stdout (whatever it returned).
+    /// Runs one invocation, then prints its metrics to stdout and sends its traces
+    /// (whatever it returned).
     pub async fn around<F: Future>(&self, invocation: F) -> F::Output {
         let out = invocation.await;
         if let Err(e) = self.flush_to(std::io::stdout().lock()) {
             error!(error = %e, "the invocation's metrics could not be written");
         }
+        self.1.flushed().await;
         out
     }
 }

@@ -78,3 +78,4 @@ pub mod sealing;
 pub mod tally;
 pub mod telemetry;
 pub mod tools;
+pub mod traces;

@@ -75,7 +75,7 @@ pub fn describe() {
     describe_counter!(
         HEARTBEAT_OUTCOMES,
         Unit::Count,
-        "Heartbeats finished, by what they did: acted, nothing_to_do, skipped, failed, incomplete"
+        "Heartbeats finished, by what they did: acted, nothing_to_do, skipped, failed, incomplete; and undeliverable, counted again when what a heartbeat said is given up on"
     );
     describe_counter!(CLAIMED, Unit::Count, "Heartbeats claimed by sweeps");
     describe_gauge!(

@@ -18,12 +18,17 @@ use std::io::IsTerminal;
 use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::traces::{self, Traces};
 
 /// How log lines look.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,8 +39,11 @@ pub enum LogFormat {
     Text,
 }
 
-/// Installs the global subscriber. Safe to call more than once (later calls do nothing).
-pub fn init(format: LogFormat) {
+/// Installs the global subscriber: log lines as `format` says, and traces when the
+/// environment asks for them ([`crate::traces`]; `service` names this program in them).
+/// Safe to call more than once (later calls install nothing and export nothing). An
+/// error names the tracing variable that is set wrong.
+pub fn init(format: LogFormat, service: &str) -> Result<Traces, String> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, ansi) = match format {
         LogFormat::Json => (BoxMakeWriter::new(std::io::stdout), false),
@@ -44,36 +52,68 @@ pub fn init(format: LogFormat) {
             std::io::stderr().is_terminal(),
         ),
     };
-    let _ = subscriber(format, filter, writer, ansi).try_init();
+    let (exported, traces) = match traces::Exporting::from_env(service)? {
+        Some(exporting) => {
+            let (layer, traces) = traces::layer(&exporting)?;
+            (Some(layer), traces)
+        }
+        None => (None, Traces::default()),
+    };
+    let installed = tracing_subscriber::registry()
+        .with(exported)
+        .with(logs(format, filter, writer, ansi))
+        .try_init();
+    if installed.is_err() {
+        traces.shutdown();
+        return Ok(Traces::default());
+    }
+    Ok(traces)
 }
 
-/// The subscriber `init` installs, writing to `writer`.
+/// The subscriber `init` installs without traces, writing to `writer`.
+#[cfg(test)]
 fn subscriber(
     format: LogFormat,
     filter: EnvFilter,
     writer: BoxMakeWriter,
     ansi: bool,
 ) -> Box<dyn Subscriber + Send + Sync> {
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    Box::new(tracing_subscriber::registry().with(logs(format, filter, writer, ansi)))
+}
+
+/// The log lines' layer, writing to `writer` what `filter` lets through. The spans
+/// that are only for traces are never in them.
+fn logs<S>(
+    format: LogFormat,
+    filter: EnvFilter,
+    writer: BoxMakeWriter,
+    ansi: bool,
+) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    let filter = filter.add_directive(
+        format!("{}=off", traces::TARGET)
+            .parse()
+            .expect("a directive"),
+    );
     match format {
-        LogFormat::Json => Box::new(
-            builder
-                .with_writer(EscapedJson(writer))
-                .json()
-                .with_current_span(true)
-                .with_span_list(true)
-                // Lambda adds its own timestamp and request id to each line.
-                .without_time()
-                .finish(),
-        ),
-        LogFormat::Text => Box::new(
-            builder
-                .with_writer(writer)
-                .with_target(false)
-                .with_ansi(ansi)
-                .fmt_fields(EscapedFields)
-                .finish(),
-        ),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(EscapedJson(writer))
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            // Lambda adds its own timestamp and request id to each line.
+            .without_time()
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(writer)
+            .with_target(false)
+            .with_ansi(ansi)
+            .fmt_fields(EscapedFields)
+            .with_filter(filter)
+            .boxed(),
     }
 }
 

@@ -108,6 +108,7 @@ faulty!(HeartbeatStore {
     fn defer(&self, hb: &Heartbeat, until: Timestamp) -> bool;
     fn renew(&self, hb: &Heartbeat, until: Timestamp) -> bool;
     fn get_heartbeat(&self, id: &HeartbeatId) -> Option<Heartbeat>;
+    fn mark_undeliverable(&self, id: &HeartbeatId, reason: &str) -> ();
     fn heartbeats_page(&self, agent: &AgentId, before: Option<u64>, limit: usize) -> Vec<Heartbeat>;
 } fn due_shards(&self) -> u16 {
     self.inner.due_shards()

@@ -1226,6 +1226,7 @@ async fn the_daily_pass_removes_old_turns_and_queues_a_consolidation() {
             created_at: at,
             completed_at: Some(at),
             requests: None,
+            spoken_by: None,
         }
     };
     let old_turn = answered_at(

@@ -1221,6 +1221,80 @@ async fn undelivered(kind: Kind) {
 }
 
 on_both_backends!(
+    a_heartbeat_whose_words_reach_nobody_is_undeliverable,
+    heartbeat_undeliverable
+);
+/// A heartbeat speaks, and Discord refuses the message for good (400): the turn is
+/// given up on, and the heartbeat, `acted` when it finished, becomes `undeliverable`
+/// with why — while a heartbeat whose words were delivered stays `acted`.
+async fn heartbeat_undeliverable(kind: Kind) {
+    use pulse_shared::domain::OutcomeKind;
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    let outcome = |beat: u64| {
+        let store = w.b.store.clone();
+        let agent = agent.id.clone();
+        async move {
+            store
+                .list_heartbeats(&agent, 10)
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|h| h.beat == beat)
+                .and_then(|h| h.outcome)
+                .unwrap_or_else(|| panic!("heartbeat {beat} finished"))
+        }
+    };
+
+    w.llm.script([
+        Scripted::tool("speak", json!({"thought": "The plants need water."})),
+        Scripted::text("done"),
+    ]);
+    w.discord.fail_next([400]);
+    w.beat().await;
+    w.b.drain(&w.worker).await;
+    let first = outcome(1).await;
+    assert_eq!(first.kind, OutcomeKind::Undeliverable, "{first:?}");
+    assert!(
+        first
+            .reason
+            .starts_with("what it said was not delivered: Discord did not take part 1")
+            && first.reason.contains("400"),
+        "{first:?}"
+    );
+    let failed = w.b.store.list_turns(&agent.id, 5).await.unwrap();
+    assert!(
+        failed
+            .iter()
+            .any(|t| t.status == pulse_shared::domain::TurnStatus::Failed
+                && t.spoken_by.as_ref().is_some_and(|h| h.beat() == 1)),
+        "{failed:?}"
+    );
+
+    // Delivered: it stays as it finished.
+    w.llm.script([
+        Scripted::tool(
+            "speak",
+            json!({"thought": "Ask whether the plants were watered."}),
+        ),
+        Scripted::text("done"),
+        Scripted::text("Watered?"),
+    ]);
+    w.b.advance(SignedDuration::from_mins(11));
+    w.beat().await;
+    w.b.drain(&w.worker).await;
+    assert_eq!(outcome(2).await.kind, OutcomeKind::Acted);
+    assert!(
+        w.discord
+            .messages()
+            .iter()
+            .any(|m| m.content.contains("Watered?")),
+        "{:?}",
+        w.discord.messages()
+    );
+}
+
+on_both_backends!(
     message_received_is_delivered_signed_with_the_turns_signals,
     message_received
 );

@@ -29,6 +29,7 @@ fn turn(b: &Backend, agent: &pulse_shared::domain::Agent, signals: &[SignalId]) 
         created_at: b.now(),
         completed_at: None,
         requests: None,
+        spoken_by: None,
     }
 }
 

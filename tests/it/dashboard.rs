@@ -291,6 +291,7 @@ async fn pages(kind: Kind) {
         created_at: u.b.now(),
         completed_at: None,
         requests: None,
+        spoken_by: None,
     };
     u.b.store.begin_turn(&turn, &[]).await.unwrap();
     turn.status = pulse_shared::domain::TurnStatus::Done;

@@ -32,3 +32,4 @@ mod side_effects;
 mod status;
 mod steering;
 mod thinking;
+mod traces;

@@ -4,6 +4,7 @@
 //! DynamoDB table and SQS FIFO queue (unique names) on the moto server that
 //! `scripts/test.sh` starts and names in `PULSE_TEST_MOTO_URL`.
 
+pub mod fake_collector;
 pub mod fake_discord;
 pub mod fake_gateway;
 pub mod fake_hooks;

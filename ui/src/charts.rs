@@ -93,7 +93,7 @@ pub(crate) async fn agent_days(
     let zeros = || vec![0.0f64; days.len()];
     let mut notes = Vec::new();
     let (mut acted, mut nothing, mut skipped, mut failed) = (zeros(), zeros(), zeros(), zeros());
-    let mut incomplete = zeros();
+    let (mut incomplete, mut undeliverable) = (zeros(), zeros());
     // Heartbeats finished before outcomes were recorded: those that completed without a
     // skip, by day; each that spoke (its thought became a reply) counted as acted.
     let mut unrecorded = zeros();
@@ -119,6 +119,7 @@ pub(crate) async fn agent_days(
             (Some(OutcomeKind::NothingToDo), _) => nothing[i] += 1.0,
             (Some(OutcomeKind::Skipped), _) => skipped[i] += 1.0,
             (Some(OutcomeKind::Incomplete), _) => incomplete[i] += 1.0,
+            (Some(OutcomeKind::Undeliverable), _) => undeliverable[i] += 1.0,
             (Some(OutcomeKind::Failed), _) | (None, HeartbeatStatus::Failed) => failed[i] += 1.0,
             (None, HeartbeatStatus::Cancelled) => skipped[i] += 1.0,
             (None, _) if hb.skipped.is_some() => nothing[i] += 1.0,
@@ -215,6 +216,7 @@ pub(crate) async fn agent_days(
             series("nothing to do", "#9bb7d4", nothing),
             series("skipped", "#d8dde3", skipped),
             series("incomplete", "#e0a030", incomplete),
+            series("undeliverable", "#b04aa0", undeliverable),
             series("failed", "#c0392b", failed),
         ],
         deliveries: vec![

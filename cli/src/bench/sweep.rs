@@ -673,6 +673,7 @@ async fn seed_history(
             created_at: now,
             completed_at: Some(now),
             requests: None,
+            spoken_by: None,
         };
         let text =
             "a message of history, about as long as a short chat line, to fill the context. "

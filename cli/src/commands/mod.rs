@@ -181,9 +181,11 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             path.display()
         )));
     }
-    if matches!(plan, Plan::Serve(_) | Plan::Dashboard(_) | Plan::Gateway) {
-        telemetry::init(log_format()?);
-    }
+    let traces = if matches!(plan, Plan::Serve(_) | Plan::Dashboard(_) | Plan::Gateway) {
+        telemetry::init(log_format()?, "pulse").map_err(Failure::Input)?
+    } else {
+        pulse_shared::traces::Traces::default()
+    };
     if let Backend::Aws(settings) = &config.backend {
         let clients = AwsClients::new(settings.endpoint_url.as_deref()).await;
         aws::check(&clients, settings)
@@ -206,7 +208,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         out: &out,
         public_url,
     };
-    match plan {
+    let done = match plan {
         Plan::Serve(p) => serve::execute(p, &cx).await,
         Plan::Dashboard(p) => dashboard::execute(p, &cx).await,
         Plan::Agents(p) => agents::execute(p, &cx).await,
@@ -229,7 +231,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Status(p) => status::execute(p, &cx).await,
         Plan::Gateway => gateway::execute(&cx).await,
         Plan::Secrets => secrets::reseal(&b, &out).await,
-    }
+    };
+    // What the exporter still holds is sent before the process ends.
+    traces.finished().await;
+    done
 }
 
 fn configuration(db: Option<std::path::PathBuf>) -> Result<Config, Failure> {

@@ -15,8 +15,11 @@ use pulse_shared::{lambda, telemetry};
 // a single-thread runtime does the same work without starting worker threads at init.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
-    telemetry::init(telemetry::LogFormat::Json);
-    let metrics = Metrics::install(function::WORKER)?;
+    let traces = telemetry::init(
+        telemetry::LogFormat::Json,
+        function::service(function::WORKER),
+    )?;
+    let metrics = Metrics::install(function::WORKER)?.with_traces(traces);
     let worker = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);

@@ -13,8 +13,11 @@ use pulse_shared::{lambda, telemetry};
 // a single-thread runtime does the same work without starting worker threads at init.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
-    telemetry::init(telemetry::LogFormat::Json);
-    let metrics = Metrics::install(function::SWEEPER)?;
+    let traces = telemetry::init(
+        telemetry::LogFormat::Json,
+        function::service(function::SWEEPER),
+    )?;
+    let metrics = Metrics::install(function::SWEEPER)?.with_traces(traces);
     let ready = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let connected = connect_aws(&config).await?;

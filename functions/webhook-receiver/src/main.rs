@@ -31,8 +31,11 @@ async fn source_ip(mut req: Request, next: Next) -> Response {
 // a single-thread runtime does the same work without starting worker threads at init.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
-    telemetry::init(telemetry::LogFormat::Json);
-    let metrics = Metrics::install(function::RECEIVER)?;
+    let traces = telemetry::init(
+        telemetry::LogFormat::Json,
+        function::service(function::RECEIVER),
+    )?;
+    let metrics = Metrics::install(function::RECEIVER)?.with_traces(traces);
     let app = Ready::new(|vars| async move {
         let config = vars.env().lambda()?;
         let clock = Arc::new(SystemClock);

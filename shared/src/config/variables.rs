@@ -36,6 +36,8 @@ pub enum Group {
     Outbound,
     /// Secrets at rest.
     Secrets,
+    /// Traces to the operator's own tools.
+    Traces,
     /// What the command line alone reads.
     Cli,
     /// The Lambda functions alone.
@@ -54,6 +56,7 @@ impl Group {
             Group::Receiver => "The HTTP receiver",
             Group::Outbound => "Outbound requests",
             Group::Secrets => "Secrets at rest",
+            Group::Traces => "Traces (OpenTelemetry)",
             Group::Cli => "The command line",
             Group::Lambda => "On AWS Lambda",
         }
@@ -526,6 +529,55 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "the CloudWatch namespace of the functions' metrics",
         default: "`Pulse` (the template sets `Pulse/<stack>`)",
         wrong: "metrics land in that namespace; the template's alarms on `Pulse/<stack>` then see none",
+    },
+    Variable {
+        name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+        group: Group::Traces,
+        meaning: "the OpenTelemetry collector traces are sent to, over OTLP/HTTP as protobuf (`http://127.0.0.1:4318`: `/v1/traces` is added); setting it turns traces on in `pulse serve`, `pulse dashboard`, `pulse gateway` and the Lambda functions — one trace a heartbeat and a conversation turn (see [Seeing what it did](../seeing.md))",
+        default: "unset: no traces, and no cost",
+        wrong: "start-up stops unless it is an `http(s)` URL; a collector that cannot be reached is logged at each export, and nothing else fails",
+    },
+    Variable {
+        name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        group: Group::Traces,
+        meaning: "the traces URL itself (`https://otel.example/v1/traces`), instead of `OTEL_EXPORTER_OTLP_ENDPOINT`",
+        default: "unset",
+        wrong: "as `OTEL_EXPORTER_OTLP_ENDPOINT`",
+    },
+    Variable {
+        name: "OTEL_EXPORTER_OTLP_HEADERS",
+        group: Group::Traces,
+        meaning: "headers sent with each export, `name=value` pairs separated by commas (`x-honeycomb-team=KEY`); `OTEL_EXPORTER_OTLP_TRACES_HEADERS` for traces alone",
+        default: "none",
+        wrong: "a pair that does not parse is left out",
+    },
+    Variable {
+        name: "OTEL_EXPORTER_OTLP_PROTOCOL",
+        group: Group::Traces,
+        meaning: "only `http/protobuf`, the default, is spoken; it may be set to say so",
+        default: "`http/protobuf`",
+        wrong: "start-up stops: `grpc` or `http/json` are refused with the fix (the collector's HTTP port, usually 4318)",
+    },
+    Variable {
+        name: "OTEL_TRACES_EXPORTER",
+        group: Group::Traces,
+        meaning: "`none` turns traces off while an endpoint stays set",
+        default: "`otlp`",
+        wrong: STOPS,
+    },
+    Variable {
+        name: "OTEL_SERVICE_NAME",
+        group: Group::Traces,
+        meaning: "the service the traces are from (`OTEL_RESOURCE_ATTRIBUTES` adds others)",
+        default: "`pulse`; in the Lambda functions `pulse-sweeper`, `pulse-worker`, `pulse-receiver`, `pulse-dispatcher`",
+        wrong: "any name is taken",
+    },
+    Variable {
+        name: "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+        group: Group::Traces,
+        meaning: "`true` puts what the model was sent and what it answered on each `chat` span (`gen_ai.system_instructions`, `gen_ai.input.messages`, `gen_ai.output.messages`) and the model's own reasons on the heartbeats' spans: people's words leave the box for the collector",
+        default: "`false`: counts, names and ids only",
+        wrong: "start-up stops unless it is `true` or `false`",
     },
     Variable {
         name: "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",

@@ -321,6 +321,10 @@ pub struct Turn {
     /// none on the embedded store).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests: Option<Requests>,
+    /// The heartbeat whose thought it delivers, when it answers one: a reply given up
+    /// on makes that heartbeat `undeliverable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spoken_by: Option<super::HeartbeatId>,
 }
 
 impl Turn {

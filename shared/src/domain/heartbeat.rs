@@ -78,20 +78,24 @@ pub enum OutcomeKind {
     Failed,
     /// It ran, but did not do what its agent expects of every heartbeat (`--expect`).
     Incomplete,
+    /// It spoke, and what it said could not be delivered: the channel refused it at
+    /// every try (it is kept as a dead letter, and in the dashboard's conversation).
+    Undeliverable,
 }
 
 impl OutcomeKind {
     /// Every kind, in the order they are listed.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Acted,
         Self::NothingToDo,
         Self::Skipped,
         Self::Failed,
         Self::Incomplete,
+        Self::Undeliverable,
     ];
 
     /// The kind as it is written: `acted`, `nothing_to_do`, `skipped`, `failed`,
-    /// `incomplete`.
+    /// `incomplete`, `undeliverable`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Acted => "acted",
@@ -99,6 +103,7 @@ impl OutcomeKind {
             Self::Skipped => "skipped",
             Self::Failed => "failed",
             Self::Incomplete => "incomplete",
+            Self::Undeliverable => "undeliverable",
         }
     }
 

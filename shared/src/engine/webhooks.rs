@@ -34,7 +34,7 @@ use http::HeaderMap;
 use jiff::{SignedDuration, Timestamp};
 use pulse_signatures::inbound::{self, Verified};
 use serde_json::value::RawValue;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use super::{intake, json_body};
 use crate::domain::{
@@ -202,13 +202,23 @@ impl WebhookIntake {
         body: Bytes,
         ip: Option<String>,
     ) -> Verdict {
-        let verdict = match self.assess(id, &headers, &body, ip).await {
-            Ok((webhook, acceptance, now)) => {
-                drop((headers, body));
-                self.accept(&webhook, acceptance, now).await
+        let trace = crate::traces::webhook(id);
+        let verdict = async {
+            match self.assess(id, &headers, &body, ip).await {
+                Ok((webhook, acceptance, now)) => {
+                    drop((headers, body));
+                    self.accept(&webhook, acceptance, now).await
+                }
+                Err(verdict) => verdict,
             }
-            Err(verdict) => verdict,
+        }
+        .instrument(trace.clone())
+        .await;
+        let event = match &verdict {
+            Verdict::Accepted(e) | Verdict::Duplicate(e) => Some(e.to_string()),
+            _ => None,
         };
+        crate::traces::webhook_answered(&trace, verdict.outcome(), event.as_deref());
         crate::meter::webhook_request(verdict.outcome());
         verdict
     }

@@ -243,7 +243,7 @@ impl LlmSelector for Router {
         let c = &self.config;
         let kind = agent.llm.provider.unwrap_or(c.provider);
         if kind == ProviderKind::Offline {
-            return Ok(Arc::new(offline::Offline));
+            return Ok(crate::traces::traced(Arc::new(offline::Offline)));
         }
         let provider = kind.as_str();
         let is_default = kind == c.provider;
@@ -309,7 +309,7 @@ impl LlmSelector for Router {
         if let Some(found) = clients.get(&key) {
             return Ok(found.clone());
         }
-        let built = client(ProviderSettings {
+        let built = crate::traces::traced(client(ProviderSettings {
             kind,
             base_url,
             model,
@@ -318,7 +318,7 @@ impl LlmSelector for Router {
             max_attempts: c.max_attempts,
             max_retry_wait: c.max_retry_wait,
             egress,
-        })?;
+        })?);
         clients.insert(key, built.clone());
         Ok(built)
     }

@@ -324,6 +324,10 @@ pub trait HeartbeatStore: Send + Sync {
     ) -> Result<bool, StoreError>;
     /// Reads a heartbeat.
     async fn get_heartbeat(&self, id: &HeartbeatId) -> Result<Option<Heartbeat>, StoreError>;
+    /// Records that what a finished heartbeat said could not be delivered: its outcome
+    /// becomes `undeliverable`, with `reason`. Nothing when the heartbeat is gone
+    /// (pruned) or has not finished.
+    async fn mark_undeliverable(&self, id: &HeartbeatId, reason: &str) -> Result<(), StoreError>;
     /// At most `limit` of an agent's heartbeats with beats below `before` (all when
     /// `None`), newest first. Read consistently: the first of them is the agent's live
     /// heartbeat (pending, paused or running).

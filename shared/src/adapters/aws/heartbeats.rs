@@ -542,6 +542,34 @@ impl HeartbeatStore for DynamoStore {
             .transpose()
     }
 
+    async fn mark_undeliverable(&self, id: &HeartbeatId, reason: &str) -> Result<(), StoreError> {
+        let outcome =
+            crate::domain::Outcome::new(crate::domain::OutcomeKind::Undeliverable, reason);
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(heartbeat_key(id)))
+            .update_expression("SET outcome = :oc, outcome_reason = :ocr")
+            .condition_expression("#status IN (:completed, :failed, :cancelled)")
+            .expression_attribute_names("#status", "status")
+            .expression_attribute_values(":oc", s(outcome.kind.as_str()))
+            .expression_attribute_values(":ocr", s(&outcome.reason))
+            .expression_attribute_values(":completed", s("COMPLETED"))
+            .expression_attribute_values(":failed", s("FAILED"))
+            .expression_attribute_values(":cancelled", s("CANCELLED"))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                // Gone (pruned) or not finished: nothing to mark.
+                aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(_) => Ok(()),
+                other => Err(StoreError::backend("dynamodb", "mark heartbeat undeliverable", other)),
+            },
+        }
+    }
+
     async fn heartbeats_page(
         &self,
         agent: &AgentId,

@@ -462,6 +462,28 @@ impl HeartbeatStore for SqliteStore {
             .await
     }
 
+    async fn mark_undeliverable(&self, id: &HeartbeatId, reason: &str) -> Result<(), StoreError> {
+        let id = id.clone();
+        let outcome =
+            crate::domain::Outcome::new(crate::domain::OutcomeKind::Undeliverable, reason);
+        self.db
+            .call("mark heartbeat undeliverable", move |conn| {
+                conn.exec(
+                    "UPDATE heartbeats SET outcome = ?3, outcome_reason = ?4 \
+                     WHERE agent_id = ?1 AND beat = ?2 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')",
+                    params![
+                        id.agent().as_str(),
+                        id.beat() as i64,
+                        outcome.kind.as_str(),
+                        outcome.reason
+                    ],
+                )
+                .map_err(sqlite_err("mark heartbeat undeliverable"))?;
+                Ok(())
+            })
+            .await
+    }
+
     async fn heartbeats_page(
         &self,
         agent: &AgentId,

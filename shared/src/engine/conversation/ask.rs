@@ -1,7 +1,7 @@
 //! Asking the model for a turn's reply: a tool loop within the agent's budgets.
 
 use crate::engine::transcript::{Refusal, ToolAnswer};
-use tracing::{error, info, warn};
+use tracing::{Instrument as _, error, info, warn};
 
 use super::*;
 use crate::domain::{Agent, ChatMessage, LlmRequest, MemoryId, TurnId, Usage};
@@ -222,8 +222,14 @@ impl Conversation {
                         (answer, true, None)
                     }
                     None => {
-                        let (answer, interrupted) =
-                            self.run_tool(agent, (&offer, &site), call, id, &cx).await;
+                        let trace = crate::traces::tool(&call.name, &call.id, "function");
+                        let (answer, interrupted) = self
+                            .run_tool(agent, (&offer, &site), call, id, &cx)
+                            .instrument(trace.clone())
+                            .await;
+                        if let Err(refusal) = &answer {
+                            crate::traces::failed(&trace, "tool_error", &refusal.0);
+                        }
                         (answer, false, interrupted)
                     }
                 };

@@ -256,6 +256,12 @@ impl Conversation {
         ));
         turn.completed_at = Some(self.clock.now());
         self.save(turn).await?;
+        // What a heartbeat said and nobody got: that heartbeat did not reach anyone.
+        if let Some(heartbeat) = &turn.spoken_by {
+            let why = format!("what it said was not delivered: {}", record.reason);
+            self.store.mark_undeliverable(heartbeat, &why).await?;
+            crate::meter::heartbeat_outcome(crate::domain::OutcomeKind::Undeliverable.as_str());
+        }
         Ok(())
     }
 

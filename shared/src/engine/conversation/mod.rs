@@ -218,15 +218,34 @@ impl Conversation {
         let Some(first) = signals.first() else {
             return Ok(TurnOutcome::default());
         };
-        let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len(), turn_id = tracing::field::Empty);
+        let span = info_span!("turn", agent_id = %first.agent_id, session = %first.session, signals = signals.len(), turn_id = tracing::field::Empty, trace_id = tracing::field::Empty);
+        let trace = crate::traces::turn(
+            first.agent_id.as_str(),
+            first.session.as_str(),
+            signals.len(),
+        );
+        if let Some(id) = crate::traces::trace_id(&trace) {
+            span.record("trace_id", id);
+        }
         // The requests the run makes are counted onto the turn it writes.
         let outcome = crate::tally::scope(
-            self.run_inner(&first.agent_id.clone(), signals)
-                .instrument(span),
+            self.run_inner(&first.agent_id.clone(), signals, &trace)
+                .instrument(span)
+                .instrument(trace.clone()),
         )
         .await;
-        if outcome.is_err() {
-            crate::meter::turn_failed();
+        match &outcome {
+            Ok(done) => {
+                if let Some(turn) = done.turns.last() {
+                    trace.record("pulse.turn.id", turn.as_str());
+                }
+                let ended = if done.waiting { "waiting" } else { "answered" };
+                crate::traces::ended(&trace, ended, "");
+            }
+            Err(e) => {
+                crate::meter::turn_failed();
+                crate::traces::failed(&trace, "engine_error", &e.to_string());
+            }
         }
         outcome
     }
@@ -235,6 +254,7 @@ impl Conversation {
         &self,
         agent_id: &AgentId,
         signals: &[Signal],
+        trace: &tracing::Span,
     ) -> Result<TurnOutcome, EngineError> {
         // A turn of this session that waits on the model: its signals come first, and
         // this turn answers them with the new ones.
@@ -267,6 +287,7 @@ impl Conversation {
             }
             return Ok(outcome);
         };
+        crate::traces::agent_known(trace, agent.name.as_str(), agent.session.as_str());
         let pending = self.carry_out(&agent, pending).await?;
         match self.answer(&agent, &pending, None, &mut outcome).await {
             Ok(()) => {}
@@ -719,6 +740,10 @@ impl Conversation {
             created_at: now,
             completed_at: silent.then_some(now),
             requests: None,
+            spoken_by: pending
+                .iter()
+                .filter(|s| s.kind == SignalKind::Heartbeat)
+                .find_map(|s| s.meta.heartbeat_id.clone()),
         };
         let messages = persisted(&turn, pending, &asked.text, now);
         crate::tally::stamp(&mut turn.requests);

@@ -39,6 +39,16 @@ impl HeartbeatRunner {
     ) -> Result<ActionDone, EngineError> {
         let id = ActionId::for_event(&event.id, &tool.name);
         let span = info_span!("action", action_id = %id, tool = %tool.name, event_id = %event.id);
+        let trace = match tool.kind {
+            ToolKind::HeartbeatAgent => {
+                crate::traces::action(tool.name.as_str(), id.as_str(), event.id.as_str())
+            }
+            _ => {
+                let trace = crate::traces::tool(tool.name.as_str(), id.as_str(), "extension");
+                trace.record("pulse.action.id", id.as_str());
+                trace
+            }
+        };
         async {
             let (request, mut action) = match self.begin_action(plan, event, depth, tool).await? {
                 Begun::Run(run) => *run,
@@ -143,6 +153,7 @@ impl HeartbeatRunner {
             if action.status == ActionStatus::Skipped {
                 info!(reason = action.error.as_deref(), "action skipped");
             } else if let Some(err) = &action.error {
+                crate::traces::failed(&trace, "tool_error", err);
                 warn!(duration_ms = action.duration_ms, error = %err, "action failed");
             } else {
                 info!(
@@ -154,6 +165,7 @@ impl HeartbeatRunner {
             Ok(done)
         }
         .instrument(span)
+        .instrument(trace.clone())
         .await
     }
 

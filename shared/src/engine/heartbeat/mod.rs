@@ -435,10 +435,42 @@ impl HeartbeatRunner {
             agent_id = %heartbeat.agent_id,
             heartbeat_id = %heartbeat.id(),
             beat = heartbeat.beat,
+            trace_id = tracing::field::Empty,
         );
+        let trace = crate::traces::heartbeat(
+            heartbeat.agent_id.as_str(),
+            &heartbeat.id().to_string(),
+            heartbeat.beat,
+        );
+        if let Some(id) = crate::traces::trace_id(&trace) {
+            span.record("trace_id", id);
+        }
         // The requests the run makes are counted onto the finished record.
-        let outcome =
-            crate::tally::scope(self.run_inner(heartbeat, registry_version).instrument(span)).await;
+        let outcome = crate::tally::scope(
+            self.run_inner(heartbeat, registry_version, &trace)
+                .instrument(span)
+                .instrument(trace.clone()),
+        )
+        .await;
+        match &outcome {
+            Ok(RunOutcome::Failed(h)) => crate::traces::failed(
+                &trace,
+                "heartbeat_failed",
+                h.error.as_deref().unwrap_or_default(),
+            ),
+            Err(e) => crate::traces::failed(&trace, "engine_error", &e.to_string()),
+            Ok(_) => {}
+        }
+        if let Ok(
+            RunOutcome::Completed(h)
+            | RunOutcome::Failed(h)
+            | RunOutcome::Interrupted(h)
+            | RunOutcome::Tripped(h),
+        ) = &outcome
+            && let Some(o) = &h.outcome
+        {
+            crate::traces::ended(&trace, o.kind.as_str(), &o.reason);
+        }
         if let Ok(outcome) = &outcome
             && let Some(name) = outcome.finished_as()
         {
@@ -454,15 +486,28 @@ impl HeartbeatRunner {
         &self,
         hb: &Heartbeat,
         registry_version: Option<u64>,
+        trace: &tracing::Span,
     ) -> Result<RunOutcome, EngineError> {
         let Ready {
             mut window,
             mut agent,
             window_end,
-        } = match self.begin(hb).await? {
-            Ok(ready) => ready,
-            Err(ended) => return Ok(ended),
+        } = {
+            let read = crate::traces::window();
+            let begun = self.begin(hb).instrument(read.clone()).await?;
+            if let Ok(ready) = &begun {
+                crate::traces::window_read(
+                    &read,
+                    ready.window.events.len(),
+                    ready.window.truncated,
+                );
+            }
+            match begun {
+                Ok(ready) => ready,
+                Err(ended) => return Ok(ended),
+            }
         };
+        crate::traces::agent_known(trace, agent.name.as_str(), agent.session.as_str());
         let now = self.clock.now();
         if let Some((until, why)) = held_back(&agent, now) {
             if why == silence::AUTO_PAUSED

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::OnceCell;
-use tracing::{error, info, warn};
+use tracing::{Instrument as _, error, info, warn};
 
 use super::HookEmitter;
 use crate::domain::{
@@ -267,10 +267,26 @@ impl Dispatcher {
     ) -> Result<HookAttempt, EngineError> {
         let at = self.clock.now();
         let began = Instant::now();
+        let trace = crate::traces::hook(
+            d.hook_type.as_str(),
+            hook.id.as_str(),
+            d.id.as_str(),
+            d.attempts,
+        );
         let result = match &hook.unreadable {
             Some(why) => not_sent(&hook, &d, why),
-            None => self.sender.send(&hook, &d, at.as_second()).await,
+            None => {
+                self.sender
+                    .send(&hook, &d, at.as_second())
+                    .instrument(trace.clone())
+                    .await
+            }
         };
+        crate::traces::hook_answered(&trace, result.status.as_str(), result.http_status);
+        if result.status != AttemptStatus::Success {
+            let why = result.error.as_deref().unwrap_or(result.status.as_str());
+            crate::traces::failed(&trace, result.status.as_str(), why);
+        }
         let duration_ms = began.elapsed().as_millis() as u64;
         let done = self.clock.now();
         let mut attempt = HookAttempt {

@@ -18,7 +18,7 @@ use crate::engine::transcript::ToolAnswer;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use crate::domain::{
     Action, Agent, CacheKept, ChatMessage, ContentBlock, Event, EventCursor, Found, LlmRequest,
@@ -512,9 +512,14 @@ impl HeartbeatAgent {
             }
             let index = t.calls;
             t.calls += 1;
+            let trace = crate::traces::tool(&call.name, &call.id, "function");
             let result = self
                 .run_tool(req, agent, (offer, said.as_deref()), call, index, t)
+                .instrument(trace.clone())
                 .await;
+            if let Err(refusal) = &result {
+                crate::traces::failed(&trace, "tool_error", &refusal.0);
+            }
             info!(tool = %call.name, is_error = result.is_err(), "heartbeat agent tool call");
             let (step, message) =
                 transcript::tool_step(call, result, agent.llm.sees_images(&t.model));
