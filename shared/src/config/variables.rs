@@ -535,7 +535,7 @@ pub const VARIABLES: &[Variable] = &[
         group: Group::Traces,
         meaning: "the OpenTelemetry collector traces are sent to, over OTLP/HTTP as protobuf (`http://127.0.0.1:4318`: `/v1/traces` is added); setting it turns traces on in `pulse serve`, `pulse dashboard`, `pulse gateway` and the Lambda functions — one trace a heartbeat and a conversation turn (see [Seeing what it did](../seeing.md))",
         default: "unset: no traces, and no cost",
-        wrong: "start-up stops unless it is an `http(s)` URL; a collector that cannot be reached is logged at each export, and nothing else fails",
+        wrong: "start-up stops unless it is an `http(s)` URL; an export the collector does not take is a warning in the log, and nothing else fails (a Lambda invocation waits for it up to `OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s by default)",
     },
     Variable {
         name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
