@@ -305,11 +305,12 @@ const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Runs `step` again while it fails because another process holds the file, for up to
 /// `within`, then returns what it last returned.
 ///
-/// SQLite waits (its busy timeout) where waiting cannot deadlock, but refuses at once
-/// where a connection that read must then write — as turning a new file to the
-/// write-ahead log does — since both of two such connections waiting would wait
-/// forever. Each try here starts over, holding nothing, so the other finishes first.
-/// `pulse serve &` and a CLI command right after it open a new file at once.
+/// SQLite waits (its busy timeout) where waiting cannot deadlock, but answers "busy" at
+/// once where it could: a connection inside a read that must now write while another
+/// holds the file. Opening a file (its page count, its vacuum mode, the switch to the
+/// write-ahead log) can meet that when another process opens or writes the same new
+/// file: `pulse serve &` and a CLI command right after it did, once, in CI. Each try
+/// here starts over, holding nothing, so the other finishes first.
 fn until_free<T>(
     within: std::time::Duration,
     mut sleep: impl FnMut(std::time::Duration),
