@@ -1603,6 +1603,79 @@ fn an_agent_is_told_what_each_heartbeat_must_do_and_when_to_raise_it() {
 }
 
 #[test]
+fn a_schedule_says_what_the_heartbeat_it_wakes_must_do_and_when_to_raise_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let agent = ok(
+        d,
+        &["agents", "create", "--name", "reporter", "--interval", "1h"],
+    );
+    let made = json(
+        d,
+        &schedule_add(
+            &agent,
+            &[
+                "--cron",
+                "0 9 * * *",
+                "--expect",
+                "speak",
+                "--alert-after",
+                "2",
+            ],
+        ),
+    );
+    assert_eq!(
+        made["expect"],
+        serde_json::json!({"must": "speak", "alert_after": 2})
+    );
+    ok(d, &schedule_add(&agent, &["--in", "2h", "--expect", "act"]));
+    ok(d, &schedule_add(&agent, &["--in", "3h", "--note", "plain"]));
+    let text = ok(d, &["schedules", "list", "--agent", &agent]);
+    for part in ["EXPECT", "speak after 2", " act ", " - "] {
+        assert!(text.contains(part), "{part:?} in:\n{text}");
+    }
+    let listed = json(d, &["schedules", "list", "--agent", &agent]);
+    assert_eq!(
+        listed[1]["expect"]["alert_after"], 3,
+        "three in a row unless told"
+    );
+    assert!(listed[2].get("expect").is_none(), "{listed}");
+    // Refusals, nothing written.
+    let alone = bad(
+        d,
+        &schedule_add(&agent, &["--in", "1h", "--alert-after", "2"]),
+    );
+    assert!(alone.contains("--expect"), "{alone}");
+    let zero = bad(
+        d,
+        &schedule_add(
+            &agent,
+            &["--in", "1h", "--expect", "speak", "--alert-after", "0"],
+        ),
+    );
+    assert!(zero.contains("1 to 100 runs in a row"), "{zero}");
+    let shout = bad(
+        d,
+        &schedule_add(&agent, &["--in", "1h", "--expect", "shout"]),
+    );
+    assert!(shout.contains("speak or act"), "{shout}");
+    assert_eq!(
+        json(d, &["schedules", "list", "--agent", &agent])
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+}
+
+/// `pulse schedules add --agent <agent>` and `extra`.
+fn schedule_add<'a>(agent: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["schedules", "add", "--agent", agent];
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
 fn replies_discord_did_not_take_are_listed_retrying_first_and_by_agent() {
     use pulse_shared::domain::{AgentId, TurnId, Undelivered};
     let dir = tempfile::tempdir().unwrap();

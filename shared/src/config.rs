@@ -278,6 +278,11 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
                 None => d.prices.clone(),
                 Some(path) => std::sync::Arc::new(read_prices(&path)?),
             },
+            trace_url: self
+                .get("PULSE_TRACE_URL")
+                .map(|t| crate::traces::link_template(&t))
+                .transpose()
+                .map_err(|why| ConfigError::new("PULSE_TRACE_URL", why))?,
             ..d
         };
         if settings.lease < SignedDuration::from_secs(1) {

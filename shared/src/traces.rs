@@ -405,6 +405,32 @@ pub fn window_read(span: &Span, events: usize, truncated: bool) {
     span.record("pulse.window.truncated", truncated);
 }
 
+/// Where a tracing UI shows one trace: `template` with its `{trace_id}` replaced.
+pub fn link(template: &str, trace_id: &str) -> String {
+    template.replace(TRACE_ID, trace_id)
+}
+
+/// What a trace link's template is replaced in.
+const TRACE_ID: &str = "{trace_id}";
+
+/// `template` when it can be a trace link: an `http(s)` URL holding `{trace_id}`.
+pub fn link_template(template: &str) -> Result<String, String> {
+    let template = template.trim();
+    if !template.contains(TRACE_ID) {
+        return Err(format!(
+            "{template:?} does not say where the trace id goes: put {TRACE_ID} in it, e.g. http://localhost:16686/trace/{TRACE_ID}"
+        ));
+    }
+    match url::Url::parse(&link(template, "0af7651916cd43dd8448eb211c80319c")) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => Ok(template.to_owned()),
+        Ok(u) => Err(format!(
+            "{template:?} is a {} URL: give an http or https one",
+            u.scheme()
+        )),
+        Err(e) => Err(format!("{template:?} is not a URL: {e}")),
+    }
+}
+
 /// Wraps `llm` so each call is a `chat {model}` span.
 pub fn traced(llm: Arc<dyn Llm>) -> Arc<dyn Llm> {
     Arc::new(Traced(llm))
@@ -574,6 +600,26 @@ mod tests {
             set.iter()
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn a_trace_link_is_an_http_url_with_the_trace_id_in_it() {
+        let jaeger = link_template(" http://localhost:16686/trace/{trace_id} ").unwrap();
+        assert_eq!(
+            link(&jaeger, "4bf92f3577b34da6a3ce929d0e0e4736"),
+            "http://localhost:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        for (wrong, said) in [
+            ("http://localhost:16686/trace/", "put {trace_id} in it"),
+            (
+                "ftp://traces/{trace_id}",
+                "a ftp URL: give an http or https one",
+            ),
+            ("jaeger/{trace_id}", "is not a URL"),
+        ] {
+            let err = link_template(wrong).unwrap_err();
+            assert!(err.contains(said), "{wrong}: {err}");
         }
     }
 

@@ -1227,6 +1227,7 @@ async fn the_daily_pass_removes_old_turns_and_queues_a_consolidation() {
             completed_at: Some(at),
             requests: None,
             spoken_by: None,
+            trace_id: None,
         }
     };
     let old_turn = answered_at(

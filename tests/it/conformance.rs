@@ -905,6 +905,8 @@ async fn idle_finish(kind: Kind) {
         done.status = HeartbeatStatus::Completed;
         done.completed_at = Some(b.now());
         done.skipped = Some(skipped.to_owned());
+        // Traces on: the run's trace is kept on the record, within its write unit.
+        done.trace_id = Some("4bf92f3577b34da6a3ce929d0e0e4736".into());
         Finish {
             heartbeat: done,
             next: Some(pulse_shared::domain::Heartbeat::pending(
@@ -942,6 +944,10 @@ async fn idle_finish(kind: Kind) {
     let done = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
     assert_eq!(done.status, HeartbeatStatus::Completed);
     assert_eq!(done.skipped.as_deref(), Some("idle"));
+    assert_eq!(
+        done.trace_id.as_deref(),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736")
+    );
     let listed = b.store.list_heartbeats(&agent.id, 10).await.unwrap();
     assert_eq!(
         listed
@@ -998,6 +1004,7 @@ async fn finish(kind: Kind) {
         done.actions_triggered = 2;
         done.since_last = Some(1);
         done.requests = Some(given.clone());
+        done.trace_id = Some("4bf92f3577b34da6a3ce929d0e0e4736".into());
         Finish {
             heartbeat: done,
             next: Some(pulse_shared::domain::Heartbeat::pending(
@@ -1043,6 +1050,10 @@ async fn finish(kind: Kind) {
 
     let done = b.store.get_heartbeat(&first.id()).await.unwrap().unwrap();
     assert_eq!(done.status, HeartbeatStatus::Completed);
+    assert_eq!(
+        done.trace_id.as_deref(),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736")
+    );
     assert_eq!(
         (
             done.events_processed,

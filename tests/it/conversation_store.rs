@@ -30,6 +30,7 @@ fn turn(b: &Backend, agent: &pulse_shared::domain::Agent, signals: &[SignalId]) 
         completed_at: None,
         requests: None,
         spoken_by: None,
+        trace_id: None,
     }
 }
 

@@ -292,6 +292,7 @@ async fn pages(kind: Kind) {
         completed_at: None,
         requests: None,
         spoken_by: None,
+        trace_id: None,
     };
     u.b.store.begin_turn(&turn, &[]).await.unwrap();
     turn.status = pulse_shared::domain::TurnStatus::Done;

@@ -961,3 +961,107 @@ async fn expectations(kind: Kind) {
     assert_eq!(told["data"]["expect"], "speak");
     assert_eq!(told["data"]["in_a_row"], 2);
 }
+
+on_both_backends!(
+    a_schedule_holds_the_heartbeats_it_wakes_to_what_it_expects_and_counts_its_own_runs,
+    schedule_expectations
+);
+/// An agent that expects nothing of its beats, with an hourly schedule whose heartbeats
+/// must speak (`--alert-after 2`): the ordinary beats between its wakes stay
+/// `nothing_to_do`; each of its runs that does not speak ends `incomplete`, naming the
+/// schedule; the second in a row fires HEARTBEAT_INCOMPLETE with the schedule's id, the
+/// third nothing more; and a run that speaks sets the schedule's count back to 0.
+async fn schedule_expectations(kind: Kind) {
+    use pulse_shared::domain::{Expectation, Must, OutcomeKind, ScheduleRule, TimeZoneName};
+    use pulse_tests::fake_llm::Scripted;
+    let w = world(kind).await;
+    let receiver = FakeReceiver::start().await;
+    // Every 20 minutes from 09:00: two ordinary beats between the hourly wakes.
+    let agent = w.agent("20m", "81").await;
+    assert_eq!(w.beat().await, 1, "the first heartbeat");
+    w.hook(&agent, "HEARTBEAT_INCOMPLETE", &receiver.url())
+        .await;
+    let hourly = ScheduleRule::cron("0 * * * *", TimeZoneName::utc()).unwrap();
+    let speak = Expectation {
+        must: Must::Speak,
+        alert_after: 2,
+    };
+    let schedule = w
+        .ops
+        .schedule_expecting(&agent.id, hourly, Some("report".into()), Some(speak))
+        .await
+        .unwrap()
+        .schedule;
+    assert_eq!(schedule.expect, Some(speak));
+    let (mut beats, mut runs, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..20 {
+        if runs.len() == 4 {
+            break;
+        }
+        let due = w.latest(&agent).await.scheduled_at;
+        w.b.advance(due.duration_since(w.b.now()));
+        let wake = due.as_second() % 3600 == 0;
+        if wake && runs.len() == 3 {
+            w.llm.script([
+                Scripted::tool("speak", json!({"thought": "The hourly report."})),
+                Scripted::text("Reported."),
+            ]);
+        } else {
+            w.llm.script([Scripted::text("Nothing worth saying.")]);
+        }
+        assert_eq!(w.beat().await, 1);
+        // The latest is the next one, pending: the one before it finished.
+        let done =
+            w.b.store
+                .list_heartbeats(&agent.id, 2)
+                .await
+                .unwrap()
+                .pop()
+                .unwrap();
+        assert!(done.status.is_final(), "{done:?}");
+        if wake {
+            counts.push(w.ops.schedules(&agent.id).await.unwrap()[0].incomplete_runs);
+            runs.push(done);
+        } else {
+            beats.push(done.outcome.unwrap().kind);
+        }
+    }
+    assert_eq!(beats, [OutcomeKind::NothingToDo; 8], "beats between wakes");
+    let kinds: Vec<OutcomeKind> = runs
+        .iter()
+        .map(|h| h.outcome.as_ref().unwrap().kind)
+        .collect();
+    use OutcomeKind::{Acted, Incomplete};
+    assert_eq!(kinds, [Incomplete, Incomplete, Incomplete, Acted]);
+    assert_eq!(
+        runs[0].outcome.as_ref().unwrap().reason,
+        format!(
+            "schedule {} expected it to speak, it did not (nothing_to_do: Nothing worth saying.)",
+            schedule.id
+        )
+    );
+    assert_eq!(counts, [1, 2, 3, 0], "the schedule counts its own runs");
+    let woke: Vec<serde_json::Value> =
+        w.b.store
+            .list_events(&agent.id, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event_type.as_str() == "SCHEDULED")
+            .map(|e| e.payload)
+            .collect();
+    assert_eq!(woke.len(), 4);
+    assert!(woke.iter().all(|p| p["expect"] == "speak"), "{woke:?}");
+    w.dispatch().await;
+    assert_eq!(
+        receiver.hook_types(),
+        ["HEARTBEAT_INCOMPLETE"],
+        "once, on the second run in a row"
+    );
+    let told = receiver.received()[0].json();
+    assert_eq!(told["data"]["schedule_id"], schedule.id.as_str());
+    assert_eq!(told["data"]["beat"], runs[1].beat);
+    assert_eq!(told["data"]["in_a_row"], 2);
+    assert_eq!(told["data"]["expect"], "speak");
+    assert_eq!(told["data"]["note"], "report");
+}

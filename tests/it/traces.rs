@@ -16,6 +16,31 @@ use tracing_subscriber::layer::SubscriberExt;
 
 use crate::mcp::rig;
 
+/// The dashboard's page at `path`, its tracing UI set to a Jaeger's.
+async fn dashboard_page(b: &pulse_tests::Backend, path: &str) -> String {
+    let dashboard = pulse_ui::Dashboard::new(
+        &b.connected(),
+        b.clock.clone(),
+        &pulse_shared::engine::EngineSettings {
+            trace_url: Some("http://jaeger.test/trace/{trace_id}".into()),
+            ..settings()
+        },
+        &pulse_tests::offline_services(),
+        pulse_ui::Access::Open,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(pulse_shared::http::serve_app(
+        listener,
+        dashboard.router(),
+        pulse_shared::http::ServeLimits::default(),
+        std::future::pending(),
+    ));
+    let answer = reqwest::get(format!("{base}{path}")).await.unwrap();
+    assert_eq!(answer.status(), 200, "{path}");
+    answer.text().await.unwrap()
+}
+
 /// The spans of the trace whose root is `root`, in the order they started.
 fn trace_of<'a>(spans: &'a [Received], root: &Received) -> Vec<&'a Received> {
     let mut of: Vec<_> = spans
@@ -106,6 +131,23 @@ async fn traced() {
         agent.session.to_string()
     );
     assert_eq!(root.text("pulse.outcome"), "acted");
+    assert_eq!(
+        heartbeat.trace_id.as_deref(),
+        Some(root.trace_id.as_str()),
+        "the record names its trace, for the dashboard's link"
+    );
+    let page = dashboard_page(
+        &r.b,
+        &format!("/ui/agents/{}/heartbeats/{}", agent.id, heartbeat.beat),
+    )
+    .await;
+    assert!(
+        page.contains(&format!(
+            r#"href="http://jaeger.test/trace/{}""#,
+            root.trace_id
+        )),
+        "the heartbeat's page links to its trace: {page}"
+    );
     assert_eq!(root.service, "pulse-test");
     assert_eq!(
         root.scope,
@@ -221,6 +263,22 @@ async fn traced() {
         agent.session.to_string()
     );
     assert_eq!(turn.text("pulse.outcome"), "answered");
+    let turn_id = pulse_shared::domain::TurnId::parse(&turn.text("pulse.turn.id")).unwrap();
+    let written =
+        r.b.store
+            .get_turn(&agent.id, &turn_id)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(written.trace_id.as_deref(), Some(turn.trace_id.as_str()));
+    let tab = dashboard_page(&r.b, &format!("/ui/agents/{}/chat", agent.id)).await;
+    assert!(
+        tab.contains(&format!(
+            r#"href="http://jaeger.test/trace/{}""#,
+            turn.trace_id
+        )),
+        "the reply links to its turn's trace: {tab}"
+    );
 
     // Messages' text, when the operator asks for it: a user's turn shows what was sent
     // and said.
@@ -260,6 +318,12 @@ async fn traced() {
     exporter.flushed().await;
     assert_eq!(collector.spans().len(), received);
     assert_eq!(collector.exports().len(), exports);
+    let turns = r.b.store.list_turns(&agent.id, 10).await.unwrap();
+    let untraced = turns
+        .iter()
+        .find(|t| t.parts == ["Still nine."])
+        .expect("the last turn");
+    assert_eq!(untraced.trace_id, None, "no trace, no id");
 }
 
 /// A webhook taken in and a hook delivered are traces of their own.

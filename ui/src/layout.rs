@@ -129,6 +129,16 @@ fn span(d: SignedDuration) -> String {
     }
 }
 
+/// A trace's id, as a link to the tracing UI when one is set (`PULSE_TRACE_URL`).
+pub(crate) fn trace_link(url: Option<&str>, id: &str) -> Markup {
+    html! {
+        @match url {
+            Some(template) => a.trace href=(pulse_shared::traces::link(template, id)) target="_blank" rel="noopener" { "trace " code { (id) } },
+            None => { "trace " code { (id) } },
+        }
+    }
+}
+
 /// A status word, coloured by its class.
 pub(crate) fn badge(s: &str) -> Markup {
     html! { span class={"status " (s)} { (s) } }

@@ -52,6 +52,8 @@ pub(crate) struct Inner {
     pub(crate) runner: pulse_shared::engine::HeartbeatRunner,
     /// The prices costs are shown at.
     pub(crate) prices: Arc<pulse_shared::engine::Prices>,
+    /// Where a trace is shown (`PULSE_TRACE_URL`), its id as `{trace_id}`.
+    pub(crate) trace_url: Option<String>,
 }
 
 impl Dashboard {
@@ -83,6 +85,7 @@ impl Dashboard {
             guard: security::Guard::new(access),
             memories,
             prices: settings.prices.clone(),
+            trace_url: settings.trace_url.clone(),
         }))
     }
 

@@ -674,6 +674,7 @@ async fn seed_history(
             completed_at: Some(now),
             requests: None,
             spoken_by: None,
+            trace_id: None,
         };
         let text =
             "a message of history, about as long as a short chat line, to fill the context. "

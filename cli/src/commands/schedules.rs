@@ -3,7 +3,9 @@
 
 use clap::{Args, Subcommand};
 use jiff::Timestamp;
-use pulse_shared::domain::{ScheduleId, ScheduleRule, TimeZoneName, parse_duration};
+use pulse_shared::domain::{
+    Expectation, Must, Schedule, ScheduleId, ScheduleRule, TimeZoneName, parse_duration,
+};
 use pulse_shared::engine::{EngineSettings, LifecycleError};
 
 use super::{AgentRef, Ctx, agent_ref, input, store};
@@ -52,6 +54,15 @@ pub(crate) struct AddSchedule {
     /// What it is about: given to the agent with each wake.
     #[arg(long)]
     note: Option<String>,
+    /// What each heartbeat it wakes must do: speak (to its user) or act (speak, or call a
+    /// tool that does something). One that does not ends `incomplete`, and after
+    /// --alert-after of its runs in a row the HEARTBEAT_INCOMPLETE hook fires, once.
+    #[arg(long, value_name = "speak|act")]
+    expect: Option<String>,
+    /// Its incomplete runs in a row before the HEARTBEAT_INCOMPLETE hook fires (1 to
+    /// 100; default 3).
+    #[arg(long, value_name = "N", requires = "expect")]
+    alert_after: Option<u32>,
 }
 
 /// A validated schedules command.
@@ -66,6 +77,7 @@ pub(crate) struct AddPlan {
     agent: AgentRef,
     when: When,
     note: Option<String>,
+    expect: Option<Expectation>,
 }
 
 enum When {
@@ -107,10 +119,28 @@ pub(crate) fn plan_add(a: AddSchedule) -> Result<AddPlan, Failure> {
             return Err(Failure::Input("give one of --at, --in or --cron".into()));
         }
     };
+    // Checked now, as the agent's are, so a bad value is reported before anything is
+    // opened.
+    let expect = a
+        .expect
+        .as_deref()
+        .map(Must::parse)
+        .transpose()
+        .map_err(input)?
+        .map(|must| {
+            Expectation {
+                must,
+                alert_after: a.alert_after.unwrap_or(Expectation::ALERT_AFTER),
+            }
+            .checked("runs")
+        })
+        .transpose()
+        .map_err(input)?;
     Ok(AddPlan {
         agent: agent_ref(&a.agent)?,
         when,
         note: a.note,
+        expect,
     })
 }
 
@@ -138,6 +168,16 @@ fn describe(rule: &ScheduleRule) -> String {
     }
 }
 
+/// What a schedule expects of the heartbeats it wakes, for its list: `speak`, `act after
+/// 2` (when the count is not the default), or `-`.
+fn expects(s: &Schedule) -> String {
+    match s.expect {
+        None => "-".to_owned(),
+        Some(e) if e.alert_after == Expectation::ALERT_AFTER => e.must.as_str().to_owned(),
+        Some(e) => format!("{} after {}", e.must.as_str(), e.alert_after),
+    }
+}
+
 /// Makes the schedule `plan` describes.
 pub(crate) async fn add(plan: AddPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
@@ -154,7 +194,7 @@ pub(crate) async fn add(plan: AddPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
         }
     };
     let done = ops
-        .schedule(&agent.id, rule, plan.note)
+        .schedule_expecting(&agent.id, rule, plan.note, plan.expect)
         .await
         .map_err(failure)?;
     let s = &done.schedule;
@@ -167,6 +207,13 @@ pub(crate) async fn add(plan: AddPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     );
     if done.pulled.is_some() {
         line.push_str(" (its next heartbeat is pulled forward to then)");
+    }
+    if let Some(e) = s.expect {
+        line.push_str(&format!(
+            "; each heartbeat it wakes must {} (HEARTBEAT_INCOMPLETE after {} of its runs in a row that do not)",
+            e.must.as_str(),
+            e.alert_after
+        ));
     }
     cx.out.created(s, s.id.as_str(), &line);
     Ok(())
@@ -181,13 +228,14 @@ pub(crate) async fn execute(plan: SchedulesPlan, cx: &Ctx<'_>) -> Result<(), Fai
             let schedules = ops.schedules(&agent).await.map_err(failure)?;
             cx.out.table(
                 &schedules,
-                &["ID", "WHEN", "NEXT WAKE", "WAKES", "NOTE"],
+                &["ID", "WHEN", "NEXT WAKE", "WAKES", "EXPECT", "NOTE"],
                 |s| {
                     vec![
                         s.id.to_string(),
                         describe(&s.rule),
                         when(s.next_at),
                         s.wakes.to_string(),
+                        expects(s),
                         short(s.note.as_deref().unwrap_or("-"), 60),
                     ]
                 },

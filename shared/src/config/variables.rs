@@ -580,6 +580,13 @@ pub const VARIABLES: &[Variable] = &[
         wrong: "start-up stops unless it is `true` or `false`",
     },
     Variable {
+        name: "PULSE_TRACE_URL",
+        group: Group::Traces,
+        meaning: "where the dashboard links a heartbeat's or a conversation turn's trace: your tracing UI's address for one trace, with `{trace_id}` where its id goes (`http://localhost:16686/trace/{trace_id}` for Jaeger, `https://ui.honeycomb.io/TEAM/environments/ENV/trace?trace_id={trace_id}`); each heartbeat and turn keeps its trace's id either way",
+        default: "unset: the heartbeat's page shows the trace id, without a link",
+        wrong: "start-up stops unless it is an `http(s)` URL holding `{trace_id}`",
+    },
+    Variable {
         name: "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
         group: Group::Lambda,
         meaning: "set by Lambda: the recall indexes may take 40 % of it",

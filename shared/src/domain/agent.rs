@@ -7,6 +7,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::chat::ProviderKind;
+use super::expectation::Expectation;
 use super::ids::{AgentId, SessionId, ToolName};
 use super::time::{ActiveHours, Interval, Retention, TimeZoneName};
 use crate::error::ValidationError;
@@ -137,17 +138,8 @@ impl Agent {
     /// Checks the settings a user gives (on create and on update) and normalises them:
     /// the name trimmed, an empty alias or channel dropped.
     pub fn validated(mut self) -> Result<Self, ValidationError> {
-        if let Some(e) = self.expect
-            && !(1..=Expectation::MAX_ALERT_AFTER).contains(&e.alert_after)
-        {
-            return Err(ValidationError::new(
-                "alert-after",
-                format!(
-                    "{}: give 1 to {} heartbeats in a row",
-                    e.alert_after,
-                    Expectation::MAX_ALERT_AFTER
-                ),
-            ));
+        if let Some(e) = self.expect {
+            e.checked("heartbeats")?;
         }
         self.name = self.name.trim().to_owned();
         if self.name.is_empty() || self.name.chars().count() > 100 {
@@ -407,54 +399,6 @@ pub fn check_key_variable(var: &str) -> Result<(), ValidationError> {
             ),
         ))
     }
-}
-
-/// What a heartbeat must do (`--expect`): one that finishes without doing it ends
-/// `incomplete` (see [`super::OutcomeKind`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Must {
-    /// Speak to its user.
-    Speak,
-    /// Act: speak, or call a tool that does something, or run a subscribed tool.
-    Act,
-}
-
-impl Must {
-    /// `speak` or `act`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Speak => "speak",
-            Self::Act => "act",
-        }
-    }
-
-    /// `speak` or `act`; what to write otherwise.
-    pub fn parse(s: &str) -> Result<Self, ValidationError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "speak" => Ok(Self::Speak),
-            "act" => Ok(Self::Act),
-            other => Err(ValidationError::new(
-                "expect",
-                format!("{other:?}: use speak or act (or none, on update)"),
-            )),
-        }
-    }
-}
-
-/// An agent's expectation of its heartbeats: what each must do, and after how many in
-/// a row that did not the `HEARTBEAT_INCOMPLETE` hook fires (once a streak).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Expectation {
-    pub must: Must,
-    pub alert_after: u32,
-}
-
-impl Expectation {
-    /// Incomplete heartbeats in a row before the hook fires, unless `--alert-after`.
-    pub const ALERT_AFTER: u32 = 3;
-    /// The most `--alert-after` takes.
-    pub const MAX_ALERT_AFTER: u32 = 100;
 }
 
 /// When the heartbeat agent calls the model (`--think`). A heartbeat that does not think

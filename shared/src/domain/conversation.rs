@@ -325,6 +325,10 @@ pub struct Turn {
     /// on makes that heartbeat `undeliverable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoken_by: Option<super::HeartbeatId>,
+    /// The OpenTelemetry trace it was written in (32 hex digits), when traces were
+    /// sent: the dashboard links to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 impl Turn {

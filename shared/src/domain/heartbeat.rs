@@ -229,6 +229,10 @@ pub struct Heartbeat {
     /// outcomes were recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
+    /// The OpenTelemetry trace its last run was recorded in (32 hex digits), when
+    /// traces were sent: the dashboard links to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 impl Heartbeat {
@@ -271,6 +275,7 @@ impl Heartbeat {
             ran_at: None,
             tasks: TaskLedger::default(),
             outcome: None,
+            trace_id: None,
         }
     }
 

@@ -47,7 +47,8 @@ impl HookType {
     pub const BUDGET_THRESHOLD: &'static str = "BUDGET_THRESHOLD";
     /// Too many heartbeats in an hour: the breaker paused the agent.
     pub const BREAKER_TRIPPED: &'static str = "BREAKER_TRIPPED";
-    /// `--alert-after` heartbeats in a row did not do what the agent expects of each.
+    /// `--alert-after` heartbeats in a row did not do what the agent expects of each, or
+    /// runs in a row of a schedule did not do what it expects of the heartbeat it wakes.
     pub const HEARTBEAT_INCOMPLETE: &'static str = "HEARTBEAT_INCOMPLETE";
     /// Most of a tool's calls failed over a window: told once, until it recovers.
     pub const TOOL_DEGRADED: &'static str = "TOOL_DEGRADED";
@@ -117,7 +118,7 @@ impl HookType {
         ),
         (
             Self::HEARTBEAT_INCOMPLETE,
-            "heartbeats in a row (--alert-after) did not do what the agent expects of each (--expect); once a streak",
+            "heartbeats in a row (--alert-after) did not do what the agent expects of each (--expect), or runs of a schedule what it expects; once a streak",
         ),
         (
             Self::TOOL_DEGRADED,

@@ -8,6 +8,7 @@ mod approval;
 mod chat;
 mod conversation;
 mod event;
+mod expectation;
 mod found;
 mod heartbeat;
 mod hook;
@@ -38,8 +39,8 @@ mod webhook_request;
 pub use action::{Action, ActionStatus, clipped};
 pub use agent::{
     AGENT_KEY_PREFIX, Agent, AgentLlm, Budgets, DEFAULT_BEATS_PER_HOUR, DEFAULT_MEMORY_HALF_LIFE,
-    DiscordAccess, DiscordHome, DiscordListen, Expectation, MAX_DISCORD_USERS, MAX_PROMPT_TEXT,
-    Must, Spend, ThinkPolicy, agents_named, check_key_variable,
+    DiscordAccess, DiscordHome, DiscordListen, MAX_DISCORD_USERS, MAX_PROMPT_TEXT, Spend,
+    ThinkPolicy, agents_named, check_key_variable,
 };
 pub use agent_state::{AgentState, AgentStates};
 pub use approval::{
@@ -57,6 +58,7 @@ pub use conversation::{
     SignalKind, SignalMeta, Turn, TurnStatus,
 };
 pub use event::{Cascade, Event, EventCursor, Json, MAX_EVENT_BYTES, NewEvent, Priority, RawJson};
+pub use expectation::{Expectation, Must};
 pub use found::{Found, FoundEvent, ToolResult};
 pub use heartbeat::{
     ClaimRequest, Heartbeat, HeartbeatStatus, Outcome, OutcomeKind, WindowLink, window_links,

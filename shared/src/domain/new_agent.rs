@@ -3,11 +3,10 @@
 
 use jiff::Timestamp;
 
-use super::agent::{
-    Agent, AgentLlm, Budgets, DiscordAccess, DiscordListen, Expectation, Must, ThinkPolicy,
-};
+use super::agent::{Agent, AgentLlm, Budgets, DiscordAccess, DiscordListen, ThinkPolicy};
 use super::chat::ProviderKind;
 use super::event::EventCursor;
+use super::expectation::{Expectation, Must};
 use super::heartbeat::Heartbeat;
 use super::ids::{AgentId, SessionId};
 use super::time::{ActiveHours, AutoPause, Interval, Retention, TimeZoneName};

@@ -8,6 +8,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 use ulid::Ulid;
 
+use super::expectation::Expectation;
 use super::ids::AgentId;
 use super::time::TimeZoneName;
 use crate::error::ValidationError;
@@ -331,8 +332,20 @@ pub struct Schedule {
     /// Wakes so far.
     #[serde(default)]
     pub wakes: u32,
+    /// What each heartbeat it wakes must do (`--expect`), and after how many of its runs
+    /// in a row that did not its operator is told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect: Option<Expectation>,
+    /// Its runs in a row, up to the latest, that did not do what it expects.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incomplete_runs: u32,
     /// When it was made.
     pub created_at: Timestamp,
+}
+
+/// Whether a count is 0: then it is left out of the stored doc.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Schedule {
@@ -371,8 +384,17 @@ impl Schedule {
             note,
             next_at: Some(next_at),
             wakes: 0,
+            expect: None,
+            incomplete_runs: 0,
             created_at: now,
         })
+    }
+
+    /// The schedule expecting `expect` of each heartbeat it wakes: refused when its
+    /// `alert_after` is outside 1 to [`Expectation::MAX_ALERT_AFTER`].
+    pub fn expecting(mut self, expect: Option<Expectation>) -> Result<Self, ValidationError> {
+        self.expect = expect.map(|e| e.checked("runs")).transpose()?;
+        Ok(self)
     }
 }
 
@@ -476,6 +498,46 @@ mod tests {
         ] {
             assert!(ScheduleRule::cron(ok, utc()).is_ok(), "{ok}");
         }
+    }
+
+    #[test]
+    fn a_schedule_without_an_expectation_keeps_the_old_shape_and_one_with_reads_back() {
+        use crate::domain::Must;
+        let made = Schedule::new(
+            &AgentId::generate(),
+            ScheduleRule::cron("0 9 * * *", TimeZoneName::utc()).unwrap(),
+            None,
+            ts("2026-01-01T00:00:00Z"),
+        )
+        .unwrap();
+        let doc = serde_json::to_value(&made).unwrap();
+        assert!(
+            doc.get("expect").is_none() && doc.get("incomplete_runs").is_none(),
+            "{doc}"
+        );
+        let read: Schedule = serde_json::from_value(doc).unwrap();
+        assert_eq!(
+            read, made,
+            "a doc stored before expectations reads as expecting nothing"
+        );
+        let speak = Expectation {
+            must: Must::Speak,
+            alert_after: 2,
+        };
+        let mut doc = serde_json::to_value(made.clone().expecting(Some(speak)).unwrap()).unwrap();
+        assert_eq!(
+            doc["expect"],
+            serde_json::json!({"must": "speak", "alert_after": 2})
+        );
+        doc["incomplete_runs"] = serde_json::json!(1);
+        let read: Schedule = serde_json::from_value(doc).unwrap();
+        assert_eq!((read.expect, read.incomplete_runs), (Some(speak), 1));
+        let never = made.expecting(Some(Expectation {
+            alert_after: 0,
+            ..speak
+        }));
+        let why = never.unwrap_err().to_string();
+        assert!(why.contains("give 1 to 100 runs in a row"), "{why}");
     }
 
     #[test]

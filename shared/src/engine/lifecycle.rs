@@ -18,7 +18,7 @@ use super::hooks::{Emission, HookEmitter};
 use super::reminders;
 use super::schedule::next_run;
 use crate::domain::{
-    Agent, AgentChanges, AgentId, Event, EventId, EventType, Heartbeat, HeartbeatId,
+    Agent, AgentChanges, AgentId, Event, EventId, EventType, Expectation, Heartbeat, HeartbeatId,
     HeartbeatStatus, HookData, HookType, Priority, Schedule, ScheduleId, ScheduleRule, to_ms,
 };
 use crate::error::{StoreError, ValidationError, chain};
@@ -347,6 +347,20 @@ impl Lifecycle {
         rule: ScheduleRule,
         note: Option<String>,
     ) -> Result<Scheduled, LifecycleError> {
+        self.schedule_expecting(id, rule, note, None).await
+    }
+
+    /// [`Self::schedule`], the schedule expecting `expect` of each heartbeat it wakes
+    /// (`pulse schedules add --expect`): one that does not do it ends `incomplete`, and
+    /// the `alert_after`-th of its runs in a row fires `HEARTBEAT_INCOMPLETE`. Refused
+    /// besides when `alert_after` is outside 1 to [`Expectation::MAX_ALERT_AFTER`].
+    pub async fn schedule_expecting(
+        &self,
+        id: &AgentId,
+        rule: ScheduleRule,
+        note: Option<String>,
+        expect: Option<Expectation>,
+    ) -> Result<Scheduled, LifecycleError> {
         let agent = self.agent(id).await?;
         let now = self.clock.now();
         let (schedule, mut pulled) = reminders::make(
@@ -354,6 +368,7 @@ impl Lifecycle {
             &agent,
             rule,
             note,
+            expect,
             now,
             self.settings.schedules,
         )

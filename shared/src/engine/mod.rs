@@ -104,6 +104,9 @@ pub struct EngineSettings {
     /// hour-long prompt cache from lapsing before the next beat (`PULSE_CACHE_WARM`; see
     /// [`prompt::warm_up_due`]).
     pub keep_cache_warm: bool,
+    /// Where the dashboard links a heartbeat's or a turn's trace: a URL with
+    /// `{trace_id}` in it (`PULSE_TRACE_URL`; see [`crate::traces::link`]).
+    pub trace_url: Option<String>,
 }
 
 impl Default for EngineSettings {
@@ -122,6 +125,7 @@ impl Default for EngineSettings {
             turn_patience: conversation::ConversationSettings::DEFAULT_PATIENCE,
             prices: std::sync::Arc::new(Prices::default()),
             keep_cache_warm: true,
+            trace_url: None,
         }
     }
 }

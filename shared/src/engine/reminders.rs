@@ -20,8 +20,9 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::domain::{
-    Agent, AgentId, Event, EventCursor, EventId, HeartbeatStatus, SCHEDULE_MISSED, SCHEDULED,
-    Schedule, ScheduleRule, TimeZoneName, ToolSpec, WAKE_REQUESTED, busiest_hour, parse_duration,
+    Agent, AgentId, Event, EventCursor, EventId, Expectation, HeartbeatStatus, SCHEDULE_MISSED,
+    SCHEDULED, Schedule, ScheduleRule, TimeZoneName, ToolSpec, WAKE_REQUESTED, busiest_hour,
+    parse_duration,
 };
 use crate::error::{StoreError, ValidationError, chain};
 use crate::ports::{Reschedule, Store};
@@ -74,21 +75,23 @@ impl Default for ScheduleLimits {
     }
 }
 
-/// Makes a schedule for `agent` and stores its next wake: refused when it would never
-/// wake, when it is more than ten years ahead, when the agent has `limits.max_per_agent`
-/// schedules already, or when the wakes of all its schedules together, with the
-/// heartbeats the interval plans, would pass the breaker's cap in some hour. The agent's
-/// pending heartbeat is pulled forward to the first wake when it is due later
-/// (`pulled`); a running one is left to its finish.
+/// Makes a schedule for `agent`, expecting `expect` of each heartbeat it wakes, and
+/// stores its next wake: refused when it would never wake, when it is more than ten
+/// years ahead, when its expectation's `alert_after` is out of range, when the agent has
+/// `limits.max_per_agent` schedules already, or when the wakes of all its schedules
+/// together, with the heartbeats the interval plans, would pass the breaker's cap in some
+/// hour. The agent's pending heartbeat is pulled forward to the first wake when it is due
+/// later (`pulled`); a running one is left to its finish.
 pub async fn make(
     store: &dyn Store,
     agent: &Agent,
     rule: ScheduleRule,
     note: Option<String>,
+    expect: Option<Expectation>,
     now: Timestamp,
     limits: ScheduleLimits,
 ) -> Result<(Schedule, Option<Timestamp>), MakeError> {
-    let schedule = Schedule::new(&agent.id, rule, note, now)?;
+    let schedule = Schedule::new(&agent.id, rule, note, now)?.expecting(expect)?;
     let existing = store.schedules(&agent.id).await?;
     if existing.len() >= limits.max_per_agent {
         return Err(ValidationError::new(
@@ -229,7 +232,7 @@ pub async fn run_tool(
         }
     };
     let note = text("note").map(str::to_owned);
-    let (schedule, _) = make(store, agent, rule, note, now, limits).await?;
+    let (schedule, _) = make(store, agent, rule, note, None, now, limits).await?;
     let answer = json!({
         "scheduled": true,
         "schedule_id": schedule.id,
@@ -321,20 +324,27 @@ pub async fn refresh(store: &dyn Store, agent: &AgentId) -> Result<Option<Timest
     Ok(next)
 }
 
-/// The SCHEDULED event of `schedule` due at `due`, dated at `at`.
+/// The SCHEDULED event of `schedule` due at `due`, dated at `at`. A schedule that
+/// expects something of the heartbeat it wakes says what (`expect`, `alert_after`): the
+/// heartbeat that processes the event is held to it.
 fn scheduled_event(agent: &Agent, schedule: &Schedule, due: Timestamp, at: Timestamp) -> Event {
     let ms = at.as_millisecond().max(0) as u64;
     let due_ms = due.as_millisecond().to_string();
+    let mut payload = json!({
+        "schedule_id": schedule.id,
+        "note": schedule.note,
+        "due_at": due,
+        "rule": rule_json(&schedule.rule, due),
+    });
+    if let Some(e) = schedule.expect {
+        payload["expect"] = json!(e.must.as_str());
+        payload["alert_after"] = json!(e.alert_after);
+    }
     let mut event = super::budget::system_event(
         agent,
         SCHEDULED,
         EventId::derived(ms, &["scheduled", schedule.id.as_str(), &due_ms]),
-        json!({
-            "schedule_id": schedule.id,
-            "note": schedule.note,
-            "due_at": due,
-            "rule": rule_json(&schedule.rule, due),
-        }),
+        payload,
         at,
     );
     event.source = "schedule".to_owned();

@@ -21,7 +21,7 @@ use pulse_shared::engine::intake;
 use serde::Deserialize;
 
 use super::agent_of;
-use crate::layout::{Tab, agent_page, ago, csrf, empty, live_part, short};
+use crate::layout::{Tab, agent_page, ago, csrf, empty, live_part, short, trace_link};
 use crate::{Dashboard, Problem};
 
 /// Messages shown.
@@ -119,7 +119,7 @@ pub(crate) async fn show(
                 @if messages.is_empty() && !waiting {
                     (empty("No conversation yet: say something below, or from a terminal with", &format!("pulse say --agent {} \"hello\"", agent.id)))
                 }
-                @for m in &messages { (message(m, &turns, now)) }
+                @for m in &messages { (message(m, &turns, now, d.0.trace_url.as_deref())) }
                 @if let Some(w) = &held { (waiting_on_the_model(w, now)) }
                 @if waiting {
                     div.card.said.user {
@@ -150,7 +150,12 @@ pub(crate) async fn show(
 }
 
 /// One message, with who said it; a reply shows the tools its turn used.
-fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Markup {
+fn message(
+    m: &ConversationMessage,
+    turns: &[Turn],
+    now: jiff::Timestamp,
+    trace_url: Option<&str>,
+) -> Markup {
     let (class, who) = match (m.role, m.source.as_str()) {
         (Role::User, _) => (
             "user",
@@ -190,10 +195,10 @@ fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Mar
         )
     });
     let superseded = m.role == Role::User && turn.is_some_and(Turn::superseded);
-    let undelivered = match turn {
-        Some(t) if m.role == Role::Assistant && m.source != "heartbeat" => undelivered(t),
-        _ => None,
-    };
+    let reply = turn.filter(|_| m.role == Role::Assistant && m.source != "heartbeat");
+    let undelivered = reply.and_then(undelivered);
+    // A link to the turn's trace where the tracing UI is known.
+    let traced = reply.and_then(|t| t.trace_id.as_deref()).zip(trace_url);
     html! {
         div class={"card said " (class) @if m.waiting { " waiting" }} {
             p.muted { strong { (who) } " · " (ago(now, Some(m.created_at))) }
@@ -202,6 +207,7 @@ fn message(m: &ConversationMessage, turns: &[Turn], now: jiff::Timestamp) -> Mar
             @if m.waiting { p.muted { "waiting on the model" } }
             @if let Some(u) = undelivered { p.muted.undelivered { (u) } }
             @for u in used { p.muted { "used " code { (u) } } }
+            @if let Some((id, url)) = traced { p.muted { (trace_link(Some(url), id)) } }
             @if more > 0 {
                 p.muted { "and " (more) " more tool " (if more == 1 { "call" } else { "calls" }) " in turn " code { (m.turn_id) } }
             }
@@ -300,7 +306,7 @@ mod tests {
             "role": "assistant", "source": "discord", "content": "kept them", "created_at": now,
         }))
         .unwrap();
-        let html = message(&m, &[turn], now).into_string();
+        let html = message(&m, &[turn], now, None).into_string();
         assert_eq!(html.matches("used ").count(), USED_SHOWN);
         assert!(html.contains("and 992 more tool calls in turn"), "{html}");
         assert!(html.len() < 4_000, "{} bytes", html.len());
@@ -325,7 +331,7 @@ mod tests {
             "role": "assistant", "source": "conversation", "content": "ok", "created_at": now,
         }))
         .unwrap();
-        let shown = |t: Turn| message(&m, &[t], now).into_string();
+        let shown = |t: Turn| message(&m, &[t], now, None).into_string();
         assert!(shown(turn("DELIVERING", 0, None)).contains("not delivered to Discord yet"));
         let dead = shown(turn(
             "FAILED",
@@ -337,5 +343,41 @@ mod tests {
             "{dead}"
         );
         assert!(!shown(turn("DONE", 1, None)).contains("not delivered"));
+    }
+
+    #[test]
+    fn a_reply_links_to_its_trace_where_the_tracing_ui_is_known() {
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let turn_id = "tn_01jq0000000000000000000000";
+        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let turn: Turn = serde_json::from_value(json!({
+            "id": turn_id, "agent_id": "ag_01jq0000000000000000000000", "session": "main",
+            "signals": [], "status": "DONE", "parts": ["ok"], "delivered": 1,
+            "target": {"type": "none"}, "provider": "fake", "model": "m",
+            "usage": {"input_tokens": 1, "output_tokens": 1}, "created_at": now,
+            "trace_id": trace,
+        }))
+        .unwrap();
+        let said = |role: &str| -> ConversationMessage {
+            serde_json::from_value(json!({
+                "id": "m1", "agent_id": "ag_01jq0000000000000000000000", "turn_id": turn_id,
+                "role": role, "source": "dashboard", "content": "ok", "created_at": now,
+            }))
+            .unwrap()
+        };
+        let jaeger = Some("http://localhost:16686/trace/{trace_id}");
+        let html =
+            message(&said("assistant"), std::slice::from_ref(&turn), now, jaeger).into_string();
+        assert!(
+            html.contains(&format!(r#"href="http://localhost:16686/trace/{trace}""#)),
+            "{html}"
+        );
+        let unlinked = message(&said("assistant"), std::slice::from_ref(&turn), now, None);
+        assert!(!unlinked.into_string().contains(trace), "no UI to link to");
+        let asked = message(&said("user"), &[turn], now, jaeger).into_string();
+        assert!(
+            !asked.contains(trace),
+            "the reply carries the link: {asked}"
+        );
     }
 }

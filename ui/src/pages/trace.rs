@@ -9,7 +9,7 @@ use pulse_shared::engine::{Trace, trace};
 use serde_json::Value;
 
 use super::agent_of;
-use crate::layout::{Tab, agent_page, ago, badge, empty, short};
+use crate::layout::{Tab, agent_page, ago, badge, empty, short, trace_link};
 use crate::{Dashboard, Problem};
 
 /// `GET /ui/agents/{id}/heartbeats/{beat}`.
@@ -26,10 +26,14 @@ pub(crate) async fn show(
             .ok_or_else(|| Problem::NotFound(format!("heartbeat {beat} of {}", agent.name)))?;
     let now = d.0.clock.now();
     let t = trace(d.0.store.as_ref(), hb, now).await?;
-    Ok(agent_page(&agent, Tab::Heartbeats, render(&t, now)))
+    Ok(agent_page(
+        &agent,
+        Tab::Heartbeats,
+        render(&t, now, d.0.trace_url.as_deref()),
+    ))
 }
 
-fn render(t: &Trace, now: jiff::Timestamp) -> Markup {
+fn render(t: &Trace, now: jiff::Timestamp, trace_url: Option<&str>) -> Markup {
     let h = &t.heartbeat;
     let base = format!("/ui/agents/{}/heartbeats", h.agent_id);
     html! {
@@ -46,6 +50,7 @@ fn render(t: &Trace, now: jiff::Timestamp) -> Markup {
             }
             @if let Some(o) = &h.outcome { p { "Outcome: " (badge(o.kind.as_str())) " " (o.reason) } }
             @if let Some(t) = h.thinking() { p.muted { "Thinking: " (t) } }
+            @if let Some(id) = &h.trace_id { p.muted { "Recorded in OpenTelemetry " (trace_link(trace_url, id)) "." } }
             @if let Some(e) = &h.error { p.error { (e) } }
         }
         h2 { "Events it read (" (t.window_events.len()) ")" }

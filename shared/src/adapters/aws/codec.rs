@@ -170,6 +170,8 @@ pub(super) struct HeartbeatItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     outcome_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    trace_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     due_shard: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     due_at: Option<i64>,
@@ -213,6 +215,7 @@ impl HeartbeatItem {
             tasks: hb.tasks.stored(),
             outcome: hb.outcome.as_ref().map(|o| o.kind.as_str().to_owned()),
             outcome_reason: outcome_reason(hb),
+            trace_id: hb.trace_id.clone(),
             due_shard: due_at.map(|_| due_shard(&hb.agent_id)),
             due_at,
         }
@@ -273,6 +276,7 @@ impl HeartbeatItem {
                         .unwrap_or_default(),
                 }),
             },
+            trace_id: self.trace_id,
         })
     }
 }

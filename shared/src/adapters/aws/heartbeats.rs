@@ -103,6 +103,12 @@ impl DynamoStore {
                 ":ocr",
                 super::codec::outcome_reason(hb).map(s),
             ),
+            (
+                "trace_id = :tr",
+                "trace_id",
+                ":tr",
+                hb.trace_id.clone().map(s),
+            ),
         ];
         for (assign, attr, placeholder, value) in optional {
             match value {

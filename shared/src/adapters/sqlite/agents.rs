@@ -630,6 +630,7 @@ mod tests {
              ALTER TABLE heartbeats DROP COLUMN outcome;
              ALTER TABLE heartbeats DROP COLUMN outcome_reason;
              DROP TABLE undelivered;
+             ALTER TABLE heartbeats DROP COLUMN trace_id;
              PRAGMA user_version = 12;
              INSERT INTO agents (id, created_ms, doc) VALUES ('ag_broken', 1, 'not json');",
         )
@@ -638,7 +639,7 @@ mod tests {
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 26);
+        assert_eq!(version, 27);
         let counted: (i64, i64) = conn
             .query_row(COUNT_BY_STATE, [], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap();

@@ -17,7 +17,7 @@ use crate::ports::{DuePage, Finish, FinishOutcome, HeartbeatStore, PageToken, Re
 pub(super) const HB_COLS: &str = "agent_id, beat, session, status, scheduled_ms, claim, lease_ms, started_ms, \
     completed_ms, window_start, window_end, last_interaction_beat, interaction_seen_ms, since_last, \
     consecutive_failures, events_processed, actions_triggered, actions_failed, cascade_capped, error, \
-    hour_from_ms, beats_in_hour, skipped, requests, handed_on, ran_ms, tasks, outcome, outcome_reason";
+    hour_from_ms, beats_in_hour, skipped, requests, handed_on, ran_ms, tasks, outcome, outcome_reason, trace_id";
 
 pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, StoreError>> {
     let agent: String = r.get(0)?;
@@ -107,6 +107,7 @@ pub(super) fn heartbeat_row(r: &Row<'_>) -> rusqlite::Result<Result<Heartbeat, S
                 }
             },
         },
+        trace_id: r.get(29)?,
     }))
 }
 
@@ -120,7 +121,7 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
     conn.exec(
         &format!(
             "INSERT INTO heartbeats ({HB_COLS}, due_ms) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)"
         ),
         params![
             hb.agent_id.as_str(),
@@ -154,6 +155,7 @@ pub(super) fn insert_heartbeat(conn: &Connection, hb: &Heartbeat) -> Result<(), 
             hb.tasks.stored(),
             hb.outcome.as_ref().map(|o| o.kind.as_str()),
             hb.outcome.as_ref().map(|o| o.reason.as_str()),
+            hb.trace_id,
             hb.due_at().map(to_ms),
         ],
     )
@@ -327,7 +329,7 @@ impl HeartbeatStore for SqliteStore {
                 tx.exec(
                     "UPDATE heartbeats SET status = ?3, completed_ms = ?4, last_interaction_beat = ?5, \
                          interaction_seen_ms = ?6, since_last = ?7, events_processed = ?8, actions_triggered = ?9, \
-                         actions_failed = ?10, cascade_capped = ?11, error = ?12, skipped = ?13, requests = ?14, ran_ms = ?15, tasks = ?16, outcome = ?17, outcome_reason = ?18, due_ms = NULL \
+                         actions_failed = ?10, cascade_capped = ?11, error = ?12, skipped = ?13, requests = ?14, ran_ms = ?15, tasks = ?16, outcome = ?17, outcome_reason = ?18, trace_id = ?19, due_ms = NULL \
                      WHERE agent_id = ?1 AND beat = ?2",
                     params![
                         hb.agent_id.as_str(),
@@ -348,6 +350,7 @@ impl HeartbeatStore for SqliteStore {
                         hb.tasks.stored(),
                         hb.outcome.as_ref().map(|o| o.kind.as_str()),
                         hb.outcome.as_ref().map(|o| o.reason.as_str()),
+                        hb.trace_id,
                     ],
                 )
                 .map_err(&op)?;

@@ -9,7 +9,7 @@ use super::sqlite_err;
 use crate::error::StoreError;
 
 /// The schema version this release writes.
-const SCHEMA_VERSION: i64 = 26;
+const SCHEMA_VERSION: i64 = 27;
 
 const SCHEMA: &str = r#"
 CREATE TABLE agents (
@@ -471,6 +471,11 @@ CREATE TABLE undelivered (
 CREATE INDEX undelivered_due ON undelivered (state, next_ms);
 "#;
 
+/// Version 27: the trace a heartbeat's last run was recorded in, when traces are sent.
+const SCHEMA_V27: &str = r#"
+ALTER TABLE heartbeats ADD COLUMN trace_id TEXT;
+"#;
+
 const SCHEMA_V23: &str = r#"
 CREATE TABLE usd (
     agent_id  TEXT NOT NULL,
@@ -586,6 +591,9 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         }
         if version < 26 {
             conn.execute_batch(SCHEMA_V26).map_err(&err)?;
+        }
+        if version < 27 {
+            conn.execute_batch(SCHEMA_V27).map_err(&err)?;
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};"))

@@ -122,6 +122,9 @@ pub struct TurnOutcome {
     pub asked_model: bool,
     /// The model did not answer: the turn waits, and is tried again later.
     pub waiting: bool,
+    /// The OpenTelemetry trace the run was recorded in, when traces are sent: written
+    /// on the turns it makes.
+    pub trace_id: Option<String>,
 }
 
 /// Runs conversation turns.
@@ -266,7 +269,10 @@ impl Conversation {
         };
         let ids: Vec<_> = signals.iter().map(|s| s.id.clone()).collect();
         let answered = self.store.answered(agent_id, &ids).await?;
-        let mut outcome = TurnOutcome::default();
+        let mut outcome = TurnOutcome {
+            trace_id: crate::traces::trace_id(trace),
+            ..TurnOutcome::default()
+        };
         self.resume(agent_id, &signals, &answered, &mut outcome)
             .await?;
         let pending: Vec<Signal> = signals
@@ -491,7 +497,7 @@ impl Conversation {
         }
         if let Some(asked) = preset {
             let turn = self
-                .write(agent, turn_id, pending, asked, None, now)
+                .write(agent, pending, asked, None, now, outcome.trace_id.clone())
                 .await?;
             outcome.turns.push(turn.id.clone());
             if turn.status == TurnStatus::Delivering {
@@ -524,7 +530,14 @@ impl Conversation {
             };
         }
         let turn = self
-            .write(agent, turn_id, pending, asked, spent.as_ref(), now)
+            .write(
+                agent,
+                pending,
+                asked,
+                spent.as_ref(),
+                now,
+                outcome.trace_id.clone(),
+            )
             .await?;
         outcome.turns.push(turn.id.clone());
         if turn.status == TurnStatus::Delivering {
@@ -700,11 +713,11 @@ impl Conversation {
     async fn write(
         &self,
         agent: &Agent,
-        id: TurnId,
         pending: &[Signal],
         asked: Asked,
         spent: Option<&budget::Today>,
         now: Timestamp,
+        trace_id: Option<String>,
     ) -> Result<Turn, EngineError> {
         let silent = asked.text.is_empty();
         let parts = if silent {
@@ -713,7 +726,7 @@ impl Conversation {
             split_message(&asked.text, MESSAGE_LIMIT)
         };
         let mut turn = Turn {
-            id,
+            id: TurnId::for_signal(&pending[0].id),
             agent_id: agent.id.clone(),
             session: pending[0].session.clone(),
             signals: pending.iter().map(|s| s.id.clone()).collect(),
@@ -744,6 +757,7 @@ impl Conversation {
                 .iter()
                 .filter(|s| s.kind == SignalKind::Heartbeat)
                 .find_map(|s| s.meta.heartbeat_id.clone()),
+            trace_id,
         };
         let messages = persisted(&turn, pending, &asked.text, now);
         crate::tally::stamp(&mut turn.requests);

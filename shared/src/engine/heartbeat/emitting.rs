@@ -1,14 +1,16 @@
 //! The hooks a heartbeat run emits: BEFORE/AFTER_HEARTBEAT, HEARTBEAT_FAILED,
-//! BEFORE/AFTER_<TOOL> and ACTION_*, each under a delivery id derived from the heartbeat or
-//! the action, so a rerun emits the same deliveries.
+//! HEARTBEAT_INCOMPLETE, BEFORE/AFTER_<TOOL> and ACTION_*, each under a delivery id derived
+//! from the heartbeat (and a schedule) or the action, so a rerun emits the same
+//! deliveries.
 
 use jiff::Timestamp;
 use serde_json::Value;
 
-use super::{HeartbeatRunner, Plan, RunOutcome};
+use super::expects::{ScheduleExpect, short_of_agent};
+use super::{HeartbeatRunner, Plan, RunOutcome, Stats};
 use crate::domain::{
     Action, ActionId, ActionStatus, Event, EventId, Heartbeat, HeartbeatStatus, HookData, HookType,
-    Tool, to_ms,
+    Outcome, OutcomeKind, Tool, to_ms,
 };
 use crate::engine::hooks::Emission;
 use crate::error::EngineError;
@@ -200,18 +202,15 @@ impl HeartbeatRunner {
 
     /// The `HEARTBEAT_INCOMPLETE` hook, when `done` is the `--alert-after`-th incomplete
     /// heartbeat in a row of its agent: once a streak (the next incomplete ones make no
-    /// second, until one meets the expectation and a new streak starts). The heartbeats
-    /// before it are read only when a hook of that type is there to tell.
+    /// second, until one meets the expectation and a new streak starts). A heartbeat
+    /// incomplete only by a schedule's expectation met the agent's: it ends the streak.
+    /// The heartbeats before it are read only when a hook of that type is there to tell.
     pub(super) async fn incomplete_hook(
         &self,
         plan: &Plan,
         done: &Heartbeat,
     ) -> Result<(), EngineError> {
-        let incomplete = |h: &Heartbeat| {
-            h.outcome
-                .as_ref()
-                .is_some_and(|o| o.kind == crate::domain::OutcomeKind::Incomplete)
-        };
+        let incomplete = |h: &Heartbeat| h.outcome.as_ref().is_some_and(short_of_agent);
         let (Some(expect), true) = (plan.agent.expect, incomplete(done)) else {
             return Ok(());
         };
@@ -238,5 +237,90 @@ impl HeartbeatRunner {
             })
         })
         .await
+    }
+
+    /// Counts this run against each schedule that woke the agent expecting something of
+    /// it; nothing is read when none did. The count is kept on the schedule, as a daily
+    /// schedule's runs lie a day apart with the agent's ordinary beats between: a run that
+    /// met the expectation sets it back to 0, one that did not adds 1, and the
+    /// `alert_after`-th in a row fires `HEARTBEAT_INCOMPLETE`, once a streak. The schedule
+    /// is stored again only when its count changed. A one-time schedule has one run: its
+    /// alert fires on that run. A skipped or failed run counts for nothing.
+    pub(super) async fn schedule_hooks(
+        &self,
+        plan: &Plan,
+        stats: &Stats,
+        done: &Heartbeat,
+    ) -> Result<(), EngineError> {
+        if plan.schedule_expects.is_empty() {
+            return Ok(());
+        }
+        let did = stats.did(done.status, done.error.as_deref());
+        if matches!(did.kind, OutcomeKind::Skipped | OutcomeKind::Failed) {
+            return Ok(());
+        }
+        let mut schedules = self.store.schedules(&plan.agent.id).await?;
+        for expect in &plan.schedule_expects {
+            let met = stats.met(expect.must, &did);
+            let schedule = schedules.iter_mut().find(|s| s.id == expect.id);
+            let before = schedule.as_ref().map_or(0, |s| s.incomplete_runs);
+            let runs = if met { 0 } else { before.saturating_add(1) };
+            let alert_after = match &schedule {
+                Some(s) => s.expect.map_or(expect.alert_after, |e| e.alert_after),
+                // Gone since it woke (a one-time schedule is removed as it wakes): this
+                // run alone is its streak.
+                None if expect.once => 1,
+                None => expect.alert_after,
+            };
+            if !met && runs == alert_after {
+                self.schedule_hook(plan, done, expect, &did, runs).await?;
+            }
+            if let Some(s) = schedule
+                && runs != before
+            {
+                s.incomplete_runs = runs;
+                self.store.put_schedule(s).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `HEARTBEAT_INCOMPLETE` for the schedule `expect` names: `in_a_row` of its runs,
+    /// `done` the last, did not do what it expects (`did` instead). Its delivery id comes
+    /// from the heartbeat and the schedule, so it is apart from the agent's own alert and
+    /// other schedules' in the same run, and a rerun makes the same.
+    async fn schedule_hook(
+        &self,
+        plan: &Plan,
+        done: &Heartbeat,
+        expect: &ScheduleExpect,
+        did: &Outcome,
+        in_a_row: u32,
+    ) -> Result<(), EngineError> {
+        let hook_type = HookType::of(HookType::HEARTBEAT_INCOMPLETE);
+        let Some(hooks) = self.hooks.as_ref().filter(|_| self.tells(plan, &hook_type)) else {
+            return Ok(());
+        };
+        let reason = Outcome::new(OutcomeKind::Incomplete, &expect.unmet(did)).reason;
+        let emission = Emission {
+            hook_type,
+            heartbeat_id: Some(plan.heartbeat_context.id.clone()),
+            action_id: None,
+            data: serde_json::json!({
+                "beat": done.beat,
+                "expect": expect.must.as_str(),
+                "in_a_row": in_a_row,
+                "reason": reason,
+                "schedule_id": expect.id,
+                "note": expect.note,
+            }),
+            triggered_by: "SCHEDULE".to_owned(),
+            key_ms: to_ms(plan.heartbeat_context.started_at).max(0) as u64,
+            key: vec![plan.heartbeat_context.id.to_string(), expect.id.to_string()],
+        };
+        hooks
+            .emit(&plan.routes, &plan.agent, emission)
+            .await
+            .map(|_| ())
     }
 }

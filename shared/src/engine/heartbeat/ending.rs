@@ -96,6 +96,7 @@ impl HeartbeatRunner {
             FinishOutcome::Finished => {
                 self.after(&plan, &done, Some(at)).await?;
                 self.incomplete_hook(&plan, &done).await?;
+                self.schedule_hooks(&plan, &stats, &done).await?;
                 info!(
                     events = stats.events_processed,
                     actions = stats.actions_triggered,
@@ -392,7 +393,12 @@ fn ended(
     done.cascade_capped = stats.cascade_capped;
     done.skipped = stats.skipped.clone();
     done.since_last = Some(plan.beats.since_last);
-    done.outcome = Some(stats.outcome(&plan.agent, status, error.as_deref()));
+    done.outcome = Some(stats.outcome(
+        &plan.agent,
+        &plan.schedule_expects,
+        status,
+        error.as_deref(),
+    ));
     done.error = error;
     done
 }

@@ -21,6 +21,7 @@ mod actions;
 pub use retry::RetryError;
 mod emitting;
 mod ending;
+mod expects;
 mod retry;
 
 use std::sync::Arc;
@@ -171,6 +172,9 @@ struct Plan {
     routes: Vec<HookRoute>,
     /// The breaker's hour and the heartbeats started in it, this one included.
     hour: (Timestamp, u32),
+    /// What the schedules that woke the agent, by the SCHEDULED events of the window,
+    /// expect of this run.
+    schedule_expects: Vec<expects::ScheduleExpect>,
 }
 
 #[derive(Default)]
@@ -274,34 +278,47 @@ impl Stats {
     }
 
     /// How a run of `agent` that ended with `status` (and `error`) ended: what it did,
-    /// held against what the agent expects of every heartbeat, if anything.
+    /// held against what the agent expects of every heartbeat, if anything, then against
+    /// what each schedule that woke it expects (`schedules`). The first expectation it
+    /// did not meet makes it incomplete; a skipped or failed run stays so.
     fn outcome(
         &self,
         agent: &Agent,
+        schedules: &[expects::ScheduleExpect],
         status: crate::domain::HeartbeatStatus,
         error: Option<&str>,
     ) -> crate::domain::Outcome {
-        use crate::domain::{Must, Outcome, OutcomeKind};
+        use crate::domain::{Outcome, OutcomeKind};
         let did = self.did(status, error);
-        let Some(expect) = agent.expect else {
-            return did;
-        };
-        let met = match expect.must {
-            Must::Speak => self.acted.iter().any(|a| a == "spoke"),
-            Must::Act => did.kind == OutcomeKind::Acted,
-        };
-        if met || matches!(did.kind, OutcomeKind::Skipped | OutcomeKind::Failed) {
+        if matches!(did.kind, OutcomeKind::Skipped | OutcomeKind::Failed) {
             return did;
         }
-        Outcome::new(
-            OutcomeKind::Incomplete,
-            &format!(
-                "expected to {}, it did not ({}: {})",
-                expect.must.as_str(),
-                did.kind,
-                did.reason
-            ),
-        )
+        if let Some(expect) = agent.expect
+            && !self.met(expect.must, &did)
+        {
+            return Outcome::new(
+                OutcomeKind::Incomplete,
+                &format!(
+                    "expected to {}, it did not ({}: {})",
+                    expect.must.as_str(),
+                    did.kind,
+                    did.reason
+                ),
+            );
+        }
+        match schedules.iter().find(|s| !self.met(s.must, &did)) {
+            Some(unmet) => Outcome::new(OutcomeKind::Incomplete, &unmet.unmet(&did)),
+            None => did,
+        }
+    }
+
+    /// Whether a run that did `did` did what `must` asks: spoke, or acted.
+    fn met(&self, must: crate::domain::Must, did: &crate::domain::Outcome) -> bool {
+        use crate::domain::{Must, OutcomeKind};
+        match must {
+            Must::Speak => self.acted.iter().any(|a| a == "spoke"),
+            Must::Act => did.kind == OutcomeKind::Acted,
+        }
     }
 
     /// What a run that ended with `status` (and `error`) did.
@@ -442,12 +459,15 @@ impl HeartbeatRunner {
             &heartbeat.id().to_string(),
             heartbeat.beat,
         );
-        if let Some(id) = crate::traces::trace_id(&trace) {
+        // The trace is written on the records the run files, so the dashboard links to it.
+        let mut heartbeat = heartbeat.clone();
+        heartbeat.trace_id = crate::traces::trace_id(&trace);
+        if let Some(id) = &heartbeat.trace_id {
             span.record("trace_id", id);
         }
         // The requests the run makes are counted onto the finished record.
         let outcome = crate::tally::scope(
-            self.run_inner(heartbeat, registry_version, &trace)
+            self.run_inner(&heartbeat, registry_version, &trace)
                 .instrument(span)
                 .instrument(trace.clone()),
         )
@@ -533,6 +553,7 @@ impl HeartbeatRunner {
         };
         let mut plan = self.plan(hb, agent);
         plan.heartbeat_context.window_events = window.events.len();
+        plan.schedule_expects = expects::ScheduleExpect::of_window(&window.events);
         // Held back or not, its work starts now: how late is kept on its record.
         plan.heartbeat.ran_at = Some(now);
         crate::meter::heartbeat_started(
@@ -776,6 +797,7 @@ impl HeartbeatRunner {
             heartbeat: hb.clone(),
             agent,
             routes: Vec::new(),
+            schedule_expects: Vec::new(),
             beats,
             last_interaction_beat,
             interaction_seen_at,
