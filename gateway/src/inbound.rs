@@ -22,6 +22,9 @@
 //! replayed after a resume is the same signal: the queue drops a duplicate it still
 //! holds, and a turn never answers a signal it answered. A reaction's event id is
 //! derived from the message, the user and the emoji, so a replay rewrites the same event.
+//!
+//! **What the person saw.** A reaction to one of the agent's messages, and a reply to
+//! one, mark the reply that wrote it seen ([`mark_seen`]): the first sign is kept.
 
 use std::time::Duration;
 
@@ -32,7 +35,7 @@ use pulse_shared::discord::envelope::{
 use pulse_shared::domain::{
     Agent, AgentId, DiscordListen, Event, EventId, EventType, Priority, Signal, SignalMeta,
 };
-use pulse_shared::engine::intake;
+use pulse_shared::engine::{intake, mark_seen};
 use pulse_shared::error::{StoreError, chain};
 use pulse_shared::http::discord::{message_signal_id, snowflake_time};
 use pulse_shared::ports::DiscordApi;
@@ -243,6 +246,12 @@ impl Gateway {
         }
         self.count("accepted");
         info!(agent_id = %agent.id, signal_id = %signal_id, message_id = id, "Discord message queued");
+        // A reply to one of the agent's messages: the person saw that message.
+        if edited.is_none()
+            && let Some(to) = replied_to(m, self.bot_id().as_deref())
+        {
+            self.note_seen(&agent.id, to, "reply").await;
+        }
     }
 
     /// [`Self::addressee`], asked again with backoff while the store cannot answer:
@@ -398,7 +407,8 @@ impl Gateway {
     }
 
     /// A `MESSAGE_REACTION_ADD`: a person's reaction to one of the agent's messages
-    /// becomes a `DISCORD_REACTION` event for the agent of that channel or user.
+    /// becomes a `DISCORD_REACTION` event for the agent of that channel or user, and
+    /// marks the reply that wrote the message seen.
     pub(crate) async fn on_reaction(&self, r: &Value) {
         let Some(bot) = self.bot_id() else { return };
         let field = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default();
@@ -475,7 +485,37 @@ impl Gateway {
             }
             Err(e) => warn!(error = %chain(&e), "cannot record a Discord reaction"),
         }
+        self.note_seen(&agent, message, &format!("reaction {emoji}"))
+            .await;
     }
+
+    /// Marks seen, `how`, the reply of `agent` that wrote Discord message `message`
+    /// (see [`mark_seen`]). A failure is logged: it stops nothing.
+    async fn note_seen(&self, agent: &AgentId, message: &str, how: &str) {
+        let now = self.clock.now();
+        if let Err(e) = mark_seen(self.store.as_ref(), agent, message, how, now).await {
+            warn!(agent_id = %agent, message_id = message, error = %chain(&e), "cannot mark a reply seen");
+        }
+    }
+}
+
+/// Discord's type of a message that replies to another.
+const REPLY: u64 = 19;
+
+/// The message `m` replies to, unless it is known to be someone else's than the bot's
+/// (`bot`). A forward, which refers to a message too, is not a reply.
+fn replied_to<'a>(m: &'a Value, bot: Option<&str>) -> Option<&'a str> {
+    if m.get("type").and_then(Value::as_u64) != Some(REPLY) {
+        return None;
+    }
+    let author = m
+        .pointer("/referenced_message/author/id")
+        .and_then(Value::as_str);
+    if author.is_some_and(|a| Some(a) != bot) {
+        return None;
+    }
+    m.pointer("/message_reference/message_id")
+        .and_then(Value::as_str)
 }
 
 /// Runs `attempt` until it succeeds, waiting from 200 ms, doubling to [`MOST_RETRY_WAIT`],
@@ -552,5 +592,18 @@ mod tests {
         assert!(!mentions(&other, "42"));
         assert_eq!(without_mention("<@42> what is up?", "42"), "what is up?");
         assert_eq!(without_mention("hey <@!42>", "42"), "hey");
+    }
+
+    #[test]
+    fn a_reply_to_the_bot_s_message_names_it_and_a_forward_or_a_reply_to_another_does_not() {
+        let reply = json!({"type": 19, "message_reference": {"type": 0, "message_id": "7"},
+                           "referenced_message": {"id": "7", "author": {"id": "42"}}});
+        assert_eq!(replied_to(&reply, Some("42")), Some("7"));
+        assert_eq!(replied_to(&reply, Some("43")), None, "another's message");
+        let unfetched = json!({"type": 19, "message_reference": {"message_id": "7"}});
+        assert_eq!(replied_to(&unfetched, Some("42")), Some("7"));
+        let forward = json!({"type": 0, "message_reference": {"type": 1, "message_id": "7"}});
+        assert_eq!(replied_to(&forward, Some("42")), None);
+        assert_eq!(replied_to(&json!({"type": 0}), Some("42")), None);
     }
 }

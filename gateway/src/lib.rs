@@ -11,7 +11,7 @@
 //!   session, through the one intake path every channel uses ([`inbound`]), and a
 //!   `MESSAGE_UPDATE` that edited one becomes a signal telling the edit;
 //! - a reaction to an agent's message becomes a `DISCORD_REACTION` event in its log, read
-//!   by its next heartbeat.
+//!   by its next heartbeat; it, or a reply to the message, marks the agent's reply seen.
 //!
 //! The gateway never talks to the model: the conversation worker answers, as a reply to
 //! the message, in the channel it came from. A message replayed after a resume is the same

@@ -220,6 +220,23 @@ fn capturing() -> bool {
 
 /// A heartbeat's root span, named `invoke_agent` until [`agent_known`] names the agent.
 pub fn heartbeat(agent_id: &str, heartbeat_id: &str, beat: u64) -> Span {
+    let span = invoke_agent(agent_id);
+    span.record("pulse.heartbeat.id", heartbeat_id);
+    span.record("pulse.beat", count(beat));
+    span
+}
+
+/// A conversation turn's root span.
+pub fn turn(agent_id: &str, session: &str, signals: usize) -> Span {
+    let span = invoke_agent(agent_id);
+    span.record("gen_ai.conversation.id", session);
+    span.record("pulse.signals", count(signals as u64));
+    span
+}
+
+/// The root span of a heartbeat or a turn, `invoke_agent`: each records its own ids
+/// (a field never recorded is not sent).
+fn invoke_agent(agent_id: &str) -> Span {
     tracing::info_span!(
         target: TARGET,
         "invoke_agent",
@@ -230,28 +247,10 @@ pub fn heartbeat(agent_id: &str, heartbeat_id: &str, beat: u64) -> Span {
         gen_ai.agent.id = agent_id,
         gen_ai.agent.name = Empty,
         gen_ai.conversation.id = Empty,
-        pulse.heartbeat.id = heartbeat_id,
-        pulse.beat = count(beat),
-        pulse.outcome = Empty,
-        pulse.reason = Empty,
-        "error.type" = Empty,
-    )
-}
-
-/// A conversation turn's root span.
-pub fn turn(agent_id: &str, session: &str, signals: usize) -> Span {
-    tracing::info_span!(
-        target: TARGET,
-        "invoke_agent",
-        otel.name = "invoke_agent",
-        otel.status_code = Empty,
-        otel.status_description = Empty,
-        gen_ai.operation.name = "invoke_agent",
-        gen_ai.agent.id = agent_id,
-        gen_ai.agent.name = Empty,
-        gen_ai.conversation.id = session,
+        pulse.heartbeat.id = Empty,
+        pulse.beat = Empty,
         pulse.turn.id = Empty,
-        pulse.signals = count(signals as u64),
+        pulse.signals = Empty,
         pulse.outcome = Empty,
         pulse.reason = Empty,
         "error.type" = Empty,
@@ -388,6 +387,53 @@ pub fn hook_answered(span: &Span, result: &str, status: Option<u16>) {
     }
 }
 
+/// A sweep's claim of a heartbeat, `pulse.claim`, open until its job is queued: the job
+/// carries it ([`traceparent`]) and the heartbeat's run continues its trace
+/// ([`continues`]), so the wait in the queue shows between the two. Only claims are
+/// spans: a sweep that claims nothing sends nothing.
+pub fn claim(heartbeat: &crate::domain::Heartbeat) -> Span {
+    // How late after its due time it was first claimed.
+    let late = heartbeat
+        .started_at
+        .map(|started| started.duration_since(heartbeat.scheduled_at).as_millis())
+        .unwrap_or_default();
+    tracing::info_span!(
+        target: TARGET,
+        "pulse.claim",
+        otel.name = "pulse.claim",
+        otel.kind = "producer",
+        pulse.heartbeat.id = heartbeat.id().to_string(),
+        gen_ai.agent.id = heartbeat.agent_id.as_str(),
+        pulse.beat = count(heartbeat.beat),
+        pulse.claim = i64::from(heartbeat.claim),
+        pulse.late_ms = i64::try_from(late).unwrap_or(i64::MAX),
+    )
+}
+
+/// `span`'s place as a W3C `traceparent`, for a message to carry: none when traces are
+/// off.
+pub fn traceparent(span: &Span) -> Option<String> {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    trace_id(span)?;
+    let mut carrier = std::collections::HashMap::new();
+    opentelemetry_sdk::propagation::TraceContextPropagator::new()
+        .inject_context(&span.context(), &mut carrier);
+    carrier.remove("traceparent")
+}
+
+/// Makes `span` a child of the span `traceparent` names, in its trace: called before
+/// `span` is first entered. A `traceparent` that does not parse leaves `span` a root.
+pub fn continues(span: &Span, traceparent: &str) {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let carrier =
+        std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+    // Traces off, the span is not one of this layer's: nothing to join.
+    let _ = span.set_parent(parent);
+}
+
 /// A heartbeat's reading of its agent and its window of events: `pulse.window`.
 pub fn window() -> Span {
     tracing::info_span!(
@@ -403,6 +449,50 @@ pub fn window() -> Span {
 pub fn window_read(span: &Span, events: usize, truncated: bool) {
     span.record("pulse.window.events", count(events as u64));
     span.record("pulse.window.truncated", truncated);
+}
+
+/// A search of an agent's memories, for the prompt or the model's `recall`: the
+/// conventions' retrieval span, `retrieval memories`. The query's text only when spans
+/// carry messages' text.
+pub fn memory_search(query: &str) -> Span {
+    let span = tracing::info_span!(
+        target: TARGET,
+        "retrieval",
+        otel.name = "retrieval memories",
+        gen_ai.operation.name = "retrieval",
+        gen_ai.data_source.id = "memories",
+        gen_ai.retrieval.query.text = Empty,
+        gen_ai.retrieval.documents = Empty,
+        pulse.memories.found = Empty,
+    );
+    if capturing() {
+        span.record("gen_ai.retrieval.query.text", query);
+    }
+    span
+}
+
+/// What a memory search found: each memory's id and score (no text), best first.
+pub fn memories_found<'a>(span: &Span, found: impl ExactSizeIterator<Item = (&'a str, f32)>) {
+    span.record("pulse.memories.found", count(found.len() as u64));
+    let documents: Vec<serde_json::Value> = found
+        .map(|(id, score)| serde_json::json!({"id": id, "score": (f64::from(score) * 1e4).round() / 1e4}))
+        .collect();
+    span.record(
+        "gen_ai.retrieval.documents",
+        serde_json::Value::from(documents).to_string(),
+    );
+}
+
+/// Memories being kept: `pulse.memory.store`, with how many and their ids.
+pub fn memory_store<'a>(ids: impl ExactSizeIterator<Item = &'a str>) -> Span {
+    let n = ids.len();
+    tracing::info_span!(
+        target: TARGET,
+        "pulse.memory.store",
+        otel.name = "pulse.memory.store",
+        pulse.memories.stored = count(n as u64),
+        pulse.memory.ids = ids.collect::<Vec<_>>().join(","),
+    )
 }
 
 /// Where a tracing UI shows one trace: `template` with its `{trace_id}` replaced.

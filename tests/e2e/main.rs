@@ -1228,6 +1228,7 @@ async fn the_daily_pass_removes_old_turns_and_queues_a_consolidation() {
             requests: None,
             spoken_by: None,
             trace_id: None,
+            seen: None,
         }
     };
     let old_turn = answered_at(

@@ -3,8 +3,9 @@
 use jiff::SignedDuration;
 use pulse_shared::domain::{
     ClaimRequest, ConversationMessage, EventCursor, HeartbeatStatus, Memory, MemoryId, ReplyTarget,
-    Role, SignalId, Turn, TurnId, TurnStatus, Usage,
+    Role, Seen, SignalId, Turn, TurnId, TurnStatus, Usage,
 };
+use pulse_shared::engine::mark_seen;
 use pulse_shared::error::StoreError;
 use pulse_shared::ports::TurnStart;
 use pulse_tests::{Backend, Kind, on_both_backends};
@@ -31,6 +32,7 @@ fn turn(b: &Backend, agent: &pulse_shared::domain::Agent, signals: &[SignalId]) 
         requests: None,
         spoken_by: None,
         trace_id: None,
+        seen: None,
     }
 }
 
@@ -177,6 +179,51 @@ async fn turns(kind: Kind) {
             .unwrap()
             .is_empty()
     );
+}
+
+on_both_backends!(
+    a_reply_is_marked_seen_once_by_the_discord_message_it_wrote,
+    seen
+);
+/// `mark_seen` marks the delivered turn that wrote a Discord message, once (the first
+/// sign is kept); never a turn still being delivered, a message no turn wrote, nor
+/// another agent's turn.
+async fn seen(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("scout", "15m").await;
+    let (stranger, _) = b.agent("other", "15m").await;
+    let store = b.store.as_ref();
+    let mut t = turn(&b, &agent, &[signal_id(&b, 1)]);
+    t.discord_message_ids = vec!["501".into()];
+    b.store.begin_turn(&t, &[]).await.unwrap();
+    let at = b.now();
+    let marked = mark_seen(store, &agent.id, "501", "reaction 👍", at).await;
+    assert_eq!(marked.unwrap(), None, "still being delivered");
+
+    t.status = TurnStatus::Done;
+    t.delivered = 1;
+    b.store.update_turn(&t).await.unwrap();
+    let marked = mark_seen(store, &agent.id, "501", "reaction 👍", at).await;
+    assert_eq!(marked.unwrap(), Some(t.id.clone()));
+    let later = at + SignedDuration::from_secs(60);
+    let again = mark_seen(store, &agent.id, "501", "reply", later).await;
+    assert_eq!(again.unwrap(), None, "the first sign is kept");
+    let stored = b.store.get_turn(&agent.id, &t.id).await.unwrap().unwrap();
+    let first = Seen {
+        at,
+        by: "reaction 👍".into(),
+    };
+    assert_eq!(stored.seen, Some(first));
+    assert_eq!(
+        stored.status,
+        TurnStatus::Done,
+        "the rest of the turn as it was"
+    );
+
+    let unknown = mark_seen(store, &agent.id, "502", "reply", later).await;
+    assert_eq!(unknown.unwrap(), None, "no turn wrote it");
+    let elsewhere = mark_seen(store, &stranger.id, "501", "reply", later).await;
+    assert_eq!(elsewhere.unwrap(), None, "another agent's message");
 }
 
 on_both_backends!(

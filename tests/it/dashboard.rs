@@ -293,6 +293,7 @@ async fn pages(kind: Kind) {
         requests: None,
         spoken_by: None,
         trace_id: None,
+        seen: None,
     };
     u.b.store.begin_turn(&turn, &[]).await.unwrap();
     turn.status = pulse_shared::domain::TurnStatus::Done;

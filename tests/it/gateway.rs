@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pulse_gateway::{DISCORD_REACTION, Gateway, GatewayError, GatewaySettings};
 use pulse_shared::discord::{DiscordClient, DiscordConfig};
-use pulse_shared::domain::{Agent, DiscordListen, NewAgent, Secret, ThinkPolicy};
+use pulse_shared::domain::{Agent, DiscordListen, NewAgent, Secret, Seen, ThinkPolicy};
 use pulse_shared::engine::Worker;
 use pulse_tests::fake_discord::FakeDiscord;
 use pulse_tests::fake_gateway::{BOT_ID, FakeGateway, message, snowflake};
@@ -482,6 +482,117 @@ async fn a_reaction_to_the_agent_s_message_is_an_event_in_its_next_heartbeat(kin
         .map(|r| r.body["messages"].to_string())
         .collect::<String>();
     assert!(heartbeat.contains(DISCORD_REACTION), "{heartbeat}");
+    w.stop().await;
+}
+
+/// How the reply that wrote Discord message `id` was seen, if it was.
+async fn seen_of(b: &Backend, agent: &Agent, id: &str) -> Option<Seen> {
+    let turns = b.store.list_turns(&agent.id, 50).await.unwrap();
+    turns
+        .into_iter()
+        .find(|t| t.discord_message_ids.iter().any(|m| m == id))
+        .expect("a turn wrote the message")
+        .seen
+}
+
+on_both_backends!(
+    a_reaction_or_a_reply_to_the_agent_s_message_marks_its_reply_seen,
+    a_reaction_or_a_reply_to_the_agent_s_message_marks_its_reply_seen
+);
+/// A reaction to the agent's message marks the reply that wrote it seen, by that
+/// reaction; a second reaction keeps the first mark; a Discord reply to another of its
+/// messages marks that reply seen, by the reply; a reaction to a message no turn wrote
+/// marks nothing.
+async fn a_reaction_or_a_reply_to_the_agent_s_message_marks_its_reply_seen(kind: Kind) {
+    let mut w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    w.connect().await;
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(1), DM, None, FRIEND, "book the dentist"),
+    );
+    w.answered(1).await;
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(2), DM, None, FRIEND, "and the car service"),
+    );
+    w.answered(2).await;
+    // The fake API's message ids, in order.
+    let (booked, serviced) = ("1001", "1002");
+    assert_eq!(seen_of(&w.b, &agent, booked).await, None);
+
+    let reacted_at = w.b.now();
+    let reaction = |message_id: &str, emoji: &str| {
+        json!({"user_id": FRIEND, "channel_id": DM, "message_id": message_id,
+               "message_author_id": BOT_ID, "emoji": {"id": null, "name": emoji}})
+    };
+    w.fake
+        .dispatch("MESSAGE_REACTION_ADD", reaction(booked, "👍"));
+    let b = &w.b;
+    until("the reaction marks the reply seen", async || {
+        seen_of(b, &agent, booked).await.is_some()
+    })
+    .await;
+    let first = Seen {
+        at: reacted_at,
+        by: "reaction 👍".to_owned(),
+    };
+    assert_eq!(seen_of(&w.b, &agent, booked).await, Some(first.clone()));
+    assert_eq!(
+        seen_of(&w.b, &agent, serviced).await,
+        None,
+        "only that reply"
+    );
+
+    // Another reaction a minute later: the first mark is kept.
+    w.b.advance(jiff::SignedDuration::from_secs(60));
+    w.fake
+        .dispatch("MESSAGE_REACTION_ADD", reaction(booked, "🎉"));
+    // A Discord reply to the other message marks that one, by the reply. (Read in
+    // order: once it is marked, the second reaction was read.)
+    let mut reply = message(&snowflake(3), DM, None, FRIEND, "done, thanks");
+    reply["type"] = json!(19);
+    reply["message_reference"] = json!({"type": 0, "message_id": serviced, "channel_id": DM});
+    reply["referenced_message"] = message(serviced, DM, None, BOT_ID, "Noted.");
+    w.fake.dispatch("MESSAGE_CREATE", reply);
+    let b = &w.b;
+    until("the reply marks the other reply seen", async || {
+        seen_of(b, &agent, serviced).await.is_some()
+    })
+    .await;
+    let by_reply = seen_of(&w.b, &agent, serviced).await.unwrap();
+    assert_eq!((by_reply.by.as_str(), by_reply.at), ("reply", w.b.now()));
+    assert_eq!(
+        seen_of(&w.b, &agent, booked).await,
+        Some(first),
+        "the first reaction's mark is kept"
+    );
+
+    // A reaction to a message no turn wrote marks nothing. (Read in order: once the
+    // next message is handled, the reaction was.)
+    w.fake
+        .dispatch("MESSAGE_REACTION_ADD", reaction("999", "👀"));
+    w.fake.dispatch(
+        "MESSAGE_CREATE",
+        message(&snowflake(4), DM, None, FRIEND, "one more thing"),
+    );
+    w.handled(4).await;
+    let turns = w.b.store.list_turns(&agent.id, 50).await.unwrap();
+    let marked: Vec<_> = turns
+        .iter()
+        .filter(|t| t.seen.is_some())
+        .flat_map(|t| t.discord_message_ids.clone())
+        .collect();
+    assert_eq!(marked.len(), 2, "{marked:?}");
+    assert!(
+        marked.iter().all(|m| m == booked || m == serviced),
+        "{marked:?}"
+    );
+    assert_eq!(
+        w.gateway.status().reactions,
+        3,
+        "each reaction is still an event"
+    );
     w.stop().await;
 }
 

@@ -596,18 +596,13 @@ async fn delete(kind: Kind) {
     );
     let post = |n: u32| {
         let body = json!({"event_type": "NOTE", "payload": {"n": n}}).to_string();
-        let mut headers = reqwest::header::HeaderMap::new();
-        for (k, v) in pulse_signatures::inbound::sign(
-            webhook.scheme.signing(),
+        let headers = crate::inbound::signed(
+            webhook.scheme,
             SECRET,
-            body.as_bytes(),
             b.now().as_second(),
             &format!("msg_{n}"),
-        )
-        .unwrap()
-        {
-            headers.insert(k, v);
-        }
+            body.as_bytes(),
+        );
         (headers, body)
     };
     let (headers, body) = post(1);

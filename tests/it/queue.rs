@@ -30,7 +30,7 @@ fn task(group: &str, beat: u64) -> OutgoingTask {
     hb.session = SessionId::parse(group).unwrap();
     hb.status = HeartbeatStatus::Executing;
     hb.claim = 1;
-    OutgoingTask::heartbeat(hb, None)
+    OutgoingTask::heartbeat(hb, None, None)
 }
 
 fn beat_of(body: &str) -> u64 {

@@ -440,19 +440,19 @@ async fn a_webhook_whose_secret_cannot_be_read_is_answered_503_without_the_reaso
         std::future::pending(),
     ));
     let body = br#"{"event_type":"NOTE","payload":{}}"#;
-    let mut request = reqwest::Client::new().post(&url).body(body.to_vec());
-    for (k, v) in pulse_signatures::inbound::sign(
-        WebhookScheme::Standard.signing(),
-        WEBHOOK_SECRET,
-        body,
-        b.now().as_second(),
-        "msg_1",
-    )
-    .unwrap()
-    {
-        request = request.header(k, v);
-    }
-    let r = request.send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(&url)
+        .headers(crate::inbound::signed(
+            WebhookScheme::Standard,
+            WEBHOOK_SECRET,
+            b.now().as_second(),
+            "msg_1",
+            body,
+        ))
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(r.headers()["retry-after"], "60");
     let text = r.text().await.unwrap();

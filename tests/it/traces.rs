@@ -41,11 +41,16 @@ async fn dashboard_page(b: &pulse_tests::Backend, path: &str) -> String {
     answer.text().await.unwrap()
 }
 
-/// The spans of the trace whose root is `root`, in the order they started.
+/// The spans under `root`, `root` first, in the order they started.
 fn trace_of<'a>(spans: &'a [Received], root: &Received) -> Vec<&'a Received> {
-    let mut of: Vec<_> = spans
+    let in_trace: Vec<_> = spans
         .iter()
         .filter(|s| s.trace_id == root.trace_id)
+        .collect();
+    let mut of: Vec<_> = in_trace
+        .iter()
+        .copied()
+        .filter(|s| s.span_id == root.span_id || is_under(&in_trace, s, root))
         .collect();
     of.sort_by_key(|s| s.start);
     of
@@ -116,13 +121,23 @@ async fn traced() {
         .expect("the heartbeat that ran");
     let root = spans
         .iter()
-        .find(|s| s.text("pulse.heartbeat.id") == heartbeat.id().to_string())
+        .find(|s| {
+            s.name.starts_with("invoke_agent")
+                && s.text("pulse.heartbeat.id") == heartbeat.id().to_string()
+        })
         .unwrap_or_else(|| panic!("the heartbeat's span among {spans:#?}"));
     assert_eq!(root.name, "invoke_agent scout");
-    assert!(
-        root.parent_id.is_empty(),
-        "the heartbeat is its trace's root"
-    );
+    // The sweep's claim began the trace; the job carried it to the run.
+    let claim = spans
+        .iter()
+        .find(|s| s.span_id == root.parent_id)
+        .unwrap_or_else(|| panic!("the heartbeat's parent among {spans:#?}"));
+    assert_eq!(claim.name, "pulse.claim");
+    assert!(claim.parent_id.is_empty(), "the claim is its trace's root");
+    assert_eq!(claim.trace_id, root.trace_id);
+    assert_eq!(claim.kind, 4, "a producer span: {claim:#?}");
+    assert_eq!(claim.text("pulse.heartbeat.id"), heartbeat.id().to_string());
+    assert_eq!(claim.number("pulse.claim"), Some(1));
     assert_eq!(root.text("gen_ai.operation.name"), "invoke_agent");
     assert_eq!(root.text("gen_ai.agent.id"), agent.id.to_string());
     assert_eq!(root.text("gen_ai.agent.name"), "scout");
@@ -175,6 +190,19 @@ async fn traced() {
             chat.as_str()
         ],
         "{trace:#?}"
+    );
+    // The prompt's memories were searched for: a retrieval, its query's text kept back.
+    let searched = trace
+        .iter()
+        .find(|s| s.name == "retrieval memories")
+        .unwrap_or_else(|| panic!("a memory search in {trace:#?}"));
+    assert_eq!(searched.text("gen_ai.operation.name"), "retrieval");
+    assert_eq!(searched.text("gen_ai.data_source.id"), "memories");
+    assert!(searched.number("pulse.memories.found").is_some());
+    assert!(
+        !searched
+            .attributes
+            .contains_key("gen_ai.retrieval.query.text")
     );
     for span in &trace[1..] {
         assert!(
@@ -308,6 +336,15 @@ async fn traced() {
             .contains("when did you water them?")
     );
     assert!(!answered.text("gen_ai.system_instructions").is_empty());
+    let asked = spans
+        .iter()
+        .filter(|s| s.trace_id == answered.trace_id && s.name == "retrieval memories")
+        .map(|s| s.text("gen_ai.retrieval.query.text"))
+        .collect::<Vec<_>>();
+    assert!(
+        asked.iter().any(|q| q.contains("when did you water them?")),
+        "the turn's memory search, with its query: {asked:?}"
+    );
     drop(guard);
 
     // No exporter: nothing is sent.
@@ -362,18 +399,13 @@ async fn inbound_and_outbound() {
         jiff::SignedDuration::from_hours(24),
     );
     let body = json!({"event_type": "NOTE", "payload": {"n": 1}}).to_string();
-    let mut headers = reqwest::header::HeaderMap::new();
-    for (k, v) in pulse_signatures::inbound::sign(
-        webhook.scheme.signing(),
+    let headers = crate::inbound::signed(
+        webhook.scheme,
         SECRET,
-        body.as_bytes(),
         b.now().as_second(),
         "msg_1",
-    )
-    .unwrap()
-    {
-        headers.insert(k, v);
-    }
+        body.as_bytes(),
+    );
     let verdict = intake
         .receive(webhook.id.as_str(), headers, body.into_bytes().into(), None)
         .await;

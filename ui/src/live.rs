@@ -42,7 +42,8 @@ pub(crate) struct Watch {
 struct Seen {
     heartbeat: Option<(u64, String)>,
     event: Option<String>,
-    /// The newest turn: its id and status (the Chat tab).
+    /// The newest turn: its id, and its status with whether the person saw it (the Chat
+    /// tab).
     turn: Option<(String, String)>,
     /// The session's turn waiting on the model: its tries and messages (the Chat tab).
     waiting: Option<(u32, usize)>,
@@ -95,7 +96,10 @@ async fn look(d: &Dashboard, agent: &AgentId, session: &SessionId, deliveries: b
         .await
         .ok()
         .and_then(|mut t| t.pop())
-        .map(|t| (t.id.to_string(), format!("{:?}", t.status)));
+        .map(|t| {
+            let seen = if t.seen.is_some() { " seen" } else { "" };
+            (t.id.to_string(), format!("{:?}{seen}", t.status))
+        });
     let mut newest = Vec::new();
     if deliveries {
         for hook in store.list_hooks(agent).await.unwrap_or_default() {

@@ -675,6 +675,7 @@ async fn seed_history(
             requests: None,
             spoken_by: None,
             trace_id: None,
+            seen: None,
         };
         let text =
             "a message of history, about as long as a short chat line, to fill the context. "

@@ -2,7 +2,7 @@
 //! its conversation.
 
 use clap::{Args, Subcommand};
-use pulse_shared::domain::{AgentId, Role, SessionId, Signal, SignalMeta};
+use pulse_shared::domain::{AgentId, ConversationMessage, Role, SessionId, Signal, SignalMeta};
 use pulse_shared::engine::intake;
 
 use super::{AgentRef, Ctx, agent_ref, input, limit};
@@ -124,6 +124,18 @@ pub(crate) async fn execute(plan: ConversationPlan, cx: &Ctx<'_>) -> Result<(), 
             let mut messages =
                 pulse_shared::engine::history(b.store.as_ref(), &agent, limit).await?;
             messages.reverse();
+            // A reply the person reacted to or replied to on Discord is marked seen.
+            let turns = match out.json {
+                true => Vec::new(),
+                false => b.store.list_turns(&agent, limit).await?,
+            };
+            let seen = |m: &ConversationMessage| match m.source.as_str() {
+                "conversation" => turns
+                    .iter()
+                    .find(|t| t.id == m.turn_id)
+                    .and_then(|t| t.seen.as_ref()),
+                _ => None,
+            };
             out.table(&messages, &["TIME", "WHO", "SOURCE", "TEXT"], |m| {
                 let who = match m.role {
                     Role::User => m.author.clone().unwrap_or_else(|| "user".into()),
@@ -132,9 +144,10 @@ pub(crate) async fn execute(plan: ConversationPlan, cx: &Ctx<'_>) -> Result<(), 
                 vec![
                     when(Some(m.created_at)),
                     who,
-                    match m.waiting {
-                        true => format!("{} (waiting on the model)", m.source),
-                        false => m.source.clone(),
+                    match (m.waiting, seen(m)) {
+                        (true, _) => format!("{} (waiting on the model)", m.source),
+                        (false, Some(s)) => format!("{} (seen: {})", m.source, s.by),
+                        (false, None) => m.source.clone(),
                     },
                     short(&m.content, 120),
                 ]

@@ -329,6 +329,20 @@ pub struct Turn {
     /// sent: the dashboard links to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// When and how the person showed they saw the reply on Discord (a reaction to one
+    /// of its messages, or a reply to one); the first sign is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen: Option<Seen>,
+}
+
+/// A sign that the person saw a reply: the first reaction to one of its Discord
+/// messages, or the first reply to one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    /// When the sign arrived.
+    pub at: Timestamp,
+    /// What it was: `reaction <emoji>` or `reply`.
+    pub by: String,
 }
 
 impl Turn {

@@ -54,8 +54,8 @@ pub use chat::{
     model_sees_images,
 };
 pub use conversation::{
-    ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, ReplyTarget, Role, Signal,
-    SignalKind, SignalMeta, Turn, TurnStatus,
+    ContentBlock, ConversationMessage, InteractionRef, MAX_SIGNAL_TEXT, ReplyTarget, Role, Seen,
+    Signal, SignalKind, SignalMeta, Turn, TurnStatus,
 };
 pub use event::{Cascade, Event, EventCursor, Json, MAX_EVENT_BYTES, NewEvent, Priority, RawJson};
 pub use expectation::{Expectation, Must};

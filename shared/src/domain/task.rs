@@ -164,6 +164,10 @@ pub struct HeartbeatJob {
     /// (then the worker reads the registry afresh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_version: Option<u64>,
+    /// The sweep's claim span as a W3C `traceparent`, when traces are sent: the run
+    /// continues that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The body of a queue message.
@@ -225,13 +229,18 @@ impl OutgoingTask {
     /// the claim number: a retried send of one claim is dropped, while a reclaim after an
     /// expired lease is a new message (with the bare heartbeat id, SQS would drop a
     /// reclaim made within five minutes of the first send).
-    pub fn heartbeat(heartbeat: Heartbeat, registry_version: Option<u64>) -> Self {
+    pub fn heartbeat(
+        heartbeat: Heartbeat,
+        registry_version: Option<u64>,
+        traceparent: Option<String>,
+    ) -> Self {
         Self {
             group: heartbeat.session.clone(),
             dedup_id: DedupId::new(format!("{}.c{}", heartbeat.id(), heartbeat.claim)),
             envelope: TaskEnvelope::new(SessionTask::Heartbeat(HeartbeatJob {
                 heartbeat,
                 registry_version,
+                traceparent,
             })),
         }
     }

@@ -46,7 +46,9 @@ mod worker;
 
 use jiff::SignedDuration;
 
-pub use conversation::{Conversation, ConversationSettings, TurnOutcome, build_context, history};
+pub use conversation::{
+    Conversation, ConversationSettings, SEEN_SCAN, TurnOutcome, build_context, history, mark_seen,
+};
 pub use heartbeat::{HeartbeatRunner, RetryError, RunOutcome};
 pub use hooks::{
     DispatchReport, DispatchSettings, Dispatcher, Emission, HOOK_BATCH, Handled, HookEmitter,

@@ -338,9 +338,17 @@ impl Sweeper {
         if claimed.is_empty() {
             return;
         }
+        // Each claim is a span its job carries on to the heartbeat's run, open until the
+        // job is queued.
+        let mut claims = Vec::with_capacity(claimed.len());
         let tasks: Vec<OutgoingTask> = claimed
             .into_iter()
-            .map(|(hb, version)| OutgoingTask::heartbeat(hb, version))
+            .map(|(hb, version)| {
+                let claim = crate::traces::claim(&hb);
+                let parent = crate::traces::traceparent(&claim);
+                claims.push(claim);
+                OutgoingTask::heartbeat(hb, version, parent)
+            })
             .collect();
         // Batches of the queue's size (ten, one SQS SendMessageBatch each; more on the
         // embedded queue), a few in flight at once.
@@ -357,6 +365,7 @@ impl Sweeper {
             report.queued += queued;
             report.errors.extend(errors);
         }
+        drop(claims);
     }
 
     /// Sends one batch; returns how many were queued and what went wrong.

@@ -8,7 +8,9 @@
 //! "thinking…" until the turn that answers it is written; the live stream (a `chat`
 //! event when the newest turn or the waiting turn changes) swaps the conversation in
 //! place. While the model does not answer, the messages its turn holds are shown marked
-//! waiting, with why and when it is tried next.
+//! waiting, with why and when it is tried next. A reply the person reacted to, or
+//! replied to, on Discord says so (`seen · reaction 👍 · 3m ago`); opening this page
+//! marks nothing.
 
 use axum::Form;
 use axum::extract::{Path, Query, State};
@@ -197,6 +199,9 @@ fn message(
     let superseded = m.role == Role::User && turn.is_some_and(Turn::superseded);
     let reply = turn.filter(|_| m.role == Role::Assistant && m.source != "heartbeat");
     let undelivered = reply.and_then(undelivered);
+    // The person's sign on Discord that they saw the reply (the dashboard's own view is
+    // not one).
+    let seen = reply.and_then(|t| t.seen.as_ref());
     // A link to the turn's trace where the tracing UI is known.
     let traced = reply.and_then(|t| t.trace_id.as_deref()).zip(trace_url);
     html! {
@@ -206,6 +211,7 @@ fn message(
             @if superseded { p.muted { "answered with the next message" } }
             @if m.waiting { p.muted { "waiting on the model" } }
             @if let Some(u) = undelivered { p.muted.undelivered { (u) } }
+            @if let Some(s) = seen { p.muted.seen { "seen · " (s.by) " · " (ago(now, Some(s.at))) } }
             @for u in used { p.muted { "used " code { (u) } } }
             @if let Some((id, url)) = traced { p.muted { (trace_link(Some(url), id)) } }
             @if more > 0 {
@@ -379,5 +385,41 @@ mod tests {
             !asked.contains(trace),
             "the reply carries the link: {asked}"
         );
+    }
+
+    #[test]
+    fn a_reply_the_person_saw_says_how_and_when() {
+        let now = jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let turn_id = "tn_01jq0000000000000000000000";
+        let turn = |seen: serde_json::Value| -> Turn {
+            serde_json::from_value(json!({
+                "id": turn_id, "agent_id": "ag_01jq0000000000000000000000", "session": "main",
+                "signals": [], "status": "DONE", "parts": ["ok"], "delivered": 1,
+                "target": {"type": "channel", "channel_id": "1001"}, "provider": "fake",
+                "model": "m", "usage": {"input_tokens": 1, "output_tokens": 1},
+                "discord_message_ids": ["1002"], "created_at": now, "seen": seen,
+            }))
+            .unwrap()
+        };
+        let said = |role: &str| -> ConversationMessage {
+            serde_json::from_value(json!({
+                "id": "m1", "agent_id": "ag_01jq0000000000000000000000", "turn_id": turn_id,
+                "role": role, "source": "conversation", "content": "ok", "created_at": now,
+            }))
+            .unwrap()
+        };
+        let three_minutes_ago = now - jiff::SignedDuration::from_mins(3);
+        let seen = turn(json!({"at": three_minutes_ago, "by": "reaction 👍"}));
+        let html = message(&said("assistant"), std::slice::from_ref(&seen), now, None);
+        let html = html.into_string();
+        assert!(html.contains("seen · reaction 👍 · "), "{html}");
+        assert!(html.contains("3m ago"), "{html}");
+        let asked = message(&said("user"), &[seen], now, None).into_string();
+        assert!(
+            !asked.contains("seen ·"),
+            "the reply carries the mark: {asked}"
+        );
+        let unseen = message(&said("assistant"), &[turn(json!(null))], now, None);
+        assert!(!unseen.into_string().contains("seen ·"));
     }
 }

@@ -20,7 +20,8 @@
 //! - `images`: the pictures the messages carry;
 //! - `ask`: the model's tool loop;
 //! - `deliver`: the reply to Discord, part by part, and the turn's hooks;
-//! - `taken_over`: what the turns a turn takes over (dropped for a newer message) did.
+//! - `taken_over`: what the turns a turn takes over (dropped for a newer message) did;
+//! - `seen`: a reply the person reacted to, or replied to, on Discord.
 
 mod ask;
 mod commands;
@@ -28,10 +29,12 @@ pub(crate) use commands::is_interaction;
 mod context;
 mod deliver;
 mod images;
+mod seen;
 mod taken_over;
 
 pub use context::build_context;
 use context::{persisted, target, turn_beats};
+pub use seen::{SEEN_SCAN, mark_seen};
 
 use std::sync::Arc;
 
@@ -758,6 +761,7 @@ impl Conversation {
                 .filter(|s| s.kind == SignalKind::Heartbeat)
                 .find_map(|s| s.meta.heartbeat_id.clone()),
             trace_id,
+            seen: None,
         };
         let messages = persisted(&turn, pending, &asked.text, now);
         crate::tally::stamp(&mut turn.requests);

@@ -433,19 +433,25 @@ impl HeartbeatRunner {
     /// job names. An `Err` means the outcome could not be recorded (storage unavailable);
     /// the job should be delivered again.
     pub async fn run_job(&self, job: &HeartbeatJob) -> Result<RunOutcome, EngineError> {
-        self.run_with(&job.heartbeat, job.registry_version).await
+        self.run_with(
+            &job.heartbeat,
+            job.registry_version,
+            job.traceparent.as_deref(),
+        )
+        .await
     }
 
     /// Runs a claimed heartbeat whose job names no registry version: the registry is
     /// read afresh.
     pub async fn run(&self, heartbeat: &Heartbeat) -> Result<RunOutcome, EngineError> {
-        self.run_with(heartbeat, None).await
+        self.run_with(heartbeat, None, None).await
     }
 
     async fn run_with(
         &self,
         heartbeat: &Heartbeat,
         registry_version: Option<u64>,
+        traceparent: Option<&str>,
     ) -> Result<RunOutcome, EngineError> {
         let span = info_span!(
             "heartbeat",
@@ -459,6 +465,10 @@ impl HeartbeatRunner {
             &heartbeat.id().to_string(),
             heartbeat.beat,
         );
+        // A claimed heartbeat continues the trace of the sweep's claim.
+        if let Some(parent) = traceparent {
+            crate::traces::continues(&trace, parent);
+        }
         // The trace is written on the records the run files, so the dashboard links to it.
         let mut heartbeat = heartbeat.clone();
         heartbeat.trace_id = crate::traces::trace_id(&trace);
@@ -473,23 +483,22 @@ impl HeartbeatRunner {
         )
         .await;
         match &outcome {
-            Ok(RunOutcome::Failed(h)) => crate::traces::failed(
-                &trace,
-                "heartbeat_failed",
-                h.error.as_deref().unwrap_or_default(),
-            ),
+            Ok(
+                RunOutcome::Completed(h)
+                | RunOutcome::Failed(h)
+                | RunOutcome::Interrupted(h)
+                | RunOutcome::Tripped(h),
+            ) => {
+                if h.status == crate::domain::HeartbeatStatus::Failed {
+                    let why = h.error.as_deref().unwrap_or_default();
+                    crate::traces::failed(&trace, "heartbeat_failed", why);
+                }
+                if let Some(o) = &h.outcome {
+                    crate::traces::ended(&trace, o.kind.as_str(), &o.reason);
+                }
+            }
             Err(e) => crate::traces::failed(&trace, "engine_error", &e.to_string()),
             Ok(_) => {}
-        }
-        if let Ok(
-            RunOutcome::Completed(h)
-            | RunOutcome::Failed(h)
-            | RunOutcome::Interrupted(h)
-            | RunOutcome::Tripped(h),
-        ) = &outcome
-            && let Some(o) = &h.outcome
-        {
-            crate::traces::ended(&trace, o.kind.as_str(), &o.reason);
         }
         if let Ok(outcome) = &outcome
             && let Some(name) = outcome.finished_as()

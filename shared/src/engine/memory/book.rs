@@ -18,7 +18,7 @@ use std::time::Instant;
 use jiff::Timestamp;
 use serde::Serialize;
 use tokio::sync::Mutex as AsyncMutex;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use super::index::{Index, Scored};
 use crate::domain::{Agent, AgentId, Embedding, Memory, MemoryChange, MemoryId, MemoryStatus};
@@ -195,9 +195,14 @@ impl Memories {
         agent: &AgentId,
         memories: Vec<Memory>,
     ) -> Result<Vec<Memory>, StoreError> {
-        let memories = self.embedded(memories).await;
-        self.write(agent, &memories).await?;
-        Ok(memories)
+        let span = crate::traces::memory_store(memories.iter().map(|m| m.id.as_str()));
+        async {
+            let memories = self.embedded(memories).await;
+            self.write(agent, &memories).await?;
+            Ok(memories)
+        }
+        .instrument(span)
+        .await
     }
 
     /// `memories`, each without a vector embedded (best effort: one the embedder
@@ -262,6 +267,22 @@ impl Memories {
     /// brought back, and that is stored. Then up to [`BACKFILL`] memories without a
     /// vector are embedded.
     pub async fn recall(
+        &self,
+        agent: &Agent,
+        r: &Recall,
+        now: Timestamp,
+    ) -> Result<Vec<Found>, StoreError> {
+        let span = crate::traces::memory_search(&r.query);
+        let found = self
+            .recalled(agent, r, now)
+            .instrument(span.clone())
+            .await?;
+        crate::traces::memories_found(&span, found.iter().map(|f| (f.memory.id.as_str(), f.score)));
+        Ok(found)
+    }
+
+    /// [`Self::recall`]'s work.
+    async fn recalled(
         &self,
         agent: &Agent,
         r: &Recall,
