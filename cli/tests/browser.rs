@@ -751,3 +751,56 @@ async fn a_parked_call_is_a_card_approved_from_the_dashboard_in_a_browser() {
     assert_eq!(mcp.calls().len(), 1);
     c.close().await.unwrap();
 }
+
+/// A reply Discord refuses is kept in the dashboard's conversation all the same, marked
+/// with why it did not reach Discord: the person finds there what the agent said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_discord_refuses_is_kept_in_the_chat_and_says_why_in_a_browser() {
+    let discord = pulse_tests::fake_discord::FakeDiscord::start().await;
+    discord.fail_next(std::iter::repeat_n(403, 64));
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    let agent = ok(
+        &d,
+        &[
+            "agents",
+            "create",
+            "--name",
+            "kept",
+            "--interval",
+            "1h",
+            "--discord-channel",
+            "1001",
+            "--instructions",
+            "speak: the report is due at noon",
+        ],
+    );
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let api = discord.api_base();
+    let _serve = spawn(
+        &d,
+        &["serve", "--listen", &listen, "--tick", "200ms"],
+        &[
+            ("DISCORD_BOT_TOKEN", "bot-token"),
+            ("DISCORD_API_BASE", &api),
+            ("PULSE_DISCORD_GATEWAY", "off"),
+        ],
+        port,
+    );
+    let (_driver, c) = browser().await;
+    c.goto(&format!("http://127.0.0.1:{port}/ui/agents/{agent}/chat"))
+        .await
+        .unwrap();
+    // The first heartbeat speaks; Discord refuses the reply; the page shows it, marked,
+    // without a reload.
+    expect_text(
+        &c,
+        ".chat .said.reply .undelivered",
+        "not delivered to Discord",
+    )
+    .await;
+    expect_text(&c, ".chat .said.thought", "the report is due at noon").await;
+    screenshot(&c, &d, "chat-undelivered").await;
+    c.close().await.unwrap();
+}
