@@ -2994,3 +2994,82 @@ fn serve_s_json_log_lines_carry_the_agent_and_the_heartbeat_or_the_turn() {
         );
     }
 }
+
+/// `pulse bench memory` on a conversation made in LoCoMo's shape: the turns a question
+/// names by its words are found, one whose words appear nowhere is not, a question whose
+/// evidence names no turn is left out and counted, and the adversarial category is kept
+/// apart from the overall figure. A file that is not LoCoMo's is refused with what to give.
+#[test]
+fn bench_memory_scores_retrieval_against_the_annotated_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let turn = |id: &str, speaker: &str, text: &str| serde_json::json!({"dia_id": id, "speaker": speaker, "text": text});
+    let conversation = serde_json::json!([{
+        "sample_id": "made-1",
+        "conversation": {
+            "speaker_a": "Ana", "speaker_b": "Ben",
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+            "session_1": [
+                turn("D1:1", "Ana", "I adopted a greyhound called Pixel last week."),
+                turn("D1:2", "Ben", "Lovely! I am training for the Lisbon marathon."),
+            ],
+            "session_2_date_time": "10:37 am on 27 June, 2023",
+            "session_2": [
+                turn("D2:1", "Ana", "Pixel chewed my sandals, the rascal."),
+                turn("D2:2", "Ben", "My knee hurts after the long run."),
+            ],
+        },
+        "qa": [
+            {"question": "What did Ana name her greyhound?", "evidence": ["D1:1"], "category": 4},
+            {"question": "Which race and which injury does Ben mention?", "evidence": ["D1:2; D2:2"], "category": 1},
+            {"question": "Where was the wedding held?", "evidence": ["D2:1"], "category": 2},
+            {"question": "What did Ana's greyhound chew?", "evidence": ["D9:9"], "category": 4},
+            {"question": "What did Ben name his greyhound?", "evidence": ["D1:1"], "category": 5},
+        ],
+    }]);
+    let file = dir.path().join("locomo.json");
+    std::fs::write(&file, conversation.to_string()).unwrap();
+    let report = json(
+        dir.path(),
+        &["bench", "memory", "--locomo", file.to_str().unwrap()],
+    );
+    assert_eq!(report["conversations"], 1);
+    assert_eq!(report["questions"], 5);
+    let run = &report["runs"][0];
+    assert_eq!(run["memories"], 4);
+    assert_eq!(run["left_out"], 1, "D9:9 is no turn of it: {run}");
+    let category = |n: u64| {
+        run["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["category"] == n)
+            .unwrap()
+            .clone()
+    };
+    // Found by its words: the single-hop question's turn, and both of the multi-hop's.
+    assert_eq!(category(4)["questions"], 1);
+    assert_eq!(category(4)["recall_at_10"], 100.0, "{run}");
+    assert_eq!(category(1)["recall_at_10"], 100.0, "{run}");
+    // No word of the temporal question is in any turn: nothing found.
+    assert_eq!(category(2)["recall_at_10"], 0.0, "{run}");
+    assert_eq!(category(3)["questions"], 0);
+    // The adversarial question is scored, apart: the overall figure is categories 1-4.
+    assert_eq!(category(5)["questions"], 1);
+    assert_eq!(run["overall"]["questions"], 3);
+    let overall = run["overall"]["recall_at_10"].as_f64().unwrap();
+    assert!((overall - 200.0 / 3.0).abs() < 1e-6, "{run}");
+
+    let wrong = dir.path().join("wrong.json");
+    std::fs::write(&wrong, "{\"not\": \"locomo\"}").unwrap();
+    let said = bad(
+        dir.path(),
+        &["bench", "memory", "--locomo", wrong.to_str().unwrap()],
+    );
+    assert!(said.contains("is not LoCoMo's locomo10.json"), "{said}");
+    let missing = dir.path().join("missing.json");
+    let said = bad(
+        dir.path(),
+        &["bench", "memory", "--locomo", missing.to_str().unwrap()],
+    );
+    assert!(said.contains("snap-research/LoCoMo"), "{said}");
+}

@@ -6,6 +6,7 @@ mod coldstart;
 mod cost;
 mod dashboard;
 mod hooks;
+mod memory;
 mod recall;
 mod receive;
 mod retention;
@@ -145,6 +146,18 @@ pub(crate) enum BenchCmd {
         #[arg(long, default_value_t = 2_000)]
         aws_memories: usize,
     },
+    /// Memory quality on LoCoMo, a public benchmark of long conversations: each dialogue
+    /// turn kept as a memory, each question recalled, recall@5 and @10 of the annotated
+    /// evidence per category (no model judges: the run is the same every time).
+    Memory {
+        /// LoCoMo's `locomo10.json` (github.com/snap-research/LoCoMo; CC BY-NC 4.0, read
+        /// where it is).
+        #[arg(long, value_name = "FILE")]
+        locomo: std::path::PathBuf,
+        /// Only the first N conversations (all ten by default).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        conversations: Option<u64>,
+    },
     /// One agent's scripted day (96 beats at 15 minutes, 12 thinking, 20 messages) against
     /// a loopback stand-in for Anthropic that caches prompt prefixes as Anthropic
     /// documents it: input tokens and dollars with the cache off and on.
@@ -191,6 +204,10 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         } => coldstart::coldstart(runs, repeat, bin_dir, out).await,
         BenchCmd::Turn { history, turns } => sweep::turn(&history, turns, out).await,
         BenchCmd::Cost => cost::cost(out).await,
+        BenchCmd::Memory {
+            locomo,
+            conversations,
+        } => memory::memory(&locomo, conversations.map(|n| n as usize), out).await,
         BenchCmd::Retention { beats } => retention::retention(beats, out).await,
         BenchCmd::Recall {
             memories,
