@@ -44,14 +44,24 @@ fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)], port: u16) -> Running 
     running
 }
 
-fn serve(dir: &Path, port: u16) -> Running {
+/// `pulse serve` with `env` on loopback `port`, running until dropped.
+fn serve(dir: &Path, port: u16, env: &[(&str, &str)]) -> Running {
     let listen = format!("127.0.0.1:{port}");
     spawn(
         dir,
         &["serve", "--listen", &listen, "--tick", "200ms"],
-        &[],
+        env,
         port,
     )
+}
+
+/// A browser open at `agent`'s Chat tab on the `pulse serve` at `port`.
+async fn open_chat(port: u16, agent: &str) -> (Running, Client) {
+    let (driver, c) = browser().await;
+    c.goto(&format!("http://127.0.0.1:{port}/ui/agents/{agent}/chat"))
+        .await
+        .unwrap();
+    (driver, c)
 }
 
 async fn browser() -> (Running, Client) {
@@ -182,7 +192,7 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
             "HEARTBEAT",
         ],
     );
-    let _serve = serve(&d, port);
+    let _serve = serve(&d, port, &[]);
     let (_driver, c) = browser().await;
     let base = format!("http://127.0.0.1:{port}");
 
@@ -435,22 +445,17 @@ async fn a_message_the_model_cannot_answer_is_shown_waiting_in_the_chat_in_a_bro
     // A model nothing answers at.
     let down = format!("http://127.0.0.1:{}/v1", free_port());
     let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let _serve = spawn(
+    let _serve = serve(
         &d,
-        &["serve", "--listen", &listen, "--tick", "200ms"],
+        port,
         &[
             ("PULSE_LLM_PROVIDER", "openai"),
             ("PULSE_LLM_BASE_URL", &down),
             ("OPENAI_API_KEY", "sk-test"),
             ("PULSE_LLM_MAX_ATTEMPTS", "1"),
         ],
-        port,
     );
-    let (_driver, c) = browser().await;
-    c.goto(&format!("http://127.0.0.1:{port}/ui/agents/{agent}/chat"))
-        .await
-        .unwrap();
+    let (_driver, c) = open_chat(port, &agent).await;
     type_into(&c, Locator::Css("#text"), "are you there?").await;
     click(&c, Locator::Css("form.chat-box button")).await;
     expect_text(&c, ".chat .said.user", "are you there?").await;
@@ -496,7 +501,7 @@ async fn the_chat_opens_at_the_newest_message_and_follows_unless_scrolled_up_in_
         ],
     );
     let port = free_port();
-    let _serve = serve(&d, port);
+    let _serve = serve(&d, port, &[]);
     // Twelve exchanges, each answered before the next is sent: 24 messages.
     for i in 0..12 {
         ok(
@@ -521,10 +526,7 @@ async fn the_chat_opens_at_the_newest_message_and_follows_unless_scrolled_up_in_
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let (_driver, c) = browser().await;
-    c.goto(&format!("http://127.0.0.1:{port}/ui/agents/{agent}/chat"))
-        .await
-        .unwrap();
+    let (_driver, c) = open_chat(port, &agent).await;
     expect_text(&c, ".chat", "message number 11").await;
     let bottom =
         "return window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 4;";
@@ -698,18 +700,16 @@ async fn a_parked_call_is_a_card_approved_from_the_dashboard_in_a_browser() {
         Scripted::text("I asked you first."),
         Scripted::text("It is 5."),
     ]);
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
     let base = llm.url();
-    let _serve = spawn(
+    let port = free_port();
+    let _serve = serve(
         &d,
-        &["serve", "--listen", &listen, "--tick", "200ms"],
+        port,
         &[
             ("PULSE_LLM_PROVIDER", "anthropic"),
             ("ANTHROPIC_API_KEY", "sk-ant-test"),
             ("PULSE_LLM_BASE_URL", &base),
         ],
-        port,
     );
     ok(&d, &["say", "--agent", "scout", "add 2 and 3"]);
     let (_driver, c) = browser().await;
@@ -775,23 +775,18 @@ async fn a_reply_discord_refuses_is_kept_in_the_chat_and_says_why_in_a_browser()
             "speak: the report is due at noon",
         ],
     );
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
     let api = discord.api_base();
-    let _serve = spawn(
+    let port = free_port();
+    let _serve = serve(
         &d,
-        &["serve", "--listen", &listen, "--tick", "200ms"],
+        port,
         &[
             ("DISCORD_BOT_TOKEN", "bot-token"),
             ("DISCORD_API_BASE", &api),
             ("PULSE_DISCORD_GATEWAY", "off"),
         ],
-        port,
     );
-    let (_driver, c) = browser().await;
-    c.goto(&format!("http://127.0.0.1:{port}/ui/agents/{agent}/chat"))
-        .await
-        .unwrap();
+    let (_driver, c) = open_chat(port, &agent).await;
     // The first heartbeat speaks; Discord refuses the reply; the page shows it, marked,
     // without a reload.
     expect_text(

@@ -86,6 +86,16 @@ impl World {
             .unwrap()
     }
 
+    /// The newest of `agent`'s heartbeats that finished: the latest, or the one before
+    /// it when the latest is the next one, pending.
+    pub(crate) async fn finished(&self, agent: &Agent) -> pulse_shared::domain::Heartbeat {
+        let newest = self.b.store.list_heartbeats(&agent.id, 2).await.unwrap();
+        newest
+            .into_iter()
+            .find(|h| h.status.is_final())
+            .expect("a finished heartbeat among the newest two")
+    }
+
     pub(crate) async fn hook(&self, agent: &Agent, hook_type: &str, url: &str) -> Hook {
         let h = Hook::new(
             agent.id.clone(),
@@ -918,18 +928,7 @@ async fn expectations(kind: Kind) {
             w.llm.script([Scripted::text("Nothing worth saying.")]);
         }
         assert_eq!(w.beat().await, 1);
-        let done = w.latest(&agent).await;
-        let done = if done.status.is_final() {
-            done
-        } else {
-            // The latest is the next one, pending: the one before it finished.
-            w.b.store
-                .list_heartbeats(&agent.id, 2)
-                .await
-                .unwrap()
-                .pop()
-                .unwrap()
-        };
+        let done = w.finished(&agent).await;
         kinds.push(done.outcome.clone().unwrap());
         next();
     }
@@ -1005,15 +1004,7 @@ async fn schedule_expectations(kind: Kind) {
             w.llm.script([Scripted::text("Nothing worth saying.")]);
         }
         assert_eq!(w.beat().await, 1);
-        // The latest is the next one, pending: the one before it finished.
-        let done =
-            w.b.store
-                .list_heartbeats(&agent.id, 2)
-                .await
-                .unwrap()
-                .pop()
-                .unwrap();
-        assert!(done.status.is_final(), "{done:?}");
+        let done = w.finished(&agent).await;
         if wake {
             counts.push(w.ops.schedules(&agent.id).await.unwrap()[0].incomplete_runs);
             runs.push(done);

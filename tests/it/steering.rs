@@ -29,13 +29,7 @@ async fn wake_once(kind: Kind) {
         Woken::AlreadyDue(_)
     ));
     assert_eq!(w.beat().await, 1, "one heartbeat for two wakes");
-    let ran =
-        w.b.store
-            .list_heartbeats(&agent.id, 2)
-            .await
-            .unwrap()
-            .pop()
-            .unwrap();
+    let ran = w.finished(&agent).await;
     assert_eq!(ran.status, HeartbeatStatus::Completed, "{ran:?}");
     let events = w.b.store.list_events(&agent.id, 50).await.unwrap();
     assert!(
