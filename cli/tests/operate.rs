@@ -1078,6 +1078,43 @@ fn memories_on(backend: Backend) {
     );
     assert_eq!(found[0]["memory"]["id"], veg, "{found}");
     assert_eq!(found[0]["state"], "active");
+    assert_eq!(
+        found[0]["title"], "The user is vegetarian and never eats meat",
+        "{found}"
+    );
+    assert_eq!(found[0]["last_recalled_ago"], "never", "{found}");
+    let table = ok(
+        d,
+        &[
+            "memories",
+            "recall",
+            "--agent",
+            "ada",
+            "eats vegetarian meat",
+        ],
+    );
+    let header = table.lines().next().unwrap();
+    assert!(
+        header.starts_with("ID") && header.contains("RECALLED") && header.ends_with("TITLE"),
+        "{table}"
+    );
+    // One memory whole, by id alone (its agent is found), reinforcing nothing.
+    let one = ok(d, &["memories", "recall", "--id", &veg]);
+    assert!(
+        one.contains(&format!("id: {veg}"))
+            && one.contains("kind: preference")
+            && one.contains("last recalled: never"),
+        "{one}"
+    );
+    assert!(
+        one.ends_with("The user is vegetarian and never eats meat"),
+        "{one}"
+    );
+    let both = bad(
+        d,
+        &["memories", "recall", "--agent", "ada", "meat", "--id", &veg],
+    );
+    assert!(both.contains("--id"), "{both}");
     let listed = json(d, &["memories", "list", "--agent", "ada"]);
     assert_eq!(find(&listed, "id", &veg).unwrap()["recalls"], 0);
     json(

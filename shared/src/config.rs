@@ -110,11 +110,11 @@ pub struct Config {
     pub durability: Durability,
 }
 
-/// The embeddings model (`PULSE_EMBED_*`): none means the offline embedder.
+/// The embeddings model (`PULSE_EMBED_*`, `PULSE_MODELS_DIR`).
 #[derive(Clone, Debug)]
 pub struct EmbedConfig {
-    /// `PULSE_EMBED_MODEL`, e.g. `text-embedding-3-small`.
-    pub model: Option<String>,
+    /// Where vectors come from.
+    pub source: EmbedSource,
     /// `PULSE_EMBED_BASE_URL`: an OpenAI-compatible API (`…/v1`).
     pub base_url: Url,
     /// `PULSE_EMBED_DIMENSIONS`, asked of the model when set.
@@ -126,10 +126,34 @@ pub struct EmbedConfig {
     pub timeout: std::time::Duration,
 }
 
+/// Where memories' vectors come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EmbedSource {
+    /// An embeddings API: `PULSE_EMBED_MODEL`, e.g. `text-embedding-3-small`.
+    Api {
+        /// The model asked for.
+        model: String,
+    },
+    /// A model run in the process: `PULSE_EMBED_MODEL=local:PATH`, or all-MiniLM-L6-v2
+    /// installed beside the database or in the models directory when nothing is set.
+    Local {
+        /// The model's directory.
+        dir: crate::embed::ModelDir,
+        /// Found installed rather than configured.
+        installed: bool,
+    },
+    /// The offline word embedder: nothing configured or installed, or
+    /// `PULSE_EMBED_MODEL=words` (`chosen`).
+    Words {
+        /// Asked for by name.
+        chosen: bool,
+    },
+}
+
 impl Default for EmbedConfig {
     fn default() -> Self {
         Self {
-            model: None,
+            source: EmbedSource::Words { chosen: false },
             base_url: Url::parse(OPENAI_EMBED_BASE).expect("a valid URL"),
             dimensions: None,
             api_key: None,
@@ -528,9 +552,11 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         }
     }
 
-    /// The embeddings model: `PULSE_EMBED_MODEL` (none: the offline embedder),
-    /// `PULSE_EMBED_BASE_URL`, `PULSE_EMBED_DIMENSIONS`, and the key for that URL.
-    pub fn embed(&self) -> Result<EmbedConfig, ConfigError> {
+    /// The embeddings model: `PULSE_EMBED_MODEL` (an API's model, `local:PATH`, `words`;
+    /// none: all-MiniLM-L6-v2 if installed in `models` beside the database `db` or in the
+    /// models directory, else the offline embedder), `PULSE_EMBED_BASE_URL`,
+    /// `PULSE_EMBED_DIMENSIONS`, and the key for that URL.
+    pub fn embed(&self, db: Option<&std::path::Path>) -> Result<EmbedConfig, ConfigError> {
         let d = EmbedConfig::default();
         let base_url = self.url("PULSE_EMBED_BASE_URL")?.unwrap_or(d.base_url);
         let dimensions = match self.get("PULSE_EMBED_DIMENSIONS") {
@@ -558,19 +584,78 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             .get("PULSE_EMBED_MODEL")
             .map(|m| m.trim().to_owned())
             .filter(|m| !m.is_empty());
-        if model.is_some() && api_key.is_none() && openai {
+        let source = match model {
+            Some(m) if m == "words" => EmbedSource::Words { chosen: true },
+            Some(m) if m.starts_with("local:") => {
+                let path = m.trim_start_matches("local:").trim();
+                if !crate::embed::LOCAL {
+                    return Err(ConfigError::new(
+                        "PULSE_EMBED_MODEL",
+                        format!(
+                            "{m:?}: this program is built without the local embedder (`pulse` has it; the Lambda functions do not): use an embeddings API here"
+                        ),
+                    ));
+                }
+                let dir = crate::embed::ModelDir::inspect(std::path::Path::new(path))
+                    .map_err(|e| ConfigError::new("PULSE_EMBED_MODEL", e.to_string()))?;
+                EmbedSource::Local {
+                    dir,
+                    installed: false,
+                }
+            }
+            Some(model) => EmbedSource::Api { model },
+            None => self.installed_model(db),
+        };
+        if matches!(source, EmbedSource::Api { .. }) && api_key.is_none() && openai {
             return Err(ConfigError::new(
                 "PULSE_EMBED_MODEL",
                 "is set for OpenAI's API without a key: set OPENAI_API_KEY or PULSE_EMBED_API_KEY, or PULSE_EMBED_BASE_URL for another API",
             ));
         }
         Ok(EmbedConfig {
-            model,
+            source,
             base_url,
             dimensions,
             api_key,
             ..d
         })
+    }
+
+    /// all-MiniLM-L6-v2 where `pulse models install minilm` puts it: in `models` beside the
+    /// database `db`, else in the models directory; the word embedder when neither holds
+    /// it (or a found one cannot be read, which is logged).
+    fn installed_model(&self, db: Option<&std::path::Path>) -> EmbedSource {
+        if !crate::embed::LOCAL {
+            return EmbedSource::Words { chosen: false };
+        }
+        let mut dirs = Vec::new();
+        if let Some(db) = db {
+            let parent = db.parent().filter(|p| !p.as_os_str().is_empty());
+            dirs.push(parent.unwrap_or(std::path::Path::new(".")).join("models"));
+        }
+        dirs.extend(self.models_dir());
+        let found = crate::embed::ModelDir::find_installed(&dirs);
+        match found.map(|p| crate::embed::ModelDir::inspect(&p)) {
+            Some(Ok(dir)) => EmbedSource::Local {
+                dir,
+                installed: true,
+            },
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "an installed embeddings model cannot be read; memories are recalled by their words");
+                EmbedSource::Words { chosen: false }
+            }
+            None => EmbedSource::Words { chosen: false },
+        }
+    }
+
+    /// `PULSE_MODELS_DIR`, else `$XDG_DATA_HOME/pulse/models`, else
+    /// `~/.local/share/pulse/models`: where `pulse models install` puts models.
+    pub fn models_dir(&self) -> Option<PathBuf> {
+        crate::embed::default_models_dir(
+            self.get("PULSE_MODELS_DIR").as_deref(),
+            self.get("XDG_DATA_HOME").as_deref(),
+            self.get("HOME").as_deref(),
+        )
     }
 
     /// `PULSE_DURABILITY`: `synced` (the default) or `relaxed`.
@@ -608,15 +693,20 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             hooks: self.hooks()?,
             encryption: self.encryption()?,
             retention: self.retention()?,
-            embed: self.embed()?,
+            embed: self.embed(None)?,
             durability: self.durability()?,
         })
     }
 
     /// The whole configuration.
     pub fn config(&self, db: Option<PathBuf>) -> Result<Config, ConfigError> {
+        let backend = self.backend(db)?;
+        let db = match &backend {
+            Backend::Sqlite { path } => Some(path.clone()),
+            Backend::Aws(_) => None,
+        };
         Ok(Config {
-            backend: self.backend(db)?,
+            backend,
             engine: self.engine()?,
             llm: self.llm()?,
             discord: self.discord()?,
@@ -624,7 +714,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             hooks: self.hooks()?,
             encryption: self.encryption()?,
             retention: self.retention()?,
-            embed: self.embed()?,
+            embed: self.embed(db.as_deref())?,
             durability: self.durability()?,
         })
     }

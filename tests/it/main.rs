@@ -20,6 +20,7 @@ mod layout;
 mod lifecycle;
 mod listener;
 mod llm;
+mod local_model;
 mod mcp;
 mod memory;
 mod messages_api;

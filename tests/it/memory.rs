@@ -986,3 +986,208 @@ async fn forget_races(kind: Kind) {
     assert_eq!(done.summarized, 3, "{done:?}");
     assert_eq!(done.changed_meanwhile, 0);
 }
+
+/// Runs the agent's `recall` tool with `input` at `beat`, as a heartbeat does: its
+/// answer, or the refusal's words.
+async fn recall_tool(
+    b: &Backend,
+    memories: &Memories,
+    agent: &Agent,
+    input: Value,
+    beat: u64,
+) -> Result<Value, String> {
+    let call = pulse_shared::domain::ToolUse {
+        id: "call_1".into(),
+        name: "recall".into(),
+        input,
+    };
+    let cx = pulse_shared::engine::memory::Context {
+        source: pulse_shared::domain::MemorySource::Agent,
+        heartbeat: None,
+        source_ids: Vec::new(),
+        after_reading: Vec::new(),
+        beat,
+    };
+    pulse_shared::engine::memory::run(
+        memories,
+        agent,
+        &call,
+        MemoryId::derived(b.now().as_millisecond() as u64, &["recall", "call_1"]),
+        &cx,
+        b.now(),
+    )
+    .await
+    .expect("recall is a memory tool")
+    .map_err(|refusal| refusal.to_string())
+}
+
+on_both_backends!(
+    the_recall_tool_answers_with_titles_and_times_within_its_size_and_one_memory_by_id,
+    recall_tool_answers
+);
+async fn recall_tool_answers(kind: Kind) {
+    let b = Backend::new(kind).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let (_, url) = fake_embeddings().await;
+    let memories = Memories::new(b.store.clone(), embedder(&url, 64));
+    let first_line = "The user went vegetarian in March and asked for a weekly meal plan she can cook after a long day";
+    assert!(first_line.chars().count() > 80);
+    let plan = memory(
+        &b,
+        &agent,
+        0,
+        &format!("{first_line}\nMonday: lentils\nTuesday: tofu"),
+        0,
+    );
+    // Longer than a memory may be made now (one kept before the limit): stored as it is.
+    let mut huge = memory(&b, &agent, 1, "vegetarian food diary", 0);
+    huge.text = format!(
+        "vegetarian food diary: {}",
+        "tofu, rice and beans; ".repeat(500)
+    )
+    .chars()
+    .take(9_000)
+    .collect();
+    let long = |n: u64| {
+        let text = format!("vegetarian meal {n}: {}", "lentils ".repeat(480));
+        memory(&b, &agent, n, &text, 0)
+    };
+    let kept = memories
+        .remember(
+            &agent.id,
+            vec![
+                plan,
+                huge,
+                long(2),
+                long(3),
+                memory(&b, &agent, 4, "she is vegetarian since March", 0),
+                memory(&b, &agent, 5, "the dog is called Rex", 0),
+                memory(&b, &agent, 6, "the boss moved the deadline", 0),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(kept[1].text.chars().count(), 9_000);
+
+    // By query: within 8,000 characters, the two long meals not both in; each memory
+    // with its title, kind, status, weight, match and when it was last recalled.
+    let answer = recall_tool(&b, &memories, &agent, json!({"query": "vegetarian"}), 10)
+        .await
+        .unwrap();
+    let size = answer.to_string().chars().count();
+    assert!(size <= 8_000, "{size} characters");
+    assert!(
+        answer["more"].as_u64().unwrap_or(0) >= 1,
+        "two memories of 3,900 characters do not both fit: {answer}"
+    );
+    let found = answer["memories"].as_array().unwrap();
+    assert!(!found.is_empty(), "{answer}");
+    for m in found {
+        let title = m["title"].as_str().unwrap();
+        assert!(title.chars().count() <= 81 && !title.contains('\n'), "{m}");
+        for field in ["id", "text", "kind", "status", "weight", "score"] {
+            assert!(!m[field].is_null(), "{field} in {m}");
+        }
+        assert_eq!(m["last_recalled_ago"], "never", "not recalled before: {m}");
+        assert_eq!(m["status"], "active");
+    }
+    let shown_plan = found
+        .iter()
+        .find(|m| m["id"] == kept[0].id.as_str())
+        .unwrap_or_else(|| panic!("the meal plan is among the best: {answer}"));
+    let cut: String = first_line.chars().take(80).collect();
+    assert_eq!(shown_plan["title"], format!("{}…", cut.trim_end()));
+    assert_eq!(shown_plan["text"], kept[0].text.as_str(), "the text whole");
+
+    // By id: the 9,000-character memory, cut only because it is over 8,000, saying so.
+    let whole = recall_tool(&b, &memories, &agent, json!({"id": kept[1].id}), 10)
+        .await
+        .unwrap();
+    assert!(whole.to_string().chars().count() <= 8_000);
+    let text = whole["memory"]["text"].as_str().unwrap();
+    let (head, note) = text.rsplit_once("… (cut:").expect("cut, saying so");
+    assert!(note.contains("longer than one answer can carry"), "{note}");
+    assert!(
+        kept[1].text.starts_with(head) && head.chars().count() > 7_000,
+        "{} characters kept",
+        head.chars().count()
+    );
+    // An ordinary one whole, as it is: reading it is not recalling it.
+    let she = recall_tool(&b, &memories, &agent, json!({"id": kept[4].id}), 10)
+        .await
+        .unwrap();
+    let m = &she["memory"];
+    assert_eq!(m["text"], "she is vegetarian since March");
+    assert_eq!(m["title"], "she is vegetarian since March");
+    assert_eq!(
+        (m["kind"].as_str(), m["status"].as_str()),
+        (Some("fact"), Some("active"))
+    );
+    assert_eq!(m["last_recalled_ago"], "just now", "by the recall above");
+    assert!(m.get("score").is_none(), "{m}");
+    let stored = b
+        .store
+        .get_memory(&agent.id, &kept[4].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.recalls, 1, "the query's recall only");
+
+    // An id that is not the agent's, or not an id, is refused; so is asking both ways,
+    // or neither.
+    let unknown = MemoryId::derived(1, &["nobody kept this"]);
+    let refused = recall_tool(&b, &memories, &agent, json!({"id": unknown}), 10)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        format!("no memory {unknown} is yours; recall by query to find one")
+    );
+    let (other, _) = b.agent("other", "15m").await;
+    let refused = recall_tool(&b, &memories, &other, json!({"id": kept[4].id}), 10)
+        .await
+        .unwrap_err();
+    assert!(refused.contains("is yours"), "{refused}");
+    let refused = recall_tool(&b, &memories, &agent, json!({"id": "rex"}), 10)
+        .await
+        .unwrap_err();
+    assert!(refused.contains("not a memory id"), "{refused}");
+    let refused = recall_tool(
+        &b,
+        &memories,
+        &agent,
+        json!({"query": "tofu", "id": kept[4].id}),
+        10,
+    )
+    .await
+    .unwrap_err();
+    assert!(refused.contains("not both"), "{refused}");
+    let refused = recall_tool(&b, &memories, &agent, json!({}), 10)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("\"query\"") && refused.contains("\"id\""),
+        "{refused}"
+    );
+
+    // Four half-lives and 120 days on: by id, a faded memory shows as suspended and
+    // when it was recalled; a close recall brings another back, marked so.
+    b.advance(SignedDuration::from_hours(24 * 120));
+    let beat = 4 * 2_880;
+    let later = recall_tool(&b, &memories, &agent, json!({"id": kept[4].id}), beat)
+        .await
+        .unwrap();
+    assert_eq!(later["memory"]["status"], "suspended", "{later}");
+    assert_eq!(later["memory"]["last_recalled_ago"], "4 months ago");
+    let back = recall_tool(&b, &memories, &agent, json!({"query": "walk puppy"}), beat)
+        .await
+        .unwrap();
+    let rex = &back["memories"][0];
+    assert_eq!(rex["id"], kept[5].id.as_str(), "{back}");
+    assert_eq!(
+        (rex["status"].as_str(), rex["reactivated"].as_bool()),
+        (Some("active"), Some(true)),
+        "{back}"
+    );
+    assert_eq!(rex["last_recalled_ago"], "never");
+}

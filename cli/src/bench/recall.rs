@@ -111,6 +111,15 @@ impl HashEmbedder {
         }
     }
 
+    /// Vectors of `dims` under another model's label: memories stored as if that model
+    /// had embedded them (a recall's cost depends on their number and size only).
+    fn labelled(model: &str, dims: usize) -> Self {
+        Self {
+            model: model.to_owned(),
+            dims,
+        }
+    }
+
     fn vector(&self, text: &str) -> Vec<f32> {
         let mut v = vec![0f32; self.dims];
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -151,7 +160,7 @@ impl Embedder for HashEmbedder {
 }
 
 /// The `i`th memory's text: six words from the list, in an order of its own.
-fn text(i: usize) -> String {
+pub(super) fn text(i: usize) -> String {
     let mut x = xorshift(i as u64 + 1);
     let mut words = Vec::with_capacity(6);
     for _ in 0..6 {
@@ -162,7 +171,7 @@ fn text(i: usize) -> String {
 }
 
 /// A query: three words from the list.
-fn query(i: usize) -> String {
+pub(super) fn query(i: usize) -> String {
     let mut x = xorshift(0xdead_beef ^ (i as u64 + 7));
     let mut words = Vec::with_capacity(3);
     for _ in 0..3 {
@@ -210,7 +219,7 @@ async fn seed(
 }
 
 /// The process's resident memory, in bytes (Linux; 0 elsewhere).
-fn resident() -> u64 {
+pub(super) fn resident() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -242,11 +251,13 @@ async fn recall_times(
     Ok((times, found as f64 / recalls.max(1) as f64))
 }
 
-/// One SQLite run: `n` memories at `embedder`'s size.
+/// One SQLite run: `n` memories stored with `seeder`'s vectors, recalled with
+/// `embedder` (the same model: each query is embedded by it, inside the time measured).
 async fn on_sqlite(
     n: usize,
     recalls: usize,
     embedder: Arc<dyn Embedder>,
+    seeder: &dyn Embedder,
     out: &Out,
 ) -> Result<Value, Failure> {
     let dir = tempfile::tempdir()?;
@@ -261,7 +272,7 @@ async fn on_sqlite(
     let (agent, first) = NewAgent::named("rememberer").create(clock.now())?;
     b.store.create_agent(&agent, &first).await?;
     let started = Instant::now();
-    seed(b.store.as_ref(), &agent, embedder.as_ref(), n, clock.now()).await?;
+    seed(b.store.as_ref(), &agent, seeder, n, clock.now()).await?;
     let seeded = started.elapsed().as_secs_f64();
     let model = embedder.model().to_owned();
     let memories = Memories::new(b.store.clone(), embedder);
@@ -379,6 +390,7 @@ pub(crate) async fn recall(
     recalls: usize,
     aws_endpoint: Option<String>,
     aws_memories: usize,
+    model: Option<&std::path::Path>,
     out: &Out,
 ) -> Result<(), Failure> {
     if !(10..=1_000_000).contains(&memories) {
@@ -391,8 +403,31 @@ pub(crate) async fn recall(
             "invalid --recalls {recalls}: use 1 to 100000"
         )));
     }
-    let wide = on_sqlite(memories, recalls, Arc::new(HashEmbedder::new(1536)), out).await?;
-    let offline = on_sqlite(memories, recalls, Arc::new(OfflineEmbedder), out).await?;
+    let hash = HashEmbedder::new(1536);
+    let wide = on_sqlite(
+        memories,
+        recalls,
+        Arc::new(HashEmbedder::new(1536)),
+        &hash,
+        out,
+    )
+    .await?;
+    let offline = on_sqlite(
+        memories,
+        recalls,
+        Arc::new(OfflineEmbedder),
+        &OfflineEmbedder,
+        out,
+    )
+    .await?;
+    let local = match super::embed::model_dir(model)? {
+        Some(dir) => {
+            let seeder = HashEmbedder::labelled(&dir.label, dir.dimensions);
+            let embedder = Arc::new(pulse_shared::embed::LocalEmbedder::new(dir));
+            Some(on_sqlite(memories, recalls, embedder, &seeder, out).await?)
+        }
+        None => None,
+    };
     let aws = match aws_endpoint {
         Some(url) => {
             Some(on_aws(aws_memories.clamp(10, memories), recalls, 1536, &url, out).await?)
@@ -400,7 +435,9 @@ pub(crate) async fn recall(
         None => None,
     };
     if out.json {
-        out.json_value(&json!({ "sqlite_1536": wide, "sqlite_offline": offline, "aws": aws }));
+        out.json_value(&json!({
+            "sqlite_1536": wide, "sqlite_offline": offline, "sqlite_local": local, "aws": aws,
+        }));
     }
     Ok(())
 }

@@ -47,15 +47,24 @@ pub(crate) enum MemoriesCmd {
         importance: f32,
     },
     /// What the agent would recall for QUERY: the same search by meaning and words,
-    /// weight and importance. Looking does not reinforce, unless --reinforce.
+    /// weight and importance, each with its title and when it was last recalled. Looking
+    /// does not reinforce, unless --reinforce. With --id, one memory whole.
     Recall {
         /// The agent: its id, name or alias.
         #[arg(long)]
         agent: Option<String>,
         /// What to look for. The agent may come first instead of --agent: `memories
         /// recall scout "…"`.
-        #[arg(value_name = "QUERY", num_args = 1..=2, required = true)]
+        #[arg(value_name = "QUERY", num_args = 1..=2, required_unless_present = "id")]
         words: Vec<String>,
+        /// One memory (`mem_…`) instead of a search: shown whole, nothing reinforced
+        /// (without --agent, every agent is searched for it).
+        #[arg(
+            long,
+            value_name = "MEM_ID",
+            conflicts_with_all = ["words", "reinforce", "limit"]
+        )]
+        id: Option<String>,
         /// How many, at most.
         #[arg(long, default_value_t = 5)]
         limit: usize,
@@ -131,6 +140,10 @@ pub(crate) enum MemoriesPlan {
         query: String,
         limit: usize,
         reinforce: bool,
+    },
+    RecallId {
+        id: MemoryId,
+        agent: Option<AgentRef>,
     },
     Forget {
         id: MemoryId,
@@ -211,7 +224,16 @@ pub(crate) fn plan(cmd: MemoriesCmd) -> Result<MemoriesPlan, Failure> {
         }
         MemoriesCmd::Recall {
             agent,
+            id: Some(id),
+            ..
+        } => MemoriesPlan::RecallId {
+            id: MemoryId::parse(id.trim()).map_err(input)?,
+            agent: agent_opt(agent)?,
+        },
+        MemoriesCmd::Recall {
+            agent,
             words,
+            id: None,
             limit: n,
             reinforce,
         } => {
@@ -257,6 +279,7 @@ impl MemoriesPlan {
                     reinforce: false,
                     ..
                 }
+                | Self::RecallId { .. }
         )
     }
 }
@@ -276,6 +299,28 @@ struct Recalled {
     #[serde(flatten)]
     found: Found,
     state: Shown,
+    /// Its first line, cut to 80 characters.
+    title: String,
+    /// When a recall last returned it before this one, in words ("3 days ago", "never").
+    last_recalled_ago: String,
+}
+
+/// One memory read whole: the record, its state and weight at the agent's beat, and
+/// its times in words.
+#[derive(Serialize)]
+struct Whole {
+    #[serde(flatten)]
+    memory: Memory,
+    state: Shown,
+    weight: f32,
+    title: String,
+    kept_ago: String,
+    last_recalled_ago: String,
+}
+
+/// When a recall last returned a memory, in words: "3 days ago", or "never".
+fn recalled_ago(at: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
+    at.map_or_else(|| "never".to_owned(), |t| memory::ago(t, now))
 }
 
 fn state(m: &Memory, status: MemoryStatus) -> Shown {
@@ -344,6 +389,10 @@ pub(crate) async fn execute(plan: MemoriesPlan, cx: &Ctx<'_>) -> Result<(), Fail
             limit,
             reinforce,
         } => recall(cx, &book, &agent.find(cx.b).await?, query, limit, reinforce).await,
+        MemoriesPlan::RecallId { id, agent } => {
+            let agent = owner(cx, agent, &id).await?;
+            read(cx, &book, &agent, &id).await
+        }
         MemoriesPlan::Forget { id, agent } => {
             let agent = owner(cx, agent, &id).await?;
             book.forget(&agent.id, &id).await?;
@@ -488,7 +537,8 @@ async fn recall(
         skip_folded: false,
         ..Recall::for_model(&query, beat)
     };
-    let found = book.recall(agent, &r, cx.clock.now()).await?;
+    let now = cx.clock.now();
+    let found = book.recall(agent, &r, now).await?;
     let rows: Vec<Recalled> = found
         .into_iter()
         .map(|f| Recalled {
@@ -497,12 +547,16 @@ async fn recall(
             } else {
                 state(&f.memory, f.status)
             },
+            title: memory::title(&f.memory.text),
+            last_recalled_ago: recalled_ago(f.recalled_before, now),
             found: f,
         })
         .collect();
     cx.out.table(
         &rows,
-        &["ID", "MATCH", "KIND", "STATE", "WEIGHT", "RECALLED", "TEXT"],
+        &[
+            "ID", "MATCH", "KIND", "STATE", "WEIGHT", "RECALLED", "TITLE",
+        ],
         |r| {
             let f = &r.found;
             let mut shown = state_name(r.state).to_owned();
@@ -515,8 +569,8 @@ async fn recall(
                 f.memory.kind.as_str().into(),
                 shown,
                 format!("{:.2}", f.weight),
-                when(f.memory.recalled_at),
-                short(&f.memory.text, 100),
+                r.last_recalled_ago.clone(),
+                r.title.clone(),
             ]
         },
     );
@@ -525,6 +579,61 @@ async fn recall(
             "(the offline embedder matches words, not meaning: set PULSE_EMBED_MODEL for recall by meaning)"
         );
     }
+    Ok(())
+}
+
+/// Memory `id` of `agent`, whole: a few `label: value` lines, then its full text (or the
+/// record, its state and weight as JSON). Reading it does not reinforce it.
+async fn read(cx: &Ctx<'_>, book: &Memories, agent: &Agent, id: &MemoryId) -> Result<(), Failure> {
+    let m = book.get(&agent.id, id).await?.ok_or_else(|| {
+        Failure::Input(format!(
+            "{} has no memory {id}; `pulse memories list --agent {}` shows its memories",
+            agent.name, agent.name
+        ))
+    })?;
+    let now = cx.clock.now();
+    let beat = memory::beat_now(cx.b.store.as_ref(), &agent.id).await?;
+    let half_life = agent.memory_half_life_beats();
+    let shown = Whole {
+        state: state(&m, m.status_at(beat, half_life)),
+        weight: m.weight_at(beat, half_life),
+        title: memory::title(&m.text),
+        kept_ago: memory::ago(m.created_at, now),
+        last_recalled_ago: recalled_ago(m.recalled_at, now),
+        memory: m,
+    };
+    if cx.out.json {
+        cx.out.json_value(&shown);
+        return Ok(());
+    }
+    let m = &shown.memory;
+    let recalled = match m.recalled_at {
+        Some(t) => format!(
+            "{} ({}, {}× in all)",
+            when(Some(t)),
+            shown.last_recalled_ago,
+            m.recalls
+        ),
+        None => "never".to_owned(),
+    };
+    let from = match m.read_from().as_slice() {
+        [] => m.source.as_str().to_owned(),
+        from => format!("{} after {}", m.source.as_str(), from.join(", ")),
+    };
+    crate::output::outln!("id: {}", m.id);
+    crate::output::outln!("agent: {}", agent.name);
+    crate::output::outln!("kind: {}", m.kind.as_str());
+    crate::output::outln!("state: {}", state_name(shown.state));
+    crate::output::outln!("weight: {:.2}", shown.weight);
+    crate::output::outln!("importance: {:.2}", m.importance);
+    crate::output::outln!("kept: {} ({})", when(Some(m.created_at)), shown.kept_ago);
+    crate::output::outln!("last recalled: {recalled}");
+    crate::output::outln!("from: {from}");
+    if let Some(into) = &m.folded_into {
+        crate::output::outln!("folded into: {into}");
+    }
+    crate::output::outln!();
+    crate::output::outln!("{}", m.text);
     Ok(())
 }
 

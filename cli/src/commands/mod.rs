@@ -18,6 +18,7 @@ pub(crate) mod init;
 mod listen;
 mod mcp;
 pub(crate) mod memories;
+pub(crate) mod models;
 pub(crate) mod prune;
 pub(crate) mod schedules;
 pub(crate) mod secrets;
@@ -140,6 +141,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Gateway => Plan::Gateway,
         Command::Secrets(_) => Plan::Secrets,
         Command::Discord(_)
+        | Command::Models(_)
         | Command::Bench(_)
         | Command::Demo
         | Command::Docs(_)
@@ -163,6 +165,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             return Ok(());
         }
         Command::Init(a) => return init::run(a, cli.db, cli.stack.as_deref(), &out).await,
+        Command::Models(cmd) => return models::run(cmd, cli.db, &out).await,
         Command::Discord(cmd) => {
             let (config, _) = with_stack(cli.db, cli.stack.as_deref()).await?;
             return discord::run(cmd, &config, &out).await;

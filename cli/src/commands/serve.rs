@@ -221,6 +221,23 @@ fn engine(
     clock: Arc<dyn Clock>,
 ) -> Result<(Sweeper, Worker), Failure> {
     let services = Services::from_config(config);
+    if let pulse_shared::config::EmbedSource::Local { dir, .. } = &config.embed.source {
+        // Read the weights now, so a model that cannot be loaded is said at start-up, and
+        // the first memory does not wait for them.
+        let (embedder, path) = (services.embedder.clone(), dir.path.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            match embedder.embed(&["Pulse".to_owned()]).await {
+                Ok(_) => info!(
+                    ms = started.elapsed().as_millis() as u64,
+                    "the local embeddings model is loaded"
+                ),
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "the local embeddings model cannot be used: memories are recalled by their words until it is mended (PULSE_EMBED_MODEL)")
+                }
+            }
+        });
+    }
     let local = super::mcp::local_switch(config)?;
     if local {
         tracing::warn!(
@@ -380,6 +397,7 @@ fn announce(config: &Config, tick: Duration) {
         );
     }
     info!(llm = %config.llm.describe(), "language model");
+    info!("{}", pulse_shared::embed::describe(&config.embed));
     if !config.discord.is_configured() {
         info!(
             "Discord is not configured (DISCORD_BOT_TOKEN, DISCORD_APPLICATION_ID): replies are stored only; `pulse conversation show` reads them"

@@ -22,6 +22,9 @@ pub(crate) fn command(dir: &Path, args: &[&str]) -> Command {
         .env_remove("DISCORD_BOT_TOKEN")
         .env_remove("DISCORD_APPLICATION_ID")
         .env("PULSE_EVENT_SETTLE", "0s")
+        // The word embedder, whatever model this machine has installed.
+        .env_remove("PULSE_EMBED_MODEL")
+        .env("PULSE_MODELS_DIR", dir.join("no-models"))
         // The fake tools and hook receivers listen on loopback, which outbound requests
         // may not reach unless allowed.
         .env("PULSE_HOOKS_ALLOW", "127.0.0.1/32");

