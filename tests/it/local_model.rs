@@ -205,9 +205,17 @@ fn a_year_of_notes() -> Vec<String> {
             )
         },
         &|i| {
+            let topics = [
+                "whales",
+                "the Roman empire",
+                "volcanoes",
+                "jazz",
+                "bees",
+                "chess",
+            ];
             format!(
                 "She watched a documentary about {} on {}",
-                places[(i + 7) % 10],
+                topics[i % 6],
                 days[i % 7]
             )
         },
@@ -464,5 +472,178 @@ async fn the_embedder_is_the_one_named_else_an_installed_model_else_words() {
     assert_eq!(
         source(&[], None).unwrap(),
         EmbedSource::Words { chosen: false }
+    );
+}
+
+/// One user, one year, with the local model: a memory kept on day `day` (a beat every 15
+/// minutes), `importance` given.
+fn kept_on(b: &Backend, agent: &Agent, n: u64, day: u64, text: &str, importance: f32) -> Memory {
+    let mut m = Memory::new(
+        MemoryId::derived(n, &[text, &n.to_string()]),
+        &agent.id,
+        text,
+        day * BEATS_A_DAY,
+        b.now() + jiff::SignedDuration::from_hours(24 * day as i64),
+    )
+    .unwrap();
+    m.importance = importance;
+    m
+}
+
+/// Beats a day at a 15-minute interval.
+const BEATS_A_DAY: u64 = 96;
+
+#[tokio::test]
+async fn one_user_one_year_facts_change_are_forgotten_fade_and_come_back_across_quiet_months() {
+    let b = Backend::new(Kind::Sqlite).await;
+    let (agent, _) = b.agent("keeper", "15m").await;
+    let memories = Memories::new(b.store.clone(), local());
+    let at = |day: u64| b.now() + jiff::SignedDuration::from_hours(24 * day as i64);
+    let recall = |question: &str, day: u64| Recall {
+        limit: 5,
+        ..Recall::for_model(question, day * BEATS_A_DAY)
+    };
+    let texts = |found: &[pulse_shared::engine::memory::Found]| {
+        found
+            .iter()
+            .map(|f| (f.memory.text.clone(), f.similarity, f.score, f.weight))
+            .collect::<Vec<_>>()
+    };
+    // Day 1: who she is.
+    let lisbon = kept_on(
+        &b,
+        &agent,
+        1,
+        1,
+        "She lives in Lisbon with her partner Joana",
+        0.6,
+    );
+    let peanuts = kept_on(&b, &agent, 2, 1, "She is allergic to peanuts", 1.0);
+    let rex = kept_on(
+        &b,
+        &agent,
+        3,
+        1,
+        "Her childhood dog was a beagle called Rex",
+        0.3,
+    );
+    let sam = kept_on(&b, &agent, 4, 1, "Her ex-boyfriend is called Sam", 0.5);
+    memories
+        .remember(
+            &agent.id,
+            vec![lisbon.clone(), peanuts.clone(), rex.clone(), sam.clone()],
+        )
+        .await
+        .unwrap();
+    // Two notes a day of her life, days 1 to 100 and 200 to 365; nothing in between.
+    // Each is kept on its day, before what happens later that year.
+    let notes = a_year_of_notes();
+    let mut n = 100;
+    let mut note_days = (1..=100u64).chain(201..=365).peekable();
+    let mut live_until = |day: u64| {
+        let mut batch = Vec::new();
+        while let Some(d) = note_days.next_if(|d| *d <= day) {
+            for k in 0..2 {
+                n += 1;
+                let text = &notes[((d * 2 + k) as usize) % notes.len()];
+                batch.push(kept_on(&b, &agent, n, d, text, 0.3));
+            }
+        }
+        batch
+    };
+    memories.remember(&agent.id, live_until(40)).await.unwrap();
+    // Day 40: asked where she lives: Lisbon, and recalling it reinforces it.
+    let found = memories
+        .recall(&agent, &recall("where does she live?", 40), at(40))
+        .await
+        .unwrap();
+    assert_eq!(found[0].memory.id, lisbon.id, "{:?}", texts(&found));
+    // Day 45: she asks the agent to forget her ex.
+    memories.remember(&agent.id, live_until(45)).await.unwrap();
+    assert!(memories.forget(&agent.id, &sam.id).await.unwrap());
+    memories.remember(&agent.id, live_until(199)).await.unwrap();
+    // Day 200, after three quiet months: she has moved.
+    let berlin = kept_on(&b, &agent, 5, 200, "She moved to Berlin for a new job", 0.6);
+    memories
+        .remember(&agent.id, vec![berlin.clone()])
+        .await
+        .unwrap();
+    // Day 210: the newer fact first.
+    for question in ["where does she live?", "which city is she in now?"] {
+        let found = memories
+            .recall(&agent, &recall(question, 210), at(210))
+            .await
+            .unwrap();
+        assert_eq!(
+            found[0].memory.id,
+            berlin.id,
+            "{question}: {:?}",
+            texts(&found)
+        );
+    }
+    memories.remember(&agent.id, live_until(300)).await.unwrap();
+    // Day 300: the dog has faded out of reach of an idle glance ...
+    let stored = b
+        .store
+        .get_memory(&agent.id, &rex.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let half_life = agent.memory_half_life_beats();
+    assert_eq!(
+        stored.status_at(300 * BEATS_A_DAY, half_life),
+        pulse_shared::domain::MemoryStatus::Suspended
+    );
+    // ... and a close question brings it back.
+    let found = memories
+        .recall(
+            &agent,
+            &recall("what was her childhood dog called?", 300),
+            at(300),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found[0].memory.id, rex.id, "{:?}", texts(&found));
+    assert!(found[0].reactivated, "{:?}", found[0]);
+    let stored = b
+        .store
+        .get_memory(&agent.id, &rex.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.status_at(300 * BEATS_A_DAY, half_life),
+        pulse_shared::domain::MemoryStatus::Active
+    );
+    memories.remember(&agent.id, live_until(365)).await.unwrap();
+    // Day 365: never recalled all year, what matters most is still found first.
+    let found = memories
+        .recall(
+            &agent,
+            &recall("does she have any food allergies?", 365),
+            at(365),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found[0].memory.id, peanuts.id, "{:?}", texts(&found));
+    // The forgotten is never returned, however it is asked for.
+    for question in ["who is her ex?", "Sam", "her ex-boyfriend"] {
+        let found = memories
+            .recall(&agent, &recall(question, 365), at(365))
+            .await
+            .unwrap();
+        assert!(
+            found.iter().all(|f| f.memory.id != sam.id),
+            "{question}: {:?}",
+            texts(&found)
+        );
+    }
+    assert!(
+        b.store
+            .get_memory(&agent.id, &sam.id)
+            .await
+            .unwrap()
+            .is_none(),
+        "gone from the store"
     );
 }

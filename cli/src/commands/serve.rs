@@ -214,29 +214,26 @@ fn dispatcher(
     b.dispatcher(clock, &pulse_shared::app::egress(config), settings)
 }
 
-/// The sweeper and the worker; the worker starts local MCP servers if they are on.
+/// The sweeper and the worker; the worker starts local MCP servers if they are on. A
+/// long-running process (`serving`) also loads a local embeddings model at once and
+/// re-embeds, in the background, memories kept under another model.
 fn engine(
     config: &Config,
     b: &Connected,
     clock: Arc<dyn Clock>,
+    serving: bool,
 ) -> Result<(Sweeper, Worker), Failure> {
     let services = Services::from_config(config);
-    if let pulse_shared::config::EmbedSource::Local { dir, .. } = &config.embed.source {
-        // Read the weights now, so a model that cannot be loaded is said at start-up, and
-        // the first memory does not wait for them.
-        let (embedder, path) = (services.embedder.clone(), dir.path.clone());
-        tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            match embedder.embed(&["Pulse".to_owned()]).await {
-                Ok(_) => info!(
-                    ms = started.elapsed().as_millis() as u64,
-                    "the local embeddings model is loaded"
-                ),
-                Err(e) => {
-                    tracing::error!(path = %path.display(), error = %e, "the local embeddings model cannot be used: memories are recalled by their words until it is mended (PULSE_EMBED_MODEL)")
-                }
-            }
-        });
+    if serving {
+        let local = matches!(
+            config.embed.source,
+            pulse_shared::config::EmbedSource::Local { .. }
+        );
+        tokio::spawn(embed_in_background(
+            b.store.clone(),
+            b.memories(&services),
+            local,
+        ));
     }
     let local = super::mcp::local_switch(config)?;
     if local {
@@ -282,7 +279,7 @@ pub(crate) async fn serve(
     } = serving;
     // Recording starts before any work, so the first sweep is counted.
     crate::scrape::install();
-    let (sweeper, worker) = engine(config, b, clock.clone())?;
+    let (sweeper, worker) = engine(config, b, clock.clone(), true)?;
     // Set when the sweeper has stopped: nothing is claimed after it.
     let (swept_tx, swept_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -402,6 +399,62 @@ fn announce(config: &Config, tick: Duration) {
         info!(
             "Discord is not configured (DISCORD_BOT_TOKEN, DISCORD_APPLICATION_ID): replies are stored only; `pulse conversation show` reads them"
         );
+    }
+}
+
+/// At start: loads a `local` model (so one that cannot be loaded is said now, and the
+/// first memory does not wait for it), then gives every agent's memories kept under
+/// another model (or none) a vector of this one, agent by agent, logging the progress.
+/// Until then those are recalled by their words, and each recall embeds a few.
+async fn embed_in_background(
+    store: Arc<dyn pulse_shared::ports::Store>,
+    memories: Arc<pulse_shared::engine::memory::Memories>,
+    local: bool,
+) {
+    if local {
+        let started = std::time::Instant::now();
+        match memories.embedder().embed(&["Pulse".to_owned()]).await {
+            Ok(_) => info!(
+                ms = started.elapsed().as_millis() as u64,
+                "the local embeddings model is loaded"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "the local embeddings model cannot be used: memories are recalled by their words until it is mended (PULSE_EMBED_MODEL)");
+                return;
+            }
+        }
+    }
+    let agents = match store.list_agents().await {
+        Ok(agents) => agents,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the agents to re-embed their memories; `pulse memories reindex` does it");
+            return;
+        }
+    };
+    let model = memories.model().to_owned();
+    for agent in agents {
+        let mut told = 0;
+        let result = memories
+            .reindex(&agent, |done, total| {
+                // A line when it starts, and at each further tenth.
+                if total > 0 && (done == 0 || done * 10 / total > told) {
+                    told = done * 10 / total;
+                    info!(agent = %agent.name, done, total, model = %model, "re-embedding memories kept under another model");
+                }
+            })
+            .await;
+        match result {
+            Ok((0, 0)) => {}
+            Ok((done, 0)) => {
+                info!(agent = %agent.name, memories = done, model = %model, "memories re-embedded")
+            }
+            Ok((done, left)) => {
+                tracing::warn!(agent = %agent.name, done, left, model = %model, "some memories could not be re-embedded: they are recalled by their words, and each recall tries a few again")
+            }
+            Err(e) => {
+                tracing::warn!(agent = %agent.name, error = %e, "cannot re-embed memories; `pulse memories reindex` does it")
+            }
+        }
     }
 }
 
@@ -657,7 +710,7 @@ pub(crate) async fn sweep_and_drain(
     clock: Arc<dyn Clock>,
     out: &Out,
 ) -> Result<(), Failure> {
-    let (sweeper, worker) = engine(config, b, clock.clone())?;
+    let (sweeper, worker) = engine(config, b, clock.clone(), false)?;
     take_back_orphans(b, clock.now()).await;
     let report = sweeper.sweep_once(clock.now()).await;
     let (mut ran, mut failed) = (0, 0);

@@ -125,6 +125,11 @@ impl Memories {
         self.embedder.model()
     }
 
+    /// The embedder.
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.embedder
+    }
+
     fn slot(&self, agent: &AgentId) -> Arc<AsyncMutex<Option<Index>>> {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let slot = cache.entry(agent.clone()).or_insert_with(|| Cached {
