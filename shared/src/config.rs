@@ -4,7 +4,10 @@
 //! Every variable, with its default and what a wrong value does, is listed in
 //! [`variables::VARIABLES`], from which the book's configuration page is made.
 
+mod model_dir;
 pub mod variables;
+
+pub use model_dir::{MINILM_DIR, MODEL_FILES, ModelDir, ModelDirError, default_models_dir};
 
 use std::path::PathBuf;
 
@@ -138,7 +141,7 @@ pub enum EmbedSource {
     /// installed beside the database or in the models directory when nothing is set.
     Local {
         /// The model's directory.
-        dir: crate::embed::ModelDir,
+        dir: ModelDir,
         /// Found installed rather than configured.
         installed: bool,
     },
@@ -588,7 +591,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             Some(m) if m == "words" => EmbedSource::Words { chosen: true },
             Some(m) if m.starts_with("local:") => {
                 let path = m.trim_start_matches("local:").trim();
-                if !crate::embed::LOCAL {
+                if !cfg!(feature = "local-embed") {
                     return Err(ConfigError::new(
                         "PULSE_EMBED_MODEL",
                         format!(
@@ -596,7 +599,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
                         ),
                     ));
                 }
-                let dir = crate::embed::ModelDir::inspect(std::path::Path::new(path))
+                let dir = ModelDir::inspect(std::path::Path::new(path))
                     .map_err(|e| ConfigError::new("PULSE_EMBED_MODEL", e.to_string()))?;
                 EmbedSource::Local {
                     dir,
@@ -625,7 +628,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
     /// database `db`, else in the models directory; the word embedder when neither holds
     /// it (or a found one cannot be read, which is logged).
     fn installed_model(&self, db: Option<&std::path::Path>) -> EmbedSource {
-        if !crate::embed::LOCAL {
+        if !cfg!(feature = "local-embed") {
             return EmbedSource::Words { chosen: false };
         }
         let mut dirs = Vec::new();
@@ -634,8 +637,8 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             dirs.push(parent.unwrap_or(std::path::Path::new(".")).join("models"));
         }
         dirs.extend(self.models_dir());
-        let found = crate::embed::ModelDir::find_installed(&dirs);
-        match found.map(|p| crate::embed::ModelDir::inspect(&p)) {
+        let found = ModelDir::find_installed(&dirs);
+        match found.map(|p| ModelDir::inspect(&p)) {
             Some(Ok(dir)) => EmbedSource::Local {
                 dir,
                 installed: true,
@@ -651,7 +654,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
     /// `PULSE_MODELS_DIR`, else `$XDG_DATA_HOME/pulse/models`, else
     /// `~/.local/share/pulse/models`: where `pulse models install` puts models.
     pub fn models_dir(&self) -> Option<PathBuf> {
-        crate::embed::default_models_dir(
+        default_models_dir(
             self.get("PULSE_MODELS_DIR").as_deref(),
             self.get("XDG_DATA_HOME").as_deref(),
             self.get("HOME").as_deref(),

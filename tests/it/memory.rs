@@ -1076,12 +1076,25 @@ async fn recall_tool_answers(kind: Kind) {
         .unwrap();
     let size = answer.to_string().chars().count();
     assert!(size <= 8_000, "{size} characters");
-    assert!(
-        answer["more"].as_u64().unwrap_or(0) >= 1,
-        "two memories of 3,900 characters do not both fit: {answer}"
-    );
     let found = answer["memories"].as_array().unwrap();
     assert!(!found.is_empty(), "{answer}");
+    let ids: Vec<&str> = found.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let longs = [kept[2].id.as_str(), kept[3].id.as_str()];
+    assert!(
+        ids.iter().filter(|i| longs.contains(i)).count() <= 1,
+        "two memories of 3,900 characters do not both fit: {answer}"
+    );
+    // What the recall reinforced is what the answer carries, no more.
+    for m in &kept {
+        let stored = b.store.get_memory(&agent.id, &m.id).await.unwrap().unwrap();
+        assert_eq!(
+            stored.recalls == 1,
+            ids.contains(&m.id.as_str()),
+            "{}: {} recalls, shown: {answer}",
+            m.id,
+            stored.recalls
+        );
+    }
     for m in found {
         let title = m["title"].as_str().unwrap();
         assert!(title.chars().count() <= 81 && !title.contains('\n'), "{m}");

@@ -5,30 +5,16 @@
 use std::path::Path;
 use std::time::Instant;
 
-use pulse_shared::embed::{BATCH, LocalEmbedder, ModelDir};
+use pulse_shared::embed::{BATCH, LocalEmbedder};
 use pulse_shared::ports::Embedder;
 use serde_json::json;
 
 use super::hooks::pct;
+use super::model::model_dir;
 use super::recall::{query, resident, text};
 use super::retention::mib;
 use crate::Failure;
 use crate::output::{Out, figure};
-
-/// The model directory to measure: `--model`, else an installed all-MiniLM-L6-v2.
-pub(super) fn model_dir(model: Option<&Path>) -> Result<Option<ModelDir>, Failure> {
-    let path = match model {
-        Some(p) => Some(p.to_owned()),
-        None => ModelDir::find_installed(
-            &pulse_shared::config::Env::process()
-                .models_dir()
-                .into_iter()
-                .collect::<Vec<_>>(),
-        ),
-    };
-    path.map(|p| ModelDir::inspect(&p).map_err(|e| Failure::Input(format!("--model {e}"))))
-        .transpose()
-}
 
 /// `pulse bench embed`.
 pub(crate) async fn embed(

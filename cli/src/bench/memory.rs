@@ -394,7 +394,7 @@ pub(crate) async fn memory(
         samples.len()
     );
     let mut runs = vec![score(&samples, "offline words", Arc::new(OfflineEmbedder)).await?];
-    match super::embed::model_dir(model)? {
+    match super::model::model_dir(model)? {
         Some(dir) => {
             figure!(
                 out,

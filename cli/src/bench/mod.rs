@@ -8,6 +8,7 @@ mod dashboard;
 mod embed;
 mod hooks;
 mod memory;
+mod model;
 mod recall;
 mod receive;
 mod retention;

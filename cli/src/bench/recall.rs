@@ -420,7 +420,7 @@ pub(crate) async fn recall(
         out,
     )
     .await?;
-    let local = match super::embed::model_dir(model)? {
+    let local = match super::model::model_dir(model)? {
         Some(dir) => {
             let seeder = HashEmbedder::labelled(&dir.label, dir.dimensions);
             let embedder = Arc::new(pulse_shared::embed::LocalEmbedder::new(dir));

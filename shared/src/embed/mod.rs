@@ -18,15 +18,14 @@
 mod http;
 #[cfg(feature = "local-embed")]
 mod local;
-mod model_dir;
 mod offline;
 
 use std::sync::Arc;
 
+pub use crate::config::{MINILM_DIR, MODEL_FILES, ModelDir, ModelDirError, default_models_dir};
 pub use http::HttpEmbedder;
 #[cfg(feature = "local-embed")]
 pub use local::{BATCH, LocalEmbedder};
-pub use model_dir::{MINILM_DIR, MODEL_FILES, ModelDir, ModelDirError, default_models_dir};
 pub use offline::OfflineEmbedder;
 
 use crate::config::{EmbedConfig, EmbedSource};

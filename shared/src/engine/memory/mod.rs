@@ -29,6 +29,12 @@ pub const PROMPT_TOKENS: usize = 500;
 /// out past it, and a memory too long alone is cut.
 pub const RECALL_ANSWER_CHARS: usize = 8_000;
 
+/// Most characters of the memories' texts a recall by query returns: the answer's bound
+/// less room for each of five memories' other fields (about 450 characters of JSON), so
+/// what the recall reinforces is what the answer carries ([`bounded`] leaves out more only
+/// when texts full of quotes and line breaks grow in JSON).
+const RECALL_TEXT_CHARS: usize = RECALL_ANSWER_CHARS - 5 * 600;
+
 /// Most characters of a memory's title (its first line), before the "…" of a cut.
 pub const TITLE_CHARS: usize = 80;
 
@@ -44,7 +50,7 @@ pub fn specs(later: &str) -> Vec<ToolSpec> {
         ToolSpec {
             name: "remember".to_owned(),
             description: format!(
-                "Store a fact or note worth keeping (about the user, a plan, a preference), to recall {later}. Write it as a statement about them in the third person (\"Ana is vegetarian\", not their \"I'm vegetarian\"), so it is found however it is asked about. Give its kind (fact, preference, plan, episode) and importance (0 to 1) when you can."
+                "Store a fact or note worth keeping (about the user, a plan, a preference), to recall {later}. Write it in the third person (\"Ana is vegetarian\"), so it is found however it is asked about. Give its kind (fact, preference, plan, episode) and importance (0 to 1) when you can."
             ),
             parameters: json!({
                 "type": "object",
@@ -58,15 +64,10 @@ pub fn specs(later: &str) -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "recall".to_owned(),
-            description: format!(
-                "Search your memories, or read one whole; give one of the two. {{\"query\": \"…\"}} searches all of them by meaning and by words: the best matches, each with its id, title (its first line), text, kind, status (a suspended one has faded; recalling it brings it back), weight, match score and when it was last recalled before; at most {RECALL_ANSWER_CHARS} characters in all (\"more\" counts the matches left out). {{\"id\": \"mem_…\"}} returns that one memory whole."
-            ),
+            description: "Search all your memories by meaning and by words ({\"query\": …}): the best matches, each with its id, title, kind, status (a suspended one has faded; recalling it brings it back), weight, score and when it was last recalled. Or read one whole: {\"id\": \"mem_…\"}.".to_owned(),
             parameters: json!({
                 "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "what to look for, by meaning and words"},
-                    "id": {"type": "string", "description": "a memory's id (mem_…), to read it whole"}
-                }
+                "properties": {"query": {"type": "string"}, "id": {"type": "string"}}
             }),
         },
     ]
@@ -129,7 +130,14 @@ async fn recall(
         (true, false) => {
             let query = text_arg(input, "query")?;
             let found = memories
-                .recall(agent, &Recall::for_model(&query, beat), now)
+                .recall(
+                    agent,
+                    &Recall {
+                        max_chars: RECALL_TEXT_CHARS,
+                        ..Recall::for_model(&query, beat)
+                    },
+                    now,
+                )
                 .await
                 .map_err(|e| Refusal(chain(&e)))?;
             Ok(bounded(
