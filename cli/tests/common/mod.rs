@@ -142,6 +142,16 @@ macro_rules! both_async {
     };
 }
 
+/// Sends SIGTERM to `child` (a `pulse serve`, say) and waits for it to exit: its output.
+pub(crate) fn terminate(child: Child) -> Output {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success(), "SIGTERM to {}", child.id());
+    child.wait_with_output().expect("it exits")
+}
+
 /// Runs `pulse args` in `dir` (see [`command`]).
 pub(crate) fn pulse(dir: &Path, args: &[&str]) -> Output {
     command(dir, args).output().expect("pulse runs")

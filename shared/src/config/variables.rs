@@ -296,7 +296,7 @@ pub const VARIABLES: &[Variable] = &[
         name: "PULSE_EMBED_MODEL",
         group: Group::Memory,
         meaning: "the embeddings model memories are recalled by meaning with: a model of an OpenAI-compatible `POST /embeddings` (e.g. `text-embedding-3-small`), `local:PATH` for a sentence-transformers directory run in the process (`pulse` only; the Lambda functions are built without it), or `words` for the offline word embedder",
-        default: "unset: all-MiniLM-L6-v2 run in the process if `pulse models install minilm` installed it (in `models/` beside the database, or in `PULSE_MODELS_DIR`), else the offline embedder, which matches words, not meaning; `pulse serve` says which at start-up",
+        default: "unset: on the embedded store, all-MiniLM-L6-v2 run in the process if `pulse models install minilm` installed it (in `models/` beside the database, or in `PULSE_MODELS_DIR`), else the offline embedder, which matches words, not meaning; `pulse serve` says which at start-up. Against AWS, only what is named",
         wrong: "an API's model that fails: memories are kept without a vector and recalled by their words; each failure is logged, and a later recall or `pulse memories reindex` embeds them. A `local:` directory without `config.json`, `tokenizer.json` and `model.safetensors`: start-up stops, naming what is missing",
     },
     Variable {
