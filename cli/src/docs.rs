@@ -13,6 +13,13 @@ pub(crate) enum DocsCmd {
     Cli,
     /// The configuration reference (docs/src/reference/configuration.md).
     Config,
+    /// The JSON Schema of an agent directory's file (docs/src/reference/agent.schema.json,
+    /// schedules.schema.json).
+    Schema {
+        /// Which file.
+        #[arg(value_enum)]
+        file: SchemaFile,
+    },
     /// Check command lines the book shows (a JSON array of argument arrays, without the
     /// leading `pulse`): prints `index<TAB>why` for each the command line refuses.
     Check {
@@ -21,11 +28,30 @@ pub(crate) enum DocsCmd {
     },
 }
 
+/// The files of an agent directory that have a schema.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum SchemaFile {
+    /// agent.toml.
+    Agent,
+    /// schedules.toml.
+    Schedules,
+}
+
 /// Prints the page.
 pub(crate) fn run(cmd: DocsCmd) -> Result<(), crate::Failure> {
     match cmd {
         DocsCmd::Cli => print!("{}", cli_reference()),
         DocsCmd::Config => print!("{}", pulse_shared::config::variables::reference()),
+        DocsCmd::Schema { file } => {
+            let schema = match file {
+                SchemaFile::Agent => pulse_shared::agent_dir::agent_schema(),
+                SchemaFile::Schedules => pulse_shared::agent_dir::schedules_schema(),
+            };
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&schema).expect("a schema is JSON")
+            );
+        }
         DocsCmd::Check { file } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| crate::Failure::Input(format!("{}: {e}", file.display())))?;

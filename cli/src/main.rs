@@ -66,6 +66,11 @@ pub(crate) enum Command {
     /// Create and inspect agents.
     #[command(subcommand)]
     Agents(AgentsCmd),
+    /// Apply agent directories (agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml): shows
+    /// the plan, field by field, then creates and changes what differs, matched by name.
+    Apply(commands::apply::ApplyArgs),
+    /// Write an agent out as a directory of files that `pulse apply` takes back.
+    Export(commands::apply::ExportArgs),
     /// Emit and list events.
     #[command(subcommand)]
     Events(EventsCmd),
@@ -157,6 +162,8 @@ pub(crate) enum Failure {
     Runtime(anyhow::Error),
     /// The command did its work and found something wrong (exit 1): `pulse status`.
     Attention(String),
+    /// A dry run found something to do, and did nothing (exit 2): `pulse apply --dry-run`.
+    Planned(String),
 }
 
 impl<E: Into<anyhow::Error>> From<E> for Failure {
@@ -186,6 +193,10 @@ fn main() -> ExitCode {
         Err(Failure::Attention(msg)) => {
             eprintln!("{msg}");
             ExitCode::from(1)
+        }
+        Err(Failure::Planned(msg)) => {
+            eprintln!("{msg}");
+            ExitCode::from(2)
         }
         Err(Failure::Runtime(e)) => {
             eprintln!("error: {e:#}");

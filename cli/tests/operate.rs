@@ -1777,3 +1777,103 @@ fn replies_discord_did_not_take_are_listed_retrying_first_and_by_agent() {
     );
     assert!(bad(d, &["deliveries", "list", "--agent", "nobody"]).contains("nobody"));
 }
+
+both!(
+    agents_kept_as_files_are_applied_with_a_plan_exported_and_checked_for_drift,
+    agent_files_on
+);
+/// The example directory applied as CI would: a dry run that plans and exits 2, a
+/// refusal without --yes, the apply, a second one that changes nothing; an oversized
+/// SOUL.md refused with its size; an edit made with the CLI seen by --check (exit 1);
+/// an export that --check finds the same as the store.
+fn agent_files_on(backend: Backend) {
+    let dir = dir_on(backend);
+    let d = dir.path();
+    let files = d.join("agents/scout");
+    std::fs::create_dir_all(&files).unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/scout");
+    for f in ["agent.toml", "SOUL.md", "HEARTBEAT.md", "schedules.toml"] {
+        std::fs::copy(example.join(f), files.join(f)).unwrap();
+    }
+    let dry = pulse(d, &["apply", "--dry-run", "agents/scout"]);
+    let plan = String::from_utf8_lossy(&dry.stdout);
+    assert_eq!(dry.status.code(), Some(2), "{plan}");
+    assert!(plan.contains("scout (agents/scout): create"), "{plan}");
+    assert!(plan.contains("  + interval = 30m"), "{plan}");
+    assert!(plan.contains("  + timezone = Europe/Paris"), "{plan}");
+    assert!(
+        plan.contains("  + schedule morning: cron 0 8 * * MON-FRI (Europe/Paris), note \"Plan the day: what is due, what is late.\", expect speak after 3"),
+        "{plan}"
+    );
+    assert!(plan.contains("  + SOUL.md = 149 characters"), "{plan}");
+    assert!(
+        plan.contains("sizes: SOUL.md 149 characters (about 42 tokens) of 16000"),
+        "{plan}"
+    );
+    assert!(String::from_utf8_lossy(&dry.stderr).contains("nothing applied (--dry-run)"));
+    assert_eq!(json(d, &["agents", "list"]).as_array().unwrap().len(), 0);
+
+    let asked = bad(d, &["apply", "agents/scout"]);
+    assert!(asked.contains("run again with --yes"), "{asked}");
+    let applied = ok(d, &["apply", "--yes", "--source", "abc123", "agents/scout"]);
+    assert!(applied.contains("applied: 1 agent created"), "{applied}");
+    let agent = json(d, &["agents", "show", "scout"]);
+    assert_eq!(agent["agent"]["interval"], "30m", "{agent}");
+    let schedules = json(d, &["schedules", "list", "--agent", "scout"]);
+    assert_eq!(schedules[0]["name"], "morning", "{schedules}");
+    let again = pulse(d, &["apply", "--yes", "agents/scout"]);
+    assert!(again.status.success());
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(said.contains("scout (agents/scout): no changes"), "{said}");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("nothing to change"));
+    let dry = json(d, &["apply", "--dry-run", "agents/scout"]);
+    assert_eq!(dry["changes"], 0, "{dry}");
+    assert_eq!(dry["plan"]["agents"][0]["verb"], "same", "{dry}");
+    assert_eq!(dry["applied"], Value::Null, "{dry}");
+    let events = json(
+        d,
+        &["events", "list", "--agent", "scout", "--type", "APPLIED"],
+    );
+    assert_eq!(events.as_array().unwrap().len(), 1, "{events}");
+    assert_eq!(events[0]["payload"]["source"], "abc123");
+
+    // Too long a persona is refused whole, with its size: never cut.
+    std::fs::write(files.join("SOUL.md"), "x".repeat(16_500)).unwrap();
+    let long = bad(d, &["apply", "--yes", "agents/scout"]);
+    assert!(
+        long.contains("agents/scout/SOUL.md: 16500 characters (about 4129 tokens); the budget is 16000 characters"),
+        "{long}"
+    );
+    std::fs::copy(example.join("SOUL.md"), files.join("SOUL.md")).unwrap();
+
+    // An edit made elsewhere is drift.
+    ok(d, &["agents", "update", "scout", "--interval", "2h"]);
+    let check = pulse(d, &["apply", "--check", "agents/scout"]);
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "{out}");
+    assert!(out.contains("  ~ interval: 2h -> 30m"), "{out}");
+    assert!(
+        String::from_utf8_lossy(&check.stderr)
+            .contains("the store differs from the files (1 difference)")
+    );
+
+    // The store written out as files is what the store holds.
+    let written = pulse(d, &["export", "scout", "exported"]);
+    let said = String::from_utf8_lossy(&written.stderr);
+    assert!(written.status.success(), "{said}");
+    assert!(
+        said.contains("to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml"),
+        "{said}"
+    );
+    let toml = std::fs::read_to_string(d.join("exported/agent.toml")).unwrap();
+    assert!(toml.contains("interval = \"2h\""), "{toml}");
+    let same = pulse(d, &["apply", "--check", "exported"]);
+    assert!(same.status.success());
+    assert!(String::from_utf8_lossy(&same.stderr).contains("the store matches the files"));
+    let twice = bad(d, &["export", "scout", "exported"]);
+    assert!(
+        twice.contains("already there; nothing written (--force"),
+        "{twice}"
+    );
+    ok(d, &["export", "scout", "exported", "--force"]);
+}

@@ -33,6 +33,9 @@
 //! - [`meter`]: the metrics an operator watches, named once — recorded through the
 //!   `metrics` facade, printed as CloudWatch EMF lines under Lambda and served at
 //!   `GET /metrics` by `pulse serve`.
+//! - [`agent_dir`]: an agent as a directory of files (`agent.toml`, `SOUL.md`,
+//!   `HEARTBEAT.md`, `schedules.toml`) — read, planned against a store field by field,
+//!   applied through the engine's lifecycle, written back (`pulse apply`, `pulse export`).
 //! - [`config`]: typed configuration from the environment, into the settings of the
 //!   engine and the adapters.
 //! - Entry points: [`http`] (the receiver's axum router — Discord interactions, signed
@@ -52,7 +55,7 @@
 //! Imports run one way, down this list; nothing imports a module above it:
 //!
 //! ```text
-//! error, entropy ← domain, sealing, tally, meter ← ports ← engine ← adapters, tools, llm, discord, outbound
+//! error, entropy ← domain, sealing, tally, meter ← ports ← engine ← agent_dir, adapters, tools, llm, discord, outbound
 //!       ← config ← http, lambda ← app ← the `pulse` CLI and the Lambda functions
 //! ```
 //!
@@ -60,6 +63,7 @@
 //! the engine; only `app` (and the binaries above it) knows every piece.
 
 pub mod adapters;
+pub mod agent_dir;
 pub mod app;
 pub mod config;
 pub mod discord;

@@ -2,6 +2,7 @@
 //! (a fresh file per test) and DynamoDB + SQS FIFO on moto (a fresh table and queue per
 //! test). `scripts/test.sh` starts moto and sets `PULSE_TEST_MOTO_URL`.
 
+mod agent_files;
 mod approvals;
 mod aws_faults;
 mod budgets;

@@ -5,6 +5,7 @@
 
 pub(crate) mod actions;
 pub(crate) mod agents;
+pub(crate) mod apply;
 pub(crate) mod approvals;
 pub(crate) mod conversation;
 pub(crate) mod dashboard;
@@ -64,6 +65,8 @@ enum Plan {
     Serve(serve::ServePlan),
     Dashboard(dashboard::DashboardPlan),
     Agents(agents::AgentsPlan),
+    Apply(apply::ApplyPlan),
+    Export(apply::ExportPlan),
     Events(events::EventsPlan),
     Heartbeats(heartbeats::HeartbeatsPlan),
     Actions(actions::ActionsPlan),
@@ -91,6 +94,7 @@ impl Plan {
         match self {
             Plan::Serve(_) | Plan::Dashboard(_) => true,
             Plan::Agents(p) => p.writes(),
+            Plan::Apply(p) => p.writes(),
             Plan::Events(p) => p.writes(),
             Plan::Tools(p) => p.writes(),
             Plan::Approvals(p) => p.writes(),
@@ -101,6 +105,7 @@ impl Plan {
             Plan::Hooks(p) => p.writes(),
             Plan::Memories(p) => p.writes(),
             Plan::Heartbeats(_)
+            | Plan::Export(_)
             | Plan::Actions(_)
             | Plan::Schedules(_)
             | Plan::Usage(_)
@@ -120,6 +125,8 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Sweep => Plan::Serve(serve::ServePlan::Sweep),
         Command::Dashboard(a) => Plan::Dashboard(dashboard::plan(a)?),
         Command::Agents(c) => Plan::Agents(agents::plan(c, now)?),
+        Command::Apply(a) => Plan::Apply(apply::plan(a)?),
+        Command::Export(a) => Plan::Export(apply::plan_export(a)?),
         Command::Events(c) => Plan::Events(events::plan(c)?),
         Command::Heartbeats(c) => Plan::Heartbeats(heartbeats::plan(c)?),
         Command::Actions(c) => Plan::Actions(actions::plan(c)?),
@@ -215,6 +222,8 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Plan::Serve(p) => serve::execute(p, &cx).await,
         Plan::Dashboard(p) => dashboard::execute(p, &cx).await,
         Plan::Agents(p) => agents::execute(p, &cx).await,
+        Plan::Apply(p) => apply::execute(p, &cx).await,
+        Plan::Export(p) => apply::export(p, &cx).await,
         Plan::Events(p) => events::execute(p, &cx).await,
         Plan::Heartbeats(p) => heartbeats::execute(p, &cx).await,
         Plan::Actions(p) => actions::execute(p, &cx).await,

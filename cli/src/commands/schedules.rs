@@ -228,10 +228,11 @@ pub(crate) async fn execute(plan: SchedulesPlan, cx: &Ctx<'_>) -> Result<(), Fai
             let schedules = ops.schedules(&agent).await.map_err(failure)?;
             cx.out.table(
                 &schedules,
-                &["ID", "WHEN", "NEXT WAKE", "WAKES", "EXPECT", "NOTE"],
+                &["ID", "NAME", "WHEN", "NEXT WAKE", "WAKES", "EXPECT", "NOTE"],
                 |s| {
                     vec![
                         s.id.to_string(),
+                        s.name.clone().unwrap_or_else(|| "-".to_owned()),
                         describe(&s.rule),
                         when(s.next_at),
                         s.wakes.to_string(),

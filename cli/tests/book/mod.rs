@@ -173,8 +173,13 @@ fn normalise(p: &Path) -> PathBuf {
 
 #[test]
 fn the_reference_pages_are_what_the_code_makes_now() {
-    for (what, page) in [("cli", "cli.md"), ("config", "configuration.md")] {
-        let made = pulse().args(["docs", what]).output().unwrap();
+    for (what, page) in [
+        ("cli", "cli.md"),
+        ("config", "configuration.md"),
+        ("schema agent", "agent.schema.json"),
+        ("schema schedules", "schedules.schema.json"),
+    ] {
+        let made = pulse().arg("docs").args(what.split(' ')).output().unwrap();
         assert!(
             made.status.success(),
             "{}",
@@ -445,6 +450,19 @@ fn the_book_s_transcripts_run_as_written() {
                 // The reply was written within the wait, not left queued.
                 assert!(out.contains(r#""status":"done""#), "{out}");
             }
+            if transcript == "agent-files" {
+                // Planned, applied once, then nothing to do; the edit seen as drift;
+                // the export the same as the store.
+                for said in [
+                    "scout (examples/agents/scout): create",
+                    "applied: 1 agent created",
+                    "scout (examples/agents/scout): no changes",
+                    "  ~ interval: 2h -> 30m",
+                    "scout (exported): no changes",
+                ] {
+                    assert!(out.contains(said), "{said} in {out}");
+                }
+            }
             if transcript == "signed-request" {
                 // Accepted, and the event is in the agent's log.
                 assert!(out.contains(r#""status":"accepted""#), "{out}");
@@ -457,6 +475,7 @@ fn the_book_s_transcripts_run_as_written() {
     assert_eq!(
         ran,
         [
+            "agent-files",
             "agents",
             "discord-access",
             "hooks",

@@ -128,6 +128,8 @@ impl NewAgent {
 pub struct AgentChanges {
     /// Display name.
     pub name: Option<String>,
+    /// Short handle; `Some(None)` removes it.
+    pub alias: Option<Option<String>>,
     /// Heartbeat interval.
     pub interval: Option<Interval>,
     /// Active hours; `Some(None)` removes them (always active).
@@ -146,6 +148,8 @@ pub struct AgentChanges {
     pub heartbeat_model: Option<Option<String>>,
     /// API base URL; `Some(None)` goes back to the configured one.
     pub llm_base_url: Option<Option<url::Url>>,
+    /// The variable holding its own API key; `Some(None)` sends the deployment's.
+    pub llm_api_key_env: Option<Option<String>>,
     /// Images to the model; `Some(None)` goes back to deciding by the model.
     pub vision: Option<Option<bool>>,
     /// Most LLM calls per heartbeat.
@@ -192,6 +196,8 @@ impl AgentChanges {
     /// Whether nothing would change.
     pub fn is_empty(&self) -> bool {
         self.name.is_none()
+            && self.alias.is_none()
+            && self.llm_api_key_env.is_none()
             && self.interval.is_none()
             && self.active_hours.is_none()
             && self.timezone.is_none()
@@ -223,6 +229,45 @@ impl AgentChanges {
             && self.tools.is_none()
     }
 
+    /// The changes that make an agent what `new` describes, every setting given (what
+    /// `pulse apply` writes: the files hold the whole truth of what they cover).
+    pub fn to(new: &NewAgent) -> Self {
+        Self {
+            name: Some(new.name.clone()),
+            alias: Some(new.alias.clone()),
+            interval: Some(new.interval),
+            active_hours: Some(new.active_hours),
+            timezone: Some(new.timezone.clone()),
+            instructions: Some(new.instructions.clone()),
+            persona: Some(new.persona.clone()),
+            llm_provider: Some(new.llm.provider),
+            llm_model: Some(new.llm.model.clone()),
+            heartbeat_model: Some(new.llm.heartbeat_model.clone()),
+            llm_base_url: Some(new.llm.base_url.clone()),
+            llm_api_key_env: Some(new.llm.api_key_env.clone()),
+            vision: Some(new.llm.vision),
+            max_steps: Some(new.budgets.max_steps),
+            max_tokens: Some(new.budgets.max_tokens),
+            daily_tokens: Some(new.budgets.daily_tokens),
+            usd_day: Some(new.budgets.usd_day),
+            usd_month: Some(new.budgets.usd_month),
+            max_calls_per_minute: Some(new.budgets.max_calls_per_minute),
+            max_beats_per_hour: Some(new.budgets.max_beats_per_hour),
+            quiet_period: Some(new.quiet_period),
+            discord_channel: Some(new.discord_channel.clone()),
+            discord_users: Some(new.discord.users.clone()),
+            discord_listen: Some(new.discord.listen),
+            think: Some(new.think),
+            expect: Some(new.expect.map(|e| e.must)),
+            alert_after: new.expect.map(|e| e.alert_after),
+            retention: Some(new.retention),
+            auto_pause_after: Some(new.auto_pause_after),
+            memory_half_life: Some(new.memory_half_life),
+            approval_expiry: Some(new.approval_expiry),
+            tools: Some(new.tools.clone()),
+        }
+    }
+
     /// `agent` with the changes, validated as on create.
     pub fn apply(&self, agent: &Agent) -> Result<Agent, ValidationError> {
         fn set<T: Clone>(field: &mut T, change: &Option<T>) {
@@ -232,6 +277,8 @@ impl AgentChanges {
         }
         let mut a = agent.clone();
         set(&mut a.name, &self.name);
+        set(&mut a.alias, &self.alias);
+        set(&mut a.llm.api_key_env, &self.llm_api_key_env);
         set(&mut a.interval, &self.interval);
         set(&mut a.active_hours, &self.active_hours);
         set(&mut a.timezone, &self.timezone);

@@ -321,6 +321,10 @@ pub struct Schedule {
     pub id: ScheduleId,
     /// The agent it wakes.
     pub agent_id: AgentId,
+    /// Its name in the agent's `schedules.toml` (`pulse apply`), by which it is found
+    /// again; none for one made otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// When.
     pub rule: ScheduleRule,
     /// What it is about, given to the agent with each wake.
@@ -380,6 +384,7 @@ impl Schedule {
         Ok(Self {
             id: ScheduleId::generate(now),
             agent_id: agent_id.clone(),
+            name: None,
             rule,
             note,
             next_at: Some(next_at),
@@ -388,6 +393,17 @@ impl Schedule {
             incomplete_runs: 0,
             created_at: now,
         })
+    }
+
+    /// The schedule named `name`.
+    pub fn named(mut self, name: Option<String>) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// What an agent's files call it: its name, or its id when it has none.
+    pub fn key(&self) -> &str {
+        self.name.as_deref().unwrap_or(self.id.as_str())
     }
 
     /// The schedule expecting `expect` of each heartbeat it wakes: refused when its

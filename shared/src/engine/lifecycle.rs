@@ -361,14 +361,26 @@ impl Lifecycle {
         note: Option<String>,
         expect: Option<Expectation>,
     ) -> Result<Scheduled, LifecycleError> {
+        let spec = reminders::ScheduleSpec {
+            expect,
+            ..reminders::ScheduleSpec::new(rule, note)
+        };
+        self.schedule_spec(id, spec).await
+    }
+
+    /// [`Self::schedule_expecting`] with every part of the schedule given, its name too
+    /// (`pulse apply`).
+    pub async fn schedule_spec(
+        &self,
+        id: &AgentId,
+        spec: reminders::ScheduleSpec,
+    ) -> Result<Scheduled, LifecycleError> {
         let agent = self.agent(id).await?;
         let now = self.clock.now();
         let (schedule, mut pulled) = reminders::make(
             self.store.as_ref(),
             &agent,
-            rule,
-            note,
-            expect,
+            spec,
             now,
             self.settings.schedules,
         )

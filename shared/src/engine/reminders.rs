@@ -75,7 +75,32 @@ impl Default for ScheduleLimits {
     }
 }
 
-/// Makes a schedule for `agent`, expecting `expect` of each heartbeat it wakes, and
+/// What a schedule is to be: when, about what, what each run must do, and its name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleSpec {
+    /// When it wakes the agent.
+    pub rule: ScheduleRule,
+    /// What it is about.
+    pub note: Option<String>,
+    /// What each heartbeat it wakes must do.
+    pub expect: Option<Expectation>,
+    /// Its name in the agent's `schedules.toml`.
+    pub name: Option<String>,
+}
+
+impl ScheduleSpec {
+    /// A schedule waking at `rule` about `note`, expecting nothing, unnamed.
+    pub fn new(rule: ScheduleRule, note: Option<String>) -> Self {
+        Self {
+            rule,
+            note,
+            expect: None,
+            name: None,
+        }
+    }
+}
+
+/// Makes a schedule for `agent` as `spec` says, expecting its `expect` of each heartbeat it wakes, and
 /// stores its next wake: refused when it would never wake, when it is more than ten
 /// years ahead, when its expectation's `alert_after` is out of range, when the agent has
 /// `limits.max_per_agent` schedules already, or when the wakes of all its schedules
@@ -85,13 +110,13 @@ impl Default for ScheduleLimits {
 pub async fn make(
     store: &dyn Store,
     agent: &Agent,
-    rule: ScheduleRule,
-    note: Option<String>,
-    expect: Option<Expectation>,
+    spec: ScheduleSpec,
     now: Timestamp,
     limits: ScheduleLimits,
 ) -> Result<(Schedule, Option<Timestamp>), MakeError> {
-    let schedule = Schedule::new(&agent.id, rule, note, now)?.expecting(expect)?;
+    let schedule = Schedule::new(&agent.id, spec.rule, spec.note, now)?
+        .expecting(spec.expect)?
+        .named(spec.name);
     let existing = store.schedules(&agent.id).await?;
     if existing.len() >= limits.max_per_agent {
         return Err(ValidationError::new(
@@ -232,7 +257,7 @@ pub async fn run_tool(
         }
     };
     let note = text("note").map(str::to_owned);
-    let (schedule, _) = make(store, agent, rule, note, None, now, limits).await?;
+    let (schedule, _) = make(store, agent, ScheduleSpec::new(rule, note), now, limits).await?;
     let answer = json!({
         "scheduled": true,
         "schedule_id": schedule.id,

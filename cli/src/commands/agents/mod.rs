@@ -453,6 +453,7 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .map(AgentTool::parse_list)
             .transpose()
             .map_err(input)?,
+        ..AgentChanges::default()
     };
     if changes.is_empty() {
         return Err(Failure::Input(

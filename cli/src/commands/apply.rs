@@ -1,0 +1,318 @@
+//! `pulse apply DIR…` and `pulse export AGENT DIR`: agents kept as directories of files
+//! (see `pulse_shared::agent_dir`), applied with a plan, written back from the store.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use pulse_shared::agent_dir::{self, AgentDir, AgentPlan, Plan, ScheduleChange, Verb};
+use pulse_shared::engine::EngineSettings;
+
+use super::{AgentRef, Ctx, agent_ref};
+use crate::Failure;
+use crate::output::{count, outln};
+
+#[derive(Args, Debug)]
+pub(crate) struct ApplyArgs {
+    /// Agent directories, each holding agent.toml (and SOUL.md, HEARTBEAT.md,
+    /// schedules.toml as it needs).
+    #[arg(required = true, value_name = "DIR")]
+    dirs: Vec<PathBuf>,
+    /// Apply without asking (for CI).
+    #[arg(long, conflicts_with_all = ["dry_run", "check"])]
+    yes: bool,
+    /// Print the plan and apply nothing: exits 0 when nothing would change, 2 when
+    /// something would.
+    #[arg(long, conflicts_with = "check")]
+    dry_run: bool,
+    /// Say where the store differs from the files (an edit made in the dashboard or the
+    /// CLI) and exit 1 when it does; applies nothing.
+    #[arg(long)]
+    check: bool,
+    /// Remove what the store has and the files do not (schedules); never an agent, its
+    /// memories or its history.
+    #[arg(long)]
+    prune: bool,
+    /// Where the files come from, recorded with each change (e.g. a commit:
+    /// `--source "$(git rev-parse --short HEAD)"`).
+    #[arg(long, value_name = "TEXT")]
+    source: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ExportArgs {
+    /// The agent: its id, name or alias.
+    agent: String,
+    /// The directory to write: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml.
+    dir: PathBuf,
+    /// Write over files already there.
+    #[arg(long)]
+    force: bool,
+}
+
+enum Mode {
+    Ask,
+    Yes,
+    DryRun,
+    Check,
+}
+
+pub(crate) struct ApplyPlan {
+    dirs: Vec<AgentDir>,
+    mode: Mode,
+    prune: bool,
+    source: Option<String>,
+}
+
+pub(crate) struct ExportPlan {
+    agent: AgentRef,
+    dir: PathBuf,
+    force: bool,
+}
+
+/// Reads and checks every directory before anything is opened.
+pub(crate) fn plan(a: ApplyArgs) -> Result<ApplyPlan, Failure> {
+    let dirs = a
+        .dirs
+        .iter()
+        .map(|d| AgentDir::read(d).map_err(|e| Failure::Input(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    for d in &dirs {
+        d.new_agent().map_err(|e| Failure::Input(e.to_string()))?;
+    }
+    let mode = match (a.yes, a.dry_run, a.check) {
+        (true, _, _) => Mode::Yes,
+        (_, true, _) => Mode::DryRun,
+        (_, _, true) => Mode::Check,
+        _ => Mode::Ask,
+    };
+    Ok(ApplyPlan {
+        dirs,
+        mode,
+        prune: a.prune,
+        source: a
+            .source
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty()),
+    })
+}
+
+pub(crate) fn plan_export(a: ExportArgs) -> Result<ExportPlan, Failure> {
+    Ok(ExportPlan {
+        agent: agent_ref(&a.agent)?,
+        dir: a.dir,
+        force: a.force,
+    })
+}
+
+impl ApplyPlan {
+    /// A first apply makes the database; so may its dry run (against an empty store:
+    /// everything is to create).
+    pub(crate) fn writes(&self) -> bool {
+        true
+    }
+}
+
+fn unset(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("(unset)")
+}
+
+fn print_agent(p: &AgentPlan) {
+    let verb = match p.verb {
+        Verb::Create => "create",
+        Verb::Change => "change",
+        Verb::Same => "no changes",
+    };
+    outln!("{} ({}): {verb}", p.name, p.dir.display());
+    for f in &p.fields {
+        match (p.verb, &f.before, &f.after) {
+            (Verb::Create, _, after) => outln!("  + {} = {}", f.field, unset(after)),
+            (_, None, after) => outln!("  + {} = {}", f.field, unset(after)),
+            (_, before, None) => outln!("  - {} (was {})", f.field, unset(before)),
+            (_, before, after) => {
+                outln!("  ~ {}: {} -> {}", f.field, unset(before), unset(after))
+            }
+        }
+    }
+    for s in &p.schedules {
+        match s {
+            ScheduleChange::Create { name, rule } => outln!("  + schedule {name}: {rule}"),
+            ScheduleChange::Replace {
+                name,
+                before,
+                after,
+                ..
+            } => outln!("  ~ schedule {name}: {before} -> {after}"),
+            ScheduleChange::Remove {
+                name,
+                rule,
+                pruned: true,
+                ..
+            } => outln!("  - schedule {name}: {rule}"),
+            ScheduleChange::Remove { name, rule, .. } => outln!(
+                "  ! schedule {name}: {rule}: in the store, not in the files; kept (--prune removes it)"
+            ),
+        }
+    }
+    if !p.sizes.is_empty() {
+        let sizes: Vec<String> = p
+            .sizes
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {} characters (about {} tokens) of {}",
+                    s.file, s.chars, s.tokens, s.budget
+                )
+            })
+            .collect();
+        outln!(
+            "  sizes: {}; each heartbeat's prompt carries about {} tokens of them",
+            sizes.join(", "),
+            p.prompt_tokens
+        );
+    }
+}
+
+fn print_plan(plan: &Plan) {
+    for p in &plan.agents {
+        print_agent(p);
+    }
+    let of = |v: Verb| plan.agents.iter().filter(|p| p.verb == v).count();
+    outln!(
+        "plan: {} to create, {} to change, {} unchanged; {}",
+        count(of(Verb::Create), "agent"),
+        of(Verb::Change),
+        of(Verb::Same),
+        count(plan.changes(), "change")
+    );
+}
+
+/// With --json, the one document: the plan, how many writes it makes, and what was
+/// applied (null when nothing was).
+fn print_json(cx: &Ctx<'_>, plan: &Plan, applied: Option<&agent_dir::Applied>) {
+    cx.out.json_value(&serde_json::json!({
+        "plan": plan,
+        "changes": plan.changes(),
+        "applied": applied,
+    }));
+}
+
+/// Asks on a terminal; elsewhere, refuses without `--yes`.
+fn confirmed() -> Result<bool, Failure> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::Input(
+            "nothing applied: run again with --yes to apply this plan (or --dry-run to only print it)".into(),
+        ));
+    }
+    print!("apply this plan? [y/N] ");
+    std::io::stdout().flush().ok();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(matches!(line.trim(), "y" | "Y" | "yes"))
+}
+
+pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let store = &cx.b.store;
+    let now = cx.clock.now();
+    let plan = agent_dir::plan(store.as_ref(), &p.dirs, p.prune, now)
+        .await
+        .map_err(failure)?;
+    let json = cx.out.json;
+    if !json {
+        print_plan(&plan);
+    }
+    let changes = plan.changes();
+    let stop = match p.mode {
+        Mode::Check if changes == 0 => Some(Ok("the store matches the files")),
+        Mode::Check => Some(Err(Failure::Attention(format!(
+            "the store differs from the files ({}): apply the files with `pulse apply --yes`, or write the store's settings out with `pulse export AGENT DIR`",
+            count(changes, "difference")
+        )))),
+        _ if changes == 0 => Some(Ok("nothing to change: the store matches the files")),
+        Mode::DryRun => Some(Err(Failure::Planned(format!(
+            "{} planned; nothing applied (--dry-run)",
+            count(changes, "change")
+        )))),
+        Mode::Ask if json => Some(Err(Failure::Input(
+            "nothing applied: with --json, give --yes to apply (or --dry-run to only plan)".into(),
+        ))),
+        Mode::Ask if !confirmed()? => Some(Err(Failure::Input("nothing applied".into()))),
+        Mode::Ask | Mode::Yes => None,
+    };
+    if let Some(stop) = stop {
+        if json {
+            print_json(cx, &plan, None);
+        }
+        return match stop {
+            Ok(note) => {
+                if !json {
+                    eprintln!("{note}");
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+    }
+    let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
+    let applied = agent_dir::apply(store, &ops, &plan, p.source.as_deref(), now)
+        .await
+        .map_err(failure)?;
+    if json {
+        print_json(cx, &plan, Some(&applied));
+    } else {
+        outln!(
+            "applied: {} created, {} changed, {} unchanged",
+            count(applied.created.len(), "agent"),
+            applied.changed.len(),
+            applied.same
+        );
+    }
+    Ok(())
+}
+
+fn failure(e: agent_dir::PlanError) -> Failure {
+    match e {
+        agent_dir::PlanError::Store(e) => super::store(e),
+        agent_dir::PlanError::Lifecycle(e) => super::agents::lifecycle_failure(e),
+        agent_dir::PlanError::File(e) => Failure::Input(e.to_string()),
+    }
+}
+
+pub(crate) async fn export(p: ExportPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
+    let agent = p.agent.find(cx.b).await?;
+    let schedules = cx.b.store.schedules(&agent.id).await?;
+    let dir = AgentDir::of(&agent, &schedules, &p.dir);
+    let files = dir.files();
+    if !p.force {
+        let there: Vec<String> = files
+            .iter()
+            .map(|(name, _)| p.dir.join(name))
+            .filter(|f| f.exists())
+            .map(|f| f.display().to_string())
+            .collect();
+        if !there.is_empty() {
+            return Err(Failure::Input(format!(
+                "{} already there; nothing written (--force writes over them)",
+                there.join(", ")
+            )));
+        }
+    }
+    std::fs::create_dir_all(&p.dir)
+        .map_err(|e| Failure::Input(format!("cannot make {}: {e}", p.dir.display())))?;
+    let mut written = Vec::new();
+    for (name, text) in &files {
+        let path = p.dir.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| Failure::Input(format!("cannot write {}: {e}", path.display())))?;
+        written.push(*name);
+    }
+    cx.out.done(&format!(
+        "wrote agent {} ({}) to {}: {}; `pulse apply {}` now changes nothing",
+        agent.name,
+        agent.id,
+        p.dir.display(),
+        written.join(", "),
+        p.dir.display()
+    ));
+    Ok(())
+}

@@ -1,0 +1,530 @@
+//! What applying agent directories would change in a store (a [`Plan`]), field by field,
+//! and carrying it out ([`apply`]). Everything is matched by name: an agent by its
+//! name, a schedule by its name in `schedules.toml`; nothing is made again that exists.
+//! A schedule in the store and not in the files is removed only with `prune`; an agent
+//! never is (its memories and history are not the files' to remove).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{AgentDir, FileError, HEARTBEAT_MD, SOUL_MD, Size};
+use crate::domain::{
+    Agent, AgentChanges, AgentId, Expectation, NewAgent, NewEvent, Schedule, ScheduleId,
+    ScheduleRule, agents_named,
+};
+use crate::engine::reminders::ScheduleSpec;
+use crate::engine::{Lifecycle, LifecycleError};
+use crate::error::StoreError;
+use crate::ports::Store;
+
+/// The event an apply that changed an agent puts in its log: what changed, from which
+/// directory and source, so its next heartbeat and its story show it.
+pub const APPLIED: &str = "APPLIED";
+
+/// Why a plan could not be made or carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A file is wrong.
+    #[error("{0}")]
+    File(#[from] FileError),
+    /// The store could not be read or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The store refused a change.
+    #[error("{0}")]
+    Lifecycle(#[from] LifecycleError),
+}
+
+/// What applying a directory does to its agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verb {
+    /// It is not in the store: it is created.
+    Create,
+    /// It is, and differs: it is changed.
+    Change,
+    /// It is, as the files say.
+    Same,
+}
+
+/// One setting that differs: as the store has it, and as the files say.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FieldChange {
+    /// Its key as the files write it (`interval`, `model.provider`, `SOUL.md`).
+    pub field: String,
+    /// In the store; `None` when unset.
+    pub before: Option<String>,
+    /// In the files; `None` when unset.
+    pub after: Option<String>,
+}
+
+/// What happens to one schedule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum ScheduleChange {
+    /// It is made.
+    Create {
+        /// Its name.
+        name: String,
+        /// When and about what.
+        rule: String,
+    },
+    /// It differs: the stored one is deleted and the files' made, under the same name.
+    Replace {
+        /// Its name.
+        name: String,
+        /// The stored one.
+        id: ScheduleId,
+        /// The stored one, described.
+        before: String,
+        /// The files', described.
+        after: String,
+    },
+    /// It is in the store and not in the files: removed only with `prune`.
+    Remove {
+        /// Its name (its id when it has none).
+        name: String,
+        /// The stored one.
+        id: ScheduleId,
+        /// The stored one, described.
+        rule: String,
+        /// Whether it is removed (`--prune`) or kept.
+        pruned: bool,
+    },
+}
+
+impl ScheduleChange {
+    /// Whether applying it writes something.
+    pub fn writes(&self) -> bool {
+        !matches!(self, Self::Remove { pruned: false, .. })
+    }
+}
+
+/// What applying one directory does.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentPlan {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The agent's name.
+    pub name: String,
+    /// The stored agent's id, when it exists.
+    pub agent_id: Option<AgentId>,
+    /// What happens to it.
+    pub verb: Verb,
+    /// The settings that differ (on create, every one set).
+    pub fields: Vec<FieldChange>,
+    /// What happens to its schedules.
+    pub schedules: Vec<ScheduleChange>,
+    /// Its texts' sizes against their budgets.
+    pub sizes: Vec<Size>,
+    /// The tokens its persona and instructions add to every heartbeat's prompt.
+    pub prompt_tokens: usize,
+    #[serde(skip)]
+    new: NewAgent,
+    #[serde(skip)]
+    specs: BTreeMap<String, ScheduleSpec>,
+}
+
+impl AgentPlan {
+    /// How many writes applying it makes.
+    pub fn changes(&self) -> usize {
+        self.fields.len() + self.schedules.iter().filter(|c| c.writes()).count()
+    }
+}
+
+/// What applying directories does, one plan per directory.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    /// Each directory's.
+    pub agents: Vec<AgentPlan>,
+}
+
+impl Plan {
+    /// How many writes applying it makes.
+    pub fn changes(&self) -> usize {
+        self.agents.iter().map(AgentPlan::changes).sum()
+    }
+}
+
+/// What [`apply`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Applied {
+    /// Agents created.
+    pub created: Vec<AgentId>,
+    /// Agents changed.
+    pub changed: Vec<AgentId>,
+    /// Agents already as their files say.
+    pub same: usize,
+}
+
+/// The settings of `agent` a directory covers, flattened to the files' keys.
+fn settings(agent: &Agent) -> BTreeMap<String, String> {
+    const NOT_SETTINGS: [&str; 10] = [
+        "id",
+        "session",
+        "created_at",
+        "last_interaction_at",
+        "paused_at",
+        "snoozed_until",
+        "auto_paused_since",
+        "cancel_requested_at",
+        "next_wake",
+        "granted",
+    ];
+    let mut out = BTreeMap::new();
+    let Ok(Value::Object(mut doc)) = serde_json::to_value(agent) else {
+        return out;
+    };
+    for k in NOT_SETTINGS {
+        doc.remove(k);
+    }
+    fn flat(prefix: &str, v: Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    flat(&format!("{prefix}{k}."), v, out);
+                }
+            }
+            Value::Null => {}
+            Value::String(s) => {
+                out.insert(prefix.trim_end_matches('.').to_owned(), s);
+            }
+            other => {
+                out.insert(prefix.trim_end_matches('.').to_owned(), other.to_string());
+            }
+        }
+    }
+    flat("", Value::Object(doc), &mut out);
+    out.into_iter()
+        .map(|(k, v)| {
+            let key = match k.as_str() {
+                "persona" => SOUL_MD.to_owned(),
+                "instructions" => HEARTBEAT_MD.to_owned(),
+                "discord_channel" => "discord.channel".to_owned(),
+                "expect.must" => "expect".to_owned(),
+                "expect.alert_after" => "alert_after".to_owned(),
+                other => match other.strip_prefix("llm.") {
+                    Some(rest) => format!("model.{rest}"),
+                    None => other.to_owned(),
+                },
+            };
+            (key, v)
+        })
+        .collect()
+}
+
+/// The differences between two agents' settings; texts by their size, never whole.
+fn differences(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+) -> Vec<FieldChange> {
+    let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    let text = |s: &String| format!("{} characters", s.chars().count());
+    keys.into_iter()
+        .filter_map(|k| {
+            let (b, a) = (before.get(k), after.get(k));
+            if b == a {
+                return None;
+            }
+            let is_text = k == SOUL_MD || k == HEARTBEAT_MD;
+            let (before, mut after) = if is_text {
+                (b.map(text), a.map(text))
+            } else {
+                (b.cloned(), a.cloned())
+            };
+            if is_text && before == after {
+                after = after.map(|a| format!("{a}, edited"));
+            }
+            Some(FieldChange {
+                field: k.clone(),
+                before,
+                after,
+            })
+        })
+        .collect()
+}
+
+/// A schedule as the plan names it.
+fn describe(rule: &ScheduleRule, note: Option<&str>, expect: Option<Expectation>) -> String {
+    let mut out = match rule {
+        ScheduleRule::Cron { pattern, timezone } => format!("cron {pattern} ({timezone})"),
+        ScheduleRule::Once { at } => format!("once at {at}"),
+    };
+    if let Some(n) = note {
+        out.push_str(&format!(", note {n:?}"));
+    }
+    if let Some(e) = expect {
+        out.push_str(&format!(
+            ", expect {} after {}",
+            e.must.as_str(),
+            e.alert_after
+        ));
+    }
+    out
+}
+
+fn stored(s: &Schedule) -> String {
+    describe(&s.rule, s.note.as_deref(), s.expect)
+}
+
+/// The directory's schedules as specs, by name (checked on reading).
+fn specs(dir: &AgentDir) -> BTreeMap<String, ScheduleSpec> {
+    dir.schedules
+        .iter()
+        .filter_map(|s| {
+            let rule = s.rule(&dir.agent.timezone).ok()?;
+            let expect = s.expectation().ok()?;
+            let name = s.name.trim().to_owned();
+            let note = s
+                .note
+                .as_deref()
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned);
+            Some((
+                name.to_ascii_lowercase(),
+                ScheduleSpec {
+                    rule,
+                    note,
+                    expect,
+                    name: Some(name),
+                },
+            ))
+        })
+        .collect()
+}
+
+fn describe_spec(s: &ScheduleSpec) -> String {
+    describe(&s.rule, s.note.as_deref(), s.expect)
+}
+
+/// What applying `dirs` to `store` would do. Refused, writing nothing, when a file is
+/// wrong, two directories name one agent, or an agent's settings would not be valid.
+pub async fn plan(
+    store: &dyn Store,
+    dirs: &[AgentDir],
+    prune: bool,
+    now: Timestamp,
+) -> Result<Plan, PlanError> {
+    let agents = store.list_agents().await?;
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut out = Vec::new();
+    for dir in dirs {
+        let new = dir.new_agent()?;
+        let key = new.name.trim().to_lowercase();
+        if let Some(other) = seen.insert(key, dir.path.clone()) {
+            return Err(FileError::new(
+                dir.path.join(super::AGENT_TOML),
+                format!(
+                    "names agent {:?}, as {} does: one directory per agent",
+                    new.name.trim(),
+                    other.display()
+                ),
+            )
+            .into());
+        }
+        let invalid = |e: crate::error::ValidationError| {
+            FileError::new(dir.path.join(super::AGENT_TOML), e.to_string())
+        };
+        let specs = specs(dir);
+        let sizes = dir.sizes();
+        let prompt_tokens = [&new.persona, &new.instructions]
+            .into_iter()
+            .flatten()
+            .map(|t| crate::engine::prompt::estimate_tokens(t))
+            .sum();
+        let existing = agents_named(&agents, new.name.trim())
+            .into_iter()
+            .find(|a| a.name.eq_ignore_ascii_case(new.name.trim()));
+        let (agent_id, fields, schedules) = match existing {
+            None => {
+                let (created, _) = new.clone().create(now).map_err(invalid)?;
+                if let Some(other) = agents_named(&agents, &created.name).first() {
+                    return Err(FileError::new(
+                        dir.path.join(super::AGENT_TOML),
+                        format!(
+                            "{:?} is the alias of agent {} ({:?}); give this one another name",
+                            created.name, other.id, other.name
+                        ),
+                    )
+                    .into());
+                }
+                let fields = differences(&BTreeMap::new(), &settings(&created));
+                let schedules = specs
+                    .values()
+                    .map(|s| {
+                        crate::domain::Schedule::new(
+                            &created.id,
+                            s.rule.clone(),
+                            s.note.clone(),
+                            now,
+                        )
+                        .map_err(|e| {
+                            FileError::new(
+                                dir.path.join(super::SCHEDULES_TOML),
+                                format!("schedule {:?}: {e}", s.name.as_deref().unwrap_or("")),
+                            )
+                        })?;
+                        Ok(ScheduleChange::Create {
+                            name: s.name.clone().unwrap_or_default(),
+                            rule: describe_spec(s),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, FileError>>()?;
+                (None, fields, schedules)
+            }
+            Some(agent) => {
+                let desired = AgentChanges::to(&new).apply(agent).map_err(invalid)?;
+                let fields = differences(&settings(agent), &settings(&desired));
+                let mut schedules = Vec::new();
+                let mut have = store.schedules(&agent.id).await?;
+                have.sort_by(|a, b| a.id.cmp(&b.id));
+                let mut matched = std::collections::HashSet::new();
+                for s in &have {
+                    let key = s.key().to_ascii_lowercase();
+                    match specs.get(&key) {
+                        Some(spec) if matched.insert(key.clone()) => {
+                            let same = spec.rule == s.rule
+                                && spec.note == s.note
+                                && spec.expect == s.expect;
+                            if !same {
+                                schedules.push(ScheduleChange::Replace {
+                                    name: spec.name.clone().unwrap_or_default(),
+                                    id: s.id.clone(),
+                                    before: stored(s),
+                                    after: describe_spec(spec),
+                                });
+                            }
+                        }
+                        _ => schedules.push(ScheduleChange::Remove {
+                            name: s.key().to_owned(),
+                            id: s.id.clone(),
+                            rule: stored(s),
+                            pruned: prune,
+                        }),
+                    }
+                }
+                for (key, spec) in &specs {
+                    if !matched.contains(key) {
+                        crate::domain::Schedule::new(
+                            &agent.id,
+                            spec.rule.clone(),
+                            spec.note.clone(),
+                            now,
+                        )
+                        .map_err(|e| {
+                            FileError::new(
+                                dir.path.join(super::SCHEDULES_TOML),
+                                format!("schedule {:?}: {e}", spec.name.as_deref().unwrap_or("")),
+                            )
+                        })?;
+                        schedules.push(ScheduleChange::Create {
+                            name: spec.name.clone().unwrap_or_default(),
+                            rule: describe_spec(spec),
+                        });
+                    }
+                }
+                (Some(agent.id.clone()), fields, schedules)
+            }
+        };
+        let verb = match (
+            &agent_id,
+            fields.is_empty() && schedules.iter().all(|c| !c.writes()),
+        ) {
+            (None, _) => Verb::Create,
+            (Some(_), true) => Verb::Same,
+            (Some(_), false) => Verb::Change,
+        };
+        out.push(AgentPlan {
+            dir: dir.path.clone(),
+            name: new.name.trim().to_owned(),
+            agent_id,
+            verb,
+            fields,
+            schedules,
+            sizes,
+            prompt_tokens,
+            new,
+            specs,
+        });
+    }
+    Ok(Plan { agents: out })
+}
+
+/// Carries `plan` out: creates and changes agents and their schedules, and puts an
+/// [`APPLIED`] event in each changed agent's log with what changed and `source` (a
+/// file, a commit). Stops at the first refusal, saying which agent; what was applied
+/// before it stays (applying again finishes the rest).
+pub async fn apply(
+    store: &Arc<dyn Store>,
+    ops: &Lifecycle,
+    plan: &Plan,
+    source: Option<&str>,
+    now: Timestamp,
+) -> Result<Applied, PlanError> {
+    let mut applied = Applied::default();
+    for p in &plan.agents {
+        let id = match (&p.agent_id, p.verb) {
+            (_, Verb::Same) => {
+                applied.same += 1;
+                continue;
+            }
+            (Some(id), _) => {
+                if !p.fields.is_empty() {
+                    ops.update(id, &AgentChanges::to(&p.new)).await?;
+                }
+                applied.changed.push(id.clone());
+                id.clone()
+            }
+            (None, _) => {
+                let (agent, first) = p.new.clone().create(now).map_err(LifecycleError::Invalid)?;
+                store.create_agent(&agent, &first).await?;
+                applied.created.push(agent.id.clone());
+                agent.id
+            }
+        };
+        for change in &p.schedules {
+            match change {
+                ScheduleChange::Create { name, .. } => {
+                    let spec = p.specs[&name.to_ascii_lowercase()].clone();
+                    ops.schedule_spec(&id, spec).await?;
+                }
+                ScheduleChange::Replace { name, id: old, .. } => {
+                    ops.unschedule(&id, old).await?;
+                    let spec = p.specs[&name.to_ascii_lowercase()].clone();
+                    ops.schedule_spec(&id, spec).await?;
+                }
+                ScheduleChange::Remove {
+                    id: old,
+                    pruned: true,
+                    ..
+                } => {
+                    ops.unschedule(&id, old).await?;
+                }
+                ScheduleChange::Remove { pruned: false, .. } => {}
+            }
+        }
+        let mut changed: Vec<String> = p.fields.iter().map(|f| f.field.clone()).collect();
+        changed.extend(p.schedules.iter().filter(|c| c.writes()).map(|c| match c {
+            ScheduleChange::Create { name, .. } => format!("schedule {name} made"),
+            ScheduleChange::Replace { name, .. } => format!("schedule {name} changed"),
+            ScheduleChange::Remove { name, .. } => format!("schedule {name} removed"),
+        }));
+        let payload = json!({
+            "verb": p.verb,
+            "changed": changed,
+            "dir": p.dir.display().to_string(),
+            "source": source,
+        });
+        let event = NewEvent::new(APPLIED, payload, None)
+            .map_err(LifecycleError::Invalid)?
+            .into_event(id.clone(), "apply", now);
+        store.append(&event).await?;
+    }
+    Ok(applied)
+}

@@ -1,0 +1,338 @@
+//! Agents as files: a directory planned and applied against the store, on both backends —
+//! created once, a second apply a no-op, an edit one change that reaches the next
+//! heartbeat's prompt, a renamed schedule removed only with `prune`, an edit made
+//! elsewhere seen as drift, and an export that applies as a no-op.
+
+use std::path::Path;
+
+use pulse_shared::agent_dir::{self, AgentDir, Plan, ScheduleChange, Verb};
+use pulse_shared::domain::{Agent, AgentChanges, ScheduleRule, TimeZoneName};
+use pulse_tests::fake_llm::Scripted;
+use pulse_tests::{Kind, on_both_backends};
+
+use crate::lifecycle::{World, world};
+
+fn write(dir: &Path, files: &[(&str, &str)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+}
+
+async fn plan(w: &World, dir: &Path, prune: bool) -> Plan {
+    let read = AgentDir::read(dir).unwrap();
+    agent_dir::plan(w.b.store.as_ref(), &[read], prune, w.b.now())
+        .await
+        .unwrap()
+}
+
+async fn apply(w: &World, plan: &Plan, source: &str) -> agent_dir::Applied {
+    agent_dir::apply(&w.b.store, &w.ops, plan, Some(source), w.b.now())
+        .await
+        .unwrap()
+}
+
+/// The APPLIED events in the agent's log: what each said changed, and its source.
+async fn applied_events(w: &World, agent: &Agent) -> Vec<(Vec<String>, String)> {
+    let mut events = w.b.store.list_events(&agent.id, 100).await.unwrap();
+    events.sort_by(|a, b| a.id.cmp(&b.id));
+    events
+        .iter()
+        .filter(|e| e.event_type.as_str() == agent_dir::APPLIED)
+        .map(|e| {
+            let changed = e.payload["changed"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_str().unwrap().to_owned())
+                .collect();
+            (changed, e.payload["source"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+const AGENT: &str = r#"name = "gardener"
+interval = "1h"
+think = "always"
+
+[discord]
+channel = "4242"
+"#;
+const SCHEDULES: &str = r#"[[schedule]]
+name = "water"
+cron = "0 7 * * *"
+note = "water the tomatoes"
+"#;
+
+on_both_backends!(
+    a_directory_is_applied_once_and_an_edit_is_one_change_that_reaches_the_next_heartbeat,
+    applied_once
+);
+async fn applied_once(kind: Kind) {
+    let w = world(kind).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gardener");
+    write(
+        &dir,
+        &[
+            ("agent.toml", AGENT),
+            ("SOUL.md", "You are the gardener.\n"),
+            ("HEARTBEAT.md", "Look at the beds.\n"),
+            ("schedules.toml", SCHEDULES),
+        ],
+    );
+    let first = plan(&w, &dir, false).await;
+    let p = &first.agents[0];
+    assert_eq!((p.verb, p.name.as_str()), (Verb::Create, "gardener"));
+    let field = |p: &agent_dir::AgentPlan, f: &str| {
+        p.fields
+            .iter()
+            .find(|c| c.field == f)
+            .map(|c| (c.before.clone(), c.after.clone()))
+    };
+    assert_eq!(field(p, "interval"), Some((None, Some("1h".into()))));
+    assert_eq!(
+        field(p, "SOUL.md"),
+        Some((None, Some("21 characters".into()))),
+        "texts by their size"
+    );
+    assert_eq!(
+        field(p, "discord.channel"),
+        Some((None, Some("4242".into())))
+    );
+    assert_eq!(
+        p.schedules,
+        [ScheduleChange::Create {
+            name: "water".into(),
+            rule: "cron 0 7 * * * (UTC), note \"water the tomatoes\"".into()
+        }]
+    );
+    assert_eq!(p.sizes.len(), 2);
+    let done = apply(&w, &first, "commit a1").await;
+    assert_eq!(done.created.len(), 1);
+    let agent =
+        w.b.store
+            .get_agent(&done.created[0])
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(agent.persona.as_deref(), Some("You are the gardener."));
+    assert_eq!(agent.instructions.as_deref(), Some("Look at the beds."));
+    let schedules = w.ops.schedules(&agent.id).await.unwrap();
+    assert_eq!(schedules.len(), 1);
+    assert_eq!(schedules[0].name.as_deref(), Some("water"));
+
+    // The same files again: nothing to do, nothing written, no event.
+    let again = plan(&w, &dir, false).await;
+    assert_eq!((again.agents[0].verb, again.changes()), (Verb::Same, 0));
+    let done = apply(&w, &again, "commit a1").await;
+    assert_eq!(
+        (done.same, done.created.len(), done.changed.len()),
+        (1, 0, 0)
+    );
+    assert_eq!(
+        w.ops.schedules(&agent.id).await.unwrap()[0].id,
+        schedules[0].id
+    );
+
+    // An edited HEARTBEAT.md is one change, and the next heartbeat works from it.
+    write(
+        &dir,
+        &[("HEARTBEAT.md", "Look at the beds and the greenhouse.\n")],
+    );
+    let edit = plan(&w, &dir, false).await;
+    assert_eq!(edit.changes(), 1);
+    assert_eq!(
+        edit.agents[0].fields[0],
+        agent_dir::FieldChange {
+            field: "HEARTBEAT.md".into(),
+            before: Some("17 characters".into()),
+            after: Some("36 characters".into()),
+        }
+    );
+    let done = apply(&w, &edit, "commit b2").await;
+    assert_eq!(done.changed.len(), 1);
+    assert_eq!(done.changed[0], agent.id);
+    // One event a write: the create's and the edit's, none for the apply that did
+    // nothing.
+    let events = applied_events(&w, &agent).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].1, "commit a1");
+    for f in ["SOUL.md", "HEARTBEAT.md", "interval", "schedule water made"] {
+        assert!(
+            events[0].0.iter().any(|c| c == f),
+            "{f} in {:?}",
+            events[0].0
+        );
+    }
+    assert_eq!(
+        events[1],
+        (vec!["HEARTBEAT.md".to_owned()], "commit b2".to_owned())
+    );
+    // A minute on, past the settle time events wait out before a heartbeat reads them.
+    w.b.advance(jiff::SignedDuration::from_mins(1));
+    w.llm.script([Scripted::text("The greenhouse is warm.")]);
+    assert_eq!(w.beat().await, 1);
+    let prompt = w.llm.requests().last().unwrap().body.to_string();
+    assert!(
+        prompt.contains("Look at the beds and the greenhouse."),
+        "{prompt}"
+    );
+    assert!(prompt.contains("You are the gardener."), "{prompt}");
+    assert!(
+        prompt.contains("APPLIED"),
+        "the heartbeat reads what apply changed: {prompt}"
+    );
+}
+
+on_both_backends!(
+    a_renamed_schedule_is_removed_only_with_prune_and_an_edit_elsewhere_is_drift,
+    prune_and_drift
+);
+async fn prune_and_drift(kind: Kind) {
+    let w = world(kind).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gardener");
+    write(
+        &dir,
+        &[("agent.toml", AGENT), ("schedules.toml", SCHEDULES)],
+    );
+    let first = plan(&w, &dir, false).await;
+    let id = apply(&w, &first, "a1").await.created[0].clone();
+
+    // Renamed: the new one is made; the old one stays unless pruned.
+    write(
+        &dir,
+        &[(
+            "schedules.toml",
+            &SCHEDULES.replace("\"water\"", "\"watering\""),
+        )],
+    );
+    let kept = plan(&w, &dir, false).await;
+    let old = w.ops.schedules(&id).await.unwrap()[0].id.clone();
+    assert_eq!(
+        kept.agents[0].schedules,
+        [
+            ScheduleChange::Remove {
+                name: "water".into(),
+                id: old.clone(),
+                rule: "cron 0 7 * * * (UTC), note \"water the tomatoes\"".into(),
+                pruned: false,
+            },
+            ScheduleChange::Create {
+                name: "watering".into(),
+                rule: "cron 0 7 * * * (UTC), note \"water the tomatoes\"".into(),
+            },
+        ]
+    );
+    assert_eq!(kept.changes(), 1, "a schedule kept is no write");
+    let pruned = plan(&w, &dir, true).await;
+    assert_eq!(pruned.changes(), 2);
+    apply(&w, &pruned, "b2").await;
+    let names: Vec<Option<String>> = w
+        .ops
+        .schedules(&id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, [Some("watering".to_owned())]);
+
+    // An edit made elsewhere (the dashboard, the CLI) is a difference the plan shows.
+    let edit = AgentChanges {
+        interval: Some("2h".parse().unwrap()),
+        ..AgentChanges::default()
+    };
+    w.ops.update(&id, &edit).await.unwrap();
+    let drift = plan(&w, &dir, false).await;
+    assert_eq!(drift.agents[0].verb, Verb::Change);
+    assert_eq!(
+        drift.agents[0].fields,
+        [agent_dir::FieldChange {
+            field: "interval".into(),
+            before: Some("2h".into()),
+            after: Some("1h".into()),
+        }]
+    );
+}
+
+on_both_backends!(
+    an_agent_made_with_the_cli_exported_to_files_applies_as_a_no_op,
+    export_round_trip
+);
+async fn export_round_trip(kind: Kind) {
+    let w = world(kind).await;
+    let mut new = pulse_shared::domain::NewAgent::named("exported");
+    new.interval = "45m".parse().unwrap();
+    new.persona = Some("You are careful.\n\nYou keep lists.".into());
+    new.instructions = Some("## Inbox (every 4h)\nRead it.".into());
+    new.timezone = TimeZoneName::parse("Europe/Paris").unwrap();
+    new.active_hours = Some("08:00-21:30".parse().unwrap());
+    new.budgets.usd_day = Some(pulse_shared::domain::Usd::from_dollars(1.25));
+    new.discord.users = vec!["123".into(), "456".into()];
+    let (agent, first) = new.create(w.b.now()).unwrap();
+    w.b.store.create_agent(&agent, &first).await.unwrap();
+    let paris = TimeZoneName::parse("Europe/Paris").unwrap();
+    // A schedule made without a name is written under its id.
+    let made = w
+        .ops
+        .schedule(
+            &agent.id,
+            ScheduleRule::cron("30 8 * * MON", paris).unwrap(),
+            Some("week ahead".into()),
+        )
+        .await
+        .unwrap()
+        .schedule;
+    let utc = ScheduleRule::cron("0 12 * * *", TimeZoneName::utc()).unwrap();
+    w.ops.schedule(&agent.id, utc, None).await.unwrap();
+    let agent = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    let schedules = w.ops.schedules(&agent.id).await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("exported");
+    let files = AgentDir::of(&agent, &schedules, &dir).files();
+    write(
+        &dir,
+        &files
+            .iter()
+            .map(|(n, t)| (*n, t.as_str()))
+            .collect::<Vec<_>>(),
+    );
+    let toml = std::fs::read_to_string(dir.join("schedules.toml")).unwrap();
+    assert!(toml.contains(&format!("name = \"{}\"", made.id)), "{toml}");
+    assert!(
+        !toml.contains("Europe/Paris"),
+        "the agent's zone is left implied: {toml}"
+    );
+    assert!(toml.contains("timezone = \"UTC\""), "{toml}");
+    let p = plan(&w, &dir, true).await;
+    assert_eq!(
+        (p.agents[0].verb, p.changes()),
+        (Verb::Same, 0),
+        "{:?}",
+        p.agents[0]
+    );
+}
+
+/// The schemas the book publishes accept the example directory's files and refuse a
+/// misspelt key, as `apply` does.
+#[test]
+fn the_published_schemas_take_the_example_and_refuse_a_misspelt_key() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/scout");
+    let as_json = |text: &str| -> serde_json::Value { toml::from_str(text).unwrap() };
+    for (schema, file) in [
+        (agent_dir::agent_schema(), "agent.toml"),
+        (agent_dir::schedules_schema(), "schedules.toml"),
+    ] {
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let text = std::fs::read_to_string(example.join(file)).unwrap();
+        let doc = as_json(&text);
+        let errors: Vec<String> = validator.iter_errors(&doc).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{file}: {errors:?}");
+        // The directory reads as apply reads it.
+        AgentDir::read(&example).unwrap();
+        let misspelt = as_json(&text.replacen("\nname =", "\nnmae =", 1));
+        assert!(!validator.is_valid(&misspelt), "{file} with a misspelt key");
+    }
+}
