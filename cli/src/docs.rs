@@ -14,7 +14,7 @@ pub(crate) enum DocsCmd {
     /// The configuration reference (docs/src/reference/configuration.md).
     Config,
     /// The JSON Schema of an agent directory's file (docs/src/reference/agent.schema.json,
-    /// schedules.schema.json).
+    /// schedules.schema.json, hooks.schema.json).
     Schema {
         /// Which file.
         #[arg(value_enum)]
@@ -35,6 +35,8 @@ pub(crate) enum SchemaFile {
     Agent,
     /// schedules.toml.
     Schedules,
+    /// hooks.toml.
+    Hooks,
 }
 
 /// Prints the page.
@@ -46,6 +48,7 @@ pub(crate) fn run(cmd: DocsCmd) -> Result<(), crate::Failure> {
             let schema = match file {
                 SchemaFile::Agent => pulse_shared::agent_dir::agent_schema(),
                 SchemaFile::Schedules => pulse_shared::agent_dir::schedules_schema(),
+                SchemaFile::Hooks => pulse_shared::agent_dir::hooks_schema(),
             };
             println!(
                 "{}",

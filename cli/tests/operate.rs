@@ -1792,7 +1792,13 @@ fn agent_files_on(backend: Backend) {
     let files = d.join("agents/scout");
     std::fs::create_dir_all(&files).unwrap();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/scout");
-    for f in ["agent.toml", "SOUL.md", "HEARTBEAT.md", "schedules.toml"] {
+    for f in [
+        "agent.toml",
+        "SOUL.md",
+        "HEARTBEAT.md",
+        "schedules.toml",
+        "hooks.toml",
+    ] {
         std::fs::copy(example.join(f), files.join(f)).unwrap();
     }
     let dry = pulse(d, &["apply", "--dry-run", "agents/scout"]);
@@ -1815,8 +1821,18 @@ fn agent_files_on(backend: Backend) {
 
     let asked = bad(d, &["apply", "agents/scout"]);
     assert!(asked.contains("run again with --yes"), "{asked}");
+    assert!(
+        plan.contains("  + hook on-call HEARTBEAT_INCOMPLETE: https://hooks.example.com/pulse"),
+        "{plan}"
+    );
     let applied = ok(d, &["apply", "--yes", "--source", "abc123", "agents/scout"]);
     assert!(applied.contains("applied: 1 agent created"), "{applied}");
+    // The hook's secret, shown once; never in a plan or an export.
+    assert!(
+        applied.contains("hook on-call of scout signs with whsec_"),
+        "{applied}"
+    );
+    assert_eq!(applied.matches("whsec_").count(), 1, "{applied}");
     let agent = json(d, &["agents", "show", "scout"]);
     assert_eq!(agent["agent"]["interval"], "30m", "{agent}");
     let schedules = json(d, &["schedules", "list", "--agent", "scout"]);
@@ -1862,9 +1878,13 @@ fn agent_files_on(backend: Backend) {
     let said = String::from_utf8_lossy(&written.stderr);
     assert!(written.status.success(), "{said}");
     assert!(
-        said.contains("to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml"),
+        said.contains("to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml, hooks.toml"),
         "{said}"
     );
+    for f in std::fs::read_dir(d.join("exported")).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        assert!(!text.contains("whsec_"), "{text}");
+    }
     let toml = std::fs::read_to_string(d.join("exported/agent.toml")).unwrap();
     assert!(toml.contains("interval = \"2h\""), "{toml}");
     let same = pulse(d, &["apply", "--check", "exported"]);

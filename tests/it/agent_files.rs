@@ -21,9 +21,14 @@ fn write(dir: &Path, files: &[(&str, &str)]) {
 
 async fn plan(w: &World, dir: &Path, prune: bool) -> Plan {
     let read = AgentDir::read(dir).unwrap();
-    agent_dir::plan(w.b.store.as_ref(), &[read], prune, w.b.now())
-        .await
-        .unwrap()
+    agent_dir::plan(
+        w.b.store.as_ref(),
+        &[read],
+        &agent_dir::PlanOptions::new(prune),
+        w.b.now(),
+    )
+    .await
+    .unwrap()
 }
 
 async fn apply(w: &World, plan: &Plan, source: &str) -> agent_dir::Applied {
@@ -291,7 +296,7 @@ async fn export_round_trip(kind: Kind) {
     let schedules = w.ops.schedules(&agent.id).await.unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("exported");
-    let files = AgentDir::of(&agent, &schedules, &dir).files();
+    let files = AgentDir::of(&agent, &schedules, &[], &dir).files();
     write(
         &dir,
         &files
@@ -324,6 +329,7 @@ fn the_published_schemas_take_the_example_and_refuse_a_misspelt_key() {
     for (schema, file) in [
         (agent_dir::agent_schema(), "agent.toml"),
         (agent_dir::schedules_schema(), "schedules.toml"),
+        (agent_dir::hooks_schema(), "hooks.toml"),
     ] {
         let validator = jsonschema::validator_for(&schema).unwrap();
         let text = std::fs::read_to_string(example.join(file)).unwrap();
@@ -335,4 +341,125 @@ fn the_published_schemas_take_the_example_and_refuse_a_misspelt_key() {
         let misspelt = as_json(&text.replacen("\nname =", "\nnmae =", 1));
         assert!(!validator.is_valid(&misspelt), "{file} with a misspelt key");
     }
+}
+
+const HOOKS: &str = r#"[[hook]]
+name = "ci"
+types = ["AFTER_HEARTBEAT", "HEARTBEAT_INCOMPLETE"]
+url = "https://hooks.example.com/pulse"
+auth_header_env = "CI_HOOK_AUTH"
+description = "the CI's receiver"
+"#;
+
+on_both_backends!(
+    hooks_in_files_are_made_once_with_one_secret_shown_once_and_no_secret_in_a_plan_or_an_export,
+    hooks_in_files
+);
+async fn hooks_in_files(kind: Kind) {
+    let w = world(kind).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gardener");
+    write(&dir, &[("agent.toml", AGENT), ("hooks.toml", HOOKS)]);
+    let header = std::cell::RefCell::new("Bearer first-token".to_owned());
+    let env = |var: &str| (var == "CI_HOOK_AUTH").then(|| header.borrow().clone());
+    let plan_with = |prune: bool| {
+        let read = AgentDir::read(&dir).unwrap();
+        let env = &env;
+        let store = w.b.store.clone();
+        let now = w.b.now();
+        async move {
+            let options = agent_dir::PlanOptions {
+                prune,
+                event_bus: false,
+                env,
+            };
+            agent_dir::plan(store.as_ref(), &[read], &options, now)
+                .await
+                .unwrap()
+        }
+    };
+    let first = plan_with(false).await;
+    let hooks = &first.agents[0].hooks;
+    assert_eq!(hooks.len(), 2, "one hook per type: {hooks:?}");
+    let shown = serde_json::to_string(&first).unwrap();
+    assert!(
+        !shown.contains("first-token"),
+        "no header in a plan: {shown}"
+    );
+    let done = apply(&w, &first, "a1").await;
+    assert_eq!(
+        done.secrets.len(),
+        1,
+        "one secret for the two: {:?}",
+        done.secrets
+    );
+    let secret = done.secrets[0].secret.clone();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    let id = done.created[0].clone();
+    let stored = w.b.store.list_hooks(&id).await.unwrap();
+    assert_eq!(stored.len(), 2);
+    for h in &stored {
+        assert_eq!(h.name.as_deref(), Some("ci"));
+        assert_eq!(h.secret.expose(), secret, "signed with the secret shown");
+        assert_eq!(
+            h.auth_header.as_ref().map(|a| a.expose()),
+            Some("Bearer first-token")
+        );
+    }
+    assert_eq!(
+        plan_with(false).await.changes(),
+        0,
+        "applied twice: nothing"
+    );
+
+    // A new header value is a change, shown hidden.
+    *header.borrow_mut() = "Bearer second-token".to_owned();
+    let rotated = plan_with(false).await;
+    assert_eq!(rotated.changes(), 2);
+    let shown = serde_json::to_string(&rotated).unwrap();
+    assert!(!shown.contains("-token"), "{shown}");
+    assert!(shown.contains("*** (another value)"), "{shown}");
+    apply(&w, &rotated, "b2").await;
+    let again = w.b.store.list_hooks(&id).await.unwrap();
+    assert!(
+        again.iter().all(|h| h.secret.expose() == secret),
+        "the secret is kept"
+    );
+    assert!(
+        again
+            .iter()
+            .all(|h| h.auth_header.as_ref().unwrap().expose() == "Bearer second-token")
+    );
+
+    // One type left out: kept unless pruned.
+    write(
+        &dir,
+        &[(
+            "hooks.toml",
+            &HOOKS.replace(", \"HEARTBEAT_INCOMPLETE\"", ""),
+        )],
+    );
+    let kept = plan_with(false).await;
+    assert_eq!(kept.changes(), 0);
+    assert!(matches!(
+        &kept.agents[0].hooks[..],
+        [agent_dir::HookChange::Remove { pruned: false, hook_type, .. }] if hook_type == "HEARTBEAT_INCOMPLETE"
+    ));
+    let pruned = plan_with(true).await;
+    apply(&w, &pruned, "c3").await;
+    assert_eq!(w.b.store.list_hooks(&id).await.unwrap().len(), 1);
+
+    // Exported, the header is named by a variable, never written.
+    let agent = w.b.store.get_agent(&id).await.unwrap().unwrap();
+    let hooks = w.b.store.list_hooks(&id).await.unwrap();
+    let files = AgentDir::of(&agent, &[], &hooks, &dir).files();
+    let text: String = files.iter().map(|(_, t)| t.as_str()).collect();
+    assert!(
+        !text.contains("-token") && !text.contains(&secret),
+        "{text}"
+    );
+    assert!(
+        text.contains("auth_header_env = \"PULSE_HOOK_AUTH_CI\""),
+        "{text}"
+    );
 }

@@ -5,7 +5,9 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use pulse_shared::agent_dir::{self, AgentDir, AgentPlan, Plan, ScheduleChange, Verb};
+use pulse_shared::agent_dir::{
+    self, AgentDir, AgentPlan, HookChange, Plan, PlanOptions, ScheduleChange, Verb,
+};
 use pulse_shared::engine::EngineSettings;
 
 use super::{AgentRef, Ctx, agent_ref};
@@ -154,6 +156,38 @@ fn print_agent(p: &AgentPlan) {
             ),
         }
     }
+    for h in &p.hooks {
+        match h {
+            HookChange::Create {
+                name,
+                hook_type,
+                url,
+            } => outln!("  + hook {name} {hook_type}: {url}"),
+            HookChange::Change {
+                name,
+                hook_type,
+                fields,
+                ..
+            } => {
+                let fields: Vec<String> = fields
+                    .iter()
+                    .map(|f| format!("{}: {} -> {}", f.field, unset(&f.before), unset(&f.after)))
+                    .collect();
+                outln!("  ~ hook {name} {hook_type}: {}", fields.join("; "));
+            }
+            HookChange::Remove {
+                name,
+                hook_type,
+                pruned: true,
+                ..
+            } => outln!("  - hook {name} {hook_type}"),
+            HookChange::Remove {
+                name, hook_type, ..
+            } => outln!(
+                "  ! hook {name} {hook_type}: in the store, not in the files; kept (--prune removes it)"
+            ),
+        }
+    }
     if !p.sizes.is_empty() {
         let sizes: Vec<String> = p
             .sizes
@@ -214,7 +248,13 @@ fn confirmed() -> Result<bool, Failure> {
 pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let store = &cx.b.store;
     let now = cx.clock.now();
-    let plan = agent_dir::plan(store.as_ref(), &p.dirs, p.prune, now)
+    let env = |var: &str| std::env::var(var).ok();
+    let options = PlanOptions {
+        prune: p.prune,
+        event_bus: cx.b.bus.is_some(),
+        env: &env,
+    };
+    let plan = agent_dir::plan(store.as_ref(), &p.dirs, &options, now)
         .await
         .map_err(failure)?;
     let json = cx.out.json;
@@ -266,6 +306,14 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             applied.changed.len(),
             applied.same
         );
+        for s in &applied.secrets {
+            outln!(
+                "hook {} of {} signs with {} (shown this once: give it to the receiver)",
+                s.hook,
+                s.agent,
+                s.secret
+            );
+        }
     }
     Ok(())
 }
@@ -281,7 +329,8 @@ fn failure(e: agent_dir::PlanError) -> Failure {
 pub(crate) async fn export(p: ExportPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let agent = p.agent.find(cx.b).await?;
     let schedules = cx.b.store.schedules(&agent.id).await?;
-    let dir = AgentDir::of(&agent, &schedules, &p.dir);
+    let hooks = cx.b.store.list_hooks(&agent.id).await?;
+    let dir = AgentDir::of(&agent, &schedules, &hooks, &p.dir);
     let files = dir.files();
     if !p.force {
         let there: Vec<String> = files
@@ -314,5 +363,12 @@ pub(crate) async fn export(p: ExportPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
         written.join(", "),
         p.dir.display()
     ));
+    for h in dir.hooks.iter().filter(|h| h.auth_header_env.is_some()) {
+        eprintln!(
+            "note: hook {} sends an Authorization header, never written in a file: set {} to it before applying these files",
+            h.name,
+            h.auth_header_env.as_deref().unwrap_or_default()
+        );
+    }
     Ok(())
 }

@@ -178,6 +178,7 @@ fn the_reference_pages_are_what_the_code_makes_now() {
         ("config", "configuration.md"),
         ("schema agent", "agent.schema.json"),
         ("schema schedules", "schedules.schema.json"),
+        ("schema hooks", "hooks.schema.json"),
     ] {
         let made = pulse().arg("docs").args(what.split(' ')).output().unwrap();
         assert!(

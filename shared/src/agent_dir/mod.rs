@@ -11,9 +11,15 @@
 //! that differs. [`plan`] compares directories with a store, [`apply`] carries a plan
 //! out, and [`AgentDir::of`] writes an agent back as files (`pulse export`).
 
+mod hooks;
 mod plan;
 
-pub use plan::{APPLIED, AgentPlan, Applied, FieldChange, Plan, PlanError, ScheduleChange, Verb};
+pub use hooks::{HOOKS_TOML, HookChange, HookToml, HooksToml, header_variable};
+
+pub use plan::{
+    APPLIED, AgentPlan, Applied, FieldChange, NewSecret, Plan, PlanError, PlanOptions,
+    ScheduleChange, Verb,
+};
 pub use plan::{apply, plan};
 
 use std::fmt;
@@ -395,6 +401,24 @@ pub struct AgentDir {
     pub heartbeat: Option<String>,
     /// `schedules.toml`'s entries.
     pub schedules: Vec<ScheduleToml>,
+    /// `hooks.toml`'s entries.
+    pub hooks: Vec<HookToml>,
+}
+
+/// Checks a schedule's or a hook's name: what is wrong with it.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= MAX_SCHEDULE_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?}: give 1 to {MAX_SCHEDULE_NAME} letters, digits, `-`, `_` or `.`"
+        ))
+    }
 }
 
 /// A text file, trimmed; `None` when it is absent or holds only white space.
@@ -436,12 +460,18 @@ impl AgentDir {
             Some(text) => read_toml::<SchedulesToml>(&schedules_file, &text)?.schedules,
             None => Vec::new(),
         };
+        let hooks_file = path.join(HOOKS_TOML);
+        let hooks = match read_text(&hooks_file)? {
+            Some(text) => read_toml::<HooksToml>(&hooks_file, &text)?.hooks,
+            None => Vec::new(),
+        };
         let dir = Self {
             path: path.to_owned(),
             agent,
             soul: read_text(&path.join(SOUL_MD))?,
             heartbeat: read_text(&path.join(HEARTBEAT_MD))?,
             schedules,
+            hooks,
         };
         dir.check_schedules()?;
         Ok(dir)
@@ -452,19 +482,7 @@ impl AgentDir {
         let mut seen = std::collections::HashSet::new();
         for s in &self.schedules {
             let name = s.name.trim();
-            let ok = !name.is_empty()
-                && name.chars().count() <= MAX_SCHEDULE_NAME
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-            if !ok {
-                return Err(FileError::new(
-                    &file,
-                    format!(
-                        "schedule name {name:?}: give 1 to {MAX_SCHEDULE_NAME} letters, digits, `-`, `_` or `.`"
-                    ),
-                ));
-            }
+            check_name(name).map_err(|p| FileError::new(&file, format!("schedule name {p}")))?;
             if !seen.insert(name.to_ascii_lowercase()) {
                 return Err(FileError::new(
                     &file,
@@ -540,8 +558,14 @@ impl AgentDir {
         })
     }
 
-    /// The directory that describes `agent` and its `schedules`, to write at `path`.
-    pub fn of(agent: &Agent, schedules: &[Schedule], path: &Path) -> Self {
+    /// The directory that describes `agent`, its `schedules` and its `hooks`, to write
+    /// at `path`.
+    pub fn of(
+        agent: &Agent,
+        schedules: &[Schedule],
+        hooks: &[crate::domain::Hook],
+        path: &Path,
+    ) -> Self {
         Self {
             path: path.to_owned(),
             agent: AgentToml {
@@ -577,6 +601,7 @@ impl AgentDir {
                 .filter(|s| s.next_at.is_some() || s.name.is_some())
                 .map(|s| ScheduleToml::of(s, &agent.timezone))
                 .collect(),
+            hooks: hooks::entries(hooks),
         }
     }
 
@@ -602,6 +627,15 @@ impl AgentDir {
                 toml::to_string(&file).expect("schedules.toml is plain TOML"),
             ));
         }
+        if !self.hooks.is_empty() {
+            let file = HooksToml {
+                hooks: self.hooks.clone(),
+            };
+            out.push((
+                HOOKS_TOML,
+                toml::to_string(&file).expect("hooks.toml is plain TOML"),
+            ));
+        }
         out
     }
 }
@@ -614,6 +648,11 @@ pub fn agent_schema() -> serde_json::Value {
 /// The JSON Schema of `schedules.toml`.
 pub fn schedules_schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(SchedulesToml)).expect("a schema is JSON")
+}
+
+/// The JSON Schema of `hooks.toml`.
+pub fn hooks_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(HooksToml)).expect("a schema is JSON")
 }
 
 /// A text's size against its budget.
@@ -753,7 +792,7 @@ listen = "all"
             .unwrap();
         assert_eq!(agent.budgets.usd_day, Some(Usd::from_dollars(2.5)));
         assert_eq!(agent.persona.as_deref(), Some("You are Scout."));
-        let back = AgentDir::of(&agent, &[], d.path());
+        let back = AgentDir::of(&agent, &[], &[], d.path());
         assert_eq!(back, read);
         let out = tempfile::tempdir().unwrap();
         for (name, text) in back.files() {

@@ -12,10 +12,11 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::hooks::{self, HookChange, HookSpec};
 use super::{AgentDir, FileError, HEARTBEAT_MD, SOUL_MD, Size};
 use crate::domain::{
-    Agent, AgentChanges, AgentId, Expectation, NewAgent, NewEvent, Schedule, ScheduleId,
-    ScheduleRule, agents_named,
+    Agent, AgentChanges, AgentId, Expectation, Hook, HookType, NewAgent, NewEvent, Schedule,
+    ScheduleId, ScheduleRule, agents_named, builtin_tools,
 };
 use crate::engine::reminders::ScheduleSpec;
 use crate::engine::{Lifecycle, LifecycleError};
@@ -38,6 +39,31 @@ pub enum PlanError {
     /// The store refused a change.
     #[error("{0}")]
     Lifecycle(#[from] LifecycleError),
+}
+
+/// How a plan is made.
+pub struct PlanOptions<'a> {
+    /// Whether what the store has and the files do not is removed.
+    pub prune: bool,
+    /// Whether the backend has an event bus (hooks to `eventbridge://`).
+    pub event_bus: bool,
+    /// The environment the variables the files name are read from.
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+fn process_env(var: &str) -> Option<String> {
+    std::env::var(var).ok()
+}
+
+impl PlanOptions<'static> {
+    /// Nothing pruned, no event bus, variables from the process's environment.
+    pub fn new(prune: bool) -> Self {
+        Self {
+            prune,
+            event_bus: false,
+            env: &process_env,
+        }
+    }
 }
 
 /// What applying a directory does to its agent.
@@ -120,6 +146,8 @@ pub struct AgentPlan {
     pub fields: Vec<FieldChange>,
     /// What happens to its schedules.
     pub schedules: Vec<ScheduleChange>,
+    /// What happens to its hooks.
+    pub hooks: Vec<HookChange>,
     /// Its texts' sizes against their budgets.
     pub sizes: Vec<Size>,
     /// The tokens its persona and instructions add to every heartbeat's prompt.
@@ -128,12 +156,16 @@ pub struct AgentPlan {
     new: NewAgent,
     #[serde(skip)]
     specs: BTreeMap<String, ScheduleSpec>,
+    #[serde(skip)]
+    hook_specs: Vec<HookSpec>,
 }
 
 impl AgentPlan {
     /// How many writes applying it makes.
     pub fn changes(&self) -> usize {
-        self.fields.len() + self.schedules.iter().filter(|c| c.writes()).count()
+        self.fields.len()
+            + self.schedules.iter().filter(|c| c.writes()).count()
+            + self.hooks.iter().filter(|c| c.writes()).count()
     }
 }
 
@@ -160,6 +192,19 @@ pub struct Applied {
     pub changed: Vec<AgentId>,
     /// Agents already as their files say.
     pub same: usize,
+    /// The signing secrets of hooks made, each shown this once.
+    pub secrets: Vec<NewSecret>,
+}
+
+/// A new hook's signing secret, to give its receiver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NewSecret {
+    /// The agent.
+    pub agent: String,
+    /// The hook's name.
+    pub hook: String,
+    /// The secret (`whsec_…`).
+    pub secret: String,
 }
 
 /// The settings of `agent` a directory covers, flattened to the files' keys.
@@ -308,10 +353,16 @@ fn describe_spec(s: &ScheduleSpec) -> String {
 pub async fn plan(
     store: &dyn Store,
     dirs: &[AgentDir],
-    prune: bool,
+    options: &PlanOptions<'_>,
     now: Timestamp,
 ) -> Result<Plan, PlanError> {
+    let prune = options.prune;
     let agents = store.list_agents().await?;
+    let registry = store.load_registry().await?.with_builtins(builtin_tools());
+    let valid_types: Vec<String> = HookType::catalogue(registry.tools.iter().map(|t| &t.name))
+        .into_iter()
+        .map(|(t, _)| t.as_str().to_owned())
+        .collect();
     let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut out = Vec::new();
     for dir in dirs {
@@ -332,6 +383,13 @@ pub async fn plan(
             FileError::new(dir.path.join(super::AGENT_TOML), e.to_string())
         };
         let specs = specs(dir);
+        let hook_specs = hooks::specs(
+            &dir.path.join(hooks::HOOKS_TOML),
+            &dir.hooks,
+            &valid_types,
+            options.event_bus,
+            options.env,
+        )?;
         let sizes = dir.sizes();
         let prompt_tokens = [&new.persona, &new.instructions]
             .into_iter()
@@ -341,7 +399,7 @@ pub async fn plan(
         let existing = agents_named(&agents, new.name.trim())
             .into_iter()
             .find(|a| a.name.eq_ignore_ascii_case(new.name.trim()));
-        let (agent_id, fields, schedules) = match existing {
+        let (agent_id, fields, schedules, hooks) = match existing {
             None => {
                 let (created, _) = new.clone().create(now).map_err(invalid)?;
                 if let Some(other) = agents_named(&agents, &created.name).first() {
@@ -376,7 +434,8 @@ pub async fn plan(
                         })
                     })
                     .collect::<Result<Vec<_>, FileError>>()?;
-                (None, fields, schedules)
+                let hooks = hook_specs.iter().map(created_hook).collect();
+                (None, fields, schedules, hooks)
             }
             Some(agent) => {
                 let desired = AgentChanges::to(&new).apply(agent).map_err(invalid)?;
@@ -429,13 +488,14 @@ pub async fn plan(
                         });
                     }
                 }
-                (Some(agent.id.clone()), fields, schedules)
+                let hooks = hook_changes(&store.list_hooks(&agent.id).await?, &hook_specs, prune);
+                (Some(agent.id.clone()), fields, schedules, hooks)
             }
         };
-        let verb = match (
-            &agent_id,
-            fields.is_empty() && schedules.iter().all(|c| !c.writes()),
-        ) {
+        let unchanged = fields.is_empty()
+            && schedules.iter().all(|c| !c.writes())
+            && hooks.iter().all(|c| !c.writes());
+        let verb = match (&agent_id, unchanged) {
             (None, _) => Verb::Create,
             (Some(_), true) => Verb::Same,
             (Some(_), false) => Verb::Change,
@@ -447,13 +507,156 @@ pub async fn plan(
             verb,
             fields,
             schedules,
+            hooks,
             sizes,
             prompt_tokens,
             new,
             specs,
+            hook_specs,
         });
     }
     Ok(Plan { agents: out })
+}
+
+fn created_hook(s: &HookSpec) -> HookChange {
+    HookChange::Create {
+        name: s.name.clone(),
+        hook_type: s.hook_type.as_str().to_owned(),
+        url: s.target.to_string(),
+    }
+}
+
+/// What becomes of `stored` hooks when the files ask for `specs`.
+fn hook_changes(stored: &[Hook], specs: &[HookSpec], prune: bool) -> Vec<HookChange> {
+    let mut out = Vec::new();
+    let mut matched = std::collections::HashSet::new();
+    let mut stored: Vec<&Hook> = stored.iter().collect();
+    stored.sort_by(|a, b| a.id.cmp(&b.id));
+    for h in stored {
+        let name = h.name.clone().unwrap_or_else(|| h.id.to_string());
+        let key = (name.to_ascii_lowercase(), h.hook_type.as_str().to_owned());
+        match specs.iter().find(|s| s.key() == key) {
+            Some(spec) if matched.insert(key.clone()) => {
+                let fields = hooks::differences(h, &spec.onto(h));
+                if !fields.is_empty() {
+                    out.push(HookChange::Change {
+                        name: spec.name.clone(),
+                        hook_type: key.1,
+                        id: h.id.clone(),
+                        fields,
+                    });
+                }
+            }
+            _ => out.push(HookChange::Remove {
+                name,
+                hook_type: key.1,
+                id: h.id.clone(),
+                pruned: prune,
+            }),
+        }
+    }
+    out.extend(
+        specs
+            .iter()
+            .filter(|s| !matched.contains(&s.key()))
+            .map(created_hook),
+    );
+    out
+}
+
+/// Writes the hook changes of one agent; the secrets of hooks made with a new one.
+async fn apply_hooks(
+    store: &Arc<dyn Store>,
+    agent: &AgentId,
+    agent_name: &str,
+    p: &AgentPlan,
+    now: Timestamp,
+) -> Result<Vec<NewSecret>, PlanError> {
+    let mut secrets = Vec::new();
+    for change in &p.hooks {
+        match change {
+            HookChange::Create {
+                name, hook_type, ..
+            } => {
+                let spec = p
+                    .hook_specs
+                    .iter()
+                    .find(|s| s.name == *name && s.hook_type.as_str() == hook_type)
+                    .expect("a planned hook has its spec");
+                // Hooks of one name sign with one secret: a sibling's, else a new one.
+                let sibling = store
+                    .list_hooks(agent)
+                    .await?
+                    .into_iter()
+                    .find(|h| {
+                        h.unreadable.is_none()
+                            && h.name
+                                .as_deref()
+                                .is_some_and(|n| n.eq_ignore_ascii_case(name))
+                    })
+                    .map(|h| h.secret.expose().to_owned());
+                let secret = match sibling {
+                    Some(s) => s,
+                    None => {
+                        let s = pulse_signatures::inbound::generate_secret();
+                        secrets.push(NewSecret {
+                            agent: agent_name.to_owned(),
+                            hook: name.clone(),
+                            secret: s.clone(),
+                        });
+                        s
+                    }
+                };
+                let hook = Hook::new(
+                    agent.clone(),
+                    spec.hook_type.clone(),
+                    spec.target.clone(),
+                    &secret,
+                    now,
+                );
+                store.create_hook(&spec.onto(&hook)).await?;
+            }
+            HookChange::Change {
+                id,
+                name,
+                hook_type,
+                ..
+            } => {
+                let spec = p
+                    .hook_specs
+                    .iter()
+                    .find(|s| s.name == *name && s.hook_type.as_str() == hook_type)
+                    .expect("a planned hook has its spec");
+                let mut written = false;
+                for _ in 0..5 {
+                    let Some(stored) = store.get_hook(id).await? else {
+                        break;
+                    };
+                    let mut hook = spec.onto(&stored);
+                    hook.version += 1;
+                    match store.update_hook(&hook).await {
+                        Ok(()) => {
+                            written = true;
+                            break;
+                        }
+                        Err(StoreError::Conflict(_)) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                if !written {
+                    return Err(StoreError::Conflict(format!(
+                        "hook {id} kept changing while it was updated, or was deleted; apply again"
+                    ))
+                    .into());
+                }
+            }
+            HookChange::Remove {
+                id, pruned: true, ..
+            } => store.delete_hook(id).await?,
+            HookChange::Remove { pruned: false, .. } => {}
+        }
+    }
+    Ok(secrets)
 }
 
 /// Carries `plan` out: creates and changes agents and their schedules, and puts an
@@ -509,11 +712,29 @@ pub async fn apply(
                 ScheduleChange::Remove { pruned: false, .. } => {}
             }
         }
+        applied
+            .secrets
+            .extend(apply_hooks(store, &id, &p.name, p, now).await?);
         let mut changed: Vec<String> = p.fields.iter().map(|f| f.field.clone()).collect();
         changed.extend(p.schedules.iter().filter(|c| c.writes()).map(|c| match c {
             ScheduleChange::Create { name, .. } => format!("schedule {name} made"),
             ScheduleChange::Replace { name, .. } => format!("schedule {name} changed"),
             ScheduleChange::Remove { name, .. } => format!("schedule {name} removed"),
+        }));
+        changed.extend(p.hooks.iter().filter(|c| c.writes()).map(|c| match c {
+            HookChange::Create {
+                name, hook_type, ..
+            } => format!("hook {name} {hook_type} made"),
+            HookChange::Change {
+                name, hook_type, ..
+            } => {
+                format!("hook {name} {hook_type} changed")
+            }
+            HookChange::Remove {
+                name, hook_type, ..
+            } => {
+                format!("hook {name} {hook_type} removed")
+            }
         }));
         let payload = json!({
             "verb": p.verb,

@@ -234,6 +234,10 @@ pub struct Hook {
     pub id: HookId,
     /// The agent it follows.
     pub agent_id: AgentId,
+    /// Its name in the agent's `hooks.toml` (`pulse apply`), by which it is found
+    /// again; none for one made otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// What it fires on.
     pub hook_type: HookType,
     /// Where it delivers.
@@ -312,6 +316,7 @@ impl Hook {
         Self {
             id: HookId::generate(),
             agent_id,
+            name: None,
             hook_type,
             target,
             secret: Secret::new(secret),
