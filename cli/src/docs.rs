@@ -14,7 +14,7 @@ pub(crate) enum DocsCmd {
     /// The configuration reference (docs/src/reference/configuration.md).
     Config,
     /// The JSON Schema of an agent directory's file (docs/src/reference/agent.schema.json,
-    /// schedules.schema.json, hooks.schema.json).
+    /// schedules.schema.json, hooks.schema.json, webhooks.schema.json).
     Schema {
         /// Which file.
         #[arg(value_enum)]
@@ -37,6 +37,8 @@ pub(crate) enum SchemaFile {
     Schedules,
     /// hooks.toml.
     Hooks,
+    /// webhooks.toml.
+    Webhooks,
 }
 
 /// Prints the page.
@@ -49,6 +51,7 @@ pub(crate) fn run(cmd: DocsCmd) -> Result<(), crate::Failure> {
                 SchemaFile::Agent => pulse_shared::agent_dir::agent_schema(),
                 SchemaFile::Schedules => pulse_shared::agent_dir::schedules_schema(),
                 SchemaFile::Hooks => pulse_shared::agent_dir::hooks_schema(),
+                SchemaFile::Webhooks => pulse_shared::agent_dir::webhooks_schema(),
             };
             println!(
                 "{}",

@@ -1798,6 +1798,7 @@ fn agent_files_on(backend: Backend) {
         "HEARTBEAT.md",
         "schedules.toml",
         "hooks.toml",
+        "webhooks.toml",
     ] {
         std::fs::copy(example.join(f), files.join(f)).unwrap();
     }
@@ -1832,7 +1833,19 @@ fn agent_files_on(backend: Backend) {
         applied.contains("hook on-call of scout signs with whsec_"),
         "{applied}"
     );
-    assert_eq!(applied.matches("whsec_").count(), 1, "{applied}");
+    assert_eq!(
+        applied.matches("whsec_").count(),
+        2,
+        "the hook's and the webhook's, once each: {applied}"
+    );
+    assert!(
+        applied.contains("webhook inbox of scout: http://127.0.0.1:8080/webhooks/wh_"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("(shown this once: give both to the sender)"),
+        "{applied}"
+    );
     let agent = json(d, &["agents", "show", "scout"]);
     assert_eq!(agent["agent"]["interval"], "30m", "{agent}");
     let schedules = json(d, &["schedules", "list", "--agent", "scout"]);
@@ -1878,7 +1891,9 @@ fn agent_files_on(backend: Backend) {
     let said = String::from_utf8_lossy(&written.stderr);
     assert!(written.status.success(), "{said}");
     assert!(
-        said.contains("to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml, hooks.toml"),
+        said.contains(
+            "to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml, webhooks.toml, hooks.toml"
+        ),
         "{said}"
     );
     for f in std::fs::read_dir(d.join("exported")).unwrap() {

@@ -32,9 +32,15 @@ async fn plan(w: &World, dir: &Path, prune: bool) -> Plan {
 }
 
 async fn apply(w: &World, plan: &Plan, source: &str) -> agent_dir::Applied {
-    agent_dir::apply(&w.b.store, &w.ops, plan, Some(source), w.b.now())
-        .await
-        .unwrap()
+    agent_dir::apply(
+        &w.b.store,
+        &w.ops,
+        plan,
+        &agent_dir::ApplyOptions::new(Some(source)),
+        w.b.now(),
+    )
+    .await
+    .unwrap()
 }
 
 /// The APPLIED events in the agent's log: what each said changed, and its source.
@@ -296,7 +302,11 @@ async fn export_round_trip(kind: Kind) {
     let schedules = w.ops.schedules(&agent.id).await.unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("exported");
-    let files = AgentDir::of(&agent, &schedules, &[], &dir).files();
+    let own = agent_dir::Owned {
+        schedules,
+        ..agent_dir::Owned::default()
+    };
+    let files = AgentDir::of(&agent, &own, &dir).files();
     write(
         &dir,
         &files
@@ -330,6 +340,7 @@ fn the_published_schemas_take_the_example_and_refuse_a_misspelt_key() {
         (agent_dir::agent_schema(), "agent.toml"),
         (agent_dir::schedules_schema(), "schedules.toml"),
         (agent_dir::hooks_schema(), "hooks.toml"),
+        (agent_dir::webhooks_schema(), "webhooks.toml"),
     ] {
         let validator = jsonschema::validator_for(&schema).unwrap();
         let text = std::fs::read_to_string(example.join(file)).unwrap();
@@ -452,7 +463,11 @@ async fn hooks_in_files(kind: Kind) {
     // Exported, the header is named by a variable, never written.
     let agent = w.b.store.get_agent(&id).await.unwrap().unwrap();
     let hooks = w.b.store.list_hooks(&id).await.unwrap();
-    let files = AgentDir::of(&agent, &[], &hooks, &dir).files();
+    let own = agent_dir::Owned {
+        hooks,
+        ..agent_dir::Owned::default()
+    };
+    let files = AgentDir::of(&agent, &own, &dir).files();
     let text: String = files.iter().map(|(_, t)| t.as_str()).collect();
     assert!(
         !text.contains("-token") && !text.contains(&secret),
@@ -462,4 +477,154 @@ async fn hooks_in_files(kind: Kind) {
         text.contains("auth_header_env = \"PULSE_HOOK_AUTH_CI\""),
         "{text}"
     );
+}
+
+const WEBHOOKS: &str = r#"[[webhook]]
+name = "github"
+scheme = "github"
+types = ["push"]
+secret_env = "GITHUB_WEBHOOK_SECRET"
+
+[[webhook]]
+name = "alerts"
+rate_limit = "10/h"
+wake = true
+"#;
+
+on_both_backends!(
+    webhooks_in_files_keep_their_url_when_changed_and_their_secret_is_shown_once,
+    webhooks_in_files
+);
+async fn webhooks_in_files(kind: Kind) {
+    let w = world(kind).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gardener");
+    write(&dir, &[("agent.toml", AGENT), ("webhooks.toml", WEBHOOKS)]);
+    let env = |var: &str| (var == "GITHUB_WEBHOOK_SECRET").then(|| "gh-made-secret-1".to_owned());
+    let plan_now = || {
+        let read = AgentDir::read(&dir);
+        let store = w.b.store.clone();
+        let now = w.b.now();
+        async move {
+            let options = agent_dir::PlanOptions {
+                prune: false,
+                event_bus: false,
+                env: &env,
+            };
+            agent_dir::plan(store.as_ref(), &[read?], &options, now)
+                .await
+                .map_err(|e| agent_dir::FileError {
+                    file: "plan".into(),
+                    problem: e.to_string(),
+                })
+        }
+    };
+    let first = plan_now().await.unwrap();
+    assert_eq!(
+        first.agents[0].webhooks,
+        [
+            agent_dir::WebhookChange::Create {
+                name: "github".into(),
+                scheme: "github".into()
+            },
+            agent_dir::WebhookChange::Create {
+                name: "alerts".into(),
+                scheme: "pulse".into()
+            },
+        ]
+    );
+    let applied = agent_dir::apply(
+        &w.b.store,
+        &w.ops,
+        &first,
+        &agent_dir::ApplyOptions {
+            source: None,
+            env: &env,
+        },
+        w.b.now(),
+    )
+    .await
+    .unwrap();
+    let made = &applied.webhooks;
+    assert_eq!(made.len(), 2);
+    assert_eq!(
+        made[0].secret, None,
+        "the sender's own secret is not shown back"
+    );
+    let shown = made[1].secret.clone().expect("a made secret is shown once");
+    let stored = |id: &pulse_shared::domain::WebhookId| {
+        let store = w.b.store.clone();
+        let id = id.clone();
+        async move { store.get_webhook(&id).await.unwrap().unwrap() }
+    };
+    let github = stored(&made[0].id).await;
+    assert_eq!(github.secrets[0].secret.expose(), "gh-made-secret-1");
+    assert_eq!(github.name.as_deref(), Some("github"));
+    let alerts = stored(&made[1].id).await;
+    assert_eq!(alerts.secrets[0].secret.expose(), shown);
+    assert!(alerts.wake);
+    assert_eq!(
+        plan_now().await.unwrap().changes(),
+        0,
+        "applied twice: nothing"
+    );
+
+    // A new limit is changed in place: the URL (its id) and the secret stay.
+    write(
+        &dir,
+        &[("webhooks.toml", &WEBHOOKS.replace("10/h", "20/h"))],
+    );
+    let limit = plan_now().await.unwrap();
+    assert_eq!(
+        limit.agents[0].webhooks,
+        [agent_dir::WebhookChange::Change {
+            name: "alerts".into(),
+            id: made[1].id.clone(),
+            fields: vec![agent_dir::FieldChange {
+                field: "rate_limit".into(),
+                before: Some("10/h".into()),
+                after: Some("20/h".into()),
+            }],
+        }]
+    );
+    apply(&w, &limit, "b2").await;
+    let alerts = stored(&made[1].id).await;
+    assert_eq!(alerts.secrets[0].secret.expose(), shown);
+    assert_eq!(alerts.rate_limit.unwrap().to_string(), "20/h");
+
+    // A scheme does not change in place.
+    write(
+        &dir,
+        &[(
+            "webhooks.toml",
+            &WEBHOOKS.replace("\"github\"\ntypes", "\"stripe\"\ntypes"),
+        )],
+    );
+    let refused = plan_now().await.unwrap_err().problem;
+    assert!(
+        refused.contains("a scheme does not change in place"),
+        "{refused}"
+    );
+
+    // Exported: no secret, the scheme kept.
+    let agent =
+        w.b.store
+            .get_agent(&applied.created[0])
+            .await
+            .unwrap()
+            .unwrap();
+    let own = agent_dir::Owned::of(w.b.store.as_ref(), &agent.id)
+        .await
+        .unwrap();
+    let text: String = AgentDir::of(&agent, &own, &dir)
+        .files()
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    assert!(
+        !text.contains("gh-made-secret-1") && !text.contains(&shown),
+        "{text}"
+    );
+    assert!(text.contains("scheme = \"github\""), "{text}");
+    assert!(text.contains("rate_limit = \"20/h\""), "{text}");
 }

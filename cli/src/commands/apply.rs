@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use pulse_shared::agent_dir::{
-    self, AgentDir, AgentPlan, HookChange, Plan, PlanOptions, ScheduleChange, Verb,
+    self, AgentDir, AgentPlan, ApplyOptions, HookChange, Owned, Plan, PlanOptions, ScheduleChange,
+    Verb, WebhookChange,
 };
 use pulse_shared::engine::EngineSettings;
 
@@ -188,6 +189,26 @@ fn print_agent(p: &AgentPlan) {
             ),
         }
     }
+    for w in &p.webhooks {
+        match w {
+            WebhookChange::Create { name, scheme } => {
+                outln!("  + webhook {name} ({scheme}): a new URL and secret, shown once applied")
+            }
+            WebhookChange::Change { name, fields, .. } => {
+                let fields: Vec<String> = fields
+                    .iter()
+                    .map(|f| format!("{}: {} -> {}", f.field, unset(&f.before), unset(&f.after)))
+                    .collect();
+                outln!("  ~ webhook {name}: {}", fields.join("; "));
+            }
+            WebhookChange::Remove {
+                name, pruned: true, ..
+            } => outln!("  - webhook {name}: its URL answers 404 from then on"),
+            WebhookChange::Remove { name, .. } => outln!(
+                "  ! webhook {name}: in the store, not in the files; kept (--prune removes it)"
+            ),
+        }
+    }
     if !p.sizes.is_empty() {
         let sizes: Vec<String> = p
             .sizes
@@ -294,9 +315,24 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
         };
     }
     let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
-    let applied = agent_dir::apply(store, &ops, &plan, p.source.as_deref(), now)
-        .await
-        .map_err(failure)?;
+    let applied = agent_dir::apply(
+        store,
+        &ops,
+        &plan,
+        &ApplyOptions {
+            source: p.source.as_deref(),
+            env: &env,
+        },
+        now,
+    )
+    .await
+    .map_err(failure)?;
+    // Where the receiver is reachable, for the URLs of webhooks made.
+    let base = std::env::var("PULSE_PUBLIC_URL")
+        .ok()
+        .or_else(|| cx.public_url.clone())
+        .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
+    let base = base.trim_end_matches('/');
     if json {
         print_json(cx, &plan, Some(&applied));
     } else {
@@ -306,6 +342,22 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             applied.changed.len(),
             applied.same
         );
+        for w in &applied.webhooks {
+            match &w.secret {
+                Some(secret) => outln!(
+                    "webhook {} of {}: {base}/webhooks/{} signed with {secret} (shown this once: give both to the sender)",
+                    w.name,
+                    w.agent,
+                    w.id
+                ),
+                None => outln!(
+                    "webhook {} of {}: {base}/webhooks/{} (signed with the secret its variable held)",
+                    w.name,
+                    w.agent,
+                    w.id
+                ),
+            }
+        }
         for s in &applied.secrets {
             outln!(
                 "hook {} of {} signs with {} (shown this once: give it to the receiver)",
@@ -328,9 +380,8 @@ fn failure(e: agent_dir::PlanError) -> Failure {
 
 pub(crate) async fn export(p: ExportPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let agent = p.agent.find(cx.b).await?;
-    let schedules = cx.b.store.schedules(&agent.id).await?;
-    let hooks = cx.b.store.list_hooks(&agent.id).await?;
-    let dir = AgentDir::of(&agent, &schedules, &hooks, &p.dir);
+    let own = Owned::of(cx.b.store.as_ref(), &agent.id).await?;
+    let dir = AgentDir::of(&agent, &own, &p.dir);
     let files = dir.files();
     if !p.force {
         let there: Vec<String> = files

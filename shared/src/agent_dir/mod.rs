@@ -13,12 +13,14 @@
 
 mod hooks;
 mod plan;
+mod webhooks;
 
 pub use hooks::{HOOKS_TOML, HookChange, HookToml, HooksToml, header_variable};
+pub use webhooks::{WEBHOOKS_TOML, WebhookChange, WebhookToml, WebhooksToml};
 
 pub use plan::{
-    APPLIED, AgentPlan, Applied, FieldChange, NewSecret, Plan, PlanError, PlanOptions,
-    ScheduleChange, Verb,
+    APPLIED, AgentPlan, Applied, ApplyOptions, FieldChange, NewSecret, NewWebhook, Plan, PlanError,
+    PlanOptions, ScheduleChange, Verb,
 };
 pub use plan::{apply, plan};
 
@@ -388,6 +390,36 @@ impl ScheduleToml {
     }
 }
 
+/// What is an agent's own beside its record, as a store holds it: what an export writes.
+#[derive(Clone, Debug, Default)]
+pub struct Owned {
+    /// Its schedules.
+    pub schedules: Vec<Schedule>,
+    /// Its hooks.
+    pub hooks: Vec<crate::domain::Hook>,
+    /// Its webhooks.
+    pub webhooks: Vec<crate::domain::Webhook>,
+}
+
+impl Owned {
+    /// `agent`'s, read from `store`.
+    pub async fn of(
+        store: &dyn crate::ports::Store,
+        agent: &crate::domain::AgentId,
+    ) -> Result<Self, crate::error::StoreError> {
+        Ok(Self {
+            schedules: store.schedules(agent).await?,
+            hooks: store.list_hooks(agent).await?,
+            webhooks: store
+                .list_webhooks()
+                .await?
+                .into_iter()
+                .filter(|w| w.agent_id == *agent)
+                .collect(),
+        })
+    }
+}
+
 /// One agent's directory, read.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentDir {
@@ -403,6 +435,8 @@ pub struct AgentDir {
     pub schedules: Vec<ScheduleToml>,
     /// `hooks.toml`'s entries.
     pub hooks: Vec<HookToml>,
+    /// `webhooks.toml`'s entries.
+    pub webhooks: Vec<WebhookToml>,
 }
 
 /// Checks a schedule's or a hook's name: what is wrong with it.
@@ -465,6 +499,11 @@ impl AgentDir {
             Some(text) => read_toml::<HooksToml>(&hooks_file, &text)?.hooks,
             None => Vec::new(),
         };
+        let webhooks_file = path.join(WEBHOOKS_TOML);
+        let webhooks = match read_text(&webhooks_file)? {
+            Some(text) => read_toml::<WebhooksToml>(&webhooks_file, &text)?.webhooks,
+            None => Vec::new(),
+        };
         let dir = Self {
             path: path.to_owned(),
             agent,
@@ -472,7 +511,9 @@ impl AgentDir {
             heartbeat: read_text(&path.join(HEARTBEAT_MD))?,
             schedules,
             hooks,
+            webhooks,
         };
+        webhooks::specs(&webhooks_file, &dir.webhooks)?;
         dir.check_schedules()?;
         Ok(dir)
     }
@@ -558,14 +599,9 @@ impl AgentDir {
         })
     }
 
-    /// The directory that describes `agent`, its `schedules` and its `hooks`, to write
-    /// at `path`.
-    pub fn of(
-        agent: &Agent,
-        schedules: &[Schedule],
-        hooks: &[crate::domain::Hook],
-        path: &Path,
-    ) -> Self {
+    /// The directory that describes `agent` with what is its own, to write at `path`.
+    pub fn of(agent: &Agent, own: &Owned, path: &Path) -> Self {
+        let schedules = &own.schedules;
         Self {
             path: path.to_owned(),
             agent: AgentToml {
@@ -601,7 +637,8 @@ impl AgentDir {
                 .filter(|s| s.next_at.is_some() || s.name.is_some())
                 .map(|s| ScheduleToml::of(s, &agent.timezone))
                 .collect(),
-            hooks: hooks::entries(hooks),
+            hooks: hooks::entries(&own.hooks),
+            webhooks: webhooks::entries(&own.webhooks),
         }
     }
 
@@ -627,6 +664,15 @@ impl AgentDir {
                 toml::to_string(&file).expect("schedules.toml is plain TOML"),
             ));
         }
+        if !self.webhooks.is_empty() {
+            let file = WebhooksToml {
+                webhooks: self.webhooks.clone(),
+            };
+            out.push((
+                WEBHOOKS_TOML,
+                toml::to_string(&file).expect("webhooks.toml is plain TOML"),
+            ));
+        }
         if !self.hooks.is_empty() {
             let file = HooksToml {
                 hooks: self.hooks.clone(),
@@ -648,6 +694,11 @@ pub fn agent_schema() -> serde_json::Value {
 /// The JSON Schema of `schedules.toml`.
 pub fn schedules_schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(SchedulesToml)).expect("a schema is JSON")
+}
+
+/// The JSON Schema of `webhooks.toml`.
+pub fn webhooks_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(WebhooksToml)).expect("a schema is JSON")
 }
 
 /// The JSON Schema of `hooks.toml`.
@@ -792,7 +843,7 @@ listen = "all"
             .unwrap();
         assert_eq!(agent.budgets.usd_day, Some(Usd::from_dollars(2.5)));
         assert_eq!(agent.persona.as_deref(), Some("You are Scout."));
-        let back = AgentDir::of(&agent, &[], &[], d.path());
+        let back = AgentDir::of(&agent, &Owned::default(), d.path());
         assert_eq!(back, read);
         let out = tempfile::tempdir().unwrap();
         for (name, text) in back.files() {

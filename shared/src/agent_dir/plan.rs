@@ -13,10 +13,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::hooks::{self, HookChange, HookSpec};
+use super::webhooks::{self, WebhookChange, WebhookSpec};
 use super::{AgentDir, FileError, HEARTBEAT_MD, SOUL_MD, Size};
 use crate::domain::{
     Agent, AgentChanges, AgentId, Expectation, Hook, HookType, NewAgent, NewEvent, Schedule,
-    ScheduleId, ScheduleRule, agents_named, builtin_tools,
+    ScheduleId, ScheduleRule, Webhook, WebhookId, agents_named, builtin_tools,
 };
 use crate::engine::reminders::ScheduleSpec;
 use crate::engine::{Lifecycle, LifecycleError};
@@ -61,6 +62,24 @@ impl PlanOptions<'static> {
         Self {
             prune,
             event_bus: false,
+            env: &process_env,
+        }
+    }
+}
+
+/// How a plan is carried out.
+pub struct ApplyOptions<'a> {
+    /// Where the files come from (a commit), recorded with each change.
+    pub source: Option<&'a str>,
+    /// The environment the variables the files name are read from.
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl<'a> ApplyOptions<'a> {
+    /// From `source`, variables from the process's environment.
+    pub fn new(source: Option<&'a str>) -> Self {
+        Self {
+            source,
             env: &process_env,
         }
     }
@@ -148,6 +167,8 @@ pub struct AgentPlan {
     pub schedules: Vec<ScheduleChange>,
     /// What happens to its hooks.
     pub hooks: Vec<HookChange>,
+    /// What happens to its webhooks.
+    pub webhooks: Vec<WebhookChange>,
     /// Its texts' sizes against their budgets.
     pub sizes: Vec<Size>,
     /// The tokens its persona and instructions add to every heartbeat's prompt.
@@ -158,6 +179,8 @@ pub struct AgentPlan {
     specs: BTreeMap<String, ScheduleSpec>,
     #[serde(skip)]
     hook_specs: Vec<HookSpec>,
+    #[serde(skip)]
+    webhook_specs: Vec<WebhookSpec>,
 }
 
 impl AgentPlan {
@@ -166,6 +189,7 @@ impl AgentPlan {
         self.fields.len()
             + self.schedules.iter().filter(|c| c.writes()).count()
             + self.hooks.iter().filter(|c| c.writes()).count()
+            + self.webhooks.iter().filter(|c| c.writes()).count()
     }
 }
 
@@ -194,6 +218,21 @@ pub struct Applied {
     pub same: usize,
     /// The signing secrets of hooks made, each shown this once.
     pub secrets: Vec<NewSecret>,
+    /// The webhooks made: their URLs' ids and secrets, each shown this once.
+    pub webhooks: Vec<NewWebhook>,
+}
+
+/// A new webhook: where it is, and the secret its sender signs with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NewWebhook {
+    /// The agent.
+    pub agent: String,
+    /// The webhook's name.
+    pub name: String,
+    /// Its id, the last segment of its URL (`/webhooks/{id}`).
+    pub id: WebhookId,
+    /// Its secret; `None` when it came from the variable the file names.
+    pub secret: Option<String>,
 }
 
 /// A new hook's signing secret, to give its receiver.
@@ -390,6 +429,17 @@ pub async fn plan(
             options.event_bus,
             options.env,
         )?;
+        let webhooks_file = dir.path.join(webhooks::WEBHOOKS_TOML);
+        let webhook_specs = webhooks::specs(&webhooks_file, &dir.webhooks)?;
+        for w in webhook_specs.iter().filter_map(|w| w.secret_env.as_deref()) {
+            if (options.env)(w).is_none_or(|v| v.trim().is_empty()) {
+                return Err(FileError::new(
+                    &webhooks_file,
+                    format!("secret_env names {w}, which is not set: set it to the secret the sender signs with (it is never written in a file)"),
+                )
+                .into());
+            }
+        }
         let sizes = dir.sizes();
         let prompt_tokens = [&new.persona, &new.instructions]
             .into_iter()
@@ -399,7 +449,7 @@ pub async fn plan(
         let existing = agents_named(&agents, new.name.trim())
             .into_iter()
             .find(|a| a.name.eq_ignore_ascii_case(new.name.trim()));
-        let (agent_id, fields, schedules, hooks) = match existing {
+        let (agent_id, fields, schedules, hooks, webhooks) = match existing {
             None => {
                 let (created, _) = new.clone().create(now).map_err(invalid)?;
                 if let Some(other) = agents_named(&agents, &created.name).first() {
@@ -435,7 +485,8 @@ pub async fn plan(
                     })
                     .collect::<Result<Vec<_>, FileError>>()?;
                 let hooks = hook_specs.iter().map(created_hook).collect();
-                (None, fields, schedules, hooks)
+                let webhooks = webhooks::changes(&webhooks_file, &[], &webhook_specs, prune)?;
+                (None, fields, schedules, hooks, webhooks)
             }
             Some(agent) => {
                 let desired = AgentChanges::to(&new).apply(agent).map_err(invalid)?;
@@ -489,12 +540,20 @@ pub async fn plan(
                     }
                 }
                 let hooks = hook_changes(&store.list_hooks(&agent.id).await?, &hook_specs, prune);
-                (Some(agent.id.clone()), fields, schedules, hooks)
+                let stored: Vec<Webhook> = store
+                    .list_webhooks()
+                    .await?
+                    .into_iter()
+                    .filter(|w| w.agent_id == agent.id)
+                    .collect();
+                let webhooks = webhooks::changes(&webhooks_file, &stored, &webhook_specs, prune)?;
+                (Some(agent.id.clone()), fields, schedules, hooks, webhooks)
             }
         };
         let unchanged = fields.is_empty()
             && schedules.iter().all(|c| !c.writes())
-            && hooks.iter().all(|c| !c.writes());
+            && hooks.iter().all(|c| !c.writes())
+            && webhooks.iter().all(|c| !c.writes());
         let verb = match (&agent_id, unchanged) {
             (None, _) => Verb::Create,
             (Some(_), true) => Verb::Same,
@@ -508,11 +567,13 @@ pub async fn plan(
             fields,
             schedules,
             hooks,
+            webhooks,
             sizes,
             prompt_tokens,
             new,
             specs,
             hook_specs,
+            webhook_specs,
         });
     }
     Ok(Plan { agents: out })
@@ -659,6 +720,69 @@ async fn apply_hooks(
     Ok(secrets)
 }
 
+/// Writes the webhook changes of one agent; the webhooks made.
+async fn apply_webhooks(
+    store: &Arc<dyn Store>,
+    agent: &AgentId,
+    agent_name: &str,
+    p: &AgentPlan,
+    env: &dyn Fn(&str) -> Option<String>,
+    now: Timestamp,
+) -> Result<Vec<NewWebhook>, PlanError> {
+    let mut made = Vec::new();
+    for change in &p.webhooks {
+        let spec_of = |name: &str| {
+            p.webhook_specs
+                .iter()
+                .find(|s| s.name == name)
+                .expect("a planned webhook has its spec")
+        };
+        match change {
+            WebhookChange::Create { name, .. } => {
+                let spec = spec_of(name);
+                let given = spec.secret_env.as_deref().and_then(env);
+                let secret = given
+                    .clone()
+                    .unwrap_or_else(pulse_signatures::inbound::generate_secret);
+                pulse_signatures::inbound::sign(spec.scheme.signing(), &secret, b"{}", 0, "check")
+                    .map_err(|e| {
+                        FileError::new(
+                            p.dir.join(webhooks::WEBHOOKS_TOML),
+                            format!(
+                                "webhook {name:?}: the secret is not one the {} scheme takes: {e}",
+                                spec.scheme
+                            ),
+                        )
+                    })?;
+                let webhook = Webhook::new(agent.clone(), spec.scheme, &secret, now)
+                    .map_err(LifecycleError::Invalid)?;
+                let webhook = spec.onto(&webhook);
+                store.create_webhook(&webhook).await?;
+                made.push(NewWebhook {
+                    agent: agent_name.to_owned(),
+                    name: name.clone(),
+                    id: webhook.id.clone(),
+                    secret: given.is_none().then_some(secret),
+                });
+            }
+            WebhookChange::Change { id, name, .. } => {
+                let Some(stored) = store.get_webhook(id).await? else {
+                    return Err(StoreError::NotFound(format!(
+                        "webhook {id}, deleted meanwhile; apply again"
+                    ))
+                    .into());
+                };
+                store.update_webhook(&spec_of(name).onto(&stored)).await?;
+            }
+            WebhookChange::Remove {
+                id, pruned: true, ..
+            } => store.delete_webhook(id).await?,
+            WebhookChange::Remove { pruned: false, .. } => {}
+        }
+    }
+    Ok(made)
+}
+
 /// Carries `plan` out: creates and changes agents and their schedules, and puts an
 /// [`APPLIED`] event in each changed agent's log with what changed and `source` (a
 /// file, a commit). Stops at the first refusal, saying which agent; what was applied
@@ -667,9 +791,10 @@ pub async fn apply(
     store: &Arc<dyn Store>,
     ops: &Lifecycle,
     plan: &Plan,
-    source: Option<&str>,
+    options: &ApplyOptions<'_>,
     now: Timestamp,
 ) -> Result<Applied, PlanError> {
+    let source = options.source;
     let mut applied = Applied::default();
     for p in &plan.agents {
         let id = match (&p.agent_id, p.verb) {
@@ -715,6 +840,9 @@ pub async fn apply(
         applied
             .secrets
             .extend(apply_hooks(store, &id, &p.name, p, now).await?);
+        applied
+            .webhooks
+            .extend(apply_webhooks(store, &id, &p.name, p, options.env, now).await?);
         let mut changed: Vec<String> = p.fields.iter().map(|f| f.field.clone()).collect();
         changed.extend(p.schedules.iter().filter(|c| c.writes()).map(|c| match c {
             ScheduleChange::Create { name, .. } => format!("schedule {name} made"),

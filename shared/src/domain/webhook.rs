@@ -150,6 +150,10 @@ pub struct Webhook {
     pub id: WebhookId,
     /// The agent whose log its events go to.
     pub agent_id: AgentId,
+    /// Its name in the agent's `webhooks.toml` (`pulse apply`), by which it is found
+    /// again; none for one made otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// How requests are signed.
     pub scheme: WebhookScheme,
     /// Its secrets: the current one last; older ones until they retire.
@@ -207,6 +211,7 @@ impl Webhook {
         Ok(Self {
             id: WebhookId::generate(),
             agent_id,
+            name: None,
             scheme,
             secrets: vec![WebhookSecret {
                 secret: Secret::new(secret),
