@@ -1799,6 +1799,7 @@ fn agent_files_on(backend: Backend) {
         "schedules.toml",
         "hooks.toml",
         "webhooks.toml",
+        "memories.md",
     ] {
         std::fs::copy(example.join(f), files.join(f)).unwrap();
     }
@@ -1828,6 +1829,8 @@ fn agent_files_on(backend: Backend) {
     );
     let applied = ok(d, &["apply", "--yes", "--source", "abc123", "agents/scout"]);
     assert!(applied.contains("applied: 1 agent created"), "{applied}");
+    let memories = json(d, &["memories", "list", "--agent", "scout"]);
+    assert_eq!(memories.as_array().unwrap().len(), 2, "{memories}");
     // The hook's secret, shown once; never in a plan or an export.
     assert!(
         applied.contains("hook on-call of scout signs with whsec_"),
@@ -1892,7 +1895,7 @@ fn agent_files_on(backend: Backend) {
     assert!(written.status.success(), "{said}");
     assert!(
         said.contains(
-            "to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml, webhooks.toml, hooks.toml"
+            "to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml, webhooks.toml, memories.md, hooks.toml"
         ),
         "{said}"
     );

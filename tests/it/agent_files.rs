@@ -540,6 +540,7 @@ async fn webhooks_in_files(kind: Kind) {
         &agent_dir::ApplyOptions {
             source: None,
             env: &env,
+            memories: None,
         },
         w.b.now(),
     )
@@ -627,4 +628,87 @@ async fn webhooks_in_files(kind: Kind) {
     );
     assert!(text.contains("scheme = \"github\""), "{text}");
     assert!(text.contains("rate_limit = \"20/h\""), "{text}");
+}
+
+on_both_backends!(
+    seed_memories_are_given_once_and_not_again_once_forgotten,
+    seed_memories
+);
+async fn seed_memories(kind: Kind) {
+    let w = world(kind).await;
+    let book =
+        w.b.connected()
+            .memories(&pulse_tests::fake_services(&w.llm, &w.discord));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gardener");
+    let seeds = "# What the gardener knows\n\n- Ana grows tomatoes on the balcony.\n- Ana is away in August.\n* Ana is away in August.\n";
+    write(&dir, &[("agent.toml", AGENT), ("memories.md", seeds)]);
+    let apply_seeds = |plan: Plan| {
+        let book = book.clone();
+        let store = w.b.store.clone();
+        let now = w.b.now();
+        let ops = &w.ops;
+        async move {
+            let options = agent_dir::ApplyOptions {
+                source: Some("seeds"),
+                env: &|_: &str| None,
+                memories: Some(&book),
+            };
+            agent_dir::apply(&store, ops, &plan, &options, now)
+                .await
+                .unwrap()
+        }
+    };
+    let first = plan(&w, &dir, false).await;
+    assert_eq!(
+        first.agents[0].memories,
+        [
+            "Ana grows tomatoes on the balcony.",
+            "Ana is away in August."
+        ],
+        "one a line, a repeated one once"
+    );
+    let id = apply_seeds(first).await.created[0].clone();
+    let kept = w.b.store.all_memories(&id).await.unwrap();
+    assert_eq!(kept.len(), 2);
+    assert!(
+        kept.iter()
+            .all(|m| m.source == pulse_shared::domain::MemorySource::Operator)
+    );
+    assert_eq!(plan(&w, &dir, false).await.changes(), 0, "given once");
+
+    // Forgotten, a seed is not given again; a new line is.
+    let away = kept.iter().find(|m| m.text.contains("August")).unwrap();
+    assert!(book.forget(&id, &away.id).await.unwrap());
+    assert_eq!(plan(&w, &dir, false).await.changes(), 0, "not given again");
+    write(
+        &dir,
+        &[(
+            "memories.md",
+            &format!("{seeds}- Ana's dog is called Miso.\n"),
+        )],
+    );
+    let more = plan(&w, &dir, false).await;
+    assert_eq!(more.agents[0].memories, ["Ana's dog is called Miso."]);
+    apply_seeds(more).await;
+    assert_eq!(w.b.store.all_memories(&id).await.unwrap().len(), 2);
+
+    // Exported: the seeds still kept, one a line; applying them changes nothing.
+    let agent = w.b.store.get_agent(&id).await.unwrap().unwrap();
+    let own = agent_dir::Owned::of(w.b.store.as_ref(), &id).await.unwrap();
+    let out = tmp.path().join("exported");
+    let files = AgentDir::of(&agent, &own, &out).files();
+    let memories = &files.iter().find(|(n, _)| *n == "memories.md").unwrap().1;
+    assert_eq!(
+        memories,
+        "- Ana grows tomatoes on the balcony.\n- Ana's dog is called Miso.\n"
+    );
+    write(
+        &out,
+        &files
+            .iter()
+            .map(|(n, t)| (*n, t.as_str()))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(plan(&w, &out, false).await.changes(), 0);
 }

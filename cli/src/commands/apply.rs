@@ -209,6 +209,9 @@ fn print_agent(p: &AgentPlan) {
             ),
         }
     }
+    for m in &p.memories {
+        outln!("  + memory: {m}");
+    }
     if !p.sizes.is_empty() {
         let sizes: Vec<String> = p
             .sizes
@@ -315,6 +318,8 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
         };
     }
     let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
+    let book =
+        cx.b.memories(&pulse_shared::app::Services::from_config(cx.config));
     let applied = agent_dir::apply(
         store,
         &ops,
@@ -322,6 +327,7 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
         &ApplyOptions {
             source: p.source.as_deref(),
             env: &env,
+            memories: Some(&book),
         },
         now,
     )

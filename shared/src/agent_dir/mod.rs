@@ -45,6 +45,8 @@ pub const SOUL_MD: &str = "SOUL.md";
 pub const HEARTBEAT_MD: &str = "HEARTBEAT.md";
 /// The reminders file.
 pub const SCHEDULES_TOML: &str = "schedules.toml";
+/// The seed memories file.
+pub const MEMORIES_MD: &str = "memories.md";
 
 /// Most characters of a schedule's name.
 pub const MAX_SCHEDULE_NAME: usize = 60;
@@ -399,6 +401,8 @@ pub struct Owned {
     pub hooks: Vec<crate::domain::Hook>,
     /// Its webhooks.
     pub webhooks: Vec<crate::domain::Webhook>,
+    /// Its memories that were given as seeds and are still kept.
+    pub seeds: Vec<crate::domain::Memory>,
 }
 
 impl Owned {
@@ -416,6 +420,15 @@ impl Owned {
                 .into_iter()
                 .filter(|w| w.agent_id == *agent)
                 .collect(),
+            seeds: match store.get_agent(agent).await? {
+                Some(a) if !a.seeded.is_empty() => store
+                    .all_memories(agent)
+                    .await?
+                    .into_iter()
+                    .filter(|m| a.seeded.contains(&seed_key(&m.text)))
+                    .collect(),
+                _ => Vec::new(),
+            },
         })
     }
 }
@@ -437,6 +450,32 @@ pub struct AgentDir {
     pub hooks: Vec<HookToml>,
     /// `webhooks.toml`'s entries.
     pub webhooks: Vec<WebhookToml>,
+    /// `memories.md`'s seed memories, one a line.
+    pub memories: Vec<String>,
+}
+
+/// The seed memories of `memories.md`: one a line; blank lines and headings (`#`) left
+/// out, a list's `- ` or `* ` taken off.
+fn seed_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            l.strip_prefix("- ")
+                .or_else(|| l.strip_prefix("* "))
+                .unwrap_or(l)
+                .trim()
+                .to_owned()
+        })
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// How an agent's record remembers a seed memory it was given: a digest of its text.
+pub fn seed_key(text: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.trim().as_bytes());
+    hex::encode(&digest[..8])
 }
 
 /// Checks a schedule's or a hook's name: what is wrong with it.
@@ -504,6 +543,24 @@ impl AgentDir {
             Some(text) => read_toml::<WebhooksToml>(&webhooks_file, &text)?.webhooks,
             None => Vec::new(),
         };
+        let memories_file = path.join(MEMORIES_MD);
+        let memories = read_text(&memories_file)?
+            .map(|t| seed_lines(&t))
+            .unwrap_or_default();
+        if let Some(long) = memories
+            .iter()
+            .find(|m| m.chars().count() > crate::domain::MAX_MEMORY_CHARS)
+        {
+            return Err(FileError::new(
+                &memories_file,
+                format!(
+                    "a memory of {} characters (\"{}…\"); one is at most {}: keep the gist, one a line",
+                    long.chars().count(),
+                    long.chars().take(40).collect::<String>(),
+                    crate::domain::MAX_MEMORY_CHARS
+                ),
+            ));
+        }
         let dir = Self {
             path: path.to_owned(),
             agent,
@@ -512,6 +569,7 @@ impl AgentDir {
             schedules,
             hooks,
             webhooks,
+            memories,
         };
         webhooks::specs(&webhooks_file, &dir.webhooks)?;
         dir.check_schedules()?;
@@ -639,6 +697,15 @@ impl AgentDir {
                 .collect(),
             hooks: hooks::entries(&own.hooks),
             webhooks: webhooks::entries(&own.webhooks),
+            memories: {
+                // In the order they were given.
+                let mut seeds = own.seeds.clone();
+                seeds.sort_by_key(|m| {
+                    let key = seed_key(&m.text);
+                    agent.seeded.iter().position(|k| *k == key)
+                });
+                seeds.into_iter().map(|m| m.text).collect()
+            },
         }
     }
 
@@ -672,6 +739,10 @@ impl AgentDir {
                 WEBHOOKS_TOML,
                 toml::to_string(&file).expect("webhooks.toml is plain TOML"),
             ));
+        }
+        if !self.memories.is_empty() {
+            let lines: String = self.memories.iter().map(|m| format!("- {m}\n")).collect();
+            out.push((MEMORIES_MD, lines));
         }
         if !self.hooks.is_empty() {
             let file = HooksToml {

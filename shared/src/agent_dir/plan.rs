@@ -73,16 +73,63 @@ pub struct ApplyOptions<'a> {
     pub source: Option<&'a str>,
     /// The environment the variables the files name are read from.
     pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// Where seed memories are kept (and embedded).
+    pub memories: Option<&'a crate::engine::memory::Memories>,
 }
 
 impl<'a> ApplyOptions<'a> {
-    /// From `source`, variables from the process's environment.
+    /// From `source`, variables from the process's environment, no memories.
     pub fn new(source: Option<&'a str>) -> Self {
         Self {
             source,
             env: &process_env,
+            memories: None,
         }
     }
+}
+
+/// Gives the agent `p`'s seed memories, and records on its record that it was given
+/// them.
+async fn apply_seeds(
+    store: &Arc<dyn Store>,
+    agent: &AgentId,
+    p: &AgentPlan,
+    memories: Option<&crate::engine::memory::Memories>,
+    now: Timestamp,
+) -> Result<(), PlanError> {
+    if p.seeds.is_empty() {
+        return Ok(());
+    }
+    let Some(book) = memories else {
+        return Err(FileError::new(
+            p.dir.join(super::MEMORIES_MD),
+            "seed memories need the memory store, which this apply was not given",
+        )
+        .into());
+    };
+    let beat = crate::engine::memory::beat_now(store.as_ref(), agent).await?;
+    let ms = now.as_millisecond().max(0) as u64;
+    let seeds = p
+        .seeds
+        .iter()
+        .map(|text| {
+            let id = crate::domain::MemoryId::derived(ms, &[agent.as_str(), text]);
+            let mut m = crate::domain::Memory::new(id, agent, text, beat, now)?;
+            m.source = crate::domain::MemorySource::Operator;
+            Ok(m)
+        })
+        .collect::<Result<Vec<_>, crate::error::ValidationError>>()
+        .map_err(LifecycleError::Invalid)?;
+    book.remember(agent, seeds).await?;
+    let Some(before) = store.get_agent(agent).await? else {
+        return Err(StoreError::NotFound(format!("agent {agent}")).into());
+    };
+    let mut after = before.clone();
+    after
+        .seeded
+        .extend(p.seeds.iter().map(|t| super::seed_key(t)));
+    store.update_agent(&after, &before).await?;
+    Ok(())
 }
 
 /// What applying a directory does to its agent.
@@ -169,6 +216,9 @@ pub struct AgentPlan {
     pub hooks: Vec<HookChange>,
     /// What happens to its webhooks.
     pub webhooks: Vec<WebhookChange>,
+    /// The seed memories it is given (those of `memories.md` it was never given), each
+    /// by its first line's first words.
+    pub memories: Vec<String>,
     /// Its texts' sizes against their budgets.
     pub sizes: Vec<Size>,
     /// The tokens its persona and instructions add to every heartbeat's prompt.
@@ -181,6 +231,8 @@ pub struct AgentPlan {
     hook_specs: Vec<HookSpec>,
     #[serde(skip)]
     webhook_specs: Vec<WebhookSpec>,
+    #[serde(skip)]
+    seeds: Vec<String>,
 }
 
 impl AgentPlan {
@@ -190,6 +242,7 @@ impl AgentPlan {
             + self.schedules.iter().filter(|c| c.writes()).count()
             + self.hooks.iter().filter(|c| c.writes()).count()
             + self.webhooks.iter().filter(|c| c.writes()).count()
+            + self.seeds.len()
     }
 }
 
@@ -248,7 +301,8 @@ pub struct NewSecret {
 
 /// The settings of `agent` a directory covers, flattened to the files' keys.
 fn settings(agent: &Agent) -> BTreeMap<String, String> {
-    const NOT_SETTINGS: [&str; 10] = [
+    const NOT_SETTINGS: [&str; 11] = [
+        "seeded",
         "id",
         "session",
         "created_at",
@@ -449,6 +503,14 @@ pub async fn plan(
         let existing = agents_named(&agents, new.name.trim())
             .into_iter()
             .find(|a| a.name.eq_ignore_ascii_case(new.name.trim()));
+        let given: &[String] = existing.map(|a| a.seeded.as_slice()).unwrap_or_default();
+        let mut seeds: Vec<String> = Vec::new();
+        for m in &dir.memories {
+            let key = super::seed_key(m);
+            if !given.contains(&key) && !seeds.iter().any(|s| super::seed_key(s) == key) {
+                seeds.push(m.clone());
+            }
+        }
         let (agent_id, fields, schedules, hooks, webhooks) = match existing {
             None => {
                 let (created, _) = new.clone().create(now).map_err(invalid)?;
@@ -553,7 +615,8 @@ pub async fn plan(
         let unchanged = fields.is_empty()
             && schedules.iter().all(|c| !c.writes())
             && hooks.iter().all(|c| !c.writes())
-            && webhooks.iter().all(|c| !c.writes());
+            && webhooks.iter().all(|c| !c.writes())
+            && seeds.is_empty();
         let verb = match (&agent_id, unchanged) {
             (None, _) => Verb::Create,
             (Some(_), true) => Verb::Same,
@@ -568,12 +631,17 @@ pub async fn plan(
             schedules,
             hooks,
             webhooks,
+            memories: seeds
+                .iter()
+                .map(|m| crate::engine::memory::title(m))
+                .collect(),
             sizes,
             prompt_tokens,
             new,
             specs,
             hook_specs,
             webhook_specs,
+            seeds,
         });
     }
     Ok(Plan { agents: out })
@@ -843,6 +911,7 @@ pub async fn apply(
         applied
             .webhooks
             .extend(apply_webhooks(store, &id, &p.name, p, options.env, now).await?);
+        apply_seeds(store, &id, p, options.memories, now).await?;
         let mut changed: Vec<String> = p.fields.iter().map(|f| f.field.clone()).collect();
         changed.extend(p.schedules.iter().filter(|c| c.writes()).map(|c| match c {
             ScheduleChange::Create { name, .. } => format!("schedule {name} made"),

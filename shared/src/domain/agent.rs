@@ -107,6 +107,10 @@ pub struct Agent {
     /// approval made with `--always` (see [`super::ToolGrant`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub granted: Vec<super::ToolGrant>,
+    /// The seed memories it was given from its `memories.md` (`pulse apply`), each by a
+    /// digest of its text: each is given once, and not again once forgotten.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeded: Vec<String>,
 }
 
 impl Agent {

@@ -115,6 +115,7 @@ impl NewAgent {
             retention: self.retention,
             tools: self.tools,
             granted: Vec::new(),
+            seeded: Vec::new(),
         }
         .validated()?;
         let due = agent.in_active_hours(now);
