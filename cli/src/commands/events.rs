@@ -162,16 +162,7 @@ fn emit_type(t: &str) -> Result<&str, Failure> {
     if screaming {
         return Ok(t);
     }
-    let hint: String = t
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let hint = pulse_shared::domain::upper_snake(t);
     let hint = hint.trim_matches('_');
     let suggestion = if hint.is_empty() || !hint.starts_with(|c: char| c.is_ascii_uppercase()) {
         String::new()

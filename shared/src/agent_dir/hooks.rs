@@ -11,8 +11,7 @@ use jiff::SignedDuration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::FileError;
-use super::plan::FieldChange;
+use super::{FieldChange, FileError};
 use crate::domain::{
     Hook, HookId, HookTarget, HookType, RetrySchedule, Secret, format_duration, parse_duration,
 };
@@ -158,16 +157,7 @@ fn settings(h: &Hook) -> BTreeMap<&'static str, Option<String>> {
 
 /// What differs between a stored hook and what the files want.
 pub(crate) fn differences(stored: &Hook, wanted: &Hook) -> Vec<FieldChange> {
-    let (a, b) = (settings(stored), settings(wanted));
-    let mut out: Vec<FieldChange> = a
-        .iter()
-        .filter(|(k, v)| b.get(*k) != Some(*v))
-        .map(|(k, v)| FieldChange {
-            field: (*k).to_owned(),
-            before: v.clone(),
-            after: b.get(k).cloned().flatten(),
-        })
-        .collect();
+    let mut out = FieldChange::between(&settings(stored), &settings(wanted));
     // The same header length hides a changed value: compare the values themselves.
     let header = |h: &Hook| h.auth_header.as_ref().map(|s| s.expose().to_owned());
     if header(stored).is_some() && header(wanted).is_some() && header(stored) != header(wanted) {
@@ -321,15 +311,5 @@ pub(super) fn entries(hooks: &[Hook]) -> Vec<HookToml> {
 /// The variable an export names for a hook's `Authorization` header:
 /// `PULSE_HOOK_AUTH_` and the name in capitals, other characters as `_`.
 pub fn header_variable(name: &str) -> String {
-    let tail: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("PULSE_HOOK_AUTH_{tail}")
+    format!("PULSE_HOOK_AUTH_{}", crate::domain::upper_snake(name))
 }

@@ -19,8 +19,8 @@ pub use hooks::{HOOKS_TOML, HookChange, HookToml, HooksToml, header_variable};
 pub use webhooks::{WEBHOOKS_TOML, WebhookChange, WebhookToml, WebhooksToml};
 
 pub use plan::{
-    APPLIED, AgentPlan, Applied, ApplyOptions, FieldChange, NewSecret, NewWebhook, Plan, PlanError,
-    PlanOptions, ScheduleChange, Verb,
+    APPLIED, AgentPlan, Applied, ApplyOptions, NewSecret, NewWebhook, Plan, PlanError, PlanOptions,
+    ScheduleChange, Verb,
 };
 pub use plan::{apply, plan};
 
@@ -50,6 +50,35 @@ pub const MEMORIES_MD: &str = "memories.md";
 
 /// Most characters of a schedule's name.
 pub const MAX_SCHEDULE_NAME: usize = 60;
+
+/// One setting that differs: as the store has it, and as the files say.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FieldChange {
+    /// Its key as the files write it (`interval`, `model.provider`, `SOUL.md`).
+    pub field: String,
+    /// In the store; `None` when unset.
+    pub before: Option<String>,
+    /// In the files; `None` when unset.
+    pub after: Option<String>,
+}
+
+impl FieldChange {
+    /// The settings of `after` that differ from `before`'s, both by key.
+    pub(crate) fn between(
+        before: &std::collections::BTreeMap<&'static str, Option<String>>,
+        after: &std::collections::BTreeMap<&'static str, Option<String>>,
+    ) -> Vec<Self> {
+        before
+            .iter()
+            .filter(|(k, v)| after.get(*k) != Some(*v))
+            .map(|(k, v)| Self {
+                field: (*k).to_owned(),
+                before: v.clone(),
+                after: after.get(k).cloned().flatten(),
+            })
+            .collect()
+    }
+}
 
 /// What is wrong with a file: which, and what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::hooks::{self, HookChange, HookSpec};
 use super::webhooks::{self, WebhookChange, WebhookSpec};
-use super::{AgentDir, FileError, HEARTBEAT_MD, SOUL_MD, Size};
+use super::{AgentDir, FieldChange, FileError, HEARTBEAT_MD, SOUL_MD, Size};
 use crate::domain::{
     Agent, AgentChanges, AgentId, Expectation, Hook, HookType, NewAgent, NewEvent, Schedule,
     ScheduleId, ScheduleRule, Webhook, WebhookId, agents_named, builtin_tools,
@@ -144,17 +144,6 @@ pub enum Verb {
     Same,
 }
 
-/// One setting that differs: as the store has it, and as the files say.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct FieldChange {
-    /// Its key as the files write it (`interval`, `model.provider`, `SOUL.md`).
-    pub field: String,
-    /// In the store; `None` when unset.
-    pub before: Option<String>,
-    /// In the files; `None` when unset.
-    pub after: Option<String>,
-}
-
 /// What happens to one schedule.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
@@ -236,6 +225,14 @@ pub struct AgentPlan {
 }
 
 impl AgentPlan {
+    /// The spec of its hook `name` of `hook_type`.
+    fn hook_spec(&self, name: &str, hook_type: &str) -> &HookSpec {
+        self.hook_specs
+            .iter()
+            .find(|s| s.name == name && s.hook_type.as_str() == hook_type)
+            .expect("a planned hook has its spec")
+    }
+
     /// How many writes applying it makes.
     pub fn changes(&self) -> usize {
         self.fields.len()
@@ -441,6 +438,57 @@ fn describe_spec(s: &ScheduleSpec) -> String {
     describe(&s.rule, s.note.as_deref(), s.expect)
 }
 
+/// What becomes of the agent's schedules `have` when the files ask for `specs`; a new
+/// one is checked as making it would check it (its time not passed, its note short).
+fn schedule_changes(
+    dir: &AgentDir,
+    agent: &AgentId,
+    have: &[Schedule],
+    specs: &BTreeMap<String, ScheduleSpec>,
+    prune: bool,
+    now: Timestamp,
+) -> Result<Vec<ScheduleChange>, FileError> {
+    let mut out = Vec::new();
+    let mut have: Vec<&Schedule> = have.iter().collect();
+    have.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut matched = std::collections::HashSet::new();
+    for s in have {
+        let key = s.key().to_ascii_lowercase();
+        match specs.get(&key) {
+            Some(spec) if matched.insert(key.clone()) => {
+                if spec.rule != s.rule || spec.note != s.note || spec.expect != s.expect {
+                    out.push(ScheduleChange::Replace {
+                        name: spec.name.clone().unwrap_or_default(),
+                        id: s.id.clone(),
+                        before: stored(s),
+                        after: describe_spec(spec),
+                    });
+                }
+            }
+            _ => out.push(ScheduleChange::Remove {
+                name: s.key().to_owned(),
+                id: s.id.clone(),
+                rule: stored(s),
+                pruned: prune,
+            }),
+        }
+    }
+    for (key, spec) in specs.iter().filter(|(k, _)| !matched.contains(*k)) {
+        let name = spec.name.clone().unwrap_or_else(|| key.clone());
+        Schedule::new(agent, spec.rule.clone(), spec.note.clone(), now).map_err(|e| {
+            FileError::new(
+                dir.path.join(super::SCHEDULES_TOML),
+                format!("schedule {name:?}: {e}"),
+            )
+        })?;
+        out.push(ScheduleChange::Create {
+            name,
+            rule: describe_spec(spec),
+        });
+    }
+    Ok(out)
+}
+
 /// What applying `dirs` to `store` would do. Refused, writing nothing, when a file is
 /// wrong, two directories name one agent, or an agent's settings would not be valid.
 pub async fn plan(
@@ -525,27 +573,7 @@ pub async fn plan(
                     .into());
                 }
                 let fields = differences(&BTreeMap::new(), &settings(&created));
-                let schedules = specs
-                    .values()
-                    .map(|s| {
-                        crate::domain::Schedule::new(
-                            &created.id,
-                            s.rule.clone(),
-                            s.note.clone(),
-                            now,
-                        )
-                        .map_err(|e| {
-                            FileError::new(
-                                dir.path.join(super::SCHEDULES_TOML),
-                                format!("schedule {:?}: {e}", s.name.as_deref().unwrap_or("")),
-                            )
-                        })?;
-                        Ok(ScheduleChange::Create {
-                            name: s.name.clone().unwrap_or_default(),
-                            rule: describe_spec(s),
-                        })
-                    })
-                    .collect::<Result<Vec<_>, FileError>>()?;
+                let schedules = schedule_changes(dir, &created.id, &[], &specs, prune, now)?;
                 let hooks = hook_specs.iter().map(created_hook).collect();
                 let webhooks = webhooks::changes(&webhooks_file, &[], &webhook_specs, prune)?;
                 (None, fields, schedules, hooks, webhooks)
@@ -553,54 +581,8 @@ pub async fn plan(
             Some(agent) => {
                 let desired = AgentChanges::to(&new).apply(agent).map_err(invalid)?;
                 let fields = differences(&settings(agent), &settings(&desired));
-                let mut schedules = Vec::new();
-                let mut have = store.schedules(&agent.id).await?;
-                have.sort_by(|a, b| a.id.cmp(&b.id));
-                let mut matched = std::collections::HashSet::new();
-                for s in &have {
-                    let key = s.key().to_ascii_lowercase();
-                    match specs.get(&key) {
-                        Some(spec) if matched.insert(key.clone()) => {
-                            let same = spec.rule == s.rule
-                                && spec.note == s.note
-                                && spec.expect == s.expect;
-                            if !same {
-                                schedules.push(ScheduleChange::Replace {
-                                    name: spec.name.clone().unwrap_or_default(),
-                                    id: s.id.clone(),
-                                    before: stored(s),
-                                    after: describe_spec(spec),
-                                });
-                            }
-                        }
-                        _ => schedules.push(ScheduleChange::Remove {
-                            name: s.key().to_owned(),
-                            id: s.id.clone(),
-                            rule: stored(s),
-                            pruned: prune,
-                        }),
-                    }
-                }
-                for (key, spec) in &specs {
-                    if !matched.contains(key) {
-                        crate::domain::Schedule::new(
-                            &agent.id,
-                            spec.rule.clone(),
-                            spec.note.clone(),
-                            now,
-                        )
-                        .map_err(|e| {
-                            FileError::new(
-                                dir.path.join(super::SCHEDULES_TOML),
-                                format!("schedule {:?}: {e}", spec.name.as_deref().unwrap_or("")),
-                            )
-                        })?;
-                        schedules.push(ScheduleChange::Create {
-                            name: spec.name.clone().unwrap_or_default(),
-                            rule: describe_spec(spec),
-                        });
-                    }
-                }
+                let have = store.schedules(&agent.id).await?;
+                let schedules = schedule_changes(dir, &agent.id, &have, &specs, prune, now)?;
                 let hooks = hook_changes(&store.list_hooks(&agent.id).await?, &hook_specs, prune);
                 let stored: Vec<Webhook> = store
                     .list_webhooks()
@@ -707,11 +689,7 @@ async fn apply_hooks(
             HookChange::Create {
                 name, hook_type, ..
             } => {
-                let spec = p
-                    .hook_specs
-                    .iter()
-                    .find(|s| s.name == *name && s.hook_type.as_str() == hook_type)
-                    .expect("a planned hook has its spec");
+                let spec = p.hook_spec(name, hook_type);
                 // Hooks of one name sign with one secret: a sibling's, else a new one.
                 let sibling = store
                     .list_hooks(agent)
@@ -751,11 +729,7 @@ async fn apply_hooks(
                 hook_type,
                 ..
             } => {
-                let spec = p
-                    .hook_specs
-                    .iter()
-                    .find(|s| s.name == *name && s.hook_type.as_str() == hook_type)
-                    .expect("a planned hook has its spec");
+                let spec = p.hook_spec(name, hook_type);
                 let mut written = false;
                 for _ in 0..5 {
                     let Some(stored) = store.get_hook(id).await? else {

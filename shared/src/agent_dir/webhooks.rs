@@ -10,8 +10,7 @@ use std::path::Path;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::FileError;
-use super::plan::FieldChange;
+use super::{FieldChange, FileError};
 use crate::domain::{RateLimit, Webhook, WebhookId, WebhookScheme};
 
 /// The webhooks file.
@@ -136,16 +135,7 @@ fn settings(w: &Webhook) -> BTreeMap<&'static str, Option<String>> {
 
 /// What differs between a stored webhook and what the files want.
 pub(crate) fn differences(stored: &Webhook, wanted: &Webhook) -> Vec<FieldChange> {
-    let (a, b) = (settings(stored), settings(wanted));
-    let mut out: Vec<FieldChange> = a
-        .iter()
-        .filter(|(k, v)| b.get(*k) != Some(*v))
-        .map(|(k, v)| FieldChange {
-            field: (*k).to_owned(),
-            before: v.clone(),
-            after: b.get(k).cloned().flatten(),
-        })
-        .collect();
+    let mut out = FieldChange::between(&settings(stored), &settings(wanted));
     if stored.name.is_some() && stored.name != wanted.name {
         out.push(FieldChange {
             field: "name".into(),

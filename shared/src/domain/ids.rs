@@ -532,6 +532,20 @@ impl ApprovalId {
     }
 }
 
+/// `s` in capitals, each character that is not a letter or a digit as `_` (`on-call` →
+/// `ON_CALL`): the shape of an event type or a variable's name.
+pub fn upper_snake(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// `s` quoted for an error message, cut to its first 40 characters (with its length) when
 /// longer: an error about an input must not repeat a huge input back.
 pub fn quote_input(s: &str) -> String {

@@ -74,7 +74,7 @@ pub use hook_type::{HookType, screaming_snake};
 pub use ids::{
     ActionId, AgentId, ApprovalId, EventId, EventType, HeartbeatId, HookDeliveryId, HookId,
     MemoryId, RequestId, SessionId, SignalId, SubscriptionId, TokenId, ToolName, TurnId, WebhookId,
-    first_id_at, quote_input,
+    first_id_at, quote_input, upper_snake,
 };
 pub use instructions::{
     BeatTask, Cadence, EVERY_BEAT_TASK, Instructions, Moment as TaskMoment, TaskLedger,
