@@ -519,6 +519,21 @@ async fn webhooks_in_files(kind: Kind) {
                 })
         }
     };
+    // Without the sender's secret, the webhook is not made.
+    let unset = agent_dir::PlanOptions {
+        prune: false,
+        event_bus: false,
+        env: &|_: &str| None,
+    };
+    let read = AgentDir::read(&dir).unwrap();
+    let refused = agent_dir::plan(w.b.store.as_ref(), &[read], &unset, w.b.now())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("secret_env names GITHUB_WEBHOOK_SECRET, which is not set"),
+        "{refused}"
+    );
     let first = plan_now().await.unwrap();
     assert_eq!(
         first.agents[0].webhooks,
@@ -569,6 +584,18 @@ async fn webhooks_in_files(kind: Kind) {
         0,
         "applied twice: nothing"
     );
+    // The sender's secret is read once, when its webhook is made: later plans need not
+    // have it.
+    let without = agent_dir::PlanOptions {
+        prune: false,
+        event_bus: false,
+        env: &|_: &str| None,
+    };
+    let read = AgentDir::read(&dir).unwrap();
+    let later = agent_dir::plan(w.b.store.as_ref(), &[read], &without, w.b.now())
+        .await
+        .unwrap();
+    assert_eq!(later.changes(), 0);
 
     // A new limit is changed in place: the URL (its id) and the secret stay.
     write(

@@ -1,8 +1,9 @@
 //! What applying agent directories would change in a store (a [`Plan`]), field by field,
 //! and carrying it out ([`apply`]). Everything is matched by name: an agent by its
-//! name, a schedule by its name in `schedules.toml`; nothing is made again that exists.
-//! A schedule in the store and not in the files is removed only with `prune`; an agent
-//! never is (its memories and history are not the files' to remove).
+//! name, a schedule, a webhook or a hook by its name in its file; nothing is made again
+//! that exists. A schedule, a webhook or a hook in the store and not in the files is
+//! removed only with `prune`; an agent never is, nor a memory (they are not the files'
+//! to remove).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -533,15 +534,6 @@ pub async fn plan(
         )?;
         let webhooks_file = dir.path.join(webhooks::WEBHOOKS_TOML);
         let webhook_specs = webhooks::specs(&webhooks_file, &dir.webhooks)?;
-        for w in webhook_specs.iter().filter_map(|w| w.secret_env.as_deref()) {
-            if (options.env)(w).is_none_or(|v| v.trim().is_empty()) {
-                return Err(FileError::new(
-                    &webhooks_file,
-                    format!("secret_env names {w}, which is not set: set it to the secret the sender signs with (it is never written in a file)"),
-                )
-                .into());
-            }
-        }
         let sizes = dir.sizes();
         let prompt_tokens = [&new.persona, &new.instructions]
             .into_iter()
@@ -594,6 +586,27 @@ pub async fn plan(
                 (Some(agent.id.clone()), fields, schedules, hooks, webhooks)
             }
         };
+        // A sender's own secret is read when its webhook is made, and only then.
+        for w in &webhooks {
+            let WebhookChange::Create { name, .. } = w else {
+                continue;
+            };
+            let var = webhook_specs
+                .iter()
+                .find(|s| s.name == *name)
+                .and_then(|s| s.secret_env.as_deref());
+            if let Some(var) = var
+                && (options.env)(var).is_none_or(|v| v.trim().is_empty())
+            {
+                return Err(FileError::new(
+                    &webhooks_file,
+                    format!(
+                        "webhook {name:?}: secret_env names {var}, which is not set: set it to the secret the sender signs with (it is read once, when the webhook is made, and never written in a file)"
+                    ),
+                )
+                .into());
+            }
+        }
         let unchanged = fields.is_empty()
             && schedules.iter().all(|c| !c.writes())
             && hooks.iter().all(|c| !c.writes())
