@@ -14,7 +14,7 @@ pub(crate) enum DocsCmd {
     /// The configuration reference (docs/src/reference/configuration.md).
     Config,
     /// The JSON Schema of an agent directory's file (docs/src/reference/agent.schema.json,
-    /// schedules.schema.json, hooks.schema.json, webhooks.schema.json).
+    /// schedules.schema.json, hooks.schema.json, webhooks.schema.json, tools.schema.json).
     Schema {
         /// Which file.
         #[arg(value_enum)]
@@ -39,6 +39,8 @@ pub(crate) enum SchemaFile {
     Hooks,
     /// webhooks.toml.
     Webhooks,
+    /// tools.toml.
+    Tools,
 }
 
 /// Prints the page.
@@ -52,6 +54,7 @@ pub(crate) fn run(cmd: DocsCmd) -> Result<(), crate::Failure> {
                 SchemaFile::Schedules => pulse_shared::agent_dir::schedules_schema(),
                 SchemaFile::Hooks => pulse_shared::agent_dir::hooks_schema(),
                 SchemaFile::Webhooks => pulse_shared::agent_dir::webhooks_schema(),
+                SchemaFile::Tools => pulse_shared::agent_dir::tools_schema(),
             };
             println!(
                 "{}",

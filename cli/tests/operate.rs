@@ -1799,6 +1799,7 @@ fn agent_files_on(backend: Backend) {
         "schedules.toml",
         "hooks.toml",
         "webhooks.toml",
+        "tools.toml",
         "memories.md",
     ] {
         std::fs::copy(example.join(f), files.join(f)).unwrap();
@@ -1821,6 +1822,14 @@ fn agent_files_on(backend: Backend) {
     assert!(String::from_utf8_lossy(&dry.stderr).contains("nothing applied (--dry-run)"));
     assert_eq!(json(d, &["agents", "list"]).as_array().unwrap().len(), 0);
 
+    assert!(
+        plan.contains("  + tool mail-triage: https://tools.example.com/triage"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("  + subscription mail-triage EMAIL_RECEIVED: order 0"),
+        "{plan}"
+    );
     let asked = bad(d, &["apply", "agents/scout"]);
     assert!(asked.contains("run again with --yes"), "{asked}");
     assert!(
@@ -1895,7 +1904,7 @@ fn agent_files_on(backend: Backend) {
     assert!(written.status.success(), "{said}");
     assert!(
         said.contains(
-            "to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml, webhooks.toml, memories.md, hooks.toml"
+            "to exported: agent.toml, SOUL.md, HEARTBEAT.md, schedules.toml, webhooks.toml, tools.toml, memories.md, hooks.toml"
         ),
         "{said}"
     );

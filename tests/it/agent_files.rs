@@ -341,6 +341,7 @@ fn the_published_schemas_take_the_example_and_refuse_a_misspelt_key() {
         (agent_dir::schedules_schema(), "schedules.toml"),
         (agent_dir::hooks_schema(), "hooks.toml"),
         (agent_dir::webhooks_schema(), "webhooks.toml"),
+        (agent_dir::tools_schema(), "tools.toml"),
     ] {
         let validator = jsonschema::validator_for(&schema).unwrap();
         let text = std::fs::read_to_string(example.join(file)).unwrap();
@@ -556,6 +557,7 @@ async fn webhooks_in_files(kind: Kind) {
             source: None,
             env: &env,
             memories: None,
+            mcp: None,
         },
         w.b.now(),
     )
@@ -680,6 +682,7 @@ async fn seed_memories(kind: Kind) {
                 source: Some("seeds"),
                 env: &|_: &str| None,
                 memories: Some(&book),
+                mcp: None,
             };
             agent_dir::apply(&store, ops, &plan, &options, now)
                 .await
@@ -738,4 +741,276 @@ async fn seed_memories(kind: Kind) {
             .collect::<Vec<_>>(),
     );
     assert_eq!(plan(&w, &out, false).await.changes(), 0);
+}
+
+on_both_backends!(
+    tools_in_files_are_owned_by_their_agent_run_on_its_events_and_keep_their_secrets_out_of_plans_and_exports,
+    tools_in_files
+);
+async fn tools_in_files(kind: Kind) {
+    let w = world(kind).await;
+    let notes = pulse_tests::FakeTool::start().await;
+    let cal = pulse_tests::fake_mcp::FakeMcp::start().await;
+    let services = pulse_tests::fake_services(&w.llm, &w.discord);
+    let agent_tools = w.b.connected().agent_tools(w.b.clock.clone(), &services);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gardener");
+    let agent_toml = "name = \"gardener\"\ninterval = \"1h\"\ntools = [\"mcp:cal\"]\n";
+    let tools_toml = format!(
+        r#"[[tool]]
+name = "notes"
+url = "{}"
+config = {{ board = "garden" }}
+config_env = {{ api_key = "NOTES_KEY" }}
+
+[[mcp]]
+name = "cal"
+url = "{}"
+headers_env = {{ Authorization = "CAL_AUTH" }}
+allow = ["add"]
+policy = "allow"
+
+[[subscription]]
+tool = "notes"
+event = "SEEDLING"
+"#,
+        notes.url(),
+        cal.url()
+    );
+    write(
+        &dir,
+        &[("agent.toml", agent_toml), ("tools.toml", &tools_toml)],
+    );
+    let vars = std::cell::RefCell::new(std::collections::HashMap::from([
+        ("NOTES_KEY".to_owned(), "key-one".to_owned()),
+        ("CAL_AUTH".to_owned(), "Bearer cal-one".to_owned()),
+    ]));
+    let env = |var: &str| vars.borrow().get(var).cloned();
+    let plan_of = |dirs: Vec<std::path::PathBuf>, prune: bool| {
+        let read: Vec<AgentDir> = dirs.iter().map(|d| AgentDir::read(d).unwrap()).collect();
+        let (env, store, now) = (&env, w.b.store.clone(), w.b.now());
+        async move {
+            let options = agent_dir::PlanOptions {
+                prune,
+                event_bus: false,
+                env,
+            };
+            agent_dir::plan(store.as_ref(), &read, &options, now).await
+        }
+    };
+    let apply_plan = |plan: Plan| {
+        let (env, store, now, ops) = (&env, w.b.store.clone(), w.b.now(), &w.ops);
+        let clients = agent_tools.clients();
+        async move {
+            let options = agent_dir::ApplyOptions {
+                source: Some("tools"),
+                env,
+                memories: None,
+                mcp: Some(clients),
+            };
+            agent_dir::apply(&store, ops, &plan, &options, now)
+                .await
+                .unwrap()
+        }
+    };
+
+    // Made once: the tool, the server (listed) and the subscription; no secret shown.
+    let first = plan_of(vec![dir.clone()], false).await.unwrap();
+    let names: Vec<&str> = first.agents[0].tools.iter().map(|c| c.name()).collect();
+    assert_eq!(
+        names,
+        ["tool notes", "mcp cal", "subscription notes SEEDLING"]
+    );
+    let shown = serde_json::to_string(&first).unwrap();
+    assert!(
+        !shown.contains("key-one") && !shown.contains("cal-one"),
+        "{shown}"
+    );
+    let id = apply_plan(first).await.created[0].clone();
+    let registry = w.b.store.load_registry().await.unwrap();
+    let tool = |name: &str| {
+        registry
+            .tools
+            .iter()
+            .find(|t| t.name.as_str() == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(tool("notes").owner.as_ref(), Some(&id));
+    let server = tool("cal");
+    let listed = server.mcp_server().unwrap();
+    assert_eq!(server.owner.as_ref(), Some(&id));
+    assert!(listed.listed_at.is_some() && listed.tools.iter().any(|t| t.name == "add"));
+    assert_eq!(listed.headers[0].value.expose(), "Bearer cal-one");
+    let agent = w.b.store.get_agent(&id).await.unwrap().unwrap();
+    assert_eq!(
+        agent.tools[0].server.as_str(),
+        "cal",
+        "given the server it declares"
+    );
+    assert_eq!(
+        plan_of(vec![dir.clone()], false).await.unwrap().changes(),
+        0,
+        "applied twice: nothing"
+    );
+
+    // The subscription runs the tool on the agent's event, with the config's values.
+    w.b.emit(&agent, "SEEDLING", serde_json::json!({"plant": "basil"}))
+        .await;
+    w.b.advance(jiff::SignedDuration::from_hours(1));
+    w.b.sweeper(pulse_tests::settings())
+        .sweep_once(w.b.now())
+        .await;
+    w.b.drain(&w.worker).await;
+    let requests = notes.requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0]["tool_config"]["api_key"], "key-one");
+    assert_eq!(requests[0]["tool_config"]["board"], "garden");
+
+    // A new secret is one change, shown hidden, and kept as given.
+    vars.borrow_mut()
+        .insert("NOTES_KEY".into(), "key-two".into());
+    let rotated = plan_of(vec![dir.clone()], false).await.unwrap();
+    assert_eq!(rotated.changes(), 1);
+    let shown = serde_json::to_string(&rotated).unwrap();
+    assert!(!shown.contains("key-"), "{shown}");
+    assert!(shown.contains("*** (other values)"), "{shown}");
+    apply_plan(rotated).await;
+    let registry = w.b.store.load_registry().await.unwrap();
+    let notes_tool = registry
+        .tools
+        .iter()
+        .find(|t| t.name.as_str() == "notes")
+        .unwrap();
+    assert_eq!(notes_tool.config["api_key"], "key-two");
+
+    // Another agent's files may not declare it, nor the deployment's tool; they may
+    // subscribe to either.
+    let shared = pulse_shared::domain::Tool::http(
+        pulse_shared::domain::ToolName::parse("shared-sink").unwrap(),
+        &notes.url(),
+        std::time::Duration::from_secs(5),
+        w.b.now(),
+    )
+    .unwrap();
+    w.b.store.add_tool(&shared).await.unwrap();
+    let other = tmp.path().join("weeder");
+    write(
+        &other,
+        &[
+            ("agent.toml", "name = \"weeder\"\n"),
+            (
+                "tools.toml",
+                &format!("[[tool]]\nname = \"notes\"\nurl = \"{}\"\n", notes.url()),
+            ),
+        ],
+    );
+    let refused = plan_of(vec![other.clone()], false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("owned by agent gardener's files"),
+        "{refused}"
+    );
+    write(
+        &other,
+        &[(
+            "tools.toml",
+            &format!(
+                "[[tool]]\nname = \"shared-sink\"\nurl = \"{}\"\n",
+                notes.url()
+            ),
+        )],
+    );
+    let refused = plan_of(vec![other.clone()], false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("the deployment's"), "{refused}");
+    write(
+        &other,
+        &[(
+            "tools.toml",
+            "[[subscription]]\ntool = \"notes\"\nevent = \"WEED\"\n\n[[subscription]]\ntool = \"shared-sink\"\nevent = \"WEED\"\n",
+        )],
+    );
+    let both = plan_of(vec![other.clone()], false).await.unwrap();
+    let names: Vec<&str> = both.agents[0].tools.iter().map(|c| c.name()).collect();
+    assert_eq!(
+        names,
+        ["subscription notes WEED", "subscription shared-sink WEED"]
+    );
+    apply_plan(both).await;
+
+    // Exported: the secrets are named by variables, never written (a config value by
+    // the variable it came from, a header by one made from its name); the other values
+    // are written. Set, the export applies as a no-op.
+    let own = agent_dir::Owned::of(w.b.store.as_ref(), &id).await.unwrap();
+    let agent = w.b.store.get_agent(&id).await.unwrap().unwrap();
+    let out = tmp.path().join("exported");
+    let files = AgentDir::of(&agent, &own, &out).files();
+    let text = &files.iter().find(|(n, _)| *n == "tools.toml").unwrap().1;
+    assert!(
+        !text.contains("key-two") && !text.contains("cal-one"),
+        "{text}"
+    );
+    assert!(text.contains("PULSE_TOOL_CAL_AUTHORIZATION"), "{text}");
+    assert!(text.contains("api_key = \"NOTES_KEY\""), "{text}");
+    assert!(text.contains("board = \"garden\""), "{text}");
+    write(
+        &out,
+        &files
+            .iter()
+            .map(|(n, t)| (*n, t.as_str()))
+            .collect::<Vec<_>>(),
+    );
+    {
+        let mut v = vars.borrow_mut();
+        v.insert(
+            "PULSE_TOOL_CAL_AUTHORIZATION".into(),
+            "Bearer cal-one".into(),
+        );
+    }
+    assert_eq!(plan_of(vec![out], false).await.unwrap().changes(), 0);
+
+    // Left out of the files: kept; pruned, removed unless another agent subscribes.
+    write(
+        &dir,
+        &[(
+            "tools.toml",
+            &tools_toml
+                [tools_toml.find("[[mcp]]").unwrap()..tools_toml.find("[[subscription]]").unwrap()],
+        )],
+    );
+    let kept = plan_of(vec![dir.clone()], false).await.unwrap();
+    assert_eq!(kept.changes(), 0, "{:?}", kept.agents[0].tools);
+    let refused = plan_of(vec![dir.clone()], true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("tool notes") && refused.contains("a subscription"),
+        "{refused}"
+    );
+    write(
+        &other,
+        &[(
+            "tools.toml",
+            "[[subscription]]\ntool = \"shared-sink\"\nevent = \"WEED\"\n",
+        )],
+    );
+    apply_plan(plan_of(vec![other], true).await.unwrap()).await;
+    let pruned = plan_of(vec![dir.clone()], true).await.unwrap();
+    assert_eq!(pruned.changes(), 2, "{:?}", pruned.agents[0].tools);
+    apply_plan(pruned).await;
+    let registry = w.b.store.load_registry().await.unwrap();
+    assert!(!registry.tools.iter().any(|t| t.name.as_str() == "notes"));
+    assert!(registry.tools.iter().any(|t| t.name.as_str() == "cal"));
+    assert!(
+        !registry
+            .subscriptions
+            .iter()
+            .any(|s| s.agent_id.as_ref() == Some(&id))
+    );
 }

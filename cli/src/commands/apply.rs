@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use pulse_shared::agent_dir::{
     self, AgentDir, AgentPlan, ApplyOptions, HookChange, Owned, Plan, PlanOptions, ScheduleChange,
-    Verb, WebhookChange,
+    ToolChange, Verb, WebhookChange,
 };
 use pulse_shared::engine::EngineSettings;
 
@@ -209,6 +209,22 @@ fn print_agent(p: &AgentPlan) {
             ),
         }
     }
+    for t in &p.tools {
+        match t {
+            ToolChange::Create { name, detail } => outln!("  + {name}: {detail}"),
+            ToolChange::Change { name, fields } => {
+                let fields: Vec<String> = fields
+                    .iter()
+                    .map(|f| format!("{}: {} -> {}", f.field, unset(&f.before), unset(&f.after)))
+                    .collect();
+                outln!("  ~ {name}: {}", fields.join("; "));
+            }
+            ToolChange::Remove { name, pruned: true } => outln!("  - {name}"),
+            ToolChange::Remove { name, .. } => {
+                outln!("  ! {name}: in the store, not in the files; kept (--prune removes it)")
+            }
+        }
+    }
     for m in &p.memories {
         outln!("  + memory: {m}");
     }
@@ -318,8 +334,17 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
         };
     }
     let ops = cx.b.lifecycle(cx.clock.clone(), &EngineSettings::default());
-    let book =
-        cx.b.memories(&pulse_shared::app::Services::from_config(cx.config));
+    let services = pulse_shared::app::Services::from_config(cx.config);
+    let book = cx.b.memories(&services);
+    // MCP servers the files declare are listed as they are made, as `tools add-mcp` does.
+    let local = p
+        .dirs
+        .iter()
+        .any(|d| d.tools.servers.iter().any(|m| !m.command.is_empty()));
+    if local {
+        super::mcp::local_servers(cx.config)?;
+    }
+    let agent_tools = cx.b.agent_tools_with(cx.clock.clone(), &services, local);
     let applied = agent_dir::apply(
         store,
         &ops,
@@ -328,6 +353,7 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
             source: p.source.as_deref(),
             env: &env,
             memories: Some(&book),
+            mcp: Some(agent_tools.clients()),
         },
         now,
     )
@@ -420,6 +446,28 @@ pub(crate) async fn export(p: ExportPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
         written.join(", "),
         p.dir.display()
     ));
+    let variables: Vec<&String> = dir
+        .tools
+        .tools
+        .iter()
+        .flat_map(|t| t.config_env.values())
+        .chain(
+            dir.tools
+                .servers
+                .iter()
+                .flat_map(|m| m.headers_env.values()),
+        )
+        .collect();
+    if !variables.is_empty() {
+        eprintln!(
+            "note: tools.toml names the variables that hold its tools' config values and headers, never written in a file: set {} before applying these files",
+            variables
+                .iter()
+                .map(|v| v.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     for h in dir.hooks.iter().filter(|h| h.auth_header_env.is_some()) {
         eprintln!(
             "note: hook {} sends an Authorization header, never written in a file: set {} to it before applying these files",

@@ -281,7 +281,7 @@ pub(crate) async fn refuse_attached(cx: &Ctx<'_>, name: &ToolName) -> Result<(),
 }
 
 /// Refuses unless local MCP servers may be started here ([`local_switch`]).
-fn local_servers(config: &pulse_shared::config::Config) -> Result<(), Failure> {
+pub(crate) fn local_servers(config: &pulse_shared::config::Config) -> Result<(), Failure> {
     if local_switch(config)? {
         return Ok(());
     }

@@ -180,6 +180,7 @@ fn the_reference_pages_are_what_the_code_makes_now() {
         ("schema schedules", "schedules.schema.json"),
         ("schema hooks", "hooks.schema.json"),
         ("schema webhooks", "webhooks.schema.json"),
+        ("schema tools", "tools.schema.json"),
     ] {
         let made = pulse().arg("docs").args(what.split(' ')).output().unwrap();
         assert!(

@@ -3,7 +3,10 @@
 //! - `agent.toml`: its settings (name, interval, hours, model, budgets, Discord, tools);
 //! - `SOUL.md`: its persona, the system prompt's first part;
 //! - `HEARTBEAT.md`: what it does on each beat;
-//! - `schedules.toml`: its reminders, each with a name that stays.
+//! - `schedules.toml`: its reminders, each with a name that stays;
+//! - `hooks.toml`, `webhooks.toml`: its outbound hooks and inbound webhooks, by name;
+//! - `tools.toml`: the tools its files own and the events that run tools;
+//! - `memories.md`: seed memories, each given once.
 //!
 //! Every key is checked: a key no file knows is refused with the file and the key, so a
 //! typo never leaves a setting quietly at its default. A file holds the whole truth of
@@ -13,9 +16,13 @@
 
 mod hooks;
 mod plan;
+mod tools;
 mod webhooks;
 
 pub use hooks::{HOOKS_TOML, HookChange, HookToml, HooksToml, header_variable};
+pub use tools::{
+    HttpToolToml, McpToml, SubscriptionToml, TOOLS_TOML, ToolChange, ToolsToml, config_variable,
+};
 pub use webhooks::{WEBHOOKS_TOML, WebhookChange, WebhookToml, WebhooksToml};
 
 pub use plan::{
@@ -430,6 +437,10 @@ pub struct Owned {
     pub hooks: Vec<crate::domain::Hook>,
     /// Its webhooks.
     pub webhooks: Vec<crate::domain::Webhook>,
+    /// The tools its files own.
+    pub tools: Vec<crate::domain::Tool>,
+    /// The subscriptions of its events.
+    pub subscriptions: Vec<crate::domain::Subscription>,
     /// Its memories that were given as seeds and are still kept.
     pub seeds: Vec<crate::domain::Memory>,
 }
@@ -440,7 +451,18 @@ impl Owned {
         store: &dyn crate::ports::Store,
         agent: &crate::domain::AgentId,
     ) -> Result<Self, crate::error::StoreError> {
+        let registry = store.load_registry().await?;
         Ok(Self {
+            tools: registry
+                .tools
+                .into_iter()
+                .filter(|t| t.owner.as_ref() == Some(agent))
+                .collect(),
+            subscriptions: registry
+                .subscriptions
+                .into_iter()
+                .filter(|s| s.agent_id.as_ref() == Some(agent))
+                .collect(),
             schedules: store.schedules(agent).await?,
             hooks: store.list_hooks(agent).await?,
             webhooks: store
@@ -479,6 +501,8 @@ pub struct AgentDir {
     pub hooks: Vec<HookToml>,
     /// `webhooks.toml`'s entries.
     pub webhooks: Vec<WebhookToml>,
+    /// `tools.toml`.
+    pub tools: ToolsToml,
     /// `memories.md`'s seed memories, one a line.
     pub memories: Vec<String>,
 }
@@ -572,6 +596,11 @@ impl AgentDir {
             Some(text) => read_toml::<WebhooksToml>(&webhooks_file, &text)?.webhooks,
             None => Vec::new(),
         };
+        let tools_file = path.join(TOOLS_TOML);
+        let tools = match read_text(&tools_file)? {
+            Some(text) => read_toml::<ToolsToml>(&tools_file, &text)?,
+            None => ToolsToml::default(),
+        };
         let memories_file = path.join(MEMORIES_MD);
         let memories = read_text(&memories_file)?
             .map(|t| seed_lines(&t))
@@ -598,6 +627,7 @@ impl AgentDir {
             schedules,
             hooks,
             webhooks,
+            tools,
             memories,
         };
         webhooks::specs(&webhooks_file, &dir.webhooks)?;
@@ -726,6 +756,7 @@ impl AgentDir {
                 .collect(),
             hooks: hooks::entries(&own.hooks),
             webhooks: webhooks::entries(&own.webhooks),
+            tools: tools::entries(&own.tools, &own.subscriptions),
             memories: {
                 // In the order they were given.
                 let mut seeds = own.seeds.clone();
@@ -769,6 +800,12 @@ impl AgentDir {
                 toml::to_string(&file).expect("webhooks.toml is plain TOML"),
             ));
         }
+        if !self.tools.is_empty() {
+            out.push((
+                TOOLS_TOML,
+                toml::to_string(&self.tools).expect("tools.toml is plain TOML"),
+            ));
+        }
         if !self.memories.is_empty() {
             let lines: String = self.memories.iter().map(|m| format!("- {m}\n")).collect();
             out.push((MEMORIES_MD, lines));
@@ -799,6 +836,11 @@ pub fn schedules_schema() -> serde_json::Value {
 /// The JSON Schema of `webhooks.toml`.
 pub fn webhooks_schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(WebhooksToml)).expect("a schema is JSON")
+}
+
+/// The JSON Schema of `tools.toml`.
+pub fn tools_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(ToolsToml)).expect("a schema is JSON")
 }
 
 /// The JSON Schema of `hooks.toml`.

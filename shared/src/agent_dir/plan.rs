@@ -14,11 +14,13 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::hooks::{self, HookChange, HookSpec};
+use super::tools::{self as tool_files, ToolChange, ToolSpecs};
 use super::webhooks::{self, WebhookChange, WebhookSpec};
 use super::{AgentDir, FieldChange, FileError, HEARTBEAT_MD, SOUL_MD, Size};
 use crate::domain::{
-    Agent, AgentChanges, AgentId, Expectation, Hook, HookType, NewAgent, NewEvent, Schedule,
-    ScheduleId, ScheduleRule, Webhook, WebhookId, agents_named, builtin_tools,
+    Agent, AgentChanges, AgentId, EventType, Expectation, Hook, HookType, NewAgent, NewEvent,
+    Registry, Schedule, ScheduleId, ScheduleRule, ToolName, Webhook, WebhookId, agents_named,
+    builtin_tools,
 };
 use crate::engine::reminders::ScheduleSpec;
 use crate::engine::{Lifecycle, LifecycleError};
@@ -76,6 +78,8 @@ pub struct ApplyOptions<'a> {
     pub env: &'a dyn Fn(&str) -> Option<String>,
     /// Where seed memories are kept (and embedded).
     pub memories: Option<&'a crate::engine::memory::Memories>,
+    /// The sessions MCP servers are listed through when `tools.toml` makes or moves one.
+    pub mcp: Option<&'a crate::tools::McpClients>,
 }
 
 impl<'a> ApplyOptions<'a> {
@@ -85,6 +89,7 @@ impl<'a> ApplyOptions<'a> {
             source,
             env: &process_env,
             memories: None,
+            mcp: None,
         }
     }
 }
@@ -206,6 +211,8 @@ pub struct AgentPlan {
     pub hooks: Vec<HookChange>,
     /// What happens to its webhooks.
     pub webhooks: Vec<WebhookChange>,
+    /// What happens to the tools it owns and its subscriptions.
+    pub tools: Vec<ToolChange>,
     /// The seed memories it is given (those of `memories.md` it was never given), each
     /// by its first line's first words.
     pub memories: Vec<String>,
@@ -223,6 +230,8 @@ pub struct AgentPlan {
     webhook_specs: Vec<WebhookSpec>,
     #[serde(skip)]
     seeds: Vec<String>,
+    #[serde(skip)]
+    tool_specs: ToolSpecs,
 }
 
 impl AgentPlan {
@@ -240,6 +249,7 @@ impl AgentPlan {
             + self.schedules.iter().filter(|c| c.writes()).count()
             + self.hooks.iter().filter(|c| c.writes()).count()
             + self.webhooks.iter().filter(|c| c.writes()).count()
+            + self.tools.iter().filter(|c| c.writes()).count()
             + self.seeds.len()
     }
 }
@@ -506,6 +516,7 @@ pub async fn plan(
         .map(|(t, _)| t.as_str().to_owned())
         .collect();
     let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut declared: BTreeMap<ToolName, PathBuf> = BTreeMap::new();
     let mut out = Vec::new();
     for dir in dirs {
         let new = dir.new_agent()?;
@@ -534,6 +545,22 @@ pub async fn plan(
         )?;
         let webhooks_file = dir.path.join(webhooks::WEBHOOKS_TOML);
         let webhook_specs = webhooks::specs(&webhooks_file, &dir.webhooks)?;
+        let tools_file = dir.path.join(tool_files::TOOLS_TOML);
+        let tool_specs = tool_files::specs(&tools_file, &dir.tools, options.env, now)?;
+        for t in &tool_specs.tools {
+            if let Some(other) = declared.insert(t.name.clone(), dir.path.clone()) {
+                return Err(FileError::new(
+                    &tools_file,
+                    format!(
+                        "declares tool {}, as {} does: a tool belongs to one agent's files (the others subscribe to it)",
+                        t.name,
+                        other.display()
+                    ),
+                )
+                .into());
+            }
+        }
+        check_tool_references(dir, &new, &tool_specs, &registry)?;
         let sizes = dir.sizes();
         let prompt_tokens = [&new.persona, &new.instructions]
             .into_iter()
@@ -551,6 +578,15 @@ pub async fn plan(
                 seeds.push(m.clone());
             }
         }
+        let tools = tool_changes(
+            &tools_file,
+            existing,
+            &agents,
+            &registry,
+            &tool_specs,
+            &new.tools,
+            prune,
+        )?;
         let (agent_id, fields, schedules, hooks, webhooks) = match existing {
             None => {
                 let (created, _) = new.clone().create(now).map_err(invalid)?;
@@ -611,6 +647,7 @@ pub async fn plan(
             && schedules.iter().all(|c| !c.writes())
             && hooks.iter().all(|c| !c.writes())
             && webhooks.iter().all(|c| !c.writes())
+            && tools.iter().all(|c| !c.writes())
             && seeds.is_empty();
         let verb = match (&agent_id, unchanged) {
             (None, _) => Verb::Create,
@@ -626,6 +663,7 @@ pub async fn plan(
             schedules,
             hooks,
             webhooks,
+            tools,
             memories: seeds
                 .iter()
                 .map(|m| crate::engine::memory::title(m))
@@ -637,9 +675,202 @@ pub async fn plan(
             hook_specs,
             webhook_specs,
             seeds,
+            tool_specs,
         });
     }
     Ok(Plan { agents: out })
+}
+
+/// Every tool the files name is there once they are applied: a subscription's tool is
+/// declared by the files or registered (and runs on events: not an MCP server), and
+/// each MCP server `agent.toml` gives the agent is declared or registered.
+fn check_tool_references(
+    dir: &AgentDir,
+    new: &NewAgent,
+    specs: &ToolSpecs,
+    registry: &Registry,
+) -> Result<(), FileError> {
+    let find = |name: &ToolName| {
+        specs
+            .tools
+            .iter()
+            .chain(registry.tools.iter())
+            .find(|t| t.name == *name)
+    };
+    for (tool, event, _, _) in &specs.subscriptions {
+        match find(tool) {
+            Some(t) if t.mcp_server().is_none() => {}
+            Some(_) => {
+                return Err(FileError::new(
+                    dir.path.join(tool_files::TOOLS_TOML),
+                    format!(
+                        "subscription of {tool} to {event}: {tool} is an MCP server, whose tools the model calls; give the agent `tools = [\"mcp:{tool}\"]` in agent.toml"
+                    ),
+                ));
+            }
+            None => {
+                return Err(FileError::new(
+                    dir.path.join(tool_files::TOOLS_TOML),
+                    format!(
+                        "subscription of {tool} to {event}: there is no tool {tool}; declare it under [[tool]] or register it with `pulse tools add`"
+                    ),
+                ));
+            }
+        }
+    }
+    for t in &new.tools {
+        if find(&t.server).is_none_or(|t| t.mcp_server().is_none()) {
+            return Err(FileError::new(
+                dir.path.join(super::AGENT_TOML),
+                format!(
+                    "tools names mcp:{0}, and there is no MCP server {0}: declare it under [[mcp]] in tools.toml, or register it with `pulse tools add-mcp`",
+                    t.server
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What becomes of the tools the agent's files own and of its subscriptions when the
+/// files ask for `specs`. A tool of that name owned by another agent's files, or the
+/// deployment's, is refused; one the agent owns and the files no longer declare is
+/// removed only with `prune`, and then only when nothing else uses it.
+fn tool_changes(
+    file: &std::path::Path,
+    existing: Option<&Agent>,
+    agents: &[Agent],
+    registry: &Registry,
+    specs: &ToolSpecs,
+    given: &[crate::domain::AgentTool],
+    prune: bool,
+) -> Result<Vec<ToolChange>, FileError> {
+    let mut out = Vec::new();
+    let id = existing.map(|a| &a.id);
+    for t in &specs.tools {
+        match registry.tools.iter().find(|r| r.name == t.name) {
+            None => out.push(ToolChange::Create {
+                name: tool_files::label(t),
+                detail: tool_files::place(t),
+            }),
+            Some(r) if r.owner.is_some() && r.owner.as_ref() == id => {
+                let fields = tool_files::differences(r, &tool_files::onto(r, t));
+                if !fields.is_empty() {
+                    out.push(ToolChange::Change {
+                        name: tool_files::label(t),
+                        fields,
+                    });
+                }
+            }
+            Some(r) => {
+                let whose = match &r.owner {
+                    None => "the deployment's (registered with `pulse tools add`, shared by every agent)".to_owned(),
+                    Some(o) => match agents.iter().find(|a| a.id == *o) {
+                        Some(a) => format!("owned by agent {}'s files", a.name),
+                        None => format!(
+                            "owned by the files of agent {o}, deleted since (`pulse tools remove {}` frees the name)",
+                            t.name
+                        ),
+                    },
+                };
+                return Err(FileError::new(
+                    file,
+                    format!(
+                        "tool {} is registered already, {whose}: subscribe to it under [[subscription]] without declaring it, or give yours another name",
+                        t.name
+                    ),
+                ));
+            }
+        }
+    }
+    let Some(id) = id else {
+        out.extend(
+            specs
+                .subscriptions
+                .iter()
+                .map(|(tool, event, order, filter)| ToolChange::Create {
+                    name: tool_files::route(tool, event),
+                    detail: tool_files::describe_route(*order, filter),
+                }),
+        );
+        return Ok(out);
+    };
+    let stored: Vec<_> = registry
+        .subscriptions
+        .iter()
+        .filter(|s| s.agent_id.as_ref() == Some(id))
+        .collect();
+    for (tool, event, order, filter) in &specs.subscriptions {
+        match stored
+            .iter()
+            .find(|s| s.tool == *tool && s.event_type == *event)
+        {
+            Some(s) => {
+                let fields = tool_files::subscription_fields(s, *order, filter);
+                if !fields.is_empty() {
+                    out.push(ToolChange::Change {
+                        name: tool_files::route(tool, event),
+                        fields,
+                    });
+                }
+            }
+            None => out.push(ToolChange::Create {
+                name: tool_files::route(tool, event),
+                detail: tool_files::describe_route(*order, filter),
+            }),
+        }
+    }
+    let wanted = |tool: &ToolName, event: &EventType| {
+        specs
+            .subscriptions
+            .iter()
+            .any(|(t, e, _, _)| t == tool && e == event)
+    };
+    for s in stored.iter().filter(|s| !wanted(&s.tool, &s.event_type)) {
+        out.push(ToolChange::Remove {
+            name: tool_files::route(&s.tool, &s.event_type),
+            pruned: prune,
+        });
+    }
+    let mut owned: Vec<_> = registry
+        .tools
+        .iter()
+        .filter(|r| r.owner.as_ref() == Some(id))
+        .filter(|r| !specs.tools.iter().any(|t| t.name == r.name))
+        .collect();
+    owned.sort_by(|a, b| a.name.cmp(&b.name));
+    for r in owned {
+        if prune {
+            let subscribed = registry
+                .subscriptions
+                .iter()
+                .any(|s| s.tool == r.name && s.agent_id.as_ref() != Some(id))
+                || specs.subscriptions.iter().any(|(t, ..)| *t == r.name);
+            let attached = given.iter().any(|t| t.server == r.name)
+                || agents
+                    .iter()
+                    .any(|a| a.id != *id && a.tools.iter().any(|t| t.server == r.name));
+            if subscribed || attached {
+                return Err(FileError::new(
+                    file,
+                    format!(
+                        "{} is no longer declared, and --prune cannot remove it: {} still uses it; keep it in tools.toml, or take it from them first",
+                        tool_files::label(r),
+                        if subscribed {
+                            "a subscription"
+                        } else {
+                            "an agent"
+                        }
+                    ),
+                ));
+            }
+        }
+        out.push(ToolChange::Remove {
+            name: tool_files::label(r),
+            pruned: prune,
+        });
+    }
+    Ok(out)
 }
 
 fn created_hook(s: &HookSpec) -> HookChange {
@@ -775,6 +1006,172 @@ async fn apply_hooks(
     Ok(secrets)
 }
 
+/// Makes and changes the tools the agent's files own (an MCP server listed through
+/// `mcp` when made or moved), each owned by `agent`.
+async fn make_tools(
+    store: &Arc<dyn Store>,
+    agent: &AgentId,
+    p: &AgentPlan,
+    mcp: Option<&crate::tools::McpClients>,
+    now: Timestamp,
+) -> Result<(), PlanError> {
+    let file = p.dir.join(tool_files::TOOLS_TOML);
+    let mut registry = None;
+    for change in &p.tools {
+        let (name, create) = match change {
+            ToolChange::Create { name, .. } => (name, true),
+            ToolChange::Change { name, .. } => (name, false),
+            ToolChange::Remove { .. } => continue,
+        };
+        let Some(spec) = p
+            .tool_specs
+            .tools
+            .iter()
+            .find(|t| tool_files::label(t) == *name)
+        else {
+            continue;
+        };
+        if create {
+            let mut tool = spec.clone();
+            tool.owner = Some(agent.clone());
+            tool.created_at = now;
+            if tool.mcp_server().is_some() {
+                tool = listed(mcp, &file, tool, now).await?;
+            }
+            store.add_tool(&tool).await?;
+            continue;
+        }
+        if registry.is_none() {
+            registry = Some(store.load_registry().await?);
+        }
+        let Some(stored) = registry
+            .as_ref()
+            .and_then(|r| r.tools.iter().find(|t| t.name == spec.name))
+        else {
+            return Err(StoreError::NotFound(format!(
+                "tool {}, removed meanwhile; apply again",
+                spec.name
+            ))
+            .into());
+        };
+        let mut tool = tool_files::onto(stored, spec);
+        if tool_files::relist(stored, &tool) {
+            tool = listed(mcp, &file, tool, now).await?;
+        }
+        store.update_tool(&tool).await?;
+    }
+    Ok(())
+}
+
+/// `tool` (an MCP server) with its tools as it lists them now; refused, with nothing
+/// more applied, when it cannot be reached or does not list a tool its allow-list names.
+async fn listed(
+    mcp: Option<&crate::tools::McpClients>,
+    file: &std::path::Path,
+    mut tool: crate::domain::Tool,
+    now: Timestamp,
+) -> Result<crate::domain::Tool, PlanError> {
+    let Some(clients) = mcp else {
+        return Err(FileError::new(
+            file,
+            format!(
+                "MCP server {}: its tools are listed when it is made, and this apply was given no MCP client",
+                tool.name
+            ),
+        )
+        .into());
+    };
+    let mut server = tool.mcp_server().cloned().expect("an MCP server");
+    let (tools, left_out) = clients
+        .list(&tool.name, &server)
+        .await
+        .map_err(|why| FileError::new(file, format!("{why}; it was not applied")))?;
+    for why in left_out {
+        tracing::warn!(server = %tool.name, "{why}");
+    }
+    server.tools = tools;
+    server.listed_at = Some(now);
+    let missing = server.missing_allowed();
+    if !missing.is_empty() {
+        let have: Vec<&str> = server.tools.iter().map(|t| t.name.as_str()).collect();
+        return Err(FileError::new(
+            file,
+            format!(
+                "MCP server {}: allow names tools it does not list: {}; it lists {}",
+                tool.name,
+                missing.join(", "),
+                have.join(", ")
+            ),
+        )
+        .into());
+    }
+    tool.kind = crate::domain::ToolKind::Mcp(Box::new(server));
+    Ok(tool)
+}
+
+/// Makes, changes and (pruned) removes the agent's subscriptions, then removes the
+/// tools its files no longer declare (pruned).
+async fn finish_tools(
+    store: &Arc<dyn Store>,
+    agent: &AgentId,
+    p: &AgentPlan,
+    now: Timestamp,
+) -> Result<(), PlanError> {
+    if p.tools.iter().all(|c| !c.writes()) {
+        return Ok(());
+    }
+    let registry = store.load_registry().await?;
+    let stored = |tool: &ToolName, event: &EventType| {
+        registry.subscriptions.iter().find(|s| {
+            s.agent_id.as_ref() == Some(agent) && s.tool == *tool && s.event_type == *event
+        })
+    };
+    for (tool, event, order, filter) in &p.tool_specs.subscriptions {
+        let name = tool_files::route(tool, event);
+        let Some(change) = p.tools.iter().find(|c| c.name() == name) else {
+            continue;
+        };
+        let mut made = tool_files::subscription(agent, tool, event, *order, filter, now);
+        if let ToolChange::Change { .. } = change
+            && let Some(old) = stored(tool, event)
+        {
+            // Changed in place: its id, its switch and its date kept.
+            store.remove_subscription(&old.id).await?;
+            made.id = old.id.clone();
+            made.active = old.active;
+            made.created_at = old.created_at;
+        }
+        store.add_subscription(&made).await?;
+    }
+    for change in &p.tools {
+        let ToolChange::Remove { name, pruned: true } = change else {
+            continue;
+        };
+        if let Some(route) = name.strip_prefix("subscription ")
+            && let Some(old) = registry.subscriptions.iter().find(|s| {
+                s.agent_id.as_ref() == Some(agent)
+                    && format!("{} {}", s.tool, s.event_type) == route
+            })
+        {
+            store.remove_subscription(&old.id).await?;
+        }
+    }
+    for change in &p.tools {
+        let ToolChange::Remove { name, pruned: true } = change else {
+            continue;
+        };
+        let tool = name
+            .strip_prefix("tool ")
+            .or_else(|| name.strip_prefix("mcp "));
+        if let Some(tool) = tool
+            && let Ok(tool) = ToolName::parse(tool)
+        {
+            store.remove_tool(&tool).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes the webhook changes of one agent; the webhooks made.
 async fn apply_webhooks(
     store: &Arc<dyn Store>,
@@ -858,6 +1255,8 @@ pub async fn apply(
                 continue;
             }
             (Some(id), _) => {
+                // Its tools first: the settings may give it an MCP server they make.
+                make_tools(store, id, p, options.mcp, now).await?;
                 if !p.fields.is_empty() {
                     ops.update(id, &AgentChanges::to(&p.new)).await?;
                 }
@@ -868,6 +1267,7 @@ pub async fn apply(
                 let (agent, first) = p.new.clone().create(now).map_err(LifecycleError::Invalid)?;
                 store.create_agent(&agent, &first).await?;
                 applied.created.push(agent.id.clone());
+                make_tools(store, &agent.id, p, options.mcp, now).await?;
                 agent.id
             }
         };
@@ -898,6 +1298,7 @@ pub async fn apply(
         applied
             .webhooks
             .extend(apply_webhooks(store, &id, &p.name, p, options.env, now).await?);
+        finish_tools(store, &id, p, now).await?;
         apply_seeds(store, &id, p, options.memories, now).await?;
         let mut changed: Vec<String> = p.fields.iter().map(|f| f.field.clone()).collect();
         changed.extend(p.schedules.iter().filter(|c| c.writes()).map(|c| match c {
@@ -919,6 +1320,11 @@ pub async fn apply(
             } => {
                 format!("hook {name} {hook_type} removed")
             }
+        }));
+        changed.extend(p.tools.iter().filter(|c| c.writes()).map(|c| match c {
+            ToolChange::Create { name, .. } => format!("{name} made"),
+            ToolChange::Change { name, .. } => format!("{name} changed"),
+            ToolChange::Remove { name, .. } => format!("{name} removed"),
         }));
         let payload = json!({
             "verb": p.verb,

@@ -45,12 +45,21 @@ pub struct Tool {
     /// Passed to the tool in every request as `tool_config`.
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub config: Value,
+    /// The keys of `config` whose values were read from variables, with each one's
+    /// name (`tools.toml`'s `config_env`): secrets, never written back to a file.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config_env: BTreeMap<String, String>,
     /// A disabled tool matches no subscription.
     pub active: bool,
     /// Whether calling it twice does no harm (`--idempotent`): a call whose answer was
     /// lost may then be made again; otherwise it is recorded UNKNOWN for an operator.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub idempotent: bool,
+    /// The agent whose files declare it (`tools.toml`, applied with `pulse apply`): only
+    /// that agent's files change or remove it. `None` for a tool registered with `pulse
+    /// tools add`, the deployment's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<AgentId>,
     /// When it was registered.
     pub created_at: Timestamp,
 }
@@ -80,8 +89,10 @@ impl Tool {
                 timeout_ms: timeout.as_millis() as u64,
             },
             config: Value::Null,
+            config_env: BTreeMap::new(),
             active: true,
             idempotent: false,
+            owner: None,
             created_at: now,
         })
     }
@@ -93,8 +104,10 @@ impl Tool {
             description: None,
             kind: ToolKind::Mcp(Box::new(server)),
             config: Value::Null,
+            config_env: BTreeMap::new(),
             active: true,
             idempotent: false,
+            owner: None,
             created_at: now,
         }
     }
@@ -284,7 +297,9 @@ impl Tool {
             // have ids derived from it): running it again does nothing twice.
             idempotent: true,
             config: Value::Null,
+            config_env: BTreeMap::new(),
             active: true,
+            owner: None,
             created_at: Timestamp::UNIX_EPOCH,
         }
     }
