@@ -387,6 +387,26 @@ async fn the_dashboard_creates_watches_traces_and_pauses_an_agent_in_a_browser()
         false
     );
 
+    // An agent kept as files says so where it is edited: a change made here is drift.
+    let files = d.join("agents/keeper");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join("agent.toml"), "name = \"keeper\"\n").unwrap();
+    ok(
+        &d,
+        &["apply", "--yes", "--source", "abc123", "agents/keeper"],
+    );
+    let keeper = json(&d, &["agents", "show", "keeper"])["agent"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    c.goto(&format!("{base}/ui/agents/{keeper}/settings"))
+        .await
+        .unwrap();
+    expect_text(&c, ".applied", "Kept as files in agents/keeper").await;
+    expect_text(&c, ".applied", "abc123").await;
+    expect_text(&c, ".applied", "pulse apply --check agents/keeper").await;
+    screenshot(&c, &d, "settings-applied").await;
+
     // Memories: given from the terminal, searched from the Memories tab as the agent
     // recalls.
     for (text, kind) in [

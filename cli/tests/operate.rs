@@ -1820,6 +1820,10 @@ fn agent_files_on(backend: Backend) {
         "{plan}"
     );
     assert!(String::from_utf8_lossy(&dry.stderr).contains("nothing applied (--dry-run)"));
+    assert!(
+        plan.contains("  every heartbeat's prompt starts with about "),
+        "{plan}"
+    );
     assert_eq!(json(d, &["agents", "list"]).as_array().unwrap().len(), 0);
 
     assert!(

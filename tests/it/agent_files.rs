@@ -826,6 +826,7 @@ event = "SEEDLING"
         !shown.contains("key-one") && !shown.contains("cal-one"),
         "{shown}"
     );
+    let unlisted = first.agents[0].prompt_total;
     let id = apply_plan(first).await.created[0].clone();
     let registry = w.b.store.load_registry().await.unwrap();
     let tool = |name: &str| {
@@ -848,10 +849,13 @@ event = "SEEDLING"
         "cal",
         "given the server it declares"
     );
-    assert_eq!(
-        plan_of(vec![dir.clone()], false).await.unwrap().changes(),
-        0,
-        "applied twice: nothing"
+    let again = plan_of(vec![dir.clone()], false).await.unwrap();
+    assert_eq!(again.changes(), 0, "applied twice: nothing");
+    // Every heartbeat's prompt carries the listed tool's definition now.
+    let listed_total = again.agents[0].prompt_total;
+    assert!(
+        listed_total > unlisted && unlisted > 500,
+        "{unlisted} then {listed_total}"
     );
 
     // The subscription runs the tool on the agent's event, with the config's values.

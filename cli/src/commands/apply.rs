@@ -245,6 +245,10 @@ fn print_agent(p: &AgentPlan) {
             p.prompt_tokens
         );
     }
+    outln!(
+        "  every heartbeat's prompt starts with about {} tokens (the system prompt with SOUL.md, the tools' definitions, HEARTBEAT.md), before its events, memories and history",
+        p.prompt_total
+    );
 }
 
 fn print_plan(plan: &Plan) {

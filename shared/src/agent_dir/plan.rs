@@ -138,6 +138,36 @@ async fn apply_seeds(
     Ok(())
 }
 
+/// Records on the agent's record where its files were applied from, so the dashboard
+/// and `agents show` say it is kept as files.
+async fn mark_applied(
+    store: &Arc<dyn Store>,
+    agent: &AgentId,
+    p: &AgentPlan,
+    source: Option<&str>,
+    now: Timestamp,
+) -> Result<(), PlanError> {
+    for _ in 0..5 {
+        let Some(before) = store.get_agent(agent).await? else {
+            return Err(StoreError::NotFound(format!("agent {agent}")).into());
+        };
+        let mut after = before.clone();
+        after.applied = Some(crate::domain::AppliedFrom {
+            dir: p.dir.display().to_string(),
+            source: source.map(str::to_owned),
+            at: now,
+        });
+        match store.update_agent(&after, &before).await {
+            Err(StoreError::Conflict(_)) => continue,
+            done => return Ok(done?),
+        }
+    }
+    Err(StoreError::Conflict(format!(
+        "agent {agent} kept changing while it was marked applied; apply again"
+    ))
+    .into())
+}
+
 /// What applying a directory does to its agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -220,6 +250,10 @@ pub struct AgentPlan {
     pub sizes: Vec<Size>,
     /// The tokens its persona and instructions add to every heartbeat's prompt.
     pub prompt_tokens: usize,
+    /// The tokens every heartbeat's prompt starts with before its events, memories and
+    /// history: the system prompt (with the persona), Pulse's tools and the MCP tools it
+    /// is given as last listed, and its instructions.
+    pub prompt_total: usize,
     #[serde(skip)]
     new: NewAgent,
     #[serde(skip)]
@@ -309,8 +343,9 @@ pub struct NewSecret {
 
 /// The settings of `agent` a directory covers, flattened to the files' keys.
 fn settings(agent: &Agent) -> BTreeMap<String, String> {
-    const NOT_SETTINGS: [&str; 11] = [
+    const NOT_SETTINGS: [&str; 12] = [
         "seeded",
+        "applied",
         "id",
         "session",
         "created_at",
@@ -587,7 +622,7 @@ pub async fn plan(
             &new.tools,
             prune,
         )?;
-        let (agent_id, fields, schedules, hooks, webhooks) = match existing {
+        let (agent_id, fields, schedules, hooks, webhooks, wanted) = match existing {
             None => {
                 let (created, _) = new.clone().create(now).map_err(invalid)?;
                 if let Some(other) = agents_named(&agents, &created.name).first() {
@@ -604,7 +639,7 @@ pub async fn plan(
                 let schedules = schedule_changes(dir, &created.id, &[], &specs, prune, now)?;
                 let hooks = hook_specs.iter().map(created_hook).collect();
                 let webhooks = webhooks::changes(&webhooks_file, &[], &webhook_specs, prune)?;
-                (None, fields, schedules, hooks, webhooks)
+                (None, fields, schedules, hooks, webhooks, created)
             }
             Some(agent) => {
                 let desired = AgentChanges::to(&new).apply(agent).map_err(invalid)?;
@@ -619,9 +654,17 @@ pub async fn plan(
                     .filter(|w| w.agent_id == agent.id)
                     .collect();
                 let webhooks = webhooks::changes(&webhooks_file, &stored, &webhook_specs, prune)?;
-                (Some(agent.id.clone()), fields, schedules, hooks, webhooks)
+                (
+                    Some(agent.id.clone()),
+                    fields,
+                    schedules,
+                    hooks,
+                    webhooks,
+                    desired,
+                )
             }
         };
+        let prompt_total = heartbeat_prompt(&wanted, &registry, &tool_specs);
         // A sender's own secret is read when its webhook is made, and only then.
         for w in &webhooks {
             let WebhookChange::Create { name, .. } = w else {
@@ -670,6 +713,7 @@ pub async fn plan(
                 .collect(),
             sizes,
             prompt_tokens,
+            prompt_total,
             new,
             specs,
             hook_specs,
@@ -679,6 +723,33 @@ pub async fn plan(
         });
     }
     Ok(Plan { agents: out })
+}
+
+/// The tokens every heartbeat of `agent` sends before what changes from beat to beat:
+/// the system prompt, the tools' definitions (Pulse's, and those of the MCP servers it
+/// is given, as the registry or the files have them), and the instructions.
+fn heartbeat_prompt(agent: &Agent, registry: &Registry, specs: &ToolSpecs) -> usize {
+    use crate::engine::prompt;
+    let mut chars = prompt::system(agent).chars().count();
+    chars += serde_json::to_string(&prompt::tools()).map_or(0, |t| t.len());
+    let mut offered = 0;
+    for given in &agent.tools {
+        // As last listed (a server the files make is listed when applied).
+        let server = registry
+            .tools
+            .iter()
+            .chain(specs.tools.iter())
+            .find(|t| t.name == given.server)
+            .and_then(|t| t.mcp_server());
+        for tool in server.into_iter().flat_map(|m| m.allowed()) {
+            offered += serde_json::to_string(tool).map_or(0, |t| t.len());
+        }
+    }
+    chars += offered.min(crate::domain::MAX_OFFERED_BYTES);
+    if let Some(i) = &agent.instructions {
+        chars += i.chars().count();
+    }
+    chars.div_ceil(4)
 }
 
 /// Every tool the files name is there once they are applied: a subscription's tool is
@@ -1300,6 +1371,7 @@ pub async fn apply(
             .extend(apply_webhooks(store, &id, &p.name, p, options.env, now).await?);
         finish_tools(store, &id, p, now).await?;
         apply_seeds(store, &id, p, options.memories, now).await?;
+        mark_applied(store, &id, p, source, now).await?;
         let mut changed: Vec<String> = p.fields.iter().map(|f| f.field.clone()).collect();
         changed.extend(p.schedules.iter().filter(|c| c.writes()).map(|c| match c {
             ScheduleChange::Create { name, .. } => format!("schedule {name} made"),

@@ -464,9 +464,6 @@ pub(crate) fn differences(stored: &Tool, wanted: &Tool) -> Vec<FieldChange> {
         if a.get("headers") == b.get("headers") && values(x) != values(y) {
             hidden("headers");
         }
-        if x.command != y.command && a.get("place") == b.get("place") {
-            hidden("command");
-        }
     }
     if std::mem::discriminant(&stored.kind) != std::mem::discriminant(&wanted.kind) {
         out.push(FieldChange {

@@ -111,6 +111,22 @@ pub struct Agent {
     /// digest of its text: each is given once, and not again once forgotten.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seeded: Vec<String>,
+    /// Where its settings were last applied from (`pulse apply`): it is kept as files,
+    /// and a change made elsewhere is drift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedFrom>,
+}
+
+/// Where an agent's files were applied from, and when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedFrom {
+    /// The directory, as `pulse apply` was given it.
+    pub dir: String,
+    /// What `--source` said (a commit), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// When.
+    pub at: Timestamp,
 }
 
 impl Agent {

@@ -116,6 +116,7 @@ impl NewAgent {
             tools: self.tools,
             granted: Vec::new(),
             seeded: Vec::new(),
+            applied: None,
         }
         .validated()?;
         let due = agent.in_active_hours(now);

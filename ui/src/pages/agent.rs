@@ -251,11 +251,21 @@ pub(crate) async fn settings(
     let agent = agent_of(&d, &id).await?;
     let here = format!("/ui/agents/{}/settings", agent.id);
     let costs = costs(&d, &agent).await?;
+    let now = d.0.clock.now();
     Ok(agent_page(
         &agent,
         Tab::Settings,
         html! {
             h2 { "Settings" }
+            @if let Some(a) = &agent.applied {
+                p.applied {
+                    "Kept as files in " code { (a.dir) }
+                    @if let Some(source) = &a.source { " (" code { (source) } ")" }
+                    ", last applied " (ago(now, Some(a.at))) ". A change made here is drift: "
+                    code { "pulse apply --check " (a.dir) } " shows it, and the next "
+                    code { "pulse apply" } " puts the files' settings back."
+                }
+            }
             form.grid.card method="post" action={"/ui/agents/" (agent.id) "/update"} {
                 (csrf(&d))
                 label for="name" { "Name" }
