@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Backend, bad, dir_on, json, ok, pulse};
+use common::{Backend, bad, command, dir_on, json, ok, pulse};
 use serde_json::Value;
 
 fn find<'a>(list: &'a Value, key: &str, id: &str) -> Option<&'a Value> {
@@ -1927,4 +1927,44 @@ fn agent_files_on(backend: Backend) {
         "{twice}"
     );
     ok(d, &["export", "scout", "exported", "--force"]);
+
+    // Secrets named by variables are never printed: not when applied, checked, planned
+    // as JSON or exported (the CLI writes no log outside `serve`, `dashboard` and
+    // `gateway`).
+    let keeper = d.join("agents/keeper");
+    std::fs::create_dir_all(&keeper).unwrap();
+    for (file, text) in [
+        ("agent.toml", "name = \"keeper\"\n"),
+        (
+            "tools.toml",
+            "[[tool]]\nname = \"vault\"\nurl = \"https://tools.example.com/vault\"\nconfig_env = { api_key = \"KEEPER_VAULT_KEY\" }\n",
+        ),
+        (
+            "hooks.toml",
+            "[[hook]]\nname = \"audit\"\ntypes = [\"AFTER_HEARTBEAT\"]\nurl = \"https://hooks.example.com/audit\"\nauth_header_env = \"KEEPER_AUDIT_AUTH\"\n",
+        ),
+    ] {
+        std::fs::write(keeper.join(file), text).unwrap();
+    }
+    for args in [
+        &["apply", "--yes", "agents/keeper"][..],
+        &["apply", "--check", "agents/keeper"],
+        &["apply", "--dry-run", "--json", "agents/keeper"],
+        &["export", "keeper", "kept"],
+    ] {
+        let out = command(d, args)
+            .env("KEEPER_VAULT_KEY", "vault-s3cret-1")
+            .env("KEEPER_AUDIT_AUTH", "Bearer audit-s3cret-2")
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{args:?}: {all}");
+        assert!(!all.contains("s3cret"), "{args:?}: {all}");
+    }
+    let kept = std::fs::read_to_string(d.join("kept/tools.toml")).unwrap();
+    assert!(kept.contains("api_key = \"KEEPER_VAULT_KEY\""), "{kept}");
 }

@@ -15,28 +15,6 @@ use crate::ports::{EmbedError, Embedder};
 /// Texts embedded in one pass through the model.
 pub const BATCH: usize = 32;
 
-/// At most this many texts (a recall's query) are embedded on one thread. Split over
-/// the machine's cores, a few tokens' matrix multiplies spend more on handing work
-/// between threads than they save: on 2 cores one query took 13.7 ms p50, 15.9 ms p99
-/// on one thread against 14.9 and 21.9 ms on two (`pulse bench embed`), and a recall
-/// at 100,000 memories 22.8 / 28.2 ms against 28.2 / 36.5 ms. Batches (a reindex, a
-/// backfill) use every core: 168 memories a second against 119 on one.
-const ONE_THREAD_UP_TO: usize = 2;
-
-/// The one-thread pool small batches run in: candle splits its work over the pool it
-/// runs in, and in this one the split runs on the calling thread's single worker.
-fn one_thread() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .thread_name(|_| "pulse-embed-query".into())
-            .build()
-            .ok()
-    })
-    .as_ref()
-}
-
 /// Vectors from a model directory: each text tokenized (cut to the directory's
 /// `max_seq_length`), run through the encoder, its token vectors averaged over the
 /// attention mask and normalised to length 1 — sentence-transformers' mean pooling.
@@ -163,11 +141,9 @@ fn embed(
     let mut out = vec![Vec::new(); texts.len()];
     for chunk in order.chunks(BATCH) {
         let batch: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
-        let vectors = match one_thread() {
-            Some(pool) if batch.len() <= ONE_THREAD_UP_TO => pool.install(|| model.batch(&batch)),
-            _ => model.batch(&batch),
-        }
-        .map_err(|e| EmbedError::Local(e.to_string()))?;
+        let vectors = model
+            .batch(&batch)
+            .map_err(|e| EmbedError::Local(e.to_string()))?;
         for (&i, v) in chunk.iter().zip(vectors) {
             out[i] = v;
         }
