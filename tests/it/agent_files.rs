@@ -19,6 +19,12 @@ fn write(dir: &Path, files: &[(&str, &str)]) {
     }
 }
 
+/// Writes what an export made.
+fn write_files(dir: &Path, files: &[(&str, String)]) {
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    write(dir, &files);
+}
+
 async fn plan(w: &World, dir: &Path, prune: bool) -> Plan {
     let read = AgentDir::read(dir).unwrap();
     agent_dir::plan(
@@ -307,13 +313,7 @@ async fn export_round_trip(kind: Kind) {
         ..agent_dir::Owned::default()
     };
     let files = AgentDir::of(&agent, &own, &dir).files();
-    write(
-        &dir,
-        &files
-            .iter()
-            .map(|(n, t)| (*n, t.as_str()))
-            .collect::<Vec<_>>(),
-    );
+    write_files(&dir, &files);
     let toml = std::fs::read_to_string(dir.join("schedules.toml")).unwrap();
     assert!(toml.contains(&format!("name = \"{}\"", made.id)), "{toml}");
     assert!(
@@ -733,13 +733,7 @@ async fn seed_memories(kind: Kind) {
         memories,
         "- Ana grows tomatoes on the balcony.\n- Ana's dog is called Miso.\n"
     );
-    write(
-        &out,
-        &files
-            .iter()
-            .map(|(n, t)| (*n, t.as_str()))
-            .collect::<Vec<_>>(),
-    );
+    write_files(&out, &files);
     assert_eq!(plan(&w, &out, false).await.changes(), 0);
 }
 
@@ -962,13 +956,7 @@ event = "SEEDLING"
     assert!(text.contains("PULSE_TOOL_CAL_AUTHORIZATION"), "{text}");
     assert!(text.contains("api_key = \"NOTES_KEY\""), "{text}");
     assert!(text.contains("board = \"garden\""), "{text}");
-    write(
-        &out,
-        &files
-            .iter()
-            .map(|(n, t)| (*n, t.as_str()))
-            .collect::<Vec<_>>(),
-    );
+    write_files(&out, &files);
     {
         let mut v = vars.borrow_mut();
         v.insert(
@@ -1017,4 +1005,91 @@ event = "SEEDLING"
             .iter()
             .any(|s| s.agent_id.as_ref() == Some(&id))
     );
+}
+
+on_both_backends!(
+    a_tool_one_directory_declares_is_subscribed_to_given_and_hooked_by_another_in_one_apply,
+    tools_across_directories
+);
+async fn tools_across_directories(kind: Kind) {
+    let w = world(kind).await;
+    let cal = pulse_tests::fake_mcp::FakeMcp::start().await;
+    let services = pulse_tests::fake_services(&w.llm, &w.discord);
+    let agent_tools = w.b.connected().agent_tools(w.b.clock.clone(), &services);
+    let tmp = tempfile::tempdir().unwrap();
+    let (user, maker) = (tmp.path().join("user"), tmp.path().join("maker"));
+    let apply_dirs = |dirs: Vec<std::path::PathBuf>| {
+        let read: Vec<AgentDir> = dirs.iter().map(|d| AgentDir::read(d).unwrap()).collect();
+        let (store, now, ops) = (w.b.store.clone(), w.b.now(), &w.ops);
+        let clients = agent_tools.clients();
+        async move {
+            let plan = agent_dir::plan(
+                store.as_ref(),
+                &read,
+                &agent_dir::PlanOptions::new(false),
+                now,
+            )
+            .await
+            .unwrap();
+            let options = agent_dir::ApplyOptions {
+                mcp: Some(clients),
+                ..agent_dir::ApplyOptions::new(Some("across"))
+            };
+            agent_dir::apply(&store, ops, &plan, &options, now)
+                .await
+                .unwrap()
+        }
+    };
+    write(&user, &[("agent.toml", "name = \"user\"\n")]);
+    let user_id = apply_dirs(vec![user.clone()]).await.created[0].clone();
+
+    // The user's directory comes first, and names what the maker's declares.
+    write(
+        &user,
+        &[
+            ("agent.toml", "name = \"user\"\ntools = [\"mcp:cal\"]\n"),
+            (
+                "tools.toml",
+                "[[subscription]]\ntool = \"ledger\"\nevent = \"SPENT\"\n",
+            ),
+        ],
+    );
+    write(
+        &maker,
+        &[
+            ("agent.toml", "name = \"maker\"\n"),
+            (
+                "tools.toml",
+                &format!(
+                    "[[tool]]\nname = \"ledger\"\nurl = \"https://tools.example.com/ledger\"\n\n[[mcp]]\nname = \"cal\"\nurl = \"{}\"\n",
+                    cal.url()
+                ),
+            ),
+            (
+                "hooks.toml",
+                "[[hook]]\nname = \"books\"\ntypes = [\"AFTER_LEDGER\"]\nurl = \"https://hooks.example.com/books\"\n",
+            ),
+        ],
+    );
+    let done = apply_dirs(vec![user.clone(), maker.clone()]).await;
+    assert_eq!(done.changed.len(), 1);
+    assert_eq!(done.changed[0], user_id);
+    let maker_id = done.created[0].clone();
+    let registry = w.b.store.load_registry().await.unwrap();
+    let ledger = registry
+        .tools
+        .iter()
+        .find(|t| t.name.as_str() == "ledger")
+        .unwrap();
+    assert_eq!(ledger.owner.as_ref(), Some(&maker_id));
+    assert!(
+        registry
+            .subscriptions
+            .iter()
+            .any(|s| { s.agent_id.as_ref() == Some(&user_id) && s.tool.as_str() == "ledger" })
+    );
+    let user_agent = w.b.store.get_agent(&user_id).await.unwrap().unwrap();
+    assert_eq!(user_agent.tools[0].server.as_str(), "cal");
+    let hooks = w.b.store.list_hooks(&maker_id).await.unwrap();
+    assert_eq!(hooks[0].hook_type.as_str(), "AFTER_LEDGER");
 }

@@ -546,14 +546,45 @@ pub async fn plan(
     let prune = options.prune;
     let agents = store.list_agents().await?;
     let registry = store.load_registry().await?.with_builtins(builtin_tools());
-    let valid_types: Vec<String> = HookType::catalogue(registry.tools.iter().map(|t| &t.name))
-        .into_iter()
-        .map(|(t, _)| t.as_str().to_owned())
-        .collect();
-    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    // Every directory's tools first: one may subscribe to, give or hook a tool another
+    // declares.
+    let mut all_specs = Vec::with_capacity(dirs.len());
     let mut declared: BTreeMap<ToolName, PathBuf> = BTreeMap::new();
-    let mut out = Vec::new();
     for dir in dirs {
+        let tools_file = dir.path.join(tool_files::TOOLS_TOML);
+        let specs = tool_files::specs(&tools_file, &dir.tools, options.env, now)?;
+        for t in &specs.tools {
+            if let Some(other) = declared.insert(t.name.clone(), dir.path.clone()) {
+                return Err(FileError::new(
+                    &tools_file,
+                    format!(
+                        "declares tool {}, as {} does: a tool belongs to one agent's files (the others subscribe to it)",
+                        t.name,
+                        other.display()
+                    ),
+                )
+                .into());
+            }
+        }
+        all_specs.push(specs);
+    }
+    let all_declared: Vec<crate::domain::Tool> = all_specs
+        .iter()
+        .flat_map(|s| s.tools.iter().cloned())
+        .collect();
+    let valid_types: Vec<String> = HookType::catalogue(
+        registry
+            .tools
+            .iter()
+            .chain(all_declared.iter())
+            .map(|t| &t.name),
+    )
+    .into_iter()
+    .map(|(t, _)| t.as_str().to_owned())
+    .collect();
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (dir, tool_specs) in dirs.iter().zip(all_specs) {
         let new = dir.new_agent()?;
         let key = new.name.trim().to_lowercase();
         if let Some(other) = seen.insert(key, dir.path.clone()) {
@@ -581,21 +612,7 @@ pub async fn plan(
         let webhooks_file = dir.path.join(webhooks::WEBHOOKS_TOML);
         let webhook_specs = webhooks::specs(&webhooks_file, &dir.webhooks)?;
         let tools_file = dir.path.join(tool_files::TOOLS_TOML);
-        let tool_specs = tool_files::specs(&tools_file, &dir.tools, options.env, now)?;
-        for t in &tool_specs.tools {
-            if let Some(other) = declared.insert(t.name.clone(), dir.path.clone()) {
-                return Err(FileError::new(
-                    &tools_file,
-                    format!(
-                        "declares tool {}, as {} does: a tool belongs to one agent's files (the others subscribe to it)",
-                        t.name,
-                        other.display()
-                    ),
-                )
-                .into());
-            }
-        }
-        check_tool_references(dir, &new, &tool_specs, &registry)?;
+        check_tool_references(dir, &new, &tool_specs, &all_declared, &registry)?;
         let sizes = dir.sizes();
         let prompt_tokens = [&new.persona, &new.instructions]
             .into_iter()
@@ -753,18 +770,20 @@ fn heartbeat_prompt(agent: &Agent, registry: &Registry, specs: &ToolSpecs) -> us
 }
 
 /// Every tool the files name is there once they are applied: a subscription's tool is
-/// declared by the files or registered (and runs on events: not an MCP server), and
+/// declared by these files or another directory's, or registered (and runs on events: not an MCP server), and
 /// each MCP server `agent.toml` gives the agent is declared or registered.
 fn check_tool_references(
     dir: &AgentDir,
     new: &NewAgent,
     specs: &ToolSpecs,
+    declared: &[crate::domain::Tool],
     registry: &Registry,
 ) -> Result<(), FileError> {
     let find = |name: &ToolName| {
         specs
             .tools
             .iter()
+            .chain(declared.iter())
             .chain(registry.tools.iter())
             .find(|t| t.name == *name)
     };
@@ -1319,29 +1338,36 @@ pub async fn apply(
 ) -> Result<Applied, PlanError> {
     let source = options.source;
     let mut applied = Applied::default();
+    // First every agent to make, and every tool the files declare: a tool one directory
+    // declares is then there when another's settings give it or its subscriptions name it.
+    let mut ids = Vec::with_capacity(plan.agents.len());
     for p in &plan.agents {
         let id = match (&p.agent_id, p.verb) {
-            (_, Verb::Same) => {
-                applied.same += 1;
-                continue;
-            }
-            (Some(id), _) => {
-                // Its tools first: the settings may give it an MCP server they make.
-                make_tools(store, id, p, options.mcp, now).await?;
-                if !p.fields.is_empty() {
-                    ops.update(id, &AgentChanges::to(&p.new)).await?;
-                }
-                applied.changed.push(id.clone());
-                id.clone()
-            }
+            (_, Verb::Same) => None,
+            (Some(id), _) => Some(id.clone()),
             (None, _) => {
                 let (agent, first) = p.new.clone().create(now).map_err(LifecycleError::Invalid)?;
                 store.create_agent(&agent, &first).await?;
                 applied.created.push(agent.id.clone());
-                make_tools(store, &agent.id, p, options.mcp, now).await?;
-                agent.id
+                Some(agent.id)
             }
         };
+        if let Some(id) = &id {
+            make_tools(store, id, p, options.mcp, now).await?;
+        }
+        ids.push(id);
+    }
+    for (p, id) in plan.agents.iter().zip(ids) {
+        let Some(id) = id else {
+            applied.same += 1;
+            continue;
+        };
+        if p.agent_id.is_some() {
+            if !p.fields.is_empty() {
+                ops.update(&id, &AgentChanges::to(&p.new)).await?;
+            }
+            applied.changed.push(id.clone());
+        }
         for change in &p.schedules {
             match change {
                 ScheduleChange::Create { name, .. } => {

