@@ -1816,8 +1816,32 @@ fn agent_files_on(backend: Backend) {
     );
     assert!(plan.contains("  + SOUL.md = 149 characters"), "{plan}");
     assert!(
-        plan.contains("sizes: SOUL.md 149 characters (about 42 tokens) of 16000"),
+        plan.contains("sizes: SOUL.md 149 of 16000 characters, about 42 tokens"),
         "{plan}"
+    );
+    assert!(
+        plan.contains(
+            "counted by an estimate at 4 characters a token (the offline provider has no tokenizer)"
+        ),
+        "{plan}"
+    );
+    // With an OpenAI model, the texts are counted by its tokenizer, against tokens.
+    let counted = command(d, &["apply", "--dry-run", "agents/scout"])
+        .env("PULSE_LLM_PROVIDER", "openai")
+        .env("OPENAI_API_KEY", "sk-never-sent")
+        .env("PULSE_LLM_MODEL", "gpt-4o-mini")
+        .output()
+        .unwrap();
+    let counted = String::from_utf8_lossy(&counted.stdout);
+    let tokens = counted
+        .split("SOUL.md 149 of 16000 characters, ")
+        .nth(1)
+        .and_then(|rest| rest.split(" of 4000 tokens").next())
+        .and_then(|n| n.parse::<usize>().ok());
+    assert!(tokens.is_some_and(|n| n > 20 && n < 60), "{counted}");
+    assert!(
+        counted.contains("counted by gpt-4o-mini's tokenizer (o200k_base)"),
+        "{counted}"
     );
     assert!(String::from_utf8_lossy(&dry.stderr).contains("nothing applied (--dry-run)"));
     assert!(

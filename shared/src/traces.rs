@@ -539,6 +539,10 @@ impl Llm for Traced {
         self.0.model()
     }
 
+    async fn count_tokens(&self, model: &str, text: &str) -> Result<Option<usize>, LlmError> {
+        self.0.count_tokens(model, text).await
+    }
+
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         use tracing::Instrument as _;
         let model = request.model.as_deref().unwrap_or(self.0.model());

@@ -384,6 +384,7 @@ async fn hooks_in_files(kind: Kind) {
                 prune,
                 event_bus: false,
                 env,
+                tokens: None,
             };
             agent_dir::plan(store.as_ref(), &[read], &options, now)
                 .await
@@ -511,6 +512,7 @@ async fn webhooks_in_files(kind: Kind) {
                 prune: false,
                 event_bus: false,
                 env: &env,
+                tokens: None,
             };
             agent_dir::plan(store.as_ref(), &[read?], &options, now)
                 .await
@@ -525,6 +527,7 @@ async fn webhooks_in_files(kind: Kind) {
         prune: false,
         event_bus: false,
         env: &|_: &str| None,
+        tokens: None,
     };
     let read = AgentDir::read(&dir).unwrap();
     let refused = agent_dir::plan(w.b.store.as_ref(), &[read], &unset, w.b.now())
@@ -592,6 +595,7 @@ async fn webhooks_in_files(kind: Kind) {
         prune: false,
         event_bus: false,
         env: &|_: &str| None,
+        tokens: None,
     };
     let read = AgentDir::read(&dir).unwrap();
     let later = agent_dir::plan(w.b.store.as_ref(), &[read], &without, w.b.now())
@@ -788,6 +792,7 @@ event = "SEEDLING"
                 prune,
                 event_bus: false,
                 env,
+                tokens: None,
             };
             agent_dir::plan(store.as_ref(), &read, &options, now).await
         }
@@ -820,7 +825,7 @@ event = "SEEDLING"
         !shown.contains("key-one") && !shown.contains("cal-one"),
         "{shown}"
     );
-    let unlisted = first.agents[0].prompt_total;
+    let unlisted = first.agents[0].prompt_total.tokens;
     let id = apply_plan(first).await.created[0].clone();
     let registry = w.b.store.load_registry().await.unwrap();
     let tool = |name: &str| {
@@ -846,7 +851,7 @@ event = "SEEDLING"
     let again = plan_of(vec![dir.clone()], false).await.unwrap();
     assert_eq!(again.changes(), 0, "applied twice: nothing");
     // Every heartbeat's prompt carries the listed tool's definition now.
-    let listed_total = again.agents[0].prompt_total;
+    let listed_total = again.agents[0].prompt_total.tokens;
     assert!(
         listed_total > unlisted && unlisted > 500,
         "{unlisted} then {listed_total}"
@@ -1092,4 +1097,128 @@ async fn tools_across_directories(kind: Kind) {
     assert_eq!(user_agent.tools[0].server.as_str(), "cal");
     let hooks = w.b.store.list_hooks(&maker_id).await.unwrap();
     assert_eq!(hooks[0].hook_type.as_str(), "AFTER_LEDGER");
+}
+
+/// Plans `dir` with its texts counted by `counter`.
+async fn plan_counting(
+    w: &World,
+    dir: &Path,
+    counter: Option<&pulse_shared::llm::Router>,
+) -> Result<Plan, agent_dir::PlanError> {
+    let options = agent_dir::PlanOptions {
+        tokens: counter,
+        ..agent_dir::PlanOptions::new(false)
+    };
+    let read = AgentDir::read(dir).unwrap();
+    agent_dir::plan(w.b.store.as_ref(), &[read], &options, w.b.now()).await
+}
+
+on_both_backends!(
+    a_files_tokens_are_counted_by_the_agents_model_and_over_its_budget_refused,
+    counted_tokens
+);
+async fn counted_tokens(kind: Kind) {
+    use pulse_shared::domain::{ProviderKind, Secret};
+    use pulse_shared::llm::{LlmConfig, Router};
+    use pulse_tests::fake_llm::FakeLlm;
+    let w = world(kind).await;
+    let fake = FakeLlm::start().await;
+    let anthropic = LlmConfig {
+        provider: ProviderKind::Anthropic,
+        base_url: Some(fake.url().parse().unwrap()),
+        anthropic_key: Some(Secret::new("sk-ant-counting")),
+        max_attempts: 1,
+        ..LlmConfig::offline()
+    };
+    let counter = Some(Router::new(anthropic, pulse_egress::Egress::trusted()));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gardener");
+    let soul = "You are the gardener.";
+    write(
+        &dir,
+        &[
+            ("agent.toml", AGENT),
+            ("SOUL.md", soul),
+            ("HEARTBEAT.md", "Look at the beds."),
+        ],
+    );
+    // Anthropic's model: each text counted by Anthropic, with the configured key.
+    let p = plan_counting(&w, &dir, counter.as_ref()).await.unwrap();
+    let a = &p.agents[0];
+    let by = "Anthropic's count_tokens for claude-sonnet-4-5";
+    assert_eq!(
+        (a.sizes[0].file, a.sizes[0].tokens, a.sizes[0].exact),
+        ("SOUL.md", soul.chars().count(), true),
+        "the fake counts a token a character"
+    );
+    assert_eq!(a.sizes[0].counted_by, by);
+    assert_eq!(a.prompt_tokens, soul.len() + "Look at the beds.".len());
+    assert!(
+        a.prompt_total.exact && a.prompt_total.tokens > 2_000,
+        "{:?}",
+        a.prompt_total
+    );
+    let asked = fake.requests();
+    assert_eq!(asked.len(), 3, "SOUL.md, HEARTBEAT.md and the whole prompt");
+    assert!(asked.iter().all(|r| r.path == "/v1/messages/count_tokens"
+        && r.headers["x-api-key"] == "sk-ant-counting"
+        && r.body["model"] == "claude-sonnet-4-5"));
+    assert!(
+        asked
+            .iter()
+            .any(|r| r.body["messages"][0]["content"] == soul),
+        "SOUL.md as it is, one user message"
+    );
+
+    // A text within its characters but over its tokens is refused, loudly, by file.
+    let long = "語".repeat(4_500);
+    write(&dir, &[("SOUL.md", &long)]);
+    let e = plan_counting(&w, &dir, counter.as_ref())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("SOUL.md"), "{e}");
+    assert!(
+        e.contains(&format!(
+            "4500 tokens, counted by {by}; the budget is 4000 tokens"
+        )),
+        "{e}"
+    );
+    assert!(e.contains("nothing was applied"), "{e}");
+    assert!(w.b.store.list_agents().await.unwrap().is_empty());
+    // Without a count the same text is estimated, and within the characters' budget.
+    let p = plan_counting(&w, &dir, None).await.unwrap();
+    assert!(!p.agents[0].sizes[0].exact);
+    assert_eq!(p.agents[0].sizes[0].tokens, 4_500usize.div_ceil(4) + 4);
+
+    // The provider down: estimated, and said why, never refused for it.
+    write(&dir, &[("SOUL.md", soul)]);
+    fake.down(Some(500));
+    let p = plan_counting(&w, &dir, counter.as_ref()).await.unwrap();
+    let size = &p.agents[0].sizes[0];
+    assert!(!size.exact);
+    assert!(
+        size.counted_by
+            .starts_with("an estimate at 4 characters a token (Anthropic's count_tokens failed"),
+        "{}",
+        size.counted_by
+    );
+    fake.down(None);
+
+    // An OpenAI model: counted by its own tokenizer, with no request.
+    let openai = LlmConfig {
+        provider: ProviderKind::OpenAi,
+        model: Some("gpt-4o-mini".into()),
+        ..LlmConfig::offline()
+    };
+    let counter = Some(Router::new(openai, pulse_egress::Egress::trusted()));
+    let before = fake.requests().len();
+    let p = plan_counting(&w, &dir, counter.as_ref()).await.unwrap();
+    let size = &p.agents[0].sizes[0];
+    assert_eq!(size.counted_by, "gpt-4o-mini's tokenizer (o200k_base)");
+    assert!(
+        size.exact && size.tokens > 3 && size.tokens < soul.len(),
+        "{size:?}"
+    );
+    assert_eq!(fake.requests().len(), before);
 }

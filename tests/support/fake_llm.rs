@@ -1,6 +1,6 @@
 //! A fake LLM API on loopback: a real HTTP server answering both the Anthropic Messages
-//! API (`POST /v1/messages`) and OpenAI chat completions (`POST /chat/completions`). It
-//! records every request and answers from a script of provider-neutral replies, rendered
+//! API (`POST /v1/messages`, and `/v1/messages/count_tokens` at a token a character) and
+//! OpenAI chat completions (`POST /chat/completions`). It records every request and answers from a script of provider-neutral replies, rendered
 //! in the wire format the path implies; with an empty script it answers "ok".
 //!
 //! Point Anthropic clients at [`FakeLlm::url`] and OpenAI ones at the same URL (their base
@@ -88,6 +88,7 @@ impl FakeLlm {
         let arrived = Arc::new(tokio::sync::Notify::new());
         let app = Router::new()
             .route("/v1/messages", post(anthropic))
+            .route("/v1/messages/count_tokens", post(count_tokens))
             .route("/chat/completions", post(openai))
             .with_state((inner.clone(), arrived.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -235,6 +236,27 @@ async fn anthropic(
             }))
             .into_response()
         }
+    }
+}
+
+/// Anthropic's count-tokens endpoint, counting one token a character of the messages'
+/// text (a scripted status or body is answered as it is).
+async fn count_tokens(
+    State(shared): State<Shared>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let chars: usize = body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .map(|t| t.chars().count())
+        .sum();
+    match next(&shared, "/v1/messages/count_tokens", headers, body).await {
+        Scripted::Status(code) => status(code),
+        Scripted::Raw(body) => Json(body).into_response(),
+        Scripted::Answer { .. } => Json(json!({ "input_tokens": chars })).into_response(),
     }
 }
 

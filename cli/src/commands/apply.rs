@@ -233,21 +233,34 @@ fn print_agent(p: &AgentPlan) {
             .sizes
             .iter()
             .map(|s| {
+                let tokens = if s.exact {
+                    format!("{} of {} tokens", s.tokens, s.token_budget)
+                } else {
+                    format!("about {} tokens", s.tokens)
+                };
                 format!(
-                    "{} {} characters (about {} tokens) of {}",
-                    s.file, s.chars, s.tokens, s.budget
+                    "{} {} of {} characters, {tokens}",
+                    s.file, s.chars, s.budget
                 )
             })
             .collect();
         outln!(
-            "  sizes: {}; each heartbeat's prompt carries about {} tokens of them",
+            "  sizes: {}; each heartbeat's prompt carries {}{} tokens of them",
             sizes.join(", "),
+            if p.sizes.iter().all(|s| s.exact) {
+                ""
+            } else {
+                "about "
+            },
             p.prompt_tokens
         );
     }
+    let total = &p.prompt_total;
     outln!(
-        "  every heartbeat's prompt starts with about {} tokens (the system prompt with SOUL.md, the tools' definitions, HEARTBEAT.md), before its events, memories and history",
-        p.prompt_total
+        "  every heartbeat's prompt starts with {}{} tokens (the system prompt with SOUL.md, the tools' definitions, HEARTBEAT.md), before its events, memories and history; counted by {}",
+        if total.exact { "" } else { "about " },
+        total.tokens,
+        total.by
     );
 }
 
@@ -293,10 +306,15 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let store = &cx.b.store;
     let now = cx.clock.now();
     let env = |var: &str| std::env::var(var).ok();
+    // Texts are counted as each agent's model counts them: OpenAI's tokenizers here,
+    // Anthropic's count-tokens endpoint with the configured key.
+    let counter =
+        pulse_shared::llm::Router::new(cx.config.llm.clone(), pulse_shared::app::egress(cx.config));
     let options = PlanOptions {
         prune: p.prune,
         event_bus: cx.b.bus.is_some(),
         env: &env,
+        tokens: Some(&counter),
     };
     let plan = agent_dir::plan(store.as_ref(), &p.dirs, &options, now)
         .await

@@ -848,26 +848,37 @@ pub fn hooks_schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(HooksToml)).expect("a schema is JSON")
 }
 
-/// A text's size against its budget.
+/// A text's size against its budgets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Size {
     /// The file.
     pub file: &'static str,
     /// Its characters.
     pub chars: usize,
-    /// Its tokens, estimated (about 4 characters a token).
+    /// Its tokens, as `counted_by` says.
     pub tokens: usize,
+    /// How its tokens were counted: the model's tokenizer or provider, or an estimate
+    /// at four characters a token and why.
+    pub counted_by: String,
+    /// Whether the model's own counting gave `tokens`.
+    pub exact: bool,
     /// The most characters it may hold.
     pub budget: usize,
+    /// The most tokens it may take, when the model's counting is known.
+    pub token_budget: usize,
 }
 
 impl Size {
     fn of(file: &'static str, text: &str) -> Self {
+        let estimate = crate::llm::tokens::TokenCount::estimate(text, "not counted yet");
         Self {
             file,
             chars: text.chars().count(),
-            tokens: crate::engine::prompt::estimate_tokens(text),
+            tokens: estimate.tokens,
+            counted_by: estimate.by,
+            exact: false,
             budget: MAX_PROMPT_TEXT,
+            token_budget: crate::domain::MAX_PROMPT_TOKENS,
         }
     }
 }

@@ -25,6 +25,7 @@ use crate::domain::{
 use crate::engine::reminders::ScheduleSpec;
 use crate::engine::{Lifecycle, LifecycleError};
 use crate::error::StoreError;
+use crate::llm::tokens::TokenCount;
 use crate::ports::Store;
 
 /// The event an apply that changed an agent puts in its log: what changed, from which
@@ -53,6 +54,8 @@ pub struct PlanOptions<'a> {
     pub event_bus: bool,
     /// The environment the variables the files name are read from.
     pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// Counts the texts' tokens as each agent's model does; `None`: estimated.
+    pub tokens: Option<&'a crate::llm::Router>,
 }
 
 fn process_env(var: &str) -> Option<String> {
@@ -66,6 +69,7 @@ impl PlanOptions<'static> {
             prune,
             event_bus: false,
             env: &process_env,
+            tokens: None,
         }
     }
 }
@@ -252,8 +256,8 @@ pub struct AgentPlan {
     pub prompt_tokens: usize,
     /// The tokens every heartbeat's prompt starts with before its events, memories and
     /// history: the system prompt (with the persona), Pulse's tools and the MCP tools it
-    /// is given as last listed, and its instructions.
-    pub prompt_total: usize,
+    /// is given as last listed, and its instructions; and how they were counted.
+    pub prompt_total: TokenCount,
     #[serde(skip)]
     new: NewAgent,
     #[serde(skip)]
@@ -613,12 +617,6 @@ pub async fn plan(
         let webhook_specs = webhooks::specs(&webhooks_file, &dir.webhooks)?;
         let tools_file = dir.path.join(tool_files::TOOLS_TOML);
         check_tool_references(dir, &new, &tool_specs, &all_declared, &registry)?;
-        let sizes = dir.sizes();
-        let prompt_tokens = [&new.persona, &new.instructions]
-            .into_iter()
-            .flatten()
-            .map(|t| crate::engine::prompt::estimate_tokens(t))
-            .sum();
         let existing = agents_named(&agents, new.name.trim())
             .into_iter()
             .find(|a| a.name.eq_ignore_ascii_case(new.name.trim()));
@@ -681,7 +679,9 @@ pub async fn plan(
                 )
             }
         };
-        let prompt_total = heartbeat_prompt(&wanted, &registry, &tool_specs);
+        let prompt = heartbeat_prompt(&wanted, &registry, &tool_specs);
+        let (sizes, prompt_tokens, prompt_total) =
+            count_sizes(dir, &wanted, &prompt, options.tokens).await?;
         // A sender's own secret is read when its webhook is made, and only then.
         for w in &webhooks {
             let WebhookChange::Create { name, .. } = w else {
@@ -742,14 +742,15 @@ pub async fn plan(
     Ok(Plan { agents: out })
 }
 
-/// The tokens every heartbeat of `agent` sends before what changes from beat to beat:
-/// the system prompt, the tools' definitions (Pulse's, and those of the MCP servers it
-/// is given, as the registry or the files have them), and the instructions.
-fn heartbeat_prompt(agent: &Agent, registry: &Registry, specs: &ToolSpecs) -> usize {
+/// What every heartbeat of `agent` sends before what changes from beat to beat: the
+/// system prompt, the tools' definitions (Pulse's, and those of the MCP servers it is
+/// given, as the registry or the files have them, within the bytes a request offers),
+/// and the instructions.
+fn heartbeat_prompt(agent: &Agent, registry: &Registry, specs: &ToolSpecs) -> String {
     use crate::engine::prompt;
-    let mut chars = prompt::system(agent).chars().count();
-    chars += serde_json::to_string(&prompt::tools()).map_or(0, |t| t.len());
-    let mut offered = 0;
+    let mut text = prompt::system(agent);
+    text.push_str(&serde_json::to_string(&prompt::tools()).unwrap_or_default());
+    let mut offered = String::new();
     for given in &agent.tools {
         // As last listed (a server the files make is listed when applied).
         let server = registry
@@ -759,14 +760,62 @@ fn heartbeat_prompt(agent: &Agent, registry: &Registry, specs: &ToolSpecs) -> us
             .find(|t| t.name == given.server)
             .and_then(|t| t.mcp_server());
         for tool in server.into_iter().flat_map(|m| m.allowed()) {
-            offered += serde_json::to_string(tool).map_or(0, |t| t.len());
+            offered.push_str(&serde_json::to_string(tool).unwrap_or_default());
         }
     }
-    chars += offered.min(crate::domain::MAX_OFFERED_BYTES);
-    if let Some(i) = &agent.instructions {
-        chars += i.chars().count();
+    let mut cut = offered.len().min(crate::domain::MAX_OFFERED_BYTES);
+    while !offered.is_char_boundary(cut) {
+        cut -= 1;
     }
-    chars.div_ceil(4)
+    text.push_str(&offered[..cut]);
+    if let Some(i) = &agent.instructions {
+        text.push_str(i);
+    }
+    text
+}
+
+/// Counts `dir`'s texts and the heartbeat prompt's fixed part `prompt` as `agent`'s
+/// model does (estimated without a counter); refused, naming the file, its tokens and
+/// how they were counted, when a text the model counted is over its token budget.
+async fn count_sizes(
+    dir: &AgentDir,
+    agent: &Agent,
+    prompt: &str,
+    counter: Option<&crate::llm::Router>,
+) -> Result<(Vec<Size>, usize, TokenCount), FileError> {
+    let mut sizes = dir.sizes();
+    let texts: Vec<&str> = [&dir.soul, &dir.heartbeat]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .chain([prompt])
+        .collect();
+    let mut counts = match counter {
+        Some(router) => router.count_tokens(agent, &texts).await,
+        None => texts
+            .iter()
+            .map(|t| TokenCount::estimate(t, "no model's counting was asked for"))
+            .collect(),
+    };
+    let total = counts
+        .pop()
+        .unwrap_or_else(|| TokenCount::estimate(prompt, ""));
+    for (size, count) in sizes.iter_mut().zip(counts) {
+        if count.exact && count.tokens > size.token_budget {
+            return Err(FileError::new(
+                dir.path.join(size.file),
+                format!(
+                    "{} tokens, counted by {}; the budget is {} tokens, as it is sent with every model call: shorten it (nothing was applied)",
+                    count.tokens, count.by, size.token_budget
+                ),
+            ));
+        }
+        size.tokens = count.tokens;
+        size.counted_by = count.by;
+        size.exact = count.exact;
+    }
+    let tokens = sizes.iter().map(|s| s.tokens).sum();
+    Ok((sizes, tokens, total))
 }
 
 /// Every tool the files name is there once they are applied: a subscription's tool is

@@ -465,6 +465,20 @@ pub(crate) fn differences(stored: &Tool, wanted: &Tool) -> Vec<FieldChange> {
             hidden("headers");
         }
     }
+    // A URL is shown with its query's values hidden: one that differs only there is
+    // still a change.
+    if let (ToolKind::Http { url: x, .. }, ToolKind::Http { url: y, .. }) =
+        (&stored.kind, &wanted.kind)
+        && a.get("url") == b.get("url")
+        && x != y
+    {
+        let shown = pulse_egress::redacted(y);
+        out.push(FieldChange {
+            field: "url".into(),
+            before: Some(shown.clone()),
+            after: Some(format!("{shown} (other values)")),
+        });
+    }
     if std::mem::discriminant(&stored.kind) != std::mem::discriminant(&wanted.kind) {
         out.push(FieldChange {
             field: "kind".into(),
@@ -721,6 +735,16 @@ filter = { min_priority = 2, topics = ["billing"], payload = { "from.domain" = "
         assert_eq!(fields.len(), 1);
         assert_eq!(fields[0].after.as_deref(), Some("*** (other values)"));
         assert!(differences(&specs.tools[1], &specs.tools[1].clone()).is_empty());
+        // So is a URL whose query's values alone changed, still hidden.
+        let moved = read(&FILE.replace("team=ops", "team=dev")).unwrap();
+        let fields = differences(triage, &moved.tools[0]);
+        assert_eq!(fields.len(), 1, "{fields:?}");
+        assert_eq!(fields[0].field, "url");
+        let after = fields[0].after.as_deref().unwrap();
+        assert!(
+            after.ends_with("(other values)") && !after.contains("dev"),
+            "{after}"
+        );
 
         // Exported, a secret is named by its variable; the rest written as it was.
         let back = entries(&specs.tools, &[]);

@@ -331,6 +331,11 @@ impl Agent {
 
 /// The most characters of an agent's persona, and of its heartbeat instructions.
 pub const MAX_PROMPT_TEXT: usize = 16_000;
+/// The most tokens a persona or instructions kept as files may take, counted as the
+/// agent's model counts them where that is known (`pulse apply`): about as many as
+/// [`MAX_PROMPT_TEXT`] characters of English, fewer characters of scripts that take
+/// more tokens a character.
+pub const MAX_PROMPT_TOKENS: usize = 4_000;
 
 /// The agents `name` refers to: those whose name it is (ignoring case), or whose alias it
 /// is, with or without a leading `@`.

@@ -40,7 +40,7 @@ pub use action::{Action, ActionStatus, clipped};
 pub use agent::{
     AGENT_KEY_PREFIX, Agent, AgentLlm, AppliedFrom, Budgets, DEFAULT_BEATS_PER_HOUR,
     DEFAULT_MEMORY_HALF_LIFE, DiscordAccess, DiscordHome, DiscordListen, MAX_DISCORD_USERS,
-    MAX_PROMPT_TEXT, Spend, ThinkPolicy, agents_named, check_key_variable,
+    MAX_PROMPT_TEXT, MAX_PROMPT_TOKENS, Spend, ThinkPolicy, agents_named, check_key_variable,
 };
 pub use agent_state::{AgentState, AgentStates};
 pub use approval::{

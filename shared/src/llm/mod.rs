@@ -26,6 +26,7 @@ mod anthropic;
 mod images;
 pub mod offline;
 mod openai;
+pub mod tokens;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -238,6 +239,24 @@ impl Router {
     }
 }
 
+impl Router {
+    /// The model `agent` talks with on `kind`: its own, else the deployment's when
+    /// `kind` is the deployment's provider, else the provider's default.
+    fn model_of(&self, agent: &Agent, kind: ProviderKind) -> String {
+        agent
+            .llm
+            .model
+            .clone()
+            .or_else(|| {
+                self.config
+                    .model
+                    .clone()
+                    .filter(|_| kind == self.config.provider)
+            })
+            .unwrap_or_else(|| ProviderSettings::default_model(kind).to_owned())
+    }
+}
+
 impl LlmSelector for Router {
     fn select(&self, agent: &Agent) -> Result<Arc<dyn Llm>, LlmError> {
         let c = &self.config;
@@ -247,12 +266,7 @@ impl LlmSelector for Router {
         }
         let provider = kind.as_str();
         let is_default = kind == c.provider;
-        let model = agent
-            .llm
-            .model
-            .clone()
-            .or_else(|| c.model.clone().filter(|_| is_default))
-            .unwrap_or_else(|| ProviderSettings::default_model(kind).to_owned());
+        let model = self.model_of(agent, kind);
         let configured = c
             .base_url
             .clone()
@@ -507,6 +521,28 @@ impl Llm for anthropic::Anthropic {
             )
             .await?;
         anthropic::parse_response(&v)
+    }
+    async fn count_tokens(&self, model: &str, text: &str) -> Result<Option<usize>, LlmError> {
+        let key = self.0.key().to_owned();
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{ "role": "user", "content": text }],
+        });
+        let v = self
+            .0
+            .post(
+                "v1/messages/count_tokens",
+                &[("x-api-key", &key), ("anthropic-version", "2023-06-01")],
+                &body,
+            )
+            .await?;
+        let tokens = v["input_tokens"]
+            .as_u64()
+            .ok_or_else(|| LlmError::Malformed {
+                provider: "anthropic",
+                message: "count_tokens answered no input_tokens".into(),
+            })?;
+        Ok(Some(usize::try_from(tokens).unwrap_or(usize::MAX)))
     }
 }
 

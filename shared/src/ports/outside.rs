@@ -149,6 +149,13 @@ pub trait Llm: Send + Sync {
     /// Sends one request. Transient failures (429, 5xx, timeouts) are retried inside,
     /// within a bound; what is returned is final.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
+    /// The tokens `text` takes as one user message to `model`, by the provider's own
+    /// counting (Anthropic's count-tokens endpoint); `None` when the provider counts no
+    /// tokens for others, and the caller counts or estimates them itself.
+    async fn count_tokens(&self, model: &str, text: &str) -> Result<Option<usize>, LlmError> {
+        let _ = (model, text);
+        Ok(None)
+    }
 }
 
 /// Turns texts into vectors, so memories are recalled by meaning.
