@@ -1992,3 +1992,116 @@ fn agent_files_on(backend: Backend) {
     let kept = std::fs::read_to_string(d.join("kept/tools.toml")).unwrap();
     assert!(kept.contains("api_key = \"KEEPER_VAULT_KEY\""), "{kept}");
 }
+
+/// The requests a tool received: its URL and body.
+type Calls = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// A tool kept as files with a secret in its config and one in its URL's query runs on
+/// its agent's event under `pulse serve`, logging at debug: the tool gets both, and the
+/// log never holds either — not even when the tool answers an error echoing its request.
+#[test]
+fn a_tools_secrets_from_files_reach_the_tool_and_never_the_serve_log() {
+    use std::process::Stdio;
+    use std::sync::Arc;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let got: Calls = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/vault",
+            axum::routing::post(
+                |axum::extract::State(got): axum::extract::State<Calls>,
+                 uri: axum::http::Uri,
+                 body: String| async move {
+                    got.lock().unwrap().push((uri.to_string(), body.clone()));
+                    // The unkind tool: an error that repeats what it was sent.
+                    (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        format!(
+                            "cannot triage {uri} with key {}: {body}",
+                            serde_json::from_str::<Value>(&body).unwrap()["tool_config"]["api_key"]
+                        ),
+                    )
+                },
+            ),
+        )
+        .with_state(got.clone());
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}/vault", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+
+    let dir = dir_on(Backend::Sqlite);
+    let d = dir.path();
+    let keeper = d.join("agents/keeper");
+    std::fs::create_dir_all(&keeper).unwrap();
+    std::fs::write(
+        keeper.join("agent.toml"),
+        "name = \"keeper\"\ninterval = \"1h\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        keeper.join("tools.toml"),
+        format!(
+            "[[tool]]\nname = \"vault\"\nurl = \"{url}?token=query-s3cret-3\"\nconfig_env = {{ api_key = \"KEEPER_VAULT_KEY\" }}\n\n[[subscription]]\ntool = \"vault\"\nevent = \"PING\"\n"
+        ),
+    )
+    .unwrap();
+    let applied = command(d, &["apply", "--yes", "agents/keeper"])
+        .env("KEEPER_VAULT_KEY", "vault-s3cret-1")
+        .output()
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&applied.stdout),
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    assert!(applied.status.success(), "{shown}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    ok(
+        d,
+        &["events", "emit", "--agent", "keeper", "--type", "PING"],
+    );
+
+    let serve = command(d, &["serve", "--listen", "off", "--tick", "100ms"])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_until(
+        "the tool is called",
+        std::time::Duration::from_secs(60),
+        || !got.lock().unwrap().is_empty(),
+    );
+    common::wait_until(
+        "the heartbeat ends",
+        std::time::Duration::from_secs(60),
+        || {
+            json(d, &["heartbeats", "list", "--agent", "keeper"])
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h["status"] != "RUNNING" && h["status"] != "PENDING")
+        },
+    );
+    let out = common::terminate(serve);
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (uri, body) = got.lock().unwrap()[0].clone();
+    assert!(
+        uri.contains("token=query-s3cret-3"),
+        "the tool gets its URL: {uri}"
+    );
+    assert!(body.contains("vault-s3cret-1"), "and its config: {body}");
+    assert!(
+        log.contains("cannot triage /vault?token=*** with key \"***\""),
+        "the log tells of the tool's answer, its secrets hidden: {log}"
+    );
+    for secret in ["vault-s3cret-1", "query-s3cret-3"] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+}

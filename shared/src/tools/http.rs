@@ -34,8 +34,16 @@ impl HttpTool {
         Self { egress }
     }
 
-    /// POSTs `request` to `url` and validates the answer.
-    pub async fn call(&self, url: &Url, timeout: Duration, request: &ToolRequest) -> ToolCall {
+    /// POSTs `request` to `url` and validates the answer. What a failure says of the
+    /// tool's answer has each of `secrets` (the tool's own: see [`secrets`]) as `***`,
+    /// so a tool that repeats its request in an error puts none of them in a log.
+    pub async fn call(
+        &self,
+        url: &Url,
+        timeout: Duration,
+        request: &ToolRequest,
+        secrets: &[String],
+    ) -> ToolCall {
         let mut headers = HeaderMap::new();
         headers.insert(
             http::header::CONTENT_TYPE,
@@ -82,6 +90,8 @@ impl HttpTool {
             );
         }
         let body = resp.body;
+        let excerpt = |body: &[u8]| hide(excerpt(body), secrets);
+        let excerpt_suffix = |body: &[u8]| hide(excerpt_suffix(body), secrets);
         if !status.is_success() {
             return failure(
                 format!(
@@ -95,7 +105,12 @@ impl HttpTool {
             Ok(v) => v,
             Err(e) => {
                 return failure(
-                    format!("the tool at {url_shown} answered with a body that is not JSON: {e}"),
+                    hide(
+                        format!(
+                            "the tool at {url_shown} answered with a body that is not JSON: {e}"
+                        ),
+                        secrets,
+                    ),
                     Some(json!({ "status": status.as_u16(), "body": excerpt(&body) })),
                 );
             }
@@ -106,11 +121,43 @@ impl HttpTool {
                 response_meta: Some(json),
             },
             Err(why) => failure(
-                format!("the tool at {url_shown} answered with a malformed response: {why}"),
+                hide(
+                    format!("the tool at {url_shown} answered with a malformed response: {why}"),
+                    secrets,
+                ),
                 Some(json),
             ),
         }
     }
+}
+
+/// The values of `tool`'s that are secret: its URL's query values, and the config
+/// values its files read from variables (`config_env`). Values under four characters
+/// are left (hiding every `1` would garble the message, and guess nothing).
+pub(crate) fn secrets(url: &Url, tool: &crate::domain::Tool) -> Vec<String> {
+    let from_config = tool
+        .config_env
+        .keys()
+        .filter_map(|k| match &tool.config[k] {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        });
+    url.query_pairs()
+        .map(|(_, v)| v.into_owned())
+        .chain(from_config)
+        .filter(|s| s.chars().count() >= 4)
+        .collect()
+}
+
+/// `text` with each of `secrets` as `***`.
+fn hide(mut text: String, secrets: &[String]) -> String {
+    for s in secrets {
+        if text.contains(s.as_str()) {
+            text = text.replace(s.as_str(), "***");
+        }
+    }
+    text
 }
 
 /// The tool answered, but not usably.

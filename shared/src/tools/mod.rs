@@ -57,7 +57,12 @@ impl ToolRunner for Tools {
         match &tool.kind {
             ToolKind::Http { url, timeout_ms } => {
                 self.http
-                    .call(url, Duration::from_millis(*timeout_ms), request)
+                    .call(
+                        url,
+                        Duration::from_millis(*timeout_ms),
+                        request,
+                        &http::secrets(url, tool),
+                    )
                     .await
             }
             ToolKind::Mcp(_) => ToolCall {
