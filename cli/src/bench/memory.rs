@@ -28,6 +28,7 @@ use pulse_shared::app::connect;
 use pulse_shared::config::{Backend, Config};
 use pulse_shared::domain::{Memory, MemoryId, NewAgent};
 use pulse_shared::embed::OfflineEmbedder;
+use pulse_shared::engine::memory::index::Mix;
 use pulse_shared::engine::memory::{Memories, Recall};
 use pulse_shared::ports::{Clock, EmbedError, Embedder, SystemClock};
 use serde::Deserialize;
@@ -180,7 +181,7 @@ impl Sums {
 
 /// What one way of recalling scored.
 struct Scored {
-    name: &'static str,
+    name: String,
     by_category: BTreeMap<u8, Sums>,
     left_out: usize,
     memories: usize,
@@ -191,8 +192,9 @@ struct Scored {
 /// engine with `embedder`.
 async fn score(
     samples: &[Sample],
-    name: &'static str,
+    name: String,
     embedder: Arc<dyn Embedder>,
+    mix: Mix,
 ) -> Result<Scored, Failure> {
     let started = Instant::now();
     let clock = SystemClock;
@@ -214,7 +216,7 @@ async fn score(
         let b = connect(&config, Arc::new(SystemClock)).await?;
         let (agent, first) = NewAgent::named("locomo").create(clock.now())?;
         b.store.create_agent(&agent, &first).await?;
-        let memories = Memories::new(b.store.clone(), embedder.clone());
+        let memories = Memories::new(b.store.clone(), embedder.clone()).with_mix(mix);
         let turns = sample.turns(clock.now());
         // Memory ids are derived from the dialogue ids, and read back to them.
         let mut by_memory: HashMap<MemoryId, String> = HashMap::new();
@@ -277,7 +279,7 @@ fn wanted(q: &Question, turns: &[Turn]) -> Option<Vec<String>> {
 /// by itself, beside the engine's hybrid.
 async fn score_vectors(
     samples: &[Sample],
-    name: &'static str,
+    name: String,
     embedder: &dyn Embedder,
 ) -> Result<Scored, Failure> {
     let started = Instant::now();
@@ -380,6 +382,7 @@ pub(crate) async fn memory(
     locomo: &Path,
     conversations: Option<usize>,
     model: Option<&Path>,
+    mixes: &[Mix],
     out: &Out,
 ) -> Result<(), Failure> {
     let mut samples = read(locomo)?;
@@ -393,7 +396,15 @@ pub(crate) async fn memory(
         locomo.display(),
         samples.len()
     );
-    let mut runs = vec![score(&samples, "offline words", Arc::new(OfflineEmbedder)).await?];
+    let mut runs = vec![
+        score(
+            &samples,
+            "offline words".into(),
+            Arc::new(OfflineEmbedder),
+            Mix::default(),
+        )
+        .await?,
+    ];
     match super::model::model_dir(model)? {
         Some(dir) => {
             figure!(
@@ -406,8 +417,11 @@ pub(crate) async fn memory(
                 inner: Arc::new(pulse_shared::embed::LocalEmbedder::new(dir)),
                 seen: std::sync::Mutex::new(HashMap::new()),
             });
-            runs.push(score(&samples, "local hybrid", local.clone()).await?);
-            runs.push(score_vectors(&samples, "local vectors", local.as_ref()).await?);
+            for mix in mixes {
+                let name = format!("local hybrid {mix}");
+                runs.push(score(&samples, name, local.clone(), *mix).await?);
+            }
+            runs.push(score_vectors(&samples, "local vectors".into(), local.as_ref()).await?);
         }
         None => figure!(
             out,
@@ -416,7 +430,7 @@ pub(crate) async fn memory(
     }
     figure!(
         out,
-        "{:<16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "{:<20} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
         "recall@5/@10 %",
         "multi-hop",
         "temporal",
@@ -438,7 +452,7 @@ pub(crate) async fn memory(
         }
         figure!(
             out,
-            "{:<16} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "{:<20} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
             run.name,
             cell(of(1)),
             cell(of(2)),

@@ -168,6 +168,10 @@ pub(crate) enum BenchCmd {
         /// engine's hybrid with it, and its vectors alone.
         #[arg(long, value_name = "DIR")]
         model: Option<std::path::PathBuf>,
+        /// How the engine's recall mixes the local model's similarity and the words, one
+        /// run each: the vectors' share (`0.7`, the engine's) or rank fusion (`rrf60`).
+        #[arg(long, value_name = "MIX", value_delimiter = ',', default_value = "0.7")]
+        mix: Vec<pulse_shared::engine::memory::index::Mix>,
     },
     /// The local embedder on this machine: its model's load time and added memory,
     /// memories embedded a second in batches of 32, and one query's embedding time.
@@ -233,11 +237,13 @@ pub(crate) async fn run(cmd: BenchCmd, out: &Out) -> Result<(), Failure> {
             locomo,
             conversations,
             model,
+            mix,
         } => {
             memory::memory(
                 &locomo,
                 conversations.map(|n| n as usize),
                 model.as_deref(),
+                &mix,
                 out,
             )
             .await

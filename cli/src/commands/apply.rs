@@ -211,15 +211,17 @@ fn print_agent(p: &AgentPlan) {
     }
     for t in &p.tools {
         match t {
-            ToolChange::Create { name, detail } => outln!("  + {name}: {detail}"),
-            ToolChange::Change { name, fields } => {
+            ToolChange::Create { name, detail, .. } => outln!("  + {name}: {detail}"),
+            ToolChange::Change { name, fields, .. } => {
                 let fields: Vec<String> = fields
                     .iter()
                     .map(|f| format!("{}: {} -> {}", f.field, unset(&f.before), unset(&f.after)))
                     .collect();
                 outln!("  ~ {name}: {}", fields.join("; "));
             }
-            ToolChange::Remove { name, pruned: true } => outln!("  - {name}"),
+            ToolChange::Remove {
+                name, pruned: true, ..
+            } => outln!("  - {name}"),
             ToolChange::Remove { name, .. } => {
                 outln!("  ! {name}: in the store, not in the files; kept (--prune removes it)")
             }

@@ -21,7 +21,8 @@ mod webhooks;
 
 pub use hooks::{HOOKS_TOML, HookChange, HookToml, HooksToml, header_variable};
 pub use tools::{
-    HttpToolToml, McpToml, SubscriptionToml, TOOLS_TOML, ToolChange, ToolsToml, config_variable,
+    HttpToolToml, McpToml, SubscriptionToml, TOOLS_TOML, ToolChange, ToolTarget, ToolsToml,
+    config_variable,
 };
 pub use webhooks::{WEBHOOKS_TOML, WebhookChange, WebhookToml, WebhooksToml};
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::hooks::{self, HookChange, HookSpec};
-use super::tools::{self as tool_files, ToolChange, ToolSpecs};
+use super::tools::{self as tool_files, ToolChange, ToolSpecs, ToolTarget};
 use super::webhooks::{self, WebhookChange, WebhookSpec};
 use super::{AgentDir, FieldChange, FileError, HEARTBEAT_MD, SOUL_MD, Size};
 use crate::domain::{
@@ -888,17 +888,11 @@ fn tool_changes(
     let id = existing.map(|a| &a.id);
     for t in &specs.tools {
         match registry.tools.iter().find(|r| r.name == t.name) {
-            None => out.push(ToolChange::Create {
-                name: tool_files::label(t),
-                detail: tool_files::place(t),
-            }),
+            None => out.push(ToolChange::create(ToolTarget::of(t), tool_files::place(t))),
             Some(r) if r.owner.is_some() && r.owner.as_ref() == id => {
                 let fields = tool_files::differences(r, &tool_files::onto(r, t));
                 if !fields.is_empty() {
-                    out.push(ToolChange::Change {
-                        name: tool_files::label(t),
-                        fields,
-                    });
+                    out.push(ToolChange::change(ToolTarget::of(t), fields));
                 }
             }
             Some(r) => {
@@ -927,9 +921,11 @@ fn tool_changes(
             specs
                 .subscriptions
                 .iter()
-                .map(|(tool, event, order, filter)| ToolChange::Create {
-                    name: tool_files::route(tool, event),
-                    detail: tool_files::describe_route(*order, filter),
+                .map(|(tool, event, order, filter)| {
+                    ToolChange::create(
+                        ToolTarget::Subscription(tool.clone(), event.clone()),
+                        tool_files::describe_route(*order, filter),
+                    )
                 }),
         );
         return Ok(out);
@@ -947,16 +943,16 @@ fn tool_changes(
             Some(s) => {
                 let fields = tool_files::subscription_fields(s, *order, filter);
                 if !fields.is_empty() {
-                    out.push(ToolChange::Change {
-                        name: tool_files::route(tool, event),
+                    out.push(ToolChange::change(
+                        ToolTarget::Subscription(tool.clone(), event.clone()),
                         fields,
-                    });
+                    ));
                 }
             }
-            None => out.push(ToolChange::Create {
-                name: tool_files::route(tool, event),
-                detail: tool_files::describe_route(*order, filter),
-            }),
+            None => out.push(ToolChange::create(
+                ToolTarget::Subscription(tool.clone(), event.clone()),
+                tool_files::describe_route(*order, filter),
+            )),
         }
     }
     let wanted = |tool: &ToolName, event: &EventType| {
@@ -966,10 +962,10 @@ fn tool_changes(
             .any(|(t, e, _, _)| t == tool && e == event)
     };
     for s in stored.iter().filter(|s| !wanted(&s.tool, &s.event_type)) {
-        out.push(ToolChange::Remove {
-            name: tool_files::route(&s.tool, &s.event_type),
-            pruned: prune,
-        });
+        out.push(ToolChange::remove(
+            ToolTarget::Subscription(s.tool.clone(), s.event_type.clone()),
+            prune,
+        ));
     }
     let mut owned: Vec<_> = registry
         .tools
@@ -1004,10 +1000,7 @@ fn tool_changes(
                 ));
             }
         }
-        out.push(ToolChange::Remove {
-            name: tool_files::label(r),
-            pruned: prune,
-        });
+        out.push(ToolChange::remove(ToolTarget::of(r), prune));
     }
     Ok(out)
 }
@@ -1157,16 +1150,16 @@ async fn make_tools(
     let file = p.dir.join(tool_files::TOOLS_TOML);
     let mut registry = None;
     for change in &p.tools {
-        let (name, create) = match change {
-            ToolChange::Create { name, .. } => (name, true),
-            ToolChange::Change { name, .. } => (name, false),
+        let create = match change {
+            ToolChange::Create { .. } => true,
+            ToolChange::Change { .. } => false,
             ToolChange::Remove { .. } => continue,
         };
         let Some(spec) = p
             .tool_specs
             .tools
             .iter()
-            .find(|t| tool_files::label(t) == *name)
+            .find(|t| ToolTarget::of(t) == *change.target())
         else {
             continue;
         };
@@ -1266,8 +1259,8 @@ async fn finish_tools(
         })
     };
     for (tool, event, order, filter) in &p.tool_specs.subscriptions {
-        let name = tool_files::route(tool, event);
-        let Some(change) = p.tools.iter().find(|c| c.name() == name) else {
+        let target = ToolTarget::Subscription(tool.clone(), event.clone());
+        let Some(change) = p.tools.iter().find(|c| *c.target() == target) else {
             continue;
         };
         let mut made = tool_files::subscription(agent, tool, event, *order, filter, now);
@@ -1282,31 +1275,23 @@ async fn finish_tools(
         }
         store.add_subscription(&made).await?;
     }
-    for change in &p.tools {
-        let ToolChange::Remove { name, pruned: true } = change else {
-            continue;
-        };
-        if let Some(route) = name.strip_prefix("subscription ")
-            && let Some(old) = registry.subscriptions.iter().find(|s| {
-                s.agent_id.as_ref() == Some(agent)
-                    && format!("{} {}", s.tool, s.event_type) == route
-            })
+    let pruned = p
+        .tools
+        .iter()
+        .filter(|c| matches!(c, ToolChange::Remove { pruned: true, .. }))
+        .map(ToolChange::target);
+    // Subscriptions first: a tool goes once nothing of this agent's runs it.
+    let (subscriptions, tools): (Vec<_>, Vec<_>) =
+        pruned.partition(|t| matches!(t, ToolTarget::Subscription(..)));
+    for target in subscriptions {
+        if let ToolTarget::Subscription(tool, event) = target
+            && let Some(old) = stored(tool, event)
         {
             store.remove_subscription(&old.id).await?;
         }
     }
-    for change in &p.tools {
-        let ToolChange::Remove { name, pruned: true } = change else {
-            continue;
-        };
-        let tool = name
-            .strip_prefix("tool ")
-            .or_else(|| name.strip_prefix("mcp "));
-        if let Some(tool) = tool
-            && let Ok(tool) = ToolName::parse(tool)
-        {
-            store.remove_tool(&tool).await?;
-        }
+    for tool in tools.into_iter().filter_map(ToolTarget::tool) {
+        store.remove_tool(tool).await?;
     }
     Ok(())
 }

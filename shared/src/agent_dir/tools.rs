@@ -314,6 +314,44 @@ fn text(t: &Option<String>) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// What a [`ToolChange`] is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolTarget {
+    /// An HTTP tool, by name.
+    Tool(ToolName),
+    /// An MCP server, by name.
+    Server(ToolName),
+    /// The agent's subscription of a tool to an event type.
+    Subscription(ToolName, EventType),
+}
+
+impl ToolTarget {
+    /// The tool `t`.
+    pub fn of(t: &Tool) -> Self {
+        match t.kind {
+            ToolKind::Mcp(_) => Self::Server(t.name.clone()),
+            _ => Self::Tool(t.name.clone()),
+        }
+    }
+
+    /// How a plan names it: `tool NAME`, `mcp NAME` or `subscription TOOL EVENT`.
+    pub fn label(&self) -> String {
+        match self {
+            Self::Tool(n) => format!("tool {n}"),
+            Self::Server(n) => format!("mcp {n}"),
+            Self::Subscription(tool, event) => format!("subscription {tool} {event}"),
+        }
+    }
+
+    /// The tool or server it names (`None` for a subscription).
+    pub fn tool(&self) -> Option<&ToolName> {
+        match self {
+            Self::Tool(n) | Self::Server(n) => Some(n),
+            Self::Subscription(..) => None,
+        }
+    }
+}
+
 /// What happens to one of an agent's tools or subscriptions.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
@@ -324,6 +362,9 @@ pub enum ToolChange {
         name: String,
         /// What it is: a URL, a place, a filter.
         detail: String,
+        /// What it is about.
+        #[serde(skip)]
+        target: ToolTarget,
     },
     /// It differs: changed in place (a tool keeps its name and record; a subscription
     /// its id and whether it is enabled).
@@ -332,6 +373,9 @@ pub enum ToolChange {
         name: String,
         /// What differs; a secret as `***`.
         fields: Vec<FieldChange>,
+        /// What it is about.
+        #[serde(skip)]
+        target: ToolTarget,
     },
     /// In the store and not in the files: removed only with `prune`.
     Remove {
@@ -339,10 +383,40 @@ pub enum ToolChange {
         name: String,
         /// Whether it is removed.
         pruned: bool,
+        /// What it is about.
+        #[serde(skip)]
+        target: ToolTarget,
     },
 }
 
 impl ToolChange {
+    /// `target` made, as `detail` says.
+    pub fn create(target: ToolTarget, detail: String) -> Self {
+        Self::Create {
+            name: target.label(),
+            detail,
+            target,
+        }
+    }
+
+    /// `target` changed in `fields`.
+    pub fn change(target: ToolTarget, fields: Vec<FieldChange>) -> Self {
+        Self::Change {
+            name: target.label(),
+            fields,
+            target,
+        }
+    }
+
+    /// `target` left out of the files: removed if `pruned`.
+    pub fn remove(target: ToolTarget, pruned: bool) -> Self {
+        Self::Remove {
+            name: target.label(),
+            pruned,
+            target,
+        }
+    }
+
     /// Whether applying it writes something.
     pub fn writes(&self) -> bool {
         !matches!(self, Self::Remove { pruned: false, .. })
@@ -356,19 +430,20 @@ impl ToolChange {
             }
         }
     }
+
+    /// What it is about.
+    pub fn target(&self) -> &ToolTarget {
+        match self {
+            Self::Create { target, .. }
+            | Self::Change { target, .. }
+            | Self::Remove { target, .. } => target,
+        }
+    }
 }
 
 /// How a tool is named in a plan: `tool NAME` or `mcp NAME`.
 pub(crate) fn label(t: &Tool) -> String {
-    match t.kind {
-        ToolKind::Mcp(_) => format!("mcp {}", t.name),
-        _ => format!("tool {}", t.name),
-    }
-}
-
-/// How a subscription is named in a plan.
-pub(crate) fn route(tool: &ToolName, event: &EventType) -> String {
-    format!("subscription {tool} {event}")
+    ToolTarget::of(t).label()
 }
 
 /// A tool's settings the files cover, by key, for comparing; secret values hidden.

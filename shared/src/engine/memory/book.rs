@@ -100,6 +100,8 @@ pub struct Memories {
     cache: std::sync::Mutex<HashMap<AgentId, Cached>>,
     /// Most bytes the cached indexes take.
     cache_bytes: usize,
+    /// How a memory's similarity and words make its match.
+    mix: super::index::Mix,
 }
 
 impl Memories {
@@ -110,7 +112,14 @@ impl Memories {
             embedder,
             cache: std::sync::Mutex::default(),
             cache_bytes: CACHE_BYTES,
+            mix: super::index::Mix::default(),
         }
+    }
+
+    /// Matches made by `mix` (the benchmark compares them).
+    pub fn with_mix(mut self, mix: super::index::Mix) -> Self {
+        self.mix = mix;
+        self
     }
 
     /// The cached indexes take at most `bytes` in all (the agent being recalled is kept
@@ -304,7 +313,11 @@ impl Memories {
             .await
             .pop()
             .flatten();
-        let scored = index.score(query_vector.as_ref().map(|e| e.values.as_slice()), &r.query);
+        let scored = index.score_mixed(
+            query_vector.as_ref().map(|e| e.values.as_slice()),
+            &r.query,
+            self.mix,
+        );
         let half_life = agent.memory_half_life_beats();
         let found = pick(index, scored, r, half_life);
         let mut out = Vec::with_capacity(found.len());

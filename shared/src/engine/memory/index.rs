@@ -20,6 +20,55 @@ use crate::domain::{Embedding, Memory, MemoryId, STOP_WORDS};
 pub const VECTOR_SHARE: f32 = 0.7;
 /// Share of the words' BM25 score in a match.
 pub const WORDS_SHARE: f32 = 0.3;
+/// How a memory's similarity and its words make its match.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mix {
+    /// `share × similarity + (1 − share) × words`: by default [`VECTOR_SHARE`].
+    Shares(f32),
+    /// Reciprocal rank fusion with constant `k`: `1 / (k + rank)` by similarity plus
+    /// the same by words (a memory no word matches has no words' part), scaled so that
+    /// the first by both would match 1.
+    Ranks(f32),
+}
+
+impl Default for Mix {
+    fn default() -> Self {
+        Self::Shares(VECTOR_SHARE)
+    }
+}
+
+impl std::fmt::Display for Mix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Shares(s) => write!(f, "{s}"),
+            Self::Ranks(k) => write!(f, "rrf{k}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Mix {
+    type Err = String;
+    /// `0.7` (the vectors' share) or `rrf60` (rank fusion with k = 60).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("{s:?}: give the vectors' share (0 to 1, e.g. 0.7) or rrfK (e.g. rrf60)");
+        match s.strip_prefix("rrf") {
+            Some(k) => k
+                .parse::<f32>()
+                .ok()
+                .filter(|k| *k >= 0.0 && k.is_finite())
+                .map(Self::Ranks)
+                .ok_or_else(bad),
+            None => s
+                .parse::<f32>()
+                .ok()
+                .filter(|v| (0.0..=1.0).contains(v))
+                .map(Self::Shares)
+                .ok_or_else(bad),
+        }
+    }
+}
+
 /// A similarity this high makes a memory a candidate without a word in common.
 pub const SIMILAR: f32 = 0.3;
 /// Beyond this many vectors, a recall compares exactly only those its signs put nearest
@@ -238,8 +287,22 @@ impl Index {
     /// `None` when the query could not be embedded) and the words of `query`, candidates
     /// only.
     pub fn score(&self, vector: Option<&[i8]>, query: &str) -> Vec<Scored> {
+        self.score_mixed(vector, query, Mix::default())
+    }
+
+    /// [`Index::score`], the match made by `mix`.
+    pub fn score_mixed(&self, vector: Option<&[i8]>, query: &str, mix: Mix) -> Vec<Scored> {
         let keep = PREFILTER_KEEP.max(self.embedded.len() / 50);
-        self.score_with(vector, query, PREFILTER_ABOVE, keep)
+        let mut scored = self.score_with(vector, query, PREFILTER_ABOVE, keep);
+        match mix {
+            Mix::Shares(share) => {
+                for s in &mut scored {
+                    s.matched = share * s.similarity + (1.0 - share) * s.words;
+                }
+            }
+            Mix::Ranks(k) => fuse_ranks(&mut scored, k),
+        }
+        scored
     }
 
     /// [`Index::score`], comparing every vector exactly up to `prefilter_above` of them,
@@ -378,6 +441,28 @@ fn sign_bits(v: &[i8]) -> Vec<u64> {
         .collect()
 }
 
+/// Each of `scored`'s match by reciprocal rank fusion with constant `k` (see
+/// [`Mix::Ranks`]).
+fn fuse_ranks(scored: &mut [Scored], k: f32) {
+    let mut order: Vec<usize> = (0..scored.len()).collect();
+    let mut part = vec![0f32; scored.len()];
+    order.sort_by(|a, b| scored[*b].similarity.total_cmp(&scored[*a].similarity));
+    for (rank, i) in order.iter().enumerate() {
+        if scored[*i].similarity > 0.0 {
+            part[*i] += 1.0 / (k + 1.0 + rank as f32);
+        }
+    }
+    order.sort_by(|a, b| scored[*b].words.total_cmp(&scored[*a].words));
+    for (rank, i) in order.iter().enumerate() {
+        if scored[*i].words > 0.0 {
+            part[*i] += 1.0 / (k + 1.0 + rank as f32);
+        }
+    }
+    for (s, p) in scored.iter_mut().zip(part) {
+        s.matched = p * (k + 1.0) / 2.0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use jiff::Timestamp;
@@ -494,5 +579,30 @@ mod tests {
         let q = Embedding::quantize("x", &OfflineEmbedder::vector("the user is vegetarian"));
         assert!(index.score(Some(&q.values), "zzz").is_empty());
         assert_eq!(index.unembedded(), [0]);
+    }
+
+    #[test]
+    fn a_mix_is_a_share_or_rank_fusion_and_fusion_puts_first_what_both_put_first() {
+        assert_eq!("0.7".parse::<Mix>(), Ok(Mix::Shares(0.7)));
+        assert_eq!("rrf60".parse::<Mix>(), Ok(Mix::Ranks(60.0)));
+        for bad in ["1.5", "rrf", "rrf-1", "x"] {
+            assert!(bad.parse::<Mix>().unwrap_err().contains("rrfK"), "{bad}");
+        }
+        assert_eq!(Mix::Ranks(60.0).to_string(), "rrf60");
+        let s = |at, similarity, words| Scored {
+            at,
+            similarity,
+            words,
+            matched: 0.0,
+        };
+        let mut scored = [s(0, 0.9, 1.0), s(1, 0.0, 0.5), s(2, 0.5, 0.0)];
+        fuse_ranks(&mut scored, 60.0);
+        assert!((scored[0].matched - 1.0).abs() < 1e-6, "{scored:?}");
+        // Second by words only, and second by similarity only: alike, below the first.
+        assert!(
+            (scored[1].matched - scored[2].matched).abs() < 1e-6,
+            "{scored:?}"
+        );
+        assert!(scored[1].matched < 0.6, "{scored:?}");
     }
 }
