@@ -37,6 +37,21 @@ async fn plan(w: &World, dir: &Path, prune: bool) -> Plan {
     .unwrap()
 }
 
+/// Plans `dirs`, the variables the files name read from `env`.
+async fn plan_in(
+    w: &World,
+    dirs: &[&Path],
+    prune: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Plan, agent_dir::PlanError> {
+    let options = agent_dir::PlanOptions {
+        env,
+        ..agent_dir::PlanOptions::new(prune)
+    };
+    let read: Vec<AgentDir> = dirs.iter().map(|d| AgentDir::read(d).unwrap()).collect();
+    agent_dir::plan(w.b.store.as_ref(), &read, &options, w.b.now()).await
+}
+
 async fn apply(w: &World, plan: &Plan, source: &str) -> agent_dir::Applied {
     agent_dir::apply(
         &w.b.store,
@@ -374,24 +389,7 @@ async fn hooks_in_files(kind: Kind) {
     write(&dir, &[("agent.toml", AGENT), ("hooks.toml", HOOKS)]);
     let header = std::cell::RefCell::new("Bearer first-token".to_owned());
     let env = |var: &str| (var == "CI_HOOK_AUTH").then(|| header.borrow().clone());
-    let plan_with = |prune: bool| {
-        let read = AgentDir::read(&dir).unwrap();
-        let env = &env;
-        let store = w.b.store.clone();
-        let now = w.b.now();
-        async move {
-            let options = agent_dir::PlanOptions {
-                prune,
-                event_bus: false,
-                env,
-                tokens: None,
-            };
-            agent_dir::plan(store.as_ref(), &[read], &options, now)
-                .await
-                .unwrap()
-        }
-    };
-    let first = plan_with(false).await;
+    let first = plan_in(&w, &[&dir], false, &env).await.unwrap();
     let hooks = &first.agents[0].hooks;
     assert_eq!(hooks.len(), 2, "one hook per type: {hooks:?}");
     let shown = serde_json::to_string(&first).unwrap();
@@ -420,14 +418,14 @@ async fn hooks_in_files(kind: Kind) {
         );
     }
     assert_eq!(
-        plan_with(false).await.changes(),
+        plan_in(&w, &[&dir], false, &env).await.unwrap().changes(),
         0,
         "applied twice: nothing"
     );
 
     // A new header value is a change, shown hidden.
     *header.borrow_mut() = "Bearer second-token".to_owned();
-    let rotated = plan_with(false).await;
+    let rotated = plan_in(&w, &[&dir], false, &env).await.unwrap();
     assert_eq!(rotated.changes(), 2);
     let shown = serde_json::to_string(&rotated).unwrap();
     assert!(!shown.contains("-token"), "{shown}");
@@ -452,13 +450,13 @@ async fn hooks_in_files(kind: Kind) {
             &HOOKS.replace(", \"HEARTBEAT_INCOMPLETE\"", ""),
         )],
     );
-    let kept = plan_with(false).await;
+    let kept = plan_in(&w, &[&dir], false, &env).await.unwrap();
     assert_eq!(kept.changes(), 0);
     assert!(matches!(
         &kept.agents[0].hooks[..],
         [agent_dir::HookChange::Remove { pruned: false, hook_type, .. }] if hook_type == "HEARTBEAT_INCOMPLETE"
     ));
-    let pruned = plan_with(true).await;
+    let pruned = plan_in(&w, &[&dir], true, &env).await.unwrap();
     apply(&w, &pruned, "c3").await;
     assert_eq!(w.b.store.list_hooks(&id).await.unwrap().len(), 1);
 
@@ -503,34 +501,8 @@ async fn webhooks_in_files(kind: Kind) {
     let dir = tmp.path().join("gardener");
     write(&dir, &[("agent.toml", AGENT), ("webhooks.toml", WEBHOOKS)]);
     let env = |var: &str| (var == "GITHUB_WEBHOOK_SECRET").then(|| "gh-made-secret-1".to_owned());
-    let plan_now = || {
-        let read = AgentDir::read(&dir);
-        let store = w.b.store.clone();
-        let now = w.b.now();
-        async move {
-            let options = agent_dir::PlanOptions {
-                prune: false,
-                event_bus: false,
-                env: &env,
-                tokens: None,
-            };
-            agent_dir::plan(store.as_ref(), &[read?], &options, now)
-                .await
-                .map_err(|e| agent_dir::FileError {
-                    file: "plan".into(),
-                    problem: e.to_string(),
-                })
-        }
-    };
     // Without the sender's secret, the webhook is not made.
-    let unset = agent_dir::PlanOptions {
-        prune: false,
-        event_bus: false,
-        env: &|_: &str| None,
-        tokens: None,
-    };
-    let read = AgentDir::read(&dir).unwrap();
-    let refused = agent_dir::plan(w.b.store.as_ref(), &[read], &unset, w.b.now())
+    let refused = plan_in(&w, &[&dir], false, &|_| None)
         .await
         .unwrap_err()
         .to_string();
@@ -538,7 +510,7 @@ async fn webhooks_in_files(kind: Kind) {
         refused.contains("secret_env names GITHUB_WEBHOOK_SECRET, which is not set"),
         "{refused}"
     );
-    let first = plan_now().await.unwrap();
+    let first = plan_in(&w, &[&dir], false, &env).await.unwrap();
     assert_eq!(
         first.agents[0].webhooks,
         [
@@ -585,22 +557,13 @@ async fn webhooks_in_files(kind: Kind) {
     assert_eq!(alerts.secrets[0].secret.expose(), shown);
     assert!(alerts.wake);
     assert_eq!(
-        plan_now().await.unwrap().changes(),
+        plan_in(&w, &[&dir], false, &env).await.unwrap().changes(),
         0,
         "applied twice: nothing"
     );
     // The sender's secret is read once, when its webhook is made: later plans need not
     // have it.
-    let without = agent_dir::PlanOptions {
-        prune: false,
-        event_bus: false,
-        env: &|_: &str| None,
-        tokens: None,
-    };
-    let read = AgentDir::read(&dir).unwrap();
-    let later = agent_dir::plan(w.b.store.as_ref(), &[read], &without, w.b.now())
-        .await
-        .unwrap();
+    let later = plan_in(&w, &[&dir], false, &|_| None).await.unwrap();
     assert_eq!(later.changes(), 0);
 
     // A new limit is changed in place: the URL (its id) and the secret stay.
@@ -608,7 +571,7 @@ async fn webhooks_in_files(kind: Kind) {
         &dir,
         &[("webhooks.toml", &WEBHOOKS.replace("10/h", "20/h"))],
     );
-    let limit = plan_now().await.unwrap();
+    let limit = plan_in(&w, &[&dir], false, &env).await.unwrap();
     assert_eq!(
         limit.agents[0].webhooks,
         [agent_dir::WebhookChange::Change {
@@ -634,7 +597,10 @@ async fn webhooks_in_files(kind: Kind) {
             &WEBHOOKS.replace("\"github\"\ntypes", "\"stripe\"\ntypes"),
         )],
     );
-    let refused = plan_now().await.unwrap_err().problem;
+    let refused = plan_in(&w, &[&dir], false, &env)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
         refused.contains("a scheme does not change in place"),
         "{refused}"
@@ -784,19 +750,6 @@ event = "SEEDLING"
         ("CAL_AUTH".to_owned(), "Bearer cal-one".to_owned()),
     ]));
     let env = |var: &str| vars.borrow().get(var).cloned();
-    let plan_of = |dirs: Vec<std::path::PathBuf>, prune: bool| {
-        let read: Vec<AgentDir> = dirs.iter().map(|d| AgentDir::read(d).unwrap()).collect();
-        let (env, store, now) = (&env, w.b.store.clone(), w.b.now());
-        async move {
-            let options = agent_dir::PlanOptions {
-                prune,
-                event_bus: false,
-                env,
-                tokens: None,
-            };
-            agent_dir::plan(store.as_ref(), &read, &options, now).await
-        }
-    };
     let apply_plan = |plan: Plan| {
         let (env, store, now, ops) = (&env, w.b.store.clone(), w.b.now(), &w.ops);
         let clients = agent_tools.clients();
@@ -814,7 +767,7 @@ event = "SEEDLING"
     };
 
     // Made once: the tool, the server (listed) and the subscription; no secret shown.
-    let first = plan_of(vec![dir.clone()], false).await.unwrap();
+    let first = plan_in(&w, &[&dir], false, &env).await.unwrap();
     let names: Vec<&str> = first.agents[0].tools.iter().map(|c| c.name()).collect();
     assert_eq!(
         names,
@@ -848,7 +801,7 @@ event = "SEEDLING"
         "cal",
         "given the server it declares"
     );
-    let again = plan_of(vec![dir.clone()], false).await.unwrap();
+    let again = plan_in(&w, &[&dir], false, &env).await.unwrap();
     assert_eq!(again.changes(), 0, "applied twice: nothing");
     // Every heartbeat's prompt carries the listed tool's definition now.
     let listed_total = again.agents[0].prompt_total.tokens;
@@ -873,7 +826,7 @@ event = "SEEDLING"
     // A new secret is one change, shown hidden, and kept as given.
     vars.borrow_mut()
         .insert("NOTES_KEY".into(), "key-two".into());
-    let rotated = plan_of(vec![dir.clone()], false).await.unwrap();
+    let rotated = plan_in(&w, &[&dir], false, &env).await.unwrap();
     assert_eq!(rotated.changes(), 1);
     let shown = serde_json::to_string(&rotated).unwrap();
     assert!(!shown.contains("key-"), "{shown}");
@@ -908,7 +861,7 @@ event = "SEEDLING"
             ),
         ],
     );
-    let refused = plan_of(vec![other.clone()], false)
+    let refused = plan_in(&w, &[&other], false, &env)
         .await
         .unwrap_err()
         .to_string();
@@ -926,7 +879,7 @@ event = "SEEDLING"
             ),
         )],
     );
-    let refused = plan_of(vec![other.clone()], false)
+    let refused = plan_in(&w, &[&other], false, &env)
         .await
         .unwrap_err()
         .to_string();
@@ -938,7 +891,7 @@ event = "SEEDLING"
             "[[subscription]]\ntool = \"notes\"\nevent = \"WEED\"\n\n[[subscription]]\ntool = \"shared-sink\"\nevent = \"WEED\"\n",
         )],
     );
-    let both = plan_of(vec![other.clone()], false).await.unwrap();
+    let both = plan_in(&w, &[&other], false, &env).await.unwrap();
     let names: Vec<&str> = both.agents[0].tools.iter().map(|c| c.name()).collect();
     assert_eq!(
         names,
@@ -969,7 +922,10 @@ event = "SEEDLING"
             "Bearer cal-one".into(),
         );
     }
-    assert_eq!(plan_of(vec![out], false).await.unwrap().changes(), 0);
+    assert_eq!(
+        plan_in(&w, &[&out], false, &env).await.unwrap().changes(),
+        0
+    );
 
     // Left out of the files: kept; pruned, removed unless another agent subscribes.
     write(
@@ -980,9 +936,9 @@ event = "SEEDLING"
                 [tools_toml.find("[[mcp]]").unwrap()..tools_toml.find("[[subscription]]").unwrap()],
         )],
     );
-    let kept = plan_of(vec![dir.clone()], false).await.unwrap();
+    let kept = plan_in(&w, &[&dir], false, &env).await.unwrap();
     assert_eq!(kept.changes(), 0, "{:?}", kept.agents[0].tools);
-    let refused = plan_of(vec![dir.clone()], true)
+    let refused = plan_in(&w, &[&dir], true, &env)
         .await
         .unwrap_err()
         .to_string();
@@ -997,8 +953,8 @@ event = "SEEDLING"
             "[[subscription]]\ntool = \"shared-sink\"\nevent = \"WEED\"\n",
         )],
     );
-    apply_plan(plan_of(vec![other], true).await.unwrap()).await;
-    let pruned = plan_of(vec![dir.clone()], true).await.unwrap();
+    apply_plan(plan_in(&w, &[&other], true, &env).await.unwrap()).await;
+    let pruned = plan_in(&w, &[&dir], true, &env).await.unwrap();
     assert_eq!(pruned.changes(), 2, "{:?}", pruned.agents[0].tools);
     apply_plan(pruned).await;
     let registry = w.b.store.load_registry().await.unwrap();

@@ -98,8 +98,8 @@ impl<'a> ApplyOptions<'a> {
     }
 }
 
-/// Gives the agent `p`'s seed memories, and records on its record that it was given
-/// them.
+/// Gives the agent `p`'s seed memories ([`mark_applied`] records that it was given
+/// them).
 async fn apply_seeds(
     store: &Arc<dyn Store>,
     agent: &AgentId,
@@ -131,19 +131,12 @@ async fn apply_seeds(
         .collect::<Result<Vec<_>, crate::error::ValidationError>>()
         .map_err(LifecycleError::Invalid)?;
     book.remember(agent, seeds).await?;
-    let Some(before) = store.get_agent(agent).await? else {
-        return Err(StoreError::NotFound(format!("agent {agent}")).into());
-    };
-    let mut after = before.clone();
-    after
-        .seeded
-        .extend(p.seeds.iter().map(|t| super::seed_key(t)));
-    store.update_agent(&after, &before).await?;
     Ok(())
 }
 
-/// Records on the agent's record where its files were applied from, so the dashboard
-/// and `agents show` say it is kept as files.
+/// Records on the agent's record, in one write (retried on a conflict), where its files
+/// were applied from, so the dashboard and `agents show` say it is kept as files, and
+/// the seed memories it was given, so no later apply gives them again.
 async fn mark_applied(
     store: &Arc<dyn Store>,
     agent: &AgentId,
@@ -156,6 +149,11 @@ async fn mark_applied(
             return Err(StoreError::NotFound(format!("agent {agent}")).into());
         };
         let mut after = before.clone();
+        for key in p.seeds.iter().map(|t| super::seed_key(t)) {
+            if !after.seeded.contains(&key) {
+                after.seeded.push(key);
+            }
+        }
         after.applied = Some(crate::domain::AppliedFrom {
             dir: p.dir.display().to_string(),
             source: source.map(str::to_owned),
