@@ -1059,7 +1059,7 @@ async fn tools_across_directories(kind: Kind) {
 async fn plan_counting(
     w: &World,
     dir: &Path,
-    counter: Option<&pulse_shared::llm::Router>,
+    counter: Option<&pulse_shared::llm::tokens::TokenCounter>,
 ) -> Result<Plan, agent_dir::PlanError> {
     let options = agent_dir::PlanOptions {
         tokens: counter,
@@ -1075,7 +1075,8 @@ on_both_backends!(
 );
 async fn counted_tokens(kind: Kind) {
     use pulse_shared::domain::{ProviderKind, Secret};
-    use pulse_shared::llm::{LlmConfig, Router};
+    use pulse_shared::llm::LlmConfig;
+    use pulse_shared::llm::tokens::TokenCounter;
     use pulse_tests::fake_llm::FakeLlm;
     let w = world(kind).await;
     let fake = FakeLlm::start().await;
@@ -1083,10 +1084,12 @@ async fn counted_tokens(kind: Kind) {
         provider: ProviderKind::Anthropic,
         base_url: Some(fake.url().parse().unwrap()),
         anthropic_key: Some(Secret::new("sk-ant-counting")),
-        max_attempts: 1,
         ..LlmConfig::offline()
     };
-    let counter = Some(Router::new(anthropic, pulse_egress::Egress::trusted()));
+    let counter = Some(TokenCounter::new(
+        anthropic,
+        pulse_egress::Egress::trusted(),
+    ));
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("gardener");
     let soul = "You are the gardener.";
@@ -1159,7 +1162,19 @@ async fn counted_tokens(kind: Kind) {
         "{}",
         size.counted_by
     );
+    // Once failed, the provider is not asked again by this counter: a plan of fifty
+    // agents waits once.
     fake.down(None);
+    let asked = fake.requests().len();
+    let p = plan_counting(&w, &dir, counter.as_ref()).await.unwrap();
+    assert!(
+        p.agents[0].sizes[0]
+            .counted_by
+            .contains("count_tokens failed earlier in this plan"),
+        "{:?}",
+        p.agents[0].sizes[0]
+    );
+    assert_eq!(fake.requests().len(), asked);
 
     // An OpenAI model: counted by its own tokenizer, with no request.
     let openai = LlmConfig {
@@ -1167,7 +1182,7 @@ async fn counted_tokens(kind: Kind) {
         model: Some("gpt-4o-mini".into()),
         ..LlmConfig::offline()
     };
-    let counter = Some(Router::new(openai, pulse_egress::Egress::trusted()));
+    let counter = Some(TokenCounter::new(openai, pulse_egress::Egress::trusted()));
     let before = fake.requests().len();
     let p = plan_counting(&w, &dir, counter.as_ref()).await.unwrap();
     let size = &p.agents[0].sizes[0];

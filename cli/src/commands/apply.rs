@@ -310,8 +310,10 @@ pub(crate) async fn execute(p: ApplyPlan, cx: &Ctx<'_>) -> Result<(), Failure> {
     let env = |var: &str| std::env::var(var).ok();
     // Texts are counted as each agent's model counts them: OpenAI's tokenizers here,
     // Anthropic's count-tokens endpoint with the configured key.
-    let counter =
-        pulse_shared::llm::Router::new(cx.config.llm.clone(), pulse_shared::app::egress(cx.config));
+    let counter = pulse_shared::llm::tokens::TokenCounter::new(
+        cx.config.llm.clone(),
+        pulse_shared::app::egress(cx.config),
+    );
     let options = PlanOptions {
         prune: p.prune,
         event_bus: cx.b.bus.is_some(),

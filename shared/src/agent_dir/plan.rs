@@ -55,7 +55,7 @@ pub struct PlanOptions<'a> {
     /// The environment the variables the files name are read from.
     pub env: &'a dyn Fn(&str) -> Option<String>,
     /// Counts the texts' tokens as each agent's model does; `None`: estimated.
-    pub tokens: Option<&'a crate::llm::Router>,
+    pub tokens: Option<&'a crate::llm::tokens::TokenCounter>,
 }
 
 fn process_env(var: &str) -> Option<String> {
@@ -779,7 +779,7 @@ async fn count_sizes(
     dir: &AgentDir,
     agent: &Agent,
     prompt: &str,
-    counter: Option<&crate::llm::Router>,
+    counter: Option<&crate::llm::tokens::TokenCounter>,
 ) -> Result<(Vec<Size>, usize, TokenCount), FileError> {
     let mut sizes = dir.sizes();
     let texts: Vec<&str> = [&dir.soul, &dir.heartbeat]
@@ -789,7 +789,7 @@ async fn count_sizes(
         .chain([prompt])
         .collect();
     let mut counts = match counter {
-        Some(router) => router.count_tokens(agent, &texts).await,
+        Some(counter) => counter.count(agent, &texts).await,
         None => texts
             .iter()
             .map(|t| TokenCount::estimate(t, "no model's counting was asked for"))

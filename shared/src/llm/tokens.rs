@@ -9,11 +9,15 @@
 //!   (or the agent's own), through the agent's base URL.
 //! - **Anything else** (the offline provider, a model no tokenizer is known for, a
 //!   count-tokens call that failed): an estimate at four characters a token, said to be
-//!   one, and why.
+//!   one, and why. A plan waits at most [`COUNT_TIMEOUT`] for a provider, once: after
+//!   a failure, [`TokenCounter`] estimates the rest of that provider's texts.
 
 use serde::Serialize;
 
-use super::Router;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::{LlmConfig, Router};
 use crate::domain::{Agent, ProviderKind};
 use crate::ports::LlmSelector as _;
 
@@ -78,16 +82,48 @@ impl Router {
             .unwrap_or_else(|| self.model_of(agent, kind));
         (kind, model)
     }
+}
+
+/// How long a plan waits for one count-tokens request (one attempt: a count that fails
+/// is estimated, never retried).
+pub const COUNT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Counts texts as each agent's model does, for a plan. A provider that fails to count
+/// once (unreachable, refused) is not asked again by this counter: the plan of fifty
+/// agents made where the provider cannot be reached waits once, not fifty times.
+pub struct TokenCounter {
+    router: Router,
+    /// The clients that failed, by address, and why.
+    failed: Mutex<HashMap<usize, String>>,
+}
+
+impl TokenCounter {
+    /// Counting through `config`'s providers (each request within [`COUNT_TIMEOUT`],
+    /// one attempt), an agent's own base URL reached through `egress`.
+    pub fn new(config: LlmConfig, egress: pulse_egress::Egress) -> Self {
+        let config = LlmConfig {
+            timeout: COUNT_TIMEOUT,
+            max_attempts: 1,
+            ..config
+        };
+        Self {
+            router: Router::new(config, egress),
+            failed: Mutex::default(),
+        }
+    }
 
     /// Counts each of `texts` as `agent`'s heartbeat model does (see the module's notes);
     /// never fails: what cannot be counted is estimated, with the reason.
-    pub async fn count_tokens(&self, agent: &Agent, texts: &[&str]) -> Vec<TokenCount> {
-        let (kind, model) = self.heartbeat_model(agent);
-        match kind {
-            ProviderKind::Offline => texts
+    pub async fn count(&self, agent: &Agent, texts: &[&str]) -> Vec<TokenCount> {
+        let (kind, model) = self.router.heartbeat_model(agent);
+        let estimated = |why: String| -> Vec<TokenCount> {
+            texts
                 .iter()
-                .map(|t| TokenCount::estimate(t, "the offline provider has no tokenizer"))
-                .collect(),
+                .map(|t| TokenCount::estimate(t, &why))
+                .collect()
+        };
+        match kind {
+            ProviderKind::Offline => estimated("the offline provider has no tokenizer".into()),
             ProviderKind::OpenAi => texts
                 .iter()
                 .map(|t| match openai_tokens(&model, t) {
@@ -100,21 +136,21 @@ impl Router {
                 })
                 .collect(),
             ProviderKind::Anthropic => {
-                let llm = match self.select(agent) {
+                let llm = match self.router.select(agent) {
                     Ok(llm) => llm,
-                    Err(e) => {
-                        return texts
-                            .iter()
-                            .map(|t| {
-                                TokenCount::estimate(t, format!("not counted by Anthropic: {e}"))
-                            })
-                            .collect();
-                    }
+                    Err(e) => return estimated(format!("not counted by Anthropic: {e}")),
                 };
+                let client = Arc::as_ptr(&llm).cast::<()>() as usize;
+                let earlier = self.failed().get(&client).cloned();
+                if let Some(why) = earlier {
+                    return estimated(format!(
+                        "Anthropic's count_tokens failed earlier in this plan: {why}"
+                    ));
+                }
                 let counts =
                     futures::future::join_all(texts.iter().map(|t| llm.count_tokens(&model, t)))
                         .await;
-                texts
+                let out: Vec<TokenCount> = texts
                     .iter()
                     .zip(counts)
                     .map(|(t, counted)| match counted {
@@ -125,12 +161,18 @@ impl Router {
                         },
                         Ok(None) => TokenCount::estimate(t, "the provider counted none"),
                         Err(e) => {
+                            self.failed().insert(client, e.to_string());
                             TokenCount::estimate(t, format!("Anthropic's count_tokens failed: {e}"))
                         }
                     })
-                    .collect()
+                    .collect();
+                out
             }
         }
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, HashMap<usize, String>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
