@@ -90,15 +90,15 @@ impl HttpTool {
             );
         }
         let body = resp.body;
-        let excerpt = |body: &[u8]| hide(excerpt(body), secrets);
-        let excerpt_suffix = |body: &[u8]| hide(excerpt_suffix(body), secrets);
+        // Hidden before it is cut: a secret cut in two would otherwise show its start.
+        let shown = hide(String::from_utf8_lossy(&body).into_owned(), secrets).into_bytes();
         if !status.is_success() {
             return failure(
                 format!(
                     "the tool at {url_shown} answered HTTP {status}{}",
-                    excerpt_suffix(&body)
+                    excerpt_suffix(&shown)
                 ),
-                Some(json!({ "status": status.as_u16(), "body": excerpt(&body) })),
+                Some(json!({ "status": status.as_u16(), "body": excerpt(&shown) })),
             );
         }
         let json: Value = match serde_json::from_slice(&body) {
@@ -111,7 +111,7 @@ impl HttpTool {
                         ),
                         secrets,
                     ),
-                    Some(json!({ "status": status.as_u16(), "body": excerpt(&body) })),
+                    Some(json!({ "status": status.as_u16(), "body": excerpt(&shown) })),
                 );
             }
         };
@@ -125,7 +125,7 @@ impl HttpTool {
                     format!("the tool at {url_shown} answered with a malformed response: {why}"),
                     secrets,
                 ),
-                Some(json),
+                Some(serde_json::from_str(&hide(json.to_string(), secrets)).unwrap_or(Value::Null)),
             ),
         }
     }
@@ -214,5 +214,36 @@ fn excerpt_suffix(body: &[u8]) -> String {
         String::new()
     } else {
         format!(": {}", excerpt(&body[..body.len().min(200)]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tools_secrets_are_hidden_in_what_a_failure_keeps_even_where_it_is_cut() {
+        let url = Url::parse("https://tools.example.com/t?token=query-s3cret&team=ops").unwrap();
+        let mut tool = crate::domain::Tool::http(
+            crate::domain::ToolName::parse("vault").unwrap(),
+            url.as_str(),
+            Duration::from_secs(5),
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+        .unwrap();
+        tool.config = json!({"api_key": "vault-s3cret-1", "folder": "INBOX", "n": 7});
+        tool.config_env = [("api_key".to_owned(), "VAULT_KEY".to_owned())].into();
+        let secrets = secrets(&url, &tool);
+        assert_eq!(
+            secrets,
+            ["query-s3cret", "vault-s3cret-1"],
+            "not `ops`: too short"
+        );
+        // The secret straddles the 200 characters a failure's message keeps.
+        let body = format!("{}vault-s3cret-1 and query-s3cret", "x".repeat(190));
+        let shown = hide(body, &secrets).into_bytes();
+        let said = excerpt_suffix(&shown);
+        assert!(said.contains("x*** and") && !said.contains("s3"), "{said}");
+        assert!(!excerpt(&shown).contains("s3cret"));
     }
 }
