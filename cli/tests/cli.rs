@@ -3034,6 +3034,8 @@ fn bench_memory_scores_retrieval_against_the_annotated_evidence() {
             file.to_str().unwrap(),
             "--model",
             model.to_str().unwrap(),
+            "--mix",
+            "0.7,rrf5",
         ],
     );
     let names: Vec<&str> = report["runs"]
@@ -3042,14 +3044,35 @@ fn bench_memory_scores_retrieval_against_the_annotated_evidence() {
         .iter()
         .map(|r| r["recall"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["offline words", "local hybrid", "local vectors"]);
+    assert_eq!(
+        names,
+        [
+            "offline words",
+            "local hybrid 0.7",
+            "local hybrid rrf5",
+            "local vectors"
+        ],
+        "one engine run a mix, over the same vectors"
+    );
     for run in report["runs"].as_array().unwrap() {
         assert_eq!(run["memories"], 4, "{run}");
         assert_eq!(run["left_out"], 1, "{run}");
         assert_eq!(run["overall"]["questions"], 3, "{run}");
     }
     // Four turns: the vectors alone rank all of them, so every turn is among the 10.
-    assert_eq!(report["runs"][2]["overall"]["recall_at_10"], 100.0);
+    assert_eq!(report["runs"][3]["overall"]["recall_at_10"], 100.0);
+    let mix = bad(
+        dir.path(),
+        &[
+            "bench",
+            "memory",
+            "--locomo",
+            file.to_str().unwrap(),
+            "--mix",
+            "1.5",
+        ],
+    );
+    assert!(mix.contains("rrfK"), "{mix}");
 
     let wrong = dir.path().join("wrong.json");
     std::fs::write(&wrong, "{\"not\": \"locomo\"}").unwrap();
