@@ -230,6 +230,7 @@ impl Demo {
         let services = Services {
             llm: Arc::new(LlmRouter::new(LlmConfig::offline(), egress.clone())),
             discord: Some(Arc::new(DiscordClient::new(config.discord.clone()))),
+            chats: Vec::new(),
             egress,
             images: pulse_shared::app::images(config.hooks.image_hosts.clone()),
             embedder: pulse_shared::embed::from_config(&config.embed),

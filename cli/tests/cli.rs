@@ -2943,7 +2943,7 @@ fn serve_s_json_log_lines_carry_the_agent_and_the_heartbeat_or_the_turn() {
     assert!(
         turn.iter()
             .any(|(l, _)| l["fields"]["message"]
-                == "reply stored (no Discord destination configured)"),
+                == "reply stored (no chat platform configured for it)"),
         "no turn's reply among {} lines",
         lines.len()
     );

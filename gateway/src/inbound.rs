@@ -357,7 +357,8 @@ impl Gateway {
             user_name: display_name(author, m.pointer("/member/nick")),
             channel_id: Some(channel.to_owned()),
             message_id: Some(id.to_owned()),
-            discord: Some(envelope),
+            thread: None,
+            envelope: Some(envelope),
             interaction: None,
             heartbeat_id: None,
         };

@@ -32,6 +32,8 @@ pub struct Services {
     pub llm: Arc<dyn LlmSelector>,
     /// Discord, when configured; replies are stored only otherwise.
     pub discord: Option<Arc<dyn DiscordApi>>,
+    /// Other chat platforms set up (Telegram), each once.
+    pub chats: Vec<Arc<dyn crate::ports::Channel>>,
     /// Outbound HTTP to user-given URLs (HTTP tools, hooks), behind the SSRF guard.
     pub egress: Egress,
     /// Fetches the images users send, from their hosts only.
@@ -41,6 +43,19 @@ pub struct Services {
 }
 
 impl Services {
+    /// The chat platforms set up, as the engine speaks on them.
+    pub fn channels(&self) -> crate::ports::Channels {
+        crate::ports::Channels::new(
+            self.discord
+                .iter()
+                .map(|d| {
+                    Arc::new(crate::discord::DiscordChannel::new(d.clone()))
+                        as Arc<dyn crate::ports::Channel>
+                })
+                .chain(self.chats.iter().cloned()),
+        )
+    }
+
     /// The offline model and no Discord, with outbound HTTP through `egress`: what the
     /// benches and tests run the heartbeat agent with, never reaching a provider.
     pub fn offline(egress: Egress) -> Self {
@@ -50,6 +65,7 @@ impl Services {
                 egress.clone(),
             )),
             discord: None,
+            chats: Vec::new(),
             egress,
             images: images(crate::llm::ImageHosts::default()),
             embedder: Arc::new(crate::embed::OfflineEmbedder),
@@ -143,7 +159,7 @@ impl Connected {
             McpClients::new(services.egress.clone()).with_local_servers(local),
             clock.clone(),
         )
-        .with_discord(services.discord.clone());
+        .with_channels(services.channels());
         Arc::new(match self.emitter(clock) {
             Some(emitter) => tools.with_hooks(emitter),
             None => tools,
@@ -209,7 +225,7 @@ impl Connected {
         let conversation = Conversation::new(
             self.store.clone(),
             services.llm.clone(),
-            services.discord.clone(),
+            services.channels(),
             clock.clone(),
             ConversationSettings {
                 schedules: settings.schedules,
@@ -288,6 +304,16 @@ impl Services {
                 Arc::new(crate::discord::DiscordClient::new(config.discord.clone()))
                     as Arc<dyn DiscordApi>
             }),
+            chats: config
+                .telegram
+                .is_configured()
+                .then(|| {
+                    Arc::new(crate::telegram::TelegramClient::new(
+                        config.telegram.clone(),
+                    )) as Arc<dyn crate::ports::Channel>
+                })
+                .into_iter()
+                .collect(),
             egress,
             images: images(config.hooks.image_hosts.clone()),
             embedder: crate::embed::from_config(&config.embed),

@@ -24,6 +24,7 @@ use crate::engine::reminders::ScheduleLimits;
 use crate::error::{ConfigError, ValidationError};
 use crate::llm::{KeyLookup, LlmConfig};
 use crate::sealing::EncryptionKeys;
+use crate::telegram::TelegramConfig;
 
 /// Which backend to use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,6 +99,8 @@ pub struct Config {
     pub llm: LlmConfig,
     /// Discord.
     pub discord: DiscordConfig,
+    /// Telegram.
+    pub telegram: TelegramConfig,
     /// The HTTP receiver.
     pub inbound: InboundConfig,
     /// Outbound hooks and requests.
@@ -210,6 +213,7 @@ impl Config {
             engine: EngineSettings::default(),
             llm: LlmConfig::offline(),
             discord: DiscordConfig::unconfigured(),
+            telegram: TelegramConfig::unconfigured(),
             inbound: InboundConfig {
                 delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
                 ..InboundConfig::default()
@@ -400,6 +404,16 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             max_retry_wait: d.max_retry_wait,
             trusted_base_urls,
             agent_keys: KeyLookup::new(lookup),
+        })
+    }
+
+    /// Telegram's configuration; no token leaves replies there stored only.
+    pub fn telegram(&self) -> Result<TelegramConfig, ConfigError> {
+        let d = TelegramConfig::unconfigured();
+        Ok(TelegramConfig {
+            api_base: self.url("TELEGRAM_API_BASE")?.unwrap_or(d.api_base),
+            bot_token: self.get("TELEGRAM_BOT_TOKEN").map(Secret::new),
+            ..d
         })
     }
 
@@ -691,6 +705,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             engine: self.engine()?,
             llm: self.llm()?,
             discord: self.discord()?,
+            telegram: self.telegram()?,
             inbound: self.inbound()?,
             hooks: self.hooks()?,
             encryption: self.encryption()?,
@@ -712,6 +727,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             engine: self.engine()?,
             llm: self.llm()?,
             discord: self.discord()?,
+            telegram: self.telegram()?,
             inbound: self.inbound()?,
             hooks: self.hooks()?,
             encryption: self.encryption()?,

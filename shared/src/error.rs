@@ -176,6 +176,92 @@ pub enum DiscordError {
     Malformed(String),
 }
 
+/// A call to a chat platform's API that did not succeed: [`DiscordError`]'s cases for
+/// any platform, worded the same ("Discord answered HTTP 403: …"), so what is kept of a
+/// failure reads as it always has.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelError {
+    /// A setting needed for this call is missing (a bot token).
+    #[error("{channel} is not configured: {message}")]
+    NotConfigured {
+        /// The platform's name.
+        channel: &'static str,
+        /// What is missing.
+        message: String,
+    },
+    /// No answer: connection refused, timed out.
+    #[error("{channel} request failed: {message}")]
+    Transport {
+        /// The platform's name.
+        channel: &'static str,
+        /// What failed (never the request's URL, which may hold a token).
+        message: String,
+    },
+    /// The platform kept answering 429 beyond the retry bound, or asked for a longer
+    /// wait than a reply can spend.
+    #[error("{channel} rate limited the request {attempts} times; giving up")]
+    RateLimited {
+        /// The platform's name.
+        channel: &'static str,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The platform answered with an error status.
+    #[error("{channel} answered HTTP {status}: {body}")]
+    Status {
+        /// The platform's name.
+        channel: &'static str,
+        /// HTTP status.
+        status: u16,
+        /// An excerpt of the body.
+        body: String,
+    },
+    /// The platform's answer could not be read.
+    #[error("{channel} sent an answer Pulse cannot read: {message}")]
+    Malformed {
+        /// The platform's name.
+        channel: &'static str,
+        /// What was wrong with it.
+        message: String,
+    },
+    /// The reply's target was written by a newer release of Pulse.
+    #[error(
+        "its target was written by a newer release of Pulse; it is tried again once this one is upgraded"
+    )]
+    UnknownTarget,
+}
+
+impl ChannelError {
+    /// Whether trying again cannot help: the platform is not set up, or refused the
+    /// request itself as malformed (400). A refusal of access (401, 403, 404: a
+    /// permission, a channel) may be put right meanwhile, and an outage (429, 5xx, the
+    /// network) passes.
+    pub fn hopeless(&self) -> bool {
+        match self {
+            Self::Transport { .. } | Self::RateLimited { .. } | Self::UnknownTarget => false,
+            Self::Status { status, .. } => *status == 400,
+            Self::NotConfigured { .. } | Self::Malformed { .. } => true,
+        }
+    }
+}
+
+impl From<DiscordError> for ChannelError {
+    fn from(e: DiscordError) -> Self {
+        let channel = "Discord";
+        match e {
+            DiscordError::NotConfigured(message) => Self::NotConfigured { channel, message },
+            DiscordError::Transport(message) => Self::Transport { channel, message },
+            DiscordError::RateLimited { attempts } => Self::RateLimited { channel, attempts },
+            DiscordError::Status { status, body } => Self::Status {
+                channel,
+                status,
+                body,
+            },
+            DiscordError::Malformed(message) => Self::Malformed { channel, message },
+        }
+    }
+}
+
 /// A configuration value from the environment that is missing or malformed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{variable}: {message}")]

@@ -639,6 +639,7 @@ fn engine(
         discord: Some(Arc::new(SimDiscord {
             world: world.clone(),
         })),
+        chats: Vec::new(),
         egress: pulse_egress::Egress::new(pulse_egress::AllowList::default()),
         images: pulse_shared::app::images(Default::default()),
         embedder: Arc::new(pulse_shared::embed::OfflineEmbedder),

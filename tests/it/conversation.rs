@@ -129,7 +129,7 @@ async fn context_order(kind: Kind) {
     let envelope = |n: u32| SignalMeta {
         source: Some("discord".into()),
         user_name: Some("ana".into()),
-        discord: Some(
+        envelope: Some(
             json!({"type": 0, "attachments": [{"name": format!("voice-{n}.ogg"), "duration": 3.5}]}),
         ),
         ..SignalMeta::default()

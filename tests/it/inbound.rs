@@ -645,7 +645,7 @@ async fn discord_interactions_are_verified_and_queued_once(kind: Kind) {
         sig.meta.interaction.as_ref().unwrap().token,
         "interaction-token-abc"
     );
-    let env = sig.meta.discord.as_ref().unwrap();
+    let env = sig.meta.envelope.as_ref().unwrap();
     assert_eq!(env["author"]["username"], "ada");
     assert_eq!(env["attachments"][0]["name"], "voice-message.ogg");
     assert_eq!(env["attachments"][0]["content_type"], "audio/ogg");
@@ -705,7 +705,7 @@ async fn a_context_menu_command_on_a_voice_message_tells_the_agent_what_arrived(
         sig.text(),
         "About this message from linus:\n(no text; 1 attachment: voice-message.ogg (audio/ogg, 7.0 s))"
     );
-    let env = sig.meta.discord.as_ref().unwrap();
+    let env = sig.meta.envelope.as_ref().unwrap();
     assert_eq!(env["flags"], 8192);
     assert_eq!(env["content"], Value::Null);
     assert_eq!(env["attachments"][0]["duration"], 7.0);

@@ -33,5 +33,6 @@ mod secrets_at_rest;
 mod side_effects;
 mod status;
 mod steering;
+mod telegram;
 mod thinking;
 mod traces;

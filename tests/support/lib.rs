@@ -10,6 +10,7 @@ pub mod fake_gateway;
 pub mod fake_hooks;
 pub mod fake_llm;
 pub mod fake_mcp;
+pub mod fake_telegram;
 pub mod faults;
 pub mod iam;
 pub mod lambda_runtime;
@@ -147,6 +148,7 @@ pub fn fake_services(
             application_id: Some("app1".into()),
             ..DiscordConfig::unconfigured()
         }))),
+        chats: Vec::new(),
         egress: test_egress(),
         // The tests' pictures are served on loopback, and one is named on example.com.
         images: pulse_shared::app::images("127.0.0.1,example.com".parse().unwrap()),

@@ -40,9 +40,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{
-    ActiveHours, Agent, AgentLlm, AgentTool, AutoPause, Budgets, DiscordAccess, DiscordListen,
-    Expectation, Interval, MAX_PROMPT_TEXT, Must, NewAgent, ProviderKind, Retention, Schedule,
-    ScheduleRule, ThinkPolicy, TimeZoneName, Usd,
+    ActiveHours, Agent, AgentLlm, AgentTool, AutoPause, Budgets, ChatAccess, DiscordAccess,
+    DiscordListen, Expectation, Interval, MAX_PROMPT_TEXT, Must, NewAgent, ProviderKind, Retention,
+    Schedule, ScheduleRule, ThinkPolicy, TimeZoneName, Usd,
 };
 
 /// The settings file.
@@ -179,6 +179,9 @@ pub struct AgentToml {
     /// Who reaches it on Discord, and where it speaks.
     #[serde(default, skip_serializing_if = "DiscordToml::is_default")]
     pub discord: DiscordToml,
+    /// Who reaches it on Telegram, and where it speaks.
+    #[serde(default, skip_serializing_if = "TelegramToml::is_default")]
+    pub telegram: TelegramToml,
 }
 
 fn default_interval() -> Interval {
@@ -329,6 +332,29 @@ fn is_mentions(l: &DiscordListen) -> bool {
 }
 
 impl DiscordToml {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// `[telegram]` in `agent.toml`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TelegramToml {
+    /// The chat it speaks in when nobody spoke to it first (a group's id, negative);
+    /// without one, its first user's private chat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<String>,
+    /// The users who may talk to it privately and steer it (Telegram user ids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    /// When it answers in its group: mentions or all.
+    #[serde(default, skip_serializing_if = "is_mentions")]
+    #[schemars(with = "String")]
+    pub listen: DiscordListen,
+}
+
+impl TelegramToml {
     fn is_default(&self) -> bool {
         *self == Self::default()
     }
@@ -709,6 +735,11 @@ impl AgentDir {
                 users: discord_users,
                 listen: a.discord.listen,
             },
+            telegram: ChatAccess {
+                chat: a.telegram.chat.clone(),
+                users: a.telegram.users.clone(),
+                listen: a.telegram.listen,
+            },
             think: a.think,
             expect,
             retention: a.retention,
@@ -746,6 +777,11 @@ impl AgentDir {
                     channel: agent.discord_channel.clone(),
                     users: agent.discord.users.clone(),
                     listen: agent.discord.listen,
+                },
+                telegram: TelegramToml {
+                    chat: agent.telegram.chat.clone(),
+                    users: agent.telegram.users.clone(),
+                    listen: agent.telegram.listen,
                 },
             },
             soul: agent.persona.clone(),

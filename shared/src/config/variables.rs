@@ -30,6 +30,8 @@ pub enum Group {
     Memory,
     /// Discord.
     Discord,
+    /// Telegram.
+    Telegram,
     /// The HTTP receiver of `pulse serve` and its API.
     Receiver,
     /// Outbound requests: hooks, HTTP tools, MCP servers, images.
@@ -53,6 +55,7 @@ impl Group {
             Group::Models => "Language models",
             Group::Memory => "Memory",
             Group::Discord => "Discord",
+            Group::Telegram => "Telegram",
             Group::Receiver => "The HTTP receiver",
             Group::Outbound => "Outbound requests",
             Group::Secrets => "Secrets at rest",
@@ -382,6 +385,20 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "the agent (its id, `ag_…`) that answers in channels no agent was made for",
         default: "unset: messages there are not answered, and a slash command there is told no agent answers in the channel",
         wrong: "start-up stops unless it is an agent id; the id of no agent: messages there are not answered, and slash commands are told the agent no longer exists",
+    },
+    Variable {
+        name: "TELEGRAM_BOT_TOKEN",
+        group: Group::Telegram,
+        meaning: "the bot's token, from @BotFather: replies, \"typing…\" and approvals on Telegram",
+        default: "unset: replies to Telegram are stored, not sent, and the agents' Telegram homes are passed over",
+        wrong: "Telegram answers 401 or 404: replies there are kept as undelivered and tried again (the reason says Telegram's answer), then recorded `FAILED`; the token never appears in a log or a reason",
+    },
+    Variable {
+        name: "TELEGRAM_API_BASE",
+        group: Group::Telegram,
+        meaning: "Telegram's Bot API (tests point it at a stand-in; a local Bot API server works too)",
+        default: "`https://api.telegram.org`",
+        wrong: STOPS_URL,
     },
     Variable {
         name: "PULSE_LISTEN",

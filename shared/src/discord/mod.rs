@@ -3,9 +3,11 @@
 //! within a bound; 5xx and transport errors retry with a short backoff; other errors are
 //! returned at once. Tokens are never logged.
 
+mod channel;
 pub mod envelope;
 mod lease;
 
+pub use channel::{DiscordChannel, card};
 pub use lease::{GatewayRecord, lease_name};
 
 use std::time::Duration;

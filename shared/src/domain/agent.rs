@@ -6,7 +6,9 @@ use std::fmt;
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
+use super::channel::{ChannelKind, ChatTarget};
 use super::chat::ProviderKind;
+use super::conversation::ReplyTarget;
 use super::expectation::Expectation;
 use super::ids::{AgentId, SessionId, ToolName};
 use super::time::{ActiveHours, Interval, Retention, TimeZoneName};
@@ -58,6 +60,9 @@ pub struct Agent {
     /// Who may talk to it in direct messages, and when it answers in its channel.
     #[serde(default, skip_serializing_if = "DiscordAccess::is_default")]
     pub discord: DiscordAccess,
+    /// Where it speaks on Telegram, and who may talk to it there.
+    #[serde(default, skip_serializing_if = "ChatAccess::is_default")]
+    pub telegram: ChatAccess,
     /// When it was paused (`pulse agents pause`): its heartbeats are not claimed until it
     /// is resumed; its user's messages are still answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -246,16 +251,40 @@ impl Agent {
             ));
         }
         self.discord = self.discord.validated()?;
+        self.telegram = self.telegram.validated(ChannelKind::Telegram)?;
         Ok(self)
     }
 
-    /// Where it speaks when nobody spoke to it first (a heartbeat's `speak`): its
-    /// channel, else a direct message to its first allowed user.
-    pub fn home(&self) -> Option<DiscordHome> {
+    /// Where it speaks when nobody spoke to it first (a heartbeat's `speak`, an
+    /// approval to ask), in the order tried: on Discord its channel, else a direct
+    /// message to its first allowed user; then on Telegram its chat, else its first
+    /// allowed user's private chat. The first on a platform that is set up is used.
+    pub fn homes(&self) -> Vec<ReplyTarget> {
+        let mut homes = Vec::new();
         match (&self.discord_channel, self.discord.users.first()) {
-            (Some(c), _) => Some(DiscordHome::Channel(c.clone())),
-            (None, Some(u)) => Some(DiscordHome::User(u.clone())),
-            (None, None) => None,
+            (Some(c), _) => homes.push(ReplyTarget::Channel {
+                channel_id: c.clone(),
+                reply_to: None,
+            }),
+            (None, Some(u)) => homes.push(ReplyTarget::User { user_id: u.clone() }),
+            (None, None) => {}
+        }
+        if let Some(chat) = self.telegram.home() {
+            homes.push(ReplyTarget::Chat(ChatTarget {
+                channel: ChannelKind::Telegram,
+                chat: chat.to_owned(),
+                thread: None,
+                reply_to: None,
+            }));
+        }
+        homes
+    }
+
+    /// Whether `user` may talk to it privately on `channel`, and steer it there.
+    pub fn lets_in(&self, channel: ChannelKind, user: &str) -> bool {
+        match channel {
+            ChannelKind::Discord => self.discord.allows(user),
+            ChannelKind::Telegram => self.telegram.allows(user),
         }
     }
 
@@ -624,15 +653,6 @@ mod tests {
     }
 }
 
-/// Where an agent speaks first: a channel, or a user's direct messages.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DiscordHome {
-    /// A channel id.
-    Channel(String),
-    /// A user id, whose direct-message channel is opened when needed.
-    User(String),
-}
-
 /// When an agent answers in a guild channel bound to it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -740,5 +760,184 @@ impl DiscordAccess {
             ));
         }
         Ok(self)
+    }
+}
+
+/// Who reaches an agent on a platform other than Discord, and where it speaks there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatAccess {
+    /// The chat it speaks in when nobody spoke to it first (a group's id); without one,
+    /// its first user's private chat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<String>,
+    /// Users who may talk to it privately and steer it, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    /// When it answers in its group chat.
+    #[serde(default, skip_serializing_if = "is_mentions")]
+    pub listen: DiscordListen,
+}
+
+impl ChatAccess {
+    /// No chat, nobody, mentions only.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether `user` may talk to the agent privately, and steer it.
+    pub fn allows(&self, user: &str) -> bool {
+        self.users.iter().any(|u| u == user)
+    }
+
+    /// Where it speaks first: its chat, else its first user's private chat (on Telegram
+    /// a private chat's id is its user's).
+    pub fn home(&self) -> Option<&str> {
+        self.chat
+            .as_deref()
+            .or(self.users.first().map(String::as_str))
+    }
+
+    /// Reads a comma-separated list of `channel` user ids ("" for none).
+    pub fn parse_users(channel: ChannelKind, list: &str) -> Result<Vec<String>, ValidationError> {
+        let users = list
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Self {
+            users,
+            ..Self::default()
+        }
+        .validated(channel)
+        .map(|a| a.users)
+    }
+
+    /// Checked: ids as `channel` writes them (Telegram's are integers, a group's
+    /// negative), no more than [`MAX_DISCORD_USERS`] users, each once.
+    pub fn validated(mut self, channel: ChannelKind) -> Result<Self, ValidationError> {
+        let is_id = |id: &str| {
+            let digits = id.strip_prefix('-').unwrap_or(id);
+            !digits.is_empty() && digits.len() <= 20 && digits.bytes().all(|b| b.is_ascii_digit())
+        };
+        let (chat_what, users_what) = match channel {
+            ChannelKind::Discord => ("discord channel", "discord users"),
+            ChannelKind::Telegram => ("telegram chat", "telegram users"),
+        };
+        self.chat = self
+            .chat
+            .map(|c| c.trim().to_owned())
+            .filter(|c| !c.is_empty());
+        if let Some(c) = self.chat.as_deref().filter(|c| !is_id(c)) {
+            return Err(ValidationError::new(
+                chat_what,
+                format!(
+                    "{:?} is not a {} chat id: it is a number (a group's starts with -100), found in any update the bot receives from that chat",
+                    c.escape_debug().to_string(),
+                    channel.title()
+                ),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        self.users.retain(|u| seen.insert(u.clone()));
+        if self.users.len() > MAX_DISCORD_USERS {
+            return Err(ValidationError::new(
+                users_what,
+                format!(
+                    "{} users; one agent answers at most {MAX_DISCORD_USERS} privately",
+                    self.users.len()
+                ),
+            ));
+        }
+        if let Some(u) = self.users.iter().find(|u| u.starts_with('-') || !is_id(u)) {
+            return Err(ValidationError::new(
+                users_what,
+                format!(
+                    "{:?} is not a {} user id: it is a positive number, shown by @userinfobot or in the update the bot receives",
+                    u.escape_debug().to_string(),
+                    channel.title()
+                ),
+            ));
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod channel_tests {
+    use super::*;
+
+    fn agent() -> Agent {
+        super::super::NewAgent::named("Scout")
+            .create(Timestamp::UNIX_EPOCH)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn a_record_written_before_telegram_reads_with_nobody_there() {
+        let mut doc = serde_json::to_value(agent()).unwrap();
+        doc.as_object_mut().unwrap().remove("telegram");
+        let read: Agent = serde_json::from_value(doc).unwrap();
+        assert!(read.telegram.is_default());
+        assert!(read.homes().is_empty());
+        assert!(
+            !serde_json::to_string(&read).unwrap().contains("telegram"),
+            "nothing written for a platform not used"
+        );
+    }
+
+    #[test]
+    fn homes_are_discord_first_then_the_telegram_chat_else_its_first_user() {
+        let mut a = agent();
+        a.telegram.users = vec!["777".into(), "888".into()];
+        let telegram = |chat: &str| {
+            ReplyTarget::Chat(ChatTarget {
+                channel: ChannelKind::Telegram,
+                chat: chat.into(),
+                thread: None,
+                reply_to: None,
+            })
+        };
+        assert_eq!(a.homes(), [telegram("777")]);
+        a.telegram.chat = Some("-1001".into());
+        a.discord.users = vec!["42".into()];
+        assert_eq!(
+            a.homes(),
+            [
+                ReplyTarget::User {
+                    user_id: "42".into()
+                },
+                telegram("-1001")
+            ]
+        );
+        assert!(a.lets_in(ChannelKind::Telegram, "888"));
+        assert!(!a.lets_in(ChannelKind::Telegram, "42"));
+        assert!(a.lets_in(ChannelKind::Discord, "42"));
+    }
+
+    #[test]
+    fn telegram_ids_are_numbers_and_a_user_is_never_a_group() {
+        let check = |chat: Option<&str>, users: &[&str]| {
+            ChatAccess {
+                chat: chat.map(str::to_owned),
+                users: users.iter().map(|u| u.to_string()).collect(),
+                listen: DiscordListen::Mentions,
+            }
+            .validated(ChannelKind::Telegram)
+        };
+        assert!(check(Some("-1001234567890"), &["123456789"]).is_ok());
+        assert!(check(Some(" 55 "), &[]).unwrap().chat.as_deref() == Some("55"));
+        let e = check(Some("@mygroup"), &[]).unwrap_err().to_string();
+        assert!(e.contains("not a Telegram chat id"), "{e}");
+        let e = check(None, &["-100"]).unwrap_err().to_string();
+        assert!(e.contains("not a Telegram user id"), "{e}");
+        let many: Vec<String> = (0..=MAX_DISCORD_USERS).map(|i| i.to_string()).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(check(None, &many).is_err());
+        assert_eq!(
+            ChatAccess::parse_users(ChannelKind::Telegram, "1, 2,,1").unwrap(),
+            ["1", "2"]
+        );
     }
 }

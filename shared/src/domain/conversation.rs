@@ -5,6 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::channel::{ChannelKind, ChatTarget};
 use super::chat::Usage;
 use super::ids::{AgentId, HeartbeatId, SessionId, SignalId, TurnId};
 use super::requests::Requests;
@@ -98,15 +99,21 @@ pub struct SignalMeta {
     /// The user's display name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_name: Option<String>,
-    /// The Discord channel it came from.
+    /// The channel or chat it came from, on the platform `source` names (Discord when
+    /// `source` names none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel_id: Option<String>,
-    /// The Discord message it came from (over the gateway): the reply answers it.
+    /// The message it came from (over Discord's gateway, or a platform's webhook): the
+    /// reply answers it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_id: Option<String>,
-    /// The raw Discord envelope: shown to the model once, never persisted.
+    /// The topic or thread within the chat it came from (platforms other than Discord).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discord: Option<Value>,
+    pub thread: Option<String>,
+    /// What the platform said, as it said it (the raw message): shown to the model
+    /// once, never persisted in the conversation. Older releases called it `discord`.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "discord")]
+    pub envelope: Option<Value>,
     /// The interaction to answer through, if it came as one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interaction: Option<InteractionRef>,
@@ -167,6 +174,43 @@ impl Signal {
             }],
             meta,
             created_at: now,
+        })
+    }
+
+    /// The platform it came over: the one its `source` names, or Discord for a signal
+    /// that came from a channel without naming one; none when it came from no chat
+    /// (the API, the dashboard, the CLI, a heartbeat, a webhook).
+    pub fn channel(&self) -> Option<ChannelKind> {
+        match self
+            .meta
+            .source
+            .as_deref()
+            .and_then(ChannelKind::from_source)
+        {
+            Some(k) => Some(k),
+            None => self
+                .meta
+                .channel_id
+                .is_some()
+                .then_some(ChannelKind::Discord),
+        }
+    }
+
+    /// Where a reply to it goes, from the place it came from (its interaction aside):
+    /// the channel or chat, answering its message; none when it came from no place.
+    pub fn place(&self) -> Option<ReplyTarget> {
+        let chat = self.meta.channel_id.clone()?;
+        Some(match self.channel()? {
+            ChannelKind::Discord => ReplyTarget::Channel {
+                channel_id: chat,
+                reply_to: self.meta.message_id.clone(),
+            },
+            channel => ReplyTarget::Chat(ChatTarget {
+                channel,
+                chat,
+                thread: self.meta.thread.clone(),
+                reply_to: self.meta.message_id.clone(),
+            }),
         })
     }
 
@@ -268,8 +312,27 @@ pub enum ReplyTarget {
         /// The user.
         user_id: String,
     },
-    /// Nowhere (Discord not configured, or no channel known): stored and logged only.
+    /// A place on another platform ([`ChatTarget`]).
+    Chat(ChatTarget),
+    /// Nowhere (no platform configured, or no place known): stored and logged only.
     None,
+    /// A target this release does not know, written by a newer one: its turn is kept
+    /// and tried again, never taken for delivered.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ReplyTarget {
+    /// The platform it is on; none for [`ReplyTarget::None`] and [`ReplyTarget::Unknown`].
+    pub fn channel(&self) -> Option<ChannelKind> {
+        match self {
+            Self::Interaction(_) | Self::Channel { .. } | Self::User { .. } => {
+                Some(ChannelKind::Discord)
+            }
+            Self::Chat(c) => Some(c.channel),
+            Self::None | Self::Unknown => None,
+        }
+    }
 }
 
 /// One conversation turn: the signals it answers and its reply.
@@ -358,5 +421,105 @@ impl Turn {
     /// Whether a newer message superseded this turn.
     pub fn superseded(&self) -> bool {
         self.error.as_deref() == Some(Self::SUPERSEDED)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_target_written_by_a_newer_release_reads_as_unknown_and_older_ones_as_they_were() {
+        let read = |v: Value| serde_json::from_value::<ReplyTarget>(v).unwrap();
+        assert_eq!(
+            read(json!({"type": "channel", "channel_id": "1001", "reply_to": "7"})),
+            ReplyTarget::Channel {
+                channel_id: "1001".into(),
+                reply_to: Some("7".into())
+            }
+        );
+        assert_eq!(
+            read(json!({"type": "user", "user_id": "42"})),
+            ReplyTarget::User {
+                user_id: "42".into()
+            }
+        );
+        assert_eq!(read(json!({"type": "none"})), ReplyTarget::None);
+        assert_eq!(
+            read(json!({"type": "carrier_pigeon", "loft": "north"})),
+            ReplyTarget::Unknown
+        );
+        let chat = ReplyTarget::Chat(ChatTarget {
+            channel: ChannelKind::Telegram,
+            chat: "-1001234".into(),
+            thread: Some("9".into()),
+            reply_to: Some("55".into()),
+        });
+        let written = serde_json::to_value(&chat).unwrap();
+        assert_eq!(
+            written,
+            json!({"type": "chat", "channel": "telegram", "chat": "-1001234", "thread": "9", "reply_to": "55"})
+        );
+        assert_eq!(read(written), chat);
+        assert_eq!(chat.channel(), Some(ChannelKind::Telegram));
+        assert_eq!(ReplyTarget::Unknown.channel(), None);
+    }
+
+    #[test]
+    fn a_signal_an_older_release_queued_keeps_its_envelope() {
+        let meta: SignalMeta = serde_json::from_value(json!({
+            "source": "discord", "channel_id": "1001", "discord": {"type": 0, "content": "hi"}
+        }))
+        .unwrap();
+        assert_eq!(meta.envelope, Some(json!({"type": 0, "content": "hi"})));
+        assert_eq!(meta.thread, None);
+        let again = serde_json::to_value(&meta).unwrap();
+        assert_eq!(again["envelope"]["content"], "hi");
+    }
+
+    #[test]
+    fn a_signal_replies_to_the_place_it_came_from_on_its_own_platform() {
+        let agent = AgentId::generate();
+        let signal = |meta: SignalMeta| Signal {
+            id: SignalId::generate(1),
+            agent_id: agent.clone(),
+            session: SessionId::for_agent(&agent),
+            kind: SignalKind::Message,
+            content: Vec::new(),
+            meta,
+            created_at: Timestamp::UNIX_EPOCH,
+        };
+        let from = |source: Option<&str>, channel: Option<&str>| {
+            signal(SignalMeta {
+                source: source.map(str::to_owned),
+                channel_id: channel.map(str::to_owned),
+                message_id: Some("77".into()),
+                thread: Some("5".into()),
+                ..SignalMeta::default()
+            })
+        };
+        assert_eq!(
+            from(Some("telegram"), Some("-100200")).place(),
+            Some(ReplyTarget::Chat(ChatTarget {
+                channel: ChannelKind::Telegram,
+                chat: "-100200".into(),
+                thread: Some("5".into()),
+                reply_to: Some("77".into()),
+            }))
+        );
+        // A channel without a platform named is Discord's, as before there were others.
+        for source in [Some("discord"), None, Some("cli")] {
+            assert_eq!(
+                from(source, Some("1001")).place(),
+                Some(ReplyTarget::Channel {
+                    channel_id: "1001".into(),
+                    reply_to: Some("77".into())
+                }),
+                "{source:?}"
+            );
+        }
+        assert_eq!(from(Some("api"), None).place(), None);
+        assert_eq!(from(Some("telegram"), None).place(), None);
     }
 }

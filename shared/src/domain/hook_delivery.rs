@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::action::Action;
 use super::agent::Agent;
-use super::conversation::{Signal, Turn};
+use super::conversation::{ReplyTarget, Signal, Turn};
 use super::event::Event;
 use super::heartbeat::Heartbeat;
 use super::hook::HookTarget;
@@ -173,14 +173,26 @@ impl HookData {
         })
     }
 
-    /// MESSAGE_SENT: `turn`'s reply reached Discord, in `channel_id` (never the
-    /// interaction token: it is a credential for 15 minutes).
-    pub fn message_sent(turn: &Turn, channel_id: Option<String>) -> Value {
+    /// MESSAGE_SENT: `turn`'s reply reached its platform (`channel`: `discord`,
+    /// `telegram`, or none when it was stored only), in `channel_id` (a Discord channel
+    /// or another platform's chat; for an interaction, a direct message or a stored
+    /// reply, the agent's Discord channel as before), with the ids of the messages
+    /// written (`message_ids`; `discord_message_ids` names Discord's alone). Never the
+    /// interaction token: it is a credential for 15 minutes.
+    pub fn message_sent(turn: &Turn, discord_channel: Option<String>) -> Value {
+        let (channel_id, discord) = match &turn.target {
+            ReplyTarget::Channel { channel_id, .. } => (Some(channel_id.clone()), true),
+            ReplyTarget::Chat(c) => (Some(c.chat.clone()), false),
+            ReplyTarget::Interaction(_) | ReplyTarget::User { .. } => (discord_channel, true),
+            ReplyTarget::None | ReplyTarget::Unknown => (discord_channel, false),
+        };
         json!({
             "turn_id": turn.id,
             "parts": turn.parts,
-            "discord_message_ids": turn.discord_message_ids,
+            "channel": turn.target.channel().map(|k| k.as_str()),
             "channel_id": channel_id,
+            "message_ids": turn.discord_message_ids,
+            "discord_message_ids": if discord { turn.discord_message_ids.as_slice() } else { &[] },
         })
     }
 

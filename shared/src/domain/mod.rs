@@ -5,6 +5,7 @@ mod action;
 mod agent;
 mod agent_state;
 mod approval;
+mod channel;
 mod chat;
 mod conversation;
 mod event;
@@ -38,9 +39,9 @@ mod webhook_request;
 
 pub use action::{Action, ActionStatus, clipped};
 pub use agent::{
-    AGENT_KEY_PREFIX, Agent, AgentLlm, AppliedFrom, Budgets, DEFAULT_BEATS_PER_HOUR,
-    DEFAULT_MEMORY_HALF_LIFE, DiscordAccess, DiscordHome, DiscordListen, MAX_DISCORD_USERS,
-    MAX_PROMPT_TEXT, MAX_PROMPT_TOKENS, Spend, ThinkPolicy, agents_named, check_key_variable,
+    AGENT_KEY_PREFIX, Agent, AgentLlm, AppliedFrom, Budgets, ChatAccess, DEFAULT_BEATS_PER_HOUR,
+    DEFAULT_MEMORY_HALF_LIFE, DiscordAccess, DiscordListen, MAX_DISCORD_USERS, MAX_PROMPT_TEXT,
+    MAX_PROMPT_TOKENS, Spend, ThinkPolicy, agents_named, check_key_variable,
 };
 pub use agent_state::{AgentState, AgentStates};
 pub use approval::{
@@ -48,6 +49,7 @@ pub use approval::{
     Decision, MAX_APPROVAL_REASON, MAX_PARKED_ARGUMENTS, PolicySource, ToolGrant, ToolPolicy,
     check_approval_expiry, clip_reason, parse_button, schema_digest,
 };
+pub use channel::{ChannelKind, ChatTarget};
 pub use chat::{
     CacheKept, CacheTtl, ChatMessage, IMAGE_TYPES, ImageInput, LlmRequest, LlmResponse,
     MAX_IMAGE_BYTES, PromptCache, ProviderKind, Secret, StopReason, ToolSpec, ToolUse, Usage,

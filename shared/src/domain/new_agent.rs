@@ -3,7 +3,9 @@
 
 use jiff::Timestamp;
 
-use super::agent::{Agent, AgentLlm, Budgets, DiscordAccess, DiscordListen, ThinkPolicy};
+use super::agent::{
+    Agent, AgentLlm, Budgets, ChatAccess, DiscordAccess, DiscordListen, ThinkPolicy,
+};
 use super::chat::ProviderKind;
 use super::event::EventCursor;
 use super::expectation::{Expectation, Must};
@@ -43,6 +45,8 @@ pub struct NewAgent {
     pub discord_channel: Option<String>,
     /// Who talks to it in direct messages, and when it answers in its channel.
     pub discord: DiscordAccess,
+    /// Its Telegram chat, who talks to it there, and when it answers in a group.
+    pub telegram: ChatAccess,
     /// When its heartbeat agent thinks.
     pub think: ThinkPolicy,
     /// What each heartbeat must do.
@@ -73,6 +77,7 @@ impl NewAgent {
             approval_expiry: None,
             discord_channel: None,
             discord: DiscordAccess::default(),
+            telegram: ChatAccess::default(),
             think: ThinkPolicy::Auto,
             expect: None,
             retention: None,
@@ -104,6 +109,7 @@ impl NewAgent {
             approval_expiry: self.approval_expiry,
             discord_channel: self.discord_channel,
             discord: self.discord,
+            telegram: self.telegram,
             paused_at: None,
             snoozed_until: None,
             auto_pause_after: self.auto_pause_after,
@@ -176,6 +182,12 @@ pub struct AgentChanges {
     pub discord_users: Option<Vec<String>>,
     /// When it answers in its channel.
     pub discord_listen: Option<DiscordListen>,
+    /// Telegram chat; `Some(None)` unbinds it.
+    pub telegram_chat: Option<Option<String>>,
+    /// Users it answers privately on Telegram (replaces the list; empty for none).
+    pub telegram_users: Option<Vec<String>>,
+    /// When it answers in its Telegram group.
+    pub telegram_listen: Option<DiscordListen>,
     /// When its heartbeat agent thinks.
     pub think: Option<ThinkPolicy>,
     /// What each heartbeat must do; `Some(None)` expects nothing.
@@ -221,6 +233,9 @@ impl AgentChanges {
             && self.discord_channel.is_none()
             && self.discord_users.is_none()
             && self.discord_listen.is_none()
+            && self.telegram_chat.is_none()
+            && self.telegram_users.is_none()
+            && self.telegram_listen.is_none()
             && self.think.is_none()
             && self.expect.is_none()
             && self.alert_after.is_none()
@@ -259,6 +274,9 @@ impl AgentChanges {
             discord_channel: Some(new.discord_channel.clone()),
             discord_users: Some(new.discord.users.clone()),
             discord_listen: Some(new.discord.listen),
+            telegram_chat: Some(new.telegram.chat.clone()),
+            telegram_users: Some(new.telegram.users.clone()),
+            telegram_listen: Some(new.telegram.listen),
             think: Some(new.think),
             expect: Some(new.expect.map(|e| e.must)),
             alert_after: new.expect.map(|e| e.alert_after),
@@ -305,6 +323,9 @@ impl AgentChanges {
         set(&mut a.discord_channel, &self.discord_channel);
         set(&mut a.discord.users, &self.discord_users);
         set(&mut a.discord.listen, &self.discord_listen);
+        set(&mut a.telegram.chat, &self.telegram_chat);
+        set(&mut a.telegram.users, &self.telegram_users);
+        set(&mut a.telegram.listen, &self.telegram_listen);
         set(&mut a.think, &self.think);
         if let Some(must) = self.expect {
             let alert_after = self

@@ -1,5 +1,5 @@
 //! Deciding calls parked for a person's approval, from anywhere: the CLI, the dashboard,
-//! the messages API, a Discord button; and expiring those nobody decided.
+//! the messages API, a chat platform's button; and expiring those nobody decided.
 //!
 //! A decision is one conditional write: the first is the only one, and any later one is
 //! refused with who decided and when. It then queues a signal on the agent's session,
@@ -279,49 +279,15 @@ pub(crate) fn quiet(agent: &Agent, now: Timestamp) -> bool {
     agent.is_paused() || agent.snoozed_until.is_some_and(|u| u > now) || !agent.is_active_at(now)
 }
 
-/// The message that asks about `a` on Discord, and its Approve and Deny buttons.
-pub fn card(agent: &Agent, a: &Approval) -> (String, serde_json::Value) {
-    let clip = |s: &str, n: usize| {
-        if s.chars().count() <= n {
-            s.to_owned()
-        } else {
-            s.chars().take(n).collect::<String>() + "…"
-        }
-    };
-    let args = serde_json::to_string_pretty(&a.arguments).unwrap_or_default();
-    let mut text = format!(
-        "**{}** asks to call `{}/{}`.\n",
-        clip(&agent.name, 100),
-        a.server,
-        clip(&a.tool, 100)
-    );
-    if let Some(r) = &a.reason {
-        text.push_str(&format!("> {}\n", clip(r, 300).replace('\n', "\n> ")));
-    }
-    text.push_str(&format!(
-        "```json\n{}\n```\nApprove or deny before <t:{}:R>; it is not sent until you do. (approval `{}`)",
-        clip(&args, 1_200).replace("```", "'''"),
-        a.expires_at.as_second(),
-        a.id
-    ));
-    let components = serde_json::json!([{
-        "type": 1,
-        "components": [
-            {"type": 2, "style": 3, "label": "Approve", "custom_id": a.button(true)},
-            {"type": 2, "style": 4, "label": "Deny", "custom_id": a.button(false)},
-        ],
-    }]);
-    (text, components)
-}
-
-/// Asks `agent`'s owner about `approval` on Discord, where the agent speaks (its channel,
-/// or a direct message to its first user), unless it was asked already, is decided, or
+/// Asks `agent`'s owner about `approval` where the agent speaks first (its first home
+/// on a platform that is set up: on Discord its channel or a direct message to its
+/// first user, then on Telegram its chat), unless it was asked already, is decided, or
 /// the agent is [`quiet`] (then it is asked when the agent wakes). Whether it was asked
 /// now. A failure to post is logged: the approval stands, and is asked about again at
 /// the agent's next heartbeat.
 pub async fn ask(
     store: &dyn Store,
-    discord: &dyn crate::ports::DiscordApi,
+    channels: &crate::ports::Channels,
     agent: &Agent,
     approval: &Approval,
     now: Timestamp,
@@ -329,31 +295,24 @@ pub async fn ask(
     if !approval.is_pending() || approval.asked_at.is_some() || approval.is_due(now) {
         return false;
     }
-    if quiet(agent, now) {
-        info!(approval_id = %approval.id, "the agent is paused, snoozed or outside its active hours: its owner is asked on Discord when it wakes");
+    let Some((channel, home)) = agent
+        .homes()
+        .into_iter()
+        .find_map(|h| Some((channels.for_target(&h)?.clone(), h)))
+    else {
         return false;
-    }
-    let channel = match agent.home() {
-        None => return false,
-        Some(crate::domain::DiscordHome::Channel(c)) => c,
-        Some(crate::domain::DiscordHome::User(u)) => match discord.open_dm(&u).await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(approval_id = %approval.id, error = %e, "the owner's direct messages could not be opened; asked again at the next heartbeat");
-                return false;
-            }
-        },
     };
-    let (content, components) = card(agent, approval);
-    let ulid = approval.id.as_str();
-    let nonce = format!("ap{}", &ulid[ulid.len() - 23..]);
-    if let Err(e) = discord
-        .post_card(&channel, &content, &nonce, components)
-        .await
-    {
-        warn!(approval_id = %approval.id, error = %e, "the approval could not be posted on Discord; asked again at the next heartbeat");
+    if quiet(agent, now) {
+        info!(approval_id = %approval.id, "the agent is paused, snoozed or outside its active hours: its owner is asked on {} when it wakes", channel.kind());
         return false;
     }
+    let posted = match channel.ask_approval(agent, &home, approval).await {
+        Ok(id) => id,
+        Err(e) => {
+            warn!(approval_id = %approval.id, error = %e, "the approval could not be posted on {}; asked again at the next heartbeat", channel.kind());
+            return false;
+        }
+    };
     let mut asked = approval.clone();
     asked.asked_at = Some(now);
     match store.mark_asked(&asked).await {
@@ -362,7 +321,7 @@ pub async fn ask(
             warn!(approval_id = %approval.id, error = %chain(&e), "the approval was posted, but could not be marked asked")
         }
     }
-    info!(approval_id = %approval.id, channel = %channel, "owner asked on Discord");
+    info!(approval_id = %approval.id, message = %posted, "owner asked on {}", channel.kind());
     true
 }
 
@@ -370,7 +329,7 @@ pub async fn ask(
 /// [`ask`]); how many were asked.
 pub async fn ask_waiting(
     store: &dyn Store,
-    discord: &dyn crate::ports::DiscordApi,
+    channels: &crate::ports::Channels,
     agent: &Agent,
     now: Timestamp,
 ) -> usize {
@@ -386,7 +345,7 @@ pub async fn ask_waiting(
         .iter()
         .filter(|a| a.is_pending() && a.asked_at.is_none())
     {
-        n += usize::from(ask(store, discord, agent, a, now).await);
+        n += usize::from(ask(store, channels, agent, a, now).await);
     }
     n
 }

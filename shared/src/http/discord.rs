@@ -323,7 +323,8 @@ async fn command(app: &Inbound, raw: &Value, now: Timestamp) -> Response {
         user_name: user_name.clone(),
         channel_id: Some(channel.to_owned()),
         message_id: None,
-        discord: Some(message.envelope),
+        thread: None,
+        envelope: Some(message.envelope),
         interaction: Some(InteractionRef {
             token: token.to_owned(),
             issued_at,

@@ -12,14 +12,17 @@
 //! - `records`: actions, the registry, conversations, schedules, memories, webhooks, hooks;
 //! - `maintenance`: the retention pass, and [`Store`], every store port at once;
 //! - `queues`: the sessions and hooks queues;
-//! - `outside`: tools, models, Discord, hook senders, event buses.
+//! - `outside`: tools, models, Discord, hook senders, event buses;
+//! - `channel`: the chat platforms replies go out on.
 
+mod channel;
 mod heartbeats;
 mod maintenance;
 mod outside;
 mod queues;
 mod records;
 
+pub use channel::*;
 pub use heartbeats::*;
 pub use maintenance::*;
 pub use outside::*;

@@ -45,7 +45,7 @@ pub struct AgentTools {
     hooks: Option<HookEmitter>,
     health: Arc<ToolHealth>,
     /// Where a parked call's owner is asked (see [`crate::engine::approvals::ask`]).
-    discord: Option<Arc<dyn crate::ports::DiscordApi>>,
+    channels: crate::ports::Channels,
 }
 
 /// What one run offers the model, and where each call goes.
@@ -79,14 +79,14 @@ impl AgentTools {
             clock,
             hooks: None,
             health: Arc::default(),
-            discord: None,
+            channels: crate::ports::Channels::default(),
         }
     }
 
-    /// Asking the owner of a parked call on Discord through `discord` (none: it is
-    /// decided from the CLI, the dashboard or the API only).
-    pub fn with_discord(mut self, discord: Option<Arc<dyn crate::ports::DiscordApi>>) -> Self {
-        self.discord = discord;
+    /// Asking the owner of a parked call on `channels` (none: it is decided from the
+    /// CLI, the dashboard or the API only).
+    pub fn with_channels(mut self, channels: crate::ports::Channels) -> Self {
+        self.channels = channels;
         self
     }
 
@@ -94,18 +94,16 @@ impl AgentTools {
     /// while it was snoozed or outside its active hours, or the post failed): the
     /// heartbeat runner calls this when the agent wakes. How many were asked.
     pub async fn ask_waiting(&self, agent: &Agent) -> usize {
-        match &self.discord {
-            Some(d) if !agent.tools.is_empty() => {
-                crate::engine::approvals::ask_waiting(
-                    self.store.as_ref(),
-                    d.as_ref(),
-                    agent,
-                    self.clock.now(),
-                )
-                .await
-            }
-            _ => 0,
+        if self.channels.is_empty() || agent.tools.is_empty() {
+            return 0;
         }
+        crate::engine::approvals::ask_waiting(
+            self.store.as_ref(),
+            &self.channels,
+            agent,
+            self.clock.now(),
+        )
+        .await
     }
 
     /// Emitting the calls' hooks (BEFORE/AFTER_<SERVER>, ACTION_*, TOOL_DEGRADED and

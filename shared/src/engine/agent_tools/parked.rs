@@ -90,16 +90,14 @@ impl AgentTools {
                 info!(approval_id = %approval.id, tool = %call.name, expires_at = %approval.expires_at, "a call parked for its owner's approval; not sent");
                 self.emit_approval(offer, site.agent, &approval, HookType::APPROVAL_REQUESTED)
                     .await;
-                if let Some(d) = &self.discord {
-                    crate::engine::approvals::ask(
-                        self.store.as_ref(),
-                        d.as_ref(),
-                        site.agent,
-                        &approval,
-                        now,
-                    )
-                    .await;
-                }
+                crate::engine::approvals::ask(
+                    self.store.as_ref(),
+                    &self.channels,
+                    site.agent,
+                    &approval,
+                    now,
+                )
+                .await;
                 Ok(parked_answer(&approval))
             }
         }

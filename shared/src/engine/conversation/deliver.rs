@@ -4,30 +4,9 @@ use tracing::{error, info, warn};
 
 use super::*;
 use crate::domain::{
-    Agent, HookData, HookType, ReplyTarget, Signal, Turn, TurnId, TurnStatus, Undelivered,
+    Agent, HookData, HookType, ReplyTarget, Signal, Turn, TurnStatus, Undelivered,
 };
-use crate::error::{DiscordError, EngineError, chain};
-
-/// A nonce for a channel post (Discord allows 25 characters): the turn's ULID without
-/// its time prefix, and the part number.
-fn nonce(turn: &TurnId, part: usize) -> String {
-    let ulid = turn.as_str().trim_start_matches("tn_");
-    format!("{}{part:02}", &ulid[ulid.len().saturating_sub(22)..])
-}
-
-/// Whether trying a reply again cannot help: Discord is not set up, or refused the
-/// request itself as malformed (400). A refusal of access (401, 403, 404: a permission,
-/// a channel) may be put right meanwhile, and an outage (429, 5xx, the network) passes.
-fn hopeless(e: &DiscordError) -> bool {
-    match e {
-        DiscordError::Transport(_) | DiscordError::RateLimited { .. } => false,
-        DiscordError::Status { status, .. } => *status == 400,
-        DiscordError::NotConfigured(_) | DiscordError::Malformed(_) => true,
-    }
-}
-
-/// How often "typing…" is renewed while a turn runs (Discord shows it for about 10 s).
-const TYPING_EVERY: std::time::Duration = std::time::Duration::from_secs(8);
+use crate::error::{ChannelError, EngineError, chain};
 
 /// Longest the first "typing…" may hold up a turn.
 const TYPING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -44,31 +23,29 @@ impl Drop for Typing {
 }
 
 impl Conversation {
-    /// Shows "typing…" in the channel of the newest message that came over the gateway
-    /// (an interaction shows its own "thinking…"): once now, then every
-    /// [`TYPING_EVERY`] until the returned guard is dropped. A failure is only logged:
-    /// the reply matters, not the indicator.
+    /// Shows "typing…" where the newest message that came from a chat came from (an
+    /// interaction shows its own "thinking…"): once now, then as often as its platform
+    /// needs until the returned guard is dropped. A failure is only logged: the reply
+    /// matters, not the indicator.
     pub(super) async fn typing(&self, pending: &[Signal]) -> Typing {
-        let (Some(d), Some(channel)) = (
-            &self.discord,
-            pending
-                .iter()
-                .rev()
-                .find(|s| s.meta.message_id.is_some())
-                .and_then(|s| s.meta.channel_id.clone()),
-        ) else {
+        let Some((channel, place)) = pending
+            .iter()
+            .rev()
+            .find(|s| s.meta.message_id.is_some())
+            .and_then(Signal::place)
+            .and_then(|p| Some((self.channels.for_target(&p)?.clone(), p)))
+        else {
             return Typing(None);
         };
-        let shown = tokio::time::timeout(TYPING_WAIT, d.typing(&channel)).await;
+        let shown = tokio::time::timeout(TYPING_WAIT, channel.typing(&place)).await;
         if let Ok(Err(e)) = &shown {
-            warn!(error = %chain(e), "cannot show typing in Discord");
+            warn!(error = %chain(e), "cannot show typing in {}", channel.kind());
         }
-        let d = d.clone();
         Typing(Some(tokio::spawn(async move {
             loop {
-                tokio::time::sleep(TYPING_EVERY).await;
-                if let Err(e) = d.typing(&channel).await {
-                    warn!(error = %chain(&e), "cannot renew typing in Discord");
+                tokio::time::sleep(channel.typing_every()).await;
+                if let Err(e) = channel.typing(&place).await {
+                    warn!(error = %chain(&e), "cannot renew typing in {}", channel.kind());
                 }
             }
         })))
@@ -77,8 +54,8 @@ impl Conversation {
     /// Tells the person, where the reply would go, that it is delayed: the model does not
     /// answer. Whether they were told (or there is nowhere to tell them: a message over
     /// the API or the dashboard reads as waiting there); a failure is logged and tried
-    /// at the next try. The post's nonce comes from the waiting turn, so Discord takes a
-    /// post sent twice once.
+    /// at the next try. The notice is keyed by the waiting turn, so a platform that takes
+    /// a key (Discord) takes a notice sent twice once.
     pub(super) async fn tell_delayed(
         &self,
         agent: &Agent,
@@ -89,32 +66,11 @@ impl Conversation {
         let Some(turn_id) = waiting.turn_id() else {
             return true;
         };
-        let Some(d) = &self.discord else {
+        let to = target(agent, &waiting.signals, now, &self.channels);
+        let Some(channel) = self.channels.for_target(&to) else {
             return true;
         };
-        let told = match target(agent, &waiting.signals, now, true) {
-            ReplyTarget::None => return true,
-            ReplyTarget::Interaction(it) => d.edit_original(&it.token, NOTICE).await.map(|_| ()),
-            ReplyTarget::Channel {
-                channel_id,
-                reply_to,
-            } => d
-                .create_message(
-                    &channel_id,
-                    NOTICE,
-                    &nonce(&turn_id, 99),
-                    reply_to.as_deref(),
-                )
-                .await
-                .map(|_| ()),
-            ReplyTarget::User { user_id } => match d.open_dm(&user_id).await {
-                Ok(channel) => d
-                    .create_message(&channel, NOTICE, &nonce(&turn_id, 99), None)
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(e),
-            },
-        };
+        let told = channel.notify(&to, &turn_id, NOTICE).await;
         match told {
             Ok(()) => {
                 info!(turn_id = %turn_id, "told the person the reply is delayed");
@@ -140,47 +96,26 @@ impl Conversation {
         while (turn.delivered as usize) < turn.parts.len() {
             let i = turn.delivered as usize;
             let part = turn.parts[i].clone();
-            let result = match (&turn.target, &self.discord) {
-                (ReplyTarget::None, _) | (_, None) => {
+            let result = match self.channels.for_target(&turn.target) {
+                Some(channel) => channel
+                    .send_part(&turn.target, &turn.id, i, &part)
+                    .await
+                    .map(Some)
+                    .map_err(|e| (channel.kind().title(), e)),
+                None if turn.target == ReplyTarget::Unknown => {
+                    Err(("Pulse", ChannelError::UnknownTarget))
+                }
+                None => {
                     // Ids and sizes, not what was said: message texts stay out of logs.
-                    info!(turn_id = %turn.id, part = i + 1, chars = part.chars().count(), "reply stored (no Discord destination configured)");
+                    info!(turn_id = %turn.id, part = i + 1, chars = part.chars().count(), "reply stored (no chat platform configured for it)");
                     Ok(None)
                 }
-                (ReplyTarget::Interaction(it), Some(d)) => {
-                    if i == 0 {
-                        d.edit_original(&it.token, &part).await.map(Some)
-                    } else {
-                        d.follow_up(&it.token, &part).await.map(Some)
-                    }
-                }
-                (
-                    ReplyTarget::Channel {
-                        channel_id,
-                        reply_to,
-                    },
-                    Some(d),
-                ) => {
-                    // The first part answers the user's message; the rest follow it.
-                    let reply_to = reply_to.as_deref().filter(|_| i == 0);
-                    d.create_message(channel_id, &part, &nonce(&turn.id, i), reply_to)
-                        .await
-                        .map(Some)
-                }
-                (ReplyTarget::User { user_id }, Some(d)) => match d.open_dm(user_id).await {
-                    Ok(channel) => d
-                        .create_message(&channel, &part, &nonce(&turn.id, i), None)
-                        .await
-                        .map(Some),
-                    Err(e) => Err(e),
-                },
             };
             match result {
                 Ok(id) => {
+                    sent += usize::from(id.is_some());
                     turn.discord_message_ids.extend(id);
                     turn.delivered += 1;
-                    if turn.target != ReplyTarget::None {
-                        sent += 1;
-                    }
                     if turn.delivered as usize == turn.parts.len() {
                         turn.status = if turn.error.is_some() {
                             TurnStatus::Failed
@@ -191,9 +126,9 @@ impl Conversation {
                     }
                     self.save(&mut turn).await?;
                 }
-                Err(e) => {
-                    let why = format!("Discord did not take part {}: {}", i + 1, chain(&e));
-                    self.undelivered(&mut turn, why, hopeless(&e)).await?;
+                Err((title, e)) => {
+                    let why = format!("{title} did not take part {}: {}", i + 1, chain(&e));
+                    self.undelivered(&mut turn, why, e.hopeless()).await?;
                     return Ok((sent, turn));
                 }
             }
@@ -365,29 +300,13 @@ impl Conversation {
             .await
     }
 
-    /// MESSAGE_SENT for `turn`, once its reply has reached Discord.
+    /// MESSAGE_SENT for `turn`, once its reply has reached its platform (or was stored).
     pub(super) async fn emit_sent(&self, agent: &Agent, turn: &Turn) -> Result<(), EngineError> {
         if turn.status != TurnStatus::Done || turn.delivered == 0 {
             return Ok(());
         }
-        let channel = match &turn.target {
-            ReplyTarget::Channel { channel_id, .. } => Some(channel_id.clone()),
-            _ => agent.discord_channel.clone(),
-        };
-        let data = HookData::message_sent(turn, channel);
+        let data = HookData::message_sent(turn, agent.discord_channel.clone());
         self.emit(agent, turn, HookType::MESSAGE_SENT, "TURN", data)
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_channel_nonce_fits_discords_limit_and_differs_per_part() {
-        let t = TurnId::parse("tn_01JABCDEFGHJKMNPQRSTVWXYZ0").unwrap();
-        assert!(nonce(&t, 0).len() <= 25);
-        assert_ne!(nonce(&t, 0), nonce(&t, 1));
     }
 }

@@ -42,12 +42,12 @@ use jiff::Timestamp;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::domain::{
-    Agent, AgentId, ChatMessage, ConsolidateJob, MESSAGE_LIMIT, Signal, SignalId, SignalKind,
-    Spend, Turn, TurnId, TurnStatus, split_message,
+    Agent, AgentId, ChatMessage, ConsolidateJob, Signal, SignalId, SignalKind, Spend, Turn, TurnId,
+    TurnStatus, split_message,
 };
 use crate::engine::{budget, memory, prompt};
 use crate::error::EngineError;
-use crate::ports::{Clock, DiscordApi, ImageFetcher, LlmSelector, Store, TurnStart};
+use crate::ports::{Channels, Clock, ImageFetcher, LlmSelector, Store, TurnStart};
 use ask::Asked;
 
 /// The agent's latest `limit` messages, newest first, the messages of its turns that wait
@@ -134,7 +134,7 @@ pub struct TurnOutcome {
 pub struct Conversation {
     store: Arc<dyn Store>,
     llm: Arc<dyn LlmSelector>,
-    discord: Option<Arc<dyn DiscordApi>>,
+    channels: Channels,
     clock: Arc<dyn Clock>,
     settings: ConversationSettings,
     hooks: Option<crate::engine::hooks::HookEmitter>,
@@ -145,12 +145,12 @@ pub struct Conversation {
 }
 
 impl Conversation {
-    /// A conversation engine. `discord` is `None` when Discord is not configured: replies
-    /// are stored and logged only.
+    /// A conversation engine, replying on `channels` (none set up: replies are stored
+    /// and logged only, and read over the API, the dashboard and the CLI).
     pub fn new(
         store: Arc<dyn Store>,
         llm: Arc<dyn LlmSelector>,
-        discord: Option<Arc<dyn DiscordApi>>,
+        channels: Channels,
         clock: Arc<dyn Clock>,
         settings: ConversationSettings,
         memories: Arc<memory::Memories>,
@@ -158,7 +158,7 @@ impl Conversation {
         Self {
             store,
             llm,
-            discord,
+            channels,
             clock,
             settings,
             hooks: None,
@@ -723,10 +723,11 @@ impl Conversation {
         trace_id: Option<String>,
     ) -> Result<Turn, EngineError> {
         let silent = asked.text.is_empty();
+        let target = target(agent, pending, now, &self.channels);
         let parts = if silent {
             Vec::new()
         } else {
-            split_message(&asked.text, MESSAGE_LIMIT)
+            split_message(&asked.text, self.channels.limit_for(&target))
         };
         let mut turn = Turn {
             id: TurnId::for_signal(&pending[0].id),
@@ -740,7 +741,7 @@ impl Conversation {
             },
             parts,
             delivered: 0,
-            target: target(agent, pending, now, self.discord.is_some()),
+            target,
             discord_message_ids: Vec::new(),
             cost_usd: self
                 .settings
