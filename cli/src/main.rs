@@ -132,6 +132,9 @@ pub(crate) enum Command {
     /// Discord application set-up.
     #[command(subcommand)]
     Discord(DiscordCmd),
+    /// Telegram bot set-up: register the receiver's webhook.
+    #[command(subcommand)]
+    Telegram(commands::telegram::TelegramCmd),
     /// Embeddings models run in the process, so memories are recalled by meaning with no
     /// embeddings API: install all-MiniLM-L6-v2, list what is installed.
     #[command(subcommand)]

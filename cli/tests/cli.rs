@@ -1261,6 +1261,90 @@ fn discord_commands_are_registered_by_bulk_overwrite() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("DISCORD_BOT_TOKEN"));
 }
 
+/// `pulse telegram set-webhook` registers the receiver's route with the secret token it
+/// is given, or makes one and says to set it; it refuses an address Telegram would not
+/// send to, and says what to set without a token.
+#[test]
+fn the_telegram_webhook_is_registered_with_a_secret_token() {
+    use pulse_tests::fake_telegram::{FakeTelegram, TOKEN};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let fake = rt.block_on(FakeTelegram::start());
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], secret: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_pulse"));
+        c.args(args)
+            .current_dir(dir.path())
+            .env("TELEGRAM_API_BASE", fake.api_base())
+            .env("TELEGRAM_BOT_TOKEN", TOKEN);
+        if let Some(s) = secret {
+            c.env("TELEGRAM_WEBHOOK_SECRET", s);
+        }
+        c.output().unwrap()
+    };
+    let out = run(
+        &["telegram", "set-webhook", "https://pulse.example.com/"],
+        Some("kept-secret_1"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("https://pulse.example.com/telegram/webhook")
+            && !said.contains("kept-secret_1"),
+        "{said}"
+    );
+    let set = &fake.requests()[0];
+    assert_eq!(set.method, "setWebhook");
+    assert_eq!(
+        set.body["url"],
+        "https://pulse.example.com/telegram/webhook"
+    );
+    assert_eq!(set.body["secret_token"], "kept-secret_1");
+    assert_eq!(
+        set.body["allowed_updates"],
+        serde_json::json!(["message", "edited_message", "callback_query"])
+    );
+
+    // None set: one is made, registered, and shown once to be set.
+    let out = run(
+        &[
+            "--json",
+            "telegram",
+            "set-webhook",
+            "https://pulse.example.com",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let made = answer["secret"].as_str().unwrap();
+    assert_eq!(made.len(), 64);
+    assert_eq!(fake.requests()[1].body["secret_token"], made);
+
+    // Plain HTTP to another machine: refused before Telegram is asked.
+    let out = run(
+        &["telegram", "set-webhook", "http://pulse.example.com"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTPS"));
+    assert_eq!(fake.requests().len(), 2);
+    // No token: says what to set.
+    let out = pulse(
+        dir.path(),
+        &["telegram", "set-webhook", "https://pulse.example.com"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TELEGRAM_BOT_TOKEN"));
+}
+
 /// `pulse serve` with a bot token opens the gateway (found with `GET /gateway/bot`): a
 /// direct message from a user the agent lets in is answered in that DM, with the
 /// offline model; `PULSE_DISCORD_GATEWAY=off` leaves the gateway alone.

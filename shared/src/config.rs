@@ -181,13 +181,16 @@ pub struct HooksConfig {
     pub image_hosts: crate::llm::ImageHosts,
 }
 
-/// What the HTTP receiver (`POST /discord/interactions`, `POST /webhooks/{id}`) needs.
+/// What the HTTP receiver (`POST /discord/interactions`, `POST /telegram/webhook`,
+/// `POST /webhooks/{id}`) needs.
 #[derive(Clone, Debug, Default)]
 pub struct InboundConfig {
     /// `DISCORD_PUBLIC_KEY`, checked to be 64 hex characters.
     pub discord_public_key: Option<String>,
     /// `PULSE_DISCORD_DEFAULT_AGENT`.
     pub default_agent: Option<AgentId>,
+    /// `TELEGRAM_WEBHOOK_SECRET`: the secret token every Telegram update must carry.
+    pub telegram_secret: Option<Secret>,
     /// `PULSE_DELIVERY_MEMORY`.
     pub delivery_memory: SignedDuration,
     /// `PULSE_API_RATE`: requests one API token may make a minute.
@@ -473,9 +476,26 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             InboundConfig::DEFAULT_DELIVERY_MEMORY,
         )?;
         let api_rate = ApiRate(self.number("PULSE_API_RATE", ApiRate::default().0, 1)?);
+        let telegram_secret = self
+            .get("TELEGRAM_WEBHOOK_SECRET")
+            .map(|s| {
+                let s = s.trim().to_owned();
+                let ok = (1..=256).contains(&s.len())
+                    && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if ok {
+                    Ok(Secret::new(s))
+                } else {
+                    Err(ConfigError::new(
+                        "TELEGRAM_WEBHOOK_SECRET",
+                        "Telegram takes 1-256 characters of A-Z, a-z, 0-9, _ and - (`pulse telegram set-webhook` makes one)",
+                    ))
+                }
+            })
+            .transpose()?;
         Ok(InboundConfig {
             discord_public_key,
             default_agent,
+            telegram_secret,
             delivery_memory,
             api_rate,
         })

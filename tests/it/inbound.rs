@@ -37,6 +37,7 @@ async fn rig(kind: Kind) -> Rig {
     let config = InboundConfig {
         discord_public_key: Some(discord.public_key_hex()),
         default_agent: None,
+        telegram_secret: None,
         delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
         api_rate: Default::default(),
     };
@@ -1246,6 +1247,7 @@ impl DiskRig {
             InboundConfig {
                 discord_public_key: None,
                 default_agent: None,
+                telegram_secret: None,
                 delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
                 api_rate: Default::default(),
             },
@@ -1431,6 +1433,7 @@ async fn a_webhook_whose_commit_came_past_the_write_deadline_is_answered_503_and
     let config = InboundConfig {
         discord_public_key: None,
         default_agent: None,
+        telegram_secret: None,
         delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
         api_rate: Default::default(),
     };

@@ -288,35 +288,12 @@ async fn a_transport_error_never_shows_the_token() {
 /// the decision, the agent and the approval.
 #[tokio::test]
 async fn an_approval_is_asked_with_buttons_telegram_takes() {
-    use pulse_shared::domain::{Approval, ApprovalId, ApprovalStatus, ToolName, schema_digest};
     let telegram = FakeTelegram::start().await;
     let client = telegram.client();
-    let now = jiff::Timestamp::now();
-    let (agent, _) = NewAgent::named("wren").create(now).unwrap();
-    let approval = Approval {
-        id: ApprovalId::derived(1_000, "k"),
-        agent_id: agent.id.clone(),
-        server: ToolName::parse("cal").unwrap(),
-        tool: "send_mail".into(),
-        model_name: "cal__send_mail".into(),
-        arguments: serde_json::json!({"to": "ana@example.com", "body": "*not* <markup>"}),
-        key: "k".into(),
-        at_ms: 1_000,
-        heartbeat_id: None,
-        event_id: None,
-        turn_id: None,
-        step: 0,
-        reason: Some("the user asked".into()),
-        schema: schema_digest(&serde_json::json!({"type": "object"})),
-        requested_at: now,
-        expires_at: now + SignedDuration::from_hours(24),
-        status: ApprovalStatus::Pending,
-        decided_by: None,
-        decided_at: None,
-        decision_reason: None,
-        outcome: None,
-        asked_at: None,
-    };
+    let (agent, _) = NewAgent::named("wren")
+        .create(jiff::Timestamp::now())
+        .unwrap();
+    let approval = parked(&agent, jiff::Timestamp::now());
     let home = ReplyTarget::Chat(pulse_shared::domain::ChatTarget {
         channel: pulse_shared::domain::ChannelKind::Telegram,
         chat: "777".into(),
@@ -341,4 +318,342 @@ async fn an_approval_is_asked_with_buttons_telegram_takes() {
             Some((approve, agent.id.clone(), approval.id.clone()))
         );
     }
+}
+
+/// The webhook's secret token in these tests.
+const SECRET: &str = "a-webhook-secret_0123456789";
+
+impl World {
+    /// The receiver of this world, taking Telegram's updates with [`SECRET`]: its base.
+    async fn receiver(&self) -> String {
+        let inbound = pulse_shared::http::Inbound::new(
+            self.b.store.clone(),
+            self.b.queue.clone(),
+            self.b.clock.clone(),
+            pulse_shared::config::InboundConfig {
+                telegram_secret: Some(pulse_shared::domain::Secret::new(SECRET)),
+                delivery_memory: pulse_shared::config::InboundConfig::DEFAULT_DELIVERY_MEMORY,
+                ..Default::default()
+            },
+        );
+        pulse_tests::serve_inbound(Arc::new(inbound)).await
+    }
+}
+
+/// Posts `update` to the receiver at `base` with `secret`: the status and the answer.
+async fn push(
+    base: &str,
+    secret: Option<&str>,
+    update: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/telegram/webhook"))
+        .json(update);
+    if let Some(s) = secret {
+        req = req.header("X-Telegram-Bot-Api-Secret-Token", s);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+/// An update as Telegram sends it: message `id` in `chat` from `user` saying `text`.
+fn update(
+    update_id: i64,
+    chat: i64,
+    kind: &str,
+    user: i64,
+    id: i64,
+    text: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "update_id": update_id,
+        "message": {
+            "message_id": id,
+            "from": {"id": user, "is_bot": false, "first_name": "Ana", "username": "ana"},
+            "chat": {"id": chat, "type": kind},
+            "date": 1_700_000_000,
+            "text": text,
+        }
+    })
+}
+
+on_both_backends!(
+    a_telegram_update_is_answered_once_in_its_chat_and_a_wrong_secret_or_a_stranger_gets_nothing,
+    webhook
+);
+async fn webhook(kind: Kind) {
+    let w = world(kind).await;
+    w.agent(|_| {}).await;
+    let base = w.receiver().await;
+    let hello = update(1, 777, "private", 777, 10, "hello there");
+
+    // Without the secret, or with another one: refused, nothing queued.
+    for secret in [None, Some("another-secret")] {
+        let (status, answer) = push(&base, secret, &hello).await;
+        assert_eq!(status, 401, "{answer}");
+        assert!(answer["error"].as_str().unwrap().contains("secret token"));
+    }
+    assert_eq!(w.b.drain(&w.worker).await, 0);
+
+    // Sent twice (Telegram did not see the first answer): answered once.
+    w.llm.script([Scripted::text("Hello, Ana.")]);
+    for _ in 0..2 {
+        let (status, _) = push(&base, Some(SECRET), &hello).await;
+        assert_eq!(status, 200);
+    }
+    w.b.drain(&w.worker).await;
+    let sent = w.telegram.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!((sent[0].chat.as_str(), sent[0].reply_to), ("777", Some(10)));
+    assert_eq!(sent[0].text, "Hello, Ana.");
+    assert_eq!(w.llm.requests().len(), 1);
+
+    // A stranger, and a group no agent is in: taken, never answered.
+    let (status, _) = push(
+        &base,
+        Some(SECRET),
+        &update(2, 555, "private", 555, 11, "hi"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = push(
+        &base,
+        Some(SECRET),
+        &update(3, -100, "supergroup", 777, 12, "hi"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(w.b.drain(&w.worker).await, 0);
+    assert_eq!(w.telegram.sent().len(), 1);
+
+    // A voice note with no text: the agent is told what arrived, and reads the envelope.
+    let voice = voice_note(4, 13);
+    w.llm.script([Scripted::text("I cannot listen yet.")]);
+    push(&base, Some(SECRET), &voice).await;
+    w.b.drain(&w.worker).await;
+    let said: String = w.llm.requests()[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(said.contains("(no text; a voice note of 7 s)"), "{said}");
+    assert!(
+        said.contains("telegram envelope") && said.contains("audio/ogg"),
+        "{said}"
+    );
+}
+
+on_both_backends!(
+    in_a_group_the_agent_answers_when_addressed_and_only_its_users_steer_it,
+    group
+);
+async fn group(kind: Kind) {
+    let w = world(kind).await;
+    let agent = w.agent(|a| a.telegram.chat = Some("-1009".into())).await;
+    let base = w.receiver().await;
+    // Not addressed: not answered. Addressed (a mention of the bot): answered there.
+    push(
+        &base,
+        Some(SECRET),
+        &update(1, -1009, "supergroup", 888, 20, "lunch?"),
+    )
+    .await;
+    assert_eq!(w.b.drain(&w.worker).await, 0);
+    w.llm.script([Scripted::text("All quiet.")]);
+    push(&base, Some(SECRET), &mention(2, 21)).await;
+    w.b.drain(&w.worker).await;
+    assert_eq!(w.telegram.sent().last().unwrap().chat, "-1009");
+
+    // A steering command from someone it does not let in: refused, nothing changes.
+    let mut command = snooze(3, 22);
+    push(&base, Some(SECRET), &command).await;
+    w.b.drain(&w.worker).await;
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert!(stored.snoozed_until.is_none());
+    assert!(
+        w.telegram.sent().last().unwrap().text.contains("owner"),
+        "{:?}",
+        w.telegram.sent()
+    );
+    // From its user: done.
+    command["message"]["from"]["id"] = serde_json::json!(777);
+    command["message"]["message_id"] = serde_json::json!(23);
+    push(&base, Some(SECRET), &command).await;
+    w.b.drain(&w.worker).await;
+    let stored = w.b.store.get_agent(&agent.id).await.unwrap().unwrap();
+    assert!(stored.snoozed_until.is_some(), "{:?}", w.telegram.sent());
+    assert_eq!(
+        w.llm.requests().len(),
+        1,
+        "commands are answered without the model"
+    );
+}
+
+/// A call of `agent`'s parked for approval at `now`, open for a day.
+fn parked(agent: &Agent, now: jiff::Timestamp) -> pulse_shared::domain::Approval {
+    use pulse_shared::domain::{Approval, ApprovalId, ApprovalStatus, ToolName, schema_digest};
+    Approval {
+        id: ApprovalId::derived(now.as_millisecond() as u64, "k"),
+        agent_id: agent.id.clone(),
+        server: ToolName::parse("cal").unwrap(),
+        tool: "send_mail".into(),
+        model_name: "cal__send_mail".into(),
+        arguments: serde_json::json!({"to": "ana@example.com", "body": "*not* <markup>"}),
+        key: "k".into(),
+        at_ms: now.as_millisecond() as u64,
+        heartbeat_id: None,
+        event_id: None,
+        turn_id: None,
+        step: 0,
+        reason: Some("the user asked".into()),
+        schema: schema_digest(&serde_json::json!({"type": "object"})),
+        requested_at: now,
+        expires_at: now + SignedDuration::from_hours(24),
+        status: ApprovalStatus::Pending,
+        decided_by: None,
+        decided_at: None,
+        decision_reason: None,
+        outcome: None,
+        asked_at: None,
+    }
+}
+
+on_both_backends!(
+    an_approval_button_pressed_on_telegram_decides_it_once_and_only_for_its_users,
+    press
+);
+async fn press(kind: Kind) {
+    use pulse_shared::domain::ApprovalStatus;
+    let w = world(kind).await;
+    let agent = w.agent(|_| {}).await;
+    let approval = parked(&agent, w.b.now());
+    w.b.store.park_approval(&approval).await.unwrap();
+    let base = w.receiver().await;
+    let status = || async {
+        w.b.store
+            .get_approval(&agent.id, &approval.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+    };
+    // A stranger's press: refused, in the webhook's answer to the press.
+    let (code, answer) = push(&base, Some(SECRET), &tap(555, approval.short_button(true))).await;
+    assert_eq!(code, 200);
+    assert_eq!(answer["method"], "answerCallbackQuery");
+    assert_eq!(answer["callback_query_id"], "cb555");
+    assert!(
+        answer["text"].as_str().unwrap().contains("owner"),
+        "{answer}"
+    );
+    assert_eq!(status().await, ApprovalStatus::Pending);
+    // Its user denies; a later approve does not undo it.
+    let (_, answer) = push(&base, Some(SECRET), &tap(777, approval.short_button(false))).await;
+    assert!(
+        answer["text"].as_str().unwrap().starts_with("Denied"),
+        "{answer}"
+    );
+    assert_eq!(status().await, ApprovalStatus::Denied);
+    let (_, answer) = push(&base, Some(SECRET), &tap(777, approval.short_button(true))).await;
+    assert!(
+        answer["text"]
+            .as_str()
+            .unwrap()
+            .contains("first decision stands"),
+        "{answer}"
+    );
+    let decided =
+        w.b.store
+            .get_approval(&agent.id, &approval.id)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(decided.status, ApprovalStatus::Denied);
+    assert_eq!(decided.decided_by.as_deref(), Some("telegram 777"));
+}
+
+/// A voice note with no text from user 777, privately.
+fn voice_note(update_id: i64, id: i64) -> serde_json::Value {
+    let mut voice = update(update_id, 777, "private", 777, id, "");
+    let m = voice["message"].as_object_mut().unwrap();
+    m.remove("text");
+    m.insert(
+        "voice".into(),
+        serde_json::json!({"duration": 7, "mime_type": "audio/ogg", "file_id": "AwAD", "file_unique_id": "u", "file_size": 9000}),
+    );
+    voice
+}
+
+/// User 888 mentioning the bot in group -1009.
+fn mention(update_id: i64, id: i64) -> serde_json::Value {
+    let mut u = update(
+        update_id,
+        -1009,
+        "supergroup",
+        888,
+        id,
+        "@pulse_bot what's up?",
+    );
+    u["message"]["entities"] = serde_json::json!([{"type": "mention", "offset": 0, "length": 10}]);
+    u
+}
+
+/// User 888's `/snooze@pulse_bot 2h` in group -1009.
+fn snooze(update_id: i64, id: i64) -> serde_json::Value {
+    let mut u = update(
+        update_id,
+        -1009,
+        "supergroup",
+        888,
+        id,
+        "/snooze@pulse_bot 2h",
+    );
+    u["message"]["entities"] =
+        serde_json::json!([{"type": "bot_command", "offset": 0, "length": 17}]);
+    u
+}
+
+/// `user`'s press of a button carrying `data`.
+fn tap(user: i64, data: String) -> serde_json::Value {
+    serde_json::json!({"update_id": 9, "callback_query": {
+        "id": format!("cb{user}"),
+        "from": {"id": user, "is_bot": false, "first_name": "X"},
+        "chat_instance": "1",
+        "data": data,
+        "message": {"message_id": 1, "chat": {"id": 777, "type": "private"}, "date": 1_700_000_000},
+    }})
+}
+
+/// The updates these tests send are Telegram's own: python-telegram-bot reads each
+/// whole; and the check fails on one that is not.
+#[test]
+fn the_updates_these_tests_send_are_telegrams_own() {
+    let check = |updates: &[serde_json::Value]| {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), serde_json::to_vec(updates).unwrap()).unwrap();
+        pulse_tests::python_script("check_telegram.py", &[file.path()])
+    };
+    let updates = [
+        update(1, 777, "private", 777, 10, "hello there"),
+        voice_note(2, 11),
+        mention(3, 12),
+        snooze(4, 13),
+        tap(777, "a:y:01ABC:01DEF".into()),
+    ];
+    let out = check(&updates);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.starts_with("5 updates"), "{said}");
+    let mut wrong = update(5, 777, "private", 777, 14, "hi");
+    wrong["message"]["txt"] = serde_json::json!("a key Telegram does not send");
+    let out = check(&[wrong]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("txt"));
 }

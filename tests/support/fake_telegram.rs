@@ -1,5 +1,6 @@
 //! A fake Telegram Bot API on loopback: `POST /bot<token>/<method>` for the methods
-//! replies use (`sendMessage`, `sendChatAction`), answering as Telegram does
+//! replies use (`sendMessage`, `sendChatAction`) and `setWebhook` (its secret token
+//! checked as Telegram checks it), answering as Telegram does
 //! (`{"ok": true, "result": …}`, or `{"ok": false, "error_code", "description"}`). It
 //! checks the token, refuses a message Telegram would refuse (empty, over 4,096 UTF-16
 //! code units, a `reply_parameters` naming no message), records every request, keeps
@@ -143,6 +144,21 @@ async fn call(
             other => format!("scripted {other}"),
         };
         return refused(code, &description);
+    }
+    if method == "setWebhook" {
+        let secret_ok = body["secret_token"].as_str().is_some_and(|t| {
+            (1..=256).contains(&t.len())
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+        if !secret_ok {
+            return refused(
+                400,
+                "Bad Request: secret token contains unallowed characters",
+            );
+        }
+        return Json(json!({"ok": true, "result": true, "description": "Webhook was set"}))
+            .into_response();
     }
     let chat = match &body["chat_id"] {
         Value::String(s) => s.clone(),

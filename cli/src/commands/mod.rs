@@ -30,6 +30,7 @@ pub(crate) mod simulate;
 pub(crate) mod status;
 mod story;
 pub(crate) mod subscriptions;
+pub(crate) mod telegram;
 pub(crate) mod tokens;
 pub(crate) mod tools;
 pub(crate) mod usage;
@@ -148,6 +149,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Gateway => Plan::Gateway,
         Command::Secrets(_) => Plan::Secrets,
         Command::Discord(_)
+        | Command::Telegram(_)
         | Command::Models(_)
         | Command::Bench(_)
         | Command::Demo
@@ -176,6 +178,10 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Discord(cmd) => {
             let (config, _) = with_stack(cli.db, cli.stack.as_deref()).await?;
             return discord::run(cmd, &config, &out).await;
+        }
+        Command::Telegram(cmd) => {
+            let (config, _) = with_stack(cli.db, cli.stack.as_deref()).await?;
+            return telegram::run(cmd, &config, &out).await;
         }
         other => other,
     };

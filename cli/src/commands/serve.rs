@@ -400,6 +400,19 @@ fn announce(config: &Config, tick: Duration) {
             "Discord is not configured (DISCORD_BOT_TOKEN, DISCORD_APPLICATION_ID): replies are stored only; `pulse conversation show` reads them"
         );
     }
+    match (
+        config.telegram.is_configured(),
+        config.inbound.telegram_secret.is_some(),
+    ) {
+        (true, true) => info!("Telegram: replies on; updates taken at POST /telegram/webhook"),
+        (true, false) => info!(
+            "Telegram: replies on; updates are refused until TELEGRAM_WEBHOOK_SECRET is set (`pulse telegram set-webhook` makes one)"
+        ),
+        (false, true) => info!(
+            "Telegram: updates taken at POST /telegram/webhook, but TELEGRAM_BOT_TOKEN is not set: replies there are stored only"
+        ),
+        (false, false) => {}
+    }
 }
 
 /// At start: loads a `local` model (so one that cannot be loaded is said now, and the
@@ -673,7 +686,7 @@ impl Loops<'_> {
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        info!(%addr, "HTTP receiver listening: POST /discord/interactions, POST /webhooks/{{id}}, GET /healthz");
+        info!(%addr, "HTTP receiver listening: POST /discord/interactions, POST /telegram/webhook, POST /webhooks/{{id}}, GET /healthz");
         if config.inbound.discord_public_key.is_none() {
             info!("DISCORD_PUBLIC_KEY is not set: Discord interactions are refused (401)");
         }

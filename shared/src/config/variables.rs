@@ -394,6 +394,13 @@ pub const VARIABLES: &[Variable] = &[
         wrong: "Telegram answers 401 or 404: replies there are kept as undelivered and tried again (the reason says Telegram's answer), then recorded `FAILED`; the token never appears in a log or a reason",
     },
     Variable {
+        name: "TELEGRAM_WEBHOOK_SECRET",
+        group: Group::Telegram,
+        meaning: "the secret token every update Telegram pushes to `POST /telegram/webhook` must carry (`pulse telegram set-webhook` registers it, and makes one when it is unset)",
+        default: "unset: `POST /telegram/webhook` answers 401, and nothing from Telegram is taken",
+        wrong: "start-up stops unless it is 1-256 characters of A-Z, a-z, 0-9, _ and -; one Telegram was not given makes every update 401, and Telegram retries them for a day",
+    },
+    Variable {
         name: "TELEGRAM_API_BASE",
         group: Group::Telegram,
         meaning: "Telegram's Bot API (tests point it at a stand-in; a local Bot API server works too)",

@@ -181,6 +181,22 @@ impl TelegramClient {
         Err(last)
     }
 
+    /// Registers `url` as where Telegram pushes the bot's updates (`setWebhook`), with
+    /// `secret` as the token each update carries: messages, their edits and button
+    /// presses.
+    pub async fn set_webhook(&self, url: &str, secret: &str) -> Result<(), ChannelError> {
+        self.call(
+            "setWebhook",
+            json!({
+                "url": url,
+                "secret_token": secret,
+                "allowed_updates": ["message", "edited_message", "callback_query"],
+            }),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Sends `text` to `to` with `extra` fields (a keyboard); the message's id as
     /// `<chat>/<message_id>` (Telegram numbers messages per chat).
     async fn send(
@@ -222,6 +238,19 @@ fn chat_of(to: &ReplyTarget) -> Result<&ChatTarget, ChannelError> {
             message: format!("a target on {:?} is not Telegram's", other.channel()),
         }),
     }
+}
+
+/// A new secret token for the webhook: 64 hexadecimal characters (Telegram takes A-Z,
+/// a-z, 0-9, `_` and `-`, up to 256).
+///
+/// # Panics
+///
+/// If the operating system's random number generator fails, which leaves no safe way to
+/// make a secret.
+pub fn new_webhook_secret() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
+    hex::encode(bytes)
 }
 
 fn excerpt(s: &str) -> String {

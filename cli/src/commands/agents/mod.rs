@@ -6,9 +6,9 @@ pub(crate) use lifecycle::lifecycle_failure;
 
 use clap::{Args, Subcommand};
 use pulse_shared::domain::{
-    ActiveHours, Agent, AgentChanges, AgentLlm, AgentTool, AutoPause, Budgets, DiscordAccess,
-    DiscordListen, Expectation, Interval, Must, NewAgent, ProviderKind, Retention, ThinkPolicy,
-    TimeZoneName,
+    ActiveHours, Agent, AgentChanges, AgentLlm, AgentTool, AutoPause, Budgets, ChannelKind,
+    ChatAccess, DiscordAccess, DiscordListen, Expectation, Interval, Must, NewAgent, ProviderKind,
+    Retention, ThinkPolicy, TimeZoneName,
 };
 use pulse_shared::engine::budget;
 
@@ -156,6 +156,17 @@ pub(crate) struct UpdateAgent {
     /// When it answers in its channel over the gateway: mentions (when mentioned) or all.
     #[arg(long, value_name = "mentions|all")]
     discord_listen: Option<String>,
+    /// The Telegram chat it speaks in first (a group's id, negative); "" unbinds it.
+    #[arg(long, value_name = "CHAT_ID", allow_hyphen_values = true)]
+    telegram_chat: Option<String>,
+    /// The Telegram users who may talk to it privately and steer it (user ids,
+    /// comma-separated; the list replaces the old one, "" for nobody).
+    #[arg(long, value_name = "ID,...")]
+    telegram_users: Option<String>,
+    /// When it answers in its Telegram group: mentions (a mention of the bot, a command,
+    /// a reply to it) or all.
+    #[arg(long, value_name = "mentions|all")]
+    telegram_listen: Option<String>,
     /// When the heartbeat agent calls the model: auto, events, always or every:N.
     #[arg(long, value_name = "POLICY")]
     think: Option<String>,
@@ -286,6 +297,18 @@ pub(crate) struct CreateAgent {
     /// When it answers in its channel over the gateway: mentions (when mentioned) or all.
     #[arg(long, value_name = "mentions|all", default_value = "mentions")]
     discord_listen: String,
+    /// The Telegram chat it speaks in first (a group's id, negative); without one, its
+    /// first Telegram user's private chat.
+    #[arg(long, value_name = "CHAT_ID", allow_hyphen_values = true)]
+    telegram_chat: Option<String>,
+    /// The Telegram users who may talk to it privately and steer it (user ids,
+    /// comma-separated).
+    #[arg(long, value_name = "ID,...")]
+    telegram_users: Option<String>,
+    /// When it answers in its Telegram group: mentions (a mention of the bot, a command,
+    /// a reply to it) or all.
+    #[arg(long, value_name = "mentions|all", default_value = "mentions")]
+    telegram_listen: String,
     /// When the heartbeat agent calls the model: auto (new events or a task due),
     /// events (new events only), always, or every:N (every Nth beat). A heartbeat that
     /// does not think records its action SKIPPED, at no token cost.
@@ -427,6 +450,19 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .map_err(input)?,
         discord_listen: a
             .discord_listen
+            .as_deref()
+            .map(DiscordListen::parse)
+            .transpose()
+            .map_err(input)?,
+        telegram_chat: cleared(a.telegram_chat),
+        telegram_users: a
+            .telegram_users
+            .as_deref()
+            .map(|u| ChatAccess::parse_users(ChannelKind::Telegram, u))
+            .transpose()
+            .map_err(input)?,
+        telegram_listen: a
+            .telegram_listen
             .as_deref()
             .map(DiscordListen::parse)
             .transpose()
@@ -599,6 +635,17 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
             .map_err(input)?
             .unwrap_or_default(),
         listen: DiscordListen::parse(&a.discord_listen).map_err(input)?,
+    };
+    new.telegram = ChatAccess {
+        chat: a.telegram_chat,
+        users: a
+            .telegram_users
+            .as_deref()
+            .map(|u| ChatAccess::parse_users(ChannelKind::Telegram, u))
+            .transpose()
+            .map_err(input)?
+            .unwrap_or_default(),
+        listen: DiscordListen::parse(&a.telegram_listen).map_err(input)?,
     };
     new.think = ThinkPolicy::parse(&a.think).map_err(input)?;
     new.expect = a

@@ -4,7 +4,8 @@
 //! They are run by the worker, like every message, in the session's order, and answered
 //! with a line saying what was done, without a model call. Only the agent's owner may
 //! steer it: whoever reaches it through the CLI, the dashboard or an API token of the
-//! agent, or a Discord user the agent lets in (`--discord-users`). Anyone else's command
+//! agent, or a Discord or Telegram user the agent lets in (`--discord-users`,
+//! `--telegram-users`). Anyone else's command
 //! is answered with why not, and changes nothing.
 
 use jiff::SignedDuration;
@@ -63,16 +64,22 @@ fn quiet(arg: &str) -> Option<ActiveHours> {
     format!("{}-{}", to.trim(), from.trim()).parse().ok()
 }
 
-/// Whether the signal's sender owns the agent: any channel but Discord is its owner's;
-/// on Discord, a user the agent lets in.
+/// Whether the signal's sender owns the agent: on a chat platform (Discord, Telegram),
+/// a user the agent lets in there; anywhere else (the CLI, the dashboard, the API), its
+/// owner.
 pub(super) fn owner(agent: &Agent, signal: &Signal) -> bool {
-    match signal.meta.source.as_deref() {
-        Some("discord") => signal
+    match signal
+        .meta
+        .source
+        .as_deref()
+        .and_then(crate::domain::ChannelKind::from_source)
+    {
+        Some(channel) => signal
             .meta
             .user_id
             .as_ref()
-            .is_some_and(|u| agent.discord.users.contains(u)),
-        _ => true,
+            .is_some_and(|u| agent.lets_in(channel, u)),
+        None => true,
     }
 }
 
