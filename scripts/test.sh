@@ -2,7 +2,8 @@
 # Runs Pulse's whole test suite on a fresh machine, installing what it needs:
 #   1. moto (the local AWS emulator), cargo-lambda (the deploy's build, with zig), the SAM
 #      CLI, cfn-lint, the anthropic SDK (its request types check Pulse's requests) and
-#      python-telegram-bot (its types check the tests' Telegram updates) into ./.venv, once;
+#      python-telegram-bot and slack_sdk (their types and signature check judge the
+#      tests' Telegram updates and Slack signatures) into ./.venv, once;
 #   2. Debian's chromium and chromium-driver (the dashboard's browser test), qemu-user
 #      and the arm64 libc, the aarch64 Rust target, when missing; three moto servers on
 #      free loopback ports (one enforcing IAM), stopped when this script exits;
@@ -119,8 +120,8 @@ mkdir -p target
 export CARGO_INCREMENTAL=0
 
 VENV=.venv
-PY_PACKAGES=("moto[server]==5.2.5" "cfn-lint==1.58.0" "aws-sam-cli==1.170.0" "cargo-lambda==1.9.2" "anthropic==2.17.0" "python-telegram-bot==22.5")
-if ! "$VENV/bin/python" -c "import moto, cfnlint, samcli, anthropic, telegram" 2>/dev/null || [ ! -x "$VENV/bin/cargo-lambda" ]; then
+PY_PACKAGES=("moto[server]==5.2.5" "cfn-lint==1.58.0" "aws-sam-cli==1.170.0" "cargo-lambda==1.9.2" "anthropic==2.17.0" "python-telegram-bot==22.5" "slack-sdk==3.36.0")
+if ! "$VENV/bin/python" -c "import moto, cfnlint, samcli, anthropic, telegram, slack_sdk" 2>/dev/null || [ ! -x "$VENV/bin/cargo-lambda" ]; then
     stage "installing ${PY_PACKAGES[*]} into $VENV"
     python3 -m venv "$VENV"
     # uv installs the same pinned packages in about a fifth of pip's time (18 s against

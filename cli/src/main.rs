@@ -135,6 +135,9 @@ pub(crate) enum Command {
     /// Telegram bot set-up: register the receiver's webhook.
     #[command(subcommand)]
     Telegram(commands::telegram::TelegramCmd),
+    /// Slack app set-up: the app's manifest, with the receiver's request URLs.
+    #[command(subcommand)]
+    Slack(commands::slack::SlackCmd),
     /// Embeddings models run in the process, so memories are recalled by meaning with no
     /// embeddings API: install all-MiniLM-L6-v2, list what is installed.
     #[command(subcommand)]

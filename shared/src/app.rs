@@ -32,7 +32,7 @@ pub struct Services {
     pub llm: Arc<dyn LlmSelector>,
     /// Discord, when configured; replies are stored only otherwise.
     pub discord: Option<Arc<dyn DiscordApi>>,
-    /// Other chat platforms set up (Telegram), each once.
+    /// Other chat platforms set up (Telegram, Slack), each once.
     pub chats: Vec<Arc<dyn crate::ports::Channel>>,
     /// Outbound HTTP to user-given URLs (HTTP tools, hooks), behind the SSRF guard.
     pub egress: Egress,
@@ -313,6 +313,10 @@ impl Services {
                     )) as Arc<dyn crate::ports::Channel>
                 })
                 .into_iter()
+                .chain(config.slack.is_configured().then(|| {
+                    Arc::new(crate::slack::SlackClient::new(config.slack.clone()))
+                        as Arc<dyn crate::ports::Channel>
+                }))
                 .collect(),
             egress,
             images: images(config.hooks.image_hosts.clone()),

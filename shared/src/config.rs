@@ -24,6 +24,7 @@ use crate::engine::reminders::ScheduleLimits;
 use crate::error::{ConfigError, ValidationError};
 use crate::llm::{KeyLookup, LlmConfig};
 use crate::sealing::EncryptionKeys;
+use crate::slack::SlackConfig;
 use crate::telegram::TelegramConfig;
 
 /// Which backend to use.
@@ -101,6 +102,8 @@ pub struct Config {
     pub discord: DiscordConfig,
     /// Telegram.
     pub telegram: TelegramConfig,
+    /// Slack.
+    pub slack: SlackConfig,
     /// The HTTP receiver.
     pub inbound: InboundConfig,
     /// Outbound hooks and requests.
@@ -191,6 +194,8 @@ pub struct InboundConfig {
     pub default_agent: Option<AgentId>,
     /// `TELEGRAM_WEBHOOK_SECRET`: the secret token every Telegram update must carry.
     pub telegram_secret: Option<Secret>,
+    /// `SLACK_SIGNING_SECRET`: what every Slack request is signed with.
+    pub slack_signing_secret: Option<Secret>,
     /// `PULSE_DELIVERY_MEMORY`.
     pub delivery_memory: SignedDuration,
     /// `PULSE_API_RATE`: requests one API token may make a minute.
@@ -217,6 +222,7 @@ impl Config {
             llm: LlmConfig::offline(),
             discord: DiscordConfig::unconfigured(),
             telegram: TelegramConfig::unconfigured(),
+            slack: SlackConfig::unconfigured(),
             inbound: InboundConfig {
                 delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
                 ..InboundConfig::default()
@@ -420,6 +426,16 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
         })
     }
 
+    /// Slack's configuration; no token leaves replies there stored only.
+    pub fn slack(&self) -> Result<SlackConfig, ConfigError> {
+        let d = SlackConfig::unconfigured();
+        Ok(SlackConfig {
+            api_base: self.url("SLACK_API_BASE")?.unwrap_or(d.api_base),
+            bot_token: self.get("SLACK_BOT_TOKEN").map(Secret::new),
+            ..d
+        })
+    }
+
     /// Discord's configuration; unset tokens leave replies stored only.
     pub fn discord(&self) -> Result<DiscordConfig, ConfigError> {
         let d = DiscordConfig::unconfigured();
@@ -492,10 +508,14 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
                 }
             })
             .transpose()?;
+        let slack_signing_secret = self
+            .get("SLACK_SIGNING_SECRET")
+            .map(|s| Secret::new(s.trim().to_owned()));
         Ok(InboundConfig {
             discord_public_key,
             default_agent,
             telegram_secret,
+            slack_signing_secret,
             delivery_memory,
             api_rate,
         })
@@ -726,6 +746,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             llm: self.llm()?,
             discord: self.discord()?,
             telegram: self.telegram()?,
+            slack: self.slack()?,
             inbound: self.inbound()?,
             hooks: self.hooks()?,
             encryption: self.encryption()?,
@@ -748,6 +769,7 @@ impl<F: Fn(&str) -> Option<String> + Clone + Send + Sync + 'static> Env<F> {
             llm: self.llm()?,
             discord: self.discord()?,
             telegram: self.telegram()?,
+            slack: self.slack()?,
             inbound: self.inbound()?,
             hooks: self.hooks()?,
             encryption: self.encryption()?,

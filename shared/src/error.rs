@@ -224,6 +224,17 @@ pub enum ChannelError {
         /// What was wrong with it.
         message: String,
     },
+    /// The platform answered, and refused the request with its own error code (Slack's
+    /// `ok: false`).
+    #[error("{channel} refused the request: {code}")]
+    Refused {
+        /// The platform's name.
+        channel: &'static str,
+        /// Its error code (`not_in_channel`).
+        code: String,
+        /// Whether trying again cannot help (the request itself is wrong).
+        hopeless: bool,
+    },
     /// The reply's target was written by a newer release of Pulse.
     #[error(
         "its target was written by a newer release of Pulse; it is tried again once this one is upgraded"
@@ -241,6 +252,7 @@ impl ChannelError {
             Self::Transport { .. } | Self::RateLimited { .. } | Self::UnknownTarget => false,
             Self::Status { status, .. } => *status == 400,
             Self::NotConfigured { .. } | Self::Malformed { .. } => true,
+            Self::Refused { hopeless, .. } => *hopeless,
         }
     }
 }

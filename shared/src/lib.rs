@@ -22,7 +22,7 @@
 //! - Adapters, each implementing ports: [`adapters`] `sqlite/` and `aws/` (one file per
 //!   port, the same names on both sides, beside `codec` and the key layout — the only
 //!   place SQL or SDK types appear); [`tools`] (the HTTP tool, the built-in heartbeat
-//!   agent); [`llm`] (model providers); [`discord`] and [`telegram`] (the chat platforms
+//!   agent); [`llm`] (model providers); [`discord`], [`telegram`] and [`slack`] (the chat platforms
 //!   replies go out on, each a [`ports::Channel`]); [`outbound`] (hook
 //!   senders over the SSRF-guarded `pulse-egress` client, or EventBridge).
 //! - [`sealing`]: secrets at rest — AES-256-GCM sealing of webhook and hook secrets,
@@ -56,7 +56,7 @@
 //! Imports run one way, down this list; nothing imports a module above it:
 //!
 //! ```text
-//! error, entropy ← domain, sealing, tally, meter ← ports ← engine ← agent_dir, adapters, tools, llm, discord, telegram, outbound
+//! error, entropy ← domain, sealing, tally, meter ← ports ← engine ← agent_dir, adapters, tools, llm, discord, telegram, slack, outbound
 //!       ← config ← http, lambda ← app ← the `pulse` CLI and the Lambda functions
 //! ```
 //!
@@ -80,6 +80,7 @@ pub mod meter;
 pub mod outbound;
 pub mod ports;
 pub mod sealing;
+pub mod slack;
 pub mod tally;
 pub mod telegram;
 pub mod telemetry;

@@ -14,12 +14,15 @@
 //!   header parsers, which are public because they are the fuzz targets.
 //! - [`discord`]: Discord's Ed25519 interaction signatures — [`discord::verify_discord`]
 //!   and a [`discord::DiscordSigner`] for tests.
+//! - [`slack`]: Slack's `v0` request signatures — [`slack::verify_slack`] and
+//!   [`slack::sign_slack`] for tests.
 //!
 //! Both share [`VerifyError`], whose messages tell a sender what was wrong and what to
 //! do, and never contain a secret or an expected signature.
 
 pub mod discord;
 pub mod inbound;
+pub mod slack;
 
 pub use discord::{DiscordKey, DiscordSigner, KeyError, verify_discord};
 pub use inbound::{

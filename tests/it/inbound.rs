@@ -38,6 +38,7 @@ async fn rig(kind: Kind) -> Rig {
         discord_public_key: Some(discord.public_key_hex()),
         default_agent: None,
         telegram_secret: None,
+        slack_signing_secret: None,
         delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
         api_rate: Default::default(),
     };
@@ -1248,6 +1249,7 @@ impl DiskRig {
                 discord_public_key: None,
                 default_agent: None,
                 telegram_secret: None,
+                slack_signing_secret: None,
                 delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
                 api_rate: Default::default(),
             },
@@ -1434,6 +1436,7 @@ async fn a_webhook_whose_commit_came_past_the_write_deadline_is_answered_503_and
         discord_public_key: None,
         default_agent: None,
         telegram_secret: None,
+        slack_signing_secret: None,
         delivery_memory: InboundConfig::DEFAULT_DELIVERY_MEMORY,
         api_rate: Default::default(),
     };

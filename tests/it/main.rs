@@ -31,6 +31,7 @@ mod reminders;
 mod retention;
 mod secrets_at_rest;
 mod side_effects;
+mod slack;
 mod status;
 mod steering;
 mod telegram;

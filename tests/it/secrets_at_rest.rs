@@ -424,6 +424,7 @@ async fn a_webhook_whose_secret_cannot_be_read_is_answered_503_without_the_reaso
             discord_public_key: None,
             default_agent: None,
             telegram_secret: None,
+            slack_signing_secret: None,
             delivery_memory: pulse_shared::config::InboundConfig::DEFAULT_DELIVERY_MEMORY,
             api_rate: Default::default(),
         },

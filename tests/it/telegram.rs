@@ -493,7 +493,7 @@ async fn group(kind: Kind) {
 }
 
 /// A call of `agent`'s parked for approval at `now`, open for a day.
-fn parked(agent: &Agent, now: jiff::Timestamp) -> pulse_shared::domain::Approval {
+pub(crate) fn parked(agent: &Agent, now: jiff::Timestamp) -> pulse_shared::domain::Approval {
     use pulse_shared::domain::{Approval, ApprovalId, ApprovalStatus, ToolName, schema_digest};
     Approval {
         id: ApprovalId::derived(now.as_millisecond() as u64, "k"),

@@ -10,6 +10,7 @@ pub mod fake_gateway;
 pub mod fake_hooks;
 pub mod fake_llm;
 pub mod fake_mcp;
+pub mod fake_slack;
 pub mod fake_telegram;
 pub mod faults;
 pub mod iam;

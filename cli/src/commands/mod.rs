@@ -27,6 +27,7 @@ pub(crate) mod serve;
 pub(crate) mod sessions;
 mod shutdown;
 pub(crate) mod simulate;
+pub(crate) mod slack;
 pub(crate) mod status;
 mod story;
 pub(crate) mod subscriptions;
@@ -150,6 +151,7 @@ fn plan(command: Command, now: jiff::Timestamp) -> Result<Plan, Failure> {
         Command::Secrets(_) => Plan::Secrets,
         Command::Discord(_)
         | Command::Telegram(_)
+        | Command::Slack(_)
         | Command::Models(_)
         | Command::Bench(_)
         | Command::Demo
@@ -179,6 +181,7 @@ pub(crate) async fn run(cli: Cli) -> Result<(), Failure> {
             let (config, _) = with_stack(cli.db, cli.stack.as_deref()).await?;
             return discord::run(cmd, &config, &out).await;
         }
+        Command::Slack(cmd) => return slack::run(cmd, &out),
         Command::Telegram(cmd) => {
             let (config, _) = with_stack(cli.db, cli.stack.as_deref()).await?;
             return telegram::run(cmd, &config, &out).await;

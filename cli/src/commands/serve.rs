@@ -413,6 +413,21 @@ fn announce(config: &Config, tick: Duration) {
         ),
         (false, false) => {}
     }
+    match (
+        config.slack.is_configured(),
+        config.inbound.slack_signing_secret.is_some(),
+    ) {
+        (true, true) => info!(
+            "Slack: replies on; events taken at POST /slack/events and POST /slack/interactions"
+        ),
+        (true, false) => {
+            info!("Slack: replies on; events are refused until SLACK_SIGNING_SECRET is set")
+        }
+        (false, true) => info!(
+            "Slack: events taken at POST /slack/events, but SLACK_BOT_TOKEN is not set: replies there are stored only"
+        ),
+        (false, false) => {}
+    }
 }
 
 /// At start: loads a `local` model (so one that cannot be loaded is said now, and the
@@ -686,7 +701,7 @@ impl Loops<'_> {
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        info!(%addr, "HTTP receiver listening: POST /discord/interactions, POST /telegram/webhook, POST /webhooks/{{id}}, GET /healthz");
+        info!(%addr, "HTTP receiver listening: POST /discord/interactions, POST /telegram/webhook, POST /slack/events, POST /slack/interactions, POST /webhooks/{{id}}, GET /healthz");
         if config.inbound.discord_public_key.is_none() {
             info!("DISCORD_PUBLIC_KEY is not set: Discord interactions are refused (401)");
         }

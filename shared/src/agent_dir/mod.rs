@@ -182,6 +182,9 @@ pub struct AgentToml {
     /// Who reaches it on Telegram, and where it speaks.
     #[serde(default, skip_serializing_if = "TelegramToml::is_default")]
     pub telegram: TelegramToml,
+    /// Who reaches it on Slack, and where it speaks.
+    #[serde(default, skip_serializing_if = "SlackToml::is_default")]
+    pub slack: SlackToml,
 }
 
 fn default_interval() -> Interval {
@@ -355,6 +358,29 @@ pub struct TelegramToml {
 }
 
 impl TelegramToml {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// `[slack]` in `agent.toml`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlackToml {
+    /// The channel it speaks in when nobody spoke to it first (its id, `C…`); without
+    /// one, its first user's direct messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// The users who may talk to it in direct messages and steer it (member ids, `U…`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+    /// When it answers in its channel: mentions or all.
+    #[serde(default, skip_serializing_if = "is_mentions")]
+    #[schemars(with = "String")]
+    pub listen: DiscordListen,
+}
+
+impl SlackToml {
     fn is_default(&self) -> bool {
         *self == Self::default()
     }
@@ -740,6 +766,11 @@ impl AgentDir {
                 users: a.telegram.users.clone(),
                 listen: a.telegram.listen,
             },
+            slack: ChatAccess {
+                chat: a.slack.channel.clone(),
+                users: a.slack.users.clone(),
+                listen: a.slack.listen,
+            },
             think: a.think,
             expect,
             retention: a.retention,
@@ -782,6 +813,11 @@ impl AgentDir {
                     chat: agent.telegram.chat.clone(),
                     users: agent.telegram.users.clone(),
                     listen: agent.telegram.listen,
+                },
+                slack: SlackToml {
+                    channel: agent.slack.chat.clone(),
+                    users: agent.slack.users.clone(),
+                    listen: agent.slack.listen,
                 },
             },
             soul: agent.persona.clone(),

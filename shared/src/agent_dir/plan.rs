@@ -387,6 +387,7 @@ fn settings(agent: &Agent) -> BTreeMap<String, String> {
         .map(|(k, v)| {
             let key = match k.as_str() {
                 "persona" => SOUL_MD.to_owned(),
+                "slack.chat" => "slack.channel".to_owned(),
                 "instructions" => HEARTBEAT_MD.to_owned(),
                 "discord_channel" => "discord.channel".to_owned(),
                 "expect.must" => "expect".to_owned(),

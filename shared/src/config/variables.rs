@@ -32,6 +32,8 @@ pub enum Group {
     Discord,
     /// Telegram.
     Telegram,
+    /// Slack.
+    Slack,
     /// The HTTP receiver of `pulse serve` and its API.
     Receiver,
     /// Outbound requests: hooks, HTTP tools, MCP servers, images.
@@ -56,6 +58,7 @@ impl Group {
             Group::Memory => "Memory",
             Group::Discord => "Discord",
             Group::Telegram => "Telegram",
+            Group::Slack => "Slack",
             Group::Receiver => "The HTTP receiver",
             Group::Outbound => "Outbound requests",
             Group::Secrets => "Secrets at rest",
@@ -405,6 +408,27 @@ pub const VARIABLES: &[Variable] = &[
         group: Group::Telegram,
         meaning: "Telegram's Bot API (tests point it at a stand-in; a local Bot API server works too)",
         default: "`https://api.telegram.org`",
+        wrong: STOPS_URL,
+    },
+    Variable {
+        name: "SLACK_BOT_TOKEN",
+        group: Group::Slack,
+        meaning: "the app's bot token (`xoxb-…`, OAuth & Permissions): replies and approvals on Slack",
+        default: "unset: replies to Slack are stored, not sent, and the agents' Slack homes are passed over",
+        wrong: "Slack answers `invalid_auth`: replies there are kept as undelivered and tried again (the reason names Slack's code), then recorded `FAILED`",
+    },
+    Variable {
+        name: "SLACK_SIGNING_SECRET",
+        group: Group::Slack,
+        meaning: "the app's signing secret (Basic Information, App Credentials): every request to `POST /slack/events` and `POST /slack/interactions` must be signed with it",
+        default: "unset: both answer 401, and nothing from Slack is taken",
+        wrong: "every request from Slack is 401 (`the signature does not match`), and Slack shows the request URL as failing",
+    },
+    Variable {
+        name: "SLACK_API_BASE",
+        group: Group::Slack,
+        meaning: "Slack's Web API (tests point it at a stand-in)",
+        default: "`https://slack.com/api`",
         wrong: STOPS_URL,
     },
     Variable {

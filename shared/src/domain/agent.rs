@@ -63,6 +63,9 @@ pub struct Agent {
     /// Where it speaks on Telegram, and who may talk to it there.
     #[serde(default, skip_serializing_if = "ChatAccess::is_default")]
     pub telegram: ChatAccess,
+    /// Where it speaks on Slack, and who may talk to it there.
+    #[serde(default, skip_serializing_if = "ChatAccess::is_default")]
+    pub slack: ChatAccess,
     /// When it was paused (`pulse agents pause`): its heartbeats are not claimed until it
     /// is resumed; its user's messages are still answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,13 +255,15 @@ impl Agent {
         }
         self.discord = self.discord.validated()?;
         self.telegram = self.telegram.validated(ChannelKind::Telegram)?;
+        self.slack = self.slack.validated(ChannelKind::Slack)?;
         Ok(self)
     }
 
     /// Where it speaks when nobody spoke to it first (a heartbeat's `speak`, an
     /// approval to ask), in the order tried: on Discord its channel, else a direct
-    /// message to its first allowed user; then on Telegram its chat, else its first
-    /// allowed user's private chat. The first on a platform that is set up is used.
+    /// message to its first allowed user; then on Telegram, then on Slack, its chat,
+    /// else its first allowed user's direct messages. The first on a platform that is
+    /// set up is used.
     pub fn homes(&self) -> Vec<ReplyTarget> {
         let mut homes = Vec::new();
         match (&self.discord_channel, self.discord.users.first()) {
@@ -269,13 +274,18 @@ impl Agent {
             (None, Some(u)) => homes.push(ReplyTarget::User { user_id: u.clone() }),
             (None, None) => {}
         }
-        if let Some(chat) = self.telegram.home() {
-            homes.push(ReplyTarget::Chat(ChatTarget {
-                channel: ChannelKind::Telegram,
-                chat: chat.to_owned(),
-                thread: None,
-                reply_to: None,
-            }));
+        for (channel, access) in [
+            (ChannelKind::Telegram, &self.telegram),
+            (ChannelKind::Slack, &self.slack),
+        ] {
+            if let Some(chat) = access.home() {
+                homes.push(ReplyTarget::Chat(ChatTarget {
+                    channel,
+                    chat: chat.to_owned(),
+                    thread: None,
+                    reply_to: None,
+                }));
+            }
         }
         homes
     }
@@ -285,6 +295,7 @@ impl Agent {
         match channel {
             ChannelKind::Discord => self.discord.allows(user),
             ChannelKind::Telegram => self.telegram.allows(user),
+            ChannelKind::Slack => self.slack.allows(user),
         }
     }
 
@@ -789,8 +800,9 @@ impl ChatAccess {
         self.users.iter().any(|u| u == user)
     }
 
-    /// Where it speaks first: its chat, else its first user's private chat (on Telegram
-    /// a private chat's id is its user's).
+    /// Where it speaks first: its chat, else its first user's direct messages (on
+    /// Telegram a private chat's id is its user's; Slack takes a user's id for the app's
+    /// direct messages).
     pub fn home(&self) -> Option<&str> {
         self.chat
             .as_deref()
@@ -814,25 +826,56 @@ impl ChatAccess {
     }
 
     /// Checked: ids as `channel` writes them (Telegram's are integers, a group's
-    /// negative), no more than [`MAX_DISCORD_USERS`] users, each once.
+    /// negative; Slack's are capitals and digits, a user's starting U or W, a channel's
+    /// C, G or D), no more than [`MAX_DISCORD_USERS`] users, each once.
     pub fn validated(mut self, channel: ChannelKind) -> Result<Self, ValidationError> {
-        let is_id = |id: &str| {
-            let digits = id.strip_prefix('-').unwrap_or(id);
+        let slack_id = |id: &str, first: &[u8]| {
+            (2..=24).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+                && first.contains(&id.as_bytes()[0])
+        };
+        let number = |id: &str, negative: bool| {
+            let digits = match id.strip_prefix('-') {
+                Some(d) if negative => d,
+                Some(_) => return false,
+                None => id,
+            };
             !digits.is_empty() && digits.len() <= 20 && digits.bytes().all(|b| b.is_ascii_digit())
         };
-        let (chat_what, users_what) = match channel {
-            ChannelKind::Discord => ("discord channel", "discord users"),
-            ChannelKind::Telegram => ("telegram chat", "telegram users"),
+        let is_chat = |id: &str| match channel {
+            ChannelKind::Slack => slack_id(id, b"CGD"),
+            _ => number(id, true),
+        };
+        let is_user = |id: &str| match channel {
+            ChannelKind::Slack => slack_id(id, b"UW"),
+            _ => number(id, false),
+        };
+        let (chat_what, users_what, chat_hint, user_hint) = match channel {
+            ChannelKind::Discord => ("discord channel", "discord users", "", ""),
+            ChannelKind::Telegram => (
+                "telegram chat",
+                "telegram users",
+                "it is a number (a group's starts with -100), found in any update the bot receives from that chat",
+                "it is a positive number, shown by @userinfobot or in the update the bot receives",
+            ),
+            ChannelKind::Slack => (
+                "slack channel",
+                "slack users",
+                "it is capitals and digits starting C (the channel's details show it at the bottom)",
+                "it is capitals and digits starting U or W (a person's profile: More, Copy member ID)",
+            ),
         };
         self.chat = self
             .chat
             .map(|c| c.trim().to_owned())
             .filter(|c| !c.is_empty());
-        if let Some(c) = self.chat.as_deref().filter(|c| !is_id(c)) {
+        if let Some(c) = self.chat.as_deref().filter(|c| !is_chat(c)) {
             return Err(ValidationError::new(
                 chat_what,
                 format!(
-                    "{:?} is not a {} chat id: it is a number (a group's starts with -100), found in any update the bot receives from that chat",
+                    "{:?} is not a {} chat id: {chat_hint}",
                     c.escape_debug().to_string(),
                     channel.title()
                 ),
@@ -849,11 +892,11 @@ impl ChatAccess {
                 ),
             ));
         }
-        if let Some(u) = self.users.iter().find(|u| u.starts_with('-') || !is_id(u)) {
+        if let Some(u) = self.users.iter().find(|u| !is_user(u)) {
             return Err(ValidationError::new(
                 users_what,
                 format!(
-                    "{:?} is not a {} user id: it is a positive number, shown by @userinfobot or in the update the bot receives",
+                    "{:?} is not a {} user id: {user_hint}",
                     u.escape_debug().to_string(),
                     channel.title()
                 ),
@@ -914,6 +957,36 @@ mod channel_tests {
         assert!(a.lets_in(ChannelKind::Telegram, "888"));
         assert!(!a.lets_in(ChannelKind::Telegram, "42"));
         assert!(a.lets_in(ChannelKind::Discord, "42"));
+    }
+
+    #[test]
+    fn slack_ids_are_capitals_and_digits_a_member_u_or_w_a_channel_c_g_or_d() {
+        let check = |chat: Option<&str>, users: &[&str]| {
+            ChatAccess {
+                chat: chat.map(str::to_owned),
+                users: users.iter().map(|u| u.to_string()).collect(),
+                listen: DiscordListen::Mentions,
+            }
+            .validated(ChannelKind::Slack)
+        };
+        assert!(check(Some("C0456EFGH"), &["U0123ABCD", "W0123ABCD"]).is_ok());
+        assert!(check(Some("D0456EFGH"), &[]).is_ok());
+        let e = check(Some("#general"), &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("not a Slack chat id") && e.contains("starting C"),
+            "{e}"
+        );
+        let e = check(None, &["u0123abcd"]).unwrap_err().to_string();
+        assert!(e.contains("not a Slack user id"), "{e}");
+        assert!(
+            check(None, &["C0123ABCD"]).is_err(),
+            "a channel is not a member"
+        );
+        let mut a = agent();
+        a.slack.users = vec!["U0123ABCD".into()];
+        assert!(a.lets_in(ChannelKind::Slack, "U0123ABCD"));
+        assert!(!a.lets_in(ChannelKind::Telegram, "U0123ABCD"));
+        assert_eq!(a.homes().len(), 1);
     }
 
     #[test]

@@ -301,6 +301,36 @@ impl Approval {
         )
     }
 
+    /// The plain text that asks `agent_name`'s owner about it where a platform's
+    /// message is text with buttons beside it (Telegram, Slack): sent without markup,
+    /// so nothing in the arguments can be taken for any.
+    pub fn asking(&self, agent_name: &str) -> String {
+        let clip = |s: &str, n: usize| {
+            if s.chars().count() <= n {
+                s.to_owned()
+            } else {
+                s.chars().take(n).collect::<String>() + "…"
+            }
+        };
+        let args = serde_json::to_string_pretty(&self.arguments).unwrap_or_default();
+        let mut text = format!(
+            "{} asks to call {}/{}.\n",
+            clip(agent_name, 100),
+            self.server,
+            clip(&self.tool, 100)
+        );
+        if let Some(r) = &self.reason {
+            text.push_str(&format!("“{}”\n", clip(r, 300)));
+        }
+        text.push_str(&format!(
+            "{}\nApprove or deny before {} (UTC); it is not sent until you do. (approval {})",
+            clip(&args, 1_200),
+            self.expires_at.strftime("%Y-%m-%d %H:%M"),
+            self.id
+        ));
+        text
+    }
+
     /// Its button's data where a platform allows only 64 bytes (Telegram's
     /// `callback_data`): `a:y|n:AGENT:ID` with the ids' ULIDs alone, 57 bytes.
     pub fn short_button(&self, approve: bool) -> String {

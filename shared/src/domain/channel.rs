@@ -12,17 +12,24 @@ pub enum ChannelKind {
     Discord,
     /// Telegram's Bot API: updates pushed to a webhook.
     Telegram,
+    /// Slack's Events API and interactivity, over signed HTTP.
+    Slack,
 }
 
 impl ChannelKind {
     /// Every platform, in the order an agent's home is looked for.
-    pub const ALL: [ChannelKind; 2] = [ChannelKind::Discord, ChannelKind::Telegram];
+    pub const ALL: [ChannelKind; 3] = [
+        ChannelKind::Discord,
+        ChannelKind::Telegram,
+        ChannelKind::Slack,
+    ];
 
     /// Its name in records: a signal's `source`, a reply target's `channel`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Discord => "discord",
             Self::Telegram => "telegram",
+            Self::Slack => "slack",
         }
     }
 
@@ -31,6 +38,7 @@ impl ChannelKind {
         match self {
             Self::Discord => "Discord",
             Self::Telegram => "Telegram",
+            Self::Slack => "Slack",
         }
     }
 
@@ -53,9 +61,11 @@ impl std::fmt::Display for ChannelKind {
 pub struct ChatTarget {
     /// The platform.
     pub channel: ChannelKind,
-    /// The chat (Telegram's `chat_id`; a private chat's id is its user's).
+    /// The chat (Telegram's `chat_id`, a private chat's id being its user's; Slack's
+    /// channel id, or a user's id for the app's direct messages).
     pub chat: String,
-    /// The topic or thread within the chat, where the message came from one.
+    /// The topic or thread within the chat, where the message came from one (Telegram's
+    /// `message_thread_id`, Slack's `thread_ts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread: Option<String>,
     /// The message the reply's first part answers.

@@ -47,6 +47,8 @@ pub struct NewAgent {
     pub discord: DiscordAccess,
     /// Its Telegram chat, who talks to it there, and when it answers in a group.
     pub telegram: ChatAccess,
+    /// Its Slack channel, who talks to it there, and when it answers in the channel.
+    pub slack: ChatAccess,
     /// When its heartbeat agent thinks.
     pub think: ThinkPolicy,
     /// What each heartbeat must do.
@@ -78,6 +80,7 @@ impl NewAgent {
             discord_channel: None,
             discord: DiscordAccess::default(),
             telegram: ChatAccess::default(),
+            slack: ChatAccess::default(),
             think: ThinkPolicy::Auto,
             expect: None,
             retention: None,
@@ -110,6 +113,7 @@ impl NewAgent {
             discord_channel: self.discord_channel,
             discord: self.discord,
             telegram: self.telegram,
+            slack: self.slack,
             paused_at: None,
             snoozed_until: None,
             auto_pause_after: self.auto_pause_after,
@@ -188,6 +192,12 @@ pub struct AgentChanges {
     pub telegram_users: Option<Vec<String>>,
     /// When it answers in its Telegram group.
     pub telegram_listen: Option<DiscordListen>,
+    /// Slack channel; `Some(None)` unbinds it.
+    pub slack_channel: Option<Option<String>>,
+    /// Users it answers in direct messages on Slack (replaces the list; empty for none).
+    pub slack_users: Option<Vec<String>>,
+    /// When it answers in its Slack channel.
+    pub slack_listen: Option<DiscordListen>,
     /// When its heartbeat agent thinks.
     pub think: Option<ThinkPolicy>,
     /// What each heartbeat must do; `Some(None)` expects nothing.
@@ -236,6 +246,9 @@ impl AgentChanges {
             && self.telegram_chat.is_none()
             && self.telegram_users.is_none()
             && self.telegram_listen.is_none()
+            && self.slack_channel.is_none()
+            && self.slack_users.is_none()
+            && self.slack_listen.is_none()
             && self.think.is_none()
             && self.expect.is_none()
             && self.alert_after.is_none()
@@ -277,6 +290,9 @@ impl AgentChanges {
             telegram_chat: Some(new.telegram.chat.clone()),
             telegram_users: Some(new.telegram.users.clone()),
             telegram_listen: Some(new.telegram.listen),
+            slack_channel: Some(new.slack.chat.clone()),
+            slack_users: Some(new.slack.users.clone()),
+            slack_listen: Some(new.slack.listen),
             think: Some(new.think),
             expect: Some(new.expect.map(|e| e.must)),
             alert_after: new.expect.map(|e| e.alert_after),
@@ -326,6 +342,9 @@ impl AgentChanges {
         set(&mut a.telegram.chat, &self.telegram_chat);
         set(&mut a.telegram.users, &self.telegram_users);
         set(&mut a.telegram.listen, &self.telegram_listen);
+        set(&mut a.slack.chat, &self.slack_channel);
+        set(&mut a.slack.users, &self.slack_users);
+        set(&mut a.slack.listen, &self.slack_listen);
         set(&mut a.think, &self.think);
         if let Some(must) = self.expect {
             let alert_after = self

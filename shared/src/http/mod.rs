@@ -19,6 +19,7 @@ pub mod approvals;
 pub mod discord;
 mod listener;
 pub mod messages;
+pub mod slack;
 pub mod telegram;
 pub mod webhooks;
 
@@ -95,6 +96,8 @@ pub fn router(inbound: Arc<Inbound>) -> Router {
         .route("/healthz", get(healthz))
         .route("/discord/interactions", post(discord::interaction))
         .route("/telegram/webhook", post(telegram::update))
+        .route("/slack/events", post(slack::events))
+        .route("/slack/interactions", post(slack::interactions))
         .route("/webhooks/{webhook_id}", post(webhooks::receive))
         .route("/v1/agents/{agent_id}/messages", post(messages::post))
         .route("/v1/turns/{turn_id}", get(messages::get))
@@ -138,14 +141,14 @@ async fn healthz(axum::extract::State(inbound): axum::extract::State<Arc<Inbound
 async fn not_found() -> Response {
     error_response(
         StatusCode::NOT_FOUND,
-        "no such route; Pulse serves POST /discord/interactions, POST /telegram/webhook, POST /webhooks/{webhook_id}, the messages API (GET /v1/openapi.json describes it) and GET /healthz",
+        "no such route; Pulse serves POST /discord/interactions, POST /telegram/webhook, POST /slack/events, POST /slack/interactions, POST /webhooks/{webhook_id}, the messages API (GET /v1/openapi.json describes it) and GET /healthz",
     )
 }
 
 async fn method_not_allowed() -> Response {
     error_response(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method not allowed; the receiver takes POST on /discord/interactions, /telegram/webhook, /webhooks/{webhook_id} and /v1/agents/{agent_id}/messages, GET on /v1/turns/{turn_id}, /v1/openapi.json and /healthz",
+        "method not allowed; the receiver takes POST on /discord/interactions, /telegram/webhook, /slack/events, /slack/interactions, /webhooks/{webhook_id} and /v1/agents/{agent_id}/messages, GET on /v1/turns/{turn_id}, /v1/openapi.json and /healthz",
     )
 }
 

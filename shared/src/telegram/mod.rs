@@ -314,36 +314,12 @@ impl Channel for TelegramClient {
             { "text": "Approve", "callback_data": approval.short_button(true) },
             { "text": "Deny", "callback_data": approval.short_button(false) },
         ]]}});
-        self.send(chat_of(home)?, &card(agent, approval), false, keyboard)
-            .await
+        self.send(
+            chat_of(home)?,
+            &approval.asking(&agent.name),
+            false,
+            keyboard,
+        )
+        .await
     }
-}
-
-/// The plain text that asks about `a` on Telegram (sent without a parse mode, so
-/// nothing in the arguments can be taken for markup).
-pub fn card(agent: &Agent, a: &Approval) -> String {
-    let clip = |s: &str, n: usize| {
-        if s.chars().count() <= n {
-            s.to_owned()
-        } else {
-            s.chars().take(n).collect::<String>() + "…"
-        }
-    };
-    let args = serde_json::to_string_pretty(&a.arguments).unwrap_or_default();
-    let mut text = format!(
-        "{} asks to call {}/{}.\n",
-        clip(&agent.name, 100),
-        a.server,
-        clip(&a.tool, 100)
-    );
-    if let Some(r) = &a.reason {
-        text.push_str(&format!("“{}”\n", clip(r, 300)));
-    }
-    text.push_str(&format!(
-        "{}\nApprove or deny before {} (UTC); it is not sent until you do. (approval {})",
-        clip(&args, 1_200),
-        a.expires_at.strftime("%Y-%m-%d %H:%M"),
-        a.id
-    ));
-    text
 }

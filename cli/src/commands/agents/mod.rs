@@ -167,6 +167,16 @@ pub(crate) struct UpdateAgent {
     /// a reply to it) or all.
     #[arg(long, value_name = "mentions|all")]
     telegram_listen: Option<String>,
+    /// The Slack channel it speaks in first (its id, `C…`); "" unbinds it.
+    #[arg(long, value_name = "CHANNEL_ID")]
+    slack_channel: Option<String>,
+    /// The Slack users who may talk to it in direct messages and steer it (member ids,
+    /// `U…`, comma-separated; the list replaces the old one, "" for nobody).
+    #[arg(long, value_name = "ID,...")]
+    slack_users: Option<String>,
+    /// When it answers in its Slack channel: mentions (of the app) or all.
+    #[arg(long, value_name = "mentions|all")]
+    slack_listen: Option<String>,
     /// When the heartbeat agent calls the model: auto, events, always or every:N.
     #[arg(long, value_name = "POLICY")]
     think: Option<String>,
@@ -309,6 +319,17 @@ pub(crate) struct CreateAgent {
     /// a reply to it) or all.
     #[arg(long, value_name = "mentions|all", default_value = "mentions")]
     telegram_listen: String,
+    /// The Slack channel it speaks in first (its id, `C…`); without one, its first Slack
+    /// user's direct messages.
+    #[arg(long, value_name = "CHANNEL_ID")]
+    slack_channel: Option<String>,
+    /// The Slack users who may talk to it in direct messages and steer it (member ids,
+    /// `U…`, comma-separated).
+    #[arg(long, value_name = "ID,...")]
+    slack_users: Option<String>,
+    /// When it answers in its Slack channel: mentions (of the app) or all.
+    #[arg(long, value_name = "mentions|all", default_value = "mentions")]
+    slack_listen: String,
     /// When the heartbeat agent calls the model: auto (new events or a task due),
     /// events (new events only), always, or every:N (every Nth beat). A heartbeat that
     /// does not think records its action SKIPPED, at no token cost.
@@ -463,6 +484,19 @@ fn changes(mut a: UpdateAgent) -> Result<AgentChanges, Failure> {
             .map_err(input)?,
         telegram_listen: a
             .telegram_listen
+            .as_deref()
+            .map(DiscordListen::parse)
+            .transpose()
+            .map_err(input)?,
+        slack_channel: cleared(a.slack_channel),
+        slack_users: a
+            .slack_users
+            .as_deref()
+            .map(|u| ChatAccess::parse_users(ChannelKind::Slack, u))
+            .transpose()
+            .map_err(input)?,
+        slack_listen: a
+            .slack_listen
             .as_deref()
             .map(DiscordListen::parse)
             .transpose()
@@ -646,6 +680,17 @@ fn new_agent(a: CreateAgent, now: jiff::Timestamp) -> Result<NewAgent, Failure> 
             .map_err(input)?
             .unwrap_or_default(),
         listen: DiscordListen::parse(&a.telegram_listen).map_err(input)?,
+    };
+    new.slack = ChatAccess {
+        chat: a.slack_channel,
+        users: a
+            .slack_users
+            .as_deref()
+            .map(|u| ChatAccess::parse_users(ChannelKind::Slack, u))
+            .transpose()
+            .map_err(input)?
+            .unwrap_or_default(),
+        listen: DiscordListen::parse(&a.slack_listen).map_err(input)?,
     };
     new.think = ThinkPolicy::parse(&a.think).map_err(input)?;
     new.expect = a
