@@ -178,6 +178,28 @@ pub(crate) fn error_response(status: StatusCode, message: impl Into<String>) -> 
     r
 }
 
+/// Longest text taken from one chat message (Telegram, Slack); longer is cut, with a
+/// note.
+const MAX_CHAT_TEXT: usize = 4_000;
+
+/// A chat message's text as the agent reads it: what was written, then what else arrived
+/// in words (`also`: "a voice note of 7 s"), so a message with no text is never
+/// dropped: `(no text; …)` alone, `(with …)` after words; cut at 4,000 characters, saying
+/// how long it was.
+pub(crate) fn chat_text(text: String, also: &[String]) -> String {
+    let mut text = match (text.is_empty(), also.join(", ")) {
+        (_, what) if what.is_empty() => text,
+        (true, what) => format!("(no text; {what})"),
+        (false, what) => format!("{text}\n(with {what})"),
+    };
+    let n = text.chars().count();
+    if n > MAX_CHAT_TEXT {
+        text = text.chars().take(MAX_CHAT_TEXT).collect::<String>()
+            + &format!("… (cut: {n} characters in all)");
+    }
+    text
+}
+
 /// The answer to a store failure: 503 for an outage (the sender should retry), 500 for
 /// a record that cannot be read.
 pub(crate) fn store_failure(what: &str, e: &StoreError) -> Response {

@@ -25,9 +25,6 @@ use super::{Inbound, error_response, read_body, store_failure};
 use crate::domain::{Agent, ChannelKind, DiscordListen, Signal, SignalId, SignalMeta};
 use crate::engine::intake;
 
-/// Longest text taken from one message; longer is cut, with a note.
-const MAX_TEXT: usize = 4_000;
-
 fn taken(what: &'static str) -> Response {
     Json(json!({ "ok": true, "taken": what })).into_response()
 }
@@ -100,8 +97,8 @@ fn addressee(agents: &[Agent], e: &Value, author: &str, channel: &str) -> Option
     candidates.first().map(|a| (*a).clone())
 }
 
-/// The message's text for the model: the app's mention taken off, files in words; cut
-/// at [`MAX_TEXT`] characters.
+/// The message's text for the model: the app's mention taken off, files in words
+/// ([`super::chat_text`]).
 fn text_of(e: &Value) -> String {
     let mut text = e["text"].as_str().unwrap_or("").trim().to_owned();
     if e["type"].as_str() == Some("app_mention")
@@ -124,20 +121,7 @@ fn text_of(e: &Value) -> String {
                 .collect()
         })
         .unwrap_or_default();
-    if !files.is_empty() {
-        let what = files.join(", ");
-        text = if text.is_empty() {
-            format!("(no text; {what})")
-        } else {
-            format!("{text}\n(with {what})")
-        };
-    }
-    if text.chars().count() > MAX_TEXT {
-        let n = text.chars().count();
-        text = text.chars().take(MAX_TEXT).collect::<String>()
-            + &format!("… (cut: {n} characters in all)");
-    }
-    text
+    super::chat_text(text, &files)
 }
 
 async fn event(app: &Inbound, e: &Value, now: Timestamp) -> Response {

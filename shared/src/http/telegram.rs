@@ -28,9 +28,6 @@ use crate::engine::intake;
 /// The header Telegram sends the secret token in.
 pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
 
-/// Longest text taken from one message; longer is cut, with a note.
-const MAX_TEXT: usize = 4_000;
-
 fn taken(what: &'static str) -> Response {
     Json(json!({ "ok": true, "taken": what })).into_response()
 }
@@ -151,7 +148,7 @@ fn attachments(m: &Value) -> Vec<String> {
 
 /// The message's text for the model: its text or caption, a command's `@bot` taken
 /// off (`/snooze@pulse_bot 2h` is `/snooze 2h`), what else arrived in words, an edit
-/// said to be one; cut at [`MAX_TEXT`] characters.
+/// said to be one ([`super::chat_text`]).
 fn text_of(m: &Value, edited: bool) -> String {
     let mut text = m["text"]
         .as_str()
@@ -165,20 +162,7 @@ fn text_of(m: &Value, edited: bool) -> String {
     {
         text = format!("{command} {rest}").trim().to_owned();
     }
-    let also = attachments(m);
-    if !also.is_empty() {
-        let what = also.join(", ");
-        text = if text.is_empty() {
-            format!("(no text; {what})")
-        } else {
-            format!("{text}\n(with {what})")
-        };
-    }
-    if text.chars().count() > MAX_TEXT {
-        let n = text.chars().count();
-        text = text.chars().take(MAX_TEXT).collect::<String>()
-            + &format!("… (cut: {n} characters in all)");
-    }
+    let mut text = super::chat_text(text, &attachments(m));
     if edited {
         text = format!("(edited their message; it reads now:) {text}");
     }
