@@ -131,9 +131,9 @@ impl Channel for DiscordChannel {
         }
     }
 
-    fn typing_every(&self) -> std::time::Duration {
+    fn typing_every(&self) -> Option<std::time::Duration> {
         // Discord shows "typing…" for about ten seconds.
-        std::time::Duration::from_secs(8)
+        Some(std::time::Duration::from_secs(8))
     }
 
     async fn ask_approval(

@@ -36,11 +36,16 @@ pub trait Channel: Send + Sync {
     async fn notify(&self, to: &ReplyTarget, turn: &TurnId, text: &str)
     -> Result<(), ChannelError>;
 
-    /// Shows "typing…" at `at` for a few seconds.
-    async fn typing(&self, at: &ReplyTarget) -> Result<(), ChannelError>;
+    /// Shows "typing…" at `at` for a few seconds. A platform that shows none for a
+    /// bot keeps this default, with [`Channel::typing_every`] none.
+    async fn typing(&self, at: &ReplyTarget) -> Result<(), ChannelError> {
+        let _ = at;
+        Ok(())
+    }
 
-    /// How often "typing…" is shown again while a turn runs.
-    fn typing_every(&self) -> std::time::Duration;
+    /// How often "typing…" is shown again while a turn runs; none where the platform
+    /// shows no "typing…" for a bot, so nothing is started for it.
+    fn typing_every(&self) -> Option<std::time::Duration>;
 
     /// Asks `agent`'s owner at `home` to approve or deny `approval`, with a button for
     /// each; the id of the message written.

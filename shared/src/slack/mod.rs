@@ -265,13 +265,9 @@ impl Channel for SlackClient {
         self.post(chat_of(to)?, text, json!({})).await.map(|_| ())
     }
 
-    async fn typing(&self, _at: &ReplyTarget) -> Result<(), ChannelError> {
+    fn typing_every(&self) -> Option<Duration> {
         // Slack's Web API shows no "typing…" for a bot's messages.
-        Ok(())
-    }
-
-    fn typing_every(&self) -> Duration {
-        Duration::from_secs(60)
+        None
     }
 
     async fn ask_approval(

@@ -299,9 +299,9 @@ impl Channel for TelegramClient {
         self.call("sendChatAction", body).await.map(|_| ())
     }
 
-    fn typing_every(&self) -> Duration {
+    fn typing_every(&self) -> Option<Duration> {
         // Telegram shows "typing…" for five seconds.
-        Duration::from_secs(4)
+        Some(Duration::from_secs(4))
     }
 
     async fn ask_approval(

@@ -25,8 +25,8 @@ impl Drop for Typing {
 impl Conversation {
     /// Shows "typing…" where the newest message that came from a chat came from (an
     /// interaction shows its own "thinking…"): once now, then as often as its platform
-    /// needs until the returned guard is dropped. A failure is only logged: the reply
-    /// matters, not the indicator.
+    /// needs until the returned guard is dropped; nothing where it shows none for a bot.
+    /// A failure is only logged: the reply matters, not the indicator.
     pub(super) async fn typing(&self, pending: &[Signal]) -> Typing {
         let Some((channel, place)) = pending
             .iter()
@@ -37,13 +37,16 @@ impl Conversation {
         else {
             return Typing(None);
         };
+        let Some(every) = channel.typing_every() else {
+            return Typing(None);
+        };
         let shown = tokio::time::timeout(TYPING_WAIT, channel.typing(&place)).await;
         if let Ok(Err(e)) = &shown {
             warn!(error = %chain(e), "cannot show typing in {}", channel.kind());
         }
         Typing(Some(tokio::spawn(async move {
             loop {
-                tokio::time::sleep(channel.typing_every()).await;
+                tokio::time::sleep(every).await;
                 if let Err(e) = channel.typing(&place).await {
                     warn!(error = %chain(&e), "cannot renew typing in {}", channel.kind());
                 }
